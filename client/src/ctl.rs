@@ -1,0 +1,1 @@
+//! Talking to a running dcpid over its control socket.

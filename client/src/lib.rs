@@ -1,0 +1,4 @@
+//! Library behind `dcpictl` (daemon control) and `dcpiprof` (reports).
+
+pub mod ctl;
+pub mod prof;

@@ -1,0 +1,1 @@
+//! dcpiprof: per-image and per-symbol reports from the database.

@@ -1,0 +1,1 @@
+//! Sampling: events, rings, drain threads.

@@ -1,0 +1,1 @@
+//! Resolution of (pid, pc) to (image, offset).

@@ -1,0 +1,1 @@
+//! All unsafe code and FFI of the daemon lives under this module.

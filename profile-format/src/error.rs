@@ -1,0 +1,34 @@
+use std::path::PathBuf;
+
+/// Result alias for this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every error names the file it concerns, so that a user can find and inspect it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: truncated: file has {actual} bytes, expected {expected}")]
+    Truncated { path: PathBuf, expected: u64, actual: u64 },
+    #[error("{path}: bad magic: not a dcpi {what} file")]
+    BadMagic { path: PathBuf, what: &'static str },
+    #[error("{path}: unknown format version {version} (this build reads up to {supported})")]
+    UnknownVersion { path: PathBuf, version: u16, supported: u16 },
+    #[error("{path}: checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    ChecksumMismatch { path: PathBuf, stored: u32, computed: u32 },
+    /// The checksum was right but a field does not make sense (written by a buggy writer).
+    #[error("{path}: corrupt field `{field}`: {detail}")]
+    Corrupt { path: PathBuf, field: &'static str, detail: String },
+    #[error("cannot merge profiles: {0}")]
+    MergeMismatch(String),
+    #[error("invalid {what} {value:?}: {detail}")]
+    Invalid { what: &'static str, value: String, detail: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, #[source] source: std::io::Error },
+    #[error("{path}: invalid JSON: {source}")]
+    Json { path: PathBuf, #[source] source: serde_json::Error },
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+}

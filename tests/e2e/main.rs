@@ -1,0 +1,8 @@
+//! End-to-end tests: each module exercises one area through the real binaries.
+
+mod format;
+mod report;
+mod resolve;
+mod sampling;
+mod service;
+mod systemd;

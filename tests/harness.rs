@@ -1,0 +1,184 @@
+//! Shared harness for the end-to-end tests: locating the real binaries, deciding whether
+//! perf_event_open is usable, and running a daemon against a private database.
+//!
+//! Perf-dependent tests call [`require_perf`] first: it returns `false` (and prints why) when
+//! sampling is not permitted, unless `DCPI_REQUIRE_PERF=1`, in which case it panics instead.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Path of a workspace binary (`dcpid`, `dcpictl`, `dcpiprof`), built by `cargo test`.
+pub fn bin(name: &str) -> PathBuf {
+    // The test executable lives in target/<profile>/deps/; the binaries one level up.
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} not built; run the tests with `cargo test --workspace` (which builds every binary)",
+        path.display()
+    );
+    path
+}
+
+/// Whether perf sampling works here; decided once by `dcpid --probe`.
+pub fn require_perf() -> bool {
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    let result = PROBE.get_or_init(|| {
+        let out = Command::new(bin("dcpid"))
+            .arg("--probe")
+            .output()
+            .map_err(|e| format!("cannot run dcpid --probe: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "dcpid --probe failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    });
+    match result {
+        Ok(()) => true,
+        Err(why) => {
+            if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
+                panic!("perf_event_open is required (DCPI_REQUIRE_PERF=1) but unusable: {why}");
+            }
+            eprintln!("SKIPPED: perf_event_open not permitted: {why}");
+            false
+        }
+    }
+}
+
+/// Run a binary to completion with arguments.
+pub fn run(name: &str, args: &[&str]) -> Output {
+    Command::new(bin(name)).args(args).output().expect("spawn")
+}
+
+/// A private database, spool and control socket in a temporary directory.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sandbox {
+    pub fn new() -> Sandbox {
+        Sandbox { dir: tempfile::Builder::new().prefix("dcpi-e2e").tempdir().expect("tempdir") }
+    }
+    pub fn db(&self) -> PathBuf {
+        self.dir.path().join("db")
+    }
+    pub fn spool(&self) -> PathBuf {
+        self.dir.path().join("spool.sqlite")
+    }
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("dcpid.sock")
+    }
+    /// Arguments that point a daemon at this sandbox (no config file is read).
+    pub fn daemon_args(&self, host: &str) -> Vec<String> {
+        vec![
+            "--config".into(),
+            "none".into(),
+            "--db".into(),
+            self.db().display().to_string(),
+            "--spool".into(),
+            self.spool().display().to_string(),
+            "--socket".into(),
+            self.socket().display().to_string(),
+            "--host".into(),
+            host.into(),
+        ]
+    }
+    /// Start `dcpid` with the sandbox arguments plus `extra`; waits until its control socket
+    /// answers `status` (at most 20 s).
+    pub fn start_daemon(&self, host: &str, extra: &[&str]) -> Daemon {
+        let mut cmd = Command::new(bin("dcpid"));
+        cmd.args(self.daemon_args(host)).args(extra).stdout(Stdio::null()).stderr(Stdio::piped());
+        let child = cmd.spawn().expect("spawn dcpid");
+        let mut d = Daemon { child: Some(child), socket: self.socket() };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                let err = d.take_stderr();
+                panic!("dcpid exited early with {status}: {err}");
+            }
+            if self.socket().exists() && d.ctl(&["status"]).status.success() {
+                return d;
+            }
+            assert!(Instant::now() < deadline, "dcpid did not become ready in 20 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    /// Run `dcpiprof --db <sandbox db>` with more arguments.
+    pub fn prof(&self, args: &[&str]) -> Output {
+        let db = self.db().display().to_string();
+        let mut all = vec!["--db", db.as_str()];
+        all.extend_from_slice(args);
+        run("dcpiprof", &all)
+    }
+}
+
+/// A running daemon; killed (SIGKILL) on drop if still running.
+#[derive(Debug)]
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub socket: PathBuf,
+}
+
+impl Daemon {
+    /// Run `dcpictl --socket <this daemon's socket>` with more arguments.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        let sock = self.socket.display().to_string();
+        let mut all = vec!["--socket", sock.as_str()];
+        all.extend_from_slice(args);
+        run("dcpictl", &all)
+    }
+    /// `dcpictl status --json`, parsed.
+    pub fn status_json(&self) -> serde_json::Value {
+        let out = self.ctl(&["status", "--json"]);
+        assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("status --json is JSON")
+    }
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+    /// SIGTERM and wait; returns the exit status and stderr.
+    pub fn terminate(&mut self) -> (std::process::ExitStatus, String) {
+        let child = self.child.as_mut().expect("running");
+        // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = child.wait().expect("wait");
+        let err = self.take_stderr();
+        self.child = None;
+        (status, err)
+    }
+    /// SIGKILL and wait (a crash at an arbitrary instant).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+    fn take_stderr(&mut self) -> String {
+        use std::io::Read;
+        let mut s = String::new();
+        if let Some(e) = self.child.as_mut().and_then(|c| c.stderr.as_mut()) {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
