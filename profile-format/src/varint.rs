@@ -1,0 +1,1 @@
+//! LEB128 unsigned varints, the integer encoding of profile bodies.
