@@ -1,1 +1,1 @@
-//! Sampling: events, rings, drain threads.
+//! Sampling: event specs, perf rings, per-CPU drain threads.

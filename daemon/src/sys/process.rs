@@ -1,0 +1,1 @@
+//! Process-level calls: resource usage, auxiliary vector.

@@ -1,0 +1,1 @@
+//! Unix socket credentials and ownership.

@@ -1,0 +1,1 @@
+//! The perf clock (CLOCK_MONOTONIC).
