@@ -1,28 +1,136 @@
+use std::fs;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::error::Result;
-use crate::ident::ImageId;
+use crate::atomic::{sync_dir, write_atomic, TMP_PREFIX};
+use crate::error::{Error, Result};
+use crate::ident::{event_file_component, validate_host_name, ImageId};
+
+/// Name of the marker file in each epoch directory.
+pub const EPOCH_MARKER: &str = "EPOCH";
+/// Suffix of profile files.
+pub const PROFILE_SUFFIX: &str = ".prof";
+/// Suffix given to files moved aside because they could not be read.
+pub const CORRUPT_SUFFIX: &str = ".corrupt";
+/// Stem of per-event unknown profiles.
+const UNKNOWN_STEM: &str = "unknown";
+
+/// Largest representable epoch start: 9999-12-31T23:59:59Z.
+const MAX_EPOCH_SECS: u64 = 253_402_300_799;
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar
+/// (H. Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn days_in_month(y: i64, m: u32) -> u32 {
+    match m {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        _ if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
+        _ => 28,
+    }
+}
 
 /// Epoch identifier: UTC start time `YYYYMMDDTHHMMSSZ`; names sort by start time.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct EpochId(String);
 
 impl EpochId {
-    /// The id for an epoch starting at `t` (second resolution).
+    /// The id for an epoch starting at `t` (second resolution). Times before 1970 or after
+    /// year 9999 are clamped.
     pub fn from_time(t: SystemTime) -> EpochId {
-        todo!("{t:?}")
+        let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        Self::from_unix(secs.min(MAX_EPOCH_SECS))
     }
+
+    fn from_unix(secs: u64) -> EpochId {
+        let days = (secs / 86_400) as i64;
+        let rem = secs % 86_400;
+        let (y, m, d) = civil_from_days(days);
+        EpochId(format!(
+            "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+            rem / 3600,
+            (rem / 60) % 60,
+            rem % 60
+        ))
+    }
+
+    fn unix_secs(&self) -> u64 {
+        // Only constructed through `parse`/`from_unix`, so the text is well formed.
+        let b = self.0.as_bytes();
+        let num = |r: std::ops::Range<usize>| -> u64 {
+            b[r].iter().fold(0, |acc, c| acc * 10 + u64::from(c.wrapping_sub(b'0')))
+        };
+        let days = days_from_civil(num(0..4) as i64, num(4..6) as u32, num(6..8) as u32);
+        (days.max(0) as u64) * 86_400 + num(9..11) * 3600 + num(11..13) * 60 + num(13..15)
+    }
+
     /// Validate the text form.
     pub fn parse(s: &str) -> Result<EpochId> {
-        todo!("{s}")
+        let invalid = |detail: &str| Error::Invalid {
+            what: "epoch id",
+            value: s.chars().take(100).collect(),
+            detail: format!("{detail} (expected YYYYMMDDTHHMMSSZ, UTC)"),
+        };
+        let b = s.as_bytes();
+        if b.len() != 16 || b[8] != b'T' || b[15] != b'Z' {
+            return Err(invalid("wrong shape"));
+        }
+        let digits = b[..8].iter().chain(&b[9..15]);
+        if !digits.clone().all(u8::is_ascii_digit) {
+            return Err(invalid("non-digit"));
+        }
+        let num = |r: std::ops::Range<usize>| -> u32 {
+            b[r].iter().fold(0, |acc, c| acc * 10 + u32::from(c - b'0'))
+        };
+        let (y, m, d) = (num(0..4), num(4..6), num(6..8));
+        let (hh, mm, ss) = (num(9..11), num(11..13), num(13..15));
+        if y < 1970 {
+            return Err(invalid("year before 1970"));
+        }
+        if !(1..=12).contains(&m) || d == 0 || d > days_in_month(i64::from(y), m) {
+            return Err(invalid("no such date"));
+        }
+        if hh > 23 || mm > 59 || ss > 59 {
+            return Err(invalid("no such time of day"));
+        }
+        Ok(EpochId(s.to_owned()))
     }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
     /// The start time this id encodes.
     pub fn start_time(&self) -> SystemTime {
-        todo!()
+        UNIX_EPOCH + Duration::from_secs(self.unix_secs())
+    }
+
+    /// The id one second later (saturating at the largest representable id).
+    fn next(&self) -> EpochId {
+        Self::from_unix((self.unix_secs() + 1).min(MAX_EPOCH_SECS))
     }
 }
 
@@ -48,47 +156,205 @@ pub struct ProfileEntry {
     pub event_component: String,
 }
 
+/// Names of the entries of `dir`, skipping temporary and moved-aside files.
+fn list_names(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        // Names that are not UTF-8 were not written by dcpi.
+        let Ok(name) = entry.file_name().into_string() else { continue };
+        if name.starts_with(TMP_PREFIX) || name.ends_with(CORRUPT_SUFFIX) {
+            continue;
+        }
+        names.push(name);
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn is_dir(p: &Path) -> bool {
+    fs::symlink_metadata(p).map(|m| m.is_dir()).unwrap_or(false)
+}
+
 impl Database {
     /// Open an existing database (the directory must exist).
     pub fn open(root: &Path) -> Result<Database> {
-        todo!("{root:?}")
+        let meta = fs::metadata(root).map_err(|e| Error::io(root, e))?;
+        if !meta.is_dir() {
+            return Err(Error::io(
+                root,
+                std::io::Error::new(ErrorKind::NotADirectory, "database is not a directory"),
+            ));
+        }
+        Ok(Database { root: root.to_path_buf() })
     }
+
     /// Open, creating the directory (and `epochs/`) if needed.
     pub fn create(root: &Path) -> Result<Database> {
-        todo!("{root:?}")
+        let epochs = root.join("epochs");
+        fs::create_dir_all(&epochs).map_err(|e| Error::io(&epochs, e))?;
+        Database::open(root)
     }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
+
+    fn epochs_dir(&self) -> PathBuf {
+        self.root.join("epochs")
+    }
+
     /// All epochs, sorted oldest first.
     pub fn epochs(&self) -> Result<Vec<EpochId>> {
-        todo!()
+        let dir = self.epochs_dir();
+        let names = match list_names(&dir) {
+            Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => Vec::new(),
+            r => r?,
+        };
+        Ok(names
+            .iter()
+            .filter_map(|n| EpochId::parse(n).ok())
+            .filter(|id| is_dir(&dir.join(id.as_str())))
+            .collect())
     }
+
     /// The current epoch: the newest epoch directory that has its `EPOCH` marker. `None` if
     /// there is none yet.
     pub fn current_epoch(&self) -> Result<Option<EpochId>> {
-        todo!()
+        for id in self.epochs()?.into_iter().rev() {
+            let marker = self.epoch_dir(&id).join(EPOCH_MARKER);
+            match fs::symlink_metadata(&marker) {
+                Ok(m) if m.is_file() => return Ok(Some(id)),
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(marker, e)),
+            }
+        }
+        Ok(None)
     }
+
     /// Start a new epoch at `now` (or one second after the current one if the clock is behind):
     /// `mkdir` the epoch directory (atomic on NFS too; retries on EEXIST) and write its marker.
+    ///
+    /// The id is also later than every existing epoch directory, with or without a marker, so
+    /// a new epoch always becomes the current one.
     pub fn new_epoch(&self, now: SystemTime, initiator_host: &str) -> Result<EpochId> {
-        todo!("{now:?} {initiator_host}")
+        validate_host_name(initiator_host)?;
+        let dir = self.epochs_dir();
+        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let mut id = EpochId::from_time(now);
+        if let Some(last) = self.epochs()?.pop() {
+            if id <= last {
+                id = last.next();
+            }
+        }
+        // Two hosts racing for the same second both mkdir; exactly one succeeds.
+        for _ in 0..10_000 {
+            let path = self.epoch_dir(&id);
+            match fs::create_dir(&path) {
+                Ok(()) => {
+                    sync_dir(&dir)?;
+                    let marker = format!(
+                        "dcpi-epoch 1\nid {id}\ninitiator {initiator_host}\nstart {}\n",
+                        id.unix_secs()
+                    );
+                    write_atomic(&path.join(EPOCH_MARKER), marker.as_bytes())?;
+                    return Ok(id);
+                }
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                    let next = id.next();
+                    if next == id {
+                        break;
+                    }
+                    id = next;
+                }
+                Err(e) => return Err(Error::io(path, e)),
+            }
+        }
+        Err(Error::Invalid {
+            what: "epoch id",
+            value: id.to_string(),
+            detail: "no free epoch id left".into(),
+        })
     }
+
     pub fn epoch_dir(&self, epoch: &EpochId) -> PathBuf {
         self.root.join("epochs").join(epoch.as_str())
     }
+
     /// Host names that have a directory in `epoch`, sorted.
     pub fn hosts(&self, epoch: &EpochId) -> Result<Vec<String>> {
-        todo!("{epoch}")
+        let dir = self.epoch_dir(epoch);
+        Ok(list_names(&dir)?
+            .into_iter()
+            .filter(|n| validate_host_name(n).is_ok() && is_dir(&dir.join(n)))
+            .collect())
     }
+
     /// The directory of `host` in `epoch` (validated host name; not created).
     pub fn host_dir(&self, epoch: &EpochId, host: &str) -> Result<HostDir> {
-        todo!("{epoch} {host}")
+        validate_host_name(host)?;
+        Ok(HostDir {
+            path: self.epoch_dir(epoch).join(host),
+            host: host.to_owned(),
+            epoch: epoch.clone(),
+        })
     }
+
     /// Remove `host`'s directory from `epoch` (retention); removes the epoch directory too if it
     /// is then empty apart from its marker and was not the current epoch.
     pub fn remove_host_epoch(&self, epoch: &EpochId, host: &str) -> Result<()> {
-        todo!("{epoch} {host}")
+        let hd = self.host_dir(epoch, host)?;
+        match fs::remove_dir_all(&hd.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&hd.path, e)),
+        }
+        if self.current_epoch()?.as_ref() == Some(epoch) {
+            return Ok(());
+        }
+        let dir = self.epoch_dir(epoch);
+        let entries = match fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(&dir, e)),
+        };
+        let mut leftovers = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(&dir, e))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name == EPOCH_MARKER || name.starts_with(TMP_PREFIX) {
+                leftovers.push(entry.path());
+            } else {
+                // Another host still has data here.
+                return Ok(());
+            }
+        }
+        let marker = dir.join(EPOCH_MARKER);
+        let saved = fs::read(&marker).ok();
+        for p in &leftovers {
+            match fs::remove_file(p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(p, e)),
+            }
+        }
+        match fs::remove_dir(&dir) {
+            Ok(()) => sync_dir(&self.epochs_dir()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => {
+                // A host created its directory meanwhile: put the marker back.
+                if let Some(content) = saved {
+                    write_atomic(&marker, &content)?;
+                }
+                if e.kind() == ErrorKind::DirectoryNotEmpty {
+                    Ok(())
+                } else {
+                    Err(Error::io(dir, e))
+                }
+            }
+        }
     }
 }
 
@@ -103,24 +369,113 @@ pub struct HostDir {
 impl HostDir {
     /// Create the directory (and the epoch directory) if missing.
     pub fn create(&self) -> Result<()> {
-        todo!()
+        fs::create_dir_all(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        if let Some(parent) = self.path.parent() {
+            sync_dir(parent)?;
+        }
+        Ok(())
     }
+
     /// Path of the profile for (image, event name).
     pub fn profile_path(&self, image: &ImageId, event_name: &str) -> PathBuf {
-        todo!("{image} {event_name}")
+        self.path.join(format!(
+            "{}.{}{PROFILE_SUFFIX}",
+            image.to_text(),
+            event_file_component(event_name)
+        ))
     }
+
     /// Path of the unknown profile for an event.
     pub fn unknown_path(&self, event_name: &str) -> PathBuf {
-        todo!("{event_name}")
+        self.path
+            .join(format!("{UNKNOWN_STEM}.{}{PROFILE_SUFFIX}", event_file_component(event_name)))
     }
+
     pub fn summary_path(&self) -> PathBuf {
         self.path.join("summary.json")
     }
+
     pub fn kallsyms_path(&self) -> PathBuf {
         self.path.join("kallsyms.snap")
     }
+
     /// Profile files in this directory (temporary and `*.corrupt` files skipped), sorted by name.
+    /// Names that do not follow the profile naming scheme are ignored.
     pub fn profiles(&self) -> Result<Vec<ProfileEntry>> {
-        todo!()
+        let mut out = Vec::new();
+        for name in list_names(&self.path)? {
+            let Some(stem) = name.strip_suffix(PROFILE_SUFFIX) else { continue };
+            let Some((image, event)) = stem.split_once('.') else { continue };
+            if event.is_empty()
+                || event.len() > 64
+                || !event
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-')
+            {
+                continue;
+            }
+            let image_id = if image == UNKNOWN_STEM {
+                None
+            } else {
+                match ImageId::parse(image) {
+                    Ok(id) => Some(id),
+                    Err(_) => continue,
+                }
+            };
+            out.push(ProfileEntry {
+                path: self.path.join(&name),
+                image_id,
+                event_component: event.to_owned(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_id_known_dates() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let id = EpochId::from_time(t);
+        assert_eq!(id.as_str(), "20231114T221320Z");
+        assert_eq!(id.start_time(), t);
+        assert_eq!(EpochId::from_time(UNIX_EPOCH).as_str(), "19700101T000000Z");
+        let leap = EpochId::parse("20240229T235959Z").unwrap();
+        assert_eq!(leap.next().as_str(), "20240301T000000Z");
+        assert_eq!(EpochId::from_time(leap.start_time()), leap);
+    }
+
+    #[test]
+    fn epoch_id_rejects() {
+        for bad in [
+            "",
+            "20230229T000000Z",
+            "20231314T000000Z",
+            "20231114T240000Z",
+            "20231114t221320Z",
+            "2023111T4221320Z",
+            "20231114T22132Z",
+            "../../etc/passwd",
+            "19691231T235959Z",
+        ] {
+            assert!(EpochId::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn epoch_ids_sort_like_times() {
+        let mut prev = EpochId::from_time(UNIX_EPOCH);
+        for secs in [59u64, 3600, 86_399, 86_400, 951_782_400, 4_102_444_800, MAX_EPOCH_SECS] {
+            let id = EpochId::from_time(UNIX_EPOCH + Duration::from_secs(secs));
+            assert!(prev < id, "{prev} !< {id}");
+            assert_eq!(EpochId::parse(id.as_str()).unwrap(), id);
+            assert_eq!(id.unix_secs(), secs);
+            prev = id;
+        }
+        let far = EpochId::from_time(UNIX_EPOCH + Duration::from_secs(MAX_EPOCH_SECS * 2));
+        assert_eq!(far.as_str(), "99991231T235959Z");
     }
 }

@@ -22,9 +22,17 @@ pub enum Error {
     #[error("invalid {what} {value:?}: {detail}")]
     Invalid { what: &'static str, value: String, detail: String },
     #[error("{path}: {source}")]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}: invalid JSON: {source}")]
-    Json { path: PathBuf, #[source] source: serde_json::Error },
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 impl Error {

@@ -1,6 +1,35 @@
+use std::collections::HashMap;
 use std::path::Path;
 
-use crate::error::Result;
+use crate::codec::{self, put_bytes, Reader};
+use crate::error::{Error, Result};
+use crate::ident::MAX_BUILD_ID_LEN;
+use crate::varint::write_u64;
+
+/// First bytes of every kallsyms snapshot.
+pub const KALLSYMS_MAGIC: &[u8; 8] = b"DCPIKSYM";
+/// Version written by this build (and the newest it reads).
+pub const KALLSYMS_VERSION: u16 = 1;
+
+/// kallsyms type letters kept in a snapshot: code symbols (local/global, weak).
+fn is_text_kind(kind: u8) -> bool {
+    matches!(kind, b't' | b'T' | b'w' | b'W')
+}
+
+fn put_opt_build_id(out: &mut Vec<u8>, b: &Option<Vec<u8>>) {
+    match b {
+        Some(b) => put_bytes(out, &b[..b.len().min(MAX_BUILD_ID_LEN)]),
+        None => write_u64(out, 0),
+    }
+}
+
+fn parse_hex(s: &str) -> Option<u64> {
+    let s = s.strip_prefix("0x").unwrap_or(s);
+    if s.is_empty() || s.len() > 16 {
+        return None;
+    }
+    u64::from_str_radix(s, 16).ok()
+}
 
 /// One kernel symbol. `addr` is absolute, as /proc/kallsyms showed it when the snapshot was taken.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -37,6 +66,12 @@ pub struct KallsymsSnapshot {
 
 impl KallsymsSnapshot {
     /// Build from the text of /proc/kallsyms and /proc/modules (plus build-ids already read).
+    ///
+    /// Keeps text symbols (`t T w W`) of the kernel and of modules; drops symbols shown at
+    /// address 0 (kptr_restrict hides addresses: such a snapshot is empty rather than wrong).
+    /// A module named in kallsyms but missing from /proc/modules (`[bpf]`,
+    /// `[__builtin__kprobes]`) gets an entry with base and size 0. `text_base` is the address
+    /// of `_text`. Lines that do not parse are an `Invalid` error naming the line.
     pub fn from_proc_text(
         kallsyms: &str,
         modules: &str,
@@ -44,23 +79,330 @@ impl KallsymsSnapshot {
         kernel_build_id: Option<Vec<u8>>,
         module_build_ids: &dyn Fn(&str) -> Option<Vec<u8>>,
     ) -> Result<KallsymsSnapshot> {
-        let _ = (kallsyms, modules, kernel_release, kernel_build_id, module_build_ids);
-        todo!()
+        let mut snap = KallsymsSnapshot {
+            kernel_release,
+            kernel_build_id: kernel_build_id
+                .filter(|b| !b.is_empty() && b.len() <= MAX_BUILD_ID_LEN),
+            ..Default::default()
+        };
+        let mut index: HashMap<String, u32> = HashMap::new();
+        for (lineno, line) in modules.lines().enumerate() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.is_empty() {
+                continue;
+            }
+            let bad = |detail: &str| Error::Invalid {
+                what: "/proc/modules line",
+                value: format!("{}: {line}", lineno + 1),
+                detail: detail.into(),
+            };
+            if f.len() < 6 {
+                return Err(bad("expected `name size refcount deps state address`"));
+            }
+            let size: u64 = f[1].parse().map_err(|_| bad("size is not a number"))?;
+            let base = parse_hex(f[5]).ok_or_else(|| bad("address is not hex"))?;
+            let name = f[0].to_owned();
+            if index.contains_key(&name) {
+                continue;
+            }
+            index.insert(name.clone(), snap.modules.len() as u32);
+            let build_id =
+                module_build_ids(&name).filter(|b| !b.is_empty() && b.len() <= MAX_BUILD_ID_LEN);
+            snap.modules.push(KernelModule { name, base, size, build_id });
+        }
+        for (lineno, line) in kallsyms.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let bad = |detail: &str| Error::Invalid {
+                what: "/proc/kallsyms line",
+                value: format!("{}: {}", lineno + 1, line.chars().take(200).collect::<String>()),
+                detail: detail.into(),
+            };
+            let mut it = line.split_whitespace();
+            let (Some(addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
+                return Err(bad("expected `address type name [module]`"));
+            };
+            let addr = parse_hex(addr).ok_or_else(|| bad("address is not hex"))?;
+            let kind = match kind.as_bytes() {
+                [k] => *k,
+                _ => return Err(bad("type is not one letter")),
+            };
+            if name == "_text" && kind.eq_ignore_ascii_case(&b't') {
+                snap.text_base = addr;
+            }
+            if !is_text_kind(kind) || addr == 0 {
+                continue;
+            }
+            let module = match it.next() {
+                None => None,
+                Some(m) => {
+                    let m = m
+                        .strip_prefix('[')
+                        .and_then(|m| m.strip_suffix(']'))
+                        .ok_or_else(|| bad("module is not `[name]`"))?;
+                    let next = snap.modules.len() as u32;
+                    let i = *index.entry(m.to_owned()).or_insert_with(|| {
+                        snap.modules.push(KernelModule {
+                            name: m.to_owned(),
+                            base: 0,
+                            size: 0,
+                            build_id: None,
+                        });
+                        next
+                    });
+                    Some(i)
+                }
+            };
+            snap.symbols.push(KernelSymbol { addr, kind, name: name.to_owned(), module });
+        }
+        snap.sort();
+        Ok(snap)
     }
+
+    /// Sort symbols into the canonical order: address, then core kernel before modules, then
+    /// name. `encode` requires this order; `decode` checks it.
+    pub fn sort(&mut self) {
+        self.symbols.sort_by(|a, b| {
+            (a.addr, a.module.map_or(0, |m| u64::from(m) + 1), &a.name).cmp(&(
+                b.addr,
+                b.module.map_or(0, |m| u64::from(m) + 1),
+                &b.name,
+            ))
+        });
+    }
+
+    /// Serialize (FORMAT.md "kallsyms.snap"). Symbols must be sorted (see [`Self::sort`]); an
+    /// out-of-order symbol is encoded as a delta from 0, which `decode` then rejects.
     pub fn encode(&self) -> Vec<u8> {
-        todo!()
+        let mut out = codec::begin(KALLSYMS_MAGIC, KALLSYMS_VERSION);
+        put_bytes(&mut out, self.kernel_release.as_bytes());
+        put_opt_build_id(&mut out, &self.kernel_build_id);
+        write_u64(&mut out, self.text_base);
+        write_u64(&mut out, self.modules.len() as u64);
+        for m in &self.modules {
+            put_bytes(&mut out, m.name.as_bytes());
+            write_u64(&mut out, m.base);
+            write_u64(&mut out, m.size);
+            put_opt_build_id(&mut out, &m.build_id);
+        }
+        write_u64(&mut out, self.symbols.len() as u64);
+        let mut prev_addr = 0u64;
+        let mut prev_name: &[u8] = b"";
+        for s in &self.symbols {
+            let module_tag = s.module.map_or(0, |m| u64::from(m) + 1);
+            write_u64(&mut out, (module_tag << 8) | u64::from(s.kind));
+            write_u64(&mut out, s.addr.wrapping_sub(prev_addr));
+            let name = s.name.as_bytes();
+            let shared = name.iter().zip(prev_name).take_while(|(a, b)| a == b).count();
+            write_u64(&mut out, shared as u64);
+            put_bytes(&mut out, &name[shared..]);
+            prev_addr = s.addr;
+            prev_name = name;
+        }
+        codec::finish(out)
     }
+
+    /// Parse and validate; `path` is only used to name the file in errors.
     pub fn decode(bytes: &[u8], path: &Path) -> Result<KallsymsSnapshot> {
-        todo!("{bytes:?} {path:?}")
+        let payload =
+            codec::open(bytes, path, KALLSYMS_MAGIC, "kallsyms snapshot", KALLSYMS_VERSION)?;
+        let mut r = Reader::new(payload, path);
+        let kernel_release = r.string("kernel_release")?;
+        let kernel_build_id = r.opt_build_id("kernel_build_id")?;
+        let text_base = r.varint("text_base")?;
+        let nmod = r.count("modules", 4)?;
+        let mut modules = Vec::with_capacity(nmod);
+        for _ in 0..nmod {
+            let name = r.string("modules.name")?;
+            let base = r.varint("modules.base")?;
+            let size = r.varint("modules.size")?;
+            let build_id = r.opt_build_id("modules.build_id")?;
+            modules.push(KernelModule { name, base, size, build_id });
+        }
+        let nsym = r.count("symbols", 4)?;
+        let mut symbols: Vec<KernelSymbol> = Vec::with_capacity(nsym);
+        let mut addr = 0u64;
+        let mut name: Vec<u8> = Vec::new();
+        for i in 0..nsym {
+            let tag = r.varint("symbols.kind")?;
+            let kind = (tag & 0xff) as u8;
+            let module = match tag >> 8 {
+                0 => None,
+                m if m <= modules.len() as u64 => Some((m - 1) as u32),
+                m => {
+                    return Err(
+                        r.corrupt("symbols.module", format!("module {m} of {}", modules.len()))
+                    )
+                }
+            };
+            if !is_text_kind(kind) {
+                return Err(r.corrupt("symbols.kind", format!("non-text symbol type {kind:#04x}")));
+            }
+            let delta = r.varint("symbols.addr")?;
+            addr = addr
+                .checked_add(delta)
+                .ok_or_else(|| r.corrupt("symbols.addr", "address exceeds 64 bits"))?;
+            let shared = r.varint("symbols.name")?;
+            if shared > name.len() as u64 {
+                return Err(r.corrupt(
+                    "symbols.name",
+                    format!("shares {shared} bytes with a {}-byte name", name.len()),
+                ));
+            }
+            name.truncate(shared as usize);
+            name.extend_from_slice(r.bytes("symbols.name")?);
+            let text = std::str::from_utf8(&name)
+                .map_err(|e| r.corrupt("symbols.name", format!("not UTF-8: {e}")))?;
+            let sym = KernelSymbol { addr, kind, name: text.to_owned(), module };
+            if let Some(prev) = symbols.last() {
+                let key = |s: &KernelSymbol| (s.addr, s.module.map_or(0, |m| u64::from(m) + 1));
+                if (key(prev), &prev.name) > (key(&sym), &sym.name) {
+                    return Err(r.corrupt("symbols", format!("symbol {i} out of order")));
+                }
+            }
+            symbols.push(sym);
+        }
+        r.finish()?;
+        Ok(KallsymsSnapshot { kernel_release, kernel_build_id, text_base, modules, symbols })
     }
+
     pub fn read(path: &Path) -> Result<KallsymsSnapshot> {
-        todo!("{path:?}")
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        KallsymsSnapshot::decode(&bytes, path)
     }
+
+    /// Write atomically, symbols in canonical order.
     pub fn write(&self, path: &Path) -> Result<()> {
-        todo!("{path:?}")
+        let sorted = self.symbols.windows(2).all(|w| {
+            let key = |s: &KernelSymbol| (s.addr, s.module.map_or(0, |m| u64::from(m) + 1));
+            (key(&w[0]), &w[0].name) <= (key(&w[1]), &w[1].name)
+        });
+        let bad_module =
+            self.symbols.iter().any(|s| s.module.is_some_and(|m| m as usize >= self.modules.len()));
+        let bad_kind = self.symbols.iter().any(|s| !is_text_kind(s.kind));
+        if bad_module || bad_kind {
+            return Err(Error::Invalid {
+                what: "kallsyms snapshot",
+                value: path.display().to_string(),
+                detail: "a symbol has a non-text type or names a missing module".into(),
+            });
+        }
+        if sorted {
+            crate::atomic::write_atomic(path, &self.encode())
+        } else {
+            let mut copy = self.clone();
+            copy.sort();
+            crate::atomic::write_atomic(path, &copy.encode())
+        }
     }
+
+    /// The module whose [base, base+size) holds `addr`.
+    pub fn module_containing(&self, addr: u64) -> Option<u32> {
+        self.modules
+            .iter()
+            .position(|m| m.size > 0 && addr >= m.base && addr - m.base < m.size)
+            .map(|i| i as u32)
+    }
+
     /// The symbol containing `addr` (greatest symbol address <= addr, same module).
+    ///
+    /// An address inside a module's range only matches that module's symbols; an address
+    /// outside every module only matches core-kernel symbols (or symbols of size-less
+    /// pseudo-modules such as `[bpf]`).
     pub fn lookup(&self, addr: u64) -> Option<&KernelSymbol> {
-        todo!("{addr}")
+        let end = self.symbols.partition_point(|s| s.addr <= addr);
+        let candidate = self.symbols[..end].last()?;
+        let owner = self.module_containing(addr);
+        let ok = match (owner, candidate.module) {
+            (Some(o), Some(m)) => o == m,
+            (Some(_), None) => false,
+            (None, None) => true,
+            (None, Some(m)) => self.modules.get(m as usize).is_some_and(|m| m.size == 0),
+        };
+        if ok {
+            // Several symbols can share an address; prefer the first in canonical order.
+            let first = self.symbols[..end].partition_point(|s| s.addr < candidate.addr);
+            self.symbols[first..end].iter().find(|s| s.module == candidate.module)
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KALLSYMS: &str = "\
+0000000000000000 A fixed_percpu_data
+ffffffff81000000 T _text
+ffffffff81000000 T startup_64
+ffffffff81000070 T secondary_startup_64
+ffffffff81001000 t early_idt_handler
+ffffffff82000000 D some_data
+ffffffff81002000 W weak_fn
+ffffffffc0a00000 t nft_do_chain\t[nf_tables]
+ffffffffc0a00100 T nft_register\t[nf_tables]
+ffffffffc0b00000 t bpf_prog_1\t[bpf]
+";
+    const MODULES: &str = "nf_tables 364544 0 - Live 0xffffffffc0a00000\n";
+
+    fn snap() -> KallsymsSnapshot {
+        KallsymsSnapshot::from_proc_text(
+            KALLSYMS,
+            MODULES,
+            "6.18.0".into(),
+            Some(vec![1, 2, 3]),
+            &|m| (m == "nf_tables").then(|| vec![9; 20]),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn parses_keeps_text_only() {
+        let s = snap();
+        assert_eq!(s.text_base, 0xffffffff81000000);
+        let names: Vec<&str> = s.symbols.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "_text",
+                "startup_64",
+                "secondary_startup_64",
+                "early_idt_handler",
+                "weak_fn",
+                "nft_do_chain",
+                "nft_register",
+                "bpf_prog_1"
+            ]
+        );
+        assert_eq!(s.modules.len(), 2);
+        assert_eq!(s.modules[0].build_id, Some(vec![9; 20]));
+        assert_eq!(s.modules[1].name, "bpf");
+        let back = KallsymsSnapshot::decode(&s.encode(), Path::new("k")).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn lookup_respects_modules() {
+        let s = snap();
+        assert_eq!(s.lookup(0xffffffff81000080).unwrap().name, "secondary_startup_64");
+        assert_eq!(s.lookup(0xffffffff81000000).unwrap().name, "_text");
+        assert_eq!(s.lookup(0xffffffffc0a00150).unwrap().name, "nft_register");
+        assert!(s.lookup(0xffffffff80000000).is_none());
+        // Inside nf_tables' range but before its first symbol.
+        let mut s2 = s.clone();
+        s2.modules[0].base = 0xffffffffc09ff000;
+        assert!(s2.lookup(0xffffffffc09ff010).is_none());
+        assert_eq!(s.lookup(0xffffffffc0b00004).unwrap().name, "bpf_prog_1");
+    }
+
+    #[test]
+    fn bad_lines_are_errors() {
+        let e = KallsymsSnapshot::from_proc_text("zzz T x\n", "", String::new(), None, &|_| None);
+        assert!(e.unwrap_err().to_string().contains("1: zzz"));
+        let e = KallsymsSnapshot::from_proc_text("", "m 1 2\n", String::new(), None, &|_| None);
+        assert!(e.is_err());
     }
 }

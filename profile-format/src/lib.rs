@@ -5,6 +5,7 @@
 //! `dcpiprof` all go through it.
 
 mod atomic;
+mod codec;
 mod db;
 mod error;
 mod ident;
@@ -14,12 +15,19 @@ mod summary;
 pub mod varint;
 
 pub use atomic::write_atomic;
-pub use db::{Database, EpochId, HostDir, ProfileEntry};
+pub use db::{
+    Database, EpochId, HostDir, ProfileEntry, CORRUPT_SUFFIX, EPOCH_MARKER, PROFILE_SUFFIX,
+};
 pub use error::{Error, Result};
-pub use ident::{event_file_component, validate_host_name, ImageId};
-pub use kallsyms::{KallsymsSnapshot, KernelModule, KernelSymbol};
-pub use profile::{EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, UnknownReason};
-pub use summary::{EventSummary, HostSummary};
+pub use ident::{event_file_component, validate_host_name, ImageId, MAX_BUILD_ID_LEN};
+pub use kallsyms::{
+    KallsymsSnapshot, KernelModule, KernelSymbol, KALLSYMS_MAGIC, KALLSYMS_VERSION,
+};
+pub use profile::{
+    EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, UnknownReason, PROFILE_MAGIC,
+    PROFILE_VERSION,
+};
+pub use summary::{EventSummary, HostSummary, SUMMARY_FORMAT_VERSION};
 
 /// Default location of the database.
 pub const DEFAULT_DB: &str = "/var/lib/dcpi";

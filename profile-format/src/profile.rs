@@ -1,9 +1,16 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::codec::{self, put_bytes, Reader};
 use crate::db::EpochId;
-use crate::error::Result;
-use crate::ident::ImageId;
+use crate::error::{Error, Result};
+use crate::ident::{ImageId, MAX_BUILD_ID_LEN};
+use crate::varint::write_u64;
+
+/// First bytes of every profile file.
+pub const PROFILE_MAGIC: &[u8; 8] = b"DCPIPROF";
+/// Version written by this build (and the newest it reads).
+pub const PROFILE_VERSION: u16 = 1;
 
 /// What kind of image a profile describes; decides how offsets are interpreted (FORMAT.md).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
@@ -112,41 +119,375 @@ pub struct Profile {
     pub counts: BTreeMap<u64, u64>,
 }
 
+impl ImageKind {
+    pub const ALL: [ImageKind; 6] = [
+        ImageKind::Elf,
+        ImageKind::Kernel,
+        ImageKind::KernelModule,
+        ImageKind::Vdso,
+        ImageKind::Anon,
+        ImageKind::Unknown,
+    ];
+    pub fn from_code(code: u8) -> Option<ImageKind> {
+        Self::ALL.into_iter().find(|k| *k as u8 == code)
+    }
+}
+
+const ID_TAG_BUILD_ID: u8 = 0;
+const ID_TAG_FALLBACK: u8 = 1;
+
+impl ProfileHeader {
+    /// Check what a reader would reject, so that a buggy writer fails at write time, naming
+    /// the value, instead of producing a file nobody can read.
+    fn validate(&self) -> std::result::Result<(), (&'static str, String)> {
+        if !self.image_id.is_valid() {
+            return Err(("image_id", "build-id must have 1..=64 bytes".into()));
+        }
+        let e = &self.event;
+        if !(e.period_min <= e.period_mean && e.period_mean <= e.period_max) {
+            return Err((
+                "event.period",
+                format!(
+                    "period window not ordered: min {} mean {} max {}",
+                    e.period_min, e.period_mean, e.period_max
+                ),
+            ));
+        }
+        if self.kind != ImageKind::Anon && !self.jit_symbols.is_empty() {
+            return Err(("jit_symbols", format!("{:?} profile with JIT symbols", self.kind)));
+        }
+        Ok(())
+    }
+}
+
 impl Profile {
     /// An empty profile.
     pub fn new(header: ProfileHeader) -> Profile {
         Profile { header, counts: BTreeMap::new() }
     }
 
-    /// Add `count` samples at `offset`, together with the sum of their periods.
+    /// Add `count` samples at `offset`, together with the sum of their periods. A zero count is
+    /// ignored (profiles hold no zero counts). Sums saturate instead of wrapping.
     pub fn add(&mut self, offset: u64, count: u64, period_sum: u64) {
-        todo!("{offset} {count} {period_sum}")
+        if count == 0 {
+            return;
+        }
+        let c = self.counts.entry(offset).or_insert(0);
+        *c = c.saturating_add(count);
+        self.header.total_samples = self.header.total_samples.saturating_add(count);
+        self.header.total_period = self.header.total_period.saturating_add(period_sum);
     }
 
     /// Serialize to the on-disk format (FORMAT.md), checksum included.
     pub fn encode(&self) -> Vec<u8> {
-        todo!()
+        let h = &self.header;
+        let mut out = codec::begin(PROFILE_MAGIC, PROFILE_VERSION);
+        out.push(h.kind as u8);
+        match &h.image_id {
+            ImageId::BuildId(b) => {
+                out.push(ID_TAG_BUILD_ID);
+                put_bytes(&mut out, b);
+            }
+            ImageId::Fallback(f) => {
+                out.push(ID_TAG_FALLBACK);
+                put_bytes(&mut out, f);
+            }
+        }
+        put_bytes(&mut out, &h.image_path);
+        put_bytes(&mut out, h.event.name.as_bytes());
+        write_u64(&mut out, u64::from(h.event.perf_type));
+        write_u64(&mut out, h.event.perf_config);
+        write_u64(&mut out, h.event.period_mean);
+        write_u64(&mut out, h.event.period_min);
+        write_u64(&mut out, h.event.period_max);
+        put_bytes(&mut out, h.host.as_bytes());
+        put_bytes(&mut out, h.epoch.as_str().as_bytes());
+        write_u64(&mut out, h.total_samples);
+        write_u64(&mut out, h.total_period);
+        write_u64(&mut out, h.sequence);
+        write_u64(&mut out, h.jit_symbols.len() as u64);
+        for s in &h.jit_symbols {
+            write_u64(&mut out, s.start);
+            write_u64(&mut out, s.size);
+            put_bytes(&mut out, s.name.as_bytes());
+        }
+        write_u64(&mut out, self.counts.len() as u64);
+        out.reserve(self.counts.len() * 3);
+        let mut prev: Option<u64> = None;
+        for (&off, &count) in &self.counts {
+            // Offsets are strictly increasing, so every gap after the first is >= 1.
+            let delta = match prev {
+                None => off,
+                Some(p) => off - p - 1,
+            };
+            write_u64(&mut out, delta);
+            write_u64(&mut out, count);
+            prev = Some(off);
+        }
+        codec::finish(out)
     }
 
     /// Parse and validate; `path` is only used to name the file in errors.
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Profile> {
-        todo!("{bytes:?} {path:?}")
+        let payload = codec::open(bytes, path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?;
+        let mut r = Reader::new(payload, path);
+        let kind_code = r.u8("kind")?;
+        let kind = ImageKind::from_code(kind_code)
+            .ok_or_else(|| r.corrupt("kind", format!("unknown image kind {kind_code}")))?;
+        let image_id = match r.u8("image_id")? {
+            ID_TAG_BUILD_ID => {
+                let b = r.bytes("image_id")?;
+                if b.is_empty() || b.len() > MAX_BUILD_ID_LEN {
+                    return Err(r.corrupt("image_id", format!("build-id of {} bytes", b.len())));
+                }
+                ImageId::BuildId(b.to_vec())
+            }
+            ID_TAG_FALLBACK => {
+                let b = r.bytes("image_id")?;
+                let arr: [u8; 16] = b.try_into().map_err(|_| {
+                    r.corrupt("image_id", format!("fallback id of {} bytes, not 16", b.len()))
+                })?;
+                ImageId::Fallback(arr)
+            }
+            t => return Err(r.corrupt("image_id", format!("unknown id tag {t}"))),
+        };
+        let image_path = r.bytes("image_path")?.to_vec();
+        let name = r.string("event.name")?;
+        let perf_type = r.varint("event.perf_type")?;
+        let perf_type = u32::try_from(perf_type)
+            .map_err(|_| r.corrupt("event.perf_type", format!("{perf_type} exceeds 32 bits")))?;
+        let event = EventDesc {
+            name,
+            perf_type,
+            perf_config: r.varint("event.perf_config")?,
+            period_mean: r.varint("event.period_mean")?,
+            period_min: r.varint("event.period_min")?,
+            period_max: r.varint("event.period_max")?,
+        };
+        let host = r.string("host")?;
+        let epoch_text = r.string("epoch")?;
+        let epoch = EpochId::parse(&epoch_text).map_err(|e| r.corrupt("epoch", e.to_string()))?;
+        let total_samples = r.varint("total_samples")?;
+        let total_period = r.varint("total_period")?;
+        let sequence = r.varint("sequence")?;
+        let njit = r.count("jit_symbols", 3)?;
+        let mut jit_symbols = Vec::with_capacity(njit);
+        for _ in 0..njit {
+            let start = r.varint("jit_symbols.start")?;
+            let size = r.varint("jit_symbols.size")?;
+            let name = r.string("jit_symbols.name")?;
+            jit_symbols.push(JitSymbol { start, size, name });
+        }
+        let header = ProfileHeader {
+            kind,
+            image_id,
+            image_path,
+            event,
+            host,
+            epoch,
+            total_samples,
+            total_period,
+            sequence,
+            jit_symbols,
+        };
+        if let Err((field, detail)) = header.validate() {
+            return Err(r.corrupt(field, detail));
+        }
+        let n = r.count("counts", 2)?;
+        let mut counts = BTreeMap::new();
+        let mut prev: Option<u64> = None;
+        let mut sum: u64 = 0;
+        for _ in 0..n {
+            let delta = r.varint("counts.offset")?;
+            let off = match prev {
+                None => Some(delta),
+                Some(p) => p.checked_add(delta).and_then(|v| v.checked_add(1)),
+            }
+            .ok_or_else(|| r.corrupt("counts.offset", "offset exceeds 64 bits"))?;
+            let count = r.varint("counts.count")?;
+            if count == 0 {
+                return Err(r.corrupt("counts.count", format!("zero count at offset {off:#x}")));
+            }
+            sum = sum.saturating_add(count);
+            counts.insert(off, count);
+            prev = Some(off);
+        }
+        r.finish()?;
+        if sum != header.total_samples {
+            return Err(r.corrupt(
+                "total_samples",
+                format!("header says {} but the counts add up to {sum}", header.total_samples),
+            ));
+        }
+        Ok(Profile { header, counts })
     }
 
     /// Read and validate a profile file.
     pub fn read(path: &Path) -> Result<Profile> {
-        todo!("{path:?}")
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        Profile::decode(&bytes, path)
     }
 
     /// Write atomically (temp file in the same directory, fsync, rename, fsync directory).
+    /// A header that a reader would reject is refused (`Invalid`) before anything is written.
     pub fn write(&self, path: &Path) -> Result<()> {
-        todo!("{path:?}")
+        if let Err((field, detail)) = self.header.validate() {
+            return Err(Error::Invalid {
+                what: "profile header",
+                value: format!("{} ({field})", path.display()),
+                detail,
+            });
+        }
+        let sum = self.counts.values().fold(0u64, |a, &c| a.saturating_add(c));
+        if sum != self.header.total_samples || self.counts.values().any(|&c| c == 0) {
+            return Err(Error::Invalid {
+                what: "profile counts",
+                value: path.display().to_string(),
+                detail: format!(
+                    "total_samples {} but counts add up to {sum} (or hold a zero)",
+                    self.header.total_samples
+                ),
+            });
+        }
+        crate::atomic::write_atomic(path, &self.encode())
     }
 
     /// Add `other`'s counts and totals to `self`. Both must describe the same image and event
     /// name (otherwise [`crate::Error::MergeMismatch`]); the period window widens to cover both,
     /// `sequence` becomes the max, JIT symbols are unioned. Host and epoch of `self` are kept.
+    ///
+    /// When the two period means differ, the merged mean is the observed mean
+    /// `total_period / total_samples`, clamped into the widened window.
     pub fn merge(&mut self, other: &Profile) -> Result<()> {
-        todo!("{other:?}")
+        let (a, b) = (&mut self.header, &other.header);
+        if a.image_id != b.image_id || a.kind != b.kind {
+            return Err(Error::MergeMismatch(format!(
+                "different images: {} ({:?}) and {} ({:?})",
+                a.image_id, a.kind, b.image_id, b.kind
+            )));
+        }
+        if a.event.name != b.event.name {
+            return Err(Error::MergeMismatch(format!(
+                "different events: {:?} and {:?}",
+                a.event.name, b.event.name
+            )));
+        }
+        for (&off, &c) in &other.counts {
+            let e = self.counts.entry(off).or_insert(0);
+            *e = e.saturating_add(c);
+        }
+        a.total_samples = a.total_samples.saturating_add(b.total_samples);
+        a.total_period = a.total_period.saturating_add(b.total_period);
+        a.sequence = a.sequence.max(b.sequence);
+        a.event.period_min = a.event.period_min.min(b.event.period_min);
+        a.event.period_max = a.event.period_max.max(b.event.period_max);
+        if a.event.period_mean != b.event.period_mean {
+            let observed =
+                a.total_period.checked_div(a.total_samples).unwrap_or(a.event.period_mean);
+            a.event.period_mean = observed.clamp(a.event.period_min, a.event.period_max);
+        }
+        if a.image_path.is_empty() {
+            a.image_path = b.image_path.clone();
+        }
+        if !b.jit_symbols.is_empty() {
+            a.jit_symbols.extend(b.jit_symbols.iter().cloned());
+            a.jit_symbols.sort();
+            a.jit_symbols.dedup();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(kind: ImageKind) -> ProfileHeader {
+        ProfileHeader {
+            kind,
+            image_id: ImageId::from_build_id(&[0xab; 20]).unwrap(),
+            image_path: b"/usr/bin/x".to_vec(),
+            event: EventDesc {
+                name: "cpu-clock".into(),
+                perf_type: 1,
+                perf_config: 0,
+                period_mean: 1_000_000,
+                period_min: 900_000,
+                period_max: 1_100_000,
+            },
+            host: "h1".into(),
+            epoch: EpochId::parse("20240101T000000Z").unwrap(),
+            total_samples: 0,
+            total_period: 0,
+            sequence: 3,
+            jit_symbols: vec![],
+        }
+    }
+
+    #[test]
+    fn round_trip_and_totals() {
+        let mut p = Profile::new(header(ImageKind::Elf));
+        p.add(0x1000, 3, 3_000_000);
+        p.add(0x1000, 1, 1_000_000);
+        p.add(0, 2, 2_000_000);
+        p.add(u64::MAX, 1, 1);
+        p.add(5, 0, 0);
+        assert_eq!(p.header.total_samples, 7);
+        let bytes = p.encode();
+        let q = Profile::decode(&bytes, Path::new("x.prof")).unwrap();
+        assert_eq!(p, q);
+        assert_eq!(q.counts.get(&0x1000), Some(&4));
+    }
+
+    #[test]
+    fn inconsistent_totals_are_corrupt() {
+        let mut p = Profile::new(header(ImageKind::Elf));
+        p.add(1, 1, 1);
+        p.header.total_samples = 2;
+        let e = Profile::decode(&p.encode(), Path::new("a.prof")).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { field: "total_samples", .. }), "{e}");
+        assert!(e.to_string().contains("a.prof"));
+    }
+
+    #[test]
+    fn merge_rules() {
+        let mut a = Profile::new(header(ImageKind::Anon));
+        a.add(1, 1, 10);
+        a.header.jit_symbols = vec![JitSymbol { start: 5, size: 1, name: "f".into() }];
+        let mut b = a.clone();
+        b.header.event.period_min = 10;
+        b.header.event.period_mean = 20;
+        b.header.event.period_max = 2_000_000;
+        b.header.sequence = 9;
+        b.header.jit_symbols.push(JitSymbol { start: 1, size: 1, name: "g".into() });
+        a.merge(&b).unwrap();
+        assert_eq!(a.counts[&1], 2);
+        assert_eq!(a.header.total_samples, 2);
+        assert_eq!((a.header.event.period_min, a.header.event.period_max), (10, 2_000_000));
+        assert_eq!(a.header.event.period_mean, 10);
+        assert_eq!(a.header.sequence, 9);
+        assert_eq!(a.header.jit_symbols.len(), 2);
+        let mut other = Profile::new(header(ImageKind::Anon));
+        other.header.event.name = "cycles".into();
+        assert!(matches!(a.merge(&other), Err(Error::MergeMismatch(_))));
+        other = Profile::new(header(ImageKind::Anon));
+        other.header.image_id = ImageId::special("[anon]", b"1");
+        assert!(matches!(a.merge(&other), Err(Error::MergeMismatch(_))));
+    }
+
+    #[test]
+    fn write_refuses_invalid_headers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.prof");
+        let mut p = Profile::new(header(ImageKind::Elf));
+        p.header.image_id = ImageId::BuildId(vec![1; 65]);
+        assert!(matches!(p.write(&path), Err(Error::Invalid { .. })));
+        let mut p = Profile::new(header(ImageKind::Elf));
+        p.header.jit_symbols.push(JitSymbol { start: 0, size: 0, name: String::new() });
+        assert!(p.write(&path).is_err());
+        let mut p = Profile::new(header(ImageKind::Elf));
+        p.header.total_samples = 1;
+        assert!(p.write(&path).is_err());
+        assert!(!path.exists());
     }
 }

@@ -1,0 +1,186 @@
+//! The container shared by binary files (profiles, kallsyms snapshots): fixed header, payload,
+//! CRC-32 trailer (FORMAT.md "Binary container"), and a bounds-checked reader for payloads.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::varint::{self, VarintError};
+
+/// magic (8) + version (u16) + flags (u16) + total length (u64).
+pub(crate) const FIXED_HEADER_LEN: usize = 20;
+/// CRC-32 of every preceding byte.
+pub(crate) const TRAILER_LEN: usize = 4;
+pub(crate) const MIN_FILE_LEN: usize = FIXED_HEADER_LEN + TRAILER_LEN;
+
+/// Start a file: fixed header with a length placeholder.
+pub(crate) fn begin(magic: &[u8; 8], version: u16) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out
+}
+
+/// Fill in the length and append the checksum.
+pub(crate) fn finish(mut out: Vec<u8>) -> Vec<u8> {
+    let total = (out.len() + TRAILER_LEN) as u64;
+    out[12..20].copy_from_slice(&total.to_le_bytes());
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+fn le_u16(b: &[u8]) -> u16 {
+    u16::from_le_bytes([b[0], b[1]])
+}
+
+/// Validate the container and return the payload (between fixed header and trailer).
+///
+/// Order of checks: magic, version, length (truncation), checksum, flags. Each failure is its own
+/// error type so that a user can tell a foreign file from a half-written or bit-rotted one.
+pub(crate) fn open<'a>(
+    bytes: &'a [u8],
+    path: &Path,
+    magic: &[u8; 8],
+    what: &'static str,
+    supported: u16,
+) -> Result<&'a [u8]> {
+    let actual = bytes.len() as u64;
+    let prefix = bytes.len().min(magic.len());
+    if bytes[..prefix] != magic[..prefix] {
+        return Err(Error::BadMagic { path: path.into(), what });
+    }
+    if bytes.len() >= 10 {
+        let version = le_u16(&bytes[8..10]);
+        if version == 0 || version > supported {
+            return Err(Error::UnknownVersion { path: path.into(), version, supported });
+        }
+    }
+    if bytes.len() < FIXED_HEADER_LEN {
+        return Err(Error::Truncated { path: path.into(), expected: MIN_FILE_LEN as u64, actual });
+    }
+    let mut len_bytes = [0u8; 8];
+    len_bytes.copy_from_slice(&bytes[12..20]);
+    let stored_len = u64::from_le_bytes(len_bytes);
+    if stored_len > actual {
+        return Err(Error::Truncated { path: path.into(), expected: stored_len, actual });
+    }
+    if stored_len < MIN_FILE_LEN as u64 {
+        return Err(corrupt(path, "length", format!("stored length {stored_len} is too small")));
+    }
+    if stored_len < actual {
+        return Err(corrupt(
+            path,
+            "length",
+            format!("{} bytes after the stored length {stored_len}", actual - stored_len),
+        ));
+    }
+    let body_end = bytes.len() - TRAILER_LEN;
+    let mut crc_bytes = [0u8; 4];
+    crc_bytes.copy_from_slice(&bytes[body_end..]);
+    let stored = u32::from_le_bytes(crc_bytes);
+    let computed = crc32fast::hash(&bytes[..body_end]);
+    if stored != computed {
+        return Err(Error::ChecksumMismatch { path: path.into(), stored, computed });
+    }
+    let flags = le_u16(&bytes[10..12]);
+    if flags != 0 {
+        return Err(corrupt(path, "flags", format!("unknown flags {flags:#06x}")));
+    }
+    Ok(&bytes[FIXED_HEADER_LEN..body_end])
+}
+
+pub(crate) fn corrupt(path: &Path, field: &'static str, detail: impl Into<String>) -> Error {
+    Error::Corrupt { path: path.into(), field, detail: detail.into() }
+}
+
+/// Append a length-prefixed byte string.
+pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    varint::write_u64(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+/// Bounds-checked payload reader; every error is `Corrupt` naming the field being read.
+pub(crate) struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: PathBuf,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(buf: &'a [u8], path: &Path) -> Self {
+        Reader { buf, pos: 0, path: path.into() }
+    }
+
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    pub(crate) fn corrupt(&self, field: &'static str, detail: impl Into<String>) -> Error {
+        corrupt(&self.path, field, detail)
+    }
+
+    pub(crate) fn u8(&mut self, field: &'static str) -> Result<u8> {
+        let b = *self
+            .buf
+            .get(self.pos)
+            .ok_or_else(|| self.corrupt(field, format!("missing at payload byte {}", self.pos)))?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    pub(crate) fn varint(&mut self, field: &'static str) -> Result<u64> {
+        varint::read_u64(self.buf, &mut self.pos).map_err(|e: VarintError| {
+            self.corrupt(field, format!("{e} (at payload byte {})", self.pos))
+        })
+    }
+
+    /// A length that counts items of at least `min_item_len` bytes each: capped by the bytes
+    /// left, so a corrupt length can never make the reader allocate or loop beyond the input.
+    pub(crate) fn count(&mut self, field: &'static str, min_item_len: usize) -> Result<usize> {
+        let n = self.varint(field)?;
+        let cap = (self.remaining() / min_item_len.max(1)) as u64;
+        if n > cap {
+            return Err(
+                self.corrupt(field, format!("{n} items cannot fit in {} bytes", self.remaining()))
+            );
+        }
+        Ok(n as usize)
+    }
+
+    pub(crate) fn bytes(&mut self, field: &'static str) -> Result<&'a [u8]> {
+        let n = self.count(field, 1)?;
+        let b = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(b)
+    }
+
+    pub(crate) fn string(&mut self, field: &'static str) -> Result<String> {
+        let b = self.bytes(field)?;
+        match std::str::from_utf8(b) {
+            Ok(s) => Ok(s.to_owned()),
+            Err(e) => Err(self.corrupt(field, format!("not UTF-8: {e}"))),
+        }
+    }
+
+    /// Optional build-id: length 0 = none, else 1..=64 bytes.
+    pub(crate) fn opt_build_id(&mut self, field: &'static str) -> Result<Option<Vec<u8>>> {
+        let b = self.bytes(field)?;
+        match b.len() {
+            0 => Ok(None),
+            1..=crate::ident::MAX_BUILD_ID_LEN => Ok(Some(b.to_vec())),
+            n => Err(self.corrupt(field, format!("build-id of {n} bytes (max 64)"))),
+        }
+    }
+
+    pub(crate) fn finish(&self) -> Result<()> {
+        if self.pos != self.buf.len() {
+            return Err(self.corrupt(
+                "trailing bytes",
+                format!("{} unparsed bytes before the checksum", self.buf.len() - self.pos),
+            ));
+        }
+        Ok(())
+    }
+}
