@@ -1,0 +1,1086 @@
+#!/usr/bin/env python3
+"""Benchmarks of dcpid against `perf record -a`, side by side, on this machine.
+
+Driven by bench/run.sh (which installs perf, builds the release binaries and the workloads).
+Measures, interleaving configurations (none / dcpid / perf, rotated each repetition):
+
+  slowdown   wall time of fixed CPU-bound and memory-bound workloads (2 copies, one per CPU)
+             with no profiler, dcpid and perf record -a, at 1 kHz and 5 kHz per CPU
+  collector  user+sys CPU of the collector process during the workload windows, and over
+             its whole life (os.wait4 rusage)
+  steady     one run of 2 x `xz -9` over fixed generated inputs with dcpid AND perf record
+             running at the same time (1 kHz each): disk bytes per hour, collector CPU,
+             per-symbol accuracy (dcpiprof vs perf report), report times, profile vs image size
+  mix        known-proportion workload (f1/f2/f3 = 50/30/20 % of identical loop iterations),
+             both profilers at once: shares vs ground truth
+  churn      dcpid alone during fork+exec churn: peak RSS (VmHWM) and RSS over time
+  report     dcpiprof over a synthetic 1-hour database and a simulated fleet
+             (hosts x epochs x images profiles written through the profile-format crate)
+
+Writes bench/results/<timestamp>.json and .md, prints the summary table.
+Only the standard library is used.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+HOST = "benchhost"
+
+FULL = dict(
+    reps=5,
+    cpu_iters=600_000_000,  # ~1.4 s on the reference VM
+    mem_mib=64,
+    mem_steps=8_000_000,  # ~1.3 s on the reference VM
+    rates=[1000, 5000],
+    steady_rate=1000,
+    xz_mib=64,  # per copy; ~40 s of xz -9 on the reference VM
+    mix_iters=3_000_000_000,  # ~8 s
+    churn_secs=480,
+    churn_rate=5000,
+    report_reps=3,
+    fleet=(100, 24, 200),
+    hour_images=200,
+)
+QUICK = dict(
+    reps=1,
+    cpu_iters=200_000_000,
+    mem_mib=64,
+    mem_steps=2_000_000,
+    rates=[1000, 5000],
+    steady_rate=1000,
+    xz_mib=4,
+    mix_iters=700_000_000,
+    churn_secs=15,
+    churn_rate=5000,
+    report_reps=1,
+    fleet=(10, 4, 50),
+    hour_images=200,
+)
+
+
+def log(*a):
+    print(time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
+
+
+def period_ns(rate_hz):
+    return 1_000_000_000 // rate_hz
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def proc_cpu_s(pid):
+    """utime+stime (all threads, live and exited) of a process, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_io(pid):
+    out = {}
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                k, v = line.split(":")
+                out[k.strip()] = int(v)
+    except OSError:
+        pass
+    return out
+
+
+def proc_mem_kib(pid):
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:", "RssAnon:", "RssFile:")):
+                k, v = line.split(":")
+                out[k] = int(v.split()[0])
+    return out
+
+
+def tree_bytes(path):
+    """(apparent bytes, allocated bytes, files) under path."""
+    app = alloc = files = 0
+    if os.path.isfile(path):
+        st = os.stat(path)
+        return st.st_size, st.st_blocks * 512, 1
+    for d, _, fs in os.walk(path):
+        for name in fs:
+            try:
+                st = os.lstat(os.path.join(d, name))
+            except OSError:
+                continue
+            app += st.st_size
+            alloc += st.st_blocks * 512
+            files += 1
+    return app, alloc, files
+
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+
+class ProfilerError(RuntimeError):
+    pass
+
+
+class Dcpid:
+    kind = "dcpid"
+
+    def __init__(self, bins, workdir, rate, max_secs):
+        self.bins, self.rate = bins, rate
+        self.dir = workdir
+        self.db = os.path.join(workdir, "db")
+        self.spool_dir = os.path.join(workdir, "spool")
+        self.sock = os.path.join(workdir, "ctl.sock")
+        self.log_path = os.path.join(workdir, "dcpid.log")
+        self.max_secs = max_secs
+        self.proc = None
+        self.rusage = None
+
+    def cmd(self):
+        return [
+            self.bins["dcpid"], "--config", "none", "--db", self.db,
+            "--spool", os.path.join(self.spool_dir, "spool.db"), "--socket", self.sock,
+            "--host", HOST, "-e", f"cpu-clock:{period_ns(self.rate)}",
+            "--duration", f"{int(self.max_secs)}s",
+        ]
+
+    def ctl(self, *args, timeout=30):
+        return run([self.bins["dcpictl"], "--socket", self.sock, *args], timeout=timeout)
+
+    def start(self):
+        os.makedirs(self.spool_dir, exist_ok=True)
+        self.logf = open(self.log_path, "w")
+        self.t_start = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd(), stdout=self.logf, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ProfilerError(f"dcpid exited with {self.proc.returncode} before ready: "
+                                    f"{' '.join(self.cmd())}\n{self.log_tail()}")
+            if os.path.exists(self.sock):
+                r = self.ctl("status", "--json", timeout=10)
+                if r.returncode == 0:
+                    self.ready_s = time.monotonic() - self.t_start
+                    return
+            time.sleep(0.05)
+        self.kill()
+        raise ProfilerError(f"dcpid not ready after 30 s (dcpictl status failing): "
+                            f"{' '.join(self.cmd())}\n{self.log_tail()}")
+
+    def status(self):
+        r = self.ctl("status", "--json", timeout=10)
+        if r.returncode != 0:
+            return {"error": (r.stderr or r.stdout).strip()[-500:]}
+        try:
+            return json.loads(r.stdout)
+        except ValueError as e:
+            return {"error": f"bad JSON from dcpictl status --json: {e}"}
+
+    def flush(self):
+        t = time.monotonic()
+        r = self.ctl("flush", timeout=120)
+        if r.returncode != 0:
+            raise ProfilerError(f"dcpictl flush failed ({r.returncode}): {r.stderr.strip()}")
+        return time.monotonic() - t
+
+    def cpu_s(self):
+        return proc_cpu_s(self.proc.pid)
+
+    def io(self):
+        return proc_io(self.proc.pid)
+
+    def disk(self):
+        a1, b1, f1 = tree_bytes(self.db)
+        a2, b2, f2 = tree_bytes(self.spool_dir)
+        return {"db_bytes": a1, "db_alloc": b1, "db_files": f1, "spool_bytes": a2,
+                "spool_alloc": b2, "total_bytes": a1 + a2, "total_alloc": b1 + b2}
+
+    def stop(self):
+        t = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        self._reap(t, 120)
+
+    def _reap(self, t, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, st, ru = os.wait4(self.proc.pid, os.WNOHANG)
+            if pid:
+                self.proc.returncode = os.waitstatus_to_exitcode(st)
+                break
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                pid, st, ru = os.wait4(self.proc.pid, 0)
+                self.proc.returncode = os.waitstatus_to_exitcode(st)
+                self.logf.close()
+                raise ProfilerError(f"{self.kind} did not exit within {timeout} s of SIGTERM/SIGINT"
+                                    f"\n{self.log_tail()}")
+            time.sleep(0.02)
+        self.logf.close()
+        self.stop_s = time.monotonic() - t
+        self.rusage = {"user_s": ru.ru_utime, "sys_s": ru.ru_stime,
+                       "cpu_s": ru.ru_utime + ru.ru_stime, "maxrss_kib": ru.ru_maxrss}
+        if self.proc.returncode not in (0, -signal.SIGINT, -signal.SIGTERM):
+            raise ProfilerError(f"{self.kind} exited with {self.proc.returncode}\n{self.log_tail()}")
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log_tail(self, n=15):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def prof(self, *args):
+        return [self.bins["dcpiprof"], "--db", self.db, "--host", "all", "--epoch", "all", *args]
+
+
+class Perf(Dcpid):
+    kind = "perf"
+
+    def __init__(self, bins, workdir, rate, max_secs):
+        super().__init__(bins, workdir, rate, max_secs)
+        self.data = os.path.join(workdir, "perf.data")
+        self.log_path = os.path.join(workdir, "perf.log")
+
+    def cmd(self):
+        return [self.bins["perf"], "record", "-a", "-e", "cpu-clock", "-c", str(period_ns(self.rate)),
+                "-o", self.data, "--", "sleep", str(int(self.max_secs))]
+
+    def start(self):
+        os.makedirs(self.dir, exist_ok=True)
+        self.logf = open(self.log_path, "w")
+        self.t_start = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd(), stdout=self.logf, stderr=subprocess.STDOUT)
+        # perf has no readiness signal: wait for the header and the synthesized side-band of
+        # existing processes (the file stops being empty), then a fixed settle time.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ProfilerError(f"perf exited with {self.proc.returncode}\n{self.log_tail()}")
+            if os.path.exists(self.data) and os.path.getsize(self.data) > 0:
+                self.ready_s = time.monotonic() - self.t_start
+                time.sleep(0.5)
+                return
+            time.sleep(0.05)
+        self.kill()
+        raise ProfilerError("perf record produced no output in 30 s")
+
+    def status(self):
+        return {}
+
+    def stop(self):
+        t = time.monotonic()
+        self.proc.send_signal(signal.SIGINT)
+        self._reap(t, 120)
+        txt = self.log_tail(50)
+        m = re.search(r"\(([\d,]+) samples\)", txt)
+        self.samples = int(m.group(1).replace(",", "")) if m else None
+        m = re.search(r"Processed \d+ events and lost (\d+) chunks", txt)
+        self.lost_chunks = int(m.group(1)) if m else 0
+
+    def disk(self):
+        a, b, _ = tree_bytes(self.data)
+        return {"total_bytes": a, "total_alloc": b}
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.p = dict(QUICK if args.quick else FULL)
+        if args.reps:
+            self.p["reps"] = args.reps
+        if args.churn_seconds:
+            self.p["churn_secs"] = args.churn_seconds
+        self.bins = {
+            "dcpid": os.path.join(args.bin_dir, "dcpid"),
+            "dcpictl": os.path.join(args.bin_dir, "dcpictl"),
+            "dcpiprof": os.path.join(args.bin_dir, "dcpiprof"),
+            "fleetgen": args.fleetgen,
+            "perf": args.perf,
+        }
+        self.wl = args.workload_dir
+        self.stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        self.work = os.path.join(args.work, "run-" + self.stamp)
+        self.cache = os.path.join(args.work, "cache")
+        os.makedirs(self.work, exist_ok=True)
+        os.makedirs(self.cache, exist_ok=True)
+        self.res = {"mode": "quick" if args.quick else "full", "params": dict(self.p),
+                    "started": self.stamp, "machine": machine_info(args), "errors": []}
+        self.res["params"]["fleet"] = list(self.p["fleet"])
+        self.seq = 0
+
+    def newdir(self, name):
+        self.seq += 1
+        d = os.path.join(self.work, f"{self.seq:03d}-{name}")
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    def profiler(self, kind, rate, max_secs, name):
+        cls = {"dcpid": Dcpid, "perf": Perf}[kind]
+        return cls(self.bins, self.newdir(f"{name}-{kind}-{rate}"), rate, max_secs)
+
+    # ---- workloads -------------------------------------------------------------------------
+
+    def run_copies(self, argv_list):
+        """Start the commands at once, wait for all; returns their stdout first fields."""
+        procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for a in argv_list]
+        outs = []
+        for p, a in zip(procs, argv_list):
+            o, e = p.communicate()
+            if p.returncode != 0:
+                raise RuntimeError(f"{' '.join(a)} failed ({p.returncode}): {e.strip()}")
+            outs.append(o.split())
+        return outs
+
+    def workload(self, name):
+        if name == "cpu":
+            argv = [os.path.join(self.wl, "cpu"), str(self.p["cpu_iters"])]
+        elif name == "mem":
+            argv = [os.path.join(self.wl, "mem"), str(self.p["mem_mib"]), str(self.p["mem_steps"])]
+        else:
+            raise ValueError(name)
+        outs = self.run_copies([argv, argv])
+        return statistics.mean(float(o[0]) for o in outs)
+
+    # ---- 1 + 2: slowdown and collector CPU ------------------------------------------------
+
+    def slowdown(self):
+        configs = [("none", None)] + [(k, r) for r in self.p["rates"] for k in ("dcpid", "perf")]
+        times = {f"{k}@{r}" if r else k: {"cpu": [], "mem": []} for k, r in configs}
+        window = {f"{k}@{r}": {"cpu_s": 0.0, "wall_s": 0.0, "lifetime_cpu_s": [], "life_wall_s": [],
+                               "status": [], "samples": []} for k, r in configs if r}
+        for rep in range(self.p["reps"]):
+            order = configs[rep % len(configs):] + configs[:rep % len(configs)]
+            for kind, rate in order:
+                key = f"{kind}@{rate}" if rate else kind
+                log(f"slowdown rep {rep + 1}/{self.p['reps']}: {key}")
+                prof = None
+                if kind != "none":
+                    prof = self.profiler(kind, rate, 600, "slowdown")
+                    prof.start()
+                    t0, c0 = time.monotonic(), prof.cpu_s()
+                for wl in ("cpu", "mem"):
+                    times[key][wl].append(self.workload(wl))
+                if prof:
+                    c1, t1 = prof.cpu_s(), time.monotonic()
+                    w = window[key]
+                    w["cpu_s"] += c1 - c0
+                    w["wall_s"] += t1 - t0
+                    st = prof.status()
+                    prof.stop()
+                    w["lifetime_cpu_s"].append(prof.rusage["cpu_s"])
+                    w["life_wall_s"].append(prof.stop_s + (t1 - prof.t_start))
+                    w["status"].append(st)
+                    if kind == "perf":
+                        w["samples"].append(prof.samples)
+                    shutil.rmtree(prof.dir, ignore_errors=True)
+        out = {"times_s": times, "median_s": {}, "ratio_vs_none": {}, "collector": {}}
+        for key, d in times.items():
+            out["median_s"][key] = {wl: med(v) for wl, v in d.items()}
+        base = out["median_s"]["none"]
+        for key, m in out["median_s"].items():
+            if key != "none":
+                out["ratio_vs_none"][key] = {wl: m[wl] / base[wl] for wl in m}
+        for key, w in window.items():
+            out["collector"][key] = {
+                "window_cpu_s": w["cpu_s"], "window_wall_s": w["wall_s"],
+                "window_cpu_frac": w["cpu_s"] / w["wall_s"] if w["wall_s"] else None,
+                "lifetime_cpu_s_median": med(w["lifetime_cpu_s"]),
+                "lifetime_wall_s_median": med(w["life_wall_s"]),
+                "last_status": w["status"][-1] if w["status"] else None,
+                "perf_samples": w["samples"],
+            }
+        self.res["slowdown"] = out
+
+    # ---- 3 + 5b + 6 (part): steady xz run with both profilers ----------------------------
+
+    def xz_inputs(self):
+        paths = []
+        for i in range(2):
+            p = os.path.join(self.cache, f"text-{self.p['xz_mib']}M-{i}.txt")
+            if not os.path.exists(p):
+                gen_text(p, self.p["xz_mib"] << 20, seed=1000 + i)
+            paths.append(p)
+        return paths
+
+    def both(self, name, rate, fn):
+        """Run fn() with dcpid and perf record -a sampling at the same time."""
+        d = self.profiler("dcpid", rate, 3600, name)
+        p = self.profiler("perf", rate, 3600, name)
+        d.start()
+        p.start()
+        snap0 = self.snapshot(d, p)
+        extra = fn(d, p)
+        snap1 = self.snapshot(d, p)
+        d_status = d.status()
+        # Make dcpid publish what it has so the db size includes everything before stopping.
+        flush_s = d.flush()
+        snap2 = self.snapshot(d, p)
+        p.stop()
+        d.stop()
+        return d, p, {"snap0": snap0, "snap1": snap1, "after_flush": snap2, "flush_s": flush_s,
+                      "dcpid_status": d_status, "extra": extra}
+
+    def snapshot(self, d, p):
+        return {"t": time.monotonic(), "dcpid_cpu_s": d.cpu_s(), "perf_cpu_s": p.cpu_s(),
+                "dcpid_io": d.io(), "perf_io": p.io(), "dcpid_disk": d.disk(),
+                "perf_disk": p.disk()}
+
+    def steady(self):
+        inputs = self.xz_inputs()
+        rate = self.p["steady_rate"]
+        mids = {}
+
+        def work(d, p):
+            t = time.monotonic()
+            # Half-way flush: disk growth between it and the end is the steady-state growth.
+            procs = [subprocess.Popen(["xz", "-9", "-T1", "-c", f], stdout=subprocess.DEVNULL)
+                     for f in inputs]
+            half = None
+            while any(pr.poll() is None for pr in procs):
+                time.sleep(0.1)
+                if half is None and time.monotonic() - t > self.p["xz_mib"] * 0.3:
+                    d.flush()
+                    half = self.snapshot(d, p)
+            if any(pr.returncode != 0 for pr in procs):
+                raise RuntimeError("xz failed")
+            mids["half"] = half
+            return {"xz_wall_s": time.monotonic() - t}
+
+        log(f"steady: 2 x xz -9 on {self.p['xz_mib']} MiB each, dcpid + perf at {rate} Hz")
+        d, p, r = self.both("steady", rate, work)
+        r["half"] = mids.get("half")
+        s0, s1, sf = r["snap0"], r["snap1"], r["after_flush"]
+        wall = s1["t"] - s0["t"]
+        out = {"rate_hz": rate, "window_s": wall, "xz_wall_s": r["extra"]["xz_wall_s"],
+               "dcpid_status": r["dcpid_status"], "perf_samples": p.samples,
+               "perf_lost_chunks": p.lost_chunks}
+        # collector CPU over the same window
+        dc, pc = s1["dcpid_cpu_s"] - s0["dcpid_cpu_s"], s1["perf_cpu_s"] - s0["perf_cpu_s"]
+        out["collector"] = {"dcpid_window_cpu_s": dc, "perf_window_cpu_s": pc,
+                            "ratio_window": dc / pc if pc else None,
+                            "dcpid_lifetime": d.rusage, "perf_lifetime": p.rusage,
+                            "ratio_lifetime": d.rusage["cpu_s"] / p.rusage["cpu_s"]
+                            if p.rusage["cpu_s"] else None}
+        # disk
+        dd, pd = d.disk(), p.disk()
+        hour = 3600.0 / wall
+        dw = sf["dcpid_io"].get("wchar", 0) - s0["dcpid_io"].get("wchar", 0)
+        dwb = sf["dcpid_io"].get("write_bytes", 0) - s0["dcpid_io"].get("write_bytes", 0)
+        pgrow = s1["perf_disk"]["total_bytes"] - s0["perf_disk"]["total_bytes"]
+        disk = {"dcpid_final": dd, "perf_final_bytes": pd["total_bytes"],
+                "dcpid_wchar_window": dw, "dcpid_write_bytes_window": dwb,
+                "perf_growth_window": pgrow,
+                "perf_bytes_per_hour": pgrow * hour,
+                "dcpid_footprint_per_hour_linear": dd["total_bytes"] * hour,
+                "dcpid_wchar_per_hour": dw * hour}
+        h = r["half"]
+        if h:
+            dt = sf["t"] - h["t"]
+            g = sf["dcpid_disk"]["total_bytes"] - h["dcpid_disk"]["total_bytes"]
+            w2 = sf["dcpid_io"].get("wchar", 0) - h["dcpid_io"].get("wchar", 0)
+            disk["dcpid_steady_growth_bytes"] = g
+            disk["dcpid_steady_interval_s"] = dt
+            disk["dcpid_steady_growth_per_hour"] = g * 3600.0 / dt
+            disk["dcpid_steady_wchar_per_hour"] = w2 * 3600.0 / dt
+        disk["ratio_perf_over_dcpid_footprint_linear"] = (
+            disk["perf_bytes_per_hour"] / disk["dcpid_footprint_per_hour_linear"]
+            if dd["total_bytes"] else None)
+        disk["ratio_perf_over_dcpid_wchar"] = (disk["perf_bytes_per_hour"] / disk["dcpid_wchar_per_hour"]
+                                               if dw else None)
+        out["disk"] = disk
+        out["profile_vs_image"] = self.profile_vs_image(d, ["/usr/bin/xz", liblzma_path()])
+        out["accuracy"] = self.compare_symbols(d, p, liblzma_path(), top=10)
+        out["accuracy_xz_binary"] = self.compare_symbols(d, p, "/usr/bin/xz", top=5)
+        out["report_times"] = self.report_times(d, p, liblzma_path())
+        self.res["steady"] = out
+        self.keep_small(d, p)
+
+    def keep_small(self, d, p):
+        if not self.args.keep:
+            for x in (d, p):
+                if x.kind == "perf":
+                    os.unlink(x.data)
+
+    # ---- accuracy helpers -----------------------------------------------------------------
+
+    def dcpi_symbols(self, d, image):
+        r = run(d.prof("--image", image, "--format", "json"), timeout=300)
+        if r.returncode != 0:
+            raise ProfilerError(f"dcpiprof --image {image} failed ({r.returncode}): "
+                                f"{' '.join(d.prof('--image', image, '--format', 'json'))}\n"
+                                f"{r.stderr.strip()[-800:]}")
+        j = json.loads(r.stdout)
+        tot = sum(int(row["samples"]) for row in j["rows"]) or 1
+        return {row["symbol"]: int(row["samples"]) for row in j["rows"]}, tot, j
+
+    def perf_symbols(self, p, image):
+        base = os.path.basename(image)
+        r = run([self.bins["perf"], "report", "--stdio", "-i", p.data, "--sort", "dso,sym", "-n", "-q",
+                 "--percentage", "absolute", "--dsos", base], timeout=600)
+        if r.returncode != 0:
+            raise ProfilerError(f"perf report failed: {r.stderr.strip()[-800:]}")
+        syms = {}
+        for line in r.stdout.splitlines():
+            m = re.match(r"\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[(.)\]\s+(.*\S)\s*$", line)
+            if not m or m.group(2) != base:
+                continue
+            syms[m.group(4)] = syms.get(m.group(4), 0) + int(m.group(1))
+        return syms, sum(syms.values()) or 1
+
+    def compare_symbols(self, d, p, image, top):
+        try:
+            ds, dt, _ = self.dcpi_symbols(d, image)
+        except Exception as e:  # noqa: BLE001 - recorded, benchmark goes on
+            self.error(f"accuracy {image}: {e}")
+            return {"error": str(e)}
+        ps, pt = self.perf_symbols(p, image)
+        names = sorted(ps, key=lambda s: -ps[s])[:top]
+        rows = []
+        for s in names:
+            a, b = 100.0 * ps[s] / pt, 100.0 * ds.get(s, 0) / dt
+            rows.append({"symbol": s, "perf_pct": a, "dcpi_pct": b, "diff_pp": b - a})
+        return {"image": image, "perf_samples": pt, "dcpi_samples": dt, "rows": rows,
+                "max_abs_diff_pp": max((abs(r["diff_pp"]) for r in rows), default=None),
+                "dcpi_only_top": sorted(ds, key=lambda s: -ds[s])[:top]}
+
+    def mix(self):
+        rate = self.p["steady_rate"]
+        exe = os.path.join(self.wl, "mix")
+        log(f"mix: 2 x mix (f1/f2/f3 = 50/30/20), dcpid + perf at {rate} Hz")
+
+        def work(d, p):
+            outs = self.run_copies([[exe, str(self.p["mix_iters"])]] * 2)
+            return {"wall_s": max(float(o[0]) for o in outs)}
+
+        d, p, r = self.both("mix", rate, work)
+        truth = {"f1": 50.0, "f2": 30.0, "f3": 20.0}
+        out = {"rate_hz": rate, "truth_pct": truth, "wall_s": r["extra"]["wall_s"]}
+        try:
+            ds, _, _ = self.dcpi_symbols(d, exe)
+            dtot = sum(ds.get(f, 0) for f in truth) or 1
+            out["dcpi_pct"] = {f: 100.0 * ds.get(f, 0) / dtot for f in truth}
+            out["dcpi_samples_f123"] = dtot
+            out["dcpi_max_abs_err_pp"] = max(abs(out["dcpi_pct"][f] - truth[f]) for f in truth)
+        except Exception as e:  # noqa: BLE001
+            self.error(f"mix dcpiprof: {e}")
+        ps, _ = self.perf_symbols(p, exe)
+        ptot = sum(ps.get(f, 0) for f in truth) or 1
+        out["perf_pct"] = {f: 100.0 * ps.get(f, 0) / ptot for f in truth}
+        out["perf_samples_f123"] = ptot
+        out["perf_max_abs_err_pp"] = max(abs(out["perf_pct"][f] - truth[f]) for f in truth)
+        out["report_times_small"] = self.report_times(d, p, exe, reps=1)
+        self.res["mix"] = out
+        self.keep_small(d, p)
+
+    # ---- profile size vs image size -------------------------------------------------------
+
+    def profile_vs_image(self, d, images):
+        rows = []
+        for img in images:
+            bid = build_id(img)
+            if not bid:
+                continue
+            files = []
+            for dirpath, _, fs in os.walk(d.db):
+                files += [os.path.join(dirpath, f) for f in fs if f.startswith("b" + bid)]
+            rows.append({"image": img, "image_bytes": os.path.getsize(img), "build_id": bid,
+                         "profile_files": [os.path.relpath(f, d.db) for f in files],
+                         "profile_bytes": sum(os.path.getsize(f) for f in files)})
+        return rows
+
+    # ---- 6: report times ------------------------------------------------------------------
+
+    def timed(self, cmd, reps, timeout=900):
+        ts = []
+        for _ in range(reps):
+            t = time.monotonic()
+            r = run(cmd, timeout=timeout)
+            ts.append(time.monotonic() - t)
+            if r.returncode != 0:
+                raise ProfilerError(f"{' '.join(cmd)} failed ({r.returncode}): "
+                                    f"{r.stderr.strip()[-800:]}")
+        return {"median_s": med(ts), "all_s": ts, "stdout_bytes": len(r.stdout)}
+
+    def report_times(self, d, p, image, reps=None):
+        reps = reps or self.p["report_reps"]
+        out = {"perf_data_bytes": os.path.getsize(p.data), "perf_samples": p.samples}
+        jobs = {
+            "dcpiprof_images": d.prof("--format", "json"),
+            "dcpiprof_symbols": d.prof("--image", image, "--format", "json"),
+            "perf_report_dso": [self.bins["perf"], "report", "--stdio", "-i", p.data, "--sort", "dso"],
+            "perf_report_sym": [self.bins["perf"], "report", "--stdio", "-i", p.data, "--sort", "dso,sym"],
+        }
+        for k, cmd in jobs.items():
+            try:
+                out[k] = self.timed(cmd, reps)
+            except Exception as e:  # noqa: BLE001
+                self.error(f"report time {k}: {e}")
+                out[k] = {"error": str(e)}
+        return out
+
+    def fleet_images(self):
+        path = os.path.join(self.cache, "images.tsv")
+        if not os.path.exists(path):
+            write_image_list(path, 200)
+        return path
+
+    def gen_db(self, name, hosts, epochs, images, samples):
+        stamp = f"{name}-{hosts}x{epochs}x{images}-{samples}-{tree_rev('profile-format')}"
+        out = os.path.join(self.cache, stamp)
+        info = os.path.join(out + ".json")
+        if os.path.exists(info):
+            with open(info) as f:
+                return out, json.load(f)
+        shutil.rmtree(out, ignore_errors=True)
+        for old in os.listdir(self.cache):  # previous versions of this db: large, drop them
+            if old.startswith(name + "-"):
+                p = os.path.join(self.cache, old)
+                shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
+        t = time.monotonic()
+        r = run([self.bins["fleetgen"], "--out", out, "--images", self.fleet_images(),
+                 "--hosts", str(hosts), "--epochs", str(epochs), "--images-per-host", str(images),
+                 "--samples-per-host-epoch", str(samples)], timeout=3600)
+        if r.returncode != 0:
+            raise RuntimeError(f"fleetgen failed: {r.stderr.strip()}")
+        meta = json.loads(r.stdout)
+        meta["gen_s"] = time.monotonic() - t
+        meta["disk"] = dict(zip(("bytes", "alloc", "files"), tree_bytes(out)))
+        with open(info, "w") as f:
+            json.dump(meta, f)
+        return out, meta
+
+    def report(self):
+        out = {}
+        with open(self.fleet_images()) as f:
+            first_image = f.readline().rstrip("\n").split("\t")[3]
+        hour_samples = 2 * 3600 * 1000  # 2 CPUs busy for one hour at 1 kHz
+        h, e, i = self.p["fleet"]
+        for name, (nh, ne, ni) in (("hour", (1, 1, self.p["hour_images"])), ("fleet", (h, e, i))):
+            log(f"report: generating/using {name} db {nh} hosts x {ne} epochs x {ni} images")
+            try:
+                db, meta = self.gen_db(name, nh, ne, ni, hour_samples)
+            except Exception as e:  # noqa: BLE001
+                self.error(f"gen {name}: {e}")
+                continue
+            base = [self.bins["dcpiprof"], "--db", db, "--host", "all", "--epoch", "all"]
+            o = {"hosts": nh, "epochs": ne, "images_per_host": ni, "db": meta,
+                 "symbol_image": first_image}
+            for k, cmd in (("images", base + ["--format", "json"]),
+                           ("symbols", base + ["--image", first_image, "--format", "json"])):
+                log(f"report: dcpiprof {name} {k}")
+                try:
+                    o[k] = self.timed(cmd, self.p["report_reps"] if name == "hour" else 1)
+                except Exception as e:  # noqa: BLE001
+                    self.error(f"dcpiprof {name} {k}: {e}")
+                    o[k] = {"error": str(e)}
+            out[name] = o
+        self.res["report"] = out
+
+    # ---- 4: memory under churn ------------------------------------------------------------
+
+    def churn(self):
+        secs = self.p["churn_secs"]
+        rate = self.p["churn_rate"]
+        d = self.profiler("dcpid", rate, secs + 600, "churn")
+        d.start()
+        log(f"churn: 2 x fork+exec /bin/true for {secs} s, dcpid at {rate} Hz")
+        exe = os.path.join(self.wl, "churn")
+        procs = [subprocess.Popen([exe, str(secs)], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        series = []
+        t0 = time.monotonic()
+        while any(pr.poll() is None for pr in procs):
+            m = proc_mem_kib(d.proc.pid)
+            m["t"] = time.monotonic() - t0
+            m["cpu_s"] = d.cpu_s()
+            series.append(m)
+            time.sleep(1.0)
+        outs = [pr.communicate()[0].split() for pr in procs]
+        st = d.status()
+        m = proc_mem_kib(d.proc.pid)
+        d.stop()
+        execs = sum(int(o[0]) for o in outs)
+        dur = max(float(o[1]) for o in outs)
+        rss = [s["VmRSS"] for s in series]
+        ts = [s["t"] for s in series]
+        out = {"seconds": secs, "rate_hz": rate, "execs": execs, "exec_per_s": execs / dur,
+               "vmhwm_kib": m["VmHWM"], "final_rss_kib": m["VmRSS"], "rusage_maxrss_kib":
+               d.rusage["maxrss_kib"], "dcpid_cpu_s": d.rusage["cpu_s"], "status": st,
+               "series": series[:: max(1, len(series) // 120)]}
+        # Flatness: RSS slope over the second half (after warm-up), KiB per minute, and the
+        # growth of the mean RSS from the second quarter to the last quarter.
+        n = len(rss)
+        if n >= 8:
+            half_t, half_r = ts[n // 2:], rss[n // 2:]
+            out["rss_slope_kib_per_min_2nd_half"] = slope(half_t, half_r) * 60
+            q2 = statistics.mean(rss[n // 4: n // 2])
+            q4 = statistics.mean(rss[3 * n // 4:])
+            out["rss_mean_q2_kib"], out["rss_mean_q4_kib"] = q2, q4
+        self.res["churn"] = out
+
+    def error(self, msg):
+        log("ERROR: " + msg)
+        self.res["errors"].append(msg)
+
+    def section(self, name, fn):
+        t = time.monotonic()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - one failing section must not lose the others
+            self.error(f"{name}: {type(e).__name__}: {e}")
+        self.res.setdefault("section_s", {})[name] = time.monotonic() - t
+
+    def main(self):
+        t = time.monotonic()
+        self.res["machine"]["sysctl_before"] = sysctls()
+        sections = {"slowdown": self.slowdown, "steady": self.steady, "mix": self.mix,
+                    "churn": self.churn, "report": self.report}
+        only = self.args.only.split(",") if self.args.only else list(sections)
+        for name in only:
+            self.section(name, sections[name])
+            self.res["machine"]["loadavg_after_" + name] = os.getloadavg()
+        self.res["machine"]["sysctl_after"] = sysctls()
+        self.res["total_s"] = time.monotonic() - t
+        if not self.args.keep:
+            shutil.rmtree(self.work, ignore_errors=True)
+        os.makedirs(self.args.results, exist_ok=True)
+        base = os.path.join(self.args.results, self.stamp + ("-quick" if self.args.quick else ""))
+        with open(base + ".json", "w") as f:
+            json.dump(self.res, f, indent=1, default=str)
+        md = summary(self.res)
+        with open(base + ".md", "w") as f:
+            f.write(md)
+        print(md)
+        log(f"wrote {base}.json and {base}.md")
+        return 1 if self.res["errors"] else 0
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+def slope(xs, ys):
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
+
+
+def gen_text(path, size, seed):
+    """Deterministic pseudo-English text (Zipf-distributed words): compresses like text."""
+    r = random.Random(seed)
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    words = ["".join(r.choices(letters, weights=range(26, 0, -1), k=r.randint(2, 10)))
+             for _ in range(20000)]
+    cum, acc = [], 0.0
+    for k in range(len(words)):
+        acc += 1.0 / (k + 1)
+        cum.append(acc)
+    with open(path + ".tmp", "w") as f:
+        n = 0
+        while n < size:
+            line = " ".join(r.choices(words, cum_weights=cum, k=4096 // 6))
+            chunk = "\n".join(line[i:i + 72] for i in range(0, len(line), 72)) + "\n"
+            f.write(chunk)
+            n += len(chunk)
+    os.rename(path + ".tmp", path)
+
+
+def build_id(path):
+    r = run(["readelf", "-n", path])
+    m = re.search(r"Build ID: ([0-9a-f]+)", r.stdout)
+    return m.group(1) if m else None
+
+
+def liblzma_path():
+    r = run(["ldd", "/usr/bin/xz"])
+    m = re.search(r"liblzma\.so\S* => (\S+)", r.stdout)
+    return os.path.realpath(m.group(1)) if m else "/usr/lib/x86_64-linux-gnu/liblzma.so.5"
+
+
+def write_image_list(path, n):
+    """Real ELF files of this machine with a build-id and a .text section, largest first."""
+    cands = []
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/bin", "/usr/sbin", "/usr/lib"):
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for name in names:
+            p = os.path.join(d, name)
+            if os.path.islink(p) or not os.path.isfile(p):
+                continue
+            try:
+                with open(p, "rb") as f:
+                    if f.read(4) != b"\x7fELF":
+                        continue
+            except OSError:
+                continue
+            cands.append(p)
+    rows = []
+    for p in cands:
+        r = run(["readelf", "-nSW", p])
+        m = re.search(r"Build ID: ([0-9a-f]+)", r.stdout)
+        t = re.search(r"\]\s+\.text\s+\S+\s+[0-9a-f]+\s+([0-9a-f]+)\s+([0-9a-f]+)", r.stdout)
+        if m and t and int(t.group(2), 16) >= 4096:
+            rows.append((int(t.group(2), 16), m.group(1), int(t.group(1), 16), p))
+        if len(rows) >= 4 * n:
+            break
+    rows.sort(reverse=True)
+    seen, out = set(), []
+    for size, bid, off, p in rows:
+        if bid not in seen and "\t" not in p and "\n" not in p:
+            seen.add(bid)
+            out.append(f"{bid}\t{off}\t{size}\t{p}\n")
+    with open(path, "w") as f:
+        f.writelines(out[:n])
+
+
+def tree_rev(sub):
+    r = run(["git", "-C", ROOT, "rev-parse", f"HEAD:{sub}"])
+    dirty = run(["git", "-C", ROOT, "status", "--porcelain", sub]).stdout.strip()
+    return (r.stdout.strip()[:10] or "nogit") + ("-dirty" if dirty else "")
+
+
+def sysctls():
+    out = {}
+    for k in ("perf_event_max_sample_rate", "perf_cpu_time_max_percent", "perf_event_paranoid"):
+        try:
+            with open(f"/proc/sys/kernel/{k}") as f:
+                out[k] = f.read().strip()
+        except OSError:
+            pass
+    return out
+
+
+def machine_info(args):
+    def sh(cmd):
+        try:
+            return run(cmd).stdout.strip()
+        except OSError:
+            return ""
+    mem = ""
+    with open("/proc/meminfo") as f:
+        mem = f.readline().split(":")[1].strip()
+    cpu = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"kernel": os.uname().release, "cpus": os.cpu_count(), "cpu_model": cpu, "mem": mem,
+            "perf_version": sh([args.perf, "--version"]), "git": sh(["git", "-C", ROOT, "rev-parse", "HEAD"]),
+            "git_dirty": bool(sh(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"])),
+            "loadavg_start": os.getloadavg(),
+            "pmu": "none (cpu-clock only)" if "PMU not available" in sh(["dmesg"]) else "see dmesg"}
+
+
+# ---- summary ------------------------------------------------------------------------------
+
+def fmt(x, spec=".3f"):
+    if x is None:
+        return "n/a"
+    return format(x, spec)
+
+
+def verdict(ok):
+    return "met" if ok else "**MISSED**"
+
+
+def summary(res):
+    L = [f"# dcpi benchmark results ({res['mode']} mode, {res['started']})", ""]
+    m = res["machine"]
+    L.append(f"Machine: {m['cpus']} vCPU {m['cpu_model']}, {m['mem']}, kernel {m['kernel']}, "
+             f"PMU: {m['pmu']}, {m['perf_version']}, git {m['git'][:12]}"
+             f"{' (dirty)' if m['git_dirty'] else ''}; load average at start "
+             f"{' '.join(f'{x:.2f}' for x in m['loadavg_start'])}.")
+    L.append("")
+    sd = res.get("slowdown")
+    if sd:
+        L += ["## 1. Slowdown (2 copies, median of %d; ratio = time / time without profiler)"
+              % res["params"]["reps"], "",
+              "| config | cpu-bound s | ratio | memory-bound s | ratio |", "|---|---|---|---|---|"]
+        for k, v in sd["median_s"].items():
+            r = sd["ratio_vs_none"].get(k, {"cpu": 1.0, "mem": 1.0})
+            L.append(f"| {k} | {fmt(v['cpu'])} | {fmt(r['cpu'])} | {fmt(v['mem'])} | {fmt(r['mem'])} |")
+        L.append("")
+        for rate in res["params"]["rates"]:
+            dr, pr = sd["ratio_vs_none"].get(f"dcpid@{rate}"), sd["ratio_vs_none"].get(f"perf@{rate}")
+            if dr and pr:
+                for wl in ("cpu", "mem"):
+                    ok = dr[wl] - 1 <= (pr[wl] - 1) + 0.005
+                    L.append(f"- {rate} Hz {wl}: dcpid +{100 * (dr[wl] - 1):.1f}% vs perf "
+                             f"+{100 * (pr[wl] - 1):.1f}% -> goal (dcpid <= perf, 0.5 pt tolerance) "
+                             f"{verdict(ok)}")
+        L.append("")
+        L += ["## 2. Collector CPU during the slowdown windows (user+sys of the collector process)", "",
+              "| config | CPU s / wall s in windows | lifetime CPU s (median per run) |", "|---|---|---|"]
+        for k, v in sd["collector"].items():
+            L.append(f"| {k} | {fmt(v['window_cpu_frac'], '.4f')} | {fmt(v['lifetime_cpu_s_median'])} |")
+        for rate in res["params"]["rates"]:
+            d, p = sd["collector"].get(f"dcpid@{rate}"), sd["collector"].get(f"perf@{rate}")
+            if d and p and p["window_cpu_frac"]:
+                r = d["window_cpu_frac"] / p["window_cpu_frac"]
+                L.append(f"- {rate} Hz: dcpid/perf CPU ratio in windows {r:.3f} -> goal <= 0.25 "
+                         f"{verdict(r <= 0.25)}")
+        L.append("")
+    st = res.get("steady")
+    if st:
+        c, dk = st["collector"], st["disk"]
+        L += [f"## Steady run: 2 x xz -9, both profilers at {st['rate_hz']} Hz, "
+              f"{st['window_s']:.1f} s window", ""]
+        L.append(f"- Collector CPU in window: dcpid {c['dcpid_window_cpu_s']:.2f} s, perf "
+                 f"{c['perf_window_cpu_s']:.2f} s, ratio {fmt(c['ratio_window'])} -> goal <= 0.25 "
+                 f"{verdict(c['ratio_window'] is not None and c['ratio_window'] <= 0.25)}; lifetime "
+                 f"(start to exit) dcpid {c['dcpid_lifetime']['cpu_s']:.2f} s, perf "
+                 f"{c['perf_lifetime']['cpu_s']:.2f} s, ratio {fmt(c['ratio_lifetime'])}")
+        L.append(f"- Disk: perf.data grew {dk['perf_growth_window']} B in the window = "
+                 f"{dk['perf_bytes_per_hour'] / 1e6:.1f} MB/h. dcpid after the run: db "
+                 f"{dk['dcpid_final']['db_bytes']} B in {dk['dcpid_final']['db_files']} files, spool "
+                 f"{dk['dcpid_final']['spool_bytes']} B; bytes written by dcpid (wchar) in the window "
+                 f"+ final flush {dk['dcpid_wchar_window']} B.")
+        rl = dk.get("ratio_perf_over_dcpid_footprint_linear")
+        rw = dk.get("ratio_perf_over_dcpid_wchar")
+        L.append(f"- Disk per hour, perf / dcpid: footprint extrapolated linearly (db+spool size / "
+                 f"window x 3600) ratio {fmt(rl, '.0f')} -> goal >= 1000 {verdict(rl and rl >= 1000)}; "
+                 f"bytes written (wchar) ratio {fmt(rw, '.0f')}"
+                 + (f"; steady-state growth of db+spool between the mid-run flush and the end "
+                    f"{dk['dcpid_steady_growth_bytes']} B in {dk['dcpid_steady_interval_s']:.0f} s "
+                    f"({dk['dcpid_steady_growth_per_hour'] / 1e3:.1f} kB/h)"
+                    if "dcpid_steady_growth_bytes" in dk else ""))
+        for row in st.get("profile_vs_image", []):
+            L.append(f"- Profile size vs image: {row['image']} {row['image_bytes']} B, profile(s) "
+                     f"{row['profile_bytes']} B ("
+                     + (f"{row['image_bytes'] / row['profile_bytes']:.1f}x smaller)"
+                        if row["profile_bytes"] else "no profile found)"))
+        for key in ("accuracy", "accuracy_xz_binary"):
+            a = st.get(key, {})
+            if "rows" in a:
+                L += ["", f"### 5b. Per-symbol shares within {a['image']} (perf {a['perf_samples']} "
+                      f"samples, dcpi {a['dcpi_samples']})", "",
+                      "| symbol | perf % | dcpi % | diff pp |", "|---|---|---|---|"]
+                for r in a["rows"]:
+                    L.append(f"| {r['symbol']} | {r['perf_pct']:.2f} | {r['dcpi_pct']:.2f} | "
+                             f"{r['diff_pp']:+.2f} |")
+                mx = a["max_abs_diff_pp"]
+                L.append(f"\nmax |diff| = {fmt(mx, '.2f')} pp -> goal <= 2 pp "
+                         f"{verdict(mx is not None and mx <= 2)}")
+            elif a:
+                L.append(f"- {key}: ERROR {a.get('error', '')[:300]}")
+        L.append("")
+    mx = res.get("mix")
+    if mx:
+        L += ["## 5a. Known proportions (f1/f2/f3 = 50/30/20 % of iterations)", "",
+              "| fn | truth % | dcpi % | perf % |", "|---|---|---|---|"]
+        for f in ("f1", "f2", "f3"):
+            L.append(f"| {f} | {mx['truth_pct'][f]:.1f} | {fmt(mx.get('dcpi_pct', {}).get(f), '.2f')} | "
+                     f"{fmt(mx['perf_pct'][f], '.2f')} |")
+        e = mx.get("dcpi_max_abs_err_pp")
+        L.append(f"\nmax |error| dcpi {fmt(e, '.2f')} pp, perf {fmt(mx['perf_max_abs_err_pp'], '.2f')} "
+                 f"pp -> goal <= 2 pp {verdict(e is not None and e <= 2)}")
+        L.append("")
+    ch = res.get("churn")
+    if ch:
+        hwm = ch["vmhwm_kib"] / 1024
+        L += ["## 4. Daemon memory under process churn", "",
+              f"- {ch['seconds']} s of 2 x fork+exec /bin/true: {ch['execs']} execs "
+              f"({ch['exec_per_s']:.0f}/s), dcpid at {ch['rate_hz']} Hz",
+              f"- Peak RSS (VmHWM) {hwm:.1f} MiB, final RSS {ch['final_rss_kib'] / 1024:.1f} MiB "
+              f"-> goal <= 20 MiB {verdict(hwm <= 20)}"]
+        if "rss_slope_kib_per_min_2nd_half" in ch:
+            L.append(f"- Flatness: RSS slope over the 2nd half {ch['rss_slope_kib_per_min_2nd_half']:+.1f} "
+                     f"KiB/min; mean RSS 2nd quarter {ch['rss_mean_q2_kib'] / 1024:.2f} MiB, last quarter "
+                     f"{ch['rss_mean_q4_kib'] / 1024:.2f} MiB")
+        L.append(f"- dcpid CPU over the churn run: {ch['dcpid_cpu_s']:.1f} s")
+        L.append("")
+    rep = res.get("report")
+    st_rt = (st or {}).get("report_times")
+    if rep or st_rt:
+        L += ["## 6. Report time", "", "| what | data | seconds |", "|---|---|---|"]
+        if st_rt:
+            L.append(f"| dcpiprof per-image | steady run db | {fmt((st_rt.get('dcpiprof_images') or {}).get('median_s'))} |")
+            L.append(f"| dcpiprof per-symbol | steady run db | {fmt((st_rt.get('dcpiprof_symbols') or {}).get('median_s'))} |")
+            L.append(f"| perf report --sort dso | steady perf.data {st_rt['perf_data_bytes'] / 1e6:.1f} MB | "
+                     f"{fmt((st_rt.get('perf_report_dso') or {}).get('median_s'))} |")
+            L.append(f"| perf report --sort dso,sym | same | {fmt((st_rt.get('perf_report_sym') or {}).get('median_s'))} |")
+            ex = extrapolate_perf(res)
+            if ex:
+                L.append(f"| perf report --sort dso,sym, 1 h at 1 kHz x 2 CPUs (extrapolated, "
+                         f"{ex['hour_bytes'] / 1e6:.0f} MB) | linear fit of 2 runs | {ex['hour_s']:.1f} |")
+        for name in ("hour", "fleet"):
+            o = (rep or {}).get(name)
+            if not o:
+                continue
+            data = (f"{o['hosts']} host(s) x {o['epochs']} epoch(s) x {o['images_per_host']} images, "
+                    f"{o['db']['profiles']} profiles, {o['db']['disk']['bytes'] / 1e6:.1f} MB")
+            for k in ("images", "symbols"):
+                L.append(f"| dcpiprof {'per-image' if k == 'images' else 'per-symbol'} ({name}) | "
+                         f"{data} | {fmt((o.get(k) or {}).get('median_s'))} |")
+        L.append("")
+    if res["errors"]:
+        L += ["## Errors", ""] + [f"- {e[:1500]}" for e in res["errors"]] + [""]
+    L.append(f"Total benchmark time {res['total_s']:.0f} s; per section: "
+             + ", ".join(f"{k} {v:.0f} s" for k, v in res.get("section_s", {}).items()))
+    return "\n".join(L) + "\n"
+
+
+def extrapolate_perf(res):
+    """perf report time for one hour of 2 busy CPUs at 1 kHz, from two measured sizes."""
+    pts = []
+    for sec in ("steady", "mix"):
+        rt = (res.get(sec) or {}).get("report_times") or (res.get(sec) or {}).get("report_times_small")
+        if rt and "median_s" in (rt.get("perf_report_sym") or {}):
+            pts.append((rt["perf_data_bytes"], rt["perf_report_sym"]["median_s"], rt.get("perf_samples")))
+    if not pts:
+        return None
+    per_sample = statistics.mean(b / s for b, _, s in pts if s) if any(s for _, _, s in pts) else 56
+    hour_bytes = per_sample * 2 * 3600 * 1000
+    if len(pts) >= 2 and pts[0][0] != pts[1][0]:
+        (x1, y1, _), (x2, y2, _) = pts[:2]
+        b = (y2 - y1) / (x2 - x1)
+        a = y1 - b * x1
+    else:
+        a, b = 0.0, pts[0][1] / pts[0][0]
+    return {"hour_bytes": hour_bytes, "hour_s": a + b * hour_bytes}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="~1 minute smoke run (1 repetition, short runs)")
+    ap.add_argument("--only", help="comma-separated sections: slowdown,steady,mix,churn,report")
+    ap.add_argument("--reps", type=int, help="repetitions of the slowdown measurement")
+    ap.add_argument("--churn-seconds", type=int, help="length of the churn run")
+    ap.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
+    ap.add_argument("--fleetgen", default=os.path.join(ROOT, "target", "release", "dcpi-fleetgen"))
+    ap.add_argument("--workload-dir", default=os.path.join(BENCH, "workloads", "bin"))
+    ap.add_argument("--perf", default=shutil.which("perf") or "/usr/bin/perf")
+    ap.add_argument("--work", default="/var/tmp/dcpi-bench", help="scratch dir (and cache/)")
+    ap.add_argument("--results", default=os.path.join(BENCH, "results"))
+    ap.add_argument("--keep", action="store_true", help="keep the scratch databases and perf.data")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench.py: must run as root (system-wide profiling)", file=sys.stderr)
+        return 2
+    return Bench(args).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
