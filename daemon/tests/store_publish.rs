@@ -1,0 +1,288 @@
+//! Store: spool, exactly-once publishing across crashes, corrupt files, incremental rewrites,
+//! epochs and retention, driven by synthetic resolved batches.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
+use dcpid::store::{EventInfo, Store, StoreConfig, StoreError};
+use profile_format::{
+    Database, EpochId, EventDesc, HostSummary, ImageId, ImageKind, Profile, UnknownReason,
+};
+
+fn cfg(root: &Path, host: &str) -> StoreConfig {
+    StoreConfig {
+        db: root.join("db"),
+        spool: root.join(format!("spool-{host}.sqlite")),
+        host: host.into(),
+        flush_interval: Duration::from_secs(2),
+        publish_interval: Duration::from_secs(60),
+        max_memory_bytes: 64 << 20,
+        retention_days: 7,
+        retention_keep: 3,
+    }
+}
+
+fn open(root: &Path, host: &str) -> Store {
+    let mut s = Store::open(cfg(root, host));
+    s.set_events(vec![EventInfo {
+        desc: EventDesc {
+            name: "cpu-clock".into(),
+            perf_type: 1,
+            perf_config: 0,
+            period_mean: 1000,
+            period_min: 938,
+            period_max: 1000,
+        },
+        source: "software".into(),
+    }]);
+    s
+}
+
+/// (image number, offset, count) entries for event 0; plus `unknown` ProcessGone samples.
+fn batch(entries: &[(u8, u64, u64)], unknown: u64) -> Resolved {
+    let mut r = Resolved::default();
+    for &(img, off, count) in entries {
+        let id = ImageId::BuildId(vec![img; 20]);
+        let info = Arc::new(ImageInfo {
+            kind: ImageKind::Elf,
+            id: id.clone(),
+            path: format!("/usr/bin/img{img}").into_bytes(),
+            jit_symbols: vec![],
+        });
+        let p = r.profiles.entry((id, 0)).or_insert_with(|| ResolvedProfile {
+            image: info,
+            event: 0,
+            counts: BTreeMap::new(),
+        });
+        let e = p.counts.entry(off).or_insert((0, 0));
+        e.0 += count;
+        e.1 += count * 1000;
+        r.samples += count;
+    }
+    if unknown > 0 {
+        r.unknown.insert((0, UnknownReason::ProcessGone), (unknown, unknown * 1000));
+        r.samples += unknown;
+    }
+    r
+}
+
+/// Sum of counts per (image number or 255 for unknown, offset) over every profile of `host`
+/// in `epoch`.
+fn totals(root: &Path, epoch: &EpochId, host: &str) -> BTreeMap<(u8, u64), u64> {
+    let db = Database::open(&root.join("db")).unwrap();
+    let hd = db.host_dir(epoch, host).unwrap();
+    let mut out = BTreeMap::new();
+    for entry in hd.profiles().unwrap() {
+        let p = Profile::read(&entry.path).unwrap();
+        let img = match &p.header.image_id {
+            ImageId::BuildId(b) => b[0],
+            _ => 255,
+        };
+        for (off, c) in &p.counts {
+            *out.entry((img, *off)).or_insert(0) += c;
+        }
+    }
+    out
+}
+
+fn expect(entries: &[&[(u8, u64, u64)]], unknown: u64) -> BTreeMap<(u8, u64), u64> {
+    let mut out = BTreeMap::new();
+    for b in entries {
+        for &(i, o, c) in b.iter() {
+            *out.entry((i, o)).or_insert(0) += c;
+        }
+    }
+    if unknown > 0 {
+        out.insert((255, UnknownReason::ProcessGone as u64), unknown);
+    }
+    out
+}
+
+#[test]
+fn spool_then_spread_publish() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), "h1");
+    let epoch = s.current_epoch().cloned().expect("first epoch created");
+    let b1: &[(u8, u64, u64)] = &[(1, 0x10, 5), (1, 0x20, 3), (2, 0x10, 7)];
+    s.add(batch(b1, 2), 0, 0);
+    let now = Instant::now();
+    s.tick_at(now);
+    let st = s.status();
+    assert_eq!(st.pending_batches, 0);
+    assert_eq!(st.spool_rows, 3, "one increment per profile: {st:?}");
+    assert_eq!(st.dirty_profiles, 3);
+    // Every profile's turn comes within one publish interval.
+    s.tick_at(now + Duration::from_secs(61));
+    assert_eq!(s.status().spool_rows, 0);
+    assert_eq!(s.status().dirty_profiles, 0);
+    assert_eq!(totals(dir.path(), &epoch, "h1"), expect(&[b1], 2));
+    // A profile just published is not rewritten before the publish interval has passed.
+    s.add(batch(&[(1, 0x10, 1)], 0), 0, 0);
+    s.tick_at(now + Duration::from_secs(62));
+    assert_eq!(s.status().dirty_profiles, 1);
+    s.tick_at(now + Duration::from_secs(122));
+    assert_eq!(s.status().dirty_profiles, 0);
+    s.flush_everything().unwrap();
+    let db = Database::open(&dir.path().join("db")).unwrap();
+    let sum = HostSummary::read(&db.host_dir(&epoch, "h1").unwrap().summary_path()).unwrap();
+    assert_eq!(sum.samples, 15 + 2 + 1);
+    assert_eq!(sum.unknown, 2);
+    assert_eq!(sum.events.len(), 1);
+    assert_eq!(sum.events[0].source, "software");
+}
+
+#[test]
+fn exactly_once_after_crash_between_rename_and_spool_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let b1: &[(u8, u64, u64)] = &[(1, 0x10, 5), (2, 0x10, 7), (3, 0x30, 1)];
+    let b2: &[(u8, u64, u64)] = &[(1, 0x10, 4), (2, 0x18, 2)];
+    let b3: &[(u8, u64, u64)] = &[(1, 0x10, 100), (3, 0x30, 9)];
+    let epoch;
+    {
+        let mut s = open(dir.path(), "h1");
+        epoch = s.current_epoch().cloned().unwrap();
+        s.add(batch(b1, 0), 0, 0);
+        s.tick_at(Instant::now());
+        s.add(batch(b2, 0), 0, 0);
+        // The second profile write "crashes" after its rename, before its spool rows go.
+        s.inject_crash_after_write(2);
+        match s.flush_everything() {
+            Err(StoreError::InjectedCrash(_)) => {}
+            other => panic!("expected the injected crash, got {other:?}"),
+        }
+        // b3 reaches the spool but is never published before the "crash".
+        s.add(batch(b3, 0), 0, 0);
+        s.tick_at(Instant::now());
+        assert!(s.status().spool_rows > 0);
+    } // dropped without a shutdown flush: a kill -9.
+    let mut s = open(dir.path(), "h1");
+    assert!(s.status().dirty_profiles > 0, "dirty profiles recovered from the spool");
+    s.flush_everything().unwrap();
+    assert_eq!(s.status().spool_rows, 0);
+    assert_eq!(totals(dir.path(), &epoch, "h1"), expect(&[b1, b2, b3], 0));
+    // And once more for good measure: nothing left to double.
+    drop(s);
+    let mut s = open(dir.path(), "h1");
+    s.flush_everything().unwrap();
+    assert_eq!(totals(dir.path(), &epoch, "h1"), expect(&[b1, b2, b3], 0));
+}
+
+#[test]
+fn corrupt_profile_is_set_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), "h1");
+    let epoch = s.current_epoch().cloned().unwrap();
+    s.add(batch(&[(1, 0x10, 5)], 0), 0, 0);
+    s.flush_everything().unwrap();
+    let db = Database::open(&dir.path().join("db")).unwrap();
+    let hd = db.host_dir(&epoch, "h1").unwrap();
+    let path = hd.profile_path(&ImageId::BuildId(vec![1; 20]), "cpu-clock");
+    assert!(path.exists());
+    std::fs::write(&path, b"this is not a profile").unwrap();
+    s.add(batch(&[(1, 0x10, 2), (1, 0x40, 1)], 0), 0, 0);
+    s.flush_everything().unwrap();
+    let mut aside = path.clone().into_os_string();
+    aside.push(".corrupt");
+    assert!(Path::new(&aside).exists(), "corrupt file kept aside");
+    let p = Profile::read(&path).unwrap();
+    assert_eq!(p.counts.get(&0x10), Some(&2));
+    assert_eq!(p.counts.get(&0x40), Some(&1));
+    assert_eq!(s.status().corrupt_files_set_aside, 1);
+    // A store opened over a database with a corrupt file starts fine too.
+    std::fs::write(&path, b"\0\0\0").unwrap();
+    drop(s);
+    let mut s = open(dir.path(), "h1");
+    s.add(batch(&[(1, 0x10, 3)], 0), 0, 0);
+    s.flush_everything().unwrap();
+    assert_eq!(Profile::read(&path).unwrap().counts.get(&0x10), Some(&3));
+}
+
+#[test]
+fn only_changed_profiles_are_rewritten() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), "h1");
+    let epoch = s.current_epoch().cloned().unwrap();
+    s.add(batch(&[(1, 0x10, 5), (2, 0x10, 5), (3, 0x10, 5)], 0), 0, 0);
+    s.flush_everything().unwrap();
+    let db = Database::open(&dir.path().join("db")).unwrap();
+    let hd = db.host_dir(&epoch, "h1").unwrap();
+    let ino = |n: u8| {
+        std::fs::metadata(hd.profile_path(&ImageId::BuildId(vec![n; 20]), "cpu-clock"))
+            .unwrap()
+            .ino()
+    };
+    let before = [ino(1), ino(2), ino(3)];
+    s.add(batch(&[(2, 0x10, 1)], 0), 0, 0);
+    s.flush_everything().unwrap();
+    let after = [ino(1), ino(2), ino(3)];
+    assert_eq!(before[0], after[0]);
+    assert_ne!(before[1], after[1], "changed profile rewritten (atomic rename: new inode)");
+    assert_eq!(before[2], after[2]);
+}
+
+#[test]
+fn epoch_started_by_another_host_is_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), "h1");
+    let e1 = s.current_epoch().cloned().unwrap();
+    let b1: &[(u8, u64, u64)] = &[(1, 0x10, 5)];
+    let b2: &[(u8, u64, u64)] = &[(1, 0x10, 7), (2, 0x20, 1)];
+    s.add(batch(b1, 0), 0, 0);
+    s.tick_at(Instant::now());
+    let other = Database::open(&dir.path().join("db")).unwrap();
+    let e2 = other.new_epoch(SystemTime::now(), "h2").unwrap();
+    assert!(e2 > e1);
+    s.tick_at(Instant::now());
+    assert_eq!(s.current_epoch(), Some(&e2));
+    s.add(batch(b2, 0), 0, 0);
+    s.flush_everything().unwrap();
+    assert_eq!(totals(dir.path(), &e1, "h1"), expect(&[b1], 0));
+    assert_eq!(totals(dir.path(), &e2, "h1"), expect(&[b2], 0));
+}
+
+#[test]
+fn new_epoch_closes_the_old_one_with_everything_in_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), "h1");
+    let e1 = s.current_epoch().cloned().unwrap();
+    let b1: &[(u8, u64, u64)] = &[(1, 0x10, 5), (2, 0x10, 1)];
+    let b2: &[(u8, u64, u64)] = &[(1, 0x10, 2)];
+    s.add(batch(b1, 0), 0, 0);
+    let e2 = s.new_epoch().unwrap();
+    assert!(e2 > e1);
+    assert_eq!(totals(dir.path(), &e1, "h1"), expect(&[b1], 0));
+    s.add(batch(b2, 0), 0, 0);
+    s.flush_everything().unwrap();
+    assert_eq!(totals(dir.path(), &e1, "h1"), expect(&[b1], 0));
+    assert_eq!(totals(dir.path(), &e2, "h1"), expect(&[b2], 0));
+}
+
+#[test]
+fn retention_removes_only_own_old_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::create(&dir.path().join("db")).unwrap();
+    let day = Duration::from_secs(86400);
+    let now = SystemTime::now();
+    let mut old = Vec::new();
+    for age in [40u64, 30, 20, 10, 9, 8] {
+        let e = db.new_epoch(now - day * age as u32, "h2").unwrap();
+        for h in ["h1", "h2"] {
+            db.host_dir(&e, h).unwrap().create().unwrap();
+        }
+        old.push(e);
+    }
+    let mut s =
+        Store::open(StoreConfig { retention_keep: 3, retention_days: 7, ..cfg(dir.path(), "h1") });
+    let removed = s.apply_retention(now).unwrap();
+    // Six epochs; the newest three are kept whatever their age; the first three are old.
+    assert_eq!(removed, old[..3].to_vec());
+    for (i, e) in old.iter().enumerate() {
+        let hosts = db.hosts(e).unwrap();
+        assert!(hosts.contains(&"h2".to_string()), "other host's directory untouched");
+        assert_eq!(hosts.contains(&"h1".to_string()), i >= 3, "epoch {e}: {hosts:?}");
+    }
+}
