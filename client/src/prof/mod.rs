@@ -1,1 +1,306 @@
-//! dcpiprof: per-image and per-symbol reports from the database.
+//! `dcpiprof`: reports read straight from the profile database (no daemon needed).
+//!
+//! * [`select`] picks epochs and host directories and loads profiles and summaries;
+//! * [`report`] weights and aggregates them into per-image or per-symbol reports;
+//! * [`symbolize`] and [`debuginfo`] turn stored offsets into symbols, finding the exact build
+//!   of each binary and its separate debug information;
+//! * [`output`] renders a table, JSON or CSV.
+//!
+//! # JSON schema (`--format json`)
+//!
+//! See [`SCHEMA`]; it is also printed by `dcpiprof --help`.
+
+pub mod debuginfo;
+pub mod output;
+pub mod report;
+pub mod select;
+pub mod symbolize;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{CommandFactory, Parser};
+
+use self::debuginfo::{Locator, SearchPaths, SYSTEM_DEBUG_DIR};
+use self::output::Format;
+use self::report::{Candidate, SymbolContext, SymbolMode};
+use self::select::{EpochSel, HostSel};
+
+/// Documentation of the report semantics and of the JSON schema (long help and rustdoc).
+pub const SCHEMA: &str = "\
+NUMBERS
+  samples   raw number of samples.
+  events    estimated number of events those samples represent: each profile's counts are
+            weighted by its own total_period/total_samples (the mean period actually used)
+            before summing across epochs, hosts and period windows, then multiplied by
+            time_enabled/time_running of the event on that host when the counter was
+            multiplexed (ratio > 1).
+  percent   share of `events` of the event within the report (per-image: of everything
+            selected, including [unknown]; per-symbol: of the image). Rows are sorted by the
+            first event's `events`; cumulative_percent follows that order.
+
+JSON SCHEMA (--format json; numbers are plain JSON numbers)
+  Per-image report (no --image):
+    { \"report\": \"images\", \"database\": str, \"epochs\": [str], \"hosts\": [str],
+      \"events\": [EVENT], \"total_samples\": int, \"rows_omitted\": int,
+      \"rows\": [ { \"image\": str, \"kind\": \"elf\"|\"kernel\"|\"module\"|\"vdso\"|\"anon\"|\"unknown\",
+                  \"image_id\": str|null, \"build_id\": str|null,
+                  \"samples\": int, \"events\": int, \"percent\": num,
+                  \"cumulative_percent\": num, \"counts\": [COUNT] } ] }
+  Per-symbol report (--image):
+    { \"report\": \"symbols\", \"database\", \"epochs\", \"hosts\" as above,
+      \"image\": { \"path\": str, \"kind\": str, \"image_id\": str|null, \"build_id\": str|null,
+                 \"binary\": str|null, \"debug_file\": str|null },
+      \"events\": [EVENT], \"total_samples\": int, \"rows_omitted\": int,
+      \"rows\": [ { \"symbol\": str, \"source\": \"file:line\" (only with --lines),
+                  \"samples\": int, \"events\": int, \"percent\": num,
+                  \"cumulative_percent\": num, \"counts\": [COUNT] } ] }
+  EVENT = { \"name\": str, \"samples\": int, \"events\": int, \"mean_period\": num,
+            \"nominal_period\": int, \"multiplex_scale\": num }
+  COUNT = { \"event\": str, \"samples\": int, \"events\": int, \"percent\": num }  (one per event,
+          in the order of \"events\"; a row's top-level samples/events/percent are those of the
+          first event, and total_samples is the first event's samples)
+
+CSV (--format csv): a header line, then one line per row: image,kind,build_id,image_id (or
+  symbol,source), then <event>.samples,<event>.events,<event>.percent per event, then
+  cumulative_percent.
+
+SPECIAL ROWS
+  [unknown]              samples the daemon could not attribute (per-image); per symbol
+                         `--image unknown` splits them by reason ([unknown: no-map], ...).
+  [unknown]+0xN          no symbol covers the address (page-aligned offset/address).
+  [.plt] etc.            no symbol, but inside that section.
+  [build-id mismatch]    the binary at the recorded path is another build; its symbols are
+                         never used (a warning names the path and both ids).
+
+BINARIES AND DEBUG INFO
+  A binary is looked up by build-id: at its recorded path, in --binary-path dirs, then in the
+  build-id caches (--cache-dir, then <db>/binaries, laid out <xx>/<rest-of-hex>). The daemon
+  does not copy binaries: fill the cache with `dcpiprof --cache-binary FILE` (e.g. from CI).
+  Images without a build-id are used only if path, size, mtime and inode still match.
+  Separate debug files: <dir>/.build-id/xx/rest.debug for each --debug-dir then
+  /usr/lib/debug, then .gnu_debuglink (CRC32 checked) in --debug-dirs, beside the binary,
+  its .debug/ dir and /usr/lib/debug/<dir>. Kernel and module samples are symbolized from the
+  epoch's kallsyms snapshot, never from the live /proc/kallsyms.
+
+EXIT STATUS
+  0 success; 1 error, or corrupt profile files were skipped (unless --ignore-corrupt);
+  2 bad arguments, or --image is ambiguous (the matches are listed on stderr).";
+
+/// Command line of `dcpiprof`.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "dcpiprof",
+    version,
+    about = "Report dcpi profiles: per image, or per symbol of one image",
+    long_about = "Report dcpi profiles straight from the database (no daemon needed).\n\n\
+                  Without --image: one row per image (executable, library, kernel, module, \
+                  vDSO, JIT region, [unknown]) for the latest epoch of this host.\n\
+                  With --image: one row per function (or source line) of that image.",
+    after_long_help = SCHEMA
+)]
+pub struct Args {
+    /// Profile database directory.
+    #[arg(long, value_name = "DIR", default_value = profile_format::DEFAULT_DB, env = "DCPI_DB")]
+    pub db: PathBuf,
+    /// Epochs: `latest`, `all`, an epoch id, or FROM..TO (inclusive; ids or prefixes such as
+    /// 20250101; either end may be omitted).
+    #[arg(long, value_name = "ID|latest|all|FROM..TO", default_value = "latest")]
+    pub epoch: EpochSel,
+    /// Host to report (default: this host); `all` merges every host.
+    #[arg(long, value_name = "NAME|all")]
+    pub host: Option<String>,
+    /// Events to report, in column order (repeatable or comma-separated; default: all).
+    #[arg(long = "event", value_name = "NAME", value_delimiter = ',')]
+    pub events: Vec<String>,
+    /// Per-symbol report of one image: a path, a basename (if unambiguous), a build-id or a
+    /// prefix of >= 8 hex digits, `kernel` ([kernel.kallsyms], vmlinux), a module name,
+    /// `[vdso]`, `[anon...]` (JIT, with its perf map symbols) or `unknown`.
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+    /// Show at most N rows (the header still counts everything).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Per-symbol report: one row per source line (file:line of the innermost frame, DWARF).
+    #[arg(long)]
+    pub lines: bool,
+    /// Per-symbol report: attribute samples to the innermost inlined function (DWARF).
+    #[arg(long)]
+    pub inlines: bool,
+    /// Directory searched first for separate debug files (repeatable).
+    #[arg(long = "debug-dir", value_name = "DIR")]
+    pub debug_dirs: Vec<PathBuf>,
+    /// Directory whose files are matched by build-id to find binaries (repeatable).
+    #[arg(long = "binary-path", value_name = "DIR")]
+    pub binary_paths: Vec<PathBuf>,
+    /// Extra build-id cache directory (<xx>/<rest> layout), searched before <db>/binaries.
+    #[arg(long = "cache-dir", value_name = "DIR")]
+    pub cache_dirs: Vec<PathBuf>,
+    /// Copy FILE into <db>/binaries (named by its build-id) and exit (repeatable).
+    #[arg(long = "cache-binary", value_name = "FILE")]
+    pub cache_binary: Vec<PathBuf>,
+    /// Skip corrupt profile files with a warning and still exit 0.
+    #[arg(long)]
+    pub ignore_corrupt: bool,
+    /// Do not look in /usr/lib/debug.
+    #[arg(long, hide = true)]
+    pub no_system_debug: bool,
+    /// Write a man page or shell completions to stdout and exit.
+    #[arg(long, hide = true, value_enum, value_name = "WHAT")]
+    pub generate: Option<Generate>,
+}
+
+/// `--generate`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Generate {
+    Man,
+    CompleteBash,
+    CompleteZsh,
+    CompleteFish,
+}
+
+/// Errors of a report run.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfError {
+    #[error("no profile database at {}: directory does not exist (use --db DIR)", .0.display())]
+    NoDatabase(PathBuf),
+    #[error(transparent)]
+    Format(#[from] profile_format::Error),
+    #[error("{0}")]
+    Empty(String),
+    #[error("unknown event {event:?}; events in the selection: {available}")]
+    UnknownEvent { event: String, available: String },
+    #[error("no image matches --image {spec:?}; images with samples: {known}")]
+    NoSuchImage { spec: String, known: String },
+    #[error("--image {spec:?} is ambiguous: {} images match", candidates.len())]
+    Ambiguous { spec: String, candidates: Vec<Candidate> },
+    #[error("{0}")]
+    Cache(#[from] debuginfo::CacheError),
+    #[error("writing output: {0}")]
+    Output(#[from] std::io::Error),
+    #[error("{count} corrupt profile file(s) skipped (see above; --ignore-corrupt to accept)")]
+    CorruptSkipped { count: usize },
+}
+
+impl ProfError {
+    /// Process exit status for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ProfError::Ambiguous { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Run `dcpiprof` with parsed arguments, writing the report to `out` and warnings to `err`.
+/// Errors are returned (not printed); `CorruptSkipped` comes after a complete report.
+pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    if let Some(g) = args.generate {
+        return generate(g, out);
+    }
+    if !args.cache_binary.is_empty() {
+        let root = args.db.join("binaries");
+        for f in &args.cache_binary {
+            let dest = debuginfo::cache_binary(f, &root)?;
+            writeln!(out, "{} -> {}", f.display(), dest.display())?;
+        }
+        return Ok(());
+    }
+    let db = select::open_db(&args.db)?;
+    let host = match args.host.as_deref() {
+        Some("all") => HostSel::All,
+        Some(h) => HostSel::Named(h.to_owned()),
+        None => HostSel::Named(select::this_host()),
+    };
+    let dirs = select::select_host_dirs(&db, &args.epoch, &host)?;
+    let mut warnings: Vec<String> = Vec::new();
+    let loaded = select::load(dirs, &mut |w| warnings.push(w))?;
+    for c in &loaded.corrupt {
+        warnings.push(format!("skipping corrupt profile: {c}"));
+    }
+    let weights = report::weights(&loaded, &args.events)?;
+    let db_name = args.db.display().to_string();
+    let result = match &args.image {
+        None => {
+            flush_warnings(err, &mut warnings)?;
+            let r = report::image_report(&loaded, &weights, &db_name, args.limit);
+            output::write_images(out, &r, args.format)
+        }
+        Some(spec) => {
+            let idx = report::resolve_image(&loaded, &weights, spec)?;
+            let mut paths = SearchPaths {
+                debug_dirs: args.debug_dirs.clone(),
+                system_debug_dir: (!args.no_system_debug).then(|| PathBuf::from(SYSTEM_DEBUG_DIR)),
+                binary_paths: args.binary_paths.clone(),
+                cache_dirs: args.cache_dirs.clone(),
+            };
+            paths.cache_dirs.push(args.db.join("binaries"));
+            let mut locator = Locator::new(paths);
+            let mode = SymbolMode { inlines: args.inlines, lines: args.lines };
+            let r = {
+                let cx = SymbolContext {
+                    loaded: &loaded,
+                    weights: &weights,
+                    locator: &mut locator,
+                    mode,
+                    warn: &mut |w| warnings.push(w),
+                };
+                report::symbol_report(cx, &idx, &db_name, args.limit)
+            };
+            flush_warnings(err, &mut warnings)?;
+            output::write_symbols(out, &r, args.format)
+        }
+    };
+    result?;
+    out.flush()?;
+    if !loaded.corrupt.is_empty() && !args.ignore_corrupt {
+        return Err(ProfError::CorruptSkipped { count: loaded.corrupt.len() });
+    }
+    Ok(())
+}
+
+fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<()> {
+    for m in w.drain(..) {
+        writeln!(err, "dcpiprof: warning: {m}")?;
+    }
+    Ok(())
+}
+
+fn generate(what: Generate, out: &mut dyn Write) -> Result<(), ProfError> {
+    let mut cmd = Args::command();
+    match what {
+        Generate::Man => clap_mangen::Man::new(cmd).render(out)?,
+        Generate::CompleteBash => {
+            clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, "dcpiprof", out)
+        }
+        Generate::CompleteZsh => {
+            clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, "dcpiprof", out)
+        }
+        Generate::CompleteFish => {
+            clap_complete::generate(clap_complete::Shell::Fish, &mut cmd, "dcpiprof", out)
+        }
+    }
+    Ok(())
+}
+
+/// Print an error the way `dcpiprof` does (with the candidate list for ambiguity).
+pub fn print_error(err: &mut dyn Write, e: &ProfError) {
+    let _ = writeln!(err, "dcpiprof: error: {e}");
+    if let ProfError::Ambiguous { candidates, .. } = e {
+        let _ = writeln!(err, "matches (pass a path or a build-id prefix to choose):");
+        for c in candidates {
+            let _ = writeln!(
+                err,
+                "  {}  build-id {}  {} samples  hosts {}  epochs {}",
+                c.path,
+                c.build_id.as_deref().unwrap_or(&c.image_id),
+                c.samples,
+                c.hosts.join(","),
+                c.epochs.join(",")
+            );
+        }
+    }
+}

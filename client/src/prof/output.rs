@@ -1,0 +1,225 @@
+//! Rendering reports as a table, JSON or CSV.
+
+use std::io::{self, Write};
+
+use super::report::{EventCount, EventInfo, ImageReport, Scope, SymbolReport};
+
+/// `--format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    Csv,
+}
+
+fn header(out: &mut dyn Write, scope: &Scope, events: &[EventInfo], total: u64) -> io::Result<()> {
+    writeln!(out, "# database: {}", scope.database)?;
+    let ep = match scope.epochs.as_slice() {
+        [] => "none".to_owned(),
+        [one] => one.clone(),
+        [first, .., last] => format!("{first} .. {last} ({} epochs)", scope.epochs.len()),
+    };
+    writeln!(out, "# epochs: {ep}")?;
+    writeln!(out, "# hosts: {}", scope.hosts.join(", "))?;
+    for e in events {
+        let mux = if e.multiplex_scale > 1.0 {
+            format!(", scaled for multiplexing (up to x{:.2})", e.multiplex_scale)
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "# event {}: {} samples, mean period {:.0} (nominal {}), ~{} events{mux}",
+            e.name, e.samples, e.mean_period, e.nominal_period, e.events
+        )?;
+    }
+    writeln!(out, "# total samples: {total}")
+}
+
+fn count_titles(events: &[EventInfo]) -> Vec<String> {
+    if events.len() == 1 {
+        return vec!["samples".into(), "events".into(), "%".into()];
+    }
+    events
+        .iter()
+        .flat_map(|e| [e.name.clone(), format!("{}:events", e.name), format!("{}:%", e.name)])
+        .collect()
+}
+
+fn count_cells(counts: &[EventCount]) -> Vec<String> {
+    counts
+        .iter()
+        .flat_map(|c| [c.samples.to_string(), c.events.to_string(), format!("{:.2}", c.percent)])
+        .collect()
+}
+
+/// Right-aligned numeric columns, then a free-width text column (image or symbol).
+fn table(out: &mut dyn Write, titles: Vec<String>, rows: Vec<Vec<String>>) -> io::Result<()> {
+    let ncol = titles.len();
+    let mut width: Vec<usize> = titles.iter().map(String::len).collect();
+    for r in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |out: &mut dyn Write, cells: &[String]| -> io::Result<()> {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == ncol {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:>w$}  ", w = width[i]));
+            }
+        }
+        writeln!(out, "{}", s.trim_end())
+    };
+    line(out, &titles)?;
+    for r in &rows {
+        line(out, r)?;
+    }
+    Ok(())
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+fn csv_line(out: &mut dyn Write, cells: &[String]) -> io::Result<()> {
+    let v: Vec<String> = cells.iter().map(|c| csv_field(c)).collect();
+    writeln!(out, "{}", v.join(","))
+}
+
+fn csv_count_titles(events: &[EventInfo]) -> Vec<String> {
+    events
+        .iter()
+        .flat_map(|e| {
+            [
+                format!("{}.samples", e.name),
+                format!("{}.events", e.name),
+                format!("{}.percent", e.name),
+            ]
+        })
+        .collect()
+}
+
+fn csv_count_cells(counts: &[EventCount]) -> Vec<String> {
+    counts
+        .iter()
+        .flat_map(|c| [c.samples.to_string(), c.events.to_string(), c.percent.to_string()])
+        .collect()
+}
+
+pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format) -> io::Result<()> {
+    match fmt {
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut *out, r)?;
+            writeln!(out)
+        }
+        Format::Csv => {
+            let mut t =
+                vec!["image".to_owned(), "kind".into(), "build_id".into(), "image_id".into()];
+            t.extend(csv_count_titles(&r.events));
+            t.push("cumulative_percent".into());
+            csv_line(out, &t)?;
+            for row in &r.rows {
+                let mut c = vec![
+                    row.image.clone(),
+                    row.kind.to_owned(),
+                    row.build_id.clone().unwrap_or_default(),
+                    row.image_id.clone().unwrap_or_default(),
+                ];
+                c.extend(csv_count_cells(&row.counts));
+                c.push(row.cumulative_percent.to_string());
+                csv_line(out, &c)?;
+            }
+            Ok(())
+        }
+        Format::Table => {
+            header(out, &r.scope, &r.events, r.total_samples)?;
+            let mut t = count_titles(&r.events);
+            t.push("cum%".into());
+            t.push("image".into());
+            let rows = r
+                .rows
+                .iter()
+                .map(|row| {
+                    let mut c = count_cells(&row.counts);
+                    c.push(format!("{:.2}", row.cumulative_percent));
+                    c.push(row.image.clone());
+                    c
+                })
+                .collect();
+            table(out, t, rows)?;
+            if r.rows_omitted > 0 {
+                writeln!(out, "# {} more image(s) not shown (--limit)", r.rows_omitted)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+pub fn write_symbols(out: &mut dyn Write, r: &SymbolReport, fmt: Format) -> io::Result<()> {
+    let with_source = r.rows.iter().any(|x| x.source.is_some());
+    match fmt {
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut *out, r)?;
+            writeln!(out)
+        }
+        Format::Csv => {
+            let mut t = vec!["symbol".to_owned(), "source".into()];
+            t.extend(csv_count_titles(&r.events));
+            t.push("cumulative_percent".into());
+            csv_line(out, &t)?;
+            for row in &r.rows {
+                let mut c = vec![row.symbol.clone(), row.source.clone().unwrap_or_default()];
+                c.extend(csv_count_cells(&row.counts));
+                c.push(row.cumulative_percent.to_string());
+                csv_line(out, &c)?;
+            }
+            Ok(())
+        }
+        Format::Table => {
+            header(out, &r.scope, &r.events, r.total_samples)?;
+            let mut id = r.image.build_id.as_ref().map_or_else(
+                || r.image.image_id.clone().map(|i| format!(" (id {i})")).unwrap_or_default(),
+                |b| format!(" (build-id {b})"),
+            );
+            if let Some(b) = &r.image.binary {
+                id.push_str(&format!("\n# symbols from: {b}"));
+            }
+            if let Some(d) = &r.image.debug_file {
+                id.push_str(&format!("\n# debug info from: {d}"));
+            }
+            writeln!(out, "# image: {}{id}", r.image.path)?;
+            let mut t = count_titles(&r.events);
+            t.push("cum%".into());
+            if with_source {
+                t.push("source".into());
+            }
+            t.push("symbol".into());
+            // The source column is text but not last: pad it on the left like the numbers.
+            let rows = r
+                .rows
+                .iter()
+                .map(|row| {
+                    let mut c = count_cells(&row.counts);
+                    c.push(format!("{:.2}", row.cumulative_percent));
+                    if with_source {
+                        c.push(row.source.clone().unwrap_or_default());
+                    }
+                    c.push(row.symbol.clone());
+                    c
+                })
+                .collect();
+            table(out, t, rows)?;
+            if r.rows_omitted > 0 {
+                writeln!(out, "# {} more row(s) not shown (--limit)", r.rows_omitted)?;
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,826 @@
+//! Building reports from loaded profiles: weighting, per-image and per-symbol aggregation.
+//!
+//! Weighting: a count `c` in a profile represents `c * total_period / total_samples` events of
+//! that profile's event (each profile weighted on its own before anything is summed, since
+//! profiles of different epochs, hosts or period windows have different mean periods), times
+//! `time_enabled / time_running` of the event in the host summary when the counter was
+//! multiplexed (ratio > 1). `samples` in a report is always the raw number of samples;
+//! `events` is that weighted estimate; `percent` is the share of `events` (like `perf report`'s
+//! overhead, which is period-weighted too). Rows are sorted by the first event's `events`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use profile_format::{ImageId, ImageKind, KallsymsSnapshot, KernelSymbol, UnknownReason};
+use serde::Serialize;
+
+use super::debuginfo::{find_debug_file, Located, Locator};
+use super::select::{epochs_and_hosts, Loaded, LoadedProfile};
+use super::symbolize::{demangle, ElfSymbolizer};
+use super::ProfError;
+
+/// One event in a report header.
+#[derive(Clone, Debug, Serialize)]
+pub struct EventInfo {
+    pub name: String,
+    /// Raw samples of this event in the report's scope.
+    pub samples: u64,
+    /// Weighted estimate of events represented.
+    pub events: u64,
+    /// Mean period actually in force (sum of periods / samples).
+    pub mean_period: f64,
+    /// Configured mean period of the randomization window.
+    pub nominal_period: u64,
+    /// Largest multiplexing scale applied (1 when never multiplexed).
+    pub multiplex_scale: f64,
+}
+
+/// Per-event numbers of one row.
+#[derive(Clone, Debug, Serialize)]
+pub struct EventCount {
+    pub event: String,
+    pub samples: u64,
+    pub events: u64,
+    pub percent: f64,
+}
+
+/// A row of the per-image report.
+#[derive(Clone, Debug, Serialize)]
+pub struct ImageRow {
+    pub image: String,
+    pub kind: &'static str,
+    /// Text form of the image identity (`b<hex>` or `f<hex>`); null for `[unknown]`.
+    pub image_id: Option<String>,
+    pub build_id: Option<String>,
+    pub samples: u64,
+    pub events: u64,
+    pub percent: f64,
+    pub cumulative_percent: f64,
+    pub counts: Vec<EventCount>,
+}
+
+/// A row of the per-symbol report.
+#[derive(Clone, Debug, Serialize)]
+pub struct SymbolRow {
+    pub symbol: String,
+    /// `file:line` with `--lines`; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    pub samples: u64,
+    pub events: u64,
+    pub percent: f64,
+    pub cumulative_percent: f64,
+    pub counts: Vec<EventCount>,
+}
+
+/// The image a per-symbol report is about.
+#[derive(Clone, Debug, Serialize)]
+pub struct ImageInfo {
+    pub path: String,
+    pub kind: &'static str,
+    pub image_id: Option<String>,
+    pub build_id: Option<String>,
+    /// Binary used for symbols, if any.
+    pub binary: Option<String>,
+    pub debug_file: Option<String>,
+}
+
+/// Common header fields.
+#[derive(Clone, Debug, Serialize)]
+pub struct Scope {
+    pub database: String,
+    pub epochs: Vec<String>,
+    pub hosts: Vec<String>,
+}
+
+/// `dcpiprof` (no `--image`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ImageReport {
+    pub report: &'static str,
+    #[serde(flatten)]
+    pub scope: Scope,
+    pub events: Vec<EventInfo>,
+    pub total_samples: u64,
+    /// Rows left out by `--limit`.
+    pub rows_omitted: usize,
+    pub rows: Vec<ImageRow>,
+}
+
+/// `dcpiprof --image X`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SymbolReport {
+    pub report: &'static str,
+    #[serde(flatten)]
+    pub scope: Scope,
+    pub image: ImageInfo,
+    pub events: Vec<EventInfo>,
+    pub total_samples: u64,
+    pub rows_omitted: usize,
+    pub rows: Vec<SymbolRow>,
+}
+
+/// How per-symbol rows are keyed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SymbolMode {
+    /// Attribute to the innermost inlined function (DWARF).
+    pub inlines: bool,
+    /// One row per source line (DWARF).
+    pub lines: bool,
+}
+
+pub fn kind_name(k: ImageKind) -> &'static str {
+    match k {
+        ImageKind::Elf => "elf",
+        ImageKind::Kernel => "kernel",
+        ImageKind::KernelModule => "module",
+        ImageKind::Vdso => "vdso",
+        ImageKind::Anon => "anon",
+        ImageKind::Unknown => "unknown",
+    }
+}
+
+/// Printable form of a recorded path (arbitrary bytes): lossy UTF-8, control characters escaped.
+pub fn display_path(raw: &[u8]) -> String {
+    let s = String::from_utf8_lossy(raw);
+    if s.chars().any(char::is_control) {
+        s.chars()
+            .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
+            .collect()
+    } else {
+        s.into_owned()
+    }
+}
+
+fn image_display(p: &LoadedProfile) -> String {
+    let h = &p.profile.header;
+    match h.kind {
+        ImageKind::Kernel => "[kernel.kallsyms]".to_owned(),
+        ImageKind::Unknown => "[unknown]".to_owned(),
+        ImageKind::Vdso if h.image_path.is_empty() => "[vdso]".to_owned(),
+        ImageKind::KernelModule => {
+            let n = display_path(&h.image_path);
+            if n.starts_with('[') {
+                n
+            } else {
+                format!("[{n}]")
+            }
+        }
+        _ => display_path(&h.image_path),
+    }
+}
+
+fn build_id_hex(id: &ImageId) -> Option<String> {
+    match id {
+        ImageId::BuildId(b) => Some(hex::encode(b)),
+        ImageId::Fallback(_) => None,
+    }
+}
+
+fn id_text(id: &ImageId) -> String {
+    match id {
+        ImageId::BuildId(b) => format!("b{}", hex::encode(b)),
+        ImageId::Fallback(f) => format!("f{}", hex::encode(f)),
+    }
+}
+
+/// Resolved events and per-profile weights.
+#[derive(Debug)]
+pub struct Weights {
+    pub events: Vec<String>,
+    /// Per loaded profile (same index): event index (None if not selected) and events/sample.
+    pub per_profile: Vec<Option<(usize, f64)>>,
+    pub infos: Vec<EventInfo>,
+}
+
+/// Decide the event columns (`--event` order, else summary order then name) and weights.
+pub fn weights(loaded: &Loaded, wanted: &[String]) -> Result<Weights, ProfError> {
+    let mut present: Vec<String> = Vec::new();
+    for s in loaded.summaries.iter().flatten() {
+        for e in &s.events {
+            if let Some(d) = &e.desc {
+                if !present.contains(&d.name)
+                    && loaded.profiles.iter().any(|p| p.profile.header.event.name == d.name)
+                {
+                    present.push(d.name.clone());
+                }
+            }
+        }
+    }
+    let mut rest: BTreeSet<String> = BTreeSet::new();
+    for p in &loaded.profiles {
+        if !present.contains(&p.profile.header.event.name) {
+            rest.insert(p.profile.header.event.name.clone());
+        }
+    }
+    present.extend(rest);
+    let events: Vec<String> = if wanted.is_empty() {
+        present.clone()
+    } else {
+        for w in wanted {
+            if !present.contains(w) {
+                return Err(ProfError::UnknownEvent {
+                    event: w.clone(),
+                    available: if present.is_empty() { "none".into() } else { present.join(", ") },
+                });
+            }
+        }
+        let mut v: Vec<String> = Vec::new();
+        for w in wanted {
+            if !v.contains(w) {
+                v.push(w.clone());
+            }
+        }
+        v
+    };
+    let mut infos: Vec<EventInfo> = events
+        .iter()
+        .map(|n| EventInfo {
+            name: n.clone(),
+            samples: 0,
+            events: 0,
+            mean_period: 0.0,
+            nominal_period: 0,
+            multiplex_scale: 1.0,
+        })
+        .collect();
+    let mut period_sums = vec![0u128; events.len()];
+    let mut event_sums = vec![0f64; events.len()];
+    let mut per_profile = Vec::with_capacity(loaded.profiles.len());
+    for p in &loaded.profiles {
+        let h = &p.profile.header;
+        let Some(ei) = events.iter().position(|e| *e == h.event.name) else {
+            per_profile.push(None);
+            continue;
+        };
+        let mux = loaded.summaries[p.dir]
+            .as_ref()
+            .and_then(|s| {
+                s.events.iter().find(|e| e.desc.as_ref().is_some_and(|d| d.name == h.event.name))
+            })
+            .filter(|e| e.time_running_ns > 0 && e.time_enabled_ns > e.time_running_ns)
+            .map_or(1.0, |e| e.time_enabled_ns as f64 / e.time_running_ns as f64);
+        let samples: u64 = p.profile.counts.values().sum();
+        // Profiles written without period tracking fall back to the configured mean.
+        let per_sample = if h.total_samples > 0 && h.total_period > 0 {
+            h.total_period as f64 / h.total_samples as f64
+        } else {
+            h.event.period_mean.max(1) as f64
+        };
+        let w = per_sample * mux;
+        let info = &mut infos[ei];
+        info.samples += samples;
+        info.nominal_period = info.nominal_period.max(h.event.period_mean);
+        info.multiplex_scale = info.multiplex_scale.max(mux);
+        period_sums[ei] += (per_sample * samples as f64) as u128;
+        event_sums[ei] += w * samples as f64;
+        per_profile.push(Some((ei, w)));
+    }
+    for (i, info) in infos.iter_mut().enumerate() {
+        info.events = event_sums[i].round() as u64;
+        info.mean_period =
+            if info.samples > 0 { period_sums[i] as f64 / info.samples as f64 } else { 0.0 };
+    }
+    Ok(Weights { events, per_profile, infos })
+}
+
+/// Per-row accumulator: samples and weighted events per event column.
+#[derive(Clone, Debug)]
+struct Acc {
+    samples: Vec<u64>,
+    events: Vec<f64>,
+}
+
+impl Acc {
+    fn new(n: usize) -> Self {
+        Acc { samples: vec![0; n], events: vec![0.0; n] }
+    }
+    fn add(&mut self, ei: usize, count: u64, w: f64) {
+        self.samples[ei] += count;
+        self.events[ei] += count as f64 * w;
+    }
+}
+
+fn pct(part: f64, total: f64) -> f64 {
+    if total > 0.0 {
+        (part / total * 1e6).round() / 1e4
+    } else {
+        0.0
+    }
+}
+
+/// Turn accumulated rows into sorted (key, counts, cumulative) with percents of `totals`.
+fn finish<K: Ord + Clone>(
+    rows: BTreeMap<K, Acc>,
+    names: &[String],
+    name_of: impl Fn(&K) -> String,
+) -> Vec<(K, Vec<EventCount>, f64)> {
+    let n = names.len();
+    let mut totals = vec![0f64; n];
+    for a in rows.values() {
+        for (t, e) in totals.iter_mut().zip(&a.events) {
+            *t += e;
+        }
+    }
+    let mut v: Vec<(K, Acc)> = rows.into_iter().collect();
+    v.sort_by(|(ka, a), (kb, b)| {
+        let (ea, eb) =
+            (a.events.first().copied().unwrap_or(0.0), b.events.first().copied().unwrap_or(0.0));
+        eb.total_cmp(&ea)
+            .then(b.samples.first().cmp(&a.samples.first()))
+            .then_with(|| name_of(ka).cmp(&name_of(kb)))
+    });
+    let mut cum = 0.0;
+    v.into_iter()
+        .map(|(k, a)| {
+            let counts: Vec<EventCount> = (0..n)
+                .map(|i| EventCount {
+                    event: names[i].clone(),
+                    samples: a.samples[i],
+                    events: a.events[i].round() as u64,
+                    percent: pct(a.events[i], totals[i]),
+                })
+                .collect();
+            cum += a.events.first().copied().unwrap_or(0.0);
+            let c = pct(cum, totals.first().copied().unwrap_or(0.0));
+            (k, counts, c)
+        })
+        .collect()
+}
+
+fn scope(loaded: &Loaded, db: &str) -> Scope {
+    let (epochs, hosts) = epochs_and_hosts(&loaded.dirs);
+    Scope { database: db.to_owned(), epochs, hosts }
+}
+
+/// The per-image report.
+pub fn image_report(loaded: &Loaded, w: &Weights, db: &str, limit: Option<usize>) -> ImageReport {
+    type Key = (ImageKind, Option<ImageId>);
+    let mut rows: BTreeMap<Key, Acc> = BTreeMap::new();
+    let mut names: HashMap<Key, String> = HashMap::new();
+    for (p, pw) in loaded.profiles.iter().zip(&w.per_profile) {
+        let Some((ei, wt)) = *pw else { continue };
+        let h = &p.profile.header;
+        let key = match h.kind {
+            ImageKind::Unknown => (ImageKind::Unknown, None),
+            k => (k, Some(h.image_id.clone())),
+        };
+        names.entry(key.clone()).or_insert_with(|| image_display(p));
+        let acc = rows.entry(key).or_insert_with(|| Acc::new(w.events.len()));
+        for &c in p.profile.counts.values() {
+            acc.add(ei, c, wt);
+        }
+    }
+    let name_of = |k: &Key| names.get(k).cloned().unwrap_or_default();
+    let mut out: Vec<ImageRow> = finish(rows, &w.events, name_of)
+        .into_iter()
+        .map(|(k, counts, cum)| ImageRow {
+            image: names.get(&k).cloned().unwrap_or_default(),
+            kind: kind_name(k.0),
+            image_id: k.1.as_ref().map(id_text),
+            build_id: k.1.as_ref().and_then(build_id_hex),
+            samples: counts.first().map_or(0, |c| c.samples),
+            events: counts.first().map_or(0, |c| c.events),
+            percent: counts.first().map_or(0.0, |c| c.percent),
+            cumulative_percent: cum,
+            counts,
+        })
+        .collect();
+    let omitted = truncate(&mut out, limit);
+    ImageReport {
+        report: "images",
+        scope: scope(loaded, db),
+        total_samples: w.infos.first().map_or(0, |i| i.samples),
+        events: w.infos.clone(),
+        rows_omitted: omitted,
+        rows: out,
+    }
+}
+
+fn truncate<T>(v: &mut Vec<T>, limit: Option<usize>) -> usize {
+    match limit {
+        Some(n) if v.len() > n => {
+            let o = v.len() - n;
+            v.truncate(n);
+            o
+        }
+        _ => 0,
+    }
+}
+
+/// What `--image` names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Spec {
+    Kernel,
+    Vdso,
+    Unknown,
+    Anon(String),
+    /// Build-id prefix or image-id text; falls back to a name when nothing matches.
+    Hex(String),
+    Path(Vec<u8>),
+    Name(String),
+}
+
+fn parse_spec(s: &str) -> Spec {
+    match s {
+        "[kernel.kallsyms]" | "vmlinux" | "kernel" => return Spec::Kernel,
+        "[vdso]" | "vdso" => return Spec::Vdso,
+        "[unknown]" | "unknown" => return Spec::Unknown,
+        _ => {}
+    }
+    if s.starts_with("[anon") {
+        return Spec::Anon(s.trim_end_matches(']').to_owned());
+    }
+    let hexpart = s.strip_prefix('b').filter(|r| r.len() >= 8).unwrap_or(s);
+    let hexpart = if s.starts_with('f') && s.len() == 33 { s } else { hexpart };
+    if hexpart.len() >= 8 && hexpart.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Spec::Hex(s.to_ascii_lowercase());
+    }
+    if s.contains('/') {
+        return Spec::Path(s.as_bytes().to_vec());
+    }
+    Spec::Name(s.trim_start_matches('[').trim_end_matches(']').to_owned())
+}
+
+fn spec_matches(spec: &Spec, p: &LoadedProfile) -> bool {
+    let h = &p.profile.header;
+    match spec {
+        Spec::Kernel => h.kind == ImageKind::Kernel,
+        Spec::Vdso => h.kind == ImageKind::Vdso,
+        Spec::Unknown => h.kind == ImageKind::Unknown,
+        Spec::Anon(prefix) => {
+            h.kind == ImageKind::Anon && display_path(&h.image_path).starts_with(prefix.as_str())
+        }
+        Spec::Hex(hx) => {
+            let t = id_text(&h.image_id);
+            h.kind != ImageKind::Unknown
+                && (t == *hx
+                    || build_id_hex(&h.image_id).is_some_and(|b| b.starts_with(hx.as_str())))
+        }
+        Spec::Path(path) => h.kind == ImageKind::Elf && h.image_path == *path,
+        Spec::Name(name) => match h.kind {
+            ImageKind::Elf => {
+                h.image_path.rsplit(|&b| b == b'/').next().is_some_and(|b| b == name.as_bytes())
+            }
+            ImageKind::KernelModule => {
+                let n = display_path(&h.image_path);
+                n.trim_start_matches('[').trim_end_matches(']') == name
+            }
+            _ => false,
+        },
+    }
+}
+
+/// One candidate when `--image` is ambiguous.
+#[derive(Clone, Debug, Serialize)]
+pub struct Candidate {
+    pub path: String,
+    pub image_id: String,
+    pub build_id: Option<String>,
+    pub samples: u64,
+    pub hosts: Vec<String>,
+    pub epochs: Vec<String>,
+}
+
+/// Indices of the loaded profiles `--image` selects, or the ambiguity.
+pub fn resolve_image(
+    loaded: &Loaded,
+    w: &Weights,
+    spec_text: &str,
+) -> Result<Vec<usize>, ProfError> {
+    let mut spec = parse_spec(spec_text);
+    let mut idx: Vec<usize> = pick(loaded, w, &spec);
+    if idx.is_empty() {
+        if let Spec::Hex(h) = &spec {
+            spec = Spec::Name(h.clone());
+            idx = pick(loaded, w, &spec);
+        }
+    }
+    if idx.is_empty() {
+        let mut known: Vec<(u64, String)> = Vec::new();
+        let mut seen = HashMap::new();
+        for (p, pw) in loaded.profiles.iter().zip(&w.per_profile) {
+            if pw.is_some() {
+                *seen.entry(image_display(p)).or_insert(0u64) +=
+                    p.profile.counts.values().sum::<u64>();
+            }
+        }
+        for (k, v) in seen {
+            known.push((v, k));
+        }
+        known.sort_by(|a, b| b.cmp(a));
+        let list: Vec<String> = known.into_iter().take(10).map(|(_, n)| n).collect();
+        return Err(ProfError::NoSuchImage { spec: spec_text.to_owned(), known: list.join(", ") });
+    }
+    // Kernel, vDSO, unknown and JIT regions are symbolized per profile and merge by name.
+    let per_identity = matches!(spec, Spec::Hex(_) | Spec::Path(_) | Spec::Name(_));
+    if per_identity {
+        let mut groups: BTreeMap<ImageId, Candidate> = BTreeMap::new();
+        for &i in &idx {
+            let p = &loaded.profiles[i];
+            let h = &p.profile.header;
+            let c = groups.entry(h.image_id.clone()).or_insert_with(|| Candidate {
+                path: image_display(p),
+                image_id: id_text(&h.image_id),
+                build_id: build_id_hex(&h.image_id),
+                samples: 0,
+                hosts: Vec::new(),
+                epochs: Vec::new(),
+            });
+            c.samples += p.profile.counts.values().sum::<u64>();
+            let d = &loaded.dirs[p.dir];
+            if !c.hosts.contains(&d.host) {
+                c.hosts.push(d.host.clone());
+            }
+            if !c.epochs.contains(&d.epoch.to_string()) {
+                c.epochs.push(d.epoch.to_string());
+            }
+        }
+        if groups.len() > 1 {
+            let mut cands: Vec<Candidate> = groups.into_values().collect();
+            cands.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.image_id.cmp(&b.image_id)));
+            return Err(ProfError::Ambiguous { spec: spec_text.to_owned(), candidates: cands });
+        }
+    }
+    Ok(idx)
+}
+
+fn pick(loaded: &Loaded, w: &Weights, spec: &Spec) -> Vec<usize> {
+    (0..loaded.profiles.len())
+        .filter(|&i| w.per_profile[i].is_some() && spec_matches(spec, &loaded.profiles[i]))
+        .collect()
+}
+
+/// Per-symbol report over the profiles `idx` (from [`resolve_image`]).
+pub struct SymbolContext<'a> {
+    pub loaded: &'a Loaded,
+    pub weights: &'a Weights,
+    pub locator: &'a mut Locator,
+    pub mode: SymbolMode,
+    pub warn: &'a mut dyn FnMut(String),
+}
+
+impl std::fmt::Debug for SymbolContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SymbolContext").field("mode", &self.mode).finish()
+    }
+}
+
+type RowKey = (String, Option<String>);
+
+pub fn symbol_report(
+    cx: SymbolContext<'_>,
+    idx: &[usize],
+    db: &str,
+    limit: Option<usize>,
+) -> SymbolReport {
+    let SymbolContext { loaded, weights: w, locator, mode, warn } = cx;
+    let n = w.events.len();
+    let mut rows: BTreeMap<RowKey, Acc> = BTreeMap::new();
+    let first = &loaded.profiles[idx[0]];
+    let fh = &first.profile.header;
+    let mut info = ImageInfo {
+        path: image_display(first),
+        kind: kind_name(fh.kind),
+        image_id: (fh.kind != ImageKind::Unknown).then(|| id_text(&fh.image_id)),
+        build_id: build_id_hex(&fh.image_id),
+        binary: None,
+        debug_file: None,
+    };
+    // ELF images: one symbolizer per identity (there is only one unless the spec merges).
+    let mut elf_cache: HashMap<ImageId, ElfState> = HashMap::new();
+    let mut snap_cache: HashMap<usize, Option<KallsymsSnapshot>> = HashMap::new();
+    for &i in idx {
+        let p = &loaded.profiles[i];
+        let Some((ei, wt)) = w.per_profile[i] else { continue };
+        let h = &p.profile.header;
+        let mut add =
+            |key: RowKey, c: u64| rows.entry(key).or_insert_with(|| Acc::new(n)).add(ei, c, wt);
+        match h.kind {
+            ImageKind::Elf => {
+                let sym = elf_cache.entry(h.image_id.clone()).or_insert_with(|| {
+                    let recorded: Vec<Vec<u8>> = {
+                        let mut r: Vec<Vec<u8>> = Vec::new();
+                        for &j in idx {
+                            let hp = &loaded.profiles[j].profile.header.image_path;
+                            if loaded.profiles[j].profile.header.image_id == h.image_id
+                                && !r.contains(hp)
+                            {
+                                r.push(hp.clone());
+                            }
+                        }
+                        r
+                    };
+                    load_elf(locator, &h.image_id, &recorded, mode, &mut info, warn)
+                });
+                for (&off, &c) in &p.profile.counts {
+                    let key = match sym {
+                        ElfState::Ready(s) => elf_key(s, off, mode),
+                        ElfState::Mismatch => ("[build-id mismatch]".to_owned(), None),
+                        ElfState::Missing => (format!("[unknown]+{:#x}", off & !0xfff), None),
+                    };
+                    add(key, c);
+                }
+            }
+            ImageKind::Kernel | ImageKind::KernelModule => {
+                let snap = snap_cache.entry(p.dir).or_insert_with(|| {
+                    let path = loaded.dirs[p.dir].kallsyms_path();
+                    match KallsymsSnapshot::read(&path) {
+                        Ok(s) => Some(s),
+                        Err(e) => {
+                            warn(format!(
+                                "{e}: kernel samples of this host/epoch stay unsymbolized"
+                            ));
+                            None
+                        }
+                    }
+                });
+                let module = if h.kind == ImageKind::KernelModule {
+                    let name = display_path(&h.image_path);
+                    let name = name.trim_start_matches('[').trim_end_matches(']').to_owned();
+                    let m = snap.as_ref().and_then(|s| {
+                        s.modules
+                            .iter()
+                            .position(|m| m.name == name)
+                            .map(|i| (i as u32, s.modules[i].base))
+                    });
+                    if m.is_none() && snap.is_some() {
+                        warn(format!(
+                            "module {name} not in the kallsyms snapshot of {}",
+                            loaded.dirs[p.dir].path.display()
+                        ));
+                    }
+                    Some(m)
+                } else {
+                    None
+                };
+                for (&off, &c) in &p.profile.counts {
+                    let found = match (&snap, module) {
+                        (Some(s), None) => kernel_lookup(s, None, s.text_base.checked_add(off)),
+                        (Some(s), Some(Some((mi, base)))) => {
+                            kernel_lookup(s, Some(mi), base.checked_add(off))
+                        }
+                        _ => None,
+                    };
+                    let k = match found {
+                        Some(sym) => sym.name.clone(),
+                        None => format!("[unknown]+{:#x}", off & !0xfff),
+                    };
+                    add((k, None), c);
+                }
+            }
+            ImageKind::Anon => {
+                for (&off, &c) in &p.profile.counts {
+                    let k = h
+                        .jit_symbols
+                        .iter()
+                        .find(|s| off >= s.start && off - s.start < s.size.max(1))
+                        .map_or_else(
+                            || format!("[unknown]+{:#x}", off & !0xfff),
+                            |s| demangle(&s.name),
+                        );
+                    add((k, None), c);
+                }
+            }
+            ImageKind::Vdso => {
+                for (&off, &c) in &p.profile.counts {
+                    add((format!("[vdso]+{off:#x}"), None), c);
+                }
+            }
+            ImageKind::Unknown => {
+                for (&off, &c) in &p.profile.counts {
+                    let k = UnknownReason::from_code(off).map_or_else(
+                        || format!("[unknown: code {off}]"),
+                        |r| format!("[unknown: {}]", r.as_str()),
+                    );
+                    add((k, None), c);
+                }
+            }
+        }
+    }
+    let mut out: Vec<SymbolRow> = finish(rows, &w.events, |k: &RowKey| k.0.clone())
+        .into_iter()
+        .map(|(k, counts, cum)| SymbolRow {
+            symbol: k.0,
+            source: k.1,
+            samples: counts.first().map_or(0, |c| c.samples),
+            events: counts.first().map_or(0, |c| c.events),
+            percent: counts.first().map_or(0.0, |c| c.percent),
+            cumulative_percent: cum,
+            counts,
+        })
+        .collect();
+    let mut infos = w.infos.clone();
+    // Header counts describe this image only.
+    for (ei, inf) in infos.iter_mut().enumerate() {
+        inf.samples = out.iter().map(|r| r.counts[ei].samples).sum();
+        inf.events = out.iter().map(|r| r.counts[ei].events).sum();
+    }
+    let omitted = truncate(&mut out, limit);
+    SymbolReport {
+        report: "symbols",
+        scope: scope(loaded, db),
+        image: info,
+        total_samples: infos.first().map_or(0, |i| i.samples),
+        events: infos,
+        rows_omitted: omitted,
+        rows: out,
+    }
+}
+
+/// Symbol source of one ELF identity.
+enum ElfState {
+    Ready(Box<ElfSymbolizer>),
+    /// Only another build of the binary was found: its symbols must not be used.
+    Mismatch,
+    Missing,
+}
+
+fn load_elf(
+    locator: &mut Locator,
+    id: &ImageId,
+    recorded: &[Vec<u8>],
+    mode: SymbolMode,
+    info: &mut ImageInfo,
+    warn: &mut dyn FnMut(String),
+) -> ElfState {
+    match locator.locate(id, recorded) {
+        Located::Found { path, data } => {
+            let paths = locator.paths.clone();
+            let debug = find_debug_file(&path, &data, &paths, warn);
+            let want_dwarf = mode.inlines || mode.lines;
+            match ElfSymbolizer::new(&data, debug.as_ref().map(|(_, d)| d.as_slice()), want_dwarf) {
+                Ok(s) => {
+                    if want_dwarf && !s.has_dwarf() {
+                        warn(format!(
+                            "{}: no DWARF found (binary or debug file); --lines/--inlines fall back to symbols",
+                            path.display()
+                        ));
+                    }
+                    if s.symbol_count() == 0 {
+                        warn(format!(
+                            "{}: no symbols (stripped, no debug file found)",
+                            path.display()
+                        ));
+                    }
+                    info.binary = Some(path.display().to_string());
+                    info.debug_file = debug.map(|(p, _)| p.display().to_string());
+                    ElfState::Ready(Box::new(s))
+                }
+                Err(e) => {
+                    warn(format!("{}: cannot read symbols: {e}", path.display()));
+                    ElfState::Missing
+                }
+            }
+        }
+        Located::Mismatch { path, expected, found } => {
+            warn(format!(
+                "{}: build-id mismatch: profile was taken from build {expected}, file now has {found}; \
+                 not symbolizing with the wrong build (use --binary-path or --cache-dir to supply the original)",
+                path.display()
+            ));
+            ElfState::Mismatch
+        }
+        Located::NotFound { tried } => {
+            warn(format!("binary for {} not found (tried {tried})", id_text(id)));
+            ElfState::Missing
+        }
+    }
+}
+
+fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode) -> RowKey {
+    let Some(vaddr) = s.offset_to_vaddr(off) else {
+        return (format!("[unknown]+{:#x}", off & !0xfff), None);
+    };
+    let sym = s.symbol(vaddr).map(|x| demangle(&x.name));
+    let frames = if mode.lines || mode.inlines { s.frames(vaddr) } else { Vec::new() };
+    let mut name = sym.clone().unwrap_or_else(|| match s.section_name(vaddr) {
+        Some(sec) => format!("[{sec}]"),
+        None => format!("[unknown]+{:#x}", vaddr & !0xfff),
+    });
+    if mode.inlines {
+        if let Some(f) = frames.first().and_then(|f| f.function.clone()) {
+            name = f;
+        }
+    }
+    let source = mode.lines.then(|| match frames.first() {
+        Some(f) => format!("{}:{}", f.file.as_deref().unwrap_or("??"), f.line.unwrap_or(0)),
+        None => "??:0".to_owned(),
+    });
+    (name, source)
+}
+
+/// Symbol containing `addr` within one module (`None` = core kernel) of the snapshot.
+fn kernel_lookup(
+    s: &KallsymsSnapshot,
+    module: Option<u32>,
+    addr: Option<u64>,
+) -> Option<&KernelSymbol> {
+    let addr = addr?;
+    if let Some(mi) = module {
+        let m = s.modules.get(mi as usize)?;
+        if addr >= m.base.saturating_add(m.size) {
+            return None;
+        }
+    }
+    let end = s.symbols.partition_point(|k| k.addr <= addr);
+    s.symbols[..end].iter().rev().find(|k| k.module == module)
+}

@@ -1,0 +1,271 @@
+//! Choosing epochs and hosts, and loading their profiles and summaries.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use profile_format::{Database, EpochId, HostDir, HostSummary, Profile};
+
+use super::ProfError;
+
+/// `--epoch`: `latest`, `all`, one id, or an inclusive range `FROM..TO` (either end may be
+/// omitted; an end may be a prefix such as `20250101` meaning "that day").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EpochSel {
+    Latest,
+    All,
+    One(String),
+    Range(Option<String>, Option<String>),
+}
+
+fn valid_epoch_prefix(s: &str) -> bool {
+    // YYYYMMDDTHHMMSSZ: digits, with `T` at 8 and `Z` at 15.
+    s.len() <= 16
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 => b == b'T',
+            15 => b == b'Z',
+            _ => b.is_ascii_digit(),
+        })
+}
+
+impl FromStr for EpochSel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "latest" => return Ok(EpochSel::Latest),
+            "all" => return Ok(EpochSel::All),
+            _ => {}
+        }
+        let bad = |what: &str| {
+            format!(
+                "{what} {s:?}: expected `latest`, `all`, an epoch id like 20250102T030405Z, or \
+                 FROM..TO (ids or prefixes of ids, either end optional)"
+            )
+        };
+        if let Some((from, to)) = s.split_once("..") {
+            let end = |e: &str| -> Result<Option<String>, String> {
+                if e.is_empty() {
+                    Ok(None)
+                } else if valid_epoch_prefix(e) {
+                    Ok(Some(e.to_owned()))
+                } else {
+                    Err(bad("bad epoch range end in"))
+                }
+            };
+            let (from, to) = (end(from)?, end(to)?);
+            if let (Some(f), Some(t)) = (&from, &to) {
+                if f > t {
+                    return Err(bad("empty epoch range (FROM after TO)"));
+                }
+            }
+            return Ok(EpochSel::Range(from, to));
+        }
+        if s.len() == 16 && valid_epoch_prefix(s) {
+            Ok(EpochSel::One(s.to_owned()))
+        } else {
+            Err(bad("bad epoch"))
+        }
+    }
+}
+
+impl EpochSel {
+    fn matches(&self, id: &str) -> bool {
+        match self {
+            EpochSel::Latest | EpochSel::All => true,
+            EpochSel::One(x) => id == x,
+            EpochSel::Range(from, to) => {
+                from.as_deref().is_none_or(|f| id >= f)
+                    && to.as_deref().is_none_or(|t| &id[..t.len().min(id.len())] <= t)
+            }
+        }
+    }
+}
+
+/// `--host`: one host or all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostSel {
+    All,
+    Named(String),
+}
+
+/// This machine's host name as the daemon names its directory.
+pub fn this_host() -> String {
+    for p in ["/proc/sys/kernel/hostname", "/etc/hostname"] {
+        if let Ok(s) = std::fs::read_to_string(p) {
+            let s = s.trim();
+            if !s.is_empty() {
+                return s.to_owned();
+            }
+        }
+    }
+    "localhost".to_owned()
+}
+
+/// Pick the host directories to report on.
+pub fn select_host_dirs(
+    db: &Database,
+    epoch: &EpochSel,
+    host: &HostSel,
+) -> Result<Vec<HostDir>, ProfError> {
+    let epochs = db.epochs()?;
+    if epochs.is_empty() {
+        return Err(ProfError::Empty(format!(
+            "database {} has no epochs yet",
+            db.root().display()
+        )));
+    }
+    let chosen: Vec<EpochId> = match epoch {
+        EpochSel::Latest => epochs.last().cloned().into_iter().collect(),
+        _ => epochs.iter().filter(|e| epoch.matches(e.as_str())).cloned().collect(),
+    };
+    if chosen.is_empty() {
+        let first = epochs.first().map(EpochId::as_str).unwrap_or_default();
+        let last = epochs.last().map(EpochId::as_str).unwrap_or_default();
+        return Err(ProfError::Empty(format!(
+            "no epoch matches --epoch in {} (it has {} epoch(s), {first} .. {last})",
+            db.root().display(),
+            epochs.len()
+        )));
+    }
+    let mut dirs = Vec::new();
+    for e in &chosen {
+        for h in db.hosts(e)? {
+            if let HostSel::Named(want) = host {
+                if &h != want {
+                    continue;
+                }
+            }
+            dirs.push(db.host_dir(e, &h)?);
+        }
+    }
+    if dirs.is_empty() {
+        let what = match host {
+            HostSel::All => "any host".to_owned(),
+            HostSel::Named(h) => format!("host {h:?}"),
+        };
+        let epoch_desc = match epoch {
+            EpochSel::Latest => format!("the latest epoch ({})", chosen[0]),
+            _ => format!("{} selected epoch(s)", chosen.len()),
+        };
+        let mut msg = format!("{epoch_desc} of {} has no data for {what}", db.root().display());
+        if let HostSel::Named(h) = host {
+            let mut others: Vec<String> = Vec::new();
+            for e in &chosen {
+                others.extend(db.hosts(e)?);
+            }
+            others.sort();
+            others.dedup();
+            if !others.is_empty() {
+                msg.push_str(&format!("; hosts there: {}; try --host all", others.join(", ")));
+            }
+            // Point at the newest epoch where this host does have data.
+            for e in epochs.iter().rev() {
+                if db.hosts(e)?.iter().any(|x| x == h) {
+                    msg.push_str(&format!("; {h} last has data in epoch {e} (--epoch {e})"));
+                    break;
+                }
+            }
+        }
+        return Err(ProfError::Empty(msg));
+    }
+    Ok(dirs)
+}
+
+/// A profile read from disk, with where it came from.
+#[derive(Debug)]
+pub struct LoadedProfile {
+    pub path: PathBuf,
+    pub profile: Profile,
+    /// Index into [`Loaded::dirs`].
+    pub dir: usize,
+}
+
+/// Everything read for a report.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub dirs: Vec<HostDir>,
+    /// Summary per dir (same index), when readable.
+    pub summaries: Vec<Option<HostSummary>>,
+    pub profiles: Vec<LoadedProfile>,
+    /// Files that could not be read (message names the file).
+    pub corrupt: Vec<String>,
+}
+
+/// Read the summaries and profiles of `dirs`. Unreadable files are collected in
+/// [`Loaded::corrupt`] (the caller decides whether that fails the run).
+pub fn load(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loaded, ProfError> {
+    let mut out = Loaded::default();
+    for (i, d) in dirs.iter().enumerate() {
+        let sp = d.summary_path();
+        let summary = if sp.exists() {
+            match HostSummary::read(&sp) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    warn(format!("{e} (multiplexing scale unknown for this host/epoch)"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        out.summaries.push(summary);
+        for entry in d.profiles()? {
+            match Profile::read(&entry.path) {
+                Ok(profile) => {
+                    out.profiles.push(LoadedProfile { path: entry.path, profile, dir: i })
+                }
+                Err(e) => out.corrupt.push(e.to_string()),
+            }
+        }
+    }
+    out.dirs = dirs;
+    Ok(out)
+}
+
+/// Open the database, naming it in the error.
+pub fn open_db(root: &Path) -> Result<Database, ProfError> {
+    if !root.is_dir() {
+        return Err(ProfError::NoDatabase(root.to_owned()));
+    }
+    Ok(Database::open(root)?)
+}
+
+/// Distinct epochs and hosts of the loaded dirs, sorted.
+pub fn epochs_and_hosts(dirs: &[HostDir]) -> (Vec<String>, Vec<String>) {
+    let mut e: BTreeMap<String, ()> = BTreeMap::new();
+    let mut h: BTreeMap<String, ()> = BTreeMap::new();
+    for d in dirs {
+        e.insert(d.epoch.to_string(), ());
+        h.insert(d.host.clone(), ());
+    }
+    (e.into_keys().collect(), h.into_keys().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_selection_syntax() {
+        assert_eq!("latest".parse::<EpochSel>(), Ok(EpochSel::Latest));
+        assert_eq!("all".parse::<EpochSel>(), Ok(EpochSel::All));
+        assert_eq!(
+            "20250102T030405Z".parse::<EpochSel>(),
+            Ok(EpochSel::One("20250102T030405Z".into()))
+        );
+        assert_eq!(
+            "20250102..".parse::<EpochSel>(),
+            Ok(EpochSel::Range(Some("20250102".into()), None))
+        );
+        for bad in
+            ["", "yesterday", "2025-01-02", "20250102T030405Z..2024", "..x", "20250102T030405"]
+        {
+            assert!(bad.parse::<EpochSel>().is_err(), "{bad:?} accepted");
+        }
+        let r: EpochSel = "20250102..20250103".parse().unwrap_or(EpochSel::All);
+        assert!(r.matches("20250102T000000Z"));
+        assert!(r.matches("20250103T235959Z"));
+        assert!(!r.matches("20250104T000000Z"));
+        assert!(!r.matches("20250101T235959Z"));
+    }
+}
