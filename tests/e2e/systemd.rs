@@ -1,1 +1,442 @@
-//! End-to-end tests: systemd.
+//! End-to-end tests: systemd integration — the unit file (systemd-analyze verify/security), the
+//! default configuration, the sd_notify protocol (READY, WATCHDOG, STATUS, STOPPING) and
+//! `make install`.
+
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use dcpi_e2e::{bin, require_perf, Sandbox};
+
+/// The exposure score `systemd-analyze security` gives the unit, as recorded in README.md.
+/// Raising it (weaker hardening) fails this test; lowering it should update README and this.
+const RECORDED_EXPOSURE: f64 = 2.2;
+
+/// The capabilities the unit keeps, each justified in the unit and in README.md.
+const CAPABILITIES: &[&str] = &[
+    "CAP_PERFMON",
+    "CAP_SYSLOG",
+    "CAP_SYS_PTRACE",
+    "CAP_CHECKPOINT_RESTORE",
+    "CAP_DAC_READ_SEARCH",
+];
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+fn systemd_analyze() -> Option<PathBuf> {
+    let p = PathBuf::from("/usr/bin/systemd-analyze");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIPPED: /usr/bin/systemd-analyze is not installed");
+        None
+    }
+}
+
+/// The unit with ExecStart pointing at the dcpid built by this test run (systemd-analyze verify
+/// insists that the binary exists).
+fn unit_for_test(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(repo_root().join("systemd/dcpid.service")).expect("unit");
+    assert!(
+        text.contains("ExecStart=/usr/bin/dcpid --config /etc/dcpi/dcpid.toml\n"),
+        "the unit's ExecStart changed; update the Makefile's rewrite and this test"
+    );
+    let dcpid = bin("dcpid");
+    let unit = dir.join("dcpid.service");
+    std::fs::write(&unit, text.replace("/usr/bin/dcpid", &dcpid.display().to_string()))
+        .expect("write unit");
+    unit
+}
+
+fn unit_directives(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#') && !l.starts_with('['))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+#[test]
+fn unit_file_passes_systemd_analyze_verify() {
+    let Some(sa) = systemd_analyze() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let unit = unit_for_test(dir.path());
+    let out = Command::new(&sa)
+        .args(["verify", "--man=no"])
+        .arg(&unit)
+        .env("SYSTEMD_LOG_LEVEL", "notice")
+        .output()
+        .expect("run systemd-analyze verify");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "systemd-analyze verify failed: {stderr}");
+    // Unknown or misspelt directives are only warnings (exit 0): reject them too.
+    let complaints: Vec<&str> = stderr.lines().filter(|l| l.contains("dcpid.service")).collect();
+    assert!(complaints.is_empty(), "systemd-analyze verify complains: {complaints:#?}");
+
+    // The sd_notify contract the daemon implements.
+    let text = std::fs::read_to_string(&unit).expect("unit");
+    let d = unit_directives(&text);
+    let get = |k: &str| d.iter().filter(|(key, _)| key == k).map(|(_, v)| v.as_str()).last();
+    assert_eq!(get("Type"), Some("notify"));
+    assert_eq!(get("NotifyAccess"), Some("main"));
+    assert!(get("WatchdogSec").is_some(), "no WatchdogSec=");
+    assert_eq!(get("Restart"), Some("on-failure"));
+    assert_eq!(get("PrivateTmp"), Some("no"), "/tmp/perf-PID.map files must stay readable");
+    assert_eq!(get("ProtectKernelTunables"), Some("no"), "it hides /proc/kallsyms");
+    assert_eq!(get("RuntimeDirectory"), Some("dcpi"));
+    assert_eq!(get("StateDirectory"), Some("dcpid"));
+}
+
+#[test]
+fn unit_file_exposure_is_as_recorded_and_capabilities_are_documented() {
+    let Some(sa) = systemd_analyze() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let unit = unit_for_test(dir.path());
+    let out = Command::new(&sa)
+        .args(["security", "--offline=yes", "--no-pager"])
+        .arg(&unit)
+        .env("SYSTEMD_COLORS", "0")
+        .output()
+        .expect("run systemd-analyze security");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "systemd-analyze security failed: {}{}",
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let score: f64 = stdout
+        .lines()
+        .find_map(|l| l.split_once("Overall exposure level for dcpid.service:"))
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure score in:\n{stdout}"));
+    assert!(
+        score <= RECORDED_EXPOSURE + 1e-9,
+        "exposure {score} is worse than the recorded {RECORDED_EXPOSURE}:\n{stdout}"
+    );
+    // The unit keeps exactly the documented capabilities, both bounding and ambient.
+    let text = std::fs::read_to_string(&unit).expect("unit");
+    let d = unit_directives(&text);
+    for key in ["CapabilityBoundingSet", "AmbientCapabilities"] {
+        let mut caps: Vec<&str> =
+            d.iter().filter(|(k, _)| k == key).flat_map(|(_, v)| v.split_whitespace()).collect();
+        caps.sort_unstable();
+        let mut want = CAPABILITIES.to_vec();
+        want.sort_unstable();
+        assert_eq!(caps, want, "{key}");
+    }
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    for cap in CAPABILITIES {
+        assert!(readme.contains(cap), "README.md does not explain {cap}");
+    }
+    assert!(
+        readme.contains(&format!("{RECORDED_EXPOSURE}")),
+        "README.md does not record the exposure score {RECORDED_EXPOSURE}"
+    );
+}
+
+#[test]
+fn default_config_is_accepted_and_a_broken_one_is_rejected() {
+    let config = repo_root().join("systemd/dcpid.toml");
+    // A broken copy is rejected before any sampling starts, naming the file and the field.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broken = dir.path().join("broken.toml");
+    let text = std::fs::read_to_string(&config).expect("dcpid.toml");
+    std::fs::write(&broken, format!("{text}\nflush_interval = \"soon\"\n")).expect("write");
+    let out = Command::new(bin("dcpid"))
+        .arg("--config")
+        .arg(&broken)
+        .args(["--duration", "1s"])
+        .output()
+        .expect("run dcpid");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a broken config was accepted");
+    assert!(err.contains("broken.toml"), "error does not name the file: {err}");
+    assert!(err.contains("flush_interval"), "error does not name the field: {err}");
+
+    if !require_perf() {
+        return;
+    }
+    // The shipped file, with the sandbox's paths on top (the command line wins).
+    let sb = Sandbox::new();
+    let mut args = sb.daemon_args("cfgtest");
+    args[1] = config.display().to_string();
+    let out = Command::new(bin("dcpid"))
+        .args(&args)
+        .args(["--duration", "2s"])
+        .output()
+        .expect("run dcpid");
+    assert!(
+        out.status.success(),
+        "dcpid rejected systemd/dcpid.toml: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Datagrams received on a NOTIFY_SOCKET, each with its arrival time.
+struct NotifyListener {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    rx: mpsc::Receiver<(Instant, String)>,
+}
+
+impl NotifyListener {
+    fn new() -> NotifyListener {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("notify.sock");
+        let sock = UnixDatagram::bind(&path).expect("bind NOTIFY_SOCKET");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while let Ok(n) = sock.recv(&mut buf) {
+                let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+                if tx.send((Instant::now(), msg)).is_err() {
+                    break;
+                }
+            }
+        });
+        NotifyListener { _dir: dir, path, rx }
+    }
+
+    /// Every message (split into `KEY=value` lines) received until `deadline`.
+    fn collect_until(&self, deadline: Instant, into: &mut Vec<(Instant, String)>) {
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.rx.recv_timeout(left) {
+                Ok((t, msg)) => into.extend(msg.lines().map(|l| (t, l.to_string()))),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Wait for a line equal to (or, for `KEY=`, starting with) `want`; keeps what it reads.
+    fn wait_for(&self, want: &str, limit: Duration, into: &mut Vec<(Instant, String)>) -> Instant {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some((t, _)) = into.iter().find(|(_, l)| matches(l, want)) {
+                return *t;
+            }
+            let left = deadline.checked_duration_since(Instant::now()).unwrap_or_else(|| {
+                panic!("no {want} within {limit:?}; received: {:#?}", lines(into))
+            });
+            if let Ok((t, msg)) = self.rx.recv_timeout(left) {
+                into.extend(msg.lines().map(|l| (t, l.to_string())));
+            }
+        }
+    }
+}
+
+fn matches(line: &str, want: &str) -> bool {
+    if want.ends_with('=') {
+        line.starts_with(want)
+    } else {
+        line == want
+    }
+}
+
+fn lines(v: &[(Instant, String)]) -> Vec<&str> {
+    v.iter().map(|(_, l)| l.as_str()).collect()
+}
+
+fn spawn_notified(sb: &Sandbox, notify: &Path, extra_env: &[(&str, &str)]) -> std::process::Child {
+    let mut cmd = Command::new(bin("dcpid"));
+    cmd.args(sb.daemon_args("notify"))
+        .env("NOTIFY_SOCKET", notify)
+        .env("WATCHDOG_USEC", "1000000")
+        .env_remove("WATCHDOG_PID")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn dcpid")
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn sd_notify_ready_watchdog_status_stopping() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let listener = NotifyListener::new();
+    let start = Instant::now();
+    let mut child = KillOnDrop(spawn_notified(&sb, &listener.path, &[]));
+    let mut got = Vec::new();
+    let ready = listener.wait_for("READY=1", Duration::from_secs(20), &mut got);
+    // WATCHDOG_USEC=1 s: pings every ~0.5 s while healthy. Watch 4 s after READY.
+    listener.collect_until(ready + Duration::from_secs(4), &mut got);
+    let pings: Vec<Instant> =
+        got.iter().filter(|(t, l)| l == "WATCHDOG=1" && *t >= ready).map(|(t, _)| *t).collect();
+    assert!(
+        pings.len() >= 4,
+        "expected >= 4 WATCHDOG=1 in the 4 s after READY=1 (interval 0.5 s), got {}: {:#?}",
+        pings.len(),
+        lines(&got)
+    );
+    let longest_gap = pings.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
+    assert!(
+        longest_gap < Duration::from_secs(1),
+        "a watchdog gap of {longest_gap:?} >= WATCHDOG_USEC"
+    );
+    listener.wait_for("STATUS=", Duration::from_secs(10), &mut got);
+    let status = got.iter().find(|(_, l)| l.starts_with("STATUS=")).map(|(_, l)| l.clone());
+    assert!(status.is_some_and(|s| s.len() > "STATUS=".len()), "empty STATUS=");
+    assert!(
+        got.iter().all(|(_, l)| l != "STOPPING=1"),
+        "STOPPING=1 before any signal: {:#?}",
+        lines(&got)
+    );
+    eprintln!("READY=1 after {:?}", ready - start);
+
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    listener.wait_for("STOPPING=1", Duration::from_secs(20), &mut got);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "dcpid did not exit within 30 s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "dcpid exited with {status} after SIGTERM");
+}
+
+#[test]
+fn sd_notify_watchdog_stops_when_a_drain_thread_stalls() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let listener = NotifyListener::new();
+    let start = Instant::now();
+    // Test-only hook: CPU 0's drain thread stops draining 4 s after it starts (time enough for
+    // startup, so that the healthy pings come first).
+    let _child =
+        KillOnDrop(spawn_notified(&sb, &listener.path, &[("DCPI_TEST_STALL_DRAIN", "0:4000")]));
+    let stall = start + Duration::from_secs(4);
+    let mut got = Vec::new();
+    listener.wait_for("READY=1", Duration::from_secs(20), &mut got);
+    let first = listener.wait_for("WATCHDOG=1", Duration::from_secs(5), &mut got);
+    assert!(
+        first < stall,
+        "the first WATCHDOG=1 came {:?} after the drain stall began (startup too slow?)",
+        first - stall
+    );
+    // Watch for 16 s after the stall begins: pings must stop (detection may take a few seconds)
+    // and stay stopped for the last 6 s.
+    let end = stall + Duration::from_secs(16);
+    listener.collect_until(end, &mut got);
+    let last_ping =
+        got.iter().filter(|(_, l)| l == "WATCHDOG=1").map(|(t, _)| *t).max().expect("pinged");
+    assert!(
+        last_ping + Duration::from_secs(6) <= end,
+        "WATCHDOG=1 still sent {:?} after CPU 0's drain thread stalled ({} pings in all)",
+        last_ping.saturating_duration_since(stall),
+        got.iter().filter(|(_, l)| l == "WATCHDOG=1").count()
+    );
+}
+
+#[test]
+fn make_install_places_every_file_and_uninstall_removes_them() {
+    if Command::new("make").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: make is not installed");
+        return;
+    }
+    let root = repo_root();
+    let dest = tempfile::tempdir().expect("tempdir");
+    let gen = tempfile::tempdir().expect("tempdir");
+    let bindir_src = bin("dcpid").parent().expect("bin dir").to_path_buf();
+    let make = |target: &str| {
+        let out = Command::new("make")
+            .arg("-C")
+            .arg(&root)
+            .arg(target)
+            .arg(format!("DESTDIR={}", dest.path().display()))
+            .arg("PREFIX=/usr")
+            .arg(format!("BINDIR_SRC={}", bindir_src.display()))
+            .arg(format!("GENDIR={}", gen.path().display()))
+            .output()
+            .expect("run make");
+        assert!(
+            out.status.success(),
+            "make {target} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // An administrator's edited config must survive a reinstall.
+    let etc = dest.path().join("etc/dcpi");
+    std::fs::create_dir_all(&etc).expect("mkdir");
+    std::fs::write(etc.join("dcpid.toml"), "# edited\n").expect("write");
+    make("install");
+
+    let d = dest.path();
+    for (name, section) in [("dcpid", 8), ("dcpictl", 8), ("dcpiprof", 1)] {
+        let exe = d.join("usr/bin").join(name);
+        let meta = std::fs::metadata(&exe).unwrap_or_else(|e| panic!("{}: {e}", exe.display()));
+        assert!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o111 != 0);
+        let man = d.join(format!("usr/share/man/man{section}/{name}.{section}"));
+        let text =
+            std::fs::read_to_string(&man).unwrap_or_else(|e| panic!("{}: {e}", man.display()));
+        assert!(text.contains(".TH"), "{} is not a man page", man.display());
+        assert!(text.contains(name), "{} does not name {name}", man.display());
+        for f in [
+            format!("usr/share/bash-completion/completions/{name}"),
+            format!("usr/share/zsh/site-functions/_{name}"),
+            format!("usr/share/fish/vendor_completions.d/{name}.fish"),
+        ] {
+            let len = std::fs::metadata(d.join(&f)).map(|m| m.len()).unwrap_or(0);
+            assert!(len > 0, "{f} missing or empty");
+        }
+    }
+    let unit =
+        std::fs::read_to_string(d.join("usr/lib/systemd/system/dcpid.service")).expect("unit");
+    assert!(unit.contains("ExecStart=/usr/bin/dcpid --config /etc/dcpi/dcpid.toml\n"), "{unit}");
+    assert!(d.join("usr/lib/sysusers.d/dcpid.conf").exists());
+    assert!(d.join("usr/lib/tmpfiles.d/dcpid.conf").exists());
+    assert_eq!(std::fs::read_to_string(etc.join("dcpid.toml")).expect("config"), "# edited\n");
+
+    // PREFIX is honoured in the unit's ExecStart.
+    let dest2 = tempfile::tempdir().expect("tempdir");
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(&root)
+        .arg("install")
+        .arg(format!("DESTDIR={}", dest2.path().display()))
+        .arg("PREFIX=/opt/dcpi")
+        .arg(format!("BINDIR_SRC={}", bindir_src.display()))
+        .arg(format!("GENDIR={}", gen.path().display()))
+        .output()
+        .expect("run make");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let unit2 =
+        std::fs::read_to_string(dest2.path().join("opt/dcpi/lib/systemd/system/dcpid.service"))
+            .expect("unit under /opt/dcpi");
+    assert!(unit2.contains("ExecStart=/opt/dcpi/bin/dcpid --config /etc/dcpi/dcpid.toml\n"));
+    let shipped =
+        std::fs::read_to_string(dest2.path().join("etc/dcpi/dcpid.toml")).expect("config");
+    let source = std::fs::read_to_string(root.join("systemd/dcpid.toml")).expect("config");
+    assert_eq!(shipped, source, "a fresh install ships systemd/dcpid.toml");
+
+    make("uninstall");
+    for name in ["dcpid", "dcpictl", "dcpiprof"] {
+        assert!(!d.join("usr/bin").join(name).exists(), "{name} left behind by uninstall");
+    }
+    assert!(!d.join("usr/lib/systemd/system/dcpid.service").exists());
+    assert!(etc.join("dcpid.toml").exists(), "uninstall removed the configuration");
+}
