@@ -81,7 +81,7 @@ fn unit_file_passes_systemd_analyze_verify() {
     // The sd_notify contract the daemon implements.
     let text = std::fs::read_to_string(&unit).expect("unit");
     let d = unit_directives(&text);
-    let get = |k: &str| d.iter().filter(|(key, _)| key == k).map(|(_, v)| v.as_str()).last();
+    let get = |k: &str| d.iter().filter(|(key, _)| key == k).map(|(_, v)| v.as_str()).next_back();
     assert_eq!(get("Type"), Some("notify"));
     assert_eq!(get("NotifyAccess"), Some("main"));
     assert!(get("WatchdogSec").is_some(), "no WatchdogSec=");
