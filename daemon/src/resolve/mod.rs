@@ -1,1 +1,809 @@
-//! Resolution of (pid, pc) to (image, offset).
+//! Resolution of samples `(pid, pc)` to `(image, offset)`.
+//!
+//! # Address-space versions (asid)
+//! Every exec, every executable mmap and every new process takes a fresh number from one
+//! monotonic counter (never reused, so a reused pid can never reuse an asid). A process keeps
+//! the history `(from_time, asid)` of its versions; the aggregator keys samples by the asid in
+//! force at the sample's time ([`Resolver::asid_at`]). A mapping remembers the asid range it is
+//! valid for (`asid_from..asid_to`): an exec ends every mapping, a new mmap ends the mappings it
+//! overlays (the parts it does not cover live on with the new asid), FORK copies the parent's
+//! live mappings into a new version for the child (thread creation, pid == ppid, changes
+//! nothing). Old versions, ended mappings and exited processes are dropped by [`Resolver::gc`]
+//! once every sample that could name them has been resolved.
+//!
+//! # Offsets and identities (FORMAT.md `ImageKind`)
+//! - file (`Elf`): offset = pc - map_start + pgoff, i.e. the *file offset* of the instruction
+//!   (works alike for PIE, non-PIE and shared objects; a report maps it back to a virtual
+//!   address through the PT_LOAD headers). Identity: the GNU build-id from the MMAP2 record;
+//!   otherwise read from the ELF notes through `/proc/PID/map_files/START-END` (see
+//!   [`identity`]); otherwise `ImageId::fallback(path, size, mtime_ns, inode)`; the path is
+//!   the one the kernel showed, ` (deleted)` removed.
+//! - `[vdso]` (`Vdso`): offset = pc - map start; id = build-id of the daemon's own vDSO (same
+//!   kernel, same vDSO), else `ImageId::special("[vdso]", kernel release)`.
+//! - anonymous executable memory (`Anon`: MMAP2 with an empty, `//anon` or `[anon:...]` name,
+//!   any other `[...]` pseudo-file, or an executable mapping without a file in /proc maps):
+//!   one image per process, id = `ImageId::special("[anon]", pid (u32 LE) ++ start (u64 LE))`
+//!   where start is the process start time in clock ticks since boot (`/proc/PID/stat`
+//!   field 22, or the FORK time converted to ticks at USER_HZ=100), path `[anon:PID:comm]`,
+//!   offset = absolute pc; symbols from `/tmp/perf-PID.map` go in `jit_symbols`.
+//! - kernel and modules: see [`kernel`].
+//!
+//! # Side-band records and the /proc scan
+//! [`Resolver::scan_proc`] reads every `/proc/PID/maps` once at start (time T0). Records older
+//! than T0 for a pid the scan saw are ignored (the scan already reflects them).
+
+pub mod identity;
+pub mod jit;
+pub mod kernel;
+pub mod maps;
+pub(crate) mod procfs;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use profile_format::{ImageId, ImageKind, KallsymsSnapshot, UnknownReason};
+
+use crate::aggregate::ImageInfo;
+use crate::types::{PerfTime, SideBand, TimedSideBand};
+
+use identity::IdentityCache;
+use jit::JitMapState;
+use kernel::KernelState;
+
+/// Lowest kernel-space address on x86-64 / arm64 (48-bit VA): any pc above is kernel.
+pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
+/// Identity cache capacity (per generation).
+const IDENTITY_CACHE_CAP: usize = 4096;
+/// Bound on the bytes read from one `/proc/PID/maps`.
+const MAX_MAPS_BYTES: u64 = 64 << 20;
+/// Versions kept per process even before gc (a process mmapping in a loop between flushes).
+const MAX_VERSIONS: usize = 4096;
+const PROT_EXEC: u32 = 4;
+
+/// Where the resolver reads the host's state (tests point these at fake trees).
+#[derive(Clone, Debug)]
+pub struct ResolverConfig {
+    pub proc_root: PathBuf,
+    pub sys_root: PathBuf,
+    pub jit_map_dir: PathBuf,
+}
+
+impl Default for ResolverConfig {
+    fn default() -> Self {
+        ResolverConfig {
+            proc_root: "/proc".into(),
+            sys_root: "/sys".into(),
+            jit_map_dir: "/tmp".into(),
+        }
+    }
+}
+
+/// Errors of the resolver that are reported (most failures just make samples unknown).
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Format(#[from] profile_format::Error),
+}
+
+/// What [`Resolver::scan_proc`] met.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize)]
+pub struct ScanStats {
+    /// Processes whose maps were read.
+    pub processes: u64,
+    /// Executable mappings recorded.
+    pub mappings: u64,
+    /// Processes whose maps could not be read (EACCES/EPERM, e.g. PID 1 here).
+    pub unreadable: u64,
+    /// Processes that exited between the directory listing and the read.
+    pub vanished: u64,
+    /// Malformed lines in maps files (skipped).
+    pub garbage_lines: u64,
+    /// File mappings whose identity could not be read (fallback id used).
+    pub identity_errors: u64,
+    /// Other errors (listing /proc, unexpected errno).
+    pub errors: u64,
+}
+
+/// Counters for `dcpictl status`.
+#[derive(Clone, PartialEq, Debug, Default, serde::Serialize)]
+pub struct ResolverStats {
+    pub processes: u64,
+    /// Earlier incarnations of reused pids kept until their samples are resolved.
+    pub retired_processes: u64,
+    /// Live and ended mappings held.
+    pub mappings: u64,
+    pub identity_cache_entries: u64,
+    pub identity_cache_hits: u64,
+    pub identity_cache_misses: u64,
+    pub identity_errors: u64,
+    /// Samples left unknown, by reason.
+    pub unknown_no_map: u64,
+    pub unknown_process_gone: u64,
+    pub unknown_unreadable: u64,
+    pub unknown_kernel: u64,
+    /// Side-band records ignored because the /proc scan already reflected them.
+    pub ignored_before_scan: u64,
+    pub jit_maps_read: u64,
+    /// Last asid handed out.
+    pub last_asid: u64,
+    pub scan: ScanStats,
+}
+
+/// Result of resolving one key.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Resolution {
+    Image { image: Arc<ImageInfo>, offset: u64 },
+    Unknown(UnknownReason),
+}
+
+#[derive(Clone, Debug)]
+enum MapImage {
+    File(Arc<ImageInfo>),
+    Vdso,
+    Anon,
+}
+
+#[derive(Clone, Debug)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    pgoff: u64,
+    asid_from: u64,
+    image: MapImage,
+}
+
+#[derive(Clone, Debug)]
+struct DeadMapping {
+    m: Mapping,
+    asid_to: u64,
+    died: PerfTime,
+}
+
+#[derive(Debug)]
+struct Process {
+    pid: u32,
+    comm: Vec<u8>,
+    /// Start time in clock ticks since boot (for the `[anon]` identity).
+    start_ticks: u64,
+    /// Samples at or after this time belong to this incarnation (0 for scanned processes).
+    born: PerfTime,
+    /// `(from_time, asid)`, ascending.
+    versions: Vec<(PerfTime, u64)>,
+    first_asid: u64,
+    live: BTreeMap<u64, Mapping>,
+    dead: Vec<DeadMapping>,
+    exited: Option<PerfTime>,
+    /// /proc/PID/maps was not readable at scan time (until the next exec).
+    unreadable: bool,
+    uid: Option<u32>,
+    jit: JitMapState,
+    jit_checked_gen: u64,
+    anon_image: Option<Arc<ImageInfo>>,
+}
+
+impl Process {
+    fn new(pid: u32, born: PerfTime, asid: u64) -> Process {
+        Process {
+            pid,
+            comm: Vec::new(),
+            start_ticks: born / 10_000_000,
+            born,
+            versions: vec![(born, asid)],
+            first_asid: asid,
+            live: BTreeMap::new(),
+            dead: Vec::new(),
+            exited: None,
+            unreadable: false,
+            uid: None,
+            jit: JitMapState::default(),
+            jit_checked_gen: 0,
+            anon_image: None,
+        }
+    }
+
+    fn current_asid(&self) -> u64 {
+        self.versions.last().map_or(self.first_asid, |v| v.1)
+    }
+
+    fn last_asid(&self) -> u64 {
+        self.current_asid()
+    }
+
+    fn push_version(&mut self, time: PerfTime, asid: u64) {
+        if self.versions.len() >= MAX_VERSIONS {
+            self.versions.remove(0);
+        }
+        self.versions.push((time, asid));
+    }
+
+    fn asid_at(&self, time: PerfTime) -> u64 {
+        let i = self.versions.partition_point(|v| v.0 <= time);
+        // A sample older than every version kept (pruned by gc, or late) gets the oldest.
+        self.versions[i.saturating_sub(1)].1
+    }
+
+    /// End every live mapping overlapping [start, end), keeping the uncovered parts alive
+    /// under `asid`.
+    fn overlay(&mut self, start: u64, end: u64, asid: u64, time: PerfTime) {
+        let hits: Vec<u64> = self
+            .live
+            .range(..end)
+            .rev()
+            .take_while(|(_, m)| m.end > start)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in hits {
+            let Some(m) = self.live.remove(&k) else { continue };
+            if m.start < start {
+                let mut left = m.clone();
+                left.end = start;
+                left.asid_from = asid;
+                self.live.insert(left.start, left);
+            }
+            if m.end > end {
+                let mut right = m.clone();
+                right.pgoff = m.pgoff.wrapping_add(end - m.start);
+                right.start = end;
+                right.asid_from = asid;
+                self.live.insert(right.start, right);
+            }
+            self.dead.push(DeadMapping { m, asid_to: asid, died: time });
+        }
+    }
+
+    fn kill_all(&mut self, asid: u64, time: PerfTime) {
+        for (_, m) in std::mem::take(&mut self.live) {
+            self.dead.push(DeadMapping { m, asid_to: asid, died: time });
+        }
+    }
+
+    fn find(&self, asid: u64, pc: u64) -> Option<&Mapping> {
+        if let Some((_, m)) = self.live.range(..=pc).next_back() {
+            if pc < m.end && m.asid_from <= asid {
+                return Some(m);
+            }
+        }
+        self.dead
+            .iter()
+            .rev()
+            .find(|d| d.m.asid_from <= asid && asid < d.asid_to && d.m.start <= pc && pc < d.m.end)
+            .map(|d| &d.m)
+    }
+
+    fn mapping_count(&self) -> usize {
+        self.live.len() + self.dead.len()
+    }
+}
+
+/// Processes, address-space versions, image identities and kernel images.
+#[derive(Debug)]
+pub struct Resolver {
+    cfg: ResolverConfig,
+    next_asid: u64,
+    procs: HashMap<u32, Process>,
+    /// Earlier incarnations of reused pids (newest last).
+    retired: HashMap<u32, Vec<Process>>,
+    identities: IdentityCache,
+    kernel: KernelState,
+    vdso: Option<Arc<ImageInfo>>,
+    t0: Option<PerfTime>,
+    scanned: HashSet<u32>,
+    generation: u64,
+    stats: ResolverStats,
+}
+
+impl Resolver {
+    pub fn new(cfg: ResolverConfig) -> Resolver {
+        Resolver {
+            cfg,
+            next_asid: 1,
+            procs: HashMap::new(),
+            retired: HashMap::new(),
+            identities: IdentityCache::new(IDENTITY_CACHE_CAP),
+            kernel: KernelState::default(),
+            vdso: None,
+            t0: None,
+            scanned: HashSet::new(),
+            generation: 1,
+            stats: ResolverStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &ResolverConfig {
+        &self.cfg
+    }
+
+    fn fresh_asid(&mut self) -> u64 {
+        let a = self.next_asid;
+        self.next_asid += 1;
+        a
+    }
+
+    /// Read every `/proc/PID/maps`. `t0` is the perf clock taken before the scan started.
+    pub fn scan_proc(&mut self, t0: PerfTime) -> ScanStats {
+        let mut st = ScanStats::default();
+        self.t0 = Some(t0);
+        let root = self.cfg.proc_root.clone();
+        let rd = match std::fs::read_dir(&root) {
+            Ok(rd) => rd,
+            Err(e) => {
+                tracing::warn!("{}: cannot list processes: {e}", root.display());
+                st.errors += 1;
+                self.stats.scan = st;
+                return st;
+            }
+        };
+        let mut pids: Vec<u32> =
+            rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).collect();
+        pids.sort_unstable();
+        for pid in pids {
+            self.scan_one(pid, &mut st);
+        }
+        self.stats.scan = st;
+        st
+    }
+
+    fn scan_one(&mut self, pid: u32, st: &mut ScanStats) {
+        let dir = self.cfg.proc_root.join(pid.to_string());
+        let maps = match procfs::read_bounded(&dir.join("maps"), MAX_MAPS_BYTES) {
+            Ok(m) => Some(m),
+            Err(e) if procfs::is_gone(&e) => {
+                st.vanished += 1;
+                return;
+            }
+            Err(e) if procfs::is_denied(&e) => {
+                st.unreadable += 1;
+                None
+            }
+            Err(e) => {
+                tracing::debug!("{}: {e}", dir.join("maps").display());
+                st.errors += 1;
+                None
+            }
+        };
+        let stat = procfs::read_bounded(&dir.join("stat"), 4096).ok();
+        let parsed = stat.as_deref().and_then(procfs::parse_stat);
+        let uid = std::fs::symlink_metadata(&dir).ok().map(|m| m.uid());
+        self.scanned.insert(pid);
+        let asid = match self.procs.get(&pid) {
+            Some(p) => p.current_asid(),
+            None => {
+                let a = self.fresh_asid();
+                let mut p = Process::new(pid, 0, a);
+                p.versions[0].0 = 0;
+                self.procs.insert(pid, p);
+                a
+            }
+        };
+        let mut new_maps = Vec::new();
+        if let Some(text) = &maps {
+            for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+                let Some(l) = maps::parse_maps_line(line) else {
+                    st.garbage_lines += 1;
+                    continue;
+                };
+                if !l.executable() || l.start >= KERNEL_START {
+                    continue;
+                }
+                let image = if l.path == b"[vdso]" {
+                    MapImage::Vdso
+                } else if l.inode == 0 || l.path.is_empty() || l.path.starts_with(b"[") {
+                    MapImage::Anon
+                } else {
+                    let mf = dir.join(format!("map_files/{:x}-{:x}", l.start, l.end));
+                    let path = l.path_clean();
+                    let id = match self.identities.identify(&mf, path, Some(l.inode)) {
+                        Ok(id) => id,
+                        Err(e) => {
+                            tracing::debug!("{}: {e}", mf.display());
+                            st.identity_errors += 1;
+                            ImageId::fallback(path, 0, 0, l.inode)
+                        }
+                    };
+                    MapImage::File(Arc::new(ImageInfo {
+                        kind: ImageKind::Elf,
+                        id,
+                        path: path.to_vec(),
+                        jit_symbols: Vec::new(),
+                    }))
+                };
+                new_maps.push(Mapping {
+                    start: l.start,
+                    end: l.end,
+                    pgoff: l.offset,
+                    asid_from: asid,
+                    image,
+                });
+            }
+        }
+        let Some(p) = self.procs.get_mut(&pid) else { return };
+        if let Some((comm, start)) = parsed {
+            p.comm = comm;
+            p.start_ticks = start;
+        }
+        p.uid = uid;
+        p.unreadable = maps.is_none();
+        // Records applied before the scan reached this pid are newer: keep what they said.
+        for m in new_maps {
+            let overlaps = p.live.range(..m.end).next_back().is_some_and(|(_, o)| o.end > m.start);
+            if !overlaps {
+                st.mappings += 1;
+                p.live.insert(m.start, m);
+            }
+        }
+        if maps.is_some() {
+            st.processes += 1;
+        }
+    }
+
+    fn ignored(&mut self, pid: u32, time: PerfTime) -> bool {
+        let skip = self.t0.is_some_and(|t0| time < t0) && self.scanned.contains(&pid);
+        if skip {
+            self.stats.ignored_before_scan += 1;
+        }
+        skip
+    }
+
+    /// The process `pid` as of `time`, created if unknown; an exited one is replaced by a new
+    /// incarnation (its FORK was missed).
+    fn proc_for_update(&mut self, pid: u32, time: PerfTime) -> &mut Process {
+        let replace = self.procs.get(&pid).is_some_and(|p| p.exited.is_some_and(|e| e <= time));
+        if replace {
+            let asid = self.fresh_asid();
+            self.replace_process(Process::new(pid, time, asid));
+        } else if !self.procs.contains_key(&pid) {
+            let asid = self.fresh_asid();
+            let mut p = Process::new(pid, 0, asid);
+            p.start_ticks = time / 10_000_000;
+            self.procs.insert(pid, p);
+        }
+        self.procs.get_mut(&pid).expect("inserted above")
+    }
+
+    fn replace_process(&mut self, p: Process) {
+        let born = p.born;
+        if let Some(mut old) = self.procs.insert(p.pid, p) {
+            old.exited.get_or_insert(born);
+            self.retired.entry(old.pid).or_default().push(old);
+        }
+    }
+
+    /// Apply one side-band record (the aggregator calls this in time order).
+    pub fn apply(&mut self, rec: &TimedSideBand) {
+        let t = rec.time;
+        match &rec.record {
+            SideBand::Mmap2 { kernel: true, .. } => self.kernel.modules_stale = true,
+            SideBand::Mmap2 { pid, .. } if *pid == u32::MAX => self.kernel.modules_stale = true,
+            SideBand::Mmap2 { pid, addr, len, pgoff, ino, prot, build_id, filename, .. } => {
+                if prot & PROT_EXEC == 0 || *len == 0 || self.ignored(*pid, t) {
+                    return;
+                }
+                let end = addr.saturating_add(*len);
+                let image = self.mmap_image(*pid, *addr, end, *ino, build_id.as_deref(), filename);
+                let asid = self.fresh_asid();
+                let p = self.proc_for_update(*pid, t);
+                p.overlay(*addr, end, asid, t);
+                p.live.insert(
+                    *addr,
+                    Mapping { start: *addr, end, pgoff: *pgoff, asid_from: asid, image },
+                );
+                p.push_version(t, asid);
+            }
+            SideBand::Comm { pid, tid, comm, exec } => {
+                if self.ignored(*pid, t) {
+                    return;
+                }
+                if *exec {
+                    let asid = self.fresh_asid();
+                    let p = self.proc_for_update(*pid, t);
+                    p.kill_all(asid, t);
+                    p.push_version(t, asid);
+                    p.unreadable = false;
+                    p.anon_image = None;
+                    p.comm.clone_from(comm);
+                } else if pid == tid {
+                    let p = self.proc_for_update(*pid, t);
+                    if p.comm != *comm {
+                        p.comm.clone_from(comm);
+                        p.anon_image = None;
+                    }
+                }
+            }
+            SideBand::Fork { pid, ppid, .. } => {
+                if pid == ppid || self.ignored(*pid, t) {
+                    return;
+                }
+                let asid = self.fresh_asid();
+                let mut child = Process::new(*pid, t, asid);
+                if let Some(parent) = self.procs.get(ppid) {
+                    child.comm.clone_from(&parent.comm);
+                    child.unreadable = parent.unreadable;
+                    child.uid = parent.uid;
+                    for (k, m) in &parent.live {
+                        let mut m = m.clone();
+                        m.asid_from = asid;
+                        child.live.insert(*k, m);
+                    }
+                }
+                self.replace_process(child);
+            }
+            SideBand::Exit { pid, tid, .. } => {
+                if pid != tid || self.ignored(*pid, t) {
+                    return;
+                }
+                if let Some(p) = self.procs.get_mut(pid) {
+                    if p.exited.is_none() && t >= p.born {
+                        p.exited = Some(t);
+                    }
+                }
+            }
+        }
+    }
+
+    fn mmap_image(
+        &mut self,
+        pid: u32,
+        start: u64,
+        end: u64,
+        ino: Option<u64>,
+        build_id: Option<&[u8]>,
+        filename: &[u8],
+    ) -> MapImage {
+        if filename == b"[vdso]" {
+            return MapImage::Vdso;
+        }
+        if filename.is_empty()
+            || filename == b"//anon"
+            || filename.starts_with(b"[")
+            || filename.starts_with(b"/dev/zero")
+        {
+            return MapImage::Anon;
+        }
+        let path = filename.strip_suffix(b" (deleted)").unwrap_or(filename);
+        let id = match build_id.and_then(procfs::valid_build_id) {
+            Some(b) => ImageId::BuildId(b),
+            None => {
+                let mf = self.cfg.proc_root.join(format!("{pid}/map_files/{start:x}-{end:x}"));
+                match self.identities.identify(&mf, path, ino) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        tracing::debug!("{}: {e}", mf.display());
+                        ImageId::fallback(path, 0, 0, ino.unwrap_or(0))
+                    }
+                }
+            }
+        };
+        MapImage::File(Arc::new(ImageInfo {
+            kind: ImageKind::Elf,
+            id,
+            path: path.to_vec(),
+            jit_symbols: Vec::new(),
+        }))
+    }
+
+    /// The address-space version of `pid` in force at `time`; `None` if the process is
+    /// unknown at that time.
+    pub fn asid_at(&self, pid: u32, time: PerfTime) -> Option<u64> {
+        let p = self.procs.get(&pid)?;
+        if time >= p.born {
+            return Some(p.asid_at(time));
+        }
+        let old = self.retired.get(&pid)?;
+        old.iter().rev().find(|o| time >= o.born).or(old.first()).map(|o| o.asid_at(time))
+    }
+
+    /// Called once before resolving a batch (JIT maps are re-read at most once per batch).
+    pub fn begin_batch(&mut self) {
+        self.generation += 1;
+    }
+
+    /// Resolve one aggregation key. `asid` 0 means "process unknown at the sample's time".
+    pub fn resolve(&mut self, pid: u32, asid: u64, pc: u64, kernel: bool) -> Resolution {
+        if kernel || pc >= KERNEL_START {
+            return match self.kernel.resolve(pc, &self.cfg.proc_root, &self.cfg.sys_root) {
+                Some((image, offset)) => Resolution::Image { image, offset },
+                None => Resolution::Unknown(UnknownReason::KernelUnknown),
+            };
+        }
+        if asid == 0 {
+            return Resolution::Unknown(UnknownReason::ProcessGone);
+        }
+        let gen = self.generation;
+        let jit_dir = self.cfg.jit_map_dir.clone();
+        let proc_root = self.cfg.proc_root.clone();
+        let Some(p) = self.incarnation_mut(pid, asid) else {
+            return Resolution::Unknown(UnknownReason::ProcessGone);
+        };
+        let Some(m) = p.find(asid, pc) else {
+            return Resolution::Unknown(if p.unreadable {
+                UnknownReason::Unreadable
+            } else {
+                UnknownReason::NoMap
+            });
+        };
+        match &m.image {
+            MapImage::File(img) => {
+                let offset = pc.wrapping_sub(m.start).wrapping_add(m.pgoff);
+                Resolution::Image { image: img.clone(), offset }
+            }
+            MapImage::Vdso => {
+                let offset = pc - m.start;
+                Resolution::Image { image: self.vdso_image(), offset }
+            }
+            MapImage::Anon => {
+                let read = anon_refresh(p, gen, &jit_dir, &proc_root);
+                let image = anon_image(p);
+                if read {
+                    self.stats.jit_maps_read += 1;
+                }
+                Resolution::Image { image, offset: pc }
+            }
+        }
+    }
+
+    fn incarnation_mut(&mut self, pid: u32, asid: u64) -> Option<&mut Process> {
+        match self.procs.get_mut(&pid) {
+            Some(p) if asid >= p.first_asid => Some(p),
+            _ => self
+                .retired
+                .get_mut(&pid)?
+                .iter_mut()
+                .find(|o| o.first_asid <= asid && asid <= o.last_asid()),
+        }
+    }
+
+    fn vdso_image(&mut self) -> Arc<ImageInfo> {
+        if let Some(v) = &self.vdso {
+            return v.clone();
+        }
+        let id = match crate::sys::process::vdso_image().and_then(|b| vdso_build_id(&b)) {
+            Some(b) => ImageId::BuildId(b),
+            None => {
+                let rel = kernel::kernel_release(&self.cfg.proc_root);
+                ImageId::special("[vdso]", rel.as_bytes())
+            }
+        };
+        let v = Arc::new(ImageInfo {
+            kind: ImageKind::Vdso,
+            id,
+            path: b"[vdso]".to_vec(),
+            jit_symbols: Vec::new(),
+        });
+        self.vdso = Some(v.clone());
+        v
+    }
+
+    /// Count unknown samples (for status).
+    pub fn note_unknown(&mut self, reason: UnknownReason, samples: u64) {
+        let s = &mut self.stats;
+        match reason {
+            UnknownReason::NoMap => s.unknown_no_map += samples,
+            UnknownReason::ProcessGone => s.unknown_process_gone += samples,
+            UnknownReason::Unreadable => s.unknown_unreadable += samples,
+            UnknownReason::KernelUnknown => s.unknown_kernel += samples,
+        }
+    }
+
+    /// Drop what no future sample can need: processes that exited, earlier incarnations,
+    /// ended mappings and old versions, all at or before `horizon` (the watermark up to which
+    /// every sample has been aggregated *and* resolved).
+    pub fn gc(&mut self, horizon: PerfTime) {
+        self.procs.retain(|_, p| !p.exited.is_some_and(|e| e <= horizon));
+        self.retired.retain(|_, v| {
+            v.retain(|o| !o.exited.is_some_and(|e| e <= horizon));
+            !v.is_empty()
+        });
+        for p in self.procs.values_mut() {
+            p.dead.retain(|d| d.died > horizon);
+            let keep_from = p.versions.partition_point(|v| v.0 <= horizon).saturating_sub(1);
+            if keep_from > 0 {
+                p.versions.drain(..keep_from);
+            }
+        }
+        if self.t0.is_some_and(|t0| horizon > t0) && !self.scanned.is_empty() {
+            self.scanned = HashSet::new();
+        }
+    }
+
+    pub fn stats(&self) -> ResolverStats {
+        let mut s = self.stats.clone();
+        s.processes = self.procs.len() as u64;
+        s.retired_processes = self.retired.values().map(|v| v.len() as u64).sum();
+        s.mappings = self
+            .procs
+            .values()
+            .chain(self.retired.values().flatten())
+            .map(|p| p.mapping_count() as u64)
+            .sum();
+        s.identity_cache_entries = self.identities.len() as u64;
+        s.identity_cache_hits = self.identities.hits;
+        s.identity_cache_misses = self.identities.misses;
+        s.identity_errors = self.identities.errors;
+        s.last_asid = self.next_asid - 1;
+        s
+    }
+
+    /// Snapshot of kernel symbols, modules and build-ids for the epoch's `kallsyms.snap`.
+    pub fn kallsyms_snapshot(&self) -> Result<KallsymsSnapshot, ResolveError> {
+        let proc_root = &self.cfg.proc_root;
+        let rd = |name: &str, limit: u64| {
+            let path = proc_root.join(name);
+            procfs::read_bounded(&path, limit)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .map_err(|source| ResolveError::Io { path, source })
+        };
+        let kallsyms = rd("kallsyms", kernel::MAX_KALLSYMS)?;
+        // No /proc/modules (CONFIG_MODULES=n) is a kernel without modules.
+        let modules = rd("modules", 16 << 20).unwrap_or_default();
+        let sys = self.cfg.sys_root.clone();
+        let snap = KallsymsSnapshot::from_proc_text(
+            &kallsyms,
+            &modules,
+            kernel::kernel_release(proc_root),
+            kernel::kernel_build_id(&sys),
+            &|name| kernel::module_build_id(&sys, name),
+        )?;
+        Ok(snap)
+    }
+}
+
+/// Re-read the process's perf map once per batch; returns whether it was (re)read.
+fn anon_refresh(
+    p: &mut Process,
+    gen: u64,
+    jit_dir: &std::path::Path,
+    proc_root: &std::path::Path,
+) -> bool {
+    if p.jit_checked_gen == gen {
+        return false;
+    }
+    p.jit_checked_gen = gen;
+    if p.uid.is_none() && p.exited.is_none() {
+        p.uid = std::fs::symlink_metadata(proc_root.join(p.pid.to_string())).ok().map(|m| m.uid());
+    }
+    let path = jit_dir.join(format!("perf-{}.map", p.pid));
+    let changed = jit::refresh(&path, p.uid, &mut p.jit);
+    if changed {
+        p.anon_image = None;
+    }
+    changed
+}
+
+fn anon_image(p: &mut Process) -> Arc<ImageInfo> {
+    if let Some(a) = &p.anon_image {
+        return a.clone();
+    }
+    let mut disc = Vec::with_capacity(12);
+    disc.extend_from_slice(&p.pid.to_le_bytes());
+    disc.extend_from_slice(&p.start_ticks.to_le_bytes());
+    let mut path = format!("[anon:{}:", p.pid).into_bytes();
+    path.extend_from_slice(&p.comm);
+    path.push(b']');
+    let a = Arc::new(ImageInfo {
+        kind: ImageKind::Anon,
+        id: ImageId::special("[anon]", &disc),
+        path,
+        jit_symbols: p.jit.symbols.clone(),
+    });
+    p.anon_image = Some(a.clone());
+    a
+}
+
+/// The build-id of an in-memory ELF image (the vDSO).
+fn vdso_build_id(image: &[u8]) -> Option<Vec<u8>> {
+    use object::{Object, ObjectSection};
+    let obj = object::File::parse(image).ok()?;
+    if let Ok(Some(b)) = obj.build_id() {
+        return procfs::valid_build_id(b);
+    }
+    let sec = obj.section_by_name(".note.gnu.build-id")?;
+    procfs::gnu_build_id_from_notes(sec.data().ok()?)
+}

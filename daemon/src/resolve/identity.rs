@@ -1,0 +1,172 @@
+//! Image identity of mapped files: GNU build-id, else a fallback digest of (path, size, mtime,
+//! inode); cached per file version.
+//!
+//! The file is always reached through `/proc/PID/map_files/START-END`, never by the path the
+//! kernel recorded: that path may since have been deleted, replaced by another binary, or turned
+//! into a symlink by an untrusted process. `map_files` entries are kernel "magic links" that
+//! open the very file object the mapping holds (no path lookup happens), so opening them must
+//! follow the link (`O_NOFOLLOW` would fail with ELOOP); they are readable by root only.
+//! The notes are read through the program headers (PT_NOTE), like the kernel's own build-id
+//! parser, so stripped binaries work and big symbol tables are never read.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use object::elf::{FileHeader32, FileHeader64, PT_NOTE};
+use object::read::elf::{FileHeader, ProgramHeader};
+use object::read::ReadCache;
+use object::Endianness;
+use profile_format::ImageId;
+
+use super::procfs::valid_build_id;
+
+/// What identifies one version of one file on this host.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct FileKey {
+    pub dev: u64,
+    pub ino: u64,
+    pub mtime_ns: i64,
+    pub size: u64,
+}
+
+/// Two-generation cache (an approximate LRU): lookups hit `young`, then `old` (and promote);
+/// when `young` reaches the capacity, `old` is dropped and `young` becomes `old`.
+#[derive(Debug)]
+pub(crate) struct IdentityCache {
+    young: HashMap<FileKey, ImageId>,
+    old: HashMap<FileKey, ImageId>,
+    cap: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub errors: u64,
+}
+
+impl IdentityCache {
+    pub fn new(cap: usize) -> Self {
+        IdentityCache {
+            young: HashMap::new(),
+            old: HashMap::new(),
+            cap: cap.max(1),
+            hits: 0,
+            misses: 0,
+            errors: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.young.len() + self.old.len()
+    }
+
+    fn get(&mut self, k: &FileKey) -> Option<ImageId> {
+        if let Some(v) = self.young.get(k) {
+            return Some(v.clone());
+        }
+        let v = self.old.remove(k)?;
+        self.insert(*k, v.clone());
+        Some(v)
+    }
+
+    fn insert(&mut self, k: FileKey, v: ImageId) {
+        if self.young.len() >= self.cap {
+            self.old = std::mem::take(&mut self.young);
+        }
+        self.young.insert(k, v);
+    }
+
+    /// Identity of the file behind a `map_files` entry. `path` is the path as recorded (only
+    /// used for the fallback digest); `expect_ino`, when known from the MMAP2 record, guards
+    /// against the address range having been re-mapped to another file since.
+    pub fn identify(
+        &mut self,
+        map_file: &Path,
+        path: &[u8],
+        expect_ino: Option<u64>,
+    ) -> io::Result<ImageId> {
+        let r = self.identify_inner(map_file, path, expect_ino);
+        if r.is_err() {
+            self.errors += 1;
+        }
+        r
+    }
+
+    fn identify_inner(
+        &mut self,
+        map_file: &Path,
+        path: &[u8],
+        expect_ino: Option<u64>,
+    ) -> io::Result<ImageId> {
+        let md = std::fs::metadata(map_file)?;
+        if let Some(ino) = expect_ino {
+            if ino != 0 && ino != md.ino() {
+                return Err(io::Error::other(format!(
+                    "{}: inode {} is not the recorded inode {ino} (re-mapped)",
+                    map_file.display(),
+                    md.ino()
+                )));
+            }
+        }
+        let key = FileKey {
+            dev: md.dev(),
+            ino: md.ino(),
+            mtime_ns: md.mtime().saturating_mul(1_000_000_000).saturating_add(md.mtime_nsec()),
+            size: md.size(),
+        };
+        if let Some(id) = self.get(&key) {
+            self.hits += 1;
+            return Ok(id);
+        }
+        self.misses += 1;
+        let build_id = if md.is_file() { read_build_id(File::open(map_file)?) } else { None };
+        let id = match build_id {
+            Some(b) => ImageId::BuildId(b),
+            None => ImageId::fallback(path, key.size, key.mtime_ns, key.ino),
+        };
+        self.insert(key, id.clone());
+        Ok(id)
+    }
+}
+
+/// Upper bound on the bytes of notes read from one file.
+const MAX_NOTE_BYTES: u64 = 1 << 20;
+
+/// The GNU build-id of an ELF file, from its PT_NOTE segments. `None` for non-ELF files, files
+/// without a build-id and malformed files.
+pub fn read_build_id(file: File) -> Option<Vec<u8>> {
+    let data = ReadCache::new(file);
+    if let Ok(h) = FileHeader64::<Endianness>::parse(&data) {
+        return build_id_from::<FileHeader64<Endianness>>(h, &data);
+    }
+    let h = FileHeader32::<Endianness>::parse(&data).ok()?;
+    build_id_from::<FileHeader32<Endianness>>(h, &data)
+}
+
+fn build_id_from<H: FileHeader<Endian = Endianness>>(
+    h: &H,
+    data: &ReadCache<File>,
+) -> Option<Vec<u8>> {
+    let endian = h.endian().ok()?;
+    let phdrs = h.program_headers(endian, data).ok()?;
+    let mut budget = MAX_NOTE_BYTES;
+    for ph in phdrs {
+        if ph.p_type(endian) != PT_NOTE {
+            continue;
+        }
+        let size: u64 = ph.p_filesz(endian).into();
+        if size > budget {
+            break;
+        }
+        budget -= size;
+        let Ok(Some(mut notes)) = ph.notes(endian, data) else { continue };
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == object::elf::ELF_NOTE_GNU
+                && note.n_type(endian) == object::elf::NT_GNU_BUILD_ID
+            {
+                return valid_build_id(note.desc());
+            }
+        }
+    }
+    None
+}

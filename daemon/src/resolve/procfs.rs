@@ -1,0 +1,121 @@
+//! Reading /proc, /sys and /tmp files defensively.
+//!
+//! Every file is opened with `O_NOFOLLOW` (a symlink planted by an untrusted process is never
+//! followed), `O_NONBLOCK` (a FIFO planted in its place cannot block a drain thread) and read up
+//! to a bound (a huge or endless file cannot exhaust memory).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// Open `path` for reading without following a symlink in its last component.
+pub(crate) fn open_nofollow(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Read at most `limit` bytes of `path` (opened with [`open_nofollow`]).
+pub(crate) fn read_bounded(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    let f = open_nofollow(path)?;
+    let mut buf = Vec::new();
+    f.take(limit).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// Whether an I/O error means "the process is gone" (it exited between listing and reading).
+pub(crate) fn is_gone(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH))
+        || e.kind() == io::ErrorKind::NotFound
+}
+
+/// Whether an I/O error means "not allowed to read" (PID 1's maps here, hardened kernels).
+pub(crate) fn is_denied(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM))
+}
+
+/// Parse `/proc/PID/stat`: (comm, starttime in clock ticks since boot).
+pub(crate) fn parse_stat(stat: &[u8]) -> Option<(Vec<u8>, u64)> {
+    let open = stat.iter().position(|&b| b == b'(')?;
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    if close < open {
+        return None;
+    }
+    let comm = stat[open + 1..close].to_vec();
+    let rest = std::str::from_utf8(stat.get(close + 1..)?).ok()?;
+    // Field 3 (state) is the first after ')'; starttime is field 22.
+    let start = rest.split_ascii_whitespace().nth(19)?.parse().ok()?;
+    Some((comm, start))
+}
+
+/// Find the GNU build-id in a buffer of ELF notes (as in /sys/kernel/notes and
+/// /sys/module/NAME/notes/.note.gnu.build-id), native endian, 4-byte aligned.
+pub(crate) fn gnu_build_id_from_notes(mut data: &[u8]) -> Option<Vec<u8>> {
+    fn u32_at(d: &[u8], at: usize) -> Option<usize> {
+        let b = d.get(at..at + 4)?;
+        Some(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+    let align = |n: usize| n.checked_add(3).map(|v| v & !3);
+    while data.len() >= 12 {
+        let namesz = u32_at(data, 0)?;
+        let descsz = u32_at(data, 4)?;
+        let ntype = u32_at(data, 8)?;
+        let name_end = 12usize.checked_add(align(namesz)?)?;
+        let desc_end = name_end.checked_add(align(descsz)?)?;
+        let name = data.get(12..12 + namesz)?;
+        let desc = data.get(name_end..name_end.checked_add(descsz)?)?;
+        if ntype == 3 && name == b"GNU\0" {
+            return valid_build_id(desc);
+        }
+        data = data.get(desc_end..)?;
+    }
+    None
+}
+
+/// A build-id usable as [`profile_format::ImageId::BuildId`] (1..=64 bytes, not all zero).
+pub(crate) fn valid_build_id(b: &[u8]) -> Option<Vec<u8>> {
+    if b.is_empty() || b.len() > 64 || b.iter().all(|&x| x == 0) {
+        None
+    } else {
+        Some(b.to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_parens_in_comm() {
+        let s = b"42 (a) b) (c) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
+        let (comm, start) = parse_stat(s).expect("parse");
+        assert_eq!(comm, b"a) b) (c");
+        assert_eq!(start, 98765);
+        assert_eq!(parse_stat(b"garbage"), None);
+        assert_eq!(parse_stat(b"1 (x) S 1"), None);
+    }
+
+    #[test]
+    fn notes_parsing() {
+        let mut n = Vec::new();
+        // An unrelated note first (name "Linux", type 6).
+        n.extend_from_slice(&6u32.to_ne_bytes());
+        n.extend_from_slice(&4u32.to_ne_bytes());
+        n.extend_from_slice(&6u32.to_ne_bytes());
+        n.extend_from_slice(b"Linux\0\0\0");
+        n.extend_from_slice(&[1, 2, 3, 4]);
+        n.extend_from_slice(&4u32.to_ne_bytes());
+        n.extend_from_slice(&5u32.to_ne_bytes());
+        n.extend_from_slice(&3u32.to_ne_bytes());
+        n.extend_from_slice(b"GNU\0");
+        n.extend_from_slice(&[9, 8, 7, 6, 5, 0, 0, 0]);
+        assert_eq!(gnu_build_id_from_notes(&n), Some(vec![9, 8, 7, 6, 5]));
+        // Truncated input never panics.
+        for cut in 0..n.len() {
+            let _ = gnu_build_id_from_notes(&n[..cut]);
+        }
+        assert_eq!(gnu_build_id_from_notes(&n[..20]), None);
+    }
+}
