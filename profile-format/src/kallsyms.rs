@@ -16,6 +16,31 @@ fn is_text_kind(kind: u8) -> bool {
     matches!(kind, b't' | b'T' | b'w' | b'W')
 }
 
+/// kallsyms caps names at 512 bytes (KSYM_NAME_LEN); the cap bounds the memory a corrupt
+/// snapshot's prefix sharing could make the reader allocate.
+pub const MAX_SYMBOL_LEN: usize = 1024;
+
+/// Function-padding symbols (`__pfx_foo` before `foo`, kernels with CONFIG_CALL_PADDING) make
+/// up about half of kallsyms; their names are stored as a flag on the symbol.
+const PFX: &str = "__pfx_";
+
+/// Type letters in code order (2 bits in the encoded tag).
+const KIND_LETTERS: [u8; 4] = [b't', b'T', b'w', b'W'];
+
+fn kind_code(kind: u8) -> u64 {
+    KIND_LETTERS.iter().position(|k| *k == kind).unwrap_or(0) as u64
+}
+
+/// Whether `s`'s name is `__pfx_` + the next symbol's name (and that one is not a `__pfx_`).
+fn is_pfx_twin(s: &KernelSymbol, next: Option<&KernelSymbol>) -> bool {
+    next.is_some_and(|n| !n.name.starts_with(PFX) && s.name.strip_prefix(PFX) == Some(&n.name))
+}
+
+/// The canonical order of symbols: address, core kernel before modules, name, type.
+fn sort_key(s: &KernelSymbol) -> (u64, u64, &str, u8) {
+    (s.addr, s.module.map_or(0, |m| u64::from(m) + 1), &s.name, s.kind)
+}
+
 fn put_opt_build_id(out: &mut Vec<u8>, b: &Option<Vec<u8>>) {
     match b {
         Some(b) => put_bytes(out, &b[..b.len().min(MAX_BUILD_ID_LEN)]),
@@ -134,6 +159,9 @@ impl KallsymsSnapshot {
             if !is_text_kind(kind) || addr == 0 {
                 continue;
             }
+            if name.len() > MAX_SYMBOL_LEN {
+                return Err(bad("symbol name longer than 1024 bytes"));
+            }
             let module = match it.next() {
                 None => None,
                 Some(m) => {
@@ -161,15 +189,9 @@ impl KallsymsSnapshot {
     }
 
     /// Sort symbols into the canonical order: address, then core kernel before modules, then
-    /// name. `encode` requires this order; `decode` checks it.
+    /// name, then type letter. `encode` requires this order; `decode` checks it.
     pub fn sort(&mut self) {
-        self.symbols.sort_by(|a, b| {
-            (a.addr, a.module.map_or(0, |m| u64::from(m) + 1), &a.name).cmp(&(
-                b.addr,
-                b.module.map_or(0, |m| u64::from(m) + 1),
-                &b.name,
-            ))
-        });
+        self.symbols.sort_by(|a, b| sort_key(a).cmp(&sort_key(b)));
     }
 
     /// Serialize (FORMAT.md "kallsyms.snap"). Symbols must be sorted (see [`Self::sort`]); an
@@ -189,15 +211,19 @@ impl KallsymsSnapshot {
         write_u64(&mut out, self.symbols.len() as u64);
         let mut prev_addr = 0u64;
         let mut prev_name: &[u8] = b"";
-        for s in &self.symbols {
+        for (i, s) in self.symbols.iter().enumerate() {
             let module_tag = s.module.map_or(0, |m| u64::from(m) + 1);
-            write_u64(&mut out, (module_tag << 8) | u64::from(s.kind));
+            let derived = is_pfx_twin(s, self.symbols.get(i + 1));
+            write_u64(&mut out, (module_tag << 3) | (u64::from(derived) << 2) | kind_code(s.kind));
             write_u64(&mut out, s.addr.wrapping_sub(prev_addr));
+            prev_addr = s.addr;
+            if derived {
+                continue;
+            }
             let name = s.name.as_bytes();
             let shared = name.iter().zip(prev_name).take_while(|(a, b)| a == b).count();
             write_u64(&mut out, shared as u64);
             put_bytes(&mut out, &name[shared..]);
-            prev_addr = s.addr;
             prev_name = name;
         }
         codec::finish(out)
@@ -220,14 +246,16 @@ impl KallsymsSnapshot {
             let build_id = r.opt_build_id("modules.build_id")?;
             modules.push(KernelModule { name, base, size, build_id });
         }
-        let nsym = r.count("symbols", 4)?;
+        let nsym = r.count("symbols", 2)?;
         let mut symbols: Vec<KernelSymbol> = Vec::with_capacity(nsym);
+        let mut derived_flags = Vec::with_capacity(nsym);
         let mut addr = 0u64;
         let mut name: Vec<u8> = Vec::new();
         for i in 0..nsym {
             let tag = r.varint("symbols.kind")?;
-            let kind = (tag & 0xff) as u8;
-            let module = match tag >> 8 {
+            let kind = KIND_LETTERS[(tag & 3) as usize];
+            let derived = tag & 4 != 0;
+            let module = match tag >> 3 {
                 0 => None,
                 m if m <= modules.len() as u64 => Some((m - 1) as u32),
                 m => {
@@ -236,13 +264,18 @@ impl KallsymsSnapshot {
                     )
                 }
             };
-            if !is_text_kind(kind) {
-                return Err(r.corrupt("symbols.kind", format!("non-text symbol type {kind:#04x}")));
-            }
             let delta = r.varint("symbols.addr")?;
             addr = addr
                 .checked_add(delta)
                 .ok_or_else(|| r.corrupt("symbols.addr", "address exceeds 64 bits"))?;
+            derived_flags.push(derived);
+            if derived {
+                if i > 0 && derived_flags[i - 1] {
+                    return Err(r.corrupt("symbols.name", "two derived `__pfx_` names in a row"));
+                }
+                symbols.push(KernelSymbol { addr, kind, name: String::new(), module });
+                continue;
+            }
             let shared = r.varint("symbols.name")?;
             if shared > name.len() as u64 {
                 return Err(r.corrupt(
@@ -250,18 +283,41 @@ impl KallsymsSnapshot {
                     format!("shares {shared} bytes with a {}-byte name", name.len()),
                 ));
             }
-            name.truncate(shared as usize);
-            name.extend_from_slice(r.bytes("symbols.name")?);
-            let text = std::str::from_utf8(&name)
-                .map_err(|e| r.corrupt("symbols.name", format!("not UTF-8: {e}")))?;
-            let sym = KernelSymbol { addr, kind, name: text.to_owned(), module };
-            if let Some(prev) = symbols.last() {
-                let key = |s: &KernelSymbol| (s.addr, s.module.map_or(0, |m| u64::from(m) + 1));
-                if (key(prev), &prev.name) > (key(&sym), &sym.name) {
-                    return Err(r.corrupt("symbols", format!("symbol {i} out of order")));
+            let suffix = r.bytes("symbols.name")?;
+            // The encoder shares the longest common prefix; anything else is not canonical.
+            if let (Some(a), Some(b)) = (name.get(shared as usize), suffix.first()) {
+                if a == b {
+                    return Err(r.corrupt("symbols.name", "prefix sharing is not maximal"));
                 }
             }
-            symbols.push(sym);
+            if shared as usize + suffix.len() > MAX_SYMBOL_LEN {
+                return Err(r.corrupt("symbols.name", format!("name longer than {MAX_SYMBOL_LEN}")));
+            }
+            name.truncate(shared as usize);
+            name.extend_from_slice(suffix);
+            let text = std::str::from_utf8(&name)
+                .map_err(|e| r.corrupt("symbols.name", format!("not UTF-8: {e}")))?;
+            if i > 0 && derived_flags[i - 1] {
+                if text.starts_with(PFX) {
+                    return Err(r.corrupt("symbols.name", "derived name of a `__pfx_` name"));
+                }
+                symbols[i - 1].name = format!("{PFX}{text}");
+            }
+            symbols.push(KernelSymbol { addr, kind, name: text.to_owned(), module });
+        }
+        if derived_flags.last() == Some(&true) {
+            return Err(r.corrupt("symbols.name", "last symbol has a derived name"));
+        }
+        for i in 0..symbols.len() {
+            let next = symbols.get(i + 1);
+            if !derived_flags[i] && is_pfx_twin(&symbols[i], next) {
+                return Err(r.corrupt("symbols.name", format!("symbol {i}: name not derived")));
+            }
+            if let Some(next) = next {
+                if sort_key(&symbols[i]) > sort_key(next) {
+                    return Err(r.corrupt("symbols", format!("symbol {} out of order", i + 1)));
+                }
+            }
         }
         r.finish()?;
         Ok(KallsymsSnapshot { kernel_release, kernel_build_id, text_base, modules, symbols })
@@ -274,18 +330,17 @@ impl KallsymsSnapshot {
 
     /// Write atomically, symbols in canonical order.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let sorted = self.symbols.windows(2).all(|w| {
-            let key = |s: &KernelSymbol| (s.addr, s.module.map_or(0, |m| u64::from(m) + 1));
-            (key(&w[0]), &w[0].name) <= (key(&w[1]), &w[1].name)
-        });
+        let sorted = self.symbols.windows(2).all(|w| sort_key(&w[0]) <= sort_key(&w[1]));
         let bad_module =
             self.symbols.iter().any(|s| s.module.is_some_and(|m| m as usize >= self.modules.len()));
-        let bad_kind = self.symbols.iter().any(|s| !is_text_kind(s.kind));
+        let bad_kind =
+            self.symbols.iter().any(|s| !is_text_kind(s.kind) || s.name.len() > MAX_SYMBOL_LEN);
         if bad_module || bad_kind {
             return Err(Error::Invalid {
                 what: "kallsyms snapshot",
                 value: path.display().to_string(),
-                detail: "a symbol has a non-text type or names a missing module".into(),
+                detail: "a symbol has a non-text type, a name over 1024 bytes, or names a missing module"
+                    .into(),
             });
         }
         if sorted {
