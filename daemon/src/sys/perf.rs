@@ -1,1 +1,429 @@
 //! perf_event_open(2), its ioctls and the ring-buffer control page.
+//!
+//! Everything here is a thin, safe wrapper: callers (`perf::sampler`, `perf::ring`) never see a
+//! raw pointer. The ring's data area is only ever *copied out of* (never borrowed as a slice),
+//! because the kernel writes to the part of it that lies outside `[data_tail, data_head)`.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use perf_event_open_sys::bindings as pb;
+
+pub use pb::{
+    PERF_COUNT_HW_BRANCH_MISSES, PERF_COUNT_HW_CACHE_MISSES, PERF_COUNT_HW_CPU_CYCLES,
+    PERF_COUNT_HW_INSTRUCTIONS, PERF_COUNT_SW_CPU_CLOCK, PERF_COUNT_SW_PAGE_FAULTS,
+    PERF_COUNT_SW_TASK_CLOCK, PERF_RECORD_COMM, PERF_RECORD_EXIT, PERF_RECORD_FORK,
+    PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, PERF_RECORD_MISC_COMM_EXEC,
+    PERF_RECORD_MISC_MMAP_BUILD_ID, PERF_RECORD_MMAP2, PERF_RECORD_SAMPLE, PERF_RECORD_THROTTLE,
+    PERF_RECORD_UNTHROTTLE, PERF_TYPE_HARDWARE, PERF_TYPE_RAW, PERF_TYPE_SOFTWARE,
+};
+
+/// `misc & PERF_RECORD_MISC_CPUMODE_MASK == PERF_RECORD_MISC_KERNEL`: sample taken in kernel mode.
+pub const MISC_CPUMODE_MASK: u16 = pb::PERF_RECORD_MISC_CPUMODE_MASK as u16;
+pub const MISC_KERNEL: u16 = pb::PERF_RECORD_MISC_KERNEL as u16;
+
+/// The sample layout every event of the daemon uses (records are parsed by `perf::ring`
+/// knowing exactly this layout): IDENTIFIER, IP, TID, TIME, CPU, PERIOD.
+pub const SAMPLE_TYPE: u64 = (pb::PERF_SAMPLE_IDENTIFIER
+    | pb::PERF_SAMPLE_IP
+    | pb::PERF_SAMPLE_TID
+    | pb::PERF_SAMPLE_TIME
+    | pb::PERF_SAMPLE_CPU
+    | pb::PERF_SAMPLE_PERIOD) as u64;
+/// Size of a PERF_RECORD_SAMPLE with [`SAMPLE_TYPE`]: header + 6 u64.
+pub const SAMPLE_RECORD_SIZE: usize = 8 + 6 * 8;
+/// Size of the `sample_id` trailer of non-sample records (sample_id_all with [`SAMPLE_TYPE`]):
+/// TID, TIME, CPU, IDENTIFIER.
+pub const SAMPLE_ID_TRAILER: usize = 4 * 8;
+
+/// What to open; turned into a `perf_event_attr`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttrSpec {
+    pub perf_type: u32,
+    pub config: u64,
+    pub period: u64,
+    /// Ask for side-band records (mmap2, comm, comm_exec, task) on this event.
+    pub sideband: bool,
+    /// Ask for build-ids in MMAP2 (kernel >= 5.12); only with `sideband`.
+    pub build_id: bool,
+    /// Wake poll(2) once this many bytes are in the ring (0: default, one page).
+    pub wakeup_watermark: u32,
+}
+
+fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
+    let mut attr = pb::perf_event_attr {
+        type_: spec.perf_type,
+        size: std::mem::size_of::<pb::perf_event_attr>() as u32,
+        config: spec.config,
+        sample_type: SAMPLE_TYPE,
+        read_format: (pb::PERF_FORMAT_TOTAL_TIME_ENABLED | pb::PERF_FORMAT_TOTAL_TIME_RUNNING)
+            as u64,
+        clockid: crate::sys::time::PERF_CLOCK_ID,
+        ..Default::default()
+    };
+    attr.__bindgen_anon_1.sample_period = spec.period;
+    attr.set_disabled(1);
+    attr.set_sample_id_all(1);
+    attr.set_use_clockid(1);
+    if spec.wakeup_watermark > 0 {
+        attr.set_watermark(1);
+        attr.__bindgen_anon_2.wakeup_watermark = spec.wakeup_watermark;
+    }
+    if spec.sideband {
+        attr.set_mmap2(1);
+        attr.set_comm(1);
+        attr.set_comm_exec(1);
+        attr.set_task(1);
+        if spec.build_id {
+            attr.set_build_id(1);
+        }
+    }
+    attr
+}
+
+fn last_errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// An open perf event (one counter on one CPU).
+#[derive(Debug)]
+pub struct PerfFd {
+    fd: OwnedFd,
+}
+
+impl AsRawFd for PerfFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Counter value and the times it was enabled and running (for multiplex scaling).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CounterTimes {
+    pub value: u64,
+    pub time_enabled: u64,
+    pub time_running: u64,
+}
+
+impl PerfFd {
+    /// perf_event_open(attr, pid = -1, cpu, group_fd = -1, FD_CLOEXEC): system-wide on `cpu`.
+    pub fn open(spec: &AttrSpec, cpu: u32) -> io::Result<PerfFd> {
+        let mut attr = make_attr(spec);
+        let cpu = libc::c_int::try_from(cpu)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "cpu number too large"))?;
+        // SAFETY: `attr` is a fully initialised perf_event_attr whose `size` field matches the
+        // struct we pass; the kernel only reads it (and may write `size` back on E2BIG).
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_perf_event_open,
+                &mut attr as *mut pb::perf_event_attr,
+                -1 as libc::pid_t,
+                cpu,
+                -1 as libc::c_int,
+                pb::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+            )
+        };
+        if fd < 0 {
+            return Err(last_errno());
+        }
+        // SAFETY: the syscall returned a new file descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        Ok(PerfFd { fd })
+    }
+
+    fn ioctl_arg(&self, request: u32, arg: libc::c_ulong) -> io::Result<()> {
+        // SAFETY: `self.fd` is a valid perf event fd; `request` is a perf ioctl whose argument
+        // is an integer (ENABLE, DISABLE, SET_OUTPUT), passed by value.
+        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), request as libc::c_ulong, arg) };
+        if rc < 0 {
+            Err(last_errno())
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn enable(&self) -> io::Result<()> {
+        self.ioctl_arg(pb::ENABLE, 0)
+    }
+
+    pub fn disable(&self) -> io::Result<()> {
+        self.ioctl_arg(pb::DISABLE, 0)
+    }
+
+    /// Send this event's records to `target`'s ring (same CPU, same clock).
+    pub fn set_output(&self, target: &PerfFd) -> io::Result<()> {
+        self.ioctl_arg(pb::SET_OUTPUT, target.fd.as_raw_fd() as libc::c_ulong)
+    }
+
+    /// The kernel's id of this event (the IDENTIFIER field of its records).
+    pub fn id(&self) -> io::Result<u64> {
+        let mut id: u64 = 0;
+        // SAFETY: PERF_EVENT_IOC_ID writes one u64 through the pointer, which points to `id`.
+        let rc = unsafe {
+            libc::ioctl(self.fd.as_raw_fd(), pb::ID as libc::c_ulong, &mut id as *mut u64)
+        };
+        if rc < 0 {
+            Err(last_errno())
+        } else {
+            Ok(id)
+        }
+    }
+
+    /// Set the overflow period. Restarts the timer phase of software clock events.
+    pub fn set_period(&self, period: u64) -> io::Result<()> {
+        let p: u64 = period;
+        // SAFETY: PERF_EVENT_IOC_PERIOD reads one u64 through the pointer (the kernel's
+        // `copy_from_user(&value, (u64 __user *)arg, ...)`), which points to `p`.
+        let rc = unsafe {
+            libc::ioctl(self.fd.as_raw_fd(), pb::PERIOD as libc::c_ulong, &p as *const u64)
+        };
+        if rc < 0 {
+            Err(last_errno())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// read(2) the counter with TOTAL_TIME_ENABLED | TOTAL_TIME_RUNNING.
+    pub fn read_times(&self) -> io::Result<CounterTimes> {
+        let mut buf = [0u64; 3];
+        // SAFETY: `buf` is 24 writable bytes, exactly what our read_format produces.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                std::mem::size_of_val(&buf),
+            )
+        };
+        if n < 0 {
+            return Err(last_errno());
+        }
+        if n as usize != std::mem::size_of_val(&buf) {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("short read of perf counter: {n} bytes"),
+            ));
+        }
+        Ok(CounterTimes { value: buf[0], time_enabled: buf[1], time_running: buf[2] })
+    }
+}
+
+/// System page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n <= 0 {
+        4096
+    } else {
+        n as usize
+    }
+}
+
+/// The mmap'ed ring of one perf event: control page + `2^n` data pages.
+#[derive(Debug)]
+pub struct RingMap {
+    map: memmap2::MmapRaw,
+    data_offset: usize,
+    data_size: usize,
+}
+
+impl RingMap {
+    /// Map `1 + data_pages` pages of `fd` (data_pages must be a power of two).
+    pub fn new(fd: &PerfFd, data_pages: usize) -> io::Result<RingMap> {
+        let ps = page_size();
+        let len = data_pages
+            .checked_add(1)
+            .and_then(|n| n.checked_mul(ps))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "ring too large"))?;
+        let map = memmap2::MmapOptions::new().len(len).map_raw(fd.fd.as_raw_fd())?;
+        let page = map.as_mut_ptr() as *const pb::perf_event_mmap_page;
+        // SAFETY: the first page of the mapping is the kernel's perf_event_mmap_page; these two
+        // fields are written once by the kernel before mmap returns.
+        let (off, size) = unsafe {
+            (
+                std::ptr::addr_of!((*page).data_offset).read_volatile(),
+                std::ptr::addr_of!((*page).data_size).read_volatile(),
+            )
+        };
+        // Kernels before 4.1 leave both zero: data starts at the second page.
+        let (data_offset, data_size) =
+            if size == 0 { (ps, len - ps) } else { (off as usize, size as usize) };
+        if data_offset.checked_add(data_size).is_none_or(|end| end > len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "perf ring control page describes a data area outside the mapping",
+            ));
+        }
+        Ok(RingMap { map, data_offset, data_size })
+    }
+
+    fn control_u64(&self, field: usize) -> &AtomicU64 {
+        let page = self.map.as_mut_ptr() as *mut pb::perf_event_mmap_page;
+        // SAFETY: `field` is the offset of data_head or data_tail inside the control page,
+        // which stays mapped as long as `self`; both are naturally aligned u64s that the kernel
+        // and we access atomically, so viewing them as AtomicU64 is sound.
+        unsafe { &*((page as *mut u8).add(field) as *const AtomicU64) }
+    }
+
+    /// data_head, read with Acquire: records before it are fully written.
+    pub fn head(&self) -> u64 {
+        self.control_u64(std::mem::offset_of!(pb::perf_event_mmap_page, data_head))
+            .load(Ordering::Acquire)
+    }
+
+    pub fn tail(&self) -> u64 {
+        self.control_u64(std::mem::offset_of!(pb::perf_event_mmap_page, data_tail))
+            .load(Ordering::Relaxed)
+    }
+
+    /// data_tail, written with Release: our reads of the records before it are complete.
+    pub fn set_tail(&self, tail: u64) {
+        self.control_u64(std::mem::offset_of!(pb::perf_event_mmap_page, data_tail))
+            .store(tail, Ordering::Release)
+    }
+
+    pub fn data_size(&self) -> usize {
+        self.data_size
+    }
+
+    /// Copy `dst.len()` bytes at `off` in the data area; `off + dst.len() <= data_size`.
+    pub fn read_at(&self, off: usize, dst: &mut [u8]) {
+        assert!(
+            off.checked_add(dst.len()).is_some_and(|end| end <= self.data_size),
+            "ring read out of bounds"
+        );
+        // SAFETY: the range was checked to lie inside the data area, which is mapped for the
+        // lifetime of `self`; `dst` is a distinct, writable buffer of exactly that length. The
+        // caller reads only between data_tail and data_head, which the kernel does not write.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.map.as_mut_ptr().add(self.data_offset + off) as *const u8,
+                dst.as_mut_ptr(),
+                dst.len(),
+            );
+        }
+    }
+}
+
+/// Pin the calling thread to `cpu`.
+pub fn pin_current_thread(cpu: u32) -> io::Result<()> {
+    let cpu = cpu as usize;
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "cpu number too large"));
+    }
+    // SAFETY: `cpu` was checked to be within the set's capacity.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size we pass; pid 0 = calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    if rc < 0 {
+        Err(last_errno())
+    } else {
+        Ok(())
+    }
+}
+
+/// What poll(2) saw on a ring fd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PollResult {
+    /// The ring has data past the watermark.
+    pub readable: bool,
+    /// The event is gone (POLLHUP / POLLERR / POLLNVAL).
+    pub hangup: bool,
+    /// The wake-up fd was signalled.
+    pub woken: bool,
+}
+
+/// poll(2) a ring fd and a wake-up eventfd, with a timeout in milliseconds. EINTR counts as a
+/// timeout.
+pub fn poll_ring(ring: &PerfFd, wake: &EventFd, timeout_ms: i32) -> io::Result<PollResult> {
+    let mut fds = [
+        libc::pollfd { fd: ring.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: wake.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: `fds` is an array of two valid pollfd structs whose length we pass.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if rc < 0 {
+        let e = last_errno();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(PollResult::default());
+        }
+        return Err(e);
+    }
+    let bad = libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
+    Ok(PollResult {
+        readable: fds[0].revents & libc::POLLIN != 0,
+        hangup: fds[0].revents & bad != 0,
+        woken: fds[1].revents & libc::POLLIN != 0,
+    })
+}
+
+/// An eventfd used to wake every drain thread at once (it stays readable once signalled).
+#[derive(Debug)]
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd has no memory-safety preconditions.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(last_errno());
+        }
+        // SAFETY: a fresh fd that nothing else owns.
+        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Make the eventfd readable (for every poller, until read, which we never do).
+    pub fn signal(&self) -> io::Result<()> {
+        let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of `one`, as eventfd requires.
+        let n = unsafe {
+            libc::write(self.fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8)
+        };
+        if n < 0 {
+            Err(last_errno())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Sleep until signalled or `timeout_ms` passes; true if signalled.
+    pub fn wait(&self, timeout_ms: i32) -> bool {
+        let mut fds = [libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        // SAFETY: one valid pollfd, length passed.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout_ms) };
+        rc > 0 && fds[0].revents & libc::POLLIN != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attr_has_our_layout() {
+        let spec = AttrSpec {
+            perf_type: PERF_TYPE_SOFTWARE,
+            config: PERF_COUNT_SW_CPU_CLOCK as u64,
+            period: 1_000_000,
+            sideband: true,
+            build_id: true,
+            wakeup_watermark: 4096,
+        };
+        let a = make_attr(&spec);
+        assert_eq!(a.sample_type, SAMPLE_TYPE);
+        assert_eq!(a.disabled(), 1);
+        assert_eq!(a.watermark(), 1);
+        assert_eq!(a.mmap2(), 1);
+        assert_eq!(a.sample_id_all(), 1);
+        assert_eq!(a.use_clockid(), 1);
+        assert_eq!(a.exclude_kernel(), 0);
+        let plain = make_attr(&AttrSpec { sideband: false, ..spec });
+        assert_eq!(plain.mmap2(), 0);
+        assert_eq!(plain.comm(), 0);
+    }
+}

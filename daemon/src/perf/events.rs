@@ -1,0 +1,229 @@
+//! `--events` parsing (`cycles:2000000`, `raw:0x1a2`, `auto`), perf type/config tables, default
+//! periods.
+
+use crate::sys::perf as sp;
+
+/// What kind of counter an event is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// `PERF_TYPE_HARDWARE` with a `PERF_COUNT_HW_*` config.
+    Hardware(u64),
+    /// `PERF_TYPE_SOFTWARE` with a `PERF_COUNT_SW_*` config.
+    Software(u64),
+    /// `PERF_TYPE_RAW` with a model-specific config.
+    Raw(u64),
+    /// cycles, or cpu-clock where the machine has no PMU.
+    Auto,
+}
+
+/// One requested event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventSpec {
+    /// User-facing name: `cycles`, `cpu-clock`, `raw:0x1a2`, `auto`.
+    pub name: String,
+    pub kind: EventKind,
+    /// Nominal overflow period; `None` = [`default_period`].
+    pub period: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EventError {
+    #[error("empty event list")]
+    Empty,
+    #[error("event list item {index} is empty (stray comma?)")]
+    EmptyItem { index: usize },
+    #[error("unknown event `{item}` (known: {known}, raw:0xCONFIG, auto)")]
+    Unknown { item: String, known: String },
+    #[error("bad raw event config in `{item}`: expected raw:0xHEX or raw:DECIMAL")]
+    BadRaw { item: String },
+    #[error("bad period in `{item}`: expected a positive integer")]
+    BadPeriod { item: String },
+    #[error("event `{name}` is listed twice")]
+    Duplicate { name: String },
+}
+
+/// Named events: name, kind.
+const NAMED: &[(&str, EventKind)] = &[
+    ("cycles", EventKind::Hardware(sp::PERF_COUNT_HW_CPU_CYCLES as u64)),
+    ("instructions", EventKind::Hardware(sp::PERF_COUNT_HW_INSTRUCTIONS as u64)),
+    ("cache-misses", EventKind::Hardware(sp::PERF_COUNT_HW_CACHE_MISSES as u64)),
+    ("branch-misses", EventKind::Hardware(sp::PERF_COUNT_HW_BRANCH_MISSES as u64)),
+    ("cpu-clock", EventKind::Software(sp::PERF_COUNT_SW_CPU_CLOCK as u64)),
+    ("task-clock", EventKind::Software(sp::PERF_COUNT_SW_TASK_CLOCK as u64)),
+    ("page-faults", EventKind::Software(sp::PERF_COUNT_SW_PAGE_FAULTS as u64)),
+];
+
+/// The user-facing name of a kind (for `auto`'s resolution and fallbacks).
+pub fn kind_name(kind: &EventKind) -> String {
+    if let Some((n, _)) = NAMED.iter().find(|(_, k)| k == kind) {
+        return (*n).to_string();
+    }
+    match kind {
+        EventKind::Hardware(c) => format!("hw:{c:#x}"),
+        EventKind::Software(c) => format!("sw:{c:#x}"),
+        EventKind::Raw(c) => format!("raw:{c:#x}"),
+        EventKind::Auto => "auto".to_string(),
+    }
+}
+
+/// `perf_event_attr.type` and `.config` (Auto is resolved by the sampler first; here it means
+/// cycles).
+pub fn perf_type_config(kind: &EventKind) -> (u32, u64) {
+    match *kind {
+        EventKind::Hardware(c) => (sp::PERF_TYPE_HARDWARE, c),
+        EventKind::Software(c) => (sp::PERF_TYPE_SOFTWARE, c),
+        EventKind::Raw(c) => (sp::PERF_TYPE_RAW, c),
+        EventKind::Auto => (sp::PERF_TYPE_HARDWARE, sp::PERF_COUNT_HW_CPU_CYCLES as u64),
+    }
+}
+
+/// Whether the period of this event is in nanoseconds (timer-driven software clocks). Their
+/// timer restarts when the period is changed, so it must not be changed more often than once
+/// per period.
+pub fn period_is_time(kind: &EventKind) -> bool {
+    matches!(*kind, EventKind::Software(c)
+        if c == sp::PERF_COUNT_SW_CPU_CLOCK as u64 || c == sp::PERF_COUNT_SW_TASK_CLOCK as u64)
+}
+
+/// Default nominal period: ~1 kHz for clocks and for cycles on a ~2 GHz CPU, rarer events
+/// sampled more densely.
+pub fn default_period(kind: &EventKind) -> u64 {
+    const CYCLES: u64 = sp::PERF_COUNT_HW_CPU_CYCLES as u64;
+    const INSTR: u64 = sp::PERF_COUNT_HW_INSTRUCTIONS as u64;
+    const CMISS: u64 = sp::PERF_COUNT_HW_CACHE_MISSES as u64;
+    const BMISS: u64 = sp::PERF_COUNT_HW_BRANCH_MISSES as u64;
+    const PF: u64 = sp::PERF_COUNT_SW_PAGE_FAULTS as u64;
+    match *kind {
+        EventKind::Hardware(CYCLES | INSTR) | EventKind::Auto => 2_000_000,
+        EventKind::Hardware(CMISS | BMISS) => 20_000,
+        EventKind::Hardware(_) => 2_000_000,
+        EventKind::Software(PF) => 100,
+        EventKind::Software(_) => 1_000_000,
+        EventKind::Raw(_) => 2_000_000,
+    }
+}
+
+fn parse_u64(s: &str) -> Option<u64> {
+    let s = s.trim();
+    if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        u64::from_str_radix(hex, 16).ok()
+    } else {
+        s.parse().ok()
+    }
+}
+
+fn parse_period(item: &str, s: &str) -> Result<u64, EventError> {
+    match s.trim().parse::<u64>() {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(EventError::BadPeriod { item: item.to_string() }),
+    }
+}
+
+fn parse_item(item: &str) -> Result<EventSpec, EventError> {
+    let lower = item.to_ascii_lowercase();
+    let mut parts = lower.splitn(3, ':');
+    let head = parts.next().unwrap_or("");
+    if head == "raw" || head == "r" {
+        let cfg = parts
+            .next()
+            .and_then(parse_u64)
+            .ok_or_else(|| EventError::BadRaw { item: item.to_string() })?;
+        let period = parts.next().map(|p| parse_period(item, p)).transpose()?;
+        return Ok(EventSpec { name: format!("raw:{cfg:#x}"), kind: EventKind::Raw(cfg), period });
+    }
+    let rest: Vec<&str> = parts.collect();
+    if rest.len() > 1 {
+        return Err(EventError::BadPeriod { item: item.to_string() });
+    }
+    let period = rest.first().map(|p| parse_period(item, p)).transpose()?;
+    let kind = if head == "auto" {
+        EventKind::Auto
+    } else if let Some((_, k)) = NAMED.iter().find(|(n, _)| *n == head) {
+        *k
+    } else {
+        let known: Vec<&str> = NAMED.iter().map(|(n, _)| *n).collect();
+        return Err(EventError::Unknown { item: item.to_string(), known: known.join(", ") });
+    };
+    Ok(EventSpec { name: head.to_string(), kind, period })
+}
+
+/// Parse `"cycles,cpu-clock:500000,raw:0x1a2:100000,auto"`. Errors name the bad item.
+pub fn parse_event_list(s: &str) -> Result<Vec<EventSpec>, EventError> {
+    if s.trim().is_empty() {
+        return Err(EventError::Empty);
+    }
+    let mut out: Vec<EventSpec> = Vec::new();
+    for (index, item) in s.split(',').enumerate() {
+        let item = item.trim();
+        if item.is_empty() {
+            return Err(EventError::EmptyItem { index });
+        }
+        let spec = parse_item(item)?;
+        if out.iter().any(|e| e.name == spec.name) {
+            return Err(EventError::Duplicate { name: spec.name });
+        }
+        out.push(spec);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_example() {
+        let v = parse_event_list("cycles,cpu-clock:500000,raw:0x1a2:100000,auto").unwrap();
+        assert_eq!(v.len(), 4);
+        assert_eq!(
+            v[0],
+            EventSpec { name: "cycles".into(), kind: EventKind::Hardware(0), period: None }
+        );
+        assert_eq!(v[1].kind, EventKind::Software(0));
+        assert_eq!(v[1].period, Some(500_000));
+        assert_eq!(
+            v[2],
+            EventSpec {
+                name: "raw:0x1a2".into(),
+                kind: EventKind::Raw(0x1a2),
+                period: Some(100_000)
+            }
+        );
+        assert_eq!(v[3].kind, EventKind::Auto);
+    }
+
+    #[test]
+    fn errors_name_the_item() {
+        let e = parse_event_list("cycles,cyclez").unwrap_err();
+        assert!(e.to_string().contains("cyclez"), "{e}");
+        let e = parse_event_list("cpu-clock:0").unwrap_err();
+        assert!(matches!(e, EventError::BadPeriod { ref item } if item == "cpu-clock:0"), "{e}");
+        let e = parse_event_list("cpu-clock:abc").unwrap_err();
+        assert!(e.to_string().contains("cpu-clock:abc"), "{e}");
+        let e = parse_event_list("raw:0xzz").unwrap_err();
+        assert!(e.to_string().contains("raw:0xzz"), "{e}");
+        let e = parse_event_list("raw").unwrap_err();
+        assert!(matches!(e, EventError::BadRaw { .. }), "{e}");
+        assert_eq!(parse_event_list(" "), Err(EventError::Empty));
+        assert_eq!(parse_event_list("cycles,,auto"), Err(EventError::EmptyItem { index: 1 }));
+        assert!(matches!(parse_event_list("cycles,cycles:5"), Err(EventError::Duplicate { .. })));
+        assert!(parse_event_list("cycles:1:2").is_err());
+    }
+
+    #[test]
+    fn defaults() {
+        assert_eq!(
+            default_period(&EventKind::Software(sp::PERF_COUNT_SW_CPU_CLOCK as u64)),
+            1_000_000
+        );
+        assert_eq!(
+            default_period(&EventKind::Hardware(sp::PERF_COUNT_HW_CACHE_MISSES as u64)),
+            20_000
+        );
+        assert_eq!(default_period(&EventKind::Software(sp::PERF_COUNT_SW_PAGE_FAULTS as u64)), 100);
+        assert_eq!(default_period(&EventKind::Raw(0x1a2)), 2_000_000);
+        assert!(period_is_time(&EventKind::Software(sp::PERF_COUNT_SW_TASK_CLOCK as u64)));
+        assert!(!period_is_time(&EventKind::Hardware(0)));
+        assert_eq!(kind_name(&EventKind::Software(0)), "cpu-clock");
+    }
+}

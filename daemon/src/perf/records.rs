@@ -1,0 +1,308 @@
+//! Parsing of the records our events produce. The layout is fixed by
+//! [`crate::sys::perf::SAMPLE_TYPE`] (IDENTIFIER, IP, TID, TIME, CPU, PERIOD, with
+//! `sample_id_all`), so a small parser reads exactly that and nothing else; it allocates only for
+//! side-band records (file names, comm), never for samples.
+
+use crate::perf::ring::RawRecord;
+use crate::sys::perf as sp;
+use crate::types::{SideBand, TimedSideBand};
+
+/// A PERF_RECORD_SAMPLE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawSample {
+    pub identifier: u64,
+    pub ip: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub time: u64,
+    pub cpu: u32,
+    /// The PERIOD field (the open-time period for clock events; see the sampler).
+    pub period: u64,
+    pub kernel: bool,
+}
+
+/// What a record means to the sampler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    Sample(RawSample),
+    SideBand(TimedSideBand),
+    /// PERF_RECORD_LOST / LOST_SAMPLES: `lost` samples were dropped by the kernel.
+    Lost {
+        lost: u64,
+    },
+    Throttle {
+        time: u64,
+    },
+    Unthrottle {
+        time: u64,
+    },
+    /// A record type we did not ask for or do not use.
+    Other,
+    /// Too short for its type.
+    Malformed,
+}
+
+fn u64_at(b: &[u8], off: usize) -> Option<u64> {
+    let s = b.get(off..off + 8)?;
+    Some(u64::from_ne_bytes(s.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], off: usize) -> Option<u32> {
+    let s = b.get(off..off + 4)?;
+    Some(u32::from_ne_bytes(s.try_into().ok()?))
+}
+
+/// The sample_id trailer: TID, TIME, CPU, IDENTIFIER.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleId {
+    pub pid: u32,
+    pub tid: u32,
+    pub time: u64,
+    pub cpu: u32,
+    pub identifier: u64,
+}
+
+/// Split a non-sample record body into its own fields and the sample_id trailer.
+pub fn split_trailer(body: &[u8]) -> Option<(&[u8], SampleId)> {
+    let n = body.len().checked_sub(sp::SAMPLE_ID_TRAILER)?;
+    let (own, t) = body.split_at(n);
+    Some((
+        own,
+        SampleId {
+            pid: u32_at(t, 0)?,
+            tid: u32_at(t, 4)?,
+            time: u64_at(t, 8)?,
+            cpu: u32_at(t, 16)?,
+            identifier: u64_at(t, 24)?,
+        },
+    ))
+}
+
+/// A sample body (header removed).
+pub fn parse_sample(misc: u16, body: &[u8]) -> Option<RawSample> {
+    Some(RawSample {
+        identifier: u64_at(body, 0)?,
+        ip: u64_at(body, 8)?,
+        pid: u32_at(body, 16)?,
+        tid: u32_at(body, 20)?,
+        time: u64_at(body, 24)?,
+        cpu: u32_at(body, 32)?,
+        period: u64_at(body, 40)?,
+        kernel: misc & sp::MISC_CPUMODE_MASK == sp::MISC_KERNEL,
+    })
+}
+
+fn cstr(b: &[u8]) -> Vec<u8> {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    b[..end].to_vec()
+}
+
+fn parse_sideband(kind: u32, misc: u16, body: &[u8]) -> Option<TimedSideBand> {
+    let (own, id) = split_trailer(body)?;
+    let record = match kind {
+        sp::PERF_RECORD_MMAP2 => {
+            let pid = u32_at(own, 0)?;
+            let tid = u32_at(own, 4)?;
+            let addr = u64_at(own, 8)?;
+            let len = u64_at(own, 16)?;
+            let pgoff = u64_at(own, 24)?;
+            let (dev, ino, ino_generation, build_id) =
+                if u32::from(misc) & sp::PERF_RECORD_MISC_MMAP_BUILD_ID != 0 {
+                    let n = (*own.get(32)? as usize).min(20);
+                    (None, None, None, Some(own.get(36..36 + n)?.to_vec()))
+                } else {
+                    let maj = u32_at(own, 32)?;
+                    let min = u32_at(own, 36)?;
+                    (Some((maj, min)), Some(u64_at(own, 40)?), Some(u64_at(own, 48)?), None)
+                };
+            let prot = u32_at(own, 56)?;
+            let flags = u32_at(own, 60)?;
+            SideBand::Mmap2 {
+                pid,
+                tid,
+                addr,
+                len,
+                pgoff,
+                dev,
+                ino,
+                ino_generation,
+                prot,
+                flags,
+                build_id,
+                filename: cstr(own.get(64..)?),
+                kernel: misc & sp::MISC_CPUMODE_MASK == sp::MISC_KERNEL,
+            }
+        }
+        sp::PERF_RECORD_COMM => SideBand::Comm {
+            pid: u32_at(own, 0)?,
+            tid: u32_at(own, 4)?,
+            comm: cstr(own.get(8..)?),
+            exec: u32::from(misc) & sp::PERF_RECORD_MISC_COMM_EXEC != 0,
+        },
+        sp::PERF_RECORD_FORK | sp::PERF_RECORD_EXIT => {
+            let (pid, ppid, tid, ptid) =
+                (u32_at(own, 0)?, u32_at(own, 4)?, u32_at(own, 8)?, u32_at(own, 12)?);
+            if kind == sp::PERF_RECORD_FORK {
+                SideBand::Fork { pid, ppid, tid, ptid }
+            } else {
+                SideBand::Exit { pid, ppid, tid, ptid }
+            }
+        }
+        _ => return None,
+    };
+    Some(TimedSideBand { time: id.time, cpu: id.cpu, record })
+}
+
+/// Classify and parse one record.
+pub fn parse_record(rec: RawRecord<'_>) -> Record {
+    match rec.kind {
+        sp::PERF_RECORD_SAMPLE => match parse_sample(rec.misc, rec.body) {
+            Some(s) => Record::Sample(s),
+            None => Record::Malformed,
+        },
+        sp::PERF_RECORD_MMAP2
+        | sp::PERF_RECORD_COMM
+        | sp::PERF_RECORD_FORK
+        | sp::PERF_RECORD_EXIT => match parse_sideband(rec.kind, rec.misc, rec.body) {
+            Some(s) => Record::SideBand(s),
+            None => Record::Malformed,
+        },
+        sp::PERF_RECORD_LOST => match u64_at(rec.body, 8) {
+            Some(lost) => Record::Lost { lost },
+            None => Record::Malformed,
+        },
+        sp::PERF_RECORD_LOST_SAMPLES => match u64_at(rec.body, 0) {
+            Some(lost) => Record::Lost { lost },
+            None => Record::Malformed,
+        },
+        sp::PERF_RECORD_THROTTLE | sp::PERF_RECORD_UNTHROTTLE => match u64_at(rec.body, 0) {
+            Some(time) if rec.kind == sp::PERF_RECORD_THROTTLE => Record::Throttle { time },
+            Some(time) => Record::Unthrottle { time },
+            None => Record::Malformed,
+        },
+        _ => Record::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trailer(pid: u32, tid: u32, time: u64, cpu: u32, id: u64) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&pid.to_ne_bytes());
+        v.extend_from_slice(&tid.to_ne_bytes());
+        v.extend_from_slice(&time.to_ne_bytes());
+        v.extend_from_slice(&cpu.to_ne_bytes());
+        v.extend_from_slice(&0u32.to_ne_bytes());
+        v.extend_from_slice(&id.to_ne_bytes());
+        v
+    }
+
+    #[test]
+    fn sample_layout() {
+        let mut b = Vec::new();
+        for x in [7u64, 0xffff_ffff_8100_0000, (42u64 << 32) | 41, 123456, 1, 1_000_000] {
+            b.extend_from_slice(&x.to_ne_bytes());
+        }
+        // pid/tid: pid first in memory.
+        b[16..20].copy_from_slice(&41u32.to_ne_bytes());
+        b[20..24].copy_from_slice(&42u32.to_ne_bytes());
+        let r = parse_record(RawRecord { kind: sp::PERF_RECORD_SAMPLE, misc: 1, body: &b });
+        let Record::Sample(s) = r else { panic!("{r:?}") };
+        assert_eq!(
+            s,
+            RawSample {
+                identifier: 7,
+                ip: 0xffff_ffff_8100_0000,
+                pid: 41,
+                tid: 42,
+                time: 123456,
+                cpu: 1,
+                period: 1_000_000,
+                kernel: true
+            }
+        );
+        let r = parse_record(RawRecord { kind: sp::PERF_RECORD_SAMPLE, misc: 2, body: &b[..40] });
+        assert_eq!(r, Record::Malformed);
+    }
+
+    #[test]
+    fn mmap2_with_build_id_and_comm_exec() {
+        let mut b = Vec::new();
+        b.extend_from_slice(&10u32.to_ne_bytes());
+        b.extend_from_slice(&11u32.to_ne_bytes());
+        for x in [0x4000u64, 0x2000, 0x1000] {
+            b.extend_from_slice(&x.to_ne_bytes());
+        }
+        b.push(20);
+        b.extend_from_slice(&[0, 0, 0]);
+        b.extend_from_slice(&[0xab; 20]);
+        b.extend_from_slice(&5u32.to_ne_bytes());
+        b.extend_from_slice(&2u32.to_ne_bytes());
+        b.extend_from_slice(b"/usr/bin/x\n y\0\0");
+        b.extend_from_slice(&trailer(10, 11, 999, 1, 3));
+        let misc = sp::PERF_RECORD_MISC_MMAP_BUILD_ID as u16 | 2;
+        let r = parse_record(RawRecord { kind: sp::PERF_RECORD_MMAP2, misc, body: &b });
+        let Record::SideBand(TimedSideBand { time: 999, cpu: 1, record }) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            record,
+            SideBand::Mmap2 {
+                pid: 10,
+                tid: 11,
+                addr: 0x4000,
+                len: 0x2000,
+                pgoff: 0x1000,
+                dev: None,
+                ino: None,
+                ino_generation: None,
+                prot: 5,
+                flags: 2,
+                build_id: Some(vec![0xab; 20]),
+                filename: b"/usr/bin/x\n y".to_vec(),
+                kernel: false,
+            }
+        );
+
+        let mut c = Vec::new();
+        c.extend_from_slice(&10u32.to_ne_bytes());
+        c.extend_from_slice(&10u32.to_ne_bytes());
+        c.extend_from_slice(b"bash\0\0\0\0");
+        c.extend_from_slice(&trailer(10, 10, 5, 0, 3));
+        let misc = sp::PERF_RECORD_MISC_COMM_EXEC as u16;
+        let r = parse_record(RawRecord { kind: sp::PERF_RECORD_COMM, misc, body: &c });
+        assert_eq!(
+            r,
+            Record::SideBand(TimedSideBand {
+                time: 5,
+                cpu: 0,
+                record: SideBand::Comm { pid: 10, tid: 10, comm: b"bash".to_vec(), exec: true }
+            })
+        );
+        // Truncated: no trailer room.
+        let r = parse_record(RawRecord { kind: sp::PERF_RECORD_COMM, misc, body: &c[..20] });
+        assert_eq!(r, Record::Malformed);
+    }
+
+    #[test]
+    fn lost_and_throttle() {
+        let mut b = Vec::new();
+        b.extend_from_slice(&3u64.to_ne_bytes());
+        b.extend_from_slice(&17u64.to_ne_bytes());
+        b.extend_from_slice(&trailer(0, 0, 1, 0, 3));
+        assert_eq!(
+            parse_record(RawRecord { kind: sp::PERF_RECORD_LOST, misc: 0, body: &b }),
+            Record::Lost { lost: 17 }
+        );
+        assert_eq!(
+            parse_record(RawRecord { kind: sp::PERF_RECORD_THROTTLE, misc: 0, body: &b }),
+            Record::Throttle { time: 3 }
+        );
+        assert_eq!(
+            parse_record(RawRecord { kind: sp::PERF_RECORD_UNTHROTTLE, misc: 0, body: &b }),
+            Record::Unthrottle { time: 3 }
+        );
+    }
+}
