@@ -1,0 +1,56 @@
+//! The committed fuzz seed corpus (`fuzz/corpus/`) is generated from `common::profile_seeds`;
+//! this test checks that it is present and current. Regenerate with
+//! `DCPI_WRITE_SEEDS=1 cargo test -p dcpi-profile-format --test seeds`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use profile_format::{KallsymsSnapshot, Profile};
+
+fn corpus(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target)
+}
+
+fn check(target: &str, seeds: &[(&str, Vec<u8>)]) {
+    let dir = corpus(target);
+    let write = std::env::var_os("DCPI_WRITE_SEEDS").is_some_and(|v| v == "1");
+    for (name, bytes) in seeds {
+        let path = dir.join(name);
+        if write {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, bytes).unwrap();
+        }
+        let on_disk = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!("{}: {e}; regenerate with DCPI_WRITE_SEEDS=1", path.display())
+        });
+        assert_eq!(
+            &on_disk,
+            bytes,
+            "{} is stale; regenerate with DCPI_WRITE_SEEDS=1",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn profile_seed_corpus_is_current() {
+    let seeds = common::profile_seeds();
+    for (name, bytes) in &seeds {
+        let result = Profile::decode(bytes, Path::new(name));
+        assert_eq!(result.is_ok(), name.ends_with(".prof"), "{name}: {result:?}");
+    }
+    check("read_profile", &seeds);
+}
+
+#[test]
+fn kallsyms_seed_corpus_is_current() {
+    let snap = common::small_snapshot();
+    let mut empty = KallsymsSnapshot::default();
+    empty.kernel_release = "6.18.0".into();
+    let seeds = vec![("small.snap", snap.encode()), ("empty.snap", empty.encode())];
+    for (name, bytes) in &seeds {
+        assert!(KallsymsSnapshot::decode(bytes, Path::new(name)).is_ok(), "{name}");
+    }
+    check("read_kallsyms", &seeds);
+}
