@@ -440,3 +440,102 @@ fn make_install_places_every_file_and_uninstall_removes_them() {
     assert!(!d.join("usr/lib/systemd/system/dcpid.service").exists());
     assert!(etc.join("dcpid.toml").exists(), "uninstall removed the configuration");
 }
+
+/// Run `dcpid` as user `nobody` holding only `caps` (as the unit's AmbientCapabilities= does).
+fn dcpid_as_nobody(sb: &Sandbox, caps: &[&str], extra: &[&str]) -> std::process::Output {
+    let list: Vec<String> =
+        caps.iter().map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())).collect();
+    let set = if list.is_empty() { "-all".to_string() } else { format!("-all,{}", list.join(",")) };
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--no-new-privs"])
+        .arg(format!("--inh-caps={set}"))
+        .arg(format!("--ambient-caps={set}"))
+        .arg(format!("--bounding-set={set}"))
+        .arg("--")
+        .arg(bin("dcpid"))
+        .args(sb.daemon_args("capstest"))
+        .args(extra)
+        .output()
+        .expect("run setpriv")
+}
+
+fn readelf_build_id(path: &str) -> Option<String> {
+    let out = Command::new("readelf").args(["-n", path]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().find_map(|l| l.trim().strip_prefix("Build ID: ").map(|s| s.trim().to_string()))
+}
+
+/// The unit's capability set is enough for an unprivileged daemon: it samples, records kernel
+/// symbol addresses (CAP_SYSLOG) and identifies by build-id a binary of another user that was
+/// already running when it started (maps + map_files: CAP_SYS_PTRACE, CAP_CHECKPOINT_RESTORE,
+/// CAP_DAC_READ_SEARCH). Without CAP_PERFMON it cannot sample at all.
+#[test]
+fn unit_capabilities_suffice_for_an_unprivileged_daemon() {
+    if !require_perf() {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || Command::new("setpriv").arg("--version").output().is_err()
+    {
+        eprintln!("SKIPPED: needs root and setpriv(1) to run dcpid as nobody with chosen caps");
+        return;
+    }
+    let sb = Sandbox::new();
+    // nobody must be able to write the sandbox.
+    std::fs::set_permissions(sb.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("chmod sandbox");
+
+    let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(2);
+    if paranoid >= 1 {
+        let without: Vec<&str> =
+            CAPABILITIES.iter().copied().filter(|c| *c != "CAP_PERFMON").collect();
+        let out = dcpid_as_nobody(&sb, &without, &["--duration", "1s"]);
+        assert!(
+            !out.status.success(),
+            "dcpid sampled system-wide without CAP_PERFMON at perf_event_paranoid={paranoid}"
+        );
+    }
+
+    // A CPU-bound process of another user (root), started before the daemon, so that its
+    // image must be found through /proc rather than from MMAP2 records.
+    let shell = std::fs::canonicalize("/bin/sh").expect("/bin/sh");
+    let shell = shell.to_str().expect("utf-8 path").to_string();
+    let mut busy = KillOnDrop(
+        Command::new(&shell).args(["-c", "while :; do :; done"]).spawn().expect("spawn busy loop"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dcpid_as_nobody(&sb, CAPABILITIES, &["--duration", "4s"]);
+    let _ = busy.0.kill();
+    assert!(
+        out.status.success(),
+        "dcpid as nobody with the unit's capabilities failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let db = profile_format::Database::open(&sb.db()).expect("database");
+    let epoch = db.current_epoch().expect("epochs").expect("an epoch");
+    let host = db.host_dir(&epoch, "capstest").expect("host dir");
+    let snap_path = host.kallsyms_path();
+    let bytes = std::fs::read(&snap_path).expect("kallsyms snapshot");
+    let snap = profile_format::KallsymsSnapshot::decode(&bytes, &snap_path).expect("decode");
+    let nonzero = snap.symbols.iter().filter(|s| s.addr != 0).count();
+    assert!(
+        nonzero * 2 > snap.symbols.len() && !snap.symbols.is_empty(),
+        "kernel symbol addresses hidden ({nonzero} of {} non-zero): CAP_SYSLOG not effective",
+        snap.symbols.len()
+    );
+    let Some(build_id) = readelf_build_id(&shell) else {
+        eprintln!("SKIPPED (build-id part): readelf missing or {shell} has no build-id");
+        return;
+    };
+    let want = format!("b{build_id}");
+    let profiles = host.profiles().expect("profiles");
+    assert!(
+        profiles.iter().any(|p| p.image_id.as_ref().is_some_and(|i| i.to_text() == want)),
+        "no profile for {shell} (build-id {build_id}) of a root process; profiles: {:#?}",
+        profiles.iter().map(|p| p.path.file_name()).collect::<Vec<_>>()
+    );
+}
