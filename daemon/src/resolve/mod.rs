@@ -488,8 +488,9 @@ impl Resolver {
                 }
                 let end = addr.saturating_add(*len);
                 let image = self.mmap_image(*pid, *addr, end, *ino, build_id.as_deref(), filename);
+                self.proc_for_update(*pid, t);
                 let asid = self.fresh_asid();
-                let p = self.proc_for_update(*pid, t);
+                let Some(p) = self.procs.get_mut(pid) else { return };
                 p.overlay(*addr, end, asid, t);
                 p.live.insert(
                     *addr,
@@ -502,8 +503,9 @@ impl Resolver {
                     return;
                 }
                 if *exec {
+                    self.proc_for_update(*pid, t);
                     let asid = self.fresh_asid();
-                    let p = self.proc_for_update(*pid, t);
+                    let Some(p) = self.procs.get_mut(pid) else { return };
                     p.kill_all(asid, t);
                     p.push_version(t, asid);
                     p.unreadable = false;
