@@ -539,3 +539,45 @@ fn unit_capabilities_suffice_for_an_unprivileged_daemon() {
         profiles.iter().map(|p| p.path.file_name()).collect::<Vec<_>>()
     );
 }
+
+/// The sysusers.d entry creates the `dcpi` user and group the unit runs as, and the tmpfiles.d
+/// entry creates the database directory owned by it (applied to a scratch root).
+#[test]
+fn sysusers_and_tmpfiles_entries_apply() {
+    for tool in ["/usr/bin/systemd-sysusers", "/usr/bin/systemd-tmpfiles"] {
+        if !Path::new(tool).exists() {
+            eprintln!("SKIPPED: {tool} is not installed");
+            return;
+        }
+    }
+    let root = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(root.path().join("etc")).expect("mkdir etc");
+    let sysusers = repo_root().join("systemd/dcpid.sysusers.conf");
+    let out = Command::new("/usr/bin/systemd-sysusers")
+        .arg(format!("--root={}", root.path().display()))
+        .arg(&sysusers)
+        .output()
+        .expect("run systemd-sysusers");
+    assert!(out.status.success(), "systemd-sysusers: {}", String::from_utf8_lossy(&out.stderr));
+    let passwd = std::fs::read_to_string(root.path().join("etc/passwd")).expect("passwd");
+    let uid: u32 = passwd
+        .lines()
+        .find_map(|l| l.strip_prefix("dcpi:x:"))
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|u| u.parse().ok())
+        .unwrap_or_else(|| panic!("no dcpi user in {passwd}"));
+    let group = std::fs::read_to_string(root.path().join("etc/group")).expect("group");
+    assert!(group.lines().any(|l| l.starts_with("dcpi:x:")), "no dcpi group in {group}");
+
+    let tmpfiles = repo_root().join("systemd/dcpid.tmpfiles.conf");
+    let out = Command::new("/usr/bin/systemd-tmpfiles")
+        .arg(format!("--root={}", root.path().display()))
+        .arg("--create")
+        .arg(&tmpfiles)
+        .output()
+        .expect("run systemd-tmpfiles");
+    assert!(out.status.success(), "systemd-tmpfiles: {}", String::from_utf8_lossy(&out.stderr));
+    let meta = std::fs::metadata(root.path().join("var/lib/dcpi")).expect("/var/lib/dcpi created");
+    assert!(meta.is_dir());
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), uid, "/var/lib/dcpi not owned by dcpi");
+}
