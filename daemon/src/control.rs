@@ -1,1 +1,325 @@
-//! control
+//! The control socket: one JSON request line in, one JSON response line out.
+//!
+//! Requests: `{"cmd":"status"}`, `{"cmd":"flush"}`, `{"cmd":"epoch-new"}`, `{"cmd":"epoch-show"}`.
+//! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`.
+//!
+//! The server runs on its own thread (a small tokio runtime), never on a sampling thread. A
+//! request is read with a size cap and a deadline, so a malformed, huge or slow client gets an
+//! error and is dropped without blocking anyone; commands run on tokio's blocking pool. Access:
+//! root, the daemon's own user, or a member of the socket group (checked with SO_PEERCRED);
+//! the socket is 0660 root:group, and a directory we create for it is 0750.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::sys::sock;
+
+/// Largest request accepted.
+pub const MAX_REQUEST: u64 = 64 * 1024;
+/// Time a client has to send its request line.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Concurrent connections served; more wait in the listen backlog.
+pub const MAX_CLIENTS: usize = 32;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum Request {
+    Status,
+    Flush,
+    EpochNew,
+    EpochShow,
+}
+
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Response {
+    pub fn ok(result: serde_json::Value) -> Response {
+        Response { ok: true, result: Some(result), error: None }
+    }
+    pub fn err(msg: impl Into<String>) -> Response {
+        Response { ok: false, result: None, error: Some(msg.into()) }
+    }
+}
+
+/// Executes commands; called on a blocking thread.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, req: Request) -> Response;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("control socket {path}: {what}: {source}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("control socket {0}: another dcpid is already listening there")]
+    InUse(PathBuf),
+}
+
+/// A running control server; stopped (and its socket removed) on drop.
+#[derive(Debug)]
+pub struct ControlServer {
+    path: PathBuf,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Bind `path` (creating its directory), set ownership and mode, and serve `handler`.
+    /// `group`: gid allowed besides root.
+    pub fn start(
+        path: &Path,
+        group: Option<u32>,
+        handler: Arc<dyn Handler>,
+    ) -> Result<ControlServer, ControlError> {
+        let io = |what: &'static str| {
+            move |source| ControlError::Io { path: path.to_path_buf(), what, source }
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.exists() {
+                std::fs::create_dir_all(dir).map_err(io("create directory"))?;
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
+                    .map_err(io("chmod directory"))?;
+                if let Some(g) = group {
+                    std::os::unix::fs::chown(dir, Some(0), Some(g))
+                        .map_err(io("chown directory"))?;
+                }
+            }
+        }
+        if path.exists() {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(ControlError::InUse(path.to_path_buf()));
+            }
+            // Left by a daemon that did not shut down cleanly.
+            std::fs::remove_file(path).map_err(io("remove stale socket"))?;
+        }
+        let std_listener = std::os::unix::net::UnixListener::bind(path).map_err(io("bind"))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+            .map_err(io("chmod"))?;
+        if let Some(g) = group {
+            if sock::effective_uid() == 0 {
+                std::os::unix::fs::chown(path, Some(0), Some(g)).map_err(io("chown"))?;
+            }
+        }
+        std_listener.set_nonblocking(true).map_err(io("set non-blocking"))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(MAX_CLIENTS)
+            .build()
+            .map_err(io("start runtime"))?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sock_path = path.to_path_buf();
+        let thread = std::thread::Builder::new()
+            .name("dcpi-control".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let listener = match UnixListener::from_std(std_listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!(socket = %sock_path.display(), error = %e, "control socket unusable");
+                            return;
+                        }
+                    };
+                    serve(listener, group, handler, rx).await;
+                });
+                // Dropping the runtime here does not wait for blocking commands still running.
+                rt.shutdown_background();
+            })
+            .map_err(io("spawn thread"))?;
+        Ok(ControlServer { path: path.to_path_buf(), shutdown: Some(tx), thread: Some(thread) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn serve(
+    listener: UnixListener,
+    group: Option<u32>,
+    handler: Arc<dyn Handler>,
+    mut shutdown: tokio::sync::oneshot::Receiver<()>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
+    let mut accept_error_logged = false;
+    loop {
+        let permit = tokio::select! {
+            _ = &mut shutdown => return,
+            p = Arc::clone(&slots).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+        };
+        let stream = tokio::select! {
+            _ = &mut shutdown => return,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    if !accept_error_logged {
+                        tracing::warn!(error = %e, "control socket: accept failed");
+                        accept_error_logged = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let h = Arc::clone(&handler);
+        tokio::spawn(async move {
+            let _permit = permit;
+            connection(stream, group, h).await;
+        });
+    }
+}
+
+fn allowed(stream: &UnixStream, group: Option<u32>) -> Result<(), String> {
+    let cred = stream.peer_cred().map_err(|e| format!("cannot read peer credentials: {e}"))?;
+    let uid = cred.uid();
+    if uid == 0 || uid == sock::effective_uid() {
+        return Ok(());
+    }
+    if let Some(g) = group {
+        if sock::process_in_group(cred.pid(), cred.gid(), g) {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "permission denied: uid {uid} is not root{}",
+        if group.is_some() {
+            " and not in the dcpid socket group"
+        } else {
+            " (no socket group configured)"
+        }
+    ))
+}
+
+async fn connection(mut stream: UnixStream, group: Option<u32>, handler: Arc<dyn Handler>) {
+    let resp = match allowed(&stream, group) {
+        Err(msg) => {
+            tracing::debug!(%msg, "control: refused a client");
+            Response::err(msg)
+        }
+        Ok(()) => {
+            let (rd, _) = stream.split();
+            let mut line = Vec::new();
+            let mut limited = BufReader::new(rd.take(MAX_REQUEST + 1));
+            match tokio::time::timeout(READ_TIMEOUT, limited.read_until(b'\n', &mut line)).await {
+                Err(_) => Response::err(format!("request not received within {READ_TIMEOUT:?}")),
+                Ok(Err(e)) => Response::err(format!("read error: {e}")),
+                Ok(Ok(_)) if line.len() as u64 > MAX_REQUEST => {
+                    Response::err(format!("request larger than {MAX_REQUEST} bytes"))
+                }
+                Ok(Ok(_)) => match serde_json::from_slice::<Request>(&line) {
+                    Err(e) => Response::err(format!(
+                        "malformed request: {e} (expected one JSON line like {{\"cmd\":\"status\"}})"
+                    )),
+                    Ok(req) => {
+                        let h = Arc::clone(&handler);
+                        match tokio::task::spawn_blocking(move || h.handle(req)).await {
+                            Ok(r) => r,
+                            Err(e) => Response::err(format!("command failed: {e}")),
+                        }
+                    }
+                },
+            }
+        }
+    };
+    let mut out = serde_json::to_vec(&resp).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
+    out.push(b'\n');
+    let _ = tokio::time::timeout(READ_TIMEOUT, stream.write_all(&out)).await;
+    let _ = stream.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, Write};
+
+    struct Echo;
+    impl Handler for Echo {
+        fn handle(&self, req: Request) -> Response {
+            Response::ok(serde_json::to_value(req).unwrap_or_default())
+        }
+    }
+
+    fn ask(path: &Path, bytes: &[u8]) -> Response {
+        let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+        s.write_all(bytes).unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    #[test]
+    fn requests_limits_and_stale_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/dcpid.sock");
+        let mut srv = ControlServer::start(&path, None, Arc::new(Echo)).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o660);
+        let r = ask(&path, b"{\"cmd\":\"status\"}\n");
+        assert!(r.ok, "{r:?}");
+        assert_eq!(r.result.unwrap()["cmd"], "status");
+        let r = ask(&path, b"{\"cmd\":\"reboot\"}\n");
+        assert!(!r.ok && r.error.unwrap().contains("malformed"));
+        let r = ask(&path, b"garbage\n");
+        assert!(!r.ok);
+        // A slow client that never finishes its line does not stop others.
+        let mut slow = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        slow.write_all(b"{\"cmd\":").unwrap();
+        let r = ask(&path, b"{\"cmd\":\"epoch-show\"}\n");
+        assert!(r.ok);
+        let mut line = String::new();
+        std::io::BufReader::new(&mut slow).read_line(&mut line).unwrap();
+        assert!(line.contains("not received"), "{line}");
+        // Huge.
+        let mut big = vec![b' '; (MAX_REQUEST + 10) as usize];
+        big.push(b'\n');
+        let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        let _ = s.write_all(&big);
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        assert!(line.contains("larger than"), "{line}");
+        // A second server on a live socket refuses; after stop the socket is gone.
+        assert!(matches!(
+            ControlServer::start(&path, None, Arc::new(Echo)),
+            Err(ControlError::InUse(_))
+        ));
+        srv.stop();
+        assert!(!path.exists());
+        // A stale socket file is replaced.
+        let _stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        drop(_stale);
+        let _srv = ControlServer::start(&path, None, Arc::new(Echo)).unwrap();
+        assert!(ask(&path, b"{\"cmd\":\"flush\"}\n").ok);
+    }
+}
