@@ -511,7 +511,9 @@ pub fn resolve_image(
         return Err(ProfError::NoSuchImage { spec: spec_text.to_owned(), known: list.join(", ") });
     }
     // Kernel, vDSO, unknown and JIT regions are symbolized per profile and merge by name.
-    let per_identity = matches!(spec, Spec::Hex(_) | Spec::Path(_) | Spec::Name(_));
+    // (Modules too: each host's snapshot names their symbols, so builds may merge.)
+    let per_identity =
+        idx.iter().any(|&i| loaded.profiles[i].profile.header.kind == ImageKind::Elf);
     if per_identity {
         let mut groups: BTreeMap<ImageId, Candidate> = BTreeMap::new();
         for &i in &idx {

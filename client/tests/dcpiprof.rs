@@ -1,0 +1,981 @@
+//! dcpiprof against databases built in temporary directories with the profile-format API and
+//! ELF files compiled at test time (gcc, g++, objcopy).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, SystemTime};
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+use profile_format::{
+    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, ImageId, ImageKind,
+    JitSymbol, KallsymsSnapshot, KernelModule, KernelSymbol, Profile, ProfileHeader,
+};
+use serde_json::Value;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+struct TestDb {
+    dir: tempfile::TempDir,
+    db: Database,
+}
+
+fn event(name: &str, period: u64) -> EventDesc {
+    EventDesc {
+        name: name.into(),
+        perf_type: 1,
+        perf_config: 0,
+        period_mean: period,
+        period_min: period - period / 16,
+        period_max: period,
+    }
+}
+
+impl TestDb {
+    fn new() -> TestDb {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Database::create(&dir.path().join("db")).expect("create db");
+        TestDb { dir, db }
+    }
+    fn root(&self) -> PathBuf {
+        self.db.root().to_owned()
+    }
+    fn tmp(&self) -> &Path {
+        self.dir.path()
+    }
+    /// A new epoch starting `secs` after a fixed base time.
+    fn epoch(&self, secs: u64) -> EpochId {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000 + secs);
+        self.db.new_epoch(t, "h1").expect("new epoch")
+    }
+    fn host(&self, e: &EpochId, host: &str) -> HostDir {
+        let hd = self.db.host_dir(e, host).expect("host dir");
+        hd.create().expect("create host dir");
+        hd
+    }
+}
+
+/// Write a profile: `counts` are (offset, count); every sample has period `period`.
+fn write_profile(
+    hd: &HostDir,
+    kind: ImageKind,
+    id: &ImageId,
+    path: &[u8],
+    ev: &EventDesc,
+    counts: &[(u64, u64)],
+    period: u64,
+) {
+    write_profile_jit(hd, kind, id, path, ev, counts, period, Vec::new());
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_profile_jit(
+    hd: &HostDir,
+    kind: ImageKind,
+    id: &ImageId,
+    path: &[u8],
+    ev: &EventDesc,
+    counts: &[(u64, u64)],
+    period: u64,
+    jit_symbols: Vec<JitSymbol>,
+) {
+    let mut p = Profile::new(ProfileHeader {
+        kind,
+        image_id: id.clone(),
+        image_path: path.to_vec(),
+        event: ev.clone(),
+        host: hd.host.clone(),
+        epoch: hd.epoch.clone(),
+        total_samples: 0,
+        total_period: 0,
+        sequence: 0,
+        jit_symbols,
+    });
+    for &(off, c) in counts {
+        p.add(off, c, c * period);
+    }
+    let file = if kind == ImageKind::Unknown {
+        hd.unknown_path(&ev.name)
+    } else {
+        hd.profile_path(id, &ev.name)
+    };
+    p.write(&file).expect("write profile");
+}
+
+fn unknown_id() -> ImageId {
+    ImageId::special("[unknown]", b"")
+}
+
+fn prof(db: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
+        .arg("--db")
+        .arg(db)
+        .arg("--no-system-debug")
+        .args(args)
+        .output()
+        .expect("run dcpiprof")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json_ok(db: &Path, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.extend(["--format", "json"]);
+    let o = prof(db, &a);
+    assert!(o.status.success(), "dcpiprof {a:?} failed: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(&o)))
+}
+
+fn rows(v: &Value) -> &Vec<Value> {
+    v["rows"].as_array().expect("rows array")
+}
+
+fn row<'a>(v: &'a Value, key: &str, name: &str) -> &'a Value {
+    rows(v)
+        .iter()
+        .find(|r| r[key].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no row {key}={name} in {v:#}"))
+}
+
+fn approx(a: f64, b: f64) -> bool {
+    (a - b).abs() < 0.01
+}
+
+/// Compile `src` (C or C++ by extension) into `out` with extra flags.
+fn compile(dir: &Path, name: &str, src: &str, ext: &str, flags: &[&str]) -> PathBuf {
+    let src_path = dir.join(format!("{name}.{ext}"));
+    std::fs::write(&src_path, src).expect("write source");
+    let out = dir.join(name);
+    let compiler = if ext == "cpp" { "g++" } else { "cc" };
+    let mut cmd = Command::new(compiler);
+    cmd.args(flags);
+    if !flags.iter().any(|f| f.contains("--build-id")) {
+        cmd.arg("-Wl,--build-id=sha1");
+    }
+    let o = cmd.arg("-o").arg(&out).arg(&src_path).output().expect("run compiler");
+    assert!(o.status.success(), "{compiler} failed: {}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+/// File offsets of the first byte of the named functions, with their build-id.
+struct ElfFacts {
+    build_id: Vec<u8>,
+    data: Vec<u8>,
+}
+
+impl ElfFacts {
+    fn read(path: &Path) -> ElfFacts {
+        let data = std::fs::read(path).expect("read elf");
+        let build_id = {
+            let f = object::File::parse(&*data).expect("parse elf");
+            f.build_id().expect("build id").expect("has build id").to_vec()
+        };
+        ElfFacts { build_id, data }
+    }
+    fn id(&self) -> ImageId {
+        ImageId::BuildId(self.build_id.clone())
+    }
+    /// (file offset, size) of a function symbol.
+    fn func(&self, name: &str) -> (u64, u64) {
+        let f = object::File::parse(&*self.data).expect("parse elf");
+        let sym = f
+            .symbols()
+            .find(|s| s.name().is_ok_and(|n| n == name))
+            .unwrap_or_else(|| panic!("no symbol {name}"));
+        let vaddr = sym.address();
+        for seg in f.segments() {
+            let (off, size) = seg.file_range();
+            if vaddr >= seg.address() && vaddr - seg.address() < size {
+                return (vaddr - seg.address() + off, sym.size());
+            }
+        }
+        panic!("{name} not in a PT_LOAD segment");
+    }
+}
+
+const C_PROG: &str = r#"
+#include <stdio.h>
+__attribute__((noinline)) int hot_alpha(int x) { int s = 0; for (int i = 0; i < x; i++) s += i * VARIANT; return s; }
+__attribute__((noinline)) int hot_beta(int x) { int s = 1; for (int i = 0; i < x; i++) s ^= i + 7; return s; }
+__attribute__((noinline)) int cold_gamma(int x) { return x * 3 + VARIANT; }
+int main(int argc, char **argv) { (void)argv; printf("%d\n", hot_alpha(argc) + hot_beta(argc) + cold_gamma(argc)); return 0; }
+"#;
+
+fn build_c(dir: &Path, name: &str, variant: u32, extra: &[&str]) -> PathBuf {
+    let def = format!("-DVARIANT={variant}");
+    let mut flags = vec!["-O1", def.as_str()];
+    flags.extend_from_slice(extra);
+    compile(dir, name, C_PROG, "c", &flags)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-image report
+
+#[test]
+fn per_image_report_rows_percentages_unknown_and_json_schema() {
+    let t = TestDb::new();
+    let e = t.epoch(0);
+    let hd = t.host(&e, "alpha");
+    let ev = event("cpu-clock", 1000);
+    let a = ImageId::BuildId(vec![0xaa; 20]);
+    let b = ImageId::BuildId(vec![0xbb; 20]);
+    write_profile(
+        &hd,
+        ImageKind::Elf,
+        &a,
+        b"/usr/bin/aaa",
+        &ev,
+        &[(0x1000, 50), (0x1010, 10)],
+        1000,
+    );
+    write_profile(&hd, ImageKind::Elf, &b, b"/usr/lib/libbbb.so", &ev, &[(0x2000, 30)], 1000);
+    write_profile(
+        &hd,
+        ImageKind::Unknown,
+        &unknown_id(),
+        b"[unknown]",
+        &ev,
+        &[(0, 7), (1, 3)],
+        1000,
+    );
+
+    let v = json_ok(&t.root(), &["--host", "alpha"]);
+    assert_eq!(v["report"], "images");
+    assert_eq!(v["total_samples"], 100);
+    assert_eq!(v["hosts"], serde_json::json!(["alpha"]));
+    assert_eq!(v["epochs"], serde_json::json!([e.as_str()]));
+    assert_eq!(v["events"][0]["name"], "cpu-clock");
+    assert!(approx(v["events"][0]["mean_period"].as_f64().unwrap_or(0.0), 1000.0));
+    let r = rows(&v);
+    let order: Vec<&str> = r.iter().map(|x| x["image"].as_str().unwrap_or("")).collect();
+    assert_eq!(order, ["/usr/bin/aaa", "/usr/lib/libbbb.so", "[unknown]"]);
+    assert_eq!(r[0]["samples"], 60);
+    assert_eq!(r[0]["events"], 60_000);
+    assert!(approx(r[0]["percent"].as_f64().unwrap_or(0.0), 60.0));
+    assert!(approx(r[1]["cumulative_percent"].as_f64().unwrap_or(0.0), 90.0));
+    assert_eq!(r[0]["build_id"], hex::encode([0xaa; 20]));
+    assert_eq!(r[0]["kind"], "elf");
+    assert_eq!(r[2]["kind"], "unknown");
+    assert_eq!(r[2]["samples"], 10);
+    assert!(r[2]["image_id"].is_null());
+
+    // Table: header names the database, epoch, host, event; rows in the same order.
+    let o = prof(&t.root(), &["--host", "alpha"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    assert!(s.contains(&format!("# database: {}", t.root().display())), "{s}");
+    assert!(s.contains("# hosts: alpha"), "{s}");
+    assert!(s.contains("# event cpu-clock: 100 samples, mean period 1000"), "{s}");
+    let pa = s.find("/usr/bin/aaa").expect("aaa row");
+    let pb = s.find("/usr/lib/libbbb.so").expect("bbb row");
+    let pu = s.rfind("[unknown]").expect("unknown row");
+    assert!(pa < pb && pb < pu, "{s}");
+
+    // Per-symbol on [unknown] splits by reason.
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "unknown"]);
+    assert_eq!(row(&v, "symbol", "[unknown: no-map]")["samples"], 7);
+    assert_eq!(row(&v, "symbol", "[unknown: process-gone]")["samples"], 3);
+}
+
+#[test]
+fn csv_and_limit() {
+    let t = TestDb::new();
+    let e = t.epoch(0);
+    let hd = t.host(&e, "alpha");
+    let ev = event("cpu-clock", 1000);
+    for i in 0..5u8 {
+        let id = ImageId::BuildId(vec![i + 1; 8]);
+        let path = format!("/opt/img{i},\"q\"");
+        write_profile(
+            &hd,
+            ImageKind::Elf,
+            &id,
+            path.as_bytes(),
+            &ev,
+            &[(0, 10 * (u64::from(i) + 1))],
+            1000,
+        );
+    }
+    let o = prof(&t.root(), &["--host", "alpha", "--format", "csv", "--limit", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = stdout(&o);
+    let lines: Vec<&str> = s.lines().collect();
+    assert_eq!(lines.len(), 3, "{s}");
+    assert_eq!(
+        lines[0],
+        "image,kind,build_id,image_id,cpu-clock.samples,cpu-clock.events,cpu-clock.percent,cumulative_percent"
+    );
+    assert!(
+        lines[1].starts_with(
+            "\"/opt/img4,\"\"q\"\"\",elf,0505050505050505,b0505050505050505,50,50000,"
+        ),
+        "{s}"
+    );
+    assert!(lines[2].contains(",40,40000,"), "{s}");
+
+    let v = json_ok(&t.root(), &["--host", "alpha", "--limit", "1"]);
+    assert_eq!(rows(&v).len(), 1);
+    assert_eq!(v["rows_omitted"], 4);
+    assert_eq!(v["total_samples"], 150, "totals count every row, not only the shown ones");
+}
+
+#[test]
+fn several_events_weighting_and_multiplex_scaling() {
+    let t = TestDb::new();
+    let e = t.epoch(0);
+    let hd = t.host(&e, "alpha");
+    let clock = event("cpu-clock", 1000);
+    let faults = event("page-faults", 10);
+    let x = ImageId::BuildId(vec![1; 8]);
+    let y = ImageId::BuildId(vec![2; 8]);
+    // Same number of samples, but y's samples were taken with a 3x longer period.
+    write_profile(&hd, ImageKind::Elf, &x, b"/bin/x", &clock, &[(0, 100)], 1000);
+    write_profile(&hd, ImageKind::Elf, &y, b"/bin/y", &clock, &[(0, 100)], 3000);
+    write_profile(&hd, ImageKind::Elf, &x, b"/bin/x", &faults, &[(0, 5)], 10);
+    write_profile(&hd, ImageKind::Elf, &y, b"/bin/y", &faults, &[(0, 15)], 10);
+    let summary = HostSummary {
+        format_version: 1,
+        host: "alpha".into(),
+        epoch: e.to_string(),
+        events: vec![
+            EventSummary {
+                desc: Some(clock.clone()),
+                source: "software".into(),
+                samples: 200,
+                total_period: 400_000,
+                time_enabled_ns: 1000,
+                time_running_ns: 1000,
+            },
+            EventSummary {
+                desc: Some(faults.clone()),
+                source: "software".into(),
+                samples: 20,
+                total_period: 200,
+                // Counted half of the time: every count stands for twice as many events.
+                time_enabled_ns: 2000,
+                time_running_ns: 1000,
+            },
+        ],
+        ..HostSummary::default()
+    };
+    summary.write(&hd.summary_path()).expect("write summary");
+
+    let v = json_ok(&t.root(), &["--host", "alpha"]);
+    let names: Vec<&str> = v["events"]
+        .as_array()
+        .map_or(Vec::new(), |a| a.iter().filter_map(|e| e["name"].as_str()).collect());
+    assert_eq!(names, ["cpu-clock", "page-faults"]);
+    assert!(approx(v["events"][0]["mean_period"].as_f64().unwrap_or(0.0), 2000.0));
+    assert!(approx(v["events"][1]["multiplex_scale"].as_f64().unwrap_or(0.0), 2.0));
+    let r = rows(&v);
+    assert_eq!(r[0]["image"], "/bin/y", "sorted by weighted events of the first event");
+    assert_eq!(r[0]["samples"], 100);
+    assert_eq!(r[0]["events"], 300_000);
+    assert!(approx(r[0]["percent"].as_f64().unwrap_or(0.0), 75.0));
+    let yf = &r[0]["counts"][1];
+    assert_eq!(yf["event"], "page-faults");
+    assert_eq!(yf["samples"], 15);
+    assert_eq!(yf["events"], 300, "15 samples * period 10 * multiplex 2");
+    assert!(approx(yf["percent"].as_f64().unwrap_or(0.0), 75.0));
+
+    // --event picks and orders columns; the first one decides the order.
+    let v = json_ok(&t.root(), &["--host", "alpha", "--event", "page-faults"]);
+    assert_eq!(v["events"].as_array().map(Vec::len), Some(1));
+    assert_eq!(v["total_samples"], 20);
+    let o = prof(&t.root(), &["--host", "alpha"]);
+    let s = stdout(&o);
+    assert!(s.contains("cpu-clock:events") && s.contains("page-faults:%"), "{s}");
+
+    let o = prof(&t.root(), &["--host", "alpha", "--event", "cycles"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("unknown event \"cycles\"") && err.contains("page-faults"), "{err}");
+}
+
+#[test]
+fn hosts_epochs_merge_ranges_and_default_host() {
+    let t = TestDb::new();
+    let ev = event("cpu-clock", 1000);
+    let id = ImageId::BuildId(vec![7; 8]);
+    let e1 = t.epoch(0);
+    let e2 = t.epoch(86_400 * 2);
+    let e3 = t.epoch(86_400 * 4);
+    for (e, host, n, period) in [
+        (&e1, "alpha", 1, 1000),
+        (&e1, "beta", 2, 2000),
+        (&e2, "alpha", 4, 1000),
+        (&e3, "beta", 8, 4000),
+    ] {
+        let hd = t.host(e, host);
+        write_profile(&hd, ImageKind::Elf, &id, b"/bin/app", &ev, &[(0x40, n)], period);
+    }
+    let samples = |args: &[&str]| -> (u64, u64) {
+        let v = json_ok(&t.root(), args);
+        (
+            v["rows"][0]["samples"].as_u64().unwrap_or(0),
+            v["rows"][0]["events"].as_u64().unwrap_or(0),
+        )
+    };
+    // Latest epoch only (e3): beta.
+    assert_eq!(samples(&["--host", "beta"]), (8, 32_000));
+    assert_eq!(samples(&["--host", "all", "--epoch", "all"]), (15, 1000 + 4000 + 4000 + 32_000));
+    assert_eq!(samples(&["--host", "all", "--epoch", e1.as_str()]), (3, 5000));
+    let range = format!("{}..{}", e1.as_str(), e2.as_str());
+    assert_eq!(samples(&["--host", "all", "--epoch", &range]), (7, 9000));
+    let open = format!("{}..", e2.as_str());
+    assert_eq!(samples(&["--host", "alpha", "--epoch", &open]), (4, 4000));
+    let v = json_ok(&t.root(), &["--host", "all", "--epoch", "all"]);
+    assert_eq!(v["hosts"], serde_json::json!(["alpha", "beta"]));
+    assert_eq!(v["epochs"].as_array().map(Vec::len), Some(3));
+
+    // alpha has nothing in the latest epoch: say so and suggest --host all.
+    let o = prof(&t.root(), &["--host", "alpha"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("--host all") && err.contains(e2.as_str()), "{err}");
+
+    // Default host is this machine's name.
+    let me = dcpi_client::prof::select::this_host();
+    let hd = t.host(&e3, &me);
+    write_profile(&hd, ImageKind::Elf, &id, b"/bin/app", &ev, &[(0x40, 21)], 1000);
+    assert_eq!(samples(&[]), (21, 21_000));
+
+    // Bad epoch syntax is a usage error naming the argument.
+    let o = prof(&t.root(), &["--epoch", "last-tuesday"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("last-tuesday"), "{}", stderr(&o));
+    let o = prof(&t.root(), &["--epoch", "20000101..20000102", "--host", "all"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no epoch matches"), "{}", stderr(&o));
+}
+
+#[test]
+fn missing_database_and_corrupt_profiles() {
+    let t = TestDb::new();
+    let missing = t.tmp().join("nope");
+    let o = prof(&missing, &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains(&missing.display().to_string()), "{}", stderr(&o));
+
+    let e = t.epoch(0);
+    let hd = t.host(&e, "alpha");
+    let ev = event("cpu-clock", 1000);
+    let good = ImageId::BuildId(vec![1; 8]);
+    let bad = ImageId::BuildId(vec![2; 8]);
+    write_profile(&hd, ImageKind::Elf, &good, b"/bin/good", &ev, &[(0, 10)], 1000);
+    write_profile(&hd, ImageKind::Elf, &bad, b"/bin/bad", &ev, &[(0, 10)], 1000);
+    let bad_path = hd.profile_path(&bad, "cpu-clock");
+    let mut bytes = std::fs::read(&bad_path).expect("read");
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x55;
+    std::fs::write(&bad_path, &bytes).expect("corrupt");
+
+    let o = prof(&t.root(), &["--host", "alpha"]);
+    assert_eq!(o.status.code(), Some(1), "corrupt file must fail the run");
+    assert!(stdout(&o).contains("/bin/good"), "the rest is still reported: {}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains(&bad_path.display().to_string()), "error names the file: {err}");
+    let o = prof(&t.root(), &["--host", "alpha", "--ignore-corrupt"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("/bin/bad"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-symbol reports on real ELF files
+
+#[test]
+fn per_symbol_report_on_compiled_c_program() {
+    let t = TestDb::new();
+    let bin = build_c(t.tmp(), "prog", 1, &[]);
+    let f = ElfFacts::read(&bin);
+    let (alpha, alpha_sz) = f.func("hot_alpha");
+    let (beta, _) = f.func("hot_beta");
+    let (gamma, _) = f.func("cold_gamma");
+    assert!(alpha_sz > 2);
+    let e = t.epoch(0);
+    let hd = t.host(&e, "alpha");
+    let ev = event("cpu-clock", 1000);
+    let path = bin.display().to_string();
+    write_profile(
+        &hd,
+        ImageKind::Elf,
+        &f.id(),
+        path.as_bytes(),
+        &ev,
+        &[
+            (alpha, 40),
+            (alpha + 1, 20),
+            (alpha + alpha_sz - 1, 10),
+            (beta, 25),
+            (gamma, 5),
+            (0x7fff_0000, 3),
+        ],
+        1000,
+    );
+    for spec in [path.as_str(), "prog", &hex::encode(&f.build_id)[..8], &hex::encode(&f.build_id)] {
+        let v = json_ok(&t.root(), &["--host", "alpha", "--image", spec]);
+        assert_eq!(v["report"], "symbols");
+        assert_eq!(v["image"]["path"], path.as_str());
+        assert_eq!(v["image"]["build_id"], hex::encode(&f.build_id));
+        assert_eq!(v["total_samples"], 103);
+        let r = rows(&v);
+        assert_eq!(r[0]["symbol"], "hot_alpha", "{v:#}");
+        assert_eq!(r[0]["samples"], 70);
+        assert!(approx(r[0]["percent"].as_f64().unwrap_or(0.0), 70.0 * 100.0 / 103.0));
+        assert_eq!(row(&v, "symbol", "hot_beta")["samples"], 25);
+        assert_eq!(row(&v, "symbol", "cold_gamma")["samples"], 5);
+        assert!(r.iter().any(|x| x["symbol"].as_str().is_some_and(|s| s.starts_with("[unknown]"))
+            && x["samples"] == 3));
+    }
+    let o = prof(&t.root(), &["--host", "alpha", "--image", "prog", "--limit", "1"]);
+    let s = stdout(&o);
+    assert!(s.contains("hot_alpha") && !s.contains("hot_beta"), "{s}");
+    assert!(s.contains("# image: ") && s.contains("build-id"), "{s}");
+
+    let o = prof(&t.root(), &["--host", "alpha", "--image", "nosuchthing"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("nosuchthing"), "{}", stderr(&o));
+}
+
+#[test]
+fn cpp_and_rust_symbols_are_demangled() {
+    let t = TestDb::new();
+    let src = r#"
+namespace engine { struct Widget { __attribute__((noinline)) int spin(int n); };
+int Widget::spin(int n) { int s = 0; for (int i = 0; i < n; i++) s += i; return s; } }
+int main(int argc, char**) { engine::Widget w; return w.spin(argc); }
+"#;
+    let bin = compile(t.tmp(), "cxx", src, "cpp", &["-O1"]);
+    let f = ElfFacts::read(&bin);
+    let (spin, _) = f.func("_ZN6engine6Widget4spinEi");
+    let e = t.epoch(0);
+    let hd = t.host(&e, "alpha");
+    let ev = event("cpu-clock", 1000);
+    let path = bin.display().to_string();
+    write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &[(spin, 9)], 1000);
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "cxx"]);
+    assert_eq!(row(&v, "symbol", "engine::Widget::spin(int)")["samples"], 9);
+
+    // Rust (whichever mangling this rustc uses by default; the legacy hash is dropped).
+    let rs = t.tmp().join("rsprog.rs");
+    std::fs::write(
+        &rs,
+        "#[inline(never)] pub fn crunch(n: u64) -> u64 { (0..n).map(|i| i ^ 3).sum() }\n\
+         fn main() { println!(\"{}\", crunch(std::env::args().count() as u64)); }\n",
+    )
+    .expect("write rs");
+    let rbin = t.tmp().join("rsprog");
+    let o = Command::new("rustc")
+        .args(["-C", "opt-level=1", "-C", "link-arg=-Wl,--build-id=sha1", "-o"])
+        .arg(&rbin)
+        .arg(&rs)
+        .output()
+        .expect("rustc");
+    assert!(o.status.success(), "rustc: {}", String::from_utf8_lossy(&o.stderr));
+    let rf = ElfFacts::read(&rbin);
+    let obj = object::File::parse(&*rf.data).expect("parse");
+    let mangled = obj
+        .symbols()
+        .filter_map(|s| s.name().ok().map(str::to_owned))
+        .find(|n| n.contains("6rsprog6crunch"))
+        .expect("mangled crunch symbol");
+    let (crunch, _) = rf.func(&mangled);
+    let rpath = rbin.display().to_string();
+    write_profile(&hd, ImageKind::Elf, &rf.id(), rpath.as_bytes(), &ev, &[(crunch, 4)], 1000);
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "rsprog"]);
+    assert_eq!(row(&v, "symbol", "rsprog::crunch")["samples"], 4);
+}
+
+#[test]
+fn stripped_binary_with_separate_debug_info() {
+    let t = TestDb::new();
+    let full = build_c(t.tmp(), "full", 3, &["-g"]);
+    let facts = ElfFacts::read(&full);
+    let (beta, _) = facts.func("hot_beta");
+    let objcopy = |args: &[&str]| {
+        let o = Command::new("objcopy").args(args).output().expect("objcopy");
+        assert!(o.status.success(), "objcopy {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    let dbg = t.tmp().join("full.debug");
+    let stripped_dir = t.tmp().join("bin");
+    std::fs::create_dir_all(&stripped_dir).expect("mkdir");
+    let stripped = stripped_dir.join("stripped");
+    let s = |p: &Path| p.display().to_string();
+    objcopy(&["--only-keep-debug", &s(&full), &s(&dbg)]);
+    objcopy(&["--strip-all", &s(&full), &s(&stripped)]);
+    assert_eq!(ElfFacts::read(&stripped).build_id, facts.build_id);
+
+    let e = t.epoch(0);
+    let hd = t.host(&e, "alpha");
+    let ev = event("cpu-clock", 1000);
+    write_profile(
+        &hd,
+        ImageKind::Elf,
+        &facts.id(),
+        s(&stripped).as_bytes(),
+        &ev,
+        &[(beta, 11)],
+        1000,
+    );
+    let db = t.root();
+
+    // No debug info anywhere: no function name.
+    let v = json_ok(&db, &["--host", "alpha", "--image", "stripped"]);
+    assert!(rows(&v).iter().all(|r| r["symbol"] != "hot_beta"), "{v:#}");
+
+    // 1. --debug-dir with the build-id layout.
+    let bid = hex::encode(&facts.build_id);
+    let dd = t.tmp().join("dd");
+    let link = dd.join(".build-id").join(&bid[..2]);
+    std::fs::create_dir_all(&link).expect("mkdir");
+    std::fs::copy(&dbg, link.join(format!("{}.debug", &bid[2..]))).expect("copy");
+    let v = json_ok(&db, &["--host", "alpha", "--image", "stripped", "--debug-dir", &s(&dd)]);
+    assert_eq!(row(&v, "symbol", "hot_beta")["samples"], 11);
+    assert!(v["image"]["debug_file"].as_str().is_some_and(|p| p.ends_with(".debug")), "{v:#}");
+    std::fs::remove_dir_all(&dd).expect("rm");
+
+    // 2. .gnu_debuglink, found in a --debug-dir, CRC checked.
+    let linked = stripped_dir.join("linked");
+    objcopy(&["--strip-all", &format!("--add-gnu-debuglink={}", s(&dbg)), &s(&full), &s(&linked)]);
+    let lf = ElfFacts::read(&linked);
+    let hd2 = t.host(&t.epoch(10), "alpha");
+    write_profile(&hd2, ImageKind::Elf, &lf.id(), s(&linked).as_bytes(), &ev, &[(beta, 6)], 1000);
+    let dl = t.tmp().join("dl");
+    std::fs::create_dir_all(&dl).expect("mkdir");
+    std::fs::copy(&dbg, dl.join("full.debug")).expect("copy");
+    let v = json_ok(&db, &["--host", "alpha", "--image", "linked", "--debug-dir", &s(&dl)]);
+    assert_eq!(row(&v, "symbol", "hot_beta")["samples"], 6);
+
+    // Same name, wrong CRC: rejected with a warning.
+    let mut bytes = std::fs::read(dl.join("full.debug")).expect("read");
+    bytes.push(0);
+    std::fs::write(dl.join("full.debug"), bytes).expect("write");
+    let o = prof(
+        &db,
+        &["--host", "alpha", "--image", "linked", "--debug-dir", &s(&dl), "--format", "json"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("CRC32"), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert!(rows(&v).iter().all(|r| r["symbol"] != "hot_beta"), "wrong-CRC debug file used: {v:#}");
+}
+
+#[test]
+fn rebuilt_binary_is_never_symbolized_with_the_new_build() {
+    let t = TestDb::new();
+    let bin = build_c(t.tmp(), "app", 1, &[]);
+    let old = ElfFacts::read(&bin);
+    let (alpha, _) = old.func("hot_alpha");
+    let keep = t.tmp().join("keep");
+    std::fs::create_dir_all(&keep).expect("mkdir");
+    std::fs::copy(&bin, keep.join("app-v1")).expect("copy");
+    let e = t.epoch(0);
+    let hd = t.host(&e, "alpha");
+    let ev = event("cpu-clock", 1000);
+    let path = bin.display().to_string();
+    write_profile(&hd, ImageKind::Elf, &old.id(), path.as_bytes(), &ev, &[(alpha, 12)], 1000);
+
+    // Rebuild in place with different code.
+    build_c(t.tmp(), "app", 2, &["-O0"]);
+    let new = ElfFacts::read(&bin);
+    assert_ne!(new.build_id, old.build_id);
+    let o = prof(&t.root(), &["--host", "alpha", "--image", &path, "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(rows(&v).len(), 1);
+    assert_eq!(rows(&v)[0]["symbol"], "[build-id mismatch]");
+    let err = stderr(&o);
+    assert!(
+        err.contains(&path)
+            && err.contains(&hex::encode(&old.build_id))
+            && err.contains(&hex::encode(&new.build_id)),
+        "warning names the path and both ids: {err}"
+    );
+
+    // The original build, found by build-id in a --binary-path directory.
+    let v = json_ok(
+        &t.root(),
+        &["--host", "alpha", "--image", &path, "--binary-path", &keep.display().to_string()],
+    );
+    assert_eq!(row(&v, "symbol", "hot_alpha")["samples"], 12);
+
+    // Or in the build-id cache, filled with --cache-binary.
+    let o = prof(&t.root(), &["--cache-binary", &keep.join("app-v1").display().to_string()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let hexid = hex::encode(&old.build_id);
+    assert!(t.root().join("binaries").join(&hexid[..2]).join(&hexid[2..]).is_file());
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", &path]);
+    assert_eq!(row(&v, "symbol", "hot_alpha")["samples"], 12);
+
+    // A truncated or garbage file at the recorded path: no panic, no symbols from it.
+    std::fs::remove_dir_all(t.root().join("binaries")).expect("rm cache");
+    let data = std::fs::read(&bin).expect("read");
+    for junk in
+        [data[..200].to_vec(), data[..data.len() / 3].to_vec(), vec![0x7f; 5000], Vec::new()]
+    {
+        std::fs::write(&bin, &junk).expect("write junk");
+        let o = prof(&t.root(), &["--host", "alpha", "--image", &path, "--format", "json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+        assert!(rows(&v).iter().all(|r| r["symbol"] != "hot_alpha"), "{v:#}");
+        assert_eq!(v["total_samples"], 12);
+    }
+
+    // --cache-binary refuses a file without a build-id.
+    let nob = compile(t.tmp(), "nobid", "int main(void){return 0;}", "c", &["-Wl,--build-id=none"]);
+    let o = prof(&t.root(), &["--cache-binary", &nob.display().to_string()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("build-id"), "{}", stderr(&o));
+}
+
+#[test]
+fn fallback_identity_checked_by_file_metadata() {
+    use std::os::unix::fs::MetadataExt;
+    let t = TestDb::new();
+    let bin =
+        compile(t.tmp(), "nobid", C_PROG, "c", &["-O1", "-DVARIANT=1", "-Wl,--build-id=none"]);
+    let data = std::fs::read(&bin).expect("read");
+    let facts = ElfFacts { build_id: Vec::new(), data };
+    let (alpha, _) = facts.func("hot_alpha");
+    let md = std::fs::metadata(&bin).expect("stat");
+    let path = bin.display().to_string();
+    let id = ImageId::fallback(
+        path.as_bytes(),
+        md.len(),
+        md.mtime() * 1_000_000_000 + md.mtime_nsec(),
+        md.ino(),
+    );
+    let hd = t.host(&t.epoch(0), "alpha");
+    let ev = event("cpu-clock", 1000);
+    write_profile(&hd, ImageKind::Elf, &id, path.as_bytes(), &ev, &[(alpha, 5)], 1000);
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "nobid"]);
+    assert_eq!(row(&v, "symbol", "hot_alpha")["samples"], 5);
+    // Touch the file (as a rebuild would): no longer verifiable, so not used.
+    std::fs::write(&bin, std::fs::read(&bin).expect("read")).expect("rewrite");
+    let f = std::fs::File::options().write(true).open(&bin).expect("open");
+    f.set_modified(SystemTime::now() + Duration::from_secs(5)).expect("set mtime");
+    let o = prof(&t.root(), &["--host", "alpha", "--image", "nobid", "--format", "json"]);
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert!(rows(&v).iter().all(|r| r["symbol"] != "hot_alpha"), "{v:#}");
+    assert!(stderr(&o).contains(&path), "{}", stderr(&o));
+}
+
+#[test]
+fn ambiguous_basename_lists_matches_and_exits_2() {
+    let t = TestDb::new();
+    let d1 = t.tmp().join("v1");
+    let d2 = t.tmp().join("v2");
+    std::fs::create_dir_all(&d1).expect("mkdir");
+    std::fs::create_dir_all(&d2).expect("mkdir");
+    let b1 = build_c(&d1, "foo", 1, &[]);
+    let b2 = build_c(&d2, "foo", 2, &[]);
+    let (f1, f2) = (ElfFacts::read(&b1), ElfFacts::read(&b2));
+    let ev = event("cpu-clock", 1000);
+    let e = t.epoch(0);
+    let h1 = t.host(&e, "alpha");
+    let h2 = t.host(&e, "beta");
+    write_profile(
+        &h1,
+        ImageKind::Elf,
+        &f1.id(),
+        b1.display().to_string().as_bytes(),
+        &ev,
+        &[(f1.func("hot_alpha").0, 8)],
+        1000,
+    );
+    write_profile(
+        &h2,
+        ImageKind::Elf,
+        &f2.id(),
+        b2.display().to_string().as_bytes(),
+        &ev,
+        &[(f2.func("hot_beta").0, 9)],
+        1000,
+    );
+    let o = prof(&t.root(), &["--host", "all", "--image", "foo"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    for (b, f, n, h) in [(&b1, &f1, "8", "alpha"), (&b2, &f2, "9", "beta")] {
+        assert!(err.contains(&b.display().to_string()), "{err}");
+        assert!(err.contains(&hex::encode(&f.build_id)), "{err}");
+        assert!(err.contains(&format!("{n} samples")) && err.contains(h), "{err}");
+    }
+    // A build-id prefix or the full path chooses.
+    let v = json_ok(&t.root(), &["--host", "all", "--image", &hex::encode(&f2.build_id)[..10]]);
+    assert_eq!(row(&v, "symbol", "hot_beta")["samples"], 9);
+    let v = json_ok(&t.root(), &["--host", "all", "--image", &b1.display().to_string()]);
+    assert_eq!(row(&v, "symbol", "hot_alpha")["samples"], 8);
+}
+
+#[test]
+fn source_lines_and_inlines_from_dwarf() {
+    let t = TestDb::new();
+    let src = "static inline __attribute__((always_inline)) int helper(int x) {\n\
+               \x20   int s = 0;\n\
+               \x20   for (int i = 0; i < x; i++) s += i * i;\n\
+               \x20   return s;\n\
+               }\n\
+               __attribute__((noinline)) int outer(int x) {\n\
+               \x20   return helper(x) + helper(x + 1);\n\
+               }\n\
+               int main(int argc, char **argv) { (void)argv; return outer(argc); }\n";
+    let bin = compile(t.tmp(), "lines", src, "c", &["-O1", "-g"]);
+    let f = ElfFacts::read(&bin);
+    let (outer, size) = f.func("outer");
+    let hd = t.host(&t.epoch(0), "alpha");
+    let ev = event("cpu-clock", 1000);
+    let counts: Vec<(u64, u64)> = (0..size).map(|i| (outer + i, 1)).collect();
+    let path = bin.display().to_string();
+    write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &counts, 1000);
+
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "lines", "--lines"]);
+    let r = rows(&v);
+    assert!(r.len() >= 2, "several lines expected: {v:#}");
+    let mut total = 0;
+    for x in r {
+        let src = x["source"].as_str().expect("source present with --lines");
+        let (file, line) = src.rsplit_once(':').expect("file:line");
+        let line: u32 = line.parse().expect("line number");
+        assert!(file.ends_with("lines.c"), "{src}");
+        assert!((1..=8).contains(&line), "line {line} outside outer/helper: {v:#}");
+        total += x["samples"].as_u64().unwrap_or(0);
+    }
+    assert_eq!(total, size);
+    assert!(
+        r.iter().any(|x| x["source"].as_str().is_some_and(|s| s.ends_with(":3"))),
+        "loop line: {v:#}"
+    );
+
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "lines", "--inlines"]);
+    assert!(row(&v, "symbol", "helper")["samples"].as_u64().unwrap_or(0) > 0, "{v:#}");
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "lines"]);
+    assert_eq!(
+        row(&v, "symbol", "outer")["samples"],
+        size,
+        "without --inlines, the outer function"
+    );
+}
+
+#[test]
+fn kernel_and_modules_from_the_epoch_snapshot() {
+    let t = TestDb::new();
+    let hd = t.host(&t.epoch(0), "alpha");
+    let ev = event("cpu-clock", 1000);
+    // Addresses that the live kernel cannot have: symbolization must use the snapshot.
+    let text = 0xffff_ffff_a100_0000u64;
+    let modbase = 0xffff_ffff_c800_0000u64;
+    let sym =
+        |addr, name: &str, module| KernelSymbol { addr, kind: b't', name: name.into(), module };
+    let snap = KallsymsSnapshot {
+        kernel_release: "9.9.9-test".into(),
+        kernel_build_id: None,
+        text_base: text,
+        modules: vec![KernelModule {
+            name: "fakemod".into(),
+            base: modbase,
+            size: 0x2000,
+            build_id: None,
+        }],
+        symbols: vec![
+            sym(text, "_stext_test", None),
+            sym(text + 0x100, "snap_schedule", None),
+            sym(text + 0x900, "snap_copy_page", None),
+            sym(modbase + 0x10, "fakemod_irq", Some(0)),
+            sym(modbase + 0x400, "fakemod_poll", Some(0)),
+        ],
+    };
+    snap.write(&hd.kallsyms_path()).expect("write snapshot");
+    let kid = ImageId::special("[kernel.kallsyms]", b"9.9.9-test");
+    write_profile(
+        &hd,
+        ImageKind::Kernel,
+        &kid,
+        b"[kernel.kallsyms]",
+        &ev,
+        &[(0x100, 5), (0x180, 2), (0x950, 4)],
+        1000,
+    );
+    let mid = ImageId::special("[module]", b"fakemod");
+    write_profile(
+        &hd,
+        ImageKind::KernelModule,
+        &mid,
+        b"fakemod",
+        &ev,
+        &[(0x20, 3), (0x500, 1)],
+        1000,
+    );
+
+    for spec in ["kernel", "[kernel.kallsyms]", "vmlinux"] {
+        let v = json_ok(&t.root(), &["--host", "alpha", "--image", spec]);
+        assert_eq!(row(&v, "symbol", "snap_schedule")["samples"], 7, "{v:#}");
+        assert_eq!(row(&v, "symbol", "snap_copy_page")["samples"], 4);
+    }
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "fakemod"]);
+    assert_eq!(row(&v, "symbol", "fakemod_irq")["samples"], 3);
+    assert_eq!(row(&v, "symbol", "fakemod_poll")["samples"], 1);
+
+    let v = json_ok(&t.root(), &["--host", "alpha"]);
+    assert_eq!(row(&v, "image", "[kernel.kallsyms]")["kind"], "kernel");
+    assert_eq!(row(&v, "image", "[fakemod]")["kind"], "module");
+}
+
+#[test]
+fn jit_symbols_from_the_profile_header() {
+    let t = TestDb::new();
+    let hd = t.host(&t.epoch(0), "alpha");
+    let ev = event("cpu-clock", 1000);
+    let id = ImageId::special("[anon]", b"1234");
+    let jit = vec![
+        JitSymbol { start: 0x7f00_0000_1000, size: 0x100, name: "LazyCompile:*fib".into() },
+        JitSymbol { start: 0x7f00_0000_2000, size: 0x80, name: "_ZN3jit4loopEv".into() },
+    ];
+    write_profile_jit(
+        &hd,
+        ImageKind::Anon,
+        &id,
+        b"[anon:1234:node]",
+        &ev,
+        &[(0x7f00_0000_1010, 6), (0x7f00_0000_2004, 2), (0x7f00_0000_9000, 1)],
+        1000,
+        jit,
+    );
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "[anon:1234"]);
+    assert_eq!(row(&v, "symbol", "LazyCompile:*fib")["samples"], 6);
+    assert_eq!(row(&v, "symbol", "jit::loop()")["samples"], 2);
+    assert_eq!(v["total_samples"], 9);
+}
+
+#[test]
+fn help_documents_schema_and_generate_writes_man_and_completions() {
+    let o = Command::new(env!("CARGO_BIN_EXE_dcpiprof")).arg("--help").output().expect("run");
+    let s = stdout(&o);
+    for needle in [
+        "JSON SCHEMA",
+        "\"total_samples\"",
+        "\"cumulative_percent\"",
+        "--cache-binary",
+        "build-id mismatch",
+    ] {
+        assert!(s.contains(needle), "--help lacks {needle}: {s}");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
+        .args(["--generate", "man"])
+        .output()
+        .expect("run");
+    assert!(o.status.success());
+    let man = stdout(&o);
+    assert!(man.contains(".TH dcpiprof 1") || man.contains(".TH DCPIPROF 1"), "{man}");
+    for shell in ["complete-bash", "complete-zsh", "complete-fish"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
+            .args(["--generate", shell])
+            .output()
+            .expect("run");
+        assert!(o.status.success() && stdout(&o).contains("image"), "{shell}");
+    }
+}
