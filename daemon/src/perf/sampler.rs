@@ -61,6 +61,9 @@ pub struct SamplerConfig {
     pub randomize: bool,
     /// How often the online CPU list is re-read.
     pub hotplug_interval: Duration,
+    /// Test hook: hardware and raw events fail to open with ENOENT, as on a machine without a
+    /// PMU (lets the `auto` fallback be tested on machines that have one).
+    pub simulate_no_pmu: bool,
 }
 
 impl Default for SamplerConfig {
@@ -78,6 +81,7 @@ impl Default for SamplerConfig {
             stall_drain: None,
             randomize: true,
             hotplug_interval: Duration::from_secs(5),
+            simulate_no_pmu: false,
         }
     }
 }
@@ -337,6 +341,14 @@ fn attr_for(
     }
 }
 
+/// perf_event_open, or the ENOENT a PMU-less machine gives when simulating one.
+fn open_fd(cfg: &SamplerConfig, spec: &AttrSpec, cpu: u32) -> io::Result<PerfFd> {
+    if cfg.simulate_no_pmu && matches!(spec.perf_type, sp::PERF_TYPE_HARDWARE | sp::PERF_TYPE_RAW) {
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    }
+    PerfFd::open(spec, cpu)
+}
+
 fn open_cpu(shared: &Shared, cpu: u32, rng: &mut StdRng) -> Result<CpuRing, (usize, io::Error)> {
     let mut fds = Vec::with_capacity(shared.plans.len());
     let mut periods = Vec::with_capacity(shared.plans.len());
@@ -348,7 +360,11 @@ fn open_cpu(shared: &Shared, cpu: u32, rng: &mut StdRng) -> Result<CpuRing, (usi
             match PerfFd::open(&attr_for(&shared.cfg, plan, period, sideband, build_id), cpu) {
                 Err(e) if sideband && build_id && e.raw_os_error() == Some(libc::EINVAL) => {
                     // Kernels before 5.12 do not know attr.build_id.
-                    let r = PerfFd::open(&attr_for(&shared.cfg, plan, period, true, false), cpu);
+                    let r = open_fd(
+                        &shared.cfg,
+                        &attr_for(&shared.cfg, plan, period, true, false),
+                        cpu,
+                    );
                     if r.is_ok() {
                         shared.build_id.store(false, Ordering::Relaxed);
                         tracing::info!(
@@ -710,7 +726,7 @@ fn resolve_events(
     let mut plans: Vec<EventPlan> = Vec::new();
     let mut opened: Vec<OpenedEvent> = Vec::new();
     let try_open = |plan: &EventPlan| {
-        PerfFd::open(&attr_for(cfg, plan, plan.max, false, false), cpu).map(drop)
+        open_fd(cfg, &attr_for(cfg, plan, plan.max, false, false), cpu).map(drop)
     };
     for spec in &cfg.events {
         let requested = match spec.period {

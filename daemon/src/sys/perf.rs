@@ -71,6 +71,8 @@ fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
         attr.__bindgen_anon_2.wakeup_watermark = spec.wakeup_watermark;
     }
     if spec.sideband {
+        // The kernel counts mmap listeners by `attr.mmap` only; `mmap2` selects the format.
+        attr.set_mmap(1);
         attr.set_mmap2(1);
         attr.set_comm(1);
         attr.set_comm_exec(1);

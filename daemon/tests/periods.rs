@@ -1,0 +1,173 @@
+//! Randomized overflow periods, measured on the real kernel (cpu-clock):
+//! - every sample is stamped with a period inside the window `[P - P/16, P]`;
+//! - the draws spread over the whole window, roughly uniformly;
+//! - the period changes at least every 64 samples per CPU and at least every second;
+//! - the stamp is the period that was really in force: within a run of one period, the time
+//!   between consecutive samples matches that period, not the previous one.
+
+mod sampler_support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dcpid::perf::{parse_event_list, Sampler, SamplerConfig};
+use dcpid::types::Sample;
+use sampler_support::{require_perf, spin_for, CollectSink};
+
+/// A run: consecutive samples of one CPU stamped with the same period.
+#[derive(Debug)]
+struct Run {
+    period: u64,
+    times: Vec<u64>,
+}
+
+fn runs_per_cpu(samples: &[Sample]) -> BTreeMap<u32, Vec<Run>> {
+    let mut by_cpu: BTreeMap<u32, Vec<&Sample>> = BTreeMap::new();
+    for s in samples {
+        by_cpu.entry(s.cpu).or_default().push(s);
+    }
+    let mut out = BTreeMap::new();
+    for (cpu, mut v) in by_cpu {
+        v.sort_by_key(|s| s.time);
+        let mut runs: Vec<Run> = Vec::new();
+        for s in v {
+            match runs.last_mut() {
+                Some(r) if r.period == s.period => r.times.push(s.time),
+                _ => runs.push(Run { period: s.period, times: vec![s.time] }),
+            }
+        }
+        out.insert(cpu, runs);
+    }
+    out
+}
+
+/// Keep every online CPU busy for `d` (one spinning thread pinned per CPU is not possible from
+/// safe code; several threads are enough to keep 2 vCPUs busy).
+fn busy_all_cpus(d: Duration) {
+    let n = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let hs: Vec<_> = (0..n).map(|_| std::thread::spawn(move || spin_for(d))).collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(u64::MAX)
+}
+
+#[test]
+fn periods_are_drawn_from_the_window_and_redrawn_often() {
+    if !require_perf() {
+        return;
+    }
+    const P: u64 = 4_000_000;
+    const LO: u64 = P - P / 16;
+    const W: u64 = P / 16;
+    let sink = Arc::new(CollectSink::default());
+    let cfg = SamplerConfig {
+        events: parse_event_list(&format!("cpu-clock:{P}")).unwrap(),
+        ..SamplerConfig::default()
+    };
+    let sampler = Sampler::start(&cfg, sink.clone()).expect("start");
+    busy_all_cpus(Duration::from_secs(8));
+    let status = sampler.status();
+    sampler.stop();
+    let samples = sink.take_samples();
+    assert!(samples.len() > 2000, "only {} samples in 8 s at 250 Hz per CPU", samples.len());
+    for s in &samples {
+        assert!((LO..=P).contains(&s.period), "period {} outside [{LO}, {P}]", s.period);
+    }
+    let runs = runs_per_cpu(&samples);
+    let mut draws: Vec<u64> = Vec::new();
+    let mut max_run = 0;
+    let mut max_span = 0;
+    let (mut err_true, mut err_prev) = (Vec::new(), Vec::new());
+    for (cpu, rs) in &runs {
+        // The first and last runs are cut by start/stop; judge the complete ones.
+        let inner = &rs[1..rs.len().saturating_sub(1).max(1)];
+        for r in inner {
+            draws.push(r.period);
+            max_run = max_run.max(r.times.len());
+            max_span = max_span.max(r.times.last().unwrap() - r.times[0]);
+        }
+        for w in rs.windows(2) {
+            let (prev, r) = (&w[0], &w[1]);
+            // The first intervals of a run: taken entirely under the new period.
+            for t in r.times.windows(2).take(8) {
+                let d = t[1] - t[0];
+                err_true.push(d.abs_diff(r.period));
+                err_prev.push(d.abs_diff(prev.period));
+            }
+        }
+        eprintln!("cpu {cpu}: {} runs", rs.len());
+    }
+    draws.sort_unstable();
+    let distinct = {
+        let mut d = draws.clone();
+        d.dedup();
+        d.len()
+    };
+    let (mn, mx) = (draws[0], *draws.last().unwrap());
+    let mut quartiles = [0u64; 4];
+    for &p in &draws {
+        quartiles[(((p - LO) * 4) / (W + 1)) as usize] += 1;
+    }
+    let expect = draws.len() as f64 / 4.0;
+    let chi2: f64 = quartiles.iter().map(|&q| (q as f64 - expect).powi(2) / expect).sum();
+    let (et, ep) = (median(err_true.clone()), median(err_prev.clone()));
+    eprintln!(
+        "draws {} distinct {distinct} min {mn} max {mx} quartiles {quartiles:?} chi2 {chi2:.2} \
+         max run {max_run} samples, max run span {:.3} s; median |interval - stamped period| \
+         {et} ns vs {ep} ns against the previous period; redraws per CPU {:?}",
+        draws.len(),
+        max_span as f64 / 1e9,
+        status.cpus.iter().map(|c| c.period_redraws).collect::<Vec<_>>()
+    );
+    assert!(distinct >= 8, "only {distinct} distinct periods");
+    assert!(mn < LO + W / 5, "smallest draw {mn} far from the window's low edge {LO}");
+    assert!(mx > P - W / 5, "largest draw {mx} far from the window's high edge {P}");
+    // 3 degrees of freedom: P(chi2 > 16.27) = 0.001 for a uniform draw.
+    assert!(chi2 < 16.27, "draws not uniform over the window: quartiles {quartiles:?}");
+    // Wake-ups come every 64 sample records; allow a few samples of wake-up latency.
+    assert!(max_run <= 64 + 4, "a period stayed in force for {max_run} samples");
+    assert!(max_span <= 1_250_000_000, "a period stayed in force for {max_span} ns");
+    // The stamp is the period in force: consecutive samples of a run are that period apart.
+    assert!(err_true.len() > 50);
+    assert!(et < W / 10, "intervals differ from the stamped period by {et} ns (median)");
+    assert!(et * 3 < ep, "stamped period ({et} ns) no better than the previous one ({ep} ns)");
+}
+
+#[test]
+fn slow_events_are_redrawn_every_second() {
+    if !require_perf() {
+        return;
+    }
+    // 20 Hz: 64 samples would take 3.2 s; the one-second rule must redraw first.
+    const P: u64 = 50_000_000;
+    let sink = Arc::new(CollectSink::default());
+    let cfg = SamplerConfig {
+        events: parse_event_list(&format!("cpu-clock:{P}")).unwrap(),
+        ..SamplerConfig::default()
+    };
+    let sampler = Sampler::start(&cfg, sink.clone()).expect("start");
+    busy_all_cpus(Duration::from_secs(5));
+    sampler.stop();
+    let samples = sink.take_samples();
+    let runs = runs_per_cpu(&samples);
+    let mut checked = 0;
+    for (cpu, rs) in &runs {
+        if rs.len() < 3 {
+            continue;
+        }
+        for r in &rs[1..rs.len() - 1] {
+            let span = r.times.last().unwrap() - r.times[0];
+            assert!(span <= 1_100_000_000, "cpu {cpu}: period {} held {span} ns", r.period);
+            assert!(r.times.len() <= 23, "cpu {cpu}: period held for {} samples", r.times.len());
+            checked += 1;
+        }
+    }
+    eprintln!("checked {checked} complete runs");
+    assert!(checked >= 4, "too few complete runs ({checked}) to judge the 1 s redraw");
+}

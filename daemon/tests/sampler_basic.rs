@@ -1,0 +1,165 @@
+//! The sampler against the real kernel: samples arrive with sane fields, `auto` falls back to
+//! cpu-clock without a PMU, an explicit hardware event fails loudly, status and heartbeats.
+
+mod sampler_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dcpid::perf::{parse_event_list, EventSource, Sampler, SamplerConfig, SamplerError};
+use sampler_support::{require_perf, spin_for, CollectSink};
+
+fn has_pmu() -> bool {
+    dcpid::perf::probe().is_ok_and(|s| s.contains("hardware PMU available"))
+}
+
+#[test]
+fn cpu_clock_samples_arrive_with_sane_fields() {
+    if !require_perf() {
+        return;
+    }
+    let sink = Arc::new(CollectSink::default());
+    let cfg = SamplerConfig {
+        events: parse_event_list("cpu-clock:1000000").unwrap(),
+        ..SamplerConfig::default()
+    };
+    let t0 = dcpid::sys::time::monotonic_ns();
+    let sampler = Sampler::start(&cfg, sink.clone()).expect("start");
+    assert_eq!(sampler.events().len(), 1);
+    assert_eq!(sampler.events()[0].desc.name, "cpu-clock");
+    assert_eq!(sampler.events()[0].source, EventSource::Software);
+    assert_eq!(sampler.events()[0].desc.period_min, 1_000_000 - 1_000_000 / 16);
+    // Spawn a child that execs, so side-band records (COMM exec, MMAP2) must appear.
+    let st = std::process::Command::new("/bin/true").status().expect("spawn /bin/true");
+    assert!(st.success());
+    spin_for(Duration::from_millis(1500));
+    assert!(sampler.drain_threads_progressing(Duration::from_secs(3)));
+    let status = sampler.status();
+    let json = serde_json::to_string(&status).unwrap();
+    assert!(json.contains("\"cpus\""), "{json}");
+    sampler.stop();
+    let t1 = dcpid::sys::time::monotonic_ns();
+
+    let samples = sink.take_samples();
+    let me = std::process::id();
+    let mine = samples.iter().filter(|s| s.pid == me).count();
+    assert!(mine > 200, "expected >200 samples of this process in 1.5 s at 1 kHz, got {mine}");
+    for s in &samples {
+        assert!(s.time >= t0 && s.time <= t1, "sample time {} outside [{t0}, {t1}]", s.time);
+        assert!((937_500..=1_000_000).contains(&s.period), "period {}", s.period);
+        assert_eq!(s.event, 0);
+        // On x86_64 kernel text is in the upper half.
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(s.kernel, s.pc >= 0xffff_8000_0000_0000, "{s:?}");
+        }
+    }
+    assert!(samples.iter().any(|s| s.kernel), "no kernel samples (kernel must not be excluded)");
+    // drained_until never goes back, and never passes a sample delivered later on that CPU.
+    for (cpu, d) in sink.drains.lock().unwrap().iter() {
+        assert!(d.windows(2).all(|w| w[0].0 <= w[1].0), "cpu {cpu} drained_until went back");
+    }
+    let sb = sink.sideband.lock().unwrap();
+    let exec = sb.iter().any(|r| {
+        matches!(&r.record, dcpid::types::SideBand::Comm { exec: true, comm, .. } if comm == b"true")
+    });
+    assert!(exec, "no COMM exec record for /bin/true among {} side-band records", sb.len());
+    let mmap = sb.iter().any(|r| matches!(&r.record, dcpid::types::SideBand::Mmap2 { .. }));
+    assert!(mmap, "no MMAP2 record");
+    let total: u64 = status.cpus.iter().map(|c| c.samples).sum();
+    assert!(total > 0);
+    assert!(status.events[0].time_enabled > 0, "{status:?}");
+}
+
+/// Without a PMU: the real kernel's ENOENT; with one: the `simulate_no_pmu` hook, which makes
+/// hardware opens fail with ENOENT exactly where the kernel would.
+fn no_pmu_config() -> SamplerConfig {
+    let simulate = has_pmu();
+    if simulate {
+        eprintln!("this machine has a hardware PMU: simulating a PMU-less one");
+    }
+    SamplerConfig { simulate_no_pmu: simulate, ..SamplerConfig::default() }
+}
+
+#[test]
+fn auto_falls_back_to_cpu_clock_without_pmu() {
+    if !require_perf() {
+        return;
+    }
+    let sink = Arc::new(CollectSink::default());
+    let sampler = Sampler::start(&no_pmu_config(), sink.clone()).expect("start auto");
+    let ev = &sampler.events()[0];
+    assert_eq!(ev.source, EventSource::Fallback);
+    assert_eq!(ev.desc.name, "cpu-clock");
+    assert_eq!(ev.requested, "auto");
+    assert_eq!(ev.desc.period_max, 1_000_000);
+    let status = sampler.status();
+    assert_eq!(status.events[0].source, EventSource::Fallback);
+    assert!(serde_json::to_string(&status).unwrap().contains("\"fallback\""));
+    spin_for(Duration::from_millis(300));
+    sampler.stop();
+    let samples = sink.take_samples();
+    assert!(samples.len() > 50, "fallback cpu-clock produced {} samples", samples.len());
+}
+
+#[test]
+fn auto_uses_cycles_when_there_is_a_pmu() {
+    if !require_perf() {
+        return;
+    }
+    if !has_pmu() {
+        eprintln!("SKIPPED: no hardware PMU here");
+        return;
+    }
+    let sink = Arc::new(CollectSink::default());
+    let sampler = Sampler::start(&SamplerConfig::default(), sink.clone()).expect("start auto");
+    let ev = sampler.events()[0].clone();
+    spin_for(Duration::from_millis(300));
+    sampler.stop();
+    assert_eq!(ev.source, EventSource::Hardware);
+    assert_eq!(ev.desc.name, "cycles");
+    assert_eq!((ev.desc.period_min, ev.desc.period_max), (1_875_000, 2_000_000));
+    assert!(sink.take_samples().len() > 50);
+}
+
+#[test]
+fn explicit_hardware_event_fails_with_its_name_and_errno() {
+    if !require_perf() {
+        return;
+    }
+    let sink = Arc::new(CollectSink::default());
+    let cfg = SamplerConfig {
+        events: parse_event_list("cpu-clock,cycles:1000000").unwrap(),
+        ..no_pmu_config()
+    };
+    let err = Sampler::start(&cfg, sink).expect_err("cycles must not open without a PMU");
+    let msg = err.to_string();
+    assert!(matches!(err, SamplerError::Open { .. }), "{msg}");
+    assert!(msg.contains("cycles:1000000"), "{msg}");
+    assert!(msg.contains("ENOENT"), "{msg}");
+}
+
+#[test]
+fn two_events_share_one_ring_per_cpu() {
+    if !require_perf() {
+        return;
+    }
+    let sink = Arc::new(CollectSink::default());
+    let cfg = SamplerConfig {
+        events: parse_event_list("cpu-clock:2000000,page-faults:10").unwrap(),
+        ..SamplerConfig::default()
+    };
+    let sampler = Sampler::start(&cfg, sink.clone()).expect("start");
+    // Touch fresh pages to cause page faults.
+    for _ in 0..20 {
+        let v = vec![1u8; 4 << 20];
+        std::hint::black_box(&v);
+    }
+    spin_for(Duration::from_millis(300));
+    sampler.stop();
+    let samples = sink.take_samples();
+    let clock = samples.iter().filter(|s| s.event == 0).count();
+    let faults: Vec<_> = samples.iter().filter(|s| s.event == 1).collect();
+    assert!(clock > 50, "cpu-clock samples: {clock}");
+    assert!(faults.len() > 50, "page-fault samples: {}", faults.len());
+    assert!(faults.iter().all(|s| (10 - 10 / 16..=10).contains(&s.period)));
+}

@@ -1,0 +1,64 @@
+//! Shared by the sampler's integration tests: a sink that keeps everything, and the perf check.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use dcpid::types::{PerfTime, Sample, SampleSink, TimedSideBand};
+
+/// Whether perf_event_open works here. Prints why and returns false when it does not, unless
+/// `DCPI_REQUIRE_PERF=1`, in which case it panics.
+pub fn require_perf() -> bool {
+    match dcpid::perf::probe() {
+        Ok(_) => true,
+        Err(e) => {
+            if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
+                panic!("perf_event_open is required (DCPI_REQUIRE_PERF=1) but unusable: {e}");
+            }
+            eprintln!("SKIPPED: perf_event_open not permitted: {e}");
+            false
+        }
+    }
+}
+
+/// Keeps every sample and side-band record, and the `drained_until` of each call.
+#[derive(Debug, Default)]
+pub struct CollectSink {
+    pub samples: Mutex<Vec<Sample>>,
+    pub sideband: Mutex<Vec<TimedSideBand>>,
+    /// Per CPU: (drained_until, clock at delivery) of every call.
+    pub drains: Mutex<BTreeMap<u32, Vec<(PerfTime, PerfTime)>>>,
+}
+
+impl SampleSink for CollectSink {
+    fn on_drain(
+        &self,
+        cpu: u32,
+        drained_until: PerfTime,
+        samples: &mut Vec<Sample>,
+        sideband: &mut Vec<TimedSideBand>,
+    ) {
+        let now = dcpid::sys::time::monotonic_ns();
+        self.samples.lock().unwrap().extend(samples.drain(..));
+        self.sideband.lock().unwrap().extend(sideband.drain(..));
+        self.drains.lock().unwrap().entry(cpu).or_default().push((drained_until, now));
+    }
+}
+
+impl CollectSink {
+    pub fn take_samples(&self) -> Vec<Sample> {
+        std::mem::take(&mut *self.samples.lock().unwrap())
+    }
+}
+
+/// Burn CPU on the calling thread for `d`.
+pub fn spin_for(d: std::time::Duration) -> u64 {
+    let t = std::time::Instant::now();
+    let mut x = 0u64;
+    while t.elapsed() < d {
+        for i in 0..1000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    x
+}
