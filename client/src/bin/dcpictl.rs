@@ -1,1 +1,134 @@
-fn main() {}
+//! dcpictl: control a running dcpid.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use dcpi_client::ctl::{render_status, request, DEFAULT_SOCKET};
+
+/// Control a running dcpid (the dcpi profiling daemon) over its control socket.
+///
+/// Exit status: 0 success; 1 the daemon reported an error (e.g. the database is not writable
+/// and a flush is incomplete); 2 usage error; 3 dcpid is not running or the socket cannot be
+/// reached; 4 communication error (bad or missing response).
+#[derive(Parser, Debug)]
+#[command(name = "dcpictl", version, about, long_about, max_term_width = 100)]
+struct Cli {
+    /// dcpid's control socket.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET, global = true)]
+    socket: PathBuf,
+    /// Write the man page or a shell completion script to stdout.
+    #[arg(long, value_enum, hide = true, value_name = "WHAT")]
+    generate: Option<Generate>,
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Show events and their sources, samples per CPU, losses, unknown samples, the epoch,
+    /// flush/publish times, error conditions, and the daemon's own CPU and memory use.
+    ///
+    /// `--json` prints a stable machine-readable object: version, pid, host, db, uptime_s,
+    /// events[] {name, requested, source, period_min, period_max, samples}, cpus[] {cpu,
+    /// online, samples, lost, throttled, error}, samples, lost, throttled, unknown {count,
+    /// fraction, by_reason}, aggregation {samples_aggregated, entries_created, factor, pending,
+    /// late_sideband}, epoch, store {last_flush, last_publish, spool_rows, spool_bytes,
+    /// dirty_profiles, pending_batches, pending_bytes, dropped_samples, db_error, spool_error,
+    /// ...}, condition ("ok" or what is wrong), daemon {cpu_user_s, cpu_sys_s, rss_kib}.
+    /// Fields are only ever added.
+    Status {
+        /// Machine-readable JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write every sample collected so far to the spool and publish every changed profile
+    /// now; returns when done.
+    Flush,
+    /// Epochs: periods of time whose profiles are kept apart.
+    Epoch {
+        #[command(subcommand)]
+        action: EpochCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum EpochCmd {
+    /// Close the current epoch with every sample flushed into it, start a new one, print its id.
+    New,
+    /// Print the current epoch id.
+    Show,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Generate {
+    Man,
+    CompleteBash,
+    CompleteZsh,
+    CompleteFish,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(g) = cli.generate {
+        let mut cmd = Cli::command();
+        let mut out = std::io::stdout().lock();
+        let r = match g {
+            Generate::Man => clap_mangen::Man::new(cmd).section("8").render(&mut out),
+            Generate::CompleteBash => {
+                clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, "dcpictl", &mut out);
+                Ok(())
+            }
+            Generate::CompleteZsh => {
+                clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, "dcpictl", &mut out);
+                Ok(())
+            }
+            Generate::CompleteFish => {
+                clap_complete::generate(clap_complete::Shell::Fish, &mut cmd, "dcpictl", &mut out);
+                Ok(())
+            }
+        };
+        return match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dcpictl: --generate: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let Some(command) = cli.command else {
+        let _ = Cli::command().print_help();
+        return ExitCode::from(2);
+    };
+    let long = Duration::from_secs(300);
+    let short = Duration::from_secs(15);
+    let result = match &command {
+        Cmd::Status { .. } => request(&cli.socket, "status", short),
+        Cmd::Flush => request(&cli.socket, "flush", long),
+        Cmd::Epoch { action: EpochCmd::New } => request(&cli.socket, "epoch-new", long),
+        Cmd::Epoch { action: EpochCmd::Show } => request(&cli.socket, "epoch-show", short),
+    };
+    let v = match result {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("dcpictl: {e}");
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    match command {
+        Cmd::Status { json: true } => {
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default())
+        }
+        Cmd::Status { json: false } => print!("{}", render_status(&v)),
+        Cmd::Flush => println!("flushed"),
+        Cmd::Epoch { .. } => match v.get("epoch").and_then(|e| e.as_str()) {
+            Some(e) => println!("{e}"),
+            None => {
+                eprintln!("dcpictl: no current epoch (database not available?)");
+                return ExitCode::from(1);
+            }
+        },
+    }
+    ExitCode::SUCCESS
+}
