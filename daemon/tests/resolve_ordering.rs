@@ -277,8 +277,8 @@ fn stale_cpu_is_left_out_and_its_late_records_are_applied() {
     assert_eq!(f.agg.stats().late_sideband, 1);
     let r = f.agg.take_resolved();
     assert_eq!(count(&r, 1, 0), 1, "late sample after the late mmap: {r:?}");
-    // The sample aggregated before the late mmap arrived could not know its process.
-    assert_eq!(unknown(&r, UnknownReason::ProcessGone), 1, "{r:?}");
+    // The sample aggregated before the late mmap arrived could not know the mapping.
+    assert_eq!(unknown(&r, UnknownReason::NoMap), 1, "{r:?}");
     assert_eq!(r.samples, 2);
 }
 

@@ -30,7 +30,10 @@
 //!
 //! # Side-band records and the /proc scan
 //! [`Resolver::scan_proc`] reads every `/proc/PID/maps` once at start (time T0). Records older
-//! than T0 for a pid the scan saw are ignored (the scan already reflects them).
+//! than T0 for a pid the scan saw are ignored (the scan already reflects them). Run it through
+//! `Aggregator::with_resolver` (drain threads wait for the scan instead of aggregating samples
+//! of not-yet-scanned processes); samples that were aggregated before their process was known
+//! (asid 0) are still attributed to a process the scan found.
 
 pub mod identity;
 pub mod jit;
@@ -615,9 +618,16 @@ impl Resolver {
                 None => Resolution::Unknown(UnknownReason::KernelUnknown),
             };
         }
-        if asid == 0 {
-            return Resolution::Unknown(UnknownReason::ProcessGone);
-        }
+        let asid = match asid {
+            // The sample was aggregated before its process was known: if the process turned
+            // out to be one the /proc scan (or a record without FORK) introduced, it existed
+            // all along; use its first version. Otherwise the process is gone.
+            0 => match self.procs.get(&pid) {
+                Some(p) if p.born == 0 => p.first_asid,
+                _ => return Resolution::Unknown(UnknownReason::ProcessGone),
+            },
+            a => a,
+        };
         let gen = self.generation;
         let jit_dir = self.cfg.jit_map_dir.clone();
         let proc_root = self.cfg.proc_root.clone();
