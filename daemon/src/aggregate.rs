@@ -117,6 +117,7 @@ impl Hasher for FxHasher {
 }
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+type Table = FxMap<Key, (u64, u64)>;
 
 /// Aggregation key: kernel samples use pid 0 / asid 0 (one kernel address space).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -132,7 +133,7 @@ struct Key {
 struct CpuState {
     /// Samples waiting for the watermark, in ring order.
     pending: VecDeque<Sample>,
-    table: FxMap<Key, (u64, u64)>,
+    table: Table,
 }
 
 #[derive(Clone, Copy)]
@@ -279,11 +280,7 @@ impl Aggregator {
     }
 
     /// Returns the tables and the newest sample time aggregated.
-    fn take_tables(
-        &self,
-        sh: &mut Shared,
-        limit: Option<PerfTime>,
-    ) -> (Vec<FxMap<Key, (u64, u64)>>, PerfTime) {
+    fn take_tables(&self, sh: &mut Shared, limit: Option<PerfTime>) -> (Vec<Table>, PerfTime) {
         let Shared { resolver, stats, .. } = sh;
         let mut newest = 0;
         let tables = self
@@ -316,7 +313,7 @@ impl Aggregator {
     }
 }
 
-fn resolve_tables(resolver: &mut Resolver, tables: Vec<FxMap<Key, (u64, u64)>>) -> Resolved {
+fn resolve_tables(resolver: &mut Resolver, tables: Vec<Table>) -> Resolved {
     resolver.begin_batch();
     let mut out = Resolved::default();
     // Profiles of one image share an Arc: look the image up by pointer before cloning its id.

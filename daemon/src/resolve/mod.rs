@@ -708,9 +708,9 @@ impl Resolver {
     /// ended mappings and old versions, all at or before `horizon` (the watermark up to which
     /// every sample has been aggregated *and* resolved).
     pub fn gc(&mut self, horizon: PerfTime) {
-        self.procs.retain(|_, p| !p.exited.is_some_and(|e| e <= horizon));
+        self.procs.retain(|_, p| p.exited.is_none_or(|e| e > horizon));
         self.retired.retain(|_, v| {
-            v.retain(|o| !o.exited.is_some_and(|e| e <= horizon));
+            v.retain(|o| o.exited.is_none_or(|e| e > horizon));
             !v.is_empty()
         });
         for p in self.procs.values_mut() {
