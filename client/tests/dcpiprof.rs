@@ -185,6 +185,7 @@ impl ElfFacts {
         let f = object::File::parse(&*self.data).expect("parse elf");
         let sym = f
             .symbols()
+            .chain(f.dynamic_symbols())
             .find(|s| s.name().is_ok_and(|n| n == name))
             .unwrap_or_else(|| panic!("no symbol {name}"));
         let vaddr = sym.address();
@@ -978,4 +979,37 @@ fn help_documents_schema_and_generate_writes_man_and_completions() {
             .expect("run");
         assert!(o.status.success() && stdout(&o).contains("image"), "{shell}");
     }
+}
+
+#[test]
+fn vdso_symbolized_from_this_machine_when_the_build_id_matches() {
+    let vdso = dcpi_client::prof::debuginfo::live_vdso().expect("this process has a vDSO");
+    let bid = dcpi_client::prof::symbolize::elf_identity(&vdso)
+        .expect("vDSO is ELF")
+        .build_id
+        .expect("x86_64 vDSOs carry a build-id");
+    let facts = ElfFacts { build_id: bid.clone(), data: vdso };
+    let (off, _) = facts.func("__vdso_clock_gettime");
+    let t = TestDb::new();
+    let hd = t.host(&t.epoch(0), "alpha");
+    let ev = event("cpu-clock", 1000);
+    write_profile(&hd, ImageKind::Vdso, &ImageId::BuildId(bid), b"[vdso]", &ev, &[(off, 4)], 1000);
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "[vdso]"]);
+    let top = rows(&v)[0]["symbol"].as_str().unwrap_or("").to_owned();
+    assert!(top.ends_with("clock_gettime"), "{v:#}");
+    assert_eq!(rows(&v)[0]["samples"], 4);
+
+    // Another kernel's vDSO (unknown build-id): offsets, never this machine's symbols.
+    let hd2 = t.host(&t.epoch(10), "alpha");
+    write_profile(
+        &hd2,
+        ImageKind::Vdso,
+        &ImageId::BuildId(vec![9; 20]),
+        b"[vdso]",
+        &ev,
+        &[(off, 4)],
+        1000,
+    );
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "[vdso]"]);
+    assert_eq!(rows(&v)[0]["symbol"], format!("[vdso]+{off:#x}"));
 }

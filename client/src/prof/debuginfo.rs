@@ -299,3 +299,21 @@ pub fn cache_binary(file: &Path, cache_root: &Path) -> Result<PathBuf, CacheErro
     std::fs::rename(&tmp, &dest).map_err(io(&dest))?;
     Ok(dest)
 }
+
+/// The vDSO image mapped into this process (read through `/proc/self/mem`), for symbolizing
+/// vDSO samples when the profiled kernel's vDSO has the same build-id as ours.
+pub fn live_vdso() -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| l.trim_end().ends_with("[vdso]"))?;
+    let range = line.split_whitespace().next()?;
+    let (start, end) = range.split_once('-')?;
+    let start = u64::from_str_radix(start, 16).ok()?;
+    let end = u64::from_str_radix(end, 16).ok()?;
+    let len = usize::try_from(end.checked_sub(start)?).ok().filter(|&l| l > 0 && l <= 1 << 20)?;
+    let mut mem = std::fs::File::open("/proc/self/mem").ok()?;
+    mem.seek(SeekFrom::Start(start)).ok()?;
+    let mut buf = vec![0u8; len];
+    mem.read_exact(&mut buf).ok()?;
+    Some(buf)
+}

@@ -81,7 +81,13 @@ BINARIES AND DEBUG INFO
   Separate debug files: <dir>/.build-id/xx/rest.debug for each --debug-dir then
   /usr/lib/debug, then .gnu_debuglink (CRC32 checked) in --debug-dirs, beside the binary,
   its .debug/ dir and /usr/lib/debug/<dir>. Kernel and module samples are symbolized from the
-  epoch's kallsyms snapshot, never from the live /proc/kallsyms.
+  epoch's kallsyms snapshot, never from the live /proc/kallsyms. vDSO samples use a copy found
+  by build-id (--binary-path, caches) or this machine's vDSO if its build-id matches; otherwise
+  they are shown as [vdso]+0xOFFSET. JIT regions ([anon:PID:comm]) use the perf-PID.map
+  symbols stored with the profile.
+  --lines keys rows by file:line of the innermost DWARF frame; --inlines names the innermost
+  inlined function instead of the enclosing symbol. Both need DWARF (in the binary or a
+  separate debug file) and fall back to symbols with a warning.
 
 EXIT STATUS
   0 success; 1 error, or corrupt profile files were skipped (unless --ignore-corrupt);

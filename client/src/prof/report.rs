@@ -13,9 +13,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use profile_format::{ImageId, ImageKind, KallsymsSnapshot, KernelSymbol, UnknownReason};
 use serde::Serialize;
 
-use super::debuginfo::{find_debug_file, Located, Locator};
+use super::debuginfo::{find_debug_file, live_vdso, Located, Locator};
 use super::select::{epochs_and_hosts, Loaded, LoadedProfile};
-use super::symbolize::{demangle, ElfSymbolizer};
+use super::symbolize::{demangle, elf_identity, ElfSymbolizer};
 use super::ProfError;
 
 /// One event in a report header.
@@ -683,8 +683,15 @@ pub fn symbol_report(
                 }
             }
             ImageKind::Vdso => {
+                let sym = elf_cache
+                    .entry(h.image_id.clone())
+                    .or_insert_with(|| load_vdso(locator, &h.image_id, mode, &mut info));
                 for (&off, &c) in &p.profile.counts {
-                    add((format!("[vdso]+{off:#x}"), None), c);
+                    let key = match sym {
+                        ElfState::Ready(s) => elf_key(s, off, mode),
+                        _ => (format!("[vdso]+{off:#x}"), None),
+                    };
+                    add(key, c);
                 }
             }
             ImageKind::Unknown => {
@@ -725,6 +732,34 @@ pub fn symbol_report(
         events: infos,
         rows_omitted: omitted,
         rows: out,
+    }
+}
+
+/// The vDSO has no file: look for a copy by build-id (binary paths, caches), else use this
+/// machine's own vDSO if it is the same build.
+fn load_vdso(
+    locator: &mut Locator,
+    id: &ImageId,
+    mode: SymbolMode,
+    info: &mut ImageInfo,
+) -> ElfState {
+    let ImageId::BuildId(bid) = id else { return ElfState::Missing };
+    let want_dwarf = mode.inlines || mode.lines;
+    let (data, from) = match locator.locate(id, &[]) {
+        Located::Found { path, data } => (data, path.display().to_string()),
+        _ => match live_vdso() {
+            Some(d) if elf_identity(&d).ok().and_then(|i| i.build_id).as_ref() == Some(bid) => {
+                (d, "[vdso] of this machine (same build-id)".to_owned())
+            }
+            _ => return ElfState::Missing,
+        },
+    };
+    match ElfSymbolizer::new(&data, None, want_dwarf) {
+        Ok(s) => {
+            info.binary = Some(from);
+            ElfState::Ready(Box::new(s))
+        }
+        Err(_) => ElfState::Missing,
     }
 }
 
@@ -825,4 +860,28 @@ fn kernel_lookup(
     }
     let end = s.symbols.partition_point(|k| k.addr <= addr);
     s.symbols[..end].iter().rev().find(|k| k.module == module)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_with_control_characters_are_escaped() {
+        assert_eq!(display_path(b"/tmp/a\nb"), "/tmp/a\\nb");
+        assert_eq!(display_path(b"/tmp/\xffx"), "/tmp/\u{fffd}x");
+        assert_eq!(display_path(b"/usr/bin/ls"), "/usr/bin/ls");
+    }
+
+    #[test]
+    fn image_specs() {
+        assert_eq!(parse_spec("vmlinux"), Spec::Kernel);
+        assert_eq!(parse_spec("[vdso]"), Spec::Vdso);
+        assert_eq!(parse_spec("deadbeef"), Spec::Hex("deadbeef".into()));
+        assert_eq!(parse_spec("bDEADBEEF00"), Spec::Hex("bdeadbeef00".into()));
+        assert_eq!(parse_spec("dead"), Spec::Name("dead".into()));
+        assert_eq!(parse_spec("/usr/bin/x"), Spec::Path(b"/usr/bin/x".to_vec()));
+        assert_eq!(parse_spec("[ext4]"), Spec::Name("ext4".into()));
+        assert_eq!(parse_spec("[anon:12:node]"), Spec::Anon("[anon:12:node".into()));
+    }
 }
