@@ -924,6 +924,19 @@ fn kernel_and_modules_from_the_epoch_snapshot() {
     let v = json_ok(&t.root(), &["--host", "alpha"]);
     assert_eq!(row(&v, "image", "[kernel.kallsyms]")["kind"], "kernel");
     assert_eq!(row(&v, "image", "[fakemod]")["kind"], "module");
+
+    // A snapshot of another kernel build must not name the samples.
+    let hd2 = t.host(&t.epoch(10), "alpha");
+    let mut other = snap.clone();
+    other.kernel_build_id = Some(vec![0x11; 20]);
+    other.write(&hd2.kallsyms_path()).expect("write snapshot");
+    let kb = ImageId::BuildId(vec![0x22; 20]);
+    write_profile(&hd2, ImageKind::Kernel, &kb, b"[kernel.kallsyms]", &ev, &[(0x100, 5)], 1000);
+    let o = prof(&t.root(), &["--host", "alpha", "--image", "kernel", "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(row(&v, "symbol", "[build-id mismatch]")["samples"], 5);
+    assert!(stderr(&o).contains(&hex::encode([0x11; 20])), "{}", stderr(&o));
 }
 
 #[test]

@@ -654,7 +654,32 @@ pub fn symbol_report(
                 } else {
                     None
                 };
+                // The snapshot must describe the same kernel/module build as the profile.
+                let snap_id = match (&snap, module) {
+                    (Some(s), None) => s.kernel_build_id.clone(),
+                    (Some(s), Some(Some((mi, _)))) => {
+                        s.modules.get(mi as usize).and_then(|m| m.build_id.clone())
+                    }
+                    _ => None,
+                };
+                let mismatch = match (&h.image_id, &snap_id) {
+                    (ImageId::BuildId(want), Some(have)) if want != have => {
+                        warn(format!(
+                            "{}: kallsyms snapshot of {} has build-id {}, the profile {}; not symbolizing",
+                            image_display(p),
+                            loaded.dirs[p.dir].path.display(),
+                            hex::encode(have),
+                            hex::encode(want)
+                        ));
+                        true
+                    }
+                    _ => false,
+                };
                 for (&off, &c) in &p.profile.counts {
+                    if mismatch {
+                        add(("[build-id mismatch]".to_owned(), None), c);
+                        continue;
+                    }
                     let found = match (&snap, module) {
                         (Some(s), None) => kernel_lookup(s, None, s.text_base.checked_add(off)),
                         (Some(s), Some(Some((mi, base)))) => {
