@@ -1,7 +1,7 @@
 //! Talking to a running dcpid over its control socket (protocol: one JSON request line, one
 //! JSON response line; see the daemon's `control` module).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -74,8 +74,6 @@ pub fn request(socket: &Path, cmd: &str, timeout: Duration) -> Result<Value, Ctl
     }
 }
 
-use std::io::Read;
-
 fn u(v: &Value, k: &str) -> u64 {
     v.get(k).and_then(Value::as_u64).unwrap_or(0)
 }
@@ -110,18 +108,15 @@ pub fn render_status(v: &Value) -> String {
     );
     o += &format!("condition:  {}\n", s(v, "condition"));
     o += &format!("epoch:      {}\n", s(v, "epoch"));
-    o += "\nEVENT                SOURCE     PERIOD WINDOW              SAMPLES\n";
+    o += "\nEVENT                SOURCE     PERIOD WINDOW                 SAMPLES\n";
     for e in v.get("events").and_then(Value::as_array).into_iter().flatten() {
+        let window = format!("[{}, {}]", u(e, "period_min"), u(e, "period_max"));
         o += &format!(
-            "{:<20} {:<10} [{}, {}]{:>w$}\n",
+            "{:<20} {:<10} {:<24} {:>12}\n",
             s(e, "name"),
             s(e, "source"),
-            u(e, "period_min"),
-            u(e, "period_max"),
-            u(e, "samples"),
-            w = 30usize
-                .saturating_sub(format!("[{}, {}]", u(e, "period_min"), u(e, "period_max")).len())
-                + 9
+            window,
+            u(e, "samples")
         );
     }
     o += "\nCPU  ONLINE     SAMPLES     LOST  THROTTLED  ERROR\n";

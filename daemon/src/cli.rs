@@ -185,7 +185,7 @@ impl Cli {
         }
         s.duration = self.duration;
         // Flag names in errors: the field names match the flags with `_` for `-`.
-        s.validate("command line")?;
+        s.validate(crate::config::COMMAND_LINE)?;
         Ok(s)
     }
 }
@@ -229,7 +229,11 @@ mod tests {
         assert!(err.contains("--flush-interval"), "{err}");
         let cli = Cli::try_parse_from(["dcpid", "-c", "none", "--host", "a/b"]).unwrap();
         let err = cli.settings().unwrap_err().to_string();
-        assert!(err.contains("host"), "{err}");
+        assert!(err.contains("--host"), "{err}");
+        let cli = Cli::try_parse_from(["dcpid", "-c", "none", "--host", "h", "--ring-pages", "3"])
+            .unwrap();
+        let err = cli.settings().unwrap_err().to_string();
+        assert!(err.contains("--ring-pages"), "{err}");
         let cli = Cli::try_parse_from(["dcpid", "-c", "/nonexistent/dcpid.toml"]).unwrap();
         let err = cli.settings().unwrap_err().to_string();
         assert!(err.contains("/nonexistent/dcpid.toml"), "{err}");

@@ -44,7 +44,7 @@ pub enum ConfigError {
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("{origin}: invalid value {value:?} for `{field}`: {detail}")]
-    Invalid { origin: String, field: &'static str, value: String, detail: String },
+    Invalid { origin: String, field: String, value: String, detail: String },
 }
 
 /// Events requested: `auto` or an explicit list of event specs (`perf::events` syntax).
@@ -251,7 +251,7 @@ impl Settings {
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
         let bad = |field: &'static str, value: String, detail: &str| ConfigError::Invalid {
             origin: origin.to_string(),
-            field,
+            field: if origin == COMMAND_LINE { flag_for(field) } else { field.to_string() },
             value,
             detail: detail.into(),
         };
@@ -312,10 +312,21 @@ impl Settings {
     }
 }
 
+/// Origin of settings given as flags (errors then name the flag, or the file key it may come from).
+pub const COMMAND_LINE: &str = "command line";
+
+fn flag_for(field: &str) -> String {
+    let flag = match field {
+        "max_memory_mb" => "max-memory".to_string(),
+        f => f.replace('_', "-"),
+    };
+    format!("--{flag}` (or `{field}` in the configuration file)")
+}
+
 fn duration_field(origin: &str, field: &'static str, v: &str) -> Result<Duration, ConfigError> {
     parse_duration(v).map_err(|detail| ConfigError::Invalid {
         origin: origin.to_string(),
-        field,
+        field: field.to_string(),
         value: v.to_string(),
         detail,
     })
