@@ -41,6 +41,9 @@ const DRAIN_SLACK_NS: u64 = 1_000_000;
 /// How often each drain thread reads time_enabled/time_running of its fds.
 const TIMES_INTERVAL_NS: u64 = 1_000_000_000;
 
+/// Counting (non-clock) events are re-armed at a random point within this long after a pass.
+const COUNT_RESTART_SPREAD_NS: u64 = 1_000_000;
+
 /// At most one loss/throttle warning per CPU per this interval.
 const WARN_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -64,6 +67,9 @@ pub struct SamplerConfig {
     /// Test hook: hardware and raw events fail to open with ENOENT, as on a machine without a
     /// PMU (lets the `auto` fallback be tested on machines that have one).
     pub simulate_no_pmu: bool,
+    /// Run drain threads SCHED_FIFO (priority 1) so that they run as soon as the ring wakes
+    /// them instead of at the next scheduler tick; see README.md (phase locking).
+    pub realtime_drain: bool,
 }
 
 impl Default for SamplerConfig {
@@ -82,6 +88,7 @@ impl Default for SamplerConfig {
             randomize: true,
             hotplug_interval: Duration::from_secs(5),
             simulate_no_pmu: false,
+            realtime_drain: true,
         }
     }
 }
@@ -447,6 +454,11 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
         return;
     }
     let cfg = &shared.cfg;
+    if cfg.realtime_drain {
+        if let Err(e) = sp::set_fifo_priority(1) {
+            tracing::warn!(cpu, error = %e, "cannot make the drain thread SCHED_FIFO; period redraws will follow the scheduler tick");
+        }
+    }
     let n = shared.plans.len();
     let mut rng = StdRng::from_entropy();
     let t0 = monotonic_ns();
@@ -460,6 +472,7 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
     let mut samples: Vec<Sample> = Vec::with_capacity(1024);
     let mut sideband: Vec<TimedSideBand> = Vec::new();
     let mut per_event = vec![0u64; n];
+    let mut due = vec![false; n];
     let mut last_times = 0u64;
     let mut last_warn: Option<Instant> = None;
     let (mut lost_unwarned, mut throttle_unwarned) = (0u64, 0u64);
@@ -596,16 +609,34 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
 
         if cfg.randomize {
             let now = monotonic_ns();
+            let mut max_delay = u64::MAX;
             for (i, plan) in shared.plans.iter().enumerate() {
-                let st = &mut ps[i];
+                let st = &ps[i];
                 let elapsed = now.saturating_sub(armed_at[i]);
-                let due = st.since_arm > 0 || elapsed >= redraw_ns;
                 // The ioctl restarts a clock event's timer: re-arming within one period would
                 // suppress samples.
                 let spaced = !plan.time_based || elapsed >= st.cur;
-                if plan.min < plan.max && due && spaced {
-                    let p = plan.draw(&mut rng);
-                    match ring.fds[i].set_period(p) {
+                due[i] =
+                    plan.min < plan.max && (st.since_arm > 0 || elapsed >= redraw_ns) && spaced;
+                if due[i] {
+                    let d = if plan.time_based { st.cur } else { COUNT_RESTART_SPREAD_NS };
+                    max_delay = max_delay.min(d);
+                }
+            }
+            if max_delay != u64::MAX {
+                // The re-arm restarts the counter, so the time of the ioctl fixes the phase of
+                // the samples that follow. This pass may have been started by something
+                // phase-locked to the scheduler tick (side-band records of other processes, a
+                // timeout), so re-arm at a uniformly random point of the next period.
+                let delay = rng.gen_range(0..max_delay.clamp(1, redraw_ns / 4));
+                std::thread::sleep(Duration::from_nanos(delay));
+                for (i, fd) in ring.fds.iter().enumerate() {
+                    if !due[i] {
+                        continue;
+                    }
+                    let st = &mut ps[i];
+                    let p = shared.plans[i].draw(&mut rng);
+                    match fd.set_period(p) {
                         Ok(()) => {
                             let t = monotonic_ns();
                             *st =
@@ -616,7 +647,7 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
                         }
                         Err(e) => {
                             stats.set_error(format!("PERF_EVENT_IOC_PERIOD: {e}"));
-                            armed_at[i] = now;
+                            armed_at[i] = monotonic_ns();
                         }
                     }
                 }

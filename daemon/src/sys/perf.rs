@@ -327,6 +327,18 @@ pub fn pin_current_thread(cpu: u32) -> io::Result<()> {
     }
 }
 
+/// Give the calling thread SCHED_FIFO at `priority` (1 = lowest real-time priority).
+pub fn set_fifo_priority(priority: i32) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: `param` is a valid sched_param; pid 0 = calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    if rc < 0 {
+        Err(last_errno())
+    } else {
+        Ok(())
+    }
+}
+
 /// What poll(2) saw on a ring fd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct PollResult {

@@ -1,0 +1,216 @@
+//! Why overflow periods are randomized: a workload whose phases repeat with the sampling period
+//! is misattributed by a fixed period and measured correctly by a randomized one.
+//!
+//! One workload thread per CPU (pinned) runs `phase_a_work` for the first 75% of every
+//! P = 4 ms interval of CLOCK_MONOTONIC and `phase_b_work` for the last 25%. The sampler runs
+//! cpu-clock:4000000 for 8 s, once with randomization off (every sample lands at the same phase
+//! of the workload's cycle) and once with the default window [P - P/16, P]. Samples are
+//! classified by the two functions' address ranges, read from this test binary's symbol table.
+//!
+//! Measured on the 2-vCPU Firecracker VM (kernel 6.18), share of samples in phase B:
+//! see daemon/src/perf/README.md (fixed period: 0% or 100% depending on where the timer's
+//! phase falls; randomized: within ~2 points of the true 25%).
+
+mod sampler_support;
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dcpid::perf::{parse_event_list, Sampler, SamplerConfig};
+use dcpid::sys::time::monotonic_ns;
+use object::{Object, ObjectSymbol};
+use sampler_support::{require_perf, CollectSink};
+
+const P: u64 = 4_000_000;
+
+// Plain operators and `while` only: in unoptimized test builds every method call (ranges,
+// wrapping_mul, black_box) would be a call out of the function and its samples would land
+// outside the function's address range.
+#[inline(never)]
+fn phase_a_work(mut x: u64) -> u64 {
+    let mut i = 0;
+    while i < 512 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        i += 1;
+    }
+    x
+}
+
+#[inline(never)]
+fn phase_b_work(mut x: u64) -> u64 {
+    let mut i = 0;
+    while i < 512 {
+        x ^= x << 5;
+        x ^= x >> 11;
+        x ^= x << 23;
+        i += 1;
+    }
+    x
+}
+
+/// Run A for 75% and B for 25% of every P of CLOCK_MONOTONIC, on `cpu`, for `d`. Returns how
+/// many chunks of A and of B ran: both cost the same, so their ratio is the true ratio of CPU
+/// time even when other processes preempt the workload (the scheduler tick is phase-locked too:
+/// HZ=250 is also 4 ms).
+fn workload(cpu: u32, d: Duration) -> (u64, u64) {
+    dcpid::sys::perf::pin_current_thread(cpu).expect("pin workload");
+    let end = monotonic_ns() + d.as_nanos() as u64;
+    let mut x = 1u64;
+    let (mut na, mut nb) = (0u64, 0u64);
+    loop {
+        let now = monotonic_ns();
+        if now >= end {
+            black_box(x);
+            return (na, nb);
+        }
+        if now % P < P * 3 / 4 {
+            x = phase_a_work(x);
+            na += 1;
+        } else {
+            x = phase_b_work(x);
+            nb += 1;
+        }
+    }
+}
+
+/// Runtime address ranges of the two phase functions.
+fn ranges() -> [(u64, u64); 2] {
+    let data = std::fs::read("/proc/self/exe").expect("read /proc/self/exe");
+    let file = object::File::parse(&*data).expect("parse test binary");
+    let find = |needle: &str| {
+        file.symbols()
+            .find(|s| s.name().is_ok_and(|n| n.contains(needle)) && s.size() > 0)
+            .map(|s| (s.address(), s.size()))
+            .unwrap_or_else(|| panic!("symbol {needle} not in the test binary's symbol table"))
+    };
+    let (a, asz) = find("phase_a_work");
+    let (b, bsz) = find("phase_b_work");
+    let bias = (phase_a_work as fn(u64) -> u64 as usize as u64).wrapping_sub(a);
+    let bias_b = (phase_b_work as fn(u64) -> u64 as usize as u64).wrapping_sub(b);
+    assert_eq!(bias, bias_b, "inconsistent load bias");
+    [(a.wrapping_add(bias), asz), (b.wrapping_add(bias), bsz)]
+}
+
+/// What one CPU saw during a run.
+#[derive(Debug, Default, Clone, Copy)]
+struct CpuResult {
+    cpu: u32,
+    /// Samples of the workload in A and in B.
+    a: u64,
+    b: u64,
+    /// Chunks of A and B the workload ran (the truth).
+    chunks_a: u64,
+    chunks_b: u64,
+    /// Phase (time mod P) histogram of all samples on this CPU.
+    hist: [u64; 8],
+}
+
+impl CpuResult {
+    fn share(&self) -> f64 {
+        self.b as f64 / (self.a + self.b).max(1) as f64
+    }
+    fn truth(&self) -> f64 {
+        self.chunks_b as f64 / (self.chunks_a + self.chunks_b).max(1) as f64
+    }
+    /// Fraction of the samples in the two fullest adjacent phase bins.
+    fn concentration(&self) -> f64 {
+        let total: u64 = self.hist.iter().sum();
+        let best = (0..8).map(|i| self.hist[i] + self.hist[(i + 1) % 8]).max().unwrap_or(0);
+        best as f64 / total.max(1) as f64
+    }
+}
+
+/// Run the workload on every CPU under a sampler with `cfg`; per-CPU results.
+fn measure(cfg: &SamplerConfig, cpus: &[u32]) -> Vec<CpuResult> {
+    let [(a, asz), (b, bsz)] = ranges();
+    let sink = Arc::new(CollectSink::default());
+    let sampler = Sampler::start(cfg, sink.clone()).expect("start sampler");
+    let hs: Vec<_> = cpus
+        .iter()
+        .map(|&cpu| std::thread::spawn(move || workload(cpu, Duration::from_secs(8))))
+        .collect();
+    let mut out: Vec<CpuResult> =
+        cpus.iter().map(|&cpu| CpuResult { cpu, ..Default::default() }).collect();
+    for (h, r) in hs.into_iter().zip(out.iter_mut()) {
+        (r.chunks_a, r.chunks_b) = h.join().unwrap();
+    }
+    sampler.stop();
+    let me = std::process::id();
+    for s in sink.take_samples() {
+        let Some(r) = out.iter_mut().find(|r| r.cpu == s.cpu) else { continue };
+        r.hist[(s.time % P * 8 / P) as usize] += 1;
+        if s.pid != me {
+            continue;
+        }
+        if (a..a + asz).contains(&s.pc) {
+            r.a += 1;
+        } else if (b..b + bsz).contains(&s.pc) {
+            r.b += 1;
+        }
+    }
+    for r in &out {
+        eprintln!(
+            "  cpu {}: B share measured {:.1}% of {} samples, truth {:.1}%; phase histogram {:?}",
+            r.cpu,
+            r.share() * 100.0,
+            r.a + r.b,
+            r.truth() * 100.0,
+            r.hist
+        );
+    }
+    out
+}
+
+#[test]
+fn randomized_periods_defeat_phase_locking() {
+    if !require_perf() {
+        return;
+    }
+    let cpus = dcpid::perf::sampler::online_cpus().expect("online cpus");
+    let events = parse_event_list(&format!("cpu-clock:{P}")).unwrap();
+    let fixed = SamplerConfig { events: events.clone(), randomize: false, ..Default::default() };
+    let random = SamplerConfig { events, ..Default::default() };
+
+    eprintln!("fixed period {P} ns:");
+    let f = measure(&fixed, &cpus);
+    eprintln!("randomized period in [{}, {P}] ns:", P - P / 16);
+    let r = measure(&random, &cpus);
+
+    // Fixed period: each CPU's samples all fall at one phase of the 4 ms cycle, so that CPU
+    // reports 0% or 100% B (or a jittery split if the phase sits on a boundary).
+    for c in &f {
+        assert!(c.a + c.b >= 150, "cpu {}: too few workload samples: {c:?}", c.cpu);
+        assert!(c.concentration() > 0.9, "cpu {}: fixed period not phase-locked: {c:?}", c.cpu);
+    }
+    let worst = f.iter().map(|c| (c.share() - c.truth()).abs()).fold(0.0, f64::max);
+    assert!(worst > 0.10, "a fixed period should misattribute the workload: {f:?}");
+
+    // Randomized: phases spread over the cycle, shares within a few points of the truth.
+    let (a, b): (u64, u64) = r.iter().fold((0, 0), |(a, b), c| (a + c.a, b + c.b));
+    let (ca, cb): (u64, u64) = r.iter().fold((0, 0), |(a, b), c| (a + c.chunks_a, b + c.chunks_b));
+    let share = b as f64 / (a + b).max(1) as f64;
+    let truth = cb as f64 / (ca + cb).max(1) as f64;
+    eprintln!(
+        "randomized overall: measured {:.1}% of {} samples, truth {:.1}%",
+        share * 100.0,
+        a + b,
+        truth * 100.0
+    );
+    assert!(a + b >= 300, "too few workload samples with randomized periods: {r:?}");
+    for c in &r {
+        assert!(
+            c.concentration() < 0.5,
+            "cpu {}: randomized phases still concentrated: {c:?}",
+            c.cpu
+        );
+    }
+    assert!(
+        (share - truth).abs() < 0.05,
+        "randomized periods should measure B within a few points of the truth {:.1}%, got {:.1}%",
+        truth * 100.0,
+        share * 100.0
+    );
+}
