@@ -581,3 +581,168 @@ fn sysusers_and_tmpfiles_entries_apply() {
     assert!(meta.is_dir());
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), uid, "/var/lib/dcpi not owned by dcpi");
 }
+
+/// Every capability the unit keeps is needed: dropping any one of them loses something the
+/// unprivileged daemon otherwise gets (kernel symbol addresses, or the build-id of another
+/// user's binary found through /proc).
+#[test]
+fn each_unit_capability_is_needed() {
+    if !require_perf() {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 || Command::new("setpriv").arg("--version").output().is_err()
+    {
+        eprintln!("SKIPPED: needs root and setpriv(1) to run dcpid as nobody with chosen caps");
+        return;
+    }
+    let shell = std::fs::canonicalize("/bin/sh").expect("/bin/sh");
+    let shell = shell.to_str().expect("utf-8 path").to_string();
+    let Some(build_id) = readelf_build_id(&shell) else {
+        eprintln!("SKIPPED: readelf missing or {shell} has no build-id");
+        return;
+    };
+    for dropped in CAPABILITIES.iter().filter(|c| **c != "CAP_PERFMON") {
+        let caps: Vec<&str> = CAPABILITIES.iter().copied().filter(|c| c != dropped).collect();
+        let (kernel_addrs, found) = run_unprivileged(&caps, &shell, &build_id);
+        assert!(
+            !kernel_addrs || !found,
+            "without {dropped} dcpid still got kernel addresses and {shell}'s build-id: \
+             the unit keeps a capability it does not need"
+        );
+    }
+}
+
+/// Run dcpid as nobody with `caps` while a root-owned busy loop of `shell` runs; return whether
+/// the kallsyms snapshot has real addresses and whether a profile for `build_id` was written.
+fn run_unprivileged(caps: &[&str], shell: &str, build_id: &str) -> (bool, bool) {
+    let sb = Sandbox::new();
+    std::fs::set_permissions(sb.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("chmod sandbox");
+    let mut busy = KillOnDrop(
+        Command::new(shell).args(["-c", "while :; do :; done"]).spawn().expect("spawn busy loop"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dcpid_as_nobody(&sb, caps, &["--duration", "3s"]);
+    let _ = busy.0.kill();
+    assert!(
+        out.status.success(),
+        "dcpid as nobody with {caps:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let db = profile_format::Database::open(&sb.db()).expect("database");
+    let epoch = db.current_epoch().expect("epochs").expect("an epoch");
+    let host = db.host_dir(&epoch, "capstest").expect("host dir");
+    let snap_path = host.kallsyms_path();
+    let kernel_addrs = std::fs::read(&snap_path)
+        .ok()
+        .and_then(|b| profile_format::KallsymsSnapshot::decode(&b, &snap_path).ok())
+        .is_some_and(|s| {
+            let nonzero = s.symbols.iter().filter(|s| s.addr != 0).count();
+            !s.symbols.is_empty() && nonzero * 2 > s.symbols.len()
+        });
+    let want = format!("b{build_id}");
+    let found = host
+        .profiles()
+        .expect("profiles")
+        .iter()
+        .any(|p| p.image_id.as_ref().is_some_and(|i| i.to_text() == want));
+    (kernel_addrs, found)
+}
+
+/// Expand a systemd syscall group (or a single name) to syscall names.
+fn expand_syscalls(sa: &Path, item: &str, out: &mut std::collections::BTreeSet<String>) {
+    if !item.starts_with('@') {
+        out.insert(item.to_string());
+        return;
+    }
+    let text = Command::new(sa).args(["syscall-filter", item]).output().expect("syscall-filter");
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line == item {
+            continue;
+        }
+        expand_syscalls(sa, line, out);
+    }
+}
+
+/// The unit's SystemCallFilter= allows every system call dcpid makes (traced with strace over
+/// a run with control requests), except those whose EPERM dcpid handles on purpose.
+#[test]
+fn unit_syscall_filter_allows_what_dcpid_uses() {
+    let Some(sa) = systemd_analyze() else { return };
+    if Command::new("strace").arg("-V").output().is_err() {
+        eprintln!("SKIPPED: strace is not installed");
+        return;
+    }
+    if !require_perf() {
+        return;
+    }
+    // The allowed set, applying the unit's SystemCallFilter= lines in order (the first one is
+    // an allow-list; later `~` lines remove, plain lines add).
+    let unit = std::fs::read_to_string(repo_root().join("systemd/dcpid.service")).expect("unit");
+    let mut allowed = std::collections::BTreeSet::new();
+    for (_, value) in unit_directives(&unit).iter().filter(|(k, _)| k == "SystemCallFilter") {
+        let (deny, list) = match value.strip_prefix('~') {
+            Some(rest) => (true, rest),
+            None => (false, value.as_str()),
+        };
+        let mut set = std::collections::BTreeSet::new();
+        for item in list.split_whitespace() {
+            expand_syscalls(&sa, item, &mut set);
+        }
+        if deny {
+            allowed.retain(|s| !set.contains(s));
+        } else {
+            allowed.extend(set);
+        }
+    }
+    assert!(allowed.contains("perf_event_open"), "perf_event_open not allowed by the unit");
+
+    let sb = Sandbox::new();
+    let trace = sb.dir.path().join("trace");
+    let mut child = KillOnDrop(
+        Command::new("strace")
+            .args(["-f", "-qq", "-o"])
+            .arg(&trace)
+            .arg(bin("dcpid"))
+            .args(sb.daemon_args("strace"))
+            .args(["--duration", "6s"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn strace"),
+    );
+    // Exercise the control socket while it runs.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ctl = |args: &[&str]| {
+        Command::new(bin("dcpictl")).arg("--socket").arg(sb.socket()).args(args).output()
+    };
+    while !ctl(&["status"]).is_ok_and(|o| o.status.success()) {
+        assert!(Instant::now() < deadline, "dcpid under strace never answered status");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = ctl(&["status", "--json"]);
+    let _ = ctl(&["epoch", "new"]);
+    let status = child.0.wait().expect("wait strace");
+    assert!(status.success(), "dcpid under strace exited with {status}");
+
+    let text = std::fs::read_to_string(&trace).expect("trace");
+    let mut used = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        // "<pid> <name>(..." ; skip "<pid> +++ exited" and "--- SIG" lines.
+        let rest = line.split_once(' ').map(|(_, r)| r.trim_start()).unwrap_or("");
+        if let Some((name, _)) = rest.split_once('(') {
+            if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                used.insert(name.to_string());
+            }
+        }
+    }
+    assert!(used.contains("perf_event_open"), "trace has no perf_event_open: bad trace?");
+    // SCHED_FIFO for the drain threads is optional (RestrictRealtime=yes denies it anyway);
+    // the sampler logs a warning and carries on.
+    const TOLERATED: &[&str] = &["sched_setscheduler"];
+    let denied: Vec<&String> =
+        used.iter().filter(|s| !allowed.contains(*s) && !TOLERATED.contains(&s.as_str())).collect();
+    assert!(denied.is_empty(), "dcpid makes system calls the unit's filter denies: {denied:?}");
+}
