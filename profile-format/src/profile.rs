@@ -294,7 +294,9 @@ impl Profile {
             return Err(r.corrupt(field, detail));
         }
         let n = r.count("counts", 2)?;
-        let mut counts = BTreeMap::new();
+        // Collected first: building a BTreeMap from sorted pairs in bulk is several times
+        // faster than inserting them one by one.
+        let mut pairs = Vec::with_capacity(n);
         let mut prev: Option<u64> = None;
         let mut sum: u64 = 0;
         for _ in 0..n {
@@ -309,10 +311,11 @@ impl Profile {
                 return Err(r.corrupt("counts.count", format!("zero count at offset {off:#x}")));
             }
             sum = sum.saturating_add(count);
-            counts.insert(off, count);
+            pairs.push((off, count));
             prev = Some(off);
         }
         r.finish()?;
+        let counts = BTreeMap::from_iter(pairs);
         if sum != header.total_samples {
             return Err(r.corrupt(
                 "total_samples",

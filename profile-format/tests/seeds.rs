@@ -46,8 +46,7 @@ fn profile_seed_corpus_is_current() {
 #[test]
 fn kallsyms_seed_corpus_is_current() {
     let snap = common::small_snapshot();
-    let mut empty = KallsymsSnapshot::default();
-    empty.kernel_release = "6.18.0".into();
+    let empty = KallsymsSnapshot { kernel_release: "6.18.0".into(), ..Default::default() };
     let seeds = vec![("small.snap", snap.encode()), ("empty.snap", empty.encode())];
     for (name, bytes) in &seeds {
         assert!(KallsymsSnapshot::decode(bytes, Path::new(name)).is_ok(), "{name}");
