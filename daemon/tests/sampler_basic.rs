@@ -163,3 +163,33 @@ fn two_events_share_one_ring_per_cpu() {
     assert!(faults.len() > 50, "page-fault samples: {}", faults.len());
     assert!(faults.iter().all(|s| (150..=160).contains(&s.period)));
 }
+
+#[test]
+fn stalled_drain_thread_is_reported_and_stop_still_returns() {
+    if !require_perf() {
+        return;
+    }
+    let cpus = dcpid::perf::sampler::online_cpus().unwrap();
+    let sink = Arc::new(CollectSink::default());
+    let cfg = SamplerConfig {
+        events: parse_event_list("cpu-clock").unwrap(),
+        redraw_interval: Duration::from_millis(200),
+        stall_drain: Some((cpus[0], Duration::from_millis(300))),
+        ..SamplerConfig::default()
+    };
+    let sampler = Sampler::start(&cfg, sink).expect("start");
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(sampler.drain_threads_progressing(Duration::from_millis(600)));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !sampler.drain_threads_progressing(Duration::from_millis(600)),
+        "the stalled drain thread of CPU {} must be reported",
+        cpus[0]
+    );
+    let st = sampler.status();
+    let c = st.cpus.iter().find(|c| c.cpu == cpus[0]).unwrap();
+    assert!(c.last_progress_ms.unwrap() >= 1000, "{c:?}");
+    let t = std::time::Instant::now();
+    sampler.stop();
+    assert!(t.elapsed() < Duration::from_secs(2), "stop took {:?}", t.elapsed());
+}
