@@ -193,3 +193,45 @@ fn stalled_drain_thread_is_reported_and_stop_still_returns() {
     sampler.stop();
     assert!(t.elapsed() < Duration::from_secs(2), "stop took {:?}", t.elapsed());
 }
+
+/// A sink that is slow to accept: the ring (one page) overflows and the kernel reports LOST.
+struct SlowSink;
+
+impl dcpid::types::SampleSink for SlowSink {
+    fn on_drain(
+        &self,
+        _cpu: u32,
+        _drained_until: u64,
+        samples: &mut Vec<dcpid::types::Sample>,
+        _sideband: &mut Vec<dcpid::types::TimedSideBand>,
+    ) {
+        samples.clear();
+        std::thread::sleep(Duration::from_millis(400));
+    }
+}
+
+#[test]
+fn ring_overflow_is_counted_as_lost() {
+    if !require_perf() {
+        return;
+    }
+    let cfg = SamplerConfig {
+        events: parse_event_list("cpu-clock:500000").unwrap(),
+        ring_pages: 1,
+        ..SamplerConfig::default()
+    };
+    let sampler = Sampler::start(&cfg, Arc::new(SlowSink)).expect("start");
+    let hs: Vec<_> =
+        (0..2).map(|_| std::thread::spawn(|| spin_for(Duration::from_millis(2000)))).collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let st = sampler.status();
+    sampler.stop();
+    let lost: u64 = st.cpus.iter().map(|c| c.lost).sum();
+    let samples: u64 = st.cpus.iter().map(|c| c.samples).sum();
+    eprintln!("samples {samples}, lost {lost}: {:?}", st.cpus);
+    assert!(lost > 0, "a 1-page ring drained every 400 ms at 2 kHz must lose samples");
+    // 2 s at 2 kHz on the busy CPUs: what was delivered plus what was lost accounts for most.
+    assert!(samples + lost > 2000, "samples {samples} + lost {lost}");
+}

@@ -476,7 +476,7 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
     let mut last_times = 0u64;
     let mut last_warn: Option<Instant> = None;
     let (mut lost_unwarned, mut throttle_unwarned) = (0u64, 0u64);
-    let stall_at =
+    let mut stall_at =
         cfg.stall_drain.filter(|(c, _)| *c == cpu).map(|(_, after)| Instant::now() + after);
     let redraw_ns =
         u64::try_from(cfg.redraw_interval.as_nanos()).unwrap_or(u64::MAX).max(1_000_000);
@@ -488,7 +488,9 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
             while !shared.stop.load(Ordering::Acquire) && !stats.stop.load(Ordering::Acquire) {
                 shared.wake.wait(100);
             }
-            break;
+            // Stopping: deliver the final pass like every other thread.
+            stall_at = None;
+            continue;
         }
         let stopping = shared.stop.load(Ordering::Acquire) || stats.stop.load(Ordering::Acquire);
         let mut hangup = false;
