@@ -170,3 +170,54 @@ fn build_id_from<H: FileHeader<Endian = Endianness>>(
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_is_bounded_and_hits_on_same_file_version() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = IdentityCache::new(2);
+        for i in 0..5 {
+            let p = dir.path().join(format!("f{i}"));
+            std::fs::write(&p, format!("not an elf {i}")).expect("write");
+            let id = c.identify(&p, b"/x", None).expect("identify");
+            assert!(matches!(id, ImageId::Fallback(_)));
+            assert!(c.len() <= 4, "two generations of at most 2");
+        }
+        assert_eq!((c.hits, c.misses), (0, 5));
+        let p = dir.path().join("f4");
+        let a = c.identify(&p, b"/x", None).expect("identify");
+        assert_eq!(c.hits, 1);
+        // Another version of the file (size and mtime change) is another identity.
+        std::fs::write(&p, "a longer text, not an elf either").expect("write");
+        let b = c.identify(&p, b"/x", None).expect("identify");
+        assert_ne!(a, b);
+        // A wrong expected inode (address re-mapped to another file) is refused.
+        assert!(c.identify(&p, b"/x", Some(1)).is_err());
+        assert_eq!(c.errors, 1);
+    }
+
+    #[test]
+    fn build_id_of_real_elf() {
+        let exe = std::env::current_exe().expect("exe");
+        let data = std::fs::read(&exe).expect("read");
+        let expected = {
+            use object::Object;
+            object::File::parse(&*data)
+                .expect("parse")
+                .build_id()
+                .expect("notes")
+                .map(<[u8]>::to_vec)
+        };
+        let got = read_build_id(File::open(&exe).expect("open"));
+        assert_eq!(got, expected);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let junk = dir.path().join("junk");
+        let mut bytes = b"\x7fELF\x02\x01\x01".to_vec();
+        bytes.resize(200, 0xff);
+        std::fs::write(&junk, &bytes).expect("write");
+        assert_eq!(read_build_id(File::open(&junk).expect("open")), None);
+    }
+}
