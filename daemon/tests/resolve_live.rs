@@ -208,6 +208,31 @@ fn new_process_is_resolved_with_build_id_and_file_offsets() {
     let batches = s.finish();
     let counts = counts_of(&batches, &id, &prog);
     assert_mostly_in(&counts, range, "new process", &batches);
+
+    // Kernel samples (the idle loop, syscalls) go to [kernel.kallsyms] at offsets from _text.
+    let ks = std::fs::read_to_string("/proc/kallsyms").expect("kallsyms");
+    let addr = |name: &str| {
+        ks.lines()
+            .find(|l| l.split_whitespace().nth(2) == Some(name))
+            .and_then(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
+    };
+    if let (Some(text), Some(end)) = (addr("_text"), addr("_end")) {
+        let kernel: Vec<(u64, u64)> = batches
+            .iter()
+            .flat_map(|r| r.profiles.values())
+            .filter(|p| p.image.kind == ImageKind::Kernel)
+            .flat_map(|p| p.counts.iter().map(|(o, c)| (*o, c.0)))
+            .collect();
+        let total: u64 = kernel.iter().map(|c| c.1).sum();
+        assert!(total > 0, "no kernel samples resolved");
+        assert!(kernel.iter().all(|c| c.0 < end - text), "kernel offsets beyond _end");
+        let unknown: u64 = batches
+            .iter()
+            .filter_map(|r| r.unknown.get(&(0, profile_format::UnknownReason::KernelUnknown)))
+            .map(|c| c.0)
+            .sum();
+        assert!(unknown * 10 < total, "{unknown} kernel-unknown vs {total} resolved");
+    }
 }
 
 #[test]
