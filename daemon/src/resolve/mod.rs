@@ -819,3 +819,24 @@ fn vdso_build_id(image: &[u8]) -> Option<Vec<u8>> {
     let sec = obj.section_by_name(".note.gnu.build-id")?;
     procfs::gnu_build_id_from_notes(sec.data().ok()?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_vdso_is_readable_and_identified() {
+        let Some(image) = crate::sys::process::vdso_image() else {
+            eprintln!("SKIPPED: no vDSO in this process");
+            return;
+        };
+        assert_eq!(&image[..4], b"\x7fELF");
+        let mut r = Resolver::new(ResolverConfig::default());
+        let v = r.vdso_image();
+        assert_eq!(v.kind, ImageKind::Vdso);
+        // Kernels build the vDSO with a build-id; when they do, it is the identity.
+        if let Some(b) = vdso_build_id(&image) {
+            assert_eq!(v.id, ImageId::BuildId(b));
+        }
+    }
+}
