@@ -57,7 +57,11 @@ fn cpu_clock_samples_arrive_with_sane_fields() {
     // drained_until never goes back, and never passes a sample delivered later on that CPU.
     for (cpu, d) in sink.drains.lock().unwrap().iter() {
         assert!(d.windows(2).all(|w| w[0].0 <= w[1].0), "cpu {cpu} drained_until went back");
+        // drained_until is a time already passed when it is delivered.
+        assert!(d.iter().all(|(until, at)| until < at), "cpu {cpu}: drained_until in the future");
     }
+    let late = sink.late.lock().unwrap();
+    assert!(late.is_empty(), "records older than an earlier drained_until: {late:?}");
     let sb = sink.sideband.lock().unwrap();
     let exec = sb.iter().any(|r| {
         matches!(&r.record, dcpid::types::SideBand::Comm { exec: true, comm, .. } if comm == b"true")
@@ -234,4 +238,55 @@ fn ring_overflow_is_counted_as_lost() {
     assert!(lost > 0, "a 1-page ring drained every 400 ms at 2 kHz must lose samples");
     // 2 s at 2 kHz on the busy CPUs: what was delivered plus what was lost accounts for most.
     assert!(samples + lost > 2000, "samples {samples} + lost {lost}");
+}
+
+/// CPU hotplug, driven through the `online_cpus_path` hook (really offlining a vCPU would disturb
+/// everything else on the machine): CPUs that appear are opened, CPUs that leave are stopped, a
+/// garbled list changes nothing.
+#[test]
+fn cpus_joining_and_leaving_the_online_list_are_followed() {
+    if !require_perf() {
+        return;
+    }
+    let cpus = dcpid::perf::sampler::online_cpus().unwrap();
+    if cpus.len() < 2 {
+        eprintln!("SKIPPED: needs 2 online CPUs");
+        return;
+    }
+    let (c0, c1) = (cpus[0], cpus[1]);
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("online");
+    std::fs::write(&list, format!("{c0}\n")).unwrap();
+    let sink = Arc::new(CollectSink::default());
+    let cfg = SamplerConfig {
+        events: parse_event_list("cpu-clock:1000000").unwrap(),
+        hotplug_interval: Duration::from_millis(100),
+        online_cpus_path: Some(list.clone()),
+        ..SamplerConfig::default()
+    };
+    let sampler = Sampler::start(&cfg, sink.clone()).expect("start");
+    let online = |s: &Sampler, cpu: u32| {
+        s.status().cpus.iter().find(|c| c.cpu == cpu).is_some_and(|c| c.online)
+    };
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        let t = std::time::Instant::now();
+        while !f() {
+            assert!(t.elapsed() < Duration::from_secs(5), "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert!(online(&sampler, c0));
+    assert!(!online(&sampler, c1));
+    std::fs::write(&list, format!("{c0}-{c1}\n")).unwrap();
+    wait_for("the new CPU to be opened", &|| online(&sampler, c1));
+    std::fs::write(&list, "garbage\n").unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(online(&sampler, c0) && online(&sampler, c1), "a bad list must change nothing");
+    std::fs::write(&list, format!("{c0}\n")).unwrap();
+    wait_for("the departed CPU's thread to stop", &|| !online(&sampler, c1));
+    assert!(online(&sampler, c0));
+    assert!(sampler.drain_threads_progressing(Duration::from_secs(2)));
+    sampler.stop();
+    let drains = sink.drains.lock().unwrap();
+    assert!(drains.get(&c1).is_some_and(|d| !d.is_empty()), "CPU {c1} never delivered");
 }

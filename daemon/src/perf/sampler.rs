@@ -70,6 +70,8 @@ pub struct SamplerConfig {
     /// Run drain threads SCHED_FIFO (priority 1) so that they run as soon as the ring wakes
     /// them instead of at the next scheduler tick; see README.md (phase locking).
     pub realtime_drain: bool,
+    /// Test hook: read the online CPU list from this file instead of [`ONLINE_CPUS`].
+    pub online_cpus_path: Option<std::path::PathBuf>,
 }
 
 impl Default for SamplerConfig {
@@ -89,6 +91,7 @@ impl Default for SamplerConfig {
             hotplug_interval: Duration::from_secs(5),
             simulate_no_pmu: false,
             realtime_drain: true,
+            online_cpus_path: None,
         }
     }
 }
@@ -200,12 +203,24 @@ pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
 
 /// The online CPUs, from [`ONLINE_CPUS`].
 pub fn online_cpus() -> Result<Vec<u32>, SamplerError> {
-    let text = std::fs::read_to_string(ONLINE_CPUS)
-        .map_err(|source| SamplerError::OnlineList { path: ONLINE_CPUS.to_string(), source })?;
+    read_cpu_list(std::path::Path::new(ONLINE_CPUS))
+}
+
+/// A CPU list file in the kernel's format.
+pub fn read_cpu_list(path: &std::path::Path) -> Result<Vec<u32>, SamplerError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|source| SamplerError::OnlineList { path: path.display().to_string(), source })?;
     parse_cpu_list(&text).ok_or_else(|| SamplerError::BadCpuList {
-        path: ONLINE_CPUS.to_string(),
+        path: path.display().to_string(),
         text: text.trim().chars().take(200).collect(),
     })
+}
+
+fn cfg_online_cpus(cfg: &SamplerConfig) -> Result<Vec<u32>, SamplerError> {
+    match &cfg.online_cpus_path {
+        Some(p) => read_cpu_list(p),
+        None => online_cpus(),
+    }
 }
 
 /// One configured event, resolved (auto → cycles or cpu-clock) with its period window.
@@ -845,7 +860,7 @@ impl Sampler {
     /// Open every event on every online CPU and start the drain threads.
     pub fn start(cfg: &SamplerConfig, sink: Arc<dyn SampleSink>) -> Result<Sampler, SamplerError> {
         validate(cfg)?;
-        let online = online_cpus()?;
+        let online = cfg_online_cpus(cfg)?;
         let Some(&first) = online.first() else {
             return Err(SamplerError::NoCpu(format!("{ONLINE_CPUS} lists no CPU")));
         };
@@ -1049,7 +1064,7 @@ fn supervise(shared: &Arc<Shared>) {
     let mut rng = StdRng::from_entropy();
     let mut list_error_warned = false;
     while !shared.wake.wait(interval_ms) && !shared.stop.load(Ordering::Acquire) {
-        let online = match online_cpus() {
+        let online = match cfg_online_cpus(&shared.cfg) {
             Ok(v) => v,
             Err(e) => {
                 if !list_error_warned {

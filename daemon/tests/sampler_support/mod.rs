@@ -28,6 +28,9 @@ pub struct CollectSink {
     pub sideband: Mutex<Vec<TimedSideBand>>,
     /// Per CPU: (drained_until, clock at delivery) of every call.
     pub drains: Mutex<BTreeMap<u32, Vec<(PerfTime, PerfTime)>>>,
+    /// Records delivered with a time below an earlier `drained_until` of the same CPU (the
+    /// contract says there must be none).
+    pub late: Mutex<Vec<(u32, PerfTime, PerfTime)>>,
 }
 
 impl SampleSink for CollectSink {
@@ -39,6 +42,16 @@ impl SampleSink for CollectSink {
         sideband: &mut Vec<TimedSideBand>,
     ) {
         let now = dcpid::sys::time::monotonic_ns();
+        {
+            let drains = self.drains.lock().unwrap();
+            let prev = drains.get(&cpu).and_then(|v| v.last()).map_or(0, |d| d.0);
+            let mut late = self.late.lock().unwrap();
+            for t in samples.iter().map(|s| s.time).chain(sideband.iter().map(|s| s.time)) {
+                if t < prev {
+                    late.push((cpu, t, prev));
+                }
+            }
+        }
         self.samples.lock().unwrap().extend(samples.drain(..));
         self.sideband.lock().unwrap().extend(sideband.drain(..));
         self.drains.lock().unwrap().entry(cpu).or_default().push((drained_until, now));
