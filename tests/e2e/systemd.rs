@@ -393,8 +393,11 @@ fn make_install_places_every_file_and_uninstall_removes_them() {
         let man = d.join(format!("usr/share/man/man{section}/{name}.{section}"));
         let text =
             std::fs::read_to_string(&man).unwrap_or_else(|e| panic!("{}: {e}", man.display()));
-        assert!(text.contains(".TH"), "{} is not a man page", man.display());
-        assert!(text.contains(name), "{} does not name {name}", man.display());
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!(".TH {name} {section} "))),
+            "{} is not a section {section} man page of {name}",
+            man.display()
+        );
         for f in [
             format!("usr/share/bash-completion/completions/{name}"),
             format!("usr/share/zsh/site-functions/_{name}"),
