@@ -221,6 +221,34 @@ fn fork_copies_mappings_and_threads_change_nothing() {
     assert_eq!(r.samples, 3);
 }
 
+fn thread_exit(time: u64, cpu: u32, pid: u32, tid: u32) -> TimedSideBand {
+    TimedSideBand { time, cpu, record: SideBand::Exit { pid, ppid: pid, tid, ptid: pid } }
+}
+
+#[test]
+fn process_lives_until_its_last_thread_exits() {
+    let f = fixture(1);
+    let thread = TimedSideBand {
+        time: 20,
+        cpu: 0,
+        record: SideBand::Fork { pid: 90, ppid: 90, tid: 91, ptid: 90 },
+    };
+    let sb = vec![
+        fork(5, 0, 90, 1),
+        mmap(10, 0, 90, BASE, 0x1000, 0, 1),
+        thread,
+        exit(100, 0, 90), // the leader calls pthread_exit
+    ];
+    drain(&f.agg, 0, 150, vec![sample(50, 0, 90, BASE)], sb);
+    let r = f.agg.take_resolved();
+    assert_eq!(count(&r, 1, 0), 1);
+    // The other thread still runs after a flush (which collects exited processes).
+    drain(&f.agg, 0, 300, vec![sample(200, 0, 90, BASE + 4)], vec![thread_exit(250, 0, 90, 91)]);
+    let r = f.agg.take_resolved();
+    assert_eq!(count(&r, 1, 4), 1, "{r:?}");
+    assert_eq!(f.agg.with_resolver(|r| r.stats().processes), 0, "gone after the last thread");
+}
+
 #[test]
 fn samples_wait_for_the_watermark_and_flush_all_takes_everything() {
     let f = fixture(2);

@@ -186,6 +186,10 @@ struct Process {
     exited: Option<PerfTime>,
     /// /proc/PID/maps was not readable at scan time (until the next exec).
     unreadable: bool,
+    /// Threads other than the leader known to be alive; the process exits when the leader
+    /// and all of them have (a leader may `pthread_exit` before the others).
+    threads: u32,
+    leader_gone: bool,
     uid: Option<u32>,
     jit: JitMapState,
     jit_checked_gen: u64,
@@ -205,6 +209,8 @@ impl Process {
             dead: Vec::new(),
             exited: None,
             unreadable: false,
+            threads: 0,
+            leader_gone: false,
             uid: None,
             jit: JitMapState::default(),
             jit_checked_gen: 0,
@@ -428,9 +434,10 @@ impl Resolver {
             }
         }
         let Some(p) = self.procs.get_mut(&pid) else { return };
-        if let Some((comm, start)) = parsed {
+        if let Some((comm, start, threads)) = parsed {
             p.comm = comm;
             p.start_ticks = start;
+            p.threads = threads.saturating_sub(1);
         }
         p.uid = uid;
         p.unreadable = maps.is_none();
@@ -511,6 +518,9 @@ impl Resolver {
                     let Some(p) = self.procs.get_mut(pid) else { return };
                     p.kill_all(asid, t);
                     p.push_version(t, asid);
+                    // exec leaves one thread, which is now the leader.
+                    p.threads = 0;
+                    p.leader_gone = false;
                     p.unreadable = false;
                     p.anon_image = None;
                     p.comm.clone_from(comm);
@@ -523,7 +533,14 @@ impl Resolver {
                 }
             }
             SideBand::Fork { pid, ppid, .. } => {
-                if pid == ppid || self.ignored(*pid, t) {
+                if self.ignored(*pid, t) {
+                    return;
+                }
+                if pid == ppid {
+                    // A new thread: same address space.
+                    if let Some(p) = self.procs.get_mut(pid) {
+                        p.threads = p.threads.saturating_add(1);
+                    }
                     return;
                 }
                 let asid = self.fresh_asid();
@@ -541,13 +558,20 @@ impl Resolver {
                 self.replace_process(child);
             }
             SideBand::Exit { pid, tid, .. } => {
-                if pid != tid || self.ignored(*pid, t) {
+                if self.ignored(*pid, t) {
                     return;
                 }
-                if let Some(p) = self.procs.get_mut(pid) {
-                    if p.exited.is_none() && t >= p.born {
-                        p.exited = Some(t);
-                    }
+                let Some(p) = self.procs.get_mut(pid) else { return };
+                if p.exited.is_some() || t < p.born {
+                    return;
+                }
+                if pid == tid {
+                    p.leader_gone = true;
+                } else {
+                    p.threads = p.threads.saturating_sub(1);
+                }
+                if p.leader_gone && p.threads == 0 {
+                    p.exited = Some(t);
                 }
             }
         }

@@ -36,8 +36,8 @@ pub(crate) fn is_denied(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM))
 }
 
-/// Parse `/proc/PID/stat`: (comm, starttime in clock ticks since boot).
-pub(crate) fn parse_stat(stat: &[u8]) -> Option<(Vec<u8>, u64)> {
+/// Parse `/proc/PID/stat`: (comm, starttime in clock ticks since boot, number of threads).
+pub(crate) fn parse_stat(stat: &[u8]) -> Option<(Vec<u8>, u64, u32)> {
     let open = stat.iter().position(|&b| b == b'(')?;
     let close = stat.iter().rposition(|&b| b == b')')?;
     if close < open {
@@ -45,9 +45,11 @@ pub(crate) fn parse_stat(stat: &[u8]) -> Option<(Vec<u8>, u64)> {
     }
     let comm = stat[open + 1..close].to_vec();
     let rest = std::str::from_utf8(stat.get(close + 1..)?).ok()?;
-    // Field 3 (state) is the first after ')'; starttime is field 22.
-    let start = rest.split_ascii_whitespace().nth(19)?.parse().ok()?;
-    Some((comm, start))
+    // Field 3 (state) is the first after ')'; num_threads is field 20, starttime field 22.
+    let mut f = rest.split_ascii_whitespace().skip(17);
+    let threads = f.next()?.parse().ok()?;
+    let start = f.nth(1)?.parse().ok()?;
+    Some((comm, start, threads))
 }
 
 /// Find the GNU build-id in a buffer of ELF notes (as in /sys/kernel/notes and
@@ -89,10 +91,11 @@ mod tests {
 
     #[test]
     fn stat_with_parens_in_comm() {
-        let s = b"42 (a) b) (c) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
-        let (comm, start) = parse_stat(s).expect("parse");
+        let s = b"42 (a) b) (c) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 98765 1000 10";
+        let (comm, start, threads) = parse_stat(s).expect("parse");
         assert_eq!(comm, b"a) b) (c");
         assert_eq!(start, 98765);
+        assert_eq!(threads, 3);
         assert_eq!(parse_stat(b"garbage"), None);
         assert_eq!(parse_stat(b"1 (x) S 1"), None);
     }
