@@ -307,6 +307,8 @@ impl Aggregator {
         s
     }
 
+    /// Run `f` with the resolver locked (drain threads wait meanwhile, which is what the
+    /// start-up `/proc` scan wants). `f` must not call back into this aggregator.
     pub fn with_resolver<R>(&self, f: impl FnOnce(&mut Resolver) -> R) -> R {
         let mut sh = lock(&self.shared);
         f(&mut sh.resolver)
