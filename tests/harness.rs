@@ -34,10 +34,7 @@ pub fn require_perf() -> bool {
         if out.status.success() {
             Ok(())
         } else {
-            Err(format!(
-                "dcpid --probe failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
+            Err(format!("dcpid --probe failed: {}", String::from_utf8_lossy(&out.stderr).trim()))
         }
     });
     match result {
