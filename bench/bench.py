@@ -282,12 +282,13 @@ class Perf(Dcpid):
         self.log_path = os.path.join(workdir, "perf.log")
 
     def cmd(self):
-        # -N (--no-buildid-cache): perf still records build-ids, but does not copy every hit
-        # binary into ~/.debug at exit. That makes perf cheaper (conservative for dcpid), keeps
-        # its disk use inside perf.data, and avoids a perf 6.1 abort ("assertion failed at
-        # util/build-id.c:1010", "stack smashing detected") seen here once ~/.debug held two
-        # paths with the same build-id (the workloads are rebuilt bit-identically).
-        return [self.bins["perf"], "record", "-N", "-a", "-e", "cpu-clock", "-c",
+        # -B -N: no build-id collection at exit and no copy of every hit binary into ~/.debug.
+        # That makes perf cheaper (so the comparison is conservative for dcpid) and keeps
+        # perf record alive on this machine: perf 6.1 aborted at exit ("assertion failed at
+        # util/build-id.c:1010", "stack smashing detected") while reading the build-ids of
+        # some binaries (other helpers' test programs) running at the same time. perf report
+        # then reads build-ids from the files; it can hit the same abort (reported as an error).
+        return [self.bins["perf"], "record", "-B", "-N", "-a", "-e", "cpu-clock", "-c",
                 str(period_ns(self.rate)), "-o", self.data, "--", "sleep", str(int(self.max_secs))]
 
     def start(self):
