@@ -52,6 +52,8 @@ struct Counters {
     throttled: u64,
     unknown_by_reason: BTreeMap<String, u64>,
     resolved_samples: u64,
+    /// Cumulative (enabled, running) ns per event as last seen, to turn them into deltas.
+    event_times: Vec<(u64, u64)>,
 }
 
 /// What the flush loop and the control commands share.
@@ -75,22 +77,37 @@ impl std::fmt::Debug for Shared {
 impl Shared {
     /// Move one resolved batch (and sampler loss counters since the last one) into the store.
     fn absorb(&self, store: &mut Store, resolved: Resolved) {
-        let (lost, throttled) =
+        let (lost, throttled, times) =
             match self.sampler.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
                 Some(s) => {
                     let st = s.status();
                     (
                         st.cpus.iter().map(|c| c.lost).sum(),
                         st.cpus.iter().map(|c| c.throttled).sum(),
+                        st.events.iter().map(|e| (e.time_enabled, e.time_running)).collect(),
                     )
                 }
                 None => {
                     let c = lock(&self.counters);
-                    (c.lost, c.throttled)
+                    (c.lost, c.throttled, c.event_times.clone())
                 }
             };
         let (dl, dt) = {
             let mut c = lock(&self.counters);
+            // The kernel's times are cumulative per fd; the summary wants this epoch's share.
+            if c.event_times.len() < times.len() {
+                c.event_times.resize(times.len(), (0, 0));
+            }
+            let deltas: Vec<(u64, u64)> = times
+                .iter()
+                .zip(&c.event_times)
+                .map(|(now, seen)| (now.0.saturating_sub(seen.0), now.1.saturating_sub(seen.1)))
+                .collect();
+            for (seen, now) in c.event_times.iter_mut().zip(&times) {
+                seen.0 = seen.0.max(now.0);
+                seen.1 = seen.1.max(now.1);
+            }
+            store.add_event_times(&deltas);
             let d = (lost.saturating_sub(c.lost), throttled.saturating_sub(c.throttled));
             c.lost = c.lost.max(lost);
             c.throttled = c.throttled.max(throttled);
@@ -274,6 +291,7 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
             throttled: 0,
             unknown_by_reason: BTreeMap::new(),
             resolved_samples: 0,
+            event_times: Vec::new(),
         }),
     });
     let mut control = ControlServer::start(

@@ -319,3 +319,37 @@ fn bad_arguments_and_config_are_named() {
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/x.sock"));
 }
+
+#[test]
+fn host_summary_records_events_cpus_and_counter_times() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = sb.start_daemon("hs", &["-e", "cpu-clock,page-faults", "--flush-interval", "500ms"]);
+    let _busy = spin();
+    std::thread::sleep(Duration::from_millis(2000));
+    ok_stdout(&d, &["flush"]);
+    let (st, err) = d.terminate();
+    assert!(st.success(), "{err}");
+    let db = Database::open(&sb.db()).expect("database");
+    let epoch = db.current_epoch().expect("epochs").expect("an epoch");
+    let hd = db.host_dir(&epoch, "hs").expect("host dir");
+    let s = profile_format::HostSummary::read(&hd.summary_path()).expect("summary.json");
+    assert_eq!(s.host, "hs");
+    assert!(!s.cpus.is_empty(), "summary names the CPUs");
+    assert!(!s.kernel_release.is_empty());
+    let names: Vec<&str> =
+        s.events.iter().filter_map(|e| e.desc.as_ref()).map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["cpu-clock", "page-faults"]);
+    let clock = &s.events[0];
+    assert!(clock.samples > 0 && clock.total_period >= clock.samples);
+    // Counters were enabled for about the run's length on every CPU; running <= enabled.
+    assert!(
+        clock.time_enabled_ns >= 1_000_000_000,
+        "time_enabled_ns {} too small for a 2 s run",
+        clock.time_enabled_ns
+    );
+    assert!(clock.time_running_ns > 0 && clock.time_running_ns <= clock.time_enabled_ns);
+    assert_eq!(s.samples, epoch_total(&sb.db(), &epoch, "hs"), "summary agrees with profiles");
+}

@@ -151,6 +151,9 @@ pub struct Store {
     dropped_batches: u64,
     /// Dropped samples not yet added to an epoch summary's `lost`.
     dropped_unreported: u64,
+    /// Per event index: counter enabled/running time (ns) not yet in a spooled summary. Reports
+    /// scale counts by enabled/running when the kernel multiplexed the counters.
+    event_times: Vec<(u64, u64)>,
     dirty: BTreeMap<SpoolKey, Dirty>,
     last_published: HashMap<SpoolKey, Instant>,
     summaries: HashMap<String, HostSummary>,
@@ -203,6 +206,7 @@ impl Store {
             dropped_samples: 0,
             dropped_batches: 0,
             dropped_unreported: 0,
+            event_times: Vec::new(),
             dirty: BTreeMap::new(),
             last_published: HashMap::new(),
             summaries: HashMap::new(),
@@ -231,6 +235,18 @@ impl Store {
     /// The events, indexed by `EventIdx`, as the sampler opened them.
     pub fn set_events(&mut self, events: Vec<EventInfo>) {
         self.events = events;
+    }
+
+    /// Add counter enabled/running time deltas (ns, summed over CPUs) per event index; they go
+    /// into the current epoch's summary with the next spooled batch.
+    pub fn add_event_times(&mut self, deltas: &[(u64, u64)]) {
+        if self.event_times.len() < deltas.len() {
+            self.event_times.resize(deltas.len(), (0, 0));
+        }
+        for (acc, d) in self.event_times.iter_mut().zip(deltas) {
+            acc.0 = acc.0.saturating_add(d.0);
+            acc.1 = acc.1.saturating_add(d.1);
+        }
     }
 
     /// Facts recorded in each epoch's `summary.json`.
@@ -664,6 +680,28 @@ impl Store {
                 summary.events[i].total_period =
                     summary.events[i].total_period.saturating_add(period);
             }
+            for (i, (en, run)) in self.event_times.iter().enumerate() {
+                let Some(info) = self.events.get(i) else { continue };
+                let pos = summary
+                    .events
+                    .iter()
+                    .position(|e| e.desc.as_ref().map(|d| &d.name) == Some(&info.desc.name));
+                let j = match pos {
+                    Some(j) => j,
+                    None => {
+                        summary.events.push(EventSummary {
+                            desc: Some(info.desc.clone()),
+                            source: info.source.clone(),
+                            ..EventSummary::default()
+                        });
+                        summary.events.len() - 1
+                    }
+                };
+                summary.events[j].time_enabled_ns =
+                    summary.events[j].time_enabled_ns.saturating_add(*en);
+                summary.events[j].time_running_ns =
+                    summary.events[j].time_running_ns.saturating_add(*run);
+            }
             let incs: Vec<Increment<'_>> = batch
                 .profiles
                 .iter()
@@ -681,6 +719,7 @@ impl Store {
                 Ok(_) => {
                     written += n_incs;
                     self.dropped_unreported = 0;
+                    self.event_times.iter_mut().for_each(|t| *t = (0, 0));
                     self.pending_bytes -= batch.bytes;
                     self.summaries.insert(epoch.to_string(), summary);
                     self.summary_dirty.insert(epoch.to_string());
