@@ -326,7 +326,8 @@ fn host_summary_records_events_cpus_and_counter_times() {
         return;
     }
     let sb = Sandbox::new();
-    let mut d = sb.start_daemon("hs", &["-e", "cpu-clock,page-faults", "--flush-interval", "500ms"]);
+    let mut d =
+        sb.start_daemon("hs", &["-e", "cpu-clock,page-faults", "--flush-interval", "500ms"]);
     let _busy = spin();
     std::thread::sleep(Duration::from_millis(2000));
     ok_stdout(&d, &["flush"]);
