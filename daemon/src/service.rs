@@ -41,6 +41,8 @@ pub enum ServiceError {
     NoGroup(String),
     #[error("signal handling: {0}")]
     Signals(std::io::Error),
+    #[error("cannot start the flush thread: {0}")]
+    Thread(String),
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -321,11 +323,35 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
 
     let deadline = settings.duration.map(|d| Instant::now() + d);
     let flush_every = settings.flush_interval;
+    // Flushing runs on its own thread: a publish that hangs on a dead NFS server must neither
+    // stop the watchdog pings (which only speak for the drain threads) nor the stop path.
+    let flusher_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let shared = Arc::clone(&shared);
+        let stop = Arc::clone(&flusher_stop);
+        std::thread::Builder::new()
+            .name("dcpid-flush".into())
+            .spawn(move || {
+                let mut next = Instant::now() + flush_every;
+                while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    let now = Instant::now();
+                    if now >= next {
+                        shared.flush_tick();
+                        next = Instant::now() + flush_every;
+                    } else {
+                        std::thread::park_timeout(next - now);
+                    }
+                }
+            })
+            .map_err(|e| ServiceError::Thread(e.to_string()))?
+    };
+    // Ping twice per recommended interval (a quarter of WATCHDOG_USEC): a loaded machine may
+    // delay one wake-up without systemd seeing a gap.
     let watchdog_every = notifier.watchdog_interval().map(|w| w / 2);
-    let mut next_flush = Instant::now() + flush_every;
+    let mut next_status = Instant::now() + flush_every;
     let reason = loop {
         let now = Instant::now();
-        let mut wake_at = next_flush;
+        let mut wake_at = next_status;
         if let Some(w) = watchdog_every {
             wake_at = wake_at.min(now + w);
         }
@@ -341,9 +367,8 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
         if deadline.is_some_and(|d| now >= d) {
             break "--duration elapsed";
         }
-        if now >= next_flush {
-            shared.flush_tick();
-            next_flush = now + flush_every;
+        if now >= next_status {
+            next_status = now + flush_every;
             notifier.status(&shared.status().one_line());
         }
         if watchdog_every.is_some() {
@@ -363,8 +388,15 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
     tracing::info!(reason, "stopping: flushing and publishing everything");
     notifier.stopping();
     notifier.status("stopping: publishing");
+    // The last publish may be slow on a shared database; ask systemd not to kill us for it.
+    notifier.extend_timeout(Duration::from_secs(120));
     sig_handle.close();
     drop(tx);
+    flusher_stop.store(true, std::sync::atomic::Ordering::Release);
+    flusher.thread().unpark();
+    if flusher.join().is_err() {
+        tracing::error!("flush thread panicked");
+    }
     if let Some(s) = shared.sampler.write().unwrap_or_else(|p| p.into_inner()).take() {
         s.stop();
     }
