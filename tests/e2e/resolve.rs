@@ -165,3 +165,205 @@ fn object_build_id(data: &[u8]) -> Vec<u8> {
     let at = data.windows(pat.len()).position(|w| w == pat).expect("build-id note");
     data[at + pat.len()..at + pat.len() + 20].to_vec()
 }
+
+/// `(file offset, size)` of the function `name` in an ELF file, from `readelf` (binutils come
+/// with the C compiler these tests need): symbol value → PT_LOAD segment → file offset.
+fn symbol_file_range(path: &Path, name: &str) -> (u64, u64) {
+    let readelf = |flag: &str| {
+        let out = Command::new("readelf").args([flag, "-W"]).arg(path).output().expect("readelf");
+        assert!(out.status.success(), "readelf {flag} {}", path.display());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).expect("hex field");
+    let (value, size) = readelf("-s")
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() >= 8 && f[3] == "FUNC" && f[7] == name)
+        .map(|f| (hex(f[1]), f[2].parse::<u64>().expect("symbol size")))
+        .unwrap_or_else(|| panic!("no function {name} in {}", path.display()));
+    // LOAD Offset VirtAddr PhysAddr FileSiz MemSiz Flg Align
+    let off = readelf("-l")
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() >= 6 && f[0] == "LOAD")
+        .map(|f| (hex(f[1]), hex(f[2]), hex(f[4])))
+        .find(|(_, va, sz)| *va <= value && value < va + sz)
+        .map(|(off, va, _)| value - va + off)
+        .unwrap_or_else(|| panic!("{name} is in no PT_LOAD of {}", path.display()));
+    (off, off + size)
+}
+
+/// Samples of the image with this build-id (over every epoch): `(inside range, total)`;
+/// also checks the kind and path of every profile of it.
+fn samples_in(profiles: &[Profile], id: &[u8], path: &Path, range: (u64, u64)) -> (u64, u64) {
+    let want = ImageId::BuildId(id.to_vec());
+    let mut inside = 0;
+    let mut total = 0;
+    for p in profiles.iter().filter(|p| p.header.image_id == want) {
+        assert_eq!(p.header.kind, ImageKind::Elf);
+        assert_eq!(p.header.image_path, path.as_os_str().as_encoded_bytes(), "image path");
+        for (o, c) in &p.counts {
+            total += c;
+            if (range.0..range.1).contains(o) {
+                inside += c;
+            }
+        }
+    }
+    (inside, total)
+}
+
+/// `(unknown samples, all samples)` over every profile of the host.
+fn unknown_share(profiles: &[Profile]) -> (u64, u64) {
+    let unknown = profiles
+        .iter()
+        .filter(|p| p.header.kind == ImageKind::Unknown)
+        .map(|p| p.header.total_samples);
+    (unknown.sum(), profiles.iter().map(|p| p.header.total_samples).sum())
+}
+
+/// Spins `ms` milliseconds of its own CPU time (ARGV[1]) in `burn`, then exits. The few
+/// syscalls (the CPU-time clock) are rare next to the loop.
+const BURN_C: &str = r#"
+#include <stdlib.h>
+#include <time.h>
+static double cpu_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+__attribute__((noinline)) unsigned long BURN_NAME(double ms) {
+    volatile unsigned long x = VARIANT;
+    double end = cpu_ms() + ms;
+    while (cpu_ms() < end)
+        for (int i = 0; i < 20000; i++) x += i;
+    return x;
+}
+int main(int argc, char **argv) {
+    return (int)(BURN_NAME(argc > 1 ? atof(argv[1]) : 2.0) & 1);
+}
+"#;
+
+/// `churn SECONDS RATE MAXKIDS BURN_MS PROG...`: fork+exec `PROG BURN_MS` RATE times per
+/// second (cycling through the PROGs, at most MAXKIDS alive at once) for SECONDS; prints what
+/// it achieved.
+const CHURN_C: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+static long failed;
+static void reaped(int st) {
+    if (!WIFEXITED(st) || WEXITSTATUS(st) > 1) failed++;
+}
+int main(int argc, char **argv) {
+    if (argc < 6) return 2;
+    double secs = atof(argv[1]), rate = atof(argv[2]);
+    int maxkids = atoi(argv[3]), nprogs = argc - 5, running = 0, st;
+    long launched = 0, forkfail = 0;
+    double t0 = now(), t;
+    while ((t = now() - t0) < secs) {
+        while (running > 0 && waitpid(-1, &st, WNOHANG) > 0) { running--; reaped(st); }
+        if (running >= maxkids) {
+            if (waitpid(-1, &st, 0) > 0) { running--; reaped(st); }
+            continue;
+        }
+        if (launched > (long)(t * rate)) {
+            struct timespec d = {0, 100000};
+            nanosleep(&d, NULL);
+            continue;
+        }
+        char *prog = argv[5 + launched % nprogs];
+        pid_t p = fork();
+        if (p == 0) {
+            execl(prog, prog, argv[4], (char *)NULL);
+            _exit(127);
+        }
+        if (p < 0) { forkfail++; continue; }
+        launched++;
+        running++;
+    }
+    double elapsed = now() - t0;
+    while (running > 0 && wait(&st) > 0) { running--; reaped(st); }
+    printf("%ld %.3f %ld %ld\n", launched, elapsed, failed, forkfail);
+    return 0;
+}
+"#;
+
+#[test]
+fn churn_of_500_processes_per_second_resolves_to_their_binaries() {
+    if !require_perf() {
+        return;
+    }
+    const SECS: f64 = 10.0;
+    const BURN_MS: f64 = 2.0;
+    const PERIOD_MS: f64 = 1.0;
+    let sb = Sandbox::new();
+    let dir = sb.dir.path();
+    // Distinct builds (distinct build-ids), so every exec maps a different binary in turn.
+    let burners: Vec<(PathBuf, Vec<u8>, (u64, u64))> = (1..=4)
+        .map(|v| {
+            let src = BURN_C.replace("BURN_NAME", "burn").replace("VARIANT", &v.to_string());
+            let p = cc(dir, &format!("burn{v}"), &src);
+            let id = object_build_id(&std::fs::read(&p).expect("read burner"));
+            let range = symbol_file_range(&p, "burn");
+            (p, id, range)
+        })
+        .collect();
+    let churn = cc(dir, "churn", CHURN_C);
+    let host = "e2e-resolve-churn";
+    let mut d = sb.start_daemon(host, &["-e", "cpu-clock:1000000", "--flush-interval", "2s"]);
+    let out = Command::new(&churn)
+        .args([SECS.to_string(), "700".into(), "8".into(), BURN_MS.to_string()])
+        .args(burners.iter().map(|b| &b.0))
+        .output()
+        .expect("run churn");
+    assert!(out.status.success(), "churn: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<f64> = text.split_whitespace().map(|s| s.parse().expect("number")).collect();
+    let (launched, elapsed, failed, forkfail) = (f[0], f[1], f[2], f[3]);
+    let rate = launched / elapsed;
+    eprintln!("churn: {launched} processes in {elapsed:.2} s = {rate:.0}/s; failed {failed}");
+    assert_eq!((failed, forkfail), (0.0, 0.0), "every burner ran: {text}");
+    let fl = d.ctl(&["flush"]);
+    assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
+    let v = d.status_json();
+    let (status, err) = d.terminate();
+    assert!(status.success(), "dcpid exit {status}: {err}");
+
+    let profiles = all_profiles(&sb.db(), host);
+    let mut in_burn = 0;
+    for (p, id, range) in &burners {
+        let (inside, total) = samples_in(&profiles, id, p, *range);
+        eprintln!("{}: {inside}/{total} samples in burn {range:x?}", p.display());
+        assert!(total > 0, "no samples attributed to {}", p.display());
+        assert!(inside * 10 >= total * 9, "{}: {inside} of {total} in burn", p.display());
+        in_burn += inside;
+    }
+    // Each burner spent BURN_MS of CPU in `burn`: one sample per PERIOD_MS of it is expected
+    // (a little more: periods are drawn below the nominal one).
+    let expected = launched * BURN_MS / PERIOD_MS;
+    let (unknown, all) = unknown_share(&profiles);
+    let frac = unknown as f64 / all as f64;
+    eprintln!(
+        "samples in burn: {in_burn} of {expected:.0} expected; unknown {unknown}/{all} = {:.4}% \
+         (status: {} = {:.4}%, {})",
+        frac * 100.0,
+        v["unknown"]["count"],
+        v["unknown"]["fraction"].as_f64().unwrap_or(f64::NAN) * 100.0,
+        v["unknown"]["by_reason"]
+    );
+    assert!(
+        in_burn as f64 >= 0.7 * expected,
+        "only {in_burn} samples in the burners' code, {expected:.0} expected"
+    );
+    assert!(all as f64 >= expected, "{all} samples in the database, fewer than the burners'");
+    assert!(frac < 0.005, "unknown {unknown} of {all} samples ({:.3}%)", frac * 100.0);
+    // Last, so that a machine too loaded for the rate still reports the figures above.
+    assert!(rate >= 500.0, "only {rate:.0} exec/s: the machine is too loaded for this proof");
+}
