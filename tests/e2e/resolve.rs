@@ -367,3 +367,100 @@ fn churn_of_500_processes_per_second_resolves_to_their_binaries() {
     // Last, so that a machine too loaded for the rate still reports the figures above.
     assert!(rate >= 500.0, "only {rate:.0} exec/s: the machine is too loaded for this proof");
 }
+
+/// `reuse A B MS`: runs `A MS`, reaps it, then runs `B MS` under the very pid A had (clone3
+/// with set_tid; needs CAP_SYS_ADMIN in the pid namespace); prints "PID_A PID_B CPU_MS_A
+/// CPU_MS_B" (CPU time of each child from wait4).
+const REUSE_C: &str = r#"
+#define _GNU_SOURCE
+#include <linux/sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static double run(const char *prog, const char *arg, pid_t want, pid_t *got) {
+    struct clone_args ca;
+    memset(&ca, 0, sizeof ca);
+    ca.exit_signal = SIGCHLD;
+    pid_t tid = want;
+    if (want) {
+        ca.set_tid = (uint64_t)(uintptr_t)&tid;
+        ca.set_tid_size = 1;
+    }
+    long p = syscall(SYS_clone3, &ca, sizeof ca);
+    if (p == 0) {
+        execl(prog, prog, arg, (char *)NULL);
+        _exit(127);
+    }
+    if (p < 0) { perror("clone3"); _exit(3); }
+    *got = (pid_t)p;
+    int st;
+    struct rusage ru;
+    if (wait4(*got, &st, 0, &ru) != *got || !WIFEXITED(st) || WEXITSTATUS(st) > 1) _exit(4);
+    return ru.ru_utime.tv_sec * 1e3 + ru.ru_utime.tv_usec / 1e3 + ru.ru_stime.tv_sec * 1e3 +
+           ru.ru_stime.tv_usec / 1e3;
+}
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    pid_t a, b;
+    double ca = run(argv[1], argv[3], 0, &a);
+    double cb = run(argv[2], argv[3], a, &b);
+    printf("%d %d %.1f %.1f\n", (int)a, (int)b, ca, cb);
+    return 0;
+}
+"#;
+
+#[test]
+fn pid_reused_by_another_program_keeps_counts_apart() {
+    if !require_perf() {
+        return;
+    }
+    const PERIOD_MS: f64 = 1.0;
+    let sb = Sandbox::new();
+    let dir = sb.dir.path();
+    // Same source, same layout: fn_a and fn_b sit at the same file offset, so only the image
+    // (build-id) can tell which program a count belongs to; mixing shows up as counts moved
+    // from one image to the other.
+    let build = |name: &str, func: &str, variant: u32| {
+        let src = BURN_C.replace("BURN_NAME", func).replace("VARIANT", &variant.to_string());
+        let p = cc(dir, name, &src);
+        let id = object_build_id(&std::fs::read(&p).expect("read program"));
+        let range = symbol_file_range(&p, func);
+        (p, id, range)
+    };
+    let a = build("prog_a", "fn_a", 1);
+    let b = build("prog_b", "fn_b", 2);
+    assert_ne!(a.1, b.1, "distinct build-ids");
+    assert_eq!(a.2, b.2, "fn_a and fn_b at the same file offsets");
+    let reuse = cc(dir, "reuse", REUSE_C);
+    let host = "e2e-resolve-pidreuse";
+    // One flush interval longer than the whole run: both programs' samples sit in the same
+    // aggregation tables and are resolved in the same batch.
+    let mut d = sb.start_daemon(host, &["-e", "cpu-clock:1000000", "--flush-interval", "60s"]);
+    let out = Command::new(&reuse).arg(&a.0).arg(&b.0).arg("300").output().expect("run reuse");
+    assert!(out.status.success(), "reuse: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<f64> = text.split_whitespace().map(|s| s.parse().expect("number")).collect();
+    let (pid_a, pid_b, cpu_a, cpu_b) = (f[0], f[1], f[2], f[3]);
+    assert_eq!(pid_a, pid_b, "the second program really reused the first one's pid");
+    let (status, err) = d.terminate();
+    assert!(status.success(), "dcpid exit {status}: {err}");
+
+    let profiles = all_profiles(&sb.db(), host);
+    for ((p, id, range), cpu_ms) in [(&a, cpu_a), (&b, cpu_b)] {
+        let (inside, total) = samples_in(&profiles, id, p, *range);
+        let expected = cpu_ms / PERIOD_MS;
+        eprintln!(
+            "{} (pid {pid_a}): {inside}/{total} samples in its function, {expected:.0} expected",
+            p.display()
+        );
+        assert!(inside * 10 >= total * 9, "{}: {inside} of {total} inside", p.display());
+        // Mixed counts would leave one image with about none and the other with about twice.
+        assert!(inside as f64 >= 0.6 * expected, "{}: {inside} samples", p.display());
+        assert!((total as f64) <= 1.3 * expected + 10.0, "{}: {total} samples", p.display());
+    }
+}
