@@ -140,6 +140,16 @@ pub struct ResolverStats {
     pub scan: ScanStats,
 }
 
+/// The answer of [`Resolver::asid_at`] for a pid and the time interval `[from, until)` over
+/// which it stays the same, given the records applied so far (for a per-CPU cache).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AsidSpan {
+    /// `None`: the process is unknown.
+    pub asid: Option<u64>,
+    pub from: PerfTime,
+    pub until: PerfTime,
+}
+
 /// Result of resolving one key.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Resolution {
@@ -627,6 +637,30 @@ impl Resolver {
         }
         let old = self.retired.get(&pid)?;
         old.iter().rev().find(|o| time >= o.born).or(old.first()).map(|o| o.asid_at(time))
+    }
+
+    /// [`Resolver::asid_at`] with the interval over which its answer holds. The interval may
+    /// be narrower than the truth, never wider.
+    pub fn asid_span(&self, pid: u32, time: PerfTime) -> AsidSpan {
+        let unknown = AsidSpan { asid: None, from: 0, until: PerfTime::MAX };
+        let Some(p) = self.procs.get(&pid) else { return unknown };
+        let (o, from, until) = if time >= p.born {
+            (p, p.born, PerfTime::MAX)
+        } else {
+            let Some(old) = self.retired.get(&pid) else { return unknown };
+            match old.iter().rposition(|o| time >= o.born) {
+                Some(i) => (&old[i], old[i].born, old.get(i + 1).map_or(p.born, |n| n.born)),
+                None => match old.first() {
+                    // Older than every incarnation kept: the oldest answers, up to the next.
+                    Some(o) => (o, 0, old.get(1).map_or(p.born, |n| n.born)),
+                    None => return unknown,
+                },
+            }
+        };
+        let i = o.versions.partition_point(|v| v.0 <= time);
+        let v_from = if i == 0 { 0 } else { o.versions[i - 1].0 };
+        let v_until = o.versions.get(i.max(1)).map_or(PerfTime::MAX, |v| v.0);
+        AsidSpan { asid: Some(o.asid_at(time)), from: from.max(v_from), until: until.min(v_until) }
     }
 
     /// Called once before resolving a batch (JIT maps are re-read at most once per batch).
