@@ -882,6 +882,78 @@ fn vdso_build_id(image: &[u8]) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
 
+    fn rec(time: PerfTime, record: SideBand) -> TimedSideBand {
+        TimedSideBand { time, cpu: 0, record }
+    }
+
+    fn exec_mmap(pid: u32, name: &[u8], id: u8) -> SideBand {
+        SideBand::Mmap2 {
+            pid,
+            tid: pid,
+            addr: 0x40_0000,
+            len: 0x1000,
+            pgoff: 0,
+            dev: None,
+            ino: None,
+            ino_generation: None,
+            prot: PROT_EXEC,
+            flags: 0,
+            build_id: Some(vec![id; 20]),
+            filename: name.to_vec(),
+            kernel: false,
+        }
+    }
+
+    /// The aggregator caches `asid_span` answers for the whole span: every time inside it
+    /// must get the same asid from `asid_at`, across forks, execs, mmaps, exits, a reused
+    /// pid and gc.
+    #[test]
+    fn asid_span_agrees_with_asid_at_over_its_whole_interval() {
+        let mut r = Resolver::new(ResolverConfig {
+            proc_root: "/nonexistent-proc".into(),
+            sys_root: "/nonexistent-sys".into(),
+            jit_map_dir: "/nonexistent-tmp".into(),
+        });
+        let (parent, pid) = (100, 200);
+        let comm = |pid, exec| SideBand::Comm { pid, tid: pid, comm: b"x".to_vec(), exec };
+        let fork = |pid, ppid| SideBand::Fork { pid, ppid, tid: pid, ptid: ppid };
+        let exit = |pid, ppid| SideBand::Exit { pid, ppid, tid: pid, ptid: ppid };
+        for r0 in [
+            rec(10, fork(pid, parent)),
+            rec(20, comm(pid, true)),
+            rec(21, exec_mmap(pid, b"/bin/a", 1)),
+            rec(30, fork(pid, pid)),
+            rec(40, exec_mmap(pid, b"/lib/x.so", 2)),
+            rec(50, exit(pid, parent)),
+            // The pid is reused by another program.
+            rec(60, fork(pid, parent)),
+            rec(61, comm(pid, true)),
+            rec(62, exec_mmap(pid, b"/bin/b", 3)),
+            rec(80, exit(pid, parent)),
+        ] {
+            r.apply(&r0);
+        }
+        let check = |r: &Resolver| {
+            for who in [pid, parent, 999] {
+                for t in 0..100 {
+                    let s = r.asid_span(who, t);
+                    assert_eq!(s.asid, r.asid_at(who, t), "pid {who} time {t}");
+                    assert!(s.from <= t && t < s.until, "pid {who} time {t}: {s:?}");
+                    for u in s.from..s.until.min(100) {
+                        assert_eq!(r.asid_at(who, u), s.asid, "pid {who}: {t} vs {u} in {s:?}");
+                    }
+                }
+            }
+        };
+        check(&r);
+        // The two incarnations never share an asid.
+        assert_ne!(r.asid_at(pid, 45), r.asid_at(pid, 70));
+        r.gc(55);
+        check(&r);
+        r.gc(100);
+        check(&r);
+    }
+
     #[test]
     fn own_vdso_is_readable_and_identified() {
         let Some(image) = crate::sys::process::vdso_image() else {
