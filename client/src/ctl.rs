@@ -175,7 +175,70 @@ pub fn render_status(v: &Value) -> String {
         f(&d, "cpu_sys_s"),
         u(&d, "rss_kib")
     );
+    let r = v.get("rate").cloned().unwrap_or(Value::Null);
+    o += &format!(
+        "rate:       {:.0} samples/s over the last {:.1}s, {:.0}/s since start\n",
+        f(&r, "samples_per_s_recent"),
+        f(&r, "recent_window_s"),
+        f(&r, "samples_per_s")
+    );
+    let ov = v.get("overhead").cloned().unwrap_or(Value::Null);
+    o += &format!(
+        "overhead:   daemon {:.2}% of one CPU ({:.2}% since start); sampling interrupts ~{:.2}% \
+         of one CPU (estimate: {:.0} µs per sample); ~{:.2}% of the machine's {} CPUs\n",
+        f(&ov, "daemon_cpu_pct_recent"),
+        f(&ov, "daemon_cpu_pct"),
+        f(&ov, "sampling_cpu_pct_estimate"),
+        f(&ov, "sample_cost_us_estimate"),
+        f(&ov, "machine_pct_estimate"),
+        u(&ov, "ncpus")
+    );
+    let c = v.get("config").cloned().unwrap_or(Value::Null);
+    o += &format!(
+        "config:     {} | flush {}s, publish {}s, max memory {} MB, retention {} days (keep {})\n",
+        c.get("file").and_then(Value::as_str).unwrap_or("(no file)"),
+        f(&c, "flush_interval_s"),
+        f(&c, "publish_interval_s"),
+        u(&c, "max_memory_mb"),
+        u(&c, "retention_days"),
+        u(&c, "retention_keep")
+    );
+    if let Some(rl) = v.get("last_reload").filter(|x| !x.is_null()) {
+        o += &format!(
+            "last reload: {} ({}) {}\n",
+            ago(u(rl, "unix_ms")),
+            s(rl, "trigger"),
+            reload_outcome(rl)
+        );
+    }
     o
+}
+
+/// One line for a reload result: what changed, what needs a restart, or why it was rejected.
+pub fn reload_outcome(r: &Value) -> String {
+    if r.get("ok").and_then(Value::as_bool) != Some(true) {
+        return format!("rejected, running configuration kept: {}", s(r, "error"));
+    }
+    let list = |k: &str| -> Vec<String> {
+        r.get(k)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    let applied = list("applied");
+    let restart = list("restart_required");
+    let mut out = if applied.is_empty() {
+        "reloaded: nothing changed".to_string()
+    } else {
+        format!("reloaded: {}", applied.join("; "))
+    };
+    if !restart.is_empty() {
+        out += &format!(
+            "; needs a restart of dcpid to take effect (running values kept): {}",
+            restart.join(", ")
+        );
+    }
+    out
 }
 
 #[cfg(test)]
@@ -202,7 +265,14 @@ mod tests {
             "unknown": {"count": 1, "fraction": 0.2, "by_reason": {"process-gone": 1}},
             "aggregation": {"factor": 2.5, "pending": 0, "late_sideband": 0},
             "store": {"last_flush": null, "spool_rows": 3},
-            "daemon": {"cpu_user_s": 0.1, "cpu_sys_s": 0.2, "rss_kib": 1000}
+            "daemon": {"cpu_user_s": 0.1, "cpu_sys_s": 0.2, "rss_kib": 1000},
+            "rate": {"samples_per_s": 990.0, "samples_per_s_recent": 1994.6, "recent_window_s": 2.0},
+            "overhead": {"daemon_cpu_pct": 0.5, "daemon_cpu_pct_recent": 0.25,
+                "sample_cost_us_estimate": 20.0, "sampling_cpu_pct_estimate": 3.99,
+                "ncpus": 2, "machine_pct_estimate": 2.12},
+            "config": {"file": "/etc/dcpi/dcpid.toml", "flush_interval_s": 2.0},
+            "last_reload": {"unix_ms": 1, "trigger": "SIGHUP", "ok": true,
+                "applied": ["flush_interval: 2s -> 1s"], "restart_required": ["events"]}
         });
         let t = render_status(&v);
         for needle in [
@@ -214,6 +284,12 @@ mod tests {
             "3 rows",
             "never",
             "rss 1000 KiB",
+            "1995 samples/s",
+            "3.99% of one CPU",
+            "20 µs per sample",
+            "/etc/dcpi/dcpid.toml",
+            "flush_interval: 2s -> 1s",
+            "restart of dcpid to take effect (running values kept): events",
         ] {
             assert!(t.contains(needle), "{needle} missing in:\n{t}");
         }

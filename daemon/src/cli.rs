@@ -59,7 +59,12 @@ pub struct Cli {
     /// Group allowed to use the control socket besides root [default: dcpi, if it exists].
     #[arg(long, value_name = "NAME")]
     pub socket_group: Option<String>,
-    /// Run for DUR, then flush, publish everything and exit 0.
+    /// Log filter: `error`, `warn`, `info`, `debug`, `trace` or a directive like
+    /// `dcpid::store=debug` [default: info; -v is debug]. `DCPI_LOG` in the environment wins.
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// Run for DUR (e.g. `20`, `20s`, `5m`; a plain number is seconds), then flush, publish
+    /// everything and exit 0.
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Check whether sampling is possible here, print the result, exit 0 (yes) or 1 (no).
@@ -122,7 +127,8 @@ impl Cli {
         <Cli as CommandFactory>::command()
     }
 
-    /// Read the configuration file (unless `--config none`) and apply the flags on top.
+    /// Read the configuration file (unless `--config none`) and apply the flags on top. Called
+    /// again on reload (SIGHUP, `dcpictl reload`): the flags keep winning over the file.
     pub fn settings(&self) -> Result<Settings, ConfigError> {
         let mut s = Settings::defaults();
         if let Some(h) = &self.host {
@@ -182,6 +188,14 @@ impl Cli {
         if let Some(v) = &self.socket_group {
             s.socket_group = Some(v.clone());
             s.socket_group_explicit = true;
+        }
+        if let Some(v) = &self.log_level {
+            s.log_level = v.clone();
+        }
+        match self.verbose {
+            0 => {}
+            1 => s.log_level = "debug".into(),
+            _ => s.log_level = "trace".into(),
         }
         s.duration = self.duration;
         // Flag names in errors: the field names match the flags with `_` for `-`.

@@ -15,8 +15,12 @@
 //! retention_keep = 3
 //! socket = "/run/dcpi/dcpid.sock"
 //! socket_group = "dcpi"
+//! log_level = "info"
 //! ```
+//!
+//! Errors name the file, the line (and column, for syntax errors) and the key.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -41,8 +45,8 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    #[error("{path}:{line}:{column}: {message}")]
+    Parse { path: PathBuf, line: usize, column: usize, message: String },
     #[error("{origin}: invalid value {value:?} for `{field}`: {detail}")]
     Invalid { origin: String, field: String, value: String, detail: String },
 }
@@ -82,13 +86,34 @@ pub struct FileConfig {
     pub retention_keep: Option<usize>,
     pub socket: Option<PathBuf>,
     pub socket_group: Option<String>,
+    pub log_level: Option<String>,
+    /// Line (1-based) of each top-level key, so that errors in values can name it.
+    #[serde(skip)]
+    pub key_lines: BTreeMap<String, usize>,
 }
 
 impl FileConfig {
     /// Parse TOML text; `path` names the file in errors.
     pub fn parse(text: &str, path: &Path) -> Result<FileConfig, ConfigError> {
-        toml::from_str(text)
-            .map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: one_line(&e) })
+        let mut f: FileConfig = toml::from_str(text).map_err(|e| {
+            let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                line,
+                column,
+                message: e.message().trim().to_string(),
+            }
+        })?;
+        f.key_lines = key_lines(text);
+        Ok(f)
+    }
+
+    /// `path:LINE` of `key` when the file sets it, else `path`.
+    pub fn origin_of(&self, path: &Path, key: &str) -> String {
+        match self.key_lines.get(key) {
+            Some(l) => format!("{}:{l}", path.display()),
+            None => path.display().to_string(),
+        }
     }
 
     /// Load `path`. When `explicit` is false (the default path) a missing file gives the empty
@@ -104,14 +129,31 @@ impl FileConfig {
     }
 }
 
-fn one_line(e: &toml::de::Error) -> String {
-    // toml's Display spans several lines with a source excerpt; keep the message and the
-    // position, which already name the field.
-    let msg = e.message().to_string();
-    match e.span() {
-        Some(span) => format!("{msg} (at byte {})", span.start),
-        None => msg,
+/// 1-based line and column (in characters) of byte offset `at`.
+fn line_col(text: &str, at: usize) -> (usize, usize) {
+    let at = at.min(text.len());
+    let before = text.get(..at).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    (line, before[start..].chars().count() + 1)
+}
+
+/// Lines of top-level `key = value` assignments (before any `[table]`).
+fn key_lines(text: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for (i, l) in text.lines().enumerate() {
+        let l = l.trim_start();
+        if l.starts_with('[') {
+            break;
+        }
+        if let Some((k, _)) = l.split_once('=') {
+            let k = k.trim().trim_matches('"');
+            if !k.is_empty() && !k.starts_with('#') {
+                out.entry(k.to_string()).or_insert(i + 1);
+            }
+        }
     }
+    out
 }
 
 /// Parse a duration such as `2s`, `500ms`, `1m30s`, `1h`, `7d` (a bare number means seconds).
@@ -177,6 +219,10 @@ pub struct Settings {
     /// Whether the group was given explicitly (then it must exist).
     pub socket_group_explicit: bool,
     pub duration: Option<Duration>,
+    /// Log filter (`info`, `debug`, or an EnvFilter directive such as `dcpid=debug`).
+    pub log_level: String,
+    /// The configuration file read (`None`: `--config none`); `reload` reads it again.
+    pub config_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -198,12 +244,14 @@ impl Settings {
             socket_group: Some(DEFAULT_SOCKET_GROUP.into()),
             socket_group_explicit: false,
             duration: None,
+            log_level: "info".into(),
+            config_file: None,
         }
     }
 
     /// Apply a configuration file on top of `self`; `origin` names the file in errors.
-    pub fn apply_file(&mut self, f: &FileConfig, origin: &Path) -> Result<(), ConfigError> {
-        let origin = origin.display().to_string();
+    pub fn apply_file(&mut self, f: &FileConfig, path: &Path) -> Result<(), ConfigError> {
+        let origin = |key: &str| f.origin_of(path, key);
         if let Some(v) = &f.db {
             self.db = v.clone();
         }
@@ -223,10 +271,11 @@ impl Settings {
             self.ring_pages = v;
         }
         if let Some(v) = &f.flush_interval {
-            self.flush_interval = duration_field(&origin, "flush_interval", v)?;
+            self.flush_interval = duration_field(&origin("flush_interval"), "flush_interval", v)?;
         }
         if let Some(v) = &f.publish_interval {
-            self.publish_interval = duration_field(&origin, "publish_interval", v)?;
+            self.publish_interval =
+                duration_field(&origin("publish_interval"), "publish_interval", v)?;
         }
         if let Some(v) = f.max_memory_mb {
             self.max_memory_mb = v;
@@ -244,13 +293,29 @@ impl Settings {
             self.socket_group = Some(v.clone());
             self.socket_group_explicit = true;
         }
-        self.validate(&origin)
+        if let Some(v) = &f.log_level {
+            self.log_level = v.clone();
+        }
+        self.config_file = Some(path.to_path_buf());
+        self.validate_with(&path.display().to_string(), &f.key_lines)
     }
 
     /// Check ranges; `origin` is the file or `command line`.
     pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        self.validate_with(origin, &BTreeMap::new())
+    }
+
+    /// [`Settings::validate`], naming the line of the offending key from `lines`.
+    pub fn validate_with(
+        &self,
+        origin: &str,
+        lines: &BTreeMap<String, usize>,
+    ) -> Result<(), ConfigError> {
         let bad = |field: &'static str, value: String, detail: &str| ConfigError::Invalid {
-            origin: origin.to_string(),
+            origin: match lines.get(field) {
+                Some(l) if origin != COMMAND_LINE => format!("{origin}:{l}"),
+                _ => origin.to_string(),
+            },
             field: if origin == COMMAND_LINE { flag_for(field) } else { field.to_string() },
             value,
             detail: detail.into(),
@@ -300,6 +365,12 @@ impl Settings {
         }
         if self.events.trim().is_empty() {
             return Err(bad("events", self.events.clone(), "empty event list"));
+        }
+        if let Err(e) = crate::perf::events::parse_event_list(&self.events) {
+            return Err(bad("events", self.events.clone(), &e.to_string()));
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
+            return Err(bad("log_level", self.log_level.clone(), &e.to_string()));
         }
         if self.spool.starts_with(&self.db) {
             return Err(bad(
@@ -398,6 +469,36 @@ mod tests {
         s2.host = "h1".into();
         let err = s2.apply_file(&f, p).unwrap_err().to_string();
         assert!(err.contains("ring_pages"), "{err}");
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let p = Path::new("/etc/dcpi/l.toml");
+        let err = FileConfig::parse("# c\ndb = \"/x\"\n\nflush_intreval = \"3s\"\n", p)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/etc/dcpi/l.toml:4:1: "), "{err}");
+        assert!(err.contains("flush_intreval"), "{err}");
+        let err = FileConfig::parse("db = \"/x\"\nring_pages = \"many\"\n", p).unwrap_err();
+        assert!(err.to_string().starts_with("/etc/dcpi/l.toml:2:14: "), "{err}");
+        let err = FileConfig::parse("db = [\n", p).unwrap_err().to_string();
+        assert!(err.starts_with("/etc/dcpi/l.toml:"), "{err}");
+        // Values that parse but are out of range name the key's line too.
+        let mut s = Settings::defaults();
+        s.host = "h".into();
+        let f = FileConfig::parse("host = \"h\"\n\n  ring_pages = 3\n", p).unwrap();
+        let err = s.apply_file(&f, p).unwrap_err().to_string();
+        assert!(err.starts_with("/etc/dcpi/l.toml:3: ") && err.contains("ring_pages"), "{err}");
+        let f = FileConfig::parse("db = \"/x\"\nflush_interval = \"soon\"\n", p).unwrap();
+        let err = Settings::defaults().apply_file(&f, p).unwrap_err().to_string();
+        assert!(err.starts_with("/etc/dcpi/l.toml:2: "), "{err}");
+        let f = FileConfig::parse("events = [\"cpu-clock:0\"]\n", p).unwrap();
+        let err = Settings::defaults().apply_file(&f, p).unwrap_err().to_string();
+        assert!(err.starts_with("/etc/dcpi/l.toml:1: ") && err.contains("cpu-clock:0"), "{err}");
+        let f = FileConfig::parse("log_level = \"loud[\"\n", p).unwrap();
+        let err = Settings::defaults().apply_file(&f, p).unwrap_err().to_string();
+        assert!(err.contains("log_level"), "{err}");
+        assert_eq!(line_col("ab\ncd", 4), (2, 2));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The control socket: one JSON request line in, one JSON response line out.
 //!
-//! Requests: `{"cmd":"status"}`, `{"cmd":"flush"}`, `{"cmd":"epoch-new"}`, `{"cmd":"epoch-show"}`.
+//! Requests: `{"cmd":"status"}`, `{"cmd":"flush"}`, `{"cmd":"epoch-new"}`, `{"cmd":"epoch-show"}`,
+//! `{"cmd":"reload"}`.
 //! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`.
 //!
 //! The server runs on its own thread (a small tokio runtime), never on a sampling thread. A
@@ -11,6 +12,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +36,38 @@ pub enum Request {
     Flush,
     EpochNew,
     EpochShow,
+    /// Re-read the configuration file, as on SIGHUP.
+    Reload,
+}
+
+/// Who may use the socket besides root and the daemon's user: a group, changeable on reload.
+#[derive(Debug)]
+pub struct Access {
+    gid: AtomicU64,
+}
+
+const NO_GROUP: u64 = u64::MAX;
+
+impl Access {
+    pub fn new(group: Option<u32>) -> Access {
+        Access { gid: AtomicU64::new(group.map_or(NO_GROUP, u64::from)) }
+    }
+
+    pub fn group(&self) -> Option<u32> {
+        u32::try_from(self.gid.load(Ordering::Acquire)).ok()
+    }
+
+    /// Allow `group` from now on and give the socket at `path` to it (as root; the mode stays
+    /// 0660). Clients already connected keep their answer.
+    pub fn set_group(&self, path: &Path, group: Option<u32>) -> Result<(), ControlError> {
+        if sock::effective_uid() == 0 {
+            std::os::unix::fs::chown(path, Some(0), Some(group.unwrap_or(0))).map_err(
+                |source| ControlError::Io { path: path.to_path_buf(), what: "chown", source },
+            )?;
+        }
+        self.gid.store(group.map_or(NO_GROUP, u64::from), Ordering::Release);
+        Ok(())
+    }
 }
 
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
@@ -82,12 +116,13 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Bind `path` (creating its directory), set ownership and mode, and serve `handler`.
-    /// `group`: gid allowed besides root.
+    /// `access`: the group allowed besides root.
     pub fn start(
         path: &Path,
-        group: Option<u32>,
+        access: Arc<Access>,
         handler: Arc<dyn Handler>,
     ) -> Result<ControlServer, ControlError> {
+        let group = access.group();
         let io = |what: &'static str| {
             move |source| ControlError::Io { path: path.to_path_buf(), what, source }
         };
@@ -136,7 +171,7 @@ impl ControlServer {
                             return;
                         }
                     };
-                    serve(listener, group, handler, rx).await;
+                    serve(listener, access, handler, rx).await;
                 });
                 // Dropping the runtime here does not wait for blocking commands still running.
                 rt.shutdown_background();
@@ -168,7 +203,7 @@ impl Drop for ControlServer {
 
 async fn serve(
     listener: UnixListener,
-    group: Option<u32>,
+    access: Arc<Access>,
     handler: Arc<dyn Handler>,
     mut shutdown: tokio::sync::oneshot::Receiver<()>,
 ) {
@@ -194,6 +229,7 @@ async fn serve(
             },
         };
         let h = Arc::clone(&handler);
+        let group = access.group();
         tokio::spawn(async move {
             let _permit = permit;
             connection(stream, group, h).await;
@@ -283,7 +319,8 @@ mod tests {
     fn requests_limits_and_stale_socket() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/dcpid.sock");
-        let mut srv = ControlServer::start(&path, None, Arc::new(Echo)).unwrap();
+        let mut srv =
+            ControlServer::start(&path, Arc::new(Access::new(None)), Arc::new(Echo)).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o660);
         let r = ask(&path, b"{\"cmd\":\"status\"}\n");
@@ -311,7 +348,7 @@ mod tests {
         assert!(line.contains("larger than"), "{line}");
         // A second server on a live socket refuses; after stop the socket is gone.
         assert!(matches!(
-            ControlServer::start(&path, None, Arc::new(Echo)),
+            ControlServer::start(&path, Arc::new(Access::new(None)), Arc::new(Echo)),
             Err(ControlError::InUse(_))
         ));
         srv.stop();
@@ -319,7 +356,8 @@ mod tests {
         // A stale socket file is replaced.
         let _stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
         drop(_stale);
-        let _srv = ControlServer::start(&path, None, Arc::new(Echo)).unwrap();
+        let _srv =
+            ControlServer::start(&path, Arc::new(Access::new(None)), Arc::new(Echo)).unwrap();
         assert!(ask(&path, b"{\"cmd\":\"flush\"}\n").ok);
     }
 }

@@ -4,16 +4,26 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use dcpid::cli::{generate, Cli, LogFormat};
+use dcpid::service::{Hooks, SetLogLevel};
 use tracing_subscriber::prelude::*;
+use tracing_subscriber::{reload, EnvFilter};
 
-fn init_logging(format: LogFormat, verbose: u8) {
-    let level = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("DCPI_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+/// Set up logging with `level` (the configuration's `log_level`; `DCPI_LOG` wins). Returns the
+/// hook that changes the level on reload.
+fn init_logging(format: LogFormat, level: &str) -> SetLogLevel {
+    let from_env = std::env::var_os("DCPI_LOG").is_some();
+    let filter = EnvFilter::try_from_env("DCPI_LOG")
+        .or_else(|_| EnvFilter::try_new(level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, handle) = reload::Layer::new(filter);
+    let set: SetLogLevel = Box::new(move |l: &str| {
+        if from_env {
+            // The environment was set on purpose (debugging); the file does not override it.
+            return Ok(());
+        }
+        let f = EnvFilter::try_new(l).map_err(|e| e.to_string())?;
+        handle.reload(f).map_err(|e| e.to_string())
+    });
     let journald = match format {
         LogFormat::Journald => true,
         LogFormat::Text => false,
@@ -23,15 +33,20 @@ fn init_logging(format: LogFormat, verbose: u8) {
         match tracing_journald::layer() {
             Ok(layer) => {
                 tracing_subscriber::registry().with(filter).with(layer).init();
-                return;
+                return set;
             }
             Err(e) => eprintln!("dcpid: journald logging unavailable ({e}); logging to stderr"),
         }
     }
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .init();
+    set
 }
 
 fn main() -> ExitCode {
+    // Usage errors exit with 2 (clap's convention, and ours for bad configuration).
     let cli = Cli::parse();
     if let Some(what) = cli.generate {
         let mut out = std::io::stdout().lock();
@@ -50,12 +65,12 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
+                let e = dcpid::service::explain_sampler_error(e);
                 eprintln!("dcpid: sampling is not possible here: {e}");
                 ExitCode::FAILURE
             }
         };
     }
-    init_logging(cli.log_format, cli.verbose);
     let settings = match cli.settings() {
         Ok(s) => s,
         Err(e) => {
@@ -63,12 +78,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match dcpid::service::run(settings) {
+    let set_log_level = init_logging(cli.log_format, &settings.log_level);
+    let reload_cli = cli.clone();
+    let hooks = Hooks {
+        reload: Some(Box::new(move || reload_cli.settings())),
+        set_log_level: Some(set_log_level),
+    };
+    match dcpid::service::run(settings, hooks) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
+            // Once, on stderr: under systemd stderr is the journal too.
             eprintln!("dcpid: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(e.exit_code())
         }
     }
 }

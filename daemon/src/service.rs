@@ -5,21 +5,31 @@
 //! interval: take the resolved per-CPU tables into the store, spool, publish what is due,
 //! STATUS=, and WATCHDOG=1 only while every drain thread makes progress. SIGTERM/SIGINT (or the
 //! end of `--duration`): STOPPING=1, stop sampling, flush everything, publish everything, exit 0.
+//!
+//! SIGHUP or `dcpictl reload` re-reads the configuration file (the command-line flags still
+//! win). Intervals, retention, the memory bound, the socket group and the log level change
+//! live; db, spool, host, events, window_divisor, ring_pages and socket need a restart: their
+//! running values are kept and the reload reports them. A configuration with an error is
+//! rejected as a whole (file, line, reason) and the running one stays.
+//!
+//! Exit status: 0 after a clean stop; 2 for a configuration the daemon can never run with
+//! (bad event, unwritable database, sampling not permitted, missing socket group); 1 for other
+//! failures to start.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::aggregate::{Aggregator, Resolved};
-use crate::config::Settings;
-use crate::control::{ControlError, ControlServer, Handler, Request, Response};
+use crate::config::{ConfigError, Settings};
+use crate::control::{Access, ControlError, ControlServer, Handler, Request, Response};
 use crate::notify::Notifier;
 use crate::perf::events::{parse_event_list, EventError};
 use crate::perf::sampler::{online_cpus, Sampler, SamplerConfig, SamplerError};
 use crate::resolve::{Resolver, ResolverConfig};
-use crate::status::{StatusInputs, StatusReport};
-use crate::store::{EventInfo, Store, StoreConfig};
+use crate::status::{RecentWindow, ReloadReport, StatusInputs, StatusReport};
+use crate::store::{EventInfo, Store, StoreConfig, StoreError};
 
 /// Env var (tests only): `CPU:MS` makes the drain thread of CPU stop progressing after MS ms.
 pub const TEST_STALL_ENV: &str = "DCPI_TEST_STALL_DRAIN";
@@ -27,10 +37,46 @@ pub const TEST_STALL_ENV: &str = "DCPI_TEST_STALL_DRAIN";
 /// A drain thread that has not completed a loop for this long withholds WATCHDOG=1.
 const PROGRESS_MAX_AGE: Duration = Duration::from_secs(5);
 
+/// Reads the configuration again (file + the original flags) for a reload.
+pub type Reloader = Box<dyn Fn() -> Result<Settings, ConfigError> + Send + Sync>;
+/// Changes the log filter of the running daemon.
+pub type SetLogLevel = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// What `main` lends the service so that it can reload its configuration.
+#[derive(Default)]
+pub struct Hooks {
+    pub reload: Option<Reloader>,
+    pub set_log_level: Option<SetLogLevel>,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("reload", &self.reload.is_some())
+            .field("set_log_level", &self.set_log_level.is_some())
+            .finish()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    #[error("--events: {0}")]
+    #[error("events: {0}")]
     Events(#[from] EventError),
+    #[error(
+        "sampling not permitted: perf_event_open of `{event}` on CPU {cpu} failed with \
+         {errno_name}. System-wide sampling needs root or CAP_PERFMON (CAP_SYS_ADMIN before \
+         Linux 5.8), or kernel.perf_event_paranoid <= 0 (it is {paranoid} here). Run dcpid as \
+         root or as the systemd unit does, or lower the sysctl; `dcpid --probe` checks."
+    )]
+    NotPermitted { event: String, cpu: u32, errno_name: &'static str, paranoid: String },
+    #[error("database {db} is not writable: {source}")]
+    Database {
+        db: String,
+        #[source]
+        source: StoreError,
+    },
+    #[error("spool {0}: {1}")]
+    Spool(String, String),
     #[error("{TEST_STALL_ENV}: expected CPU:MS, got {0:?}")]
     StallEnv(String),
     #[error("cannot start sampling: {0}")]
@@ -43,6 +89,73 @@ pub enum ServiceError {
     Signals(std::io::Error),
     #[error("cannot start the flush thread: {0}")]
     Thread(String),
+}
+
+impl ServiceError {
+    /// Process exit status: 2 for what only a change of configuration or privileges fixes.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ServiceError::Events(_)
+            | ServiceError::NotPermitted { .. }
+            | ServiceError::Database { .. }
+            | ServiceError::Spool(..)
+            | ServiceError::StallEnv(_)
+            | ServiceError::NoGroup(_)
+            | ServiceError::Sampler(SamplerError::Config(_))
+            | ServiceError::Control(ControlError::Io { .. }) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// `SamplerError` with "not permitted" turned into the one explanation of what to change.
+pub fn explain_sampler_error(e: SamplerError) -> ServiceError {
+    match e {
+        SamplerError::Open { event, cpu, errno_name, source }
+            if matches!(source.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) =>
+        {
+            let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into());
+            ServiceError::NotPermitted { event, cpu, errno_name, paranoid }
+        }
+        other => ServiceError::Sampler(other),
+    }
+}
+
+/// Whether a failure to write the database at start is one that waiting will not fix.
+fn permanent_db_error(e: &StoreError) -> bool {
+    let StoreError::Db(profile_format::Error::Io { source, .. }) = e else { return false };
+    matches!(
+        source.raw_os_error(),
+        Some(
+            libc::EACCES
+                | libc::EPERM
+                | libc::EROFS
+                | libc::ENOTDIR
+                | libc::EEXIST
+                | libc::EISDIR
+                | libc::ENAMETOOLONG
+                | libc::ELOOP
+                | libc::EINVAL
+        )
+    )
+}
+
+/// The spool must be a file whose directory exists or can be created.
+fn check_spool_path(spool: &std::path::Path) -> Result<(), ServiceError> {
+    let bad = |d: String| ServiceError::Spool(spool.display().to_string(), d);
+    if spool.is_dir() {
+        return Err(bad("is a directory; the spool is a file".into()));
+    }
+    for a in spool.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
+        match std::fs::metadata(a) {
+            Ok(m) if m.is_dir() => return Ok(()),
+            Ok(_) => return Err(bad(format!("{} is not a directory", a.display()))),
+            Err(_) => continue,
+        }
+    }
+    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -60,7 +173,15 @@ struct Counters {
 
 /// What the flush loop and the control commands share.
 struct Shared {
-    settings: Settings,
+    /// The settings in force; reload replaces the live-changeable ones.
+    settings: RwLock<Settings>,
+    hooks: Hooks,
+    access: Arc<Access>,
+    last_reload: Mutex<Option<ReloadReport>>,
+    /// (time, samples so far, daemon CPU seconds) at the last flush ticks.
+    ticks: Mutex<VecDeque<(Instant, u64, f64)>>,
+    /// The flush thread, woken when a reload changes its interval.
+    flusher: Mutex<Option<std::thread::Thread>>,
     started: Instant,
     aggregator: Arc<Aggregator>,
     sampler: RwLock<Option<Sampler>>,
@@ -76,7 +197,189 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 impl Shared {
+    fn settings(&self) -> Settings {
+        read(&self.settings).clone()
+    }
+
+    /// Give the store the live settings if a reload changed them.
+    fn sync_store(&self, store: &mut Store) {
+        let s = read(&self.settings);
+        let c = store.config();
+        let mem = s.max_memory_mb.saturating_mul(1 << 20);
+        if c.flush_interval != s.flush_interval
+            || c.publish_interval != s.publish_interval
+            || c.max_memory_bytes != mem
+            || c.retention_days != s.retention_days
+            || c.retention_keep != s.retention_keep
+        {
+            store.reconfigure(
+                s.flush_interval,
+                s.publish_interval,
+                mem,
+                s.retention_days,
+                s.retention_keep,
+            );
+        }
+    }
+
+    /// Re-read the configuration and apply what can change live. Never stops the daemon.
+    fn reload(&self, trigger: &str) -> ReloadReport {
+        let mut rep = ReloadReport {
+            unix_ms: unix_ms_now(),
+            trigger: trigger.to_string(),
+            ..ReloadReport::default()
+        };
+        let new = match &self.hooks.reload {
+            Some(f) => f().map_err(|e| e.to_string()),
+            None => Err("this dcpid has no configuration to reload".to_string()),
+        };
+        match new.and_then(|n| self.apply_reload(n)) {
+            Ok((applied, restart)) => {
+                rep.ok = true;
+                if !restart.is_empty() {
+                    tracing::warn!(keys = %restart.join(", "), "reload: these settings need a restart of dcpid; keeping their running values");
+                }
+                tracing::info!(trigger, applied = %applied.join("; "), "configuration reloaded");
+                rep.applied = applied;
+                rep.restart_required = restart;
+            }
+            Err(e) => {
+                tracing::error!(trigger, error = %e, "reload rejected; keeping the running configuration");
+                rep.error = Some(e);
+            }
+        }
+        *lock(&self.last_reload) = Some(rep.clone());
+        rep
+    }
+
+    fn apply_reload(&self, new: Settings) -> Result<(Vec<String>, Vec<String>), String> {
+        let old = self.settings();
+        let mut restart = Vec::new();
+        for (key, changed) in [
+            ("db", old.db != new.db),
+            ("spool", old.spool != new.spool),
+            ("host", old.host != new.host),
+            ("events", old.events != new.events),
+            ("window_divisor", old.window_divisor != new.window_divisor),
+            ("ring_pages", old.ring_pages != new.ring_pages),
+            ("socket", old.socket != new.socket),
+        ] {
+            if changed {
+                restart.push(key.to_string());
+            }
+        }
+        // What can fail comes first, so that a rejected reload changes nothing.
+        let group = if old.socket_group != new.socket_group {
+            let gid = match &new.socket_group {
+                Some(name) => match crate::sys::sock::group_id(name) {
+                    Some(g) => Some(g),
+                    None if new.socket_group_explicit => {
+                        return Err(format!("socket_group: no group named {name:?}"))
+                    }
+                    None => None,
+                },
+                None => None,
+            };
+            Some(gid)
+        } else {
+            None
+        };
+        let mut applied = Vec::new();
+        if old.log_level != new.log_level {
+            match &self.hooks.set_log_level {
+                Some(f) => {
+                    f(&new.log_level).map_err(|e| format!("log_level: {e}"))?;
+                    applied.push(format!("log_level: {} -> {}", old.log_level, new.log_level));
+                }
+                None => restart.push("log_level".into()),
+            }
+        }
+        if let Some(gid) = group {
+            self.access.set_group(&old.socket, gid).map_err(|e| e.to_string())?;
+            applied.push(format!(
+                "socket_group: {} -> {}",
+                old.socket_group.as_deref().unwrap_or("(none)"),
+                new.socket_group.as_deref().unwrap_or("(none)")
+            ));
+        }
+        let dur = |k: &str, a: Duration, b: Duration, out: &mut Vec<String>| {
+            if a != b {
+                out.push(format!("{k}: {a:?} -> {b:?}"));
+            }
+        };
+        dur("flush_interval", old.flush_interval, new.flush_interval, &mut applied);
+        dur("publish_interval", old.publish_interval, new.publish_interval, &mut applied);
+        let num = |k: &str, a: u64, b: u64, out: &mut Vec<String>| {
+            if a != b {
+                out.push(format!("{k}: {a} -> {b}"));
+            }
+        };
+        num("max_memory_mb", old.max_memory_mb, new.max_memory_mb, &mut applied);
+        num("retention_days", old.retention_days.into(), new.retention_days.into(), &mut applied);
+        num("retention_keep", old.retention_keep as u64, new.retention_keep as u64, &mut applied);
+        {
+            let mut s = self.settings.write().unwrap_or_else(|p| p.into_inner());
+            s.flush_interval = new.flush_interval;
+            s.publish_interval = new.publish_interval;
+            s.max_memory_mb = new.max_memory_mb;
+            s.retention_days = new.retention_days;
+            s.retention_keep = new.retention_keep;
+            s.socket_group = new.socket_group.clone();
+            s.socket_group_explicit = new.socket_group_explicit;
+            s.log_level = new.log_level.clone();
+            s.config_file = new.config_file.clone();
+        }
+        // A publish in progress holds the store; the next tick applies the change then.
+        if let Ok(mut store) = self.store.try_lock() {
+            self.sync_store(&mut store);
+        }
+        if let Some(t) = lock(&self.flusher).as_ref() {
+            t.unpark();
+        }
+        Ok((applied, restart))
+    }
+
+    fn sampler_samples(&self) -> u64 {
+        read(&self.sampler)
+            .as_ref()
+            .map(|s| s.status().cpus.iter().map(|c| c.samples).sum())
+            .unwrap_or(0)
+    }
+
+    fn record_tick(&self) {
+        let (u, s) = crate::sys::sock::self_cpu_time();
+        let mut t = lock(&self.ticks);
+        t.push_back((Instant::now(), self.sampler_samples(), (u + s).as_secs_f64()));
+        while t.len() > 2 {
+            t.pop_front();
+        }
+    }
+
+    fn recent_window(&self) -> Option<RecentWindow> {
+        let t = lock(&self.ticks);
+        let (a, b) = (t.front()?, t.back()?);
+        if t.len() < 2 {
+            return None;
+        }
+        Some(RecentWindow {
+            seconds: b.0.saturating_duration_since(a.0).as_secs_f64(),
+            samples: b.1.saturating_sub(a.1),
+            cpu_s: (b.2 - a.2).max(0.0),
+        })
+    }
+
     /// Move one resolved batch (and sampler loss counters since the last one) into the store.
     fn absorb(&self, store: &mut Store, resolved: Resolved) {
         let (lost, throttled, times) =
@@ -123,8 +426,10 @@ impl Shared {
     }
 
     fn flush_tick(&self) {
+        self.record_tick();
         let resolved = self.aggregator.take_resolved();
         let mut store = lock(&self.store);
+        self.sync_store(&mut store);
         self.absorb(&mut store, resolved);
         store.tick();
         *lock(&self.store_status) = store.status();
@@ -133,6 +438,7 @@ impl Shared {
     fn flush_everything(&self) -> Result<(), String> {
         let resolved = self.aggregator.flush_all();
         let mut store = lock(&self.store);
+        self.sync_store(&mut store);
         self.absorb(&mut store, resolved);
         let r = store.flush_everything().map_err(|e| e.to_string());
         *lock(&self.store_status) = store.status();
@@ -143,16 +449,23 @@ impl Shared {
         let sampler_status =
             self.sampler.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(|s| s.status());
         let agg = self.aggregator.stats();
+        let settings = self.settings();
+        let recent = self.recent_window();
+        let last_reload = lock(&self.last_reload).clone();
         let c = lock(&self.counters);
         StatusReport::build(StatusInputs {
-            host: &self.settings.host,
-            db: &self.settings.db.display().to_string(),
+            host: &settings.host,
+            db: &settings.db.display().to_string(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             sampler: sampler_status.as_ref(),
             aggregator: &agg,
             unknown_by_reason: &c.unknown_by_reason,
             resolved_samples: c.resolved_samples,
             store: lock(&self.store_status).clone(),
+            settings: &settings,
+            last_reload,
+            recent,
+            virtualized: crate::status::virtualized(),
         })
     }
 }
@@ -171,6 +484,17 @@ impl Handler for ControlHandler {
                 Ok(()) => Response::ok(serde_json::json!({ "flushed": true })),
                 Err(e) => Response::err(format!("flush incomplete: {e}")),
             },
+            Request::Reload => {
+                let r = sh.reload("dcpictl");
+                match serde_json::to_value(&r) {
+                    Ok(v) if r.ok => Response::ok(v),
+                    Ok(_) => Response::err(format!(
+                        "reload rejected, running configuration kept: {}",
+                        r.error.unwrap_or_default()
+                    )),
+                    Err(e) => Response::err(e.to_string()),
+                }
+            }
             Request::EpochShow => {
                 let e = lock(&sh.store_status).epoch.clone();
                 Response::ok(serde_json::json!({ "epoch": e }))
@@ -204,10 +528,11 @@ fn stall_from_env() -> Result<Option<(u32, Duration)>, ServiceError> {
 
 enum Wake {
     Stop(&'static str),
+    Reload,
 }
 
 /// Run the daemon until a signal or the end of `--duration`.
-pub fn run(settings: Settings) -> Result<(), ServiceError> {
+pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
     let notifier = Notifier::from_env();
     let specs = parse_event_list(&settings.events)?;
     let stall_drain = stall_from_env()?;
@@ -223,6 +548,7 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
     };
 
     // 1. Database and spool.
+    check_spool_path(&settings.spool)?;
     let mut store = Store::open(StoreConfig {
         db: settings.db.clone(),
         spool: settings.spool.clone(),
@@ -233,6 +559,16 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
         retention_days: settings.retention_days,
         retention_keep: settings.retention_keep,
     });
+    if let Err(e) = store.check_db_writable() {
+        if permanent_db_error(&e) {
+            return Err(ServiceError::Database {
+                db: settings.db.display().to_string(),
+                source: e,
+            });
+        }
+        tracing::warn!(db = %settings.db.display(), error = %e,
+            "database not writable now; sampling anyway, keeping data in the spool and retrying");
+    }
 
     // 2. Sampling on every CPU.
     let cpus = online_cpus()?;
@@ -246,7 +582,7 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
         ..SamplerConfig::default()
     };
     let t0 = crate::sys::time::monotonic_ns();
-    let sampler = Sampler::start(&scfg, aggregator.clone())?;
+    let sampler = Sampler::start(&scfg, aggregator.clone()).map_err(explain_sampler_error)?;
     store.set_events(
         sampler
             .events()
@@ -281,8 +617,14 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
         }
     }
     store.tick();
+    let access = Arc::new(Access::new(group));
     let shared = Arc::new(Shared {
-        settings: settings.clone(),
+        settings: RwLock::new(settings.clone()),
+        hooks,
+        access: Arc::clone(&access),
+        last_reload: Mutex::new(None),
+        ticks: Mutex::new(VecDeque::new()),
+        flusher: Mutex::new(None),
         started: Instant::now(),
         aggregator,
         store_status: Mutex::new(store.status()),
@@ -298,22 +640,30 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
     });
     let mut control = ControlServer::start(
         &settings.socket,
-        group,
+        access,
         Arc::new(ControlHandler(Arc::clone(&shared))),
     )?;
 
     let (tx, rx) = mpsc::channel::<Wake>();
-    let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])
-        .map_err(ServiceError::Signals)?;
+    let mut signals =
+        signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
+            .map_err(ServiceError::Signals)?;
     let sig_handle = signals.handle();
     {
         let tx = tx.clone();
         std::thread::Builder::new()
             .name("dcpi-signals".into())
             .spawn(move || {
-                if let Some(sig) = signals.forever().next() {
-                    let _ =
-                        tx.send(Wake::Stop(if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" }));
+                for sig in signals.forever() {
+                    let wake = match sig {
+                        libc::SIGHUP => Wake::Reload,
+                        libc::SIGINT => Wake::Stop("SIGINT"),
+                        _ => Wake::Stop("SIGTERM"),
+                    };
+                    let stop = matches!(wake, Wake::Stop(_));
+                    if tx.send(wake).is_err() || stop {
+                        break;
+                    }
                 }
             })
             .map_err(ServiceError::Signals)?;
@@ -322,7 +672,6 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
     tracing::info!(socket = %settings.socket.display(), host = %settings.host, db = %settings.db.display(), "dcpid ready");
 
     let deadline = settings.duration.map(|d| Instant::now() + d);
-    let flush_every = settings.flush_interval;
     // Flushing runs on its own thread: a publish that hangs on a dead NFS server must neither
     // stop the watchdog pings (which only speak for the drain threads) nor the stop path.
     let flusher_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -332,12 +681,14 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
         std::thread::Builder::new()
             .name("dcpid-flush".into())
             .spawn(move || {
-                let mut next = Instant::now() + flush_every;
+                let mut last = Instant::now();
                 while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                    // Read each time: a reload may change it.
+                    let next = last + read(&shared.settings).flush_interval;
                     let now = Instant::now();
                     if now >= next {
                         shared.flush_tick();
-                        next = Instant::now() + flush_every;
+                        last = Instant::now();
                     } else {
                         std::thread::park_timeout(next - now);
                     }
@@ -345,10 +696,11 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
             })
             .map_err(|e| ServiceError::Thread(e.to_string()))?
     };
+    *lock(&shared.flusher) = Some(flusher.thread().clone());
     // Ping twice per recommended interval (a quarter of WATCHDOG_USEC): a loaded machine may
     // delay one wake-up without systemd seeing a gap.
     let watchdog_every = notifier.watchdog_interval().map(|w| w / 2);
-    let mut next_status = Instant::now() + flush_every;
+    let mut next_status = Instant::now() + settings.flush_interval;
     let reason = loop {
         let now = Instant::now();
         let mut wake_at = next_status;
@@ -360,6 +712,14 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
         }
         match rx.recv_timeout(wake_at.saturating_duration_since(now)) {
             Ok(Wake::Stop(why)) => break why,
+            Ok(Wake::Reload) => {
+                let r = shared.reload("SIGHUP");
+                notifier.status(&if r.ok {
+                    format!("configuration reloaded; {}", shared.status().one_line())
+                } else {
+                    format!("reload rejected: {}", r.error.unwrap_or_default())
+                });
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => break "signal thread gone",
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
@@ -368,7 +728,7 @@ pub fn run(settings: Settings) -> Result<(), ServiceError> {
             break "--duration elapsed";
         }
         if now >= next_status {
-            next_status = now + flush_every;
+            next_status = now + read(&shared.settings).flush_interval;
             notifier.status(&shared.status().one_line());
         }
         if watchdog_every.is_some() {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
-use dcpi_client::ctl::{render_status, request, DEFAULT_SOCKET};
+use dcpi_client::ctl::{reload_outcome, render_status, request, DEFAULT_SOCKET};
 
 /// Control a running dcpid (the dcpi profiling daemon) over its control socket.
 ///
@@ -36,8 +36,16 @@ enum Cmd {
     /// fraction, by_reason}, aggregation {samples_aggregated, entries_created, factor, pending,
     /// late_sideband}, epoch, store {last_flush, last_publish, spool_rows, spool_bytes,
     /// dirty_profiles, pending_batches, pending_bytes, dropped_samples, db_error, spool_error,
-    /// ...}, condition ("ok" or what is wrong), daemon {cpu_user_s, cpu_sys_s, rss_kib}.
+    /// ...}, condition ("ok" or what is wrong), daemon {cpu_user_s, cpu_sys_s, rss_kib}, rate
+    /// {samples_per_s, samples_per_s_recent, recent_window_s}, overhead {daemon_cpu_pct,
+    /// daemon_cpu_pct_recent, sample_cost_us_estimate, sampling_cpu_pct_estimate, ncpus,
+    /// machine_pct_estimate}, config {file, events, flush_interval_s, publish_interval_s, ...},
+    /// last_reload (null or {unix_ms, trigger, ok, error, applied[], restart_required[]}).
     /// Fields are only ever added.
+    ///
+    /// The overhead of sampling interrupts is an estimate (samples/s x an assumed cost per
+    /// sample: ~1 µs with a hardware PMU, ~2 µs for cpu-clock, ~20 µs for cpu-clock in a VM);
+    /// the daemon's own CPU time is measured.
     Status {
         /// Machine-readable JSON.
         #[arg(long)]
@@ -46,6 +54,11 @@ enum Cmd {
     /// Write every sample collected so far to the spool and publish every changed profile
     /// now; returns when done.
     Flush,
+    /// Re-read the configuration file, as on SIGHUP. Intervals, retention, max_memory_mb,
+    /// socket_group and log_level change at once; db, spool, host, events, window_divisor,
+    /// ring_pages and socket need a restart (reported, running values kept). A configuration
+    /// with an error is rejected (file, line, reason; exit status 1) and the running one stays.
+    Reload,
     /// Epochs: periods of time whose profiles are kept apart.
     Epoch {
         #[command(subcommand)]
@@ -106,6 +119,7 @@ fn main() -> ExitCode {
     let result = match &command {
         Cmd::Status { .. } => request(&cli.socket, "status", short),
         Cmd::Flush => request(&cli.socket, "flush", long),
+        Cmd::Reload => request(&cli.socket, "reload", short),
         Cmd::Epoch { action: EpochCmd::New } => request(&cli.socket, "epoch-new", long),
         Cmd::Epoch { action: EpochCmd::Show } => request(&cli.socket, "epoch-show", short),
     };
@@ -122,6 +136,7 @@ fn main() -> ExitCode {
         }
         Cmd::Status { json: false } => print!("{}", render_status(&v)),
         Cmd::Flush => println!("flushed"),
+        Cmd::Reload => println!("{}", reload_outcome(&v)),
         Cmd::Epoch { .. } => match v.get("epoch").and_then(|e| e.as_str()) {
             Some(e) => println!("{e}"),
             None => {

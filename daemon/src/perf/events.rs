@@ -38,6 +38,8 @@ pub enum EventError {
     BadRaw { item: String },
     #[error("bad period in `{item}`: expected a positive integer")]
     BadPeriod { item: String },
+    #[error("period {period} in `{item}` is out of range: {detail}")]
+    PeriodRange { item: String, period: u64, detail: String },
     #[error("event `{name}` is listed twice")]
     Duplicate { name: String },
 }
@@ -119,7 +121,36 @@ fn parse_period(item: &str, s: &str) -> Result<u64, EventError> {
     }
 }
 
+/// Largest period accepted: beyond it an event would sample so rarely (minutes apart even at
+/// GHz rates, or over 18 minutes for clocks in ns) that it is certainly a typo.
+pub const MAX_PERIOD: u64 = 1 << 40;
+/// Smallest period of a clock event (ns): 10 µs = 100 kHz per CPU, the kernel's default
+/// `perf_event_max_sample_rate`; shorter timers are throttled and cost more than they measure.
+pub const MIN_CLOCK_PERIOD_NS: u64 = 10_000;
+
+fn check_period(item: &str, kind: &EventKind, period: Option<u64>) -> Result<(), EventError> {
+    let Some(p) = period else { return Ok(()) };
+    let range =
+        |detail: String| EventError::PeriodRange { item: item.to_string(), period: p, detail };
+    if p > MAX_PERIOD {
+        return Err(range(format!("at most {MAX_PERIOD} (2^40)")));
+    }
+    if period_is_time(kind) && p < MIN_CLOCK_PERIOD_NS {
+        return Err(range(format!(
+            "a clock period is in nanoseconds and must be at least {MIN_CLOCK_PERIOD_NS} (10 µs, \
+             100 kHz per CPU)"
+        )));
+    }
+    Ok(())
+}
+
 fn parse_item(item: &str) -> Result<EventSpec, EventError> {
+    let spec = parse_item_unchecked(item)?;
+    check_period(item, &spec.kind, spec.period)?;
+    Ok(spec)
+}
+
+fn parse_item_unchecked(item: &str) -> Result<EventSpec, EventError> {
     let lower = item.to_ascii_lowercase();
     let mut parts = lower.splitn(3, ':');
     let head = parts.next().unwrap_or("");
@@ -208,6 +239,25 @@ mod tests {
         assert_eq!(parse_event_list("cycles,,auto"), Err(EventError::EmptyItem { index: 1 }));
         assert!(matches!(parse_event_list("cycles,cycles:5"), Err(EventError::Duplicate { .. })));
         assert!(parse_event_list("cycles:1:2").is_err());
+    }
+
+    #[test]
+    fn absurd_periods_are_rejected_naming_the_item() {
+        let e = parse_event_list("cpu-clock:1000").unwrap_err();
+        assert!(
+            matches!(e, EventError::PeriodRange { ref item, period: 1000, .. } if item == "cpu-clock:1000"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("10 µs"), "{e}");
+        let e = parse_event_list("cycles,cycles:2000000000000").unwrap_err();
+        assert!(e.to_string().contains("cycles:2000000000000"), "{e}");
+        let e = parse_event_list("raw:0x1a2:99999999999999").unwrap_err();
+        assert!(matches!(e, EventError::PeriodRange { .. }), "{e}");
+        // Limits themselves are fine; a counting event may use a small period.
+        assert!(parse_event_list("cpu-clock:10000").is_ok());
+        assert!(parse_event_list(&format!("cycles:{MAX_PERIOD}")).is_ok());
+        assert!(parse_event_list("page-faults:1").is_ok());
+        assert!(parse_event_list("task-clock:9999").is_err());
     }
 
     #[test]

@@ -232,6 +232,57 @@ impl Store {
         &self.cfg
     }
 
+    /// Apply the settings that may change while running (on reload). A changed retention is
+    /// applied at the next tick instead of within the hour.
+    pub fn reconfigure(
+        &mut self,
+        flush_interval: Duration,
+        publish_interval: Duration,
+        max_memory_bytes: u64,
+        retention_days: u32,
+        retention_keep: usize,
+    ) {
+        let c = &mut self.cfg;
+        if c.retention_days != retention_days || c.retention_keep != retention_keep {
+            self.last_retention = None;
+        }
+        c.flush_interval = flush_interval;
+        c.publish_interval = publish_interval;
+        c.max_memory_bytes = max_memory_bytes;
+        c.retention_days = retention_days;
+        c.retention_keep = retention_keep;
+    }
+
+    /// Check at start that this host can write into the database: create it (and the first
+    /// epoch) if needed, this host's directory of the current epoch, and a small file there.
+    /// The daemon refuses to start on a database it can never write (wrong path, permissions,
+    /// read-only); failures that may pass (disk full, NFS server down) are only reported.
+    pub fn check_db_writable(&mut self) -> Result<(), StoreError> {
+        self.ensure_open(Instant::now());
+        let created;
+        let db = match &self.db {
+            Some(db) => db,
+            None => {
+                created = Database::create(&self.cfg.db)?;
+                &created
+            }
+        };
+        let epoch = match &self.epoch {
+            Some(e) => e.clone(),
+            None => match db.current_epoch()? {
+                Some(e) => e,
+                None => db.new_epoch(SystemTime::now(), &self.cfg.host)?,
+            },
+        };
+        let hd = db.host_dir(&epoch, &self.cfg.host)?;
+        hd.create()?;
+        let probe = hd.path.join(format!(".dcpid-write-check-{}", std::process::id()));
+        let io = |e| StoreError::Db(profile_format::Error::Io { path: probe.clone(), source: e });
+        std::fs::write(&probe, b"dcpid\n").map_err(io)?;
+        std::fs::remove_file(&probe).map_err(io)?;
+        Ok(())
+    }
+
     /// The events, indexed by `EventIdx`, as the sampler opened them.
     pub fn set_events(&mut self, events: Vec<EventInfo>) {
         self.events = events;
