@@ -1,6 +1,6 @@
 //! Proof against the real kernel: the real sampler feeds the aggregator, and samples of
 //! processes compiled at test time resolve to their images with the right build-ids and file
-//! offsets (new process, dlopen'ed library, binary replaced while running).
+//! offsets (new process, dlopen'ed library, binary replaced or deleted while running).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -305,4 +305,61 @@ fn binary_replaced_while_running_keeps_its_own_identity() {
         counts_of(&batches, &new_id, &prog).is_empty(),
         "samples must not be attributed to the file that now has the path"
     );
+}
+
+#[test]
+fn binary_deleted_while_running_keeps_its_own_identity() {
+    if !require_perf() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let build = |name: &str, variant: u32| {
+        let spin_c = format!("{name}_spin.c");
+        let sources =
+            [("main.c", MAIN_C.to_string()), (spin_c.as_str(), spin_source("hot_spin", variant))];
+        let prog = cc(dir.path(), name, &sources, &[]);
+        let range = symbol_file_range(&prog, "hot_spin");
+        let id = build_id(&prog);
+        (prog, range, id)
+    };
+    let (early, early_range, early_id) = build("early", 5);
+    let (late, late_range, late_id) = build("late", 6);
+    assert_ne!(early_id, late_id);
+    // Started and unlinked before the daemon: the scan sees "(deleted)" and only map_files
+    // can still open the binary.
+    let mut first = Command::new(&early).arg("1.0").spawn().expect("spawn");
+    std::thread::sleep(Duration::from_millis(100));
+    std::fs::remove_file(&early).expect("delete the running binary");
+    let mut s = Session::start();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", first.id())).unwrap_or_default();
+    assert!(maps.contains("(deleted)"), "the kernel shows the binary as deleted: {maps}");
+    // Started under the daemon, unlinked while it runs (its MMAP2 records may well be
+    // applied after the file is gone).
+    let mut second = Command::new(&late).arg("0.5").spawn().expect("spawn");
+    std::thread::sleep(Duration::from_millis(100));
+    std::fs::remove_file(&late).expect("delete the running binary");
+    for c in [&mut first, &mut second] {
+        let status = c.wait().expect("wait");
+        assert!(status.code().is_some());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    s.take();
+    let batches = s.finish();
+    let counts = counts_of(&batches, &early_id, &early);
+    assert_mostly_in(&counts, early_range, "binary deleted before the scan", &batches);
+    let counts = counts_of(&batches, &late_id, &late);
+    assert_mostly_in(&counts, late_range, "binary deleted while sampled", &batches);
+    // No fallback identity was made up for the deleted paths.
+    let fallback: Vec<_> = batches
+        .iter()
+        .flat_map(|r| r.profiles.values())
+        .filter(|p| {
+            let path = p.image.path.as_slice();
+            path == early.as_os_str().as_encoded_bytes()
+                || path == late.as_os_str().as_encoded_bytes()
+        })
+        .filter(|p| !matches!(p.image.id, ImageId::BuildId(_)))
+        .map(|p| p.image.id.to_text())
+        .collect();
+    assert!(fallback.is_empty(), "deleted binaries got fallback identities: {fallback:?}");
 }
