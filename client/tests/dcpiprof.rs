@@ -106,8 +106,13 @@ fn unknown_id() -> ImageId {
     ImageId::special("[unknown]", b"")
 }
 
+/// Run dcpiprof on `db`; the symbol cache goes to a `cache` dir beside the database (through
+/// XDG_CACHE_HOME, so the default location logic is exercised and nothing leaks into ~/.cache).
 fn prof(db: &Path, args: &[&str]) -> Output {
+    let cache_home = db.parent().unwrap_or(db).join("cache");
     Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
+        .env("XDG_CACHE_HOME", &cache_home)
+        .env_remove("DCPI_SYMBOL_CACHE")
         .arg("--db")
         .arg(db)
         .arg("--no-system-debug")
@@ -393,9 +398,9 @@ fn several_events_weighting_and_multiplex_scaling() {
     assert!(s.contains("cpu-clock:events") && s.contains("page-faults:%"), "{s}");
 
     let o = prof(&t.root(), &["--host", "alpha", "--event", "cycles"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
-    assert!(err.contains("unknown event \"cycles\"") && err.contains("page-faults"), "{err}");
+    assert!(err.contains("event \"cycles\"") && err.contains("page-faults"), "{err}");
 }
 
 #[test]
@@ -436,7 +441,7 @@ fn hosts_epochs_merge_ranges_and_default_host() {
 
     // alpha has nothing in the latest epoch: say so and suggest --host all.
     let o = prof(&t.root(), &["--host", "alpha"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     assert!(err.contains("--host all") && err.contains(e2.as_str()), "{err}");
 
@@ -451,39 +456,155 @@ fn hosts_epochs_merge_ranges_and_default_host() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("last-tuesday"), "{}", stderr(&o));
     let o = prof(&t.root(), &["--epoch", "20000101..20000102", "--host", "all"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("no epoch matches"), "{}", stderr(&o));
 }
 
+/// The error contract: one line on stderr naming the thing, exit status 2, no panic/backtrace.
+fn assert_one_line_error(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "stderr: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line expected: {err}");
+    assert!(lines[0].starts_with("dcpiprof: error: "), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "error lacks {n:?}: {err}");
+    }
+}
+
 #[test]
-fn missing_database_and_corrupt_profiles() {
+fn bad_input_one_line_errors_exit_2() {
     let t = TestDb::new();
+    // Missing database.
     let missing = t.tmp().join("nope");
     let o = prof(&missing, &[]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains(&missing.display().to_string()), "{}", stderr(&o));
+    assert_one_line_error(&o, &[&missing.display().to_string(), "--db"]);
 
+    // A database without epochs.
+    let o = prof(&t.root(), &[]);
+    assert_one_line_error(&o, &["no epochs"]);
+
+    // An empty epoch: the host directory exists but holds no profile yet.
+    let e = t.epoch(0);
+    t.host(&e, "alpha");
+    let o = prof(&t.root(), &["--host", "alpha"]);
+    assert_one_line_error(&o, &[e.as_str(), "alpha", "dcpictl flush"]);
+
+    // An image without samples of the chosen event.
+    let ev = event("cpu-clock", 1000);
+    let pf = event("page-faults", 10);
+    let hd = t.host(&e, "alpha");
+    let id = ImageId::BuildId(vec![1; 8]);
+    write_profile(&hd, ImageKind::Elf, &id, b"/bin/good", &ev, &[(0, 10)], 1000);
+    write_profile(
+        &hd,
+        ImageKind::Elf,
+        &ImageId::BuildId(vec![3; 8]),
+        b"/bin/pf",
+        &pf,
+        &[(0, 1)],
+        10,
+    );
+    let o = prof(&t.root(), &["--host", "alpha", "--image", "good", "--event", "page-faults"]);
+    assert_one_line_error(&o, &["\"good\"", "page-faults", "cpu-clock", "--event"]);
+    let o = prof(&t.root(), &["--host", "alpha", "--image", "nothere"]);
+    assert_one_line_error(&o, &["nothere", "/bin/good", "/bin/pf", "--host all"]);
+}
+
+#[test]
+fn corrupt_and_foreign_version_profiles_fail_unless_keep_going() {
+    let t = TestDb::new();
     let e = t.epoch(0);
     let hd = t.host(&e, "alpha");
     let ev = event("cpu-clock", 1000);
     let good = ImageId::BuildId(vec![1; 8]);
     let bad = ImageId::BuildId(vec![2; 8]);
+    let future = ImageId::BuildId(vec![4; 8]);
     write_profile(&hd, ImageKind::Elf, &good, b"/bin/good", &ev, &[(0, 10)], 1000);
     write_profile(&hd, ImageKind::Elf, &bad, b"/bin/bad", &ev, &[(0, 10)], 1000);
+    write_profile(&hd, ImageKind::Elf, &future, b"/bin/future", &ev, &[(0, 10)], 1000);
     let bad_path = hd.profile_path(&bad, "cpu-clock");
     let mut bytes = std::fs::read(&bad_path).expect("read");
     let n = bytes.len();
     bytes[n / 2] ^= 0x55;
     std::fs::write(&bad_path, &bytes).expect("corrupt");
+    // A file from a newer dcpi: same magic, higher format version.
+    let future_path = hd.profile_path(&future, "cpu-clock");
+    let mut bytes = std::fs::read(&future_path).expect("read");
+    bytes[8..10].copy_from_slice(&0x7777u16.to_le_bytes());
+    std::fs::write(&future_path, &bytes).expect("write future");
 
     let o = prof(&t.root(), &["--host", "alpha"]);
-    assert_eq!(o.status.code(), Some(1), "corrupt file must fail the run");
-    assert!(stdout(&o).contains("/bin/good"), "the rest is still reported: {}", stdout(&o));
-    let err = stderr(&o);
-    assert!(err.contains(&bad_path.display().to_string()), "error names the file: {err}");
-    let o = prof(&t.root(), &["--host", "alpha", "--ignore-corrupt"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(!stdout(&o).contains("/bin/bad"));
+    assert_one_line_error(&o, &[&bad_path.display().to_string(), "--keep-going", "1 more"]);
+    assert!(stdout(&o).is_empty(), "no partial report without --keep-going: {}", stdout(&o));
+
+    for flag in ["--keep-going", "--ignore-corrupt"] {
+        let o = prof(&t.root(), &["--host", "alpha", flag]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let (out, err) = (stdout(&o), stderr(&o));
+        assert!(out.contains("/bin/good") && !out.contains("/bin/bad"), "{out}");
+        assert!(err.contains(&bad_path.display().to_string()), "skipped file named: {err}");
+        assert!(err.contains(&future_path.display().to_string()), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // The version error says which version; with only the foreign file, no report at all.
+    std::fs::remove_file(&bad_path).expect("rm");
+    let o = prof(&t.root(), &["--host", "alpha"]);
+    assert_one_line_error(&o, &[&future_path.display().to_string(), "version"]);
+}
+
+#[test]
+fn per_symbol_report_reads_only_the_images_files() {
+    // 3 epochs x 2 hosts x 3 images; the other images' files are corrupt after the first
+    // epoch, so any read of them would fail the run.
+    let t = TestDb::new();
+    let ev = event("cpu-clock", 1000);
+    let ids: Vec<ImageId> = (1..=3u8).map(|i| ImageId::BuildId(vec![i; 20])).collect();
+    let mut corrupted = Vec::new();
+    for (k, secs) in [0u64, 3600, 7200].into_iter().enumerate() {
+        let e = t.epoch(secs);
+        for host in ["alpha", "beta"] {
+            let hd = t.host(&e, host);
+            for (i, id) in ids.iter().enumerate() {
+                let path = format!("/opt/app{i}");
+                write_profile(&hd, ImageKind::Elf, id, path.as_bytes(), &ev, &[(0x10, 2)], 1000);
+                if i > 0 && k > 0 {
+                    let f = hd.profile_path(id, "cpu-clock");
+                    std::fs::write(&f, b"garbage").expect("corrupt");
+                    corrupted.push(f);
+                }
+            }
+        }
+    }
+    let stat = |err: &str, name: &str| -> u64 {
+        let line = err.lines().find(|l| l.contains("stats:")).expect("stats line");
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+    };
+    // By build-id: the file names decide; only the 6 files of app0 are read.
+    let bid = hex::encode([1u8; 20]);
+    let o = prof(&t.root(), &["--epoch", "all", "--host", "all", "--image", &bid[..12], "-v"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stat(&stderr(&o), "profiles_listed"), 18);
+    assert_eq!(stat(&stderr(&o), "profiles_read"), 6);
+    let v = json_ok(&t.root(), &["--epoch", "all", "--host", "all", "--image", &bid[..12]]);
+    assert_eq!(v["total_samples"], 12);
+
+    // By basename: one header per other image (from the first, intact epoch), then app0's.
+    let o = prof(&t.root(), &["--epoch", "all", "--host", "all", "--image", "app0", "-v"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stat(&stderr(&o), "profiles_read"), 6 + 2);
+
+    // The per-image report reads each file exactly once, and meets the corrupt ones.
+    let o = prof(&t.root(), &["--epoch", "all", "--host", "all", "--keep-going", "-v"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stat(&stderr(&o), "profiles_read"), 18);
+    for f in &corrupted {
+        assert!(stderr(&o).contains(&f.display().to_string()), "{}", stderr(&o));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -530,8 +651,7 @@ fn per_symbol_report_on_compiled_c_program() {
         assert!(approx(r[0]["percent"].as_f64().unwrap_or(0.0), 70.0 * 100.0 / 103.0));
         assert_eq!(row(&v, "symbol", "hot_beta")["samples"], 25);
         assert_eq!(row(&v, "symbol", "cold_gamma")["samples"], 5);
-        assert!(r.iter().any(|x| x["symbol"].as_str().is_some_and(|s| s.starts_with("[unknown]"))
-            && x["samples"] == 3));
+        assert_eq!(row(&v, "symbol", "prog+0x7fff0000")["samples"], 3, "{v:#}");
     }
     let o = prof(&t.root(), &["--host", "alpha", "--image", "prog", "--limit", "1"]);
     let s = stdout(&o);
@@ -539,7 +659,7 @@ fn per_symbol_report_on_compiled_c_program() {
     assert!(s.contains("# image: ") && s.contains("build-id"), "{s}");
 
     let o = prof(&t.root(), &["--host", "alpha", "--image", "nosuchthing"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("nosuchthing"), "{}", stderr(&o));
 }
 
@@ -730,7 +850,7 @@ fn rebuilt_binary_is_never_symbolized_with_the_new_build() {
     // --cache-binary refuses a file without a build-id.
     let nob = compile(t.tmp(), "nobid", "int main(void){return 0;}", "c", &["-Wl,--build-id=none"]);
     let o = prof(&t.root(), &["--cache-binary", &nob.display().to_string()]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("build-id"), "{}", stderr(&o));
 }
 
@@ -1025,4 +1145,154 @@ fn vdso_symbolized_from_this_machine_when_the_build_id_matches() {
     );
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "[vdso]"]);
     assert_eq!(rows(&v)[0]["symbol"], format!("[vdso]+{off:#x}"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Symbol cache
+
+fn stat_of(err: &str, name: &str) -> u64 {
+    let line = err.lines().find(|l| l.contains("stats:")).unwrap_or_else(|| panic!("{err}"));
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+}
+
+#[test]
+fn symbol_cache_second_run_skips_symbols_and_dwarf_with_identical_results() {
+    let t = TestDb::new();
+    let bin = build_c(t.tmp(), "cached", 5, &["-g"]);
+    let f = ElfFacts::read(&bin);
+    let (alpha, asz) = f.func("hot_alpha");
+    let (beta, _) = f.func("hot_beta");
+    let hd = t.host(&t.epoch(0), "alpha");
+    let ev = event("cpu-clock", 1000);
+    let counts: Vec<(u64, u64)> =
+        (0..asz).map(|i| (alpha + i, 1 + i % 3)).chain([(beta, 7), (0x7fff_0000, 1)]).collect();
+    let path = bin.display().to_string();
+    write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &counts, 1000);
+    let cache = t.tmp().join("c").join("symbols.sqlite");
+    let cache_s = cache.display().to_string();
+    let run = |extra: &[&str]| -> (String, String) {
+        let mut a = vec!["--host", "alpha", "--image", "cached", "--format", "json", "-v"];
+        a.extend_from_slice(extra);
+        let o = prof(&t.root(), &a);
+        assert!(o.status.success(), "{a:?}: {}", stderr(&o));
+        (stdout(&o), stderr(&o))
+    };
+    for mode in [&["--lines"][..], &["--inlines"], &[]] {
+        let with = |more: &[&'static str]| -> Vec<String> {
+            mode.iter().chain(more).map(|s| s.to_string()).collect()
+        };
+        let cached = |m: &[&str]| -> Vec<String> {
+            let mut v: Vec<String> = m.iter().map(|s| s.to_string()).collect();
+            v.extend(["--symbol-cache".to_owned(), cache_s.clone()]);
+            v
+        };
+        let strs = |v: &[String]| -> Vec<String> { v.to_vec() };
+        let call = |v: Vec<String>| {
+            let r: Vec<&str> = v.iter().map(String::as_str).collect();
+            run(&r)
+        };
+        let (cold, e1) = call(cached(mode));
+        let (warm, e2) = call(strs(&cached(mode)));
+        assert_eq!(cold, warm, "{mode:?}: identical results from the cache");
+        assert_eq!(stat_of(&e2, "symbol_cache_hits"), 1, "{e2}");
+        assert_eq!(stat_of(&e2, "elf_tables_built"), 0, "warm run parses no symbols: {e2}");
+        assert_eq!(stat_of(&e2, "dwarf_loads"), 0, "warm run loads no DWARF: {e2}");
+        if !mode.is_empty() {
+            assert!(stat_of(&e1, "dwarf_loads") <= 1, "{e1}");
+            if mode == ["--lines"] {
+                assert!(cold.contains("cached.c:"), "DWARF was used: {cold}");
+            }
+            assert!(stat_of(&e1, "dwarf_loads") == 1 || mode != ["--lines"], "{e1}");
+        }
+        let (nocache, e3) = call(with(&["--no-symbol-cache"]));
+        assert_eq!(nocache, cold);
+        assert_eq!(stat_of(&e3, "elf_tables_built"), 1, "{e3}");
+    }
+    assert!(cache.is_file());
+
+    // The default location follows XDG_CACHE_HOME.
+    let (_, e) = run(&[]);
+    assert_eq!(stat_of(&e, "symbol_cache_misses"), 1, "{e}");
+    assert!(t.tmp().join("cache/dcpi/symbols.sqlite").is_file());
+    let (_, e) = run(&[]);
+    assert_eq!(stat_of(&e, "symbol_cache_hits"), 1, "{e}");
+
+    // A corrupt cache file: warning, rebuilt, same answer, no failure.
+    let (good, _) = run(&["--lines", "--symbol-cache", &cache_s]);
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{cache_s}{suffix}"));
+    }
+    std::fs::write(&cache, vec![0x5a; 10_000]).expect("clobber cache");
+    let (again, e) = run(&["--lines", "--symbol-cache", &cache_s]);
+    assert_eq!(again, good);
+    assert!(e.contains("corrupt") && e.contains(&cache_s), "{e}");
+    let (_, e) = run(&["--lines", "--symbol-cache", &cache_s]);
+    assert_eq!(stat_of(&e, "symbol_cache_hits"), 1, "rebuilt cache is used again: {e}");
+
+    // Concurrent runs on a fresh cache all succeed with the same result.
+    let fresh = t.tmp().join("fresh.sqlite");
+    let kids: Vec<_> = (0..4)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
+                .arg("--db")
+                .arg(t.root())
+                .args(["--no-system-debug", "--host", "alpha", "--image", "cached", "--lines"])
+                .args(["--format", "json", "--symbol-cache"])
+                .arg(&fresh)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    for k in kids {
+        let o = k.wait_with_output().expect("wait");
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(stdout(&o), good);
+        assert!(stderr(&o).is_empty(), "no warnings expected: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn stripped_or_unreadable_binary_gives_offsets_and_one_warning() {
+    let t = TestDb::new();
+    let full = build_c(t.tmp(), "full", 4, &[]);
+    let f = ElfFacts::read(&full);
+    let (beta, _) = f.func("hot_beta");
+    let dir = t.tmp().join("s");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let stripped = dir.join("libstrip.so.1");
+    let o = Command::new("objcopy")
+        .arg("--strip-all")
+        .arg(&full)
+        .arg(&stripped)
+        .output()
+        .expect("objcopy");
+    assert!(o.status.success());
+    let hd = t.host(&t.epoch(0), "alpha");
+    let ev = event("cpu-clock", 1000);
+    let sp = stripped.display().to_string();
+    write_profile(&hd, ImageKind::Elf, &f.id(), sp.as_bytes(), &ev, &[(beta, 5)], 1000);
+    let o = prof(&t.root(), &["--host", "alpha", "--image", "libstrip.so.1", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    let want = format!("libstrip.so.1+{:#x}", beta & !0xfff);
+    assert_eq!(row(&v, "symbol", &want)["samples"], 5, "{v:#}");
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(&sp) && err.contains("--debug-dir") && err.contains("stripped"), "{err}");
+
+    // Unreadable: the recorded path is now a directory.
+    std::fs::remove_file(&stripped).expect("rm");
+    std::fs::create_dir(&stripped).expect("mkdir in its place");
+    let o = prof(&t.root(), &["--host", "alpha", "--image", "libstrip.so.1", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(row(&v, "symbol", &want)["samples"], 5, "{v:#}");
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(&sp) && err.contains("--binary-path"), "{err}");
 }

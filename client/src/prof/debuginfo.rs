@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use profile_format::ImageId;
 
-use super::symbolize::elf_identity;
+use super::symbolize::{elf_identity, elf_identity_from, ElfError, ElfIdentity};
 
 /// Where the system keeps separate debug files.
 pub const SYSTEM_DEBUG_DIR: &str = "/usr/lib/debug";
@@ -46,8 +46,8 @@ pub struct SearchPaths {
 /// Outcome of looking for the binary of an image.
 #[derive(Debug)]
 pub enum Located {
-    /// The right binary, verified.
-    Found { path: PathBuf, data: Vec<u8> },
+    /// The right binary, verified by its build-id (only its headers and notes were read).
+    Found { path: PathBuf, identity: ElfIdentity },
     /// The file at the recorded path is another build; no verified copy was found elsewhere.
     Mismatch { path: PathBuf, expected: String, found: String },
     /// Nothing found (message says what was tried).
@@ -66,8 +66,29 @@ fn hex_id(id: &[u8]) -> String {
 }
 
 fn read_build_id(path: &Path) -> Option<Option<Vec<u8>>> {
-    let data = std::fs::read(path).ok()?;
-    Some(elf_identity(&data).ok().and_then(|i| i.build_id))
+    Some(file_identity(path).ok()?.build_id)
+}
+
+/// Errors reading a file's ELF identity.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Elf(#[from] ElfError),
+}
+
+/// Build-id and debuglink of the ELF file at `path`, reading only the pages they are in (a
+/// large binary is not read whole just to check which build it is).
+pub fn file_identity(path: &Path) -> Result<ElfIdentity, IdentityError> {
+    let f = std::fs::File::open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file").into()
+        );
+    }
+    let cache = object::ReadCache::new(f);
+    Ok(elf_identity_from(&cache)?)
 }
 
 impl Locator {
@@ -85,16 +106,20 @@ impl Locator {
 
     fn locate_build_id(&mut self, bid: &[u8], recorded: &[Vec<u8>]) -> Located {
         let mut mismatch = None;
+        let mut unreadable: Vec<String> = Vec::new();
         for raw in recorded {
             let path = PathBuf::from(std::ffi::OsStr::from_bytes(raw));
-            let Ok(data) = std::fs::read(&path) else { continue };
-            match elf_identity(&data) {
-                Ok(ident) if ident.build_id.as_deref() == Some(bid) => {
-                    return Located::Found { path, data };
+            match file_identity(&path) {
+                Ok(identity) if identity.build_id.as_deref() == Some(bid) => {
+                    return Located::Found { path, identity };
                 }
                 Ok(ident) => {
                     let found = ident.build_id.map_or_else(|| "none".to_owned(), |b| hex_id(&b));
                     mismatch.get_or_insert((path, found));
+                }
+                Err(IdentityError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(IdentityError::Io(e)) => {
+                    unreadable.push(format!("{}: {e}", path.display()));
                 }
                 Err(e) => {
                     mismatch.get_or_insert((path, format!("unreadable ELF ({e})")));
@@ -102,18 +127,19 @@ impl Locator {
             }
         }
         if let Some(path) = self.scan_binary_paths().get(bid).cloned() {
-            if let Ok(data) = std::fs::read(&path) {
-                return Located::Found { path, data };
+            if let Ok(identity) = file_identity(&path) {
+                return Located::Found { path, identity };
             }
         }
         let hex = hex_id(bid);
         if hex.len() > 2 {
             for dir in &self.paths.cache_dirs {
                 let path = dir.join(&hex[..2]).join(&hex[2..]);
-                let Ok(data) = std::fs::read(&path) else { continue };
                 // A cache entry is trusted only if its content agrees with its name.
-                if elf_identity(&data).ok().and_then(|i| i.build_id).as_deref() == Some(bid) {
-                    return Located::Found { path, data };
+                if let Ok(identity) = file_identity(&path) {
+                    if identity.build_id.as_deref() == Some(bid) {
+                        return Located::Found { path, identity };
+                    }
                 }
             }
         }
@@ -121,7 +147,12 @@ impl Locator {
             Some((path, found)) => Located::Mismatch { path, expected: hex, found },
             None => Located::NotFound {
                 tried: format!(
-                    "recorded path, {} --binary-path dir(s), {} cache dir(s)",
+                    "recorded path{}, {} --binary-path dir(s), {} cache dir(s)",
+                    if unreadable.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", unreadable.join("; "))
+                    },
                     self.paths.binary_paths.len(),
                     self.paths.cache_dirs.len()
                 ),
@@ -170,8 +201,8 @@ fn locate_fallback(id: &ImageId, recorded: &[Vec<u8>]) -> Located {
         let mtime_ns = md.mtime().saturating_mul(1_000_000_000).saturating_add(md.mtime_nsec());
         let now = ImageId::fallback(raw, md.len(), mtime_ns, md.ino());
         if &now == id {
-            if let Ok(data) = std::fs::read(&path) {
-                return Located::Found { path, data };
+            if let Ok(identity) = file_identity(&path) {
+                return Located::Found { path, identity };
             }
         }
         last = Some((path, now.to_text()));
@@ -186,15 +217,15 @@ fn locate_fallback(id: &ImageId, recorded: &[Vec<u8>]) -> Located {
     }
 }
 
-/// Find a separate debug file for a binary. Returns its path and bytes. Candidates with the
-/// wrong build-id or wrong debuglink CRC are skipped and reported through `warn`.
+/// Find a separate debug file for a binary (given its identity). Returns its path.
+/// Candidates with the wrong build-id or wrong debuglink CRC are skipped and reported through
+/// `warn`.
 pub fn find_debug_file(
     binary_path: &Path,
-    binary_data: &[u8],
+    ident: &ElfIdentity,
     paths: &SearchPaths,
     warn: &mut dyn FnMut(String),
-) -> Option<(PathBuf, Vec<u8>)> {
-    let ident = elf_identity(binary_data).ok()?;
+) -> Option<PathBuf> {
     let roots: Vec<&Path> = paths
         .debug_dirs
         .iter()
@@ -207,11 +238,9 @@ pub fn find_debug_file(
             for root in &roots {
                 let cand =
                     root.join(".build-id").join(&hex[..2]).join(format!("{}.debug", &hex[2..]));
-                let Ok(data) = std::fs::read(&cand) else { continue };
-                match elf_identity(&data) {
-                    Ok(d) if d.build_id.as_deref() == Some(bid.as_slice()) => {
-                        return Some((cand, data))
-                    }
+                match file_identity(&cand) {
+                    Ok(d) if d.build_id.as_deref() == Some(bid.as_slice()) => return Some(cand),
+                    Err(IdentityError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
                     _ => warn(format!(
                         "{}: ignored: not a debug file with build-id {hex}",
                         cand.display()
@@ -220,7 +249,7 @@ pub fn find_debug_file(
             }
         }
     }
-    let (name, crc) = ident.debuglink?;
+    let (name, crc) = ident.debuglink.clone()?;
     let name = Path::new(std::ffi::OsStr::from_bytes(&name));
     // A debuglink is a bare file name; anything else could point outside the search dirs.
     if name.components().count() != 1 || name.file_name().is_none() {
@@ -240,8 +269,7 @@ pub fn find_debug_file(
         if self_canon.is_some() && std::fs::canonicalize(&cand).ok() == self_canon {
             continue;
         }
-        let Ok(data) = std::fs::read(&cand) else { continue };
-        let got = crc32fast::hash(&data);
+        let Some(got) = file_crc32(&cand) else { continue };
         if got != crc {
             warn(format!(
                 "{}: ignored: CRC32 {got:#010x} does not match the .gnu_debuglink CRC {crc:#010x} of {}",
@@ -250,7 +278,7 @@ pub fn find_debug_file(
             ));
             continue;
         }
-        if let (Some(want), Ok(d)) = (&ident.build_id, elf_identity(&data)) {
+        if let (Some(want), Ok(d)) = (&ident.build_id, file_identity(&cand)) {
             if d.build_id.as_ref().is_some_and(|b| b != want) {
                 warn(format!(
                     "{}: ignored: build-id differs from {}",
@@ -260,9 +288,28 @@ pub fn find_debug_file(
                 continue;
             }
         }
-        return Some((cand, data));
+        return Some(cand);
     }
     None
+}
+
+/// CRC32 of a whole file, streamed (debug files can be hundreds of MB).
+fn file_crc32(path: &Path) -> Option<u32> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return Some(h.finalize()),
+            Ok(n) => h.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
 }
 
 /// Errors of `--cache-binary`.

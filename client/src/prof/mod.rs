@@ -14,7 +14,9 @@ pub mod debuginfo;
 pub mod output;
 pub mod report;
 pub mod select;
+pub mod stats;
 pub mod symbolize;
+pub mod symcache;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -23,8 +25,9 @@ use clap::{CommandFactory, Parser};
 
 use self::debuginfo::{Locator, SearchPaths, SYSTEM_DEBUG_DIR};
 use self::output::Format;
-use self::report::{Candidate, SymbolContext, SymbolMode};
+use self::report::{Candidate, ImageFilter, SymbolContext, SymbolMode};
 use self::select::{EpochSel, HostSel};
+use self::symcache::SymbolCache;
 
 /// Documentation of the report semantics and of the JSON schema (long help and rustdoc).
 pub const SCHEMA: &str = "\
@@ -68,8 +71,12 @@ CSV (--format csv): a header line, then one line per row: image,kind,build_id,im
 SPECIAL ROWS
   [unknown]              samples the daemon could not attribute (per-image); per symbol
                          `--image unknown` splits them by reason ([unknown: no-map], ...).
-  [unknown]+0xN          no symbol covers the address (page-aligned offset/address).
-  [.plt] etc.            no symbol, but inside that section.
+  IMAGE+0xOFFSET         no symbol covers the sample (binary not found, stripped, or between
+                         symbols): IMAGE is the file's basename (or [kernel.kallsyms],
+                         [MODULE], [anon:...]) and OFFSET the file offset (kernel: offset from
+                         the text/module base) rounded down to its 4 KiB page. [vdso]+0xOFFSET
+                         is exact.
+  [.plt] etc.            no symbol, but inside that section (other than .text).
   [build-id mismatch]    the binary at the recorded path is another build; its symbols are
                          never used (a warning names the path and both ids).
 
@@ -89,9 +96,28 @@ BINARIES AND DEBUG INFO
   inlined function instead of the enclosing symbol. Both need DWARF (in the binary or a
   separate debug file) and fall back to symbols with a warning.
 
+SYMBOL CACHE
+  Symbol tables of images with a build-id, and the DWARF answers --lines/--inlines needed,
+  are kept in SQLite at --symbol-cache (default $XDG_CACHE_HOME/dcpi/symbols.sqlite, else
+  ~/.cache/dcpi/symbols.sqlite), keyed by build-id and the debug file used (path, size,
+  mtime). A later report then only checks the binary's build-id (a few pages) and does not
+  parse its symbols or DWARF again. Safe to share between concurrent runs; a corrupt cache
+  file is rebuilt with a warning; it can be deleted at any time.
+
+FILES READ
+  A per-image report reads every profile of the selected epochs and hosts once. A
+  per-symbol report reads only the chosen image's profiles: for a build-id (prefix) or
+  `unknown` the file names decide; otherwise one profile per distinct image is read to
+  learn its path and kind. `--verbose` prints the counts.
+
 EXIT STATUS
-  0 success; 1 error, or corrupt profile files were skipped (unless --ignore-corrupt);
-  2 bad arguments, or --image is ambiguous (the matches are listed on stderr).";
+  0 success (also when --keep-going skipped corrupt files: each is named on stderr);
+  1 internal or output error (e.g. a closed pipe);
+  2 usage or data error: bad arguments, missing database, no epoch/host/image/event
+    matching the selection, a corrupt or foreign-version profile file (without
+    --keep-going), --image ambiguous (the matches are listed on stderr). The error is one
+    line naming the thing and what to do. A binary that is missing, unreadable or stripped
+    is not an error: its rows show IMAGE+0xOFFSET and a warning says how to supply symbols.";
 
 /// Command line of `dcpiprof`.
 #[derive(Parser, Debug, Clone)]
@@ -148,9 +174,25 @@ pub struct Args {
     /// Copy FILE into <db>/binaries (named by its build-id) and exit (repeatable).
     #[arg(long = "cache-binary", value_name = "FILE")]
     pub cache_binary: Vec<PathBuf>,
-    /// Skip corrupt profile files with a warning and still exit 0.
+    /// Skip corrupt or foreign-version profile files (each named in a warning) and exit 0.
+    /// Without it such a file is an error (exit 2).
+    #[arg(long, alias = "ignore-corrupt")]
+    pub keep_going: bool,
+    /// Symbol cache file (SQLite) [default: $XDG_CACHE_HOME/dcpi/symbols.sqlite or
+    /// ~/.cache/dcpi/symbols.sqlite].
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "DCPI_SYMBOL_CACHE",
+        conflicts_with = "no_symbol_cache"
+    )]
+    pub symbol_cache: Option<PathBuf>,
+    /// Do not read or write the symbol cache.
     #[arg(long)]
-    pub ignore_corrupt: bool,
+    pub no_symbol_cache: bool,
+    /// Print what the report read (profile files, symbol tables, DWARF, cache hits) to stderr.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
     /// Do not look in /usr/lib/debug.
     #[arg(long, hide = true)]
     pub no_system_debug: bool,
@@ -177,9 +219,14 @@ pub enum ProfError {
     Format(#[from] profile_format::Error),
     #[error("{0}")]
     Empty(String),
-    #[error("unknown event {event:?}; events in the selection: {available}")]
-    UnknownEvent { event: String, available: String },
-    #[error("no image matches --image {spec:?}; images with samples: {known}")]
+    #[error(
+        "no samples of event {event:?} in {scope}; events there: {available} (choose with --event)"
+    )]
+    UnknownEvent { event: String, available: String, scope: String },
+    #[error(
+        "no image with samples of the selected event(s) matches --image {spec:?}; images with \
+         samples: {known} (try another --event, --epoch all or --host all)"
+    )]
     NoSuchImage { spec: String, known: String },
     #[error("--image {spec:?} is ambiguous: {} images match", candidates.len())]
     Ambiguous { spec: String, candidates: Vec<Candidate> },
@@ -187,22 +234,30 @@ pub enum ProfError {
     Cache(#[from] debuginfo::CacheError),
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
-    #[error("{count} corrupt profile file(s) skipped (see above; --ignore-corrupt to accept)")]
-    CorruptSkipped { count: usize },
+    #[error("{first}{}; pass --keep-going to skip corrupt files", more_files(*.more))]
+    Corrupt { first: String, more: usize },
+}
+
+fn more_files(n: usize) -> String {
+    if n > 0 {
+        format!(" (and {n} more corrupt file(s))")
+    } else {
+        String::new()
+    }
 }
 
 impl ProfError {
-    /// Process exit status for this error.
+    /// Process exit status for this error: 2 for usage and data errors, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ProfError::Ambiguous { .. } => 2,
-            _ => 1,
+            ProfError::Output(_) => 1,
+            _ => 2,
         }
     }
 }
 
 /// Run `dcpiprof` with parsed arguments, writing the report to `out` and warnings to `err`.
-/// Errors are returned (not printed); `CorruptSkipped` comes after a complete report.
+/// Errors are returned (not printed).
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
     if let Some(g) = args.generate {
         return generate(g, out);
@@ -223,11 +278,37 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
     };
     let dirs = select::select_host_dirs(&db, &args.epoch, &host)?;
     let mut warnings: Vec<String> = Vec::new();
-    let loaded = select::load(dirs, &mut |w| warnings.push(w))?;
-    for c in &loaded.corrupt {
-        warnings.push(format!("skipping corrupt profile: {c}"));
+    let filter = args.image.as_deref().map(ImageFilter::new);
+    let loaded = select::load(dirs, filter.as_ref(), &mut |w| warnings.push(w))?;
+    if !loaded.corrupt.is_empty() {
+        if !args.keep_going {
+            return Err(ProfError::Corrupt {
+                first: loaded.corrupt[0].clone(),
+                more: loaded.corrupt.len() - 1,
+            });
+        }
+        for c in &loaded.corrupt {
+            warnings.push(format!("skipping corrupt profile: {c}"));
+        }
     }
-    let weights = report::weights(&loaded, &args.events)?;
+    if loaded.profiles.is_empty() && args.image.is_none() {
+        flush_warnings(err, &mut warnings)?;
+        let (epochs, hosts) = select::epochs_and_hosts(&loaded.dirs);
+        return Err(ProfError::Empty(format!(
+            "no profiles in epoch(s) {} for host(s) {}: nothing sampled yet (wait for the \
+             daemon's flush interval or run `dcpictl flush`), or pick another --epoch",
+            epochs.join(","),
+            hosts.join(",")
+        )));
+    }
+    let weights = report::weights(&loaded, &args.events).map_err(|e| match (e, &args.image) {
+        (ProfError::UnknownEvent { event, available, .. }, Some(spec)) => ProfError::UnknownEvent {
+            event,
+            available,
+            scope: format!("the profiles of --image {spec:?}"),
+        },
+        (e, _) => e,
+    })?;
     let db_name = args.db.display().to_string();
     let result = match &args.image {
         None => {
@@ -245,25 +326,41 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
             };
             paths.cache_dirs.push(args.db.join("binaries"));
             let mut locator = Locator::new(paths);
+            let mut cache = match (&args.symbol_cache, args.no_symbol_cache) {
+                (_, true) => SymbolCache::disabled(),
+                (Some(p), false) => SymbolCache::open(p, &mut |w| warnings.push(w)),
+                (None, false) => match symcache::default_path() {
+                    Some(p) => SymbolCache::open(&p, &mut |w| warnings.push(w)),
+                    None => SymbolCache::disabled(),
+                },
+            };
             let mode = SymbolMode { inlines: args.inlines, lines: args.lines };
             let r = {
                 let cx = SymbolContext {
                     loaded: &loaded,
                     weights: &weights,
                     locator: &mut locator,
+                    cache: &mut cache,
                     mode,
                     warn: &mut |w| warnings.push(w),
                 };
                 report::symbol_report(cx, &idx, &db_name, args.limit)
             };
             flush_warnings(err, &mut warnings)?;
+            if r.total_samples == 0 {
+                return Err(ProfError::Empty(format!(
+                    "image {} has no samples of the selected event(s) in the selected \
+                     epoch(s)/host(s); try --event, --epoch all or --host all",
+                    r.image.path
+                )));
+            }
             output::write_symbols(out, &r, args.format)
         }
     };
     result?;
     out.flush()?;
-    if !loaded.corrupt.is_empty() && !args.ignore_corrupt {
-        return Err(ProfError::CorruptSkipped { count: loaded.corrupt.len() });
+    if args.verbose {
+        writeln!(err, "dcpiprof: stats: {}", stats::line())?;
     }
     Ok(())
 }

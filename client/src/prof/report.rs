@@ -15,7 +15,8 @@ use serde::Serialize;
 
 use super::debuginfo::{find_debug_file, live_vdso, Located, Locator};
 use super::select::{epochs_and_hosts, Loaded, LoadedProfile};
-use super::symbolize::{demangle, elf_identity, ElfSymbolizer};
+use super::symbolize::{demangle, elf_identity, ElfSymbolizer, SymbolTable};
+use super::symcache::{CacheKey, SymbolCache};
 use super::ProfError;
 
 /// One event in a report header.
@@ -168,6 +169,30 @@ fn image_display(p: &LoadedProfile) -> String {
     }
 }
 
+/// Short name of an image for `NAME+0xOFFSET` rows: the file's basename, or the bracketed
+/// pseudo-name (`[kernel.kallsyms]`, `[vdso]`, `[ext4]`, `[anon:PID:comm]`).
+fn image_label(p: &LoadedProfile) -> String {
+    let h = &p.profile.header;
+    match h.kind {
+        ImageKind::Elf => {
+            let base = h.image_path.rsplit(|&b| b == b'/').next().unwrap_or(&h.image_path);
+            if base.is_empty() {
+                image_display(p)
+            } else {
+                display_path(base)
+            }
+        }
+        _ => image_display(p),
+    }
+}
+
+/// `image+0xOFFSET` row name for samples no symbol covers. The offset is the file offset
+/// (kernel: from the start of the text/module), rounded down to its 4 KiB page so that one
+/// unsymbolized region gives one row rather than one per instruction.
+fn unsymbolized(label: &str, off: u64) -> String {
+    format!("{label}+{:#x}", off & !0xfff)
+}
+
 fn build_id_hex(id: &ImageId) -> Option<String> {
     match id {
         ImageId::BuildId(b) => Some(hex::encode(b)),
@@ -220,6 +245,7 @@ pub fn weights(loaded: &Loaded, wanted: &[String]) -> Result<Weights, ProfError>
                 return Err(ProfError::UnknownEvent {
                     event: w.clone(),
                     available: if present.is_empty() { "none".into() } else { present.join(", ") },
+                    scope: "the selected epochs and hosts".into(),
                 });
             }
         }
@@ -469,6 +495,49 @@ fn spec_matches(spec: &Spec, p: &LoadedProfile) -> bool {
     }
 }
 
+/// Which profile files a per-symbol report needs, decided from the file name when the spec
+/// allows (a build-id or image-id prefix, `unknown`) and otherwise from one profile header per
+/// image identity (see [`super::select::load`]).
+#[derive(Clone, Debug)]
+pub struct ImageFilter {
+    spec: Spec,
+}
+
+impl ImageFilter {
+    pub fn new(spec_text: &str) -> Self {
+        ImageFilter { spec: parse_spec(spec_text) }
+    }
+
+    /// `Some(answer)` when the file name decides; `None` when the header must be read.
+    pub fn by_name(&self, image_id: Option<&ImageId>) -> Option<bool> {
+        match (&self.spec, image_id) {
+            (Spec::Unknown, id) => Some(id.is_none()),
+            (_, None) => Some(false),
+            (Spec::Hex(hx), Some(id)) => Some(
+                id_text(id) == *hx || build_id_hex(id).is_some_and(|b| b.starts_with(hx.as_str())),
+            ),
+            _ => None,
+        }
+    }
+
+    pub fn by_header(&self, p: &LoadedProfile) -> bool {
+        spec_matches(&self.spec, p)
+    }
+
+    /// A hex spec that names no file is tried as a basename (as [`resolve_image`] does).
+    pub fn as_name(&self) -> Option<ImageFilter> {
+        match &self.spec {
+            Spec::Hex(h) => Some(ImageFilter { spec: Spec::Name(h.clone()) }),
+            _ => None,
+        }
+    }
+
+    /// Display name and sample count of a profile that did not match (for the error message).
+    pub fn describe(p: &LoadedProfile) -> (String, u64) {
+        (image_display(p), p.profile.counts.values().sum())
+    }
+}
+
 /// One candidate when `--image` is ambiguous.
 #[derive(Clone, Debug, Serialize)]
 pub struct Candidate {
@@ -506,9 +575,16 @@ pub fn resolve_image(
         for (k, v) in seen {
             known.push((v, k));
         }
+        // Images whose profiles were not loaded because they did not match.
+        for (k, v) in &loaded.other_images {
+            if !known.iter().any(|(_, n)| n == k) {
+                known.push((*v, k.clone()));
+            }
+        }
         known.sort_by(|a, b| b.cmp(a));
         let list: Vec<String> = known.into_iter().take(10).map(|(_, n)| n).collect();
-        return Err(ProfError::NoSuchImage { spec: spec_text.to_owned(), known: list.join(", ") });
+        let known = if list.is_empty() { "none".to_owned() } else { list.join(", ") };
+        return Err(ProfError::NoSuchImage { spec: spec_text.to_owned(), known });
     }
     // Kernel, vDSO, unknown and JIT regions are symbolized per profile and merge by name.
     // (Modules too: each host's snapshot names their symbols, so builds may merge.)
@@ -556,6 +632,8 @@ pub struct SymbolContext<'a> {
     pub loaded: &'a Loaded,
     pub weights: &'a Weights,
     pub locator: &'a mut Locator,
+    /// Per build-id symbol tables and DWARF answers ([`SymbolCache::disabled`] for none).
+    pub cache: &'a mut SymbolCache,
     pub mode: SymbolMode,
     pub warn: &'a mut dyn FnMut(String),
 }
@@ -574,7 +652,7 @@ pub fn symbol_report(
     db: &str,
     limit: Option<usize>,
 ) -> SymbolReport {
-    let SymbolContext { loaded, weights: w, locator, mode, warn } = cx;
+    let SymbolContext { loaded, weights: w, locator, cache, mode, warn } = cx;
     let n = w.events.len();
     let mut rows: BTreeMap<RowKey, Acc> = BTreeMap::new();
     let first = &loaded.profiles[idx[0]];
@@ -594,6 +672,7 @@ pub fn symbol_report(
         let p = &loaded.profiles[i];
         let Some((ei, wt)) = w.per_profile[i] else { continue };
         let h = &p.profile.header;
+        let label = image_label(p);
         let mut add =
             |key: RowKey, c: u64| rows.entry(key).or_insert_with(|| Acc::new(n)).add(ei, c, wt);
         match h.kind {
@@ -611,13 +690,14 @@ pub fn symbol_report(
                         }
                         r
                     };
-                    load_elf(locator, &h.image_id, &recorded, mode, &mut info, warn)
+                    let r = ElfRequest { id: &h.image_id, recorded: &recorded, mode };
+                    load_elf(locator, cache, &r, &mut info, warn)
                 });
                 for (&off, &c) in &p.profile.counts {
                     let key = match sym {
-                        ElfState::Ready(s) => elf_key(s, off, mode),
+                        ElfState::Ready(s, _) => elf_key(s, off, mode, &label),
                         ElfState::Mismatch => ("[build-id mismatch]".to_owned(), None),
-                        ElfState::Missing => (format!("[unknown]+{:#x}", off & !0xfff), None),
+                        ElfState::Missing => (unsymbolized(&label, off), None),
                     };
                     add(key, c);
                 }
@@ -689,7 +769,7 @@ pub fn symbol_report(
                     };
                     let k = match found {
                         Some(sym) => sym.name.clone(),
-                        None => format!("[unknown]+{:#x}", off & !0xfff),
+                        None => unsymbolized(&label, off),
                     };
                     add((k, None), c);
                 }
@@ -700,10 +780,7 @@ pub fn symbol_report(
                         .jit_symbols
                         .iter()
                         .find(|s| off >= s.start && off - s.start < s.size.max(1))
-                        .map_or_else(
-                            || format!("[unknown]+{:#x}", off & !0xfff),
-                            |s| demangle(&s.name),
-                        );
+                        .map_or_else(|| unsymbolized(&label, off), |s| demangle(&s.name));
                     add((k, None), c);
                 }
             }
@@ -713,8 +790,8 @@ pub fn symbol_report(
                     .or_insert_with(|| load_vdso(locator, &h.image_id, mode, &mut info));
                 for (&off, &c) in &p.profile.counts {
                     let key = match sym {
-                        ElfState::Ready(s) => elf_key(s, off, mode),
-                        _ => (format!("[vdso]+{off:#x}"), None),
+                        ElfState::Ready(s, _) => elf_key(s, off, mode, &label),
+                        _ => (format!("{label}+{off:#x}"), None),
                     };
                     add(key, c);
                 }
@@ -728,6 +805,12 @@ pub fn symbol_report(
                     add((k, None), c);
                 }
             }
+        }
+    }
+    // Remember what DWARF answered, so that the next report need not load it.
+    for st in elf_cache.values() {
+        if let ElfState::Ready(s, Some(entry)) = st {
+            cache.put_frames(*entry, &s.take_fresh_frames(), warn);
         }
     }
     let mut out: Vec<SymbolRow> = finish(rows, &w.events, |k: &RowKey| k.0.clone())
@@ -770,9 +853,15 @@ fn load_vdso(
 ) -> ElfState {
     let ImageId::BuildId(bid) = id else { return ElfState::Missing };
     let want_dwarf = mode.inlines || mode.lines;
-    let (data, from) = match locator.locate(id, &[]) {
-        Located::Found { path, data } => (data, path.display().to_string()),
-        _ => match live_vdso() {
+    let found = match locator.locate(id, &[]) {
+        Located::Found { path, .. } => {
+            std::fs::read(&path).ok().map(|d| (d, path.display().to_string()))
+        }
+        _ => None,
+    };
+    let (data, from) = match found {
+        Some(x) => x,
+        None => match live_vdso() {
             Some(d) if elf_identity(&d).ok().and_then(|i| i.build_id).as_ref() == Some(bid) => {
                 (d, "[vdso] of this machine (same build-id)".to_owned())
             }
@@ -782,7 +871,7 @@ fn load_vdso(
     match ElfSymbolizer::new(&data, None, want_dwarf) {
         Ok(s) => {
             info.binary = Some(from);
-            ElfState::Ready(Box::new(s))
+            ElfState::Ready(Box::new(s), None)
         }
         Err(_) => ElfState::Missing,
     }
@@ -790,80 +879,134 @@ fn load_vdso(
 
 /// Symbol source of one ELF identity.
 enum ElfState {
-    Ready(Box<ElfSymbolizer>),
+    /// With the symbol cache entry id, when cached.
+    Ready(Box<ElfSymbolizer>, Option<i64>),
     /// Only another build of the binary was found: its symbols must not be used.
     Mismatch,
     Missing,
 }
 
+/// What [`load_elf`] looks for.
+struct ElfRequest<'a> {
+    id: &'a ImageId,
+    recorded: &'a [Vec<u8>],
+    mode: SymbolMode,
+}
+
+fn debug_key(p: &std::path::Path) -> (std::path::PathBuf, u64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(p) {
+        Ok(md) => (
+            p.to_owned(),
+            md.len(),
+            md.mtime().saturating_mul(1_000_000_000).saturating_add(md.mtime_nsec()),
+        ),
+        Err(_) => (p.to_owned(), 0, 0),
+    }
+}
+
 fn load_elf(
     locator: &mut Locator,
-    id: &ImageId,
-    recorded: &[Vec<u8>],
-    mode: SymbolMode,
+    cache: &mut SymbolCache,
+    r: &ElfRequest<'_>,
     info: &mut ImageInfo,
     warn: &mut dyn FnMut(String),
 ) -> ElfState {
-    match locator.locate(id, recorded) {
-        Located::Found { path, data } => {
-            let paths = locator.paths.clone();
-            let debug = find_debug_file(&path, &data, &paths, warn);
-            let want_dwarf = mode.inlines || mode.lines;
-            match ElfSymbolizer::new(&data, debug.as_ref().map(|(_, d)| d.as_slice()), want_dwarf) {
-                Ok(s) => {
-                    if want_dwarf && !s.has_dwarf() {
-                        warn(format!(
-                            "{}: no DWARF found (binary or debug file); --lines/--inlines fall back to symbols",
-                            path.display()
-                        ));
-                    }
-                    if s.symbol_count() == 0 {
-                        warn(format!(
-                            "{}: no symbols (stripped, no debug file found)",
-                            path.display()
-                        ));
-                    }
-                    info.binary = Some(path.display().to_string());
-                    info.debug_file = debug.map(|(p, _)| p.display().to_string());
-                    ElfState::Ready(Box::new(s))
-                }
-                Err(e) => {
-                    warn(format!("{}: cannot read symbols: {e}", path.display()));
-                    ElfState::Missing
-                }
-            }
-        }
+    let (path, identity) = match locator.locate(r.id, r.recorded) {
+        Located::Found { path, identity } => (path, identity),
         Located::Mismatch { path, expected, found } => {
             warn(format!(
                 "{}: build-id mismatch: profile was taken from build {expected}, file now has {found}; \
                  not symbolizing with the wrong build (use --binary-path or --cache-dir to supply the original)",
                 path.display()
             ));
-            ElfState::Mismatch
+            return ElfState::Mismatch;
         }
         Located::NotFound { tried } => {
-            warn(format!("binary for {} not found (tried {tried})", id_text(id)));
-            ElfState::Missing
+            warn(format!(
+                "binary for {} not found (tried {tried}); its samples are shown as NAME+0xOFFSET \
+                 (use --binary-path DIR or --cache-dir DIR to supply it)",
+                id_text(r.id)
+            ));
+            return ElfState::Missing;
         }
+    };
+    let paths = locator.paths.clone();
+    let debug = find_debug_file(&path, &identity, &paths, warn);
+    // Only a build-id names the content; a fallback identity is not cached.
+    let key = match r.id {
+        ImageId::BuildId(b) => {
+            Some(CacheKey { build_id: b.clone(), debug: debug.as_deref().map(debug_key) })
+        }
+        ImageId::Fallback(_) => None,
+    };
+    let cached = key.as_ref().and_then(|k| cache.get(k, warn));
+    let (entry, table) = match cached {
+        Some((e, t)) => (Some(e), t),
+        None => {
+            let data = match std::fs::read(&path) {
+                Ok(d) => d,
+                Err(e) => {
+                    warn(format!(
+                        "{}: cannot read: {e}; its samples are shown as NAME+0xOFFSET",
+                        path.display()
+                    ));
+                    return ElfState::Missing;
+                }
+            };
+            let dbg = debug.as_ref().and_then(|d| std::fs::read(d).ok());
+            match SymbolTable::build(&data, dbg.as_deref()) {
+                Ok(t) => {
+                    let e = key.as_ref().and_then(|k| cache.put(k, &t, warn));
+                    (e, t)
+                }
+                Err(e) => {
+                    warn(format!("{}: cannot read symbols: {e}", path.display()));
+                    return ElfState::Missing;
+                }
+            }
+        }
+    };
+    let want_dwarf = r.mode.inlines || r.mode.lines;
+    let s = ElfSymbolizer::from_table(table, Some(path.clone()), debug.clone());
+    if let (Some(e), true) = (entry, want_dwarf) {
+        s.preload_frames(cache.frames(e, warn));
     }
+    if s.symbol_count() == 0 {
+        warn(format!(
+            "{}: no symbols (stripped) and no debug file found; samples are shown as NAME+0xOFFSET \
+             (install its debug info, e.g. the -dbgsym/-debuginfo package, or pass --debug-dir DIR)",
+            path.display()
+        ));
+    } else if want_dwarf && !s.has_dwarf() {
+        warn(format!(
+            "{}: no DWARF found (binary or debug file); --lines/--inlines fall back to symbols",
+            path.display()
+        ));
+    }
+    info.binary = Some(path.display().to_string());
+    info.debug_file = debug.map(|p| p.display().to_string());
+    ElfState::Ready(Box::new(s), entry)
 }
 
-fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode) -> RowKey {
+fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey {
     let Some(vaddr) = s.offset_to_vaddr(off) else {
-        return (format!("[unknown]+{:#x}", off & !0xfff), None);
+        return (unsymbolized(label, off), None);
     };
     let sym = s.symbol(vaddr).map(|x| demangle(&x.name));
-    let frames = if mode.lines || mode.inlines { s.frames(vaddr) } else { Vec::new() };
-    let mut name = sym.clone().unwrap_or_else(|| match s.section_name(vaddr) {
-        Some(sec) => format!("[{sec}]"),
-        None => format!("[unknown]+{:#x}", vaddr & !0xfff),
+    let frame = if mode.lines || mode.inlines { s.frame(vaddr) } else { None };
+    // A section name says something only outside .text (e.g. [.plt]); inside .text, or in a
+    // stripped binary, the offset is what the user can take to objdump or addr2line.
+    let mut name = sym.unwrap_or_else(|| match s.section_name(vaddr) {
+        Some(sec) if sec != ".text" && s.symbol_count() > 0 => format!("[{sec}]"),
+        _ => unsymbolized(label, off),
     });
     if mode.inlines {
-        if let Some(f) = frames.first().and_then(|f| f.function.clone()) {
+        if let Some(f) = frame.as_ref().and_then(|f| f.function.clone()) {
             name = f;
         }
     }
-    let source = mode.lines.then(|| match frames.first() {
+    let source = mode.lines.then(|| match &frame {
         Some(f) => format!("{}:{}", f.file.as_deref().unwrap_or("??"), f.line.unwrap_or(0)),
         None => "??:0".to_owned(),
     });

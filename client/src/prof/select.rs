@@ -4,9 +4,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use profile_format::{Database, EpochId, HostDir, HostSummary, Profile};
+use profile_format::{Database, EpochId, HostDir, HostSummary, ImageId, Profile, ProfileEntry};
 
-use super::ProfError;
+use super::report::ImageFilter;
+use super::{stats, ProfError};
 
 /// `--epoch`: `latest`, `all`, one id, or an inclusive range `FROM..TO` (either end may be
 /// omitted; an end may be a prefix such as `20250101` meaning "that day").
@@ -110,7 +111,7 @@ pub fn select_host_dirs(
     let epochs = db.epochs()?;
     if epochs.is_empty() {
         return Err(ProfError::Empty(format!(
-            "database {} has no epochs yet",
+            "database {} has no epochs yet (is dcpid running with --db pointing there?)",
             db.root().display()
         )));
     }
@@ -184,20 +185,111 @@ pub struct LoadedProfile {
 #[derive(Debug, Default)]
 pub struct Loaded {
     pub dirs: Vec<HostDir>,
-    /// Summary per dir (same index), when readable.
+    /// Summary per dir (same index), when readable (and, with a filter, when needed).
     pub summaries: Vec<Option<HostSummary>>,
     pub profiles: Vec<LoadedProfile>,
     /// Files that could not be read (message names the file).
     pub corrupt: Vec<String>,
+    /// With a filter: images seen but not matching (display name, samples of the file read).
+    pub other_images: Vec<(String, u64)>,
 }
 
-/// Read the summaries and profiles of `dirs`. Unreadable files are collected in
+fn read_profile(path: &Path) -> Result<Profile, profile_format::Error> {
+    stats::count(&stats::PROFILES_READ);
+    Profile::read(path)
+}
+
+/// Read the profiles of `dirs` (with their summaries). Unreadable files are collected in
 /// [`Loaded::corrupt`] (the caller decides whether that fails the run).
-pub fn load(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loaded, ProfError> {
+///
+/// With a `filter` (per-symbol report) only the files of the chosen image are read: those the
+/// file name (image id) decides directly, and otherwise one file per distinct image identity to
+/// learn its kind and path; the other files of a non-matching identity are never opened. Over a
+/// week of epochs from many hosts that is one read per distinct image plus the image's own.
+pub fn load(
+    dirs: Vec<HostDir>,
+    filter: Option<&ImageFilter>,
+    warn: &mut dyn FnMut(String),
+) -> Result<Loaded, ProfError> {
     let mut out = Loaded::default();
+    let mut entries: Vec<(usize, ProfileEntry)> = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
+        for e in d.profiles()? {
+            stats::count(&stats::PROFILES_LISTED);
+            entries.push((i, e));
+        }
+    }
+    let push = |out: &mut Loaded, dir: usize, path: PathBuf, r: Result<Profile, _>| match r {
+        Ok(profile) => out.profiles.push(LoadedProfile { path, profile, dir }),
+        Err(e) => out.corrupt.push(format!("{e}")),
+    };
+    match filter {
+        None => {
+            for (dir, e) in entries {
+                let r = read_profile(&e.path);
+                push(&mut out, dir, e.path, r);
+            }
+        }
+        Some(f) => {
+            let any_by_name =
+                entries.iter().any(|(_, e)| f.by_name(e.image_id.as_ref()) == Some(true));
+            let fallback;
+            let f = match f.as_name() {
+                Some(named) if !any_by_name => {
+                    fallback = named;
+                    &fallback
+                }
+                _ => f,
+            };
+            let mut groups: BTreeMap<ImageId, Vec<(usize, PathBuf)>> = BTreeMap::new();
+            for (dir, e) in entries {
+                match f.by_name(e.image_id.as_ref()) {
+                    Some(true) => {
+                        let r = read_profile(&e.path);
+                        push(&mut out, dir, e.path, r);
+                    }
+                    Some(false) => {}
+                    None => {
+                        if let Some(id) = e.image_id {
+                            groups.entry(id).or_default().push((dir, e.path));
+                        }
+                    }
+                }
+            }
+            for files in groups.into_values() {
+                let mut matched = None;
+                for (dir, path) in files {
+                    match matched {
+                        Some(true) => {
+                            let r = read_profile(&path);
+                            push(&mut out, dir, path, r);
+                        }
+                        Some(false) => break,
+                        None => match read_profile(&path) {
+                            Ok(profile) => {
+                                let p = LoadedProfile { path, profile, dir };
+                                if f.by_header(&p) {
+                                    matched = Some(true);
+                                    out.profiles.push(p);
+                                } else {
+                                    matched = Some(false);
+                                    out.other_images.push(ImageFilter::describe(&p));
+                                }
+                            }
+                            Err(e) => out.corrupt.push(format!("{e}")),
+                        },
+                    }
+                }
+            }
+        }
+    }
+    let mut needed = vec![filter.is_none(); dirs.len()];
+    for p in &out.profiles {
+        needed[p.dir] = true;
+    }
+    for (d, needed) in dirs.iter().zip(needed) {
         let sp = d.summary_path();
-        let summary = if sp.exists() {
+        let summary = if needed && sp.exists() {
             match HostSummary::read(&sp) {
                 Ok(s) => Some(s),
                 Err(e) => {
@@ -209,14 +301,6 @@ pub fn load(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loaded, 
             None
         };
         out.summaries.push(summary);
-        for entry in d.profiles()? {
-            match Profile::read(&entry.path) {
-                Ok(profile) => {
-                    out.profiles.push(LoadedProfile { path: entry.path, profile, dir: i })
-                }
-                Err(e) => out.corrupt.push(e.to_string()),
-            }
-        }
     }
     out.dirs = dirs;
     Ok(out)

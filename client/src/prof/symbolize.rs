@@ -5,6 +5,9 @@
 //! whose size overflows the address space. Failures degrade to "no symbol", never a panic.
 
 use std::borrow::Cow;
+use std::cell::{OnceCell, RefCell};
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::rc::Rc;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
@@ -53,7 +56,15 @@ pub struct ElfIdentity {
 
 /// Read the build-id and debuglink of an ELF file.
 pub fn elf_identity(data: &[u8]) -> Result<ElfIdentity, ElfError> {
-    let file = parse(data)?;
+    elf_identity_from(data)
+}
+
+/// [`elf_identity`] over any reader (e.g. `object::ReadCache` reading only the pages needed).
+pub fn elf_identity_from<'d, R: object::ReadRef<'d>>(data: R) -> Result<ElfIdentity, ElfError> {
+    let file = object::File::parse(data)?;
+    if file.format() != object::BinaryFormat::Elf {
+        return Err(ElfError::NotElf(file.format()));
+    }
     // A broken note section is treated as "no build-id" rather than an unreadable file.
     let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
     let debuglink = file.gnu_debuglink().ok().flatten().map(|(n, c)| (n.to_vec(), c));
@@ -79,31 +90,24 @@ pub struct Frame {
 
 type Reader = gimli::EndianRcSlice<gimli::RunTimeEndian>;
 
-/// Symbol tables, segments and (optionally) DWARF of one image, owned.
-pub struct ElfSymbolizer {
-    segments: Vec<Segment>,
+/// What symbolization needs from an image without DWARF: segments, function symbols and
+/// sections. This is what the symbol cache stores per build-id (see [`super::symcache`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SymbolTable {
+    pub segments: Vec<Segment>,
     /// Sorted by start; duplicates at one address reduced to the best name.
-    symbols: Vec<Sym>,
+    pub symbols: Vec<Sym>,
     sections: Vec<Sect>,
-    dwarf: Option<addr2line::Context<Reader>>,
+    /// Whether the binary or its debug file has a non-empty `.debug_info`.
+    pub has_dwarf: bool,
 }
 
-impl std::fmt::Debug for ElfSymbolizer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ElfSymbolizer")
-            .field("segments", &self.segments)
-            .field("symbols", &self.symbols.len())
-            .field("dwarf", &self.dwarf.is_some())
-            .finish()
-    }
-}
-
-impl ElfSymbolizer {
+impl SymbolTable {
     /// Build from the binary's bytes (segments come from it) and optionally a separate debug
-    /// file's bytes (its `.symtab` and DWARF are used too; a stripped binary has neither).
-    /// `want_dwarf` loads DWARF (costly) only when lines or inlines are asked for.
-    pub fn new(binary: &[u8], debug: Option<&[u8]>, want_dwarf: bool) -> Result<Self, ElfError> {
+    /// file's bytes (its `.symtab` is used too; a stripped binary has none).
+    pub fn build(binary: &[u8], debug: Option<&[u8]>) -> Result<Self, ElfError> {
         let file = parse(binary)?;
+        super::stats::count(&super::stats::ELF_TABLES_BUILT);
         let segments = file
             .segments()
             .map(|s| {
@@ -116,38 +120,196 @@ impl ElfSymbolizer {
         collect_symbols(&file, &mut symbols);
         collect_sections(&file, &mut sections);
         let debug_file = debug.and_then(|d| parse(d).ok());
+        let mut has_dwarf = has_debug_info(&file);
         if let Some(df) = &debug_file {
             collect_symbols(df, &mut symbols);
             if sections.is_empty() {
                 collect_sections(df, &mut sections);
             }
+            has_dwarf |= has_debug_info(df);
         }
         let symbols = normalize_symbols(symbols);
         sections.sort_by_key(|s| s.start);
-        let mut dwarf = None;
-        if want_dwarf {
-            // Prefer the debug file's DWARF; fall back to the binary's own.
-            if let Some(df) = &debug_file {
-                dwarf = load_dwarf(df);
-            }
-            if dwarf.is_none() {
-                dwarf = load_dwarf(&file);
+        Ok(SymbolTable { segments, symbols, sections, has_dwarf })
+    }
+
+    /// Compact binary encoding for the cache (see [`SymbolTable::decode`]).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.symbols.len() * 40);
+        out.extend_from_slice(TABLE_MAGIC);
+        out.push(u8::from(self.has_dwarf));
+        put_u64(&mut out, self.segments.len() as u64);
+        for s in &self.segments {
+            put_u64(&mut out, s.offset);
+            put_u64(&mut out, s.filesz);
+            put_u64(&mut out, s.vaddr);
+        }
+        for list in [&self.symbols, &self.sections_as_syms()] {
+            put_u64(&mut out, list.len() as u64);
+            for s in list.iter() {
+                put_u64(&mut out, s.start);
+                put_u64(&mut out, s.size);
+                put_u64(&mut out, s.name.len() as u64);
+                out.extend_from_slice(s.name.as_bytes());
             }
         }
-        Ok(ElfSymbolizer { segments, symbols, sections, dwarf })
+        out
+    }
+
+    fn sections_as_syms(&self) -> Vec<Sym> {
+        self.sections
+            .iter()
+            .map(|s| Sym { start: s.start, size: s.size, name: s.name.clone() })
+            .collect()
+    }
+
+    /// Decode [`SymbolTable::encode`]'s output; `None` for anything malformed (a damaged cache
+    /// entry is rebuilt, never trusted).
+    pub fn decode(bytes: &[u8]) -> Option<SymbolTable> {
+        let mut r = bytes.strip_prefix(TABLE_MAGIC)?;
+        let (&dw, rest) = r.split_first()?;
+        r = rest;
+        let nseg = take_len(&mut r, 24)?;
+        let mut segments = Vec::with_capacity(nseg);
+        for _ in 0..nseg {
+            segments.push(Segment {
+                offset: take_u64(&mut r)?,
+                filesz: take_u64(&mut r)?,
+                vaddr: take_u64(&mut r)?,
+            });
+        }
+        let mut lists: Vec<Vec<Sym>> = Vec::with_capacity(2);
+        for _ in 0..2 {
+            let n = take_len(&mut r, 24)?;
+            let mut v = Vec::with_capacity(n);
+            for _ in 0..n {
+                let start = take_u64(&mut r)?;
+                let size = take_u64(&mut r)?;
+                let len = take_len(&mut r, 1)?;
+                let (name, rest) = r.split_at_checked(len)?;
+                r = rest;
+                v.push(Sym { start, size, name: String::from_utf8(name.to_vec()).ok()? });
+            }
+            lists.push(v);
+        }
+        if !r.is_empty() || dw > 1 {
+            return None;
+        }
+        let sections: Vec<Sect> = lists
+            .pop()?
+            .into_iter()
+            .map(|s| Sect { start: s.start, size: s.size, name: s.name })
+            .collect();
+        let symbols = lists.pop()?;
+        // Lookups binary-search these: refuse anything not sorted.
+        if !symbols.is_sorted_by_key(|s| s.start) || !sections.is_sorted_by_key(|s| s.start) {
+            return None;
+        }
+        Some(SymbolTable { segments, symbols, sections, has_dwarf: dw == 1 })
+    }
+}
+
+const TABLE_MAGIC: &[u8] = b"dcpisym1";
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn take_u64(r: &mut &[u8]) -> Option<u64> {
+    let (head, rest) = r.split_first_chunk::<8>()?;
+    *r = rest;
+    Some(u64::from_le_bytes(*head))
+}
+
+/// A length that must fit in what is left (each element at least `min_elem` bytes).
+fn take_len(r: &mut &[u8], min_elem: usize) -> Option<usize> {
+    let n = usize::try_from(take_u64(r)?).ok()?;
+    (n.checked_mul(min_elem)? <= r.len()).then_some(n)
+}
+
+/// Where to load DWARF from when a frame is first asked for.
+#[derive(Debug)]
+enum DwarfSource {
+    None,
+    Files { binary: PathBuf, debug: Option<PathBuf> },
+}
+
+/// Symbol table and, on demand, DWARF of one image. DWARF is loaded at most once and only when
+/// a frame is asked for that the caller (the symbol cache) did not already know.
+pub struct ElfSymbolizer {
+    table: SymbolTable,
+    source: DwarfSource,
+    dwarf: OnceCell<Option<addr2line::Context<Reader>>>,
+    /// Innermost frame per address: preloaded from the cache, then memoized.
+    memo: RefCell<HashMap<u64, Option<Frame>>>,
+    /// Frames computed from DWARF in this run (to be written to the cache).
+    fresh: RefCell<Vec<(u64, Option<Frame>)>>,
+}
+
+impl std::fmt::Debug for ElfSymbolizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElfSymbolizer")
+            .field("segments", &self.table.segments)
+            .field("symbols", &self.table.symbols.len())
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl ElfSymbolizer {
+    /// Build from bytes; `want_dwarf` loads DWARF (debug file's first, else the binary's) now.
+    pub fn new(binary: &[u8], debug: Option<&[u8]>, want_dwarf: bool) -> Result<Self, ElfError> {
+        let table = SymbolTable::build(binary, debug)?;
+        let s = ElfSymbolizer::from_table(table, None, None);
+        if want_dwarf {
+            let file = parse(binary)?;
+            let debug_file = debug.and_then(|d| parse(d).ok());
+            let _ = s.dwarf.set(load_dwarf_pair(&file, debug_file.as_ref()));
+        }
+        Ok(s)
+    }
+
+    /// From a (possibly cached) table; DWARF, if needed later, is read from these files.
+    pub fn from_table(table: SymbolTable, binary: Option<PathBuf>, debug: Option<PathBuf>) -> Self {
+        let source = match binary {
+            Some(binary) => DwarfSource::Files { binary, debug },
+            None => DwarfSource::None,
+        };
+        ElfSymbolizer {
+            table,
+            source,
+            dwarf: OnceCell::new(),
+            memo: RefCell::new(HashMap::new()),
+            fresh: RefCell::new(Vec::new()),
+        }
     }
 
     pub fn has_dwarf(&self) -> bool {
-        self.dwarf.is_some()
+        self.table.has_dwarf
     }
 
     pub fn symbol_count(&self) -> usize {
-        self.symbols.len()
+        self.table.symbols.len()
+    }
+
+    pub fn table(&self) -> &SymbolTable {
+        &self.table
+    }
+
+    /// Frames already known for some addresses (from the symbol cache).
+    pub fn preload_frames(&self, frames: impl IntoIterator<Item = (u64, Option<Frame>)>) {
+        self.memo.borrow_mut().extend(frames);
+    }
+
+    /// Frames computed from DWARF since the last call (for the symbol cache).
+    pub fn take_fresh_frames(&self) -> Vec<(u64, Option<Frame>)> {
+        std::mem::take(&mut *self.fresh.borrow_mut())
     }
 
     /// Map a file offset to a virtual address through the `PT_LOAD` segment containing it.
     pub fn offset_to_vaddr(&self, offset: u64) -> Option<u64> {
-        self.segments
+        self.table
+            .segments
             .iter()
             .find(|s| offset >= s.offset && offset - s.offset < s.filesz)
             .and_then(|s| (offset - s.offset).checked_add(s.vaddr))
@@ -156,18 +318,19 @@ impl ElfSymbolizer {
     /// The function symbol covering `vaddr`: a sized symbol containing it, or the nearest
     /// preceding symbol when that one has no size (and lies in the same section).
     pub fn symbol(&self, vaddr: u64) -> Option<&Sym> {
-        let idx = self.symbols.partition_point(|s| s.start <= vaddr);
+        let syms = &self.table.symbols;
+        let idx = syms.partition_point(|s| s.start <= vaddr);
         if idx == 0 {
             return None;
         }
         // Look back a little for an enclosing symbol in case of nested/overlapping entries.
         for back in 1..=idx.min(8) {
-            let s = &self.symbols[idx - back];
+            let s = &syms[idx - back];
             if s.size > 0 && vaddr - s.start < s.size {
                 return Some(s);
             }
         }
-        let s = &self.symbols[idx - 1];
+        let s = &syms[idx - 1];
         if s.size == 0 && self.same_section(s.start, vaddr) {
             return Some(s);
         }
@@ -178,13 +341,14 @@ impl ElfSymbolizer {
         match (self.section_of(a), self.section_of(b)) {
             (Some(x), Some(y)) => std::ptr::eq(x, y),
             // Without section headers there is nothing better than the nearest symbol.
-            _ => self.sections.is_empty(),
+            _ => self.table.sections.is_empty(),
         }
     }
 
     fn section_of(&self, vaddr: u64) -> Option<&Sect> {
-        let idx = self.sections.partition_point(|s| s.start <= vaddr);
-        let s = self.sections.get(idx.checked_sub(1)?)?;
+        let secs = &self.table.sections;
+        let idx = secs.partition_point(|s| s.start <= vaddr);
+        let s = secs.get(idx.checked_sub(1)?)?;
         (vaddr - s.start < s.size).then_some(s)
     }
 
@@ -193,35 +357,69 @@ impl ElfSymbolizer {
         self.section_of(vaddr).map(|s| s.name.as_str())
     }
 
-    /// DWARF frames at `vaddr`, innermost (most deeply inlined) first. Empty without DWARF.
-    pub fn frames(&self, vaddr: u64) -> Vec<Frame> {
-        let Some(ctx) = &self.dwarf else { return Vec::new() };
-        let mut out = Vec::new();
-        let Ok(mut iter) = ctx.find_frames(vaddr).skip_all_loads() else { return out };
-        while let Ok(Some(frame)) = iter.next() {
+    /// The innermost (most deeply inlined) DWARF frame at `vaddr`; `None` without DWARF.
+    pub fn frame(&self, vaddr: u64) -> Option<Frame> {
+        if let Some(f) = self.memo.borrow().get(&vaddr) {
+            return f.clone();
+        }
+        let f = self.dwarf().and_then(|ctx| innermost_frame(ctx, vaddr));
+        self.memo.borrow_mut().insert(vaddr, f.clone());
+        // Without DWARF nothing is worth remembering: the table says so already.
+        if self.table.has_dwarf {
+            self.fresh.borrow_mut().push((vaddr, f.clone()));
+        }
+        f
+    }
+
+    fn dwarf(&self) -> Option<&addr2line::Context<Reader>> {
+        self.dwarf
+            .get_or_init(|| {
+                if !self.table.has_dwarf {
+                    return None;
+                }
+                let DwarfSource::Files { binary, debug } = &self.source else { return None };
+                let bin = std::fs::read(binary).ok()?;
+                let dbg = debug.as_ref().and_then(|d| std::fs::read(d).ok());
+                let file = parse(&bin).ok()?;
+                let debug_file = dbg.as_deref().and_then(|d| parse(d).ok());
+                load_dwarf_pair(&file, debug_file.as_ref())
+            })
+            .as_ref()
+    }
+}
+
+fn innermost_frame(ctx: &addr2line::Context<Reader>, vaddr: u64) -> Option<Frame> {
+    if let Ok(mut iter) = ctx.find_frames(vaddr).skip_all_loads() {
+        if let Ok(Some(frame)) = iter.next() {
             let function =
                 frame.function.as_ref().and_then(|f| f.raw_name().ok()).map(|raw| demangle(&raw));
             let (file, line) = match &frame.location {
                 Some(loc) => (loc.file.map(str::to_owned), loc.line),
                 None => (None, None),
             };
-            out.push(Frame { function, file, line });
-            if out.len() > 256 {
-                break;
-            }
+            return Some(Frame { function, file, line });
         }
-        if out.is_empty() {
-            // No function DIE (e.g. assembly) but maybe a line-table row.
-            if let Ok(Some(loc)) = ctx.find_location(vaddr) {
-                out.push(Frame {
-                    function: None,
-                    file: loc.file.map(str::to_owned),
-                    line: loc.line,
-                });
-            }
-        }
-        out
     }
+    // No function DIE (e.g. assembly) but maybe a line-table row.
+    match ctx.find_location(vaddr) {
+        Ok(Some(loc)) => {
+            Some(Frame { function: None, file: loc.file.map(str::to_owned), line: loc.line })
+        }
+        _ => None,
+    }
+}
+
+fn has_debug_info(file: &object::File<'_>) -> bool {
+    file.section_by_name(".debug_info").is_some_and(|s| s.size() > 0)
+}
+
+/// DWARF of the debug file if it has any, else of the binary.
+fn load_dwarf_pair(
+    file: &object::File<'_>,
+    debug: Option<&object::File<'_>>,
+) -> Option<addr2line::Context<Reader>> {
+    super::stats::count(&super::stats::DWARF_LOADS);
+    debug.and_then(load_dwarf).or_else(|| load_dwarf(file))
 }
 
 fn collect_symbols(file: &object::File<'_>, out: &mut Vec<Sym>) {
@@ -347,7 +545,7 @@ mod tests {
 
     #[test]
     fn nearest_symbol_rules() {
-        let s = ElfSymbolizer {
+        let table = SymbolTable {
             segments: vec![Segment { offset: 0x1000, filesz: 0x1000, vaddr: 0x401000 }],
             symbols: normalize_symbols(vec![
                 Sym { start: 0x401000, size: 0x10, name: "a".into() },
@@ -356,8 +554,18 @@ mod tests {
                 Sym { start: 0x401000, size: 0x10, name: "_a_alias".into() },
             ]),
             sections: Vec::new(),
-            dwarf: None,
+            has_dwarf: false,
         };
+        let enc = table.encode();
+        assert_eq!(SymbolTable::decode(&enc).as_ref(), Some(&table), "cache round trip");
+        for cut in [0, 5, 9, enc.len() / 2, enc.len() - 1] {
+            assert_eq!(SymbolTable::decode(&enc[..cut]), None, "truncated at {cut}");
+        }
+        let mut bad = enc.clone();
+        bad[16] = 0xff; // segment count far beyond the data
+        assert_eq!(SymbolTable::decode(&bad), None);
+        let s = ElfSymbolizer::from_table(table, None, None);
+        assert_eq!(s.frame(0x401008), None, "no DWARF source");
         assert_eq!(s.offset_to_vaddr(0x1008), Some(0x401008));
         assert_eq!(s.offset_to_vaddr(0x2000), None);
         assert_eq!(s.offset_to_vaddr(0xfff), None);
