@@ -47,7 +47,7 @@ pub enum ConfigError {
     },
     #[error("{path}:{line}:{column}: {message}")]
     Parse { path: PathBuf, line: usize, column: usize, message: String },
-    #[error("{origin}: invalid value {value:?} for `{field}`: {detail}")]
+    #[error("{origin}: invalid value {value:?} for {field}: {detail}")]
     Invalid { origin: String, field: String, value: String, detail: String },
 }
 
@@ -316,7 +316,7 @@ impl Settings {
                 Some(l) if origin != COMMAND_LINE => format!("{origin}:{l}"),
                 _ => origin.to_string(),
             },
-            field: if origin == COMMAND_LINE { flag_for(field) } else { field.to_string() },
+            field: if origin == COMMAND_LINE { flag_for(field) } else { format!("`{field}`") },
             value,
             detail: detail.into(),
         };
@@ -391,13 +391,13 @@ fn flag_for(field: &str) -> String {
         "max_memory_mb" => "max-memory".to_string(),
         f => f.replace('_', "-"),
     };
-    format!("--{flag}` (or `{field}` in the configuration file)")
+    format!("`--{flag}` (or `{field}` in the configuration file)")
 }
 
 fn duration_field(origin: &str, field: &'static str, v: &str) -> Result<Duration, ConfigError> {
     parse_duration(v).map_err(|detail| ConfigError::Invalid {
         origin: origin.to_string(),
-        field: field.to_string(),
+        field: format!("`{field}`"),
         value: v.to_string(),
         detail,
     })

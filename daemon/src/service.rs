@@ -549,6 +549,16 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
 
     // 1. Database and spool.
     check_spool_path(&settings.spool)?;
+    if let Err(e) = Store::check_db_writable(&settings.db, &settings.host) {
+        if permanent_db_error(&e) {
+            return Err(ServiceError::Database {
+                db: settings.db.display().to_string(),
+                source: e,
+            });
+        }
+        tracing::warn!(db = %settings.db.display(), error = %e,
+            "database not writable now; sampling anyway, keeping data in the spool and retrying");
+    }
     let mut store = Store::open(StoreConfig {
         db: settings.db.clone(),
         spool: settings.spool.clone(),
@@ -559,16 +569,6 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         retention_days: settings.retention_days,
         retention_keep: settings.retention_keep,
     });
-    if let Err(e) = store.check_db_writable() {
-        if permanent_db_error(&e) {
-            return Err(ServiceError::Database {
-                db: settings.db.display().to_string(),
-                source: e,
-            });
-        }
-        tracing::warn!(db = %settings.db.display(), error = %e,
-            "database not writable now; sampling anyway, keeping data in the spool and retrying");
-    }
 
     // 2. Sampling on every CPU.
     let cpus = online_cpus()?;

@@ -257,24 +257,13 @@ impl Store {
     /// epoch) if needed, this host's directory of the current epoch, and a small file there.
     /// The daemon refuses to start on a database it can never write (wrong path, permissions,
     /// read-only); failures that may pass (disk full, NFS server down) are only reported.
-    pub fn check_db_writable(&mut self) -> Result<(), StoreError> {
-        self.ensure_open(Instant::now());
-        let created;
-        let db = match &self.db {
-            Some(db) => db,
-            None => {
-                created = Database::create(&self.cfg.db)?;
-                &created
-            }
+    pub fn check_db_writable(db: &Path, host: &str) -> Result<(), StoreError> {
+        let db = Database::create(db)?;
+        let epoch = match db.current_epoch()? {
+            Some(e) => e,
+            None => db.new_epoch(SystemTime::now(), host)?,
         };
-        let epoch = match &self.epoch {
-            Some(e) => e.clone(),
-            None => match db.current_epoch()? {
-                Some(e) => e,
-                None => db.new_epoch(SystemTime::now(), &self.cfg.host)?,
-            },
-        };
-        let hd = db.host_dir(&epoch, &self.cfg.host)?;
+        let hd = db.host_dir(&epoch, host)?;
         hd.create()?;
         let probe = hd.path.join(format!(".dcpid-write-check-{}", std::process::id()));
         let io = |e| StoreError::Db(profile_format::Error::Io { path: probe.clone(), source: e });
