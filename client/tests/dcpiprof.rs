@@ -1296,3 +1296,278 @@ fn stripped_or_unreadable_binary_gives_offsets_and_one_warning() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains(&sp) && err.contains("--binary-path"), "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Symbolization across kinds of binaries
+
+/// Virtual address of a symbol (to tell whether offsets and addresses differ).
+fn vaddr_of(f: &ElfFacts, name: &str) -> u64 {
+    let o = object::File::parse(&*f.data).expect("parse elf");
+    o.symbols()
+        .find(|s| s.name().is_ok_and(|n| n == name))
+        .map(|s| s.address())
+        .unwrap_or_else(|| panic!("no {name}"))
+}
+
+#[test]
+fn pie_non_pie_and_shared_library_offsets() {
+    let t = TestDb::new();
+    let ev = event("cpu-clock", 1000);
+    let hd = t.host(&t.epoch(0), "alpha");
+    let pie = build_c(t.tmp(), "pieprog", 6, &["-fPIE", "-pie"]);
+    let nopie = build_c(t.tmp(), "nopieprog", 7, &["-fno-pie", "-no-pie"]);
+    let lib_src = r#"
+__attribute__((noinline)) int lib_hot(int x) { int s = 0; for (int i = 0; i < x; i++) s += i * 5; return s; }
+__attribute__((noinline)) int lib_cold(int x) { return x * 11; }
+int lib_entry(int x) { return lib_hot(x) + lib_cold(x); }
+"#;
+    let lib = compile(t.tmp(), "libdemo.so", lib_src, "c", &["-O1", "-shared", "-fPIC"]);
+    let cases = [
+        (&pie, "pieprog", "hot_alpha", "hot_beta"),
+        (&nopie, "nopieprog", "hot_alpha", "hot_beta"),
+        (&lib, "libdemo.so", "lib_hot", "lib_cold"),
+    ];
+    for (bin, _, a, b) in cases {
+        let f = ElfFacts::read(bin);
+        let (oa, _) = f.func(a);
+        let (ob, _) = f.func(b);
+        let path = bin.display().to_string();
+        write_profile(
+            &hd,
+            ImageKind::Elf,
+            &f.id(),
+            path.as_bytes(),
+            &ev,
+            &[(oa, 6), (ob, 4)],
+            1000,
+        );
+    }
+    // The non-PIE executable is linked at 0x400000: its offsets differ from its addresses.
+    let nf = ElfFacts::read(&nopie);
+    assert!(vaddr_of(&nf, "hot_alpha") >= 0x400000);
+    assert_ne!(nf.func("hot_alpha").0, vaddr_of(&nf, "hot_alpha"));
+    let v = json_ok(&t.root(), &["--host", "alpha"]);
+    assert_eq!(rows(&v).len(), 3, "{v:#}");
+    for (_, name, a, b) in cases {
+        let v = json_ok(&t.root(), &["--host", "alpha", "--image", name]);
+        assert_eq!(row(&v, "symbol", a)["samples"], 6, "{name}: {v:#}");
+        assert_eq!(row(&v, "symbol", b)["samples"], 4, "{name}: {v:#}");
+        assert!(approx(row(&v, "symbol", a)["percent"].as_f64().unwrap_or(0.0), 60.0));
+    }
+}
+
+#[test]
+fn rust_v0_and_legacy_mangled_names_are_demangled() {
+    let t = TestDb::new();
+    let ev = event("cpu-clock", 1000);
+    let hd = t.host(&t.epoch(0), "alpha");
+    let src = t.tmp().join("rsmangle.rs");
+    std::fs::write(
+        &src,
+        "#[inline(never)] pub fn crunch(n: u64) -> u64 { (0..n).map(|i| i ^ 3).sum() }\n\
+         fn main() { println!(\"{}\", crunch(std::env::args().count() as u64)); }\n",
+    )
+    .expect("write rs");
+    for scheme in ["v0", "legacy"] {
+        let out = t.tmp().join(format!("rs_{scheme}"));
+        let mut cmd = Command::new("rustc");
+        if scheme == "legacy" {
+            // Choosing legacy explicitly is still an unstable option on stable toolchains.
+            cmd.env("RUSTC_BOOTSTRAP", "1").args(["-Z", "unstable-options"]);
+        }
+        let o = cmd
+            .args(["-C", "opt-level=1", "-C", &format!("symbol-mangling-version={scheme}")])
+            .args(["-C", "link-arg=-Wl,--build-id=sha1", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .output()
+            .expect("rustc");
+        assert!(o.status.success(), "rustc {scheme}: {}", String::from_utf8_lossy(&o.stderr));
+        let f = ElfFacts::read(&out);
+        let names: Vec<String> = object::File::parse(&*f.data)
+            .expect("parse")
+            .symbols()
+            .filter_map(|s| s.name().ok().map(str::to_owned))
+            .collect();
+        let mangled = names
+            .iter()
+            .find(|n| match scheme {
+                "v0" => n.starts_with("_RNv") && n.ends_with("8rsmangle6crunch"),
+                _ => n.starts_with("_ZN8rsmangle6crunch17h"),
+            })
+            .unwrap_or_else(|| panic!("{scheme}: no mangled crunch among {} symbols", names.len()));
+        let (off, _) = f.func(mangled);
+        let path = out.display().to_string();
+        write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &[(off, 3)], 1000);
+        let v = json_ok(&t.root(), &["--host", "alpha", "--image", &format!("rs_{scheme}")]);
+        assert_eq!(row(&v, "symbol", "rsmangle::crunch")["samples"], 3, "{scheme}: {v:#}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Golden outputs (table, JSON, CSV). Regenerate with DCPI_UPDATE_GOLDEN=1 and review the diff.
+
+/// A database whose content does not depend on this machine or on compiler output: kernel and
+/// module symbols from a snapshot, JIT symbols from the profile, an ELF image whose binary is
+/// absent (offset rows), unknown samples; two hosts, two events, one multiplexed.
+fn golden_db(t: &TestDb) {
+    let e = t.epoch(0);
+    let clock = event("cpu-clock", 1000);
+    let faults = event("page-faults", 10);
+    let text = 0xffff_ffff_a100_0000u64;
+    let modbase = 0xffff_ffff_c800_0000u64;
+    let sym =
+        |addr, name: &str, module| KernelSymbol { addr, kind: b't', name: name.into(), module };
+    let snap = KallsymsSnapshot {
+        kernel_release: "9.9.9-golden".into(),
+        kernel_build_id: None,
+        text_base: text,
+        modules: vec![KernelModule {
+            name: "goldmod".into(),
+            base: modbase,
+            size: 0x2000,
+            build_id: None,
+        }],
+        symbols: vec![
+            sym(text, "_stext", None),
+            sym(text + 0x100, "schedule", None),
+            sym(text + 0x900, "copy_page", None),
+            sym(text + 0x2000, "do_syscall_64", None),
+            sym(modbase + 0x10, "goldmod_irq", Some(0)),
+        ],
+    };
+    let kid = ImageId::special("[kernel.kallsyms]", b"9.9.9-golden");
+    let mid = ImageId::special("[module]", b"goldmod");
+    let lib = ImageId::BuildId((0..20u8).collect());
+    let jid = ImageId::special("[anon]", b"4242");
+    let jit = vec![
+        JitSymbol { start: 0x7f00_0000_1000, size: 0x100, name: "LazyCompile:*render".into() },
+        JitSymbol { start: 0x7f00_0000_2000, size: 0x80, name: "_ZN3jit4loopEv".into() },
+    ];
+    for (host, scale) in [("alpha", 1u64), ("beta", 3)] {
+        let hd = t.host(&e, host);
+        snap.write(&hd.kallsyms_path()).expect("snapshot");
+        let k = [(0x100, 5 * scale), (0x180, 2), (0x950, 4), (0x2010, 1), (0x5000, 2)];
+        write_profile(&hd, ImageKind::Kernel, &kid, b"[kernel.kallsyms]", &clock, &k, 1000);
+        write_profile(&hd, ImageKind::KernelModule, &mid, b"goldmod", &clock, &[(0x20, 3)], 1000);
+        write_profile(
+            &hd,
+            ImageKind::Elf,
+            &lib,
+            b"/usr/lib/libgolden.so.1",
+            &clock,
+            &[(0x1234, 9 * scale), (0x1ff0, 1), (0x8010, 4)],
+            2000,
+        );
+        write_profile(
+            &hd,
+            ImageKind::Elf,
+            &lib,
+            b"/usr/lib/libgolden.so.1",
+            &faults,
+            &[(0x1234, 6)],
+            10,
+        );
+        write_profile_jit(
+            &hd,
+            ImageKind::Anon,
+            &jid,
+            b"[anon:4242:node]",
+            &clock,
+            &[(0x7f00_0000_1010, 6), (0x7f00_0000_2004, 2), (0x7f00_0000_9000, 1)],
+            1000,
+            jit.clone(),
+        );
+        write_profile(
+            &hd,
+            ImageKind::Unknown,
+            &unknown_id(),
+            b"[unknown]",
+            &clock,
+            &[(0, 7), (1, scale)],
+            1000,
+        );
+    }
+    let summary = HostSummary {
+        format_version: 1,
+        host: "alpha".into(),
+        epoch: e.to_string(),
+        events: vec![
+            EventSummary {
+                desc: Some(clock.clone()),
+                source: "software".into(),
+                samples: 0,
+                total_period: 0,
+                time_enabled_ns: 1000,
+                time_running_ns: 1000,
+            },
+            EventSummary {
+                desc: Some(faults.clone()),
+                source: "software".into(),
+                samples: 6,
+                total_period: 60,
+                time_enabled_ns: 3000,
+                time_running_ns: 2000,
+            },
+        ],
+        ..HostSummary::default()
+    };
+    summary.write(&t.host(&e, "alpha").summary_path()).expect("summary");
+}
+
+#[test]
+fn golden_table_json_and_csv_outputs() {
+    let t = TestDb::new();
+    golden_db(&t);
+    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden");
+    let update = std::env::var_os("DCPI_UPDATE_GOLDEN").is_some_and(|v| v == "1");
+    let cases: &[(&str, &[&str])] = &[
+        ("images", &["--host", "all"]),
+        ("images-alpha-faults", &["--host", "alpha", "--event", "page-faults,cpu-clock"]),
+        ("kernel", &["--host", "all", "--image", "kernel"]),
+        ("module", &["--host", "alpha", "--image", "goldmod"]),
+        ("missing-binary", &["--host", "all", "--image", "libgolden.so.1"]),
+        ("jit", &["--host", "beta", "--image", "[anon:4242"]),
+        ("unknown", &["--host", "all", "--image", "unknown", "--limit", "1"]),
+    ];
+    let mut mismatches = Vec::new();
+    for (name, args) in cases {
+        for (fmt, ext) in [("table", "txt"), ("json", "json"), ("csv", "csv")] {
+            // A relative --db keeps the temporary directory's name out of the output.
+            let o = Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
+                .current_dir(t.tmp())
+                .args(["--db", "db", "--no-system-debug", "--no-symbol-cache", "--format", fmt])
+                .args(*args)
+                .output()
+                .expect("run dcpiprof");
+            assert!(o.status.success(), "{name} {fmt}: {}", stderr(&o));
+            let mut got = o.stdout.clone();
+            if !o.stderr.is_empty() {
+                got.extend_from_slice(b"--- stderr ---\n");
+                got.extend_from_slice(&o.stderr);
+            }
+            let file = golden_dir.join(format!("{name}.{ext}"));
+            if update {
+                std::fs::create_dir_all(&golden_dir).expect("mkdir golden");
+                std::fs::write(&file, &got).expect("write golden");
+                continue;
+            }
+            let want = std::fs::read(&file).unwrap_or_else(|e| {
+                panic!("{}: {e} (run with DCPI_UPDATE_GOLDEN=1 to create)", file.display())
+            });
+            if want != got {
+                mismatches.push(format!(
+                    "{}:\n--- want\n{}\n--- got\n{}",
+                    file.display(),
+                    String::from_utf8_lossy(&want),
+                    String::from_utf8_lossy(&got)
+                ));
+            }
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "golden mismatch (DCPI_UPDATE_GOLDEN=1 to accept):\n{}",
+        mismatches.join("\n")
+    );
+}
