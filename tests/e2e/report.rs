@@ -66,3 +66,86 @@ fn daemon_profile_is_reported_per_image_and_per_symbol() {
     assert_eq!(top["symbol"], "spin_here", "{v:#}");
     assert!(top["percent"].as_f64().unwrap_or(0.0) > 50.0, "{v:#}");
 }
+
+/// Three functions with the same loop body, called 5:3:2 times in small interleaved rounds
+/// (a round is far shorter than the sampling period, so the timer's phase cannot favour one).
+const PROPORTIONS_C: &str = r#"
+#include <stdlib.h>
+#include <time.h>
+#define BODY { unsigned long s = 0; for (unsigned long i = 0; i < n; i++) s += i * i ^ (s >> 3); return s; }
+__attribute__((noipa, noinline)) unsigned long work_five(unsigned long n) BODY
+__attribute__((noipa, noinline)) unsigned long work_three(unsigned long n) BODY
+__attribute__((noipa, noinline)) unsigned long work_two(unsigned long n) BODY
+static const char order[10] = "5352535253";
+int main(int argc, char **argv) {
+  double secs = argc > 1 ? atof(argv[1]) : 1.0;
+  struct timespec a, b; clock_gettime(CLOCK_MONOTONIC, &a);
+  volatile unsigned long sink = 0;
+  do {
+    for (int r = 0; r < 16; r++)
+      for (int k = 0; k < 10; k++) {
+        unsigned long n = 3000 + (sink & 1);
+        sink += order[k] == '5' ? work_five(n) : order[k] == '3' ? work_three(n) : work_two(n);
+      }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+  } while ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 < secs);
+  return (int)(sink & 1);
+}
+"#;
+
+#[test]
+fn per_function_shares_match_a_known_5_3_2_workload() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let src = sb.dir.path().join("prop532.c");
+    std::fs::write(&src, PROPORTIONS_C).expect("write source");
+    let bin = sb.dir.path().join("prop532");
+    let st = Command::new("cc")
+        .args(["-O1", "-fno-inline", "-Wl,--build-id=sha1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed");
+    let host = "e2e-report-532";
+    // 4 kHz: ~14000 samples in 3.5 s, so binomial noise (~0.4 pp) is far below the 3 pp bound.
+    let mut d = sb.start_daemon(host, &["--events", "cpu-clock:250000", "--flush-interval", "1s"]);
+    let st = Command::new(&bin).arg("3.5").status().expect("run workload");
+    assert!(st.success() || st.code() == Some(1), "workload failed: {st}");
+    let fl = d.ctl(&["flush"]);
+    assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
+    let (status, err) = d.terminate();
+    assert!(status.success(), "dcpid exit {status}: {err}");
+
+    let cache = sb.dir.path().join("symbols.sqlite").display().to_string();
+    let path = bin.display().to_string();
+    let out =
+        sb.prof(&["--host", host, "--image", &path, "--format", "json", "--symbol-cache", &cache]);
+    assert!(out.status.success(), "dcpiprof: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let events = |name: &str| -> f64 {
+        v["rows"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["symbol"] == name))
+            .and_then(|r| r["events"].as_f64())
+            .unwrap_or_else(|| panic!("no row {name}: {v:#}"))
+    };
+    let (five, three, two) = (events("work_five"), events("work_three"), events("work_two"));
+    let total = five + three + two;
+    let samples: u64 = ["work_five", "work_three", "work_two"]
+        .iter()
+        .filter_map(|n| {
+            v["rows"].as_array()?.iter().find(|r| r["symbol"] == *n)?["samples"].as_u64()
+        })
+        .sum();
+    assert!(samples >= 2000, "too few samples for a 3 pp bound: {samples}: {v:#}");
+    for (name, got, want) in
+        [("work_five", five, 50.0), ("work_three", three, 30.0), ("work_two", two, 20.0)]
+    {
+        let share = got / total * 100.0;
+        eprintln!("{name}: {share:.2}% (want {want}%)");
+        assert!((share - want).abs() <= 3.0, "{name}: {share:.2}% vs {want}%: {v:#}");
+    }
+}
