@@ -247,8 +247,10 @@ int main(int argc, char **argv) {
 /// second (cycling through the PROGs, at most MAXKIDS alive at once) for SECONDS; prints what
 /// it achieved.
 const CHURN_C: &str = r#"
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -266,6 +268,11 @@ int main(int argc, char **argv) {
     double secs = atof(argv[1]), rate = atof(argv[2]);
     int maxkids = atoi(argv[3]), nprogs = argc - 5, running = 0, st;
     long launched = 0, forkfail = 0;
+    /* The CPU the rate needs (about 1.3 CPUs), ahead of whatever else runs (builds, parallel
+       tests): SCHED_RR at the lowest real-time priority, inherited by the burners (each
+       bounded to a few ms). Short-lived processes gain little from a nice value. */
+    struct sched_param sp = {.sched_priority = 1};
+    if (sched_setscheduler(0, SCHED_RR, &sp) != 0) setpriority(PRIO_PROCESS, 0, -10);
     double t0 = now(), t;
     while ((t = now() - t0) < secs) {
         while (running > 0 && waitpid(-1, &st, WNOHANG) > 0) { running--; reaped(st); }
@@ -319,7 +326,7 @@ fn churn_of_500_processes_per_second_resolves_to_their_binaries() {
     let host = "e2e-resolve-churn";
     let mut d = sb.start_daemon(host, &["-e", "cpu-clock:1000000", "--flush-interval", "2s"]);
     let out = Command::new(&churn)
-        .args([SECS.to_string(), "700".into(), "8".into(), BURN_MS.to_string()])
+        .args([SECS.to_string(), "600".into(), "8".into(), BURN_MS.to_string()])
         .args(burners.iter().map(|b| &b.0))
         .output()
         .expect("run churn");
@@ -352,11 +359,13 @@ fn churn_of_500_processes_per_second_resolves_to_their_binaries() {
     let frac = unknown as f64 / all as f64;
     eprintln!(
         "samples in burn: {in_burn} of {expected:.0} expected; unknown {unknown}/{all} = {:.4}% \
-         (status: {} = {:.4}%, {})",
+         (status: {} = {:.4}%, {}; aggregation {}; lost {})",
         frac * 100.0,
         v["unknown"]["count"],
         v["unknown"]["fraction"].as_f64().unwrap_or(f64::NAN) * 100.0,
-        v["unknown"]["by_reason"]
+        v["unknown"]["by_reason"],
+        v["aggregation"],
+        v["lost"]
     );
     assert!(
         in_burn as f64 >= 0.7 * expected,
