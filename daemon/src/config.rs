@@ -97,12 +97,14 @@ impl FileConfig {
     pub fn parse(text: &str, path: &Path) -> Result<FileConfig, ConfigError> {
         let mut f: FileConfig = toml::from_str(text).map_err(|e| {
             let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
-            ConfigError::Parse {
-                path: path.to_path_buf(),
-                line,
-                column,
-                message: e.message().trim().to_string(),
+            let mut message = e.message().trim().to_string();
+            // Type errors point at the value; name the key too.
+            let key =
+                text.lines().nth(line - 1).and_then(|l| l.split_once('=')).map(|(k, _)| k.trim());
+            if let Some(k) = key.filter(|k| !k.is_empty() && !message.contains(*k)) {
+                message = format!("`{k}`: {message}");
             }
+            ConfigError::Parse { path: path.to_path_buf(), line, column, message }
         })?;
         f.key_lines = key_lines(text);
         Ok(f)

@@ -582,6 +582,8 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         ..SamplerConfig::default()
     };
     let t0 = crate::sys::time::monotonic_ns();
+    // Uptime counts from the start of sampling, so that samples/s since start is right.
+    let sampling_since = Instant::now();
     let sampler = Sampler::start(&scfg, aggregator.clone()).map_err(explain_sampler_error)?;
     store.set_events(
         sampler
@@ -625,7 +627,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         last_reload: Mutex::new(None),
         ticks: Mutex::new(VecDeque::new()),
         flusher: Mutex::new(None),
-        started: Instant::now(),
+        started: sampling_since,
         aggregator,
         store_status: Mutex::new(store.status()),
         store: Mutex::new(store),

@@ -77,8 +77,17 @@ fn status_json_has_the_documented_fields() {
     let mut d = sb.start_daemon("h1", &["-e", "cpu-clock", "--flush-interval", "500ms"]);
     let _busy = spin();
     std::thread::sleep(Duration::from_millis(1200));
+    // Two flushes give the recent rate its window (the first one may be slow on a busy CI).
+    wait_for(10, "two flushes", || {
+        let v = d.status_json();
+        v["rate"]["recent_window_s"].as_f64() < v["uptime_s"].as_f64().map(|u| u - 0.01)
+    });
     let v = d.status_json();
     for k in [
+        "rate",
+        "overhead",
+        "config",
+        "last_reload",
         "version",
         "pid",
         "host",
@@ -108,9 +117,37 @@ fn status_json_has_the_documented_fields() {
     assert!(v["store"]["last_flush"].is_object(), "{v}");
     assert_eq!(v["condition"], "ok");
     assert_eq!(v["host"], "h1");
+    // Samples per second: positive, and no more than every CPU sampling at its shortest period.
+    let ncpus = v["cpus"].as_array().unwrap().len() as f64;
+    let max_rate = ncpus * 1e9 / ev["period_min"].as_f64().unwrap() * 1.2;
+    let rate = &v["rate"];
+    for k in ["samples_per_s", "samples_per_s_recent"] {
+        let r = rate[k].as_f64().unwrap();
+        // One CPU is kept busy at ~1 kHz.
+        assert!(r > 200.0 && r <= max_rate, "{k} = {r} (max {max_rate}): {rate}");
+    }
+    let since_start = v["samples"].as_f64().unwrap() / v["uptime_s"].as_f64().unwrap();
+    assert!(
+        (rate["samples_per_s"].as_f64().unwrap() - since_start).abs() < since_start * 0.5,
+        "{rate} vs {since_start}"
+    );
+    let w = rate["recent_window_s"].as_f64().unwrap();
+    assert!((0.45..5.0).contains(&w), "a flush interval (0.5 s + the flush itself): {rate}");
+    let o = &v["overhead"];
+    let pct = |k: &str| o[k].as_f64().unwrap_or_else(|| panic!("overhead.{k}: {o}"));
+    assert!(pct("daemon_cpu_pct") > 0.0 && pct("daemon_cpu_pct") < 100.0 * ncpus, "{o}");
+    assert!(pct("daemon_cpu_pct_recent") >= 0.0, "{o}");
+    assert!(pct("sample_cost_us_estimate") >= 1.0 && pct("sample_cost_us_estimate") <= 20.0);
+    let expect =
+        rate["samples_per_s_recent"].as_f64().unwrap() * pct("sample_cost_us_estimate") / 1e4;
+    assert!((pct("sampling_cpu_pct_estimate") - expect).abs() < 1e-6, "{o}");
+    assert!(pct("machine_pct_estimate") > 0.0 && pct("machine_pct_estimate") < 100.0, "{o}");
+    assert_eq!(o["ncpus"].as_u64().unwrap() as f64, ncpus);
+    assert_eq!(v["config"]["flush_interval_s"], 0.5);
     // The human form names the same things.
     let text = ok_stdout(&d, &["status"]);
     assert!(text.contains("cpu-clock") && text.contains("epoch"), "{text}");
+    assert!(text.contains("samples/s") && text.contains("overhead"), "{text}");
     let (st, err) = d.terminate();
     assert!(st.success(), "{err}");
 }
@@ -359,4 +396,435 @@ fn host_summary_records_events_cpus_and_counter_times() {
     );
     assert!(clock.time_running_ns > 0 && clock.time_running_ns <= clock.time_enabled_ns);
     assert_eq!(s.samples, epoch_total(&sb.db(), &epoch, "hs"), "summary agrees with profiles");
+}
+
+/// Spawn dcpid with exactly `args` and wait until `socket` answers.
+fn spawn_ready(args: &[String], socket: &Path) -> Daemon {
+    let child = Command::new(bin("dcpid"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dcpid");
+    let mut d = Daemon { child: Some(child), socket: socket.to_path_buf() };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            let mut err = String::new();
+            if let Some(e) = d.child.as_mut().and_then(|c| c.stderr.as_mut()) {
+                let _ = std::io::Read::read_to_string(e, &mut err);
+            }
+            panic!("dcpid exited early with {st}: {err}");
+        }
+        if socket.exists() && d.ctl(&["status"]).status.success() {
+            return d;
+        }
+        assert!(Instant::now() < deadline, "dcpid did not become ready in 20 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Wait until `f` holds (polling every 50 ms), at most `secs`.
+fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn write_config(path: &Path, sb: &Sandbox, extra: &str) {
+    let text = format!(
+        "db = {:?}\nspool = {:?}\nsocket = {:?}\nhost = \"rl\"\nevents = \"cpu-clock\"\n{extra}",
+        sb.db().display().to_string(),
+        sb.spool().display().to_string(),
+        sb.socket().display().to_string()
+    );
+    std::fs::write(path, text).expect("write config");
+}
+
+#[test]
+fn reload_applies_live_settings_and_survives_a_bad_file() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let cfg = sb.dir.path().join("dcpid.toml");
+    write_config(&cfg, &sb, "flush_interval = \"2s\"\nretention_days = 7\n");
+    let args: Vec<String> = vec!["--config".into(), cfg.display().to_string()];
+    let mut d = spawn_ready(&args, &sb.socket());
+    let v = d.status_json();
+    assert_eq!(v["config"]["flush_interval_s"], 2.0, "{}", v["config"]);
+    assert_eq!(v["config"]["retention_days"], 7);
+    assert!(v["last_reload"].is_null());
+
+    // dcpictl reload: live settings change, the flush thread follows the new interval.
+    write_config(&cfg, &sb, "flush_interval = \"300ms\"\nretention_days = 3\n");
+    let out = d.ctl(&["reload"]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("flush_interval") && said.contains("retention_days"), "{said}");
+    let v = d.status_json();
+    assert_eq!(v["config"]["flush_interval_s"], 0.3, "{}", v["config"]);
+    assert_eq!(v["config"]["retention_days"], 3);
+    assert_eq!(v["last_reload"]["trigger"], "dcpictl");
+    assert_eq!(v["last_reload"]["ok"], true);
+    let mut flushes = std::collections::BTreeSet::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(1600) {
+        flushes.insert(d.status_json()["store"]["last_flush"]["unix_ms"].as_u64().unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(flushes.len() >= 3, "flushes every 300 ms expected, saw {flushes:?} in 1.6 s");
+
+    // SIGHUP: same path; a key that needs a restart is reported and keeps its value.
+    write_config(&cfg, &sb, "flush_interval = \"1s\"\nretention_days = 3\n");
+    let text =
+        std::fs::read_to_string(&cfg).unwrap().replace("\"cpu-clock\"", "\"cpu-clock:2000000\"");
+    std::fs::write(&cfg, text).unwrap();
+    // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
+    unsafe { libc::kill(d.pid() as i32, libc::SIGHUP) };
+    wait_for(10, "the SIGHUP reload", || d.status_json()["last_reload"]["trigger"] == "SIGHUP");
+    let v = d.status_json();
+    assert_eq!(v["last_reload"]["ok"], true, "{}", v["last_reload"]);
+    assert_eq!(v["config"]["flush_interval_s"], 1.0);
+    assert_eq!(v["config"]["events"], "cpu-clock", "events need a restart");
+    let restart = v["last_reload"]["restart_required"].as_array().unwrap();
+    assert!(restart.iter().any(|k| k == "events"), "{}", v["last_reload"]);
+    let text = ok_stdout(&d, &["status"]);
+    assert!(text.contains("events") && text.contains("restart"), "{text}");
+
+    // A broken file is rejected with file, line and reason; the daemon keeps its settings.
+    let good = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("{good}flush_interval = 5\n")).unwrap();
+    let line = good.lines().count() + 1;
+    let out = d.ctl(&["reload"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("dcpid.toml:{line}:")), "{err}");
+    std::fs::write(&cfg, format!("{good}max_memory_mb = \"lots\"\nflush_intrval = \"1s\"\n"))
+        .unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(d.pid() as i32, libc::SIGHUP) };
+    wait_for(10, "the rejected SIGHUP reload", || {
+        let v = d.status_json();
+        v["last_reload"]["trigger"] == "SIGHUP" && v["last_reload"]["ok"] == false
+    });
+    let v = d.status_json();
+    let e = v["last_reload"]["error"].as_str().unwrap();
+    assert!(e.contains(&format!("dcpid.toml:{line}:")) && e.contains("max_memory_mb"), "{e}");
+    assert_eq!(v["config"]["flush_interval_s"], 1.0, "the running configuration stays");
+    assert!(v["samples"].as_u64().unwrap() > 0);
+    let (st, err) = d.terminate();
+    assert!(st.success(), "{err}");
+    assert_eq!(err.matches("reload rejected").count(), 2, "{err}");
+}
+
+fn expect_exit_2(args: &[&str], needles: &[&str]) {
+    let out = dcpi_e2e::run("dcpid", args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "dcpid {args:?}: {err}");
+    for n in needles {
+        assert!(err.contains(n), "dcpid {args:?}: stderr lacks {n:?}: {err}");
+    }
+    assert_eq!(err.lines().filter(|l| l.starts_with("dcpid:")).count(), 1, "one message: {err}");
+}
+
+#[test]
+fn bad_configuration_exits_2_naming_file_line_and_reason() {
+    let sb = Sandbox::new();
+    let cfg = sb.dir.path().join("bad.toml");
+    let c = cfg.to_str().unwrap();
+    let base = |extra: &str| {
+        format!(
+            "db = {:?}\nspool = {:?}\nsocket = {:?}\n{extra}",
+            sb.db().display().to_string(),
+            sb.spool().display().to_string(),
+            sb.socket().display().to_string()
+        )
+    };
+    std::fs::write(&cfg, base("host = \"h\"\nflush_intreval = \"2s\"\n")).unwrap();
+    expect_exit_2(&["-c", c], &["bad.toml:5:1:", "flush_intreval"]);
+    std::fs::write(&cfg, base("ring_pages = \"many\"\n")).unwrap();
+    expect_exit_2(&["-c", c], &["bad.toml:4:14:", "invalid type"]);
+    std::fs::write(&cfg, base("\nretention_keep = 0\n")).unwrap();
+    expect_exit_2(&["-c", c], &["bad.toml:5:", "retention_keep"]);
+    std::fs::write(&cfg, base("events = [\"cpu-clock\", \"cyclez\"]\n")).unwrap();
+    expect_exit_2(&["-c", c], &["bad.toml:4:", "unknown event `cyclez`"]);
+    // Events on the command line name the flag; zero and absurd periods are refused.
+    let args = sb.daemon_args("h");
+    let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
+    a.extend(["-e", "cpu-clock:0"]);
+    expect_exit_2(&a, &["--events", "cpu-clock:0"]);
+    a.pop();
+    a.push("cpu-clock:1000");
+    expect_exit_2(&a, &["--events", "cpu-clock:1000", "10 µs"]);
+    a.pop();
+    a.push("cycles:99999999999999");
+    expect_exit_2(&a, &["cycles:99999999999999", "out of range"]);
+    // A database this host can never write: under a regular file.
+    let file = sb.dir.path().join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let under = file.join("db");
+    let u = under.to_str().unwrap();
+    let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let i = a.iter().position(|x| *x == "--db").unwrap();
+    a[i + 1] = u;
+    expect_exit_2(&a, &["plain-file/db", "not writable", "Not a directory"]);
+    // Same for the spool; and clap's usage errors are 2 as well.
+    let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let i = a.iter().position(|x| *x == "--spool").unwrap();
+    let sp = file.join("spool.sqlite");
+    let sps = sp.to_str().unwrap().to_string();
+    a[i + 1] = &sps;
+    expect_exit_2(&a, &["plain-file", "not a directory"]);
+    let out = dcpi_e2e::run("dcpid", &["--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = dcpi_e2e::run("dcpid", &["--duration", "soon"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--duration"));
+}
+
+#[test]
+fn duration_accepts_plain_seconds() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let args = sb.daemon_args("dur");
+    let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
+    a.extend(["-e", "cpu-clock", "--duration", "1"]);
+    let t = Instant::now();
+    let out = dcpi_e2e::run("dcpid", &a);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let took = t.elapsed();
+    assert!(took >= Duration::from_secs(1) && took < Duration::from_secs(30), "{took:?}");
+    assert!(host_total(&sb.db(), "dur") > 0, "the run published its samples");
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn sampling_not_permitted_is_one_clear_message_and_exit_2() {
+    let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(2);
+    if !is_root() || paranoid <= 0 || Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!(
+            "SKIPPED: needs root and setpriv to run dcpid as an unprivileged user, and \
+             kernel.perf_event_paranoid >= 1 (is {paranoid})"
+        );
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("dcpi-noperm").tempdir().unwrap();
+    let root = dir.path();
+    std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let exe = root.join("dcpid");
+    std::fs::copy(bin("dcpid"), &exe).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .arg(&exe)
+        .args(["--config", "none", "--host", "np", "-e", "cpu-clock", "--duration", "5"])
+        .arg("--db")
+        .arg(root.join("db"))
+        .arg("--spool")
+        .arg(root.join("spool.sqlite"))
+        .arg("--socket")
+        .arg(root.join("d.sock"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.matches("kernel.perf_event_paranoid").count(), 1, "{err}");
+    assert_eq!(err.matches("CAP_PERFMON").count(), 1, "{err}");
+    assert!(err.contains("cpu-clock") && err.contains("EACCES"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A workload: spins `SPIN_MS` of its own CPU time and exits. Each copy is compiled with its
+/// own tag, so it has its own build-id, hence its own image (and profile) in the database.
+const SPIN_C: &str = r#"
+#include <time.h>
+static volatile unsigned long tag = TAG;
+int main(void) {
+    struct timespec a, b;
+    unsigned long x = tag;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+    do {
+        for (int i = 0; i < 100000; i++) x = x * 6364136223846793005UL + i;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+    } while ((b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec) < SPIN_MS * 1000000L);
+    tag = x;
+    return 0;
+}
+"#;
+const SPIN_MS: u64 = 200;
+
+/// Compile one workload per name into `dir` (with cc, which building dcpi needs anyway).
+fn build_workloads(dir: &Path, names: &[String]) -> Vec<std::path::PathBuf> {
+    let src = dir.join("spin.c");
+    std::fs::write(&src, SPIN_C).unwrap();
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let exe = dir.join(n);
+            let out = Command::new("cc")
+                .args(["-O1", "-Wl,--build-id", &format!("-DTAG={}UL", 1000 + i)])
+                .arg(format!("-DSPIN_MS={SPIN_MS}"))
+                .arg("-o")
+                .arg(&exe)
+                .arg(&src)
+                .output()
+                .expect("cc (a C compiler is needed to build dcpi)");
+            assert!(out.status.success(), "cc: {}", String::from_utf8_lossy(&out.stderr));
+            exe
+        })
+        .collect()
+}
+
+fn run_workload(exe: &Path) {
+    let st = Command::new(exe).status().expect("run workload");
+    assert!(st.success());
+}
+
+/// Every file of every host directory must be readable; temporary files left by a kill
+/// must never be listed as profiles, and nothing may have been set aside as corrupt. Returns
+/// the samples per image path (profiles of `host`, all epochs).
+fn check_db(db: &Path, host: &str) -> std::collections::HashMap<Vec<u8>, u64> {
+    let mut per_image = std::collections::HashMap::new();
+    if !db.exists() {
+        return per_image;
+    }
+    let d = Database::open(db).expect("database readable");
+    for e in d.epochs().expect("epochs") {
+        let hd = d.host_dir(&e, host).expect("host dir");
+        if !hd.path.exists() {
+            continue;
+        }
+        for ent in std::fs::read_dir(&hd.path).unwrap().flatten() {
+            let name = ent.file_name().to_string_lossy().to_string();
+            assert!(!name.contains(".corrupt"), "a file was torn and set aside: {name}");
+        }
+        for p in hd.profiles().expect("list profiles") {
+            let name = p.path.file_name().unwrap().to_string_lossy().to_string();
+            assert!(!name.starts_with(".tmp-"), "temporary file listed as a profile: {name}");
+            let prof = Profile::read(&p.path)
+                .unwrap_or_else(|err| panic!("unreadable profile after kill -9: {err}"));
+            *per_image.entry(prof.header.image_path.clone()).or_insert(0) +=
+                prof.header.total_samples;
+        }
+        if hd.summary_path().exists() {
+            profile_format::HostSummary::read(&hd.summary_path())
+                .unwrap_or_else(|err| panic!("unreadable summary after kill -9: {err}"));
+        }
+        if hd.kallsyms_path().exists() {
+            profile_format::KallsymsSnapshot::read(&hd.kallsyms_path())
+                .unwrap_or_else(|err| panic!("unreadable kallsyms after kill -9: {err}"));
+        }
+    }
+    per_image
+}
+
+fn samples_of(per_image: &std::collections::HashMap<Vec<u8>, u64>, exe: &Path) -> u64 {
+    let suffix = format!("/{}", exe.file_name().unwrap().to_string_lossy());
+    per_image.iter().filter(|(p, _)| p.ends_with(suffix.as_bytes())).map(|(_, n)| n).sum()
+}
+
+#[test]
+fn crash_loop_kill9_while_flushing_keeps_files_readable_and_counts_once() {
+    if !require_perf() {
+        return;
+    }
+    let t0 = Instant::now();
+    let sb = Sandbox::new();
+    const ROUNDS: usize = 50;
+    // Every 7th round runs a workload and confirms its flush; others run one and are killed
+    // without confirmation, or just kill at a random instant.
+    let names: Vec<String> = (0..ROUNDS)
+        .filter(|i| i % 7 == 0 || i % 7 == 3)
+        .map(|i| format!("work-{}-{i}", if i % 7 == 0 { "c" } else { "u" }))
+        .collect();
+    let exes = build_workloads(sb.dir.path(), &names);
+    let exe_of = |i: usize| {
+        names.iter().position(|n| n.ends_with(&format!("-{i}"))).map(|k| exes[k].clone())
+    };
+    let args = ["-e", "cpu-clock", "--flush-interval", "200ms", "--publish-interval", "400ms"];
+    let mut r = (std::process::id() as u64) ^ 0x9e37_79b9_7f4a_7c15;
+    let mut rand = |n: u64| {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        r % n
+    };
+    let mut confirmed: Vec<(std::path::PathBuf, u64)> = Vec::new();
+    let mut unconfirmed: Vec<std::path::PathBuf> = Vec::new();
+    for i in 0..ROUNDS {
+        let mut d = sb.start_daemon("crash", &args);
+        if let Some(exe) = exe_of(i) {
+            run_workload(&exe);
+            if i % 7 == 0 {
+                // Past the drain threads' longest pass (1 s), every sample of the finished
+                // workload is out of the rings; a completed flush publishes all of them.
+                std::thread::sleep(Duration::from_millis(1100));
+                ok_stdout(&d, &["flush"]);
+                let n = samples_of(&check_db(&sb.db(), "crash"), &exe);
+                assert!(n >= 50, "round {i}: {n} samples of a {SPIN_MS} ms CPU spin at 1 kHz");
+                confirmed.push((exe, n));
+            } else {
+                unconfirmed.push(exe);
+            }
+        }
+        // Kill while a flush is running (started in the background) or at a random instant.
+        let bg = if rand(2) == 0 {
+            let sock = sb.socket().display().to_string();
+            Some(
+                Command::new(bin("dcpictl"))
+                    .args(["--socket", &sock, "flush"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        } else {
+            None
+        };
+        let wait = if bg.is_some() { rand(150) } else { 100 + rand(500) };
+        std::thread::sleep(Duration::from_millis(wait));
+        d.kill9();
+        if let Some(mut c) = bg {
+            let _ = c.wait();
+        }
+        let now = check_db(&sb.db(), "crash");
+        for (exe, n) in &confirmed {
+            assert_eq!(
+                samples_of(&now, exe),
+                *n,
+                "round {i}: samples of {} changed after kill -9 (lost or counted twice)",
+                exe.display()
+            );
+        }
+    }
+    let mut d = sb.start_daemon("crash", &args);
+    std::thread::sleep(Duration::from_millis(300));
+    ok_stdout(&d, &["flush"]);
+    let (st, err) = d.terminate();
+    assert!(st.success(), "{err}");
+    let fin = check_db(&sb.db(), "crash");
+    for (exe, n) in &confirmed {
+        assert_eq!(samples_of(&fin, exe), *n, "{}: lost or counted twice", exe.display());
+    }
+    // At most one count per sampling period of the workload's CPU time (period_min = P -
+    // P/16 = 937.5 µs, plus its start-up): a replayed spool would double it.
+    let bound = ((SPIN_MS + 50) as f64 / 0.9375) as u64;
+    for exe in &unconfirmed {
+        let n = samples_of(&fin, exe);
+        assert!(n <= bound, "{}: {n} samples, more than {bound} possible", exe.display());
+    }
+    assert!(confirmed.len() >= 7, "{}", confirmed.len());
+    eprintln!("crash loop: {ROUNDS} kills in {:?}", t0.elapsed());
 }
