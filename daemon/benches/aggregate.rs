@@ -1,17 +1,216 @@
-//! Aggregate + resolve path on synthetic samples: `on_drain` (per-sample cost: asid lookup and
-//! table upsert) and `take_resolved` (per-key resolution).
+//! Parse + aggregate throughput of one drain thread, on synthetic ring-buffer records.
+//!
+//! Each timed iteration is one drain pass over a ring holding `PASS` records laid out exactly
+//! as the kernel writes them with our `SAMPLE_TYPE` (IDENTIFIER|IP|TID|TIME|CPU|PERIOD), plus
+//! a few side-band records (MMAP2 with build-id, FORK, COMM exec, EXIT) that create new
+//! address-space versions. The pass does what `perf::sampler`'s drain thread does: read the
+//! records out of the ring (`RingReader`), parse them (`records::parse_record`), map the
+//! identifier to an event and stamp the period, then `Aggregator::on_drain` (queue, watermark,
+//! side-band application, per-CPU asid cache with the resolver read lock on a miss, the
+//! set-associative table, early drains of the overflow buffer).
+//!
+//! Key distribution: 300 processes with 8 libraries each; user pcs Zipf(s = 1) over 50 000
+//! distinct (pid, pc) addresses, 10% kernel samples Zipf over 5 000 kernel pcs; two events.
+//! Two CPUs: before each pass the other CPU reports (untimed) so the watermark trails by one
+//! pass, as in a running daemon: each pass aggregates the previous pass's samples. Every
+//! 200 passes (~1.6 M samples) the flusher takes the tables (untimed).
+//!
+//! Run: `cargo bench -p dcpi-daemon --bench aggregate` (the `thrpt` line is samples/s).
 
+use std::cell::{Cell, RefCell};
 use std::hint::black_box;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use dcpid::aggregate::Aggregator;
+use dcpid::perf::records::{self, Record};
+use dcpid::perf::ring::{RingBuffer, RingReader};
 use dcpid::resolve::{Resolver, ResolverConfig};
-use dcpid::types::{Sample, SampleSink, SideBand, TimedSideBand};
+use dcpid::sys::perf as sp;
+use dcpid::types::{EventIdx, Sample, SampleSink, SideBand, TimedSideBand};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
-const PIDS: u32 = 64;
-const BATCH: usize = 4096;
+const PIDS: u32 = 300;
+const FIRST_PID: u32 = 1000;
+const LIBS: u64 = 8;
+const USER_ADDRS: usize = 50_000;
+const KERNEL_ADDRS: usize = 5_000;
+/// Records per pass (~ what a drain thread finds after a busy second at 8 kHz).
+const PASS: usize = 8192;
 const BASE: u64 = 0x40_0000;
+const IDS: [u64; 2] = [101, 102];
+const PERIODS: [u64; 2] = [1_000_000, 250_000];
+const FLUSH_EVERY: u64 = 200;
+const RING: usize = 1 << 20;
+
+/// A ring over plain memory (the real one is an mmap; reads are the same copies).
+struct BenchRing {
+    data: RefCell<Vec<u8>>,
+    head: Cell<u64>,
+    tail: Cell<u64>,
+}
+
+impl RingBuffer for BenchRing {
+    fn data_size(&self) -> usize {
+        RING
+    }
+    fn head(&self) -> u64 {
+        self.head.get()
+    }
+    fn tail(&self) -> u64 {
+        self.tail.get()
+    }
+    fn set_tail(&self, tail: u64) {
+        self.tail.set(tail)
+    }
+    fn read_at(&self, off: usize, dst: &mut [u8]) {
+        dst.copy_from_slice(&self.data.borrow()[off..off + dst.len()]);
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Key {
+    pid: u32,
+    pc: u64,
+    kernel: bool,
+    event: usize,
+}
+
+/// Zipf(1) over `n` ranks by inverse CDF.
+fn zipf_cdf(n: usize) -> Vec<f64> {
+    let mut acc = 0.0;
+    let mut cdf: Vec<f64> = (1..=n)
+        .map(|k| {
+            acc += 1.0 / k as f64;
+            acc
+        })
+        .collect();
+    cdf.iter_mut().for_each(|c| *c /= acc);
+    cdf
+}
+
+fn keys(n: usize) -> Vec<Key> {
+    let mut rng = StdRng::seed_from_u64(7);
+    let (ucdf, kcdf) = (zipf_cdf(USER_ADDRS), zipf_cdf(KERNEL_ADDRS));
+    // Rank → address, scattered so that hot addresses are not neighbours.
+    let user: Vec<(u32, u64)> = (0..USER_ADDRS)
+        .map(|_| {
+            let pid = FIRST_PID + rng.gen_range(0..PIDS);
+            let pc = BASE + rng.gen_range(0..LIBS) * 0x10_0000 + rng.gen_range(0..0x4_0000u64);
+            (pid, pc)
+        })
+        .collect();
+    let kern: Vec<u64> =
+        (0..KERNEL_ADDRS).map(|_| 0xffff_ffff_8100_0000 + rng.gen_range(0..0x80_0000u64)).collect();
+    (0..n)
+        .map(|_| {
+            let event = usize::from(rng.gen_range(0..10) == 0);
+            if rng.gen_range(0..10) == 0 {
+                let r = kcdf.partition_point(|&c| c < rng.gen::<f64>()).min(KERNEL_ADDRS - 1);
+                Key { pid: FIRST_PID + rng.gen_range(0..PIDS), pc: kern[r], kernel: true, event }
+            } else {
+                let r = ucdf.partition_point(|&c| c < rng.gen::<f64>()).min(USER_ADDRS - 1);
+                let (pid, pc) = user[r];
+                Key { pid, pc, kernel: false, event }
+            }
+        })
+        .collect()
+}
+
+fn push(buf: &mut Vec<u8>, kind: u32, misc: u16, body: &[u8]) {
+    let size = 8 + body.len().div_ceil(8) * 8;
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(&misc.to_ne_bytes());
+    buf.extend_from_slice(&(size as u16).to_ne_bytes());
+    buf.extend_from_slice(body);
+    buf.resize(buf.len() + (size - 8 - body.len()), 0);
+}
+
+fn trailer(b: &mut Vec<u8>, pid: u32, time: u64) {
+    for x in [u64::from(pid) | u64::from(pid) << 32, time, 0, IDS[0]] {
+        b.extend_from_slice(&x.to_ne_bytes());
+    }
+}
+
+fn mmap2(buf: &mut Vec<u8>, pid: u32, time: u64, lib: u64) {
+    let mut b = Vec::new();
+    b.extend_from_slice(&pid.to_ne_bytes());
+    b.extend_from_slice(&pid.to_ne_bytes());
+    for x in [BASE + lib * 0x10_0000, 0x10_0000, 0] {
+        b.extend_from_slice(&x.to_ne_bytes());
+    }
+    b.extend_from_slice(&[20, 0, 0, 0]);
+    b.extend_from_slice(&[lib as u8 + 1; 20]);
+    b.extend_from_slice(&5u32.to_ne_bytes());
+    b.extend_from_slice(&2u32.to_ne_bytes());
+    b.extend_from_slice(format!("/usr/lib/lib{lib}.so\0").as_bytes());
+    b.resize(b.len().div_ceil(8) * 8, 0);
+    trailer(&mut b, pid, time);
+    push(buf, sp::PERF_RECORD_MMAP2, sp::PERF_RECORD_MISC_MMAP_BUILD_ID as u16, &b);
+}
+
+fn task(buf: &mut Vec<u8>, kind: u32, pid: u32, time: u64) {
+    let mut b = Vec::new();
+    for x in [pid, 1, pid, 1] {
+        b.extend_from_slice(&x.to_ne_bytes());
+    }
+    trailer(&mut b, pid, time);
+    push(buf, kind, 0, &b);
+}
+
+fn comm_exec(buf: &mut Vec<u8>, pid: u32, time: u64) {
+    let mut b = Vec::new();
+    b.extend_from_slice(&pid.to_ne_bytes());
+    b.extend_from_slice(&pid.to_ne_bytes());
+    b.extend_from_slice(b"worker\0\0");
+    trailer(&mut b, pid, time);
+    push(buf, sp::PERF_RECORD_COMM, sp::PERF_RECORD_MISC_COMM_EXEC as u16, &b);
+}
+
+/// Lay out pass `n` (times `t0 + 10 * i`) into the ring, starting where the last one ended.
+fn fill(ring: &BenchRing, keys: &[Key], n: u64, t0: u64, rng: &mut StdRng) -> usize {
+    let mut buf = Vec::with_capacity(PASS * 56 + 4096);
+    let mut nsamples = 0;
+    // A few side-band records per pass: an mmap in a running process, and now and then a
+    // short-lived process (fork, exec, mmap, exit) reusing a pid of the set.
+    let sb_at = [PASS / 3, 2 * PASS / 3];
+    for i in 0..PASS {
+        let time = t0 + 10 * i as u64;
+        if i == sb_at[0] {
+            mmap2(&mut buf, FIRST_PID + rng.gen_range(0..PIDS), time, rng.gen_range(0..LIBS));
+            continue;
+        }
+        if i == sb_at[1] && n % 4 == 0 {
+            let pid = FIRST_PID + PIDS + rng.gen_range(0..50);
+            task(&mut buf, sp::PERF_RECORD_FORK, pid, time);
+            comm_exec(&mut buf, pid, time + 1);
+            mmap2(&mut buf, pid, time + 2, 0);
+            task(&mut buf, sp::PERF_RECORD_EXIT, pid, time + 3);
+            continue;
+        }
+        let k = keys[(n as usize * PASS + i) % keys.len()];
+        let mut b = [0u8; 48];
+        b[0..8].copy_from_slice(&IDS[k.event].to_ne_bytes());
+        b[8..16].copy_from_slice(&k.pc.to_ne_bytes());
+        b[16..20].copy_from_slice(&k.pid.to_ne_bytes());
+        b[20..24].copy_from_slice(&k.pid.to_ne_bytes());
+        b[24..32].copy_from_slice(&time.to_ne_bytes());
+        b[40..48].copy_from_slice(&PERIODS[k.event].to_ne_bytes());
+        let misc = if k.kernel { sp::MISC_KERNEL } else { 2 };
+        push(&mut buf, sp::PERF_RECORD_SAMPLE, misc, &b);
+        nsamples += 1;
+    }
+    let mut data = ring.data.borrow_mut();
+    let mut pos = ring.head.get();
+    for &byte in &buf {
+        data[(pos as usize) & (RING - 1)] = byte;
+        pos += 1;
+    }
+    ring.head.set(pos);
+    nsamples
+}
 
 fn setup(dir: &std::path::Path) -> Arc<Aggregator> {
     let cfg = ResolverConfig {
@@ -19,12 +218,12 @@ fn setup(dir: &std::path::Path) -> Arc<Aggregator> {
         sys_root: dir.join("sys"),
         jit_map_dir: dir.join("tmp"),
     };
-    let agg = Aggregator::new(Resolver::new(cfg), 1);
+    let agg = Aggregator::new(Resolver::new(cfg), 2);
     let mut sb = Vec::new();
-    for pid in 1..=PIDS {
-        for lib in 0..8u64 {
+    for pid in FIRST_PID..FIRST_PID + PIDS {
+        for lib in 0..LIBS {
             sb.push(TimedSideBand {
-                time: 10 + u64::from(pid) * 10 + lib,
+                time: 10 + lib,
                 cpu: 0,
                 record: SideBand::Mmap2 {
                     pid,
@@ -44,56 +243,96 @@ fn setup(dir: &std::path::Path) -> Arc<Aggregator> {
             });
         }
     }
-    agg.on_drain(0, 10_000, &mut Vec::new(), &mut sb);
+    agg.on_drain(0, 1000, &mut Vec::new(), &mut sb);
+    agg.on_drain(1, 1000, &mut Vec::new(), &mut Vec::new());
     agg
 }
 
-fn samples(t0: u64) -> Vec<Sample> {
-    (0..BATCH as u64)
-        .map(|i| Sample {
-            time: t0 + i,
-            pid: 1 + (i % u64::from(PIDS)) as u32,
-            tid: 1,
-            // ~2k distinct pcs per pid over 8 libraries.
-            pc: BASE + (i * 7919 % 8) * 0x10_0000 + (i * 104729 % 2048) * 4,
-            cpu: 0,
-            event: 0,
-            period: 1_000_000,
-            kernel: false,
-        })
-        .collect()
+/// What the sampler's drain thread does per record (perf/sampler.rs), minus its counters.
+fn drain_pass(
+    reader: &mut RingReader,
+    ring: &BenchRing,
+    agg: &Aggregator,
+    until: u64,
+    samples: &mut Vec<Sample>,
+    sideband: &mut Vec<TimedSideBand>,
+) {
+    reader.drain(ring, |rec| match records::parse_record(rec) {
+        Record::Sample(s) => {
+            let Some(idx) = IDS.iter().position(|&id| id == s.identifier) else { return };
+            samples.push(Sample {
+                time: s.time,
+                pid: s.pid,
+                tid: s.tid,
+                pc: s.ip,
+                cpu: s.cpu,
+                event: idx as EventIdx,
+                period: PERIODS[idx],
+                kernel: s.kernel,
+            });
+        }
+        Record::SideBand(sb) => sideband.push(sb),
+        _ => {}
+    });
+    agg.on_drain(0, until, samples, sideband);
+    samples.clear();
+    sideband.clear();
 }
 
 fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let agg = setup(dir.path());
-    let mut t = 100_000u64;
+    let keys = keys(1 << 20);
+    let ring =
+        BenchRing { data: RefCell::new(vec![0; RING]), head: Cell::new(0), tail: Cell::new(0) };
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut reader = RingReader::new();
+    let mut samples = Vec::with_capacity(PASS);
+    let mut sideband = Vec::new();
+    let mut pass = 0u64;
+    let span = 10 * PASS as u64;
+    let per_pass = {
+        let r =
+            BenchRing { data: RefCell::new(vec![0; RING]), head: Cell::new(0), tail: Cell::new(0) };
+        fill(&r, &keys, 0, 0, &mut StdRng::seed_from_u64(1)) as u64
+    };
+
     let mut g = c.benchmark_group("aggregate");
-    g.throughput(Throughput::Elements(BATCH as u64));
-    g.bench_function("on_drain_4096_samples", |b| {
-        b.iter_batched(
-            || {
-                t += BATCH as u64;
-                (samples(t), t + BATCH as u64)
-            },
-            |(mut s, until)| agg.on_drain(0, until, black_box(&mut s), &mut Vec::new()),
-            BatchSize::SmallInput,
-        )
-    });
-    g.bench_function("on_drain_then_take_resolved", |b| {
-        b.iter_batched(
-            || {
-                t += BATCH as u64;
-                (samples(t), t + BATCH as u64)
-            },
-            |(mut s, until)| {
-                agg.on_drain(0, until, &mut s, &mut Vec::new());
-                black_box(agg.take_resolved())
-            },
-            BatchSize::SmallInput,
-        )
+    g.throughput(Throughput::Elements(per_pass));
+    g.measurement_time(Duration::from_secs(10));
+    g.bench_function("parse_and_aggregate_pass", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let t0 = 10_000 + pass * span;
+                let n = fill(&ring, &keys, pass, t0, &mut rng);
+                debug_assert_eq!(n as u64, per_pass);
+                // CPU 1 is one pass behind: this pass aggregates the previous one's samples.
+                agg.on_drain(1, t0, &mut Vec::new(), &mut Vec::new());
+                if pass % FLUSH_EVERY == FLUSH_EVERY - 1 {
+                    black_box(agg.take_resolved());
+                }
+                let start = Instant::now();
+                drain_pass(&mut reader, &ring, &agg, t0 + span, &mut samples, &mut sideband);
+                total += start.elapsed();
+                pass += 1;
+            }
+            total
+        })
     });
     g.finish();
+    let st = agg.stats();
+    eprintln!(
+        "aggregator: {} samples aggregated, {} entries (factor {:.1}), {} evictions, {} early \
+         drains, {} table bytes, {} pending",
+        st.samples_aggregated,
+        st.entries_created,
+        st.samples_aggregated as f64 / st.entries_created.max(1) as f64,
+        st.overflow_evictions,
+        st.early_drains,
+        st.table_bytes,
+        st.pending
+    );
 }
 
 criterion_group!(benches, bench);

@@ -1,0 +1,662 @@
+//! Per-CPU aggregation of samples, ordered against side-band records by time.
+//!
+//! CONTRACT (used by `store` and `service`; owned by the resolver work):
+//! - `Aggregator::new(resolver, ncpus) -> Arc<Aggregator>` (default [`AggregatorConfig`]) or
+//!   `Aggregator::with_config(resolver, ncpus, cfg)`; it implements `SampleSink`.
+//! - `take_resolved(&self) -> Resolved`: swaps out every per-CPU table and resolves each entry.
+//! - `flush_all(&self) -> Resolved`: like `take_resolved`, but first applies every queued
+//!   side-band record and aggregates every pending sample regardless of the watermark (used at
+//!   shutdown and when an epoch is closed).
+//! - `stats(&self) -> AggregatorStats`.
+//! - `with_resolver(&self, f)` gives access to the resolver (status, kallsyms snapshot).
+//!
+//! ORDERING (daemon/ARCHITECTURE.md "Ordering across CPUs"): each drain thread reports
+//! `drained_until`; the watermark is the minimum over CPUs that reported within
+//! [`STALE_AFTER`] (never moving back). Side-band records are queued per CPU and applied to the
+//! resolver in time order (a merge of the per-CPU queues) once the watermark reaches them; a
+//! record arriving at or below the watermark (from a CPU that was left out) is applied at once
+//! and counted in `late_sideband`. Samples wait per CPU until the watermark reaches them, then
+//! go into that CPU's table under `(pid, asid, pc, event, kernel)`, where `asid` is the
+//! address-space version in force at the sample's time (`Resolver::asid_at`); kernel samples
+//! use pid 0 / asid 0.
+//!
+//! LOCKS. The sample path takes no shared lock per sample. Per drain pass, a drain thread
+//! (1) appends its samples to its CPU's pending queue (its own CPU mutex, which only it and
+//! the flusher touch), (2) takes the shared mutex once to queue side-band records, move the
+//! watermark and apply what the watermark allows (resolver write lock only if there is
+//! something to apply), (3) aggregates its eligible samples under its CPU mutex. Step 3 finds
+//! asids in a per-CPU cache `pid → (asid, valid from, valid until)` ([`Resolver::asid_span`],
+//! `until` capped at `applied_until`, the time up to which every record has been applied in
+//! order); on a miss it takes the resolver's read lock once for the rest of the pass, and
+//! only with `try_read`: if the flusher holds the resolver, the samples stay pending (the
+//! flusher aggregates them itself). The cache is cleared when `epoch` changes: after a late
+//! record, a `with_resolver` call and every `gc`, the only events that change what
+//! `asid_span` answers for times below `applied_until`.
+//! Step 1 happens before step 2 so that when a flush aggregates everything up to the
+//! watermark and then runs `Resolver::gc`, no sample at or below that watermark is still in a
+//! drain thread's hands. Lock order: shared → CPU → resolver (the drain thread's `try_read`
+//! under its CPU mutex never blocks).
+//!
+//! BOUNDED MEMORY (see [`table`]): each CPU has a fixed-size 4-way set-associative table and
+//! an overflow buffer for evicted entries. When the overflow buffer fills, the drain thread
+//! drains it early: it swaps in the spare buffer, resolves the full one into `Shared::early`
+//! (merged into the next `take_resolved`), and hands it back as the spare. Resolving early
+//! gives the same images as resolving at the flush: the versions named by the entries are
+//! kept until a flush has resolved everything below its watermark.
+//!
+//! `entries_created` counts entries put in a table; each leaves it exactly once (evicted or
+//! drained), so it is also the number of entries drained, and
+//! `samples_aggregated / entries_created` is DCPI's aggregation factor.
+
+mod table;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use profile_format::{ImageId, ImageKind, JitSymbol, UnknownReason};
+
+use crate::resolve::{AsidSpan, Resolution, Resolver, KERNEL_START};
+use crate::types::{EventIdx, PerfTime, Sample, SampleSink, TimedSideBand};
+
+use table::{Added, Entry, Table};
+
+/// What a profile on disk needs to know about its image.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ImageInfo {
+    pub kind: ImageKind,
+    pub id: ImageId,
+    /// Path as seen (`/usr/bin/foo`, `[kernel.kallsyms]`, `[vdso]`, `[anon:1234]`, module name).
+    pub path: Vec<u8>,
+    /// For `Anon` images: symbols from /tmp/perf-PID.map, if the process published one.
+    pub jit_symbols: Vec<JitSymbol>,
+}
+
+/// Samples of one (image, event), resolved: offset → (count, sum of periods in force).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ResolvedProfile {
+    pub image: Arc<ImageInfo>,
+    pub event: EventIdx,
+    pub counts: BTreeMap<u64, (u64, u64)>,
+}
+
+/// Output of one flush of the per-CPU tables.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Resolved {
+    /// Keyed by (image id, event index).
+    pub profiles: HashMap<(ImageId, EventIdx), ResolvedProfile>,
+    /// Keyed by (event index, reason): (count, period sum).
+    pub unknown: HashMap<(EventIdx, UnknownReason), (u64, u64)>,
+    /// Total samples in this batch (resolved + unknown).
+    pub samples: u64,
+}
+
+/// Counters for `dcpictl status`.
+#[derive(Clone, PartialEq, Debug, Default, serde::Serialize)]
+pub struct AggregatorStats {
+    /// Samples received from drain threads.
+    pub samples_in: u64,
+    /// Samples added into the per-CPU tables.
+    pub samples_aggregated: u64,
+    /// Table entries created; each is drained exactly once (evicted to the overflow buffer or
+    /// taken by a flush), so samples_aggregated / entries_created is the aggregation factor
+    /// (samples per entry drained).
+    pub entries_created: u64,
+    /// Samples waiting for the watermark.
+    pub pending: u64,
+    /// Side-band records that arrived after the watermark had passed their time.
+    pub late_sideband: u64,
+    /// Current watermark (perf clock ns).
+    pub watermark: u64,
+    /// Entries evicted from a full bucket to the overflow buffer.
+    pub overflow_evictions: u64,
+    /// Overflow buffers that filled and were resolved before the flush.
+    pub early_drains: u64,
+    /// Memory held by the per-CPU tables and overflow buffers (bounded by the configuration).
+    pub table_bytes: u64,
+}
+
+/// Sizes of the per-CPU aggregation state.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AggregatorConfig {
+    /// Entries of each CPU's table (32 bytes each; rounded up to a power of two, at least 4).
+    /// There are two tables per CPU (the flusher swaps in a clean one).
+    pub table_entries_per_cpu: usize,
+    /// Entries of each CPU's overflow buffer (32 bytes each, at least 1); two per CPU. When it
+    /// fills, the drain thread resolves it early.
+    pub overflow_entries_per_cpu: usize,
+}
+
+impl Default for AggregatorConfig {
+    fn default() -> Self {
+        // 1 MiB table + 2 × 128 KiB overflow, ×2 for the flusher's swap: ~2.5 MiB per CPU.
+        AggregatorConfig { table_entries_per_cpu: 32 * 1024, overflow_entries_per_cpu: 4096 }
+    }
+}
+
+/// A CPU that has not reported for this long is left out of the watermark.
+pub const STALE_AFTER: Duration = Duration::from_secs(3);
+
+const CACHE_SLOTS: usize = 1024;
+
+/// Direct-mapped `pid → asid` cache of one CPU; see the module docs.
+#[derive(Clone, Copy, Default)]
+struct CacheSlot {
+    pid: u32,
+    asid: u64,
+    from: PerfTime,
+    /// Exclusive; 0 marks an empty slot.
+    until: PerfTime,
+}
+
+struct AsidCache {
+    slots: Box<[CacheSlot]>,
+    epoch: u64,
+}
+
+impl AsidCache {
+    fn new() -> AsidCache {
+        AsidCache { slots: vec![CacheSlot::default(); CACHE_SLOTS].into_boxed_slice(), epoch: 0 }
+    }
+
+    #[inline]
+    fn slot(pid: u32) -> usize {
+        (pid.wrapping_mul(0x9e37_79b9) >> (32 - CACHE_SLOTS.trailing_zeros())) as usize
+    }
+
+    #[inline]
+    fn get(&self, pid: u32, time: PerfTime) -> Option<u64> {
+        let s = &self.slots[Self::slot(pid)];
+        (s.pid == pid && s.from <= time && time < s.until).then_some(s.asid)
+    }
+
+    fn put(&mut self, pid: u32, span: AsidSpan, applied_until: PerfTime) {
+        let until = span.until.min(applied_until.saturating_add(1));
+        self.slots[Self::slot(pid)] =
+            CacheSlot { pid, asid: span.asid.unwrap_or(0), from: span.from, until };
+    }
+
+    fn check_epoch(&mut self, epoch: u64) {
+        if self.epoch != epoch {
+            self.slots.fill(CacheSlot::default());
+            self.epoch = epoch;
+        }
+    }
+}
+
+struct CpuState {
+    /// Samples waiting for the watermark, in ring order.
+    pending: VecDeque<Sample>,
+    table: Table,
+    /// The clean table the flusher swaps in (None while it resolves the other one).
+    spare: Option<Table>,
+    overflow: Vec<Entry>,
+    /// Empty, with capacity, unless an early drain or a flush holds it.
+    spare_overflow: Vec<Entry>,
+    overflow_cap: usize,
+    cache: AsidCache,
+    samples_aggregated: u64,
+    entries_created: u64,
+    overflow_evictions: u64,
+    early_drains: u64,
+}
+
+impl CpuState {
+    fn new(cfg: &AggregatorConfig) -> CpuState {
+        let cap = cfg.overflow_entries_per_cpu.max(1);
+        CpuState {
+            pending: VecDeque::new(),
+            table: Table::new(cfg.table_entries_per_cpu),
+            spare: Some(Table::new(cfg.table_entries_per_cpu)),
+            overflow: Vec::with_capacity(cap),
+            spare_overflow: Vec::with_capacity(cap),
+            overflow_cap: cap,
+            cache: AsidCache::new(),
+            samples_aggregated: 0,
+            entries_created: 0,
+            overflow_evictions: 0,
+            early_drains: 0,
+        }
+    }
+
+    /// Swap the full overflow buffer out for the spare one.
+    fn take_overflow(&mut self) -> Vec<Entry> {
+        let mut next = std::mem::take(&mut self.spare_overflow);
+        if next.capacity() < self.overflow_cap {
+            // The spare is out (another drain of it has not returned yet): only the flusher
+            // gets here, and only while an early drain is in flight.
+            next = Vec::with_capacity(self.overflow_cap);
+        }
+        std::mem::replace(&mut self.overflow, next)
+    }
+
+    fn return_overflow(&mut self, mut v: Vec<Entry>) {
+        v.clear();
+        if self.spare_overflow.capacity() < self.overflow_cap {
+            self.spare_overflow = v;
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        let tables = self.table.bytes() + self.spare.as_ref().map_or(0, Table::bytes);
+        tables
+            + (self.overflow.capacity() + self.spare_overflow.capacity())
+                * std::mem::size_of::<Entry>()
+    }
+}
+
+/// Why [`aggregate_pending`] stopped.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Stop {
+    /// Every sample up to the limit is in the table.
+    Done,
+    /// The overflow buffer is full: drain it and call again.
+    OverflowFull,
+    /// An asid lookup needed the resolver and it was busy: the rest stays pending.
+    Busy,
+}
+
+#[derive(Clone, Copy)]
+struct CpuClock {
+    drained_until: PerfTime,
+    last_report: Instant,
+}
+
+struct Shared {
+    clocks: Vec<CpuClock>,
+    /// Side-band records not yet applied, per CPU, in ring (= time) order.
+    queues: Vec<VecDeque<TimedSideBand>>,
+    watermark: PerfTime,
+    samples_in: u64,
+    late_sideband: u64,
+    /// Overflow buffers resolved by drain threads since the last flush.
+    early: Resolved,
+}
+
+impl Shared {
+    /// Pop queued records with `time <= limit`, oldest first across CPUs, into `out`.
+    fn due_until(&mut self, limit: PerfTime, out: &mut Vec<TimedSideBand>) {
+        loop {
+            let mut best: Option<(usize, PerfTime)> = None;
+            for (i, q) in self.queues.iter().enumerate() {
+                if let Some(r) = q.front() {
+                    if r.time <= limit && best.is_none_or(|(_, t)| r.time < t) {
+                        best = Some((i, r.time));
+                    }
+                }
+            }
+            let Some((i, _)) = best else { return };
+            if let Some(rec) = self.queues[i].pop_front() {
+                out.push(rec);
+            }
+        }
+    }
+
+    fn recompute_watermark(&mut self, now: Instant) {
+        let min = self
+            .clocks
+            .iter()
+            .filter(|c| now.saturating_duration_since(c.last_report) < STALE_AFTER)
+            .map(|c| c.drained_until)
+            .min();
+        if let Some(m) = min {
+            self.watermark = self.watermark.max(m);
+        }
+    }
+}
+
+/// Per-CPU aggregation ordered against side-band records; see the module docs.
+pub struct Aggregator {
+    shared: Mutex<Shared>,
+    resolver: RwLock<Resolver>,
+    /// Every record with a time at or below this has been applied to the resolver, in order.
+    applied_until: AtomicU64,
+    /// Bumped when the resolver changes in a way the per-CPU asid caches cannot see.
+    epoch: AtomicU64,
+    cpus: Vec<Mutex<CpuState>>,
+}
+
+impl std::fmt::Debug for Aggregator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Aggregator").field("cpus", &self.cpus.len()).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic in another drain thread must not stop profiling: the tables stay consistent
+    // (every update is a single store of an entry).
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write(r: &RwLock<Resolver>) -> RwLockWriteGuard<'_, Resolver> {
+    r.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn try_read(r: &RwLock<Resolver>) -> Option<RwLockReadGuard<'_, Resolver>> {
+    match r.try_read() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
+/// Move the samples of `c` with `time <= limit` (all if `None`) into its table, stopping at
+/// the first one beyond. `span` looks up an asid the cache does not have (None: resolver busy).
+fn aggregate_pending<F>(c: &mut CpuState, limit: Option<PerfTime>, mut span: F) -> Stop
+where
+    F: FnMut(u32, PerfTime) -> Option<(AsidSpan, PerfTime)>,
+{
+    let limit = limit.unwrap_or(PerfTime::MAX);
+    let CpuState { pending, table, overflow, overflow_cap, cache, .. } = c;
+    let (mut aggregated, mut created, mut evicted) = (0u64, 0u64, 0u64);
+    let mut stop = Stop::Done;
+    while let Some(s) = pending.front() {
+        if s.time > limit {
+            break;
+        }
+        let kernel = s.kernel || s.pc >= KERNEL_START;
+        let (pid, asid) = if kernel {
+            (0, 0)
+        } else {
+            match cache.get(s.pid, s.time) {
+                Some(a) => (s.pid, a),
+                None => match span(s.pid, s.time) {
+                    Some((sp, applied)) => {
+                        cache.put(s.pid, sp, applied);
+                        (s.pid, sp.asid.unwrap_or(0))
+                    }
+                    None => {
+                        stop = Stop::Busy;
+                        break;
+                    }
+                },
+            }
+        };
+        let tag = Entry::tag(asid, s.event, kernel);
+        aggregated += 1;
+        match table.add(s.pc, tag, pid, s.period) {
+            Added::Hit => {}
+            Added::New => created += 1,
+            Added::Evicted(e) => {
+                created += 1;
+                evicted += 1;
+                overflow.push(e);
+            }
+        }
+        pending.pop_front();
+        if overflow.len() >= *overflow_cap {
+            stop = Stop::OverflowFull;
+            break;
+        }
+    }
+    c.samples_aggregated += aggregated;
+    c.entries_created += created;
+    c.overflow_evictions += evicted;
+    stop
+}
+
+impl Aggregator {
+    /// `ncpus` = highest CPU id + 1. Samples of a CPU id beyond share a table with `id % ncpus`.
+    pub fn new(resolver: Resolver, ncpus: usize) -> Arc<Aggregator> {
+        Self::with_config(resolver, ncpus, AggregatorConfig::default())
+    }
+
+    pub fn with_config(resolver: Resolver, ncpus: usize, cfg: AggregatorConfig) -> Arc<Aggregator> {
+        let n = ncpus.max(1);
+        let now = Instant::now();
+        Arc::new(Aggregator {
+            shared: Mutex::new(Shared {
+                clocks: vec![CpuClock { drained_until: 0, last_report: now }; n],
+                queues: (0..n).map(|_| VecDeque::new()).collect(),
+                watermark: 0,
+                samples_in: 0,
+                late_sideband: 0,
+                early: Resolved::default(),
+            }),
+            resolver: RwLock::new(resolver),
+            applied_until: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            cpus: (0..n).map(|_| Mutex::new(CpuState::new(&cfg))).collect(),
+        })
+    }
+
+    fn slot(&self, cpu: u32) -> usize {
+        cpu as usize % self.cpus.len()
+    }
+
+    /// Swap out every per-CPU table (after aggregating what the watermark allows) and resolve.
+    pub fn take_resolved(&self) -> Resolved {
+        let mut sh = lock(&self.shared);
+        let wm = sh.watermark;
+        let mut out = std::mem::take(&mut sh.early);
+        let mut r = write(&self.resolver);
+        self.take_tables(&mut r, Some(wm), &mut out);
+        r.gc(wm);
+        drop(r);
+        self.epoch.fetch_add(1, Ordering::Release);
+        out
+    }
+
+    /// Apply every queued side-band record and aggregate every pending sample regardless of
+    /// the watermark (which moves to the newest time seen), then resolve.
+    pub fn flush_all(&self) -> Resolved {
+        let mut sh = lock(&self.shared);
+        let newest_sb = sh.queues.iter().filter_map(|q| q.back().map(|r| r.time)).max();
+        let mut due = Vec::new();
+        sh.due_until(PerfTime::MAX, &mut due);
+        let mut out = std::mem::take(&mut sh.early);
+        let mut r = write(&self.resolver);
+        for rec in &due {
+            r.apply(rec);
+        }
+        let newest_sample = self.take_tables(&mut r, None, &mut out);
+        let newest = sh.watermark.max(newest_sb.unwrap_or(0)).max(newest_sample);
+        sh.watermark = newest;
+        self.applied_until.fetch_max(newest, Ordering::Release);
+        r.gc(newest);
+        drop(r);
+        self.epoch.fetch_add(1, Ordering::Release);
+        out
+    }
+
+    /// Aggregate what `limit` allows, swap out every table and overflow buffer and resolve
+    /// them into `out`. Returns the newest sample time aggregated.
+    fn take_tables(&self, r: &mut Resolver, limit: Option<PerfTime>, out: &mut Resolved) -> u64 {
+        r.begin_batch();
+        let applied = self.applied_until.load(Ordering::Acquire);
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let mut newest = 0;
+        let mut taken = Vec::with_capacity(self.cpus.len());
+        for cpu in &self.cpus {
+            let mut c = lock(cpu);
+            c.cache.check_epoch(epoch);
+            newest = newest.max(newest_pending(&c.pending, limit));
+            loop {
+                let rr: &Resolver = r;
+                let stop = aggregate_pending(&mut c, limit, |pid, t| {
+                    Some((rr.asid_span(pid, t), applied))
+                });
+                if stop != Stop::OverflowFull {
+                    break;
+                }
+                // We hold the resolver: drain the overflow buffer right here.
+                let full = c.take_overflow();
+                full.iter().for_each(|e| resolve_entry(r, e, out));
+                c.return_overflow(full);
+            }
+            let spare = c.spare.take().unwrap_or_else(|| Table::new(c.table.capacity()));
+            let table = std::mem::replace(&mut c.table, spare);
+            let overflow = c.take_overflow();
+            taken.push((table, overflow));
+        }
+        for (i, (mut table, overflow)) in taken.into_iter().enumerate() {
+            overflow.iter().for_each(|e| resolve_entry(r, e, out));
+            table.drain(|e| resolve_entry(r, &e, out));
+            let mut c = lock(&self.cpus[i]);
+            c.return_overflow(overflow);
+            c.spare.get_or_insert(table);
+        }
+        newest
+    }
+
+    pub fn stats(&self) -> AggregatorStats {
+        let mut s = {
+            let sh = lock(&self.shared);
+            AggregatorStats {
+                samples_in: sh.samples_in,
+                late_sideband: sh.late_sideband,
+                watermark: sh.watermark,
+                ..Default::default()
+            }
+        };
+        for cpu in &self.cpus {
+            let c = lock(cpu);
+            s.pending += c.pending.len() as u64;
+            s.samples_aggregated += c.samples_aggregated;
+            s.entries_created += c.entries_created;
+            s.overflow_evictions += c.overflow_evictions;
+            s.early_drains += c.early_drains;
+            s.table_bytes += c.bytes() as u64;
+        }
+        s
+    }
+
+    /// Run `f` with the resolver locked for writing (drain threads leave their samples pending
+    /// meanwhile, which is what the start-up `/proc` scan wants). `f` must not call back into
+    /// this aggregator.
+    pub fn with_resolver<R>(&self, f: impl FnOnce(&mut Resolver) -> R) -> R {
+        let out = f(&mut write(&self.resolver));
+        self.epoch.fetch_add(1, Ordering::Release);
+        out
+    }
+
+    /// Step 3 of a drain pass (module docs): aggregate what the watermark allows, draining the
+    /// overflow buffer early as often as it fills.
+    fn aggregate_cpu(&self, slot: usize, wm: PerfTime) {
+        loop {
+            let full = {
+                let mut c = lock(&self.cpus[slot]);
+                let c = &mut *c;
+                c.cache.check_epoch(self.epoch.load(Ordering::Acquire));
+                let mut guard: Option<RwLockReadGuard<'_, Resolver>> = None;
+                let stop = aggregate_pending(c, Some(wm), |pid, t| {
+                    if guard.is_none() {
+                        guard = Some(try_read(&self.resolver)?);
+                    }
+                    let applied = self.applied_until.load(Ordering::Acquire);
+                    guard.as_ref().map(|r| (r.asid_span(pid, t), applied))
+                });
+                if stop != Stop::OverflowFull {
+                    return;
+                }
+                c.early_drains += 1;
+                c.take_overflow()
+            };
+            let mut sh = lock(&self.shared);
+            let mut r = write(&self.resolver);
+            r.begin_batch();
+            full.iter().for_each(|e| resolve_entry(&mut r, e, &mut sh.early));
+            drop(r);
+            drop(sh);
+            lock(&self.cpus[slot]).return_overflow(full);
+        }
+    }
+}
+
+fn newest_pending(pending: &VecDeque<Sample>, limit: Option<PerfTime>) -> PerfTime {
+    pending
+        .iter()
+        .take_while(|s| limit.is_none_or(|l| s.time <= l))
+        .map(|s| s.time)
+        .max()
+        .unwrap_or(0)
+}
+
+fn resolve_entry(resolver: &mut Resolver, e: &Entry, out: &mut Resolved) {
+    let (count, period) = (u64::from(e.count), e.period_sum);
+    let event = e.event();
+    out.samples += count;
+    match resolver.resolve(e.pid, e.asid(), e.pc, e.kernel()) {
+        Resolution::Image { image, offset } => {
+            // Profiles of one image share an Arc: clone the id only for a new profile.
+            let p = out.profiles.entry((image.id.clone(), event)).or_insert_with(|| {
+                ResolvedProfile { image: image.clone(), event, counts: BTreeMap::new() }
+            });
+            if p.image.kind == ImageKind::Anon
+                && p.image.jit_symbols.len() < image.jit_symbols.len()
+            {
+                p.image = image.clone();
+            }
+            let c = p.counts.entry(offset).or_insert((0, 0));
+            c.0 += count;
+            c.1 = c.1.saturating_add(period);
+        }
+        Resolution::Unknown(reason) => {
+            resolver.note_unknown(reason, count);
+            let u = out.unknown.entry((event, reason)).or_insert((0, 0));
+            u.0 += count;
+            u.1 = u.1.saturating_add(period);
+        }
+    }
+}
+
+impl SampleSink for Aggregator {
+    fn on_drain(
+        &self,
+        cpu: u32,
+        drained_until: PerfTime,
+        samples: &mut Vec<Sample>,
+        sideband: &mut Vec<TimedSideBand>,
+    ) {
+        let slot = self.slot(cpu);
+        let n = samples.len() as u64;
+        if n > 0 {
+            // Before the clock moves (module docs, LOCKS).
+            lock(&self.cpus[slot]).pending.extend(samples.drain(..));
+        }
+        let now = Instant::now();
+        let wm = {
+            let mut sh = lock(&self.shared);
+            let clock = cpu as usize;
+            if clock >= sh.clocks.len() {
+                // A CPU id beyond the count given at start (hotplug): track its clock too.
+                sh.clocks.resize(clock + 1, CpuClock { drained_until: 0, last_report: now });
+                sh.queues.resize_with(clock + 1, VecDeque::new);
+            }
+            sh.samples_in += n;
+            let mut late = Vec::new();
+            for rec in sideband.drain(..) {
+                if rec.time <= sh.watermark {
+                    // From a CPU that was left out of the watermark (or a sampler bug).
+                    late.push(rec);
+                } else {
+                    sh.queues[clock].push_back(rec);
+                }
+            }
+            sh.late_sideband += late.len() as u64;
+            let c = &mut sh.clocks[clock];
+            c.drained_until = c.drained_until.max(drained_until);
+            c.last_report = now;
+            sh.recompute_watermark(now);
+            let wm = sh.watermark;
+            let mut due = Vec::new();
+            sh.due_until(wm, &mut due);
+            if !late.is_empty() || !due.is_empty() {
+                let mut r = write(&self.resolver);
+                for rec in late.iter().chain(&due) {
+                    r.apply(rec);
+                }
+            }
+            self.applied_until.fetch_max(wm, Ordering::Release);
+            if !late.is_empty() {
+                self.epoch.fetch_add(1, Ordering::Release);
+            }
+            wm
+        };
+        self.aggregate_cpu(slot, wm);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,257 @@
+//! The per-CPU sample table, after DCPI's: 4-way set-associative buckets, evictions to a
+//! bounded overflow buffer.
+//!
+//! An entry is 32 bytes (DCPI's were 16, but it kept neither an address-space version nor a
+//! period sum): `pc`, a tag packing `asid` (48 bits), `event` (15 bits) and the kernel bit,
+//! `pid`, a 32-bit `count` and the 64-bit sum of the periods in force for those samples. The
+//! store needs exact per-(image, offset, event) period sums, and periods are redrawn per CPU
+//! every ~64 samples, so the sum is kept per entry (one add on a line already in cache) rather
+//! than reconstructed. A bucket is 4 entries = 128 bytes, aligned to 128 so it spans exactly
+//! the two lines the adjacent-line prefetcher fetches together.
+//!
+//! An empty way has `count == 0`. Ways fill in order and an entry only leaves by being
+//! replaced (eviction) or by the whole table being drained, so the first empty way ends the
+//! search. On a miss in a full bucket the way with the smallest count is evicted (hot entries
+//! stay; DCPI used a similar policy) and returned to the caller, which puts it in the overflow
+//! buffer.
+
+use crate::types::{EventIdx, PerfTime};
+
+/// Address-space versions must fit in 48 bits (one is taken per exec, executable mmap or new
+/// process: at a million a second that is 9 years of uptime). Larger ones are folded to 0
+/// ("process unknown at that time") rather than merged with another version.
+pub(crate) const ASID_BITS: u32 = 48;
+const ASID_MASK: u64 = (1 << ASID_BITS) - 1;
+const EVENT_MASK: u64 = 0x7fff;
+const KERNEL_BIT: u64 = 1 << 63;
+pub(crate) const WAYS: usize = 4;
+
+/// One aggregated key and its count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub(crate) struct Entry {
+    pub(crate) pc: u64,
+    tag: u64,
+    pub(crate) pid: u32,
+    pub(crate) count: u32,
+    pub(crate) period_sum: u64,
+}
+
+impl Entry {
+    pub(crate) fn tag(asid: u64, event: EventIdx, kernel: bool) -> u64 {
+        let asid = if asid > ASID_MASK { 0 } else { asid };
+        asid | ((u64::from(event) & EVENT_MASK) << ASID_BITS) | if kernel { KERNEL_BIT } else { 0 }
+    }
+    pub(crate) fn asid(&self) -> u64 {
+        self.tag & ASID_MASK
+    }
+    pub(crate) fn event(&self) -> EventIdx {
+        ((self.tag >> ASID_BITS) & EVENT_MASK) as EventIdx
+    }
+    pub(crate) fn kernel(&self) -> bool {
+        self.tag & KERNEL_BIT != 0
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(128))]
+struct Bucket([Entry; WAYS]);
+
+/// What [`Table::add`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Added {
+    /// Counted in an existing entry.
+    Hit,
+    /// A new entry in a free way.
+    New,
+    /// A new entry replaced this one, which must go to the overflow buffer.
+    Evicted(Entry),
+}
+
+/// Fixed-size set-associative table; never grows.
+pub(crate) struct Table {
+    buckets: Box<[Bucket]>,
+    /// `64 - log2(buckets)`: the bucket is the top bits of the hash.
+    shift: u32,
+    live: usize,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("entries", &self.capacity())
+            .field("live", &self.live)
+            .finish()
+    }
+}
+
+impl Table {
+    /// At least 4 entries; the bucket count is rounded up to a power of two.
+    pub(crate) fn new(entries: usize) -> Table {
+        let buckets = entries.div_ceil(WAYS).max(1).next_power_of_two();
+        Table {
+            buckets: vec![Bucket::default(); buckets].into_boxed_slice(),
+            shift: 64 - buckets.trailing_zeros(),
+            live: 0,
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.buckets.len() * WAYS
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        std::mem::size_of_val::<[Bucket]>(&self.buckets)
+    }
+
+    /// Entries in use.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.live
+    }
+
+    #[inline]
+    fn bucket_of(&self, pc: u64, tag: u64, pid: u32) -> usize {
+        let h =
+            (pc ^ tag.rotate_left(23) ^ (u64::from(pid) << 40)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // With one bucket, shift is 64: checked_shr gives None, i.e. bucket 0.
+        h.checked_shr(self.shift).unwrap_or(0) as usize
+    }
+
+    /// Count one sample of period `period` under `(pc, tag, pid)`.
+    #[inline]
+    pub(crate) fn add(&mut self, pc: u64, tag: u64, pid: u32, period: PerfTime) -> Added {
+        let i = self.bucket_of(pc, tag, pid);
+        let b = &mut self.buckets[i].0;
+        let fresh = Entry { pc, tag, pid, count: 1, period_sum: period };
+        for e in b.iter_mut() {
+            if e.count == 0 {
+                *e = fresh;
+                self.live += 1;
+                return Added::New;
+            }
+            if e.pc == pc && e.tag == tag && e.pid == pid {
+                if e.count == u32::MAX {
+                    // Saturated: retire it to the overflow buffer and start over.
+                    return Added::Evicted(std::mem::replace(e, fresh));
+                }
+                e.count += 1;
+                e.period_sum = e.period_sum.saturating_add(period);
+                return Added::Hit;
+            }
+        }
+        let mut victim = 0;
+        for w in 1..WAYS {
+            if b[w].count < b[victim].count {
+                victim = w;
+            }
+        }
+        Added::Evicted(std::mem::replace(&mut b[victim], fresh))
+    }
+
+    /// Hand every entry to `f` and leave the table empty.
+    pub(crate) fn drain(&mut self, mut f: impl FnMut(Entry)) {
+        if self.live == 0 {
+            return;
+        }
+        for b in self.buckets.iter_mut() {
+            for e in b.0.iter_mut() {
+                if e.count == 0 {
+                    break;
+                }
+                f(std::mem::take(e));
+            }
+        }
+        self.live = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_compact() {
+        assert_eq!(std::mem::size_of::<Entry>(), 32);
+        assert_eq!(std::mem::size_of::<Bucket>(), 128);
+        assert_eq!(std::mem::align_of::<Bucket>(), 128);
+        let t = Table::new(1000);
+        assert_eq!(t.capacity(), 1024);
+        assert_eq!(t.bytes(), 1024 * 32);
+        assert_eq!(Table::new(0).capacity(), 4);
+    }
+
+    #[test]
+    fn tag_round_trips() {
+        let t = Entry::tag(0xabcd_1234_5678, 0x1234, true);
+        let e = Entry { tag: t, ..Default::default() };
+        assert_eq!((e.asid(), e.event(), e.kernel()), (0xabcd_1234_5678, 0x1234, true));
+        let e = Entry { tag: Entry::tag(7, 0, false), ..Default::default() };
+        assert_eq!((e.asid(), e.event(), e.kernel()), (7, 0, false));
+        // Too large an asid is folded to "unknown", never aliased onto another version.
+        let e = Entry { tag: Entry::tag(1 << 48 | 5, 1, false), ..Default::default() };
+        assert_eq!((e.asid(), e.event()), (0, 1));
+    }
+
+    #[test]
+    fn counts_and_period_sums_are_exact() {
+        let mut t = Table::new(64);
+        let tag = Entry::tag(3, 1, false);
+        for i in 0..1000u64 {
+            t.add(0x1000 + (i % 10), tag, 42, 100 + i);
+        }
+        assert_eq!(t.len(), 10);
+        let mut got = Vec::new();
+        t.drain(|e| got.push(e));
+        got.sort_by_key(|e| e.pc);
+        for (k, e) in got.iter().enumerate() {
+            let k = k as u64;
+            let periods: u64 = (0..1000u64).filter(|i| i % 10 == k).map(|i| 100 + i).sum();
+            assert_eq!((e.pc, e.count, e.period_sum), (0x1000 + k, 100, periods));
+            assert_eq!((e.pid, e.asid(), e.event()), (42, 3, 1));
+        }
+        assert_eq!(t.len(), 0);
+        let mut n = 0;
+        t.drain(|_| n += 1);
+        assert_eq!(n, 0, "drain empties the table");
+    }
+
+    #[test]
+    fn full_bucket_evicts_the_coldest_way() {
+        // One bucket: every key collides.
+        let mut t = Table::new(4);
+        let tag = Entry::tag(1, 0, false);
+        for (pc, hits) in [(1u64, 5), (2, 1), (3, 7), (4, 3)] {
+            for _ in 0..hits {
+                assert_ne!(t.add(pc, tag, 9, 10), Added::Evicted(Entry::default()));
+            }
+        }
+        assert_eq!(t.len(), 4);
+        let Added::Evicted(e) = t.add(5, tag, 9, 10) else { panic!("bucket is full") };
+        assert_eq!((e.pc, e.count, e.period_sum), (2, 1, 10), "least-counted way goes");
+        assert_eq!(t.add(5, tag, 9, 10), Added::Hit, "the newcomer took its way");
+        // Distinct pid, asid, event or kernel bit are distinct keys.
+        for (tag, pid) in [
+            (Entry::tag(2, 0, false), 9),
+            (Entry::tag(1, 1, false), 9),
+            (Entry::tag(1, 0, true), 9),
+            (tag, 10),
+        ] {
+            assert!(matches!(t.add(1, tag, pid, 1), Added::Evicted(_)));
+        }
+    }
+
+    #[test]
+    fn saturated_count_is_retired_not_wrapped() {
+        let mut t = Table::new(4);
+        let tag = Entry::tag(1, 0, false);
+        t.add(1, tag, 1, 1);
+        t.buckets[0].0[0].count = u32::MAX;
+        let Added::Evicted(e) = t.add(1, tag, 1, 1) else { panic!("must retire") };
+        assert_eq!(e.count, u32::MAX);
+        assert_eq!(t.add(1, tag, 1, 1), Added::Hit);
+        let mut c = 0;
+        t.drain(|e| c += e.count);
+        assert_eq!(c, 2);
+    }
+}

@@ -1,0 +1,164 @@
+//! Unit tests of the per-CPU aggregation path (ordering tests live in
+//! `daemon/tests/resolve_ordering.rs`).
+
+use super::*;
+use crate::resolve::ResolverConfig;
+use crate::types::SideBand;
+
+const BASE: u64 = 0x40_0000;
+
+fn resolver(dir: &std::path::Path) -> Resolver {
+    Resolver::new(ResolverConfig {
+        proc_root: dir.join("proc"),
+        sys_root: dir.join("sys"),
+        jit_map_dir: dir.join("tmp"),
+    })
+}
+
+fn sample(time: u64, pid: u32, pc: u64, period: u64) -> Sample {
+    Sample { time, pid, tid: pid, pc, cpu: 0, event: 0, period, kernel: false }
+}
+
+fn mmap(time: u64, pid: u32, id: u8) -> TimedSideBand {
+    TimedSideBand {
+        time,
+        cpu: 0,
+        record: SideBand::Mmap2 {
+            pid,
+            tid: pid,
+            addr: BASE,
+            len: 0x1000,
+            pgoff: 0,
+            dev: None,
+            ino: None,
+            ino_generation: None,
+            prot: 5,
+            flags: 2,
+            build_id: Some(vec![id; 20]),
+            filename: format!("/bin/image{id}").into_bytes(),
+            kernel: false,
+        },
+    }
+}
+
+fn exec(time: u64, pid: u32) -> TimedSideBand {
+    TimedSideBand {
+        time,
+        cpu: 0,
+        record: SideBand::Comm { pid, tid: pid, comm: b"x".to_vec(), exec: true },
+    }
+}
+
+fn count(r: &Resolved, id: u8, offset: u64) -> (u64, u64) {
+    r.profiles
+        .get(&(ImageId::BuildId(vec![id; 20]), 0))
+        .and_then(|p| p.counts.get(&offset).copied())
+        .unwrap_or((0, 0))
+}
+
+#[test]
+fn bounded_memory_early_drains_and_nothing_lost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = AggregatorConfig { table_entries_per_cpu: 256, overflow_entries_per_cpu: 64 };
+    let agg = Aggregator::with_config(resolver(dir.path()), 1, cfg);
+    // Two tables + two overflow buffers, 32 bytes an entry.
+    let bound = (2 * 256 + 2 * 64) * 32;
+    let (total, batch) = (10_000_000u64, 100_000u64);
+    let (mut in_count, mut in_period, mut out_count, mut out_period) = (0u64, 0u64, 0u64, 0u64);
+    let mut samples = Vec::with_capacity(batch as usize);
+    let mut t = 1u64;
+    while in_count < total {
+        samples.clear();
+        for _ in 0..batch {
+            // Every key distinct: pids no process ever had, so they resolve to ProcessGone
+            // (one output cell) and the test measures the table, not the output.
+            let pid = 100_000 + (t % 1000) as u32;
+            samples.push(sample(t, pid, BASE + t * 4, 1000 + t % 7));
+            in_period += 1000 + t % 7;
+            t += 1;
+        }
+        in_count += batch;
+        agg.on_drain(0, t, &mut samples, &mut Vec::new());
+        let st = agg.stats();
+        assert!(st.table_bytes <= bound, "{} > {bound}", st.table_bytes);
+        assert_eq!(st.pending, 0);
+        if in_count % 2_000_000 == 0 {
+            let r = agg.take_resolved();
+            let (c, p) = r.unknown[&(0, UnknownReason::ProcessGone)];
+            assert_eq!(r.samples, c);
+            out_count += c;
+            out_period += p;
+        }
+    }
+    let st = agg.stats();
+    assert_eq!(st.samples_aggregated, total);
+    assert_eq!(st.entries_created, total, "every key distinct: one entry per sample");
+    assert!(st.early_drains >= (total - 2 * 256 * 5) / 64, "{st:?}");
+    assert!(st.overflow_evictions > total / 2, "{st:?}");
+    assert!(st.table_bytes <= bound);
+    assert_eq!((out_count, out_period), (in_count, in_period), "counts in == counts out");
+}
+
+#[test]
+fn early_drains_keep_images_and_period_sums_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = AggregatorConfig { table_entries_per_cpu: 4, overflow_entries_per_cpu: 3 };
+    let agg = Aggregator::with_config(resolver(dir.path()), 1, cfg);
+    agg.on_drain(0, 10, &mut Vec::new(), &mut vec![mmap(5, 7, 1)]);
+    // 64 distinct offsets cycled through a 4-entry table: constant eviction.
+    let mut s: Vec<Sample> =
+        (0..6400u64).map(|i| sample(100 + i, 7, BASE + (i % 64), 10 + i % 3)).collect();
+    agg.on_drain(0, 10_000, &mut s, &mut Vec::new());
+    let st = agg.stats();
+    assert!(st.early_drains > 100, "{st:?}");
+    assert_eq!(st.samples_aggregated, 6400);
+    let r = agg.take_resolved();
+    assert_eq!(r.samples, 6400);
+    for off in 0..64u64 {
+        let periods: u64 = (0..6400u64).filter(|i| i % 64 == off).map(|i| 10 + i % 3).sum();
+        assert_eq!(count(&r, 1, off), (100, periods), "offset {off}");
+    }
+    assert!(agg.take_resolved().profiles.is_empty(), "early results are handed out once");
+}
+
+#[test]
+fn cached_asid_is_not_used_past_a_later_exec() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    agg.on_drain(0, 1000, &mut vec![sample(100, 7, BASE + 1, 1)], &mut vec![mmap(5, 7, 1)]);
+    // The exec is applied in the next pass; samples before and after it, and one in between
+    // the old cache limit (1000) and the exec.
+    let mut s = vec![sample(1200, 7, BASE + 1, 1), sample(1700, 7, BASE + 1, 1)];
+    agg.on_drain(0, 2000, &mut s, &mut vec![exec(1500, 7), mmap(1600, 7, 2)]);
+    let r = agg.take_resolved();
+    assert_eq!(count(&r, 1, 1), (2, 2), "{r:?}");
+    assert_eq!(count(&r, 2, 1), (1, 1), "{r:?}");
+}
+
+#[test]
+fn busy_resolver_leaves_samples_pending_for_the_flusher() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    agg.on_drain(0, 10, &mut Vec::new(), &mut vec![mmap(5, 7, 1)]);
+    agg.with_resolver(|_| {
+        // The resolver is write-locked and the cache is empty: nothing can be looked up.
+        let mut s: Vec<Sample> = (0..10).map(|i| sample(20 + i, 7, BASE, 5)).collect();
+        agg.on_drain(0, 100, &mut s, &mut Vec::new());
+    });
+    assert_eq!(agg.stats().pending, 10);
+    let r = agg.take_resolved();
+    assert_eq!(count(&r, 1, 0), (10, 50));
+    assert_eq!(agg.stats().pending, 0);
+}
+
+#[test]
+fn kernel_samples_share_one_key_across_pids() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    let mut s: Vec<Sample> = (0..100u32)
+        .map(|i| Sample { kernel: true, ..sample(10 + u64::from(i), i, KERNEL_START + 64, 1) })
+        .collect();
+    agg.on_drain(0, 1000, &mut s, &mut Vec::new());
+    let st = agg.stats();
+    assert_eq!((st.samples_aggregated, st.entries_created), (100, 1));
+}
