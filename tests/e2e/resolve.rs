@@ -1,6 +1,7 @@
 //! End-to-end tests: resolve. The real daemon attributes samples of processes started after it
 //! (a JIT-like process running code from anonymous executable memory that publishes
-//! /tmp/perf-PID.map, and a short-lived process) to the right images in the database.
+//! /tmp/perf-PID.map, short-lived processes, a churn of 600 execs per second of distinct
+//! binaries, a pid reused by a different program) to the right images in the database.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -382,6 +383,7 @@ fn churn_of_500_processes_per_second_resolves_to_their_binaries() {
 /// CPU_MS_B" (CPU time of each child from wait4).
 const REUSE_C: &str = r#"
 #define _GNU_SOURCE
+#include <errno.h>
 #include <linux/sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -405,7 +407,10 @@ static double run(const char *prog, const char *arg, pid_t want, pid_t *got) {
         execl(prog, prog, arg, (char *)NULL);
         _exit(127);
     }
-    if (p < 0) { perror("clone3"); _exit(3); }
+    if (p < 0) {
+        perror("clone3");
+        _exit(errno == EPERM ? 5 : 3);
+    }
     *got = (pid_t)p;
     int st;
     struct rusage ru;
@@ -451,6 +456,13 @@ fn pid_reused_by_another_program_keeps_counts_apart() {
     // aggregation tables and are resolved in the same batch.
     let mut d = sb.start_daemon(host, &["-e", "cpu-clock:1000000", "--flush-interval", "60s"]);
     let out = Command::new(&reuse).arg(&a.0).arg(&b.0).arg("300").output().expect("run reuse");
+    if out.status.code() == Some(5) {
+        // Choosing a pid needs CAP_SYS_ADMIN in the pid namespace.
+        let why = "clone3 with set_tid refused (EPERM)";
+        assert!(std::env::var_os("DCPI_REQUIRE_PERF").is_none_or(|v| v != "1"), "{why}");
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
     assert!(out.status.success(), "reuse: {out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     let f: Vec<f64> = text.split_whitespace().map(|s| s.parse().expect("number")).collect();
