@@ -838,3 +838,113 @@ fn crash_loop_kill9_while_flushing_keeps_files_readable_and_counts_once() {
     assert_eq!(confirmed.len(), ROUNDS / 10);
     eprintln!("crash loop: {ROUNDS} kills in {:?}", t0.elapsed());
 }
+
+/// A small tmpfs mounted for the test, unmounted on drop.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mount a tmpfs of `size` at `dir`; `None` (after printing why) where mounting is not
+    /// permitted, unless DCPI_REQUIRE_MOUNT=1.
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
+            .arg(dir)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs(dir.to_path_buf())),
+            other => {
+                let why = match other {
+                    Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+                    Err(e) => e.to_string(),
+                };
+                if std::env::var_os("DCPI_REQUIRE_MOUNT").is_some_and(|v| v == "1") {
+                    panic!("mount is required (DCPI_REQUIRE_MOUNT=1) but failed: {why}");
+                }
+                eprintln!("SKIPPED: cannot mount a tmpfs: {why}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fill the file system of `path` until ENOSPC.
+fn fill(path: &Path) {
+    let mut f = std::fs::File::create(path).expect("create filler");
+    let chunk = vec![0x5au8; 64 * 1024];
+    loop {
+        if let Err(e) = f.write_all(&chunk) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "filling: {e}");
+            break;
+        }
+    }
+    // Partial pages: fill the last bytes one at a time.
+    while f.write_all(&[0]).is_ok() {}
+}
+
+#[test]
+fn disk_full_daemon_survives_and_writes_once_space_is_back() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mnt = sb.dir.path().join("small");
+    let Some(_tmpfs) = Tmpfs::mount(&mnt, "4m") else { return };
+    let db = mnt.join("db");
+    let exes = build_workloads(sb.dir.path(), &["work-full".to_string()]);
+    let mut args = sb.daemon_args("full");
+    let i = args.iter().position(|a| a == "--db").unwrap();
+    args[i + 1] = db.display().to_string();
+    args.extend(
+        ["-e", "cpu-clock", "--flush-interval", "250ms", "--publish-interval", "1s"]
+            .map(String::from),
+    );
+    let mut d = spawn_ready(&args, &sb.socket());
+    // The database is set up (epoch, kallsyms snapshot) before the disk fills.
+    ok_stdout(&d, &["flush"]);
+    let filler = mnt.join("filler");
+    fill(&filler);
+    run_workload(&exes[0]);
+    wait_for(20, "the disk error in status", || {
+        let v = d.status_json();
+        v["store"]["db_error"].is_string()
+            && v["condition"].as_str().unwrap_or("").contains("database not writable")
+    });
+    let v = d.status_json();
+    let e = v["store"]["db_error"].as_str().unwrap();
+    assert!(e.contains("No space left") || e.contains("os error 28"), "{e}");
+    assert!(v["store"]["spool_rows"].as_u64().unwrap() > 0, "the spool holds the data: {v}");
+    let before = v["samples"].as_u64().unwrap();
+    let out = d.ctl(&["flush"]);
+    assert_eq!(out.status.code(), Some(1), "a flush that cannot publish says so");
+    std::thread::sleep(Duration::from_millis(700));
+    let v = d.status_json();
+    assert!(v["samples"].as_u64().unwrap() > before, "still sampling while the disk is full");
+    assert!(v["cpus"].as_array().unwrap().iter().all(|c| c["online"] == true), "{v}");
+    assert_eq!(samples_of(&check_db(&db, "full"), &exes[0]), 0, "nothing fit on the disk");
+
+    // Space is back: the data is written without a restart.
+    std::fs::remove_file(&filler).unwrap();
+    wait_for(20, "the workload's profile", || {
+        d.status_json()["store"]["db_error"].is_null()
+            && samples_of(&check_db(&db, "full"), &exes[0]) > 0
+    });
+    ok_stdout(&d, &["flush"]);
+    let n = samples_of(&check_db(&db, "full"), &exes[0]);
+    assert!(n >= 50, "{n} samples of a {SPIN_MS} ms CPU spin at 1 kHz");
+    assert_eq!(d.status_json()["condition"], "ok");
+    let (st, err) = d.terminate();
+    assert!(st.success(), "{err}");
+    assert_eq!(
+        err.matches("cannot write the profile database").count(),
+        1,
+        "the failure is logged once, not every flush: {err}"
+    );
+    assert_eq!(err.matches("profile database writable again").count(), 1, "{err}");
+}
