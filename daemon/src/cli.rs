@@ -237,6 +237,14 @@ mod tests {
     }
 
     #[test]
+    fn duration_takes_plain_seconds() {
+        for (arg, secs) in [("20", 20), ("20s", 20), ("1m", 60)] {
+            let cli = Cli::try_parse_from(["dcpid", "-c", "none", "--duration", arg]).unwrap();
+            assert_eq!(cli.duration, Some(Duration::from_secs(secs)), "{arg}");
+        }
+    }
+
+    #[test]
     fn bad_flag_value_names_it() {
         let err =
             Cli::try_parse_from(["dcpid", "--flush-interval", "soon"]).unwrap_err().to_string();

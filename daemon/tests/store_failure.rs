@@ -130,3 +130,35 @@ fn spool_unwritable_memory_bounded_then_recovered() {
     let sum = HostSummary::read(&db.host_dir(&epoch, "h1").unwrap().summary_path()).unwrap();
     assert_eq!(sum.lost, dropped, "dropped samples are reported as lost");
 }
+
+#[test]
+fn startup_write_check_tells_unwritable_from_writable() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = dir.path().join("db");
+    Store::check_db_writable(&ok, "h1").unwrap();
+    let db = Database::open(&ok).unwrap();
+    let epoch = db.current_epoch().unwrap().expect("the check creates the first epoch");
+    let hd = db.host_dir(&epoch, "h1").unwrap();
+    assert!(hd.path.is_dir());
+    let left: Vec<_> = std::fs::read_dir(&hd.path).unwrap().flatten().collect();
+    assert!(left.is_empty(), "the probe file is removed: {left:?}");
+    // Under a regular file: ENOTDIR, naming the path.
+    let file = dir.path().join("plain");
+    std::fs::write(&file, b"x").unwrap();
+    let err = Store::check_db_writable(&file.join("db"), "h1").unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("plain/db") && msg.contains("Not a directory"), "{msg}");
+}
+
+#[test]
+fn reconfigure_changes_live_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(cfg(dir.path(), 1 << 20));
+    s.reconfigure(Duration::from_millis(500), Duration::from_secs(5), 2 << 20, 3, 2);
+    let c = s.config();
+    assert_eq!(c.flush_interval, Duration::from_millis(500));
+    assert_eq!(c.publish_interval, Duration::from_secs(5));
+    assert_eq!(c.max_memory_bytes, 2 << 20);
+    assert_eq!((c.retention_days, c.retention_keep), (3, 2));
+    assert_eq!(s.status().max_memory_bytes, 2 << 20);
+}
