@@ -1095,6 +1095,13 @@ fn help_documents_schema_and_generate_writes_man_and_completions() {
         "\"cumulative_percent\"",
         "--cache-binary",
         "build-id mismatch",
+        "--keep-going",
+        "--symbol-cache",
+        "--no-symbol-cache",
+        "--verbose",
+        "SYMBOL CACHE",
+        "IMAGE+0xOFFSET",
+        "EXIT STATUS",
     ] {
         assert!(s.contains(needle), "--help lacks {needle}: {s}");
     }
