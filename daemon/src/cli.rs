@@ -11,7 +11,11 @@ use crate::config::{parse_duration, ConfigError, FileConfig, Settings, DEFAULT_C
 ///
 /// Samples every CPU with perf events, attributes each sample to an (image, offset) and merges
 /// the counts into a profile database shared by many hosts (see dcpiprof(1)). Controlled with
-/// dcpictl(8).
+/// dcpictl(8). SIGHUP (or `dcpictl reload`) re-reads the configuration file.
+///
+/// Exit status: 0 after SIGTERM/SIGINT or the end of --duration, with everything published; 2
+/// for a usage or configuration error (bad flag or key, wrong type, unknown event, bad period,
+/// unwritable database or spool path, sampling not permitted); 1 for other failures to start.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "dcpid", version, about, long_about, max_term_width = 100)]
 pub struct Cli {
