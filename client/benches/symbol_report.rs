@@ -151,7 +151,7 @@ fn bench(c: &mut Criterion) {
         let mode = if lines { "lines" } else { "symbols" };
         g.bench_function(format!("{mode}_cold_cache"), |b| {
             b.iter_batched(
-                || fresh(),
+                &mut fresh,
                 |cache| report(&db, &image, &cache, lines),
                 BatchSize::PerIteration,
             )
