@@ -248,11 +248,12 @@ fn setup(dir: &std::path::Path) -> Arc<Aggregator> {
     agg
 }
 
-/// What the sampler's drain thread does per record (perf/sampler.rs), minus its counters.
+/// What the sampler's drain thread does per record (perf/sampler.rs), minus its counters;
+/// without an aggregator, parse only.
 fn drain_pass(
     reader: &mut RingReader,
     ring: &BenchRing,
-    agg: &Aggregator,
+    agg: Option<&Aggregator>,
     until: u64,
     samples: &mut Vec<Sample>,
     sideband: &mut Vec<TimedSideBand>,
@@ -274,7 +275,12 @@ fn drain_pass(
         Record::SideBand(sb) => sideband.push(sb),
         _ => {}
     });
-    agg.on_drain(0, until, samples, sideband);
+    match agg {
+        Some(agg) => agg.on_drain(0, until, samples, sideband),
+        None => {
+            black_box(&samples);
+        }
+    }
     samples.clear();
     sideband.clear();
 }
@@ -313,7 +319,22 @@ fn bench(c: &mut Criterion) {
                     black_box(agg.take_resolved());
                 }
                 let start = Instant::now();
-                drain_pass(&mut reader, &ring, &agg, t0 + span, &mut samples, &mut sideband);
+                drain_pass(&mut reader, &ring, Some(&agg), t0 + span, &mut samples, &mut sideband);
+                total += start.elapsed();
+                pass += 1;
+            }
+            total
+        })
+    });
+    // The parser alone, for comparison (same records, no aggregator).
+    g.bench_function("parse_only_pass", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let t0 = 10_000 + pass * span;
+                fill(&ring, &keys, pass, t0, &mut rng);
+                let start = Instant::now();
+                drain_pass(&mut reader, &ring, None, t0 + span, &mut samples, &mut sideband);
                 total += start.elapsed();
                 pass += 1;
             }

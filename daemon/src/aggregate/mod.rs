@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 use profile_format::{ImageId, ImageKind, JitSymbol, UnknownReason};
 
 use crate::resolve::{AsidSpan, Resolution, Resolver, KERNEL_START};
-use crate::types::{EventIdx, PerfTime, Sample, SampleSink, TimedSideBand};
+use crate::types::{EventIdx, PerfTime, Sample, SampleSink, SideBand, TimedSideBand};
 
 use table::{Added, Entry, Table};
 
@@ -144,10 +144,20 @@ const CACHE_SLOTS: usize = 1024;
 #[derive(Clone, Copy, Default)]
 struct CacheSlot {
     pid: u32,
+    /// `until` is only the applied horizon at the lookup, not the next version: it can be
+    /// extended while no record for this slot's pids has been applied since.
+    open: bool,
     asid: u64,
     from: PerfTime,
     /// Exclusive; 0 marks an empty slot.
     until: PerfTime,
+}
+
+/// Shared state an asid cache miss may consult (atomics, no lock).
+struct Horizon<'a> {
+    applied_until: &'a AtomicU64,
+    /// Per cache slot: the newest time of an applied record about a pid of that slot.
+    changed: &'a [AtomicU64],
 }
 
 struct AsidCache {
@@ -166,15 +176,38 @@ impl AsidCache {
     }
 
     #[inline]
-    fn get(&self, pid: u32, time: PerfTime) -> Option<u64> {
-        let s = &self.slots[Self::slot(pid)];
-        (s.pid == pid && s.from <= time && time < s.until).then_some(s.asid)
+    fn get(&mut self, pid: u32, time: PerfTime, h: &Horizon<'_>) -> Option<u64> {
+        let i = Self::slot(pid);
+        let s = &mut self.slots[i];
+        if s.pid != pid || time < s.from {
+            return None;
+        }
+        if time < s.until {
+            return Some(s.asid);
+        }
+        if !s.open {
+            return None;
+        }
+        // Records are applied in time order: if none about this slot has been applied since
+        // the horizon the entry was valid to, it is valid to the current horizon. (Loading
+        // `applied_until` first: the `changed` stores of those records happened before.)
+        let applied = h.applied_until.load(Ordering::Acquire);
+        if time > applied || h.changed[i].load(Ordering::Acquire) >= s.until {
+            return None;
+        }
+        s.until = applied.saturating_add(1);
+        Some(s.asid)
     }
 
     fn put(&mut self, pid: u32, span: AsidSpan, applied_until: PerfTime) {
-        let until = span.until.min(applied_until.saturating_add(1));
-        self.slots[Self::slot(pid)] =
-            CacheSlot { pid, asid: span.asid.unwrap_or(0), from: span.from, until };
+        let cap = applied_until.saturating_add(1);
+        self.slots[Self::slot(pid)] = CacheSlot {
+            pid,
+            open: span.until > cap,
+            asid: span.asid.unwrap_or(0),
+            from: span.from,
+            until: span.until.min(cap),
+        };
     }
 
     fn check_epoch(&mut self, epoch: u64) {
@@ -314,6 +347,8 @@ pub struct Aggregator {
     applied_until: AtomicU64,
     /// Bumped when the resolver changes in a way the per-CPU asid caches cannot see.
     epoch: AtomicU64,
+    /// See [`Horizon::changed`].
+    changed: Box<[AtomicU64]>,
     cpus: Vec<Mutex<CpuState>>,
 }
 
@@ -341,56 +376,85 @@ fn try_read(r: &RwLock<Resolver>) -> Option<RwLockReadGuard<'_, Resolver>> {
     }
 }
 
+/// Samples handled per step of [`aggregate_pending`]: their buckets are loaded together so
+/// that the cache misses overlap.
+const CHUNK: usize = 16;
+
 /// Move the samples of `c` with `time <= limit` (all if `None`) into its table, stopping at
 /// the first one beyond. `span` looks up an asid the cache does not have (None: resolver busy).
-fn aggregate_pending<F>(c: &mut CpuState, limit: Option<PerfTime>, mut span: F) -> Stop
+fn aggregate_pending<F>(
+    c: &mut CpuState,
+    limit: Option<PerfTime>,
+    h: &Horizon<'_>,
+    mut span: F,
+) -> Stop
 where
     F: FnMut(u32, PerfTime) -> Option<(AsidSpan, PerfTime)>,
 {
     let limit = limit.unwrap_or(PerfTime::MAX);
     let CpuState { pending, table, overflow, overflow_cap, cache, .. } = c;
-    let (mut aggregated, mut created, mut evicted) = (0u64, 0u64, 0u64);
+    let (mut done, mut created, mut evicted) = (0usize, 0u64, 0u64);
     let mut stop = Stop::Done;
-    while let Some(s) = pending.front() {
-        if s.time > limit {
-            break;
-        }
-        let kernel = s.kernel || s.pc >= KERNEL_START;
-        let (pid, asid) = if kernel {
-            (0, 0)
-        } else {
-            match cache.get(s.pid, s.time) {
-                Some(a) => (s.pid, a),
-                None => match span(s.pid, s.time) {
-                    Some((sp, applied)) => {
-                        cache.put(s.pid, sp, applied);
-                        (s.pid, sp.asid.unwrap_or(0))
+    // (bucket, pc, tag, pid, period) of the chunk's samples.
+    let mut keys = [(0usize, 0u64, 0u64, 0u32, 0u64); CHUNK];
+    let (front, back) = pending.as_slices();
+    'outer: for part in [front, back] {
+        for chunk in part.chunks(CHUNK) {
+            let mut n = 0;
+            let mut touched = 0u32;
+            for s in chunk {
+                if s.time > limit {
+                    break;
+                }
+                let kernel = s.kernel || s.pc >= KERNEL_START;
+                let (pid, asid) = if kernel {
+                    (0, 0)
+                } else {
+                    match cache.get(s.pid, s.time, h) {
+                        Some(a) => (s.pid, a),
+                        None => match span(s.pid, s.time) {
+                            Some((sp, applied)) => {
+                                cache.put(s.pid, sp, applied);
+                                (s.pid, sp.asid.unwrap_or(0))
+                            }
+                            None => {
+                                stop = Stop::Busy;
+                                break;
+                            }
+                        },
                     }
-                    None => {
-                        stop = Stop::Busy;
-                        break;
+                };
+                let tag = Entry::tag(asid, s.event, kernel);
+                let b = table.bucket_of(s.pc, tag, pid);
+                touched = touched.wrapping_add(table.touch(b));
+                keys[n] = (b, s.pc, tag, pid, s.period);
+                n += 1;
+            }
+            std::hint::black_box(touched);
+            for (i, &(b, pc, tag, pid, period)) in keys[..n].iter().enumerate() {
+                match table.add_at(b, pc, tag, pid, period) {
+                    Added::Hit => {}
+                    Added::New => created += 1,
+                    Added::Evicted(e) => {
+                        created += 1;
+                        evicted += 1;
+                        overflow.push(e);
+                        if overflow.len() >= *overflow_cap {
+                            done += i + 1;
+                            stop = Stop::OverflowFull;
+                            break 'outer;
+                        }
                     }
-                },
+                }
             }
-        };
-        let tag = Entry::tag(asid, s.event, kernel);
-        aggregated += 1;
-        match table.add(s.pc, tag, pid, s.period) {
-            Added::Hit => {}
-            Added::New => created += 1,
-            Added::Evicted(e) => {
-                created += 1;
-                evicted += 1;
-                overflow.push(e);
+            done += n;
+            if n < chunk.len() {
+                break 'outer;
             }
-        }
-        pending.pop_front();
-        if overflow.len() >= *overflow_cap {
-            stop = Stop::OverflowFull;
-            break;
         }
     }
-    c.samples_aggregated += aggregated;
+    pending.drain(..done);
+    c.samples_aggregated += done as u64;
     c.entries_created += created;
     c.overflow_evictions += evicted;
     stop
@@ -417,12 +481,32 @@ impl Aggregator {
             resolver: RwLock::new(resolver),
             applied_until: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
+            changed: (0..CACHE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             cpus: (0..n).map(|_| Mutex::new(CpuState::new(&cfg))).collect(),
         })
     }
 
     fn slot(&self, cpu: u32) -> usize {
         cpu as usize % self.cpus.len()
+    }
+
+    fn horizon(&self) -> Horizon<'_> {
+        Horizon { applied_until: &self.applied_until, changed: &self.changed }
+    }
+
+    /// Apply records to the resolver (in the order given), noting the pids they concern for
+    /// the asid caches.
+    fn apply(&self, r: &mut Resolver, recs: &[TimedSideBand]) {
+        for rec in recs {
+            r.apply(rec);
+            let pid = match &rec.record {
+                SideBand::Mmap2 { pid, .. }
+                | SideBand::Comm { pid, .. }
+                | SideBand::Fork { pid, .. }
+                | SideBand::Exit { pid, .. } => *pid,
+            };
+            self.changed[AsidCache::slot(pid)].fetch_max(rec.time, Ordering::Release);
+        }
     }
 
     /// Swap out every per-CPU table (after aggregating what the watermark allows) and resolve.
@@ -447,9 +531,7 @@ impl Aggregator {
         sh.due_until(PerfTime::MAX, &mut due);
         let mut out = std::mem::take(&mut sh.early);
         let mut r = write(&self.resolver);
-        for rec in &due {
-            r.apply(rec);
-        }
+        self.apply(&mut r, &due);
         let newest_sample = self.take_tables(&mut r, None, &mut out);
         let newest = sh.watermark.max(newest_sb.unwrap_or(0)).max(newest_sample);
         sh.watermark = newest;
@@ -474,7 +556,7 @@ impl Aggregator {
             newest = newest.max(newest_pending(&c.pending, limit));
             loop {
                 let rr: &Resolver = r;
-                let stop = aggregate_pending(&mut c, limit, |pid, t| {
+                let stop = aggregate_pending(&mut c, limit, &self.horizon(), |pid, t| {
                     Some((rr.asid_span(pid, t), applied))
                 });
                 if stop != Stop::OverflowFull {
@@ -540,7 +622,7 @@ impl Aggregator {
                 let c = &mut *c;
                 c.cache.check_epoch(self.epoch.load(Ordering::Acquire));
                 let mut guard: Option<RwLockReadGuard<'_, Resolver>> = None;
-                let stop = aggregate_pending(c, Some(wm), |pid, t| {
+                let stop = aggregate_pending(c, Some(wm), &self.horizon(), |pid, t| {
                     if guard.is_none() {
                         guard = Some(try_read(&self.resolver)?);
                     }
@@ -644,9 +726,8 @@ impl SampleSink for Aggregator {
             sh.due_until(wm, &mut due);
             if !late.is_empty() || !due.is_empty() {
                 let mut r = write(&self.resolver);
-                for rec in late.iter().chain(&due) {
-                    r.apply(rec);
-                }
+                self.apply(&mut r, &late);
+                self.apply(&mut r, &due);
             }
             self.applied_until.fetch_max(wm, Ordering::Release);
             if !late.is_empty() {

@@ -111,17 +111,30 @@ impl Table {
     }
 
     #[inline]
-    fn bucket_of(&self, pc: u64, tag: u64, pid: u32) -> usize {
+    pub(crate) fn bucket_of(&self, pc: u64, tag: u64, pid: u32) -> usize {
         let h =
             (pc ^ tag.rotate_left(23) ^ (u64::from(pid) << 40)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         // With one bucket, shift is 64: checked_shr gives None, i.e. bucket 0.
         h.checked_shr(self.shift).unwrap_or(0) as usize
     }
 
-    /// Count one sample of period `period` under `(pc, tag, pid)`.
+    /// Load the start of bucket `i` (the caller sums these to start several cache misses at
+    /// once, before the dependent compare-and-branch work of [`Table::add_at`]).
     #[inline]
+    pub(crate) fn touch(&self, i: usize) -> u32 {
+        self.buckets[i].0[0].count
+    }
+
+    /// Count one sample of period `period` under `(pc, tag, pid)`.
+    #[cfg(test)]
     pub(crate) fn add(&mut self, pc: u64, tag: u64, pid: u32, period: PerfTime) -> Added {
         let i = self.bucket_of(pc, tag, pid);
+        self.add_at(i, pc, tag, pid, period)
+    }
+
+    /// [`Table::add`] with the bucket already computed by [`Table::bucket_of`].
+    #[inline]
+    pub(crate) fn add_at(&mut self, i: usize, pc: u64, tag: u64, pid: u32, period: u64) -> Added {
         let b = &mut self.buckets[i].0;
         let fresh = Entry { pc, tag, pid, count: 1, period_sum: period };
         for e in b.iter_mut() {

@@ -3,7 +3,6 @@
 
 use super::*;
 use crate::resolve::ResolverConfig;
-use crate::types::SideBand;
 
 const BASE: u64 = 0x40_0000;
 
