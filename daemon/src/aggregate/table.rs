@@ -15,7 +15,7 @@
 //! stay; DCPI used a similar policy) and returned to the caller, which puts it in the overflow
 //! buffer.
 
-use crate::types::{EventIdx, PerfTime};
+use crate::types::EventIdx;
 
 /// Address-space versions must fit in 48 bits (one is taken per exec, executable mmap or new
 /// process: at a million a second that is 9 years of uptime). Larger ones are folded to 0
@@ -127,7 +127,7 @@ impl Table {
 
     /// Count one sample of period `period` under `(pc, tag, pid)`.
     #[cfg(test)]
-    pub(crate) fn add(&mut self, pc: u64, tag: u64, pid: u32, period: PerfTime) -> Added {
+    pub(crate) fn add(&mut self, pc: u64, tag: u64, pid: u32, period: u64) -> Added {
         let i = self.bucket_of(pc, tag, pid);
         self.add_at(i, pc, tag, pid, period)
     }
