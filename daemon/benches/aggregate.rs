@@ -1,6 +1,6 @@
 //! Parse + aggregate throughput of one drain thread, on synthetic ring-buffer records.
 //!
-//! Each timed iteration is one drain pass over a ring holding `PASS` records laid out exactly
+//! Each timed iteration is one drain pass over a ring holding `PASSES` records laid out exactly
 //! as the kernel writes them with our `SAMPLE_TYPE` (IDENTIFIER|IP|TID|TIME|CPU|PERIOD), plus
 //! a few side-band records (MMAP2 with build-id, FORK, COMM exec, EXIT) that create new
 //! address-space versions. The pass does what `perf::sampler`'s drain thread does: read the
@@ -13,7 +13,8 @@
 //! distinct (pid, pc) addresses, 10% kernel samples Zipf over 5 000 kernel pcs; two events.
 //! Two CPUs: before each pass the other CPU reports (untimed) so the watermark trails by one
 //! pass, as in a running daemon: each pass aggregates the previous pass's samples. Every
-//! 200 passes (~1.6 M samples) the flusher takes the tables (untimed).
+//! 2 M samples the flusher takes the tables (untimed). Side-band records come every 4096
+//! records whatever the pass length.
 //!
 //! Run: `cargo bench -p dcpi-daemon --bench aggregate` (the `thrpt` line is samples/s).
 
@@ -37,12 +38,15 @@ const FIRST_PID: u32 = 1000;
 const LIBS: u64 = 8;
 const USER_ADDRS: usize = 50_000;
 const KERNEL_ADDRS: usize = 5_000;
-/// Records per pass (~ what a drain thread finds after a busy second at 8 kHz).
-const PASS: usize = 8192;
+/// Records per pass: what a drain thread finds after a wake-up (64 samples, the sampler's
+/// watermark), and after a busy second at 8 kHz.
+const PASSES: [usize; 2] = [64, 8192];
+const SIDEBAND_EVERY: usize = 4096;
 const BASE: u64 = 0x40_0000;
 const IDS: [u64; 2] = [101, 102];
 const PERIODS: [u64; 2] = [1_000_000, 250_000];
-const FLUSH_EVERY: u64 = 200;
+/// Samples between flushes (untimed).
+const FLUSH_EVERY: usize = 1 << 21;
 const RING: usize = 1 << 20;
 
 /// A ring over plain memory (the real one is an mmap; reads are the same copies).
@@ -169,20 +173,21 @@ fn comm_exec(buf: &mut Vec<u8>, pid: u32, time: u64) {
     push(buf, sp::PERF_RECORD_COMM, sp::PERF_RECORD_MISC_COMM_EXEC as u16, &b);
 }
 
-/// Lay out pass `n` (times `t0 + 10 * i`) into the ring, starting where the last one ended.
-fn fill(ring: &BenchRing, keys: &[Key], n: u64, t0: u64, rng: &mut StdRng) -> usize {
-    let mut buf = Vec::with_capacity(PASS * 56 + 4096);
+/// Lay out pass `n` of `len` records (times `t0 + 10 * i`) into the ring, starting where the
+/// last one ended. Returns the number of samples.
+fn fill(ring: &BenchRing, keys: &[Key], n: u64, len: usize, t0: u64, rng: &mut StdRng) -> usize {
+    let mut buf = Vec::with_capacity(len * 56 + 4096);
     let mut nsamples = 0;
-    // A few side-band records per pass: an mmap in a running process, and now and then a
-    // short-lived process (fork, exec, mmap, exit) reusing a pid of the set.
-    let sb_at = [PASS / 3, 2 * PASS / 3];
-    for i in 0..PASS {
+    for i in 0..len {
         let time = t0 + 10 * i as u64;
-        if i == sb_at[0] {
+        let global = n as usize * len + i;
+        // Side-band records among the samples: an mmap in a running process every 4096
+        // records, and every 16384 a short-lived process (fork, exec, mmap, exit).
+        if global % SIDEBAND_EVERY == SIDEBAND_EVERY / 3 {
             mmap2(&mut buf, FIRST_PID + rng.gen_range(0..PIDS), time, rng.gen_range(0..LIBS));
             continue;
         }
-        if i == sb_at[1] && n % 4 == 0 {
+        if global % (4 * SIDEBAND_EVERY) == 2 * SIDEBAND_EVERY / 3 {
             let pid = FIRST_PID + PIDS + rng.gen_range(0..50);
             task(&mut buf, sp::PERF_RECORD_FORK, pid, time);
             comm_exec(&mut buf, pid, time + 1);
@@ -190,7 +195,7 @@ fn fill(ring: &BenchRing, keys: &[Key], n: u64, t0: u64, rng: &mut StdRng) -> us
             task(&mut buf, sp::PERF_RECORD_EXIT, pid, time + 3);
             continue;
         }
-        let k = keys[(n as usize * PASS + i) % keys.len()];
+        let k = keys[global % keys.len()];
         let mut b = [0u8; 48];
         b[0..8].copy_from_slice(&IDS[k.event].to_ne_bytes());
         b[8..16].copy_from_slice(&k.pc.to_ne_bytes());
@@ -285,75 +290,107 @@ fn drain_pass(
     sideband.clear();
 }
 
-fn bench(c: &mut Criterion) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let agg = setup(dir.path());
-    let keys = keys(1 << 20);
-    let ring =
-        BenchRing { data: RefCell::new(vec![0; RING]), head: Cell::new(0), tail: Cell::new(0) };
-    let mut rng = StdRng::seed_from_u64(11);
-    let mut reader = RingReader::new();
-    let mut samples = Vec::with_capacity(PASS);
-    let mut sideband = Vec::new();
-    let mut pass = 0u64;
-    let span = 10 * PASS as u64;
-    let per_pass = {
-        let r =
-            BenchRing { data: RefCell::new(vec![0; RING]), head: Cell::new(0), tail: Cell::new(0) };
-        fill(&r, &keys, 0, 0, &mut StdRng::seed_from_u64(1)) as u64
-    };
+/// One benchmark configuration: its own aggregator, ring and clock.
+struct Run {
+    _dir: tempfile::TempDir,
+    agg: Arc<Aggregator>,
+    ring: BenchRing,
+    rng: StdRng,
+    reader: RingReader,
+    samples: Vec<Sample>,
+    sideband: Vec<TimedSideBand>,
+    pass: u64,
+    len: usize,
+}
 
+impl Run {
+    fn new(len: usize) -> Run {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Run {
+            agg: setup(dir.path()),
+            _dir: dir,
+            ring: BenchRing {
+                data: RefCell::new(vec![0; RING]),
+                head: Cell::new(0),
+                tail: Cell::new(0),
+            },
+            rng: StdRng::seed_from_u64(11),
+            reader: RingReader::new(),
+            samples: Vec::with_capacity(len),
+            sideband: Vec::new(),
+            pass: 0,
+            len,
+        }
+    }
+
+    /// `iters` passes; returns the time spent draining (parse, and aggregate if `aggregate`).
+    fn passes(&mut self, keys: &[Key], iters: u64, aggregate: bool) -> Duration {
+        let span = 10 * self.len as u64;
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            let t0 = 10_000 + self.pass * span;
+            fill(&self.ring, keys, self.pass, self.len, t0, &mut self.rng);
+            // CPU 1 is one pass behind: this pass aggregates the previous one's samples.
+            self.agg.on_drain(1, t0, &mut Vec::new(), &mut Vec::new());
+            let before = self.pass as usize * self.len;
+            if before / FLUSH_EVERY != (before + self.len) / FLUSH_EVERY {
+                black_box(self.agg.take_resolved());
+            }
+            let agg = aggregate.then_some(&*self.agg);
+            let start = Instant::now();
+            drain_pass(
+                &mut self.reader,
+                &self.ring,
+                agg,
+                t0 + span,
+                &mut self.samples,
+                &mut self.sideband,
+            );
+            total += start.elapsed();
+            self.pass += 1;
+        }
+        total
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let keys = keys(1 << 20);
     let mut g = c.benchmark_group("aggregate");
-    g.throughput(Throughput::Elements(per_pass));
     g.measurement_time(Duration::from_secs(10));
-    g.bench_function("parse_and_aggregate_pass", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let t0 = 10_000 + pass * span;
-                let n = fill(&ring, &keys, pass, t0, &mut rng);
-                debug_assert_eq!(n as u64, per_pass);
-                // CPU 1 is one pass behind: this pass aggregates the previous one's samples.
-                agg.on_drain(1, t0, &mut Vec::new(), &mut Vec::new());
-                if pass % FLUSH_EVERY == FLUSH_EVERY - 1 {
-                    black_box(agg.take_resolved());
-                }
-                let start = Instant::now();
-                drain_pass(&mut reader, &ring, Some(&agg), t0 + span, &mut samples, &mut sideband);
-                total += start.elapsed();
-                pass += 1;
-            }
-            total
-        })
-    });
-    // The parser alone, for comparison (same records, no aggregator).
-    g.bench_function("parse_only_pass", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let t0 = 10_000 + pass * span;
-                fill(&ring, &keys, pass, t0, &mut rng);
-                let start = Instant::now();
-                drain_pass(&mut reader, &ring, None, t0 + span, &mut samples, &mut sideband);
-                total += start.elapsed();
-                pass += 1;
-            }
-            total
-        })
-    });
+    for len in PASSES {
+        // Samples per pass (side-band records are not counted).
+        let per_pass = (0..64)
+            .map(|n| {
+                let r = Run::new(len);
+                let mut rng = StdRng::seed_from_u64(1);
+                fill(&r.ring, &keys, n, len, 0, &mut rng) as u64
+            })
+            .min()
+            .unwrap_or(len as u64);
+        g.throughput(Throughput::Elements(per_pass));
+        let mut run = Run::new(len);
+        g.bench_function(format!("parse_and_aggregate/pass_{len}"), |b| {
+            b.iter_custom(|iters| run.passes(&keys, iters, true))
+        });
+        let st = run.agg.stats();
+        eprintln!(
+            "pass_{len}: {} samples aggregated, {} entries (factor {:.1}), {} evictions, {} \
+             early drains, {} asid cache misses, {} table bytes",
+            st.samples_aggregated,
+            st.entries_created,
+            st.samples_aggregated as f64 / st.entries_created.max(1) as f64,
+            st.overflow_evictions,
+            st.early_drains,
+            st.asid_cache_misses,
+            st.table_bytes,
+        );
+        // The parser alone, for comparison (same records, no aggregator).
+        let mut run = Run::new(len);
+        g.bench_function(format!("parse_only/pass_{len}"), |b| {
+            b.iter_custom(|iters| run.passes(&keys, iters, false))
+        });
+    }
     g.finish();
-    let st = agg.stats();
-    eprintln!(
-        "aggregator: {} samples aggregated, {} entries (factor {:.1}), {} evictions, {} early \
-         drains, {} table bytes, {} pending",
-        st.samples_aggregated,
-        st.entries_created,
-        st.samples_aggregated as f64 / st.entries_created.max(1) as f64,
-        st.overflow_evictions,
-        st.early_drains,
-        st.table_bytes,
-        st.pending
-    );
 }
 
 criterion_group!(benches, bench);

@@ -115,6 +115,9 @@ pub struct AggregatorStats {
     pub early_drains: u64,
     /// Memory held by the per-CPU tables and overflow buffers (bounded by the configuration).
     pub table_bytes: u64,
+    /// Samples whose address-space version was not in the drain thread's cache (each costs a
+    /// resolver lookup under its read lock).
+    pub asid_cache_misses: u64,
 }
 
 /// Sizes of the per-CPU aggregation state.
@@ -233,6 +236,7 @@ struct CpuState {
     entries_created: u64,
     overflow_evictions: u64,
     early_drains: u64,
+    asid_cache_misses: u64,
 }
 
 impl CpuState {
@@ -250,6 +254,7 @@ impl CpuState {
             entries_created: 0,
             overflow_evictions: 0,
             early_drains: 0,
+            asid_cache_misses: 0,
         }
     }
 
@@ -393,7 +398,7 @@ where
 {
     let limit = limit.unwrap_or(PerfTime::MAX);
     let CpuState { pending, table, overflow, overflow_cap, cache, .. } = c;
-    let (mut done, mut created, mut evicted) = (0usize, 0u64, 0u64);
+    let (mut done, mut created, mut evicted, mut misses) = (0usize, 0u64, 0u64, 0u64);
     let mut stop = Stop::Done;
     // (bucket, pc, tag, pid, period) of the chunk's samples.
     let mut keys = [(0usize, 0u64, 0u64, 0u32, 0u64); CHUNK];
@@ -414,6 +419,7 @@ where
                         Some(a) => (s.pid, a),
                         None => match span(s.pid, s.time) {
                             Some((sp, applied)) => {
+                                misses += 1;
                                 cache.put(s.pid, sp, applied);
                                 (s.pid, sp.asid.unwrap_or(0))
                             }
@@ -457,6 +463,7 @@ where
     c.samples_aggregated += done as u64;
     c.entries_created += created;
     c.overflow_evictions += evicted;
+    c.asid_cache_misses += misses;
     stop
 }
 
@@ -599,6 +606,7 @@ impl Aggregator {
             s.entries_created += c.entries_created;
             s.overflow_evictions += c.overflow_evictions;
             s.early_drains += c.early_drains;
+            s.asid_cache_misses += c.asid_cache_misses;
             s.table_bytes += c.bytes() as u64;
         }
         s

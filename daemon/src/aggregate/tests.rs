@@ -161,3 +161,27 @@ fn kernel_samples_share_one_key_across_pids() {
     let st = agg.stats();
     assert_eq!((st.samples_aggregated, st.entries_created), (100, 1));
 }
+
+#[test]
+fn asid_cache_lasts_across_passes_until_a_record_concerns_its_pid() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    agg.on_drain(0, 100, &mut Vec::new(), &mut vec![mmap(5, 7, 1), mmap(6, 8, 1)]);
+    let pass = |t: u64, sb: Vec<TimedSideBand>| {
+        let mut s: Vec<Sample> =
+            (0..10).flat_map(|i| [sample(t + i, 7, BASE, 1), sample(t + i, 8, BASE, 1)]).collect();
+        let mut sb = sb;
+        agg.on_drain(0, t + 100, &mut s, &mut sb);
+        agg.stats().asid_cache_misses
+    };
+    assert_eq!(pass(200, vec![]), 2, "one lookup per pid");
+    assert_eq!(pass(400, vec![]), 2, "no record since: the entries are extended");
+    // pid 8 maps a new image mid-pass: only its entry is looked up again (once for the old
+    // version, once for the new), and its later samples go to the new version.
+    assert_eq!(pass(600, vec![mmap(605, 8, 2)]), 4);
+    let r = agg.take_resolved();
+    assert_eq!(count(&r, 1, 0), (30 + 25, 55), "{r:?}");
+    assert_eq!(count(&r, 2, 0), (5, 5), "{r:?}");
+    // A flush collects garbage in the resolver: the caches start over.
+    assert_eq!(pass(800, vec![]), 6);
+}
