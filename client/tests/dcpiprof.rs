@@ -1241,7 +1241,7 @@ fn symbol_cache_second_run_skips_symbols_and_dwarf_with_identical_results() {
 
     // Concurrent runs on a fresh cache all succeed with the same result.
     let fresh = t.tmp().join("fresh.sqlite");
-    let kids: Vec<_> = (0..4)
+    let kids: Vec<_> = (0..8)
         .map(|_| {
             Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
                 .arg("--db")

@@ -93,6 +93,35 @@ fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// `open_conn`, retried while another process holds the file. SQLite reports SQLITE_BUSY
+/// without calling the busy handler in some of what `open_conn` does on a fresh file (the
+/// switch to WAL, and lock upgrades it refuses to wait for to avoid deadlock), so several
+/// `dcpiprof` runs started together would otherwise lose the cache for the run.
+fn open_conn_retrying(path: &Path) -> rusqlite::Result<Connection> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match open_conn(path) {
+            Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                // Jitter so that the contenders do not retry in lock step.
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos());
+                std::thread::sleep(pause + Duration::from_nanos(u64::from(nanos) % 5_000_000));
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            r => return r,
+        }
+    }
+}
+
 fn is_corruption(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
@@ -124,12 +153,12 @@ impl SymbolCache {
                 return disabled(format!("cannot create {}: {e}", dir.display()), warn);
             }
         }
-        match open_conn(path) {
+        match open_conn_retrying(path) {
             Ok(c) => SymbolCache { conn: Some(c), path: path.to_owned() },
             Err(e) if is_corruption(&e) => {
                 warn(format!("symbol cache {} is corrupt ({e}); rebuilding it", path.display()));
                 remove_db_files(path);
-                match open_conn(path) {
+                match open_conn_retrying(path) {
                     Ok(c) => SymbolCache { conn: Some(c), path: path.to_owned() },
                     Err(e) => disabled(e.to_string(), warn),
                 }
