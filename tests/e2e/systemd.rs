@@ -467,10 +467,30 @@ fn dcpid_as_nobody(sb: &Sandbox, caps: &[&str], extra: &[&str]) -> std::process:
         .expect("run setpriv")
 }
 
-fn readelf_build_id(path: &str) -> Option<String> {
-    let out = Command::new("readelf").args(["-n", path]).output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines().find_map(|l| l.trim().strip_prefix("Build ID: ").map(|s| s.trim().to_string()))
+/// A root-owned CPU-bound program with a build-id no other binary has, so that only the /proc
+/// scan can identify it: a shared binary such as /bin/sh may be exec'ed by concurrently running
+/// tests after the daemon started, and its build-id would then arrive in an MMAP2 record,
+/// whatever capabilities the daemon has. Returns (path, build-id hex) in a world-readable
+/// directory (binaries usually are readable by everyone), or None without a C compiler.
+fn unique_busy_binary(dir: &Path) -> Option<(String, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let build_id = format!("{:016x}{:016x}{:08x}", nanos as u64, std::process::id(), 0xdc91u32);
+    let bin_dir = dir.join("busy");
+    std::fs::create_dir_all(&bin_dir).ok()?;
+    std::fs::set_permissions(&bin_dir, std::fs::Permissions::from_mode(0o755)).ok()?;
+    let src = bin_dir.join("busy.c");
+    std::fs::write(&src, "int main(void) { for (;;) __asm__ volatile(\"\"); }\n").ok()?;
+    let bin = bin_dir.join("busy");
+    let ok = Command::new("cc")
+        .args(["-O1", &format!("-Wl,--build-id=0x{build_id}"), "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then(|| (bin.to_str().expect("utf-8 path").to_string(), build_id))
 }
 
 /// The unit's capability set is enough for an unprivileged daemon: it samples, records kernel
@@ -509,11 +529,10 @@ fn unit_capabilities_suffice_for_an_unprivileged_daemon() {
 
     // A CPU-bound process of another user (root), started before the daemon, so that its
     // image must be found through /proc rather than from MMAP2 records.
-    let shell = std::fs::canonicalize("/bin/sh").expect("/bin/sh");
-    let shell = shell.to_str().expect("utf-8 path").to_string();
-    let mut busy = KillOnDrop(
-        Command::new(&shell).args(["-c", "while :; do :; done"]).spawn().expect("spawn busy loop"),
-    );
+    let Some((busy_bin, build_id)) = unique_busy_binary(sb.dir.path()) else {
+        panic!("cc could not build the busy-loop program this test needs");
+    };
+    let mut busy = KillOnDrop(Command::new(&busy_bin).spawn().expect("spawn busy loop"));
     std::thread::sleep(Duration::from_millis(300));
     let out = dcpid_as_nobody(&sb, CAPABILITIES, &["--duration", "4s"]);
     let _ = busy.0.kill();
@@ -535,15 +554,11 @@ fn unit_capabilities_suffice_for_an_unprivileged_daemon() {
         "kernel symbol addresses hidden ({nonzero} of {} non-zero): CAP_SYSLOG not effective",
         snap.symbols.len()
     );
-    let Some(build_id) = readelf_build_id(&shell) else {
-        eprintln!("SKIPPED (build-id part): readelf missing or {shell} has no build-id");
-        return;
-    };
     let want = format!("b{build_id}");
     let profiles = host.profiles().expect("profiles");
     assert!(
         profiles.iter().any(|p| p.image_id.as_ref().is_some_and(|i| i.to_text() == want)),
-        "no profile for {shell} (build-id {build_id}) of a root process; profiles: {:#?}",
+        "no profile for {busy_bin} (build-id {build_id}) of a root process; profiles: {:#?}",
         profiles.iter().map(|p| p.path.file_name()).collect::<Vec<_>>()
     );
 }
@@ -604,32 +619,30 @@ fn each_unit_capability_is_needed() {
         eprintln!("SKIPPED: needs root and setpriv(1) to run dcpid as nobody with chosen caps");
         return;
     }
-    let shell = std::fs::canonicalize("/bin/sh").expect("/bin/sh");
-    let shell = shell.to_str().expect("utf-8 path").to_string();
-    let Some(build_id) = readelf_build_id(&shell) else {
-        eprintln!("SKIPPED: readelf missing or {shell} has no build-id");
-        return;
+    let bins = tempfile::tempdir().expect("tempdir");
+    let Some((busy_bin, build_id)) = unique_busy_binary(bins.path()) else {
+        panic!("cc could not build the busy-loop program this test needs");
     };
+    // With every capability both are found: otherwise a failure below would prove nothing.
+    assert_eq!(run_unprivileged(CAPABILITIES, &busy_bin, &build_id), (true, true));
     for dropped in CAPABILITIES.iter().filter(|c| **c != "CAP_PERFMON") {
         let caps: Vec<&str> = CAPABILITIES.iter().copied().filter(|c| c != dropped).collect();
-        let (kernel_addrs, found) = run_unprivileged(&caps, &shell, &build_id);
+        let (kernel_addrs, found) = run_unprivileged(&caps, &busy_bin, &build_id);
         assert!(
             !kernel_addrs || !found,
-            "without {dropped} dcpid still got kernel addresses and {shell}'s build-id: \
+            "without {dropped} dcpid still got kernel addresses and {busy_bin}'s build-id: \
              the unit keeps a capability it does not need"
         );
     }
 }
 
-/// Run dcpid as nobody with `caps` while a root-owned busy loop of `shell` runs; return whether
+/// Run dcpid as nobody with `caps` while a root-owned busy loop of `busy_bin` runs; return whether
 /// the kallsyms snapshot has real addresses and whether a profile for `build_id` was written.
-fn run_unprivileged(caps: &[&str], shell: &str, build_id: &str) -> (bool, bool) {
+fn run_unprivileged(caps: &[&str], busy_bin: &str, build_id: &str) -> (bool, bool) {
     let sb = Sandbox::new();
     std::fs::set_permissions(sb.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
         .expect("chmod sandbox");
-    let mut busy = KillOnDrop(
-        Command::new(shell).args(["-c", "while :; do :; done"]).spawn().expect("spawn busy loop"),
-    );
+    let mut busy = KillOnDrop(Command::new(busy_bin).spawn().expect("spawn busy loop"));
     std::thread::sleep(Duration::from_millis(300));
     let out = dcpid_as_nobody(&sb, caps, &["--duration", "3s"]);
     let _ = busy.0.kill();
