@@ -330,6 +330,13 @@ impl KallsymsSnapshot {
 
     /// Write atomically, symbols in canonical order.
     pub fn write(&self, path: &Path) -> Result<()> {
+        crate::atomic::write_atomic(path, &self.to_file_bytes(path)?)
+    }
+
+    /// The file's bytes as [`Self::write`] would write them, after the same checks (`path` is
+    /// only named in the error). A writer that keeps a snapshot for long can keep these bytes
+    /// instead of the snapshot: they are several times smaller.
+    pub fn to_file_bytes(&self, path: &Path) -> Result<Vec<u8>> {
         let sorted = self.symbols.windows(2).all(|w| sort_key(&w[0]) <= sort_key(&w[1]));
         let bad_module =
             self.symbols.iter().any(|s| s.module.is_some_and(|m| m as usize >= self.modules.len()));
@@ -344,11 +351,11 @@ impl KallsymsSnapshot {
             });
         }
         if sorted {
-            crate::atomic::write_atomic(path, &self.encode())
+            Ok(self.encode())
         } else {
             let mut copy = self.clone();
             copy.sort();
-            crate::atomic::write_atomic(path, &copy.encode())
+            Ok(copy.encode())
         }
     }
 

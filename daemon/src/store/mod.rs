@@ -29,8 +29,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use profile_format::{
-    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, ImageId, ImageKind,
-    KallsymsSnapshot, Profile, ProfileHeader,
+    write_atomic, Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, ImageId,
+    ImageKind, KallsymsSnapshot, Profile, ProfileHeader,
 };
 
 use crate::aggregate::Resolved;
@@ -143,7 +143,8 @@ pub struct Store {
     events: Vec<EventInfo>,
     kernel_release: String,
     cpus: Vec<u32>,
-    kallsyms: Option<KallsymsSnapshot>,
+    /// The encoded `kallsyms.snap`: a fraction of the decoded snapshot's memory.
+    kallsyms: Option<Vec<u8>>,
     kallsyms_written: Option<EpochId>,
     pending: VecDeque<PendingBatch>,
     pending_bytes: u64,
@@ -297,7 +298,13 @@ impl Store {
 
     /// The kernel symbol snapshot, written once into each epoch's host directory.
     pub fn set_kallsyms(&mut self, snap: KallsymsSnapshot) {
-        self.kallsyms = Some(snap);
+        match snap.to_file_bytes(Path::new("kallsyms.snap")) {
+            Ok(b) => self.kallsyms = Some(b),
+            Err(e) => {
+                tracing::warn!(error = %e, "kallsyms snapshot not kept; kernel samples will not be symbolized");
+                self.kallsyms = None;
+            }
+        }
         self.kallsyms_written = None;
     }
 
@@ -995,11 +1002,12 @@ impl Store {
         if self.db.is_none() {
             return;
         }
-        if let (Some(epoch), Some(snap)) = (self.epoch.clone(), self.kallsyms.clone()) {
-            if self.kallsyms_written.as_ref() != Some(&epoch) {
-                let r = self
-                    .host_dir(&epoch)
-                    .and_then(|hd| snap.write(&hd.kallsyms_path()).map_err(StoreError::from));
+        if let Some(epoch) = self.epoch.clone() {
+            if self.kallsyms.is_some() && self.kallsyms_written.as_ref() != Some(&epoch) {
+                let r = self.host_dir(&epoch).and_then(|hd| {
+                    let bytes = self.kallsyms.as_deref().unwrap_or_default();
+                    write_atomic(&hd.kallsyms_path(), bytes).map_err(StoreError::from)
+                });
                 match r {
                     Ok(()) => self.kallsyms_written = Some(epoch),
                     Err(e) => self.set_db_error(&e),
