@@ -84,6 +84,8 @@ fn main() -> ExitCode {
         reload: Some(Box::new(move || reload_cli.settings())),
         set_log_level: Some(set_log_level),
     };
+    // Before any thread starts: see sys::malloc for why two arenas.
+    dcpid::sys::malloc::limit_arenas(2);
     match dcpid::service::run(settings, hooks) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

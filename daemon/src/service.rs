@@ -433,6 +433,8 @@ impl Shared {
         self.absorb(&mut store, resolved);
         store.tick();
         *lock(&self.store_status) = store.status();
+        drop(store);
+        crate::sys::malloc::trim();
     }
 
     fn flush_everything(&self) -> Result<(), String> {

@@ -104,6 +104,24 @@ impl KallsymsSnapshot {
         kernel_build_id: Option<Vec<u8>>,
         module_build_ids: &dyn Fn(&str) -> Option<Vec<u8>>,
     ) -> Result<KallsymsSnapshot> {
+        Self::from_proc_lines(
+            kallsyms.lines(),
+            modules,
+            kernel_release,
+            kernel_build_id,
+            module_build_ids,
+        )
+    }
+
+    /// [`Self::from_proc_text`] with /proc/kallsyms given as lines, so that a reader can
+    /// stream the file (several MB) instead of holding all of it next to the snapshot.
+    pub fn from_proc_lines<S: AsRef<str>>(
+        kallsyms: impl Iterator<Item = S>,
+        modules: &str,
+        kernel_release: String,
+        kernel_build_id: Option<Vec<u8>>,
+        module_build_ids: &dyn Fn(&str) -> Option<Vec<u8>>,
+    ) -> Result<KallsymsSnapshot> {
         let mut snap = KallsymsSnapshot {
             kernel_release,
             kernel_build_id: kernel_build_id
@@ -135,7 +153,8 @@ impl KallsymsSnapshot {
                 module_build_ids(&name).filter(|b| !b.is_empty() && b.len() <= MAX_BUILD_ID_LEN);
             snap.modules.push(KernelModule { name, base, size, build_id });
         }
-        for (lineno, line) in kallsyms.lines().enumerate() {
+        for (lineno, line) in kallsyms.enumerate() {
+            let line = line.as_ref();
             if line.trim().is_empty() {
                 continue;
             }

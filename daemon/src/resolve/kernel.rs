@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use profile_format::{ImageId, ImageKind};
 
-use super::procfs::{gnu_build_id_from_notes, read_bounded};
+use super::procfs::{gnu_build_id_from_notes, open_nofollow, read_bounded};
 use crate::aggregate::ImageInfo;
 
 /// Bound on /proc/kallsyms (a few MB on a distribution kernel).
@@ -65,8 +65,15 @@ pub(crate) fn safe_module_name(n: &str) -> bool {
 
 /// Find `_text` and `_end` (else `_etext`) in /proc/kallsyms text.
 pub fn parse_text_range(kallsyms: &str) -> Option<(u64, u64)> {
+    parse_text_range_lines(kallsyms.lines())
+}
+
+/// [`parse_text_range`] over lines as they are read: /proc/kallsyms is several MB, and the
+/// daemon should not hold all of it just to find two symbols.
+pub fn parse_text_range_lines<S: AsRef<str>>(lines: impl Iterator<Item = S>) -> Option<(u64, u64)> {
     let (mut text, mut end, mut etext) = (None, None, None);
-    for line in kallsyms.lines() {
+    for line in lines {
+        let line = line.as_ref();
         let mut f = line.split_ascii_whitespace();
         let (Some(a), Some(_), Some(name)) = (f.next(), f.next(), f.next()) else { continue };
         let slot = match name {
@@ -125,8 +132,12 @@ impl KernelState {
     fn load(&mut self, proc_root: &Path, sys_root: &Path) {
         self.loaded = true;
         self.release = kernel_release(proc_root);
-        if let Ok(b) = read_bounded(&proc_root.join("kallsyms"), MAX_KALLSYMS) {
-            self.text = parse_text_range(&String::from_utf8_lossy(&b));
+        if let Ok(f) = open_nofollow(&proc_root.join("kallsyms")) {
+            use std::io::{BufRead, Read};
+            let lines = std::io::BufReader::new(f.take(MAX_KALLSYMS)).split(b'\n');
+            self.text = parse_text_range_lines(
+                lines.map_while(Result::ok).map(|l| String::from_utf8_lossy(&l).into_owned()),
+            );
         }
         if self.text.is_none() {
             tracing::warn!(

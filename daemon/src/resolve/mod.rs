@@ -810,17 +810,29 @@ impl Resolver {
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .map_err(|source| ResolveError::Io { path, source })
         };
-        let kallsyms = rd("kallsyms", kernel::MAX_KALLSYMS)?;
+        use std::io::{BufRead, Read};
+        // Streamed: the file is several MB, more than the snapshot's encoding.
+        let kpath = proc_root.join("kallsyms");
+        let kfile = procfs::open_nofollow(&kpath)
+            .map_err(|source| ResolveError::Io { path: kpath.clone(), source })?;
+        let mut read_error = None;
+        let lines = std::io::BufReader::new(kfile.take(kernel::MAX_KALLSYMS))
+            .split(b'\n')
+            .map_while(|l| l.map_err(|e| read_error = Some(e)).ok())
+            .map(|l| String::from_utf8_lossy(&l).into_owned());
         // No /proc/modules (CONFIG_MODULES=n) is a kernel without modules.
         let modules = rd("modules", 16 << 20).unwrap_or_default();
         let sys = self.cfg.sys_root.clone();
-        let snap = KallsymsSnapshot::from_proc_text(
-            &kallsyms,
+        let snap = KallsymsSnapshot::from_proc_lines(
+            lines,
             &modules,
             kernel::kernel_release(proc_root),
             kernel::kernel_build_id(&sys),
             &|name| kernel::module_build_id(&sys, name),
         )?;
+        if let Some(source) = read_error {
+            return Err(ResolveError::Io { path: kpath, source });
+        }
         Ok(snap)
     }
 }
