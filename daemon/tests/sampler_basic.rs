@@ -282,6 +282,11 @@ fn cpus_joining_and_leaving_the_online_list_are_followed() {
     std::fs::write(&list, "garbage\n").unwrap();
     std::thread::sleep(Duration::from_millis(400));
     assert!(online(&sampler, c0) && online(&sampler, c1), "a bad list must change nothing");
+    // The new CPU's thread delivers at its watermark or within its 1 s redraw interval; an
+    // idle CPU may need the latter, so wait for it rather than race the removal below.
+    wait_for("the new CPU to deliver", &|| {
+        sink.drains.lock().unwrap().get(&c1).is_some_and(|d| !d.is_empty())
+    });
     std::fs::write(&list, format!("{c0}\n")).unwrap();
     wait_for("the departed CPU's thread to stop", &|| !online(&sampler, c1));
     assert!(online(&sampler, c0));

@@ -311,6 +311,10 @@ pub struct Resolver {
     /// Earlier incarnations of reused pids (newest last).
     retired: HashMap<u32, Vec<Process>>,
     identities: IdentityCache,
+    /// One shared `ImageInfo` per (identity, path) of a file mapping: under exec churn every
+    /// process maps the same few files, and a copy per mapping was most of the resolver's
+    /// memory. Entries nobody else holds are dropped by `gc`.
+    images: HashMap<(ImageId, Vec<u8>), Arc<ImageInfo>>,
     kernel: KernelState,
     vdso: Option<Arc<ImageInfo>>,
     t0: Option<PerfTime>,
@@ -327,6 +331,7 @@ impl Resolver {
             procs: HashMap::new(),
             retired: HashMap::new(),
             identities: IdentityCache::new(IDENTITY_CACHE_CAP),
+            images: HashMap::new(),
             kernel: KernelState::default(),
             vdso: None,
             t0: None,
@@ -620,12 +625,19 @@ impl Resolver {
                 }
             }
         };
-        MapImage::File(Arc::new(ImageInfo {
-            kind: ImageKind::Elf,
-            id,
-            path: path.to_vec(),
-            jit_symbols: Vec::new(),
-        }))
+        let info = self
+            .images
+            .entry((id, path.to_vec()))
+            .or_insert_with_key(|(id, path)| {
+                Arc::new(ImageInfo {
+                    kind: ImageKind::Elf,
+                    id: id.clone(),
+                    path: path.clone(),
+                    jit_symbols: Vec::new(),
+                })
+            })
+            .clone();
+        MapImage::File(info)
     }
 
     /// The address-space version of `pid` in force at `time`; `None` if the process is
@@ -780,6 +792,12 @@ impl Resolver {
         }
         if self.t0.is_some_and(|t0| horizon > t0) && !self.scanned.is_empty() {
             self.scanned = HashSet::new();
+        }
+        self.images.retain(|_, i| Arc::strong_count(i) > 1);
+        // A burst of processes (a build, a crash loop) leaves a table sized for it; give the
+        // memory back once it is mostly empty.
+        if self.procs.capacity() > 64 && self.procs.len() * 4 < self.procs.capacity() {
+            self.procs.shrink_to(self.procs.len() * 2);
         }
     }
 

@@ -299,7 +299,10 @@ impl Store {
     /// The kernel symbol snapshot, written once into each epoch's host directory.
     pub fn set_kallsyms(&mut self, snap: KallsymsSnapshot) {
         match snap.to_file_bytes(Path::new("kallsyms.snap")) {
-            Ok(b) => self.kallsyms = Some(b),
+            Ok(mut b) => {
+                b.shrink_to_fit();
+                self.kallsyms = Some(b);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "kallsyms snapshot not kept; kernel samples will not be symbolized");
                 self.kallsyms = None;
