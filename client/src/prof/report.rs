@@ -284,7 +284,7 @@ pub fn weights(loaded: &Loaded, wanted: &[String]) -> Result<Weights, ProfError>
             })
             .filter(|e| e.time_running_ns > 0 && e.time_enabled_ns > e.time_running_ns)
             .map_or(1.0, |e| e.time_enabled_ns as f64 / e.time_running_ns as f64);
-        let samples: u64 = p.profile.counts.values().sum();
+        let samples = p.samples;
         // Profiles written without period tracking fall back to the configured mean.
         let per_sample = if h.total_samples > 0 && h.total_period > 0 {
             h.total_period as f64 / h.total_samples as f64
@@ -391,9 +391,7 @@ pub fn image_report(loaded: &Loaded, w: &Weights, db: &str, limit: Option<usize>
         };
         names.entry(key.clone()).or_insert_with(|| image_display(p));
         let acc = rows.entry(key).or_insert_with(|| Acc::new(w.events.len()));
-        for &c in p.profile.counts.values() {
-            acc.add(ei, c, wt);
-        }
+        acc.add(ei, p.samples, wt);
     }
     let name_of = |k: &Key| names.get(k).cloned().unwrap_or_default();
     let mut out: Vec<ImageRow> = finish(rows, &w.events, name_of)
@@ -534,7 +532,7 @@ impl ImageFilter {
 
     /// Display name and sample count of a profile that did not match (for the error message).
     pub fn describe(p: &LoadedProfile) -> (String, u64) {
-        (image_display(p), p.profile.counts.values().sum())
+        (image_display(p), p.samples)
     }
 }
 
@@ -568,8 +566,7 @@ pub fn resolve_image(
         let mut seen = HashMap::new();
         for (p, pw) in loaded.profiles.iter().zip(&w.per_profile) {
             if pw.is_some() {
-                *seen.entry(image_display(p)).or_insert(0u64) +=
-                    p.profile.counts.values().sum::<u64>();
+                *seen.entry(image_display(p)).or_insert(0u64) += p.samples;
             }
         }
         for (k, v) in seen {
@@ -603,7 +600,7 @@ pub fn resolve_image(
                 hosts: Vec::new(),
                 epochs: Vec::new(),
             });
-            c.samples += p.profile.counts.values().sum::<u64>();
+            c.samples += p.samples;
             let d = &loaded.dirs[p.dir];
             if !c.hosts.contains(&d.host) {
                 c.hosts.push(d.host.clone());

@@ -176,9 +176,25 @@ pub fn select_host_dirs(
 #[derive(Debug)]
 pub struct LoadedProfile {
     pub path: PathBuf,
+    /// Without an image filter (the per-image report) `counts` is left empty once summed:
+    /// a fleet's worth of per-offset maps would otherwise all be held at once (1.6 GB for
+    /// 480 000 profiles).
     pub profile: Profile,
+    /// Sum of the profile's counts, taken before they may have been dropped.
+    pub samples: u64,
     /// Index into [`Loaded::dirs`].
     pub dir: usize,
+}
+
+impl LoadedProfile {
+    fn new(path: PathBuf, profile: Profile, dir: usize, keep_counts: bool) -> LoadedProfile {
+        let mut profile = profile;
+        let samples = profile.counts.values().sum();
+        if !keep_counts {
+            profile.counts = Default::default();
+        }
+        LoadedProfile { path, profile, samples, dir }
+    }
 }
 
 /// Everything read for a report.
@@ -219,8 +235,9 @@ pub fn load(
             entries.push((i, e));
         }
     }
+    let keep_counts = filter.is_some();
     let push = |out: &mut Loaded, dir: usize, path: PathBuf, r: Result<Profile, _>| match r {
-        Ok(profile) => out.profiles.push(LoadedProfile { path, profile, dir }),
+        Ok(profile) => out.profiles.push(LoadedProfile::new(path, profile, dir, keep_counts)),
         Err(e) => out.corrupt.push(format!("{e}")),
     };
     match filter {
@@ -267,7 +284,7 @@ pub fn load(
                         Some(false) => break,
                         None => match read_profile(&path) {
                             Ok(profile) => {
-                                let p = LoadedProfile { path, profile, dir };
+                                let p = LoadedProfile::new(path, profile, dir, true);
                                 if f.by_header(&p) {
                                     matched = Some(true);
                                     out.profiles.push(p);
