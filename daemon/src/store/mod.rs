@@ -418,16 +418,7 @@ impl Store {
 
     /// [`Store::tick`] with an explicit clock (tests simulate the passing of time).
     pub fn tick_at(&mut self, now: Instant) {
-        let t0 = Instant::now();
-        self.ensure_open(now);
-        self.follow_epoch(now);
-        let spooled = self.spool_pending(now);
-        self.last_flush = Some(OpStat {
-            unix_ms: unix_ms(SystemTime::now()),
-            duration_ms: t0.elapsed().as_secs_f64() * 1e3,
-            items: spooled as u64,
-        });
-        let t1 = Instant::now();
+        let t1 = self.spool_step(now);
         let published = self.publish_due(now, false);
         self.write_side_files(now, false);
         if published > 0 {
@@ -441,10 +432,10 @@ impl Store {
         self.refresh_backlog();
     }
 
-    /// Write everything held to the spool and publish every changed profile now (`dcpictl
-    /// flush`, shutdown, end of an epoch). Errors if something could not be written.
-    pub fn flush_everything(&mut self) -> Result<(), StoreError> {
-        let now = Instant::now();
+    /// The first half of a tick or a full flush: reopen what failed, follow the current
+    /// epoch, write held increments to the spool. Returns when it ended (publishing is timed
+    /// from there).
+    fn spool_step(&mut self, now: Instant) -> Instant {
         let t0 = Instant::now();
         self.ensure_open(now);
         self.follow_epoch(now);
@@ -454,7 +445,14 @@ impl Store {
             duration_ms: t0.elapsed().as_secs_f64() * 1e3,
             items: spooled as u64,
         });
-        let t1 = Instant::now();
+        Instant::now()
+    }
+
+    /// Write everything held to the spool and publish every changed profile now (`dcpictl
+    /// flush`, shutdown, end of an epoch). Errors if something could not be written.
+    pub fn flush_everything(&mut self) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let t1 = self.spool_step(now);
         let result = self.publish_all(now, None);
         self.write_side_files(now, true);
         self.last_publish = Some(OpStat {
