@@ -88,12 +88,17 @@ impl std::fmt::Debug for Table {
 impl Table {
     /// At least 4 entries; the bucket count is rounded up to a power of two.
     pub(crate) fn new(entries: usize) -> Table {
-        let buckets = entries.div_ceil(WAYS).max(1).next_power_of_two();
+        let buckets = Self::capacity_for(entries) / WAYS;
         Table {
             buckets: vec![Bucket::default(); buckets].into_boxed_slice(),
             shift: 64 - buckets.trailing_zeros(),
             live: 0,
         }
+    }
+
+    /// The capacity `new(entries)` would have.
+    pub(crate) fn capacity_for(entries: usize) -> usize {
+        entries.div_ceil(WAYS).max(1).next_power_of_two() * WAYS
     }
 
     pub(crate) fn capacity(&self) -> usize {

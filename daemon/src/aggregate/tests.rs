@@ -185,3 +185,38 @@ fn asid_cache_lasts_across_passes_until_a_record_concerns_its_pid() {
     // A flush collects garbage in the resolver: the caches start over.
     assert_eq!(pass(800, vec![]), 6);
 }
+
+#[test]
+fn tables_grow_for_busy_intervals_and_shrink_back_when_quiet() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = AggregatorConfig { table_entries_per_cpu: 32 * 1024, overflow_entries_per_cpu: 1024 };
+    let agg = Aggregator::with_config(resolver(dir.path()), 1, cfg);
+    let table = |n: usize| (n * 32) as u64;
+    let overflow = 2 * 1024 * 32;
+    assert_eq!(agg.stats().table_bytes, 2 * table(INITIAL_TABLE_ENTRIES) + overflow);
+    let mut t = 1u64;
+    let mut interval = |distinct: u64| {
+        let mut s: Vec<Sample> = (0..distinct)
+            .map(|i| {
+                t += 1;
+                sample(t, 100_000, BASE + i * 4, 1000)
+            })
+            .collect();
+        agg.on_drain(0, t + 1, &mut s, &mut Vec::new());
+        let r = agg.take_resolved();
+        assert_eq!(r.samples, distinct, "nothing lost while resizing");
+        agg.stats().table_bytes - overflow
+    };
+    // Busy intervals: 20 000 distinct keys each. The table doubles per flush up to the bound.
+    let mut sizes = Vec::new();
+    for _ in 0..6 {
+        sizes.push(interval(20_000));
+    }
+    assert!(sizes.windows(2).all(|w| w[1] >= w[0]), "{sizes:?}");
+    assert_eq!(*sizes.last().expect("sizes"), 2 * table(32 * 1024), "{sizes:?}");
+    // Quiet intervals: back to the initial size, never below.
+    for _ in 0..8 {
+        interval(100);
+    }
+    assert_eq!(interval(100), 2 * table(INITIAL_TABLE_ENTRIES));
+}
