@@ -307,7 +307,10 @@ impl Process {
 pub struct Resolver {
     cfg: ResolverConfig,
     next_asid: u64,
-    procs: HashMap<u32, Process>,
+    /// Boxed: under exec churn thousands of processes wait here for their samples to be
+    /// resolved, and an inline ~250-byte value made each doubling of the table a multi-MB
+    /// transient (old and new table both live).
+    procs: HashMap<u32, Box<Process>>,
     /// Earlier incarnations of reused pids (newest last).
     retired: HashMap<u32, Vec<Process>>,
     identities: IdentityCache,
@@ -403,7 +406,7 @@ impl Resolver {
                 let a = self.fresh_asid();
                 let mut p = Process::new(pid, 0, a);
                 p.versions[0].0 = 0;
-                self.procs.insert(pid, p);
+                self.procs.insert(pid, Box::new(p));
                 a
             }
         };
@@ -488,16 +491,16 @@ impl Resolver {
             let asid = self.fresh_asid();
             let mut p = Process::new(pid, 0, asid);
             p.start_ticks = time / 10_000_000;
-            self.procs.insert(pid, p);
+            self.procs.insert(pid, Box::new(p));
         }
         self.procs.get_mut(&pid).expect("inserted above")
     }
 
     fn replace_process(&mut self, p: Process) {
         let born = p.born;
-        if let Some(mut old) = self.procs.insert(p.pid, p) {
+        if let Some(mut old) = self.procs.insert(p.pid, Box::new(p)) {
             old.exited.get_or_insert(born);
-            self.retired.entry(old.pid).or_default().push(old);
+            self.retired.entry(old.pid).or_default().push(*old);
         }
     }
 
@@ -657,7 +660,7 @@ impl Resolver {
         let unknown = AsidSpan { asid: None, from: 0, until: PerfTime::MAX };
         let Some(p) = self.procs.get(&pid) else { return unknown };
         let (o, from, until) = if time >= p.born {
-            (p, p.born, PerfTime::MAX)
+            (&**p, p.born, PerfTime::MAX)
         } else {
             let Some(old) = self.retired.get(&pid) else { return unknown };
             match old.iter().rposition(|o| time >= o.born) {
@@ -733,7 +736,7 @@ impl Resolver {
 
     fn incarnation_mut(&mut self, pid: u32, asid: u64) -> Option<&mut Process> {
         match self.procs.get_mut(&pid) {
-            Some(p) if asid >= p.first_asid => Some(p),
+            Some(p) if asid >= p.first_asid => Some(&mut **p),
             _ => self
                 .retired
                 .get_mut(&pid)?
@@ -808,6 +811,7 @@ impl Resolver {
         s.mappings = self
             .procs
             .values()
+            .map(|p| &**p)
             .chain(self.retired.values().flatten())
             .map(|p| p.mapping_count() as u64)
             .sum();
