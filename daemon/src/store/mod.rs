@@ -942,7 +942,7 @@ impl Store {
                 sequence: row.seq,
                 jit_symbols: jit.clone(),
             });
-            for &(off, c, p) in &row.counts {
+            for (off, c, p) in row.counts()? {
                 delta.add(off, c, p);
             }
             merged = Some(match merged.take() {

@@ -56,8 +56,22 @@ pub struct SpoolImage {
 pub struct SpoolRow {
     pub seq: u64,
     pub desc: EventDesc,
+    /// Encoded counts, decoded by [`SpoolRow::counts`] one row at a time: a publish of a busy
+    /// profile (the kernel's, under exec churn) reads a publish interval's worth of rows, and
+    /// decoding them all up front made each publish a multi-MB memory peak.
+    data: Vec<u8>,
+    spool: PathBuf,
+}
+
+impl SpoolRow {
     /// (offset, count, period sum), offsets ascending.
-    pub counts: Vec<(u64, u64, u64)>,
+    pub fn counts(&self) -> Result<Vec<(u64, u64, u64)>, SpoolError> {
+        decode_counts(&self.data).ok_or_else(|| SpoolError::BadRow {
+            path: self.spool.clone(),
+            seq: self.seq as i64,
+            detail: "count data".into(),
+        })
+    }
 }
 
 /// One profile's increment, to append.
@@ -274,8 +288,7 @@ impl Spool {
             let bad = |detail: String| SpoolError::BadRow { path: self.path.clone(), seq, detail };
             let desc: EventDesc =
                 serde_json::from_str(&desc).map_err(|e| bad(format!("event: {e}")))?;
-            let counts = decode_counts(&data).ok_or_else(|| bad("count data".into()))?;
-            out.push(SpoolRow { seq: seq as u64, desc, counts });
+            out.push(SpoolRow { seq: seq as u64, desc, data, spool: self.path.clone() });
         }
         Ok(out)
     }
@@ -496,7 +509,7 @@ mod tests {
             SpoolKey { epoch: "E1".into(), image: Some("b01".into()), event: "cpu-clock".into() };
         let rows = s.rows(&k).unwrap();
         assert_eq!(rows.len(), 1);
-        assert_eq!(rows[0].counts, counts);
+        assert_eq!(rows[0].counts().expect("decodes"), counts);
         assert_eq!(rows[0].desc, d);
         assert_eq!(s.image("b01").unwrap().unwrap(), img);
         assert_eq!(s.backlog().unwrap().0, 2);
