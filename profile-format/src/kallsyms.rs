@@ -210,7 +210,10 @@ impl KallsymsSnapshot {
     /// Sort symbols into the canonical order: address, then core kernel before modules, then
     /// name, then type letter. `encode` requires this order; `decode` checks it.
     pub fn sort(&mut self) {
-        self.symbols.sort_by(|a, b| sort_key(a).cmp(&sort_key(b)));
+        // The key covers every field, so equal keys are equal symbols and an unstable sort
+        // gives the same order; it also needs no scratch buffer (a stable sort of ~120 000
+        // symbols allocated ~3 MB, the daemon's largest start-up peak).
+        self.symbols.sort_unstable_by(|a, b| sort_key(a).cmp(&sort_key(b)));
     }
 
     /// Serialize (FORMAT.md "kallsyms.snap"). Symbols must be sorted (see [`Self::sort`]); an
