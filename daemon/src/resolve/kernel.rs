@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use profile_format::{ImageId, ImageKind};
 
-use super::procfs::{gnu_build_id_from_notes, open_nofollow, read_bounded};
+use super::procfs::{gnu_build_id_from_notes, lines_bounded, read_bounded};
 use crate::aggregate::ImageInfo;
 
 /// Bound on /proc/kallsyms (a few MB on a distribution kernel).
@@ -132,12 +132,8 @@ impl KernelState {
     fn load(&mut self, proc_root: &Path, sys_root: &Path) {
         self.loaded = true;
         self.release = kernel_release(proc_root);
-        if let Ok(f) = open_nofollow(&proc_root.join("kallsyms")) {
-            use std::io::{BufRead, Read};
-            let lines = std::io::BufReader::new(f.take(MAX_KALLSYMS)).split(b'\n');
-            self.text = parse_text_range_lines(
-                lines.map_while(Result::ok).map(|l| String::from_utf8_lossy(&l).into_owned()),
-            );
+        if let Ok(lines) = lines_bounded(&proc_root.join("kallsyms"), MAX_KALLSYMS) {
+            self.text = parse_text_range_lines(lines.map_while(Result::ok));
         }
         if self.text.is_none() {
             tracing::warn!(

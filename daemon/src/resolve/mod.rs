@@ -832,16 +832,12 @@ impl Resolver {
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .map_err(|source| ResolveError::Io { path, source })
         };
-        use std::io::{BufRead, Read};
         // Streamed: the file is several MB, more than the snapshot's encoding.
         let kpath = proc_root.join("kallsyms");
-        let kfile = procfs::open_nofollow(&kpath)
-            .map_err(|source| ResolveError::Io { path: kpath.clone(), source })?;
         let mut read_error = None;
-        let lines = std::io::BufReader::new(kfile.take(kernel::MAX_KALLSYMS))
-            .split(b'\n')
-            .map_while(|l| l.map_err(|e| read_error = Some(e)).ok())
-            .map(|l| String::from_utf8_lossy(&l).into_owned());
+        let lines = procfs::lines_bounded(&kpath, kernel::MAX_KALLSYMS)
+            .map_err(|source| ResolveError::Io { path: kpath.clone(), source })?
+            .map_while(|l| l.map_err(|e| read_error = Some(e)).ok());
         // No /proc/modules (CONFIG_MODULES=n) is a kernel without modules.
         let modules = rd("modules", 16 << 20).unwrap_or_default();
         let sys = self.cfg.sys_root.clone();

@@ -25,6 +25,20 @@ pub(crate) fn read_bounded(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// The lines of `path` (opened with [`open_nofollow`]) as they are read, up to `limit` bytes,
+/// decoded lossily: for files of several MB such as /proc/kallsyms, of which a caller keeps
+/// only a part.
+pub(crate) fn lines_bounded(
+    path: &Path,
+    limit: u64,
+) -> io::Result<impl Iterator<Item = io::Result<String>>> {
+    use std::io::BufRead;
+    let f = open_nofollow(path)?;
+    Ok(io::BufReader::new(f.take(limit))
+        .split(b'\n')
+        .map(|l| l.map(|l| String::from_utf8_lossy(&l).into_owned())))
+}
+
 /// Whether an I/O error means "the process is gone" (it exited between listing and reading).
 pub(crate) fn is_gone(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH))

@@ -942,7 +942,9 @@ impl Store {
                 sequence: row.seq,
                 jit_symbols: jit.clone(),
             });
-            for (off, c, p) in row.counts()? {
+            let spool =
+                self.spool.as_ref().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
+            for (off, c, p) in spool.counts(row)? {
                 delta.add(off, c, p);
             }
             merged = Some(match merged.take() {

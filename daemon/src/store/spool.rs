@@ -56,22 +56,10 @@ pub struct SpoolImage {
 pub struct SpoolRow {
     pub seq: u64,
     pub desc: EventDesc,
-    /// Encoded counts, decoded by [`SpoolRow::counts`] one row at a time: a publish of a busy
+    /// Encoded counts, decoded by [`Spool::counts`] one row at a time: a publish of a busy
     /// profile (the kernel's, under exec churn) reads a publish interval's worth of rows, and
     /// decoding them all up front made each publish a multi-MB memory peak.
     data: Vec<u8>,
-    spool: PathBuf,
-}
-
-impl SpoolRow {
-    /// (offset, count, period sum), offsets ascending.
-    pub fn counts(&self) -> Result<Vec<(u64, u64, u64)>, SpoolError> {
-        decode_counts(&self.data).ok_or_else(|| SpoolError::BadRow {
-            path: self.spool.clone(),
-            seq: self.seq as i64,
-            detail: "count data".into(),
-        })
-    }
 }
 
 /// One profile's increment, to append.
@@ -288,9 +276,18 @@ impl Spool {
             let bad = |detail: String| SpoolError::BadRow { path: self.path.clone(), seq, detail };
             let desc: EventDesc =
                 serde_json::from_str(&desc).map_err(|e| bad(format!("event: {e}")))?;
-            out.push(SpoolRow { seq: seq as u64, desc, data, spool: self.path.clone() });
+            out.push(SpoolRow { seq: seq as u64, desc, data });
         }
         Ok(out)
+    }
+
+    /// A row's (offset, count, period sum), offsets ascending.
+    pub fn counts(&self, row: &SpoolRow) -> Result<Vec<(u64, u64, u64)>, SpoolError> {
+        decode_counts(&row.data).ok_or_else(|| SpoolError::BadRow {
+            path: self.path.clone(),
+            seq: row.seq as i64,
+            detail: "count data".into(),
+        })
     }
 
     pub fn image(&self, image: &str) -> Result<Option<SpoolImage>, SpoolError> {
@@ -509,7 +506,7 @@ mod tests {
             SpoolKey { epoch: "E1".into(), image: Some("b01".into()), event: "cpu-clock".into() };
         let rows = s.rows(&k).unwrap();
         assert_eq!(rows.len(), 1);
-        assert_eq!(rows[0].counts().expect("decodes"), counts);
+        assert_eq!(s.counts(&rows[0]).expect("decodes"), counts);
         assert_eq!(rows[0].desc, d);
         assert_eq!(s.image("b01").unwrap().unwrap(), img);
         assert_eq!(s.backlog().unwrap().0, 2);
