@@ -1,4 +1,5 @@
 //! Library behind `dcpictl` (daemon control) and `dcpiprof` (reports).
 
+pub mod args;
 pub mod ctl;
 pub mod prof;

@@ -23,11 +23,9 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser};
 
-use self::debuginfo::{Locator, SearchPaths, SYSTEM_DEBUG_DIR};
 use self::output::Format;
 use self::report::{Candidate, ImageFilter, SymbolContext, SymbolMode};
-use self::select::{EpochSel, HostSel};
-use self::symcache::SymbolCache;
+use crate::args::{Selection, SymbolSearch};
 
 /// Documentation of the report semantics and of the JSON schema (long help and rustdoc).
 pub const SCHEMA: &str = "\
@@ -132,19 +130,8 @@ EXIT STATUS
     after_long_help = SCHEMA
 )]
 pub struct Args {
-    /// Profile database directory.
-    #[arg(long, value_name = "DIR", default_value = profile_format::DEFAULT_DB, env = "DCPI_DB")]
-    pub db: PathBuf,
-    /// Epochs: `latest`, `all`, an epoch id, or FROM..TO (inclusive; ids or prefixes such as
-    /// 20250101; either end may be omitted).
-    #[arg(long, value_name = "ID|latest|all|FROM..TO", default_value = "latest")]
-    pub epoch: EpochSel,
-    /// Host to report (default: this host); `all` merges every host.
-    #[arg(long, value_name = "NAME|all")]
-    pub host: Option<String>,
-    /// Events to report, in column order (repeatable or comma-separated; default: all).
-    #[arg(long = "event", value_name = "NAME", value_delimiter = ',')]
-    pub events: Vec<String>,
+    #[command(flatten)]
+    pub sel: Selection,
     /// Per-symbol report of one image: a path, a basename (if unambiguous), a build-id or a
     /// prefix of >= 8 hex digits, `kernel` ([kernel.kallsyms], vmlinux), a module name,
     /// `[vdso]`, `[anon...]` (JIT, with its perf map symbols) or `unknown`.
@@ -162,40 +149,14 @@ pub struct Args {
     /// Per-symbol report: attribute samples to the innermost inlined function (DWARF).
     #[arg(long)]
     pub inlines: bool,
-    /// Directory searched first for separate debug files (repeatable).
-    #[arg(long = "debug-dir", value_name = "DIR")]
-    pub debug_dirs: Vec<PathBuf>,
-    /// Directory whose files are matched by build-id to find binaries (repeatable).
-    #[arg(long = "binary-path", value_name = "DIR")]
-    pub binary_paths: Vec<PathBuf>,
-    /// Extra build-id cache directory (<xx>/<rest> layout), searched before <db>/binaries.
-    #[arg(long = "cache-dir", value_name = "DIR")]
-    pub cache_dirs: Vec<PathBuf>,
+    #[command(flatten)]
+    pub symbols: SymbolSearch,
     /// Copy FILE into <db>/binaries (named by its build-id) and exit (repeatable).
     #[arg(long = "cache-binary", value_name = "FILE")]
     pub cache_binary: Vec<PathBuf>,
-    /// Skip corrupt or foreign-version profile files (each named in a warning) and exit 0.
-    /// Without it such a file is an error (exit 2).
-    #[arg(long, alias = "ignore-corrupt")]
-    pub keep_going: bool,
-    /// Symbol cache file (SQLite) [default: $XDG_CACHE_HOME/dcpi/symbols.sqlite or
-    /// ~/.cache/dcpi/symbols.sqlite].
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "DCPI_SYMBOL_CACHE",
-        conflicts_with = "no_symbol_cache"
-    )]
-    pub symbol_cache: Option<PathBuf>,
-    /// Do not read or write the symbol cache.
-    #[arg(long)]
-    pub no_symbol_cache: bool,
     /// Print what the report read (profile files, symbol tables, DWARF, cache hits) to stderr.
     #[arg(long, short = 'v')]
     pub verbose: bool,
-    /// Do not look in /usr/lib/debug.
-    #[arg(long, hide = true)]
-    pub no_system_debug: bool,
     /// Write a man page or shell completions to stdout and exit.
     #[arg(long, hide = true, value_enum, value_name = "WHAT")]
     pub generate: Option<Generate>,
@@ -263,34 +224,16 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
         return generate(g, out);
     }
     if !args.cache_binary.is_empty() {
-        let root = args.db.join("binaries");
+        let root = args.sel.db.join("binaries");
         for f in &args.cache_binary {
             let dest = debuginfo::cache_binary(f, &root)?;
             writeln!(out, "{} -> {}", f.display(), dest.display())?;
         }
         return Ok(());
     }
-    let db = select::open_db(&args.db)?;
-    let host = match args.host.as_deref() {
-        Some("all") => HostSel::All,
-        Some(h) => HostSel::Named(h.to_owned()),
-        None => HostSel::Named(select::this_host()),
-    };
-    let dirs = select::select_host_dirs(&db, &args.epoch, &host)?;
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);
-    let loaded = select::load(dirs, filter.as_ref(), &mut |w| warnings.push(w))?;
-    if !loaded.corrupt.is_empty() {
-        if !args.keep_going {
-            return Err(ProfError::Corrupt {
-                first: loaded.corrupt[0].clone(),
-                more: loaded.corrupt.len() - 1,
-            });
-        }
-        for c in &loaded.corrupt {
-            warnings.push(format!("skipping corrupt profile: {c}"));
-        }
-    }
+    let loaded = args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
     if loaded.profiles.is_empty() && args.image.is_none() {
         flush_warnings(err, &mut warnings)?;
         let (epochs, hosts) = select::epochs_and_hosts(&loaded.dirs);
@@ -301,15 +244,18 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
             hosts.join(",")
         )));
     }
-    let weights = report::weights(&loaded, &args.events).map_err(|e| match (e, &args.image) {
-        (ProfError::UnknownEvent { event, available, .. }, Some(spec)) => ProfError::UnknownEvent {
-            event,
-            available,
-            scope: format!("the profiles of --image {spec:?}"),
-        },
-        (e, _) => e,
-    })?;
-    let db_name = args.db.display().to_string();
+    let weights =
+        report::weights(&loaded, &args.sel.events).map_err(|e| match (e, &args.image) {
+            (ProfError::UnknownEvent { event, available, .. }, Some(spec)) => {
+                ProfError::UnknownEvent {
+                    event,
+                    available,
+                    scope: format!("the profiles of --image {spec:?}"),
+                }
+            }
+            (e, _) => e,
+        })?;
+    let db_name = args.sel.db.display().to_string();
     let result = match &args.image {
         None => {
             flush_warnings(err, &mut warnings)?;
@@ -318,22 +264,8 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
         }
         Some(spec) => {
             let idx = report::resolve_image(&loaded, &weights, spec)?;
-            let mut paths = SearchPaths {
-                debug_dirs: args.debug_dirs.clone(),
-                system_debug_dir: (!args.no_system_debug).then(|| PathBuf::from(SYSTEM_DEBUG_DIR)),
-                binary_paths: args.binary_paths.clone(),
-                cache_dirs: args.cache_dirs.clone(),
-            };
-            paths.cache_dirs.push(args.db.join("binaries"));
-            let mut locator = Locator::new(paths);
-            let mut cache = match (&args.symbol_cache, args.no_symbol_cache) {
-                (_, true) => SymbolCache::disabled(),
-                (Some(p), false) => SymbolCache::open(p, &mut |w| warnings.push(w)),
-                (None, false) => match symcache::default_path() {
-                    Some(p) => SymbolCache::open(&p, &mut |w| warnings.push(w)),
-                    None => SymbolCache::disabled(),
-                },
-            };
+            let mut locator = args.symbols.locator(&args.sel.db);
+            let mut cache = args.symbols.cache(&mut |w| warnings.push(w));
             let mode = SymbolMode { inlines: args.inlines, lines: args.lines };
             let r = {
                 let cx = SymbolContext {

@@ -1,0 +1,140 @@
+//! Options shared by every report tool (`dcpiprof`, `dcpilist`, `dcpidiff`, `dcpistats`,
+//! `dcpiexport`): one selection model and one way to find symbols.
+//!
+//! Each tool flattens [`Selection`] (which database, epochs, hosts and events) and, when it
+//! symbolizes, [`SymbolSearch`] (where binaries, debug files and the symbol cache are) into its
+//! own clap parser, so `--db`, `--epoch`, `--host`, `--event`, `--keep-going`, `--debug-dir`,
+//! `--binary-path`, `--symbol-cache` … mean the same thing everywhere.
+
+use std::path::PathBuf;
+
+use crate::prof::debuginfo::{Locator, SearchPaths, SYSTEM_DEBUG_DIR};
+use crate::prof::report::ImageFilter;
+use crate::prof::select::{self, EpochSel, HostSel, Loaded};
+use crate::prof::symcache::{self, SymbolCache};
+use crate::prof::ProfError;
+
+/// Which profiles a report reads.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Selection {
+    /// Profile database directory.
+    #[arg(long, value_name = "DIR", default_value = profile_format::DEFAULT_DB, env = "DCPI_DB")]
+    pub db: PathBuf,
+    /// Epochs: `latest`, `all`, an epoch id, or FROM..TO (inclusive; ids or prefixes such as
+    /// 20250101; either end may be omitted).
+    #[arg(long, value_name = "ID|latest|all|FROM..TO", default_value = "latest")]
+    pub epoch: EpochSel,
+    /// Host to report (default: this host); `all` merges every host.
+    #[arg(long, value_name = "NAME|all")]
+    pub host: Option<String>,
+    /// Events to report, in column order (repeatable or comma-separated; default: all).
+    #[arg(long = "event", value_name = "NAME", value_delimiter = ',')]
+    pub events: Vec<String>,
+    /// Skip corrupt or foreign-version profile files (each named in a warning) and exit 0.
+    /// Without it such a file is an error (exit 2).
+    #[arg(long, alias = "ignore-corrupt")]
+    pub keep_going: bool,
+}
+
+impl Selection {
+    /// The `--host` choice (default: this host).
+    pub fn host_sel(&self) -> HostSel {
+        match self.host.as_deref() {
+            Some("all") => HostSel::All,
+            Some(h) => HostSel::Named(h.to_owned()),
+            None => HostSel::Named(select::this_host()),
+        }
+    }
+
+    /// Open the database, pick the host directories and read their profiles (only those of
+    /// the image `filter` names, when given). Corrupt files fail the run unless
+    /// `--keep-going`, when each becomes a warning.
+    pub fn load(
+        &self,
+        filter: Option<&ImageFilter>,
+        warn: &mut dyn FnMut(String),
+    ) -> Result<Loaded, ProfError> {
+        self.load_with(&self.epoch, &self.host_sel(), filter, warn)
+    }
+
+    /// As [`Selection::load`] with another epoch and host choice (e.g. `dcpidiff`'s
+    /// `--before`/`--after`), keeping this selection's database and corrupt-file policy.
+    pub fn load_with(
+        &self,
+        epoch: &EpochSel,
+        host: &HostSel,
+        filter: Option<&ImageFilter>,
+        warn: &mut dyn FnMut(String),
+    ) -> Result<Loaded, ProfError> {
+        let db = select::open_db(&self.db)?;
+        let dirs = select::select_host_dirs(&db, epoch, host)?;
+        let loaded = select::load(dirs, filter, warn)?;
+        if !loaded.corrupt.is_empty() {
+            if !self.keep_going {
+                return Err(ProfError::Corrupt {
+                    first: loaded.corrupt[0].clone(),
+                    more: loaded.corrupt.len() - 1,
+                });
+            }
+            for c in &loaded.corrupt {
+                warn(format!("skipping corrupt profile: {c}"));
+            }
+        }
+        Ok(loaded)
+    }
+}
+
+/// Where binaries, debug files and cached symbol tables are found.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct SymbolSearch {
+    /// Directory searched first for separate debug files (repeatable).
+    #[arg(long = "debug-dir", value_name = "DIR")]
+    pub debug_dirs: Vec<PathBuf>,
+    /// Directory whose files are matched by build-id to find binaries (repeatable).
+    #[arg(long = "binary-path", value_name = "DIR")]
+    pub binary_paths: Vec<PathBuf>,
+    /// Extra build-id cache directory (<xx>/<rest> layout), searched before <db>/binaries.
+    #[arg(long = "cache-dir", value_name = "DIR")]
+    pub cache_dirs: Vec<PathBuf>,
+    /// Symbol cache file (SQLite) [default: $XDG_CACHE_HOME/dcpi/symbols.sqlite or
+    /// ~/.cache/dcpi/symbols.sqlite].
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "DCPI_SYMBOL_CACHE",
+        conflicts_with = "no_symbol_cache"
+    )]
+    pub symbol_cache: Option<PathBuf>,
+    /// Do not read or write the symbol cache.
+    #[arg(long)]
+    pub no_symbol_cache: bool,
+    /// Do not look in /usr/lib/debug.
+    #[arg(long, hide = true)]
+    pub no_system_debug: bool,
+}
+
+impl SymbolSearch {
+    /// The binary/debug-file locator for the database at `db` (its `binaries/` cache last).
+    pub fn locator(&self, db: &std::path::Path) -> Locator {
+        let mut paths = SearchPaths {
+            debug_dirs: self.debug_dirs.clone(),
+            system_debug_dir: (!self.no_system_debug).then(|| PathBuf::from(SYSTEM_DEBUG_DIR)),
+            binary_paths: self.binary_paths.clone(),
+            cache_dirs: self.cache_dirs.clone(),
+        };
+        paths.cache_dirs.push(db.join("binaries"));
+        Locator::new(paths)
+    }
+
+    /// The symbol cache these options ask for (disabled on any error, with a warning).
+    pub fn cache(&self, warn: &mut dyn FnMut(String)) -> SymbolCache {
+        match (&self.symbol_cache, self.no_symbol_cache) {
+            (_, true) => SymbolCache::disabled(),
+            (Some(p), false) => SymbolCache::open(p, warn),
+            (None, false) => match symcache::default_path() {
+                Some(p) => SymbolCache::open(&p, warn),
+                None => SymbolCache::disabled(),
+            },
+        }
+    }
+}
