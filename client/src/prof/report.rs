@@ -14,8 +14,9 @@ use profile_format::{ImageId, ImageKind, KallsymsSnapshot, KernelSymbol, Unknown
 use serde::Serialize;
 
 use super::debuginfo::{find_debug_file, live_vdso, Located, Locator};
+use super::names::display_name;
 use super::select::{epochs_and_hosts, Loaded, LoadedProfile};
-use super::symbolize::{demangle, elf_identity, ElfSymbolizer, SymbolTable};
+use super::symbolize::{elf_identity, ElfSymbolizer, SymbolTable};
 use super::symcache::{CacheKey, SymbolCache};
 use super::ProfError;
 
@@ -126,6 +127,8 @@ pub struct SymbolMode {
     pub inlines: bool,
     /// One row per source line (DWARF).
     pub lines: bool,
+    /// Show symbol names as stored (mangled), not demangled.
+    pub raw_names: bool,
 }
 
 pub fn kind_name(k: ImageKind) -> &'static str {
@@ -765,7 +768,7 @@ pub fn symbol_report(
                         _ => None,
                     };
                     let k = match found {
-                        Some(sym) => sym.name.clone(),
+                        Some(sym) => display_name(&sym.name, mode.raw_names),
                         None => unsymbolized(&label, off),
                     };
                     add((k, None), c);
@@ -777,7 +780,10 @@ pub fn symbol_report(
                         .jit_symbols
                         .iter()
                         .find(|s| off >= s.start && off - s.start < s.size.max(1))
-                        .map_or_else(|| unsymbolized(&label, off), |s| demangle(&s.name));
+                        .map_or_else(
+                            || unsymbolized(&label, off),
+                            |s| display_name(&s.name, mode.raw_names),
+                        );
                     add((k, None), c);
                 }
             }
@@ -990,7 +996,7 @@ fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey
     let Some(vaddr) = s.offset_to_vaddr(off) else {
         return (unsymbolized(label, off), None);
     };
-    let sym = s.symbol(vaddr).map(|x| demangle(&x.name));
+    let sym = s.symbol(vaddr).map(|x| display_name(&x.name, mode.raw_names));
     let frame = if mode.lines || mode.inlines { s.frame(vaddr) } else { None };
     // A section name says something only outside .text (e.g. [.plt]); inside .text, or in a
     // stripped binary, the offset is what the user can take to objdump or addr2line.
@@ -999,8 +1005,8 @@ fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey
         _ => unsymbolized(label, off),
     });
     if mode.inlines {
-        if let Some(f) = frame.as_ref().and_then(|f| f.function.clone()) {
-            name = f;
+        if let Some(f) = frame.as_ref().and_then(|f| f.function.as_deref()) {
+            name = display_name(f, mode.raw_names);
         }
     }
     let source = mode.lines.then(|| match &frame {
