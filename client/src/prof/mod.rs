@@ -11,6 +11,7 @@
 //! See [`SCHEMA`]; it is also printed by `dcpiprof --help`.
 
 pub mod debuginfo;
+pub mod image;
 pub mod names;
 pub mod output;
 pub mod report;
@@ -24,8 +25,9 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser};
 
+use self::image::ImageFilter;
 use self::output::Format;
-use self::report::{Candidate, ImageFilter, SymbolContext, SymbolMode};
+use self::report::{Candidate, SymbolContext, SymbolMode};
 use crate::args::{Selection, SymbolSearch};
 
 /// Documentation of the report semantics and of the JSON schema (long help and rustdoc).
