@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use crate::prof::debuginfo::{Locator, SearchPaths, SYSTEM_DEBUG_DIR};
-use crate::prof::report::ImageFilter;
+use crate::prof::image::ImageFilter;
 use crate::prof::select::{self, EpochSel, HostSel, Loaded};
 use crate::prof::symcache::{self, SymbolCache};
 use crate::prof::ProfError;

@@ -186,13 +186,14 @@ impl ElfFacts {
         ImageId::BuildId(self.build_id.clone())
     }
     /// (file offset, size) of a function symbol.
-    fn func(&self, name: &str) -> (u64, u64) {
+    fn func(&self, name: impl AsRef<[u8]>) -> (u64, u64) {
+        let name = name.as_ref();
         let f = object::File::parse(&*self.data).expect("parse elf");
         let sym = f
             .symbols()
             .chain(f.dynamic_symbols())
-            .find(|s| s.name().is_ok_and(|n| n == name))
-            .unwrap_or_else(|| panic!("no symbol {name}"));
+            .find(|s| s.name_bytes().is_ok_and(|n| n == name))
+            .unwrap_or_else(|| panic!("no symbol {}", String::from_utf8_lossy(name)));
         let vaddr = sym.address();
         for seg in f.segments() {
             let (off, size) = seg.file_range();
@@ -200,7 +201,7 @@ impl ElfFacts {
                 return (vaddr - seg.address() + off, sym.size());
             }
         }
-        panic!("{name} not in a PT_LOAD segment");
+        panic!("{} not in a PT_LOAD segment", String::from_utf8_lossy(name));
     }
 }
 
@@ -1577,4 +1578,96 @@ fn golden_table_json_and_csv_outputs() {
         "golden mismatch (DCPI_UPDATE_GOLDEN=1 to accept):\n{}",
         mismatches.join("\n")
     );
+}
+
+#[test]
+fn hostile_symbol_names_are_escaped_in_every_format() {
+    let t = TestDb::new();
+    let hd = t.host(&t.epoch(0), "alpha");
+    let ev = event("cpu-clock", 1000);
+    // An ELF symbol whose name is not UTF-8 and holds an ESC (raw bytes in the assembly).
+    let name: &[u8] = b"\"bad\xff\x1bname\"";
+    let mut asm = b".text\n.globl ".to_vec();
+    for part in [
+        name,
+        b"\n.type ",
+        name,
+        b",@function\n",
+        name,
+        b":\n ret\n.size ",
+        name,
+        b", .-",
+        name,
+        b"\n.globl main\nmain: call ",
+        name,
+        b"\n xor %eax,%eax\n ret\n.section .note.GNU-stack,\"\",@progbits\n",
+    ] {
+        asm.extend_from_slice(part);
+    }
+    let src = t.tmp().join("hostile.s");
+    std::fs::write(&src, &asm).expect("write asm");
+    let bin = t.tmp().join("hostile");
+    let o = Command::new("cc")
+        .args(["-Wl,--build-id=sha1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(o.status.success(), "cc: {}", String::from_utf8_lossy(&o.stderr));
+    let f = ElfFacts::read(&bin);
+    let (off, _) = f.func(b"bad\xff\x1bname");
+    let path = bin.display().to_string();
+    write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &[(off, 5)], 1000);
+    // JIT symbols (perf maps are text anyone can write): ESC, newline, a broken mangled name.
+    let jit = vec![
+        JitSymbol { start: 0x1000, size: 0x10, name: "js\u{1b}[2Jclear".into() },
+        JitSymbol { start: 0x2000, size: 0x10, name: "two\nlines".into() },
+        JitSymbol { start: 0x3000, size: 0x10, name: "_ZN3foo".into() },
+        JitSymbol { start: 0x4000, size: 0x10, name: "_RNvCs_broken\u{7f}".into() },
+    ];
+    let anon = ImageId::special("[anon]", b"77");
+    let counts = [(0x1000, 4), (0x2000, 3), (0x3000, 2), (0x4000, 1)];
+    write_profile_jit(&hd, ImageKind::Anon, &anon, b"[anon:77:js]", &ev, &counts, 1000, jit);
+
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "hostile"]);
+    assert_eq!(row(&v, "symbol", "bad\\xff\\u{1b}name")["samples"], 5, "{v:#}");
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "[anon:77"]);
+    assert_eq!(row(&v, "symbol", "js\\u{1b}[2Jclear")["samples"], 4, "{v:#}");
+    assert_eq!(row(&v, "symbol", "two\\nlines")["samples"], 3, "{v:#}");
+    assert_eq!(row(&v, "symbol", "_ZN3foo")["samples"], 2, "{v:#}");
+    assert_eq!(row(&v, "symbol", "_RNvCs_broken\\u{7f}")["samples"], 1, "{v:#}");
+    for image in ["hostile", "[anon:77"] {
+        for format in ["table", "csv", "json"] {
+            let o = prof(&t.root(), &["--host", "alpha", "--image", image, "--format", format]);
+            assert!(o.status.success(), "{image} {format}: {}", stderr(&o));
+            let raw = &o.stdout;
+            assert!(!raw.contains(&0x1b) && !raw.contains(&0x7f), "{image} {format}: {raw:?}");
+            assert!(std::str::from_utf8(raw).is_ok(), "{image} {format}: not UTF-8");
+            let rows = stdout(&o).lines().filter(|l| !l.starts_with('#')).count();
+            // A name with a newline must not add a line: header + one line per row.
+            if format != "json" {
+                let want = if image == "hostile" { 2 } else { 5 };
+                assert_eq!(rows, want, "{image} {format}: {}", stdout(&o));
+            }
+        }
+    }
+}
+
+#[test]
+fn raw_names_shows_mangled_symbols() {
+    let t = TestDb::new();
+    let src = "namespace engine { __attribute__((noinline)) int spin(int n) { int s = 0; \
+               for (int i = 0; i < n; i++) s += i; return s; } }\n\
+               int main(int argc, char**) { return engine::spin(argc); }\n";
+    let bin = compile(t.tmp(), "rawcxx", src, "cpp", &["-O1"]);
+    let f = ElfFacts::read(&bin);
+    let (spin, _) = f.func("_ZN6engine4spinEi");
+    let hd = t.host(&t.epoch(0), "alpha");
+    let ev = event("cpu-clock", 1000);
+    let path = bin.display().to_string();
+    write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &[(spin, 7)], 1000);
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "rawcxx"]);
+    assert_eq!(row(&v, "symbol", "engine::spin(int)")["samples"], 7, "{v:#}");
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "rawcxx", "--raw-names"]);
+    assert_eq!(row(&v, "symbol", "_ZN6engine4spinEi")["samples"], 7, "{v:#}");
 }

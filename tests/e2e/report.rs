@@ -149,3 +149,69 @@ fn per_function_shares_match_a_known_5_3_2_workload() {
         assert!((share - want).abs() <= 3.0, "{name}: {share:.2}% vs {want}%: {v:#}");
     }
 }
+
+/// A Rust trait method whose name is mangled the legacy way (`_ZN50_$LT$traitburn..Xor$u20$as…`):
+/// reported as perf reports it, and mangled with `--raw-names`.
+const TRAITBURN_RS: &str = r#"
+use std::time::{Duration, Instant};
+pub trait Burn { fn burn(&self, n: u64) -> u64; }
+pub struct Xor(pub u64);
+impl Burn for Xor {
+    #[inline(never)]
+    fn burn(&self, n: u64) -> u64 { (0..n).fold(self.0, |a, i| a.rotate_left(5) ^ i) }
+}
+fn main() {
+    let secs: f64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(1.0);
+    let x: Box<dyn Burn> = Box::new(Xor(std::env::args().count() as u64));
+    let (start, mut acc) = (Instant::now(), 0u64);
+    while start.elapsed() < Duration::from_secs_f64(secs) { acc ^= x.burn(std::hint::black_box(1 << 20)); }
+    std::process::exit((acc & 1) as i32);
+}
+"#;
+
+#[test]
+fn legacy_mangled_rust_trait_method_is_reported_as_perf_does() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let src = sb.dir.path().join("traitburn.rs");
+    std::fs::write(&src, TRAITBURN_RS).expect("write source");
+    let bin = sb.dir.path().join("traitburn");
+    // Choosing legacy explicitly is an unstable option on stable toolchains.
+    let o = Command::new("rustc")
+        .env("RUSTC_BOOTSTRAP", "1")
+        .args(["-Z", "unstable-options", "-C", "symbol-mangling-version=legacy"])
+        .args(["-C", "opt-level=1", "-C", "link-arg=-Wl,--build-id=sha1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run rustc");
+    assert!(o.status.success(), "rustc: {}", String::from_utf8_lossy(&o.stderr));
+    let host = "e2e-traitburn";
+    let mut d = sb.start_daemon(host, &["--events", "cpu-clock:1000000", "--flush-interval", "1s"]);
+    let st = Command::new(&bin).arg("2").status().expect("run workload");
+    assert!(st.success() || st.code() == Some(1), "workload failed: {st}");
+    let fl = d.ctl(&["flush"]);
+    assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
+    let (status, err) = d.terminate();
+    assert!(status.success(), "dcpid exit {status}: {err}");
+
+    let path = bin.display().to_string();
+    let report = |extra: &[&str]| -> serde_json::Value {
+        let mut args =
+            vec!["--host", host, "--image", &path, "--format", "json", "--no-symbol-cache"];
+        args.extend_from_slice(extra);
+        let out = sb.prof(&args);
+        assert!(out.status.success(), "dcpiprof: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON report")
+    };
+    let v = report(&[]);
+    assert_eq!(v["rows"][0]["symbol"], "<traitburn::Xor as traitburn::Burn>::burn", "{v:#}");
+    let v = report(&["--raw-names"]);
+    let raw = v["rows"][0]["symbol"].as_str().unwrap_or_default();
+    assert!(
+        raw.starts_with("_ZN50_$LT$traitburn..Xor$u20$as$u20$traitburn..Burn$GT$4burn17h"),
+        "{v:#}"
+    );
+}

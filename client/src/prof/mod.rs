@@ -11,6 +11,8 @@
 //! See [`SCHEMA`]; it is also printed by `dcpiprof --help`.
 
 pub mod debuginfo;
+pub mod image;
+pub mod names;
 pub mod output;
 pub mod report;
 pub mod select;
@@ -23,8 +25,9 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser};
 
+use self::image::ImageFilter;
 use self::output::Format;
-use self::report::{Candidate, ImageFilter, SymbolContext, SymbolMode};
+use self::report::{Candidate, SymbolContext, SymbolMode};
 use crate::args::{Selection, SymbolSearch};
 
 /// Documentation of the report semantics and of the JSON schema (long help and rustdoc).
@@ -65,6 +68,11 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
 CSV (--format csv): a header line, then one line per row: image,kind,build_id,image_id (or
   symbol,source), then <event>.samples,<event>.events,<event>.percent per event, then
   cumulative_percent.
+
+SYMBOL NAMES
+  Rust (legacy and v0) and C++ (Itanium) names are demangled as perf does; Rust hashes are
+  dropped. --raw-names shows the names as stored. Control characters are escaped (\\u{1b},
+  \\n), bytes that are not UTF-8 are written \\xNN, in every format.
 
 SPECIAL ROWS
   [unknown]              samples the daemon could not attribute (per-image); per symbol
@@ -149,6 +157,10 @@ pub struct Args {
     /// Per-symbol report: attribute samples to the innermost inlined function (DWARF).
     #[arg(long)]
     pub inlines: bool,
+    /// Per-symbol report: show symbol names as the binary stores them (mangled, with Rust
+    /// hashes), not demangled. Control characters are escaped either way.
+    #[arg(long)]
+    pub raw_names: bool,
     #[command(flatten)]
     pub symbols: SymbolSearch,
     /// Copy FILE into <db>/binaries (named by its build-id) and exit (repeatable).
@@ -266,7 +278,8 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
             let idx = report::resolve_image(&loaded, &weights, spec)?;
             let mut locator = args.symbols.locator(&args.sel.db);
             let mut cache = args.symbols.cache(&mut |w| warnings.push(w));
-            let mode = SymbolMode { inlines: args.inlines, lines: args.lines };
+            let mode =
+                SymbolMode { inlines: args.inlines, lines: args.lines, raw_names: args.raw_names };
             let r = {
                 let cx = SymbolContext {
                     loaded: &loaded,

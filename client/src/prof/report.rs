@@ -14,8 +14,11 @@ use profile_format::{ImageId, ImageKind, KallsymsSnapshot, KernelSymbol, Unknown
 use serde::Serialize;
 
 use super::debuginfo::{find_debug_file, live_vdso, Located, Locator};
-use super::select::{epochs_and_hosts, Loaded, LoadedProfile};
-use super::symbolize::{demangle, elf_identity, ElfSymbolizer, SymbolTable};
+use super::image::{build_id_hex, image_display, image_label, parse_spec, spec_matches, Spec};
+pub use super::image::{display_path, kind_name, ImageFilter};
+use super::names::display_name;
+use super::select::{epochs_and_hosts, Loaded};
+use super::symbolize::{elf_identity, ElfSymbolizer, SymbolTable};
 use super::symcache::{CacheKey, SymbolCache};
 use super::ProfError;
 
@@ -126,64 +129,8 @@ pub struct SymbolMode {
     pub inlines: bool,
     /// One row per source line (DWARF).
     pub lines: bool,
-}
-
-pub fn kind_name(k: ImageKind) -> &'static str {
-    match k {
-        ImageKind::Elf => "elf",
-        ImageKind::Kernel => "kernel",
-        ImageKind::KernelModule => "module",
-        ImageKind::Vdso => "vdso",
-        ImageKind::Anon => "anon",
-        ImageKind::Unknown => "unknown",
-    }
-}
-
-/// Printable form of a recorded path (arbitrary bytes): lossy UTF-8, control characters escaped.
-pub fn display_path(raw: &[u8]) -> String {
-    let s = String::from_utf8_lossy(raw);
-    if s.chars().any(char::is_control) {
-        s.chars()
-            .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
-            .collect()
-    } else {
-        s.into_owned()
-    }
-}
-
-fn image_display(p: &LoadedProfile) -> String {
-    let h = &p.profile.header;
-    match h.kind {
-        ImageKind::Kernel => "[kernel.kallsyms]".to_owned(),
-        ImageKind::Unknown => "[unknown]".to_owned(),
-        ImageKind::Vdso if h.image_path.is_empty() => "[vdso]".to_owned(),
-        ImageKind::KernelModule => {
-            let n = display_path(&h.image_path);
-            if n.starts_with('[') {
-                n
-            } else {
-                format!("[{n}]")
-            }
-        }
-        _ => display_path(&h.image_path),
-    }
-}
-
-/// Short name of an image for `NAME+0xOFFSET` rows: the file's basename, or the bracketed
-/// pseudo-name (`[kernel.kallsyms]`, `[vdso]`, `[ext4]`, `[anon:PID:comm]`).
-fn image_label(p: &LoadedProfile) -> String {
-    let h = &p.profile.header;
-    match h.kind {
-        ImageKind::Elf => {
-            let base = h.image_path.rsplit(|&b| b == b'/').next().unwrap_or(&h.image_path);
-            if base.is_empty() {
-                image_display(p)
-            } else {
-                display_path(base)
-            }
-        }
-        _ => image_display(p),
-    }
+    /// Show symbol names as stored (mangled), not demangled.
+    pub raw_names: bool,
 }
 
 /// `image+0xOFFSET` row name for samples no symbol covers. The offset is the file offset
@@ -191,20 +138,6 @@ fn image_label(p: &LoadedProfile) -> String {
 /// unsymbolized region gives one row rather than one per instruction.
 fn unsymbolized(label: &str, off: u64) -> String {
     format!("{label}+{:#x}", off & !0xfff)
-}
-
-fn build_id_hex(id: &ImageId) -> Option<String> {
-    match id {
-        ImageId::BuildId(b) => Some(hex::encode(b)),
-        ImageId::Fallback(_) => None,
-    }
-}
-
-fn id_text(id: &ImageId) -> String {
-    match id {
-        ImageId::BuildId(b) => format!("b{}", hex::encode(b)),
-        ImageId::Fallback(f) => format!("f{}", hex::encode(f)),
-    }
 }
 
 /// Resolved events and per-profile weights.
@@ -389,7 +322,7 @@ pub fn image_report(loaded: &Loaded, w: &Weights, db: &str, limit: Option<usize>
             ImageKind::Unknown => (ImageKind::Unknown, None),
             k => (k, Some(h.image_id.clone())),
         };
-        names.entry(key.clone()).or_insert_with(|| image_display(p));
+        names.entry(key.clone()).or_insert_with(|| image_display(&p.profile.header));
         let acc = rows.entry(key).or_insert_with(|| Acc::new(w.events.len()));
         acc.add(ei, p.samples, wt);
     }
@@ -399,7 +332,7 @@ pub fn image_report(loaded: &Loaded, w: &Weights, db: &str, limit: Option<usize>
         .map(|(k, counts, cum)| ImageRow {
             image: names.get(&k).cloned().unwrap_or_default(),
             kind: kind_name(k.0),
-            image_id: k.1.as_ref().map(id_text),
+            image_id: k.1.as_ref().map(ImageId::to_text),
             build_id: k.1.as_ref().and_then(build_id_hex),
             samples: counts.first().map_or(0, |c| c.samples),
             events: counts.first().map_or(0, |c| c.events),
@@ -427,112 +360,6 @@ fn truncate<T>(v: &mut Vec<T>, limit: Option<usize>) -> usize {
             o
         }
         _ => 0,
-    }
-}
-
-/// What `--image` names.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Spec {
-    Kernel,
-    Vdso,
-    Unknown,
-    Anon(String),
-    /// Build-id prefix or image-id text; falls back to a name when nothing matches.
-    Hex(String),
-    Path(Vec<u8>),
-    Name(String),
-}
-
-fn parse_spec(s: &str) -> Spec {
-    match s {
-        "[kernel.kallsyms]" | "vmlinux" | "kernel" => return Spec::Kernel,
-        "[vdso]" | "vdso" => return Spec::Vdso,
-        "[unknown]" | "unknown" => return Spec::Unknown,
-        _ => {}
-    }
-    if s.starts_with("[anon") {
-        return Spec::Anon(s.trim_end_matches(']').to_owned());
-    }
-    let hexpart = s.strip_prefix('b').filter(|r| r.len() >= 8).unwrap_or(s);
-    let hexpart = if s.starts_with('f') && s.len() == 33 { s } else { hexpart };
-    if hexpart.len() >= 8 && hexpart.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Spec::Hex(s.to_ascii_lowercase());
-    }
-    if s.contains('/') {
-        return Spec::Path(s.as_bytes().to_vec());
-    }
-    Spec::Name(s.trim_start_matches('[').trim_end_matches(']').to_owned())
-}
-
-fn spec_matches(spec: &Spec, p: &LoadedProfile) -> bool {
-    let h = &p.profile.header;
-    match spec {
-        Spec::Kernel => h.kind == ImageKind::Kernel,
-        Spec::Vdso => h.kind == ImageKind::Vdso,
-        Spec::Unknown => h.kind == ImageKind::Unknown,
-        Spec::Anon(prefix) => {
-            h.kind == ImageKind::Anon && display_path(&h.image_path).starts_with(prefix.as_str())
-        }
-        Spec::Hex(hx) => {
-            let t = id_text(&h.image_id);
-            h.kind != ImageKind::Unknown
-                && (t == *hx
-                    || build_id_hex(&h.image_id).is_some_and(|b| b.starts_with(hx.as_str())))
-        }
-        Spec::Path(path) => h.kind == ImageKind::Elf && h.image_path == *path,
-        Spec::Name(name) => match h.kind {
-            ImageKind::Elf => {
-                h.image_path.rsplit(|&b| b == b'/').next().is_some_and(|b| b == name.as_bytes())
-            }
-            ImageKind::KernelModule => {
-                let n = display_path(&h.image_path);
-                n.trim_start_matches('[').trim_end_matches(']') == name
-            }
-            _ => false,
-        },
-    }
-}
-
-/// Which profile files a per-symbol report needs, decided from the file name when the spec
-/// allows (a build-id or image-id prefix, `unknown`) and otherwise from one profile header per
-/// image identity (see [`super::select::load`]).
-#[derive(Clone, Debug)]
-pub struct ImageFilter {
-    spec: Spec,
-}
-
-impl ImageFilter {
-    pub fn new(spec_text: &str) -> Self {
-        ImageFilter { spec: parse_spec(spec_text) }
-    }
-
-    /// `Some(answer)` when the file name decides; `None` when the header must be read.
-    pub fn by_name(&self, image_id: Option<&ImageId>) -> Option<bool> {
-        match (&self.spec, image_id) {
-            (Spec::Unknown, id) => Some(id.is_none()),
-            (_, None) => Some(false),
-            (Spec::Hex(hx), Some(id)) => Some(
-                id_text(id) == *hx || build_id_hex(id).is_some_and(|b| b.starts_with(hx.as_str())),
-            ),
-            _ => None,
-        }
-    }
-
-    pub fn by_header(&self, p: &LoadedProfile) -> bool {
-        spec_matches(&self.spec, p)
-    }
-
-    /// A hex spec that names no file is tried as a basename (as [`resolve_image`] does).
-    pub fn as_name(&self) -> Option<ImageFilter> {
-        match &self.spec {
-            Spec::Hex(h) => Some(ImageFilter { spec: Spec::Name(h.clone()) }),
-            _ => None,
-        }
-    }
-
-    /// Display name and sample count of a profile that did not match (for the error message).
-    pub fn describe(p: &LoadedProfile) -> (String, u64) {
-        (image_display(p), p.samples)
     }
 }
 
@@ -566,7 +393,7 @@ pub fn resolve_image(
         let mut seen = HashMap::new();
         for (p, pw) in loaded.profiles.iter().zip(&w.per_profile) {
             if pw.is_some() {
-                *seen.entry(image_display(p)).or_insert(0u64) += p.samples;
+                *seen.entry(image_display(&p.profile.header)).or_insert(0u64) += p.samples;
             }
         }
         for (k, v) in seen {
@@ -593,8 +420,8 @@ pub fn resolve_image(
             let p = &loaded.profiles[i];
             let h = &p.profile.header;
             let c = groups.entry(h.image_id.clone()).or_insert_with(|| Candidate {
-                path: image_display(p),
-                image_id: id_text(&h.image_id),
+                path: image_display(&p.profile.header),
+                image_id: h.image_id.to_text(),
                 build_id: build_id_hex(&h.image_id),
                 samples: 0,
                 hosts: Vec::new(),
@@ -620,7 +447,9 @@ pub fn resolve_image(
 
 fn pick(loaded: &Loaded, w: &Weights, spec: &Spec) -> Vec<usize> {
     (0..loaded.profiles.len())
-        .filter(|&i| w.per_profile[i].is_some() && spec_matches(spec, &loaded.profiles[i]))
+        .filter(|&i| {
+            w.per_profile[i].is_some() && spec_matches(spec, &loaded.profiles[i].profile.header)
+        })
         .collect()
 }
 
@@ -655,9 +484,9 @@ pub fn symbol_report(
     let first = &loaded.profiles[idx[0]];
     let fh = &first.profile.header;
     let mut info = ImageInfo {
-        path: image_display(first),
+        path: image_display(&first.profile.header),
         kind: kind_name(fh.kind),
-        image_id: (fh.kind != ImageKind::Unknown).then(|| id_text(&fh.image_id)),
+        image_id: (fh.kind != ImageKind::Unknown).then(|| fh.image_id.to_text()),
         build_id: build_id_hex(&fh.image_id),
         binary: None,
         debug_file: None,
@@ -669,7 +498,7 @@ pub fn symbol_report(
         let p = &loaded.profiles[i];
         let Some((ei, wt)) = w.per_profile[i] else { continue };
         let h = &p.profile.header;
-        let label = image_label(p);
+        let label = image_label(&p.profile.header);
         let mut add =
             |key: RowKey, c: u64| rows.entry(key).or_insert_with(|| Acc::new(n)).add(ei, c, wt);
         match h.kind {
@@ -743,7 +572,7 @@ pub fn symbol_report(
                     (ImageId::BuildId(want), Some(have)) if want != have => {
                         warn(format!(
                             "{}: kallsyms snapshot of {} has build-id {}, the profile {}; not symbolizing",
-                            image_display(p),
+                            image_display(&p.profile.header),
                             loaded.dirs[p.dir].path.display(),
                             hex::encode(have),
                             hex::encode(want)
@@ -765,7 +594,7 @@ pub fn symbol_report(
                         _ => None,
                     };
                     let k = match found {
-                        Some(sym) => sym.name.clone(),
+                        Some(sym) => display_name(&sym.name, mode.raw_names),
                         None => unsymbolized(&label, off),
                     };
                     add((k, None), c);
@@ -777,7 +606,10 @@ pub fn symbol_report(
                         .jit_symbols
                         .iter()
                         .find(|s| off >= s.start && off - s.start < s.size.max(1))
-                        .map_or_else(|| unsymbolized(&label, off), |s| demangle(&s.name));
+                        .map_or_else(
+                            || unsymbolized(&label, off),
+                            |s| display_name(&s.name, mode.raw_names),
+                        );
                     add((k, None), c);
                 }
             }
@@ -923,7 +755,7 @@ fn load_elf(
             warn(format!(
                 "binary for {} not found (tried {tried}); its samples are shown as NAME+0xOFFSET \
                  (use --binary-path DIR or --cache-dir DIR to supply it)",
-                id_text(r.id)
+                r.id.to_text()
             ));
             return ElfState::Missing;
         }
@@ -990,7 +822,7 @@ fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey
     let Some(vaddr) = s.offset_to_vaddr(off) else {
         return (unsymbolized(label, off), None);
     };
-    let sym = s.symbol(vaddr).map(|x| demangle(&x.name));
+    let sym = s.symbol(vaddr).map(|x| display_name(&x.name, mode.raw_names));
     let frame = if mode.lines || mode.inlines { s.frame(vaddr) } else { None };
     // A section name says something only outside .text (e.g. [.plt]); inside .text, or in a
     // stripped binary, the offset is what the user can take to objdump or addr2line.
@@ -999,8 +831,8 @@ fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey
         _ => unsymbolized(label, off),
     });
     if mode.inlines {
-        if let Some(f) = frame.as_ref().and_then(|f| f.function.clone()) {
-            name = f;
+        if let Some(f) = frame.as_ref().and_then(|f| f.function.as_deref()) {
+            name = display_name(f, mode.raw_names);
         }
     }
     let source = mode.lines.then(|| match &frame {
@@ -1010,43 +842,16 @@ fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey
     (name, source)
 }
 
-/// Symbol containing `addr` within one module (`None` = core kernel) of the snapshot.
+/// Symbol containing `addr` by the snapshot's own lookup (FORMAT.md, section 8), kept only
+/// when it belongs to the module the profile is about (`None` = core kernel).
 fn kernel_lookup(
     s: &KallsymsSnapshot,
     module: Option<u32>,
     addr: Option<u64>,
 ) -> Option<&KernelSymbol> {
-    let addr = addr?;
-    if let Some(mi) = module {
-        let m = s.modules.get(mi as usize)?;
-        if addr >= m.base.saturating_add(m.size) {
-            return None;
-        }
-    }
-    let end = s.symbols.partition_point(|k| k.addr <= addr);
-    s.symbols[..end].iter().rev().find(|k| k.module == module)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_with_control_characters_are_escaped() {
-        assert_eq!(display_path(b"/tmp/a\nb"), "/tmp/a\\nb");
-        assert_eq!(display_path(b"/tmp/\xffx"), "/tmp/\u{fffd}x");
-        assert_eq!(display_path(b"/usr/bin/ls"), "/usr/bin/ls");
-    }
-
-    #[test]
-    fn image_specs() {
-        assert_eq!(parse_spec("vmlinux"), Spec::Kernel);
-        assert_eq!(parse_spec("[vdso]"), Spec::Vdso);
-        assert_eq!(parse_spec("deadbeef"), Spec::Hex("deadbeef".into()));
-        assert_eq!(parse_spec("bDEADBEEF00"), Spec::Hex("bdeadbeef00".into()));
-        assert_eq!(parse_spec("dead"), Spec::Name("dead".into()));
-        assert_eq!(parse_spec("/usr/bin/x"), Spec::Path(b"/usr/bin/x".to_vec()));
-        assert_eq!(parse_spec("[ext4]"), Spec::Name("ext4".into()));
-        assert_eq!(parse_spec("[anon:12:node]"), Spec::Anon("[anon:12:node".into()));
+    let sym = s.lookup(addr?)?;
+    match module {
+        Some(mi) => (sym.module == Some(mi)).then_some(sym),
+        None => Some(sym),
     }
 }

@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use profile_format::{Database, EpochId, HostDir, HostSummary, ImageId, Profile, ProfileEntry};
 
-use super::report::ImageFilter;
+use super::image::{image_display, ImageFilter};
 use super::{stats, ProfError};
 
 /// `--epoch`: `latest`, `all`, one id, or an inclusive range `FROM..TO` (either end may be
@@ -285,12 +285,13 @@ pub fn load(
                         None => match read_profile(&path) {
                             Ok(profile) => {
                                 let p = LoadedProfile::new(path, profile, dir, true);
-                                if f.by_header(&p) {
+                                if f.by_header(&p.profile.header) {
                                     matched = Some(true);
                                     out.profiles.push(p);
                                 } else {
                                     matched = Some(false);
-                                    out.other_images.push(ImageFilter::describe(&p));
+                                    out.other_images
+                                        .push((image_display(&p.profile.header), p.samples));
                                 }
                             }
                             Err(e) => out.corrupt.push(format!("{e}")),

@@ -12,6 +12,9 @@ use std::rc::Rc;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
+pub use super::names::demangle;
+use super::names::text_from_bytes;
+
 /// Errors while reading an ELF file.
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
@@ -29,7 +32,7 @@ pub struct Segment {
     pub vaddr: u64,
 }
 
-/// A function symbol (raw, mangled name).
+/// A function symbol (raw, mangled name; bytes that are not UTF-8 written `\\xNN`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sym {
     pub start: u64,
@@ -82,7 +85,8 @@ fn parse(data: &[u8]) -> Result<object::File<'_>, ElfError> {
 /// One frame from DWARF, innermost first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Frame {
-    /// Demangled function name, if DWARF names it.
+    /// Function name as DWARF gives it (the mangled linkage name when there is one; reports
+    /// demangle it with [`super::names::display_name`]).
     pub function: Option<String>,
     pub file: Option<String>,
     pub line: Option<u32>,
@@ -392,7 +396,7 @@ fn innermost_frame(ctx: &addr2line::Context<Reader>, vaddr: u64) -> Option<Frame
     if let Ok(mut iter) = ctx.find_frames(vaddr).skip_all_loads() {
         if let Ok(Some(frame)) = iter.next() {
             let function =
-                frame.function.as_ref().and_then(|f| f.raw_name().ok()).map(|raw| demangle(&raw));
+                frame.function.as_ref().and_then(|f| f.raw_name().ok()).map(|raw| raw.into_owned());
             let (file, line) = match &frame.location {
                 Some(loc) => (loc.file.map(str::to_owned), loc.line),
                 None => (None, None),
@@ -427,11 +431,14 @@ fn collect_symbols(file: &object::File<'_>, out: &mut Vec<Sym>) {
         if sym.is_undefined() || sym.kind() != SymbolKind::Text {
             return;
         }
-        let Ok(name) = sym.name() else { return };
-        if name.is_empty() || name.starts_with('$') {
+        // A name that is not UTF-8 still names the function (escaped), rather than leaving its
+        // samples to the previous symbol.
+        let Ok(name) = sym.name_bytes() else { return };
+        if name.is_empty() || name.starts_with(b"$") {
             return;
         }
-        out.push(Sym { start: sym.address(), size: sym.size(), name: name.to_owned() });
+        let name = text_from_bytes(name).into_owned();
+        out.push(Sym { start: sym.address(), size: sym.size(), name });
     };
     for sym in file.symbols() {
         add(sym);
@@ -487,51 +494,9 @@ fn load_dwarf(file: &object::File<'_>) -> Option<addr2line::Context<Reader>> {
     addr2line::Context::from_dwarf(dwarf).ok()
 }
 
-/// Demangle a Rust (legacy or v0) or C++ symbol; other names are returned unchanged.
-/// Rust hashes (`::h0123...`) are dropped.
-pub fn demangle(raw: &str) -> String {
-    if raw.starts_with("_R") || is_legacy_rust(raw) {
-        if let Ok(d) = rustc_demangle::try_demangle(raw) {
-            return format!("{d:#}");
-        }
-    }
-    if raw.starts_with("_Z") {
-        if let Ok(sym) = cpp_demangle::Symbol::new(raw) {
-            let opts = cpp_demangle::DemangleOptions::new().recursion_limit(256);
-            if let Ok(s) = sym.demangle(&opts) {
-                return s;
-            }
-        }
-    }
-    raw.to_owned()
-}
-
-/// Legacy Rust mangling is Itanium-shaped but ends in a `17h<16 hex>E` hash segment.
-fn is_legacy_rust(raw: &str) -> bool {
-    let Some(body) = raw.strip_prefix("_ZN") else { return false };
-    let body = body.split(['.', '$']).next().unwrap_or(body);
-    let Some(body) = body.strip_suffix('E') else { return false };
-    body.len() > 19 && {
-        let tail = &body[body.len() - 19..];
-        tail.starts_with("17h") && tail[3..].bytes().all(|b| b.is_ascii_hexdigit())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn demangles_rust_and_cpp_and_leaves_c_alone() {
-        assert_eq!(
-            demangle("_ZN4core3ptr13drop_in_place17h0123456789abcdefE"),
-            "core::ptr::drop_in_place"
-        );
-        assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar()");
-        assert_eq!(demangle("_ZN3foo3bazEi"), "foo::baz(int)");
-        assert_eq!(demangle("main"), "main");
-        assert_eq!(demangle("_Zgarbage!!"), "_Zgarbage!!");
-    }
 
     #[test]
     fn garbage_and_truncated_input_is_an_error_not_a_panic() {

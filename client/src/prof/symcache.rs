@@ -23,7 +23,9 @@ use super::stats;
 use super::symbolize::{Frame, SymbolTable};
 
 /// Bump when the stored encoding changes: older files are rebuilt.
-const SCHEMA_VERSION: i64 = 1;
+// 2: frames hold the function's raw (mangled) name; symbol names that are not UTF-8 are kept
+// (escaped) instead of dropped.
+const SCHEMA_VERSION: i64 = 2;
 
 /// Default location, from the environment (`None` when neither variable is set).
 pub fn default_path() -> Option<PathBuf> {

@@ -21,7 +21,7 @@ use object::read::ReadCache;
 use object::Endianness;
 use profile_format::ImageId;
 
-use super::procfs::valid_build_id;
+use super::procfs::gnu_build_id;
 
 /// What identifies one version of one file on this host.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -159,13 +159,9 @@ fn build_id_from<H: FileHeader<Endian = Endianness>>(
             break;
         }
         budget -= size;
-        let Ok(Some(mut notes)) = ph.notes(endian, data) else { continue };
-        while let Ok(Some(note)) = notes.next() {
-            if note.name() == object::elf::ELF_NOTE_GNU
-                && note.n_type(endian) == object::elf::NT_GNU_BUILD_ID
-            {
-                return valid_build_id(note.desc());
-            }
+        let Ok(Some(notes)) = ph.notes(endian, data) else { continue };
+        if let Some(id) = gnu_build_id(notes, endian) {
+            return Some(id);
         }
     }
     None

@@ -899,13 +899,10 @@ fn anon_image(p: &mut Process) -> Arc<ImageInfo> {
 
 /// The build-id of an in-memory ELF image (the vDSO).
 fn vdso_build_id(image: &[u8]) -> Option<Vec<u8>> {
-    use object::{Object, ObjectSection};
+    use object::Object;
+    // object's build_id() reads every note section with its note iterator.
     let obj = object::File::parse(image).ok()?;
-    if let Ok(Some(b)) = obj.build_id() {
-        return procfs::valid_build_id(b);
-    }
-    let sec = obj.section_by_name(".note.gnu.build-id")?;
-    procfs::gnu_build_id_from_notes(sec.data().ok()?)
+    procfs::valid_build_id(obj.build_id().ok()??)
 }
 
 #[cfg(test)]

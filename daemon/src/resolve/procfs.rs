@@ -68,24 +68,28 @@ pub(crate) fn parse_stat(stat: &[u8]) -> Option<(Vec<u8>, u64, u32)> {
 
 /// Find the GNU build-id in a buffer of ELF notes (as in /sys/kernel/notes and
 /// /sys/module/NAME/notes/.note.gnu.build-id), native endian, 4-byte aligned.
-pub(crate) fn gnu_build_id_from_notes(mut data: &[u8]) -> Option<Vec<u8>> {
-    fn u32_at(d: &[u8], at: usize) -> Option<usize> {
-        let b = d.get(at..at + 4)?;
-        Some(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize)
-    }
-    let align = |n: usize| n.checked_add(3).map(|v| v & !3);
-    while data.len() >= 12 {
-        let namesz = u32_at(data, 0)?;
-        let descsz = u32_at(data, 4)?;
-        let ntype = u32_at(data, 8)?;
-        let name_end = 12usize.checked_add(align(namesz)?)?;
-        let desc_end = name_end.checked_add(align(descsz)?)?;
-        let name = data.get(12..12 + namesz)?;
-        let desc = data.get(name_end..name_end.checked_add(descsz)?)?;
-        if ntype == 3 && name == b"GNU\0" {
-            return valid_build_id(desc);
+pub(crate) fn gnu_build_id_from_notes(data: &[u8]) -> Option<Vec<u8>> {
+    use object::elf::FileHeader64;
+    use object::NativeEndian;
+    // The note header has the same layout in ELF32 and ELF64.
+    let notes =
+        object::read::elf::NoteIterator::<FileHeader64<NativeEndian>>::new(NativeEndian, 4, data)
+            .ok()?;
+    gnu_build_id(notes, NativeEndian)
+}
+
+/// The GNU build-id among `notes` (object's note iterator: the one note reader of the daemon,
+/// for files, the vDSO and the kernel's notes alike).
+pub(crate) fn gnu_build_id<H: object::read::elf::FileHeader>(
+    mut notes: object::read::elf::NoteIterator<'_, H>,
+    endian: H::Endian,
+) -> Option<Vec<u8>> {
+    while let Ok(Some(note)) = notes.next() {
+        if note.name() == object::elf::ELF_NOTE_GNU
+            && note.n_type(endian) == object::elf::NT_GNU_BUILD_ID
+        {
+            return valid_build_id(note.desc());
         }
-        data = data.get(desc_end..)?;
     }
     None
 }

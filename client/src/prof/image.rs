@@ -1,0 +1,189 @@
+//! Images as reports name and select them: kinds, printable paths, the `--image` spec.
+//!
+//! Shared by [`super::select`] (which profile files to read) and [`super::report`] (rows and
+//! headers); it depends on neither, so the two do not depend on each other.
+
+use profile_format::{ImageId, ImageKind, ProfileHeader};
+
+use super::names::{escape_controls, text_from_bytes};
+
+pub fn kind_name(k: ImageKind) -> &'static str {
+    match k {
+        ImageKind::Elf => "elf",
+        ImageKind::Kernel => "kernel",
+        ImageKind::KernelModule => "module",
+        ImageKind::Vdso => "vdso",
+        ImageKind::Anon => "anon",
+        ImageKind::Unknown => "unknown",
+    }
+}
+
+/// Printable form of a recorded path (arbitrary bytes): bytes that are not UTF-8 as `\\xNN`,
+/// control characters escaped (as symbol names are, see [`super::names`]).
+pub fn display_path(raw: &[u8]) -> String {
+    escape_controls(&text_from_bytes(raw)).into_owned()
+}
+
+pub fn image_display(h: &ProfileHeader) -> String {
+    match h.kind {
+        ImageKind::Kernel => "[kernel.kallsyms]".to_owned(),
+        ImageKind::Unknown => "[unknown]".to_owned(),
+        ImageKind::Vdso if h.image_path.is_empty() => "[vdso]".to_owned(),
+        ImageKind::KernelModule => {
+            let n = display_path(&h.image_path);
+            if n.starts_with('[') {
+                n
+            } else {
+                format!("[{n}]")
+            }
+        }
+        _ => display_path(&h.image_path),
+    }
+}
+
+/// Short name of an image for `NAME+0xOFFSET` rows: the file's basename, or the bracketed
+/// pseudo-name (`[kernel.kallsyms]`, `[vdso]`, `[ext4]`, `[anon:PID:comm]`).
+pub fn image_label(h: &ProfileHeader) -> String {
+    match h.kind {
+        ImageKind::Elf => {
+            let base = h.image_path.rsplit(|&b| b == b'/').next().unwrap_or(&h.image_path);
+            if base.is_empty() {
+                image_display(h)
+            } else {
+                display_path(base)
+            }
+        }
+        _ => image_display(h),
+    }
+}
+
+pub fn build_id_hex(id: &ImageId) -> Option<String> {
+    match id {
+        ImageId::BuildId(b) => Some(hex::encode(b)),
+        ImageId::Fallback(_) => None,
+    }
+}
+
+/// What `--image` names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Spec {
+    Kernel,
+    Vdso,
+    Unknown,
+    Anon(String),
+    /// Build-id prefix or image-id text; falls back to a name when nothing matches.
+    Hex(String),
+    Path(Vec<u8>),
+    Name(String),
+}
+
+pub(super) fn parse_spec(s: &str) -> Spec {
+    match s {
+        "[kernel.kallsyms]" | "vmlinux" | "kernel" => return Spec::Kernel,
+        "[vdso]" | "vdso" => return Spec::Vdso,
+        "[unknown]" | "unknown" => return Spec::Unknown,
+        _ => {}
+    }
+    if s.starts_with("[anon") {
+        return Spec::Anon(s.trim_end_matches(']').to_owned());
+    }
+    let hexpart = s.strip_prefix('b').filter(|r| r.len() >= 8).unwrap_or(s);
+    let hexpart = if s.starts_with('f') && s.len() == 33 { s } else { hexpart };
+    if hexpart.len() >= 8 && hexpart.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Spec::Hex(s.to_ascii_lowercase());
+    }
+    if s.contains('/') {
+        return Spec::Path(s.as_bytes().to_vec());
+    }
+    Spec::Name(s.trim_start_matches('[').trim_end_matches(']').to_owned())
+}
+
+pub(super) fn spec_matches(spec: &Spec, h: &ProfileHeader) -> bool {
+    match spec {
+        Spec::Kernel => h.kind == ImageKind::Kernel,
+        Spec::Vdso => h.kind == ImageKind::Vdso,
+        Spec::Unknown => h.kind == ImageKind::Unknown,
+        Spec::Anon(prefix) => {
+            h.kind == ImageKind::Anon && display_path(&h.image_path).starts_with(prefix.as_str())
+        }
+        Spec::Hex(hx) => {
+            let t = h.image_id.to_text();
+            h.kind != ImageKind::Unknown
+                && (t == *hx
+                    || build_id_hex(&h.image_id).is_some_and(|b| b.starts_with(hx.as_str())))
+        }
+        Spec::Path(path) => h.kind == ImageKind::Elf && h.image_path == *path,
+        Spec::Name(name) => match h.kind {
+            ImageKind::Elf => {
+                h.image_path.rsplit(|&b| b == b'/').next().is_some_and(|b| b == name.as_bytes())
+            }
+            ImageKind::KernelModule => {
+                let n = display_path(&h.image_path);
+                n.trim_start_matches('[').trim_end_matches(']') == name
+            }
+            _ => false,
+        },
+    }
+}
+
+/// Which profile files a per-symbol report needs, decided from the file name when the spec
+/// allows (a build-id or image-id prefix, `unknown`) and otherwise from one profile header per
+/// image identity (see [`super::select::load`]).
+#[derive(Clone, Debug)]
+pub struct ImageFilter {
+    spec: Spec,
+}
+
+impl ImageFilter {
+    pub fn new(spec_text: &str) -> Self {
+        ImageFilter { spec: parse_spec(spec_text) }
+    }
+
+    /// `Some(answer)` when the file name decides; `None` when the header must be read.
+    pub fn by_name(&self, image_id: Option<&ImageId>) -> Option<bool> {
+        match (&self.spec, image_id) {
+            (Spec::Unknown, id) => Some(id.is_none()),
+            (_, None) => Some(false),
+            (Spec::Hex(hx), Some(id)) => Some(
+                id.to_text() == *hx || build_id_hex(id).is_some_and(|b| b.starts_with(hx.as_str())),
+            ),
+            _ => None,
+        }
+    }
+
+    pub fn by_header(&self, h: &ProfileHeader) -> bool {
+        spec_matches(&self.spec, h)
+    }
+
+    /// A hex spec that names no file is tried as a basename (as [`resolve_image`] does).
+    pub fn as_name(&self) -> Option<ImageFilter> {
+        match &self.spec {
+            Spec::Hex(h) => Some(ImageFilter { spec: Spec::Name(h.clone()) }),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_with_control_characters_are_escaped() {
+        assert_eq!(display_path(b"/tmp/a\nb"), "/tmp/a\\nb");
+        assert_eq!(display_path(b"/tmp/\xffx"), "/tmp/\\xffx");
+        assert_eq!(display_path(b"/usr/bin/ls"), "/usr/bin/ls");
+    }
+
+    #[test]
+    fn image_specs() {
+        assert_eq!(parse_spec("vmlinux"), Spec::Kernel);
+        assert_eq!(parse_spec("[vdso]"), Spec::Vdso);
+        assert_eq!(parse_spec("deadbeef"), Spec::Hex("deadbeef".into()));
+        assert_eq!(parse_spec("bDEADBEEF00"), Spec::Hex("bdeadbeef00".into()));
+        assert_eq!(parse_spec("dead"), Spec::Name("dead".into()));
+        assert_eq!(parse_spec("/usr/bin/x"), Spec::Path(b"/usr/bin/x".to_vec()));
+        assert_eq!(parse_spec("[ext4]"), Spec::Name("ext4".into()));
+        assert_eq!(parse_spec("[anon:12:node]"), Spec::Anon("[anon:12:node".into()));
+    }
+}

@@ -1,0 +1,179 @@
+//! Symbol names as reports show them: demangled (Rust legacy and v0 with `rustc-demangle`,
+//! Itanium C++ with `cpp_demangle`, as perf and samply do) and made printable.
+//!
+//! Names come from untrusted files (ELF symbol tables, DWARF, perf maps, kallsyms snapshots):
+//! they may be invalid UTF-8, contain control characters (an ESC would drive the terminal) or be
+//! broken mangled names. Nothing here panics on such input; what cannot be demangled is shown
+//! as it is, escaped.
+
+use std::borrow::Cow;
+
+/// Demangle a Rust (legacy or v0) or C++ symbol; other names are returned unchanged. Rust
+/// hashes (`::h0123...`) are dropped.
+pub fn demangle(raw: &str) -> String {
+    // rustc-demangle accepts only Rust: a C++ name such as `_ZN3foo3barEv` fails on its
+    // parameter list, so trying it first never turns C++ into Rust. Legacy Rust paths such as
+    // `_ZN50_$LT$a..X$u20$as$u20$a..T$GT$4burn17h…E` are Itanium-shaped, and cpp_demangle would
+    // leave the `$LT$` escapes in.
+    if let Ok(d) = rustc_demangle::try_demangle(raw) {
+        return format!("{d:#}");
+    }
+    if raw.starts_with("_Z") {
+        if let Some(s) = demangle_cpp(raw) {
+            return s;
+        }
+    }
+    raw.to_owned()
+}
+
+fn demangle_cpp(raw: &str) -> Option<String> {
+    // cpp_demangle bounds its recursion, but it is a parser of hostile input in a third-party
+    // crate: a panic there must cost one symbol's name, not the report.
+    std::panic::catch_unwind(|| {
+        let sym = cpp_demangle::Symbol::new(raw).ok()?;
+        let opts = cpp_demangle::DemangleOptions::new().recursion_limit(256);
+        sym.demangle(&opts).ok()
+    })
+    .ok()
+    .flatten()
+    .map(|s| drop_empty_template_args(&s))
+}
+
+/// An empty template argument list (a function template instantiated with an empty parameter
+/// pack, `f<>()`) says nothing: perf and c++filt users read `f()`. Only `<>` directly after an
+/// identifier character is dropped, so `operator<` / `operator<<` followed by `<>` keep theirs.
+fn drop_empty_template_args(s: &str) -> String {
+    if !s.contains("<>") {
+        return s.to_owned();
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("<>") {
+        let before = &rest[..i];
+        let ident = before.chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_');
+        let operator = before.ends_with("operator");
+        out.push_str(before);
+        if !ident || operator {
+            out.push_str("<>");
+        }
+        rest = &rest[i + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A symbol name as a report row shows it: demangled unless `raw`, then escaped.
+pub fn display_name(name: &str, raw: bool) -> String {
+    if raw {
+        escape_controls(name).into_owned()
+    } else {
+        escape_controls(&demangle(name)).into_owned()
+    }
+}
+
+/// Control characters (ESC, newline, DEL, C1 controls) as Rust escapes (`\u{1b}`, `\n`).
+pub fn escape_controls(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Bytes from a file as text: valid UTF-8 kept, each invalid byte written `\xNN` (so two
+/// different broken names stay different). Control characters are kept: [`display_name`]
+/// escapes them after demangling.
+pub fn text_from_bytes(raw: &[u8]) -> Cow<'_, str> {
+    if let Ok(s) = std::str::from_utf8(raw) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(raw.len() + 8);
+    for chunk in raw.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rust_legacy_v0_and_cpp() {
+        assert_eq!(
+            demangle("_ZN4core3ptr13drop_in_place17h0123456789abcdefE"),
+            "core::ptr::drop_in_place"
+        );
+        // A trait method, legacy mangling (the `$LT$` escapes of the issue).
+        assert_eq!(
+            demangle(
+                "_ZN50_$LT$traitburn..Xor$u20$as$u20$traitburn..Burn$GT$4burn17h93a6d854f22ad033E"
+            ),
+            "<traitburn::Xor as traitburn::Burn>::burn"
+        );
+        // With an LLVM suffix, as LTO builds have.
+        assert_eq!(demangle("_ZN3foo3bar17h0123456789abcdefE.llvm.1234567"), "foo::bar");
+        assert_eq!(demangle("_RNvCs1234_7mycrate4main"), "mycrate::main");
+        assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar()");
+        assert_eq!(demangle("_ZN3foo3bazEi"), "foo::baz(int)");
+        assert_eq!(demangle("main"), "main");
+    }
+
+    #[test]
+    fn empty_parameter_pack_prints_no_angle_brackets() {
+        // template <typename... T> void f(T...); f<>()
+        assert_eq!(demangle("_Z1fIJEEvDpT_"), "void f()");
+        assert_eq!(demangle("_Z1fIJEEvv"), "void f()");
+        // A non-empty pack keeps its arguments.
+        assert_eq!(demangle("_Z1fIJiEEvDpT_"), "void f<int>(int)");
+        assert_eq!(drop_empty_template_args("operator<<>(x)"), "operator<<>(x)");
+        assert_eq!(drop_empty_template_args("ns::g<>::h<>()"), "ns::g::h()");
+    }
+
+    #[test]
+    fn broken_and_hostile_names_do_not_panic() {
+        for raw in [
+            "_Zgarbage!!",
+            "_ZN",
+            "_ZN3foo",
+            "_R",
+            "_RNv",
+            "_ZN99999999999999999999foo17h0123456789abcdefE",
+            "_Z1fIJEE",
+            "_ZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZ",
+            "\u{1b}[31mred",
+            "",
+        ] {
+            let _ = demangle(raw);
+            let shown = display_name(raw, false);
+            assert!(!shown.chars().any(char::is_control), "{raw:?} -> {shown:?}");
+        }
+        let deep = format!("_Z{}", "P".repeat(100_000));
+        let _ = demangle(&deep);
+        assert_eq!(demangle("_Zgarbage!!"), "_Zgarbage!!");
+    }
+
+    #[test]
+    fn escaping() {
+        assert_eq!(display_name("evil\u{1b}[2Jname", false), "evil\\u{1b}[2Jname");
+        assert_eq!(display_name("a\nb", true), "a\\nb");
+        assert_eq!(text_from_bytes(b"ok"), "ok");
+        assert_eq!(text_from_bytes(b"bad\xff\xfename"), "bad\\xff\\xfename");
+        assert_eq!(text_from_bytes("caf\u{e9}".as_bytes()), "caf\u{e9}");
+        // Raw names are not demangled.
+        assert_eq!(
+            display_name("_ZN4core3ptr13drop_in_place17h0123456789abcdefE", true),
+            "_ZN4core3ptr13drop_in_place17h0123456789abcdefE"
+        );
+    }
+}
