@@ -151,7 +151,7 @@ pub fn display_path(raw: &[u8]) -> String {
     }
 }
 
-fn image_display(p: &LoadedProfile) -> String {
+pub(crate) fn image_display(p: &LoadedProfile) -> String {
     let h = &p.profile.header;
     match h.kind {
         ImageKind::Kernel => "[kernel.kallsyms]".to_owned(),
@@ -171,7 +171,7 @@ fn image_display(p: &LoadedProfile) -> String {
 
 /// Short name of an image for `NAME+0xOFFSET` rows: the file's basename, or the bracketed
 /// pseudo-name (`[kernel.kallsyms]`, `[vdso]`, `[ext4]`, `[anon:PID:comm]`).
-fn image_label(p: &LoadedProfile) -> String {
+pub(crate) fn image_label(p: &LoadedProfile) -> String {
     let h = &p.profile.header;
     match h.kind {
         ImageKind::Elf => {
@@ -193,14 +193,14 @@ fn unsymbolized(label: &str, off: u64) -> String {
     format!("{label}+{:#x}", off & !0xfff)
 }
 
-fn build_id_hex(id: &ImageId) -> Option<String> {
+pub(crate) fn build_id_hex(id: &ImageId) -> Option<String> {
     match id {
         ImageId::BuildId(b) => Some(hex::encode(b)),
         ImageId::Fallback(_) => None,
     }
 }
 
-fn id_text(id: &ImageId) -> String {
+pub(crate) fn id_text(id: &ImageId) -> String {
     match id {
         ImageId::BuildId(b) => format!("b{}", hex::encode(b)),
         ImageId::Fallback(f) => format!("f{}", hex::encode(f)),
@@ -842,7 +842,7 @@ pub fn symbol_report(
 
 /// The vDSO has no file: look for a copy by build-id (binary paths, caches), else use this
 /// machine's own vDSO if it is the same build.
-fn load_vdso(
+pub(crate) fn load_vdso(
     locator: &mut Locator,
     id: &ImageId,
     mode: SymbolMode,
@@ -875,7 +875,7 @@ fn load_vdso(
 }
 
 /// Symbol source of one ELF identity.
-enum ElfState {
+pub(crate) enum ElfState {
     /// With the symbol cache entry id, when cached.
     Ready(Box<ElfSymbolizer>, Option<i64>),
     /// Only another build of the binary was found: its symbols must not be used.
@@ -884,10 +884,10 @@ enum ElfState {
 }
 
 /// What [`load_elf`] looks for.
-struct ElfRequest<'a> {
-    id: &'a ImageId,
-    recorded: &'a [Vec<u8>],
-    mode: SymbolMode,
+pub(crate) struct ElfRequest<'a> {
+    pub(crate) id: &'a ImageId,
+    pub(crate) recorded: &'a [Vec<u8>],
+    pub(crate) mode: SymbolMode,
 }
 
 fn debug_key(p: &std::path::Path) -> (std::path::PathBuf, u64, i64) {
@@ -902,7 +902,7 @@ fn debug_key(p: &std::path::Path) -> (std::path::PathBuf, u64, i64) {
     }
 }
 
-fn load_elf(
+pub(crate) fn load_elf(
     locator: &mut Locator,
     cache: &mut SymbolCache,
     r: &ElfRequest<'_>,
@@ -1011,7 +1011,7 @@ fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey
 }
 
 /// Symbol containing `addr` within one module (`None` = core kernel) of the snapshot.
-fn kernel_lookup(
+pub(crate) fn kernel_lookup(
     s: &KallsymsSnapshot,
     module: Option<u32>,
     addr: Option<u64>,
