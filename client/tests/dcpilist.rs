@@ -529,3 +529,61 @@ fn help_documents_skid_and_json_schema_and_man_page_generates() {
     assert!(man.contains(".TH dcpilist 1") || man.contains(".TH DCPILIST 1"), "{man}");
     assert!(man.contains("JSON SCHEMA"));
 }
+
+#[test]
+fn dcpiprof_symbols_ranks_every_images_symbols_by_machine_share() {
+    let t = TestDb::new();
+    let bin = build(t.tmp());
+    setup(&t, &bin);
+    let e = t.db.epochs().expect("epochs")[0].clone();
+    let hd = t.db.host_dir(&e, "h").expect("host dir");
+    let ev = event("cpu-clock", 1000);
+    let id = ImageId::special("[anon]", b"77");
+    let jit = vec![JitSymbol { start: 0x7f00_0000_1000, size: 0x100, name: "jitted".into() }];
+    // Twice the period: 40 samples weigh as 80 of the others.
+    write_profile(
+        &hd,
+        ImageKind::Anon,
+        &id,
+        b"[anon:77:node]",
+        &ev,
+        &[(0x7f00_0000_1010, 40)],
+        2000,
+        jit,
+    );
+    let prof = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
+            .current_dir(t.tmp())
+            .args(["--db", "db", "--no-system-debug", "--no-symbol-cache", "--host", "h"])
+            .args(args)
+            .output()
+            .expect("run dcpiprof")
+    };
+    let o = prof(&["--symbols", "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["report"], "global-symbols");
+    let rows = v["rows"].as_array().expect("rows");
+    let got: Vec<(&str, &str, f64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["image"].as_str().unwrap_or(""),
+                r["symbol"].as_str().unwrap_or(""),
+                r["percent"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .collect();
+    // work: 83 000 events, jitted: 80 000, main: none; machine total 163 000.
+    assert_eq!(got.len(), 2, "{v:#}");
+    assert_eq!((got[0].0, got[0].1), ("list", "work"));
+    assert!((got[0].2 - 8300.0 / 163.0).abs() < 0.01, "{v:#}");
+    assert_eq!((got[1].0, got[1].1), ("[anon:77:node]", "jitted"));
+    assert_eq!(rows[1]["cumulative_percent"].as_f64(), Some(100.0));
+    let o = prof(&["--symbols", "--limit", "1"]);
+    let s = stdout(&o);
+    assert!(s.lines().any(|l| l.contains("list") && l.ends_with("work")), "{s}");
+    assert!(s.contains("# 1 more row(s) not shown"), "{s}");
+    let o = prof(&["--symbols", "--image", "list"]);
+    assert_eq!(o.status.code(), Some(2), "--symbols with --image is a usage error");
+}
