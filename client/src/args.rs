@@ -69,6 +69,23 @@ impl Selection {
         let db = select::open_db(&self.db)?;
         let dirs = select::select_host_dirs(&db, epoch, host)?;
         let loaded = select::load(dirs, filter, warn)?;
+        self.check_corrupt(loaded, warn)
+    }
+
+    /// As [`Selection::load`] without an image filter, keeping every profile's per-offset
+    /// counts (reports across all images at instruction or symbol granularity).
+    pub fn load_all_counts(&self, warn: &mut dyn FnMut(String)) -> Result<Loaded, ProfError> {
+        let db = select::open_db(&self.db)?;
+        let dirs = select::select_host_dirs(&db, &self.epoch, &self.host_sel())?;
+        let loaded = select::load_counts(dirs, None, true, warn)?;
+        self.check_corrupt(loaded, warn)
+    }
+
+    fn check_corrupt(
+        &self,
+        loaded: Loaded,
+        warn: &mut dyn FnMut(String),
+    ) -> Result<Loaded, ProfError> {
         if !loaded.corrupt.is_empty() {
             if !self.keep_going {
                 return Err(ProfError::Corrupt {

@@ -1,5 +1,7 @@
-//! Library behind `dcpictl` (daemon control) and `dcpiprof` (reports).
+//! Library behind `dcpictl` (daemon control), `dcpiprof` (reports) and `dcpilist`
+//! (per-instruction listings).
 
 pub mod args;
 pub mod ctl;
+pub mod list;
 pub mod prof;

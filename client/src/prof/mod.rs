@@ -11,6 +11,7 @@
 //! See [`SCHEMA`]; it is also printed by `dcpiprof --help`.
 
 pub mod debuginfo;
+pub mod global;
 pub mod image;
 pub mod names;
 pub mod output;
@@ -58,6 +59,12 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
       \"events\": [EVENT], \"total_samples\": int, \"rows_omitted\": int,
       \"rows\": [ { \"symbol\": str, \"source\": \"file:line\" (only with --lines),
                   \"samples\": int, \"events\": int, \"percent\": num,
+                  \"cumulative_percent\": num, \"counts\": [COUNT] } ] }
+  All symbols (--symbols, no --image):
+    { \"report\": \"global-symbols\", \"database\", \"epochs\", \"hosts\", \"events\",
+      \"total_samples\", \"rows_omitted\" as above,
+      \"rows\": [ { \"image\": str, \"kind\": str, \"build_id\": str|null, \"symbol\": str,
+                  \"samples\": int, \"events\": int, \"percent\": num (of the machine's total),
                   \"cumulative_percent\": num, \"counts\": [COUNT] } ] }
   EVENT = { \"name\": str, \"samples\": int, \"events\": int, \"mean_period\": num,
             \"nominal_period\": int, \"multiplex_scale\": num }
@@ -161,6 +168,10 @@ pub struct Args {
     /// hashes), not demangled. Control characters are escaped either way.
     #[arg(long)]
     pub raw_names: bool,
+    /// Without --image: the hottest symbols of all images in one table, with the image and
+    /// each row's share of the machine's total.
+    #[arg(long = "symbols", conflicts_with = "image")]
+    pub all_symbols: bool,
     #[command(flatten)]
     pub symbols: SymbolSearch,
     /// Copy FILE into <db>/binaries (named by its build-id) and exit (repeatable).
@@ -245,7 +256,11 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
     }
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);
-    let loaded = args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
+    let loaded = if args.all_symbols {
+        args.sel.load_all_counts(&mut |w| warnings.push(w))?
+    } else {
+        args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?
+    };
     if loaded.profiles.is_empty() && args.image.is_none() {
         flush_warnings(err, &mut warnings)?;
         let (epochs, hosts) = select::epochs_and_hosts(&loaded.dirs);
@@ -269,6 +284,21 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
         })?;
     let db_name = args.sel.db.display().to_string();
     let result = match &args.image {
+        None if args.all_symbols => {
+            let mut locator = args.symbols.locator(&args.sel.db);
+            let mut cache = args.symbols.cache(&mut |w| warnings.push(w));
+            let r = global::global_symbol_report(
+                &loaded,
+                &weights,
+                &mut locator,
+                &mut cache,
+                &mut |w| warnings.push(w),
+                &db_name,
+                args.limit,
+            );
+            flush_warnings(err, &mut warnings)?;
+            output::write_global_symbols(out, &r, args.format)
+        }
         None => {
             flush_warnings(err, &mut warnings)?;
             let r = report::image_report(&loaded, &weights, &db_name, args.limit);

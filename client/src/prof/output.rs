@@ -223,3 +223,63 @@ pub fn write_symbols(out: &mut dyn Write, r: &SymbolReport, fmt: Format) -> io::
         }
     }
 }
+
+/// `dcpiprof --symbols` without `--image`: symbols of every image, ranked together.
+pub fn write_global_symbols(
+    out: &mut dyn Write,
+    r: &super::global::GlobalReport,
+    fmt: Format,
+) -> io::Result<()> {
+    match fmt {
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut *out, r)?;
+            writeln!(out)
+        }
+        Format::Csv => {
+            let mut t = vec!["image".to_owned(), "kind".into(), "build_id".into(), "symbol".into()];
+            t.extend(csv_count_titles(&r.events));
+            t.push("cumulative_percent".into());
+            csv_line(out, &t)?;
+            for row in &r.rows {
+                let mut c = vec![
+                    row.image.clone(),
+                    row.kind.to_owned(),
+                    row.build_id.clone().unwrap_or_default(),
+                    row.symbol.clone(),
+                ];
+                c.extend(csv_count_cells(&row.counts));
+                c.push(row.cumulative_percent.to_string());
+                csv_line(out, &c)?;
+            }
+            Ok(())
+        }
+        Format::Table => {
+            header(out, &r.scope, &r.events, r.total_samples)?;
+            writeln!(out, "# percent: of the machine's total (every image, [unknown] included)")?;
+            let mut t = count_titles(&r.events);
+            t.push("cum%".into());
+            t.push("image".into());
+            t.push("symbol".into());
+            // The image column is text but not last: left-aligned to its widest cell.
+            let w = r.rows.iter().map(|x| x.image.chars().count()).max().unwrap_or(0).max(5);
+            let n = t.len();
+            t[n - 2] = format!("{:<w$}", t[n - 2]);
+            let rows = r
+                .rows
+                .iter()
+                .map(|row| {
+                    let mut c = count_cells(&row.counts);
+                    c.push(format!("{:.2}", row.cumulative_percent));
+                    c.push(format!("{:<w$}", row.image));
+                    c.push(row.symbol.clone());
+                    c
+                })
+                .collect();
+            table(out, t, rows)?;
+            if r.rows_omitted > 0 {
+                writeln!(out, "# {} more row(s) not shown (--limit)", r.rows_omitted)?;
+            }
+            Ok(())
+        }
+    }
+}

@@ -674,7 +674,7 @@ pub fn symbol_report(
 
 /// The vDSO has no file: look for a copy by build-id (binary paths, caches), else use this
 /// machine's own vDSO if it is the same build.
-fn load_vdso(
+pub(crate) fn load_vdso(
     locator: &mut Locator,
     id: &ImageId,
     mode: SymbolMode,
@@ -707,7 +707,7 @@ fn load_vdso(
 }
 
 /// Symbol source of one ELF identity.
-enum ElfState {
+pub(crate) enum ElfState {
     /// With the symbol cache entry id, when cached.
     Ready(Box<ElfSymbolizer>, Option<i64>),
     /// Only another build of the binary was found: its symbols must not be used.
@@ -716,10 +716,10 @@ enum ElfState {
 }
 
 /// What [`load_elf`] looks for.
-struct ElfRequest<'a> {
-    id: &'a ImageId,
-    recorded: &'a [Vec<u8>],
-    mode: SymbolMode,
+pub(crate) struct ElfRequest<'a> {
+    pub(crate) id: &'a ImageId,
+    pub(crate) recorded: &'a [Vec<u8>],
+    pub(crate) mode: SymbolMode,
 }
 
 fn debug_key(p: &std::path::Path) -> (std::path::PathBuf, u64, i64) {
@@ -734,7 +734,7 @@ fn debug_key(p: &std::path::Path) -> (std::path::PathBuf, u64, i64) {
     }
 }
 
-fn load_elf(
+pub(crate) fn load_elf(
     locator: &mut Locator,
     cache: &mut SymbolCache,
     r: &ElfRequest<'_>,
@@ -844,7 +844,7 @@ fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey
 
 /// Symbol containing `addr` by the snapshot's own lookup (FORMAT.md, section 8), kept only
 /// when it belongs to the module the profile is about (`None` = core kernel).
-fn kernel_lookup(
+pub(crate) fn kernel_lookup(
     s: &KallsymsSnapshot,
     module: Option<u32>,
     addr: Option<u64>,

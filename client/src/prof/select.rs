@@ -227,6 +227,17 @@ pub fn load(
     filter: Option<&ImageFilter>,
     warn: &mut dyn FnMut(String),
 ) -> Result<Loaded, ProfError> {
+    load_counts(dirs, filter, filter.is_some(), warn)
+}
+
+/// As [`load`], keeping every profile's per-offset counts even without a filter (reports
+/// across all images at offset granularity, e.g. `dcpilist --top`).
+pub fn load_counts(
+    dirs: Vec<HostDir>,
+    filter: Option<&ImageFilter>,
+    keep_counts: bool,
+    warn: &mut dyn FnMut(String),
+) -> Result<Loaded, ProfError> {
     let mut out = Loaded::default();
     let mut entries: Vec<(usize, ProfileEntry)> = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
@@ -235,7 +246,6 @@ pub fn load(
             entries.push((i, e));
         }
     }
-    let keep_counts = filter.is_some();
     let push = |out: &mut Loaded, dir: usize, path: PathBuf, r: Result<Profile, _>| match r {
         Ok(profile) => out.profiles.push(LoadedProfile::new(path, profile, dir, keep_counts)),
         Err(e) => out.corrupt.push(format!("{e}")),

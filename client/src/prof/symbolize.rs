@@ -300,6 +300,14 @@ impl ElfSymbolizer {
         &self.table
     }
 
+    /// The binary file symbols and DWARF come from, when known.
+    pub fn binary_path(&self) -> Option<&std::path::Path> {
+        match &self.source {
+            DwarfSource::Files { binary, .. } => Some(binary),
+            DwarfSource::None => None,
+        }
+    }
+
     /// Frames already known for some addresses (from the symbol cache).
     pub fn preload_frames(&self, frames: impl IntoIterator<Item = (u64, Option<Frame>)>) {
         self.memo.borrow_mut().extend(frames);
@@ -359,6 +367,32 @@ impl ElfSymbolizer {
     /// Name of the section containing `vaddr` (e.g. `.plt`), for samples outside any symbol.
     pub fn section_name(&self, vaddr: u64) -> Option<&str> {
         self.section_of(vaddr).map(|s| s.name.as_str())
+    }
+
+    /// File offset of `vaddr` through the `PT_LOAD` segment mapping it (inverse of
+    /// [`ElfSymbolizer::offset_to_vaddr`]).
+    pub fn vaddr_to_offset(&self, vaddr: u64) -> Option<u64> {
+        self.table
+            .segments
+            .iter()
+            .find(|s| vaddr >= s.vaddr && vaddr - s.vaddr < s.filesz)
+            .and_then(|s| (vaddr - s.vaddr).checked_add(s.offset))
+    }
+
+    /// End address (exclusive) of a symbol: its size, or for a symbol without one the next
+    /// symbol's start, bounded by the end of its section.
+    pub fn symbol_end(&self, sym: &Sym) -> u64 {
+        if sym.size > 0 {
+            return sym.start.saturating_add(sym.size);
+        }
+        let syms = &self.table.symbols;
+        let next = syms.get(syms.partition_point(|s| s.start <= sym.start)).map(|s| s.start);
+        let sect_end = self.section_of(sym.start).map(|s| s.start.saturating_add(s.size));
+        match (next, sect_end) {
+            (Some(n), Some(e)) => n.min(e),
+            (Some(x), None) | (None, Some(x)) => x,
+            (None, None) => sym.start,
+        }
     }
 
     /// The innermost (most deeply inlined) DWARF frame at `vaddr`; `None` without DWARF.

@@ -1,0 +1,281 @@
+//! `dcpilist --top N`: the hottest instructions of every image (DCPI's dcpitopcounts).
+
+use std::collections::HashMap;
+
+use profile_format::{ImageId, ImageKind, KallsymsSnapshot};
+use serde::Serialize;
+
+use super::disasm;
+use super::listing::{event_counts, pct, Counts};
+use super::{escape, Args, ListError};
+use crate::prof::debuginfo::live_vdso;
+use crate::prof::image::{build_id_hex, display_path, image_display};
+use crate::prof::report::{
+    self, ElfRequest, ElfState, EventCount, EventInfo, ImageInfo, Scope, SymbolMode,
+};
+use crate::prof::select::{epochs_and_hosts, Loaded};
+use crate::prof::symbolize::{demangle, ElfSymbolizer};
+use crate::prof::ProfError;
+
+/// One of the hottest instructions.
+#[derive(Clone, Debug, Serialize)]
+pub struct TopRow {
+    pub image: String,
+    pub build_id: Option<String>,
+    pub symbol: Option<String>,
+    pub offset: u64,
+    pub instruction: Option<String>,
+    pub source: Option<String>,
+    pub samples: u64,
+    pub percent: f64,
+    pub events: Vec<EventCount>,
+}
+
+/// `--top` report.
+#[derive(Clone, Debug, Serialize)]
+pub struct TopReport {
+    pub report: &'static str,
+    #[serde(flatten)]
+    pub scope: Scope,
+    pub events: Vec<EventInfo>,
+    pub total_samples: u64,
+    pub rows: Vec<TopRow>,
+}
+
+type ImageKey = (ImageKind, ImageId);
+
+pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopReport, ListError> {
+    let loaded = args.sel.load_all_counts(&mut |w| warnings.push(w))?;
+    if loaded.profiles.is_empty() {
+        return Err(ProfError::Empty(
+            "no profiles in the selected epoch(s)/host(s): nothing sampled yet (run `dcpictl \
+             flush`), or pick another --epoch / --host"
+                .into(),
+        )
+        .into());
+    }
+    let w = report::weights(&loaded, &args.sel.events)?;
+    let ne = w.events.len();
+    let mut per: HashMap<(ImageKey, u64), Counts> = HashMap::new();
+    let mut first_of: HashMap<ImageKey, usize> = HashMap::new();
+    let mut totals = Counts::new(ne);
+    for (i, p) in loaded.profiles.iter().enumerate() {
+        let Some((ei, wt)) = w.per_profile[i] else { continue };
+        let h = &p.profile.header;
+        for (&off, &c) in &p.profile.counts {
+            totals.add(ei, c, wt);
+            if h.kind == ImageKind::Unknown {
+                continue;
+            }
+            let key: ImageKey = (h.kind, h.image_id.clone());
+            first_of.entry(key.clone()).or_insert(i);
+            per.entry((key, off)).or_insert_with(|| Counts::new(ne)).add(ei, c, wt);
+        }
+    }
+    let mut v: Vec<((ImageKey, u64), Counts)> = per.into_iter().collect();
+    v.sort_by(|a, b| {
+        b.1.events[0]
+            .total_cmp(&a.1.events[0])
+            .then(b.1.samples[0].cmp(&a.1.samples[0]))
+            .then(a.0 .1.cmp(&b.0 .1))
+    });
+    v.retain(|(_, c)| !c.is_zero());
+    v.truncate(n);
+    let mut resolver =
+        Resolver { args, loaded: &loaded, elf: HashMap::new(), snaps: HashMap::new() };
+    let mut rows = Vec::with_capacity(v.len());
+    for ((key, off), c) in v {
+        let pi = first_of[&key];
+        let p = &loaded.profiles[pi];
+        let (symbol, instruction, source) = resolver.describe(pi, &key, off, warnings);
+        let ev = event_counts(&c, &w.events, &totals.events);
+        rows.push(TopRow {
+            image: image_display(&p.profile.header),
+            build_id: build_id_hex(&key.1),
+            symbol,
+            offset: off,
+            instruction,
+            source,
+            samples: c.samples[0],
+            percent: pct(c.events[0], totals.events[0]),
+            events: ev,
+        });
+    }
+    let (epochs, hosts) = epochs_and_hosts(&loaded.dirs);
+    Ok(TopReport {
+        report: "top",
+        scope: Scope { database: args.sel.db.display().to_string(), epochs, hosts },
+        total_samples: w.infos.first().map_or(0, |i| i.samples),
+        events: w.infos,
+        rows,
+    })
+}
+
+struct Resolver<'a> {
+    args: &'a Args,
+    loaded: &'a Loaded,
+    elf: HashMap<ImageKey, Option<(Box<ElfSymbolizer>, bool)>>,
+    snaps: HashMap<usize, Option<KallsymsSnapshot>>,
+}
+
+impl Resolver<'_> {
+    /// Symbol, instruction text and source line of one offset.
+    fn describe(
+        &mut self,
+        pi: usize,
+        key: &ImageKey,
+        off: u64,
+        warnings: &mut Vec<String>,
+    ) -> (Option<String>, Option<String>, Option<String>) {
+        let p = &self.loaded.profiles[pi];
+        let h = &p.profile.header;
+        match h.kind {
+            ImageKind::Elf | ImageKind::Vdso => {
+                let args = self.args;
+                let s = self.elf.entry(key.clone()).or_insert_with(|| {
+                    let mut info = ImageInfo {
+                        path: String::new(),
+                        kind: "",
+                        image_id: None,
+                        build_id: None,
+                        binary: None,
+                        debug_file: None,
+                    };
+                    let mut locator = args.symbols.locator(&args.sel.db);
+                    let want = SymbolMode { lines: true, inlines: false, raw_names: false };
+                    let st = if h.kind == ImageKind::Vdso {
+                        report::load_vdso(&mut locator, &h.image_id, want, &mut info)
+                    } else {
+                        let mut cache = args.symbols.cache(&mut |w| warnings.push(w));
+                        let rec = [h.image_path.clone()];
+                        let r = ElfRequest { id: &h.image_id, recorded: &rec, mode: want };
+                        report::load_elf(&mut locator, &mut cache, &r, &mut info, &mut |w| {
+                            warnings.push(w)
+                        })
+                    };
+                    match st {
+                        ElfState::Ready(s, _) => {
+                            let x86 = match s.binary_path() {
+                                Some(b) => is_x86_64(Some(b), None),
+                                None => live_vdso().is_some_and(|d| is_x86_64(None, Some(&d))),
+                            };
+                            Some((s, x86))
+                        }
+                        _ => None,
+                    }
+                });
+                let Some((s, x86)) = s else { return (None, None, None) };
+                let x86 = *x86;
+                let Some(vaddr) = s.offset_to_vaddr(off) else { return (None, None, None) };
+                let sym = s.symbol(vaddr).map(|x| {
+                    let d = escape(&demangle(&x.name));
+                    if vaddr == x.start {
+                        d
+                    } else {
+                        format!("{d}+{:#x}", vaddr - x.start)
+                    }
+                });
+                let code = match s.binary_path() {
+                    Some(b) => read_bytes(b, off),
+                    None => live_vdso().and_then(|d| {
+                        d.get(off as usize..d.len().min(off as usize + 16)).map(<[u8]>::to_vec)
+                    }),
+                };
+                let insn = code.filter(|_| x86).and_then(|c| {
+                    disasm::decode(&c, vaddr, self.args.syntax).into_iter().next().map(|i| i.text)
+                });
+                let src = s.frame(vaddr).and_then(|f| {
+                    f.file.map(|file| format!("{}:{}", escape(&file), f.line.unwrap_or(0)))
+                });
+                (sym, insn, src)
+            }
+            ImageKind::Kernel | ImageKind::KernelModule => {
+                let dir = p.dir;
+                let snap = self.snaps.entry(dir).or_insert_with(|| {
+                    KallsymsSnapshot::read(&self.loaded.dirs[dir].kallsyms_path()).ok()
+                });
+                let Some(snap) = snap.as_ref() else { return (None, None, None) };
+                let (module, base) = if h.kind == ImageKind::KernelModule {
+                    let name = display_path(&h.image_path);
+                    let name = name.trim_start_matches('[').trim_end_matches(']').to_owned();
+                    match snap.modules.iter().position(|m| m.name == name) {
+                        Some(mi) => (Some(mi as u32), snap.modules[mi].base),
+                        None => return (None, None, None),
+                    }
+                } else {
+                    (None, snap.text_base)
+                };
+                let addr = base.saturating_add(off);
+                let sym = report::kernel_lookup(snap, module, Some(addr));
+                let name = sym.map(|s| {
+                    let n = escape(&s.name);
+                    if addr == s.addr {
+                        n
+                    } else {
+                        format!("{n}+{:#x}", addr - s.addr)
+                    }
+                });
+                let insn = if module.is_none() {
+                    let mut ignore = Vec::new();
+                    super::kernel::read_kernel_code(
+                        self.args.vmlinux.as_deref(),
+                        snap,
+                        addr,
+                        16,
+                        &mut ignore,
+                    )
+                    .ok()
+                    .and_then(|c| {
+                        disasm::decode(&c, addr, self.args.syntax)
+                            .into_iter()
+                            .next()
+                            .map(|i| i.text)
+                    })
+                } else {
+                    None
+                };
+                (name, insn, None)
+            }
+            ImageKind::Anon => {
+                let name = h
+                    .jit_symbols
+                    .iter()
+                    .find(|s| off >= s.start && off - s.start < s.size.max(1))
+                    .map(|s| {
+                        let d = escape(&demangle(&s.name));
+                        if off == s.start {
+                            d
+                        } else {
+                            format!("{d}+{:#x}", off - s.start)
+                        }
+                    });
+                (name, None, None)
+            }
+            ImageKind::Unknown => (None, None, None),
+        }
+    }
+}
+
+/// Up to 16 bytes (the longest x86 instruction is 15) at `off` of a file.
+fn read_bytes(path: &std::path::Path, off: u64) -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    f.seek(SeekFrom::Start(off)).ok()?;
+    let mut buf = Vec::with_capacity(16);
+    f.take(16).read_to_end(&mut buf).ok()?;
+    Some(buf)
+}
+
+/// Whether an ELF file holds x86-64 code (anything else is not disassembled).
+pub(crate) fn is_x86_64(data_path: Option<&std::path::Path>, data: Option<&[u8]>) -> bool {
+    use object::Object;
+    let arch = match (data_path, data) {
+        (Some(p), _) => std::fs::File::open(p).ok().and_then(|mut f| {
+            let cache = object::ReadCache::new(&mut f);
+            object::File::parse(&cache).ok().map(|o| o.architecture())
+        }),
+        (None, Some(d)) => object::File::parse(d).ok().map(|o| o.architecture()),
+        _ => None,
+    };
+    arch == Some(object::Architecture::X86_64)
+}

@@ -1,0 +1,141 @@
+//! `dcpiprof --symbols` without `--image`: the hottest symbols of every image in one table,
+//! each row's share of the machine's total (every image, `[unknown]` included).
+
+use std::collections::BTreeMap;
+
+use profile_format::{ImageId, ImageKind};
+use serde::Serialize;
+
+use super::debuginfo::Locator;
+use super::report::{self, EventCount, EventInfo, Scope, SymbolContext, SymbolMode, Weights};
+use super::select::{epochs_and_hosts, Loaded};
+use super::symcache::SymbolCache;
+use crate::prof::image::{build_id_hex, image_display, kind_name};
+
+/// A row: one symbol of one image.
+#[derive(Clone, Debug, Serialize)]
+pub struct GlobalRow {
+    pub image: String,
+    pub kind: &'static str,
+    pub build_id: Option<String>,
+    pub symbol: String,
+    pub samples: u64,
+    pub events: u64,
+    /// Share of the machine's total `events` of the first event.
+    pub percent: f64,
+    pub cumulative_percent: f64,
+    /// Per event; `percent` there is of the machine's total of that event.
+    pub counts: Vec<EventCount>,
+}
+
+/// The report.
+#[derive(Clone, Debug, Serialize)]
+pub struct GlobalReport {
+    pub report: &'static str,
+    #[serde(flatten)]
+    pub scope: Scope,
+    pub events: Vec<EventInfo>,
+    pub total_samples: u64,
+    pub rows_omitted: usize,
+    pub rows: Vec<GlobalRow>,
+}
+
+fn pct(part: f64, total: f64) -> f64 {
+    if total > 0.0 {
+        (part / total * 1e6).round() / 1e4
+    } else {
+        0.0
+    }
+}
+
+/// Symbolize every image of `loaded` (loaded with its counts) and rank all symbols together.
+pub fn global_symbol_report(
+    loaded: &Loaded,
+    w: &Weights,
+    locator: &mut Locator,
+    cache: &mut SymbolCache,
+    warn: &mut dyn FnMut(String),
+    db: &str,
+    limit: Option<usize>,
+) -> GlobalReport {
+    // One group per image identity, as the per-image report has one row per image.
+    let mut groups: BTreeMap<(ImageKind, Option<ImageId>), Vec<usize>> = BTreeMap::new();
+    for (i, p) in loaded.profiles.iter().enumerate() {
+        if w.per_profile[i].is_none() {
+            continue;
+        }
+        let h = &p.profile.header;
+        let id = (h.kind != ImageKind::Unknown).then(|| h.image_id.clone());
+        groups.entry((h.kind, id)).or_default().push(i);
+    }
+    let totals: Vec<f64> = w.infos.iter().map(|i| i.events as f64).collect();
+    let mut rows: Vec<(Vec<f64>, GlobalRow)> = Vec::new();
+    for ((kind, id), idx) in groups {
+        let cx = SymbolContext {
+            loaded,
+            weights: w,
+            locator: &mut *locator,
+            cache: &mut *cache,
+            mode: SymbolMode::default(),
+            warn: &mut *warn,
+        };
+        let r = report::symbol_report(cx, &idx, db, None);
+        let image = image_display(&loaded.profiles[idx[0]].profile.header);
+        for s in r.rows {
+            let ev: Vec<f64> = s.counts.iter().map(|c| c.events as f64).collect();
+            let counts: Vec<EventCount> = s
+                .counts
+                .into_iter()
+                .zip(&totals)
+                .map(|(c, &t)| EventCount { percent: pct(c.events as f64, t), ..c })
+                .collect();
+            rows.push((
+                ev,
+                GlobalRow {
+                    image: image.clone(),
+                    kind: kind_name(kind),
+                    build_id: id.as_ref().and_then(build_id_hex),
+                    symbol: s.symbol,
+                    samples: s.samples,
+                    events: s.events,
+                    percent: counts.first().map_or(0.0, |c| c.percent),
+                    cumulative_percent: 0.0,
+                    counts,
+                },
+            ));
+        }
+    }
+    rows.sort_by(|a, b| {
+        let (x, y) = (a.0.first().copied().unwrap_or(0.0), b.0.first().copied().unwrap_or(0.0));
+        y.total_cmp(&x)
+            .then(b.1.samples.cmp(&a.1.samples))
+            .then_with(|| (&a.1.image, &a.1.symbol).cmp(&(&b.1.image, &b.1.symbol)))
+    });
+    let mut cum = 0.0;
+    let total0 = totals.first().copied().unwrap_or(0.0);
+    let mut out: Vec<GlobalRow> = rows
+        .into_iter()
+        .map(|(ev, mut r)| {
+            cum += ev.first().copied().unwrap_or(0.0);
+            r.cumulative_percent = pct(cum, total0);
+            r
+        })
+        .collect();
+    let omitted = match limit {
+        Some(n) if out.len() > n => {
+            let o = out.len() - n;
+            out.truncate(n);
+            o
+        }
+        _ => 0,
+    };
+    let (epochs, hosts) = epochs_and_hosts(&loaded.dirs);
+    GlobalReport {
+        report: "global-symbols",
+        scope: Scope { database: db.to_owned(), epochs, hosts },
+        total_samples: w.infos.first().map_or(0, |i| i.samples),
+        events: w.infos.clone(),
+        rows_omitted: omitted,
+        rows: out,
+    }
+}
