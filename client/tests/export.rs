@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
 use profile_format::{
-    Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, Profile, ProfileHeader,
+    Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, JitSymbol, Profile, ProfileHeader,
 };
 use serde_json::Value;
 
@@ -64,6 +64,20 @@ fn write_profile(
     counts: &[(u64, u64)],
     period: u64,
 ) {
+    write_profile_jit(hd, kind, id, path, ev, counts, period, Vec::new());
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_profile_jit(
+    hd: &HostDir,
+    kind: ImageKind,
+    id: &ImageId,
+    path: &[u8],
+    ev: &EventDesc,
+    counts: &[(u64, u64)],
+    period: u64,
+    jit_symbols: Vec<JitSymbol>,
+) {
     let mut p = Profile::new(ProfileHeader {
         kind,
         image_id: id.clone(),
@@ -74,7 +88,7 @@ fn write_profile(
         total_samples: 0,
         total_period: 0,
         sequence: 0,
-        jit_symbols: Vec::new(),
+        jit_symbols,
     });
     for &(off, c) in counts {
         p.add(off, c, c * period);
@@ -498,4 +512,145 @@ fn svg_flame_graph_is_searchable_and_zoomable_in_a_browser() {
         100.0 * prog["samples"].as_f64().expect("n") / report["total_samples"].as_f64().expect("t")
     );
     assert!(dom.contains(&want), "{want} not in {dom}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// speedscope, hostile names, progress
+
+#[test]
+fn speedscope_weights_are_dcpiprofs_events() {
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    workload(&t, &p);
+    let sel = ["--host", "alpha", "--epoch", "all"];
+    let doc: Value = serde_json::from_slice(&ok(
+        prof(&t.root(), &[&sel[..], &["--format", "speedscope"]].concat()),
+        "speedscope",
+    ))
+    .expect("speedscope JSON");
+    let frames = doc["shared"]["frames"].as_array().expect("frames");
+    let prof0 = &doc["profiles"][0];
+    assert_eq!(prof0["type"], "sampled");
+    assert_eq!(prof0["unit"], "nanoseconds");
+    let samples = prof0["samples"].as_array().expect("samples");
+    let weights = prof0["weights"].as_array().expect("weights");
+    assert_eq!(samples.len(), weights.len());
+    let report = json(&t.root(), &sel);
+    let total: f64 = weights.iter().filter_map(Value::as_f64).sum();
+    assert!((total - report["events"][0]["events"].as_f64().expect("events")).abs() <= 2.0);
+    // hot_alpha's weight against the per-symbol report's events.
+    let sym = json(&t.root(), &[&sel[..], &["--image", "prog"]].concat());
+    let want = sym["rows"][0]["events"].as_f64().expect("events");
+    assert_eq!(sym["rows"][0]["symbol"], "hot_alpha");
+    let got: f64 = samples
+        .iter()
+        .zip(weights)
+        .filter(|(s, _)| {
+            s.as_array()
+                .and_then(|st| st.last())
+                .and_then(Value::as_u64)
+                .is_some_and(|f| frames[f as usize]["name"] == "hot_alpha")
+        })
+        .filter_map(|(_, w)| w.as_f64())
+        .sum();
+    assert!((got - want).abs() <= 2.0, "{got} vs {want}");
+}
+
+#[test]
+fn hostile_symbol_names_cannot_break_any_format() {
+    let t = TestDb::new();
+    let hd = t.host(0, "alpha");
+    let ev = event("cpu-clock", 1000);
+    let id = ImageId::special("[anon]", b"1234");
+    let evil = "evil\nname;<script>alert(1)</script>\u{1b}[31m";
+    let jit = vec![
+        JitSymbol { start: 0x1000, size: 0x100, name: evil.into() },
+        JitSymbol { start: 0x2000, size: 0x10, name: "plain_fn".into() },
+    ];
+    write_profile_jit(
+        &hd,
+        ImageKind::Anon,
+        &id,
+        b"[anon:1234:node]",
+        &ev,
+        &[(0x1010, 6), (0x2004, 2)],
+        1000,
+        jit,
+    );
+    let run = |fmt: &str| -> String {
+        String::from_utf8(ok(prof(&t.root(), &["--host", "alpha", "--format", fmt]), fmt))
+            .expect("utf8")
+    };
+    let folded = run("folded");
+    assert_eq!(folded.lines().count(), 2, "{folded:?}");
+    assert!(
+        folded.contains("[anon:1234:node];evil\\nname:<script>alert(1)</script>\\u{1b}[31m 6"),
+        "{folded:?}"
+    );
+    assert!(!folded.contains('\u{1b}'));
+    for fmt in ["svg", "html"] {
+        let doc = run(fmt);
+        assert!(!doc.contains("<script>alert"), "{fmt} lets markup through");
+        assert!(doc.contains("evil\\nname;&lt;script&gt;alert(1)&lt;/script&gt;"), "{fmt}: {doc}");
+        assert!(!doc.contains('\u{1b}'), "{fmt}");
+    }
+    let v: Value = serde_json::from_str(&run("speedscope")).expect("valid JSON");
+    let names: Vec<&str> = v["shared"]["frames"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    assert!(names.iter().any(|n| n.starts_with("evil\\nname;")), "{names:?}");
+    assert!(names.iter().all(|n| !n.contains(char::is_control)), "{names:?}");
+}
+
+#[test]
+fn progress_bar_only_on_a_terminal() {
+    let t = TestDb::new();
+    let hd = t.host(0, "alpha");
+    let ev = event("cpu-clock", 1000);
+    // A "fleet": 600 JIT images (no binaries to look up, so no warnings either).
+    for i in 0u32..600 {
+        let id = ImageId::special("[anon]", &i.to_le_bytes());
+        write_profile(
+            &hd,
+            ImageKind::Anon,
+            &id,
+            format!("[anon:{i}:java]").as_bytes(),
+            &ev,
+            &[(0x1000, 1)],
+            1000,
+        );
+    }
+    let out = t.tmp().join("f.folded");
+    let o = prof(
+        &t.root(),
+        &["--host", "alpha", "--format", "folded", "-o", out.to_str().expect("utf8")],
+    );
+    ok(o.clone(), "folded");
+    assert!(
+        o.stderr.is_empty(),
+        "a pipe gets no progress bar: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&out).expect("output").lines().count(), 600);
+    // The same export on a terminal (script(1) gives it a pty) draws one.
+    if tool("script", "util-linux").is_none() {
+        return;
+    }
+    let cmd = format!(
+        "env XDG_CACHE_HOME={} {} --db {} --host alpha --format folded -o {}",
+        t.tmp().join("cache").display(),
+        env!("CARGO_BIN_EXE_dcpiprof"),
+        t.root().display(),
+        out.display()
+    );
+    let o = Command::new("script").args(["-qec", &cmd, "/dev/null"]).output().expect("script");
+    let tty = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{tty}");
+    assert!(
+        tty.contains("symbolizing") && tty.contains("/600 profiles"),
+        "no progress bar on a tty: {tty:?}"
+    );
 }

@@ -87,6 +87,8 @@ EXPORT FORMATS (every selection; with --image, only that image)
             of the top 5 images (100 rows each, or --limit), the flame graph, and a chart of the
             top images' share per epoch when several epochs are selected. Click a column
             header to sort.
+  speedscope  speedscope's JSON file format: one sampled profile per event, weighted by
+            its event estimate (nanoseconds for cpu-clock), frames image then symbol.
   --output FILE writes any format to FILE atomically (temporary file, fsync, rename) instead
   of stdout. A progress bar is drawn on a terminal's stderr for exports of 500+ files.
 
@@ -161,8 +163,8 @@ pub struct Args {
     /// `[vdso]`, `[anon...]` (JIT, with its perf map symbols) or `unknown`.
     #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
-    /// Output format (report: table, json, csv; export: folded, pprof, svg, html; see EXPORT
-    /// FORMATS below).
+    /// Output format (report: table, json, csv; export: folded, pprof, svg, html, speedscope;
+    /// see EXPORT FORMATS below).
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
     /// Write the report or export to FILE (atomically) instead of stdout.
@@ -389,6 +391,11 @@ fn run_export(
         Format::Svg => {
             let svg = export::flame::svg(&x.folded(), &export::flame::title(&x), "samples", true);
             out.write_all(svg.as_bytes())?
+        }
+        Format::Speedscope => {
+            serde_json::to_writer(&mut *out, &export::speedscope::document(&x))
+                .map_err(std::io::Error::from)?;
+            writeln!(out)?
         }
         _ => out.write_all(export::html::page(&x, args.limit).as_bytes())?,
     }

@@ -21,12 +21,17 @@ pub enum Format {
     Svg,
     /// Self-contained HTML report (tables, flame graph, trend).
     Html,
+    /// speedscope JSON (speedscope.app, also read by Firefox Profiler's importer).
+    Speedscope,
 }
 
 impl Format {
     /// Formats written from symbolized samples by [`super::export`].
     pub fn is_export(self) -> bool {
-        matches!(self, Format::Folded | Format::Pprof | Format::Svg | Format::Html)
+        matches!(
+            self,
+            Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope
+        )
     }
 }
 
@@ -137,7 +142,9 @@ fn csv_count_cells(counts: &[EventCount]) -> Vec<String> {
 
 pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format) -> io::Result<()> {
     match fmt {
-        Format::Folded | Format::Pprof | Format::Svg | Format::Html => Err(not_a_report(fmt)),
+        Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
+            Err(not_a_report(fmt))
+        }
         Format::Json => {
             serde_json::to_writer_pretty(&mut *out, r)?;
             writeln!(out)
@@ -188,7 +195,9 @@ pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format) -> io::Re
 pub fn write_symbols(out: &mut dyn Write, r: &SymbolReport, fmt: Format) -> io::Result<()> {
     let with_source = r.rows.iter().any(|x| x.source.is_some());
     match fmt {
-        Format::Folded | Format::Pprof | Format::Svg | Format::Html => Err(not_a_report(fmt)),
+        Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
+            Err(not_a_report(fmt))
+        }
         Format::Json => {
             serde_json::to_writer_pretty(&mut *out, r)?;
             writeln!(out)

@@ -25,6 +25,7 @@ h3 { font-size: 1em; margin: 1.2em 0 .3em; font-family: monospace; }
 .meta { color: #555; margin: 0; } nav a { margin-right: 1em; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { padding: 2px 8px; border-bottom: 1px solid #e4e4e4; }
+td.s:first-child, td.n + td.s { min-width: 4em; }
 th { background: #f0f0f0; cursor: pointer; user-select: none; position: sticky; top: 0; }
 th[data-dir=asc]::after { content: ' \\25B2'; } th[data-dir=desc]::after { content: ' \\25BC'; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
@@ -99,6 +100,12 @@ fn percent_cell(p: f64) -> (String, String) {
             p.clamp(0.0, 100.0)
         ),
     )
+}
+
+/// Build-ids are long: the first 12 digits, the whole id on hover.
+fn short_id(id: &str) -> (String, String) {
+    let short: String = id.chars().take(12).collect();
+    (id.to_owned(), format!("<span title=\"{}\">{}</span>", xml(id), xml(&short)))
 }
 
 fn text(s: &str) -> (String, String) {
@@ -226,7 +233,7 @@ pub fn page(x: &Export, limit: Option<usize>) -> String {
                 ),
                 text(row.kind),
                 text(&row.image),
-                text(row.build_id.as_deref().unwrap_or("")),
+                short_id(row.build_id.as_deref().unwrap_or("")),
             ]
         })
         .collect();

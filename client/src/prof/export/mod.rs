@@ -11,6 +11,7 @@
 pub mod flame;
 pub mod html;
 pub mod pprof;
+pub mod speedscope;
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -294,9 +295,11 @@ pub fn build(
     bar.finish_and_clear();
 
     let mut per_epoch: Vec<HashMap<String, f64>> = vec![HashMap::new(); epochs.len()];
+    let only: Option<std::collections::HashSet<usize>> =
+        req.only.as_ref().map(|o| o.iter().copied().collect());
     for (i, p) in loaded.profiles.iter().enumerate() {
         let Some((ei, wt)) = w.per_profile[i] else { continue };
-        if ei != 0 || req.only.as_ref().is_some_and(|o| !o.contains(&i)) {
+        if ei != 0 || only.as_ref().is_some_and(|o| !o.contains(&i)) {
             continue;
         }
         let name = image_name_of(&image_report, p);
@@ -338,23 +341,23 @@ fn image_name_of(r: &ImageReport, p: &super::select::LoadedProfile) -> String {
         .map_or_else(|| display_path(&h.image_path), |row| row.image.clone())
 }
 
-/// Start of the earliest epoch, and the time the host summaries say was covered.
+/// Start of the earliest epoch, and the time from it to the last summary write (what the
+/// daemons say they covered).
 fn times(loaded: &Loaded) -> (i64, i64) {
     let start = loaded
         .dirs
         .iter()
         .filter_map(|d| d.epoch.start_time().duration_since(std::time::UNIX_EPOCH).ok())
-        .min()
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-    let first = loaded.summaries.iter().flatten().map(|s| s.first_written).min();
+        .min();
     let last = loaded.summaries.iter().flatten().map(|s| s.last_written).max();
-    let dur = match (first, last) {
-        (Some(a), Some(b)) if b > a => {
-            i64::try_from((b - a).saturating_mul(1_000_000_000)).unwrap_or(i64::MAX)
+    let nanos = |d: std::time::Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+    match (start, last) {
+        (Some(s), Some(l)) if l > s.as_secs() => {
+            (nanos(s), nanos(std::time::Duration::from_secs(l) - s))
         }
-        _ => 0,
-    };
-    (start, dur)
+        (Some(s), _) => (nanos(s), 0),
+        _ => (0, 0),
+    }
 }
 
 /// `file:line` (from `--lines`) split; `??:0` means unknown.
