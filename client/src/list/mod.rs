@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use clap::{CommandFactory, Parser};
 
 use crate::args::{Selection, SymbolSearch};
-use crate::prof::output::Format;
+use crate::prof::output::TableFormat as Format;
 use crate::prof::{self, ProfError};
 
 /// The skid caveat, printed in `--help` and in every listing's header.

@@ -4,7 +4,7 @@ use std::io::{self, Write};
 
 use super::listing::{AsmRow, Listing, Row, SourceRow};
 use super::top::TopReport;
-use crate::prof::output::Format;
+use crate::prof::output::TableFormat as Format;
 use crate::prof::report::{EventCount, EventInfo, Scope};
 
 #[derive(Clone, Copy, PartialEq, Eq)]

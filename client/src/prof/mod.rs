@@ -4,13 +4,15 @@
 //! * [`report`] weights and aggregates them into per-image or per-symbol reports;
 //! * [`symbolize`] and [`debuginfo`] turn stored offsets into symbols, finding the exact build
 //!   of each binary and its separate debug information;
-//! * [`output`] renders a table, JSON or CSV.
+//! * [`output`] renders a table, JSON or CSV;
+//! * [`export`] writes pprof, folded stacks, a flame graph SVG or an HTML report.
 //!
 //! # JSON schema (`--format json`)
 //!
 //! See [`SCHEMA`]; it is also printed by `dcpiprof --help`.
 
 pub mod debuginfo;
+pub mod export;
 pub mod global;
 pub mod image;
 pub mod names;
@@ -22,7 +24,7 @@ pub mod symbolize;
 pub mod symcache;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser};
 
@@ -80,6 +82,29 @@ SYMBOL NAMES
   Rust (legacy and v0) and C++ (Itanium) names are demangled as perf does; Rust hashes are
   dropped. --raw-names shows the names as stored. Control characters are escaped (\\u{1b},
   \\n), bytes that are not UTF-8 are written \\xNN, in every format.
+EXPORT FORMATS (every selection; with --image, only that image)
+  folded    `image;symbol count` per line (flamegraph.pl, inferno, speedscope): raw samples
+            of the first event, summing to the report's total_samples. `;` in a name is
+            written as `:`. Call stacks, when recorded, will extend the stack before the symbol.
+  pprof     gzipped profile.proto for go tool pprof, Parca, Pyroscope. Sample types per
+            event: samples/count (EVENT_samples/count with several events) and the weighted
+            estimate (cpu/nanoseconds for cpu-clock, EVENT/events otherwise; the first event's
+            is the default). One mapping per image (path, build-id) at a synthetic address
+            range: a location's address is mapping start + the sampled file offset (kernel:
+            offset from the text/module base), so pprof can re-symbolize from the binaries.
+            Functions carry dcpi's names (demangled; system name = symbol table name) and,
+            with --lines, file and line. Labels: host, epoch. Written to stdout only when it is
+            not a terminal.
+  svg       flame graph of the folded stacks: hover for counts, click to zoom, Search (or
+            Ctrl-F) highlights a regular expression and shows its share; ?s=REGEX in the URL.
+  html      one self-contained page (no network access): per-image table, per-symbol tables
+            of the top 5 images (100 rows each, or --limit), the flame graph, and a chart of the
+            top images' share per epoch when several epochs are selected. Click a column
+            header to sort.
+  speedscope  speedscope's JSON file format: one sampled profile per event, weighted by
+            its event estimate (nanoseconds for cpu-clock), frames image then symbol.
+  --output FILE writes any format to FILE atomically (temporary file, fsync, rename) instead
+  of stdout. A progress bar is drawn on a terminal's stderr for exports of 500+ files.
 
 SPECIAL ROWS
   [unknown]              samples the daemon could not attribute (per-image); per symbol
@@ -152,9 +177,13 @@ pub struct Args {
     /// `[vdso]`, `[anon...]` (JIT, with its perf map symbols) or `unknown`.
     #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
-    /// Output format.
+    /// Output format (report: table, json, csv; export: folded, pprof, svg, html, speedscope;
+    /// see EXPORT FORMATS below).
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
+    /// Write the report or export to FILE (atomically) instead of stdout.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
     /// Show at most N rows (the header still counts everything).
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
@@ -218,6 +247,10 @@ pub enum ProfError {
     Cache(#[from] debuginfo::CacheError),
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
+    #[error("cannot write --output {}: {source}", path.display())]
+    OutputFile { path: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Usage(String),
     #[error("{first}{}; pass --keep-going to skip corrupt files", more_files(*.more))]
     Corrupt { first: String, more: usize },
 }
@@ -240,9 +273,26 @@ impl ProfError {
     }
 }
 
-/// Run `dcpiprof` with parsed arguments, writing the report to `out` and warnings to `err`.
-/// Errors are returned (not printed).
+/// Run `dcpiprof` with parsed arguments, writing the report to `out` (or `--output`) and
+/// warnings to `err`. Errors are returned (not printed).
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    let Some(path) = &args.output else { return run_to(args, out, err) };
+    // Fail before a long export, not after it.
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() || path.is_dir() {
+        let what = if path.is_dir() { "is a directory" } else { "its directory does not exist" };
+        return Err(ProfError::Usage(format!("cannot write --output {}: {what}", path.display())));
+    }
+    let mut buf = Vec::new();
+    run_to(args, &mut buf, err)?;
+    export::write_atomic(path, &buf)?;
+    if args.verbose {
+        writeln!(err, "dcpiprof: wrote {} ({} bytes)", path.display(), buf.len())?;
+    }
+    Ok(())
+}
+
+fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
     if let Some(g) = args.generate {
         return generate(g, out);
     }
@@ -256,7 +306,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
     }
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);
-    let loaded = if args.all_symbols {
+    let mut loaded = if args.all_symbols {
         args.sel.load_all_counts(&mut |w| warnings.push(w))?
     } else {
         args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?
@@ -282,6 +332,9 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
             }
             (e, _) => e,
         })?;
+    if args.format.is_export() {
+        return run_export(args, &mut loaded, &weights, &mut warnings, out, err);
+    }
     let db_name = args.sel.db.display().to_string();
     let result = match &args.image {
         None if args.all_symbols => {
@@ -333,6 +386,61 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
         }
     };
     result?;
+    out.flush()?;
+    if args.verbose {
+        writeln!(err, "dcpiprof: stats: {}", stats::line())?;
+    }
+    Ok(())
+}
+
+fn run_export(
+    args: &Args,
+    loaded: &mut select::Loaded,
+    weights: &report::Weights,
+    warnings: &mut Vec<String>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ProfError> {
+    use std::io::IsTerminal;
+    if args.format == Format::Pprof && args.output.is_none() && std::io::stdout().is_terminal() {
+        return Err(ProfError::Usage(
+            "--format pprof writes a binary file: pass --output FILE (or redirect stdout)".into(),
+        ));
+    }
+    let only = match &args.image {
+        Some(spec) => Some(report::resolve_image(loaded, weights, spec)?),
+        None => None,
+    };
+    let req = export::Request {
+        db: &args.sel.db,
+        symbols: &args.symbols,
+        mode: SymbolMode { inlines: args.inlines, lines: args.lines, raw_names: args.raw_names },
+        only,
+        keep_going: args.sel.keep_going,
+    };
+    let x = export::build(loaded, weights, &req, &mut |w| warnings.push(w))?;
+    flush_warnings(err, warnings)?;
+    if x.samples.iter().all(|s| s.samples == 0) {
+        return Err(ProfError::Empty(
+            "no samples of the selected event(s) in the selection: nothing to export; try \
+             --event, --epoch all or --host all"
+                .into(),
+        ));
+    }
+    match args.format {
+        Format::Folded => export::flame::write_folded(out, &x)?,
+        Format::Pprof => out.write_all(&export::pprof::encode(&x)?)?,
+        Format::Svg => {
+            let svg = export::flame::svg(&x.folded(), &export::flame::title(&x), "samples", true);
+            out.write_all(svg.as_bytes())?
+        }
+        Format::Speedscope => {
+            serde_json::to_writer(&mut *out, &export::speedscope::document(&x))
+                .map_err(std::io::Error::from)?;
+            writeln!(out)?
+        }
+        _ => out.write_all(export::html::page(&x, args.limit).as_bytes())?,
+    }
     out.flush()?;
     if args.verbose {
         writeln!(err, "dcpiprof: stats: {}", stats::line())?;

@@ -7,9 +7,47 @@ use super::report::{EventCount, EventInfo, ImageReport, Scope, SymbolReport};
 /// `--format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
+    /// Aligned text table with a header.
     Table,
+    /// JSON (schema below).
     Json,
+    /// CSV with a header line.
     Csv,
+    /// Folded stacks for flame graph tools: `image;symbol count` per line.
+    Folded,
+    /// Gzipped pprof profile.proto (go tool pprof, Parca, Pyroscope).
+    Pprof,
+    /// Flame graph SVG (searchable, zoomable).
+    Svg,
+    /// Self-contained HTML report (tables, flame graph, trend).
+    Html,
+    /// speedscope JSON (speedscope.app, also read by Firefox Profiler's importer).
+    Speedscope,
+}
+
+/// `--format` of tools that print tables only (dcpilist, dcpidiff, dcpistats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TableFormat {
+    /// Aligned text table with a header.
+    Table,
+    /// JSON (schema in --help).
+    Json,
+    /// CSV with a header line.
+    Csv,
+}
+
+impl Format {
+    /// Formats written from symbolized samples by [`super::export`].
+    pub fn is_export(self) -> bool {
+        matches!(
+            self,
+            Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope
+        )
+    }
+}
+
+fn not_a_report(fmt: Format) -> io::Error {
+    io::Error::other(format!("{fmt:?} is an export format, not a report table"))
 }
 
 fn header(out: &mut dyn Write, scope: &Scope, events: &[EventInfo], total: u64) -> io::Result<()> {
@@ -115,6 +153,9 @@ fn csv_count_cells(counts: &[EventCount]) -> Vec<String> {
 
 pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format) -> io::Result<()> {
     match fmt {
+        Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
+            Err(not_a_report(fmt))
+        }
         Format::Json => {
             serde_json::to_writer_pretty(&mut *out, r)?;
             writeln!(out)
@@ -165,6 +206,9 @@ pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format) -> io::Re
 pub fn write_symbols(out: &mut dyn Write, r: &SymbolReport, fmt: Format) -> io::Result<()> {
     let with_source = r.rows.iter().any(|x| x.source.is_some());
     match fmt {
+        Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
+            Err(not_a_report(fmt))
+        }
         Format::Json => {
             serde_json::to_writer_pretty(&mut *out, r)?;
             writeln!(out)
@@ -252,6 +296,9 @@ pub fn write_global_symbols(
                 csv_line(out, &c)?;
             }
             Ok(())
+        }
+        Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
+            Err(not_a_report(fmt))
         }
         Format::Table => {
             header(out, &r.scope, &r.events, r.total_samples)?;

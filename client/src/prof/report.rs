@@ -470,17 +470,31 @@ impl std::fmt::Debug for SymbolContext<'_> {
     }
 }
 
-type RowKey = (String, Option<String>);
+/// Row name and optional `file:line`.
+pub type RowKey = (String, Option<String>);
 
-pub fn symbol_report(
+/// One symbolized offset of a profile, as [`symbolize_image`] reports it.
+#[derive(Debug)]
+pub struct Hit<'a> {
+    /// Index into [`Loaded::profiles`].
+    pub profile: usize,
+    /// The stored offset (file offset; kernel: from the text/module base; unknown: reason).
+    pub offset: u64,
+    pub count: u64,
+    /// Row name and, with `--lines`, `file:line`.
+    pub key: RowKey,
+    /// The symbol table's name before demangling, when an ELF symbol covers the offset.
+    pub system_name: Option<&'a str>,
+}
+
+/// Symbolize every counted offset of the profiles `idx` (one image, from [`resolve_image`] or
+/// one image identity), calling `visit` per offset; returns what was used to symbolize it.
+pub fn symbolize_image(
     cx: SymbolContext<'_>,
     idx: &[usize],
-    db: &str,
-    limit: Option<usize>,
-) -> SymbolReport {
+    visit: &mut dyn FnMut(Hit<'_>),
+) -> ImageInfo {
     let SymbolContext { loaded, weights: w, locator, cache, mode, warn } = cx;
-    let n = w.events.len();
-    let mut rows: BTreeMap<RowKey, Acc> = BTreeMap::new();
     let first = &loaded.profiles[idx[0]];
     let fh = &first.profile.header;
     let mut info = ImageInfo {
@@ -496,11 +510,14 @@ pub fn symbol_report(
     let mut snap_cache: HashMap<usize, Option<KallsymsSnapshot>> = HashMap::new();
     for &i in idx {
         let p = &loaded.profiles[i];
-        let Some((ei, wt)) = w.per_profile[i] else { continue };
+        if w.per_profile[i].is_none() {
+            continue;
+        }
         let h = &p.profile.header;
         let label = image_label(&p.profile.header);
-        let mut add =
-            |key: RowKey, c: u64| rows.entry(key).or_insert_with(|| Acc::new(n)).add(ei, c, wt);
+        let mut add = |key: RowKey, off: u64, c: u64, system_name: Option<&str>| {
+            visit(Hit { profile: i, offset: off, count: c, key, system_name })
+        };
         match h.kind {
             ImageKind::Elf => {
                 let sym = elf_cache.entry(h.image_id.clone()).or_insert_with(|| {
@@ -520,12 +537,15 @@ pub fn symbol_report(
                     load_elf(locator, cache, &r, &mut info, warn)
                 });
                 for (&off, &c) in &p.profile.counts {
-                    let key = match sym {
-                        ElfState::Ready(s, _) => elf_key(s, off, mode, &label),
-                        ElfState::Mismatch => ("[build-id mismatch]".to_owned(), None),
-                        ElfState::Missing => (unsymbolized(&label, off), None),
+                    let (key, raw) = match sym {
+                        ElfState::Ready(s, _) => (
+                            elf_key(s, off, mode, &label),
+                            s.offset_to_vaddr(off).and_then(|v| s.symbol(v)),
+                        ),
+                        ElfState::Mismatch => (("[build-id mismatch]".to_owned(), None), None),
+                        ElfState::Missing => ((unsymbolized(&label, off), None), None),
                     };
-                    add(key, c);
+                    add(key, off, c, raw.map(|x| x.name.as_str()));
                 }
             }
             ImageKind::Kernel | ImageKind::KernelModule => {
@@ -583,7 +603,7 @@ pub fn symbol_report(
                 };
                 for (&off, &c) in &p.profile.counts {
                     if mismatch {
-                        add(("[build-id mismatch]".to_owned(), None), c);
+                        add(("[build-id mismatch]".to_owned(), None), off, c, None);
                         continue;
                     }
                     let found = match (&snap, module) {
@@ -597,7 +617,7 @@ pub fn symbol_report(
                         Some(sym) => display_name(&sym.name, mode.raw_names),
                         None => unsymbolized(&label, off),
                     };
-                    add((k, None), c);
+                    add((k, None), off, c, None);
                 }
             }
             ImageKind::Anon => {
@@ -610,7 +630,7 @@ pub fn symbol_report(
                             || unsymbolized(&label, off),
                             |s| display_name(&s.name, mode.raw_names),
                         );
-                    add((k, None), c);
+                    add((k, None), off, c, None);
                 }
             }
             ImageKind::Vdso => {
@@ -622,7 +642,7 @@ pub fn symbol_report(
                         ElfState::Ready(s, _) => elf_key(s, off, mode, &label),
                         _ => (format!("{label}+{off:#x}"), None),
                     };
-                    add(key, c);
+                    add(key, off, c, None);
                 }
             }
             ImageKind::Unknown => {
@@ -631,7 +651,7 @@ pub fn symbol_report(
                         || format!("[unknown: code {off}]"),
                         |r| format!("[unknown: {}]", r.as_str()),
                     );
-                    add((k, None), c);
+                    add((k, None), off, c, None);
                 }
             }
         }
@@ -642,6 +662,23 @@ pub fn symbol_report(
             cache.put_frames(*entry, &s.take_fresh_frames(), warn);
         }
     }
+    info
+}
+
+pub fn symbol_report(
+    cx: SymbolContext<'_>,
+    idx: &[usize],
+    db: &str,
+    limit: Option<usize>,
+) -> SymbolReport {
+    let (loaded, w) = (cx.loaded, cx.weights);
+    let n = w.events.len();
+    let mut rows: BTreeMap<RowKey, Acc> = BTreeMap::new();
+    let info = symbolize_image(cx, idx, &mut |hit| {
+        if let Some((ei, wt)) = w.per_profile[hit.profile] {
+            rows.entry(hit.key).or_insert_with(|| Acc::new(n)).add(ei, hit.count, wt);
+        }
+    });
     let mut out: Vec<SymbolRow> = finish(rows, &w.events, |k: &RowKey| k.0.clone())
         .into_iter()
         .map(|(k, counts, cum)| SymbolRow {

@@ -1,0 +1,441 @@
+//! Exports for the tools performance engineers already use: pprof (`go tool pprof`, Parca,
+//! Pyroscope), folded stacks (flamegraph.pl, inferno, speedscope), a flame graph SVG and a
+//! self-contained HTML report.
+//!
+//! Every format is written from one [`Export`]: the selected profiles symbolized image by image
+//! into locations (image, offset) with their function, and samples keyed by (stack, host,
+//! epoch, event). A stack is a list of locations, leaf first; without call stacks it has one
+//! location, and the image is the frame under the function in folded stacks and flame graphs.
+//! Call stacks will add locations to the same list.
+
+pub mod flame;
+pub mod html;
+pub mod pprof;
+pub mod speedscope;
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use profile_format::{ImageId, ImageKind};
+
+use super::report::{
+    self, display_path, EventInfo, ImageReport, Scope, SymbolContext, SymbolMode, Weights,
+};
+use super::select::Loaded;
+use super::ProfError;
+use crate::args::SymbolSearch;
+
+/// One image (an identity: build-id or fallback id; all `[unknown]` samples are one image).
+#[derive(Clone, Debug)]
+pub struct Image {
+    /// As the per-image report names it (`/usr/bin/x`, `[kernel.kallsyms]`, `[unknown]`).
+    pub name: String,
+    pub kind: &'static str,
+    pub build_id: Option<String>,
+    /// Whether some offset of the image was resolved to a symbol.
+    pub symbolized: bool,
+    /// Largest offset seen (for the pprof mapping's extent).
+    pub max_offset: u64,
+}
+
+/// A function as dcpi's symbolizer names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Function {
+    /// Demangled name (or `IMAGE+0xOFFSET`, `[unknown: reason]`, ...).
+    pub name: String,
+    /// Name in the symbol table (mangled), when a symbol covers the address.
+    pub system_name: Option<String>,
+    /// Source file (innermost DWARF frame), with `--lines`.
+    pub file: Option<String>,
+}
+
+/// One sampled address.
+#[derive(Clone, Debug)]
+pub struct Location {
+    pub image: usize,
+    /// The stored offset: file offset (kernel: from the text or module base).
+    pub offset: u64,
+    pub function: usize,
+    /// Source line, with `--lines`.
+    pub line: Option<u32>,
+}
+
+/// Counts of one stack on one host in one epoch for one event.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// Location indices, leaf first.
+    pub stack: Vec<usize>,
+    pub host: usize,
+    pub epoch: usize,
+    pub event: usize,
+    pub samples: u64,
+    /// Weighted estimate of events (see the report's NUMBERS).
+    pub events: f64,
+}
+
+/// Everything an exporter needs.
+#[derive(Debug)]
+pub struct Export {
+    pub scope: Scope,
+    pub events: Vec<EventInfo>,
+    pub images: Vec<Image>,
+    pub functions: Vec<Function>,
+    pub locations: Vec<Location>,
+    pub samples: Vec<Sample>,
+    /// Host and epoch names indexed by [`Sample::host`] and [`Sample::epoch`].
+    pub hosts: Vec<String>,
+    pub epochs: Vec<String>,
+    /// Start of the earliest epoch (Unix ns) and the span the summaries cover, when known.
+    pub time_nanos: i64,
+    pub duration_nanos: i64,
+    /// The per-image report of the same selection.
+    pub image_report: ImageReport,
+    /// Weighted events per (epoch, image name), for trend charts.
+    pub per_epoch: Vec<HashMap<String, f64>>,
+}
+
+impl Export {
+    /// Folded stacks, root first (`image;function`), with raw samples of the first event,
+    /// merged by name and sorted.
+    pub fn folded(&self) -> Vec<(Vec<String>, u64)> {
+        let mut m: HashMap<Vec<String>, u64> = HashMap::new();
+        for s in self.samples.iter().filter(|s| s.event == 0) {
+            *m.entry(self.frames(&s.stack)).or_default() += s.samples;
+        }
+        let mut v: Vec<(Vec<String>, u64)> = m.into_iter().filter(|(_, c)| *c > 0).collect();
+        v.sort();
+        v
+    }
+
+    /// Frame names of a stack, root first: the image of the outermost location, then functions.
+    pub fn frames(&self, stack: &[usize]) -> Vec<String> {
+        let mut f = Vec::with_capacity(stack.len() + 1);
+        if let Some(&outer) = stack.last() {
+            f.push(self.images[self.locations[outer].image].name.clone());
+        }
+        for &l in stack.iter().rev() {
+            f.push(self.functions[self.locations[l].function].name.clone());
+        }
+        f
+    }
+
+    /// Name of the first event (what folded stacks and flame graphs count).
+    pub fn first_event(&self) -> &str {
+        self.events.first().map_or("samples", |e| e.name.as_str())
+    }
+}
+
+/// What to export and how to find symbols.
+#[derive(Debug)]
+pub struct Request<'a> {
+    pub db: &'a Path,
+    pub symbols: &'a SymbolSearch,
+    pub mode: SymbolMode,
+    /// Only this image's profiles (`--image`), as [`report::resolve_image`] chose them.
+    pub only: Option<Vec<usize>>,
+    pub keep_going: bool,
+}
+
+/// Profiles (indices) per image identity, the images in per-image report order.
+fn groups(loaded: &Loaded, w: &Weights, only: Option<&[usize]>) -> Vec<Vec<usize>> {
+    type Key = (ImageKind, Option<ImageId>);
+    let mut index: HashMap<Key, usize> = HashMap::new();
+    let mut out: Vec<(f64, Vec<usize>)> = Vec::new();
+    let all: Vec<usize> = (0..loaded.profiles.len()).collect();
+    for &i in only.unwrap_or(&all) {
+        let Some((_, wt)) = w.per_profile[i] else { continue };
+        let h = &loaded.profiles[i].profile.header;
+        let key = match h.kind {
+            ImageKind::Unknown => (ImageKind::Unknown, None),
+            k => (k, Some(h.image_id.clone())),
+        };
+        let g = *index.entry(key).or_insert_with(|| {
+            out.push((0.0, Vec::new()));
+            out.len() - 1
+        });
+        out[g].0 += wt * loaded.profiles[i].samples as f64;
+        out[g].1.push(i);
+    }
+    out.sort_by(|a, b| b.0.total_cmp(&a.0));
+    out.into_iter().map(|(_, v)| v).collect()
+}
+
+/// Progress over profile files, drawn only on a terminal and only for long exports (a fleet
+/// database): a pipe or a log never sees it.
+fn progress(files: usize) -> indicatif::ProgressBar {
+    const LONG: usize = 500;
+    if files < LONG || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let style = indicatif::ProgressStyle::with_template(
+        "dcpiprof: symbolizing {bar:40} {pos}/{len} profiles ({eta} left)",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    indicatif::ProgressBar::new(files as u64).with_style(style)
+}
+
+/// Symbolize the selection into an [`Export`]. Counts are read one image at a time (the
+/// per-image load leaves them out), so a fleet database is never held in memory at once.
+pub fn build(
+    loaded: &mut Loaded,
+    w: &Weights,
+    req: &Request<'_>,
+    warn: &mut dyn FnMut(String),
+) -> Result<Export, ProfError> {
+    let db = req.db.display().to_string();
+    let image_report = report::image_report(loaded, w, &db, None);
+    let scope = image_report.scope.clone();
+    let hosts = scope.hosts.clone();
+    let epochs = scope.epochs.clone();
+    let groups = groups(loaded, w, req.only.as_deref());
+    let mut locator = req.symbols.locator(req.db);
+    let mut cache = req.symbols.cache(warn);
+
+    let mut images: Vec<Image> = Vec::new();
+    let mut functions: Vec<Function> = Vec::new();
+    let mut fn_index: HashMap<Function, usize> = HashMap::new();
+    let mut locations: Vec<Location> = Vec::new();
+    let mut loc_index: HashMap<(usize, u64), usize> = HashMap::new();
+    let mut sample_index: HashMap<(usize, usize, usize, usize), usize> = HashMap::new();
+    let mut samples: Vec<Sample> = Vec::new();
+    let host_of: Vec<usize> =
+        loaded.dirs.iter().map(|d| hosts.iter().position(|h| *h == d.host).unwrap_or(0)).collect();
+    let epoch_of: Vec<usize> = loaded
+        .dirs
+        .iter()
+        .map(|d| epochs.iter().position(|e| e == d.epoch.as_str()).unwrap_or(0))
+        .collect();
+
+    let bar = progress(groups.iter().map(Vec::len).sum());
+    for group in &groups {
+        // Read this image's counts (dropped by the per-image load).
+        for &i in group {
+            let p = &mut loaded.profiles[i];
+            if p.profile.counts.is_empty() && p.samples > 0 {
+                match profile_format::Profile::read(&p.path) {
+                    Ok(fresh) => p.profile.counts = fresh.counts,
+                    Err(e) if req.keep_going => warn(format!("skipping corrupt profile: {e}")),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        let gi = images.len();
+        let first = &loaded.profiles[group[0]];
+        let h = &first.profile.header;
+        let name = image_report
+            .rows
+            .iter()
+            .find(|r| {
+                r.kind == report::kind_name(h.kind)
+                    && (h.kind == ImageKind::Unknown
+                        || r.image_id.as_deref() == Some(id_text(&h.image_id).as_str()))
+            })
+            .map_or_else(|| display_path(&h.image_path), |r| r.image.clone());
+        images.push(Image {
+            name,
+            kind: report::kind_name(h.kind),
+            build_id: match &h.image_id {
+                ImageId::BuildId(b) if h.kind != ImageKind::Unknown => Some(hex::encode(b)),
+                _ => None,
+            },
+            symbolized: false,
+            max_offset: 0,
+        });
+        let cx = SymbolContext {
+            loaded,
+            weights: w,
+            locator: &mut locator,
+            cache: &mut cache,
+            mode: req.mode,
+            warn: &mut *warn,
+        };
+        let mut visit = |hit: report::Hit<'_>| {
+            let Some((ei, wt)) = w.per_profile[hit.profile] else { return };
+            let dir = loaded.profiles[hit.profile].dir;
+            let img = &mut images[gi];
+            img.max_offset = img.max_offset.max(hit.offset);
+            img.symbolized |= hit.system_name.is_some();
+            let loc = *loc_index.entry((gi, hit.offset)).or_insert_with(|| {
+                let (name, source) = hit.key;
+                let (file, line) = split_source(source.as_deref());
+                let f = Function {
+                    name: clean(&name),
+                    system_name: hit.system_name.map(clean),
+                    file: file.map(|f| clean(&f)),
+                };
+                let function = *fn_index.entry(f.clone()).or_insert_with(|| {
+                    functions.push(f);
+                    functions.len() - 1
+                });
+                locations.push(Location { image: gi, offset: hit.offset, function, line });
+                locations.len() - 1
+            });
+            let key = (loc, host_of[dir], epoch_of[dir], ei);
+            let si = *sample_index.entry(key).or_insert_with(|| {
+                samples.push(Sample {
+                    stack: vec![loc],
+                    host: key.1,
+                    epoch: key.2,
+                    event: ei,
+                    samples: 0,
+                    events: 0.0,
+                });
+                samples.len() - 1
+            });
+            samples[si].samples += hit.count;
+            samples[si].events += hit.count as f64 * wt;
+        };
+        report::symbolize_image(cx, group, &mut visit);
+        for &i in group {
+            loaded.profiles[i].profile.counts = Default::default();
+        }
+        bar.inc(group.len() as u64);
+    }
+    bar.finish_and_clear();
+
+    let mut per_epoch: Vec<HashMap<String, f64>> = vec![HashMap::new(); epochs.len()];
+    let only: Option<std::collections::HashSet<usize>> =
+        req.only.as_ref().map(|o| o.iter().copied().collect());
+    for (i, p) in loaded.profiles.iter().enumerate() {
+        let Some((ei, wt)) = w.per_profile[i] else { continue };
+        if ei != 0 || only.as_ref().is_some_and(|o| !o.contains(&i)) {
+            continue;
+        }
+        let name = image_name_of(&image_report, p);
+        *per_epoch[epoch_of[p.dir]].entry(name).or_default() += wt * p.samples as f64;
+    }
+    let (time_nanos, duration_nanos) = times(loaded);
+    Ok(Export {
+        scope,
+        events: w.infos.clone(),
+        images,
+        functions,
+        locations,
+        samples,
+        hosts,
+        epochs,
+        time_nanos,
+        duration_nanos,
+        image_report,
+        per_epoch,
+    })
+}
+
+fn id_text(id: &ImageId) -> String {
+    match id {
+        ImageId::BuildId(b) => format!("b{}", hex::encode(b)),
+        ImageId::Fallback(f) => format!("f{}", hex::encode(f)),
+    }
+}
+
+fn image_name_of(r: &ImageReport, p: &super::select::LoadedProfile) -> String {
+    let h = &p.profile.header;
+    if h.kind == ImageKind::Unknown {
+        return "[unknown]".to_owned();
+    }
+    let id = id_text(&h.image_id);
+    r.rows
+        .iter()
+        .find(|row| row.image_id.as_deref() == Some(id.as_str()))
+        .map_or_else(|| display_path(&h.image_path), |row| row.image.clone())
+}
+
+/// Start of the earliest epoch, and the time from it to the last summary write (what the
+/// daemons say they covered).
+fn times(loaded: &Loaded) -> (i64, i64) {
+    let start = loaded
+        .dirs
+        .iter()
+        .filter_map(|d| d.epoch.start_time().duration_since(std::time::UNIX_EPOCH).ok())
+        .min();
+    let last = loaded.summaries.iter().flatten().map(|s| s.last_written).max();
+    let nanos = |d: std::time::Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+    match (start, last) {
+        (Some(s), Some(l)) if l > s.as_secs() => {
+            (nanos(s), nanos(std::time::Duration::from_secs(l) - s))
+        }
+        (Some(s), _) => (nanos(s), 0),
+        _ => (0, 0),
+    }
+}
+
+/// `file:line` (from `--lines`) split; `??:0` means unknown.
+fn split_source(s: Option<&str>) -> (Option<String>, Option<u32>) {
+    let Some(s) = s else { return (None, None) };
+    let (file, line) = match s.rsplit_once(':') {
+        Some((f, l)) => (f, l.parse::<u32>().ok().filter(|&l| l > 0)),
+        None => (s, None),
+    };
+    ((!file.is_empty() && file != "??").then(|| file.to_owned()), line)
+}
+
+/// Names come from binaries: control characters are escaped so that no output format (a
+/// line-based one above all) can be broken by them.
+pub fn clean(s: &str) -> String {
+    if s.chars().any(char::is_control) {
+        s.chars()
+            .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
+            .collect()
+    } else {
+        s.to_owned()
+    }
+}
+
+/// Escape text for XML/HTML content and attribute values.
+pub fn xml(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// Write `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename,
+/// so a reader (or a crash) never sees half a report.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ProfError> {
+    let err = |source: std::io::Error| ProfError::OutputFile { path: path.to_owned(), source };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = path.file_name().ok_or_else(|| {
+        err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))
+    })?;
+    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_split_and_unknown_lines_dropped() {
+        assert_eq!(split_source(Some("a/b.c:12")), (Some("a/b.c".into()), Some(12)));
+        assert_eq!(split_source(Some("??:0")), (None, None));
+        assert_eq!(split_source(None), (None, None));
+    }
+
+    #[test]
+    fn control_characters_escaped_and_xml_quoted() {
+        assert_eq!(clean("a\nb"), "a\\nb");
+        assert_eq!(xml("<a & 'b'>"), "&lt;a &amp; &#39;b&#39;&gt;");
+    }
+}

@@ -1,0 +1,189 @@
+//! `--format pprof`: a gzipped `profile.proto` (pprof's format, compiled from the upstream
+//! .proto by build.rs) that `go tool pprof`, Parca and Pyroscope read.
+//!
+//! * Sample types: per event, its raw samples (`samples/count`, or `EVENT_samples/count` when
+//!   there are several events) and the weighted estimate (`cpu/nanoseconds` for cpu-clock,
+//!   `task-clock/nanoseconds`, else `EVENT/events`); the first event's estimate is the default.
+//! * One Mapping per image: path, build-id, and a synthetic address range of its own
+//!   (`memory_start` = (n+1) << 40, `file_offset` 0), so that every Location's `address` is
+//!   `memory_start` plus the sampled file offset (kernel: offset from the text or module base):
+//!   `address - memory_start + file_offset` is what pprof hands its symbolizer.
+//! * Functions and Lines from dcpi's symbolizer: demangled name, symbol-table name, and with
+//!   `--lines` source file and line.
+//! * String labels `host` and `epoch` on every sample.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use prost::Message;
+
+use super::Export;
+
+#[allow(clippy::all, missing_debug_implementations, missing_docs)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
+}
+
+/// The mapping of image `n` starts here; 2^40 bytes apart leaves room for any file.
+fn mapping_start(n: usize) -> u64 {
+    (n as u64 + 1) << 40
+}
+
+#[derive(Default)]
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Self {
+        let mut s = Strings::default();
+        s.get("");
+        s
+    }
+    fn get(&mut self, v: &str) -> i64 {
+        if let Some(&i) = self.index.get(v) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(v.to_owned());
+        self.index.insert(v.to_owned(), i);
+        i
+    }
+}
+
+/// (type, unit) of the weighted value of an event.
+fn weighted_type(event: &str) -> (String, &'static str) {
+    match event {
+        "cpu-clock" => ("cpu".to_owned(), "nanoseconds"),
+        "task-clock" => ("task-clock".to_owned(), "nanoseconds"),
+        e => (e.to_owned(), "events"),
+    }
+}
+
+/// Build the pprof profile.
+pub fn profile(x: &Export) -> proto::Profile {
+    let mut st = Strings::new();
+    let n_events = x.events.len();
+    let mut sample_type = Vec::with_capacity(2 * n_events);
+    for e in &x.events {
+        let samples =
+            if n_events == 1 { "samples".to_owned() } else { format!("{}_samples", e.name) };
+        sample_type.push(proto::ValueType { r#type: st.get(&samples), unit: st.get("count") });
+        let (t, u) = weighted_type(&e.name);
+        sample_type.push(proto::ValueType { r#type: st.get(&t), unit: st.get(u) });
+    }
+    let mapping = x
+        .images
+        .iter()
+        .enumerate()
+        .map(|(i, img)| {
+            let start = mapping_start(i);
+            let lines = x.locations.iter().any(|l| l.image == i && l.line.is_some());
+            proto::Mapping {
+                id: i as u64 + 1,
+                memory_start: start,
+                memory_limit: start + ((img.max_offset | 0xfff) + 1),
+                file_offset: 0,
+                filename: st.get(&img.name),
+                build_id: img.build_id.as_deref().map_or(0, |b| st.get(b)),
+                has_functions: img.symbolized,
+                has_filenames: lines,
+                has_line_numbers: lines,
+                has_inline_frames: false,
+            }
+        })
+        .collect();
+    let function = x
+        .functions
+        .iter()
+        .enumerate()
+        .map(|(i, f)| proto::Function {
+            id: i as u64 + 1,
+            name: st.get(&f.name),
+            system_name: st.get(f.system_name.as_deref().unwrap_or(&f.name)),
+            filename: f.file.as_deref().map_or(0, |p| st.get(p)),
+            start_line: 0,
+        })
+        .collect();
+    let location = x
+        .locations
+        .iter()
+        .enumerate()
+        .map(|(i, l)| proto::Location {
+            id: i as u64 + 1,
+            mapping_id: l.image as u64 + 1,
+            address: mapping_start(l.image) + l.offset,
+            line: vec![proto::Line {
+                function_id: l.function as u64 + 1,
+                line: l.line.map_or(0, i64::from),
+                column: 0,
+            }],
+            is_folded: false,
+        })
+        .collect();
+    let (host_key, epoch_key) = (st.get("host"), st.get("epoch"));
+    let host_str: Vec<i64> = x.hosts.iter().map(|h| st.get(h)).collect();
+    let epoch_str: Vec<i64> = x.epochs.iter().map(|e| st.get(e)).collect();
+    let sample = x
+        .samples
+        .iter()
+        .filter(|s| s.samples > 0)
+        .map(|s| {
+            let mut value = vec![0i64; 2 * n_events];
+            value[2 * s.event] = i64::try_from(s.samples).unwrap_or(i64::MAX);
+            value[2 * s.event + 1] = s.events.round() as i64;
+            let label = |key: i64, str: i64| proto::Label { key, str, num: 0, num_unit: 0 };
+            proto::Sample {
+                location_id: s.stack.iter().map(|&l| l as u64 + 1).collect(),
+                value,
+                label: vec![
+                    label(host_key, host_str[s.host]),
+                    label(epoch_key, epoch_str[s.epoch]),
+                ],
+            }
+        })
+        .collect();
+    let (period_type, period, default_sample_type) = match x.events.first() {
+        Some(e) => {
+            let (t, u) = weighted_type(&e.name);
+            let ty = st.get(&t);
+            (
+                Some(proto::ValueType { r#type: ty, unit: st.get(u) }),
+                i64::try_from(e.nominal_period).unwrap_or(i64::MAX),
+                ty,
+            )
+        }
+        None => (None, 0, 0),
+    };
+    let comment = vec![
+        st.get(&format!("dcpi database {}", x.scope.database)),
+        st.get(&format!("epochs {}", x.scope.epochs.join(","))),
+        st.get(&format!("hosts {}", x.scope.hosts.join(","))),
+    ];
+    proto::Profile {
+        sample_type,
+        sample,
+        mapping,
+        location,
+        function,
+        string_table: std::mem::take(&mut st.table),
+        drop_frames: 0,
+        keep_frames: 0,
+        time_nanos: x.time_nanos,
+        duration_nanos: x.duration_nanos,
+        period_type,
+        period,
+        comment,
+        default_sample_type,
+        doc_url: 0,
+    }
+}
+
+/// The gzipped encoding pprof reads.
+pub fn encode(x: &Export) -> std::io::Result<Vec<u8>> {
+    let bytes = profile(x).encode_to_vec();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&bytes)?;
+    gz.finish()
+}

@@ -1,0 +1,656 @@
+//! `dcpiprof --format folded|pprof|svg|html` on databases built with the profile-format API and
+//! a C program compiled at test time, checked with the tools users will open them with:
+//! `go tool pprof` (Debian golang-go) and headless Chromium. Without those tools the tests
+//! skip with the reason, and fail under DCPI_REQUIRE_PERF=1 (`.ci/run` installs them).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, SystemTime};
+
+use object::{Object, ObjectSegment, ObjectSymbol};
+use profile_format::{
+    Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, JitSymbol, Profile, ProfileHeader,
+};
+use serde_json::Value;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+struct TestDb {
+    dir: tempfile::TempDir,
+    db: Database,
+}
+
+impl TestDb {
+    fn new() -> TestDb {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Database::create(&dir.path().join("db")).expect("create db");
+        TestDb { dir, db }
+    }
+    fn root(&self) -> PathBuf {
+        self.db.root().to_owned()
+    }
+    fn tmp(&self) -> &Path {
+        self.dir.path()
+    }
+    fn host(&self, secs: u64, host: &str) -> HostDir {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000 + secs);
+        let e: EpochId = self.db.new_epoch(t, host).expect("new epoch");
+        let hd = self.db.host_dir(&e, host).expect("host dir");
+        hd.create().expect("create host dir");
+        hd
+    }
+}
+
+fn event(name: &str, period: u64) -> EventDesc {
+    EventDesc {
+        name: name.into(),
+        perf_type: 1,
+        perf_config: 0,
+        period_mean: period,
+        period_min: period,
+        period_max: period,
+    }
+}
+
+/// A profile whose samples all have period `period`.
+fn write_profile(
+    hd: &HostDir,
+    kind: ImageKind,
+    id: &ImageId,
+    path: &[u8],
+    ev: &EventDesc,
+    counts: &[(u64, u64)],
+    period: u64,
+) {
+    write_profile_jit(hd, kind, id, path, ev, counts, period, Vec::new());
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_profile_jit(
+    hd: &HostDir,
+    kind: ImageKind,
+    id: &ImageId,
+    path: &[u8],
+    ev: &EventDesc,
+    counts: &[(u64, u64)],
+    period: u64,
+    jit_symbols: Vec<JitSymbol>,
+) {
+    let mut p = Profile::new(ProfileHeader {
+        kind,
+        image_id: id.clone(),
+        image_path: path.to_vec(),
+        event: ev.clone(),
+        host: hd.host.clone(),
+        epoch: hd.epoch.clone(),
+        total_samples: 0,
+        total_period: 0,
+        sequence: 0,
+        jit_symbols,
+    });
+    for &(off, c) in counts {
+        p.add(off, c, c * period);
+    }
+    let file = if kind == ImageKind::Unknown {
+        hd.unknown_path(&ev.name)
+    } else {
+        hd.profile_path(id, &ev.name)
+    };
+    p.write(&file).expect("write profile");
+}
+
+fn prof(db: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
+        .env("XDG_CACHE_HOME", db.parent().unwrap_or(db).join("cache"))
+        .env_remove("DCPI_SYMBOL_CACHE")
+        .arg("--db")
+        .arg(db)
+        .arg("--no-system-debug")
+        .args(args)
+        .output()
+        .expect("run dcpiprof")
+}
+
+fn ok(o: Output, what: &str) -> Vec<u8> {
+    assert!(
+        o.status.success(),
+        "{what} failed ({:?}): {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o.stdout
+}
+
+fn json(db: &Path, args: &[&str]) -> Value {
+    let mut a = args.to_vec();
+    a.extend(["--format", "json"]);
+    serde_json::from_slice(&ok(prof(db, &a), "dcpiprof json")).expect("json")
+}
+
+/// A tool the test needs: its path, or `None` after printing why the test is skipped (a panic
+/// under DCPI_REQUIRE_PERF=1, where CI must have installed it).
+fn tool(name: &str, package: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()));
+    if found.is_none() {
+        let why = format!("{name} not installed (Debian package {package}; .ci/run installs it)");
+        if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
+            panic!("required under DCPI_REQUIRE_PERF=1: {why}");
+        }
+        eprintln!("SKIPPED: {why}");
+    }
+    found
+}
+
+const C_PROG: &str = r#"
+#include <stdio.h>
+__attribute__((noinline)) int hot_alpha(int x) { int s = 0; for (int i = 0; i < x; i++) s += i * 3; return s; }
+__attribute__((noinline)) int warm_beta(int x) { int s = 1; for (int i = 0; i < x; i++) s ^= i + 7; return s; }
+__attribute__((noinline)) int cool_gamma(int x) { int s = 2; for (int i = 0; i < x; i++) s += i ^ 5; return s; }
+int main(int argc, char **argv) { (void)argv; printf("%d\n", hot_alpha(argc) + warm_beta(argc) + cool_gamma(argc)); return 0; }
+"#;
+
+/// The compiled program, its build-id and the file offsets of its three functions.
+struct Prog {
+    path: PathBuf,
+    id: ImageId,
+    funcs: HashMap<&'static str, u64>,
+}
+
+fn build_prog(dir: &Path) -> Prog {
+    let src = dir.join("prog.c");
+    std::fs::write(&src, C_PROG).expect("write source");
+    let path = dir.join("prog");
+    let o = Command::new("cc")
+        .args(["-O1", "-Wl,--build-id=sha1", "-o"])
+        .arg(&path)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(o.status.success(), "cc: {}", String::from_utf8_lossy(&o.stderr));
+    let data = std::fs::read(&path).expect("read prog");
+    let f = object::File::parse(&*data).expect("parse");
+    let id = ImageId::BuildId(f.build_id().expect("build id").expect("has build id").to_vec());
+    let mut funcs = HashMap::new();
+    for name in ["hot_alpha", "warm_beta", "cool_gamma"] {
+        let sym = f.symbols().find(|s| s.name() == Ok(name)).expect("symbol");
+        let off = f
+            .segments()
+            .find_map(|seg| {
+                let (off, size) = seg.file_range();
+                (sym.address() >= seg.address() && sym.address() - seg.address() < size)
+                    .then(|| sym.address() - seg.address() + off)
+            })
+            .expect("in a segment");
+        funcs.insert(name, off);
+    }
+    Prog { path, id, funcs }
+}
+
+/// Two epochs of one host: `prog` (counts per function, spread over two addresses each) with
+/// different sampling periods, so that sample shares (40/30/30) and event-weighted shares
+/// (50/30/20) differ; plus a library whose binary is gone and some unattributed samples.
+fn workload(t: &TestDb, p: &Prog) {
+    // (epoch start, period, samples per function)
+    type Epoch<'a> = (u64, u64, [(&'a str, u64); 3]);
+    let plan: [Epoch<'_>; 2] = [
+        (0, 1000, [("hot_alpha", 20), ("warm_beta", 30), ("cool_gamma", 50)]),
+        (3600, 3000, [("hot_alpha", 60), ("warm_beta", 30), ("cool_gamma", 10)]),
+    ];
+    for (secs, period, counts) in plan {
+        let hd = t.host(secs, "alpha");
+        let ev = event("cpu-clock", period);
+        let c: Vec<(u64, u64)> = counts
+            .iter()
+            .flat_map(|&(f, n)| [(p.funcs[f], n - n / 3), (p.funcs[f] + 1, n / 3)])
+            .collect();
+        write_profile(
+            &hd,
+            ImageKind::Elf,
+            &p.id,
+            p.path.display().to_string().as_bytes(),
+            &ev,
+            &c,
+            period,
+        );
+        let lib = ImageId::BuildId(vec![0xab; 20]);
+        write_profile(
+            &hd,
+            ImageKind::Elf,
+            &lib,
+            b"/usr/lib/libgone.so.1",
+            &ev,
+            &[(0x1234, 7), (0x5678, 3)],
+            period,
+        );
+        write_profile(
+            &hd,
+            ImageKind::Unknown,
+            &ImageId::special("[unknown]", b""),
+            b"",
+            &ev,
+            &[(0, 4)],
+            period,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// pprof
+
+/// `go tool pprof -top` rows: (name, flat%).
+fn pprof_top(file: &Path, home: &Path, extra: &[&str]) -> Vec<(String, f64)> {
+    let go = tool("go", "golang-go").expect("checked by the caller");
+    let o = Command::new(go)
+        .env("HOME", home)
+        .env("PPROF_TMPDIR", home)
+        .args(["tool", "pprof", "-top", "-symbolize=none", "-nodecount=100"])
+        .args(extra)
+        .arg(file)
+        .output()
+        .expect("run go tool pprof");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "go tool pprof failed: {}{text}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let rows: Vec<(String, f64)> = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let pct = cols.get(1)?.strip_suffix('%')?.parse().ok()?;
+            Some((cols.get(5..)?.join(" "), pct))
+        })
+        .collect();
+    assert!(!rows.is_empty(), "no rows in pprof output:\n{text}");
+    rows
+}
+
+fn share(rows: &[(String, f64)], name: &str) -> f64 {
+    rows.iter()
+        .find(|r| r.0 == name)
+        .map(|r| r.1)
+        .unwrap_or_else(|| panic!("{name} not in {rows:?}"))
+}
+
+#[test]
+fn pprof_export_loads_in_go_tool_pprof_with_dcpiprofs_shares() {
+    if tool("go", "golang-go").is_none() {
+        return;
+    }
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    workload(&t, &p);
+    let db = t.root();
+    let sel = ["--host", "alpha", "--epoch", "all"];
+
+    // The program alone: pprof's shares of the whole file are the per-symbol report's.
+    let file = t.tmp().join("prog.pb.gz");
+    let mut a = sel.to_vec();
+    a.extend(["--image", "prog", "--format", "pprof", "--output", file.to_str().expect("utf8")]);
+    ok(prof(&db, &a), "export pprof");
+    let gz = std::fs::read(&file).expect("pprof file");
+    assert_eq!(&gz[..2], &[0x1f, 0x8b], "not gzipped");
+    let report = json(&db, &[&sel[..], &["--image", "prog"]].concat());
+    let top = pprof_top(&file, t.tmp(), &[]);
+    let top_samples = pprof_top(&file, t.tmp(), &["-sample_index=samples"]);
+    for f in ["hot_alpha", "warm_beta", "cool_gamma"] {
+        let row = report["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .find(|r| r["symbol"] == f)
+            .expect("row");
+        let want = row["percent"].as_f64().expect("percent");
+        assert!(
+            (share(&top, f) - want).abs() <= 1.0,
+            "{f}: pprof {} vs dcpiprof {want}: {top:?}",
+            share(&top, f)
+        );
+        let want_samples = 100.0 * row["samples"].as_f64().expect("n")
+            / report["total_samples"].as_f64().expect("t");
+        let got = share(&top_samples, f);
+        assert!((got - want_samples).abs() <= 1.0, "{f} samples: pprof {got} vs {want_samples}");
+    }
+    // The workload is 50/30/20 by events and 40/30/30 by samples: both views must hold.
+    assert!((share(&top, "hot_alpha") - 50.0).abs() <= 1.0, "{top:?}");
+    assert!((share(&top, "cool_gamma") - 20.0).abs() <= 1.0, "{top:?}");
+    assert!((share(&top_samples, "hot_alpha") - 40.0).abs() <= 1.0, "{top_samples:?}");
+
+    // The whole selection: a function's share is its image's share times its share of the image.
+    let all = t.tmp().join("all.pb.gz");
+    let mut a = sel.to_vec();
+    a.extend(["--format", "pprof", "--output", all.to_str().expect("utf8")]);
+    ok(prof(&db, &a), "export pprof (all images)");
+    let images = json(&db, &sel);
+    let prog_pct = images["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["image"] == p.path.display().to_string())
+        .and_then(|r| r["percent"].as_f64())
+        .expect("prog row");
+    let top = pprof_top(&all, t.tmp(), &[]);
+    let want = report["rows"][0]["percent"].as_f64().expect("pct") * prog_pct / 100.0;
+    assert!((share(&top, "hot_alpha") - want).abs() <= 1.0, "{top:?} vs {want}");
+    assert!(top.iter().any(|r| r.0 == "libgone.so.1+0x1000"), "unsymbolized rows kept: {top:?}");
+
+    // Labels and mappings are there for pprof's filters.
+    let o = Command::new(tool("go", "golang-go").expect("go"))
+        .env("HOME", t.tmp())
+        .args(["tool", "pprof", "-raw", "-symbolize=none"])
+        .arg(&all)
+        .output()
+        .expect("pprof -raw");
+    let raw = String::from_utf8_lossy(&o.stdout);
+    assert!(raw.contains("host:[alpha]") && raw.contains("epoch:["), "{raw}");
+    assert!(
+        raw.contains(&hex::encode([0xabu8; 20])) && raw.contains(&p.path.display().to_string()),
+        "{raw}"
+    );
+}
+
+#[test]
+fn pprof_to_a_missing_directory_is_a_clear_error() {
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    workload(&t, &p);
+    let bad = t.tmp().join("no/such/dir/x.pb.gz");
+    let o = prof(
+        &t.root(),
+        &["--host", "alpha", "--format", "pprof", "--output", bad.to_str().expect("utf8")],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no/such/dir/x.pb.gz") && err.contains("does not exist"), "{err}");
+    assert_eq!(err.lines().count(), 1, "fails before reading anything: {err}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Folded stacks
+
+#[test]
+fn folded_lines_sum_to_the_json_reports_total() {
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    workload(&t, &p);
+    for sel in [&["--host", "alpha"][..], &["--host", "alpha", "--epoch", "all"][..]] {
+        let report = json(&t.root(), sel);
+        let folded = String::from_utf8(ok(
+            prof(&t.root(), &[sel, &["--format", "folded"]].concat()),
+            "folded",
+        ))
+        .expect("utf8");
+        let mut sum = 0u64;
+        let mut per_image: HashMap<String, u64> = HashMap::new();
+        for line in folded.lines() {
+            let (stack, n) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line:?}"));
+            let n: u64 = n.parse().unwrap_or_else(|_| panic!("bad count in {line:?}"));
+            let frames: Vec<&str> = stack.split(';').collect();
+            assert_eq!(frames.len(), 2, "image;symbol expected: {line:?}");
+            sum += n;
+            *per_image.entry(frames[0].to_owned()).or_default() += n;
+        }
+        assert_eq!(sum, report["total_samples"].as_u64().expect("total"), "{folded}");
+        for row in report["rows"].as_array().expect("rows") {
+            let img = row["image"].as_str().expect("image");
+            assert_eq!(per_image.get(img).copied(), row["samples"].as_u64(), "{img}: {folded}");
+        }
+        let prog = p.path.display().to_string();
+        assert!(folded.contains(&format!("{prog};hot_alpha ")), "{folded}");
+        assert!(folded.contains("[unknown];[unknown: "), "{folded}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flame graph SVG and HTML, rendered by a real browser
+
+/// The DOM after Chromium ran the page's scripts.
+fn render(file: &Path, home: &Path) -> String {
+    render_url(&format!("file://{}", file.display()), home)
+}
+
+fn render_url(url: &str, home: &Path) -> String {
+    let chromium = tool("chromium", "chromium").expect("checked by the caller");
+    let o = Command::new(chromium)
+        .env("HOME", home)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--dump-dom"])
+        .arg(url)
+        .output()
+        .expect("run chromium");
+    let dom = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success() && !dom.is_empty(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    dom
+}
+
+#[test]
+fn html_report_renders_offline_in_headless_chromium() {
+    if tool("chromium", "chromium").is_none() {
+        return;
+    }
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    workload(&t, &p);
+    let file = t.tmp().join("report.html");
+    ok(
+        prof(
+            &t.root(),
+            &[
+                "--host",
+                "alpha",
+                "--epoch",
+                "all",
+                "--format",
+                "html",
+                "-o",
+                file.to_str().expect("utf8"),
+            ],
+        ),
+        "export html",
+    );
+    let page = std::fs::read_to_string(&file).expect("html");
+    // Self-contained: nothing is fetched at view time.
+    for needle in ["<script src", "<link", "@import", "url(http", "src=\"http"] {
+        assert!(!page.contains(needle), "page references {needle}");
+    }
+    let dom = render(&file, t.tmp());
+    assert!(dom.contains("data-ready=\"1\""), "scripts did not run to the end:\n{dom}");
+    assert!(dom.contains("<svg") && dom.contains("dcpi-flame"), "no flame graph svg");
+    assert!(dom.contains("class=\"trend\""), "two epochs selected but no trend chart");
+    // The top symbol of the top image, in its table and as a flame graph frame.
+    let report = json(&t.root(), &["--host", "alpha", "--epoch", "all", "--image", "prog"]);
+    let top = report["rows"][0]["symbol"].as_str().expect("top symbol");
+    assert_eq!(top, "hot_alpha");
+    assert!(dom.contains(&format!("data-v=\"{top}\"")), "no table row for {top}");
+    assert!(dom.contains(&format!("data-n=\"{top}\"")), "no flame frame for {top}");
+    assert!(dom.contains(&p.path.display().to_string()), "no image row");
+}
+
+#[test]
+fn svg_flame_graph_is_searchable_and_zoomable_in_a_browser() {
+    if tool("chromium", "chromium").is_none() {
+        return;
+    }
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    workload(&t, &p);
+    let file = t.tmp().join("flame.svg");
+    ok(
+        prof(
+            &t.root(),
+            &["--host", "alpha", "--format", "svg", "--output", file.to_str().expect("utf8")],
+        ),
+        "export svg",
+    );
+    // ?s= runs a search at load: the script must have found and coloured the three functions.
+    let dom = render_url(&format!("file://{}?s=_(alpha|beta|gamma)$", file.display()), t.tmp());
+    assert!(dom.contains("data-ready=\"1\""), "svg script did not run: {dom}");
+    assert_eq!(
+        dom.matches("fill=\"rgb(230,0,230)\"").count(),
+        3,
+        "three frames should match: {dom}"
+    );
+    // prog's share of the latest epoch's samples (hot 60, warm 30, cool 10 of 100 + 10 + 4).
+    let report = json(&t.root(), &["--host", "alpha"]);
+    let prog = report["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["image"] == p.path.display().to_string())
+        .expect("prog");
+    let want = format!(
+        "Matched: {:.2}%",
+        100.0 * prog["samples"].as_f64().expect("n") / report["total_samples"].as_f64().expect("t")
+    );
+    assert!(dom.contains(&want), "{want} not in {dom}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// speedscope, hostile names, progress
+
+#[test]
+fn speedscope_weights_are_dcpiprofs_events() {
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    workload(&t, &p);
+    let sel = ["--host", "alpha", "--epoch", "all"];
+    let doc: Value = serde_json::from_slice(&ok(
+        prof(&t.root(), &[&sel[..], &["--format", "speedscope"]].concat()),
+        "speedscope",
+    ))
+    .expect("speedscope JSON");
+    let frames = doc["shared"]["frames"].as_array().expect("frames");
+    let prof0 = &doc["profiles"][0];
+    assert_eq!(prof0["type"], "sampled");
+    assert_eq!(prof0["unit"], "nanoseconds");
+    let samples = prof0["samples"].as_array().expect("samples");
+    let weights = prof0["weights"].as_array().expect("weights");
+    assert_eq!(samples.len(), weights.len());
+    let report = json(&t.root(), &sel);
+    let total: f64 = weights.iter().filter_map(Value::as_f64).sum();
+    assert!((total - report["events"][0]["events"].as_f64().expect("events")).abs() <= 2.0);
+    // hot_alpha's weight against the per-symbol report's events.
+    let sym = json(&t.root(), &[&sel[..], &["--image", "prog"]].concat());
+    let want = sym["rows"][0]["events"].as_f64().expect("events");
+    assert_eq!(sym["rows"][0]["symbol"], "hot_alpha");
+    let got: f64 = samples
+        .iter()
+        .zip(weights)
+        .filter(|(s, _)| {
+            s.as_array()
+                .and_then(|st| st.last())
+                .and_then(Value::as_u64)
+                .is_some_and(|f| frames[f as usize]["name"] == "hot_alpha")
+        })
+        .filter_map(|(_, w)| w.as_f64())
+        .sum();
+    assert!((got - want).abs() <= 2.0, "{got} vs {want}");
+}
+
+#[test]
+fn hostile_symbol_names_cannot_break_any_format() {
+    let t = TestDb::new();
+    let hd = t.host(0, "alpha");
+    let ev = event("cpu-clock", 1000);
+    let id = ImageId::special("[anon]", b"1234");
+    let evil = "evil\nname;<script>alert(1)</script>\u{1b}[31m";
+    let jit = vec![
+        JitSymbol { start: 0x1000, size: 0x100, name: evil.into() },
+        JitSymbol { start: 0x2000, size: 0x10, name: "plain_fn".into() },
+    ];
+    write_profile_jit(
+        &hd,
+        ImageKind::Anon,
+        &id,
+        b"[anon:1234:node]",
+        &ev,
+        &[(0x1010, 6), (0x2004, 2)],
+        1000,
+        jit,
+    );
+    let run = |fmt: &str| -> String {
+        String::from_utf8(ok(prof(&t.root(), &["--host", "alpha", "--format", fmt]), fmt))
+            .expect("utf8")
+    };
+    let folded = run("folded");
+    assert_eq!(folded.lines().count(), 2, "{folded:?}");
+    assert!(
+        folded.contains("[anon:1234:node];evil\\nname:<script>alert(1)</script>\\u{1b}[31m 6"),
+        "{folded:?}"
+    );
+    assert!(!folded.contains('\u{1b}'));
+    for fmt in ["svg", "html"] {
+        let doc = run(fmt);
+        assert!(!doc.contains("<script>alert"), "{fmt} lets markup through");
+        assert!(doc.contains("evil\\nname;&lt;script&gt;alert(1)&lt;/script&gt;"), "{fmt}: {doc}");
+        assert!(!doc.contains('\u{1b}'), "{fmt}");
+    }
+    let v: Value = serde_json::from_str(&run("speedscope")).expect("valid JSON");
+    let names: Vec<&str> = v["shared"]["frames"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    assert!(names.iter().any(|n| n.starts_with("evil\\nname;")), "{names:?}");
+    assert!(names.iter().all(|n| !n.contains(char::is_control)), "{names:?}");
+}
+
+#[test]
+fn progress_bar_only_on_a_terminal() {
+    let t = TestDb::new();
+    let hd = t.host(0, "alpha");
+    let ev = event("cpu-clock", 1000);
+    // A "fleet": 600 JIT images (no binaries to look up, so no warnings either).
+    for i in 0u32..600 {
+        let id = ImageId::special("[anon]", &i.to_le_bytes());
+        write_profile(
+            &hd,
+            ImageKind::Anon,
+            &id,
+            format!("[anon:{i}:java]").as_bytes(),
+            &ev,
+            &[(0x1000, 1)],
+            1000,
+        );
+    }
+    let out = t.tmp().join("f.folded");
+    let o = prof(
+        &t.root(),
+        &["--host", "alpha", "--format", "folded", "-o", out.to_str().expect("utf8")],
+    );
+    ok(o.clone(), "folded");
+    assert!(
+        o.stderr.is_empty(),
+        "a pipe gets no progress bar: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&out).expect("output").lines().count(), 600);
+    // The same export on a terminal (script(1) gives it a pty) draws one.
+    if tool("script", "util-linux").is_none() {
+        return;
+    }
+    let cmd = format!(
+        "env XDG_CACHE_HOME={} {} --db {} --host alpha --format folded -o {}",
+        t.tmp().join("cache").display(),
+        env!("CARGO_BIN_EXE_dcpiprof"),
+        t.root().display(),
+        out.display()
+    );
+    let o = Command::new("script").args(["-qec", &cmd, "/dev/null"]).output().expect("script");
+    let tty = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{tty}");
+    assert!(
+        tty.contains("symbolizing") && tty.contains("/600 profiles"),
+        "no progress bar on a tty: {tty:?}"
+    );
+}
