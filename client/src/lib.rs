@@ -2,4 +2,5 @@
 
 pub mod args;
 pub mod ctl;
+pub mod diff;
 pub mod prof;
