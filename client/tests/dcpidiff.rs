@@ -162,12 +162,12 @@ fn row<'a>(v: &'a Value, key: &str, name: &str) -> &'a Value {
 }
 
 /// A C program with `n` distinct functions fn_0 .. fn_{n-1}; `variant` changes the code.
-fn build_prog(dir: &Path, name: &str, n: usize, variant: u32, opt: &str) -> PathBuf {
+fn build_prog(dir: &Path, name: &str, n: usize, variant: u32, opts: &[&str]) -> PathBuf {
     let mut src = String::from("#include <stdio.h>\n");
     for i in 0..n {
         src.push_str(&format!(
-            "__attribute__((noinline)) int fn_{i}(int x) {{ int s = {i}; for (int j = 0; j < x; j++) \
-             s = s * {m} + j * VARIANT; return s; }}\n",
+            "__attribute__((noinline)) int fn_{i}(int x) {{\n  int s = {i};\n  \
+             for (int j = 0; j < x; j++)\n    s = s * {m} + j * VARIANT;\n  return s;\n}}\n",
             m = i + 3
         ));
     }
@@ -180,7 +180,8 @@ fn build_prog(dir: &Path, name: &str, n: usize, variant: u32, opt: &str) -> Path
     std::fs::write(&src_path, src).expect("write source");
     let out = dir.join(name);
     let o = Command::new("cc")
-        .args([opt, &format!("-DVARIANT={variant}"), "-Wl,--build-id=sha1", "-o"])
+        .args(opts)
+        .args([&format!("-DVARIANT={variant}"), "-Wl,--build-id=sha1", "-o"])
         .arg(&out)
         .arg(&src_path)
         .output()
@@ -247,7 +248,7 @@ fn s(p: &Path) -> String {
 #[test]
 fn shift_50_30_20_to_20_30_50_is_found_and_only_the_changed_are_significant() {
     let t = TestDb::new();
-    let bin = build_prog(t.tmp(), "app", 3, 1, "-O1");
+    let bin = build_prog(t.tmp(), "app", 3, 1, &["-O1"]);
     let elf = Elf::read(&bin, 3);
     let mut rng = Rng(0x5eed_0001);
     let (e1, e2) = (t.epoch(0), t.epoch(60));
@@ -344,7 +345,7 @@ fn shift_50_30_20_to_20_30_50_is_found_and_only_the_changed_are_significant() {
 #[test]
 fn unchanged_workload_raises_no_false_alarms_over_many_symbols() {
     let t = TestDb::new();
-    let bin = build_prog(t.tmp(), "steady", 8, 1, "-O1");
+    let bin = build_prog(t.tmp(), "steady", 8, 1, &["-O1"]);
     let elf = Elf::read(&bin, 8);
     let p = [0.25, 0.20, 0.15, 0.12, 0.10, 0.08, 0.06, 0.04];
     let mut rng = Rng(0x5eed_0002);
@@ -394,7 +395,7 @@ fn unchanged_workload_raises_no_false_alarms_over_many_symbols() {
 #[test]
 fn rebuilt_binary_is_matched_by_path_and_symbol_name() {
     let t = TestDb::new();
-    let bin = build_prog(t.tmp(), "svc", 3, 1, "-O1");
+    let bin = build_prog(t.tmp(), "svc", 3, 1, &["-O1"]);
     let old = Elf::read(&bin, 3);
     let keep = t.tmp().join("keep");
     std::fs::create_dir_all(&keep).expect("mkdir");
@@ -410,7 +411,7 @@ fn rebuilt_binary_is_matched_by_path_and_symbol_name() {
         &old.counts(&c),
     );
     // Rebuilt in place: other code, other offsets, another build-id.
-    build_prog(t.tmp(), "svc", 3, 7, "-O0");
+    build_prog(t.tmp(), "svc", 3, 7, &["-O0"]);
     let new = Elf::read(&bin, 3);
     assert_ne!(new.build_id, old.build_id);
     assert_ne!(new.funcs[2].0, old.funcs[2].0, "offsets should move");
@@ -447,6 +448,64 @@ fn rebuilt_binary_is_matched_by_path_and_symbol_name() {
     assert_eq!(row(&v, "symbol", "[build-id mismatch]")["after"], 0, "{v:#}");
     let o = run("dcpidiff", &db, &args);
     assert!(stderr(&o).contains("--binary-path"), "{}", stderr(&o));
+}
+
+#[test]
+fn lines_of_one_symbol_are_compared_by_source_line() {
+    let t = TestDb::new();
+    let bin = build_prog(t.tmp(), "lined", 2, 1, &["-O1", "-g"]);
+    let elf = Elf::read(&bin, 2);
+    let (e1, e2) = (t.epoch(0), t.epoch(60));
+    let (off, size) = elf.funcs[0];
+    assert!(size > 8, "fn_0 too small: {size}");
+    let path = s(&bin);
+    // Before: the function's first bytes; after: its last bytes (another line); fn_1 steady.
+    let fn1 = elf.funcs[1].0;
+    write_profile(
+        &t.host(&e1, "alpha"),
+        ImageKind::Elf,
+        &elf.id(),
+        path.as_bytes(),
+        &[(off, 600), (fn1, 400)],
+    );
+    write_profile(
+        &t.host(&e2, "alpha"),
+        ImageKind::Elf,
+        &elf.id(),
+        path.as_bytes(),
+        &[(off + size - 2, 600), (fn1, 400)],
+    );
+    let v = json(
+        "dcpidiff",
+        &t.root(),
+        &[
+            "--host",
+            "alpha",
+            "--before",
+            e1.as_str(),
+            "--after",
+            e2.as_str(),
+            "--image",
+            "lined",
+            "--symbol",
+            "fn_0",
+            "--lines",
+        ],
+    );
+    assert_eq!(v["rows_of"], "lines");
+    let r = rows(&v);
+    assert_eq!(r.len(), 2, "two lines of fn_0: {v:#}");
+    for x in r {
+        assert_eq!(x["symbol"], "fn_0");
+        let src = x["source"].as_str().expect("source");
+        assert!(src.contains("lined.c:"), "{src}");
+        assert_eq!(x["significant"], true, "{x:#}");
+        assert!(
+            (x["delta"].as_f64().unwrap_or(0.0).abs() - 60.0).abs() < 0.01,
+            "share of the image: {x:#}"
+        );
+    }
+    assert_ne!(r[0]["source"], r[1]["source"]);
 }
 
 #[test]
@@ -638,7 +697,7 @@ fn help_names_the_test_and_level_and_generate_writes_man_pages() {
 #[test]
 fn stats_over_steady_epochs_flag_the_perturbed_one() {
     let t = TestDb::new();
-    let bin = build_prog(t.tmp(), "web", 4, 1, "-O1");
+    let bin = build_prog(t.tmp(), "web", 4, 1, &["-O1"]);
     let elf = Elf::read(&bin, 4);
     let steady = [0.4, 0.3, 0.2, 0.1];
     let perturbed = [0.2, 0.3, 0.2, 0.3];
@@ -712,7 +771,7 @@ fn stats_over_steady_epochs_flag_the_perturbed_one() {
 #[test]
 fn stats_by_host_flags_the_odd_host() {
     let t = TestDb::new();
-    let bin = build_prog(t.tmp(), "dbsrv", 3, 1, "-O1");
+    let bin = build_prog(t.tmp(), "dbsrv", 3, 1, &["-O1"]);
     let elf = Elf::read(&bin, 3);
     let e = t.epoch(0);
     let mut rng = Rng(0x5eed_0005);
@@ -743,7 +802,7 @@ fn stats_by_host_flags_the_odd_host() {
 #[test]
 fn prof_by_epoch_and_host_gives_one_row_per_group() {
     let t = TestDb::new();
-    let bin = build_prog(t.tmp(), "trend", 2, 1, "-O1");
+    let bin = build_prog(t.tmp(), "trend", 2, 1, &["-O1"]);
     let elf = Elf::read(&bin, 2);
     let other = ImageId::BuildId(vec![0xcc; 20]);
     let mut epochs = Vec::new();

@@ -122,6 +122,9 @@ pub struct DiffArgs {
     /// With --image: one row per source line (DWARF), usually with --symbol.
     #[arg(long, requires = "image")]
     pub lines: bool,
+    /// With --image: attribute samples to the innermost inlined function (DWARF).
+    #[arg(long, requires = "image")]
+    pub inlines: bool,
     /// Hide rows whose |delta| is below P percentage points (they still count in the test).
     #[arg(long, value_name = "P", default_value_t = 0.0)]
     pub min_delta: f64,
@@ -336,7 +339,7 @@ pub fn run_diff(
                 locator: args.symbols.locator(&args.sel.db),
                 cache: args.symbols.cache(&mut |w| warnings.push(w)),
             };
-            let mode = SymbolMode { lines: args.lines, inlines: false };
+            let mode = SymbolMode { lines: args.lines, inlines: args.inlines };
             let mut side = |l: &Loaded, w: &report::Weights, im: &common::ImageProfiles| {
                 let (rows, info) =
                     symbol_rows(l, w, &im.idx, &mut sy, mode, &mut |m| warnings.push(m));
