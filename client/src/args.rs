@@ -20,8 +20,8 @@ pub struct Selection {
     /// Profile database directory.
     #[arg(long, value_name = "DIR", default_value = profile_format::DEFAULT_DB, env = "DCPI_DB")]
     pub db: PathBuf,
-    /// Epochs: `latest`, `all`, an epoch id, or FROM..TO (inclusive; ids or prefixes such as
-    /// 20250101; either end may be omitted).
+    /// Epochs: `latest`, `all`, an epoch id, a day (YYYYMMDD: every epoch started that day), or
+    /// FROM..TO (inclusive; ids or prefixes such as 20250101; either end may be omitted).
     #[arg(long, value_name = "ID|latest|all|FROM..TO", default_value = "latest")]
     pub epoch: EpochSel,
     /// Host to report (default: this host); `all` merges every host.

@@ -3,5 +3,6 @@
 
 pub mod args;
 pub mod ctl;
+pub mod diff;
 pub mod list;
 pub mod prof;

@@ -11,6 +11,7 @@
 //!
 //! See [`SCHEMA`]; it is also printed by `dcpiprof --help`.
 
+pub mod by;
 pub mod debuginfo;
 pub mod export;
 pub mod global;
@@ -206,6 +207,14 @@ pub struct Args {
     /// Copy FILE into <db>/binaries (named by its build-id) and exit (repeatable).
     #[arg(long = "cache-binary", value_name = "FILE")]
     pub cache_binary: Vec<PathBuf>,
+    /// One row per epoch or host (samples and share) of the whole selection, of --image, or of
+    /// its --symbol: a trend over time or across hosts in one command.
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub by: Option<by::By>,
+    /// With --image and --by: only this function (exact name as reported); its share is of
+    /// the image.
+    #[arg(long, value_name = "NAME", requires = "image", requires = "by")]
+    pub symbol: Option<String>,
     /// Print what the report read (profile files, symbol tables, DWARF, cache hits) to stderr.
     #[arg(long, short = 'v')]
     pub verbose: bool,
@@ -303,6 +312,9 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
             writeln!(out, "{} -> {}", f.display(), dest.display())?;
         }
         return Ok(());
+    }
+    if let Some(by) = args.by {
+        return by::run_by(args, by, out, err);
     }
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);
@@ -474,7 +486,12 @@ fn generate(what: Generate, out: &mut dyn Write) -> Result<(), ProfError> {
 
 /// Print an error the way `dcpiprof` does (with the candidate list for ambiguity).
 pub fn print_error(err: &mut dyn Write, e: &ProfError) {
-    let _ = writeln!(err, "dcpiprof: error: {e}");
+    print_error_as("dcpiprof", err, e)
+}
+
+/// [`print_error`] for another report tool (`prog: error: ...`).
+pub fn print_error_as(prog: &str, err: &mut dyn Write, e: &ProfError) {
+    let _ = writeln!(err, "{prog}: error: {e}");
     if let ProfError::Ambiguous { candidates, .. } = e {
         let _ = writeln!(err, "matches (pass a path or a build-id prefix to choose):");
         for c in candidates {

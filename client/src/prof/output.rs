@@ -46,7 +46,7 @@ impl Format {
     }
 }
 
-fn not_a_report(fmt: Format) -> io::Error {
+pub(crate) fn not_a_report(fmt: Format) -> io::Error {
     io::Error::other(format!("{fmt:?} is an export format, not a report table"))
 }
 

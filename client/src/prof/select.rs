@@ -39,8 +39,8 @@ impl FromStr for EpochSel {
         }
         let bad = |what: &str| {
             format!(
-                "{what} {s:?}: expected `latest`, `all`, an epoch id like 20250102T030405Z, or \
-                 FROM..TO (ids or prefixes of ids, either end optional)"
+                "{what} {s:?}: expected `latest`, `all`, an epoch id like 20250102T030405Z, a day \
+                 like 20250102, or FROM..TO (ids or prefixes of ids, either end optional)"
             )
         };
         if let Some((from, to)) = s.split_once("..") {
@@ -60,6 +60,10 @@ impl FromStr for EpochSel {
                 }
             }
             return Ok(EpochSel::Range(from, to));
+        }
+        // A day (YYYYMMDD) is every epoch that started on it.
+        if s.len() == 8 && valid_epoch_prefix(s) {
+            return Ok(EpochSel::Range(Some(s.to_owned()), Some(s.to_owned())));
         }
         if s.len() == 16 && valid_epoch_prefix(s) {
             Ok(EpochSel::One(s.to_owned()))
@@ -374,6 +378,9 @@ mod tests {
         {
             assert!(bad.parse::<EpochSel>().is_err(), "{bad:?} accepted");
         }
+        let day: EpochSel = "20250102".parse().unwrap_or(EpochSel::All);
+        assert!(day.matches("20250102T235959Z") && !day.matches("20250103T000000Z"));
+        assert!(!day.matches("20250101T235959Z"));
         let r: EpochSel = "20250102..20250103".parse().unwrap_or(EpochSel::All);
         assert!(r.matches("20250102T000000Z"));
         assert!(r.matches("20250103T235959Z"));

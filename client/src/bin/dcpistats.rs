@@ -1,0 +1,28 @@
+//! dcpistats: spread of one image's per-function shares over many epochs or hosts.
+use std::process::ExitCode;
+
+use dcpi_client::diff::common::print_tool_error;
+use dcpi_client::diff::stats_tool::{run_stats, StatsArgs};
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DCPI_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = StatsArgs::parse_args();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut err = std::io::stderr();
+    match run_stats(&args, &mut out, &mut err) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            use std::io::Write;
+            let _ = out.flush();
+            print_tool_error("dcpistats", &mut err, &e);
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

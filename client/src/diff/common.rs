@@ -1,0 +1,268 @@
+//! What `dcpidiff`, `dcpistats` and `dcpiprof --by` share: choosing the one event compared,
+//! resolving an image across rebuilds, per-symbol counts of a subset of profiles, errors,
+//! colour and text tables.
+
+use std::io::{self, Write};
+
+use profile_format::ImageKind;
+
+use crate::prof::report::{self, ImageFilter, SymbolContext, SymbolMode, SymbolRow, Weights};
+use crate::prof::select::Loaded;
+use crate::prof::symcache::SymbolCache;
+use crate::prof::{debuginfo::Locator, ProfError};
+
+/// Errors of `dcpidiff` and `dcpistats`.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error(transparent)]
+    Prof(#[from] ProfError),
+    /// Bad combination of arguments or a selection with nothing to compare.
+    #[error("{0}")]
+    Usage(String),
+    #[error("writing output: {0}")]
+    Output(#[from] io::Error),
+}
+
+impl ToolError {
+    /// 2 for usage and data errors, 1 for output errors.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ToolError::Prof(e) => e.exit_code(),
+            ToolError::Usage(_) => 2,
+            ToolError::Output(_) => 1,
+        }
+    }
+}
+
+/// Print `e` as `PROG: error: ...` (with the candidates of an ambiguous `--image`).
+pub fn print_tool_error(prog: &str, err: &mut dyn Write, e: &ToolError) {
+    match e {
+        ToolError::Prof(p) => crate::prof::print_error_as(prog, err, p),
+        other => {
+            let _ = writeln!(err, "{prog}: error: {other}");
+        }
+    }
+}
+
+/// The one event a comparison uses: the first `--event`, else the first event present.
+pub fn pick_event(loaded: &Loaded, wanted: &[String]) -> Result<String, ToolError> {
+    if wanted.len() > 1 {
+        return Err(ToolError::Usage(format!(
+            "this tool compares one event at a time; got --event {} (pick one)",
+            wanted.join(",")
+        )));
+    }
+    let w = report::weights(loaded, wanted)?;
+    w.events.first().cloned().ok_or_else(|| {
+        ToolError::Usage("the selection has no samples of any event (nothing to compare)".into())
+    })
+}
+
+/// The profiles of one image in a selection, builds merged.
+#[derive(Debug, Clone)]
+pub struct ImageProfiles {
+    /// Indices into [`Loaded::profiles`].
+    pub idx: Vec<usize>,
+    /// Display path of the image.
+    pub path: String,
+    /// Distinct identities (build-id hex, or `f…` image id without one), sorted.
+    pub builds: Vec<String>,
+}
+
+/// Resolve `spec` like `dcpiprof --image`, except that several builds of the same path (a
+/// binary rebuilt within the selection) are merged rather than ambiguous: their symbols are
+/// matched by name.
+pub fn resolve_image_builds(
+    loaded: &Loaded,
+    w: &Weights,
+    spec: &str,
+) -> Result<ImageProfiles, ProfError> {
+    let idx = match report::resolve_image(loaded, w, spec) {
+        Ok(idx) => idx,
+        Err(ProfError::Ambiguous { spec, candidates }) => {
+            let same_path = candidates.iter().all(|c| c.path == candidates[0].path);
+            if !same_path {
+                return Err(ProfError::Ambiguous { spec, candidates });
+            }
+            let ids: Vec<ImageFilter> =
+                candidates.iter().map(|c| ImageFilter::new(&c.image_id)).collect();
+            (0..loaded.profiles.len())
+                .filter(|&i| {
+                    w.per_profile[i].is_some()
+                        && ids.iter().any(|f| f.by_header(&loaded.profiles[i].profile.header))
+                })
+                .collect()
+        }
+        Err(e) => return Err(e),
+    };
+    let first = &loaded.profiles[idx[0]];
+    let path = crate::prof::image::image_display(&first.profile.header);
+    let mut builds: Vec<String> = idx
+        .iter()
+        .filter_map(|&i| {
+            let h = &loaded.profiles[i].profile.header;
+            match (&h.image_id, h.kind) {
+                (_, ImageKind::Unknown) => None,
+                (profile_format::ImageId::BuildId(b), _) => Some(hex::encode(b)),
+                (profile_format::ImageId::Fallback(f), _) => Some(format!("f{}", hex::encode(f))),
+            }
+        })
+        .collect();
+    builds.sort();
+    builds.dedup();
+    Ok(ImageProfiles { idx, path, builds })
+}
+
+/// Binary lookup and symbol cache, kept across the per-selection reports of one run.
+#[derive(Debug)]
+pub struct Symbolizer {
+    pub locator: Locator,
+    pub cache: SymbolCache,
+}
+
+/// Per-symbol rows (first event of `w`) of the profiles `idx`, with where symbols came from.
+pub fn symbol_rows(
+    loaded: &Loaded,
+    w: &Weights,
+    idx: &[usize],
+    sy: &mut Symbolizer,
+    mode: SymbolMode,
+    warn: &mut dyn FnMut(String),
+) -> (Vec<SymbolRow>, report::ImageInfo) {
+    let cx = SymbolContext {
+        loaded,
+        weights: w,
+        locator: &mut sy.locator,
+        cache: &mut sy.cache,
+        mode,
+        warn,
+    };
+    let r = report::symbol_report(cx, idx, "", None);
+    (r.rows, r.image)
+}
+
+/// `--color`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    /// Colour when stdout is a terminal and NO_COLOR is not set.
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    pub fn enabled(self) -> bool {
+        use std::io::IsTerminal;
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+                    && std::io::stdout().is_terminal()
+            }
+        }
+    }
+}
+
+/// A table cell, optionally wrapped in an ANSI colour that does not count toward its width.
+#[derive(Clone, Debug)]
+pub struct Cell {
+    pub text: String,
+    pub color: Option<&'static str>,
+}
+
+impl From<String> for Cell {
+    fn from(text: String) -> Cell {
+        Cell { text, color: None }
+    }
+}
+
+pub const RED: &str = "\x1b[31m";
+pub const GREEN: &str = "\x1b[32m";
+pub const BOLD: &str = "\x1b[1m";
+
+/// Right-aligned columns, the last one free-width text (a symbol or image name).
+pub fn table(out: &mut dyn Write, titles: &[&str], rows: &[Vec<Cell>]) -> io::Result<()> {
+    let ncol = titles.len();
+    let mut width: Vec<usize> = titles.iter().map(|t| t.chars().count()).collect();
+    for r in rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.text.chars().count());
+        }
+    }
+    let mut line = |cells: Vec<Cell>| -> io::Result<()> {
+        let mut s = String::new();
+        for (i, c) in cells.into_iter().enumerate() {
+            let padded =
+                if i + 1 == ncol { c.text } else { format!("{:>w$}  ", c.text, w = width[i]) };
+            match c.color {
+                Some(code) => {
+                    let trimmed = padded.trim_end();
+                    let pad = padded.len() - trimmed.len();
+                    s.push_str(&format!("{code}{trimmed}\x1b[0m{}", " ".repeat(pad)));
+                }
+                None => s.push_str(&padded),
+            }
+        }
+        writeln!(out, "{}", s.trim_end())
+    };
+    line(titles.iter().map(|t| Cell::from(t.to_string())).collect())?;
+    for r in rows {
+        line(r.clone())?;
+    }
+    Ok(())
+}
+
+/// A text field made safe for a terminal or CSV: control characters escaped.
+pub fn printable(s: &str) -> String {
+    report::display_path(s.as_bytes())
+}
+
+pub fn csv_line(out: &mut dyn Write, cells: &[String]) -> io::Result<()> {
+    let v: Vec<String> = cells
+        .iter()
+        .map(|c| {
+            let c = printable(c);
+            if c.contains([',', '"']) {
+                format!("\"{}\"", c.replace('"', "\"\""))
+            } else {
+                c
+            }
+        })
+        .collect();
+    writeln!(out, "{}", v.join(","))
+}
+
+/// One-decimal-place rendering of a signed number of points, sign always shown.
+pub fn signed(x: f64, decimals: usize) -> String {
+    let x = if x.abs() < 0.5 * 10f64.powi(-(decimals as i32)) { 0.0 } else { x };
+    format!("{x:+.decimals$}")
+}
+
+/// Round to 4 decimals for JSON.
+pub fn r4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+/// `--generate` for the new tools.
+pub fn generate(
+    what: crate::prof::Generate,
+    mut cmd: clap::Command,
+    name: &str,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    use crate::prof::Generate;
+    match what {
+        Generate::Man => clap_mangen::Man::new(cmd).render(out)?,
+        Generate::CompleteBash => {
+            clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, name, out)
+        }
+        Generate::CompleteZsh => {
+            clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, name, out)
+        }
+        Generate::CompleteFish => {
+            clap_complete::generate(clap_complete::Shell::Fish, &mut cmd, name, out)
+        }
+    }
+    Ok(())
+}

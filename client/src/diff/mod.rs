@@ -1,0 +1,689 @@
+//! `dcpidiff` (two selections of profiles side by side: what changed, and is it more than
+//! sampling noise) and `dcpistats` (the spread of one image's profile over many epochs or
+//! hosts). Both read the database through the shared selection model ([`crate::args`]) and
+//! symbolize through the report code of `dcpiprof` ([`crate::prof::report`]).
+
+pub mod common;
+pub mod stat;
+pub mod stats_tool;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use clap::{CommandFactory, Parser};
+use serde::Serialize;
+
+use self::common::{
+    csv_line, printable, r4, resolve_image_builds, signed, symbol_rows, table, Cell, ColorChoice,
+    Symbolizer, ToolError, BOLD, GREEN, RED,
+};
+use crate::args::{Selection, SymbolSearch};
+use crate::prof::output::TableFormat as Format;
+use crate::prof::report::{self, ImageFilter, SymbolMode};
+use crate::prof::select::{epochs_and_hosts, EpochSel, HostSel, Loaded};
+use crate::prof::{Generate, ProfError};
+
+/// Long help of `dcpidiff`: the numbers, the test and the JSON schema.
+pub const DIFF_HELP: &str = "\
+SELECTIONS
+  --before and --after each take what --epoch takes (an epoch id such as 20261124T101500Z, a
+  day such as 20261124, FROM..TO, `latest`, `all`); either defaults to --epoch. --before-host
+  and --after-host default to --host (default: this host; `all` merges every host). So
+  `--before 20261123 --after 20261124` compares two days of this host, and
+  `--epoch all --before-host web-1 --after-host web-2` two hosts.
+
+NUMBERS
+  before, after     raw samples of the row in each selection.
+  before%, after%   share of the row in its selection: of the image's samples with --image,
+                    of all samples without it. Shares use period-weighted events, as dcpiprof's
+                    percent does.
+  delta             after% - before%, in percentage points (positive: the row takes more of
+                    the time now, shown red on a terminal).
+  ratio             after% / before% (`new` when absent before, `gone` when absent after).
+  sig (*)           the change is significant (see below).
+  Rows are sorted by |delta|, largest first.
+
+SIGNIFICANCE
+  Each row is tested with a pooled two-proportion z-test on its raw sample counts (x1 of n1
+  before, x2 of n2 after; two-sided), which models the binomial noise of sampling. The p-values
+  of all rows compared (before --min-delta and --limit hide any) are corrected with Holm's
+  step-down method, so the chance of even one false alarm in the whole report is at most
+  --alpha (default 0.01). A row is marked significant when its Holm-adjusted p-value is below
+  --alpha AND |delta| >= --min-effect points (default 1.0): with hundreds of thousands of
+  samples a 0.1-point change is real but rarely matters. Variation of the workload itself
+  between epochs or hosts is not sampling noise: measure it with dcpistats.
+
+REBUILT BINARIES
+  With --image PATH, each selection's profiles of that path are taken whatever their build-id,
+  and symbols are matched by name, so a binary rebuilt between the selections still compares
+  function by function; the header (and JSON images_differ) says so. Each build's symbols come
+  from that build only (its binary found by build-id: keep old builds with
+  `dcpiprof --cache-binary` or point --binary-path at them); samples of a build whose binary is
+  gone show as [build-id mismatch] or NAME+0xOFFSET. Without --image, rows are images matched
+  by path; builds_differ marks a path whose build changed.
+
+JSON SCHEMA (--format json)
+  { \"report\": \"diff\", \"rows_of\": \"images\"|\"symbols\"|\"lines\", \"event\": str,
+    \"test\": { \"method\": str, \"alpha\": num, \"min_effect\": num, \"rows_compared\": int },
+    \"before\": SIDE, \"after\": SIDE, \"images_differ\": bool, \"rows_hidden\": int,
+    \"rows\": [ { \"symbol\": str (or \"image\": str), \"source\": \"file:line\" (--lines),
+                \"before\": int, \"after\": int, \"before_events\": int, \"after_events\": int,
+                \"before_share\": num, \"after_share\": num, \"delta\": num,
+                \"ratio\": num|null, \"z\": num, \"p_value\": num, \"p_adjusted\": num,
+                \"significant\": bool,
+                \"before_builds\": [str], \"after_builds\": [str], \"builds_differ\": bool
+                (image rows only) } ] }
+  SIDE = { \"epochs\": [str], \"hosts\": [str], \"total_samples\": int, \"total_events\": int,
+           \"image\": null | { \"path\": str, \"builds\": [str], \"binary\": str|null } }
+  CSV: a header line, then one line per row with the row fields above.
+
+EXIT STATUS
+  0 success; 1 output error; 2 usage or data error (bad arguments, no such epoch/host/image/
+  event in one of the selections, corrupt profile without --keep-going).";
+
+/// Command line of `dcpidiff`.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "dcpidiff",
+    version,
+    about = "Compare two selections of dcpi profiles (epochs, days, hosts): per symbol or image, \
+             with a significance test",
+    long_about = "Compare two selections of dcpi profiles side by side.\n\n\
+                  With --image: one row per function of that image (matched by name across \
+                  rebuilds), or per source line with --lines. Without it: one row per image. \
+                  Each row has the samples and share before and after, the change in percentage \
+                  points, the ratio, and whether the change is significant (two-proportion \
+                  z-test on sample counts, Holm-corrected over the rows compared, at --alpha, \
+                  default 0.01; see below).",
+    after_long_help = DIFF_HELP
+)]
+pub struct DiffArgs {
+    #[command(flatten)]
+    pub sel: Selection,
+    /// The baseline: epoch id, day (YYYYMMDD), FROM..TO, `latest` or `all` [default: --epoch].
+    #[arg(long, value_name = "SEL")]
+    pub before: Option<EpochSel>,
+    /// The selection compared with the baseline [default: --epoch].
+    #[arg(long, value_name = "SEL")]
+    pub after: Option<EpochSel>,
+    /// Host of the baseline (`all` merges every host) [default: --host].
+    #[arg(long, value_name = "NAME|all")]
+    pub before_host: Option<String>,
+    /// Host of the compared selection [default: --host].
+    #[arg(long, value_name = "NAME|all")]
+    pub after_host: Option<String>,
+    /// Compare the functions of one image (as dcpiprof --image: a path, a basename, a build-id
+    /// prefix, `kernel` ...); builds of the same path are matched by symbol name.
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// With --image: only this function (exact name as reported); with --lines its lines.
+    #[arg(long, value_name = "NAME", requires = "image")]
+    pub symbol: Option<String>,
+    /// With --image: one row per source line (DWARF), usually with --symbol.
+    #[arg(long, requires = "image")]
+    pub lines: bool,
+    /// With --image: attribute samples to the innermost inlined function (DWARF).
+    #[arg(long, requires = "image")]
+    pub inlines: bool,
+    /// Hide rows whose |delta| is below P percentage points (they still count in the test).
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub min_delta: f64,
+    /// Family-wise significance level (Holm-corrected over the rows compared).
+    #[arg(long, value_name = "LEVEL", default_value_t = 0.01)]
+    pub alpha: f64,
+    /// Smallest |delta| in points ever called significant.
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    pub min_effect: f64,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+    /// Colour in the table (red: a larger share now, green: smaller; significant rows only).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub color: ColorChoice,
+    /// Show at most N rows (after sorting).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    #[command(flatten)]
+    pub symbols: SymbolSearch,
+    /// Write a man page or shell completions to stdout and exit.
+    #[arg(long, hide = true, value_enum, value_name = "WHAT")]
+    pub generate: Option<Generate>,
+}
+
+/// One side of the comparison, as reported.
+#[derive(Clone, Debug, Serialize)]
+pub struct SideInfo {
+    pub epochs: Vec<String>,
+    pub hosts: Vec<String>,
+    pub total_samples: u64,
+    pub total_events: u64,
+    pub image: Option<SideImage>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SideImage {
+    pub path: String,
+    pub builds: Vec<String>,
+    pub binary: Option<String>,
+}
+
+/// One compared row.
+#[derive(Clone, Debug, Serialize)]
+pub struct DiffRow {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    pub before: u64,
+    pub after: u64,
+    pub before_events: u64,
+    pub after_events: u64,
+    pub before_share: f64,
+    pub after_share: f64,
+    pub delta: f64,
+    pub ratio: Option<f64>,
+    pub z: f64,
+    pub p_value: f64,
+    pub p_adjusted: f64,
+    pub significant: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before_builds: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_builds: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub builds_differ: Option<bool>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TestInfo {
+    pub method: &'static str,
+    pub alpha: f64,
+    pub min_effect: f64,
+    pub rows_compared: usize,
+}
+
+/// The whole `dcpidiff` result.
+#[derive(Clone, Debug, Serialize)]
+pub struct DiffReport {
+    pub report: &'static str,
+    pub rows_of: &'static str,
+    pub event: String,
+    pub test: TestInfo,
+    pub before: SideInfo,
+    pub after: SideInfo,
+    pub images_differ: bool,
+    pub rows_hidden: usize,
+    pub rows: Vec<DiffRow>,
+}
+
+const METHOD: &str = "pooled two-proportion z-test on sample counts, two-sided, Holm-corrected";
+
+/// Per-row totals of one side: samples, weighted events, builds (image rows).
+#[derive(Clone, Debug, Default)]
+struct Tally {
+    samples: u64,
+    events: f64,
+    builds: Vec<String>,
+}
+
+type Key = (String, Option<String>);
+
+fn host_sel(h: Option<&str>, default: &HostSel) -> HostSel {
+    match h {
+        Some("all") => HostSel::All,
+        Some(h) => HostSel::Named(h.to_owned()),
+        None => default.clone(),
+    }
+}
+
+/// Name the side in a data error.
+fn side_err(side: &str, e: ProfError) -> ToolError {
+    match e {
+        ProfError::Empty(m) => ToolError::Usage(format!("{side} selection: {m}")),
+        ProfError::NoSuchImage { spec, known } => ToolError::Usage(format!(
+            "{side} selection: no image with samples matches --image {spec:?}; images with \
+             samples there: {known}"
+        )),
+        ProfError::UnknownEvent { event, available, .. } => ToolError::Usage(format!(
+            "{side} selection has no samples of event {event:?}; events there: {available} \
+             (choose with --event)"
+        )),
+        e => ToolError::Prof(e),
+    }
+}
+
+/// Run `dcpidiff`, writing the report to `out` and warnings to `err`.
+pub fn run_diff(
+    args: &DiffArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ToolError> {
+    if let Some(g) = args.generate {
+        common::generate(g, DiffArgs::command(), "dcpidiff", out)?;
+        return Ok(());
+    }
+    for (name, v) in [("--min-delta", args.min_delta), ("--min-effect", args.min_effect)] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(ToolError::Usage(format!("{name} {v}: expected a number of points >= 0")));
+        }
+    }
+    if !(args.alpha > 0.0 && args.alpha < 1.0) {
+        return Err(ToolError::Usage(format!(
+            "--alpha {}: expected a level between 0 and 1 (e.g. 0.01)",
+            args.alpha
+        )));
+    }
+    let default_host = args.sel.host_sel();
+    let be = args.before.clone().unwrap_or_else(|| args.sel.epoch.clone());
+    let ae = args.after.clone().unwrap_or_else(|| args.sel.epoch.clone());
+    let bh = host_sel(args.before_host.as_deref(), &default_host);
+    let ah = host_sel(args.after_host.as_deref(), &default_host);
+    if be == ae && bh == ah {
+        return Err(ToolError::Usage(
+            "--before and --after select the same profiles; give --before/--after (epochs) \
+             or --before-host/--after-host"
+                .into(),
+        ));
+    }
+    let mut warnings: Vec<String> = Vec::new();
+    let filter = args.image.as_deref().map(ImageFilter::new);
+    let before = args
+        .sel
+        .load_with(&be, &bh, filter.as_ref(), &mut |w| warnings.push(w))
+        .map_err(|e| side_err("--before", e))?;
+    let after = args
+        .sel
+        .load_with(&ae, &ah, filter.as_ref(), &mut |w| warnings.push(w))
+        .map_err(|e| side_err("--after", e))?;
+    for (side, l) in [("--before", &before), ("--after", &after)] {
+        if l.profiles.is_empty() && args.image.is_none() {
+            let (e, h) = epochs_and_hosts(&l.dirs);
+            return Err(ToolError::Usage(format!(
+                "{side} selection: no profiles in epoch(s) {} for host(s) {}",
+                e.join(","),
+                h.join(",")
+            )));
+        }
+    }
+    if let Some(spec) = &args.image {
+        // Nothing of the image loaded: let resolution name the images that are there.
+        for (side, l) in [("--before", &before), ("--after", &after)] {
+            if l.profiles.is_empty() {
+                let w = report::weights(l, &[]).map_err(|e| side_err(side, e))?;
+                resolve_image_builds(l, &w, spec).map_err(|e| side_err(side, e))?;
+            }
+        }
+    }
+    let event = match common::pick_event(&before, &args.sel.events) {
+        Ok(e) => e,
+        Err(ToolError::Prof(e)) => return Err(side_err("--before", e)),
+        Err(e) => return Err(e),
+    };
+    let ev = std::slice::from_ref(&event);
+    let bw = report::weights(&before, ev).map_err(|e| side_err("--before", e))?;
+    let aw = report::weights(&after, ev).map_err(|e| side_err("--after", e))?;
+
+    let (rows_of, tallies, bside, aside) = match &args.image {
+        None => {
+            let (bt, bs) = image_tallies(&before, &bw);
+            let (at, as_) = image_tallies(&after, &aw);
+            ("images", (bt, at), bs, as_)
+        }
+        Some(spec) => {
+            let bi =
+                resolve_image_builds(&before, &bw, spec).map_err(|e| side_err("--before", e))?;
+            let ai = resolve_image_builds(&after, &aw, spec).map_err(|e| side_err("--after", e))?;
+            let mut sy = Symbolizer {
+                locator: args.symbols.locator(&args.sel.db),
+                cache: args.symbols.cache(&mut |w| warnings.push(w)),
+            };
+            let mode = SymbolMode { lines: args.lines, inlines: args.inlines, raw_names: false };
+            let mut side = |l: &Loaded, w: &report::Weights, im: &common::ImageProfiles| {
+                let (rows, info) =
+                    symbol_rows(l, w, &im.idx, &mut sy, mode, &mut |m| warnings.push(m));
+                let mut t: BTreeMap<Key, Tally> = BTreeMap::new();
+                let mut total = Tally::default();
+                for r in rows {
+                    total.samples += r.samples;
+                    total.events += r.events as f64;
+                    if args.symbol.as_ref().is_some_and(|s| *s != r.symbol) {
+                        continue;
+                    }
+                    let e = t.entry((r.symbol, r.source)).or_default();
+                    e.samples += r.samples;
+                    e.events += r.events as f64;
+                }
+                let (epochs, hosts) = epochs_and_hosts(&l.dirs);
+                let s = SideInfo {
+                    epochs,
+                    hosts,
+                    total_samples: total.samples,
+                    total_events: total.events.round() as u64,
+                    image: Some(SideImage {
+                        path: im.path.clone(),
+                        builds: im.builds.clone(),
+                        binary: info.binary,
+                    }),
+                };
+                (t, s)
+            };
+            let (bt, bs) = side(&before, &bw, &bi);
+            let (at, as_) = side(&after, &aw, &ai);
+            if let Some(sym) = &args.symbol {
+                if bt.is_empty() && at.is_empty() {
+                    return Err(ToolError::Usage(format!(
+                        "no samples of symbol {:?} in image {} in either selection (names are \
+                         matched exactly as dcpiprof --image prints them)",
+                        printable(sym),
+                        bi.path
+                    )));
+                }
+            }
+            (if args.lines { "lines" } else { "symbols" }, (bt, at), bs, as_)
+        }
+    };
+    for w in warnings.drain(..) {
+        writeln!(err, "dcpidiff: warning: {w}")?;
+    }
+    let r = compare(args, rows_of, &event, tallies, bside, aside);
+    write_report(out, &r, args.format, args.color.enabled())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Per-image tallies (matched by display path, builds merged) of one side.
+fn image_tallies(l: &Loaded, w: &report::Weights) -> (BTreeMap<Key, Tally>, SideInfo) {
+    let r = report::image_report(l, w, "", None);
+    let mut t: BTreeMap<Key, Tally> = BTreeMap::new();
+    let mut total = Tally::default();
+    for row in r.rows {
+        total.samples += row.samples;
+        total.events += row.events as f64;
+        let e = t.entry((row.image, None)).or_default();
+        e.samples += row.samples;
+        e.events += row.events as f64;
+        if let Some(b) = row.build_id.or(row.image_id) {
+            if !e.builds.contains(&b) {
+                e.builds.push(b);
+            }
+        }
+    }
+    for v in t.values_mut() {
+        v.builds.sort();
+    }
+    let (epochs, hosts) = epochs_and_hosts(&l.dirs);
+    let s = SideInfo {
+        epochs,
+        hosts,
+        total_samples: total.samples,
+        total_events: total.events.round() as u64,
+        image: None,
+    };
+    (t, s)
+}
+
+fn share(part: f64, total: u64) -> f64 {
+    if total > 0 {
+        part / total as f64 * 100.0
+    } else {
+        0.0
+    }
+}
+
+fn compare(
+    args: &DiffArgs,
+    rows_of: &'static str,
+    event: &str,
+    (bt, at): (BTreeMap<Key, Tally>, BTreeMap<Key, Tally>),
+    before: SideInfo,
+    after: SideInfo,
+) -> DiffReport {
+    let mut keys: Vec<Key> = bt.keys().chain(at.keys()).cloned().collect();
+    keys.sort();
+    keys.dedup();
+    let empty = Tally::default();
+    let (n1, n2) = (before.total_samples, after.total_samples);
+    let mut rows: Vec<DiffRow> = keys
+        .into_iter()
+        .map(|k| {
+            let b = bt.get(&k).unwrap_or(&empty);
+            let a = at.get(&k).unwrap_or(&empty);
+            let bs = share(b.events, before.total_events);
+            let as_ = share(a.events, after.total_events);
+            let z = stat::two_proportion_z(b.samples, n1, a.samples, n2);
+            let image_rows = rows_of == "images";
+            DiffRow {
+                symbol: (!image_rows).then(|| k.0.clone()),
+                image: image_rows.then(|| k.0.clone()),
+                source: k.1.clone(),
+                before: b.samples,
+                after: a.samples,
+                before_events: b.events.round() as u64,
+                after_events: a.events.round() as u64,
+                before_share: r4(bs),
+                after_share: r4(as_),
+                delta: r4(as_ - bs),
+                ratio: (bs > 0.0).then(|| r4(as_ / bs)),
+                z: r4(z),
+                p_value: stat::two_sided_p(z),
+                p_adjusted: 1.0,
+                significant: false,
+                before_builds: image_rows.then(|| b.builds.clone()),
+                after_builds: image_rows.then(|| a.builds.clone()),
+                builds_differ: image_rows
+                    .then(|| !b.builds.is_empty() && !a.builds.is_empty() && b.builds != a.builds),
+            }
+        })
+        .collect();
+    let p: Vec<f64> = rows.iter().map(|r| r.p_value).collect();
+    for (r, adj) in rows.iter_mut().zip(stat::holm_adjust(&p)) {
+        r.p_adjusted = adj;
+        r.significant = adj < args.alpha && r.delta.abs() >= args.min_effect;
+    }
+    let compared = rows.len();
+    rows.sort_by(|x, y| {
+        y.delta
+            .abs()
+            .total_cmp(&x.delta.abs())
+            .then(y.significant.cmp(&x.significant))
+            .then_with(|| x.symbol.cmp(&y.symbol))
+            .then_with(|| x.image.cmp(&y.image))
+            .then_with(|| x.source.cmp(&y.source))
+    });
+    let before_len = rows.len();
+    rows.retain(|r| r.delta.abs() >= args.min_delta);
+    if let Some(n) = args.limit {
+        rows.truncate(n);
+    }
+    let images_differ = match (&before.image, &after.image) {
+        (Some(b), Some(a)) => b.builds != a.builds,
+        _ => rows.iter().any(|r| r.builds_differ == Some(true)),
+    };
+    DiffReport {
+        report: "diff",
+        rows_of,
+        event: event.to_owned(),
+        test: TestInfo {
+            method: METHOD,
+            alpha: args.alpha,
+            min_effect: args.min_effect,
+            rows_compared: compared,
+        },
+        rows_hidden: before_len - rows.len(),
+        before,
+        after,
+        images_differ,
+        rows,
+    }
+}
+
+fn side_line(s: &SideInfo) -> String {
+    let ep = match s.epochs.as_slice() {
+        [] => "none".to_owned(),
+        [one] => one.clone(),
+        [first, .., last] => format!("{first} .. {last} ({} epochs)", s.epochs.len()),
+    };
+    let mut line = format!("epochs {ep}, hosts {}: {} samples", s.hosts.join(","), s.total_samples);
+    if let Some(im) = &s.image {
+        line.push_str(&format!(" of {}", printable(&im.path)));
+        match im.builds.as_slice() {
+            [] => {}
+            [one] => line.push_str(&format!(" (build {one})")),
+            many => line.push_str(&format!(" ({} builds: {})", many.len(), many.join(", "))),
+        }
+    }
+    line
+}
+
+fn ratio_text(r: &DiffRow) -> String {
+    match r.ratio {
+        _ if r.before == 0 && r.after == 0 => "-".into(),
+        None => "new".into(),
+        Some(_) if r.after == 0 => "gone".into(),
+        Some(x) => format!("{x:.2}x"),
+    }
+}
+
+fn row_name(r: &DiffRow) -> String {
+    let mut n = printable(r.symbol.as_deref().or(r.image.as_deref()).unwrap_or_default());
+    if r.builds_differ == Some(true) {
+        n.push_str("  (rebuilt)");
+    }
+    n
+}
+
+/// Render a diff report.
+pub fn write_report(
+    out: &mut dyn Write,
+    r: &DiffReport,
+    fmt: Format,
+    color: bool,
+) -> std::io::Result<()> {
+    match fmt {
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut *out, r)?;
+            writeln!(out)
+        }
+        Format::Csv => {
+            let key = if r.rows_of == "images" { "image" } else { "symbol" };
+            csv_line(
+                out,
+                &[
+                    key,
+                    "source",
+                    "before",
+                    "after",
+                    "before_events",
+                    "after_events",
+                    "before_share",
+                    "after_share",
+                    "delta",
+                    "ratio",
+                    "z",
+                    "p_value",
+                    "p_adjusted",
+                    "significant",
+                ]
+                .map(String::from),
+            )?;
+            for x in &r.rows {
+                csv_line(
+                    out,
+                    &[
+                        x.symbol.clone().or(x.image.clone()).unwrap_or_default(),
+                        x.source.clone().unwrap_or_default(),
+                        x.before.to_string(),
+                        x.after.to_string(),
+                        x.before_events.to_string(),
+                        x.after_events.to_string(),
+                        x.before_share.to_string(),
+                        x.after_share.to_string(),
+                        x.delta.to_string(),
+                        x.ratio.map(|v| v.to_string()).unwrap_or_default(),
+                        x.z.to_string(),
+                        format!("{:e}", x.p_value),
+                        format!("{:e}", x.p_adjusted),
+                        x.significant.to_string(),
+                    ],
+                )?;
+            }
+            Ok(())
+        }
+        Format::Table => {
+            writeln!(out, "# before: {}", side_line(&r.before))?;
+            writeln!(out, "# after:  {}", side_line(&r.after))?;
+            if r.images_differ {
+                let msg = match (&r.before.image, &r.after.image) {
+                    (Some(b), Some(a)) => format!(
+                        "# images differ: build {} before, {} after; symbols matched by path \
+                         and name",
+                        b.builds.join(","),
+                        a.builds.join(",")
+                    ),
+                    _ => "# images differ: some paths were rebuilt (marked `rebuilt`); matched \
+                          by path"
+                        .to_owned(),
+                };
+                if color {
+                    writeln!(out, "{BOLD}{msg}\x1b[0m")?;
+                } else {
+                    writeln!(out, "{msg}")?;
+                }
+            }
+            let of = if r.rows_of == "images" { "all samples" } else { "the image's samples" };
+            writeln!(
+                out,
+                "# event {}; shares are % of {of}; delta = after% - before% in points",
+                r.event
+            )?;
+            writeln!(
+                out,
+                "# sig *: two-proportion z-test, Holm-corrected over {} rows, alpha {}, \
+                 |delta| >= {}",
+                r.test.rows_compared, r.test.alpha, r.test.min_effect
+            )?;
+            let with_source = r.rows_of == "lines";
+            let last = if r.rows_of == "images" { "image" } else { "symbol" };
+            let mut titles = vec!["before", "after", "before%", "after%", "delta", "ratio", "sig"];
+            if with_source {
+                titles.push("source");
+            }
+            titles.push(last);
+            let rows: Vec<Vec<Cell>> = r
+                .rows
+                .iter()
+                .map(|x| {
+                    let c = match (color && x.significant, x.delta > 0.0) {
+                        (true, true) => Some(RED),
+                        (true, false) => Some(GREEN),
+                        _ => None,
+                    };
+                    let mut v: Vec<Cell> = vec![
+                        x.before.to_string().into(),
+                        x.after.to_string().into(),
+                        format!("{:.2}", x.before_share).into(),
+                        format!("{:.2}", x.after_share).into(),
+                        Cell { text: signed(x.delta, 2), color: c },
+                        ratio_text(x).into(),
+                        Cell { text: if x.significant { "*" } else { "" }.into(), color: c },
+                    ];
+                    if with_source {
+                        v.push(printable(x.source.as_deref().unwrap_or_default()).into());
+                    }
+                    v.push(row_name(x).into());
+                    v
+                })
+                .collect();
+            table(out, &titles, &rows)?;
+            let up = r.rows.iter().filter(|x| x.significant && x.delta > 0.0).count();
+            let down = r.rows.iter().filter(|x| x.significant && x.delta < 0.0).count();
+            writeln!(out, "# significant: {up} up, {down} down")?;
+            if r.rows_hidden > 0 {
+                writeln!(out, "# {} row(s) not shown (--min-delta/--limit)", r.rows_hidden)?;
+            }
+            Ok(())
+        }
+    }
+}

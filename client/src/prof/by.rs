@@ -1,0 +1,230 @@
+//! `dcpiprof --by epoch|host`: one row per group (samples and share) for the whole selection,
+//! one image (`--image`) or one of its functions (`--image --symbol`), so a trend over time or
+//! across a fleet is one command.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use serde_json::{json, Map, Value};
+
+use super::output::Format;
+use super::report::{self, ImageFilter, SymbolMode};
+use super::{Args, ProfError};
+use crate::diff::common::{csv_line, printable, r4, resolve_image_builds, symbol_rows, Symbolizer};
+
+/// What the rows of a `--by` report are per. More dimensions (image, symbol, command, pid,
+/// cgroup, unit, cpu) are meant to join this list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum By {
+    /// One row per epoch (hosts merged as --host says).
+    Epoch,
+    /// One row per host (epochs merged as --epoch says).
+    Host,
+}
+
+impl By {
+    pub fn name(self) -> &'static str {
+        match self {
+            By::Epoch => "epoch",
+            By::Host => "host",
+        }
+    }
+    fn key(self, d: &profile_format::HostDir) -> String {
+        match self {
+            By::Epoch => d.epoch.to_string(),
+            By::Host => d.host.clone(),
+        }
+    }
+}
+
+/// Samples and weighted events of a row and of what its share is taken of.
+#[derive(Default, Clone, Copy)]
+struct Part {
+    samples: u64,
+    events: f64,
+    of_events: f64,
+}
+
+/// Run a `--by` report.
+pub fn run_by(
+    args: &Args,
+    by: By,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ProfError> {
+    let mut warnings: Vec<String> = Vec::new();
+    let filter = match (&args.image, &args.symbol) {
+        (Some(i), Some(_)) => Some(ImageFilter::new(i)),
+        _ => None,
+    };
+    let loaded = args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
+    let w = report::weights(&loaded, &args.sel.events)?;
+    let image = match &args.image {
+        Some(spec) => Some(resolve_image_builds(&loaded, &w, spec)?),
+        None => None,
+    };
+    let event = w.events.first().cloned().ok_or_else(|| {
+        ProfError::Empty("no samples in the selected epoch(s) and host(s)".to_owned())
+    })?;
+    let mut parts: BTreeMap<String, Part> = BTreeMap::new();
+    for d in &loaded.dirs {
+        parts.entry(by.key(d)).or_default();
+    }
+    let key_of = |i: usize| by.key(&loaded.dirs[loaded.profiles[i].dir]);
+    let first_event = |i: usize| w.per_profile[i].filter(|&(ei, _)| ei == 0).map(|(_, wt)| wt);
+    match (&image, &args.symbol) {
+        (None, _) => {
+            let mut all = 0.0;
+            for (i, p) in loaded.profiles.iter().enumerate() {
+                if let Some(wt) = first_event(i) {
+                    let e = parts.entry(key_of(i)).or_default();
+                    e.samples += p.samples;
+                    e.events += p.samples as f64 * wt;
+                    all += p.samples as f64 * wt;
+                }
+            }
+            for p in parts.values_mut() {
+                p.of_events = all;
+            }
+        }
+        (Some(im), None) => {
+            for (i, p) in loaded.profiles.iter().enumerate() {
+                if let Some(wt) = first_event(i) {
+                    let e = parts.entry(key_of(i)).or_default();
+                    e.of_events += p.samples as f64 * wt;
+                    if im.idx.contains(&i) {
+                        e.samples += p.samples;
+                        e.events += p.samples as f64 * wt;
+                    }
+                }
+            }
+        }
+        (Some(im), Some(sym)) => {
+            let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+            for &i in &im.idx {
+                if first_event(i).is_some() {
+                    groups.entry(key_of(i)).or_default().push(i);
+                }
+            }
+            let mut sy = Symbolizer {
+                locator: args.symbols.locator(&args.sel.db),
+                cache: args.symbols.cache(&mut |m| warnings.push(m)),
+            };
+            let mode =
+                SymbolMode { inlines: args.inlines, lines: false, raw_names: args.raw_names };
+            for (k, idx) in groups {
+                let (rows, _) =
+                    symbol_rows(&loaded, &w, &idx, &mut sy, mode, &mut |m| warnings.push(m));
+                let e = parts.entry(k).or_default();
+                for r in rows {
+                    e.of_events += r.events as f64;
+                    if r.symbol == *sym {
+                        e.samples += r.samples;
+                        e.events += r.events as f64;
+                    }
+                }
+            }
+        }
+    }
+    for m in warnings.drain(..) {
+        writeln!(err, "dcpiprof: warning: {m}")?;
+    }
+    let of = match (&args.image, &args.symbol) {
+        (None, _) => "the whole selection".to_owned(),
+        (Some(_), None) => format!("all samples of the {}", by.name()),
+        (Some(_), Some(_)) => format!("the image's samples in the {}", by.name()),
+    };
+    let rows: Vec<(String, Part)> = parts.into_iter().collect();
+    let pct = |p: &Part| if p.of_events > 0.0 { r4(p.events / p.of_events * 100.0) } else { 0.0 };
+    match args.format {
+        Format::Json => {
+            let rows: Vec<Value> = rows
+                .iter()
+                .map(|(k, p)| {
+                    let mut m = Map::new();
+                    m.insert(by.name().to_owned(), json!(k));
+                    m.insert("samples".into(), json!(p.samples));
+                    m.insert("events".into(), json!(p.events.round() as u64));
+                    m.insert("percent".into(), json!(pct(p)));
+                    Value::Object(m)
+                })
+                .collect();
+            let v = json!({
+                "report": "by",
+                "by": by.name(),
+                "database": args.sel.db.display().to_string(),
+                "event": event,
+                "image": args.image,
+                "symbol": args.symbol,
+                "percent_of": of,
+                "rows": rows,
+            });
+            serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
+            writeln!(out)?;
+        }
+        Format::Csv => {
+            csv_line(out, &[by.name(), "samples", "events", "percent"].map(String::from))?;
+            for (k, p) in &rows {
+                csv_line(
+                    out,
+                    &[
+                        k.clone(),
+                        p.samples.to_string(),
+                        (p.events.round() as u64).to_string(),
+                        pct(p).to_string(),
+                    ],
+                )?;
+            }
+        }
+        f @ (Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope) => {
+            return Err(super::output::not_a_report(f).into());
+        }
+        Format::Table => {
+            writeln!(out, "# database: {}", args.sel.db.display())?;
+            let mut what = format!("# event {event}");
+            if let Some(i) = &args.image {
+                what.push_str(&format!("; image {}", printable(i)));
+            }
+            if let Some(s) = &args.symbol {
+                what.push_str(&format!("; symbol {}", printable(s)));
+            }
+            writeln!(out, "{what}; % of {of}")?;
+            let cells: Vec<[String; 4]> = rows
+                .iter()
+                .map(|(k, p)| {
+                    [
+                        p.samples.to_string(),
+                        (p.events.round() as u64).to_string(),
+                        format!("{:.2}", pct(p)),
+                        printable(k),
+                    ]
+                })
+                .collect();
+            let titles = ["samples", "events", "%", by.name()];
+            let mut width = titles.map(str::len);
+            for c in &cells {
+                for (w, x) in width.iter_mut().zip(c) {
+                    *w = (*w).max(x.len());
+                }
+            }
+            let line = |c: &[String; 4]| {
+                format!(
+                    "{:>w0$}  {:>w1$}  {:>w2$}  {}",
+                    c[0],
+                    c[1],
+                    c[2],
+                    c[3],
+                    w0 = width[0],
+                    w1 = width[1],
+                    w2 = width[2]
+                )
+            };
+            writeln!(out, "{}", line(&titles.map(String::from)))?;
+            for c in &cells {
+                writeln!(out, "{}", line(c))?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
