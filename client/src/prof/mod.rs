@@ -103,7 +103,9 @@ SYMBOL CACHE
   file is rebuilt with a warning; it can be deleted at any time.
 
 FILES READ
-  A per-image report reads every profile of the selected epochs and hosts once. A
+  A per-image report reads the summary.json of each selected host and epoch: its index
+  holds the per-image totals (written by dcpid since the index exists); for host-epochs
+  without one it reads their profiles instead, with the same result. A
   per-symbol report reads only the chosen image's profiles: for a build-id (prefix) or
   `unknown` the file names decide; otherwise one profile per distinct image is read to
   learn its path and kind. `--verbose` prints the counts.
