@@ -1670,4 +1670,142 @@ fn raw_names_shows_mangled_symbols() {
     assert_eq!(row(&v, "symbol", "engine::spin(int)")["samples"], 7, "{v:#}");
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "rawcxx", "--raw-names"]);
     assert_eq!(row(&v, "symbol", "_ZN6engine4spinEi")["samples"], 7, "{v:#}");
+// ---------------------------------------------------------------------------------------------
+// Summary index (fleet-scale per-image reports)
+
+#[test]
+fn per_image_report_from_summary_index_equals_report_from_profiles() {
+    let t = TestDb::new();
+    let clock = event("cpu-clock", 1000);
+    let faults = event("page-faults", 10);
+    let mut dirs = Vec::new();
+    for (ei, secs) in [0u64, 3600].into_iter().enumerate() {
+        let e = t.epoch(secs);
+        for (hi, host) in ["alpha", "beta", "gamma"].into_iter().enumerate() {
+            let hd = t.host(&e, host);
+            let k = (ei * 3 + hi) as u64 + 1;
+            for i in 0..6u8 {
+                let id = ImageId::BuildId(vec![i + 1; 20]);
+                let path = format!("/usr/lib/lib{i}.so");
+                let counts: Vec<(u64, u64)> =
+                    (0..5).map(|o| (o * 64, k * (o + 1) + u64::from(i))).collect();
+                // Periods differ per host so that each profile is weighted on its own.
+                write_profile(
+                    &hd,
+                    ImageKind::Elf,
+                    &id,
+                    path.as_bytes(),
+                    &clock,
+                    &counts,
+                    900 + 37 * k,
+                );
+                if i % 2 == 0 {
+                    write_profile(
+                        &hd,
+                        ImageKind::Elf,
+                        &id,
+                        path.as_bytes(),
+                        &faults,
+                        &counts[..2],
+                        10,
+                    );
+                }
+            }
+            let kid = ImageId::special("[kernel]", b"6.1");
+            write_profile(
+                &hd,
+                ImageKind::Kernel,
+                &kid,
+                b"[kernel.kallsyms]",
+                &clock,
+                &[(16, 7 * k)],
+                1000,
+            );
+            let odd = ImageId::from_build_id(&[0xee; 20]).expect("id");
+            write_profile(
+                &hd,
+                ImageKind::Elf,
+                &odd,
+                b"/tmp/\xffodd\nname",
+                &clock,
+                &[(0, k)],
+                1000,
+            );
+            write_profile(&hd, ImageKind::Unknown, &unknown_id(), b"", &clock, &[(1, 2 * k)], 1000);
+            let summary = HostSummary {
+                format_version: 1,
+                host: host.into(),
+                epoch: e.to_string(),
+                events: vec![
+                    EventSummary {
+                        desc: Some(clock.clone()),
+                        source: "software".into(),
+                        ..Default::default()
+                    },
+                    EventSummary {
+                        desc: Some(faults.clone()),
+                        source: "software".into(),
+                        time_enabled_ns: 3000 + k,
+                        time_running_ns: 1000,
+                        ..Default::default()
+                    },
+                ],
+                ..HostSummary::default()
+            };
+            summary.write(&hd.summary_path()).expect("write summary");
+            dirs.push(hd);
+        }
+    }
+    let runs = |label: &str| {
+        let mut outs = Vec::new();
+        for args in [
+            &["--epoch", "all", "--host", "all", "--format", "json", "--verbose"][..],
+            &["--epoch", "all", "--host", "all", "--format", "csv"][..],
+            &["--epoch", "all", "--host", "beta", "--event", "page-faults"][..],
+        ] {
+            let o = prof(&t.root(), args);
+            assert!(o.status.success(), "{label}: dcpiprof {args:?}: {}", stderr(&o));
+            outs.push((stdout(&o), stderr(&o)));
+        }
+        outs
+    };
+    // Old database: no index, every profile is read.
+    let from_profiles = runs("profiles");
+    let err = &from_profiles[0].1;
+    assert_eq!(stat_of(err, "summary_indexes_used"), 0, "{err}");
+    assert_eq!(stat_of(err, "profiles_read"), 6 * (6 + 3 + 3), "{err}");
+
+    // The daemon's index in every summary: no profile is opened, same bytes out.
+    for hd in &dirs {
+        let mut s = HostSummary::read(&hd.summary_path()).expect("summary");
+        s.index = Some(profile_format::SummaryIndex::of_host_dir(hd).expect("index"));
+        s.write(&hd.summary_path()).expect("write summary");
+    }
+    let from_index = runs("index");
+    let err = &from_index[0].1;
+    assert_eq!(stat_of(err, "summary_indexes_used"), 6, "{err}");
+    assert_eq!(stat_of(err, "profiles_read"), 0, "{err}");
+    for (a, b) in from_profiles.iter().zip(&from_index) {
+        assert_eq!(a.0, b.0, "index and profiles must give the same report");
+    }
+    let v: Value = serde_json::from_str(&from_index[0].0).expect("json");
+    assert!(rows(&v).len() >= 8 && v["total_samples"].as_u64().unwrap_or(0) > 0, "{v:#}");
+
+    // Mixed: one host-epoch written before the index (or whose index is unusable) falls back
+    // to its profiles; the numbers do not change.
+    let mut s = HostSummary::read(&dirs[1].summary_path()).expect("summary");
+    s.index = None;
+    s.write(&dirs[1].summary_path()).expect("write summary");
+    let mut s = HostSummary::read(&dirs[4].summary_path()).expect("summary");
+    if let Some(idx) = s.index.as_mut() {
+        idx.images[0].event = 99;
+    }
+    s.write(&dirs[4].summary_path()).expect("write summary");
+    let mixed = runs("mixed");
+    let err = &mixed[0].1;
+    assert_eq!(stat_of(err, "summary_indexes_used"), 4, "{err}");
+    assert_eq!(stat_of(err, "profiles_read"), 2 * 12, "{err}");
+    for (a, b) in from_profiles.iter().zip(&mixed) {
+        assert_eq!(a.0, b.0, "a partial index must give the same report");
+    }
 }

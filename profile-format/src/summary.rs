@@ -1,7 +1,9 @@
 use std::path::Path;
 
+use crate::db::HostDir;
 use crate::error::{Error, Result};
-use crate::profile::EventDesc;
+use crate::ident::ImageId;
+use crate::profile::{EventDesc, ImageKind, Profile, ProfileHeader};
 
 /// Per-event part of a host summary.
 #[derive(Clone, PartialEq, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -40,6 +42,118 @@ pub struct HostSummary {
     pub first_written: u64,
     pub last_written: u64,
     pub dcpid_version: String,
+    /// Totals of the published profiles (FORMAT.md §7.1); absent in summaries written before
+    /// the index existed, or when a profile could not be read when the summary was written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<SummaryIndex>,
+}
+
+/// Per-(image, event) totals of the profiles of one host directory, so that a per-image report
+/// reads one small file per host and epoch instead of every profile (FORMAT.md §7.1).
+#[derive(Clone, PartialEq, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct SummaryIndex {
+    /// Event descriptions, referred to by [`ImageTotal::event`].
+    pub events: Vec<EventDesc>,
+    /// One entry per profile file, in the order of the file names.
+    pub images: Vec<ImageTotal>,
+}
+
+/// The header totals of one profile file.
+#[derive(Clone, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct ImageTotal {
+    /// Image id text (`b<hex>` / `f<hex>`), as in the profile header.
+    pub id: String,
+    /// `ImageKind` code (FORMAT.md §5).
+    pub kind: u8,
+    /// The image path when it is valid UTF-8 (else empty and `path_hex` is set).
+    pub path: String,
+    /// Lowercase hex of the path's bytes when they are not valid UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_hex: Option<String>,
+    /// Index into [`SummaryIndex::events`].
+    pub event: u32,
+    pub samples: u64,
+    pub period: u64,
+}
+
+impl SummaryIndex {
+    /// Build the index from the profile files of `hd` (read and checked in full). Any
+    /// unreadable profile is an error: an index must never disagree with the files.
+    pub fn of_host_dir(hd: &HostDir) -> Result<SummaryIndex> {
+        let mut idx = SummaryIndex::default();
+        for entry in hd.profiles()? {
+            let p = Profile::read(&entry.path)?;
+            idx.push(&p.header);
+        }
+        Ok(idx)
+    }
+
+    /// Add one profile's totals (call in file-name order).
+    pub fn push(&mut self, h: &ProfileHeader) {
+        let event = match self.events.iter().position(|e| *e == h.event) {
+            Some(i) => i,
+            None => {
+                self.events.push(h.event.clone());
+                self.events.len() - 1
+            }
+        };
+        let (path, path_hex) = match std::str::from_utf8(&h.image_path) {
+            Ok(s) => (s.to_owned(), None),
+            Err(_) => (String::new(), Some(hex::encode(&h.image_path))),
+        };
+        self.images.push(ImageTotal {
+            id: h.image_id.to_text(),
+            kind: h.kind as u8,
+            path,
+            path_hex,
+            event: event as u32,
+            samples: h.total_samples,
+            period: h.total_period,
+        });
+    }
+}
+
+impl ImageTotal {
+    /// The profile header this entry stands for (without sequence or JIT symbols, which the
+    /// index does not keep). Errors name the field.
+    pub fn header(
+        &self,
+        idx: &SummaryIndex,
+        host: &str,
+        epoch: &crate::EpochId,
+    ) -> Result<ProfileHeader> {
+        let bad = |field: &'static str, detail: String| Error::Invalid {
+            what: "summary index",
+            value: field.to_owned(),
+            detail,
+        };
+        let kind = ImageKind::from_code(self.kind)
+            .ok_or_else(|| bad("kind", format!("unknown image kind {}", self.kind)))?;
+        let image_id = ImageId::parse(&self.id).map_err(|e| bad("id", e.to_string()))?;
+        let event = idx
+            .events
+            .get(self.event as usize)
+            .ok_or_else(|| bad("event", format!("no event #{}", self.event)))?
+            .clone();
+        let image_path = match &self.path_hex {
+            Some(h) => hex::decode(h).map_err(|e| bad("path_hex", e.to_string()))?,
+            None => self.path.clone().into_bytes(),
+        };
+        Ok(ProfileHeader {
+            kind,
+            image_id,
+            image_path,
+            event,
+            host: host.to_owned(),
+            epoch: epoch.clone(),
+            total_samples: self.samples,
+            total_period: self.period,
+            sequence: 0,
+            jit_symbols: Vec::new(),
+        })
+    }
 }
 
 impl HostSummary {
@@ -86,5 +200,71 @@ mod tests {
         assert!(e.to_string().contains("summary.json"), "{e}");
         let missing = dir.path().join("nope.json");
         assert!(HostSummary::read(&missing).unwrap_err().to_string().contains("nope.json"));
+    }
+
+    #[test]
+    fn index_matches_profiles_and_old_files_stay_readable() {
+        use crate::{Database, EpochId};
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::create(dir.path()).unwrap();
+        let epoch = EpochId::parse("20240101T000000Z").unwrap();
+        let hd = db.host_dir(&epoch, "h1").unwrap();
+        hd.create().unwrap();
+        let event = EventDesc {
+            name: "cpu-clock".into(),
+            perf_type: 1,
+            perf_config: 0,
+            period_mean: 1000,
+            period_min: 900,
+            period_max: 1100,
+        };
+        let mut written = Vec::new();
+        for (i, path) in
+            [b"/usr/bin/a".to_vec(), b"/tmp/\xff\nodd".to_vec()].into_iter().enumerate()
+        {
+            let id = ImageId::from_build_id(&[i as u8 + 1; 20]).unwrap();
+            let mut p = Profile::new(ProfileHeader {
+                kind: ImageKind::Elf,
+                image_id: id.clone(),
+                image_path: path,
+                event: event.clone(),
+                host: "h1".into(),
+                epoch: epoch.clone(),
+                total_samples: 0,
+                total_period: 0,
+                sequence: 7,
+                jit_symbols: Vec::new(),
+            });
+            p.add(0x10, 3 + i as u64, 3000);
+            p.add(0x20, 5, 5100);
+            p.write(&hd.profile_path(&id, &event.name)).unwrap();
+            written.push(p);
+        }
+        let idx = SummaryIndex::of_host_dir(&hd).unwrap();
+        assert_eq!(idx.images.len(), 2);
+        for (t, p) in idx.images.iter().zip(&written) {
+            let mut want = p.header.clone();
+            want.sequence = 0;
+            assert_eq!(t.header(&idx, "h1", &epoch).unwrap(), want);
+        }
+        assert!(idx.images[1].path_hex.is_some(), "non-UTF-8 path kept exactly");
+        let s = HostSummary { index: Some(idx.clone()), ..Default::default() };
+        let p = hd.summary_path();
+        s.write(&p).unwrap();
+        assert_eq!(HostSummary::read(&p).unwrap().index, Some(idx));
+        // A summary from before the index: no `index` key.
+        std::fs::write(&p, b"{\"format_version\": 1, \"samples\": 3}").unwrap();
+        assert_eq!(HostSummary::read(&p).unwrap().index, None);
+        // A bad entry is an error naming the field, not a panic.
+        let bad = ImageTotal { kind: 99, ..Default::default() };
+        let e = bad.header(&SummaryIndex::default(), "h1", &epoch).unwrap_err();
+        assert!(e.to_string().contains("kind"), "{e}");
+        // An unreadable profile means no index.
+        std::fs::write(
+            hd.profile_path(&ImageId::from_build_id(&[9; 20]).unwrap(), "cpu-clock"),
+            b"junk",
+        )
+        .unwrap();
+        assert!(SummaryIndex::of_host_dir(&hd).is_err());
     }
 }

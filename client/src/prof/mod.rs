@@ -144,7 +144,9 @@ SYMBOL CACHE
   file is rebuilt with a warning; it can be deleted at any time.
 
 FILES READ
-  A per-image report reads every profile of the selected epochs and hosts once. A
+  A per-image report reads the summary.json of each selected host and epoch: its index
+  holds the per-image totals (written by dcpid since the index exists); for host-epochs
+  without one it reads their profiles instead, with the same result. A
   per-symbol report reads only the chosen image's profiles: for a build-id (prefix) or
   `unknown` the file names decide; otherwise one profile per distinct image is read to
   learn its path and kind. `--verbose` prints the counts.
@@ -318,7 +320,7 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
     }
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);
-    let mut loaded = if args.all_symbols {
+    let mut loaded = if args.all_symbols || (args.format.is_export() && args.image.is_none()) {
         args.sel.load_all_counts(&mut |w| warnings.push(w))?
     } else {
         args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?

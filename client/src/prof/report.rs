@@ -855,6 +855,31 @@ pub(crate) fn load_elf(
     ElfState::Ready(Box::new(s), entry)
 }
 
+/// The symbolizer of an ELF image, found, checked and cached exactly as for a per-symbol report
+/// (for tools that map offsets to symbols themselves, e.g. `dcpiexport`). `None`, after a
+/// warning, when the binary is missing, unreadable or another build.
+pub fn elf_symbolizer(
+    locator: &mut Locator,
+    cache: &mut SymbolCache,
+    id: &ImageId,
+    recorded: &[Vec<u8>],
+    warn: &mut dyn FnMut(String),
+) -> Option<ElfSymbolizer> {
+    let mut info = ImageInfo {
+        path: String::new(),
+        kind: kind_name(ImageKind::Elf),
+        image_id: None,
+        build_id: None,
+        binary: None,
+        debug_file: None,
+    };
+    let r = ElfRequest { id, recorded, mode: SymbolMode::default() };
+    match load_elf(locator, cache, &r, &mut info, warn) {
+        ElfState::Ready(s, _) => Some(*s),
+        ElfState::Mismatch | ElfState::Missing => None,
+    }
+}
+
 fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey {
     let Some(vaddr) = s.offset_to_vaddr(off) else {
         return (unsymbolized(label, off), None);

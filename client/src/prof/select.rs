@@ -231,11 +231,15 @@ pub fn load(
     filter: Option<&ImageFilter>,
     warn: &mut dyn FnMut(String),
 ) -> Result<Loaded, ProfError> {
-    load_counts(dirs, filter, filter.is_some(), warn)
+    if filter.is_none() {
+        return load_totals(dirs, warn);
+    }
+    load_counts(dirs, filter, true, warn)
 }
 
-/// As [`load`], keeping every profile's per-offset counts even without a filter (reports
-/// across all images at offset granularity, e.g. `dcpilist --top`).
+/// As [`load`], reading the profiles themselves even without a filter, and keeping their
+/// per-offset counts when `keep_counts` (reports across all images at offset granularity,
+/// e.g. `dcpilist --top`, `dcpiprof --symbols` and the exports).
 pub fn load_counts(
     dirs: Vec<HostDir>,
     filter: Option<&ImageFilter>,
@@ -255,12 +259,7 @@ pub fn load_counts(
         Err(e) => out.corrupt.push(format!("{e}")),
     };
     match filter {
-        None => {
-            for (dir, e) in entries {
-                let r = read_profile(&e.path);
-                push(&mut out, dir, e.path, r);
-            }
-        }
+        None => {}
         Some(f) => {
             let any_by_name =
                 entries.iter().any(|(_, e)| f.by_name(e.image_id.as_ref()) == Some(true));
@@ -336,6 +335,104 @@ pub fn load_counts(
     }
     out.dirs = dirs;
     Ok(out)
+}
+
+/// What one host directory contributes to a per-image report.
+#[derive(Default)]
+struct DirTotals {
+    summary: Option<HostSummary>,
+    profiles: Vec<LoadedProfile>,
+    corrupt: Vec<String>,
+    warning: Option<String>,
+}
+
+/// The per-image load: the totals of each host directory from its summary index (one small
+/// file), or, where the summary has no usable index (databases written before it existed),
+/// from its profiles. Either way the profiles come in file-name order with the same headers
+/// and sums, so the report is identical. Directories are independent and read by a few
+/// threads: on NFS the latency of one file hides behind the others.
+fn load_totals(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loaded, ProfError> {
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get() * 2)
+        .clamp(2, 16)
+        .min(dirs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut results: Vec<Option<Result<DirTotals, ProfError>>> = Vec::new();
+    results.resize_with(dirs.len(), || None);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(d) = dirs.get(i) else { break };
+                        done.push((i, dir_totals(d, i)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        for w in workers {
+            // A worker only panics if this code has a bug; surface it rather than hide it.
+            for (i, r) in w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)) {
+                results[i] = Some(r);
+            }
+        }
+    });
+    let mut out = Loaded::default();
+    for r in results.into_iter().flatten() {
+        let t = r?;
+        out.profiles.extend(t.profiles);
+        out.corrupt.extend(t.corrupt);
+        out.summaries.push(t.summary);
+        if let Some(w) = t.warning {
+            warn(w);
+        }
+    }
+    out.dirs = dirs;
+    Ok(out)
+}
+
+fn dir_totals(d: &HostDir, dir: usize) -> Result<DirTotals, ProfError> {
+    let mut t = DirTotals::default();
+    let sp = d.summary_path();
+    match HostSummary::read(&sp) {
+        Ok(s) => t.summary = Some(s),
+        Err(profile_format::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => t.warning = Some(format!("{e} (multiplexing scale unknown for this host/epoch)")),
+    }
+    if let Some(idx) = t.summary.as_mut().and_then(|s| s.index.take()) {
+        let headers: Result<Vec<_>, _> =
+            idx.images.iter().map(|e| e.header(&idx, &d.host, &d.epoch)).collect();
+        match headers {
+            Ok(headers) => {
+                stats::count(&stats::SUMMARY_INDEXES_USED);
+                for h in headers {
+                    let path = match h.kind {
+                        profile_format::ImageKind::Unknown => d.unknown_path(&h.event.name),
+                        _ => d.profile_path(&h.image_id, &h.event.name),
+                    };
+                    let samples = h.total_samples;
+                    let profile = Profile { header: h, counts: Default::default() };
+                    t.profiles.push(LoadedProfile { path, profile, samples, dir });
+                }
+                return Ok(t);
+            }
+            Err(e) => {
+                tracing::debug!(summary = %sp.display(), error = %e, "summary index unusable; reading the profiles");
+            }
+        }
+    }
+    for e in d.profiles()? {
+        stats::count(&stats::PROFILES_LISTED);
+        match read_profile(&e.path) {
+            Ok(p) => t.profiles.push(LoadedProfile::new(e.path, p, dir, false)),
+            Err(err) => t.corrupt.push(format!("{err}")),
+        }
+    }
+    Ok(t)
 }
 
 /// Open the database, naming it in the error.

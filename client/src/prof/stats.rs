@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub static PROFILES_LISTED: AtomicU64 = AtomicU64::new(0);
 /// Profile files opened and decoded.
 pub static PROFILES_READ: AtomicU64 = AtomicU64::new(0);
+/// Host directories whose per-image totals came from the summary index (no profile opened).
+pub static SUMMARY_INDEXES_USED: AtomicU64 = AtomicU64::new(0);
 /// ELF symbol tables built by parsing a binary (cache misses and uncached images).
 pub static ELF_TABLES_BUILT: AtomicU64 = AtomicU64::new(0);
 /// Times DWARF was loaded and parsed.
@@ -26,12 +28,13 @@ pub fn line() -> String {
     let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
     format!(
         "profiles_listed={} profiles_read={} elf_tables_built={} dwarf_loads={} \
-         symbol_cache_hits={} symbol_cache_misses={}",
+         symbol_cache_hits={} symbol_cache_misses={} summary_indexes_used={}",
         g(&PROFILES_LISTED),
         g(&PROFILES_READ),
         g(&ELF_TABLES_BUILT),
         g(&DWARF_LOADS),
         g(&CACHE_HITS),
-        g(&CACHE_MISSES)
+        g(&CACHE_MISSES),
+        g(&SUMMARY_INDEXES_USED)
     )
 }

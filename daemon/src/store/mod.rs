@@ -965,6 +965,7 @@ impl Store {
                 m.header.sequence = m.header.sequence.max(last_seq);
                 m.write(&path)?;
                 self.published_files += 1;
+                self.summary_dirty.insert(key.epoch.clone()); // its index changed
                 if let Some(n) = self.crash_after_writes.as_mut() {
                     if *n <= 1 {
                         self.crash_after_writes = None;
@@ -1062,9 +1063,11 @@ impl Store {
             }
             s.last_written = t;
             s.dcpid_version = env!("CARGO_PKG_VERSION").to_string();
-            let r = self
-                .host_dir(&epoch)
-                .and_then(|hd| s.write(&hd.summary_path()).map_err(StoreError::from));
+            let r = self.host_dir(&epoch).and_then(|hd| {
+                // Totals of the files as published now; no index rather than a wrong one.
+                s.index = profile_format::SummaryIndex::of_host_dir(&hd).ok();
+                s.write(&hd.summary_path()).map_err(StoreError::from)
+            });
             match r {
                 Ok(()) => {
                     self.summaries.insert(e.clone(), s);

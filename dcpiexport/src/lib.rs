@@ -1,0 +1,634 @@
+//! `dcpiexport`: the counts of a dcpi profile database as Parquet (or CSV) files that DuckDB,
+//! ClickHouse, Spark or Trino read directly. The schema and example queries are in
+//! `dcpiexport/EXPORT.md`.
+//!
+//! Layout of the output directory (Parquet):
+//!
+//! ```text
+//! OUT/manifest.json                                   what was exported, from which files
+//! OUT/samples/epoch=<ID>/host=<HOST>/part-<fp>.parquet one file per host-epoch
+//! OUT/symbols/part-<run>.parquet                      (image, offset range) -> symbol
+//! ```
+//!
+//! A host-epoch is exported again only when its files changed (the manifest keeps a
+//! fingerprint of their names, sizes and modification times); its new data goes to a new
+//! file and the old one is removed, so a finished partition is never rewritten. Symbols are
+//! exported once per image identity (a build names immutable content).
+
+mod parquet_out;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use dcpi_client::args::{Selection, SymbolSearch};
+use dcpi_client::prof::report::{display_path, elf_symbolizer, kind_name};
+use dcpi_client::prof::select;
+use dcpi_client::prof::symbolize::demangle;
+use dcpi_client::prof::ProfError;
+use profile_format::{
+    HostDir, HostSummary, ImageId, ImageKind, KallsymsSnapshot, Profile, ProfileHeader,
+};
+use sha2::{Digest, Sha256};
+
+pub use parquet_out::{SampleRow, SymbolRow};
+
+/// Version of the manifest and of the tables' schema (EXPORT.md).
+pub const EXPORT_VERSION: u32 = 1;
+const MANIFEST: &str = "manifest.json";
+
+/// Errors of an export run.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error(transparent)]
+    Select(#[from] ProfError),
+    #[error(transparent)]
+    Format(#[from] profile_format::Error),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: writing Parquet: {source}")]
+    Parquet {
+        path: PathBuf,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+    #[error("{path}: not a dcpiexport manifest ({detail}); use another --output directory")]
+    Manifest { path: PathBuf, detail: String },
+    #[error("{0}; pass --keep-going to skip corrupt files")]
+    Corrupt(String),
+}
+
+impl ExportError {
+    /// Process exit status: 2 for usage and data errors, 1 for failures to write the output.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ExportError::Select(e) => e.exit_code(),
+            ExportError::Io { .. } | ExportError::Parquet { .. } => 1,
+            _ => 2,
+        }
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
+    move |source| ExportError::Io { path: path.to_owned(), source }
+}
+
+/// Output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Hive-partitioned Parquet (zstd), incremental.
+    Parquet,
+    /// Two CSV files (samples.csv, symbols.csv) with host and epoch columns; rewritten each
+    /// run. For small selections.
+    Csv,
+}
+
+/// What to export and where.
+#[derive(Debug)]
+pub struct Options<'a> {
+    pub sel: &'a Selection,
+    pub symbols: &'a SymbolSearch,
+    pub format: Format,
+    pub output: &'a Path,
+    /// Skip the symbol table (no binaries are looked up).
+    pub no_symbols: bool,
+}
+
+/// What a run did (printed by the binary, and used by tests).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Outcome {
+    /// Host-epochs selected.
+    pub host_epochs: usize,
+    /// Host-epochs written by this run (the others were unchanged since the last one).
+    pub exported: usize,
+    pub rows: u64,
+    pub samples: u64,
+    pub symbol_rows: u64,
+    pub files_written: Vec<PathBuf>,
+    pub files_removed: Vec<PathBuf>,
+}
+
+/// `manifest.json`.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+struct Manifest {
+    format: String,
+    version: u32,
+    database: String,
+    /// Key `EPOCH/HOST`.
+    partitions: BTreeMap<String, Partition>,
+    /// Image ids whose symbols were exported, with the file holding them (relative path).
+    symbols: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+struct Partition {
+    fingerprint: String,
+    /// Relative to the output directory.
+    file: String,
+    rows: u64,
+    samples: u64,
+}
+
+const MANIFEST_FORMAT: &str = "dcpiexport";
+
+fn read_manifest(out: &Path) -> Result<Manifest, ExportError> {
+    let path = out.join(MANIFEST);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Manifest {
+                format: MANIFEST_FORMAT.into(),
+                version: EXPORT_VERSION,
+                ..Manifest::default()
+            })
+        }
+        Err(e) => return Err(io(&path)(e)),
+    };
+    let m: Manifest = serde_json::from_slice(&bytes)
+        .map_err(|e| ExportError::Manifest { path: path.clone(), detail: e.to_string() })?;
+    if m.format != MANIFEST_FORMAT || m.version == 0 || m.version > EXPORT_VERSION {
+        return Err(ExportError::Manifest {
+            path,
+            detail: format!("format {:?} version {}", m.format, m.version),
+        });
+    }
+    Ok(m)
+}
+
+fn write_manifest(out: &Path, m: &Manifest) -> Result<(), ExportError> {
+    let mut bytes = serde_json::to_vec_pretty(m)
+        .map_err(|e| ExportError::Manifest { path: out.join(MANIFEST), detail: e.to_string() })?;
+    bytes.push(b'\n');
+    profile_format::write_atomic(&out.join(MANIFEST), &bytes)?;
+    Ok(())
+}
+
+/// Fingerprint of a host directory: the names, sizes and modification times of its profiles
+/// and summary, and the event filter. Any publish changes it (files are replaced by rename).
+fn fingerprint(d: &HostDir, events: &[String]) -> Result<String, ExportError> {
+    use std::os::unix::fs::MetadataExt;
+    let mut h = Sha256::new();
+    h.update(format!("dcpiexport {EXPORT_VERSION}\0{}\0", events.join(",")));
+    let mut names: Vec<PathBuf> = d.profiles()?.into_iter().map(|e| e.path).collect();
+    names.push(d.summary_path());
+    names.push(d.kallsyms_path());
+    for p in names {
+        match std::fs::metadata(&p) {
+            Ok(m) => h.update(format!(
+                "{}\0{}\0{}.{}\0",
+                p.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+                m.len(),
+                m.mtime(),
+                m.mtime_nsec()
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&p)(e)),
+        }
+    }
+    Ok(hex::encode(&h.finalize()[..8]))
+}
+
+/// One image of the selection, for the symbol table.
+#[derive(Debug)]
+struct SymImage {
+    kind: ImageKind,
+    id: ImageId,
+    paths: Vec<Vec<u8>>,
+    /// A host directory whose kallsyms snapshot describes it (kernel and modules).
+    dir: Option<usize>,
+}
+
+/// Display name of an image as dcpiprof shows it (`image` column).
+fn image_name(h: &ProfileHeader) -> String {
+    match h.kind {
+        ImageKind::Kernel => "[kernel.kallsyms]".to_owned(),
+        ImageKind::Unknown => "[unknown]".to_owned(),
+        ImageKind::Vdso if h.image_path.is_empty() => "[vdso]".to_owned(),
+        ImageKind::KernelModule => {
+            let n = display_path(&h.image_path);
+            if n.starts_with('[') {
+                n
+            } else {
+                format!("[{n}]")
+            }
+        }
+        _ => display_path(&h.image_path),
+    }
+}
+
+/// Events represented per sample of a profile: its mean period, times the multiplexing scale
+/// of its event on that host (as dcpiprof weights it).
+fn weight(h: &ProfileHeader, summary: Option<&HostSummary>) -> f64 {
+    let mux = summary
+        .and_then(|s| {
+            s.events.iter().find(|e| e.desc.as_ref().is_some_and(|d| d.name == h.event.name))
+        })
+        .filter(|e| e.time_running_ns > 0 && e.time_enabled_ns > e.time_running_ns)
+        .map_or(1.0, |e| e.time_enabled_ns as f64 / e.time_running_ns as f64);
+    let per_sample = if h.total_samples > 0 && h.total_period > 0 {
+        h.total_period as f64 / h.total_samples as f64
+    } else {
+        h.event.period_mean.max(1) as f64
+    };
+    per_sample * mux
+}
+
+/// The rows of one host directory, sorted by (image id, event, offset).
+fn host_rows(
+    d: &HostDir,
+    events: &[String],
+    keep_going: bool,
+    warn: &mut dyn FnMut(String),
+    images: &mut BTreeMap<String, SymImage>,
+    dir_index: usize,
+) -> Result<Vec<SampleRow>, ExportError> {
+    let summary = match HostSummary::read(&d.summary_path()) {
+        Ok(s) => Some(s),
+        Err(profile_format::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            None
+        }
+        Err(e) => {
+            warn(format!("{e} (multiplexing scale unknown for this host/epoch)"));
+            None
+        }
+    };
+    let mut rows = Vec::new();
+    for entry in d.profiles()? {
+        let p = match Profile::read(&entry.path) {
+            Ok(p) => p,
+            Err(e) if keep_going => {
+                warn(format!("skipping corrupt profile: {e}"));
+                continue;
+            }
+            Err(e) => return Err(ExportError::Corrupt(e.to_string())),
+        };
+        let h = &p.header;
+        if !events.is_empty() && !events.contains(&h.event.name) {
+            continue;
+        }
+        let w = weight(h, summary.as_ref());
+        let id_text = h.image_id.to_text();
+        let unknown = h.kind == ImageKind::Unknown;
+        let image = image_name(h);
+        let build_id = match &h.image_id {
+            ImageId::BuildId(b) if !unknown => Some(hex::encode(b)),
+            _ => None,
+        };
+        if !unknown {
+            let si = images.entry(id_text.clone()).or_insert_with(|| SymImage {
+                kind: h.kind,
+                id: h.image_id.clone(),
+                paths: Vec::new(),
+                dir: None,
+            });
+            if !si.paths.contains(&h.image_path) {
+                si.paths.push(h.image_path.clone());
+            }
+            if si.dir.is_none()
+                && matches!(h.kind, ImageKind::Kernel | ImageKind::KernelModule)
+                && d.kallsyms_path().exists()
+            {
+                si.dir = Some(dir_index);
+            }
+        }
+        for (&offset, &samples) in &p.counts {
+            rows.push(SampleRow {
+                image: image.clone(),
+                image_id: if unknown { String::new() } else { id_text.clone() },
+                build_id: build_id.clone(),
+                kind: kind_name(h.kind),
+                event: h.event.name.clone(),
+                offset,
+                samples,
+                weight: samples as f64 * w,
+            });
+        }
+    }
+    rows.sort_by(|a, b| {
+        (&a.image_id, &a.event, a.offset, &a.image).cmp(&(
+            &b.image_id,
+            &b.event,
+            b.offset,
+            &b.image,
+        ))
+    });
+    Ok(rows)
+}
+
+/// Non-overlapping (start, end, name) file-offset ranges of an ELF image, each named as the
+/// per-symbol report names the offsets inside it.
+fn elf_ranges(s: &dcpi_client::prof::symbolize::ElfSymbolizer) -> Vec<(u64, u64, String)> {
+    let t = s.table();
+    // Every symbol start and end is a boundary; between two boundaries the answer of
+    // `symbol()` cannot change.
+    let mut bounds: BTreeSet<u64> = BTreeSet::new();
+    for sym in &t.symbols {
+        bounds.insert(sym.start);
+        if sym.size > 0 {
+            bounds.insert(sym.start.saturating_add(sym.size));
+        }
+    }
+    let bounds: Vec<u64> = bounds.into_iter().collect();
+    let mut out: Vec<(u64, u64, String)> = Vec::new();
+    for w in bounds.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let Some(sym) = s.symbol(a) else { continue };
+        // Map the virtual range back to file offsets through its segment.
+        let Some(seg) = t.segments.iter().find(|g| a >= g.vaddr && a - g.vaddr < g.filesz) else {
+            continue;
+        };
+        let start = a - seg.vaddr + seg.offset;
+        let end = b.min(seg.vaddr + seg.filesz) - seg.vaddr + seg.offset;
+        let name = demangle(&sym.name);
+        match out.last_mut() {
+            Some(last) if last.1 == start && last.2 == name => last.1 = end,
+            _ => out.push((start, end, name)),
+        }
+    }
+    out
+}
+
+/// Ranges of the kernel (offsets from `_text`) or of one module (offsets from its base).
+fn kernel_ranges(snap: &KallsymsSnapshot, module: Option<u32>) -> Vec<(u64, u64, String)> {
+    let base = match module {
+        None => snap.text_base,
+        Some(m) => snap.modules.get(m as usize).map_or(0, |m| m.base),
+    };
+    let limit = module.and_then(|m| snap.modules.get(m as usize)).map(|m| m.base + m.size);
+    let syms: Vec<_> =
+        snap.symbols.iter().filter(|s| s.module == module && s.addr >= base).collect();
+    let mut out: Vec<(u64, u64, String)> = Vec::new();
+    for (i, s) in syms.iter().enumerate() {
+        // Several symbols at one address: the first (canonical order) names it, as in lookup.
+        if i > 0 && syms[i - 1].addr == s.addr {
+            continue;
+        }
+        let next = syms[i + 1..].iter().find(|n| n.addr > s.addr).map(|n| n.addr);
+        let end = next.or(limit).unwrap_or(u64::MAX);
+        out.push((s.addr - base, end.saturating_sub(base), s.name.clone()));
+    }
+    out
+}
+
+fn module_index(snap: &KallsymsSnapshot, path: &[u8]) -> Option<u32> {
+    let name = display_path(path);
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    snap.modules.iter().position(|m| m.name == name).map(|i| i as u32)
+}
+
+/// Symbol rows of the images not yet in `done` (image id text -> file).
+fn symbol_rows(
+    images: &BTreeMap<String, SymImage>,
+    done: &BTreeMap<String, String>,
+    dirs: &[HostDir],
+    o: &Options<'_>,
+    warn: &mut dyn FnMut(String),
+) -> (Vec<SymbolRow>, Vec<String>) {
+    let mut locator = o.symbols.locator(&o.sel.db);
+    let mut cache = o.symbols.cache(warn);
+    let mut rows = Vec::new();
+    let mut covered = Vec::new();
+    for (id_text, im) in images {
+        if done.contains_key(id_text) {
+            continue;
+        }
+        let ranges = match im.kind {
+            ImageKind::Elf => {
+                match elf_symbolizer(&mut locator, &mut cache, &im.id, &im.paths, warn) {
+                    Some(s) => elf_ranges(&s),
+                    // Tried again on the next run (the binary may be supplied by then).
+                    None => continue,
+                }
+            }
+            ImageKind::Kernel | ImageKind::KernelModule => {
+                let Some(d) = im.dir.and_then(|i| dirs.get(i)) else { continue };
+                let snap = match KallsymsSnapshot::read(&d.kallsyms_path()) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        warn(format!("{e}: kernel symbols not exported"));
+                        continue;
+                    }
+                };
+                let module = if im.kind == ImageKind::KernelModule {
+                    match im.paths.first().and_then(|p| module_index(&snap, p)) {
+                        Some(m) => Some(m),
+                        None => continue,
+                    }
+                } else {
+                    None
+                };
+                kernel_ranges(&snap, module)
+            }
+            // vDSO, JIT and unknown samples have no stable file to name symbols from.
+            _ => continue,
+        };
+        let build_id = match &im.id {
+            ImageId::BuildId(b) => Some(hex::encode(b)),
+            ImageId::Fallback(_) => None,
+        };
+        let image = im.paths.first().map(|p| display_path(p)).unwrap_or_default();
+        for (start, end, symbol) in ranges {
+            rows.push(SymbolRow {
+                image_id: id_text.clone(),
+                build_id: build_id.clone(),
+                image: image.clone(),
+                start,
+                end,
+                symbol,
+            });
+        }
+        covered.push(id_text.clone());
+    }
+    (rows, covered)
+}
+
+fn host_sel_dirs(o: &Options<'_>) -> Result<Vec<HostDir>, ExportError> {
+    let db = select::open_db(&o.sel.db)?;
+    Ok(select::select_host_dirs(&db, &o.sel.epoch, &o.sel.host_sel())?)
+}
+
+/// Run an export.
+pub fn export(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
+    match o.format {
+        Format::Parquet => export_parquet(o, warn),
+        Format::Csv => export_csv(o, warn),
+    }
+}
+
+fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
+    let dirs = host_sel_dirs(o)?;
+    std::fs::create_dir_all(o.output).map_err(io(o.output))?;
+    let mut manifest = read_manifest(o.output)?;
+    manifest.database = o.sel.db.display().to_string();
+    let mut out = Outcome { host_epochs: dirs.len(), ..Outcome::default() };
+    let mut images: BTreeMap<String, SymImage> = BTreeMap::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let key = format!("{}/{}", d.epoch, d.host);
+        let fp = fingerprint(d, &o.sel.events)?;
+        let unchanged = manifest
+            .partitions
+            .get(&key)
+            .is_some_and(|p| p.fingerprint == fp && o.output.join(&p.file).exists());
+        if unchanged && o.no_symbols {
+            continue;
+        }
+        // Read also unchanged partitions when symbols are wanted, but only to learn images
+        // whose symbols are still missing (cheap compared with writing).
+        let rows = host_rows(d, &o.sel.events, o.sel.keep_going, warn, &mut images, i)?;
+        if unchanged {
+            continue;
+        }
+        let rel = format!("samples/epoch={}/host={}/part-{fp}.parquet", d.epoch, d.host);
+        let path = o.output.join(&rel);
+        let dir = path.parent().unwrap_or(o.output);
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let bytes = parquet_out::samples(&rows)
+            .map_err(|source| ExportError::Parquet { path: path.clone(), source })?;
+        profile_format::write_atomic(&path, &bytes)?;
+        let samples: u64 = rows.iter().map(|r| r.samples).sum();
+        out.rows += rows.len() as u64;
+        out.samples += samples;
+        out.exported += 1;
+        out.files_written.push(path);
+        let old = manifest.partitions.insert(
+            key,
+            Partition { fingerprint: fp, file: rel.clone(), rows: rows.len() as u64, samples },
+        );
+        // The manifest first names the new file, then the old one goes.
+        write_manifest(o.output, &manifest)?;
+        if let Some(old) = old.filter(|p| p.file != rel) {
+            let p = o.output.join(&old.file);
+            match std::fs::remove_file(&p) {
+                Ok(()) => out.files_removed.push(p),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&p)(e)),
+            }
+        }
+    }
+    if !o.no_symbols {
+        let (rows, covered) = symbol_rows(&images, &manifest.symbols, &dirs, o, warn);
+        if !rows.is_empty() {
+            let mut h = Sha256::new();
+            for c in &covered {
+                h.update(c.as_bytes());
+                h.update(b"\0");
+            }
+            let rel = format!("symbols/part-{}.parquet", hex::encode(&h.finalize()[..8]));
+            let path = o.output.join(&rel);
+            let dir = path.parent().unwrap_or(o.output);
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            let bytes = parquet_out::symbols(&rows)
+                .map_err(|source| ExportError::Parquet { path: path.clone(), source })?;
+            profile_format::write_atomic(&path, &bytes)?;
+            out.symbol_rows = rows.len() as u64;
+            out.files_written.push(path);
+            for c in covered {
+                manifest.symbols.insert(c, rel.clone());
+            }
+        }
+    }
+    write_manifest(o.output, &manifest)?;
+    Ok(out)
+}
+
+/// CSV field: quoted when needed, control characters escaped (a path can hold anything).
+fn csv_field(s: &str) -> String {
+    let s: String = if s.chars().any(char::is_control) {
+        s.chars()
+            .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
+            .collect()
+    } else {
+        s.to_owned()
+    };
+    if s.contains([',', '"']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s
+    }
+}
+
+fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
+    let dirs = host_sel_dirs(o)?;
+    std::fs::create_dir_all(o.output).map_err(io(o.output))?;
+    let mut out = Outcome { host_epochs: dirs.len(), ..Outcome::default() };
+    let mut images: BTreeMap<String, SymImage> = BTreeMap::new();
+    let mut buf: Vec<u8> = Vec::new();
+    let w = |buf: &mut Vec<u8>, line: String| {
+        buf.extend_from_slice(line.as_bytes());
+        buf.push(b'\n');
+    };
+    w(&mut buf, "epoch,host,image,image_id,build_id,kind,event,offset,samples,weight".into());
+    for (i, d) in dirs.iter().enumerate() {
+        let rows = host_rows(d, &o.sel.events, o.sel.keep_going, warn, &mut images, i)?;
+        for r in &rows {
+            w(
+                &mut buf,
+                format!(
+                    "{},{},{},{},{},{},{},{},{},{}",
+                    d.epoch,
+                    d.host,
+                    csv_field(&r.image),
+                    r.image_id,
+                    r.build_id.as_deref().unwrap_or(""),
+                    r.kind,
+                    csv_field(&r.event),
+                    r.offset,
+                    r.samples,
+                    r.weight
+                ),
+            );
+            out.samples += r.samples;
+        }
+        out.rows += rows.len() as u64;
+        out.exported += 1;
+    }
+    let path = o.output.join("samples.csv");
+    profile_format::write_atomic(&path, &buf)?;
+    out.files_written.push(path);
+    if !o.no_symbols {
+        let (rows, _) = symbol_rows(&images, &BTreeMap::new(), &dirs, o, warn);
+        let mut buf = Vec::new();
+        w(&mut buf, "image_id,build_id,image,start,end,symbol".into());
+        for r in &rows {
+            w(
+                &mut buf,
+                format!(
+                    "{},{},{},{},{},{}",
+                    r.image_id,
+                    r.build_id.as_deref().unwrap_or(""),
+                    csv_field(&r.image),
+                    r.start,
+                    r.end,
+                    csv_field(&r.symbol)
+                ),
+            );
+        }
+        let path = o.output.join("symbols.csv");
+        profile_format::write_atomic(&path, &buf)?;
+        out.symbol_rows = rows.len() as u64;
+        out.files_written.push(path);
+    }
+    Ok(out)
+}
+
+/// One line for stderr.
+pub fn describe(o: &Outcome, mut w: impl Write) -> std::io::Result<()> {
+    writeln!(
+        w,
+        "dcpiexport: {} host-epoch(s) selected, {} exported ({} unchanged), {} rows, {} samples, {} symbol ranges",
+        o.host_epochs,
+        o.exported,
+        o.host_epochs - o.exported,
+        o.rows,
+        o.samples,
+        o.symbol_rows
+    )
+}

@@ -1,0 +1,105 @@
+//! dcpiexport: a dcpi profile database as Parquet (or CSV) files for SQL engines.
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser};
+use dcpi_client::args::{Selection, SymbolSearch};
+use dcpi_client::prof::Generate;
+use dcpi_export::{describe, export, Format, Options};
+
+/// Command line of `dcpiexport`.
+#[derive(Parser, Debug)]
+#[command(
+    name = "dcpiexport",
+    version,
+    about = "Export dcpi profiles as Parquet (or CSV) for DuckDB, ClickHouse, Spark, Trino",
+    long_about = "Export the counts of a dcpi profile database as files that SQL engines read \
+                  directly: one row per (host, epoch, image, event, offset) with its samples, \
+                  and a symbols table mapping (image, offset range) to symbol names.\n\n\
+                  Parquet output is Hive-partitioned (samples/epoch=ID/host=HOST/part-*.parquet, \
+                  zstd) and incremental: manifest.json in --output records what was exported, \
+                  and a later run writes only the host-epochs whose files changed (into new \
+                  files; a finished partition is never rewritten). The schema and example \
+                  queries (DuckDB, ClickHouse SummingMergeTree, Trino/Spark) are in \
+                  dcpiexport/EXPORT.md.",
+    after_long_help = "EXIT STATUS\n  0 success; 1 the output could not be written; 2 usage \
+                       or data error (no database, nothing selected, a corrupt profile without \
+                       --keep-going, an output directory holding something else)."
+)]
+struct Args {
+    #[command(flatten)]
+    sel: Selection,
+    #[command(flatten)]
+    symbols: SymbolSearch,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "parquet")]
+    format: Format,
+    /// Output directory (created if missing).
+    #[arg(long, value_name = "DIR", required_unless_present = "generate")]
+    output: Option<PathBuf>,
+    /// Do not export the symbols table (no binaries or debug files are looked up).
+    #[arg(long)]
+    no_symbols: bool,
+    /// Write a man page or shell completions to stdout and exit.
+    #[arg(long, hide = true, value_enum, value_name = "WHAT")]
+    generate: Option<Generate>,
+}
+
+fn generate(what: Generate) -> std::io::Result<()> {
+    let mut cmd = Args::command();
+    let mut out = std::io::stdout().lock();
+    let shell = match what {
+        Generate::Man => return clap_mangen::Man::new(cmd).render(&mut out),
+        Generate::CompleteBash => clap_complete::Shell::Bash,
+        Generate::CompleteZsh => clap_complete::Shell::Zsh,
+        Generate::CompleteFish => clap_complete::Shell::Fish,
+    };
+    clap_complete::generate(shell, &mut cmd, "dcpiexport", &mut out);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DCPI_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if let Some(g) = args.generate {
+        return match generate(g) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dcpiexport: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    let Some(output) = args.output.as_deref() else {
+        eprintln!("dcpiexport: --output DIR is required");
+        return ExitCode::from(2);
+    };
+    let o = Options {
+        sel: &args.sel,
+        symbols: &args.symbols,
+        format: args.format,
+        output,
+        no_symbols: args.no_symbols,
+    };
+    let mut stderr = std::io::stderr();
+    let mut warn = |w: String| {
+        let _ = writeln!(std::io::stderr(), "dcpiexport: warning: {w}");
+    };
+    match export(&o, &mut warn) {
+        Ok(outcome) => {
+            let _ = describe(&outcome, &mut stderr);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let _ = writeln!(stderr, "dcpiexport: error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
