@@ -1670,6 +1670,8 @@ fn raw_names_shows_mangled_symbols() {
     assert_eq!(row(&v, "symbol", "engine::spin(int)")["samples"], 7, "{v:#}");
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "rawcxx", "--raw-names"]);
     assert_eq!(row(&v, "symbol", "_ZN6engine4spinEi")["samples"], 7, "{v:#}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Summary index (fleet-scale per-image reports)
 
