@@ -31,7 +31,7 @@ GENDIR      ?= $(BINDIR_SRC)/dcpi-generated
 INSTALL     ?= install
 
 # name:man-section
-PROGRAMS    := dcpid:8 dcpictl:8 dcpiprof:1
+PROGRAMS    := dcpid:8 dcpictl:8 dcpiprof:1 dcpilist:1
 NAMES       := $(foreach p,$(PROGRAMS),$(word 1,$(subst :, ,$(p))))
 
 .PHONY: all build man install uninstall clean-generated

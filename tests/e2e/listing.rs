@@ -150,4 +150,37 @@ fn dcpilist_shares_of_the_division_loop_match_perf_annotate() {
     assert!(out.status.success() && s.contains("# note: skid"), "{s}");
     assert!(s.lines().any(|l| l.contains("div") && l.contains("0x")), "{s}");
     assert!(s.lines().any(|l| l.contains("loops.c:10: q = q / d + i;")), "{s}");
+
+    // The machine's hottest instructions include the workload's loops (other programs on a
+    // shared machine are sampled too, so not necessarily first).
+    let out = run("dcpilist", &["--db", &db, "--host", host, "--top", "50", "--format", "json"]);
+    assert!(out.status.success(), "dcpilist --top: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON top");
+    let ours = v["rows"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["image"].as_str() == Some(path.as_str())))
+        .unwrap_or_else(|| panic!("the workload is not among the 50 hottest: {v:#}"));
+    assert!(ours["symbol"].as_str().is_some_and(|s| s.starts_with("work")), "{ours:#}");
+    assert!(ours["instruction"].is_string(), "{ours:#}");
+    assert!(ours["source"].as_str().is_some_and(|s| s.contains("loops.c:")), "{ours:#}");
+
+    // A kernel function of this boot: its code comes from /proc/kcore when readable (root).
+    let out = sb.prof(&["--host", host, "--image", "kernel", "--format", "json"]);
+    assert!(out.status.success(), "dcpiprof kernel: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let ksym = v["rows"]
+        .as_array()
+        .and_then(|r| r.iter().filter_map(|r| r["symbol"].as_str()).find(|s| !s.contains('+')))
+        .map(str::to_owned);
+    if let Some(ksym) = ksym {
+        let args = ["--db", &db, "--host", host, "--image", "kernel", "--symbol", &ksym];
+        let out = run("dcpilist", &[&args[..], &["--format", "json"]].concat());
+        assert!(out.status.success(), "dcpilist {ksym}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON listing");
+        if std::fs::File::open("/proc/kcore").is_ok() {
+            assert_eq!(v["code"], true, "{ksym} from /proc/kcore: {v:#}");
+            assert!(v["instructions"].as_u64().unwrap_or(0) > 0, "{v:#}");
+        }
+        assert!(v["total_samples"].as_u64().unwrap_or(0) > 0, "{v:#}");
+    }
 }
