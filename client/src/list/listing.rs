@@ -479,14 +479,24 @@ pub(crate) fn name_matches(raw: &str, spec: &str) -> bool {
 
 /// The last identifier of a (demangled) name: `b` of `a::b(int)`; it appears verbatim in any
 /// Itanium or Rust mangling of the name.
-fn last_identifier(spec: &str) -> &str {
+fn last_identifier(spec: &str) -> String {
     let head = spec.split_once('(').map_or(spec, |(h, _)| h);
-    let head = head.split_once('<').map_or(head, |(h, _)| h);
-    let last = head.rsplit("::").next().unwrap_or(head).trim();
+    // Drop template arguments (which may contain `::` themselves).
+    let mut plain = String::with_capacity(head.len());
+    let mut depth = 0usize;
+    for c in head.chars() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth = depth.saturating_sub(1),
+            _ if depth == 0 => plain.push(c),
+            _ => {}
+        }
+    }
+    let last = plain.rsplit("::").next().unwrap_or(&plain).trim();
     if last.is_empty() {
-        spec
+        spec.to_owned()
     } else {
-        last
+        last.to_owned()
     }
 }
 
@@ -513,9 +523,16 @@ fn elf_func(
             let exact: Vec<_> = syms.iter().filter(|x| x.name == spec).collect();
             let m: Vec<_> = if exact.is_empty() {
                 let ident = last_identifier(spec);
-                syms.iter()
-                    .filter(|x| x.name.contains(ident) && name_matches(&x.name, spec))
-                    .collect()
+                let m: Vec<_> = syms
+                    .iter()
+                    .filter(|x| x.name.contains(ident.as_str()) && name_matches(&x.name, spec))
+                    .collect();
+                if m.is_empty() {
+                    // Operators and other names whose mangling spells no identifier.
+                    syms.iter().filter(|x| name_matches(&x.name, spec)).collect()
+                } else {
+                    m
+                }
             } else {
                 exact
             };
@@ -752,4 +769,32 @@ fn kernel_func(
         code,
         binary: args.vmlinux.as_ref().map(|p| p.display().to_string()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbol_names_match_mangled_demangled_and_without_parameters() {
+        assert!(name_matches("_ZN3foo3barEi", "_ZN3foo3barEi"));
+        assert!(name_matches("_ZN3foo3barEi", "foo::bar(int)"));
+        assert!(name_matches("_ZN3foo3barEi", "foo::bar"));
+        assert!(!name_matches("_ZN3foo3barEi", "foo::ba"));
+        assert!(name_matches("work", "work"));
+        assert!(!name_matches("worker", "work"));
+        for spec in ["foo::bar(int)", "foo::bar", "bar", "ns::tmpl<int>::bar(long)"] {
+            assert_eq!(last_identifier(spec), "bar", "{spec}");
+        }
+        // The prefilter never drops a symbol the full match would accept.
+        assert!("_ZN3foo3barEi".contains(&last_identifier("foo::bar(int)")));
+        assert_eq!(parse_offset("0x1a2b"), Some(0x1a2b));
+        assert_eq!(parse_offset("work"), None);
+    }
+
+    #[test]
+    fn tabs_expand_to_eight_columns() {
+        assert_eq!(expand_tabs("\tx"), "        x");
+        assert_eq!(expand_tabs("ab\tc"), "ab      c");
+    }
 }
