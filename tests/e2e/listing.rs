@@ -6,7 +6,8 @@ use std::process::{Command, Stdio};
 
 use dcpi_e2e::{require_perf, run, Sandbox};
 
-/// A cheap loop (adds) and an expensive loop of dependent divisions, in one function.
+/// A cheap loop (adds) and an expensive loop of dependent divisions, in one function. It runs
+/// for a given CPU time (not wall time), so a loaded machine does not starve it of samples.
 const LOOPS_C: &str = "#include <stdlib.h>
 #include <time.h>
 
@@ -23,11 +24,11 @@ __attribute__((noinline, noipa)) long work(long n, long d) {
 int main(int argc, char **argv) {
     double secs = argc > 1 ? atof(argv[1]) : 1.0;
     struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
     volatile long sink = 0;
     do {
         sink += work(200000 + (sink & 1), argc + 2);
-        clock_gettime(CLOCK_MONOTONIC, &b);
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
     } while ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 < secs);
     return (int)(sink & 1);
 }
