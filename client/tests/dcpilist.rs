@@ -587,3 +587,20 @@ fn dcpiprof_symbols_ranks_every_images_symbols_by_machine_share() {
     let o = prof(&["--symbols", "--image", "list"]);
     assert_eq!(o.status.code(), Some(2), "--symbols with --image is a usage error");
 }
+
+#[test]
+fn other_architectures_are_refused_for_asm_and_listed_per_line() {
+    let t = TestDb::new();
+    let bin = build(t.tmp());
+    setup(&t, &bin);
+    // The same file claiming to be AArch64 (e_machine 183): its bytes must not be decoded as x86.
+    let mut data = std::fs::read(&bin).expect("read");
+    data[18..20].copy_from_slice(&183u16.to_le_bytes());
+    std::fs::write(&bin, &data).expect("write");
+    let o = list(t.tmp(), &["--host", "h", "--image", "list", "--symbol", "work"]);
+    assert_exit2(&o, &["not supported (x86-64 only)", "--source"]);
+    let v = json_ok(t.tmp(), &["--host", "h", "--image", "list", "--symbol", "work", "--source"]);
+    assert_eq!(v["code"], false);
+    let line = v["rows"].as_array().and_then(|r| r.iter().find(|r| r["line"] == DIV_LINE).cloned());
+    assert_eq!(line.map(|l| l["samples"].clone()), Some(Value::from(80)), "{v:#}");
+}

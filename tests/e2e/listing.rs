@@ -6,7 +6,8 @@ use std::process::{Command, Stdio};
 
 use dcpi_e2e::{require_perf, run, Sandbox};
 
-/// A cheap loop (adds) and an expensive loop of dependent divisions, in one function.
+/// A cheap loop (adds) and an expensive loop of dependent divisions, in one function. It runs
+/// for a given CPU time (not wall time), so a loaded machine does not starve it of samples.
 const LOOPS_C: &str = "#include <stdlib.h>
 #include <time.h>
 
@@ -23,11 +24,11 @@ __attribute__((noinline, noipa)) long work(long n, long d) {
 int main(int argc, char **argv) {
     double secs = argc > 1 ? atof(argv[1]) : 1.0;
     struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
     volatile long sink = 0;
     do {
         sink += work(200000 + (sink & 1), argc + 2);
-        clock_gettime(CLOCK_MONOTONIC, &b);
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
     } while ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 < secs);
     return (int)(sink & 1);
 }
@@ -150,4 +151,37 @@ fn dcpilist_shares_of_the_division_loop_match_perf_annotate() {
     assert!(out.status.success() && s.contains("# note: skid"), "{s}");
     assert!(s.lines().any(|l| l.contains("div") && l.contains("0x")), "{s}");
     assert!(s.lines().any(|l| l.contains("loops.c:10: q = q / d + i;")), "{s}");
+
+    // The machine's hottest instructions include the workload's loops (other programs on a
+    // shared machine are sampled too, so not necessarily first).
+    let out = run("dcpilist", &["--db", &db, "--host", host, "--top", "50", "--format", "json"]);
+    assert!(out.status.success(), "dcpilist --top: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON top");
+    let ours = v["rows"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["image"].as_str() == Some(path.as_str())))
+        .unwrap_or_else(|| panic!("the workload is not among the 50 hottest: {v:#}"));
+    assert!(ours["symbol"].as_str().is_some_and(|s| s.starts_with("work")), "{ours:#}");
+    assert!(ours["instruction"].is_string(), "{ours:#}");
+    assert!(ours["source"].as_str().is_some_and(|s| s.contains("loops.c:")), "{ours:#}");
+
+    // A kernel function of this boot: its code comes from /proc/kcore when readable (root).
+    let out = sb.prof(&["--host", host, "--image", "kernel", "--format", "json"]);
+    assert!(out.status.success(), "dcpiprof kernel: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let ksym = v["rows"]
+        .as_array()
+        .and_then(|r| r.iter().filter_map(|r| r["symbol"].as_str()).find(|s| !s.contains('+')))
+        .map(str::to_owned);
+    if let Some(ksym) = ksym {
+        let args = ["--db", &db, "--host", host, "--image", "kernel", "--symbol", &ksym];
+        let out = run("dcpilist", &[&args[..], &["--format", "json"]].concat());
+        assert!(out.status.success(), "dcpilist {ksym}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON listing");
+        if std::fs::File::open("/proc/kcore").is_ok() {
+            assert_eq!(v["code"], true, "{ksym} from /proc/kcore: {v:#}");
+            assert!(v["instructions"].as_u64().unwrap_or(0) > 0, "{v:#}");
+        }
+        assert!(v["total_samples"].as_u64().unwrap_or(0) > 0, "{v:#}");
+    }
 }

@@ -224,7 +224,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
                     )))
                 }
             };
-            let f = elf_func(&s, &loaded, &weights, &idx, sym_spec, &info)?;
+            let f = elf_func(&s, &loaded, &weights, &idx, sym_spec, &info, mode)?;
             frames = Some(s);
             f
         }
@@ -318,10 +318,15 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     };
     let labels = disasm::labels(&items.iter().filter_map(|i| i.insn.clone()).collect::<Vec<_>>());
     let base = func.addr.unwrap_or(0);
+    let demangled: std::cell::RefCell<HashMap<u64, String>> = Default::default();
     let name_at = |a: u64| -> Option<String> {
         let s = frames.as_ref()?;
         let sym = s.symbol(a)?;
-        let name = escape(&demangle(&sym.name));
+        let name = demangled
+            .borrow_mut()
+            .entry(sym.start)
+            .or_insert_with(|| escape(&demangle(&sym.name)))
+            .clone();
         Some(if a == sym.start { name } else { format!("{name}+{:#x}", a - sym.start) })
     };
     let asm_row = |it: &Item| -> AsmRow {
@@ -473,6 +478,29 @@ pub(crate) fn name_matches(raw: &str, spec: &str) -> bool {
     d == spec || d.split_once('(').is_some_and(|(head, _)| head == spec)
 }
 
+/// The last identifier of a (demangled) name: `b` of `a::b(int)`; it appears verbatim in any
+/// Itanium or Rust mangling of the name.
+fn last_identifier(spec: &str) -> String {
+    let head = spec.split_once('(').map_or(spec, |(h, _)| h);
+    // Drop template arguments (which may contain `::` themselves).
+    let mut plain = String::with_capacity(head.len());
+    let mut depth = 0usize;
+    for c in head.chars() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth = depth.saturating_sub(1),
+            _ if depth == 0 => plain.push(c),
+            _ => {}
+        }
+    }
+    let last = plain.rsplit("::").next().unwrap_or(&plain).trim();
+    if last.is_empty() {
+        spec.to_owned()
+    } else {
+        last.to_owned()
+    }
+}
+
 fn parse_offset(spec: &str) -> Option<u64> {
     u64::from_str_radix(spec.strip_prefix("0x")?, 16).ok()
 }
@@ -484,12 +512,31 @@ fn elf_func(
     idx: &[usize],
     spec: &str,
     info: &ImageInfo,
+    mode: Mode,
 ) -> Result<Func, ListError> {
     let syms = &s.table().symbols;
     let chosen = match parse_offset(spec) {
         Some(off) => s.offset_to_vaddr(off).and_then(|a| s.symbol(a)).cloned(),
         None => {
-            let m: Vec<_> = syms.iter().filter(|x| name_matches(&x.name, spec)).collect();
+            // Demangling every symbol of a large C++ binary costs more than the listing
+            // itself: an exact (mangled or C) name decides alone, and a demangled name is
+            // only tried on symbols whose mangled form contains its last identifier.
+            let exact: Vec<_> = syms.iter().filter(|x| x.name == spec).collect();
+            let m: Vec<_> = if exact.is_empty() {
+                let ident = last_identifier(spec);
+                let m: Vec<_> = syms
+                    .iter()
+                    .filter(|x| x.name.contains(ident.as_str()) && name_matches(&x.name, spec))
+                    .collect();
+                if m.is_empty() {
+                    // Operators and other names whose mangling spells no identifier.
+                    syms.iter().filter(|x| name_matches(&x.name, spec)).collect()
+                } else {
+                    m
+                }
+            } else {
+                exact
+            };
             if m.len() > 1 {
                 return Err(ListError::Ambiguous {
                     spec: spec.to_owned(),
@@ -532,7 +579,11 @@ fn elf_func(
     }
     let binary = s.binary_path().map(Path::to_owned);
     let code = match &binary {
-        Some(p) => read_code(p, start_off, size),
+        Some(p) => match read_code(p, start_off, size) {
+            Ok(c) => Ok(c),
+            Err(CodeError::Arch(m)) if mode != Mode::Source => return Err(ListError::Data(m)),
+            Err(CodeError::Arch(m) | CodeError::Read(m)) => Err(m),
+        },
         // The vDSO: the copy load_vdso accepted is this machine's when no file was found.
         None => live_vdso()
             .and_then(|d| {
@@ -550,27 +601,48 @@ fn elf_func(
     })
 }
 
+/// Why an ELF function's code cannot be shown.
+enum CodeError {
+    /// Not x86-64: an error for --asm/--both (exit 2); --source still lists.
+    Arch(String),
+    Read(String),
+}
+
 /// Read `size` bytes at `off` of an x86-64 ELF file.
-fn read_code(path: &Path, off: u64, size: u64) -> Result<Vec<u8>, String> {
-    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+fn read_code(path: &Path, off: u64, size: u64) -> Result<Vec<u8>, CodeError> {
+    read_code_inner(path, off, size).map_err(|(arch, m)| {
+        if arch {
+            CodeError::Arch(m)
+        } else {
+            CodeError::Read(m)
+        }
+    })
+}
+
+fn read_code_inner(path: &Path, off: u64, size: u64) -> Result<Vec<u8>, (bool, String)> {
+    let mut f =
+        std::fs::File::open(path).map_err(|e| (false, format!("{}: {e}", path.display())))?;
     {
         use object::Object;
         let cache = object::ReadCache::new(&mut f);
         let arch = object::File::parse(&cache)
-            .map_err(|e| format!("{}: {e}", path.display()))?
+            .map_err(|e| (false, format!("{}: {e}", path.display())))?
             .architecture();
         if arch != object::Architecture::X86_64 {
-            return Err(format!(
-                "{}: disassembly of {arch:?} code is not supported (x86-64 only); --source \
+            return Err((
+                true,
+                format!(
+                    "{}: disassembly of {arch:?} code is not supported (x86-64 only); --source \
                  lists the samples per source line",
-                path.display()
+                    path.display()
+                ),
             ));
         }
     }
     let mut buf = vec![0u8; size as usize];
-    f.seek(SeekFrom::Start(off))
-        .and_then(|_| f.read_exact(&mut buf))
-        .map_err(|e| format!("{}: reading {size} bytes at offset {off:#x}: {e}", path.display()))?;
+    f.seek(SeekFrom::Start(off)).and_then(|_| f.read_exact(&mut buf)).map_err(|e| {
+        (false, format!("{}: reading {size} bytes at offset {off:#x}: {e}", path.display()))
+    })?;
     Ok(buf)
 }
 
@@ -698,4 +770,32 @@ fn kernel_func(
         code,
         binary: args.vmlinux.as_ref().map(|p| p.display().to_string()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbol_names_match_mangled_demangled_and_without_parameters() {
+        assert!(name_matches("_ZN3foo3barEi", "_ZN3foo3barEi"));
+        assert!(name_matches("_ZN3foo3barEi", "foo::bar(int)"));
+        assert!(name_matches("_ZN3foo3barEi", "foo::bar"));
+        assert!(!name_matches("_ZN3foo3barEi", "foo::ba"));
+        assert!(name_matches("work", "work"));
+        assert!(!name_matches("worker", "work"));
+        for spec in ["foo::bar(int)", "foo::bar", "bar", "ns::tmpl<int>::bar(long)"] {
+            assert_eq!(last_identifier(spec), "bar", "{spec}");
+        }
+        // The prefilter never drops a symbol the full match would accept.
+        assert!("_ZN3foo3barEi".contains(&last_identifier("foo::bar(int)")));
+        assert_eq!(parse_offset("0x1a2b"), Some(0x1a2b));
+        assert_eq!(parse_offset("work"), None);
+    }
+
+    #[test]
+    fn tabs_expand_to_eight_columns() {
+        assert_eq!(expand_tabs("\tx"), "        x");
+        assert_eq!(expand_tabs("ab\tc"), "ab      c");
+    }
 }

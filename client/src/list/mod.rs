@@ -124,8 +124,9 @@ pub struct Args {
     /// digits, `kernel`, a module name or `[anon...]` (JIT), as dcpiprof --image.
     #[arg(long, value_name = "IMAGE", required_unless_present_any = ["top", "generate"])]
     pub image: Option<String>,
-    /// The function: its name as dcpiprof shows it (demangled), its mangled name, or a C++ name
-    /// without the parameter list.
+    /// The function: its name as dcpiprof shows it (demangled), its mangled name, a C++ name
+    /// without the parameter list, or 0xOFFSET (a file offset inside it, to choose among
+    /// functions of the same name).
     #[arg(long, value_name = "NAME", required_unless_present_any = ["top", "generate"])]
     pub symbol: Option<String>,
     /// One row per instruction (default).
@@ -137,7 +138,7 @@ pub struct Args {
     /// Source lines interleaved with their instructions.
     #[arg(long, group = "mode")]
     pub both: bool,
-    /// The N hottest instructions across all images (ignores --image/--symbol).
+    /// The N hottest instructions across all images (instead of --image/--symbol).
     #[arg(long, value_name = "N", conflicts_with_all = ["image", "symbol"])]
     pub top: Option<usize>,
     /// Output format.
