@@ -213,6 +213,7 @@ pub fn build(
         for &i in group {
             let p = &mut loaded.profiles[i];
             if p.profile.counts.is_empty() && p.samples > 0 {
+                super::stats::count(&super::stats::PROFILES_READ);
                 match profile_format::Profile::read(&p.path) {
                     Ok(fresh) => p.profile.counts = fresh.counts,
                     Err(e) if req.keep_going => warn(format!("skipping corrupt profile: {e}")),
