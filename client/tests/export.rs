@@ -517,6 +517,30 @@ fn svg_flame_graph_is_searchable_and_zoomable_in_a_browser() {
         100.0 * prog["samples"].as_f64().expect("n") / report["total_samples"].as_f64().expect("t")
     );
     assert!(dom.contains(&want), "{want} not in {dom}");
+
+    // Zoom: the same SVG inline in a page whose script clicks hot_alpha's frame.
+    let svg = std::fs::read_to_string(&file).expect("svg");
+    let svg = svg.split_once("?>").map_or(svg.as_str(), |(_, rest)| rest);
+    let page = t.tmp().join("zoom.html");
+    std::fs::write(
+        &page,
+        format!(
+            "<!DOCTYPE html><html><body>{svg}<script>\n\
+             var q = function (n) {{ return document.querySelector('g.f[data-n=\"' + n + '\"]'); }};\n\
+             q('hot_alpha').dispatchEvent(new MouseEvent('click', {{ bubbles: true }}));\n\
+             var b = document.body;\n\
+             b.setAttribute('data-zoomed-width', q('hot_alpha').querySelector('rect').getAttribute('width'));\n\
+             b.setAttribute('data-sibling', q('warm_beta').style.display);\n\
+             b.setAttribute('data-parent', q('{}').getAttribute('class'));\n\
+             </script></body></html>",
+            p.path.display()
+        ),
+    )
+    .expect("zoom page");
+    let dom = render(&page, t.tmp());
+    assert!(dom.contains("data-zoomed-width=\"1180.00\""), "clicked frame fills the width: {dom}");
+    assert!(dom.contains("data-sibling=\"none\""), "siblings are hidden when zoomed: {dom}");
+    assert!(dom.contains("data-parent=\"f anc\""), "ancestors stay, faded: {dom}");
 }
 
 // ---------------------------------------------------------------------------------------------
