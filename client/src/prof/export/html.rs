@@ -264,7 +264,7 @@ pub fn page(x: &Export, limit: Option<usize>) -> String {
     let total_events: f64 = x.samples.iter().filter(|p| p.event == 0).map(|p| p.events).sum();
     let mut per_image: Vec<HashMap<usize, (u64, f64)>> = vec![HashMap::new(); x.images.len()];
     for p in x.samples.iter().filter(|p| p.event == 0) {
-        let Some(&leaf) = p.stack.first() else { continue };
+        let Some(&leaf) = x.stack(p).first() else { continue };
         let l = &x.locations[leaf];
         let e = per_image[l.image].entry(l.function).or_default();
         e.0 += p.samples;
