@@ -170,6 +170,11 @@ fn build_prog(dir: &Path) -> Prog {
         .output()
         .expect("run cc");
     assert!(o.status.success(), "cc: {}", String::from_utf8_lossy(&o.stderr));
+    read_prog(path)
+}
+
+/// Build-id and function offsets of a compiled program.
+fn read_prog(path: PathBuf) -> Prog {
     let data = std::fs::read(&path).expect("read prog");
     let f = object::File::parse(&*data).expect("parse");
     let id = ImageId::BuildId(f.build_id().expect("build id").expect("has build id").to_vec());
@@ -512,6 +517,30 @@ fn svg_flame_graph_is_searchable_and_zoomable_in_a_browser() {
         100.0 * prog["samples"].as_f64().expect("n") / report["total_samples"].as_f64().expect("t")
     );
     assert!(dom.contains(&want), "{want} not in {dom}");
+
+    // Zoom: the same SVG inline in a page whose script clicks hot_alpha's frame.
+    let svg = std::fs::read_to_string(&file).expect("svg");
+    let svg = svg.split_once("?>").map_or(svg.as_str(), |(_, rest)| rest);
+    let page = t.tmp().join("zoom.html");
+    std::fs::write(
+        &page,
+        format!(
+            "<!DOCTYPE html><html><body>{svg}<script>\n\
+             var q = function (n) {{ return document.querySelector('g.f[data-n=\"' + n + '\"]'); }};\n\
+             q('hot_alpha').dispatchEvent(new MouseEvent('click', {{ bubbles: true }}));\n\
+             var b = document.body;\n\
+             b.setAttribute('data-zoomed-width', q('hot_alpha').querySelector('rect').getAttribute('width'));\n\
+             b.setAttribute('data-sibling', q('warm_beta').style.display);\n\
+             b.setAttribute('data-parent', q('{}').getAttribute('class'));\n\
+             </script></body></html>",
+            p.path.display()
+        ),
+    )
+    .expect("zoom page");
+    let dom = render(&page, t.tmp());
+    assert!(dom.contains("data-zoomed-width=\"1180.00\""), "clicked frame fills the width: {dom}");
+    assert!(dom.contains("data-sibling=\"none\""), "siblings are hidden when zoomed: {dom}");
+    assert!(dom.contains("data-parent=\"f anc\""), "ancestors stay, faded: {dom}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -653,4 +682,100 @@ fn progress_bar_only_on_a_terminal() {
         tty.contains("symbolizing") && tty.contains("/600 profiles"),
         "no progress bar on a tty: {tty:?}"
     );
+}
+
+#[test]
+fn pprof_structure_sample_types_mappings_addresses_and_labels() {
+    use dcpi_client::prof::export::pprof::proto;
+    use prost::Message;
+    use std::io::Read;
+
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    workload(&t, &p);
+    // A second event, in a third epoch, with its own period.
+    let hd = t.host(3600, "alpha");
+    let faults = event("page-faults", 10);
+    let alpha = p.funcs["hot_alpha"];
+    write_profile(
+        &hd,
+        ImageKind::Elf,
+        &p.id,
+        p.path.display().to_string().as_bytes(),
+        &faults,
+        &[(alpha, 9)],
+        10,
+    );
+    let sel = ["--host", "alpha", "--epoch", "all"];
+    let out = ok(prof(&t.root(), &[&sel[..], &["--format", "pprof"]].concat()), "pprof to a pipe");
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&out[..]).read_to_end(&mut raw).expect("gunzip");
+    let pb = proto::Profile::decode(&raw[..]).expect("decode profile.proto");
+    let s = |i: i64| pb.string_table[i as usize].as_str();
+    let types: Vec<String> =
+        pb.sample_type.iter().map(|v| format!("{}/{}", s(v.r#type), s(v.unit))).collect();
+    assert_eq!(
+        types,
+        [
+            "cpu-clock_samples/count",
+            "cpu/nanoseconds",
+            "page-faults_samples/count",
+            "page-faults/events"
+        ]
+    );
+    assert_eq!(s(pb.default_sample_type), "cpu");
+    assert_eq!(pb.period, 3000, "nominal period of the first event");
+    let report = json(&t.root(), &sel);
+    for (ei, ev) in report["events"].as_array().expect("events").iter().enumerate() {
+        let n: i64 = pb.sample.iter().map(|x| x.value[2 * ei]).sum();
+        let w: i64 = pb.sample.iter().map(|x| x.value[2 * ei + 1]).sum();
+        assert_eq!(n as u64, ev["samples"].as_u64().expect("samples"), "{ev}");
+        assert!((w - ev["events"].as_i64().expect("events")).abs() <= 2, "{w} vs {ev}");
+    }
+    // prog's mapping: its path and build-id; each address is the mapping start plus the offset.
+    let m = pb
+        .mapping
+        .iter()
+        .find(|m| s(m.filename) == p.path.display().to_string())
+        .expect("prog mapping");
+    let ProfileId(bid) = profile_id(&p.id);
+    assert_eq!(s(m.build_id), bid);
+    assert!(m.has_functions && m.file_offset == 0);
+    let loc = pb
+        .location
+        .iter()
+        .find(|l| l.mapping_id == m.id && l.address == m.memory_start + alpha)
+        .expect("location at hot_alpha's offset");
+    assert!(loc.address < m.memory_limit);
+    let f = pb.function.iter().find(|f| f.id == loc.line[0].function_id).expect("function");
+    assert_eq!((s(f.name), s(f.system_name)), ("hot_alpha", "hot_alpha"));
+    // Mappings do not overlap.
+    for a in &pb.mapping {
+        for b in pb.mapping.iter().filter(|b| b.id != a.id) {
+            assert!(a.memory_limit <= b.memory_start || b.memory_limit <= a.memory_start);
+        }
+    }
+    // Every sample says where it was taken.
+    let epochs: std::collections::BTreeSet<&str> = pb
+        .sample
+        .iter()
+        .map(|x| {
+            let l =
+                |k: &str| x.label.iter().find(|l| s(l.key) == k).map(|l| s(l.str)).expect("label");
+            assert_eq!(l("host"), "alpha");
+            l("epoch")
+        })
+        .collect();
+    let want: std::collections::BTreeSet<&str> =
+        report["epochs"].as_array().expect("epochs").iter().filter_map(Value::as_str).collect();
+    assert_eq!(epochs, want);
+}
+
+struct ProfileId(String);
+
+fn profile_id(id: &ImageId) -> ProfileId {
+    match id {
+        ImageId::BuildId(b) => ProfileId(b.iter().map(|x| format!("{x:02x}")).collect()),
+        ImageId::Fallback(_) => panic!("prog has a build-id"),
+    }
 }

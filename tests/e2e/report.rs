@@ -69,7 +69,7 @@ fn daemon_profile_is_reported_per_image_and_per_symbol() {
 
 /// Three functions with the same loop body, called 5:3:2 times in small interleaved rounds
 /// (a round is far shorter than the sampling period, so the timer's phase cannot favour one).
-const PROPORTIONS_C: &str = r#"
+pub(crate) const PROPORTIONS_C: &str = r#"
 #include <stdlib.h>
 #include <time.h>
 #define BODY { unsigned long s = 0; for (unsigned long i = 0; i < n; i++) s += i * i ^ (s >> 3); return s; }

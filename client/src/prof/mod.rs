@@ -92,7 +92,9 @@ EXPORT FORMATS (every selection; with --image, only that image)
             estimate (cpu/nanoseconds for cpu-clock, EVENT/events otherwise; the first event's
             is the default). One mapping per image (path, build-id) at a synthetic address
             range: a location's address is mapping start + the sampled file offset (kernel:
-            offset from the text/module base), so pprof can re-symbolize from the binaries.
+            offset from the text/module base), so pprof (github.com/google/pprof, which
+            uses addr2line) can re-symbolize from the binaries (PPROF_BINARY_PATH) images
+            dcpi could not; `go tool pprof` symbolizes Go binaries only.
             Functions carry dcpi's names (demangled; system name = symbol table name) and,
             with --lines, file and line. Labels: host, epoch. Written to stdout only when it is
             not a terminal.

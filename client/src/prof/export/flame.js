@@ -17,8 +17,10 @@ function dcpiFlame(svg) {
   var zx = 0, zw = total, zd = 0, re = null;
   function pct(v) { return total > 0 ? (100 * v / total).toFixed(2) + '%' : '0%'; }
   function fit(f, px) {
-    var n = Math.floor((px - 6) / charW);
-    f.t.textContent = n < 3 ? '' : (f.n.length <= n ? f.n : f.n.slice(0, n - 2) + '..');
+    var n = Math.floor((px - 6) / charW), s = f.n, slash = s.lastIndexOf('/');
+    // An image frame too narrow for its path shows the file name first.
+    if (s.length > n && f.d === 1 && slash >= 0) s = s.slice(slash + 1);
+    f.t.textContent = n < 3 ? '' : (s.length <= n ? s : s.slice(0, n - 2) + '..');
   }
   function layout() {
     var sc = zw > 0 ? (W - 2 * pad) / zw : 0;

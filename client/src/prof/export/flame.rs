@@ -82,12 +82,18 @@ fn colour(name: &str, depth: usize) -> String {
     format!("rgb({},{},{})", 205 + (r1 * 50.0) as u32, (r2 * 230.0) as u32, (r3 * 55.0) as u32)
 }
 
-fn label(name: &str, width: f64) -> String {
+/// The text that fits in a frame `width` px wide (flame.js's `fit` does the same on zoom).
+fn label(name: &str, width: f64, depth: usize) -> String {
     let fit = ((width - 6.0) / CHAR_W).floor();
     if fit < 3.0 {
         return String::new();
     }
     let fit = fit as usize;
+    // An image frame too narrow for its path shows the file name first.
+    let name = match name.rfind('/') {
+        Some(i) if depth == 1 && name.chars().count() > fit => &name[i + 1..],
+        _ => name,
+    };
     if name.chars().count() <= fit {
         name.to_owned()
     } else {
@@ -127,7 +133,7 @@ impl Draw<'_> {
             colour(name, depth),
             x + 3.0,
             y + FRAME_H - 4.5,
-            xml(&label(name, w)),
+            xml(&label(name, w, depth)),
         );
         let mut cx = x0;
         for (child, c) in &node.children {
@@ -178,7 +184,10 @@ pub fn svg(stacks: &[(Vec<String>, u64)], title: &str, unit: &str, standalone: b
     if standalone {
         let _ = write!(
             out,
-            "<script type=\"text/ecmascript\"><![CDATA[\n{SCRIPT}\ndcpiFlame(document.documentElement);\n]]></script>\n"
+            "<script type=\"text/ecmascript\"><![CDATA[\n{SCRIPT}\n\
+             // The enclosing svg, also when this file is pasted into an HTML page.\n\
+             dcpiFlame((document.currentScript && document.currentScript.closest('svg')) \
+             || document.documentElement);\n]]></script>\n"
         );
     }
     out.push_str("</svg>\n");
@@ -218,13 +227,15 @@ mod tests {
         assert!(s.contains("data-n=\"a&lt;b&gt;\" data-x=\"0\" data-w=\"30\" data-d=\"2\""), "{s}");
         assert!(s.contains("data-n=\"c\" data-x=\"30\" data-w=\"10\" data-d=\"2\""), "{s}");
         assert!(s.contains("data-n=\"img\" data-x=\"0\" data-w=\"40\" data-d=\"1\""), "{s}");
-        assert!(s.contains("dcpiFlame(document.documentElement)"));
+        assert!(s.contains("dcpiFlame((document.currentScript"));
     }
 
     #[test]
     fn labels_are_cut_to_the_frame() {
-        assert_eq!(label("abcdef", 1000.0), "abcdef");
-        assert_eq!(label("abcdefghijklmnop", 6.0 + 6.0 * CHAR_W), "abcd..");
-        assert_eq!(label("abc", 10.0), "");
+        assert_eq!(label("abcdef", 1000.0, 2), "abcdef");
+        assert_eq!(label("abcdefghijklmnop", 6.0 + 6.0 * CHAR_W, 2), "abcd..");
+        assert_eq!(label("abc", 10.0, 2), "");
+        assert_eq!(label("/usr/lib/libc.so.6", 6.0 + 10.0 * CHAR_W, 1), "libc.so.6");
+        assert_eq!(label("/usr/lib/libc.so.6", 6.0 + 10.0 * CHAR_W, 2), "/usr/lib..");
     }
 }

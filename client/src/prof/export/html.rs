@@ -28,7 +28,7 @@ th, td { padding: 2px 8px; border-bottom: 1px solid #e4e4e4; }
 td.s:first-child, td.n + td.s { min-width: 4em; }
 th { background: #f0f0f0; cursor: pointer; user-select: none; position: sticky; top: 0; }
 th[data-dir=asc]::after { content: ' \\25B2'; } th[data-dir=desc]::after { content: ' \\25BC'; }
-td.n { text-align: right; font-variant-numeric: tabular-nums; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.s { font-family: monospace; word-break: break-all; }
 .bar { display: inline-block; height: 9px; background: #e8743b; vertical-align: middle; }
 .note { color: #666; font-size: 12px; }
@@ -124,7 +124,8 @@ fn trend(x: &Export) -> String {
     let mut top: Vec<(&str, f64)> = totals.into_iter().collect();
     top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
     top.truncate(TREND_IMAGES);
-    let (w, h, left, right, top_m, bottom) = (900.0, 320.0, 50.0, 20.0, 20.0, 70.0);
+    // Epoch ids hang down-left from their tick, so the left and bottom margins hold them.
+    let (w, h, left, right, top_m, bottom) = (900.0, 340.0, 110.0, 20.0, 20.0, 90.0);
     let pw = w - left - right;
     let ph = h - top_m - bottom;
     let xpos = |i: usize| left + if n > 1 { pw * i as f64 / (n - 1) as f64 } else { pw / 2.0 };
@@ -133,8 +134,8 @@ fn trend(x: &Export) -> String {
     let _ = writeln!(
         s,
         "<svg class=\"trend\" width=\"{w}\" height=\"{}\" viewBox=\"0 0 {w} {}\" xmlns=\"http://www.w3.org/2000/svg\" font-size=\"11\">",
-        h + 20.0 * top.len() as f64,
-        h + 20.0 * top.len() as f64
+        h + 20.0 + 20.0 * top.len() as f64,
+        h + 20.0 + 20.0 * top.len() as f64
     );
     for p in [0.0, 25.0, 50.0, 75.0, 100.0] {
         let y = ypos(p);
@@ -145,7 +146,7 @@ fn trend(x: &Export) -> String {
         if i % step == 0 || i + 1 == n {
             let _ = writeln!(
                 s,
-                "<text x=\"{:.1}\" y=\"{}\" transform=\"rotate(30 {:.1} {})\">{}</text>",
+                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"end\" transform=\"rotate(-30 {:.1} {})\">{}</text>",
                 xpos(i),
                 h - bottom + 14.0,
                 xpos(i),
@@ -169,7 +170,7 @@ fn trend(x: &Export) -> String {
             "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>{dots}",
             pts.trim_end()
         );
-        let ly = h + 20.0 * k as f64;
+        let ly = h + 10.0 + 20.0 * k as f64;
         let _ = writeln!(s, "<rect x=\"{left}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{colour}\"/><text x=\"{}\" y=\"{}\">{}</text>", ly - 10.0, left + 18.0, ly, xml(name));
     }
     s.push_str("</svg>\n");
@@ -263,7 +264,7 @@ pub fn page(x: &Export, limit: Option<usize>) -> String {
     let total_events: f64 = x.samples.iter().filter(|p| p.event == 0).map(|p| p.events).sum();
     let mut per_image: Vec<HashMap<usize, (u64, f64)>> = vec![HashMap::new(); x.images.len()];
     for p in x.samples.iter().filter(|p| p.event == 0) {
-        let Some(&leaf) = p.stack.first() else { continue };
+        let Some(&leaf) = x.stack(p).first() else { continue };
         let l = &x.locations[leaf];
         let e = per_image[l.image].entry(l.function).or_default();
         e.0 += p.samples;

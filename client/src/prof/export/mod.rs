@@ -61,14 +61,15 @@ pub struct Location {
     pub line: Option<u32>,
 }
 
-/// Counts of one stack on one host in one epoch for one event.
-#[derive(Clone, Debug)]
+/// Counts of one stack on one host in one epoch for one event. Kept small (32 bytes): a fleet
+/// export holds one per distinct (address, host, epoch).
+#[derive(Clone, Copy, Debug)]
 pub struct Sample {
-    /// Location indices, leaf first.
-    pub stack: Vec<usize>,
-    pub host: usize,
-    pub epoch: usize,
-    pub event: usize,
+    /// Index into [`Export::stacks`].
+    pub stack: u32,
+    pub host: u32,
+    pub epoch: u32,
+    pub event: u32,
     pub samples: u64,
     /// Weighted estimate of events (see the report's NUMBERS).
     pub events: f64,
@@ -82,6 +83,8 @@ pub struct Export {
     pub images: Vec<Image>,
     pub functions: Vec<Function>,
     pub locations: Vec<Location>,
+    /// Distinct stacks: location indices, leaf first.
+    pub stacks: Vec<Vec<usize>>,
     pub samples: Vec<Sample>,
     /// Host and epoch names indexed by [`Sample::host`] and [`Sample::epoch`].
     pub hosts: Vec<String>,
@@ -99,9 +102,16 @@ impl Export {
     /// Folded stacks, root first (`image;function`), with raw samples of the first event,
     /// merged by name and sorted.
     pub fn folded(&self) -> Vec<(Vec<String>, u64)> {
-        let mut m: HashMap<Vec<String>, u64> = HashMap::new();
+        let mut per_stack = vec![0u64; self.stacks.len()];
         for s in self.samples.iter().filter(|s| s.event == 0) {
-            *m.entry(self.frames(&s.stack)).or_default() += s.samples;
+            per_stack[s.stack as usize] += s.samples;
+        }
+        // Different addresses have the same names: merge by name.
+        let mut m: HashMap<Vec<String>, u64> = HashMap::new();
+        for (st, &n) in self.stacks.iter().zip(&per_stack) {
+            if n > 0 {
+                *m.entry(self.frames(st)).or_default() += n;
+            }
         }
         let mut v: Vec<(Vec<String>, u64)> = m.into_iter().filter(|(_, c)| *c > 0).collect();
         v.sort();
@@ -118,6 +128,11 @@ impl Export {
             f.push(self.functions[self.locations[l].function].name.clone());
         }
         f
+    }
+
+    /// Location indices of a sample's stack, leaf first.
+    pub fn stack(&self, s: &Sample) -> &[usize] {
+        &self.stacks[s.stack as usize]
     }
 
     /// Name of the first event (what folded stacks and flame graphs count).
@@ -197,14 +212,18 @@ pub fn build(
     let mut fn_index: HashMap<Function, usize> = HashMap::new();
     let mut locations: Vec<Location> = Vec::new();
     let mut loc_index: HashMap<(usize, u64), usize> = HashMap::new();
-    let mut sample_index: HashMap<(usize, usize, usize, usize), usize> = HashMap::new();
+    let mut stacks: Vec<Vec<usize>> = Vec::new();
+    let mut sample_index: HashMap<(u32, u32, u32, u32), u32> = HashMap::new();
     let mut samples: Vec<Sample> = Vec::new();
-    let host_of: Vec<usize> =
-        loaded.dirs.iter().map(|d| hosts.iter().position(|h| *h == d.host).unwrap_or(0)).collect();
-    let epoch_of: Vec<usize> = loaded
+    let host_of: Vec<u32> = loaded
         .dirs
         .iter()
-        .map(|d| epochs.iter().position(|e| e == d.epoch.as_str()).unwrap_or(0))
+        .map(|d| hosts.iter().position(|h| *h == d.host).unwrap_or(0) as u32)
+        .collect();
+    let epoch_of: Vec<u32> = loaded
+        .dirs
+        .iter()
+        .map(|d| epochs.iter().position(|e| e == d.epoch.as_str()).unwrap_or(0) as u32)
         .collect();
 
     let bar = progress(groups.iter().map(Vec::len).sum());
@@ -213,6 +232,7 @@ pub fn build(
         for &i in group {
             let p = &mut loaded.profiles[i];
             if p.profile.counts.is_empty() && p.samples > 0 {
+                super::stats::count(&super::stats::PROFILES_READ);
                 match profile_format::Profile::read(&p.path) {
                     Ok(fresh) => p.profile.counts = fresh.counts,
                     Err(e) if req.keep_going => warn(format!("skipping corrupt profile: {e}")),
@@ -269,20 +289,22 @@ pub fn build(
                     functions.len() - 1
                 });
                 locations.push(Location { image: gi, offset: hit.offset, function, line });
-                locations.len() - 1
+                // Without call stacks each location is its own one-frame stack.
+                stacks.push(vec![locations.len() - 1]);
+                stacks.len() - 1
             });
-            let key = (loc, host_of[dir], epoch_of[dir], ei);
+            let key = (loc as u32, host_of[dir], epoch_of[dir], ei as u32);
             let si = *sample_index.entry(key).or_insert_with(|| {
                 samples.push(Sample {
-                    stack: vec![loc],
+                    stack: key.0,
                     host: key.1,
                     epoch: key.2,
-                    event: ei,
+                    event: key.3,
                     samples: 0,
                     events: 0.0,
                 });
-                samples.len() - 1
-            });
+                (samples.len() - 1) as u32
+            }) as usize;
             samples[si].samples += hit.count;
             samples[si].events += hit.count as f64 * wt;
         };
@@ -303,7 +325,7 @@ pub fn build(
             continue;
         }
         let name = image_name_of(&image_report, p);
-        *per_epoch[epoch_of[p.dir]].entry(name).or_default() += wt * p.samples as f64;
+        *per_epoch[epoch_of[p.dir] as usize].entry(name).or_default() += wt * p.samples as f64;
     }
     let (time_nanos, duration_nanos) = times(loaded);
     Ok(Export {
@@ -312,6 +334,7 @@ pub fn build(
         images,
         functions,
         locations,
+        stacks,
         samples,
         hosts,
         epochs,

@@ -131,15 +131,15 @@ pub fn profile(x: &Export) -> proto::Profile {
         .filter(|s| s.samples > 0)
         .map(|s| {
             let mut value = vec![0i64; 2 * n_events];
-            value[2 * s.event] = i64::try_from(s.samples).unwrap_or(i64::MAX);
-            value[2 * s.event + 1] = s.events.round() as i64;
+            value[2 * s.event as usize] = i64::try_from(s.samples).unwrap_or(i64::MAX);
+            value[2 * s.event as usize + 1] = s.events.round() as i64;
             let label = |key: i64, str: i64| proto::Label { key, str, num: 0, num_unit: 0 };
             proto::Sample {
-                location_id: s.stack.iter().map(|&l| l as u64 + 1).collect(),
+                location_id: x.stack(s).iter().map(|&l| l as u64 + 1).collect(),
                 value,
                 label: vec![
-                    label(host_key, host_str[s.host]),
-                    label(epoch_key, epoch_str[s.epoch]),
+                    label(host_key, host_str[s.host as usize]),
+                    label(epoch_key, epoch_str[s.epoch as usize]),
                 ],
             }
         })

@@ -30,10 +30,11 @@ pub fn document(x: &Export) -> Value {
     let mut profiles = Vec::new();
     for (ei, e) in x.events.iter().enumerate() {
         let mut merged: HashMap<Vec<usize>, f64> = HashMap::new();
-        for s in x.samples.iter().filter(|s| s.event == ei && s.samples > 0) {
-            let Some(&outer) = s.stack.last() else { continue };
+        for s in x.samples.iter().filter(|s| s.event as usize == ei && s.samples > 0) {
+            let st = x.stack(s);
+            let Some(&outer) = st.last() else { continue };
             let mut stack = vec![frame(true, x.locations[outer].image)];
-            stack.extend(s.stack.iter().rev().map(|&l| frame(false, x.locations[l].function)));
+            stack.extend(st.iter().rev().map(|&l| frame(false, x.locations[l].function)));
             *merged.entry(stack).or_default() += s.events;
         }
         let mut merged: Vec<(Vec<usize>, f64)> = merged.into_iter().collect();
