@@ -175,6 +175,7 @@ pub fn select_host_dirs(
 /// A profile read from disk, with where it came from.
 #[derive(Debug)]
 pub struct LoadedProfile {
+    /// The profile file, or the summary.json whose index gave its totals.
     pub path: PathBuf,
     /// Without an image filter (the per-image report) `counts` is left empty once summed:
     /// a fleet's worth of per-offset maps would otherwise all be held at once (1.6 GB for
@@ -319,18 +320,18 @@ pub fn load(
     for p in &out.profiles {
         needed[p.dir] = true;
     }
-    for (d, needed) in dirs.iter().zip(needed) {
+    let read = par_map(&dirs, |i, d| {
         let sp = d.summary_path();
-        let summary = if needed && sp.exists() {
-            match HostSummary::read(&sp) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    warn(format!("{e} (multiplexing scale unknown for this host/epoch)"));
-                    None
-                }
+        (needed[i] && sp.exists()).then(|| HostSummary::read(&sp))
+    });
+    for r in read {
+        let summary = match r {
+            Some(Ok(s)) => Some(s),
+            Some(Err(e)) => {
+                warn(format!("{e} (multiplexing scale unknown for this host/epoch)"));
+                None
             }
-        } else {
-            None
+            None => None,
         };
         out.summaries.push(summary);
     }
@@ -355,6 +356,7 @@ struct DirTotals {
 fn load_totals(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loaded, ProfError> {
     let results = par_map(&dirs, |i, d| dir_totals(d, i));
     let mut out = Loaded::default();
+    out.profiles.reserve(results.iter().map(|r| r.as_ref().map_or(0, |t| t.profiles.len())).sum());
     for r in results {
         let t = r?;
         out.profiles.extend(t.profiles);
@@ -420,11 +422,11 @@ fn dir_totals(d: &HostDir, dir: usize) -> Result<DirTotals, ProfError> {
         match headers {
             Ok(headers) => {
                 stats::count(&stats::SUMMARY_INDEXES_USED);
+                t.profiles.reserve(headers.len());
                 for h in headers {
-                    let path = match h.kind {
-                        profile_format::ImageKind::Unknown => d.unknown_path(&h.event.name),
-                        _ => d.profile_path(&h.image_id, &h.event.name),
-                    };
+                    // Where the numbers came from (naming each profile would cost more than
+                    // reading the index).
+                    let path = sp.clone();
                     let samples = h.total_samples;
                     let profile = Profile { header: h, counts: Default::default() };
                     t.profiles.push(LoadedProfile { path, profile, samples, dir });
