@@ -23,6 +23,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -43,11 +44,16 @@ def drop_caches():
 
 
 def timed(cmd, cold, reps):
-    """(cold seconds or None, warm median seconds, stdout, stderr of the last run)."""
+    """(cold seconds or None, warm median seconds, stdout, stderr of the last run, CPU seconds
+    (user + sys) of the cold run and the warm median)."""
+    cpu = []
     def once():
         t = time.monotonic()
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         r = run(cmd, timeout=3600)
         dt = time.monotonic() - t
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr[-800:]}")
         return dt, r
@@ -60,7 +66,8 @@ def timed(cmd, cold, reps):
     for _ in range(reps):
         dt, r = once()
         ws.append(dt)
-    return c, med(ws), r.stdout, r.stderr
+    cold_cpu = cpu[0] if cold else None
+    return c, med(ws), r.stdout, r.stderr, (cold_cpu, med(cpu[1:] if cold else cpu))
 
 
 def stat_line(err):
@@ -85,6 +92,7 @@ class Fleet:
         self.cache = "/var/tmp/dcpi-bench"
         os.makedirs(self.cache, exist_ok=True)
         self.res = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                    "loadavg_at_start": os.getloadavg(),
                     "cpus": os.cpu_count(), "uname": os.uname().release}
         self.prof = os.path.join(ROOT, "target", "release", "dcpiprof")
         self.export = os.path.join(ROOT, "target", "release", "dcpiexport")
@@ -167,9 +175,10 @@ class Fleet:
         for k, d, extra in (("images_index", db, []), ("images_profiles", old, []),
                             ("symbols", db, ["--image", image])):
             log(f"reports: {k}")
-            c, w, so, se = timed([self.prof, "--db", d] + base + extra, True,
-                                 1 if k == "images_profiles" else reps)
-            out[k] = {"cold_s": c, "warm_s": w, "stats": stat_line(se), "stdout_bytes": len(so)}
+            c, w, so, se, cpu = timed([self.prof, "--db", d] + base + extra, True,
+                                      1 if k == "images_profiles" else reps)
+            out[k] = {"cold_s": c, "warm_s": w, "cold_cpu_s": cpu[0], "warm_cpu_s": cpu[1],
+                      "stats": stat_line(se), "stdout_bytes": len(so)}
             outs[k] = so
         a, b = json.loads(outs["images_index"]), json.loads(outs["images_profiles"])
         a.pop("database"), b.pop("database")
@@ -182,11 +191,12 @@ class Fleet:
             h, e = (int(x) for x in spec.split("x"))
             db, meta = self.gen("curve", h, e, 200, 8, profiles=False)
             log(f"curve: {h} x {e}")
-            c, w, _, se = timed([self.prof, "--db", db, "--host", "all", "--epoch", "all",
-                                 "--format", "json", "--verbose"], True, self.a.reps)
+            c, w, _, se, cpu = timed([self.prof, "--db", db, "--host", "all", "--epoch", "all",
+                                      "--format", "json", "--verbose"], True, self.a.reps)
             pts.append({"hosts": h, "epochs": e, "host_epochs": h * e,
                         "entries": h * e * 200, "summary_bytes": meta["summary_bytes"],
-                        "cold_s": c, "warm_s": w, "stats": stat_line(se),
+                        "cold_s": c, "warm_s": w, "cold_cpu_s": cpu[0], "warm_cpu_s": cpu[1],
+                        "stats": stat_line(se),
                         "cold_us_per_host_epoch": c / (h * e) * 1e6,
                         "warm_us_per_host_epoch": w / (h * e) * 1e6})
             shutil.rmtree(db, ignore_errors=True)
@@ -254,21 +264,24 @@ class Fleet:
             L.append(f"Fleet {r['hosts']} hosts x {r['epochs']} epochs x 200 images "
                      f"({r['db']['profiles']} profiles, {r['db']['profile_bytes']} bytes; "
                      f"summaries {r['db']['summary_bytes']} bytes)\n")
-            L.append("| report | cold s | warm s | profiles read | summary indexes used |")
-            L.append("|---|---|---|---|---|")
+            L.append("| report | cold s | warm s | cold CPU s | warm CPU s | profiles read | "
+                     "summary indexes used |")
+            L.append("|---|---|---|---|---|---|---|")
             for k in ("images_index", "images_profiles", "symbols"):
                 x = r[k]
                 L.append(f"| {k} | {f(x['cold_s'])} | {f(x['warm_s'])} | "
+                         f"{f(x['cold_cpu_s'])} | {f(x['warm_cpu_s'])} | "
                          f"{x['stats'].get('profiles_read')} | "
                          f"{x['stats'].get('summary_indexes_used')} |")
             L.append(f"\nper-image reports identical (index vs profiles): {r['identical']}\n")
         if self.res.get("curve"):
             L.append("| hosts x epochs | index entries | summary bytes | cold s | warm s | "
-                     "cold us/host-epoch | warm us/host-epoch |")
-            L.append("|---|---|---|---|---|---|---|")
+                     "warm CPU s | cold us/host-epoch | warm us/host-epoch |")
+            L.append("|---|---|---|---|---|---|---|---|")
             for p in self.res["curve"]:
                 L.append(f"| {p['hosts']} x {p['epochs']} | {p['entries']} | "
                          f"{p['summary_bytes']} | {f(p['cold_s'])} | {f(p['warm_s'])} | "
+                         f"{f(p['warm_cpu_s'])} | "
                          f"{p['cold_us_per_host_epoch']:.0f} | {p['warm_us_per_host_epoch']:.0f} |")
         x = self.res.get("export")
         if x:

@@ -322,7 +322,7 @@ pub fn load(
     }
     let read = par_map(&dirs, |i, d| {
         let sp = d.summary_path();
-        (needed[i] && sp.exists()).then(|| HostSummary::read(&sp))
+        (needed[i] && sp.exists()).then(|| HostSummary::read_facts(&sp))
     });
     for r in read {
         let summary = match r {
