@@ -95,7 +95,7 @@ class Fleet:
                     "loadavg_at_start": os.getloadavg(),
                     "cpus": os.cpu_count(), "uname": os.uname().release}
         self.prof = os.path.join(ROOT, "target", "release", "dcpiprof")
-        self.export = os.path.join(ROOT, "target", "release", "dcpiexport")
+        self.exporter = os.path.join(ROOT, "target", "release", "dcpiexport")
         self.fleetgen = os.path.join(BENCH, "fleetgen", "target", "release", "dcpi-fleetgen")
 
     def build(self):
@@ -208,7 +208,7 @@ class Fleet:
         db, meta = self.gen("fleet", h, e, 200, 4000)
         out = os.path.join(self.cache, "export-out")
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [self.export, "--db", db, "--epoch", "all", "--host", "all",
+        cmd = [self.exporter, "--db", db, "--epoch", "all", "--host", "all",
                "--format", "parquet", "--output", out, "--no-symbols"]
         log("export: first run")
         drop_caches()
