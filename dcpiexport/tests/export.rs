@@ -375,3 +375,176 @@ fn bad_input_is_a_one_line_error_with_exit_2() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("manifest.json"));
 }
+
+const C_PROG: &str = r#"
+#include <stdio.h>
+__attribute__((noinline)) int hot_alpha(int x) { int s = 0; for (int i = 0; i < x; i++) s += i * 3; return s; }
+__attribute__((noinline)) int hot_beta(int x) { int s = 1; for (int i = 0; i < x; i++) s ^= i + 7; return s; }
+int main(int argc, char **argv) { (void)argv; printf("%d\n", hot_alpha(argc) + hot_beta(argc)); return 0; }
+"#;
+
+/// (file offset, size) of a function of an ELF file.
+fn func(data: &[u8], name: &str) -> (u64, u64) {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let f = object::File::parse(data).expect("parse elf");
+    let sym = f.symbols().find(|s| s.name().is_ok_and(|n| n == name)).expect("symbol");
+    for seg in f.segments() {
+        let (off, size) = seg.file_range();
+        if sym.address() >= seg.address() && sym.address() - seg.address() < size {
+            return (sym.address() - seg.address() + off, sym.size());
+        }
+    }
+    panic!("{name} not in a segment");
+}
+
+/// Per-symbol sums from the exported CSV tables joined on the offset ranges.
+fn joined_sums(out: &Path) -> BTreeMap<(String, String), u64> {
+    let syms = std::fs::read_to_string(out.join("symbols.csv")).expect("symbols.csv");
+    let ranges: Vec<(String, u64, u64, String)> = syms
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            let n = f.len();
+            (
+                f[0].to_owned(),
+                f[n - 3].parse().expect("start"),
+                f[n - 2].parse().expect("end"),
+                f[n - 1].to_owned(),
+            )
+        })
+        .collect();
+    for w in ranges.windows(2) {
+        assert!(w[0].0 != w[1].0 || w[0].2 <= w[1].1, "overlapping ranges: {w:?}");
+    }
+    let samples = std::fs::read_to_string(out.join("samples.csv")).expect("samples.csv");
+    let mut sums = BTreeMap::new();
+    for l in samples.lines().skip(1) {
+        let f: Vec<&str> = l.split(',').collect();
+        let n = f.len();
+        let (id, off, c): (&str, u64, u64) =
+            (f[3], f[n - 3].parse().expect("offset"), f[n - 2].parse().expect("samples"));
+        if let Some(r) = ranges.iter().find(|r| r.0 == id && off >= r.1 && off < r.2) {
+            *sums.entry((id.to_owned(), r.3.clone())).or_insert(0) += c;
+        }
+    }
+    sums
+}
+
+fn dcpiprof_symbols(db: &Path, image: &str) -> BTreeMap<String, u64> {
+    let args = dcpi_client::prof::Args::try_parse_from([
+        "dcpiprof",
+        "--db",
+        db.to_str().expect("utf-8"),
+        "--host",
+        "all",
+        "--image",
+        image,
+        "--no-symbol-cache",
+        "--format",
+        "json",
+    ])
+    .expect("args");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    dcpi_client::prof::run(&args, &mut out, &mut err).expect("dcpiprof");
+    let v: Value = serde_json::from_slice(&out).expect("json");
+    v["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            (r["symbol"].as_str().expect("symbol").to_owned(), r["samples"].as_u64().expect("n"))
+        })
+        .collect()
+}
+
+#[test]
+fn symbols_table_joins_to_dcpiprofs_per_symbol_numbers() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let src = t.path().join("prog.c");
+    std::fs::write(&src, C_PROG).expect("write");
+    let bin = t.path().join("prog");
+    let o = Command::new("cc")
+        .args(["-O1", "-Wl,--build-id=sha1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(o.status.success(), "cc: {}", String::from_utf8_lossy(&o.stderr));
+    let data = std::fs::read(&bin).expect("read");
+    let build_id = {
+        use object::Object;
+        object::File::parse(&*data).expect("elf").build_id().expect("id").expect("id").to_vec()
+    };
+    let (a, a_len) = func(&data, "hot_alpha");
+    let (b, _) = func(&data, "hot_beta");
+    assert!(a_len > 4);
+
+    let db = Database::create(&t.path().join("db")).expect("db");
+    let e =
+        db.new_epoch(SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000), "h").expect("e");
+    let hd = db.host_dir(&e, "h1").expect("hd");
+    hd.create().expect("create");
+    let clock = event("cpu-clock", 1000);
+    let id = ImageId::BuildId(build_id.clone());
+    let path = bin.to_str().expect("utf-8").as_bytes().to_vec();
+    write_profile(&hd, ImageKind::Elf, &id, &path, &clock, &[(a, 5), (a + 4, 3), (b, 11)], 1000);
+    let text = 0xffff_ffff_8100_0000u64;
+    let sym = |addr: u64, name: &str| profile_format::KernelSymbol {
+        addr,
+        kind: b'T',
+        name: name.into(),
+        module: None,
+    };
+    let snap = profile_format::KallsymsSnapshot {
+        kernel_release: "9.9.9-test".into(),
+        kernel_build_id: None,
+        text_base: text,
+        modules: vec![],
+        symbols: vec![
+            sym(text, "_stext"),
+            sym(text + 0x100, "do_syscall_64"),
+            sym(text + 0x200, "schedule"),
+        ],
+    };
+    snap.write(&hd.kallsyms_path()).expect("snapshot");
+    let kid = ImageId::special("[kernel]", b"9.9.9-test");
+    write_profile(
+        &hd,
+        ImageKind::Kernel,
+        &kid,
+        b"",
+        &clock,
+        &[(0x150, 7), (0x1ff, 1), (0x230, 4)],
+        1000,
+    );
+
+    let out = t.path().join("csv");
+    let err = ok(&export(db.root(), &out, &["--format", "csv"]));
+    assert!(!err.contains("not found"), "{err}");
+    let sums = joined_sums(&out);
+    let idt = id.to_text();
+    let get = |img: &str, s: &str| sums.get(&(img.to_owned(), s.to_owned())).copied();
+    assert_eq!(get(&idt, "hot_alpha"), Some(8), "{sums:?}");
+    assert_eq!(get(&idt, "hot_beta"), Some(11), "{sums:?}");
+    assert_eq!(get(&kid.to_text(), "do_syscall_64"), Some(8), "{sums:?}");
+    assert_eq!(get(&kid.to_text(), "schedule"), Some(4), "{sums:?}");
+    // The same numbers as dcpiprof's per-symbol reports.
+    for (img, key) in [(bin.to_str().expect("utf-8"), idt.clone()), ("kernel", kid.to_text())] {
+        let want = dcpiprof_symbols(db.root(), img);
+        let got: BTreeMap<String, u64> = sums
+            .iter()
+            .filter(|((i, _), _)| *i == key)
+            .map(|((_, s), n)| (s.clone(), *n))
+            .collect();
+        assert_eq!(got, want, "{img}");
+    }
+
+    // Parquet: the symbols file is written once; a second run adds none.
+    let pq = t.path().join("pq");
+    ok(&export(db.root(), &pq, &[]));
+    let first = parquet_files(&pq.join("symbols"));
+    assert_eq!(first.len(), 1, "{first:?}");
+    ok(&export(db.root(), &pq, &[]));
+    assert_eq!(parquet_files(&pq.join("symbols")), first);
+}

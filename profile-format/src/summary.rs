@@ -162,6 +162,47 @@ impl HostSummary {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         serde_json::from_slice(&bytes).map_err(|source| Error::Json { path: path.into(), source })
     }
+    /// [`HostSummary::read`] without the index: its entries are skipped, not built. For readers
+    /// of many summaries that need only the host facts (e.g. multiplexing times).
+    pub fn read_facts(path: &Path) -> Result<HostSummary> {
+        #[derive(Default, serde::Deserialize)]
+        #[serde(default)]
+        struct Facts {
+            format_version: u32,
+            host: String,
+            epoch: String,
+            kernel_release: String,
+            cpus: Vec<u32>,
+            events: Vec<EventSummary>,
+            samples: u64,
+            lost: u64,
+            throttled: u64,
+            unknown: u64,
+            first_written: u64,
+            last_written: u64,
+            dcpid_version: String,
+        }
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let f: Facts = serde_json::from_slice(&bytes)
+            .map_err(|source| Error::Json { path: path.into(), source })?;
+        Ok(HostSummary {
+            format_version: f.format_version,
+            host: f.host,
+            epoch: f.epoch,
+            kernel_release: f.kernel_release,
+            cpus: f.cpus,
+            events: f.events,
+            samples: f.samples,
+            lost: f.lost,
+            throttled: f.throttled,
+            unknown: f.unknown,
+            first_written: f.first_written,
+            last_written: f.last_written,
+            dcpid_version: f.dcpid_version,
+            index: None,
+        })
+    }
+
     /// Write atomically as pretty-printed JSON.
     pub fn write(&self, path: &Path) -> Result<()> {
         let mut bytes = serde_json::to_vec_pretty(self)
@@ -252,6 +293,8 @@ mod tests {
         let p = hd.summary_path();
         s.write(&p).unwrap();
         assert_eq!(HostSummary::read(&p).unwrap().index, Some(idx));
+        let facts = HostSummary::read_facts(&p).unwrap();
+        assert_eq!(facts, HostSummary { index: None, ..s.clone() });
         // A summary from before the index: no `index` key.
         std::fs::write(&p, b"{\"format_version\": 1, \"samples\": 3}").unwrap();
         assert_eq!(HostSummary::read(&p).unwrap().index, None);

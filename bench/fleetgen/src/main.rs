@@ -4,6 +4,7 @@
 //! Usage:
 //!   dcpi-fleetgen --out DIR --images FILE --hosts N --epochs N --images-per-host N
 //!                 [--samples-per-host-epoch N] [--max-offsets N] [--period NS] [--seed N]
+//!                 [--index 0|1] [--profiles 0|1]
 //!
 //! `--images` is a TSV file, one real ELF image per line:
 //!   `build_id_hex \t text_file_offset \t text_size \t path`
@@ -11,6 +12,11 @@
 //! symbolize them. Image rank r (0-based, per host a rotation of the list) gets a share of the
 //! samples proportional to 1/(r+1) (Zipf) and up to `max_offsets/(r+1)` distinct offsets
 //! (at least 8), drawn inside its text section with a Zipf-like skew.
+//!
+//! Each summary.json carries the per-(image, event) index the daemon writes (FORMAT.md §7.1)
+//! unless `--index 0` (a database from before the index). `--profiles 0` writes the summaries
+//! (with their index) but no profile file: enough for the per-image report, which then opens
+//! none, at a scale (1,000 hosts x 30 epochs) whose profiles would not fit the disk.
 //!
 //! Files are written with plain `write` (no fsync): generation speed is not what is measured.
 
@@ -21,7 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use profile_format::{
     Database, EpochId, EventDesc, EventSummary, HostSummary, ImageId, ImageKind, Profile,
-    ProfileHeader,
+    ProfileHeader, SummaryIndex,
 };
 
 struct Args {
@@ -34,6 +40,8 @@ struct Args {
     max_offsets: u64,
     period: u64,
     seed: u64,
+    index: bool,
+    profiles: bool,
 }
 
 struct Image {
@@ -72,6 +80,8 @@ fn parse_args() -> Result<Args, String> {
         max_offsets: 4000,
         period: 1_000_000,
         seed: 1,
+        index: true,
+        profiles: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -87,6 +97,8 @@ fn parse_args() -> Result<Args, String> {
             "--max-offsets" => a.max_offsets = num(&val)?,
             "--period" => a.period = num(&val)?,
             "--seed" => a.seed = num(&val)?,
+            "--index" => a.index = num(&val)? != 0,
+            "--profiles" => a.profiles = num(&val)? != 0,
             _ => return Err(format!("unknown argument {flag:?}")),
         }
     }
@@ -152,6 +164,8 @@ fn run(a: &Args) -> Result<(), String> {
             dir.create().map_err(|e| e.to_string())?;
             let rot = (h as usize * 7 + e as usize) % images.len();
             let mut host_samples = 0u64;
+            // By file name, the order of the index entries.
+            let mut headers: BTreeMap<PathBuf, ProfileHeader> = BTreeMap::new();
             for r in 0..a.images_per_host.min(images.len()) {
                 let img = &images[(rot + r) % images.len()];
                 let share = 1.0 / ((r + 1) as f64 * harmonic);
@@ -194,9 +208,12 @@ fn run(a: &Args) -> Result<(), String> {
                 host_samples += n_samples;
                 let enc = p.encode();
                 let path = dir.profile_path(&p.header.image_id, &event.name);
-                std::fs::write(&path, &enc).map_err(|e| format!("{}: {e}", path.display()))?;
-                files += 1;
-                bytes += enc.len() as u64;
+                if a.profiles {
+                    std::fs::write(&path, &enc).map_err(|e| format!("{}: {e}", path.display()))?;
+                    files += 1;
+                    bytes += enc.len() as u64;
+                }
+                headers.insert(path, p.header);
             }
             let summary = HostSummary {
                 format_version: 1,
@@ -219,6 +236,11 @@ fn run(a: &Args) -> Result<(), String> {
                 first_written: base + 3600 * u64::from(e),
                 last_written: base + 3600 * u64::from(e + 1),
                 dcpid_version: "fleetgen".into(),
+                index: a.index.then(|| {
+                    let mut idx = SummaryIndex::default();
+                    headers.values().for_each(|h| idx.push(h));
+                    idx
+                }),
             };
             let json = serde_json::to_vec_pretty(&summary).map_err(|e| e.to_string())?;
             std::fs::write(dir.summary_path(), json)

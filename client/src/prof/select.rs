@@ -179,6 +179,7 @@ pub fn select_host_dirs(
 /// A profile read from disk, with where it came from.
 #[derive(Debug)]
 pub struct LoadedProfile {
+    /// The profile file, or the summary.json whose index gave its totals.
     pub path: PathBuf,
     /// Without an image filter (the per-image report) `counts` is left empty once summed:
     /// a fleet's worth of per-offset maps would otherwise all be held at once (1.6 GB for
@@ -248,8 +249,8 @@ pub fn load_counts(
 ) -> Result<Loaded, ProfError> {
     let mut out = Loaded::default();
     let mut entries: Vec<(usize, ProfileEntry)> = Vec::new();
-    for (i, d) in dirs.iter().enumerate() {
-        for e in d.profiles()? {
+    for (i, listed) in par_map(&dirs, |_, d| d.profiles()).into_iter().enumerate() {
+        for e in listed? {
             stats::count(&stats::PROFILES_LISTED);
             entries.push((i, e));
         }
@@ -271,13 +272,11 @@ pub fn load_counts(
                 }
                 _ => f,
             };
+            let mut direct: Vec<(usize, PathBuf)> = Vec::new();
             let mut groups: BTreeMap<ImageId, Vec<(usize, PathBuf)>> = BTreeMap::new();
             for (dir, e) in entries {
                 match f.by_name(e.image_id.as_ref()) {
-                    Some(true) => {
-                        let r = read_profile(&e.path);
-                        push(&mut out, dir, e.path, r);
-                    }
+                    Some(true) => direct.push((dir, e.path)),
                     Some(false) => {}
                     None => {
                         if let Some(id) = e.image_id {
@@ -286,30 +285,50 @@ pub fn load_counts(
                     }
                 }
             }
-            for files in groups.into_values() {
-                let mut matched = None;
-                for (dir, path) in files {
-                    match matched {
-                        Some(true) => {
-                            let r = read_profile(&path);
-                            push(&mut out, dir, path, r);
+            // Files are independent: read them in parallel, keep the sequential order.
+            let read = par_map(&direct, |_, (_, path)| read_profile(path));
+            for ((dir, path), r) in direct.into_iter().zip(read) {
+                push(&mut out, dir, path, r);
+            }
+            // The first readable file of each identity decides whether it is the image.
+            let groups: Vec<Vec<(usize, PathBuf)>> = groups.into_values().collect();
+            let decided = par_map(&groups, |_, files| {
+                let mut corrupt = Vec::new();
+                for (k, (dir, path)) in files.iter().enumerate() {
+                    match read_profile(path) {
+                        Ok(profile) => {
+                            let p = LoadedProfile::new(path.clone(), profile, *dir, true);
+                            let matched = f.by_header(&p.profile.header);
+                            return (corrupt, Some((k, p, matched)));
                         }
-                        Some(false) => break,
-                        None => match read_profile(&path) {
-                            Ok(profile) => {
-                                let p = LoadedProfile::new(path, profile, dir, true);
-                                if f.by_header(&p.profile.header) {
-                                    matched = Some(true);
-                                    out.profiles.push(p);
-                                } else {
-                                    matched = Some(false);
-                                    out.other_images
-                                        .push((image_display(&p.profile.header), p.samples));
-                                }
-                            }
-                            Err(e) => out.corrupt.push(format!("{e}")),
-                        },
+                        Err(e) => corrupt.push(format!("{e}")),
                     }
+                }
+                (corrupt, None)
+            });
+            let mut rest: Vec<(usize, PathBuf)> = Vec::new();
+            for (files, (_, d)) in groups.iter().zip(&decided) {
+                if let Some((k, _, true)) = d {
+                    rest.extend(files[k + 1..].iter().cloned());
+                }
+            }
+            let mut rest_read = par_map(&rest, |_, (_, path)| read_profile(path)).into_iter();
+            let mut rest = rest.into_iter();
+            for (files, (corrupt, d)) in groups.iter().zip(decided) {
+                out.corrupt.extend(corrupt);
+                match d {
+                    Some((k, p, true)) => {
+                        out.profiles.push(p);
+                        for _ in k + 1..files.len() {
+                            if let (Some((dir, path)), Some(r)) = (rest.next(), rest_read.next()) {
+                                push(&mut out, dir, path, r);
+                            }
+                        }
+                    }
+                    Some((_, p, false)) => {
+                        out.other_images.push((image_display(&p.profile.header), p.samples))
+                    }
+                    None => {}
                 }
             }
         }
@@ -318,18 +337,18 @@ pub fn load_counts(
     for p in &out.profiles {
         needed[p.dir] = true;
     }
-    for (d, needed) in dirs.iter().zip(needed) {
+    let read = par_map(&dirs, |i, d| {
         let sp = d.summary_path();
-        let summary = if needed && sp.exists() {
-            match HostSummary::read(&sp) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    warn(format!("{e} (multiplexing scale unknown for this host/epoch)"));
-                    None
-                }
+        (needed[i] && sp.exists()).then(|| HostSummary::read_facts(&sp))
+    });
+    for r in read {
+        let summary = match r {
+            Some(Ok(s)) => Some(s),
+            Some(Err(e)) => {
+                warn(format!("{e} (multiplexing scale unknown for this host/epoch)"));
+                None
             }
-        } else {
-            None
+            None => None,
         };
         out.summaries.push(summary);
     }
@@ -352,13 +371,35 @@ struct DirTotals {
 /// and sums, so the report is identical. Directories are independent and read by a few
 /// threads: on NFS the latency of one file hides behind the others.
 fn load_totals(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loaded, ProfError> {
+    let results = par_map(&dirs, |i, d| dir_totals(d, i));
+    let mut out = Loaded::default();
+    out.profiles.reserve(results.iter().map(|r| r.as_ref().map_or(0, |t| t.profiles.len())).sum());
+    for r in results {
+        let t = r?;
+        out.profiles.extend(t.profiles);
+        out.corrupt.extend(t.corrupt);
+        out.summaries.push(t.summary);
+        if let Some(w) = t.warning {
+            warn(w);
+        }
+    }
+    out.dirs = dirs;
+    Ok(out)
+}
+
+/// `f` over `items` on a few threads, results in the order of `items`. The work is file reads:
+/// more threads than CPUs keep several requests in flight (NFS latency, disk queue).
+fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(usize, &T) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get() * 2)
         .clamp(2, 16)
-        .min(dirs.len().max(1));
+        .min(items.len());
+    if threads <= 1 {
+        return items.iter().enumerate().map(|(i, t)| f(i, t)).collect();
+    }
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut results: Vec<Option<Result<DirTotals, ProfError>>> = Vec::new();
-    results.resize_with(dirs.len(), || None);
+    let mut results: Vec<Option<R>> = Vec::new();
+    results.resize_with(items.len(), || None);
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
@@ -366,8 +407,8 @@ fn load_totals(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loade
                     let mut done = Vec::new();
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(d) = dirs.get(i) else { break };
-                        done.push((i, dir_totals(d, i)));
+                        let Some(t) = items.get(i) else { break };
+                        done.push((i, f(i, t)));
                     }
                     done
                 })
@@ -380,18 +421,7 @@ fn load_totals(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loade
             }
         }
     });
-    let mut out = Loaded::default();
-    for r in results.into_iter().flatten() {
-        let t = r?;
-        out.profiles.extend(t.profiles);
-        out.corrupt.extend(t.corrupt);
-        out.summaries.push(t.summary);
-        if let Some(w) = t.warning {
-            warn(w);
-        }
-    }
-    out.dirs = dirs;
-    Ok(out)
+    results.into_iter().flatten().collect()
 }
 
 fn dir_totals(d: &HostDir, dir: usize) -> Result<DirTotals, ProfError> {
@@ -409,11 +439,11 @@ fn dir_totals(d: &HostDir, dir: usize) -> Result<DirTotals, ProfError> {
         match headers {
             Ok(headers) => {
                 stats::count(&stats::SUMMARY_INDEXES_USED);
+                t.profiles.reserve(headers.len());
                 for h in headers {
-                    let path = match h.kind {
-                        profile_format::ImageKind::Unknown => d.unknown_path(&h.event.name),
-                        _ => d.profile_path(&h.image_id, &h.event.name),
-                    };
+                    // Where the numbers came from (naming each profile would cost more than
+                    // reading the index).
+                    let path = sp.clone();
                     let samples = h.total_samples;
                     let profile = Profile { header: h, counts: Default::default() };
                     t.profiles.push(LoadedProfile { path, profile, samples, dir });

@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""Fleet-scale benchmarks: dcpiprof reports and dcpiexport over generated fleet databases.
+
+Measures, on databases written by bench/fleetgen through the profile-format crate:
+
+  reports  100 hosts x 24 epochs x 200 images (480,000 profiles): the per-image report read
+           from the summary index, and from the profiles (the same database with the index
+           removed from every summary.json, profiles hard-linked), and the per-symbol report of
+           one image; each with a cold page cache (sync; echo 3 > /proc/sys/vm/drop_caches,
+           needs root) and warm (median of --reps runs). Checks both per-image reports are
+           byte-identical.
+  curve    the per-image report (index path) over growing fleets up to 1,000 hosts x 30 epochs:
+           summaries only (fleetgen --profiles 0: the report opens no profile), cold and warm,
+           with the bytes it reads, to show that time follows what is read.
+  export   dcpiexport --format parquet over the 100 x 24 fleet: rows/s, bytes/row, and the
+           incremental second run.
+
+Usage: python3 bench/fleet.py [--quick] [--curve 100x24,250x24,500x30,1000x30] [--skip-export]
+Writes bench/results/fleet-<timestamp>.json and .md. Only the standard library is used.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+import bench  # noqa: E402  (helpers: run, log, med, tree_bytes, tree_rev, write_image_list)
+
+ROOT = bench.ROOT
+log, run, med = bench.log, bench.run, bench.med
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=False)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def timed(cmd, cold, reps):
+    """(cold seconds or None, warm median seconds, stdout, stderr of the last run, CPU seconds
+    (user + sys) of the cold run and the warm median)."""
+    cpu = []
+    def once():
+        t = time.monotonic()
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        r = run(cmd, timeout=3600)
+        dt = time.monotonic() - t
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr[-800:]}")
+        return dt, r
+    c = None
+    if cold:
+        drop_caches()
+        c, _ = once()
+    ws = []
+    r = None
+    for _ in range(reps):
+        dt, r = once()
+        ws.append(dt)
+    cold_cpu = cpu[0] if cold else None
+    return c, med(ws), r.stdout, r.stderr, (cold_cpu, med(cpu[1:] if cold else cpu))
+
+
+def stat_line(err):
+    for line in err.splitlines():
+        if "stats:" in line:
+            return dict(kv.split("=", 1) for kv in line.split("stats:", 1)[1].split())
+    return {}
+
+
+def summary_bytes(db):
+    total = n = 0
+    for d, _, fs in os.walk(db):
+        if "summary.json" in fs:
+            total += os.path.getsize(os.path.join(d, "summary.json"))
+            n += 1
+    return total, n
+
+
+class Fleet:
+    def __init__(self, a):
+        self.a = a
+        self.cache = "/var/tmp/dcpi-bench"
+        os.makedirs(self.cache, exist_ok=True)
+        self.res = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                    "loadavg_at_start": os.getloadavg(),
+                    "cpus": os.cpu_count(), "uname": os.uname().release}
+        self.prof = os.path.join(ROOT, "target", "release", "dcpiprof")
+        self.exporter = os.path.join(ROOT, "target", "release", "dcpiexport")
+        self.fleetgen = os.path.join(BENCH, "fleetgen", "target", "release", "dcpi-fleetgen")
+
+    def build(self):
+        log("building release binaries (no-op when up to date)")
+        for cmd in (["cargo", "build", "--release", "-p", "dcpi-client", "--bin", "dcpiprof"],
+                    ["cargo", "build", "--release", "-p", "dcpi-export"],
+                    ["cargo", "build", "--release", "--manifest-path",
+                     os.path.join(BENCH, "fleetgen", "Cargo.toml")]):
+            r = run(cmd, cwd=ROOT)
+            if r.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)}: {r.stderr[-2000:]}")
+
+    def images(self):
+        p = os.path.join(self.cache, "images.tsv")
+        if not os.path.exists(p):
+            bench.write_image_list(p, 200)
+        return p
+
+    def gen(self, name, hosts, epochs, images, max_offsets, profiles=True):
+        stamp = (f"{name}-{hosts}x{epochs}x{images}-{max_offsets}-{int(profiles)}-"
+                 f"{bench.tree_rev('profile-format')}-{bench.tree_rev('bench/fleetgen')}")
+        out = os.path.join(self.cache, stamp)
+        info = out + ".json"
+        if os.path.exists(info):
+            with open(info) as f:
+                return out, json.load(f)
+        for old in os.listdir(self.cache):  # previous versions of this db: large, drop them
+            if old.startswith(f"{name}-{hosts}x{epochs}x"):
+                p = os.path.join(self.cache, old)
+                shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
+        log(f"generating {name}: {hosts} hosts x {epochs} epochs x {images} images")
+        t = time.monotonic()
+        r = run([self.fleetgen, "--out", out, "--images", self.images(), "--hosts", str(hosts),
+                 "--epochs", str(epochs), "--images-per-host", str(images),
+                 "--samples-per-host-epoch", str(7_200_000), "--max-offsets", str(max_offsets),
+                 "--profiles", "1" if profiles else "0"], timeout=7200)
+        if r.returncode != 0:
+            raise RuntimeError(f"fleetgen: {r.stderr.strip()}")
+        meta = json.loads(r.stdout)
+        meta["gen_s"] = time.monotonic() - t
+        meta["disk"] = dict(zip(("bytes", "alloc", "files"), bench.tree_bytes(out)))
+        meta["summary_bytes"], meta["summaries"] = summary_bytes(out)
+        with open(info, "w") as f:
+            json.dump(meta, f)
+        return out, meta
+
+    def without_index(self, db):
+        """The same database as written before the index: profiles hard-linked, every
+        summary.json rewritten (new inode) without its `index`."""
+        out = db + "-noindex"
+        if os.path.exists(out + ".done"):
+            return out
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run(["cp", "-al", db, out], check=True)
+        for d, _, fs in os.walk(out):
+            if "summary.json" in fs:
+                p = os.path.join(d, "summary.json")
+                with open(p) as f:
+                    s = json.load(f)
+                s.pop("index", None)
+                with open(p + ".new", "w") as f:
+                    json.dump(s, f, indent=2)
+                os.replace(p + ".new", p)
+        open(out + ".done", "w").close()
+        return out
+
+    def reports(self):
+        reps = self.a.reps
+        h, e = (20, 6) if self.a.quick else (100, 24)
+        db, meta = self.gen("fleet", h, e, 200, 4000)
+        old = self.without_index(db)
+        with open(self.images()) as f:
+            image = f.readline().rstrip("\n").split("\t")[3]
+        base = ["--host", "all", "--epoch", "all", "--format", "json", "--verbose"]
+        out = {"hosts": h, "epochs": e, "images_per_host": 200, "db": meta, "symbol_image": image}
+        outs = {}
+        for k, d, extra in (("images_index", db, []), ("images_profiles", old, []),
+                            ("symbols", db, ["--image", image])):
+            log(f"reports: {k}")
+            c, w, so, se, cpu = timed([self.prof, "--db", d] + base + extra, True,
+                                      1 if k == "images_profiles" else reps)
+            out[k] = {"cold_s": c, "warm_s": w, "cold_cpu_s": cpu[0], "warm_cpu_s": cpu[1],
+                      "stats": stat_line(se), "stdout_bytes": len(so)}
+            outs[k] = so
+        a, b = json.loads(outs["images_index"]), json.loads(outs["images_profiles"])
+        a.pop("database"), b.pop("database")
+        out["identical"] = a == b
+        self.res["reports"] = out
+
+    def curve(self):
+        pts = []
+        for spec in self.a.curve.split(","):
+            h, e = (int(x) for x in spec.split("x"))
+            db, meta = self.gen("curve", h, e, 200, 8, profiles=False)
+            log(f"curve: {h} x {e}")
+            c, w, _, se, cpu = timed([self.prof, "--db", db, "--host", "all", "--epoch", "all",
+                                      "--format", "json", "--verbose"], True, self.a.reps)
+            pts.append({"hosts": h, "epochs": e, "host_epochs": h * e,
+                        "entries": h * e * 200, "summary_bytes": meta["summary_bytes"],
+                        "cold_s": c, "warm_s": w, "cold_cpu_s": cpu[0], "warm_cpu_s": cpu[1],
+                        "stats": stat_line(se),
+                        "cold_us_per_host_epoch": c / (h * e) * 1e6,
+                        "warm_us_per_host_epoch": w / (h * e) * 1e6})
+            shutil.rmtree(db, ignore_errors=True)
+            os.unlink(db + ".json")
+        self.res["curve"] = pts
+
+    def export(self):
+        h, e = (20, 6) if self.a.quick else (100, 24)
+        db, meta = self.gen("fleet", h, e, 200, 4000)
+        out = os.path.join(self.cache, "export-out")
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [self.exporter, "--db", db, "--epoch", "all", "--host", "all",
+               "--format", "parquet", "--output", out, "--no-symbols"]
+        log("export: first run")
+        drop_caches()
+        t = time.monotonic()
+        r = run(cmd, timeout=7200)
+        first = time.monotonic() - t
+        if r.returncode != 0:
+            raise RuntimeError(f"dcpiexport: {r.stderr[-800:]}")
+        with open(os.path.join(out, "manifest.json")) as f:
+            man = json.load(f)
+        rows = sum(p.get("rows", 0) for p in man.get("partitions", {}).values())
+        size = sum(bench.tree_bytes(os.path.join(out, "samples"))[:1])
+        log("export: second run (nothing changed)")
+        t = time.monotonic()
+        r = run(cmd, timeout=7200)
+        second = time.monotonic() - t
+        self.res["export"] = {"rows": rows, "first_s": first, "rows_per_s": rows / first,
+                              "parquet_bytes": size, "bytes_per_row": size / max(rows, 1),
+                              "profile_bytes": meta["profile_bytes"],
+                              "second_run_s": second, "second_stderr": r.stderr[-400:]}
+        shutil.rmtree(out, ignore_errors=True)
+
+    def main(self):
+        if not self.a.no_build:
+            self.build()
+        for step in self.a.only.split(","):
+            if step == "export" and self.a.skip_export:
+                continue
+            if step == "curve" and not self.a.curve:
+                continue
+            try:
+                getattr(self, step)()
+            except Exception as e:  # noqa: BLE001
+                log(f"{step}: {e}")
+                self.res.setdefault("errors", []).append(f"{step}: {e}")
+        ts = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
+        p = os.path.join(BENCH, "results", f"fleet-{ts}.json")
+        with open(p, "w") as f:
+            json.dump(self.res, f, indent=1)
+        md = self.markdown()
+        with open(p[:-5] + ".md", "w") as f:
+            f.write(md)
+        print(md)
+        log(f"wrote {p}")
+        return 1 if self.res.get("errors") else 0
+
+    def markdown(self):
+        L = []
+        r = self.res.get("reports")
+        f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        if r:
+            L.append(f"Fleet {r['hosts']} hosts x {r['epochs']} epochs x 200 images "
+                     f"({r['db']['profiles']} profiles, {r['db']['profile_bytes']} bytes; "
+                     f"summaries {r['db']['summary_bytes']} bytes)\n")
+            L.append("| report | cold s | warm s | cold CPU s | warm CPU s | profiles read | "
+                     "summary indexes used |")
+            L.append("|---|---|---|---|---|---|---|")
+            for k in ("images_index", "images_profiles", "symbols"):
+                x = r[k]
+                L.append(f"| {k} | {f(x['cold_s'])} | {f(x['warm_s'])} | "
+                         f"{f(x['cold_cpu_s'])} | {f(x['warm_cpu_s'])} | "
+                         f"{x['stats'].get('profiles_read')} | "
+                         f"{x['stats'].get('summary_indexes_used')} |")
+            L.append(f"\nper-image reports identical (index vs profiles): {r['identical']}\n")
+        if self.res.get("curve"):
+            L.append("| hosts x epochs | index entries | summary bytes | cold s | warm s | "
+                     "warm CPU s | cold us/host-epoch | warm us/host-epoch |")
+            L.append("|---|---|---|---|---|---|---|---|")
+            for p in self.res["curve"]:
+                L.append(f"| {p['hosts']} x {p['epochs']} | {p['entries']} | "
+                         f"{p['summary_bytes']} | {f(p['cold_s'])} | {f(p['warm_s'])} | "
+                         f"{f(p['warm_cpu_s'])} | "
+                         f"{p['cold_us_per_host_epoch']:.0f} | {p['warm_us_per_host_epoch']:.0f} |")
+        x = self.res.get("export")
+        if x:
+            L.append(f"\nexport: {x['rows']} rows in {x['first_s']:.2f} s = "
+                     f"{x['rows_per_s']:.0f} rows/s; {x['parquet_bytes']} bytes of Parquet = "
+                     f"{x['bytes_per_row']:.2f} bytes/row (profiles: {x['profile_bytes']} bytes); "
+                     f"second run (no change) {x['second_run_s']:.2f} s")
+        for e in self.res.get("errors", []):
+            L.append(f"\nERROR {e}")
+        return "\n".join(L) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="20 x 6 fleet, for a smoke test")
+    ap.add_argument("--reps", type=int, default=3, help="warm runs per measurement")
+    ap.add_argument("--only", default="reports,curve,export", help="steps to run")
+    ap.add_argument("--curve", default="100x24,250x24,500x30,1000x30",
+                    help="HOSTSxEPOCHS points of the per-image curve ('' to skip)")
+    ap.add_argument("--skip-export", action="store_true")
+    ap.add_argument("--no-build", action="store_true", help="use the release binaries as built")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("fleet.py: dropping the page cache needs root", file=sys.stderr)
+        return 2
+    return Fleet(a).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
