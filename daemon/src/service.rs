@@ -455,7 +455,7 @@ impl Shared {
         let recent = self.recent_window();
         let last_reload = lock(&self.last_reload).clone();
         let c = lock(&self.counters);
-        StatusReport::build(StatusInputs {
+        crate::status::build(StatusInputs {
             host: &settings.host,
             db: &settings.db.display().to_string(),
             uptime_s: self.started.elapsed().as_secs_f64(),
@@ -478,12 +478,9 @@ impl Handler for ControlHandler {
     fn handle(&self, req: Request) -> Response {
         let sh = &self.0;
         match req {
-            Request::Status => match serde_json::to_value(sh.status()) {
-                Ok(v) => Response::ok(v),
-                Err(e) => Response::err(e.to_string()),
-            },
+            Request::Status => Response::ok_with(&sh.status()),
             Request::Flush => match sh.flush_everything() {
-                Ok(()) => Response::ok(serde_json::json!({ "flushed": true })),
+                Ok(()) => Response::ok_with(&dcpi_proto::FlushResult { flushed: true }),
                 Err(e) => Response::err(format!("flush incomplete: {e}")),
             },
             Request::Reload => {
@@ -499,7 +496,7 @@ impl Handler for ControlHandler {
             }
             Request::EpochShow => {
                 let e = lock(&sh.store_status).epoch.clone();
-                Response::ok(serde_json::json!({ "epoch": e }))
+                Response::ok_with(&dcpi_proto::EpochResult { epoch: e })
             }
             Request::EpochNew => {
                 let resolved = sh.aggregator.flush_all();
@@ -508,7 +505,9 @@ impl Handler for ControlHandler {
                 let r = store.new_epoch();
                 *lock(&sh.store_status) = store.status();
                 match r {
-                    Ok(e) => Response::ok(serde_json::json!({ "epoch": e.to_string() })),
+                    Ok(e) => {
+                        Response::ok_with(&dcpi_proto::EpochResult { epoch: Some(e.to_string()) })
+                    }
                     Err(e) => Response::err(format!("cannot start a new epoch: {e}")),
                 }
             }
