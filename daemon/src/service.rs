@@ -266,22 +266,12 @@ impl Shared {
 
     fn apply_reload(&self, new: Settings) -> Result<(Vec<String>, Vec<String>), String> {
         let old = self.settings();
-        let mut restart = Vec::new();
-        for (key, changed) in [
-            ("db", old.db != new.db),
-            ("spool", old.spool != new.spool),
-            ("host", old.host != new.host),
-            ("events", old.events != new.events),
-            ("window_divisor", old.window_divisor != new.window_divisor),
-            ("ring_pages", old.ring_pages != new.ring_pages),
-            ("socket", old.socket != new.socket),
-        ] {
-            if changed {
-                restart.push(key.to_string());
-            }
-        }
+        let changed = old.changed(&new);
+        let (live, restart): (Vec<&str>, Vec<&str>) =
+            changed.iter().partition(|k| crate::config::RELOADABLE.contains(k));
+        let mut restart: Vec<String> = restart.into_iter().map(str::to_owned).collect();
         // What can fail comes first, so that a rejected reload changes nothing.
-        let group = if old.socket_group != new.socket_group {
+        let group = if live.contains(&"socket_group") {
             let gid = match &new.socket_group {
                 Some(name) => match crate::sys::sock::group_id(name) {
                     Some(g) => Some(g),
@@ -297,48 +287,33 @@ impl Shared {
             None
         };
         let mut applied = Vec::new();
-        if old.log_level != new.log_level {
-            match &self.hooks.set_log_level {
-                Some(f) => {
-                    f(&new.log_level).map_err(|e| format!("log_level: {e}"))?;
-                    applied.push(format!("log_level: {} -> {}", old.log_level, new.log_level));
+        let mut taken = Vec::new();
+        for &key in &live {
+            match key {
+                "log_level" => match &self.hooks.set_log_level {
+                    Some(f) => f(&new.log_level).map_err(|e| format!("log_level: {e}"))?,
+                    None => {
+                        restart.push(key.into());
+                        continue;
+                    }
+                },
+                "socket_group" => {
+                    if let Some(gid) = group {
+                        self.access.set_group(&old.socket, gid).map_err(|e| e.to_string())?;
+                    }
                 }
-                None => restart.push("log_level".into()),
+                // The others are read from the settings where they are used.
+                _ => {}
             }
+            applied.push(format!("{key}: {} -> {}", old.show(key), new.show(key)));
+            taken.push(key);
         }
-        if let Some(gid) = group {
-            self.access.set_group(&old.socket, gid).map_err(|e| e.to_string())?;
-            applied.push(format!(
-                "socket_group: {} -> {}",
-                old.socket_group.as_deref().unwrap_or("(none)"),
-                new.socket_group.as_deref().unwrap_or("(none)")
-            ));
-        }
-        let dur = |k: &str, a: Duration, b: Duration, out: &mut Vec<String>| {
-            if a != b {
-                out.push(format!("{k}: {a:?} -> {b:?}"));
-            }
-        };
-        dur("flush_interval", old.flush_interval, new.flush_interval, &mut applied);
-        dur("publish_interval", old.publish_interval, new.publish_interval, &mut applied);
-        let num = |k: &str, a: u64, b: u64, out: &mut Vec<String>| {
-            if a != b {
-                out.push(format!("{k}: {a} -> {b}"));
-            }
-        };
-        num("max_memory_mb", old.max_memory_mb, new.max_memory_mb, &mut applied);
-        num("retention_days", old.retention_days.into(), new.retention_days.into(), &mut applied);
-        num("retention_keep", old.retention_keep as u64, new.retention_keep as u64, &mut applied);
         {
             let mut s = self.settings.write().unwrap_or_else(|p| p.into_inner());
-            s.flush_interval = new.flush_interval;
-            s.publish_interval = new.publish_interval;
-            s.max_memory_mb = new.max_memory_mb;
-            s.retention_days = new.retention_days;
-            s.retention_keep = new.retention_keep;
-            s.socket_group = new.socket_group.clone();
+            for key in taken {
+                s.take(key, &new);
+            }
             s.socket_group_explicit = new.socket_group_explicit;
-            s.log_level = new.log_level.clone();
             s.config_file = new.config_file.clone();
         }
         // A publish in progress holds the store; the next tick applies the change then.
