@@ -273,6 +273,11 @@ settings! {
     /// `dcpid::store=debug` [default: info; -v is debug]. `DCPI_LOG` in the environment wins.
     #[arg(long, value_name = "LEVEL")]
     log_level: String = "info".into();
+    /// How often the one-line status for systemd (`STATUS=`, shown by `systemctl status`) is
+    /// refreshed [default: 2s].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    status_interval: Duration = Duration::from_secs(2);
 }
 
 /// Keys a reload may change while dcpid runs (their consumers read the settings each time, or
@@ -286,6 +291,7 @@ pub const RELOADABLE: &[&str] = &[
     "retention_keep",
     "socket_group",
     "log_level",
+    "status_interval",
 ];
 
 /// Where a setting's value came from.

@@ -678,7 +678,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
     // Ping twice per recommended interval (a quarter of WATCHDOG_USEC): a loaded machine may
     // delay one wake-up without systemd seeing a gap.
     let watchdog_every = notifier.watchdog_interval().map(|w| w / 2);
-    let mut next_status = Instant::now() + settings.flush_interval;
+    let mut next_status = Instant::now() + settings.status_interval;
     let reason = loop {
         let now = Instant::now();
         let mut wake_at = next_status;
@@ -706,7 +706,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
             break "--duration elapsed";
         }
         if now >= next_status {
-            next_status = now + read(&shared.settings).flush_interval;
+            next_status = now + read(&shared.settings).status_interval;
             notifier.status(&shared.status().one_line());
         }
         if watchdog_every.is_some() {
