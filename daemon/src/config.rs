@@ -22,6 +22,7 @@
 //! socket = "/run/dcpi/dcpid.sock"
 //! socket_group = "dcpi"
 //! log_level = "info"
+//! status_interval = "2s"
 //! ```
 //!
 //! Errors name the file, the line (and column, for syntax and type errors; from the spans
