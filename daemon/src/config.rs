@@ -353,11 +353,17 @@ fn parse_error(
     let at = e.span().map_or(0, |s| s.start);
     let (line, column) = line_col(text, at);
     let mut message = e.message().trim().to_string();
-    let key = doc.and_then(|d| {
-        d.iter()
-            .find(|(k, v)| k.span().contains(&at) || v.span().contains(&at))
-            .map(|(k, _)| k.get_ref().as_str())
+    // A syntax error such as a duplicate key spans the key itself: name it.
+    let spanned = e.span().and_then(|s| text.get(s)).map(str::trim).filter(|t| {
+        !t.is_empty() && t.len() <= 64 && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
     });
+    let key = doc
+        .and_then(|d| {
+            d.iter()
+                .find(|(k, v)| k.span().contains(&at) || v.span().contains(&at))
+                .map(|(k, _)| k.get_ref().as_str())
+        })
+        .or(spanned);
     if let Some(k) = key.filter(|k| !message.contains(*k)) {
         message = format!("`{k}`: {message}");
     }
@@ -590,6 +596,15 @@ mod tests {
         assert!(err.contains("flush_intreval"), "{err}");
         let err = FileConfig::parse("db = \"/x\"\nring_pages = \"many\"\n", p).unwrap_err();
         assert!(err.to_string().starts_with("/etc/dcpi/l.toml:2:14: "), "{err}");
+        let err = FileConfig::parse("db = \"/x\"\nring_pages = 1\nring_pages = 2\n", p)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/etc/dcpi/l.toml:3:1: ") && err.contains("`ring_pages`"), "{err}");
+        // With two errors, the first in the file is reported.
+        let err = FileConfig::parse("max_memory_mb = \"lots\"\nflush_intrval = \"1s\"\n", p)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/etc/dcpi/l.toml:1:") && err.contains("max_memory_mb"), "{err}");
         let err = FileConfig::parse("db = [\n", p).unwrap_err().to_string();
         assert!(err.starts_with("/etc/dcpi/l.toml:"), "{err}");
         let err = FileConfig::parse("db = \"/x\"\nflush_interval = \"soon\"\n", p)
