@@ -293,6 +293,11 @@ mod tests {
         let e = parse_result::<StatusReport>(p, Request::Status, v).expect_err("must fail");
         assert_eq!(e.exit_code(), 4);
         assert!(e.to_string().contains("spool_rows"), "{e}");
+        // An optional field is `null` when unset, never absent.
+        let mut v = sample_status();
+        v["store"].as_object_mut().expect("store").remove("db_error");
+        let e = parse_result::<StatusReport>(p, Request::Status, v).expect_err("must fail");
+        assert!(e.to_string().contains("db_error"), "{e}");
         let e = parse_result::<StatusReport>(p, Request::Status, serde_json::json!({}))
             .expect_err("must fail");
         assert!(e.to_string().contains("missing field"), "{e}");

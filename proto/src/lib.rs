@@ -5,7 +5,10 @@
 //! `{"cmd":"epoch-show"}`, `{"cmd":"reload"}`. Responses: `{"ok":true,"result":...}` or
 //! `{"ok":false,"error":"..."}`; the result of each request is typed here ([`StatusReport`],
 //! [`FlushResult`], [`EpochResult`], [`ReloadReport`]). Both sides use these types, so a
-//! renamed or removed field is a compile error rather than a silent 0 in `dcpictl`.
+//! renamed or removed field is a compile error rather than a silent 0 in `dcpictl`. On the wire,
+//! every field is required when read, optional ones included (`null`, never absent): an
+//! `Option` field carries `deserialize_with = "Option::deserialize"`, which turns off serde's
+//! missing-means-`None`.
 
 use serde::{Deserialize, Serialize};
 
@@ -67,5 +70,6 @@ pub struct FlushResult {
 /// not available).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct EpochResult {
+    #[serde(deserialize_with = "Option::deserialize")]
     pub epoch: Option<String>,
 }

@@ -50,6 +50,7 @@ pub struct CpuReport {
     pub samples: u64,
     pub lost: u64,
     pub throttled: u64,
+    #[serde(deserialize_with = "Option::deserialize")]
     pub error: Option<String>,
 }
 
@@ -95,6 +96,7 @@ pub struct OverheadReport {
 
 #[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
 pub struct ConfigReport {
+    #[serde(deserialize_with = "Option::deserialize")]
     pub file: Option<String>,
     pub events: String,
     pub window_divisor: u64,
@@ -105,6 +107,7 @@ pub struct ConfigReport {
     pub retention_days: u32,
     pub retention_keep: usize,
     pub socket: String,
+    #[serde(deserialize_with = "Option::deserialize")]
     pub socket_group: Option<String>,
     pub log_level: String,
 }
@@ -116,6 +119,7 @@ pub struct ReloadReport {
     pub trigger: String,
     pub ok: bool,
     /// Why the new configuration was rejected (file, line, reason); the old one stays.
+    #[serde(deserialize_with = "Option::deserialize")]
     pub error: Option<String>,
     /// `key: old -> new` for each setting changed live.
     pub applied: Vec<String>,
@@ -136,8 +140,11 @@ pub struct OpStat {
 /// The store's part of `dcpictl status`.
 #[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
 pub struct StoreStatus {
+    #[serde(deserialize_with = "Option::deserialize")]
     pub epoch: Option<String>,
+    #[serde(deserialize_with = "Option::deserialize")]
     pub last_flush: Option<OpStat>,
+    #[serde(deserialize_with = "Option::deserialize")]
     pub last_publish: Option<OpStat>,
     /// Increments in the spool not yet published, and their size.
     pub spool_rows: u64,
@@ -154,8 +161,10 @@ pub struct StoreStatus {
     pub published_files: u64,
     pub corrupt_files_set_aside: u64,
     /// Current failure writing the shared database, if any.
+    #[serde(deserialize_with = "Option::deserialize")]
     pub db_error: Option<String>,
     /// Current failure writing the spool, if any.
+    #[serde(deserialize_with = "Option::deserialize")]
     pub spool_error: Option<String>,
 }
 
@@ -173,6 +182,7 @@ pub struct StatusReport {
     pub throttled: u64,
     pub unknown: UnknownReport,
     pub aggregation: AggregationReport,
+    #[serde(deserialize_with = "Option::deserialize")]
     pub epoch: Option<String>,
     pub store: StoreStatus,
     pub condition: String,
@@ -180,6 +190,7 @@ pub struct StatusReport {
     pub rate: RateReport,
     pub overhead: OverheadReport,
     pub config: ConfigReport,
+    #[serde(deserialize_with = "Option::deserialize")]
     pub last_reload: Option<ReloadReport>,
 }
 
