@@ -1,11 +1,13 @@
 //! Talking to a running dcpid over its control socket (protocol: one JSON request line, one
-//! JSON response line; see the daemon's `control` module).
+//! JSON response line; the types are in [`dcpi_proto`], shared with the daemon).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use dcpi_proto::{OpStat, ReloadReport, Request, Response, StatusReport};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// Default control socket of dcpid.
@@ -46,44 +48,52 @@ impl CtlError {
     }
 }
 
-/// Send `{"cmd": cmd}` and return the `result` of a successful response.
-pub fn request(socket: &Path, cmd: &str, timeout: Duration) -> Result<Value, CtlError> {
+/// Send `req` and return the raw `result` of a successful response.
+pub fn request_value(socket: &Path, req: Request, timeout: Duration) -> Result<Value, CtlError> {
     let io = |what: &'static str| {
         move |source| CtlError::Io { socket: socket.to_path_buf(), what, source }
     };
+    let protocol = |detail: String| CtlError::Protocol { socket: socket.to_path_buf(), detail };
     let mut s = UnixStream::connect(socket)
         .map_err(|source| CtlError::NotRunning { socket: socket.to_path_buf(), source })?;
     s.set_read_timeout(Some(timeout)).map_err(io("set timeout"))?;
     s.set_write_timeout(Some(Duration::from_secs(5))).map_err(io("set timeout"))?;
-    let mut line = serde_json::json!({ "cmd": cmd }).to_string();
+    let mut line = serde_json::to_string(&req).map_err(|e| protocol(e.to_string()))?;
     line.push('\n');
     s.write_all(line.as_bytes()).map_err(io("send request"))?;
     let mut buf = Vec::new();
     let mut rd = BufReader::new(s).take(MAX_RESPONSE as u64);
     rd.read_until(b'\n', &mut buf).map_err(io("read response"))?;
-    let v: Value = serde_json::from_slice(&buf)
-        .map_err(|e| CtlError::Protocol { socket: socket.to_path_buf(), detail: e.to_string() })?;
-    match v.get("ok").and_then(Value::as_bool) {
-        Some(true) => Ok(v.get("result").cloned().unwrap_or(Value::Null)),
-        Some(false) => Err(CtlError::Daemon(
-            v.get("error").and_then(Value::as_str).unwrap_or("unspecified error").to_string(),
-        )),
-        None => {
-            Err(CtlError::Protocol { socket: socket.to_path_buf(), detail: "no `ok` field".into() })
+    let r: Response = serde_json::from_slice(&buf).map_err(|e| protocol(e.to_string()))?;
+    match r {
+        Response { ok: true, result, .. } => Ok(result.unwrap_or(Value::Null)),
+        Response { ok: false, error, .. } => {
+            Err(CtlError::Daemon(error.unwrap_or_else(|| "unspecified error".to_owned())))
         }
     }
 }
 
-fn u(v: &Value, k: &str) -> u64 {
-    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+/// The typed result of `req` (see [`dcpi_proto`]); a field missing from the daemon's answer is
+/// a protocol error naming it, never a default.
+pub fn parse_result<T: DeserializeOwned>(
+    socket: &Path,
+    req: Request,
+    v: Value,
+) -> Result<T, CtlError> {
+    serde_json::from_value(v).map_err(|e| CtlError::Protocol {
+        socket: socket.to_path_buf(),
+        detail: format!("{} result: {e}", serde_json::to_string(&req).unwrap_or_default()),
+    })
 }
 
-fn f(v: &Value, k: &str) -> f64 {
-    v.get(k).and_then(Value::as_f64).unwrap_or(0.0)
-}
-
-fn s<'a>(v: &'a Value, k: &str) -> &'a str {
-    v.get(k).and_then(Value::as_str).unwrap_or("-")
+/// Send `req` and return its typed result.
+pub fn request<T: DeserializeOwned>(
+    socket: &Path,
+    req: Request,
+    timeout: Duration,
+) -> Result<T, CtlError> {
+    let v = request_value(socket, req, timeout)?;
+    parse_result(socket, req, v)
 }
 
 fn ago(unix_ms: u64) -> String {
@@ -95,147 +105,113 @@ fn ago(unix_ms: u64) -> String {
 }
 
 /// The human form of `status`.
-pub fn render_status(v: &Value) -> String {
+pub fn render_status(v: &StatusReport) -> String {
     let mut o = String::new();
-    let store = v.get("store").cloned().unwrap_or(Value::Null);
+    let store = &v.store;
     o += &format!(
         "dcpid {} (pid {}) on {}, up {:.0}s, database {}\n",
-        s(v, "version"),
-        u(v, "pid"),
-        s(v, "host"),
-        f(v, "uptime_s"),
-        s(v, "db")
+        v.version, v.pid, v.host, v.uptime_s, v.db
     );
-    o += &format!("condition:  {}\n", s(v, "condition"));
-    o += &format!("epoch:      {}\n", s(v, "epoch"));
+    o += &format!("condition:  {}\n", v.condition);
+    o += &format!("epoch:      {}\n", v.epoch.as_deref().unwrap_or("-"));
     o += "\nEVENT                SOURCE     PERIOD WINDOW                 SAMPLES\n";
-    for e in v.get("events").and_then(Value::as_array).into_iter().flatten() {
-        let window = format!("[{}, {}]", u(e, "period_min"), u(e, "period_max"));
-        o += &format!(
-            "{:<20} {:<10} {:<24} {:>12}\n",
-            s(e, "name"),
-            s(e, "source"),
-            window,
-            u(e, "samples")
-        );
+    for e in &v.events {
+        let window = format!("[{}, {}]", e.period_min, e.period_max);
+        o += &format!("{:<20} {:<10} {:<24} {:>12}\n", e.name, e.source, window, e.samples);
     }
     o += "\nCPU  ONLINE     SAMPLES     LOST  THROTTLED  ERROR\n";
-    for c in v.get("cpus").and_then(Value::as_array).into_iter().flatten() {
+    for c in &v.cpus {
         o += &format!(
             "{:<4} {:<6} {:>11} {:>8} {:>10}  {}\n",
-            u(c, "cpu"),
-            if c.get("online").and_then(Value::as_bool).unwrap_or(false) { "yes" } else { "NO" },
-            u(c, "samples"),
-            u(c, "lost"),
-            u(c, "throttled"),
-            c.get("error").and_then(Value::as_str).unwrap_or("")
+            c.cpu,
+            if c.online { "yes" } else { "NO" },
+            c.samples,
+            c.lost,
+            c.throttled,
+            c.error.as_deref().unwrap_or("")
         );
     }
-    o += &format!("total{:>18} {:>8} {:>10}\n", u(v, "samples"), u(v, "lost"), u(v, "throttled"));
-    let unk = v.get("unknown").cloned().unwrap_or(Value::Null);
-    let reasons: Vec<String> = unk
-        .get("by_reason")
-        .and_then(Value::as_object)
-        .map(|m| m.iter().map(|(k, n)| format!("{k} {}", n.as_u64().unwrap_or(0))).collect())
-        .unwrap_or_default();
+    o += &format!("total{:>18} {:>8} {:>10}\n", v.samples, v.lost, v.throttled);
+    let unk = &v.unknown;
+    let reasons: Vec<String> = unk.by_reason.iter().map(|(k, n)| format!("{k} {n}")).collect();
     o += &format!(
         "\nunknown:    {} ({:.2}%){}\n",
-        u(&unk, "count"),
-        f(&unk, "fraction") * 100.0,
+        unk.count,
+        unk.fraction * 100.0,
         if reasons.is_empty() { String::new() } else { format!(": {}", reasons.join(", ")) }
     );
-    let agg = v.get("aggregation").cloned().unwrap_or(Value::Null);
+    let agg = &v.aggregation;
     o += &format!(
         "aggregation: {:.1} samples per entry ({} pending, {} late side-band)\n",
-        f(&agg, "factor"),
-        u(&agg, "pending"),
-        u(&agg, "late_sideband")
+        agg.factor, agg.pending, agg.late_sideband
     );
-    let op = |k: &str| match store.get(k) {
-        Some(x) if !x.is_null() => format!(
-            "{} ({:.1} ms, {} items)",
-            ago(u(x, "unix_ms")),
-            f(x, "duration_ms"),
-            u(x, "items")
-        ),
-        _ => "never".into(),
+    let op = |x: &Option<OpStat>| match x {
+        Some(x) => format!("{} ({:.1} ms, {} items)", ago(x.unix_ms), x.duration_ms, x.items),
+        None => "never".into(),
     };
-    o += &format!("last flush:   {}\nlast publish: {}\n", op("last_flush"), op("last_publish"));
+    o += &format!(
+        "last flush:   {}\nlast publish: {}\n",
+        op(&store.last_flush),
+        op(&store.last_publish)
+    );
     o += &format!(
         "spool:      {} rows ({} bytes), {} profiles to publish, {} batches held in memory\n",
-        u(&store, "spool_rows"),
-        u(&store, "spool_bytes"),
-        u(&store, "dirty_profiles"),
-        u(&store, "pending_batches")
+        store.spool_rows, store.spool_bytes, store.dirty_profiles, store.pending_batches
     );
-    let d = v.get("daemon").cloned().unwrap_or(Value::Null);
+    let d = &v.daemon;
     o += &format!(
         "daemon:     cpu {:.2}s user + {:.2}s sys, rss {} KiB\n",
-        f(&d, "cpu_user_s"),
-        f(&d, "cpu_sys_s"),
-        u(&d, "rss_kib")
+        d.cpu_user_s, d.cpu_sys_s, d.rss_kib
     );
-    let r = v.get("rate").cloned().unwrap_or(Value::Null);
+    let r = &v.rate;
     o += &format!(
         "rate:       {:.0} samples/s over the last {:.1}s, {:.0}/s since start\n",
-        f(&r, "samples_per_s_recent"),
-        f(&r, "recent_window_s"),
-        f(&r, "samples_per_s")
+        r.samples_per_s_recent, r.recent_window_s, r.samples_per_s
     );
-    let ov = v.get("overhead").cloned().unwrap_or(Value::Null);
+    let ov = &v.overhead;
     o += &format!(
         "overhead:   daemon {:.2}% of one CPU ({:.2}% since start); sampling interrupts ~{:.2}% \
          of one CPU (estimate: {:.0} µs per sample); ~{:.2}% of the machine's {} CPUs\n",
-        f(&ov, "daemon_cpu_pct_recent"),
-        f(&ov, "daemon_cpu_pct"),
-        f(&ov, "sampling_cpu_pct_estimate"),
-        f(&ov, "sample_cost_us_estimate"),
-        f(&ov, "machine_pct_estimate"),
-        u(&ov, "ncpus")
+        ov.daemon_cpu_pct_recent,
+        ov.daemon_cpu_pct,
+        ov.sampling_cpu_pct_estimate,
+        ov.sample_cost_us_estimate,
+        ov.machine_pct_estimate,
+        ov.ncpus
     );
-    let c = v.get("config").cloned().unwrap_or(Value::Null);
+    let c = &v.config;
     o += &format!(
         "config:     {} | flush {}s, publish {}s, max memory {} MB, retention {} days (keep {})\n",
-        c.get("file").and_then(Value::as_str).unwrap_or("(no file)"),
-        f(&c, "flush_interval_s"),
-        f(&c, "publish_interval_s"),
-        u(&c, "max_memory_mb"),
-        u(&c, "retention_days"),
-        u(&c, "retention_keep")
+        c.file.as_deref().unwrap_or("(no file)"),
+        c.flush_interval_s,
+        c.publish_interval_s,
+        c.max_memory_mb,
+        c.retention_days,
+        c.retention_keep
     );
-    if let Some(rl) = v.get("last_reload").filter(|x| !x.is_null()) {
-        o += &format!(
-            "last reload: {} ({}) {}\n",
-            ago(u(rl, "unix_ms")),
-            s(rl, "trigger"),
-            reload_outcome(rl)
-        );
+    if let Some(rl) = &v.last_reload {
+        o += &format!("last reload: {} ({}) {}\n", ago(rl.unix_ms), rl.trigger, reload_outcome(rl));
     }
     o
 }
 
 /// One line for a reload result: what changed, what needs a restart, or why it was rejected.
-pub fn reload_outcome(r: &Value) -> String {
-    if r.get("ok").and_then(Value::as_bool) != Some(true) {
-        return format!("rejected, running configuration kept: {}", s(r, "error"));
+pub fn reload_outcome(r: &ReloadReport) -> String {
+    if !r.ok {
+        return format!(
+            "rejected, running configuration kept: {}",
+            r.error.as_deref().unwrap_or("-")
+        );
     }
-    let list = |k: &str| -> Vec<String> {
-        r.get(k)
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
-            .unwrap_or_default()
-    };
-    let applied = list("applied");
-    let restart = list("restart_required");
-    let mut out = if applied.is_empty() {
+    let mut out = if r.applied.is_empty() {
         "reloaded: nothing changed".to_string()
     } else {
-        format!("reloaded: {}", applied.join("; "))
+        format!("reloaded: {}", r.applied.join("; "))
     };
-    if !restart.is_empty() {
+    if !r.restart_required.is_empty() {
         out += &format!(
             "; needs a restart of dcpid to take effect (running values kept): {}",
-            restart.join(", ")
+            r.restart_required.join(", ")
         );
     }
     out
@@ -249,31 +225,45 @@ mod tests {
     fn not_running_names_socket() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("nope.sock");
-        let e = request(&p, "status", Duration::from_secs(1)).unwrap_err();
+        let e = request_value(&p, Request::Status, Duration::from_secs(1)).unwrap_err();
         assert_eq!(e.exit_code(), 3);
         assert!(e.to_string().contains("nope.sock"), "{e}");
     }
 
-    #[test]
-    fn renders_status_fields() {
-        let v = serde_json::json!({
+    fn sample_status() -> Value {
+        serde_json::json!({
             "version": "0.1.0", "pid": 7, "host": "h", "db": "/db", "uptime_s": 3.0,
             "condition": "ok", "epoch": "20260101T000000Z",
-            "events": [{"name": "cpu-clock", "source": "software", "period_min": 938, "period_max": 1000, "samples": 5}],
+            "events": [{"name": "cpu-clock", "requested": "cpu-clock", "source": "software",
+                "period_min": 938, "period_max": 1000, "samples": 5}],
             "cpus": [{"cpu": 0, "online": true, "samples": 5, "lost": 0, "throttled": 1, "error": null}],
             "samples": 5, "lost": 0, "throttled": 1,
             "unknown": {"count": 1, "fraction": 0.2, "by_reason": {"process-gone": 1}},
-            "aggregation": {"factor": 2.5, "pending": 0, "late_sideband": 0},
-            "store": {"last_flush": null, "spool_rows": 3},
+            "aggregation": {"samples_aggregated": 5, "entries_created": 2, "factor": 2.5,
+                "pending": 0, "late_sideband": 0},
+            "store": {"epoch": "20260101T000000Z", "last_flush": null, "last_publish": null,
+                "spool_rows": 3, "spool_bytes": 10, "dirty_profiles": 1, "pending_batches": 0,
+                "pending_bytes": 0, "max_memory_bytes": 1, "dropped_samples": 0,
+                "dropped_batches": 0, "published_files": 0, "corrupt_files_set_aside": 0,
+                "db_error": null, "spool_error": null},
             "daemon": {"cpu_user_s": 0.1, "cpu_sys_s": 0.2, "rss_kib": 1000},
             "rate": {"samples_per_s": 990.0, "samples_per_s_recent": 1994.6, "recent_window_s": 2.0},
             "overhead": {"daemon_cpu_pct": 0.5, "daemon_cpu_pct_recent": 0.25,
                 "sample_cost_us_estimate": 20.0, "sampling_cpu_pct_estimate": 3.99,
                 "ncpus": 2, "machine_pct_estimate": 2.12},
-            "config": {"file": "/etc/dcpi/dcpid.toml", "flush_interval_s": 2.0},
-            "last_reload": {"unix_ms": 1, "trigger": "SIGHUP", "ok": true,
+            "config": {"file": "/etc/dcpi/dcpid.toml", "events": "cpu-clock", "window_divisor": 16,
+                "ring_pages": 8, "flush_interval_s": 2.0, "publish_interval_s": 60.0,
+                "max_memory_mb": 64, "retention_days": 30, "retention_keep": 0,
+                "socket": "/run/dcpi/dcpid.sock", "socket_group": null, "log_level": "info"},
+            "last_reload": {"unix_ms": 1, "trigger": "SIGHUP", "ok": true, "error": null,
                 "applied": ["flush_interval: 2s -> 1s"], "restart_required": ["events"]}
-        });
+        })
+    }
+
+    #[test]
+    fn renders_status_fields() {
+        let p = Path::new("/x.sock");
+        let v: StatusReport = parse_result(p, Request::Status, sample_status()).expect("typed");
         let t = render_status(&v);
         for needle in [
             "cpu-clock",
@@ -293,5 +283,53 @@ mod tests {
         ] {
             assert!(t.contains(needle), "{needle} missing in:\n{t}");
         }
+    }
+
+    #[test]
+    fn a_missing_status_field_is_a_protocol_error_naming_it() {
+        let p = Path::new("/x.sock");
+        let mut v = sample_status();
+        v["store"].as_object_mut().expect("store").remove("spool_rows");
+        let e = parse_result::<StatusReport>(p, Request::Status, v).expect_err("must fail");
+        assert_eq!(e.exit_code(), 4);
+        assert!(e.to_string().contains("spool_rows"), "{e}");
+        // An optional field is `null` when unset, never absent.
+        let mut v = sample_status();
+        v["store"].as_object_mut().expect("store").remove("db_error");
+        let e = parse_result::<StatusReport>(p, Request::Status, v).expect_err("must fail");
+        assert!(e.to_string().contains("db_error"), "{e}");
+        let e = parse_result::<StatusReport>(p, Request::Status, serde_json::json!({}))
+            .expect_err("must fail");
+        assert!(e.to_string().contains("missing field"), "{e}");
+    }
+
+    #[test]
+    fn typed_request_over_a_socket() {
+        use std::os::unix::net::UnixListener;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock = dir.path().join("d.sock");
+        let l = UnixListener::bind(&sock).expect("bind");
+        let server = std::thread::spawn(move || {
+            for reply in [
+                r#"{"ok":true,"result":{"epoch":"20260101T000000Z"}}"#,
+                r#"{"ok":false,"error":"database not writable"}"#,
+                r#"{"ok":true,"result":"20260101T000000Z"}"#,
+            ] {
+                let (s, _) = l.accept().expect("accept");
+                let mut line = String::new();
+                BufReader::new(&s).read_line(&mut line).expect("read");
+                assert_eq!(line, "{\"cmd\":\"epoch-show\"}\n");
+                (&s).write_all(format!("{reply}\n").as_bytes()).expect("write");
+            }
+        });
+        let t = Duration::from_secs(30);
+        let r: dcpi_proto::EpochResult = request(&sock, Request::EpochShow, t).expect("ok");
+        assert_eq!(r.epoch.as_deref(), Some("20260101T000000Z"));
+        let e = request::<dcpi_proto::EpochResult>(&sock, Request::EpochShow, t).unwrap_err();
+        assert_eq!(e.exit_code(), 1);
+        assert!(e.to_string().contains("not writable"), "{e}");
+        let e = request::<dcpi_proto::EpochResult>(&sock, Request::EpochShow, t).unwrap_err();
+        assert_eq!(e.exit_code(), 4);
+        server.join().expect("server");
     }
 }

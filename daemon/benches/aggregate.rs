@@ -31,7 +31,7 @@ use dcpid::resolve::{Resolver, ResolverConfig};
 use dcpid::sys::perf as sp;
 use dcpid::types::{EventIdx, Sample, SampleSink, SideBand, TimedSideBand};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 const PIDS: u32 = 300;
 const FIRST_PID: u32 = 1000;
@@ -101,21 +101,23 @@ fn keys(n: usize) -> Vec<Key> {
     // Rank → address, scattered so that hot addresses are not neighbours.
     let user: Vec<(u32, u64)> = (0..USER_ADDRS)
         .map(|_| {
-            let pid = FIRST_PID + rng.gen_range(0..PIDS);
-            let pc = BASE + rng.gen_range(0..LIBS) * 0x10_0000 + rng.gen_range(0..0x4_0000u64);
+            let pid = FIRST_PID + rng.random_range(0..PIDS);
+            let pc =
+                BASE + rng.random_range(0..LIBS) * 0x10_0000 + rng.random_range(0..0x4_0000u64);
             (pid, pc)
         })
         .collect();
-    let kern: Vec<u64> =
-        (0..KERNEL_ADDRS).map(|_| 0xffff_ffff_8100_0000 + rng.gen_range(0..0x80_0000u64)).collect();
+    let kern: Vec<u64> = (0..KERNEL_ADDRS)
+        .map(|_| 0xffff_ffff_8100_0000 + rng.random_range(0..0x80_0000u64))
+        .collect();
     (0..n)
         .map(|_| {
-            let event = usize::from(rng.gen_range(0..10) == 0);
-            if rng.gen_range(0..10) == 0 {
-                let r = kcdf.partition_point(|&c| c < rng.gen::<f64>()).min(KERNEL_ADDRS - 1);
-                Key { pid: FIRST_PID + rng.gen_range(0..PIDS), pc: kern[r], kernel: true, event }
+            let event = usize::from(rng.random_range(0..10) == 0);
+            if rng.random_range(0..10) == 0 {
+                let r = kcdf.partition_point(|&c| c < rng.random::<f64>()).min(KERNEL_ADDRS - 1);
+                Key { pid: FIRST_PID + rng.random_range(0..PIDS), pc: kern[r], kernel: true, event }
             } else {
-                let r = ucdf.partition_point(|&c| c < rng.gen::<f64>()).min(USER_ADDRS - 1);
+                let r = ucdf.partition_point(|&c| c < rng.random::<f64>()).min(USER_ADDRS - 1);
                 let (pid, pc) = user[r];
                 Key { pid, pc, kernel: false, event }
             }
@@ -184,11 +186,11 @@ fn fill(ring: &BenchRing, keys: &[Key], n: u64, len: usize, t0: u64, rng: &mut S
         // Side-band records among the samples: an mmap in a running process every 4096
         // records, and every 16384 a short-lived process (fork, exec, mmap, exit).
         if global % SIDEBAND_EVERY == SIDEBAND_EVERY / 3 {
-            mmap2(&mut buf, FIRST_PID + rng.gen_range(0..PIDS), time, rng.gen_range(0..LIBS));
+            mmap2(&mut buf, FIRST_PID + rng.random_range(0..PIDS), time, rng.random_range(0..LIBS));
             continue;
         }
         if global % (4 * SIDEBAND_EVERY) == 2 * SIDEBAND_EVERY / 3 {
-            let pid = FIRST_PID + PIDS + rng.gen_range(0..50);
+            let pid = FIRST_PID + PIDS + rng.random_range(0..50);
             task(&mut buf, sp::PERF_RECORD_FORK, pid, time);
             comm_exec(&mut buf, pid, time + 1);
             mmap2(&mut buf, pid, time + 2, 0);

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser, ValueEnum};
 
-use crate::config::{parse_duration, ConfigError, FileConfig, Settings, DEFAULT_CONFIG};
+use crate::config::{
+    parse_duration, ConfigError, FileConfig, PartialSettings, Settings, DEFAULT_CONFIG,
+};
 
 /// dcpid: continuous, system-wide, low-overhead profiling of every process and the kernel.
 ///
@@ -22,51 +24,9 @@ pub struct Cli {
     /// Configuration file (TOML). A missing default file is fine; `none` reads no file.
     #[arg(short = 'c', long = "config", value_name = "FILE")]
     pub config: Option<String>,
-    /// Profile database directory (may be shared by many hosts, e.g. over NFS).
-    #[arg(long, value_name = "DIR")]
-    pub db: Option<PathBuf>,
-    /// Host-local spool (SQLite) holding increments not yet published [default: /var/lib/dcpid/spool.sqlite].
-    #[arg(long, value_name = "FILE")]
-    pub spool: Option<PathBuf>,
-    /// Host name used for this host's directory in the database [default: the system host name].
-    #[arg(long, value_name = "NAME")]
-    pub host: Option<String>,
-    /// Events to sample: `auto` or a comma-separated list like `cycles,cpu-clock:1000000`.
-    #[arg(short = 'e', long, value_name = "LIST")]
-    pub events: Option<String>,
-    /// Period randomization: periods are drawn from [P - P/N, P] [default: 16].
-    #[arg(long, value_name = "N")]
-    pub window_divisor: Option<u64>,
-    /// Data pages of each per-CPU ring buffer (power of two) [default: 128].
-    #[arg(long, value_name = "N")]
-    pub ring_pages: Option<usize>,
-    /// How often increments are written to the spool; bounds what a crash loses [default: 2s].
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
-    pub flush_interval: Option<Duration>,
-    /// Each changed shared profile is rewritten at most this often, spread over the interval
-    /// [default: 60s].
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
-    pub publish_interval: Option<Duration>,
-    /// Bound on unwritten data held in memory while the disk fails; past it the oldest is
-    /// dropped and counted [default: 256].
-    #[arg(long, value_name = "MB")]
-    pub max_memory: Option<u64>,
-    /// Delete this host's epochs older than N days ... [default: 7]
-    #[arg(long, value_name = "N")]
-    pub retention_days: Option<u32>,
-    /// ... but always keep the newest N epochs [default: 3].
-    #[arg(long, value_name = "N")]
-    pub retention_keep: Option<usize>,
-    /// Control socket [default: /run/dcpi/dcpid.sock].
-    #[arg(long, value_name = "PATH")]
-    pub socket: Option<PathBuf>,
-    /// Group allowed to use the control socket besides root [default: dcpi, if it exists].
-    #[arg(long, value_name = "NAME")]
-    pub socket_group: Option<String>,
-    /// Log filter: `error`, `warn`, `info`, `debug`, `trace` or a directive like
-    /// `dcpid::store=debug` [default: info; -v is debug]. `DCPI_LOG` in the environment wins.
-    #[arg(long, value_name = "LEVEL")]
-    pub log_level: Option<String>,
+    /// Every setting of the configuration file, as a flag (the flag wins over the file).
+    #[command(flatten)]
+    pub settings: PartialSettings,
     /// Run for DUR (e.g. `20`, `20s`, `5m`; a plain number is seconds), then flush, publish
     /// everything and exit 0.
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
@@ -131,79 +91,26 @@ impl Cli {
         <Cli as CommandFactory>::command()
     }
 
-    /// Read the configuration file (unless `--config none`) and apply the flags on top. Called
-    /// again on reload (SIGHUP, `dcpictl reload`): the flags keep winning over the file.
+    /// Read the configuration file (unless `--config none`) and merge: defaults, file, flags.
+    /// Called again on reload (SIGHUP, `dcpictl reload`): the flags keep winning over the file.
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let mut s = Settings::defaults();
-        if let Some(h) = &self.host {
-            // Set early so that validation of the file does not trip over an unusable system
-            // host name the flag replaces.
-            s.host = h.clone();
-        }
-        match self.config.as_deref() {
-            Some("none") => {}
-            Some(p) => {
-                let path = PathBuf::from(p);
-                let f = FileConfig::load(&path, true)?;
-                s.apply_file(&f, &path)?;
-            }
-            None => {
-                let path = PathBuf::from(DEFAULT_CONFIG);
-                let f = FileConfig::load(&path, false)?;
-                s.apply_file(&f, &path)?;
-            }
-        }
-        if let Some(v) = &self.db {
-            s.db = v.clone();
-        }
-        if let Some(v) = &self.spool {
-            s.spool = v.clone();
-        }
-        if let Some(v) = &self.host {
-            s.host = v.clone();
-        }
-        if let Some(v) = &self.events {
-            s.events = v.clone();
-        }
-        if let Some(v) = self.window_divisor {
-            s.window_divisor = v;
-        }
-        if let Some(v) = self.ring_pages {
-            s.ring_pages = v;
-        }
-        if let Some(v) = self.flush_interval {
-            s.flush_interval = v;
-        }
-        if let Some(v) = self.publish_interval {
-            s.publish_interval = v;
-        }
-        if let Some(v) = self.max_memory {
-            s.max_memory_mb = v;
-        }
-        if let Some(v) = self.retention_days {
-            s.retention_days = v;
-        }
-        if let Some(v) = self.retention_keep {
-            s.retention_keep = v;
-        }
-        if let Some(v) = &self.socket {
-            s.socket = v.clone();
-        }
-        if let Some(v) = &self.socket_group {
-            s.socket_group = Some(v.clone());
-            s.socket_group_explicit = true;
-        }
-        if let Some(v) = &self.log_level {
-            s.log_level = v.clone();
-        }
+        let (path, explicit) = match self.config.as_deref() {
+            Some("none") => (None, false),
+            Some(p) => (Some(PathBuf::from(p)), true),
+            None => (Some(PathBuf::from(DEFAULT_CONFIG)), false),
+        };
+        let file = match &path {
+            Some(p) => Some(FileConfig::load(p, explicit)?),
+            None => None,
+        };
+        let mut flags = self.settings.clone();
         match self.verbose {
             0 => {}
-            1 => s.log_level = "debug".into(),
-            _ => s.log_level = "trace".into(),
+            1 => flags.log_level = Some("debug".into()),
+            _ => flags.log_level = Some("trace".into()),
         }
+        let mut s = Settings::merge(file.as_ref().zip(path.as_deref()), &flags)?;
         s.duration = self.duration;
-        // Flag names in errors: the field names match the flags with `_` for `-`.
-        s.validate(crate::config::COMMAND_LINE)?;
         Ok(s)
     }
 }
@@ -242,9 +149,18 @@ mod tests {
 
     #[test]
     fn duration_takes_plain_seconds() {
-        for (arg, secs) in [("20", 20), ("20s", 20), ("1m", 60)] {
+        for (arg, secs) in [("20", 20), ("20s", 20), ("1m", 60), ("1h 30m", 5400)] {
             let cli = Cli::try_parse_from(["dcpid", "-c", "none", "--duration", arg]).unwrap();
             assert_eq!(cli.duration, Some(Duration::from_secs(secs)), "{arg}");
+        }
+    }
+
+    #[test]
+    fn huge_durations_are_usage_errors() {
+        for arg in ["18446744073709551615", "18446744073709551615s", "600000h"] {
+            let e = Cli::try_parse_from(["dcpid", "-c", "none", "--duration", arg]).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{arg}");
+            assert!(e.to_string().contains("--duration"), "{arg}: {e}");
         }
     }
 

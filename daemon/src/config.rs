@@ -1,5 +1,11 @@
-//! The dcpid configuration file (TOML) and the effective settings after merging it with the
-//! command line (the command line wins).
+//! The dcpid settings: one declaration ([`PartialSettings`], from the `settings!` list below)
+//! that is at once the configuration file's schema (TOML, serde) and the command line's flags
+//! (clap). Built-in defaults, the file and the flags are merged in that order (later wins);
+//! a reload (SIGHUP, `dcpictl reload`) reads the file again and applies the same flags on top,
+//! then takes the keys in [`RELOADABLE`] live and reports the others as needing a restart.
+//!
+//! Adding a key: one entry in `settings!` (type, default, flag and file attributes), and, if it
+//! may change without a restart, its name in [`RELOADABLE`].
 //!
 //! ```toml
 //! db = "/var/lib/dcpi"
@@ -16,15 +22,18 @@
 //! socket = "/run/dcpi/dcpid.sock"
 //! socket_group = "dcpi"
 //! log_level = "info"
+//! status_interval = "2s"
 //! ```
 //!
-//! Errors name the file, the line (and column, for syntax errors) and the key.
+//! Errors name the file, the line (and column, for syntax and type errors; from the spans
+//! `toml` keeps with `serde_spanned`) and the key, or the flag.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
+use toml::Spanned;
 
 /// Default configuration file; a missing default file is not an error.
 pub const DEFAULT_CONFIG: &str = "/etc/dcpi/dcpid.toml";
@@ -51,71 +60,273 @@ pub enum ConfigError {
     Invalid { origin: String, field: String, value: String, detail: String },
 }
 
-/// Events requested: `auto` or an explicit list of event specs (`perf::events` syntax).
-#[derive(Clone, PartialEq, Eq, Debug, Deserialize)]
-#[serde(untagged)]
-pub enum EventsSetting {
-    One(String),
-    List(Vec<String>),
+/// Longest duration any setting accepts: larger values (e.g. 2^64-1 s) are refused with an
+/// error rather than overflowing a deadline later.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 86400);
+const MAX_DURATION_TEXT: &str = "365d";
+
+/// Parse a duration: humantime's syntax (`2s`, `500ms`, `1m 30s`, `1h`, `7d`), or a bare number
+/// of seconds. At most [`MAX_DURATION`].
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let d = match t.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) if t.bytes().all(|b| b.is_ascii_digit()) && !t.is_empty() => {
+            return Err(format!(
+                "{t} seconds is too long (at most {})",
+                show_duration(MAX_DURATION)
+            ))
+        }
+        Err(_) => humantime::parse_duration(t)
+            .map_err(|e| format!("{e} (e.g. 2s, 500ms, 1m, 1h 30m, or plain seconds)"))?,
+    };
+    if d > MAX_DURATION {
+        return Err(format!("too long (at most {MAX_DURATION_TEXT})"));
+    }
+    Ok(d)
 }
 
-impl EventsSetting {
-    /// The comma-separated form accepted by `perf::events::parse_event_list`.
-    pub fn to_list_string(&self) -> String {
-        match self {
-            EventsSetting::One(s) => s.clone(),
-            EventsSetting::List(v) => v.join(","),
-        }
+fn show_duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_duration(&text).map(Some).map_err(serde::de::Error::custom)
+}
+
+/// `events = "auto"` or `events = ["cycles", "cpu-clock:1000000"]`: the comma-separated form
+/// `perf::events::parse_event_list` reads.
+fn de_events<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrList {
+        One(String),
+        List(Vec<String>),
+    }
+    Ok(Some(match OneOrList::deserialize(d)? {
+        OneOrList::One(s) => s,
+        OneOrList::List(v) => v.join(","),
+    }))
+}
+
+/// A setting's value as reload reports and errors show it.
+trait ShowValue {
+    fn show(&self) -> String;
+}
+
+impl ShowValue for PathBuf {
+    fn show(&self) -> String {
+        self.display().to_string()
     }
 }
+impl ShowValue for String {
+    fn show(&self) -> String {
+        self.clone()
+    }
+}
+impl ShowValue for Duration {
+    fn show(&self) -> String {
+        show_duration(*self)
+    }
+}
+impl ShowValue for Option<String> {
+    fn show(&self) -> String {
+        self.clone().unwrap_or_else(|| "(none)".into())
+    }
+}
+macro_rules! show_display {
+    ($($t:ty),*) => { $(impl ShowValue for $t { fn show(&self) -> String { self.to_string() } })* };
+}
+show_display!(u32, u64, usize);
 
-/// The configuration file as written; every field optional.
-#[derive(Clone, PartialEq, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Declares every setting once: [`PartialSettings`] (each key optional: the file's schema and the
+/// flags) and [`Settings`] (each key set), with the merge, diff and copy code between them.
+macro_rules! settings {
+    ($( $(#[$meta:meta])* $name:ident : $ty:ty = $default:expr; )*) => {
+        /// What one source says: the configuration file or the command line. Every key optional.
+        #[derive(Clone, PartialEq, Debug, Default, Deserialize, clap::Args)]
+        #[serde(deny_unknown_fields)]
+        pub struct PartialSettings {
+            $( $(#[$meta])* pub $name: Option<$ty>, )*
+        }
+
+        /// Effective settings of a daemon run.
+        #[derive(Clone, PartialEq, Debug)]
+        pub struct Settings {
+            $( pub $name: $ty, )*
+            /// Whether the socket group was given explicitly (then it must exist).
+            pub socket_group_explicit: bool,
+            /// `--duration` (command line only).
+            pub duration: Option<Duration>,
+            /// The configuration file read (`None`: `--config none`); `reload` reads it again.
+            pub config_file: Option<PathBuf>,
+            /// Where each key not at its default came from (errors name it).
+            pub origins: BTreeMap<&'static str, Origin>,
+        }
+
+        impl PartialSettings {
+            /// Every key, in declaration order.
+            pub const KEYS: &'static [&'static str] = &[$(stringify!($name)),*];
+        }
+
+        impl Settings {
+            /// Built-in defaults (host name from the system).
+            pub fn defaults() -> Settings {
+                Settings {
+                    $( $name: $default, )*
+                    socket_group_explicit: false,
+                    duration: None,
+                    config_file: None,
+                    origins: BTreeMap::new(),
+                }
+            }
+
+            /// Take every key `p` sets; `origin` says where it came from.
+            fn apply(&mut self, p: &PartialSettings, origin: &dyn Fn(&'static str) -> Origin) {
+                $( if let Some(v) = &p.$name {
+                    self.$name = v.clone();
+                    self.origins.insert(stringify!($name), origin(stringify!($name)));
+                } )*
+            }
+
+            /// Keys whose value differs in `new`, in declaration order.
+            pub fn changed(&self, new: &Settings) -> Vec<&'static str> {
+                let mut out = Vec::new();
+                $( if self.$name != new.$name { out.push(stringify!($name)); } )*
+                out
+            }
+
+            /// `key`'s value as text (empty for an unknown key).
+            pub fn show(&self, key: &str) -> String {
+                match key {
+                    $( stringify!($name) => ShowValue::show(&self.$name), )*
+                    _ => String::new(),
+                }
+            }
+
+            /// Take `key`'s value from `new`.
+            pub fn take(&mut self, key: &str, new: &Settings) {
+                match key {
+                    $( stringify!($name) => self.$name = new.$name.clone(), )*
+                    _ => {}
+                }
+                match new.origins.get_key_value(key) {
+                    Some((&k, o)) => {
+                        self.origins.insert(k, o.clone());
+                    }
+                    None => {
+                        self.origins.remove(key);
+                    }
+                }
+            }
+        }
+    };
+}
+
+settings! {
+    /// Profile database directory (may be shared by many hosts, e.g. over NFS).
+    #[arg(long, value_name = "DIR")]
+    db: PathBuf = PathBuf::from(profile_format::DEFAULT_DB);
+    /// Host-local spool (SQLite) holding increments not yet published [default: /var/lib/dcpid/spool.sqlite].
+    #[arg(long, value_name = "FILE")]
+    spool: PathBuf = PathBuf::from(DEFAULT_SPOOL);
+    /// Host name used for this host's directory in the database [default: the system host name].
+    #[arg(long, value_name = "NAME")]
+    host: String = system_host_name();
+    /// Events to sample: `auto` or a comma-separated list like `cycles,cpu-clock:1000000`.
+    #[arg(short = 'e', long, value_name = "LIST")]
+    #[serde(default, deserialize_with = "de_events")]
+    events: String = "auto".into();
+    /// Period randomization: periods are drawn from [P - P/N, P] [default: 16].
+    #[arg(long, value_name = "N")]
+    window_divisor: u64 = 16;
+    /// Data pages of each per-CPU ring buffer (power of two) [default: 128].
+    #[arg(long, value_name = "N")]
+    ring_pages: usize = 128;
+    /// How often increments are written to the spool; bounds what a crash loses [default: 2s].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    flush_interval: Duration = Duration::from_secs(2);
+    /// Each changed shared profile is rewritten at most this often, spread over the interval
+    /// [default: 60s].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    publish_interval: Duration = Duration::from_secs(60);
+    /// Bound on unwritten data held in memory while the disk fails; past it the oldest is
+    /// dropped and counted [default: 256].
+    #[arg(long = "max-memory", value_name = "MB")]
+    max_memory_mb: u64 = 256;
+    /// Delete this host's epochs older than N days ... [default: 7]
+    #[arg(long, value_name = "N")]
+    retention_days: u32 = 7;
+    /// ... but always keep the newest N epochs [default: 3].
+    #[arg(long, value_name = "N")]
+    retention_keep: usize = 3;
+    /// Control socket [default: /run/dcpi/dcpid.sock].
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf = PathBuf::from(DEFAULT_SOCKET);
+    /// Group allowed to use the control socket besides root [default: dcpi, if it exists];
+    /// `--socket-group` without a NAME: root only.
+    #[arg(long, value_name = "NAME")]
+    socket_group: Option<String> = Some(DEFAULT_SOCKET_GROUP.into());
+    /// Log filter: `error`, `warn`, `info`, `debug`, `trace` or a directive like
+    /// `dcpid::store=debug` [default: info; -v is debug]. `DCPI_LOG` in the environment wins.
+    #[arg(long, value_name = "LEVEL")]
+    log_level: String = "info".into();
+    /// How often the one-line status for systemd (`STATUS=`, shown by `systemctl status`) is
+    /// refreshed [default: 2s].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    status_interval: Duration = Duration::from_secs(2);
+}
+
+/// Keys a reload may change while dcpid runs (their consumers read the settings each time, or
+/// the service applies them: the socket group, the log filter). Any other key that changes is
+/// reported as needing a restart, and keeps its running value.
+pub const RELOADABLE: &[&str] = &[
+    "flush_interval",
+    "publish_interval",
+    "max_memory_mb",
+    "retention_days",
+    "retention_keep",
+    "socket_group",
+    "log_level",
+    "status_interval",
+];
+
+/// Where a setting's value came from.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Origin {
+    /// A line of a configuration file (none when the line is unknown).
+    File {
+        path: PathBuf,
+        line: Option<usize>,
+    },
+    CommandLine,
+}
+
+/// The configuration file as read: its settings and the line of each key.
+#[derive(Clone, PartialEq, Debug, Default)]
 pub struct FileConfig {
-    pub db: Option<PathBuf>,
-    pub spool: Option<PathBuf>,
-    pub host: Option<String>,
-    pub events: Option<EventsSetting>,
-    pub window_divisor: Option<u64>,
-    pub ring_pages: Option<usize>,
-    pub flush_interval: Option<String>,
-    pub publish_interval: Option<String>,
-    pub max_memory_mb: Option<u64>,
-    pub retention_days: Option<u32>,
-    pub retention_keep: Option<usize>,
-    pub socket: Option<PathBuf>,
-    pub socket_group: Option<String>,
-    pub log_level: Option<String>,
-    /// Line (1-based) of each top-level key, so that errors in values can name it.
-    #[serde(skip)]
+    pub settings: PartialSettings,
+    /// Line (1-based) of each top-level key, from the spans toml keeps.
     pub key_lines: BTreeMap<String, usize>,
 }
+
+/// Every top-level key and value of a TOML document, with their spans.
+type SpannedDoc = BTreeMap<Spanned<String>, Spanned<toml::Value>>;
 
 impl FileConfig {
     /// Parse TOML text; `path` names the file in errors.
     pub fn parse(text: &str, path: &Path) -> Result<FileConfig, ConfigError> {
-        let mut f: FileConfig = toml::from_str(text).map_err(|e| {
-            let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
-            let mut message = e.message().trim().to_string();
-            // Type errors point at the value; name the key too.
-            let key =
-                text.lines().nth(line - 1).and_then(|l| l.split_once('=')).map(|(k, _)| k.trim());
-            if let Some(k) = key.filter(|k| !k.is_empty() && !message.contains(*k)) {
-                message = format!("`{k}`: {message}");
-            }
-            ConfigError::Parse { path: path.to_path_buf(), line, column, message }
-        })?;
-        f.key_lines = key_lines(text);
-        Ok(f)
-    }
-
-    /// `path:LINE` of `key` when the file sets it, else `path`.
-    pub fn origin_of(&self, path: &Path, key: &str) -> String {
-        match self.key_lines.get(key) {
-            Some(l) => format!("{}:{l}", path.display()),
-            None => path.display().to_string(),
-        }
+        let doc: SpannedDoc =
+            toml::from_str(text).map_err(|e| parse_error(text, path, &e, None))?;
+        let settings: PartialSettings =
+            toml::from_str(text).map_err(|e| parse_error(text, path, &e, Some(&doc)))?;
+        let key_lines =
+            doc.keys().map(|k| (k.get_ref().clone(), line_col(text, k.span().start).0)).collect();
+        Ok(FileConfig { settings, key_lines })
     }
 
     /// Load `path`. When `explicit` is false (the default path) a missing file gives the empty
@@ -131,6 +342,34 @@ impl FileConfig {
     }
 }
 
+/// A toml error at its line and column; a type error in a value also names the key, which
+/// serde's message does not.
+fn parse_error(
+    text: &str,
+    path: &Path,
+    e: &toml::de::Error,
+    doc: Option<&SpannedDoc>,
+) -> ConfigError {
+    let at = e.span().map_or(0, |s| s.start);
+    let (line, column) = line_col(text, at);
+    let mut message = e.message().trim().to_string();
+    // A syntax error such as a duplicate key spans the key itself: name it.
+    let spanned = e.span().and_then(|s| text.get(s)).map(str::trim).filter(|t| {
+        !t.is_empty() && t.len() <= 64 && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    });
+    let key = doc
+        .and_then(|d| {
+            d.iter()
+                .find(|(k, v)| k.span().contains(&at) || v.span().contains(&at))
+                .map(|(k, _)| k.get_ref().as_str())
+        })
+        .or(spanned);
+    if let Some(k) = key.filter(|k| !message.contains(*k)) {
+        message = format!("`{k}`: {message}");
+    }
+    ConfigError::Parse { path: path.to_path_buf(), line, column, message }
+}
+
 /// 1-based line and column (in characters) of byte offset `at`.
 fn line_col(text: &str, at: usize) -> (usize, usize) {
     let at = at.min(text.len());
@@ -140,187 +379,41 @@ fn line_col(text: &str, at: usize) -> (usize, usize) {
     (line, before[start..].chars().count() + 1)
 }
 
-/// Lines of top-level `key = value` assignments (before any `[table]`).
-fn key_lines(text: &str) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    for (i, l) in text.lines().enumerate() {
-        let l = l.trim_start();
-        if l.starts_with('[') {
-            break;
-        }
-        if let Some((k, _)) = l.split_once('=') {
-            let k = k.trim().trim_matches('"');
-            if !k.is_empty() && !k.starts_with('#') {
-                out.entry(k.to_string()).or_insert(i + 1);
-            }
-        }
-    }
-    out
-}
-
-/// Parse a duration such as `2s`, `500ms`, `1m30s`, `1h`, `7d` (a bare number means seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if t.is_empty() {
-        return Err("empty duration".into());
-    }
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!("expected a number at {rest:?} (e.g. 2s, 500ms, 1m)"));
-        }
-        let value: f64 =
-            rest[..digits].parse().map_err(|_| format!("bad number {:?}", &rest[..digits]))?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let unit = rest[..unit_len].trim();
-        rest = &rest[unit_len..];
-        let scale = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" | "sec" | "secs" => 1.0,
-            "m" | "min" | "mins" => 60.0,
-            "h" | "hour" | "hours" => 3600.0,
-            "d" | "day" | "days" => 86400.0,
-            "" => return Err(format!("missing unit after {value} (use ms, s, m, h or d)")),
-            other => return Err(format!("unknown unit {other:?} (use ms, s, m, h or d)")),
-        };
-        let secs = value * scale;
-        if !secs.is_finite() || secs > 1e12 {
-            return Err("duration too large".into());
-        }
-        total += Duration::from_secs_f64(secs);
-    }
-    Ok(total)
-}
-
-/// Effective settings of a daemon run.
-#[derive(Clone, PartialEq, Debug)]
-pub struct Settings {
-    pub db: PathBuf,
-    pub spool: PathBuf,
-    pub host: String,
-    /// Comma-separated event list or `auto`.
-    pub events: String,
-    pub window_divisor: u64,
-    pub ring_pages: usize,
-    pub flush_interval: Duration,
-    pub publish_interval: Duration,
-    pub max_memory_mb: u64,
-    pub retention_days: u32,
-    pub retention_keep: usize,
-    pub socket: PathBuf,
-    /// Group allowed on the socket besides root; `None` = root only.
-    pub socket_group: Option<String>,
-    /// Whether the group was given explicitly (then it must exist).
-    pub socket_group_explicit: bool,
-    pub duration: Option<Duration>,
-    /// Log filter (`info`, `debug`, or an EnvFilter directive such as `dcpid=debug`).
-    pub log_level: String,
-    /// The configuration file read (`None`: `--config none`); `reload` reads it again.
-    pub config_file: Option<PathBuf>,
-}
-
 impl Settings {
-    /// Built-in defaults (host name from the system).
-    pub fn defaults() -> Settings {
-        Settings {
-            db: PathBuf::from(profile_format::DEFAULT_DB),
-            spool: PathBuf::from(DEFAULT_SPOOL),
-            host: system_host_name(),
-            events: "auto".into(),
-            window_divisor: 16,
-            ring_pages: 128,
-            flush_interval: Duration::from_secs(2),
-            publish_interval: Duration::from_secs(60),
-            max_memory_mb: 256,
-            retention_days: 7,
-            retention_keep: 3,
-            socket: PathBuf::from(DEFAULT_SOCKET),
-            socket_group: Some(DEFAULT_SOCKET_GROUP.into()),
-            socket_group_explicit: false,
-            duration: None,
-            log_level: "info".into(),
-            config_file: None,
+    /// Defaults, then the file (if any), then the command line: each later source wins where it
+    /// says something. Validated once, at the end; an error names where the bad value came from.
+    pub fn merge(
+        file: Option<(&FileConfig, &Path)>,
+        cli: &PartialSettings,
+    ) -> Result<Settings, ConfigError> {
+        let mut s = Settings::defaults();
+        if let Some((f, path)) = file {
+            s.apply(&f.settings, &|key| Origin::File {
+                path: path.to_path_buf(),
+                line: f.key_lines.get(key).copied(),
+            });
+            s.config_file = Some(path.to_path_buf());
         }
+        s.apply(cli, &|_| Origin::CommandLine);
+        s.socket_group_explicit = s.origins.contains_key("socket_group");
+        s.validate()?;
+        Ok(s)
     }
 
-    /// Apply a configuration file on top of `self`; `origin` names the file in errors.
-    pub fn apply_file(&mut self, f: &FileConfig, path: &Path) -> Result<(), ConfigError> {
-        let origin = |key: &str| f.origin_of(path, key);
-        if let Some(v) = &f.db {
-            self.db = v.clone();
-        }
-        if let Some(v) = &f.spool {
-            self.spool = v.clone();
-        }
-        if let Some(v) = &f.host {
-            self.host = v.clone();
-        }
-        if let Some(v) = &f.events {
-            self.events = v.to_list_string();
-        }
-        if let Some(v) = f.window_divisor {
-            self.window_divisor = v;
-        }
-        if let Some(v) = f.ring_pages {
-            self.ring_pages = v;
-        }
-        if let Some(v) = &f.flush_interval {
-            self.flush_interval = duration_field(&origin("flush_interval"), "flush_interval", v)?;
-        }
-        if let Some(v) = &f.publish_interval {
-            self.publish_interval =
-                duration_field(&origin("publish_interval"), "publish_interval", v)?;
-        }
-        if let Some(v) = f.max_memory_mb {
-            self.max_memory_mb = v;
-        }
-        if let Some(v) = f.retention_days {
-            self.retention_days = v;
-        }
-        if let Some(v) = f.retention_keep {
-            self.retention_keep = v;
-        }
-        if let Some(v) = &f.socket {
-            self.socket = v.clone();
-        }
-        if let Some(v) = &f.socket_group {
-            self.socket_group = Some(v.clone());
-            self.socket_group_explicit = true;
-        }
-        if let Some(v) = &f.log_level {
-            self.log_level = v.clone();
-        }
-        self.config_file = Some(path.to_path_buf());
-        self.validate_with(&path.display().to_string(), &f.key_lines)
-    }
-
-    /// Check ranges; `origin` is the file or `command line`.
-    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        self.validate_with(origin, &BTreeMap::new())
-    }
-
-    /// [`Settings::validate`], naming the line of the offending key from `lines`.
-    pub fn validate_with(
-        &self,
-        origin: &str,
-        lines: &BTreeMap<String, usize>,
-    ) -> Result<(), ConfigError> {
-        let bad = |field: &'static str, value: String, detail: &str| ConfigError::Invalid {
-            origin: match lines.get(field) {
-                Some(l) if origin != COMMAND_LINE => format!("{origin}:{l}"),
-                _ => origin.to_string(),
-            },
-            field: if origin == COMMAND_LINE { flag_for(field) } else { format!("`{field}`") },
-            value,
-            detail: detail.into(),
+    /// Check ranges; errors name the file and line, or the flag, the value came from.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, value: String, detail: &str| {
+            let (origin, field) = match self.origins.get(field) {
+                Some(Origin::File { path, line: Some(l) }) => {
+                    (format!("{}:{l}", path.display()), format!("`{field}`"))
+                }
+                Some(Origin::File { path, line: None }) => {
+                    (path.display().to_string(), format!("`{field}`"))
+                }
+                Some(Origin::CommandLine) => (COMMAND_LINE.to_string(), flag_for(field)),
+                None => ("built-in default".to_string(), format!("`{field}`")),
+            };
+            ConfigError::Invalid { origin, field, value, detail: detail.into() }
         };
         if let Err(e) = profile_format::validate_host_name(&self.host) {
             return Err(bad("host", self.host.clone(), &e.to_string()));
@@ -344,14 +437,14 @@ impl Settings {
         {
             return Err(bad(
                 "flush_interval",
-                format!("{:?}", self.flush_interval),
+                show_duration(self.flush_interval),
                 "must be between 10ms and 1h",
             ));
         }
         if self.publish_interval < self.flush_interval {
             return Err(bad(
                 "publish_interval",
-                format!("{:?}", self.publish_interval),
+                show_duration(self.publish_interval),
                 "must be at least flush_interval",
             ));
         }
@@ -396,15 +489,6 @@ fn flag_for(field: &str) -> String {
     format!("`--{flag}` (or `{field}` in the configuration file)")
 }
 
-fn duration_field(origin: &str, field: &'static str, v: &str) -> Result<Duration, ConfigError> {
-    parse_duration(v).map_err(|detail| ConfigError::Invalid {
-        origin: origin.to_string(),
-        field: format!("`{field}`"),
-        value: v.to_string(),
-        detail,
-    })
-}
-
 /// This machine's host name (`uname -n`), reduced to its first label; `localhost` if unusable.
 pub fn system_host_name() -> String {
     let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -420,18 +504,38 @@ pub fn system_host_name() -> String {
 mod tests {
     use super::*;
 
+    fn file(text: &str) -> Result<Settings, ConfigError> {
+        let p = Path::new("/etc/dcpi/l.toml");
+        let f = FileConfig::parse(text, p)?;
+        let cli = PartialSettings { host: Some("h".into()), ..Default::default() };
+        Settings::merge(Some((&f, p)), &cli)
+    }
+
     #[test]
     fn durations() {
         assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
-        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("90min").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(7 * 86400));
         assert!(parse_duration("").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("10").is_ok());
-        assert!(parse_duration("12x").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("12x").unwrap_err().contains("unknown time unit"));
+        // Bounded: never a panic or an overflowing deadline.
+        for huge in [
+            "18446744073709551615",
+            "18446744073709551616",
+            "18446744073709551615s",
+            "366d",
+            "100000000000000000000000h",
+        ] {
+            let e = parse_duration(huge).unwrap_err();
+            assert!(e.contains("too long") || e.contains("too large"), "{huge}: {e}");
+        }
+        assert_eq!(parse_duration("365d").unwrap(), MAX_DURATION);
     }
 
     #[test]
@@ -442,35 +546,44 @@ mod tests {
             p,
         )
         .unwrap();
-        assert_eq!(
-            f.events,
-            Some(EventsSetting::List(vec!["cycles".into(), "cpu-clock:1000000".into()]))
-        );
+        assert_eq!(f.settings.events.as_deref(), Some("cycles,cpu-clock:1000000"));
+        assert_eq!(f.settings.flush_interval, Some(Duration::from_secs(3)));
+        assert_eq!(f.key_lines.get("flush_interval"), Some(&3));
         let f2 = FileConfig::parse("events = \"auto\"\n", p).unwrap();
-        assert_eq!(f2.events.unwrap().to_list_string(), "auto");
+        assert_eq!(f2.settings.events.as_deref(), Some("auto"));
         let err = FileConfig::parse("flush_intreval = \"3s\"\n", p).unwrap_err().to_string();
         assert!(err.contains("test.toml") && err.contains("flush_intreval"), "{err}");
         let err = FileConfig::parse("ring_pages = \"many\"\n", p).unwrap_err().to_string();
-        assert!(err.contains("test.toml"), "{err}");
+        assert!(err.contains("test.toml") && err.contains("ring_pages"), "{err}");
     }
 
     #[test]
-    fn apply_and_validate_name_field() {
+    fn defaults_then_file_then_command_line() {
         let p = Path::new("/etc/dcpi/test.toml");
-        let mut s = Settings::defaults();
-        s.host = "h1".into();
-        let f = FileConfig::parse("flush_interval = \"1s\"\nretention_keep = 5\n", p).unwrap();
-        s.apply_file(&f, p).unwrap();
+        let f =
+            FileConfig::parse("flush_interval = \"5s\"\nretention_keep = 5\nring_pages = 3\n", p)
+                .unwrap();
+        // The flag wins over the file's bad ring_pages: only the merged result is validated.
+        let cli = PartialSettings {
+            host: Some("h1".into()),
+            flush_interval: Some(Duration::from_secs(1)),
+            ring_pages: Some(64),
+            ..Default::default()
+        };
+        let s = Settings::merge(Some((&f, p)), &cli).unwrap();
         assert_eq!(s.flush_interval, Duration::from_secs(1));
         assert_eq!(s.retention_keep, 5);
-        let f = FileConfig::parse("flush_interval = \"soon\"\n", p).unwrap();
-        let err = s.apply_file(&f, p).unwrap_err().to_string();
-        assert!(err.contains("flush_interval") && err.contains("test.toml"), "{err}");
-        let f = FileConfig::parse("ring_pages = 3\n", p).unwrap();
-        let mut s2 = Settings::defaults();
-        s2.host = "h1".into();
-        let err = s2.apply_file(&f, p).unwrap_err().to_string();
-        assert!(err.contains("ring_pages"), "{err}");
+        assert_eq!(s.ring_pages, 64);
+        assert_eq!(s.publish_interval, Duration::from_secs(60), "default");
+        assert_eq!(s.config_file.as_deref(), Some(p));
+        assert!(!s.socket_group_explicit);
+        let d = Settings::defaults();
+        assert_eq!(d.changed(&s), ["host", "ring_pages", "flush_interval", "retention_keep"]);
+        assert_eq!(s.show("flush_interval"), "1s");
+        let mut t = d.clone();
+        t.take("retention_keep", &s);
+        assert_eq!(t.retention_keep, 5);
+        assert_eq!(t.origins.get("retention_keep"), s.origins.get("retention_keep"));
     }
 
     #[test]
@@ -483,24 +596,66 @@ mod tests {
         assert!(err.contains("flush_intreval"), "{err}");
         let err = FileConfig::parse("db = \"/x\"\nring_pages = \"many\"\n", p).unwrap_err();
         assert!(err.to_string().starts_with("/etc/dcpi/l.toml:2:14: "), "{err}");
+        let err = FileConfig::parse("db = \"/x\"\nring_pages = 1\nring_pages = 2\n", p)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/etc/dcpi/l.toml:3:1: ") && err.contains("`ring_pages`"), "{err}");
+        // With two errors, the first in the file is reported.
+        let err = FileConfig::parse("max_memory_mb = \"lots\"\nflush_intrval = \"1s\"\n", p)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/etc/dcpi/l.toml:1:") && err.contains("max_memory_mb"), "{err}");
         let err = FileConfig::parse("db = [\n", p).unwrap_err().to_string();
         assert!(err.starts_with("/etc/dcpi/l.toml:"), "{err}");
+        let err = FileConfig::parse("db = \"/x\"\nflush_interval = \"soon\"\n", p)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("/etc/dcpi/l.toml:2:18: ") && err.contains("flush_interval"),
+            "{err}"
+        );
+        let err = FileConfig::parse("publish_interval = \"18446744073709551615s\"\n", p)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("/etc/dcpi/l.toml:1:") && err.contains("publish_interval"),
+            "{err}"
+        );
         // Values that parse but are out of range name the key's line too.
-        let mut s = Settings::defaults();
-        s.host = "h".into();
-        let f = FileConfig::parse("host = \"h\"\n\n  ring_pages = 3\n", p).unwrap();
-        let err = s.apply_file(&f, p).unwrap_err().to_string();
+        let err = file("host = \"h\"\n\n  ring_pages = 3\n").unwrap_err().to_string();
         assert!(err.starts_with("/etc/dcpi/l.toml:3: ") && err.contains("ring_pages"), "{err}");
-        let f = FileConfig::parse("db = \"/x\"\nflush_interval = \"soon\"\n", p).unwrap();
-        let err = Settings::defaults().apply_file(&f, p).unwrap_err().to_string();
-        assert!(err.starts_with("/etc/dcpi/l.toml:2: "), "{err}");
-        let f = FileConfig::parse("events = [\"cpu-clock:0\"]\n", p).unwrap();
-        let err = Settings::defaults().apply_file(&f, p).unwrap_err().to_string();
+        let err = file("events = [\"cpu-clock:0\"]\n").unwrap_err().to_string();
         assert!(err.starts_with("/etc/dcpi/l.toml:1: ") && err.contains("cpu-clock:0"), "{err}");
-        let f = FileConfig::parse("log_level = \"loud[\"\n", p).unwrap();
-        let err = Settings::defaults().apply_file(&f, p).unwrap_err().to_string();
+        let err = file("log_level = \"loud[\"\n").unwrap_err().to_string();
         assert!(err.contains("log_level"), "{err}");
         assert_eq!(line_col("ab\ncd", 4), (2, 2));
+        // From the command line, the flag is named.
+        let cli =
+            PartialSettings { host: Some("h".into()), ring_pages: Some(3), ..Default::default() };
+        let err = Settings::merge(None, &cli).unwrap_err().to_string();
+        assert!(err.starts_with("command line") && err.contains("--ring-pages"), "{err}");
+    }
+
+    #[test]
+    fn socket_group_from_flag_and_file() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            s: PartialSettings,
+        }
+        let t = T::try_parse_from(["t", "--socket-group", "wheel"]).unwrap();
+        assert_eq!(t.s.socket_group, Some(Some("wheel".into())));
+        let t = T::try_parse_from(["t", "--socket-group"]).unwrap();
+        assert_eq!(t.s.socket_group, Some(None), "root only");
+        let t = T::try_parse_from(["t"]).unwrap();
+        assert_eq!(t.s.socket_group, None);
+        let f = FileConfig::parse("socket_group = \"adm\"\n", Path::new("/x.toml")).unwrap();
+        assert_eq!(f.settings.socket_group, Some(Some("adm".into())));
+        let cli = PartialSettings { host: Some("h".into()), ..Default::default() };
+        let s = Settings::merge(Some((&f, Path::new("/x.toml"))), &cli).unwrap();
+        assert!(s.socket_group_explicit);
+        assert_eq!(s.socket_group.as_deref(), Some("adm"));
     }
 
     #[test]
@@ -510,5 +665,12 @@ mod tests {
         assert_eq!(FileConfig::load(&p, false).unwrap(), FileConfig::default());
         let err = FileConfig::load(&p, true).unwrap_err().to_string();
         assert!(err.contains("nope.toml"), "{err}");
+    }
+
+    #[test]
+    fn every_reloadable_key_is_a_setting() {
+        for k in RELOADABLE {
+            assert!(PartialSettings::KEYS.contains(k), "{k}");
+        }
     }
 }

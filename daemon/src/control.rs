@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+pub use dcpi_proto::{Request, Response};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -28,17 +28,6 @@ pub const MAX_REQUEST: u64 = 64 * 1024;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// Concurrent connections served; more wait in the listen backlog.
 pub const MAX_CLIENTS: usize = 32;
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "kebab-case")]
-pub enum Request {
-    Status,
-    Flush,
-    EpochNew,
-    EpochShow,
-    /// Re-read the configuration file, as on SIGHUP.
-    Reload,
-}
 
 /// Who may use the socket besides root and the daemon's user: a group, changeable on reload.
 #[derive(Debug)]
@@ -67,24 +56,6 @@ impl Access {
         }
         self.gid.store(group.map_or(NO_GROUP, u64::from), Ordering::Release);
         Ok(())
-    }
-}
-
-#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
-pub struct Response {
-    pub ok: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl Response {
-    pub fn ok(result: serde_json::Value) -> Response {
-        Response { ok: true, result: Some(result), error: None }
-    }
-    pub fn err(msg: impl Into<String>) -> Response {
-        Response { ok: false, result: None, error: Some(msg.into()) }
     }
 }
 

@@ -266,22 +266,12 @@ impl Shared {
 
     fn apply_reload(&self, new: Settings) -> Result<(Vec<String>, Vec<String>), String> {
         let old = self.settings();
-        let mut restart = Vec::new();
-        for (key, changed) in [
-            ("db", old.db != new.db),
-            ("spool", old.spool != new.spool),
-            ("host", old.host != new.host),
-            ("events", old.events != new.events),
-            ("window_divisor", old.window_divisor != new.window_divisor),
-            ("ring_pages", old.ring_pages != new.ring_pages),
-            ("socket", old.socket != new.socket),
-        ] {
-            if changed {
-                restart.push(key.to_string());
-            }
-        }
+        let changed = old.changed(&new);
+        let (live, restart): (Vec<&str>, Vec<&str>) =
+            changed.iter().partition(|k| crate::config::RELOADABLE.contains(k));
+        let mut restart: Vec<String> = restart.into_iter().map(str::to_owned).collect();
         // What can fail comes first, so that a rejected reload changes nothing.
-        let group = if old.socket_group != new.socket_group {
+        let group = if live.contains(&"socket_group") {
             let gid = match &new.socket_group {
                 Some(name) => match crate::sys::sock::group_id(name) {
                     Some(g) => Some(g),
@@ -297,48 +287,33 @@ impl Shared {
             None
         };
         let mut applied = Vec::new();
-        if old.log_level != new.log_level {
-            match &self.hooks.set_log_level {
-                Some(f) => {
-                    f(&new.log_level).map_err(|e| format!("log_level: {e}"))?;
-                    applied.push(format!("log_level: {} -> {}", old.log_level, new.log_level));
+        let mut taken = Vec::new();
+        for &key in &live {
+            match key {
+                "log_level" => match &self.hooks.set_log_level {
+                    Some(f) => f(&new.log_level).map_err(|e| format!("log_level: {e}"))?,
+                    None => {
+                        restart.push(key.into());
+                        continue;
+                    }
+                },
+                "socket_group" => {
+                    if let Some(gid) = group {
+                        self.access.set_group(&old.socket, gid).map_err(|e| e.to_string())?;
+                    }
                 }
-                None => restart.push("log_level".into()),
+                // The others are read from the settings where they are used.
+                _ => {}
             }
+            applied.push(format!("{key}: {} -> {}", old.show(key), new.show(key)));
+            taken.push(key);
         }
-        if let Some(gid) = group {
-            self.access.set_group(&old.socket, gid).map_err(|e| e.to_string())?;
-            applied.push(format!(
-                "socket_group: {} -> {}",
-                old.socket_group.as_deref().unwrap_or("(none)"),
-                new.socket_group.as_deref().unwrap_or("(none)")
-            ));
-        }
-        let dur = |k: &str, a: Duration, b: Duration, out: &mut Vec<String>| {
-            if a != b {
-                out.push(format!("{k}: {a:?} -> {b:?}"));
-            }
-        };
-        dur("flush_interval", old.flush_interval, new.flush_interval, &mut applied);
-        dur("publish_interval", old.publish_interval, new.publish_interval, &mut applied);
-        let num = |k: &str, a: u64, b: u64, out: &mut Vec<String>| {
-            if a != b {
-                out.push(format!("{k}: {a} -> {b}"));
-            }
-        };
-        num("max_memory_mb", old.max_memory_mb, new.max_memory_mb, &mut applied);
-        num("retention_days", old.retention_days.into(), new.retention_days.into(), &mut applied);
-        num("retention_keep", old.retention_keep as u64, new.retention_keep as u64, &mut applied);
         {
             let mut s = self.settings.write().unwrap_or_else(|p| p.into_inner());
-            s.flush_interval = new.flush_interval;
-            s.publish_interval = new.publish_interval;
-            s.max_memory_mb = new.max_memory_mb;
-            s.retention_days = new.retention_days;
-            s.retention_keep = new.retention_keep;
-            s.socket_group = new.socket_group.clone();
+            for key in taken {
+                s.take(key, &new);
+            }
             s.socket_group_explicit = new.socket_group_explicit;
-            s.log_level = new.log_level.clone();
             s.config_file = new.config_file.clone();
         }
         // A publish in progress holds the store; the next tick applies the change then.
@@ -455,7 +430,7 @@ impl Shared {
         let recent = self.recent_window();
         let last_reload = lock(&self.last_reload).clone();
         let c = lock(&self.counters);
-        StatusReport::build(StatusInputs {
+        crate::status::build(StatusInputs {
             host: &settings.host,
             db: &settings.db.display().to_string(),
             uptime_s: self.started.elapsed().as_secs_f64(),
@@ -478,12 +453,9 @@ impl Handler for ControlHandler {
     fn handle(&self, req: Request) -> Response {
         let sh = &self.0;
         match req {
-            Request::Status => match serde_json::to_value(sh.status()) {
-                Ok(v) => Response::ok(v),
-                Err(e) => Response::err(e.to_string()),
-            },
+            Request::Status => Response::ok_with(&sh.status()),
             Request::Flush => match sh.flush_everything() {
-                Ok(()) => Response::ok(serde_json::json!({ "flushed": true })),
+                Ok(()) => Response::ok_with(&dcpi_proto::FlushResult { flushed: true }),
                 Err(e) => Response::err(format!("flush incomplete: {e}")),
             },
             Request::Reload => {
@@ -499,7 +471,7 @@ impl Handler for ControlHandler {
             }
             Request::EpochShow => {
                 let e = lock(&sh.store_status).epoch.clone();
-                Response::ok(serde_json::json!({ "epoch": e }))
+                Response::ok_with(&dcpi_proto::EpochResult { epoch: e })
             }
             Request::EpochNew => {
                 let resolved = sh.aggregator.flush_all();
@@ -508,7 +480,9 @@ impl Handler for ControlHandler {
                 let r = store.new_epoch();
                 *lock(&sh.store_status) = store.status();
                 match r {
-                    Ok(e) => Response::ok(serde_json::json!({ "epoch": e.to_string() })),
+                    Ok(e) => {
+                        Response::ok_with(&dcpi_proto::EpochResult { epoch: Some(e.to_string()) })
+                    }
                     Err(e) => Response::err(format!("cannot start a new epoch: {e}")),
                 }
             }
@@ -704,7 +678,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
     // Ping twice per recommended interval (a quarter of WATCHDOG_USEC): a loaded machine may
     // delay one wake-up without systemd seeing a gap.
     let watchdog_every = notifier.watchdog_interval().map(|w| w / 2);
-    let mut next_status = Instant::now() + settings.flush_interval;
+    let mut next_status = Instant::now() + settings.status_interval;
     let reason = loop {
         let now = Instant::now();
         let mut wake_at = next_status;
@@ -732,7 +706,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
             break "--duration elapsed";
         }
         if now >= next_status {
-            next_status = now + read(&shared.settings).flush_interval;
+            next_status = now + read(&shared.settings).status_interval;
             notifier.status(&shared.status().one_line());
         }
         if watchdog_every.is_some() {

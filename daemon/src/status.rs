@@ -1,150 +1,33 @@
-//! `dcpictl status`: what the daemon reports about itself.
-//!
-//! The JSON form (`dcpictl status --json`) is a stable interface. Fields are only ever added;
-//! top level:
-//! - `version`, `pid`, `host`, `db`, `uptime_s`
-//! - `events[]`: `name`, `requested`, `source` (`hardware`|`software`|`fallback`),
-//!   `period_min`, `period_max` (the randomization window), `samples`
-//! - `cpus[]`: `cpu`, `online`, `samples`, `lost`, `throttled`, `error`
-//! - `samples`, `lost`, `throttled` (totals since start)
-//! - `unknown`: `count`, `fraction` (of resolved samples), `by_reason` {reason: count}
-//! - `aggregation`: `samples_aggregated`, `entries_created`, `factor` (samples per table
-//!   entry), `pending`, `late_sideband`
-//! - `epoch` (current epoch id), `store`: see [`crate::store::StoreStatus`] (`last_flush`,
-//!   `last_publish` {`unix_ms`, `duration_ms`, `items`}, `spool_rows`, `spool_bytes`,
-//!   `dirty_profiles`, `pending_batches`, `pending_bytes`, `dropped_samples`, `db_error`,
-//!   `spool_error`, ...)
-//! - `condition`: `ok`, or a one-line description of what is wrong (disk, CPUs not sampled)
-//! - `daemon`: `cpu_user_s`, `cpu_sys_s`, `rss_kib`
-//! - `rate`: `samples_per_s` (since start), `samples_per_s_recent` (over the last flush
-//!   interval, `recent_window_s` long)
-//! - `overhead`: `daemon_cpu_pct` (the daemon's CPU time as a percentage of one CPU, since
-//!   start), `daemon_cpu_pct_recent`, `sample_cost_us_estimate` (assumed cost of one sampling
-//!   interrupt on the sampled CPU, see [`sample_cost_us`]), `sampling_cpu_pct_estimate`
-//!   (recent samples/s x that cost, percent of one CPU), `ncpus`, `machine_pct_estimate`
-//!   (daemon + sampling interrupts, percent of the whole machine)
-//! - `config`: the settings in force (`file`, `events`, `window_divisor`, `ring_pages`,
-//!   `flush_interval_s`, `publish_interval_s`, `max_memory_mb`, `retention_days`,
-//!   `retention_keep`, `socket`, `socket_group`, `log_level`)
-//! - `last_reload`: `null` or {`unix_ms`, `trigger` (`SIGHUP`|`dcpictl`), `ok`, `error`,
-//!   `applied[]`, `restart_required[]`}
+//! `dcpictl status`: building the report (its types, and the JSON interface they define, are
+//! in the `dcpi-proto` crate shared with `dcpictl`).
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+pub use dcpi_proto::status::{
+    AggregationReport, ConfigReport, CpuReport, DaemonUsage, EventReport, OverheadReport,
+    RateReport, ReloadReport, StatusReport, StoreStatus, UnknownReport,
+};
 
 use crate::aggregate::AggregatorStats;
 use crate::config::Settings;
 use crate::perf::sampler::SamplerStatus;
-use crate::store::StoreStatus;
 
-#[derive(Clone, PartialEq, Debug, Serialize)]
-pub struct EventReport {
-    pub name: String,
-    pub requested: String,
-    pub source: String,
-    pub period_min: u64,
-    pub period_max: u64,
-    pub samples: u64,
-}
-
-#[derive(Clone, PartialEq, Debug, Serialize)]
-pub struct CpuReport {
-    pub cpu: u32,
-    pub online: bool,
-    pub samples: u64,
-    pub lost: u64,
-    pub throttled: u64,
-    pub error: Option<String>,
-}
-
-#[derive(Clone, PartialEq, Debug, Default, Serialize)]
-pub struct UnknownReport {
-    pub count: u64,
-    pub fraction: f64,
-    pub by_reason: BTreeMap<String, u64>,
-}
-
-#[derive(Clone, PartialEq, Debug, Default, Serialize)]
-pub struct AggregationReport {
-    pub samples_aggregated: u64,
-    pub entries_created: u64,
-    pub factor: f64,
-    pub pending: u64,
-    pub late_sideband: u64,
-}
-
-#[derive(Clone, PartialEq, Debug, Default, Serialize)]
-pub struct DaemonUsage {
-    pub cpu_user_s: f64,
-    pub cpu_sys_s: f64,
-    pub rss_kib: u64,
-}
-
-#[derive(Clone, PartialEq, Debug, Default, Serialize)]
-pub struct RateReport {
-    pub samples_per_s: f64,
-    pub samples_per_s_recent: f64,
-    pub recent_window_s: f64,
-}
-
-#[derive(Clone, PartialEq, Debug, Default, Serialize)]
-pub struct OverheadReport {
-    pub daemon_cpu_pct: f64,
-    pub daemon_cpu_pct_recent: f64,
-    pub sample_cost_us_estimate: f64,
-    pub sampling_cpu_pct_estimate: f64,
-    pub ncpus: u32,
-    pub machine_pct_estimate: f64,
-}
-
-#[derive(Clone, PartialEq, Debug, Default, Serialize)]
-pub struct ConfigReport {
-    pub file: Option<String>,
-    pub events: String,
-    pub window_divisor: u64,
-    pub ring_pages: usize,
-    pub flush_interval_s: f64,
-    pub publish_interval_s: f64,
-    pub max_memory_mb: u64,
-    pub retention_days: u32,
-    pub retention_keep: usize,
-    pub socket: String,
-    pub socket_group: Option<String>,
-    pub log_level: String,
-}
-
-impl ConfigReport {
-    pub fn from_settings(s: &Settings) -> ConfigReport {
-        ConfigReport {
-            file: s.config_file.as_ref().map(|p| p.display().to_string()),
-            events: s.events.clone(),
-            window_divisor: s.window_divisor,
-            ring_pages: s.ring_pages,
-            flush_interval_s: s.flush_interval.as_secs_f64(),
-            publish_interval_s: s.publish_interval.as_secs_f64(),
-            max_memory_mb: s.max_memory_mb,
-            retention_days: s.retention_days,
-            retention_keep: s.retention_keep,
-            socket: s.socket.display().to_string(),
-            socket_group: s.socket_group.clone(),
-            log_level: s.log_level.clone(),
-        }
+/// The settings in force, as the status report shows them.
+pub fn config_report(s: &Settings) -> ConfigReport {
+    ConfigReport {
+        file: s.config_file.as_ref().map(|p| p.display().to_string()),
+        events: s.events.clone(),
+        window_divisor: s.window_divisor,
+        ring_pages: s.ring_pages,
+        flush_interval_s: s.flush_interval.as_secs_f64(),
+        publish_interval_s: s.publish_interval.as_secs_f64(),
+        max_memory_mb: s.max_memory_mb,
+        retention_days: s.retention_days,
+        retention_keep: s.retention_keep,
+        socket: s.socket.display().to_string(),
+        socket_group: s.socket_group.clone(),
+        log_level: s.log_level.clone(),
     }
-}
-
-/// The outcome of the last reload (SIGHUP or `dcpictl reload`).
-#[derive(Clone, PartialEq, Debug, Default, Serialize)]
-pub struct ReloadReport {
-    pub unix_ms: u64,
-    pub trigger: String,
-    pub ok: bool,
-    /// Why the new configuration was rejected (file, line, reason); the old one stays.
-    pub error: Option<String>,
-    /// `key: old -> new` for each setting changed live.
-    pub applied: Vec<String>,
-    /// Keys whose new value needs a restart of dcpid; the running value is kept.
-    pub restart_required: Vec<String>,
 }
 
 /// Samples and daemon CPU time over the last flush interval.
@@ -181,30 +64,6 @@ pub fn virtualized() -> bool {
     })
 }
 
-#[derive(Clone, PartialEq, Debug, Serialize)]
-pub struct StatusReport {
-    pub version: String,
-    pub pid: u32,
-    pub host: String,
-    pub db: String,
-    pub uptime_s: f64,
-    pub events: Vec<EventReport>,
-    pub cpus: Vec<CpuReport>,
-    pub samples: u64,
-    pub lost: u64,
-    pub throttled: u64,
-    pub unknown: UnknownReport,
-    pub aggregation: AggregationReport,
-    pub epoch: Option<String>,
-    pub store: StoreStatus,
-    pub condition: String,
-    pub daemon: DaemonUsage,
-    pub rate: RateReport,
-    pub overhead: OverheadReport,
-    pub config: ConfigReport,
-    pub last_reload: Option<ReloadReport>,
-}
-
 /// Inputs gathered by the service.
 #[derive(Debug)]
 pub struct StatusInputs<'a> {
@@ -225,153 +84,138 @@ pub struct StatusInputs<'a> {
     pub virtualized: bool,
 }
 
-impl StatusReport {
-    pub fn build(i: StatusInputs<'_>) -> StatusReport {
-        let (events, cpus) = match i.sampler {
-            Some(s) => (
-                s.events
-                    .iter()
-                    .map(|e| EventReport {
-                        name: e.name.clone(),
-                        requested: e.requested.clone(),
-                        source: e.source.as_str().to_string(),
-                        period_min: e.period_min,
-                        period_max: e.period_max,
-                        samples: e.samples,
-                    })
-                    .collect(),
-                s.cpus
-                    .iter()
-                    .map(|c| CpuReport {
-                        cpu: c.cpu,
-                        online: c.online,
-                        samples: c.samples,
-                        lost: c.lost,
-                        throttled: c.throttled,
-                        error: c.error.clone(),
-                    })
-                    .collect::<Vec<_>>(),
-            ),
-            None => (Vec::new(), Vec::new()),
-        };
-        let samples = cpus.iter().map(|c| c.samples).sum();
-        let lost = cpus.iter().map(|c| c.lost).sum();
-        let throttled = cpus.iter().map(|c| c.throttled).sum();
-        let unknown_count: u64 = i.unknown_by_reason.values().sum();
-        let a = i.aggregator;
-        let mut problems = Vec::new();
-        if let Some(e) = &i.store.db_error {
-            problems.push(format!("database not writable: {e}"));
+/// The status report from what the service gathered.
+pub fn build(i: StatusInputs<'_>) -> StatusReport {
+    let (events, cpus) = match i.sampler {
+        Some(s) => (
+            s.events
+                .iter()
+                .map(|e| EventReport {
+                    name: e.name.clone(),
+                    requested: e.requested.clone(),
+                    source: e.source.as_str().to_string(),
+                    period_min: e.period_min,
+                    period_max: e.period_max,
+                    samples: e.samples,
+                })
+                .collect(),
+            s.cpus
+                .iter()
+                .map(|c| CpuReport {
+                    cpu: c.cpu,
+                    online: c.online,
+                    samples: c.samples,
+                    lost: c.lost,
+                    throttled: c.throttled,
+                    error: c.error.clone(),
+                })
+                .collect::<Vec<_>>(),
+        ),
+        None => (Vec::new(), Vec::new()),
+    };
+    let samples = cpus.iter().map(|c| c.samples).sum();
+    let lost = cpus.iter().map(|c| c.lost).sum();
+    let throttled = cpus.iter().map(|c| c.throttled).sum();
+    let unknown_count: u64 = i.unknown_by_reason.values().sum();
+    let a = i.aggregator;
+    let mut problems = Vec::new();
+    if let Some(e) = &i.store.db_error {
+        problems.push(format!("database not writable: {e}"));
+    }
+    if let Some(e) = &i.store.spool_error {
+        problems.push(format!("spool not writable: {e}"));
+    }
+    if i.store.dropped_samples > 0 {
+        problems.push(format!("{} samples dropped (memory bound)", i.store.dropped_samples));
+    }
+    let offline: Vec<String> =
+        cpus.iter().filter(|c| !c.online).map(|c| c.cpu.to_string()).collect();
+    if !offline.is_empty() {
+        problems.push(format!("CPU {} not sampled", offline.join(",")));
+    }
+    let (u, s) = crate::sys::sock::self_cpu_time();
+    let cpu_s = (u + s).as_secs_f64();
+    let uptime = i.uptime_s.max(1e-3);
+    let since_start = samples as f64 / uptime;
+    let (recent_rate, recent_cpu_pct, window) = match i.recent {
+        Some(w) if w.seconds > 0.0 => {
+            (w.samples as f64 / w.seconds, w.cpu_s / w.seconds * 100.0, w.seconds)
         }
-        if let Some(e) = &i.store.spool_error {
-            problems.push(format!("spool not writable: {e}"));
-        }
-        if i.store.dropped_samples > 0 {
-            problems.push(format!("{} samples dropped (memory bound)", i.store.dropped_samples));
-        }
-        let offline: Vec<String> =
-            cpus.iter().filter(|c| !c.online).map(|c| c.cpu.to_string()).collect();
-        if !offline.is_empty() {
-            problems.push(format!("CPU {} not sampled", offline.join(",")));
-        }
-        let (u, s) = crate::sys::sock::self_cpu_time();
-        let cpu_s = (u + s).as_secs_f64();
-        let uptime = i.uptime_s.max(1e-3);
-        let since_start = samples as f64 / uptime;
-        let (recent_rate, recent_cpu_pct, window) = match i.recent {
-            Some(w) if w.seconds > 0.0 => {
-                (w.samples as f64 / w.seconds, w.cpu_s / w.seconds * 100.0, w.seconds)
-            }
-            _ => (since_start, cpu_s / uptime * 100.0, i.uptime_s),
-        };
-        // Weight the per-sample cost by what each event sampled.
-        let (mut hw, mut sw) = (0u64, 0u64);
-        for e in &events {
-            if e.source == "hardware" {
-                hw += e.samples;
-            } else {
-                sw += e.samples;
-            }
-        }
-        let cost = if hw + sw == 0 {
-            sample_cost_us(events.first().is_some_and(|e| e.source == "hardware"), i.virtualized)
+        _ => (since_start, cpu_s / uptime * 100.0, i.uptime_s),
+    };
+    // Weight the per-sample cost by what each event sampled.
+    let (mut hw, mut sw) = (0u64, 0u64);
+    for e in &events {
+        if e.source == "hardware" {
+            hw += e.samples;
         } else {
-            (hw as f64 * sample_cost_us(true, i.virtualized)
-                + sw as f64 * sample_cost_us(false, i.virtualized))
-                / (hw + sw) as f64
-        };
-        let sampling_pct = recent_rate * cost / 1e4;
-        let ncpus = (cpus.len() as u32).max(1);
-        let overhead = OverheadReport {
-            daemon_cpu_pct: cpu_s / uptime * 100.0,
-            daemon_cpu_pct_recent: recent_cpu_pct,
-            sample_cost_us_estimate: cost,
-            sampling_cpu_pct_estimate: sampling_pct,
-            ncpus,
-            machine_pct_estimate: (recent_cpu_pct + sampling_pct) / f64::from(ncpus),
-        };
-        StatusReport {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            pid: std::process::id(),
-            host: i.host.to_string(),
-            db: i.db.to_string(),
-            uptime_s: i.uptime_s,
-            events,
-            cpus,
-            samples,
-            lost,
-            throttled,
-            unknown: UnknownReport {
-                count: unknown_count,
-                fraction: if i.resolved_samples > 0 {
-                    unknown_count as f64 / i.resolved_samples as f64
-                } else {
-                    0.0
-                },
-                by_reason: i.unknown_by_reason.clone(),
-            },
-            aggregation: AggregationReport {
-                samples_aggregated: a.samples_aggregated,
-                entries_created: a.entries_created,
-                factor: if a.entries_created > 0 {
-                    a.samples_aggregated as f64 / a.entries_created as f64
-                } else {
-                    0.0
-                },
-                pending: a.pending,
-                late_sideband: a.late_sideband,
-            },
-            epoch: i.store.epoch.clone(),
-            store: i.store,
-            condition: if problems.is_empty() { "ok".into() } else { problems.join("; ") },
-            daemon: DaemonUsage {
-                cpu_user_s: u.as_secs_f64(),
-                cpu_sys_s: s.as_secs_f64(),
-                rss_kib: crate::sys::sock::self_rss_kib().unwrap_or(0),
-            },
-            rate: RateReport {
-                samples_per_s: since_start,
-                samples_per_s_recent: recent_rate,
-                recent_window_s: window,
-            },
-            overhead,
-            config: ConfigReport::from_settings(i.settings),
-            last_reload: i.last_reload,
+            sw += e.samples;
         }
     }
-
-    /// The one-line summary sent as systemd STATUS=.
-    pub fn one_line(&self) -> String {
-        format!(
-            "epoch {} | {} samples ({:.0}/s), {} lost, {:.1}% unknown | spool {} rows | {}",
-            self.epoch.as_deref().unwrap_or("-"),
-            self.samples,
-            self.rate.samples_per_s_recent,
-            self.lost,
-            self.unknown.fraction * 100.0,
-            self.store.spool_rows,
-            self.condition
-        )
+    let cost = if hw + sw == 0 {
+        sample_cost_us(events.first().is_some_and(|e| e.source == "hardware"), i.virtualized)
+    } else {
+        (hw as f64 * sample_cost_us(true, i.virtualized)
+            + sw as f64 * sample_cost_us(false, i.virtualized))
+            / (hw + sw) as f64
+    };
+    let sampling_pct = recent_rate * cost / 1e4;
+    let ncpus = (cpus.len() as u32).max(1);
+    let overhead = OverheadReport {
+        daemon_cpu_pct: cpu_s / uptime * 100.0,
+        daemon_cpu_pct_recent: recent_cpu_pct,
+        sample_cost_us_estimate: cost,
+        sampling_cpu_pct_estimate: sampling_pct,
+        ncpus,
+        machine_pct_estimate: (recent_cpu_pct + sampling_pct) / f64::from(ncpus),
+    };
+    StatusReport {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: std::process::id(),
+        host: i.host.to_string(),
+        db: i.db.to_string(),
+        uptime_s: i.uptime_s,
+        events,
+        cpus,
+        samples,
+        lost,
+        throttled,
+        unknown: UnknownReport {
+            count: unknown_count,
+            fraction: if i.resolved_samples > 0 {
+                unknown_count as f64 / i.resolved_samples as f64
+            } else {
+                0.0
+            },
+            by_reason: i.unknown_by_reason.clone(),
+        },
+        aggregation: AggregationReport {
+            samples_aggregated: a.samples_aggregated,
+            entries_created: a.entries_created,
+            factor: if a.entries_created > 0 {
+                a.samples_aggregated as f64 / a.entries_created as f64
+            } else {
+                0.0
+            },
+            pending: a.pending,
+            late_sideband: a.late_sideband,
+        },
+        epoch: i.store.epoch.clone(),
+        store: i.store,
+        condition: if problems.is_empty() { "ok".into() } else { problems.join("; ") },
+        daemon: DaemonUsage {
+            cpu_user_s: u.as_secs_f64(),
+            cpu_sys_s: s.as_secs_f64(),
+            rss_kib: crate::sys::sock::self_rss_kib().unwrap_or(0),
+        },
+        rate: RateReport {
+            samples_per_s: since_start,
+            samples_per_s_recent: recent_rate,
+            recent_window_s: window,
+        },
+        overhead,
+        config: config_report(i.settings),
+        last_reload: i.last_reload,
     }
 }
 
@@ -387,7 +231,7 @@ mod tests {
             AggregatorStats { samples_aggregated: 100, entries_created: 10, ..Default::default() };
         let store = StoreStatus { db_error: Some("EROFS".into()), ..Default::default() };
         let settings = Settings::defaults();
-        let r = StatusReport::build(StatusInputs {
+        let r = build(StatusInputs {
             host: "h",
             db: "/db",
             uptime_s: 1.0,
@@ -413,6 +257,9 @@ mod tests {
         assert!((r.aggregation.factor - 10.0).abs() < 1e-9);
         assert!(r.condition.contains("EROFS"), "{}", r.condition);
         let v = serde_json::to_value(&r).unwrap();
+        // What dcpictl parses is exactly what was sent.
+        let back: StatusReport = serde_json::from_value(v.clone()).expect("dcpictl's types");
+        assert_eq!(back, r);
         for k in [
             "version",
             "events",

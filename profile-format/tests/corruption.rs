@@ -6,7 +6,7 @@ use std::path::Path;
 
 use profile_format::{Error, KallsymsSnapshot, Profile};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 const P: &str = "/db/epochs/20240521T093000Z/web-01/b00.cpu-clock.prof";
 
@@ -149,22 +149,22 @@ fn random_mutations_never_panic() {
     for round in 0..40_000 {
         let (is_profile, seed) = &seeds[round % seeds.len()];
         let mut buf = seed.clone();
-        for _ in 0..rng.gen_range(1..4) {
+        for _ in 0..rng.random_range(1..4) {
             if buf.is_empty() {
-                buf.push(rng.gen());
+                buf.push(rng.random());
                 continue;
             }
-            let pos = rng.gen_range(0..buf.len());
-            match rng.gen_range(0..4) {
-                0 => buf[pos] ^= 1 << rng.gen_range(0..8),
-                1 => buf[pos] = rng.gen(),
+            let pos = rng.random_range(0..buf.len());
+            match rng.random_range(0..4) {
+                0 => buf[pos] ^= 1 << rng.random_range(0..8),
+                1 => buf[pos] = rng.random(),
                 2 => {
                     buf.remove(pos);
                 }
-                _ => buf.insert(pos, rng.gen()),
+                _ => buf.insert(pos, rng.random()),
             }
         }
-        if rng.gen_bool(0.7) && buf.len() >= 24 {
+        if rng.random_bool(0.7) && buf.len() >= 24 {
             let n = buf.len() as u64;
             buf[12..20].copy_from_slice(&n.to_le_bytes());
             fix_crc(&mut buf);

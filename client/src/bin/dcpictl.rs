@@ -1,11 +1,14 @@
 //! dcpictl: control a running dcpid.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
-use dcpi_client::ctl::{reload_outcome, render_status, request, DEFAULT_SOCKET};
+use dcpi_client::ctl::{
+    parse_result, reload_outcome, render_status, request_value, CtlError, DEFAULT_SOCKET,
+};
+use dcpi_proto::{EpochResult, FlushResult, ReloadReport, Request, StatusReport};
 
 /// Control a running dcpid (the dcpi profiling daemon) over its control socket.
 ///
@@ -114,36 +117,56 @@ fn main() -> ExitCode {
         let _ = Cli::command().print_help();
         return ExitCode::from(2);
     };
-    let long = Duration::from_secs(300);
-    let short = Duration::from_secs(15);
-    let result = match &command {
-        Cmd::Status { .. } => request(&cli.socket, "status", short),
-        Cmd::Flush => request(&cli.socket, "flush", long),
-        Cmd::Reload => request(&cli.socket, "reload", short),
-        Cmd::Epoch { action: EpochCmd::New } => request(&cli.socket, "epoch-new", long),
-        Cmd::Epoch { action: EpochCmd::Show } => request(&cli.socket, "epoch-show", short),
+    let req = match &command {
+        Cmd::Status { .. } => Request::Status,
+        Cmd::Flush => Request::Flush,
+        Cmd::Reload => Request::Reload,
+        Cmd::Epoch { action: EpochCmd::New } => Request::EpochNew,
+        Cmd::Epoch { action: EpochCmd::Show } => Request::EpochShow,
     };
-    let v = match result {
-        Ok(v) => v,
+    let timeout = Duration::from_secs(if req.is_slow() { 300 } else { 15 });
+    match run(&cli.socket, &command, req, timeout) {
+        Ok(code) => code,
         Err(e) => {
             eprintln!("dcpictl: {e}");
-            return ExitCode::from(e.exit_code());
+            ExitCode::from(e.exit_code())
         }
-    };
+    }
+}
+
+fn run(
+    socket: &Path,
+    command: &Cmd,
+    req: Request,
+    timeout: Duration,
+) -> Result<ExitCode, CtlError> {
+    let v = request_value(socket, req, timeout)?;
     match command {
-        Cmd::Status { json: true } => {
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default())
+        Cmd::Status { json } => {
+            // Checked against the protocol types even when printed as it came, so a field the
+            // daemon no longer sends is an error here too.
+            let status: StatusReport = parse_result(socket, req, v.clone())?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                print!("{}", render_status(&status));
+            }
         }
-        Cmd::Status { json: false } => print!("{}", render_status(&v)),
-        Cmd::Flush => println!("flushed"),
-        Cmd::Reload => println!("{}", reload_outcome(&v)),
-        Cmd::Epoch { .. } => match v.get("epoch").and_then(|e| e.as_str()) {
+        Cmd::Flush => {
+            let _: FlushResult = parse_result(socket, req, v)?;
+            println!("flushed");
+        }
+        Cmd::Reload => {
+            let r: ReloadReport = parse_result(socket, req, v)?;
+            println!("{}", reload_outcome(&r));
+        }
+        Cmd::Epoch { .. } => match parse_result::<EpochResult>(socket, req, v)?.epoch {
             Some(e) => println!("{e}"),
             None => {
                 eprintln!("dcpictl: no current epoch (database not available?)");
-                return ExitCode::from(1);
+                return Ok(ExitCode::from(1));
             }
         },
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }

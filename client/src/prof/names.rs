@@ -30,9 +30,10 @@ fn demangle_cpp(raw: &str) -> Option<String> {
     // cpp_demangle bounds its recursion, but it is a parser of hostile input in a third-party
     // crate: a panic there must cost one symbol's name, not the report.
     std::panic::catch_unwind(|| {
-        let sym = cpp_demangle::Symbol::new(raw).ok()?;
+        let parse = cpp_demangle::ParseOptions::default().recursion_limit(256);
+        let sym = cpp_demangle::Symbol::new_with_options(raw, &parse).ok()?;
         let opts = cpp_demangle::DemangleOptions::new().recursion_limit(256);
-        sym.demangle(&opts).ok()
+        sym.demangle_with_options(&opts).ok()
     })
     .ok()
     .flatten()

@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::RngExt;
 
 use crate::perf::events::{self, EventKind, EventSpec};
 use crate::perf::records::{self, Record};
@@ -249,7 +249,7 @@ impl EventPlan {
         if self.min >= self.max {
             self.max
         } else {
-            rng.gen_range(self.min..=self.max)
+            rng.random_range(self.min..=self.max)
         }
     }
 }
@@ -478,7 +478,7 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
         }
     }
     let n = shared.plans.len();
-    let mut rng = StdRng::from_entropy();
+    let mut rng = rand::make_rng::<StdRng>();
     let t0 = monotonic_ns();
     let mut ps: Vec<PeriodState> = ring
         .periods
@@ -648,7 +648,7 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
                 // the samples that follow. This pass may have been started by something
                 // phase-locked to the scheduler tick (side-band records of other processes, a
                 // timeout), so re-arm at a uniformly random point of the next period.
-                let delay = rng.gen_range(0..max_delay.clamp(1, redraw_ns / 4));
+                let delay = rng.random_range(0..max_delay.clamp(1, redraw_ns / 4));
                 std::thread::sleep(Duration::from_nanos(delay));
                 for (i, fd) in ring.fds.iter().enumerate() {
                     if !due[i] {
@@ -882,7 +882,7 @@ impl Sampler {
             started: Instant::now(),
             cpus: Mutex::new(BTreeMap::new()),
         });
-        let mut rng = StdRng::from_entropy();
+        let mut rng = rand::make_rng::<StdRng>();
         let mut first_error: Option<SamplerError> = None;
         let mut running = 0usize;
         for &cpu in &online {
@@ -1064,7 +1064,7 @@ impl Drop for Sampler {
 fn supervise(shared: &Arc<Shared>) {
     let interval_ms =
         i32::try_from(shared.cfg.hotplug_interval.as_millis()).unwrap_or(i32::MAX).max(10);
-    let mut rng = StdRng::from_entropy();
+    let mut rng = rand::make_rng::<StdRng>();
     let mut list_error_warned = false;
     while !shared.wake.wait(interval_ms) && !shared.stop.load(Ordering::Acquire) {
         let online = match cfg_online_cpus(&shared.cfg) {
@@ -1154,6 +1154,7 @@ pub fn probe() -> Result<String, SamplerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
 
     #[test]
     fn cpu_lists() {

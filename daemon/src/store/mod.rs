@@ -76,41 +76,7 @@ pub struct EventInfo {
     pub source: String,
 }
 
-/// When an operation last completed.
-#[derive(Clone, PartialEq, Debug, serde::Serialize)]
-pub struct OpStat {
-    /// Unix time, milliseconds.
-    pub unix_ms: u64,
-    pub duration_ms: f64,
-    /// Files written (publish) or increments spooled (flush).
-    pub items: u64,
-}
-
-/// The store's part of `dcpictl status`.
-#[derive(Clone, PartialEq, Debug, Default, serde::Serialize)]
-pub struct StoreStatus {
-    pub epoch: Option<String>,
-    pub last_flush: Option<OpStat>,
-    pub last_publish: Option<OpStat>,
-    /// Increments in the spool not yet published, and their size.
-    pub spool_rows: u64,
-    pub spool_bytes: u64,
-    /// Profiles with unpublished increments.
-    pub dirty_profiles: u64,
-    /// Batches held in memory because the spool could not be written.
-    pub pending_batches: u64,
-    pub pending_bytes: u64,
-    pub max_memory_bytes: u64,
-    /// Samples dropped because the memory bound was reached while the disk failed.
-    pub dropped_samples: u64,
-    pub dropped_batches: u64,
-    pub published_files: u64,
-    pub corrupt_files_set_aside: u64,
-    /// Current failure writing the shared database, if any.
-    pub db_error: Option<String>,
-    /// Current failure writing the spool, if any.
-    pub spool_error: Option<String>,
-}
+pub use dcpi_proto::status::{OpStat, StoreStatus};
 
 struct PendingProfile {
     /// `None` = the event's unknown profile.

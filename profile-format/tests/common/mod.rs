@@ -6,7 +6,7 @@ use profile_format::{
 };
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 pub fn event() -> EventDesc {
     EventDesc {
@@ -43,8 +43,8 @@ pub fn small_profile() -> Profile {
     let mut p = Profile::new(header(ImageKind::Elf, b"/usr/lib/x86_64-linux-gnu/libc.so.6"));
     let mut rng = StdRng::seed_from_u64(1);
     for _ in 0..40 {
-        let off = 0x28000 + rng.gen_range(0..300_000u64);
-        let c = rng.gen_range(1..50);
+        let off = 0x28000 + rng.random_range(0..300_000u64);
+        let c = rng.random_range(1..50);
         p.add(off, c, c * 250_000);
     }
     p
@@ -57,7 +57,7 @@ pub fn zipf_profile(n: usize, text_size: u64, total: u64, seed: u64) -> Profile 
     let mut rng = StdRng::seed_from_u64(seed);
     let mut offsets = std::collections::BTreeSet::new();
     while offsets.len() < n {
-        offsets.insert(0x1000 + rng.gen_range(0..text_size));
+        offsets.insert(0x1000 + rng.random_range(0..text_size));
     }
     let mut offsets: Vec<u64> = offsets.into_iter().collect();
     offsets.shuffle(&mut rng);

@@ -1,0 +1,75 @@
+//! The control protocol between `dcpid` and `dcpictl`: one JSON request line in, one JSON
+//! response line out, over the daemon's Unix socket.
+//!
+//! Requests: `{"cmd":"status"}`, `{"cmd":"flush"}`, `{"cmd":"epoch-new"}`,
+//! `{"cmd":"epoch-show"}`, `{"cmd":"reload"}`. Responses: `{"ok":true,"result":...}` or
+//! `{"ok":false,"error":"..."}`; the result of each request is typed here ([`StatusReport`],
+//! [`FlushResult`], [`EpochResult`], [`ReloadReport`]). Both sides use these types, so a
+//! renamed or removed field is a compile error rather than a silent 0 in `dcpictl`. On the wire,
+//! every field is required when read, optional ones included (`null`, never absent): an
+//! `Option` field carries `deserialize_with = "Option::deserialize"`, which turns off serde's
+//! missing-means-`None`.
+
+use serde::{Deserialize, Serialize};
+
+pub mod status;
+
+pub use status::*;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum Request {
+    Status,
+    Flush,
+    EpochNew,
+    EpochShow,
+    /// Re-read the configuration file, as on SIGHUP.
+    Reload,
+}
+
+impl Request {
+    /// Whether the request waits for disk work (flush, new epoch): clients give it longer.
+    pub fn is_slow(self) -> bool {
+        matches!(self, Request::Flush | Request::EpochNew)
+    }
+}
+
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Response {
+    /// A success carrying `result` (any of this crate's result types).
+    pub fn ok_with<T: Serialize>(result: &T) -> Response {
+        match serde_json::to_value(result) {
+            Ok(v) => Response::ok(v),
+            Err(e) => Response::err(format!("cannot encode the result: {e}")),
+        }
+    }
+
+    pub fn ok(result: serde_json::Value) -> Response {
+        Response { ok: true, result: Some(result), error: None }
+    }
+    pub fn err(msg: impl Into<String>) -> Response {
+        Response { ok: false, result: None, error: Some(msg.into()) }
+    }
+}
+
+/// Result of `flush`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct FlushResult {
+    pub flushed: bool,
+}
+
+/// Result of `epoch-show` and `epoch-new`: the current epoch id (`None` while the database is
+/// not available).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct EpochResult {
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub epoch: Option<String>,
+}

@@ -1,0 +1,211 @@
+//! The status report (`{"cmd":"status"}`): what the daemon reports about itself.
+//!
+//! The JSON form (`dcpictl status --json`) is a stable interface. Fields are only ever added;
+//! top level:
+//! - `version`, `pid`, `host`, `db`, `uptime_s`
+//! - `events[]`: `name`, `requested`, `source` (`hardware`|`software`|`fallback`),
+//!   `period_min`, `period_max` (the randomization window), `samples`
+//! - `cpus[]`: `cpu`, `online`, `samples`, `lost`, `throttled`, `error`
+//! - `samples`, `lost`, `throttled` (totals since start)
+//! - `unknown`: `count`, `fraction` (of resolved samples), `by_reason` {reason: count}
+//! - `aggregation`: `samples_aggregated`, `entries_created`, `factor` (samples per table
+//!   entry), `pending`, `late_sideband`
+//! - `epoch` (current epoch id), `store`: see [`StoreStatus`] (`last_flush`,
+//!   `last_publish` {`unix_ms`, `duration_ms`, `items`}, `spool_rows`, `spool_bytes`,
+//!   `dirty_profiles`, `pending_batches`, `pending_bytes`, `dropped_samples`, `db_error`,
+//!   `spool_error`, ...)
+//! - `condition`: `ok`, or a one-line description of what is wrong (disk, CPUs not sampled)
+//! - `daemon`: `cpu_user_s`, `cpu_sys_s`, `rss_kib`
+//! - `rate`: `samples_per_s` (since start), `samples_per_s_recent` (over the last flush
+//!   interval, `recent_window_s` long)
+//! - `overhead`: `daemon_cpu_pct` (the daemon's CPU time as a percentage of one CPU, since
+//!   start), `daemon_cpu_pct_recent`, `sample_cost_us_estimate` (assumed cost of one sampling
+//!   interrupt on the sampled CPU, see the daemon's `status::sample_cost_us`), `sampling_cpu_pct_estimate`
+//!   (recent samples/s x that cost, percent of one CPU), `ncpus`, `machine_pct_estimate`
+//!   (daemon + sampling interrupts, percent of the whole machine)
+//! - `config`: the settings in force (`file`, `events`, `window_divisor`, `ring_pages`,
+//!   `flush_interval_s`, `publish_interval_s`, `max_memory_mb`, `retention_days`,
+//!   `retention_keep`, `socket`, `socket_group`, `log_level`)
+//! - `last_reload`: `null` or {`unix_ms`, `trigger` (`SIGHUP`|`dcpictl`), `ok`, `error`,
+//!   `applied[]`, `restart_required[]`}
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct EventReport {
+    pub name: String,
+    pub requested: String,
+    pub source: String,
+    pub period_min: u64,
+    pub period_max: u64,
+    pub samples: u64,
+}
+
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct CpuReport {
+    pub cpu: u32,
+    pub online: bool,
+    pub samples: u64,
+    pub lost: u64,
+    pub throttled: u64,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub error: Option<String>,
+}
+
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct UnknownReport {
+    pub count: u64,
+    pub fraction: f64,
+    pub by_reason: BTreeMap<String, u64>,
+}
+
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct AggregationReport {
+    pub samples_aggregated: u64,
+    pub entries_created: u64,
+    pub factor: f64,
+    pub pending: u64,
+    pub late_sideband: u64,
+}
+
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct DaemonUsage {
+    pub cpu_user_s: f64,
+    pub cpu_sys_s: f64,
+    pub rss_kib: u64,
+}
+
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct RateReport {
+    pub samples_per_s: f64,
+    pub samples_per_s_recent: f64,
+    pub recent_window_s: f64,
+}
+
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct OverheadReport {
+    pub daemon_cpu_pct: f64,
+    pub daemon_cpu_pct_recent: f64,
+    pub sample_cost_us_estimate: f64,
+    pub sampling_cpu_pct_estimate: f64,
+    pub ncpus: u32,
+    pub machine_pct_estimate: f64,
+}
+
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct ConfigReport {
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub file: Option<String>,
+    pub events: String,
+    pub window_divisor: u64,
+    pub ring_pages: usize,
+    pub flush_interval_s: f64,
+    pub publish_interval_s: f64,
+    pub max_memory_mb: u64,
+    pub retention_days: u32,
+    pub retention_keep: usize,
+    pub socket: String,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub socket_group: Option<String>,
+    pub log_level: String,
+}
+
+/// The outcome of the last reload (SIGHUP or `dcpictl reload`).
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct ReloadReport {
+    pub unix_ms: u64,
+    pub trigger: String,
+    pub ok: bool,
+    /// Why the new configuration was rejected (file, line, reason); the old one stays.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub error: Option<String>,
+    /// `key: old -> new` for each setting changed live.
+    pub applied: Vec<String>,
+    /// Keys whose new value needs a restart of dcpid; the running value is kept.
+    pub restart_required: Vec<String>,
+}
+
+/// When an operation last completed.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct OpStat {
+    /// Unix time, milliseconds.
+    pub unix_ms: u64,
+    pub duration_ms: f64,
+    /// Files written (publish) or increments spooled (flush).
+    pub items: u64,
+}
+
+/// The store's part of `dcpictl status`.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct StoreStatus {
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub epoch: Option<String>,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub last_flush: Option<OpStat>,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub last_publish: Option<OpStat>,
+    /// Increments in the spool not yet published, and their size.
+    pub spool_rows: u64,
+    pub spool_bytes: u64,
+    /// Profiles with unpublished increments.
+    pub dirty_profiles: u64,
+    /// Batches held in memory because the spool could not be written.
+    pub pending_batches: u64,
+    pub pending_bytes: u64,
+    pub max_memory_bytes: u64,
+    /// Samples dropped because the memory bound was reached while the disk failed.
+    pub dropped_samples: u64,
+    pub dropped_batches: u64,
+    pub published_files: u64,
+    pub corrupt_files_set_aside: u64,
+    /// Current failure writing the shared database, if any.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub db_error: Option<String>,
+    /// Current failure writing the spool, if any.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub spool_error: Option<String>,
+}
+
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub version: String,
+    pub pid: u32,
+    pub host: String,
+    pub db: String,
+    pub uptime_s: f64,
+    pub events: Vec<EventReport>,
+    pub cpus: Vec<CpuReport>,
+    pub samples: u64,
+    pub lost: u64,
+    pub throttled: u64,
+    pub unknown: UnknownReport,
+    pub aggregation: AggregationReport,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub epoch: Option<String>,
+    pub store: StoreStatus,
+    pub condition: String,
+    pub daemon: DaemonUsage,
+    pub rate: RateReport,
+    pub overhead: OverheadReport,
+    pub config: ConfigReport,
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub last_reload: Option<ReloadReport>,
+}
+
+impl StatusReport {
+    /// The one-line summary sent as systemd STATUS=.
+    pub fn one_line(&self) -> String {
+        format!(
+            "epoch {} | {} samples ({:.0}/s), {} lost, {:.1}% unknown | spool {} rows | {}",
+            self.epoch.as_deref().unwrap_or("-"),
+            self.samples,
+            self.rate.samples_per_s_recent,
+            self.lost,
+            self.unknown.fraction * 100.0,
+            self.store.spool_rows,
+            self.condition
+        )
+    }
+}
