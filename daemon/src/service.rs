@@ -37,6 +37,24 @@ pub const TEST_STALL_ENV: &str = "DCPI_TEST_STALL_DRAIN";
 /// A drain thread that has not completed a loop for this long withholds WATCHDOG=1.
 const PROGRESS_MAX_AGE: Duration = Duration::from_secs(5);
 
+/// How long a flush or `epoch new` waits for the drain threads to read their rings up to the
+/// request's instant; a CPU that has not answered by then is named in the response.
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The outcome of closing a batch at an instant ([`Shared::cut`]).
+struct Cut {
+    /// The instant (perf clock ns): the batch holds every sample up to it, none after.
+    until: u64,
+    /// CPUs whose drain thread did not read its ring up to `until` in time.
+    unanswered: Vec<u32>,
+}
+
+impl Cut {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({ "until_ns": self.until, "unanswered_cpus": self.unanswered })
+    }
+}
+
 /// Reads the configuration again (file + the original flags) for a reload.
 pub type Reloader = Box<dyn Fn() -> Result<Settings, ConfigError> + Send + Sync>;
 /// Changes the log filter of the running daemon.
@@ -425,10 +443,13 @@ impl Shared {
         store.add(resolved, dl, dt);
     }
 
+    /// The periodic flush: what the watermark allows goes to the store. The store lock is
+    /// taken before the batch: a batch and an epoch change can then never interleave (the
+    /// batch would otherwise land in the epoch after the one its samples belong to).
     fn flush_tick(&self) {
         self.record_tick();
-        let resolved = self.aggregator.take_resolved();
         let mut store = lock(&self.store);
+        let resolved = self.aggregator.take_resolved();
         self.sync_store(&mut store);
         self.absorb(&mut store, resolved);
         store.tick();
@@ -437,9 +458,49 @@ impl Shared {
         crate::sys::malloc::trim();
     }
 
-    fn flush_everything(&self) -> Result<(), String> {
-        let resolved = self.aggregator.flush_all();
+    /// Close a batch at this instant: every drain thread reads its ring up to it (bounded
+    /// wait), every sample up to it goes into the store, none after. The caller holds the store.
+    fn cut(&self, store: &mut Store) -> Cut {
+        let sampler = read(&self.sampler);
+        let (resolved, unanswered, until) = self.aggregator.cut(|t| match sampler.as_ref() {
+            Some(s) => s.barrier(t, BARRIER_TIMEOUT),
+            None => Vec::new(),
+        });
+        drop(sampler);
+        if !unanswered.is_empty() {
+            tracing::warn!(cpus = ?unanswered, "drain threads did not read their rings up to the request in time; their samples go to a later batch");
+        }
+        self.sync_store(store);
+        self.absorb(store, resolved);
+        Cut { until, unanswered }
+    }
+
+    /// `dcpictl flush`: a cut, then the store spools and publishes everything.
+    fn flush_now(&self) -> Result<Cut, (Cut, String)> {
         let mut store = lock(&self.store);
+        let cut = self.cut(&mut store);
+        let r = store.flush_everything().map_err(|e| e.to_string());
+        *lock(&self.store_status) = store.status();
+        match r {
+            Ok(()) => Ok(cut),
+            Err(e) => Err((cut, e)),
+        }
+    }
+
+    /// `dcpictl epoch new`: a cut closes the current epoch at an instant, then the next epoch
+    /// starts; both under the store lock, so no batch can fall between them.
+    fn new_epoch(&self) -> (Cut, Result<profile_format::EpochId, StoreError>) {
+        let mut store = lock(&self.store);
+        let cut = self.cut(&mut store);
+        let r = store.new_epoch();
+        *lock(&self.store_status) = store.status();
+        (cut, r)
+    }
+
+    /// At shutdown, after the sampler stopped (its drain threads delivered a final pass).
+    fn flush_everything(&self) -> Result<(), String> {
+        let mut store = lock(&self.store);
+        let resolved = self.aggregator.flush_all();
         self.sync_store(&mut store);
         self.absorb(&mut store, resolved);
         let r = store.flush_everything().map_err(|e| e.to_string());
@@ -482,9 +543,16 @@ impl Handler for ControlHandler {
                 Ok(v) => Response::ok(v),
                 Err(e) => Response::err(e.to_string()),
             },
-            Request::Flush => match sh.flush_everything() {
-                Ok(()) => Response::ok(serde_json::json!({ "flushed": true })),
-                Err(e) => Response::err(format!("flush incomplete: {e}")),
+            Request::Flush => match sh.flush_now() {
+                Ok(cut) => {
+                    let mut v = cut.json();
+                    v["flushed"] = serde_json::Value::Bool(true);
+                    Response::ok(v)
+                }
+                Err((cut, e)) => Response::err(format!(
+                    "flush incomplete: {e}{}",
+                    unanswered_note(&cut.unanswered)
+                )),
             },
             Request::Reload => {
                 let r = sh.reload("dcpictl");
@@ -501,18 +569,26 @@ impl Handler for ControlHandler {
                 let e = lock(&sh.store_status).epoch.clone();
                 Response::ok(serde_json::json!({ "epoch": e }))
             }
-            Request::EpochNew => {
-                let resolved = sh.aggregator.flush_all();
-                let mut store = lock(&sh.store);
-                sh.absorb(&mut store, resolved);
-                let r = store.new_epoch();
-                *lock(&sh.store_status) = store.status();
-                match r {
-                    Ok(e) => Response::ok(serde_json::json!({ "epoch": e.to_string() })),
-                    Err(e) => Response::err(format!("cannot start a new epoch: {e}")),
+            Request::EpochNew => match sh.new_epoch() {
+                (cut, Ok(e)) => {
+                    let mut v = cut.json();
+                    v["epoch"] = serde_json::Value::String(e.to_string());
+                    Response::ok(v)
                 }
-            }
+                (cut, Err(e)) => Response::err(format!(
+                    "cannot start a new epoch: {e}{}",
+                    unanswered_note(&cut.unanswered)
+                )),
+            },
         }
+    }
+}
+
+fn unanswered_note(cpus: &[u32]) -> String {
+    if cpus.is_empty() {
+        String::new()
+    } else {
+        format!(" (drain threads of CPUs {cpus:?} did not answer the barrier)")
     }
 }
 

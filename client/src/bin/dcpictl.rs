@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use dcpi_client::ctl::{reload_outcome, render_status, request, DEFAULT_SOCKET};
+use serde_json::Value;
 
 /// Control a running dcpid (the dcpi profiling daemon) over its control socket.
 ///
@@ -51,8 +52,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Write every sample collected so far to the spool and publish every changed profile
-    /// now; returns when done.
+    /// Write every sample taken up to now to the spool and publish every changed profile;
+    /// returns when done. Every CPU's drain thread first reads its ring up to the request's
+    /// instant (a CPU that does not answer within 2 s is named in a warning).
     Flush,
     /// Re-read the configuration file, as on SIGHUP. Intervals, retention, max_memory_mb,
     /// socket_group and log_level change at once; db, spool, host, events, window_divisor,
@@ -68,7 +70,8 @@ enum Cmd {
 
 #[derive(Subcommand, Debug)]
 enum EpochCmd {
-    /// Close the current epoch with every sample flushed into it, start a new one, print its id.
+    /// Close the current epoch at this instant and start a new one; print its id. Every
+    /// sample goes to the epoch containing its timestamp, whenever it is drained.
     New,
     /// Print the current epoch id.
     Show,
@@ -130,6 +133,17 @@ fn main() -> ExitCode {
             return ExitCode::from(e.exit_code());
         }
     };
+    // A flush or new epoch is a barrier at one instant; a CPU whose drain thread did not
+    // answer in time has its last samples in a later batch: say which.
+    if let Some(cpus) = v.get("unanswered_cpus").and_then(Value::as_array).filter(|a| !a.is_empty())
+    {
+        let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
+        eprintln!(
+            "dcpictl: warning: the drain threads of CPUs {} did not read their rings up to the \
+             request in time; their most recent samples go to the next flush",
+            list.join(", ")
+        );
+    }
     match command {
         Cmd::Status { json: true } => {
             println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default())

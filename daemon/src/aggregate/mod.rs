@@ -392,6 +392,9 @@ pub struct Aggregator {
     /// See [`Horizon::changed`].
     changed: Box<[AtomicU64]>,
     cpus: Vec<Mutex<CpuState>>,
+    /// Drain threads aggregate no sample newer than this ([`Aggregator::cut`]; MAX = no cut
+    /// in progress).
+    cap: AtomicU64,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -527,6 +530,7 @@ impl Aggregator {
             epoch: AtomicU64::new(0),
             changed: (0..CACHE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             cpus: (0..n).map(|_| Mutex::new(CpuState::new(&cfg))).collect(),
+            cap: AtomicU64::new(PerfTime::MAX),
         })
     }
 
@@ -581,6 +585,42 @@ impl Aggregator {
         sh.watermark = newest;
         self.applied_until.fetch_max(newest, Ordering::Release);
         r.gc(newest);
+        drop(r);
+        self.epoch.fetch_add(1, Ordering::Release);
+        out
+    }
+
+    /// Close a batch at an instant. Stops the drain threads from aggregating, reads the clock
+    /// (`T`), runs `barrier(T)` (which must make every drain thread deliver its ring up to `T`),
+    /// then takes exactly the samples with a time at or below `T`: side-band records up to `T`
+    /// are applied whatever the watermark, later samples stay pending for the next batch.
+    /// Every sample therefore goes to the batch of the instant that contains it, whichever
+    /// pass delivered it. Returns the batch, what `barrier` returned and `T`.
+    pub fn cut<B>(&self, barrier: impl FnOnce(PerfTime) -> B) -> (Resolved, B, PerfTime) {
+        // Freeze before reading the clock: a drain pass that saw the old cap computed its
+        // watermark from a clock read before this store, hence before T.
+        self.cap.store(0, Ordering::SeqCst);
+        let t = crate::sys::time::monotonic_ns();
+        self.cap.store(t, Ordering::SeqCst);
+        let b = barrier(t);
+        let out = self.take_until(t);
+        self.cap.store(PerfTime::MAX, Ordering::SeqCst);
+        (out, b, t)
+    }
+
+    /// Apply every side-band record up to `limit`, aggregate every sample up to it (the
+    /// watermark moves to at least `limit`), swap out the tables and resolve.
+    fn take_until(&self, limit: PerfTime) -> Resolved {
+        let mut sh = lock(&self.shared);
+        let mut due = Vec::new();
+        sh.due_until(limit, &mut due);
+        let mut out = std::mem::take(&mut sh.early);
+        let mut r = write(&self.resolver);
+        self.apply(&mut r, &due);
+        sh.watermark = sh.watermark.max(limit);
+        self.applied_until.fetch_max(limit, Ordering::Release);
+        self.take_tables(&mut r, Some(limit), &mut out);
+        r.gc(limit);
         drop(r);
         self.epoch.fetch_add(1, Ordering::Release);
         out
@@ -666,10 +706,11 @@ impl Aggregator {
         out
     }
 
-    /// Step 3 of a drain pass (module docs): aggregate what the watermark allows, draining the
-    /// overflow buffer early as often as it fills.
+    /// Step 3 of a drain pass (module docs): aggregate what the watermark allows (never past a
+    /// cut in progress), draining the overflow buffer early as often as it fills.
     fn aggregate_cpu(&self, slot: usize, wm: PerfTime) {
         loop {
+            let wm = wm.min(self.cap.load(Ordering::SeqCst));
             let full = {
                 let mut c = lock(&self.cpus[slot]);
                 let c = &mut *c;
