@@ -119,15 +119,17 @@ pub fn render_status(v: &Value) -> String {
             u(e, "samples")
         );
     }
-    o += "\nCPU  ONLINE     SAMPLES     LOST  THROTTLED  ERROR\n";
+    o += "\nCPU  ONLINE     SAMPLES     LOST  THROTTLED  WAKEUPS/S  DRAIN MS/S  ERROR\n";
     for c in v.get("cpus").and_then(Value::as_array).into_iter().flatten() {
         o += &format!(
-            "{:<4} {:<6} {:>11} {:>8} {:>10}  {}\n",
+            "{:<4} {:<6} {:>11} {:>8} {:>10} {:>10.1} {:>11.3}  {}\n",
             u(c, "cpu"),
             if c.get("online").and_then(Value::as_bool).unwrap_or(false) { "yes" } else { "NO" },
             u(c, "samples"),
             u(c, "lost"),
             u(c, "throttled"),
+            f(c, "wakeups_per_s"),
+            f(c, "drain_cpu_ms_per_s"),
             c.get("error").and_then(Value::as_str).unwrap_or("")
         );
     }
@@ -192,6 +194,11 @@ pub fn render_status(v: &Value) -> String {
         f(&ov, "sample_cost_us_estimate"),
         f(&ov, "machine_pct_estimate"),
         u(&ov, "ncpus")
+    );
+    o += &format!(
+        "cost:       daemon {:.3} ms CPU per second, {:.0} ns per sample (recent window)\n",
+        f(&ov, "daemon_cpu_ms_per_s"),
+        f(&ov, "ns_per_sample")
     );
     let c = v.get("config").cloned().unwrap_or(Value::Null);
     o += &format!(
@@ -260,7 +267,8 @@ mod tests {
             "version": "0.1.0", "pid": 7, "host": "h", "db": "/db", "uptime_s": 3.0,
             "condition": "ok", "epoch": "20260101T000000Z",
             "events": [{"name": "cpu-clock", "source": "software", "period_min": 938, "period_max": 1000, "samples": 5}],
-            "cpus": [{"cpu": 0, "online": true, "samples": 5, "lost": 0, "throttled": 1, "error": null}],
+            "cpus": [{"cpu": 0, "online": true, "samples": 5, "lost": 0, "throttled": 1, "error": null,
+                "wakeups": 9, "wakeups_per_s": 1.5, "drain_cpu_ms_per_s": 0.042}],
             "samples": 5, "lost": 0, "throttled": 1,
             "unknown": {"count": 1, "fraction": 0.2, "by_reason": {"process-gone": 1}},
             "aggregation": {"factor": 2.5, "pending": 0, "late_sideband": 0},
@@ -269,7 +277,8 @@ mod tests {
             "rate": {"samples_per_s": 990.0, "samples_per_s_recent": 1994.6, "recent_window_s": 2.0},
             "overhead": {"daemon_cpu_pct": 0.5, "daemon_cpu_pct_recent": 0.25,
                 "sample_cost_us_estimate": 20.0, "sampling_cpu_pct_estimate": 3.99,
-                "ncpus": 2, "machine_pct_estimate": 2.12},
+                "ncpus": 2, "machine_pct_estimate": 2.12,
+                "daemon_cpu_ms_per_s": 2.5, "ns_per_sample": 1253.0},
             "config": {"file": "/etc/dcpi/dcpid.toml", "flush_interval_s": 2.0},
             "last_reload": {"unix_ms": 1, "trigger": "SIGHUP", "ok": true,
                 "applied": ["flush_interval: 2s -> 1s"], "restart_required": ["events"]}
@@ -287,6 +296,8 @@ mod tests {
             "1995 samples/s",
             "3.99% of one CPU",
             "20 µs per sample",
+            "       1.5       0.042",
+            "2.500 ms CPU per second, 1253 ns per sample",
             "/etc/dcpi/dcpid.toml",
             "flush_interval: 2s -> 1s",
             "restart of dcpid to take effect (running values kept): events",

@@ -180,6 +180,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+type Tick = (Instant, u64, f64, Vec<(u32, u64, u64)>);
+
 struct Counters {
     lost: u64,
     throttled: u64,
@@ -196,8 +198,9 @@ struct Shared {
     hooks: Hooks,
     access: Arc<Access>,
     last_reload: Mutex<Option<ReloadReport>>,
-    /// (time, samples so far, daemon CPU seconds) at the last flush ticks.
-    ticks: Mutex<VecDeque<(Instant, u64, f64)>>,
+    /// (time, samples so far, daemon CPU seconds, per CPU (cpu, wake-ups, drain CPU ns)) at
+    /// the last flush ticks.
+    ticks: Mutex<VecDeque<Tick>>,
     /// The flush thread, woken when a reload changes its interval.
     flusher: Mutex<Option<std::thread::Thread>>,
     started: Instant,
@@ -369,17 +372,20 @@ impl Shared {
         Ok((applied, restart))
     }
 
-    fn sampler_samples(&self) -> u64 {
-        read(&self.sampler)
-            .as_ref()
-            .map(|s| s.status().cpus.iter().map(|c| c.samples).sum())
-            .unwrap_or(0)
-    }
-
     fn record_tick(&self) {
         let (u, s) = crate::sys::sock::self_cpu_time();
+        let (samples, per_cpu) = match read(&self.sampler).as_ref() {
+            Some(smp) => {
+                let st = smp.status();
+                (
+                    st.cpus.iter().map(|c| c.samples).sum(),
+                    st.cpus.iter().map(|c| (c.cpu, c.wakeups, c.drain_cpu_ns)).collect(),
+                )
+            }
+            None => (0, Vec::new()),
+        };
         let mut t = lock(&self.ticks);
-        t.push_back((Instant::now(), self.sampler_samples(), (u + s).as_secs_f64()));
+        t.push_back((Instant::now(), samples, (u + s).as_secs_f64(), per_cpu));
         while t.len() > 2 {
             t.pop_front();
         }
@@ -395,6 +401,14 @@ impl Shared {
             seconds: b.0.saturating_duration_since(a.0).as_secs_f64(),
             samples: b.1.saturating_sub(a.1),
             cpu_s: (b.2 - a.2).max(0.0),
+            per_cpu: b
+                .3
+                .iter()
+                .map(|&(cpu, w, ns)| {
+                    let (w0, ns0) = a.3.iter().find(|p| p.0 == cpu).map_or((0, 0), |p| (p.1, p.2));
+                    (cpu, w.saturating_sub(w0), ns.saturating_sub(ns0))
+                })
+                .collect(),
         })
     }
 

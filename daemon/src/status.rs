@@ -5,7 +5,9 @@
 //! - `version`, `pid`, `host`, `db`, `uptime_s`
 //! - `events[]`: `name`, `requested`, `source` (`hardware`|`software`|`fallback`),
 //!   `period_min`, `period_max` (the randomization window), `samples`
-//! - `cpus[]`: `cpu`, `online`, `samples`, `lost`, `throttled`, `error`
+//! - `cpus[]`: `cpu`, `online`, `samples`, `lost`, `throttled`, `error`, `wakeups` (drain
+//!   thread wake-ups since start), `wakeups_per_s` and `drain_cpu_ms_per_s` (its CPU time),
+//!   both over the recent window (since start before two flushes)
 //! - `samples`, `lost`, `throttled` (totals since start)
 //! - `unknown`: `count`, `fraction` (of resolved samples), `by_reason` {reason: count}
 //! - `aggregation`: `samples_aggregated`, `entries_created`, `factor` (samples per table
@@ -22,7 +24,9 @@
 //!   start), `daemon_cpu_pct_recent`, `sample_cost_us_estimate` (assumed cost of one sampling
 //!   interrupt on the sampled CPU, see [`sample_cost_us`]), `sampling_cpu_pct_estimate`
 //!   (recent samples/s x that cost, percent of one CPU), `ncpus`, `machine_pct_estimate`
-//!   (daemon + sampling interrupts, percent of the whole machine)
+//!   (daemon + sampling interrupts, percent of the whole machine), `daemon_cpu_ms_per_s` (all
+//!   the daemon's threads, recent window), `ns_per_sample` (the daemon's CPU time per sample
+//!   collected, recent window)
 //! - `config`: the settings in force (`file`, `events`, `window_divisor`, `ring_pages`,
 //!   `flush_interval_s`, `publish_interval_s`, `max_memory_mb`, `retention_days`,
 //!   `retention_keep`, `socket`, `socket_group`, `log_level`)
@@ -56,6 +60,9 @@ pub struct CpuReport {
     pub lost: u64,
     pub throttled: u64,
     pub error: Option<String>,
+    pub wakeups: u64,
+    pub wakeups_per_s: f64,
+    pub drain_cpu_ms_per_s: f64,
 }
 
 #[derive(Clone, PartialEq, Debug, Default, Serialize)]
@@ -96,6 +103,8 @@ pub struct OverheadReport {
     pub sampling_cpu_pct_estimate: f64,
     pub ncpus: u32,
     pub machine_pct_estimate: f64,
+    pub daemon_cpu_ms_per_s: f64,
+    pub ns_per_sample: f64,
 }
 
 #[derive(Clone, PartialEq, Debug, Default, Serialize)]
@@ -148,11 +157,13 @@ pub struct ReloadReport {
 }
 
 /// Samples and daemon CPU time over the last flush interval.
-#[derive(Clone, Copy, PartialEq, Debug, Default)]
+#[derive(Clone, PartialEq, Debug, Default)]
 pub struct RecentWindow {
     pub seconds: f64,
     pub samples: u64,
     pub cpu_s: f64,
+    /// Per CPU: (cpu, drain thread wake-ups, drain thread CPU ns) during the window.
+    pub per_cpu: Vec<(u32, u64, u64)>,
 }
 
 /// Estimated cost (µs of the sampled CPU) of one sampling interrupt. These are estimates, not
@@ -249,6 +260,9 @@ impl StatusReport {
                         lost: c.lost,
                         throttled: c.throttled,
                         error: c.error.clone(),
+                        wakeups: c.wakeups,
+                        wakeups_per_s: 0.0,
+                        drain_cpu_ms_per_s: 0.0,
                     })
                     .collect::<Vec<_>>(),
             ),
@@ -278,7 +292,7 @@ impl StatusReport {
         let cpu_s = (u + s).as_secs_f64();
         let uptime = i.uptime_s.max(1e-3);
         let since_start = samples as f64 / uptime;
-        let (recent_rate, recent_cpu_pct, window) = match i.recent {
+        let (recent_rate, recent_cpu_pct, window) = match &i.recent {
             Some(w) if w.seconds > 0.0 => {
                 (w.samples as f64 / w.seconds, w.cpu_s / w.seconds * 100.0, w.seconds)
             }
@@ -301,6 +315,22 @@ impl StatusReport {
                 / (hw + sw) as f64
         };
         let sampling_pct = recent_rate * cost / 1e4;
+        // Per CPU rates over the recent window; since start until there is one.
+        let mut cpus = cpus;
+        let sampler_cpus = i.sampler.map(|s| s.cpus.as_slice()).unwrap_or(&[]);
+        for (c, sc) in cpus.iter_mut().zip(sampler_cpus) {
+            let recent = i
+                .recent
+                .as_ref()
+                .filter(|w| w.seconds > 0.0)
+                .and_then(|w| w.per_cpu.iter().find(|p| p.0 == c.cpu).map(|p| (w.seconds, p)));
+            let (secs, wk, ns) = match recent {
+                Some((secs, p)) => (secs, p.1, p.2),
+                None => (uptime, sc.wakeups, sc.drain_cpu_ns),
+            };
+            c.wakeups_per_s = wk as f64 / secs;
+            c.drain_cpu_ms_per_s = ns as f64 / 1e6 / secs;
+        }
         let ncpus = (cpus.len() as u32).max(1);
         let overhead = OverheadReport {
             daemon_cpu_pct: cpu_s / uptime * 100.0,
@@ -309,6 +339,12 @@ impl StatusReport {
             sampling_cpu_pct_estimate: sampling_pct,
             ncpus,
             machine_pct_estimate: (recent_cpu_pct + sampling_pct) / f64::from(ncpus),
+            daemon_cpu_ms_per_s: recent_cpu_pct * 10.0,
+            ns_per_sample: if recent_rate > 0.0 {
+                recent_cpu_pct / 100.0 * 1e9 / recent_rate
+            } else {
+                0.0
+            },
         };
         StatusReport {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -398,7 +434,12 @@ mod tests {
             store,
             settings: &settings,
             last_reload: None,
-            recent: Some(RecentWindow { seconds: 2.0, samples: 4000, cpu_s: 0.02 }),
+            recent: Some(RecentWindow {
+                seconds: 2.0,
+                samples: 4000,
+                cpu_s: 0.02,
+                per_cpu: vec![(0, 4, 3_000_000)],
+            }),
             virtualized: true,
         });
         assert!((r.rate.samples_per_s_recent - 2000.0).abs() < 1e-9);
@@ -407,6 +448,9 @@ mod tests {
         assert!((r.overhead.sampling_cpu_pct_estimate - 4.0).abs() < 1e-9);
         assert_eq!(r.overhead.ncpus, 1);
         assert!((r.overhead.machine_pct_estimate - 5.0).abs() < 1e-9);
+        // 0.02 s of CPU over 2 s = 10 ms/s; at 2000 samples/s that is 5 µs per sample.
+        assert!((r.overhead.daemon_cpu_ms_per_s - 10.0).abs() < 1e-9);
+        assert!((r.overhead.ns_per_sample - 5000.0).abs() < 1e-6);
         assert_eq!(r.config.flush_interval_s, 2.0);
         assert_eq!(r.unknown.count, 5);
         assert!((r.unknown.fraction - 0.1).abs() < 1e-9);

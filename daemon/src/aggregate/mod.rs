@@ -55,23 +55,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use profile_format::{ImageId, ImageKind, JitSymbol, UnknownReason};
+use profile_format::{ImageId, ImageKind, UnknownReason};
 
 use crate::resolve::{AsidSpan, Resolution, Resolver, KERNEL_START};
 use crate::types::{EventIdx, PerfTime, Sample, SampleSink, SideBand, TimedSideBand};
 
 use table::{Added, Entry, Table};
 
-/// What a profile on disk needs to know about its image.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct ImageInfo {
-    pub kind: ImageKind,
-    pub id: ImageId,
-    /// Path as seen (`/usr/bin/foo`, `[kernel.kallsyms]`, `[vdso]`, `[anon:1234]`, module name).
-    pub path: Vec<u8>,
-    /// For `Anon` images: symbols from /tmp/perf-PID.map, if the process published one.
-    pub jit_symbols: Vec<JitSymbol>,
-}
+pub use crate::types::ImageInfo;
 
 /// Samples of one (image, event), resolved: offset → (count, sum of periods in force).
 #[derive(Clone, PartialEq, Eq, Debug)]
