@@ -40,6 +40,10 @@ pub struct Cli {
     /// Data pages of each per-CPU ring buffer (power of two) [default: 128].
     #[arg(long, value_name = "N")]
     pub ring_pages: Option<usize>,
+    /// Each CPU re-arms its sampling periods once per window of this length, at a random
+    /// instant of it (its only timed wake-up) [default: 1s; at most 1.4s].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub redraw_interval: Option<Duration>,
     /// How often increments are written to the spool; bounds what a crash loses [default: 2s].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub flush_interval: Option<Duration>,
@@ -170,6 +174,9 @@ impl Cli {
         }
         if let Some(v) = self.ring_pages {
             s.ring_pages = v;
+        }
+        if let Some(v) = self.redraw_interval {
+            s.redraw_interval = v;
         }
         if let Some(v) = self.flush_interval {
             s.flush_interval = v;

@@ -8,6 +8,7 @@
 //! events = ["cycles", "cpu-clock:1000000"]   # or "auto"
 //! window_divisor = 16
 //! ring_pages = 128
+//! redraw_interval = "1s"   # one period re-arm per CPU per interval, at a random instant
 //! flush_interval = "2s"
 //! publish_interval = "60s"
 //! max_memory_mb = 256
@@ -79,6 +80,7 @@ pub struct FileConfig {
     pub events: Option<EventsSetting>,
     pub window_divisor: Option<u64>,
     pub ring_pages: Option<usize>,
+    pub redraw_interval: Option<String>,
     pub flush_interval: Option<String>,
     pub publish_interval: Option<String>,
     pub max_memory_mb: Option<u64>,
@@ -210,6 +212,8 @@ pub struct Settings {
     pub events: String,
     pub window_divisor: u64,
     pub ring_pages: usize,
+    /// Each CPU re-arms its periods once per window of this length (perf/README.md).
+    pub redraw_interval: Duration,
     pub flush_interval: Duration,
     pub publish_interval: Duration,
     pub max_memory_mb: u64,
@@ -237,6 +241,7 @@ impl Settings {
             events: "auto".into(),
             window_divisor: 16,
             ring_pages: 128,
+            redraw_interval: Duration::from_secs(1),
             flush_interval: Duration::from_secs(2),
             publish_interval: Duration::from_secs(60),
             max_memory_mb: 256,
@@ -271,6 +276,10 @@ impl Settings {
         }
         if let Some(v) = f.ring_pages {
             self.ring_pages = v;
+        }
+        if let Some(v) = &f.redraw_interval {
+            self.redraw_interval =
+                duration_field(&origin("redraw_interval"), "redraw_interval", v)?;
         }
         if let Some(v) = &f.flush_interval {
             self.flush_interval = duration_field(&origin("flush_interval"), "flush_interval", v)?;
@@ -337,6 +346,15 @@ impl Settings {
                 "ring_pages",
                 self.ring_pages.to_string(),
                 "must be a power of two between 1 and 65536",
+            ));
+        }
+        if self.redraw_interval < Duration::from_millis(10)
+            || self.redraw_interval > crate::perf::sampler::MAX_REDRAW_INTERVAL
+        {
+            return Err(bad(
+                "redraw_interval",
+                format!("{:?}", self.redraw_interval),
+                "must be between 10ms and 1.4s (idle CPUs report only when they wake)",
             ));
         }
         if self.flush_interval < Duration::from_millis(10)
@@ -452,6 +470,20 @@ mod tests {
         assert!(err.contains("test.toml") && err.contains("flush_intreval"), "{err}");
         let err = FileConfig::parse("ring_pages = \"many\"\n", p).unwrap_err().to_string();
         assert!(err.contains("test.toml"), "{err}");
+    }
+
+    #[test]
+    fn redraw_interval_is_read_and_bounded() {
+        let p = Path::new("/etc/dcpi/r.toml");
+        let mut s = Settings::defaults();
+        s.host = "h1".into();
+        assert_eq!(s.redraw_interval, Duration::from_secs(1));
+        let f = FileConfig::parse("redraw_interval = \"250ms\"\n", p).unwrap();
+        s.apply_file(&f, p).unwrap();
+        assert_eq!(s.redraw_interval, Duration::from_millis(250));
+        let f = FileConfig::parse("host = \"h\"\nredraw_interval = \"5s\"\n", p).unwrap();
+        let err = Settings::defaults().apply_file(&f, p).unwrap_err().to_string();
+        assert!(err.contains("r.toml:2") && err.contains("redraw_interval"), "{err}");
     }
 
     #[test]

@@ -295,6 +295,7 @@ impl Shared {
             ("events", old.events != new.events),
             ("window_divisor", old.window_divisor != new.window_divisor),
             ("ring_pages", old.ring_pages != new.ring_pages),
+            ("redraw_interval", old.redraw_interval != new.redraw_interval),
             ("socket", old.socket != new.socket),
         ] {
             if changed {
@@ -670,6 +671,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         events: specs,
         window_divisor: settings.window_divisor,
         ring_pages: settings.ring_pages,
+        redraw_interval: settings.redraw_interval,
         stall_drain,
         ..SamplerConfig::default()
     };

@@ -28,6 +28,7 @@
 //!   the daemon's threads, recent window), `ns_per_sample` (the daemon's CPU time per sample
 //!   collected, recent window)
 //! - `config`: the settings in force (`file`, `events`, `window_divisor`, `ring_pages`,
+//!   `redraw_interval_s`,
 //!   `flush_interval_s`, `publish_interval_s`, `max_memory_mb`, `retention_days`,
 //!   `retention_keep`, `socket`, `socket_group`, `log_level`)
 //! - `last_reload`: `null` or {`unix_ms`, `trigger` (`SIGHUP`|`dcpictl`), `ok`, `error`,
@@ -113,6 +114,7 @@ pub struct ConfigReport {
     pub events: String,
     pub window_divisor: u64,
     pub ring_pages: usize,
+    pub redraw_interval_s: f64,
     pub flush_interval_s: f64,
     pub publish_interval_s: f64,
     pub max_memory_mb: u64,
@@ -130,6 +132,7 @@ impl ConfigReport {
             events: s.events.clone(),
             window_divisor: s.window_divisor,
             ring_pages: s.ring_pages,
+            redraw_interval_s: s.redraw_interval.as_secs_f64(),
             flush_interval_s: s.flush_interval.as_secs_f64(),
             publish_interval_s: s.publish_interval.as_secs_f64(),
             max_memory_mb: s.max_memory_mb,

@@ -28,7 +28,7 @@ use rand::{Rng, SeedableRng};
 use crate::perf::events::{self, EventKind, EventSpec};
 use crate::perf::records::{self, Record};
 use crate::perf::redraw::{self, RedrawSchedule};
-use crate::perf::ring::RingReader;
+use crate::perf::ring::{RingBuffer, RingReader};
 use crate::sys::perf::{self as sp, AttrSpec, EventFd, PerfFd, RingMap};
 use crate::sys::time::{monotonic_ns, thread_cpu_ns};
 use crate::types::{EventIdx, Sample, SampleSink, TimedSideBand};
@@ -472,14 +472,64 @@ fn spawn_cpu(
     r
 }
 
-/// What one pass over the ring found besides samples.
-#[derive(Debug, Default)]
-struct PassCounts {
-    samples: u64,
-    lost: u64,
-    throttled: u64,
-    unthrottled: u64,
-    malformed: u64,
+/// What one pass over the ring found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassCounts {
+    pub samples: u64,
+    pub lost: u64,
+    pub throttled: u64,
+    pub unthrottled: u64,
+    pub malformed: u64,
+}
+
+/// The parsing half of a drain pass (what every drain thread runs, and what
+/// `benches/aggregate.rs` times): read every record out of `ring`, turn samples into
+/// [`Sample`]s (event index from the record's identifier among `ids`, period from
+/// `period_at(event index, TIME)`) appended to `samples`, side-band records to `sideband`;
+/// counts per event go to `per_event` (zeroed first).
+pub fn read_pass<R: RingBuffer>(
+    reader: &mut RingReader,
+    ring: &R,
+    ids: &[u64],
+    period_at: impl Fn(usize, u64) -> u64,
+    per_event: &mut [u64],
+    samples: &mut Vec<Sample>,
+    sideband: &mut Vec<TimedSideBand>,
+) -> PassCounts {
+    let mut c = PassCounts::default();
+    per_event.iter_mut().for_each(|x| *x = 0);
+    let before = samples.len();
+    samples.reserve(1024);
+    let ds = reader.drain(ring, |rec| match records::parse_record(rec) {
+        Record::Sample(s) => {
+            let Some(idx) = ids.iter().position(|&id| id == s.identifier) else {
+                c.malformed += 1;
+                return;
+            };
+            per_event[idx] += 1;
+            samples.push(Sample {
+                time: s.time,
+                pid: s.pid,
+                tid: s.tid,
+                pc: s.ip,
+                cpu: s.cpu,
+                event: idx as EventIdx,
+                period: period_at(idx, s.time),
+                kernel: s.kernel,
+            });
+        }
+        Record::SideBand(sb) => sideband.push(sb),
+        Record::Lost { lost: l } => c.lost += l,
+        Record::Throttle { .. } => c.throttled += 1,
+        Record::Unthrottle { .. } => c.unthrottled += 1,
+        Record::Malformed => c.malformed += 1,
+        Record::Other => {}
+    });
+    if ds.corrupt {
+        c.malformed += 1;
+    }
+    c.samples = (samples.len() - before) as u64;
+    c
 }
 
 /// A drain thread's own state (module docs): one concern per method.
@@ -598,46 +648,16 @@ impl<'a> Drainer<'a> {
 
     /// Read the ring, stamp samples with the period in force, count the other records.
     fn read_ring(&mut self) -> PassCounts {
-        let mut c = PassCounts::default();
-        self.per_event.iter_mut().for_each(|x| *x = 0);
-        self.samples.reserve(1024);
-        let (ids, ps, per_event, samples, sideband) = (
+        let ps = &self.periods;
+        read_pass(
+            &mut self.reader,
+            &self.ring.ring,
             &self.ring.ids,
-            &self.periods,
+            |idx, time| ps[idx].at(time),
             &mut self.per_event,
             &mut self.samples,
             &mut self.sideband,
-        );
-        let ds = self.reader.drain(&self.ring.ring, |rec| match records::parse_record(rec) {
-            Record::Sample(s) => {
-                let Some(idx) = ids.iter().position(|&id| id == s.identifier) else {
-                    c.malformed += 1;
-                    return;
-                };
-                per_event[idx] += 1;
-                samples.push(Sample {
-                    time: s.time,
-                    pid: s.pid,
-                    tid: s.tid,
-                    pc: s.ip,
-                    cpu: s.cpu,
-                    event: idx as EventIdx,
-                    period: ps[idx].at(s.time),
-                    kernel: s.kernel,
-                });
-            }
-            Record::SideBand(sb) => sideband.push(sb),
-            Record::Lost { lost: l } => c.lost += l,
-            Record::Throttle { .. } => c.throttled += 1,
-            Record::Unthrottle { .. } => c.unthrottled += 1,
-            Record::Malformed => c.malformed += 1,
-            Record::Other => {}
-        });
-        if ds.corrupt {
-            c.malformed += 1;
-        }
-        c.samples = self.samples.len() as u64;
-        c
+        )
     }
 
     /// One pass: read everything written so far and hand it to the sink.
