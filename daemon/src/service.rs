@@ -629,90 +629,11 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
     let notifier = Notifier::from_env();
     let specs = parse_event_list(&settings.events)?;
     let stall_drain = stall_from_env()?;
-    let group = match &settings.socket_group {
-        Some(name) => match crate::sys::sock::group_id(name) {
-            Some(g) => Some(g),
-            None if settings.socket_group_explicit => {
-                return Err(ServiceError::NoGroup(name.clone()))
-            }
-            None => None,
-        },
-        None => None,
-    };
-
-    // 1. Database and spool.
-    check_spool_path(&settings.spool)?;
-    if let Err(e) = Store::check_db_writable(&settings.db, &settings.host) {
-        if permanent_db_error(&e) {
-            return Err(ServiceError::Database {
-                db: settings.db.display().to_string(),
-                source: e,
-            });
-        }
-        tracing::warn!(db = %settings.db.display(), error = %e,
-            "database not writable now; sampling anyway, keeping data in the spool and retrying");
-    }
-    let mut store = Store::open(StoreConfig {
-        db: settings.db.clone(),
-        spool: settings.spool.clone(),
-        host: settings.host.clone(),
-        flush_interval: settings.flush_interval,
-        publish_interval: settings.publish_interval,
-        max_memory_bytes: settings.max_memory_mb.saturating_mul(1 << 20),
-        retention_days: settings.retention_days,
-        retention_keep: settings.retention_keep,
-    });
-
-    // 2. Sampling on every CPU.
-    let cpus = online_cpus()?;
-    let ncpus = cpus.iter().max().map(|m| *m as usize + 1).unwrap_or(1);
-    let aggregator = Aggregator::new(Resolver::new(ResolverConfig::default()), ncpus);
-    let scfg = SamplerConfig {
-        events: specs,
-        window_divisor: settings.window_divisor,
-        ring_pages: settings.ring_pages,
-        redraw_interval: settings.redraw_interval,
-        stall_drain,
-        ..SamplerConfig::default()
-    };
-    let t0 = crate::sys::time::monotonic_ns();
-    // Uptime counts from the start of sampling, so that samples/s since start is right.
-    let sampling_since = Instant::now();
-    let sampler = Sampler::start(&scfg, aggregator.clone()).map_err(explain_sampler_error)?;
-    store.set_events(
-        sampler
-            .events()
-            .iter()
-            .map(|e| EventInfo { desc: e.desc.clone(), source: e.source.as_str().to_string() })
-            .collect(),
-    );
-    for e in sampler.events() {
-        tracing::info!(event = %e.desc.name, requested = %e.requested, source = e.source.as_str(),
-            period_min = e.desc.period_min, period_max = e.desc.period_max, "event");
-    }
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
-    store.set_host_info(release, cpus.clone());
-
-    // 3. Processes that already exist.
-    let scan = aggregator.with_resolver(|r| r.scan_proc(t0));
-    tracing::info!(
-        processes = scan.processes,
-        mappings = scan.mappings,
-        unreadable = scan.unreadable,
-        "scanned /proc"
-    );
-
-    // 4. Kernel symbols, control socket, READY.
-    match aggregator.with_resolver(|r| r.kallsyms_snapshot()) {
-        Ok(snap) => store.set_kallsyms(snap),
-        Err(e) => {
-            tracing::warn!(error = %e, "no kallsyms snapshot; kernel samples will not be symbolized")
-        }
-    }
-    store.tick();
+    let group = socket_group_id(&settings)?;
+    let mut store = open_store(&settings)?;
+    let (aggregator, sampler, sampling_since, t0) =
+        start_sampling(&settings, specs, stall_drain, &mut store)?;
+    prime_resolver(&aggregator, &mut store, t0);
     let access = Arc::new(Access::new(group));
     let shared = Arc::new(Shared {
         settings: RwLock::new(settings.clone()),
@@ -739,65 +660,209 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         access,
         Arc::new(ControlHandler(Arc::clone(&shared))),
     )?;
-
     let (tx, rx) = mpsc::channel::<Wake>();
+    let (sig_handle, _) = spawn_signal_thread(tx.clone())?;
+    notifier.ready();
+    tracing::info!(socket = %settings.socket.display(), host = %settings.host, db = %settings.db.display(), "dcpid ready");
+    let flusher = Flusher::spawn(&shared)?;
+    let reason = serve_until_stop(&shared, &notifier, &rx, settings.duration);
+
+    tracing::info!(reason, "stopping: flushing and publishing everything");
+    notifier.stopping();
+    notifier.status("stopping: publishing");
+    // The last publish may be slow on a shared database; ask systemd not to kill us for it.
+    notifier.extend_timeout(Duration::from_secs(120));
+    sig_handle.close();
+    drop(tx);
+    flusher.stop();
+    shut_down(&shared);
+    control.stop();
+    tracing::info!("dcpid stopped");
+    Ok(())
+}
+
+fn socket_group_id(settings: &Settings) -> Result<Option<u32>, ServiceError> {
+    match &settings.socket_group {
+        Some(name) => match crate::sys::sock::group_id(name) {
+            Some(g) => Ok(Some(g)),
+            None if settings.socket_group_explicit => Err(ServiceError::NoGroup(name.clone())),
+            None => Ok(None),
+        },
+        None => Ok(None),
+    }
+}
+
+/// Start step 1: the database (first epoch if none) and the spool.
+fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
+    check_spool_path(&settings.spool)?;
+    if let Err(e) = Store::check_db_writable(&settings.db, &settings.host) {
+        if permanent_db_error(&e) {
+            return Err(ServiceError::Database {
+                db: settings.db.display().to_string(),
+                source: e,
+            });
+        }
+        tracing::warn!(db = %settings.db.display(), error = %e,
+            "database not writable now; sampling anyway, keeping data in the spool and retrying");
+    }
+    Ok(Store::open(StoreConfig {
+        db: settings.db.clone(),
+        spool: settings.spool.clone(),
+        host: settings.host.clone(),
+        flush_interval: settings.flush_interval,
+        publish_interval: settings.publish_interval,
+        max_memory_bytes: settings.max_memory_mb.saturating_mul(1 << 20),
+        retention_days: settings.retention_days,
+        retention_keep: settings.retention_keep,
+    }))
+}
+
+/// Start step 2: every event on every CPU; the store learns the events and the host.
+/// Returns the sampling start instant (uptime counts from it, so that samples/s is right) and
+/// the perf clock read before the events were opened (T0 of the /proc scan).
+fn start_sampling(
+    settings: &Settings,
+    specs: Vec<crate::perf::EventSpec>,
+    stall_drain: Option<(u32, Duration)>,
+    store: &mut Store,
+) -> Result<(Arc<Aggregator>, Sampler, Instant, u64), ServiceError> {
+    let cpus = online_cpus()?;
+    let ncpus = cpus.iter().max().map(|m| *m as usize + 1).unwrap_or(1);
+    let aggregator = Aggregator::new(Resolver::new(ResolverConfig::default()), ncpus);
+    let scfg = SamplerConfig {
+        events: specs,
+        window_divisor: settings.window_divisor,
+        ring_pages: settings.ring_pages,
+        redraw_interval: settings.redraw_interval,
+        stall_drain,
+        ..SamplerConfig::default()
+    };
+    let t0 = crate::sys::time::monotonic_ns();
+    let since = Instant::now();
+    let sampler = Sampler::start(&scfg, aggregator.clone()).map_err(explain_sampler_error)?;
+    store.set_events(
+        sampler
+            .events()
+            .iter()
+            .map(|e| EventInfo { desc: e.desc.clone(), source: e.source.as_str().to_string() })
+            .collect(),
+    );
+    for e in sampler.events() {
+        tracing::info!(event = %e.desc.name, requested = %e.requested, source = e.source.as_str(),
+            period_min = e.desc.period_min, period_max = e.desc.period_max, "event");
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    store.set_host_info(release, cpus);
+    Ok((aggregator, sampler, since, t0))
+}
+
+/// Start steps 3 and 4: processes that already exist (side-band records older than the scan
+/// are ignored for them), then the kernel symbol snapshot for the epoch.
+fn prime_resolver(aggregator: &Aggregator, store: &mut Store, t0: u64) {
+    let scan = aggregator.with_resolver(|r| r.scan_proc(t0));
+    tracing::info!(
+        processes = scan.processes,
+        mappings = scan.mappings,
+        unreadable = scan.unreadable,
+        "scanned /proc"
+    );
+    match aggregator.with_resolver(|r| r.kallsyms_snapshot()) {
+        Ok(snap) => store.set_kallsyms(snap),
+        Err(e) => {
+            tracing::warn!(error = %e, "no kallsyms snapshot; kernel samples will not be symbolized")
+        }
+    }
+    store.tick();
+}
+
+/// SIGTERM/SIGINT stop, SIGHUP reloads; each arrives on `tx`.
+fn spawn_signal_thread(
+    tx: mpsc::Sender<Wake>,
+) -> Result<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>), ServiceError> {
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
             .map_err(ServiceError::Signals)?;
-    let sig_handle = signals.handle();
-    {
-        let tx = tx.clone();
-        std::thread::Builder::new()
-            .name("dcpi-signals".into())
-            .spawn(move || {
-                for sig in signals.forever() {
-                    let wake = match sig {
-                        libc::SIGHUP => Wake::Reload,
-                        libc::SIGINT => Wake::Stop("SIGINT"),
-                        _ => Wake::Stop("SIGTERM"),
-                    };
-                    let stop = matches!(wake, Wake::Stop(_));
-                    if tx.send(wake).is_err() || stop {
-                        break;
-                    }
+    let handle = signals.handle();
+    let thread = std::thread::Builder::new()
+        .name("dcpi-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                let wake = match sig {
+                    libc::SIGHUP => Wake::Reload,
+                    libc::SIGINT => Wake::Stop("SIGINT"),
+                    _ => Wake::Stop("SIGTERM"),
+                };
+                let stop = matches!(wake, Wake::Stop(_));
+                if tx.send(wake).is_err() || stop {
+                    break;
                 }
-            })
-            .map_err(ServiceError::Signals)?;
-    }
-    notifier.ready();
-    tracing::info!(socket = %settings.socket.display(), host = %settings.host, db = %settings.db.display(), "dcpid ready");
+            }
+        })
+        .map_err(ServiceError::Signals)?;
+    Ok((handle, thread))
+}
 
-    let deadline = settings.duration.map(|d| Instant::now() + d);
-    // Flushing runs on its own thread: a publish that hangs on a dead NFS server must neither
-    // stop the watchdog pings (which only speak for the drain threads) nor the stop path.
-    let flusher_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flusher = {
-        let shared = Arc::clone(&shared);
-        let stop = Arc::clone(&flusher_stop);
-        std::thread::Builder::new()
-            .name("dcpid-flush".into())
-            .spawn(move || {
-                let mut last = Instant::now();
-                while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                    // Read each time: a reload may change it.
-                    let next = last + read(&shared.settings).flush_interval;
-                    let now = Instant::now();
-                    if now >= next {
-                        shared.flush_tick();
-                        last = Instant::now();
-                    } else {
-                        std::thread::park_timeout(next - now);
+/// The periodic flush, on its own thread: a publish that hangs on a dead NFS server must
+/// neither stop the watchdog pings (which only speak for the drain threads) nor the stop path.
+struct Flusher {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Flusher {
+    fn spawn(shared: &Arc<Shared>) -> Result<Flusher, ServiceError> {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let shared = Arc::clone(shared);
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("dcpid-flush".into())
+                .spawn(move || {
+                    let mut last = Instant::now();
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        // Read each time: a reload may change it.
+                        let next = last + read(&shared.settings).flush_interval;
+                        let now = Instant::now();
+                        if now >= next {
+                            shared.flush_tick();
+                            last = Instant::now();
+                        } else {
+                            std::thread::park_timeout(next - now);
+                        }
                     }
-                }
-            })
-            .map_err(|e| ServiceError::Thread(e.to_string()))?
-    };
-    *lock(&shared.flusher) = Some(flusher.thread().clone());
+                })
+                .map_err(|e| ServiceError::Thread(e.to_string()))?
+        };
+        *lock(&shared.flusher) = Some(thread.thread().clone());
+        Ok(Flusher { stop, thread })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.thread().unpark();
+        if self.thread.join().is_err() {
+            tracing::error!("flush thread panicked");
+        }
+    }
+}
+
+/// The main thread's loop: reloads, systemd STATUS= and WATCHDOG=1 (only while every drain
+/// thread progresses), until a stop signal or the end of `--duration`. Returns why it stopped.
+fn serve_until_stop(
+    shared: &Shared,
+    notifier: &Notifier,
+    rx: &mpsc::Receiver<Wake>,
+    duration: Option<Duration>,
+) -> &'static str {
+    let deadline = duration.map(|d| Instant::now() + d);
     // Ping twice per recommended interval (a quarter of WATCHDOG_USEC): a loaded machine may
     // delay one wake-up without systemd seeing a gap.
     let watchdog_every = notifier.watchdog_interval().map(|w| w / 2);
-    let mut next_status = Instant::now() + settings.flush_interval;
-    let reason = loop {
+    let mut next_status = Instant::now() + read(&shared.settings).flush_interval;
+    loop {
         let now = Instant::now();
         let mut wake_at = next_status;
         if let Some(w) = watchdog_every {
@@ -807,7 +872,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
             wake_at = wake_at.min(d);
         }
         match rx.recv_timeout(wake_at.saturating_duration_since(now)) {
-            Ok(Wake::Stop(why)) => break why,
+            Ok(Wake::Stop(why)) => return why,
             Ok(Wake::Reload) => {
                 let r = shared.reload("SIGHUP");
                 notifier.status(&if r.ok {
@@ -816,50 +881,35 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
                     format!("reload rejected: {}", r.error.unwrap_or_default())
                 });
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break "signal thread gone",
+            Err(mpsc::RecvTimeoutError::Disconnected) => return "signal thread gone",
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
-            break "--duration elapsed";
+            return "--duration elapsed";
         }
         if now >= next_status {
             next_status = now + read(&shared.settings).flush_interval;
             notifier.status(&shared.status().one_line());
         }
         if watchdog_every.is_some() {
-            let progressing = shared
-                .sampler
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
+            let progressing = read(&shared.sampler)
                 .as_ref()
                 .is_some_and(|s| s.drain_threads_progressing(PROGRESS_MAX_AGE));
             if progressing {
                 notifier.watchdog();
             }
         }
-    };
-
-    // Shutdown.
-    tracing::info!(reason, "stopping: flushing and publishing everything");
-    notifier.stopping();
-    notifier.status("stopping: publishing");
-    // The last publish may be slow on a shared database; ask systemd not to kill us for it.
-    notifier.extend_timeout(Duration::from_secs(120));
-    sig_handle.close();
-    drop(tx);
-    flusher_stop.store(true, std::sync::atomic::Ordering::Release);
-    flusher.thread().unpark();
-    if flusher.join().is_err() {
-        tracing::error!("flush thread panicked");
     }
+}
+
+/// Stop sampling (every drain thread disables its events and delivers a final pass, which is
+/// the barrier for SIGTERM and `--duration`), then flush and publish everything.
+fn shut_down(shared: &Shared) {
     if let Some(s) = shared.sampler.write().unwrap_or_else(|p| p.into_inner()).take() {
         s.stop();
     }
     if let Err(e) = shared.flush_everything() {
         tracing::error!(error = %e, "could not publish everything; the spool keeps it for the next start");
     }
-    control.stop();
-    tracing::info!("dcpid stopped");
-    Ok(())
 }
