@@ -208,6 +208,8 @@ struct Shared {
     sampler: RwLock<Option<Sampler>>,
     store: Mutex<Store>,
     counters: Mutex<Counters>,
+    /// CPU time of the periodic flushes, by stage (for `status`: where the cost goes).
+    stages: Mutex<crate::status::StageCpu>,
     /// Last store status, so `status` answers while a slow publish holds the store.
     store_status: Mutex<crate::store::StoreStatus>,
 }
@@ -462,15 +464,22 @@ impl Shared {
     /// taken before the batch: a batch and an epoch change can then never interleave (the
     /// batch would otherwise land in the epoch after the one its samples belong to).
     fn flush_tick(&self) {
+        use crate::sys::time::thread_cpu_ns;
         self.record_tick();
         let mut store = lock(&self.store);
+        let t0 = thread_cpu_ns();
         let resolved = self.aggregator.take_resolved();
+        let t1 = thread_cpu_ns();
         self.sync_store(&mut store);
         self.absorb(&mut store, resolved);
         store.tick();
         *lock(&self.store_status) = store.status();
         drop(store);
         crate::sys::malloc::trim();
+        let t2 = thread_cpu_ns();
+        let mut st = lock(&self.stages);
+        st.resolve_ns += t1.saturating_sub(t0);
+        st.store_ns += t2.saturating_sub(t1);
     }
 
     /// Close a batch at this instant: every drain thread reads its ring up to it (bounded
@@ -544,6 +553,7 @@ impl Shared {
             last_reload,
             recent,
             virtualized: crate::status::virtualized(),
+            stages: *lock(&self.stages),
         })
     }
 }
@@ -645,6 +655,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         started: sampling_since,
         aggregator,
         store_status: Mutex::new(store.status()),
+        stages: Mutex::new(crate::status::StageCpu::default()),
         store: Mutex::new(store),
         sampler: RwLock::new(Some(sampler)),
         counters: Mutex::new(Counters {

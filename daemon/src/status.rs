@@ -26,7 +26,9 @@
 //!   (recent samples/s x that cost, percent of one CPU), `ncpus`, `machine_pct_estimate`
 //!   (daemon + sampling interrupts, percent of the whole machine), `daemon_cpu_ms_per_s` (all
 //!   the daemon's threads, recent window), `ns_per_sample` (the daemon's CPU time per sample
-//!   collected, recent window)
+//!   collected, recent window), `stage_cpu_s` {`drain` (parse + aggregate, drain threads),
+//!   `flush_resolve` (periodic flushes taking and resolving the tables), `flush_store`
+//!   (periodic flushes: spool, publish, side files)}, CPU seconds since start
 //! - `config`: the settings in force (`file`, `events`, `window_divisor`, `ring_pages`,
 //!   `redraw_interval_s`,
 //!   `flush_interval_s`, `publish_interval_s`, `max_memory_mb`, `retention_days`,
@@ -106,6 +108,22 @@ pub struct OverheadReport {
     pub machine_pct_estimate: f64,
     pub daemon_cpu_ms_per_s: f64,
     pub ns_per_sample: f64,
+    pub stage_cpu_s: StageReport,
+}
+
+/// CPU time of the periodic flushes, by stage (thread CPU time, ns).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct StageCpu {
+    pub resolve_ns: u64,
+    pub store_ns: u64,
+}
+
+/// Where the daemon's CPU goes, since start (seconds).
+#[derive(Clone, PartialEq, Debug, Default, Serialize)]
+pub struct StageReport {
+    pub drain: f64,
+    pub flush_resolve: f64,
+    pub flush_store: f64,
 }
 
 #[derive(Clone, PartialEq, Debug, Default, Serialize)]
@@ -237,6 +255,7 @@ pub struct StatusInputs<'a> {
     pub recent: Option<RecentWindow>,
     /// Whether to assume VM-exit costs per sample ([`virtualized`]).
     pub virtualized: bool,
+    pub stages: StageCpu,
 }
 
 impl StatusReport {
@@ -348,6 +367,11 @@ impl StatusReport {
             } else {
                 0.0
             },
+            stage_cpu_s: StageReport {
+                drain: sampler_cpus.iter().map(|c| c.drain_cpu_ns).sum::<u64>() as f64 / 1e9,
+                flush_resolve: i.stages.resolve_ns as f64 / 1e9,
+                flush_store: i.stages.store_ns as f64 / 1e9,
+            },
         };
         StatusReport {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -444,6 +468,7 @@ mod tests {
                 per_cpu: vec![(0, 4, 3_000_000)],
             }),
             virtualized: true,
+            stages: StageCpu { resolve_ns: 1_500_000_000, store_ns: 0 },
         });
         assert!((r.rate.samples_per_s_recent - 2000.0).abs() < 1e-9);
         assert!((r.overhead.daemon_cpu_pct_recent - 1.0).abs() < 1e-9);
@@ -454,6 +479,7 @@ mod tests {
         // 0.02 s of CPU over 2 s = 10 ms/s; at 2000 samples/s that is 5 µs per sample.
         assert!((r.overhead.daemon_cpu_ms_per_s - 10.0).abs() < 1e-9);
         assert!((r.overhead.ns_per_sample - 5000.0).abs() < 1e-6);
+        assert_eq!(r.overhead.stage_cpu_s.flush_resolve, 1.5);
         assert_eq!(r.config.flush_interval_s, 2.0);
         assert_eq!(r.unknown.count, 5);
         assert!((r.unknown.fraction - 0.1).abs() < 1e-9);
