@@ -14,7 +14,7 @@ collector, dcpid and perf at each rate.
 
   bench/collector.py [--short] [--dcpid target/release/dcpid] [--out results/collector.json]
 
---short: 6 s windows and one repetition of the slowdown runs (for a loaded machine; re-run
+--short: 10 s windows after 8 s of settling, and one repetition of the slowdown runs (for a loaded machine; re-run
 without it on a quiet one for figures to quote).
 """
 
@@ -185,10 +185,13 @@ def main():
     ap.add_argument("--dcpid", default=os.path.join(ROOT, "target/release/dcpid"))
     ap.add_argument("--dcpictl", default=os.path.join(ROOT, "target/debug/dcpictl"))
     ap.add_argument("--rates", type=int, nargs="+", default=[1000, 5000])
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "collector.json"))
+    ap.add_argument("--out", default=os.path.join(
+        HERE, "results", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-collector.json"))
     args = ap.parse_args()
-    args.window = 6 if args.short else 30
-    args.settle = 2 if args.short else 5
+    # Start-up (the /proc scan, identifying every mapped image, the first publish of
+    # everything) is excluded: the first flushes after it still resolve every image once.
+    args.window = 10 if args.short else 30
+    args.settle = 8 if args.short else 15
     args.reps = 1 if args.short else 3
     args.cpu_iters = 300_000_000 if args.short else 1_500_000_000
     args.mem_steps = 20_000_000 if args.short else 100_000_000
