@@ -119,15 +119,17 @@ pub fn render_status(v: &StatusReport) -> String {
         let window = format!("[{}, {}]", e.period_min, e.period_max);
         o += &format!("{:<20} {:<10} {:<24} {:>12}\n", e.name, e.source, window, e.samples);
     }
-    o += "\nCPU  ONLINE     SAMPLES     LOST  THROTTLED  ERROR\n";
+    o += "\nCPU  ONLINE     SAMPLES     LOST  THROTTLED  WAKEUPS/S  DRAIN MS/S  ERROR\n";
     for c in &v.cpus {
         o += &format!(
-            "{:<4} {:<6} {:>11} {:>8} {:>10}  {}\n",
+            "{:<4} {:<6} {:>11} {:>8} {:>10} {:>10.1} {:>11.3}  {}\n",
             c.cpu,
             if c.online { "yes" } else { "NO" },
             c.samples,
             c.lost,
             c.throttled,
+            c.wakeups_per_s,
+            c.drain_cpu_ms_per_s,
             c.error.as_deref().unwrap_or("")
         );
     }
@@ -178,6 +180,10 @@ pub fn render_status(v: &StatusReport) -> String {
         ov.sample_cost_us_estimate,
         ov.machine_pct_estimate,
         ov.ncpus
+    );
+    o += &format!(
+        "cost:       daemon {:.3} ms CPU per second, {:.0} ns per sample (recent window)\n",
+        ov.daemon_cpu_ms_per_s, ov.ns_per_sample
     );
     let c = &v.config;
     o += &format!(
@@ -277,6 +283,8 @@ mod tests {
             "1995 samples/s",
             "3.99% of one CPU",
             "20 µs per sample",
+            "       1.5       0.042",
+            "2.500 ms CPU per second, 1253 ns per sample",
             "/etc/dcpi/dcpid.toml",
             "flush_interval: 2s -> 1s",
             "restart of dcpid to take effect (running values kept): events",

@@ -3,9 +3,9 @@
 //! Each timed iteration is one drain pass over a ring holding `PASSES` records laid out exactly
 //! as the kernel writes them with our `SAMPLE_TYPE` (IDENTIFIER|IP|TID|TIME|CPU|PERIOD), plus
 //! a few side-band records (MMAP2 with build-id, FORK, COMM exec, EXIT) that create new
-//! address-space versions. The pass does what `perf::sampler`'s drain thread does: read the
-//! records out of the ring (`RingReader`), parse them (`records::parse_record`), map the
-//! identifier to an event and stamp the period, then `Aggregator::on_drain` (queue, watermark,
+//! address-space versions. The pass runs the drain thread's own code: `perf::sampler::read_pass`
+//! (read the records out of the ring, parse them, map the identifier to an event and stamp the
+//! period), then `Aggregator::on_drain` (queue, watermark,
 //! side-band application, per-CPU asid cache with the resolver read lock on a miss, the
 //! set-associative table, early drains of the overflow buffer).
 //!
@@ -25,11 +25,11 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use dcpid::aggregate::Aggregator;
-use dcpid::perf::records::{self, Record};
 use dcpid::perf::ring::{RingBuffer, RingReader};
+use dcpid::perf::sampler::read_pass;
 use dcpid::resolve::{Resolver, ResolverConfig};
 use dcpid::sys::perf as sp;
-use dcpid::types::{EventIdx, Sample, SampleSink, SideBand, TimedSideBand};
+use dcpid::types::{Sample, SampleSink, SideBand, TimedSideBand};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -38,9 +38,9 @@ const FIRST_PID: u32 = 1000;
 const LIBS: u64 = 8;
 const USER_ADDRS: usize = 50_000;
 const KERNEL_ADDRS: usize = 5_000;
-/// Records per pass: what a drain thread finds after a wake-up (64 samples, the sampler's
-/// watermark), and after a busy second at 8 kHz.
-const PASSES: [usize; 2] = [64, 8192];
+/// Records per pass: what a drain thread finds at its once-a-second wake-up at 1 kHz, and at a
+/// half-ring wake-up (128 pages: 4 681 sample records).
+const PASSES: [usize; 2] = [1000, 4681];
 const SIDEBAND_EVERY: usize = 4096;
 const BASE: u64 = 0x40_0000;
 const IDS: [u64; 2] = [101, 102];
@@ -255,7 +255,7 @@ fn setup(dir: &std::path::Path) -> Arc<Aggregator> {
     agg
 }
 
-/// What the sampler's drain thread does per record (perf/sampler.rs), minus its counters;
+/// One drain pass: the sampler's own parsing ([`read_pass`]), then the aggregator as sink;
 /// without an aggregator, parse only.
 fn drain_pass(
     reader: &mut RingReader,
@@ -265,23 +265,8 @@ fn drain_pass(
     samples: &mut Vec<Sample>,
     sideband: &mut Vec<TimedSideBand>,
 ) {
-    reader.drain(ring, |rec| match records::parse_record(rec) {
-        Record::Sample(s) => {
-            let Some(idx) = IDS.iter().position(|&id| id == s.identifier) else { return };
-            samples.push(Sample {
-                time: s.time,
-                pid: s.pid,
-                tid: s.tid,
-                pc: s.ip,
-                cpu: s.cpu,
-                event: idx as EventIdx,
-                period: PERIODS[idx],
-                kernel: s.kernel,
-            });
-        }
-        Record::SideBand(sb) => sideband.push(sb),
-        _ => {}
-    });
+    let mut per_event = [0u64; 2];
+    read_pass(reader, ring, &IDS, |idx, _| PERIODS[idx], &mut per_event, samples, sideband);
     match agg {
         Some(agg) => agg.on_drain(0, until, samples, sideband),
         None => {

@@ -14,6 +14,7 @@
 //! events = ["cycles", "cpu-clock:1000000"]   # or "auto"
 //! window_divisor = 16
 //! ring_pages = 128
+//! redraw_interval = "1s"   # one period re-arm per CPU per interval, at a random instant
 //! flush_interval = "2s"
 //! publish_interval = "60s"
 //! max_memory_mb = 256
@@ -244,6 +245,11 @@ settings! {
     /// Data pages of each per-CPU ring buffer (power of two) [default: 128].
     #[arg(long, value_name = "N")]
     ring_pages: usize = 128;
+    /// Each CPU re-arms its sampling periods once per window of this length, at a random
+    /// instant of it (its only timed wake-up) [default: 1s; at most 1.4s].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    redraw_interval: Duration = Duration::from_secs(1);
     /// How often increments are written to the spool; bounds what a crash loses [default: 2s].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
@@ -430,6 +436,15 @@ impl Settings {
                 "ring_pages",
                 self.ring_pages.to_string(),
                 "must be a power of two between 1 and 65536",
+            ));
+        }
+        if self.redraw_interval < Duration::from_millis(10)
+            || self.redraw_interval > crate::perf::sampler::MAX_REDRAW_INTERVAL
+        {
+            return Err(bad(
+                "redraw_interval",
+                show_duration(self.redraw_interval),
+                "must be between 10ms and 1.4s (idle CPUs report only when they wake)",
             ));
         }
         if self.flush_interval < Duration::from_millis(10)

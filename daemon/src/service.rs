@@ -37,6 +37,18 @@ pub const TEST_STALL_ENV: &str = "DCPI_TEST_STALL_DRAIN";
 /// A drain thread that has not completed a loop for this long withholds WATCHDOG=1.
 const PROGRESS_MAX_AGE: Duration = Duration::from_secs(5);
 
+/// How long a flush or `epoch new` waits for the drain threads to read their rings up to the
+/// request's instant; a CPU that has not answered by then is named in the response.
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The outcome of closing a batch at an instant ([`Shared::cut`]).
+struct Cut {
+    /// The instant (perf clock ns): the batch holds every sample up to it, none after.
+    until: u64,
+    /// CPUs whose drain thread did not read its ring up to `until` in time.
+    unanswered: Vec<u32>,
+}
+
 /// Reads the configuration again (file + the original flags) for a reload.
 pub type Reloader = Box<dyn Fn() -> Result<Settings, ConfigError> + Send + Sync>;
 /// Changes the log filter of the running daemon.
@@ -162,6 +174,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+type Tick = (Instant, u64, f64, Vec<(u32, u64, u64)>);
+
 struct Counters {
     lost: u64,
     throttled: u64,
@@ -178,8 +192,9 @@ struct Shared {
     hooks: Hooks,
     access: Arc<Access>,
     last_reload: Mutex<Option<ReloadReport>>,
-    /// (time, samples so far, daemon CPU seconds) at the last flush ticks.
-    ticks: Mutex<VecDeque<(Instant, u64, f64)>>,
+    /// (time, samples so far, daemon CPU seconds, per CPU (cpu, wake-ups, drain CPU ns)) at
+    /// the last flush ticks.
+    ticks: Mutex<VecDeque<Tick>>,
     /// The flush thread, woken when a reload changes its interval.
     flusher: Mutex<Option<std::thread::Thread>>,
     started: Instant,
@@ -187,6 +202,8 @@ struct Shared {
     sampler: RwLock<Option<Sampler>>,
     store: Mutex<Store>,
     counters: Mutex<Counters>,
+    /// CPU time of the periodic flushes, by stage (for `status`: where the cost goes).
+    stages: Mutex<crate::status::StageCpu>,
     /// Last store status, so `status` answers while a slow publish holds the store.
     store_status: Mutex<crate::store::StoreStatus>,
 }
@@ -326,17 +343,20 @@ impl Shared {
         Ok((applied, restart))
     }
 
-    fn sampler_samples(&self) -> u64 {
-        read(&self.sampler)
-            .as_ref()
-            .map(|s| s.status().cpus.iter().map(|c| c.samples).sum())
-            .unwrap_or(0)
-    }
-
     fn record_tick(&self) {
         let (u, s) = crate::sys::sock::self_cpu_time();
+        let (samples, per_cpu) = match read(&self.sampler).as_ref() {
+            Some(smp) => {
+                let st = smp.status();
+                (
+                    st.cpus.iter().map(|c| c.samples).sum(),
+                    st.cpus.iter().map(|c| (c.cpu, c.wakeups, c.drain_cpu_ns)).collect(),
+                )
+            }
+            None => (0, Vec::new()),
+        };
         let mut t = lock(&self.ticks);
-        t.push_back((Instant::now(), self.sampler_samples(), (u + s).as_secs_f64()));
+        t.push_back((Instant::now(), samples, (u + s).as_secs_f64(), per_cpu));
         while t.len() > 2 {
             t.pop_front();
         }
@@ -352,6 +372,14 @@ impl Shared {
             seconds: b.0.saturating_duration_since(a.0).as_secs_f64(),
             samples: b.1.saturating_sub(a.1),
             cpu_s: (b.2 - a.2).max(0.0),
+            per_cpu: b
+                .3
+                .iter()
+                .map(|&(cpu, w, ns)| {
+                    let (w0, ns0) = a.3.iter().find(|p| p.0 == cpu).map_or((0, 0), |p| (p.1, p.2));
+                    (cpu, w.saturating_sub(w0), ns.saturating_sub(ns0))
+                })
+                .collect(),
         })
     }
 
@@ -400,21 +428,71 @@ impl Shared {
         store.add(resolved, dl, dt);
     }
 
+    /// The periodic flush: what the watermark allows goes to the store. The store lock is
+    /// taken before the batch: a batch and an epoch change can then never interleave (the
+    /// batch would otherwise land in the epoch after the one its samples belong to).
     fn flush_tick(&self) {
+        use crate::sys::time::thread_cpu_ns;
         self.record_tick();
-        let resolved = self.aggregator.take_resolved();
         let mut store = lock(&self.store);
+        let t0 = thread_cpu_ns();
+        let resolved = self.aggregator.take_resolved();
+        let t1 = thread_cpu_ns();
         self.sync_store(&mut store);
         self.absorb(&mut store, resolved);
         store.tick();
         *lock(&self.store_status) = store.status();
         drop(store);
         crate::sys::malloc::trim();
+        let t2 = thread_cpu_ns();
+        let mut st = lock(&self.stages);
+        st.resolve_ns += t1.saturating_sub(t0);
+        st.store_ns += t2.saturating_sub(t1);
     }
 
-    fn flush_everything(&self) -> Result<(), String> {
-        let resolved = self.aggregator.flush_all();
+    /// Close a batch at this instant: every drain thread reads its ring up to it (bounded
+    /// wait), every sample up to it goes into the store, none after. The caller holds the store.
+    fn cut(&self, store: &mut Store) -> Cut {
+        let sampler = read(&self.sampler);
+        let (resolved, unanswered, until) = self.aggregator.cut(|t| match sampler.as_ref() {
+            Some(s) => s.barrier(t, BARRIER_TIMEOUT),
+            None => Vec::new(),
+        });
+        drop(sampler);
+        if !unanswered.is_empty() {
+            tracing::warn!(cpus = ?unanswered, "drain threads did not read their rings up to the request in time; their samples go to a later batch");
+        }
+        self.sync_store(store);
+        self.absorb(store, resolved);
+        Cut { until, unanswered }
+    }
+
+    /// `dcpictl flush`: a cut, then the store spools and publishes everything.
+    fn flush_now(&self) -> Result<Cut, (Cut, String)> {
         let mut store = lock(&self.store);
+        let cut = self.cut(&mut store);
+        let r = store.flush_everything().map_err(|e| e.to_string());
+        *lock(&self.store_status) = store.status();
+        match r {
+            Ok(()) => Ok(cut),
+            Err(e) => Err((cut, e)),
+        }
+    }
+
+    /// `dcpictl epoch new`: a cut closes the current epoch at an instant, then the next epoch
+    /// starts; both under the store lock, so no batch can fall between them.
+    fn new_epoch(&self) -> (Cut, Result<profile_format::EpochId, StoreError>) {
+        let mut store = lock(&self.store);
+        let cut = self.cut(&mut store);
+        let r = store.new_epoch();
+        *lock(&self.store_status) = store.status();
+        (cut, r)
+    }
+
+    /// At shutdown, after the sampler stopped (its drain threads delivered a final pass).
+    fn flush_everything(&self) -> Result<(), String> {
+        let mut store = lock(&self.store);
+        let resolved = self.aggregator.flush_all();
         self.sync_store(&mut store);
         self.absorb(&mut store, resolved);
         let r = store.flush_everything().map_err(|e| e.to_string());
@@ -443,6 +521,7 @@ impl Shared {
             last_reload,
             recent,
             virtualized: crate::status::virtualized(),
+            stages: *lock(&self.stages),
         })
     }
 }
@@ -454,9 +533,16 @@ impl Handler for ControlHandler {
         let sh = &self.0;
         match req {
             Request::Status => Response::ok_with(&sh.status()),
-            Request::Flush => match sh.flush_everything() {
-                Ok(()) => Response::ok_with(&dcpi_proto::FlushResult { flushed: true }),
-                Err(e) => Response::err(format!("flush incomplete: {e}")),
+            Request::Flush => match sh.flush_now() {
+                Ok(cut) => Response::ok_with(&dcpi_proto::FlushResult {
+                    flushed: true,
+                    until_ns: cut.until,
+                    unanswered_cpus: cut.unanswered.clone(),
+                }),
+                Err((cut, e)) => Response::err(format!(
+                    "flush incomplete: {e}{}",
+                    unanswered_note(&cut.unanswered)
+                )),
             },
             Request::Reload => {
                 let r = sh.reload("dcpictl");
@@ -471,22 +557,32 @@ impl Handler for ControlHandler {
             }
             Request::EpochShow => {
                 let e = lock(&sh.store_status).epoch.clone();
-                Response::ok_with(&dcpi_proto::EpochResult { epoch: e })
+                Response::ok_with(&dcpi_proto::EpochResult {
+                    epoch: e,
+                    until_ns: 0,
+                    unanswered_cpus: Vec::new(),
+                })
             }
-            Request::EpochNew => {
-                let resolved = sh.aggregator.flush_all();
-                let mut store = lock(&sh.store);
-                sh.absorb(&mut store, resolved);
-                let r = store.new_epoch();
-                *lock(&sh.store_status) = store.status();
-                match r {
-                    Ok(e) => {
-                        Response::ok_with(&dcpi_proto::EpochResult { epoch: Some(e.to_string()) })
-                    }
-                    Err(e) => Response::err(format!("cannot start a new epoch: {e}")),
-                }
-            }
+            Request::EpochNew => match sh.new_epoch() {
+                (cut, Ok(e)) => Response::ok_with(&dcpi_proto::EpochResult {
+                    epoch: Some(e.to_string()),
+                    until_ns: cut.until,
+                    unanswered_cpus: cut.unanswered.clone(),
+                }),
+                (cut, Err(e)) => Response::err(format!(
+                    "cannot start a new epoch: {e}{}",
+                    unanswered_note(&cut.unanswered)
+                )),
+            },
         }
+    }
+}
+
+fn unanswered_note(cpus: &[u32]) -> String {
+    if cpus.is_empty() {
+        String::new()
+    } else {
+        format!(" (drain threads of CPUs {cpus:?} did not answer the barrier)")
     }
 }
 
@@ -512,18 +608,72 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
     let notifier = Notifier::from_env();
     let specs = parse_event_list(&settings.events)?;
     let stall_drain = stall_from_env()?;
-    let group = match &settings.socket_group {
-        Some(name) => match crate::sys::sock::group_id(name) {
-            Some(g) => Some(g),
-            None if settings.socket_group_explicit => {
-                return Err(ServiceError::NoGroup(name.clone()))
-            }
-            None => None,
-        },
-        None => None,
-    };
+    let group = socket_group_id(&settings)?;
+    let mut store = open_store(&settings)?;
+    let (aggregator, sampler, sampling_since, t0) =
+        start_sampling(&settings, specs, stall_drain, &mut store)?;
+    prime_resolver(&aggregator, &mut store, t0);
+    let access = Arc::new(Access::new(group));
+    let shared = Arc::new(Shared {
+        settings: RwLock::new(settings.clone()),
+        hooks,
+        access: Arc::clone(&access),
+        last_reload: Mutex::new(None),
+        ticks: Mutex::new(VecDeque::new()),
+        flusher: Mutex::new(None),
+        started: sampling_since,
+        aggregator,
+        store_status: Mutex::new(store.status()),
+        stages: Mutex::new(crate::status::StageCpu::default()),
+        store: Mutex::new(store),
+        sampler: RwLock::new(Some(sampler)),
+        counters: Mutex::new(Counters {
+            lost: 0,
+            throttled: 0,
+            unknown_by_reason: BTreeMap::new(),
+            resolved_samples: 0,
+            event_times: Vec::new(),
+        }),
+    });
+    let mut control = ControlServer::start(
+        &settings.socket,
+        access,
+        Arc::new(ControlHandler(Arc::clone(&shared))),
+    )?;
+    let (tx, rx) = mpsc::channel::<Wake>();
+    let (sig_handle, _) = spawn_signal_thread(tx.clone())?;
+    notifier.ready();
+    tracing::info!(socket = %settings.socket.display(), host = %settings.host, db = %settings.db.display(), "dcpid ready");
+    let flusher = Flusher::spawn(&shared)?;
+    let reason = serve_until_stop(&shared, &notifier, &rx, settings.duration);
 
-    // 1. Database and spool.
+    tracing::info!(reason, "stopping: flushing and publishing everything");
+    notifier.stopping();
+    notifier.status("stopping: publishing");
+    // The last publish may be slow on a shared database; ask systemd not to kill us for it.
+    notifier.extend_timeout(Duration::from_secs(120));
+    sig_handle.close();
+    drop(tx);
+    flusher.stop();
+    shut_down(&shared);
+    control.stop();
+    tracing::info!("dcpid stopped");
+    Ok(())
+}
+
+fn socket_group_id(settings: &Settings) -> Result<Option<u32>, ServiceError> {
+    match &settings.socket_group {
+        Some(name) => match crate::sys::sock::group_id(name) {
+            Some(g) => Ok(Some(g)),
+            None if settings.socket_group_explicit => Err(ServiceError::NoGroup(name.clone())),
+            None => Ok(None),
+        },
+        None => Ok(None),
+    }
+}
+
+/// Start step 1: the database (first epoch if none) and the spool.
+fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
     check_spool_path(&settings.spool)?;
     if let Err(e) = Store::check_db_writable(&settings.db, &settings.host) {
         if permanent_db_error(&e) {
@@ -535,7 +685,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         tracing::warn!(db = %settings.db.display(), error = %e,
             "database not writable now; sampling anyway, keeping data in the spool and retrying");
     }
-    let mut store = Store::open(StoreConfig {
+    Ok(Store::open(StoreConfig {
         db: settings.db.clone(),
         spool: settings.spool.clone(),
         host: settings.host.clone(),
@@ -544,9 +694,18 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         max_memory_bytes: settings.max_memory_mb.saturating_mul(1 << 20),
         retention_days: settings.retention_days,
         retention_keep: settings.retention_keep,
-    });
+    }))
+}
 
-    // 2. Sampling on every CPU.
+/// Start step 2: every event on every CPU; the store learns the events and the host.
+/// Returns the sampling start instant (uptime counts from it, so that samples/s is right) and
+/// the perf clock read before the events were opened (T0 of the /proc scan).
+fn start_sampling(
+    settings: &Settings,
+    specs: Vec<crate::perf::EventSpec>,
+    stall_drain: Option<(u32, Duration)>,
+    store: &mut Store,
+) -> Result<(Arc<Aggregator>, Sampler, Instant, u64), ServiceError> {
     let cpus = online_cpus()?;
     let ncpus = cpus.iter().max().map(|m| *m as usize + 1).unwrap_or(1);
     let aggregator = Aggregator::new(Resolver::new(ResolverConfig::default()), ncpus);
@@ -554,12 +713,12 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         events: specs,
         window_divisor: settings.window_divisor,
         ring_pages: settings.ring_pages,
+        redraw_interval: settings.redraw_interval,
         stall_drain,
         ..SamplerConfig::default()
     };
     let t0 = crate::sys::time::monotonic_ns();
-    // Uptime counts from the start of sampling, so that samples/s since start is right.
-    let sampling_since = Instant::now();
+    let since = Instant::now();
     let sampler = Sampler::start(&scfg, aggregator.clone()).map_err(explain_sampler_error)?;
     store.set_events(
         sampler
@@ -576,9 +735,13 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         .unwrap_or_default()
         .trim()
         .to_string();
-    store.set_host_info(release, cpus.clone());
+    store.set_host_info(release, cpus);
+    Ok((aggregator, sampler, since, t0))
+}
 
-    // 3. Processes that already exist.
+/// Start steps 3 and 4: processes that already exist (side-band records older than the scan
+/// are ignored for them), then the kernel symbol snapshot for the epoch.
+fn prime_resolver(aggregator: &Aggregator, store: &mut Store, t0: u64) {
     let scan = aggregator.with_resolver(|r| r.scan_proc(t0));
     tracing::info!(
         processes = scan.processes,
@@ -586,8 +749,6 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         unreadable = scan.unreadable,
         "scanned /proc"
     );
-
-    // 4. Kernel symbols, control socket, READY.
     match aggregator.with_resolver(|r| r.kallsyms_snapshot()) {
         Ok(snap) => store.set_kallsyms(snap),
         Err(e) => {
@@ -595,91 +756,93 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         }
     }
     store.tick();
-    let access = Arc::new(Access::new(group));
-    let shared = Arc::new(Shared {
-        settings: RwLock::new(settings.clone()),
-        hooks,
-        access: Arc::clone(&access),
-        last_reload: Mutex::new(None),
-        ticks: Mutex::new(VecDeque::new()),
-        flusher: Mutex::new(None),
-        started: sampling_since,
-        aggregator,
-        store_status: Mutex::new(store.status()),
-        store: Mutex::new(store),
-        sampler: RwLock::new(Some(sampler)),
-        counters: Mutex::new(Counters {
-            lost: 0,
-            throttled: 0,
-            unknown_by_reason: BTreeMap::new(),
-            resolved_samples: 0,
-            event_times: Vec::new(),
-        }),
-    });
-    let mut control = ControlServer::start(
-        &settings.socket,
-        access,
-        Arc::new(ControlHandler(Arc::clone(&shared))),
-    )?;
+}
 
-    let (tx, rx) = mpsc::channel::<Wake>();
+/// SIGTERM/SIGINT stop, SIGHUP reloads; each arrives on `tx`.
+fn spawn_signal_thread(
+    tx: mpsc::Sender<Wake>,
+) -> Result<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>), ServiceError> {
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
             .map_err(ServiceError::Signals)?;
-    let sig_handle = signals.handle();
-    {
-        let tx = tx.clone();
-        std::thread::Builder::new()
-            .name("dcpi-signals".into())
-            .spawn(move || {
-                for sig in signals.forever() {
-                    let wake = match sig {
-                        libc::SIGHUP => Wake::Reload,
-                        libc::SIGINT => Wake::Stop("SIGINT"),
-                        _ => Wake::Stop("SIGTERM"),
-                    };
-                    let stop = matches!(wake, Wake::Stop(_));
-                    if tx.send(wake).is_err() || stop {
-                        break;
-                    }
+    let handle = signals.handle();
+    let thread = std::thread::Builder::new()
+        .name("dcpi-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                let wake = match sig {
+                    libc::SIGHUP => Wake::Reload,
+                    libc::SIGINT => Wake::Stop("SIGINT"),
+                    _ => Wake::Stop("SIGTERM"),
+                };
+                let stop = matches!(wake, Wake::Stop(_));
+                if tx.send(wake).is_err() || stop {
+                    break;
                 }
-            })
-            .map_err(ServiceError::Signals)?;
-    }
-    notifier.ready();
-    tracing::info!(socket = %settings.socket.display(), host = %settings.host, db = %settings.db.display(), "dcpid ready");
+            }
+        })
+        .map_err(ServiceError::Signals)?;
+    Ok((handle, thread))
+}
 
-    let deadline = settings.duration.map(|d| Instant::now() + d);
-    // Flushing runs on its own thread: a publish that hangs on a dead NFS server must neither
-    // stop the watchdog pings (which only speak for the drain threads) nor the stop path.
-    let flusher_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flusher = {
-        let shared = Arc::clone(&shared);
-        let stop = Arc::clone(&flusher_stop);
-        std::thread::Builder::new()
-            .name("dcpid-flush".into())
-            .spawn(move || {
-                let mut last = Instant::now();
-                while !stop.load(std::sync::atomic::Ordering::Acquire) {
-                    // Read each time: a reload may change it.
-                    let next = last + read(&shared.settings).flush_interval;
-                    let now = Instant::now();
-                    if now >= next {
-                        shared.flush_tick();
-                        last = Instant::now();
-                    } else {
-                        std::thread::park_timeout(next - now);
+/// The periodic flush, on its own thread: a publish that hangs on a dead NFS server must
+/// neither stop the watchdog pings (which only speak for the drain threads) nor the stop path.
+struct Flusher {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Flusher {
+    fn spawn(shared: &Arc<Shared>) -> Result<Flusher, ServiceError> {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let shared = Arc::clone(shared);
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("dcpid-flush".into())
+                .spawn(move || {
+                    let mut last = Instant::now();
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        // Read each time: a reload may change it.
+                        let next = last + read(&shared.settings).flush_interval;
+                        let now = Instant::now();
+                        if now >= next {
+                            shared.flush_tick();
+                            last = Instant::now();
+                        } else {
+                            std::thread::park_timeout(next - now);
+                        }
                     }
-                }
-            })
-            .map_err(|e| ServiceError::Thread(e.to_string()))?
-    };
-    *lock(&shared.flusher) = Some(flusher.thread().clone());
+                })
+                .map_err(|e| ServiceError::Thread(e.to_string()))?
+        };
+        *lock(&shared.flusher) = Some(thread.thread().clone());
+        Ok(Flusher { stop, thread })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.thread().unpark();
+        if self.thread.join().is_err() {
+            tracing::error!("flush thread panicked");
+        }
+    }
+}
+
+/// The main thread's loop: reloads, systemd STATUS= and WATCHDOG=1 (only while every drain
+/// thread progresses), until a stop signal or the end of `--duration`. Returns why it stopped.
+fn serve_until_stop(
+    shared: &Shared,
+    notifier: &Notifier,
+    rx: &mpsc::Receiver<Wake>,
+    duration: Option<Duration>,
+) -> &'static str {
+    let deadline = duration.map(|d| Instant::now() + d);
     // Ping twice per recommended interval (a quarter of WATCHDOG_USEC): a loaded machine may
     // delay one wake-up without systemd seeing a gap.
     let watchdog_every = notifier.watchdog_interval().map(|w| w / 2);
-    let mut next_status = Instant::now() + settings.status_interval;
-    let reason = loop {
+    let mut next_status = Instant::now() + read(&shared.settings).status_interval;
+    loop {
         let now = Instant::now();
         let mut wake_at = next_status;
         if let Some(w) = watchdog_every {
@@ -689,7 +852,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
             wake_at = wake_at.min(d);
         }
         match rx.recv_timeout(wake_at.saturating_duration_since(now)) {
-            Ok(Wake::Stop(why)) => break why,
+            Ok(Wake::Stop(why)) => return why,
             Ok(Wake::Reload) => {
                 let r = shared.reload("SIGHUP");
                 notifier.status(&if r.ok {
@@ -698,50 +861,35 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
                     format!("reload rejected: {}", r.error.unwrap_or_default())
                 });
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break "signal thread gone",
+            Err(mpsc::RecvTimeoutError::Disconnected) => return "signal thread gone",
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
-            break "--duration elapsed";
+            return "--duration elapsed";
         }
         if now >= next_status {
             next_status = now + read(&shared.settings).status_interval;
             notifier.status(&shared.status().one_line());
         }
         if watchdog_every.is_some() {
-            let progressing = shared
-                .sampler
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
+            let progressing = read(&shared.sampler)
                 .as_ref()
                 .is_some_and(|s| s.drain_threads_progressing(PROGRESS_MAX_AGE));
             if progressing {
                 notifier.watchdog();
             }
         }
-    };
-
-    // Shutdown.
-    tracing::info!(reason, "stopping: flushing and publishing everything");
-    notifier.stopping();
-    notifier.status("stopping: publishing");
-    // The last publish may be slow on a shared database; ask systemd not to kill us for it.
-    notifier.extend_timeout(Duration::from_secs(120));
-    sig_handle.close();
-    drop(tx);
-    flusher_stop.store(true, std::sync::atomic::Ordering::Release);
-    flusher.thread().unpark();
-    if flusher.join().is_err() {
-        tracing::error!("flush thread panicked");
     }
+}
+
+/// Stop sampling (every drain thread disables its events and delivers a final pass, which is
+/// the barrier for SIGTERM and `--duration`), then flush and publish everything.
+fn shut_down(shared: &Shared) {
     if let Some(s) = shared.sampler.write().unwrap_or_else(|p| p.into_inner()).take() {
         s.stop();
     }
     if let Err(e) = shared.flush_everything() {
         tracing::error!(error = %e, "could not publish everything; the spool keeps it for the next start");
     }
-    control.stop();
-    tracing::info!("dcpid stopped");
-    Ok(())
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 pub use dcpi_proto::status::{
     AggregationReport, ConfigReport, CpuReport, DaemonUsage, EventReport, OverheadReport,
-    RateReport, ReloadReport, StatusReport, StoreStatus, UnknownReport,
+    RateReport, ReloadReport, StageReport, StatusReport, StoreStatus, UnknownReport,
 };
 
 use crate::aggregate::AggregatorStats;
@@ -19,6 +19,7 @@ pub fn config_report(s: &Settings) -> ConfigReport {
         events: s.events.clone(),
         window_divisor: s.window_divisor,
         ring_pages: s.ring_pages,
+        redraw_interval_s: s.redraw_interval.as_secs_f64(),
         flush_interval_s: s.flush_interval.as_secs_f64(),
         publish_interval_s: s.publish_interval.as_secs_f64(),
         max_memory_mb: s.max_memory_mb,
@@ -30,12 +31,21 @@ pub fn config_report(s: &Settings) -> ConfigReport {
     }
 }
 
+/// CPU time of the periodic flushes, by stage (thread CPU time, ns).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct StageCpu {
+    pub resolve_ns: u64,
+    pub store_ns: u64,
+}
+
 /// Samples and daemon CPU time over the last flush interval.
-#[derive(Clone, Copy, PartialEq, Debug, Default)]
+#[derive(Clone, PartialEq, Debug, Default)]
 pub struct RecentWindow {
     pub seconds: f64,
     pub samples: u64,
     pub cpu_s: f64,
+    /// Per CPU: (cpu, drain thread wake-ups, drain thread CPU ns) during the window.
+    pub per_cpu: Vec<(u32, u64, u64)>,
 }
 
 /// Estimated cost (µs of the sampled CPU) of one sampling interrupt. These are estimates, not
@@ -82,6 +92,7 @@ pub struct StatusInputs<'a> {
     pub recent: Option<RecentWindow>,
     /// Whether to assume VM-exit costs per sample ([`virtualized`]).
     pub virtualized: bool,
+    pub stages: StageCpu,
 }
 
 /// The status report from what the service gathered.
@@ -108,6 +119,9 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
                     lost: c.lost,
                     throttled: c.throttled,
                     error: c.error.clone(),
+                    wakeups: c.wakeups,
+                    wakeups_per_s: 0.0,
+                    drain_cpu_ms_per_s: 0.0,
                 })
                 .collect::<Vec<_>>(),
         ),
@@ -137,7 +151,23 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
     let cpu_s = (u + s).as_secs_f64();
     let uptime = i.uptime_s.max(1e-3);
     let since_start = samples as f64 / uptime;
-    let (recent_rate, recent_cpu_pct, window) = match i.recent {
+    // Per CPU rates over the recent window; since start until there is one.
+    let mut cpus = cpus;
+    let sampler_cpus = i.sampler.map(|s| s.cpus.as_slice()).unwrap_or(&[]);
+    for (c, sc) in cpus.iter_mut().zip(sampler_cpus) {
+        let recent = i
+            .recent
+            .as_ref()
+            .filter(|w| w.seconds > 0.0)
+            .and_then(|w| w.per_cpu.iter().find(|p| p.0 == c.cpu).map(|p| (w.seconds, p)));
+        let (secs, wk, ns) = match recent {
+            Some((secs, p)) => (secs, p.1, p.2),
+            None => (uptime, sc.wakeups, sc.drain_cpu_ns),
+        };
+        c.wakeups_per_s = wk as f64 / secs;
+        c.drain_cpu_ms_per_s = ns as f64 / 1e6 / secs;
+    }
+    let (recent_rate, recent_cpu_pct, window) = match &i.recent {
         Some(w) if w.seconds > 0.0 => {
             (w.samples as f64 / w.seconds, w.cpu_s / w.seconds * 100.0, w.seconds)
         }
@@ -168,6 +198,17 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
         sampling_cpu_pct_estimate: sampling_pct,
         ncpus,
         machine_pct_estimate: (recent_cpu_pct + sampling_pct) / f64::from(ncpus),
+        daemon_cpu_ms_per_s: recent_cpu_pct * 10.0,
+        ns_per_sample: if recent_rate > 0.0 {
+            recent_cpu_pct / 100.0 * 1e9 / recent_rate
+        } else {
+            0.0
+        },
+        stage_cpu_s: StageReport {
+            drain: sampler_cpus.iter().map(|c| c.drain_cpu_ns).sum::<u64>() as f64 / 1e9,
+            flush_resolve: i.stages.resolve_ns as f64 / 1e9,
+            flush_store: i.stages.store_ns as f64 / 1e9,
+        },
     };
     StatusReport {
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -242,8 +283,14 @@ mod tests {
             store,
             settings: &settings,
             last_reload: None,
-            recent: Some(RecentWindow { seconds: 2.0, samples: 4000, cpu_s: 0.02 }),
+            recent: Some(RecentWindow {
+                seconds: 2.0,
+                samples: 4000,
+                cpu_s: 0.02,
+                per_cpu: vec![(0, 4, 3_000_000)],
+            }),
             virtualized: true,
+            stages: StageCpu { resolve_ns: 1_500_000_000, store_ns: 0 },
         });
         assert!((r.rate.samples_per_s_recent - 2000.0).abs() < 1e-9);
         assert!((r.overhead.daemon_cpu_pct_recent - 1.0).abs() < 1e-9);
@@ -251,6 +298,10 @@ mod tests {
         assert!((r.overhead.sampling_cpu_pct_estimate - 4.0).abs() < 1e-9);
         assert_eq!(r.overhead.ncpus, 1);
         assert!((r.overhead.machine_pct_estimate - 5.0).abs() < 1e-9);
+        // 0.02 s of CPU over 2 s = 10 ms/s; at 2000 samples/s that is 5 µs per sample.
+        assert!((r.overhead.daemon_cpu_ms_per_s - 10.0).abs() < 1e-9);
+        assert!((r.overhead.ns_per_sample - 5000.0).abs() < 1e-6);
+        assert_eq!(r.overhead.stage_cpu_s.flush_resolve, 1.5);
         assert_eq!(r.config.flush_interval_s, 2.0);
         assert_eq!(r.unknown.count, 5);
         assert!((r.unknown.fraction - 0.1).abs() < 1e-9);

@@ -1,4 +1,7 @@
-//! Types shared by the sampler, the aggregator and the resolver.
+//! Types shared by the sampler, the aggregator and the resolver (neither of the last two
+//! imports the other's module for them).
+
+use profile_format::{ImageId, ImageKind, JitSymbol};
 
 /// Index of a configured event in the daemon's event list.
 pub type EventIdx = u16;
@@ -90,4 +93,16 @@ pub trait SampleSink: Send + Sync + 'static {
         samples: &mut Vec<Sample>,
         sideband: &mut Vec<TimedSideBand>,
     );
+}
+
+/// What a profile on disk needs to know about its image (made by the resolver, carried by the
+/// aggregator's resolved batches into the store).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ImageInfo {
+    pub kind: ImageKind,
+    pub id: ImageId,
+    /// Path as seen (`/usr/bin/foo`, `[kernel.kallsyms]`, `[vdso]`, `[anon:1234]`, module name).
+    pub path: Vec<u8>,
+    /// For `Anon` images: symbols from /tmp/perf-PID.map, if the process published one.
+    pub jit_symbols: Vec<JitSymbol>,
 }

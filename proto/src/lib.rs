@@ -61,9 +61,13 @@ impl Response {
 }
 
 /// Result of `flush`.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct FlushResult {
     pub flushed: bool,
+    /// The barrier's instant (CLOCK_MONOTONIC ns): every sample taken before it is flushed.
+    pub until_ns: u64,
+    /// CPUs whose drain thread did not read its ring up to the instant in time.
+    pub unanswered_cpus: Vec<u32>,
 }
 
 /// Result of `epoch-show` and `epoch-new`: the current epoch id (`None` while the database is
@@ -72,4 +76,10 @@ pub struct FlushResult {
 pub struct EpochResult {
     #[serde(deserialize_with = "Option::deserialize")]
     pub epoch: Option<String>,
+    /// `epoch-new`: the boundary instant (CLOCK_MONOTONIC ns); 0 for `epoch-show`.
+    #[serde(default)]
+    pub until_ns: u64,
+    /// `epoch-new`: CPUs whose drain thread did not answer the barrier in time.
+    #[serde(default)]
+    pub unanswered_cpus: Vec<u32>,
 }

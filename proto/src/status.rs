@@ -5,7 +5,9 @@
 //! - `version`, `pid`, `host`, `db`, `uptime_s`
 //! - `events[]`: `name`, `requested`, `source` (`hardware`|`software`|`fallback`),
 //!   `period_min`, `period_max` (the randomization window), `samples`
-//! - `cpus[]`: `cpu`, `online`, `samples`, `lost`, `throttled`, `error`
+//! - `cpus[]`: `cpu`, `online`, `samples`, `lost`, `throttled`, `error`, `wakeups` (drain
+//!   thread wake-ups since start), `wakeups_per_s` and `drain_cpu_ms_per_s` (its CPU time),
+//!   both over the recent window
 //! - `samples`, `lost`, `throttled` (totals since start)
 //! - `unknown`: `count`, `fraction` (of resolved samples), `by_reason` {reason: count}
 //! - `aggregation`: `samples_aggregated`, `entries_created`, `factor` (samples per table
@@ -21,7 +23,8 @@
 //! - `overhead`: `daemon_cpu_pct` (the daemon's CPU time as a percentage of one CPU, since
 //!   start), `daemon_cpu_pct_recent`, `sample_cost_us_estimate` (assumed cost of one sampling
 //!   interrupt on the sampled CPU, see the daemon's `status::sample_cost_us`), `sampling_cpu_pct_estimate`
-//!   (recent samples/s x that cost, percent of one CPU), `ncpus`, `machine_pct_estimate`
+//!   (recent samples/s x that cost, percent of one CPU), `ncpus`, `machine_pct_estimate`, `daemon_cpu_ms_per_s`, `ns_per_sample`,
+//!   `stage_cpu_s` {`drain`, `flush_resolve`, `flush_store`} (CPU seconds since start)
 //!   (daemon + sampling interrupts, percent of the whole machine)
 //! - `config`: the settings in force (`file`, `events`, `window_divisor`, `ring_pages`,
 //!   `flush_interval_s`, `publish_interval_s`, `max_memory_mb`, `retention_days`,
@@ -52,6 +55,11 @@ pub struct CpuReport {
     pub throttled: u64,
     #[serde(deserialize_with = "Option::deserialize")]
     pub error: Option<String>,
+    /// Drain thread wake-ups since start.
+    pub wakeups: u64,
+    /// Wake-ups and drain thread CPU (ms) per second, over the recent window.
+    pub wakeups_per_s: f64,
+    pub drain_cpu_ms_per_s: f64,
 }
 
 #[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
@@ -92,6 +100,11 @@ pub struct OverheadReport {
     pub sampling_cpu_pct_estimate: f64,
     pub ncpus: u32,
     pub machine_pct_estimate: f64,
+    /// All the daemon's threads, recent window.
+    pub daemon_cpu_ms_per_s: f64,
+    /// The daemon's CPU time per sample collected, recent window.
+    pub ns_per_sample: f64,
+    pub stage_cpu_s: StageReport,
 }
 
 #[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
@@ -101,6 +114,7 @@ pub struct ConfigReport {
     pub events: String,
     pub window_divisor: u64,
     pub ring_pages: usize,
+    pub redraw_interval_s: f64,
     pub flush_interval_s: f64,
     pub publish_interval_s: f64,
     pub max_memory_mb: u64,
@@ -208,4 +222,15 @@ impl StatusReport {
             self.condition
         )
     }
+}
+
+/// Where the daemon's CPU goes, since start (seconds).
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct StageReport {
+    /// Parse + aggregate, drain threads.
+    pub drain: f64,
+    /// Periodic flushes taking and resolving the tables.
+    pub flush_resolve: f64,
+    /// Periodic flushes: spool, publish, side files.
+    pub flush_store: f64,
 }

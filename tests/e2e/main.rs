@@ -1,5 +1,6 @@
 //! End-to-end tests: each module exercises one area through the real binaries.
 
+mod barrier;
 mod diff;
 mod export;
 mod format;

@@ -143,11 +143,22 @@ fn status_json_has_the_documented_fields() {
     assert!((pct("sampling_cpu_pct_estimate") - expect).abs() < 1e-6, "{o}");
     assert!(pct("machine_pct_estimate") > 0.0 && pct("machine_pct_estimate") < 100.0, "{o}");
     assert_eq!(o["ncpus"].as_u64().unwrap() as f64, ncpus);
+    // Collector cost (#13): the daemon's CPU per second and per sample, and per CPU the drain
+    // thread's wake-ups: one re-arm instant per second plus the half-ring watermark (~0.2/s
+    // at 1 kHz), where the 64-sample watermark woke a busy CPU ~16 times a second.
+    assert!(pct("daemon_cpu_ms_per_s") > 0.0, "{o}");
+    assert!(pct("ns_per_sample") > 0.0, "{o}");
+    for c in v["cpus"].as_array().unwrap() {
+        let wps = c["wakeups_per_s"].as_f64().unwrap_or_else(|| panic!("wakeups_per_s: {c}"));
+        assert!(c["wakeups"].as_u64().unwrap() > 0 && wps > 0.0 && wps <= 6.0, "{c}");
+        assert!(c["drain_cpu_ms_per_s"].as_f64().unwrap() >= 0.0, "{c}");
+    }
     assert_eq!(v["config"]["flush_interval_s"], 0.5);
     // The human form names the same things.
     let text = ok_stdout(&d, &["status"]);
     assert!(text.contains("cpu-clock") && text.contains("epoch"), "{text}");
     assert!(text.contains("samples/s") && text.contains("overhead"), "{text}");
+    assert!(text.contains("WAKEUPS/S") && text.contains("ns per sample"), "{text}");
     let (st, err) = d.terminate();
     assert!(st.success(), "{err}");
 }

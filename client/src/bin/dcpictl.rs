@@ -54,8 +54,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Write every sample collected so far to the spool and publish every changed profile
-    /// now; returns when done.
+    /// Write every sample taken up to now to the spool and publish every changed profile;
+    /// returns when done. Every CPU's drain thread first reads its ring up to the request's
+    /// instant (a CPU that does not answer within 2 s is named in a warning).
     Flush,
     /// Re-read the configuration file, as on SIGHUP. Intervals, retention, max_memory_mb,
     /// socket_group and log_level change at once; db, spool, host, events, window_divisor,
@@ -71,7 +72,8 @@ enum Cmd {
 
 #[derive(Subcommand, Debug)]
 enum EpochCmd {
-    /// Close the current epoch with every sample flushed into it, start a new one, print its id.
+    /// Close the current epoch at this instant and start a new one; print its id. Every
+    /// sample goes to the epoch containing its timestamp, whenever it is drained.
     New,
     /// Print the current epoch id.
     Show,
@@ -153,20 +155,37 @@ fn run(
             }
         }
         Cmd::Flush => {
-            let _: FlushResult = parse_result(socket, req, v)?;
+            let r: FlushResult = parse_result(socket, req, v)?;
+            warn_unanswered(&r.unanswered_cpus);
             println!("flushed");
         }
         Cmd::Reload => {
             let r: ReloadReport = parse_result(socket, req, v)?;
             println!("{}", reload_outcome(&r));
         }
-        Cmd::Epoch { .. } => match parse_result::<EpochResult>(socket, req, v)?.epoch {
-            Some(e) => println!("{e}"),
-            None => {
+        Cmd::Epoch { .. } => match parse_result::<EpochResult>(socket, req, v)? {
+            EpochResult { epoch: Some(e), unanswered_cpus, .. } => {
+                warn_unanswered(&unanswered_cpus);
+                println!("{e}");
+            }
+            EpochResult { epoch: None, .. } => {
                 eprintln!("dcpictl: no current epoch (database not available?)");
                 return Ok(ExitCode::from(1));
             }
         },
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A flush or new epoch is a barrier at one instant; a CPU whose drain thread did not answer in
+/// time has its last samples in a later batch: say which.
+fn warn_unanswered(cpus: &[u32]) {
+    if !cpus.is_empty() {
+        let list: Vec<String> = cpus.iter().map(u32::to_string).collect();
+        eprintln!(
+            "dcpictl: warning: the drain threads of CPUs {} did not read their rings up to the \
+             request in time; their most recent samples go to the next flush",
+            list.join(", ")
+        );
+    }
 }

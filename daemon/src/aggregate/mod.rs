@@ -20,22 +20,32 @@
 //! address-space version in force at the sample's time (`Resolver::asid_at`); kernel samples
 //! use pid 0 / asid 0.
 //!
-//! LOCKS. The sample path takes no shared lock per sample. Per drain pass, a drain thread
+//! LOCKS. The sample path takes no shared lock per sample, and a drain thread never waits for
+//! the resolver. Per drain pass, a drain thread
 //! (1) appends its samples to its CPU's pending queue (its own CPU mutex, which only it and
-//! the flusher touch), (2) takes the shared mutex once to queue side-band records, move the
-//! watermark and apply what the watermark allows (resolver write lock only if there is
-//! something to apply), (3) aggregates its eligible samples under its CPU mutex. Step 3 finds
-//! asids in a per-CPU cache `pid → (asid, valid from, valid until)` ([`Resolver::asid_span`],
-//! `until` capped at `applied_until`, the time up to which every record has been applied in
-//! order); on a miss it takes the resolver's read lock once for the rest of the pass, and
-//! only with `try_read`: if the flusher holds the resolver, the samples stay pending (the
-//! flusher aggregates them itself). The cache is cleared when `epoch` changes: after a late
-//! record, a `with_resolver` call and every `gc`, the only events that change what
+//! the flusher touch), (2) takes the shared mutex once to queue side-band records and move the
+//! watermark; if records are due it applies them only if `try_write` gets the resolver (a
+//! flush holding it applies them itself; late records are stashed in `Shared::late`), and
+//! `applied_until` moves to the watermark only once everything up to it is applied,
+//! (3) aggregates its samples up to `min(watermark, applied_until, cut cap)` under its CPU
+//! mutex. Step 3 finds asids in a per-CPU cache `pid → (asid, valid from, valid until)`
+//! ([`Resolver::asid_span`], `until` capped at `applied_until`); on a miss it takes the
+//! resolver's read lock once for the rest of the pass, and only with `try_read`: if the
+//! flusher holds the resolver, the samples stay pending (the flusher aggregates them itself).
+//! A full overflow buffer is resolved early only if `try_write` succeeds; otherwise it is
+//! stashed in the CPU's state for the flush. The cache is cleared when `epoch` changes: after
+//! a late record, a `with_resolver` call and every `gc`, the only events that change what
 //! `asid_span` answers for times below `applied_until`.
+//! A flush (`take_resolved`, `cut`, `flush_all`) holds the shared mutex only while it applies
+//! the records due (records are always popped and applied under it, which is what makes the
+//! drain thread's "nothing due: `applied_until` = watermark" step sound), then releases it and
+//! takes the tables and resolves them holding only the resolver (and each CPU mutex briefly, to
+//! swap its table): drain threads keep draining meanwhile.
 //! Step 1 happens before step 2 so that when a flush aggregates everything up to the
 //! watermark and then runs `Resolver::gc`, no sample at or below that watermark is still in a
-//! drain thread's hands. Lock order: shared → CPU → resolver (the drain thread's `try_read`
-//! under its CPU mutex never blocks).
+//! drain thread's hands. Lock order: shared → resolver (flushes); CPU → shared (a drain
+//! thread's early drain; nobody holds the shared mutex while waiting for a CPU mutex); CPU →
+//! resolver only with `try_read`/`try_write`.
 //!
 //! BOUNDED MEMORY (see [`table`]): each CPU has a fixed-size 4-way set-associative table and
 //! an overflow buffer for evicted entries. When the overflow buffer fills, the drain thread
@@ -55,23 +65,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use profile_format::{ImageId, ImageKind, JitSymbol, UnknownReason};
+use profile_format::{ImageId, ImageKind, UnknownReason};
 
 use crate::resolve::{AsidSpan, Resolution, Resolver, KERNEL_START};
 use crate::types::{EventIdx, PerfTime, Sample, SampleSink, SideBand, TimedSideBand};
 
 use table::{Added, Entry, Table};
 
-/// What a profile on disk needs to know about its image.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct ImageInfo {
-    pub kind: ImageKind,
-    pub id: ImageId,
-    /// Path as seen (`/usr/bin/foo`, `[kernel.kallsyms]`, `[vdso]`, `[anon:1234]`, module name).
-    pub path: Vec<u8>,
-    /// For `Anon` images: symbols from /tmp/perf-PID.map, if the process published one.
-    pub jit_symbols: Vec<JitSymbol>,
-}
+pub use crate::types::ImageInfo;
 
 /// Samples of one (image, event), resolved: offset → (count, sum of periods in force).
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -237,6 +238,9 @@ struct CpuState {
     overflow: Vec<Entry>,
     /// Empty, with capacity, unless an early drain or a flush holds it.
     spare_overflow: Vec<Entry>,
+    /// A full overflow buffer the drain thread could not resolve because the resolver was
+    /// busy (a flush holds it): the flush takes it, or the next pass resolves it.
+    stashed: Option<Vec<Entry>>,
     overflow_cap: usize,
     cache: AsidCache,
     samples_aggregated: u64,
@@ -262,6 +266,7 @@ impl CpuState {
             spare: Some(Table::new(min_entries)),
             overflow: Vec::with_capacity(cap),
             spare_overflow: Vec::with_capacity(cap),
+            stashed: None,
             overflow_cap: cap,
             cache: AsidCache::new(),
             samples_aggregated: 0,
@@ -345,6 +350,9 @@ struct Shared {
     watermark: PerfTime,
     samples_in: u64,
     late_sideband: u64,
+    /// Late records a drain thread could not apply (the resolver was busy); whoever holds
+    /// the resolver next applies them first.
+    late: Vec<TimedSideBand>,
     /// Overflow buffers resolved by drain threads since the last flush.
     early: Resolved,
 }
@@ -392,6 +400,9 @@ pub struct Aggregator {
     /// See [`Horizon::changed`].
     changed: Box<[AtomicU64]>,
     cpus: Vec<Mutex<CpuState>>,
+    /// Drain threads aggregate no sample newer than this ([`Aggregator::cut`]; MAX = no cut
+    /// in progress).
+    cap: AtomicU64,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -408,6 +419,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn write(r: &RwLock<Resolver>) -> RwLockWriteGuard<'_, Resolver> {
     r.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn try_write(r: &RwLock<Resolver>) -> Option<RwLockWriteGuard<'_, Resolver>> {
+    match r.try_write() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
 }
 
 fn try_read(r: &RwLock<Resolver>) -> Option<RwLockReadGuard<'_, Resolver>> {
@@ -520,6 +539,7 @@ impl Aggregator {
                 watermark: 0,
                 samples_in: 0,
                 late_sideband: 0,
+                late: Vec::new(),
                 early: Resolved::default(),
             }),
             resolver: RwLock::new(resolver),
@@ -527,6 +547,7 @@ impl Aggregator {
             epoch: AtomicU64::new(0),
             changed: (0..CACHE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             cpus: (0..n).map(|_| Mutex::new(CpuState::new(&cfg))).collect(),
+            cap: AtomicU64::new(PerfTime::MAX),
         })
     }
 
@@ -553,12 +574,28 @@ impl Aggregator {
         }
     }
 
+    /// Take the resolver for a flush: everything queued up to `limit` (and every stashed late
+    /// record) is applied under the shared mutex, which is then released, so that drain
+    /// threads are never blocked while the flush resolves (they find the resolver busy, leave
+    /// their samples pending and go back to sleep). Returns the early results too.
+    fn begin_take(&self, limit: PerfTime) -> (RwLockWriteGuard<'_, Resolver>, Resolved, PerfTime) {
+        let mut sh = lock(&self.shared);
+        let mut r = write(&self.resolver);
+        let mut due = Vec::new();
+        sh.due_until(limit, &mut due);
+        let late = std::mem::take(&mut sh.late);
+        let newest = due.last().map_or(0, |d| d.time);
+        self.apply(&mut r, &late);
+        self.apply(&mut r, &due);
+        let out = std::mem::take(&mut sh.early);
+        (r, out, newest)
+    }
+
     /// Swap out every per-CPU table (after aggregating what the watermark allows) and resolve.
     pub fn take_resolved(&self) -> Resolved {
-        let mut sh = lock(&self.shared);
-        let wm = sh.watermark;
-        let mut out = std::mem::take(&mut sh.early);
-        let mut r = write(&self.resolver);
+        let wm = lock(&self.shared).watermark;
+        let (mut r, mut out, _) = self.begin_take(wm);
+        self.applied_until.fetch_max(wm, Ordering::Release);
         self.take_tables(&mut r, Some(wm), &mut out);
         r.gc(wm);
         drop(r);
@@ -569,18 +606,49 @@ impl Aggregator {
     /// Apply every queued side-band record and aggregate every pending sample regardless of
     /// the watermark (which moves to the newest time seen), then resolve.
     pub fn flush_all(&self) -> Resolved {
-        let mut sh = lock(&self.shared);
-        let newest_sb = sh.queues.iter().filter_map(|q| q.back().map(|r| r.time)).max();
-        let mut due = Vec::new();
-        sh.due_until(PerfTime::MAX, &mut due);
-        let mut out = std::mem::take(&mut sh.early);
-        let mut r = write(&self.resolver);
-        self.apply(&mut r, &due);
+        let (mut r, mut out, newest_sb) = self.begin_take(PerfTime::MAX);
         let newest_sample = self.take_tables(&mut r, None, &mut out);
-        let newest = sh.watermark.max(newest_sb.unwrap_or(0)).max(newest_sample);
-        sh.watermark = newest;
+        let newest = {
+            let mut sh = lock(&self.shared);
+            sh.watermark = sh.watermark.max(newest_sb).max(newest_sample);
+            sh.watermark
+        };
         self.applied_until.fetch_max(newest, Ordering::Release);
         r.gc(newest);
+        drop(r);
+        self.epoch.fetch_add(1, Ordering::Release);
+        out
+    }
+
+    /// Close a batch at an instant. Stops the drain threads from aggregating, reads the clock
+    /// (`T`), runs `barrier(T)` (which must make every drain thread deliver its ring up to `T`),
+    /// then takes exactly the samples with a time at or below `T`: side-band records up to `T`
+    /// are applied whatever the watermark, later samples stay pending for the next batch.
+    /// Every sample therefore goes to the batch of the instant that contains it, whichever
+    /// pass delivered it. Returns the batch, what `barrier` returned and `T`.
+    pub fn cut<B>(&self, barrier: impl FnOnce(PerfTime) -> B) -> (Resolved, B, PerfTime) {
+        // Freeze before reading the clock: a drain pass that saw the old cap computed its
+        // watermark from a clock read before this store, hence before T.
+        self.cap.store(0, Ordering::SeqCst);
+        let t = crate::sys::time::monotonic_ns();
+        self.cap.store(t, Ordering::SeqCst);
+        let b = barrier(t);
+        let out = self.take_until(t);
+        self.cap.store(PerfTime::MAX, Ordering::SeqCst);
+        (out, b, t)
+    }
+
+    /// Apply every side-band record up to `limit`, aggregate every sample up to it (the
+    /// watermark moves to at least `limit`), swap out the tables and resolve.
+    fn take_until(&self, limit: PerfTime) -> Resolved {
+        let (mut r, mut out, _) = self.begin_take(limit);
+        {
+            let mut sh = lock(&self.shared);
+            sh.watermark = sh.watermark.max(limit);
+        }
+        self.applied_until.fetch_max(limit, Ordering::Release);
+        self.take_tables(&mut r, Some(limit), &mut out);
+        r.gc(limit);
         drop(r);
         self.epoch.fetch_add(1, Ordering::Release);
         out
@@ -598,6 +666,7 @@ impl Aggregator {
             let mut c = lock(cpu);
             c.cache.check_epoch(epoch);
             newest = newest.max(newest_pending(&c.pending, limit));
+            let mut full: Vec<Vec<Entry>> = c.stashed.take().into_iter().collect();
             loop {
                 let rr: &Resolver = r;
                 let stop = aggregate_pending(&mut c, limit, &self.horizon(), |pid, t| {
@@ -606,10 +675,8 @@ impl Aggregator {
                 if stop != Stop::OverflowFull {
                     break;
                 }
-                // We hold the resolver: drain the overflow buffer right here.
-                let full = c.take_overflow();
-                full.iter().for_each(|e| resolve_entry(r, e, out));
-                c.return_overflow(full);
+                // Resolved below, once this CPU's lock is released.
+                full.push(c.take_overflow());
             }
             let want = c.next_table_entries();
             let spare = match c.spare.take() {
@@ -618,9 +685,10 @@ impl Aggregator {
             };
             let table = std::mem::replace(&mut c.table, spare);
             let overflow = c.take_overflow();
-            taken.push((table, overflow));
+            taken.push((table, overflow, full));
         }
-        for (i, (mut table, overflow)) in taken.into_iter().enumerate() {
+        for (i, (mut table, overflow, full)) in taken.into_iter().enumerate() {
+            full.iter().flatten().for_each(|e| resolve_entry(r, e, out));
             overflow.iter().for_each(|e| resolve_entry(r, e, out));
             table.drain(|e| resolve_entry(r, &e, out));
             let mut c = lock(&self.cpus[i]);
@@ -666,35 +734,49 @@ impl Aggregator {
         out
     }
 
-    /// Step 3 of a drain pass (module docs): aggregate what the watermark allows, draining the
-    /// overflow buffer early as often as it fills.
+    /// Step 3 of a drain pass (module docs): aggregate what the watermark allows (never past a
+    /// cut in progress, nor past what has been applied to the resolver), draining the overflow
+    /// buffer early as often as it fills. Never waits for the resolver: when a flush holds it,
+    /// a full overflow buffer is stashed for the flush and the samples stay pending.
     fn aggregate_cpu(&self, slot: usize, wm: PerfTime) {
+        let mut c = lock(&self.cpus[slot]);
         loop {
-            let full = {
-                let mut c = lock(&self.cpus[slot]);
-                let c = &mut *c;
-                c.cache.check_epoch(self.epoch.load(Ordering::Acquire));
-                let mut guard: Option<RwLockReadGuard<'_, Resolver>> = None;
-                let stop = aggregate_pending(c, Some(wm), &self.horizon(), |pid, t| {
-                    if guard.is_none() {
-                        guard = Some(try_read(&self.resolver)?);
+            let full = match c.stashed.take() {
+                Some(f) => f,
+                None => {
+                    let wm = wm
+                        .min(self.cap.load(Ordering::SeqCst))
+                        .min(self.applied_until.load(Ordering::Acquire));
+                    let c = &mut *c;
+                    c.cache.check_epoch(self.epoch.load(Ordering::Acquire));
+                    let mut guard: Option<RwLockReadGuard<'_, Resolver>> = None;
+                    let stop = aggregate_pending(c, Some(wm), &self.horizon(), |pid, t| {
+                        if guard.is_none() {
+                            guard = Some(try_read(&self.resolver)?);
+                        }
+                        let applied = self.applied_until.load(Ordering::Acquire);
+                        guard.as_ref().map(|r| (r.asid_span(pid, t), applied))
+                    });
+                    drop(guard);
+                    if stop != Stop::OverflowFull {
+                        return;
                     }
-                    let applied = self.applied_until.load(Ordering::Acquire);
-                    guard.as_ref().map(|r| (r.asid_span(pid, t), applied))
-                });
-                if stop != Stop::OverflowFull {
-                    return;
+                    c.early_drains += 1;
+                    c.take_overflow()
                 }
-                c.early_drains += 1;
-                c.take_overflow()
             };
+            // Lock order CPU -> shared is safe: nobody holds the shared mutex while waiting
+            // for a CPU's (flushes release it before taking the tables).
             let mut sh = lock(&self.shared);
-            let mut r = write(&self.resolver);
+            let Some(mut r) = try_write(&self.resolver) else {
+                c.stashed = Some(full);
+                return;
+            };
             r.begin_batch();
             full.iter().for_each(|e| resolve_entry(&mut r, e, &mut sh.early));
             drop(r);
             drop(sh);
-            lock(&self.cpus[slot]).return_overflow(full);
+            c.return_overflow(full);
         }
     }
 }
@@ -775,16 +857,27 @@ impl SampleSink for Aggregator {
             c.last_report = now;
             sh.recompute_watermark(now);
             let wm = sh.watermark;
-            let mut due = Vec::new();
-            sh.due_until(wm, &mut due);
-            if !late.is_empty() || !due.is_empty() {
-                let mut r = write(&self.resolver);
+            let due_now = sh.queues.iter().any(|q| q.front().is_some_and(|r| r.time <= wm));
+            if late.is_empty() && sh.late.is_empty() && !due_now {
+                // Every record up to the watermark was applied by whoever popped it (always
+                // under this mutex, with the resolver held).
+                self.applied_until.fetch_max(wm, Ordering::Release);
+            } else if let Some(mut r) = try_write(&self.resolver) {
+                let mut due = Vec::new();
+                sh.due_until(wm, &mut due);
+                let stashed = std::mem::take(&mut sh.late);
+                self.apply(&mut r, &stashed);
                 self.apply(&mut r, &late);
                 self.apply(&mut r, &due);
-            }
-            self.applied_until.fetch_max(wm, Ordering::Release);
-            if !late.is_empty() {
-                self.epoch.fetch_add(1, Ordering::Release);
+                drop(r);
+                self.applied_until.fetch_max(wm, Ordering::Release);
+                if !late.is_empty() || !stashed.is_empty() {
+                    self.epoch.fetch_add(1, Ordering::Release);
+                }
+            } else {
+                // A flush holds the resolver: it (or the next pass) applies these; the
+                // samples after them wait, pending, until then.
+                sh.late.extend(late);
             }
             wm
         };

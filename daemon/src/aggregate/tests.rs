@@ -151,6 +151,29 @@ fn busy_resolver_leaves_samples_pending_for_the_flusher() {
 }
 
 #[test]
+fn drain_pass_with_due_records_does_not_wait_for_a_busy_resolver() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    agg.on_drain(0, 10, &mut Vec::new(), &mut vec![mmap(5, 7, 1)]);
+    agg.with_resolver(|_| {
+        // The resolver is held (as by a flush): a pass with a due mmap must neither block
+        // (this thread holds the lock: waiting would deadlock) nor aggregate past it.
+        let mut s: Vec<Sample> = (0..10).map(|i| sample(200 + i, 7, BASE, 3)).collect();
+        agg.on_drain(0, 1000, &mut s, &mut vec![mmap(150, 7, 2)]);
+        // A late record (below the watermark) is stashed, not lost.
+        agg.on_drain(0, 1000, &mut Vec::new(), &mut vec![mmap(20, 8, 1)]);
+    });
+    let st = agg.stats();
+    assert_eq!((st.pending, st.late_sideband), (10, 1), "{st:?}");
+    // The next pass finds the resolver free: it applies what waited and aggregates.
+    agg.on_drain(0, 1100, &mut Vec::new(), &mut Vec::new());
+    assert_eq!(agg.stats().pending, 0);
+    let r = agg.take_resolved();
+    assert_eq!(count(&r, 2, 0), (10, 30), "samples after the mmap use its image: {r:?}");
+    assert_eq!(count(&r, 1, 0), (0, 0), "{r:?}");
+}
+
+#[test]
 fn kernel_samples_share_one_key_across_pids() {
     let dir = tempfile::tempdir().expect("tempdir");
     let agg = Aggregator::new(resolver(dir.path()), 1);

@@ -4,6 +4,7 @@
 
 pub mod events;
 pub mod records;
+pub mod redraw;
 pub mod ring;
 pub mod sampler;
 

@@ -2,10 +2,11 @@
 //! randomizes overflow periods, counts LOST/THROTTLE records, follows CPU hotplug.
 //!
 //! Per CPU: one fd per event (pid = -1), the first of which carries the side-band bits and owns
-//! the mmap ring; the others are redirected into it with SET_OUTPUT. The drain thread wakes on the
-//! ring's watermark (about `wakeup_samples` sample records) or after a timeout, delivers what it
-//! read to the [`SampleSink`], then redraws the periods of its CPU's events with
-//! PERF_EVENT_IOC_PERIOD (cheap because it runs on that CPU).
+//! the mmap ring; the others are redirected into it with SET_OUTPUT. The drain thread wakes when
+//! the ring is half full, at the random re-arm instant of each `redraw_interval`
+//! ([`super::redraw`]), or when a barrier asks it to ([`Sampler::barrier`]); it delivers what it
+//! read to the [`SampleSink`], and at the re-arm instant redraws the periods of its CPU's events
+//! with PERF_EVENT_IOC_PERIOD (cheap because it runs on that CPU).
 //!
 //! Which period stamps a sample: a redraw happens after a pass has read the ring, at time `T`
 //! (clock read right after the ioctl returned). Samples taken before `T` were produced under the
@@ -26,9 +27,10 @@ use rand::RngExt;
 
 use crate::perf::events::{self, EventKind, EventSpec};
 use crate::perf::records::{self, Record};
-use crate::perf::ring::RingReader;
+use crate::perf::redraw::{self, RedrawSchedule};
+use crate::perf::ring::{RingBuffer, RingReader};
 use crate::sys::perf::{self as sp, AttrSpec, EventFd, PerfFd, RingMap};
-use crate::sys::time::monotonic_ns;
+use crate::sys::time::{monotonic_ns, thread_cpu_ns};
 use crate::types::{EventIdx, Sample, SampleSink, TimedSideBand};
 
 /// Where the list of online CPUs comes from.
@@ -41,8 +43,9 @@ const DRAIN_SLACK_NS: u64 = 1_000_000;
 /// How often each drain thread reads time_enabled/time_running of its fds.
 const TIMES_INTERVAL_NS: u64 = 1_000_000_000;
 
-/// Counting (non-clock) events are re-armed at a random point within this long after a pass.
-const COUNT_RESTART_SPREAD_NS: u64 = 1_000_000;
+/// Longest `redraw_interval`: an idle CPU reports `drained_until` only when it wakes, and the
+/// aggregator leaves a CPU silent for 3 s out of its watermark (two windows < 3 s).
+pub const MAX_REDRAW_INTERVAL: Duration = Duration::from_millis(1400);
 
 /// At most one loss/throttle warning per CPU per this interval.
 const WARN_INTERVAL: Duration = Duration::from_secs(60);
@@ -52,11 +55,10 @@ pub struct SamplerConfig {
     pub events: Vec<EventSpec>,
     /// Periods are drawn from `[P - P/D, P]`.
     pub window_divisor: u64,
-    /// Data pages per CPU ring (power of two).
+    /// Data pages per CPU ring (power of two). The drain thread wakes when half of it is full.
     pub ring_pages: usize,
-    /// Wake the drain thread after about this many sample records.
-    pub wakeup_samples: u32,
-    /// Every drain thread loops, and redraws periods, at least this often.
+    /// Every drain thread re-arms its periods once per window of this length, at a random
+    /// instant of the window (its only timed wake-up).
     pub redraw_interval: Duration,
     /// Test hook: the drain thread of this CPU stops making progress after this long.
     pub stall_drain: Option<(u32, Duration)>,
@@ -84,7 +86,6 @@ impl Default for SamplerConfig {
             }],
             window_divisor: 16,
             ring_pages: 128,
-            wakeup_samples: 64,
             redraw_interval: Duration::from_secs(1),
             stall_drain: None,
             randomize: true,
@@ -273,13 +274,20 @@ struct CpuStats {
     time_running: Vec<AtomicU64>,
     /// monotonic_ns of the last completed loop iteration (0 = none yet).
     heartbeat: AtomicU64,
+    /// Everything this CPU's ring held with a time below this has been given to the sink.
+    drained_until: AtomicU64,
+    /// Wakes this CPU's drain thread alone (barrier requests).
+    kick: EventFd,
+    /// Loop iterations (poll returns), and the CPU time the drain thread has used.
+    wakeups: AtomicU64,
+    cpu_ns: AtomicU64,
     error: Mutex<Option<String>>,
 }
 
 impl CpuStats {
-    fn new(cpu: u32, nevents: usize) -> CpuStats {
+    fn new(cpu: u32, nevents: usize) -> io::Result<CpuStats> {
         let v = || (0..nevents).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
-        CpuStats {
+        Ok(CpuStats {
             cpu,
             online: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -294,8 +302,12 @@ impl CpuStats {
             time_enabled: v(),
             time_running: v(),
             heartbeat: AtomicU64::new(0),
+            drained_until: AtomicU64::new(0),
+            kick: EventFd::new()?,
+            wakeups: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
             error: Mutex::new(None),
-        }
+        })
     }
 
     fn set_error(&self, msg: String) {
@@ -322,6 +334,8 @@ struct Shared {
     sink: Arc<dyn SampleSink>,
     stop: AtomicBool,
     wake: EventFd,
+    /// The newest barrier instant asked for (perf clock; 0 = none).
+    barrier_until: AtomicU64,
     build_id: AtomicBool,
     started: Instant,
     cpus: Mutex<BTreeMap<u32, CpuSlot>>,
@@ -351,8 +365,8 @@ fn attr_for(
 ) -> AttrSpec {
     let pages = shared_cfg.ring_pages.max(1);
     let data_bytes = pages.saturating_mul(sp::page_size());
-    let want = (shared_cfg.wakeup_samples.max(1) as usize).saturating_mul(sp::SAMPLE_RECORD_SIZE);
-    let wm = want.min(data_bytes / 2).max(sp::SAMPLE_RECORD_SIZE);
+    // Half the ring: the drain thread has the other half of the time to answer.
+    let wm = (data_bytes / 2).max(sp::SAMPLE_RECORD_SIZE);
     AttrSpec {
         perf_type: plan.perf_type,
         config: plan.config,
@@ -422,8 +436,6 @@ struct PeriodState {
     cur: u64,
     /// Samples with TIME before this were taken under `prev`.
     switched_at: u64,
-    /// Samples counted under `cur` so far.
-    since_arm: u64,
 }
 
 impl PeriodState {
@@ -460,6 +472,327 @@ fn spawn_cpu(
     r
 }
 
+/// What one pass over the ring found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PassCounts {
+    pub samples: u64,
+    pub lost: u64,
+    pub throttled: u64,
+    pub unthrottled: u64,
+    pub malformed: u64,
+}
+
+/// The parsing half of a drain pass (what every drain thread runs, and what
+/// `benches/aggregate.rs` times): read every record out of `ring`, turn samples into
+/// [`Sample`]s (event index from the record's identifier among `ids`, period from
+/// `period_at(event index, TIME)`) appended to `samples`, side-band records to `sideband`;
+/// counts per event go to `per_event` (zeroed first).
+pub fn read_pass<R: RingBuffer>(
+    reader: &mut RingReader,
+    ring: &R,
+    ids: &[u64],
+    period_at: impl Fn(usize, u64) -> u64,
+    per_event: &mut [u64],
+    samples: &mut Vec<Sample>,
+    sideband: &mut Vec<TimedSideBand>,
+) -> PassCounts {
+    let mut c = PassCounts::default();
+    per_event.iter_mut().for_each(|x| *x = 0);
+    let before = samples.len();
+    samples.reserve(1024);
+    let ds = reader.drain(ring, |rec| match records::parse_record(rec) {
+        Record::Sample(s) => {
+            let Some(idx) = ids.iter().position(|&id| id == s.identifier) else {
+                c.malformed += 1;
+                return;
+            };
+            per_event[idx] += 1;
+            samples.push(Sample {
+                time: s.time,
+                pid: s.pid,
+                tid: s.tid,
+                pc: s.ip,
+                cpu: s.cpu,
+                event: idx as EventIdx,
+                period: period_at(idx, s.time),
+                kernel: s.kernel,
+            });
+        }
+        Record::SideBand(sb) => sideband.push(sb),
+        Record::Lost { lost: l } => c.lost += l,
+        Record::Throttle { .. } => c.throttled += 1,
+        Record::Unthrottle { .. } => c.unthrottled += 1,
+        Record::Malformed => c.malformed += 1,
+        Record::Other => {}
+    });
+    if ds.corrupt {
+        c.malformed += 1;
+    }
+    c.samples = (samples.len() - before) as u64;
+    c
+}
+
+/// A drain thread's own state (module docs): one concern per method.
+struct Drainer<'a> {
+    shared: &'a Shared,
+    stats: &'a CpuStats,
+    ring: CpuRing,
+    rng: StdRng,
+    periods: Vec<PeriodState>,
+    armed_at: Vec<u64>,
+    schedule: RedrawSchedule,
+    reader: RingReader,
+    samples: Vec<Sample>,
+    sideband: Vec<TimedSideBand>,
+    per_event: Vec<u64>,
+    last_times: u64,
+    last_warn: Option<Instant>,
+    lost_unwarned: u64,
+    throttle_unwarned: u64,
+    stall_at: Option<Instant>,
+}
+
+/// Why the loop ends after this pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    Continue,
+    Stop,
+    HangUp,
+}
+
+impl<'a> Drainer<'a> {
+    fn new(shared: &'a Shared, stats: &'a CpuStats, ring: CpuRing) -> Drainer<'a> {
+        let n = shared.plans.len();
+        let mut rng = rand::make_rng::<StdRng>();
+        let t0 = monotonic_ns();
+        let redraw_ns =
+            u64::try_from(shared.cfg.redraw_interval.as_nanos()).unwrap_or(u64::MAX).max(1_000_000);
+        let periods =
+            ring.periods.iter().map(|&p| PeriodState { prev: p, cur: p, switched_at: 0 }).collect();
+        let stall_at = shared
+            .cfg
+            .stall_drain
+            .filter(|(c, _)| *c == stats.cpu)
+            .map(|(_, after)| Instant::now() + after);
+        Drainer {
+            shared,
+            stats,
+            ring,
+            schedule: RedrawSchedule::new(t0, redraw_ns, &mut rng),
+            rng,
+            periods,
+            armed_at: vec![t0; n],
+            reader: RingReader::new(),
+            samples: Vec::with_capacity(1024),
+            sideband: Vec::new(),
+            per_event: vec![0; n],
+            last_times: 0,
+            last_warn: None,
+            lost_unwarned: 0,
+            throttle_unwarned: 0,
+            stall_at,
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        self.shared.stop.load(Ordering::Acquire) || self.stats.stop.load(Ordering::Acquire)
+    }
+
+    /// Test hook: stop making progress (no heartbeat, no barrier answers) until told to exit.
+    fn stall_if_asked(&mut self) {
+        if self.stall_at.is_some_and(|t| Instant::now() >= t) {
+            tracing::warn!(
+                cpu = self.stats.cpu,
+                "drain thread stalled by the stall_drain test hook"
+            );
+            while !self.stopping() {
+                self.shared.wake.wait(100);
+            }
+            // Stopping: deliver the final pass like every other thread.
+            self.stall_at = None;
+        }
+    }
+
+    /// Sleep until the ring is half full, the re-arm instant, a barrier or stop. Returns
+    /// whether the events hung up.
+    fn wait(&mut self) -> bool {
+        let timeout_ms = self.schedule.timeout_ms(monotonic_ns());
+        let hangup =
+            match sp::poll_ring(&self.ring.fds[0], &self.shared.wake, &self.stats.kick, timeout_ms)
+            {
+                Ok(r) => r.hangup,
+                Err(e) => {
+                    self.stats.set_error(format!("poll: {e}"));
+                    true
+                }
+            };
+        self.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+        hangup
+    }
+
+    /// A barrier asked for everything up to an instant this pass would not yet cover: wait
+    /// until the clock is past it (at most [`DRAIN_SLACK_NS`] plus scheduling), so that this pass
+    /// answers it. The kick is consumed first: a newer request then wakes the next poll.
+    fn honour_barrier(&self) {
+        self.stats.kick.clear();
+        let target = self.shared.barrier_until.load(Ordering::Acquire);
+        if target <= self.stats.drained_until.load(Ordering::Acquire) {
+            return;
+        }
+        let need = target.saturating_add(DRAIN_SLACK_NS);
+        let now = monotonic_ns();
+        if now < need {
+            std::thread::sleep(Duration::from_nanos(need - now));
+        }
+    }
+
+    /// Read the ring, stamp samples with the period in force, count the other records.
+    fn read_ring(&mut self) -> PassCounts {
+        let ps = &self.periods;
+        read_pass(
+            &mut self.reader,
+            &self.ring.ring,
+            &self.ring.ids,
+            |idx, time| ps[idx].at(time),
+            &mut self.per_event,
+            &mut self.samples,
+            &mut self.sideband,
+        )
+    }
+
+    /// One pass: read everything written so far and hand it to the sink.
+    fn pass(&mut self) -> PassCounts {
+        // Everything with a TIME before this has been written to the ring by the time we read
+        // data_head (records are written from this CPU, with preemption disabled).
+        let drained_until = monotonic_ns().saturating_sub(DRAIN_SLACK_NS);
+        let c = self.read_ring();
+        self.shared.sink.on_drain(
+            self.stats.cpu,
+            drained_until,
+            &mut self.samples,
+            &mut self.sideband,
+        );
+        self.samples.clear();
+        self.sideband.clear();
+        // After the sink has it: a barrier waiting on this CPU may now take it.
+        self.stats.drained_until.fetch_max(drained_until, Ordering::Release);
+        c
+    }
+
+    fn account(&mut self, c: &PassCounts) {
+        let st = self.stats;
+        st.samples.fetch_add(c.samples, Ordering::Relaxed);
+        for (i, n) in self.per_event.iter().enumerate() {
+            if *n > 0 {
+                st.per_event[i].fetch_add(*n, Ordering::Relaxed);
+            }
+        }
+        for (counter, n) in [
+            (&st.lost, c.lost),
+            (&st.throttled, c.throttled),
+            (&st.unthrottled, c.unthrottled),
+            (&st.malformed, c.malformed),
+        ] {
+            if n > 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        self.lost_unwarned += c.lost;
+        self.throttle_unwarned += c.throttled;
+        if (self.lost_unwarned > 0 || self.throttle_unwarned > 0)
+            && self.last_warn.is_none_or(|t| t.elapsed() >= WARN_INTERVAL)
+        {
+            tracing::warn!(
+                cpu = st.cpu,
+                lost_samples = self.lost_unwarned,
+                throttled = self.throttle_unwarned,
+                "perf ring lost samples or the kernel throttled sampling on this CPU \
+                 (more ring pages or a longer period help); totals are in status"
+            );
+            self.last_warn = Some(Instant::now());
+            self.lost_unwarned = 0;
+            self.throttle_unwarned = 0;
+        }
+    }
+
+    /// At the window's random instant: draw new periods and re-arm (which restarts each
+    /// event's timer at this instant: README.md, "Periods").
+    fn redraw_if_due(&mut self) {
+        let now = monotonic_ns();
+        if !self.schedule.is_due(now) {
+            return;
+        }
+        self.schedule.advance(now, &mut self.rng);
+        if !self.shared.cfg.randomize {
+            return;
+        }
+        for (i, fd) in self.ring.fds.iter().enumerate() {
+            let plan = &self.shared.plans[i];
+            let st = &mut self.periods[i];
+            if !redraw::spaced(plan.time_based, now.saturating_sub(self.armed_at[i]), st.cur) {
+                continue;
+            }
+            let p = plan.draw(&mut self.rng);
+            match fd.set_period(p) {
+                Ok(()) => {
+                    let t = monotonic_ns();
+                    *st = PeriodState { prev: st.cur, cur: p, switched_at: t };
+                    self.armed_at[i] = t;
+                    self.stats.periods[i].store(p, Ordering::Relaxed);
+                    self.stats.redraws.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.stats.set_error(format!("PERF_EVENT_IOC_PERIOD: {e}"));
+                    self.armed_at[i] = monotonic_ns();
+                }
+            }
+        }
+    }
+
+    fn read_times(&mut self, force: bool) {
+        let now = monotonic_ns();
+        if !force && now.saturating_sub(self.last_times) < TIMES_INTERVAL_NS {
+            return;
+        }
+        self.last_times = now;
+        for (i, fd) in self.ring.fds.iter().enumerate() {
+            if let Ok(t) = fd.read_times() {
+                self.stats.time_enabled[i].store(t.time_enabled, Ordering::Relaxed);
+                self.stats.time_running[i].store(t.time_running, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// One loop iteration: wait, drain, account, re-arm if due.
+    fn step(&mut self) -> Next {
+        self.stall_if_asked();
+        let stopping = self.stopping();
+        let hangup = if stopping {
+            for fd in &self.ring.fds {
+                let _ = fd.disable();
+            }
+            false
+        } else {
+            let h = self.wait();
+            self.honour_barrier();
+            h
+        };
+        let counts = self.pass();
+        self.account(&counts);
+        if stopping {
+            return Next::Stop;
+        }
+        if hangup {
+            return Next::HangUp;
+        }
+        self.redraw_if_due();
+        self.read_times(false);
+        self.stats.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
+        self.stats.heartbeat.store(monotonic_ns(), Ordering::Release);
+        Next::Continue
+    }
+}
+
 fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
     let cpu = stats.cpu;
     if let Err(e) = sp::pin_current_thread(cpu) {
@@ -468,230 +801,33 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
         stats.online.store(false, Ordering::Release);
         return;
     }
-    let cfg = &shared.cfg;
-    if cfg.realtime_drain {
+    if shared.cfg.realtime_drain {
         if let Err(e) = sp::set_fifo_priority(1) {
             // The systemd unit denies realtime on purpose (RestrictRealtime=yes); the random
-            // re-arm delay alone still defeats phase-locking (sampler_phase test), so this is
+            // re-arm instant alone defeats phase-locking (sampler_phase test), so this is
             // expected, not a fault.
             tracing::info!(cpu, error = %e, "drain thread stays SCHED_OTHER (SCHED_FIFO refused)");
         }
     }
-    let n = shared.plans.len();
-    let mut rng = rand::make_rng::<StdRng>();
-    let t0 = monotonic_ns();
-    let mut ps: Vec<PeriodState> = ring
-        .periods
-        .iter()
-        .map(|&p| PeriodState { prev: p, cur: p, switched_at: 0, since_arm: 0 })
-        .collect();
-    let mut armed_at = vec![t0; n];
-    let mut reader = RingReader::new();
-    let mut samples: Vec<Sample> = Vec::with_capacity(1024);
-    let mut sideband: Vec<TimedSideBand> = Vec::new();
-    let mut per_event = vec![0u64; n];
-    let mut due = vec![false; n];
-    let mut last_times = 0u64;
-    let mut last_warn: Option<Instant> = None;
-    let (mut lost_unwarned, mut throttle_unwarned) = (0u64, 0u64);
-    let mut stall_at =
-        cfg.stall_drain.filter(|(c, _)| *c == cpu).map(|(_, after)| Instant::now() + after);
-    let redraw_ns =
-        u64::try_from(cfg.redraw_interval.as_nanos()).unwrap_or(u64::MAX).max(1_000_000);
-
+    let mut d = Drainer::new(shared, stats, ring);
     loop {
-        if stall_at.is_some_and(|t| Instant::now() >= t) {
-            // Test hook: stop making progress (no heartbeat) until told to exit.
-            tracing::warn!(cpu, "drain thread stalled by the stall_drain test hook");
-            while !shared.stop.load(Ordering::Acquire) && !stats.stop.load(Ordering::Acquire) {
-                shared.wake.wait(100);
-            }
-            // Stopping: deliver the final pass like every other thread.
-            stall_at = None;
-            continue;
-        }
-        let stopping = shared.stop.load(Ordering::Acquire) || stats.stop.load(Ordering::Acquire);
-        let mut hangup = false;
-        if stopping {
-            for fd in &ring.fds {
-                let _ = fd.disable();
-            }
-        } else {
-            let now = monotonic_ns();
-            let next = armed_at
-                .iter()
-                .map(|a| a.saturating_add(redraw_ns))
-                .min()
-                .unwrap_or(now + redraw_ns);
-            let timeout_ns = next.saturating_sub(now).clamp(1_000_000, redraw_ns);
-            let timeout_ms = i32::try_from(timeout_ns / 1_000_000).unwrap_or(i32::MAX);
-            match sp::poll_ring(&ring.fds[0], &shared.wake, timeout_ms) {
-                Ok(r) => hangup = r.hangup,
-                Err(e) => {
-                    stats.set_error(format!("poll: {e}"));
-                    hangup = true;
+        match d.step() {
+            Next::Continue => {}
+            Next::Stop => break,
+            Next::HangUp => {
+                tracing::warn!(
+                    cpu,
+                    "perf events on this CPU hung up; CPU offline? will reopen when online"
+                );
+                if lock(&stats.error).is_none() {
+                    stats.set_error("perf event hung up".to_string());
                 }
+                break;
             }
-        }
-
-        // Everything with a TIME before this has been written to the ring by the time we read
-        // data_head (records are written from this CPU, with preemption disabled).
-        let drained_until = monotonic_ns().saturating_sub(DRAIN_SLACK_NS);
-        let (mut lost, mut thr, mut unthr, mut bad) = (0u64, 0u64, 0u64, 0u64);
-        per_event.iter_mut().for_each(|c| *c = 0);
-        samples.reserve(1024);
-        let ds = reader.drain(&ring.ring, |rec| match records::parse_record(rec) {
-            Record::Sample(s) => {
-                let Some(idx) = ring.ids.iter().position(|&id| id == s.identifier) else {
-                    bad += 1;
-                    return;
-                };
-                let st = &mut ps[idx];
-                let period = st.at(s.time);
-                if s.time >= st.switched_at {
-                    st.since_arm += 1;
-                }
-                per_event[idx] += 1;
-                samples.push(Sample {
-                    time: s.time,
-                    pid: s.pid,
-                    tid: s.tid,
-                    pc: s.ip,
-                    cpu: s.cpu,
-                    event: idx as EventIdx,
-                    period,
-                    kernel: s.kernel,
-                });
-            }
-            Record::SideBand(sb) => sideband.push(sb),
-            Record::Lost { lost: l } => lost += l,
-            Record::Throttle { .. } => thr += 1,
-            Record::Unthrottle { .. } => unthr += 1,
-            Record::Malformed => bad += 1,
-            Record::Other => {}
-        });
-        if ds.corrupt {
-            bad += 1;
-        }
-        let nsamples = samples.len() as u64;
-        shared.sink.on_drain(cpu, drained_until, &mut samples, &mut sideband);
-        samples.clear();
-        sideband.clear();
-
-        stats.samples.fetch_add(nsamples, Ordering::Relaxed);
-        for (i, c) in per_event.iter().enumerate() {
-            if *c > 0 {
-                stats.per_event[i].fetch_add(*c, Ordering::Relaxed);
-            }
-        }
-        if lost > 0 {
-            stats.lost.fetch_add(lost, Ordering::Relaxed);
-        }
-        if thr > 0 {
-            stats.throttled.fetch_add(thr, Ordering::Relaxed);
-        }
-        if unthr > 0 {
-            stats.unthrottled.fetch_add(unthr, Ordering::Relaxed);
-        }
-        if bad > 0 {
-            stats.malformed.fetch_add(bad, Ordering::Relaxed);
-        }
-        lost_unwarned += lost;
-        throttle_unwarned += thr;
-        if (lost_unwarned > 0 || throttle_unwarned > 0)
-            && last_warn.is_none_or(|t| t.elapsed() >= WARN_INTERVAL)
-        {
-            tracing::warn!(
-                cpu,
-                lost_samples = lost_unwarned,
-                throttled = throttle_unwarned,
-                "perf ring lost samples or the kernel throttled sampling on this CPU \
-                 (more ring pages or a longer period help); totals are in status"
-            );
-            last_warn = Some(Instant::now());
-            lost_unwarned = 0;
-            throttle_unwarned = 0;
-        }
-
-        if stopping {
-            break;
-        }
-        if hangup {
-            tracing::warn!(
-                cpu,
-                "perf events on this CPU hung up; CPU offline? will reopen when online"
-            );
-            if lock(&stats.error).is_none() {
-                stats.set_error("perf event hung up".to_string());
-            }
-            break;
-        }
-
-        if cfg.randomize {
-            let now = monotonic_ns();
-            let mut max_delay = u64::MAX;
-            for (i, plan) in shared.plans.iter().enumerate() {
-                let st = &ps[i];
-                let elapsed = now.saturating_sub(armed_at[i]);
-                // The ioctl restarts a clock event's timer: re-arming within one period would
-                // suppress samples.
-                let spaced = !plan.time_based || elapsed >= st.cur;
-                due[i] =
-                    plan.min < plan.max && (st.since_arm > 0 || elapsed >= redraw_ns) && spaced;
-                if due[i] {
-                    let d = if plan.time_based { st.cur } else { COUNT_RESTART_SPREAD_NS };
-                    max_delay = max_delay.min(d);
-                }
-            }
-            if max_delay != u64::MAX {
-                // The re-arm restarts the counter, so the time of the ioctl fixes the phase of
-                // the samples that follow. This pass may have been started by something
-                // phase-locked to the scheduler tick (side-band records of other processes, a
-                // timeout), so re-arm at a uniformly random point of the next period.
-                let delay = rng.random_range(0..max_delay.clamp(1, redraw_ns / 4));
-                std::thread::sleep(Duration::from_nanos(delay));
-                for (i, fd) in ring.fds.iter().enumerate() {
-                    if !due[i] {
-                        continue;
-                    }
-                    let st = &mut ps[i];
-                    let p = shared.plans[i].draw(&mut rng);
-                    match fd.set_period(p) {
-                        Ok(()) => {
-                            let t = monotonic_ns();
-                            *st =
-                                PeriodState { prev: st.cur, cur: p, switched_at: t, since_arm: 0 };
-                            armed_at[i] = t;
-                            stats.periods[i].store(p, Ordering::Relaxed);
-                            stats.redraws.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            stats.set_error(format!("PERF_EVENT_IOC_PERIOD: {e}"));
-                            armed_at[i] = monotonic_ns();
-                        }
-                    }
-                }
-            }
-        }
-
-        let now = monotonic_ns();
-        if now.saturating_sub(last_times) >= TIMES_INTERVAL_NS {
-            last_times = now;
-            for (i, fd) in ring.fds.iter().enumerate() {
-                if let Ok(t) = fd.read_times() {
-                    stats.time_enabled[i].store(t.time_enabled, Ordering::Relaxed);
-                    stats.time_running[i].store(t.time_running, Ordering::Relaxed);
-                }
-            }
-        }
-        stats.heartbeat.store(now, Ordering::Release);
-    }
-    for (i, fd) in ring.fds.iter().enumerate() {
-        if let Ok(t) = fd.read_times() {
-            stats.time_enabled[i].store(t.time_enabled, Ordering::Relaxed);
-            stats.time_running[i].store(t.time_running, Ordering::Relaxed);
         }
     }
+    d.read_times(true);
+    stats.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
     stats.online.store(false, Ordering::Release);
 }
 
@@ -719,6 +855,10 @@ pub struct CpuStatus {
     /// Period currently in force, per event.
     pub periods: Vec<u64>,
     pub period_redraws: u64,
+    /// Times the drain thread woke (ring half full, re-arm instant, barrier, stop).
+    pub wakeups: u64,
+    /// CPU time the drain thread has used (ns).
+    pub drain_cpu_ns: u64,
     /// Milliseconds since the drain thread last completed a loop (None: never).
     pub last_progress_ms: Option<u64>,
     pub error: Option<String>,
@@ -754,6 +894,12 @@ fn validate(cfg: &SamplerConfig) -> Result<(), SamplerError> {
         return Err(SamplerError::Config(format!(
             "ring_pages must be a power of two, got {}",
             cfg.ring_pages
+        )));
+    }
+    if cfg.redraw_interval < Duration::from_millis(1) || cfg.redraw_interval > MAX_REDRAW_INTERVAL {
+        return Err(SamplerError::Config(format!(
+            "redraw_interval must be between 1ms and {MAX_REDRAW_INTERVAL:?}, got {:?}",
+            cfg.redraw_interval
         )));
     }
     if cfg.window_divisor == 0 {
@@ -878,6 +1024,7 @@ impl Sampler {
             sink,
             stop: AtomicBool::new(false),
             wake,
+            barrier_until: AtomicU64::new(0),
             build_id: AtomicBool::new(true),
             started: Instant::now(),
             cpus: Mutex::new(BTreeMap::new()),
@@ -886,7 +1033,9 @@ impl Sampler {
         let mut first_error: Option<SamplerError> = None;
         let mut running = 0usize;
         for &cpu in &online {
-            let stats = Arc::new(CpuStats::new(cpu, shared.plans.len()));
+            let stats = Arc::new(CpuStats::new(cpu, shared.plans.len()).map_err(|source| {
+                SamplerError::Io { what: format!("eventfd for CPU {cpu}"), source }
+            })?);
             let thread = match open_cpu(&shared, cpu, &mut rng) {
                 Ok(ring) => match spawn_cpu(&shared, cpu, ring, Arc::clone(&stats)) {
                     Ok(h) => {
@@ -976,6 +1125,8 @@ impl Sampler {
                 malformed: s.malformed.load(Ordering::Relaxed),
                 periods: load(&s.periods),
                 period_redraws: s.redraws.load(Ordering::Relaxed),
+                wakeups: s.wakeups.load(Ordering::Relaxed),
+                drain_cpu_ns: s.cpu_ns.load(Ordering::Relaxed),
                 last_progress_ms: (hb != 0).then(|| now.saturating_sub(hb) / 1_000_000),
                 error: lock(&s.error).clone(),
             });
@@ -1021,6 +1172,38 @@ impl Sampler {
             }
         }
         live > 0
+    }
+
+    /// A barrier at the instant `until` (perf clock): every live drain thread reads its ring
+    /// (everything recorded before `until`) and hands it to the sink, and this waits for all
+    /// of them, at most `timeout`. Returns the CPUs whose drain thread did not answer in time.
+    pub fn barrier(&self, until: u64, timeout: Duration) -> Vec<u32> {
+        self.shared.barrier_until.fetch_max(until, Ordering::AcqRel);
+        let live: Vec<Arc<CpuStats>> = lock(&self.shared.cpus)
+            .values()
+            .filter(|s| s.thread.is_some() && s.stats.online.load(Ordering::Acquire))
+            .map(|s| Arc::clone(&s.stats))
+            .collect();
+        for st in &live {
+            if let Err(e) = st.kick.signal() {
+                tracing::warn!(cpu = st.cpu, error = %e, "cannot wake a drain thread for a barrier");
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let waiting: Vec<u32> = live
+                .iter()
+                .filter(|s| {
+                    s.online.load(Ordering::Acquire)
+                        && s.drained_until.load(Ordering::Acquire) < until
+                })
+                .map(|s| s.cpu)
+                .collect();
+            if waiting.is_empty() || Instant::now() >= deadline {
+                return waiting;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// How long the sampler has been running.
@@ -1093,11 +1276,20 @@ fn supervise(shared: &Arc<Shared>) {
         }
         for &cpu in &online {
             let nev = shared.plans.len();
-            let slot = cpus.entry(cpu).or_insert_with(|| CpuSlot {
-                stats: Arc::new(CpuStats::new(cpu, nev)),
-                thread: None,
-                last_attempt: Instant::now() - shared.cfg.hotplug_interval,
-            });
+            let slot = match cpus.entry(cpu) {
+                std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::btree_map::Entry::Vacant(v) => match CpuStats::new(cpu, nev) {
+                    Ok(st) => v.insert(CpuSlot {
+                        stats: Arc::new(st),
+                        thread: None,
+                        last_attempt: Instant::now() - shared.cfg.hotplug_interval,
+                    }),
+                    Err(e) => {
+                        tracing::warn!(cpu, error = %e, "cannot create an eventfd for a new CPU");
+                        continue;
+                    }
+                },
+            };
             if slot.thread.is_some() || slot.last_attempt.elapsed() < shared.cfg.hotplug_interval {
                 continue;
             }
@@ -1169,7 +1361,7 @@ mod tests {
 
     #[test]
     fn period_state_stamps_by_time() {
-        let st = PeriodState { prev: 100, cur: 90, switched_at: 1000, since_arm: 0 };
+        let st = PeriodState { prev: 100, cur: 90, switched_at: 1000 };
         assert_eq!(st.at(999), 100);
         assert_eq!(st.at(1000), 90);
         assert_eq!(st.at(5000), 90);

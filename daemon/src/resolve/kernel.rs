@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use profile_format::{ImageId, ImageKind};
 
 use super::procfs::{gnu_build_id_from_notes, lines_bounded, read_bounded};
-use crate::aggregate::ImageInfo;
+use crate::types::ImageInfo;
 
 /// Bound on /proc/kallsyms (a few MB on a distribution kernel).
 pub(crate) const MAX_KALLSYMS: u64 = 256 << 20;

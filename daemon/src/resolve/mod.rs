@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use profile_format::{ImageId, ImageKind, KallsymsSnapshot, UnknownReason};
 
-use crate::aggregate::ImageInfo;
+use crate::types::ImageInfo;
 use crate::types::{PerfTime, SideBand, TimedSideBand};
 
 use identity::IdentityCache;

@@ -350,14 +350,20 @@ pub struct PollResult {
     pub woken: bool,
 }
 
-/// poll(2) a ring fd and a wake-up eventfd, with a timeout in milliseconds. EINTR counts as a
-/// timeout.
-pub fn poll_ring(ring: &PerfFd, wake: &EventFd, timeout_ms: i32) -> io::Result<PollResult> {
+/// poll(2) a ring fd, a wake-up eventfd shared by every drain thread and one for this thread
+/// alone (barrier requests), with a timeout in milliseconds. EINTR counts as a timeout.
+pub fn poll_ring(
+    ring: &PerfFd,
+    wake: &EventFd,
+    kick: &EventFd,
+    timeout_ms: i32,
+) -> io::Result<PollResult> {
     let mut fds = [
         libc::pollfd { fd: ring.as_raw_fd(), events: libc::POLLIN, revents: 0 },
         libc::pollfd { fd: wake.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: kick.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
     ];
-    // SAFETY: `fds` is an array of two valid pollfd structs whose length we pass.
+    // SAFETY: `fds` is an array of three valid pollfd structs whose length we pass.
     let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
     if rc < 0 {
         let e = last_errno();
@@ -370,7 +376,7 @@ pub fn poll_ring(ring: &PerfFd, wake: &EventFd, timeout_ms: i32) -> io::Result<P
     Ok(PollResult {
         readable: fds[0].revents & libc::POLLIN != 0,
         hangup: fds[0].revents & bad != 0,
-        woken: fds[1].revents & libc::POLLIN != 0,
+        woken: fds[1].revents & libc::POLLIN != 0 || fds[2].revents & libc::POLLIN != 0,
     })
 }
 
@@ -389,6 +395,15 @@ impl EventFd {
         }
         // SAFETY: a fresh fd that nothing else owns.
         Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Make it unreadable again (a per-thread kick, consumed by the thread it wakes).
+    pub fn clear(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into `v`, as eventfd requires; the fd is non-blocking,
+        // so an unsignalled eventfd returns EAGAIN, which is what "already clear" means.
+        let _ =
+            unsafe { libc::read(self.fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
     }
 
     /// Make the eventfd readable (for every poller, until read, which we never do).

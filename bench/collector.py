@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Collector cost (issue #13), side by side in one run: dcpid vs `perf record -a -e cpu-clock -c N`.
+
+For each rate (per CPU) and each collector, with two busy loops running:
+  - the collector's CPU over a steady window after start-up, summed over its threads from
+    /proc/PID/task/*/schedstat, with the per-thread breakdown (dcpid names its threads:
+    dcpi-drain-N, dcpid-flush, ...);
+  - dcpid's drain-thread wake-ups per second, ns per sample and CPU by stage (drain = parse +
+    aggregate; flush_resolve; flush_store = spool + publish), from `dcpictl status --json`;
+  - PERF_RECORD_LOST (dcpid status `lost`);
+  - peak RSS (VmHWM) of dcpid.
+Then the slowdown of bench/workloads/cpu.c and mem.c (two copies each, one per CPU) under no
+collector, dcpid and perf at each rate.
+
+  bench/collector.py [--short] [--dcpid target/release/dcpid] [--out results/collector.json]
+
+--short: 10 s windows after 8 s of settling, and one repetition of the slowdown runs (for a loaded machine; re-run
+without it on a quiet one for figures to quote).
+"""
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def threads_cpu_ns(pid):
+    """{thread name: CPU ns} from /proc/PID/task/*/schedstat (first field: time on CPU)."""
+    out = {}
+    for t in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            with open(os.path.join(t, "schedstat")) as f:
+                ns = int(f.read().split()[0])
+            with open(os.path.join(t, "comm")) as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0) + ns
+    return out
+
+
+def vm_hwm_kib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def busy(n):
+    code = "import time\nwhile True:\n    pass\n"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
+class Collector:
+    def __init__(self, kind, rate, args, work):
+        self.kind, self.rate, self.args = kind, rate, args
+        self.dir = tempfile.mkdtemp(prefix=f"coll-{kind}-", dir=work)
+        self.period = int(1e9 / rate)
+        self.proc = None
+
+    def start(self):
+        if self.kind == "dcpid":
+            self.sock = os.path.join(self.dir, "ctl.sock")
+            cmd = [self.args.dcpid, "--config", "none", "--db", os.path.join(self.dir, "db"),
+                   "--spool", os.path.join(self.dir, "spool.db"), "--socket", self.sock,
+                   "--host", "bench", "-e", f"cpu-clock:{self.period}"]
+        else:
+            cmd = ["perf", "record", "-B", "-N", "-a", "-e", "cpu-clock", "-c", str(self.period),
+                   "-o", os.path.join(self.dir, "perf.data")]
+        self.log = open(os.path.join(self.dir, "log"), "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited: {open(self.log.name).read()[-2000:]}")
+            if self.kind == "dcpid" and os.path.exists(self.sock) and self.status():
+                break
+            if self.kind == "perf" and os.path.getsize(os.path.join(self.dir, "perf.data")) > 0 \
+                    if os.path.exists(os.path.join(self.dir, "perf.data")) else False:
+                break
+            time.sleep(0.1)
+        time.sleep(self.args.settle)
+
+    def status(self):
+        r = subprocess.run([self.args.dcpictl, "--socket", self.sock, "status", "--json"],
+                           capture_output=True, text=True, timeout=15)
+        return json.loads(r.stdout) if r.returncode == 0 else None
+
+    def stop(self):
+        self.proc.send_signal(2)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def cpu_window(kind, rate, args, work):
+    c = Collector(kind, rate, args, work)
+    c.start()
+    pid = c.proc.pid
+    s0 = c.status() if kind == "dcpid" else None
+    a, t0 = threads_cpu_ns(pid), time.monotonic()
+    time.sleep(args.window)
+    b, t1 = threads_cpu_ns(pid), time.monotonic()
+    s1 = c.status() if kind == "dcpid" else None
+    secs = t1 - t0
+    per_thread = {k: (b.get(k, 0) - a.get(k, 0)) / 1e6 / secs for k in b}
+    res = {"cpu_ms_per_s": sum(per_thread.values()),
+           "threads_ms_per_s": {k: round(v, 3) for k, v in sorted(per_thread.items())}}
+    if kind == "dcpid":
+        samples = s1["samples"] - s0["samples"]
+        res["samples_per_s"] = samples / secs
+        res["ns_per_sample"] = res["cpu_ms_per_s"] * 1e6 / max(res["samples_per_s"], 1e-9)
+        w0 = {c["cpu"]: c["wakeups"] for c in s0["cpus"]}
+        res["wakeups_per_s"] = {c["cpu"]: (c["wakeups"] - w0.get(c["cpu"], 0)) / secs
+                                for c in s1["cpus"]}
+        st0, st1 = s0["overhead"]["stage_cpu_s"], s1["overhead"]["stage_cpu_s"]
+        res["stages_ms_per_s"] = {k: round((st1[k] - st0[k]) * 1e3 / secs, 3) for k in st1}
+        res["lost"] = s1["lost"]
+        res["status_ns_per_sample"] = s1["overhead"]["ns_per_sample"]
+        res["peak_rss_kib"] = vm_hwm_kib(pid)
+    c.stop()
+    return res
+
+
+def build_workloads(work):
+    out = {}
+    for name in ("cpu", "mem"):
+        exe = os.path.join(work, name)
+        subprocess.run(["cc", "-O2", "-o", exe, os.path.join(HERE, "workloads", f"{name}.c")],
+                       check=True)
+        out[name] = exe
+    return out
+
+
+def run_workload(exe, argv):
+    t = time.monotonic()
+    ps = [subprocess.Popen([exe, *argv], stdout=subprocess.DEVNULL) for _ in range(2)]
+    for p in ps:
+        p.wait()
+    return time.monotonic() - t
+
+
+def slowdown(args, work, wl):
+    params = {"cpu": [str(args.cpu_iters)], "mem": ["64", str(args.mem_steps)]}
+    configs = [("none", None)] + [(k, r) for r in args.rates for k in ("dcpid", "perf")]
+    times = {}
+    for rep in range(args.reps):
+        for kind, rate in configs:
+            key = kind if rate is None else f"{kind}@{rate}"
+            c = None
+            if kind != "none":
+                c = Collector(kind, rate, args, work)
+                c.start()
+            for name in ("cpu", "mem"):
+                times.setdefault(key, {}).setdefault(name, []).append(
+                    run_workload(wl[name], params[name]))
+            if c:
+                c.stop()
+    med = {k: {n: statistics.median(v) for n, v in d.items()} for k, d in times.items()}
+    base = med["none"]
+    return {k: {n: round((m[n] / base[n] - 1) * 100, 2) for n in m} for k, m in med.items()
+            if k != "none"}, med
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--short", action="store_true")
+    ap.add_argument("--dcpid", default=os.path.join(ROOT, "target/release/dcpid"))
+    ap.add_argument("--dcpictl", default=os.path.join(ROOT, "target/debug/dcpictl"))
+    ap.add_argument("--rates", type=int, nargs="+", default=[1000, 5000])
+    ap.add_argument("--out", default=os.path.join(
+        HERE, "results", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-collector.json"))
+    args = ap.parse_args()
+    # Start-up (the /proc scan, identifying every mapped image, the first publish of
+    # everything) is excluded: the first flushes after it still resolve every image once.
+    args.window = 10 if args.short else 30
+    args.settle = 8 if args.short else 15
+    args.reps = 1 if args.short else 3
+    args.cpu_iters = 300_000_000 if args.short else 1_500_000_000
+    args.mem_steps = 20_000_000 if args.short else 100_000_000
+    work = tempfile.mkdtemp(prefix="dcpi-collector-")
+    res = {"commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip(),
+           "short": args.short, "cpu": {}}
+    loops = busy(2)
+    try:
+        for rate in args.rates:
+            for kind in ("dcpid", "perf"):
+                r = cpu_window(kind, rate, args, work)
+                res["cpu"][f"{kind}@{rate}"] = r
+                print(f"{kind}@{rate}: {json.dumps(r)}", flush=True)
+            d, p = res["cpu"][f"dcpid@{rate}"], res["cpu"][f"perf@{rate}"]
+            res["cpu"][f"ratio@{rate}"] = d["cpu_ms_per_s"] / max(p["cpu_ms_per_s"], 1e-9)
+            print(f"ratio dcpid/perf @{rate}: {res['cpu'][f'ratio@{rate}']:.2f}", flush=True)
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    wl = build_workloads(work)
+    res["slowdown_pct"], res["slowdown_median_s"] = slowdown(args, work, wl)
+    print(f"slowdown %: {json.dumps(res['slowdown_pct'])}", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
