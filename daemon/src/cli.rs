@@ -25,8 +25,8 @@ pub struct Cli {
     /// Profile database directory (may be shared by many hosts, e.g. over NFS).
     #[arg(long, value_name = "DIR")]
     pub db: Option<PathBuf>,
-    /// Host-local spool (SQLite) holding increments not yet published [default: /var/lib/dcpid/spool.sqlite].
-    #[arg(long, value_name = "FILE")]
+    /// Host-local spool directory (an append-only log) holding increments not yet published [default: /var/lib/dcpid/spool].
+    #[arg(long, value_name = "DIR")]
     pub spool: Option<PathBuf>,
     /// Host name used for this host's directory in the database [default: the system host name].
     #[arg(long, value_name = "NAME")]

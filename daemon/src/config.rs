@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! db = "/var/lib/dcpi"
-//! spool = "/var/lib/dcpid/spool.sqlite"
+//! spool = "/var/lib/dcpid/spool"
 //! host = "web-17"
 //! events = ["cycles", "cpu-clock:1000000"]   # or "auto"
 //! window_divisor = 16
@@ -29,7 +29,7 @@ use serde::Deserialize;
 /// Default configuration file; a missing default file is not an error.
 pub const DEFAULT_CONFIG: &str = "/etc/dcpi/dcpid.toml";
 /// Default host-local spool (never on the shared database tree).
-pub const DEFAULT_SPOOL: &str = "/var/lib/dcpid/spool.sqlite";
+pub const DEFAULT_SPOOL: &str = "/var/lib/dcpid/spool";
 /// Default control socket.
 pub const DEFAULT_SOCKET: &str = "/run/dcpi/dcpid.sock";
 /// Default group allowed on the control socket besides root (used only if it exists).

@@ -10,6 +10,7 @@ mod db;
 mod error;
 mod ident;
 mod kallsyms;
+pub mod pairs;
 mod profile;
 mod summary;
 pub mod varint;

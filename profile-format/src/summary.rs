@@ -40,6 +40,9 @@ pub struct HostSummary {
     pub first_written: u64,
     pub last_written: u64,
     pub dcpid_version: String,
+    /// The writer's spool sequence number up to which this summary includes the counts (0 =
+    /// not recorded). After a crash the daemon adds only what its spool holds beyond it.
+    pub spool_sequence: u64,
 }
 
 impl HostSummary {
@@ -48,12 +51,13 @@ impl HostSummary {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         serde_json::from_slice(&bytes).map_err(|source| Error::Json { path: path.into(), source })
     }
-    /// Write atomically as pretty-printed JSON.
-    pub fn write(&self, path: &Path) -> Result<()> {
+    /// Write atomically as pretty-printed JSON; returns the bytes written.
+    pub fn write(&self, path: &Path) -> Result<u64> {
         let mut bytes = serde_json::to_vec_pretty(self)
             .map_err(|source| Error::Json { path: path.into(), source })?;
         bytes.push(b'\n');
-        crate::atomic::write_atomic(path, &bytes)
+        crate::atomic::write_atomic(path, &bytes)?;
+        Ok(bytes.len() as u64)
     }
 }
 
