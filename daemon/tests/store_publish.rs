@@ -362,3 +362,80 @@ fn published_increments_are_not_offered_again_after_a_restart() {
     s.flush_everything().unwrap();
     assert_eq!(Profile::read(&path).unwrap().counts.get(&0x10), Some(&2));
 }
+
+/// A kernel symbol snapshot the size of a small real one (20 000 text symbols).
+fn synthetic_kallsyms() -> profile_format::KallsymsSnapshot {
+    let mut text = String::from("ffffffff81000000 T _text\n");
+    for i in 0..20_000u64 {
+        let kind = if i % 3 == 0 { 't' } else { 'T' };
+        text.push_str(&format!(
+            "{:016x} {kind} fn_{}_{i}\n",
+            0xffffffff81001000 + i * 0x90,
+            i % 97
+        ));
+    }
+    profile_format::KallsymsSnapshot::from_proc_text(
+        &text,
+        "",
+        "6.18.0".into(),
+        Some(vec![7; 20]),
+        &|_| None,
+    )
+    .unwrap()
+}
+
+fn tree_bytes(p: &Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(p).unwrap().flatten() {
+        let m = e.metadata().unwrap();
+        n += if m.is_dir() { tree_bytes(&e.path()) } else { m.len() };
+    }
+    n
+}
+
+#[test]
+fn kernel_symbols_stored_once_per_database() {
+    // 1 host x 1 epoch.
+    let snap = synthetic_kallsyms();
+    let one = tempfile::tempdir().unwrap();
+    let mut s = open(one.path(), "h1");
+    s.set_kallsyms(snap.clone());
+    s.add(batch(&[(1, 0x10, 5)], 1), 0, 0);
+    s.flush_everything().unwrap();
+    let one_bytes = tree_bytes(&one.path().join("db"));
+    // 2 hosts x 3 epochs of the same kernel, into one database.
+    let many = tempfile::tempdir().unwrap();
+    let mut hosts = [open(many.path(), "h1"), open(many.path(), "h2")];
+    let mut epochs = Vec::new();
+    for round in 0..3 {
+        for s in hosts.iter_mut() {
+            s.set_kallsyms(snap.clone());
+            s.tick_at(Instant::now());
+            s.add(batch(&[(1, 0x10, 5)], 1), 0, 0);
+            s.flush_everything().unwrap();
+        }
+        epochs.push(hosts[0].current_epoch().cloned().unwrap());
+        if round < 2 {
+            hosts[0].new_epoch().unwrap();
+        }
+    }
+    let many_bytes = tree_bytes(&many.path().join("db"));
+    assert!(
+        many_bytes <= 2 * one_bytes,
+        "2 hosts x 3 epochs take {many_bytes} bytes, 1 x 1 takes {one_bytes}"
+    );
+    let db = Database::open(&many.path().join("db")).unwrap();
+    let stored: Vec<_> =
+        std::fs::read_dir(db.root().join(profile_format::KALLSYMS_DIR)).unwrap().collect();
+    assert_eq!(stored.len(), 1, "one snapshot for one kernel");
+    for e in &epochs {
+        for h in ["h1", "h2"] {
+            let snap = db.host_dir(e, h).unwrap().read_kallsyms().unwrap();
+            assert_eq!(snap.symbols.len(), 20_001, "{e}/{h}");
+        }
+    }
+    // The snapshot is compressed: smaller than its canonical encoding.
+    let raw = snap.to_file_bytes(Path::new("x")).unwrap().len() as u64;
+    let packed = stored[0].as_ref().unwrap().metadata().unwrap().len();
+    assert!(packed * 2 < raw, "compressed {packed} vs {raw}");
+}

@@ -34,8 +34,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use profile_format::{
-    write_atomic, Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary,
-    KallsymsSnapshot,
+    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, KallsymsSnapshot,
 };
 
 use crate::aggregate::Resolved;
@@ -149,7 +148,7 @@ struct HostInfo {
     unknown_event_logged: bool,
 }
 
-/// The kernel symbol snapshot to write into each epoch.
+/// The kernel symbol snapshot to reference from each epoch.
 #[derive(Default)]
 struct KernelSymbols {
     /// The encoded `kallsyms.snap`: a fraction of the decoded snapshot's memory.
@@ -291,7 +290,8 @@ impl Store {
         self.host.cpus = cpus;
     }
 
-    /// The kernel symbol snapshot, written once into each epoch's host directory.
+    /// The kernel symbol snapshot: stored once per database, referenced from each epoch's
+    /// host directory.
     pub fn set_kallsyms(&mut self, snap: KallsymsSnapshot) {
         match snap.to_file_bytes(Path::new("kallsyms.snap")) {
             Ok(mut b) => {
@@ -463,6 +463,19 @@ impl Store {
             removed.push(e.clone());
         }
         self.write_marks(Instant::now());
+        // Snapshots no epoch references any more (of any host); young ones may be about to be
+        // referenced by a host that has just stored them.
+        let gc = self.db.as_ref().map(|db| db.gc_kallsyms(now, Duration::from_secs(3600)));
+        match gc.unwrap_or(Ok(Vec::new())) {
+            Ok(ids) if !ids.is_empty() => {
+                tracing::info!(
+                    snapshots = ids.len(),
+                    "store: retention removed unreferenced kernel symbol snapshots"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "store: kernel symbol snapshot retention failed"),
+        }
         Ok(removed)
     }
 
@@ -808,10 +821,13 @@ impl Store {
         if self.kernel.encoded.is_none() || self.kernel.written.as_ref() == Some(&epoch) {
             return;
         }
+        // Stored once per database under its content id (a stat when it is there already),
+        // then referenced from this epoch's host directory.
         let r = self.host_dir(&epoch).and_then(|hd| {
+            let db = self.db.as_ref().ok_or_else(|| StoreError::NoDatabase(self.cfg.db.clone()))?;
             let bytes = self.kernel.encoded.as_deref().unwrap_or_default();
-            write_atomic(&hd.kallsyms_path(), bytes).map_err(StoreError::from)?;
-            Ok(bytes.len() as u64)
+            let (id, stored) = db.put_kallsyms(bytes)?;
+            Ok(stored + hd.write_kallsyms_ref(&id)?)
         });
         match r {
             Ok(n) => {

@@ -754,10 +754,7 @@ impl Spool {
 
     /// An increment's (total period, (offset, count) pairs). `None` if it can no longer be
     /// decoded: it is then counted as quarantined and the caller goes on without it.
-    pub fn counts(
-        &mut self,
-        inc: &SpooledIncrement,
-    ) -> Result<Option<Counts>, SpoolError> {
+    pub fn counts(&mut self, inc: &SpooledIncrement) -> Result<Option<Counts>, SpoolError> {
         let loc = &inc.loc;
         let Some(seg) = self.segments.get(&loc.segment) else { return Ok(None) };
         let mut buf = vec![0u8; loc.len as usize];
