@@ -297,8 +297,7 @@ fn dir_bytes(p: &Path) -> u64 {
 #[test]
 fn spool_appends_only_what_changed_compactly() {
     // 60 flushes of 400 (offset, count) pairs spread over 4 images: the spool's write volume
-    // is the encoded increments (~2-3 bytes per pair), not pages rewritten per flush. The
-    // SQLite spool this replaced wrote ~150 KB (WAL + main file) for the same flushes.
+    // is the encoded increments (~2-3 bytes per pair), not pages rewritten per flush.
     let dir = tempfile::tempdir().unwrap();
     let mut s = open(dir.path(), "h1");
     let t0 = Instant::now();

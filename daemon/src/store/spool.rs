@@ -6,8 +6,9 @@
 //! (u32 LE) and the payload. One flush appends **one record** holding that flush's increments,
 //! encoded with the profile format's pair codec (`profile_format::pairs`, ~2 bytes per
 //! (offset, count)), so the spool's write volume is about the size of what changed, never a
-//! rewrite of pages (the SQLite spool this replaces wrote 100-300 KB per flush for 1-2 KB of
-//! increments). Payload, all integers varints:
+//! rewrite of pages (on the busy mix of bench/disk.py the SQLite spool this replaces made dcpid
+//! write 9.5 MiB in 90 s; the log's share is now ~280 KiB a minute). Payload, all integers
+//! varints:
 //!
 //! ```text
 //! kind 1 (a flush):
