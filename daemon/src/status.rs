@@ -12,8 +12,9 @@
 //!   entry), `pending`, `late_sideband`
 //! - `epoch` (current epoch id), `store`: see [`crate::store::StoreStatus`] (`last_flush`,
 //!   `last_publish` {`unix_ms`, `duration_ms`, `items`}, `spool_rows`, `spool_bytes`,
-//!   `dirty_profiles`, `pending_batches`, `pending_bytes`, `dropped_samples`, `db_error`,
-//!   `spool_error`, ...)
+//!   `spool_quarantined`, `dirty_profiles`, `pending_batches`, `pending_bytes`,
+//!   `dropped_samples`, `bytes_written` {`spool`, `profiles`, `summaries`, `kallsyms`},
+//!   `db_error`, `spool_error`, ...)
 //! - `condition`: `ok`, or a one-line description of what is wrong (disk, CPUs not sampled)
 //! - `daemon`: `cpu_user_s`, `cpu_sys_s`, `rss_kib`
 //! - `rate`: `samples_per_s` (since start), `samples_per_s_recent` (over the last flush
