@@ -9,7 +9,7 @@
 //!
 //! ```toml
 //! db = "/var/lib/dcpi"
-//! spool = "/var/lib/dcpid/spool.sqlite"
+//! spool = "/var/lib/dcpid/spool"
 //! host = "web-17"
 //! events = ["cycles", "cpu-clock:1000000"]   # or "auto"
 //! window_divisor = 16
@@ -39,7 +39,7 @@ use toml::Spanned;
 /// Default configuration file; a missing default file is not an error.
 pub const DEFAULT_CONFIG: &str = "/etc/dcpi/dcpid.toml";
 /// Default host-local spool (never on the shared database tree).
-pub const DEFAULT_SPOOL: &str = "/var/lib/dcpid/spool.sqlite";
+pub const DEFAULT_SPOOL: &str = "/var/lib/dcpid/spool";
 /// Default control socket.
 pub const DEFAULT_SOCKET: &str = "/run/dcpi/dcpid.sock";
 /// Default group allowed on the control socket besides root (used only if it exists).
@@ -229,7 +229,8 @@ settings! {
     /// Profile database directory (may be shared by many hosts, e.g. over NFS).
     #[arg(long, value_name = "DIR")]
     db: PathBuf = PathBuf::from(profile_format::DEFAULT_DB);
-    /// Host-local spool (SQLite) holding increments not yet published [default: /var/lib/dcpid/spool.sqlite].
+    /// Host-local spool directory (an append-only log) holding increments not yet published
+    /// [default: /var/lib/dcpid/spool].
     #[arg(long, value_name = "FILE")]
     spool: PathBuf = PathBuf::from(DEFAULT_SPOOL);
     /// Host name used for this host's directory in the database [default: the system host name].

@@ -154,11 +154,15 @@ fn permanent_db_error(e: &StoreError) -> bool {
     )
 }
 
-/// The spool must be a file whose directory exists or can be created.
+/// The spool must be a directory that exists or can be created.
 fn check_spool_path(spool: &std::path::Path) -> Result<(), ServiceError> {
     let bad = |d: String| ServiceError::Spool(spool.display().to_string(), d);
-    if spool.is_dir() {
-        return Err(bad("is a directory; the spool is a file".into()));
+    if spool.is_file() {
+        return Err(bad(
+            "is a file; the spool is a directory (an SQLite spool of an older dcpid? it is \
+             published at that dcpid's shutdown; remove it or choose another path)"
+                .into(),
+        ));
     }
     for a in spool.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
         match std::fs::metadata(a) {

@@ -286,3 +286,155 @@ fn retention_removes_only_own_old_directories() {
         assert_eq!(hosts.contains(&"h1".to_string()), i >= 3, "epoch {e}: {hosts:?}");
     }
 }
+
+/// Bytes under a directory (files only).
+fn dir_bytes(p: &Path) -> u64 {
+    std::fs::read_dir(p)
+        .map(|rd| rd.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}
+
+#[test]
+fn spool_appends_only_what_changed_compactly() {
+    // 60 flushes of 400 (offset, count) pairs spread over 4 images: the spool's write volume
+    // is the encoded increments (~2-3 bytes per pair), not pages rewritten per flush.
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), "h1");
+    let t0 = Instant::now();
+    let mut pairs = 0u64;
+    for i in 0..60u64 {
+        let entries: Vec<(u8, u64, u64)> =
+            (0..400u64).map(|j| ((j % 4) as u8 + 1, (j * 37 + i) % 4096 * 4, 1 + j % 3)).collect();
+        pairs += 400;
+        s.add(batch(&entries, 1), 0, 0);
+        s.tick_at(t0 + Duration::from_millis(100 * i));
+    }
+    let st = s.status();
+    let spool = dir_bytes(&dir.path().join("spool-h1.sqlite"));
+    assert_eq!(st.bytes_written.spool, spool, "every appended byte is in the log: {st:?}");
+    assert!(spool < pairs * 3 + 60 * 64, "{spool} bytes for {pairs} pairs");
+    assert!(st.spool_rows >= 60 * 4, "{st:?}");
+}
+
+#[test]
+fn summary_counted_once_across_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let epoch;
+    {
+        let mut s = open(dir.path(), "h1");
+        epoch = s.current_epoch().cloned().unwrap();
+        s.add(batch(&[(1, 0x10, 5)], 1), 3, 0);
+        s.flush_everything().unwrap();
+        s.add(batch(&[(2, 0x10, 7)], 2), 4, 1);
+        s.tick_at(Instant::now());
+    } // kill -9: the second batch is only in the spool.
+    let mut s = open(dir.path(), "h1");
+    s.flush_everything().unwrap();
+    drop(s);
+    let mut s = open(dir.path(), "h1");
+    s.flush_everything().unwrap();
+    let db = Database::open(&dir.path().join("db")).unwrap();
+    let sum = HostSummary::read(&db.host_dir(&epoch, "h1").unwrap().summary_path()).unwrap();
+    assert_eq!((sum.samples, sum.unknown, sum.lost, sum.throttled), (15, 3, 7, 1));
+    assert_eq!(sum.events[0].samples, 15);
+    assert_eq!(totals(dir.path(), &epoch, "h1"), expect(&[&[(1, 0x10, 5)], &[(2, 0x10, 7)]], 3));
+}
+
+#[test]
+fn published_increments_are_not_offered_again_after_a_restart() {
+    // A profile set aside as corrupt after publishing must not get the already published
+    // increments back from the spool on restart (the spool records what was published).
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), "h1");
+    let epoch = s.current_epoch().cloned().unwrap();
+    s.add(batch(&[(1, 0x10, 5)], 0), 0, 0);
+    s.flush_everything().unwrap();
+    drop(s);
+    let db = Database::open(&dir.path().join("db")).unwrap();
+    let path = db
+        .host_dir(&epoch, "h1")
+        .unwrap()
+        .profile_path(&ImageId::BuildId(vec![1; 20]), "cpu-clock");
+    std::fs::write(&path, b"garbage").unwrap();
+    let mut s = open(dir.path(), "h1");
+    s.add(batch(&[(1, 0x10, 2)], 0), 0, 0);
+    s.flush_everything().unwrap();
+    assert_eq!(Profile::read(&path).unwrap().counts.get(&0x10), Some(&2));
+}
+
+/// A kernel symbol snapshot the size of a small real one (20 000 text symbols).
+fn synthetic_kallsyms() -> profile_format::KallsymsSnapshot {
+    let mut text = String::from("ffffffff81000000 T _text\n");
+    for i in 0..20_000u64 {
+        let kind = if i % 3 == 0 { 't' } else { 'T' };
+        text.push_str(&format!(
+            "{:016x} {kind} fn_{}_{i}\n",
+            0xffffffff81001000 + i * 0x90,
+            i % 97
+        ));
+    }
+    profile_format::KallsymsSnapshot::from_proc_text(
+        &text,
+        "",
+        "6.18.0".into(),
+        Some(vec![7; 20]),
+        &|_| None,
+    )
+    .unwrap()
+}
+
+fn tree_bytes(p: &Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(p).unwrap().flatten() {
+        let m = e.metadata().unwrap();
+        n += if m.is_dir() { tree_bytes(&e.path()) } else { m.len() };
+    }
+    n
+}
+
+#[test]
+fn kernel_symbols_stored_once_per_database() {
+    // 1 host x 1 epoch.
+    let snap = synthetic_kallsyms();
+    let one = tempfile::tempdir().unwrap();
+    let mut s = open(one.path(), "h1");
+    s.set_kallsyms(snap.clone());
+    s.add(batch(&[(1, 0x10, 5)], 1), 0, 0);
+    s.flush_everything().unwrap();
+    let one_bytes = tree_bytes(&one.path().join("db"));
+    // 2 hosts x 3 epochs of the same kernel, into one database.
+    let many = tempfile::tempdir().unwrap();
+    let mut hosts = [open(many.path(), "h1"), open(many.path(), "h2")];
+    let mut epochs = Vec::new();
+    for round in 0..3 {
+        for s in hosts.iter_mut() {
+            s.set_kallsyms(snap.clone());
+            s.tick_at(Instant::now());
+            s.add(batch(&[(1, 0x10, 5)], 1), 0, 0);
+            s.flush_everything().unwrap();
+        }
+        epochs.push(hosts[0].current_epoch().cloned().unwrap());
+        if round < 2 {
+            hosts[0].new_epoch().unwrap();
+        }
+    }
+    let many_bytes = tree_bytes(&many.path().join("db"));
+    assert!(
+        many_bytes <= 2 * one_bytes,
+        "2 hosts x 3 epochs take {many_bytes} bytes, 1 x 1 takes {one_bytes}"
+    );
+    let db = Database::open(&many.path().join("db")).unwrap();
+    let stored: Vec<_> =
+        std::fs::read_dir(db.root().join(profile_format::KALLSYMS_DIR)).unwrap().collect();
+    assert_eq!(stored.len(), 1, "one snapshot for one kernel");
+    for e in &epochs {
+        for h in ["h1", "h2"] {
+            let snap = db.host_dir(e, h).unwrap().read_kallsyms().unwrap();
+            assert_eq!(snap.symbols.len(), 20_001, "{e}/{h}");
+        }
+    }
+    // The snapshot is compressed: smaller than its canonical encoding.
+    let raw = snap.to_file_bytes(Path::new("x")).unwrap().len() as u64;
+    let packed = stored[0].as_ref().unwrap().metadata().unwrap().len();
+    assert!(packed * 2 < raw, "compressed {packed} vs {raw}");
+}

@@ -174,6 +174,17 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A pair list (`crate::pairs`); returns the sum of its counts.
+    pub(crate) fn pairs(&mut self, each: impl FnMut(u64, u64)) -> Result<u64> {
+        let start = self.pos;
+        crate::pairs::read(self.buf, &mut self.pos, each).map_err(|e| {
+            let field = e.field();
+            let at = self.pos;
+            self.pos = start;
+            corrupt(&self.path, field, format!("{e} (at payload byte {at})"))
+        })
+    }
+
     pub(crate) fn finish(&self) -> Result<()> {
         if self.pos != self.buf.len() {
             return Err(self.corrupt(

@@ -395,8 +395,19 @@ impl HostDir {
         self.path.join("summary.json")
     }
 
+    /// The per-directory snapshot of databases before format 2 (FORMAT.md §8.1); still read.
     pub fn kallsyms_path(&self) -> PathBuf {
         self.path.join("kallsyms.snap")
+    }
+
+    /// The reference to this host's snapshot in the database's shared store (FORMAT.md §8.1).
+    pub fn kallsyms_ref_path(&self) -> PathBuf {
+        self.path.join(crate::KALLSYMS_REF)
+    }
+
+    /// The database root this directory belongs to (`<root>/epochs/<epoch>/<host>`).
+    pub fn db_root(&self) -> PathBuf {
+        self.path.ancestors().nth(3).map(Path::to_path_buf).unwrap_or_default()
     }
 
     /// Profile files in this directory (temporary and `*.corrupt` files skipped), sorted by name.

@@ -10,6 +10,8 @@ mod db;
 mod error;
 mod ident;
 mod kallsyms;
+mod ksymstore;
+pub mod pairs;
 mod profile;
 mod summary;
 pub mod varint;
@@ -23,6 +25,7 @@ pub use ident::{event_file_component, validate_host_name, ImageId, MAX_BUILD_ID_
 pub use kallsyms::{
     KallsymsSnapshot, KernelModule, KernelSymbol, KALLSYMS_MAGIC, KALLSYMS_VERSION,
 };
+pub use ksymstore::{kallsyms_id, KALLSYMS_DIR, KALLSYMS_REF, KALLSYMS_REF_VERSION};
 pub use profile::{
     EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, UnknownReason, PROFILE_MAGIC,
     PROFILE_VERSION,

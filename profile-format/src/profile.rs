@@ -211,19 +211,7 @@ impl Profile {
             write_u64(&mut out, s.size);
             put_bytes(&mut out, s.name.as_bytes());
         }
-        write_u64(&mut out, self.counts.len() as u64);
-        out.reserve(self.counts.len() * 3);
-        let mut prev: Option<u64> = None;
-        for (&off, &count) in &self.counts {
-            // Offsets are strictly increasing, so every gap after the first is >= 1.
-            let delta = match prev {
-                None => off,
-                Some(p) => off - p - 1,
-            };
-            write_u64(&mut out, delta);
-            write_u64(&mut out, count);
-            prev = Some(off);
-        }
+        crate::pairs::write(&mut out, self.counts.len(), self.counts.iter().map(|(o, c)| (*o, *c)));
         codec::finish(out)
     }
 
@@ -293,27 +281,10 @@ impl Profile {
         if let Err((field, detail)) = header.validate() {
             return Err(r.corrupt(field, detail));
         }
-        let n = r.count("counts", 2)?;
         // Collected first: building a BTreeMap from sorted pairs in bulk is several times
         // faster than inserting them one by one.
-        let mut pairs = Vec::with_capacity(n);
-        let mut prev: Option<u64> = None;
-        let mut sum: u64 = 0;
-        for _ in 0..n {
-            let delta = r.varint("counts.offset")?;
-            let off = match prev {
-                None => Some(delta),
-                Some(p) => p.checked_add(delta).and_then(|v| v.checked_add(1)),
-            }
-            .ok_or_else(|| r.corrupt("counts.offset", "offset exceeds 64 bits"))?;
-            let count = r.varint("counts.count")?;
-            if count == 0 {
-                return Err(r.corrupt("counts.count", format!("zero count at offset {off:#x}")));
-            }
-            sum = sum.saturating_add(count);
-            pairs.push((off, count));
-            prev = Some(off);
-        }
+        let mut pairs = Vec::new();
+        let sum = r.pairs(|off, count| pairs.push((off, count)))?;
         r.finish()?;
         let counts = BTreeMap::from_iter(pairs);
         if sum != header.total_samples {

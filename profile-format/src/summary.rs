@@ -42,6 +42,9 @@ pub struct HostSummary {
     pub first_written: u64,
     pub last_written: u64,
     pub dcpid_version: String,
+    /// The writer's spool sequence number up to which this summary includes the counts (0 =
+    /// not recorded). After a crash the daemon adds only what its spool holds beyond it.
+    pub spool_sequence: u64,
     /// Totals of the published profiles (FORMAT.md §7.1); absent in summaries written before
     /// the index existed, or when a profile could not be read when the summary was written.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -200,15 +203,17 @@ impl HostSummary {
             last_written: f.last_written,
             dcpid_version: f.dcpid_version,
             index: None,
+            spool_sequence: 0,
         })
     }
 
-    /// Write atomically as pretty-printed JSON.
-    pub fn write(&self, path: &Path) -> Result<()> {
+    /// Write atomically as pretty-printed JSON; returns the bytes written.
+    pub fn write(&self, path: &Path) -> Result<u64> {
         let mut bytes = serde_json::to_vec_pretty(self)
             .map_err(|source| Error::Json { path: path.into(), source })?;
         bytes.push(b'\n');
-        crate::atomic::write_atomic(path, &bytes)
+        crate::atomic::write_atomic(path, &bytes)?;
+        Ok(bytes.len() as u64)
     }
 }
 

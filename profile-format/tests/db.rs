@@ -145,3 +145,50 @@ fn profile_errors_name_the_file() {
     fs::write(&path, b"#!/bin/sh\necho not a profile\n").unwrap();
     assert!(matches!(Profile::read(&path), Err(Error::BadMagic { .. })));
 }
+
+#[test]
+fn kallsyms_shared_store_reference_legacy_and_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::create(&dir.path().join("db")).unwrap();
+    let e1 = db.new_epoch(at(1_700_000_000), "a").unwrap();
+    let e2 = db.new_epoch(at(1_700_000_100), "a").unwrap();
+    let snap = common::small_snapshot();
+    let bytes = snap.to_file_bytes(std::path::Path::new("s")).unwrap();
+    let (id, written) = db.put_kallsyms(&bytes).unwrap();
+    assert!(written > 0);
+    assert_eq!(db.put_kallsyms(&bytes).unwrap(), (id.clone(), 0), "stored once");
+    let h1 = db.host_dir(&e1, "a").unwrap();
+    h1.create().unwrap();
+    h1.write_kallsyms_ref(&id).unwrap();
+    assert_eq!(h1.read_kallsyms().unwrap(), snap);
+    // An older database: the snapshot inside the host directory.
+    let h2 = db.host_dir(&e2, "b").unwrap();
+    h2.create().unwrap();
+    snap.write(&h2.kallsyms_path()).unwrap();
+    assert_eq!(h2.read_kallsyms().unwrap(), snap);
+    // Neither: an error naming the reference file.
+    let h3 = db.host_dir(&e2, "c").unwrap();
+    h3.create().unwrap();
+    let err = h3.read_kallsyms().unwrap_err().to_string();
+    assert!(err.contains("kallsyms.ref"), "{err}");
+    // A snapshot whose content does not match its name is refused.
+    let mut other = snap.clone();
+    other.kernel_release = "other".into();
+    let (id2, _) =
+        db.put_kallsyms(&other.to_file_bytes(std::path::Path::new("s")).unwrap()).unwrap();
+    fs::copy(db.kallsyms_store_path(&id2), db.kallsyms_store_path(&id)).unwrap();
+    assert!(matches!(h1.read_kallsyms(), Err(Error::Corrupt { field: "content id", .. })));
+    fs::remove_file(db.kallsyms_store_path(&id)).unwrap();
+    db.put_kallsyms(&bytes).unwrap();
+    // Retention: only unreferenced snapshots old enough go.
+    let now = SystemTime::now();
+    assert!(db.gc_kallsyms(now, Duration::from_secs(3600)).unwrap().is_empty(), "too young");
+    let later = now + Duration::from_secs(7200);
+    assert_eq!(db.gc_kallsyms(later, Duration::from_secs(3600)).unwrap(), vec![id2.clone()]);
+    assert!(db.kallsyms_store_path(&id).exists(), "referenced snapshot kept");
+    db.remove_host_epoch(&e1, "a").unwrap();
+    assert_eq!(db.gc_kallsyms(later, Duration::from_secs(3600)).unwrap(), vec![id.clone()]);
+    // A bad reference is an error naming it.
+    fs::write(h2.kallsyms_ref_path(), "dcpi-kallsyms-ref 9\nsnapshot x\n").unwrap();
+    assert!(matches!(h2.read_kallsyms(), Err(Error::UnknownVersion { version: 9, .. })));
+}

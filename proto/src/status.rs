@@ -163,6 +163,8 @@ pub struct StoreStatus {
     /// Increments in the spool not yet published, and their size.
     pub spool_rows: u64,
     pub spool_bytes: u64,
+    /// Spool records or increments skipped because they were corrupt.
+    pub spool_quarantined: u64,
     /// Profiles with unpublished increments.
     pub dirty_profiles: u64,
     /// Batches held in memory because the spool could not be written.
@@ -174,6 +176,7 @@ pub struct StoreStatus {
     pub dropped_batches: u64,
     pub published_files: u64,
     pub corrupt_files_set_aside: u64,
+    pub bytes_written: BytesWritten,
     /// Current failure writing the shared database, if any.
     #[serde(deserialize_with = "Option::deserialize")]
     pub db_error: Option<String>,
@@ -233,4 +236,18 @@ pub struct StageReport {
     pub flush_resolve: f64,
     /// Periodic flushes: spool, publish, side files.
     pub flush_store: f64,
+}
+
+/// Bytes dcpid wrote, per kind of file, since it started (syscall bytes; the kernel's
+/// `write_bytes` rounds each newly dirtied page up to 4 KiB).
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct BytesWritten {
+    /// Appended to the spool's log.
+    pub spool: u64,
+    /// Profiles published (each rewritten whole, atomically).
+    pub profiles: u64,
+    /// `summary.json` files.
+    pub summaries: u64,
+    /// Kernel symbol snapshots.
+    pub kallsyms: u64,
 }

@@ -741,8 +741,8 @@ fn check_db(db: &Path, host: &str) -> std::collections::HashMap<Vec<u8>, u64> {
             profile_format::HostSummary::read(&hd.summary_path())
                 .unwrap_or_else(|err| panic!("unreadable summary after kill -9: {err}"));
         }
-        if hd.kallsyms_path().exists() {
-            profile_format::KallsymsSnapshot::read(&hd.kallsyms_path())
+        if hd.kallsyms_ref_path().exists() {
+            hd.read_kallsyms()
                 .unwrap_or_else(|err| panic!("unreadable kallsyms after kill -9: {err}"));
         }
     }

@@ -545,9 +545,7 @@ fn unit_capabilities_suffice_for_an_unprivileged_daemon() {
     let db = profile_format::Database::open(&sb.db()).expect("database");
     let epoch = db.current_epoch().expect("epochs").expect("an epoch");
     let host = db.host_dir(&epoch, "capstest").expect("host dir");
-    let snap_path = host.kallsyms_path();
-    let bytes = std::fs::read(&snap_path).expect("kallsyms snapshot");
-    let snap = profile_format::KallsymsSnapshot::decode(&bytes, &snap_path).expect("decode");
+    let snap = host.read_kallsyms().expect("kallsyms snapshot");
     let nonzero = snap.symbols.iter().filter(|s| s.addr != 0).count();
     assert!(
         nonzero * 2 > snap.symbols.len() && !snap.symbols.is_empty(),
@@ -654,14 +652,10 @@ fn run_unprivileged(caps: &[&str], busy_bin: &str, build_id: &str) -> (bool, boo
     let db = profile_format::Database::open(&sb.db()).expect("database");
     let epoch = db.current_epoch().expect("epochs").expect("an epoch");
     let host = db.host_dir(&epoch, "capstest").expect("host dir");
-    let snap_path = host.kallsyms_path();
-    let kernel_addrs = std::fs::read(&snap_path)
-        .ok()
-        .and_then(|b| profile_format::KallsymsSnapshot::decode(&b, &snap_path).ok())
-        .is_some_and(|s| {
-            let nonzero = s.symbols.iter().filter(|s| s.addr != 0).count();
-            !s.symbols.is_empty() && nonzero * 2 > s.symbols.len()
-        });
+    let kernel_addrs = host.read_kallsyms().ok().is_some_and(|s| {
+        let nonzero = s.symbols.iter().filter(|s| s.addr != 0).count();
+        !s.symbols.is_empty() && nonzero * 2 > s.symbols.len()
+    });
     let want = format!("b{build_id}");
     let found = host
         .profiles()

@@ -550,8 +550,7 @@ pub fn symbolize_image(
             }
             ImageKind::Kernel | ImageKind::KernelModule => {
                 let snap = snap_cache.entry(p.dir).or_insert_with(|| {
-                    let path = loaded.dirs[p.dir].kallsyms_path();
-                    match KallsymsSnapshot::read(&path) {
+                    match loaded.dirs[p.dir].read_kallsyms() {
                         Ok(s) => Some(s),
                         Err(e) => {
                             warn(format!(

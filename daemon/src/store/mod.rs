@@ -4,37 +4,44 @@
 //! 1. `add()` converts a [`Resolved`] batch into per-profile increments held in memory
 //!    (bounded by `max_memory_bytes`: past it the oldest batches are dropped and counted).
 //! 2. Every flush interval `tick()` appends the held increments to the host-local spool
-//!    ([`spool::Spool`], SQLite) in one transaction: from then on a kill -9 loses nothing.
+//!    ([`spool::Spool`], an append-only log) as one record: from then on a kill -9 loses
+//!    nothing. The record holds only that flush's increments, ~2 bytes per (offset, count).
 //! 3. `tick()` also publishes a few changed profiles whose turn has come (each profile at most
 //!    once per publish interval, turns spread over the interval): read the existing file of our
-//!    own host directory, merge the spool rows whose sequence number is above the file's
-//!    `header.sequence`, write atomically with `sequence` = the highest merged row, then delete
-//!    those rows. A crash between the rename and the delete is harmless: on restart the rows
-//!    are found with `seq <= sequence` and skipped. Each increment is published exactly once.
+//!    own host directory, merge the spooled increments whose sequence number is above the
+//!    file's `header.sequence`, write atomically with `sequence` = the highest merged one, then
+//!    tell the spool they are published (it deletes a segment once nothing in it is pending).
+//!    A crash between the rename and that is harmless: on restart the increments are found
+//!    with `seq <= sequence` and skipped. Each increment is published exactly once; so is each
+//!    summary delta (`summary.json` records `spool_sequence`).
 //!
 //! Failures of the database (disk full, read-only, NFS server gone) are logged once, shown in
 //! the status, and retried every tick; the spool keeps the data meanwhile. If the spool itself
 //! fails, data stays in memory up to the bound. A corrupt profile file is renamed aside to
-//! `*.corrupt` and replaced by a fresh one.
+//! `*.corrupt` and replaced by a fresh one; a corrupt spool record is quarantined.
 //!
-//! Epochs: every row carries the epoch it was collected in. Each tick checks the database's
+//! Epochs: every record carries the epoch it was collected in. Each tick checks the database's
 //! current epoch; when another host (or `dcpictl epoch new`) started a new one, everything of
 //! the old epoch is published first, then new data goes to the new epoch.
 
+mod pending;
+mod publish;
 pub mod spool;
+mod summaries;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::hash::{Hash, Hasher};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use profile_format::{
-    write_atomic, Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, ImageId,
-    ImageKind, KallsymsSnapshot, Profile, ProfileHeader,
+    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, KallsymsSnapshot,
 };
 
 use crate::aggregate::Resolved;
-use spool::{Increment, Spool, SpoolError, SpoolImage, SpoolKey};
+use pending::{PendingBatch, PendingQueue};
+use publish::Schedule;
+use spool::{Increment, Spool, SpoolError, SpoolKey};
+use summaries::Summaries;
 
 /// Errors of store operations; the daemon logs them and carries on.
 #[derive(Debug, thiserror::Error)]
@@ -76,28 +83,39 @@ pub struct EventInfo {
     pub source: String,
 }
 
-pub use dcpi_proto::status::{OpStat, StoreStatus};
+pub use dcpi_proto::status::{BytesWritten, OpStat, StoreStatus};
 
-struct PendingProfile {
-    /// `None` = the event's unknown profile.
-    image: Option<(String, SpoolImage)>,
-    desc: EventDesc,
-    counts: Vec<(u64, u64, u64)>,
+/// What the host tells the store about itself, recorded in summaries.
+#[derive(Default)]
+struct HostInfo {
+    events: Vec<EventInfo>,
+    kernel_release: String,
+    cpus: Vec<u32>,
+    /// Per event index: counter enabled/running time (ns) not yet in a spooled record. Reports
+    /// scale counts by enabled/running when the kernel multiplexed the counters.
+    event_times: Vec<(u64, u64)>,
+    unknown_event_logged: bool,
 }
 
-struct PendingBatch {
-    epoch: Option<EpochId>,
-    profiles: Vec<PendingProfile>,
-    samples: u64,
-    unknown: u64,
-    lost: u64,
-    throttled: u64,
-    bytes: u64,
+/// The kernel symbol snapshot to reference from each epoch.
+#[derive(Default)]
+struct KernelSymbols {
+    /// The encoded `kallsyms.snap`: a fraction of the decoded snapshot's memory.
+    encoded: Option<Vec<u8>>,
+    written: Option<EpochId>,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Dirty {
-    due: Instant,
+/// Failures, timings and counters for the status.
+#[derive(Default)]
+struct Health {
+    db_error: Option<String>,
+    spool_error: Option<String>,
+    last_flush: Option<OpStat>,
+    last_publish: Option<OpStat>,
+    published_files: u64,
+    corrupt_files: u64,
+    backlog: (u64, u64),
+    bytes: BytesWritten,
 }
 
 /// The store. Not thread-safe by itself: the service keeps it behind a mutex.
@@ -106,36 +124,14 @@ pub struct Store {
     db: Option<Database>,
     spool: Option<Spool>,
     epoch: Option<EpochId>,
-    events: Vec<EventInfo>,
-    kernel_release: String,
-    cpus: Vec<u32>,
-    /// The encoded `kallsyms.snap`: a fraction of the decoded snapshot's memory.
-    kallsyms: Option<Vec<u8>>,
-    kallsyms_written: Option<EpochId>,
-    pending: VecDeque<PendingBatch>,
-    pending_bytes: u64,
-    dropped_samples: u64,
-    dropped_batches: u64,
-    /// Dropped samples not yet added to an epoch summary's `lost`.
-    dropped_unreported: u64,
-    /// Per event index: counter enabled/running time (ns) not yet in a spooled summary. Reports
-    /// scale counts by enabled/running when the kernel multiplexed the counters.
-    event_times: Vec<(u64, u64)>,
-    dirty: BTreeMap<SpoolKey, Dirty>,
-    last_published: HashMap<SpoolKey, Instant>,
-    summaries: HashMap<String, HostSummary>,
-    summary_dirty: HashSet<String>,
-    summary_written_at: HashMap<String, Instant>,
+    host: HostInfo,
+    kernel: KernelSymbols,
+    pending: PendingQueue,
+    schedule: Schedule,
+    summaries: Summaries,
+    health: Health,
     created_dirs: HashSet<PathBuf>,
-    db_error: Option<String>,
-    spool_error: Option<String>,
-    last_flush: Option<OpStat>,
-    last_publish: Option<OpStat>,
-    published_files: u64,
-    corrupt_files: u64,
-    backlog: (u64, u64),
     last_retention: Option<Instant>,
-    unknown_event_logged: bool,
     crash_after_writes: Option<u32>,
 }
 
@@ -143,11 +139,6 @@ impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store").field("cfg", &self.cfg).field("epoch", &self.epoch).finish()
     }
-}
-
-/// Identity and path of the per-event unknown profile.
-fn unknown_image() -> (ImageId, Vec<u8>) {
-    (ImageId::special("[unknown]", b""), b"[unknown]".to_vec())
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -163,32 +154,14 @@ impl Store {
             db: None,
             spool: None,
             epoch: None,
-            events: Vec::new(),
-            kernel_release: String::new(),
-            cpus: Vec::new(),
-            kallsyms: None,
-            kallsyms_written: None,
-            pending: VecDeque::new(),
-            pending_bytes: 0,
-            dropped_samples: 0,
-            dropped_batches: 0,
-            dropped_unreported: 0,
-            event_times: Vec::new(),
-            dirty: BTreeMap::new(),
-            last_published: HashMap::new(),
-            summaries: HashMap::new(),
-            summary_dirty: HashSet::new(),
-            summary_written_at: HashMap::new(),
+            host: HostInfo::default(),
+            kernel: KernelSymbols::default(),
+            pending: PendingQueue::default(),
+            schedule: Schedule::default(),
+            summaries: Summaries::default(),
+            health: Health::default(),
             created_dirs: HashSet::new(),
-            db_error: None,
-            spool_error: None,
-            last_flush: None,
-            last_publish: None,
-            published_files: 0,
-            corrupt_files: 0,
-            backlog: (0, 0),
             last_retention: None,
-            unknown_event_logged: false,
             crash_after_writes: None,
         };
         s.ensure_open(Instant::now());
@@ -218,6 +191,9 @@ impl Store {
         c.max_memory_bytes = max_memory_bytes;
         c.retention_days = retention_days;
         c.retention_keep = retention_keep;
+        if let Some(sp) = self.spool.as_mut() {
+            sp.set_rotate_after(publish_interval);
+        }
     }
 
     /// Check at start that this host can write into the database: create it (and the first
@@ -241,16 +217,17 @@ impl Store {
 
     /// The events, indexed by `EventIdx`, as the sampler opened them.
     pub fn set_events(&mut self, events: Vec<EventInfo>) {
-        self.events = events;
+        self.host.events = events;
     }
 
     /// Add counter enabled/running time deltas (ns, summed over CPUs) per event index; they go
     /// into the current epoch's summary with the next spooled batch.
     pub fn add_event_times(&mut self, deltas: &[(u64, u64)]) {
-        if self.event_times.len() < deltas.len() {
-            self.event_times.resize(deltas.len(), (0, 0));
+        let t = &mut self.host.event_times;
+        if t.len() < deltas.len() {
+            t.resize(deltas.len(), (0, 0));
         }
-        for (acc, d) in self.event_times.iter_mut().zip(deltas) {
+        for (acc, d) in t.iter_mut().zip(deltas) {
             acc.0 = acc.0.saturating_add(d.0);
             acc.1 = acc.1.saturating_add(d.1);
         }
@@ -258,23 +235,24 @@ impl Store {
 
     /// Facts recorded in each epoch's `summary.json`.
     pub fn set_host_info(&mut self, kernel_release: String, cpus: Vec<u32>) {
-        self.kernel_release = kernel_release;
-        self.cpus = cpus;
+        self.host.kernel_release = kernel_release;
+        self.host.cpus = cpus;
     }
 
-    /// The kernel symbol snapshot, written once into each epoch's host directory.
+    /// The kernel symbol snapshot: stored once per database, referenced from each epoch's
+    /// host directory.
     pub fn set_kallsyms(&mut self, snap: KallsymsSnapshot) {
         match snap.to_file_bytes(Path::new("kallsyms.snap")) {
             Ok(mut b) => {
                 b.shrink_to_fit();
-                self.kallsyms = Some(b);
+                self.kernel.encoded = Some(b);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "kallsyms snapshot not kept; kernel samples will not be symbolized");
-                self.kallsyms = None;
+                self.kernel.encoded = None;
             }
         }
-        self.kallsyms_written = None;
+        self.kernel.written = None;
     }
 
     pub fn current_epoch(&self) -> Option<&EpochId> {
@@ -282,7 +260,7 @@ impl Store {
     }
 
     /// Test hook: make the n-th following profile write fail right after its rename (before
-    /// the spool rows are deleted), as a crash there would.
+    /// the spool is told), as a crash there would.
     #[doc(hidden)]
     pub fn inject_crash_after_write(&mut self, n: u32) {
         self.crash_after_writes = Some(n);
@@ -291,88 +269,25 @@ impl Store {
     /// Take a resolved batch (plus the sampler's lost/throttled counts since the previous
     /// batch) into memory; written to the spool by the next `tick`.
     pub fn add(&mut self, resolved: Resolved, lost: u64, throttled: u64) {
-        let mut profiles = Vec::with_capacity(resolved.profiles.len() + 1);
-        let mut bytes = 64u64;
-        for ((image_id, ev), rp) in resolved.profiles {
-            let Some(info) = self.events.get(usize::from(ev)) else {
-                if !self.unknown_event_logged {
-                    tracing::error!(
-                        event = ev,
-                        "store: batch names an event index that is not configured; dropped"
-                    );
-                    self.unknown_event_logged = true;
-                }
-                continue;
-            };
-            let counts: Vec<(u64, u64, u64)> = rp
-                .counts
-                .iter()
-                .filter(|(_, (c, _))| *c > 0)
-                .map(|(o, (c, p))| (*o, *c, *p))
-                .collect();
-            if counts.is_empty() {
-                continue;
+        let logged = &mut self.host.unknown_event_logged;
+        let mut unknown_event = |ev: u16| {
+            if !*logged {
+                tracing::error!(
+                    event = ev,
+                    "store: batch names an event index that is not configured; dropped"
+                );
+                *logged = true;
             }
-            bytes += 160 + rp.image.path.len() as u64 + 48 * counts.len() as u64;
-            profiles.push(PendingProfile {
-                image: Some((
-                    image_id.to_text(),
-                    SpoolImage {
-                        kind: rp.image.kind,
-                        path: rp.image.path.clone(),
-                        jit: rp.image.jit_symbols.clone(),
-                    },
-                )),
-                desc: info.desc.clone(),
-                counts,
-            });
-        }
-        let mut unknown_by_event: BTreeMap<u16, Vec<(u64, u64, u64)>> = BTreeMap::new();
-        let mut unknown = 0;
-        for ((ev, reason), (c, p)) in resolved.unknown {
-            if c == 0 || usize::from(ev) >= self.events.len() {
-                continue;
-            }
-            unknown += c;
-            unknown_by_event.entry(ev).or_default().push((reason as u64, c, p));
-        }
-        for (ev, mut counts) in unknown_by_event {
-            counts.sort_unstable();
-            bytes += 160 + 48 * counts.len() as u64;
-            profiles.push(PendingProfile {
-                image: None,
-                desc: self.events[usize::from(ev)].desc.clone(),
-                counts,
-            });
-        }
-        if profiles.is_empty() && resolved.samples == 0 && lost == 0 && throttled == 0 {
-            return;
-        }
-        self.pending_bytes += bytes;
-        self.pending.push_back(PendingBatch {
-            epoch: self.epoch.clone(),
-            profiles,
-            samples: resolved.samples,
-            unknown,
+        };
+        if let Some(b) = PendingBatch::from_resolved(
+            resolved,
+            &self.host.events,
+            self.epoch.clone(),
             lost,
             throttled,
-            bytes,
-        });
-        // Past the bound, drop the oldest: they would be the first written, but the newest
-        // data is what the user is looking at.
-        while self.pending_bytes > self.cfg.max_memory_bytes {
-            let Some(old) = self.pending.pop_front() else { break };
-            self.pending_bytes -= old.bytes;
-            let n: u64 = old.profiles.iter().flat_map(|p| p.counts.iter()).map(|c| c.1).sum();
-            if self.dropped_batches == 0 {
-                tracing::error!(
-                    max_memory_bytes = self.cfg.max_memory_bytes,
-                    "store: memory bound reached while the spool cannot be written; dropping the oldest samples (counted as lost)"
-                );
-            }
-            self.dropped_samples += n;
-            self.dropped_unreported += n;
-            self.dropped_batches += 1;
+            &mut unknown_event,
+        ) {
+            self.pending.push(b, self.cfg.max_memory_bytes);
         }
     }
 
@@ -385,17 +300,28 @@ impl Store {
     /// [`Store::tick`] with an explicit clock (tests simulate the passing of time).
     pub fn tick_at(&mut self, now: Instant) {
         let t1 = self.spool_step(now);
-        let published = self.publish_due(now, false);
+        let published = self.publish_due(now);
         self.write_side_files(now, false);
         if published > 0 {
-            self.last_publish = Some(OpStat {
+            self.health.last_publish = Some(OpStat {
                 unix_ms: unix_ms(SystemTime::now()),
                 duration_ms: t1.elapsed().as_secs_f64() * 1e3,
                 items: published as u64,
             });
         }
         self.maybe_retention(now);
+        self.write_marks(now);
         self.refresh_backlog();
+    }
+
+    /// Record in the spool which profiles were published (see [`spool`]); a failure only
+    /// means a restart re-offers them, and the published files' sequences skip them.
+    fn write_marks(&mut self, now: Instant) {
+        if let Some(sp) = self.spool.as_mut() {
+            if let Err(e) = sp.write_marks(now) {
+                self.set_spool_error(&e);
+            }
+        }
     }
 
     /// The first half of a tick or a full flush: reopen what failed, follow the current
@@ -406,7 +332,7 @@ impl Store {
         self.ensure_open(now);
         self.follow_epoch(now);
         let spooled = self.spool_pending(now);
-        self.last_flush = Some(OpStat {
+        self.health.last_flush = Some(OpStat {
             unix_ms: unix_ms(SystemTime::now()),
             duration_ms: t0.elapsed().as_secs_f64() * 1e3,
             items: spooled as u64,
@@ -421,17 +347,23 @@ impl Store {
         let t1 = self.spool_step(now);
         let result = self.publish_all(now, None);
         self.write_side_files(now, true);
-        self.last_publish = Some(OpStat {
+        self.write_marks(now);
+        if let Some(sp) = self.spool.as_mut() {
+            if let Err(e) = sp.sync() {
+                self.set_spool_error(&e);
+            }
+        }
+        self.health.last_publish = Some(OpStat {
             unix_ms: unix_ms(SystemTime::now()),
             duration_ms: t1.elapsed().as_secs_f64() * 1e3,
-            items: self.published_files,
+            items: self.health.published_files,
         });
         self.refresh_backlog();
         result?;
         if !self.pending.is_empty() {
             return Err(StoreError::Unwritten(self.pending.len()));
         }
-        if let Some(e) = &self.db_error {
+        if let Some(e) = &self.health.db_error {
             return Err(StoreError::Db(profile_format::Error::Invalid {
                 what: "database",
                 value: self.cfg.db.display().to_string(),
@@ -472,34 +404,53 @@ impl Store {
             db.remove_host_epoch(e, &self.cfg.host)?;
             tracing::info!(epoch = %e, "store: retention removed this host's directory");
             if let Some(sp) = self.spool.as_mut() {
-                sp.delete_epoch(e.as_str())?;
+                sp.forget_epoch(e.as_str());
             }
-            self.dirty.retain(|k, _| k.epoch != e.as_str());
-            self.summaries.remove(e.as_str());
-            self.summary_dirty.remove(e.as_str());
+            self.schedule.forget_epoch(e.as_str());
+            self.summaries.current.remove(e.as_str());
+            self.summaries.dirty.remove(e.as_str());
             removed.push(e.clone());
+        }
+        self.write_marks(Instant::now());
+        // Snapshots no epoch references any more (of any host); young ones may be about to be
+        // referenced by a host that has just stored them.
+        let gc = self.db.as_ref().map(|db| db.gc_kallsyms(now, Duration::from_secs(3600)));
+        match gc.unwrap_or(Ok(Vec::new())) {
+            Ok(ids) if !ids.is_empty() => {
+                tracing::info!(
+                    snapshots = ids.len(),
+                    "store: retention removed unreferenced kernel symbol snapshots"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "store: kernel symbol snapshot retention failed"),
         }
         Ok(removed)
     }
 
     /// A snapshot for `dcpictl status`.
     pub fn status(&self) -> StoreStatus {
+        let h = &self.health;
+        let mut bytes = h.bytes.clone();
+        bytes.spool = self.spool.as_ref().map_or(0, |s| s.bytes_appended());
         StoreStatus {
             epoch: self.epoch.as_ref().map(|e| e.to_string()),
-            last_flush: self.last_flush.clone(),
-            last_publish: self.last_publish.clone(),
-            spool_rows: self.backlog.0,
-            spool_bytes: self.backlog.1,
-            dirty_profiles: self.dirty.len() as u64,
+            last_flush: h.last_flush.clone(),
+            last_publish: h.last_publish.clone(),
+            spool_rows: h.backlog.0,
+            spool_bytes: h.backlog.1,
+            spool_quarantined: self.spool.as_ref().map_or(0, |s| s.quarantined()),
+            dirty_profiles: self.schedule.len() as u64,
             pending_batches: self.pending.len() as u64,
-            pending_bytes: self.pending_bytes,
+            pending_bytes: self.pending.bytes(),
             max_memory_bytes: self.cfg.max_memory_bytes,
-            dropped_samples: self.dropped_samples,
-            dropped_batches: self.dropped_batches,
-            published_files: self.published_files,
-            corrupt_files_set_aside: self.corrupt_files,
-            db_error: self.db_error.clone(),
-            spool_error: self.spool_error.clone(),
+            dropped_samples: self.pending.dropped_samples,
+            dropped_batches: self.pending.dropped_batches,
+            published_files: h.published_files,
+            corrupt_files_set_aside: h.corrupt_files,
+            bytes_written: bytes,
+            db_error: h.db_error.clone(),
+            spool_error: h.spool_error.clone(),
         }
     }
 
@@ -507,31 +458,31 @@ impl Store {
 
     fn set_db_error(&mut self, e: &dyn std::fmt::Display) {
         let msg = e.to_string();
-        if self.db_error.is_none() {
+        if self.health.db_error.is_none() {
             tracing::error!(db = %self.cfg.db.display(), error = %msg,
                 "store: cannot write the profile database; keeping data in the spool and retrying every flush");
         }
-        self.db_error = Some(msg);
+        self.health.db_error = Some(msg);
         self.created_dirs.clear();
     }
 
     fn clear_db_error(&mut self) {
-        if self.db_error.take().is_some() {
+        if self.health.db_error.take().is_some() {
             tracing::info!(db = %self.cfg.db.display(), "store: profile database writable again");
         }
     }
 
     fn set_spool_error(&mut self, e: &dyn std::fmt::Display) {
         let msg = e.to_string();
-        if self.spool_error.is_none() {
+        if self.health.spool_error.is_none() {
             tracing::error!(spool = %self.cfg.spool.display(), error = %msg,
                 "store: cannot write the spool; holding data in memory (bounded) and retrying every flush");
         }
-        self.spool_error = Some(msg);
+        self.health.spool_error = Some(msg);
     }
 
     fn clear_spool_error(&mut self) {
-        if self.spool_error.take().is_some() {
+        if self.health.spool_error.take().is_some() {
             tracing::info!(spool = %self.cfg.spool.display(), "store: spool writable again");
         }
     }
@@ -560,18 +511,22 @@ impl Store {
             }
         }
         if self.spool.is_none() {
-            match Spool::open(&self.cfg.spool).and_then(|s| s.dirty_keys().map(|k| (s, k))) {
-                Ok((s, keys)) => {
-                    self.spool = Some(s);
-                    self.clear_spool_error();
-                    if !keys.is_empty() {
+            match Spool::open(&self.cfg.spool, self.cfg.publish_interval) {
+                Ok((s, recovered)) => {
+                    if !recovered.keys.is_empty() {
                         tracing::info!(
-                            profiles = keys.len(),
+                            profiles = recovered.keys.len(),
+                            quarantined = recovered.quarantined,
                             "store: spool holds unpublished increments from a previous run"
                         );
                     }
-                    for (k, _) in keys {
-                        self.mark_dirty(k, now);
+                    // Epochs with summary deltas but no profile increments still need their
+                    // summary written.
+                    self.summaries.dirty.extend(s.summary_epochs());
+                    self.spool = Some(s);
+                    self.clear_spool_error();
+                    for k in recovered.keys {
+                        self.schedule.mark(k, now, self.cfg.publish_interval);
                     }
                     self.refresh_backlog();
                 }
@@ -582,9 +537,7 @@ impl Store {
 
     fn refresh_backlog(&mut self) {
         if let Some(sp) = &self.spool {
-            if let Ok(b) = sp.backlog() {
-                self.backlog = b;
-            }
+            self.health.backlog = sp.backlog();
         }
     }
 
@@ -615,140 +568,83 @@ impl Store {
         self.epoch = Some(newest);
     }
 
-    fn mark_dirty(&mut self, key: SpoolKey, now: Instant) {
-        if self.dirty.contains_key(&key) {
-            return;
-        }
-        let pi = self.cfg.publish_interval;
-        let due = match self.last_published.get(&key) {
-            Some(t) => (*t + pi).max(now),
-            None => {
-                // A stable per-profile phase spreads first publications over the interval.
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                key.hash(&mut h);
-                let ms = pi.as_millis().max(1) as u64;
-                now + Duration::from_millis(h.finish() % ms)
-            }
-        };
-        self.dirty.insert(key, Dirty { due });
-    }
-
-    fn summary_for(&mut self, epoch: &EpochId) -> HostSummary {
-        if let Some(s) = self.summaries.get(epoch.as_str()) {
-            return s.clone();
-        }
-        let from_spool =
-            self.spool.as_ref().and_then(|sp| sp.summary(epoch.as_str()).ok().flatten());
-        let s = from_spool
-            .or_else(|| {
-                // The spool was lost or is new: continue the counts of a summary already
-                // published for this epoch.
-                let db = self.db.as_ref()?;
+    /// The epoch's cumulative summary: in memory, or the published `summary.json` plus the
+    /// spool's deltas above the sequence it records.
+    fn summary_for(&mut self, epoch: &EpochId) -> &mut HostSummary {
+        let key = epoch.as_str();
+        if !self.summaries.current.contains_key(key) {
+            let published = self.db.as_ref().and_then(|db| {
                 let hd = db.host_dir(epoch, &self.cfg.host).ok()?;
                 HostSummary::read(&hd.summary_path()).ok()
-            })
-            .unwrap_or_else(|| HostSummary {
+            });
+            let mut s = published.unwrap_or_else(|| HostSummary {
                 format_version: 1,
                 host: self.cfg.host.clone(),
                 epoch: epoch.to_string(),
                 ..HostSummary::default()
             });
-        self.summaries.insert(epoch.to_string(), s.clone());
-        s
+            if let Some(sp) = &self.spool {
+                for d in sp.summary_deltas(key, s.spool_sequence) {
+                    summaries::apply(&mut s, &d);
+                }
+            }
+            self.summaries.current.insert(key.to_owned(), s);
+        }
+        self.summaries.current.get_mut(key).expect("inserted above")
     }
 
-    /// Append held batches to the spool, oldest first. Returns the increments written.
+    /// Append held batches to the spool, oldest first, one record each. Returns the
+    /// increments written.
     fn spool_pending(&mut self, now: Instant) -> usize {
         let mut written = 0;
         while self.spool.is_some() {
-            let Some(batch) = self.pending.pop_front() else { break };
+            let Some(batch) = self.pending.pop() else { break };
             let Some(epoch) = batch.epoch.clone().or_else(|| self.epoch.clone()) else {
-                self.pending.push_front(batch);
+                self.pending.unpop(batch);
                 break;
             };
-            let mut summary = self.summary_for(&epoch);
-            summary.samples += batch.samples;
-            summary.unknown += batch.unknown;
-            summary.lost += batch.lost + self.dropped_unreported;
-            summary.throttled += batch.throttled;
-            for p in &batch.profiles {
-                let (n, period) = p
-                    .counts
-                    .iter()
-                    .fold((0u64, 0u64), |(n, s), c| (n + c.1, s.saturating_add(c.2)));
-                let pos = summary
-                    .events
-                    .iter()
-                    .position(|e| e.desc.as_ref().map(|d| &d.name) == Some(&p.desc.name));
-                let i = match pos {
-                    Some(i) => i,
-                    None => {
-                        summary.events.push(EventSummary {
-                            desc: Some(p.desc.clone()),
-                            ..EventSummary::default()
-                        });
-                        summary.events.len() - 1
-                    }
-                };
-                summary.events[i].samples += n;
-                summary.events[i].total_period =
-                    summary.events[i].total_period.saturating_add(period);
-            }
-            for (i, (en, run)) in self.event_times.iter().enumerate() {
-                let Some(info) = self.events.get(i) else { continue };
-                let pos = summary
-                    .events
-                    .iter()
-                    .position(|e| e.desc.as_ref().map(|d| &d.name) == Some(&info.desc.name));
-                let j = match pos {
-                    Some(j) => j,
-                    None => {
-                        summary.events.push(EventSummary {
-                            desc: Some(info.desc.clone()),
-                            source: info.source.clone(),
-                            ..EventSummary::default()
-                        });
-                        summary.events.len() - 1
-                    }
-                };
-                summary.events[j].time_enabled_ns =
-                    summary.events[j].time_enabled_ns.saturating_add(*en);
-                summary.events[j].time_running_ns =
-                    summary.events[j].time_running_ns.saturating_add(*run);
-            }
+            // Load the summary before appending, so that it is not built from the spool's
+            // deltas with this one already among them.
+            self.summary_for(&epoch);
+            let delta = summaries::delta_of(
+                &batch,
+                self.pending.dropped_unreported,
+                &self.host.events,
+                &self.host.event_times,
+            );
             let incs: Vec<Increment<'_>> = batch
                 .profiles
                 .iter()
                 .map(|p| Increment {
-                    image: p.image.as_ref().map(|(id, img)| (id.clone(), img)),
+                    image: p.image.as_ref().map(|(id, img)| (id.as_str(), img)),
                     desc: &p.desc,
+                    total_period: p.total_period,
                     counts: &p.counts,
                 })
                 .collect();
             let Some(sp) = self.spool.as_mut() else { break };
-            let result = sp.append(epoch.as_str(), &incs, &summary);
+            let result = sp.append(epoch.as_str(), &incs, &delta, now);
             let n_incs = incs.len();
             drop(incs);
             match result {
                 Ok(_) => {
                     written += n_incs;
-                    self.dropped_unreported = 0;
-                    self.event_times.iter_mut().for_each(|t| *t = (0, 0));
-                    self.pending_bytes -= batch.bytes;
-                    self.summaries.insert(epoch.to_string(), summary);
-                    self.summary_dirty.insert(epoch.to_string());
+                    self.pending.dropped_unreported = 0;
+                    self.host.event_times.iter_mut().for_each(|t| *t = (0, 0));
+                    summaries::apply(self.summary_for(&epoch), &delta);
+                    self.summaries.dirty.insert(epoch.to_string());
                     for p in batch.profiles {
                         let key = SpoolKey {
                             epoch: epoch.to_string(),
                             image: p.image.map(|(id, _)| id),
                             event: p.desc.name,
                         };
-                        self.mark_dirty(key, now);
+                        self.schedule.mark(key, now, self.cfg.publish_interval);
                     }
                     self.clear_spool_error();
                 }
                 Err(e) => {
-                    self.pending.push_front(batch);
+                    self.pending.unpop(batch);
                     self.set_spool_error(&e);
                     break;
                 }
@@ -759,28 +655,18 @@ impl Store {
 
     /// Publish the profiles whose turn has come, oldest turn first, a bounded number per tick
     /// so that writes are spread over the publish interval.
-    fn publish_due(&mut self, now: Instant, _force: bool) -> usize {
-        let mut due: Vec<(Instant, SpoolKey)> = self
-            .dirty
-            .iter()
-            .filter(|(_, d)| d.due <= now)
-            .map(|(k, d)| (d.due, k.clone()))
-            .collect();
-        if due.is_empty() {
-            return 0;
-        }
-        due.sort();
+    fn publish_due(&mut self, now: Instant) -> usize {
         let ticks = (self.cfg.publish_interval.as_secs_f64()
             / self.cfg.flush_interval.as_secs_f64())
         .max(1.0);
-        let cap = ((2.0 * self.dirty.len() as f64 / ticks).ceil() as usize).max(8);
+        let cap = ((2.0 * self.schedule.len() as f64 / ticks).ceil() as usize).max(8);
+        let due = self.schedule.due(now, cap);
         let mut n = 0;
-        for (_, key) in due.into_iter().take(cap) {
+        for key in due {
             match self.publish_key(&key) {
                 Ok(()) => {
                     n += 1;
-                    self.dirty.remove(&key);
-                    self.last_published.insert(key, now);
+                    self.schedule.done(key, now);
                     self.clear_db_error();
                 }
                 Err(e) => {
@@ -801,18 +687,10 @@ impl Store {
 
     /// Publish every dirty profile (of `epoch`, or all).
     fn publish_all(&mut self, now: Instant, epoch: Option<&str>) -> Result<(), StoreError> {
-        let mut keys: Vec<(Instant, SpoolKey)> = self
-            .dirty
-            .iter()
-            .filter(|(k, _)| epoch.is_none_or(|e| k.epoch == e))
-            .map(|(k, d)| (d.due, k.clone()))
-            .collect();
-        keys.sort();
-        for (_, key) in keys {
+        for key in self.schedule.all(epoch) {
             match self.publish_key(&key) {
                 Ok(()) => {
-                    self.dirty.remove(&key);
-                    self.last_published.insert(key, now);
+                    self.schedule.done(key, now);
                     self.clear_db_error();
                 }
                 Err(e) => {
@@ -834,137 +712,128 @@ impl Store {
         Ok(hd)
     }
 
-    /// Merge one profile's spool rows into its file, exactly once.
+    /// Merge one profile's spooled increments into its file, exactly once.
     fn publish_key(&mut self, key: &SpoolKey) -> Result<(), StoreError> {
         let spool =
-            self.spool.as_ref().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
-        let rows = spool.rows(key)?;
-        let Some(last_seq) = rows.last().map(|r| r.seq) else { return Ok(()) };
-        let epoch = match EpochId::parse(&key.epoch) {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::error!(epoch = key.epoch, error = %e, "store: spool rows name an invalid epoch; discarded");
-                if let Some(sp) = self.spool.as_mut() {
-                    sp.delete_upto(key, last_seq)?;
-                }
-                return Ok(());
-            }
+            self.spool.as_mut().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
+        let incs = spool.increments(key);
+        let Some(last_seq) = incs.last().map(|r| r.seq) else { return Ok(()) };
+        let Some(target) = publish::Target::of(key) else {
+            // Logged by `Target::of`; nothing can be published under a name that is invalid.
+            spool.published(key, last_seq);
+            return Ok(());
         };
-        let (image_id, kind, image_path, jit) = match &key.image {
-            None => {
-                let (id, path) = unknown_image();
-                (id, ImageKind::Unknown, path, Vec::new())
-            }
-            Some(text) => {
-                let id = match ImageId::parse(text) {
-                    Ok(id) => id,
-                    Err(e) => {
-                        tracing::error!(image = text, error = %e, "store: spool rows name an invalid image id; discarded");
-                        if let Some(sp) = self.spool.as_mut() {
-                            sp.delete_upto(key, last_seq)?;
-                        }
-                        return Ok(());
-                    }
-                };
-                let img = spool.image(text)?.unwrap_or(SpoolImage {
-                    kind: ImageKind::Elf,
-                    path: Vec::new(),
-                    jit: Vec::new(),
-                });
-                (id, img.kind, img.path, img.jit)
-            }
-        };
-        let hd = self.host_dir(&epoch)?;
-        let path = match &key.image {
-            None => hd.unknown_path(&key.event),
-            Some(_) => hd.profile_path(&image_id, &key.event),
-        };
-        let existing = match Profile::read(&path) {
-            Ok(p) => Some(p),
-            Err(profile_format::Error::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                None
-            }
-            Err(e @ profile_format::Error::Io { .. }) => return Err(e.into()),
-            Err(e) => {
+        let hd = self.host_dir(&target.epoch)?;
+        let path = target.path(&hd, key);
+        let existing = match publish::read_existing(&path) {
+            Ok(p) => p,
+            Err(publish::Existing::Io(e)) => return Err(e.into()),
+            Err(publish::Existing::Corrupt(e)) => {
                 self.set_aside(&path, &e);
                 None
             }
         };
-        let published_seq = existing.as_ref().map(|p| p.header.sequence).unwrap_or(0);
-        let mut merged: Option<Profile> = existing;
-        let mut changed = false;
-        for row in rows.iter().filter(|r| r.seq > published_seq) {
-            let mut delta = Profile::new(ProfileHeader {
-                kind,
-                image_id: image_id.clone(),
-                image_path: image_path.clone(),
-                event: row.desc.clone(),
-                host: self.cfg.host.clone(),
-                epoch: epoch.clone(),
-                total_samples: 0,
-                total_period: 0,
-                sequence: row.seq,
-                jit_symbols: jit.clone(),
-            });
-            let spool =
-                self.spool.as_ref().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
-            for (off, c, p) in spool.counts(row)? {
-                delta.add(off, c, p);
-            }
-            merged = Some(match merged.take() {
-                None => delta,
-                Some(mut m) => match m.merge(&delta) {
-                    Ok(()) => m,
-                    Err(e) => {
-                        // The file describes another image or event than its name says.
-                        self.set_aside(&path, &e);
-                        delta
-                    }
-                },
-            });
-            changed = true;
+        let spool =
+            self.spool.as_mut().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
+        let merged = target.merge(existing, &incs, spool, &self.cfg.host)?;
+        if let Some(mismatch) = &merged.set_aside {
+            self.set_aside(&path, mismatch);
         }
-        if changed {
-            if let Some(mut m) = merged {
-                m.header.sequence = m.header.sequence.max(last_seq);
-                m.write(&path)?;
-                self.published_files += 1;
-                self.summary_dirty.insert(key.epoch.clone()); // its index changed
-                if let Some(n) = self.crash_after_writes.as_mut() {
-                    if *n <= 1 {
-                        self.crash_after_writes = None;
-                        return Err(StoreError::InjectedCrash(path));
-                    }
-                    *n -= 1;
+        if let Some(mut m) = merged.profile {
+            m.header.sequence = m.header.sequence.max(last_seq);
+            let bytes = m.encode();
+            m.write(&path)?;
+            self.health.bytes.profiles += bytes.len() as u64;
+            self.health.published_files += 1;
+            // Its totals changed: the summary index of this epoch must be rewritten.
+            self.summaries.dirty.insert(target.epoch.to_string());
+            if let Some(n) = self.crash_after_writes.as_mut() {
+                if *n <= 1 {
+                    self.crash_after_writes = None;
+                    return Err(StoreError::InjectedCrash(path));
                 }
+                *n -= 1;
             }
         }
         if let Some(sp) = self.spool.as_mut() {
-            sp.delete_upto(key, last_seq)?;
+            sp.published(key, last_seq);
         }
         Ok(())
     }
 
     fn set_aside(&mut self, path: &Path, why: &dyn std::fmt::Display) {
-        let mut aside = path.as_os_str().to_owned();
-        aside.push(".corrupt");
-        let mut aside = PathBuf::from(aside);
-        if aside.exists() {
-            let mut a = aside.into_os_string();
-            a.push(format!(".{}", unix_ms(SystemTime::now())));
-            aside = PathBuf::from(a);
+        publish::set_aside(path, why);
+        self.health.corrupt_files += 1;
+    }
+
+    /// The kallsyms snapshot of the current epoch, if not written yet.
+    fn write_kallsyms(&mut self) {
+        let Some(epoch) = self.epoch.clone() else { return };
+        if self.kernel.encoded.is_none() || self.kernel.written.as_ref() == Some(&epoch) {
+            return;
         }
-        match std::fs::rename(path, &aside) {
-            Ok(()) => {
-                tracing::warn!(file = %path.display(), moved_to = %aside.display(), error = %why,
-                "store: corrupt profile set aside; starting a fresh one")
+        // Stored once per database under its content id (a stat when it is there already),
+        // then referenced from this epoch's host directory.
+        let r = self.host_dir(&epoch).and_then(|hd| {
+            let db = self.db.as_ref().ok_or_else(|| StoreError::NoDatabase(self.cfg.db.clone()))?;
+            let bytes = self.kernel.encoded.as_deref().unwrap_or_default();
+            let (id, stored) = db.put_kallsyms(bytes)?;
+            Ok(stored + hd.write_kallsyms_ref(&id)?)
+        });
+        match r {
+            Ok(n) => {
+                self.health.bytes.kallsyms += n;
+                self.kernel.written = Some(epoch);
             }
-            Err(e) => tracing::warn!(file = %path.display(), error = %why, rename_error = %e,
-                "store: corrupt profile could not be renamed aside; overwriting it"),
+            Err(e) => self.set_db_error(&e),
         }
-        self.corrupt_files += 1;
+    }
+
+    /// `summary.json` of one epoch, with the host's facts and the spool sequence it includes.
+    fn write_summary(&mut self, epoch: &EpochId) -> Result<(), StoreError> {
+        let seq = self.spool.as_ref().map_or(0, |sp| sp.summary_seq(epoch.as_str()));
+        let mut s = self.summary_for(epoch).clone();
+        s.format_version = s.format_version.max(1);
+        s.host = self.cfg.host.clone();
+        s.epoch = epoch.to_string();
+        s.spool_sequence = s.spool_sequence.max(seq);
+        if !self.host.kernel_release.is_empty() {
+            s.kernel_release = self.host.kernel_release.clone();
+        }
+        if !self.host.cpus.is_empty() {
+            s.cpus = self.host.cpus.clone();
+        }
+        for info in &self.host.events {
+            match s
+                .events
+                .iter_mut()
+                .find(|x| x.desc.as_ref().map(|d| &d.name) == Some(&info.desc.name))
+            {
+                Some(x) => x.source = info.source.clone(),
+                None => s.events.push(EventSummary {
+                    desc: Some(info.desc.clone()),
+                    source: info.source.clone(),
+                    ..EventSummary::default()
+                }),
+            }
+        }
+        let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        if s.first_written == 0 {
+            s.first_written = t;
+        }
+        s.last_written = t;
+        s.dcpid_version = env!("CARGO_PKG_VERSION").to_string();
+        let hd = self.host_dir(epoch)?;
+        // The per-(image, event) totals of what is published now (FORMAT.md §7.1), so that
+        // per-image reports read this file instead of every profile.
+        s.index = profile_format::SummaryIndex::of_host_dir(&hd).ok();
+        let n = s.write(&hd.summary_path())?;
+        self.health.bytes.summaries += n;
+        if let Some(sp) = self.spool.as_mut() {
+            sp.summary_published(epoch.as_str(), seq);
+        }
+        self.summaries.current.insert(epoch.to_string(), s);
+        Ok(())
     }
 
     /// `summary.json` of touched epochs and the kallsyms snapshot of the current epoch.
@@ -972,23 +841,13 @@ impl Store {
         if self.db.is_none() {
             return;
         }
-        if let Some(epoch) = self.epoch.clone() {
-            if self.kallsyms.is_some() && self.kallsyms_written.as_ref() != Some(&epoch) {
-                let r = self.host_dir(&epoch).and_then(|hd| {
-                    let bytes = self.kallsyms.as_deref().unwrap_or_default();
-                    write_atomic(&hd.kallsyms_path(), bytes).map_err(StoreError::from)
-                });
-                match r {
-                    Ok(()) => self.kallsyms_written = Some(epoch),
-                    Err(e) => self.set_db_error(&e),
-                }
-            }
-        }
-        let mut epochs: Vec<String> = self.summary_dirty.iter().cloned().collect();
+        self.write_kallsyms();
+        let mut epochs: Vec<String> = self.summaries.dirty.iter().cloned().collect();
         epochs.sort();
         for e in epochs {
             let recent = self
-                .summary_written_at
+                .summaries
+                .written_at
                 .get(&e)
                 .is_some_and(|t| now.saturating_duration_since(*t) < self.cfg.publish_interval);
             let other_epoch = Some(e.as_str()) != self.epoch.as_ref().map(|x| x.as_str());
@@ -996,49 +855,13 @@ impl Store {
                 continue;
             }
             let Ok(epoch) = EpochId::parse(&e) else {
-                self.summary_dirty.remove(&e);
+                self.summaries.dirty.remove(&e);
                 continue;
             };
-            let mut s = self.summary_for(&epoch);
-            s.format_version = s.format_version.max(1);
-            s.host = self.cfg.host.clone();
-            s.epoch = e.clone();
-            if !self.kernel_release.is_empty() {
-                s.kernel_release = self.kernel_release.clone();
-            }
-            if !self.cpus.is_empty() {
-                s.cpus = self.cpus.clone();
-            }
-            for info in &self.events {
-                match s
-                    .events
-                    .iter_mut()
-                    .find(|x| x.desc.as_ref().map(|d| &d.name) == Some(&info.desc.name))
-                {
-                    Some(x) => x.source = info.source.clone(),
-                    None => s.events.push(EventSummary {
-                        desc: Some(info.desc.clone()),
-                        source: info.source.clone(),
-                        ..EventSummary::default()
-                    }),
-                }
-            }
-            let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-            if s.first_written == 0 {
-                s.first_written = t;
-            }
-            s.last_written = t;
-            s.dcpid_version = env!("CARGO_PKG_VERSION").to_string();
-            let r = self.host_dir(&epoch).and_then(|hd| {
-                // Totals of the files as published now; no index rather than a wrong one.
-                s.index = profile_format::SummaryIndex::of_host_dir(&hd).ok();
-                s.write(&hd.summary_path()).map_err(StoreError::from)
-            });
-            match r {
+            match self.write_summary(&epoch) {
                 Ok(()) => {
-                    self.summaries.insert(e.clone(), s);
-                    self.summary_dirty.remove(&e);
-                    self.summary_written_at.insert(e, now);
+                    self.summaries.dirty.remove(&e);
+                    self.summaries.written_at.insert(e, now);
                 }
                 Err(err) => {
                     self.set_db_error(&err);
@@ -1046,16 +869,13 @@ impl Store {
                 }
             }
         }
-        if let (Some(sp), Some(cur)) = (self.spool.as_mut(), self.epoch.as_ref()) {
-            let _ = sp.prune_summaries(cur.as_str());
-        }
         // Summaries of finished epochs that are fully written are no longer needed in memory.
         let cur = self.epoch.as_ref().map(|e| e.to_string());
-        let dirty = &self.dirty;
-        let sdirty = &self.summary_dirty;
-        self.summaries.retain(|e, _| {
-            Some(e) == cur.as_ref() || sdirty.contains(e) || dirty.keys().any(|k| &k.epoch == e)
-        });
+        let schedule = &self.schedule;
+        let dirty = &self.summaries.dirty;
+        self.summaries
+            .current
+            .retain(|e, _| Some(e) == cur.as_ref() || dirty.contains(e) || schedule.has_epoch(e));
     }
 
     fn maybe_retention(&mut self, now: Instant) {

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Disk write volume of dcpid against `perf record -a`, side by side, on a busy mix.
+
+Busy mix: one loop compiling C files with `cc -O2` (cc1, as, collect2/ld: process churn) and one
+loop running a short Python program, one per CPU. dcpid and `perf record -a -e cpu-clock -c N`
+sample at the same rate (1 kHz per CPU by default) at the same time. After a warm-up (start-up,
+first publications), over the measured window:
+
+  dcpid   bytes written: /proc/PID/io write_bytes (every file it writes: spool, profiles,
+          summaries, kallsyms snapshots; the kernel counts each newly dirtied page as 4 KiB),
+          and per file kind from `dcpictl status` (store.bytes_written, syscall bytes);
+          growth of the database and of the spool directory
+  perf    growth of perf.data (and its write_bytes)
+
+once per flush interval given (default: the daemon's default, then 1 s, 5 s, 30 s).
+
+  sudo python3 bench/disk.py --duration 90                       # about 8 minutes
+  sudo python3 bench/disk.py --duration 3600 --intervals default # the one-hour run
+
+Needs root, perf, cc, python3, and release binaries (cargo build --release -p dcpi-daemon -p
+dcpi-client). Writes bench/results/disk-<timestamp>.json and .md and prints the table.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402  (Dcpid, Perf, proc_io, tree_bytes)
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+
+PY_LOOP = "s=0\nfor i in range(300000):\n    s += i * i\nprint(s)\n"
+
+
+class DcpidFlush(bench.Dcpid):
+    def __init__(self, bins, workdir, rate, max_secs, flush):
+        super().__init__(bins, workdir, rate, max_secs)
+        self.flush_arg = flush
+
+    def cmd(self):
+        c = super().cmd()
+        if self.flush_arg != "default":
+            c += ["--flush-interval", self.flush_arg]
+        return c
+
+
+def busy_mix(workdir):
+    """Start the two loops; returns their Popen objects."""
+    srcs = [os.path.join(BENCH, "workloads", f) for f in ("churn.c", "cpu.c", "mem.c", "mix.c")]
+    out = os.path.join(workdir, "cc-out")
+    os.makedirs(out, exist_ok=True)
+    cc = ("while :; do for f in " + " ".join(srcs) + "; do cc -O2 -c \"$f\" -o "
+          + out + "/x.o 2>/dev/null; done; done")
+    py = os.path.join(workdir, "loop.py")
+    with open(py, "w") as f:
+        f.write(PY_LOOP)
+    pyloop = f"while :; do python3 {py} >/dev/null; done"
+    return [subprocess.Popen(["bash", "-c", cc], start_new_session=True),
+            subprocess.Popen(["bash", "-c", pyloop], start_new_session=True)]
+
+
+def stop_mix(procs):
+    for p in procs:
+        try:
+            os.killpg(p.pid, 9)
+        except OSError:
+            pass
+        p.wait()
+
+
+def snap(d, p):
+    st = d.status()
+    return {"t": time.monotonic(), "dcpid_io": d.io(), "perf_io": p.io(),
+            "dcpid_disk": d.disk(), "perf_disk": p.disk(),
+            "bytes_written": (st.get("store") or {}).get("bytes_written", {}),
+            "samples": (st.get("aggregator") or st.get("sampler") or {}),
+            "status": st}
+
+
+def one(bins, work, rate, flush, warmup, duration):
+    tag = flush.replace(".", "_")
+    d = DcpidFlush(bins, os.path.join(work, f"dcpid-{tag}"), rate, warmup + duration + 600, flush)
+    p = bench.Perf(bins, os.path.join(work, f"perf-{tag}"), rate, warmup + duration + 600)
+    d.start()
+    p.start()
+    mix = busy_mix(os.path.join(work, f"mix-{tag}"))
+    try:
+        time.sleep(warmup)
+        a = snap(d, p)
+        time.sleep(duration)
+        b = snap(d, p)
+    finally:
+        stop_mix(mix)
+    d_status = b["status"]
+    p.stop()
+    d.stop()
+    secs = b["t"] - a["t"]
+    dw = b["dcpid_io"].get("write_bytes", 0) - a["dcpid_io"].get("write_bytes", 0)
+    dwc = b["dcpid_io"].get("wchar", 0) - a["dcpid_io"].get("wchar", 0)
+    pgrow = b["perf_disk"]["total_bytes"] - a["perf_disk"]["total_bytes"]
+    pw = b["perf_io"].get("write_bytes", 0) - a["perf_io"].get("write_bytes", 0)
+    kinds = {k: b["bytes_written"].get(k, 0) - a["bytes_written"].get(k, 0)
+             for k in ("spool", "profiles", "summaries", "kallsyms")}
+    res = {
+        "flush_interval": flush, "rate_hz": rate, "secs": secs,
+        "dcpid_write_bytes": dw, "dcpid_wchar": dwc,
+        "dcpid_bytes_by_kind": kinds,
+        "db_growth": b["dcpid_disk"]["db_bytes"] - a["dcpid_disk"]["db_bytes"],
+        "spool_growth": b["dcpid_disk"]["spool_bytes"] - a["dcpid_disk"]["spool_bytes"],
+        "spool_bytes_end": b["dcpid_disk"]["spool_bytes"],
+        "db_bytes_end": b["dcpid_disk"]["db_bytes"],
+        "perf_data_growth": pgrow, "perf_write_bytes": pw,
+        "perf_samples": p.samples,
+        "ratio_perf_growth_to_dcpid_write_bytes": pgrow / dw if dw else None,
+        "ratio_perf_growth_to_dcpid_db_growth":
+            pgrow / (b["dcpid_disk"]["db_bytes"] - a["dcpid_disk"]["db_bytes"])
+            if b["dcpid_disk"]["db_bytes"] > a["dcpid_disk"]["db_bytes"] else None,
+        "dcpid_status_end": {k: d_status.get("store", {}).get(k) for k in
+                             ("spool_rows", "spool_bytes", "spool_quarantined", "dirty_profiles",
+                              "published_files")},
+    }
+    return res
+
+
+def fmt_b(n):
+    return f"{n / 1024:.1f} KiB" if n is not None else "-"
+
+
+def table(results):
+    L = ["| flush | window | perf.data growth | dcpid write_bytes | ratio | dcpid wchar | spool | profiles | summaries | kallsyms | db growth | perf / db growth |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        k = r["dcpid_bytes_by_kind"]
+        ratio = r["ratio_perf_growth_to_dcpid_write_bytes"]
+        dbr = r["ratio_perf_growth_to_dcpid_db_growth"]
+        L.append(f"| {r['flush_interval']} | {r['secs']:.0f} s | {fmt_b(r['perf_data_growth'])} | "
+                 f"{fmt_b(r['dcpid_write_bytes'])} | **{ratio:.0f}x** | {fmt_b(r['dcpid_wchar'])} | "
+                 f"{fmt_b(k['spool'])} | {fmt_b(k['profiles'])} | {fmt_b(k['summaries'])} | "
+                 f"{fmt_b(k['kallsyms'])} | {fmt_b(r['db_growth'])} | "
+                 f"{(f'{dbr:.0f}x' if dbr else '-')} |" if ratio else
+                 f"| {r['flush_interval']} | {r['secs']:.0f} s | {fmt_b(r['perf_data_growth'])} | 0 | - | | | | | | | |")
+    return "\n".join(L)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=90, help="measured window, seconds")
+    ap.add_argument("--warmup", type=float, default=20, help="seconds before the window")
+    ap.add_argument("--rate", type=int, default=1000, help="samples per second per CPU")
+    ap.add_argument("--intervals", default="default,1s,5s,30s",
+                    help="comma-separated flush intervals (`default` = the daemon's default)")
+    ap.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
+    ap.add_argument("--work", default=None, help="work directory (default: a temporary one on /var/tmp)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench/disk.py: must run as root (system-wide profiling)", file=sys.stderr)
+        return 2
+    bins = {n: os.path.join(args.bin_dir, n) for n in ("dcpid", "dcpictl", "dcpiprof")}
+    bins["perf"] = shutil.which("perf") or "perf"
+    for n, b in bins.items():
+        if n != "perf" and not os.path.exists(b):
+            print(f"bench/disk.py: {b} missing (cargo build --release -p dcpi-daemon -p dcpi-client)",
+                  file=sys.stderr)
+            return 2
+    # On a real disk: tmpfs pages are never counted in write_bytes.
+    work = args.work or tempfile.mkdtemp(prefix="dcpi-disk-", dir="/var/tmp")
+    results = []
+    for flush in args.intervals.split(","):
+        bench.log(f"disk: flush interval {flush}: warm-up {args.warmup:.0f} s, window {args.duration:.0f} s")
+        r = one(bins, work, args.rate, flush.strip(), args.warmup, args.duration)
+        bench.log(f"disk: perf.data +{r['perf_data_growth']} B, dcpid write_bytes +{r['dcpid_write_bytes']} B")
+        results.append(r)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = os.path.join(BENCH, "results", f"disk-{stamp}")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+    doc = {"commit": rev, "args": vars(args), "results": results}
+    with open(out + ".json", "w") as f:
+        json.dump(doc, f, indent=1)
+    md = (f"# disk write volume, commit {rev}, {stamp}\n\n"
+          f"`python3 bench/disk.py --duration {args.duration:g} --warmup {args.warmup:g} "
+          f"--rate {args.rate} --intervals {args.intervals}`\n\n" + table(results) + "\n")
+    with open(out + ".md", "w") as f:
+        f.write(md)
+    print(md)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
