@@ -590,7 +590,8 @@ fn control_characters_in_symbol_names_are_escaped() {
     assert!(!out.contains('\x1b'), "raw escape printed: {out:?}");
     assert!(out.contains("evil\\n\\u{1b}[31mname"), "{out}");
     let v = json("dcpidiff", &t.root(), &args);
-    assert!(row(&v, "symbol", "evil\n\x1b[31mname")["significant"] == true, "{v:#}");
+    // Names are escaped in every format (JSON included), as dcpiprof does.
+    assert!(row(&v, "symbol", "evil\\n\\u{1b}[31mname")["significant"] == true, "{v:#}");
 }
 
 #[test]

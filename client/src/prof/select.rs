@@ -260,7 +260,13 @@ pub fn load_counts(
         Err(e) => out.corrupt.push(format!("{e}")),
     };
     match filter {
-        None => {}
+        None => {
+            // Files are independent: read them in parallel, keep the listing's order.
+            let read = par_map(&entries, |_, (_, e)| read_profile(&e.path));
+            for ((dir, e), r) in entries.into_iter().zip(read) {
+                push(&mut out, dir, e.path, r);
+            }
+        }
         Some(f) => {
             let any_by_name =
                 entries.iter().any(|(_, e)| f.by_name(e.image_id.as_ref()) == Some(true));
