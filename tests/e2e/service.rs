@@ -150,7 +150,9 @@ fn status_json_has_the_documented_fields() {
     assert!(pct("ns_per_sample") > 0.0, "{o}");
     for c in v["cpus"].as_array().unwrap() {
         let wps = c["wakeups_per_s"].as_f64().unwrap_or_else(|| panic!("wakeups_per_s: {c}"));
-        assert!(c["wakeups"].as_u64().unwrap() > 0 && wps > 0.0 && wps <= 6.0, "{c}");
+        // The recent window is one flush interval (0.5 s here), shorter than the 1 s redraw
+        // window, so it may hold no wake-up at all: only the upper bound is the claim.
+        assert!(c["wakeups"].as_u64().unwrap() > 0 && (0.0..=6.0).contains(&wps), "{c}");
         assert!(c["drain_cpu_ms_per_s"].as_f64().unwrap() >= 0.0, "{c}");
     }
     assert_eq!(v["config"]["flush_interval_s"], 0.5);
