@@ -178,6 +178,7 @@ fn fingerprint(d: &HostDir, events: &[String]) -> Result<String, ExportError> {
     let mut names: Vec<PathBuf> = d.profiles()?.into_iter().map(|e| e.path).collect();
     names.push(d.summary_path());
     names.push(d.kallsyms_path());
+    names.push(d.kallsyms_ref_path());
     for p in names {
         match std::fs::metadata(&p) {
             Ok(m) => h.update(format!(
@@ -294,7 +295,7 @@ fn host_rows(
             }
             if si.dir.is_none()
                 && matches!(h.kind, ImageKind::Kernel | ImageKind::KernelModule)
-                && d.kallsyms_path().exists()
+                && (d.kallsyms_path().exists() || d.kallsyms_ref_path().exists())
             {
                 si.dir = Some(dir_index);
             }
@@ -410,7 +411,7 @@ fn symbol_rows(
             }
             ImageKind::Kernel | ImageKind::KernelModule => {
                 let Some(d) = im.dir.and_then(|i| dirs.get(i)) else { continue };
-                let snap = match KallsymsSnapshot::read(&d.kallsyms_path()) {
+                let snap = match d.read_kallsyms() {
                     Ok(s) => s,
                     Err(e) => {
                         warn(format!("{e}: kernel symbols not exported"));

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use profile_format::{ImageKind, KallsymsSnapshot};
+use profile_format::ImageKind;
 use serde::Serialize;
 
 use super::disasm::{self, Insn};
@@ -714,8 +714,7 @@ fn kernel_func(
     warnings: &mut Vec<String>,
 ) -> Result<Func, ListError> {
     let first = &loaded.profiles[idx[0]];
-    let path = loaded.dirs[first.dir].kallsyms_path();
-    let snap = KallsymsSnapshot::read(&path).map_err(|e| {
+    let snap = loaded.dirs[first.dir].read_kallsyms().map_err(|e| {
         ListError::Data(format!("{e}: kernel functions need the epoch's kallsyms snapshot"))
     })?;
     let module = if first.profile.header.kind == ImageKind::KernelModule {
@@ -723,8 +722,8 @@ fn kernel_func(
         let name = name.trim_start_matches('[').trim_end_matches(']').to_owned();
         let mi = snap.modules.iter().position(|m| m.name == name).ok_or_else(|| {
             ListError::Data(format!(
-                "module {name} is not in the kallsyms snapshot {}",
-                path.display()
+                "module {name} is not in the kallsyms snapshot of {}",
+                loaded.dirs[first.dir].path.display()
             ))
         })?;
         Some((mi as u32, snap.modules[mi].base))

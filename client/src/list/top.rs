@@ -191,9 +191,10 @@ impl Resolver<'_> {
             }
             ImageKind::Kernel | ImageKind::KernelModule => {
                 let dir = p.dir;
-                let snap = self.snaps.entry(dir).or_insert_with(|| {
-                    KallsymsSnapshot::read(&self.loaded.dirs[dir].kallsyms_path()).ok()
-                });
+                let snap = self
+                    .snaps
+                    .entry(dir)
+                    .or_insert_with(|| self.loaded.dirs[dir].read_kallsyms().ok());
                 let Some(snap) = snap.as_ref() else { return (None, None, None) };
                 let (module, base) = if h.kind == ImageKind::KernelModule {
                     let name = display_path(&h.image_path);
