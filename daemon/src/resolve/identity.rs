@@ -108,6 +108,54 @@ impl IdentityCache {
                 )));
             }
         }
+        self.identify_opened(&md, path, || File::open(map_file))
+    }
+
+    /// Identity of a mapped file whose process is already gone (its `map_files` entry with it),
+    /// found again by the path the kernel recorded. Without this, a short-lived process's
+    /// libraries got a degraded fallback id (no size, no mtime) that differs from the id the
+    /// same file gets from a live process, and reports showed one library as two images.
+    ///
+    /// The path is only trusted for the file it names right now: it is opened without following
+    /// a final symlink and without blocking, and must be a regular file with the inode the
+    /// MMAP2 record (or maps line) gave; anything else is an error and the caller falls back.
+    pub fn identify_by_path(&mut self, path: &[u8], expect_ino: u64) -> io::Result<ImageId> {
+        let r = self.identify_by_path_inner(path, expect_ino);
+        if r.is_err() {
+            self.errors += 1;
+        }
+        r
+    }
+
+    fn identify_by_path_inner(&mut self, path: &[u8], expect_ino: u64) -> io::Result<ImageId> {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::OpenOptionsExt;
+        if expect_ino == 0 {
+            return Err(io::Error::other("no recorded inode to check the path against"));
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(Path::new(std::ffi::OsStr::from_bytes(path)))?;
+        let md = file.metadata()?;
+        if !md.is_file() || md.ino() != expect_ino {
+            return Err(io::Error::other(format!(
+                "{}: inode {} is not the recorded inode {expect_ino} (replaced)",
+                String::from_utf8_lossy(path),
+                md.ino()
+            )));
+        }
+        self.identify_opened(&md, path, || Ok(file))
+    }
+
+    /// Cache lookup by file version, else the build-id (or fallback digest) of the file `open`
+    /// gives.
+    fn identify_opened(
+        &mut self,
+        md: &std::fs::Metadata,
+        path: &[u8],
+        open: impl FnOnce() -> io::Result<File>,
+    ) -> io::Result<ImageId> {
         let key = FileKey {
             dev: md.dev(),
             ino: md.ino(),
@@ -119,7 +167,7 @@ impl IdentityCache {
             return Ok(id);
         }
         self.misses += 1;
-        let build_id = if md.is_file() { read_build_id(File::open(map_file)?) } else { None };
+        let build_id = if md.is_file() { read_build_id(open()?) } else { None };
         let id = match build_id {
             Some(b) => ImageId::BuildId(b),
             None => ImageId::fallback(path, key.size, key.mtime_ns, key.ino),
@@ -193,6 +241,29 @@ mod tests {
         // A wrong expected inode (address re-mapped to another file) is refused.
         assert!(c.identify(&p, b"/x", Some(1)).is_err());
         assert_eq!(c.errors, 1);
+    }
+
+    #[test]
+    fn a_file_found_again_by_path_has_the_identity_it_had_through_map_files() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("lib-without-build-id.so");
+        std::fs::write(&p, "no ELF notes here").expect("write");
+        let ino = std::fs::metadata(&p).expect("stat").ino();
+        let path = p.as_os_str().as_bytes();
+        // A live process: the id comes through its map_files entry (here: the file itself).
+        let live = IdentityCache::new(8).identify(&p, path, Some(ino)).expect("identify");
+        // The process exited before its mapping was resolved: same id, from a cold cache too.
+        let mut c = IdentityCache::new(8);
+        assert_eq!(c.identify_by_path(path, ino).expect("by path"), live);
+        assert_ne!(live, ImageId::fallback(path, 0, 0, ino), "not the degraded id");
+        // Replaced at the path (another inode), a symlink, or no inode to check: refused.
+        assert!(c.identify_by_path(path, ino + 1).is_err());
+        assert!(c.identify_by_path(path, 0).is_err());
+        let link = dir.path().join("link.so");
+        std::os::unix::fs::symlink(&p, &link).expect("symlink");
+        assert!(c.identify_by_path(link.as_os_str().as_bytes(), ino).is_err());
+        assert_eq!(c.errors, 3, "every refusal is counted");
     }
 
     #[test]

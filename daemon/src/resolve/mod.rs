@@ -432,7 +432,9 @@ impl Resolver {
                         Err(e) => {
                             tracing::debug!("{}: {e}", mf.display());
                             st.identity_errors += 1;
-                            ImageId::fallback(path, 0, 0, l.inode)
+                            self.identities
+                                .identify_by_path(path, l.inode)
+                                .unwrap_or_else(|_| ImageId::fallback(path, 0, 0, l.inode))
                         }
                     };
                     MapImage::File(Arc::new(ImageInfo {
@@ -623,7 +625,9 @@ impl Resolver {
                     Ok(id) => id,
                     Err(e) => {
                         tracing::debug!("{}: {e}", mf.display());
-                        ImageId::fallback(path, 0, 0, ino.unwrap_or(0))
+                        self.identities
+                            .identify_by_path(path, ino.unwrap_or(0))
+                            .unwrap_or_else(|_| ImageId::fallback(path, 0, 0, ino.unwrap_or(0)))
                     }
                 }
             }
