@@ -41,14 +41,23 @@ PY_LOOP = "s=0\nfor i in range(300000):\n    s += i * i\nprint(s)\n"
 
 
 class DcpidFlush(bench.Dcpid):
-    def __init__(self, bins, workdir, rate, max_secs, flush):
+    def __init__(self, bins, workdir, rate, max_secs, flush, spool_on, publish):
         super().__init__(bins, workdir, rate, max_secs)
         self.flush_arg = flush
+        self.publish_arg = publish
+        os.makedirs(workdir, exist_ok=True)
+        self.tmpfs_spool = spool_on == "tmpfs"
+        if self.tmpfs_spool:
+            # What the unit does (/run is a tmpfs under systemd); /run is not one on every machine
+            # this runs on, /dev/shm is.
+            self.spool_dir = tempfile.mkdtemp(prefix="dcpi-disk-spool-", dir="/dev/shm")
 
     def cmd(self):
         c = super().cmd()
         if self.flush_arg != "default":
             c += ["--flush-interval", self.flush_arg]
+        if self.publish_arg != "default":
+            c += ["--publish-interval", self.publish_arg]
         return c
 
 
@@ -85,9 +94,10 @@ def snap(d, p):
             "status": st}
 
 
-def one(bins, work, rate, flush, warmup, duration):
-    tag = flush.replace(".", "_")
-    d = DcpidFlush(bins, os.path.join(work, f"dcpid-{tag}"), rate, warmup + duration + 600, flush)
+def one(bins, work, rate, flush, warmup, duration, spool_on="disk", publish="default"):
+    tag = f"{flush}-{spool_on}-{publish}".replace(".", "_")
+    d = DcpidFlush(bins, os.path.join(work, f"dcpid-{tag}"), rate, warmup + duration + 600, flush,
+                   spool_on, publish)
     p = bench.Perf(bins, os.path.join(work, f"perf-{tag}"), rate, warmup + duration + 600)
     d.start()
     p.start()
@@ -102,6 +112,8 @@ def one(bins, work, rate, flush, warmup, duration):
     d_status = b["status"]
     p.stop()
     d.stop()
+    if d.tmpfs_spool:
+        shutil.rmtree(d.spool_dir, ignore_errors=True)
     secs = b["t"] - a["t"]
     dw = b["dcpid_io"].get("write_bytes", 0) - a["dcpid_io"].get("write_bytes", 0)
     dwc = b["dcpid_io"].get("wchar", 0) - a["dcpid_io"].get("wchar", 0)
@@ -110,7 +122,8 @@ def one(bins, work, rate, flush, warmup, duration):
     kinds = {k: b["bytes_written"].get(k, 0) - a["bytes_written"].get(k, 0)
              for k in ("spool", "profiles", "summaries", "kallsyms")}
     res = {
-        "flush_interval": flush, "rate_hz": rate, "secs": secs,
+        "flush_interval": flush, "spool_on": spool_on, "publish_interval": publish,
+        "rate_hz": rate, "secs": secs,
         "dcpid_write_bytes": dw, "dcpid_wchar": dwc,
         "dcpid_bytes_by_kind": kinds,
         "db_growth": b["dcpid_disk"]["db_bytes"] - a["dcpid_disk"]["db_bytes"],
@@ -135,18 +148,19 @@ def fmt_b(n):
 
 
 def table(results):
-    L = ["| flush | window | perf.data growth | dcpid write_bytes | ratio | dcpid wchar | spool | profiles | summaries | kallsyms | db growth | perf / db growth |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    L = ["| flush | spool on | publish | window | perf.data growth | dcpid write_bytes | ratio | dcpid wchar | spool | profiles | summaries | kallsyms | db growth | perf / db growth |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         k = r["dcpid_bytes_by_kind"]
         ratio = r["ratio_perf_growth_to_dcpid_write_bytes"]
         dbr = r["ratio_perf_growth_to_dcpid_db_growth"]
-        L.append(f"| {r['flush_interval']} | {r['secs']:.0f} s | {fmt_b(r['perf_data_growth'])} | "
+        cfg = f"| {r['flush_interval']} | {r.get('spool_on', 'disk')} | {r.get('publish_interval', 'default')} "
+        L.append(cfg + f"| {r['secs']:.0f} s | {fmt_b(r['perf_data_growth'])} | "
                  f"{fmt_b(r['dcpid_write_bytes'])} | **{ratio:.0f}x** | {fmt_b(r['dcpid_wchar'])} | "
                  f"{fmt_b(k['spool'])} | {fmt_b(k['profiles'])} | {fmt_b(k['summaries'])} | "
                  f"{fmt_b(k['kallsyms'])} | {fmt_b(r['db_growth'])} | "
                  f"{(f'{dbr:.0f}x' if dbr else '-')} |" if ratio else
-                 f"| {r['flush_interval']} | {r['secs']:.0f} s | {fmt_b(r['perf_data_growth'])} | 0 | - | | | | | | | |")
+                 cfg + f"| {r['secs']:.0f} s | {fmt_b(r['perf_data_growth'])} | 0 | - | | | | | | | |")
     return "\n".join(L)
 
 
@@ -157,6 +171,11 @@ def main():
     ap.add_argument("--rate", type=int, default=1000, help="samples per second per CPU")
     ap.add_argument("--intervals", default="default,1s,5s,30s",
                     help="comma-separated flush intervals (`default` = the daemon's default)")
+    ap.add_argument("--spool-on", default="disk",
+                    help="comma-separated: `disk` (the work directory) and/or `tmpfs` (/dev/shm, as "
+                         "the unit's /run/dcpid/spool under systemd)")
+    ap.add_argument("--publish-intervals", default="default",
+                    help="comma-separated publish intervals (`default` = the daemon's default)")
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
     ap.add_argument("--work", default=None, help="work directory (default: a temporary one on /var/tmp)")
     args = ap.parse_args()
@@ -173,9 +192,12 @@ def main():
     # On a real disk: tmpfs pages are never counted in write_bytes.
     work = args.work or tempfile.mkdtemp(prefix="dcpi-disk-", dir="/var/tmp")
     results = []
-    for flush in args.intervals.split(","):
-        bench.log(f"disk: flush interval {flush}: warm-up {args.warmup:.0f} s, window {args.duration:.0f} s")
-        r = one(bins, work, args.rate, flush.strip(), args.warmup, args.duration)
+    configs = [(f.strip(), s.strip(), p.strip()) for f in args.intervals.split(",")
+               for s in args.spool_on.split(",") for p in args.publish_intervals.split(",")]
+    for flush, spool_on, publish in configs:
+        bench.log(f"disk: flush interval {flush}, spool on {spool_on}, publish {publish}: "
+                  f"warm-up {args.warmup:.0f} s, window {args.duration:.0f} s")
+        r = one(bins, work, args.rate, flush, args.warmup, args.duration, spool_on, publish)
         bench.log(f"disk: perf.data +{r['perf_data_growth']} B, dcpid write_bytes +{r['dcpid_write_bytes']} B")
         results.append(r)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -188,7 +210,8 @@ def main():
         json.dump(doc, f, indent=1)
     md = (f"# disk write volume, commit {rev}, {stamp}\n\n"
           f"`python3 bench/disk.py --duration {args.duration:g} --warmup {args.warmup:g} "
-          f"--rate {args.rate} --intervals {args.intervals}`\n\n" + table(results) + "\n")
+          f"--rate {args.rate} --intervals {args.intervals} --spool-on {args.spool_on} "
+          f"--publish-intervals {args.publish_intervals}`\n\n" + table(results) + "\n")
     with open(out + ".md", "w") as f:
         f.write(md)
     print(md)

@@ -9,14 +9,14 @@
 //!
 //! ```toml
 //! db = "/var/lib/dcpi"
-//! spool = "/var/lib/dcpid/spool"
+//! spool = "/run/dcpid/spool"
 //! host = "web-17"
 //! events = ["cycles", "cpu-clock:1000000"]   # or "auto"
 //! window_divisor = 16
 //! ring_pages = 128
 //! redraw_interval = "1s"   # one period re-arm per CPU per interval, at a random instant
 //! flush_interval = "2s"
-//! publish_interval = "60s"
+//! publish_interval = "5m"
 //! max_memory_mb = 256
 //! retention_days = 7
 //! retention_keep = 3
@@ -39,7 +39,7 @@ use toml::Spanned;
 /// Default configuration file; a missing default file is not an error.
 pub const DEFAULT_CONFIG: &str = "/etc/dcpi/dcpid.toml";
 /// Default host-local spool (never on the shared database tree).
-pub const DEFAULT_SPOOL: &str = "/var/lib/dcpid/spool";
+pub const DEFAULT_SPOOL: &str = "/run/dcpid/spool";
 /// Default control socket.
 pub const DEFAULT_SOCKET: &str = "/run/dcpi/dcpid.sock";
 /// Default group allowed on the control socket besides root (used only if it exists).
@@ -230,7 +230,8 @@ settings! {
     #[arg(long, value_name = "DIR")]
     db: PathBuf = PathBuf::from(profile_format::DEFAULT_DB);
     /// Host-local spool directory (an append-only log) holding increments not yet published
-    /// [default: /var/lib/dcpid/spool].
+    /// [default: /run/dcpid/spool, a tmpfs under systemd: it survives a crash of dcpid, not a
+    /// reboot, and costs no disk writes].
     #[arg(long, value_name = "FILE")]
     spool: PathBuf = PathBuf::from(DEFAULT_SPOOL);
     /// Host name used for this host's directory in the database [default: the system host name].
@@ -255,11 +256,11 @@ settings! {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     flush_interval: Duration = Duration::from_secs(2);
-    /// Each changed shared profile is rewritten at most this often, spread over the interval
-    /// [default: 60s].
+    /// Each changed shared profile is rewritten at most this often, spread over the interval;
+    /// `dcpictl flush` publishes everything at once [default: 5m].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
-    publish_interval: Duration = Duration::from_secs(60);
+    publish_interval: Duration = Duration::from_secs(300);
     /// Bound on unwritten data held in memory while the disk fails; past it the oldest is
     /// dropped and counted [default: 256].
     #[arg(long = "max-memory", value_name = "MB")]
@@ -590,7 +591,7 @@ mod tests {
         assert_eq!(s.flush_interval, Duration::from_secs(1));
         assert_eq!(s.retention_keep, 5);
         assert_eq!(s.ring_pages, 64);
-        assert_eq!(s.publish_interval, Duration::from_secs(60), "default");
+        assert_eq!(s.publish_interval, Duration::from_secs(300), "default");
         assert_eq!(s.config_file.as_deref(), Some(p));
         assert!(!s.socket_group_explicit);
         let d = Settings::defaults();

@@ -88,8 +88,15 @@ fn unit_file_passes_systemd_analyze_verify() {
     assert_eq!(get("Restart"), Some("on-failure"));
     assert_eq!(get("PrivateTmp"), Some("no"), "/tmp/perf-PID.map files must stay readable");
     assert_eq!(get("ProtectKernelTunables"), Some("no"), "it hides /proc/kallsyms");
-    assert_eq!(get("RuntimeDirectory"), Some("dcpi"));
-    assert_eq!(get("StateDirectory"), Some("dcpid"));
+    // The socket's directory and the spool's (on tmpfs, kept across restarts so that a crash
+    // loses nothing that was flushed).
+    assert_eq!(get("RuntimeDirectory"), Some("dcpi dcpid"));
+    assert_eq!(get("RuntimeDirectoryPreserve"), Some("yes"));
+    let config = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/dcpid.toml"),
+    )
+    .expect("dcpid.toml");
+    assert!(config.contains("\nspool = \"/run/dcpid/spool\""), "the config's spool is the unit's");
 }
 
 #[test]

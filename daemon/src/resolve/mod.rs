@@ -432,9 +432,7 @@ impl Resolver {
                         Err(e) => {
                             tracing::debug!("{}: {e}", mf.display());
                             st.identity_errors += 1;
-                            self.identities
-                                .identify_by_path(path, l.inode)
-                                .unwrap_or_else(|_| ImageId::fallback(path, 0, 0, l.inode))
+                            identify_gone(&mut self.identities, &e, path, l.inode)
                         }
                     };
                     MapImage::File(Arc::new(ImageInfo {
@@ -625,9 +623,7 @@ impl Resolver {
                     Ok(id) => id,
                     Err(e) => {
                         tracing::debug!("{}: {e}", mf.display());
-                        self.identities
-                            .identify_by_path(path, ino.unwrap_or(0))
-                            .unwrap_or_else(|_| ImageId::fallback(path, 0, 0, ino.unwrap_or(0)))
+                        identify_gone(&mut self.identities, &e, path, ino.unwrap_or(0))
                     }
                 }
             }
@@ -907,6 +903,24 @@ fn vdso_build_id(image: &[u8]) -> Option<Vec<u8>> {
     // object's build_id() reads every note section with its note iterator.
     let obj = object::File::parse(image).ok()?;
     procfs::valid_build_id(obj.build_id().ok()??)
+}
+
+/// Identity of a mapped file whose `map_files` entry could not be read. Only when the process
+/// is gone (NotFound) is the file found again by path (inode-checked): a permission error means
+/// the daemon lacks CAP_SYS_PTRACE, and the path must not stand in for what that capability
+/// guards. Otherwise, a degraded fallback id.
+fn identify_gone(
+    identities: &mut identity::IdentityCache,
+    err: &std::io::Error,
+    path: &[u8],
+    ino: u64,
+) -> ImageId {
+    if err.kind() == std::io::ErrorKind::NotFound {
+        if let Ok(id) = identities.identify_by_path(path, ino) {
+            return id;
+        }
+    }
+    ImageId::fallback(path, 0, 0, ino)
 }
 
 #[cfg(test)]

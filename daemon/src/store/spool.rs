@@ -34,7 +34,9 @@
 //!
 //! Durability: a record is in the file once `write` returns, so a kill -9 loses nothing that
 //! was appended. Segments are `fdatasync`ed every [`SYNC_INTERVAL`], on rotation and by
-//! [`Spool::sync`] (shutdown): a power failure loses at most that much. Sequence numbers are
+//! [`Spool::sync`] (shutdown): a power failure loses at most that much when the spool is on a
+//! disk. The default spool is on tmpfs (the unit's `/run/dcpid`), where none of this costs a
+//! disk write and a reboot loses what was not yet published. Sequence numbers are
 //! `max(last + 1, unix time in µs)`, so a spool that lost its tail, or was deleted, never issues
 //! a number an earlier run already published.
 //!
