@@ -130,6 +130,10 @@ def one(bins, work, rate, flush, warmup, duration, spool_on="disk", publish="def
         "spool_growth": b["dcpid_disk"]["spool_bytes"] - a["dcpid_disk"]["spool_bytes"],
         "spool_bytes_end": b["dcpid_disk"]["spool_bytes"],
         "db_bytes_end": b["dcpid_disk"]["db_bytes"],
+        "perf_data_end": b["perf_disk"]["total_bytes"],
+        "ratio_perf_data_to_db_at_end":
+            b["perf_disk"]["total_bytes"] / b["dcpid_disk"]["db_bytes"]
+            if b["dcpid_disk"]["db_bytes"] else None,
         "perf_data_growth": pgrow, "perf_write_bytes": pw,
         "perf_samples": p.samples,
         "ratio_perf_growth_to_dcpid_write_bytes": pgrow / dw if dw else None,
