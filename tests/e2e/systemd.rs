@@ -336,14 +336,15 @@ fn sd_notify_watchdog_stops_when_a_drain_thread_stalls() {
     let sb = Sandbox::new();
     let listener = NotifyListener::new();
     let start = Instant::now();
-    // Test-only hook: CPU 0's drain thread stops draining 4 s after it starts (time enough for
-    // startup, so that the healthy pings come first).
+    // Test-only hook: CPU 0's drain thread stops draining 12 s after it starts: time enough for
+    // startup even on a loaded machine (4 s was not, at a load average of 15), so that the
+    // healthy pings come first.
     let _child =
-        KillOnDrop(spawn_notified(&sb, &listener.path, &[("DCPI_TEST_STALL_DRAIN", "0:4000")]));
-    let stall = start + Duration::from_secs(4);
+        KillOnDrop(spawn_notified(&sb, &listener.path, &[("DCPI_TEST_STALL_DRAIN", "0:12000")]));
+    let stall = start + Duration::from_secs(12);
     let mut got = Vec::new();
     listener.wait_for("READY=1", Duration::from_secs(20), &mut got);
-    let first = listener.wait_for("WATCHDOG=1", Duration::from_secs(5), &mut got);
+    let first = listener.wait_for("WATCHDOG=1", Duration::from_secs(10), &mut got);
     assert!(
         first < stall,
         "the first WATCHDOG=1 came {:?} after the drain stall began (startup too slow?)",
