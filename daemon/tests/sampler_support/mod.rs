@@ -66,12 +66,23 @@ impl CollectSink {
 
 /// Burn CPU on the calling thread for `d`.
 pub fn spin_for(d: std::time::Duration) -> u64 {
-    let t = std::time::Instant::now();
+    // CPU time of this thread, not wall time: on a loaded machine (load average 15 seen here)
+    // a wall-clock spin got a fraction of a CPU and too few samples for the tests' bounds.
+    let start = thread_cpu_ns();
+    let want = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     let mut x = 0u64;
-    while t.elapsed() < d {
-        for i in 0..1000u64 {
+    while thread_cpu_ns().saturating_sub(start) < want {
+        for i in 0..20_000u64 {
             x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
         }
     }
     x
+}
+
+/// Nanoseconds this thread has run on a CPU (first field of /proc/thread-self/schedstat).
+pub fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .expect("/proc/thread-self/schedstat")
 }
