@@ -320,6 +320,9 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
     if let Some(by) = args.by {
         return by::run_by(args, by, out, err);
     }
+    if args.image.is_none() && !args.all_symbols && !args.format.is_export() {
+        return run_images(args, out, err);
+    }
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);
     let mut loaded = if args.all_symbols || (args.format.is_export() && args.image.is_none()) {
@@ -402,6 +405,32 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
         }
     };
     result?;
+    out.flush()?;
+    if args.verbose {
+        writeln!(err, "dcpiprof: stats: {}", stats::line())?;
+    }
+    Ok(())
+}
+
+/// The per-image report, from the per-profile totals (summary indexes where present) rather
+/// than loaded profiles: over a fleet that is a few hundred headers, not one per profile.
+fn run_images(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    let mut warnings: Vec<String> = Vec::new();
+    let totals = args.sel.load_totals(&mut |w| warnings.push(w))?;
+    flush_warnings(err, &mut warnings)?;
+    if totals.entries.is_empty() {
+        let (epochs, hosts) = select::epochs_and_hosts(&totals.dirs);
+        return Err(ProfError::Empty(format!(
+            "no profiles in epoch(s) {} for host(s) {}: nothing sampled yet (wait for the \
+             daemon's flush interval or run `dcpictl flush`), or pick another --epoch",
+            epochs.join(","),
+            hosts.join(",")
+        )));
+    }
+    let weights = report::weights_of_totals(&totals, &args.sel.events)?;
+    let db_name = args.sel.db.display().to_string();
+    let r = report::image_report_of_totals(&totals, &weights, &db_name, args.limit);
+    output::write_images(out, &r, args.format)?;
     out.flush()?;
     if args.verbose {
         writeln!(err, "dcpiprof: stats: {}", stats::line())?;

@@ -1,10 +1,14 @@
 //! Choosing epochs and hosts, and loading their profiles and summaries.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use profile_format::{Database, EpochId, HostDir, HostSummary, ImageId, Profile, ProfileEntry};
+use profile_format::sumidx::{self, ImageIdRef};
+use profile_format::{
+    Database, EpochId, EventDesc, HostDir, HostSummary, ImageId, ImageKind, Profile, ProfileEntry,
+    ProfileHeader,
+};
 
 use super::image::{image_display, ImageFilter};
 use super::{stats, ProfError};
@@ -249,10 +253,33 @@ pub fn load_counts(
 ) -> Result<Loaded, ProfError> {
     let mut out = Loaded::default();
     let mut entries: Vec<(usize, ProfileEntry)> = Vec::new();
-    for (i, listed) in par_map(&dirs, |_, d| d.profiles()).into_iter().enumerate() {
-        for e in listed? {
-            stats::count(&stats::PROFILES_LISTED);
+    // With a filter, what the summary index says each file holds (kind, id, path, event and its
+    // samples), so that files of other images are never opened, nor directories listed.
+    let mut known: Vec<Option<(ProfileHeader, u64)>> = Vec::new();
+    let newest = match (filter, dirs.first()) {
+        (Some(_), Some(d)) => Database::open(&d.db_root())?.epochs()?.pop(),
+        _ => None,
+    };
+    let listed = par_map(&dirs, |_, d| {
+        // The newest epoch is listed: its index may trail files published since (FORMAT.md
+        // §7.1); a closed epoch's index names every file.
+        let indexed = filter.is_some() && Some(&d.epoch) != newest.as_ref();
+        match indexed.then(|| indexed_files(d)).flatten() {
+            Some(v) => Ok(v),
+            None => d.profiles().map(|v| {
+                v.into_iter()
+                    .map(|e| {
+                        stats::count(&stats::PROFILES_LISTED);
+                        (e, None)
+                    })
+                    .collect()
+            }),
+        }
+    });
+    for (i, listed) in listed.into_iter().enumerate() {
+        for (e, k) in listed? {
             entries.push((i, e));
+            known.push(k);
         }
     }
     let push = |out: &mut Loaded, dir: usize, path: PathBuf, r: Result<Profile, _>| match r {
@@ -279,14 +306,15 @@ pub fn load_counts(
                 _ => f,
             };
             let mut direct: Vec<(usize, PathBuf)> = Vec::new();
-            let mut groups: BTreeMap<ImageId, Vec<(usize, PathBuf)>> = BTreeMap::new();
-            for (dir, e) in entries {
+            type Group = Vec<(usize, PathBuf, Option<(ProfileHeader, u64)>)>;
+            let mut groups: BTreeMap<ImageId, Group> = BTreeMap::new();
+            for ((dir, e), k) in entries.into_iter().zip(known) {
                 match f.by_name(e.image_id.as_ref()) {
                     Some(true) => direct.push((dir, e.path)),
                     Some(false) => {}
                     None => {
                         if let Some(id) = e.image_id {
-                            groups.entry(id).or_default().push((dir, e.path));
+                            groups.entry(id).or_default().push((dir, e.path, k));
                         }
                     }
                 }
@@ -296,11 +324,19 @@ pub fn load_counts(
             for ((dir, path), r) in direct.into_iter().zip(read) {
                 push(&mut out, dir, path, r);
             }
-            // The first readable file of each identity decides whether it is the image.
-            let groups: Vec<Vec<(usize, PathBuf)>> = groups.into_values().collect();
+            // The first readable file of each identity decides whether it is the image (its
+            // index entry, when it has one: then a file of another image is never opened).
+            let groups: Vec<Group> = groups.into_values().collect();
             let decided = par_map(&groups, |_, files| {
                 let mut corrupt = Vec::new();
-                for (k, (dir, path)) in files.iter().enumerate() {
+                if let Some((dir, path, Some((h, samples)))) = files.first() {
+                    if !f.by_header(h) {
+                        let profile = Profile { header: h.clone(), counts: Default::default() };
+                        let p = LoadedProfile { path: path.clone(), profile, samples: *samples, dir: *dir };
+                        return (corrupt, Some((0, p, false)));
+                    }
+                }
+                for (k, (dir, path, _)) in files.iter().enumerate() {
                     match read_profile(path) {
                         Ok(profile) => {
                             let p = LoadedProfile::new(path.clone(), profile, *dir, true);
@@ -315,7 +351,7 @@ pub fn load_counts(
             let mut rest: Vec<(usize, PathBuf)> = Vec::new();
             for (files, (_, d)) in groups.iter().zip(&decided) {
                 if let Some((k, _, true)) = d {
-                    rest.extend(files[k + 1..].iter().cloned());
+                    rest.extend(files[k + 1..].iter().map(|(dir, path, _)| (*dir, path.clone())));
                 }
             }
             let mut rest_read = par_map(&rest, |_, (_, path)| read_profile(path)).into_iter();
@@ -362,6 +398,51 @@ pub fn load_counts(
     Ok(out)
 }
 
+/// The profile files of `d` as its `summary.idx` names them, each with the header it holds
+/// (without totals) and its samples; `None` without a usable index.
+fn indexed_files(d: &HostDir) -> Option<Vec<(ProfileEntry, Option<(ProfileHeader, u64)>)>> {
+    let ip = d.summary_index_path();
+    let bytes = std::fs::read(&ip).ok()?;
+    let v = match sumidx::decode(&bytes, &ip) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::debug!(index = %ip.display(), error = %e, "summary index unusable; listing the directory");
+            return None;
+        }
+    };
+    stats::count(&stats::SUMMARY_INDEXES_USED);
+    let mut out = Vec::with_capacity(v.entries.len());
+    for e in &v.entries {
+        let event = &v.events[e.event as usize];
+        let image_id = e.id.to_owned_id();
+        let (path, id) = match e.kind {
+            ImageKind::Unknown => (d.unknown_path(&event.name), None),
+            _ => (d.profile_path(&image_id, &event.name), Some(image_id.clone())),
+        };
+        let entry = ProfileEntry {
+            path,
+            image_id: id,
+            event_component: profile_format::event_file_component(&event.name),
+        };
+        let header = ProfileHeader {
+            kind: e.kind,
+            image_id,
+            image_path: e.path.to_vec(),
+            event: event.clone(),
+            host: d.host.clone(),
+            epoch: d.epoch.clone(),
+            total_samples: e.samples,
+            total_period: e.period,
+            sequence: 0,
+            jit_symbols: Vec::new(),
+        };
+        out.push((entry, Some((header, e.samples))));
+    }
+    // In the order of the file names, as a listing gives them.
+    out.sort_by(|a, b| a.0.path.cmp(&b.0.path));
+    Some(out)
+}
+
 /// What one host directory contributes to a per-image report.
 #[derive(Default)]
 struct DirTotals {
@@ -391,6 +472,238 @@ fn load_totals(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loade
     }
     out.dirs = dirs;
     Ok(out)
+}
+
+/// The per-image report's input: every profile's totals, without a header per profile.
+#[derive(Debug, Default)]
+pub struct Totals {
+    pub dirs: Vec<HostDir>,
+    /// Summary per dir (same index), when readable; never with its index.
+    pub summaries: Vec<Option<HostSummary>>,
+    /// Distinct (kind, image id, path, event) of the profiles; host, epoch and totals are
+    /// those of one of them and mean nothing here.
+    pub headers: Vec<ProfileHeader>,
+    /// One per profile, dirs in order, each dir's profiles in file-name order.
+    pub entries: Vec<TotalEntry>,
+    /// Files that could not be read (message names the file).
+    pub corrupt: Vec<String>,
+}
+
+/// One profile's totals in [`Totals`].
+#[derive(Clone, Copy, Debug)]
+pub struct TotalEntry {
+    pub dir: u32,
+    /// Index into [`Totals::headers`].
+    pub header: u32,
+    /// Sum of the counts.
+    pub samples: u64,
+    pub total_samples: u64,
+    pub total_period: u64,
+}
+
+impl Totals {
+    pub fn rows(&self) -> impl Iterator<Item = super::report::TotalRow<'_>> + Clone {
+        self.entries.iter().map(|e| super::report::TotalRow {
+            dir: e.dir as usize,
+            header: &self.headers[e.header as usize],
+            group: e.header as usize,
+            samples: e.samples,
+            total_samples: e.total_samples,
+            total_period: e.total_period,
+        })
+    }
+}
+
+/// Distinct headers by their bytes (kind, id, path, event), so that a fleet's 480,000 index
+/// entries become a few hundred headers.
+#[derive(Default)]
+struct Interner {
+    ids: HashMap<Vec<u8>, u32>,
+    headers: Vec<ProfileHeader>,
+    key: Vec<u8>,
+}
+
+impl Interner {
+    fn key(key: &mut Vec<u8>, event: &EventDesc, kind: ImageKind, id: ImageIdRef, path: &[u8]) {
+        key.clear();
+        key.extend_from_slice(&(event.name.len() as u64).to_le_bytes());
+        key.extend_from_slice(event.name.as_bytes());
+        for v in [
+            u64::from(event.perf_type),
+            event.perf_config,
+            event.period_mean,
+            event.period_min,
+            event.period_max,
+        ] {
+            key.extend_from_slice(&v.to_le_bytes());
+        }
+        let (tag, id) = id.tag_and_bytes();
+        key.extend_from_slice(&[kind as u8, tag, id.len() as u8]);
+        key.extend_from_slice(id);
+        key.extend_from_slice(path);
+    }
+
+    /// The header's number; `make` builds it the first time.
+    fn intern(
+        &mut self,
+        event: &EventDesc,
+        kind: ImageKind,
+        id: ImageIdRef,
+        path: &[u8],
+        make: impl FnOnce() -> ProfileHeader,
+    ) -> u32 {
+        Self::key(&mut self.key, event, kind, id, path);
+        if let Some(&i) = self.ids.get(self.key.as_slice()) {
+            return i;
+        }
+        let i = self.headers.len() as u32;
+        self.headers.push(make());
+        self.ids.insert(self.key.clone(), i);
+        i
+    }
+
+    fn intern_header(&mut self, h: &ProfileHeader) -> u32 {
+        let id = match &h.image_id {
+            ImageId::BuildId(b) => ImageIdRef::BuildId(b),
+            ImageId::Fallback(f) => ImageIdRef::Fallback(f),
+        };
+        self.intern(&h.event, h.kind, id, &h.image_path, || ProfileHeader {
+            jit_symbols: Vec::new(),
+            ..h.clone()
+        })
+    }
+}
+
+/// What one host directory contributes to [`Totals`]; header numbers are the worker's own.
+#[derive(Default)]
+struct DirEntries {
+    summary: Option<HostSummary>,
+    entries: Vec<TotalEntry>,
+    corrupt: Vec<String>,
+    warning: Option<String>,
+}
+
+/// The per-image load: the totals of each host directory from its binary summary index
+/// (`summary.idx`, one small file), else from the JSON index of `summary.json`, else from its
+/// profiles (databases written before either existed). The entries and their order are the
+/// same either way, so the report is identical. Directories are read by a few threads (on NFS
+/// the latency of one file hides behind the others), each interning headers on its own; the
+/// merge in directory order then only renumbers.
+pub fn load_image_totals(
+    dirs: Vec<HostDir>,
+    warn: &mut dyn FnMut(String),
+) -> Result<Totals, ProfError> {
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get() * 2)
+        .clamp(2, 16)
+        .min(dirs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    type Done = Vec<(usize, Result<DirEntries, ProfError>)>;
+    let workers: Vec<(Interner, Done)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut interner = Interner::default();
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(d) = dirs.get(i) else { break };
+                        done.push((i, dir_entries(d, i, &mut interner)));
+                    }
+                    (interner, done)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            // A worker only panics if this code has a bug; surface it rather than hide it.
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut global = Interner::default();
+    let mut per_dir: Vec<Option<(usize, Result<DirEntries, ProfError>)>> = Vec::new();
+    per_dir.resize_with(dirs.len(), || None);
+    let mut maps: Vec<Vec<u32>> = Vec::new();
+    for (w, (interner, done)) in workers.into_iter().enumerate() {
+        maps.push(interner.headers.iter().map(|h| global.intern_header(h)).collect());
+        for (i, r) in done {
+            per_dir[i] = Some((w, r));
+        }
+    }
+    let mut out = Totals::default();
+    for (w, r) in per_dir.into_iter().flatten() {
+        let t = r?;
+        let map = &maps[w];
+        out.entries.extend(t.entries.into_iter().map(|e| TotalEntry { header: map[e.header as usize], ..e }));
+        out.corrupt.extend(t.corrupt);
+        out.summaries.push(t.summary);
+        if let Some(w) = t.warning {
+            warn(w);
+        }
+    }
+    out.headers = global.headers;
+    out.dirs = dirs;
+    Ok(out)
+}
+
+fn dir_entries(d: &HostDir, dir: usize, interner: &mut Interner) -> Result<DirEntries, ProfError> {
+    let ip = d.summary_index_path();
+    match std::fs::read(&ip) {
+        Ok(bytes) => match sumidx::decode(&bytes, &ip) {
+            Ok(v) => {
+                stats::count(&stats::SUMMARY_INDEXES_USED);
+                let mut t = DirEntries { summary: Some(v.facts), ..Default::default() };
+                t.entries.reserve(v.entries.len());
+                for e in &v.entries {
+                    let event = &v.events[e.event as usize];
+                    let header = interner.intern(event, e.kind, e.id, e.path, || ProfileHeader {
+                        kind: e.kind,
+                        image_id: e.id.to_owned_id(),
+                        image_path: e.path.to_vec(),
+                        event: event.clone(),
+                        host: d.host.clone(),
+                        epoch: d.epoch.clone(),
+                        total_samples: e.samples,
+                        total_period: e.period,
+                        sequence: 0,
+                        jit_symbols: Vec::new(),
+                    });
+                    t.entries.push(TotalEntry {
+                        dir: dir as u32,
+                        header,
+                        samples: e.samples,
+                        total_samples: e.samples,
+                        total_period: e.period,
+                    });
+                }
+                return Ok(t);
+            }
+            Err(e) => {
+                tracing::debug!(index = %ip.display(), error = %e, "summary index unusable; reading summary.json");
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::debug!(index = %ip.display(), error = %e, "summary index unreadable; reading summary.json");
+        }
+    }
+    let t = dir_totals(d, dir)?;
+    Ok(DirEntries {
+        summary: t.summary,
+        entries: t
+            .profiles
+            .iter()
+            .map(|p| TotalEntry {
+                dir: dir as u32,
+                header: interner.intern_header(&p.profile.header),
+                samples: p.samples,
+                total_samples: p.profile.header.total_samples,
+                total_period: p.profile.header.total_period,
+            })
+            .collect(),
+        corrupt: t.corrupt,
+        warning: t.warning,
+    })
 }
 
 /// `f` over `items` on a few threads, results in the order of `items`. The work is file reads:
