@@ -146,12 +146,14 @@ SYMBOL CACHE
   file is rebuilt with a warning; it can be deleted at any time.
 
 FILES READ
-  A per-image report reads the summary.json of each selected host and epoch: its index
-  holds the per-image totals (written by dcpid since the index exists); for host-epochs
-  without one it reads their profiles instead, with the same result. A
-  per-symbol report reads only the chosen image's profiles: for a build-id (prefix) or
-  `unknown` the file names decide; otherwise one profile per distinct image is read to
-  learn its path and kind. `--verbose` prints the counts.
+  A per-image report reads the summary.idx of each selected host and epoch: it holds the
+  per-image totals (written by dcpid since the index exists); where there is none it reads
+  the JSON index of an older summary.json, else the host-epoch's profiles, with the same
+  result. A per-symbol report reads only the chosen image's profiles: in closed epochs
+  summary.idx names them; in the newest epoch (whose index may trail its files) the
+  directories are listed and, unless a build-id (prefix) or `unknown` decides by file name,
+  one profile per distinct image is read to learn its path and kind. `--verbose` prints
+  the counts.
 
 EXIT STATUS
   0 success (also when --keep-going skipped corrupt files: each is named on stderr);

@@ -252,42 +252,19 @@ pub fn load_counts(
     warn: &mut dyn FnMut(String),
 ) -> Result<Loaded, ProfError> {
     let mut out = Loaded::default();
-    let mut entries: Vec<(usize, ProfileEntry)> = Vec::new();
-    // With a filter, what the summary index says each file holds (kind, id, path, event and its
-    // samples), so that files of other images are never opened, nor directories listed.
-    let mut known: Vec<Option<(ProfileHeader, u64)>> = Vec::new();
-    let newest = match (filter, dirs.first()) {
-        (Some(_), Some(d)) => Database::open(&d.db_root())?.epochs()?.pop(),
-        _ => None,
-    };
-    let listed = par_map(&dirs, |_, d| {
-        // The newest epoch is listed: its index may trail files published since (FORMAT.md
-        // §7.1); a closed epoch's index names every file.
-        let indexed = filter.is_some() && Some(&d.epoch) != newest.as_ref();
-        match indexed.then(|| indexed_files(d)).flatten() {
-            Some(v) => Ok(v),
-            None => d.profiles().map(|v| {
-                v.into_iter()
-                    .map(|e| {
-                        stats::count(&stats::PROFILES_LISTED);
-                        (e, None)
-                    })
-                    .collect()
-            }),
-        }
-    });
-    for (i, listed) in listed.into_iter().enumerate() {
-        for (e, k) in listed? {
-            entries.push((i, e));
-            known.push(k);
-        }
-    }
     let push = |out: &mut Loaded, dir: usize, path: PathBuf, r: Result<Profile, _>| match r {
         Ok(profile) => out.profiles.push(LoadedProfile::new(path, profile, dir, keep_counts)),
         Err(e) => out.corrupt.push(format!("{e}")),
     };
     match filter {
         None => {
+            let mut entries: Vec<(usize, ProfileEntry)> = Vec::new();
+            for (i, listed) in par_map(&dirs, |_, d| d.profiles()).into_iter().enumerate() {
+                for e in listed? {
+                    stats::count(&stats::PROFILES_LISTED);
+                    entries.push((i, e));
+                }
+            }
             // Files are independent: read them in parallel, keep the listing's order.
             let read = par_map(&entries, |_, (_, e)| read_profile(&e.path));
             for ((dir, e), r) in entries.into_iter().zip(read) {
@@ -295,8 +272,43 @@ pub fn load_counts(
             }
         }
         Some(f) => {
-            let any_by_name =
-                entries.iter().any(|(_, e)| f.by_name(e.image_id.as_ref()) == Some(true));
+            // Closed epochs: the files come from summary.idx, which also says what each holds,
+            // so a file of another image is never opened nor its directory listed. The
+            // newest epoch is listed: its index may trail the files published since (FORMAT.md
+            // §7.1).
+            let newest = match dirs.first() {
+                Some(d) => Database::open(&d.db_root())?.epochs()?.pop(),
+                None => None,
+            };
+            let (headers, per_dir) = par_interned(&dirs, |d, interner| {
+                if Some(&d.epoch) != newest.as_ref() {
+                    if let Some(v) = indexed_files(d, interner) {
+                        return Ok(v);
+                    }
+                }
+                d.profiles().map(|v| {
+                    v.into_iter()
+                        .map(|e| {
+                            stats::count(&stats::PROFILES_LISTED);
+                            File::Listed(e)
+                        })
+                        .collect()
+                })
+            });
+            let mut entries: Vec<(usize, File)> = Vec::new();
+            for (i, (r, map)) in per_dir.into_iter().enumerate() {
+                for e in r? {
+                    entries.push((
+                        i,
+                        match e {
+                            File::Indexed(h, n) => File::Indexed(map[h as usize], n),
+                            listed => listed,
+                        },
+                    ));
+                }
+            }
+            let mut names = NameVerdicts::new(f, &headers);
+            let any_by_name = entries.iter().any(|(_, e)| names.get(e) == Some(true));
             let fallback;
             let f = match f.as_name() {
                 Some(named) if !any_by_name => {
@@ -305,17 +317,41 @@ pub fn load_counts(
                 }
                 _ => f,
             };
+            let mut names = NameVerdicts::new(f, &headers);
+            let path_of = |dir: usize, e: &File| -> PathBuf {
+                match e {
+                    File::Listed(e) => e.path.clone(),
+                    File::Indexed(h, _) => indexed_path(&dirs[dir], &headers[*h as usize]),
+                }
+            };
             let mut direct: Vec<(usize, PathBuf)> = Vec::new();
-            type Group = Vec<(usize, PathBuf, Option<(ProfileHeader, u64)>)>;
-            let mut groups: BTreeMap<ImageId, Group> = BTreeMap::new();
-            for ((dir, e), k) in entries.into_iter().zip(known) {
-                match f.by_name(e.image_id.as_ref()) {
-                    Some(true) => direct.push((dir, e.path)),
+            let mut group_of_header: Vec<Option<usize>> = vec![None; headers.len()];
+            let mut group_of_id: BTreeMap<ImageId, usize> = BTreeMap::new();
+            let mut groups: Vec<Vec<(usize, File)>> = Vec::new();
+            for (dir, e) in entries {
+                match names.get(&e) {
+                    Some(true) => direct.push((dir, path_of(dir, &e))),
                     Some(false) => {}
                     None => {
-                        if let Some(id) = e.image_id {
-                            groups.entry(id).or_default().push((dir, e.path, k));
+                        let id = match &e {
+                            File::Listed(l) => l.image_id.as_ref(),
+                            File::Indexed(h, _) => Some(&headers[*h as usize].image_id),
+                        };
+                        let Some(id) = id else { continue };
+                        let g = match &e {
+                            File::Indexed(h, _) => group_of_header[*h as usize],
+                            File::Listed(_) => None,
+                        };
+                        let g = g.unwrap_or_else(|| {
+                            *group_of_id.entry(id.clone()).or_insert_with(|| {
+                                groups.push(Vec::new());
+                                groups.len() - 1
+                            })
+                        });
+                        if let File::Indexed(h, _) = &e {
+                            group_of_header[*h as usize] = Some(g);
                         }
+                        groups[g].push((dir, e));
                     }
                 }
             }
@@ -324,22 +360,30 @@ pub fn load_counts(
             for ((dir, path), r) in direct.into_iter().zip(read) {
                 push(&mut out, dir, path, r);
             }
+            // Groups in the order of their image ids, as a listing-only load has them.
+            let groups: Vec<Vec<(usize, File)>> = {
+                let mut slots: Vec<Option<Vec<(usize, File)>>> =
+                    groups.into_iter().map(Some).collect();
+                group_of_id.into_values().filter_map(|g| slots[g].take()).collect()
+            };
             // The first readable file of each identity decides whether it is the image (its
-            // index entry, when it has one: then a file of another image is never opened).
-            let groups: Vec<Group> = groups.into_values().collect();
+            // index entry, when it has one: then no file of another image is opened).
             let decided = par_map(&groups, |_, files| {
                 let mut corrupt = Vec::new();
-                if let Some((dir, path, Some((h, samples)))) = files.first() {
+                if let Some((dir, File::Indexed(h, samples))) = files.first() {
+                    let h = &headers[*h as usize];
                     if !f.by_header(h) {
                         let profile = Profile { header: h.clone(), counts: Default::default() };
-                        let p = LoadedProfile { path: path.clone(), profile, samples: *samples, dir: *dir };
+                        let path = path_of(*dir, &files[0].1);
+                        let p = LoadedProfile { path, profile, samples: *samples, dir: *dir };
                         return (corrupt, Some((0, p, false)));
                     }
                 }
-                for (k, (dir, path, _)) in files.iter().enumerate() {
-                    match read_profile(path) {
+                for (k, (dir, e)) in files.iter().enumerate() {
+                    let path = path_of(*dir, e);
+                    match read_profile(&path) {
                         Ok(profile) => {
-                            let p = LoadedProfile::new(path.clone(), profile, *dir, true);
+                            let p = LoadedProfile::new(path, profile, *dir, true);
                             let matched = f.by_header(&p.profile.header);
                             return (corrupt, Some((k, p, matched)));
                         }
@@ -351,7 +395,7 @@ pub fn load_counts(
             let mut rest: Vec<(usize, PathBuf)> = Vec::new();
             for (files, (_, d)) in groups.iter().zip(&decided) {
                 if let Some((k, _, true)) = d {
-                    rest.extend(files[k + 1..].iter().map(|(dir, path, _)| (*dir, path.clone())));
+                    rest.extend(files[k + 1..].iter().map(|(dir, e)| (*dir, path_of(*dir, e))));
                 }
             }
             let mut rest_read = par_map(&rest, |_, (_, path)| read_profile(path)).into_iter();
@@ -398,9 +442,51 @@ pub fn load_counts(
     Ok(out)
 }
 
-/// The profile files of `d` as its `summary.idx` names them, each with the header it holds
-/// (without totals) and its samples; `None` without a usable index.
-fn indexed_files(d: &HostDir) -> Option<Vec<(ProfileEntry, Option<(ProfileHeader, u64)>)>> {
+/// A profile file of a per-symbol load: listed, or named by the index (header number in the
+/// load's interner, samples).
+enum File {
+    Listed(ProfileEntry),
+    Indexed(u32, u64),
+}
+
+/// What the file name says of each file for a filter ([`ImageFilter::by_name`]), computed once
+/// per distinct header of the indexes.
+struct NameVerdicts<'a> {
+    f: &'a ImageFilter,
+    headers: &'a [ProfileHeader],
+    cache: Vec<Option<Option<bool>>>,
+}
+
+impl<'a> NameVerdicts<'a> {
+    fn new(f: &'a ImageFilter, headers: &'a [ProfileHeader]) -> Self {
+        NameVerdicts { f, headers, cache: vec![None; headers.len()] }
+    }
+    fn get(&mut self, e: &File) -> Option<bool> {
+        match e {
+            File::Listed(e) => self.f.by_name(e.image_id.as_ref()),
+            File::Indexed(h, _) => {
+                let (f, headers) = (self.f, self.headers);
+                *self.cache[*h as usize].get_or_insert_with(|| {
+                    let h = &headers[*h as usize];
+                    // The unknown profile's file name carries no id.
+                    f.by_name((h.kind != ImageKind::Unknown).then_some(&h.image_id))
+                })
+            }
+        }
+    }
+}
+
+/// The file of `d` an index entry with header `h` stands for (FORMAT.md §7.2).
+fn indexed_path(d: &HostDir, h: &ProfileHeader) -> PathBuf {
+    match h.kind {
+        ImageKind::Unknown => d.unknown_path(&h.event.name),
+        _ => d.profile_path(&h.image_id, &h.event.name),
+    }
+}
+
+/// The profile files of `d` as its `summary.idx` names them, in file-name order; `None`
+/// without a usable index.
+fn indexed_files(d: &HostDir, interner: &mut Interner) -> Option<Vec<File>> {
     let ip = d.summary_index_path();
     let bytes = std::fs::read(&ip).ok()?;
     let v = match sumidx::decode(&bytes, &ip) {
@@ -413,34 +499,56 @@ fn indexed_files(d: &HostDir) -> Option<Vec<(ProfileEntry, Option<(ProfileHeader
     stats::count(&stats::SUMMARY_INDEXES_USED);
     let mut out = Vec::with_capacity(v.entries.len());
     for e in &v.entries {
-        let event = &v.events[e.event as usize];
-        let image_id = e.id.to_owned_id();
-        let (path, id) = match e.kind {
-            ImageKind::Unknown => (d.unknown_path(&event.name), None),
-            _ => (d.profile_path(&image_id, &event.name), Some(image_id.clone())),
-        };
-        let entry = ProfileEntry {
-            path,
-            image_id: id,
-            event_component: profile_format::event_file_component(&event.name),
-        };
-        let header = ProfileHeader {
-            kind: e.kind,
-            image_id,
-            image_path: e.path.to_vec(),
-            event: event.clone(),
-            host: d.host.clone(),
-            epoch: d.epoch.clone(),
-            total_samples: e.samples,
-            total_period: e.period,
-            sequence: 0,
-            jit_symbols: Vec::new(),
-        };
-        out.push((entry, Some((header, e.samples))));
+        let h = interner.intern_entry(d, &v.events[e.event as usize], e);
+        out.push(File::Indexed(h, e.samples));
     }
-    // In the order of the file names, as a listing gives them.
-    out.sort_by(|a, b| a.0.path.cmp(&b.0.path));
     Some(out)
+}
+
+/// `f` over `dirs` on a few threads, each with its own [`Interner`]; returns the merged headers
+/// and, per dir in order, `f`'s result with the map from its worker's header numbers to the
+/// merged ones.
+fn par_interned<'a, R: Send>(
+    dirs: &'a [HostDir],
+    f: impl Fn(&'a HostDir, &mut Interner) -> R + Sync,
+) -> (Vec<ProfileHeader>, Vec<(R, std::sync::Arc<Vec<u32>>)>) {
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get() * 2)
+        .clamp(2, 16)
+        .min(dirs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers: Vec<(Interner, Vec<(usize, R)>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut interner = Interner::default();
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(d) = dirs.get(i) else { break };
+                        done.push((i, f(d, &mut interner)));
+                    }
+                    (interner, done)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            // A worker only panics if this code has a bug; surface it rather than hide it.
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut global = Interner::default();
+    let mut per_dir: Vec<Option<(R, std::sync::Arc<Vec<u32>>)>> = Vec::new();
+    per_dir.resize_with(dirs.len(), || None);
+    for (interner, done) in workers {
+        let map: Vec<u32> = interner.headers.iter().map(|h| global.intern_header(h)).collect();
+        let map = std::sync::Arc::new(map);
+        for (i, r) in done {
+            per_dir[i] = Some((r, map.clone()));
+        }
+    }
+    (global.headers, per_dir.into_iter().flatten().collect())
 }
 
 /// What one host directory contributes to a per-image report.
@@ -562,6 +670,22 @@ impl Interner {
         i
     }
 
+    /// An index entry's header number (host, epoch and totals of the first one seen).
+    fn intern_entry(&mut self, d: &HostDir, event: &EventDesc, e: &sumidx::IndexEntry) -> u32 {
+        self.intern(event, e.kind, e.id, e.path, || ProfileHeader {
+            kind: e.kind,
+            image_id: e.id.to_owned_id(),
+            image_path: e.path.to_vec(),
+            event: event.clone(),
+            host: d.host.clone(),
+            epoch: d.epoch.clone(),
+            total_samples: e.samples,
+            total_period: e.period,
+            sequence: 0,
+            jit_symbols: Vec::new(),
+        })
+    }
+
     fn intern_header(&mut self, h: &ProfileHeader) -> u32 {
         let id = match &h.image_id {
             ImageId::BuildId(b) => ImageIdRef::BuildId(b),
@@ -593,55 +717,25 @@ pub fn load_image_totals(
     dirs: Vec<HostDir>,
     warn: &mut dyn FnMut(String),
 ) -> Result<Totals, ProfError> {
-    let threads = std::thread::available_parallelism()
-        .map_or(2, |n| n.get() * 2)
-        .clamp(2, 16)
-        .min(dirs.len().max(1));
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    type Done = Vec<(usize, Result<DirEntries, ProfError>)>;
-    let workers: Vec<(Interner, Done)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut interner = Interner::default();
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(d) = dirs.get(i) else { break };
-                        done.push((i, dir_entries(d, i, &mut interner)));
-                    }
-                    (interner, done)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            // A worker only panics if this code has a bug; surface it rather than hide it.
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
+    let (headers, per_dir) = par_interned(&dirs, |d, interner| {
+        // Dirs are numbered by the caller below; 0 here, fixed when merged.
+        dir_entries(d, 0, interner)
     });
-    let mut global = Interner::default();
-    let mut per_dir: Vec<Option<(usize, Result<DirEntries, ProfError>)>> = Vec::new();
-    per_dir.resize_with(dirs.len(), || None);
-    let mut maps: Vec<Vec<u32>> = Vec::new();
-    for (w, (interner, done)) in workers.into_iter().enumerate() {
-        maps.push(interner.headers.iter().map(|h| global.intern_header(h)).collect());
-        for (i, r) in done {
-            per_dir[i] = Some((w, r));
-        }
-    }
     let mut out = Totals::default();
-    for (w, r) in per_dir.into_iter().flatten() {
+    for (i, (r, map)) in per_dir.into_iter().enumerate() {
         let t = r?;
-        let map = &maps[w];
-        out.entries.extend(t.entries.into_iter().map(|e| TotalEntry { header: map[e.header as usize], ..e }));
+        out.entries.extend(t.entries.into_iter().map(|e| TotalEntry {
+            dir: i as u32,
+            header: map[e.header as usize],
+            ..e
+        }));
         out.corrupt.extend(t.corrupt);
         out.summaries.push(t.summary);
         if let Some(w) = t.warning {
             warn(w);
         }
     }
-    out.headers = global.headers;
+    out.headers = headers;
     out.dirs = dirs;
     Ok(out)
 }
@@ -655,19 +749,7 @@ fn dir_entries(d: &HostDir, dir: usize, interner: &mut Interner) -> Result<DirEn
                 let mut t = DirEntries { summary: Some(v.facts), ..Default::default() };
                 t.entries.reserve(v.entries.len());
                 for e in &v.entries {
-                    let event = &v.events[e.event as usize];
-                    let header = interner.intern(event, e.kind, e.id, e.path, || ProfileHeader {
-                        kind: e.kind,
-                        image_id: e.id.to_owned_id(),
-                        image_path: e.path.to_vec(),
-                        event: event.clone(),
-                        host: d.host.clone(),
-                        epoch: d.epoch.clone(),
-                        total_samples: e.samples,
-                        total_period: e.period,
-                        sequence: 0,
-                        jit_symbols: Vec::new(),
-                    });
+                    let header = interner.intern_entry(d, &v.events[e.event as usize], e);
                     t.entries.push(TotalEntry {
                         dir: dir as u32,
                         header,
