@@ -252,6 +252,9 @@ pub fn load_counts(
     warn: &mut dyn FnMut(String),
 ) -> Result<Loaded, ProfError> {
     let mut out = Loaded::default();
+    // Host facts already read from a summary.idx, per dir.
+    let mut facts: Vec<Option<HostSummary>> = Vec::new();
+    facts.resize_with(dirs.len(), || None);
     let push = |out: &mut Loaded, dir: usize, path: PathBuf, r: Result<Profile, _>| match r {
         Ok(profile) => out.profiles.push(LoadedProfile::new(path, profile, dir, keep_counts)),
         Err(e) => out.corrupt.push(format!("{e}")),
@@ -282,22 +285,26 @@ pub fn load_counts(
             };
             let (headers, per_dir) = par_interned(&dirs, |d, interner| {
                 if Some(&d.epoch) != newest.as_ref() {
-                    if let Some(v) = indexed_files(d, interner) {
-                        return Ok(v);
+                    if let Some((facts, v)) = indexed_files(d, interner) {
+                        return Ok((Some(facts), v));
                     }
                 }
                 d.profiles().map(|v| {
-                    v.into_iter()
+                    let v = v
+                        .into_iter()
                         .map(|e| {
                             stats::count(&stats::PROFILES_LISTED);
                             File::Listed(e)
                         })
-                        .collect()
+                        .collect();
+                    (None, v)
                 })
             });
             let mut entries: Vec<(usize, File)> = Vec::new();
             for (i, (r, map)) in per_dir.into_iter().enumerate() {
-                for e in r? {
+                let (f, files) = r?;
+                facts[i] = f;
+                for e in files {
                     entries.push((
                         i,
                         match e {
@@ -424,8 +431,14 @@ pub fn load_counts(
         needed[p.dir] = true;
     }
     let read = par_map(&dirs, |i, d| {
+        if !needed[i] {
+            return None;
+        }
+        if let Some(f) = &facts[i] {
+            return Some(Ok(f.clone()));
+        }
         let sp = d.summary_path();
-        (needed[i] && sp.exists()).then(|| HostSummary::read_facts(&sp))
+        sp.exists().then(|| HostSummary::read_facts(&sp))
     });
     for r in read {
         let summary = match r {
@@ -484,9 +497,9 @@ fn indexed_path(d: &HostDir, h: &ProfileHeader) -> PathBuf {
     }
 }
 
-/// The profile files of `d` as its `summary.idx` names them, in file-name order; `None`
-/// without a usable index.
-fn indexed_files(d: &HostDir, interner: &mut Interner) -> Option<Vec<File>> {
+/// The host facts and the profile files of `d` as its `summary.idx` names them, in file-name
+/// order; `None` without a usable index.
+fn indexed_files(d: &HostDir, interner: &mut Interner) -> Option<(HostSummary, Vec<File>)> {
     let ip = d.summary_index_path();
     let bytes = std::fs::read(&ip).ok()?;
     let v = match sumidx::decode(&bytes, &ip) {
@@ -502,7 +515,7 @@ fn indexed_files(d: &HostDir, interner: &mut Interner) -> Option<Vec<File>> {
         let h = interner.intern_entry(d, &v.events[e.event as usize], e);
         out.push(File::Indexed(h, e.samples));
     }
-    Some(out)
+    Some((v.facts, out))
 }
 
 /// `f` over `dirs` on a few threads, each with its own [`Interner`]; returns the merged headers
