@@ -77,11 +77,11 @@ def stat_line(err):
     return {}
 
 
-def summary_bytes(db):
+def summary_bytes(db, name="summary.json"):
     total = n = 0
     for d, _, fs in os.walk(db):
-        if "summary.json" in fs:
-            total += os.path.getsize(os.path.join(d, "summary.json"))
+        if name in fs:
+            total += os.path.getsize(os.path.join(d, name))
             n += 1
     return total, n
 
@@ -97,6 +97,7 @@ class Fleet:
         self.prof = os.path.join(ROOT, "target", "release", "dcpiprof")
         self.exporter = os.path.join(ROOT, "target", "release", "dcpiexport")
         self.fleetgen = os.path.join(BENCH, "fleetgen", "target", "release", "dcpi-fleetgen")
+        self.old_prof = a.old_prof if a.old_prof and os.path.exists(a.old_prof) else None
 
     def build(self):
         log("building release binaries (no-op when up to date)")
@@ -114,8 +115,9 @@ class Fleet:
             bench.write_image_list(p, 200)
         return p
 
-    def gen(self, name, hosts, epochs, images, max_offsets, profiles=True):
-        stamp = (f"{name}-{hosts}x{epochs}x{images}-{max_offsets}-{int(profiles)}-"
+    def gen(self, name, hosts, epochs, images, max_offsets, profiles=True, json_index=True):
+        stamp = (f"{name}-{hosts}x{epochs}x{images}-{max_offsets}-{int(profiles)}"
+                 f"{int(json_index)}-"
                  f"{bench.tree_rev('profile-format')}-{bench.tree_rev('bench/fleetgen')}")
         out = os.path.join(self.cache, stamp)
         info = out + ".json"
@@ -131,26 +133,30 @@ class Fleet:
         r = run([self.fleetgen, "--out", out, "--images", self.images(), "--hosts", str(hosts),
                  "--epochs", str(epochs), "--images-per-host", str(images),
                  "--samples-per-host-epoch", str(7_200_000), "--max-offsets", str(max_offsets),
-                 "--profiles", "1" if profiles else "0"], timeout=7200)
+                 "--profiles", "1" if profiles else "0",
+                 "--index", "1" if json_index else "0"], timeout=7200)
         if r.returncode != 0:
             raise RuntimeError(f"fleetgen: {r.stderr.strip()}")
         meta = json.loads(r.stdout)
         meta["gen_s"] = time.monotonic() - t
         meta["disk"] = dict(zip(("bytes", "alloc", "files"), bench.tree_bytes(out)))
         meta["summary_bytes"], meta["summaries"] = summary_bytes(out)
+        meta["summary_idx_bytes"], meta["summary_idxs"] = summary_bytes(out, "summary.idx")
         with open(info, "w") as f:
             json.dump(meta, f)
         return out, meta
 
     def without_index(self, db):
-        """The same database as written before the index: profiles hard-linked, every
-        summary.json rewritten (new inode) without its `index`."""
+        """The same database as written before any index: profiles hard-linked, every
+        summary.json rewritten (new inode) without its `index`, no summary.idx."""
         out = db + "-noindex"
         if os.path.exists(out + ".done"):
             return out
         shutil.rmtree(out, ignore_errors=True)
         subprocess.run(["cp", "-al", db, out], check=True)
         for d, _, fs in os.walk(out):
+            if "summary.idx" in fs:
+                os.unlink(os.path.join(d, "summary.idx"))
             if "summary.json" in fs:
                 p = os.path.join(d, "summary.json")
                 with open(p) as f:
@@ -172,29 +178,45 @@ class Fleet:
         base = ["--host", "all", "--epoch", "all", "--format", "json", "--verbose"]
         out = {"hosts": h, "epochs": e, "images_per_host": 200, "db": meta, "symbol_image": image}
         outs = {}
-        for k, d, extra in (("images_index", db, []), ("images_profiles", old, []),
-                            ("symbols", db, ["--image", image])):
+        # The same files read by this build (summary.idx) and by the build before it
+        # (--old-prof: summary.json's JSON index), alternating so that both see the same load.
+        runs = [("images_index", self.prof, db, []), ("images_old", self.old_prof, db, []),
+                ("symbols", self.prof, db, ["--image", image]),
+                ("symbols_old", self.old_prof, db, ["--image", image])]
+        if not self.a.skip_profiles:
+            runs.append(("images_profiles", self.prof, old, []))
+        for k, prog, d, extra in runs:
+            if not prog:
+                continue
             log(f"reports: {k}")
-            c, w, so, se, cpu = timed([self.prof, "--db", d] + base + extra, True,
+            c, w, so, se, cpu = timed([prog, "--db", d] + base + extra, True,
                                       1 if k == "images_profiles" else reps)
             out[k] = {"cold_s": c, "warm_s": w, "cold_cpu_s": cpu[0], "warm_cpu_s": cpu[1],
-                      "stats": stat_line(se), "stdout_bytes": len(so)}
+                      "stats": stat_line(se), "stdout_bytes": len(so),
+                      "loadavg_after": os.getloadavg()}
             outs[k] = so
-        a, b = json.loads(outs["images_index"]), json.loads(outs["images_profiles"])
-        a.pop("database"), b.pop("database")
-        out["identical"] = a == b
+        def same(x, y):
+            if x not in outs or y not in outs:
+                return None
+            a, b = json.loads(outs[x]), json.loads(outs[y])
+            a.pop("database"), b.pop("database")
+            return a == b
+        out["identical"] = same("images_index", "images_profiles")
+        out["identical_old"] = same("images_index", "images_old")
+        out["identical_symbols_old"] = same("symbols", "symbols_old")
         self.res["reports"] = out
 
     def curve(self):
         pts = []
         for spec in self.a.curve.split(","):
             h, e = (int(x) for x in spec.split("x"))
-            db, meta = self.gen("curve", h, e, 200, 8, profiles=False)
+            db, meta = self.gen("curve", h, e, 200, 8, profiles=False, json_index=False)
             log(f"curve: {h} x {e}")
             c, w, _, se, cpu = timed([self.prof, "--db", db, "--host", "all", "--epoch", "all",
                                       "--format", "json", "--verbose"], True, self.a.reps)
             pts.append({"hosts": h, "epochs": e, "host_epochs": h * e,
                         "entries": h * e * 200, "summary_bytes": meta["summary_bytes"],
+                        "summary_idx_bytes": meta["summary_idx_bytes"],
                         "cold_s": c, "warm_s": w, "cold_cpu_s": cpu[0], "warm_cpu_s": cpu[1],
                         "stats": stat_line(se),
                         "cold_us_per_host_epoch": c / (h * e) * 1e6,
@@ -267,21 +289,27 @@ class Fleet:
             L.append("| report | cold s | warm s | cold CPU s | warm CPU s | profiles read | "
                      "summary indexes used |")
             L.append("|---|---|---|---|---|---|---|")
-            for k in ("images_index", "images_profiles", "symbols"):
+            for k in ("images_index", "images_old", "images_profiles", "symbols",
+                      "symbols_old"):
+                if k not in r:
+                    continue
                 x = r[k]
                 L.append(f"| {k} | {f(x['cold_s'])} | {f(x['warm_s'])} | "
                          f"{f(x['cold_cpu_s'])} | {f(x['warm_cpu_s'])} | "
                          f"{x['stats'].get('profiles_read')} | "
                          f"{x['stats'].get('summary_indexes_used')} |")
-            L.append(f"\nper-image reports identical (index vs profiles): {r['identical']}\n")
+            L.append(f"\nper-image reports identical: summary.idx vs profiles {r['identical']}, "
+                     f"vs previous build {r['identical_old']}; per-symbol vs previous build "
+                     f"{r['identical_symbols_old']}; load average at start "
+                     f"{self.res['loadavg_at_start']}\n")
         if self.res.get("curve"):
-            L.append("| hosts x epochs | index entries | summary bytes | cold s | warm s | "
-                     "warm CPU s | cold us/host-epoch | warm us/host-epoch |")
-            L.append("|---|---|---|---|---|---|---|---|")
+            L.append("| hosts x epochs | index entries | summary.idx bytes | cold s | warm s | "
+                     "cold CPU s | warm CPU s | cold us/host-epoch | warm us/host-epoch |")
+            L.append("|---|---|---|---|---|---|---|---|---|")
             for p in self.res["curve"]:
                 L.append(f"| {p['hosts']} x {p['epochs']} | {p['entries']} | "
-                         f"{p['summary_bytes']} | {f(p['cold_s'])} | {f(p['warm_s'])} | "
-                         f"{f(p['warm_cpu_s'])} | "
+                         f"{p['summary_idx_bytes']} | {f(p['cold_s'])} | {f(p['warm_s'])} | "
+                         f"{f(p['cold_cpu_s'])} | {f(p['warm_cpu_s'])} | "
                          f"{p['cold_us_per_host_epoch']:.0f} | {p['warm_us_per_host_epoch']:.0f} |")
         x = self.res.get("export")
         if x:
@@ -303,6 +331,11 @@ def main():
     ap.add_argument("--curve", default="100x24,250x24,500x30,1000x30",
                     help="HOSTSxEPOCHS points of the per-image curve ('' to skip)")
     ap.add_argument("--skip-export", action="store_true")
+    ap.add_argument("--skip-profiles", action="store_true",
+                    help="skip the per-image report from the profiles (database without index)")
+    ap.add_argument("--old-prof", default="/var/tmp/dcpi-bench/dcpiprof-old",
+                    help="a dcpiprof of an earlier build, timed on the same files side by side "
+                         "(skipped when missing)")
     ap.add_argument("--no-build", action="store_true", help="use the release binaries as built")
     a = ap.parse_args()
     if os.geteuid() != 0:

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use crate::prof::debuginfo::{Locator, SearchPaths, SYSTEM_DEBUG_DIR};
 use crate::prof::image::ImageFilter;
-use crate::prof::select::{self, EpochSel, HostSel, Loaded};
+use crate::prof::select::{self, EpochSel, HostSel, Loaded, Totals};
 use crate::prof::symcache::{self, SymbolCache};
 use crate::prof::ProfError;
 
@@ -81,23 +81,42 @@ impl Selection {
         self.check_corrupt(loaded, warn)
     }
 
+    /// The per-image totals of the selection (summary indexes where present, else profiles),
+    /// with the same corrupt-file policy as [`Selection::load`].
+    pub fn load_totals(&self, warn: &mut dyn FnMut(String)) -> Result<Totals, ProfError> {
+        let db = select::open_db(&self.db)?;
+        let dirs = select::select_host_dirs(&db, &self.epoch, &self.host_sel())?;
+        let totals = select::load_image_totals(dirs, warn)?;
+        self.check_corrupt_files(&totals.corrupt, warn)?;
+        Ok(totals)
+    }
+
     fn check_corrupt(
         &self,
         loaded: Loaded,
         warn: &mut dyn FnMut(String),
     ) -> Result<Loaded, ProfError> {
-        if !loaded.corrupt.is_empty() {
+        self.check_corrupt_files(&loaded.corrupt, warn)?;
+        Ok(loaded)
+    }
+
+    fn check_corrupt_files(
+        &self,
+        corrupt: &[String],
+        warn: &mut dyn FnMut(String),
+    ) -> Result<(), ProfError> {
+        if !corrupt.is_empty() {
             if !self.keep_going {
                 return Err(ProfError::Corrupt {
-                    first: loaded.corrupt[0].clone(),
-                    more: loaded.corrupt.len() - 1,
+                    first: corrupt[0].clone(),
+                    more: corrupt.len() - 1,
                 });
             }
-            for c in &loaded.corrupt {
+            for c in corrupt {
                 warn(format!("skipping corrupt profile: {c}"));
             }
         }
-        Ok(loaded)
+        Ok(())
     }
 }
 

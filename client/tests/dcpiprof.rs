@@ -1810,4 +1810,68 @@ fn per_image_report_from_summary_index_equals_report_from_profiles() {
     for (a, b) in from_profiles.iter().zip(&mixed) {
         assert_eq!(a.0, b.0, "a partial index must give the same report");
     }
+
+    // Per-symbol report without any index: every directory listed, one profile read per
+    // other image identity.
+    let sym_args = ["--epoch", "all", "--host", "all", "--image", "lib0.so", "--format", "json"];
+    let sym = |label: &str| {
+        let mut a = sym_args.to_vec();
+        a.push("--verbose");
+        let o = prof(&t.root(), &a);
+        assert!(o.status.success(), "{label}: {}", stderr(&o));
+        (stdout(&o), stderr(&o))
+    };
+    for hd in &dirs {
+        let mut s = HostSummary::read(&hd.summary_path()).expect("summary");
+        s.index = None;
+        s.write(&hd.summary_path()).expect("write summary");
+    }
+    let (sym_plain, err) = sym("no index");
+    // lib0: 2 events x 6 host-epochs; 7 other identities (lib1-5, kernel, odd) read once.
+    assert_eq!(stat_of(&err, "profiles_read"), 12 + 7, "{err}");
+
+    // The binary index (summary.idx, as the daemon writes it now; summary.json without
+    // index): same bytes out, no profile read by the per-image report, and the per-symbol
+    // report opens only the image's files in the closed epoch (the newest one is listed).
+    for hd in &dirs {
+        let mut s = HostSummary::read(&hd.summary_path()).expect("summary");
+        s.index = Some(profile_format::SummaryIndex::of_host_dir(hd).expect("index"));
+        profile_format::sumidx::write(&s, &hd.summary_index_path()).expect("write summary.idx");
+    }
+    let binary = runs("binary index");
+    let err = &binary[0].1;
+    assert_eq!(stat_of(err, "summary_indexes_used"), 6, "{err}");
+    assert_eq!(stat_of(err, "profiles_read"), 0, "{err}");
+    for (a, b) in from_profiles.iter().zip(&binary) {
+        assert_eq!(a.0, b.0, "summary.idx and profiles must give the same report");
+    }
+    let (sym_idx, err) = sym("binary index");
+    assert_eq!(sym_idx, sym_plain, "per-symbol report from the index's file list");
+    assert_eq!(stat_of(&err, "summary_indexes_used"), 3, "{err}");
+    assert_eq!(stat_of(&err, "profiles_read"), 12, "{err}");
+
+    // Older databases mixed in: a summary.idx missing (JSON index used), one missing with no
+    // JSON index either (profiles read), one corrupt (ignored, JSON index used).
+    let json_index = |hd: &profile_format::HostDir| {
+        let mut s = HostSummary::read(&hd.summary_path()).expect("summary");
+        s.index = Some(profile_format::SummaryIndex::of_host_dir(hd).expect("index"));
+        s.write(&hd.summary_path()).expect("write summary");
+    };
+    std::fs::remove_file(dirs[1].summary_index_path()).expect("rm");
+    json_index(&dirs[1]);
+    std::fs::remove_file(dirs[2].summary_index_path()).expect("rm");
+    let mut junk = std::fs::read(dirs[3].summary_index_path()).expect("read");
+    let mid = junk.len() / 2;
+    junk[mid] ^= 0xff;
+    std::fs::write(dirs[3].summary_index_path(), junk).expect("write");
+    json_index(&dirs[3]);
+    let old = runs("old formats mixed in");
+    let err = &old[0].1;
+    assert_eq!(stat_of(err, "summary_indexes_used"), 5, "{err}");
+    assert_eq!(stat_of(err, "profiles_read"), 12, "{err}");
+    for (a, b) in from_profiles.iter().zip(&old) {
+        assert_eq!(a.0, b.0, "old and new indexes mixed must give the same report");
+    }
+    let (sym_old, _) = sym("old formats mixed in");
+    assert_eq!(sym_old, sym_plain);
 }

@@ -1,5 +1,6 @@
-//! Store: the summary index (per-(image, event) totals in summary.json) always describes the
-//! profiles as published, also when publishing comes after the last samples (an idle host).
+//! Store: the summary index (per-(image, event) totals in summary.idx, FORMAT.md §7.2) always
+//! describes the profiles as published, also when publishing comes after the last samples (an
+//! idle host); summary.json no longer carries the JSON index.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -65,7 +66,13 @@ fn summary_index_follows_every_publish() {
     let epoch = s.current_epoch().cloned().expect("first epoch created");
     let db = Database::open(&dir.path().join("db")).unwrap();
     let hd = db.host_dir(&epoch, "h1").unwrap();
-    let index = || HostSummary::read(&hd.summary_path()).expect("summary").index;
+    let index = || {
+        let json = HostSummary::read(&hd.summary_path()).expect("summary");
+        assert_eq!(json.index, None, "summary.json carries no index");
+        let bin = profile_format::sumidx::read(&hd.summary_index_path()).expect("summary.idx");
+        assert_eq!(HostSummary { index: None, ..bin.clone() }, json, "same facts in both");
+        bin.index
+    };
     let per_image = |idx: &SummaryIndex| -> BTreeMap<String, u64> {
         idx.images.iter().map(|t| (t.path.clone(), t.samples)).collect()
     };

@@ -395,6 +395,11 @@ impl HostDir {
         self.path.join("summary.json")
     }
 
+    /// The binary summary with its per-(image, event) totals (FORMAT.md §7.2).
+    pub fn summary_index_path(&self) -> PathBuf {
+        self.path.join(crate::SUMMARY_INDEX_FILE)
+    }
+
     /// The per-directory snapshot of databases before format 2 (FORMAT.md §8.1); still read.
     pub fn kallsyms_path(&self) -> PathBuf {
         self.path.join("kallsyms.snap")

@@ -14,6 +14,7 @@ mod ksymstore;
 pub mod pairs;
 mod profile;
 mod summary;
+pub mod sumidx;
 pub mod varint;
 
 pub use atomic::write_atomic;
@@ -31,6 +32,7 @@ pub use profile::{
     PROFILE_VERSION,
 };
 pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};
+pub use sumidx::{SUMMARY_INDEX_FILE, SUMMARY_INDEX_MAGIC, SUMMARY_INDEX_VERSION};
 
 /// Default location of the database.
 pub const DEFAULT_DB: &str = "/var/lib/dcpi";

@@ -4,7 +4,7 @@
 //! Usage:
 //!   dcpi-fleetgen --out DIR --images FILE --hosts N --epochs N --images-per-host N
 //!                 [--samples-per-host-epoch N] [--max-offsets N] [--period NS] [--seed N]
-//!                 [--index 0|1] [--profiles 0|1]
+//!                 [--index 0|1] [--bin-index 0|1] [--profiles 0|1]
 //!
 //! `--images` is a TSV file, one real ELF image per line:
 //!   `build_id_hex \t text_file_offset \t text_size \t path`
@@ -13,8 +13,10 @@
 //! samples proportional to 1/(r+1) (Zipf) and up to `max_offsets/(r+1)` distinct offsets
 //! (at least 8), drawn inside its text section with a Zipf-like skew.
 //!
-//! Each summary.json carries the per-(image, event) index the daemon writes (FORMAT.md §7.1)
-//! unless `--index 0` (a database from before the index). `--profiles 0` writes the summaries
+//! Each host directory gets the binary `summary.idx` the daemon writes (FORMAT.md §7.2) unless
+//! `--bin-index 0`, and each summary.json the JSON index (§7.1) that daemons wrote before it
+//! unless `--index 0` (a database from before any index). With both, old and new readers can
+//! be compared on the same files. `--profiles 0` writes the summaries
 //! (with their index) but no profile file: enough for the per-image report, which then opens
 //! none, at a scale (1,000 hosts x 30 epochs) whose profiles would not fit the disk.
 //!
@@ -41,6 +43,7 @@ struct Args {
     period: u64,
     seed: u64,
     index: bool,
+    bin_index: bool,
     profiles: bool,
 }
 
@@ -81,6 +84,7 @@ fn parse_args() -> Result<Args, String> {
         period: 1_000_000,
         seed: 1,
         index: true,
+        bin_index: true,
         profiles: true,
     };
     let mut it = std::env::args().skip(1);
@@ -98,6 +102,7 @@ fn parse_args() -> Result<Args, String> {
             "--period" => a.period = num(&val)?,
             "--seed" => a.seed = num(&val)?,
             "--index" => a.index = num(&val)? != 0,
+            "--bin-index" => a.bin_index = num(&val)? != 0,
             "--profiles" => a.profiles = num(&val)? != 0,
             _ => return Err(format!("unknown argument {flag:?}")),
         }
@@ -236,12 +241,18 @@ fn run(a: &Args) -> Result<(), String> {
                 first_written: base + 3600 * u64::from(e),
                 last_written: base + 3600 * u64::from(e + 1),
                 dcpid_version: "fleetgen".into(),
-                index: a.index.then(|| {
-                    let mut idx = SummaryIndex::default();
-                    headers.values().for_each(|h| idx.push(h));
-                    idx
-                }),
+                spool_sequence: 0,
+                index: None,
             };
+            let mut idx = SummaryIndex::default();
+            headers.values().for_each(|h| idx.push(h));
+            let with_index = HostSummary { index: Some(idx), ..summary.clone() };
+            if a.bin_index {
+                let bin = profile_format::sumidx::encode(&with_index).map_err(|e| e.to_string())?;
+                let p = dir.summary_index_path();
+                std::fs::write(&p, bin).map_err(|e| format!("{}: {e}", p.display()))?;
+            }
+            let summary = if a.index { with_index } else { summary };
             let json = serde_json::to_vec_pretty(&summary).map_err(|e| e.to_string())?;
             std::fs::write(dir.summary_path(), json)
                 .map_err(|e| format!("{}: {e}", dir.summary_path().display()))?;

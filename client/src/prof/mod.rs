@@ -146,12 +146,14 @@ SYMBOL CACHE
   file is rebuilt with a warning; it can be deleted at any time.
 
 FILES READ
-  A per-image report reads the summary.json of each selected host and epoch: its index
-  holds the per-image totals (written by dcpid since the index exists); for host-epochs
-  without one it reads their profiles instead, with the same result. A
-  per-symbol report reads only the chosen image's profiles: for a build-id (prefix) or
-  `unknown` the file names decide; otherwise one profile per distinct image is read to
-  learn its path and kind. `--verbose` prints the counts.
+  A per-image report reads the summary.idx of each selected host and epoch: it holds the
+  per-image totals (written by dcpid since the index exists); where there is none it reads
+  the JSON index of an older summary.json, else the host-epoch's profiles, with the same
+  result. A per-symbol report reads only the chosen image's profiles: in closed epochs
+  summary.idx names them; in the newest epoch (whose index may trail its files) the
+  directories are listed and, unless a build-id (prefix) or `unknown` decides by file name,
+  one profile per distinct image is read to learn its path and kind. `--verbose` prints
+  the counts.
 
 EXIT STATUS
   0 success (also when --keep-going skipped corrupt files: each is named on stderr);
@@ -320,6 +322,9 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
     if let Some(by) = args.by {
         return by::run_by(args, by, out, err);
     }
+    if args.image.is_none() && !args.all_symbols && !args.format.is_export() {
+        return run_images(args, out, err);
+    }
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);
     let mut loaded = if args.all_symbols || (args.format.is_export() && args.image.is_none()) {
@@ -402,6 +407,32 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
         }
     };
     result?;
+    out.flush()?;
+    if args.verbose {
+        writeln!(err, "dcpiprof: stats: {}", stats::line())?;
+    }
+    Ok(())
+}
+
+/// The per-image report, from the per-profile totals (summary indexes where present) rather
+/// than loaded profiles: over a fleet that is a few hundred headers, not one per profile.
+fn run_images(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    let mut warnings: Vec<String> = Vec::new();
+    let totals = args.sel.load_totals(&mut |w| warnings.push(w))?;
+    flush_warnings(err, &mut warnings)?;
+    if totals.entries.is_empty() {
+        let (epochs, hosts) = select::epochs_and_hosts(&totals.dirs);
+        return Err(ProfError::Empty(format!(
+            "no profiles in epoch(s) {} for host(s) {}: nothing sampled yet (wait for the \
+             daemon's flush interval or run `dcpictl flush`), or pick another --epoch",
+            epochs.join(","),
+            hosts.join(",")
+        )));
+    }
+    let weights = report::weights_of_totals(&totals, &args.sel.events)?;
+    let db_name = args.sel.db.display().to_string();
+    let r = report::image_report_of_totals(&totals, &weights, &db_name, args.limit);
+    output::write_images(out, &r, args.format)?;
     out.flush()?;
     if args.verbose {
         writeln!(err, "dcpiprof: stats: {}", stats::line())?;

@@ -8,16 +8,18 @@
 //! `events` is that weighted estimate; `percent` is the share of `events` (like `perf report`'s
 //! overhead, which is period-weighted too). Rows are sorted by the first event's `events`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use profile_format::{ImageId, ImageKind, KallsymsSnapshot, KernelSymbol, UnknownReason};
+use profile_format::{
+    ImageId, ImageKind, KallsymsSnapshot, KernelSymbol, ProfileHeader, UnknownReason,
+};
 use serde::Serialize;
 
 use super::debuginfo::{find_debug_file, live_vdso, Located, Locator};
 use super::image::{build_id_hex, image_display, image_label, parse_spec, spec_matches, Spec};
 pub use super::image::{display_path, kind_name, ImageFilter};
 use super::names::display_name;
-use super::select::{epochs_and_hosts, Loaded};
+use super::select::{epochs_and_hosts, Loaded, Totals};
 use super::symbolize::{elf_identity, ElfSymbolizer, SymbolTable};
 use super::symcache::{CacheKey, SymbolCache};
 use super::ProfError;
@@ -149,24 +151,64 @@ pub struct Weights {
     pub infos: Vec<EventInfo>,
 }
 
+/// What weighting and the per-image report need of one profile.
+#[derive(Clone, Copy, Debug)]
+pub struct TotalRow<'a> {
+    /// Index into the loaded dirs (and summaries).
+    pub dir: usize,
+    /// Kind, id, path and event of the profile (its totals are the fields below).
+    pub header: &'a ProfileHeader,
+    /// Rows of one group have the same kind, id, path and event: the per-image report finds a
+    /// group's row once instead of hashing every profile's key.
+    pub group: usize,
+    /// Sum of the counts.
+    pub samples: u64,
+    pub total_samples: u64,
+    pub total_period: u64,
+}
+
+/// The rows of loaded profiles (one group each).
+fn loaded_rows(loaded: &Loaded) -> impl Iterator<Item = TotalRow<'_>> + Clone {
+    loaded.profiles.iter().enumerate().map(|(i, p)| TotalRow {
+        dir: p.dir,
+        header: &p.profile.header,
+        group: i,
+        samples: p.samples,
+        total_samples: p.profile.header.total_samples,
+        total_period: p.profile.header.total_period,
+    })
+}
+
 /// Decide the event columns (`--event` order, else summary order then name) and weights.
 pub fn weights(loaded: &Loaded, wanted: &[String]) -> Result<Weights, ProfError> {
+    weights_of_rows(&loaded.summaries, loaded_rows(loaded), wanted)
+}
+
+/// [`weights`] of the per-image totals.
+pub fn weights_of_totals(t: &Totals, wanted: &[String]) -> Result<Weights, ProfError> {
+    weights_of_rows(&t.summaries, t.rows(), wanted)
+}
+
+fn weights_of_rows<'a>(
+    summaries: &[Option<profile_format::HostSummary>],
+    rows: impl Iterator<Item = TotalRow<'a>> + Clone,
+    wanted: &[String],
+) -> Result<Weights, ProfError> {
+    let in_rows: HashSet<&str> = rows.clone().map(|r| r.header.event.name.as_str()).collect();
     let mut present: Vec<String> = Vec::new();
-    for s in loaded.summaries.iter().flatten() {
+    for s in summaries.iter().flatten() {
         for e in &s.events {
             if let Some(d) = &e.desc {
-                if !present.contains(&d.name)
-                    && loaded.profiles.iter().any(|p| p.profile.header.event.name == d.name)
-                {
+                if !present.contains(&d.name) && in_rows.contains(d.name.as_str()) {
                     present.push(d.name.clone());
                 }
             }
         }
     }
     let mut rest: BTreeSet<String> = BTreeSet::new();
-    for p in &loaded.profiles {
-        if !present.contains(&p.profile.header.event.name) {
-            rest.insert(p.profile.header.event.name.clone());
+    for name in in_rows {
+        if !present.iter().any(|p| p == name) {
+            rest.insert(name.to_owned());
         }
     }
     present.extend(rest);
@@ -203,14 +245,14 @@ pub fn weights(loaded: &Loaded, wanted: &[String]) -> Result<Weights, ProfError>
         .collect();
     let mut period_sums = vec![0u128; events.len()];
     let mut event_sums = vec![0f64; events.len()];
-    let mut per_profile = Vec::with_capacity(loaded.profiles.len());
-    for p in &loaded.profiles {
-        let h = &p.profile.header;
+    let mut per_profile = Vec::with_capacity(rows.size_hint().0);
+    for p in rows {
+        let h = p.header;
         let Some(ei) = events.iter().position(|e| *e == h.event.name) else {
             per_profile.push(None);
             continue;
         };
-        let mux = loaded.summaries[p.dir]
+        let mux = summaries[p.dir]
             .as_ref()
             .and_then(|s| {
                 s.events.iter().find(|e| e.desc.as_ref().is_some_and(|d| d.name == h.event.name))
@@ -219,8 +261,8 @@ pub fn weights(loaded: &Loaded, wanted: &[String]) -> Result<Weights, ProfError>
             .map_or(1.0, |e| e.time_enabled_ns as f64 / e.time_running_ns as f64);
         let samples = p.samples;
         // Profiles written without period tracking fall back to the configured mean.
-        let per_sample = if h.total_samples > 0 && h.total_period > 0 {
-            h.total_period as f64 / h.total_samples as f64
+        let per_sample = if p.total_samples > 0 && p.total_period > 0 {
+            p.total_period as f64 / p.total_samples as f64
         } else {
             h.event.period_mean.max(1) as f64
         };
@@ -306,25 +348,70 @@ fn finish<K: Ord + Clone>(
 }
 
 fn scope(loaded: &Loaded, db: &str) -> Scope {
-    let (epochs, hosts) = epochs_and_hosts(&loaded.dirs);
+    scope_of(&loaded.dirs, db)
+}
+
+fn scope_of(dirs: &[profile_format::HostDir], db: &str) -> Scope {
+    let (epochs, hosts) = epochs_and_hosts(dirs);
     Scope { database: db.to_owned(), epochs, hosts }
 }
 
 /// The per-image report.
 pub fn image_report(loaded: &Loaded, w: &Weights, db: &str, limit: Option<usize>) -> ImageReport {
+    image_report_of_rows(loaded_rows(loaded), w, &loaded.dirs, db, limit)
+}
+
+/// [`image_report`] of the per-image totals.
+pub fn image_report_of_totals(
+    t: &Totals,
+    w: &Weights,
+    db: &str,
+    limit: Option<usize>,
+) -> ImageReport {
+    image_report_of_rows(t.rows(), w, &t.dirs, db, limit)
+}
+
+fn image_report_of_rows<'a>(
+    rows_in: impl Iterator<Item = TotalRow<'a>>,
+    w: &Weights,
+    dirs: &[profile_format::HostDir],
+    db: &str,
+    limit: Option<usize>,
+) -> ImageReport {
     type Key = (ImageKind, Option<ImageId>);
+    // Each row is added to its key's accumulator in the order of the rows, so the sums (and
+    // their rounding) are the same however the rows were loaded.
+    let mut slot_of_group: Vec<u32> = Vec::new();
+    let mut slot_of_key: HashMap<Key, usize> = HashMap::new();
+    let mut slots: Vec<(Key, Acc, String)> = Vec::new();
+    for (p, pw) in rows_in.zip(&w.per_profile) {
+        let Some((ei, wt)) = *pw else { continue };
+        let slot = match slot_of_group.get(p.group) {
+            Some(&s) if s != u32::MAX => s as usize,
+            _ => {
+                let h = p.header;
+                let key = match h.kind {
+                    ImageKind::Unknown => (ImageKind::Unknown, None),
+                    k => (k, Some(h.image_id.clone())),
+                };
+                let s = *slot_of_key.entry(key.clone()).or_insert_with(|| {
+                    slots.push((key, Acc::new(w.events.len()), image_display(h)));
+                    slots.len() - 1
+                });
+                if slot_of_group.len() <= p.group {
+                    slot_of_group.resize(p.group + 1, u32::MAX);
+                }
+                slot_of_group[p.group] = s as u32;
+                s
+            }
+        };
+        slots[slot].1.add(ei, p.samples, wt);
+    }
     let mut rows: BTreeMap<Key, Acc> = BTreeMap::new();
     let mut names: HashMap<Key, String> = HashMap::new();
-    for (p, pw) in loaded.profiles.iter().zip(&w.per_profile) {
-        let Some((ei, wt)) = *pw else { continue };
-        let h = &p.profile.header;
-        let key = match h.kind {
-            ImageKind::Unknown => (ImageKind::Unknown, None),
-            k => (k, Some(h.image_id.clone())),
-        };
-        names.entry(key.clone()).or_insert_with(|| image_display(&p.profile.header));
-        let acc = rows.entry(key).or_insert_with(|| Acc::new(w.events.len()));
-        acc.add(ei, p.samples, wt);
+    for (k, acc, name) in slots {
+        names.insert(k.clone(), name);
+        rows.insert(k, acc);
     }
     let name_of = |k: &Key| names.get(k).cloned().unwrap_or_default();
     let mut out: Vec<ImageRow> = finish(rows, &w.events, name_of)
@@ -344,7 +431,7 @@ pub fn image_report(loaded: &Loaded, w: &Weights, db: &str, limit: Option<usize>
     let omitted = truncate(&mut out, limit);
     ImageReport {
         report: "images",
-        scope: scope(loaded, db),
+        scope: scope_of(dirs, db),
         total_samples: w.infos.first().map_or(0, |i| i.samples),
         events: w.infos.clone(),
         rows_omitted: omitted,

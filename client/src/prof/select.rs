@@ -1,10 +1,14 @@
 //! Choosing epochs and hosts, and loading their profiles and summaries.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use profile_format::{Database, EpochId, HostDir, HostSummary, ImageId, Profile, ProfileEntry};
+use profile_format::sumidx::{self, ImageIdRef};
+use profile_format::{
+    Database, EpochId, EventDesc, HostDir, HostSummary, ImageId, ImageKind, Profile, ProfileEntry,
+    ProfileHeader,
+};
 
 use super::image::{image_display, ImageFilter};
 use super::{stats, ProfError};
@@ -248,19 +252,22 @@ pub fn load_counts(
     warn: &mut dyn FnMut(String),
 ) -> Result<Loaded, ProfError> {
     let mut out = Loaded::default();
-    let mut entries: Vec<(usize, ProfileEntry)> = Vec::new();
-    for (i, listed) in par_map(&dirs, |_, d| d.profiles()).into_iter().enumerate() {
-        for e in listed? {
-            stats::count(&stats::PROFILES_LISTED);
-            entries.push((i, e));
-        }
-    }
+    // Host facts already read from a summary.idx, per dir.
+    let mut facts: Vec<Option<HostSummary>> = Vec::new();
+    facts.resize_with(dirs.len(), || None);
     let push = |out: &mut Loaded, dir: usize, path: PathBuf, r: Result<Profile, _>| match r {
         Ok(profile) => out.profiles.push(LoadedProfile::new(path, profile, dir, keep_counts)),
         Err(e) => out.corrupt.push(format!("{e}")),
     };
     match filter {
         None => {
+            let mut entries: Vec<(usize, ProfileEntry)> = Vec::new();
+            for (i, listed) in par_map(&dirs, |_, d| d.profiles()).into_iter().enumerate() {
+                for e in listed? {
+                    stats::count(&stats::PROFILES_LISTED);
+                    entries.push((i, e));
+                }
+            }
             // Files are independent: read them in parallel, keep the listing's order.
             let read = par_map(&entries, |_, (_, e)| read_profile(&e.path));
             for ((dir, e), r) in entries.into_iter().zip(read) {
@@ -268,8 +275,47 @@ pub fn load_counts(
             }
         }
         Some(f) => {
-            let any_by_name =
-                entries.iter().any(|(_, e)| f.by_name(e.image_id.as_ref()) == Some(true));
+            // Closed epochs: the files come from summary.idx, which also says what each holds,
+            // so a file of another image is never opened nor its directory listed. The
+            // newest epoch is listed: its index may trail the files published since (FORMAT.md
+            // §7.1).
+            let newest = match dirs.first() {
+                Some(d) => Database::open(&d.db_root())?.epochs()?.pop(),
+                None => None,
+            };
+            let (headers, per_dir) = par_interned(&dirs, |d, interner| {
+                if Some(&d.epoch) != newest.as_ref() {
+                    if let Some((facts, v)) = indexed_files(d, interner) {
+                        return Ok((Some(facts), v));
+                    }
+                }
+                d.profiles().map(|v| {
+                    let v = v
+                        .into_iter()
+                        .map(|e| {
+                            stats::count(&stats::PROFILES_LISTED);
+                            File::Listed(e)
+                        })
+                        .collect();
+                    (None, v)
+                })
+            });
+            let mut entries: Vec<(usize, File)> = Vec::new();
+            for (i, (r, map)) in per_dir.into_iter().enumerate() {
+                let (f, files) = r?;
+                facts[i] = f;
+                for e in files {
+                    entries.push((
+                        i,
+                        match e {
+                            File::Indexed(h, n) => File::Indexed(map[h as usize], n),
+                            listed => listed,
+                        },
+                    ));
+                }
+            }
+            let mut names = NameVerdicts::new(f, &headers);
+            let any_by_name = entries.iter().any(|(_, e)| names.get(e) == Some(true));
             let fallback;
             let f = match f.as_name() {
                 Some(named) if !any_by_name => {
@@ -278,16 +324,41 @@ pub fn load_counts(
                 }
                 _ => f,
             };
+            let mut names = NameVerdicts::new(f, &headers);
+            let path_of = |dir: usize, e: &File| -> PathBuf {
+                match e {
+                    File::Listed(e) => e.path.clone(),
+                    File::Indexed(h, _) => indexed_path(&dirs[dir], &headers[*h as usize]),
+                }
+            };
             let mut direct: Vec<(usize, PathBuf)> = Vec::new();
-            let mut groups: BTreeMap<ImageId, Vec<(usize, PathBuf)>> = BTreeMap::new();
+            let mut group_of_header: Vec<Option<usize>> = vec![None; headers.len()];
+            let mut group_of_id: BTreeMap<ImageId, usize> = BTreeMap::new();
+            let mut groups: Vec<Vec<(usize, File)>> = Vec::new();
             for (dir, e) in entries {
-                match f.by_name(e.image_id.as_ref()) {
-                    Some(true) => direct.push((dir, e.path)),
+                match names.get(&e) {
+                    Some(true) => direct.push((dir, path_of(dir, &e))),
                     Some(false) => {}
                     None => {
-                        if let Some(id) = e.image_id {
-                            groups.entry(id).or_default().push((dir, e.path));
+                        let id = match &e {
+                            File::Listed(l) => l.image_id.as_ref(),
+                            File::Indexed(h, _) => Some(&headers[*h as usize].image_id),
+                        };
+                        let Some(id) = id else { continue };
+                        let g = match &e {
+                            File::Indexed(h, _) => group_of_header[*h as usize],
+                            File::Listed(_) => None,
+                        };
+                        let g = g.unwrap_or_else(|| {
+                            *group_of_id.entry(id.clone()).or_insert_with(|| {
+                                groups.push(Vec::new());
+                                groups.len() - 1
+                            })
+                        });
+                        if let File::Indexed(h, _) = &e {
+                            group_of_header[*h as usize] = Some(g);
                         }
+                        groups[g].push((dir, e));
                     }
                 }
             }
@@ -296,14 +367,30 @@ pub fn load_counts(
             for ((dir, path), r) in direct.into_iter().zip(read) {
                 push(&mut out, dir, path, r);
             }
-            // The first readable file of each identity decides whether it is the image.
-            let groups: Vec<Vec<(usize, PathBuf)>> = groups.into_values().collect();
+            // Groups in the order of their image ids, as a listing-only load has them.
+            let groups: Vec<Vec<(usize, File)>> = {
+                let mut slots: Vec<Option<Vec<(usize, File)>>> =
+                    groups.into_iter().map(Some).collect();
+                group_of_id.into_values().filter_map(|g| slots[g].take()).collect()
+            };
+            // The first readable file of each identity decides whether it is the image (its
+            // index entry, when it has one: then no file of another image is opened).
             let decided = par_map(&groups, |_, files| {
                 let mut corrupt = Vec::new();
-                for (k, (dir, path)) in files.iter().enumerate() {
-                    match read_profile(path) {
+                if let Some((dir, File::Indexed(h, samples))) = files.first() {
+                    let h = &headers[*h as usize];
+                    if !f.by_header(h) {
+                        let profile = Profile { header: h.clone(), counts: Default::default() };
+                        let path = path_of(*dir, &files[0].1);
+                        let p = LoadedProfile { path, profile, samples: *samples, dir: *dir };
+                        return (corrupt, Some((0, p, false)));
+                    }
+                }
+                for (k, (dir, e)) in files.iter().enumerate() {
+                    let path = path_of(*dir, e);
+                    match read_profile(&path) {
                         Ok(profile) => {
-                            let p = LoadedProfile::new(path.clone(), profile, *dir, true);
+                            let p = LoadedProfile::new(path, profile, *dir, true);
                             let matched = f.by_header(&p.profile.header);
                             return (corrupt, Some((k, p, matched)));
                         }
@@ -315,7 +402,7 @@ pub fn load_counts(
             let mut rest: Vec<(usize, PathBuf)> = Vec::new();
             for (files, (_, d)) in groups.iter().zip(&decided) {
                 if let Some((k, _, true)) = d {
-                    rest.extend(files[k + 1..].iter().cloned());
+                    rest.extend(files[k + 1..].iter().map(|(dir, e)| (*dir, path_of(*dir, e))));
                 }
             }
             let mut rest_read = par_map(&rest, |_, (_, path)| read_profile(path)).into_iter();
@@ -344,8 +431,14 @@ pub fn load_counts(
         needed[p.dir] = true;
     }
     let read = par_map(&dirs, |i, d| {
+        if !needed[i] {
+            return None;
+        }
+        if let Some(f) = &facts[i] {
+            return Some(Ok(f.clone()));
+        }
         let sp = d.summary_path();
-        (needed[i] && sp.exists()).then(|| HostSummary::read_facts(&sp))
+        sp.exists().then(|| HostSummary::read_facts(&sp))
     });
     for r in read {
         let summary = match r {
@@ -360,6 +453,115 @@ pub fn load_counts(
     }
     out.dirs = dirs;
     Ok(out)
+}
+
+/// A profile file of a per-symbol load: listed, or named by the index (header number in the
+/// load's interner, samples).
+enum File {
+    Listed(ProfileEntry),
+    Indexed(u32, u64),
+}
+
+/// What the file name says of each file for a filter ([`ImageFilter::by_name`]), computed once
+/// per distinct header of the indexes.
+struct NameVerdicts<'a> {
+    f: &'a ImageFilter,
+    headers: &'a [ProfileHeader],
+    cache: Vec<Option<Option<bool>>>,
+}
+
+impl<'a> NameVerdicts<'a> {
+    fn new(f: &'a ImageFilter, headers: &'a [ProfileHeader]) -> Self {
+        NameVerdicts { f, headers, cache: vec![None; headers.len()] }
+    }
+    fn get(&mut self, e: &File) -> Option<bool> {
+        match e {
+            File::Listed(e) => self.f.by_name(e.image_id.as_ref()),
+            File::Indexed(h, _) => {
+                let (f, headers) = (self.f, self.headers);
+                *self.cache[*h as usize].get_or_insert_with(|| {
+                    let h = &headers[*h as usize];
+                    // The unknown profile's file name carries no id.
+                    f.by_name((h.kind != ImageKind::Unknown).then_some(&h.image_id))
+                })
+            }
+        }
+    }
+}
+
+/// The file of `d` an index entry with header `h` stands for (FORMAT.md §7.2).
+fn indexed_path(d: &HostDir, h: &ProfileHeader) -> PathBuf {
+    match h.kind {
+        ImageKind::Unknown => d.unknown_path(&h.event.name),
+        _ => d.profile_path(&h.image_id, &h.event.name),
+    }
+}
+
+/// The host facts and the profile files of `d` as its `summary.idx` names them, in file-name
+/// order; `None` without a usable index.
+fn indexed_files(d: &HostDir, interner: &mut Interner) -> Option<(HostSummary, Vec<File>)> {
+    let ip = d.summary_index_path();
+    let bytes = std::fs::read(&ip).ok()?;
+    let v = match sumidx::decode(&bytes, &ip) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::debug!(index = %ip.display(), error = %e, "summary index unusable; listing the directory");
+            return None;
+        }
+    };
+    stats::count(&stats::SUMMARY_INDEXES_USED);
+    let mut out = Vec::with_capacity(v.entries.len());
+    for e in &v.entries {
+        let h = interner.intern_entry(d, &v.events[e.event as usize], e);
+        out.push(File::Indexed(h, e.samples));
+    }
+    Some((v.facts, out))
+}
+
+/// `f` over `dirs` on a few threads, each with its own [`Interner`]; returns the merged headers
+/// and, per dir in order, `f`'s result with the map from its worker's header numbers to the
+/// merged ones.
+fn par_interned<'a, R: Send>(
+    dirs: &'a [HostDir],
+    f: impl Fn(&'a HostDir, &mut Interner) -> R + Sync,
+) -> (Vec<ProfileHeader>, Vec<(R, std::sync::Arc<Vec<u32>>)>) {
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get() * 2)
+        .clamp(2, 16)
+        .min(dirs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers: Vec<(Interner, Vec<(usize, R)>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut interner = Interner::default();
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(d) = dirs.get(i) else { break };
+                        done.push((i, f(d, &mut interner)));
+                    }
+                    (interner, done)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            // A worker only panics if this code has a bug; surface it rather than hide it.
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut global = Interner::default();
+    let mut per_dir: Vec<Option<(R, std::sync::Arc<Vec<u32>>)>> = Vec::new();
+    per_dir.resize_with(dirs.len(), || None);
+    for (interner, done) in workers {
+        let map: Vec<u32> = interner.headers.iter().map(|h| global.intern_header(h)).collect();
+        let map = std::sync::Arc::new(map);
+        for (i, r) in done {
+            per_dir[i] = Some((r, map.clone()));
+        }
+    }
+    (global.headers, per_dir.into_iter().flatten().collect())
 }
 
 /// What one host directory contributes to a per-image report.
@@ -391,6 +593,212 @@ fn load_totals(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loade
     }
     out.dirs = dirs;
     Ok(out)
+}
+
+/// The per-image report's input: every profile's totals, without a header per profile.
+#[derive(Debug, Default)]
+pub struct Totals {
+    pub dirs: Vec<HostDir>,
+    /// Summary per dir (same index), when readable; never with its index.
+    pub summaries: Vec<Option<HostSummary>>,
+    /// Distinct (kind, image id, path, event) of the profiles; host, epoch and totals are
+    /// those of one of them and mean nothing here.
+    pub headers: Vec<ProfileHeader>,
+    /// One per profile, dirs in order, each dir's profiles in file-name order.
+    pub entries: Vec<TotalEntry>,
+    /// Files that could not be read (message names the file).
+    pub corrupt: Vec<String>,
+}
+
+/// One profile's totals in [`Totals`].
+#[derive(Clone, Copy, Debug)]
+pub struct TotalEntry {
+    pub dir: u32,
+    /// Index into [`Totals::headers`].
+    pub header: u32,
+    /// Sum of the counts.
+    pub samples: u64,
+    pub total_samples: u64,
+    pub total_period: u64,
+}
+
+impl Totals {
+    pub fn rows(&self) -> impl Iterator<Item = super::report::TotalRow<'_>> + Clone {
+        self.entries.iter().map(|e| super::report::TotalRow {
+            dir: e.dir as usize,
+            header: &self.headers[e.header as usize],
+            group: e.header as usize,
+            samples: e.samples,
+            total_samples: e.total_samples,
+            total_period: e.total_period,
+        })
+    }
+}
+
+/// Distinct headers by their bytes (kind, id, path, event), so that a fleet's 480,000 index
+/// entries become a few hundred headers.
+#[derive(Default)]
+struct Interner {
+    ids: HashMap<Vec<u8>, u32>,
+    headers: Vec<ProfileHeader>,
+    key: Vec<u8>,
+}
+
+impl Interner {
+    fn key(key: &mut Vec<u8>, event: &EventDesc, kind: ImageKind, id: ImageIdRef, path: &[u8]) {
+        key.clear();
+        key.extend_from_slice(&(event.name.len() as u64).to_le_bytes());
+        key.extend_from_slice(event.name.as_bytes());
+        for v in [
+            u64::from(event.perf_type),
+            event.perf_config,
+            event.period_mean,
+            event.period_min,
+            event.period_max,
+        ] {
+            key.extend_from_slice(&v.to_le_bytes());
+        }
+        let (tag, id) = id.tag_and_bytes();
+        key.extend_from_slice(&[kind as u8, tag, id.len() as u8]);
+        key.extend_from_slice(id);
+        key.extend_from_slice(path);
+    }
+
+    /// The header's number; `make` builds it the first time.
+    fn intern(
+        &mut self,
+        event: &EventDesc,
+        kind: ImageKind,
+        id: ImageIdRef,
+        path: &[u8],
+        make: impl FnOnce() -> ProfileHeader,
+    ) -> u32 {
+        Self::key(&mut self.key, event, kind, id, path);
+        if let Some(&i) = self.ids.get(self.key.as_slice()) {
+            return i;
+        }
+        let i = self.headers.len() as u32;
+        self.headers.push(make());
+        self.ids.insert(self.key.clone(), i);
+        i
+    }
+
+    /// An index entry's header number (host, epoch and totals of the first one seen).
+    fn intern_entry(&mut self, d: &HostDir, event: &EventDesc, e: &sumidx::IndexEntry) -> u32 {
+        self.intern(event, e.kind, e.id, e.path, || ProfileHeader {
+            kind: e.kind,
+            image_id: e.id.to_owned_id(),
+            image_path: e.path.to_vec(),
+            event: event.clone(),
+            host: d.host.clone(),
+            epoch: d.epoch.clone(),
+            total_samples: e.samples,
+            total_period: e.period,
+            sequence: 0,
+            jit_symbols: Vec::new(),
+        })
+    }
+
+    fn intern_header(&mut self, h: &ProfileHeader) -> u32 {
+        let id = match &h.image_id {
+            ImageId::BuildId(b) => ImageIdRef::BuildId(b),
+            ImageId::Fallback(f) => ImageIdRef::Fallback(f),
+        };
+        self.intern(&h.event, h.kind, id, &h.image_path, || ProfileHeader {
+            jit_symbols: Vec::new(),
+            ..h.clone()
+        })
+    }
+}
+
+/// What one host directory contributes to [`Totals`]; header numbers are the worker's own.
+#[derive(Default)]
+struct DirEntries {
+    summary: Option<HostSummary>,
+    entries: Vec<TotalEntry>,
+    corrupt: Vec<String>,
+    warning: Option<String>,
+}
+
+/// The per-image load: the totals of each host directory from its binary summary index
+/// (`summary.idx`, one small file), else from the JSON index of `summary.json`, else from its
+/// profiles (databases written before either existed). The entries and their order are the
+/// same either way, so the report is identical. Directories are read by a few threads (on NFS
+/// the latency of one file hides behind the others), each interning headers on its own; the
+/// merge in directory order then only renumbers.
+pub fn load_image_totals(
+    dirs: Vec<HostDir>,
+    warn: &mut dyn FnMut(String),
+) -> Result<Totals, ProfError> {
+    let (headers, per_dir) = par_interned(&dirs, |d, interner| {
+        // Dirs are numbered by the caller below; 0 here, fixed when merged.
+        dir_entries(d, 0, interner)
+    });
+    let mut out = Totals::default();
+    for (i, (r, map)) in per_dir.into_iter().enumerate() {
+        let t = r?;
+        out.entries.extend(t.entries.into_iter().map(|e| TotalEntry {
+            dir: i as u32,
+            header: map[e.header as usize],
+            ..e
+        }));
+        out.corrupt.extend(t.corrupt);
+        out.summaries.push(t.summary);
+        if let Some(w) = t.warning {
+            warn(w);
+        }
+    }
+    out.headers = headers;
+    out.dirs = dirs;
+    Ok(out)
+}
+
+fn dir_entries(d: &HostDir, dir: usize, interner: &mut Interner) -> Result<DirEntries, ProfError> {
+    let ip = d.summary_index_path();
+    match std::fs::read(&ip) {
+        Ok(bytes) => match sumidx::decode(&bytes, &ip) {
+            Ok(v) => {
+                stats::count(&stats::SUMMARY_INDEXES_USED);
+                let mut t = DirEntries { summary: Some(v.facts), ..Default::default() };
+                t.entries.reserve(v.entries.len());
+                for e in &v.entries {
+                    let header = interner.intern_entry(d, &v.events[e.event as usize], e);
+                    t.entries.push(TotalEntry {
+                        dir: dir as u32,
+                        header,
+                        samples: e.samples,
+                        total_samples: e.samples,
+                        total_period: e.period,
+                    });
+                }
+                return Ok(t);
+            }
+            Err(e) => {
+                tracing::debug!(index = %ip.display(), error = %e, "summary index unusable; reading summary.json");
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::debug!(index = %ip.display(), error = %e, "summary index unreadable; reading summary.json");
+        }
+    }
+    let t = dir_totals(d, dir)?;
+    Ok(DirEntries {
+        summary: t.summary,
+        entries: t
+            .profiles
+            .iter()
+            .map(|p| TotalEntry {
+                dir: dir as u32,
+                header: interner.intern_header(&p.profile.header),
+                samples: p.samples,
+                total_samples: p.profile.header.total_samples,
+                total_period: p.profile.header.total_period,
+            })
+            .collect(),
+        corrupt: t.corrupt,
+        warning: t.warning,
+    })
 }
 
 /// `f` over `items` on a few threads, results in the order of `items`. The work is file reads:

@@ -824,10 +824,30 @@ impl Store {
         s.last_written = t;
         s.dcpid_version = env!("CARGO_PKG_VERSION").to_string();
         let hd = self.host_dir(epoch)?;
-        // The per-(image, event) totals of what is published now (FORMAT.md §7.1), so that
-        // per-image reports read this file instead of every profile.
-        s.index = profile_format::SummaryIndex::of_host_dir(&hd).ok();
-        let n = s.write(&hd.summary_path())?;
+        // The per-(image, event) totals of what is published now, in `summary.idx` (FORMAT.md
+        // §7.2) so that per-image reports read that one small file instead of every profile.
+        // Written before summary.json, so it is never older than it; without an index (a
+        // profile unreadable) a previous one must not outlive the files it described.
+        let idx_path = hd.summary_index_path();
+        let mut n = 0;
+        match profile_format::SummaryIndex::of_host_dir(&hd) {
+            Ok(idx) => {
+                s.index = Some(idx);
+                n += profile_format::sumidx::write(&s, &idx_path)?;
+            }
+            Err(e) => {
+                tracing::debug!(dir = %hd.path.display(), error = %e, "no summary index");
+                match std::fs::remove_file(&idx_path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(profile_format::Error::Io { path: idx_path, source: e }.into())
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // The JSON index (§7.1) is no longer written: the binary one holds the same totals.
+        s.index = None;
+        n += s.write(&hd.summary_path())?;
         self.health.bytes.summaries += n;
         if let Some(sp) = self.spool.as_mut() {
             sp.summary_published(epoch.as_str(), seq);
