@@ -15,9 +15,11 @@ use crate::config::{
 /// the counts into a profile database shared by many hosts (see dcpiprof(1)). Controlled with
 /// dcpictl(8). SIGHUP (or `dcpictl reload`) re-reads the configuration file.
 ///
-/// Exit status: 0 after SIGTERM/SIGINT or the end of --duration, with everything published; 2
-/// for a usage or configuration error (bad flag or key, wrong type, unknown event, bad period,
-/// unwritable database or spool path, sampling not permitted); 1 for other failures to start.
+/// Exit status: 0 after SIGTERM/SIGINT or the end of --duration, with everything published (or,
+/// after a signal, kept in the spool for the next start); 2 for a usage or configuration error
+/// (bad flag or key, wrong type, unknown event, bad period, unwritable database or spool path,
+/// a --socket whose directory is missing or that is not a socket, sampling not permitted); 1 for
+/// other failures to start, and for a --duration run that could not publish what it sampled.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "dcpid", version, about, long_about, max_term_width = 100)]
 pub struct Cli {
