@@ -196,4 +196,56 @@ mod tests {
             assert!(text.contains("flush-interval") || text.contains("flush\\-interval"), "{g:?}");
         }
     }
+
+    /// Every duration flag (`DUR`) and its configuration key refuse 2^64-1 seconds with an
+    /// error naming them (exit 2), and accept the largest allowed value without a panic.
+    #[test]
+    fn every_duration_flag_and_key_is_bounded() {
+        let cmd = Cli::command();
+        let flags: Vec<String> = cmd
+            .get_arguments()
+            .filter(|a| a.get_value_names().is_some_and(|v| v.iter().any(|n| n.as_str() == "DUR")))
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect();
+        for expected in
+            ["duration", "redraw-interval", "flush-interval", "publish-interval", "status-interval"]
+        {
+            assert!(flags.iter().any(|f| f == expected), "{expected} not found in {flags:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for flag in &flags {
+            for huge in ["18446744073709551615", "18446744073709551615s", "10000000000d"] {
+                let e = Cli::try_parse_from(["dcpid", "-c", "none", &format!("--{flag}"), huge])
+                    .unwrap_err();
+                assert_eq!(e.exit_code(), 2, "--{flag} {huge}");
+                assert!(e.to_string().contains(&format!("--{flag}")), "--{flag} {huge}: {e}");
+            }
+            if flag == "duration" {
+                continue;
+            }
+            let key = flag.replace('-', "_");
+            let cfg = dir.path().join(format!("{key}.toml"));
+            std::fs::write(&cfg, format!("host = \"h\"\n{key} = \"18446744073709551615s\"\n"))
+                .unwrap();
+            let cli = Cli::try_parse_from(["dcpid", "-c", cfg.to_str().unwrap()]).unwrap();
+            let e = cli.settings().unwrap_err().to_string();
+            assert!(e.contains(&key) && e.contains(":2:") && e.contains("too long"), "{e}");
+        }
+        // The largest value parses; the settings refuse it with a range error if they must.
+        for flag in &flags {
+            let cli = Cli::try_parse_from([
+                "dcpid",
+                "-c",
+                "none",
+                "--host",
+                "h",
+                &format!("--{flag}"),
+                "365d",
+            ])
+            .unwrap();
+            if let Err(e) = cli.settings() {
+                assert!(e.to_string().contains(&format!("--{flag}")), "{e}");
+            }
+        }
+    }
 }

@@ -464,6 +464,14 @@ impl Settings {
                 "must be at least flush_interval",
             ));
         }
+        // 0 would make the main loop spin: it wakes at each status refresh.
+        if self.status_interval < Duration::from_millis(100) {
+            return Err(bad(
+                "status_interval",
+                show_duration(self.status_interval),
+                "must be at least 100ms",
+            ));
+        }
         if self.max_memory_mb == 0 {
             return Err(bad("max_memory_mb", "0".into(), "must be at least 1"));
         }
@@ -642,6 +650,11 @@ mod tests {
         assert!(err.starts_with("/etc/dcpi/l.toml:3: ") && err.contains("ring_pages"), "{err}");
         let err = file("events = [\"cpu-clock:0\"]\n").unwrap_err().to_string();
         assert!(err.starts_with("/etc/dcpi/l.toml:1: ") && err.contains("cpu-clock:0"), "{err}");
+        let err = file("status_interval = \"0s\"\n").unwrap_err().to_string();
+        assert!(
+            err.starts_with("/etc/dcpi/l.toml:1: ") && err.contains("status_interval"),
+            "{err}"
+        );
         let err = file("log_level = \"loud[\"\n").unwrap_err().to_string();
         assert!(err.contains("log_level"), "{err}");
         assert_eq!(line_col("ab\ncd", 4), (2, 2));

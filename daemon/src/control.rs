@@ -261,7 +261,10 @@ async fn serve(
         };
         if open.load(Ordering::Acquire) >= MAX_CONNECTIONS {
             if !refused_logged {
-                tracing::warn!(max = MAX_CONNECTIONS, "control socket: too many open connections; refusing new ones until some close");
+                tracing::warn!(
+                    max = MAX_CONNECTIONS,
+                    "control socket: too many open connections; refusing new ones until some close"
+                );
                 refused_logged = true;
             }
             tokio::spawn(async move {
@@ -436,10 +439,7 @@ mod tests {
         assert!(e.to_string().contains("no/such/dir") && e.to_string().contains("does not exist"));
         assert!(!dir.path().join("no").exists(), "a failed start created a directory");
         // Under a regular file.
-        assert!(matches!(
-            start(&file.join("d.sock")),
-            Err(ControlError::BadDirectory { .. })
-        ));
+        assert!(matches!(start(&file.join("d.sock")), Err(ControlError::BadDirectory { .. })));
         assert_eq!(check_path(&dir.path().join("free.sock")).unwrap(), PathState::Free);
     }
 
@@ -451,9 +451,8 @@ mod tests {
             ControlServer::start(&path, Arc::new(Access::new(None)), Arc::new(Echo)).unwrap();
         // 200 clients that connect and say nothing (each holds its connection until the
         // server's READ_TIMEOUT).
-        let idle: Vec<_> = (0..200)
-            .map(|_| std::os::unix::net::UnixStream::connect(&path).unwrap())
-            .collect();
+        let idle: Vec<_> =
+            (0..200).map(|_| std::os::unix::net::UnixStream::connect(&path).unwrap()).collect();
         let t = std::time::Instant::now();
         let r = ask(&path, b"{\"cmd\":\"status\"}\n");
         let took = t.elapsed();

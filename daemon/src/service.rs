@@ -677,8 +677,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
     crate::control::check_path(&settings.socket)?;
     let mut created = CreatedDirs::default();
     prepare_spool(&settings.spool, &mut created)?;
-    let (aggregator, sampler, sampling_since, t0) =
-        start_sampling(&settings, specs, stall_drain)?;
+    let (aggregator, sampler, sampling_since, t0) = start_sampling(&settings, specs, stall_drain)?;
     let mut store = open_store(&settings)?;
     register_sampler(&sampler, &mut store)?;
     prime_resolver(&aggregator, &mut store, t0);
