@@ -266,7 +266,8 @@ mod tests {
                 "max_memory_mb": 64, "retention_days": 30, "retention_keep": 0,
                 "socket": "/run/dcpi/dcpid.sock", "socket_group": null, "log_level": "info"},
             "last_reload": {"unix_ms": 1, "trigger": "SIGHUP", "ok": true, "error": null,
-                "applied": ["flush_interval: 2s -> 1s"], "restart_required": ["events"]}
+                "applied": ["flush_interval: 2s -> 1s"], "restart_required": ["events"]},
+            "state": "ok", "failed_threads": []
         })
     }
 

@@ -167,6 +167,17 @@ impl ControlServer {
         access: Arc<Access>,
         handler: Arc<dyn Handler>,
     ) -> Result<ControlServer, ControlError> {
+        ControlServer::start_watched(path, access, handler, None)
+    }
+
+    /// [`ControlServer::start`], its thread under the daemon's `watch` (a panic, or an end
+    /// before shutdown, makes the daemon degraded).
+    pub fn start_watched(
+        path: &Path,
+        access: Arc<Access>,
+        handler: Arc<dyn Handler>,
+        watch: Option<Arc<crate::watch::Watch>>,
+    ) -> Result<ControlServer, ControlError> {
         let group = access.group();
         let io = |what: &'static str| {
             move |source| ControlError::Io { path: path.to_path_buf(), what, source }
@@ -191,10 +202,9 @@ impl ControlServer {
             .map_err(io("start runtime"))?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let sock_path = path.to_path_buf();
-        let thread = std::thread::Builder::new()
-            .name("dcpi-control".into())
-            .spawn(move || {
-                rt.block_on(async move {
+        let w = watch.clone();
+        let body = move || {
+            rt.block_on(async move {
                     let listener = match UnixListener::from_std(std_listener) {
                         Ok(l) => l,
                         Err(e) => {
@@ -202,12 +212,16 @@ impl ControlServer {
                             return;
                         }
                     };
-                    serve(listener, access, handler, rx).await;
+                    serve(listener, access, handler, rx, w).await;
                 });
-                // Dropping the runtime here does not wait for blocking commands still running.
-                rt.shutdown_background();
-            })
-            .map_err(io("spawn thread"))?;
+            // Dropping the runtime here does not wait for blocking commands still running.
+            rt.shutdown_background();
+        };
+        let thread = match watch {
+            Some(w) => w.spawn(CONTROL_THREAD.into(), true, body),
+            None => std::thread::Builder::new().name(CONTROL_THREAD.into()).spawn(body),
+        }
+        .map_err(io("spawn thread"))?;
         Ok(ControlServer { path: path.to_path_buf(), shutdown: Some(tx), thread: Some(thread) })
     }
 
@@ -232,11 +246,14 @@ impl Drop for ControlServer {
     }
 }
 
+const CONTROL_THREAD: &str = "dcpi-control";
+
 async fn serve(
     listener: UnixListener,
     access: Arc<Access>,
     handler: Arc<dyn Handler>,
     mut shutdown: tokio::sync::oneshot::Receiver<()>,
+    watch: Option<Arc<crate::watch::Watch>>,
 ) {
     // Every connection is accepted at once and reads its request on its own task: an idle
     // client costs a task and a descriptor until READ_TIMEOUT, never another client's turn.
@@ -245,6 +262,9 @@ async fn serve(
     let mut accept_error_logged = false;
     let mut refused_logged = false;
     loop {
+        if let Some(w) = &watch {
+            w.fault_point(CONTROL_THREAD);
+        }
         let mut stream = tokio::select! {
             _ = &mut shutdown => return,
             r = listener.accept() => match r {

@@ -4,7 +4,8 @@
 //! event on every CPU; open the database (first epoch if none); scan /proc; kallsyms snapshot;
 //! control socket; READY=1. A failed start removes the empty directories it created. Then every flush
 //! interval: take the resolved per-CPU tables into the store, spool, publish what is due,
-//! STATUS=, and WATCHDOG=1 only while every drain thread makes progress. SIGTERM/SIGINT (or the
+//! STATUS=, and WATCHDOG=1 only while every drain thread makes progress and no daemon thread
+//! died ([`crate::watch`]: status then says `degraded`, and the exit status is 3). SIGTERM/SIGINT (or the
 //! end of `--duration`): STOPPING=1, stop sampling, flush everything, publish everything, exit 0.
 //!
 //! SIGHUP or `dcpictl reload` re-reads the configuration file (the command-line flags still
@@ -32,6 +33,7 @@ use crate::perf::sampler::{online_cpus, Sampler, SamplerConfig, SamplerError};
 use crate::resolve::{Resolver, ResolverConfig};
 use crate::status::{RecentWindow, ReloadReport, StatusInputs, StatusReport};
 use crate::store::{EventInfo, Store, StoreConfig, StoreError};
+use crate::watch::Watch;
 
 /// Env var (tests only): `CPU:MS` makes the drain thread of CPU stop progressing after MS ms.
 pub const TEST_STALL_ENV: &str = "DCPI_TEST_STALL_DRAIN";
@@ -61,6 +63,8 @@ pub type SetLogLevel = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 pub struct Hooks {
     pub reload: Option<Reloader>,
     pub set_log_level: Option<SetLogLevel>,
+    /// Tests only: faults injected into the daemon's threads (see [`crate::watch`]).
+    pub faults: Option<Arc<dyn crate::watch::FaultInjector>>,
 }
 
 impl std::fmt::Debug for Hooks {
@@ -68,6 +72,7 @@ impl std::fmt::Debug for Hooks {
         f.debug_struct("Hooks")
             .field("reload", &self.reload.is_some())
             .field("set_log_level", &self.set_log_level.is_some())
+            .field("faults", &self.faults.is_some())
             .finish()
     }
 }
@@ -108,6 +113,8 @@ pub enum ServiceError {
          spool {spool} is published at the next start"
     )]
     Unpublished { why: &'static str, error: String, spool: String },
+    #[error("ran degraded: {0}")]
+    Degraded(String),
 }
 
 impl ServiceError {
@@ -126,6 +133,7 @@ impl ServiceError {
                 | ControlError::NotASocket { .. }
                 | ControlError::BadDirectory { .. },
             ) => 2,
+            ServiceError::Degraded(_) => crate::watch::DEGRADED_EXIT_CODE,
             _ => 1,
         }
     }
@@ -267,6 +275,8 @@ struct Shared {
     stages: Mutex<crate::status::StageCpu>,
     /// Last store status, so `status` answers while a slow publish holds the store.
     store_status: Mutex<crate::store::StoreStatus>,
+    /// The daemon's threads: which died.
+    watch: Arc<Watch>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -583,6 +593,7 @@ impl Shared {
             recent,
             virtualized: crate::status::virtualized(),
             stages: *lock(&self.stages),
+            failed_threads: self.watch.failures(),
         })
     }
 }
@@ -675,9 +686,11 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
     let stall_drain = stall_from_env()?;
     let group = socket_group_id(&settings)?;
     crate::control::check_path(&settings.socket)?;
+    let watch = Watch::new(hooks.faults.clone());
     let mut created = CreatedDirs::default();
     prepare_spool(&settings.spool, &mut created)?;
-    let (aggregator, sampler, sampling_since, t0) = start_sampling(&settings, specs, stall_drain)?;
+    let (aggregator, sampler, sampling_since, t0) =
+        start_sampling(&settings, specs, stall_drain, &watch)?;
     let mut store = open_store(&settings)?;
     register_sampler(&sampler, &mut store)?;
     prime_resolver(&aggregator, &mut store, t0);
@@ -702,20 +715,23 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
             resolved_samples: 0,
             event_times: Vec::new(),
         }),
+        watch: Arc::clone(&watch),
     });
-    let mut control = ControlServer::start(
+    let mut control = ControlServer::start_watched(
         &settings.socket,
         access,
         Arc::new(ControlHandler(Arc::clone(&shared))),
+        Some(Arc::clone(&watch)),
     )?;
     let (tx, rx) = mpsc::channel::<Wake>();
-    let (sig_handle, _) = spawn_signal_thread(tx.clone())?;
+    let (sig_handle, _) = spawn_signal_thread(tx.clone(), &watch)?;
     created.keep();
     notifier.ready();
     tracing::info!(socket = %settings.socket.display(), host = %settings.host, db = %settings.db.display(), "dcpid ready");
     let flusher = Flusher::spawn(&shared)?;
     let reason = serve_until_stop(&shared, &notifier, &rx, settings.duration);
 
+    watch.stopping();
     tracing::info!(reason, "stopping: flushing and publishing everything");
     notifier.stopping();
     notifier.status("stopping: publishing");
@@ -727,6 +743,14 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
     let last = shut_down(&shared);
     control.stop();
     tracing::info!("dcpid stopped");
+    let failures = watch.failures();
+    if !failures.is_empty() {
+        let mut msg = crate::watch::describe(&failures);
+        if let Err(e) = &last {
+            msg += &format!("; and could not publish everything: {e}");
+        }
+        return Err(ServiceError::Degraded(msg));
+    }
     match last {
         // A `--duration` run is asked for its result: anything not published is a failure.
         // A service stopped by a signal has done its job if the samples are in the spool (the
@@ -784,6 +808,7 @@ fn start_sampling(
     settings: &Settings,
     specs: Vec<crate::perf::EventSpec>,
     stall_drain: Option<(u32, Duration)>,
+    watch: &Arc<Watch>,
 ) -> Result<(Arc<Aggregator>, Sampler, Instant, u64), ServiceError> {
     let cpus = online_cpus()?;
     let ncpus = cpus.iter().max().map(|m| *m as usize + 1).unwrap_or(1);
@@ -794,6 +819,7 @@ fn start_sampling(
         ring_pages: settings.ring_pages,
         redraw_interval: settings.redraw_interval,
         stall_drain,
+        watch: Some(Arc::clone(watch)),
         ..SamplerConfig::default()
     };
     let t0 = crate::sys::time::monotonic_ns();
@@ -845,14 +871,15 @@ fn prime_resolver(aggregator: &Aggregator, store: &mut Store, t0: u64) {
 /// SIGTERM/SIGINT stop, SIGHUP reloads; each arrives on `tx`.
 fn spawn_signal_thread(
     tx: mpsc::Sender<Wake>,
+    watch: &Arc<Watch>,
 ) -> Result<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>), ServiceError> {
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
             .map_err(ServiceError::Signals)?;
     let handle = signals.handle();
-    let thread = std::thread::Builder::new()
-        .name("dcpi-signals".into())
-        .spawn(move || {
+    // It ends by itself after a stop signal, before the watch is told: only a panic counts.
+    let thread = watch
+        .spawn("dcpi-signals".into(), false, move || {
             for sig in signals.forever() {
                 let wake = match sig {
                     libc::SIGHUP => Wake::Reload,
@@ -869,6 +896,8 @@ fn spawn_signal_thread(
     Ok((handle, thread))
 }
 
+const FLUSH_THREAD: &str = "dcpid-flush";
+
 /// The periodic flush, on its own thread: a publish that hangs on a dead NFS server must
 /// neither stop the watchdog pings (which only speak for the drain threads) nor the stop path.
 struct Flusher {
@@ -882,11 +911,12 @@ impl Flusher {
         let thread = {
             let shared = Arc::clone(shared);
             let stop = Arc::clone(&stop);
-            std::thread::Builder::new()
-                .name("dcpid-flush".into())
-                .spawn(move || {
+            let watch = Arc::clone(&shared.watch);
+            Arc::clone(&watch)
+                .spawn(FLUSH_THREAD.into(), true, move || {
                     let mut last = Instant::now();
                     while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        watch.fault_point(FLUSH_THREAD);
                         // Read each time: a reload may change it.
                         let next = last + read(&shared.settings).flush_interval;
                         let now = Instant::now();
@@ -907,9 +937,8 @@ impl Flusher {
     fn stop(self) {
         self.stop.store(true, std::sync::atomic::Ordering::Release);
         self.thread.thread().unpark();
-        if self.thread.join().is_err() {
-            tracing::error!("flush thread panicked");
-        }
+        // A panic was recorded by the watch.
+        let _ = self.thread.join();
     }
 }
 
@@ -957,9 +986,11 @@ fn serve_until_stop(
             notifier.status(&shared.status().one_line());
         }
         if watchdog_every.is_some() {
-            let progressing = read(&shared.sampler)
-                .as_ref()
-                .is_some_and(|s| s.drain_threads_progressing(PROGRESS_MAX_AGE));
+            // A dead thread (flush, control...) stops the pings too: systemd then restarts us.
+            let progressing = !shared.watch.degraded()
+                && read(&shared.sampler)
+                    .as_ref()
+                    .is_some_and(|s| s.drain_threads_progressing(PROGRESS_MAX_AGE));
             if progressing {
                 notifier.watchdog();
             }

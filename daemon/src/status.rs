@@ -93,6 +93,8 @@ pub struct StatusInputs<'a> {
     /// Whether to assume VM-exit costs per sample ([`virtualized`]).
     pub virtualized: bool,
     pub stages: StageCpu,
+    /// Daemon threads that died ([`crate::watch`]).
+    pub failed_threads: Vec<dcpi_proto::ThreadFailure>,
 }
 
 /// The status report from what the service gathered.
@@ -133,6 +135,9 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
     let unknown_count: u64 = i.unknown_by_reason.values().sum();
     let a = i.aggregator;
     let mut problems = Vec::new();
+    if !i.failed_threads.is_empty() {
+        problems.push(format!("degraded: {}", crate::watch::describe(&i.failed_threads)));
+    }
     if let Some(e) = &i.store.db_error {
         problems.push(format!("database not writable: {e}"));
     }
@@ -257,6 +262,8 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
         overhead,
         config: config_report(i.settings),
         last_reload: i.last_reload,
+        state: if i.failed_threads.is_empty() { "ok" } else { "degraded" }.to_string(),
+        failed_threads: i.failed_threads,
     }
 }
 
@@ -291,6 +298,11 @@ mod tests {
             }),
             virtualized: true,
             stages: StageCpu { resolve_ns: 1_500_000_000, store_ns: 0 },
+            failed_threads: vec![dcpi_proto::ThreadFailure {
+                thread: "dcpid-flush".into(),
+                reason: "panicked: boom".into(),
+                unix_ms: 1,
+            }],
         });
         assert!((r.rate.samples_per_s_recent - 2000.0).abs() < 1e-9);
         assert!((r.overhead.daemon_cpu_pct_recent - 1.0).abs() < 1e-9);
@@ -307,6 +319,12 @@ mod tests {
         assert!((r.unknown.fraction - 0.1).abs() < 1e-9);
         assert!((r.aggregation.factor - 10.0).abs() < 1e-9);
         assert!(r.condition.contains("EROFS"), "{}", r.condition);
+        assert!(
+            r.condition.starts_with("degraded: thread dcpid-flush panicked: boom"),
+            "{}",
+            r.condition
+        );
+        assert_eq!(r.state, "degraded");
         let v = serde_json::to_value(&r).unwrap();
         // What dcpictl parses is exactly what was sent.
         let back: StatusReport = serde_json::from_value(v.clone()).expect("dcpictl's types");
@@ -325,6 +343,8 @@ mod tests {
             "overhead",
             "config",
             "last_reload",
+            "state",
+            "failed_threads",
         ] {
             assert!(v.get(k).is_some(), "{k}");
         }

@@ -31,6 +31,8 @@
 //!   `retention_keep`, `socket`, `socket_group`, `log_level`)
 //! - `last_reload`: `null` or {`unix_ms`, `trigger` (`SIGHUP`|`dcpictl`), `ok`, `error`,
 //!   `applied[]`, `restart_required[]`}
+//! - `state`: `ok` or `degraded` (a daemon thread died); `failed_threads[]`: `thread`,
+//!   `reason`, `unix_ms`
 
 use std::collections::BTreeMap;
 
@@ -209,6 +211,20 @@ pub struct StatusReport {
     pub config: ConfigReport,
     #[serde(deserialize_with = "Option::deserialize")]
     pub last_reload: Option<ReloadReport>,
+    /// `ok`, or `degraded` once a daemon thread died (see `failed_threads`); a degraded
+    /// daemon no longer feeds the systemd watchdog and exits with status 3.
+    pub state: String,
+    pub failed_threads: Vec<ThreadFailure>,
+}
+
+/// A daemon thread that panicked, or ended while the daemon was running.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct ThreadFailure {
+    /// Thread name: `dcpid-flush`, `dcpi-drain-N`, `dcpi-hotplug`, `dcpi-control`, ...
+    pub thread: String,
+    /// `panicked: <message>` or `ended while the daemon was running`.
+    pub reason: String,
+    pub unix_ms: u64,
 }
 
 impl StatusReport {
