@@ -267,7 +267,8 @@ mod tests {
                 "socket": "/run/dcpi/dcpid.sock", "socket_group": null, "log_level": "info"},
             "last_reload": {"unix_ms": 1, "trigger": "SIGHUP", "ok": true, "error": null,
                 "applied": ["flush_interval: 2s -> 1s"], "restart_required": ["events"]},
-            "state": "ok", "failed_threads": []
+            "state": "ok", "failed_threads": [],
+            "perf_maps": {"read": 2, "truncated": 0, "max_bytes": 16777216, "max_entries": 100000}
         })
     }
 

@@ -239,6 +239,13 @@ fn prepare_spool(spool: &std::path::Path, created: &mut CreatedDirs) -> Result<(
         .map_err(|e| bad(format!("cannot write in it: {e}")))
 }
 
+fn jit_limits(s: &Settings) -> crate::resolve::jit::JitLimits {
+    crate::resolve::jit::JitLimits {
+        max_bytes: s.perf_map_max_bytes,
+        max_entries: s.perf_map_max_entries,
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -277,6 +284,8 @@ struct Shared {
     store_status: Mutex<crate::store::StoreStatus>,
     /// The daemon's threads: which died.
     watch: Arc<Watch>,
+    /// The resolver's counters as last read (status does not wait for a flush holding it).
+    resolver_stats: Mutex<crate::resolve::ResolverStats>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -385,6 +394,9 @@ impl Shared {
                         continue;
                     }
                 },
+                "perf_map_max_bytes" | "perf_map_max_entries" => {
+                    self.aggregator.with_resolver(|r| r.set_jit_limits(jit_limits(&new)));
+                }
                 "socket_group" => {
                     if let Some(gid) = group {
                         self.access.set_group(&old.socket, gid).map_err(|e| e.to_string())?;
@@ -578,6 +590,13 @@ impl Shared {
         let settings = self.settings();
         let recent = self.recent_window();
         let last_reload = lock(&self.last_reload).clone();
+        let resolver = {
+            let mut cached = lock(&self.resolver_stats);
+            if let Some(s) = self.aggregator.try_resolver_stats() {
+                *cached = s;
+            }
+            cached.clone()
+        };
         let c = lock(&self.counters);
         crate::status::build(StatusInputs {
             host: &settings.host,
@@ -594,6 +613,7 @@ impl Shared {
             virtualized: crate::status::virtualized(),
             stages: *lock(&self.stages),
             failed_threads: self.watch.failures(),
+            resolver: &resolver,
         })
     }
 }
@@ -716,6 +736,7 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
             event_times: Vec::new(),
         }),
         watch: Arc::clone(&watch),
+        resolver_stats: Mutex::new(crate::resolve::ResolverStats::default()),
     });
     let mut control = ControlServer::start_watched(
         &settings.socket,
@@ -812,7 +833,9 @@ fn start_sampling(
 ) -> Result<(Arc<Aggregator>, Sampler, Instant, u64), ServiceError> {
     let cpus = online_cpus()?;
     let ncpus = cpus.iter().max().map(|m| *m as usize + 1).unwrap_or(1);
-    let aggregator = Aggregator::new(Resolver::new(ResolverConfig::default()), ncpus);
+    let mut resolver = Resolver::new(ResolverConfig::default());
+    resolver.set_jit_limits(jit_limits(settings));
+    let aggregator = Aggregator::new(resolver, ncpus);
     let scfg = SamplerConfig {
         events: specs,
         window_divisor: settings.window_divisor,

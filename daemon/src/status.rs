@@ -95,6 +95,8 @@ pub struct StatusInputs<'a> {
     pub stages: StageCpu,
     /// Daemon threads that died ([`crate::watch`]).
     pub failed_threads: Vec<dcpi_proto::ThreadFailure>,
+    /// The resolver's counters as last seen.
+    pub resolver: &'a crate::resolve::ResolverStats,
 }
 
 /// The status report from what the service gathered.
@@ -264,6 +266,12 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
         last_reload: i.last_reload,
         state: if i.failed_threads.is_empty() { "ok" } else { "degraded" }.to_string(),
         failed_threads: i.failed_threads,
+        perf_maps: dcpi_proto::PerfMapReport {
+            read: i.resolver.jit_maps_read,
+            truncated: i.resolver.jit_maps_truncated,
+            max_bytes: i.settings.perf_map_max_bytes,
+            max_entries: i.settings.perf_map_max_entries as u64,
+        },
     }
 }
 
@@ -303,6 +311,11 @@ mod tests {
                 reason: "panicked: boom".into(),
                 unix_ms: 1,
             }],
+            resolver: &crate::resolve::ResolverStats {
+                jit_maps_read: 4,
+                jit_maps_truncated: 1,
+                ..Default::default()
+            },
         });
         assert!((r.rate.samples_per_s_recent - 2000.0).abs() < 1e-9);
         assert!((r.overhead.daemon_cpu_pct_recent - 1.0).abs() < 1e-9);
@@ -325,6 +338,8 @@ mod tests {
             r.condition
         );
         assert_eq!(r.state, "degraded");
+        assert_eq!((r.perf_maps.read, r.perf_maps.truncated), (4, 1));
+        assert_eq!(r.perf_maps.max_entries, 100_000);
         let v = serde_json::to_value(&r).unwrap();
         // What dcpictl parses is exactly what was sent.
         let back: StatusReport = serde_json::from_value(v.clone()).expect("dcpictl's types");
@@ -345,6 +360,7 @@ mod tests {
             "last_reload",
             "state",
             "failed_threads",
+            "perf_maps",
         ] {
             assert!(v.get(k).is_some(), "{k}");
         }
