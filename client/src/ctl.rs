@@ -198,7 +198,19 @@ pub fn render_status(v: &StatusReport) -> String {
     if let Some(rl) = &v.last_reload {
         o += &format!("last reload: {} ({}) {}\n", ago(rl.unix_ms), rl.trigger, reload_outcome(rl));
     }
-    o
+    if !v.failed_threads.is_empty() {
+        o += "failed threads:\n";
+        for t in &v.failed_threads {
+            o += &format!("  {} ({}): {}\n", t.thread, ago(t.unix_ms), t.reason);
+        }
+    }
+    // Errors carry file names and messages from the system: nothing reaches the terminal raw.
+    o.split_inclusive('\n')
+        .map(|l| {
+            let (text, nl) = l.strip_suffix('\n').map_or((l, ""), |t| (t, "\n"));
+            format!("{}{nl}", crate::prof::names::escape_controls(text))
+        })
+        .collect()
 }
 
 /// One line for a reload result: what changed, what needs a restart, or why it was rejected.
@@ -266,7 +278,9 @@ mod tests {
                 "max_memory_mb": 64, "retention_days": 30, "retention_keep": 0,
                 "socket": "/run/dcpi/dcpid.sock", "socket_group": null, "log_level": "info"},
             "last_reload": {"unix_ms": 1, "trigger": "SIGHUP", "ok": true, "error": null,
-                "applied": ["flush_interval: 2s -> 1s"], "restart_required": ["events"]}
+                "applied": ["flush_interval: 2s -> 1s"], "restart_required": ["events"]},
+            "state": "ok", "failed_threads": [],
+            "perf_maps": {"read": 2, "truncated": 0, "max_bytes": 16777216, "max_entries": 100000}
         })
     }
 
@@ -274,7 +288,17 @@ mod tests {
     fn renders_status_fields() {
         let p = Path::new("/x.sock");
         let v: StatusReport = parse_result(p, Request::Status, sample_status()).expect("typed");
+        let mut v = v;
+        v.condition = "disk \u{1b}[2J full".into();
+        v.state = "degraded".into();
+        v.failed_threads = vec![dcpi_proto::ThreadFailure {
+            thread: "dcpid-flush".into(),
+            reason: "panicked: boom".into(),
+            unix_ms: 1,
+        }];
         let t = render_status(&v);
+        assert!(t.contains("disk \\u{1b}[2J full") && !t.contains('\u{1b}'), "{t}");
+        assert!(t.contains("dcpid-flush") && t.contains("panicked: boom"), "{t}");
         for needle in [
             "cpu-clock",
             "software",

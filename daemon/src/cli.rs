@@ -15,9 +15,12 @@ use crate::config::{
 /// the counts into a profile database shared by many hosts (see dcpiprof(1)). Controlled with
 /// dcpictl(8). SIGHUP (or `dcpictl reload`) re-reads the configuration file.
 ///
-/// Exit status: 0 after SIGTERM/SIGINT or the end of --duration, with everything published; 2
-/// for a usage or configuration error (bad flag or key, wrong type, unknown event, bad period,
-/// unwritable database or spool path, sampling not permitted); 1 for other failures to start.
+/// Exit status: 0 after SIGTERM/SIGINT or the end of --duration, with everything published (or,
+/// after a signal, kept in the spool for the next start); 2 for a usage or configuration error
+/// (bad flag or key, wrong type, unknown event, bad period, unwritable database or spool path,
+/// a --socket whose directory is missing or that is not a socket, sampling not permitted); 1 for
+/// other failures to start, and for a --duration run that could not publish what it sampled; 3
+/// when a daemon thread died while it ran (status said `degraded`, the watchdog was not fed).
 #[derive(Parser, Debug, Clone)]
 #[command(name = "dcpid", version, about, long_about, max_term_width = 100)]
 pub struct Cli {
@@ -192,6 +195,58 @@ mod tests {
             assert!(text.contains("dcpid"), "{g:?}");
             // roff escapes the dash.
             assert!(text.contains("flush-interval") || text.contains("flush\\-interval"), "{g:?}");
+        }
+    }
+
+    /// Every duration flag (`DUR`) and its configuration key refuse 2^64-1 seconds with an
+    /// error naming them (exit 2), and accept the largest allowed value without a panic.
+    #[test]
+    fn every_duration_flag_and_key_is_bounded() {
+        let cmd = Cli::command();
+        let flags: Vec<String> = cmd
+            .get_arguments()
+            .filter(|a| a.get_value_names().is_some_and(|v| v.iter().any(|n| n.as_str() == "DUR")))
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect();
+        for expected in
+            ["duration", "redraw-interval", "flush-interval", "publish-interval", "status-interval"]
+        {
+            assert!(flags.iter().any(|f| f == expected), "{expected} not found in {flags:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for flag in &flags {
+            for huge in ["18446744073709551615", "18446744073709551615s", "10000000000d"] {
+                let e = Cli::try_parse_from(["dcpid", "-c", "none", &format!("--{flag}"), huge])
+                    .unwrap_err();
+                assert_eq!(e.exit_code(), 2, "--{flag} {huge}");
+                assert!(e.to_string().contains(&format!("--{flag}")), "--{flag} {huge}: {e}");
+            }
+            if flag == "duration" {
+                continue;
+            }
+            let key = flag.replace('-', "_");
+            let cfg = dir.path().join(format!("{key}.toml"));
+            std::fs::write(&cfg, format!("host = \"h\"\n{key} = \"18446744073709551615s\"\n"))
+                .unwrap();
+            let cli = Cli::try_parse_from(["dcpid", "-c", cfg.to_str().unwrap()]).unwrap();
+            let e = cli.settings().unwrap_err().to_string();
+            assert!(e.contains(&key) && e.contains(":2:") && e.contains("too long"), "{e}");
+        }
+        // The largest value parses; the settings refuse it with a range error if they must.
+        for flag in &flags {
+            let cli = Cli::try_parse_from([
+                "dcpid",
+                "-c",
+                "none",
+                "--host",
+                "h",
+                &format!("--{flag}"),
+                "365d",
+            ])
+            .unwrap();
+            if let Err(e) = cli.settings() {
+                assert!(e.to_string().contains(&format!("--{flag}")), "{e}");
+            }
         }
     }
 }

@@ -24,6 +24,8 @@
 //! socket_group = "dcpi"
 //! log_level = "info"
 //! status_interval = "2s"
+//! perf_map_max_bytes = 16777216
+//! perf_map_max_entries = 100000
 //! ```
 //!
 //! Errors name the file, the line (and column, for syntax and type errors; from the spans
@@ -282,6 +284,14 @@ settings! {
     /// `dcpid::store=debug` [default: info; -v is debug]. `DCPI_LOG` in the environment wins.
     #[arg(long, value_name = "LEVEL")]
     log_level: String = "info".into();
+    /// Bytes read from one JIT perf map (`/tmp/perf-PID.map`, written by the process) at most;
+    /// a longer map is cut at a line and counted in status [default: 16777216].
+    #[arg(long, value_name = "BYTES")]
+    perf_map_max_bytes: u64 = crate::resolve::jit::MAX_JIT_MAP_BYTES;
+    /// Symbols kept from one JIT perf map at most (the first ones in the file); more are
+    /// counted in status [default: 100000].
+    #[arg(long, value_name = "N")]
+    perf_map_max_entries: usize = crate::resolve::jit::MAX_JIT_MAP_ENTRIES;
     /// How often the one-line status for systemd (`STATUS=`, shown by `systemctl status`) is
     /// refreshed [default: 2s].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
@@ -301,6 +311,8 @@ pub const RELOADABLE: &[&str] = &[
     "socket_group",
     "log_level",
     "status_interval",
+    "perf_map_max_bytes",
+    "perf_map_max_entries",
 ];
 
 /// Where a setting's value came from.
@@ -365,12 +377,24 @@ fn parse_error(
     let spanned = e.span().and_then(|s| text.get(s)).map(str::trim).filter(|t| {
         !t.is_empty() && t.len() <= 64 && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
     });
+    // A value the TOML parser itself refuses (an integer beyond i64) leaves no document to
+    // look the key up in: take it from the line, `key = value`.
+    let line_key = text
+        .get(..at)
+        .and_then(|before| {
+            let start = before.rfind('\n').map_or(0, |i| i + 1);
+            let line = text[start..].lines().next()?;
+            let (k, _) = line.split_once('=')?;
+            Some(k.trim())
+        })
+        .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
     let key = doc
         .and_then(|d| {
             d.iter()
                 .find(|(k, v)| k.span().contains(&at) || v.span().contains(&at))
                 .map(|(k, _)| k.get_ref().as_str())
         })
+        .or(line_key)
         .or(spanned);
     if let Some(k) = key.filter(|k| !message.contains(*k)) {
         message = format!("`{k}`: {message}");
@@ -463,6 +487,28 @@ impl Settings {
                 "publish_interval",
                 show_duration(self.publish_interval),
                 "must be at least flush_interval",
+            ));
+        }
+        // 0 would make the main loop spin: it wakes at each status refresh.
+        if self.status_interval < Duration::from_millis(100) {
+            return Err(bad(
+                "status_interval",
+                show_duration(self.status_interval),
+                "must be at least 100ms",
+            ));
+        }
+        if !(4096..=1 << 30).contains(&self.perf_map_max_bytes) {
+            return Err(bad(
+                "perf_map_max_bytes",
+                self.perf_map_max_bytes.to_string(),
+                "must be between 4096 and 1073741824 (1 GiB)",
+            ));
+        }
+        if !(1..=10_000_000).contains(&self.perf_map_max_entries) {
+            return Err(bad(
+                "perf_map_max_entries",
+                self.perf_map_max_entries.to_string(),
+                "must be between 1 and 10000000",
             ));
         }
         if self.max_memory_mb == 0 {
@@ -643,6 +689,15 @@ mod tests {
         assert!(err.starts_with("/etc/dcpi/l.toml:3: ") && err.contains("ring_pages"), "{err}");
         let err = file("events = [\"cpu-clock:0\"]\n").unwrap_err().to_string();
         assert!(err.starts_with("/etc/dcpi/l.toml:1: ") && err.contains("cpu-clock:0"), "{err}");
+        let err = file("perf_map_max_entries = 0\n").unwrap_err().to_string();
+        assert!(err.contains("perf_map_max_entries"), "{err}");
+        let err = file("perf_map_max_bytes = 18446744073709551615\n").unwrap_err().to_string();
+        assert!(err.contains("perf_map_max_bytes"), "{err}");
+        let err = file("status_interval = \"0s\"\n").unwrap_err().to_string();
+        assert!(
+            err.starts_with("/etc/dcpi/l.toml:1: ") && err.contains("status_interval"),
+            "{err}"
+        );
         let err = file("log_level = \"loud[\"\n").unwrap_err().to_string();
         assert!(err.contains("log_level"), "{err}");
         assert_eq!(line_col("ab\ncd", 4), (2, 2));

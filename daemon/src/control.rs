@@ -8,7 +8,9 @@
 //! request is read with a size cap and a deadline, so a malformed, huge or slow client gets an
 //! error and is dropped without blocking anyone; commands run on tokio's blocking pool. Access:
 //! root, the daemon's own user, or a member of the socket group (checked with SO_PEERCRED);
-//! the socket is 0660 root:group, and a directory we create for it is 0750.
+//! the socket is 0660 root:group. The socket's directory is not created (a failed start must
+//! leave nothing behind; under systemd `RuntimeDirectory=` makes it), and only a stale socket,
+//! never another kind of file, is replaced.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -26,8 +28,11 @@ use crate::sys::sock;
 pub const MAX_REQUEST: u64 = 64 * 1024;
 /// Time a client has to send its request line.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
-/// Concurrent connections served; more wait in the listen backlog.
+/// Commands executed at once (blocking threads); more wait for a thread, not for a connection.
 pub const MAX_CLIENTS: usize = 32;
+/// Connections open at once (each idle one closes after READ_TIMEOUT); past this a new one
+/// gets an error at once rather than waiting.
+pub const MAX_CONNECTIONS: usize = 512;
 
 /// Who may use the socket besides root and the daemon's user: a group, changeable on reload.
 #[derive(Debug)]
@@ -75,6 +80,74 @@ pub enum ControlError {
     },
     #[error("control socket {0}: another dcpid is already listening there")]
     InUse(PathBuf),
+    #[error(
+        "control socket {path}: {kind} exists there; dcpid only ever replaces a socket \
+         (remove it or choose another --socket)"
+    )]
+    NotASocket { path: PathBuf, kind: &'static str },
+    #[error(
+        "control socket {path}: directory {dir} {problem} (dcpid does not create it: the \
+         systemd unit's RuntimeDirectory= does; or choose another --socket)"
+    )]
+    BadDirectory { path: PathBuf, dir: PathBuf, problem: String },
+}
+
+/// What is at the socket path before the server binds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathState {
+    Free,
+    /// A socket nobody listens on (a daemon that was killed): replaced at bind.
+    StaleSocket,
+}
+
+/// Whether `path` can become the control socket, changing nothing: its directory must exist,
+/// and anything already there must be a socket that no live daemon listens on. The service
+/// checks this before it creates anything, so a start that fails here leaves nothing behind.
+pub fn check_path(path: &Path) -> Result<PathState, ControlError> {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d,
+        None => Path::new("."),
+    };
+    let bad_dir = |problem: String| ControlError::BadDirectory {
+        path: path.to_path_buf(),
+        dir: dir.to_path_buf(),
+        problem,
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(bad_dir("is not a directory".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(bad_dir("does not exist".into()))
+        }
+        Err(e) => return Err(bad_dir(format!("cannot be read: {e}"))),
+    }
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(PathState::Free),
+        Err(source) => {
+            return Err(ControlError::Io { path: path.to_path_buf(), what: "stat", source })
+        }
+    };
+    let ft = meta.file_type();
+    if !ft.is_socket() {
+        let kind = if ft.is_file() {
+            "a regular file"
+        } else if ft.is_dir() {
+            "a directory"
+        } else if ft.is_symlink() {
+            "a symbolic link"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else {
+            "a device or other non-socket file"
+        };
+        return Err(ControlError::NotASocket { path: path.to_path_buf(), kind });
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(ControlError::InUse(path.to_path_buf()));
+    }
+    Ok(PathState::StaleSocket)
 }
 
 /// A running control server; stopped (and its socket removed) on drop.
@@ -86,33 +159,31 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Bind `path` (creating its directory), set ownership and mode, and serve `handler`.
+    /// Bind `path` (its directory must exist; only a stale socket there is replaced), set
+    /// ownership and mode, and serve `handler`.
     /// `access`: the group allowed besides root.
     pub fn start(
         path: &Path,
         access: Arc<Access>,
         handler: Arc<dyn Handler>,
     ) -> Result<ControlServer, ControlError> {
+        ControlServer::start_watched(path, access, handler, None)
+    }
+
+    /// [`ControlServer::start`], its thread under the daemon's `watch` (a panic, or an end
+    /// before shutdown, makes the daemon degraded).
+    pub fn start_watched(
+        path: &Path,
+        access: Arc<Access>,
+        handler: Arc<dyn Handler>,
+        watch: Option<Arc<crate::watch::Watch>>,
+    ) -> Result<ControlServer, ControlError> {
         let group = access.group();
         let io = |what: &'static str| {
             move |source| ControlError::Io { path: path.to_path_buf(), what, source }
         };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if !dir.exists() {
-                std::fs::create_dir_all(dir).map_err(io("create directory"))?;
-                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
-                    .map_err(io("chmod directory"))?;
-                if let Some(g) = group {
-                    std::os::unix::fs::chown(dir, Some(0), Some(g))
-                        .map_err(io("chown directory"))?;
-                }
-            }
-        }
-        if path.exists() {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(ControlError::InUse(path.to_path_buf()));
-            }
-            // Left by a daemon that did not shut down cleanly.
+        if check_path(path)? == PathState::StaleSocket {
+            // Left by a daemon that did not shut down cleanly; check_path saw a socket there.
             std::fs::remove_file(path).map_err(io("remove stale socket"))?;
         }
         let std_listener = std::os::unix::net::UnixListener::bind(path).map_err(io("bind"))?;
@@ -131,10 +202,9 @@ impl ControlServer {
             .map_err(io("start runtime"))?;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let sock_path = path.to_path_buf();
-        let thread = std::thread::Builder::new()
-            .name("dcpi-control".into())
-            .spawn(move || {
-                rt.block_on(async move {
+        let w = watch.clone();
+        let body = move || {
+            rt.block_on(async move {
                     let listener = match UnixListener::from_std(std_listener) {
                         Ok(l) => l,
                         Err(e) => {
@@ -142,12 +212,16 @@ impl ControlServer {
                             return;
                         }
                     };
-                    serve(listener, access, handler, rx).await;
+                    serve(listener, access, handler, rx, w).await;
                 });
-                // Dropping the runtime here does not wait for blocking commands still running.
-                rt.shutdown_background();
-            })
-            .map_err(io("spawn thread"))?;
+            // Dropping the runtime here does not wait for blocking commands still running.
+            rt.shutdown_background();
+        };
+        let thread = match watch {
+            Some(w) => w.spawn(CONTROL_THREAD.into(), true, body),
+            None => std::thread::Builder::new().name(CONTROL_THREAD.into()).spawn(body),
+        }
+        .map_err(io("spawn thread"))?;
         Ok(ControlServer { path: path.to_path_buf(), shutdown: Some(tx), thread: Some(thread) })
     }
 
@@ -172,20 +246,26 @@ impl Drop for ControlServer {
     }
 }
 
+const CONTROL_THREAD: &str = "dcpi-control";
+
 async fn serve(
     listener: UnixListener,
     access: Arc<Access>,
     handler: Arc<dyn Handler>,
     mut shutdown: tokio::sync::oneshot::Receiver<()>,
+    watch: Option<Arc<crate::watch::Watch>>,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
+    // Every connection is accepted at once and reads its request on its own task: an idle
+    // client costs a task and a descriptor until READ_TIMEOUT, never another client's turn.
+    // Only the commands themselves share the MAX_CLIENTS blocking threads.
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut accept_error_logged = false;
+    let mut refused_logged = false;
     loop {
-        let permit = tokio::select! {
-            _ = &mut shutdown => return,
-            p = Arc::clone(&slots).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-        };
-        let stream = tokio::select! {
+        if let Some(w) = &watch {
+            w.fault_point(CONTROL_THREAD);
+        }
+        let mut stream = tokio::select! {
             _ = &mut shutdown => return,
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
@@ -199,11 +279,31 @@ async fn serve(
                 }
             },
         };
+        if open.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+            if !refused_logged {
+                tracing::warn!(
+                    max = MAX_CONNECTIONS,
+                    "control socket: too many open connections; refusing new ones until some close"
+                );
+                refused_logged = true;
+            }
+            tokio::spawn(async move {
+                let mut out = serde_json::to_vec(&Response::err(format!(
+                    "too many open connections to dcpid (at most {MAX_CONNECTIONS}); retry"
+                )))
+                .unwrap_or_default();
+                out.push(b'\n');
+                let _ = tokio::time::timeout(READ_TIMEOUT, stream.write_all(&out)).await;
+            });
+            continue;
+        }
+        open.fetch_add(1, Ordering::AcqRel);
         let h = Arc::clone(&handler);
         let group = access.group();
+        let open = Arc::clone(&open);
         tokio::spawn(async move {
-            let _permit = permit;
             connection(stream, group, h).await;
+            open.fetch_sub(1, Ordering::AcqRel);
         });
     }
 }
@@ -289,7 +389,7 @@ mod tests {
     #[test]
     fn requests_limits_and_stale_socket() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/dcpid.sock");
+        let path = dir.path().join("dcpid.sock");
         let mut srv =
             ControlServer::start(&path, Arc::new(Access::new(None)), Arc::new(Echo)).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
@@ -330,5 +430,59 @@ mod tests {
         let _srv =
             ControlServer::start(&path, Arc::new(Access::new(None)), Arc::new(Echo)).unwrap();
         assert!(ask(&path, b"{\"cmd\":\"flush\"}\n").ok);
+    }
+
+    #[test]
+    fn only_a_stale_socket_is_replaced_and_no_directory_is_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = |p: &Path| ControlServer::start(p, Arc::new(Access::new(None)), Arc::new(Echo));
+        // A regular file (say, someone's data) named as the socket is kept, byte for byte.
+        let file = dir.path().join("precious.txt");
+        std::fs::write(&file, b"keep me").unwrap();
+        let e = start(&file).unwrap_err();
+        assert!(matches!(e, ControlError::NotASocket { kind: "a regular file", .. }), "{e}");
+        assert!(e.to_string().contains("precious.txt"), "{e}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+        // A symbolic link, even to a socket, is not followed nor removed.
+        let link = dir.path().join("link.sock");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(matches!(start(&link), Err(ControlError::NotASocket { .. })));
+        assert!(std::fs::symlink_metadata(&link).is_ok());
+        // A directory is kept too.
+        let sub = dir.path().join("adir");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(matches!(start(&sub), Err(ControlError::NotASocket { kind: "a directory", .. })));
+        // A missing directory is an error naming it, and it is not created.
+        let missing = dir.path().join("no/such/dir/d.sock");
+        let e = start(&missing).unwrap_err();
+        assert!(matches!(e, ControlError::BadDirectory { .. }), "{e}");
+        assert!(e.to_string().contains("no/such/dir") && e.to_string().contains("does not exist"));
+        assert!(!dir.path().join("no").exists(), "a failed start created a directory");
+        // Under a regular file.
+        assert!(matches!(start(&file.join("d.sock")), Err(ControlError::BadDirectory { .. })));
+        assert_eq!(check_path(&dir.path().join("free.sock")).unwrap(), PathState::Free);
+    }
+
+    #[test]
+    fn idle_connections_do_not_delay_a_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.sock");
+        let _srv =
+            ControlServer::start(&path, Arc::new(Access::new(None)), Arc::new(Echo)).unwrap();
+        // 200 clients that connect and say nothing (each holds its connection until the
+        // server's READ_TIMEOUT).
+        let idle: Vec<_> =
+            (0..200).map(|_| std::os::unix::net::UnixStream::connect(&path).unwrap()).collect();
+        let t = std::time::Instant::now();
+        let r = ask(&path, b"{\"cmd\":\"status\"}\n");
+        let took = t.elapsed();
+        assert!(r.ok, "{r:?}");
+        // Less than one idle timeout: no idle client was waited for (it took 12 s when idle
+        // clients held the 32 connection slots).
+        assert!(took < READ_TIMEOUT, "status took {took:?} behind {} idle clients", idle.len());
+        // The idle ones are then dropped with an error, not kept forever.
+        let mut line = String::new();
+        std::io::BufReader::new(&idle[0]).read_line(&mut line).unwrap();
+        assert!(line.contains("not received"), "{line}");
     }
 }

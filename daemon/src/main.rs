@@ -83,6 +83,7 @@ fn main() -> ExitCode {
     let hooks = Hooks {
         reload: Some(Box::new(move || reload_cli.settings())),
         set_log_level: Some(set_log_level),
+        faults: None,
     };
     // Before any thread starts: see sys::malloc for why two arenas.
     dcpid::sys::malloc::limit_arenas(2);

@@ -1,9 +1,11 @@
 //! The daemon's life: start order, the flush loop, control commands, signals, shutdown.
 //!
-//! Start order (ARCHITECTURE.md): open the database (first epoch if none) and spool; open every
-//! event on every CPU; scan /proc; kallsyms snapshot; control socket; READY=1. Then every flush
+//! Start order (ARCHITECTURE.md): check the socket path; create and probe the spool; open every
+//! event on every CPU; open the database (first epoch if none); scan /proc; kallsyms snapshot;
+//! control socket; READY=1. A failed start removes the empty directories it created. Then every flush
 //! interval: take the resolved per-CPU tables into the store, spool, publish what is due,
-//! STATUS=, and WATCHDOG=1 only while every drain thread makes progress. SIGTERM/SIGINT (or the
+//! STATUS=, and WATCHDOG=1 only while every drain thread makes progress and no daemon thread
+//! died ([`crate::watch`]: status then says `degraded`, and the exit status is 3). SIGTERM/SIGINT (or the
 //! end of `--duration`): STOPPING=1, stop sampling, flush everything, publish everything, exit 0.
 //!
 //! SIGHUP or `dcpictl reload` re-reads the configuration file (the command-line flags still
@@ -13,8 +15,9 @@
 //! rejected as a whole (file, line, reason) and the running one stays.
 //!
 //! Exit status: 0 after a clean stop; 2 for a configuration the daemon can never run with
-//! (bad event, unwritable database, sampling not permitted, missing socket group); 1 for other
-//! failures to start.
+//! (bad event, unwritable database or spool, unusable socket path, sampling not permitted,
+//! missing socket group); 1 for other failures to start, a `--duration` run that could not
+//! publish everything, or a stop that could not even spool what was sampled.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc;
@@ -30,6 +33,7 @@ use crate::perf::sampler::{online_cpus, Sampler, SamplerConfig, SamplerError};
 use crate::resolve::{Resolver, ResolverConfig};
 use crate::status::{RecentWindow, ReloadReport, StatusInputs, StatusReport};
 use crate::store::{EventInfo, Store, StoreConfig, StoreError};
+use crate::watch::Watch;
 
 /// Env var (tests only): `CPU:MS` makes the drain thread of CPU stop progressing after MS ms.
 pub const TEST_STALL_ENV: &str = "DCPI_TEST_STALL_DRAIN";
@@ -59,6 +63,8 @@ pub type SetLogLevel = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 pub struct Hooks {
     pub reload: Option<Reloader>,
     pub set_log_level: Option<SetLogLevel>,
+    /// Tests only: faults injected into the daemon's threads (see [`crate::watch`]).
+    pub faults: Option<Arc<dyn crate::watch::FaultInjector>>,
 }
 
 impl std::fmt::Debug for Hooks {
@@ -66,6 +72,7 @@ impl std::fmt::Debug for Hooks {
         f.debug_struct("Hooks")
             .field("reload", &self.reload.is_some())
             .field("set_log_level", &self.set_log_level.is_some())
+            .field("faults", &self.faults.is_some())
             .finish()
     }
 }
@@ -101,6 +108,13 @@ pub enum ServiceError {
     Signals(std::io::Error),
     #[error("cannot start the flush thread: {0}")]
     Thread(String),
+    #[error(
+        "{why}: could not publish everything that was sampled: {error}; what reached the \
+         spool {spool} is published at the next start"
+    )]
+    Unpublished { why: &'static str, error: String, spool: String },
+    #[error("ran degraded: {0}")]
+    Degraded(String),
 }
 
 impl ServiceError {
@@ -114,7 +128,12 @@ impl ServiceError {
             | ServiceError::StallEnv(_)
             | ServiceError::NoGroup(_)
             | ServiceError::Sampler(SamplerError::Config(_))
-            | ServiceError::Control(ControlError::Io { .. }) => 2,
+            | ServiceError::Control(
+                ControlError::Io { .. }
+                | ControlError::NotASocket { .. }
+                | ControlError::BadDirectory { .. },
+            ) => 2,
+            ServiceError::Degraded(_) => crate::watch::DEGRADED_EXIT_CODE,
             _ => 1,
         }
     }
@@ -154,8 +173,50 @@ fn permanent_db_error(e: &StoreError) -> bool {
     )
 }
 
-/// The spool must be a directory that exists or can be created.
-fn check_spool_path(spool: &std::path::Path) -> Result<(), ServiceError> {
+/// Directories a start created; removed again (if still empty) unless the start succeeds, so
+/// that a failed start leaves nothing behind.
+#[derive(Debug, Default)]
+struct CreatedDirs {
+    dirs: Vec<std::path::PathBuf>,
+}
+
+impl CreatedDirs {
+    /// `create_dir_all`, remembering each directory it made.
+    fn create_all(&mut self, dir: &std::path::Path) -> std::io::Result<()> {
+        let missing: Vec<&std::path::Path> = dir
+            .ancestors()
+            .filter(|a| !a.as_os_str().is_empty())
+            .take_while(|a| std::fs::symlink_metadata(a).is_err())
+            .collect();
+        for d in missing.into_iter().rev() {
+            match std::fs::create_dir(d) {
+                Ok(()) => self.dirs.push(d.to_path_buf()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The start succeeded: keep them.
+    fn keep(mut self) {
+        self.dirs.clear();
+    }
+}
+
+impl Drop for CreatedDirs {
+    fn drop(&mut self) {
+        for d in self.dirs.iter().rev() {
+            // remove_dir, never remove_dir_all: only what is still empty goes.
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// The spool must be a directory that exists or can be created, and that this process can
+/// write (a read-only directory or file system, `/proc/x`): checked by creating it and a small
+/// file in it. Directories created are recorded in `created`.
+fn prepare_spool(spool: &std::path::Path, created: &mut CreatedDirs) -> Result<(), ServiceError> {
     let bad = |d: String| ServiceError::Spool(spool.display().to_string(), d);
     if spool.is_file() {
         return Err(bad(
@@ -166,12 +227,23 @@ fn check_spool_path(spool: &std::path::Path) -> Result<(), ServiceError> {
     }
     for a in spool.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
         match std::fs::metadata(a) {
-            Ok(m) if m.is_dir() => return Ok(()),
+            Ok(m) if m.is_dir() => break,
             Ok(_) => return Err(bad(format!("{} is not a directory", a.display()))),
             Err(_) => continue,
         }
     }
-    Ok(())
+    created.create_all(spool).map_err(|e| bad(format!("cannot create it: {e}")))?;
+    let probe = spool.join(format!(".dcpid-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"dcpid\n")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| bad(format!("cannot write in it: {e}")))
+}
+
+fn jit_limits(s: &Settings) -> crate::resolve::jit::JitLimits {
+    crate::resolve::jit::JitLimits {
+        max_bytes: s.perf_map_max_bytes,
+        max_entries: s.perf_map_max_entries,
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -210,6 +282,10 @@ struct Shared {
     stages: Mutex<crate::status::StageCpu>,
     /// Last store status, so `status` answers while a slow publish holds the store.
     store_status: Mutex<crate::store::StoreStatus>,
+    /// The daemon's threads: which died.
+    watch: Arc<Watch>,
+    /// The resolver's counters as last read (status does not wait for a flush holding it).
+    resolver_stats: Mutex<crate::resolve::ResolverStats>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -318,6 +394,9 @@ impl Shared {
                         continue;
                     }
                 },
+                "perf_map_max_bytes" | "perf_map_max_entries" => {
+                    self.aggregator.with_resolver(|r| r.set_jit_limits(jit_limits(&new)));
+                }
                 "socket_group" => {
                     if let Some(gid) = group {
                         self.access.set_group(&old.socket, gid).map_err(|e| e.to_string())?;
@@ -494,12 +573,12 @@ impl Shared {
     }
 
     /// At shutdown, after the sampler stopped (its drain threads delivered a final pass).
-    fn flush_everything(&self) -> Result<(), String> {
+    fn flush_everything(&self) -> Result<(), StoreError> {
         let mut store = lock(&self.store);
         let resolved = self.aggregator.flush_all();
         self.sync_store(&mut store);
         self.absorb(&mut store, resolved);
-        let r = store.flush_everything().map_err(|e| e.to_string());
+        let r = store.flush_everything();
         *lock(&self.store_status) = store.status();
         r
     }
@@ -511,6 +590,13 @@ impl Shared {
         let settings = self.settings();
         let recent = self.recent_window();
         let last_reload = lock(&self.last_reload).clone();
+        let resolver = {
+            let mut cached = lock(&self.resolver_stats);
+            if let Some(s) = self.aggregator.try_resolver_stats() {
+                *cached = s;
+            }
+            cached.clone()
+        };
         let c = lock(&self.counters);
         crate::status::build(StatusInputs {
             host: &settings.host,
@@ -526,6 +612,8 @@ impl Shared {
             recent,
             virtualized: crate::status::virtualized(),
             stages: *lock(&self.stages),
+            failed_threads: self.watch.failures(),
+            resolver: &resolver,
         })
     }
 }
@@ -608,14 +696,23 @@ enum Wake {
 }
 
 /// Run the daemon until a signal or the end of `--duration`.
+///
+/// Everything that can be checked without creating anything comes first (events, socket
+/// group, socket path); then the spool, sampling and the database. A start that fails removes
+/// the (empty) directories it created.
 pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
     let notifier = Notifier::from_env();
     let specs = parse_event_list(&settings.events)?;
     let stall_drain = stall_from_env()?;
     let group = socket_group_id(&settings)?;
-    let mut store = open_store(&settings)?;
+    crate::control::check_path(&settings.socket)?;
+    let watch = Watch::new(hooks.faults.clone());
+    let mut created = CreatedDirs::default();
+    prepare_spool(&settings.spool, &mut created)?;
     let (aggregator, sampler, sampling_since, t0) =
-        start_sampling(&settings, specs, stall_drain, &mut store)?;
+        start_sampling(&settings, specs, stall_drain, &watch)?;
+    let mut store = open_store(&settings)?;
+    register_sampler(&sampler, &mut store)?;
     prime_resolver(&aggregator, &mut store, t0);
     let access = Arc::new(Access::new(group));
     let shared = Arc::new(Shared {
@@ -638,19 +735,24 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
             resolved_samples: 0,
             event_times: Vec::new(),
         }),
+        watch: Arc::clone(&watch),
+        resolver_stats: Mutex::new(crate::resolve::ResolverStats::default()),
     });
-    let mut control = ControlServer::start(
+    let mut control = ControlServer::start_watched(
         &settings.socket,
         access,
         Arc::new(ControlHandler(Arc::clone(&shared))),
+        Some(Arc::clone(&watch)),
     )?;
     let (tx, rx) = mpsc::channel::<Wake>();
-    let (sig_handle, _) = spawn_signal_thread(tx.clone())?;
+    let (sig_handle, _) = spawn_signal_thread(tx.clone(), &watch)?;
+    created.keep();
     notifier.ready();
     tracing::info!(socket = %settings.socket.display(), host = %settings.host, db = %settings.db.display(), "dcpid ready");
     let flusher = Flusher::spawn(&shared)?;
     let reason = serve_until_stop(&shared, &notifier, &rx, settings.duration);
 
+    watch.stopping();
     tracing::info!(reason, "stopping: flushing and publishing everything");
     notifier.stopping();
     notifier.status("stopping: publishing");
@@ -659,10 +761,30 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
     sig_handle.close();
     drop(tx);
     flusher.stop();
-    shut_down(&shared);
+    let last = shut_down(&shared);
     control.stop();
     tracing::info!("dcpid stopped");
-    Ok(())
+    let failures = watch.failures();
+    if !failures.is_empty() {
+        let mut msg = crate::watch::describe(&failures);
+        if let Err(e) = &last {
+            msg += &format!("; and could not publish everything: {e}");
+        }
+        return Err(ServiceError::Degraded(msg));
+    }
+    match last {
+        // A `--duration` run is asked for its result: anything not published is a failure.
+        // A service stopped by a signal has done its job if the samples are in the spool (the
+        // next start publishes them); only samples that never reached it are a failure.
+        Err(e) if settings.duration.is_some() || matches!(e, StoreError::Unwritten(_)) => {
+            Err(ServiceError::Unpublished {
+                why: reason,
+                error: e.to_string(),
+                spool: settings.spool.display().to_string(),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 fn socket_group_id(settings: &Settings) -> Result<Option<u32>, ServiceError> {
@@ -676,9 +798,8 @@ fn socket_group_id(settings: &Settings) -> Result<Option<u32>, ServiceError> {
     }
 }
 
-/// Start step 1: the database (first epoch if none) and the spool.
+/// The database (first epoch if none) and the spool, which `prepare_spool` checked.
 fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
-    check_spool_path(&settings.spool)?;
     if let Err(e) = Store::check_db_writable(&settings.db, &settings.host) {
         if permanent_db_error(&e) {
             return Err(ServiceError::Database {
@@ -701,29 +822,37 @@ fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
     }))
 }
 
-/// Start step 2: every event on every CPU; the store learns the events and the host.
-/// Returns the sampling start instant (uptime counts from it, so that samples/s is right) and
-/// the perf clock read before the events were opened (T0 of the /proc scan).
+/// Every event on every CPU (before anything is written: a daemon that may not sample creates
+/// nothing). Returns the sampling start instant (uptime counts from it, so that samples/s is
+/// right) and the perf clock read before the events were opened (T0 of the /proc scan).
 fn start_sampling(
     settings: &Settings,
     specs: Vec<crate::perf::EventSpec>,
     stall_drain: Option<(u32, Duration)>,
-    store: &mut Store,
+    watch: &Arc<Watch>,
 ) -> Result<(Arc<Aggregator>, Sampler, Instant, u64), ServiceError> {
     let cpus = online_cpus()?;
     let ncpus = cpus.iter().max().map(|m| *m as usize + 1).unwrap_or(1);
-    let aggregator = Aggregator::new(Resolver::new(ResolverConfig::default()), ncpus);
+    let mut resolver = Resolver::new(ResolverConfig::default());
+    resolver.set_jit_limits(jit_limits(settings));
+    let aggregator = Aggregator::new(resolver, ncpus);
     let scfg = SamplerConfig {
         events: specs,
         window_divisor: settings.window_divisor,
         ring_pages: settings.ring_pages,
         redraw_interval: settings.redraw_interval,
         stall_drain,
+        watch: Some(Arc::clone(watch)),
         ..SamplerConfig::default()
     };
     let t0 = crate::sys::time::monotonic_ns();
     let since = Instant::now();
     let sampler = Sampler::start(&scfg, aggregator.clone()).map_err(explain_sampler_error)?;
+    Ok((aggregator, sampler, since, t0))
+}
+
+/// The store learns the events as opened, the CPUs and the kernel release.
+fn register_sampler(sampler: &Sampler, store: &mut Store) -> Result<(), ServiceError> {
     store.set_events(
         sampler
             .events()
@@ -739,8 +868,8 @@ fn start_sampling(
         .unwrap_or_default()
         .trim()
         .to_string();
-    store.set_host_info(release, cpus);
-    Ok((aggregator, sampler, since, t0))
+    store.set_host_info(release, online_cpus()?);
+    Ok(())
 }
 
 /// Start steps 3 and 4: processes that already exist (side-band records older than the scan
@@ -765,14 +894,15 @@ fn prime_resolver(aggregator: &Aggregator, store: &mut Store, t0: u64) {
 /// SIGTERM/SIGINT stop, SIGHUP reloads; each arrives on `tx`.
 fn spawn_signal_thread(
     tx: mpsc::Sender<Wake>,
+    watch: &Arc<Watch>,
 ) -> Result<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>), ServiceError> {
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
             .map_err(ServiceError::Signals)?;
     let handle = signals.handle();
-    let thread = std::thread::Builder::new()
-        .name("dcpi-signals".into())
-        .spawn(move || {
+    // It ends by itself after a stop signal, before the watch is told: only a panic counts.
+    let thread = watch
+        .spawn("dcpi-signals".into(), false, move || {
             for sig in signals.forever() {
                 let wake = match sig {
                     libc::SIGHUP => Wake::Reload,
@@ -789,6 +919,8 @@ fn spawn_signal_thread(
     Ok((handle, thread))
 }
 
+const FLUSH_THREAD: &str = "dcpid-flush";
+
 /// The periodic flush, on its own thread: a publish that hangs on a dead NFS server must
 /// neither stop the watchdog pings (which only speak for the drain threads) nor the stop path.
 struct Flusher {
@@ -802,11 +934,12 @@ impl Flusher {
         let thread = {
             let shared = Arc::clone(shared);
             let stop = Arc::clone(&stop);
-            std::thread::Builder::new()
-                .name("dcpid-flush".into())
-                .spawn(move || {
+            let watch = Arc::clone(&shared.watch);
+            Arc::clone(&watch)
+                .spawn(FLUSH_THREAD.into(), true, move || {
                     let mut last = Instant::now();
                     while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                        watch.fault_point(FLUSH_THREAD);
                         // Read each time: a reload may change it.
                         let next = last + read(&shared.settings).flush_interval;
                         let now = Instant::now();
@@ -827,9 +960,8 @@ impl Flusher {
     fn stop(self) {
         self.stop.store(true, std::sync::atomic::Ordering::Release);
         self.thread.thread().unpark();
-        if self.thread.join().is_err() {
-            tracing::error!("flush thread panicked");
-        }
+        // A panic was recorded by the watch.
+        let _ = self.thread.join();
     }
 }
 
@@ -877,9 +1009,11 @@ fn serve_until_stop(
             notifier.status(&shared.status().one_line());
         }
         if watchdog_every.is_some() {
-            let progressing = read(&shared.sampler)
-                .as_ref()
-                .is_some_and(|s| s.drain_threads_progressing(PROGRESS_MAX_AGE));
+            // A dead thread (flush, control...) stops the pings too: systemd then restarts us.
+            let progressing = !shared.watch.degraded()
+                && read(&shared.sampler)
+                    .as_ref()
+                    .is_some_and(|s| s.drain_threads_progressing(PROGRESS_MAX_AGE));
             if progressing {
                 notifier.watchdog();
             }
@@ -889,11 +1023,13 @@ fn serve_until_stop(
 
 /// Stop sampling (every drain thread disables its events and delivers a final pass, which is
 /// the barrier for SIGTERM and `--duration`), then flush and publish everything.
-fn shut_down(shared: &Shared) {
+fn shut_down(shared: &Shared) -> Result<(), StoreError> {
     if let Some(s) = shared.sampler.write().unwrap_or_else(|p| p.into_inner()).take() {
         s.stop();
     }
-    if let Err(e) = shared.flush_everything() {
-        tracing::error!(error = %e, "could not publish everything; the spool keeps it for the next start");
+    let r = shared.flush_everything();
+    if let Err(e) = &r {
+        tracing::error!(error = %e, "could not publish everything; the spool keeps what it holds for the next start");
     }
+    r
 }

@@ -93,6 +93,10 @@ pub struct StatusInputs<'a> {
     /// Whether to assume VM-exit costs per sample ([`virtualized`]).
     pub virtualized: bool,
     pub stages: StageCpu,
+    /// Daemon threads that died ([`crate::watch`]).
+    pub failed_threads: Vec<dcpi_proto::ThreadFailure>,
+    /// The resolver's counters as last seen.
+    pub resolver: &'a crate::resolve::ResolverStats,
 }
 
 /// The status report from what the service gathered.
@@ -133,6 +137,9 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
     let unknown_count: u64 = i.unknown_by_reason.values().sum();
     let a = i.aggregator;
     let mut problems = Vec::new();
+    if !i.failed_threads.is_empty() {
+        problems.push(format!("degraded: {}", crate::watch::describe(&i.failed_threads)));
+    }
     if let Some(e) = &i.store.db_error {
         problems.push(format!("database not writable: {e}"));
     }
@@ -257,6 +264,14 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
         overhead,
         config: config_report(i.settings),
         last_reload: i.last_reload,
+        state: if i.failed_threads.is_empty() { "ok" } else { "degraded" }.to_string(),
+        failed_threads: i.failed_threads,
+        perf_maps: dcpi_proto::PerfMapReport {
+            read: i.resolver.jit_maps_read,
+            truncated: i.resolver.jit_maps_truncated,
+            max_bytes: i.settings.perf_map_max_bytes,
+            max_entries: i.settings.perf_map_max_entries as u64,
+        },
     }
 }
 
@@ -291,6 +306,16 @@ mod tests {
             }),
             virtualized: true,
             stages: StageCpu { resolve_ns: 1_500_000_000, store_ns: 0 },
+            failed_threads: vec![dcpi_proto::ThreadFailure {
+                thread: "dcpid-flush".into(),
+                reason: "panicked: boom".into(),
+                unix_ms: 1,
+            }],
+            resolver: &crate::resolve::ResolverStats {
+                jit_maps_read: 4,
+                jit_maps_truncated: 1,
+                ..Default::default()
+            },
         });
         assert!((r.rate.samples_per_s_recent - 2000.0).abs() < 1e-9);
         assert!((r.overhead.daemon_cpu_pct_recent - 1.0).abs() < 1e-9);
@@ -307,6 +332,14 @@ mod tests {
         assert!((r.unknown.fraction - 0.1).abs() < 1e-9);
         assert!((r.aggregation.factor - 10.0).abs() < 1e-9);
         assert!(r.condition.contains("EROFS"), "{}", r.condition);
+        assert!(
+            r.condition.starts_with("degraded: thread dcpid-flush panicked: boom"),
+            "{}",
+            r.condition
+        );
+        assert_eq!(r.state, "degraded");
+        assert_eq!((r.perf_maps.read, r.perf_maps.truncated), (4, 1));
+        assert_eq!(r.perf_maps.max_entries, 100_000);
         let v = serde_json::to_value(&r).unwrap();
         // What dcpictl parses is exactly what was sent.
         let back: StatusReport = serde_json::from_value(v.clone()).expect("dcpictl's types");
@@ -325,6 +358,9 @@ mod tests {
             "overhead",
             "config",
             "last_reload",
+            "state",
+            "failed_threads",
+            "perf_maps",
         ] {
             assert!(v.get(k).is_some(), "{k}");
         }

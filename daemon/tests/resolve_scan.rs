@@ -315,3 +315,56 @@ fn real_proc_scan_resolves_own_code_and_tolerates_pid1_and_exiting_processes() {
     let json = serde_json::to_string(&s).expect("serialize");
     assert!(json.contains("identity_cache_hits"), "{json}");
 }
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The perf map's owner is checked against the process's uid when the map is read: a process
+/// scanned (or forked) as root that then became uid 65534 and wrote its map is accepted.
+#[test]
+fn perf_map_owner_is_checked_against_the_current_uid() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root to give the perf map to another user");
+        return;
+    }
+    let f = fake();
+    let proc42 = f.dir.path().join("proc/42");
+    let map = f.dir.path().join("tmp/perf-42.map");
+    let status = |uid: u32| format!("Name:\tfake prog\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n");
+    write(&proc42.join("status"), status(0));
+    std::os::unix::fs::chown(&map, Some(65534), Some(65534)).expect("chown map");
+    let mut r = Resolver::new(f.cfg());
+    r.scan_proc(1000);
+    let asid = r.asid_at(42, 2000).expect("pid 42 known");
+    // Still root: a map owned by someone else is refused.
+    r.begin_batch();
+    let (a, _) = image(r.resolve(42, asid, 0x7f0000000110, false));
+    assert!(a.jit_symbols.is_empty(), "a map owned by another user was read: {:?}", a.jit_symbols);
+    // The process drops to 65534 (as runuser or setpriv do after fork): its map is read.
+    write(&proc42.join("status"), status(65534));
+    r.begin_batch();
+    let (a, _) = image(r.resolve(42, asid, 0x7f0000000110, false));
+    assert_eq!(a.jit_symbols.len(), 2, "{:?}", a.jit_symbols);
+    assert_eq!(a.jit_symbols[0].name, "jitted_fn");
+    assert_eq!(r.stats().jit_maps_read, 1);
+}
+
+/// A perf map larger than the bounds is cut and the cut is counted.
+#[test]
+fn perf_map_reads_are_bounded_and_counted() {
+    let f = fake();
+    let text: String =
+        (0..500).map(|i| format!("{:x} 10 sym{i}\n", 0x7f0000000000u64 + i * 16)).collect();
+    write(&f.dir.path().join("tmp/perf-42.map"), text);
+    let mut r = Resolver::new(f.cfg());
+    r.set_jit_limits(dcpid::resolve::jit::JitLimits { max_bytes: 1 << 20, max_entries: 100 });
+    r.scan_proc(1000);
+    let asid = r.asid_at(42, 2000).expect("pid 42 known");
+    r.begin_batch();
+    let (a, _) = image(r.resolve(42, asid, 0x7f0000000110, false));
+    assert_eq!(a.jit_symbols.len(), 100);
+    assert_eq!(r.stats().jit_maps_truncated, 1);
+    assert_eq!(r.stats().jit_maps_read, 1);
+}

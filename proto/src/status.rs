@@ -31,6 +31,10 @@
 //!   `retention_keep`, `socket`, `socket_group`, `log_level`)
 //! - `last_reload`: `null` or {`unix_ms`, `trigger` (`SIGHUP`|`dcpictl`), `ok`, `error`,
 //!   `applied[]`, `restart_required[]`}
+//! - `state`: `ok` or `degraded` (a daemon thread died); `failed_threads[]`: `thread`,
+//!   `reason`, `unix_ms`
+//! - `perf_maps`: `read`, `truncated` (JIT perf maps cut by the bounds), `max_bytes`,
+//!   `max_entries`
 
 use std::collections::BTreeMap;
 
@@ -209,6 +213,32 @@ pub struct StatusReport {
     pub config: ConfigReport,
     #[serde(deserialize_with = "Option::deserialize")]
     pub last_reload: Option<ReloadReport>,
+    /// `ok`, or `degraded` once a daemon thread died (see `failed_threads`); a degraded
+    /// daemon no longer feeds the systemd watchdog and exits with status 3.
+    pub state: String,
+    pub failed_threads: Vec<ThreadFailure>,
+    pub perf_maps: PerfMapReport,
+}
+
+/// JIT perf maps (`/tmp/perf-PID.map`) read since start.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct PerfMapReport {
+    /// Maps read (each change of a map is read once per flush).
+    pub read: u64,
+    /// Reads cut short by the bounds below (only the first part of the map was kept).
+    pub truncated: u64,
+    pub max_bytes: u64,
+    pub max_entries: u64,
+}
+
+/// A daemon thread that panicked, or ended while the daemon was running.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+pub struct ThreadFailure {
+    /// Thread name: `dcpid-flush`, `dcpi-drain-N`, `dcpi-hotplug`, `dcpi-control`, ...
+    pub thread: String,
+    /// `panicked: <message>` or `ended while the daemon was running`.
+    pub reason: String,
+    pub unix_ms: u64,
 }
 
 impl StatusReport {

@@ -41,6 +41,7 @@ fn all_profiles(db: &Path, host: &str) -> Vec<Profile> {
 
 /// x86-64 machine code of `long f(long n) { long i = 0; do i++; while (i != n); return i; }`,
 /// copied into an anonymous RWX mapping, announced in /tmp/perf-PID.map, run for ARGV[1] s.
+/// ARGV[2] (optional): that many filler symbols follow in the map (elsewhere in memory).
 #[cfg(target_arch = "x86_64")]
 const JIT_C: &str = r#"
 #include <stdio.h>
@@ -67,6 +68,9 @@ int main(int argc, char **argv) {
     FILE *f = fopen(path, "w");
     if (!f) return 3;
     fprintf(f, "%lx %zx jit_spin_loop\n", (unsigned long)p, sizeof code);
+    int extra = argc > 2 ? atoi(argv[2]) : 0;
+    for (int i = 0; i < extra; i++)
+        fprintf(f, "%lx 10 filler_%d\n", 0x100000000UL + (unsigned long)i * 16, i);
     fclose(f);
     printf("%lx\n", (unsigned long)p);
     fflush(stdout);
@@ -487,5 +491,138 @@ fn pid_reused_by_another_program_keeps_counts_apart() {
         // Mixed counts would leave one image with about none and the other with about twice.
         assert!(inside as f64 >= 0.6 * expected, "{}: {inside} samples", p.display());
         assert!((total as f64) <= 1.3 * expected + 10.0, "{}: {total} samples", p.display());
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The `[anon]` profiles of `host` that carry the JIT program's `jit_spin_loop` at `base`.
+fn jit_profiles(db: &Path, host: &str, base: u64) -> Vec<Profile> {
+    all_profiles(db, host)
+        .into_iter()
+        .filter(|p| {
+            p.header.kind == ImageKind::Anon
+                && p.header.jit_symbols.iter().any(|s| s.name == "jit_spin_loop" && s.start == base)
+        })
+        .collect()
+}
+
+/// A process started after dcpid, forked by root, that becomes uid 65534 before it writes its
+/// perf map (as `runuser`/`setpriv` or a service manager do): the map's owner is checked
+/// against its uid when the map is read, not the uid it inherited at fork.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn jit_map_of_a_process_that_changed_its_uid_is_read() {
+    if !require_perf() {
+        return;
+    }
+    let setpriv = Command::new("setpriv").arg("--version").output();
+    if !is_root() || setpriv.is_err() {
+        eprintln!("SKIPPED: needs root and setpriv to run the JIT program as uid 65534");
+        return;
+    }
+    let sb = Sandbox::new();
+    // uid 65534 must be able to run the program from the sandbox.
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(sb.dir.path(), mode).unwrap();
+    let jit = cc(sb.dir.path(), "jitter", JIT_C);
+    let host = "e2e-resolve-jit-uid";
+    let mut d = sb.start_daemon(host, &["--events", "cpu-clock:1000000", "--flush-interval", "1s"]);
+    // It runs until the daemon has read its map (or 60 s): the map is read while it lives.
+    let mut child = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&jit)
+        .arg("60")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run jit program as 65534");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("jit program prints its code address");
+    let base = u64::from_str_radix(line.trim(), 16).expect("a hex address");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while d.status_json()["perf_maps"]["read"].as_u64().unwrap_or(0) == 0
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let (status, err) = d.terminate();
+    assert!(status.success(), "dcpid exit {status}: {err}");
+    let anon = jit_profiles(&sb.db(), host, base);
+    let all: Vec<String> = all_profiles(&sb.db(), host)
+        .iter()
+        .filter(|p| p.header.kind == ImageKind::Anon)
+        .map(|p| {
+            format!("{} {:?}", String::from_utf8_lossy(&p.header.image_path), p.header.jit_symbols)
+        })
+        .collect();
+    assert!(
+        !anon.is_empty(),
+        "the map written by uid 65534 was not read; [anon] profiles: {all:?}"
+    );
+    let path = String::from_utf8_lossy(&anon[0].header.image_path).to_string();
+    if let Some(pid) = path.trim_start_matches("[anon:").split(':').next() {
+        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    }
+}
+
+/// A perf map with more symbols than `--perf-map-max-entries`: the first ones are kept, and
+/// status counts the cut.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn huge_jit_map_is_bounded_and_counted_in_status() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let jit = cc(sb.dir.path(), "jitter", JIT_C);
+    let host = "e2e-resolve-jit-big";
+    let mut d = sb.start_daemon(
+        host,
+        &[
+            "--events",
+            "cpu-clock:1000000",
+            "--flush-interval",
+            "1s",
+            "--perf-map-max-entries",
+            "100",
+        ],
+    );
+    let out = Command::new(&jit).args(["1.0", "20000"]).output().expect("run jit program");
+    assert!(matches!(out.status.code(), Some(0 | 1)), "jit program failed: {:?}", out.status);
+    let base = u64::from_str_radix(String::from_utf8_lossy(&out.stdout).trim(), 16)
+        .expect("jit program prints its code address");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let v = d.status_json();
+        if v["perf_maps"]["truncated"].as_u64().unwrap_or(0) >= 1 {
+            assert_eq!(v["perf_maps"]["max_entries"], 100);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no truncated perf map in status: {}",
+            v["perf_maps"]
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let (status, err) = d.terminate();
+    assert!(status.success(), "dcpid exit {status}: {err}");
+    let anon = jit_profiles(&sb.db(), host, base);
+    assert!(!anon.is_empty(), "no [anon] profile with the map's first symbol");
+    for p in &anon {
+        assert!(p.header.jit_symbols.len() <= 100, "{} symbols kept", p.header.jit_symbols.len());
+    }
+    let path = String::from_utf8_lossy(&anon[0].header.image_path).to_string();
+    if let Some(pid) = path.trim_start_matches("[anon:").split(':').next() {
+        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
     }
 }

@@ -43,8 +43,10 @@ enum Cmd {
     /// {samples_per_s, samples_per_s_recent, recent_window_s}, overhead {daemon_cpu_pct,
     /// daemon_cpu_pct_recent, sample_cost_us_estimate, sampling_cpu_pct_estimate, ncpus,
     /// machine_pct_estimate}, config {file, events, flush_interval_s, publish_interval_s, ...},
-    /// last_reload (null or {unix_ms, trigger, ok, error, applied[], restart_required[]}).
-    /// Fields are only ever added.
+    /// last_reload (null or {unix_ms, trigger, ok, error, applied[], restart_required[]}),
+    /// state ("ok", or "degraded" once a daemon thread died), failed_threads[] {thread, reason,
+    /// unix_ms}, perf_maps {read, truncated, max_bytes, max_entries}. Fields are only ever
+    /// added.
     ///
     /// The overhead of sampling interrupts is an estimate (samples/s x an assumed cost per
     /// sample: ~1 µs with a hardware PMU, ~2 µs for cpu-clock, ~20 µs for cpu-clock in a VM);

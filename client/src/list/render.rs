@@ -4,6 +4,7 @@ use std::io::{self, Write};
 
 use super::listing::{AsmRow, Listing, Row, SourceRow};
 use super::top::TopReport;
+use crate::prof::names::escape_controls as esc;
 use crate::prof::output::TableFormat as Format;
 use crate::prof::report::{EventCount, EventInfo, Scope};
 
@@ -30,7 +31,8 @@ fn table(
         let mut s = String::new();
         for (i, c) in cells.iter().enumerate() {
             if i + 1 == cells.len() {
-                s.push_str(c);
+                // Escaped where made; the last line of defence (see csv_line).
+                s.push_str(&esc(c));
             } else if align[i] == Align::Right {
                 s.push_str(&format!("{c:>w$}  ", w = width[i]));
             } else {
@@ -55,7 +57,9 @@ fn csv_field(s: &str) -> String {
 }
 
 fn csv_line(out: &mut dyn Write, cells: &[String]) -> io::Result<()> {
-    let v: Vec<String> = cells.iter().map(|c| csv_field(c)).collect();
+    // Cells are escaped where they are made; this is the last line of defence for a field
+    // that was not (a name from a hostile file must never reach a terminal raw).
+    let v: Vec<String> = cells.iter().map(|c| csv_field(&esc(c))).collect();
     writeln!(out, "{}", v.join(","))
 }
 
@@ -77,7 +81,11 @@ fn header(out: &mut dyn Write, scope: &Scope, events: &[EventInfo], what: &str) 
         writeln!(
             out,
             "# event {}: {} samples {what}, mean period {:.0} (nominal {}), ~{} events{mux}",
-            e.name, e.samples, e.mean_period, e.nominal_period, e.events
+            esc(&e.name),
+            e.samples,
+            e.mean_period,
+            e.nominal_period,
+            e.events
         )?;
     }
     Ok(())
@@ -88,7 +96,13 @@ fn count_titles(events: &[EventInfo]) -> Vec<String> {
     if events.len() == 1 {
         return vec!["samples".into(), "%".into()];
     }
-    events.iter().flat_map(|e| [e.name.clone(), format!("{}%", e.name)]).collect()
+    events
+        .iter()
+        .flat_map(|e| {
+            let n = esc(&e.name);
+            [n.to_string(), format!("{n}%")]
+        })
+        .collect()
 }
 
 fn count_cells(c: &[EventCount]) -> Vec<String> {
@@ -115,11 +129,8 @@ fn csv_count_titles(events: &[EventInfo]) -> Vec<String> {
     events
         .iter()
         .flat_map(|e| {
-            [
-                format!("{}.samples", e.name),
-                format!("{}.events", e.name),
-                format!("{}.percent", e.name),
-            ]
+            let n = esc(&e.name);
+            [format!("{n}.samples"), format!("{n}.events"), format!("{n}.percent")]
         })
         .collect()
 }

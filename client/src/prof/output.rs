@@ -2,6 +2,7 @@
 
 use std::io::{self, Write};
 
+use super::names::escape_controls as esc;
 use super::report::{EventCount, EventInfo, ImageReport, Scope, SymbolReport};
 
 /// `--format`.
@@ -68,7 +69,11 @@ fn header(out: &mut dyn Write, scope: &Scope, events: &[EventInfo], total: u64) 
         writeln!(
             out,
             "# event {}: {} samples, mean period {:.0} (nominal {}), ~{} events{mux}",
-            e.name, e.samples, e.mean_period, e.nominal_period, e.events
+            esc(&e.name),
+            e.samples,
+            e.mean_period,
+            e.nominal_period,
+            e.events
         )?;
     }
     writeln!(out, "# total samples: {total}")
@@ -80,7 +85,10 @@ fn count_titles(events: &[EventInfo]) -> Vec<String> {
     }
     events
         .iter()
-        .flat_map(|e| [e.name.clone(), format!("{}:events", e.name), format!("{}:%", e.name)])
+        .flat_map(|e| {
+            let n = esc(&e.name);
+            [n.to_string(), format!("{n}:events"), format!("{n}:%")]
+        })
         .collect()
 }
 
@@ -104,7 +112,8 @@ fn table(out: &mut dyn Write, titles: Vec<String>, rows: Vec<Vec<String>>) -> io
         let mut s = String::new();
         for (i, c) in cells.iter().enumerate() {
             if i + 1 == ncol {
-                s.push_str(c);
+                // Escaped where made; the last line of defence (see csv_line).
+                s.push_str(&esc(c));
             } else {
                 s.push_str(&format!("{c:>w$}  ", w = width[i]));
             }
@@ -127,7 +136,9 @@ fn csv_field(s: &str) -> String {
 }
 
 fn csv_line(out: &mut dyn Write, cells: &[String]) -> io::Result<()> {
-    let v: Vec<String> = cells.iter().map(|c| csv_field(c)).collect();
+    // Cells are escaped where they are made; this is the last line of defence for a field
+    // that was not (a name from a hostile file must never reach a terminal raw).
+    let v: Vec<String> = cells.iter().map(|c| csv_field(&esc(c))).collect();
     writeln!(out, "{}", v.join(","))
 }
 
@@ -135,11 +146,8 @@ fn csv_count_titles(events: &[EventInfo]) -> Vec<String> {
     events
         .iter()
         .flat_map(|e| {
-            [
-                format!("{}.samples", e.name),
-                format!("{}.events", e.name),
-                format!("{}.percent", e.name),
-            ]
+            let n = esc(&e.name);
+            [format!("{n}.samples"), format!("{n}.events"), format!("{n}.percent")]
         })
         .collect()
 }

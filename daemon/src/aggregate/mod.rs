@@ -728,6 +728,12 @@ impl Aggregator {
     /// Run `f` with the resolver locked for writing (drain threads leave their samples pending
     /// meanwhile, which is what the start-up `/proc` scan wants). `f` must not call back into
     /// this aggregator.
+    /// The resolver's counters, unless a flush holds the resolver (`try_read`: a status
+    /// request never waits for a flush, and the drain threads' caches stay valid).
+    pub fn try_resolver_stats(&self) -> Option<crate::resolve::ResolverStats> {
+        self.resolver.try_read().ok().map(|r| r.stats())
+    }
+
     pub fn with_resolver<R>(&self, f: impl FnOnce(&mut Resolver) -> R) -> R {
         let out = f(&mut write(&self.resolver));
         self.epoch.fetch_add(1, Ordering::Release);

@@ -74,6 +74,9 @@ pub struct SamplerConfig {
     pub realtime_drain: bool,
     /// Test hook: read the online CPU list from this file instead of [`ONLINE_CPUS`].
     pub online_cpus_path: Option<std::path::PathBuf>,
+    /// The daemon's thread watch: drain and hotplug threads run under it (a panic is
+    /// recorded, and status says degraded). `None`: plain threads.
+    pub watch: Option<Arc<crate::watch::Watch>>,
 }
 
 impl Default for SamplerConfig {
@@ -93,6 +96,7 @@ impl Default for SamplerConfig {
             simulate_no_pmu: false,
             realtime_drain: true,
             online_cpus_path: None,
+            watch: None,
         }
     }
 }
@@ -463,9 +467,12 @@ fn spawn_cpu(
     }
     let sh = Arc::clone(shared);
     let st = Arc::clone(&stats);
-    let r = std::thread::Builder::new()
-        .name(format!("dcpi-drain-{cpu}"))
-        .spawn(move || drain_thread(&sh, &st, ring));
+    let name = format!("dcpi-drain-{cpu}");
+    // A drain thread may end on its own (CPU offline, events hung up): only a panic counts.
+    let r = match &shared.cfg.watch {
+        Some(w) => w.spawn(name, false, move || drain_thread(&sh, &st, ring)),
+        None => std::thread::Builder::new().name(name).spawn(move || drain_thread(&sh, &st, ring)),
+    };
     if r.is_err() {
         stats.online.store(false, Ordering::Release);
     }
@@ -810,7 +817,11 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
         }
     }
     let mut d = Drainer::new(shared, stats, ring);
+    let name = format!("dcpi-drain-{cpu}");
     loop {
+        if let Some(w) = &shared.cfg.watch {
+            w.fault_point(&name);
+        }
         match d.step() {
             Next::Continue => {}
             Next::Stop => break,
@@ -1071,10 +1082,13 @@ impl Sampler {
                 .unwrap_or_else(|| SamplerError::NoCpu("no drain thread started".into())));
         }
         let sh = Arc::clone(&sampler.shared);
-        let sup = std::thread::Builder::new()
-            .name("dcpi-hotplug".into())
-            .spawn(move || supervise(&sh))
-            .map_err(|source| SamplerError::Io { what: "spawn hotplug thread".into(), source });
+        let sup = match &cfg.watch {
+            Some(w) => w.spawn(HOTPLUG_THREAD.into(), true, move || supervise(&sh)),
+            None => std::thread::Builder::new()
+                .name(HOTPLUG_THREAD.into())
+                .spawn(move || supervise(&sh)),
+        }
+        .map_err(|source| SamplerError::Io { what: "spawn hotplug thread".into(), source });
         match sup {
             Ok(h) => sampler.supervisor = Some(h),
             Err(e) => {
@@ -1242,6 +1256,8 @@ impl Drop for Sampler {
     }
 }
 
+const HOTPLUG_THREAD: &str = "dcpi-hotplug";
+
 /// Follows CPU hotplug: stops the threads of CPUs that went offline, (re)opens CPUs that are
 /// online without a running thread.
 fn supervise(shared: &Arc<Shared>) {
@@ -1250,6 +1266,9 @@ fn supervise(shared: &Arc<Shared>) {
     let mut rng = rand::make_rng::<StdRng>();
     let mut list_error_warned = false;
     while !shared.wake.wait(interval_ms) && !shared.stop.load(Ordering::Acquire) {
+        if let Some(w) = &shared.cfg.watch {
+            w.fault_point(HOTPLUG_THREAD);
+        }
         let online = match cfg_online_cpus(&shared.cfg) {
             Ok(v) => v,
             Err(e) => {

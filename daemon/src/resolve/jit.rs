@@ -3,7 +3,14 @@
 //! Format (perf's convention): one symbol per line, `START SIZE NAME`, START and SIZE in hex
 //! (with or without `0x`), NAME the rest of the line. Garbage lines are skipped. The file is
 //! written by the (untrusted) process: it is opened with `O_NOFOLLOW`/`O_NONBLOCK`, must be a
-//! regular file owned by root or by the process's user, and is read up to a bound.
+//! regular file owned by root or by the process's user (its uid when the map is read, not
+//! at fork: a process may change it before it writes the map), and is read up to a bound in
+//! bytes and in entries ([`JitLimits`], settings `perf_map_max_bytes` and
+//! `perf_map_max_entries`); a map cut short is counted in status.
+//!
+//! Names are kept as written, except that bytes that are not UTF-8 are replaced (U+FFFD) and
+//! a name is cut at [`MAX_NAME`] bytes on a character boundary. Control characters are kept:
+//! the report tools escape them when they print.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -12,10 +19,34 @@ use profile_format::JitSymbol;
 
 use super::procfs::open_nofollow;
 
-/// Bytes read from one map file at most.
+/// Bytes read from one map file at most, by default.
 pub const MAX_JIT_MAP_BYTES: u64 = 16 << 20;
+/// Symbols kept from one map file at most, by default.
+pub const MAX_JIT_MAP_ENTRIES: usize = 100_000;
 /// Longest symbol name kept (longer names are truncated).
-const MAX_NAME: usize = 1024;
+pub const MAX_NAME: usize = 1024;
+
+/// How much of one perf map is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JitLimits {
+    pub max_bytes: u64,
+    pub max_entries: usize,
+}
+
+impl Default for JitLimits {
+    fn default() -> Self {
+        JitLimits { max_bytes: MAX_JIT_MAP_BYTES, max_entries: MAX_JIT_MAP_ENTRIES }
+    }
+}
+
+/// What one [`refresh`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Refreshed {
+    /// The symbols changed (the map was read again).
+    pub changed: bool,
+    /// The map was larger than the limits: only its first part was kept.
+    pub truncated: bool,
+}
 
 /// What was read last, to re-read only when the file changed (it usually only grows).
 #[derive(Clone, Debug, Default)]
@@ -26,49 +57,88 @@ pub(crate) struct JitMapState {
 
 /// Parse the text of a perf map; the result is sorted by start address.
 pub fn parse_perf_map(text: &[u8]) -> Vec<JitSymbol> {
+    parse_perf_map_bounded(text, usize::MAX).0
+}
+
+/// [`parse_perf_map`] keeping at most `max_entries` symbols (the first ones in the file);
+/// also returns whether there were more.
+pub fn parse_perf_map_bounded(text: &[u8], max_entries: usize) -> (Vec<JitSymbol>, bool) {
     let mut out = Vec::new();
     for line in text.split(|&b| b == b'\n') {
-        let Ok(line) = std::str::from_utf8(line) else { continue };
-        let line = line.trim_end_matches('\r');
-        let mut it = line.splitn(3, ' ');
-        let (Some(a), Some(s), Some(name)) = (it.next(), it.next(), it.next()) else { continue };
-        let h = |v: &str| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok();
-        let (Some(start), Some(size)) = (h(a), h(s)) else { continue };
-        let name = name.trim();
-        if name.is_empty() || start.checked_add(size).is_none() {
-            continue;
+        let Some(sym) = parse_line(line) else { continue };
+        if out.len() >= max_entries {
+            out.sort_by_key(|s: &JitSymbol| s.start);
+            return (out, true);
         }
-        let mut end = name.len().min(MAX_NAME);
-        while !name.is_char_boundary(end) {
-            end -= 1;
-        }
-        out.push(JitSymbol { start, size, name: name[..end].to_string() });
+        out.push(sym);
     }
     out.sort_by_key(|s| s.start);
-    out
+    (out, false)
+}
+
+/// One `START SIZE NAME` line; `None` for garbage.
+fn parse_line(line: &[u8]) -> Option<JitSymbol> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut it = line.splitn(3, |&b| b == b' ');
+    let (a, s, name) = (it.next()?, it.next()?, it.next()?);
+    let h = |v: &[u8]| {
+        let v = std::str::from_utf8(v).ok()?;
+        u64::from_str_radix(v.strip_prefix("0x").unwrap_or(v), 16).ok()
+    };
+    let (start, size) = (h(a)?, h(s)?);
+    start.checked_add(size)?;
+    // Cut the raw bytes first (a name may be huge), then decode: invalid UTF-8 becomes U+FFFD
+    // instead of losing the symbol, and a sequence cut at the bound is replaced, never split.
+    let name = name.trim_ascii();
+    let raw = &name[..name.len().min(MAX_NAME)];
+    let decoded = String::from_utf8_lossy(raw);
+    let mut end = decoded.len().min(MAX_NAME);
+    while !decoded.is_char_boundary(end) {
+        end -= 1;
+    }
+    let name = decoded[..end].trim();
+    if name.is_empty() {
+        return None;
+    }
+    Some(JitSymbol { start, size, name: name.to_string() })
 }
 
 /// Re-read `path` if it changed since `state` was filled. `owner` is the uid the file must
-/// belong to (besides root); `None` accepts only root-owned files. Returns whether the
-/// symbols changed.
-pub(crate) fn refresh(path: &Path, owner: Option<u32>, state: &mut JitMapState) -> bool {
+/// belong to (besides root); `None` accepts only root-owned files.
+pub(crate) fn refresh(
+    path: &Path,
+    owner: Option<u32>,
+    limits: JitLimits,
+    state: &mut JitMapState,
+) -> Refreshed {
     use std::io::Read;
-    let Ok(f) = open_nofollow(path) else { return false };
-    let Ok(md) = f.metadata() else { return false };
+    let none = Refreshed::default();
+    let Ok(f) = open_nofollow(path) else { return none };
+    let Ok(md) = f.metadata() else { return none };
     if !md.is_file() || !(md.uid() == 0 || Some(md.uid()) == owner) {
-        return false;
+        return none;
     }
     let seen = (md.size(), md.mtime() * 1_000_000_000 + md.mtime_nsec(), md.ino());
     if state.seen == Some(seen) {
-        return false;
+        return none;
     }
     let mut buf = Vec::new();
-    if f.take(MAX_JIT_MAP_BYTES).read_to_end(&mut buf).is_err() {
-        return false;
+    // One byte more than the bound tells whether the file goes on.
+    if f.take(limits.max_bytes.saturating_add(1)).read_to_end(&mut buf).is_err() {
+        return none;
     }
+    let mut truncated = false;
+    if buf.len() as u64 > limits.max_bytes {
+        truncated = true;
+        // Keep whole lines only: the last one may be cut.
+        buf.truncate(limits.max_bytes as usize);
+        let whole = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        buf.truncate(whole);
+    }
+    let (symbols, more) = parse_perf_map_bounded(&buf, limits.max_entries);
     state.seen = Some(seen);
-    state.symbols = parse_perf_map(&buf);
-    true
+    state.symbols = symbols;
+    Refreshed { changed: true, truncated: truncated || more }
 }
 
 #[cfg(test)]
@@ -99,12 +169,71 @@ mod tests {
         std::os::unix::fs::symlink(&real, &link).expect("symlink");
         let me = std::fs::metadata(&real).expect("md").uid();
         let mut st = JitMapState::default();
-        assert!(!refresh(&link, Some(me), &mut st), "symlink must not be followed");
-        assert!(refresh(&real, Some(me), &mut st));
+        let l = JitLimits::default();
+        assert!(!refresh(&link, Some(me), l, &mut st).changed, "symlink must not be followed");
+        assert!(refresh(&real, Some(me), l, &mut st).changed);
         assert_eq!(st.symbols.len(), 1);
-        assert!(!refresh(&real, Some(me), &mut st), "unchanged file is not re-read");
+        assert!(!refresh(&real, Some(me), l, &mut st).changed, "unchanged file is not re-read");
         std::fs::write(&real, "1000 10 a\n2000 10 b\n").expect("write");
-        assert!(refresh(&real, Some(me), &mut st));
+        assert!(refresh(&real, Some(me), l, &mut st).changed);
         assert_eq!(st.symbols.len(), 2);
+    }
+
+    #[test]
+    fn reads_are_bounded_in_bytes_and_entries() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let map = dir.path().join("perf-1.map");
+        // 1000 lines of 17 bytes: "00001000 10 f000\n" ...
+        let text: String =
+            (0..1000).map(|i| format!("{:08x} 10 f{i:03}\n", 0x1000 + i * 16)).collect();
+        std::fs::write(&map, &text).expect("write");
+        let me = std::fs::metadata(&map).expect("md").uid();
+        let mut st = JitMapState::default();
+        let r = refresh(&map, Some(me), JitLimits { max_bytes: 1 << 20, max_entries: 10 }, &mut st);
+        assert_eq!(r, Refreshed { changed: true, truncated: true });
+        assert_eq!(st.symbols.len(), 10);
+        assert_eq!(st.symbols[9].name, "f009", "the first entries of the file are kept");
+        // 100 bytes: five whole lines; the sixth, cut, is dropped.
+        let mut st = JitMapState::default();
+        let r = refresh(&map, Some(me), JitLimits { max_bytes: 100, max_entries: 1000 }, &mut st);
+        assert_eq!(r, Refreshed { changed: true, truncated: true });
+        assert_eq!(st.symbols.len(), 5, "{:?}", st.symbols);
+        // Exactly at the bounds: not truncated.
+        let mut st = JitMapState::default();
+        let exact = JitLimits { max_bytes: text.len() as u64, max_entries: 1000 };
+        assert_eq!(
+            refresh(&map, Some(me), exact, &mut st),
+            Refreshed { changed: true, truncated: false }
+        );
+        assert_eq!(st.symbols.len(), 1000);
+    }
+
+    #[test]
+    fn hostile_names_never_panic_and_are_kept_as_text() {
+        // Invalid UTF-8 is replaced, not a reason to drop the symbol; ESC and other control
+        // characters are kept (the report tools escape them).
+        let s = parse_perf_map(b"1000 10 evil\xff\xfe\x1b[31mred\x07\n2000 10 \x1b]0;title\x07\n");
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].name, "evil\u{fffd}\u{fffd}\u{1b}[31mred\u{7}");
+        assert_eq!(s[1].name, "\u{1b}]0;title\u{7}");
+        // A multi-byte character across the MAX_NAME bound: cut before it, never inside.
+        let mut line = b"3000 10 ".to_vec();
+        line.extend(std::iter::repeat_n(b'a', MAX_NAME - 1));
+        line.extend("é€".as_bytes());
+        let s = parse_perf_map(&line);
+        assert_eq!(s[0].name.len(), MAX_NAME - 1, "{}", s[0].name.len());
+        // A name cut in the middle of a sequence by the bound on bytes read.
+        let mut line = b"3000 10 ".to_vec();
+        line.extend(std::iter::repeat_n(b'a', MAX_NAME - 2));
+        line.extend("€".as_bytes());
+        let s = parse_perf_map(&line);
+        assert!(s[0].name.len() <= MAX_NAME && s[0].name.starts_with("aaa"), "{}", s[0].name);
+        // Lone bytes, NULs and broken mangled names of every length do not panic.
+        for n in 0..64usize {
+            let mut l = b"4000 10 _ZN".to_vec();
+            l.extend((0..n).map(|i| (i * 37 % 256) as u8));
+            let _ = parse_perf_map(&l);
+        }
+        assert!(parse_perf_map(b"1000 10 \t \r\n").is_empty(), "blank names are garbage");
     }
 }

@@ -135,6 +135,8 @@ pub struct ResolverStats {
     /// Side-band records ignored because the /proc scan already reflected them.
     pub ignored_before_scan: u64,
     pub jit_maps_read: u64,
+    /// Perf map reads cut short by the bounds (bytes or entries).
+    pub jit_maps_truncated: u64,
     /// Last asid handed out.
     pub last_asid: u64,
     pub scan: ScanStats,
@@ -324,6 +326,7 @@ pub struct Resolver {
     scanned: HashSet<u32>,
     generation: u64,
     stats: ResolverStats,
+    jit_limits: jit::JitLimits,
 }
 
 impl Resolver {
@@ -341,11 +344,18 @@ impl Resolver {
             scanned: HashSet::new(),
             generation: 1,
             stats: ResolverStats::default(),
+            jit_limits: jit::JitLimits::default(),
         }
     }
 
     pub fn config(&self) -> &ResolverConfig {
         &self.cfg
+    }
+
+    /// How much of each perf map is read from now on (settings `perf_map_max_bytes`,
+    /// `perf_map_max_entries`; changed on reload).
+    pub fn set_jit_limits(&mut self, limits: jit::JitLimits) {
+        self.jit_limits = limits;
     }
 
     fn fresh_asid(&mut self) -> u64 {
@@ -533,7 +543,16 @@ impl Resolver {
                 if *exec {
                     self.proc_for_update(*pid, t);
                     let asid = self.fresh_asid();
+                    // The uid after exec (a stat, cheap under exec churn): a process forked by
+                    // root that called setuid before exec (runuser, setpriv) writes its perf
+                    // map as the new user, and may be gone before its map is read.
+                    let uid = std::fs::symlink_metadata(self.cfg.proc_root.join(pid.to_string()))
+                        .ok()
+                        .map(|m| m.uid());
                     let Some(p) = self.procs.get_mut(pid) else { return };
+                    if uid.is_some() {
+                        p.uid = uid;
+                    }
                     p.kill_all(asid, t);
                     p.push_version(t, asid);
                     // exec leaves one thread, which is now the leader.
@@ -704,6 +723,7 @@ impl Resolver {
         let gen = self.generation;
         let jit_dir = self.cfg.jit_map_dir.clone();
         let proc_root = self.cfg.proc_root.clone();
+        let limits = self.jit_limits;
         let Some(p) = self.incarnation_mut(pid, asid) else {
             return Resolution::Unknown(UnknownReason::ProcessGone);
         };
@@ -724,10 +744,13 @@ impl Resolver {
                 Resolution::Image { image: self.vdso_image(), offset }
             }
             MapImage::Anon => {
-                let read = anon_refresh(p, gen, &jit_dir, &proc_root);
+                let read = anon_refresh(p, gen, &jit_dir, &proc_root, limits);
                 let image = anon_image(p);
-                if read {
+                if read.changed {
                     self.stats.jit_maps_read += 1;
+                }
+                if read.truncated {
+                    self.stats.jit_maps_truncated += 1;
                 }
                 Resolution::Image { image, offset: pc }
             }
@@ -855,26 +878,38 @@ impl Resolver {
     }
 }
 
-/// Re-read the process's perf map once per batch; returns whether it was (re)read.
+/// Re-read the process's perf map once per batch.
 fn anon_refresh(
     p: &mut Process,
     gen: u64,
     jit_dir: &std::path::Path,
     proc_root: &std::path::Path,
-) -> bool {
+    limits: jit::JitLimits,
+) -> jit::Refreshed {
     if p.jit_checked_gen == gen {
-        return false;
+        return jit::Refreshed::default();
     }
     p.jit_checked_gen = gen;
-    if p.uid.is_none() && p.exited.is_none() {
-        p.uid = std::fs::symlink_metadata(proc_root.join(p.pid.to_string())).ok().map(|m| m.uid());
+    if p.exited.is_none() {
+        // The owner check uses the process's uid now: the one inherited at fork (or seen by
+        // the scan) is stale once it called setuid (runuser, setpriv, a JIT dropping root)
+        // before writing its map. Once it exited, the last uid seen stays.
+        let dir = proc_root.join(p.pid.to_string());
+        let now = procfs::read_bounded(&dir.join("status"), 16 << 10)
+            .ok()
+            .as_deref()
+            .and_then(procfs::parse_status_euid)
+            .or_else(|| std::fs::symlink_metadata(&dir).ok().map(|m| m.uid()));
+        if now.is_some() {
+            p.uid = now;
+        }
     }
     let path = jit_dir.join(format!("perf-{}.map", p.pid));
-    let changed = jit::refresh(&path, p.uid, &mut p.jit);
-    if changed {
+    let r = jit::refresh(&path, p.uid, limits, &mut p.jit);
+    if r.changed {
         p.anon_image = None;
     }
-    changed
+    r
 }
 
 fn anon_image(p: &mut Process) -> Arc<ImageInfo> {

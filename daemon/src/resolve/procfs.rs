@@ -50,6 +50,13 @@ pub(crate) fn is_denied(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM))
 }
 
+/// The effective uid in `/proc/PID/status` (`Uid:\treal\teffective\tsaved\tfs`).
+pub(crate) fn parse_status_euid(status: &[u8]) -> Option<u32> {
+    let line = status.split(|&b| b == b'\n').find_map(|l| l.strip_prefix(b"Uid:"))?;
+    let text = std::str::from_utf8(line).ok()?;
+    text.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
 /// Parse `/proc/PID/stat`: (comm, starttime in clock ticks since boot, number of threads).
 pub(crate) fn parse_stat(stat: &[u8]) -> Option<(Vec<u8>, u64, u32)> {
     let open = stat.iter().position(|&b| b == b'(')?;
@@ -106,6 +113,14 @@ pub(crate) fn valid_build_id(b: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_effective_uid() {
+        let st = b"Name:\tjit\nUmask:\t0022\nUid:\t0\t65534\t65534\t65534\nGid:\t0\t0\t0\t0\n";
+        assert_eq!(parse_status_euid(st), Some(65534));
+        assert_eq!(parse_status_euid(b"Name:\tx\n"), None);
+        assert_eq!(parse_status_euid(b"Uid:\t5\n"), None);
+    }
 
     #[test]
     fn stat_with_parens_in_comm() {

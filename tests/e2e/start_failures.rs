@@ -1,0 +1,199 @@
+//! End-to-end tests: a start that cannot work fails clearly (exit 2, naming the path) and
+//! leaves nothing behind; a `--duration` run that could not publish does not exit 0.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use dcpi_e2e::{bin, require_perf, Sandbox};
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Sandbox arguments with `key` (e.g. `--spool`) set to `value`.
+fn args_with(sb: &Sandbox, host: &str, key: &str, value: &Path) -> Vec<String> {
+    let mut a = sb.daemon_args(host);
+    let i = a.iter().position(|x| x == key).expect("key in daemon_args");
+    a[i + 1] = value.display().to_string();
+    a.extend(["-e".into(), "cpu-clock".into(), "--duration".into(), "5".into()]);
+    a
+}
+
+fn dcpid(args: &[String]) -> Output {
+    Command::new(bin("dcpid")).args(args).output().expect("run dcpid")
+}
+
+/// Exit 2, one `dcpid:` message that contains every needle.
+fn assert_exit_2(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let msg: Vec<&str> = err.lines().filter(|l| l.starts_with("dcpid:")).collect();
+    assert_eq!(msg.len(), 1, "one message: {err}");
+    for n in needles {
+        assert!(msg[0].contains(n), "message lacks {n:?}: {err}");
+    }
+}
+
+/// Every path under `dir`, sorted (to compare before and after a failed start).
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p.clone());
+            }
+            out.push(p.display().to_string());
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn unusable_spool_exits_2_naming_it() {
+    let sb = Sandbox::new();
+    let before = tree(sb.dir.path());
+    let out = dcpid(&args_with(&sb, "sp", "--spool", Path::new("/proc/dcpi-spool")));
+    assert_exit_2(&out, &["spool /proc/dcpi-spool", "cannot create"]);
+    assert_eq!(tree(sb.dir.path()), before, "a failed start left something behind");
+    assert!(!sb.db().exists());
+}
+
+#[test]
+fn read_only_spool_directory_exits_2_naming_it() {
+    // Root writes into a 0555 directory anyway: run dcpid as `nobody` then.
+    let setpriv = Command::new("setpriv").arg("--version").stdout(Stdio::null()).status();
+    if is_root() && setpriv.is_err() {
+        eprintln!("SKIPPED: as root, needs setpriv to run dcpid as an unprivileged user");
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("dcpi-ro").tempdir().unwrap();
+    let root = dir.path();
+    let perm = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap()
+    };
+    perm(root, 0o777);
+    let ro = root.join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    perm(&ro, 0o555);
+    let exe = root.join("dcpid");
+    std::fs::copy(bin("dcpid"), &exe).unwrap();
+    let spool = ro.join("spool");
+    let mut cmd = if is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&exe);
+        c
+    } else {
+        Command::new(&exe)
+    };
+    let out = cmd
+        .args(["--config", "none", "--host", "ro", "-e", "cpu-clock", "--duration", "5"])
+        .arg("--db")
+        .arg(root.join("db"))
+        .arg("--spool")
+        .arg(&spool)
+        .arg("--socket")
+        .arg(root.join("d.sock"))
+        .output()
+        .unwrap();
+    let shown = spool.display().to_string();
+    assert_exit_2(&out, &[&shown, "Permission denied"]);
+    assert!(!spool.exists() && !root.join("db").exists());
+    // The same with an existing but read-only spool directory.
+    perm(&ro, 0o777);
+    std::fs::create_dir(&spool).unwrap();
+    perm(&spool, 0o555);
+    let out = if is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&exe);
+        c
+    } else {
+        Command::new(&exe)
+    }
+    .args(["--config", "none", "--host", "ro", "-e", "cpu-clock", "--duration", "5"])
+    .arg("--db")
+    .arg(root.join("db"))
+    .arg("--spool")
+    .arg(&spool)
+    .arg("--socket")
+    .arg(root.join("d.sock"))
+    .output()
+    .unwrap();
+    assert_exit_2(&out, &[&shown, "cannot write"]);
+    assert_eq!(std::fs::read_dir(&spool).unwrap().count(), 0);
+}
+
+#[test]
+fn failed_start_leaves_no_directories_behind() {
+    let sb = Sandbox::new();
+    let plain = sb.dir.path().join("plain-file");
+    std::fs::write(&plain, b"x").unwrap();
+    let before = tree(sb.dir.path());
+    // A socket whose directory does not exist: an error, and neither it nor the spool's new
+    // directories are created.
+    let mut a = args_with(&sb, "nd", "--socket", &sb.dir.path().join("run/dcpi/d.sock"));
+    let i = a.iter().position(|x| x == "--spool").unwrap();
+    a[i + 1] = sb.dir.path().join("state/dcpid/spool").display().to_string();
+    assert_exit_2(&dcpid(&a), &["run/dcpi", "does not exist"]);
+    assert_eq!(tree(sb.dir.path()), before, "a failed start left something behind");
+    // A database that can never be written (under a regular file): the spool's directories
+    // created before the check are removed again.
+    let mut a = args_with(&sb, "nd", "--db", &plain.join("db"));
+    a[i + 1] = sb.dir.path().join("state/dcpid/spool").display().to_string();
+    let out = dcpid(&a);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    if require_perf() {
+        // (Without perf the start fails earlier, for that reason; nothing is left either way.)
+        assert_exit_2(&out, &["plain-file/db", "not writable"]);
+    }
+    assert_eq!(tree(sb.dir.path()), before, "a failed start left something behind");
+}
+
+#[test]
+fn socket_path_naming_a_regular_file_is_kept() {
+    let sb = Sandbox::new();
+    let file = sb.dir.path().join("notes.txt");
+    std::fs::write(&file, b"my notes").unwrap();
+    assert_exit_2(
+        &dcpid(&args_with(&sb, "rf", "--socket", &file)),
+        &["notes.txt", "a regular file", "only ever replaces a socket"],
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"my notes", "dcpid deleted the file");
+    assert!(!sb.spool().exists() && !sb.db().exists());
+}
+
+#[test]
+fn duration_run_that_cannot_publish_exits_non_zero() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut a = sb.daemon_args("np");
+    a.extend(["-e".into(), "cpu-clock".into(), "--duration".into(), "10".into()]);
+    let mut child = Command::new(bin("dcpid"))
+        .args(&a)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dcpid");
+    // Once it runs, the database becomes unusable: a regular file takes its place.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !sb.socket().exists() {
+        assert!(Instant::now() < deadline, "dcpid did not start in 60 s");
+        assert!(child.try_wait().unwrap().is_none(), "dcpid exited early");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::remove_dir_all(sb.db()).unwrap();
+    std::fs::write(sb.db(), b"not a database").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a run that published nothing exited 0: {err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let last = err.lines().filter(|l| l.starts_with("dcpid:")).collect::<Vec<_>>();
+    assert_eq!(last.len(), 1, "{err}");
+    assert!(last[0].contains("could not publish") && last[0].contains("spool"), "{err}");
+}
