@@ -172,6 +172,23 @@ fn list_names(dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// A profile file name (FORMAT.md §3) split into its image id (`None` for `unknown`) and
+/// event component; `None` if the name does not follow the scheme.
+pub(crate) fn parse_profile_name(name: &str) -> Option<(Option<ImageId>, &str)> {
+    let stem = name.strip_suffix(PROFILE_SUFFIX)?;
+    let (image, event) = stem.split_once('.')?;
+    if event.is_empty()
+        || event.len() > 64
+        || !event
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-')
+    {
+        return None;
+    }
+    let image_id = if image == UNKNOWN_STEM { None } else { Some(ImageId::parse(image).ok()?) };
+    Some((image_id, event))
+}
+
 fn is_dir(p: &Path) -> bool {
     fs::symlink_metadata(p).map(|m| m.is_dir()).unwrap_or(false)
 }
@@ -415,24 +432,7 @@ impl HostDir {
     pub fn profiles(&self) -> Result<Vec<ProfileEntry>> {
         let mut out = Vec::new();
         for name in list_names(&self.path)? {
-            let Some(stem) = name.strip_suffix(PROFILE_SUFFIX) else { continue };
-            let Some((image, event)) = stem.split_once('.') else { continue };
-            if event.is_empty()
-                || event.len() > 64
-                || !event
-                    .bytes()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-')
-            {
-                continue;
-            }
-            let image_id = if image == UNKNOWN_STEM {
-                None
-            } else {
-                match ImageId::parse(image) {
-                    Ok(id) => Some(id),
-                    Err(_) => continue,
-                }
-            };
+            let Some((image_id, event)) = parse_profile_name(&name) else { continue };
             out.push(ProfileEntry {
                 path: self.path.join(&name),
                 image_id,

@@ -13,6 +13,7 @@ mod kallsyms;
 mod ksymstore;
 pub mod pairs;
 mod profile;
+pub mod safeio;
 mod summary;
 pub mod varint;
 

@@ -826,7 +826,7 @@ impl Store {
         let hd = self.host_dir(epoch)?;
         // The per-(image, event) totals of what is published now (FORMAT.md §7.1), so that
         // per-image reports read this file instead of every profile.
-        s.index = profile_format::SummaryIndex::of_host_dir(&hd).ok();
+        s.index = self.index_of(&hd);
         let n = s.write(&hd.summary_path())?;
         self.health.bytes.summaries += n;
         if let Some(sp) = self.spool.as_mut() {
@@ -834,6 +834,24 @@ impl Store {
         }
         self.summaries.current.insert(epoch.to_string(), s);
         Ok(())
+    }
+
+    /// The summary index of this host's directory (FORMAT.md §7.1), reading every profile.
+    /// A file that is not a valid profile (corrupt, or hostile: a FIFO, a link, a huge file)
+    /// is set aside, so that the index matches the files that remain; `None` if a file could
+    /// not be read for another reason (the index is then left out rather than wrong).
+    fn index_of(&mut self, hd: &HostDir) -> Option<profile_format::SummaryIndex> {
+        let mut idx = profile_format::SummaryIndex::default();
+        for entry in hd.profiles().ok()? {
+            match publish::read_existing(&entry.path) {
+                Ok(Some(p)) => idx.push(&p.header),
+                // Removed meanwhile (retention, an administrator).
+                Ok(None) => {}
+                Err(publish::Existing::Corrupt(e)) => self.set_aside(&entry.path, &e),
+                Err(publish::Existing::Io(_)) => return None,
+            }
+        }
+        Some(idx)
     }
 
     /// `summary.json` of touched epochs and the kallsyms snapshot of the current epoch.

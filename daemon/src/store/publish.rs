@@ -204,18 +204,20 @@ impl Target {
     }
 }
 
-/// Rename an unreadable profile to `*.corrupt` (with a time suffix if one exists already).
+/// Rename an unreadable profile (or whatever hostile file took its name: a FIFO, a link, a
+/// huge file) to `NAME.corrupt`, or `NAME.<unix ms>.corrupt` if that exists already; readers
+/// skip both (FORMAT.md §1).
 pub(super) fn set_aside(path: &Path, why: &dyn std::fmt::Display) {
     let mut aside = path.as_os_str().to_owned();
-    aside.push(".corrupt");
+    aside.push(profile_format::CORRUPT_SUFFIX);
     let mut aside = PathBuf::from(aside);
-    if aside.exists() {
+    if aside.symlink_metadata().is_ok() {
         let ms = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
-        let mut a = aside.into_os_string();
-        a.push(format!(".{ms}"));
+        let mut a = path.as_os_str().to_owned();
+        a.push(format!(".{ms}{}", profile_format::CORRUPT_SUFFIX));
         aside = PathBuf::from(a);
     }
     match std::fs::rename(path, &aside) {
