@@ -160,6 +160,18 @@ impl ProfileHeader {
     }
 }
 
+impl ProfileHeader {
+    /// Whether a reader would accept this header (`Invalid` naming the field otherwise): lets
+    /// a writer refuse bad input it was given before merging it into good data.
+    pub fn check(&self) -> Result<()> {
+        self.validate().map_err(|(field, detail)| Error::Invalid {
+            what: "profile header",
+            value: field.to_owned(),
+            detail,
+        })
+    }
+}
+
 impl Profile {
     /// An empty profile.
     pub fn new(header: ProfileHeader) -> Profile {

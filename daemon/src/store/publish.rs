@@ -180,7 +180,18 @@ impl Target {
         let mut changed = false;
         for inc in incs.iter().filter(|i| i.seq > published_seq) {
             let Some((total_period, counts)) = spool.counts(inc)? else { continue };
-            let mut delta = Profile::new(self.header(inc, host));
+            let header = self.header(inc, host);
+            if let Err(e) = header.check() {
+                // A record that passed its checksum but describes a profile no reader would
+                // accept (written by a buggy or foreign writer): merged, it would make every
+                // later write of this profile fail, and the publishing of all the others
+                // wait behind it. Quarantine it and go on.
+                tracing::error!(seq = inc.seq, event = %inc.desc.name, error = %e,
+                    "spool: increment describes an invalid profile; quarantined");
+                spool.quarantine(inc);
+                continue;
+            }
+            let mut delta = Profile::new(header);
             for (off, c) in counts {
                 delta.add(off, c, 0);
             }
