@@ -89,6 +89,9 @@ pub enum ServiceError {
     },
     #[error("spool {0}: {1}")]
     Spool(String, String),
+    /// Another live dcpid holds this host name in the database.
+    #[error("{0}")]
+    LeaseHeld(StoreError),
     #[error("{TEST_STALL_ENV}: expected CPU:MS, got {0:?}")]
     StallEnv(String),
     #[error("cannot start sampling: {0}")]
@@ -111,6 +114,7 @@ impl ServiceError {
             | ServiceError::NotPermitted { .. }
             | ServiceError::Database { .. }
             | ServiceError::Spool(..)
+            | ServiceError::LeaseHeld(_)
             | ServiceError::StallEnv(_)
             | ServiceError::NoGroup(_)
             | ServiceError::Sampler(SamplerError::Config(_))
@@ -689,7 +693,7 @@ fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
         tracing::warn!(db = %settings.db.display(), error = %e,
             "database not writable now; sampling anyway, keeping data in the spool and retrying");
     }
-    Ok(Store::open(StoreConfig {
+    Store::open_leased(StoreConfig {
         db: settings.db.clone(),
         spool: settings.spool.clone(),
         host: settings.host.clone(),
@@ -698,7 +702,9 @@ fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
         max_memory_bytes: settings.max_memory_mb.saturating_mul(1 << 20),
         retention_days: settings.retention_days,
         retention_keep: settings.retention_keep,
-    }))
+    })
+    // One daemon per host name: two would overwrite each other's profiles.
+    .map_err(ServiceError::LeaseHeld)
 }
 
 /// Start step 2: every event on every CPU; the store learns the events and the host.
@@ -896,4 +902,5 @@ fn shut_down(shared: &Shared) {
     if let Err(e) = shared.flush_everything() {
         tracing::error!(error = %e, "could not publish everything; the spool keeps it for the next start");
     }
+    lock(&shared.store).release_lease();
 }

@@ -142,6 +142,9 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
     if i.store.dropped_samples > 0 {
         problems.push(format!("{} samples dropped (memory bound)", i.store.dropped_samples));
     }
+    if let Some(owner) = &i.store.lease_lost_to {
+        problems.push(format!("host name taken over by {owner}; not publishing"));
+    }
     let offline: Vec<String> =
         cpus.iter().filter(|c| !c.online).map(|c| c.cpu.to_string()).collect();
     if !offline.is_empty() {

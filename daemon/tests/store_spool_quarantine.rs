@@ -121,7 +121,7 @@ fn checksum_valid_record_of_an_invalid_profile_is_quarantined_and_the_rest_publi
     bad.period_min = 5000;
     let good = desc();
     spool_records(
-        &root.join("spool"),
+        &root.join("spool/h1"),
         &epoch,
         &[(1, &good, 0x10, 3), (2, &bad, 0x20, 4), (1, &good, 0x30, 5), (3, &good, 0x40, 6)],
     );
@@ -142,7 +142,7 @@ fn checksum_valid_record_of_an_invalid_profile_is_quarantined_and_the_rest_publi
     drop(s);
     let s = open(root);
     drop(s);
-    let aside: Vec<_> = std::fs::read_dir(root.join("spool"))
+    let aside: Vec<_> = std::fs::read_dir(root.join("spool/h1"))
         .unwrap()
         .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".corrupt"))
         .collect();
@@ -154,7 +154,8 @@ fn fifo_or_directory_in_place_of_a_segment_does_not_keep_the_spool_closed() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let epoch = first_epoch(root);
-    let spool = root.join("spool");
+    // This host's log (`<spool>/<host>`).
+    let spool = root.join("spool/h1");
     spool_records(&spool, &epoch, &[(1, &desc(), 0x10, 3)]);
     // Older segment names than the real one: they are loaded first.
     let fifo = spool.join(format!("seg-{:016x}.log", 1));
@@ -180,7 +181,8 @@ fn segment_cut_short_after_indexing_is_quarantined_not_retried_forever() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let epoch = first_epoch(root);
-    let spool = root.join("spool");
+    // This host's log (`<spool>/<host>`).
+    let spool = root.join("spool/h1");
     spool_records(&spool, &epoch, &[(1, &desc(), 0x10, 3), (2, &desc(), 0x20, 4)]);
     let mut s = open(root);
     // After the store indexed the segment, something cuts it short (a full disk repaired by

@@ -11,6 +11,7 @@ mod error;
 mod ident;
 mod kallsyms;
 mod ksymstore;
+mod lease;
 pub mod pairs;
 mod profile;
 pub mod safeio;
@@ -27,6 +28,7 @@ pub use kallsyms::{
     KallsymsSnapshot, KernelModule, KernelSymbol, KALLSYMS_MAGIC, KALLSYMS_VERSION,
 };
 pub use ksymstore::{kallsyms_id, KALLSYMS_DIR, KALLSYMS_REF, KALLSYMS_REF_VERSION};
+pub use lease::{same_owner, Lease, LEASES_DIR, LEASE_VERSION};
 pub use profile::{
     EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, UnknownReason, PROFILE_MAGIC,
     PROFILE_VERSION,

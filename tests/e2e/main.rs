@@ -9,4 +9,5 @@ mod report;
 mod resolve;
 mod sampling;
 mod service;
+mod store_reliability;
 mod systemd;

@@ -24,6 +24,7 @@
 //! current epoch; when another host (or `dcpictl epoch new`) started a new one, everything of
 //! the old epoch is published first, then new data goes to the new epoch.
 
+mod lease;
 mod pending;
 mod publish;
 pub mod spool;
@@ -34,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use profile_format::{
-    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, KallsymsSnapshot,
+    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, KallsymsSnapshot, Lease,
 };
 
 use crate::aggregate::Resolved;
@@ -56,6 +57,12 @@ pub enum StoreError {
     NoSpool(PathBuf),
     #[error("{0} increments could not be written yet (disk failing)")]
     Unwritten(usize),
+    /// Another live daemon holds this host name in the database (FORMAT.md §2.1).
+    #[error("host name {host:?} in database {db} is held by {owner} (lease file {lease}); stop that daemon, or give this one another --host")]
+    LeaseHeld { host: String, db: PathBuf, owner: String, lease: PathBuf },
+    /// The lease was taken over while this daemon ran (it looked dead to another one).
+    #[error("host name {host:?} was taken over by {owner}; this daemon no longer publishes (its data stays in the spool)")]
+    LeaseLost { host: String, owner: String },
     /// Test hook: simulated crash between a profile's rename and its spool delete.
     #[error("injected crash after writing {0}")]
     InjectedCrash(PathBuf),
@@ -65,6 +72,8 @@ pub enum StoreError {
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
     pub db: PathBuf,
+    /// The spool's base directory; this host's log is in its subdirectory named after the
+    /// host, so that two daemons of different host names never share one.
     pub spool: PathBuf,
     pub host: String,
     pub flush_interval: Duration,
@@ -105,6 +114,18 @@ struct KernelSymbols {
     written: Option<EpochId>,
 }
 
+/// This daemon's lease on its host name (FORMAT.md §2.1).
+#[derive(Default)]
+struct LeaseState {
+    /// Held and renewed.
+    mine: Option<Lease>,
+    /// `take_lease` was asked for: retried at each tick while the database is unavailable.
+    wanted: bool,
+    last_renew: Option<Instant>,
+    /// Taken over by another daemon: publishing stops.
+    lost_to: Option<String>,
+}
+
 /// Failures, timings and counters for the status.
 #[derive(Default)]
 struct Health {
@@ -114,6 +135,7 @@ struct Health {
     last_publish: Option<OpStat>,
     published_files: u64,
     corrupt_files: u64,
+    last_set_aside: Option<String>,
     backlog: (u64, u64),
     bytes: BytesWritten,
 }
@@ -133,11 +155,39 @@ pub struct Store {
     created_dirs: HashSet<PathBuf>,
     last_retention: Option<Instant>,
     crash_after_writes: Option<u32>,
+    lease: LeaseState,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store").field("cfg", &self.cfg).field("epoch", &self.epoch).finish()
+    }
+}
+
+/// Move the segments of a spool from before spools were per host (`<spool>/seg-*.log`) into
+/// this host's subdirectory, so that what an older dcpid spooled is still published.
+fn adopt_shared_spool(base: &Path, dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(base) else { return };
+    let old: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.starts_with("seg-") && n.ends_with(".log")
+        })
+        .map(|e| e.path())
+        .collect();
+    if old.is_empty() || std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    for p in old {
+        let Some(name) = p.file_name() else { continue };
+        match std::fs::rename(&p, dir.join(name)) {
+            Ok(()) => tracing::info!(from = %p.display(), to = %dir.display(),
+                "store: spool segment of an older dcpid moved into this host's spool"),
+            Err(e) => tracing::warn!(file = %p.display(), error = %e,
+                "store: cannot move an older spool segment into this host's spool"),
+        }
     }
 }
 
@@ -149,7 +199,29 @@ impl Store {
     /// Open the database (creating it and its first epoch if needed) and the spool. Never
     /// fails: what cannot be opened now is retried on every tick, and reported in the status.
     pub fn open(cfg: StoreConfig) -> Store {
-        let mut s = Store {
+        let mut s = Store::unopened(cfg);
+        s.ensure_open(Instant::now());
+        s
+    }
+
+    /// [`Store::open`] for the daemon: first take the lease on the host name
+    /// ([`Store::take_lease`]), before anything of this host's spool or directories is
+    /// touched. Fails only with [`StoreError::LeaseHeld`]; other failures to take it are
+    /// logged and retried at each tick.
+    pub fn open_leased(cfg: StoreConfig) -> Result<Store, StoreError> {
+        let mut s = Store::unopened(cfg);
+        match s.take_lease() {
+            Ok(()) => {}
+            Err(e @ StoreError::LeaseHeld { .. }) => return Err(e),
+            Err(e) => tracing::warn!(error = %e,
+                "store: cannot take the lease on this host name now; retrying at each flush"),
+        }
+        s.ensure_open(Instant::now());
+        Ok(s)
+    }
+
+    fn unopened(cfg: StoreConfig) -> Store {
+        Store {
             cfg,
             db: None,
             spool: None,
@@ -163,13 +235,159 @@ impl Store {
             created_dirs: HashSet::new(),
             last_retention: None,
             crash_after_writes: None,
-        };
-        s.ensure_open(Instant::now());
-        s
+            lease: LeaseState::default(),
+        }
     }
 
     pub fn config(&self) -> &StoreConfig {
         &self.cfg
+    }
+
+    /// This host's spool log: `<spool>/<host>/`.
+    pub fn spool_dir(&self) -> PathBuf {
+        self.cfg.spool.join(&self.cfg.host)
+    }
+
+    /// Take the lease on this host name in the database (FORMAT.md §2.1), or fail with
+    /// [`StoreError::LeaseHeld`] naming the live daemon that holds it. A stale lease (its
+    /// owner dead on this machine, or not renewed for several of its intervals) is taken over,
+    /// and that is logged. Other failures (the database unavailable now) are returned too;
+    /// the store then keeps trying at each tick.
+    pub fn take_lease(&mut self) -> Result<(), StoreError> {
+        self.lease.wanted = true;
+        let db = Database::create(&self.cfg.db)?;
+        let interval_ms = self.cfg.publish_interval.as_millis().min(u128::from(u64::MAX)) as u64;
+        let me = lease::mine(&self.cfg.host, interval_ms);
+        let path = db.lease_path(&self.cfg.host)?;
+        // A few rounds: another daemon may create or take over the lease between our read and
+        // our write; the round after sees it.
+        for _ in 0..3 {
+            let held = match db.read_lease(&self.cfg.host) {
+                Ok(h) => h,
+                Err(e @ profile_format::Error::Io { .. }) => return Err(e.into()),
+                Err(e) => {
+                    // Not a lease (corrupt, a FIFO, ...): nobody can prove ownership with it.
+                    tracing::warn!(lease = %path.display(), error = %e,
+                        "store: unreadable lease file; replacing it");
+                    publish::set_aside(&path, &e);
+                    None
+                }
+            };
+            match held {
+                None => {
+                    if db.create_lease(&me)? {
+                        tracing::info!(lease = %path.display(), "store: took the lease on this host name");
+                        return self.hold_lease(me);
+                    }
+                }
+                Some(h) if profile_format::same_owner(&h, &me) => return self.hold_lease(me),
+                Some(h) => match lease::stale_reason(&h, &me, lease::unix_ms_now()) {
+                    None => {
+                        return Err(StoreError::LeaseHeld {
+                            host: self.cfg.host.clone(),
+                            db: self.cfg.db.clone(),
+                            owner: lease::describe(&h, lease::unix_ms_now()),
+                            lease: path,
+                        })
+                    }
+                    Some(why) => {
+                        tracing::warn!(lease = %path.display(), previous_owner = %h, reason = %why,
+                            "store: taking over a stale lease on this host name");
+                        db.write_lease(&me)?;
+                        if db
+                            .read_lease(&self.cfg.host)?
+                            .is_some_and(|l| profile_format::same_owner(&l, &me))
+                        {
+                            return self.hold_lease(me);
+                        }
+                    }
+                },
+            }
+        }
+        Err(StoreError::LeaseHeld {
+            host: self.cfg.host.clone(),
+            db: self.cfg.db.clone(),
+            owner: "another daemon taking it at the same time".into(),
+            lease: path,
+        })
+    }
+
+    fn hold_lease(&mut self, me: Lease) -> Result<(), StoreError> {
+        self.lease.mine = Some(me);
+        self.lease.last_renew = Some(Instant::now());
+        self.lease.lost_to = None;
+        Ok(())
+    }
+
+    /// Give the lease up (a clean stop), so that a successor need not wait for it to go stale.
+    pub fn release_lease(&mut self) {
+        let Some(me) = self.lease.mine.take() else { return };
+        self.lease.wanted = false;
+        if let Some(db) = &self.db {
+            if let Err(e) = db.release_lease(&me) {
+                tracing::warn!(error = %e, "store: could not release the lease on this host name");
+            }
+        }
+    }
+
+    /// Renew the lease once per publish interval (`force`: now), first checking that it is
+    /// still ours: if another daemon took it over, stop publishing. Retake it while wanted
+    /// but not yet held (the database was unavailable at start).
+    fn renew_lease(&mut self, now: Instant, force: bool) {
+        if self.lease.lost_to.is_some() || self.db.is_none() {
+            return;
+        }
+        let Some(mine) = self.lease.mine.clone() else {
+            if self.lease.wanted {
+                match self.take_lease() {
+                    Ok(()) => {}
+                    Err(StoreError::LeaseHeld { owner, .. }) => self.lose_lease(owner),
+                    Err(e) => self.set_db_error(&e),
+                }
+            }
+            return;
+        };
+        let due = self
+            .lease
+            .last_renew
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.cfg.publish_interval);
+        if !due && !force {
+            return;
+        }
+        let Some(db) = self.db.clone() else { return };
+        let r = db.read_lease(&self.cfg.host).map_err(StoreError::from).and_then(|held| {
+            if let Some(h) = held.filter(|h| !profile_format::same_owner(h, &mine)) {
+                return Ok(Some(h));
+            }
+            let mut renewed = mine.clone();
+            renewed.renewed_unix_ms = lease::unix_ms_now();
+            db.write_lease(&renewed)?;
+            self.lease.mine = Some(renewed);
+            Ok(None)
+        });
+        match r {
+            Ok(None) => self.lease.last_renew = Some(now),
+            Ok(Some(other)) => self.lose_lease(lease::describe(&other, lease::unix_ms_now())),
+            Err(e) => self.set_db_error(&e),
+        }
+    }
+
+    fn lose_lease(&mut self, owner: String) {
+        tracing::error!(host = %self.cfg.host, owner = %owner,
+            "store: another daemon holds this host name now; publishing stops, data stays in the spool");
+        self.lease.mine = None;
+        self.lease.lost_to = Some(owner);
+    }
+
+    /// `Err` if the lease on the host name was lost: nothing may be written into its
+    /// directories any more.
+    fn check_lease(&self) -> Result<(), StoreError> {
+        match &self.lease.lost_to {
+            Some(owner) => {
+                Err(StoreError::LeaseLost { host: self.cfg.host.clone(), owner: owner.clone() })
+            }
+            None => Ok(()),
+        }
     }
 
     /// Apply the settings that may change while running (on reload). A changed retention is
@@ -345,6 +563,7 @@ impl Store {
     pub fn flush_everything(&mut self) -> Result<(), StoreError> {
         let now = Instant::now();
         let t1 = self.spool_step(now);
+        self.renew_lease(now, true);
         let result = self.publish_all(now, None);
         self.write_side_files(now, true);
         self.write_marks(now);
@@ -451,6 +670,19 @@ impl Store {
             bytes_written: bytes,
             db_error: h.db_error.clone(),
             spool_error: h.spool_error.clone(),
+            last_set_aside: h.last_set_aside.clone(),
+            lease_file: self.lease.mine.as_ref().and_then(|l| {
+                Some(
+                    Database::open(&self.cfg.db)
+                        .ok()?
+                        .lease_path(&l.host)
+                        .ok()?
+                        .display()
+                        .to_string(),
+                )
+            }),
+            lease_renewed_unix_ms: self.lease.mine.as_ref().map_or(0, |l| l.renewed_unix_ms),
+            lease_lost_to: self.lease.lost_to.clone(),
         }
     }
 
@@ -511,7 +743,9 @@ impl Store {
             }
         }
         if self.spool.is_none() {
-            match Spool::open(&self.cfg.spool, self.cfg.publish_interval) {
+            let dir = self.spool_dir();
+            adopt_shared_spool(&self.cfg.spool, &dir);
+            match Spool::open(&dir, self.cfg.publish_interval) {
                 Ok((s, recovered)) => {
                     if !recovered.keys.is_empty() {
                         tracing::info!(
@@ -656,6 +890,10 @@ impl Store {
     /// Publish the profiles whose turn has come, oldest turn first, a bounded number per tick
     /// so that writes are spread over the publish interval.
     fn publish_due(&mut self, now: Instant) -> usize {
+        self.renew_lease(now, false);
+        if self.check_lease().is_err() {
+            return 0;
+        }
         let ticks = (self.cfg.publish_interval.as_secs_f64()
             / self.cfg.flush_interval.as_secs_f64())
         .max(1.0);
@@ -687,6 +925,7 @@ impl Store {
 
     /// Publish every dirty profile (of `epoch`, or all).
     fn publish_all(&mut self, now: Instant, epoch: Option<&str>) -> Result<(), StoreError> {
+        self.check_lease()?;
         for key in self.schedule.all(epoch) {
             match self.publish_key(&key) {
                 Ok(()) => {
@@ -764,6 +1003,7 @@ impl Store {
     fn set_aside(&mut self, path: &Path, why: &dyn std::fmt::Display) {
         publish::set_aside(path, why);
         self.health.corrupt_files += 1;
+        self.health.last_set_aside = Some(format!("{}: {why}", path.display()));
     }
 
     /// The kallsyms snapshot of the current epoch, if not written yet.
@@ -856,7 +1096,7 @@ impl Store {
 
     /// `summary.json` of touched epochs and the kallsyms snapshot of the current epoch.
     fn write_side_files(&mut self, now: Instant, force: bool) {
-        if self.db.is_none() {
+        if self.db.is_none() || self.check_lease().is_err() {
             return;
         }
         self.write_kallsyms();
