@@ -759,13 +759,34 @@ fn prime_resolver(aggregator: &Aggregator, store: &mut Store, t0: u64) {
         unreadable = scan.unreadable,
         "scanned /proc"
     );
-    match aggregator.with_resolver(|r| r.kallsyms_snapshot()) {
-        Ok(snap) => store.set_kallsyms(snap),
-        Err(e) => {
-            tracing::warn!(error = %e, "no kallsyms snapshot; kernel samples will not be symbolized")
-        }
-    }
+    store.set_kallsyms_source(Box::new(ProcKernelSymbols(ResolverConfig::default())));
     store.tick();
+}
+
+/// Fresh kernel symbol snapshots from /proc, refreshed when /proc/modules changes.
+struct ProcKernelSymbols(ResolverConfig);
+
+impl crate::store::KernelSymbolSource for ProcKernelSymbols {
+    fn fingerprint(&mut self) -> Option<Vec<u8>> {
+        let text =
+            crate::resolve::procfs::read_bounded(&self.0.proc_root.join("modules"), 16 << 20)
+                .ok()?;
+        // Name, size and address of each module: not the use counts, which change all the
+        // time without changing any symbol.
+        let mut fp = Vec::new();
+        for line in String::from_utf8_lossy(&text).lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            for i in [0, 1, 5] {
+                fp.extend_from_slice(f.get(i).unwrap_or(&"").as_bytes());
+                fp.push(b' ');
+            }
+            fp.push(b'\n');
+        }
+        Some(fp)
+    }
+    fn snapshot(&mut self) -> Result<profile_format::KallsymsSnapshot, String> {
+        crate::resolve::kallsyms_snapshot(&self.0).map_err(|e| e.to_string())
+    }
 }
 
 /// SIGTERM/SIGINT stop, SIGHUP reloads; each arrives on `tx`.

@@ -295,6 +295,26 @@ impl Database {
         })
     }
 
+    /// Make sure epoch `id` exists with its marker (written as if by `initiator_host` if it
+    /// is missing): for a writer that finds the epoch it was writing into gone (the database
+    /// removed while it ran). Returns whether anything was created.
+    pub fn ensure_epoch(&self, id: &EpochId, initiator_host: &str) -> Result<bool> {
+        validate_host_name(initiator_host)?;
+        let path = self.epoch_dir(id);
+        let marker = path.join(EPOCH_MARKER);
+        if fs::symlink_metadata(&marker).is_ok_and(|m| m.is_file()) {
+            return Ok(false);
+        }
+        fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        sync_dir(&self.epochs_dir())?;
+        let text = format!(
+            "dcpi-epoch 1\nid {id}\ninitiator {initiator_host}\nstart {}\n",
+            id.unix_secs()
+        );
+        write_atomic(&marker, text.as_bytes())?;
+        Ok(true)
+    }
+
     pub fn epoch_dir(&self, epoch: &EpochId) -> PathBuf {
         self.root.join("epochs").join(epoch.as_str())
     }

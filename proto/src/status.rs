@@ -16,7 +16,8 @@
 //!   `last_publish` {`unix_ms`, `duration_ms`, `items`}, `spool_rows`, `spool_bytes`,
 //!   `dirty_profiles`, `pending_batches`, `pending_bytes`, `dropped_samples`, `db_error`,
 //!   `spool_error`, `spool_quarantined`, `corrupt_files_set_aside`, `last_set_aside`,
-//!   `lease_file`, `lease_renewed_unix_ms`, `lease_lost_to`, ...)
+//!   `lease_file`, `lease_renewed_unix_ms`, `lease_lost_to`, `kallsyms_refreshes`,
+//!   `kallsyms_changes`, ...)
 //! - `condition`: `ok`, or a one-line description of what is wrong (disk, CPUs not sampled)
 //! - `daemon`: `cpu_user_s`, `cpu_sys_s`, `rss_kib`
 //! - `rate`: `samples_per_s` (since start), `samples_per_s_recent` (over the last flush
@@ -197,6 +198,12 @@ pub struct StoreStatus {
     /// Set when another daemon took the host name over: this one no longer publishes.
     #[serde(default)]
     pub lease_lost_to: Option<String>,
+    /// Kernel symbol snapshots taken since start after the first one (a module loaded or
+    /// unloaded, a new epoch), and how many of them had new content.
+    #[serde(default)]
+    pub kallsyms_refreshes: u64,
+    #[serde(default)]
+    pub kallsyms_changes: u64,
 }
 
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]

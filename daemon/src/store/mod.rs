@@ -106,12 +106,28 @@ struct HostInfo {
     unknown_event_logged: bool,
 }
 
+/// Where fresh kernel symbol snapshots come from (the daemon: /proc; tests: a fake).
+pub trait KernelSymbolSource: Send {
+    /// Cheap, read at each tick: changes when a snapshot would (the daemon: the content of
+    /// /proc/modules, so that a module loaded or unloaded is noticed within one flush).
+    fn fingerprint(&mut self) -> Option<Vec<u8>>;
+    /// A fresh snapshot (reads several MB: only when the fingerprint changed, or an epoch
+    /// starts).
+    fn snapshot(&mut self) -> Result<KallsymsSnapshot, String>;
+}
+
 /// The kernel symbol snapshot to reference from each epoch.
 #[derive(Default)]
 struct KernelSymbols {
     /// The encoded `kallsyms.snap`: a fraction of the decoded snapshot's memory.
     encoded: Option<Vec<u8>>,
+    /// The epoch whose host directory references `encoded` (re-referenced when it changes).
     written: Option<EpochId>,
+    source: Option<Box<dyn KernelSymbolSource>>,
+    fingerprint: Option<Vec<u8>>,
+    /// Snapshots taken after the first one, and how many of them were new content.
+    refreshes: u64,
+    changed: u64,
 }
 
 /// This daemon's lease on its host name (FORMAT.md §2.1).
@@ -457,6 +473,54 @@ impl Store {
         self.host.cpus = cpus;
     }
 
+    /// Where to take fresh kernel symbol snapshots from: one is taken now, again when the
+    /// source's fingerprint changes (a module loaded or unloaded; checked at each tick) and
+    /// whenever an epoch starts. Each is stored only if its content is new (FORMAT.md §8.1).
+    pub fn set_kallsyms_source(&mut self, mut source: Box<dyn KernelSymbolSource>) {
+        self.kernel.fingerprint = source.fingerprint();
+        match source.snapshot() {
+            Ok(snap) => self.set_kallsyms(snap),
+            Err(e) => {
+                tracing::warn!(error = %e, "no kallsyms snapshot; kernel samples will not be symbolized")
+            }
+        }
+        self.kernel.source = Some(source);
+    }
+
+    /// Take a fresh snapshot if `force` (a new epoch) or the source's fingerprint changed;
+    /// the current epoch references it from then on.
+    fn refresh_kallsyms(&mut self, force: bool) {
+        let Some(source) = self.kernel.source.as_mut() else { return };
+        let fp = source.fingerprint();
+        if !force && fp == self.kernel.fingerprint {
+            return;
+        }
+        let snap = match source.snapshot() {
+            Ok(s) => s,
+            Err(e) => {
+                // Keep the old one; retried at the next change.
+                tracing::warn!(error = %e, "store: could not refresh the kallsyms snapshot");
+                return;
+            }
+        };
+        self.kernel.fingerprint = fp;
+        self.kernel.refreshes += 1;
+        let old = self.kernel.encoded.take();
+        let old_written = self.kernel.written.take();
+        self.set_kallsyms(snap);
+        if self.kernel.encoded.is_none() || self.kernel.encoded == old {
+            // Same content (or not encodable): the epoch that references it already need not
+            // be written again.
+            self.kernel.encoded = self.kernel.encoded.take().or(old);
+            self.kernel.written = old_written;
+        } else {
+            self.kernel.changed += 1;
+            tracing::info!(
+                "store: kernel symbols changed; new kallsyms snapshot for the current epoch"
+            );
+        }
+    }
+
     /// The kernel symbol snapshot: stored once per database, referenced from each epoch's
     /// host directory.
     pub fn set_kallsyms(&mut self, snap: KallsymsSnapshot) {
@@ -519,6 +583,7 @@ impl Store {
     pub fn tick_at(&mut self, now: Instant) {
         let t1 = self.spool_step(now);
         let published = self.publish_due(now);
+        self.refresh_kallsyms(false);
         self.write_side_files(now, false);
         if published > 0 {
             self.health.last_publish = Some(OpStat {
@@ -565,6 +630,7 @@ impl Store {
         let t1 = self.spool_step(now);
         self.renew_lease(now, true);
         let result = self.publish_all(now, None);
+        self.refresh_kallsyms(false);
         self.write_side_files(now, true);
         self.write_marks(now);
         if let Some(sp) = self.spool.as_mut() {
@@ -599,6 +665,7 @@ impl Store {
         let e = db.new_epoch(SystemTime::now(), &self.cfg.host)?;
         tracing::info!(epoch = %e, "store: started a new epoch");
         self.epoch = Some(e.clone());
+        self.refresh_kallsyms(true);
         self.write_side_files(Instant::now(), true);
         Ok(e)
     }
@@ -683,6 +750,8 @@ impl Store {
             }),
             lease_renewed_unix_ms: self.lease.mine.as_ref().map_or(0, |l| l.renewed_unix_ms),
             lease_lost_to: self.lease.lost_to.clone(),
+            kallsyms_refreshes: self.kernel.refreshes,
+            kallsyms_changes: self.kernel.changed,
         }
     }
 
@@ -779,15 +848,20 @@ impl Store {
     fn follow_epoch(&mut self, now: Instant) {
         let Some(db) = &self.db else { return };
         let newest = match db.current_epoch() {
-            Ok(Some(e)) => e,
-            Ok(None) => return,
+            Ok(n) => n,
             Err(e) => {
                 self.set_db_error(&e);
                 return;
             }
         };
         let Some(old) = self.epoch.clone() else {
-            self.epoch = Some(newest);
+            self.epoch = newest;
+            return;
+        };
+        let Some(newest) = newest.filter(|n| *n >= old) else {
+            // Our epoch was current, so it had its marker: the database (or this epoch's
+            // directory) was removed while we ran.
+            self.restore_layout(&old);
             return;
         };
         if newest == old {
@@ -800,6 +874,34 @@ impl Store {
         self.write_side_files(now, true);
         tracing::info!(old = %old, new = %newest, "store: following a new epoch");
         self.epoch = Some(newest);
+        self.refresh_kallsyms(true);
+    }
+
+    /// The database, or the current epoch's directory, vanished (removed by hand, a wiped
+    /// NFS export): recreate the whole layout, not just this host's directory: `epochs/`, the
+    /// epoch with its `EPOCH` marker (without it no reader sees the epoch as current), and,
+    /// by the following writes, the kernel symbol snapshot and its reference, the summary and
+    /// the lease. What was published before is gone; what the spool holds is published again.
+    fn restore_layout(&mut self, epoch: &EpochId) {
+        let r = Database::create(&self.cfg.db).and_then(|db| {
+            let created = db.ensure_epoch(epoch, &self.cfg.host)?;
+            Ok((db, created))
+        });
+        match r {
+            Ok((db, created)) => {
+                if created {
+                    tracing::warn!(db = %self.cfg.db.display(), epoch = %epoch,
+                        "store: the database or the current epoch was removed; recreated its layout");
+                }
+                self.db = Some(db);
+                self.created_dirs.clear();
+                self.kernel.written = None;
+                self.summaries.dirty.insert(epoch.to_string());
+                // Every profile of the epoch must be written again from the cumulative state:
+                // not possible for what was published, but the next writes start fresh files.
+            }
+            Err(e) => self.set_db_error(&e),
+        }
     }
 
     /// The epoch's cumulative summary: in memory, or the published `summary.json` plus the
