@@ -413,6 +413,39 @@ impl HostDir {
         Ok(())
     }
 
+    /// Remove temporary files (`.tmp-*`, §2) of this directory last modified more than
+    /// `min_age` before `now`: left by a writer killed in the middle of a write. Only the
+    /// host that owns the directory calls this (no one else writes there). Returns how many
+    /// were removed; a missing directory has none.
+    pub fn remove_stale_tmp(&self, now: SystemTime, min_age: Duration) -> Result<usize> {
+        let rd = match fs::read_dir(&self.path) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(Error::io(&self.path, e)),
+        };
+        let mut n = 0;
+        for entry in rd {
+            let entry = entry.map_err(|e| Error::io(&self.path, e))?;
+            if !entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                continue;
+            }
+            let Ok(meta) = entry.path().symlink_metadata() else { continue };
+            let old = meta
+                .modified()
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age >= min_age);
+            if old && !meta.is_dir() {
+                match fs::remove_file(entry.path()) {
+                    Ok(()) => n += 1,
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(entry.path(), e)),
+                }
+            }
+        }
+        Ok(n)
+    }
+
     /// Path of the profile for (image, event name).
     pub fn profile_path(&self, image: &ImageId, event_name: &str) -> PathBuf {
         self.path.join(format!(

@@ -48,11 +48,20 @@ pub fn open_regular(path: &Path) -> Result<(File, u64)> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
+            match e.raw_os_error() {
                 // O_NOFOLLOW on a symbolic link.
-                Error::NotRegularFile { path: path.into(), kind: "a symbolic link" }
-            } else {
-                Error::io(path, e)
+                Some(libc::ELOOP) => {
+                    Error::NotRegularFile { path: path.into(), kind: "a symbolic link" }
+                }
+                // A socket, or a device without a driver: not retried as if the file system
+                // failed.
+                Some(libc::ENXIO | libc::ENODEV) => match std::fs::symlink_metadata(path) {
+                    Ok(m) if !m.is_file() => {
+                        Error::NotRegularFile { path: path.into(), kind: file_kind(m.file_type()) }
+                    }
+                    _ => Error::io(path, e),
+                },
+                _ => Error::io(path, e),
             }
         })?;
     let meta = f.metadata().map_err(|e| Error::io(path, e))?;

@@ -68,6 +68,10 @@ pub enum StoreError {
     InjectedCrash(PathBuf),
 }
 
+/// Temporary files (`.tmp-*`) older than this in this host's directories are leftovers of a
+/// killed writer (a write takes seconds even on a slow NFS server), removed at start.
+pub const STALE_TMP_AGE: Duration = Duration::from_secs(600);
+
 /// Settings of the store.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
@@ -128,6 +132,7 @@ struct KernelSymbols {
     /// Snapshots taken after the first one, and how many of them were new content.
     refreshes: u64,
     changed: u64,
+    refresh_failing: bool,
 }
 
 /// This daemon's lease on its host name (FORMAT.md §2.1).
@@ -147,6 +152,9 @@ struct LeaseState {
 struct Health {
     db_error: Option<String>,
     spool_error: Option<String>,
+    /// Whether the current failing state was logged (see `settle_logs`).
+    db_error_logged: bool,
+    spool_error_logged: bool,
     last_flush: Option<OpStat>,
     last_publish: Option<OpStat>,
     published_files: u64,
@@ -172,6 +180,7 @@ pub struct Store {
     last_retention: Option<Instant>,
     crash_after_writes: Option<u32>,
     lease: LeaseState,
+    tmp_cleaned: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -252,6 +261,7 @@ impl Store {
             last_retention: None,
             crash_after_writes: None,
             lease: LeaseState::default(),
+            tmp_cleaned: false,
         }
     }
 
@@ -498,11 +508,17 @@ impl Store {
         let snap = match source.snapshot() {
             Ok(s) => s,
             Err(e) => {
-                // Keep the old one; retried at the next change.
-                tracing::warn!(error = %e, "store: could not refresh the kallsyms snapshot");
+                // Keep the old one; retried at each tick, logged once until it works again.
+                if !self.kernel.refresh_failing {
+                    tracing::warn!(error = %e, "store: could not refresh the kallsyms snapshot; keeping the previous one");
+                    self.kernel.refresh_failing = true;
+                }
                 return;
             }
         };
+        if std::mem::take(&mut self.kernel.refresh_failing) {
+            tracing::info!("store: kallsyms snapshot refreshed again");
+        }
         self.kernel.fingerprint = fp;
         self.kernel.refreshes += 1;
         let old = self.kernel.encoded.take();
@@ -595,6 +611,7 @@ impl Store {
         self.maybe_retention(now);
         self.write_marks(now);
         self.refresh_backlog();
+        self.settle_logs();
     }
 
     /// Record in the spool which profiles were published (see [`spool`]); a failure only
@@ -644,6 +661,7 @@ impl Store {
             items: self.health.published_files,
         });
         self.refresh_backlog();
+        self.settle_logs();
         result?;
         if !self.pending.is_empty() {
             return Err(StoreError::Unwritten(self.pending.len()));
@@ -757,33 +775,50 @@ impl Store {
 
     // ---- internals ----
 
+    // Errors are logged once per change of state (failing / working), not once per attempt:
+    // `set_*` logs on entering the failing state; `clear_*` only records success, and
+    // `settle_logs`, at the end of each operation, logs the recovery if the operation ended
+    // without error. A database that fails for one file and works for the next within one
+    // tick, every tick, is one failing state, not two log lines per tick.
+
     fn set_db_error(&mut self, e: &dyn std::fmt::Display) {
         let msg = e.to_string();
-        if self.health.db_error.is_none() {
+        if !self.health.db_error_logged {
             tracing::error!(db = %self.cfg.db.display(), error = %msg,
                 "store: cannot write the profile database; keeping data in the spool and retrying every flush");
+            self.health.db_error_logged = true;
         }
         self.health.db_error = Some(msg);
         self.created_dirs.clear();
     }
 
     fn clear_db_error(&mut self) {
-        if self.health.db_error.take().is_some() {
-            tracing::info!(db = %self.cfg.db.display(), "store: profile database writable again");
-        }
+        self.health.db_error = None;
     }
 
     fn set_spool_error(&mut self, e: &dyn std::fmt::Display) {
         let msg = e.to_string();
-        if self.health.spool_error.is_none() {
+        if !self.health.spool_error_logged {
             tracing::error!(spool = %self.cfg.spool.display(), error = %msg,
                 "store: cannot write the spool; holding data in memory (bounded) and retrying every flush");
+            self.health.spool_error_logged = true;
         }
         self.health.spool_error = Some(msg);
     }
 
     fn clear_spool_error(&mut self) {
-        if self.health.spool_error.take().is_some() {
+        self.health.spool_error = None;
+    }
+
+    /// Log the recoveries of the operation that ends (see above).
+    fn settle_logs(&mut self) {
+        let h = &mut self.health;
+        if h.db_error.is_none() && h.db_error_logged {
+            h.db_error_logged = false;
+            tracing::info!(db = %self.cfg.db.display(), "store: profile database writable again");
+        }
+        if h.spool_error.is_none() && h.spool_error_logged {
+            h.spool_error_logged = false;
             tracing::info!(spool = %self.cfg.spool.display(), "store: spool writable again");
         }
     }
@@ -791,7 +826,13 @@ impl Store {
     fn ensure_open(&mut self, now: Instant) {
         if self.db.is_none() {
             match Database::create(&self.cfg.db) {
-                Ok(db) => self.db = Some(db),
+                Ok(db) => {
+                    self.db = Some(db);
+                    if !self.tmp_cleaned {
+                        self.tmp_cleaned = true;
+                        self.clean_stale_tmp();
+                    }
+                }
                 Err(e) => self.set_db_error(&e),
             }
         }
@@ -835,6 +876,35 @@ impl Store {
                 }
                 Err(e) => self.set_spool_error(&e),
             }
+        }
+    }
+
+    /// Remove the temporary files (`.tmp-*`) that a killed writer left in this host's
+    /// directories (every epoch), once, when the database is first opened. Only this host's
+    /// directories (no other host writes there, FORMAT.md §2) and only files older than
+    /// [`STALE_TMP_AGE`]: a write in progress is never that old.
+    fn clean_stale_tmp(&mut self) {
+        let Some(db) = self.db.clone() else { return };
+        let epochs = match db.epochs() {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(error = %e, "store: cannot list epochs to clean stale temporary files");
+                return;
+            }
+        };
+        let mut removed = 0;
+        for e in epochs {
+            let Ok(hd) = db.host_dir(&e, &self.cfg.host) else { continue };
+            match hd.remove_stale_tmp(SystemTime::now(), STALE_TMP_AGE) {
+                Ok(n) => removed += n,
+                Err(e) => tracing::warn!(error = %e, "store: cannot clean stale temporary files"),
+            }
+        }
+        if removed > 0 {
+            tracing::info!(
+                files = removed,
+                "store: removed temporary files left by a killed writer"
+            );
         }
     }
 
