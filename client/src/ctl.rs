@@ -168,6 +168,9 @@ pub fn render_status(v: &StatusReport) -> String {
             store.spool_quarantined
         );
     }
+    if let Some(since) = store.publish_stalled_since_unix_ms {
+        o += &format!("publishing: STALLED since {} (the database is not answering)\n", ago(since));
+    }
     match (&store.lease_file, &store.lease_lost_to) {
         (_, Some(owner)) => o += &format!("lease:      LOST to {owner}; not publishing\n"),
         (Some(f), None) => {

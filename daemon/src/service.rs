@@ -41,6 +41,16 @@ const PROGRESS_MAX_AGE: Duration = Duration::from_secs(5);
 /// request's instant; a CPU that has not answered by then is named in the response.
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// A store operation (tick or flush) running longer than this (or two flush intervals, if
+/// more) means the database is not answering: `status` reports publishing as stalled.
+const STALL_AFTER: Duration = Duration::from_secs(10);
+/// How long `dcpictl flush` waits for the store before answering with an error.
+const FLUSH_WAIT: Duration = Duration::from_secs(20);
+/// At a stop: how long to wait for the flush thread, and for the store's lock.
+const STOP_WAIT: Duration = Duration::from_secs(3);
+/// At a stop with a database that answers: how long the last publish may take.
+const STOP_PUBLISH_WAIT: Duration = Duration::from_secs(60);
+
 /// The outcome of closing a batch at an instant ([`Shared::cut`]).
 struct Cut {
     /// The instant (perf clock ns): the batch holds every sample up to it, none after.
@@ -214,6 +224,13 @@ struct Shared {
     stages: Mutex<crate::status::StageCpu>,
     /// Last store status, so `status` answers while a slow publish holds the store.
     store_status: Mutex<crate::store::StoreStatus>,
+    /// When the store's running operation began (0: idle), readable without its lock.
+    store_busy: Arc<std::sync::atomic::AtomicU64>,
+    /// A `dcpictl flush` is running (possibly stuck on a hung database).
+    flush_running: Arc<std::sync::atomic::AtomicBool>,
+    /// What a stop needs to spool the last samples when a hung database holds the store.
+    store_cfg: StoreConfig,
+    events: Vec<EventInfo>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -475,6 +492,55 @@ impl Shared {
         Cut { until, unanswered }
     }
 
+    /// [`Shared::flush_now`] on its own thread, waited for at most [`FLUSH_WAIT`]: a hung
+    /// database must not hang the client too. The flush goes on in the background (one at a
+    /// time) and its samples are safe in the spool.
+    fn flush_bounded(self: &Arc<Self>) -> Result<Cut, (Cut, String)> {
+        use std::sync::atomic::Ordering;
+        let no_cut = || Cut { until: 0, unanswered: Vec::new() };
+        let stalled = |sh: &Shared| {
+            let s = sh.settings();
+            match sh.stalled_since(&s) {
+                Some(t) => format!(
+                    "publishing stalled for {:.0} s (the database is not answering)",
+                    unix_ms_now().saturating_sub(t) as f64 / 1e3
+                ),
+                None => "the store is busy".into(),
+            }
+        };
+        if self.flush_running.swap(true, Ordering::AcqRel) {
+            return Err((
+                no_cut(),
+                format!(
+                    "a previous flush has not finished: {}; samples are kept in the spool",
+                    stalled(self)
+                ),
+            ));
+        }
+        let (tx, rx) = mpsc::channel();
+        let sh = Arc::clone(self);
+        let spawned = std::thread::Builder::new().name("dcpid-ctl-flush".into()).spawn(move || {
+            let r = sh.flush_now();
+            sh.flush_running.store(false, Ordering::Release);
+            let _ = tx.send(r);
+        });
+        if let Err(e) = spawned {
+            self.flush_running.store(false, Ordering::Release);
+            return Err((no_cut(), format!("cannot start the flush: {e}")));
+        }
+        match rx.recv_timeout(FLUSH_WAIT) {
+            Ok(r) => r,
+            Err(_) => Err((
+                no_cut(),
+                format!(
+                    "not done after {} s: {}; samples are kept in the local spool and published when it answers",
+                    FLUSH_WAIT.as_secs(),
+                    stalled(self)
+                ),
+            )),
+        }
+    }
+
     /// `dcpictl flush`: a cut, then the store spools and publishes everything.
     fn flush_now(&self) -> Result<Cut, (Cut, String)> {
         let mut store = lock(&self.store);
@@ -508,6 +574,22 @@ impl Shared {
         r
     }
 
+    /// Since when (Unix ms) the store's running operation has been stuck, if it has run for
+    /// longer than a healthy one could.
+    fn stalled_since(&self, settings: &Settings) -> Option<u64> {
+        let since = self.store_busy.load(std::sync::atomic::Ordering::Acquire);
+        let bound = STALL_AFTER.max(settings.flush_interval * 2).as_millis() as u64;
+        (since != 0 && unix_ms_now().saturating_sub(since) > bound).then_some(since)
+    }
+
+    /// The last store status, with a stall of the running operation (which holds the store,
+    /// so its own status is not fresh).
+    fn store_status_now(&self, settings: &Settings) -> crate::store::StoreStatus {
+        let mut st = lock(&self.store_status).clone();
+        st.publish_stalled_since_unix_ms = self.stalled_since(settings);
+        st
+    }
+
     fn status(&self) -> StatusReport {
         let sampler_status =
             self.sampler.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(|s| s.status());
@@ -524,7 +606,7 @@ impl Shared {
             aggregator: &agg,
             unknown_by_reason: &c.unknown_by_reason,
             resolved_samples: c.resolved_samples,
-            store: lock(&self.store_status).clone(),
+            store: self.store_status_now(&settings),
             settings: &settings,
             last_reload,
             recent,
@@ -541,7 +623,7 @@ impl Handler for ControlHandler {
         let sh = &self.0;
         match req {
             Request::Status => Response::ok_with(&sh.status()),
-            Request::Flush => match sh.flush_now() {
+            Request::Flush => match sh.flush_bounded() {
                 Ok(cut) => Response::ok_with(&dcpi_proto::FlushResult {
                     flushed: true,
                     until_ns: cut.until,
@@ -632,6 +714,10 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         started: sampling_since,
         aggregator,
         store_status: Mutex::new(store.status()),
+        store_busy: store.busy_since(),
+        flush_running: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        store_cfg: store.config().clone(),
+        events: store.events().to_vec(),
         stages: Mutex::new(crate::status::StageCpu::default()),
         store: Mutex::new(store),
         sampler: RwLock::new(Some(sampler)),
@@ -851,9 +937,19 @@ impl Flusher {
         Ok(Flusher { stop, thread })
     }
 
+    /// Stop the flush thread, waiting at most [`STOP_WAIT`]: one stuck in a hung database
+    /// is left behind (the stop then spools without it).
     fn stop(self) {
         self.stop.store(true, std::sync::atomic::Ordering::Release);
         self.thread.thread().unpark();
+        let deadline = Instant::now() + STOP_WAIT;
+        while !self.thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !self.thread.is_finished() {
+            tracing::error!("the flush thread is stuck (hung database?); stopping without it");
+            return;
+        }
         if self.thread.join().is_err() {
             tracing::error!("flush thread panicked");
         }
@@ -915,13 +1011,73 @@ fn serve_until_stop(
 }
 
 /// Stop sampling (every drain thread disables its events and delivers a final pass, which is
-/// the barrier for SIGTERM and `--duration`), then flush and publish everything.
-fn shut_down(shared: &Shared) {
+/// the barrier for SIGTERM and `--duration`), then spool and publish everything.
+///
+/// A hung database must not hold the stop: the last samples go to the local spool first;
+/// publishing is skipped if the database has stalled, and bounded otherwise; if a stuck
+/// operation holds the store, the samples are spooled without it.
+fn shut_down(shared: &Arc<Shared>) {
     if let Some(s) = shared.sampler.write().unwrap_or_else(|p| p.into_inner()).take() {
         s.stop();
     }
-    if let Err(e) = shared.flush_everything() {
-        tracing::error!(error = %e, "could not publish everything; the spool keeps it for the next start");
+    let settings = shared.settings();
+    let deadline = Instant::now() + STOP_WAIT;
+    let mut store = loop {
+        match shared.store.try_lock() {
+            Ok(g) => break Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => break None,
+        }
+    };
+    let resolved = shared.aggregator.flush_all();
+    let Some(st) = store.as_mut() else {
+        spool_without_store(shared, resolved);
+        return;
+    };
+    shared.sync_store(st);
+    shared.absorb(st, resolved);
+    st.spool_held();
+    *lock(&shared.store_status) = st.status();
+    if let Some(since) = shared.stalled_since(&settings) {
+        tracing::error!(stalled_since_unix_ms = since,
+            "the database is not answering; not publishing at stop, the spool keeps everything for the next start");
+        return;
     }
-    lock(&shared.store).release_lease();
+    drop(store);
+    // The last publish, bounded: the database may hang right now.
+    let (tx, rx) = mpsc::channel();
+    let sh = Arc::clone(shared);
+    let spawned = std::thread::Builder::new().name("dcpid-stop".into()).spawn(move || {
+        let r = sh.flush_everything();
+        lock(&sh.store).release_lease();
+        let _ = tx.send(r);
+    });
+    match spawned.map(|_| rx.recv_timeout(STOP_PUBLISH_WAIT)) {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::error!(error = %e,
+            "could not publish everything; the spool keeps it for the next start"),
+        Ok(Err(_)) => tracing::error!(
+            wait_s = STOP_PUBLISH_WAIT.as_secs(),
+            "the last publish did not finish; the spool keeps everything for the next start"
+        ),
+        Err(e) => tracing::error!(error = %e, "cannot start the last publish"),
+    }
+}
+
+/// The stop's last samples, when a stuck database operation holds the store: appended to the
+/// spool directly, for the next start to publish.
+fn spool_without_store(shared: &Shared, resolved: Resolved) {
+    let epoch = lock(&shared.store_status).epoch.clone();
+    let Some(epoch) = epoch.and_then(|e| profile_format::EpochId::parse(&e).ok()) else {
+        tracing::error!("no epoch known; the last samples are lost");
+        return;
+    };
+    match Store::spool_directly(&shared.store_cfg, &shared.events, &epoch, resolved, 0, 0) {
+        Ok(n) => tracing::error!(samples = n,
+            "a stuck database operation holds the store; the last samples were spooled directly for the next start"),
+        Err(e) => tracing::error!(error = %e, "could not spool the last samples; they are lost"),
+    }
 }

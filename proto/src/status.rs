@@ -17,7 +17,7 @@
 //!   `dirty_profiles`, `pending_batches`, `pending_bytes`, `dropped_samples`, `db_error`,
 //!   `spool_error`, `spool_quarantined`, `corrupt_files_set_aside`, `last_set_aside`,
 //!   `lease_file`, `lease_renewed_unix_ms`, `lease_lost_to`, `kallsyms_refreshes`,
-//!   `kallsyms_changes`, ...)
+//!   `kallsyms_changes`, `publish_stalled_since_unix_ms`, ...)
 //! - `condition`: `ok`, or a one-line description of what is wrong (disk, CPUs not sampled)
 //! - `daemon`: `cpu_user_s`, `cpu_sys_s`, `rss_kib`
 //! - `rate`: `samples_per_s` (since start), `samples_per_s_recent` (over the last flush
@@ -204,6 +204,10 @@ pub struct StoreStatus {
     pub kallsyms_refreshes: u64,
     #[serde(default)]
     pub kallsyms_changes: u64,
+    /// Set while a store operation (a publish) has been running for much longer than it
+    /// should: the database is not answering. Unix ms at which it began.
+    #[serde(default)]
+    pub publish_stalled_since_unix_ms: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]

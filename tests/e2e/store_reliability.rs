@@ -189,3 +189,120 @@ fn second_daemon_on_the_same_host_name_exits_2_naming_the_first_until_it_dies() 
     // A clean stop releases the lease.
     assert_eq!(Database::open(&sb.db()).unwrap().read_lease("web1.dc1").unwrap(), None);
 }
+
+/// Keep one CPU busy while the guard lives.
+struct Spin(std::sync::Arc<std::sync::atomic::AtomicBool>, Option<std::thread::JoinHandle<()>>);
+
+fn spin() -> Spin {
+    use std::sync::atomic::Ordering;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = std::sync::Arc::clone(&stop);
+    let h = std::thread::spawn(move || {
+        let mut x = 1u64;
+        while !s.load(Ordering::Relaxed) {
+            for i in 0..10_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+            }
+        }
+    });
+    Spin(stop, Some(h))
+}
+
+impl Drop for Spin {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.1.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn status_of(d: &Daemon) -> serde_json::Value {
+    let out = ctl_bounded(d, &["status", "--json"], 10);
+    assert!(out.status.success(), "status: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// Every sample of `host` in the database (every profile must read).
+fn host_total(db: &Path, host: &str) -> u64 {
+    let d = Database::open(db).expect("db");
+    let mut n = 0;
+    for e in d.epochs().expect("epochs") {
+        let hd = d.host_dir(&e, host).expect("host dir");
+        for p in hd.profiles().unwrap_or_default() {
+            n +=
+                profile_format::Profile::read(&p.path).expect("profile reads").header.total_samples;
+        }
+    }
+    n
+}
+
+#[test]
+fn hung_database_keeps_sampling_status_and_stop_and_loses_no_sample() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let trigger = sb.dir.path().join("hang-the-database");
+    let spawn = |stall: bool| {
+        let mut c = Command::new(bin("dcpid"));
+        c.args(sb.daemon_args("h1"))
+            .args(["-e", "cpu-clock", "--flush-interval", "500ms", "--publish-interval", "1s"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if stall {
+            // Test hook: while the file exists every database operation blocks, as on a
+            // hung NFS server.
+            c.env("DCPI_TEST_STALL_DB", &trigger);
+        }
+        let mut d = Daemon { child: Some(c.spawn().expect("spawn")), socket: sb.socket() };
+        wait_for(60, "dcpid ready", || {
+            if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("dcpid exited with {st}");
+            }
+            sb.socket().exists() && d.ctl(&["status"]).status.success()
+        });
+        d
+    };
+    let _busy = spin();
+    let mut d = spawn(true);
+    wait_for(60, "a first publish", || ctl_bounded(&d, &["flush"], 60).status.success());
+    std::fs::write(&trigger, b"").expect("hang the database");
+    // Status answers, and says publishing is stalled and since when.
+    wait_for(60, "the stall reported", || {
+        status_of(&d)["store"]["publish_stalled_since_unix_ms"].is_u64()
+    });
+    let v = status_of(&d);
+    assert!(v["condition"].as_str().unwrap().contains("stalled"), "{}", v["condition"]);
+    // Sampling goes on.
+    let before = v["samples"].as_u64().unwrap();
+    wait_for(60, "samples during the stall", || {
+        status_of(&d)["samples"].as_u64().unwrap() > before + 100
+    });
+    // A flush answers, with an error, within its bound.
+    let t = Instant::now();
+    let out = ctl_bounded(&d, &["flush"], 60);
+    assert!(!out.status.success(), "flush cannot succeed on a hung database");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not answering") && err.contains("spool"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(40), "flush took {:?}", t.elapsed());
+    // SIGTERM stops it within a few seconds, the samples kept in the spool.
+    let seen = status_of(&d)["samples"].as_u64().unwrap();
+    let t = Instant::now();
+    let (st, err) = terminate_bounded(&mut d, 20);
+    assert!(st.success(), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10), "stop took {:?}: {err}", t.elapsed());
+    // The database answers again: the next start publishes what the first one sampled.
+    std::fs::remove_file(&trigger).expect("unhang");
+    let mut d = spawn(false);
+    let out = ctl_bounded(&d, &["flush"], 60);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let more = status_of(&d)["samples"].as_u64().unwrap();
+    let (st, err) = terminate_bounded(&mut d, 30);
+    assert!(st.success(), "{err}");
+    let total = host_total(&sb.db(), "h1");
+    assert!(total >= seen, "lost samples: {total} published, {seen} seen before the stop");
+    // Samples taken after the status request, before the stop; and the second run's.
+    let high = seen + seen / 10 + 2 * more + 1000;
+    assert!(total <= high, "counted twice? {total} published, at most {high} expected");
+}

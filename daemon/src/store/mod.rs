@@ -32,6 +32,8 @@ mod summaries;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use profile_format::{
@@ -71,6 +73,10 @@ pub enum StoreError {
 /// Temporary files (`.tmp-*`) older than this in this host's directories are leftovers of a
 /// killed writer (a write takes seconds even on a slow NFS server), removed at start.
 pub const STALE_TMP_AGE: Duration = Duration::from_secs(600);
+
+/// Environment variable (tests only): names a file; while it exists, database operations of
+/// the store block (a stand-in for a hung NFS server).
+pub const STALL_DB_ENV: &str = "DCPI_TEST_STALL_DB";
 
 /// Settings of the store.
 #[derive(Clone, Debug)]
@@ -181,6 +187,11 @@ pub struct Store {
     crash_after_writes: Option<u32>,
     lease: LeaseState,
     tmp_cleaned: bool,
+    /// Unix ms at which the operation in progress (a tick, a flush) began; 0 when idle. Read
+    /// without the store's lock by `dcpictl status`, which reports a stall while a database
+    /// operation hangs.
+    busy_since: Arc<AtomicU64>,
+    stall_db: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Store {
@@ -212,6 +223,25 @@ fn adopt_shared_spool(base: &Path, dir: &Path) {
                 "store: spool segment of an older dcpid moved into this host's spool"),
             Err(e) => tracing::warn!(file = %p.display(), error = %e,
                 "store: cannot move an older spool segment into this host's spool"),
+        }
+    }
+}
+
+/// Marks the store busy (since now) while it lives; nested marks keep the outer time.
+struct Busy(Arc<AtomicU64>, bool);
+
+impl Busy {
+    fn mark(at: Arc<AtomicU64>) -> Busy {
+        let now = unix_ms(SystemTime::now()).max(1);
+        let first = at.compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        Busy(at, first)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.store(0, Ordering::Release);
         }
     }
 }
@@ -262,11 +292,73 @@ impl Store {
             crash_after_writes: None,
             lease: LeaseState::default(),
             tmp_cleaned: false,
+            busy_since: Arc::new(AtomicU64::new(0)),
+            stall_db: std::env::var_os(STALL_DB_ENV).map(PathBuf::from),
         }
     }
 
     pub fn config(&self) -> &StoreConfig {
         &self.cfg
+    }
+
+    /// Unix ms at which the store's current operation began (0: idle), readable while the
+    /// operation holds the store: a value far in the past means the database hangs.
+    pub fn busy_since(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.busy_since)
+    }
+
+    /// Spool everything held (no database access): what a stop does first, so that a hung
+    /// database cannot cost the samples.
+    pub fn spool_held(&mut self) {
+        let now = Instant::now();
+        self.ensure_spool_open(now);
+        if self.epoch.is_some() {
+            self.spool_pending(now);
+        }
+        if let Some(sp) = self.spool.as_mut() {
+            if let Err(e) = sp.sync() {
+                self.set_spool_error(&e);
+            }
+        }
+    }
+
+    /// Append one resolved batch to this host's spool without the store (whose lock a hung
+    /// database operation may hold): opens the spool directory afresh and adds one record,
+    /// published by the next start. For the daemon's stop only.
+    pub fn spool_directly(
+        cfg: &StoreConfig,
+        events: &[EventInfo],
+        epoch: &EpochId,
+        resolved: Resolved,
+        lost: u64,
+        throttled: u64,
+    ) -> Result<u64, StoreError> {
+        let Some(batch) = PendingBatch::from_resolved(
+            resolved,
+            events,
+            Some(epoch.clone()),
+            lost,
+            throttled,
+            &mut |_| {},
+        ) else {
+            return Ok(0);
+        };
+        let dir = cfg.spool.join(&cfg.host);
+        let (mut sp, _) = Spool::open(&dir, cfg.publish_interval)?;
+        let delta = summaries::delta_of(&batch, 0, events, &[]);
+        let incs: Vec<Increment<'_>> = batch
+            .profiles
+            .iter()
+            .map(|p| Increment {
+                image: p.image.as_ref().map(|(id, img)| (id.as_str(), img)),
+                desc: &p.desc,
+                total_period: p.total_period,
+                counts: &p.counts,
+            })
+            .collect();
+        sp.append(epoch.as_str(), &incs, &delta, Instant::now())?;
+        sp.sync()?;
+        Ok(batch.samples)
     }
 
     /// This host's spool log: `<spool>/<host>/`.
@@ -464,6 +556,10 @@ impl Store {
         self.host.events = events;
     }
 
+    pub fn events(&self) -> &[EventInfo] {
+        &self.host.events
+    }
+
     /// Add counter enabled/running time deltas (ns, summed over CPUs) per event index; they go
     /// into the current epoch's summary with the next spooled batch.
     pub fn add_event_times(&mut self, deltas: &[(u64, u64)]) {
@@ -597,6 +693,7 @@ impl Store {
 
     /// [`Store::tick`] with an explicit clock (tests simulate the passing of time).
     pub fn tick_at(&mut self, now: Instant) {
+        let _busy = Busy::mark(Arc::clone(&self.busy_since));
         let t1 = self.spool_step(now);
         let published = self.publish_due(now);
         self.refresh_kallsyms(false);
@@ -629,9 +726,13 @@ impl Store {
     /// from there).
     fn spool_step(&mut self, now: Instant) -> Instant {
         let t0 = Instant::now();
-        self.ensure_open(now);
+        // The local spool first: a database that hangs must not keep this flush's samples out
+        // of it (a SIGTERM during the hang then loses nothing that was flushed).
+        self.ensure_spool_open(now);
+        let mut spooled = if self.epoch.is_some() { self.spool_pending(now) } else { 0 };
+        self.ensure_db_open();
         self.follow_epoch(now);
-        let spooled = self.spool_pending(now);
+        spooled += self.spool_pending(now);
         self.health.last_flush = Some(OpStat {
             unix_ms: unix_ms(SystemTime::now()),
             duration_ms: t0.elapsed().as_secs_f64() * 1e3,
@@ -643,6 +744,7 @@ impl Store {
     /// Write everything held to the spool and publish every changed profile now (`dcpictl
     /// flush`, shutdown, end of an epoch). Errors if something could not be written.
     pub fn flush_everything(&mut self) -> Result<(), StoreError> {
+        let _busy = Busy::mark(Arc::clone(&self.busy_since));
         let now = Instant::now();
         let t1 = self.spool_step(now);
         self.renew_lease(now, true);
@@ -679,6 +781,7 @@ impl Store {
     /// Close the current epoch with everything flushed into it and start a new one.
     pub fn new_epoch(&mut self) -> Result<EpochId, StoreError> {
         self.flush_everything()?;
+        let _busy = Busy::mark(Arc::clone(&self.busy_since));
         let db = self.db.as_ref().ok_or_else(|| StoreError::NoDatabase(self.cfg.db.clone()))?;
         let e = db.new_epoch(SystemTime::now(), &self.cfg.host)?;
         tracing::info!(epoch = %e, "store: started a new epoch");
@@ -770,6 +873,8 @@ impl Store {
             lease_lost_to: self.lease.lost_to.clone(),
             kallsyms_refreshes: self.kernel.refreshes,
             kallsyms_changes: self.kernel.changed,
+            // Known only outside the store (its status is taken between operations).
+            publish_stalled_since_unix_ms: None,
         }
     }
 
@@ -824,6 +929,12 @@ impl Store {
     }
 
     fn ensure_open(&mut self, now: Instant) {
+        self.ensure_db_open();
+        self.ensure_spool_open(now);
+    }
+
+    fn ensure_db_open(&mut self) {
+        self.db_gate();
         if self.db.is_none() {
             match Database::create(&self.cfg.db) {
                 Ok(db) => {
@@ -852,6 +963,19 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// Test hook (the `DCPI_TEST_STALL_DB` environment variable of dcpid names a file): while
+    /// that file exists, every database phase of the store blocks, as on a hung NFS server.
+    fn db_gate(&self) {
+        if let Some(trigger) = &self.stall_db {
+            while trigger.exists() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    fn ensure_spool_open(&mut self, now: Instant) {
         if self.spool.is_none() {
             let dir = self.spool_dir();
             adopt_shared_spool(&self.cfg.spool, &dir);
@@ -1062,6 +1186,7 @@ impl Store {
     /// Publish the profiles whose turn has come, oldest turn first, a bounded number per tick
     /// so that writes are spread over the publish interval.
     fn publish_due(&mut self, now: Instant) -> usize {
+        self.db_gate();
         self.renew_lease(now, false);
         if self.check_lease().is_err() {
             return 0;
@@ -1097,6 +1222,7 @@ impl Store {
 
     /// Publish every dirty profile (of `epoch`, or all).
     fn publish_all(&mut self, now: Instant, epoch: Option<&str>) -> Result<(), StoreError> {
+        self.db_gate();
         self.check_lease()?;
         for key in self.schedule.all(epoch) {
             match self.publish_key(&key) {
