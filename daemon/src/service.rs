@@ -492,12 +492,14 @@ impl Shared {
         Cut { until, unanswered }
     }
 
-    /// [`Shared::flush_now`] on its own thread, waited for at most [`FLUSH_WAIT`]: a hung
-    /// database must not hang the client too. The flush goes on in the background (one at a
-    /// time) and its samples are safe in the spool.
-    fn flush_bounded(self: &Arc<Self>) -> Result<Cut, (Cut, String)> {
+    /// A store operation of a control command on its own thread, waited for at most
+    /// [`FLUSH_WAIT`]: a hung database must not hang the client too. The operation goes on in
+    /// the background (one at a time); the samples are safe in the spool meanwhile.
+    fn bounded_store_op<T: Send + 'static>(
+        self: &Arc<Self>,
+        op: impl FnOnce(&Shared) -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
         use std::sync::atomic::Ordering;
-        let no_cut = || Cut { until: 0, unanswered: Vec::new() };
         let stalled = |sh: &Shared| {
             let s = sh.settings();
             match sh.stalled_since(&s) {
@@ -509,34 +511,28 @@ impl Shared {
             }
         };
         if self.flush_running.swap(true, Ordering::AcqRel) {
-            return Err((
-                no_cut(),
-                format!(
-                    "a previous flush has not finished: {}; samples are kept in the spool",
-                    stalled(self)
-                ),
+            return Err(format!(
+                "a previous flush or epoch change has not finished: {}; samples are kept in the spool",
+                stalled(self)
             ));
         }
         let (tx, rx) = mpsc::channel();
         let sh = Arc::clone(self);
-        let spawned = std::thread::Builder::new().name("dcpid-ctl-flush".into()).spawn(move || {
-            let r = sh.flush_now();
+        let spawned = std::thread::Builder::new().name("dcpid-ctl-store".into()).spawn(move || {
+            let r = op(&sh);
             sh.flush_running.store(false, Ordering::Release);
             let _ = tx.send(r);
         });
         if let Err(e) = spawned {
             self.flush_running.store(false, Ordering::Release);
-            return Err((no_cut(), format!("cannot start the flush: {e}")));
+            return Err(format!("cannot start: {e}"));
         }
         match rx.recv_timeout(FLUSH_WAIT) {
             Ok(r) => r,
-            Err(_) => Err((
-                no_cut(),
-                format!(
-                    "not done after {} s: {}; samples are kept in the local spool and published when it answers",
-                    FLUSH_WAIT.as_secs(),
-                    stalled(self)
-                ),
+            Err(_) => Err(format!(
+                "not done after {} s: {}; samples are kept in the local spool and published when it answers",
+                FLUSH_WAIT.as_secs(),
+                stalled(self)
             )),
         }
     }
@@ -623,16 +619,16 @@ impl Handler for ControlHandler {
         let sh = &self.0;
         match req {
             Request::Status => Response::ok_with(&sh.status()),
-            Request::Flush => match sh.flush_bounded() {
+            Request::Flush => match sh.bounded_store_op(|sh| {
+                sh.flush_now()
+                    .map_err(|(cut, e)| format!("{e}{}", unanswered_note(&cut.unanswered)))
+            }) {
                 Ok(cut) => Response::ok_with(&dcpi_proto::FlushResult {
                     flushed: true,
                     until_ns: cut.until,
                     unanswered_cpus: cut.unanswered.clone(),
                 }),
-                Err((cut, e)) => Response::err(format!(
-                    "flush incomplete: {e}{}",
-                    unanswered_note(&cut.unanswered)
-                )),
+                Err(e) => Response::err(format!("flush incomplete: {e}")),
             },
             Request::Reload => {
                 let r = sh.reload("dcpictl");
@@ -653,16 +649,16 @@ impl Handler for ControlHandler {
                     unanswered_cpus: Vec::new(),
                 })
             }
-            Request::EpochNew => match sh.new_epoch() {
-                (cut, Ok(e)) => Response::ok_with(&dcpi_proto::EpochResult {
+            Request::EpochNew => match sh.bounded_store_op(|sh| match sh.new_epoch() {
+                (cut, Ok(e)) => Ok((cut, e)),
+                (cut, Err(e)) => Err(format!("{e}{}", unanswered_note(&cut.unanswered))),
+            }) {
+                Ok((cut, e)) => Response::ok_with(&dcpi_proto::EpochResult {
                     epoch: Some(e.to_string()),
                     until_ns: cut.until,
                     unanswered_cpus: cut.unanswered.clone(),
                 }),
-                (cut, Err(e)) => Response::err(format!(
-                    "cannot start a new epoch: {e}{}",
-                    unanswered_note(&cut.unanswered)
-                )),
+                Err(e) => Response::err(format!("cannot start a new epoch: {e}")),
             },
         }
     }

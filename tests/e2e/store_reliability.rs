@@ -286,6 +286,11 @@ fn hung_database_keeps_sampling_status_and_stop_and_loses_no_sample() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not answering") && err.contains("spool"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(40), "flush took {:?}", t.elapsed());
+    // So does an epoch change (the stuck flush is still running: at once).
+    let out = ctl_bounded(&d, &["epoch", "new"], 60);
+    assert!(!out.status.success(), "no new epoch on a hung database");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not answering"), "{err}");
     // SIGTERM stops it within a few seconds, the samples kept in the spool.
     let seen = status_of(&d)["samples"].as_u64().unwrap();
     let t = Instant::now();
