@@ -160,6 +160,24 @@ pub fn render_status(v: &StatusReport) -> String {
         "spool:      {} rows ({} bytes), {} profiles to publish, {} batches held in memory\n",
         store.spool_rows, store.spool_bytes, store.dirty_profiles, store.pending_batches
     );
+    if store.corrupt_files_set_aside > 0 || store.spool_quarantined > 0 {
+        o += &format!(
+            "bad files:  {} set aside from the host directory{}, {} spool records quarantined\n",
+            store.corrupt_files_set_aside,
+            store.last_set_aside.as_ref().map(|l| format!(" (last: {l})")).unwrap_or_default(),
+            store.spool_quarantined
+        );
+    }
+    if let Some(since) = store.publish_stalled_since_unix_ms {
+        o += &format!("publishing: STALLED since {} (the database is not answering)\n", ago(since));
+    }
+    match (&store.lease_file, &store.lease_lost_to) {
+        (_, Some(owner)) => o += &format!("lease:      LOST to {owner}; not publishing\n"),
+        (Some(f), None) => {
+            o += &format!("lease:      {f}, renewed {}\n", ago(store.lease_renewed_unix_ms))
+        }
+        (None, None) => {}
+    }
     let d = &v.daemon;
     o += &format!(
         "daemon:     cpu {:.2}s user + {:.2}s sys, rss {} KiB\n",

@@ -231,12 +231,15 @@ settings! {
     /// Profile database directory (may be shared by many hosts, e.g. over NFS).
     #[arg(long, value_name = "DIR")]
     db: PathBuf = PathBuf::from(profile_format::DEFAULT_DB);
-    /// Host-local spool directory (an append-only log) holding increments not yet published
-    /// [default: /run/dcpid/spool, a tmpfs under systemd: it survives a crash of dcpid, not a
-    /// reboot, and costs no disk writes].
-    #[arg(long, value_name = "FILE")]
+    /// Host-local spool directory holding increments not yet published; each host name's
+    /// append-only log is in its own subdirectory, `<spool>/<host>/` [default: /run/dcpid/spool,
+    /// a tmpfs under systemd: it survives a crash of dcpid, not a reboot, and costs no disk
+    /// writes].
+    #[arg(long, value_name = "DIR")]
     spool: PathBuf = PathBuf::from(DEFAULT_SPOOL);
-    /// Host name used for this host's directory in the database [default: the system host name].
+    /// Host name used for this host's directory in the database; one running dcpid per host
+    /// name and database (a lease in `<db>/leases/` enforces it) [default: the full system
+    /// host name].
     #[arg(long, value_name = "NAME")]
     host: String = system_host_name();
     /// Events to sample: `auto` or a comma-separated list like `cycles,cpu-clock:1000000`.
@@ -552,20 +555,36 @@ fn flag_for(field: &str) -> String {
     format!("`--{flag}` (or `{field}` in the configuration file)")
 }
 
-/// This machine's host name (`uname -n`), reduced to its first label; `localhost` if unusable.
+/// This machine's full host name (`uname -n`): not its first label, which `web1.dc1` and
+/// `web1.dc2` share (two daemons writing one host directory lose samples). Its first label if
+/// the full name is not a valid host name (longer than 64 bytes), `localhost` if neither is.
 pub fn system_host_name() -> String {
     let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let name = raw.trim().split('.').next().unwrap_or("").to_string();
-    if profile_format::validate_host_name(&name).is_ok() {
-        name
-    } else {
-        "localhost".into()
-    }
+    host_name_from(raw.trim())
+}
+
+fn host_name_from(full: &str) -> String {
+    let first = full.split('.').next().unwrap_or("");
+    [full, first]
+        .into_iter()
+        .find(|n| profile_format::validate_host_name(n).is_ok())
+        .unwrap_or("localhost")
+        .to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_host_name_is_the_full_name() {
+        assert_eq!(host_name_from("web1.dc1"), "web1.dc1");
+        assert_ne!(host_name_from("web1.dc1"), host_name_from("web1.dc2"));
+        let long = format!("web1.{}", "a".repeat(70));
+        assert_eq!(host_name_from(&long), "web1");
+        assert_eq!(host_name_from(""), "localhost");
+        assert_eq!(host_name_from(".hidden"), "localhost");
+    }
 
     fn file(text: &str) -> Result<Settings, ConfigError> {
         let p = Path::new("/etc/dcpi/l.toml");

@@ -45,6 +45,16 @@ const PROGRESS_MAX_AGE: Duration = Duration::from_secs(5);
 /// request's instant; a CPU that has not answered by then is named in the response.
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// A store operation (tick or flush) running longer than this (or two flush intervals, if
+/// more) means the database is not answering: `status` reports publishing as stalled.
+const STALL_AFTER: Duration = Duration::from_secs(10);
+/// How long `dcpictl flush` waits for the store before answering with an error.
+const FLUSH_WAIT: Duration = Duration::from_secs(20);
+/// At a stop: how long to wait for the flush thread, and for the store's lock.
+const STOP_WAIT: Duration = Duration::from_secs(3);
+/// At a stop with a database that answers: how long the last publish may take.
+const STOP_PUBLISH_WAIT: Duration = Duration::from_secs(60);
+
 /// The outcome of closing a batch at an instant ([`Shared::cut`]).
 struct Cut {
     /// The instant (perf clock ns): the batch holds every sample up to it, none after.
@@ -96,6 +106,9 @@ pub enum ServiceError {
     },
     #[error("spool {0}: {1}")]
     Spool(String, String),
+    /// Another live dcpid holds this host name in the database.
+    #[error("{0}")]
+    LeaseHeld(StoreError),
     #[error("{TEST_STALL_ENV}: expected CPU:MS, got {0:?}")]
     StallEnv(String),
     #[error("cannot start sampling: {0}")]
@@ -125,6 +138,7 @@ impl ServiceError {
             | ServiceError::NotPermitted { .. }
             | ServiceError::Database { .. }
             | ServiceError::Spool(..)
+            | ServiceError::LeaseHeld(_)
             | ServiceError::StallEnv(_)
             | ServiceError::NoGroup(_)
             | ServiceError::Sampler(SamplerError::Config(_))
@@ -286,6 +300,13 @@ struct Shared {
     watch: Arc<Watch>,
     /// The resolver's counters as last read (status does not wait for a flush holding it).
     resolver_stats: Mutex<crate::resolve::ResolverStats>,
+    /// When the store's running operation began (0: idle), readable without its lock.
+    store_busy: Arc<std::sync::atomic::AtomicU64>,
+    /// A `dcpictl flush` is running (possibly stuck on a hung database).
+    flush_running: Arc<std::sync::atomic::AtomicBool>,
+    /// What a stop needs to spool the last samples when a hung database holds the store.
+    store_cfg: StoreConfig,
+    events: Vec<EventInfo>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -550,6 +571,51 @@ impl Shared {
         Cut { until, unanswered }
     }
 
+    /// A store operation of a control command on its own thread, waited for at most
+    /// [`FLUSH_WAIT`]: a hung database must not hang the client too. The operation goes on in
+    /// the background (one at a time); the samples are safe in the spool meanwhile.
+    fn bounded_store_op<T: Send + 'static>(
+        self: &Arc<Self>,
+        op: impl FnOnce(&Shared) -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
+        use std::sync::atomic::Ordering;
+        let stalled = |sh: &Shared| {
+            let s = sh.settings();
+            match sh.stalled_since(&s) {
+                Some(t) => format!(
+                    "publishing stalled for {:.0} s (the database is not answering)",
+                    unix_ms_now().saturating_sub(t) as f64 / 1e3
+                ),
+                None => "the store is busy".into(),
+            }
+        };
+        if self.flush_running.swap(true, Ordering::AcqRel) {
+            return Err(format!(
+                "a previous flush or epoch change has not finished: {}; samples are kept in the spool",
+                stalled(self)
+            ));
+        }
+        let (tx, rx) = mpsc::channel();
+        let sh = Arc::clone(self);
+        let spawned = std::thread::Builder::new().name("dcpid-ctl-store".into()).spawn(move || {
+            let r = op(&sh);
+            sh.flush_running.store(false, Ordering::Release);
+            let _ = tx.send(r);
+        });
+        if let Err(e) = spawned {
+            self.flush_running.store(false, Ordering::Release);
+            return Err(format!("cannot start: {e}"));
+        }
+        match rx.recv_timeout(FLUSH_WAIT) {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "not done after {} s: {}; samples are kept in the local spool and published when it answers",
+                FLUSH_WAIT.as_secs(),
+                stalled(self)
+            )),
+        }
+    }
+
     /// `dcpictl flush`: a cut, then the store spools and publishes everything.
     fn flush_now(&self) -> Result<Cut, (Cut, String)> {
         let mut store = lock(&self.store);
@@ -583,6 +649,22 @@ impl Shared {
         r
     }
 
+    /// Since when (Unix ms) the store's running operation has been stuck, if it has run for
+    /// longer than a healthy one could.
+    fn stalled_since(&self, settings: &Settings) -> Option<u64> {
+        let since = self.store_busy.load(std::sync::atomic::Ordering::Acquire);
+        let bound = STALL_AFTER.max(settings.flush_interval * 2).as_millis() as u64;
+        (since != 0 && unix_ms_now().saturating_sub(since) > bound).then_some(since)
+    }
+
+    /// The last store status, with a stall of the running operation (which holds the store,
+    /// so its own status is not fresh).
+    fn store_status_now(&self, settings: &Settings) -> crate::store::StoreStatus {
+        let mut st = lock(&self.store_status).clone();
+        st.publish_stalled_since_unix_ms = self.stalled_since(settings);
+        st
+    }
+
     fn status(&self) -> StatusReport {
         let sampler_status =
             self.sampler.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(|s| s.status());
@@ -606,7 +688,7 @@ impl Shared {
             aggregator: &agg,
             unknown_by_reason: &c.unknown_by_reason,
             resolved_samples: c.resolved_samples,
-            store: lock(&self.store_status).clone(),
+            store: self.store_status_now(&settings),
             settings: &settings,
             last_reload,
             recent,
@@ -625,16 +707,16 @@ impl Handler for ControlHandler {
         let sh = &self.0;
         match req {
             Request::Status => Response::ok_with(&sh.status()),
-            Request::Flush => match sh.flush_now() {
+            Request::Flush => match sh.bounded_store_op(|sh| {
+                sh.flush_now()
+                    .map_err(|(cut, e)| format!("{e}{}", unanswered_note(&cut.unanswered)))
+            }) {
                 Ok(cut) => Response::ok_with(&dcpi_proto::FlushResult {
                     flushed: true,
                     until_ns: cut.until,
                     unanswered_cpus: cut.unanswered.clone(),
                 }),
-                Err((cut, e)) => Response::err(format!(
-                    "flush incomplete: {e}{}",
-                    unanswered_note(&cut.unanswered)
-                )),
+                Err(e) => Response::err(format!("flush incomplete: {e}")),
             },
             Request::Reload => {
                 let r = sh.reload("dcpictl");
@@ -655,16 +737,16 @@ impl Handler for ControlHandler {
                     unanswered_cpus: Vec::new(),
                 })
             }
-            Request::EpochNew => match sh.new_epoch() {
-                (cut, Ok(e)) => Response::ok_with(&dcpi_proto::EpochResult {
+            Request::EpochNew => match sh.bounded_store_op(|sh| match sh.new_epoch() {
+                (cut, Ok(e)) => Ok((cut, e)),
+                (cut, Err(e)) => Err(format!("{e}{}", unanswered_note(&cut.unanswered))),
+            }) {
+                Ok((cut, e)) => Response::ok_with(&dcpi_proto::EpochResult {
                     epoch: Some(e.to_string()),
                     until_ns: cut.until,
                     unanswered_cpus: cut.unanswered.clone(),
                 }),
-                (cut, Err(e)) => Response::err(format!(
-                    "cannot start a new epoch: {e}{}",
-                    unanswered_note(&cut.unanswered)
-                )),
+                Err(e) => Response::err(format!("cannot start a new epoch: {e}")),
             },
         }
     }
@@ -725,6 +807,10 @@ pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
         started: sampling_since,
         aggregator,
         store_status: Mutex::new(store.status()),
+        store_busy: store.busy_since(),
+        flush_running: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        store_cfg: store.config().clone(),
+        events: store.events().to_vec(),
         stages: Mutex::new(crate::status::StageCpu::default()),
         store: Mutex::new(store),
         sampler: RwLock::new(Some(sampler)),
@@ -810,7 +896,7 @@ fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
         tracing::warn!(db = %settings.db.display(), error = %e,
             "database not writable now; sampling anyway, keeping data in the spool and retrying");
     }
-    Ok(Store::open(StoreConfig {
+    Store::open_leased(StoreConfig {
         db: settings.db.clone(),
         spool: settings.spool.clone(),
         host: settings.host.clone(),
@@ -819,7 +905,9 @@ fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
         max_memory_bytes: settings.max_memory_mb.saturating_mul(1 << 20),
         retention_days: settings.retention_days,
         retention_keep: settings.retention_keep,
-    }))
+    })
+    // One daemon per host name: two would overwrite each other's profiles.
+    .map_err(ServiceError::LeaseHeld)
 }
 
 /// Every event on every CPU (before anything is written: a daemon that may not sample creates
@@ -882,13 +970,34 @@ fn prime_resolver(aggregator: &Aggregator, store: &mut Store, t0: u64) {
         unreadable = scan.unreadable,
         "scanned /proc"
     );
-    match aggregator.with_resolver(|r| r.kallsyms_snapshot()) {
-        Ok(snap) => store.set_kallsyms(snap),
-        Err(e) => {
-            tracing::warn!(error = %e, "no kallsyms snapshot; kernel samples will not be symbolized")
-        }
-    }
+    store.set_kallsyms_source(Box::new(ProcKernelSymbols(ResolverConfig::default())));
     store.tick();
+}
+
+/// Fresh kernel symbol snapshots from /proc, refreshed when /proc/modules changes.
+struct ProcKernelSymbols(ResolverConfig);
+
+impl crate::store::KernelSymbolSource for ProcKernelSymbols {
+    fn fingerprint(&mut self) -> Option<Vec<u8>> {
+        let text =
+            crate::resolve::procfs::read_bounded(&self.0.proc_root.join("modules"), 16 << 20)
+                .ok()?;
+        // Name, size and address of each module: not the use counts, which change all the
+        // time without changing any symbol.
+        let mut fp = Vec::new();
+        for line in String::from_utf8_lossy(&text).lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            for i in [0, 1, 5] {
+                fp.extend_from_slice(f.get(i).unwrap_or(&"").as_bytes());
+                fp.push(b' ');
+            }
+            fp.push(b'\n');
+        }
+        Some(fp)
+    }
+    fn snapshot(&mut self) -> Result<profile_format::KallsymsSnapshot, String> {
+        crate::resolve::kallsyms_snapshot(&self.0).map_err(|e| e.to_string())
+    }
 }
 
 /// SIGTERM/SIGINT stop, SIGHUP reloads; each arrives on `tx`.
@@ -957,9 +1066,19 @@ impl Flusher {
         Ok(Flusher { stop, thread })
     }
 
+    /// Stop the flush thread, waiting at most [`STOP_WAIT`]: one stuck in a hung database
+    /// is left behind (the stop then spools without it).
     fn stop(self) {
         self.stop.store(true, std::sync::atomic::Ordering::Release);
         self.thread.thread().unpark();
+        let deadline = Instant::now() + STOP_WAIT;
+        while !self.thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !self.thread.is_finished() {
+            tracing::error!("the flush thread is stuck (hung database?); stopping without it");
+            return;
+        }
         // A panic was recorded by the watch.
         let _ = self.thread.join();
     }
@@ -1022,14 +1141,91 @@ fn serve_until_stop(
 }
 
 /// Stop sampling (every drain thread disables its events and delivers a final pass, which is
-/// the barrier for SIGTERM and `--duration`), then flush and publish everything.
-fn shut_down(shared: &Shared) -> Result<(), StoreError> {
+/// the barrier for SIGTERM and `--duration`), then spool and publish everything.
+///
+/// A hung database must not hold the stop: the last samples go to the local spool first;
+/// publishing is skipped if the database has stalled, and bounded otherwise; if a stuck
+/// operation holds the store, the samples are spooled without it. An error says what was not
+/// published (a `--duration` run fails on it) or, `Unwritten`, what did not even reach the
+/// spool (always a failure).
+fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
     if let Some(s) = shared.sampler.write().unwrap_or_else(|p| p.into_inner()).take() {
         s.stop();
     }
-    let r = shared.flush_everything();
-    if let Err(e) = &r {
-        tracing::error!(error = %e, "could not publish everything; the spool keeps what it holds for the next start");
+    let settings = shared.settings();
+    let deadline = Instant::now() + STOP_WAIT;
+    let mut store = loop {
+        match shared.store.try_lock() {
+            Ok(g) => break Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => break None,
+        }
+    };
+    let resolved = shared.aggregator.flush_all();
+    let Some(st) = store.as_mut() else {
+        spool_without_store(shared, resolved)?;
+        return Err(StoreError::NoDatabase(settings.db.clone()));
+    };
+    shared.sync_store(st);
+    shared.absorb(st, resolved);
+    st.spool_held();
+    *lock(&shared.store_status) = st.status();
+    if let Some(since) = shared.stalled_since(&settings) {
+        tracing::error!(stalled_since_unix_ms = since,
+            "the database is not answering; not publishing at stop, the spool keeps everything for the next start");
+        return Err(StoreError::NoDatabase(settings.db.clone()));
     }
-    r
+    drop(store);
+    // The last publish, bounded: the database may hang right now.
+    let (tx, rx) = mpsc::channel();
+    let sh = Arc::clone(shared);
+    let spawned = std::thread::Builder::new().name("dcpid-stop".into()).spawn(move || {
+        let r = sh.flush_everything();
+        lock(&sh.store).release_lease();
+        let _ = tx.send(r);
+    });
+    match spawned.map(|_| rx.recv_timeout(STOP_PUBLISH_WAIT)) {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => {
+            tracing::error!(error = %e,
+                "could not publish everything; the spool keeps it for the next start");
+            Err(e)
+        }
+        Ok(Err(_)) => {
+            tracing::error!(
+                wait_s = STOP_PUBLISH_WAIT.as_secs(),
+                "the last publish did not finish; the spool keeps everything for the next start"
+            );
+            Err(StoreError::NoDatabase(settings.db.clone()))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the last publish");
+            Err(StoreError::NoDatabase(settings.db.clone()))
+        }
+    }
+}
+
+/// The stop's last samples, when a stuck database operation holds the store: appended to the
+/// spool directly, for the next start to publish.
+fn spool_without_store(shared: &Shared, resolved: Resolved) -> Result<(), StoreError> {
+    let n = resolved.profiles.len();
+    let epoch = lock(&shared.store_status).epoch.clone();
+    let Some(epoch) = epoch.and_then(|e| profile_format::EpochId::parse(&e).ok()) else {
+        tracing::error!("no epoch known; the last samples are lost");
+        return Err(StoreError::Unwritten(n));
+    };
+    match Store::spool_directly(&shared.store_cfg, &shared.events, &epoch, resolved, 0, 0) {
+        Ok(samples) => {
+            tracing::error!(samples,
+                "a stuck database operation holds the store; the last samples were spooled directly for the next start");
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "could not spool the last samples; they are lost");
+            Err(StoreError::Unwritten(n))
+        }
+    }
 }

@@ -149,6 +149,18 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
     if i.store.dropped_samples > 0 {
         problems.push(format!("{} samples dropped (memory bound)", i.store.dropped_samples));
     }
+    if let Some(since) = i.store.publish_stalled_since_unix_ms {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        problems.push(format!(
+            "publishing stalled for {:.0} s (the database is not answering; samples are kept)",
+            now.saturating_sub(since) as f64 / 1e3
+        ));
+    }
+    if let Some(owner) = &i.store.lease_lost_to {
+        problems.push(format!("host name taken over by {owner}; not publishing"));
+    }
     let offline: Vec<String> =
         cpus.iter().filter(|c| !c.online).map(|c| c.cpu.to_string()).collect();
     if !offline.is_empty() {

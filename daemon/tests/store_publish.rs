@@ -310,7 +310,7 @@ fn spool_appends_only_what_changed_compactly() {
         s.tick_at(t0 + Duration::from_millis(100 * i));
     }
     let st = s.status();
-    let spool = dir_bytes(&dir.path().join("spool-h1.sqlite"));
+    let spool = dir_bytes(&dir.path().join("spool-h1.sqlite/h1"));
     assert_eq!(st.bytes_written.spool, spool, "every appended byte is in the log: {st:?}");
     assert!(spool < pairs * 3 + 60 * 64, "{spool} bytes for {pairs} pairs");
     assert!(st.spool_rows >= 60 * 4, "{st:?}");

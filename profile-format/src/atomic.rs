@@ -85,6 +85,36 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
+/// Create `path` with `bytes` only if no file of that name exists: `Ok(false)` if one does.
+/// The complete content is written to a temporary file first and hard-linked to `path`
+/// (`link` fails with EEXIST if the name exists, atomically, on NFS too), so a reader never
+/// sees a partial file. The caller syncs the directory.
+pub(crate) fn write_new(path: &Path, bytes: &[u8]) -> Result<bool> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let tmp = tmp_path(dir);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)
+            .map_err(|e| Error::io(path, e))?;
+        f.write_all(bytes).map_err(|e| Error::io(path, e))?;
+        f.sync_all().map_err(|e| Error::io(path, e))?;
+        drop(f);
+        match fs::hard_link(&tmp, path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(Error::io(path, e)),
+        }
+    })();
+    let _ = fs::remove_file(&tmp);
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

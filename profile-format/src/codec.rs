@@ -35,6 +35,27 @@ fn le_u16(b: &[u8]) -> u16 {
     u16::from_le_bytes([b[0], b[1]])
 }
 
+/// The first two checks (magic, version) on the bytes present.
+pub(crate) fn check_prefix(
+    bytes: &[u8],
+    path: &Path,
+    magic: &[u8; 8],
+    what: &'static str,
+    supported: u16,
+) -> Result<()> {
+    let prefix = bytes.len().min(magic.len());
+    if bytes[..prefix] != magic[..prefix] {
+        return Err(Error::BadMagic { path: path.into(), what });
+    }
+    if bytes.len() >= 10 {
+        let version = le_u16(&bytes[8..10]);
+        if version == 0 || version > supported {
+            return Err(Error::UnknownVersion { path: path.into(), version, supported });
+        }
+    }
+    Ok(())
+}
+
 /// Validate the container and return the payload (between fixed header and trailer).
 ///
 /// Order of checks: magic, version, length (truncation), checksum, flags. Each failure is its own
@@ -47,16 +68,7 @@ pub(crate) fn open<'a>(
     supported: u16,
 ) -> Result<&'a [u8]> {
     let actual = bytes.len() as u64;
-    let prefix = bytes.len().min(magic.len());
-    if bytes[..prefix] != magic[..prefix] {
-        return Err(Error::BadMagic { path: path.into(), what });
-    }
-    if bytes.len() >= 10 {
-        let version = le_u16(&bytes[8..10]);
-        if version == 0 || version > supported {
-            return Err(Error::UnknownVersion { path: path.into(), version, supported });
-        }
-    }
+    check_prefix(bytes, path, magic, what, supported)?;
     if bytes.len() < FIXED_HEADER_LEN {
         return Err(Error::Truncated { path: path.into(), expected: MIN_FILE_LEN as u64, actual });
     }

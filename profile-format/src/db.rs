@@ -172,6 +172,23 @@ fn list_names(dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// A profile file name (FORMAT.md §3) split into its image id (`None` for `unknown`) and
+/// event component; `None` if the name does not follow the scheme.
+pub(crate) fn parse_profile_name(name: &str) -> Option<(Option<ImageId>, &str)> {
+    let stem = name.strip_suffix(PROFILE_SUFFIX)?;
+    let (image, event) = stem.split_once('.')?;
+    if event.is_empty()
+        || event.len() > 64
+        || !event
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-')
+    {
+        return None;
+    }
+    let image_id = if image == UNKNOWN_STEM { None } else { Some(ImageId::parse(image).ok()?) };
+    Some((image_id, event))
+}
+
 fn is_dir(p: &Path) -> bool {
     fs::symlink_metadata(p).map(|m| m.is_dir()).unwrap_or(false)
 }
@@ -278,6 +295,26 @@ impl Database {
         })
     }
 
+    /// Make sure epoch `id` exists with its marker (written as if by `initiator_host` if it
+    /// is missing): for a writer that finds the epoch it was writing into gone (the database
+    /// removed while it ran). Returns whether anything was created.
+    pub fn ensure_epoch(&self, id: &EpochId, initiator_host: &str) -> Result<bool> {
+        validate_host_name(initiator_host)?;
+        let path = self.epoch_dir(id);
+        let marker = path.join(EPOCH_MARKER);
+        if fs::symlink_metadata(&marker).is_ok_and(|m| m.is_file()) {
+            return Ok(false);
+        }
+        fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        sync_dir(&self.epochs_dir())?;
+        let text = format!(
+            "dcpi-epoch 1\nid {id}\ninitiator {initiator_host}\nstart {}\n",
+            id.unix_secs()
+        );
+        write_atomic(&marker, text.as_bytes())?;
+        Ok(true)
+    }
+
     pub fn epoch_dir(&self, epoch: &EpochId) -> PathBuf {
         self.root.join("epochs").join(epoch.as_str())
     }
@@ -376,6 +413,39 @@ impl HostDir {
         Ok(())
     }
 
+    /// Remove temporary files (`.tmp-*`, §2) of this directory last modified more than
+    /// `min_age` before `now`: left by a writer killed in the middle of a write. Only the
+    /// host that owns the directory calls this (no one else writes there). Returns how many
+    /// were removed; a missing directory has none.
+    pub fn remove_stale_tmp(&self, now: SystemTime, min_age: Duration) -> Result<usize> {
+        let rd = match fs::read_dir(&self.path) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(Error::io(&self.path, e)),
+        };
+        let mut n = 0;
+        for entry in rd {
+            let entry = entry.map_err(|e| Error::io(&self.path, e))?;
+            if !entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                continue;
+            }
+            let Ok(meta) = entry.path().symlink_metadata() else { continue };
+            let old = meta
+                .modified()
+                .ok()
+                .and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age >= min_age);
+            if old && !meta.is_dir() {
+                match fs::remove_file(entry.path()) {
+                    Ok(()) => n += 1,
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(entry.path(), e)),
+                }
+            }
+        }
+        Ok(n)
+    }
+
     /// Path of the profile for (image, event name).
     pub fn profile_path(&self, image: &ImageId, event_name: &str) -> PathBuf {
         self.path.join(format!(
@@ -420,24 +490,7 @@ impl HostDir {
     pub fn profiles(&self) -> Result<Vec<ProfileEntry>> {
         let mut out = Vec::new();
         for name in list_names(&self.path)? {
-            let Some(stem) = name.strip_suffix(PROFILE_SUFFIX) else { continue };
-            let Some((image, event)) = stem.split_once('.') else { continue };
-            if event.is_empty()
-                || event.len() > 64
-                || !event
-                    .bytes()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-')
-            {
-                continue;
-            }
-            let image_id = if image == UNKNOWN_STEM {
-                None
-            } else {
-                match ImageId::parse(image) {
-                    Ok(id) => Some(id),
-                    Err(_) => continue,
-                }
-            };
+            let Some((image_id, event)) = parse_profile_name(&name) else { continue };
             out.push(ProfileEntry {
                 path: self.path.join(&name),
                 image_id,

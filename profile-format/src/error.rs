@@ -17,6 +17,13 @@ pub enum Error {
     /// The checksum was right but a field does not make sense (written by a buggy writer).
     #[error("{path}: corrupt field `{field}`: {detail}")]
     Corrupt { path: PathBuf, field: &'static str, detail: String },
+    /// A database file that is a FIFO, a device, a directory or a symbolic link: never opened
+    /// further (it could block a reader or feed it without end).
+    #[error("{path}: is {kind}, not a regular file (refused: a database file must be one)")]
+    NotRegularFile { path: PathBuf, kind: &'static str },
+    /// A file larger than any valid one of its kind; not read.
+    #[error("{path}: larger than the {limit} bytes such a file may have (refused)")]
+    TooLarge { path: PathBuf, limit: u64 },
     #[error("cannot merge profiles: {0}")]
     MergeMismatch(String),
     #[error("invalid {what} {value:?}: {detail}")]

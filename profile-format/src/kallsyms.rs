@@ -346,7 +346,8 @@ impl KallsymsSnapshot {
     }
 
     pub fn read(path: &Path) -> Result<KallsymsSnapshot> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes =
+            crate::safeio::read_container(path, KALLSYMS_MAGIC, "kallsyms", KALLSYMS_VERSION)?;
         KallsymsSnapshot::decode(&bytes, path)
     }
 

@@ -53,7 +53,8 @@ impl Database {
     pub fn put_kallsyms(&self, file_bytes: &[u8]) -> Result<(String, u64)> {
         let id = kallsyms_id(file_bytes);
         let path = self.kallsyms_store_path(&id);
-        if fs::metadata(&path).is_ok_and(|m| m.len() > 0) {
+        // Only a regular file counts as stored: anything else put there is replaced.
+        if fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() > 0) {
             return Ok((id, 0));
         }
         let dir = self.root().join(KALLSYMS_DIR);
@@ -69,7 +70,7 @@ impl Database {
     /// name, then it is decoded like a `kallsyms.snap`.
     pub fn read_kallsyms(&self, id: &str) -> Result<KallsymsSnapshot> {
         let path = self.kallsyms_store_path(id);
-        let packed = fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let packed = crate::safeio::read_small(&path, MAX_SNAPSHOT)?;
         let mut bytes = Vec::new();
         flate2::read::ZlibDecoder::new(&packed[..])
             .take(MAX_SNAPSHOT + 1)
@@ -146,10 +147,12 @@ impl HostDir {
     /// The content id this directory references, `None` if it has no `kallsyms.ref`.
     pub fn kallsyms_ref(&self) -> Result<Option<String>> {
         let path = self.kallsyms_ref_path();
-        let text = match fs::read_to_string(&path) {
+        let text = match crate::safeio::read_small_string(&path, crate::safeio::MAX_SMALL_FILE) {
             Ok(t) => t,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Error::io(&path, e)),
+            Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
         };
         let mut lines = text.lines();
         let version = lines
@@ -191,7 +194,7 @@ impl HostDir {
             Some(id) => Database::open(&self.db_root())?.read_kallsyms(&id),
             None => {
                 let legacy = self.kallsyms_path();
-                if legacy.exists() {
+                if legacy.symlink_metadata().is_ok() {
                     KallsymsSnapshot::read(&legacy)
                 } else {
                     Err(Error::io(

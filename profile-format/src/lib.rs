@@ -11,10 +11,12 @@ mod error;
 mod ident;
 mod kallsyms;
 mod ksymstore;
+mod lease;
 pub mod pairs;
 mod profile;
-mod summary;
+pub mod safeio;
 pub mod sumidx;
+mod summary;
 pub mod varint;
 
 pub use atomic::write_atomic;
@@ -27,12 +29,13 @@ pub use kallsyms::{
     KallsymsSnapshot, KernelModule, KernelSymbol, KALLSYMS_MAGIC, KALLSYMS_VERSION,
 };
 pub use ksymstore::{kallsyms_id, KALLSYMS_DIR, KALLSYMS_REF, KALLSYMS_REF_VERSION};
+pub use lease::{same_owner, Lease, LEASES_DIR, LEASE_VERSION};
 pub use profile::{
     EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, UnknownReason, PROFILE_MAGIC,
     PROFILE_VERSION,
 };
-pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};
 pub use sumidx::{SUMMARY_INDEX_FILE, SUMMARY_INDEX_MAGIC, SUMMARY_INDEX_VERSION};
+pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};
 
 /// Default location of the database.
 pub const DEFAULT_DB: &str = "/var/lib/dcpi";

@@ -160,6 +160,18 @@ impl ProfileHeader {
     }
 }
 
+impl ProfileHeader {
+    /// Whether a reader would accept this header (`Invalid` naming the field otherwise): lets
+    /// a writer refuse bad input it was given before merging it into good data.
+    pub fn check(&self) -> Result<()> {
+        self.validate().map_err(|(field, detail)| Error::Invalid {
+            what: "profile header",
+            value: field.to_owned(),
+            detail,
+        })
+    }
+}
+
 impl Profile {
     /// An empty profile.
     pub fn new(header: ProfileHeader) -> Profile {
@@ -296,10 +308,37 @@ impl Profile {
         Ok(Profile { header, counts })
     }
 
-    /// Read and validate a profile file.
+    /// Read and validate a profile file. The file is opened safely and read only up to the
+    /// length its header announces (FORMAT.md §6.1); when its name follows the profile naming
+    /// scheme (§3), the header must describe the image and event the name says.
     pub fn read(path: &Path) -> Result<Profile> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        Profile::decode(&bytes, path)
+        let bytes = crate::safeio::read_container(path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?;
+        let p = Profile::decode(&bytes, path)?;
+        p.check_name(path)?;
+        Ok(p)
+    }
+
+    /// The header against the file name: a file renamed (or copied) over another profile's
+    /// name would otherwise be merged into, and reported as, the wrong image.
+    fn check_name(&self, path: &Path) -> Result<()> {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return Ok(()) };
+        let Some((image, event)) = crate::db::parse_profile_name(name) else { return Ok(()) };
+        let h = &self.header;
+        let image_ok = match &image {
+            Some(id) => *id == h.image_id,
+            None => h.kind == ImageKind::Unknown,
+        };
+        if !image_ok || crate::ident::event_file_component(&h.event.name) != event {
+            return Err(Error::Corrupt {
+                path: path.into(),
+                field: "file name",
+                detail: format!(
+                    "the header describes image {} ({:?}), event {:?}",
+                    h.image_id, h.kind, h.event.name
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Write atomically (temp file in the same directory, fsync, rename, fsync directory).

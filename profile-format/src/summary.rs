@@ -162,7 +162,7 @@ impl ImageTotal {
 impl HostSummary {
     /// Read and parse; errors name the file.
     pub fn read(path: &Path) -> Result<HostSummary> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::safeio::read_small(path, crate::safeio::MAX_SUMMARY_FILE)?;
         serde_json::from_slice(&bytes).map_err(|source| Error::Json { path: path.into(), source })
     }
     /// [`HostSummary::read`] without the index: its entries are skipped, not built. For readers
@@ -185,7 +185,7 @@ impl HostSummary {
             last_written: u64,
             dcpid_version: String,
         }
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::safeio::read_small(path, crate::safeio::MAX_SUMMARY_FILE)?;
         let f: Facts = serde_json::from_slice(&bytes)
             .map_err(|source| Error::Json { path: path.into(), source })?;
         Ok(HostSummary {

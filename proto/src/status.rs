@@ -15,7 +15,9 @@
 //! - `epoch` (current epoch id), `store`: see [`StoreStatus`] (`last_flush`,
 //!   `last_publish` {`unix_ms`, `duration_ms`, `items`}, `spool_rows`, `spool_bytes`,
 //!   `dirty_profiles`, `pending_batches`, `pending_bytes`, `dropped_samples`, `db_error`,
-//!   `spool_error`, ...)
+//!   `spool_error`, `spool_quarantined`, `corrupt_files_set_aside`, `last_set_aside`,
+//!   `lease_file`, `lease_renewed_unix_ms`, `lease_lost_to`, `kallsyms_refreshes`,
+//!   `kallsyms_changes`, `publish_stalled_since_unix_ms`, ...)
 //! - `condition`: `ok`, or a one-line description of what is wrong (disk, CPUs not sampled)
 //! - `daemon`: `cpu_user_s`, `cpu_sys_s`, `rss_kib`
 //! - `rate`: `samples_per_s` (since start), `samples_per_s_recent` (over the last flush
@@ -187,6 +189,29 @@ pub struct StoreStatus {
     /// Current failure writing the spool, if any.
     #[serde(deserialize_with = "Option::deserialize")]
     pub spool_error: Option<String>,
+    /// The last file of this host's directory set aside (corrupt, or not a regular file):
+    /// its path and why.
+    #[serde(default)]
+    pub last_set_aside: Option<String>,
+    /// This daemon's lease on its host name (`<db>/leases/<host>.lease`), when it holds it.
+    #[serde(default)]
+    pub lease_file: Option<String>,
+    /// When the lease was last renewed (Unix ms; 0 if not held).
+    #[serde(default)]
+    pub lease_renewed_unix_ms: u64,
+    /// Set when another daemon took the host name over: this one no longer publishes.
+    #[serde(default)]
+    pub lease_lost_to: Option<String>,
+    /// Kernel symbol snapshots taken since start after the first one (a module loaded or
+    /// unloaded, a new epoch), and how many of them had new content.
+    #[serde(default)]
+    pub kallsyms_refreshes: u64,
+    #[serde(default)]
+    pub kallsyms_changes: u64,
+    /// Set while a store operation (a publish) has been running for much longer than it
+    /// should: the database is not answering. Unix ms at which it began.
+    #[serde(default)]
+    pub publish_stalled_since_unix_ms: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]

@@ -10,4 +10,5 @@ mod resolve;
 mod sampling;
 mod service;
 mod start_failures;
+mod store_reliability;
 mod systemd;

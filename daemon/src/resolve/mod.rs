@@ -848,7 +848,15 @@ impl Resolver {
 
     /// Snapshot of kernel symbols, modules and build-ids for the epoch's `kallsyms.snap`.
     pub fn kallsyms_snapshot(&self) -> Result<KallsymsSnapshot, ResolveError> {
-        let proc_root = &self.cfg.proc_root;
+        kallsyms_snapshot(&self.cfg)
+    }
+}
+
+/// [`Resolver::kallsyms_snapshot`] without the resolver: the store refreshes the snapshot
+/// while the drain threads keep using the resolver.
+pub fn kallsyms_snapshot(cfg: &ResolverConfig) -> Result<KallsymsSnapshot, ResolveError> {
+    {
+        let proc_root = &cfg.proc_root;
         let rd = |name: &str, limit: u64| {
             let path = proc_root.join(name);
             procfs::read_bounded(&path, limit)
@@ -863,7 +871,7 @@ impl Resolver {
             .map_while(|l| l.map_err(|e| read_error = Some(e)).ok());
         // No /proc/modules (CONFIG_MODULES=n) is a kernel without modules.
         let modules = rd("modules", 16 << 20).unwrap_or_default();
-        let sys = self.cfg.sys_root.clone();
+        let sys = cfg.sys_root.clone();
         let snap = KallsymsSnapshot::from_proc_lines(
             lines,
             &modules,

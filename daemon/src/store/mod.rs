@@ -24,6 +24,7 @@
 //! current epoch; when another host (or `dcpictl epoch new`) started a new one, everything of
 //! the old epoch is published first, then new data goes to the new epoch.
 
+mod lease;
 mod pending;
 mod publish;
 pub mod spool;
@@ -31,10 +32,12 @@ mod summaries;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use profile_format::{
-    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, KallsymsSnapshot,
+    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, KallsymsSnapshot, Lease,
 };
 
 use crate::aggregate::Resolved;
@@ -56,15 +59,31 @@ pub enum StoreError {
     NoSpool(PathBuf),
     #[error("{0} increments could not be written yet (disk failing)")]
     Unwritten(usize),
+    /// Another live daemon holds this host name in the database (FORMAT.md §2.1).
+    #[error("host name {host:?} in database {db} is held by {owner} (lease file {lease}); stop that daemon, or give this one another --host")]
+    LeaseHeld { host: String, db: PathBuf, owner: String, lease: PathBuf },
+    /// The lease was taken over while this daemon ran (it looked dead to another one).
+    #[error("host name {host:?} was taken over by {owner}; this daemon no longer publishes (its data stays in the spool)")]
+    LeaseLost { host: String, owner: String },
     /// Test hook: simulated crash between a profile's rename and its spool delete.
     #[error("injected crash after writing {0}")]
     InjectedCrash(PathBuf),
 }
 
+/// Temporary files (`.tmp-*`) older than this in this host's directories are leftovers of a
+/// killed writer (a write takes seconds even on a slow NFS server), removed at start.
+pub const STALE_TMP_AGE: Duration = Duration::from_secs(600);
+
+/// Environment variable (tests only): names a file; while it exists, database operations of
+/// the store block (a stand-in for a hung NFS server).
+pub const STALL_DB_ENV: &str = "DCPI_TEST_STALL_DB";
+
 /// Settings of the store.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
     pub db: PathBuf,
+    /// The spool's base directory; this host's log is in its subdirectory named after the
+    /// host, so that two daemons of different host names never share one.
     pub spool: PathBuf,
     pub host: String,
     pub flush_interval: Duration,
@@ -97,12 +116,41 @@ struct HostInfo {
     unknown_event_logged: bool,
 }
 
+/// Where fresh kernel symbol snapshots come from (the daemon: /proc; tests: a fake).
+pub trait KernelSymbolSource: Send {
+    /// Cheap, read at each tick: changes when a snapshot would (the daemon: the content of
+    /// /proc/modules, so that a module loaded or unloaded is noticed within one flush).
+    fn fingerprint(&mut self) -> Option<Vec<u8>>;
+    /// A fresh snapshot (reads several MB: only when the fingerprint changed, or an epoch
+    /// starts).
+    fn snapshot(&mut self) -> Result<KallsymsSnapshot, String>;
+}
+
 /// The kernel symbol snapshot to reference from each epoch.
 #[derive(Default)]
 struct KernelSymbols {
     /// The encoded `kallsyms.snap`: a fraction of the decoded snapshot's memory.
     encoded: Option<Vec<u8>>,
+    /// The epoch whose host directory references `encoded` (re-referenced when it changes).
     written: Option<EpochId>,
+    source: Option<Box<dyn KernelSymbolSource>>,
+    fingerprint: Option<Vec<u8>>,
+    /// Snapshots taken after the first one, and how many of them were new content.
+    refreshes: u64,
+    changed: u64,
+    refresh_failing: bool,
+}
+
+/// This daemon's lease on its host name (FORMAT.md §2.1).
+#[derive(Default)]
+struct LeaseState {
+    /// Held and renewed.
+    mine: Option<Lease>,
+    /// `take_lease` was asked for: retried at each tick while the database is unavailable.
+    wanted: bool,
+    last_renew: Option<Instant>,
+    /// Taken over by another daemon: publishing stops.
+    lost_to: Option<String>,
 }
 
 /// Failures, timings and counters for the status.
@@ -110,10 +158,14 @@ struct KernelSymbols {
 struct Health {
     db_error: Option<String>,
     spool_error: Option<String>,
+    /// Whether the current failing state was logged (see `settle_logs`).
+    db_error_logged: bool,
+    spool_error_logged: bool,
     last_flush: Option<OpStat>,
     last_publish: Option<OpStat>,
     published_files: u64,
     corrupt_files: u64,
+    last_set_aside: Option<String>,
     backlog: (u64, u64),
     bytes: BytesWritten,
 }
@@ -133,11 +185,64 @@ pub struct Store {
     created_dirs: HashSet<PathBuf>,
     last_retention: Option<Instant>,
     crash_after_writes: Option<u32>,
+    lease: LeaseState,
+    tmp_cleaned: bool,
+    /// Unix ms at which the operation in progress (a tick, a flush) began; 0 when idle. Read
+    /// without the store's lock by `dcpictl status`, which reports a stall while a database
+    /// operation hangs.
+    busy_since: Arc<AtomicU64>,
+    stall_db: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store").field("cfg", &self.cfg).field("epoch", &self.epoch).finish()
+    }
+}
+
+/// Move the segments of a spool from before spools were per host (`<spool>/seg-*.log`) into
+/// this host's subdirectory, so that what an older dcpid spooled is still published.
+fn adopt_shared_spool(base: &Path, dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(base) else { return };
+    let old: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.starts_with("seg-") && n.ends_with(".log")
+        })
+        .map(|e| e.path())
+        .collect();
+    if old.is_empty() || std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    for p in old {
+        let Some(name) = p.file_name() else { continue };
+        match std::fs::rename(&p, dir.join(name)) {
+            Ok(()) => tracing::info!(from = %p.display(), to = %dir.display(),
+                "store: spool segment of an older dcpid moved into this host's spool"),
+            Err(e) => tracing::warn!(file = %p.display(), error = %e,
+                "store: cannot move an older spool segment into this host's spool"),
+        }
+    }
+}
+
+/// Marks the store busy (since now) while it lives; nested marks keep the outer time.
+struct Busy(Arc<AtomicU64>, bool);
+
+impl Busy {
+    fn mark(at: Arc<AtomicU64>) -> Busy {
+        let now = unix_ms(SystemTime::now()).max(1);
+        let first = at.compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        Busy(at, first)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.store(0, Ordering::Release);
+        }
     }
 }
 
@@ -149,7 +254,29 @@ impl Store {
     /// Open the database (creating it and its first epoch if needed) and the spool. Never
     /// fails: what cannot be opened now is retried on every tick, and reported in the status.
     pub fn open(cfg: StoreConfig) -> Store {
-        let mut s = Store {
+        let mut s = Store::unopened(cfg);
+        s.ensure_open(Instant::now());
+        s
+    }
+
+    /// [`Store::open`] for the daemon: first take the lease on the host name
+    /// ([`Store::take_lease`]), before anything of this host's spool or directories is
+    /// touched. Fails only with [`StoreError::LeaseHeld`]; other failures to take it are
+    /// logged and retried at each tick.
+    pub fn open_leased(cfg: StoreConfig) -> Result<Store, StoreError> {
+        let mut s = Store::unopened(cfg);
+        match s.take_lease() {
+            Ok(()) => {}
+            Err(e @ StoreError::LeaseHeld { .. }) => return Err(e),
+            Err(e) => tracing::warn!(error = %e,
+                "store: cannot take the lease on this host name now; retrying at each flush"),
+        }
+        s.ensure_open(Instant::now());
+        Ok(s)
+    }
+
+    fn unopened(cfg: StoreConfig) -> Store {
+        Store {
             cfg,
             db: None,
             spool: None,
@@ -163,13 +290,222 @@ impl Store {
             created_dirs: HashSet::new(),
             last_retention: None,
             crash_after_writes: None,
-        };
-        s.ensure_open(Instant::now());
-        s
+            lease: LeaseState::default(),
+            tmp_cleaned: false,
+            busy_since: Arc::new(AtomicU64::new(0)),
+            stall_db: std::env::var_os(STALL_DB_ENV).map(PathBuf::from),
+        }
     }
 
     pub fn config(&self) -> &StoreConfig {
         &self.cfg
+    }
+
+    /// Unix ms at which the store's current operation began (0: idle), readable while the
+    /// operation holds the store: a value far in the past means the database hangs.
+    pub fn busy_since(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.busy_since)
+    }
+
+    /// Spool everything held (no database access): what a stop does first, so that a hung
+    /// database cannot cost the samples.
+    pub fn spool_held(&mut self) {
+        let now = Instant::now();
+        self.ensure_spool_open(now);
+        if self.epoch.is_some() {
+            self.spool_pending(now);
+        }
+        if let Some(sp) = self.spool.as_mut() {
+            if let Err(e) = sp.sync() {
+                self.set_spool_error(&e);
+            }
+        }
+    }
+
+    /// Append one resolved batch to this host's spool without the store (whose lock a hung
+    /// database operation may hold): opens the spool directory afresh and adds one record,
+    /// published by the next start. For the daemon's stop only.
+    pub fn spool_directly(
+        cfg: &StoreConfig,
+        events: &[EventInfo],
+        epoch: &EpochId,
+        resolved: Resolved,
+        lost: u64,
+        throttled: u64,
+    ) -> Result<u64, StoreError> {
+        let Some(batch) = PendingBatch::from_resolved(
+            resolved,
+            events,
+            Some(epoch.clone()),
+            lost,
+            throttled,
+            &mut |_| {},
+        ) else {
+            return Ok(0);
+        };
+        let dir = cfg.spool.join(&cfg.host);
+        let (mut sp, _) = Spool::open(&dir, cfg.publish_interval)?;
+        let delta = summaries::delta_of(&batch, 0, events, &[]);
+        let incs: Vec<Increment<'_>> = batch
+            .profiles
+            .iter()
+            .map(|p| Increment {
+                image: p.image.as_ref().map(|(id, img)| (id.as_str(), img)),
+                desc: &p.desc,
+                total_period: p.total_period,
+                counts: &p.counts,
+            })
+            .collect();
+        sp.append(epoch.as_str(), &incs, &delta, Instant::now())?;
+        sp.sync()?;
+        Ok(batch.samples)
+    }
+
+    /// This host's spool log: `<spool>/<host>/`.
+    pub fn spool_dir(&self) -> PathBuf {
+        self.cfg.spool.join(&self.cfg.host)
+    }
+
+    /// Take the lease on this host name in the database (FORMAT.md §2.1), or fail with
+    /// [`StoreError::LeaseHeld`] naming the live daemon that holds it. A stale lease (its
+    /// owner dead on this machine, or not renewed for several of its intervals) is taken over,
+    /// and that is logged. Other failures (the database unavailable now) are returned too;
+    /// the store then keeps trying at each tick.
+    pub fn take_lease(&mut self) -> Result<(), StoreError> {
+        self.lease.wanted = true;
+        let db = Database::create(&self.cfg.db)?;
+        let interval_ms = self.cfg.publish_interval.as_millis().min(u128::from(u64::MAX)) as u64;
+        let me = lease::mine(&self.cfg.host, interval_ms);
+        let path = db.lease_path(&self.cfg.host)?;
+        // A few rounds: another daemon may create or take over the lease between our read and
+        // our write; the round after sees it.
+        for _ in 0..3 {
+            let held = match db.read_lease(&self.cfg.host) {
+                Ok(h) => h,
+                Err(e @ profile_format::Error::Io { .. }) => return Err(e.into()),
+                Err(e) => {
+                    // Not a lease (corrupt, a FIFO, ...): nobody can prove ownership with it.
+                    tracing::warn!(lease = %path.display(), error = %e,
+                        "store: unreadable lease file; replacing it");
+                    publish::set_aside(&path, &e);
+                    None
+                }
+            };
+            match held {
+                None => {
+                    if db.create_lease(&me)? {
+                        tracing::info!(lease = %path.display(), "store: took the lease on this host name");
+                        return self.hold_lease(me);
+                    }
+                }
+                Some(h) if profile_format::same_owner(&h, &me) => return self.hold_lease(me),
+                Some(h) => match lease::stale_reason(&h, &me, lease::unix_ms_now()) {
+                    None => {
+                        return Err(StoreError::LeaseHeld {
+                            host: self.cfg.host.clone(),
+                            db: self.cfg.db.clone(),
+                            owner: lease::describe(&h, lease::unix_ms_now()),
+                            lease: path,
+                        })
+                    }
+                    Some(why) => {
+                        tracing::warn!(lease = %path.display(), previous_owner = %h, reason = %why,
+                            "store: taking over a stale lease on this host name");
+                        db.write_lease(&me)?;
+                        if db
+                            .read_lease(&self.cfg.host)?
+                            .is_some_and(|l| profile_format::same_owner(&l, &me))
+                        {
+                            return self.hold_lease(me);
+                        }
+                    }
+                },
+            }
+        }
+        Err(StoreError::LeaseHeld {
+            host: self.cfg.host.clone(),
+            db: self.cfg.db.clone(),
+            owner: "another daemon taking it at the same time".into(),
+            lease: path,
+        })
+    }
+
+    fn hold_lease(&mut self, me: Lease) -> Result<(), StoreError> {
+        self.lease.mine = Some(me);
+        self.lease.last_renew = Some(Instant::now());
+        self.lease.lost_to = None;
+        Ok(())
+    }
+
+    /// Give the lease up (a clean stop), so that a successor need not wait for it to go stale.
+    pub fn release_lease(&mut self) {
+        let Some(me) = self.lease.mine.take() else { return };
+        self.lease.wanted = false;
+        if let Some(db) = &self.db {
+            if let Err(e) = db.release_lease(&me) {
+                tracing::warn!(error = %e, "store: could not release the lease on this host name");
+            }
+        }
+    }
+
+    /// Renew the lease once per publish interval (`force`: now), first checking that it is
+    /// still ours: if another daemon took it over, stop publishing. Retake it while wanted
+    /// but not yet held (the database was unavailable at start).
+    fn renew_lease(&mut self, now: Instant, force: bool) {
+        if self.lease.lost_to.is_some() || self.db.is_none() {
+            return;
+        }
+        let Some(mine) = self.lease.mine.clone() else {
+            if self.lease.wanted {
+                match self.take_lease() {
+                    Ok(()) => {}
+                    Err(StoreError::LeaseHeld { owner, .. }) => self.lose_lease(owner),
+                    Err(e) => self.set_db_error(&e),
+                }
+            }
+            return;
+        };
+        let due = self
+            .lease
+            .last_renew
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.cfg.publish_interval);
+        if !due && !force {
+            return;
+        }
+        let Some(db) = self.db.clone() else { return };
+        let r = db.read_lease(&self.cfg.host).map_err(StoreError::from).and_then(|held| {
+            if let Some(h) = held.filter(|h| !profile_format::same_owner(h, &mine)) {
+                return Ok(Some(h));
+            }
+            let mut renewed = mine.clone();
+            renewed.renewed_unix_ms = lease::unix_ms_now();
+            db.write_lease(&renewed)?;
+            self.lease.mine = Some(renewed);
+            Ok(None)
+        });
+        match r {
+            Ok(None) => self.lease.last_renew = Some(now),
+            Ok(Some(other)) => self.lose_lease(lease::describe(&other, lease::unix_ms_now())),
+            Err(e) => self.set_db_error(&e),
+        }
+    }
+
+    fn lose_lease(&mut self, owner: String) {
+        tracing::error!(host = %self.cfg.host, owner = %owner,
+            "store: another daemon holds this host name now; publishing stops, data stays in the spool");
+        self.lease.mine = None;
+        self.lease.lost_to = Some(owner);
+    }
+
+    /// `Err` if the lease on the host name was lost: nothing may be written into its
+    /// directories any more.
+    fn check_lease(&self) -> Result<(), StoreError> {
+        match &self.lease.lost_to {
+            Some(owner) => {
+                Err(StoreError::LeaseLost { host: self.cfg.host.clone(), owner: owner.clone() })
+            }
+            None => Ok(()),
+        }
     }
 
     /// Apply the settings that may change while running (on reload). A changed retention is
@@ -220,6 +556,10 @@ impl Store {
         self.host.events = events;
     }
 
+    pub fn events(&self) -> &[EventInfo] {
+        &self.host.events
+    }
+
     /// Add counter enabled/running time deltas (ns, summed over CPUs) per event index; they go
     /// into the current epoch's summary with the next spooled batch.
     pub fn add_event_times(&mut self, deltas: &[(u64, u64)]) {
@@ -237,6 +577,60 @@ impl Store {
     pub fn set_host_info(&mut self, kernel_release: String, cpus: Vec<u32>) {
         self.host.kernel_release = kernel_release;
         self.host.cpus = cpus;
+    }
+
+    /// Where to take fresh kernel symbol snapshots from: one is taken now, again when the
+    /// source's fingerprint changes (a module loaded or unloaded; checked at each tick) and
+    /// whenever an epoch starts. Each is stored only if its content is new (FORMAT.md §8.1).
+    pub fn set_kallsyms_source(&mut self, mut source: Box<dyn KernelSymbolSource>) {
+        self.kernel.fingerprint = source.fingerprint();
+        match source.snapshot() {
+            Ok(snap) => self.set_kallsyms(snap),
+            Err(e) => {
+                tracing::warn!(error = %e, "no kallsyms snapshot; kernel samples will not be symbolized")
+            }
+        }
+        self.kernel.source = Some(source);
+    }
+
+    /// Take a fresh snapshot if `force` (a new epoch) or the source's fingerprint changed;
+    /// the current epoch references it from then on.
+    fn refresh_kallsyms(&mut self, force: bool) {
+        let Some(source) = self.kernel.source.as_mut() else { return };
+        let fp = source.fingerprint();
+        if !force && fp == self.kernel.fingerprint {
+            return;
+        }
+        let snap = match source.snapshot() {
+            Ok(s) => s,
+            Err(e) => {
+                // Keep the old one; retried at each tick, logged once until it works again.
+                if !self.kernel.refresh_failing {
+                    tracing::warn!(error = %e, "store: could not refresh the kallsyms snapshot; keeping the previous one");
+                    self.kernel.refresh_failing = true;
+                }
+                return;
+            }
+        };
+        if std::mem::take(&mut self.kernel.refresh_failing) {
+            tracing::info!("store: kallsyms snapshot refreshed again");
+        }
+        self.kernel.fingerprint = fp;
+        self.kernel.refreshes += 1;
+        let old = self.kernel.encoded.take();
+        let old_written = self.kernel.written.take();
+        self.set_kallsyms(snap);
+        if self.kernel.encoded.is_none() || self.kernel.encoded == old {
+            // Same content (or not encodable): the epoch that references it already need not
+            // be written again.
+            self.kernel.encoded = self.kernel.encoded.take().or(old);
+            self.kernel.written = old_written;
+        } else {
+            self.kernel.changed += 1;
+            tracing::info!(
+                "store: kernel symbols changed; new kallsyms snapshot for the current epoch"
+            );
+        }
     }
 
     /// The kernel symbol snapshot: stored once per database, referenced from each epoch's
@@ -299,8 +693,10 @@ impl Store {
 
     /// [`Store::tick`] with an explicit clock (tests simulate the passing of time).
     pub fn tick_at(&mut self, now: Instant) {
+        let _busy = Busy::mark(Arc::clone(&self.busy_since));
         let t1 = self.spool_step(now);
         let published = self.publish_due(now);
+        self.refresh_kallsyms(false);
         self.write_side_files(now, false);
         if published > 0 {
             self.health.last_publish = Some(OpStat {
@@ -312,6 +708,7 @@ impl Store {
         self.maybe_retention(now);
         self.write_marks(now);
         self.refresh_backlog();
+        self.settle_logs();
     }
 
     /// Record in the spool which profiles were published (see [`spool`]); a failure only
@@ -329,9 +726,13 @@ impl Store {
     /// from there).
     fn spool_step(&mut self, now: Instant) -> Instant {
         let t0 = Instant::now();
-        self.ensure_open(now);
+        // The local spool first: a database that hangs must not keep this flush's samples out
+        // of it (a SIGTERM during the hang then loses nothing that was flushed).
+        self.ensure_spool_open(now);
+        let mut spooled = if self.epoch.is_some() { self.spool_pending(now) } else { 0 };
+        self.ensure_db_open();
         self.follow_epoch(now);
-        let spooled = self.spool_pending(now);
+        spooled += self.spool_pending(now);
         self.health.last_flush = Some(OpStat {
             unix_ms: unix_ms(SystemTime::now()),
             duration_ms: t0.elapsed().as_secs_f64() * 1e3,
@@ -343,9 +744,12 @@ impl Store {
     /// Write everything held to the spool and publish every changed profile now (`dcpictl
     /// flush`, shutdown, end of an epoch). Errors if something could not be written.
     pub fn flush_everything(&mut self) -> Result<(), StoreError> {
+        let _busy = Busy::mark(Arc::clone(&self.busy_since));
         let now = Instant::now();
         let t1 = self.spool_step(now);
+        self.renew_lease(now, true);
         let result = self.publish_all(now, None);
+        self.refresh_kallsyms(false);
         self.write_side_files(now, true);
         self.write_marks(now);
         if let Some(sp) = self.spool.as_mut() {
@@ -359,6 +763,7 @@ impl Store {
             items: self.health.published_files,
         });
         self.refresh_backlog();
+        self.settle_logs();
         result?;
         if !self.pending.is_empty() {
             return Err(StoreError::Unwritten(self.pending.len()));
@@ -376,10 +781,12 @@ impl Store {
     /// Close the current epoch with everything flushed into it and start a new one.
     pub fn new_epoch(&mut self) -> Result<EpochId, StoreError> {
         self.flush_everything()?;
+        let _busy = Busy::mark(Arc::clone(&self.busy_since));
         let db = self.db.as_ref().ok_or_else(|| StoreError::NoDatabase(self.cfg.db.clone()))?;
         let e = db.new_epoch(SystemTime::now(), &self.cfg.host)?;
         tracing::info!(epoch = %e, "store: started a new epoch");
         self.epoch = Some(e.clone());
+        self.refresh_kallsyms(true);
         self.write_side_files(Instant::now(), true);
         Ok(e)
     }
@@ -451,46 +858,92 @@ impl Store {
             bytes_written: bytes,
             db_error: h.db_error.clone(),
             spool_error: h.spool_error.clone(),
+            last_set_aside: h.last_set_aside.clone(),
+            lease_file: self.lease.mine.as_ref().and_then(|l| {
+                Some(
+                    Database::open(&self.cfg.db)
+                        .ok()?
+                        .lease_path(&l.host)
+                        .ok()?
+                        .display()
+                        .to_string(),
+                )
+            }),
+            lease_renewed_unix_ms: self.lease.mine.as_ref().map_or(0, |l| l.renewed_unix_ms),
+            lease_lost_to: self.lease.lost_to.clone(),
+            kallsyms_refreshes: self.kernel.refreshes,
+            kallsyms_changes: self.kernel.changed,
+            // Known only outside the store (its status is taken between operations).
+            publish_stalled_since_unix_ms: None,
         }
     }
 
     // ---- internals ----
 
+    // Errors are logged once per change of state (failing / working), not once per attempt:
+    // `set_*` logs on entering the failing state; `clear_*` only records success, and
+    // `settle_logs`, at the end of each operation, logs the recovery if the operation ended
+    // without error. A database that fails for one file and works for the next within one
+    // tick, every tick, is one failing state, not two log lines per tick.
+
     fn set_db_error(&mut self, e: &dyn std::fmt::Display) {
         let msg = e.to_string();
-        if self.health.db_error.is_none() {
+        if !self.health.db_error_logged {
             tracing::error!(db = %self.cfg.db.display(), error = %msg,
                 "store: cannot write the profile database; keeping data in the spool and retrying every flush");
+            self.health.db_error_logged = true;
         }
         self.health.db_error = Some(msg);
         self.created_dirs.clear();
     }
 
     fn clear_db_error(&mut self) {
-        if self.health.db_error.take().is_some() {
-            tracing::info!(db = %self.cfg.db.display(), "store: profile database writable again");
-        }
+        self.health.db_error = None;
     }
 
     fn set_spool_error(&mut self, e: &dyn std::fmt::Display) {
         let msg = e.to_string();
-        if self.health.spool_error.is_none() {
+        if !self.health.spool_error_logged {
             tracing::error!(spool = %self.cfg.spool.display(), error = %msg,
                 "store: cannot write the spool; holding data in memory (bounded) and retrying every flush");
+            self.health.spool_error_logged = true;
         }
         self.health.spool_error = Some(msg);
     }
 
     fn clear_spool_error(&mut self) {
-        if self.health.spool_error.take().is_some() {
+        self.health.spool_error = None;
+    }
+
+    /// Log the recoveries of the operation that ends (see above).
+    fn settle_logs(&mut self) {
+        let h = &mut self.health;
+        if h.db_error.is_none() && h.db_error_logged {
+            h.db_error_logged = false;
+            tracing::info!(db = %self.cfg.db.display(), "store: profile database writable again");
+        }
+        if h.spool_error.is_none() && h.spool_error_logged {
+            h.spool_error_logged = false;
             tracing::info!(spool = %self.cfg.spool.display(), "store: spool writable again");
         }
     }
 
     fn ensure_open(&mut self, now: Instant) {
+        self.ensure_db_open();
+        self.ensure_spool_open(now);
+    }
+
+    fn ensure_db_open(&mut self) {
+        self.db_gate();
         if self.db.is_none() {
             match Database::create(&self.cfg.db) {
-                Ok(db) => self.db = Some(db),
+                Ok(db) => {
+                    self.db = Some(db);
+                    if !self.tmp_cleaned {
+                        self.tmp_cleaned = true;
+                        self.clean_stale_tmp();
+                    }
+                }
                 Err(e) => self.set_db_error(&e),
             }
         }
@@ -510,8 +963,23 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// Test hook (the `DCPI_TEST_STALL_DB` environment variable of dcpid names a file): while
+    /// that file exists, every database phase of the store blocks, as on a hung NFS server.
+    fn db_gate(&self) {
+        if let Some(trigger) = &self.stall_db {
+            while trigger.exists() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    fn ensure_spool_open(&mut self, now: Instant) {
         if self.spool.is_none() {
-            match Spool::open(&self.cfg.spool, self.cfg.publish_interval) {
+            let dir = self.spool_dir();
+            adopt_shared_spool(&self.cfg.spool, &dir);
+            match Spool::open(&dir, self.cfg.publish_interval) {
                 Ok((s, recovered)) => {
                     if !recovered.keys.is_empty() {
                         tracing::info!(
@@ -535,6 +1003,35 @@ impl Store {
         }
     }
 
+    /// Remove the temporary files (`.tmp-*`) that a killed writer left in this host's
+    /// directories (every epoch), once, when the database is first opened. Only this host's
+    /// directories (no other host writes there, FORMAT.md §2) and only files older than
+    /// [`STALE_TMP_AGE`]: a write in progress is never that old.
+    fn clean_stale_tmp(&mut self) {
+        let Some(db) = self.db.clone() else { return };
+        let epochs = match db.epochs() {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(error = %e, "store: cannot list epochs to clean stale temporary files");
+                return;
+            }
+        };
+        let mut removed = 0;
+        for e in epochs {
+            let Ok(hd) = db.host_dir(&e, &self.cfg.host) else { continue };
+            match hd.remove_stale_tmp(SystemTime::now(), STALE_TMP_AGE) {
+                Ok(n) => removed += n,
+                Err(e) => tracing::warn!(error = %e, "store: cannot clean stale temporary files"),
+            }
+        }
+        if removed > 0 {
+            tracing::info!(
+                files = removed,
+                "store: removed temporary files left by a killed writer"
+            );
+        }
+    }
+
     fn refresh_backlog(&mut self) {
         if let Some(sp) = &self.spool {
             self.health.backlog = sp.backlog();
@@ -545,15 +1042,20 @@ impl Store {
     fn follow_epoch(&mut self, now: Instant) {
         let Some(db) = &self.db else { return };
         let newest = match db.current_epoch() {
-            Ok(Some(e)) => e,
-            Ok(None) => return,
+            Ok(n) => n,
             Err(e) => {
                 self.set_db_error(&e);
                 return;
             }
         };
         let Some(old) = self.epoch.clone() else {
-            self.epoch = Some(newest);
+            self.epoch = newest;
+            return;
+        };
+        let Some(newest) = newest.filter(|n| *n >= old) else {
+            // Our epoch was current, so it had its marker: the database (or this epoch's
+            // directory) was removed while we ran.
+            self.restore_layout(&old);
             return;
         };
         if newest == old {
@@ -566,6 +1068,34 @@ impl Store {
         self.write_side_files(now, true);
         tracing::info!(old = %old, new = %newest, "store: following a new epoch");
         self.epoch = Some(newest);
+        self.refresh_kallsyms(true);
+    }
+
+    /// The database, or the current epoch's directory, vanished (removed by hand, a wiped
+    /// NFS export): recreate the whole layout, not just this host's directory: `epochs/`, the
+    /// epoch with its `EPOCH` marker (without it no reader sees the epoch as current), and,
+    /// by the following writes, the kernel symbol snapshot and its reference, the summary and
+    /// the lease. What was published before is gone; what the spool holds is published again.
+    fn restore_layout(&mut self, epoch: &EpochId) {
+        let r = Database::create(&self.cfg.db).and_then(|db| {
+            let created = db.ensure_epoch(epoch, &self.cfg.host)?;
+            Ok((db, created))
+        });
+        match r {
+            Ok((db, created)) => {
+                if created {
+                    tracing::warn!(db = %self.cfg.db.display(), epoch = %epoch,
+                        "store: the database or the current epoch was removed; recreated its layout");
+                }
+                self.db = Some(db);
+                self.created_dirs.clear();
+                self.kernel.written = None;
+                self.summaries.dirty.insert(epoch.to_string());
+                // Every profile of the epoch must be written again from the cumulative state:
+                // not possible for what was published, but the next writes start fresh files.
+            }
+            Err(e) => self.set_db_error(&e),
+        }
     }
 
     /// The epoch's cumulative summary: in memory, or the published `summary.json` plus the
@@ -656,6 +1186,11 @@ impl Store {
     /// Publish the profiles whose turn has come, oldest turn first, a bounded number per tick
     /// so that writes are spread over the publish interval.
     fn publish_due(&mut self, now: Instant) -> usize {
+        self.db_gate();
+        self.renew_lease(now, false);
+        if self.check_lease().is_err() {
+            return 0;
+        }
         let ticks = (self.cfg.publish_interval.as_secs_f64()
             / self.cfg.flush_interval.as_secs_f64())
         .max(1.0);
@@ -687,6 +1222,8 @@ impl Store {
 
     /// Publish every dirty profile (of `epoch`, or all).
     fn publish_all(&mut self, now: Instant, epoch: Option<&str>) -> Result<(), StoreError> {
+        self.db_gate();
+        self.check_lease()?;
         for key in self.schedule.all(epoch) {
             match self.publish_key(&key) {
                 Ok(()) => {
@@ -764,6 +1301,7 @@ impl Store {
     fn set_aside(&mut self, path: &Path, why: &dyn std::fmt::Display) {
         publish::set_aside(path, why);
         self.health.corrupt_files += 1;
+        self.health.last_set_aside = Some(format!("{}: {why}", path.display()));
     }
 
     /// The kallsyms snapshot of the current epoch, if not written yet.
@@ -830,13 +1368,15 @@ impl Store {
         // profile unreadable) a previous one must not outlive the files it described.
         let idx_path = hd.summary_index_path();
         let mut n = 0;
-        match profile_format::SummaryIndex::of_host_dir(&hd) {
-            Ok(idx) => {
+        // Read through the store, so that a hostile or corrupt profile is set aside (and left
+        // out) rather than failing the index.
+        match self.index_of(&hd) {
+            Some(idx) => {
                 s.index = Some(idx);
                 n += profile_format::sumidx::write(&s, &idx_path)?;
             }
-            Err(e) => {
-                tracing::debug!(dir = %hd.path.display(), error = %e, "no summary index");
+            None => {
+                tracing::debug!(dir = %hd.path.display(), "no summary index");
                 match std::fs::remove_file(&idx_path) {
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                         return Err(profile_format::Error::Io { path: idx_path, source: e }.into())
@@ -856,9 +1396,27 @@ impl Store {
         Ok(())
     }
 
+    /// The summary index of this host's directory (FORMAT.md §7.1), reading every profile.
+    /// A file that is not a valid profile (corrupt, or hostile: a FIFO, a link, a huge file)
+    /// is set aside, so that the index matches the files that remain; `None` if a file could
+    /// not be read for another reason (the index is then left out rather than wrong).
+    fn index_of(&mut self, hd: &HostDir) -> Option<profile_format::SummaryIndex> {
+        let mut idx = profile_format::SummaryIndex::default();
+        for entry in hd.profiles().ok()? {
+            match publish::read_existing(&entry.path) {
+                Ok(Some(p)) => idx.push(&p.header),
+                // Removed meanwhile (retention, an administrator).
+                Ok(None) => {}
+                Err(publish::Existing::Corrupt(e)) => self.set_aside(&entry.path, &e),
+                Err(publish::Existing::Io(_)) => return None,
+            }
+        }
+        Some(idx)
+    }
+
     /// `summary.json` of touched epochs and the kallsyms snapshot of the current epoch.
     fn write_side_files(&mut self, now: Instant, force: bool) {
-        if self.db.is_none() {
+        if self.db.is_none() || self.check_lease().is_err() {
             return;
         }
         self.write_kallsyms();

@@ -180,7 +180,18 @@ impl Target {
         let mut changed = false;
         for inc in incs.iter().filter(|i| i.seq > published_seq) {
             let Some((total_period, counts)) = spool.counts(inc)? else { continue };
-            let mut delta = Profile::new(self.header(inc, host));
+            let header = self.header(inc, host);
+            if let Err(e) = header.check() {
+                // A record that passed its checksum but describes a profile no reader would
+                // accept (written by a buggy or foreign writer): merged, it would make every
+                // later write of this profile fail, and the publishing of all the others
+                // wait behind it. Quarantine it and go on.
+                tracing::error!(seq = inc.seq, event = %inc.desc.name, error = %e,
+                    "spool: increment describes an invalid profile; quarantined");
+                spool.quarantine(inc);
+                continue;
+            }
+            let mut delta = Profile::new(header);
             for (off, c) in counts {
                 delta.add(off, c, 0);
             }
@@ -204,18 +215,20 @@ impl Target {
     }
 }
 
-/// Rename an unreadable profile to `*.corrupt` (with a time suffix if one exists already).
+/// Rename an unreadable profile (or whatever hostile file took its name: a FIFO, a link, a
+/// huge file) to `NAME.corrupt`, or `NAME.<unix ms>.corrupt` if that exists already; readers
+/// skip both (FORMAT.md §1).
 pub(super) fn set_aside(path: &Path, why: &dyn std::fmt::Display) {
     let mut aside = path.as_os_str().to_owned();
-    aside.push(".corrupt");
+    aside.push(profile_format::CORRUPT_SUFFIX);
     let mut aside = PathBuf::from(aside);
-    if aside.exists() {
+    if aside.symlink_metadata().is_ok() {
         let ms = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
-        let mut a = aside.into_os_string();
-        a.push(format!(".{ms}"));
+        let mut a = path.as_os_str().to_owned();
+        a.push(format!(".{ms}{}", profile_format::CORRUPT_SUFFIX));
         aside = PathBuf::from(a);
     }
     match std::fs::rename(path, &aside) {

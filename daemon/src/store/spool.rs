@@ -44,12 +44,17 @@
 //! or [`MAX_SEGMENT_BYTES`], and a whole segment is deleted once every increment and summary
 //! delta in it, and in every older segment, is published. A record that fails its checksum or does not parse is skipped
 //! and counted (`quarantined`); its segment is renamed `*.corrupt` instead of deleted, for
-//! inspection. A torn last record (kill -9 in the middle of a `write`) ends its segment.
+//! inspection. A torn last record (kill -9 in the middle of a `write`) ends its segment. A
+//! segment that cannot be read at all (a FIFO or directory under its name, an I/O error) is
+//! renamed `*.corrupt` at once; an increment whose bytes can no longer be read, or that
+//! passes its checksum but describes a profile no reader accepts, is quarantined when it is
+//! published. Each counts in `quarantined` (status `spool_quarantined`), and publishing goes
+//! on with the rest: one bad record never holds up the others.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -66,6 +71,9 @@ pub const SYNC_INTERVAL: Duration = Duration::from_secs(30);
 /// A record larger than this is corrupt (a flush of the largest tables is a few MB).
 const MAX_RECORD: u32 = 256 << 20;
 const RECORD_HEADER: u64 = 8;
+/// A segment file larger than this is not one this spool wrote (segments close at
+/// [`MAX_SEGMENT_BYTES`], plus at most one record).
+const MAX_SEGMENT_FILE: u64 = MAX_SEGMENT_BYTES + MAX_RECORD as u64 + RECORD_HEADER + 8;
 
 /// Errors of the spool; they name the spool file.
 #[derive(Debug, thiserror::Error)]
@@ -441,6 +449,16 @@ fn parse_flush(mut c: Cursor<'_>, defs: &mut SegDefs) -> Result<Parsed, String> 
     Ok(Parsed { seq, epoch, delta, entries })
 }
 
+/// Rename a segment that held something unusable to `*.corrupt` (kept for inspection; never
+/// read again, since only `seg-*.log` names are).
+fn set_segment_aside(path: &Path) {
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(".corrupt");
+    if let Err(e) = std::fs::rename(path, &aside) {
+        tracing::warn!(file = %path.display(), error = %e, "spool: cannot set a bad segment aside");
+    }
+}
+
 impl Spool {
     /// Open (creating the directory) and index every segment left by earlier runs.
     pub fn open(dir: &Path, rotate_after: Duration) -> Result<(Spool, Recovered), SpoolError> {
@@ -472,7 +490,14 @@ impl Spool {
             marks: Vec::new(),
         };
         for (id, path) in names {
-            sp.load_segment(id, path)?;
+            if let Err(e) = sp.load_segment(id, path.clone()) {
+                // One unreadable segment (a FIFO or directory under its name, an I/O error)
+                // must not keep the spool closed, and every later record with it.
+                tracing::error!(file = %path.display(), error = %e,
+                    "spool: segment unreadable; set aside, the others are published");
+                sp.quarantined += 1;
+                set_segment_aside(&path);
+            }
         }
         sp.gc();
         let rec =
@@ -482,8 +507,29 @@ impl Spool {
 
     fn load_segment(&mut self, id: u64, path: PathBuf) -> Result<(), SpoolError> {
         let io = |source| SpoolError::Io { path: path.clone(), source };
-        let file = OpenOptions::new().read(true).append(true).open(&path).map_err(io)?;
-        let bytes = std::fs::read(&path).map_err(io)?;
+        // Not a plain open: a FIFO under a segment's name would block it, a link to a device
+        // would feed it without end.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if !meta.is_file() {
+            return Err(SpoolError::Invalid {
+                path: path.clone(),
+                detail: "not a regular file".into(),
+            });
+        }
+        if meta.len() > MAX_SEGMENT_FILE {
+            return Err(SpoolError::Invalid {
+                path: path.clone(),
+                detail: format!("{} bytes, more than a segment may have", meta.len()),
+            });
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        (&mut file).take(MAX_SEGMENT_FILE).read_to_end(&mut bytes).map_err(io)?;
         let mut seg =
             Segment { path: path.clone(), file, len: bytes.len() as u64, refs: 0, corrupt: false };
         if bytes.len() < SEGMENT_MAGIC.len() || &bytes[..8] != SEGMENT_MAGIC {
@@ -761,29 +807,40 @@ impl Spool {
         let loc = &inc.loc;
         let Some(seg) = self.segments.get(&loc.segment) else { return Ok(None) };
         let mut buf = vec![0u8; loc.len as usize];
-        seg.file
-            .read_exact_at(&mut buf, loc.offset)
-            .map_err(|source| SpoolError::Io { path: seg.path.clone(), source })?;
+        // A read error here (the segment was truncated or damaged after it was indexed) would
+        // recur on every retry and hold up every profile after this one: quarantine it.
+        let read = seg.file.read_exact_at(&mut buf, loc.offset).map_err(|e| e.to_string());
         let mut c = Cursor { buf: &buf, pos: 0 };
-        let decoded = (|| -> Result<(u64, Vec<(u64, u64)>), String> {
+        let decoded = read.and_then(|()| -> Result<(u64, Vec<(u64, u64)>), String> {
             c.u()?;
             c.u()?;
             let period = c.u()?;
             let mut counts = Vec::new();
             pairs::read(&buf, &mut c.pos, |o, n| counts.push((o, n))).map_err(|e| e.to_string())?;
             Ok((period, counts))
-        })();
+        });
         match decoded {
             Ok(v) => Ok(Some(v)),
             Err(e) => {
                 tracing::error!(file = %seg.path.display(), offset = loc.offset, error = %e,
                     "spool: increment unreadable; quarantined");
-                self.quarantined += 1;
-                if let Some(seg) = self.segments.get_mut(&loc.segment) {
-                    seg.corrupt = true;
-                }
+                self.quarantine_increment(loc.segment);
                 Ok(None)
             }
+        }
+    }
+
+    /// An increment cannot be used: count it, and keep its segment for inspection (renamed
+    /// `*.corrupt` instead of deleted once nothing else in it is pending). The caller still
+    /// marks it published, so that it is not offered again.
+    pub fn quarantine(&mut self, inc: &SpooledIncrement) {
+        self.quarantine_increment(inc.loc.segment);
+    }
+
+    fn quarantine_increment(&mut self, segment: u64) {
+        self.quarantined += 1;
+        if let Some(seg) = self.segments.get_mut(&segment) {
+            seg.corrupt = true;
         }
     }
 
@@ -928,14 +985,9 @@ impl Spool {
                 break;
             }
             let seg = self.segments.remove(&id).expect("present");
-            let r = if seg.corrupt {
-                let mut aside = seg.path.clone().into_os_string();
-                aside.push(".corrupt");
-                std::fs::rename(&seg.path, &aside)
-            } else {
-                std::fs::remove_file(&seg.path)
-            };
-            if let Err(e) = r {
+            if seg.corrupt {
+                set_segment_aside(&seg.path);
+            } else if let Err(e) = std::fs::remove_file(&seg.path) {
                 tracing::warn!(file = %seg.path.display(), error = %e, "spool: cannot remove a published segment");
             }
         }

@@ -1,0 +1,313 @@
+//! End-to-end tests of the store's reliability (issue #14): hostile files in the daemon's own
+//! host directory, one daemon per host name, a database removed while the daemon runs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use dcpi_e2e::{bin, require_perf, Daemon, Sandbox};
+use profile_format::Database;
+
+/// Wait until `f` holds (polling every 100 ms), at most `secs`.
+fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Run a command to completion, failing the test if it takes more than `secs`.
+fn run_bounded(mut cmd: Command, secs: u64, what: &str) -> Output {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+fn ctl_bounded(d: &Daemon, args: &[&str], secs: u64) -> Output {
+    let mut cmd = Command::new(bin("dcpictl"));
+    cmd.arg("--socket").arg(&d.socket).args(args);
+    run_bounded(cmd, secs, &format!("dcpictl {args:?}"))
+}
+
+/// The daemon's host directory in the current epoch.
+fn host_dir(db: &Path, host: &str) -> PathBuf {
+    let d = Database::open(db).expect("db");
+    let e = d.current_epoch().expect("epochs").expect("an epoch");
+    d.host_dir(&e, host).expect("host dir").path
+}
+
+fn profiles_in(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    v.retain(|p| p.extension().is_some_and(|x| x == "prof"));
+    v.sort();
+    v
+}
+
+/// SIGTERM; the daemon must be gone within `secs`. Returns its exit status and stderr.
+fn terminate_bounded(d: &mut Daemon, secs: u64) -> (std::process::ExitStatus, String) {
+    let child = d.child.as_mut().expect("running");
+    // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            let mut err = String::new();
+            if let Some(e) = child.stderr.as_mut() {
+                let _ = std::io::Read::read_to_string(e, &mut err);
+            }
+            d.child = None;
+            return (st, err);
+        }
+        assert!(Instant::now() < deadline, "dcpid still running {secs} s after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn hostile_profiles_in_own_host_dir_are_set_aside_and_flush_and_sigterm_still_work() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut d = sb.start_daemon("h1", &["-e", "cpu-clock", "--flush-interval", "500ms"]);
+    let dir = host_dir(&sb.db(), "h1");
+    wait_for(60, "published profiles", || {
+        let out = ctl_bounded(&d, &["flush"], 60);
+        out.status.success() && profiles_in(&dir).len() >= 3
+    });
+    // Replace three published profiles: a FIFO, a link to /dev/zero, a sparse 3 GiB file.
+    let victims: Vec<PathBuf> = profiles_in(&dir).into_iter().take(3).collect();
+    for (i, p) in victims.iter().enumerate() {
+        let header = std::fs::read(p).expect("read");
+        std::fs::remove_file(p).expect("rm");
+        match i {
+            0 => assert!(Command::new("mkfifo").arg(p).status().expect("mkfifo").success()),
+            1 => std::os::unix::fs::symlink("/dev/zero", p).expect("symlink"),
+            _ => {
+                std::fs::write(p, &header).expect("write");
+                let f = std::fs::OpenOptions::new().write(true).open(p).expect("open");
+                f.set_len(3 << 30).expect("set_len");
+            }
+        }
+    }
+    // A flush writes the summary index, which reads every profile: all three are met.
+    let out = ctl_bounded(&d, &["flush"], 60);
+    assert!(out.status.success(), "flush: {}", String::from_utf8_lossy(&out.stderr));
+    let v = d.status_json();
+    assert!(v["store"]["corrupt_files_set_aside"].as_u64() >= Some(3), "{}", v["store"]);
+    assert!(v["store"]["last_set_aside"].is_string(), "{}", v["store"]);
+    for p in &victims {
+        let mut aside = p.clone().into_os_string();
+        aside.push(".corrupt");
+        assert!(
+            std::fs::symlink_metadata(&aside).is_ok(),
+            "{} not set aside as {}",
+            p.display(),
+            PathBuf::from(&aside).display()
+        );
+    }
+    // The human status says so too.
+    let human = ctl_bounded(&d, &["status"], 30);
+    assert!(String::from_utf8_lossy(&human.stdout).contains("set aside"), "{:?}", human);
+    let (st, err) = terminate_bounded(&mut d, 30);
+    assert!(st.success(), "{err}");
+    // Every file left in the host directory reads.
+    let out = sb.prof(&["--host", "h1"]);
+    assert!(out.status.success(), "dcpiprof: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn second_daemon_on_the_same_host_name_exits_2_naming_the_first_until_it_dies() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let mut first = sb.start_daemon("web1.dc1", &["-e", "cpu-clock"]);
+    let first_pid = first.pid();
+    // Same database and host name; its own socket and spool.
+    let sock2 = sb.dir.path().join("second.sock");
+    let spool2 = sb.dir.path().join("spool2");
+    let second_args = |sock: &Path, host: &str| {
+        let mut c = Command::new(bin("dcpid"));
+        c.args(["--config", "none", "--db"])
+            .arg(sb.db())
+            .arg("--spool")
+            .arg(&spool2)
+            .arg("--socket")
+            .arg(sock)
+            .args(["--host", host, "-e", "cpu-clock"]);
+        c
+    };
+    let out = run_bounded(second_args(&sock2, "web1.dc1"), 60, "second dcpid");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("pid {first_pid}")), "owner not named: {err}");
+    assert!(err.contains("web1.dc1"), "{err}");
+    assert!(!sock2.exists(), "the refused daemon must not serve");
+    // A different host name on the same database is fine (the default is the full host
+    // name, so web1.dc1 and web1.dc2 no longer collide).
+    let sock3 = sb.dir.path().join("third.sock");
+    let mut c = second_args(&sock3, "web1.dc2");
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut third = Daemon { child: Some(c.spawn().expect("spawn")), socket: sock3.clone() };
+    wait_for(60, "web1.dc2 ready", || {
+        if let Some(st) = third.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            panic!("web1.dc2 exited with {st}");
+        }
+        sock3.exists() && third.ctl(&["status"]).status.success()
+    });
+    third.kill9();
+    // kill -9 the first: its lease is stale (pid dead on this machine), a new one takes over.
+    first.kill9();
+    let child =
+        second_args(&sock2, "web1.dc1").stdout(Stdio::null()).stderr(Stdio::piped()).spawn();
+    let mut second = Daemon { child: Some(child.expect("spawn")), socket: sock2.clone() };
+    wait_for(60, "the successor ready", || {
+        if let Some(st) = second.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            panic!("successor exited with {st}");
+        }
+        sock2.exists() && second.ctl(&["status"]).status.success()
+    });
+    let v = second.status_json();
+    assert!(v["store"]["lease_file"].as_str().is_some_and(|f| f.ends_with("web1.dc1.lease")));
+    let lease = Database::open(&sb.db()).unwrap().read_lease("web1.dc1").unwrap().unwrap();
+    assert_eq!(lease.pid, second.pid());
+    let (st, err) = terminate_bounded(&mut second, 30);
+    assert!(st.success(), "{err}");
+    assert!(err.contains("taking over a stale lease"), "takeover logged: {err}");
+    // A clean stop releases the lease.
+    assert_eq!(Database::open(&sb.db()).unwrap().read_lease("web1.dc1").unwrap(), None);
+}
+
+/// Keep one CPU busy while the guard lives.
+struct Spin(std::sync::Arc<std::sync::atomic::AtomicBool>, Option<std::thread::JoinHandle<()>>);
+
+fn spin() -> Spin {
+    use std::sync::atomic::Ordering;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = std::sync::Arc::clone(&stop);
+    let h = std::thread::spawn(move || {
+        let mut x = 1u64;
+        while !s.load(Ordering::Relaxed) {
+            for i in 0..10_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+            }
+        }
+    });
+    Spin(stop, Some(h))
+}
+
+impl Drop for Spin {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.1.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn status_of(d: &Daemon) -> serde_json::Value {
+    let out = ctl_bounded(d, &["status", "--json"], 10);
+    assert!(out.status.success(), "status: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// Every sample of `host` in the database (every profile must read).
+fn host_total(db: &Path, host: &str) -> u64 {
+    let d = Database::open(db).expect("db");
+    let mut n = 0;
+    for e in d.epochs().expect("epochs") {
+        let hd = d.host_dir(&e, host).expect("host dir");
+        for p in hd.profiles().unwrap_or_default() {
+            n +=
+                profile_format::Profile::read(&p.path).expect("profile reads").header.total_samples;
+        }
+    }
+    n
+}
+
+#[test]
+fn hung_database_keeps_sampling_status_and_stop_and_loses_no_sample() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let trigger = sb.dir.path().join("hang-the-database");
+    let spawn = |stall: bool| {
+        let mut c = Command::new(bin("dcpid"));
+        c.args(sb.daemon_args("h1"))
+            .args(["-e", "cpu-clock", "--flush-interval", "500ms", "--publish-interval", "1s"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if stall {
+            // Test hook: while the file exists every database operation blocks, as on a
+            // hung NFS server.
+            c.env("DCPI_TEST_STALL_DB", &trigger);
+        }
+        let mut d = Daemon { child: Some(c.spawn().expect("spawn")), socket: sb.socket() };
+        wait_for(60, "dcpid ready", || {
+            if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("dcpid exited with {st}");
+            }
+            sb.socket().exists() && d.ctl(&["status"]).status.success()
+        });
+        d
+    };
+    let _busy = spin();
+    let mut d = spawn(true);
+    wait_for(60, "a first publish", || ctl_bounded(&d, &["flush"], 60).status.success());
+    std::fs::write(&trigger, b"").expect("hang the database");
+    // Status answers, and says publishing is stalled and since when.
+    wait_for(60, "the stall reported", || {
+        status_of(&d)["store"]["publish_stalled_since_unix_ms"].is_u64()
+    });
+    let v = status_of(&d);
+    assert!(v["condition"].as_str().unwrap().contains("stalled"), "{}", v["condition"]);
+    // Sampling goes on.
+    let before = v["samples"].as_u64().unwrap();
+    wait_for(60, "samples during the stall", || {
+        status_of(&d)["samples"].as_u64().unwrap() > before + 100
+    });
+    // A flush answers, with an error, within its bound.
+    let t = Instant::now();
+    let out = ctl_bounded(&d, &["flush"], 60);
+    assert!(!out.status.success(), "flush cannot succeed on a hung database");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not answering") && err.contains("spool"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(40), "flush took {:?}", t.elapsed());
+    // So does an epoch change (the stuck flush is still running: at once).
+    let out = ctl_bounded(&d, &["epoch", "new"], 60);
+    assert!(!out.status.success(), "no new epoch on a hung database");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not answering"), "{err}");
+    // SIGTERM stops it within a few seconds, the samples kept in the spool.
+    let seen = status_of(&d)["samples"].as_u64().unwrap();
+    let t = Instant::now();
+    let (st, err) = terminate_bounded(&mut d, 20);
+    assert!(st.success(), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10), "stop took {:?}: {err}", t.elapsed());
+    // The database answers again: the next start publishes what the first one sampled.
+    std::fs::remove_file(&trigger).expect("unhang");
+    let mut d = spawn(false);
+    let out = ctl_bounded(&d, &["flush"], 60);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let more = status_of(&d)["samples"].as_u64().unwrap();
+    let (st, err) = terminate_bounded(&mut d, 30);
+    assert!(st.success(), "{err}");
+    let total = host_total(&sb.db(), "h1");
+    assert!(total >= seen, "lost samples: {total} published, {seen} seen before the stop");
+    // Samples taken after the status request, before the stop; and the second run's.
+    let high = seen + seen / 10 + 2 * more + 1000;
+    assert!(total <= high, "counted twice? {total} published, at most {high} expected");
+}
