@@ -17,3 +17,4 @@ pub mod status;
 pub mod store;
 pub mod sys;
 pub mod types;
+pub mod who;

@@ -10,3 +10,4 @@ mod resolve;
 mod sampling;
 mod service;
 mod systemd;
+mod who;

@@ -57,7 +57,10 @@ pub fn run_by(
         (Some(i), Some(_)) => Some(ImageFilter::new(i)),
         _ => None,
     };
-    let loaded = args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
+    let mut loaded = args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
+    if args.no_idle {
+        loaded.exclude_idle();
+    }
     let w = report::weights(&loaded, &args.sel.events)?;
     let image = match &args.image {
         Some(spec) => Some(resolve_image_builds(&loaded, &w, spec)?),

@@ -112,6 +112,13 @@ EXPORT FORMATS (every selection; with --image, only that image)
 SPECIAL ROWS
   [unknown]              samples the daemon could not attribute (per-image); per symbol
                          `--image unknown` splits them by reason ([unknown: no-map], ...).
+  [idle]                 samples of the idle task (pid 0, the swapper): CPU time nobody
+                         used. Its own row, symbolized like the kernel (`--image idle`); the
+                         header says its share and whether the machine was mostly idle.
+                         --no-idle leaves it out, so percentages are of busy time; JSON
+                         \"idle\": {\"included\": bool, \"percent\": num}.
+  [kernel.kallsyms]      kernel code run on behalf of processes (system calls, interrupts,
+                         page faults), not the idle loop.
   IMAGE+0xOFFSET         no symbol covers the sample (binary not found, stripped, or between
                          symbols): IMAGE is the file's basename (or [kernel.kallsyms],
                          [MODULE], [anon:...]) and OFFSET the file offset (kernel: offset from
@@ -219,6 +226,10 @@ pub struct Args {
     /// the image.
     #[arg(long, value_name = "NAME", requires = "image", requires = "by")]
     pub symbol: Option<String>,
+    /// Leave the idle task's samples (`[idle]`) out: rows and percentages are then of the time
+    /// the CPUs were busy.
+    #[arg(long)]
+    pub no_idle: bool,
     /// Print what the report read (profile files, symbol tables, DWARF, cache hits) to stderr.
     #[arg(long, short = 'v')]
     pub verbose: bool,
@@ -327,6 +338,9 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
     } else {
         args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?
     };
+    if args.no_idle {
+        loaded.exclude_idle();
+    }
     if loaded.profiles.is_empty() && args.image.is_none() {
         flush_warnings(err, &mut warnings)?;
         let (epochs, hosts) = select::epochs_and_hosts(&loaded.dirs);

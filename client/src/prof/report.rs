@@ -106,7 +106,27 @@ pub struct ImageReport {
     pub total_samples: u64,
     /// Rows left out by `--limit`.
     pub rows_omitted: usize,
+    /// Whether the idle task's samples (`[idle]`) are in the rows and the percentages.
+    pub idle: IdleShare,
     pub rows: Vec<ImageRow>,
+}
+
+/// How much of the selection the idle task took (`[idle]`, first event).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct IdleShare {
+    /// False with `--no-idle`: the rows and percentages leave the idle task out.
+    pub included: bool,
+    /// Share of `[idle]` in the report (0 when excluded or absent).
+    pub percent: f64,
+}
+
+impl IdleShare {
+    /// At least this share of idle makes a report say the machine was mostly idle.
+    pub const MOSTLY_IDLE_PERCENT: f64 = 50.0;
+
+    pub fn mostly_idle(&self) -> bool {
+        self.included && self.percent >= Self::MOSTLY_IDLE_PERCENT
+    }
 }
 
 /// `dcpiprof --image X`.
@@ -341,6 +361,10 @@ pub fn image_report(loaded: &Loaded, w: &Weights, db: &str, limit: Option<usize>
             counts,
         })
         .collect();
+    let idle_percent = out
+        .iter()
+        .find(|r| r.kind == "kernel" && r.image == super::image::IDLE)
+        .map_or(0.0, |r| r.percent);
     let omitted = truncate(&mut out, limit);
     ImageReport {
         report: "images",
@@ -348,6 +372,7 @@ pub fn image_report(loaded: &Loaded, w: &Weights, db: &str, limit: Option<usize>
         total_samples: w.infos.first().map_or(0, |i| i.samples),
         events: w.infos.clone(),
         rows_omitted: omitted,
+        idle: IdleShare { included: !loaded.idle_excluded, percent: idle_percent },
         rows: out,
     }
 }

@@ -213,6 +213,17 @@ pub struct Loaded {
     pub corrupt: Vec<String>,
     /// With a filter: images seen but not matching (display name, samples of the file read).
     pub other_images: Vec<(String, u64)>,
+    /// `--no-idle` took the `[idle]` profiles out ([`Loaded::exclude_idle`]).
+    pub idle_excluded: bool,
+}
+
+impl Loaded {
+    /// Drop the idle task's profiles (`--no-idle`): every total and percentage computed from
+    /// what is left is then of the time the machine was busy.
+    pub fn exclude_idle(&mut self) {
+        self.profiles.retain(|p| !super::image::is_idle(&p.profile.header));
+        self.idle_excluded = true;
+    }
 }
 
 fn read_profile(path: &Path) -> Result<Profile, profile_format::Error> {

@@ -18,7 +18,8 @@
 //! and counted in `late_sideband`. Samples wait per CPU until the watermark reaches them, then
 //! go into that CPU's table under `(pid, asid, pc, event, kernel)`, where `asid` is the
 //! address-space version in force at the sample's time (`Resolver::asid_at`); kernel samples
-//! use pid 0 / asid 0.
+//! use asid 0 and pid 1, except those of the idle task (pid 0), which keep pid 0 and resolve
+//! to the `[idle]` pseudo-image ([`crate::who`]).
 //!
 //! LOCKS. The sample path takes no shared lock per sample, and a drain thread never waits for
 //! the resolver. Per drain pass, a drain thread
@@ -62,7 +63,7 @@ mod table;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use profile_format::{ImageId, ImageKind, UnknownReason};
@@ -403,6 +404,8 @@ pub struct Aggregator {
     /// Drain threads aggregate no sample newer than this ([`Aggregator::cut`]; MAX = no cut
     /// in progress).
     cap: AtomicU64,
+    /// The `[idle]` pseudo-image, made from the kernel image the first time it is needed.
+    idle: OnceLock<Arc<ImageInfo>>,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -469,7 +472,9 @@ where
                 }
                 let kernel = s.kernel || s.pc >= KERNEL_START;
                 let (pid, asid) = if kernel {
-                    (0, 0)
+                    // The kernel image is the same in every process, but the idle task
+                    // (pid 0, the swapper) is kept apart: its samples become `[idle]`.
+                    (u32::from(s.pid != 0), 0)
                 } else {
                     match cache.get(s.pid, s.time, h) {
                         Some(a) => (s.pid, a),
@@ -548,6 +553,7 @@ impl Aggregator {
             changed: (0..CACHE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             cpus: (0..n).map(|_| Mutex::new(CpuState::new(&cfg))).collect(),
             cap: AtomicU64::new(PerfTime::MAX),
+            idle: OnceLock::new(),
         })
     }
 
@@ -688,9 +694,9 @@ impl Aggregator {
             taken.push((table, overflow, full));
         }
         for (i, (mut table, overflow, full)) in taken.into_iter().enumerate() {
-            full.iter().flatten().for_each(|e| resolve_entry(r, e, out));
-            overflow.iter().for_each(|e| resolve_entry(r, e, out));
-            table.drain(|e| resolve_entry(r, &e, out));
+            full.iter().flatten().for_each(|e| resolve_entry(r, &self.idle, e, out));
+            overflow.iter().for_each(|e| resolve_entry(r, &self.idle, e, out));
+            table.drain(|e| resolve_entry(r, &self.idle, &e, out));
             let mut c = lock(&self.cpus[i]);
             c.return_overflow(overflow);
             // A table of the old size is dropped here; the next flush allocates one of the
@@ -773,7 +779,7 @@ impl Aggregator {
                 return;
             };
             r.begin_batch();
-            full.iter().for_each(|e| resolve_entry(&mut r, e, &mut sh.early));
+            full.iter().for_each(|e| resolve_entry(&mut r, &self.idle, e, &mut sh.early));
             drop(r);
             drop(sh);
             c.return_overflow(full);
@@ -790,12 +796,22 @@ fn newest_pending(pending: &VecDeque<Sample>, limit: Option<PerfTime>) -> PerfTi
         .unwrap_or(0)
 }
 
-fn resolve_entry(resolver: &mut Resolver, e: &Entry, out: &mut Resolved) {
+fn resolve_entry(
+    resolver: &mut Resolver,
+    idle: &OnceLock<Arc<ImageInfo>>,
+    e: &Entry,
+    out: &mut Resolved,
+) {
     let (count, period) = (u64::from(e.count), e.period_sum);
     let event = e.event();
     out.samples += count;
     match resolver.resolve(e.pid, e.asid(), e.pc, e.kernel()) {
         Resolution::Image { image, offset } => {
+            let image = if e.kernel() && e.pid == 0 && image.kind == ImageKind::Kernel {
+                idle.get_or_init(|| crate::who::idle_image(&image))
+            } else {
+                &image
+            };
             // Profiles of one image share an Arc: clone the id only for a new profile.
             let p = out.profiles.entry((image.id.clone(), event)).or_insert_with(|| {
                 ResolvedProfile { image: image.clone(), event, counts: BTreeMap::new() }
