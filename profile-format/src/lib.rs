@@ -15,6 +15,7 @@ pub mod pairs;
 mod profile;
 mod summary;
 pub mod varint;
+mod who;
 
 pub use atomic::write_atomic;
 pub use db::{
@@ -31,6 +32,7 @@ pub use profile::{
     PROFILE_VERSION,
 };
 pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};
+pub use who::{WhoKey, WhoTable, WHO_FILE, WHO_MAGIC, WHO_VERSION};
 
 /// Default location of the database.
 pub const DEFAULT_DB: &str = "/var/lib/dcpi";

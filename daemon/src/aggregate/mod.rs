@@ -73,6 +73,8 @@ use crate::types::{EventIdx, PerfTime, Sample, SampleSink, SideBand, TimedSideBa
 
 use table::{Added, Entry, Table};
 
+use crate::who::{CgroupNames, CpuWho, WhoBatch};
+
 pub use crate::types::ImageInfo;
 
 /// Samples of one (image, event), resolved: offset → (count, sum of periods in force).
@@ -92,6 +94,8 @@ pub struct Resolved {
     pub unknown: HashMap<(EventIdx, UnknownReason), (u64, u64)>,
     /// Total samples in this batch (resolved + unknown).
     pub samples: u64,
+    /// Who used the CPU: per process, command, cgroup and CPU ([`crate::who`]).
+    pub who: WhoBatch,
 }
 
 /// Counters for `dcpictl status`.
@@ -244,6 +248,8 @@ struct CpuState {
     stashed: Option<Vec<Entry>>,
     overflow_cap: usize,
     cache: AsidCache,
+    /// Per-sample attribution of this CPU's samples (command, cgroup, CPU).
+    who: CpuWho,
     samples_aggregated: u64,
     entries_created: u64,
     overflow_evictions: u64,
@@ -270,6 +276,7 @@ impl CpuState {
             stashed: None,
             overflow_cap: cap,
             cache: AsidCache::new(),
+            who: CpuWho::default(),
             samples_aggregated: 0,
             entries_created: 0,
             overflow_evictions: 0,
@@ -406,6 +413,8 @@ pub struct Aggregator {
     cap: AtomicU64,
     /// The `[idle]` pseudo-image, made from the kernel image the first time it is needed.
     idle: OnceLock<Arc<ImageInfo>>,
+    /// cgroup id → path, for the who attribution.
+    cgroups: Mutex<CgroupNames>,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -456,11 +465,12 @@ where
     F: FnMut(u32, PerfTime) -> Option<(AsidSpan, PerfTime)>,
 {
     let limit = limit.unwrap_or(PerfTime::MAX);
-    let CpuState { pending, table, overflow, overflow_cap, cache, .. } = c;
+    let CpuState { pending, table, overflow, overflow_cap, cache, who, .. } = c;
     let (mut done, mut created, mut evicted, mut misses) = (0usize, 0u64, 0u64, 0u64);
     let mut stop = Stop::Done;
-    // (bucket, pc, tag, pid, period) of the chunk's samples.
+    // (bucket, pc, tag, pid, period) of the chunk's samples, and (pid, cgroup) for `who`.
     let mut keys = [(0usize, 0u64, 0u64, 0u32, 0u64); CHUNK];
+    let mut owners = [(0u32, 0u64); CHUNK];
     let (front, back) = pending.as_slices();
     'outer: for part in [front, back] {
         for chunk in part.chunks(CHUNK) {
@@ -495,10 +505,15 @@ where
                 let b = table.bucket_of(s.pc, tag, pid);
                 touched = touched.wrapping_add(table.touch(b));
                 keys[n] = (b, s.pc, tag, pid, s.period);
+                owners[n] = (s.pid, s.cgroup);
                 n += 1;
             }
             std::hint::black_box(touched);
             for (i, &(b, pc, tag, pid, period)) in keys[..n].iter().enumerate() {
+                // Counted as it enters the table: a sample left pending is not counted twice.
+                let (owner, cgroup) = owners[i];
+                let (event, kernel) = Entry::tag_event_kernel(tag);
+                who.count(owner, cgroup, event, kernel);
                 match table.add_at(b, pc, tag, pid, period) {
                     Added::Hit => {}
                     Added::New => created += 1,
@@ -554,6 +569,7 @@ impl Aggregator {
             cpus: (0..n).map(|_| Mutex::new(CpuState::new(&cfg))).collect(),
             cap: AtomicU64::new(PerfTime::MAX),
             idle: OnceLock::new(),
+            cgroups: Mutex::new(CgroupNames::discover()),
         })
     }
 
@@ -569,8 +585,13 @@ impl Aggregator {
     /// the asid caches.
     fn apply(&self, r: &mut Resolver, recs: &[TimedSideBand]) {
         for rec in recs {
+            if let SideBand::Cgroup { id, path } = &rec.record {
+                lock(&self.cgroups).note(*id, path);
+                continue;
+            }
             r.apply(rec);
             let pid = match &rec.record {
+                SideBand::Cgroup { .. } => continue,
                 SideBand::Mmap2 { pid, .. }
                 | SideBand::Comm { pid, .. }
                 | SideBand::Fork { pid, .. }
@@ -691,6 +712,7 @@ impl Aggregator {
             };
             let table = std::mem::replace(&mut c.table, spare);
             let overflow = c.take_overflow();
+            c.who.take_into(taken.len() as u32, &mut out.who);
             taken.push((table, overflow, full));
         }
         for (i, (mut table, overflow, full)) in taken.into_iter().enumerate() {
@@ -705,7 +727,28 @@ impl Aggregator {
                 c.spare.get_or_insert(table);
             }
         }
+        self.name_who(r, &mut out.who);
         newest
+    }
+
+    /// Commands and cgroup paths of the pids a batch counts.
+    fn name_who(&self, r: &Resolver, who: &mut WhoBatch) {
+        let pids: Vec<u32> = who.pids().filter(|p| !who.comms.contains_key(p)).collect();
+        for pid in pids {
+            if let Some(c) = r.comm(pid, 0) {
+                who.comms.insert(pid, c.to_vec());
+            }
+        }
+        who.read_missing_comms(r.proc_root());
+        let mut names = lock(&self.cgroups);
+        let ids: Vec<u64> = who.cgroups.values().copied().collect();
+        for id in ids {
+            if !who.cgroup_paths.contains_key(&id) {
+                if let Some(p) = names.path(id) {
+                    who.cgroup_paths.insert(id, p);
+                }
+            }
+        }
     }
 
     pub fn stats(&self) -> AggregatorStats {
@@ -824,8 +867,20 @@ fn resolve_entry(
             let c = p.counts.entry(offset).or_insert((0, 0));
             c.0 += count;
             c.1 = c.1.saturating_add(period);
+            if !e.kernel() {
+                // Kernel entries are shared by every process; `CpuWho` counts their owners.
+                out.who.add_user(e.pid, Some(image), event, count);
+                if !out.who.comms.contains_key(&e.pid) {
+                    if let Some(c) = resolver.comm(e.pid, e.asid()) {
+                        out.who.comms.insert(e.pid, c.to_vec());
+                    }
+                }
+            }
         }
         Resolution::Unknown(reason) => {
+            if !e.kernel() {
+                out.who.add_user(e.pid, None, event, count);
+            }
             resolver.note_unknown(reason, count);
             let u = out.unknown.entry((event, reason)).or_insert((0, 0));
             u.0 += count;
