@@ -253,6 +253,7 @@ impl Shared {
                 s.retention_keep,
             );
         }
+        store.set_who_by_pid(s.by_pid);
     }
 
     /// Re-read the configuration and apply what can change live. Never stops the daemon.
@@ -689,7 +690,7 @@ fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
         tracing::warn!(db = %settings.db.display(), error = %e,
             "database not writable now; sampling anyway, keeping data in the spool and retrying");
     }
-    Ok(Store::open(StoreConfig {
+    let mut store = Store::open(StoreConfig {
         db: settings.db.clone(),
         spool: settings.spool.clone(),
         host: settings.host.clone(),
@@ -698,7 +699,9 @@ fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
         max_memory_bytes: settings.max_memory_mb.saturating_mul(1 << 20),
         retention_days: settings.retention_days,
         retention_keep: settings.retention_keep,
-    }))
+    });
+    store.set_who_by_pid(settings.by_pid);
+    Ok(store)
 }
 
 /// Start step 2: every event on every CPU; the store learns the events and the host.

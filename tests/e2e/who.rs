@@ -76,8 +76,163 @@ fn idle_task_is_its_own_image_and_no_idle_removes_it() {
     if pct >= 50.0 {
         assert!(text.contains("the machine was mostly idle"), "{text}");
     }
+    let out = sb.prof(&["--host", host, "--by", "pid"]);
+    assert_eq!(out.status.code(), Some(2), "--by pid without by_pid");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("by_pid"), "{out:?}");
+    let out = sb.prof(&["--host", host, "--by", "command", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(row(&v, "command", "swapper").is_some(), "the idle task is a command: {v:#}");
+
     let out = sb.prof(&["--host", host, "--no-idle"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("the idle task ([idle]) is left out"), "{text}");
     assert!(!text.lines().any(|l| !l.starts_with('#') && l.ends_with("[idle]")), "{text}");
+}
+
+/// A program that spins until it has used `argv[1]` seconds of CPU time (not wall time: the
+/// machine may be shared, and a 2:1 split of CPU time must not depend on the load).
+const CPU_SPIN_C: &str = r#"
+#include <stdlib.h>
+#include <time.h>
+int main(int argc, char **argv) {
+    double want = argc > 1 ? atof(argv[1]) : 1.0;
+    static const char *volatile name = NAME;
+    struct timespec t; volatile unsigned long s = 0;
+    do { for (int i = 0; i < 100000; i++) s += i ^ (s >> 3);
+         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t); }
+    while (t.tv_sec + t.tv_nsec / 1e9 < want);
+    return 0;
+}
+"#;
+
+/// The cgroup v2 mount point, from /proc/self/mountinfo.
+fn cgroup2_root() -> Option<std::path::PathBuf> {
+    let m = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    m.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next()? == "cgroup2")
+            .then(|| pre.split_whitespace().nth(4).map(std::path::PathBuf::from))
+            .flatten()
+    })
+}
+
+/// A cgroup made for a test, removed (once empty) on drop.
+struct Group(std::path::PathBuf);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // Its processes have exited; a zombie may linger briefly.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Two busy programs in two cgroup v2 groups, one using twice the CPU time of the other:
+/// `--by cgroup` splits their samples 2:1 (within 20 %), `--by command` names both, and the
+/// filters select one of them.
+#[test]
+fn two_cgroups_split_two_to_one_and_commands_are_named() {
+    if !require_perf() {
+        return;
+    }
+    let Some(root) = cgroup2_root() else {
+        eprintln!("SKIPPED: no cgroup v2 hierarchy mounted");
+        return;
+    };
+    let tag = format!("dcpi-e2e-who-{}", std::process::id());
+    let (a, b) = (root.join(format!("{tag}-a")), root.join(format!("{tag}-b")));
+    if let Err(e) = std::fs::create_dir(&a) {
+        eprintln!("SKIPPED: cannot create a cgroup under {}: {e}", root.display());
+        return;
+    }
+    let ga = Group(a.clone());
+    std::fs::create_dir(&b).expect("second cgroup");
+    let gb = Group(b.clone());
+
+    let sb = Sandbox::new();
+    let src = sb.dir.path().join("spin.c");
+    std::fs::write(&src, CPU_SPIN_C).expect("write source");
+    // Two builds (distinct build-ids), so that each is its own image.
+    let build = |name: &str| {
+        let out = sb.dir.path().join(name);
+        let st = std::process::Command::new("cc")
+            .args(["-O1", &format!("-DNAME=\"{name}\""), "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("cc");
+        assert!(st.success(), "cc failed");
+        out
+    };
+    let (twice, once) = (build("whotwice"), build("whoonce"));
+
+    let host = "e2e-who";
+    let d = sb.start_daemon(
+        host,
+        &["--events", "cpu-clock:1000000", "--flush-interval", "1s", "--by-pid", "true"],
+    );
+    // Each program joins its group before it execs, so every sample of it is in the group.
+    let spawn = |group: &std::path::Path, bin: &std::path::Path, secs: &str| {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"echo $$ > "$1/cgroup.procs" && exec "$2" "$3""#)
+            .args(["sh", &group.display().to_string(), &bin.display().to_string(), secs])
+            .spawn()
+            .expect("spawn")
+    };
+    let mut p2 = spawn(&a, &twice, "3");
+    let mut p1 = spawn(&b, &once, "1.5");
+    let pid2 = p2.id();
+    assert!(p2.wait().expect("wait").success(), "whotwice failed");
+    assert!(p1.wait().expect("wait").success(), "whoonce failed");
+
+    let rel = |p: &std::path::Path| format!("/{}", p.file_name().unwrap().to_string_lossy());
+    let (ra, rb) = (rel(&a), rel(&b));
+    let by_cgroup = ["--host", host, "--by", "cgroup", "--format", "json"];
+    let v = report_until(&sb, &d, &by_cgroup, "both cgroups", |v| {
+        let n = |c: &str| row(v, "cgroup", c).and_then(|r| r["samples"].as_u64()).unwrap_or(0);
+        // 1 ms period: the short program alone is ~1500 samples.
+        n(&ra) > 2000 && n(&rb) > 1000
+    });
+    let n = |c: &str| row(&v, "cgroup", c).and_then(|r| r["samples"].as_u64()).unwrap_or(0);
+    let ratio = n(&ra) as f64 / n(&rb) as f64;
+    eprintln!("cgroup split {ra}: {}, {rb}: {}, ratio {ratio:.3}", n(&ra), n(&rb));
+    assert!((1.6..=2.4).contains(&ratio), "2:1 expected, got {ratio:.3}: {v:#}");
+
+    let out = sb.prof(&["--host", host, "--by", "command", "--format", "json"]);
+    assert!(out.status.success(), "--by command: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let c = |name: &str| row(&v, "command", name).and_then(|r| r["samples"].as_u64());
+    assert!(c("whotwice").is_some_and(|x| x > 2000), "{v:#}");
+    assert!(c("whoonce").is_some_and(|x| x > 1000), "{v:#}");
+
+    // Filters combine: the long program's group holds only its command.
+    let out = sb.prof(&["--host", host, "--by", "command", "--cgroup", &ra, "--format", "json"]);
+    assert!(out.status.success(), "--cgroup: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "{v:#}");
+    assert_eq!(rows[0]["command"], "whotwice", "{v:#}");
+    let out =
+        sb.prof(&["--host", host, "--by", "image", "--command", "whoonce", "--format", "json"]);
+    assert!(out.status.success(), "--command: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let path = once.display().to_string();
+    assert!(row(&v, "image", &path).is_some(), "{v:#}");
+    // by_pid: the long program's pid is a row, and --pid selects it.
+    let pid = pid2.to_string();
+    let out = sb.prof(&["--host", host, "--by", "command", "--pid", &pid, "--format", "json"]);
+    assert!(out.status.success(), "--pid: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["rows"][0]["command"], "whotwice", "{v:#}");
+    let out = sb.prof(&["--host", host, "--by", "pid", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let r = v["rows"].as_array().and_then(|r| r.iter().find(|r| r["pid"] == pid2));
+    assert!(r.is_some_and(|r| r["samples"].as_u64().unwrap_or(0) > 2000), "{v:#}");
+    drop(d);
+    drop((ga, gb));
 }

@@ -23,6 +23,7 @@ pub mod select;
 pub mod stats;
 pub mod symbolize;
 pub mod symcache;
+pub mod who;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -218,10 +219,25 @@ pub struct Args {
     /// Copy FILE into <db>/binaries (named by its build-id) and exit (repeatable).
     #[arg(long = "cache-binary", value_name = "FILE")]
     pub cache_binary: Vec<PathBuf>,
-    /// One row per epoch or host (samples and share) of the whole selection, of --image, or of
-    /// its --symbol: a trend over time or across hosts in one command.
+    /// One row per WHAT: epoch or host (of the whole selection, of --image or of its
+    /// --symbol: a trend in one command), image or symbol (the usual reports), or who used
+    /// the CPU: command, pid (dcpid's by_pid), cgroup, unit, container, cpu (from the who
+    /// tables). JSON rows carry the key under WHAT's name, and `samples`.
     #[arg(long, value_enum, value_name = "WHAT")]
     pub by: Option<by::By>,
+    /// Only samples of processes with this command name (comm), from the who tables.
+    #[arg(long, value_name = "NAME")]
+    pub command: Option<String>,
+    /// Only samples of this cgroup v2 path or its sub-groups (`/system.slice`), or of a unit
+    /// (`nginx.service`) or container id prefix (12+ hex digits), from the who tables.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+    /// Only samples of this process (needs dcpid's by_pid), from the who tables.
+    #[arg(long, value_name = "N")]
+    pub pid: Option<u32>,
+    /// Only samples taken on this CPU (with --by cpu).
+    #[arg(long, value_name = "N")]
+    pub cpu: Option<u32>,
     /// With --image and --by: only this function (exact name as reported); its share is of
     /// the image.
     #[arg(long, value_name = "NAME", requires = "image", requires = "by")]
@@ -328,8 +344,23 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
         }
         return Ok(());
     }
-    if let Some(by) = args.by {
-        return by::run_by(args, by, out, err);
+    if who::has_filter(args) || args.by.is_some_and(by::By::is_who) {
+        return who::run(args, args.by.unwrap_or(by::By::Image), out, err);
+    }
+    match args.by {
+        Some(by::By::Image) if args.image.is_some() => {
+            return Err(ProfError::Usage(
+                "--by image reports every image: drop --image, or use --by symbol".into(),
+            ))
+        }
+        Some(by::By::Symbol) if args.image.is_none() && !args.all_symbols => {
+            let mut all = args.clone();
+            all.all_symbols = true;
+            all.by = None;
+            return run_to(&all, out, err);
+        }
+        Some(by @ (by::By::Epoch | by::By::Host)) => return by::run_by(args, by, out, err),
+        _ => {}
     }
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);

@@ -743,9 +743,9 @@ impl Aggregator {
         let mut names = lock(&self.cgroups);
         let ids: Vec<u64> = who.cgroups.values().copied().collect();
         for id in ids {
-            if !who.cgroup_paths.contains_key(&id) {
+            if let std::collections::hash_map::Entry::Vacant(v) = who.cgroup_paths.entry(id) {
                 if let Some(p) = names.path(id) {
-                    who.cgroup_paths.insert(id, p);
+                    v.insert(p);
                 }
             }
         }
@@ -870,9 +870,9 @@ fn resolve_entry(
             if !e.kernel() {
                 // Kernel entries are shared by every process; `CpuWho` counts their owners.
                 out.who.add_user(e.pid, Some(image), event, count);
-                if !out.who.comms.contains_key(&e.pid) {
+                if let std::collections::hash_map::Entry::Vacant(v) = out.who.comms.entry(e.pid) {
                     if let Some(c) = resolver.comm(e.pid, e.asid()) {
-                        out.who.comms.insert(e.pid, c.to_vec());
+                        v.insert(c.to_vec());
                     }
                 }
             }

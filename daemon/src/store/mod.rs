@@ -28,6 +28,7 @@ mod pending;
 mod publish;
 pub mod spool;
 mod summaries;
+mod who;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -133,6 +134,7 @@ pub struct Store {
     created_dirs: HashSet<PathBuf>,
     last_retention: Option<Instant>,
     crash_after_writes: Option<u32>,
+    who: who::WhoAccum,
 }
 
 impl std::fmt::Debug for Store {
@@ -163,6 +165,7 @@ impl Store {
             created_dirs: HashSet::new(),
             last_retention: None,
             crash_after_writes: None,
+            who: who::WhoAccum::default(),
         };
         s.ensure_open(Instant::now());
         s
@@ -269,6 +272,7 @@ impl Store {
     /// Take a resolved batch (plus the sampler's lost/throttled counts since the previous
     /// batch) into memory; written to the spool by the next `tick`.
     pub fn add(&mut self, resolved: Resolved, lost: u64, throttled: u64) {
+        self.who_add(&resolved.who);
         let logged = &mut self.host.unknown_event_logged;
         let mut unknown_event = |ev: u16| {
             if !*logged {
@@ -829,6 +833,7 @@ impl Store {
         s.index = profile_format::SummaryIndex::of_host_dir(&hd).ok();
         let n = s.write(&hd.summary_path())?;
         self.health.bytes.summaries += n;
+        self.write_who(epoch)?;
         if let Some(sp) = self.spool.as_mut() {
             sp.summary_published(epoch.as_str(), seq);
         }
