@@ -52,6 +52,7 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
   Per-image report (no --image):
     { \"report\": \"images\", \"database\": str, \"epochs\": [str], \"hosts\": [str],
       \"events\": [EVENT], \"total_samples\": int, \"rows_omitted\": int,
+      \"idle\": { \"included\": bool, \"percent\": num },
       \"rows\": [ { \"image\": str, \"kind\": \"elf\"|\"kernel\"|\"module\"|\"vdso\"|\"anon\"|\"unknown\",
                   \"image_id\": str|null, \"build_id\": str|null,
                   \"samples\": int, \"events\": int, \"percent\": num,
@@ -64,6 +65,13 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
       \"rows\": [ { \"symbol\": str, \"source\": \"file:line\" (only with --lines),
                   \"samples\": int, \"events\": int, \"percent\": num,
                   \"cumulative_percent\": num, \"counts\": [COUNT] } ] }
+  Who reports (--by command|pid|cgroup|unit|container|cpu, or any --by with --command,
+  --cgroup, --pid, --cpu; from the who tables):
+    { \"report\": \"by\", \"by\": str, \"source\": \"who\", \"database\": str,
+      \"event\": str, \"filters\": {...}, \"idle_included\": bool, \"total_samples\": int,
+      \"percent_of\": str, \"rows_omitted\": int,
+      \"rows\": [ { <by>: str|int, \"samples\": int, \"percent\": num } ] }
+    (--by cgroup rows also carry \"unit\" and \"container\", each str|null.)
   All symbols (--symbols, no --image):
     { \"report\": \"global-symbols\", \"database\", \"epochs\", \"hosts\", \"events\",
       \"total_samples\", \"rows_omitted\" as above,
