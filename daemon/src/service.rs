@@ -433,6 +433,35 @@ impl Shared {
         store.add(resolved, dl, dt);
     }
 
+    /// `dcpictl top`: take what the watermark allows now (into the store's memory, as a
+    /// periodic flush does, but writing nothing), then report the last few seconds from the
+    /// aggregator's recent batches.
+    fn top(&self) -> dcpi_proto::TopResult {
+        const WINDOW: Duration = Duration::from_secs(5);
+        {
+            let mut store = lock(&self.store);
+            let resolved = self.aggregator.take_resolved();
+            self.absorb(&mut store, resolved);
+        }
+        let (samples, rows) = self.aggregator.top(WINDOW, 200);
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        dcpi_proto::TopResult {
+            window_ms: WINDOW.as_millis() as u64,
+            samples,
+            rows: rows
+                .into_iter()
+                .map(|r| dcpi_proto::TopRow {
+                    command: text(&r.command),
+                    pid: r.pid,
+                    image: text(&r.image),
+                    build_id: r.build_id.as_deref().map(hex::encode),
+                    offset: r.offset,
+                    samples: r.samples,
+                })
+                .collect(),
+        }
+    }
+
     /// The periodic flush: what the watermark allows goes to the store. The store lock is
     /// taken before the batch: a batch and an epoch change can then never interleave (the
     /// batch would otherwise land in the epoch after the one its samples belong to).
@@ -560,6 +589,7 @@ impl Handler for ControlHandler {
                     Err(e) => Response::err(e.to_string()),
                 }
             }
+            Request::Top => Response::ok_with(&sh.top()),
             Request::EpochShow => {
                 let e = lock(&sh.store_status).epoch.clone();
                 Response::ok_with(&dcpi_proto::EpochResult {

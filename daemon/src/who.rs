@@ -119,6 +119,9 @@ pub struct WhoBatch {
     pub cgroup_paths: HashMap<u64, String>,
     /// Samples per (CPU, event).
     pub cpus: HashMap<(u32, EventIdx), u64>,
+    /// User-mode samples per (pid, image, offset, event), for the live view ([`Recent`]);
+    /// taken out of the batch when it is recorded there.
+    pub hot: Vec<(u32, Arc<ImageInfo>, u64, EventIdx, u64)>,
 }
 
 impl WhoBatch {
@@ -148,6 +151,7 @@ impl WhoBatch {
             *self.cpus.entry(k).or_insert(0) += n;
         }
         self.comms.extend(o.comms);
+        self.hot.extend(o.hot);
         self.cgroups.extend(o.cgroups);
         self.cgroup_paths.extend(o.cgroup_paths);
     }
@@ -205,6 +209,100 @@ impl WhoBatch {
                 self.comms.insert(pid, s);
             }
         }
+    }
+}
+
+/// One row of the live view: samples of the first event per (pid, image, offset).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HotRow {
+    pub pid: u32,
+    pub command: Vec<u8>,
+    pub image: Vec<u8>,
+    pub build_id: Option<Vec<u8>>,
+    /// File offset (ELF images); None for kernel, idle and other pseudo-images.
+    pub offset: Option<u64>,
+    pub samples: u64,
+}
+
+/// The last batches' hottest rows, for `dcpictl top` (memory only, no disk I/O).
+#[derive(Debug, Default)]
+pub struct Recent {
+    batches: std::collections::VecDeque<(Instant, u64, Vec<HotRow>)>,
+}
+
+type HotKey = (u32, Vec<u8>, Option<u64>);
+
+impl Recent {
+    /// Batches older than this are dropped.
+    pub const KEEP: Duration = Duration::from_secs(30);
+    /// Rows kept per batch (the hottest).
+    pub const ROWS_PER_BATCH: usize = 4096;
+
+    /// Record a batch's rows (its `hot` list is taken).
+    pub fn push(&mut self, who: &mut WhoBatch) {
+        let now = Instant::now();
+        while self.batches.front().is_some_and(|b| now.duration_since(b.0) > Self::KEEP) {
+            self.batches.pop_front();
+        }
+        let mut rows: HashMap<HotKey, (Option<Vec<u8>>, u64)> = HashMap::new();
+        for (pid, image, offset, ev, n) in std::mem::take(&mut who.hot) {
+            if ev != 0 {
+                continue;
+            }
+            let offset = (image.kind == ImageKind::Elf).then_some(offset);
+            let build_id = match &image.id {
+                ImageId::BuildId(b) => Some(b.clone()),
+                ImageId::Fallback(_) => None,
+            };
+            rows.entry((pid, image.path.clone(), offset)).or_insert((build_id, 0)).1 += n;
+        }
+        for (&(pid, ev), &n) in &who.kernel {
+            if ev == 0 {
+                let image = if pid == 0 { IDLE_PATH } else { b"[kernel.kallsyms]" };
+                rows.entry((pid, image.to_vec(), None)).or_insert((None, 0)).1 += n;
+            }
+        }
+        let total = who.cpus.iter().filter(|(k, _)| k.1 == 0).map(|(_, n)| n).sum();
+        let mut rows: Vec<HotRow> = rows
+            .into_iter()
+            .map(|((pid, image, offset), (build_id, samples))| HotRow {
+                pid,
+                command: who.command(pid),
+                image,
+                build_id,
+                offset,
+                samples,
+            })
+            .collect();
+        if rows.len() > Self::ROWS_PER_BATCH {
+            rows.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.samples.cmp(&a.samples));
+            rows.truncate(Self::ROWS_PER_BATCH);
+        }
+        self.batches.push_back((now, total, rows));
+    }
+
+    /// Rows of the batches taken within `window`, merged and sorted hottest first (at most
+    /// `limit`), and the window's total samples.
+    pub fn top(&self, window: Duration, limit: usize) -> (u64, Vec<HotRow>) {
+        let now = Instant::now();
+        let mut total = 0;
+        let mut merged: HashMap<HotKey, HotRow> = HashMap::new();
+        for (at, n, rows) in &self.batches {
+            if now.duration_since(*at) > window {
+                continue;
+            }
+            total += n;
+            for r in rows {
+                merged
+                    .entry((r.pid, r.image.clone(), r.offset))
+                    .and_modify(|m| m.samples += r.samples)
+                    .or_insert_with(|| r.clone());
+            }
+        }
+        let mut rows: Vec<HotRow> = merged.into_values().collect();
+        rows.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.pid.cmp(&b.pid)));
+        rows.truncate(limit);
+        (total, rows)
     }
 }
 

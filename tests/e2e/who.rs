@@ -236,3 +236,63 @@ fn two_cgroups_split_two_to_one_and_commands_are_named() {
     drop(d);
     drop((ga, gb));
 }
+
+/// Two threads spinning in `spin_top` until killed: busier than any one-threaded process on
+/// a two-CPU machine shared with other work.
+const TOP_SPIN_C: &str = r#"
+#include <pthread.h>
+__attribute__((noinline, noipa)) unsigned long spin_top(unsigned long n) {
+    volatile unsigned long s = 0;
+    for (;;) for (unsigned long i = 0; i < n; i++) s += i ^ (s >> 3);
+    return s;
+}
+static void *run(void *a) { (void)a; spin_top(1000000); return 0; }
+int main(void) { pthread_t t; pthread_create(&t, 0, run, 0); run(0); return 0; }
+"#;
+
+/// `dcpictl top --once --format json` lists a running busy program first, with its function.
+#[test]
+fn top_lists_a_busy_program_first() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let src = sb.dir.path().join("topspin.c");
+    std::fs::write(&src, TOP_SPIN_C).expect("write source");
+    let bin = sb.dir.path().join("topspin");
+    let st = std::process::Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("cc");
+    assert!(st.success(), "cc failed");
+    let d =
+        sb.start_daemon("e2e-top", &["--events", "cpu-clock:1000000", "--flush-interval", "1s"]);
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let spinner = Kill(std::process::Command::new(&bin).spawn().expect("spawn"));
+    let pid = spinner.0.id();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = d.ctl(&["top", "--once", "--format", "json"]);
+        assert!(out.status.success(), "top: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("top JSON");
+        let first = &v["rows"][0];
+        if first["pid"] == pid {
+            assert_eq!(first["command"], "topspin", "{v:#}");
+            assert_eq!(first["image"], bin.display().to_string(), "{v:#}");
+            assert_eq!(first["symbol"], "spin_top", "{v:#}");
+            assert!(first["samples"].as_u64().unwrap_or(0) > 0, "{v:#}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the spinner was never first in 60 s: {v:#}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(spinner);
+}

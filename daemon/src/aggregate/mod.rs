@@ -73,7 +73,7 @@ use crate::types::{EventIdx, PerfTime, Sample, SampleSink, SideBand, TimedSideBa
 
 use table::{Added, Entry, Table};
 
-use crate::who::{CgroupNames, CpuWho, WhoBatch};
+use crate::who::{CgroupNames, CpuWho, HotRow, Recent, WhoBatch};
 
 pub use crate::types::ImageInfo;
 
@@ -415,6 +415,8 @@ pub struct Aggregator {
     idle: OnceLock<Arc<ImageInfo>>,
     /// cgroup id → path, for the who attribution.
     cgroups: Mutex<CgroupNames>,
+    /// The last batches' hottest rows (`dcpictl top`).
+    recent: Mutex<Recent>,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -570,6 +572,7 @@ impl Aggregator {
             cap: AtomicU64::new(PerfTime::MAX),
             idle: OnceLock::new(),
             cgroups: Mutex::new(CgroupNames::discover()),
+            recent: Mutex::new(Recent::default()),
         })
     }
 
@@ -728,7 +731,14 @@ impl Aggregator {
             }
         }
         self.name_who(r, &mut out.who);
+        lock(&self.recent).push(&mut out.who);
         newest
+    }
+
+    /// The hottest (process, image, offset) rows of the batches taken within `window` and
+    /// their total samples (first event), from memory.
+    pub fn top(&self, window: Duration, limit: usize) -> (u64, Vec<HotRow>) {
+        lock(&self.recent).top(window, limit)
     }
 
     /// Commands and cgroup paths of the pids a batch counts.
@@ -870,6 +880,7 @@ fn resolve_entry(
             if !e.kernel() {
                 // Kernel entries are shared by every process; `CpuWho` counts their owners.
                 out.who.add_user(e.pid, Some(image), event, count);
+                out.who.hot.push((e.pid, Arc::clone(image), offset, event, count));
                 if let std::collections::hash_map::Entry::Vacant(v) = out.who.comms.entry(e.pid) {
                     if let Some(c) = resolver.comm(e.pid, e.asid()) {
                         v.insert(c.to_vec());
