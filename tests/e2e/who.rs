@@ -296,3 +296,98 @@ fn top_lists_a_busy_program_first() {
     }
     drop(spinner);
 }
+
+/// The host pid of the (only) process named `comm`, if running.
+fn pid_of(comm: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let c = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        (c.trim_end() == comm).then_some(pid)
+    })
+}
+
+/// A program in its own PID and mount namespaces (`unshare --pid --mount --fork`), run from a
+/// tmpfs mounted only in that namespace: its samples carry its host pid and its image (found
+/// through /proc/PID/map_files, with its build-id), and `dcpictl top` names its function
+/// (binary read through /proc/PID/root).
+#[test]
+fn a_process_in_other_namespaces_is_reported_with_its_host_pid() {
+    if !require_perf() {
+        return;
+    }
+    let ok = std::process::Command::new("unshare")
+        .args(["--pid", "--mount", "--fork", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIPPED: unshare --pid --mount --fork is not permitted here");
+        return;
+    }
+    let sb = Sandbox::new();
+    let src = sb.dir.path().join("spin.c");
+    std::fs::write(&src, CPU_SPIN_C).expect("write source");
+    let bin = sb.dir.path().join("nsspin");
+    let st = std::process::Command::new("cc")
+        .args(["-O1", "-DNAME=\"nsspin\"", "-Wl,--build-id=sha1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("cc");
+    assert!(st.success(), "cc failed");
+    let mnt = sb.dir.path().join("private");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let host = "e2e-ns";
+    let d = sb.start_daemon(
+        host,
+        &["--events", "cpu-clock:1000000", "--flush-interval", "1s", "--by-pid", "true"],
+    );
+    // Inside: a tmpfs the host does not see, the binary copied there, run for 4 s of CPU.
+    let script = r#"mount -t tmpfs none "$1" && cp "$2" "$1/nsspin" && exec "$1/nsspin" 4"#;
+    let mut child = std::process::Command::new("unshare")
+        .args(["--pid", "--mount", "--fork", "--propagation", "private", "sh", "-c", script, "sh"])
+        .arg(&mnt)
+        .arg(&bin)
+        .spawn()
+        .expect("spawn unshare");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pid = loop {
+        if let Some(p) = pid_of("nsspin") {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "nsspin never started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let inner = mnt.join("nsspin").display().to_string();
+    assert!(!mnt.join("nsspin").exists(), "the tmpfs must be private to the namespace");
+    // While it runs: top shows its host pid and names its function.
+    let mut named = false;
+    while !named && Instant::now() < deadline {
+        let out = d.ctl(&["top", "--once", "--format", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("top JSON");
+        if let Some(r) = v["rows"].as_array().and_then(|r| r.iter().find(|r| r["pid"] == pid)) {
+            assert_eq!(r["command"], "nsspin", "{v:#}");
+            assert_eq!(r["image"], inner, "{v:#}");
+            named = r["symbol"] == "main";
+        }
+        if child.try_wait().expect("try_wait").is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(child.wait().expect("wait").success(), "nsspin failed");
+    assert!(named, "top never named nsspin's function through /proc/{pid}/root");
+
+    let v =
+        report_until(&sb, &d, &["--host", host, "--by", "pid", "--format", "json"], "pid", |v| {
+            row_num(v, "pid", pid).is_some_and(|r| r["samples"].as_u64().unwrap_or(0) > 1000)
+        });
+    assert!(row_num(&v, "pid", pid).is_some(), "{v:#}");
+    let out = sb.prof(&["--host", host, "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let img = row(&v, "image", &inner).unwrap_or_else(|| panic!("no row for {inner}: {v:#}"));
+    assert!(img["build_id"].is_string(), "build-id through map_files: {img:#}");
+}
+
+fn row_num<'a>(v: &'a serde_json::Value, key: &str, n: u32) -> Option<&'a serde_json::Value> {
+    v["rows"].as_array()?.iter().find(|r| r[key] == n)
+}
