@@ -59,7 +59,7 @@ enum Cmd {
     /// instant (a CPU that does not answer within 2 s is named in a warning).
     Flush,
     /// Re-read the configuration file, as on SIGHUP. Intervals, retention, max_memory_mb,
-    /// socket_group and log_level change at once; db, spool, host, events, window_divisor,
+    /// socket_group, log_level and by_pid change at once; db, spool, host, events, window_divisor,
     /// ring_pages and socket need a restart (reported, running values kept). A configuration
     /// with an error is rejected (file, line, reason; exit status 1) and the running one stays.
     Reload,
