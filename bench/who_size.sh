@@ -9,7 +9,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 dcpid=$root/target/debug/dcpid
 dcpictl=$root/target/debug/dcpictl
 t=$(mktemp -d)
-trap 'kill $load 2>/dev/null || true; kill $d 2>/dev/null || true; wait 2>/dev/null || true; for g in $t/cg/*; do :; done; rm -rf $t' EXIT
+load=; d=
+trap 'kill $load $d 2>/dev/null || true; wait 2>/dev/null || true; rm -rf $t' EXIT
 cat > $t/spin.c <<'C'
 #include <stdlib.h>
 #include <time.h>
@@ -48,5 +49,4 @@ half=$((secs / 2))
 sleep $half; report
 sleep $((secs - half)); report
 kill $load; wait $load 2>/dev/null || true
-"$dcpiprof" 2>/dev/null || true
 for g in $v2/dcpi-who-bench-*; do rmdir $g 2>/dev/null || true; done

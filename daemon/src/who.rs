@@ -39,6 +39,7 @@ pub fn idle_image(kernel: &ImageInfo) -> Arc<ImageInfo> {
 // within one flush interval is counted in the cgroup it was last seen in.
 
 const CGROUP_SLOTS: usize = 256;
+const KERNEL_SLOTS: usize = 64;
 
 /// Who counters of one CPU, updated per sample under that CPU's mutex.
 #[derive(Debug)]
@@ -47,6 +48,9 @@ pub struct CpuWho {
     per_event: Vec<u64>,
     /// Kernel samples per (pid, event); pid 0 is the idle task.
     kernel: HashMap<(u32, EventIdx), u64>,
+    /// Direct-mapped counters in front of `kernel` (count 0 = empty): a run of kernel samples
+    /// of one process costs an increment, not a hash-map update each.
+    kslots: Box<[(u32, EventIdx, u64)]>,
     /// Last cgroup id seen per pid (only ids the kernel gave: 0 means it did not say).
     pid_cgroup: HashMap<u32, u64>,
     /// Direct-mapped `pid → cgroup` of what `pid_cgroup` already holds: most samples cost one
@@ -59,6 +63,7 @@ impl Default for CpuWho {
         CpuWho {
             per_event: Vec::new(),
             kernel: HashMap::new(),
+            kslots: vec![(0, 0, 0); KERNEL_SLOTS].into_boxed_slice(),
             pid_cgroup: HashMap::new(),
             seen: vec![(u32::MAX, 0); CGROUP_SLOTS].into_boxed_slice(),
         }
@@ -75,7 +80,15 @@ impl CpuWho {
         }
         self.per_event[e] += 1;
         if kernel {
-            *self.kernel.entry((pid, event)).or_insert(0) += 1;
+            let s = &mut self.kslots[(pid as usize ^ (e << 7)) % KERNEL_SLOTS];
+            if s.2 > 0 && (s.0, s.1) == (pid, event) {
+                s.2 += 1;
+            } else {
+                if s.2 > 0 {
+                    *self.kernel.entry((s.0, s.1)).or_insert(0) += s.2;
+                }
+                *s = (pid, event, 1);
+            }
         }
         if cgroup != 0 {
             let slot = &mut self.seen[pid as usize % CGROUP_SLOTS];
@@ -93,6 +106,10 @@ impl CpuWho {
                 *out.cpus.entry((cpu, e as EventIdx)).or_insert(0) += *n;
                 *n = 0;
             }
+        }
+        for s in self.kslots.iter_mut().filter(|s| s.2 > 0) {
+            *self.kernel.entry((s.0, s.1)).or_insert(0) += s.2;
+            *s = (0, 0, 0);
         }
         for (k, n) in self.kernel.drain() {
             *out.kernel.entry(k).or_insert(0) += n;
@@ -428,12 +445,16 @@ mod tests {
         w.count(10, 5, 0, true);
         w.count(10, 6, 0, false);
         w.count(0, 1, 0, true);
+        // Pids that share a counter slot are both counted.
+        w.count(10 + KERNEL_SLOTS as u32, 5, 0, true);
+        w.count(10, 5, 0, true);
         let mut b = WhoBatch::default();
         w.take_into(3, &mut b);
-        assert_eq!(b.cpus[&(3, 0)], 3);
-        assert_eq!(b.kernel[&(10, 0)], 1);
+        assert_eq!(b.cpus[&(3, 0)], 5);
+        assert_eq!(b.kernel[&(10, 0)], 2);
+        assert_eq!(b.kernel[&(10 + KERNEL_SLOTS as u32, 0)], 1);
         assert_eq!(b.kernel[&(0, 0)], 1);
-        assert_eq!(b.cgroups[&10], 6);
+        assert_eq!(b.cgroups[&10], 5, "the last cgroup seen");
         // Taken: the next interval starts empty, and a pid seen before is recorded again.
         w.count(10, 6, 0, false);
         let mut b2 = WhoBatch::default();
