@@ -35,6 +35,11 @@ impl Store {
     /// Take a batch's who counts into the current epoch's table.
     pub(super) fn who_add(&mut self, b: &WhoBatch) {
         let Some(epoch) = self.epoch.as_ref().map(|e| e.to_string()) else { return };
+        if b.cpus.is_empty() && b.user.is_empty() && b.kernel.is_empty() {
+            return;
+        }
+        // The table is written with the epoch's summary: make sure one is due.
+        self.summaries.dirty.insert(epoch.clone());
         let by_pid = self.who.by_pid;
         let events: Vec<String> = self.host.events.iter().map(|e| e.desc.name.clone()).collect();
         let t = self
