@@ -60,17 +60,16 @@ fn idle_task_is_its_own_image_and_no_idle_removes_it() {
     };
     let start = idle0();
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut v = serde_json::Value::Null;
-    loop {
+    let v = loop {
         let f = d.ctl(&["flush"]);
         assert!(f.status.success(), "flush: {}", String::from_utf8_lossy(&f.stderr));
         // USER_HZ ticks: 200 = 2 s of idle time on CPU 0.
         let was_idle = idle0().saturating_sub(start) >= 200;
         let out = sb.prof(&json);
         if out.status.success() {
-            v = serde_json::from_slice(&out.stdout).expect("JSON report");
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
             if row(&v, "image", "[idle]").is_some() {
-                break;
+                break v;
             }
             assert!(!was_idle, "CPU 0 was idle for 2 s but the report has no [idle] row: {v:#}");
         }
@@ -79,7 +78,7 @@ fn idle_task_is_its_own_image_and_no_idle_removes_it() {
             return;
         }
         std::thread::sleep(Duration::from_millis(500));
-    }
+    };
     let idle = row(&v, "image", "[idle]").expect("idle row");
     assert_eq!(idle["kind"], "kernel", "{idle:#}");
     assert_eq!(v["idle"]["included"], true, "{v:#}");
