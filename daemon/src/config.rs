@@ -141,7 +141,7 @@ impl ShowValue for Option<String> {
 macro_rules! show_display {
     ($($t:ty),*) => { $(impl ShowValue for $t { fn show(&self) -> String { self.to_string() } })* };
 }
-show_display!(u32, u64, usize);
+show_display!(u32, u64, usize, bool);
 
 /// Declares every setting once: [`PartialSettings`] (each key optional: the file's schema and the
 /// flags) and [`Settings`] (each key set), with the merge, diff and copy code between them.
@@ -300,6 +300,10 @@ settings! {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     status_interval: Duration = Duration::from_secs(2);
+    /// Keep one row per process (pid) in the who table, for `dcpiprof --by pid` (DCPI's
+    /// `-bypid`); costs a row per process instead of per command [default: false].
+    #[arg(long, value_name = "BOOL")]
+    by_pid: bool = false;
 }
 
 /// Keys a reload may change while dcpid runs (their consumers read the settings each time, or
@@ -316,6 +320,7 @@ pub const RELOADABLE: &[&str] = &[
     "status_interval",
     "perf_map_max_bytes",
     "perf_map_max_entries",
+    "by_pid",
 ];
 
 /// Where a setting's value came from.

@@ -18,3 +18,4 @@ pub mod store;
 pub mod sys;
 pub mod types;
 pub mod watch;
+pub mod who;

@@ -350,6 +350,7 @@ impl Shared {
                 s.retention_keep,
             );
         }
+        store.set_who_by_pid(s.by_pid);
     }
 
     /// Re-read the configuration and apply what can change live. Never stops the daemon.
@@ -530,6 +531,35 @@ impl Shared {
             d
         };
         store.add(resolved, dl, dt);
+    }
+
+    /// `dcpictl top`: take what the watermark allows now (into the store's memory, as a
+    /// periodic flush does, but writing nothing), then report the last few seconds from the
+    /// aggregator's recent batches.
+    fn top(&self) -> dcpi_proto::TopResult {
+        const WINDOW: Duration = Duration::from_secs(5);
+        {
+            let mut store = lock(&self.store);
+            let resolved = self.aggregator.take_resolved();
+            self.absorb(&mut store, resolved);
+        }
+        let (samples, rows) = self.aggregator.top(WINDOW, 200);
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        dcpi_proto::TopResult {
+            window_ms: WINDOW.as_millis() as u64,
+            samples,
+            rows: rows
+                .into_iter()
+                .map(|r| dcpi_proto::TopRow {
+                    command: text(&r.command),
+                    pid: r.pid,
+                    image: text(&r.image),
+                    build_id: r.build_id.as_deref().map(hex::encode),
+                    offset: r.offset,
+                    samples: r.samples,
+                })
+                .collect(),
+        }
     }
 
     /// The periodic flush: what the watermark allows goes to the store. The store lock is
@@ -729,6 +759,7 @@ impl Handler for ControlHandler {
                     Err(e) => Response::err(e.to_string()),
                 }
             }
+            Request::Top => Response::ok_with(&sh.top()),
             Request::EpochShow => {
                 let e = lock(&sh.store_status).epoch.clone();
                 Response::ok_with(&dcpi_proto::EpochResult {
@@ -896,7 +927,7 @@ fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
         tracing::warn!(db = %settings.db.display(), error = %e,
             "database not writable now; sampling anyway, keeping data in the spool and retrying");
     }
-    Store::open_leased(StoreConfig {
+    let mut store = Store::open_leased(StoreConfig {
         db: settings.db.clone(),
         spool: settings.spool.clone(),
         host: settings.host.clone(),
@@ -907,7 +938,9 @@ fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
         retention_keep: settings.retention_keep,
     })
     // One daemon per host name: two would overwrite each other's profiles.
-    .map_err(ServiceError::LeaseHeld)
+    .map_err(ServiceError::LeaseHeld)?;
+    store.set_who_by_pid(settings.by_pid);
+    Ok(store)
 }
 
 /// Every event on every CPU (before anything is written: a daemon that may not sample creates

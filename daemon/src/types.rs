@@ -25,6 +25,8 @@ pub struct Sample {
     pub period: u64,
     /// True if the sample was taken in kernel mode (`PERF_RECORD_MISC_KERNEL`).
     pub kernel: bool,
+    /// cgroup v2 id of the task (`PERF_SAMPLE_CGROUP`); 0 when the kernel cannot say.
+    pub cgroup: u64,
 }
 
 /// A side-band record that changes what the resolver knows about processes.
@@ -67,6 +69,11 @@ pub enum SideBand {
         ppid: u32,
         tid: u32,
         ptid: u32,
+    },
+    /// `PERF_RECORD_CGROUP`: a cgroup was created; `path` is relative to the v2 root.
+    Cgroup {
+        id: u64,
+        path: Vec<u8>,
     },
 }
 

@@ -208,6 +208,8 @@ struct SymImage {
 /// Display name of an image as dcpiprof shows it (`image` column).
 fn image_name(h: &ProfileHeader) -> String {
     match h.kind {
+        // The idle task's pseudo-image (FORMAT.md §5.1.1) keeps its own name.
+        ImageKind::Kernel if h.image_path == b"[idle]" => "[idle]".to_owned(),
         ImageKind::Kernel => "[kernel.kallsyms]".to_owned(),
         ImageKind::Unknown => "[unknown]".to_owned(),
         ImageKind::Vdso if h.image_path.is_empty() => "[vdso]".to_owned(),

@@ -461,6 +461,11 @@ impl HostDir {
             .join(format!("{UNKNOWN_STEM}.{}{PROFILE_SUFFIX}", event_file_component(event_name)))
     }
 
+    /// The host directory's who table (FORMAT.md §12).
+    pub fn who_path(&self) -> PathBuf {
+        self.path.join(crate::WHO_FILE)
+    }
+
     pub fn summary_path(&self) -> PathBuf {
         self.path.join("summary.json")
     }

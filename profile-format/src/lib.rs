@@ -18,6 +18,7 @@ pub mod safeio;
 pub mod sumidx;
 mod summary;
 pub mod varint;
+mod who;
 
 pub use atomic::write_atomic;
 pub use db::{
@@ -36,6 +37,7 @@ pub use profile::{
 };
 pub use sumidx::{SUMMARY_INDEX_FILE, SUMMARY_INDEX_MAGIC, SUMMARY_INDEX_VERSION};
 pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};
+pub use who::{WhoKey, WhoTable, WHO_FILE, WHO_MAGIC, WHO_VERSION};
 
 /// Default location of the database.
 pub const DEFAULT_DB: &str = "/var/lib/dcpi";

@@ -25,6 +25,8 @@ pub enum Request {
     EpochShow,
     /// Re-read the configuration file, as on SIGHUP.
     Reload,
+    /// The hottest (process, image, offset) of the last few seconds, from memory ([`TopResult`]).
+    Top,
 }
 
 impl Request {
@@ -68,6 +70,32 @@ pub struct FlushResult {
     pub until_ns: u64,
     /// CPUs whose drain thread did not read its ring up to the instant in time.
     pub unanswered_cpus: Vec<u32>,
+}
+
+/// Result of `top`: what ran over the last `window_ms`, hottest first.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct TopResult {
+    pub window_ms: u64,
+    /// Every sample of the window (the rows are the hottest part of it).
+    pub samples: u64,
+    pub rows: Vec<TopRow>,
+}
+
+/// One (process, image, offset) of [`TopResult`]. Kernel-mode samples are one row per process
+/// (image `[kernel.kallsyms]`, no offset), the idle task one row (`[idle]`, pid 0).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct TopRow {
+    pub command: String,
+    pub pid: u32,
+    /// Image path as profiles name it.
+    pub image: String,
+    /// GNU build-id (hex) of the image, when it has one.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub build_id: Option<String>,
+    /// File offset of the sampled instructions in an ELF image (symbolized by the client).
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub offset: Option<u64>,
+    pub samples: u64,
 }
 
 /// Result of `epoch-show` and `epoch-new`: the current epoch id (`None` while the database is

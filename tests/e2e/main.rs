@@ -12,3 +12,4 @@ mod service;
 mod start_failures;
 mod store_reliability;
 mod systemd;
+mod who;

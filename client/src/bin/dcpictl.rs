@@ -61,10 +61,26 @@ enum Cmd {
     /// instant (a CPU that does not answer within 2 s is named in a warning).
     Flush,
     /// Re-read the configuration file, as on SIGHUP. Intervals, retention, max_memory_mb,
-    /// socket_group and log_level change at once; db, spool, host, events, window_divisor,
+    /// socket_group, log_level and by_pid change at once; db, spool, host, events, window_divisor,
     /// ring_pages and socket need a restart (reported, running values kept). A configuration
     /// with an error is rejected (file, line, reason; exit status 1) and the running one stays.
     Reload,
+    /// Live view of who uses the CPU: the hottest (process, image, function) of the last 5 s,
+    /// from the daemon's memory (no disk I/O). Redraws twice a second on a terminal; `--once`
+    /// (or a pipe) prints one snapshot. `--format json` prints {"window_ms", "samples",
+    /// "rows": [{"command", "pid", "image", "symbol" (null for kernel/idle rows or no
+    /// symbols), "samples"}]}, hottest first.
+    Top {
+        /// Print one snapshot and exit.
+        #[arg(long)]
+        once: bool,
+        /// `table` or `json` (json implies --once).
+        #[arg(long, value_name = "FORMAT", default_value = "table", value_parser = ["table", "json"])]
+        format: String,
+        /// Show at most N rows.
+        #[arg(long, value_name = "N", default_value_t = 40)]
+        limit: usize,
+    },
     /// Epochs: periods of time whose profiles are kept apart.
     Epoch {
         #[command(subcommand)]
@@ -121,7 +137,24 @@ fn main() -> ExitCode {
         let _ = Cli::command().print_help();
         return ExitCode::from(2);
     };
+    if let Cmd::Top { once, format, limit } = &command {
+        let r = dcpi_client::top::run(
+            &cli.socket,
+            *once,
+            format == "json",
+            *limit,
+            Duration::from_millis(500),
+        );
+        return match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dcpictl: {e}");
+                ExitCode::from(e.exit_code())
+            }
+        };
+    }
     let req = match &command {
+        Cmd::Top { .. } => Request::Top,
         Cmd::Status { .. } => Request::Status,
         Cmd::Flush => Request::Flush,
         Cmd::Reload => Request::Reload,
@@ -165,6 +198,7 @@ fn run(
             let r: ReloadReport = parse_result(socket, req, v)?;
             println!("{}", reload_outcome(&r));
         }
+        Cmd::Top { .. } => {}
         Cmd::Epoch { .. } => match parse_result::<EpochResult>(socket, req, v)? {
             EpochResult { epoch: Some(e), unanswered_cpus, .. } => {
                 warn_unanswered(&unanswered_cpus);

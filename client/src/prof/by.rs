@@ -12,27 +12,58 @@ use super::report::{self, ImageFilter, SymbolMode};
 use super::{Args, ProfError};
 use crate::diff::common::{csv_line, printable, r4, resolve_image_builds, symbol_rows, Symbolizer};
 
-/// What the rows of a `--by` report are per. More dimensions (image, symbol, command, pid,
-/// cgroup, unit, cpu) are meant to join this list.
+/// What the rows of a `--by` report are per. image and symbol are the per-image and
+/// per-symbol reports; command, pid, cgroup, unit, container and cpu read the who tables
+/// (as every dimension does with --command/--cgroup/--pid/--cpu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum By {
-    /// One row per epoch (hosts merged as --host says).
-    Epoch,
+    /// One row per image (the default report; with a who filter, from the who tables).
+    Image,
+    /// One row per symbol: of --image, else of all images (as --symbols).
+    Symbol,
+    /// One row per command name (comm).
+    Command,
+    /// One row per process id (needs dcpid's `by_pid`).
+    Pid,
+    /// One row per cgroup v2 path.
+    Cgroup,
+    /// One row per systemd unit (the cgroup path's innermost *.service, else *.scope).
+    Unit,
+    /// One row per container id (a 64-hex component of the cgroup path).
+    Container,
+    /// One row per CPU.
+    Cpu,
     /// One row per host (epochs merged as --epoch says).
     Host,
+    /// One row per epoch (hosts merged as --host says).
+    Epoch,
 }
 
 impl By {
     pub fn name(self) -> &'static str {
         match self {
+            By::Image => "image",
+            By::Symbol => "symbol",
+            By::Command => "command",
+            By::Pid => "pid",
+            By::Cgroup => "cgroup",
+            By::Unit => "unit",
+            By::Container => "container",
+            By::Cpu => "cpu",
             By::Epoch => "epoch",
             By::Host => "host",
         }
     }
+
+    /// Dimensions only the who tables have.
+    pub fn is_who(self) -> bool {
+        matches!(self, By::Command | By::Pid | By::Cgroup | By::Unit | By::Container | By::Cpu)
+    }
+
     fn key(self, d: &profile_format::HostDir) -> String {
         match self {
-            By::Epoch => d.epoch.to_string(),
             By::Host => d.host.clone(),
+            _ => d.epoch.to_string(),
         }
     }
 }
@@ -57,7 +88,10 @@ pub fn run_by(
         (Some(i), Some(_)) => Some(ImageFilter::new(i)),
         _ => None,
     };
-    let loaded = args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
+    let mut loaded = args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
+    if args.no_idle {
+        loaded.exclude_idle();
+    }
     let w = report::weights(&loaded, &args.sel.events)?;
     let image = match &args.image {
         Some(spec) => Some(resolve_image_builds(&loaded, &w, spec)?),

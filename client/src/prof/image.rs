@@ -24,8 +24,18 @@ pub fn display_path(raw: &[u8]) -> String {
     escape_controls(&text_from_bytes(raw)).into_owned()
 }
 
+/// Path the daemon gives the idle task's pseudo-image (FORMAT.md §5.1.1).
+pub const IDLE: &str = "[idle]";
+
+/// Whether a profile is the `[idle]` pseudo-image: samples of the idle task (pid 0), stored as
+/// a kernel image with its own identity.
+pub fn is_idle(h: &ProfileHeader) -> bool {
+    h.kind == ImageKind::Kernel && h.image_path == IDLE.as_bytes()
+}
+
 pub fn image_display(h: &ProfileHeader) -> String {
     match h.kind {
+        ImageKind::Kernel if is_idle(h) => IDLE.to_owned(),
         ImageKind::Kernel => "[kernel.kallsyms]".to_owned(),
         ImageKind::Unknown => "[unknown]".to_owned(),
         ImageKind::Vdso if h.image_path.is_empty() => "[vdso]".to_owned(),
@@ -68,6 +78,7 @@ pub fn build_id_hex(id: &ImageId) -> Option<String> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Spec {
     Kernel,
+    Idle,
     Vdso,
     Unknown,
     Anon(String),
@@ -81,6 +92,7 @@ pub(super) fn parse_spec(s: &str) -> Spec {
     match s {
         "[kernel.kallsyms]" | "vmlinux" | "kernel" => return Spec::Kernel,
         "[vdso]" | "vdso" => return Spec::Vdso,
+        "[idle]" | "idle" => return Spec::Idle,
         "[unknown]" | "unknown" => return Spec::Unknown,
         _ => {}
     }
@@ -100,7 +112,8 @@ pub(super) fn parse_spec(s: &str) -> Spec {
 
 pub(super) fn spec_matches(spec: &Spec, h: &ProfileHeader) -> bool {
     match spec {
-        Spec::Kernel => h.kind == ImageKind::Kernel,
+        Spec::Kernel => h.kind == ImageKind::Kernel && !is_idle(h),
+        Spec::Idle => is_idle(h),
         Spec::Vdso => h.kind == ImageKind::Vdso,
         Spec::Unknown => h.kind == ImageKind::Unknown,
         Spec::Anon(prefix) => {
@@ -179,6 +192,8 @@ mod tests {
     fn image_specs() {
         assert_eq!(parse_spec("vmlinux"), Spec::Kernel);
         assert_eq!(parse_spec("[vdso]"), Spec::Vdso);
+        assert_eq!(parse_spec("[idle]"), Spec::Idle);
+        assert_eq!(parse_spec("idle"), Spec::Idle);
         assert_eq!(parse_spec("deadbeef"), Spec::Hex("deadbeef".into()));
         assert_eq!(parse_spec("bDEADBEEF00"), Spec::Hex("bdeadbeef00".into()));
         assert_eq!(parse_spec("dead"), Spec::Name("dead".into()));

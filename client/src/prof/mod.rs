@@ -23,6 +23,7 @@ pub mod select;
 pub mod stats;
 pub mod symbolize;
 pub mod symcache;
+pub mod who;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -51,6 +52,7 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
   Per-image report (no --image):
     { \"report\": \"images\", \"database\": str, \"epochs\": [str], \"hosts\": [str],
       \"events\": [EVENT], \"total_samples\": int, \"rows_omitted\": int,
+      \"idle\": { \"included\": bool, \"percent\": num },
       \"rows\": [ { \"image\": str, \"kind\": \"elf\"|\"kernel\"|\"module\"|\"vdso\"|\"anon\"|\"unknown\",
                   \"image_id\": str|null, \"build_id\": str|null,
                   \"samples\": int, \"events\": int, \"percent\": num,
@@ -63,6 +65,13 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
       \"rows\": [ { \"symbol\": str, \"source\": \"file:line\" (only with --lines),
                   \"samples\": int, \"events\": int, \"percent\": num,
                   \"cumulative_percent\": num, \"counts\": [COUNT] } ] }
+  Who reports (--by command|pid|cgroup|unit|container|cpu, or any --by with --command,
+  --cgroup, --pid, --cpu; from the who tables):
+    { \"report\": \"by\", \"by\": str, \"source\": \"who\", \"database\": str,
+      \"event\": str, \"filters\": {...}, \"idle_included\": bool, \"total_samples\": int,
+      \"percent_of\": str, \"rows_omitted\": int,
+      \"rows\": [ { <by>: str|int, \"samples\": int, \"percent\": num } ] }
+    (--by cgroup rows also carry \"unit\" and \"container\", each str|null.)
   All symbols (--symbols, no --image):
     { \"report\": \"global-symbols\", \"database\", \"epochs\", \"hosts\", \"events\",
       \"total_samples\", \"rows_omitted\" as above,
@@ -112,6 +121,13 @@ EXPORT FORMATS (every selection; with --image, only that image)
 SPECIAL ROWS
   [unknown]              samples the daemon could not attribute (per-image); per symbol
                          `--image unknown` splits them by reason ([unknown: no-map], ...).
+  [idle]                 samples of the idle task (pid 0, the swapper): CPU time nobody
+                         used. Its own row, symbolized like the kernel (`--image idle`); the
+                         header says its share and whether the machine was mostly idle.
+                         --no-idle leaves it out, so percentages are of busy time; JSON
+                         \"idle\": {\"included\": bool, \"percent\": num}.
+  [kernel.kallsyms]      kernel code run on behalf of processes (system calls, interrupts,
+                         page faults), not the idle loop.
   IMAGE+0xOFFSET         no symbol covers the sample (binary not found, stripped, or between
                          symbols): IMAGE is the file's basename (or [kernel.kallsyms],
                          [MODULE], [anon:...]) and OFFSET the file offset (kernel: offset from
@@ -213,14 +229,33 @@ pub struct Args {
     /// Copy FILE into <db>/binaries (named by its build-id) and exit (repeatable).
     #[arg(long = "cache-binary", value_name = "FILE")]
     pub cache_binary: Vec<PathBuf>,
-    /// One row per epoch or host (samples and share) of the whole selection, of --image, or of
-    /// its --symbol: a trend over time or across hosts in one command.
+    /// One row per WHAT: epoch or host (of the whole selection, of --image or of its
+    /// --symbol: a trend in one command), image or symbol (the usual reports), or who used
+    /// the CPU: command, pid (dcpid's by_pid), cgroup, unit, container, cpu (from the who
+    /// tables). JSON rows carry the key under WHAT's name, and `samples`.
     #[arg(long, value_enum, value_name = "WHAT")]
     pub by: Option<by::By>,
+    /// Only samples of processes with this command name (comm), from the who tables.
+    #[arg(long, value_name = "NAME")]
+    pub command: Option<String>,
+    /// Only samples of this cgroup v2 path or its sub-groups (`/system.slice`), or of a unit
+    /// (`nginx.service`) or container id prefix (12+ hex digits), from the who tables.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+    /// Only samples of this process (needs dcpid's by_pid), from the who tables.
+    #[arg(long, value_name = "N")]
+    pub pid: Option<u32>,
+    /// Only samples taken on this CPU (with --by cpu).
+    #[arg(long, value_name = "N")]
+    pub cpu: Option<u32>,
     /// With --image and --by: only this function (exact name as reported); its share is of
     /// the image.
     #[arg(long, value_name = "NAME", requires = "image", requires = "by")]
     pub symbol: Option<String>,
+    /// Leave the idle task's samples (`[idle]`) out: rows and percentages are then of the time
+    /// the CPUs were busy.
+    #[arg(long)]
+    pub no_idle: bool,
     /// Print what the report read (profile files, symbol tables, DWARF, cache hits) to stderr.
     #[arg(long, short = 'v')]
     pub verbose: bool,
@@ -319,8 +354,23 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
         }
         return Ok(());
     }
-    if let Some(by) = args.by {
-        return by::run_by(args, by, out, err);
+    if who::has_filter(args) || args.by.is_some_and(by::By::is_who) {
+        return who::run(args, args.by.unwrap_or(by::By::Image), out, err);
+    }
+    match args.by {
+        Some(by::By::Image) if args.image.is_some() => {
+            return Err(ProfError::Usage(
+                "--by image reports every image: drop --image, or use --by symbol".into(),
+            ))
+        }
+        Some(by::By::Symbol) if args.image.is_none() && !args.all_symbols => {
+            let mut all = args.clone();
+            all.all_symbols = true;
+            all.by = None;
+            return run_to(&all, out, err);
+        }
+        Some(by @ (by::By::Epoch | by::By::Host)) => return by::run_by(args, by, out, err),
+        _ => {}
     }
     if args.image.is_none() && !args.all_symbols && !args.format.is_export() {
         return run_images(args, out, err);
@@ -332,6 +382,9 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
     } else {
         args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?
     };
+    if args.no_idle {
+        loaded.exclude_idle();
+    }
     if loaded.profiles.is_empty() && args.image.is_none() {
         flush_warnings(err, &mut warnings)?;
         let (epochs, hosts) = select::epochs_and_hosts(&loaded.dirs);
@@ -418,7 +471,10 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
 /// than loaded profiles: over a fleet that is a few hundred headers, not one per profile.
 fn run_images(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
     let mut warnings: Vec<String> = Vec::new();
-    let totals = args.sel.load_totals(&mut |w| warnings.push(w))?;
+    let mut totals = args.sel.load_totals(&mut |w| warnings.push(w))?;
+    if args.no_idle {
+        totals.exclude_idle();
+    }
     flush_warnings(err, &mut warnings)?;
     if totals.entries.is_empty() {
         let (epochs, hosts) = select::epochs_and_hosts(&totals.dirs);

@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 
 use super::names::escape_controls as esc;
-use super::report::{EventCount, EventInfo, ImageReport, Scope, SymbolReport};
+use super::report::{EventCount, EventInfo, IdleShare, ImageReport, Scope, SymbolReport};
 
 /// `--format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -159,6 +159,30 @@ fn csv_count_cells(counts: &[EventCount]) -> Vec<String> {
         .collect()
 }
 
+/// Whether the percentages include the idle task, and what that says about the machine.
+fn idle_note(out: &mut dyn Write, idle: &IdleShare) -> io::Result<()> {
+    if !idle.included {
+        return writeln!(out, "# % of busy time: the idle task ([idle]) is left out (--no-idle)");
+    }
+    if idle.percent <= 0.0 {
+        return Ok(());
+    }
+    if idle.mostly_idle() {
+        writeln!(
+            out,
+            "# the machine was mostly idle: {:.1}% of the samples are the idle task ([idle]); \
+             --no-idle shows the busy time alone",
+            idle.percent
+        )?;
+    }
+    writeln!(
+        out,
+        "# % include the idle task ([idle], {:.1}%); [kernel.kallsyms] is kernel work for \
+         processes",
+        idle.percent
+    )
+}
+
 pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format) -> io::Result<()> {
     match fmt {
         Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
@@ -189,6 +213,7 @@ pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format) -> io::Re
         }
         Format::Table => {
             header(out, &r.scope, &r.events, r.total_samples)?;
+            idle_note(out, &r.idle)?;
             let mut t = count_titles(&r.events);
             t.push("cum%".into());
             t.push("image".into());

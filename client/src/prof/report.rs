@@ -108,7 +108,27 @@ pub struct ImageReport {
     pub total_samples: u64,
     /// Rows left out by `--limit`.
     pub rows_omitted: usize,
+    /// Whether the idle task's samples (`[idle]`) are in the rows and the percentages.
+    pub idle: IdleShare,
     pub rows: Vec<ImageRow>,
+}
+
+/// How much of the selection the idle task took (`[idle]`, first event).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct IdleShare {
+    /// False with `--no-idle`: the rows and percentages leave the idle task out.
+    pub included: bool,
+    /// Share of `[idle]` in the report (0 when excluded or absent).
+    pub percent: f64,
+}
+
+impl IdleShare {
+    /// At least this share of idle makes a report say the machine was mostly idle.
+    pub const MOSTLY_IDLE_PERCENT: f64 = 50.0;
+
+    pub fn mostly_idle(&self) -> bool {
+        self.included && self.percent >= Self::MOSTLY_IDLE_PERCENT
+    }
 }
 
 /// `dcpiprof --image X`.
@@ -358,7 +378,7 @@ fn scope_of(dirs: &[profile_format::HostDir], db: &str) -> Scope {
 
 /// The per-image report.
 pub fn image_report(loaded: &Loaded, w: &Weights, db: &str, limit: Option<usize>) -> ImageReport {
-    image_report_of_rows(loaded_rows(loaded), w, &loaded.dirs, db, limit)
+    image_report_of_rows(loaded_rows(loaded), w, &loaded.dirs, db, limit, loaded.idle_excluded)
 }
 
 /// [`image_report`] of the per-image totals.
@@ -368,7 +388,7 @@ pub fn image_report_of_totals(
     db: &str,
     limit: Option<usize>,
 ) -> ImageReport {
-    image_report_of_rows(t.rows(), w, &t.dirs, db, limit)
+    image_report_of_rows(t.rows(), w, &t.dirs, db, limit, t.idle_excluded)
 }
 
 fn image_report_of_rows<'a>(
@@ -377,6 +397,7 @@ fn image_report_of_rows<'a>(
     dirs: &[profile_format::HostDir],
     db: &str,
     limit: Option<usize>,
+    idle_excluded: bool,
 ) -> ImageReport {
     type Key = (ImageKind, Option<ImageId>);
     // Each row is added to its key's accumulator in the order of the rows, so the sums (and
@@ -428,6 +449,10 @@ fn image_report_of_rows<'a>(
             counts,
         })
         .collect();
+    let idle_percent = out
+        .iter()
+        .find(|r| r.kind == "kernel" && r.image == super::image::IDLE)
+        .map_or(0.0, |r| r.percent);
     let omitted = truncate(&mut out, limit);
     ImageReport {
         report: "images",
@@ -435,6 +460,7 @@ fn image_report_of_rows<'a>(
         total_samples: w.infos.first().map_or(0, |i| i.samples),
         events: w.infos.clone(),
         rows_omitted: omitted,
+        idle: IdleShare { included: !idle_excluded, percent: idle_percent },
         rows: out,
     }
 }

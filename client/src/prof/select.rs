@@ -217,6 +217,17 @@ pub struct Loaded {
     pub corrupt: Vec<String>,
     /// With a filter: images seen but not matching (display name, samples of the file read).
     pub other_images: Vec<(String, u64)>,
+    /// `--no-idle` took the `[idle]` profiles out ([`Loaded::exclude_idle`]).
+    pub idle_excluded: bool,
+}
+
+impl Loaded {
+    /// Drop the idle task's profiles (`--no-idle`): every total and percentage computed from
+    /// what is left is then of the time the machine was busy.
+    pub fn exclude_idle(&mut self) {
+        self.profiles.retain(|p| !super::image::is_idle(&p.profile.header));
+        self.idle_excluded = true;
+    }
 }
 
 fn read_profile(path: &Path) -> Result<Profile, profile_format::Error> {
@@ -608,6 +619,8 @@ pub struct Totals {
     pub entries: Vec<TotalEntry>,
     /// Files that could not be read (message names the file).
     pub corrupt: Vec<String>,
+    /// `--no-idle` took the `[idle]` entries out ([`Totals::exclude_idle`]).
+    pub idle_excluded: bool,
 }
 
 /// One profile's totals in [`Totals`].
@@ -623,6 +636,13 @@ pub struct TotalEntry {
 }
 
 impl Totals {
+    /// Drop the idle task's entries (`--no-idle`), as [`Loaded::exclude_idle`] does.
+    pub fn exclude_idle(&mut self) {
+        let headers = &self.headers;
+        self.entries.retain(|e| !super::image::is_idle(&headers[e.header as usize]));
+        self.idle_excluded = true;
+    }
+
     pub fn rows(&self) -> impl Iterator<Item = super::report::TotalRow<'_>> + Clone {
         self.entries.iter().map(|e| super::report::TotalRow {
             dir: e.dir as usize,

@@ -18,7 +18,8 @@
 //! and counted in `late_sideband`. Samples wait per CPU until the watermark reaches them, then
 //! go into that CPU's table under `(pid, asid, pc, event, kernel)`, where `asid` is the
 //! address-space version in force at the sample's time (`Resolver::asid_at`); kernel samples
-//! use pid 0 / asid 0.
+//! use asid 0 and pid 1, except those of the idle task (pid 0), which keep pid 0 and resolve
+//! to the `[idle]` pseudo-image ([`crate::who`]).
 //!
 //! LOCKS. The sample path takes no shared lock per sample, and a drain thread never waits for
 //! the resolver. Per drain pass, a drain thread
@@ -62,7 +63,7 @@ mod table;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use profile_format::{ImageId, ImageKind, UnknownReason};
@@ -71,6 +72,8 @@ use crate::resolve::{AsidSpan, Resolution, Resolver, KERNEL_START};
 use crate::types::{EventIdx, PerfTime, Sample, SampleSink, SideBand, TimedSideBand};
 
 use table::{Added, Entry, Table};
+
+use crate::who::{CgroupNames, CpuWho, HotRow, Recent, WhoBatch};
 
 pub use crate::types::ImageInfo;
 
@@ -91,6 +94,8 @@ pub struct Resolved {
     pub unknown: HashMap<(EventIdx, UnknownReason), (u64, u64)>,
     /// Total samples in this batch (resolved + unknown).
     pub samples: u64,
+    /// Who used the CPU: per process, command, cgroup and CPU ([`crate::who`]).
+    pub who: WhoBatch,
 }
 
 /// Counters for `dcpictl status`.
@@ -243,6 +248,8 @@ struct CpuState {
     stashed: Option<Vec<Entry>>,
     overflow_cap: usize,
     cache: AsidCache,
+    /// Per-sample attribution of this CPU's samples (command, cgroup, CPU).
+    who: CpuWho,
     samples_aggregated: u64,
     entries_created: u64,
     overflow_evictions: u64,
@@ -269,6 +276,7 @@ impl CpuState {
             stashed: None,
             overflow_cap: cap,
             cache: AsidCache::new(),
+            who: CpuWho::default(),
             samples_aggregated: 0,
             entries_created: 0,
             overflow_evictions: 0,
@@ -403,6 +411,12 @@ pub struct Aggregator {
     /// Drain threads aggregate no sample newer than this ([`Aggregator::cut`]; MAX = no cut
     /// in progress).
     cap: AtomicU64,
+    /// The `[idle]` pseudo-image, made from the kernel image the first time it is needed.
+    idle: OnceLock<Arc<ImageInfo>>,
+    /// cgroup id → path, for the who attribution.
+    cgroups: Mutex<CgroupNames>,
+    /// The last batches' hottest rows (`dcpictl top`).
+    recent: Mutex<Recent>,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -453,11 +467,12 @@ where
     F: FnMut(u32, PerfTime) -> Option<(AsidSpan, PerfTime)>,
 {
     let limit = limit.unwrap_or(PerfTime::MAX);
-    let CpuState { pending, table, overflow, overflow_cap, cache, .. } = c;
+    let CpuState { pending, table, overflow, overflow_cap, cache, who, .. } = c;
     let (mut done, mut created, mut evicted, mut misses) = (0usize, 0u64, 0u64, 0u64);
     let mut stop = Stop::Done;
-    // (bucket, pc, tag, pid, period) of the chunk's samples.
+    // (bucket, pc, tag, pid, period) of the chunk's samples, and (pid, cgroup) for `who`.
     let mut keys = [(0usize, 0u64, 0u64, 0u32, 0u64); CHUNK];
+    let mut owners = [(0u32, 0u64); CHUNK];
     let (front, back) = pending.as_slices();
     'outer: for part in [front, back] {
         for chunk in part.chunks(CHUNK) {
@@ -469,7 +484,9 @@ where
                 }
                 let kernel = s.kernel || s.pc >= KERNEL_START;
                 let (pid, asid) = if kernel {
-                    (0, 0)
+                    // The kernel image is the same in every process, but the idle task
+                    // (pid 0, the swapper) is kept apart: its samples become `[idle]`.
+                    (u32::from(s.pid != 0), 0)
                 } else {
                     match cache.get(s.pid, s.time, h) {
                         Some(a) => (s.pid, a),
@@ -490,10 +507,15 @@ where
                 let b = table.bucket_of(s.pc, tag, pid);
                 touched = touched.wrapping_add(table.touch(b));
                 keys[n] = (b, s.pc, tag, pid, s.period);
+                owners[n] = (s.pid, s.cgroup);
                 n += 1;
             }
             std::hint::black_box(touched);
             for (i, &(b, pc, tag, pid, period)) in keys[..n].iter().enumerate() {
+                // Counted as it enters the table: a sample left pending is not counted twice.
+                let (owner, cgroup) = owners[i];
+                let (event, kernel) = Entry::tag_event_kernel(tag);
+                who.count(owner, cgroup, event, kernel);
                 match table.add_at(b, pc, tag, pid, period) {
                     Added::Hit => {}
                     Added::New => created += 1,
@@ -548,6 +570,9 @@ impl Aggregator {
             changed: (0..CACHE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             cpus: (0..n).map(|_| Mutex::new(CpuState::new(&cfg))).collect(),
             cap: AtomicU64::new(PerfTime::MAX),
+            idle: OnceLock::new(),
+            cgroups: Mutex::new(CgroupNames::discover()),
+            recent: Mutex::new(Recent::default()),
         })
     }
 
@@ -563,8 +588,13 @@ impl Aggregator {
     /// the asid caches.
     fn apply(&self, r: &mut Resolver, recs: &[TimedSideBand]) {
         for rec in recs {
+            if let SideBand::Cgroup { id, path } = &rec.record {
+                lock(&self.cgroups).note(*id, path);
+                continue;
+            }
             r.apply(rec);
             let pid = match &rec.record {
+                SideBand::Cgroup { .. } => continue,
                 SideBand::Mmap2 { pid, .. }
                 | SideBand::Comm { pid, .. }
                 | SideBand::Fork { pid, .. }
@@ -685,12 +715,13 @@ impl Aggregator {
             };
             let table = std::mem::replace(&mut c.table, spare);
             let overflow = c.take_overflow();
+            c.who.take_into(taken.len() as u32, &mut out.who);
             taken.push((table, overflow, full));
         }
         for (i, (mut table, overflow, full)) in taken.into_iter().enumerate() {
-            full.iter().flatten().for_each(|e| resolve_entry(r, e, out));
-            overflow.iter().for_each(|e| resolve_entry(r, e, out));
-            table.drain(|e| resolve_entry(r, &e, out));
+            full.iter().flatten().for_each(|e| resolve_entry(r, &self.idle, e, out));
+            overflow.iter().for_each(|e| resolve_entry(r, &self.idle, e, out));
+            table.drain(|e| resolve_entry(r, &self.idle, &e, out));
             let mut c = lock(&self.cpus[i]);
             c.return_overflow(overflow);
             // A table of the old size is dropped here; the next flush allocates one of the
@@ -699,7 +730,35 @@ impl Aggregator {
                 c.spare.get_or_insert(table);
             }
         }
+        self.name_who(r, &mut out.who);
+        lock(&self.recent).push(&mut out.who);
         newest
+    }
+
+    /// The hottest (process, image, offset) rows of the batches taken within `window` and
+    /// their total samples (first event), from memory.
+    pub fn top(&self, window: Duration, limit: usize) -> (u64, Vec<HotRow>) {
+        lock(&self.recent).top(window, limit)
+    }
+
+    /// Commands and cgroup paths of the pids a batch counts.
+    fn name_who(&self, r: &Resolver, who: &mut WhoBatch) {
+        let pids: Vec<u32> = who.pids().filter(|p| !who.comms.contains_key(p)).collect();
+        for pid in pids {
+            if let Some(c) = r.comm(pid, 0) {
+                who.comms.insert(pid, c.to_vec());
+            }
+        }
+        who.read_missing_comms(r.proc_root());
+        let mut names = lock(&self.cgroups);
+        let ids: Vec<u64> = who.cgroups.values().copied().collect();
+        for id in ids {
+            if let std::collections::hash_map::Entry::Vacant(v) = who.cgroup_paths.entry(id) {
+                if let Some(p) = names.path(id) {
+                    v.insert(p);
+                }
+            }
+        }
     }
 
     pub fn stats(&self) -> AggregatorStats {
@@ -779,7 +838,7 @@ impl Aggregator {
                 return;
             };
             r.begin_batch();
-            full.iter().for_each(|e| resolve_entry(&mut r, e, &mut sh.early));
+            full.iter().for_each(|e| resolve_entry(&mut r, &self.idle, e, &mut sh.early));
             drop(r);
             drop(sh);
             c.return_overflow(full);
@@ -796,12 +855,22 @@ fn newest_pending(pending: &VecDeque<Sample>, limit: Option<PerfTime>) -> PerfTi
         .unwrap_or(0)
 }
 
-fn resolve_entry(resolver: &mut Resolver, e: &Entry, out: &mut Resolved) {
+fn resolve_entry(
+    resolver: &mut Resolver,
+    idle: &OnceLock<Arc<ImageInfo>>,
+    e: &Entry,
+    out: &mut Resolved,
+) {
     let (count, period) = (u64::from(e.count), e.period_sum);
     let event = e.event();
     out.samples += count;
     match resolver.resolve(e.pid, e.asid(), e.pc, e.kernel()) {
         Resolution::Image { image, offset } => {
+            let image = if e.kernel() && e.pid == 0 && image.kind == ImageKind::Kernel {
+                idle.get_or_init(|| crate::who::idle_image(&image))
+            } else {
+                &image
+            };
             // Profiles of one image share an Arc: clone the id only for a new profile.
             let p = out.profiles.entry((image.id.clone(), event)).or_insert_with(|| {
                 ResolvedProfile { image: image.clone(), event, counts: BTreeMap::new() }
@@ -814,8 +883,21 @@ fn resolve_entry(resolver: &mut Resolver, e: &Entry, out: &mut Resolved) {
             let c = p.counts.entry(offset).or_insert((0, 0));
             c.0 += count;
             c.1 = c.1.saturating_add(period);
+            if !e.kernel() {
+                // Kernel entries are shared by every process; `CpuWho` counts their owners.
+                out.who.add_user(e.pid, Some(image), event, count);
+                out.who.hot.push((e.pid, Arc::clone(image), offset, event, count));
+                if let std::collections::hash_map::Entry::Vacant(v) = out.who.comms.entry(e.pid) {
+                    if let Some(c) = resolver.comm(e.pid, e.asid()) {
+                        v.insert(c.to_vec());
+                    }
+                }
+            }
         }
         Resolution::Unknown(reason) => {
+            if !e.kernel() {
+                out.who.add_user(e.pid, None, event, count);
+            }
             resolver.note_unknown(reason, count);
             let u = out.unknown.entry((event, reason)).or_insert((0, 0));
             u.0 += count;

@@ -42,6 +42,11 @@ impl Entry {
         let asid = if asid > ASID_MASK { 0 } else { asid };
         asid | ((u64::from(event) & EVENT_MASK) << ASID_BITS) | if kernel { KERNEL_BIT } else { 0 }
     }
+    /// Event and kernel bit of a tag made by [`Entry::tag`].
+    #[inline]
+    pub(crate) fn tag_event_kernel(tag: u64) -> (EventIdx, bool) {
+        (((tag >> ASID_BITS) & EVENT_MASK) as EventIdx, tag & KERNEL_BIT != 0)
+    }
     pub(crate) fn asid(&self) -> u64 {
         self.tag & ASID_MASK
     }

@@ -15,7 +15,7 @@ fn resolver(dir: &std::path::Path) -> Resolver {
 }
 
 fn sample(time: u64, pid: u32, pc: u64, period: u64) -> Sample {
-    Sample { time, pid, tid: pid, pc, cpu: 0, event: 0, period, kernel: false }
+    Sample { time, pid, tid: pid, pc, cpu: 0, event: 0, period, kernel: false, cgroup: 0 }
 }
 
 fn mmap(time: u64, pid: u32, id: u8) -> TimedSideBand {
@@ -177,12 +177,34 @@ fn drain_pass_with_due_records_does_not_wait_for_a_busy_resolver() {
 fn kernel_samples_share_one_key_across_pids() {
     let dir = tempfile::tempdir().expect("tempdir");
     let agg = Aggregator::new(resolver(dir.path()), 1);
-    let mut s: Vec<Sample> = (0..100u32)
+    let mut s: Vec<Sample> = (1..=100u32)
         .map(|i| Sample { kernel: true, ..sample(10 + u64::from(i), i, KERNEL_START + 64, 1) })
         .collect();
     agg.on_drain(0, 1000, &mut s, &mut Vec::new());
     let st = agg.stats();
     assert_eq!((st.samples_aggregated, st.entries_created), (100, 1));
+}
+
+#[test]
+fn idle_task_samples_are_kept_apart_from_the_kernel() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    // Pid 0 is the idle task; pids 1 and 2 run kernel code for themselves.
+    let mut s: Vec<Sample> = [0u32, 0, 0, 1, 2]
+        .iter()
+        .enumerate()
+        .map(|(i, &pid)| Sample {
+            kernel: true,
+            ..sample(10 + i as u64, pid, KERNEL_START + 64, 1)
+        })
+        .collect();
+    agg.on_drain(0, 1000, &mut s, &mut Vec::new());
+    let st = agg.stats();
+    assert_eq!((st.samples_aggregated, st.entries_created), (5, 2), "{st:?}");
+    // (The test resolver has no kernel image, so both keys resolve to kernel-unknown; that
+    // the idle image replaces the kernel image is tested end to end.)
+    let r = agg.take_resolved();
+    assert_eq!(r.samples, 5);
 }
 
 #[test]

@@ -19,6 +19,8 @@ pub struct RawSample {
     /// The PERIOD field (the open-time period for clock events; see the sampler).
     pub period: u64,
     pub kernel: bool,
+    /// PERF_SAMPLE_CGROUP, when the events were opened with it (0 otherwise).
+    pub cgroup: u64,
 }
 
 /// What a record means to the sampler.
@@ -89,6 +91,9 @@ pub fn parse_sample(misc: u16, body: &[u8]) -> Option<RawSample> {
         cpu: u32_at(body, 32)?,
         period: u64_at(body, 40)?,
         kernel: misc & sp::MISC_CPUMODE_MASK == sp::MISC_KERNEL,
+        // PERF_SAMPLE_CGROUP is the only field after PERIOD that the daemon may ask for, so
+        // the record's length says whether it is there.
+        cgroup: u64_at(body, 48).unwrap_or(0),
     })
 }
 
@@ -148,6 +153,9 @@ fn parse_sideband(kind: u32, misc: u16, body: &[u8]) -> Option<TimedSideBand> {
                 SideBand::Exit { pid, ppid, tid, ptid }
             }
         }
+        sp::PERF_RECORD_CGROUP => {
+            SideBand::Cgroup { id: u64_at(own, 0)?, path: cstr(own.get(8..)?) }
+        }
         _ => return None,
     };
     Some(TimedSideBand { time: id.time, cpu: id.cpu, record })
@@ -163,7 +171,8 @@ pub fn parse_record(rec: RawRecord<'_>) -> Record {
         sp::PERF_RECORD_MMAP2
         | sp::PERF_RECORD_COMM
         | sp::PERF_RECORD_FORK
-        | sp::PERF_RECORD_EXIT => match parse_sideband(rec.kind, rec.misc, rec.body) {
+        | sp::PERF_RECORD_EXIT
+        | sp::PERF_RECORD_CGROUP => match parse_sideband(rec.kind, rec.misc, rec.body) {
             Some(s) => Record::SideBand(s),
             None => Record::Malformed,
         },
@@ -220,7 +229,8 @@ mod tests {
                 time: 123456,
                 cpu: 1,
                 period: 1_000_000,
-                kernel: true
+                kernel: true,
+                cgroup: 0,
             }
         );
         let r = parse_record(RawRecord { kind: sp::PERF_RECORD_SAMPLE, misc: 2, body: &b[..40] });

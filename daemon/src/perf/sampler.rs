@@ -341,6 +341,8 @@ struct Shared {
     /// The newest barrier instant asked for (perf clock; 0 = none).
     barrier_until: AtomicU64,
     build_id: AtomicBool,
+    /// Samples carry PERF_SAMPLE_CGROUP (cleared, for every CPU, when the kernel refuses it).
+    cgroup: AtomicBool,
     started: Instant,
     cpus: Mutex<BTreeMap<u32, CpuSlot>>,
 }
@@ -378,6 +380,7 @@ fn attr_for(
         sideband,
         build_id: sideband && build_id,
         wakeup_watermark: u32::try_from(wm).unwrap_or(u32::MAX),
+        cgroup: false,
     }
 }
 
@@ -396,26 +399,47 @@ fn open_cpu(shared: &Shared, cpu: u32, rng: &mut StdRng) -> Result<CpuRing, (usi
         let period = plan.draw(rng);
         let sideband = i == 0;
         let build_id = shared.build_id.load(Ordering::Relaxed);
-        let fd =
-            match PerfFd::open(&attr_for(&shared.cfg, plan, period, sideband, build_id), cpu) {
-                Err(e) if sideband && build_id && e.raw_os_error() == Some(libc::EINVAL) => {
-                    // Kernels before 5.12 do not know attr.build_id.
-                    let r = open_fd(
-                        &shared.cfg,
-                        &attr_for(&shared.cfg, plan, period, true, false),
-                        cpu,
+        if i == 0 && shared.cgroup.load(Ordering::Relaxed) {
+            // Every event of the ring must have the same sample layout, so the choice is made
+            // on the first event of the first CPU and kept.
+            let mut spec = attr_for(&shared.cfg, plan, period, sideband, build_id);
+            spec.cgroup = true;
+            if let Err(e) = PerfFd::open(&spec, cpu) {
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    shared.cgroup.store(false, Ordering::Relaxed);
+                    tracing::warn!(
+                        "kernel refuses PERF_SAMPLE_CGROUP (before 5.7?): no per-cgroup \
+                         attribution; commands, pids and CPUs are still recorded"
                     );
-                    if r.is_ok() {
-                        shared.build_id.store(false, Ordering::Relaxed);
-                        tracing::info!(
-                            "kernel does not put build-ids in MMAP2 records; relying on /proc"
-                        );
-                    }
-                    r
                 }
-                r => r,
             }
-            .map_err(|e| (i, e))?;
+        }
+        let with_cgroup = |mut s: sp::AttrSpec| {
+            s.cgroup = shared.cgroup.load(Ordering::Relaxed);
+            s
+        };
+        let fd = match PerfFd::open(
+            &with_cgroup(attr_for(&shared.cfg, plan, period, sideband, build_id)),
+            cpu,
+        ) {
+            Err(e) if sideband && build_id && e.raw_os_error() == Some(libc::EINVAL) => {
+                // Kernels before 5.12 do not know attr.build_id.
+                let r = open_fd(
+                    &shared.cfg,
+                    &with_cgroup(attr_for(&shared.cfg, plan, period, true, false)),
+                    cpu,
+                );
+                if r.is_ok() {
+                    shared.build_id.store(false, Ordering::Relaxed);
+                    tracing::info!(
+                        "kernel does not put build-ids in MMAP2 records; relying on /proc"
+                    );
+                }
+                r
+            }
+            r => r,
+        }
+        .map_err(|e| (i, e))?;
         fds.push(fd);
         periods.push(period);
     }
@@ -523,6 +547,7 @@ pub fn read_pass<R: RingBuffer>(
                 event: idx as EventIdx,
                 period: period_at(idx, s.time),
                 kernel: s.kernel,
+                cgroup: s.cgroup,
             });
         }
         Record::SideBand(sb) => sideband.push(sb),
@@ -1037,6 +1062,7 @@ impl Sampler {
             wake,
             barrier_until: AtomicU64::new(0),
             build_id: AtomicBool::new(true),
+            cgroup: AtomicBool::new(true),
             started: Instant::now(),
             cpus: Mutex::new(BTreeMap::new()),
         });

@@ -518,6 +518,8 @@ impl Resolver {
     pub fn apply(&mut self, rec: &TimedSideBand) {
         let t = rec.time;
         match &rec.record {
+            // cgroup names are the aggregator's (`crate::who`), not the resolver's.
+            SideBand::Cgroup { .. } => {}
             SideBand::Mmap2 { kernel: true, .. } => self.kernel.modules_stale = true,
             SideBand::Mmap2 { pid, .. } if *pid == u32::MAX => self.kernel.modules_stale = true,
             SideBand::Mmap2 { pid, addr, len, pgoff, ino, prot, build_id, filename, .. } => {
@@ -675,6 +677,25 @@ impl Resolver {
 
     /// [`Resolver::asid_at`] with the interval over which its answer holds. The interval may
     /// be narrower than the truth, never wider.
+    /// The command name (comm) of `pid` in the incarnation that `asid` names (0: the current
+    /// one), if the process is known and has one.
+    pub fn comm(&self, pid: u32, asid: u64) -> Option<&[u8]> {
+        let p = match self.procs.get(&pid) {
+            Some(p) if asid == 0 || asid >= p.first_asid => &**p,
+            _ => self
+                .retired
+                .get(&pid)?
+                .iter()
+                .find(|o| o.first_asid <= asid && asid <= o.last_asid())?,
+        };
+        (!p.comm.is_empty()).then_some(p.comm.as_slice())
+    }
+
+    /// Where `/proc` is (tests point it elsewhere).
+    pub fn proc_root(&self) -> &std::path::Path {
+        &self.cfg.proc_root
+    }
+
     pub fn asid_span(&self, pid: u32, time: PerfTime) -> AsidSpan {
         let unknown = AsidSpan { asid: None, from: 0, until: PerfTime::MAX };
         let Some(p) = self.procs.get(&pid) else { return unknown };

@@ -29,6 +29,7 @@ mod pending;
 mod publish;
 pub mod spool;
 mod summaries;
+mod who;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -192,6 +193,7 @@ pub struct Store {
     /// operation hangs.
     busy_since: Arc<AtomicU64>,
     stall_db: Option<PathBuf>,
+    who: who::WhoAccum,
 }
 
 impl std::fmt::Debug for Store {
@@ -294,6 +296,7 @@ impl Store {
             tmp_cleaned: false,
             busy_since: Arc::new(AtomicU64::new(0)),
             stall_db: std::env::var_os(STALL_DB_ENV).map(PathBuf::from),
+            who: who::WhoAccum::default(),
         }
     }
 
@@ -663,6 +666,7 @@ impl Store {
     /// Take a resolved batch (plus the sampler's lost/throttled counts since the previous
     /// batch) into memory; written to the spool by the next `tick`.
     pub fn add(&mut self, resolved: Resolved, lost: u64, throttled: u64) {
+        self.who_add(&resolved.who);
         let logged = &mut self.host.unknown_event_logged;
         let mut unknown_event = |ev: u16| {
             if !*logged {
@@ -1389,6 +1393,7 @@ impl Store {
         s.index = None;
         n += s.write(&hd.summary_path())?;
         self.health.bytes.summaries += n;
+        self.write_who(epoch)?;
         if let Some(sp) = self.spool.as_mut() {
             sp.summary_published(epoch.as_str(), seq);
         }

@@ -13,8 +13,8 @@ use perf_event_open_sys::bindings as pb;
 pub use pb::{
     PERF_COUNT_HW_BRANCH_MISSES, PERF_COUNT_HW_CACHE_MISSES, PERF_COUNT_HW_CPU_CYCLES,
     PERF_COUNT_HW_INSTRUCTIONS, PERF_COUNT_SW_CPU_CLOCK, PERF_COUNT_SW_PAGE_FAULTS,
-    PERF_COUNT_SW_TASK_CLOCK, PERF_RECORD_COMM, PERF_RECORD_EXIT, PERF_RECORD_FORK,
-    PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, PERF_RECORD_MISC_COMM_EXEC,
+    PERF_COUNT_SW_TASK_CLOCK, PERF_RECORD_CGROUP, PERF_RECORD_COMM, PERF_RECORD_EXIT,
+    PERF_RECORD_FORK, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, PERF_RECORD_MISC_COMM_EXEC,
     PERF_RECORD_MISC_MMAP_BUILD_ID, PERF_RECORD_MMAP2, PERF_RECORD_SAMPLE, PERF_RECORD_THROTTLE,
     PERF_RECORD_UNTHROTTLE, PERF_TYPE_HARDWARE, PERF_TYPE_RAW, PERF_TYPE_SOFTWARE,
 };
@@ -49,6 +49,9 @@ pub struct AttrSpec {
     pub build_id: bool,
     /// Wake poll(2) once this many bytes are in the ring (0: default, one page).
     pub wakeup_watermark: u32,
+    /// Add PERF_SAMPLE_CGROUP to samples (kernel >= 5.7) and, with `sideband`, ask for
+    /// PERF_RECORD_CGROUP. Every event sharing a ring must agree.
+    pub cgroup: bool,
 }
 
 fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
@@ -56,7 +59,11 @@ fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
         type_: spec.perf_type,
         size: std::mem::size_of::<pb::perf_event_attr>() as u32,
         config: spec.config,
-        sample_type: SAMPLE_TYPE,
+        sample_type: if spec.cgroup {
+            SAMPLE_TYPE | pb::PERF_SAMPLE_CGROUP as u64
+        } else {
+            SAMPLE_TYPE
+        },
         read_format: (pb::PERF_FORMAT_TOTAL_TIME_ENABLED | pb::PERF_FORMAT_TOTAL_TIME_RUNNING)
             as u64,
         clockid: crate::sys::time::PERF_CLOCK_ID,
@@ -79,6 +86,9 @@ fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
         attr.set_task(1);
         if spec.build_id {
             attr.set_build_id(1);
+        }
+        if spec.cgroup {
+            attr.set_cgroup(1);
         }
     }
     attr
@@ -442,9 +452,13 @@ mod tests {
             sideband: true,
             build_id: true,
             wakeup_watermark: 4096,
+            cgroup: false,
         };
         let a = make_attr(&spec);
         assert_eq!(a.sample_type, SAMPLE_TYPE);
+        let c = make_attr(&AttrSpec { cgroup: true, ..spec.clone() });
+        assert_eq!(c.sample_type, SAMPLE_TYPE | pb::PERF_SAMPLE_CGROUP as u64);
+        assert_eq!((c.cgroup(), a.cgroup()), (1, 0));
         assert_eq!(a.disabled(), 1);
         assert_eq!(a.watermark(), 1);
         assert_eq!(a.mmap2(), 1);

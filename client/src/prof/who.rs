@@ -1,0 +1,347 @@
+//! `dcpiprof --by command|pid|cgroup|unit|container|cpu` and the filters `--command`,
+//! `--cgroup`, `--pid`, `--cpu`: reports from the who tables (FORMAT.md §12) of the selected
+//! host directories. With a filter, `--by image|host|epoch` read them too.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use profile_format::{WhoKey, WhoTable};
+use serde_json::{json, Map, Value};
+
+use super::by::By;
+use super::image::{display_path, IDLE};
+use super::output::Format;
+use super::select;
+use super::{Args, ProfError};
+use crate::diff::common::{csv_line, r4};
+
+/// Whether any who filter is given.
+pub fn has_filter(args: &Args) -> bool {
+    args.command.is_some() || args.cgroup.is_some() || args.pid.is_some() || args.cpu.is_some()
+}
+
+/// The systemd unit of a cgroup path: its innermost `*.service` component, else its innermost
+/// `*.scope` (sessions, containers started by a runtime), else none.
+pub fn unit_of(cgroup: &str) -> Option<&str> {
+    let comps = || cgroup.split('/').rev();
+    comps().find(|c| c.ends_with(".service")).or_else(|| comps().find(|c| c.ends_with(".scope")))
+}
+
+/// A container id in a cgroup path: a run of 64 hex digits in one component
+/// (`docker-<id>.scope`, `cri-containerd-<id>.scope`, `/docker/<id>`, `/kubepods/.../<id>`).
+pub fn container_of(cgroup: &str) -> Option<&str> {
+    for comp in cgroup.split('/').rev() {
+        let b = comp.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            let run = b[i..].iter().take_while(|c| c.is_ascii_hexdigit()).count();
+            if run == 64 {
+                return Some(&comp[i..i + 64]);
+            }
+            i += run.max(1);
+        }
+    }
+    None
+}
+
+/// Whether a who row's image is the one `--image` names: its path, its basename, or the
+/// pseudo-image's name (`[kernel.kallsyms]`/`kernel`, `[idle]`/`idle`, `[unknown]`).
+fn image_matches(spec: &str, image: &[u8]) -> bool {
+    let bare = |s: &str| s.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let img = display_path(image);
+    if img == spec || (spec.contains('/') && image == spec.as_bytes()) {
+        return true;
+    }
+    let base = img.rsplit('/').next().unwrap_or(&img);
+    if !spec.contains('/') && (base == spec || bare(&img) == bare(spec)) {
+        return true;
+    }
+    matches!(spec, "kernel" | "vmlinux") && img == "[kernel.kallsyms]"
+}
+
+fn key_of(by: By, k: &WhoKey, d: &profile_format::HostDir) -> Option<String> {
+    Some(match by {
+        By::Command => display_path(&k.command),
+        By::Pid => k.pid.to_string(),
+        By::Cgroup => {
+            if k.cgroup.is_empty() {
+                "(unknown)".to_owned()
+            } else {
+                k.cgroup.clone()
+            }
+        }
+        By::Unit => unit_of(&k.cgroup).unwrap_or("(none)").to_owned(),
+        By::Container => container_of(&k.cgroup).unwrap_or("(none)").to_owned(),
+        By::Image => display_path(&k.image),
+        By::Host => d.host.clone(),
+        By::Epoch => d.epoch.to_string(),
+        By::Cpu | By::Symbol => return None,
+    })
+}
+
+/// Run a report from the who tables.
+pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    if by == By::Symbol {
+        return Err(ProfError::Usage(
+            "--by symbol with --command/--cgroup/--pid/--cpu: the who table has no per-process \
+             symbols; use --by command|pid|cgroup|unit|container|image|cpu|host|epoch"
+                .into(),
+        ));
+    }
+    if args.cpu.is_some() && by != By::Cpu {
+        return Err(ProfError::Usage(
+            "--cpu filters only --by cpu: per-CPU counts are recorded per event, not per process"
+                .into(),
+        ));
+    }
+    if by == By::Cpu && (args.command.is_some() || args.cgroup.is_some() || args.pid.is_some()) {
+        return Err(ProfError::Usage(
+            "--by cpu cannot be filtered by --command/--cgroup/--pid: per-CPU counts are \
+             recorded per event, not per process"
+                .into(),
+        ));
+    }
+    let db = select::open_db(&args.sel.db)?;
+    let dirs = select::select_host_dirs(&db, &args.sel.epoch, &args.sel.host_sel())?;
+    let mut tables: Vec<(usize, WhoTable)> = Vec::new();
+    let mut missing = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        match WhoTable::read(&d.who_path()) {
+            Ok(t) => tables.push((i, t)),
+            Err(profile_format::Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                missing.push(format!("{}/{}", d.epoch, d.host));
+            }
+            Err(e) if args.sel.keep_going => {
+                writeln!(err, "dcpiprof: warning: skipping corrupt who table: {e}")?
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if tables.is_empty() {
+        return Err(ProfError::Empty(format!(
+            "no who table (who.tbl) in the selected host directories ({}): it is written by \
+             dcpid with the profiles' summary (run `dcpictl flush`), by versions since the \
+             table exists",
+            missing.join(", ")
+        )));
+    }
+    if !missing.is_empty() {
+        writeln!(err, "dcpiprof: warning: no who table in {}; left out", missing.join(", "))?;
+    }
+    // The event: --event's first, else the first any table has.
+    let mut events: Vec<String> = Vec::new();
+    for (_, t) in &tables {
+        for k in t.rows.keys() {
+            if !events.contains(&k.event) {
+                events.push(k.event.clone());
+            }
+        }
+        for (_, e) in t.cpus.keys() {
+            if !events.contains(e) {
+                events.push(e.clone());
+            }
+        }
+    }
+    let event = match args.sel.events.first() {
+        Some(e) if events.contains(e) => e.clone(),
+        Some(e) => {
+            return Err(ProfError::UnknownEvent {
+                event: e.clone(),
+                available: events.join(", "),
+                scope: "the who tables".into(),
+            })
+        }
+        None => events.first().cloned().unwrap_or_else(|| "cpu-clock".into()),
+    };
+    let mut parts: BTreeMap<String, u64> = BTreeMap::new();
+    let mut total = 0u64;
+    let mut any_pid = false;
+    for (di, t) in &tables {
+        let d = &dirs[*di];
+        if by == By::Cpu {
+            for ((cpu, ev), &n) in &t.cpus {
+                if *ev != event || args.cpu.is_some_and(|c| c != *cpu) {
+                    continue;
+                }
+                *parts.entry(cpu.to_string()).or_default() += n;
+                total += n;
+            }
+            continue;
+        }
+        for (k, &n) in &t.rows {
+            if k.event != event || (args.no_idle && k.image == IDLE.as_bytes()) {
+                continue;
+            }
+            any_pid |= k.pid != 0;
+            if args.command.as_ref().is_some_and(|c| display_path(&k.command) != *c)
+                || args.pid.is_some_and(|p| p != k.pid)
+                || args.cgroup.as_ref().is_some_and(|c| !cgroup_matches(c, &k.cgroup))
+                || args.image.as_ref().is_some_and(|i| !image_matches(i, &k.image))
+            {
+                continue;
+            }
+            if let Some(key) = key_of(by, k, d) {
+                *parts.entry(key).or_default() += n;
+                total += n;
+            }
+        }
+    }
+    if (by == By::Pid || args.pid.is_some()) && !any_pid {
+        return Err(ProfError::Empty(
+            "the who tables hold no per-process rows: start dcpid with `by_pid = true` (or \
+             --by-pid true) to record them; --by command groups by command name meanwhile"
+                .into(),
+        ));
+    }
+    let mut rows: Vec<(String, u64)> = parts.into_iter().collect();
+    if !matches!(by, By::Epoch | By::Host | By::Cpu) {
+        rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    }
+    let omitted = match args.limit {
+        Some(n) if n > 0 && rows.len() > n => {
+            let o = rows.len() - n;
+            rows.truncate(n);
+            o
+        }
+        _ => 0,
+    };
+    let pct = |n: u64| if total > 0 { r4(n as f64 / total as f64 * 100.0) } else { 0.0 };
+    let idle = if by == By::Cpu {
+        "the idle task included"
+    } else if args.no_idle {
+        "the idle task ([idle]) left out"
+    } else {
+        "the idle task ([idle]) included"
+    };
+    let of = format!("all samples of {event} selected ({idle})");
+    match args.format {
+        Format::Json => {
+            let rows: Vec<Value> = rows
+                .iter()
+                .map(|(k, n)| {
+                    let mut m = Map::new();
+                    match (by, k.parse::<u64>()) {
+                        (By::Pid | By::Cpu, Ok(v)) => m.insert(by.name().to_owned(), json!(v)),
+                        _ => m.insert(by.name().to_owned(), json!(k)),
+                    };
+                    if by == By::Cgroup {
+                        m.insert("unit".into(), json!(unit_of(k)));
+                        m.insert("container".into(), json!(container_of(k)));
+                    }
+                    m.insert("samples".into(), json!(n));
+                    m.insert("percent".into(), json!(pct(*n)));
+                    Value::Object(m)
+                })
+                .collect();
+            let v = json!({
+                "report": "by",
+                "by": by.name(),
+                "source": "who",
+                "database": args.sel.db.display().to_string(),
+                "event": event,
+                "filters": {
+                    "command": args.command, "cgroup": args.cgroup, "pid": args.pid,
+                    "cpu": args.cpu, "image": args.image,
+                },
+                "idle_included": !args.no_idle || by == By::Cpu,
+                "total_samples": total,
+                "percent_of": of,
+                "rows_omitted": omitted,
+                "rows": rows,
+            });
+            serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
+            writeln!(out)?;
+        }
+        Format::Csv => {
+            csv_line(out, &[by.name(), "samples", "percent"].map(String::from))?;
+            for (k, n) in &rows {
+                csv_line(out, &[k.clone(), n.to_string(), pct(*n).to_string()])?;
+            }
+        }
+        f @ (Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope) => {
+            return Err(super::output::not_a_report(f).into());
+        }
+        Format::Table => {
+            writeln!(out, "# database: {}", args.sel.db.display())?;
+            let mut what = format!("# event {event}: {total} samples; % of {of}");
+            for (name, v) in [
+                ("command", args.command.clone()),
+                ("cgroup", args.cgroup.clone()),
+                ("pid", args.pid.map(|p| p.to_string())),
+                ("cpu", args.cpu.map(|p| p.to_string())),
+                ("image", args.image.clone()),
+            ] {
+                if let Some(v) = v {
+                    what.push_str(&format!("; {name} {v}"));
+                }
+            }
+            writeln!(out, "{what}")?;
+            let w0 = rows.iter().map(|r| r.1.to_string().len()).max().unwrap_or(0).max(7);
+            writeln!(out, "{:>w0$}  {:>7}  {}", "samples", "%", by.name())?;
+            for (k, n) in &rows {
+                writeln!(out, "{n:>w0$}  {:>7.2}  {}", pct(*n), display_path(k.as_bytes()))?;
+            }
+            if omitted > 0 {
+                writeln!(out, "# {omitted} more rows (--limit)")?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// `--cgroup`: a path (`/system.slice/x.service`) or a prefix of one at a component boundary,
+/// or a unit name / container id prefix appearing as a component.
+fn cgroup_matches(spec: &str, cgroup: &str) -> bool {
+    if spec.starts_with('/') {
+        let s = spec.trim_end_matches('/');
+        return s.is_empty()
+            || cgroup == s
+            || cgroup.strip_prefix(s).is_some_and(|rest| rest.starts_with('/'));
+    }
+    cgroup.split('/').any(|c| c == spec)
+        || unit_of(cgroup) == Some(spec)
+        || container_of(cgroup).is_some_and(|id| spec.len() >= 12 && id.starts_with(spec))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_and_containers_from_cgroup_paths() {
+        assert_eq!(unit_of("/system.slice/nginx.service"), Some("nginx.service"));
+        assert_eq!(
+            unit_of("/system.slice/docker.service/x"),
+            Some("docker.service"),
+            "the innermost .service"
+        );
+        assert_eq!(unit_of("/user.slice/user-0.slice/session-3.scope"), Some("session-3.scope"));
+        assert_eq!(unit_of("/"), None);
+        let id = "4f".repeat(32);
+        assert_eq!(container_of(&format!("/system.slice/docker-{id}.scope")), Some(id.as_str()));
+        assert_eq!(container_of(&format!("/kubepods/besteffort/pod1/{id}")), Some(id.as_str()));
+        assert_eq!(container_of("/system.slice/nginx.service"), None);
+        assert_eq!(container_of(&format!("/x/{}", "a".repeat(65))), None);
+    }
+
+    #[test]
+    fn cgroup_filter_is_a_path_prefix_at_a_boundary() {
+        assert!(cgroup_matches("/system.slice", "/system.slice/a.service"));
+        assert!(cgroup_matches("/system.slice/", "/system.slice"));
+        assert!(!cgroup_matches("/system", "/system.slice/a.service"));
+        assert!(cgroup_matches("a.service", "/system.slice/a.service"));
+        assert!(cgroup_matches("/", "/anything"));
+    }
+
+    #[test]
+    fn image_filter_names() {
+        assert!(image_matches("/usr/bin/python3", b"/usr/bin/python3"));
+        assert!(image_matches("python3", b"/usr/bin/python3"));
+        assert!(image_matches("idle", b"[idle]"));
+        assert!(image_matches("kernel", b"[kernel.kallsyms]"));
+        assert!(!image_matches("python", b"/usr/bin/python3"));
+    }
+}

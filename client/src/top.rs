@@ -1,0 +1,177 @@
+//! `dcpictl top`: the hottest commands, images and symbols of the last few seconds, from the
+//! daemon's memory (`Request::Top`), symbolized here from the binaries (checked by build-id).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dcpi_proto::{Request, TopResult};
+use serde::Serialize;
+
+use crate::ctl::{parse_result, request_value, CtlError};
+use crate::prof::names::{demangle, escape_controls};
+use crate::prof::symbolize::{elf_identity, ElfSymbolizer};
+
+/// One row as `dcpictl top` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Row {
+    pub command: String,
+    pub pid: u32,
+    pub image: String,
+    /// The function, when the binary was found with the recorded build-id; null for kernel
+    /// and idle rows (per process, not per function) and for images without symbols.
+    pub symbol: Option<String>,
+    pub samples: u64,
+}
+
+/// A snapshot: every sample of the window and its rows, hottest first.
+#[derive(Clone, Debug, Serialize)]
+pub struct Snapshot {
+    pub window_ms: u64,
+    pub samples: u64,
+    pub rows: Vec<Row>,
+}
+
+/// Binaries' symbols, loaded once per (path, build-id) for the life of `dcpictl top`.
+#[derive(Default, Debug)]
+pub struct Symbols {
+    elf: HashMap<(String, Option<String>), Option<ElfSymbolizer>>,
+}
+
+impl Symbols {
+    /// The binary for `image` of process `pid`: its path, else the same path in the process's
+    /// mount namespace (`/proc/PID/root`, containers), if its build-id is the recorded one.
+    fn load(image: &str, build_id: Option<&str>, pid: u32) -> Option<ElfSymbolizer> {
+        let candidates = [
+            PathBuf::from(image),
+            Path::new("/proc")
+                .join(pid.to_string())
+                .join("root")
+                .join(image.trim_start_matches('/')),
+        ];
+        for path in candidates {
+            let Ok(data) = std::fs::read(&path) else { continue };
+            let id = elf_identity(&data).ok()?;
+            if let Some(want) = build_id {
+                if id.build_id.as_deref().map(hex::encode).as_deref() != Some(want) {
+                    continue;
+                }
+            }
+            return ElfSymbolizer::new(&data, None, false).ok();
+        }
+        None
+    }
+
+    fn symbol(&mut self, r: &dcpi_proto::TopRow) -> Option<String> {
+        let offset = r.offset?;
+        let s = self
+            .elf
+            .entry((r.image.clone(), r.build_id.clone()))
+            .or_insert_with(|| Self::load(&r.image, r.build_id.as_deref(), r.pid))
+            .as_ref()?;
+        let sym = s.offset_to_vaddr(offset).and_then(|v| s.symbol(v))?;
+        Some(escape_controls(&demangle(&sym.name)).into_owned())
+    }
+}
+
+/// Group the daemon's (process, image, offset) rows by function.
+pub fn snapshot(t: &TopResult, syms: &mut Symbols, limit: usize) -> Snapshot {
+    let mut rows: HashMap<(u32, String, String, Option<String>), u64> = HashMap::new();
+    for r in &t.rows {
+        let symbol = syms.symbol(r);
+        let key = (
+            r.pid,
+            escape_controls(&r.command).into_owned(),
+            escape_controls(&r.image).into_owned(),
+            symbol,
+        );
+        *rows.entry(key).or_insert(0) += r.samples;
+    }
+    let mut rows: Vec<Row> = rows
+        .into_iter()
+        .map(|((pid, command, image, symbol), samples)| Row {
+            command,
+            pid,
+            image,
+            symbol,
+            samples,
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.samples.cmp(&a.samples).then_with(|| (a.pid, &a.image).cmp(&(b.pid, &b.image)))
+    });
+    rows.truncate(limit);
+    Snapshot { window_ms: t.window_ms, samples: t.samples, rows }
+}
+
+/// Render a snapshot as a table.
+pub fn render(s: &Snapshot) -> String {
+    let mut out = format!(
+        "dcpi top: last {:.0} s, {} samples (hottest first)\n{:>7}  {:>6}  {:>7}  {:<16}  {:<24}  {}\n",
+        s.window_ms as f64 / 1000.0,
+        s.samples,
+        "samples",
+        "%",
+        "pid",
+        "command",
+        "symbol",
+        "image"
+    );
+    for r in &s.rows {
+        let pct = if s.samples > 0 { r.samples as f64 * 100.0 / s.samples as f64 } else { 0.0 };
+        out.push_str(&format!(
+            "{:>7}  {:>6.2}  {:>7}  {:<16}  {:<24}  {}\n",
+            r.samples,
+            pct,
+            r.pid,
+            r.command,
+            r.symbol.as_deref().unwrap_or("-"),
+            r.image
+        ));
+    }
+    out
+}
+
+/// One request and its snapshot.
+pub fn fetch(socket: &Path, syms: &mut Symbols, limit: usize) -> Result<Snapshot, CtlError> {
+    let v = request_value(socket, Request::Top, Duration::from_secs(15))?;
+    let t: TopResult = parse_result(socket, Request::Top, v)?;
+    Ok(snapshot(&t, syms, limit))
+}
+
+/// `dcpictl top`: with `once` (or when stdout is not a terminal) one snapshot; otherwise
+/// redraw every `interval` until interrupted.
+pub fn run(
+    socket: &Path,
+    once: bool,
+    json: bool,
+    limit: usize,
+    interval: Duration,
+) -> Result<(), CtlError> {
+    use std::io::IsTerminal;
+    let mut syms = Symbols::default();
+    let mut stdout = std::io::stdout().lock();
+    let io = |source| CtlError::Io { socket: socket.to_path_buf(), what: "writing output", source };
+    if once || json || !stdout.is_terminal() {
+        let s = fetch(socket, &mut syms, limit)?;
+        let text = if json {
+            serde_json::to_string_pretty(&s).unwrap_or_default() + "\n"
+        } else {
+            render(&s)
+        };
+        return stdout.write_all(text.as_bytes()).map_err(io);
+    }
+    let rows = terminal_rows().saturating_sub(3).max(5);
+    loop {
+        let s = fetch(socket, &mut syms, limit.min(rows))?;
+        // Home, clear screen: a terminal only (checked above).
+        write!(stdout, "\x1b[H\x1b[2J{}", render(&s)).map_err(io)?;
+        stdout.flush().map_err(io)?;
+        std::thread::sleep(interval);
+    }
+}
+
+fn terminal_rows() -> usize {
+    std::env::var("LINES").ok().and_then(|l| l.parse().ok()).unwrap_or(24)
+}

@@ -1,0 +1,464 @@
+//! Who used the CPU: the `[idle]` pseudo-image, and per-sample attribution (command, pid,
+//! CPU, cgroup) for the who table (FORMAT.md §12).
+//!
+//! Samples of the idle task (pid 0, the swapper) are kernel samples like any other, but on a
+//! mostly idle machine they are nearly all of them: counted as the kernel they would make the
+//! kernel look like the hottest image. They are kept apart as `[idle]` (FORMAT.md §5.1.1).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use profile_format::{ImageId, ImageKind};
+
+use crate::types::{EventIdx, ImageInfo};
+
+/// Path of the idle pseudo-image, as reports show it.
+pub const IDLE_PATH: &[u8] = b"[idle]";
+
+/// The `[idle]` image of the kernel `kernel`: kind `Kernel` with the same offsets (so its
+/// samples symbolize against the epoch's kallsyms snapshot, e.g. `default_idle`, and a reader
+/// that predates `[idle]` shows it as one more kernel image), but its own identity.
+pub fn idle_image(kernel: &ImageInfo) -> Arc<ImageInfo> {
+    Arc::new(ImageInfo {
+        kind: ImageKind::Kernel,
+        id: ImageId::special("[idle]", kernel.id.to_text().as_bytes()),
+        path: IDLE_PATH.to_vec(),
+        jit_symbols: Vec::new(),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-sample attribution: command, pid, CPU and cgroup of every sample.
+//
+// The per-CPU tables key user samples by (pid, asid, pc), so their process and image are known
+// when they are resolved; kernel samples share one key across processes (that is what keeps
+// kernel entries few), so their process is counted here instead, per (pid, event), as are the
+// samples of each CPU and the last cgroup each pid was seen in. A process that changes cgroup
+// within one flush interval is counted in the cgroup it was last seen in.
+
+const CGROUP_SLOTS: usize = 256;
+const KERNEL_SLOTS: usize = 64;
+
+/// Who counters of one CPU, updated per sample under that CPU's mutex.
+#[derive(Debug)]
+pub struct CpuWho {
+    /// Samples per event on this CPU.
+    per_event: Vec<u64>,
+    /// Kernel samples per (pid, event); pid 0 is the idle task.
+    kernel: HashMap<(u32, EventIdx), u64>,
+    /// Direct-mapped counters in front of `kernel` (count 0 = empty): a run of kernel samples
+    /// of one process costs an increment, not a hash-map update each.
+    kslots: Box<[(u32, EventIdx, u64)]>,
+    /// Last cgroup id seen per pid (only ids the kernel gave: 0 means it did not say).
+    pid_cgroup: HashMap<u32, u64>,
+    /// Direct-mapped `pid → cgroup` of what `pid_cgroup` already holds: most samples cost one
+    /// compare instead of a hash-map update.
+    seen: Box<[(u32, u64)]>,
+}
+
+impl Default for CpuWho {
+    fn default() -> Self {
+        CpuWho {
+            per_event: Vec::new(),
+            kernel: HashMap::new(),
+            kslots: vec![(0, 0, 0); KERNEL_SLOTS].into_boxed_slice(),
+            pid_cgroup: HashMap::new(),
+            seen: vec![(u32::MAX, 0); CGROUP_SLOTS].into_boxed_slice(),
+        }
+    }
+}
+
+impl CpuWho {
+    /// Count one sample that went into the table. `kernel`: taken in kernel mode.
+    #[inline]
+    pub fn count(&mut self, pid: u32, cgroup: u64, event: EventIdx, kernel: bool) {
+        let e = usize::from(event);
+        if e >= self.per_event.len() {
+            self.per_event.resize(e + 1, 0);
+        }
+        self.per_event[e] += 1;
+        if kernel {
+            let s = &mut self.kslots[(pid as usize ^ (e << 7)) % KERNEL_SLOTS];
+            if s.2 > 0 && (s.0, s.1) == (pid, event) {
+                s.2 += 1;
+            } else {
+                if s.2 > 0 {
+                    *self.kernel.entry((s.0, s.1)).or_insert(0) += s.2;
+                }
+                *s = (pid, event, 1);
+            }
+        }
+        if cgroup != 0 {
+            let slot = &mut self.seen[pid as usize % CGROUP_SLOTS];
+            if *slot != (pid, cgroup) {
+                *slot = (pid, cgroup);
+                self.pid_cgroup.insert(pid, cgroup);
+            }
+        }
+    }
+
+    /// Move the counts into `out` (CPU `cpu`) and start afresh.
+    pub fn take_into(&mut self, cpu: u32, out: &mut WhoBatch) {
+        for (e, n) in self.per_event.iter_mut().enumerate() {
+            if *n > 0 {
+                *out.cpus.entry((cpu, e as EventIdx)).or_insert(0) += *n;
+                *n = 0;
+            }
+        }
+        for s in self.kslots.iter_mut().filter(|s| s.2 > 0) {
+            *self.kernel.entry((s.0, s.1)).or_insert(0) += s.2;
+            *s = (0, 0, 0);
+        }
+        for (k, n) in self.kernel.drain() {
+            *out.kernel.entry(k).or_insert(0) += n;
+        }
+        out.cgroups.extend(self.pid_cgroup.drain());
+        self.seen.fill((u32::MAX, 0));
+    }
+}
+
+/// What a resolved batch says about who used the CPU (see the section comment above).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WhoBatch {
+    /// User-mode samples per (pid, image, event); `None` = not attributable (`[unknown]`).
+    pub user: HashMap<(u32, Option<ImageId>, EventIdx), u64>,
+    /// The images `user` names.
+    pub images: HashMap<ImageId, Arc<ImageInfo>>,
+    /// Kernel-mode samples per (pid, event); pid 0 is the idle task (`[idle]`).
+    pub kernel: HashMap<(u32, EventIdx), u64>,
+    /// Command name per pid (as of the batch).
+    pub comms: HashMap<u32, Vec<u8>>,
+    /// cgroup id per pid (the last one seen in the batch).
+    pub cgroups: HashMap<u32, u64>,
+    /// Path per cgroup id of `cgroups` (relative to the v2 root, starting with `/`).
+    pub cgroup_paths: HashMap<u64, String>,
+    /// Samples per (CPU, event).
+    pub cpus: HashMap<(u32, EventIdx), u64>,
+    /// User-mode samples per (pid, image, offset, event), for the live view ([`Recent`]);
+    /// taken out of the batch when it is recorded there.
+    pub hot: Vec<(u32, Arc<ImageInfo>, u64, EventIdx, u64)>,
+}
+
+impl WhoBatch {
+    /// Count resolved user-mode samples.
+    pub fn add_user(&mut self, pid: u32, image: Option<&Arc<ImageInfo>>, event: EventIdx, n: u64) {
+        let id = image.map(|i| {
+            if !self.images.contains_key(&i.id) {
+                self.images.insert(i.id.clone(), Arc::clone(i));
+            }
+            i.id.clone()
+        });
+        *self.user.entry((pid, id, event)).or_insert(0) += n;
+    }
+
+    /// Add another batch (an early drain's) into this one.
+    pub fn merge(&mut self, o: WhoBatch) {
+        for (k, n) in o.user {
+            *self.user.entry(k).or_insert(0) += n;
+        }
+        for (k, v) in o.images {
+            self.images.entry(k).or_insert(v);
+        }
+        for (k, n) in o.kernel {
+            *self.kernel.entry(k).or_insert(0) += n;
+        }
+        for (k, n) in o.cpus {
+            *self.cpus.entry(k).or_insert(0) += n;
+        }
+        self.comms.extend(o.comms);
+        self.hot.extend(o.hot);
+        self.cgroups.extend(o.cgroups);
+        self.cgroup_paths.extend(o.cgroup_paths);
+    }
+
+    /// Every pid the batch counts.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.user.keys().map(|k| k.0).chain(self.kernel.keys().map(|k| k.0))
+    }
+
+    /// Samples per (pid, image display name, event), for `dcpictl top` and the who table.
+    pub fn rows(&self) -> Vec<(u32, Vec<u8>, EventIdx, u64)> {
+        let mut out = Vec::with_capacity(self.user.len() + self.kernel.len());
+        for ((pid, id, ev), &n) in &self.user {
+            let image = match id.as_ref().and_then(|i| self.images.get(i)) {
+                Some(i) => i.path.clone(),
+                None => b"[unknown]".to_vec(),
+            };
+            out.push((*pid, image, *ev, n));
+        }
+        for ((pid, ev), &n) in &self.kernel {
+            let image = if *pid == 0 { IDLE_PATH } else { b"[kernel.kallsyms]" };
+            out.push((*pid, image.to_vec(), *ev, n));
+        }
+        out
+    }
+
+    /// Command of `pid` as the table shows it.
+    pub fn command(&self, pid: u32) -> Vec<u8> {
+        match self.comms.get(&pid) {
+            Some(c) => c.clone(),
+            None if pid == 0 => b"swapper".to_vec(),
+            None => format!("[pid {pid}]").into_bytes(),
+        }
+    }
+
+    /// cgroup path of `pid` ("" when unknown).
+    pub fn cgroup(&self, pid: u32) -> String {
+        if pid == 0 {
+            return "/".to_owned();
+        }
+        self.cgroups
+            .get(&pid)
+            .map(|id| self.cgroup_paths.get(id).cloned().unwrap_or_else(|| format!("cgroup:{id}")))
+            .unwrap_or_default()
+    }
+
+    /// Fill in `comms` for pids the resolver did not name (kernel threads: it has no maps for
+    /// them) from `/proc/PID/comm`.
+    pub fn read_missing_comms(&mut self, proc_root: &Path) {
+        let missing: Vec<u32> =
+            self.pids().filter(|p| *p != 0 && !self.comms.contains_key(p)).collect();
+        for pid in missing {
+            if let Ok(s) = std::fs::read(proc_root.join(pid.to_string()).join("comm")) {
+                let s = s.strip_suffix(b"\n").unwrap_or(&s).to_vec();
+                self.comms.insert(pid, s);
+            }
+        }
+    }
+}
+
+/// One row of the live view: samples of the first event per (pid, image, offset).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HotRow {
+    pub pid: u32,
+    pub command: Vec<u8>,
+    pub image: Vec<u8>,
+    pub build_id: Option<Vec<u8>>,
+    /// File offset (ELF images); None for kernel, idle and other pseudo-images.
+    pub offset: Option<u64>,
+    pub samples: u64,
+}
+
+/// The last batches' hottest rows, for `dcpictl top` (memory only, no disk I/O).
+#[derive(Debug, Default)]
+pub struct Recent {
+    batches: std::collections::VecDeque<(Instant, u64, Vec<HotRow>)>,
+}
+
+type HotKey = (u32, Vec<u8>, Option<u64>);
+
+impl Recent {
+    /// Batches older than this are dropped.
+    pub const KEEP: Duration = Duration::from_secs(30);
+    /// Rows kept per batch (the hottest).
+    pub const ROWS_PER_BATCH: usize = 4096;
+
+    /// Record a batch's rows (its `hot` list is taken).
+    pub fn push(&mut self, who: &mut WhoBatch) {
+        let now = Instant::now();
+        while self.batches.front().is_some_and(|b| now.duration_since(b.0) > Self::KEEP) {
+            self.batches.pop_front();
+        }
+        let mut rows: HashMap<HotKey, (Option<Vec<u8>>, u64)> = HashMap::new();
+        for (pid, image, offset, ev, n) in std::mem::take(&mut who.hot) {
+            if ev != 0 {
+                continue;
+            }
+            let offset = (image.kind == ImageKind::Elf).then_some(offset);
+            let build_id = match &image.id {
+                ImageId::BuildId(b) => Some(b.clone()),
+                ImageId::Fallback(_) => None,
+            };
+            rows.entry((pid, image.path.clone(), offset)).or_insert((build_id, 0)).1 += n;
+        }
+        for (&(pid, ev), &n) in &who.kernel {
+            if ev == 0 {
+                let image = if pid == 0 { IDLE_PATH } else { b"[kernel.kallsyms]" };
+                rows.entry((pid, image.to_vec(), None)).or_insert((None, 0)).1 += n;
+            }
+        }
+        let total = who.cpus.iter().filter(|(k, _)| k.1 == 0).map(|(_, n)| n).sum();
+        let mut rows: Vec<HotRow> = rows
+            .into_iter()
+            .map(|((pid, image, offset), (build_id, samples))| HotRow {
+                pid,
+                command: who.command(pid),
+                image,
+                build_id,
+                offset,
+                samples,
+            })
+            .collect();
+        if rows.len() > Self::ROWS_PER_BATCH {
+            rows.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.samples.cmp(&a.samples));
+            rows.truncate(Self::ROWS_PER_BATCH);
+        }
+        self.batches.push_back((now, total, rows));
+    }
+
+    /// Rows of the batches taken within `window`, merged and sorted hottest first (at most
+    /// `limit`), and the window's total samples.
+    pub fn top(&self, window: Duration, limit: usize) -> (u64, Vec<HotRow>) {
+        let now = Instant::now();
+        let mut total = 0;
+        let mut merged: HashMap<HotKey, HotRow> = HashMap::new();
+        for (at, n, rows) in &self.batches {
+            if now.duration_since(*at) > window {
+                continue;
+            }
+            total += n;
+            for r in rows {
+                merged
+                    .entry((r.pid, r.image.clone(), r.offset))
+                    .and_modify(|m| m.samples += r.samples)
+                    .or_insert_with(|| r.clone());
+            }
+        }
+        let mut rows: Vec<HotRow> = merged.into_values().collect();
+        rows.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.pid.cmp(&b.pid)));
+        rows.truncate(limit);
+        (total, rows)
+    }
+}
+
+/// cgroup v2 id → path. Ids come with samples; paths from PERF_RECORD_CGROUP (cgroups created
+/// while the daemon runs) and from walking the v2 hierarchy (a cgroup's id is the inode number
+/// of its directory), at most once per [`CgroupNames::RESCAN`] when an id is missing.
+#[derive(Debug)]
+pub struct CgroupNames {
+    root: Option<PathBuf>,
+    names: HashMap<u64, String>,
+    last_scan: Option<Instant>,
+}
+
+impl CgroupNames {
+    pub const RESCAN: Duration = Duration::from_secs(2);
+    /// Bound on the cgroups remembered (a walk of a huge hierarchy stops there).
+    pub const MAX: usize = 100_000;
+
+    /// Find the v2 hierarchy in `/proc/self/mountinfo` (pure v2 at /sys/fs/cgroup, or hybrid
+    /// at /sys/fs/cgroup/unified); say when there is none.
+    pub fn discover() -> CgroupNames {
+        let root =
+            std::fs::read_to_string("/proc/self/mountinfo").ok().and_then(|m| cgroup2_mount(&m));
+        match &root {
+            Some(r) => tracing::info!(root = %r.display(), "who: cgroup v2 hierarchy found"),
+            None => tracing::warn!(
+                "who: no cgroup v2 hierarchy mounted (cgroup v1 only): samples are not \
+                 attributed to cgroups, services or containers"
+            ),
+        }
+        CgroupNames::at(root)
+    }
+
+    /// Names under `root` (None: none known).
+    pub fn at(root: Option<PathBuf>) -> CgroupNames {
+        CgroupNames { root, names: HashMap::new(), last_scan: None }
+    }
+
+    /// A path from PERF_RECORD_CGROUP.
+    pub fn note(&mut self, id: u64, path: &[u8]) {
+        if self.names.len() < Self::MAX {
+            self.names.insert(id, String::from_utf8_lossy(path).into_owned());
+        }
+    }
+
+    /// The path of `id`, walking the hierarchy again if it is not known (rate-limited).
+    pub fn path(&mut self, id: u64) -> Option<String> {
+        if let Some(p) = self.names.get(&id) {
+            return Some(p.clone());
+        }
+        let due = self.last_scan.is_none_or(|t| t.elapsed() >= Self::RESCAN);
+        if due {
+            self.scan();
+        }
+        self.names.get(&id).cloned()
+    }
+
+    fn scan(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        self.last_scan = Some(Instant::now());
+        let Some(root) = self.root.clone() else { return };
+        let mut stack = vec![(root, String::from("/"))];
+        while let Some((dir, rel)) = stack.pop() {
+            if let Ok(md) = std::fs::metadata(&dir) {
+                self.names.insert(md.ino(), rel.clone());
+            }
+            let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+            for e in rd.flatten() {
+                if self.names.len() >= Self::MAX {
+                    return;
+                }
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let child =
+                        if rel == "/" { format!("/{name}") } else { format!("{rel}/{name}") };
+                    stack.push((e.path(), child));
+                }
+            }
+        }
+    }
+}
+
+/// Mount point of the cgroup2 file system in a mountinfo text.
+pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next()? == "cgroup2")
+            .then(|| pre.split_whitespace().nth(4).map(PathBuf::from))
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_v2_mount_of_hybrid_and_pure_systems() {
+        let hybrid = "25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
+                      26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n\
+                      27 25 0:24 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
+        assert_eq!(cgroup2_mount(hybrid), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        let pure = "30 1 0:26 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw\n";
+        assert_eq!(cgroup2_mount(pure), Some(PathBuf::from("/sys/fs/cgroup")));
+        assert_eq!(cgroup2_mount("27 25 0:24 / /x rw - cgroup cgroup rw,cpu\n"), None);
+    }
+
+    #[test]
+    fn cgroup_ids_are_directory_inodes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("system.slice/a.service")).expect("mkdir");
+        let ino = std::fs::metadata(dir.path().join("system.slice/a.service")).expect("md").ino();
+        let mut n = CgroupNames::at(Some(dir.path().to_path_buf()));
+        assert_eq!(n.path(ino).as_deref(), Some("/system.slice/a.service"));
+        n.note(7, b"/made/later");
+        assert_eq!(n.path(7).as_deref(), Some("/made/later"));
+    }
+
+    #[test]
+    fn counts_kernel_time_per_pid_and_the_last_cgroup() {
+        let mut w = CpuWho::default();
+        w.count(10, 5, 0, true);
+        w.count(10, 6, 0, false);
+        w.count(0, 1, 0, true);
+        // Pids that share a counter slot are both counted.
+        w.count(10 + KERNEL_SLOTS as u32, 5, 0, true);
+        w.count(10, 5, 0, true);
+        let mut b = WhoBatch::default();
+        w.take_into(3, &mut b);
+        assert_eq!(b.cpus[&(3, 0)], 5);
+        assert_eq!(b.kernel[&(10, 0)], 2);
+        assert_eq!(b.kernel[&(10 + KERNEL_SLOTS as u32, 0)], 1);
+        assert_eq!(b.kernel[&(0, 0)], 1);
+        assert_eq!(b.cgroups[&10], 5, "the last cgroup seen");
+        // Taken: the next interval starts empty, and a pid seen before is recorded again.
+        w.count(10, 6, 0, false);
+        let mut b2 = WhoBatch::default();
+        w.take_into(3, &mut b2);
+        assert_eq!((b2.cpus[&(3, 0)], b2.cgroups[&10]), (1, 6));
+    }
+}

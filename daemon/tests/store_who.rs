@@ -1,0 +1,116 @@
+//! Store: the who table (FORMAT.md §12) is merged into `who.tbl` at every flush, keeps pids
+//! only with `by_pid`, and a corrupt table is set aside instead of being trusted.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dcpid::aggregate::{ImageInfo, Resolved};
+use dcpid::store::{EventInfo, Store, StoreConfig};
+use profile_format::{Database, EventDesc, ImageId, ImageKind, WhoKey, WhoTable};
+
+fn open(root: &Path) -> Store {
+    let mut s = Store::open(StoreConfig {
+        db: root.join("db"),
+        spool: root.join("spool"),
+        host: "h".into(),
+        flush_interval: Duration::from_secs(2),
+        publish_interval: Duration::from_secs(60),
+        max_memory_bytes: 64 << 20,
+        retention_days: 7,
+        retention_keep: 3,
+    });
+    s.set_events(vec![EventInfo {
+        desc: EventDesc {
+            name: "cpu-clock".into(),
+            perf_type: 1,
+            perf_config: 0,
+            period_mean: 1000,
+            period_min: 938,
+            period_max: 1000,
+        },
+        source: "software".into(),
+    }]);
+    s
+}
+
+/// pid 42 (`web`, cgroup 7 = /system.slice/web.service): `user` samples in /usr/bin/web and
+/// `kernel` in the kernel; the idle task `idle` samples; CPU 1 gets them all.
+fn batch(user: u64, kernel: u64, idle: u64) -> Resolved {
+    let mut r = Resolved::default();
+    let img = Arc::new(ImageInfo {
+        kind: ImageKind::Elf,
+        id: ImageId::BuildId(vec![1; 20]),
+        path: b"/usr/bin/web".to_vec(),
+        jit_symbols: vec![],
+    });
+    let w = &mut r.who;
+    w.add_user(42, Some(&img), 0, user);
+    w.kernel.insert((42, 0), kernel);
+    w.kernel.insert((0, 0), idle);
+    w.comms.insert(42, b"web".to_vec());
+    w.cgroups.insert(42, 7);
+    w.cgroup_paths.insert(7, "/system.slice/web.service".into());
+    w.cpus.insert((1, 0), user + kernel + idle);
+    r
+}
+
+fn key(pid: u32, command: &str, image: &str, cgroup: &str) -> WhoKey {
+    WhoKey {
+        cgroup: cgroup.into(),
+        command: command.as_bytes().to_vec(),
+        pid,
+        image: image.as_bytes().to_vec(),
+        event: "cpu-clock".into(),
+    }
+}
+
+fn who_path(root: &Path, s: &Store) -> std::path::PathBuf {
+    let db = Database::open(&root.join("db")).expect("db");
+    db.host_dir(s.current_epoch().expect("epoch"), "h").expect("host dir").who_path()
+}
+
+#[test]
+fn who_counts_are_merged_across_flushes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(dir.path());
+    s.add(batch(10, 3, 100), 0, 0);
+    s.flush_everything().expect("flush");
+    s.add(batch(5, 1, 50), 0, 0);
+    s.flush_everything().expect("flush");
+    let t = WhoTable::read(&who_path(dir.path(), &s)).expect("who.tbl");
+    let web = "/system.slice/web.service";
+    assert_eq!(t.rows.get(&key(0, "web", "/usr/bin/web", web)), Some(&15), "{t:?}");
+    assert_eq!(t.rows.get(&key(0, "web", "[kernel.kallsyms]", web)), Some(&4), "{t:?}");
+    assert_eq!(t.rows.get(&key(0, "swapper", "[idle]", "/")), Some(&150), "{t:?}");
+    assert_eq!(t.cpus.get(&(1, "cpu-clock".to_owned())), Some(&169));
+    assert_eq!(t.samples(), 169);
+}
+
+#[test]
+fn pids_are_kept_only_with_by_pid() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(dir.path());
+    s.set_who_by_pid(true);
+    s.add(batch(10, 0, 0), 0, 0);
+    s.flush_everything().expect("flush");
+    let t = WhoTable::read(&who_path(dir.path(), &s)).expect("who.tbl");
+    let k = key(42, "web", "/usr/bin/web", "/system.slice/web.service");
+    assert_eq!(t.rows.get(&k), Some(&10), "{t:?}");
+}
+
+#[test]
+fn a_corrupt_who_table_is_set_aside() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(dir.path());
+    s.add(batch(10, 0, 0), 0, 0);
+    s.flush_everything().expect("flush");
+    let path = who_path(dir.path(), &s);
+    std::fs::write(&path, b"DCPIWHO\0garbage").expect("corrupt it");
+    s.add(batch(2, 0, 0), 0, 0);
+    s.flush_everything().expect("flush");
+    let t = WhoTable::read(&path).expect("fresh who.tbl");
+    assert_eq!(t.samples(), 2, "the corrupt file's counts are not trusted: {t:?}");
+    let aside = path.with_file_name(format!("who.tbl{}", profile_format::CORRUPT_SUFFIX));
+    assert!(aside.exists(), "{} missing", aside.display());
+}

@@ -1,0 +1,90 @@
+//! Who used the CPU, through the aggregator: idle-task samples become the `[idle]` image (same
+//! offsets as the kernel, its own identity), kernel time is counted per process, samples per
+//! CPU, and the live view ranks them.
+
+use std::path::Path;
+use std::time::Duration;
+
+use dcpid::aggregate::Aggregator;
+use dcpid::resolve::{Resolver, ResolverConfig};
+use dcpid::types::{Sample, SampleSink};
+use profile_format::{ImageId, ImageKind};
+
+fn write(p: &Path, data: impl AsRef<[u8]>) {
+    std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    std::fs::write(p, data).expect("write");
+}
+
+/// A /proc with only a kernel (no build-id note: the kernel's id is its special id).
+fn fake_kernel(dir: &Path) -> ResolverConfig {
+    write(
+        &dir.join("proc/kallsyms"),
+        "ffffffff81000000 T _text\nffffffff81000100 T default_idle\n\
+         ffffffff81f00000 T _etext\nffffffff82000000 B _end\n",
+    );
+    write(&dir.join("proc/modules"), "");
+    write(&dir.join("proc/sys/kernel/osrelease"), "6.0.0-test\n");
+    write(&dir.join("proc/7/comm"), "kworker/0:1\n");
+    ResolverConfig {
+        proc_root: dir.join("proc"),
+        sys_root: dir.join("sys"),
+        jit_map_dir: dir.join("tmp"),
+    }
+}
+
+fn ksample(time: u64, pid: u32, cpu: u32) -> Sample {
+    Sample {
+        time,
+        pid,
+        tid: pid,
+        pc: 0xffffffff81000123,
+        cpu,
+        event: 0,
+        period: 1000,
+        kernel: true,
+        cgroup: 0,
+    }
+}
+
+#[test]
+fn idle_samples_are_the_idle_image_and_kernel_time_is_per_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(Resolver::new(fake_kernel(dir.path())), 2);
+    // CPU 0: 30 idle samples; CPU 1: 5 samples of pid 7 (a kernel thread) in the kernel.
+    let mut s0: Vec<Sample> = (0..30).map(|i| ksample(10 + i, 0, 0)).collect();
+    let mut s1: Vec<Sample> = (0..5).map(|i| ksample(10 + i, 7, 1)).collect();
+    agg.on_drain(0, 1000, &mut s0, &mut Vec::new());
+    agg.on_drain(1, 1000, &mut s1, &mut Vec::new());
+    agg.on_drain(0, 1000, &mut Vec::new(), &mut Vec::new());
+    let r = agg.flush_all();
+    assert_eq!(r.samples, 35);
+    let mut idle = None;
+    let mut kernel = None;
+    for p in r.profiles.values() {
+        assert_eq!(p.image.kind, ImageKind::Kernel);
+        let n: u64 = p.counts.values().map(|c| c.0).sum();
+        match p.image.path.as_slice() {
+            b"[idle]" => idle = Some((p.image.id.clone(), n, p.counts.keys().copied().collect())),
+            b"[kernel.kallsyms]" => kernel = Some((p.image.id.clone(), n)),
+            other => panic!("unexpected image {}", String::from_utf8_lossy(other)),
+        }
+    }
+    let (idle_id, idle_n, offsets): (ImageId, u64, Vec<u64>) = idle.expect("an [idle] profile");
+    let (kernel_id, kernel_n) = kernel.expect("a kernel profile");
+    assert_eq!((idle_n, kernel_n), (30, 5));
+    assert_eq!(offsets, vec![0x123], "idle offsets are the kernel's");
+    assert_ne!(idle_id, kernel_id);
+
+    let w = &r.who;
+    assert_eq!(w.kernel.get(&(0, 0)), Some(&30));
+    assert_eq!(w.kernel.get(&(7, 0)), Some(&5));
+    assert_eq!(w.cpus.get(&(0, 0)), Some(&30));
+    assert_eq!(w.cpus.get(&(1, 0)), Some(&5));
+    assert_eq!(w.command(7), b"kworker/0:1", "kernel threads are named from /proc/PID/comm");
+    assert_eq!(w.command(0), b"swapper");
+
+    let (total, rows) = agg.top(Duration::from_secs(60), 10);
+    assert_eq!(total, 35);
+    assert_eq!((rows[0].pid, rows[0].image.as_slice(), rows[0].samples), (0, &b"[idle]"[..], 30));
+    assert_eq!((rows[1].pid, rows[1].command.as_slice()), (7, &b"kworker/0:1"[..]));
+}

@@ -1,0 +1,337 @@
+//! The "who" table of one host in one epoch (FORMAT.md §12): samples per (cgroup, command,
+//! pid, image, event) and per (CPU, event), so that reports can answer "which service, which
+//! container, which process" without per-process profiles.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::path::Path;
+
+use crate::codec::{self, put_bytes, Reader};
+use crate::error::{Error, Result};
+use crate::varint;
+
+/// Magic of a who table file.
+pub const WHO_MAGIC: &[u8; 8] = b"DCPIWHO\0";
+/// Version this build reads and writes; a reader refuses larger ones (`UnknownVersion`).
+pub const WHO_VERSION: u16 = 1;
+/// Largest payload a reader decompresses.
+const MAX_PAYLOAD: u64 = 256 << 20;
+
+/// File name of the table in a host directory.
+pub const WHO_FILE: &str = "who.tbl";
+
+/// What a count of the table is per. Ordered as the file stores rows.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WhoKey {
+    /// cgroup v2 path (`/system.slice/nginx.service`), `/` for the root, empty when the
+    /// kernel could not say.
+    pub cgroup: String,
+    /// Command name (comm, at most 15 bytes on Linux; arbitrary bytes).
+    pub command: Vec<u8>,
+    /// Process id; 0 unless the daemon records per-pid rows (`by_pid`), and for the idle task.
+    pub pid: u32,
+    /// Image path as the profiles name it (`/usr/bin/python3`, `[kernel.kallsyms]`,
+    /// `[idle]`, `[unknown]`).
+    pub image: Vec<u8>,
+    /// Event name (`cpu-clock`).
+    pub event: String,
+}
+
+/// The who table of one host directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WhoTable {
+    pub host: String,
+    pub epoch: String,
+    /// Samples per key; no zero counts.
+    pub rows: BTreeMap<WhoKey, u64>,
+    /// Samples per (CPU, event name); no zero counts.
+    pub cpus: BTreeMap<(u32, String), u64>,
+}
+
+fn dict<'a, T: Ord + ?Sized + 'a>(items: impl Iterator<Item = &'a T>) -> Vec<&'a T> {
+    items.collect::<BTreeSet<_>>().into_iter().collect()
+}
+
+fn index_of<T: Ord + ?Sized>(d: &[&T], x: &T) -> u64 {
+    // Every value was put in the dictionary it is looked up in.
+    d.binary_search(&x).unwrap_or(0) as u64
+}
+
+impl WhoTable {
+    pub fn new(host: &str, epoch: &str) -> WhoTable {
+        WhoTable { host: host.to_owned(), epoch: epoch.to_owned(), ..Default::default() }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty() && self.cpus.is_empty()
+    }
+
+    /// Add `samples` to a row (nothing for 0).
+    pub fn add(&mut self, key: WhoKey, samples: u64) {
+        if samples > 0 {
+            let c = self.rows.entry(key).or_insert(0);
+            *c = c.saturating_add(samples);
+        }
+    }
+
+    /// Add `samples` to a CPU's count of an event (nothing for 0).
+    pub fn add_cpu(&mut self, cpu: u32, event: &str, samples: u64) {
+        if samples > 0 {
+            let c = self.cpus.entry((cpu, event.to_owned())).or_insert(0);
+            *c = c.saturating_add(samples);
+        }
+    }
+
+    /// Add every count of `other` (host and epoch of `self` are kept). Commutative and
+    /// associative on the counts.
+    pub fn merge(&mut self, other: &WhoTable) {
+        for (k, &n) in &other.rows {
+            self.add(k.clone(), n);
+        }
+        for ((cpu, ev), &n) in &other.cpus {
+            self.add_cpu(*cpu, ev, n);
+        }
+    }
+
+    /// Total samples of the rows.
+    pub fn samples(&self) -> u64 {
+        self.rows.values().fold(0u64, |a, &n| a.saturating_add(n))
+    }
+
+    /// The file's bytes (FORMAT.md §12): dictionaries of the distinct strings, sorted, then the
+    /// rows as varint indices into them, sorted by key.
+    pub fn encode(&self) -> Vec<u8> {
+        let events = dict(
+            self.rows
+                .keys()
+                .map(|k| k.event.as_str())
+                .chain(self.cpus.keys().map(|k| k.1.as_str())),
+        );
+        let cgroups = dict(self.rows.keys().map(|k| k.cgroup.as_str()));
+        let commands = dict(self.rows.keys().map(|k| k.command.as_slice()));
+        let images = dict(self.rows.keys().map(|k| k.image.as_slice()));
+        let mut out = Vec::new();
+        put_bytes(&mut out, self.host.as_bytes());
+        put_bytes(&mut out, self.epoch.as_bytes());
+        for d in [&events, &cgroups] {
+            varint::write_u64(&mut out, d.len() as u64);
+            d.iter().for_each(|s| put_bytes(&mut out, s.as_bytes()));
+        }
+        for d in [&commands, &images] {
+            varint::write_u64(&mut out, d.len() as u64);
+            d.iter().for_each(|s| put_bytes(&mut out, s));
+        }
+        varint::write_u64(&mut out, self.rows.len() as u64);
+        for (k, &n) in &self.rows {
+            varint::write_u64(&mut out, index_of(&cgroups, k.cgroup.as_str()));
+            varint::write_u64(&mut out, index_of(&commands, k.command.as_slice()));
+            varint::write_u64(&mut out, u64::from(k.pid));
+            varint::write_u64(&mut out, index_of(&images, k.image.as_slice()));
+            varint::write_u64(&mut out, index_of(&events, k.event.as_str()));
+            varint::write_u64(&mut out, n);
+        }
+        varint::write_u64(&mut out, self.cpus.len() as u64);
+        for ((cpu, ev), &n) in &self.cpus {
+            varint::write_u64(&mut out, u64::from(*cpu));
+            varint::write_u64(&mut out, index_of(&events, ev.as_str()));
+            varint::write_u64(&mut out, n);
+        }
+        // Rows repeat their neighbours' indices: zlib makes them ~3x smaller. The compressor
+        // is deterministic, so a table still has exactly one encoding.
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        let packed = z.write_all(&out).and_then(|()| z.finish()).unwrap_or_default();
+        let mut file = codec::begin(WHO_MAGIC, WHO_VERSION);
+        file.extend_from_slice(&packed);
+        codec::finish(file)
+    }
+
+    /// Parse and validate a file's bytes; `path` names it in errors. Accepts only the
+    /// canonical encoding (sorted, distinct dictionaries and rows, no zero counts).
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<WhoTable> {
+        let packed = codec::open(bytes, path, WHO_MAGIC, "who table", WHO_VERSION)?;
+        let mut payload = Vec::new();
+        flate2::read::ZlibDecoder::new(packed)
+            .take(MAX_PAYLOAD + 1)
+            .read_to_end(&mut payload)
+            .map_err(|e| codec::corrupt(path, "compressed payload", e.to_string()))?;
+        if payload.len() as u64 > MAX_PAYLOAD {
+            return Err(codec::corrupt(path, "compressed payload", "more than 256 MiB"));
+        }
+        let mut r = Reader::new(&payload, path);
+        let host = r.string("host")?;
+        let epoch = r.string("epoch")?;
+        let strings = |r: &mut Reader<'_>, field: &'static str| -> Result<Vec<String>> {
+            let n = r.count(field, 1)?;
+            let mut v: Vec<String> = Vec::with_capacity(n);
+            for _ in 0..n {
+                let s = r.string(field)?;
+                if v.last().is_some_and(|p| *p >= s) {
+                    return Err(r.corrupt(field, "dictionary not sorted or not distinct"));
+                }
+                v.push(s);
+            }
+            Ok(v)
+        };
+        let blobs = |r: &mut Reader<'_>, field: &'static str| -> Result<Vec<Vec<u8>>> {
+            let n = r.count(field, 1)?;
+            let mut v: Vec<Vec<u8>> = Vec::with_capacity(n);
+            for _ in 0..n {
+                let s = r.bytes(field)?.to_vec();
+                if v.last().is_some_and(|p| *p >= s) {
+                    return Err(r.corrupt(field, "dictionary not sorted or not distinct"));
+                }
+                v.push(s);
+            }
+            Ok(v)
+        };
+        let events = strings(&mut r, "events")?;
+        let cgroups = strings(&mut r, "cgroups")?;
+        let commands = blobs(&mut r, "commands")?;
+        let images = blobs(&mut r, "images")?;
+        fn pick<'t, T>(r: &Reader<'_>, d: &'t [T], i: u64, field: &'static str) -> Result<&'t T> {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| d.get(i))
+                .ok_or_else(|| r.corrupt(field, format!("index {i} beyond {} entries", d.len())))
+        }
+        let nrows = r.count("rows", 6)?;
+        let mut rows = BTreeMap::new();
+        let mut prev: Option<[u64; 5]> = None;
+        for _ in 0..nrows {
+            let idx = [
+                r.varint("row cgroup")?,
+                r.varint("row command")?,
+                r.varint("row pid")?,
+                r.varint("row image")?,
+                r.varint("row event")?,
+            ];
+            let n = r.varint("row samples")?;
+            if n == 0 {
+                return Err(r.corrupt("row samples", "zero count"));
+            }
+            if prev.is_some_and(|p| p >= idx) {
+                return Err(r.corrupt("rows", "rows not sorted or not distinct"));
+            }
+            prev = Some(idx);
+            let pid = u32::try_from(idx[2]).map_err(|_| r.corrupt("row pid", "beyond u32"))?;
+            let key = WhoKey {
+                cgroup: pick(&r, &cgroups, idx[0], "row cgroup")?.clone(),
+                command: pick(&r, &commands, idx[1], "row command")?.clone(),
+                pid,
+                image: pick(&r, &images, idx[3], "row image")?.clone(),
+                event: pick(&r, &events, idx[4], "row event")?.clone(),
+            };
+            rows.insert(key, n);
+        }
+        let ncpus = r.count("cpus", 3)?;
+        let mut cpus = BTreeMap::new();
+        let mut prev: Option<(u64, u64)> = None;
+        for _ in 0..ncpus {
+            let cpu = r.varint("cpu")?;
+            let ev = r.varint("cpu event")?;
+            let n = r.varint("cpu samples")?;
+            if n == 0 {
+                return Err(r.corrupt("cpu samples", "zero count"));
+            }
+            if prev.is_some_and(|p| p >= (cpu, ev)) {
+                return Err(r.corrupt("cpus", "not sorted or not distinct"));
+            }
+            prev = Some((cpu, ev));
+            let cpu = u32::try_from(cpu).map_err(|_| r.corrupt("cpu", "beyond u32"))?;
+            cpus.insert((cpu, pick(&r, &events, ev, "cpu event")?.clone()), n);
+        }
+        r.finish()?;
+        let t = WhoTable { host, epoch, rows, cpus };
+        // Unused dictionary entries would make two encodings of one table.
+        if t.encode() != bytes {
+            return Err(codec::corrupt(path, "dictionaries", "entries no row uses"));
+        }
+        Ok(t)
+    }
+
+    pub fn read(path: &Path) -> Result<WhoTable> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        WhoTable::decode(&bytes, path)
+    }
+
+    /// Write atomically (FORMAT.md §2). Returns the bytes written.
+    pub fn write(&self, path: &Path) -> Result<u64> {
+        let bytes = self.encode();
+        crate::write_atomic(path, &bytes)?;
+        Ok(bytes.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(cg: &str, cmd: &str, pid: u32, image: &str) -> WhoKey {
+        WhoKey {
+            cgroup: cg.into(),
+            command: cmd.as_bytes().to_vec(),
+            pid,
+            image: image.as_bytes().to_vec(),
+            event: "cpu-clock".into(),
+        }
+    }
+
+    fn sample_table() -> WhoTable {
+        let mut t = WhoTable::new("web-01", "20261125T000000Z");
+        t.add(key("/system.slice/nginx.service", "nginx", 0, "/usr/sbin/nginx"), 1200);
+        t.add(key("/system.slice/nginx.service", "nginx", 0, "[kernel.kallsyms]"), 300);
+        t.add(key("/", "swapper", 0, "[idle]"), 5000);
+        t.add(key("/user.slice", "bash\n", 42, "/usr/lib/libc.so.6"), 7);
+        t.add_cpu(0, "cpu-clock", 4000);
+        t.add_cpu(1, "cpu-clock", 2507);
+        t
+    }
+
+    #[test]
+    fn roundtrip_merge_and_canonical() {
+        let t = sample_table();
+        let b = t.encode();
+        let p = Path::new("who.tbl");
+        let back = WhoTable::decode(&b, p).expect("decode");
+        assert_eq!(back, t);
+        let mut m = t.clone();
+        m.merge(&t);
+        assert_eq!(m.samples(), 2 * t.samples());
+        assert_eq!(m.cpus[&(1, "cpu-clock".to_owned())], 5014);
+        // Every truncation and every single-byte change is rejected, never a panic.
+        for n in 0..b.len() {
+            assert!(WhoTable::decode(&b[..n], p).is_err(), "truncated at {n} accepted");
+        }
+        for i in 0..b.len() {
+            let mut c = b.clone();
+            c[i] ^= 0x5a;
+            assert!(WhoTable::decode(&c, p).is_err(), "flip at {i} accepted");
+        }
+    }
+
+    #[test]
+    fn newer_version_is_refused_cleanly() {
+        let mut b = sample_table().encode();
+        b[8..10].copy_from_slice(&(WHO_VERSION + 1).to_le_bytes());
+        match WhoTable::decode(&b, Path::new("x/who.tbl")) {
+            Err(Error::UnknownVersion { version, supported, .. }) => {
+                assert_eq!((version, supported), (WHO_VERSION + 1, WHO_VERSION))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rows_cost_a_few_bytes_each() {
+        // The shape of bench/who_size.sh: 300 commands in 20 cgroups, each in 4 images.
+        let mut t = WhoTable::new("h", "20261125T000000Z");
+        for c in 0..300u32 {
+            let cg = format!("/system.slice/svc{}.service", c % 20);
+            for img in ["/usr/bin/x", "/usr/lib/libc.so.6", "/usr/lib/ld.so", "[kernel.kallsyms]"] {
+                t.add(key(&cg, &format!("job{c}"), 0, img), u64::from(c % 7) * 13 + 1);
+            }
+        }
+        let b = t.encode();
+        assert!(b.len() < t.rows.len() * 4, "{} bytes for {} rows", b.len(), t.rows.len());
+    }
+}

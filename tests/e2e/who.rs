@@ -1,0 +1,419 @@
+//! End-to-end tests: who used the CPU (issue 16): the idle task, per-command, per-cgroup.
+
+use std::time::{Duration, Instant};
+
+use dcpi_e2e::{require_perf, Daemon, Sandbox};
+
+/// `dcpictl flush`, then the per-image JSON report (with `extra` arguments), until `done`
+/// accepts it or 60 s pass.
+fn report_until(
+    sb: &Sandbox,
+    d: &Daemon,
+    extra: &[&str],
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let f = d.ctl(&["flush"]);
+        assert!(f.status.success(), "flush: {}", String::from_utf8_lossy(&f.stderr));
+        let out = sb.prof(extra);
+        if out.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+            if done(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "no {what} in 60 s: {v:#}");
+        } else {
+            assert!(
+                Instant::now() < deadline,
+                "no {what} in 60 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn row<'a>(v: &'a serde_json::Value, key: &str, name: &str) -> Option<&'a serde_json::Value> {
+    v["rows"].as_array()?.iter().find(|r| r[key].as_str() == Some(name))
+}
+
+/// The idle task's samples are their own `[idle]` row (not the kernel's), the report says
+/// that its percentages include idle, and `--no-idle` removes the row.
+#[test]
+fn idle_task_is_its_own_image_and_no_idle_removes_it() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let host = "e2e-idle";
+    let d = sb.start_daemon(host, &["--events", "cpu-clock:1000000", "--flush-interval", "1s"]);
+    let json = ["--host", host, "--format", "json"];
+    // The idle task runs only when a CPU is idle, and an idle CPU other than CPU 0 yields
+    // almost no cpu-clock samples here (MACHINE-FACTS): wait for CPU 0 to have been idle for a
+    // while (the machine may be shared and busy), then the row must be there.
+    let idle0 = || -> u64 {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let line = stat.lines().find(|l| l.starts_with("cpu0 ")).unwrap_or_default();
+        line.split_whitespace().nth(4).and_then(|x| x.parse().ok()).unwrap_or(0)
+    };
+    let start = idle0();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let v = loop {
+        let f = d.ctl(&["flush"]);
+        assert!(f.status.success(), "flush: {}", String::from_utf8_lossy(&f.stderr));
+        // USER_HZ ticks: 200 = 2 s of idle time on CPU 0.
+        let was_idle = idle0().saturating_sub(start) >= 200;
+        let out = sb.prof(&json);
+        if out.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+            if row(&v, "image", "[idle]").is_some() {
+                break v;
+            }
+            assert!(!was_idle, "CPU 0 was idle for 2 s but the report has no [idle] row: {v:#}");
+        }
+        if Instant::now() > deadline {
+            eprintln!("SKIPPED: CPU 0 was never idle for 2 s in 120 s (busy machine)");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let idle = row(&v, "image", "[idle]").expect("idle row");
+    assert_eq!(idle["kind"], "kernel", "{idle:#}");
+    assert_eq!(v["idle"]["included"], true, "{v:#}");
+    let pct = idle["percent"].as_f64().expect("percent");
+    assert!((v["idle"]["percent"].as_f64().expect("idle percent") - pct).abs() < 1e-6, "{v:#}");
+    // Idle samples are not the kernel's: the kernel row (if any) holds the rest.
+    if let Some(k) = row(&v, "image", "[kernel.kallsyms]") {
+        assert_ne!(k["image_id"], idle["image_id"], "{v:#}");
+    }
+
+    let out = sb.prof(&["--host", host, "--format", "json", "--no-idle"]);
+    assert!(out.status.success(), "--no-idle: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert!(row(&v, "image", "[idle]").is_none(), "--no-idle kept [idle]: {v:#}");
+    assert_eq!(v["idle"]["included"], false, "{v:#}");
+
+    let out = sb.prof(&["--host", host]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "table: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("% include the idle task ([idle]"), "{text}");
+    if pct >= 50.0 {
+        assert!(text.contains("the machine was mostly idle"), "{text}");
+    }
+    let out = sb.prof(&["--host", host, "--by", "pid"]);
+    assert_eq!(out.status.code(), Some(2), "--by pid without by_pid");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("by_pid"), "{out:?}");
+    let out = sb.prof(&["--host", host, "--by", "command", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(row(&v, "command", "swapper").is_some(), "the idle task is a command: {v:#}");
+
+    let out = sb.prof(&["--host", host, "--no-idle"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("the idle task ([idle]) is left out"), "{text}");
+    assert!(!text.lines().any(|l| !l.starts_with('#') && l.ends_with("[idle]")), "{text}");
+}
+
+/// A program that spins until it has used `argv[1]` seconds of CPU time (not wall time: the
+/// machine may be shared, and a 2:1 split of CPU time must not depend on the load).
+const CPU_SPIN_C: &str = r#"
+#include <stdlib.h>
+#include <time.h>
+int main(int argc, char **argv) {
+    double want = argc > 1 ? atof(argv[1]) : 1.0;
+    static const char *volatile name = NAME;
+    struct timespec t; volatile unsigned long s = 0;
+    do { for (int i = 0; i < 100000; i++) s += i ^ (s >> 3);
+         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t); }
+    while (t.tv_sec + t.tv_nsec / 1e9 < want);
+    return 0;
+}
+"#;
+
+/// The cgroup v2 mount point, from /proc/self/mountinfo.
+fn cgroup2_root() -> Option<std::path::PathBuf> {
+    let m = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    m.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next()? == "cgroup2")
+            .then(|| pre.split_whitespace().nth(4).map(std::path::PathBuf::from))
+            .flatten()
+    })
+}
+
+/// A cgroup made for a test, removed (once empty) on drop.
+struct Group(std::path::PathBuf);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // Its processes have exited; a zombie may linger briefly.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Two busy programs in two cgroup v2 groups, one using twice the CPU time of the other:
+/// `--by cgroup` splits their samples 2:1 (within 20 %), `--by command` names both, and the
+/// filters select one of them.
+#[test]
+fn two_cgroups_split_two_to_one_and_commands_are_named() {
+    if !require_perf() {
+        return;
+    }
+    let Some(root) = cgroup2_root() else {
+        eprintln!("SKIPPED: no cgroup v2 hierarchy mounted");
+        return;
+    };
+    let tag = format!("dcpi-e2e-who-{}", std::process::id());
+    let (a, b) = (root.join(format!("{tag}-a")), root.join(format!("{tag}-b")));
+    if let Err(e) = std::fs::create_dir(&a) {
+        eprintln!("SKIPPED: cannot create a cgroup under {}: {e}", root.display());
+        return;
+    }
+    let ga = Group(a.clone());
+    std::fs::create_dir(&b).expect("second cgroup");
+    let gb = Group(b.clone());
+
+    let sb = Sandbox::new();
+    let src = sb.dir.path().join("spin.c");
+    std::fs::write(&src, CPU_SPIN_C).expect("write source");
+    // Two builds (distinct build-ids), so that each is its own image.
+    let build = |name: &str| {
+        let out = sb.dir.path().join(name);
+        let st = std::process::Command::new("cc")
+            .args(["-O1", &format!("-DNAME=\"{name}\""), "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("cc");
+        assert!(st.success(), "cc failed");
+        out
+    };
+    let (twice, once) = (build("whotwice"), build("whoonce"));
+
+    let host = "e2e-who";
+    let d = sb.start_daemon(
+        host,
+        &["--events", "cpu-clock:1000000", "--flush-interval", "1s", "--by-pid", "true"],
+    );
+    // Each program joins its group before it execs, so every sample of it is in the group.
+    let spawn = |group: &std::path::Path, bin: &std::path::Path, secs: &str| {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"echo $$ > "$1/cgroup.procs" && exec "$2" "$3""#)
+            .args(["sh", &group.display().to_string(), &bin.display().to_string(), secs])
+            .spawn()
+            .expect("spawn")
+    };
+    let mut p2 = spawn(&a, &twice, "3");
+    let mut p1 = spawn(&b, &once, "1.5");
+    let pid2 = p2.id();
+    assert!(p2.wait().expect("wait").success(), "whotwice failed");
+    assert!(p1.wait().expect("wait").success(), "whoonce failed");
+
+    let rel = |p: &std::path::Path| format!("/{}", p.file_name().unwrap().to_string_lossy());
+    let (ra, rb) = (rel(&a), rel(&b));
+    let by_cgroup = ["--host", host, "--by", "cgroup", "--format", "json"];
+    let v = report_until(&sb, &d, &by_cgroup, "both cgroups", |v| {
+        let n = |c: &str| row(v, "cgroup", c).and_then(|r| r["samples"].as_u64()).unwrap_or(0);
+        // 1 ms period: the short program alone is ~1500 samples.
+        n(&ra) > 2000 && n(&rb) > 1000
+    });
+    let n = |c: &str| row(&v, "cgroup", c).and_then(|r| r["samples"].as_u64()).unwrap_or(0);
+    let ratio = n(&ra) as f64 / n(&rb) as f64;
+    eprintln!("cgroup split {ra}: {}, {rb}: {}, ratio {ratio:.3}", n(&ra), n(&rb));
+    assert!((1.6..=2.4).contains(&ratio), "2:1 expected, got {ratio:.3}: {v:#}");
+
+    let out = sb.prof(&["--host", host, "--by", "command", "--format", "json"]);
+    assert!(out.status.success(), "--by command: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let c = |name: &str| row(&v, "command", name).and_then(|r| r["samples"].as_u64());
+    assert!(c("whotwice").is_some_and(|x| x > 2000), "{v:#}");
+    assert!(c("whoonce").is_some_and(|x| x > 1000), "{v:#}");
+
+    // Filters combine: the long program's group holds only its command.
+    let out = sb.prof(&["--host", host, "--by", "command", "--cgroup", &ra, "--format", "json"]);
+    assert!(out.status.success(), "--cgroup: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "{v:#}");
+    assert_eq!(rows[0]["command"], "whotwice", "{v:#}");
+    let out =
+        sb.prof(&["--host", host, "--by", "image", "--command", "whoonce", "--format", "json"]);
+    assert!(out.status.success(), "--command: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let path = once.display().to_string();
+    assert!(row(&v, "image", &path).is_some(), "{v:#}");
+    // by_pid: the long program's pid is a row, and --pid selects it.
+    let pid = pid2.to_string();
+    let out = sb.prof(&["--host", host, "--by", "command", "--pid", &pid, "--format", "json"]);
+    assert!(out.status.success(), "--pid: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["rows"][0]["command"], "whotwice", "{v:#}");
+    let out = sb.prof(&["--host", host, "--by", "pid", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let r = v["rows"].as_array().and_then(|r| r.iter().find(|r| r["pid"] == pid2));
+    assert!(r.is_some_and(|r| r["samples"].as_u64().unwrap_or(0) > 2000), "{v:#}");
+    drop(d);
+    drop((ga, gb));
+}
+
+/// Two threads spinning in `spin_top` until killed: busier than any one-threaded process on
+/// a two-CPU machine shared with other work.
+const TOP_SPIN_C: &str = r#"
+#include <pthread.h>
+__attribute__((noinline, noipa)) unsigned long spin_top(unsigned long n) {
+    volatile unsigned long s = 0;
+    for (;;) for (unsigned long i = 0; i < n; i++) s += i ^ (s >> 3);
+    return s;
+}
+static void *run(void *a) { (void)a; spin_top(1000000); return 0; }
+int main(void) { pthread_t t; pthread_create(&t, 0, run, 0); run(0); return 0; }
+"#;
+
+/// `dcpictl top --once --format json` lists a running busy program first, with its function.
+#[test]
+fn top_lists_a_busy_program_first() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let src = sb.dir.path().join("topspin.c");
+    std::fs::write(&src, TOP_SPIN_C).expect("write source");
+    let bin = sb.dir.path().join("topspin");
+    let st = std::process::Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("cc");
+    assert!(st.success(), "cc failed");
+    let d =
+        sb.start_daemon("e2e-top", &["--events", "cpu-clock:1000000", "--flush-interval", "1s"]);
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let spinner = Kill(std::process::Command::new(&bin).spawn().expect("spawn"));
+    let pid = spinner.0.id();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = d.ctl(&["top", "--once", "--format", "json"]);
+        assert!(out.status.success(), "top: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("top JSON");
+        let first = &v["rows"][0];
+        if first["pid"] == pid {
+            assert_eq!(first["command"], "topspin", "{v:#}");
+            assert_eq!(first["image"], bin.display().to_string(), "{v:#}");
+            assert_eq!(first["symbol"], "spin_top", "{v:#}");
+            assert!(first["samples"].as_u64().unwrap_or(0) > 0, "{v:#}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the spinner was never first in 60 s: {v:#}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(spinner);
+}
+
+/// The host pid of the (only) process named `comm`, if running.
+fn pid_of(comm: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let c = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        (c.trim_end() == comm).then_some(pid)
+    })
+}
+
+/// A program in its own PID and mount namespaces (`unshare --pid --mount --fork`), run from a
+/// tmpfs mounted only in that namespace: its samples carry its host pid and its image (found
+/// through /proc/PID/map_files, with its build-id), and `dcpictl top` names its function
+/// (binary read through /proc/PID/root).
+#[test]
+fn a_process_in_other_namespaces_is_reported_with_its_host_pid() {
+    if !require_perf() {
+        return;
+    }
+    let ok = std::process::Command::new("unshare")
+        .args(["--pid", "--mount", "--fork", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIPPED: unshare --pid --mount --fork is not permitted here");
+        return;
+    }
+    let sb = Sandbox::new();
+    let src = sb.dir.path().join("spin.c");
+    std::fs::write(&src, CPU_SPIN_C).expect("write source");
+    let bin = sb.dir.path().join("nsspin");
+    let st = std::process::Command::new("cc")
+        .args(["-O1", "-DNAME=\"nsspin\"", "-Wl,--build-id=sha1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("cc");
+    assert!(st.success(), "cc failed");
+    let mnt = sb.dir.path().join("private");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let host = "e2e-ns";
+    let d = sb.start_daemon(
+        host,
+        &["--events", "cpu-clock:1000000", "--flush-interval", "1s", "--by-pid", "true"],
+    );
+    // Inside: a tmpfs the host does not see, the binary copied there, run for 4 s of CPU.
+    let script = r#"mount -t tmpfs none "$1" && cp "$2" "$1/nsspin" && exec "$1/nsspin" 4"#;
+    let mut child = std::process::Command::new("unshare")
+        .args(["--pid", "--mount", "--fork", "--propagation", "private", "sh", "-c", script, "sh"])
+        .arg(&mnt)
+        .arg(&bin)
+        .spawn()
+        .expect("spawn unshare");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pid = loop {
+        if let Some(p) = pid_of("nsspin") {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "nsspin never started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let inner = mnt.join("nsspin").display().to_string();
+    assert!(!mnt.join("nsspin").exists(), "the tmpfs must be private to the namespace");
+    // While it runs: top shows its host pid and names its function.
+    let mut named = false;
+    while !named && Instant::now() < deadline {
+        let out = d.ctl(&["top", "--once", "--format", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("top JSON");
+        if let Some(r) = v["rows"].as_array().and_then(|r| r.iter().find(|r| r["pid"] == pid)) {
+            assert_eq!(r["command"], "nsspin", "{v:#}");
+            assert_eq!(r["image"], inner, "{v:#}");
+            named = r["symbol"] == "main";
+        }
+        if child.try_wait().expect("try_wait").is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(child.wait().expect("wait").success(), "nsspin failed");
+    assert!(named, "top never named nsspin's function through /proc/{pid}/root");
+
+    let v =
+        report_until(&sb, &d, &["--host", host, "--by", "pid", "--format", "json"], "pid", |v| {
+            row_num(v, "pid", pid).is_some_and(|r| r["samples"].as_u64().unwrap_or(0) > 1000)
+        });
+    assert!(row_num(&v, "pid", pid).is_some(), "{v:#}");
+    let out = sb.prof(&["--host", host, "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let img = row(&v, "image", &inner).unwrap_or_else(|| panic!("no row for {inner}: {v:#}"));
+    assert!(img["build_id"].is_string(), "build-id through map_files: {img:#}");
+}
+
+fn row_num<'a>(v: &'a serde_json::Value, key: &str, n: u32) -> Option<&'a serde_json::Value> {
+    v["rows"].as_array()?.iter().find(|r| r[key] == n)
+}
