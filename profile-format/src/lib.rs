@@ -13,8 +13,8 @@ mod kallsyms;
 mod ksymstore;
 pub mod pairs;
 mod profile;
-mod summary;
 pub mod sumidx;
+mod summary;
 pub mod varint;
 
 pub use atomic::write_atomic;
@@ -31,8 +31,8 @@ pub use profile::{
     EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, UnknownReason, PROFILE_MAGIC,
     PROFILE_VERSION,
 };
-pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};
 pub use sumidx::{SUMMARY_INDEX_FILE, SUMMARY_INDEX_MAGIC, SUMMARY_INDEX_VERSION};
+pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};
 
 /// Default location of the database.
 pub const DEFAULT_DB: &str = "/var/lib/dcpi";
