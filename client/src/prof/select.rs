@@ -518,13 +518,16 @@ fn indexed_files(d: &HostDir, interner: &mut Interner) -> Option<(HostSummary, V
     Some((v.facts, out))
 }
 
+/// A worker's header numbers to the merged ones (shared by the dirs that worker read).
+type HeaderMap = std::sync::Arc<Vec<u32>>;
+
 /// `f` over `dirs` on a few threads, each with its own [`Interner`]; returns the merged headers
 /// and, per dir in order, `f`'s result with the map from its worker's header numbers to the
 /// merged ones.
 fn par_interned<'a, R: Send>(
     dirs: &'a [HostDir],
     f: impl Fn(&'a HostDir, &mut Interner) -> R + Sync,
-) -> (Vec<ProfileHeader>, Vec<(R, std::sync::Arc<Vec<u32>>)>) {
+) -> (Vec<ProfileHeader>, Vec<(R, HeaderMap)>) {
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get() * 2)
         .clamp(2, 16)
@@ -552,7 +555,7 @@ fn par_interned<'a, R: Send>(
             .collect()
     });
     let mut global = Interner::default();
-    let mut per_dir: Vec<Option<(R, std::sync::Arc<Vec<u32>>)>> = Vec::new();
+    let mut per_dir: Vec<Option<(R, HeaderMap)>> = Vec::new();
     per_dir.resize_with(dirs.len(), || None);
     for (interner, done) in workers {
         let map: Vec<u32> = interner.headers.iter().map(|h| global.intern_header(h)).collect();
