@@ -226,5 +226,8 @@ pub fn run_by(
         }
     }
     out.flush()?;
+    if args.verbose {
+        writeln!(err, "dcpiprof: stats: {}", super::stats::line())?;
+    }
     Ok(())
 }
