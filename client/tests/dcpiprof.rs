@@ -1764,6 +1764,7 @@ fn per_image_report_from_summary_index_equals_report_from_profiles() {
             &["--epoch", "all", "--host", "all", "--format", "json", "--verbose"][..],
             &["--epoch", "all", "--host", "all", "--format", "csv"][..],
             &["--epoch", "all", "--host", "beta", "--event", "page-faults"][..],
+            &["--epoch", "all", "--host", "all", "--by", "epoch", "--verbose"][..],
         ] {
             let o = prof(&t.root(), args);
             assert!(o.status.success(), "{label}: dcpiprof {args:?}: {}", stderr(&o));
@@ -1845,6 +1846,10 @@ fn per_image_report_from_summary_index_equals_report_from_profiles() {
     for (a, b) in from_profiles.iter().zip(&binary) {
         assert_eq!(a.0, b.0, "summary.idx and profiles must give the same report");
     }
+    // `--by` (and dcpidiff) load the totals as profiles without counts: from summary.idx too.
+    let err = &binary[3].1;
+    assert_eq!(stat_of(err, "summary_indexes_used"), 6, "{err}");
+    assert_eq!(stat_of(err, "profiles_read"), 0, "{err}");
     let (sym_idx, err) = sym("binary index");
     assert_eq!(sym_idx, sym_plain, "per-symbol report from the index's file list");
     assert_eq!(stat_of(&err, "summary_indexes_used"), 3, "{err}");

@@ -260,5 +260,8 @@ pub fn run_by(
         }
     }
     out.flush()?;
+    if args.verbose {
+        writeln!(err, "dcpiprof: stats: {}", super::stats::line())?;
+    }
     Ok(())
 }

@@ -529,13 +529,16 @@ fn indexed_files(d: &HostDir, interner: &mut Interner) -> Option<(HostSummary, V
     Some((v.facts, out))
 }
 
+/// A worker's header numbers to the merged ones (shared by the dirs that worker read).
+type HeaderMap = std::sync::Arc<Vec<u32>>;
+
 /// `f` over `dirs` on a few threads, each with its own [`Interner`]; returns the merged headers
 /// and, per dir in order, `f`'s result with the map from its worker's header numbers to the
 /// merged ones.
 fn par_interned<'a, R: Send>(
     dirs: &'a [HostDir],
     f: impl Fn(&'a HostDir, &mut Interner) -> R + Sync,
-) -> (Vec<ProfileHeader>, Vec<(R, std::sync::Arc<Vec<u32>>)>) {
+) -> (Vec<ProfileHeader>, Vec<(R, HeaderMap)>) {
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get() * 2)
         .clamp(2, 16)
@@ -563,7 +566,7 @@ fn par_interned<'a, R: Send>(
             .collect()
     });
     let mut global = Interner::default();
-    let mut per_dir: Vec<Option<(R, std::sync::Arc<Vec<u32>>)>> = Vec::new();
+    let mut per_dir: Vec<Option<(R, HeaderMap)>> = Vec::new();
     per_dir.resize_with(dirs.len(), || None);
     for (interner, done) in workers {
         let map: Vec<u32> = interner.headers.iter().map(|h| global.intern_header(h)).collect();
@@ -590,7 +593,7 @@ struct DirTotals {
 /// and sums, so the report is identical. Directories are independent and read by a few
 /// threads: on NFS the latency of one file hides behind the others.
 fn load_totals(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loaded, ProfError> {
-    let results = par_map(&dirs, |i, d| dir_totals(d, i));
+    let results = par_map(&dirs, |i, d| dir_totals(d, i, true));
     let mut out = Loaded::default();
     out.profiles.reserve(results.iter().map(|r| r.as_ref().map_or(0, |t| t.profiles.len())).sum());
     for r in results {
@@ -802,7 +805,7 @@ fn dir_entries(d: &HostDir, dir: usize, interner: &mut Interner) -> Result<DirEn
             tracing::debug!(index = %ip.display(), error = %e, "summary index unreadable; reading summary.json");
         }
     }
-    let t = dir_totals(d, dir)?;
+    let t = dir_totals(d, dir, false)?;
     Ok(DirEntries {
         summary: t.summary,
         entries: t
@@ -858,8 +861,44 @@ fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(usize, &T) -> R + Sync) -> 
     results.into_iter().flatten().collect()
 }
 
-fn dir_totals(d: &HostDir, dir: usize) -> Result<DirTotals, ProfError> {
+/// The totals of one host directory as loaded profiles without counts: from its
+/// `summary.idx` when `use_idx` and it is usable, else from the JSON index of its
+/// `summary.json`, else from its profiles.
+fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfError> {
     let mut t = DirTotals::default();
+    if use_idx {
+        let ip = d.summary_index_path();
+        if let Ok(bytes) = std::fs::read(&ip) {
+            match sumidx::decode(&bytes, &ip) {
+                Ok(v) => {
+                    stats::count(&stats::SUMMARY_INDEXES_USED);
+                    t.profiles.reserve(v.entries.len());
+                    for e in &v.entries {
+                        let header = ProfileHeader {
+                            kind: e.kind,
+                            image_id: e.id.to_owned_id(),
+                            image_path: e.path.to_vec(),
+                            event: v.events[e.event as usize].clone(),
+                            host: d.host.clone(),
+                            epoch: d.epoch.clone(),
+                            total_samples: e.samples,
+                            total_period: e.period,
+                            sequence: 0,
+                            jit_symbols: Vec::new(),
+                        };
+                        let profile = Profile { header, counts: Default::default() };
+                        let path = ip.clone();
+                        t.profiles.push(LoadedProfile { path, profile, samples: e.samples, dir });
+                    }
+                    t.summary = Some(v.facts);
+                    return Ok(t);
+                }
+                Err(e) => {
+                    tracing::debug!(index = %ip.display(), error = %e, "summary index unusable; reading summary.json");
+                }
+            }
+        }
+    }
     let sp = d.summary_path();
     match HostSummary::read(&sp) {
         Ok(s) => t.summary = Some(s),
