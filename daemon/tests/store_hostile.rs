@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
 use dcpid::store::{EventInfo, Store, StoreConfig};
-use profile_format::{Database, EpochId, EventDesc, HostSummary, ImageId, ImageKind, Profile};
+use profile_format::{Database, EpochId, EventDesc, ImageId, ImageKind, Profile};
 
 fn open(root: &Path) -> Store {
     let mut s = Store::open(StoreConfig {
@@ -129,7 +129,10 @@ fn fifo_dev_zero_link_and_sparse_3_gib_profile_are_set_aside() {
     assert!(!path(4).exists());
     assert_eq!(s.status().corrupt_files_set_aside, 4);
     // The index matches the files that remain.
-    let idx = HostSummary::read(&hd.summary_path()).unwrap().index.expect("index written");
+    let idx = profile_format::sumidx::read(&hd.summary_index_path())
+        .unwrap()
+        .index
+        .expect("index written");
     assert_eq!(idx.images.len(), 3);
     // And a later flush finds nothing more to set aside.
     let mut s = s;
