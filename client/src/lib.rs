@@ -6,3 +6,4 @@ pub mod ctl;
 pub mod diff;
 pub mod list;
 pub mod prof;
+pub mod term;

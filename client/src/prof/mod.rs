@@ -189,8 +189,8 @@ pub struct Args {
     /// Write the report or export to FILE (atomically) instead of stdout.
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Show at most N rows (the header still counts everything).
-    #[arg(long, value_name = "N")]
+    /// Show at most N rows (the header still counts everything); 0 means no limit.
+    #[arg(long, value_name = "N", value_parser = crate::args::parse_limit)]
     pub limit: Option<usize>,
     /// Per-symbol report: one row per source line (file:line of the innermost frame, DWARF).
     #[arg(long)]
@@ -352,6 +352,10 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
         return run_export(args, &mut loaded, &weights, &mut warnings, out, err);
     }
     let db_name = args.sel.db.display().to_string();
+    // Grouped digits for a person at a terminal; plain numbers in files and pipes.
+    let style = output::Style {
+        human: args.output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    };
     let result = match &args.image {
         None if args.all_symbols => {
             let mut locator = args.symbols.locator(&args.sel.db);
@@ -366,12 +370,12 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
                 args.limit,
             );
             flush_warnings(err, &mut warnings)?;
-            output::write_global_symbols(out, &r, args.format)
+            output::write_global_symbols(out, &r, args.format, style)
         }
         None => {
             flush_warnings(err, &mut warnings)?;
             let r = report::image_report(&loaded, &weights, &db_name, args.limit);
-            output::write_images(out, &r, args.format)
+            output::write_images(out, &r, args.format, style)
         }
         Some(spec) => {
             let idx = report::resolve_image(&loaded, &weights, spec)?;
@@ -398,7 +402,7 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
                     r.image.path
                 )));
             }
-            output::write_symbols(out, &r, args.format)
+            output::write_symbols(out, &r, args.format, style)
         }
     };
     result?;

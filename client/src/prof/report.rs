@@ -14,7 +14,7 @@ use profile_format::{ImageId, ImageKind, KallsymsSnapshot, KernelSymbol, Unknown
 use serde::Serialize;
 
 use super::debuginfo::{find_debug_file, live_vdso, Located, Locator};
-use super::image::{build_id_hex, image_display, image_label, parse_spec, spec_matches, Spec};
+use super::image::{build_id_hex, image_display, image_label, parse_spec, spec_rank, Spec};
 pub use super::image::{display_path, kind_name, ImageFilter};
 use super::names::display_name;
 use super::select::{epochs_and_hosts, Loaded};
@@ -94,6 +94,10 @@ pub struct Scope {
     pub database: String,
     pub epochs: Vec<String>,
     pub hosts: Vec<String>,
+    /// Unix seconds of the newest summary write among the selected host directories (0 when
+    /// none says): how fresh the report is. Table header only; not part of the JSON schema.
+    #[serde(skip)]
+    pub newest_data: u64,
 }
 
 /// `dcpiprof` (no `--image`).
@@ -305,9 +309,10 @@ fn finish<K: Ord + Clone>(
         .collect()
 }
 
-fn scope(loaded: &Loaded, db: &str) -> Scope {
+pub(crate) fn scope(loaded: &Loaded, db: &str) -> Scope {
     let (epochs, hosts) = epochs_and_hosts(&loaded.dirs);
-    Scope { database: db.to_owned(), epochs, hosts }
+    let newest_data = loaded.summaries.iter().flatten().map(|s| s.last_written).max().unwrap_or(0);
+    Scope { database: db.to_owned(), epochs, hosts, newest_data }
 }
 
 /// The per-image report.
@@ -381,11 +386,11 @@ pub fn resolve_image(
     spec_text: &str,
 ) -> Result<Vec<usize>, ProfError> {
     let mut spec = parse_spec(spec_text);
-    let mut idx: Vec<usize> = pick(loaded, w, &spec);
+    let (mut idx, mut inexact) = pick(loaded, w, &spec);
     if idx.is_empty() {
         if let Spec::Hex(h) = &spec {
             spec = Spec::Name(h.clone());
-            idx = pick(loaded, w, &spec);
+            (idx, inexact) = pick(loaded, w, &spec);
         }
     }
     if idx.is_empty() {
@@ -412,8 +417,9 @@ pub fn resolve_image(
     }
     // Kernel, vDSO, unknown and JIT regions are symbolized per profile and merge by name.
     // (Modules too: each host's snapshot names their symbols, so builds may merge.)
-    let per_identity =
-        idx.iter().any(|&i| loaded.profiles[i].profile.header.kind == ImageKind::Elf);
+    // A prefix or substring of several names (`--image lib`) names none of them: list them.
+    let per_identity = inexact
+        || idx.iter().any(|&i| loaded.profiles[i].profile.header.kind == ImageKind::Elf);
     if per_identity {
         let mut groups: BTreeMap<ImageId, Candidate> = BTreeMap::new();
         for &i in &idx {
@@ -445,12 +451,16 @@ pub fn resolve_image(
     Ok(idx)
 }
 
-fn pick(loaded: &Loaded, w: &Weights, spec: &Spec) -> Vec<usize> {
-    (0..loaded.profiles.len())
-        .filter(|&i| {
-            w.per_profile[i].is_some() && spec_matches(spec, &loaded.profiles[i].profile.header)
-        })
-        .collect()
+/// The profiles `spec` names, keeping only the best match ([`spec_rank`]: an exact basename
+/// wins over a prefix, a prefix over a substring), and whether that match is inexact.
+fn pick(loaded: &Loaded, w: &Weights, spec: &Spec) -> (Vec<usize>, bool) {
+    let ranked: Vec<(usize, u8)> = (0..loaded.profiles.len())
+        .filter(|&i| w.per_profile[i].is_some())
+        .filter_map(|i| spec_rank(spec, &loaded.profiles[i].profile.header).map(|r| (i, r)))
+        .collect();
+    let best = ranked.iter().map(|&(_, r)| r).min();
+    let idx = ranked.into_iter().filter(|&(_, r)| Some(r) == best).map(|(i, _)| i).collect();
+    (idx, best.is_some_and(|b| b > 0))
 }
 
 /// Per-symbol report over the profiles `idx` (from [`resolve_image`]).
