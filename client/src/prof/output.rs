@@ -439,3 +439,85 @@ pub fn write_global_symbols(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prof::report::{EventInfo, ImageInfo, SymbolRow};
+
+    #[test]
+    fn digits_are_grouped_only_for_people() {
+        let human = Style { human: true };
+        assert_eq!(number(0, human), "0");
+        assert_eq!(number(999, human), "999");
+        assert_eq!(number(1000, human), "1,000");
+        assert_eq!(number(1_234_567, human), "1,234,567");
+        assert_eq!(number(1_234_567, Style::default()), "1234567");
+    }
+
+    fn row(symbol: &str, line: &str, samples: u64) -> SymbolRow {
+        let c = EventCount {
+            event: "cpu-clock".into(),
+            samples,
+            events: samples * 1000,
+            percent: samples as f64,
+        };
+        SymbolRow {
+            symbol: symbol.into(),
+            source: Some(line.into()),
+            samples,
+            events: c.events,
+            percent: c.percent,
+            cumulative_percent: 0.0,
+            counts: vec![c],
+        }
+    }
+
+    #[test]
+    fn lines_are_listed_under_their_symbol() {
+        let r = SymbolReport {
+            report: "symbols",
+            scope: Scope {
+                database: "db".into(),
+                epochs: vec![],
+                hosts: vec![],
+                newest_data: 0,
+            },
+            image: ImageInfo {
+                path: "/bin/x".into(),
+                kind: "elf",
+                image_id: None,
+                build_id: None,
+                binary: None,
+                debug_file: None,
+            },
+            events: vec![EventInfo {
+                name: "cpu-clock".into(),
+                samples: 100,
+                events: 100_000,
+                mean_period: 1000.0,
+                nominal_period: 1000,
+                multiplex_scale: 1.0,
+            }],
+            total_samples: 100,
+            rows_omitted: 0,
+            rows: vec![
+                row("hot", "x.c:10", 40),
+                row("warm", "y.c:5", 30),
+                row("hot", "x.c:12", 20),
+                row("warm", "y.c:7", 10),
+            ],
+        };
+        let mut out = Vec::new();
+        write_symbols(&mut out, &r, Format::Table, Style::default()).expect("render");
+        let text = String::from_utf8(out).expect("utf8");
+        let body: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).skip(1).collect();
+        let names: Vec<&str> = body.iter().map(|l| l.split("  ").last().unwrap_or("")).collect();
+        assert_eq!(names, ["hot", "x.c:10", "x.c:12", "warm", "y.c:5", "y.c:7"], "{text}");
+        // Lines are indented under the symbol and have no running total of their own.
+        assert!(body[1].ends_with("     x.c:10") && body[1].matches('.').count() == 2, "{text}");
+        // The symbol's row is the sum of its lines, with the running total.
+        assert!(body[0].trim_start().starts_with("60  60000  60.00  60.00  hot"), "{text}");
+        assert!(body[3].contains("40.00  100.00  warm"), "{text}");
+    }
+}
