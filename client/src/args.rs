@@ -209,3 +209,22 @@ fn parse_when_at(s: &str, now: std::time::SystemTime) -> Result<u64, String> {
          2026-11-24T10:00:00Z, a day 20261124, an epoch id 20261124T101500Z)"
     ))
 }
+
+/// The candidate a mistyped `word` most likely meant (`cpu-clok` → `cpu-clock`): the closest by
+/// edit distance, if it is close enough to be a typo rather than another word.
+pub fn did_you_mean<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let w = word.to_ascii_lowercase();
+    candidates
+        .into_iter()
+        .map(|c| (strsim::levenshtein(&w, &c.to_ascii_lowercase()), c))
+        .filter(|&(d, c)| d > 0 && d <= (c.len() / 3).max(2))
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, c)| c)
+}
+
+/// ` (did you mean `X`?)` for the error messages, or nothing.
+pub fn did_you_mean_hint(word: &str, candidates_list: &str) -> String {
+    did_you_mean(word, candidates_list.split(", "))
+        .map(|c| format!(" (did you mean `{c}`?)"))
+        .unwrap_or_default()
+}

@@ -409,3 +409,22 @@ fn dcpictl_without_permission_names_the_socket_owner_and_group() {
     assert!(e.contains("`dcpi` group") && e.contains("root"), "what to do: {e}");
     assert_eq!(e.lines().count(), 1, "{e}");
 }
+
+#[test]
+fn mistyped_event_gets_a_suggestion() {
+    let (t, _) = one_epoch_db();
+    let o = prof(&t.root(), &["--host", "alpha", "--event", "cpu-clok"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("(did you mean `cpu-clock`?)"), "{e}");
+    assert!(e.contains("events there: cpu-clock"), "{e}");
+    let o = prof(&t.root(), &["--host", "alpha", "--event", "page-faults"]);
+    assert!(!stderr(&o).contains("did you mean"), "no guess when nothing is close: {}", stderr(&o));
+    let o = tool(
+        env!("CARGO_BIN_EXE_dcpidiff"),
+        &t.root(),
+        &["--before-host", "alpha", "--after-host", "beta", "--event", "cpuclock"],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("did you mean `cpu-clock`?"), "{}", stderr(&o));
+}

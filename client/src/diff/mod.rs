@@ -247,8 +247,9 @@ fn side_err(side: &str, e: ProfError) -> ToolError {
              samples there: {known}"
         )),
         ProfError::UnknownEvent { event, available, .. } => ToolError::Usage(format!(
-            "{side} selection has no samples of event {event:?}; events there: {available} \
-             (choose with --event)"
+            "{side} selection has no samples of event {event:?}{}; events there: {available} \
+             (choose with --event)",
+            crate::args::did_you_mean_hint(&event, &available)
         )),
         e => ToolError::Prof(e),
     }

@@ -246,7 +246,9 @@ pub enum ProfError {
     #[error("{0}")]
     Empty(String),
     #[error(
-        "no samples of event {event:?} in {scope}; events there: {available} (choose with --event)"
+        "no samples of event {event:?} in {scope}{}; events there: {available} (choose with \
+         --event)",
+        crate::args::did_you_mean_hint(event, available)
     )]
     UnknownEvent { event: String, available: String, scope: String },
     #[error(
