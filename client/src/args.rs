@@ -8,7 +8,6 @@
 
 use std::path::PathBuf;
 
-
 use crate::prof::debuginfo::{Locator, SearchPaths, SYSTEM_DEBUG_DIR};
 use crate::prof::image::ImageFilter;
 use crate::prof::select::{self, EpochSel, HostSel, Loaded};
@@ -212,7 +211,10 @@ fn parse_when_at(s: &str, now: std::time::SystemTime) -> Result<u64, String> {
 
 /// The candidate a mistyped `word` most likely meant (`cpu-clok` → `cpu-clock`): the closest by
 /// edit distance, if it is close enough to be a typo rather than another word.
-pub fn did_you_mean<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub fn did_you_mean<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     let w = word.to_ascii_lowercase();
     candidates
         .into_iter()

@@ -244,7 +244,8 @@ fn header_says_how_fresh_the_data_is_and_json_is_unchanged() {
     let o = prof(&t.root(), &["--host", "alpha"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    let line = out.lines().find(|l| l.starts_with("# newest data:")).unwrap_or_else(|| panic!("{out}"));
+    let line =
+        out.lines().find(|l| l.starts_with("# newest data:")).unwrap_or_else(|| panic!("{out}"));
     let secs: u64 = line["# newest data: ".len()..]
         .split(' ')
         .next()
@@ -427,4 +428,84 @@ fn mistyped_event_gets_a_suggestion() {
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("did you mean `cpu-clock`?"), "{}", stderr(&o));
+}
+
+/// File offset of function `name` in the ELF file at `path`.
+fn func_offset(path: &Path, name: &str) -> u64 {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let data = std::fs::read(path).expect("read elf");
+    let f = object::File::parse(&*data).expect("parse elf");
+    let s = f.symbols().find(|s| s.name() == Ok(name)).unwrap_or_else(|| panic!("{name}"));
+    let seg = f
+        .segments()
+        .find(|g| (g.address()..g.address() + g.size()).contains(&s.address()))
+        .expect("segment");
+    s.address() - seg.address() + seg.file_range().0
+}
+
+#[test]
+fn stripped_library_report_says_only_dynsym_and_how_to_get_symbols() {
+    let t = TestDb::new();
+    let dir = t.root().parent().expect("tmp").join("lib");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let src = dir.join("s.c");
+    std::fs::write(
+        &src,
+        "static __attribute__((noinline)) int internal_work(int x) { int s = 0; \
+         for (int i = 0; i < x; i++) s += i * x; return s; }\n\
+         int exported_entry(int x) { return internal_work(x) + 1; }\n",
+    )
+    .expect("write c");
+    let full = dir.join("libfull.so");
+    let o = Command::new("cc")
+        .args(["-O1", "-shared", "-fPIC", "-Wl,--build-id", "-o"])
+        .arg(&full)
+        .arg(&src)
+        .output();
+    match o {
+        Ok(o) if o.status.success() => {}
+        other => {
+            eprintln!("SKIPPED: no C compiler to build a test library: {other:?}");
+            return;
+        }
+    }
+    let lib = dir.join("libstripped.so.1");
+    let o = Command::new("objcopy").arg("--strip-all").arg(&full).arg(&lib).output();
+    assert!(o.is_ok_and(|o| o.status.success()), "objcopy --strip-all");
+    let data = std::fs::read(&lib).expect("read lib");
+    let id = {
+        use object::Object;
+        let f = object::File::parse(&*data).expect("parse");
+        ImageId::BuildId(f.build_id().ok().flatten().expect("build-id").to_vec())
+    };
+    let e = t.epoch_at(SystemTime::now());
+    let hd = t.host(&e, "alpha");
+    let inner = func_offset(&full, "internal_work");
+    let outer = func_offset(&full, "exported_entry");
+    let path = lib.display().to_string();
+    write_profile(&hd, &id, &path, &[(inner, 9), (outer, 3)]);
+    let o = prof(&t.root(), &["--host", "alpha", "--image", "libstripped"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let note =
+        out.lines().find(|l| l.starts_with("# symbols: ")).unwrap_or_else(|| panic!("{out}"));
+    for want in ["only .dynsym", "stripped", "-dbgsym/-debuginfo", "--debug-dir", "debuginfod-find"]
+    {
+        assert!(note.contains(want), "{want}: {note}");
+    }
+    assert!(out.contains("exported_entry"), "the exported function is named: {out}");
+    assert!(stderr(&o).contains("only .dynsym"), "{}", stderr(&o));
+    // The unstripped library (a full .symtab) has no such note.
+    let full_data = std::fs::read(&full).expect("read");
+    let full_id = {
+        use object::Object;
+        let f = object::File::parse(&*full_data).expect("parse");
+        ImageId::BuildId(f.build_id().ok().flatten().expect("build-id").to_vec())
+    };
+    let e2 = t.epoch_at(SystemTime::now() + Duration::from_secs(2));
+    write_profile(&t.host(&e2, "alpha"), &full_id, &full.display().to_string(), &[(inner, 9)]);
+    let o = prof(&t.root(), &["--host", "alpha", "--image", "libfull.so"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("# symbols:"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("internal_work"), "{}", stdout(&o));
 }

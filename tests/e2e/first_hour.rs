@@ -118,12 +118,7 @@ fn event_the_pmu_cannot_count_lists_what_opens_here() {
 fn into_closed_pipe(name: &str, args: &[&str]) -> Output {
     let (reader, writer) = std::io::pipe().expect("pipe");
     drop(reader);
-    Command::new(bin(name))
-        .args(args)
-        .stdout(writer)
-        .stderr(Stdio::piped())
-        .output()
-        .expect("run")
+    Command::new(bin(name)).args(args).stdout(writer).stderr(Stdio::piped()).output().expect("run")
 }
 
 fn assert_quiet_success(what: &str, o: &Output) {

@@ -220,8 +220,9 @@ pub fn run_stats(
         _ => args.sel.host_sel(),
     };
     let filter = ImageFilter::new(image);
-    let loaded =
-        args.sel.load_with(&args.sel.epoch_sel(), &host, Some(&filter), &mut |w| warnings.push(w))?;
+    let loaded = args
+        .sel
+        .load_with(&args.sel.epoch_sel(), &host, Some(&filter), &mut |w| warnings.push(w))?;
     if loaded.profiles.is_empty() {
         let w = report::weights(&loaded, &[])?;
         resolve_image_builds(&loaded, &w, image)?;

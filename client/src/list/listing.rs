@@ -181,6 +181,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
         build_id: build_id_hex(&first.profile.header.image_id),
         binary: None,
         debug_file: None,
+        symbols_note: None,
     };
     let mode = args.mode();
     let mut frames: Option<Box<ElfSymbolizer>> = None;

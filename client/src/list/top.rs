@@ -139,6 +139,7 @@ impl Resolver<'_> {
                         build_id: None,
                         binary: None,
                         debug_file: None,
+                        symbols_note: None,
                     };
                     let mut locator = args.symbols.locator(&args.sel.db);
                     let want = SymbolMode { lines: true, inlines: false, raw_names: false };

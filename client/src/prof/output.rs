@@ -220,7 +220,12 @@ fn csv_count_cells(counts: &[EventCount]) -> Vec<String> {
         .collect()
 }
 
-pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format, style: Style) -> io::Result<()> {
+pub fn write_images(
+    out: &mut dyn Write,
+    r: &ImageReport,
+    fmt: Format,
+    style: Style,
+) -> io::Result<()> {
     match fmt {
         Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
             Err(not_a_report(fmt))
@@ -272,7 +277,12 @@ pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format, style: St
     }
 }
 
-pub fn write_symbols(out: &mut dyn Write, r: &SymbolReport, fmt: Format, style: Style) -> io::Result<()> {
+pub fn write_symbols(
+    out: &mut dyn Write,
+    r: &SymbolReport,
+    fmt: Format,
+    style: Style,
+) -> io::Result<()> {
     let with_source = r.rows.iter().any(|x| x.source.is_some());
     match fmt {
         Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
@@ -306,6 +316,9 @@ pub fn write_symbols(out: &mut dyn Write, r: &SymbolReport, fmt: Format, style: 
             }
             if let Some(d) = &r.image.debug_file {
                 id.push_str(&format!("\n# debug info from: {d}"));
+            }
+            if let Some(n) = &r.image.symbols_note {
+                id.push_str(&format!("\n# symbols: {n}"));
             }
             writeln!(out, "# image: {}{id}", r.image.path)?;
             let mut t = count_titles(&r.events);
@@ -477,12 +490,7 @@ mod tests {
     fn lines_are_listed_under_their_symbol() {
         let r = SymbolReport {
             report: "symbols",
-            scope: Scope {
-                database: "db".into(),
-                epochs: vec![],
-                hosts: vec![],
-                newest_data: 0,
-            },
+            scope: Scope { database: "db".into(), epochs: vec![], hosts: vec![], newest_data: 0 },
             image: ImageInfo {
                 path: "/bin/x".into(),
                 kind: "elf",
@@ -490,6 +498,7 @@ mod tests {
                 build_id: None,
                 binary: None,
                 debug_file: None,
+                symbols_note: None,
             },
             events: vec![EventInfo {
                 name: "cpu-clock".into(),

@@ -86,6 +86,10 @@ pub struct ImageInfo {
     /// Binary used for symbols, if any.
     pub binary: Option<String>,
     pub debug_file: Option<String>,
+    /// What the symbols lack and how to get them (a stripped binary with only `.dynsym`):
+    /// said in the table's header. Not part of the JSON schema.
+    #[serde(skip)]
+    pub symbols_note: Option<String>,
 }
 
 /// Common header fields.
@@ -418,8 +422,8 @@ pub fn resolve_image(
     // Kernel, vDSO, unknown and JIT regions are symbolized per profile and merge by name.
     // (Modules too: each host's snapshot names their symbols, so builds may merge.)
     // A prefix or substring of several names (`--image lib`) names none of them: list them.
-    let per_identity = inexact
-        || idx.iter().any(|&i| loaded.profiles[i].profile.header.kind == ImageKind::Elf);
+    let per_identity =
+        inexact || idx.iter().any(|&i| loaded.profiles[i].profile.header.kind == ImageKind::Elf);
     if per_identity {
         let mut groups: BTreeMap<ImageId, Candidate> = BTreeMap::new();
         for &i in &idx {
@@ -514,6 +518,7 @@ pub fn symbolize_image(
         build_id: build_id_hex(&fh.image_id),
         binary: None,
         debug_file: None,
+        symbols_note: None,
     };
     // ELF images: one symbolizer per identity (there is only one unless the spec merges).
     let mut elf_cache: HashMap<ImageId, ElfState> = HashMap::new();
@@ -853,6 +858,16 @@ pub(crate) fn load_elf(
              (install its debug info, e.g. the -dbgsym/-debuginfo package, or pass --debug-dir DIR)",
             path.display()
         ));
+    } else if s.dynsym_only() {
+        let note = format!(
+            "only .dynsym (exported functions) was available: the binary is stripped and no \
+             debug file was found, so samples in internal functions show as NAME+0xOFFSET; \
+             install its debug info (the -dbgsym/-debuginfo package, or `debuginfod-find \
+             debuginfo {}`) or pass --debug-dir DIR",
+            info.build_id.as_deref().unwrap_or("BUILD-ID")
+        );
+        warn(format!("{}: {note}", path.display()));
+        info.symbols_note = Some(note);
     } else if want_dwarf && !s.has_dwarf() {
         warn(format!(
             "{}: no DWARF found (binary or debug file); --lines/--inlines fall back to symbols",
@@ -881,6 +896,7 @@ pub fn elf_symbolizer(
         build_id: None,
         binary: None,
         debug_file: None,
+        symbols_note: None,
     };
     let r = ElfRequest { id, recorded, mode: SymbolMode::default() };
     match load_elf(locator, cache, &r, &mut info, warn) {

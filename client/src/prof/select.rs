@@ -29,7 +29,8 @@ pub fn epoch_start(s: &str) -> Option<u64> {
     }
     let b = s.as_bytes();
     let d = |r: std::ops::Range<usize>| std::str::from_utf8(&b[r]).ok();
-    let (hh, mm, ss) = if s.len() == 16 { (d(9..11)?, d(11..13)?, d(13..15)?) } else { ("00", "00", "00") };
+    let (hh, mm, ss) =
+        if s.len() == 16 { (d(9..11)?, d(11..13)?, d(13..15)?) } else { ("00", "00", "00") };
     let text = format!("{}-{}-{}T{hh}:{mm}:{ss}Z", d(0..4)?, d(4..6)?, d(6..8)?);
     let t = humantime::parse_rfc3339(&text).ok()?;
     t.duration_since(std::time::UNIX_EPOCH).ok().map(|x| x.as_secs())
@@ -154,7 +155,8 @@ pub fn select_host_dirs(
     if chosen.is_empty() {
         let first = epochs.first().map(EpochId::as_str).unwrap_or_default();
         let last = epochs.last().map(EpochId::as_str).unwrap_or_default();
-        let flag = if matches!(epoch, EpochSel::Between(..)) { "--since/--until" } else { "--epoch" };
+        let flag =
+            if matches!(epoch, EpochSel::Between(..)) { "--since/--until" } else { "--epoch" };
         return Err(ProfError::Empty(format!(
             "no epoch matches {flag} in {} (it has {} epoch(s), {first} .. {last})",
             db.root().display(),
