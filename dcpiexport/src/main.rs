@@ -50,7 +50,7 @@ fn generate(what: Generate) -> std::io::Result<()> {
     let mut cmd = Args::command();
     let mut out = std::io::stdout().lock();
     let shell = match what {
-        Generate::Man => return clap_mangen::Man::new(cmd).render(&mut out),
+        Generate::Man => return dcpi_client::manpages::write(cmd, &mut out),
         Generate::CompleteBash => clap_complete::Shell::Bash,
         Generate::CompleteZsh => clap_complete::Shell::Zsh,
         Generate::CompleteFish => clap_complete::Shell::Fish,

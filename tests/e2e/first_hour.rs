@@ -151,3 +151,128 @@ fn dcpictl_into_a_closed_pipe_exits_0() {
         assert_quiet_success(&format!("dcpictl {cmd:?}"), &into_closed_pipe("dcpictl", &args));
     }
 }
+
+fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_owned()
+}
+
+/// `make man` generates every page (dcpid.toml(5) too) and says where; each renders with groff
+/// without a warning, has the sections of a real page, and every `dcpi…(N)` it mentions is one
+/// of the generated pages; `make install` installs them all.
+#[test]
+fn man_pages_render_cleanly_and_reference_only_existing_pages() {
+    let groff = Command::new("groff").arg("--version").output();
+    if groff.is_err() {
+        if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
+            panic!("groff is required (DCPI_REQUIRE_PERF=1, as in CI) but not installed");
+        }
+        eprintln!("SKIPPED: groff is not installed (apt-get install groff)");
+        return;
+    }
+    if Command::new("make").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: make is not installed");
+        return;
+    }
+    let gen = tempfile::tempdir().expect("tempdir");
+    let dest = tempfile::tempdir().expect("tempdir");
+    let bindir_src = bin("dcpid").parent().expect("bin dir").to_path_buf();
+    let make = |target: &str| -> String {
+        let out = Command::new("make")
+            .arg("-C")
+            .arg(repo_root())
+            .arg(target)
+            .arg(format!("DESTDIR={}", dest.path().display()))
+            .arg("PREFIX=/usr")
+            .arg(format!("BINDIR_SRC={}", bindir_src.display()))
+            .arg(format!("GENDIR={}", gen.path().display()))
+            .output()
+            .expect("run make");
+        assert!(out.status.success(), "make {target}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let said = make("man");
+    let mandir = gen.path().join("man");
+    assert!(said.contains(&format!("man pages in {}", mandir.display())), "{said}");
+
+    let mut pages: Vec<(String, String)> = Vec::new();
+    for entry in std::fs::read_dir(&mandir).expect("man dir") {
+        let p = entry.expect("entry").path();
+        let file = p.file_name().and_then(|f| f.to_str()).expect("name").to_owned();
+        let (name, section) = file.rsplit_once('.').expect("name.section");
+        pages.push((name.to_owned(), section.to_owned()));
+    }
+    pages.sort();
+    let want = [
+        "dcpictl.8",
+        "dcpid.8",
+        "dcpid.toml.5",
+        "dcpidiff.1",
+        "dcpiexport.1",
+        "dcpilist.1",
+        "dcpiprof.1",
+        "dcpistats.1",
+    ];
+    let have: Vec<String> = pages.iter().map(|(n, s)| format!("{n}.{s}")).collect();
+    assert_eq!(have, want, "generated pages");
+
+    for (name, section) in &pages {
+        let path = mandir.join(format!("{name}.{section}"));
+        let o = Command::new("groff")
+            .args(["-man", "-Tutf8", "-ww", "-z"])
+            .arg(&path)
+            .output()
+            .expect("groff");
+        assert!(o.status.success() && o.stderr.is_empty(), "{name}: groff: {}", text(&o.stderr));
+        let o = Command::new("groff")
+            // No hyphenation and long lines, so that no reference is split.
+            .args(["-man", "-Tutf8", "-P-cbou", "-rHY=0", "-rLL=1000n"])
+            .arg(&path)
+            .output()
+            .expect("groff");
+        let page = text(&o.stdout);
+        // NAME: "name - summary", not the name twice or clap's about sentence.
+        let name_line = page
+            .lines()
+            .skip_while(|l| l.trim() != "NAME")
+            .nth(1)
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|| panic!("{name}: no NAME\n{page}"));
+        assert!(name_line.starts_with(&format!("{name} - ")), "{name}: NAME line {name_line:?}");
+        assert!(!name_line[name.len() + 3..].contains(&format!("{name}:")), "{name_line}");
+        let mut sections = vec!["FILES", "ENVIRONMENT", "EXAMPLES", "SEE ALSO"];
+        if section != "5" {
+            sections.extend(["SYNOPSIS", "EXIT STATUS"]);
+        }
+        for s in sections {
+            assert!(page.lines().any(|l| l == s), "{name}: no {s} section\n{page}");
+        }
+        // Every dcpi page it points at exists (`dcpictl-status(8)` did not).
+        let mut refs = 0;
+        for (i, _) in page.match_indices("dcpi") {
+            let rest = &page[i..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_'))
+                .unwrap_or(rest.len());
+            let (word, after) = rest.split_at(end);
+            let Some(sec) = after.strip_prefix('(').and_then(|a| a.get(..2)) else { continue };
+            let Some(sec) = sec.strip_suffix(')') else { continue };
+            if !sec.chars().all(|c| c.is_ascii_digit()) {
+                continue;
+            }
+            refs += 1;
+            assert!(
+                pages.iter().any(|(n, s)| n == word && s == sec),
+                "{name}: refers to {word}({sec}), which is not a generated page"
+            );
+        }
+        assert!(refs >= 2, "{name}: SEE ALSO names the other pages\n{page}");
+    }
+
+    make("install");
+    for (name, section) in &pages {
+        let f = dest.path().join(format!("usr/share/man/man{section}/{name}.{section}"));
+        assert!(f.is_file(), "{} not installed", f.display());
+    }
+    make("uninstall");
+    assert!(!dest.path().join("usr/share/man/man5/dcpid.toml.5").exists());
+}

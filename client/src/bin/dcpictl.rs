@@ -93,7 +93,7 @@ fn main() -> ExitCode {
         let mut cmd = Cli::command();
         let mut out = std::io::stdout().lock();
         let r = match g {
-            Generate::Man => clap_mangen::Man::new(cmd).section("8").render(&mut out),
+            Generate::Man => dcpi_client::manpages::write(cmd, &mut out),
             Generate::CompleteBash => {
                 clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, "dcpictl", &mut out);
                 Ok(())

@@ -272,7 +272,7 @@ fn generate(what: prof::Generate, out: &mut dyn Write) -> Result<(), ListError> 
     let mut cmd = Args::command();
     let shell = match what {
         prof::Generate::Man => {
-            clap_mangen::Man::new(cmd).render(out)?;
+            crate::manpages::write(cmd, out)?;
             return Ok(());
         }
         prof::Generate::CompleteBash => Shell::Bash,

@@ -480,7 +480,7 @@ fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<(
 fn generate(what: Generate, out: &mut dyn Write) -> Result<(), ProfError> {
     let mut cmd = Args::command();
     match what {
-        Generate::Man => clap_mangen::Man::new(cmd).render(out)?,
+        Generate::Man => crate::manpages::write(cmd, out)?,
         Generate::CompleteBash => {
             clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, "dcpiprof", out)
         }
