@@ -46,6 +46,11 @@ NUMBERS
   percent   share of `events` of the event within the report (per-image: of everything
             selected, including [unknown]; per-symbol: of the image). Rows are sorted by the
             first event's `events`; cumulative_percent follows that order.
+  On a terminal the table groups digits (1,234,567); in a pipe or file, and always in JSON
+  and CSV, numbers are plain. The table's header gives the selection (database, epochs,
+  hosts, each event with its mean and nominal period) and how old the newest data is (from
+  the hosts' summary.json): a report of the current epoch lags the machine by up to the
+  daemon's publish interval; `dcpictl flush` publishes everything sampled so far.
 
 JSON SCHEMA (--format json; numbers are plain JSON numbers)
   Per-image report (no --image):
@@ -133,7 +138,8 @@ BINARIES AND DEBUG INFO
   by build-id (--binary-path, caches) or this machine's vDSO if its build-id matches; otherwise
   they are shown as [vdso]+0xOFFSET. JIT regions ([anon:PID:comm]) use the perf-PID.map
   symbols stored with the profile.
-  --lines keys rows by file:line of the innermost DWARF frame; --inlines names the innermost
+  --lines keys rows by file:line of the innermost DWARF frame (the table lists each
+  function's lines under it, the function's row summing them); --inlines names the innermost
   inlined function instead of the enclosing symbol. Both need DWARF (in the binary or a
   separate debug file) and fall back to symbols with a warning.
 
@@ -154,13 +160,16 @@ FILES READ
   learn its path and kind. `--verbose` prints the counts.
 
 EXIT STATUS
-  0 success (also when --keep-going skipped corrupt files: each is named on stderr);
-  1 internal or output error (e.g. a closed pipe);
+  0 success (also when --keep-going skipped corrupt files: each is named on stderr, and
+    when the reader of a pipe closed it early, as `dcpiprof | head -1` does);
+  1 internal or output error (e.g. a full disk);
   2 usage or data error: bad arguments, missing database, no epoch/host/image/event
     matching the selection, a corrupt or foreign-version profile file (without
     --keep-going), --image ambiguous (the matches are listed on stderr). The error is one
     line naming the thing and what to do. A binary that is missing, unreadable or stripped
-    is not an error: its rows show IMAGE+0xOFFSET and a warning says how to supply symbols.";
+    is not an error: its rows show IMAGE+0xOFFSET and a warning says how to supply symbols
+    (a stripped library whose exported .dynsym symbols were all there was is also said in
+    the table's header, `# symbols: only .dynsym ...`).";
 
 /// Command line of `dcpiprof`.
 #[derive(Parser, Debug, Clone)]
@@ -177,7 +186,8 @@ EXIT STATUS
 pub struct Args {
     #[command(flatten)]
     pub sel: Selection,
-    /// Per-symbol report of one image: a path, a basename (if unambiguous), a build-id or a
+    /// Per-symbol report of one image: a path, a basename or a unique prefix or substring of
+    /// one (`nginx`; an exact basename wins; several matches are listed), a build-id or a
     /// prefix of >= 8 hex digits, `kernel` ([kernel.kallsyms], vmlinux), a module name,
     /// `[vdso]`, `[anon...]` (JIT, with its perf map symbols) or `unknown`.
     #[arg(long, value_name = "IMAGE")]
