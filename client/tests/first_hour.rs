@@ -484,7 +484,7 @@ fn stripped_library_report_says_only_dynsym_and_how_to_get_symbols() {
     let outer = func_offset(&full, "exported_entry");
     let path = lib.display().to_string();
     write_profile(&hd, &id, &path, &[(inner, 9), (outer, 3)]);
-    let o = prof(&t.root(), &["--host", "alpha", "--image", "libstripped"]);
+    let o = prof(&t.root(), &["--host", "alpha", "--image", "libstripped.so.1"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     let note =
