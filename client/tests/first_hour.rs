@@ -309,8 +309,10 @@ fn numbers_are_grouped_on_a_terminal_and_raw_in_pipes_json_and_csv() {
 
 /// Run a tool with its stdout a pipe whose reader is already gone.
 fn into_closed_pipe(exe: &str, args: &[&str]) -> Output {
-    let (reader, writer) = std::io::pipe().expect("pipe");
-    drop(reader);
+    // The write end of a pipe whose only reader (`true`) has exited: every write fails EPIPE.
+    let mut reader = Command::new("true").stdin(Stdio::piped()).spawn().expect("run true");
+    let writer = reader.stdin.take().expect("pipe");
+    reader.wait().expect("wait for true");
     Command::new(exe)
         .args(args)
         .env_remove("DCPI_SYMBOL_CACHE")

@@ -116,8 +116,10 @@ fn event_the_pmu_cannot_count_lists_what_opens_here() {
 
 /// Run a binary with its stdout a pipe whose reader is already gone.
 fn into_closed_pipe(name: &str, args: &[&str]) -> Output {
-    let (reader, writer) = std::io::pipe().expect("pipe");
-    drop(reader);
+    // The write end of a pipe whose only reader (`true`) has exited: every write fails EPIPE.
+    let mut reader = Command::new("true").stdin(Stdio::piped()).spawn().expect("run true");
+    let writer = reader.stdin.take().expect("pipe");
+    reader.wait().expect("wait for true");
     Command::new(bin(name)).args(args).stdout(writer).stderr(Stdio::piped()).output().expect("run")
 }
 
