@@ -137,6 +137,7 @@ fn image_prefix_or_substring_of_a_basename_exact_wins_several_are_listed() {
     assert!(e.contains("ambiguous"), "{e}");
     assert!(e.contains("/usr/sbin/nginx-debug") && e.contains("/usr/sbin/nginx "), "{e}");
     assert!(!e.contains("libnginx"), "a prefix match beats a substring match: {e}");
+    assert!(e.contains(&format!("build-id {}", "02".repeat(20))), "{e}");
     assert!(o.stdout.is_empty());
     // A substring of several names, none a prefix: all listed.
     let o = prof(&db, &["--host", "alpha", "--image", "inx"]);

@@ -515,11 +515,15 @@ pub fn print_error_as(prog: &str, err: &mut dyn Write, e: &ProfError) {
     if let ProfError::Ambiguous { candidates, .. } = e {
         let _ = writeln!(err, "matches (pass a path or a build-id prefix to choose):");
         for c in candidates {
+            // An image without a build-id is named by its image id (`f…`), not as a build-id.
+            let id = match &c.build_id {
+                Some(b) => format!("build-id {b}"),
+                None => format!("id {}", c.image_id),
+            };
             let _ = writeln!(
                 err,
-                "  {}  build-id {}  {} samples  hosts {}  epochs {}",
+                "  {}  {id}  {} samples  hosts {}  epochs {}",
                 c.path,
-                c.build_id.as_deref().unwrap_or(&c.image_id),
                 c.samples,
                 c.hosts.join(","),
                 c.epochs.join(",")
