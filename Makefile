@@ -2,7 +2,7 @@
 #
 #   make                      cargo build --release
 #   make install              install under PREFIX (default /usr/local), into DESTDIR if set
-#   make man                  generate the man pages and shell completions only
+#   make man                  generate the man pages (dcpid.toml.5 too) and completions only
 #   make uninstall            remove what `make install` installed (not the config file)
 #
 # Variables: PREFIX, DESTDIR, SYSCONFDIR (default /etc: dcpid reads /etc/dcpi/dcpid.toml),
@@ -62,8 +62,11 @@ man: build
 	  for f in "$(GENDIR)/man/$$n.$$s" "$(GENDIR)/bash/$$n" "$(GENDIR)/zsh/_$$n" "$(GENDIR)/fish/$$n.fish"; do \
 	    test -s "$$f" || { echo "$$f: generated file is empty" >&2; exit 1; }; \
 	  done; \
-	  echo "generated man page and completions for $$n"; \
 	done
+	@"$(BINDIR_SRC)/dcpid" --generate man-config > "$(GENDIR)/man/dcpid.toml.5"
+	@test -s "$(GENDIR)/man/dcpid.toml.5" || { echo "$(GENDIR)/man/dcpid.toml.5: generated file is empty" >&2; exit 1; }
+	@echo "man pages in $(GENDIR)/man (read one with: man -l $(GENDIR)/man/dcpiprof.1);"
+	@echo "shell completions in $(GENDIR)/bash, $(GENDIR)/zsh and $(GENDIR)/fish"
 
 install: build man
 	$(INSTALL) -d "$(DESTDIR)$(BINDIR)"
@@ -84,7 +87,7 @@ install: build man
 	else \
 	  $(INSTALL) -m 0644 systemd/dcpid.toml "$(DESTDIR)$(SYSCONFDIR)/dcpi/dcpid.toml"; \
 	fi
-	$(INSTALL) -d "$(DESTDIR)$(MANDIR)/man1" "$(DESTDIR)$(MANDIR)/man8" \
+	$(INSTALL) -d "$(DESTDIR)$(MANDIR)/man1" "$(DESTDIR)$(MANDIR)/man5" "$(DESTDIR)$(MANDIR)/man8" \
 	  "$(DESTDIR)$(DATADIR)/bash-completion/completions" \
 	  "$(DESTDIR)$(DATADIR)/zsh/site-functions" \
 	  "$(DESTDIR)$(DATADIR)/fish/vendor_completions.d"
@@ -95,6 +98,7 @@ install: build man
 	  $(INSTALL) -m 0644 "$(GENDIR)/zsh/_$$n" "$(DESTDIR)$(DATADIR)/zsh/site-functions/_$$n"; \
 	  $(INSTALL) -m 0644 "$(GENDIR)/fish/$$n.fish" "$(DESTDIR)$(DATADIR)/fish/vendor_completions.d/$$n.fish"; \
 	done
+	$(INSTALL) -m 0644 "$(GENDIR)/man/dcpid.toml.5" "$(DESTDIR)$(MANDIR)/man5/dcpid.toml.5"
 	@echo "installed; as root: systemd-sysusers && systemd-tmpfiles --create dcpid.conf && systemctl daemon-reload && systemctl enable --now dcpid"
 
 uninstall:
@@ -105,6 +109,7 @@ uninstall:
 	    "$(DESTDIR)$(DATADIR)/zsh/site-functions/_$$n" \
 	    "$(DESTDIR)$(DATADIR)/fish/vendor_completions.d/$$n.fish"; \
 	done
+	rm -f "$(DESTDIR)$(MANDIR)/man5/dcpid.toml.5"
 	rm -f "$(DESTDIR)$(UNITDIR)/dcpid.service" "$(DESTDIR)$(SYSUSERSDIR)/dcpid.conf" \
 	  "$(DESTDIR)$(TMPFILESDIR)/dcpid.conf"
 	@echo "kept $(DESTDIR)$(SYSCONFDIR)/dcpi/dcpid.toml, the database and the spool"

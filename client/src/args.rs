@@ -24,8 +24,17 @@ pub struct Selection {
     /// FROM..TO (inclusive; ids or prefixes such as 20250101; either end may be omitted).
     #[arg(long, value_name = "ID|latest|all|FROM..TO", default_value = "latest")]
     pub epoch: EpochSel,
-    /// Host to report (default: this host); `all` merges every host.
-    #[arg(long, value_name = "NAME|all")]
+    /// Epochs overlapping the time from WHEN on: a duration back from now (`2h`, `30min`,
+    /// `3days`), a UTC time (`2026-11-24 10:00:00`, `2026-11-24T10:00:00Z`), a day (`20261124`)
+    /// or an epoch id. Replaces --epoch.
+    #[arg(long, value_name = "WHEN", value_parser = parse_when, conflicts_with = "epoch")]
+    pub since: Option<u64>,
+    /// Epochs overlapping the time before WHEN (as --since; a day means its start).
+    #[arg(long, value_name = "WHEN", value_parser = parse_when, conflicts_with = "epoch")]
+    pub until: Option<u64>,
+    /// Host to report (default: this host); `all` merges every host. Without a value, or with
+    /// a host that has no data, the error lists the hosts present.
+    #[arg(long, value_name = "NAME|all", num_args = 0..=1, default_missing_value = "")]
     pub host: Option<String>,
     /// Events to report, in column order (repeatable or comma-separated; default: all).
     #[arg(long = "event", value_name = "NAME", value_delimiter = ',')]
@@ -37,6 +46,15 @@ pub struct Selection {
 }
 
 impl Selection {
+    /// The epochs chosen: `--since`/`--until` when given, else `--epoch`.
+    pub fn epoch_sel(&self) -> EpochSel {
+        if self.since.is_some() || self.until.is_some() {
+            EpochSel::Between(self.since, self.until)
+        } else {
+            self.epoch.clone()
+        }
+    }
+
     /// The `--host` choice (default: this host).
     pub fn host_sel(&self) -> HostSel {
         match self.host.as_deref() {
@@ -54,7 +72,7 @@ impl Selection {
         filter: Option<&ImageFilter>,
         warn: &mut dyn FnMut(String),
     ) -> Result<Loaded, ProfError> {
-        self.load_with(&self.epoch, &self.host_sel(), filter, warn)
+        self.load_with(&self.epoch_sel(), &self.host_sel(), filter, warn)
     }
 
     /// As [`Selection::load`] with another epoch and host choice (e.g. `dcpidiff`'s
@@ -76,7 +94,7 @@ impl Selection {
     /// counts (reports across all images at instruction or symbol granularity).
     pub fn load_all_counts(&self, warn: &mut dyn FnMut(String)) -> Result<Loaded, ProfError> {
         let db = select::open_db(&self.db)?;
-        let dirs = select::select_host_dirs(&db, &self.epoch, &self.host_sel())?;
+        let dirs = select::select_host_dirs(&db, &self.epoch_sel(), &self.host_sel())?;
         let loaded = select::load_counts(dirs, None, true, warn)?;
         self.check_corrupt(loaded, warn)
     }
@@ -173,4 +191,61 @@ impl SymbolSearch {
             },
         }
     }
+}
+
+/// `--limit N`: at most N rows; `0` means no limit (as `head -n 0` would be useless, and as
+/// other tools read it), kept as `usize::MAX` so every caller's `Option<usize>` handling holds.
+pub fn parse_limit(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Ok(usize::MAX),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a row count (a whole number; 0 means no limit)")),
+    }
+}
+
+/// `--since`/`--until`: a duration back from now, a UTC time, a day or an epoch id, as Unix
+/// seconds.
+pub fn parse_when(s: &str) -> Result<u64, String> {
+    parse_when_at(s, std::time::SystemTime::now())
+}
+
+fn parse_when_at(s: &str, now: std::time::SystemTime) -> Result<u64, String> {
+    let unix = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    };
+    if let Ok(d) = humantime::parse_duration(s) {
+        return Ok(unix(now).saturating_sub(d.as_secs()));
+    }
+    if let Some(t) = select::epoch_start(s) {
+        return Ok(t);
+    }
+    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
+        return Ok(unix(t));
+    }
+    Err(format!(
+        "{s:?} is neither a duration (2h, 30min, 3days) nor a UTC time (2026-11-24 10:00:00, \
+         2026-11-24T10:00:00Z, a day 20261124, an epoch id 20261124T101500Z)"
+    ))
+}
+
+/// The candidate a mistyped `word` most likely meant (`cpu-clok` → `cpu-clock`): the closest by
+/// edit distance, if it is close enough to be a typo rather than another word.
+pub fn did_you_mean<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    let w = word.to_ascii_lowercase();
+    candidates
+        .into_iter()
+        .map(|c| (strsim::levenshtein(&w, &c.to_ascii_lowercase()), c))
+        .filter(|&(d, c)| d > 0 && d <= (c.len() / 3).max(2))
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, c)| c)
+}
+
+/// ` (did you mean `X`?)` for the error messages, or nothing.
+pub fn did_you_mean_hint(word: &str, candidates_list: &str) -> String {
+    did_you_mean(word, candidates_list.split(", "))
+        .map(|c| format!(" (did you mean `{c}`?)"))
+        .unwrap_or_default()
 }

@@ -24,6 +24,16 @@ pub enum CtlError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "permission denied on dcpid's control socket {}: {owner}; dcpictl must run as root or \
+         as a member of the `dcpi` group (e.g. `sudo usermod -aG dcpi $USER`, then log in again)",
+        socket.display()
+    )]
+    PermissionDenied {
+        socket: PathBuf,
+        /// Who owns it (`owner root, group dcpi, mode 0660`), or why that is unknown.
+        owner: String,
+    },
     #[error("{socket}: {what}: {source}")]
     Io {
         socket: PathBuf,
@@ -42,7 +52,7 @@ impl CtlError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CtlError::Daemon(_) => 1,
-            CtlError::NotRunning { .. } => 3,
+            CtlError::NotRunning { .. } | CtlError::PermissionDenied { .. } => 3,
             CtlError::Io { .. } | CtlError::Protocol { .. } => 4,
         }
     }
@@ -54,8 +64,13 @@ pub fn request_value(socket: &Path, req: Request, timeout: Duration) -> Result<V
         move |source| CtlError::Io { socket: socket.to_path_buf(), what, source }
     };
     let protocol = |detail: String| CtlError::Protocol { socket: socket.to_path_buf(), detail };
-    let mut s = UnixStream::connect(socket)
-        .map_err(|source| CtlError::NotRunning { socket: socket.to_path_buf(), source })?;
+    let mut s = UnixStream::connect(socket).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::PermissionDenied {
+            CtlError::PermissionDenied { socket: socket.to_path_buf(), owner: owner_of(socket) }
+        } else {
+            CtlError::NotRunning { socket: socket.to_path_buf(), source }
+        }
+    })?;
     s.set_read_timeout(Some(timeout)).map_err(io("set timeout"))?;
     s.set_write_timeout(Some(Duration::from_secs(5))).map_err(io("set timeout"))?;
     let mut line = serde_json::to_string(&req).map_err(|e| protocol(e.to_string()))?;
@@ -71,6 +86,37 @@ pub fn request_value(socket: &Path, req: Request, timeout: Duration) -> Result<V
             Err(CtlError::Daemon(error.unwrap_or_else(|| "unspecified error".to_owned())))
         }
     }
+}
+
+/// `owner USER, group GROUP, mode 0660` of `path`, for a permission error; a directory on the
+/// way that cannot be searched is named instead.
+fn owner_of(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(m) => format!(
+            "owner {}, group {}, mode {:04o}",
+            id_name("/etc/passwd", m.uid()),
+            id_name("/etc/group", m.gid()),
+            m.mode() & 0o7777
+        ),
+        Err(e) => {
+            let dir = path.parent().map_or_else(String::new, |d| format!(" {}", d.display()));
+            format!("its directory{dir} cannot be searched by this user ({e})")
+        }
+    }
+}
+
+/// The name of user or group `id` from `/etc/passwd` or `/etc/group` (`name:x:id:...`), or
+/// the number when it is not listed there (e.g. it comes from a directory service).
+fn id_name(file: &str, id: u32) -> String {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines()
+        .find_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            (f.nth(1)?.parse::<u32>().ok()? == id).then(|| name.to_owned())
+        })
+        .unwrap_or_else(|| id.to_string())
 }
 
 /// The typed result of `req` (see [`dcpi_proto`]); a field missing from the daemon's answer is

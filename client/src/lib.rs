@@ -5,5 +5,7 @@ pub mod args;
 pub mod ctl;
 pub mod diff;
 pub mod list;
+pub mod manpages;
 pub mod prof;
+pub mod term;
 pub mod top;

@@ -59,6 +59,8 @@ pub enum LogFormat {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
 pub enum Generate {
     Man,
+    /// dcpid.toml(5), the configuration file's page.
+    ManConfig,
     CompleteBash,
     CompleteZsh,
     CompleteFish,
@@ -73,7 +75,8 @@ pub fn generate(
 ) -> std::io::Result<()> {
     let name = cmd.get_name().to_string();
     match what {
-        Generate::Man => clap_mangen::Man::new(cmd).section(section).render(out),
+        Generate::Man => crate::man::dcpid(cmd, section, out),
+        Generate::ManConfig => crate::man::config(out),
         Generate::CompleteBash => {
             clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, name, out);
             Ok(())

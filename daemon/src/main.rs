@@ -1,5 +1,6 @@
 //! dcpid: the dcpi daemon.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -38,9 +39,13 @@ fn init_logging(format: LogFormat, level: &str) -> SetLogLevel {
             Err(e) => eprintln!("dcpid: journald logging unavailable ({e}); logging to stderr"),
         }
     }
+    // Colour only for a person at a terminal: a log redirected to a file, a pipe or the
+    // journal's stream must hold plain text (and NO_COLOR turns it off everywhere).
+    let ansi = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr))
         .init();
     set
 }
@@ -52,6 +57,8 @@ fn main() -> ExitCode {
         let mut out = std::io::stdout().lock();
         return match generate(Cli::command(), what, "8", &mut out) {
             Ok(()) => ExitCode::SUCCESS,
+            // `dcpid --generate man | head`: the reader has what it wanted.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dcpid: --generate: {e}");
                 ExitCode::FAILURE

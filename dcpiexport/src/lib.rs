@@ -455,7 +455,7 @@ fn symbol_rows(
 
 fn host_sel_dirs(o: &Options<'_>) -> Result<Vec<HostDir>, ExportError> {
     let db = select::open_db(&o.sel.db)?;
-    Ok(select::select_host_dirs(&db, &o.sel.epoch, &o.sel.host_sel())?)
+    Ok(select::select_host_dirs(&db, &o.sel.epoch_sel(), &o.sel.host_sel())?)
 }
 
 /// Run an export.

@@ -50,7 +50,7 @@ fn generate(what: Generate) -> std::io::Result<()> {
     let mut cmd = Args::command();
     let mut out = std::io::stdout().lock();
     let shell = match what {
-        Generate::Man => return clap_mangen::Man::new(cmd).render(&mut out),
+        Generate::Man => return dcpi_client::manpages::write(cmd, &mut out),
         Generate::CompleteBash => clap_complete::Shell::Bash,
         Generate::CompleteZsh => clap_complete::Shell::Zsh,
         Generate::CompleteFish => clap_complete::Shell::Fish,
@@ -60,17 +60,12 @@ fn generate(what: Generate) -> std::io::Result<()> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DCPI_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    dcpi_client::term::init_logging();
     let args = Args::parse();
     if let Some(g) = args.generate {
         return match generate(g) {
             Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dcpiexport: {e}");
                 ExitCode::from(1)

@@ -3,6 +3,7 @@
 mod barrier;
 mod diff;
 mod export;
+mod first_hour;
 mod format;
 mod listing;
 mod report;

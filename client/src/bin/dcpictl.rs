@@ -111,7 +111,7 @@ fn main() -> ExitCode {
         let mut cmd = Cli::command();
         let mut out = std::io::stdout().lock();
         let r = match g {
-            Generate::Man => clap_mangen::Man::new(cmd).section("8").render(&mut out),
+            Generate::Man => dcpi_client::manpages::write(cmd, &mut out),
             Generate::CompleteBash => {
                 clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, "dcpictl", &mut out);
                 Ok(())
@@ -127,6 +127,7 @@ fn main() -> ExitCode {
         };
         return match r {
             Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dcpictl: --generate: {e}");
                 ExitCode::FAILURE
@@ -184,25 +185,25 @@ fn run(
             // daemon no longer sends is an error here too.
             let status: StatusReport = parse_result(socket, req, v.clone())?;
             if *json {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                emit(format_args!("{}\n", serde_json::to_string_pretty(&v).unwrap_or_default()));
             } else {
-                print!("{}", render_status(&status));
+                emit(format_args!("{}", render_status(&status)));
             }
         }
         Cmd::Flush => {
             let r: FlushResult = parse_result(socket, req, v)?;
             warn_unanswered(&r.unanswered_cpus);
-            println!("flushed");
+            emit(format_args!("flushed\n"));
         }
         Cmd::Reload => {
             let r: ReloadReport = parse_result(socket, req, v)?;
-            println!("{}", reload_outcome(&r));
+            emit(format_args!("{}\n", reload_outcome(&r)));
         }
         Cmd::Top { .. } => {}
         Cmd::Epoch { .. } => match parse_result::<EpochResult>(socket, req, v)? {
             EpochResult { epoch: Some(e), unanswered_cpus, .. } => {
                 warn_unanswered(&unanswered_cpus);
-                println!("{e}");
+                emit(format_args!("{e}\n"));
             }
             EpochResult { epoch: None, .. } => {
                 eprintln!("dcpictl: no current epoch (database not available?)");
@@ -211,6 +212,20 @@ fn run(
         },
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Write to stdout. A reader that closed the pipe (`dcpictl status | head -1`) has what it
+/// wanted: exit 0 quietly, as the other tools do, rather than panic as `println!` would.
+fn emit(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(text).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("dcpictl: writing output: {e}");
+        std::process::exit(1);
+    }
 }
 
 /// A flush or new epoch is a barrier at one instant; a CPU whose drain thread did not answer in

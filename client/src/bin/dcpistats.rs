@@ -5,19 +5,15 @@ use dcpi_client::diff::common::print_tool_error;
 use dcpi_client::diff::stats_tool::{run_stats, StatsArgs};
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DCPI_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    dcpi_client::term::init_logging();
     let args = StatsArgs::parse_args();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut err = std::io::stderr();
     match run_stats(&args, &mut out, &mut err) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader closed the pipe (`| head`): it has what it wanted.
+        Err(e) if dcpi_client::term::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             use std::io::Write;
             let _ = out.flush();

@@ -253,7 +253,7 @@ pub fn generate(
 ) -> io::Result<()> {
     use crate::prof::Generate;
     match what {
-        Generate::Man => clap_mangen::Man::new(cmd).render(out)?,
+        Generate::Man => crate::manpages::write(cmd, out)?,
         Generate::CompleteBash => {
             clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, name, out)
         }

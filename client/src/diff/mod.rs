@@ -140,8 +140,8 @@ pub struct DiffArgs {
     /// Colour in the table (red: a larger share now, green: smaller; significant rows only).
     #[arg(long, value_enum, default_value = "auto")]
     pub color: ColorChoice,
-    /// Show at most N rows (after sorting).
-    #[arg(long, value_name = "N")]
+    /// Show at most N rows (after sorting); 0 means no limit.
+    #[arg(long, value_name = "N", value_parser = crate::args::parse_limit)]
     pub limit: Option<usize>,
     #[command(flatten)]
     pub symbols: SymbolSearch,
@@ -247,8 +247,9 @@ fn side_err(side: &str, e: ProfError) -> ToolError {
              samples there: {known}"
         )),
         ProfError::UnknownEvent { event, available, .. } => ToolError::Usage(format!(
-            "{side} selection has no samples of event {event:?}; events there: {available} \
-             (choose with --event)"
+            "{side} selection has no samples of event {event:?}{}; events there: {available} \
+             (choose with --event)",
+            crate::args::did_you_mean_hint(&event, &available)
         )),
         e => ToolError::Prof(e),
     }
@@ -276,8 +277,8 @@ pub fn run_diff(
         )));
     }
     let default_host = args.sel.host_sel();
-    let be = args.before.clone().unwrap_or_else(|| args.sel.epoch.clone());
-    let ae = args.after.clone().unwrap_or_else(|| args.sel.epoch.clone());
+    let be = args.before.clone().unwrap_or_else(|| args.sel.epoch_sel());
+    let ae = args.after.clone().unwrap_or_else(|| args.sel.epoch_sel());
     let bh = host_sel(args.before_host.as_deref(), &default_host);
     let ah = host_sel(args.after_host.as_deref(), &default_host);
     if be == ae && bh == ah {

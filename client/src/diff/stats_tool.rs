@@ -104,8 +104,8 @@ pub struct StatsArgs {
     /// Colour outlier counts in the table.
     #[arg(long, value_enum, default_value = "auto")]
     pub color: ColorChoice,
-    /// Show at most N rows.
-    #[arg(long, value_name = "N")]
+    /// Show at most N rows; 0 means no limit.
+    #[arg(long, value_name = "N", value_parser = crate::args::parse_limit)]
     pub limit: Option<usize>,
     #[command(flatten)]
     pub symbols: SymbolSearch,
@@ -220,8 +220,9 @@ pub fn run_stats(
         _ => args.sel.host_sel(),
     };
     let filter = ImageFilter::new(image);
-    let loaded =
-        args.sel.load_with(&args.sel.epoch, &host, Some(&filter), &mut |w| warnings.push(w))?;
+    let loaded = args
+        .sel
+        .load_with(&args.sel.epoch_sel(), &host, Some(&filter), &mut |w| warnings.push(w))?;
     if loaded.profiles.is_empty() {
         let w = report::weights(&loaded, &[])?;
         resolve_image_builds(&loaded, &w, image)?;

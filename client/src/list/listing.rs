@@ -16,7 +16,7 @@ use crate::prof::report::{
     self, ElfRequest, ElfState, EventCount, EventInfo, ImageFilter, ImageInfo, Scope, SymbolMode,
     Weights,
 };
-use crate::prof::select::{epochs_and_hosts, Loaded};
+use crate::prof::select::Loaded;
 use crate::prof::symbolize::{demangle, ElfSymbolizer, Frame};
 
 /// Functions larger than this are refused (a corrupt symbol size would read the whole file).
@@ -181,6 +181,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
         build_id: build_id_hex(&first.profile.header.image_id),
         binary: None,
         debug_file: None,
+        symbols_note: None,
     };
     let mode = args.mode();
     let mut frames: Option<Box<ElfSymbolizer>> = None;
@@ -409,7 +410,6 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
             v
         }
     };
-    let (epochs, hosts) = epochs_and_hosts(&loaded.dirs);
     let mut events = weights.infos.clone();
     for (i, e) in events.iter_mut().enumerate() {
         e.samples = totals_c.samples[i];
@@ -417,7 +417,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     }
     Ok(Listing {
         report: "listing",
-        scope: Scope { database: args.sel.db.display().to_string(), epochs, hosts },
+        scope: crate::prof::report::scope(&loaded, &args.sel.db.display().to_string()),
         image: info.path,
         kind: info.kind,
         build_id: info.build_id,

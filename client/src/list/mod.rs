@@ -120,8 +120,9 @@ EXIT STATUS
 pub struct Args {
     #[command(flatten)]
     pub sel: Selection,
-    /// The image: a path, a basename (if unambiguous), a build-id or a prefix of >= 8 hex
-    /// digits, `kernel`, a module name or `[anon...]` (JIT), as dcpiprof --image.
+    /// The image: a path, a basename or a unique prefix or substring of one, a build-id or a
+    /// prefix of >= 8 hex digits, `kernel`, a module name or `[anon...]` (JIT), as dcpiprof
+    /// --image.
     #[arg(long, value_name = "IMAGE", required_unless_present_any = ["top", "generate"])]
     pub image: Option<String>,
     /// The function: its name as dcpiprof shows it (demangled), its mangled name, a C++ name
@@ -272,7 +273,7 @@ fn generate(what: prof::Generate, out: &mut dyn Write) -> Result<(), ListError> 
     let mut cmd = Args::command();
     let shell = match what {
         prof::Generate::Man => {
-            clap_mangen::Man::new(cmd).render(out)?;
+            crate::manpages::write(cmd, out)?;
             return Ok(());
         }
         prof::Generate::CompleteBash => Shell::Bash,

@@ -13,7 +13,7 @@ use crate::prof::image::{build_id_hex, display_path, image_display};
 use crate::prof::report::{
     self, ElfRequest, ElfState, EventCount, EventInfo, ImageInfo, Scope, SymbolMode,
 };
-use crate::prof::select::{epochs_and_hosts, Loaded};
+use crate::prof::select::Loaded;
 use crate::prof::symbolize::{demangle, ElfSymbolizer};
 use crate::prof::ProfError;
 
@@ -101,10 +101,9 @@ pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopRepor
             events: ev,
         });
     }
-    let (epochs, hosts) = epochs_and_hosts(&loaded.dirs);
     Ok(TopReport {
         report: "top",
-        scope: Scope { database: args.sel.db.display().to_string(), epochs, hosts },
+        scope: crate::prof::report::scope(&loaded, &args.sel.db.display().to_string()),
         total_samples: w.infos.first().map_or(0, |i| i.samples),
         events: w.infos,
         rows,
@@ -140,6 +139,7 @@ impl Resolver<'_> {
                         build_id: None,
                         binary: None,
                         debug_file: None,
+                        symbols_note: None,
                     };
                     let mut locator = args.symbols.locator(&args.sel.db);
                     let want = SymbolMode { lines: true, inlines: false, raw_names: false };

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::debuginfo::Locator;
 use super::report::{self, EventCount, EventInfo, Scope, SymbolContext, SymbolMode, Weights};
-use super::select::{epochs_and_hosts, Loaded};
+use super::select::Loaded;
 use super::symcache::SymbolCache;
 use crate::prof::image::{build_id_hex, image_display, kind_name};
 
@@ -129,10 +129,9 @@ pub fn global_symbol_report(
         }
         _ => 0,
     };
-    let (epochs, hosts) = epochs_and_hosts(&loaded.dirs);
     GlobalReport {
         report: "global-symbols",
-        scope: Scope { database: db.to_owned(), epochs, hosts },
+        scope: super::report::scope(loaded, db),
         total_samples: w.infos.first().map_or(0, |i| i.samples),
         events: w.infos.clone(),
         rows_omitted: omitted,

@@ -111,31 +111,55 @@ pub(super) fn parse_spec(s: &str) -> Spec {
 }
 
 pub(super) fn spec_matches(spec: &Spec, h: &ProfileHeader) -> bool {
+    spec_rank(spec, h).is_some()
+}
+
+/// How well `spec` names the image of `h`: `Some(0)` exactly, and for a bare name also
+/// `Some(1)` as a prefix and `Some(2)` as a substring of the basename (or module name), so that
+/// `--image nginx` finds `/usr/sbin/nginx-debug` when nothing is called `nginx`. The caller
+/// keeps only the best rank present: an exact match always wins.
+pub(super) fn spec_rank(spec: &Spec, h: &ProfileHeader) -> Option<u8> {
+    let exact = |yes: bool| yes.then_some(0);
     match spec {
-        Spec::Kernel => h.kind == ImageKind::Kernel && !is_idle(h),
-        Spec::Idle => is_idle(h),
-        Spec::Vdso => h.kind == ImageKind::Vdso,
-        Spec::Unknown => h.kind == ImageKind::Unknown,
-        Spec::Anon(prefix) => {
-            h.kind == ImageKind::Anon && display_path(&h.image_path).starts_with(prefix.as_str())
-        }
+        Spec::Kernel => exact(h.kind == ImageKind::Kernel && !is_idle(h)),
+        Spec::Idle => exact(is_idle(h)),
+        Spec::Vdso => exact(h.kind == ImageKind::Vdso),
+        Spec::Unknown => exact(h.kind == ImageKind::Unknown),
+        Spec::Anon(prefix) => exact(
+            h.kind == ImageKind::Anon && display_path(&h.image_path).starts_with(prefix.as_str()),
+        ),
         Spec::Hex(hx) => {
             let t = h.image_id.to_text();
-            h.kind != ImageKind::Unknown
-                && (t == *hx
-                    || build_id_hex(&h.image_id).is_some_and(|b| b.starts_with(hx.as_str())))
+            exact(
+                h.kind != ImageKind::Unknown
+                    && (t == *hx
+                        || build_id_hex(&h.image_id).is_some_and(|b| b.starts_with(hx.as_str()))),
+            )
         }
-        Spec::Path(path) => h.kind == ImageKind::Elf && h.image_path == *path,
-        Spec::Name(name) => match h.kind {
-            ImageKind::Elf => {
-                h.image_path.rsplit(|&b| b == b'/').next().is_some_and(|b| b == name.as_bytes())
+        Spec::Path(path) => exact(h.kind == ImageKind::Elf && h.image_path == *path),
+        Spec::Name(name) => {
+            let base: Vec<u8> = match h.kind {
+                ImageKind::Elf => h.image_path.rsplit(|&b| b == b'/').next()?.to_vec(),
+                ImageKind::KernelModule => display_path(&h.image_path)
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .as_bytes()
+                    .to_vec(),
+                _ => return None,
+            };
+            let name = name.as_bytes();
+            if base == name {
+                Some(0)
+            } else if name.is_empty() {
+                None
+            } else if base.starts_with(name) {
+                Some(1)
+            } else if base.windows(name.len()).any(|w| w == name) {
+                Some(2)
+            } else {
+                None
             }
-            ImageKind::KernelModule => {
-                let n = display_path(&h.image_path);
-                n.trim_start_matches('[').trim_end_matches(']') == name
-            }
-            _ => false,
-        },
+        }
     }
 }
 
@@ -166,6 +190,11 @@ impl ImageFilter {
 
     pub fn by_header(&self, h: &ProfileHeader) -> bool {
         spec_matches(&self.spec, h)
+    }
+
+    /// As [`ImageFilter::by_header`], with how well it matches ([`spec_rank`]: lower is better).
+    pub fn rank(&self, h: &ProfileHeader) -> Option<u8> {
+        spec_rank(&self.spec, h)
     }
 
     /// A hex spec that names no file is tried as a basename (as [`resolve_image`] does).

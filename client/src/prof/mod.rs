@@ -47,6 +47,11 @@ NUMBERS
   percent   share of `events` of the event within the report (per-image: of everything
             selected, including [unknown]; per-symbol: of the image). Rows are sorted by the
             first event's `events`; cumulative_percent follows that order.
+  On a terminal the table groups digits (1,234,567); in a pipe or file, and always in JSON
+  and CSV, numbers are plain. The table's header gives the selection (database, epochs,
+  hosts, each event with its mean and nominal period) and how old the newest data is (from
+  the hosts' summary.json): a report of the current epoch lags the machine by up to the
+  daemon's publish interval; `dcpictl flush` publishes everything sampled so far.
 
 JSON SCHEMA (--format json; numbers are plain JSON numbers)
   Per-image report (no --image):
@@ -149,7 +154,8 @@ BINARIES AND DEBUG INFO
   by build-id (--binary-path, caches) or this machine's vDSO if its build-id matches; otherwise
   they are shown as [vdso]+0xOFFSET. JIT regions ([anon:PID:comm]) use the perf-PID.map
   symbols stored with the profile.
-  --lines keys rows by file:line of the innermost DWARF frame; --inlines names the innermost
+  --lines keys rows by file:line of the innermost DWARF frame (the table lists each
+  function's lines under it, the function's row summing them); --inlines names the innermost
   inlined function instead of the enclosing symbol. Both need DWARF (in the binary or a
   separate debug file) and fall back to symbols with a warning.
 
@@ -172,13 +178,16 @@ FILES READ
   the counts.
 
 EXIT STATUS
-  0 success (also when --keep-going skipped corrupt files: each is named on stderr);
-  1 internal or output error (e.g. a closed pipe);
+  0 success (also when --keep-going skipped corrupt files: each is named on stderr, and
+    when the reader of a pipe closed it early, as `dcpiprof | head -1` does);
+  1 internal or output error (e.g. a full disk);
   2 usage or data error: bad arguments, missing database, no epoch/host/image/event
     matching the selection, a corrupt or foreign-version profile file (without
     --keep-going), --image ambiguous (the matches are listed on stderr). The error is one
     line naming the thing and what to do. A binary that is missing, unreadable or stripped
-    is not an error: its rows show IMAGE+0xOFFSET and a warning says how to supply symbols.";
+    is not an error: its rows show IMAGE+0xOFFSET and a warning says how to supply symbols
+    (a stripped library whose exported .dynsym symbols were all there was is also said in
+    the table's header, `# symbols: only .dynsym ...`).";
 
 /// Command line of `dcpiprof`.
 #[derive(Parser, Debug, Clone)]
@@ -195,7 +204,8 @@ EXIT STATUS
 pub struct Args {
     #[command(flatten)]
     pub sel: Selection,
-    /// Per-symbol report of one image: a path, a basename (if unambiguous), a build-id or a
+    /// Per-symbol report of one image: a path, a basename or a unique prefix or substring of
+    /// one (`nginx`; an exact basename wins; several matches are listed), a build-id or a
     /// prefix of >= 8 hex digits, `kernel` ([kernel.kallsyms], vmlinux), a module name,
     /// `[vdso]`, `[anon...]` (JIT, with its perf map symbols) or `unknown`.
     #[arg(long, value_name = "IMAGE")]
@@ -207,8 +217,8 @@ pub struct Args {
     /// Write the report or export to FILE (atomically) instead of stdout.
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Show at most N rows (the header still counts everything).
-    #[arg(long, value_name = "N")]
+    /// Show at most N rows (the header still counts everything); 0 means no limit.
+    #[arg(long, value_name = "N", value_parser = crate::args::parse_limit)]
     pub limit: Option<usize>,
     /// Per-symbol report: one row per source line (file:line of the innermost frame, DWARF).
     #[arg(long)]
@@ -283,7 +293,9 @@ pub enum ProfError {
     #[error("{0}")]
     Empty(String),
     #[error(
-        "no samples of event {event:?} in {scope}; events there: {available} (choose with --event)"
+        "no samples of event {event:?} in {scope}{}; events there: {available} (choose with \
+         --event)",
+        crate::args::did_you_mean_hint(event, available)
     )]
     UnknownEvent { event: String, available: String, scope: String },
     #[error(
@@ -410,6 +422,10 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
         return run_export(args, &mut loaded, &weights, &mut warnings, out, err);
     }
     let db_name = args.sel.db.display().to_string();
+    // Grouped digits for a person at a terminal; plain numbers in files and pipes.
+    let style = output::Style {
+        human: args.output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    };
     let result = match &args.image {
         None if args.all_symbols => {
             let mut locator = args.symbols.locator(&args.sel.db);
@@ -424,12 +440,12 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
                 args.limit,
             );
             flush_warnings(err, &mut warnings)?;
-            output::write_global_symbols(out, &r, args.format)
+            output::write_global_symbols(out, &r, args.format, style)
         }
         None => {
             flush_warnings(err, &mut warnings)?;
             let r = report::image_report(&loaded, &weights, &db_name, args.limit);
-            output::write_images(out, &r, args.format)
+            output::write_images(out, &r, args.format, style)
         }
         Some(spec) => {
             let idx = report::resolve_image(&loaded, &weights, spec)?;
@@ -456,7 +472,7 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
                     r.image.path
                 )));
             }
-            output::write_symbols(out, &r, args.format)
+            output::write_symbols(out, &r, args.format, style)
         }
     };
     result?;
@@ -488,7 +504,11 @@ fn run_images(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(
     let weights = report::weights_of_totals(&totals, &args.sel.events)?;
     let db_name = args.sel.db.display().to_string();
     let r = report::image_report_of_totals(&totals, &weights, &db_name, args.limit);
-    output::write_images(out, &r, args.format)?;
+    // Grouped digits for a person at a terminal; plain numbers in files and pipes.
+    let style = output::Style {
+        human: args.output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    };
+    output::write_images(out, &r, args.format, style)?;
     out.flush()?;
     if args.verbose {
         writeln!(err, "dcpiprof: stats: {}", stats::line())?;
@@ -561,7 +581,7 @@ fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<(
 fn generate(what: Generate, out: &mut dyn Write) -> Result<(), ProfError> {
     let mut cmd = Args::command();
     match what {
-        Generate::Man => clap_mangen::Man::new(cmd).render(out)?,
+        Generate::Man => crate::manpages::write(cmd, out)?,
         Generate::CompleteBash => {
             clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, "dcpiprof", out)
         }
@@ -586,11 +606,15 @@ pub fn print_error_as(prog: &str, err: &mut dyn Write, e: &ProfError) {
     if let ProfError::Ambiguous { candidates, .. } = e {
         let _ = writeln!(err, "matches (pass a path or a build-id prefix to choose):");
         for c in candidates {
+            // An image without a build-id is named by its image id (`f…`), not as a build-id.
+            let id = match &c.build_id {
+                Some(b) => format!("build-id {b}"),
+                None => format!("id {}", c.image_id),
+            };
             let _ = writeln!(
                 err,
-                "  {}  build-id {}  {} samples  hosts {}  epochs {}",
+                "  {}  {id}  {} samples  hosts {}  epochs {}",
                 c.path,
-                c.build_id.as_deref().unwrap_or(&c.image_id),
                 c.samples,
                 c.hosts.join(","),
                 c.epochs.join(",")

@@ -51,7 +51,63 @@ pub(crate) fn not_a_report(fmt: Format) -> io::Error {
     io::Error::other(format!("{fmt:?} is an export format, not a report table"))
 }
 
-fn header(out: &mut dyn Write, scope: &Scope, events: &[EventInfo], total: u64) -> io::Result<()> {
+/// How a table is drawn: `human` groups digits (`172,000`) for a person at a terminal; files
+/// and pipes get the plain numbers, as JSON and CSV always do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Style {
+    pub human: bool,
+}
+
+/// `n` with thousands separators when `style.human`.
+pub fn number(n: u64, style: Style) -> String {
+    let raw = n.to_string();
+    if !style.human || raw.len() <= 3 {
+        return raw;
+    }
+    let mut s = String::with_capacity(raw.len() + raw.len() / 3);
+    for (i, c) in raw.chars().enumerate() {
+        if i > 0 && (raw.len() - i) % 3 == 0 {
+            s.push(',');
+        }
+        s.push(c);
+    }
+    s
+}
+
+/// `12 s`, `5 min`, `3 h`, `2 days`.
+fn age(secs: u64) -> String {
+    match secs {
+        0..120 => format!("{secs} s"),
+        120..7200 => format!("{} min", secs / 60),
+        7200..172_800 => format!("{} h", secs / 3600),
+        _ => format!("{} days", secs / 86_400),
+    }
+}
+
+/// The freshness line: a report of the current epoch lags the machine by up to the daemon's
+/// flush interval, and a user comparing it with `perf` or `top` should know by how much.
+fn freshness(newest: u64) -> Option<String> {
+    if newest == 0 {
+        return None;
+    }
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(newest);
+    let now = std::time::SystemTime::now();
+    let old = now.duration_since(t).map_or(0, |d| d.as_secs());
+    let hint = if old < 86_400 { "; run `dcpictl flush` for the last seconds" } else { "" };
+    Some(format!(
+        "# newest data: {} old (written {}){hint}",
+        age(old),
+        humantime::format_rfc3339_seconds(t)
+    ))
+}
+
+fn header(
+    out: &mut dyn Write,
+    scope: &Scope,
+    events: &[EventInfo],
+    total: u64,
+    style: Style,
+) -> io::Result<()> {
     writeln!(out, "# database: {}", scope.database)?;
     let ep = match scope.epochs.as_slice() {
         [] => "none".to_owned(),
@@ -68,15 +124,22 @@ fn header(out: &mut dyn Write, scope: &Scope, events: &[EventInfo], total: u64) 
         };
         writeln!(
             out,
-            "# event {}: {} samples, mean period {:.0} (nominal {}), ~{} events{mux}",
+            "# event {}: {} samples, mean period {} (nominal {}), ~{} events{mux}",
             esc(&e.name),
-            e.samples,
-            e.mean_period,
-            e.nominal_period,
-            e.events
+            number(e.samples, style),
+            if style.human {
+                number(e.mean_period.round() as u64, style)
+            } else {
+                format!("{:.0}", e.mean_period)
+            },
+            number(e.nominal_period, style),
+            number(e.events, style)
         )?;
     }
-    writeln!(out, "# total samples: {total}")
+    if let Some(f) = freshness(scope.newest_data) {
+        writeln!(out, "{f}")?;
+    }
+    writeln!(out, "# total samples: {}", number(total, style))
 }
 
 fn count_titles(events: &[EventInfo]) -> Vec<String> {
@@ -92,10 +155,12 @@ fn count_titles(events: &[EventInfo]) -> Vec<String> {
         .collect()
 }
 
-fn count_cells(counts: &[EventCount]) -> Vec<String> {
+fn count_cells(counts: &[EventCount], style: Style) -> Vec<String> {
     counts
         .iter()
-        .flat_map(|c| [c.samples.to_string(), c.events.to_string(), format!("{:.2}", c.percent)])
+        .flat_map(|c| {
+            [number(c.samples, style), number(c.events, style), format!("{:.2}", c.percent)]
+        })
         .collect()
 }
 
@@ -183,7 +248,12 @@ fn idle_note(out: &mut dyn Write, idle: &IdleShare) -> io::Result<()> {
     )
 }
 
-pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format) -> io::Result<()> {
+pub fn write_images(
+    out: &mut dyn Write,
+    r: &ImageReport,
+    fmt: Format,
+    style: Style,
+) -> io::Result<()> {
     match fmt {
         Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
             Err(not_a_report(fmt))
@@ -212,7 +282,7 @@ pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format) -> io::Re
             Ok(())
         }
         Format::Table => {
-            header(out, &r.scope, &r.events, r.total_samples)?;
+            header(out, &r.scope, &r.events, r.total_samples, style)?;
             idle_note(out, &r.idle)?;
             let mut t = count_titles(&r.events);
             t.push("cum%".into());
@@ -221,7 +291,7 @@ pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format) -> io::Re
                 .rows
                 .iter()
                 .map(|row| {
-                    let mut c = count_cells(&row.counts);
+                    let mut c = count_cells(&row.counts, style);
                     c.push(format!("{:.2}", row.cumulative_percent));
                     c.push(row.image.clone());
                     c
@@ -236,7 +306,12 @@ pub fn write_images(out: &mut dyn Write, r: &ImageReport, fmt: Format) -> io::Re
     }
 }
 
-pub fn write_symbols(out: &mut dyn Write, r: &SymbolReport, fmt: Format) -> io::Result<()> {
+pub fn write_symbols(
+    out: &mut dyn Write,
+    r: &SymbolReport,
+    fmt: Format,
+    style: Style,
+) -> io::Result<()> {
     let with_source = r.rows.iter().any(|x| x.source.is_some());
     match fmt {
         Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
@@ -260,7 +335,7 @@ pub fn write_symbols(out: &mut dyn Write, r: &SymbolReport, fmt: Format) -> io::
             Ok(())
         }
         Format::Table => {
-            header(out, &r.scope, &r.events, r.total_samples)?;
+            header(out, &r.scope, &r.events, r.total_samples, style)?;
             let mut id = r.image.build_id.as_ref().map_or_else(
                 || r.image.image_id.clone().map(|i| format!(" (id {i})")).unwrap_or_default(),
                 |b| format!(" (build-id {b})"),
@@ -271,27 +346,29 @@ pub fn write_symbols(out: &mut dyn Write, r: &SymbolReport, fmt: Format) -> io::
             if let Some(d) = &r.image.debug_file {
                 id.push_str(&format!("\n# debug info from: {d}"));
             }
+            if let Some(n) = &r.image.symbols_note {
+                id.push_str(&format!("\n# symbols: {n}"));
+            }
             writeln!(out, "# image: {}{id}", r.image.path)?;
             let mut t = count_titles(&r.events);
             t.push("cum%".into());
-            if with_source {
-                t.push("source".into());
-            }
-            t.push("symbol".into());
-            // The source column is text but not last: pad it on the left like the numbers.
-            let rows = r
-                .rows
-                .iter()
-                .map(|row| {
-                    let mut c = count_cells(&row.counts);
-                    c.push(format!("{:.2}", row.cumulative_percent));
-                    if with_source {
-                        c.push(row.source.clone().unwrap_or_default());
-                    }
-                    c.push(row.symbol.clone());
-                    c
-                })
-                .collect();
+            let rows = if with_source {
+                // Each source line under its symbol: the symbol's row carries the sum of its
+                // lines (and the running total), its lines follow, indented, hottest first.
+                t.push("symbol / source line".into());
+                line_rows(r, style)
+            } else {
+                t.push("symbol".into());
+                r.rows
+                    .iter()
+                    .map(|row| {
+                        let mut c = count_cells(&row.counts, style);
+                        c.push(format!("{:.2}", row.cumulative_percent));
+                        c.push(row.symbol.clone());
+                        c
+                    })
+                    .collect()
+            };
             table(out, t, rows)?;
             if r.rows_omitted > 0 {
                 writeln!(out, "# {} more row(s) not shown (--limit)", r.rows_omitted)?;
@@ -301,11 +378,52 @@ pub fn write_symbols(out: &mut dyn Write, r: &SymbolReport, fmt: Format) -> io::
     }
 }
 
+/// `--lines` table rows: one row per symbol (its lines summed, symbols in order of their
+/// hottest line, as the report ranks rows), then its lines indented beneath it.
+fn line_rows(r: &SymbolReport, style: Style) -> Vec<Vec<String>> {
+    let mut order: Vec<&str> = Vec::new();
+    let mut groups: std::collections::HashMap<&str, Vec<&super::report::SymbolRow>> =
+        std::collections::HashMap::new();
+    for row in &r.rows {
+        let g = groups.entry(row.symbol.as_str()).or_default();
+        if g.is_empty() {
+            order.push(row.symbol.as_str());
+        }
+        g.push(row);
+    }
+    let mut out = Vec::new();
+    let mut cum = 0.0;
+    for sym in order {
+        let lines = &groups[sym];
+        let mut sum: Vec<EventCount> = lines[0].counts.clone();
+        for l in &lines[1..] {
+            for (a, b) in sum.iter_mut().zip(&l.counts) {
+                a.samples += b.samples;
+                a.events += b.events;
+                a.percent += b.percent;
+            }
+        }
+        cum += sum.first().map_or(0.0, |c| c.percent);
+        let mut c = count_cells(&sum, style);
+        c.push(format!("{:.2}", cum.min(100.0)));
+        c.push(sym.to_owned());
+        out.push(c);
+        for l in lines {
+            let mut c = count_cells(&l.counts, style);
+            c.push(String::new());
+            c.push(format!("    {}", l.source.as_deref().unwrap_or("??:0")));
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `dcpiprof --symbols` without `--image`: symbols of every image, ranked together.
 pub fn write_global_symbols(
     out: &mut dyn Write,
     r: &super::global::GlobalReport,
     fmt: Format,
+    style: Style,
 ) -> io::Result<()> {
     match fmt {
         Format::Json => {
@@ -334,7 +452,7 @@ pub fn write_global_symbols(
             Err(not_a_report(fmt))
         }
         Format::Table => {
-            header(out, &r.scope, &r.events, r.total_samples)?;
+            header(out, &r.scope, &r.events, r.total_samples, style)?;
             writeln!(out, "# percent: of the machine's total (every image, [unknown] included)")?;
             let mut t = count_titles(&r.events);
             t.push("cum%".into());
@@ -348,7 +466,7 @@ pub fn write_global_symbols(
                 .rows
                 .iter()
                 .map(|row| {
-                    let mut c = count_cells(&row.counts);
+                    let mut c = count_cells(&row.counts, style);
                     c.push(format!("{:.2}", row.cumulative_percent));
                     c.push(format!("{:<w$}", row.image));
                     c.push(row.symbol.clone());
@@ -361,5 +479,84 @@ pub fn write_global_symbols(
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prof::report::{EventInfo, ImageInfo, SymbolRow};
+
+    #[test]
+    fn digits_are_grouped_only_for_people() {
+        let human = Style { human: true };
+        assert_eq!(number(0, human), "0");
+        assert_eq!(number(999, human), "999");
+        assert_eq!(number(1000, human), "1,000");
+        assert_eq!(number(1_234_567, human), "1,234,567");
+        assert_eq!(number(1_234_567, Style::default()), "1234567");
+    }
+
+    fn row(symbol: &str, line: &str, samples: u64) -> SymbolRow {
+        let c = EventCount {
+            event: "cpu-clock".into(),
+            samples,
+            events: samples * 1000,
+            percent: samples as f64,
+        };
+        SymbolRow {
+            symbol: symbol.into(),
+            source: Some(line.into()),
+            samples,
+            events: c.events,
+            percent: c.percent,
+            cumulative_percent: 0.0,
+            counts: vec![c],
+        }
+    }
+
+    #[test]
+    fn lines_are_listed_under_their_symbol() {
+        let r = SymbolReport {
+            report: "symbols",
+            scope: Scope { database: "db".into(), epochs: vec![], hosts: vec![], newest_data: 0 },
+            image: ImageInfo {
+                path: "/bin/x".into(),
+                kind: "elf",
+                image_id: None,
+                build_id: None,
+                binary: None,
+                debug_file: None,
+                symbols_note: None,
+            },
+            events: vec![EventInfo {
+                name: "cpu-clock".into(),
+                samples: 100,
+                events: 100_000,
+                mean_period: 1000.0,
+                nominal_period: 1000,
+                multiplex_scale: 1.0,
+            }],
+            total_samples: 100,
+            rows_omitted: 0,
+            rows: vec![
+                row("hot", "x.c:10", 40),
+                row("warm", "y.c:5", 30),
+                row("hot", "x.c:12", 20),
+                row("warm", "y.c:7", 10),
+            ],
+        };
+        let mut out = Vec::new();
+        write_symbols(&mut out, &r, Format::Table, Style::default()).expect("render");
+        let text = String::from_utf8(out).expect("utf8");
+        let body: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).skip(1).collect();
+        let names: Vec<&str> = body.iter().map(|l| l.split("  ").last().unwrap_or("")).collect();
+        assert_eq!(names, ["hot", "x.c:10", "x.c:12", "warm", "y.c:5", "y.c:7"], "{text}");
+        // Lines are indented under the symbol and have no running total of their own.
+        assert!(body[1].ends_with("     x.c:10") && body[1].matches('.').count() == 2, "{text}");
+        // The symbol's row is the sum of its lines, with the running total.
+        let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(words(body[0]), ["60", "60000", "60.00", "60.00", "hot"], "{text}");
+        assert_eq!(words(body[3]), ["40", "40000", "40.00", "100.00", "warm"], "{text}");
     }
 }

@@ -16,7 +16,7 @@ use profile_format::{
 use serde::Serialize;
 
 use super::debuginfo::{find_debug_file, live_vdso, Located, Locator};
-use super::image::{build_id_hex, image_display, image_label, parse_spec, spec_matches, Spec};
+use super::image::{build_id_hex, image_display, image_label, parse_spec, spec_rank, Spec};
 pub use super::image::{display_path, kind_name, ImageFilter};
 use super::names::display_name;
 use super::select::{epochs_and_hosts, Loaded, Totals};
@@ -88,6 +88,10 @@ pub struct ImageInfo {
     /// Binary used for symbols, if any.
     pub binary: Option<String>,
     pub debug_file: Option<String>,
+    /// What the symbols lack and how to get them (a stripped binary with only `.dynsym`):
+    /// said in the table's header. Not part of the JSON schema.
+    #[serde(skip)]
+    pub symbols_note: Option<String>,
 }
 
 /// Common header fields.
@@ -96,6 +100,10 @@ pub struct Scope {
     pub database: String,
     pub epochs: Vec<String>,
     pub hosts: Vec<String>,
+    /// Unix seconds of the newest summary write among the selected host directories (0 when
+    /// none says): how fresh the report is. Table header only; not part of the JSON schema.
+    #[serde(skip)]
+    pub newest_data: u64,
 }
 
 /// `dcpiprof` (no `--image`).
@@ -367,18 +375,24 @@ fn finish<K: Ord + Clone>(
         .collect()
 }
 
-fn scope(loaded: &Loaded, db: &str) -> Scope {
-    scope_of(&loaded.dirs, db)
+pub(crate) fn scope(loaded: &Loaded, db: &str) -> Scope {
+    scope_of(&loaded.dirs, &loaded.summaries, db)
 }
 
-fn scope_of(dirs: &[profile_format::HostDir], db: &str) -> Scope {
+fn scope_of(
+    dirs: &[profile_format::HostDir],
+    summaries: &[Option<profile_format::HostSummary>],
+    db: &str,
+) -> Scope {
     let (epochs, hosts) = epochs_and_hosts(dirs);
-    Scope { database: db.to_owned(), epochs, hosts }
+    let newest_data = summaries.iter().flatten().map(|s| s.last_written).max().unwrap_or(0);
+    Scope { database: db.to_owned(), epochs, hosts, newest_data }
 }
 
 /// The per-image report.
 pub fn image_report(loaded: &Loaded, w: &Weights, db: &str, limit: Option<usize>) -> ImageReport {
-    image_report_of_rows(loaded_rows(loaded), w, &loaded.dirs, db, limit, loaded.idle_excluded)
+    let scope = scope(loaded, db);
+    image_report_of_rows(loaded_rows(loaded), w, scope, limit, loaded.idle_excluded)
 }
 
 /// [`image_report`] of the per-image totals.
@@ -388,14 +402,14 @@ pub fn image_report_of_totals(
     db: &str,
     limit: Option<usize>,
 ) -> ImageReport {
-    image_report_of_rows(t.rows(), w, &t.dirs, db, limit, t.idle_excluded)
+    let scope = scope_of(&t.dirs, &t.summaries, db);
+    image_report_of_rows(t.rows(), w, scope, limit, t.idle_excluded)
 }
 
 fn image_report_of_rows<'a>(
     rows_in: impl Iterator<Item = TotalRow<'a>>,
     w: &Weights,
-    dirs: &[profile_format::HostDir],
-    db: &str,
+    scope: Scope,
     limit: Option<usize>,
     idle_excluded: bool,
 ) -> ImageReport {
@@ -456,7 +470,7 @@ fn image_report_of_rows<'a>(
     let omitted = truncate(&mut out, limit);
     ImageReport {
         report: "images",
-        scope: scope_of(dirs, db),
+        scope,
         total_samples: w.infos.first().map_or(0, |i| i.samples),
         events: w.infos.clone(),
         rows_omitted: omitted,
@@ -494,11 +508,11 @@ pub fn resolve_image(
     spec_text: &str,
 ) -> Result<Vec<usize>, ProfError> {
     let mut spec = parse_spec(spec_text);
-    let mut idx: Vec<usize> = pick(loaded, w, &spec);
+    let (mut idx, mut inexact) = pick(loaded, w, &spec);
     if idx.is_empty() {
         if let Spec::Hex(h) = &spec {
             spec = Spec::Name(h.clone());
-            idx = pick(loaded, w, &spec);
+            (idx, inexact) = pick(loaded, w, &spec);
         }
     }
     if idx.is_empty() {
@@ -525,8 +539,9 @@ pub fn resolve_image(
     }
     // Kernel, vDSO, unknown and JIT regions are symbolized per profile and merge by name.
     // (Modules too: each host's snapshot names their symbols, so builds may merge.)
+    // A prefix or substring of several names (`--image lib`) names none of them: list them.
     let per_identity =
-        idx.iter().any(|&i| loaded.profiles[i].profile.header.kind == ImageKind::Elf);
+        inexact || idx.iter().any(|&i| loaded.profiles[i].profile.header.kind == ImageKind::Elf);
     if per_identity {
         let mut groups: BTreeMap<ImageId, Candidate> = BTreeMap::new();
         for &i in &idx {
@@ -558,12 +573,16 @@ pub fn resolve_image(
     Ok(idx)
 }
 
-fn pick(loaded: &Loaded, w: &Weights, spec: &Spec) -> Vec<usize> {
-    (0..loaded.profiles.len())
-        .filter(|&i| {
-            w.per_profile[i].is_some() && spec_matches(spec, &loaded.profiles[i].profile.header)
-        })
-        .collect()
+/// The profiles `spec` names, keeping only the best match ([`spec_rank`]: an exact basename
+/// wins over a prefix, a prefix over a substring), and whether that match is inexact.
+fn pick(loaded: &Loaded, w: &Weights, spec: &Spec) -> (Vec<usize>, bool) {
+    let ranked: Vec<(usize, u8)> = (0..loaded.profiles.len())
+        .filter(|&i| w.per_profile[i].is_some())
+        .filter_map(|i| spec_rank(spec, &loaded.profiles[i].profile.header).map(|r| (i, r)))
+        .collect();
+    let best = ranked.iter().map(|&(_, r)| r).min();
+    let idx = ranked.into_iter().filter(|&(_, r)| Some(r) == best).map(|(i, _)| i).collect();
+    (idx, best.is_some_and(|b| b > 0))
 }
 
 /// Per-symbol report over the profiles `idx` (from [`resolve_image`]).
@@ -617,6 +636,7 @@ pub fn symbolize_image(
         build_id: build_id_hex(&fh.image_id),
         binary: None,
         debug_file: None,
+        symbols_note: None,
     };
     // ELF images: one symbolizer per identity (there is only one unless the spec merges).
     let mut elf_cache: HashMap<ImageId, ElfState> = HashMap::new();
@@ -956,6 +976,16 @@ pub(crate) fn load_elf(
              (install its debug info, e.g. the -dbgsym/-debuginfo package, or pass --debug-dir DIR)",
             path.display()
         ));
+    } else if s.dynsym_only() {
+        let note = format!(
+            "only .dynsym (exported functions) was available: the binary is stripped and no \
+             debug file was found, so samples in internal functions show as NAME+0xOFFSET; \
+             install its debug info (the -dbgsym/-debuginfo package, or `debuginfod-find \
+             debuginfo {}`) or pass --debug-dir DIR",
+            info.build_id.as_deref().unwrap_or("BUILD-ID")
+        );
+        warn(format!("{}: {note}", path.display()));
+        info.symbols_note = Some(note);
     } else if want_dwarf && !s.has_dwarf() {
         warn(format!(
             "{}: no DWARF found (binary or debug file); --lines/--inlines fall back to symbols",
@@ -984,6 +1014,7 @@ pub fn elf_symbolizer(
         build_id: None,
         binary: None,
         debug_file: None,
+        symbols_note: None,
     };
     let r = ElfRequest { id, recorded, mode: SymbolMode::default() };
     match load_elf(locator, cache, &r, &mut info, warn) {

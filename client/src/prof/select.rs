@@ -21,6 +21,23 @@ pub enum EpochSel {
     All,
     One(String),
     Range(Option<String>, Option<String>),
+    /// Epochs whose time span overlaps [since, until) (Unix seconds; `--since`/`--until`).
+    /// An epoch lasts from its id's time to the next epoch's.
+    Between(Option<u64>, Option<u64>),
+}
+
+/// Unix seconds of an epoch id (`YYYYMMDDTHHMMSSZ`) or a day (`YYYYMMDD`, its midnight UTC).
+pub fn epoch_start(s: &str) -> Option<u64> {
+    if !(s.len() == 8 || s.len() == 16) || !valid_epoch_prefix(s) {
+        return None;
+    }
+    let b = s.as_bytes();
+    let d = |r: std::ops::Range<usize>| std::str::from_utf8(&b[r]).ok();
+    let (hh, mm, ss) =
+        if s.len() == 16 { (d(9..11)?, d(11..13)?, d(13..15)?) } else { ("00", "00", "00") };
+    let text = format!("{}-{}-{}T{hh}:{mm}:{ss}Z", d(0..4)?, d(4..6)?, d(6..8)?);
+    let t = humantime::parse_rfc3339(&text).ok()?;
+    t.duration_since(std::time::UNIX_EPOCH).ok().map(|x| x.as_secs())
 }
 
 fn valid_epoch_prefix(s: &str) -> bool {
@@ -80,7 +97,7 @@ impl FromStr for EpochSel {
 impl EpochSel {
     fn matches(&self, id: &str) -> bool {
         match self {
-            EpochSel::Latest | EpochSel::All => true,
+            EpochSel::Latest | EpochSel::All | EpochSel::Between(..) => true,
             EpochSel::One(x) => id == x,
             EpochSel::Range(from, to) => {
                 from.as_deref().is_none_or(|f| id >= f)
@@ -125,15 +142,44 @@ pub fn select_host_dirs(
     }
     let chosen: Vec<EpochId> = match epoch {
         EpochSel::Latest => epochs.last().cloned().into_iter().collect(),
+        EpochSel::Between(since, until) => {
+            let start = |e: &EpochId| epoch_start(e.as_str()).unwrap_or(0);
+            epochs
+                .iter()
+                .enumerate()
+                .filter(|(i, e)| {
+                    let end = epochs.get(i + 1).map_or(u64::MAX, start);
+                    since.is_none_or(|s| end > s) && until.is_none_or(|u| start(e) < u)
+                })
+                .map(|(_, e)| e.clone())
+                .collect()
+        }
         _ => epochs.iter().filter(|e| epoch.matches(e.as_str())).cloned().collect(),
     };
     if chosen.is_empty() {
         let first = epochs.first().map(EpochId::as_str).unwrap_or_default();
         let last = epochs.last().map(EpochId::as_str).unwrap_or_default();
+        let flag =
+            if matches!(epoch, EpochSel::Between(..)) { "--since/--until" } else { "--epoch" };
         return Err(ProfError::Empty(format!(
-            "no epoch matches --epoch in {} (it has {} epoch(s), {first} .. {last})",
+            "no epoch matches {flag} in {} (it has {} epoch(s), {first} .. {last})",
             db.root().display(),
             epochs.len()
+        )));
+    }
+    if matches!(host, HostSel::Named(h) if h.is_empty()) {
+        // `--host` without a value: the user asks which hosts there are.
+        let mut present: Vec<String> = Vec::new();
+        for e in &chosen {
+            present.extend(db.hosts(e)?);
+        }
+        present.sort();
+        present.dedup();
+        let list = if present.is_empty() { "none".to_owned() } else { present.join(", ") };
+        return Err(ProfError::Usage(format!(
+            "--host needs a host name or `all`; hosts with data in the selected epoch(s) of {}: \
+             {list}",
+            db.root().display()
         )));
     }
     let mut dirs = Vec::new();
@@ -390,11 +436,11 @@ pub fn load_counts(
                 let mut corrupt = Vec::new();
                 if let Some((dir, File::Indexed(h, samples))) = files.first() {
                     let h = &headers[*h as usize];
-                    if !f.by_header(h) {
+                    if f.rank(h).is_none() {
                         let profile = Profile { header: h.clone(), counts: Default::default() };
                         let path = path_of(*dir, &files[0].1);
                         let p = LoadedProfile { path, profile, samples: *samples, dir: *dir };
-                        return (corrupt, Some((0, p, false)));
+                        return (corrupt, Some((0, p, None)));
                     }
                 }
                 for (k, (dir, e)) in files.iter().enumerate() {
@@ -402,14 +448,21 @@ pub fn load_counts(
                     match read_profile(&path) {
                         Ok(profile) => {
                             let p = LoadedProfile::new(path, profile, *dir, true);
-                            let matched = f.by_header(&p.profile.header);
-                            return (corrupt, Some((k, p, matched)));
+                            let rank = f.rank(&p.profile.header);
+                            return (corrupt, Some((k, p, rank)));
                         }
                         Err(e) => corrupt.push(format!("{e}")),
                     }
                 }
                 (corrupt, None)
             });
+            // Only the best match is the image: an exact basename beats prefixes and substrings,
+            // whose files are then not read beyond the first.
+            let best = decided.iter().filter_map(|(_, d)| d.as_ref().and_then(|d| d.2)).min();
+            let decided: Vec<_> = decided
+                .into_iter()
+                .map(|(c, d)| (c, d.map(|(k, p, r)| (k, p, r.is_some() && r == best))))
+                .collect();
             let mut rest: Vec<(usize, PathBuf)> = Vec::new();
             for (files, (_, d)) in groups.iter().zip(&decided) {
                 if let Some((k, _, true)) = d {

@@ -104,6 +104,9 @@ pub struct SymbolTable {
     sections: Vec<Sect>,
     /// Whether the binary or its debug file has a non-empty `.debug_info`.
     pub has_dwarf: bool,
+    /// Whether the only symbols were the dynamic ones (`.dynsym`: exported functions) because
+    /// the binary is stripped and no debug file was found: internal functions have no name.
+    pub dynsym_only: bool,
 }
 
 impl SymbolTable {
@@ -121,27 +124,28 @@ impl SymbolTable {
             .collect();
         let mut symbols = Vec::new();
         let mut sections = Vec::new();
-        collect_symbols(&file, &mut symbols);
+        let mut full = collect_symbols(&file, &mut symbols);
         collect_sections(&file, &mut sections);
         let debug_file = debug.and_then(|d| parse(d).ok());
         let mut has_dwarf = has_debug_info(&file);
         if let Some(df) = &debug_file {
-            collect_symbols(df, &mut symbols);
+            full |= collect_symbols(df, &mut symbols);
             if sections.is_empty() {
                 collect_sections(df, &mut sections);
             }
             has_dwarf |= has_debug_info(df);
         }
+        let dynsym_only = !full && !symbols.is_empty();
         let symbols = normalize_symbols(symbols);
         sections.sort_by_key(|s| s.start);
-        Ok(SymbolTable { segments, symbols, sections, has_dwarf })
+        Ok(SymbolTable { segments, symbols, sections, has_dwarf, dynsym_only })
     }
 
     /// Compact binary encoding for the cache (see [`SymbolTable::decode`]).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + self.symbols.len() * 40);
         out.extend_from_slice(TABLE_MAGIC);
-        out.push(u8::from(self.has_dwarf));
+        out.push(u8::from(self.has_dwarf) | (u8::from(self.dynsym_only) << 1));
         put_u64(&mut out, self.segments.len() as u64);
         for s in &self.segments {
             put_u64(&mut out, s.offset);
@@ -196,7 +200,7 @@ impl SymbolTable {
             }
             lists.push(v);
         }
-        if !r.is_empty() || dw > 1 {
+        if !r.is_empty() || dw > 3 {
             return None;
         }
         let sections: Vec<Sect> = lists
@@ -209,7 +213,13 @@ impl SymbolTable {
         if !symbols.is_sorted_by_key(|s| s.start) || !sections.is_sorted_by_key(|s| s.start) {
             return None;
         }
-        Some(SymbolTable { segments, symbols, sections, has_dwarf: dw == 1 })
+        Some(SymbolTable {
+            segments,
+            symbols,
+            sections,
+            has_dwarf: dw & 1 == 1,
+            dynsym_only: dw & 2 == 2,
+        })
     }
 }
 
@@ -290,6 +300,11 @@ impl ElfSymbolizer {
 
     pub fn has_dwarf(&self) -> bool {
         self.table.has_dwarf
+    }
+
+    /// Only `.dynsym` was available (see [`SymbolTable::dynsym_only`]).
+    pub fn dynsym_only(&self) -> bool {
+        self.table.dynsym_only
     }
 
     pub fn symbol_count(&self) -> usize {
@@ -460,7 +475,9 @@ fn load_dwarf_pair(
     debug.and_then(load_dwarf).or_else(|| load_dwarf(file))
 }
 
-fn collect_symbols(file: &object::File<'_>, out: &mut Vec<Sym>) {
+/// Add the function symbols of `file` to `out`; returns whether it has a static symbol table
+/// (`.symtab`) with any, as opposed to only the exported `.dynsym` ones.
+fn collect_symbols(file: &object::File<'_>, out: &mut Vec<Sym>) -> bool {
     let mut add = |sym: object::Symbol<'_, '_>| {
         if sym.is_undefined() || sym.kind() != SymbolKind::Text {
             return;
@@ -480,6 +497,7 @@ fn collect_symbols(file: &object::File<'_>, out: &mut Vec<Sym>) {
     for sym in file.dynamic_symbols() {
         add(sym);
     }
+    file.symbols().any(|s| !s.is_undefined() && s.kind() == SymbolKind::Text)
 }
 
 fn collect_sections(file: &object::File<'_>, out: &mut Vec<Sect>) {
@@ -554,6 +572,7 @@ mod tests {
             ]),
             sections: Vec::new(),
             has_dwarf: false,
+            dynsym_only: true,
         };
         let enc = table.encode();
         assert_eq!(SymbolTable::decode(&enc).as_ref(), Some(&table), "cache round trip");

@@ -25,7 +25,7 @@ use super::symbolize::{Frame, SymbolTable};
 /// Bump when the stored encoding changes: older files are rebuilt.
 // 2: frames hold the function's raw (mangled) name; symbol names that are not UTF-8 are kept
 // (escaped) instead of dropped.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 /// Default location, from the environment (`None` when neither variable is set).
 pub fn default_path() -> Option<PathBuf> {
@@ -81,10 +81,11 @@ fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
         Some(SCHEMA_VERSION) => {}
         Some(_) => {
             // Another version's encoding: start over (it is only a cache).
-            conn.execute_batch(
+            // (Recording this version, not a fixed one, so that the next open keeps the cache.)
+            conn.execute_batch(&format!(
                 "BEGIN IMMEDIATE; DELETE FROM frames; DELETE FROM images;
-                 INSERT OR REPLACE INTO meta VALUES('schema', 1); COMMIT;",
-            )?;
+                 INSERT OR REPLACE INTO meta VALUES('schema', {SCHEMA_VERSION}); COMMIT;"
+            ))?;
         }
         None => {
             conn.execute("INSERT OR IGNORE INTO meta VALUES('schema', ?1)", [SCHEMA_VERSION])?;

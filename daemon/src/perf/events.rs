@@ -32,8 +32,13 @@ pub enum EventError {
     Empty,
     #[error("event list item {index} is empty (stray comma?)")]
     EmptyItem { index: usize },
-    #[error("unknown event `{item}` (known: {known}, raw:0xCONFIG, auto)")]
-    Unknown { item: String, known: String },
+    #[error("unknown event `{item}`{hint} (known: {known}, raw:0xCONFIG, auto)")]
+    Unknown {
+        item: String,
+        known: String,
+        /// ` (did you mean `cpu-clock`?)` when a known name is one typo away, else empty.
+        hint: String,
+    },
     #[error("bad raw event config in `{item}`: expected raw:0xHEX or raw:DECIMAL")]
     BadRaw { item: String },
     #[error("bad period in `{item}`: expected a positive integer")]
@@ -54,6 +59,11 @@ const NAMED: &[(&str, EventKind)] = &[
     ("task-clock", EventKind::Software(sp::PERF_COUNT_SW_TASK_CLOCK as u64)),
     ("page-faults", EventKind::Software(sp::PERF_COUNT_SW_PAGE_FAULTS as u64)),
 ];
+
+/// The named events (`cycles`, `cpu-clock`, ...), for listing what opens on this machine.
+pub fn named() -> impl Iterator<Item = (&'static str, EventKind)> {
+    NAMED.iter().copied()
+}
 
 /// The user-facing name of a kind (for `auto`'s resolution and fallbacks).
 pub fn kind_name(kind: &EventKind) -> String {
@@ -172,8 +182,16 @@ fn parse_item_unchecked(item: &str) -> Result<EventSpec, EventError> {
     } else if let Some((_, k)) = NAMED.iter().find(|(n, _)| *n == head) {
         *k
     } else {
-        let known: Vec<&str> = NAMED.iter().map(|(n, _)| *n).collect();
-        return Err(EventError::Unknown { item: item.to_string(), known: known.join(", ") });
+        let known: Vec<&str> = NAMED.iter().map(|(n, _)| *n).chain(["auto"]).collect();
+        let hint = known
+            .iter()
+            .map(|k| (strsim::levenshtein(head, k), *k))
+            .filter(|&(d, k)| d <= (k.len() / 3).max(2))
+            .min_by_key(|&(d, _)| d)
+            .map(|(_, k)| format!(" (did you mean `{k}`?)"))
+            .unwrap_or_default();
+        let known = known[..NAMED.len()].join(", ");
+        return Err(EventError::Unknown { item: item.to_string(), known, hint });
     };
     Ok(EventSpec { name: head.to_string(), kind, period })
 }

@@ -997,11 +997,31 @@ fn resolve_events(
             k => {
                 let plan =
                     EventPlan::new(k, spec.period.unwrap_or(events::default_period(&k)), cfg);
-                try_open(&plan).map_err(|e| SamplerError::Open {
-                    event: requested.clone(),
-                    cpu,
-                    errno_name: errno_name(&e),
-                    source: e,
+                try_open(&plan).map_err(|e| {
+                    if !is_no_pmu(&e) {
+                        return SamplerError::Open {
+                            event: requested.clone(),
+                            cpu,
+                            errno_name: errno_name(&e),
+                            source: e,
+                        };
+                    }
+                    // The kernel has no such counter here (no PMU in a VM, or an event this
+                    // CPU lacks): a configuration problem, with what would work instead.
+                    let openable: Vec<&str> = events::named()
+                        .filter(|(_, k)| {
+                            try_open(&EventPlan::new(*k, events::default_period(k), cfg)).is_ok()
+                        })
+                        .map(|(n, _)| n)
+                        .collect();
+                    SamplerError::Config(format!(
+                        "event `{requested}` cannot be counted on this machine ({}: the kernel \
+                         has no such counter here, e.g. no hardware PMU in a virtual machine); \
+                         events that open here: {}; `auto` samples cycles where there is a \
+                         PMU and cpu-clock where there is not",
+                        errno_name(&e),
+                        if openable.is_empty() { "none".into() } else { openable.join(", ") }
+                    ))
                 })?;
                 let src = if matches!(k, EventKind::Software(_)) {
                     EventSource::Software

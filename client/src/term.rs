@@ -1,0 +1,59 @@
+//! How the client binaries meet their surroundings: colour only on a terminal (and never with
+//! `NO_COLOR`), log set-up, and a reader that closed the pipe (`dcpiprof | head -1`).
+
+use std::io::IsTerminal;
+
+/// Whether output to a stream that `is_tty` may carry ANSI colour: only a terminal, and only
+/// when `NO_COLOR` is unset or empty (<https://no-color.org>).
+pub fn colour_allowed(is_tty: bool) -> bool {
+    is_tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// The client binaries' tracing subscriber: `DCPI_LOG` (default `warn`) to stderr, with ANSI
+/// codes only when stderr is a terminal, so that a redirected log holds plain text.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DCPI_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_ansi(colour_allowed(std::io::stderr().is_terminal()))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Whether `e`, or an error it wraps, is a write to a pipe whose reader has gone. A report cut
+/// short by `| head` is what the user asked for, not a failure: the binaries exit 0 quietly.
+pub fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(x) = cur {
+        if x.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            return true;
+        }
+        cur = x.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broken_pipe_is_found_through_wrappers() {
+        let io = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        let e = crate::diff::common::ToolError::Prof(crate::prof::ProfError::Output(io));
+        assert!(is_broken_pipe(&e));
+        let other = crate::prof::ProfError::Output(std::io::Error::other("disk full"));
+        assert!(!is_broken_pipe(&other));
+        assert!(!is_broken_pipe(&crate::prof::ProfError::Usage("x".into())));
+    }
+
+    #[test]
+    fn no_colour_off_a_terminal() {
+        // Off a terminal colour is never allowed, whatever the environment says.
+        assert!(!colour_allowed(false));
+    }
+}
