@@ -103,7 +103,7 @@ impl Selection {
     /// with the same corrupt-file policy as [`Selection::load`].
     pub fn load_totals(&self, warn: &mut dyn FnMut(String)) -> Result<Totals, ProfError> {
         let db = select::open_db(&self.db)?;
-        let dirs = select::select_host_dirs(&db, &self.epoch, &self.host_sel())?;
+        let dirs = select::select_host_dirs(&db, &self.epoch_sel(), &self.host_sel())?;
         let totals = select::load_image_totals(dirs, warn)?;
         self.check_corrupt_files(&totals.corrupt, warn)?;
         Ok(totals)

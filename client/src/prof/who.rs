@@ -102,7 +102,7 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
         ));
     }
     let db = select::open_db(&args.sel.db)?;
-    let dirs = select::select_host_dirs(&db, &args.sel.epoch, &args.sel.host_sel())?;
+    let dirs = select::select_host_dirs(&db, &args.sel.epoch_sel(), &args.sel.host_sel())?;
     let mut tables: Vec<(usize, WhoTable)> = Vec::new();
     let mut missing = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
