@@ -384,6 +384,15 @@ fn parse_record(payload: &[u8], defs: &mut SegDefs) -> Result<Record, String> {
 const KIND_FLUSH: u64 = 1;
 const KIND_MARKS: u64 = 2;
 
+/// Decode record payloads (each as it follows its length and CRC in a segment) in order, the
+/// definitions of one available to the next, as a segment is read at start; returns how many
+/// decoded. For the fuzz target (`fuzz/fuzz_targets/spool_record.rs`): any bytes give an error
+/// or a record, never a panic.
+pub fn decode_records<'a>(payloads: impl IntoIterator<Item = &'a [u8]>) -> usize {
+    let mut defs = SegDefs::default();
+    payloads.into_iter().filter(|p| parse_record(p, &mut defs).is_ok()).count()
+}
+
 fn parse_flush(mut c: Cursor<'_>, defs: &mut SegDefs) -> Result<Parsed, String> {
     let payload = c.buf;
     let seq = c.u()?;
