@@ -113,7 +113,9 @@ fn removed_database_is_recreated_with_its_whole_layout() {
     assert!(db.epoch_dir(&epoch).join(EPOCH_MARKER).is_file(), "EPOCH marker recreated");
     let hd = db.host_dir(&epoch, "h1").unwrap();
     hd.read_kallsyms().expect("kernel symbols referenced and stored again");
-    assert!(HostSummary::read(&hd.summary_path()).unwrap().index.is_some());
+    HostSummary::read(&hd.summary_path()).expect("summary.json written again");
+    let idx = profile_format::sumidx::read(&hd.summary_index_path()).expect("summary.idx");
+    assert!(idx.index.is_some(), "the summary index is written again");
     let p = Profile::read(&hd.profile_path(&ImageId::BuildId(vec![1; 20]), "cpu-clock")).unwrap();
     assert_eq!(p.counts, BTreeMap::from([(0x20, 3)]), "new samples published");
     assert_eq!(db.read_lease("h1").unwrap().unwrap().pid, std::process::id(), "lease back");
