@@ -107,6 +107,11 @@ def one(bins, work, rate, flush, warmup, duration, spool_on="disk", publish="def
         a = snap(d, p)
         time.sleep(duration)
         b = snap(d, p)
+        # A collector that died during the window (perf record exits when the disk fills)
+        # would make the other look arbitrarily good: refuse the run instead.
+        for who, proc in (("perf record", p.proc), ("dcpid", d.proc)):
+            if proc.poll() is not None:
+                raise bench.ProfilerError(f"{who} exited with {proc.returncode} during the window")
     finally:
         stop_mix(mix)
     d_status = b["status"]
