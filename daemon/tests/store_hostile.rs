@@ -2,56 +2,16 @@
 //! sparse 3 GiB file in place of a `.prof`) are set aside and counted; flushing never blocks on
 //! them and publishing goes on.
 
+mod store_support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::Arc;
 use std::time::Duration;
 
-use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
-use dcpid::store::{EventInfo, Store, StoreConfig};
-use profile_format::{Database, EpochId, EventDesc, ImageId, ImageKind, Profile};
-
-fn open(root: &Path) -> Store {
-    let mut s = Store::open(StoreConfig {
-        db: root.join("db"),
-        spool: root.join("spool"),
-        host: "h1".into(),
-        flush_interval: Duration::from_secs(2),
-        publish_interval: Duration::from_secs(60),
-        max_memory_bytes: 64 << 20,
-        retention_days: 7,
-        retention_keep: 3,
-    });
-    s.set_events(vec![EventInfo {
-        desc: EventDesc {
-            name: "cpu-clock".into(),
-            perf_type: 1,
-            perf_config: 0,
-            period_mean: 1000,
-            period_min: 938,
-            period_max: 1000,
-        },
-        source: "software".into(),
-    }]);
-    s
-}
-
-fn batch(img: u8, off: u64, count: u64) -> Resolved {
-    let mut r = Resolved::default();
-    let id = ImageId::BuildId(vec![img; 20]);
-    let info = Arc::new(ImageInfo {
-        kind: ImageKind::Elf,
-        id: id.clone(),
-        path: format!("/usr/bin/img{img}").into_bytes(),
-        jit_symbols: vec![],
-    });
-    let mut counts = BTreeMap::new();
-    counts.insert(off, (count, count * 1000));
-    r.profiles.insert((id, 0), ResolvedProfile { image: info, event: 0, counts });
-    r.samples = count;
-    r
-}
+use dcpid::store::Store;
+use profile_format::{Database, EpochId, ImageId, Profile};
+use store_support::{batch, open};
 
 /// `flush_everything` on another thread; the store comes back if it returned within 30 s
 /// (before the fix a FIFO blocked it forever and /dev/zero made it read without end).

@@ -2,60 +2,16 @@
 //! only in this host's directories), and an error that comes and goes is logged once per change
 //! of state, not once per attempt.
 
-use std::collections::BTreeMap;
+mod store_support;
+
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
-use dcpid::store::{EventInfo, KernelSymbolSource, Store, StoreConfig};
-use profile_format::{Database, EventDesc, ImageId, ImageKind, KallsymsSnapshot};
-
-fn cfg(root: &Path) -> StoreConfig {
-    StoreConfig {
-        db: root.join("db"),
-        spool: root.join("spool"),
-        host: "h1".into(),
-        flush_interval: Duration::from_secs(2),
-        publish_interval: Duration::from_secs(60),
-        max_memory_bytes: 64 << 20,
-        retention_days: 7,
-        retention_keep: 3,
-    }
-}
-
-fn open(root: &Path) -> Store {
-    let mut s = Store::open(cfg(root));
-    s.set_events(vec![EventInfo {
-        desc: EventDesc {
-            name: "cpu-clock".into(),
-            perf_type: 1,
-            perf_config: 0,
-            period_mean: 1000,
-            period_min: 938,
-            period_max: 1000,
-        },
-        source: "software".into(),
-    }]);
-    s
-}
-
-fn batch(img: u8, off: u64, count: u64) -> Resolved {
-    let mut r = Resolved::default();
-    let id = ImageId::BuildId(vec![img; 20]);
-    let info = Arc::new(ImageInfo {
-        kind: ImageKind::Elf,
-        id: id.clone(),
-        path: format!("/usr/bin/img{img}").into_bytes(),
-        jit_symbols: vec![],
-    });
-    let mut counts = BTreeMap::new();
-    counts.insert(off, (count, count * 1000));
-    r.profiles.insert((id, 0), ResolvedProfile { image: info, event: 0, counts });
-    r.samples = count;
-    r
-}
+use dcpid::store::KernelSymbolSource;
+use profile_format::{Database, KallsymsSnapshot};
+use store_support::{batch, open};
 
 fn aged(path: &Path, age: Duration) {
     std::fs::write(path, b"half a profile").unwrap();

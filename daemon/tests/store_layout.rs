@@ -3,60 +3,18 @@
 //! symbol snapshot follows module loads and unloads and each new epoch, stored only when its
 //! content is new.
 
+mod store_support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
-use dcpid::store::{EventInfo, KernelSymbolSource, Store, StoreConfig};
+use dcpid::store::{KernelSymbolSource, Store};
 use profile_format::{
-    Database, EpochId, EventDesc, HostSummary, ImageId, ImageKind, KallsymsSnapshot, Profile,
-    EPOCH_MARKER, KALLSYMS_DIR,
+    Database, EpochId, HostSummary, ImageId, KallsymsSnapshot, Profile, EPOCH_MARKER, KALLSYMS_DIR,
 };
-
-fn cfg(root: &Path) -> StoreConfig {
-    StoreConfig {
-        db: root.join("db"),
-        spool: root.join("spool"),
-        host: "h1".into(),
-        flush_interval: Duration::from_secs(2),
-        publish_interval: Duration::from_secs(60),
-        max_memory_bytes: 64 << 20,
-        retention_days: 7,
-        retention_keep: 3,
-    }
-}
-
-fn events(s: &mut Store) {
-    s.set_events(vec![EventInfo {
-        desc: EventDesc {
-            name: "cpu-clock".into(),
-            perf_type: 1,
-            perf_config: 0,
-            period_mean: 1000,
-            period_min: 938,
-            period_max: 1000,
-        },
-        source: "software".into(),
-    }]);
-}
-
-fn batch(img: u8, off: u64, count: u64) -> Resolved {
-    let mut r = Resolved::default();
-    let id = ImageId::BuildId(vec![img; 20]);
-    let info = Arc::new(ImageInfo {
-        kind: ImageKind::Elf,
-        id: id.clone(),
-        path: format!("/usr/bin/img{img}").into_bytes(),
-        jit_symbols: vec![],
-    });
-    let mut counts = BTreeMap::new();
-    counts.insert(off, (count, count * 1000));
-    r.profiles.insert((id, 0), ResolvedProfile { image: info, event: 0, counts });
-    r.samples = count;
-    r
-}
+use store_support::{batch, cfg, events};
 
 /// A kernel with `modules` loaded (each adds a module and a symbol).
 fn kernel(modules: &[&str]) -> KallsymsSnapshot {

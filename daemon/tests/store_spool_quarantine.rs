@@ -3,62 +3,16 @@
 //! profile no reader accepts) is quarantined and counted; everything else is published, and
 //! publishing goes on.
 
+mod store_support;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
 use dcpid::store::spool::{Increment, Spool, SpoolImage, SummaryDelta};
-use dcpid::store::{EventInfo, Store, StoreConfig};
 use profile_format::{Database, EpochId, EventDesc, ImageId, ImageKind, Profile};
-
-fn desc() -> EventDesc {
-    EventDesc {
-        name: "cpu-clock".into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: 1000,
-        period_min: 938,
-        period_max: 1000,
-    }
-}
-
-fn cfg(root: &Path) -> StoreConfig {
-    StoreConfig {
-        db: root.join("db"),
-        spool: root.join("spool"),
-        host: "h1".into(),
-        flush_interval: Duration::from_secs(2),
-        publish_interval: Duration::from_secs(60),
-        max_memory_bytes: 64 << 20,
-        retention_days: 7,
-        retention_keep: 3,
-    }
-}
-
-fn open(root: &Path) -> Store {
-    let mut s = Store::open(cfg(root));
-    s.set_events(vec![EventInfo { desc: desc(), source: "software".into() }]);
-    s
-}
-
-fn batch(img: u8, off: u64, count: u64) -> Resolved {
-    let mut r = Resolved::default();
-    let id = ImageId::BuildId(vec![img; 20]);
-    let info = Arc::new(ImageInfo {
-        kind: ImageKind::Elf,
-        id: id.clone(),
-        path: format!("/usr/bin/img{img}").into_bytes(),
-        jit_symbols: vec![],
-    });
-    let mut counts = BTreeMap::new();
-    counts.insert(off, (count, count * 1000));
-    r.profiles.insert((id, 0), ResolvedProfile { image: info, event: 0, counts });
-    r.samples = count;
-    r
-}
+use store_support::{batch, desc, open};
 
 fn id_text(img: u8) -> String {
     ImageId::BuildId(vec![img; 20]).to_text()
