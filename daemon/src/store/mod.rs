@@ -44,7 +44,7 @@ use profile_format::{
 use crate::aggregate::Resolved;
 use pending::{PendingBatch, PendingQueue};
 use publish::Schedule;
-use spool::{Increment, Spool, SpoolError, SpoolKey};
+use spool::{Spool, SpoolError, SpoolKey};
 use summaries::Summaries;
 
 /// Errors of store operations; the daemon logs them and carries on.
@@ -349,16 +349,7 @@ impl Store {
         let dir = cfg.spool.join(&cfg.host);
         let (mut sp, _) = Spool::open(&dir, cfg.publish_interval)?;
         let delta = summaries::delta_of(&batch, 0, events, &[]);
-        let incs: Vec<Increment<'_>> = batch
-            .profiles
-            .iter()
-            .map(|p| Increment {
-                image: p.image.as_ref().map(|(id, img)| (id.as_str(), img)),
-                desc: &p.desc,
-                total_period: p.total_period,
-                counts: &p.counts,
-            })
-            .collect();
+        let incs = batch.increments();
         sp.append(epoch.as_str(), &incs, &delta, Instant::now())?;
         sp.sync()?;
         Ok(batch.samples)
@@ -1146,16 +1137,7 @@ impl Store {
                 &self.host.events,
                 &self.host.event_times,
             );
-            let incs: Vec<Increment<'_>> = batch
-                .profiles
-                .iter()
-                .map(|p| Increment {
-                    image: p.image.as_ref().map(|(id, img)| (id.as_str(), img)),
-                    desc: &p.desc,
-                    total_period: p.total_period,
-                    counts: &p.counts,
-                })
-                .collect();
+            let incs = batch.increments();
             let Some(sp) = self.spool.as_mut() else { break };
             let result = sp.append(epoch.as_str(), &incs, &delta, now);
             let n_incs = incs.len();

@@ -6,7 +6,7 @@ use profile_format::{EpochId, EventDesc};
 
 use crate::aggregate::Resolved;
 
-use super::spool::SpoolImage;
+use super::spool::{Increment, SpoolImage};
 use super::EventInfo;
 
 /// One profile's part of a batch: counts as (offset, count), offsets ascending.
@@ -29,6 +29,19 @@ pub(super) struct PendingBatch {
 }
 
 impl PendingBatch {
+    /// The batch's profiles as the spool appends them (one record per batch).
+    pub fn increments(&self) -> Vec<Increment<'_>> {
+        self.profiles
+            .iter()
+            .map(|p| Increment {
+                image: p.image.as_ref().map(|(id, img)| (id.as_str(), img)),
+                desc: &p.desc,
+                total_period: p.total_period,
+                counts: &p.counts,
+            })
+            .collect()
+    }
+
     /// Convert a resolved batch; `None` if it carries nothing. Profiles of event indexes that
     /// are not configured are dropped (reported once through `unknown_event`).
     pub fn from_resolved(
