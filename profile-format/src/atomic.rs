@@ -54,10 +54,7 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 /// see the old file or the new one, never a mix, even after a kill -9 or a crash. Works on NFS
 /// (no locks, no mmap writes).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
+    let dir = dir_of(path);
     if path.file_name().is_none() {
         return Err(Error::Invalid {
             what: "file path",
@@ -66,18 +63,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         });
     }
     let tmp = tmp_path(dir);
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&tmp)
-            .map_err(|e| Error::io(path, e))?;
-        f.write_all(bytes).map_err(|e| Error::io(path, e))?;
-        f.sync_all().map_err(|e| Error::io(path, e))?;
-        drop(f);
-        fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
-    })();
+    let result = write_synced(&tmp, path, bytes)
+        .and_then(|()| fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
@@ -85,32 +72,38 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     sync_dir(dir)
 }
 
+/// The directory `path` is in (`.` for a bare name).
+fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Create `tmp` (it must not exist) with `bytes`, fsynced; errors name `path`, the file the
+/// caller is writing.
+fn write_synced(tmp: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(tmp)
+        .map_err(|e| Error::io(path, e))?;
+    f.write_all(bytes).map_err(|e| Error::io(path, e))?;
+    f.sync_all().map_err(|e| Error::io(path, e))
+}
+
 /// Create `path` with `bytes` only if no file of that name exists: `Ok(false)` if one does.
 /// The complete content is written to a temporary file first and hard-linked to `path`
 /// (`link` fails with EEXIST if the name exists, atomically, on NFS too), so a reader never
 /// sees a partial file. The caller syncs the directory.
 pub(crate) fn write_new(path: &Path, bytes: &[u8]) -> Result<bool> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let tmp = tmp_path(dir);
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&tmp)
-            .map_err(|e| Error::io(path, e))?;
-        f.write_all(bytes).map_err(|e| Error::io(path, e))?;
-        f.sync_all().map_err(|e| Error::io(path, e))?;
-        drop(f);
-        match fs::hard_link(&tmp, path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(Error::io(path, e)),
-        }
-    })();
+    let tmp = tmp_path(dir_of(path));
+    let result = write_synced(&tmp, path, bytes).and_then(|()| match fs::hard_link(&tmp, path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(Error::io(path, e)),
+    });
     let _ = fs::remove_file(&tmp);
     result
 }
