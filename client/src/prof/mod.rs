@@ -399,13 +399,7 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
     }
     if loaded.profiles.is_empty() && args.image.is_none() {
         flush_warnings(err, &mut warnings)?;
-        let (epochs, hosts) = select::epochs_and_hosts(&loaded.dirs);
-        return Err(ProfError::Empty(format!(
-            "no profiles in epoch(s) {} for host(s) {}: nothing sampled yet (wait for the \
-             daemon's flush interval or run `dcpictl flush`), or pick another --epoch",
-            epochs.join(","),
-            hosts.join(",")
-        )));
+        return Err(nothing_sampled(&loaded.dirs));
     }
     let weights =
         report::weights(&loaded, &args.sel.events).map_err(|e| match (e, &args.image) {
@@ -485,6 +479,17 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
 
 /// The per-image report, from the per-profile totals (summary indexes where present) rather
 /// than loaded profiles: over a fleet that is a few hundred headers, not one per profile.
+/// The error of a selection whose host directories hold no profile.
+fn nothing_sampled(dirs: &[profile_format::HostDir]) -> ProfError {
+    let (epochs, hosts) = select::epochs_and_hosts(dirs);
+    ProfError::Empty(format!(
+        "no profiles in epoch(s) {} for host(s) {}: nothing sampled yet (wait for the daemon's \
+         flush interval or run `dcpictl flush`), or pick another --epoch",
+        epochs.join(","),
+        hosts.join(",")
+    ))
+}
+
 fn run_images(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
     let mut warnings: Vec<String> = Vec::new();
     let mut totals = args.sel.load_totals(&mut |w| warnings.push(w))?;
@@ -493,13 +498,7 @@ fn run_images(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(
     }
     flush_warnings(err, &mut warnings)?;
     if totals.entries.is_empty() {
-        let (epochs, hosts) = select::epochs_and_hosts(&totals.dirs);
-        return Err(ProfError::Empty(format!(
-            "no profiles in epoch(s) {} for host(s) {}: nothing sampled yet (wait for the \
-             daemon's flush interval or run `dcpictl flush`), or pick another --epoch",
-            epochs.join(","),
-            hosts.join(",")
-        )));
+        return Err(nothing_sampled(&totals.dirs));
     }
     let weights = report::weights_of_totals(&totals, &args.sel.events)?;
     let db_name = args.sel.db.display().to_string();
