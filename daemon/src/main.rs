@@ -91,6 +91,7 @@ fn main() -> ExitCode {
         reload: Some(Box::new(move || reload_cli.settings())),
         set_log_level: Some(set_log_level),
         faults: None,
+        notifier: None,
     };
     // Before any thread starts: see sys::malloc for why two arenas.
     dcpid::sys::malloc::limit_arenas(2);

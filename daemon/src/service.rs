@@ -75,6 +75,10 @@ pub struct Hooks {
     pub set_log_level: Option<SetLogLevel>,
     /// Tests only: faults injected into the daemon's threads (see [`crate::watch`]).
     pub faults: Option<Arc<dyn crate::watch::FaultInjector>>,
+    /// Where systemd notifications go; `None`: from the environment (`NOTIFY_SOCKET`, ...).
+    /// Lets a test watch them without changing its process's environment, which other tests
+    /// of the same binary read concurrently.
+    pub notifier: Option<Notifier>,
 }
 
 impl std::fmt::Debug for Hooks {
@@ -83,6 +87,7 @@ impl std::fmt::Debug for Hooks {
             .field("reload", &self.reload.is_some())
             .field("set_log_level", &self.set_log_level.is_some())
             .field("faults", &self.faults.is_some())
+            .field("notifier", &self.notifier)
             .finish()
     }
 }
@@ -813,8 +818,8 @@ enum Wake {
 /// Everything that can be checked without creating anything comes first (events, socket
 /// group, socket path); then the spool, sampling and the database. A start that fails removes
 /// the (empty) directories it created.
-pub fn run(settings: Settings, hooks: Hooks) -> Result<(), ServiceError> {
-    let notifier = Notifier::from_env();
+pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
+    let notifier = hooks.notifier.take().unwrap_or_else(Notifier::from_env);
     let specs = parse_event_list(&settings.events)?;
     let stall_drain = stall_from_env()?;
     let group = socket_group_id(&settings)?;

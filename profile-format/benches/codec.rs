@@ -7,7 +7,7 @@ use std::path::Path;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use profile_format::Profile;
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 fn codec(c: &mut Criterion) {

@@ -1,6 +1,6 @@
 //! Property tests: round trips and merge algebra.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! Size bounds: profiles and kallsyms snapshots must be small.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

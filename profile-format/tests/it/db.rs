@@ -1,6 +1,6 @@
 //! The database layout: epochs, markers, host directories, listing and retention.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -2,7 +2,7 @@
 //! reason, the systemd watchdog is no longer fed (STATUS= still is), and the exit status is 3.
 //! Faults are injected through `Hooks::faults` (a test-only trait; no setting reaches it).
 
-mod sampler_support;
+use crate::sampler_support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixDatagram, UnixStream};
@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dcpid::config::Settings;
+use dcpid::notify::Notifier;
 use dcpid::service::{run, Hooks};
 use dcpid::watch::FaultInjector;
 use sampler_support::require_perf;
@@ -83,10 +84,16 @@ fn a_dead_thread_degrades_status_stops_the_watchdog_and_sets_the_exit_status() {
     let notify_path = dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     let seen = collect(notify);
-    // The only test in this binary: nothing else reads the environment concurrently.
-    std::env::set_var("NOTIFY_SOCKET", &notify_path);
-    std::env::set_var("WATCHDOG_USEC", "400000");
-    std::env::remove_var("WATCHDOG_PID");
+    // What systemd would put in the environment, given to this daemon only.
+    let notify_var = notify_path.clone().into_os_string();
+    let notifier = Notifier::from_lookup(
+        |name| match name {
+            "NOTIFY_SOCKET" => Some(notify_var.clone()),
+            "WATCHDOG_USEC" => Some("400000".into()),
+            _ => None,
+        },
+        std::process::id(),
+    );
 
     let mut s = Settings::defaults();
     s.db = dir.path().join("db");
@@ -101,7 +108,8 @@ fn a_dead_thread_degrades_status_stops_the_watchdog_and_sets_the_exit_status() {
     s.duration = Some(Duration::from_secs(300));
     let socket = s.socket.clone();
     let faults = Arc::new(PanicOnce::default());
-    let hooks = Hooks { faults: Some(faults.clone()), ..Hooks::default() };
+    let hooks =
+        Hooks { faults: Some(faults.clone()), notifier: Some(notifier), ..Hooks::default() };
     let daemon = std::thread::spawn(move || run(s, hooks));
 
     // Healthy: READY=1, then watchdog pings.

@@ -3,7 +3,7 @@
 //! profile no reader accepts) is quarantined and counted; everything else is published, and
 //! publishing goes on.
 
-mod store_support;
+use crate::store_support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

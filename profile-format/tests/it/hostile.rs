@@ -3,7 +3,7 @@
 //! answers at once with an error naming the file; none blocks, reads without end or allocates
 //! the file's size.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;

@@ -1,7 +1,7 @@
 //! The sampler against the real kernel: samples arrive with sane fields, `auto` falls back to
 //! cpu-clock without a PMU, an explicit hardware event fails loudly, status and heartbeats.
 
-mod sampler_support;
+use crate::sampler_support;
 
 use std::sync::Arc;
 use std::time::Duration;

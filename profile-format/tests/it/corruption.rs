@@ -1,6 +1,6 @@
 //! Every damaged file is an error of the right kind, never a panic or a silently wrong profile.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! sparse 3 GiB file in place of a `.prof`) are set aside and counted; flushing never blocks on
 //! them and publishing goes on.
 
-mod store_support;
+use crate::store_support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,8 +1,8 @@
 //! The committed fuzz seed corpus (`fuzz/corpus/`) is generated from `common::profile_seeds`;
 //! this test checks that it is present and current. Regenerate with
-//! `DCPI_WRITE_SEEDS=1 cargo test -p dcpi-profile-format --test seeds`.
+//! `DCPI_WRITE_SEEDS=1 cargo test -p dcpi-profile-format --test it seeds::`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! nothing at 5 kHz per CPU"), with every CPU busy so that every CPU really produces 5000
 //! samples a second.
 
-mod sampler_support;
+use crate::sampler_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! symbol snapshot follows module loads and unloads and each new epoch, stored only when its
 //! content is new.
 
-mod store_support;
+use crate::store_support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! - the stamp is the period that was really in force: within a run of one period, the time
 //!   between consecutive samples matches that period, not the previous one.
 
-mod sampler_support;
+use crate::sampler_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! only in this host's directories), and an error that comes and goes is logged once per change
 //! of state, not once per attempt.
 
-mod store_support;
+use crate::store_support;
 
 use std::io::Write;
 use std::path::Path;

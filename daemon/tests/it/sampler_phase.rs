@@ -12,7 +12,7 @@
 //! 59%) against a truth of 24-28%; randomized 26.8%, 25.8%, 25.1% against 25.4%, 25.6%, 25.4%.
 //! Details and the two fixes this test forced in daemon/src/perf/README.md.
 
-mod sampler_support;
+use crate::sampler_support;
 
 use std::hint::black_box;
 use std::sync::Arc;

@@ -1,0 +1,10 @@
+//! The integration tests of this crate, as one test binary (one link, one process; the
+//! layout of ripgrep's and blazesym's suites). Shared helpers live in the support modules.
+
+mod dcpidiff;
+mod dcpilist;
+mod dcpiprof;
+mod export;
+mod first_hour;
+mod hostile_db;
+mod hostile_names;

@@ -1,0 +1,10 @@
+//! The integration tests of this crate, as one test binary (one link, one process; the
+//! layout of ripgrep's and blazesym's suites). Shared helpers live in the support modules.
+
+mod common;
+mod compact;
+mod corruption;
+mod db;
+mod hostile;
+mod roundtrip;
+mod seeds;
