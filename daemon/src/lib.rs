@@ -9,6 +9,7 @@ pub mod aggregate;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod faults;
 pub mod man;
 pub mod notify;
 pub mod perf;

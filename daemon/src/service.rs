@@ -35,9 +35,6 @@ use crate::status::{RecentWindow, ReloadReport, StatusInputs, StatusReport};
 use crate::store::{EventInfo, Store, StoreConfig, StoreError};
 use crate::watch::Watch;
 
-/// Env var (tests only): `CPU:MS` makes the drain thread of CPU stop progressing after MS ms.
-pub const TEST_STALL_ENV: &str = "DCPI_TEST_STALL_DRAIN";
-
 /// A drain thread that has not completed a loop for this long withholds WATCHDOG=1.
 const PROGRESS_MAX_AGE: Duration = Duration::from_secs(5);
 
@@ -114,8 +111,8 @@ pub enum ServiceError {
     /// Another live dcpid holds this host name in the database.
     #[error("{0}")]
     LeaseHeld(StoreError),
-    #[error("{TEST_STALL_ENV}: expected CPU:MS, got {0:?}")]
-    StallEnv(String),
+    #[error(transparent)]
+    Faults(#[from] crate::faults::FaultsError),
     #[error("cannot start sampling: {0}")]
     Sampler(#[from] SamplerError),
     #[error(transparent)]
@@ -144,7 +141,7 @@ impl ServiceError {
             | ServiceError::Database { .. }
             | ServiceError::Spool(..)
             | ServiceError::LeaseHeld(_)
-            | ServiceError::StallEnv(_)
+            | ServiceError::Faults(_)
             | ServiceError::NoGroup(_)
             | ServiceError::Sampler(SamplerError::Config(_))
             | ServiceError::Control(
@@ -796,18 +793,6 @@ fn unanswered_note(cpus: &[u32]) -> String {
     }
 }
 
-fn stall_from_env() -> Result<Option<(u32, Duration)>, ServiceError> {
-    let Some(v) = std::env::var_os(TEST_STALL_ENV) else { return Ok(None) };
-    let v = v.to_string_lossy().into_owned();
-    let parsed = v
-        .split_once(':')
-        .and_then(|(c, ms)| Some((c.trim().parse::<u32>().ok()?, ms.trim().parse::<u64>().ok()?)));
-    match parsed {
-        Some((cpu, ms)) => Ok(Some((cpu, Duration::from_millis(ms)))),
-        None => Err(ServiceError::StallEnv(v)),
-    }
-}
-
 enum Wake {
     Stop(&'static str),
     Reload,
@@ -821,15 +806,15 @@ enum Wake {
 pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
     let notifier = hooks.notifier.take().unwrap_or_else(Notifier::from_env);
     let specs = parse_event_list(&settings.events)?;
-    let stall_drain = stall_from_env()?;
+    let faults = crate::faults::Faults::from_env()?;
     let group = socket_group_id(&settings)?;
     crate::control::check_path(&settings.socket)?;
     let watch = Watch::new(hooks.faults.clone());
     let mut created = CreatedDirs::default();
     prepare_spool(&settings.spool, &mut created)?;
     let (aggregator, sampler, sampling_since, t0) =
-        start_sampling(&settings, specs, stall_drain, &watch)?;
-    let mut store = open_store(&settings)?;
+        start_sampling(&settings, specs, &faults, &watch)?;
+    let mut store = open_store(&settings, &faults)?;
     register_sampler(&sampler, &mut store)?;
     prime_resolver(&aggregator, &mut store, t0);
     let access = Arc::new(Access::new(group));
@@ -921,7 +906,7 @@ fn socket_group_id(settings: &Settings) -> Result<Option<u32>, ServiceError> {
 }
 
 /// The database (first epoch if none) and the spool, which `prepare_spool` checked.
-fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
+fn open_store(settings: &Settings, faults: &crate::faults::Faults) -> Result<Store, ServiceError> {
     if let Err(e) = Store::check_db_writable(&settings.db, &settings.host) {
         if permanent_db_error(&e) {
             return Err(ServiceError::Database {
@@ -932,16 +917,19 @@ fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
         tracing::warn!(db = %settings.db.display(), error = %e,
             "database not writable now; sampling anyway, keeping data in the spool and retrying");
     }
-    let mut store = Store::open_leased(StoreConfig {
-        db: settings.db.clone(),
-        spool: settings.spool.clone(),
-        host: settings.host.clone(),
-        flush_interval: settings.flush_interval,
-        publish_interval: settings.publish_interval,
-        max_memory_bytes: settings.max_memory_mb.saturating_mul(1 << 20),
-        retention_days: settings.retention_days,
-        retention_keep: settings.retention_keep,
-    })
+    let mut store = Store::open_leased_with_faults(
+        StoreConfig {
+            db: settings.db.clone(),
+            spool: settings.spool.clone(),
+            host: settings.host.clone(),
+            flush_interval: settings.flush_interval,
+            publish_interval: settings.publish_interval,
+            max_memory_bytes: settings.max_memory_mb.saturating_mul(1 << 20),
+            retention_days: settings.retention_days,
+            retention_keep: settings.retention_keep,
+        },
+        faults,
+    )
     // One daemon per host name: two would overwrite each other's profiles.
     .map_err(ServiceError::LeaseHeld)?;
     store.set_who_by_pid(settings.by_pid);
@@ -954,7 +942,7 @@ fn open_store(settings: &Settings) -> Result<Store, ServiceError> {
 fn start_sampling(
     settings: &Settings,
     specs: Vec<crate::perf::EventSpec>,
-    stall_drain: Option<(u32, Duration)>,
+    faults: &crate::faults::Faults,
     watch: &Arc<Watch>,
 ) -> Result<(Arc<Aggregator>, Sampler, Instant, u64), ServiceError> {
     let cpus = online_cpus()?;
@@ -967,7 +955,7 @@ fn start_sampling(
         window_divisor: settings.window_divisor,
         ring_pages: settings.ring_pages,
         redraw_interval: settings.redraw_interval,
-        stall_drain,
+        faults: faults.clone(),
         watch: Some(Arc::clone(watch)),
         ..SamplerConfig::default()
     };

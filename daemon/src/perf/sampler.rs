@@ -60,15 +60,12 @@ pub struct SamplerConfig {
     /// Every drain thread re-arms its periods once per window of this length, at a random
     /// instant of the window (its only timed wake-up).
     pub redraw_interval: Duration,
-    /// Test hook: the drain thread of this CPU stops making progress after this long.
-    pub stall_drain: Option<(u32, Duration)>,
     /// false: keep every event at its nominal period P (for comparisons; never in production).
     pub randomize: bool,
     /// How often the online CPU list is re-read.
     pub hotplug_interval: Duration,
-    /// Test hook: hardware and raw events fail to open with ENOENT, as on a machine without a
-    /// PMU (lets the `auto` fallback be tested on machines that have one).
-    pub simulate_no_pmu: bool,
+    /// Faults injected by tests (none by default; never set from configuration).
+    pub faults: crate::faults::Faults,
     /// Run drain threads SCHED_FIFO (priority 1) so that they run as soon as the ring wakes
     /// them instead of at the next scheduler tick; see README.md (phase locking).
     pub realtime_drain: bool,
@@ -90,10 +87,9 @@ impl Default for SamplerConfig {
             window_divisor: 16,
             ring_pages: 128,
             redraw_interval: Duration::from_secs(1),
-            stall_drain: None,
             randomize: true,
             hotplug_interval: Duration::from_secs(5),
-            simulate_no_pmu: false,
+            faults: crate::faults::Faults::default(),
             realtime_drain: true,
             online_cpus_path: None,
             watch: None,
@@ -386,7 +382,9 @@ fn attr_for(
 
 /// perf_event_open, or the ENOENT a PMU-less machine gives when simulating one.
 fn open_fd(cfg: &SamplerConfig, spec: &AttrSpec, cpu: u32) -> io::Result<PerfFd> {
-    if cfg.simulate_no_pmu && matches!(spec.perf_type, sp::PERF_TYPE_HARDWARE | sp::PERF_TYPE_RAW) {
+    if cfg.faults.simulate_no_pmu
+        && matches!(spec.perf_type, sp::PERF_TYPE_HARDWARE | sp::PERF_TYPE_RAW)
+    {
         return Err(io::Error::from_raw_os_error(libc::ENOENT));
     }
     PerfFd::open(spec, cpu)
@@ -603,6 +601,7 @@ impl<'a> Drainer<'a> {
             ring.periods.iter().map(|&p| PeriodState { prev: p, cur: p, switched_at: 0 }).collect();
         let stall_at = shared
             .cfg
+            .faults
             .stall_drain
             .filter(|(c, _)| *c == stats.cpu)
             .map(|(_, after)| Instant::now() + after);

@@ -75,10 +75,6 @@ pub enum StoreError {
 /// killed writer (a write takes seconds even on a slow NFS server), removed at start.
 pub const STALE_TMP_AGE: Duration = Duration::from_secs(600);
 
-/// Environment variable (tests only): names a file; while it exists, database operations of
-/// the store block (a stand-in for a hung NFS server).
-pub const STALL_DB_ENV: &str = "DCPI_TEST_STALL_DB";
-
 /// Settings of the store.
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
@@ -266,7 +262,17 @@ impl Store {
     /// touched. Fails only with [`StoreError::LeaseHeld`]; other failures to take it are
     /// logged and retried at each tick.
     pub fn open_leased(cfg: StoreConfig) -> Result<Store, StoreError> {
+        Store::open_leased_with_faults(cfg, &crate::faults::Faults::default())
+    }
+
+    /// [`Store::open_leased`] with injected faults (tests; see [`crate::faults`]) in force from
+    /// the first database operation on.
+    pub fn open_leased_with_faults(
+        cfg: StoreConfig,
+        faults: &crate::faults::Faults,
+    ) -> Result<Store, StoreError> {
         let mut s = Store::unopened(cfg);
+        s.inject_faults(faults);
         match s.take_lease() {
             Ok(()) => {}
             Err(e @ StoreError::LeaseHeld { .. }) => return Err(e),
@@ -295,7 +301,7 @@ impl Store {
             lease: LeaseState::default(),
             tmp_cleaned: false,
             busy_since: Arc::new(AtomicU64::new(0)),
-            stall_db: std::env::var_os(STALL_DB_ENV).map(PathBuf::from),
+            stall_db: None,
             who: who::WhoAccum::default(),
         }
     }
@@ -650,8 +656,9 @@ impl Store {
     /// Test hook: make the n-th following profile write fail right after its rename (before
     /// the spool is told), as a crash there would.
     #[doc(hidden)]
-    pub fn inject_crash_after_write(&mut self, n: u32) {
-        self.crash_after_writes = Some(n);
+    pub fn inject_faults(&mut self, faults: &crate::faults::Faults) {
+        self.crash_after_writes = faults.crash_after_writes;
+        self.stall_db.clone_from(&faults.stall_db);
     }
 
     /// Take a resolved batch (plus the sampler's lost/throttled counts since the previous
@@ -960,8 +967,8 @@ impl Store {
         }
     }
 
-    /// Test hook (the `DCPI_TEST_STALL_DB` environment variable of dcpid names a file): while
-    /// that file exists, every database phase of the store blocks, as on a hung NFS server.
+    /// Injected fault ([`crate::faults::Faults::stall_db`]): while that file exists, every
+    /// database phase of the store blocks, as on a hung NFS server.
     fn db_gate(&self) {
         if let Some(trigger) = &self.stall_db {
             while trigger.exists() {

@@ -81,7 +81,10 @@ fn no_pmu_config() -> SamplerConfig {
     if simulate {
         eprintln!("this machine has a hardware PMU: simulating a PMU-less one");
     }
-    SamplerConfig { simulate_no_pmu: simulate, ..SamplerConfig::default() }
+    SamplerConfig {
+        faults: dcpid::faults::Faults { simulate_no_pmu: simulate, ..Default::default() },
+        ..SamplerConfig::default()
+    }
 }
 
 #[test]
@@ -181,7 +184,10 @@ fn stalled_drain_thread_is_reported_and_stop_still_returns() {
     let cfg = SamplerConfig {
         events: parse_event_list("cpu-clock").unwrap(),
         redraw_interval: Duration::from_millis(200),
-        stall_drain: Some((cpus[0], Duration::from_millis(300))),
+        faults: dcpid::faults::Faults {
+            stall_drain: Some((cpus[0], Duration::from_millis(300))),
+            ..Default::default()
+        },
         ..SamplerConfig::default()
     };
     let sampler = Sampler::start(&cfg, sink).expect("start");

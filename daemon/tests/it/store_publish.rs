@@ -148,7 +148,10 @@ fn exactly_once_after_crash_between_rename_and_spool_delete() {
         s.tick_at(Instant::now());
         s.add(batch(b2, 0), 0, 0);
         // The second profile write "crashes" after its rename, before its spool rows go.
-        s.inject_crash_after_write(2);
+        s.inject_faults(&dcpid::faults::Faults {
+            crash_after_writes: Some(2),
+            ..Default::default()
+        });
         match s.flush_everything() {
             Err(StoreError::InjectedCrash(_)) => {}
             other => panic!("expected the injected crash, got {other:?}"),
