@@ -7,7 +7,8 @@
 //!    ([`spool::Spool`], an append-only log) as one record: from then on a kill -9 loses
 //!    nothing. The record holds only that flush's increments, ~2 bytes per (offset, count).
 //! 3. `tick()` also publishes a few changed profiles whose turn has come (each profile at most
-//!    once per publish interval, turns spread over the interval): read the existing file of our
+//!    once per publish interval, turns spread over the interval, and a profile already
+//!    published only once it has grown enough or waited long enough: [`publish::PUBLISH_GROWTH`]): read the existing file of our
 //!    own host directory, merge the spooled increments whose sequence number is above the
 //!    file's `header.sequence`, write atomically with `sequence` = the highest merged one, then
 //!    tell the spool they are published (it deletes a segment once nothing in it is pending).
@@ -996,7 +997,7 @@ impl Store {
                     self.spool = Some(s);
                     self.clear_spool_error();
                     for k in recovered.keys {
-                        self.schedule.mark(k, now, self.cfg.publish_interval);
+                        self.schedule.mark(k, now, self.cfg.publish_interval, None);
                     }
                     self.refresh_backlog();
                 }
@@ -1162,7 +1163,8 @@ impl Store {
                             image: p.image.map(|(id, _)| id),
                             event: p.desc.name,
                         };
-                        self.schedule.mark(key, now, self.cfg.publish_interval);
+                        let samples = p.counts.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+                        self.schedule.mark(key, now, self.cfg.publish_interval, Some(samples));
                     }
                     self.clear_spool_error();
                 }
@@ -1188,13 +1190,13 @@ impl Store {
             / self.cfg.flush_interval.as_secs_f64())
         .max(1.0);
         let cap = ((2.0 * self.schedule.len() as f64 / ticks).ceil() as usize).max(8);
-        let due = self.schedule.due(now, cap);
+        let due = self.schedule.due(now, cap, self.cfg.publish_interval);
         let mut n = 0;
         for key in due {
             match self.publish_key(&key) {
-                Ok(()) => {
+                Ok(samples) => {
                     n += 1;
-                    self.schedule.done(key, now);
+                    self.schedule.done(key, now, samples);
                     self.clear_db_error();
                 }
                 Err(e) => {
@@ -1219,8 +1221,8 @@ impl Store {
         self.check_lease()?;
         for key in self.schedule.all(epoch) {
             match self.publish_key(&key) {
-                Ok(()) => {
-                    self.schedule.done(key, now);
+                Ok(samples) => {
+                    self.schedule.done(key, now, samples);
                     self.clear_db_error();
                 }
                 Err(e) => {
@@ -1242,16 +1244,17 @@ impl Store {
         Ok(hd)
     }
 
-    /// Merge one profile's spooled increments into its file, exactly once.
-    fn publish_key(&mut self, key: &SpoolKey) -> Result<(), StoreError> {
+    /// Merge one profile's spooled increments into its file, exactly once. Returns the
+    /// samples of the file written, `None` if nothing was.
+    fn publish_key(&mut self, key: &SpoolKey) -> Result<Option<u64>, StoreError> {
         let spool =
             self.spool.as_mut().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
         let incs = spool.increments(key);
-        let Some(last_seq) = incs.last().map(|r| r.seq) else { return Ok(()) };
+        let Some(last_seq) = incs.last().map(|r| r.seq) else { return Ok(None) };
         let Some(target) = publish::Target::of(key) else {
             // Logged by `Target::of`; nothing can be published under a name that is invalid.
             spool.published(key, last_seq);
-            return Ok(());
+            return Ok(None);
         };
         let hd = self.host_dir(&target.epoch)?;
         let path = target.path(&hd, key);
@@ -1269,7 +1272,9 @@ impl Store {
         if let Some(mismatch) = &merged.set_aside {
             self.set_aside(&path, mismatch);
         }
+        let mut written = None;
         if let Some(mut m) = merged.profile {
+            written = Some(m.header.total_samples);
             m.header.sequence = m.header.sequence.max(last_seq);
             let bytes = m.encode();
             m.write(&path)?;
@@ -1288,7 +1293,7 @@ impl Store {
         if let Some(sp) = self.spool.as_mut() {
             sp.published(key, last_seq);
         }
-        Ok(())
+        Ok(written)
     }
 
     fn set_aside(&mut self, path: &Path, why: &dyn std::fmt::Display) {

@@ -10,17 +10,41 @@ use profile_format::{EpochId, HostDir, ImageId, ImageKind, Profile, ProfileHeade
 
 use super::spool::{Spool, SpoolError, SpoolKey, SpooledIncrement};
 
+/// A published profile is rewritten at its turn only once its unpublished samples reach this
+/// fraction of its published ones (or it waited [`MAX_PUBLISH_DELAY_TURNS`] turns).
+///
+/// Why: a profile file is rewritten whole, so rewriting a big, slowly changing profile (cc1's,
+/// the kernel's) every publish interval made publishing ~90% of dcpid's disk writes over an
+/// hour of a busy machine (bench/disk.py, BENCHMARKS.md). With a growth threshold of 1 the
+/// file holds at least half of what the daemon has counted, the rewrites of a profile growing
+/// at a steady rate become geometric (at 1, 2, 4, 8... intervals) until the delay bound takes
+/// over, and a flush, an epoch change or a stop still publishes everything (the barrier).
+pub(super) const PUBLISH_GROWTH: f64 = 1.0;
+/// Longest wait, in publish intervals, of a dirty profile that has not grown enough.
+pub(super) const MAX_PUBLISH_DELAY_TURNS: u32 = 6;
+
 /// Profiles with unpublished increments and when each one's turn comes.
 #[derive(Default)]
 pub(super) struct Schedule {
     dirty: BTreeMap<SpoolKey, Instant>,
     last_published: HashMap<SpoolKey, Instant>,
+    /// Samples in the published file (as of our last publication of it).
+    published_samples: HashMap<SpoolKey, u64>,
+    /// Samples spooled since our last publication; `None` once unknown (recovered from the
+    /// spool at start), which publishes at the next turn.
+    pending_samples: HashMap<SpoolKey, Option<u64>>,
 }
 
 impl Schedule {
-    /// A profile changed: its turn is one publish interval after its last publication, or at
-    /// a stable per-profile phase within the interval if it was never published.
-    pub fn mark(&mut self, key: SpoolKey, now: Instant, interval: Duration) {
+    /// A profile changed by `samples` (`None`: an unknown amount): its turn is one publish
+    /// interval after its last publication, or at a stable per-profile phase within the
+    /// interval if it was never published.
+    pub fn mark(&mut self, key: SpoolKey, now: Instant, interval: Duration, samples: Option<u64>) {
+        let pending = self.pending_samples.entry(key.clone()).or_insert(Some(0));
+        *pending = match (*pending, samples) {
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+            _ => None,
+        };
         if self.dirty.contains_key(&key) {
             return;
         }
@@ -36,10 +60,27 @@ impl Schedule {
         self.dirty.insert(key, due);
     }
 
-    /// Up to `cap` profiles whose turn has come, oldest turn first.
-    pub fn due(&self, now: Instant, cap: usize) -> Vec<SpoolKey> {
-        let mut due: Vec<(Instant, &SpoolKey)> =
-            self.dirty.iter().filter(|(_, d)| **d <= now).map(|(k, d)| (*d, k)).collect();
+    /// Whether a profile whose turn has come is worth rewriting now ([`PUBLISH_GROWTH`]).
+    fn grown_enough(&self, key: &SpoolKey, now: Instant, interval: Duration) -> bool {
+        let Some(&published) = self.published_samples.get(key) else { return true };
+        let Some(Some(pending)) = self.pending_samples.get(key) else { return true };
+        if *pending as f64 >= PUBLISH_GROWTH * published as f64 {
+            return true;
+        }
+        self.last_published
+            .get(key)
+            .is_none_or(|t| now.saturating_duration_since(*t) >= interval * MAX_PUBLISH_DELAY_TURNS)
+    }
+
+    /// Up to `cap` profiles whose turn has come and that have grown enough to be rewritten,
+    /// oldest turn first.
+    pub fn due(&self, now: Instant, cap: usize, interval: Duration) -> Vec<SpoolKey> {
+        let mut due: Vec<(Instant, &SpoolKey)> = self
+            .dirty
+            .iter()
+            .filter(|(k, d)| **d <= now && self.grown_enough(k, now, interval))
+            .map(|(k, d)| (*d, k))
+            .collect();
         due.sort();
         due.into_iter().take(cap).map(|(_, k)| k.clone()).collect()
     }
@@ -56,14 +97,21 @@ impl Schedule {
         keys.into_iter().map(|(_, k)| k.clone()).collect()
     }
 
-    pub fn done(&mut self, key: SpoolKey, now: Instant) {
+    /// `key` was published; its file now holds `samples` (`None`: nothing was written).
+    pub fn done(&mut self, key: SpoolKey, now: Instant, samples: Option<u64>) {
         self.dirty.remove(&key);
+        self.pending_samples.remove(&key);
+        if let Some(n) = samples {
+            self.published_samples.insert(key.clone(), n);
+        }
         self.last_published.insert(key, now);
     }
 
     pub fn forget_epoch(&mut self, epoch: &str) {
         self.dirty.retain(|k, _| k.epoch != epoch);
         self.last_published.retain(|k, _| k.epoch != epoch);
+        self.published_samples.retain(|k, _| k.epoch != epoch);
+        self.pending_samples.retain(|k, _| k.epoch != epoch);
     }
 
     pub fn has_epoch(&self, epoch: &str) -> bool {
@@ -238,5 +286,85 @@ pub(super) fn set_aside(path: &Path, why: &dyn std::fmt::Display) {
         }
         Err(e) => tracing::warn!(file = %path.display(), error = %why, rename_error = %e,
             "store: corrupt profile could not be renamed aside; overwriting it"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IV: Duration = Duration::from_secs(300);
+
+    fn key(image: &str) -> SpoolKey {
+        SpoolKey {
+            epoch: "20261125T000000Z".into(),
+            image: Some(image.into()),
+            event: "cpu-clock".into(),
+        }
+    }
+
+    /// The schedule after `k` was published holding `samples`, at `t`.
+    fn published(k: &SpoolKey, t: Instant, samples: u64) -> Schedule {
+        let mut s = Schedule::default();
+        s.mark(k.clone(), t, IV, Some(samples));
+        s.done(k.clone(), t, Some(samples));
+        s
+    }
+
+    #[test]
+    fn a_new_profile_is_published_at_its_first_turn_whatever_its_size() {
+        let t = Instant::now();
+        let mut s = Schedule::default();
+        let k = key("a");
+        s.mark(k.clone(), t, IV, Some(1));
+        assert_eq!(s.due(t + IV, 8, IV), vec![k]);
+    }
+
+    #[test]
+    fn a_published_profile_waits_until_it_has_grown_by_the_threshold() {
+        let t = Instant::now();
+        let k = key("a");
+        let mut s = published(&k, t, 1000);
+        s.mark(k.clone(), t + IV / 2, IV, Some(400));
+        assert!(s.due(t + IV, 8, IV).is_empty(), "40% growth is not worth a rewrite");
+        s.mark(k.clone(), t + IV + IV / 2, IV, Some(600));
+        assert_eq!(s.due(t + 2 * IV, 8, IV), vec![k.clone()], "100% growth is");
+        // Published again: the next threshold is relative to the new size.
+        s.done(k.clone(), t + 2 * IV, Some(2000));
+        s.mark(k.clone(), t + 2 * IV, IV, Some(1500));
+        assert!(s.due(t + 3 * IV, 8, IV).is_empty());
+    }
+
+    #[test]
+    fn a_profile_that_grows_slowly_is_still_published_after_the_delay_bound() {
+        let t = Instant::now();
+        let k = key("a");
+        let mut s = published(&k, t, 1_000_000);
+        s.mark(k.clone(), t + IV, IV, Some(1));
+        let bound = IV * MAX_PUBLISH_DELAY_TURNS;
+        assert!(s.due(t + bound - Duration::from_secs(1), 8, IV).is_empty());
+        assert_eq!(s.due(t + bound, 8, IV), vec![k]);
+    }
+
+    #[test]
+    fn increments_of_unknown_size_are_published_at_the_next_turn() {
+        let t = Instant::now();
+        let k = key("a");
+        let mut s = published(&k, t, 1_000_000);
+        s.mark(k.clone(), t + IV, IV, None);
+        s.mark(k.clone(), t + IV, IV, Some(1));
+        assert_eq!(s.due(t + IV, 8, IV), vec![k]);
+    }
+
+    #[test]
+    fn every_dirty_profile_is_listed_for_a_flush_whatever_its_growth() {
+        let t = Instant::now();
+        let (a, b) = (key("a"), key("b"));
+        let mut s = published(&a, t, 1_000_000);
+        s.mark(a.clone(), t, IV, Some(1));
+        s.mark(b.clone(), t, IV, Some(1));
+        let mut all = s.all(None);
+        all.sort();
+        assert_eq!(all, vec![a, b]);
     }
 }

@@ -123,12 +123,26 @@ fn spool_then_spread_publish() {
     s.add(batch(&[(1, 0x10, 1)], 0), 0, 0);
     s.tick_at(now + Duration::from_secs(62));
     assert_eq!(s.status().dirty_profiles, 1);
+    // Its turn has come, but 1 sample more than the 8 published is not worth rewriting it.
     s.tick_at(now + Duration::from_secs(122));
+    assert_eq!(s.status().dirty_profiles, 1);
+    assert_eq!(totals(dir.path(), &epoch, "h1"), expect(&[b1], 2));
+    // Grown by as much as it holds: rewritten at the next tick.
+    s.add(batch(&[(1, 0x20, 7)], 0), 0, 0);
+    s.tick_at(now + Duration::from_secs(123));
+    assert_eq!(s.status().dirty_profiles, 0);
+    assert_eq!(totals(dir.path(), &epoch, "h1"), expect(&[b1, &[(1, 0x10, 1), (1, 0x20, 7)]], 2));
+    // Growth that never reaches the threshold is published after the delay bound.
+    s.add(batch(&[(2, 0x10, 1)], 0), 0, 0);
+    s.tick_at(now + Duration::from_secs(124));
+    s.tick_at(now + Duration::from_secs(61 + 5 * 60));
+    assert_eq!(s.status().dirty_profiles, 1, "not grown enough, not waited long enough");
+    s.tick_at(now + Duration::from_secs(61 + 6 * 60));
     assert_eq!(s.status().dirty_profiles, 0);
     s.flush_everything().unwrap();
     let db = Database::open(&dir.path().join("db")).unwrap();
     let sum = HostSummary::read(&db.host_dir(&epoch, "h1").unwrap().summary_path()).unwrap();
-    assert_eq!(sum.samples, 15 + 2 + 1);
+    assert_eq!(sum.samples, 15 + 2 + 1 + 7 + 1);
     assert_eq!(sum.unknown, 2);
     assert_eq!(sum.events.len(), 1);
     assert_eq!(sum.events[0].source, "software");
