@@ -49,6 +49,34 @@ pub fn require_perf() -> bool {
     }
 }
 
+/// Panics unless the `dcpid` under test takes injected faults from its environment, which
+/// only a build with the `fault-injection` feature does (`cargo test --workspace` builds it so;
+/// a `cargo build` of the daemon alone does not). A bad fault value makes such a build exit 2
+/// naming the variable before it creates anything.
+pub fn require_fault_injection() {
+    static CHECK: OnceLock<bool> = OnceLock::new();
+    let ok = *CHECK.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = Command::new(bin("dcpid"))
+            .args(["--config", "none", "--duration", "1ms", "--db"])
+            .arg(dir.path().join("db"))
+            .arg("--spool")
+            .arg(dir.path().join("spool"))
+            .arg("--socket")
+            .arg(dir.path().join("s"))
+            .env("DCPI_TEST_STALL_DRAIN", "not-a-fault")
+            .output()
+            .expect("spawn dcpid");
+        String::from_utf8_lossy(&out.stderr).contains("DCPI_TEST_STALL_DRAIN")
+    });
+    assert!(
+        ok,
+        "{} ignores injected faults: it was built without the fault-injection feature; \
+         run the tests with `cargo test --workspace`",
+        bin("dcpid").display()
+    );
+}
+
 /// Run a binary to completion with arguments.
 pub fn run(name: &str, args: &[&str]) -> Output {
     Command::new(bin(name)).args(args).output().expect("spawn")

@@ -242,6 +242,7 @@ fn hung_database_keeps_sampling_status_and_stop_and_loses_no_sample() {
     if !require_perf() {
         return;
     }
+    dcpi_e2e::require_fault_injection();
     let sb = Sandbox::new();
     let trigger = sb.dir.path().join("hang-the-database");
     let spawn = |stall: bool| {

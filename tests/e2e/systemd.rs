@@ -333,6 +333,7 @@ fn sd_notify_watchdog_stops_when_a_drain_thread_stalls() {
     if !require_perf() {
         return;
     }
+    dcpi_e2e::require_fault_injection();
     let sb = Sandbox::new();
     let listener = NotifyListener::new();
     let start = Instant::now();
