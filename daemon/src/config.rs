@@ -261,8 +261,9 @@ settings! {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     flush_interval: Duration = Duration::from_secs(2);
-    /// Each changed shared profile is rewritten at most this often, spread over the interval;
-    /// `dcpictl flush` publishes everything at once [default: 5m].
+    /// Each changed shared profile is rewritten at most this often, spread over the interval,
+    /// and once published only after it has doubled or waited six intervals; `dcpictl flush`
+    /// publishes everything at once [default: 5m].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     publish_interval: Duration = Duration::from_secs(300);
