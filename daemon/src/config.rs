@@ -262,11 +262,17 @@ settings! {
     #[serde(default, deserialize_with = "de_duration")]
     flush_interval: Duration = Duration::from_secs(2);
     /// Each changed shared profile is rewritten at most this often, spread over the interval,
-    /// and once published only after it has doubled or waited six intervals; `dcpictl flush`
-    /// publishes everything at once [default: 5m].
+    /// and once published only after it has doubled or waited `publish_max_delay`; `dcpictl
+    /// flush` publishes everything at once [default: 5m].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     publish_interval: Duration = Duration::from_secs(300);
+    /// A published profile that has not doubled since it was last written waits at most this
+    /// long before its new samples are published (a flush publishes them at once); set it to
+    /// `publish_interval` to rewrite every changed profile at every turn [default: 30m].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    publish_max_delay: Duration = Duration::from_secs(1800);
     /// Bound on unwritten data held in memory while the disk fails; past it the oldest is
     /// dropped and counted [default: 256].
     #[arg(long = "max-memory", value_name = "MB")]
@@ -313,6 +319,7 @@ settings! {
 pub const RELOADABLE: &[&str] = &[
     "flush_interval",
     "publish_interval",
+    "publish_max_delay",
     "max_memory_mb",
     "retention_days",
     "retention_keep",

@@ -336,21 +336,9 @@ impl Shared {
     /// Give the store the live settings if a reload changed them.
     fn sync_store(&self, store: &mut Store) {
         let s = read(&self.settings);
-        let c = store.config();
-        let mem = s.max_memory_mb.saturating_mul(1 << 20);
-        if c.flush_interval != s.flush_interval
-            || c.publish_interval != s.publish_interval
-            || c.max_memory_bytes != mem
-            || c.retention_days != s.retention_days
-            || c.retention_keep != s.retention_keep
-        {
-            store.reconfigure(
-                s.flush_interval,
-                s.publish_interval,
-                mem,
-                s.retention_days,
-                s.retention_keep,
-            );
+        let want = store_config(&s);
+        if *store.config() != want {
+            store.reconfigure(&want);
         }
         store.set_who_by_pid(s.by_pid);
     }
@@ -906,6 +894,21 @@ fn socket_group_id(settings: &Settings) -> Result<Option<u32>, ServiceError> {
 }
 
 /// The database (first epoch if none) and the spool, which `prepare_spool` checked.
+/// The store's part of the settings (at start, and after each reload).
+fn store_config(s: &Settings) -> StoreConfig {
+    StoreConfig {
+        db: s.db.clone(),
+        spool: s.spool.clone(),
+        host: s.host.clone(),
+        flush_interval: s.flush_interval,
+        publish_interval: s.publish_interval,
+        publish_max_delay: s.publish_max_delay,
+        max_memory_bytes: s.max_memory_mb.saturating_mul(1 << 20),
+        retention_days: s.retention_days,
+        retention_keep: s.retention_keep,
+    }
+}
+
 fn open_store(settings: &Settings, faults: &crate::faults::Faults) -> Result<Store, ServiceError> {
     if let Err(e) = Store::check_db_writable(&settings.db, &settings.host) {
         if permanent_db_error(&e) {
@@ -917,21 +920,9 @@ fn open_store(settings: &Settings, faults: &crate::faults::Faults) -> Result<Sto
         tracing::warn!(db = %settings.db.display(), error = %e,
             "database not writable now; sampling anyway, keeping data in the spool and retrying");
     }
-    let mut store = Store::open_leased_with_faults(
-        StoreConfig {
-            db: settings.db.clone(),
-            spool: settings.spool.clone(),
-            host: settings.host.clone(),
-            flush_interval: settings.flush_interval,
-            publish_interval: settings.publish_interval,
-            max_memory_bytes: settings.max_memory_mb.saturating_mul(1 << 20),
-            retention_days: settings.retention_days,
-            retention_keep: settings.retention_keep,
-        },
-        faults,
-    )
-    // One daemon per host name: two would overwrite each other's profiles.
-    .map_err(ServiceError::LeaseHeld)?;
+    let mut store = Store::open_leased_with_faults(store_config(settings), faults)
+        // One daemon per host name: two would overwrite each other's profiles.
+        .map_err(ServiceError::LeaseHeld)?;
     store.set_who_by_pid(settings.by_pid);
     Ok(store)
 }

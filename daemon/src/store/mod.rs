@@ -77,7 +77,7 @@ pub enum StoreError {
 pub const STALE_TMP_AGE: Duration = Duration::from_secs(600);
 
 /// Settings of the store.
-#[derive(Clone, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub struct StoreConfig {
     pub db: PathBuf,
     /// The spool's base directory; this host's log is in its subdirectory named after the
@@ -86,6 +86,8 @@ pub struct StoreConfig {
     pub host: String,
     pub flush_interval: Duration,
     pub publish_interval: Duration,
+    /// Longest wait of a published profile's new samples that have not doubled it.
+    pub publish_max_delay: Duration,
     /// Bound on increments held in memory while they cannot be written to the spool.
     pub max_memory_bytes: u64,
     pub retention_days: u32,
@@ -511,26 +513,23 @@ impl Store {
 
     /// Apply the settings that may change while running (on reload). A changed retention is
     /// applied at the next tick instead of within the hour.
-    pub fn reconfigure(
-        &mut self,
-        flush_interval: Duration,
-        publish_interval: Duration,
-        max_memory_bytes: u64,
-        retention_days: u32,
-        retention_keep: usize,
-    ) {
-        let c = &mut self.cfg;
-        if c.retention_days != retention_days || c.retention_keep != retention_keep {
+    pub fn reconfigure(&mut self, new: &StoreConfig) {
+        // Where the data goes is fixed for the daemon's life; the rest may change.
+        let new = StoreConfig {
+            db: self.cfg.db.clone(),
+            spool: self.cfg.spool.clone(),
+            host: self.cfg.host.clone(),
+            ..new.clone()
+        };
+        if self.cfg.retention_days != new.retention_days
+            || self.cfg.retention_keep != new.retention_keep
+        {
             self.last_retention = None;
         }
-        c.flush_interval = flush_interval;
-        c.publish_interval = publish_interval;
-        c.max_memory_bytes = max_memory_bytes;
-        c.retention_days = retention_days;
-        c.retention_keep = retention_keep;
         if let Some(sp) = self.spool.as_mut() {
-            sp.set_rotate_after(publish_interval);
+            sp.set_rotate_after(new.publish_interval);
         }
+        self.cfg = new;
     }
 
     /// Check at start that this host can write into the database: create it (and the first
@@ -1190,7 +1189,7 @@ impl Store {
             / self.cfg.flush_interval.as_secs_f64())
         .max(1.0);
         let cap = ((2.0 * self.schedule.len() as f64 / ticks).ceil() as usize).max(8);
-        let due = self.schedule.due(now, cap, self.cfg.publish_interval);
+        let due = self.schedule.due(now, cap, self.cfg.publish_max_delay);
         let mut n = 0;
         for key in due {
             match self.publish_key(&key) {

@@ -11,7 +11,7 @@ use profile_format::{EpochId, HostDir, ImageId, ImageKind, Profile, ProfileHeade
 use super::spool::{Spool, SpoolError, SpoolKey, SpooledIncrement};
 
 /// A published profile is rewritten at its turn only once its unpublished samples reach this
-/// fraction of its published ones (or it waited [`MAX_PUBLISH_DELAY_TURNS`] turns).
+/// fraction of its published ones (or it waited `publish_max_delay`).
 ///
 /// Why: a profile file is rewritten whole, so rewriting a big, slowly changing profile (cc1's,
 /// the kernel's) every publish interval made publishing ~90% of dcpid's disk writes over an
@@ -20,8 +20,6 @@ use super::spool::{Spool, SpoolError, SpoolKey, SpooledIncrement};
 /// at a steady rate become geometric (at 1, 2, 4, 8... intervals) until the delay bound takes
 /// over, and a flush, an epoch change or a stop still publishes everything (the barrier).
 pub(super) const PUBLISH_GROWTH: f64 = 1.0;
-/// Longest wait, in publish intervals, of a dirty profile that has not grown enough.
-pub(super) const MAX_PUBLISH_DELAY_TURNS: u32 = 6;
 
 /// Profiles with unpublished increments and when each one's turn comes.
 #[derive(Default)]
@@ -61,24 +59,22 @@ impl Schedule {
     }
 
     /// Whether a profile whose turn has come is worth rewriting now ([`PUBLISH_GROWTH`]).
-    fn grown_enough(&self, key: &SpoolKey, now: Instant, interval: Duration) -> bool {
+    fn grown_enough(&self, key: &SpoolKey, now: Instant, max_delay: Duration) -> bool {
         let Some(&published) = self.published_samples.get(key) else { return true };
         let Some(Some(pending)) = self.pending_samples.get(key) else { return true };
         if *pending as f64 >= PUBLISH_GROWTH * published as f64 {
             return true;
         }
-        self.last_published
-            .get(key)
-            .is_none_or(|t| now.saturating_duration_since(*t) >= interval * MAX_PUBLISH_DELAY_TURNS)
+        self.last_published.get(key).is_none_or(|t| now.saturating_duration_since(*t) >= max_delay)
     }
 
     /// Up to `cap` profiles whose turn has come and that have grown enough to be rewritten,
     /// oldest turn first.
-    pub fn due(&self, now: Instant, cap: usize, interval: Duration) -> Vec<SpoolKey> {
+    pub fn due(&self, now: Instant, cap: usize, max_delay: Duration) -> Vec<SpoolKey> {
         let mut due: Vec<(Instant, &SpoolKey)> = self
             .dirty
             .iter()
-            .filter(|(k, d)| **d <= now && self.grown_enough(k, now, interval))
+            .filter(|(k, d)| **d <= now && self.grown_enough(k, now, max_delay))
             .map(|(k, d)| (*d, k))
             .collect();
         due.sort();
@@ -294,6 +290,7 @@ mod tests {
     use super::*;
 
     const IV: Duration = Duration::from_secs(300);
+    const MAX_DELAY: Duration = Duration::from_secs(1800);
 
     fn key(image: &str) -> SpoolKey {
         SpoolKey {
@@ -317,7 +314,7 @@ mod tests {
         let mut s = Schedule::default();
         let k = key("a");
         s.mark(k.clone(), t, IV, Some(1));
-        assert_eq!(s.due(t + IV, 8, IV), vec![k]);
+        assert_eq!(s.due(t + IV, 8, MAX_DELAY), vec![k]);
     }
 
     #[test]
@@ -326,13 +323,13 @@ mod tests {
         let k = key("a");
         let mut s = published(&k, t, 1000);
         s.mark(k.clone(), t + IV / 2, IV, Some(400));
-        assert!(s.due(t + IV, 8, IV).is_empty(), "40% growth is not worth a rewrite");
+        assert!(s.due(t + IV, 8, MAX_DELAY).is_empty(), "40% growth is not worth a rewrite");
         s.mark(k.clone(), t + IV + IV / 2, IV, Some(600));
-        assert_eq!(s.due(t + 2 * IV, 8, IV), vec![k.clone()], "100% growth is");
+        assert_eq!(s.due(t + 2 * IV, 8, MAX_DELAY), vec![k.clone()], "100% growth is");
         // Published again: the next threshold is relative to the new size.
         s.done(k.clone(), t + 2 * IV, Some(2000));
         s.mark(k.clone(), t + 2 * IV, IV, Some(1500));
-        assert!(s.due(t + 3 * IV, 8, IV).is_empty());
+        assert!(s.due(t + 3 * IV, 8, MAX_DELAY).is_empty());
     }
 
     #[test]
@@ -341,9 +338,8 @@ mod tests {
         let k = key("a");
         let mut s = published(&k, t, 1_000_000);
         s.mark(k.clone(), t + IV, IV, Some(1));
-        let bound = IV * MAX_PUBLISH_DELAY_TURNS;
-        assert!(s.due(t + bound - Duration::from_secs(1), 8, IV).is_empty());
-        assert_eq!(s.due(t + bound, 8, IV), vec![k]);
+        assert!(s.due(t + MAX_DELAY - Duration::from_secs(1), 8, MAX_DELAY).is_empty());
+        assert_eq!(s.due(t + MAX_DELAY, 8, MAX_DELAY), vec![k]);
     }
 
     #[test]
@@ -353,7 +349,7 @@ mod tests {
         let mut s = published(&k, t, 1_000_000);
         s.mark(k.clone(), t + IV, IV, None);
         s.mark(k.clone(), t + IV, IV, Some(1));
-        assert_eq!(s.due(t + IV, 8, IV), vec![k]);
+        assert_eq!(s.due(t + IV, 8, MAX_DELAY), vec![k]);
     }
 
     #[test]

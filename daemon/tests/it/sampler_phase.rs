@@ -3,7 +3,7 @@
 //!
 //! One workload thread per CPU (pinned) runs `phase_a_work` for the first 75% of every
 //! P = 4 ms interval of CLOCK_MONOTONIC and `phase_b_work` for the last 25%. The sampler runs
-//! cpu-clock:4000000 for 8 s, once with randomization off (every sample lands at the same phase
+//! cpu-clock:4000000 until each workload thread has run 6 s of CPU, once with randomization off (every sample lands at the same phase
 //! of the workload's cycle) and once with the default window [P - P/16, P]. Samples are
 //! classified by the two functions' address ranges, read from this test binary's symbol table.
 //!
@@ -52,22 +52,28 @@ fn phase_b_work(mut x: u64) -> u64 {
     x
 }
 
-/// Run A for 75% and B for 25% of every P of CLOCK_MONOTONIC, on `cpu`, for `d`. Returns how
-/// many chunks of A and of B ran: both cost the same, so their ratio is the true ratio of CPU
-/// time even when other processes preempt the workload (the scheduler tick is phase-locked too:
-/// HZ=250 is also 4 ms).
-fn workload(cpu: u32, d: Duration) -> (u64, u64) {
+/// Run A for 75% and B for 25% of every P of CLOCK_MONOTONIC, on `cpu`, until the thread has
+/// had `cpu_time` of CPU (or `max_wall` passed: on a loaded machine the workload gets a share
+/// of the CPU only, and a wall-clock length left it too few samples). Returns how many chunks
+/// of A and of B ran: both cost the same, so their ratio is the true ratio of CPU time even
+/// when other processes preempt the workload (the scheduler tick is phase-locked too: HZ=250
+/// is also 4 ms).
+fn workload(cpu: u32, cpu_time: Duration, max_wall: Duration) -> (u64, u64) {
     dcpid::sys::perf::pin_current_thread(cpu).expect("pin workload");
-    let end = monotonic_ns() + d.as_nanos() as u64;
+    let start_cpu = sampler_support::thread_cpu_ns();
+    let end = monotonic_ns() + max_wall.as_nanos() as u64;
     let mut x = 1u64;
     let (mut na, mut nb) = (0u64, 0u64);
     loop {
-        let now = monotonic_ns();
-        if now >= end {
-            black_box(x);
-            return (na, nb);
+        // Checked every ~4 ms of work: reading schedstat is a system call.
+        if (na + nb) % 4096 == 0 {
+            let ran = sampler_support::thread_cpu_ns().saturating_sub(start_cpu);
+            if ran >= cpu_time.as_nanos() as u64 || monotonic_ns() >= end {
+                black_box(x);
+                return (na, nb);
+            }
         }
-        if now % P < P * 3 / 4 {
+        if monotonic_ns() % P < P * 3 / 4 {
             x = phase_a_work(x);
             na += 1;
         } else {
@@ -131,7 +137,11 @@ fn measure(cfg: &SamplerConfig, cpus: &[u32]) -> Vec<CpuResult> {
     let sampler = Sampler::start(cfg, sink.clone()).expect("start sampler");
     let hs: Vec<_> = cpus
         .iter()
-        .map(|&cpu| std::thread::spawn(move || workload(cpu, Duration::from_secs(8))))
+        .map(|&cpu| {
+            std::thread::spawn(move || {
+                workload(cpu, Duration::from_secs(6), Duration::from_secs(120))
+            })
+        })
         .collect();
     let mut out: Vec<CpuResult> =
         cpus.iter().map(|&cpu| CpuResult { cpu, ..Default::default() }).collect();

@@ -17,6 +17,7 @@ fn cfg(root: &Path, max_memory_bytes: u64) -> StoreConfig {
         host: "h1".into(),
         flush_interval: Duration::from_secs(2),
         publish_interval: Duration::from_secs(60),
+        publish_max_delay: Duration::from_secs(360),
         max_memory_bytes,
         retention_days: 7,
         retention_keep: 3,
@@ -154,8 +155,20 @@ fn startup_write_check_tells_unwritable_from_writable() {
 fn reconfigure_changes_live_settings() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = open(cfg(dir.path(), 1 << 20));
-    s.reconfigure(Duration::from_millis(500), Duration::from_secs(5), 2 << 20, 3, 2);
+    s.reconfigure(&StoreConfig {
+        flush_interval: Duration::from_millis(500),
+        publish_interval: Duration::from_secs(5),
+        max_memory_bytes: 2 << 20,
+        retention_days: 3,
+        retention_keep: 2,
+        publish_max_delay: Duration::from_secs(42),
+        // Where the data goes is not reloadable: kept.
+        db: dir.path().join("elsewhere"),
+        ..s.config().clone()
+    });
     let c = s.config();
+    assert_eq!(c.publish_max_delay, Duration::from_secs(42));
+    assert_eq!(c.db, cfg(dir.path(), 1 << 20).db);
     assert_eq!(c.flush_interval, Duration::from_millis(500));
     assert_eq!(c.publish_interval, Duration::from_secs(5));
     assert_eq!(c.max_memory_bytes, 2 << 20);

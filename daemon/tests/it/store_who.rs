@@ -16,6 +16,7 @@ fn open(root: &Path) -> Store {
         host: "h".into(),
         flush_interval: Duration::from_secs(2),
         publish_interval: Duration::from_secs(60),
+        publish_max_delay: Duration::from_secs(360),
         max_memory_bytes: 64 << 20,
         retention_days: 7,
         retention_keep: 3,
