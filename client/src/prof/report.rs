@@ -10,16 +10,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use profile_format::{
-    ImageId, ImageKind, KallsymsSnapshot, KernelSymbol, ProfileHeader, UnknownReason,
-};
+use profile_format::{ImageId, ImageKind, KallsymsSnapshot, KernelSymbol, UnknownReason};
 use serde::Serialize;
 
 use super::debuginfo::{find_debug_file, live_vdso, Located, Locator};
 use super::image::{build_id_hex, image_display, image_label, parse_spec, spec_rank, Spec};
 pub use super::image::{display_path, kind_name, ImageFilter};
 use super::names::display_name;
-use super::select::{epochs_and_hosts, Loaded, Totals};
+use super::select::{epochs_and_hosts, Loaded, TotalRow, Totals};
 use super::symbolize::{elf_identity, ElfSymbolizer, SymbolTable};
 use super::symcache::{CacheKey, SymbolCache};
 use super::ProfError;
@@ -177,22 +175,6 @@ pub struct Weights {
     /// Per loaded profile (same index): event index (None if not selected) and events/sample.
     pub per_profile: Vec<Option<(usize, f64)>>,
     pub infos: Vec<EventInfo>,
-}
-
-/// What weighting and the per-image report need of one profile.
-#[derive(Clone, Copy, Debug)]
-pub struct TotalRow<'a> {
-    /// Index into the loaded dirs (and summaries).
-    pub dir: usize,
-    /// Kind, id, path and event of the profile (its totals are the fields below).
-    pub header: &'a ProfileHeader,
-    /// Rows of one group have the same kind, id, path and event: the per-image report finds a
-    /// group's row once instead of hashing every profile's key.
-    pub group: usize,
-    /// Sum of the counts.
-    pub samples: u64,
-    pub total_samples: u64,
-    pub total_period: u64,
 }
 
 /// The rows of loaded profiles (one group each).

@@ -691,6 +691,22 @@ pub struct TotalEntry {
     pub total_period: u64,
 }
 
+/// What weighting and the per-image report need of one profile.
+#[derive(Clone, Copy, Debug)]
+pub struct TotalRow<'a> {
+    /// Index into the loaded dirs (and summaries).
+    pub dir: usize,
+    /// Kind, id, path and event of the profile (its totals are the fields below).
+    pub header: &'a ProfileHeader,
+    /// Rows of one group have the same kind, id, path and event: the per-image report finds a
+    /// group's row once instead of hashing every profile's key.
+    pub group: usize,
+    /// Sum of the counts.
+    pub samples: u64,
+    pub total_samples: u64,
+    pub total_period: u64,
+}
+
 impl Totals {
     /// Drop the idle task's entries (`--no-idle`), as [`Loaded::exclude_idle`] does.
     pub fn exclude_idle(&mut self) {
@@ -699,8 +715,8 @@ impl Totals {
         self.idle_excluded = true;
     }
 
-    pub fn rows(&self) -> impl Iterator<Item = super::report::TotalRow<'_>> + Clone {
-        self.entries.iter().map(|e| super::report::TotalRow {
+    pub fn rows(&self) -> impl Iterator<Item = TotalRow<'_>> + Clone {
+        self.entries.iter().map(|e| TotalRow {
             dir: e.dir as usize,
             header: &self.headers[e.header as usize],
             group: e.header as usize,
