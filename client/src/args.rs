@@ -9,10 +9,14 @@
 use std::path::PathBuf;
 
 use crate::prof::debuginfo::{Locator, SearchPaths, SYSTEM_DEBUG_DIR};
+use crate::prof::error::ProfError;
+pub use crate::prof::error::{did_you_mean, did_you_mean_hint};
 use crate::prof::image::ImageFilter;
-use crate::prof::select::{self, EpochSel, HostSel, Loaded, Totals};
-use crate::prof::symcache::{self, SymbolCache};
-use crate::prof::ProfError;
+use crate::prof::select::{
+    epoch_start, load, load_counts, load_image_totals, open_db, select_host_dirs, this_host,
+    EpochSel, HostSel, Loaded, Totals,
+};
+use crate::prof::symcache::{default_path as default_cache_path, SymbolCache};
 
 /// Which profiles a report reads.
 #[derive(clap::Args, Debug, Clone)]
@@ -60,7 +64,7 @@ impl Selection {
         match self.host.as_deref() {
             Some("all") => HostSel::All,
             Some(h) => HostSel::Named(h.to_owned()),
-            None => HostSel::Named(select::this_host()),
+            None => HostSel::Named(this_host()),
         }
     }
 
@@ -84,27 +88,27 @@ impl Selection {
         filter: Option<&ImageFilter>,
         warn: &mut dyn FnMut(String),
     ) -> Result<Loaded, ProfError> {
-        let db = select::open_db(&self.db)?;
-        let dirs = select::select_host_dirs(&db, epoch, host)?;
-        let loaded = select::load(dirs, filter, warn)?;
+        let db = open_db(&self.db)?;
+        let dirs = select_host_dirs(&db, epoch, host)?;
+        let loaded = load(dirs, filter, warn)?;
         self.check_corrupt(loaded, warn)
     }
 
     /// As [`Selection::load`] without an image filter, keeping every profile's per-offset
     /// counts (reports across all images at instruction or symbol granularity).
     pub fn load_all_counts(&self, warn: &mut dyn FnMut(String)) -> Result<Loaded, ProfError> {
-        let db = select::open_db(&self.db)?;
-        let dirs = select::select_host_dirs(&db, &self.epoch_sel(), &self.host_sel())?;
-        let loaded = select::load_counts(dirs, None, true, warn)?;
+        let db = open_db(&self.db)?;
+        let dirs = select_host_dirs(&db, &self.epoch_sel(), &self.host_sel())?;
+        let loaded = load_counts(dirs, None, true, warn)?;
         self.check_corrupt(loaded, warn)
     }
 
     /// The per-image totals of the selection (summary indexes where present, else profiles),
     /// with the same corrupt-file policy as [`Selection::load`].
     pub fn load_totals(&self, warn: &mut dyn FnMut(String)) -> Result<Totals, ProfError> {
-        let db = select::open_db(&self.db)?;
-        let dirs = select::select_host_dirs(&db, &self.epoch_sel(), &self.host_sel())?;
-        let totals = select::load_image_totals(dirs, warn)?;
+        let db = open_db(&self.db)?;
+        let dirs = select_host_dirs(&db, &self.epoch_sel(), &self.host_sel())?;
+        let totals = load_image_totals(dirs, warn)?;
         self.check_corrupt_files(&totals.corrupt, warn)?;
         Ok(totals)
     }
@@ -185,7 +189,7 @@ impl SymbolSearch {
         match (&self.symbol_cache, self.no_symbol_cache) {
             (_, true) => SymbolCache::disabled(),
             (Some(p), false) => SymbolCache::open(p, warn),
-            (None, false) => match symcache::default_path() {
+            (None, false) => match default_cache_path() {
                 Some(p) => SymbolCache::open(&p, warn),
                 None => SymbolCache::disabled(),
             },
@@ -216,7 +220,7 @@ fn parse_when_at(s: &str, now: std::time::SystemTime) -> Result<u64, String> {
     if let Ok(d) = humantime::parse_duration(s) {
         return Ok(unix(now).saturating_sub(d.as_secs()));
     }
-    if let Some(t) = select::epoch_start(s) {
+    if let Some(t) = epoch_start(s) {
         return Ok(t);
     }
     if let Ok(t) = humantime::parse_rfc3339_weak(s) {
@@ -226,26 +230,4 @@ fn parse_when_at(s: &str, now: std::time::SystemTime) -> Result<u64, String> {
         "{s:?} is neither a duration (2h, 30min, 3days) nor a UTC time (2026-11-24 10:00:00, \
          2026-11-24T10:00:00Z, a day 20261124, an epoch id 20261124T101500Z)"
     ))
-}
-
-/// The candidate a mistyped `word` most likely meant (`cpu-clok` → `cpu-clock`): the closest by
-/// edit distance, if it is close enough to be a typo rather than another word.
-pub fn did_you_mean<'a>(
-    word: &str,
-    candidates: impl IntoIterator<Item = &'a str>,
-) -> Option<&'a str> {
-    let w = word.to_ascii_lowercase();
-    candidates
-        .into_iter()
-        .map(|c| (strsim::levenshtein(&w, &c.to_ascii_lowercase()), c))
-        .filter(|&(d, c)| d > 0 && d <= (c.len() / 3).max(2))
-        .min_by_key(|&(d, _)| d)
-        .map(|(_, c)| c)
-}
-
-/// ` (did you mean `X`?)` for the error messages, or nothing.
-pub fn did_you_mean_hint(word: &str, candidates_list: &str) -> String {
-    did_you_mean(word, candidates_list.split(", "))
-        .map(|c| format!(" (did you mean `{c}`?)"))
-        .unwrap_or_default()
 }

@@ -4,12 +4,11 @@
 
 use std::io::{self, Write};
 
-use profile_format::ImageKind;
-
-use crate::prof::report::{self, ImageFilter, SymbolContext, SymbolMode, SymbolRow, Weights};
+pub use crate::prof::output::{csv_line, printable, r4};
+use crate::prof::report;
 use crate::prof::select::Loaded;
-use crate::prof::symcache::SymbolCache;
-use crate::prof::{debuginfo::Locator, ProfError};
+pub use crate::prof::subset::{resolve_image_builds, symbol_rows, ImageProfiles, Symbolizer};
+use crate::prof::ProfError;
 
 /// Errors of `dcpidiff` and `dcpistats`.
 #[derive(Debug, thiserror::Error)]
@@ -56,89 +55,6 @@ pub fn pick_event(loaded: &Loaded, wanted: &[String]) -> Result<String, ToolErro
     w.events.first().cloned().ok_or_else(|| {
         ToolError::Usage("the selection has no samples of any event (nothing to compare)".into())
     })
-}
-
-/// The profiles of one image in a selection, builds merged.
-#[derive(Debug, Clone)]
-pub struct ImageProfiles {
-    /// Indices into [`Loaded::profiles`].
-    pub idx: Vec<usize>,
-    /// Display path of the image.
-    pub path: String,
-    /// Distinct identities (build-id hex, or `f…` image id without one), sorted.
-    pub builds: Vec<String>,
-}
-
-/// Resolve `spec` like `dcpiprof --image`, except that several builds of the same path (a
-/// binary rebuilt within the selection) are merged rather than ambiguous: their symbols are
-/// matched by name.
-pub fn resolve_image_builds(
-    loaded: &Loaded,
-    w: &Weights,
-    spec: &str,
-) -> Result<ImageProfiles, ProfError> {
-    let idx = match report::resolve_image(loaded, w, spec) {
-        Ok(idx) => idx,
-        Err(ProfError::Ambiguous { spec, candidates }) => {
-            let same_path = candidates.iter().all(|c| c.path == candidates[0].path);
-            if !same_path {
-                return Err(ProfError::Ambiguous { spec, candidates });
-            }
-            let ids: Vec<ImageFilter> =
-                candidates.iter().map(|c| ImageFilter::new(&c.image_id)).collect();
-            (0..loaded.profiles.len())
-                .filter(|&i| {
-                    w.per_profile[i].is_some()
-                        && ids.iter().any(|f| f.by_header(&loaded.profiles[i].profile.header))
-                })
-                .collect()
-        }
-        Err(e) => return Err(e),
-    };
-    let first = &loaded.profiles[idx[0]];
-    let path = crate::prof::image::image_display(&first.profile.header);
-    let mut builds: Vec<String> = idx
-        .iter()
-        .filter_map(|&i| {
-            let h = &loaded.profiles[i].profile.header;
-            match (&h.image_id, h.kind) {
-                (_, ImageKind::Unknown) => None,
-                (profile_format::ImageId::BuildId(b), _) => Some(hex::encode(b)),
-                (profile_format::ImageId::Fallback(f), _) => Some(format!("f{}", hex::encode(f))),
-            }
-        })
-        .collect();
-    builds.sort();
-    builds.dedup();
-    Ok(ImageProfiles { idx, path, builds })
-}
-
-/// Binary lookup and symbol cache, kept across the per-selection reports of one run.
-#[derive(Debug)]
-pub struct Symbolizer {
-    pub locator: Locator,
-    pub cache: SymbolCache,
-}
-
-/// Per-symbol rows (first event of `w`) of the profiles `idx`, with where symbols came from.
-pub fn symbol_rows(
-    loaded: &Loaded,
-    w: &Weights,
-    idx: &[usize],
-    sy: &mut Symbolizer,
-    mode: SymbolMode,
-    warn: &mut dyn FnMut(String),
-) -> (Vec<SymbolRow>, report::ImageInfo) {
-    let cx = SymbolContext {
-        loaded,
-        weights: w,
-        locator: &mut sy.locator,
-        cache: &mut sy.cache,
-        mode,
-        warn,
-    };
-    let r = report::symbol_report(cx, idx, "", None);
-    (r.rows, r.image)
 }
 
 /// `--color`.
@@ -213,35 +129,10 @@ pub fn table(out: &mut dyn Write, titles: &[&str], rows: &[Vec<Cell>]) -> io::Re
     Ok(())
 }
 
-/// A text field made safe for a terminal or CSV: control characters escaped.
-pub fn printable(s: &str) -> String {
-    report::display_path(s.as_bytes())
-}
-
-pub fn csv_line(out: &mut dyn Write, cells: &[String]) -> io::Result<()> {
-    let v: Vec<String> = cells
-        .iter()
-        .map(|c| {
-            let c = printable(c);
-            if c.contains([',', '"']) {
-                format!("\"{}\"", c.replace('"', "\"\""))
-            } else {
-                c
-            }
-        })
-        .collect();
-    writeln!(out, "{}", v.join(","))
-}
-
 /// One-decimal-place rendering of a signed number of points, sign always shown.
 pub fn signed(x: f64, decimals: usize) -> String {
     let x = if x.abs() < 0.5 * 10f64.powi(-(decimals as i32)) { 0.0 } else { x };
     format!("{x:+.decimals$}")
-}
-
-/// Round to 4 decimals for JSON.
-pub fn r4(x: f64) -> f64 {
-    (x * 1e4).round() / 1e4
 }
 
 /// `--generate` for the new tools.

@@ -8,9 +8,10 @@ use std::io::Write;
 use serde_json::{json, Map, Value};
 
 use super::output::Format;
+use super::output::{csv_line, printable, r4};
 use super::report::{self, ImageFilter, SymbolMode};
+use super::subset::{resolve_image_builds, symbol_rows, Symbolizer};
 use super::{Args, ProfError};
-use crate::diff::common::{csv_line, printable, r4, resolve_image_builds, symbol_rows, Symbolizer};
 
 /// What the rows of a `--by` report are per. image and symbol are the per-image and
 /// per-symbol reports; command, pid, cgroup, unit, container and cpu read the who tables

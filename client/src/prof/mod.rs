@@ -13,6 +13,7 @@
 
 pub mod by;
 pub mod debuginfo;
+pub mod error;
 pub mod export;
 pub mod global;
 pub mod image;
@@ -21,6 +22,7 @@ pub mod output;
 pub mod report;
 pub mod select;
 pub mod stats;
+pub mod subset;
 pub mod symbolize;
 pub mod symcache;
 pub mod who;
@@ -32,8 +34,9 @@ use clap::{CommandFactory, Parser};
 
 use self::image::ImageFilter;
 use self::output::Format;
-use self::report::{Candidate, SymbolContext, SymbolMode};
+use self::report::{SymbolContext, SymbolMode};
 use crate::args::{Selection, SymbolSearch};
+pub use error::ProfError;
 
 /// Documentation of the report semantics and of the JSON schema (long help and rustdoc).
 pub const SCHEMA: &str = "\
@@ -51,7 +54,8 @@ NUMBERS
   and CSV, numbers are plain. The table's header gives the selection (database, epochs,
   hosts, each event with its mean and nominal period) and how old the newest data is (from
   the hosts' summary.json): a report of the current epoch lags the machine by up to the
-  daemon's publish interval; `dcpictl flush` publishes everything sampled so far.
+  daemon's publish interval, and a profile that has not doubled since it was last published
+  by up to its publish_max_delay; `dcpictl flush` publishes everything sampled so far.
 
 JSON SCHEMA (--format json; numbers are plain JSON numbers)
   Per-image report (no --image):
@@ -281,58 +285,6 @@ pub enum Generate {
     CompleteBash,
     CompleteZsh,
     CompleteFish,
-}
-
-/// Errors of a report run.
-#[derive(Debug, thiserror::Error)]
-pub enum ProfError {
-    #[error("no profile database at {}: directory does not exist (use --db DIR)", .0.display())]
-    NoDatabase(PathBuf),
-    #[error(transparent)]
-    Format(#[from] profile_format::Error),
-    #[error("{0}")]
-    Empty(String),
-    #[error(
-        "no samples of event {event:?} in {scope}{}; events there: {available} (choose with \
-         --event)",
-        crate::args::did_you_mean_hint(event, available)
-    )]
-    UnknownEvent { event: String, available: String, scope: String },
-    #[error(
-        "no image with samples of the selected event(s) matches --image {spec:?}; images with \
-         samples: {known} (try another --event, --epoch all or --host all)"
-    )]
-    NoSuchImage { spec: String, known: String },
-    #[error("--image {spec:?} is ambiguous: {} images match", candidates.len())]
-    Ambiguous { spec: String, candidates: Vec<Candidate> },
-    #[error("{0}")]
-    Cache(#[from] debuginfo::CacheError),
-    #[error("writing output: {0}")]
-    Output(#[from] std::io::Error),
-    #[error("cannot write --output {}: {source}", path.display())]
-    OutputFile { path: PathBuf, source: std::io::Error },
-    #[error("{0}")]
-    Usage(String),
-    #[error("{first}{}; pass --keep-going to skip corrupt files", more_files(*.more))]
-    Corrupt { first: String, more: usize },
-}
-
-fn more_files(n: usize) -> String {
-    if n > 0 {
-        format!(" (and {n} more corrupt file(s))")
-    } else {
-        String::new()
-    }
-}
-
-impl ProfError {
-    /// Process exit status for this error: 2 for usage and data errors, 1 otherwise.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            ProfError::Output(_) => 1,
-            _ => 2,
-        }
-    }
 }
 
 /// Run `dcpiprof` with parsed arguments, writing the report to `out` (or `--output`) and

@@ -200,7 +200,8 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-fn csv_line(out: &mut dyn Write, cells: &[String]) -> io::Result<()> {
+/// One CSV line; every cell escaped for a terminal and quoted where CSV needs it.
+pub fn csv_line(out: &mut dyn Write, cells: &[String]) -> io::Result<()> {
     // Cells are escaped where they are made; this is the last line of defence for a field
     // that was not (a name from a hostile file must never reach a terminal raw).
     let v: Vec<String> = cells.iter().map(|c| csv_field(&esc(c))).collect();
@@ -480,6 +481,16 @@ pub fn write_global_symbols(
             Ok(())
         }
     }
+}
+
+/// A text field made safe for a terminal or CSV: control characters escaped.
+pub fn printable(s: &str) -> String {
+    super::report::display_path(s.as_bytes())
+}
+
+/// Round to 4 decimals for JSON.
+pub fn r4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use profile_format::{ImageId, ImageKind, KallsymsSnapshot, KernelSymbol, Unknown
 use serde::Serialize;
 
 use super::debuginfo::{find_debug_file, live_vdso, Located, Locator};
+pub use super::error::Candidate;
 use super::image::{build_id_hex, image_display, image_label, parse_spec, spec_rank, Spec};
 pub use super::image::{display_path, kind_name, ImageFilter};
 use super::names::display_name;
@@ -470,17 +471,6 @@ fn truncate<T>(v: &mut Vec<T>, limit: Option<usize>) -> usize {
         }
         _ => 0,
     }
-}
-
-/// One candidate when `--image` is ambiguous.
-#[derive(Clone, Debug, Serialize)]
-pub struct Candidate {
-    pub path: String,
-    pub image_id: String,
-    pub build_id: Option<String>,
-    pub samples: u64,
-    pub hosts: Vec<String>,
-    pub epochs: Vec<String>,
 }
 
 /// Indices of the loaded profiles `--image` selects, or the ambiguity.

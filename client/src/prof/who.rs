@@ -11,9 +11,9 @@ use serde_json::{json, Map, Value};
 use super::by::By;
 use super::image::{display_path, IDLE};
 use super::output::Format;
+use super::output::{csv_line, r4};
 use super::select;
 use super::{Args, ProfError};
-use crate::diff::common::{csv_line, r4};
 
 /// Whether any who filter is given.
 pub fn has_filter(args: &Args) -> bool {
