@@ -59,6 +59,9 @@ pub struct StackProfile {
     pub host: String,
     pub epoch: String,
     pub event: String,
+    /// The highest spool sequence merged into the file (exactly-once publishing, as a
+    /// profile's `sequence`, FORMAT.md §5.3).
+    pub sequence: u64,
     images: Vec<StackImage>,
     image_ix: HashMap<StackImage, u32>,
     stacks: HashMap<(Vec<Frame>, bool), u64>,
@@ -70,9 +73,12 @@ impl PartialEq for StackProfile {
         self.host == other.host
             && self.epoch == other.epoch
             && self.event == other.event
+            && self.sequence == other.sequence
             && self.encode_payload() == other.encode_payload()
     }
 }
+
+impl Eq for StackProfile {}
 
 impl StackProfile {
     pub fn new(host: &str, epoch: &str, event: &str) -> StackProfile {
@@ -139,7 +145,8 @@ impl StackProfile {
         self.stacks.iter().filter(|((_, t), _)| *t).fold(0u64, |a, (_, &n)| a.saturating_add(n))
     }
 
-    /// Add every count of `other` (host and epoch of `self` are kept). Commutative and
+    /// Add every count of `other` (host and epoch of `self` are kept; the sequence becomes the
+    /// larger one). Commutative and
     /// associative on the counts. Stacks of another event are refused (`MergeMismatch`).
     pub fn merge(&mut self, other: &StackProfile) -> Result<()> {
         if self.event != other.event {
@@ -148,6 +155,7 @@ impl StackProfile {
                 self.event, other.event
             )));
         }
+        self.sequence = self.sequence.max(other.sequence);
         let map: Vec<u32> = other.images.iter().map(|i| self.image_index(i)).collect();
         let mut buf = Vec::new();
         for ((frames, t), &n) in &other.stacks {
@@ -194,6 +202,7 @@ impl StackProfile {
         put_bytes(&mut out, self.host.as_bytes());
         put_bytes(&mut out, self.epoch.as_bytes());
         put_bytes(&mut out, self.event.as_bytes());
+        varint::write_u64(&mut out, self.sequence);
         varint::write_u64(&mut out, order.len() as u64);
         for &i in &order {
             let img = &self.images[i as usize];
@@ -268,6 +277,7 @@ impl StackProfile {
         let epoch = r.string("epoch")?;
         let event = r.string("event")?;
         let mut p = StackProfile::new(&host, &epoch, &event);
+        p.sequence = r.varint("sequence")?;
         // kind, tag, id length + >= 1 byte, path length.
         let nimages = r.count("images", 5)?;
         for _ in 0..nimages {
@@ -495,6 +505,7 @@ mod tests {
             for f in ["h", "20261125T000000Z", "cpu-clock"] {
                 put_bytes(&mut pl, f.as_bytes());
             }
+            varint::write_u64(&mut pl, 0);
             varint::write_u64(&mut pl, 1 + u64::from(extra_image));
             for (kind, name) in [(ImageKind::Elf, "/x"), (ImageKind::Vdso, "[vdso]")]
                 .iter()
