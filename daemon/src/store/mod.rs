@@ -28,6 +28,7 @@ mod lease;
 mod pending;
 mod publish;
 pub mod spool;
+mod stacks;
 mod summaries;
 mod who;
 
@@ -194,6 +195,8 @@ pub struct Store {
     busy_since: Arc<AtomicU64>,
     stall_db: Option<PathBuf>,
     who: who::WhoAccum,
+    /// Call-stack increments not yet spooled.
+    stacks: stacks::PendingStacks,
 }
 
 impl std::fmt::Debug for Store {
@@ -297,6 +300,7 @@ impl Store {
             busy_since: Arc::new(AtomicU64::new(0)),
             stall_db: std::env::var_os(STALL_DB_ENV).map(PathBuf::from),
             who: who::WhoAccum::default(),
+            stacks: stacks::PendingStacks::default(),
         }
     }
 
@@ -656,8 +660,9 @@ impl Store {
 
     /// Take a resolved batch (plus the sampler's lost/throttled counts since the previous
     /// batch) into memory; written to the spool by the next `tick`.
-    pub fn add(&mut self, resolved: Resolved, lost: u64, throttled: u64) {
+    pub fn add(&mut self, mut resolved: Resolved, lost: u64, throttled: u64) {
         self.who_add(&resolved.who);
+        self.stacks_add(std::mem::take(&mut resolved.stacks));
         let logged = &mut self.host.unknown_event_logged;
         let mut unknown_event = |ev: u16| {
             if !*logged {
@@ -1166,6 +1171,9 @@ impl Store {
                 }
             }
         }
+        if self.spool.is_some() {
+            written += self.spool_stacks(now);
+        }
         written
     }
 
@@ -1237,6 +1245,9 @@ impl Store {
 
     /// Merge one profile's spooled increments into its file, exactly once.
     fn publish_key(&mut self, key: &SpoolKey) -> Result<(), StoreError> {
+        if stacks::is_stacks_key(key) {
+            return self.publish_stacks(key);
+        }
         let spool =
             self.spool.as_mut().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
         let incs = spool.increments(key);
