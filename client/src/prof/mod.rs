@@ -78,6 +78,11 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
       \"percent_of\": str, \"rows_omitted\": int,
       \"rows\": [ { <by>: str|int, \"samples\": int, \"percent\": num } ] }
     (--by cgroup rows also carry \"unit\" and \"container\", each str|null.)
+  Callers/callees (--callers SYM or --callees SYM, from the call stacks):
+    { \"symbol\": str, \"direction\": \"callers\"|\"callees\", \"depth\": int, \"event\": str,
+      \"samples\": int (first event's samples whose stack contains SYM),
+      \"stack_samples\": int, \"truncated_percent\": num,
+      \"rows\": [ { \"symbol\": str, \"samples\": int, \"percent\": num (of \"samples\") } ] }
   All symbols (--symbols, no --image):
     { \"report\": \"global-symbols\", \"database\", \"epochs\", \"hosts\", \"events\",
       \"total_samples\", \"rows_omitted\" as above,
@@ -101,7 +106,9 @@ SYMBOL NAMES
 EXPORT FORMATS (every selection; with --image, only that image)
   folded    `image;symbol count` per line (flamegraph.pl, inferno, speedscope): raw samples
             of the first event, summing to the report's total_samples. `;` in a name is
-            written as `:`. Call stacks, when recorded, will extend the stack before the symbol.
+            written as `:`. Where dcpid recorded call stacks (--callchains fp; without --image)
+            each line is a whole stack, root first: `outermost image;main;via_a;hot count`,
+            and pprof, svg, html and speedscope show the same stacks.
   pprof     gzipped profile.proto for go tool pprof, Parca, Pyroscope. Sample types per
             event: samples/count (EVENT_samples/count with several events) and the weighted
             estimate (cpu/nanoseconds for cpu-clock, EVENT/events otherwise; the first event's
@@ -123,6 +130,18 @@ EXPORT FORMATS (every selection; with --image, only that image)
             its event estimate (nanoseconds for cpu-clock), frames image then symbol.
   --output FILE writes any format to FILE atomically (temporary file, fsync, rename) instead
   of stdout. A progress bar is drawn on a terminal's stderr for exports of 500+ files.
+
+CALL STACKS (dcpid --callchains fp)
+  --callers SYM lists who called function SYM (exact name, as the reports show it): one row
+  per caller with the samples of the stacks through it, `[no caller]` for stacks ending in
+  SYM; --callees SYM lists what SYM called, `[self]` being SYM's own samples; --depth N makes
+  each row a chain of N frames. A stack counts once (recursion: SYM's innermost occurrence
+  for callers, outermost for callees). The header gives the share of truncated stacks: cut
+  at dcpid's sample_max_stack, or ending in a frame that is no entry point (_start,
+  __libc_start_call_main, start_thread, clone, ret_from_fork, ...): frame-pointer unwinding
+  stops at code built without frame pointers (and may skip the caller of a leaf function
+  compiled without one). Frames other than the sampled pc are return addresses minus one, so
+  they name the calling function even when the call is its last instruction.
 
 SPECIAL ROWS
   [unknown]              samples the daemon could not attribute (per-image); per symbol
@@ -271,7 +290,7 @@ pub struct Args {
     /// Call stacks: what function SYM calls, one row per callee; `[self]` is SYM itself.
     #[arg(long, value_name = "SYM", conflicts_with_all = ["image", "by", "all_symbols"])]
     pub callees: Option<String>,
-    /// With --callers/--callees: each row is a chain of N frames (`via_a <- main`) [default: 1].
+    /// With --callers/--callees: each row is a chain of N frames (`via_a <- main`).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub depth: u16,
     /// Leave the idle task's samples (`[idle]`) out: rows and percentages are then of the time
