@@ -577,15 +577,22 @@ fn run_export(
     let mut x = export::build(loaded, weights, &req, &mut |w| warnings.push(w))?;
     if args.image.is_none() {
         // Call stacks, where dcpid recorded them, replace the one-frame samples.
+        // The same binaries are looked up again: say each warning once.
+        let mut more: Vec<String> = Vec::new();
         let all = stacks::load(
             loaded,
             weights,
             args.symbols.locator(&args.sel.db),
-            args.symbols.cache(&mut |w| warnings.push(w)),
+            args.symbols.cache(&mut |w| more.push(w)),
             req.mode,
             args.sel.keep_going,
-            &mut |w| warnings.push(w),
+            &mut |w| more.push(w),
         )?;
+        for w in more {
+            if !warnings.contains(&w) {
+                warnings.push(w);
+            }
+        }
         stacks::apply_to_export(&mut x, &all, loaded);
     }
     flush_warnings(err, warnings)?;

@@ -87,7 +87,8 @@ struct Namer<'a> {
     mode: SymbolMode,
     elf: HashMap<ImageId, Option<ElfSymbolizer>>,
     ksyms: HashMap<usize, Option<KallsymsSnapshot>>,
-    names: HashMap<(usize, u32, u64), String>,
+    /// Names of (image index, offset) of the file being read.
+    names: HashMap<(u32, u64), String>,
 }
 
 fn label(img: &StackImage) -> String {
@@ -198,6 +199,7 @@ pub fn load(
                 }
                 Err(e) => return Err(e.into()),
             };
+            namer.names.clear();
             let images: Vec<(String, StackImage)> = p
                 .images()
                 .iter()
@@ -213,16 +215,12 @@ pub fn load(
                 let mut frames = Vec::with_capacity(s.frames.len());
                 for &(ii, off) in s.frames {
                     let (iname, img) = &images[ii as usize];
-                    // Kernel names depend on the directory's snapshot; the others on the image.
-                    let key =
-                        (if img.kind == ImageKind::Kernel { di } else { usize::MAX }, ii, off);
-                    let function = match namer.names.get(&(key.0, key.1, key.2)) {
-                        Some(n) if key.0 != usize::MAX => n.clone(),
-                        _ => {
+                    // Image indexes are the file's own: the memo is per file.
+                    let function = match namer.names.get(&(ii, off)) {
+                        Some(n) => n.clone(),
+                        None => {
                             let n = namer.name(di, img, off, warn);
-                            if key.0 != usize::MAX {
-                                namer.names.insert(key, n.clone());
-                            }
+                            namer.names.insert((ii, off), n.clone());
                             n
                         }
                     };
