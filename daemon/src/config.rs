@@ -754,6 +754,12 @@ mod tests {
         );
         let err = file("log_level = \"loud[\"\n").unwrap_err().to_string();
         assert!(err.contains("log_level"), "{err}");
+        let err = file("callchains = \"dwarf\"\n").unwrap_err().to_string();
+        assert!(err.starts_with("/etc/dcpi/l.toml:1: ") && err.contains("callchains"), "{err}");
+        let err = file("sample_max_stack = 0\n").unwrap_err().to_string();
+        assert!(err.contains("sample_max_stack"), "{err}");
+        let ok = file("callchains = \"fp\"\nsample_max_stack = 127\n").expect("valid");
+        assert_eq!((ok.callchains.as_str(), ok.sample_max_stack), ("fp", 127));
         assert_eq!(line_col("ab\ncd", 4), (2, 2));
         // From the command line, the flag is named.
         let cli =

@@ -36,7 +36,7 @@ const PERF_CONTEXT_USER: u64 = -512i64 as u64;
 /// Default deepest chain asked of the kernel (`sample_max_stack`).
 pub const DEFAULT_MAX_STACK: u16 = 64;
 /// Stacks each CPU's table holds at most.
-pub const DEFAULT_STACKS_PER_CPU: usize = 16 * 1024;
+pub const DEFAULT_STACKS_PER_CPU: usize = 8 * 1024;
 
 /// A stack id in a sample: 0 = no stack, else table slot + 1.
 pub type StackId = u32;
