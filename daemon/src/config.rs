@@ -26,6 +26,8 @@
 //! status_interval = "2s"
 //! perf_map_max_bytes = 16777216
 //! perf_map_max_entries = 100000
+//! callchains = "none"      # or "fp": call stacks through frame pointers
+//! sample_max_stack = 64
 //! ```
 //!
 //! Errors name the file, the line (and column, for syntax and type errors; from the spans
@@ -141,7 +143,7 @@ impl ShowValue for Option<String> {
 macro_rules! show_display {
     ($($t:ty),*) => { $(impl ShowValue for $t { fn show(&self) -> String { self.to_string() } })* };
 }
-show_display!(u32, u64, usize, bool);
+show_display!(u16, u32, u64, usize, bool);
 
 /// Declares every setting once: [`PartialSettings`] (each key optional: the file's schema and the
 /// flags) and [`Settings`] (each key set), with the merge, diff and copy code between them.
@@ -311,6 +313,18 @@ settings! {
     /// `-bypid`); costs a row per process instead of per command [default: false].
     #[arg(long, value_name = "BOOL")]
     by_pid: bool = false;
+    /// Call stacks: `none`, or `fp` to sample each sample's call chain (kernel frames, and
+    /// user frames through frame pointers: stacks of code built without them end after their
+    /// first frame and are counted as truncated) into `stacks.<event>.stk` beside the flat
+    /// profiles, for `dcpiprof --callers/--callees` and stacks in folded, pprof and flame
+    /// graph output [default: none].
+    #[arg(long, value_name = "MODE")]
+    callchains: String = "none".into();
+    /// Deepest call chain recorded with `callchains = "fp"`, in frames; deeper stacks are cut
+    /// and counted as truncated. At most the kernel's
+    /// /proc/sys/kernel/perf_event_max_stack (127 by default) [default: 64].
+    #[arg(long, value_name = "N")]
+    sample_max_stack: u16 = crate::perf::callchain::DEFAULT_MAX_STACK;
 }
 
 /// Keys a reload may change while dcpid runs (their consumers read the settings each time, or
@@ -465,6 +479,22 @@ impl Settings {
         };
         if let Err(e) = profile_format::validate_host_name(&self.host) {
             return Err(bad("host", self.host.clone(), &e.to_string()));
+        }
+        if !matches!(self.callchains.as_str(), "none" | "fp") {
+            return Err(bad(
+                "callchains",
+                self.callchains.clone(),
+                "must be `none` or `fp` (frame pointers; DWARF unwinding is not supported)",
+            ));
+        }
+        if self.sample_max_stack == 0
+            || usize::from(self.sample_max_stack) > profile_format::MAX_STACK_DEPTH
+        {
+            return Err(bad(
+                "sample_max_stack",
+                self.sample_max_stack.to_string(),
+                "must be between 1 and 1024",
+            ));
         }
         if self.window_divisor < 2 {
             return Err(bad(
@@ -732,6 +762,12 @@ mod tests {
         );
         let err = file("log_level = \"loud[\"\n").unwrap_err().to_string();
         assert!(err.contains("log_level"), "{err}");
+        let err = file("callchains = \"dwarf\"\n").unwrap_err().to_string();
+        assert!(err.starts_with("/etc/dcpi/l.toml:1: ") && err.contains("callchains"), "{err}");
+        let err = file("sample_max_stack = 0\n").unwrap_err().to_string();
+        assert!(err.contains("sample_max_stack"), "{err}");
+        let ok = file("callchains = \"fp\"\nsample_max_stack = 127\n").expect("valid");
+        assert_eq!((ok.callchains.as_str(), ok.sample_max_stack), ("fp", 127));
         assert_eq!(line_col("ab\ncd", 4), (2, 2));
         // From the command line, the flag is named.
         let cli =

@@ -941,7 +941,17 @@ fn start_sampling(
     let mut resolver = Resolver::new(ResolverConfig::default());
     resolver.set_jit_limits(jit_limits(settings));
     let aggregator = Aggregator::new(resolver, ncpus);
+    let stacks = (settings.callchains == "fp").then(|| {
+        let t = Arc::new(crate::perf::callchain::StackTables::new(
+            ncpus,
+            crate::perf::callchain::DEFAULT_STACKS_PER_CPU,
+            settings.sample_max_stack,
+        ));
+        aggregator.set_stack_tables(Arc::clone(&t));
+        t
+    });
     let scfg = SamplerConfig {
+        stacks,
         events: specs,
         window_divisor: settings.window_divisor,
         ring_pages: settings.ring_pages,

@@ -27,6 +27,8 @@ pub struct Sample {
     pub kernel: bool,
     /// cgroup v2 id of the task (`PERF_SAMPLE_CGROUP`); 0 when the kernel cannot say.
     pub cgroup: u64,
+    /// Interned call stack in the sampling CPU's stack table (`perf::callchain`); 0 = none.
+    pub stack: u32,
 }
 
 /// A side-band record that changes what the resolver knows about processes.

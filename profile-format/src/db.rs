@@ -461,6 +461,16 @@ impl HostDir {
             .join(format!("{UNKNOWN_STEM}.{}{PROFILE_SUFFIX}", event_file_component(event_name)))
     }
 
+    /// The stack profile of an event (FORMAT.md §13).
+    pub fn stacks_path(&self, event_name: &str) -> PathBuf {
+        self.path.join(format!(
+            "{}{}{}",
+            crate::STACKS_PREFIX,
+            event_file_component(event_name),
+            crate::STACKS_SUFFIX
+        ))
+    }
+
     /// The host directory's who table (FORMAT.md §12).
     pub fn who_path(&self) -> PathBuf {
         self.path.join(crate::WHO_FILE)

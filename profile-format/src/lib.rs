@@ -15,6 +15,7 @@ mod lease;
 pub mod pairs;
 mod profile;
 pub mod safeio;
+mod stacks;
 pub mod sumidx;
 mod summary;
 pub mod varint;
@@ -34,6 +35,10 @@ pub use lease::{same_owner, Lease, LEASES_DIR, LEASE_VERSION};
 pub use profile::{
     EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, UnknownReason, PROFILE_MAGIC,
     PROFILE_VERSION,
+};
+pub use stacks::{
+    stacks_file_event_component, Frame, StackImage, StackProfile, StackRef, MAX_STACK_DEPTH,
+    STACKS_MAGIC, STACKS_PREFIX, STACKS_SUFFIX, STACKS_VERSION,
 };
 pub use sumidx::{SUMMARY_INDEX_FILE, SUMMARY_INDEX_MAGIC, SUMMARY_INDEX_VERSION};
 pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};

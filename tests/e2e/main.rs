@@ -10,6 +10,7 @@ mod report;
 mod resolve;
 mod sampling;
 mod service;
+mod stacks;
 mod start_failures;
 mod store_reliability;
 mod systemd;

@@ -21,6 +21,7 @@ pub mod names;
 pub mod output;
 pub mod report;
 pub mod select;
+pub mod stacks;
 pub mod stats;
 pub mod subset;
 pub mod symbolize;
@@ -81,6 +82,11 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
       \"percent_of\": str, \"rows_omitted\": int,
       \"rows\": [ { <by>: str|int, \"samples\": int, \"percent\": num } ] }
     (--by cgroup rows also carry \"unit\" and \"container\", each str|null.)
+  Callers/callees (--callers SYM or --callees SYM, from the call stacks):
+    { \"symbol\": str, \"direction\": \"callers\"|\"callees\", \"depth\": int, \"event\": str,
+      \"samples\": int (first event's samples whose stack contains SYM),
+      \"stack_samples\": int, \"truncated_percent\": num,
+      \"rows\": [ { \"symbol\": str, \"samples\": int, \"percent\": num (of \"samples\") } ] }
   All symbols (--symbols, no --image):
     { \"report\": \"global-symbols\", \"database\", \"epochs\", \"hosts\", \"events\",
       \"total_samples\", \"rows_omitted\" as above,
@@ -104,7 +110,9 @@ SYMBOL NAMES
 EXPORT FORMATS (every selection; with --image, only that image)
   folded    `image;symbol count` per line (flamegraph.pl, inferno, speedscope): raw samples
             of the first event, summing to the report's total_samples. `;` in a name is
-            written as `:`. Call stacks, when recorded, will extend the stack before the symbol.
+            written as `:`. Where dcpid recorded call stacks (--callchains fp; without --image)
+            each line is a whole stack, root first: `outermost image;main;via_a;hot count`,
+            and pprof, svg, html and speedscope show the same stacks.
   pprof     gzipped profile.proto for go tool pprof, Parca, Pyroscope. Sample types per
             event: samples/count (EVENT_samples/count with several events) and the weighted
             estimate (cpu/nanoseconds for cpu-clock, EVENT/events otherwise; the first event's
@@ -126,6 +134,18 @@ EXPORT FORMATS (every selection; with --image, only that image)
             its event estimate (nanoseconds for cpu-clock), frames image then symbol.
   --output FILE writes any format to FILE atomically (temporary file, fsync, rename) instead
   of stdout. A progress bar is drawn on a terminal's stderr for exports of 500+ files.
+
+CALL STACKS (dcpid --callchains fp)
+  --callers SYM lists who called function SYM (exact name, as the reports show it): one row
+  per caller with the samples of the stacks through it, `[no caller]` for stacks ending in
+  SYM; --callees SYM lists what SYM called, `[self]` being SYM's own samples; --depth N makes
+  each row a chain of N frames. A stack counts once (recursion: SYM's innermost occurrence
+  for callers, outermost for callees). The header gives the share of truncated stacks: cut
+  at dcpid's sample_max_stack, or ending in a frame that is no entry point (_start,
+  __libc_start_call_main, start_thread, clone, ret_from_fork, ...): frame-pointer unwinding
+  stops at code built without frame pointers (and may skip the caller of a leaf function
+  compiled without one). Frames other than the sampled pc are return addresses minus one, so
+  they name the calling function even when the call is its last instruction.
 
 SPECIAL ROWS
   [unknown]              samples the daemon could not attribute (per-image); per symbol
@@ -266,6 +286,17 @@ pub struct Args {
     /// the image.
     #[arg(long, value_name = "NAME", requires = "image", requires = "by")]
     pub symbol: Option<String>,
+    /// Call stacks (dcpid `--callchains fp`): who calls function SYM (its exact name as the
+    /// reports show it), one row per caller with the samples of the stacks through it; `[no
+    /// caller]` counts stacks that end in SYM. Also shows the share of truncated stacks.
+    #[arg(long, value_name = "SYM", conflicts_with_all = ["callees", "image", "by", "all_symbols"])]
+    pub callers: Option<String>,
+    /// Call stacks: what function SYM calls, one row per callee; `[self]` is SYM itself.
+    #[arg(long, value_name = "SYM", conflicts_with_all = ["image", "by", "all_symbols"])]
+    pub callees: Option<String>,
+    /// With --callers/--callees: each row is a chain of N frames (`via_a <- main`).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub depth: u16,
     /// Leave the idle task's samples (`[idle]`) out: rows and percentages are then of the time
     /// the CPUs were busy.
     #[arg(long)]
@@ -320,6 +351,9 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
     }
     if who::has_filter(args) || args.by.is_some_and(by::By::is_who) {
         return who::run(args, args.by.unwrap_or(by::By::Image), out, err);
+    }
+    if args.callers.is_some() || args.callees.is_some() {
+        return run_calls(args, out, err);
     }
     match args.by {
         Some(by::By::Image) if args.image.is_some() => {
@@ -492,7 +526,27 @@ fn run_export(
         only,
         keep_going: args.sel.keep_going,
     };
-    let x = export::build(loaded, weights, &req, &mut |w| warnings.push(w))?;
+    let mut x = export::build(loaded, weights, &req, &mut |w| warnings.push(w))?;
+    if args.image.is_none() {
+        // Call stacks, where dcpid recorded them, replace the one-frame samples.
+        // The same binaries are looked up again: say each warning once.
+        let mut more: Vec<String> = Vec::new();
+        let all = stacks::load(
+            loaded,
+            weights,
+            args.symbols.locator(&args.sel.db),
+            args.symbols.cache(&mut |w| more.push(w)),
+            req.mode,
+            args.sel.keep_going,
+            &mut |w| more.push(w),
+        )?;
+        for w in more {
+            if !warnings.contains(&w) {
+                warnings.push(w);
+            }
+        }
+        stacks::apply_to_export(&mut x, &all, loaded);
+    }
     flush_warnings(err, warnings)?;
     if x.samples.iter().all(|s| s.samples == 0) {
         return Err(ProfError::Empty(
@@ -519,6 +573,86 @@ fn run_export(
     if args.verbose {
         writeln!(err, "dcpiprof: stats: {}", stats::line())?;
     }
+    Ok(())
+}
+
+/// `--callers`/`--callees`: the selection's call stacks around one function.
+fn run_calls(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    let (symbol, dir) = match (&args.callers, &args.callees) {
+        (Some(s), _) => (s, stacks::Direction::Callers),
+        (None, Some(s)) => (s, stacks::Direction::Callees),
+        (None, None) => unreachable!("run_calls without --callers/--callees"),
+    };
+    if !matches!(args.format, Format::Table | Format::Json | Format::Csv) {
+        return Err(ProfError::Usage(
+            "--callers/--callees print a table, json or csv (for stacks in folded, pprof, svg \
+             or html drop --callers/--callees)"
+                .into(),
+        ));
+    }
+    let mut warnings: Vec<String> = Vec::new();
+    let loaded = args.sel.load(None, &mut |w| warnings.push(w))?;
+    if loaded.profiles.is_empty() {
+        flush_warnings(err, &mut warnings)?;
+        return Err(nothing_sampled(&loaded.dirs));
+    }
+    let weights = report::weights(&loaded, &args.sel.events)?;
+    let mode = SymbolMode { inlines: args.inlines, lines: false, raw_names: args.raw_names };
+    let locator = args.symbols.locator(&args.sel.db);
+    let cache = args.symbols.cache(&mut |w| warnings.push(w));
+    let all =
+        stacks::load(&loaded, &weights, locator, cache, mode, args.sel.keep_going, &mut |w| {
+            warnings.push(w)
+        })?;
+    flush_warnings(err, &mut warnings)?;
+    if all.is_empty() {
+        return Err(ProfError::Empty(
+            "no call stacks in the selection: dcpid records them with --callchains fp \
+             (callchains = \"fp\")"
+                .into(),
+        ));
+    }
+    let event = weights.infos.first().map_or("samples", |e| e.name.as_str());
+    let mut r = stacks::call_report(&all, event, symbol, dir, usize::from(args.depth));
+    if r.samples == 0 {
+        return Err(ProfError::Empty(format!(
+            "no sampled stack contains the function {symbol:?} (names are exact, as the \
+             per-symbol reports show them)"
+        )));
+    }
+    if let Some(l) = args.limit {
+        r.rows.truncate(l);
+    }
+    match args.format {
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut *out, &r).map_err(std::io::Error::from)?;
+            writeln!(out)?;
+        }
+        Format::Csv => {
+            writeln!(out, "symbol,samples,percent")?;
+            for row in &r.rows {
+                writeln!(
+                    out,
+                    "\"{}\",{},{:.2}",
+                    row.symbol.replace('"', "\"\""),
+                    row.samples,
+                    row.percent
+                )?;
+            }
+        }
+        _ => {
+            writeln!(
+                out,
+                "{} of {}: {} samples of {} in stacks through it ({} stack samples, {:.1}% truncated)",
+                r.direction, r.symbol, r.samples, r.event, r.stack_samples, r.truncated_percent
+            )?;
+            writeln!(out, "{:>10} {:>7}  symbol", "samples", "%")?;
+            for row in &r.rows {
+                writeln!(out, "{:>10} {:>6.2}%  {}", row.samples, row.percent, row.symbol)?;
+            }
+        }
+    }
+    out.flush()?;
     Ok(())
 }
 

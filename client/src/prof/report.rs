@@ -165,7 +165,7 @@ pub struct SymbolMode {
 /// `image+0xOFFSET` row name for samples no symbol covers. The offset is the file offset
 /// (kernel: from the start of the text/module), rounded down to its 4 KiB page so that one
 /// unsymbolized region gives one row rather than one per instruction.
-fn unsymbolized(label: &str, off: u64) -> String {
+pub(crate) fn unsymbolized(label: &str, off: u64) -> String {
     format!("{label}+{:#x}", off & !0xfff)
 }
 
@@ -995,7 +995,7 @@ pub fn elf_symbolizer(
     }
 }
 
-fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey {
+pub(crate) fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey {
     let Some(vaddr) = s.offset_to_vaddr(off) else {
         return (unsymbolized(label, off), None);
     };

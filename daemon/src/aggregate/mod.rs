@@ -59,6 +59,7 @@
 //! drained), so it is also the number of entries drained, and
 //! `samples_aggregated / entries_created` is DCPI's aggregation factor.
 
+mod stacks;
 mod table;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -96,6 +97,9 @@ pub struct Resolved {
     pub samples: u64,
     /// Who used the CPU: per process, command, cgroup and CPU ([`crate::who`]).
     pub who: WhoBatch,
+    /// Sampled call stacks per event index (`callchains = "fp"`; empty otherwise). Host,
+    /// epoch and event names are left empty: the store fills them in.
+    pub stacks: BTreeMap<EventIdx, profile_format::StackProfile>,
 }
 
 /// Counters for `dcpictl status`.
@@ -124,6 +128,8 @@ pub struct AggregatorStats {
     /// Samples whose address-space version was not in the drain thread's cache (each costs a
     /// resolver lookup under its read lock).
     pub asid_cache_misses: u64,
+    /// Samples whose stack was not counted because the CPU's stack counts were full.
+    pub stack_keys_dropped: u64,
 }
 
 /// Sizes of the per-CPU aggregation state.
@@ -250,6 +256,8 @@ struct CpuState {
     cache: AsidCache,
     /// Per-sample attribution of this CPU's samples (command, cgroup, CPU).
     who: CpuWho,
+    /// Samples per (pid, asid, stack, event) (`callchains = "fp"`).
+    stacks: stacks::CpuStacks,
     samples_aggregated: u64,
     entries_created: u64,
     overflow_evictions: u64,
@@ -277,6 +285,7 @@ impl CpuState {
             overflow_cap: cap,
             cache: AsidCache::new(),
             who: CpuWho::default(),
+            stacks: stacks::CpuStacks::default(),
             samples_aggregated: 0,
             entries_created: 0,
             overflow_evictions: 0,
@@ -417,6 +426,8 @@ pub struct Aggregator {
     cgroups: Mutex<CgroupNames>,
     /// The last batches' hottest rows (`dcpictl top`).
     recent: Mutex<Recent>,
+    /// The drain threads' stack tables, when call chains are sampled.
+    stack_tables: OnceLock<Arc<crate::perf::callchain::StackTables>>,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -467,12 +478,14 @@ where
     F: FnMut(u32, PerfTime) -> Option<(AsidSpan, PerfTime)>,
 {
     let limit = limit.unwrap_or(PerfTime::MAX);
-    let CpuState { pending, table, overflow, overflow_cap, cache, who, .. } = c;
+    let CpuState { pending, table, overflow, overflow_cap, cache, who, stacks, .. } = c;
     let (mut done, mut created, mut evicted, mut misses) = (0usize, 0u64, 0u64, 0u64);
     let mut stop = Stop::Done;
     // (bucket, pc, tag, pid, period) of the chunk's samples, and (pid, cgroup) for `who`.
     let mut keys = [(0usize, 0u64, 0u64, 0u32, 0u64); CHUNK];
     let mut owners = [(0u32, 0u64); CHUNK];
+    // (stack, process asid) of the chain's samples (stack 0: none).
+    let mut chains = [(0u32, 0u64); CHUNK];
     let (front, back) = pending.as_slices();
     'outer: for part in [front, back] {
         for chunk in part.chunks(CHUNK) {
@@ -483,18 +496,15 @@ where
                     break;
                 }
                 let kernel = s.kernel || s.pc >= KERNEL_START;
-                let (pid, asid) = if kernel {
-                    // The kernel image is the same in every process, but the idle task
-                    // (pid 0, the swapper) is kept apart: its samples become `[idle]`.
-                    (u32::from(s.pid != 0), 0)
-                } else {
+                // A kernel sample's stack may go on in user space: its process's version.
+                let proc_asid = if !kernel || (s.stack != 0 && s.pid != 0) {
                     match cache.get(s.pid, s.time, h) {
-                        Some(a) => (s.pid, a),
+                        Some(a) => a,
                         None => match span(s.pid, s.time) {
                             Some((sp, applied)) => {
                                 misses += 1;
                                 cache.put(s.pid, sp, applied);
-                                (s.pid, sp.asid.unwrap_or(0))
+                                sp.asid.unwrap_or(0)
                             }
                             None => {
                                 stop = Stop::Busy;
@@ -502,12 +512,22 @@ where
                             }
                         },
                     }
+                } else {
+                    0
+                };
+                let (pid, asid) = if kernel {
+                    // The kernel image is the same in every process, but the idle task
+                    // (pid 0, the swapper) is kept apart: its samples become `[idle]`.
+                    (u32::from(s.pid != 0), 0)
+                } else {
+                    (s.pid, proc_asid)
                 };
                 let tag = Entry::tag(asid, s.event, kernel);
                 let b = table.bucket_of(s.pc, tag, pid);
                 touched = touched.wrapping_add(table.touch(b));
                 keys[n] = (b, s.pc, tag, pid, s.period);
                 owners[n] = (s.pid, s.cgroup);
+                chains[n] = (s.stack, proc_asid);
                 n += 1;
             }
             std::hint::black_box(touched);
@@ -516,6 +536,9 @@ where
                 let (owner, cgroup) = owners[i];
                 let (event, kernel) = Entry::tag_event_kernel(tag);
                 who.count(owner, cgroup, event, kernel);
+                if chains[i].0 != 0 {
+                    stacks.add(owner, chains[i].1, chains[i].0, event);
+                }
                 match table.add_at(b, pc, tag, pid, period) {
                     Added::Hit => {}
                     Added::New => created += 1,
@@ -573,7 +596,14 @@ impl Aggregator {
             idle: OnceLock::new(),
             cgroups: Mutex::new(CgroupNames::discover()),
             recent: Mutex::new(Recent::default()),
+            stack_tables: OnceLock::new(),
         })
+    }
+
+    /// Call chains are sampled into `tables` (one per CPU slot of this aggregator, same
+    /// count): samples' stack ids are counted and resolved at each flush.
+    pub fn set_stack_tables(&self, tables: Arc<crate::perf::callchain::StackTables>) {
+        let _ = self.stack_tables.set(tables);
     }
 
     fn slot(&self, cpu: u32) -> usize {
@@ -716,9 +746,15 @@ impl Aggregator {
             let table = std::mem::replace(&mut c.table, spare);
             let overflow = c.take_overflow();
             c.who.take_into(taken.len() as u32, &mut out.who);
-            taken.push((table, overflow, full));
+            taken.push((table, overflow, full, c.stacks.take()));
         }
-        for (i, (mut table, overflow, full)) in taken.into_iter().enumerate() {
+        for (i, (mut table, overflow, full, stack_counts)) in taken.into_iter().enumerate() {
+            if let Some(t) = self.stack_tables.get() {
+                stacks::resolve_cpu(r, t, i as u32, stack_counts, &mut out.stacks);
+                // Under the CPU lock: no sample moves from pending into the counts meanwhile.
+                let c = lock(&self.cpus[i]);
+                stacks::prune(t, i as u32, c.pending.iter());
+            }
             full.iter().flatten().for_each(|e| resolve_entry(r, &self.idle, e, out));
             overflow.iter().for_each(|e| resolve_entry(r, &self.idle, e, out));
             table.drain(|e| resolve_entry(r, &self.idle, &e, out));
@@ -779,6 +815,7 @@ impl Aggregator {
             s.overflow_evictions += c.overflow_evictions;
             s.early_drains += c.early_drains;
             s.asid_cache_misses += c.asid_cache_misses;
+            s.stack_keys_dropped += c.stacks.dropped;
             s.table_bytes += c.bytes() as u64;
         }
         s

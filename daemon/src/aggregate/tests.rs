@@ -15,7 +15,7 @@ fn resolver(dir: &std::path::Path) -> Resolver {
 }
 
 fn sample(time: u64, pid: u32, pc: u64, period: u64) -> Sample {
-    Sample { time, pid, tid: pid, pc, cpu: 0, event: 0, period, kernel: false, cgroup: 0 }
+    Sample { time, pid, tid: pid, pc, cpu: 0, event: 0, period, kernel: false, cgroup: 0, stack: 0 }
 }
 
 fn mmap(time: u64, pid: u32, id: u8) -> TimedSideBand {
@@ -264,4 +264,46 @@ fn tables_grow_for_busy_intervals_and_shrink_back_when_quiet() {
         interval(100);
     }
     assert_eq!(interval(100), 2 * table(INITIAL_TABLE_ENTRIES));
+}
+
+#[test]
+fn stacks_are_counted_once_per_key_and_resolve_in_their_own_address_space() {
+    use crate::perf::callchain::StackTables;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    let tables = Arc::new(StackTables::new(1, 16, 64));
+    agg.set_stack_tables(Arc::clone(&tables));
+    // Leaf BASE+0x10, caller's return address BASE+0x41 (interned as BASE+0x40).
+    let id = tables.cpu(0).intern_pcs(&[BASE + 0x10, BASE + 0x40], false);
+    let with_stack = |t: u64| Sample { stack: id, ..sample(t, 7, BASE + 0x10, 1000) };
+    agg.on_drain(0, 10, &mut Vec::new(), &mut vec![mmap(5, 7, 1)]);
+    let mut s: Vec<Sample> = (100..130).map(with_stack).collect();
+    agg.on_drain(0, 1000, &mut s, &mut Vec::new());
+    // The process exec's another image: the same pcs are now another image's frames.
+    let mut s: Vec<Sample> = (2000..2010).map(with_stack).collect();
+    agg.on_drain(0, 3000, &mut s, &mut vec![exec(1500, 7), mmap(1600, 7, 2)]);
+    let r = agg.take_resolved();
+    let p = r.stacks.get(&0).expect("stacks of event 0");
+    assert_eq!(p.samples(), 40);
+    let mut seen: Vec<(Vec<u8>, Vec<u64>, u64)> = p
+        .stacks()
+        .map(|s| {
+            let img = &p.images()[s.frames[0].0 as usize];
+            let ImageId::BuildId(b) = &img.id else { panic!("{img:?}") };
+            (b.clone(), s.frames.iter().map(|f| f.1).collect(), s.samples)
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen, [(vec![1; 20], vec![0x10, 0x40], 30), (vec![2; 20], vec![0x10, 0x40], 10)]);
+    // The flat profiles are what they were without stacks.
+    assert_eq!(count(&r, 1, 0x10).0 + count(&r, 2, 0x10).0, 40);
+    // A stack id a pending sample still names survives the pruning of later flushes.
+    let mut s = vec![with_stack(10_000)];
+    agg.on_drain(0, 3000, &mut s, &mut Vec::new());
+    for _ in 0..3 {
+        assert!(agg.take_resolved().stacks.is_empty());
+    }
+    assert!(tables.cpu(0).get(id).is_some(), "pending sample's stack was freed");
+    agg.on_drain(0, 20_000, &mut Vec::new(), &mut Vec::new());
+    assert_eq!(agg.take_resolved().stacks[&0].samples(), 1);
 }

@@ -21,6 +21,9 @@ pub struct RawSample {
     pub kernel: bool,
     /// PERF_SAMPLE_CGROUP, when the events were opened with it (0 otherwise).
     pub cgroup: u64,
+    /// PERF_SAMPLE_CALLCHAIN, when asked for: where its u64s lie in the record body (offset,
+    /// byte length); (0, 0) otherwise. Read them with [`sample_callchain`].
+    pub chain: (u32, u32),
 }
 
 /// What a record means to the sampler.
@@ -80,8 +83,31 @@ pub fn split_trailer(body: &[u8]) -> Option<(&[u8], SampleId)> {
     ))
 }
 
-/// A sample body (header removed).
+/// A sample body (header removed), of events opened without PERF_SAMPLE_CALLCHAIN.
 pub fn parse_sample(misc: u16, body: &[u8]) -> Option<RawSample> {
+    parse_sample_cc(misc, body, false)
+}
+
+/// The callchain bytes of a sample parsed with `callchain`.
+pub fn sample_callchain<'a>(s: &RawSample, body: &'a [u8]) -> &'a [u8] {
+    let (off, len) = (s.chain.0 as usize, s.chain.1 as usize);
+    body.get(off..off + len).unwrap_or(&[])
+}
+
+/// A sample body; `callchain`: the events were opened with PERF_SAMPLE_CALLCHAIN, which lies
+/// between PERIOD and CGROUP (`nr`, then `nr` u64s).
+pub fn parse_sample_cc(misc: u16, body: &[u8], callchain: bool) -> Option<RawSample> {
+    let (chain, cgroup_at) = if callchain {
+        let nr = usize::try_from(u64_at(body, 48)?).ok()?;
+        let len = nr.checked_mul(8)?;
+        let end = 56usize.checked_add(len)?;
+        if end > body.len() {
+            return None;
+        }
+        ((56, u32::try_from(len).ok()?), end)
+    } else {
+        ((0, 0), 48)
+    };
     Some(RawSample {
         identifier: u64_at(body, 0)?,
         ip: u64_at(body, 8)?,
@@ -93,7 +119,8 @@ pub fn parse_sample(misc: u16, body: &[u8]) -> Option<RawSample> {
         kernel: misc & sp::MISC_CPUMODE_MASK == sp::MISC_KERNEL,
         // PERF_SAMPLE_CGROUP is the only field after PERIOD that the daemon may ask for, so
         // the record's length says whether it is there.
-        cgroup: u64_at(body, 48).unwrap_or(0),
+        cgroup: u64_at(body, cgroup_at).unwrap_or(0),
+        chain,
     })
 }
 
@@ -161,10 +188,15 @@ fn parse_sideband(kind: u32, misc: u16, body: &[u8]) -> Option<TimedSideBand> {
     Some(TimedSideBand { time: id.time, cpu: id.cpu, record })
 }
 
-/// Classify and parse one record.
+/// Classify and parse one record (events opened without PERF_SAMPLE_CALLCHAIN).
 pub fn parse_record(rec: RawRecord<'_>) -> Record {
+    parse_record_cc(rec, false)
+}
+
+/// Classify and parse one record; `callchain`: samples carry PERF_SAMPLE_CALLCHAIN.
+pub fn parse_record_cc(rec: RawRecord<'_>, callchain: bool) -> Record {
     match rec.kind {
-        sp::PERF_RECORD_SAMPLE => match parse_sample(rec.misc, rec.body) {
+        sp::PERF_RECORD_SAMPLE => match parse_sample_cc(rec.misc, rec.body, callchain) {
             Some(s) => Record::Sample(s),
             None => Record::Malformed,
         },
@@ -231,8 +263,20 @@ mod tests {
                 period: 1_000_000,
                 kernel: true,
                 cgroup: 0,
+                chain: (0, 0),
             }
         );
+        // The same sample with a 2-frame callchain and a cgroup after it.
+        let mut c = b.clone();
+        for x in [2u64, 0xffff_ffff_ffff_ff80, 0xffff_ffff_8100_0000, 77] {
+            c.extend_from_slice(&x.to_ne_bytes());
+        }
+        let s = parse_sample_cc(1, &c, true).expect("parses");
+        assert_eq!((s.chain, s.cgroup), ((56, 16), 77));
+        assert_eq!(sample_callchain(&s, &c).len(), 16);
+        // nr beyond the record: malformed, never a read past it.
+        c[48..56].copy_from_slice(&u64::MAX.to_ne_bytes());
+        assert_eq!(parse_sample_cc(1, &c, true), None);
         let r = parse_record(RawRecord { kind: sp::PERF_RECORD_SAMPLE, misc: 2, body: &b[..40] });
         assert_eq!(r, Record::Malformed);
     }

@@ -74,6 +74,9 @@ pub struct SamplerConfig {
     /// The daemon's thread watch: drain and hotplug threads run under it (a panic is
     /// recorded, and status says degraded). `None`: plain threads.
     pub watch: Option<Arc<crate::watch::Watch>>,
+    /// `callchains = "fp"`: sample call chains (at most `max_stack()` frames) and intern them
+    /// into these per-CPU tables, which the aggregator reads. `None`: flat samples only.
+    pub stacks: Option<Arc<crate::perf::callchain::StackTables>>,
 }
 
 impl Default for SamplerConfig {
@@ -93,6 +96,7 @@ impl Default for SamplerConfig {
             realtime_drain: true,
             online_cpus_path: None,
             watch: None,
+            stacks: None,
         }
     }
 }
@@ -377,6 +381,7 @@ fn attr_for(
         build_id: sideband && build_id,
         wakeup_watermark: u32::try_from(wm).unwrap_or(u32::MAX),
         cgroup: false,
+        max_stack: shared_cfg.stacks.as_ref().map_or(0, |t| t.max_stack()),
     }
 }
 
@@ -525,17 +530,38 @@ pub fn read_pass<R: RingBuffer>(
     samples: &mut Vec<Sample>,
     sideband: &mut Vec<TimedSideBand>,
 ) -> PassCounts {
+    read_pass_stacks(reader, ring, ids, period_at, per_event, samples, sideband, None)
+}
+
+/// [`read_pass`] of events opened with PERF_SAMPLE_CALLCHAIN when `stacks` is given: each
+/// sample's chain is interned into that (this CPU's) table and the sample carries its id.
+#[allow(clippy::too_many_arguments)]
+pub fn read_pass_stacks<R: RingBuffer>(
+    reader: &mut RingReader,
+    ring: &R,
+    ids: &[u64],
+    period_at: impl Fn(usize, u64) -> u64,
+    per_event: &mut [u64],
+    samples: &mut Vec<Sample>,
+    sideband: &mut Vec<TimedSideBand>,
+    mut stacks: Option<&mut crate::perf::callchain::StackTable>,
+) -> PassCounts {
+    let callchain = stacks.is_some();
     let mut c = PassCounts::default();
     per_event.iter_mut().for_each(|x| *x = 0);
     let before = samples.len();
     samples.reserve(1024);
-    let ds = reader.drain(ring, |rec| match records::parse_record(rec) {
+    let ds = reader.drain(ring, |rec| match records::parse_record_cc(rec, callchain) {
         Record::Sample(s) => {
             let Some(idx) = ids.iter().position(|&id| id == s.identifier) else {
                 c.malformed += 1;
                 return;
             };
             per_event[idx] += 1;
+            let stack = match stacks.as_deref_mut() {
+                Some(t) => t.intern(records::sample_callchain(&s, rec.body)),
+                None => 0,
+            };
             samples.push(Sample {
                 time: s.time,
                 pid: s.pid,
@@ -546,6 +572,7 @@ pub fn read_pass<R: RingBuffer>(
                 period: period_at(idx, s.time),
                 kernel: s.kernel,
                 cgroup: s.cgroup,
+                stack,
             });
         }
         Record::SideBand(sb) => sideband.push(sb),
@@ -680,7 +707,9 @@ impl<'a> Drainer<'a> {
     /// Read the ring, stamp samples with the period in force, count the other records.
     fn read_ring(&mut self) -> PassCounts {
         let ps = &self.periods;
-        read_pass(
+        // Held for the pass only: the flusher reads the table between passes.
+        let mut table = self.shared.cfg.stacks.as_ref().map(|t| t.cpu(self.stats.cpu));
+        read_pass_stacks(
             &mut self.reader,
             &self.ring.ring,
             &self.ring.ids,
@@ -688,6 +717,7 @@ impl<'a> Drainer<'a> {
             &mut self.per_event,
             &mut self.samples,
             &mut self.sideband,
+            table.as_deref_mut(),
         )
     }
 

@@ -29,6 +29,7 @@ mod lease;
 mod pending;
 mod publish;
 pub mod spool;
+mod stacks;
 mod summaries;
 mod who;
 
@@ -193,6 +194,8 @@ pub struct Store {
     busy_since: Arc<AtomicU64>,
     stall_db: Option<PathBuf>,
     who: who::WhoAccum,
+    /// Call-stack increments not yet spooled.
+    stacks: stacks::PendingStacks,
 }
 
 impl std::fmt::Debug for Store {
@@ -306,6 +309,7 @@ impl Store {
             busy_since: Arc::new(AtomicU64::new(0)),
             stall_db: None,
             who: who::WhoAccum::default(),
+            stacks: stacks::PendingStacks::default(),
         }
     }
 
@@ -663,8 +667,9 @@ impl Store {
 
     /// Take a resolved batch (plus the sampler's lost/throttled counts since the previous
     /// batch) into memory; written to the spool by the next `tick`.
-    pub fn add(&mut self, resolved: Resolved, lost: u64, throttled: u64) {
+    pub fn add(&mut self, mut resolved: Resolved, lost: u64, throttled: u64) {
         self.who_add(&resolved.who);
+        self.stacks_add(std::mem::take(&mut resolved.stacks));
         let logged = &mut self.host.unknown_event_logged;
         let mut unknown_event = |ev: u16| {
             if !*logged {
@@ -1174,6 +1179,9 @@ impl Store {
                 }
             }
         }
+        if self.spool.is_some() {
+            written += self.spool_stacks(now);
+        }
         written
     }
 
@@ -1244,8 +1252,12 @@ impl Store {
     }
 
     /// Merge one profile's spooled increments into its file, exactly once. Returns the
-    /// samples of the file written, `None` if nothing was.
+    /// samples of the file written, `None` if nothing was (and for stack files, which are
+    /// rewritten at every turn).
     fn publish_key(&mut self, key: &SpoolKey) -> Result<Option<u64>, StoreError> {
+        if stacks::is_stacks_key(key) {
+            return self.publish_stacks(key).map(|()| None);
+        }
         let spool =
             self.spool.as_mut().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
         let incs = spool.increments(key);

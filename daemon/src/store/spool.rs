@@ -22,6 +22,7 @@
 //!       pair list (offsets ascending; unknown profiles use the reason code as offset)
 //! kind 2 (published marks, appended after publishing):
 //! n, each: epoch, image id text (empty = unknown profile), event name, seq
+//! kind 3 (a flush's call stacks, `callchains = "fp"`): see `spool_stacks.rs`
 //! ```
 //!
 //! A mark says that a profile's increments up to `seq` are in the database: a restart does
@@ -58,6 +59,10 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[path = "spool_stacks.rs"]
+mod stacks;
+pub use stacks::STACKS_KEY_IMAGE;
 
 use profile_format::varint::{self, VarintError};
 use profile_format::{pairs, EventDesc, ImageKind, JitSymbol};
@@ -355,6 +360,8 @@ type SegDefs = (HashMap<u64, Arc<EventDesc>>, HashMap<u64, (String, Arc<SpoolIma
 enum Record {
     Flush(Parsed),
     Marks(Vec<(SpoolKey, u64)>),
+    /// Kind 3: increments only, no summary delta.
+    Stacks(Parsed),
 }
 
 fn parse_record(payload: &[u8], defs: &mut SegDefs) -> Result<Record, String> {
@@ -377,6 +384,7 @@ fn parse_record(payload: &[u8], defs: &mut SegDefs) -> Result<Record, String> {
             }
             Ok(Record::Marks(marks))
         }
+        stacks::KIND_STACKS => stacks::parse_stacks(c).map(Record::Stacks),
         k => Err(format!("unknown record kind {k}")),
     }
 }
@@ -577,8 +585,9 @@ impl Spool {
             } else {
                 parse_record(payload, &mut defs)
             };
-            let rec = match parsed {
-                Ok(Record::Flush(r)) => r,
+            let (rec, has_delta) = match parsed {
+                Ok(Record::Flush(r)) => (r, true),
+                Ok(Record::Stacks(r)) => (r, false),
                 Ok(Record::Marks(marks)) => {
                     for (key, seq) in marks {
                         for s in self.drop_locs(&key, seq) {
@@ -612,8 +621,10 @@ impl Spool {
                 });
                 seg.refs += 1;
             }
-            self.deltas.entry(rec.epoch).or_default().push((rec.seq, id, rec.delta));
-            seg.refs += 1;
+            if has_delta {
+                self.deltas.entry(rec.epoch).or_default().push((rec.seq, id, rec.delta));
+                seg.refs += 1;
+            }
         }
         self.segments.insert(id, seg);
         Ok(())

@@ -52,6 +52,9 @@ pub struct AttrSpec {
     /// Add PERF_SAMPLE_CGROUP to samples (kernel >= 5.7) and, with `sideband`, ask for
     /// PERF_RECORD_CGROUP. Every event sharing a ring must agree.
     pub cgroup: bool,
+    /// Ask for PERF_SAMPLE_CALLCHAIN of at most this many frames (0: no callchain). Every
+    /// event sharing a ring must agree.
+    pub max_stack: u16,
 }
 
 fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
@@ -70,6 +73,12 @@ fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
         ..Default::default()
     };
     attr.__bindgen_anon_1.sample_period = spec.period;
+    if spec.max_stack > 0 {
+        // Kernel and user frames; user frames through frame pointers (the kernel's only
+        // user unwinder), so code built without them yields truncated stacks.
+        attr.sample_type |= pb::PERF_SAMPLE_CALLCHAIN as u64;
+        attr.sample_max_stack = spec.max_stack;
+    }
     attr.set_disabled(1);
     attr.set_sample_id_all(1);
     attr.set_use_clockid(1);
@@ -453,12 +462,16 @@ mod tests {
             build_id: true,
             wakeup_watermark: 4096,
             cgroup: false,
+            max_stack: 0,
         };
         let a = make_attr(&spec);
         assert_eq!(a.sample_type, SAMPLE_TYPE);
         let c = make_attr(&AttrSpec { cgroup: true, ..spec.clone() });
         assert_eq!(c.sample_type, SAMPLE_TYPE | pb::PERF_SAMPLE_CGROUP as u64);
         assert_eq!((c.cgroup(), a.cgroup()), (1, 0));
+        let cc = make_attr(&AttrSpec { max_stack: 32, ..spec.clone() });
+        assert_eq!(cc.sample_type, SAMPLE_TYPE | pb::PERF_SAMPLE_CALLCHAIN as u64);
+        assert_eq!((cc.sample_max_stack, a.sample_max_stack), (32, 0));
         assert_eq!(a.disabled(), 1);
         assert_eq!(a.watermark(), 1);
         assert_eq!(a.mmap2(), 1);

@@ -43,6 +43,7 @@ fn ksample(time: u64, pid: u32, cpu: u32) -> Sample {
         period: 1000,
         kernel: true,
         cgroup: 0,
+        stack: 0,
     }
 }
 

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Call-stack sampling cost (issue #19), side by side in one run: `dcpid --callchains fp` vs
+`perf record -a -g -e cpu-clock -c N` at the same rate.
+
+For each collector: two copies of bench/workloads/cpu.c (built with frame pointers, so that
+both collectors unwind whole user stacks) run a fixed amount of work while it samples; then
+  - the collector's CPU during the workload (all its threads, /proc/PID/task/*/schedstat);
+  - the workload's slowdown against a run without collector (median of --reps runs each);
+  - the size of what it wrote: dcpid's database directory (after its final flush and
+    publish) against perf.data, and each extrapolated to an hour linearly (an upper bound
+    for dcpid, whose files grow with distinct stacks, not with time).
+
+  bench/stacks.py [--short] [--rate 1000] [--dcpid target/release/dcpid] [--out FILE]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+
+from collector import HERE, ROOT, threads_cpu_ns
+
+
+def du(path):
+    total = 0
+    for d, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(d, f))
+            except OSError:
+                pass
+    return total
+
+
+def build(work):
+    exe = os.path.join(work, "cpu-fp")
+    subprocess.run(["cc", "-O2", "-fno-omit-frame-pointer", "-o", exe,
+                    os.path.join(HERE, "workloads", "cpu.c")], check=True)
+    return exe
+
+
+def workload(exe, iters):
+    t = time.monotonic()
+    ps = [subprocess.Popen([exe, str(iters)], stdout=subprocess.DEVNULL) for _ in range(2)]
+    for p in ps:
+        p.wait()
+    return time.monotonic() - t
+
+
+def run_with(kind, args, work, exe):
+    d = tempfile.mkdtemp(prefix=f"stk-{kind}-", dir=work)
+    period = int(1e9 / args.rate)
+    log = open(os.path.join(d, "log"), "w")
+    if kind == "dcpid":
+        sock = os.path.join(d, "ctl.sock")
+        cmd = [args.dcpid, "--config", "none", "--db", os.path.join(d, "db"), "--spool",
+               os.path.join(d, "spool"), "--socket", sock, "--host", "bench", "-e",
+               f"cpu-clock:{period}", "--callchains", "fp"]
+        ready = lambda: os.path.exists(sock)  # noqa: E731
+        out = os.path.join(d, "db")
+    else:
+        out = os.path.join(d, "perf.data")
+        cmd = ["perf", "record", "-a", "-g", "-e", "cpu-clock", "-c", str(period), "-o", out]
+        ready = lambda: os.path.exists(out) and os.path.getsize(out) > 0  # noqa: E731
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not ready():
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{kind} did not start: {open(log.name).read()[-2000:]}")
+        time.sleep(0.1)
+    time.sleep(args.settle)
+    a, t0 = threads_cpu_ns(p.pid), time.monotonic()
+    wall = workload(exe, args.iters)
+    b, t1 = threads_cpu_ns(p.pid), time.monotonic()
+    cpu_ms_per_s = sum(b.get(k, 0) - a.get(k, 0) for k in b) / 1e6 / (t1 - t0)
+    started = t0 - args.settle
+    p.send_signal(2)
+    p.wait(timeout=300)
+    ran = time.monotonic() - started
+    size = du(out) if os.path.isdir(out) else os.path.getsize(out)
+    res = {"cpu_ms_per_s": round(cpu_ms_per_s, 2), "workload_s": round(wall, 3),
+           "bytes": size, "seconds_sampled": round(ran, 1),
+           "bytes_per_hour_linear": int(size * 3600 / ran)}
+    if kind == "dcpid":
+        stk = [os.path.join(r, f) for r, _, fs in os.walk(out) for f in fs if f.endswith(".stk")]
+        res["stack_file_bytes"] = sum(os.path.getsize(f) for f in stk)
+    shutil.rmtree(d, ignore_errors=True)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--short", action="store_true")
+    ap.add_argument("--rate", type=int, default=1000, help="samples per second per CPU")
+    ap.add_argument("--dcpid", default=os.path.join(ROOT, "target/release/dcpid"))
+    ap.add_argument("--out", default=os.path.join(
+        HERE, "results", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-stacks.json"))
+    args = ap.parse_args()
+    args.settle = 5 if args.short else 10
+    args.reps = 1 if args.short else 3
+    args.iters = 300_000_000 if args.short else 1_500_000_000
+    work = tempfile.mkdtemp(prefix="dcpi-stacks-")
+    exe = build(work)
+    res = {"commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True).stdout.strip(),
+           "rate": args.rate, "short": args.short, "runs": {}}
+    for rep in range(args.reps):
+        for kind in ("none", "dcpid", "perf"):
+            if kind == "none":
+                r = {"workload_s": round(workload(exe, args.iters), 3)}
+            else:
+                r = run_with(kind, args, work, exe)
+            res["runs"].setdefault(kind, []).append(r)
+            print(f"{kind} rep {rep}: {json.dumps(r)}", flush=True)
+    med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} for k, v in res["runs"].items()}
+    base = med["none"]["workload_s"]
+    res["summary"] = {
+        k: {"slowdown_pct": round((m["workload_s"] / base - 1) * 100, 2),
+            "cpu_ms_per_s": m["cpu_ms_per_s"], "bytes_per_hour_linear": m["bytes_per_hour_linear"]}
+        for k, m in med.items() if k != "none"}
+    d, p = res["summary"]["dcpid"], res["summary"]["perf"]
+    res["summary"]["perf_over_dcpid_size"] = round(
+        p["bytes_per_hour_linear"] / max(d["bytes_per_hour_linear"], 1), 1)
+    print(json.dumps(res["summary"], indent=1), flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,482 @@
+//! Call stacks (dcpid `callchains = "fp"`; FORMAT.md §13): the `stacks.<event>.stk` files of
+//! the selected host directories, symbolized frame by frame with the same symbolizer as the
+//! per-symbol reports, for `--callers`, `--callees` and the stacks of the export formats.
+
+use std::collections::HashMap;
+
+use profile_format::{
+    ImageId, ImageKind, KallsymsSnapshot, StackImage, StackProfile, UnknownReason,
+};
+use serde::Serialize;
+
+use super::debuginfo::Locator;
+use super::names::display_name;
+use super::report::{self, SymbolMode, Weights};
+use super::select::Loaded;
+use super::symbolize::ElfSymbolizer;
+use super::symcache::SymbolCache;
+use super::ProfError;
+
+/// One symbolized frame.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Image as reports name it (`/usr/bin/x`, `[kernel.kallsyms]`, `[unknown]`).
+    pub image: String,
+    pub kind: ImageKind,
+    /// Identity of the image (none for `[unknown]`).
+    pub image_id: Option<ImageId>,
+    pub offset: u64,
+    pub function: String,
+}
+
+/// One stack of one host directory and event, symbolized.
+#[derive(Clone, Debug)]
+pub struct SymStack {
+    /// Index into [`Loaded::dirs`].
+    pub dir: usize,
+    /// Index into the report's events ([`Weights::infos`]).
+    pub event: usize,
+    /// Leaf first.
+    pub frames: Vec<Frame>,
+    /// The daemon saw it cut (depth limit) or unwinding stop after the first user frame.
+    pub truncated: bool,
+    pub samples: u64,
+}
+
+/// Outermost functions that a complete stack ends in: process and thread entry points, the
+/// kernel's task start and its idle loop's boot path. A stack ending elsewhere is broken (the
+/// frame-pointer walk lost the chain, e.g. in code built without frame pointers).
+const ROOTS: &[&str] = &[
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "__libc_start_main_impl",
+    "start_thread",
+    "clone",
+    "clone3",
+    "__clone",
+    "__clone3",
+    "thread_start",
+    "ret_from_fork",
+    "ret_from_fork_asm",
+    "secondary_startup_64",
+    "secondary_startup_64_no_verify",
+    "common_startup_64",
+    "start_kernel",
+    "x86_64_start_kernel",
+    "x86_64_start_reservations",
+    "rest_init",
+];
+
+impl SymStack {
+    /// Not flagged truncated, but its outermost frame is no known entry point.
+    pub fn broken(&self) -> bool {
+        !self.truncated
+            && self.frames.last().is_some_and(|f| {
+                let name = f.function.split_once(' ').map_or(f.function.as_str(), |x| x.0);
+                !ROOTS.contains(&name)
+            })
+    }
+}
+
+/// Names frames, caching symbol tables and kernel snapshots.
+struct Namer<'a> {
+    loaded: &'a Loaded,
+    locator: Locator,
+    cache: SymbolCache,
+    mode: SymbolMode,
+    elf: HashMap<ImageId, Option<ElfSymbolizer>>,
+    ksyms: HashMap<usize, Option<KallsymsSnapshot>>,
+    /// Names of (image index, offset) of the file being read.
+    names: HashMap<(u32, u64), String>,
+}
+
+fn label(img: &StackImage) -> String {
+    let base = img.path.rsplit(|&b| b == b'/').next().unwrap_or(&img.path);
+    let b = if base.is_empty() { &img.path[..] } else { base };
+    super::image::display_path(b)
+}
+
+impl Namer<'_> {
+    fn name(
+        &mut self,
+        dir: usize,
+        img: &StackImage,
+        off: u64,
+        warn: &mut dyn FnMut(String),
+    ) -> String {
+        let label = label(img);
+        match img.kind {
+            ImageKind::Elf => {
+                let (locator, cache) = (&mut self.locator, &mut self.cache);
+                let sym = self.elf.entry(img.id.clone()).or_insert_with(|| {
+                    report::elf_symbolizer(
+                        locator,
+                        cache,
+                        &img.id,
+                        std::slice::from_ref(&img.path),
+                        warn,
+                    )
+                });
+                match sym {
+                    Some(s) => report::elf_key(s, off, self.mode, &label).0,
+                    None => report::unsymbolized(&label, off),
+                }
+            }
+            ImageKind::Kernel | ImageKind::KernelModule => {
+                let d = &self.loaded.dirs[dir];
+                let snap = self.ksyms.entry(dir).or_insert_with(|| match d.read_kallsyms() {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        warn(format!("{e}: kernel frames of this host/epoch stay unsymbolized"));
+                        None
+                    }
+                });
+                let found = match snap {
+                    Some(s) if img.kind == ImageKind::Kernel => {
+                        report::kernel_lookup(s, None, s.text_base.checked_add(off))
+                    }
+                    Some(s) => {
+                        let name = label.trim_start_matches('[').trim_end_matches(']');
+                        s.modules.iter().position(|m| m.name == name).and_then(|mi| {
+                            report::kernel_lookup(
+                                s,
+                                Some(mi as u32),
+                                s.modules[mi].base.checked_add(off),
+                            )
+                        })
+                    }
+                    None => None,
+                };
+                match found {
+                    Some(sym) => display_name(&sym.name, self.mode.raw_names),
+                    None => report::unsymbolized(&label, off),
+                }
+            }
+            ImageKind::Unknown => UnknownReason::from_code(off).map_or_else(
+                || format!("[unknown: code {off}]"),
+                |r| format!("[unknown: {}]", r.as_str()),
+            ),
+            ImageKind::Vdso | ImageKind::Anon => format!("{label}+{off:#x}"),
+        }
+    }
+}
+
+/// The stacks of every selected host directory and event; empty when the daemon sampled none
+/// (no stack file). Unreadable files are errors, or warnings with `keep_going`.
+pub fn load(
+    loaded: &Loaded,
+    w: &Weights,
+    locator: Locator,
+    cache: SymbolCache,
+    mode: SymbolMode,
+    keep_going: bool,
+    warn: &mut dyn FnMut(String),
+) -> Result<Vec<SymStack>, ProfError> {
+    let mut namer = Namer {
+        loaded,
+        locator,
+        cache,
+        mode,
+        elf: HashMap::new(),
+        ksyms: HashMap::new(),
+        names: HashMap::new(),
+    };
+    let mut out = Vec::new();
+    for (di, d) in loaded.dirs.iter().enumerate() {
+        for (ei, info) in w.infos.iter().enumerate() {
+            let path = d.stacks_path(&info.name);
+            let p = match StackProfile::read(&path) {
+                Ok(p) => p,
+                Err(profile_format::Error::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    continue
+                }
+                Err(e) if keep_going => {
+                    warn(format!("skipping unreadable stack file: {e}"));
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            namer.names.clear();
+            let images: Vec<(String, StackImage)> = p
+                .images()
+                .iter()
+                .map(|i| {
+                    let name = match i.kind {
+                        ImageKind::Unknown => "[unknown]".to_owned(),
+                        _ => super::image::display_path(&i.path),
+                    };
+                    (name, i.clone())
+                })
+                .collect();
+            for s in p.stacks() {
+                let mut frames = Vec::with_capacity(s.frames.len());
+                for &(ii, off) in s.frames {
+                    let (iname, img) = &images[ii as usize];
+                    // Image indexes are the file's own: the memo is per file.
+                    let function = match namer.names.get(&(ii, off)) {
+                        Some(n) => n.clone(),
+                        None => {
+                            let n = namer.name(di, img, off, warn);
+                            namer.names.insert((ii, off), n.clone());
+                            n
+                        }
+                    };
+                    frames.push(Frame {
+                        image: iname.clone(),
+                        kind: img.kind,
+                        image_id: (img.kind != ImageKind::Unknown).then(|| img.id.clone()),
+                        offset: off,
+                        function,
+                    });
+                }
+                out.push(SymStack {
+                    dir: di,
+                    event: ei,
+                    frames,
+                    truncated: s.truncated,
+                    samples: s.samples,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Which way `--callers`/`--callees` look from the symbol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Callers,
+    Callees,
+}
+
+/// One row of a callers/callees report.
+#[derive(Clone, Debug, Serialize)]
+pub struct CallRow {
+    /// The caller (or callee); with `--depth N` > 1 the chain of N, nearest first, joined by
+    /// ` <- ` (callers) or ` -> ` (callees).
+    pub symbol: String,
+    pub samples: u64,
+    /// Share of the samples whose stack contains the symbol.
+    pub percent: f64,
+}
+
+/// The `--callers`/`--callees` report.
+#[derive(Clone, Debug, Serialize)]
+pub struct CallReport {
+    pub symbol: String,
+    pub direction: &'static str,
+    pub depth: usize,
+    pub event: String,
+    /// Samples (of the first event) whose stack contains the symbol.
+    pub samples: u64,
+    /// Samples of the first event that have a stack.
+    pub stack_samples: u64,
+    /// Share of `stack_samples` in stacks that do not reach a root (truncated by the daemon,
+    /// or ending in a frame that is no entry point).
+    pub truncated_percent: f64,
+    pub rows: Vec<CallRow>,
+}
+
+/// Callers or callees of `symbol` (an exact function name as reports show it) over the first
+/// event's stacks. A stack counts once, at the symbol's innermost occurrence for callers and
+/// outermost for callees; `[self]` is the symbol sampled itself, `[no caller]` a stack that
+/// ends in it.
+pub fn call_report(
+    stacks: &[SymStack],
+    event: &str,
+    symbol: &str,
+    dir: Direction,
+    depth: usize,
+) -> CallReport {
+    let depth = depth.max(1);
+    let mut rows: HashMap<String, u64> = HashMap::new();
+    let (mut total, mut with, mut cut) = (0u64, 0u64, 0u64);
+    for s in stacks.iter().filter(|s| s.event == 0) {
+        total += s.samples;
+        if s.truncated || s.broken() {
+            cut += s.samples;
+        }
+        let names: Vec<&str> = s.frames.iter().map(|f| f.function.as_str()).collect();
+        let pos = match dir {
+            Direction::Callers => names.iter().position(|n| *n == symbol),
+            Direction::Callees => names.iter().rposition(|n| *n == symbol),
+        };
+        let Some(pos) = pos else { continue };
+        with += s.samples;
+        let key = match dir {
+            Direction::Callers => {
+                let chain: Vec<&str> = names[pos + 1..].iter().take(depth).copied().collect();
+                if chain.is_empty() {
+                    "[no caller]".to_owned()
+                } else {
+                    chain.join(" <- ")
+                }
+            }
+            Direction::Callees => {
+                let chain: Vec<&str> = names[..pos].iter().rev().take(depth).copied().collect();
+                if chain.is_empty() {
+                    "[self]".to_owned()
+                } else {
+                    chain.join(" -> ")
+                }
+            }
+        };
+        *rows.entry(key).or_default() += s.samples;
+    }
+    let pct = |n: u64, d: u64| if d == 0 { 0.0 } else { 100.0 * n as f64 / d as f64 };
+    let mut rows: Vec<CallRow> = rows
+        .into_iter()
+        .map(|(symbol, samples)| CallRow { symbol, samples, percent: pct(samples, with) })
+        .collect();
+    rows.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.symbol.cmp(&b.symbol)));
+    CallReport {
+        symbol: symbol.to_owned(),
+        direction: match dir {
+            Direction::Callers => "callers",
+            Direction::Callees => "callees",
+        },
+        depth,
+        event: event.to_owned(),
+        samples: with,
+        stack_samples: total,
+        truncated_percent: pct(cut, total),
+        rows,
+    }
+}
+
+/// Replace the export's one-frame samples by the call stacks, for every (host, epoch, event)
+/// that has them: folded stacks, flame graphs, pprof and speedscope then show full stacks
+/// (root first). Samples keep the weight per sample of the flat profiles they replace.
+pub fn apply_to_export(x: &mut super::export::Export, stacks: &[SymStack], loaded: &Loaded) {
+    use super::export::{Function, Image, Location, Sample};
+    if stacks.is_empty() {
+        return;
+    }
+    let host_of =
+        |di: usize| x.hosts.iter().position(|h| *h == loaded.dirs[di].host).unwrap_or(0) as u32;
+    let epoch_of = |di: usize| {
+        x.epochs.iter().position(|e| e == loaded.dirs[di].epoch.as_str()).unwrap_or(0) as u32
+    };
+    let keys: std::collections::HashSet<(u32, u32, u32)> =
+        stacks.iter().map(|s| (host_of(s.dir), epoch_of(s.dir), s.event as u32)).collect();
+    // Weight of one sample per key, from the flat samples it replaces.
+    let mut wt: HashMap<(u32, u32, u32), (u64, f64)> = HashMap::new();
+    for s in &x.samples {
+        let e = wt.entry((s.host, s.epoch, s.event)).or_default();
+        e.0 += s.samples;
+        e.1 += s.events;
+    }
+    x.samples.retain(|s| !keys.contains(&(s.host, s.epoch, s.event)));
+    let mut img_ix: HashMap<String, usize> =
+        x.images.iter().enumerate().map(|(i, m)| (m.name.clone(), i)).collect();
+    let mut fn_ix: HashMap<Function, usize> =
+        x.functions.iter().enumerate().map(|(i, f)| (f.clone(), i)).collect();
+    let mut loc_ix: HashMap<(usize, u64, usize), usize> = HashMap::new();
+    let mut stack_ix: HashMap<Vec<usize>, u32> = HashMap::new();
+    let mut sample_ix: HashMap<(u32, u32, u32, u32), usize> = HashMap::new();
+    for s in stacks {
+        let mut locs = Vec::with_capacity(s.frames.len());
+        for f in &s.frames {
+            let image = *img_ix.entry(f.image.clone()).or_insert_with(|| {
+                x.images.push(Image {
+                    name: f.image.clone(),
+                    kind: report::kind_name(f.kind),
+                    build_id: match &f.image_id {
+                        Some(ImageId::BuildId(b)) => Some(hex::encode(b)),
+                        _ => None,
+                    },
+                    symbolized: false,
+                    max_offset: 0,
+                });
+                x.images.len() - 1
+            });
+            let m = &mut x.images[image];
+            m.max_offset = m.max_offset.max(f.offset);
+            m.symbolized |= !f.function.contains("+0x");
+            let func =
+                Function { name: super::export::clean(&f.function), system_name: None, file: None };
+            let function = *fn_ix.entry(func.clone()).or_insert_with(|| {
+                x.functions.push(func);
+                x.functions.len() - 1
+            });
+            let loc = *loc_ix.entry((image, f.offset, function)).or_insert_with(|| {
+                x.locations.push(Location { image, offset: f.offset, function, line: None });
+                x.locations.len() - 1
+            });
+            locs.push(loc);
+        }
+        let stack = *stack_ix.entry(locs.clone()).or_insert_with(|| {
+            x.stacks.push(locs);
+            (x.stacks.len() - 1) as u32
+        });
+        let (host, epoch, event) = (host_of(s.dir), epoch_of(s.dir), s.event as u32);
+        let per =
+            wt.get(&(host, epoch, event)).map_or(
+                1.0,
+                |&(n, e)| {
+                    if n == 0 {
+                        1.0
+                    } else {
+                        e / n as f64
+                    }
+                },
+            );
+        let i = *sample_ix.entry((stack, host, epoch, event)).or_insert_with(|| {
+            x.samples.push(Sample { stack, host, epoch, event, samples: 0, events: 0.0 });
+            x.samples.len() - 1
+        });
+        x.samples[i].samples += s.samples;
+        x.samples[i].events += s.samples as f64 * per;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(names: &[&str], truncated: bool, samples: u64) -> SymStack {
+        SymStack {
+            dir: 0,
+            event: 0,
+            frames: names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| Frame {
+                    image: "/bin/app".into(),
+                    kind: ImageKind::Elf,
+                    image_id: None,
+                    offset: i as u64,
+                    function: n.to_string(),
+                })
+                .collect(),
+            truncated,
+            samples,
+        }
+    }
+
+    #[test]
+    fn callers_and_callees_split_by_path() {
+        let stacks = vec![
+            st(&["hot", "via_a", "main", "__libc_start_call_main"], false, 60),
+            st(&["hot", "via_b", "main", "__libc_start_call_main"], false, 40),
+            st(&["hot", "via_b"], false, 5),
+            st(&["other", "main", "__libc_start_call_main"], true, 10),
+        ];
+        let r = call_report(&stacks, "cpu-clock", "hot", Direction::Callers, 1);
+        let got: Vec<(&str, u64)> = r.rows.iter().map(|r| (r.symbol.as_str(), r.samples)).collect();
+        assert_eq!(got, [("via_a", 60), ("via_b", 45)]);
+        assert_eq!((r.samples, r.stack_samples), (105, 115));
+        // The 5 broken (ends in via_b) and 10 truncated of 115.
+        assert!((r.truncated_percent - 100.0 * 15.0 / 115.0).abs() < 1e-9);
+        let r = call_report(&stacks, "cpu-clock", "hot", Direction::Callers, 2);
+        assert_eq!(r.rows[0].symbol, "via_a <- main");
+        let r = call_report(&stacks, "cpu-clock", "main", Direction::Callees, 2);
+        let got: Vec<(&str, u64)> = r.rows.iter().map(|r| (r.symbol.as_str(), r.samples)).collect();
+        assert_eq!(got, [("via_a -> hot", 60), ("via_b -> hot", 40), ("other", 10)]);
+        let r = call_report(&stacks, "cpu-clock", "hot", Direction::Callees, 1);
+        assert_eq!(r.rows[0].symbol, "[self]");
+    }
+}

@@ -1,0 +1,121 @@
+//! Call-stack counts (`callchains = "fp"`): per CPU, samples per (pid, asid, stack, event),
+//! where the stack is an id in that CPU's stack table ([`crate::perf::callchain`]). At a flush
+//! each counted stack's pcs are resolved to (image, offset) frames with the resolver, exactly
+//! as flat samples are (the process's address-space version at the sample's time), and added
+//! into one [`StackProfile`] per event; then the stack tables drop what no pending sample
+//! still names.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use profile_format::{ImageId, ImageKind, StackImage, StackProfile};
+
+use crate::perf::callchain::{StackId, StackTables};
+use crate::resolve::{Resolution, Resolver, KERNEL_START};
+use crate::types::{EventIdx, ImageInfo, Sample};
+
+/// Distinct (pid, asid, stack, event) counted per CPU per flush interval at most; past it a
+/// sample's stack is dropped (its flat count stays) and counted in `dropped`.
+pub const DEFAULT_KEYS_PER_CPU: usize = 32 * 1024;
+
+/// The stack counts of one CPU since the last flush.
+#[derive(Debug, Default)]
+pub(crate) struct CpuStacks {
+    counts: HashMap<(u32, u64, StackId, EventIdx), u64>,
+    pub(crate) dropped: u64,
+}
+
+impl CpuStacks {
+    /// Count one sample of a stack of process `pid` (address-space version `asid`).
+    pub(crate) fn add(&mut self, pid: u32, asid: u64, stack: StackId, event: EventIdx) {
+        let len = self.counts.len();
+        match self.counts.get_mut(&(pid, asid, stack, event)) {
+            Some(n) => *n += 1,
+            None if len >= DEFAULT_KEYS_PER_CPU => self.dropped += 1,
+            None => {
+                self.counts.insert((pid, asid, stack, event), 1);
+            }
+        }
+    }
+
+    pub(crate) fn take(&mut self) -> CpuStacks {
+        CpuStacks { counts: std::mem::take(&mut self.counts), dropped: 0 }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+}
+
+/// The image of a stack frame in a stack profile.
+fn stack_image(i: &ImageInfo) -> StackImage {
+    StackImage { kind: i.kind, id: i.id.clone(), path: i.path.clone() }
+}
+
+fn unknown_image() -> StackImage {
+    StackImage {
+        kind: ImageKind::Unknown,
+        id: ImageId::special("[unknown]", b""),
+        path: b"[unknown]".to_vec(),
+    }
+}
+
+/// Resolve the counts of CPU slot `slot` into `out` (one profile per event index; event names
+/// are filled in by the store). Needs the resolver in the state it had for the flat entries
+/// of the same flush (before its `gc`).
+pub(crate) fn resolve_cpu(
+    r: &mut Resolver,
+    tables: &StackTables,
+    slot: u32,
+    counts: CpuStacks,
+    out: &mut BTreeMap<EventIdx, StackProfile>,
+) {
+    if counts.is_empty() {
+        return;
+    }
+    let table = tables.cpu(slot);
+    // Interned images per (event, image pointer): a hot image is hashed once per flush.
+    // The Arc is kept so that its address cannot be reused for another image meanwhile.
+    let mut images: HashMap<(EventIdx, *const ImageInfo), (u32, Arc<ImageInfo>)> = HashMap::new();
+    let mut frames = Vec::new();
+    for ((pid, asid, stack, event), n) in counts.counts {
+        let Some(entry) = table.get(stack) else { continue };
+        let p = out.entry(event).or_default();
+        frames.clear();
+        for &pc in entry.pcs.iter() {
+            let kernel = pc >= KERNEL_START;
+            // Kernel frames are the same image in every process (flat kernel entries use
+            // pid 1 likewise); user frames resolve in the process's version at sample time.
+            let res =
+                if kernel { r.resolve(1, 0, pc, true) } else { r.resolve(pid, asid, pc, false) };
+            let frame = match res {
+                Resolution::Image { image, offset } => {
+                    let key = (event, Arc::as_ptr(&image));
+                    let ix = match images.get(&key) {
+                        Some(&(i, _)) => i,
+                        None => {
+                            let i = p.image_index(&stack_image(&image));
+                            images.insert(key, (i, image));
+                            i
+                        }
+                    };
+                    (ix, offset)
+                }
+                Resolution::Unknown(reason) => (p.image_index(&unknown_image()), reason as u64),
+            };
+            frames.push(frame);
+        }
+        p.add(&frames, entry.truncated, n);
+    }
+}
+
+/// After a flush: let CPU slot `slot`'s stack table free what neither a recent sample nor a
+/// sample still `pending` names.
+pub(crate) fn prune<'a>(
+    tables: &StackTables,
+    slot: u32,
+    pending: impl Iterator<Item = &'a Sample>,
+) -> usize {
+    let live: HashSet<StackId> = pending.map(|s| s.stack).filter(|&s| s != 0).collect();
+    tables.cpu(slot).prune(|id| live.contains(&id))
+}

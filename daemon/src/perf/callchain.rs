@@ -1,0 +1,403 @@
+//! Call chains (`callchains = "fp"`): the per-CPU stack tables that intern each sampled chain
+//! once, so that a hot stack costs a hash lookup and one counter increment, never a copy.
+//!
+//! A drain thread turns a sample's PERF_SAMPLE_CALLCHAIN into a *stack*: the context markers
+//! (`PERF_CONTEXT_KERNEL`, `PERF_CONTEXT_USER`, ...) are dropped, guest and hypervisor frames
+//! too, and every frame but the first of each context becomes `return address − 1`, which lies
+//! inside the call instruction, so that the caller's frame symbolizes to the call site even
+//! when the call is the last instruction of its function. The first frame of a context is the
+//! interrupted pc itself (the sample's ip, or the user pc at kernel entry) and stays exact.
+//!
+//! A stack is **truncated** when it does not reach a root: the chain held `max_stack` frames
+//! (the kernel cut it), or its user part stopped after its first frame (frame-pointer
+//! unwinding found no caller: code built without frame pointers). Deeper breaks (an unwinder
+//! that stops in the middle of a stack) cannot be told apart from a root here; the report tool
+//! looks at the outermost frame's symbol for those.
+//!
+//! The table of a CPU is written only by its drain thread (once per pass, under its mutex) and
+//! read by the flusher, which resolves the stacks its batch counted and then [`prune`]s what no
+//! pending sample refers to. Ids are stable while an entry lives, and an entry used in the
+//! current or the previous flush interval is never freed, so a sample interned just before a
+//! prune (still in its drain thread's hands) keeps a valid id. The table holds at most
+//! `capacity` stacks; a new stack beyond that is not recorded (its sample is still counted in
+//! the flat profile) and counted in `overflow`.
+//!
+//! [`prune`]: StackTable::prune
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Mutex, MutexGuard};
+
+/// `PERF_CONTEXT_*` markers: every value at or above this (as u64) is one.
+const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
+const PERF_CONTEXT_KERNEL: u64 = -128i64 as u64;
+const PERF_CONTEXT_USER: u64 = -512i64 as u64;
+
+/// Default deepest chain asked of the kernel (`sample_max_stack`).
+pub const DEFAULT_MAX_STACK: u16 = 64;
+/// Stacks each CPU's table holds at most.
+pub const DEFAULT_STACKS_PER_CPU: usize = 8 * 1024;
+
+/// A stack id in a sample: 0 = no stack, else table slot + 1.
+pub type StackId = u32;
+
+/// One interned stack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackEntry {
+    /// Leaf first; kernel frames are kernel addresses, the others user addresses.
+    pub pcs: Box<[u64]>,
+    pub truncated: bool,
+    /// The prune generation in which it was last interned.
+    last_gen: u64,
+}
+
+/// Counters of one table, for status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StackCounters {
+    /// Samples that carried a chain and got a stack id.
+    pub interned: u64,
+    /// Samples whose stack was new while the table was full (not recorded as stacks).
+    pub overflow: u64,
+    /// Samples whose stack is truncated (depth limit hit or no caller found).
+    pub truncated: u64,
+    /// Chains with no frame at all (only markers, or malformed).
+    pub empty: u64,
+}
+
+/// FxHash-style hasher: the keys are pcs that the table itself compares in full.
+#[derive(Clone, Copy, Default)]
+struct PcHash(u64);
+
+impl Hasher for PcHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct BuildPcHash;
+
+impl BuildHasher for BuildPcHash {
+    type Hasher = PcHash;
+    fn build_hasher(&self) -> PcHash {
+        PcHash::default()
+    }
+}
+
+/// One CPU's stack table.
+#[derive(Debug)]
+pub struct StackTable {
+    index: HashMap<Box<[u64]>, u32, BuildPcHash>,
+    slots: Vec<Option<StackEntry>>,
+    free: Vec<u32>,
+    capacity: usize,
+    gen: u64,
+    max_stack: usize,
+    scratch: Vec<u64>,
+    pub counters: StackCounters,
+}
+
+impl std::fmt::Debug for BuildPcHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BuildPcHash")
+    }
+}
+
+/// Turn a raw chain (native-endian u64s as the kernel wrote them) into leaf-first pcs in
+/// `out`; returns whether it is truncated (module docs), or `None` if it has no frame.
+pub fn process_chain(chain: &[u8], max_stack: usize, out: &mut Vec<u64>) -> Option<bool> {
+    out.clear();
+    #[derive(PartialEq)]
+    enum Ctx {
+        Kernel,
+        User,
+        Other,
+    }
+    let mut ctx = Ctx::Other;
+    let mut first_in_ctx = true;
+    let mut frames = 0usize;
+    let mut user_frames = 0usize;
+    let mut saw_user = false;
+    for w in chain.chunks_exact(8) {
+        let v = u64::from_ne_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        if v >= PERF_CONTEXT_MAX {
+            ctx = match v {
+                PERF_CONTEXT_KERNEL => Ctx::Kernel,
+                PERF_CONTEXT_USER => {
+                    saw_user = true;
+                    Ctx::User
+                }
+                // Hypervisor (PERF_CONTEXT_HV) and guest frames are not this host's code.
+                _ => Ctx::Other,
+            };
+            first_in_ctx = true;
+            continue;
+        }
+        frames += 1;
+        if ctx == Ctx::Other {
+            continue;
+        }
+        if ctx == Ctx::User {
+            user_frames += 1;
+        }
+        // A return address points after the call: back into the call instruction.
+        let pc = if first_in_ctx { v } else { v.saturating_sub(1) };
+        first_in_ctx = false;
+        out.push(pc);
+    }
+    if out.is_empty() {
+        return None;
+    }
+    let truncated = frames >= max_stack || (saw_user && user_frames == 1);
+    Some(truncated)
+}
+
+impl StackTable {
+    pub fn new(capacity: usize, max_stack: u16) -> StackTable {
+        StackTable {
+            index: HashMap::with_hasher(BuildPcHash),
+            slots: Vec::new(),
+            free: Vec::new(),
+            capacity: capacity.max(1),
+            gen: 1,
+            max_stack: usize::from(max_stack.max(1)),
+            scratch: Vec::with_capacity(usize::from(max_stack) + 4),
+            counters: StackCounters::default(),
+        }
+    }
+
+    /// Intern a raw chain; returns its id (0: no frame, or a new stack while full).
+    pub fn intern(&mut self, chain: &[u8]) -> StackId {
+        let mut pcs = std::mem::take(&mut self.scratch);
+        let id = match process_chain(chain, self.max_stack, &mut pcs) {
+            None => {
+                self.counters.empty += 1;
+                0
+            }
+            Some(truncated) => self.intern_pcs(&pcs, truncated),
+        };
+        self.scratch = pcs;
+        id
+    }
+
+    /// Intern processed pcs (leaf first).
+    pub fn intern_pcs(&mut self, pcs: &[u64], truncated: bool) -> StackId {
+        let gen = self.gen;
+        if let Some(&slot) = self.index.get(pcs) {
+            let e = self.slots[slot as usize].as_mut().expect("indexed slot is live");
+            e.last_gen = gen;
+            self.counters.interned += 1;
+            self.counters.truncated += u64::from(e.truncated);
+            return slot + 1;
+        }
+        if self.index.len() >= self.capacity {
+            self.counters.overflow += 1;
+            return 0;
+        }
+        let entry = StackEntry { pcs: pcs.into(), truncated, last_gen: gen };
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(entry);
+                s
+            }
+            None => {
+                self.slots.push(Some(entry));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(pcs.into(), slot);
+        self.counters.interned += 1;
+        self.counters.truncated += u64::from(truncated);
+        slot + 1
+    }
+
+    /// The stack of an id.
+    pub fn get(&self, id: StackId) -> Option<&StackEntry> {
+        self.slots.get(id.checked_sub(1)? as usize)?.as_ref()
+    }
+
+    /// Stacks held.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Free every stack not interned in this or the previous generation and not `referenced`
+    /// (by a sample still pending), then start a new generation. Returns how many were freed.
+    pub fn prune(&mut self, referenced: impl Fn(StackId) -> bool) -> usize {
+        let gen = self.gen;
+        let mut freed = 0;
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            let Some(e) = s else { continue };
+            let id = i as u32 + 1;
+            if e.last_gen + 1 < gen && !referenced(id) {
+                self.index.remove(&e.pcs);
+                *s = None;
+                self.free.push(i as u32);
+                freed += 1;
+            }
+        }
+        self.gen += 1;
+        freed
+    }
+}
+
+/// The stack tables of every CPU (shared by the drain threads and the aggregator).
+#[derive(Debug)]
+pub struct StackTables {
+    cpus: Vec<Mutex<StackTable>>,
+    max_stack: u16,
+}
+
+impl StackTables {
+    /// `ncpus` tables; a CPU id beyond shares the table of `id % ncpus`.
+    pub fn new(ncpus: usize, capacity: usize, max_stack: u16) -> StackTables {
+        StackTables {
+            cpus: (0..ncpus.max(1))
+                .map(|_| Mutex::new(StackTable::new(capacity, max_stack)))
+                .collect(),
+            max_stack,
+        }
+    }
+
+    pub fn max_stack(&self) -> u16 {
+        self.max_stack
+    }
+
+    pub fn len(&self) -> usize {
+        self.cpus.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cpus.is_empty()
+    }
+
+    /// The table of `cpu`.
+    pub fn cpu(&self, cpu: u32) -> MutexGuard<'_, StackTable> {
+        let m = &self.cpus[cpu as usize % self.cpus.len()];
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counters summed over every CPU.
+    pub fn counters(&self) -> StackCounters {
+        let mut c = StackCounters::default();
+        for t in &self.cpus {
+            let t = t.lock().unwrap_or_else(|p| p.into_inner());
+            c.interned += t.counters.interned;
+            c.overflow += t.counters.overflow;
+            c.truncated += t.counters.truncated;
+            c.empty += t.counters.empty;
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(words: &[u64]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    const K: u64 = 0xffff_ffff_8100_0000;
+
+    #[test]
+    fn markers_dropped_and_return_addresses_minus_one() {
+        let mut out = Vec::new();
+        // A kernel-mode sample: kernel ip, two kernel returns, then the user pc at entry and
+        // two user return addresses.
+        let chain = raw(&[
+            PERF_CONTEXT_KERNEL,
+            K + 0x10,
+            K + 0x20,
+            K + 0x30,
+            PERF_CONTEXT_USER,
+            0x40_1000,
+            0x40_2005,
+            0x40_3009,
+        ]);
+        assert_eq!(process_chain(&chain, 64, &mut out), Some(false));
+        assert_eq!(out, [K + 0x10, K + 0x1f, K + 0x2f, 0x40_1000, 0x40_2004, 0x40_3008]);
+        // Guest and hypervisor frames are dropped; a chain of markers only has no stack.
+        let chain = raw(&[-32i64 as u64, 0x1234, PERF_CONTEXT_USER, 0x40_1000, 0x40_2005]);
+        assert_eq!(process_chain(&chain, 64, &mut out), Some(false));
+        assert_eq!(out, [0x40_1000, 0x40_2004]);
+        assert_eq!(process_chain(&raw(&[PERF_CONTEXT_USER]), 64, &mut out), None);
+        assert_eq!(process_chain(&[1, 2, 3], 64, &mut out), None, "partial word");
+    }
+
+    #[test]
+    fn truncation_is_counted() {
+        let mut out = Vec::new();
+        // The user unwinder found no caller: only the leaf.
+        let chain = raw(&[PERF_CONTEXT_USER, 0x40_1000]);
+        assert_eq!(process_chain(&chain, 64, &mut out), Some(true));
+        // The kernel cut the chain at max_stack frames.
+        let deep: Vec<u64> =
+            std::iter::once(PERF_CONTEXT_USER).chain((0..8).map(|i| 0x40_0000 + i * 16)).collect();
+        assert_eq!(process_chain(&raw(&deep), 8, &mut out), Some(true));
+        assert_eq!(process_chain(&raw(&deep), 9, &mut out), Some(false));
+        // A kernel thread's stack has no user part: complete.
+        let chain = raw(&[PERF_CONTEXT_KERNEL, K, K + 8]);
+        assert_eq!(process_chain(&chain, 64, &mut out), Some(false));
+        let mut t = StackTable::new(16, 64);
+        let a = t.intern(&raw(&[PERF_CONTEXT_USER, 0x40_1000]));
+        let b = t.intern(&raw(&[PERF_CONTEXT_USER, 0x40_1000, 0x40_2000]));
+        t.intern(&raw(&[PERF_CONTEXT_USER, 0x40_1000]));
+        assert!(a != 0 && b != 0 && a != b);
+        assert_eq!((t.counters.interned, t.counters.truncated), (3, 2));
+        assert!(t.get(a).unwrap().truncated && !t.get(b).unwrap().truncated);
+    }
+
+    #[test]
+    fn hot_stack_is_one_entry_and_full_table_overflows() {
+        let mut t = StackTable::new(2, 64);
+        let s1 = raw(&[PERF_CONTEXT_USER, 1, 2, 3]);
+        let s2 = raw(&[PERF_CONTEXT_USER, 1, 5, 3]);
+        let s3 = raw(&[PERF_CONTEXT_USER, 9, 9, 9]);
+        let id1 = t.intern(&s1);
+        for _ in 0..100 {
+            assert_eq!(t.intern(&s1), id1);
+        }
+        let id2 = t.intern(&s2);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.intern(&s3), 0, "full: not recorded");
+        assert_eq!(t.counters.overflow, 1);
+        assert_eq!(&*t.get(id2).unwrap().pcs, &[1, 4, 2]);
+    }
+
+    #[test]
+    fn prune_frees_only_cold_unreferenced_stacks_and_ids_stay_stable() {
+        let mut t = StackTable::new(2, 64);
+        let hot = t.intern(&raw(&[PERF_CONTEXT_USER, 1, 2]));
+        let pending = t.intern(&raw(&[PERF_CONTEXT_USER, 3, 4]));
+        // Used in this generation: nothing is freed.
+        assert_eq!(t.prune(|_| false), 0);
+        assert_eq!(t.intern(&raw(&[PERF_CONTEXT_USER, 1, 2])), hot);
+        assert_eq!(t.prune(|_| false), 0, "both were used within the last two generations");
+        // `pending` is cold but a pending sample refers to it; `hot` was used last generation.
+        assert_eq!(t.prune(|id| id == pending), 0);
+        assert_eq!(t.prune(|id| id == pending), 1, "hot is cold now: freed");
+        assert!(t.get(hot).is_none());
+        assert_eq!(t.get(pending).unwrap().pcs.len(), 2);
+        // The freed slot is reused; the table has room again.
+        let new = t.intern(&raw(&[PERF_CONTEXT_USER, 7, 8]));
+        assert_eq!(new, hot);
+        assert_eq!(t.counters.overflow, 0);
+    }
+}

@@ -1,0 +1,545 @@
+//! Call-stack profiles (FORMAT.md §13): the sampled call stacks of one event on one host in one
+//! epoch, each stack a sequence of interned frames (image, offset), leaf first, with its count.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::Path;
+
+use crate::codec::{self, put_bytes, Reader};
+use crate::error::{Error, Result};
+use crate::ident::MAX_BUILD_ID_LEN;
+use crate::profile::ImageKind;
+use crate::{varint, ImageId};
+
+/// Magic of a stack profile file.
+pub const STACKS_MAGIC: &[u8; 8] = b"DCPISTK\0";
+/// Version this build reads and writes; a reader refuses larger ones (`UnknownVersion`).
+pub const STACKS_VERSION: u16 = 1;
+/// File name suffix (`stacks.<event component>.stk`).
+pub const STACKS_SUFFIX: &str = ".stk";
+/// File name prefix.
+pub const STACKS_PREFIX: &str = "stacks.";
+/// Deepest stack a file may hold (the kernel's own limit, `perf_event_max_stack`, is 127 by
+/// default and at most 65535; deeper sampled stacks are cut by the writer and flagged truncated).
+pub const MAX_STACK_DEPTH: usize = 1024;
+/// Largest payload a reader decompresses.
+const MAX_PAYLOAD: u64 = 256 << 20;
+/// Flag bit of a stack: it does not reach a root (depth limit hit, or the unwinder stopped).
+const FLAG_TRUNCATED: u64 = 1;
+
+const ID_TAG_BUILD_ID: u8 = 0;
+const ID_TAG_FALLBACK: u8 = 1;
+
+/// The image of a frame, as profile headers describe it (§5).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackImage {
+    pub kind: ImageKind,
+    pub id: ImageId,
+    /// Path as seen (arbitrary bytes).
+    pub path: Vec<u8>,
+}
+
+/// A frame: index into [`StackProfile::images`] and the offset in that image (§5.1 rules; for
+/// `Unknown` images an [`crate::UnknownReason`] code).
+pub type Frame = (u32, u64);
+
+/// One stack of a profile, borrowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackRef<'a> {
+    /// Leaf (the sampled pc) first, root last.
+    pub frames: &'a [Frame],
+    /// The stack does not reach a root.
+    pub truncated: bool,
+    pub samples: u64,
+}
+
+/// The stack profile of one (host, epoch, event).
+#[derive(Clone, Debug, Default)]
+pub struct StackProfile {
+    pub host: String,
+    pub epoch: String,
+    pub event: String,
+    /// The highest spool sequence merged into the file (exactly-once publishing, as a
+    /// profile's `sequence`, FORMAT.md §5.3).
+    pub sequence: u64,
+    images: Vec<StackImage>,
+    image_ix: HashMap<StackImage, u32>,
+    stacks: HashMap<(Vec<Frame>, bool), u64>,
+}
+
+impl PartialEq for StackProfile {
+    fn eq(&self, other: &Self) -> bool {
+        // Same content whatever the order images were interned in.
+        self.host == other.host
+            && self.epoch == other.epoch
+            && self.event == other.event
+            && self.sequence == other.sequence
+            && self.encode_payload() == other.encode_payload()
+    }
+}
+
+impl Eq for StackProfile {}
+
+impl StackProfile {
+    pub fn new(host: &str, epoch: &str, event: &str) -> StackProfile {
+        StackProfile {
+            host: host.to_owned(),
+            epoch: epoch.to_owned(),
+            event: event.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+
+    /// Interned images; frames index into this.
+    pub fn images(&self) -> &[StackImage] {
+        &self.images
+    }
+
+    /// Index of `image`, interning it if new.
+    pub fn image_index(&mut self, image: &StackImage) -> u32 {
+        if let Some(&i) = self.image_ix.get(image) {
+            return i;
+        }
+        let i = self.images.len() as u32;
+        self.images.push(image.clone());
+        self.image_ix.insert(image.clone(), i);
+        i
+    }
+
+    /// Add `samples` to a stack (leaf first; frames index [`Self::images`]). An empty stack or
+    /// 0 samples adds nothing; a stack deeper than [`MAX_STACK_DEPTH`] is cut there and marked
+    /// truncated. Panics never: frames naming no image are the caller's bug and are dropped.
+    pub fn add(&mut self, frames: &[Frame], truncated: bool, samples: u64) {
+        if samples == 0 || frames.is_empty() {
+            return;
+        }
+        if frames.iter().any(|f| f.0 as usize >= self.images.len()) {
+            debug_assert!(false, "frame names an image that was not interned");
+            return;
+        }
+        let (frames, truncated) = if frames.len() > MAX_STACK_DEPTH {
+            (&frames[..MAX_STACK_DEPTH], true)
+        } else {
+            (frames, truncated)
+        };
+        let c = self.stacks.entry((frames.to_vec(), truncated)).or_insert(0);
+        *c = c.saturating_add(samples);
+    }
+
+    /// Every stack, in no particular order.
+    pub fn stacks(&self) -> impl Iterator<Item = StackRef<'_>> {
+        self.stacks.iter().map(|((f, t), &n)| StackRef { frames: f, truncated: *t, samples: n })
+    }
+
+    /// Total samples over every stack.
+    pub fn samples(&self) -> u64 {
+        self.stacks.values().fold(0u64, |a, &n| a.saturating_add(n))
+    }
+
+    /// Samples of stacks flagged truncated.
+    pub fn truncated_samples(&self) -> u64 {
+        self.stacks.iter().filter(|((_, t), _)| *t).fold(0u64, |a, (_, &n)| a.saturating_add(n))
+    }
+
+    /// Add every count of `other` (host and epoch of `self` are kept; the sequence becomes the
+    /// larger one). Commutative and
+    /// associative on the counts. Stacks of another event are refused (`MergeMismatch`).
+    pub fn merge(&mut self, other: &StackProfile) -> Result<()> {
+        if self.event != other.event {
+            return Err(Error::MergeMismatch(format!(
+                "stack profiles of events {:?} and {:?}",
+                self.event, other.event
+            )));
+        }
+        self.sequence = self.sequence.max(other.sequence);
+        let map: Vec<u32> = other.images.iter().map(|i| self.image_index(i)).collect();
+        let mut buf = Vec::new();
+        for ((frames, t), &n) in &other.stacks {
+            buf.clear();
+            buf.extend(frames.iter().map(|&(i, o)| (map[i as usize], o)));
+            self.add(&buf, *t, n);
+        }
+        Ok(())
+    }
+
+    /// The uncompressed payload in canonical order (§13).
+    fn encode_payload(&self) -> Vec<u8> {
+        // Used images, sorted; old index -> new.
+        let mut used = vec![false; self.images.len()];
+        for (f, _) in self.stacks.keys() {
+            f.iter().for_each(|&(i, _)| used[i as usize] = true);
+        }
+        let mut order: Vec<u32> =
+            (0..self.images.len() as u32).filter(|&i| used[i as usize]).collect();
+        order.sort_by(|&a, &b| self.images[a as usize].cmp(&self.images[b as usize]));
+        let mut remap = vec![0u64; self.images.len()];
+        for (new, &old) in order.iter().enumerate() {
+            remap[old as usize] = new as u64;
+        }
+        let mut frames: Vec<(u64, u64)> = self
+            .stacks
+            .keys()
+            .flat_map(|(f, _)| f.iter().map(|&(i, o)| (remap[i as usize], o)))
+            .collect();
+        frames.sort_unstable();
+        frames.dedup();
+        let frame_ix: HashMap<(u64, u64), u64> =
+            frames.iter().enumerate().map(|(i, &f)| (f, i as u64)).collect();
+        let mut stacks: Vec<(Vec<u64>, bool, u64)> = self
+            .stacks
+            .iter()
+            .map(|((f, t), &n)| {
+                (f.iter().map(|&(i, o)| frame_ix[&(remap[i as usize], o)]).collect(), *t, n)
+            })
+            .collect();
+        stacks.sort_unstable();
+
+        let mut out = Vec::new();
+        put_bytes(&mut out, self.host.as_bytes());
+        put_bytes(&mut out, self.epoch.as_bytes());
+        put_bytes(&mut out, self.event.as_bytes());
+        varint::write_u64(&mut out, self.sequence);
+        varint::write_u64(&mut out, order.len() as u64);
+        for &i in &order {
+            let img = &self.images[i as usize];
+            out.push(img.kind as u8);
+            match &img.id {
+                ImageId::BuildId(b) => {
+                    out.push(ID_TAG_BUILD_ID);
+                    put_bytes(&mut out, b);
+                }
+                ImageId::Fallback(f) => {
+                    out.push(ID_TAG_FALLBACK);
+                    put_bytes(&mut out, f);
+                }
+            }
+            put_bytes(&mut out, &img.path);
+        }
+        varint::write_u64(&mut out, frames.len() as u64);
+        let mut prev: Option<(u64, u64)> = None;
+        for &(img, off) in &frames {
+            match prev {
+                Some((pi, po)) if pi == img => {
+                    varint::write_u64(&mut out, 0);
+                    varint::write_u64(&mut out, off - po - 1);
+                }
+                Some((pi, _)) => {
+                    varint::write_u64(&mut out, img - pi);
+                    varint::write_u64(&mut out, off);
+                }
+                None => {
+                    varint::write_u64(&mut out, img);
+                    varint::write_u64(&mut out, off);
+                }
+            }
+            prev = Some((img, off));
+        }
+        varint::write_u64(&mut out, stacks.len() as u64);
+        for (f, t, n) in &stacks {
+            varint::write_u64(&mut out, if *t { FLAG_TRUNCATED } else { 0 });
+            varint::write_u64(&mut out, f.len() as u64);
+            f.iter().for_each(|&i| varint::write_u64(&mut out, i));
+            varint::write_u64(&mut out, *n);
+        }
+        out
+    }
+
+    /// The file's bytes (FORMAT.md §13).
+    pub fn encode(&self) -> Vec<u8> {
+        let payload = self.encode_payload();
+        // Stacks share long frame runs: zlib makes the file several times smaller, and the
+        // compressor is deterministic, so a profile still has exactly one encoding.
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        let packed = z.write_all(&payload).and_then(|()| z.finish()).unwrap_or_default();
+        let mut file = codec::begin(STACKS_MAGIC, STACKS_VERSION);
+        file.extend_from_slice(&packed);
+        codec::finish(file)
+    }
+
+    /// Parse and validate a file's bytes; `path` names it in errors. Accepts only the
+    /// canonical encoding.
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<StackProfile> {
+        let packed = codec::open(bytes, path, STACKS_MAGIC, "stack profile", STACKS_VERSION)?;
+        let mut payload = Vec::new();
+        flate2::read::ZlibDecoder::new(packed)
+            .take(MAX_PAYLOAD + 1)
+            .read_to_end(&mut payload)
+            .map_err(|e| codec::corrupt(path, "compressed payload", e.to_string()))?;
+        if payload.len() as u64 > MAX_PAYLOAD {
+            return Err(codec::corrupt(path, "compressed payload", "more than 256 MiB"));
+        }
+        let mut r = Reader::new(&payload, path);
+        let host = r.string("host")?;
+        let epoch = r.string("epoch")?;
+        let event = r.string("event")?;
+        let mut p = StackProfile::new(&host, &epoch, &event);
+        p.sequence = r.varint("sequence")?;
+        // kind, tag, id length + >= 1 byte, path length.
+        let nimages = r.count("images", 5)?;
+        for _ in 0..nimages {
+            let code = r.u8("image kind")?;
+            let kind = ImageKind::from_code(code)
+                .ok_or_else(|| r.corrupt("image kind", format!("unknown image kind {code}")))?;
+            let id = match r.u8("image id")? {
+                ID_TAG_BUILD_ID => {
+                    let b = r.bytes("image id")?;
+                    if b.is_empty() || b.len() > MAX_BUILD_ID_LEN {
+                        return Err(r.corrupt("image id", format!("build-id of {} bytes", b.len())));
+                    }
+                    ImageId::BuildId(b.to_vec())
+                }
+                ID_TAG_FALLBACK => {
+                    let b = r.bytes("image id")?;
+                    let f: [u8; 16] = b.try_into().map_err(|_| {
+                        r.corrupt("image id", format!("fallback id of {} bytes, not 16", b.len()))
+                    })?;
+                    ImageId::Fallback(f)
+                }
+                t => return Err(r.corrupt("image id", format!("unknown id tag {t}"))),
+            };
+            let img = StackImage { kind, id, path: r.bytes("image path")?.to_vec() };
+            if p.images.last().is_some_and(|l| *l >= img) {
+                return Err(r.corrupt("images", "not sorted or not distinct"));
+            }
+            p.image_index(&img);
+        }
+        let nframes = r.count("frames", 2)?;
+        let mut frames: Vec<Frame> = Vec::with_capacity(nframes);
+        for _ in 0..nframes {
+            let di = r.varint("frame image")?;
+            let o = r.varint("frame offset")?;
+            let (img, off) = match frames.last() {
+                None => (di, o),
+                Some(&(pi, po)) if di == 0 => {
+                    let off = po
+                        .checked_add(o)
+                        .and_then(|x| x.checked_add(1))
+                        .ok_or_else(|| r.corrupt("frame offset", "beyond 2^64-1"))?;
+                    (u64::from(pi), off)
+                }
+                Some(&(pi, _)) => (
+                    u64::from(pi)
+                        .checked_add(di)
+                        .ok_or_else(|| r.corrupt("frame image", "index overflow"))?,
+                    o,
+                ),
+            };
+            if img >= p.images.len() as u64 {
+                return Err(r.corrupt(
+                    "frame image",
+                    format!("index {img} beyond {} images", p.images.len()),
+                ));
+            }
+            frames.push((img as u32, off));
+        }
+        // flags, depth, >= 1 frame, samples.
+        let nstacks = r.count("stacks", 4)?;
+        let mut prev: Option<(Vec<u64>, bool)> = None;
+        let mut buf: Vec<Frame> = Vec::new();
+        for _ in 0..nstacks {
+            let flags = r.varint("stack flags")?;
+            if flags & !FLAG_TRUNCATED != 0 {
+                return Err(r.corrupt("stack flags", format!("unknown flags {flags:#x}")));
+            }
+            let depth = r.count("stack depth", 1)?;
+            if depth == 0 || depth > MAX_STACK_DEPTH {
+                return Err(
+                    r.corrupt("stack depth", format!("{depth} frames (1..={MAX_STACK_DEPTH})"))
+                );
+            }
+            let mut ix = Vec::with_capacity(depth);
+            buf.clear();
+            for _ in 0..depth {
+                let i = r.varint("stack frame")?;
+                let f = usize::try_from(i).ok().and_then(|i| frames.get(i)).ok_or_else(|| {
+                    r.corrupt("stack frame", format!("index {i} beyond {} frames", frames.len()))
+                })?;
+                buf.push(*f);
+                ix.push(i);
+            }
+            let n = r.varint("stack samples")?;
+            if n == 0 {
+                return Err(r.corrupt("stack samples", "zero count"));
+            }
+            let key = (ix, flags & FLAG_TRUNCATED != 0);
+            if prev.as_ref().is_some_and(|p| *p >= key) {
+                return Err(r.corrupt("stacks", "not sorted or not distinct"));
+            }
+            p.stacks.insert((buf.clone(), key.1), n);
+            prev = Some(key);
+        }
+        r.finish()?;
+        // Unused images or frames would make two encodings of one profile.
+        if p.encode_payload() != payload {
+            return Err(codec::corrupt(path, "frames", "entries no stack uses"));
+        }
+        Ok(p)
+    }
+
+    pub fn read(path: &Path) -> Result<StackProfile> {
+        let bytes =
+            crate::safeio::read_container(path, STACKS_MAGIC, "stack profile", STACKS_VERSION)?;
+        StackProfile::decode(&bytes, path)
+    }
+
+    /// Write atomically (FORMAT.md §2). Returns the bytes written.
+    pub fn write(&self, path: &Path) -> Result<u64> {
+        let bytes = self.encode();
+        crate::write_atomic(path, &bytes)?;
+        Ok(bytes.len() as u64)
+    }
+}
+
+/// The event component of a stack file name (`stacks.cpu-clock.stk` → `cpu-clock`), if `name`
+/// is one.
+pub fn stacks_file_event_component(name: &str) -> Option<&str> {
+    name.strip_prefix(STACKS_PREFIX)?.strip_suffix(STACKS_SUFFIX).filter(|c| !c.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn img(kind: ImageKind, name: &str) -> StackImage {
+        StackImage { kind, id: ImageId::special(name, b""), path: name.as_bytes().to_vec() }
+    }
+
+    pub(crate) fn sample() -> StackProfile {
+        let mut p = StackProfile::new("web-01", "20261125T000000Z", "cpu-clock");
+        let exe = p.image_index(&StackImage {
+            kind: ImageKind::Elf,
+            id: ImageId::from_build_id(&[0xab; 20]).unwrap(),
+            path: b"/usr/bin/app".to_vec(),
+        });
+        let k = p.image_index(&img(ImageKind::Kernel, "[kernel.kallsyms]"));
+        p.add(&[(exe, 0x1130), (exe, 0x1160), (exe, 0x1190), (exe, 0x10a0)], false, 600);
+        p.add(&[(exe, 0x1130), (exe, 0x1170), (exe, 0x1190), (exe, 0x10a0)], false, 400);
+        p.add(&[(k, 0xffff), (k, 0x10), (exe, 0x1130), (exe, 0x1160)], true, 7);
+        p.add(&[(exe, 0x1130)], true, 3);
+        p
+    }
+
+    #[test]
+    fn roundtrip_merge_and_canonical() {
+        let p = sample();
+        let b = p.encode();
+        let path = Path::new("stacks.cpu-clock.stk");
+        let back = StackProfile::decode(&b, path).expect("decode");
+        assert_eq!(back, p);
+        assert_eq!(back.samples(), 1010);
+        assert_eq!(back.truncated_samples(), 10);
+        assert_eq!(back.encode(), b, "re-encoding changes the bytes");
+        let mut m = p.clone();
+        m.merge(&back).unwrap();
+        assert_eq!(m.samples(), 2020);
+        assert_eq!(m.stacks().count(), p.stacks().count());
+        for n in 0..b.len() {
+            assert!(StackProfile::decode(&b[..n], path).is_err(), "truncated at {n} accepted");
+        }
+        for i in 0..b.len() {
+            let mut c = b.clone();
+            c[i] ^= 0x5a;
+            assert!(StackProfile::decode(&c, path).is_err(), "flip at {i} accepted");
+        }
+    }
+
+    #[test]
+    fn interning_order_does_not_change_the_bytes() {
+        let p = sample();
+        // Same stacks, images interned in the other order, stacks added in reverse.
+        let mut q = StackProfile::new(&p.host, &p.epoch, &p.event);
+        let k = q.image_index(&img(ImageKind::Kernel, "[kernel.kallsyms]"));
+        let exe = q.image_index(&p.images()[0]);
+        q.add(&[(exe, 0x1130)], true, 3);
+        q.add(&[(k, 0xffff), (k, 0x10), (exe, 0x1130), (exe, 0x1160)], true, 7);
+        q.add(&[(exe, 0x1130), (exe, 0x1170), (exe, 0x1190), (exe, 0x10a0)], false, 400);
+        q.add(&[(exe, 0x1130), (exe, 0x1160), (exe, 0x1190), (exe, 0x10a0)], false, 600);
+        assert_eq!(q.encode(), p.encode());
+        // An image no stack uses is not written.
+        q.image_index(&img(ImageKind::Vdso, "[vdso]"));
+        assert_eq!(q.encode(), p.encode());
+    }
+
+    #[test]
+    fn merge_refuses_other_events_and_deep_stacks_are_cut() {
+        let mut p = sample();
+        let other = StackProfile::new("web-01", "20261125T000000Z", "page-faults");
+        assert!(matches!(p.merge(&other), Err(Error::MergeMismatch(_))));
+        let mut d = StackProfile::new("h", "20261125T000000Z", "cpu-clock");
+        let i = d.image_index(&img(ImageKind::Elf, "/x"));
+        let deep: Vec<Frame> = (0..MAX_STACK_DEPTH as u64 + 5).map(|o| (i, o)).collect();
+        d.add(&deep, false, 1);
+        let s = d.stacks().next().unwrap();
+        assert_eq!((s.frames.len(), s.truncated), (MAX_STACK_DEPTH, true));
+        let b = d.encode();
+        assert_eq!(StackProfile::decode(&b, Path::new("x")).unwrap(), d);
+    }
+
+    #[test]
+    fn newer_version_is_refused_cleanly() {
+        let mut b = sample().encode();
+        b[8..10].copy_from_slice(&(STACKS_VERSION + 1).to_le_bytes());
+        match StackProfile::decode(&b, Path::new("x/stacks.cpu-clock.stk")) {
+            Err(Error::UnknownVersion { version, supported, .. }) => {
+                assert_eq!((version, supported), (STACKS_VERSION + 1, STACKS_VERSION))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn atomic_write_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stacks.cpu-clock.stk");
+        let p = sample();
+        let n = p.write(&path).unwrap();
+        assert_eq!(n, std::fs::metadata(&path).unwrap().len());
+        assert_eq!(StackProfile::read(&path).unwrap(), p);
+        // A payload written by hand from FORMAT.md §13: one image, one frame, one stack.
+        let build = |extra_image: bool| {
+            let mut pl = Vec::new();
+            for f in ["h", "20261125T000000Z", "cpu-clock"] {
+                put_bytes(&mut pl, f.as_bytes());
+            }
+            varint::write_u64(&mut pl, 0);
+            varint::write_u64(&mut pl, 1 + u64::from(extra_image));
+            for (kind, name) in [(ImageKind::Elf, "/x"), (ImageKind::Vdso, "[vdso]")]
+                .iter()
+                .take(1 + usize::from(extra_image))
+            {
+                pl.push(*kind as u8);
+                pl.push(ID_TAG_FALLBACK);
+                put_bytes(&mut pl, &[*kind as u8; 16]);
+                put_bytes(&mut pl, name.as_bytes());
+            }
+            for v in [1u64, 0, 0x40, 1, 0, 1, 0, 9] {
+                // frames: 1, (image 0, offset 0x40); stacks: 1, (flags 0, depth 1, frame 0, 9)
+                varint::write_u64(&mut pl, v);
+            }
+            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+            z.write_all(&pl).unwrap();
+            let mut file = codec::begin(STACKS_MAGIC, STACKS_VERSION);
+            file.extend_from_slice(&z.finish().unwrap());
+            codec::finish(file)
+        };
+        let ok = StackProfile::decode(&build(false), &path).expect("hand-written file");
+        assert_eq!(ok.samples(), 9);
+        assert_eq!(ok.stacks().next().unwrap().frames, &[(0, 0x40)]);
+        // The same with an image no stack uses: valid checksum, not canonical, refused.
+        match StackProfile::decode(&build(true), &path) {
+            Err(Error::Corrupt { field: "frames", .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn file_names() {
+        assert_eq!(stacks_file_event_component("stacks.cpu-clock.stk"), Some("cpu-clock"));
+        assert_eq!(stacks_file_event_component("stacks..stk"), None);
+        assert_eq!(stacks_file_event_component("b12.cpu-clock.prof"), None);
+    }
+}

@@ -1,0 +1,99 @@
+//! End-to-end test of call stacks (`dcpid --callchains fp`): a program whose hot function is
+//! reached through two callers in a known proportion, sampled by dcpid and reported by
+//! `dcpiprof --callers` and `--format folded`.
+
+use std::process::Command;
+
+use dcpi_e2e::{require_perf, Sandbox};
+
+/// hot() does all the work; via_a gives it 3 units per round and via_b 2: a 60/40 split.
+const CALLERS_C: &str = include_str!("callers.c");
+
+fn json(out: std::process::Output) -> serde_json::Value {
+    assert!(out.status.success(), "dcpiprof: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON report")
+}
+
+#[test]
+fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let dir = sb.dir.path();
+    let src = dir.join("callers.c");
+    std::fs::write(&src, CALLERS_C).expect("write source");
+    let bin = dir.join("callers");
+    let st = Command::new("cc")
+        .args([
+            "-O1",
+            "-fno-omit-frame-pointer",
+            "-fno-inline",
+            "-fno-optimize-sibling-calls",
+            "-Wl,--build-id=sha1",
+            "-o",
+        ])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed");
+    let host = "e2e-stacks";
+    let mut d = sb.start_daemon(
+        host,
+        &["--events", "cpu-clock:250000", "--flush-interval", "1s", "--callchains", "fp"],
+    );
+    let st = Command::new(&bin).arg("3").status().expect("run workload");
+    assert!(st.success() || st.code() == Some(1), "workload failed: {st}");
+    let fl = d.ctl(&["flush"]);
+    assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
+    let (status, err) = d.terminate();
+    assert!(status.success(), "dcpid exit {status}: {err}");
+
+    let cache = dir.join("symbols.sqlite").display().to_string();
+    let common = ["--host", host, "--symbol-cache", cache.as_str()];
+    let with = |more: &[&str]| -> Vec<String> {
+        common.iter().chain(more).map(|s| s.to_string()).collect()
+    };
+    let prof = |args: Vec<String>| {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        sb.prof(&a)
+    };
+
+    let r = json(prof(with(&["--callers", "hot", "--format", "json"])));
+    let rows = r["rows"].as_array().expect("rows");
+    let samples = |name: &str| {
+        rows.iter()
+            .find(|row| row["symbol"] == name)
+            .and_then(|row| row["samples"].as_u64())
+            .unwrap_or_else(|| panic!("no caller {name}: {r:#}"))
+    };
+    let (a, b) = (samples("via_a"), samples("via_b"));
+    let share = 100.0 * a as f64 / (a + b) as f64;
+    eprintln!("callers of hot: via_a {a}, via_b {b} ({share:.1}% via_a); report {r}");
+    assert!(a + b >= 500, "too few samples to judge: {a} + {b}");
+    assert!((share - 60.0).abs() <= 5.0, "via_a has {share:.1}% of hot's samples, not ~60%");
+    // The two callers are (nearly) all of hot's samples: stacks reach past the leaf.
+    let through = r["samples"].as_u64().expect("samples");
+    assert!((a + b) as f64 >= 0.9 * through as f64, "{a} + {b} of {through}");
+    assert!(r["truncated_percent"].as_f64().is_some_and(|t| (0.0..=100.0).contains(&t)));
+
+    // Callees of via_a: hot, at depth 1.
+    let c = json(prof(with(&["--callees", "via_a", "--format", "json"])));
+    assert_eq!(c["rows"][0]["symbol"], "hot", "{c:#}");
+
+    let o = prof(with(&["--format", "folded"]));
+    assert!(o.status.success(), "folded: {}", String::from_utf8_lossy(&o.stderr));
+    let folded = String::from_utf8_lossy(&o.stdout);
+    let line = |tail: &str| {
+        folded
+            .lines()
+            .find(|l| l.rsplit_once(' ').is_some_and(|(s, _)| s.ends_with(tail)))
+            .map(str::to_owned)
+    };
+    let la =
+        line(";main;via_a;hot").unwrap_or_else(|| panic!("no ...;main;via_a;hot in:\n{folded}"));
+    assert!(line(";main;via_b;hot").is_some(), "no ...;main;via_b;hot in:\n{folded}");
+    let n: u64 = la.rsplit_once(' ').and_then(|(_, n)| n.parse().ok()).expect("count");
+    assert!(n > 0 && n <= a, "{la}: folded count vs callers report {a}");
+}
