@@ -43,31 +43,43 @@ def drop_caches():
         f.write("3\n")
 
 
+COLD_REPS = 3
+LAST_COLD_READ = {}
+
+
 def timed(cmd, cold, reps):
-    """(cold seconds or None, warm median seconds, stdout, stderr of the last run, CPU seconds
-    (user + sys) of the cold run and the warm median)."""
-    cpu = []
+    """(cold median seconds or None, warm median seconds, stdout, stderr of the last run, CPU
+    seconds (user + sys) of the cold and the warm medians). Cold: COLD_REPS runs, each after
+    dropping the page cache; the median bytes they read from the disk (getrusage inblock, 512
+    bytes each) is left in LAST_COLD_READ."""
     def once():
         t = time.monotonic()
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         r = run(cmd, timeout=3600)
         dt = time.monotonic() - t
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+        cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr[-800:]}")
-        return dt, r
-    c = None
+        return dt, cpu, (r1.ru_inblock - r0.ru_inblock) * 512, r
+    c = c_cpu = None
+    LAST_COLD_READ.clear()
     if cold:
-        drop_caches()
-        c, _ = once()
-    ws = []
+        cs = []
+        for _ in range(COLD_REPS):
+            drop_caches()
+            dt, cpu, inb, _ = once()
+            cs.append((dt, cpu, inb))
+        c, c_cpu = med([x[0] for x in cs]), med([x[1] for x in cs])
+        LAST_COLD_READ["disk_bytes"] = med([x[2] for x in cs])
+        LAST_COLD_READ["cold_runs_s"] = [x[0] for x in cs]
+    ws, wcpu = [], []
     r = None
     for _ in range(reps):
-        dt, r = once()
+        dt, cpu, _, r = once()
         ws.append(dt)
-    cold_cpu = cpu[0] if cold else None
-    return c, med(ws), r.stdout, r.stderr, (cold_cpu, med(cpu[1:] if cold else cpu))
+        wcpu.append(cpu)
+    return c, med(ws), r.stdout, r.stderr, (c_cpu, med(wcpu))
 
 
 def stat_line(err):
@@ -93,7 +105,10 @@ class Fleet:
         os.makedirs(self.cache, exist_ok=True)
         self.res = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                     "loadavg_at_start": os.getloadavg(),
-                    "cpus": os.cpu_count(), "uname": os.uname().release}
+                    "cpus": os.cpu_count(), "uname": os.uname().release,
+                    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                             capture_output=True, text=True).stdout.strip(),
+                    "command": " ".join(sys.argv)}
         self.prof = os.path.join(ROOT, "target", "release", "dcpiprof")
         self.exporter = os.path.join(ROOT, "target", "release", "dcpiexport")
         self.fleetgen = os.path.join(BENCH, "fleetgen", "target", "release", "dcpi-fleetgen")
@@ -172,7 +187,7 @@ class Fleet:
         reps = self.a.reps
         h, e = (20, 6) if self.a.quick else (100, 24)
         db, meta = self.gen("fleet", h, e, 200, 4000)
-        old = self.without_index(db)
+        old = None if self.a.skip_profiles else self.without_index(db)
         with open(self.images()) as f:
             image = f.readline().rstrip("\n").split("\t")[3]
         base = ["--host", "all", "--epoch", "all", "--format", "json", "--verbose"]
@@ -193,6 +208,8 @@ class Fleet:
                                       1 if k == "images_profiles" else reps)
             out[k] = {"cold_s": c, "warm_s": w, "cold_cpu_s": cpu[0], "warm_cpu_s": cpu[1],
                       "stats": stat_line(se), "stdout_bytes": len(so),
+                      "cold_disk_bytes": LAST_COLD_READ.get("disk_bytes"),
+                      "cold_runs_s": LAST_COLD_READ.get("cold_runs_s"),
                       "loadavg_after": os.getloadavg()}
             outs[k] = so
         def same(x, y):
@@ -214,11 +231,19 @@ class Fleet:
             log(f"curve: {h} x {e}")
             c, w, _, se, cpu = timed([self.prof, "--db", db, "--host", "all", "--epoch", "all",
                                       "--format", "json", "--verbose"], True, self.a.reps)
+            st = stat_line(se)
             pts.append({"hosts": h, "epochs": e, "host_epochs": h * e,
                         "entries": h * e * 200, "summary_bytes": meta["summary_bytes"],
                         "summary_idx_bytes": meta["summary_idx_bytes"],
+                        # Files the report opened: indexes, profiles (the counters), summaries
+                        # of host-epochs without an index (none here).
+                        "files_read": int(st.get("summary_indexes_used", 0))
+                        + int(st.get("profiles_read", 0)),
+                        "cold_disk_bytes": LAST_COLD_READ.get("disk_bytes"),
+                        "cold_runs_s": LAST_COLD_READ.get("cold_runs_s"),
+                        "loadavg_after": os.getloadavg(),
                         "cold_s": c, "warm_s": w, "cold_cpu_s": cpu[0], "warm_cpu_s": cpu[1],
-                        "stats": stat_line(se),
+                        "stats": st,
                         "cold_us_per_host_epoch": c / (h * e) * 1e6,
                         "warm_us_per_host_epoch": w / (h * e) * 1e6})
             shutil.rmtree(db, ignore_errors=True)
@@ -266,6 +291,7 @@ class Fleet:
             except Exception as e:  # noqa: BLE001
                 log(f"{step}: {e}")
                 self.res.setdefault("errors", []).append(f"{step}: {e}")
+        self.res["loadavg_at_end"] = os.getloadavg()
         ts = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
         p = os.path.join(BENCH, "results", f"fleet-{ts}.json")
@@ -279,16 +305,20 @@ class Fleet:
         return 1 if self.res.get("errors") else 0
 
     def markdown(self):
-        L = []
+        L = [f"`{self.res.get('command')}` at commit {self.res.get('commit')}, started "
+             f"{self.res['started']}; load average {self.res['loadavg_at_start']} at the start, "
+             f"{self.res.get('loadavg_at_end')} at the end; cold = median of {COLD_REPS} runs "
+             f"after dropping the page cache, warm = median of {self.a.reps}\n"]
         r = self.res.get("reports")
         f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        mb = lambda x: "-" if x is None else f"{x / 1e6:.1f}"  # noqa: E731
         if r:
             L.append(f"Fleet {r['hosts']} hosts x {r['epochs']} epochs x 200 images "
                      f"({r['db']['profiles']} profiles, {r['db']['profile_bytes']} bytes; "
                      f"summaries {r['db']['summary_bytes']} bytes)\n")
             L.append("| report | cold s | warm s | cold CPU s | warm CPU s | profiles read | "
-                     "summary indexes used |")
-            L.append("|---|---|---|---|---|---|---|")
+                     "summary indexes used | cold disk MB read |")
+            L.append("|---|---|---|---|---|---|---|---|")
             for k in ("images_index", "images_old", "images_profiles", "symbols",
                       "symbols_old"):
                 if k not in r:
@@ -297,18 +327,21 @@ class Fleet:
                 L.append(f"| {k} | {f(x['cold_s'])} | {f(x['warm_s'])} | "
                          f"{f(x['cold_cpu_s'])} | {f(x['warm_cpu_s'])} | "
                          f"{x['stats'].get('profiles_read')} | "
-                         f"{x['stats'].get('summary_indexes_used')} |")
+                         f"{x['stats'].get('summary_indexes_used')} | "
+                         f"{mb(x.get('cold_disk_bytes'))} |")
             L.append(f"\nper-image reports identical: summary.idx vs profiles {r['identical']}, "
                      f"vs previous build {r['identical_old']}; per-symbol vs previous build "
                      f"{r['identical_symbols_old']}; load average at start "
                      f"{self.res['loadavg_at_start']}\n")
         if self.res.get("curve"):
-            L.append("| hosts x epochs | index entries | summary.idx bytes | cold s | warm s | "
+            L.append("| hosts x epochs | index entries | files read | summary.idx bytes | "
+                     "cold disk MB read | cold s | warm s | "
                      "cold CPU s | warm CPU s | cold us/host-epoch | warm us/host-epoch |")
-            L.append("|---|---|---|---|---|---|---|---|---|")
+            L.append("|---|---|---|---|---|---|---|---|---|---|---|")
             for p in self.res["curve"]:
                 L.append(f"| {p['hosts']} x {p['epochs']} | {p['entries']} | "
-                         f"{p['summary_idx_bytes']} | {f(p['cold_s'])} | {f(p['warm_s'])} | "
+                         f"{p['files_read']} | {p['summary_idx_bytes']} | "
+                         f"{mb(p.get('cold_disk_bytes'))} | {f(p['cold_s'])} | {f(p['warm_s'])} | "
                          f"{f(p['cold_cpu_s'])} | {f(p['warm_cpu_s'])} | "
                          f"{p['cold_us_per_host_epoch']:.0f} | {p['warm_us_per_host_epoch']:.0f} |")
         x = self.res.get("export")
@@ -327,6 +360,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="20 x 6 fleet, for a smoke test")
     ap.add_argument("--reps", type=int, default=3, help="warm runs per measurement")
+    ap.add_argument("--cold-reps", type=int, default=3,
+                    help="cold runs (page cache dropped before each) per measurement")
     ap.add_argument("--only", default="reports,curve,export", help="steps to run")
     ap.add_argument("--curve", default="100x24,250x24,500x30,1000x30",
                     help="HOSTSxEPOCHS points of the per-image curve ('' to skip)")
@@ -341,6 +376,8 @@ def main():
     if os.geteuid() != 0:
         print("fleet.py: dropping the page cache needs root", file=sys.stderr)
         return 2
+    global COLD_REPS
+    COLD_REPS = max(1, a.cold_reps)
     return Fleet(a).main()
 
 

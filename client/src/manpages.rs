@@ -20,6 +20,11 @@ const REPORT_ENV: &[(&str, &str)] = &[
     ("DCPI_SYMBOL_CACHE", "The symbol cache file when --symbol-cache is not given."),
     ("XDG_CACHE_HOME", "The symbol cache is $XDG_CACHE_HOME/dcpi/symbols.sqlite when set."),
     ("DCPI_LOG", "Log filter for diagnostics on stderr (default warn), e.g. DCPI_LOG=debug."),
+    (
+        "DCPI_IO_THREADS",
+        "How many database files a report reads at once (default 32; 1 reads one at a time). \
+         More hides more latency of a network file system.",
+    ),
     ("NO_COLOR", "When set and not empty, no colour even on a terminal."),
 ];
 

@@ -158,9 +158,23 @@ pub struct ProfileEntry {
 
 /// Names of the entries of `dir`, skipping temporary and moved-aside files.
 fn list_names(dir: &Path) -> Result<Vec<String>> {
+    list_names_where(dir, |_| true)
+}
+
+/// Names of the subdirectories of `dir` (not through symlinks), as [`list_names`]. The type
+/// comes with the listing (`d_type`), so that listing a fleet's epoch does not stat each host
+/// directory: on a cold cache that is one inode read per host, one after the other.
+fn list_dir_names(dir: &Path) -> Result<Vec<String>> {
+    list_names_where(dir, |e| e.file_type().is_ok_and(|t| t.is_dir()))
+}
+
+fn list_names_where(dir: &Path, keep: impl Fn(&fs::DirEntry) -> bool) -> Result<Vec<String>> {
     let mut names = Vec::new();
     for entry in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
         let entry = entry.map_err(|e| Error::io(dir, e))?;
+        if !keep(&entry) {
+            continue;
+        }
         // Names that are not UTF-8 were not written by dcpi.
         let Ok(name) = entry.file_name().into_string() else { continue };
         if name.starts_with(TMP_PREFIX) || name.ends_with(CORRUPT_SUFFIX) {
@@ -187,10 +201,6 @@ pub(crate) fn parse_profile_name(name: &str) -> Option<(Option<ImageId>, &str)> 
     }
     let image_id = if image == UNKNOWN_STEM { None } else { Some(ImageId::parse(image).ok()?) };
     Some((image_id, event))
-}
-
-fn is_dir(p: &Path) -> bool {
-    fs::symlink_metadata(p).map(|m| m.is_dir()).unwrap_or(false)
 }
 
 impl Database {
@@ -224,15 +234,11 @@ impl Database {
     /// All epochs, sorted oldest first.
     pub fn epochs(&self) -> Result<Vec<EpochId>> {
         let dir = self.epochs_dir();
-        let names = match list_names(&dir) {
+        let names = match list_dir_names(&dir) {
             Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => Vec::new(),
             r => r?,
         };
-        Ok(names
-            .iter()
-            .filter_map(|n| EpochId::parse(n).ok())
-            .filter(|id| is_dir(&dir.join(id.as_str())))
-            .collect())
+        Ok(names.iter().filter_map(|n| EpochId::parse(n).ok()).collect())
     }
 
     /// The current epoch: the newest epoch directory that has its `EPOCH` marker. `None` if
@@ -322,10 +328,7 @@ impl Database {
     /// Host names that have a directory in `epoch`, sorted.
     pub fn hosts(&self, epoch: &EpochId) -> Result<Vec<String>> {
         let dir = self.epoch_dir(epoch);
-        Ok(list_names(&dir)?
-            .into_iter()
-            .filter(|n| validate_host_name(n).is_ok() && is_dir(&dir.join(n)))
-            .collect())
+        Ok(list_dir_names(&dir)?.into_iter().filter(|n| validate_host_name(n).is_ok()).collect())
     }
 
     /// The directory of `host` in `epoch` (validated host name; not created).

@@ -586,7 +586,10 @@ pub struct Hit<'a> {
     pub offset: u64,
     pub count: u64,
     /// Row name and, with `--lines`, `file:line`.
-    pub key: RowKey,
+    pub key: &'a RowKey,
+    /// The same number for the same `key` within one [`symbolize_image`] call, counted from 0
+    /// in order of first appearance: lets a caller sum into a vector instead of a map by name.
+    pub key_id: u32,
     /// The symbol table's name before demangling, when an ELF symbol covers the offset.
     pub system_name: Option<&'a str>,
 }
@@ -612,6 +615,16 @@ pub fn symbolize_image(
     };
     // ELF images: one symbolizer per identity (there is only one unless the spec merges).
     let mut elf_cache: HashMap<ImageId, ElfState> = HashMap::new();
+    // What each offset of an identity symbolized to (key number, symbol table name): a fleet's
+    // profiles of one image repeat the same offsets thousands of times, and looking up and
+    // demangling each once is most of a per-symbol report's work.
+    // Keyed by the label too: an unsymbolized offset's name carries the path the profile recorded.
+    let mut elf_memo: HashMap<(ImageId, String), OffsetMap<(u32, Option<u32>)>> = HashMap::new();
+    let mut keys = KeyInterner::default();
+    // Per ELF symbol (by its name's address in its table, alive as long as `elf_cache`): its
+    // row key and its table name in `raws`.
+    let mut sym_memo: OffsetMap<(u32, Option<u32>)> = OffsetMap::default();
+    let mut raws: Vec<String> = Vec::new();
     let mut snap_cache: HashMap<usize, Option<KallsymsSnapshot>> = HashMap::new();
     for &i in idx {
         let p = &loaded.profiles[i];
@@ -620,8 +633,14 @@ pub fn symbolize_image(
         }
         let h = &p.profile.header;
         let label = image_label(&p.profile.header);
+        let mut add_id =
+            |keys: &KeyInterner, key_id: u32, off: u64, c: u64, system_name: Option<&str>| {
+                let key = &keys.list[key_id as usize];
+                visit(Hit { profile: i, offset: off, count: c, key, key_id, system_name })
+            };
         let mut add = |key: RowKey, off: u64, c: u64, system_name: Option<&str>| {
-            visit(Hit { profile: i, offset: off, count: c, key, system_name })
+            let id = keys.intern(key);
+            add_id(&keys, id, off, c, system_name)
         };
         match h.kind {
             ImageKind::Elf => {
@@ -641,16 +660,39 @@ pub fn symbolize_image(
                     let r = ElfRequest { id: &h.image_id, recorded: &recorded, mode };
                     load_elf(locator, cache, &r, &mut info, warn)
                 });
+                let memo = elf_memo.entry((h.image_id.clone(), label.clone())).or_default();
                 for (&off, &c) in &p.profile.counts {
-                    let (key, raw) = match sym {
-                        ElfState::Ready(s, _) => (
-                            elf_key(s, off, mode, &label),
-                            s.offset_to_vaddr(off).and_then(|v| s.symbol(v)),
-                        ),
-                        ElfState::Mismatch => (("[build-id mismatch]".to_owned(), None), None),
-                        ElfState::Missing => ((unsymbolized(&label, off), None), None),
-                    };
-                    add(key, off, c, raw.map(|x| x.name.as_str()));
+                    let (key_id, raw) = *memo.entry(off).or_insert_with(|| match sym {
+                        ElfState::Ready(s, _) => {
+                            let found = s.offset_to_vaddr(off).and_then(|v| s.symbol(v));
+                            match found {
+                                // Without lines or inlines the row is the symbol's: name it
+                                // (demangle) once per symbol, not once per offset.
+                                Some(x) if !mode.lines && !mode.inlines => {
+                                    let at = x.name.as_ptr() as u64;
+                                    *sym_memo.entry(at).or_insert_with(|| {
+                                        let key = (display_name(&x.name, mode.raw_names), None);
+                                        raws.push(x.name.clone());
+                                        (keys.intern(key), Some(raws.len() as u32 - 1))
+                                    })
+                                }
+                                _ => {
+                                    let key = keys.intern(elf_key(s, off, mode, &label));
+                                    let raw = found.map(|x| {
+                                        raws.push(x.name.clone());
+                                        raws.len() as u32 - 1
+                                    });
+                                    (key, raw)
+                                }
+                            }
+                        }
+                        ElfState::Mismatch => {
+                            (keys.intern(("[build-id mismatch]".to_owned(), None)), None)
+                        }
+                        ElfState::Missing => (keys.intern((unsymbolized(&label, off), None)), None),
+                    });
+                    let raw = raw.map(|r| raws[r as usize].as_str());
+                    add_id(&keys, key_id, off, c, raw);
                 }
             }
             ImageKind::Kernel | ImageKind::KernelModule => {
@@ -769,6 +811,47 @@ pub fn symbolize_image(
     info
 }
 
+/// Row keys numbered in order of first appearance ([`Hit::key_id`]).
+#[derive(Default)]
+struct KeyInterner {
+    ids: HashMap<RowKey, u32>,
+    list: Vec<RowKey>,
+}
+
+impl KeyInterner {
+    fn intern(&mut self, key: RowKey) -> u32 {
+        if let Some(&id) = self.ids.get(&key) {
+            return id;
+        }
+        let id = self.list.len() as u32;
+        self.list.push(key.clone());
+        self.ids.insert(key, id);
+        id
+    }
+}
+
+/// A map keyed by offsets, hashed by one multiplication (the default SipHash costs more than
+/// the rest of a memo lookup; offsets are not attacker-chosen keys of a long-lived map).
+type OffsetMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<OffsetHasher>>;
+
+#[derive(Default)]
+struct OffsetHasher(u64);
+
+impl std::hash::Hasher for OffsetHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn finish(&self) -> u64 {
+        // hashbrown takes the bucket from the low bits and a tag from the top 7: both must mix.
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
 pub fn symbol_report(
     cx: SymbolContext<'_>,
     idx: &[usize],
@@ -777,12 +860,19 @@ pub fn symbol_report(
 ) -> SymbolReport {
     let (loaded, w) = (cx.loaded, cx.weights);
     let n = w.events.len();
-    let mut rows: BTreeMap<RowKey, Acc> = BTreeMap::new();
+    // Summed per key number, in the order the hits come: every row's floating-point sum is
+    // added in the same order as by name, so the report is the same.
+    let mut accs: Vec<Option<(RowKey, Acc)>> = Vec::new();
     let info = symbolize_image(cx, idx, &mut |hit| {
         if let Some((ei, wt)) = w.per_profile[hit.profile] {
-            rows.entry(hit.key).or_insert_with(|| Acc::new(n)).add(ei, hit.count, wt);
+            let k = hit.key_id as usize;
+            if accs.len() <= k {
+                accs.resize_with(k + 1, || None);
+            }
+            accs[k].get_or_insert_with(|| (hit.key.clone(), Acc::new(n))).1.add(ei, hit.count, wt);
         }
     });
+    let rows: BTreeMap<RowKey, Acc> = accs.into_iter().flatten().collect();
     let mut out: Vec<SymbolRow> = finish(rows, &w.events, |k: &RowKey| k.0.clone())
         .into_iter()
         .map(|(k, counts, cum)| SymbolRow {

@@ -183,8 +183,9 @@ pub fn select_host_dirs(
         )));
     }
     let mut dirs = Vec::new();
-    for e in &chosen {
-        for h in db.hosts(e)? {
+    // Epoch directories are independent: list them in parallel (cold cache, NFS).
+    for (e, hosts) in chosen.iter().zip(par_map(&chosen, |_, e| db.hosts(e))) {
+        for h in hosts? {
             if let HostSel::Named(want) = host {
                 if &h != want {
                     continue;
@@ -276,9 +277,33 @@ impl Loaded {
     }
 }
 
-fn read_profile(path: &Path) -> Result<Profile, profile_format::Error> {
+/// Read one profile of host directory `dir`: every report reads a profile's counts through
+/// here, so that how a host directory stores a profile is decided in one place.
+pub fn read_profile(dir: &HostDir, e: &ProfileEntry) -> Result<Profile, profile_format::Error> {
+    let _ = dir;
     stats::count(&stats::PROFILES_READ);
-    Profile::read(path)
+    Profile::read(&e.path)
+}
+
+/// The entry of the profile an index entry (header) stands for, without listing `d`.
+fn indexed_entry(d: &HostDir, h: &ProfileHeader) -> ProfileEntry {
+    let (path, image_id) = match h.kind {
+        ImageKind::Unknown => (d.unknown_path(&h.event.name), None),
+        _ => (d.profile_path(&h.image_id, &h.event.name), Some(h.image_id.clone())),
+    };
+    let event_component = profile_format::event_file_component(&h.event.name);
+    ProfileEntry { path, image_id, event_component }
+}
+
+/// How many files a report reads at once: reads are mostly waiting (disk queue, NFS round
+/// trips), so many more than the CPUs. `DCPI_IO_THREADS` overrides it (1: one at a time).
+pub fn io_threads() -> usize {
+    std::env::var("DCPI_IO_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(32)
+        .min(256)
 }
 
 /// Read the profiles of `dirs` (with their summaries). Unreadable files are collected in
@@ -326,7 +351,7 @@ pub fn load_counts(
                 }
             }
             // Files are independent: read them in parallel, keep the listing's order.
-            let read = par_map(&entries, |_, (_, e)| read_profile(&e.path));
+            let read = par_map(&entries, |_, (i, e)| read_profile(&dirs[*i], e));
             for ((dir, e), r) in entries.into_iter().zip(read) {
                 push(&mut out, dir, e.path, r);
             }
@@ -382,19 +407,19 @@ pub fn load_counts(
                 _ => f,
             };
             let mut names = NameVerdicts::new(f, &headers);
-            let path_of = |dir: usize, e: &File| -> PathBuf {
+            let entry_of = |dir: usize, e: &File| -> ProfileEntry {
                 match e {
-                    File::Listed(e) => e.path.clone(),
-                    File::Indexed(h, _) => indexed_path(&dirs[dir], &headers[*h as usize]),
+                    File::Listed(e) => e.clone(),
+                    File::Indexed(h, _) => indexed_entry(&dirs[dir], &headers[*h as usize]),
                 }
             };
-            let mut direct: Vec<(usize, PathBuf)> = Vec::new();
+            let mut direct: Vec<(usize, ProfileEntry)> = Vec::new();
             let mut group_of_header: Vec<Option<usize>> = vec![None; headers.len()];
             let mut group_of_id: BTreeMap<ImageId, usize> = BTreeMap::new();
             let mut groups: Vec<Vec<(usize, File)>> = Vec::new();
             for (dir, e) in entries {
                 match names.get(&e) {
-                    Some(true) => direct.push((dir, path_of(dir, &e))),
+                    Some(true) => direct.push((dir, entry_of(dir, &e))),
                     Some(false) => {}
                     None => {
                         let id = match &e {
@@ -420,9 +445,9 @@ pub fn load_counts(
                 }
             }
             // Files are independent: read them in parallel, keep the sequential order.
-            let read = par_map(&direct, |_, (_, path)| read_profile(path));
-            for ((dir, path), r) in direct.into_iter().zip(read) {
-                push(&mut out, dir, path, r);
+            let read = par_map(&direct, |_, (dir, e)| read_profile(&dirs[*dir], e));
+            for ((dir, e), r) in direct.into_iter().zip(read) {
+                push(&mut out, dir, e.path, r);
             }
             // Groups in the order of their image ids, as a listing-only load has them.
             let groups: Vec<Vec<(usize, File)>> = {
@@ -438,16 +463,16 @@ pub fn load_counts(
                     let h = &headers[*h as usize];
                     if f.rank(h).is_none() {
                         let profile = Profile { header: h.clone(), counts: Default::default() };
-                        let path = path_of(*dir, &files[0].1);
+                        let path = entry_of(*dir, &files[0].1).path;
                         let p = LoadedProfile { path, profile, samples: *samples, dir: *dir };
                         return (corrupt, Some((0, p, None)));
                     }
                 }
                 for (k, (dir, e)) in files.iter().enumerate() {
-                    let path = path_of(*dir, e);
-                    match read_profile(&path) {
+                    let e = entry_of(*dir, e);
+                    match read_profile(&dirs[*dir], &e) {
                         Ok(profile) => {
-                            let p = LoadedProfile::new(path, profile, *dir, true);
+                            let p = LoadedProfile::new(e.path, profile, *dir, true);
                             let rank = f.rank(&p.profile.header);
                             return (corrupt, Some((k, p, rank)));
                         }
@@ -463,13 +488,14 @@ pub fn load_counts(
                 .into_iter()
                 .map(|(c, d)| (c, d.map(|(k, p, r)| (k, p, r.is_some() && r == best))))
                 .collect();
-            let mut rest: Vec<(usize, PathBuf)> = Vec::new();
+            let mut rest: Vec<(usize, ProfileEntry)> = Vec::new();
             for (files, (_, d)) in groups.iter().zip(&decided) {
                 if let Some((k, _, true)) = d {
-                    rest.extend(files[k + 1..].iter().map(|(dir, e)| (*dir, path_of(*dir, e))));
+                    rest.extend(files[k + 1..].iter().map(|(dir, e)| (*dir, entry_of(*dir, e))));
                 }
             }
-            let mut rest_read = par_map(&rest, |_, (_, path)| read_profile(path)).into_iter();
+            let mut rest_read =
+                par_map(&rest, |_, (dir, e)| read_profile(&dirs[*dir], e)).into_iter();
             let mut rest = rest.into_iter();
             for (files, (corrupt, d)) in groups.iter().zip(decided) {
                 out.corrupt.extend(corrupt);
@@ -477,8 +503,8 @@ pub fn load_counts(
                     Some((k, p, true)) => {
                         out.profiles.push(p);
                         for _ in k + 1..files.len() {
-                            if let (Some((dir, path)), Some(r)) = (rest.next(), rest_read.next()) {
-                                push(&mut out, dir, path, r);
+                            if let (Some((dir, e)), Some(r)) = (rest.next(), rest_read.next()) {
+                                push(&mut out, dir, e.path, r);
                             }
                         }
                     }
@@ -553,14 +579,6 @@ impl<'a> NameVerdicts<'a> {
     }
 }
 
-/// The file of `d` an index entry with header `h` stands for (FORMAT.md §7.2).
-fn indexed_path(d: &HostDir, h: &ProfileHeader) -> PathBuf {
-    match h.kind {
-        ImageKind::Unknown => d.unknown_path(&h.event.name),
-        _ => d.profile_path(&h.image_id, &h.event.name),
-    }
-}
-
 /// The host facts and the profile files of `d` as its `summary.idx` names them, in file-name
 /// order; `None` without a usable index.
 fn indexed_files(d: &HostDir, interner: &mut Interner) -> Option<(HostSummary, Vec<File>)> {
@@ -592,10 +610,7 @@ fn par_interned<'a, R: Send>(
     dirs: &'a [HostDir],
     f: impl Fn(&'a HostDir, &mut Interner) -> R + Sync,
 ) -> (Vec<ProfileHeader>, Vec<(R, HeaderMap)>) {
-    let threads = std::thread::available_parallelism()
-        .map_or(2, |n| n.get() * 2)
-        .clamp(2, 16)
-        .min(dirs.len().max(1));
+    let threads = io_threads().min(dirs.len().max(1));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let workers: Vec<(Interner, Vec<(usize, R)>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -896,10 +911,7 @@ fn dir_entries(d: &HostDir, dir: usize, interner: &mut Interner) -> Result<DirEn
 /// `f` over `items` on a few threads, results in the order of `items`. The work is file reads:
 /// more threads than CPUs keep several requests in flight (NFS latency, disk queue).
 fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(usize, &T) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism()
-        .map_or(2, |n| n.get() * 2)
-        .clamp(2, 16)
-        .min(items.len());
+    let threads = io_threads().min(items.len());
     if threads <= 1 {
         return items.iter().enumerate().map(|(i, t)| f(i, t)).collect();
     }
@@ -999,7 +1011,7 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
     }
     for e in d.profiles()? {
         stats::count(&stats::PROFILES_LISTED);
-        match read_profile(&e.path) {
+        match read_profile(d, &e) {
             Ok(p) => t.profiles.push(LoadedProfile::new(e.path, p, dir, false)),
             Err(err) => t.corrupt.push(format!("{err}")),
         }

@@ -1880,3 +1880,138 @@ fn per_image_report_from_summary_index_equals_report_from_profiles() {
     let (sym_old, _) = sym("old formats mixed in");
     assert_eq!(sym_old, sym_plain);
 }
+
+/// dcpiprof with `DCPI_IO_THREADS` (how many files are read at once).
+fn prof_threads(db: &Path, threads: &str, args: &[&str]) -> Output {
+    let cache_home = db.parent().unwrap_or(db).join("cache");
+    Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
+        .env("XDG_CACHE_HOME", &cache_home)
+        .env("DCPI_IO_THREADS", threads)
+        .env_remove("DCPI_SYMBOL_CACHE")
+        .arg("--db")
+        .arg(db)
+        .arg("--no-system-debug")
+        .args(args)
+        .output()
+        .expect("run dcpiprof")
+}
+
+#[test]
+fn parallel_per_symbol_load_equals_sequential() {
+    // 4 epochs x 7 hosts; each host-epoch has summary.idx (the daemon's) except where noted.
+    // app0 has different offsets and counts per host-epoch; some host-epochs lack it; one of
+    // its profiles is corrupt; one summary.idx cannot be read (a directory) and one host
+    // directory is unreadable (mode 000: only for a non-root user, root reads it anyway).
+    let t = TestDb::new();
+    let ev = event("cpu-clock", 1000);
+    let app = ImageId::BuildId(vec![0xa0; 20]);
+    let others: Vec<ImageId> = (1..=4u8).map(|i| ImageId::BuildId(vec![i; 20])).collect();
+    let mut expected: std::collections::BTreeMap<u64, u64> = Default::default();
+    let mut corrupt = None;
+    let mut locked = None;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for (ei, secs) in [0u64, 3600, 7200, 10800].into_iter().enumerate() {
+        let e = t.epoch(secs);
+        for hi in 0..7usize {
+            let host = format!("host{hi}");
+            let hd = t.host(&e, &host);
+            for (i, id) in others.iter().enumerate() {
+                let path = format!("/opt/other{i}");
+                write_profile(&hd, ImageKind::Elf, id, path.as_bytes(), &ev, &[(0x40, 3)], 1000);
+            }
+            let lacks_app = (hi + ei) % 5 == 0;
+            if !lacks_app {
+                let counts: Vec<(u64, u64)> = (0..1 + rnd(12))
+                    .map(|_| (rnd(64) * 0x1000 + 4 * rnd(16), 1 + rnd(1000)))
+                    .collect::<std::collections::BTreeMap<u64, u64>>()
+                    .into_iter()
+                    .collect();
+                write_profile(&hd, ImageKind::Elf, &app, b"/opt/app0", &ev, &counts, 1000);
+                if ei == 1 && hi == 2 {
+                    corrupt = Some(hd.profile_path(&app, "cpu-clock"));
+                } else {
+                    for (off, c) in counts {
+                        *expected.entry(off & !0xfff).or_default() += c;
+                    }
+                }
+            }
+            let mut s = HostSummary {
+                format_version: 1,
+                host: host.clone(),
+                epoch: e.to_string(),
+                ..HostSummary::default()
+            };
+            s.index = Some(profile_format::SummaryIndex::of_host_dir(&hd).expect("index"));
+            if ei == 2 && hi == 4 {
+                std::fs::create_dir(hd.summary_index_path()).expect("summary.idx as a dir");
+            } else {
+                profile_format::sumidx::write(&s, &hd.summary_index_path()).expect("summary.idx");
+            }
+            if ei == 0 && hi == 6 {
+                locked = Some(hd.path.clone());
+            }
+        }
+    }
+    let corrupt = corrupt.expect("a corrupt profile");
+    let mut bytes = std::fs::read(&corrupt).expect("read");
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x55;
+    std::fs::write(&corrupt, &bytes).expect("corrupt");
+    let locked = locked.expect("a locked dir");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).expect("chmod");
+    let locked_out = std::fs::read_dir(&locked).is_err();
+    if !locked_out {
+        println!("running as root: the mode-000 host directory stays readable");
+    }
+
+    let args = ["--epoch", "all", "--host", "all", "--image", "app0", "--format", "json"];
+    // Without --keep-going: exit 2 naming the corrupt file (or the unreadable directory),
+    // the same whichever the concurrency.
+    let mut errors = Vec::new();
+    for threads in ["1", "3", "64"] {
+        let o = prof_threads(&t.root(), threads, &args);
+        assert_eq!(o.status.code(), Some(2), "threads {threads}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "no partial report: {}", stdout(&o));
+        let err = stderr(&o);
+        let named = if locked_out { locked.display() } else { corrupt.display() }.to_string();
+        assert!(err.contains(&named), "threads {threads}: {named} not named in {err}");
+        errors.push(err);
+    }
+    assert!(errors.windows(2).all(|w| w[0] == w[1]), "{errors:#?}");
+
+    // With --keep-going: the same counts, equal to what was written, with any concurrency.
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut a = args.to_vec();
+    a.extend(["--keep-going", "--verbose"]);
+    let mut outs = Vec::new();
+    for threads in ["1", "3", "64"] {
+        let o = prof_threads(&t.root(), threads, &a);
+        assert!(o.status.success(), "threads {threads}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains(&corrupt.display().to_string()), "{err}");
+        // The 7 host-epochs of the newest epoch are listed (their index may trail), and so is
+        // the one whose summary.idx is a directory: 20 of the 28 indexes are used.
+        assert_eq!(stat_of(&err, "summary_indexes_used"), 20, "{err}");
+        outs.push(stdout(&o));
+    }
+    assert!(outs.windows(2).all(|w| w[0] == w[1]), "outputs differ with the concurrency");
+    let v: Value = serde_json::from_str(&outs[0]).expect("json");
+    let got: std::collections::BTreeMap<u64, u64> = rows(&v)
+        .iter()
+        .map(|r| {
+            let name = r["symbol"].as_str().expect("symbol");
+            let hex = name.rsplit_once("+0x").expect("unsymbolized offset row").1;
+            let off = u64::from_str_radix(hex, 16).expect("hex offset");
+            (off, r["samples"].as_u64().expect("samples"))
+        })
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(v["total_samples"].as_u64(), Some(expected.values().sum::<u64>()));
+}

@@ -277,7 +277,7 @@ pub fn build(
             img.max_offset = img.max_offset.max(hit.offset);
             img.symbolized |= hit.system_name.is_some();
             let loc = *loc_index.entry((gi, hit.offset)).or_insert_with(|| {
-                let (name, source) = hit.key;
+                let (name, source) = hit.key.clone();
                 let (file, line) = split_source(source.as_deref());
                 let f = Function {
                     name: clean(&name),
