@@ -88,6 +88,8 @@ def run_with(kind, args, work, exe):
     if kind == "dcpid":
         stk = [os.path.join(r, f) for r, _, fs in os.walk(out) for f in fs if f.endswith(".stk")]
         res["stack_file_bytes"] = sum(os.path.getsize(f) for f in stk)
+        # The kernel symbol snapshot is stored once per database and boot, not per hour.
+        res["bytes_without_kallsyms"] = size - du(os.path.join(out, "kallsyms"))
     shutil.rmtree(d, ignore_errors=True)
     return res
 

@@ -20,15 +20,17 @@ __attribute__((noinline)) unsigned long hot(unsigned long units) {
 __attribute__((noinline)) unsigned long via_a(void) { return hot(3) + 1; }
 __attribute__((noinline)) unsigned long via_b(void) { return hot(2) + 1; }
 
+/* Runs for argv[1] seconds of its own CPU time, so that a loaded machine still gets the
+   same number of samples, only later. */
 int main(int argc, char **argv) {
     double secs = argc > 1 ? atof(argv[1]) : 3.0;
     struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
     unsigned long acc = 0;
     do {
         acc += via_a();
         acc += via_b();
-        clock_gettime(CLOCK_MONOTONIC, &t);
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     } while ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 < secs);
     return (int)(acc & 1);
 }

@@ -43,7 +43,7 @@ fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
         host,
         &["--events", "cpu-clock:250000", "--flush-interval", "1s", "--callchains", "fp"],
     );
-    let st = Command::new(&bin).arg("3").status().expect("run workload");
+    let st = Command::new(&bin).arg("2").status().expect("run workload");
     assert!(st.success() || st.code() == Some(1), "workload failed: {st}");
     let fl = d.ctl(&["flush"]);
     assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
