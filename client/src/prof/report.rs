@@ -619,11 +619,11 @@ pub fn symbolize_image(
     // profiles of one image repeat the same offsets thousands of times, and looking up and
     // demangling each once is most of a per-symbol report's work.
     // Keyed by the label too: an unsymbolized offset's name carries the path the profile recorded.
-    let mut elf_memo: HashMap<(ImageId, String), OffsetMap<(u32, Option<u32>)>> = HashMap::new();
+    let mut elf_memo: HashMap<(ImageId, String), OffsetMap<Named>> = HashMap::new();
     let mut keys = KeyInterner::default();
     // Per ELF symbol (by its name's address in its table, alive as long as `elf_cache`): its
     // row key and its table name in `raws`.
-    let mut sym_memo: OffsetMap<(u32, Option<u32>)> = OffsetMap::default();
+    let mut sym_memo: OffsetMap<Named> = OffsetMap::default();
     let mut raws: Vec<String> = Vec::new();
     let mut snap_cache: HashMap<usize, Option<KallsymsSnapshot>> = HashMap::new();
     for &i in idx {
@@ -810,6 +810,9 @@ pub fn symbolize_image(
     }
     info
 }
+
+/// What an offset or a symbol was named: its row key number and its table name in `raws`.
+type Named = (u32, Option<u32>);
 
 /// Row keys numbered in order of first appearance ([`Hit::key_id`]).
 #[derive(Default)]
