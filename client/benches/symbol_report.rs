@@ -1,7 +1,8 @@
 //! Per-symbol report on a large binary (>= 50 MB of debug info), cold (empty symbol cache)
 //! and warm (populated cache), with and without `--lines`.
 //!
-//! The binary is `DCPI_BENCH_BINARY`, else the workspace's own debug build of `dcpid`
+//! The binary is `DCPI_BENCH_BINARY` (e.g. GCC's stripped cc1: its `.dynsym` functions are
+//! sampled), else the workspace's own debug build of `dcpid`
 //! (`<target>/debug/dcpid`, ~80 MB, nearly all DWARF; `cargo build -p dcpi-daemon` first).
 //! The profile is synthetic: samples at 4000 function entries spread over the whole binary
 //! (so symbol lookup and DWARF are exercised across all compilation units).
@@ -37,11 +38,16 @@ fn sample_offsets(data: &[u8], want: usize) -> (Vec<u8>, Vec<u64>, u64) {
         .filter(|s| s.name().is_ok_and(|n| n.starts_with(".debug")))
         .map(|s| s.size())
         .sum();
-    let mut addrs: Vec<u64> = f
-        .symbols()
-        .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
-        .map(|s| s.address())
-        .collect();
+    let functions = |syms: object::SymbolIterator<'_, '_>| -> Vec<u64> {
+        syms.filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+            .map(|s| s.address())
+            .collect()
+    };
+    let mut addrs = functions(f.symbols());
+    if addrs.is_empty() {
+        // A stripped binary (GCC's cc1): its exported functions.
+        addrs = functions(f.dynamic_symbols());
+    }
     addrs.sort_unstable();
     addrs.dedup();
     let step = (addrs.len() / want).max(1);

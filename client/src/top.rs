@@ -58,7 +58,7 @@ impl Symbols {
                     continue;
                 }
             }
-            return ElfSymbolizer::new(&data, None, false).ok();
+            return ElfSymbolizer::new(&data, None).ok();
         }
         None
     }

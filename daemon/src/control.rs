@@ -4,23 +4,24 @@
 //! `{"cmd":"reload"}`.
 //! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`.
 //!
-//! The server runs on its own thread (a small tokio runtime), never on a sampling thread. A
-//! request is read with a size cap and a deadline, so a malformed, huge or slow client gets an
-//! error and is dropped without blocking anyone; commands run on tokio's blocking pool. Access:
+//! The server is an accept thread and one short-lived thread per connection, never a sampling
+//! thread. A request is read with a size cap and a deadline (SO_RCVTIMEO, renewed to what is
+//! left of it before each read), so a malformed, huge or slow client gets an error and is
+//! dropped without blocking anyone; at most MAX_CLIENTS commands run at once. Access:
 //! root, the daemon's own user, or a member of the socket group (checked with SO_PEERCRED);
 //! the socket is 0660 root:group. The socket's directory is not created (a failed start must
 //! leave nothing behind; under systemd `RuntimeDirectory=` makes it), and only a stale socket,
 //! never another kind of file, is replaced.
 
+use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 pub use dcpi_proto::{Request, Response};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{UnixListener, UnixStream};
 
 use crate::sys::sock;
 
@@ -28,10 +29,11 @@ use crate::sys::sock;
 pub const MAX_REQUEST: u64 = 64 * 1024;
 /// Time a client has to send its request line.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
-/// Commands executed at once (blocking threads); more wait for a thread, not for a connection.
+/// Commands executed at once; more wait for a slot, not for a connection.
 pub const MAX_CLIENTS: usize = 32;
-/// Connections open at once (each idle one closes after READ_TIMEOUT); past this a new one
-/// gets an error at once rather than waiting.
+/// Connections open at once, each on its own thread (an idle one closes after READ_TIMEOUT);
+/// past this a new one gets an error at once rather than waiting. Not MAX_CLIENTS: 200 idle
+/// clients holding 32 slots for 2 s each delayed a status by 12 s.
 pub const MAX_CONNECTIONS: usize = 512;
 
 /// Who may use the socket besides root and the daemon's user: a group, changeable on reload.
@@ -64,7 +66,7 @@ impl Access {
     }
 }
 
-/// Executes commands; called on a blocking thread.
+/// Executes commands; called on a connection's thread, never the accept thread.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, req: Request) -> Response;
 }
@@ -154,8 +156,15 @@ pub fn check_path(path: &Path) -> Result<PathState, ControlError> {
 #[derive(Debug)]
 pub struct ControlServer {
     path: PathBuf,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    shared: Option<Arc<Shared>>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the accept thread and [`ControlServer::stop`] share.
+#[derive(Debug)]
+struct Shared {
+    listener: UnixListener,
+    stopping: AtomicBool,
 }
 
 impl ControlServer {
@@ -186,7 +195,7 @@ impl ControlServer {
             // Left by a daemon that did not shut down cleanly; check_path saw a socket there.
             std::fs::remove_file(path).map_err(io("remove stale socket"))?;
         }
-        let std_listener = std::os::unix::net::UnixListener::bind(path).map_err(io("bind"))?;
+        let listener = UnixListener::bind(path).map_err(io("bind"))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
             .map_err(io("chmod"))?;
         if let Some(g) = group {
@@ -194,44 +203,29 @@ impl ControlServer {
                 std::os::unix::fs::chown(path, Some(0), Some(g)).map_err(io("chown"))?;
             }
         }
-        std_listener.set_nonblocking(true).map_err(io("set non-blocking"))?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .max_blocking_threads(MAX_CLIENTS)
-            .build()
-            .map_err(io("start runtime"))?;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let sock_path = path.to_path_buf();
+        let shared = Arc::new(Shared { listener, stopping: AtomicBool::new(false) });
+        let s = Arc::clone(&shared);
         let w = watch.clone();
-        let body = move || {
-            rt.block_on(async move {
-                    let listener = match UnixListener::from_std(std_listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::error!(socket = %sock_path.display(), error = %e, "control socket unusable");
-                            return;
-                        }
-                    };
-                    serve(listener, access, handler, rx, w).await;
-                });
-            // Dropping the runtime here does not wait for blocking commands still running.
-            rt.shutdown_background();
-        };
+        let body = move || serve(&s, &access, &handler, w.as_deref());
         let thread = match watch {
             Some(w) => w.spawn(CONTROL_THREAD.into(), true, body),
             None => std::thread::Builder::new().name(CONTROL_THREAD.into()).spawn(body),
         }
         .map_err(io("spawn thread"))?;
-        Ok(ControlServer { path: path.to_path_buf(), shutdown: Some(tx), thread: Some(thread) })
+        Ok(ControlServer { path: path.to_path_buf(), shared: Some(shared), thread: Some(thread) })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// Stop accepting and remove the socket. Connections already accepted finish on their
+    /// own threads (each within its deadlines); they are not waited for.
     pub fn stop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
+        if let Some(s) = self.shared.take() {
+            s.stopping.store(true, Ordering::Release);
+            // Wakes the accept thread: accept(2) on a shut-down listener fails at once.
+            sock::shutdown_listener(&s.listener);
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -247,39 +241,79 @@ impl Drop for ControlServer {
 }
 
 const CONTROL_THREAD: &str = "dcpi-control";
+const CONNECTION_THREAD: &str = "dcpi-control-conn";
 
-async fn serve(
-    listener: UnixListener,
-    access: Arc<Access>,
-    handler: Arc<dyn Handler>,
-    mut shutdown: tokio::sync::oneshot::Receiver<()>,
-    watch: Option<Arc<crate::watch::Watch>>,
+/// Counts connections open and commands running; both bounded.
+#[derive(Debug, Default)]
+struct Limits {
+    open: AtomicUsize,
+    running: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Limits {
+    /// Wait for one of the MAX_CLIENTS command slots; it is given back when the guard drops.
+    fn command_slot(&self) -> CommandSlot<'_> {
+        let mut n = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        while *n >= MAX_CLIENTS {
+            n = self.freed.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+        *n += 1;
+        CommandSlot(self)
+    }
+}
+
+struct CommandSlot<'a>(&'a Limits);
+
+impl Drop for CommandSlot<'_> {
+    fn drop(&mut self) {
+        *self.0.running.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// Gives a connection's place back when its thread ends, however it ends.
+struct OpenConnection(Arc<Limits>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn serve(
+    shared: &Shared,
+    access: &Access,
+    handler: &Arc<dyn Handler>,
+    watch: Option<&crate::watch::Watch>,
 ) {
-    // Every connection is accepted at once and reads its request on its own task: an idle
-    // client costs a task and a descriptor until READ_TIMEOUT, never another client's turn.
-    // Only the commands themselves share the MAX_CLIENTS blocking threads.
-    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Every connection is accepted at once and reads its request on its own thread: an idle
+    // client costs a thread and a descriptor until READ_TIMEOUT, never another client's turn.
+    // Only the commands themselves share the MAX_CLIENTS slots.
+    let limits = Arc::new(Limits::default());
     let mut accept_error_logged = false;
     let mut refused_logged = false;
+    let mut spawn_error_logged = false;
     loop {
-        if let Some(w) = &watch {
+        if let Some(w) = watch {
             w.fault_point(CONTROL_THREAD);
         }
-        let mut stream = tokio::select! {
-            _ = &mut shutdown => return,
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    if !accept_error_logged {
-                        tracing::warn!(error = %e, "control socket: accept failed");
-                        accept_error_logged = true;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+        let accepted = shared.listener.accept();
+        if shared.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                if !accept_error_logged {
+                    tracing::warn!(error = %e, "control socket: accept failed");
+                    accept_error_logged = true;
                 }
-            },
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
         };
-        if open.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+        if limits.open.load(Ordering::Acquire) >= MAX_CONNECTIONS {
             if !refused_logged {
                 tracing::warn!(
                     max = MAX_CONNECTIONS,
@@ -287,35 +321,43 @@ async fn serve(
                 );
                 refused_logged = true;
             }
-            tokio::spawn(async move {
-                let mut out = serde_json::to_vec(&Response::err(format!(
+            // A fresh connection's send buffer is empty: a non-blocking write of one short
+            // line goes through without making the accept thread wait for anyone.
+            let _ = stream.set_nonblocking(true);
+            send(
+                stream,
+                &Response::err(format!(
                     "too many open connections to dcpid (at most {MAX_CONNECTIONS}); retry"
-                )))
-                .unwrap_or_default();
-                out.push(b'\n');
-                let _ = tokio::time::timeout(READ_TIMEOUT, stream.write_all(&out)).await;
-            });
+                )),
+            );
             continue;
         }
-        open.fetch_add(1, Ordering::AcqRel);
-        let h = Arc::clone(&handler);
+        limits.open.fetch_add(1, Ordering::AcqRel);
+        let guard = OpenConnection(Arc::clone(&limits));
+        let h = Arc::clone(handler);
         let group = access.group();
-        let open = Arc::clone(&open);
-        tokio::spawn(async move {
-            connection(stream, group, h).await;
-            open.fetch_sub(1, Ordering::AcqRel);
+        let spawned = std::thread::Builder::new().name(CONNECTION_THREAD.into()).spawn(move || {
+            let open = guard;
+            connection(stream, group, &*h, &open.0);
         });
+        if let Err(e) = spawned {
+            // The closure (stream and guard) was dropped: the client sees the connection close.
+            if !spawn_error_logged {
+                tracing::warn!(error = %e, "control socket: cannot start a connection thread");
+                spawn_error_logged = true;
+            }
+        }
     }
 }
 
 fn allowed(stream: &UnixStream, group: Option<u32>) -> Result<(), String> {
-    let cred = stream.peer_cred().map_err(|e| format!("cannot read peer credentials: {e}"))?;
-    let uid = cred.uid();
+    let cred = sock::peer_cred(stream).map_err(|e| format!("cannot read peer credentials: {e}"))?;
+    let uid = cred.uid;
     if uid == 0 || uid == sock::effective_uid() {
         return Ok(());
     }
     if let Some(g) = group {
-        if sock::process_in_group(cred.pid(), cred.gid(), g) {
+        if sock::process_in_group(cred.pid, cred.gid, g) {
             return Ok(());
         }
     }
@@ -329,41 +371,71 @@ fn allowed(stream: &UnixStream, group: Option<u32>) -> Result<(), String> {
     ))
 }
 
-async fn connection(mut stream: UnixStream, group: Option<u32>, handler: Arc<dyn Handler>) {
+/// The request line (with its newline, if any), read within READ_TIMEOUT in all: the deadline
+/// covers the whole line, so a client trickling bytes cannot hold the thread longer.
+fn read_request(stream: &mut UnixStream) -> Result<Vec<u8>, Response> {
+    let deadline = Instant::now() + READ_TIMEOUT;
+    let timed_out = || Response::err(format!("request not received within {READ_TIMEOUT:?}"));
+    let mut line = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|e| Response::err(format!("read error: {e}")))?;
+        let n = match stream.read(&mut chunk) {
+            Ok(0) => return Ok(line),
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(timed_out())
+            }
+            Err(e) => return Err(Response::err(format!("read error: {e}"))),
+        };
+        let end = chunk[..n].iter().position(|&b| b == b'\n').map_or(n, |i| i + 1);
+        line.extend_from_slice(&chunk[..end]);
+        if line.len() as u64 > MAX_REQUEST {
+            return Err(Response::err(format!("request larger than {MAX_REQUEST} bytes")));
+        }
+        if end < n || line.last() == Some(&b'\n') {
+            return Ok(line);
+        }
+    }
+}
+
+fn connection(mut stream: UnixStream, group: Option<u32>, handler: &dyn Handler, limits: &Limits) {
     let resp = match allowed(&stream, group) {
         Err(msg) => {
             tracing::debug!(%msg, "control: refused a client");
             Response::err(msg)
         }
-        Ok(()) => {
-            let (rd, _) = stream.split();
-            let mut line = Vec::new();
-            let mut limited = BufReader::new(rd.take(MAX_REQUEST + 1));
-            match tokio::time::timeout(READ_TIMEOUT, limited.read_until(b'\n', &mut line)).await {
-                Err(_) => Response::err(format!("request not received within {READ_TIMEOUT:?}")),
-                Ok(Err(e)) => Response::err(format!("read error: {e}")),
-                Ok(Ok(_)) if line.len() as u64 > MAX_REQUEST => {
-                    Response::err(format!("request larger than {MAX_REQUEST} bytes"))
+        Ok(()) => match read_request(&mut stream) {
+            Err(r) => r,
+            Ok(line) => match serde_json::from_slice::<Request>(&line) {
+                Err(e) => Response::err(format!(
+                    "malformed request: {e} (expected one JSON line like {{\"cmd\":\"status\"}})"
+                )),
+                Ok(req) => {
+                    let _slot = limits.command_slot();
+                    handler.handle(req)
                 }
-                Ok(Ok(_)) => match serde_json::from_slice::<Request>(&line) {
-                    Err(e) => Response::err(format!(
-                        "malformed request: {e} (expected one JSON line like {{\"cmd\":\"status\"}})"
-                    )),
-                    Ok(req) => {
-                        let h = Arc::clone(&handler);
-                        match tokio::task::spawn_blocking(move || h.handle(req)).await {
-                            Ok(r) => r,
-                            Err(e) => Response::err(format!("command failed: {e}")),
-                        }
-                    }
-                },
-            }
-        }
+            },
+        },
     };
-    let mut out = serde_json::to_vec(&resp).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
+    let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
+    send(stream, &resp);
+}
+
+/// Write `resp` as one line and close the sending side; a client that does not read is the
+/// client's problem (the write is bounded by the socket's timeout or is non-blocking).
+fn send(mut stream: UnixStream, resp: &Response) {
+    let mut out = serde_json::to_vec(resp).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
     out.push(b'\n');
-    let _ = tokio::time::timeout(READ_TIMEOUT, stream.write_all(&out)).await;
-    let _ = stream.shutdown().await;
+    let _ = stream.write_all(&out);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
 }
 
 #[cfg(test)]

@@ -66,7 +66,7 @@ pub fn number(n: u64, style: Style) -> String {
     }
     let mut s = String::with_capacity(raw.len() + raw.len() / 3);
     for (i, c) in raw.chars().enumerate() {
-        if i > 0 && (raw.len() - i) % 3 == 0 {
+        if i > 0 && (raw.len() - i).is_multiple_of(3) {
             s.push(',');
         }
         s.push(c);

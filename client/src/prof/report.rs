@@ -911,30 +911,33 @@ pub fn symbol_report(
 pub(crate) fn load_vdso(
     locator: &mut Locator,
     id: &ImageId,
-    mode: SymbolMode,
+    // DWARF is opened when a frame is first asked for, whatever the mode.
+    _mode: SymbolMode,
     info: &mut ImageInfo,
 ) -> ElfState {
     let ImageId::BuildId(bid) = id else { return ElfState::Missing };
-    let want_dwarf = mode.inlines || mode.lines;
+    // A copy on disk can carry DWARF (read from the file when asked); this machine's vDSO
+    // has none.
     let found = match locator.locate(id, &[]) {
-        Located::Found { path, .. } => {
-            std::fs::read(&path).ok().map(|d| (d, path.display().to_string()))
-        }
+        Located::Found { path, .. } => std::fs::read(&path).ok().map(|d| (d, Some(path))),
         _ => None,
     };
-    let (data, from) = match found {
+    let (data, file) = match found {
         Some(x) => x,
         None => match live_vdso() {
             Some(d) if elf_identity(&d).ok().and_then(|i| i.build_id).as_ref() == Some(bid) => {
-                (d, "[vdso] of this machine (same build-id)".to_owned())
+                (d, None)
             }
             _ => return ElfState::Missing,
         },
     };
-    match ElfSymbolizer::new(&data, None, want_dwarf) {
-        Ok(s) => {
-            info.binary = Some(from);
-            ElfState::Ready(Box::new(s), None)
+    match SymbolTable::build(&data, None) {
+        Ok(t) => {
+            info.binary = Some(match &file {
+                Some(p) => p.display().to_string(),
+                None => "[vdso] of this machine (same build-id)".to_owned(),
+            });
+            ElfState::Ready(Box::new(ElfSymbolizer::from_table(t, file, None)), None)
         }
         Err(_) => ElfState::Missing,
     }

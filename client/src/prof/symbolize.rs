@@ -1,14 +1,16 @@
 //! ELF symbolization: stored file offsets -> virtual addresses -> function symbols, and DWARF
-//! (inlined frames, source lines) when asked.
+//! (inlined frames, source lines) when asked. DWARF is read by `blazesym` (BSD-3-Clause), which
+//! maps the file and parses only the units an address needs.
 //!
 //! Everything here works on untrusted bytes: truncated files, files without sections, symbols
 //! whose size overflows the address space. Failures degrade to "no symbol", never a panic.
 
-use std::borrow::Cow;
 use std::cell::{OnceCell, RefCell};
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::rc::Rc;
+use std::path::{Path, PathBuf};
+
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
@@ -91,8 +93,6 @@ pub struct Frame {
     pub file: Option<String>,
     pub line: Option<u32>,
 }
-
-type Reader = gimli::EndianRcSlice<gimli::RunTimeEndian>;
 
 /// What symbolization needs from an image without DWARF: segments, function symbols and
 /// sections. This is what the symbol cache stores per build-id (see [`super::symcache`]).
@@ -248,12 +248,19 @@ enum DwarfSource {
     Files { binary: PathBuf, debug: Option<PathBuf> },
 }
 
-/// Symbol table and, on demand, DWARF of one image. DWARF is loaded at most once and only when
+/// A blazesym symbolizer over one file with DWARF (the separate debug file when there is one:
+/// dcpi's own search already found it, so blazesym is told not to look for another).
+struct Dwarf {
+    symbolizer: Symbolizer,
+    source: Source<'static>,
+}
+
+/// Symbol table and, on demand, DWARF of one image. DWARF is opened at most once and only when
 /// a frame is asked for that the caller (the symbol cache) did not already know.
 pub struct ElfSymbolizer {
     table: SymbolTable,
     source: DwarfSource,
-    dwarf: OnceCell<Option<addr2line::Context<Reader>>>,
+    dwarf: OnceCell<Option<Dwarf>>,
     /// Innermost frame per address: preloaded from the cache, then memoized.
     memo: RefCell<HashMap<u64, Option<Frame>>>,
     /// Frames computed from DWARF in this run (to be written to the cache).
@@ -271,16 +278,11 @@ impl std::fmt::Debug for ElfSymbolizer {
 }
 
 impl ElfSymbolizer {
-    /// Build from bytes; `want_dwarf` loads DWARF (debug file's first, else the binary's) now.
-    pub fn new(binary: &[u8], debug: Option<&[u8]>, want_dwarf: bool) -> Result<Self, ElfError> {
+    /// Build from bytes (an image with no file, such as this machine's vDSO): symbols only;
+    /// DWARF is read from files (see [`ElfSymbolizer::from_table`]).
+    pub fn new(binary: &[u8], debug: Option<&[u8]>) -> Result<Self, ElfError> {
         let table = SymbolTable::build(binary, debug)?;
-        let s = ElfSymbolizer::from_table(table, None, None);
-        if want_dwarf {
-            let file = parse(binary)?;
-            let debug_file = debug.and_then(|d| parse(d).ok());
-            let _ = s.dwarf.set(load_dwarf_pair(&file, debug_file.as_ref()));
-        }
-        Ok(s)
+        Ok(ElfSymbolizer::from_table(table, None, None))
     }
 
     /// From a (possibly cached) table; DWARF, if needed later, is read from these files.
@@ -415,7 +417,7 @@ impl ElfSymbolizer {
         if let Some(f) = self.memo.borrow().get(&vaddr) {
             return f.clone();
         }
-        let f = self.dwarf().and_then(|ctx| innermost_frame(ctx, vaddr));
+        let f = self.dwarf().and_then(|d| innermost_frame(d, vaddr));
         self.memo.borrow_mut().insert(vaddr, f.clone());
         // Without DWARF nothing is worth remembering: the table says so already.
         if self.table.has_dwarf {
@@ -424,55 +426,55 @@ impl ElfSymbolizer {
         f
     }
 
-    fn dwarf(&self) -> Option<&addr2line::Context<Reader>> {
+    fn dwarf(&self) -> Option<&Dwarf> {
         self.dwarf
             .get_or_init(|| {
                 if !self.table.has_dwarf {
                     return None;
                 }
                 let DwarfSource::Files { binary, debug } = &self.source else { return None };
-                let bin = std::fs::read(binary).ok()?;
-                let dbg = debug.as_ref().and_then(|d| std::fs::read(d).ok());
-                let file = parse(&bin).ok()?;
-                let debug_file = dbg.as_deref().and_then(|d| parse(d).ok());
-                load_dwarf_pair(&file, debug_file.as_ref())
+                Some(open_dwarf(debug.as_deref().unwrap_or(binary)))
             })
             .as_ref()
     }
 }
 
-fn innermost_frame(ctx: &addr2line::Context<Reader>, vaddr: u64) -> Option<Frame> {
-    if let Ok(mut iter) = ctx.find_frames(vaddr).skip_all_loads() {
-        if let Ok(Some(frame)) = iter.next() {
-            let function =
-                frame.function.as_ref().and_then(|f| f.raw_name().ok()).map(|raw| raw.into_owned());
-            let (file, line) = match &frame.location {
-                Some(loc) => (loc.file.map(str::to_owned), loc.line),
-                None => (None, None),
-            };
-            return Some(Frame { function, file, line });
-        }
-    }
-    // No function DIE (e.g. assembly) but maybe a line-table row.
-    match ctx.find_location(vaddr) {
-        Ok(Some(loc)) => {
-            Some(Frame { function: None, file: loc.file.map(str::to_owned), line: loc.line })
-        }
-        _ => None,
-    }
+fn open_dwarf(path: &Path) -> Dwarf {
+    super::stats::count(&super::stats::DWARF_LOADS);
+    let symbolizer = Symbolizer::builder()
+        // Names stay raw: reports demangle them (names.rs), and --raw-names shows them as is.
+        .enable_demangling(false)
+        .enable_inlined_fns(true)
+        .enable_code_info(true)
+        .set_debug_dirs(Option::<&[&Path]>::None)
+        .build();
+    let mut elf = Elf::new(path);
+    elf.debug_syms = true;
+    Dwarf { symbolizer, source: Source::Elf(elf) }
+}
+
+/// The innermost (most deeply inlined) function at `vaddr` and the source line of `vaddr`.
+fn innermost_frame(d: &Dwarf, vaddr: u64) -> Option<Frame> {
+    let Ok(Symbolized::Sym(sym)) =
+        d.symbolizer.symbolize_single(&d.source, Input::VirtOffset(vaddr))
+    else {
+        return None;
+    };
+    // blazesym lists inlined calls outermost first, and gives the address's own location to the
+    // innermost one.
+    let (function, code) = match sym.inlined.last() {
+        Some(f) => (f.name.to_string(), f.code_info.as_ref()),
+        None => (sym.name.to_string(), sym.code_info.as_deref()),
+    };
+    let (file, line) = match code {
+        Some(c) => (Some(c.to_path().to_string_lossy().into_owned()), c.line),
+        None => (None, None),
+    };
+    Some(Frame { function: Some(function), file, line })
 }
 
 fn has_debug_info(file: &object::File<'_>) -> bool {
     file.section_by_name(".debug_info").is_some_and(|s| s.size() > 0)
-}
-
-/// DWARF of the debug file if it has any, else of the binary.
-fn load_dwarf_pair(
-    file: &object::File<'_>,
-    debug: Option<&object::File<'_>>,
-) -> Option<addr2line::Context<Reader>> {
-    super::stats::count(&super::stats::DWARF_LOADS);
-    debug.and_then(load_dwarf).or_else(|| load_dwarf(file))
 }
 
 /// Add the function symbols of `file` to `out`; returns whether it has a static symbol table
@@ -525,39 +527,18 @@ fn normalize_symbols(mut syms: Vec<Sym>) -> Vec<Sym> {
     syms
 }
 
-fn load_dwarf(file: &object::File<'_>) -> Option<addr2line::Context<Reader>> {
-    let endian = if file.is_little_endian() {
-        gimli::RunTimeEndian::Little
-    } else {
-        gimli::RunTimeEndian::Big
-    };
-    let load = |id: gimli::SectionId| -> Result<Reader, gimli::Error> {
-        let data: Cow<'_, [u8]> = match file.section_by_name(id.name()) {
-            Some(s) => s.uncompressed_data().unwrap_or(Cow::Borrowed(&[])),
-            None => Cow::Borrowed(&[]),
-        };
-        Ok(gimli::EndianRcSlice::new(Rc::from(&*data), endian))
-    };
-    // No info section: nothing addr2line could answer.
-    if file.section_by_name(".debug_info").is_none_or(|s| s.size() == 0) {
-        return None;
-    }
-    let dwarf = gimli::Dwarf::load(load).ok()?;
-    addr2line::Context::from_dwarf(dwarf).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn garbage_and_truncated_input_is_an_error_not_a_panic() {
-        assert!(ElfSymbolizer::new(b"", None, true).is_err());
-        assert!(ElfSymbolizer::new(b"\x7fELF\x02\x01\x01", None, true).is_err());
+        assert!(ElfSymbolizer::new(b"", None).is_err());
+        assert!(ElfSymbolizer::new(b"\x7fELF\x02\x01\x01", None).is_err());
         assert!(elf_identity(&[0u8; 4096]).is_err());
         let mut junk = b"\x7fELF\x02\x01\x01\0".to_vec();
         junk.resize(200, 0xff);
-        assert!(ElfSymbolizer::new(&junk, Some(&junk), true).is_err());
+        assert!(ElfSymbolizer::new(&junk, Some(&junk)).is_err());
     }
 
     #[test]

@@ -1,10 +1,53 @@
 //! Unix socket credentials and ownership, and the daemon's own resource usage.
 //!
-//! The peer's credentials come from tokio's `peer_cred` (SO_PEERCRED); what needs libc here is
-//! the group lookup (NSS-aware) and getrusage.
+//! What needs libc here: the peer's credentials (SO_PEERCRED; std's `peer_cred` is not
+//! stable), waking a blocked accept, the group lookup (NSS-aware) and getrusage.
 
 use std::ffi::CString;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::Duration;
+
+/// Who is at the other end of a Unix stream socket, as the kernel recorded it at connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    pub uid: u32,
+    pub gid: u32,
+    /// `None` when the peer's pid is not visible in this pid namespace.
+    pub pid: Option<i32>,
+}
+
+/// The peer's credentials (SO_PEERCRED).
+pub fn peer_cred(stream: &UnixStream) -> std::io::Result<PeerCred> {
+    // SAFETY: zeroed `ucred` is a valid out-parameter (integers only).
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the descriptor is a live socket owned by `stream`; `cred` and `len` are live
+    // locals, and `len` holds the size of `cred`, so the kernel writes only within it.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(PeerCred { uid: cred.uid, gid: cred.gid, pid: (cred.pid > 0).then_some(cred.pid) })
+}
+
+/// Shut `listener` down so that an accept(2) blocked on it in another thread returns (Linux
+/// fails it with EINVAL) and later ones fail at once.
+pub fn shutdown_listener(listener: &UnixListener) {
+    // SAFETY: the descriptor is a live socket owned by `listener`; shutdown(2) does not close
+    // it, so it stays valid for its owner.
+    unsafe {
+        libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR);
+    }
+}
 
 /// The gid of group `name`, or `None` if there is no such group (or the lookup failed).
 pub fn group_id(name: &str) -> Option<u32> {
