@@ -26,6 +26,31 @@ pub fn demangle(raw: &str) -> String {
     raw.to_owned()
 }
 
+/// The longest C++ name [`demangle`] prints; a longer one is shown mangled. Itanium
+/// substitutions let a short name print exponentially much (each `S_IS0_S0_E` doubles the
+/// type before it: 300 mangled bytes print 2^40 `pair<...>`s), and cpp_demangle bounds only its
+/// recursion depth, not its output: without this bound one hostile symbol name in an ELF file or
+/// a perf map hangs a report and exhausts memory. Real names stay far below (the longest Boost
+/// and Qt names are a few KiB).
+const MAX_DEMANGLED_CPP: usize = 64 * 1024;
+
+/// A `String` that refuses to grow past its bound: the write error stops cpp_demangle's printer
+/// at once, so its work is bounded by the output bound.
+struct BoundedString {
+    out: String,
+    max: usize,
+}
+
+impl std::fmt::Write for BoundedString {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.out.len() + s.len() > self.max {
+            return Err(std::fmt::Error);
+        }
+        self.out.push_str(s);
+        Ok(())
+    }
+}
+
 fn demangle_cpp(raw: &str) -> Option<String> {
     // cpp_demangle bounds its recursion, but it is a parser of hostile input in a third-party
     // crate: a panic there must cost one symbol's name, not the report.
@@ -33,7 +58,9 @@ fn demangle_cpp(raw: &str) -> Option<String> {
         let parse = cpp_demangle::ParseOptions::default().recursion_limit(256);
         let sym = cpp_demangle::Symbol::new_with_options(raw, &parse).ok()?;
         let opts = cpp_demangle::DemangleOptions::new().recursion_limit(256);
-        sym.demangle_with_options(&opts).ok()
+        let mut out = BoundedString { out: String::new(), max: MAX_DEMANGLED_CPP };
+        sym.structured_demangle(&mut out, &opts).ok()?;
+        Some(out.out)
     })
     .ok()
     .flatten()
@@ -162,6 +189,33 @@ mod tests {
         let deep = format!("_Z{}", "P".repeat(100_000));
         let _ = demangle(&deep);
         assert_eq!(demangle("_Zgarbage!!"), "_Zgarbage!!");
+    }
+
+    /// `_Z1f` with parameters `pair<int, int>` and then `depth` types, each a `pair` of the
+    /// one before: the demangled name doubles with every 10 mangled bytes.
+    fn doubling_pairs(depth: usize) -> String {
+        let mut s = String::from("_Z1f4pairIiiE");
+        // S_ is `pair`, S0_ `pair<int, int>`, S1_ the first doubled pair, and so on.
+        for i in 0..depth {
+            let sub = format!("S{}_", char::from_digit(i as u32, 36).unwrap().to_ascii_uppercase());
+            s.push_str(&format!("S_I{sub}{sub}E"));
+        }
+        s
+    }
+
+    #[test]
+    fn exponential_cpp_names_are_shown_mangled() {
+        // Short enough to print: the bound does not cut real names.
+        let d = demangle(&doubling_pairs(8));
+        assert!(d.starts_with("f(pair<int, int>, pair<pair<int, int>, pair<int, int> >"), "{d}");
+        assert!(d.len() > 10_000 && d.len() <= MAX_DEMANGLED_CPP, "{}", d.len());
+        // Past the bound: shown as it is, like any name that cannot be demangled.
+        let big = doubling_pairs(12);
+        assert_eq!(demangle(&big), big);
+        // 2^30 pairs: returns (mangled) instead of printing gigabytes.
+        let huge = doubling_pairs(30);
+        assert_eq!(demangle(&huge), huge);
+        assert_eq!(display_name(&huge, false), huge);
     }
 
     #[test]
