@@ -95,8 +95,8 @@ impl Default for Sandbox {
 }
 
 impl Sandbox {
-    pub fn new() -> Sandbox {
-        Sandbox { dir: tempfile::Builder::new().prefix("dcpi-e2e").tempdir().expect("tempdir") }
+    pub fn new() -> Self {
+        Self { dir: tempfile::Builder::new().prefix("dcpi-e2e").tempdir().expect("tempdir") }
     }
     pub fn db(&self) -> PathBuf {
         self.dir.path().join("db")
@@ -179,7 +179,7 @@ impl Daemon {
     pub fn terminate(&mut self) -> (std::process::ExitStatus, String) {
         let child = self.child.as_mut().expect("running");
         // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(child.id().cast_signed(), libc::SIGTERM) };
         let status = child.wait().expect("wait");
         let err = self.take_stderr();
         self.child = None;

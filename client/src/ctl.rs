@@ -51,9 +51,9 @@ impl CtlError {
     /// Process exit code for this error (documented in `dcpictl --help`).
     pub fn exit_code(&self) -> u8 {
         match self {
-            CtlError::Daemon(_) => 1,
-            CtlError::NotRunning { .. } | CtlError::PermissionDenied { .. } => 3,
-            CtlError::Io { .. } | CtlError::Protocol { .. } => 4,
+            Self::Daemon(_) => 1,
+            Self::NotRunning { .. } | Self::PermissionDenied { .. } => 3,
+            Self::Io { .. } | Self::Protocol { .. } => 4,
         }
     }
 }

@@ -291,9 +291,9 @@ struct Run {
 }
 
 impl Run {
-    fn new(len: usize) -> Run {
+    fn new(len: usize) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        Run {
+        Self {
             agg: setup(dir.path()),
             _dir: dir,
             ring: BenchRing {

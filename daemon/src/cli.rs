@@ -94,7 +94,7 @@ pub fn generate(
 
 impl Cli {
     pub fn command() -> clap::Command {
-        <Cli as CommandFactory>::command()
+        <Self as CommandFactory>::command()
     }
 
     /// Read the configuration file (unless `--config none`) and merge: defaults, file, flags.

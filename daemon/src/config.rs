@@ -369,24 +369,22 @@ type SpannedDoc = BTreeMap<Spanned<String>, Spanned<toml::Value>>;
 
 impl FileConfig {
     /// Parse TOML text; `path` names the file in errors.
-    pub fn parse(text: &str, path: &Path) -> Result<FileConfig, ConfigError> {
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let doc: SpannedDoc =
             toml::from_str(text).map_err(|e| parse_error(text, path, &e, None))?;
         let settings: PartialSettings =
             toml::from_str(text).map_err(|e| parse_error(text, path, &e, Some(&doc)))?;
         let key_lines =
             doc.keys().map(|k| (k.get_ref().clone(), line_col(text, k.span().start).0)).collect();
-        Ok(FileConfig { settings, key_lines })
+        Ok(Self { settings, key_lines })
     }
 
     /// Load `path`. When `explicit` is false (the default path) a missing file gives the empty
     /// configuration; when true it is an error.
-    pub fn load(path: &Path, explicit: bool) -> Result<FileConfig, ConfigError> {
+    pub fn load(path: &Path, explicit: bool) -> Result<Self, ConfigError> {
         match std::fs::read_to_string(path) {
-            Ok(text) => FileConfig::parse(&text, path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
-                Ok(FileConfig::default())
-            }
+            Ok(text) => Self::parse(&text, path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(Self::default()),
             Err(source) => Err(ConfigError::Read { path: path.to_path_buf(), source }),
         }
     }
@@ -447,8 +445,8 @@ impl Settings {
     pub fn merge(
         file: Option<(&FileConfig, &Path)>,
         cli: &PartialSettings,
-    ) -> Result<Settings, ConfigError> {
-        let mut s = Settings::defaults();
+    ) -> Result<Self, ConfigError> {
+        let mut s = Self::defaults();
         if let Some((f, path)) = file {
             s.apply(&f.settings, &|key| Origin::File {
                 path: path.to_path_buf(),

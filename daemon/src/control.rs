@@ -45,8 +45,8 @@ pub struct Access {
 const NO_GROUP: u64 = u64::MAX;
 
 impl Access {
-    pub fn new(group: Option<u32>) -> Access {
-        Access { gid: AtomicU64::new(group.map_or(NO_GROUP, u64::from)) }
+    pub fn new(group: Option<u32>) -> Self {
+        Self { gid: AtomicU64::new(group.map_or(NO_GROUP, u64::from)) }
     }
 
     pub fn group(&self) -> Option<u32> {
@@ -175,8 +175,8 @@ impl ControlServer {
         path: &Path,
         access: Arc<Access>,
         handler: Arc<dyn Handler>,
-    ) -> Result<ControlServer, ControlError> {
-        ControlServer::start_watched(path, access, handler, None)
+    ) -> Result<Self, ControlError> {
+        Self::start_watched(path, access, handler, None)
     }
 
     /// [`ControlServer::start`], its thread under the daemon's `watch` (a panic, or an end
@@ -186,7 +186,7 @@ impl ControlServer {
         access: Arc<Access>,
         handler: Arc<dyn Handler>,
         watch: Option<Arc<crate::watch::Watch>>,
-    ) -> Result<ControlServer, ControlError> {
+    ) -> Result<Self, ControlError> {
         let group = access.group();
         let io = |what: &'static str| {
             move |source| ControlError::Io { path: path.to_path_buf(), what, source }
@@ -212,7 +212,7 @@ impl ControlServer {
             None => std::thread::Builder::new().name(CONTROL_THREAD.into()).spawn(body),
         }
         .map_err(io("spawn thread"))?;
-        Ok(ControlServer { path: path.to_path_buf(), shared: Some(shared), thread: Some(thread) })
+        Ok(Self { path: path.to_path_buf(), shared: Some(shared), thread: Some(thread) })
     }
 
     pub fn path(&self) -> &Path {

@@ -43,19 +43,19 @@ pub struct FaultsError {
 
 impl Faults {
     /// The faults named by the environment in a `fault-injection` build; none otherwise.
-    pub fn from_env() -> Result<Faults, FaultsError> {
+    pub fn from_env() -> Result<Self, FaultsError> {
         if cfg!(feature = "fault-injection") {
-            Faults::from_lookup(|name| std::env::var_os(name))
+            Self::from_lookup(|name| std::env::var_os(name))
         } else {
-            Ok(Faults::default())
+            Ok(Self::default())
         }
     }
 
     /// The faults named by `var` (the environment's lookup, or a test's).
     pub fn from_lookup(
         var: impl Fn(&str) -> Option<std::ffi::OsString>,
-    ) -> Result<Faults, FaultsError> {
-        let mut f = Faults::default();
+    ) -> Result<Self, FaultsError> {
+        let mut f = Self::default();
         if let Some(v) = var(STALL_DRAIN_ENV) {
             let v = v.to_string_lossy().into_owned();
             let parsed = v.split_once(':').and_then(|(c, ms)| {

@@ -33,20 +33,20 @@ pub struct Notifier {
 
 impl Notifier {
     /// A notifier configured from `NOTIFY_SOCKET`, `WATCHDOG_USEC` and `WATCHDOG_PID`.
-    pub fn from_env() -> Notifier {
-        Notifier::from_lookup(|name| std::env::var_os(name), std::process::id())
+    pub fn from_env() -> Self {
+        Self::from_lookup(|name| std::env::var_os(name), std::process::id())
     }
 
     /// A notifier that never sends anything (not under a service manager).
-    pub fn disabled() -> Notifier {
-        Notifier { socket: None, watchdog_usec: None, warned: AtomicBool::new(false) }
+    pub fn disabled() -> Self {
+        Self { socket: None, watchdog_usec: None, warned: AtomicBool::new(false) }
     }
 
     /// A notifier configured from variables looked up with `var`, for a process whose pid is
     /// `my_pid`. Follows sd_watchdog_enabled(3): the watchdog applies when `WATCHDOG_USEC` is a
     /// positive integer and `WATCHDOG_PID` is either absent or equal to `my_pid` (a watchdog
     /// meant for a parent is not ours to feed).
-    pub fn from_lookup(var: impl Fn(&str) -> Option<OsString>, my_pid: u32) -> Notifier {
+    pub fn from_lookup(var: impl Fn(&str) -> Option<OsString>, my_pid: u32) -> Self {
         let socket = var("NOTIFY_SOCKET").and_then(|path| match socket_addr(&path) {
             Ok(addr) => Some(addr),
             Err(e) => {
@@ -65,7 +65,7 @@ impl Notifier {
         let watchdog_usec = var("WATCHDOG_USEC")
             .and_then(|v| v.to_str().and_then(|s| s.trim().parse::<u64>().ok()))
             .filter(|&usec| usec > 0 && pid_matches);
-        Notifier { socket, watchdog_usec, warned: AtomicBool::new(false) }
+        Self { socket, watchdog_usec, warned: AtomicBool::new(false) }
     }
 
     /// Whether messages go anywhere (a `NOTIFY_SOCKET` was given).

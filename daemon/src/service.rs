@@ -136,20 +136,20 @@ impl ServiceError {
     /// Process exit status: 2 for what only a change of configuration or privileges fixes.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ServiceError::Events(_)
-            | ServiceError::NotPermitted { .. }
-            | ServiceError::Database { .. }
-            | ServiceError::Spool(..)
-            | ServiceError::LeaseHeld(_)
-            | ServiceError::Faults(_)
-            | ServiceError::NoGroup(_)
-            | ServiceError::Sampler(SamplerError::Config(_))
-            | ServiceError::Control(
+            Self::Events(_)
+            | Self::NotPermitted { .. }
+            | Self::Database { .. }
+            | Self::Spool(..)
+            | Self::LeaseHeld(_)
+            | Self::Faults(_)
+            | Self::NoGroup(_)
+            | Self::Sampler(SamplerError::Config(_))
+            | Self::Control(
                 ControlError::Io { .. }
                 | ControlError::NotASocket { .. }
                 | ControlError::BadDirectory { .. },
             ) => 2,
-            ServiceError::Degraded(_) => crate::watch::DEGRADED_EXIT_CODE,
+            Self::Degraded(_) => crate::watch::DEGRADED_EXIT_CODE,
             _ => 1,
         }
     }
@@ -596,10 +596,10 @@ impl Shared {
     /// the background (one at a time); the samples are safe in the spool meanwhile.
     fn bounded_store_op<T: Send + 'static>(
         self: &Arc<Self>,
-        op: impl FnOnce(&Shared) -> Result<T, String> + Send + 'static,
+        op: impl FnOnce(&Self) -> Result<T, String> + Send + 'static,
     ) -> Result<T, String> {
         use std::sync::atomic::Ordering;
-        let stalled = |sh: &Shared| {
+        let stalled = |sh: &Self| {
             let s = sh.settings();
             match sh.stalled_since(&s) {
                 Some(t) => format!(
@@ -962,7 +962,8 @@ fn start_sampling(
     };
     let t0 = crate::sys::time::monotonic_ns();
     let since = Instant::now();
-    let sampler = Sampler::start(&scfg, aggregator.clone()).map_err(explain_sampler_error)?;
+    let sampler = Sampler::start(&scfg, Arc::<Aggregator>::clone(&aggregator))
+        .map_err(explain_sampler_error)?;
     Ok((aggregator, sampler, since, t0))
 }
 
@@ -1065,7 +1066,7 @@ struct Flusher {
 }
 
 impl Flusher {
-    fn spawn(shared: &Arc<Shared>) -> Result<Flusher, ServiceError> {
+    fn spawn(shared: &Arc<Shared>) -> Result<Self, ServiceError> {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let thread = {
             let shared = Arc::clone(shared);
@@ -1090,7 +1091,7 @@ impl Flusher {
                 .map_err(|e| ServiceError::Thread(e.to_string()))?
         };
         *lock(&shared.flusher) = Some(thread.thread().clone());
-        Ok(Flusher { stop, thread })
+        Ok(Self { stop, thread })
     }
 
     /// Stop the flush thread, waiting at most [`STOP_WAIT`]: one stuck in a hung database

@@ -61,8 +61,8 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Watch {
-    pub fn new(faults: Option<Arc<dyn FaultInjector>>) -> Arc<Watch> {
-        Arc::new(Watch { faults, ..Watch::default() })
+    pub fn new(faults: Option<Arc<dyn FaultInjector>>) -> Arc<Self> {
+        Arc::new(Self { faults, ..Self::default() })
     }
 
     /// Spawn `f` on a thread named `name`. A panic is recorded; so is a return before

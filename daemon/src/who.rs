@@ -60,7 +60,7 @@ pub struct CpuWho {
 
 impl Default for CpuWho {
     fn default() -> Self {
-        CpuWho {
+        Self {
             per_event: Vec::new(),
             kernel: HashMap::new(),
             kslots: vec![(0, 0, 0); KERNEL_SLOTS].into_boxed_slice(),
@@ -154,7 +154,7 @@ impl WhoBatch {
     }
 
     /// Add another batch (an early drain's) into this one.
-    pub fn merge(&mut self, o: WhoBatch) {
+    pub fn merge(&mut self, o: Self) {
         for (k, n) in o.user {
             *self.user.entry(k).or_insert(0) += n;
         }
@@ -340,7 +340,7 @@ impl CgroupNames {
 
     /// Find the v2 hierarchy in `/proc/self/mountinfo` (pure v2 at /sys/fs/cgroup, or hybrid
     /// at /sys/fs/cgroup/unified); say when there is none.
-    pub fn discover() -> CgroupNames {
+    pub fn discover() -> Self {
         let root =
             std::fs::read_to_string("/proc/self/mountinfo").ok().and_then(|m| cgroup2_mount(&m));
         match &root {
@@ -350,12 +350,12 @@ impl CgroupNames {
                  attributed to cgroups, services or containers"
             ),
         }
-        CgroupNames::at(root)
+        Self::at(root)
     }
 
     /// Names under `root` (None: none known).
-    pub fn at(root: Option<PathBuf>) -> CgroupNames {
-        CgroupNames { root, names: HashMap::new(), last_scan: None }
+    pub fn at(root: Option<PathBuf>) -> Self {
+        Self { root, names: HashMap::new(), last_scan: None }
     }
 
     /// A path from PERF_RECORD_CGROUP.

@@ -66,8 +66,8 @@ impl ExportError {
     /// Process exit status: 2 for usage and data errors, 1 for failures to write the output.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ExportError::Select(e) => e.exit_code(),
-            ExportError::Io { .. } | ExportError::Parquet { .. } => 1,
+            Self::Select(e) => e.exit_code(),
+            Self::Io { .. } | Self::Parquet { .. } => 1,
             _ => 2,
         }
     }

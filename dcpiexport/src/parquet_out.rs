@@ -91,7 +91,7 @@ fn opt_strings<'a>(
 
 fn u64s(c: &mut SerializedColumnWriter<'_>, v: impl Iterator<Item = u64>) -> Result<()> {
     // UINT64 is stored in the INT64 physical type, bit for bit.
-    let vals: Vec<i64> = v.map(|x| x as i64).collect();
+    let vals: Vec<i64> = v.map(|x| x.cast_signed()).collect();
     c.typed::<Int64Type>().write_batch(&vals, None, None)?;
     Ok(())
 }
@@ -126,7 +126,7 @@ pub fn samples(rows: &[SampleRow]) -> Result<Vec<u8>> {
             Box::new(|c| strings(c, rows.iter().map(|r| r.event.as_str()))),
             Box::new(|c| u64s(c, rows.iter().map(|r| r.offset))),
             Box::new(|c| {
-                let v: Vec<i64> = rows.iter().map(|r| r.samples as i64).collect();
+                let v: Vec<i64> = rows.iter().map(|r| r.samples.cast_signed()).collect();
                 c.typed::<Int64Type>().write_batch(&v, None, None).map(|_| ())
             }),
             Box::new(|c| {

@@ -60,21 +60,16 @@ pub struct EpochId(String);
 impl EpochId {
     /// The id for an epoch starting at `t` (second resolution). Times before 1970 or after
     /// year 9999 are clamped.
-    pub fn from_time(t: SystemTime) -> EpochId {
+    pub fn from_time(t: SystemTime) -> Self {
         let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         Self::from_unix(secs.min(MAX_EPOCH_SECS))
     }
 
-    fn from_unix(secs: u64) -> EpochId {
-        let days = (secs / 86_400) as i64;
+    fn from_unix(secs: u64) -> Self {
+        let days = (secs / 86_400).cast_signed();
         let rem = secs % 86_400;
         let (y, m, d) = civil_from_days(days);
-        EpochId(format!(
-            "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
-            rem / 3600,
-            (rem / 60) % 60,
-            rem % 60
-        ))
+        Self(format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, (rem / 60) % 60, rem % 60))
     }
 
     fn unix_secs(&self) -> u64 {
@@ -83,12 +78,12 @@ impl EpochId {
         let num = |r: std::ops::Range<usize>| -> u64 {
             b[r].iter().fold(0, |acc, c| acc * 10 + u64::from(c.wrapping_sub(b'0')))
         };
-        let days = days_from_civil(num(0..4) as i64, num(4..6) as u32, num(6..8) as u32);
+        let days = days_from_civil(num(0..4).cast_signed(), num(4..6) as u32, num(6..8) as u32);
         (days.max(0) as u64) * 86_400 + num(9..11) * 3600 + num(11..13) * 60 + num(13..15)
     }
 
     /// Validate the text form.
-    pub fn parse(s: &str) -> Result<EpochId> {
+    pub fn parse(s: &str) -> Result<Self> {
         let invalid = |detail: &str| Error::Invalid {
             what: "epoch id",
             value: s.chars().take(100).collect(),
@@ -116,7 +111,7 @@ impl EpochId {
         if hh > 23 || mm > 59 || ss > 59 {
             return Err(invalid("no such time of day"));
         }
-        Ok(EpochId(s.to_owned()))
+        Ok(Self(s.to_owned()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -129,7 +124,7 @@ impl EpochId {
     }
 
     /// The id one second later (saturating at the largest representable id).
-    fn next(&self) -> EpochId {
+    fn next(&self) -> Self {
         Self::from_unix((self.unix_secs() + 1).min(MAX_EPOCH_SECS))
     }
 }
@@ -205,7 +200,7 @@ pub(crate) fn parse_profile_name(name: &str) -> Option<(Option<ImageId>, &str)> 
 
 impl Database {
     /// Open an existing database (the directory must exist).
-    pub fn open(root: &Path) -> Result<Database> {
+    pub fn open(root: &Path) -> Result<Self> {
         let meta = fs::metadata(root).map_err(|e| Error::io(root, e))?;
         if !meta.is_dir() {
             return Err(Error::io(
@@ -213,14 +208,14 @@ impl Database {
                 std::io::Error::new(ErrorKind::NotADirectory, "database is not a directory"),
             ));
         }
-        Ok(Database { root: root.to_path_buf() })
+        Ok(Self { root: root.to_path_buf() })
     }
 
     /// Open, creating the directory (and `epochs/`) if needed.
-    pub fn create(root: &Path) -> Result<Database> {
+    pub fn create(root: &Path) -> Result<Self> {
         let epochs = root.join("epochs");
         fs::create_dir_all(&epochs).map_err(|e| Error::io(&epochs, e))?;
-        Database::open(root)
+        Self::open(root)
     }
 
     pub fn root(&self) -> &Path {

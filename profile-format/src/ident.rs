@@ -37,7 +37,7 @@ fn digest16(domain: &str, fields: &[&[u8]]) -> [u8; 16] {
 
 impl ImageId {
     /// A build-id identity; `Invalid` if `bytes` is empty or longer than 64 bytes.
-    pub fn from_build_id(bytes: &[u8]) -> Result<ImageId> {
+    pub fn from_build_id(bytes: &[u8]) -> Result<Self> {
         if bytes.is_empty() || bytes.len() > MAX_BUILD_ID_LEN {
             return Err(Error::Invalid {
                 what: "build-id",
@@ -45,12 +45,12 @@ impl ImageId {
                 detail: format!("{} bytes; a build-id has 1..=64", bytes.len()),
             });
         }
-        Ok(ImageId::BuildId(bytes.to_vec()))
+        Ok(Self::BuildId(bytes.to_vec()))
     }
 
     /// Identity of a file without a build-id: path, size, mtime (ns since the epoch) and inode.
-    pub fn fallback(path: &[u8], size: u64, mtime_ns: i64, inode: u64) -> ImageId {
-        ImageId::Fallback(digest16(
+    pub fn fallback(path: &[u8], size: u64, mtime_ns: i64, inode: u64) -> Self {
+        Self::Fallback(digest16(
             "dcpi-file",
             &[path, &size.to_le_bytes(), &mtime_ns.to_le_bytes(), &inode.to_le_bytes()],
         ))
@@ -58,15 +58,15 @@ impl ImageId {
 
     /// Identity of a pseudo-image such as `[vdso]`, `[anon]` or `[unknown]`; `discriminator`
     /// separates instances (e.g. kernel release for the vDSO, pid and start time for `[anon]`).
-    pub fn special(name: &str, discriminator: &[u8]) -> ImageId {
-        ImageId::Fallback(digest16("dcpi-special", &[name.as_bytes(), discriminator]))
+    pub fn special(name: &str, discriminator: &[u8]) -> Self {
+        Self::Fallback(digest16("dcpi-special", &[name.as_bytes(), discriminator]))
     }
 
     /// Whether this value can be written: a build-id must have 1..=64 bytes.
     pub fn is_valid(&self) -> bool {
         match self {
-            ImageId::BuildId(b) => !b.is_empty() && b.len() <= MAX_BUILD_ID_LEN,
-            ImageId::Fallback(_) => true,
+            Self::BuildId(b) => !b.is_empty() && b.len() <= MAX_BUILD_ID_LEN,
+            Self::Fallback(_) => true,
         }
     }
 
@@ -78,14 +78,14 @@ impl ImageId {
     /// then the text stays a bounded, safe file name; such an id is refused when written.
     pub fn to_text(&self) -> String {
         match self {
-            ImageId::BuildId(b) if self.is_valid() => format!("b{}", hex::encode(b)),
-            ImageId::BuildId(b) => format!("f{}", hex::encode(digest16("dcpi-bad-build-id", &[b]))),
-            ImageId::Fallback(f) => format!("f{}", hex::encode(f)),
+            Self::BuildId(b) if self.is_valid() => format!("b{}", hex::encode(b)),
+            Self::BuildId(b) => format!("f{}", hex::encode(digest16("dcpi-bad-build-id", &[b]))),
+            Self::Fallback(f) => format!("f{}", hex::encode(f)),
         }
     }
 
     /// Parse the text form produced by [`ImageId::to_text`].
-    pub fn parse(s: &str) -> Result<ImageId> {
+    pub fn parse(s: &str) -> Result<Self> {
         let invalid = |detail: &str| Error::Invalid {
             what: "image id",
             value: s.chars().take(200).collect(),
@@ -104,12 +104,12 @@ impl ImageId {
                 if bytes.is_empty() || bytes.len() > MAX_BUILD_ID_LEN {
                     return Err(invalid("a build-id has 1..=64 bytes"));
                 }
-                Ok(ImageId::BuildId(bytes))
+                Ok(Self::BuildId(bytes))
             }
             b'f' => {
                 let arr: [u8; 16] =
                     bytes.try_into().map_err(|_| invalid("a fallback id has 16 bytes"))?;
-                Ok(ImageId::Fallback(arr))
+                Ok(Self::Fallback(arr))
             }
             _ => Err(invalid("expected `b` (build-id) or `f` (fallback) prefix")),
         }

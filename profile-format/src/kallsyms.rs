@@ -103,7 +103,7 @@ impl KallsymsSnapshot {
         kernel_release: String,
         kernel_build_id: Option<Vec<u8>>,
         module_build_ids: &dyn Fn(&str) -> Option<Vec<u8>>,
-    ) -> Result<KallsymsSnapshot> {
+    ) -> Result<Self> {
         Self::from_proc_lines(
             kallsyms.lines(),
             modules,
@@ -121,8 +121,8 @@ impl KallsymsSnapshot {
         kernel_release: String,
         kernel_build_id: Option<Vec<u8>>,
         module_build_ids: &dyn Fn(&str) -> Option<Vec<u8>>,
-    ) -> Result<KallsymsSnapshot> {
-        let mut snap = KallsymsSnapshot {
+    ) -> Result<Self> {
+        let mut snap = Self {
             kernel_release,
             kernel_build_id: kernel_build_id
                 .filter(|b| !b.is_empty() && b.len() <= MAX_BUILD_ID_LEN),
@@ -252,7 +252,7 @@ impl KallsymsSnapshot {
     }
 
     /// Parse and validate; `path` is only used to name the file in errors.
-    pub fn decode(bytes: &[u8], path: &Path) -> Result<KallsymsSnapshot> {
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
         let payload =
             codec::open(bytes, path, KALLSYMS_MAGIC, "kallsyms snapshot", KALLSYMS_VERSION)?;
         let mut r = Reader::new(payload, path);
@@ -342,13 +342,13 @@ impl KallsymsSnapshot {
             }
         }
         r.finish()?;
-        Ok(KallsymsSnapshot { kernel_release, kernel_build_id, text_base, modules, symbols })
+        Ok(Self { kernel_release, kernel_build_id, text_base, modules, symbols })
     }
 
-    pub fn read(path: &Path) -> Result<KallsymsSnapshot> {
+    pub fn read(path: &Path) -> Result<Self> {
         let bytes =
             crate::safeio::read_container(path, KALLSYMS_MAGIC, "kallsyms", KALLSYMS_VERSION)?;
-        KallsymsSnapshot::decode(&bytes, path)
+        Self::decode(&bytes, path)
     }
 
     /// Write atomically, symbols in canonical order.

@@ -76,7 +76,7 @@ impl Lease {
         )
     }
 
-    fn decode(text: &str, path: &std::path::Path) -> Result<Lease> {
+    fn decode(text: &str, path: &std::path::Path) -> Result<Self> {
         let corrupt = |field: &'static str, detail: String| Error::Corrupt {
             path: path.into(),
             field,
@@ -95,7 +95,7 @@ impl Lease {
                 supported: LEASE_VERSION as u16,
             });
         }
-        let mut l = Lease::default();
+        let mut l = Self::default();
         let num = |field: &'static str, v: &str| {
             v.parse::<u64>().map_err(|e| corrupt(field, format!("{v:?}: {e}")))
         };

@@ -24,10 +24,10 @@ pub enum PairsError {
 impl PairsError {
     pub fn field(&self) -> &'static str {
         match self {
-            PairsError::TooMany(_) => "counts",
-            PairsError::OffsetOverflow => "counts.offset",
-            PairsError::ZeroCount(_) => "counts.count",
-            PairsError::Varint(_) => "counts",
+            Self::TooMany(_) => "counts",
+            Self::OffsetOverflow => "counts.offset",
+            Self::ZeroCount(_) => "counts.count",
+            Self::Varint(_) => "counts",
         }
     }
 }

@@ -45,21 +45,17 @@ pub enum UnknownReason {
 }
 
 impl UnknownReason {
-    pub const ALL: [UnknownReason; 4] = [
-        UnknownReason::NoMap,
-        UnknownReason::ProcessGone,
-        UnknownReason::Unreadable,
-        UnknownReason::KernelUnknown,
-    ];
-    pub fn from_code(code: u64) -> Option<UnknownReason> {
+    pub const ALL: [Self; 4] =
+        [Self::NoMap, Self::ProcessGone, Self::Unreadable, Self::KernelUnknown];
+    pub fn from_code(code: u64) -> Option<Self> {
         Self::ALL.into_iter().find(|r| *r as u64 == code)
     }
     pub fn as_str(self) -> &'static str {
         match self {
-            UnknownReason::NoMap => "no-map",
-            UnknownReason::ProcessGone => "process-gone",
-            UnknownReason::Unreadable => "unreadable",
-            UnknownReason::KernelUnknown => "kernel-unknown",
+            Self::NoMap => "no-map",
+            Self::ProcessGone => "process-gone",
+            Self::Unreadable => "unreadable",
+            Self::KernelUnknown => "kernel-unknown",
         }
     }
 }
@@ -120,15 +116,9 @@ pub struct Profile {
 }
 
 impl ImageKind {
-    pub const ALL: [ImageKind; 6] = [
-        ImageKind::Elf,
-        ImageKind::Kernel,
-        ImageKind::KernelModule,
-        ImageKind::Vdso,
-        ImageKind::Anon,
-        ImageKind::Unknown,
-    ];
-    pub fn from_code(code: u8) -> Option<ImageKind> {
+    pub const ALL: [Self; 6] =
+        [Self::Elf, Self::Kernel, Self::KernelModule, Self::Vdso, Self::Anon, Self::Unknown];
+    pub fn from_code(code: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|k| *k as u8 == code)
     }
 }
@@ -174,8 +164,8 @@ impl ProfileHeader {
 
 impl Profile {
     /// An empty profile.
-    pub fn new(header: ProfileHeader) -> Profile {
-        Profile { header, counts: BTreeMap::new() }
+    pub fn new(header: ProfileHeader) -> Self {
+        Self { header, counts: BTreeMap::new() }
     }
 
     /// Add `count` samples at `offset`, together with the sum of their periods. A zero count is
@@ -228,7 +218,7 @@ impl Profile {
     }
 
     /// Parse and validate; `path` is only used to name the file in errors.
-    pub fn decode(bytes: &[u8], path: &Path) -> Result<Profile> {
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
         let payload = codec::open(bytes, path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?;
         let mut r = Reader::new(payload, path);
         let kind_code = r.u8("kind")?;
@@ -305,15 +295,15 @@ impl Profile {
                 format!("header says {} but the counts add up to {sum}", header.total_samples),
             ));
         }
-        Ok(Profile { header, counts })
+        Ok(Self { header, counts })
     }
 
     /// Read and validate a profile file. The file is opened safely and read only up to the
     /// length its header announces (FORMAT.md §6.1); when its name follows the profile naming
     /// scheme (§3), the header must describe the image and event the name says.
-    pub fn read(path: &Path) -> Result<Profile> {
+    pub fn read(path: &Path) -> Result<Self> {
         let bytes = crate::safeio::read_container(path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?;
-        let p = Profile::decode(&bytes, path)?;
+        let p = Self::decode(&bytes, path)?;
         p.check_name(path)?;
         Ok(p)
     }
@@ -371,7 +361,7 @@ impl Profile {
     ///
     /// When the two period means differ, the merged mean is the observed mean
     /// `total_period / total_samples`, clamped into the widened window.
-    pub fn merge(&mut self, other: &Profile) -> Result<()> {
+    pub fn merge(&mut self, other: &Self) -> Result<()> {
         let (a, b) = (&mut self.header, &other.header);
         if a.image_id != b.image_id || a.kind != b.kind {
             return Err(Error::MergeMismatch(format!(

@@ -81,8 +81,8 @@ impl PartialEq for StackProfile {
 impl Eq for StackProfile {}
 
 impl StackProfile {
-    pub fn new(host: &str, epoch: &str, event: &str) -> StackProfile {
-        StackProfile {
+    pub fn new(host: &str, epoch: &str, event: &str) -> Self {
+        Self {
             host: host.to_owned(),
             epoch: epoch.to_owned(),
             event: event.to_owned(),
@@ -148,7 +148,7 @@ impl StackProfile {
     /// Add every count of `other` (host and epoch of `self` are kept; the sequence becomes the
     /// larger one). Commutative and
     /// associative on the counts. Stacks of another event are refused (`MergeMismatch`).
-    pub fn merge(&mut self, other: &StackProfile) -> Result<()> {
+    pub fn merge(&mut self, other: &Self) -> Result<()> {
         if self.event != other.event {
             return Err(Error::MergeMismatch(format!(
                 "stack profiles of events {:?} and {:?}",
@@ -262,7 +262,7 @@ impl StackProfile {
 
     /// Parse and validate a file's bytes; `path` names it in errors. Accepts only the
     /// canonical encoding.
-    pub fn decode(bytes: &[u8], path: &Path) -> Result<StackProfile> {
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
         let packed = codec::open(bytes, path, STACKS_MAGIC, "stack profile", STACKS_VERSION)?;
         let mut payload = Vec::new();
         flate2::read::ZlibDecoder::new(packed)
@@ -276,7 +276,7 @@ impl StackProfile {
         let host = r.string("host")?;
         let epoch = r.string("epoch")?;
         let event = r.string("event")?;
-        let mut p = StackProfile::new(&host, &epoch, &event);
+        let mut p = Self::new(&host, &epoch, &event);
         p.sequence = r.varint("sequence")?;
         // kind, tag, id length + >= 1 byte, path length.
         let nimages = r.count("images", 5)?;
@@ -380,10 +380,10 @@ impl StackProfile {
         Ok(p)
     }
 
-    pub fn read(path: &Path) -> Result<StackProfile> {
+    pub fn read(path: &Path) -> Result<Self> {
         let bytes =
             crate::safeio::read_container(path, STACKS_MAGIC, "stack profile", STACKS_VERSION)?;
-        StackProfile::decode(&bytes, path)
+        Self::decode(&bytes, path)
     }
 
     /// Write atomically (FORMAT.md §2). Returns the bytes written.

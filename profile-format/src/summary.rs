@@ -84,8 +84,8 @@ pub struct ImageTotal {
 impl SummaryIndex {
     /// Build the index from the profile files of `hd` (read and checked in full). Any
     /// unreadable profile is an error: an index must never disagree with the files.
-    pub fn of_host_dir(hd: &HostDir) -> Result<SummaryIndex> {
-        let mut idx = SummaryIndex::default();
+    pub fn of_host_dir(hd: &HostDir) -> Result<Self> {
+        let mut idx = Self::default();
         for entry in hd.profiles()? {
             let p = Profile::read(&entry.path)?;
             idx.push(&p.header);
@@ -161,13 +161,13 @@ impl ImageTotal {
 
 impl HostSummary {
     /// Read and parse; errors name the file.
-    pub fn read(path: &Path) -> Result<HostSummary> {
+    pub fn read(path: &Path) -> Result<Self> {
         let bytes = crate::safeio::read_small(path, crate::safeio::MAX_SUMMARY_FILE)?;
         serde_json::from_slice(&bytes).map_err(|source| Error::Json { path: path.into(), source })
     }
     /// [`HostSummary::read`] without the index: its entries are skipped, not built. For readers
     /// of many summaries that need only the host facts (e.g. multiplexing times).
-    pub fn read_facts(path: &Path) -> Result<HostSummary> {
+    pub fn read_facts(path: &Path) -> Result<Self> {
         #[derive(Default, serde::Deserialize)]
         #[serde(default)]
         struct Facts {
@@ -188,7 +188,7 @@ impl HostSummary {
         let bytes = crate::safeio::read_small(path, crate::safeio::MAX_SUMMARY_FILE)?;
         let f: Facts = serde_json::from_slice(&bytes)
             .map_err(|source| Error::Json { path: path.into(), source })?;
-        Ok(HostSummary {
+        Ok(Self {
             format_version: f.format_version,
             host: f.host,
             epoch: f.epoch,

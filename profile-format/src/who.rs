@@ -58,8 +58,8 @@ fn index_of<T: Ord + ?Sized>(d: &[&T], x: &T) -> u64 {
 }
 
 impl WhoTable {
-    pub fn new(host: &str, epoch: &str) -> WhoTable {
-        WhoTable { host: host.to_owned(), epoch: epoch.to_owned(), ..Default::default() }
+    pub fn new(host: &str, epoch: &str) -> Self {
+        Self { host: host.to_owned(), epoch: epoch.to_owned(), ..Default::default() }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -84,7 +84,7 @@ impl WhoTable {
 
     /// Add every count of `other` (host and epoch of `self` are kept). Commutative and
     /// associative on the counts.
-    pub fn merge(&mut self, other: &WhoTable) {
+    pub fn merge(&mut self, other: &Self) {
         for (k, &n) in &other.rows {
             self.add(k.clone(), n);
         }
@@ -147,7 +147,7 @@ impl WhoTable {
 
     /// Parse and validate a file's bytes; `path` names it in errors. Accepts only the
     /// canonical encoding (sorted, distinct dictionaries and rows, no zero counts).
-    pub fn decode(bytes: &[u8], path: &Path) -> Result<WhoTable> {
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
         let packed = codec::open(bytes, path, WHO_MAGIC, "who table", WHO_VERSION)?;
         let mut payload = Vec::new();
         flate2::read::ZlibDecoder::new(packed)
@@ -241,7 +241,7 @@ impl WhoTable {
             cpus.insert((cpu, pick(&r, &events, ev, "cpu event")?.clone()), n);
         }
         r.finish()?;
-        let t = WhoTable { host, epoch, rows, cpus };
+        let t = Self { host, epoch, rows, cpus };
         // Unused dictionary entries would make two encodings of one table.
         if t.encode() != bytes {
             return Err(codec::corrupt(path, "dictionaries", "entries no row uses"));
@@ -249,9 +249,9 @@ impl WhoTable {
         Ok(t)
     }
 
-    pub fn read(path: &Path) -> Result<WhoTable> {
+    pub fn read(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        WhoTable::decode(&bytes, path)
+        Self::decode(&bytes, path)
     }
 
     /// Write atomically (FORMAT.md §2). Returns the bytes written.

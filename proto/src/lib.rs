@@ -32,7 +32,7 @@ pub enum Request {
 impl Request {
     /// Whether the request waits for disk work (flush, new epoch): clients give it longer.
     pub fn is_slow(self) -> bool {
-        matches!(self, Request::Flush | Request::EpochNew)
+        matches!(self, Self::Flush | Self::EpochNew)
     }
 }
 
@@ -47,18 +47,18 @@ pub struct Response {
 
 impl Response {
     /// A success carrying `result` (any of this crate's result types).
-    pub fn ok_with<T: Serialize>(result: &T) -> Response {
+    pub fn ok_with<T: Serialize>(result: &T) -> Self {
         match serde_json::to_value(result) {
-            Ok(v) => Response::ok(v),
-            Err(e) => Response::err(format!("cannot encode the result: {e}")),
+            Ok(v) => Self::ok(v),
+            Err(e) => Self::err(format!("cannot encode the result: {e}")),
         }
     }
 
-    pub fn ok(result: serde_json::Value) -> Response {
-        Response { ok: true, result: Some(result), error: None }
+    pub fn ok(result: serde_json::Value) -> Self {
+        Self { ok: true, result: Some(result), error: None }
     }
-    pub fn err(msg: impl Into<String>) -> Response {
-        Response { ok: false, result: None, error: Some(msg.into()) }
+    pub fn err(msg: impl Into<String>) -> Self {
+        Self { ok: false, result: None, error: Some(msg.into()) }
     }
 }
 

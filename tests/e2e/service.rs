@@ -503,7 +503,7 @@ fn reload_applies_live_settings_and_survives_a_bad_file() {
         std::fs::read_to_string(&cfg).unwrap().replace("\"cpu-clock\"", "\"cpu-clock:2000000\"");
     std::fs::write(&cfg, text).unwrap();
     // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
-    unsafe { libc::kill(d.pid() as i32, libc::SIGHUP) };
+    unsafe { libc::kill(d.pid().cast_signed(), libc::SIGHUP) };
     wait_for(10, "the SIGHUP reload", || d.status_json()["last_reload"]["trigger"] == "SIGHUP");
     let v = d.status_json();
     assert_eq!(v["last_reload"]["ok"], true, "{}", v["last_reload"]);
@@ -525,7 +525,7 @@ fn reload_applies_live_settings_and_survives_a_bad_file() {
     std::fs::write(&cfg, format!("{good}max_memory_mb = \"lots\"\nflush_intrval = \"1s\"\n"))
         .unwrap();
     // SAFETY: as above.
-    unsafe { libc::kill(d.pid() as i32, libc::SIGHUP) };
+    unsafe { libc::kill(d.pid().cast_signed(), libc::SIGHUP) };
     wait_for(10, "the rejected SIGHUP reload", || {
         let v = d.status_json();
         v["last_reload"]["trigger"] == "SIGHUP" && v["last_reload"]["ok"] == false
@@ -865,14 +865,14 @@ struct Tmpfs(std::path::PathBuf);
 impl Tmpfs {
     /// Mount a tmpfs of `size` at `dir`; `None` (after printing why) where mounting is not
     /// permitted, unless DCPI_REQUIRE_MOUNT=1.
-    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+    fn mount(dir: &Path, size: &str) -> Option<Self> {
         std::fs::create_dir_all(dir).unwrap();
         let out = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
             .arg(dir)
             .output();
         match out {
-            Ok(o) if o.status.success() => Some(Tmpfs(dir.to_path_buf())),
+            Ok(o) if o.status.success() => Some(Self(dir.to_path_buf())),
             other => {
                 let why = match other {
                     Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),

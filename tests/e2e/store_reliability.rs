@@ -58,7 +58,7 @@ fn profiles_in(dir: &Path) -> Vec<PathBuf> {
 fn terminate_bounded(d: &mut Daemon, secs: u64) -> (std::process::ExitStatus, String) {
     let child = d.child.as_mut().expect("running");
     // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(child.id().cast_signed(), libc::SIGTERM) };
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         if let Some(st) = child.try_wait().expect("wait") {
@@ -119,7 +119,7 @@ fn hostile_profiles_in_own_host_dir_are_set_aside_and_flush_and_sigterm_still_wo
     }
     // The human status says so too.
     let human = ctl_bounded(&d, &["status"], 30);
-    assert!(String::from_utf8_lossy(&human.stdout).contains("set aside"), "{:?}", human);
+    assert!(String::from_utf8_lossy(&human.stdout).contains("set aside"), "{human:?}");
     let (st, err) = terminate_bounded(&mut d, 30);
     assert!(st.success(), "{err}");
     // Every file left in the host directory reads.

@@ -194,7 +194,7 @@ struct NotifyListener {
 }
 
 impl NotifyListener {
-    fn new() -> NotifyListener {
+    fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("notify.sock");
         let sock = UnixDatagram::bind(&path).expect("bind NOTIFY_SOCKET");
@@ -208,7 +208,7 @@ impl NotifyListener {
                 }
             }
         });
-        NotifyListener { _dir: dir, path, rx }
+        Self { _dir: dir, path, rx }
     }
 
     /// Every message (split into `KEY=value` lines) received until `deadline`.
@@ -315,7 +315,7 @@ fn sd_notify_ready_watchdog_status_stopping() {
     eprintln!("READY=1 after {:?}", ready - start);
 
     // SAFETY: kill(2) on our own child, not yet reaped.
-    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(child.0.id().cast_signed(), libc::SIGTERM) };
     listener.wait_for("STOPPING=1", Duration::from_secs(20), &mut got);
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {

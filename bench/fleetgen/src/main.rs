@@ -137,7 +137,7 @@ fn read_images(path: &PathBuf) -> Result<Vec<Image>, String> {
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.is_empty() || s.len() % 2 != 0 {
+    if s.is_empty() || !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()

@@ -26,9 +26,9 @@ impl ToolError {
     /// 2 for usage and data errors, 1 for output errors.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ToolError::Prof(e) => e.exit_code(),
-            ToolError::Usage(_) => 2,
-            ToolError::Output(_) => 1,
+            Self::Prof(e) => e.exit_code(),
+            Self::Usage(_) => 2,
+            Self::Output(_) => 1,
         }
     }
 }
@@ -70,9 +70,9 @@ impl ColorChoice {
     pub fn enabled(self) -> bool {
         use std::io::IsTerminal;
         match self {
-            ColorChoice::Always => true,
-            ColorChoice::Never => false,
-            ColorChoice::Auto => {
+            Self::Always => true,
+            Self::Never => false,
+            Self::Auto => {
                 std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
                     && std::io::stdout().is_terminal()
             }
@@ -88,8 +88,8 @@ pub struct Cell {
 }
 
 impl From<String> for Cell {
-    fn from(text: String) -> Cell {
-        Cell { text, color: None }
+    fn from(text: String) -> Self {
+        Self { text, color: None }
     }
 }
 
@@ -131,7 +131,11 @@ pub fn table(out: &mut dyn Write, titles: &[&str], rows: &[Vec<Cell>]) -> io::Re
 
 /// One-decimal-place rendering of a signed number of points, sign always shown.
 pub fn signed(x: f64, decimals: usize) -> String {
-    let x = if x.abs() < 0.5 * 10f64.powi(-(decimals as i32)) { 0.0 } else { x };
+    let x = if x.abs() < 0.5 * 10f64.powi(-i32::try_from(decimals).unwrap_or(i32::MAX)) {
+        0.0
+    } else {
+        x
+    };
     format!("{x:+.decimals$}")
 }
 

@@ -117,21 +117,21 @@ pub struct StatsArgs {
 impl StatsArgs {
     /// The clap command, with `--epoch` defaulting to `all` (statistics need many profiles).
     pub fn command_with_defaults() -> clap::Command {
-        StatsArgs::command().mut_arg("epoch", |a| a.default_value("all"))
+        Self::command().mut_arg("epoch", |a| a.default_value("all"))
     }
 
     /// Parse the process arguments (exits with the usage error as clap does).
-    pub fn parse_args() -> StatsArgs {
+    pub fn parse_args() -> Self {
         Self::parse_from_iter(std::env::args_os())
     }
 
-    pub fn parse_from_iter<I, T>(it: I) -> StatsArgs
+    pub fn parse_from_iter<I, T>(it: I) -> Self
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
         let m = Self::command_with_defaults().get_matches_from(it);
-        StatsArgs::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
+        Self::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
     }
 }
 

@@ -172,9 +172,9 @@ pub enum Mode {
 impl Mode {
     pub fn name(self) -> &'static str {
         match self {
-            Mode::Asm => "asm",
-            Mode::Source => "source",
-            Mode::Both => "both",
+            Self::Asm => "asm",
+            Self::Source => "source",
+            Self::Both => "both",
         }
     }
 }
@@ -209,8 +209,8 @@ impl ListError {
     /// Process exit status: 2 for usage and data errors, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ListError::Prof(e) => e.exit_code(),
-            ListError::Output(_) => 1,
+            Self::Prof(e) => e.exit_code(),
+            Self::Output(_) => 1,
             _ => 2,
         }
     }

@@ -43,27 +43,30 @@ pub enum By {
 impl By {
     pub fn name(self) -> &'static str {
         match self {
-            By::Image => "image",
-            By::Symbol => "symbol",
-            By::Command => "command",
-            By::Pid => "pid",
-            By::Cgroup => "cgroup",
-            By::Unit => "unit",
-            By::Container => "container",
-            By::Cpu => "cpu",
-            By::Epoch => "epoch",
-            By::Host => "host",
+            Self::Image => "image",
+            Self::Symbol => "symbol",
+            Self::Command => "command",
+            Self::Pid => "pid",
+            Self::Cgroup => "cgroup",
+            Self::Unit => "unit",
+            Self::Container => "container",
+            Self::Cpu => "cpu",
+            Self::Epoch => "epoch",
+            Self::Host => "host",
         }
     }
 
     /// Dimensions only the who tables have.
     pub fn is_who(self) -> bool {
-        matches!(self, By::Command | By::Pid | By::Cgroup | By::Unit | By::Container | By::Cpu)
+        matches!(
+            self,
+            Self::Command | Self::Pid | Self::Cgroup | Self::Unit | Self::Container | Self::Cpu
+        )
     }
 
     fn key(self, d: &profile_format::HostDir) -> String {
         match self {
-            By::Host => d.host.clone(),
+            Self::Host => d.host.clone(),
             _ => d.epoch.to_string(),
         }
     }

@@ -93,7 +93,7 @@ pub fn file_identity(path: &Path) -> Result<ElfIdentity, IdentityError> {
 
 impl Locator {
     pub fn new(paths: SearchPaths) -> Self {
-        Locator { paths, scanned: None }
+        Self { paths, scanned: None }
     }
 
     /// Find the binary for `id`, trying each recorded path of the image.

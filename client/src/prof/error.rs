@@ -52,7 +52,7 @@ impl ProfError {
     /// Process exit status for this error: 2 for usage and data errors, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ProfError::Output(_) => 1,
+            Self::Output(_) => 1,
             _ => 2,
         }
     }

@@ -173,7 +173,7 @@ pub struct ImageFilter {
 
 impl ImageFilter {
     pub fn new(spec_text: &str) -> Self {
-        ImageFilter { spec: parse_spec(spec_text) }
+        Self { spec: parse_spec(spec_text) }
     }
 
     /// `Some(answer)` when the file name decides; `None` when the header must be read.
@@ -198,9 +198,9 @@ impl ImageFilter {
     }
 
     /// A hex spec that names no file is tried as a basename (as [`resolve_image`] does).
-    pub fn as_name(&self) -> Option<ImageFilter> {
+    pub fn as_name(&self) -> Option<Self> {
         match &self.spec {
-            Spec::Hex(h) => Some(ImageFilter { spec: Spec::Name(h.clone()) }),
+            Spec::Hex(h) => Some(Self { spec: Spec::Name(h.clone()) }),
             _ => None,
         }
     }

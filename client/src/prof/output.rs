@@ -40,10 +40,7 @@ pub enum TableFormat {
 impl Format {
     /// Formats written from symbolized samples by [`super::export`].
     pub fn is_export(self) -> bool {
-        matches!(
-            self,
-            Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope
-        )
+        matches!(self, Self::Folded | Self::Pprof | Self::Svg | Self::Html | Self::Speedscope)
     }
 }
 

@@ -303,7 +303,7 @@ struct Acc {
 
 impl Acc {
     fn new(n: usize) -> Self {
-        Acc { samples: vec![0; n], events: vec![0.0; n] }
+        Self { samples: vec![0; n], events: vec![0.0; n] }
     }
     fn add(&mut self, ei: usize, count: u64, w: f64) {
         self.samples[ei] += count;

@@ -54,8 +54,8 @@ impl FromStr for EpochSel {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "latest" => return Ok(EpochSel::Latest),
-            "all" => return Ok(EpochSel::All),
+            "latest" => return Ok(Self::Latest),
+            "all" => return Ok(Self::All),
             _ => {}
         }
         let bad = |what: &str| {
@@ -80,14 +80,14 @@ impl FromStr for EpochSel {
                     return Err(bad("empty epoch range (FROM after TO)"));
                 }
             }
-            return Ok(EpochSel::Range(from, to));
+            return Ok(Self::Range(from, to));
         }
         // A day (YYYYMMDD) is every epoch that started on it.
         if s.len() == 8 && valid_epoch_prefix(s) {
-            return Ok(EpochSel::Range(Some(s.to_owned()), Some(s.to_owned())));
+            return Ok(Self::Range(Some(s.to_owned()), Some(s.to_owned())));
         }
         if s.len() == 16 && valid_epoch_prefix(s) {
-            Ok(EpochSel::One(s.to_owned()))
+            Ok(Self::One(s.to_owned()))
         } else {
             Err(bad("bad epoch"))
         }
@@ -97,9 +97,9 @@ impl FromStr for EpochSel {
 impl EpochSel {
     fn matches(&self, id: &str) -> bool {
         match self {
-            EpochSel::Latest | EpochSel::All | EpochSel::Between(..) => true,
-            EpochSel::One(x) => id == x,
-            EpochSel::Range(from, to) => {
+            Self::Latest | Self::All | Self::Between(..) => true,
+            Self::One(x) => id == x,
+            Self::Range(from, to) => {
                 from.as_deref().is_none_or(|f| id >= f)
                     && to.as_deref().is_none_or(|t| &id[..t.len().min(id.len())] <= t)
             }
@@ -243,13 +243,13 @@ pub struct LoadedProfile {
 }
 
 impl LoadedProfile {
-    fn new(path: PathBuf, profile: Profile, dir: usize, keep_counts: bool) -> LoadedProfile {
+    fn new(path: PathBuf, profile: Profile, dir: usize, keep_counts: bool) -> Self {
         let mut profile = profile;
         let samples = profile.counts.values().sum();
         if !keep_counts {
             profile.counts = Default::default();
         }
-        LoadedProfile { path, profile, samples, dir }
+        Self { path, profile, samples, dir }
     }
 }
 
@@ -640,7 +640,7 @@ fn par_interned<'a, R: Send>(
         let map: Vec<u32> = interner.headers.iter().map(|h| global.intern_header(h)).collect();
         let map = std::sync::Arc::new(map);
         for (i, r) in done {
-            per_dir[i] = Some((r, map.clone()));
+            per_dir[i] = Some((r, std::sync::Arc::clone(&map)));
         }
     }
     (global.headers, per_dir.into_iter().flatten().collect())

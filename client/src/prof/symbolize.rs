@@ -138,7 +138,7 @@ impl SymbolTable {
         let dynsym_only = !full && !symbols.is_empty();
         let symbols = normalize_symbols(symbols);
         sections.sort_by_key(|s| s.start);
-        Ok(SymbolTable { segments, symbols, sections, has_dwarf, dynsym_only })
+        Ok(Self { segments, symbols, sections, has_dwarf, dynsym_only })
     }
 
     /// Compact binary encoding for the cache (see [`SymbolTable::decode`]).
@@ -173,7 +173,7 @@ impl SymbolTable {
 
     /// Decode [`SymbolTable::encode`]'s output; `None` for anything malformed (a damaged cache
     /// entry is rebuilt, never trusted).
-    pub fn decode(bytes: &[u8]) -> Option<SymbolTable> {
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
         let mut r = bytes.strip_prefix(TABLE_MAGIC)?;
         let (&dw, rest) = r.split_first()?;
         r = rest;
@@ -213,13 +213,7 @@ impl SymbolTable {
         if !symbols.is_sorted_by_key(|s| s.start) || !sections.is_sorted_by_key(|s| s.start) {
             return None;
         }
-        Some(SymbolTable {
-            segments,
-            symbols,
-            sections,
-            has_dwarf: dw & 1 == 1,
-            dynsym_only: dw & 2 == 2,
-        })
+        Some(Self { segments, symbols, sections, has_dwarf: dw & 1 == 1, dynsym_only: dw & 2 == 2 })
     }
 }
 
@@ -282,7 +276,7 @@ impl ElfSymbolizer {
     /// DWARF is read from files (see [`ElfSymbolizer::from_table`]).
     pub fn new(binary: &[u8], debug: Option<&[u8]>) -> Result<Self, ElfError> {
         let table = SymbolTable::build(binary, debug)?;
-        Ok(ElfSymbolizer::from_table(table, None, None))
+        Ok(Self::from_table(table, None, None))
     }
 
     /// From a (possibly cached) table; DWARF, if needed later, is read from these files.
@@ -291,7 +285,7 @@ impl ElfSymbolizer {
             Some(binary) => DwarfSource::Files { binary, debug },
             None => DwarfSource::None,
         };
-        ElfSymbolizer {
+        Self {
             table,
             source,
             dwarf: OnceCell::new(),

@@ -143,13 +143,13 @@ fn remove_db_files(path: &Path) {
 impl SymbolCache {
     /// Open (creating directories and the file); a corrupt file is replaced. Problems are
     /// reported through `warn` and give a disabled cache.
-    pub fn open(path: &Path, warn: &mut dyn FnMut(String)) -> SymbolCache {
+    pub fn open(path: &Path, warn: &mut dyn FnMut(String)) -> Self {
         let disabled = |e: String, warn: &mut dyn FnMut(String)| {
             warn(format!(
                 "symbol cache {}: {e}; continuing without it (--no-symbol-cache to silence)",
                 path.display()
             ));
-            SymbolCache { conn: None, path: path.to_owned() }
+            Self { conn: None, path: path.to_owned() }
         };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if let Err(e) = std::fs::create_dir_all(dir) {
@@ -157,12 +157,12 @@ impl SymbolCache {
             }
         }
         match open_conn_retrying(path) {
-            Ok(c) => SymbolCache { conn: Some(c), path: path.to_owned() },
+            Ok(c) => Self { conn: Some(c), path: path.to_owned() },
             Err(e) if is_corruption(&e) => {
                 warn(format!("symbol cache {} is corrupt ({e}); rebuilding it", path.display()));
                 remove_db_files(path);
                 match open_conn_retrying(path) {
-                    Ok(c) => SymbolCache { conn: Some(c), path: path.to_owned() },
+                    Ok(c) => Self { conn: Some(c), path: path.to_owned() },
                     Err(e) => disabled(e.to_string(), warn),
                 }
             }
@@ -171,8 +171,8 @@ impl SymbolCache {
     }
 
     /// A cache that stores nothing (`--no-symbol-cache`).
-    pub fn disabled() -> SymbolCache {
-        SymbolCache { conn: None, path: PathBuf::new() }
+    pub fn disabled() -> Self {
+        Self { conn: None, path: PathBuf::new() }
     }
 
     pub fn is_enabled(&self) -> bool {
@@ -194,9 +194,12 @@ impl SymbolCache {
     fn key_params(key: &CacheKey) -> (Vec<u8>, Vec<u8>, i64, i64) {
         use std::os::unix::ffi::OsStrExt;
         match &key.debug {
-            Some((p, size, mtime)) => {
-                (key.build_id.clone(), p.as_os_str().as_bytes().to_vec(), *size as i64, *mtime)
-            }
+            Some((p, size, mtime)) => (
+                key.build_id.clone(),
+                p.as_os_str().as_bytes().to_vec(),
+                (*size).cast_signed(),
+                *mtime,
+            ),
             None => (key.build_id.clone(), Vec::new(), -1, -1),
         }
     }
@@ -329,7 +332,14 @@ impl SymbolCache {
                         Some(f) => (f.function.as_deref(), f.file.as_deref(), f.line),
                         None => (None, None, None),
                     };
-                    st.execute(params![entry, *vaddr as i64, f.is_some(), func, file, line])?;
+                    st.execute(params![
+                        entry,
+                        (*vaddr).cast_signed(),
+                        f.is_some(),
+                        func,
+                        file,
+                        line
+                    ])?;
                 }
             }
             tx.commit()

@@ -32,10 +32,10 @@ fn event() -> EventDesc {
 }
 
 impl TestDb {
-    fn new() -> TestDb {
+    fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Database::create(&dir.path().join("db")).expect("create db");
-        TestDb { dir, db }
+        Self { dir, db }
     }
     fn root(&self) -> PathBuf {
         self.db.root().to_owned()
@@ -197,7 +197,7 @@ struct Elf {
 }
 
 impl Elf {
-    fn read(path: &Path, n: usize) -> Elf {
+    fn read(path: &Path, n: usize) -> Self {
         let data = std::fs::read(path).expect("read elf");
         let f = object::File::parse(&*data).expect("parse elf");
         let build_id = f.build_id().expect("build id").expect("has build id").to_vec();
@@ -217,7 +217,7 @@ impl Elf {
                 (sym.address() - seg.address() + seg.file_range().0, sym.size().max(1))
             })
             .collect();
-        Elf { build_id, funcs }
+        Self { build_id, funcs }
     }
     fn id(&self) -> ImageId {
         ImageId::BuildId(self.build_id.clone())

@@ -32,10 +32,10 @@ fn event(name: &str, period: u64) -> EventDesc {
 }
 
 impl TestDb {
-    fn new() -> TestDb {
+    fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Database::create(&dir.path().join("db")).expect("create db");
-        TestDb { dir, db }
+        Self { dir, db }
     }
     fn root(&self) -> PathBuf {
         self.db.root().to_owned()
@@ -174,13 +174,13 @@ struct ElfFacts {
 }
 
 impl ElfFacts {
-    fn read(path: &Path) -> ElfFacts {
+    fn read(path: &Path) -> Self {
         let data = std::fs::read(path).expect("read elf");
         let build_id = {
             let f = object::File::parse(&*data).expect("parse elf");
             f.build_id().expect("build id").expect("has build id").to_vec()
         };
-        ElfFacts { build_id, data }
+        Self { build_id, data }
     }
     fn id(&self) -> ImageId {
         ImageId::BuildId(self.build_id.clone())

@@ -23,10 +23,10 @@ struct TestDb {
 }
 
 impl TestDb {
-    fn new() -> TestDb {
+    fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Database::create(&dir.path().join("db")).expect("create db");
-        TestDb { dir, db }
+        Self { dir, db }
     }
     fn root(&self) -> PathBuf {
         self.db.root().to_owned()

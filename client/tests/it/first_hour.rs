@@ -29,10 +29,10 @@ fn event() -> EventDesc {
 }
 
 impl TestDb {
-    fn new() -> TestDb {
+    fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Database::create(&dir.path().join("db")).expect("create db");
-        TestDb { _dir: dir, db }
+        Self { _dir: dir, db }
     }
     fn root(&self) -> PathBuf {
         self.db.root().to_owned()

@@ -148,7 +148,7 @@ pub struct AggregatorConfig {
 impl Default for AggregatorConfig {
     fn default() -> Self {
         // 1 MiB table + 2 × 128 KiB overflow, ×2 for the flusher's swap: ~2.5 MiB per CPU.
-        AggregatorConfig { table_entries_per_cpu: 32 * 1024, overflow_entries_per_cpu: 4096 }
+        Self { table_entries_per_cpu: 32 * 1024, overflow_entries_per_cpu: 4096 }
     }
 }
 
@@ -188,8 +188,8 @@ struct AsidCache {
 }
 
 impl AsidCache {
-    fn new() -> AsidCache {
-        AsidCache { slots: vec![CacheSlot::default(); CACHE_SLOTS].into_boxed_slice(), epoch: 0 }
+    fn new() -> Self {
+        Self { slots: vec![CacheSlot::default(); CACHE_SLOTS].into_boxed_slice(), epoch: 0 }
     }
 
     #[inline]
@@ -271,11 +271,11 @@ struct CpuState {
 }
 
 impl CpuState {
-    fn new(cfg: &AggregatorConfig) -> CpuState {
+    fn new(cfg: &AggregatorConfig) -> Self {
         let cap = cfg.overflow_entries_per_cpu.max(1);
         let max_entries = Table::capacity_for(cfg.table_entries_per_cpu);
         let min_entries = Table::capacity_for(INITIAL_TABLE_ENTRIES.min(max_entries));
-        CpuState {
+        Self {
             pending: VecDeque::new(),
             table: Table::new(min_entries),
             spare: Some(Table::new(min_entries)),
@@ -570,14 +570,14 @@ where
 
 impl Aggregator {
     /// `ncpus` = highest CPU id + 1. Samples of a CPU id beyond share a table with `id % ncpus`.
-    pub fn new(resolver: Resolver, ncpus: usize) -> Arc<Aggregator> {
+    pub fn new(resolver: Resolver, ncpus: usize) -> Arc<Self> {
         Self::with_config(resolver, ncpus, AggregatorConfig::default())
     }
 
-    pub fn with_config(resolver: Resolver, ncpus: usize, cfg: AggregatorConfig) -> Arc<Aggregator> {
+    pub fn with_config(resolver: Resolver, ncpus: usize, cfg: AggregatorConfig) -> Arc<Self> {
         let n = ncpus.max(1);
         let now = Instant::now();
-        Arc::new(Aggregator {
+        Arc::new(Self {
             shared: Mutex::new(Shared {
                 clocks: vec![CpuClock { drained_until: 0, last_report: now }; n],
                 queues: (0..n).map(|_| VecDeque::new()).collect(),
@@ -910,12 +910,12 @@ fn resolve_entry(
             };
             // Profiles of one image share an Arc: clone the id only for a new profile.
             let p = out.profiles.entry((image.id.clone(), event)).or_insert_with(|| {
-                ResolvedProfile { image: image.clone(), event, counts: BTreeMap::new() }
+                ResolvedProfile { image: Arc::clone(image), event, counts: BTreeMap::new() }
             });
             if p.image.kind == ImageKind::Anon
                 && p.image.jit_symbols.len() < image.jit_symbols.len()
             {
-                p.image = image.clone();
+                p.image = Arc::clone(image);
             }
             let c = p.counts.entry(offset).or_insert((0, 0));
             c.0 += count;

@@ -38,8 +38,8 @@ impl CpuStacks {
         }
     }
 
-    pub(crate) fn take(&mut self) -> CpuStacks {
-        CpuStacks { counts: std::mem::take(&mut self.counts), dropped: 0 }
+    pub(crate) fn take(&mut self) -> Self {
+        Self { counts: std::mem::take(&mut self.counts), dropped: 0 }
     }
 
     pub(crate) fn is_empty(&self) -> bool {

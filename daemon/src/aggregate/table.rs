@@ -92,9 +92,9 @@ impl std::fmt::Debug for Table {
 
 impl Table {
     /// At least 4 entries; the bucket count is rounded up to a power of two.
-    pub(crate) fn new(entries: usize) -> Table {
+    pub(crate) fn new(entries: usize) -> Self {
         let buckets = Self::capacity_for(entries) / WAYS;
-        Table {
+        Self {
             buckets: vec![Bucket::default(); buckets].into_boxed_slice(),
             shift: 64 - buckets.trailing_zeros(),
             live: 0,

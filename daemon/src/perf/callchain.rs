@@ -164,8 +164,8 @@ pub fn process_chain(chain: &[u8], max_stack: usize, out: &mut Vec<u64>) -> Opti
 }
 
 impl StackTable {
-    pub fn new(capacity: usize, max_stack: u16) -> StackTable {
-        StackTable {
+    pub fn new(capacity: usize, max_stack: u16) -> Self {
+        Self {
             index: HashMap::with_hasher(BuildPcHash),
             slots: Vec::new(),
             free: Vec::new(),
@@ -265,8 +265,8 @@ pub struct StackTables {
 
 impl StackTables {
     /// `ncpus` tables; a CPU id beyond shares the table of `id % ncpus`.
-    pub fn new(ncpus: usize, capacity: usize, max_stack: u16) -> StackTables {
-        StackTables {
+    pub fn new(ncpus: usize, capacity: usize, max_stack: u16) -> Self {
+        Self {
             cpus: (0..ncpus.max(1))
                 .map(|_| Mutex::new(StackTable::new(capacity, max_stack)))
                 .collect(),

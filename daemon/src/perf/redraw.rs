@@ -30,9 +30,9 @@ pub struct RedrawSchedule {
 
 impl RedrawSchedule {
     /// The first window starts at `now`. `interval` is at least 1 ns.
-    pub fn new<R: Rng>(now: u64, interval: u64, rng: &mut R) -> RedrawSchedule {
+    pub fn new<R: Rng>(now: u64, interval: u64, rng: &mut R) -> Self {
         let interval = interval.max(1);
-        RedrawSchedule {
+        Self {
             interval,
             window_end: now.saturating_add(interval),
             due_at: now.saturating_add(rng.random_range(0..interval)),

@@ -21,19 +21,19 @@ pub trait RingBuffer {
 
 impl RingBuffer for RingMap {
     fn data_size(&self) -> usize {
-        RingMap::data_size(self)
+        Self::data_size(self)
     }
     fn head(&self) -> u64 {
-        RingMap::head(self)
+        Self::head(self)
     }
     fn tail(&self) -> u64 {
-        RingMap::tail(self)
+        Self::tail(self)
     }
     fn set_tail(&self, tail: u64) {
-        RingMap::set_tail(self, tail)
+        Self::set_tail(self, tail)
     }
     fn read_at(&self, off: usize, dst: &mut [u8]) {
-        RingMap::read_at(self, off, dst)
+        Self::read_at(self, off, dst)
     }
 }
 
@@ -68,9 +68,9 @@ impl Default for RingReader {
 }
 
 impl RingReader {
-    pub fn new() -> RingReader {
+    pub fn new() -> Self {
         // A record's size is a u16.
-        RingReader { scratch: vec![0; 1 << 16] }
+        Self { scratch: vec![0; 1 << 16] }
     }
 
     fn copy<R: RingBuffer + ?Sized>(ring: &R, pos: u64, dst: &mut [u8]) {
@@ -133,14 +133,14 @@ pub struct MemRing {
 
 impl MemRing {
     /// `size` must be a power of two.
-    pub fn new(size: usize) -> MemRing {
+    pub fn new(size: usize) -> Self {
         assert!(size.is_power_of_two());
-        MemRing { data: RefCell::new(vec![0; size]), head: Cell::new(0), tail: Cell::new(0) }
+        Self { data: RefCell::new(vec![0; size]), head: Cell::new(0), tail: Cell::new(0) }
     }
 
     /// Start both head and tail at `pos` (to place records across the wrap point).
-    pub fn with_position(size: usize, pos: u64) -> MemRing {
-        let r = MemRing::new(size);
+    pub fn with_position(size: usize, pos: u64) -> Self {
+        let r = Self::new(size);
         r.head.set(pos);
         r.tail.set(pos);
         r

@@ -81,7 +81,7 @@ pub struct SamplerConfig {
 
 impl Default for SamplerConfig {
     fn default() -> Self {
-        SamplerConfig {
+        Self {
             events: vec![EventSpec {
                 name: "auto".to_string(),
                 kind: EventKind::Auto,
@@ -114,9 +114,9 @@ pub enum EventSource {
 impl EventSource {
     pub fn as_str(&self) -> &'static str {
         match self {
-            EventSource::Hardware => "hardware",
-            EventSource::Software => "software",
-            EventSource::Fallback => "fallback",
+            Self::Hardware => "hardware",
+            Self::Software => "software",
+            Self::Fallback => "fallback",
         }
     }
 }
@@ -239,7 +239,7 @@ struct EventPlan {
 }
 
 impl EventPlan {
-    fn new(kind: EventKind, period: u64, cfg: &SamplerConfig) -> EventPlan {
+    fn new(kind: EventKind, period: u64, cfg: &SamplerConfig) -> Self {
         let (perf_type, config) = events::perf_type_config(&kind);
         let max = period.max(1);
         let min = if cfg.randomize && cfg.window_divisor > 0 {
@@ -247,7 +247,7 @@ impl EventPlan {
         } else {
             max
         };
-        EventPlan { perf_type, config, min, max, time_based: events::period_is_time(&kind) }
+        Self { perf_type, config, min, max, time_based: events::period_is_time(&kind) }
     }
 
     fn draw(&self, rng: &mut StdRng) -> u64 {
@@ -289,9 +289,9 @@ struct CpuStats {
 }
 
 impl CpuStats {
-    fn new(cpu: u32, nevents: usize) -> io::Result<CpuStats> {
+    fn new(cpu: u32, nevents: usize) -> io::Result<Self> {
         let v = || (0..nevents).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
-        Ok(CpuStats {
+        Ok(Self {
             cpu,
             online: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -618,7 +618,7 @@ enum Next {
 }
 
 impl<'a> Drainer<'a> {
-    fn new(shared: &'a Shared, stats: &'a CpuStats, ring: CpuRing) -> Drainer<'a> {
+    fn new(shared: &'a Shared, stats: &'a CpuStats, ring: CpuRing) -> Self {
         let n = shared.plans.len();
         let mut rng = rand::make_rng::<StdRng>();
         let t0 = monotonic_ns();
@@ -1092,7 +1092,7 @@ fn resolve_events(
 
 impl Sampler {
     /// Open every event on every online CPU and start the drain threads.
-    pub fn start(cfg: &SamplerConfig, sink: Arc<dyn SampleSink>) -> Result<Sampler, SamplerError> {
+    pub fn start(cfg: &SamplerConfig, sink: Arc<dyn SampleSink>) -> Result<Self, SamplerError> {
         validate(cfg)?;
         let online = cfg_online_cpus(cfg)?;
         let Some(&first) = online.first() else {
@@ -1150,7 +1150,7 @@ impl Sampler {
             };
             lock(&shared.cpus).insert(cpu, CpuSlot { stats, thread, last_attempt: Instant::now() });
         }
-        let mut sampler = Sampler { shared, events, supervisor: None };
+        let mut sampler = Self { shared, events, supervisor: None };
         if running == 0 {
             sampler.shutdown();
             return Err(first_error

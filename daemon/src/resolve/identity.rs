@@ -46,7 +46,7 @@ pub(crate) struct IdentityCache {
 
 impl IdentityCache {
     pub fn new(cap: usize) -> Self {
-        IdentityCache {
+        Self {
             young: HashMap::new(),
             old: HashMap::new(),
             cap: cap.max(1),

@@ -35,7 +35,7 @@ pub struct JitLimits {
 
 impl Default for JitLimits {
     fn default() -> Self {
-        JitLimits { max_bytes: MAX_JIT_MAP_BYTES, max_entries: MAX_JIT_MAP_ENTRIES }
+        Self { max_bytes: MAX_JIT_MAP_BYTES, max_entries: MAX_JIT_MAP_ENTRIES }
     }
 }
 

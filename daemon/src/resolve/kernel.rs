@@ -205,12 +205,12 @@ impl KernelState {
     fn lookup(&self, pc: u64) -> Option<(Arc<ImageInfo>, u64)> {
         if let (Some((t, e)), Some(img)) = (self.text, &self.image) {
             if pc >= t && pc < e {
-                return Some((img.clone(), pc - t));
+                return Some((Arc::clone(img), pc - t));
             }
         }
         let i = self.modules.partition_point(|m| m.base <= pc);
         let m = self.modules.get(i.checked_sub(1)?)?;
-        (pc - m.base < m.size).then(|| (m.image.clone(), pc - m.base))
+        (pc - m.base < m.size).then(|| (Arc::clone(&m.image), pc - m.base))
     }
 }
 

@@ -75,11 +75,7 @@ pub struct ResolverConfig {
 
 impl Default for ResolverConfig {
     fn default() -> Self {
-        ResolverConfig {
-            proc_root: "/proc".into(),
-            sys_root: "/sys".into(),
-            jit_map_dir: "/tmp".into(),
-        }
+        Self { proc_root: "/proc".into(), sys_root: "/sys".into(), jit_map_dir: "/tmp".into() }
     }
 }
 
@@ -209,8 +205,8 @@ struct Process {
 }
 
 impl Process {
-    fn new(pid: u32, born: PerfTime, asid: u64) -> Process {
-        Process {
+    fn new(pid: u32, born: PerfTime, asid: u64) -> Self {
+        Self {
             pid,
             comm: Vec::new(),
             start_ticks: born / 10_000_000,
@@ -330,8 +326,8 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    pub fn new(cfg: ResolverConfig) -> Resolver {
-        Resolver {
+    pub fn new(cfg: ResolverConfig) -> Self {
+        Self {
             cfg,
             next_asid: 1,
             procs: HashMap::new(),
@@ -649,18 +645,15 @@ impl Resolver {
                 }
             }
         };
-        let info = self
-            .images
-            .entry((id, path.to_vec()))
-            .or_insert_with_key(|(id, path)| {
+        let info =
+            Arc::clone(self.images.entry((id, path.to_vec())).or_insert_with_key(|(id, path)| {
                 Arc::new(ImageInfo {
                     kind: ImageKind::Elf,
                     id: id.clone(),
                     path: path.clone(),
                     jit_symbols: Vec::new(),
                 })
-            })
-            .clone();
+            }));
         MapImage::File(info)
     }
 
@@ -758,7 +751,7 @@ impl Resolver {
         match &m.image {
             MapImage::File(img) => {
                 let offset = pc.wrapping_sub(m.start).wrapping_add(m.pgoff);
-                Resolution::Image { image: img.clone(), offset }
+                Resolution::Image { image: Arc::clone(img), offset }
             }
             MapImage::Vdso => {
                 let offset = pc - m.start;
@@ -791,7 +784,7 @@ impl Resolver {
 
     fn vdso_image(&mut self) -> Arc<ImageInfo> {
         if let Some(v) = &self.vdso {
-            return v.clone();
+            return Arc::clone(v);
         }
         let id = match crate::sys::process::vdso_image().and_then(|b| vdso_build_id(&b)) {
             Some(b) => ImageId::BuildId(b),
@@ -806,7 +799,7 @@ impl Resolver {
             path: b"[vdso]".to_vec(),
             jit_symbols: Vec::new(),
         });
-        self.vdso = Some(v.clone());
+        self.vdso = Some(Arc::clone(&v));
         v
     }
 
@@ -943,7 +936,7 @@ fn anon_refresh(
 
 fn anon_image(p: &mut Process) -> Arc<ImageInfo> {
     if let Some(a) = &p.anon_image {
-        return a.clone();
+        return Arc::clone(a);
     }
     let mut disc = Vec::with_capacity(12);
     disc.extend_from_slice(&p.pid.to_le_bytes());
@@ -957,7 +950,7 @@ fn anon_image(p: &mut Process) -> Arc<ImageInfo> {
         path,
         jit_symbols: p.jit.symbols.clone(),
     });
-    p.anon_image = Some(a.clone());
+    p.anon_image = Some(Arc::clone(&a));
     a
 }
 

@@ -235,10 +235,10 @@ fn adopt_shared_spool(base: &Path, dir: &Path) {
 struct Busy(Arc<AtomicU64>, bool);
 
 impl Busy {
-    fn mark(at: Arc<AtomicU64>) -> Busy {
+    fn mark(at: Arc<AtomicU64>) -> Self {
         let now = unix_ms(SystemTime::now()).max(1);
         let first = at.compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire).is_ok();
-        Busy(at, first)
+        Self(at, first)
     }
 }
 
@@ -257,8 +257,8 @@ fn unix_ms(t: SystemTime) -> u64 {
 impl Store {
     /// Open the database (creating it and its first epoch if needed) and the spool. Never
     /// fails: what cannot be opened now is retried on every tick, and reported in the status.
-    pub fn open(cfg: StoreConfig) -> Store {
-        let mut s = Store::unopened(cfg);
+    pub fn open(cfg: StoreConfig) -> Self {
+        let mut s = Self::unopened(cfg);
         s.ensure_open(Instant::now());
         s
     }
@@ -267,8 +267,8 @@ impl Store {
     /// ([`Store::take_lease`]), before anything of this host's spool or directories is
     /// touched. Fails only with [`StoreError::LeaseHeld`]; other failures to take it are
     /// logged and retried at each tick.
-    pub fn open_leased(cfg: StoreConfig) -> Result<Store, StoreError> {
-        Store::open_leased_with_faults(cfg, &crate::faults::Faults::default())
+    pub fn open_leased(cfg: StoreConfig) -> Result<Self, StoreError> {
+        Self::open_leased_with_faults(cfg, &crate::faults::Faults::default())
     }
 
     /// [`Store::open_leased`] with injected faults (tests; see [`crate::faults`]) in force from
@@ -276,8 +276,8 @@ impl Store {
     pub fn open_leased_with_faults(
         cfg: StoreConfig,
         faults: &crate::faults::Faults,
-    ) -> Result<Store, StoreError> {
-        let mut s = Store::unopened(cfg);
+    ) -> Result<Self, StoreError> {
+        let mut s = Self::unopened(cfg);
         s.inject_faults(faults);
         match s.take_lease() {
             Ok(()) => {}
@@ -289,8 +289,8 @@ impl Store {
         Ok(s)
     }
 
-    fn unopened(cfg: StoreConfig) -> Store {
-        Store {
+    fn unopened(cfg: StoreConfig) -> Self {
+        Self {
             cfg,
             db: None,
             spool: None,

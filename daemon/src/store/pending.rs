@@ -51,7 +51,7 @@ impl PendingBatch {
         lost: u64,
         throttled: u64,
         unknown_event: &mut dyn FnMut(u16),
-    ) -> Option<PendingBatch> {
+    ) -> Option<Self> {
         let mut profiles = Vec::with_capacity(resolved.profiles.len() + 1);
         let mut bytes = 64u64;
         for ((image_id, ev), rp) in resolved.profiles {
@@ -111,15 +111,7 @@ impl PendingBatch {
         if profiles.is_empty() && resolved.samples == 0 && lost == 0 && throttled == 0 {
             return None;
         }
-        Some(PendingBatch {
-            epoch,
-            profiles,
-            samples: resolved.samples,
-            unknown,
-            lost,
-            throttled,
-            bytes,
-        })
+        Some(Self { epoch, profiles, samples: resolved.samples, unknown, lost, throttled, bytes })
     }
 }
 

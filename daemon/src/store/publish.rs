@@ -158,7 +158,7 @@ pub(super) struct Merged {
 
 impl Target {
     /// `None` (logged) if the key names an invalid epoch or image id.
-    pub fn of(key: &SpoolKey) -> Option<Target> {
+    pub fn of(key: &SpoolKey) -> Option<Self> {
         let epoch = match EpochId::parse(&key.epoch) {
             Ok(e) => e,
             Err(e) => {
@@ -176,7 +176,7 @@ impl Target {
                 }
             },
         };
-        Some(Target { epoch, image })
+        Some(Self { epoch, image })
     }
 
     pub fn path(&self, hd: &HostDir, key: &SpoolKey) -> PathBuf {

@@ -478,7 +478,7 @@ fn set_segment_aside(path: &Path) {
 
 impl Spool {
     /// Open (creating the directory) and index every segment left by earlier runs.
-    pub fn open(dir: &Path, rotate_after: Duration) -> Result<(Spool, Recovered), SpoolError> {
+    pub fn open(dir: &Path, rotate_after: Duration) -> Result<(Self, Recovered), SpoolError> {
         let io = |source| SpoolError::Io { path: dir.to_path_buf(), source };
         std::fs::create_dir_all(dir).map_err(io)?;
         let mut names: Vec<(u64, PathBuf)> = Vec::new();
@@ -494,7 +494,7 @@ impl Spool {
             }
         }
         names.sort();
-        let mut sp = Spool {
+        let mut sp = Self {
             dir: dir.to_path_buf(),
             rotate_after,
             segments: BTreeMap::new(),
@@ -750,7 +750,10 @@ impl Spool {
         let seg = self.segments.get_mut(&segment).expect("writer's segment is open");
         for (inc, (off, l)) in increments.iter().zip(spans) {
             let image = inc.image.map(|(text, _)| {
-                self.writer.as_ref().and_then(|w| w.defs.images.get(text)).map(|(_, a)| a.clone())
+                self.writer
+                    .as_ref()
+                    .and_then(|w| w.defs.images.get(text))
+                    .map(|(_, a)| Arc::clone(a))
             });
             let key = SpoolKey {
                 epoch: epoch.to_owned(),
@@ -812,7 +815,7 @@ impl Spool {
                 locs.iter()
                     .map(|l| SpooledIncrement {
                         seq: l.seq,
-                        desc: l.desc.clone(),
+                        desc: Arc::clone(&l.desc),
                         image: l.image.clone(),
                         loc: l.clone(),
                     })

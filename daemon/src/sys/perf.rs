@@ -129,7 +129,7 @@ pub struct CounterTimes {
 
 impl PerfFd {
     /// perf_event_open(attr, pid = -1, cpu, group_fd = -1, FD_CLOEXEC): system-wide on `cpu`.
-    pub fn open(spec: &AttrSpec, cpu: u32) -> io::Result<PerfFd> {
+    pub fn open(spec: &AttrSpec, cpu: u32) -> io::Result<Self> {
         let mut attr = make_attr(spec);
         let cpu = libc::c_int::try_from(cpu)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "cpu number too large"))?;
@@ -150,7 +150,7 @@ impl PerfFd {
         }
         // SAFETY: the syscall returned a new file descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-        Ok(PerfFd { fd })
+        Ok(Self { fd })
     }
 
     fn ioctl_arg(&self, request: u32, arg: libc::c_ulong) -> io::Result<()> {
@@ -173,7 +173,7 @@ impl PerfFd {
     }
 
     /// Send this event's records to `target`'s ring (same CPU, same clock).
-    pub fn set_output(&self, target: &PerfFd) -> io::Result<()> {
+    pub fn set_output(&self, target: &Self) -> io::Result<()> {
         self.ioctl_arg(pb::SET_OUTPUT, target.fd.as_raw_fd() as libc::c_ulong)
     }
 
@@ -251,7 +251,7 @@ pub struct RingMap {
 
 impl RingMap {
     /// Map `1 + data_pages` pages of `fd` (data_pages must be a power of two).
-    pub fn new(fd: &PerfFd, data_pages: usize) -> io::Result<RingMap> {
+    pub fn new(fd: &PerfFd, data_pages: usize) -> io::Result<Self> {
         let ps = page_size();
         let len = data_pages
             .checked_add(1)
@@ -276,7 +276,7 @@ impl RingMap {
                 "perf ring control page describes a data area outside the mapping",
             ));
         }
-        Ok(RingMap { map, data_offset, data_size })
+        Ok(Self { map, data_offset, data_size })
     }
 
     fn control_u64(&self, field: usize) -> &AtomicU64 {
@@ -406,14 +406,14 @@ pub struct EventFd {
 }
 
 impl EventFd {
-    pub fn new() -> io::Result<EventFd> {
+    pub fn new() -> io::Result<Self> {
         // SAFETY: eventfd has no memory-safety preconditions.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
             return Err(last_errno());
         }
         // SAFETY: a fresh fd that nothing else owns.
-        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
     }
 
     /// Make it unreadable again (a per-thread kick, consumed by the thread it wakes).

@@ -146,7 +146,7 @@ mod tests {
         let (u, s) = self_cpu_time();
         assert!(u + s > Duration::ZERO);
         assert!(self_rss_kib().unwrap() > 0);
-        let me = std::process::id() as i32;
+        let me = std::process::id().cast_signed();
         // SAFETY: getegid has no preconditions.
         let gid = unsafe { libc::getegid() };
         assert!(process_in_group(Some(me), gid, gid));

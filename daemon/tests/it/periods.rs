@@ -74,7 +74,7 @@ fn periods_are_drawn_from_the_window_and_redrawn_often() {
         redraw_interval: Duration::from_nanos(WINDOW),
         ..SamplerConfig::default()
     };
-    let sampler = Sampler::start(&cfg, sink.clone()).expect("start");
+    let sampler = Sampler::start(&cfg, Arc::<CollectSink>::clone(&sink)).expect("start");
     busy_all_cpus(Duration::from_secs(8));
     let status = sampler.status();
     sampler.stop();
@@ -156,7 +156,7 @@ fn slow_events_are_redrawn_every_second() {
         events: parse_event_list(&format!("cpu-clock:{P}")).unwrap(),
         ..SamplerConfig::default()
     };
-    let sampler = Sampler::start(&cfg, sink.clone()).expect("start");
+    let sampler = Sampler::start(&cfg, Arc::<CollectSink>::clone(&sink)).expect("start");
     busy_all_cpus(Duration::from_secs(5));
     sampler.stop();
     let samples = sink.take_samples();

@@ -120,15 +120,16 @@ struct Session {
 }
 
 impl Session {
-    fn start() -> Session {
+    fn start() -> Self {
         let ncpus = online_cpus().expect("online cpus").iter().max().map_or(1, |m| *m as usize + 1);
         let agg = Aggregator::new(Resolver::new(ResolverConfig::default()), ncpus);
         let cfg =
             SamplerConfig { redraw_interval: Duration::from_millis(100), ..Default::default() };
-        let sampler = Sampler::start(&cfg, agg.clone()).expect("sampler start");
+        let sampler = Sampler::start(&cfg, Arc::<dcpid::aggregate::Aggregator>::clone(&agg))
+            .expect("sampler start");
         let t0 = dcpid::sys::time::monotonic_ns();
         let scan = agg.with_resolver(|r| r.scan_proc(t0));
-        Session { agg, sampler: Some(sampler), collected: Vec::new(), scan }
+        Self { agg, sampler: Some(sampler), collected: Vec::new(), scan }
     }
 
     fn take(&mut self) {

@@ -268,7 +268,7 @@ fn real_proc_scan_resolves_own_code_and_tolerates_pid1_and_exiting_processes() {
     // Processes that exit while the scan runs.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let churn = {
-        let stop = stop.clone();
+        let stop = std::sync::Arc::clone(&stop);
         std::thread::spawn(move || {
             let mut n = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 200 {

@@ -24,7 +24,7 @@ fn cpu_clock_samples_arrive_with_sane_fields() {
         ..SamplerConfig::default()
     };
     let t0 = dcpid::sys::time::monotonic_ns();
-    let sampler = Sampler::start(&cfg, sink.clone()).expect("start");
+    let sampler = Sampler::start(&cfg, Arc::<CollectSink>::clone(&sink)).expect("start");
     assert_eq!(sampler.events().len(), 1);
     assert_eq!(sampler.events()[0].desc.name, "cpu-clock");
     assert_eq!(sampler.events()[0].source, EventSource::Software);
@@ -93,7 +93,8 @@ fn auto_falls_back_to_cpu_clock_without_pmu() {
         return;
     }
     let sink = Arc::new(CollectSink::default());
-    let sampler = Sampler::start(&no_pmu_config(), sink.clone()).expect("start auto");
+    let sampler =
+        Sampler::start(&no_pmu_config(), Arc::<CollectSink>::clone(&sink)).expect("start auto");
     let ev = &sampler.events()[0];
     assert_eq!(ev.source, EventSource::Fallback);
     assert_eq!(ev.desc.name, "cpu-clock");
@@ -118,7 +119,8 @@ fn auto_uses_cycles_when_there_is_a_pmu() {
         return;
     }
     let sink = Arc::new(CollectSink::default());
-    let sampler = Sampler::start(&SamplerConfig::default(), sink.clone()).expect("start auto");
+    let sampler = Sampler::start(&SamplerConfig::default(), Arc::<CollectSink>::clone(&sink))
+        .expect("start auto");
     let ev = sampler.events()[0].clone();
     spin_for(Duration::from_millis(300));
     sampler.stop();
@@ -158,7 +160,7 @@ fn two_events_share_one_ring_per_cpu() {
         events: parse_event_list("cpu-clock:2000000,page-faults:160").unwrap(),
         ..SamplerConfig::default()
     };
-    let sampler = Sampler::start(&cfg, sink.clone()).expect("start");
+    let sampler = Sampler::start(&cfg, Arc::<CollectSink>::clone(&sink)).expect("start");
     // Touch fresh pages to cause page faults.
     for _ in 0..20 {
         let v = vec![1u8; 4 << 20];
@@ -273,7 +275,7 @@ fn cpus_joining_and_leaving_the_online_list_are_followed() {
         online_cpus_path: Some(list.clone()),
         ..SamplerConfig::default()
     };
-    let sampler = Sampler::start(&cfg, sink.clone()).expect("start");
+    let sampler = Sampler::start(&cfg, Arc::<CollectSink>::clone(&sink)).expect("start");
     let online = |s: &Sampler, cpu: u32| {
         s.status().cpus.iter().find(|c| c.cpu == cpu).is_some_and(|c| c.online)
     };

@@ -134,7 +134,7 @@ impl CpuResult {
 fn measure(cfg: &SamplerConfig, cpus: &[u32]) -> Vec<CpuResult> {
     let [(a, asz), (b, bsz)] = ranges();
     let sink = Arc::new(CollectSink::default());
-    let sampler = Sampler::start(cfg, sink.clone()).expect("start sampler");
+    let sampler = Sampler::start(cfg, Arc::<CollectSink>::clone(&sink)).expect("start sampler");
     let hs: Vec<_> = cpus
         .iter()
         .map(|&cpu| {

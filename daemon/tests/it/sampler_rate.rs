@@ -21,7 +21,7 @@ fn default_ring_loses_nothing_at_5khz_per_cpu() {
         events: parse_event_list("cpu-clock:200000").expect("event list"),
         ..SamplerConfig::default()
     };
-    let sampler = Sampler::start(&cfg, sink.clone()).expect("start");
+    let sampler = Sampler::start(&cfg, Arc::<CollectSink>::clone(&sink)).expect("start");
     let cpus: Vec<u32> = sampler.status().cpus.iter().map(|c| c.cpu).collect();
     let run = Duration::from_secs(4);
     let workers: Vec<_> = cpus

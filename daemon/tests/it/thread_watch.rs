@@ -108,8 +108,11 @@ fn a_dead_thread_degrades_status_stops_the_watchdog_and_sets_the_exit_status() {
     s.duration = Some(Duration::from_secs(300));
     let socket = s.socket.clone();
     let faults = Arc::new(PanicOnce::default());
-    let hooks =
-        Hooks { faults: Some(faults.clone()), notifier: Some(notifier), ..Hooks::default() };
+    let hooks = Hooks {
+        faults: Some(Arc::<PanicOnce>::clone(&faults)),
+        notifier: Some(notifier),
+        ..Hooks::default()
+    };
     let daemon = std::thread::spawn(move || run(s, hooks));
 
     // Healthy: READY=1, then watchdog pings.
@@ -162,7 +165,7 @@ fn a_dead_thread_degrades_status_stops_the_watchdog_and_sets_the_exit_status() {
 
     // SIGTERM: the daemon stops, publishes what it has, and the exit status says degraded.
     // SAFETY: kill(2) on our own pid; the daemon's signal thread has a handler for SIGTERM.
-    unsafe { libc::kill(std::process::id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(std::process::id().cast_signed(), libc::SIGTERM) };
     let r = daemon.join().expect("run does not panic");
     let e = r.expect_err("a degraded daemon does not exit 0");
     assert_eq!(e.exit_code(), 3, "{e}");

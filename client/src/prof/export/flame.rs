@@ -38,7 +38,7 @@ pub fn write_folded(out: &mut dyn Write, x: &Export) -> io::Result<()> {
 #[derive(Default)]
 struct Node {
     value: u64,
-    children: BTreeMap<String, Node>,
+    children: BTreeMap<String, Self>,
 }
 
 impl Node {

@@ -37,7 +37,7 @@ struct Strings {
 
 impl Strings {
     fn new() -> Self {
-        let mut s = Strings::default();
+        let mut s = Self::default();
         s.get("");
         s
     }
@@ -45,7 +45,8 @@ impl Strings {
         if let Some(&i) = self.index.get(v) {
             return i;
         }
-        let i = self.table.len() as i64;
+        // A string table never nears 2^63 entries: saturate rather than wrap.
+        let i = i64::try_from(self.table.len()).unwrap_or(i64::MAX);
         self.table.push(v.to_owned());
         self.index.insert(v.to_owned(), i);
         i
