@@ -619,11 +619,11 @@ pub fn symbolize_image(
     // profiles of one image repeat the same offsets thousands of times, and looking up and
     // demangling each once is most of a per-symbol report's work.
     // Keyed by the label too: an unsymbolized offset's name carries the path the profile recorded.
-    let mut elf_memo: HashMap<(ImageId, String), OffsetMap<(u32, Option<u32>)>> = HashMap::new();
+    let mut elf_memo: HashMap<(ImageId, String), OffsetMap<KeyRef>> = HashMap::new();
     let mut keys = KeyInterner::default();
     // Per ELF symbol (by its name's address in its table, alive as long as `elf_cache`): its
     // row key and its table name in `raws`.
-    let mut sym_memo: OffsetMap<(u32, Option<u32>)> = OffsetMap::default();
+    let mut sym_memo: OffsetMap<KeyRef> = OffsetMap::default();
     let mut raws: Vec<String> = Vec::new();
     let mut snap_cache: HashMap<usize, Option<KallsymsSnapshot>> = HashMap::new();
     for &i in idx {
@@ -832,6 +832,9 @@ impl KeyInterner {
 
 /// A map keyed by offsets, hashed by one multiplication (the default SipHash costs more than
 /// the rest of a memo lookup; offsets are not attacker-chosen keys of a long-lived map).
+/// What an offset symbolized to: key number, and its symbol table name's index in `raws`.
+type KeyRef = (u32, Option<u32>);
+
 type OffsetMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<OffsetHasher>>;
 
 #[derive(Default)]
