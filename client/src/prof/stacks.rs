@@ -202,6 +202,79 @@ pub enum Want<'a> {
 /// Name of a frame [`load`] did not need to name (`Want::Calls`).
 pub const UNNAMED: &str = "";
 
+/// A cheap test for whether the raw (mangled) symbol `raw` can show as `want`, before the
+/// exact one (demangling every symbol of every image costs more than the whole report).
+struct NameMatch<'a> {
+    want: &'a str,
+    raw_names: bool,
+    /// An identifier of `want` that any mangled name showing as `want` contains verbatim
+    /// (Itanium and Rust manglings keep source identifiers as they are).
+    needle: Option<&'a str>,
+}
+
+/// Words a demangler produces without their letters in the mangled name (builtin types,
+/// `std::` abbreviations, closures and shims).
+const GENERATED: &[&str] = &[
+    "std",
+    "core",
+    "alloc",
+    "closure",
+    "shim",
+    "vtable",
+    "impl",
+    "const",
+    "operator",
+    "unsigned",
+    "signed",
+    "char",
+    "int",
+    "long",
+    "short",
+    "void",
+    "bool",
+    "float",
+    "double",
+    "wchar_t",
+    "allocator",
+    "basic_string",
+    "string",
+    "char_traits",
+    "basic_istream",
+    "basic_ostream",
+    "basic_iostream",
+    "istream",
+    "ostream",
+    "iostream",
+    "anonymous",
+    "namespace",
+    "lambda",
+];
+
+impl<'a> NameMatch<'a> {
+    fn new(want: &'a str, raw_names: bool) -> Self {
+        let needle = want
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty() && !w.bytes().all(|b| b.is_ascii_digit()))
+            .filter(|w| !GENERATED.contains(w))
+            .max_by_key(|w| w.len());
+        NameMatch { want, raw_names, needle }
+    }
+
+    fn matches(&self, raw: &str) -> bool {
+        if self.raw_names {
+            return super::names::escape_controls(raw) == self.want;
+        }
+        // Only names starting so are demangled (names::demangle); others show as they are.
+        if !raw.starts_with(['_', 'Z', 'R']) {
+            return super::names::escape_controls(raw) == self.want;
+        }
+        if self.needle.is_some_and(|n| !raw.contains(n)) {
+            return false;
+        }
+        display_name(raw, false) == self.want
+    }
+}
+
 impl Namer<'_> {
     /// File offset ranges (as stack frames store them) of the image's functions named
     /// `symbol`, from its symbol table (kernel: kallsyms, up to the next symbol).
@@ -212,13 +285,13 @@ impl Namer<'_> {
         symbol: &str,
         warn: &mut dyn FnMut(String),
     ) -> Vec<(u64, u64)> {
-        let raw = self.mode.raw_names;
+        let m = NameMatch::new(symbol, self.mode.raw_names);
         let mut out = Vec::new();
         match img.kind {
             ImageKind::Elf => {
                 let Some(s) = self.elf_of(img, warn) else { return out };
                 for sym in &s.table().symbols {
-                    if sym.name != symbol && display_name(&sym.name, raw) != symbol {
+                    if !m.matches(&sym.name) {
                         continue;
                     }
                     let (Some(start), end) = (s.vaddr_to_offset(sym.start), s.symbol_end(sym))
@@ -241,9 +314,7 @@ impl Namer<'_> {
                     }
                 };
                 for (i, k) in s.symbols.iter().enumerate() {
-                    if k.module != module
-                        || (k.name != symbol && display_name(&k.name, raw) != symbol)
-                    {
+                    if k.module != module || !m.matches(&k.name) {
                         continue;
                     }
                     // Up to the next symbol at a higher address (kallsyms has no sizes).
@@ -695,6 +766,36 @@ mod tests {
             truncated,
             samples,
         }
+    }
+
+    #[test]
+    fn name_prefilter_agrees_with_the_demangled_name() {
+        let cases = [
+            ("hot", "hot", true),
+            ("hot", "hotter", false),
+            ("_ZN4core3fmt5write17h0123456789abcdefE", "core::fmt::write", true),
+            ("_ZN4core3fmt5write17h0123456789abcdefE", "core::fmt::read", false),
+            (
+                "_ZNSt6vectorIiSaIiEE9push_backERKi",
+                "std::vector<int, std::allocator<int> >::push_back(int const&)",
+                true,
+            ),
+            ("_ZNKSs4sizeEv", "std::string::size() const", true),
+            ("_RNvCs1234_7mycrate4main", "mycrate::main", true),
+            ("__libc_start_call_main", "__libc_start_call_main", true),
+        ];
+        for (raw, want, expect) in cases {
+            let exact = display_name(raw, false) == want;
+            assert_eq!(NameMatch::new(want, false).matches(raw), exact, "{raw} vs {want}");
+            if expect {
+                assert!(
+                    exact,
+                    "test case {raw} should demangle to {want}: {}",
+                    display_name(raw, false)
+                );
+            }
+        }
+        assert!(NameMatch::new("_ZN3fooE", true).matches("_ZN3fooE"));
     }
 
     #[test]
