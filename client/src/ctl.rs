@@ -259,6 +259,19 @@ pub fn render_status(v: &StatusReport) -> String {
         c.retention_days,
         c.retention_keep
     );
+    if let Some(s) = &v.stacks {
+        let per: Vec<String> = s.distinct_per_cpu.iter().map(u64::to_string).collect();
+        o += &format!(
+            "stacks:     {} recorded, {} truncated, {} lost to full tables; distinct per CPU \
+             [{}] (of {}), max depth {}\n",
+            s.recorded,
+            s.truncated,
+            s.overflow,
+            per.join(", "),
+            s.capacity_per_cpu,
+            s.max_stack
+        );
+    }
     if let Some(rl) = &v.last_reload {
         o += &format!("last reload: {} ({}) {}\n", ago(rl.unix_ms), rl.trigger, reload_outcome(rl));
     }
@@ -344,7 +357,9 @@ mod tests {
             "last_reload": {"unix_ms": 1, "trigger": "SIGHUP", "ok": true, "error": null,
                 "applied": ["flush_interval: 2s -> 1s"], "restart_required": ["events"]},
             "state": "ok", "failed_threads": [],
-            "perf_maps": {"read": 2, "truncated": 0, "max_bytes": 16777216, "max_entries": 100000}
+            "perf_maps": {"read": 2, "truncated": 0, "max_bytes": 16777216, "max_entries": 100000},
+            "stacks": {"recorded": 900, "truncated": 7, "overflow": 3, "empty": 0,
+                "distinct_per_cpu": [41, 17], "capacity_per_cpu": 65536, "max_stack": 127}
         })
     }
 
@@ -380,6 +395,8 @@ mod tests {
             "/etc/dcpi/dcpid.toml",
             "flush_interval: 2s -> 1s",
             "restart of dcpid to take effect (running values kept): events",
+            "900 recorded, 7 truncated, 3 lost to full tables; distinct per CPU [41, 17] (of \
+             65536), max depth 127",
         ] {
             assert!(t.contains(needle), "{needle} missing in:\n{t}");
         }

@@ -716,6 +716,7 @@ impl Shared {
             stages: *lock(&self.stages),
             failed_threads: self.watch.failures(),
             resolver: &resolver,
+            stacks: self.aggregator.stack_report(),
         })
     }
 }

@@ -97,6 +97,8 @@ pub struct StatusInputs<'a> {
     pub failed_threads: Vec<dcpi_proto::ThreadFailure>,
     /// The resolver's counters as last seen.
     pub resolver: &'a crate::resolve::ResolverStats,
+    /// Call-stack counters (`callchains = "fp"`).
+    pub stacks: Option<dcpi_proto::StackReport>,
 }
 
 /// The status report from what the service gathered.
@@ -284,6 +286,7 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
             max_bytes: i.settings.perf_map_max_bytes,
             max_entries: i.settings.perf_map_max_entries as u64,
         },
+        stacks: i.stacks,
     }
 }
 
@@ -328,6 +331,7 @@ mod tests {
                 jit_maps_truncated: 1,
                 ..Default::default()
             },
+            stacks: None,
         });
         assert!((r.rate.samples_per_s_recent - 2000.0).abs() < 1e-9);
         assert!((r.overhead.daemon_cpu_pct_recent - 1.0).abs() < 1e-9);

@@ -37,6 +37,8 @@
 //!   `reason`, `unix_ms`
 //! - `perf_maps`: `read`, `truncated` (JIT perf maps cut by the bounds), `max_bytes`,
 //!   `max_entries`
+//! - `stacks`: `null` without `--callchains fp`, else `recorded`, `truncated`, `overflow`,
+//!   `empty`, `distinct_per_cpu[]`, `capacity_per_cpu`, `max_stack`
 
 use std::collections::BTreeMap;
 
@@ -243,6 +245,29 @@ pub struct StatusReport {
     pub state: String,
     pub failed_threads: Vec<ThreadFailure>,
     pub perf_maps: PerfMapReport,
+    /// Call stacks (`callchains = "fp"`); `None` when the daemon does not sample them.
+    #[serde(default)]
+    pub stacks: Option<StackReport>,
+}
+
+/// Call-stack counters since start (`dcpid --callchains fp`).
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct StackReport {
+    /// Samples whose call chain was recorded as a stack.
+    pub recorded: u64,
+    /// Of those, stacks that do not reach a root (depth limit, or no caller found).
+    pub truncated: u64,
+    /// Samples whose stack was new while its CPU's stack table was full: counted in the flat
+    /// profile only.
+    pub overflow: u64,
+    /// Call chains with no frame at all.
+    pub empty: u64,
+    /// Distinct stacks held now in each CPU's table (index = CPU slot).
+    pub distinct_per_cpu: Vec<u64>,
+    /// Bound of each CPU's table.
+    pub capacity_per_cpu: u64,
+    /// `sample_max_stack`: deepest chain kept.
+    pub max_stack: u64,
 }
 
 /// JIT perf maps (`/tmp/perf-PID.map`) read since start.

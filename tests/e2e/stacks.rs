@@ -47,8 +47,50 @@ fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
     assert!(st.success() || st.code() == Some(1), "workload failed: {st}");
     let fl = d.ctl(&["flush"]);
     assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
+    // dcpictl status carries the stack counters (typed, through dcpi-proto).
+    let status = d.status_json();
+    let stk = &status["stacks"];
+    let field = |k: &str| stk[k].as_u64().unwrap_or_else(|| panic!("stacks.{k}: {status:#}"));
+    let recorded = field("recorded");
+    assert!(recorded >= 500, "stacks recorded {recorded}: {stk}");
+    assert!(field("truncated") <= recorded && field("overflow") < recorded, "{stk}");
+    let per_cpu: Vec<u64> = stk["distinct_per_cpu"]
+        .as_array()
+        .expect("distinct_per_cpu")
+        .iter()
+        .map(|v| v.as_u64().expect("count"))
+        .collect();
+    assert!(!per_cpu.is_empty() && per_cpu.iter().sum::<u64>() > 0, "{stk}");
+    assert!(per_cpu.iter().all(|&n| n <= field("capacity_per_cpu")), "{stk}");
+    let text = d.ctl(&["status"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("stacks: ") && text.contains(" recorded, "), "{text}");
     let (status, err) = d.terminate();
     assert!(status.success(), "dcpid exit {status}: {err}");
+
+    // The idle task's stacks are `[idle]` frames, as its flat samples are `[idle]`.
+    let db = profile_format::Database::open(&sb.db()).expect("open db");
+    let (mut flat_idle, mut stack_idle) = (0u64, 0u64);
+    for epoch in db.epochs().expect("epochs") {
+        let Ok(hd) = db.host_dir(&epoch, host) else { continue };
+        for e in hd.profiles().expect("profiles") {
+            let p = profile_format::Profile::read(&e.path).expect("profile");
+            if p.header.image_path == b"[idle]" {
+                flat_idle += p.header.total_samples;
+            }
+        }
+        if let Ok(p) = profile_format::StackProfile::read(&hd.stacks_path("cpu-clock")) {
+            let idle: Vec<bool> = p.images().iter().map(|i| i.path == b"[idle]").collect();
+            stack_idle += p
+                .stacks()
+                .filter(|s| s.frames.first().is_some_and(|f| idle[f.0 as usize]))
+                .map(|s| s.samples)
+                .sum::<u64>();
+        }
+    }
+    eprintln!("idle samples: {flat_idle} flat, {stack_idle} in stacks");
+    assert!(flat_idle == 0 || stack_idle > 0, "{flat_idle} flat [idle] samples, none in stacks");
+    assert!(stack_idle <= flat_idle, "{stack_idle} [idle] stack samples > {flat_idle} flat");
 
     let cache = dir.join("symbols.sqlite").display().to_string();
     let common = ["--host", host, "--symbol-cache", cache.as_str()];
@@ -75,6 +117,7 @@ fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
     assert!((share - 60.0).abs() <= 5.0, "via_a has {share:.1}% of hot's samples, not ~60%");
     // The two callers are (nearly) all of hot's samples: stacks reach past the leaf.
     let through = r["samples"].as_u64().expect("samples");
+
     assert!((a + b) as f64 >= 0.9 * through as f64, "{a} + {b} of {through}");
     assert!(r["truncated_percent"].as_f64().is_some_and(|t| (0.0..=100.0).contains(&t)));
 

@@ -45,7 +45,9 @@ enum Cmd {
     /// machine_pct_estimate}, config {file, events, flush_interval_s, publish_interval_s, ...},
     /// last_reload (null or {unix_ms, trigger, ok, error, applied[], restart_required[]}),
     /// state ("ok", or "degraded" once a daemon thread died), failed_threads[] {thread, reason,
-    /// unix_ms}, perf_maps {read, truncated, max_bytes, max_entries}. Fields are only ever
+    /// unix_ms}, perf_maps {read, truncated, max_bytes, max_entries}, stacks (null without
+    /// --callchains fp, else {recorded, truncated, overflow, empty, distinct_per_cpu[],
+    /// capacity_per_cpu, max_stack}). Fields are only ever
     /// added.
     ///
     /// The overhead of sampling interrupts is an estimate (samples/s x an assumed cost per

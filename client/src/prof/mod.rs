@@ -146,6 +146,10 @@ CALL STACKS (dcpid --callchains fp)
   stops at code built without frame pointers (and may skip the caller of a leaf function
   compiled without one). Frames other than the sampled pc are return addresses minus one, so
   they name the calling function even when the call is its last instruction.
+  The exports (folded, pprof, svg, html, speedscope) show the full stacks, except with
+  --image: restricted to one image they stay flat (one frame per sample, no callers).
+  Idle-task stacks are `[idle]` frames; JIT frames are named from the perf map symbols of the
+  image's flat profile (a JIT region sampled only as a caller stays [anon:...]+0xOFFSET).
 
 SPECIAL ROWS
   [unknown]              samples the daemon could not attribute (per-image); per symbol
@@ -538,6 +542,7 @@ fn run_export(
             args.symbols.cache(&mut |w| more.push(w)),
             req.mode,
             args.sel.keep_going,
+            stacks::Want::All,
             &mut |w| more.push(w),
         )?;
         for w in more {
@@ -600,10 +605,18 @@ fn run_calls(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
     let mode = SymbolMode { inlines: args.inlines, lines: false, raw_names: args.raw_names };
     let locator = args.symbols.locator(&args.sel.db);
     let cache = args.symbols.cache(&mut |w| warnings.push(w));
-    let all =
-        stacks::load(&loaded, &weights, locator, cache, mode, args.sel.keep_going, &mut |w| {
-            warnings.push(w)
-        })?;
+    let depth = usize::from(args.depth);
+    let want = stacks::Want::Calls { symbol, dir, depth };
+    let all = stacks::load(
+        &loaded,
+        &weights,
+        locator,
+        cache,
+        mode,
+        args.sel.keep_going,
+        want,
+        &mut |w| warnings.push(w),
+    )?;
     flush_warnings(err, &mut warnings)?;
     if all.is_empty() {
         return Err(ProfError::Empty(
@@ -613,7 +626,7 @@ fn run_calls(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
         ));
     }
     let event = weights.infos.first().map_or("samples", |e| e.name.as_str());
-    let mut r = stacks::call_report(&all, event, symbol, dir, usize::from(args.depth));
+    let mut r = stacks::call_report(&all, event, symbol, dir, depth);
     if r.samples == 0 {
         return Err(ProfError::Empty(format!(
             "no sampled stack contains the function {symbol:?} (names are exact, as the \

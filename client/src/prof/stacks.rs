@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 
 use profile_format::{
-    ImageId, ImageKind, KallsymsSnapshot, StackImage, StackProfile, UnknownReason,
+    ImageId, ImageKind, JitSymbol, KallsymsSnapshot, Profile, StackImage, StackProfile,
+    UnknownReason,
 };
 use serde::Serialize;
 
@@ -87,6 +88,8 @@ struct Namer<'a> {
     mode: SymbolMode,
     elf: HashMap<ImageId, Option<ElfSymbolizer>>,
     ksyms: HashMap<usize, Option<KallsymsSnapshot>>,
+    /// JIT symbols per (dir, anonymous image).
+    jit: HashMap<(usize, ImageId), Vec<JitSymbol>>,
     /// Names of (image index, offset) of the file being read.
     names: HashMap<(u32, u64), String>,
 }
@@ -108,30 +111,15 @@ impl Namer<'_> {
         let label = label(img);
         match img.kind {
             ImageKind::Elf => {
-                let (locator, cache) = (&mut self.locator, &mut self.cache);
-                let sym = self.elf.entry(img.id.clone()).or_insert_with(|| {
-                    report::elf_symbolizer(
-                        locator,
-                        cache,
-                        &img.id,
-                        std::slice::from_ref(&img.path),
-                        warn,
-                    )
-                });
-                match sym {
-                    Some(s) => report::elf_key(s, off, self.mode, &label).0,
+                let mode = self.mode;
+                match self.elf_of(img, warn) {
+                    Some(s) => report::elf_key(s, off, mode, &label).0,
                     None => report::unsymbolized(&label, off),
                 }
             }
             ImageKind::Kernel | ImageKind::KernelModule => {
-                let d = &self.loaded.dirs[dir];
-                let snap = self.ksyms.entry(dir).or_insert_with(|| match d.read_kallsyms() {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        warn(format!("{e}: kernel frames of this host/epoch stay unsymbolized"));
-                        None
-                    }
-                });
+                let raw = self.mode.raw_names;
+                let snap = self.ksyms_of(dir, warn);
                 let found = match snap {
                     Some(s) if img.kind == ImageKind::Kernel => {
                         report::kernel_lookup(s, None, s.text_base.checked_add(off))
@@ -149,7 +137,7 @@ impl Namer<'_> {
                     None => None,
                 };
                 match found {
-                    Some(sym) => display_name(&sym.name, self.mode.raw_names),
+                    Some(sym) => display_name(&sym.name, raw),
                     None => report::unsymbolized(&label, off),
                 }
             }
@@ -157,13 +145,278 @@ impl Namer<'_> {
                 || format!("[unknown: code {off}]"),
                 |r| format!("[unknown: {}]", r.as_str()),
             ),
-            ImageKind::Vdso | ImageKind::Anon => format!("{label}+{off:#x}"),
+            ImageKind::Anon => {
+                let raw = self.mode.raw_names;
+                let found = self.jit_of(dir, img).and_then(|syms| {
+                    syms.iter()
+                        .find(|s| off >= s.start && off - s.start < s.size.max(1))
+                        .map(|s| display_name(&s.name, raw))
+                });
+                found.unwrap_or_else(|| format!("{label}+{off:#x}"))
+            }
+            ImageKind::Vdso => format!("{label}+{off:#x}"),
+        }
+    }
+
+    /// The JIT symbols (perf map) of an anonymous image, from its flat profile in the same
+    /// host directory: the stack file does not repeat them. An image sampled only as a caller
+    /// (never as a leaf) has no flat profile, and its frames stay `[anon:...]+0x...`.
+    fn jit_of(&mut self, dir: usize, img: &StackImage) -> Option<&[JitSymbol]> {
+        let loaded = self.loaded;
+        let v = self.jit.entry((dir, img.id.clone())).or_insert_with(|| {
+            let mut syms = Vec::new();
+            for p in loaded.profiles.iter().filter(|p| p.dir == dir) {
+                if p.profile.header.image_id != img.id {
+                    continue;
+                }
+                if !p.profile.header.jit_symbols.is_empty() {
+                    return p.profile.header.jit_symbols.clone();
+                }
+                // Totals from the summary index carry no symbols: read the file itself.
+                if p.path.extension().is_some_and(|e| e == "json" || e == "idx") {
+                    continue;
+                }
+                if let Ok(f) = Profile::read(&p.path) {
+                    if !f.header.jit_symbols.is_empty() {
+                        syms = f.header.jit_symbols;
+                        break;
+                    }
+                }
+            }
+            syms
+        });
+        (!v.is_empty()).then_some(v.as_slice())
+    }
+}
+
+/// What [`load`] names.
+#[derive(Clone, Copy, Debug)]
+pub enum Want<'a> {
+    /// Every frame of every event's stacks (exports).
+    All,
+    /// Only what the `--callers`/`--callees` report of `symbol` prints (first event only):
+    /// see [`load`].
+    Calls { symbol: &'a str, dir: Direction, depth: usize },
+}
+
+/// Name of a frame [`load`] did not need to name (`Want::Calls`).
+pub const UNNAMED: &str = "";
+
+/// A cheap test for whether the raw (mangled) symbol `raw` can show as `want`, before the
+/// exact one (demangling every symbol of every image costs more than the whole report).
+struct NameMatch<'a> {
+    want: &'a str,
+    raw_names: bool,
+    /// An identifier of `want` that any mangled name showing as `want` contains verbatim
+    /// (Itanium and Rust manglings keep source identifiers as they are).
+    needle: Option<&'a str>,
+}
+
+/// Words a demangler produces without their letters in the mangled name (builtin types,
+/// `std::` abbreviations, closures and shims).
+const GENERATED: &[&str] = &[
+    "std",
+    "core",
+    "alloc",
+    "closure",
+    "shim",
+    "vtable",
+    "impl",
+    "const",
+    "operator",
+    "unsigned",
+    "signed",
+    "char",
+    "int",
+    "long",
+    "short",
+    "void",
+    "bool",
+    "float",
+    "double",
+    "wchar_t",
+    "allocator",
+    "basic_string",
+    "string",
+    "char_traits",
+    "basic_istream",
+    "basic_ostream",
+    "basic_iostream",
+    "istream",
+    "ostream",
+    "iostream",
+    "anonymous",
+    "namespace",
+    "lambda",
+];
+
+impl<'a> NameMatch<'a> {
+    fn new(want: &'a str, raw_names: bool) -> Self {
+        let needle = want
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty() && !w.bytes().all(|b| b.is_ascii_digit()))
+            .filter(|w| !GENERATED.contains(w))
+            .max_by_key(|w| w.len());
+        NameMatch { want, raw_names, needle }
+    }
+
+    fn matches(&self, raw: &str) -> bool {
+        if self.raw_names {
+            return super::names::escape_controls(raw) == self.want;
+        }
+        // Only names starting so are demangled (names::demangle); others show as they are.
+        if !raw.starts_with(['_', 'Z', 'R']) {
+            return super::names::escape_controls(raw) == self.want;
+        }
+        if self.needle.is_some_and(|n| !raw.contains(n)) {
+            return false;
+        }
+        display_name(raw, false) == self.want
+    }
+}
+
+impl Namer<'_> {
+    /// File offset ranges (as stack frames store them) of the image's functions named
+    /// `symbol`, from its symbol table (kernel: kallsyms, up to the next symbol).
+    fn ranges(
+        &mut self,
+        dir: usize,
+        img: &StackImage,
+        symbol: &str,
+        warn: &mut dyn FnMut(String),
+    ) -> Vec<(u64, u64)> {
+        let m = NameMatch::new(symbol, self.mode.raw_names);
+        let mut out = Vec::new();
+        match img.kind {
+            ImageKind::Elf => {
+                let Some(s) = self.elf_of(img, warn) else { return out };
+                for sym in &s.table().symbols {
+                    if !m.matches(&sym.name) {
+                        continue;
+                    }
+                    let (Some(start), end) = (s.vaddr_to_offset(sym.start), s.symbol_end(sym))
+                    else {
+                        continue;
+                    };
+                    out.push((start, start.saturating_add(end.saturating_sub(sym.start).max(1))));
+                }
+            }
+            ImageKind::Kernel | ImageKind::KernelModule => {
+                let label = label(img);
+                let Some(s) = self.ksyms_of(dir, warn) else { return out };
+                let (module, base) = if img.kind == ImageKind::Kernel {
+                    (None, s.text_base)
+                } else {
+                    let name = label.trim_start_matches('[').trim_end_matches(']');
+                    match s.modules.iter().position(|m| m.name == name) {
+                        Some(mi) => (Some(mi as u32), s.modules[mi].base),
+                        None => return out,
+                    }
+                };
+                for (i, k) in s.symbols.iter().enumerate() {
+                    if k.module != module || !m.matches(&k.name) {
+                        continue;
+                    }
+                    // Up to the next symbol at a higher address (kallsyms has no sizes).
+                    let end = s.symbols[i..]
+                        .iter()
+                        .find(|n| n.addr > k.addr)
+                        .map_or(u64::MAX, |n| n.addr);
+                    if let Some(start) = k.addr.checked_sub(base) {
+                        out.push((start, end.saturating_sub(base)));
+                    }
+                }
+            }
+            ImageKind::Unknown | ImageKind::Vdso | ImageKind::Anon => {}
+        }
+        out
+    }
+
+    fn elf_of(&mut self, img: &StackImage, warn: &mut dyn FnMut(String)) -> Option<&ElfSymbolizer> {
+        let (locator, cache) = (&mut self.locator, &mut self.cache);
+        self.elf
+            .entry(img.id.clone())
+            .or_insert_with(|| {
+                report::elf_symbolizer(
+                    locator,
+                    cache,
+                    &img.id,
+                    std::slice::from_ref(&img.path),
+                    warn,
+                )
+            })
+            .as_ref()
+    }
+
+    fn ksyms_of(&mut self, dir: usize, warn: &mut dyn FnMut(String)) -> Option<&KallsymsSnapshot> {
+        let d = &self.loaded.dirs[dir];
+        self.ksyms
+            .entry(dir)
+            .or_insert_with(|| match d.read_kallsyms() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    warn(format!("{e}: kernel frames of this host/epoch stay unsymbolized"));
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    /// Name of frame `(ii, off)` of the file being read, memoized.
+    fn memo(
+        &mut self,
+        dir: usize,
+        images: &[(String, StackImage)],
+        (ii, off): (u32, u64),
+        warn: &mut dyn FnMut(String),
+    ) -> String {
+        if let Some(n) = self.names.get(&(ii, off)) {
+            return n.clone();
+        }
+        let n = self.name(dir, &images[ii as usize].1, off, warn);
+        self.names.insert((ii, off), n.clone());
+        n
+    }
+
+    /// Name every distinct frame of the file being read: per image, its offsets sorted, in
+    /// one pass (the symbol table's lookups then walk it in order).
+    fn name_all(
+        &mut self,
+        dir: usize,
+        images: &[(String, StackImage)],
+        p: &StackProfile,
+        warn: &mut dyn FnMut(String),
+    ) {
+        let mut per: Vec<Vec<u64>> = vec![Vec::new(); images.len()];
+        for s in p.stacks() {
+            for &(ii, off) in s.frames {
+                if let Some(v) = per.get_mut(ii as usize) {
+                    v.push(off);
+                }
+            }
+        }
+        for (ii, mut offs) in per.into_iter().enumerate() {
+            offs.sort_unstable();
+            offs.dedup();
+            for off in offs {
+                let n = self.name(dir, &images[ii].1, off, warn);
+                self.names.insert((ii as u32, off), n);
+            }
         }
     }
 }
 
 /// The stacks of every selected host directory and event; empty when the daemon sampled none
 /// (no stack file). Unreadable files are errors, or warnings with `keep_going`.
+///
+/// With [`Want::Calls`] only the first event is read and frames are named lazily: the
+/// symbol's (image, offset range)s are looked up by name in the symbol tables of the images
+/// the file references, a stack is examined only if a frame falls in one, and only the frames
+/// the report prints (the chain of `depth` callers or callees) are named, plus each stack's
+/// outermost frame (whether it is an entry point decides the truncated share). Other frames
+/// are [`UNNAMED`]. Names no symbol table holds (`[.plt]`, `image+0x...`) and `--inlines`
+/// (names from DWARF) fall back to naming every frame.
+#[allow(clippy::too_many_arguments)]
 pub fn load(
     loaded: &Loaded,
     w: &Weights,
@@ -171,6 +424,7 @@ pub fn load(
     cache: SymbolCache,
     mode: SymbolMode,
     keep_going: bool,
+    want: Want<'_>,
     warn: &mut dyn FnMut(String),
 ) -> Result<Vec<SymStack>, ProfError> {
     let mut namer = Namer {
@@ -180,11 +434,15 @@ pub fn load(
         mode,
         elf: HashMap::new(),
         ksyms: HashMap::new(),
+        jit: HashMap::new(),
         names: HashMap::new(),
     };
     let mut out = Vec::new();
     for (di, d) in loaded.dirs.iter().enumerate() {
         for (ei, info) in w.infos.iter().enumerate() {
+            if ei > 0 && matches!(want, Want::Calls { .. }) {
+                break;
+            }
             let path = d.stacks_path(&info.name);
             let p = match StackProfile::read(&path) {
                 Ok(p) => p,
@@ -199,6 +457,7 @@ pub fn load(
                 }
                 Err(e) => return Err(e.into()),
             };
+            // Image indexes are the file's own: the memo is per file.
             namer.names.clear();
             let images: Vec<(String, StackImage)> = p
                 .images()
@@ -211,27 +470,79 @@ pub fn load(
                     (name, i.clone())
                 })
                 .collect();
-            for s in p.stacks() {
-                let mut frames = Vec::with_capacity(s.frames.len());
-                for &(ii, off) in s.frames {
-                    let (iname, img) = &images[ii as usize];
-                    // Image indexes are the file's own: the memo is per file.
-                    let function = match namer.names.get(&(ii, off)) {
-                        Some(n) => n.clone(),
-                        None => {
-                            let n = namer.name(di, img, off, warn);
-                            namer.names.insert((ii, off), n.clone());
-                            n
-                        }
-                    };
-                    frames.push(Frame {
-                        image: iname.clone(),
-                        kind: img.kind,
-                        image_id: (img.kind != ImageKind::Unknown).then(|| img.id.clone()),
-                        offset: off,
-                        function,
+            let frame = |(ii, off): (u32, u64), function: String| {
+                let img = &images[ii as usize];
+                Frame {
+                    image: img.0.clone(),
+                    kind: img.1.kind,
+                    image_id: (img.1.kind != ImageKind::Unknown).then(|| img.1.id.clone()),
+                    offset: off,
+                    function,
+                }
+            };
+            let calls = match want {
+                Want::Calls { symbol, dir, depth } if !mode.inlines => {
+                    let ranges: Vec<Vec<(u64, u64)>> =
+                        images.iter().map(|(_, img)| namer.ranges(di, img, symbol, warn)).collect();
+                    ranges.iter().any(|r| !r.is_empty()).then_some((symbol, dir, depth, ranges))
+                }
+                _ => None,
+            };
+            let Some((symbol, dir, depth, ranges)) = calls else {
+                namer.name_all(di, &images, &p, warn);
+                for s in p.stacks() {
+                    let frames =
+                        s.frames.iter().map(|&f| frame(f, namer.names[&f].clone())).collect();
+                    out.push(SymStack {
+                        dir: di,
+                        event: ei,
+                        frames,
+                        truncated: s.truncated,
+                        samples: s.samples,
                     });
                 }
+                continue;
+            };
+            let in_target = |&(ii, off): &(u32, u64)| {
+                ranges.get(ii as usize).is_some_and(|r| r.iter().any(|&(a, b)| off >= a && off < b))
+            };
+            for s in p.stacks() {
+                let n = s.frames.len();
+                let mut names: Vec<Option<String>> = vec![None; n];
+                // The symbol's occurrence the report counts: innermost for callers,
+                // outermost for callees; confirmed by its name (the range is a prefilter).
+                let mut order: Box<dyn Iterator<Item = usize>> = match dir {
+                    Direction::Callers => Box::new(0..n),
+                    Direction::Callees => Box::new((0..n).rev()),
+                };
+                let pos = order.find(|&i| {
+                    in_target(&s.frames[i]) && {
+                        let nm = namer.memo(di, &images, s.frames[i], warn);
+                        let hit = nm == symbol;
+                        names[i] = Some(nm);
+                        hit
+                    }
+                });
+                if let Some(pos) = pos {
+                    let window = match dir {
+                        Direction::Callers => pos + 1..(pos + 1 + depth).min(n),
+                        Direction::Callees => pos.saturating_sub(depth)..pos,
+                    };
+                    for i in window {
+                        names[i] = Some(namer.memo(di, &images, s.frames[i], warn));
+                    }
+                }
+                if let Some(last) = n.checked_sub(1) {
+                    if names[last].is_none() {
+                        names[last] = Some(namer.memo(di, &images, s.frames[last], warn));
+                    }
+                }
+                let frames = s
+                    .frames
+                    .iter()
+                    .zip(names)
+                    .map(|(&f, nm)| frame(f, nm.unwrap_or_else(|| UNNAMED.to_owned())))
+                    .collect();
                 out.push(SymStack {
                     dir: di,
                     event: ei,
@@ -455,6 +766,36 @@ mod tests {
             truncated,
             samples,
         }
+    }
+
+    #[test]
+    fn name_prefilter_agrees_with_the_demangled_name() {
+        let cases = [
+            ("hot", "hot", true),
+            ("hot", "hotter", false),
+            ("_ZN4core3fmt5write17h0123456789abcdefE", "core::fmt::write", true),
+            ("_ZN4core3fmt5write17h0123456789abcdefE", "core::fmt::read", false),
+            (
+                "_ZNSt6vectorIiSaIiEE9push_backERKi",
+                "std::vector<int, std::allocator<int> >::push_back(int const&)",
+                true,
+            ),
+            ("_ZNKSs4sizeEv", "std::string::size() const", true),
+            ("_RNvCs1234_7mycrate4main", "mycrate::main", true),
+            ("__libc_start_call_main", "__libc_start_call_main", true),
+        ];
+        for (raw, want, expect) in cases {
+            let exact = display_name(raw, false) == want;
+            assert_eq!(NameMatch::new(want, false).matches(raw), exact, "{raw} vs {want}");
+            if expect {
+                assert!(
+                    exact,
+                    "test case {raw} should demangle to {want}: {}",
+                    display_name(raw, false)
+                );
+            }
+        }
+        assert!(NameMatch::new("_ZN3fooE", true).matches("_ZN3fooE"));
     }
 
     #[test]

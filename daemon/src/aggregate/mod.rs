@@ -606,6 +606,11 @@ impl Aggregator {
         let _ = self.stack_tables.set(tables);
     }
 
+    /// The call-stack counters, when stacks are sampled.
+    pub fn stack_report(&self) -> Option<dcpi_proto::StackReport> {
+        self.stack_tables.get().map(|t| t.report())
+    }
+
     fn slot(&self, cpu: u32) -> usize {
         cpu as usize % self.cpus.len()
     }
@@ -750,7 +755,7 @@ impl Aggregator {
         }
         for (i, (mut table, overflow, full, stack_counts)) in taken.into_iter().enumerate() {
             if let Some(t) = self.stack_tables.get() {
-                stacks::resolve_cpu(r, t, i as u32, stack_counts, &mut out.stacks);
+                stacks::resolve_cpu(r, &self.idle, t, i as u32, stack_counts, &mut out.stacks);
                 // Under the CPU lock: no sample moves from pending into the counts meanwhile.
                 let c = lock(&self.cpus[i]);
                 stacks::prune(t, i as u32, c.pending.iter());

@@ -6,7 +6,7 @@
 //! still names.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use profile_format::{ImageId, ImageKind, StackImage, StackProfile};
 
@@ -65,6 +65,7 @@ fn unknown_image() -> StackImage {
 /// of the same flush (before its `gc`).
 pub(crate) fn resolve_cpu(
     r: &mut Resolver,
+    idle: &OnceLock<Arc<ImageInfo>>,
     tables: &StackTables,
     slot: u32,
     counts: CpuStacks,
@@ -90,6 +91,12 @@ pub(crate) fn resolve_cpu(
                 if kernel { r.resolve(1, 0, pc, true) } else { r.resolve(pid, asid, pc, false) };
             let frame = match res {
                 Resolution::Image { image, offset } => {
+                    // The idle task's kernel frames are `[idle]`, as its flat samples are.
+                    let image = if kernel && pid == 0 && image.kind == ImageKind::Kernel {
+                        Arc::clone(idle.get_or_init(|| crate::who::idle_image(&image)))
+                    } else {
+                        image
+                    };
                     let key = (event, Arc::as_ptr(&image));
                     let ix = match images.get(&key) {
                         Some(&(i, _)) => i,

@@ -292,6 +292,27 @@ impl StackTables {
         m.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Counters, table sizes and bounds, for `dcpictl status`.
+    pub fn report(&self) -> dcpi_proto::StackReport {
+        let c = self.counters();
+        let mut distinct = Vec::with_capacity(self.cpus.len());
+        let mut capacity = 0;
+        for t in &self.cpus {
+            let t = t.lock().unwrap_or_else(|p| p.into_inner());
+            distinct.push(t.len() as u64);
+            capacity = t.capacity as u64;
+        }
+        dcpi_proto::StackReport {
+            recorded: c.interned,
+            truncated: c.truncated,
+            overflow: c.overflow,
+            empty: c.empty,
+            distinct_per_cpu: distinct,
+            capacity_per_cpu: capacity,
+            max_stack: u64::from(self.max_stack),
+        }
+    }
+
     /// Counters summed over every CPU.
     pub fn counters(&self) -> StackCounters {
         let mut c = StackCounters::default();

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use profile_format::{
     Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, KallsymsSnapshot, Lease,
+    StackProfile,
 };
 
 use crate::aggregate::Resolved;
@@ -345,27 +346,46 @@ impl Store {
         cfg: &StoreConfig,
         events: &[EventInfo],
         epoch: &EpochId,
-        resolved: Resolved,
+        mut resolved: Resolved,
         lost: u64,
         throttled: u64,
     ) -> Result<u64, StoreError> {
-        let Some(batch) = PendingBatch::from_resolved(
+        // The stack increments go too: the next start publishes them like the store's own.
+        let stacks: Vec<(EventDesc, StackProfile)> = std::mem::take(&mut resolved.stacks)
+            .into_iter()
+            .filter(|(_, p)| !p.is_empty())
+            .filter_map(|(ev, mut p)| {
+                let info = events.get(usize::from(ev))?;
+                p.event = info.desc.name.clone();
+                p.epoch = epoch.to_string();
+                Some((info.desc.clone(), p))
+            })
+            .collect();
+        let batch = PendingBatch::from_resolved(
             resolved,
             events,
             Some(epoch.clone()),
             lost,
             throttled,
             &mut |_| {},
-        ) else {
+        );
+        if batch.is_none() && stacks.is_empty() {
             return Ok(0);
-        };
+        }
         let dir = cfg.spool.join(&cfg.host);
         let (mut sp, _) = Spool::open(&dir, cfg.publish_interval)?;
-        let delta = summaries::delta_of(&batch, 0, events, &[]);
-        let incs = batch.increments();
-        sp.append(epoch.as_str(), &incs, &delta, Instant::now())?;
+        let now = Instant::now();
+        if let Some(batch) = &batch {
+            let delta = summaries::delta_of(batch, 0, events, &[]);
+            let incs = batch.increments();
+            sp.append(epoch.as_str(), &incs, &delta, now)?;
+        }
+        if !stacks.is_empty() {
+            let refs: Vec<_> = stacks.iter().map(|(d, p)| (d, p)).collect();
+            sp.append_stacks(epoch.as_str(), &refs, now)?;
+        }
         sp.sync()?;
-        Ok(batch.samples)
+        Ok(batch.map_or(0, |b| b.samples))
     }
 
     /// This host's spool log: `<spool>/<host>/`.
