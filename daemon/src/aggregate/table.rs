@@ -277,4 +277,114 @@ mod tests {
         t.drain(|e| c += e.count);
         assert_eq!(c, 2);
     }
+
+    mod model {
+        //! Model-based: any sequence of adds and drains against a plain map of exact counts.
+        use std::collections::HashMap;
+
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            /// pc, pid and event are drawn from small sets so that keys repeat and buckets fill.
+            Add {
+                pc: u64,
+                pid: u32,
+                event: EventIdx,
+                kernel: bool,
+                period: u64,
+            },
+            Drain,
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                20 => (0u64..48, 0u32..3, 0u16..2, any::<bool>(), 1u64..1000).prop_map(
+                    |(pc, pid, event, kernel, period)| Op::Add {
+                        pc: pc * 4,
+                        pid,
+                        event,
+                        kernel,
+                        period,
+                    }
+                ),
+                1 => Just(Op::Drain),
+            ]
+        }
+
+        type Key = (u64, u64, u32);
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+            #[test]
+            fn counts_and_period_sums_are_exact_through_evictions_and_drains(
+                entries in 1usize..40,
+                ops in proptest::collection::vec(op(), 1..600),
+            ) {
+                let mut t = Table::new(entries);
+                // What was added, per key; what came out (evictions and drains), per key.
+                let mut added: HashMap<Key, (u64, u64)> = HashMap::new();
+                let mut out: HashMap<Key, (u64, u64)> = HashMap::new();
+                let take = |e: Entry, out: &mut HashMap<Key, (u64, u64)>| {
+                    prop_assert!(e.count > 0, "an empty way came out: {e:?}");
+                    let o = out.entry((e.pc, e.tag, e.pid)).or_default();
+                    o.0 += u64::from(e.count);
+                    o.1 += e.period_sum;
+                    Ok(())
+                };
+                for op in ops {
+                    match op {
+                        Op::Add { pc, pid, event, kernel, period } => {
+                            let tag = Entry::tag(7, event, kernel);
+                            let i = t.bucket_of(pc, tag, pid);
+                            let before = t.buckets[i].0;
+                            let a = added.entry((pc, tag, pid)).or_default();
+                            a.0 += 1;
+                            a.1 += period;
+                            match t.add(pc, tag, pid, period) {
+                                Added::Hit => {
+                                    prop_assert!(before.iter().any(|e| e.count > 0
+                                        && (e.pc, e.tag, e.pid) == (pc, tag, pid)));
+                                }
+                                Added::New => {
+                                    prop_assert!(before.iter().any(|e| e.count == 0),
+                                        "New in a full bucket");
+                                }
+                                Added::Evicted(e) => {
+                                    // Only from a full bucket, and the victim is a coldest way
+                                    // (or the key itself, saturated).
+                                    prop_assert!(before.iter().all(|w| w.count > 0));
+                                    let min = before.iter().map(|w| w.count).min().unwrap_or(0);
+                                    prop_assert!(e.count == min || e.count == u32::MAX);
+                                    take(e, &mut out)?;
+                                }
+                            }
+                            // A key lives in at most one way.
+                            let same = t.buckets[i].0.iter()
+                                .filter(|e| e.count > 0 && (e.pc, e.tag, e.pid) == (pc, tag, pid))
+                                .count();
+                            prop_assert_eq!(same, 1);
+                        }
+                        Op::Drain => {
+                            let mut drained = Vec::new();
+                            t.drain(|e| drained.push(e));
+                            for e in drained {
+                                take(e, &mut out)?;
+                            }
+                            prop_assert_eq!(t.len(), 0);
+                        }
+                    }
+                    prop_assert!(t.len() <= t.capacity());
+                }
+                let mut rest = Vec::new();
+                t.drain(|e| rest.push(e));
+                for e in rest {
+                    take(e, &mut out)?;
+                }
+                prop_assert_eq!(added, out);
+            }
+        }
+    }
 }
