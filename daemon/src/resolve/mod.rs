@@ -962,17 +962,22 @@ fn vdso_build_id(image: &[u8]) -> Option<Vec<u8>> {
     procfs::valid_build_id(obj.build_id().ok()??)
 }
 
-/// Identity of a mapped file whose `map_files` entry could not be read. Only when the process
-/// is gone (NotFound) is the file found again by path (inode-checked): a permission error means
-/// the daemon lacks CAP_SYS_PTRACE, and the path must not stand in for what that capability
+/// Identity of a mapped file whose `map_files` entry could not be read: the file is found
+/// again by path (inode-checked), unless the error was a permission error, which means the
+/// daemon lacks CAP_SYS_PTRACE, and the path must not stand in for what that capability
 /// guards. Otherwise, a degraded fallback id.
-fn identify_gone(
+///
+/// Any other error qualifies, not only NotFound: the lookup of an exiting process's entry can
+/// fail otherwise too (a killable lock interrupted, ESRCH), and a degraded id splits one
+/// library into two images. Seen once: rustc's `librustc_driver` (no build-id) under two ids
+/// after an hour of builds; which error it met there was not pinned down.
+pub(crate) fn identify_gone(
     identities: &mut identity::IdentityCache,
     err: &std::io::Error,
     path: &[u8],
     ino: u64,
 ) -> ImageId {
-    if err.kind() == std::io::ErrorKind::NotFound {
+    if err.kind() != std::io::ErrorKind::PermissionDenied {
         if let Ok(id) = identities.identify_by_path(path, ino) {
             return id;
         }
@@ -983,6 +988,27 @@ fn identify_gone(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gone_mapping_keeps_its_identity_whatever_the_error_except_permission() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("lib-without-build-id.so");
+        std::fs::write(&p, "no ELF notes here").expect("write");
+        let ino = std::fs::metadata(&p).expect("stat").ino();
+        let path = p.as_os_str().as_bytes();
+        let live = identity::IdentityCache::new(8).identify(&p, path, Some(ino)).expect("live");
+        let degraded = ImageId::fallback(path, 0, 0, ino);
+        for errno in [libc::ENOENT, libc::ESRCH] {
+            let mut c = identity::IdentityCache::new(8);
+            let err = std::io::Error::from_raw_os_error(errno);
+            assert_eq!(identify_gone(&mut c, &err, path, ino), live, "errno {errno}");
+        }
+        let mut c = identity::IdentityCache::new(8);
+        let denied = std::io::Error::from_raw_os_error(libc::EACCES);
+        assert_eq!(identify_gone(&mut c, &denied, path, ino), degraded);
+    }
 
     fn rec(time: PerfTime, record: SideBand) -> TimedSideBand {
         TimedSideBand { time, cpu: 0, record }
