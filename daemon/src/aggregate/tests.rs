@@ -307,3 +307,121 @@ fn stacks_are_counted_once_per_key_and_resolve_in_their_own_address_space() {
     agg.on_drain(0, 20_000, &mut Vec::new(), &mut Vec::new());
     assert_eq!(agg.take_resolved().stacks[&0].samples(), 1);
 }
+
+mod watermark_model {
+    //! Model-based: two CPUs' drain passes, cut at random instants and interleaved at random,
+    //! must attribute every sample to the image its process had mapped at the sample's time,
+    //! whichever CPU carried the exec and mmap records and in whatever order the passes came.
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Process 7 execs at `k * SEG` and maps image `k + 1` one tick later; its samples fall
+    /// strictly after that, so each sample's true image is that of its segment.
+    const SEG: u64 = 1000;
+
+    #[derive(Clone, Debug)]
+    struct Case {
+        /// Per segment: the CPU carrying its exec and its mmap.
+        record_cpus: Vec<(u32, u32)>,
+        /// Samples: (segment, tick within it in 2..SEG, CPU, offset).
+        samples: Vec<(usize, u64, u32, u64)>,
+        /// Per CPU: ascending pass boundaries.
+        cuts: [Vec<u64>; 2],
+        /// The order in which the CPUs' passes are delivered (true: CPU 0's next pass).
+        order: Vec<bool>,
+    }
+
+    fn case() -> impl Strategy<Value = Case> {
+        (1usize..6).prop_flat_map(|segs| {
+            let end = segs as u64 * SEG;
+            (
+                proptest::collection::vec((0u32..2, 0u32..2), segs),
+                proptest::collection::vec((0..segs, 2u64..SEG, 0u32..2, 0u64..8), 1..200),
+                proptest::collection::vec(1..end, 0..8),
+                proptest::collection::vec(1..end, 0..8),
+                proptest::collection::vec(any::<bool>(), 0..20),
+            )
+                .prop_map(|(record_cpus, samples, mut c0, mut c1, order)| {
+                    c0.sort_unstable();
+                    c1.sort_unstable();
+                    Case { record_cpus, samples, cuts: [c0, c1], order }
+                })
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        #[test]
+        fn samples_take_the_image_mapped_at_their_time(c in case()) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let agg = Aggregator::new(resolver(dir.path()), 2);
+            let segs = c.record_cpus.len();
+            let end = segs as u64 * SEG + 1;
+            // Everything each CPU will report, by time.
+            let mut records: [Vec<TimedSideBand>; 2] = [Vec::new(), Vec::new()];
+            let mut samples: [Vec<Sample>; 2] = [Vec::new(), Vec::new()];
+            for (k, &(ec, mc)) in c.record_cpus.iter().enumerate() {
+                let t = k as u64 * SEG + 1;
+                records[ec as usize].push(TimedSideBand { cpu: ec, ..exec(t, 7) });
+                records[mc as usize].push(TimedSideBand { cpu: mc, ..mmap(t + 1, 7, k as u8 + 1) });
+            }
+            let mut want: BTreeMap<(u8, u64), u64> = BTreeMap::new();
+            for &(k, tick, cpu, off) in &c.samples {
+                let t = k as u64 * SEG + 1 + tick;
+                samples[cpu as usize].push(Sample { cpu, ..sample(t, 7, BASE + off, 1) });
+                *want.entry((k as u8 + 1, off)).or_default() += 1;
+            }
+            for v in &mut records {
+                v.sort_by_key(|r| r.time);
+            }
+            for v in &mut samples {
+                v.sort_by_key(|s| s.time);
+            }
+            // Each CPU's passes: up to each cut, then the rest.
+            let mut passes: [Vec<(u64, Vec<Sample>, Vec<TimedSideBand>)>; 2] = [Vec::new(), Vec::new()];
+            for cpu in 0..2 {
+                let mut bounds = c.cuts[cpu].clone();
+                bounds.push(end);
+                let (mut si, mut ri) = (0, 0);
+                for b in bounds {
+                    let s0 = si;
+                    while si < samples[cpu].len() && samples[cpu][si].time <= b {
+                        si += 1;
+                    }
+                    let r0 = ri;
+                    while ri < records[cpu].len() && records[cpu][ri].time <= b {
+                        ri += 1;
+                    }
+                    passes[cpu].push((b, samples[cpu][s0..si].to_vec(), records[cpu][r0..ri].to_vec()));
+                }
+            }
+            let mut next = [0usize, 0usize];
+            let mut order = c.order.iter().copied();
+            while next[0] < passes[0].len() || next[1] < passes[1].len() {
+                let want0 = order.next().unwrap_or(next[0] <= next[1]);
+                let cpu = if next[1] >= passes[1].len() || (want0 && next[0] < passes[0].len()) {
+                    0
+                } else {
+                    1
+                };
+                let (b, mut s, mut r) = passes[cpu][next[cpu]].clone();
+                next[cpu] += 1;
+                agg.on_drain(cpu as u32, b, &mut s, &mut r);
+            }
+            let mut got: BTreeMap<(u8, u64), u64> = BTreeMap::new();
+            for r in [agg.take_resolved(), agg.flush_all()] {
+                for k in 1..=segs as u8 {
+                    for off in 0..8u64 {
+                        let (n, _) = count(&r, k, off);
+                        if n > 0 {
+                            *got.entry((k, off)).or_default() += n;
+                        }
+                    }
+                }
+                prop_assert!(r.unknown.is_empty(), "unattributed samples: {:?}", r.unknown);
+            }
+            prop_assert_eq!(got, want);
+        }
+    }
+}
