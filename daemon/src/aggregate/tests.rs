@@ -320,6 +320,9 @@ mod watermark_model {
     /// strictly after that, so each sample's true image is that of its segment.
     const SEG: u64 = 1000;
 
+    /// One drain pass of a CPU: drained until, its samples, its side-band records.
+    type Pass = (u64, Vec<Sample>, Vec<TimedSideBand>);
+
     #[derive(Clone, Debug)]
     struct Case {
         /// Per segment: the CPU carrying its exec and its mmap.
@@ -379,7 +382,7 @@ mod watermark_model {
                 v.sort_by_key(|s| s.time);
             }
             // Each CPU's passes: up to each cut, then the rest.
-            let mut passes: [Vec<(u64, Vec<Sample>, Vec<TimedSideBand>)>; 2] = [Vec::new(), Vec::new()];
+            let mut passes: [Vec<Pass>; 2] = [Vec::new(), Vec::new()];
             for cpu in 0..2 {
                 let mut bounds = c.cuts[cpu].clone();
                 bounds.push(end);
