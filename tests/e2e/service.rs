@@ -645,18 +645,30 @@ fn sampling_not_permitted_is_one_clear_message_and_exit_2() {
     std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let exe = root.join("dcpid");
     std::fs::copy(bin("dcpid"), &exe).unwrap();
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
-        .arg(&exe)
-        .args(["--config", "none", "--host", "np", "-e", "cpu-clock", "--duration", "5"])
-        .arg("--db")
-        .arg(root.join("db"))
-        .arg("--spool")
-        .arg(root.join("spool.sqlite"))
-        .arg("--socket")
-        .arg(root.join("d.sock"))
-        .output()
-        .unwrap();
+    let run = || {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+            .arg(&exe)
+            .args(["--config", "none", "--host", "np", "-e", "cpu-clock", "--duration", "5"])
+            .arg("--db")
+            .arg(root.join("db"))
+            .arg("--spool")
+            .arg(root.join("spool.sqlite"))
+            .arg("--socket")
+            .arg(root.join("d.sock"))
+            .output()
+            .unwrap()
+    };
+    // ETXTBSY: a child that another test thread forked while the copy was open for writing
+    // still holds that descriptor until it execs; it lets go within moments.
+    let mut out = run();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while String::from_utf8_lossy(&out.stderr).contains("Text file busy")
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+        out = run();
+    }
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(err.matches("kernel.perf_event_paranoid").count(), 1, "{err}");
