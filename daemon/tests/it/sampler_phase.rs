@@ -54,34 +54,54 @@ fn phase_b_work(mut x: u64) -> u64 {
 
 /// Run A for 75% and B for 25% of every P of CLOCK_MONOTONIC, on `cpu`, until the thread has
 /// had `cpu_time` of CPU (or `max_wall` passed: on a loaded machine the workload gets a share
-/// of the CPU only, and a wall-clock length left it too few samples). Returns how many chunks
-/// of A and of B ran: both cost the same, so their ratio is the true ratio of CPU time even
-/// when other processes preempt the workload (the scheduler tick is phase-locked too: HZ=250
-/// is also 4 ms).
+/// of the CPU only). Returns the nanoseconds spent running A and B: the time between two
+/// consecutive clock reads goes to the phase that ran in between, and a gap longer than
+/// [`PREEMPTED_NS`] (the thread was switched out) to neither. That is the true ratio of CPU
+/// time even when other processes preempt the workload at a fixed phase (the scheduler tick
+/// is phase-locked too: HZ=250 is also 4 ms). Counting chunks instead was biased under two busy
+/// loops: a chunk right after a switch-in runs on cold caches and takes longer, at a phase the
+/// tick decides (truth 25.2% by chunks where the sampler measured 30.5%).
 fn workload(cpu: u32, cpu_time: Duration, max_wall: Duration) -> (u64, u64) {
     dcpid::sys::perf::pin_current_thread(cpu).expect("pin workload");
     let start_cpu = sampler_support::thread_cpu_ns();
     let end = monotonic_ns() + max_wall.as_nanos() as u64;
     let mut x = 1u64;
-    let (mut na, mut nb) = (0u64, 0u64);
+    let (mut ta, mut tb) = (0u64, 0u64);
+    let mut n = 0u64;
+    let mut last = monotonic_ns();
+    let mut in_a = last % P < P * 3 / 4;
     loop {
         // Checked every ~4 ms of work: reading schedstat is a system call.
-        if (na + nb) % 4096 == 0 {
+        if n.is_multiple_of(4096) {
             let ran = sampler_support::thread_cpu_ns().saturating_sub(start_cpu);
             if ran >= cpu_time.as_nanos() as u64 || monotonic_ns() >= end {
                 black_box(x);
-                return (na, nb);
+                return (ta, tb);
             }
+            last = monotonic_ns();
         }
-        if monotonic_ns() % P < P * 3 / 4 {
+        n += 1;
+        if in_a {
             x = phase_a_work(x);
-            na += 1;
         } else {
             x = phase_b_work(x);
-            nb += 1;
         }
+        let now = monotonic_ns();
+        let dt = now - last;
+        if dt < PREEMPTED_NS {
+            if in_a {
+                ta += dt;
+            } else {
+                tb += dt;
+            }
+        }
+        last = now;
+        in_a = now % P < P * 3 / 4;
     }
 }
+
+/// A chunk takes about a microsecond; a gap this long means the thread was not running.
+const PREEMPTED_NS: u64 = 50_000;
 
 /// Runtime address ranges of the two phase functions.
 fn ranges() -> [(u64, u64); 2] {
@@ -108,7 +128,7 @@ struct CpuResult {
     /// Samples of the workload in A and in B.
     a: u64,
     b: u64,
-    /// Chunks of A and B the workload ran (the truth).
+    /// Nanoseconds the workload ran A and B (the truth).
     chunks_a: u64,
     chunks_b: u64,
     /// Phase (time mod P) histogram of all samples on this CPU.
