@@ -107,6 +107,43 @@ pub(crate) fn corrupt(path: &Path, field: &'static str, detail: impl Into<String
     Error::Corrupt { path: path.into(), field, detail: detail.into() }
 }
 
+/// Largest payload a zlib container may inflate to: a bound against a small hostile file
+/// that expands without end.
+pub(crate) const MAX_ZLIB_PAYLOAD: u64 = 256 << 20;
+
+/// A whole file whose payload is zlib-compressed (who tables, stack profiles). The compressor
+/// is deterministic, so a payload still has exactly one encoding.
+pub(crate) fn finish_zlib(magic: &[u8; 8], version: u16, payload: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    let packed = z.write_all(payload).and_then(|()| z.finish()).unwrap_or_default();
+    let mut file = begin(magic, version);
+    file.extend_from_slice(&packed);
+    finish(file)
+}
+
+/// Validate a zlib container ([`open`]) and inflate its payload, at most
+/// [`MAX_ZLIB_PAYLOAD`] bytes.
+pub(crate) fn open_zlib(
+    bytes: &[u8],
+    path: &Path,
+    magic: &[u8; 8],
+    what: &'static str,
+    supported: u16,
+) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let packed = open(bytes, path, magic, what, supported)?;
+    let mut payload = Vec::new();
+    flate2::read::ZlibDecoder::new(packed)
+        .take(MAX_ZLIB_PAYLOAD + 1)
+        .read_to_end(&mut payload)
+        .map_err(|e| corrupt(path, "compressed payload", e.to_string()))?;
+    if payload.len() as u64 > MAX_ZLIB_PAYLOAD {
+        return Err(corrupt(path, "compressed payload", "more than 256 MiB"));
+    }
+    Ok(payload)
+}
+
 /// Append a length-prefixed byte string.
 pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     varint::write_u64(out, b.len() as u64);

@@ -2,7 +2,6 @@
 //! epoch, each stack a sequence of interned frames (image, offset), leaf first, with its count.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::path::Path;
 
 use crate::codec::{self, put_bytes, Reader};
@@ -22,8 +21,6 @@ pub const STACKS_PREFIX: &str = "stacks.";
 /// Deepest stack a file may hold (the kernel's own limit, `perf_event_max_stack`, is 127 by
 /// default and at most 65535; deeper sampled stacks are cut by the writer and flagged truncated).
 pub const MAX_STACK_DEPTH: usize = 1024;
-/// Largest payload a reader decompresses.
-const MAX_PAYLOAD: u64 = 256 << 20;
 /// Flag bit of a stack: it does not reach a root (depth limit hit, or the unwinder stopped).
 const FLAG_TRUNCATED: u64 = 1;
 
@@ -251,27 +248,14 @@ impl StackProfile {
     /// The file's bytes (FORMAT.md §13).
     pub fn encode(&self) -> Vec<u8> {
         let payload = self.encode_payload();
-        // Stacks share long frame runs: zlib makes the file several times smaller, and the
-        // compressor is deterministic, so a profile still has exactly one encoding.
-        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
-        let packed = z.write_all(&payload).and_then(|()| z.finish()).unwrap_or_default();
-        let mut file = codec::begin(STACKS_MAGIC, STACKS_VERSION);
-        file.extend_from_slice(&packed);
-        codec::finish(file)
+        // Stacks share long frame runs: zlib makes the file several times smaller.
+        codec::finish_zlib(STACKS_MAGIC, STACKS_VERSION, &payload)
     }
 
     /// Parse and validate a file's bytes; `path` names it in errors. Accepts only the
     /// canonical encoding.
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
-        let packed = codec::open(bytes, path, STACKS_MAGIC, "stack profile", STACKS_VERSION)?;
-        let mut payload = Vec::new();
-        flate2::read::ZlibDecoder::new(packed)
-            .take(MAX_PAYLOAD + 1)
-            .read_to_end(&mut payload)
-            .map_err(|e| codec::corrupt(path, "compressed payload", e.to_string()))?;
-        if payload.len() as u64 > MAX_PAYLOAD {
-            return Err(codec::corrupt(path, "compressed payload", "more than 256 MiB"));
-        }
+        let payload = codec::open_zlib(bytes, path, STACKS_MAGIC, "stack profile", STACKS_VERSION)?;
         let mut r = Reader::new(&payload, path);
         let host = r.string("host")?;
         let epoch = r.string("epoch")?;
@@ -521,7 +505,7 @@ mod tests {
                 varint::write_u64(&mut pl, v);
             }
             let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
-            z.write_all(&pl).unwrap();
+            std::io::Write::write_all(&mut z, &pl).unwrap();
             let mut file = codec::begin(STACKS_MAGIC, STACKS_VERSION);
             file.extend_from_slice(&z.finish().unwrap());
             codec::finish(file)

@@ -3,7 +3,6 @@
 //! container, which process" without per-process profiles.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
 use std::path::Path;
 
 use crate::codec::{self, put_bytes, Reader};
@@ -14,8 +13,6 @@ use crate::varint;
 pub const WHO_MAGIC: &[u8; 8] = b"DCPIWHO\0";
 /// Version this build reads and writes; a reader refuses larger ones (`UnknownVersion`).
 pub const WHO_VERSION: u16 = 1;
-/// Largest payload a reader decompresses.
-const MAX_PAYLOAD: u64 = 256 << 20;
 
 /// File name of the table in a host directory.
 pub const WHO_FILE: &str = "who.tbl";
@@ -136,27 +133,14 @@ impl WhoTable {
             varint::write_u64(&mut out, index_of(&events, ev.as_str()));
             varint::write_u64(&mut out, n);
         }
-        // Rows repeat their neighbours' indices: zlib makes them ~3x smaller. The compressor
-        // is deterministic, so a table still has exactly one encoding.
-        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
-        let packed = z.write_all(&out).and_then(|()| z.finish()).unwrap_or_default();
-        let mut file = codec::begin(WHO_MAGIC, WHO_VERSION);
-        file.extend_from_slice(&packed);
-        codec::finish(file)
+        // Rows repeat their neighbours' indices: zlib makes them ~3x smaller.
+        codec::finish_zlib(WHO_MAGIC, WHO_VERSION, &out)
     }
 
     /// Parse and validate a file's bytes; `path` names it in errors. Accepts only the
     /// canonical encoding (sorted, distinct dictionaries and rows, no zero counts).
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
-        let packed = codec::open(bytes, path, WHO_MAGIC, "who table", WHO_VERSION)?;
-        let mut payload = Vec::new();
-        flate2::read::ZlibDecoder::new(packed)
-            .take(MAX_PAYLOAD + 1)
-            .read_to_end(&mut payload)
-            .map_err(|e| codec::corrupt(path, "compressed payload", e.to_string()))?;
-        if payload.len() as u64 > MAX_PAYLOAD {
-            return Err(codec::corrupt(path, "compressed payload", "more than 256 MiB"));
-        }
+        let payload = codec::open_zlib(bytes, path, WHO_MAGIC, "who table", WHO_VERSION)?;
         let mut r = Reader::new(&payload, path);
         let host = r.string("host")?;
         let epoch = r.string("epoch")?;
