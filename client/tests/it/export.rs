@@ -6,12 +6,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+use crate::util::{write_profile, write_profile_jit};
 use std::time::{Duration, SystemTime};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
-use profile_format::{
-    Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, JitSymbol, Profile, ProfileHeader,
-};
+use profile_format::{Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, JitSymbol};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------------
@@ -52,53 +52,6 @@ fn event(name: &str, period: u64) -> EventDesc {
         period_min: period,
         period_max: period,
     }
-}
-
-/// A profile whose samples all have period `period`.
-fn write_profile(
-    hd: &HostDir,
-    kind: ImageKind,
-    id: &ImageId,
-    path: &[u8],
-    ev: &EventDesc,
-    counts: &[(u64, u64)],
-    period: u64,
-) {
-    write_profile_jit(hd, kind, id, path, ev, counts, period, Vec::new());
-}
-
-#[allow(clippy::too_many_arguments)]
-fn write_profile_jit(
-    hd: &HostDir,
-    kind: ImageKind,
-    id: &ImageId,
-    path: &[u8],
-    ev: &EventDesc,
-    counts: &[(u64, u64)],
-    period: u64,
-    jit_symbols: Vec<JitSymbol>,
-) {
-    let mut p = Profile::new(ProfileHeader {
-        kind,
-        image_id: id.clone(),
-        image_path: path.to_vec(),
-        event: ev.clone(),
-        host: hd.host.clone(),
-        epoch: hd.epoch.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols,
-    });
-    for &(off, c) in counts {
-        p.add(off, c, c * period);
-    }
-    let file = if kind == ImageKind::Unknown {
-        hd.unknown_path(&ev.name)
-    } else {
-        hd.profile_path(id, &ev.name)
-    };
-    p.write(&file).expect("write profile");
 }
 
 fn prof(db: &Path, args: &[&str]) -> Output {

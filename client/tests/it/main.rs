@@ -8,3 +8,4 @@ mod export;
 mod first_hour;
 mod hostile_db;
 mod hostile_names;
+mod util;
