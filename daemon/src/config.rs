@@ -15,7 +15,7 @@
 //! window_divisor = 16
 //! ring_pages = 128
 //! redraw_interval = "1s"   # one period re-arm per CPU per interval, at a random instant
-//! flush_interval = "2s"
+//! flush_interval = "5s"
 //! publish_interval = "5m"
 //! max_memory_mb = 256
 //! retention_days = 7
@@ -23,7 +23,7 @@
 //! socket = "/run/dcpi/dcpid.sock"
 //! socket_group = "dcpi"
 //! log_level = "info"
-//! status_interval = "2s"
+//! status_interval = "10s"
 //! perf_map_max_bytes = 16777216
 //! perf_map_max_entries = 100000
 //! callchains = "none"      # or "fp": call stacks through frame pointers
@@ -259,10 +259,10 @@ settings! {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     redraw_interval: Duration = Duration::from_secs(1);
-    /// How often increments are written to the spool; bounds what a crash loses [default: 2s].
+    /// How often increments are written to the spool; bounds what a crash loses [default: 5s].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
-    flush_interval: Duration = Duration::from_secs(2);
+    flush_interval: Duration = Duration::from_secs(5);
     /// Each changed shared profile is rewritten at most this often, spread over the interval,
     /// and once published only after it has doubled or waited `publish_max_delay`; `dcpictl
     /// flush` publishes everything at once [default: 5m].
@@ -305,10 +305,10 @@ settings! {
     #[arg(long, value_name = "N")]
     perf_map_max_entries: usize = crate::resolve::jit::MAX_JIT_MAP_ENTRIES;
     /// How often the one-line status for systemd (`STATUS=`, shown by `systemctl status`) is
-    /// refreshed [default: 2s].
+    /// refreshed (under systemd only) [default: 10s].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
-    status_interval: Duration = Duration::from_secs(2);
+    status_interval: Duration = Duration::from_secs(10);
     /// Keep one row per process (pid) in the who table, for `dcpiprof --by pid` (DCPI's
     /// `-bypid`); costs a row per process instead of per command [default: false].
     #[arg(long, value_name = "BOOL")]

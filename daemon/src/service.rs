@@ -45,6 +45,10 @@ const BARRIER_TIMEOUT: Duration = Duration::from_secs(2);
 /// A store operation (tick or flush) running longer than this (or two flush intervals, if
 /// more) means the database is not answering: `status` reports publishing as stalled.
 const STALL_AFTER: Duration = Duration::from_secs(10);
+/// Returning freed heap to the kernel after a flush, at most this often (sys::malloc).
+const TRIM_EVERY: Duration = Duration::from_secs(60);
+/// The main thread's longest sleep outside systemd: signals and `--duration` wake it anyway.
+const IDLE_WAKE: Duration = Duration::from_secs(60);
 /// How long `dcpictl flush` waits for the store before answering with an error.
 const FLUSH_WAIT: Duration = Duration::from_secs(20);
 /// At a stop: how long to wait for the flush thread, and for the store's lock.
@@ -567,7 +571,7 @@ impl Shared {
         store.tick();
         *lock(&self.store_status) = store.status();
         drop(store);
-        crate::sys::malloc::trim();
+        crate::sys::malloc::trim_at_most_every(TRIM_EVERY);
         let t2 = thread_cpu_ns();
         let mut st = lock(&self.stages);
         st.resolve_ns += t1.saturating_sub(t0);
@@ -1128,7 +1132,7 @@ fn serve_until_stop(
     let mut next_status = Instant::now() + read(&shared.settings).status_interval;
     loop {
         let now = Instant::now();
-        let mut wake_at = next_status;
+        let mut wake_at = if notifier.is_enabled() { next_status } else { now + IDLE_WAKE };
         if let Some(w) = watchdog_every {
             wake_at = wake_at.min(now + w);
         }
@@ -1152,7 +1156,9 @@ fn serve_until_stop(
         if deadline.is_some_and(|d| now >= d) {
             return "--duration elapsed";
         }
-        if now >= next_status {
+        // A full status reads /proc and every component's counters: outside systemd nobody
+        // reads the line, and the collector's cost is judged against perf's (issue 13).
+        if now >= next_status && notifier.is_enabled() {
             next_status = now + read(&shared.settings).status_interval;
             notifier.status(&shared.status().one_line());
         }

@@ -343,7 +343,7 @@ mod tests {
         assert!((r.overhead.daemon_cpu_ms_per_s - 10.0).abs() < 1e-9);
         assert!((r.overhead.ns_per_sample - 5000.0).abs() < 1e-6);
         assert_eq!(r.overhead.stage_cpu_s.flush_resolve, 1.5);
-        assert_eq!(r.config.flush_interval_s, 2.0);
+        assert_eq!(r.config.flush_interval_s, settings.flush_interval.as_secs_f64());
         assert_eq!(r.unknown.count, 5);
         assert!((r.unknown.fraction - 0.1).abs() < 1e-9);
         assert!((r.aggregation.factor - 10.0).abs() < 1e-9);

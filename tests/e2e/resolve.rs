@@ -546,11 +546,18 @@ fn jit_map_of_a_process_that_changed_its_uid_is_read() {
     )
     .expect("jit program prints its code address");
     let base = u64::from_str_radix(line.trim(), 16).expect("a hex address");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while d.status_json()["perf_maps"]["read"].as_u64().unwrap_or(0) == 0
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(std::time::Duration::from_millis(100));
+    // Until *this* process's map is in the database: the daemon samples the whole machine,
+    // and a map read from another test's JIT program (status `perf_maps.read`) once let this
+    // one be killed before its own map was read.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while std::time::Instant::now() < deadline {
+        if d.status_json()["perf_maps"]["read"].as_u64().unwrap_or(0) > 0 {
+            let out = d.ctl(&["flush"]);
+            if out.status.success() && !jit_profiles(&sb.db(), host, base).is_empty() {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
     }
     let _ = child.kill();
     let _ = child.wait();

@@ -4,8 +4,8 @@
 //! memory in it. dcpid's threads allocate in bursts (a flush resolves and encodes a batch, a
 //! drain thread applies a burst of mmap records) and then sit idle, so each arena keeps its
 //! largest burst for ever: measured under exec churn, 48 MiB RSS for ~15 MiB of live heap.
-//! Two arenas and a trim after each flush keep the RSS close to what is live. On another C
-//! library both calls are no-ops.
+//! Two arenas and a trim after a flush (at most once a minute) keep the RSS close to what is
+//! live. On another C library both calls are no-ops.
 
 /// Limit the number of malloc arenas; call before starting threads.
 pub fn limit_arenas(n: i32) {
@@ -17,6 +17,23 @@ pub fn limit_arenas(n: i32) {
     }
     #[cfg(not(target_env = "gnu"))]
     let _ = n;
+}
+
+/// [`trim`], unless it ran less than `min_gap` ago. A trim walks every free list and
+/// madvises the pages it frees, and each madvise shoots down the TLB of every CPU this
+/// process runs on (the drain threads' too): after every flush it was a third of the flush
+/// thread's CPU (issue 13), while the memory it returns is back within a flush or two anyway.
+pub fn trim_at_most_every(min_gap: std::time::Duration) {
+    use std::sync::Mutex;
+    use std::time::Instant;
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if last.is_some_and(|t| t.elapsed() < min_gap) {
+        return;
+    }
+    *last = Some(Instant::now());
+    drop(last);
+    trim();
 }
 
 /// Return free memory at the top of every arena, and whole free pages inside them, to the
