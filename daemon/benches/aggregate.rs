@@ -16,6 +16,9 @@
 //! 2 M samples the flusher takes the tables (untimed). Side-band records come every 4096
 //! records whatever the pass length.
 //!
+//! `flush/take_resolved` times the flush thread's part instead: taking and resolving the
+//! tables that one flush interval filled.
+//!
 //! Run: `cargo bench -p dcpi-daemon --bench aggregate` (the `thrpt` line is samples/s).
 
 use std::cell::{Cell, RefCell};
@@ -380,5 +383,32 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// The flush thread's share: `Aggregator::take_resolved` (swap out the per-CPU tables, resolve
+/// every entry to (image, offset), build the who batch and the `dcpictl top` rows) over what
+/// one flush interval leaves in the tables: `FLUSH_SAMPLES` samples, as 5 s at 5 kHz on two
+/// CPUs. Only `take_resolved` is timed.
+fn bench_flush(c: &mut Criterion) {
+    const FLUSH_SAMPLES: usize = 50_000;
+    const LEN: usize = 4681;
+    let keys = keys(1 << 20);
+    let mut g = c.benchmark_group("flush");
+    g.measurement_time(Duration::from_secs(10));
+    g.throughput(Throughput::Elements(FLUSH_SAMPLES as u64));
+    let mut run = Run::new(LEN);
+    g.bench_function("take_resolved/50k_samples", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                run.passes(&keys, FLUSH_SAMPLES.div_ceil(LEN) as u64, true);
+                let start = Instant::now();
+                black_box(run.agg.take_resolved());
+                total += start.elapsed();
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_flush);
 criterion_main!(benches);

@@ -5,7 +5,10 @@
 //! mostly idle machine they are nearly all of them: counted as the kernel they would make the
 //! kernel look like the hottest image. They are kept apart as `[idle]` (FORMAT.md §5.1.1).
 
-use std::collections::HashMap;
+// hashbrown's maps (foldhash, seeded per process) for the per-entry work of a flush: std's
+// SipHash was a tenth of the flush thread's CPU, and `Equivalent` lets a lookup borrow the
+// image id instead of cloning it for every table entry.
+use hashbrown::{Equivalent, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -141,16 +144,31 @@ pub struct WhoBatch {
     pub hot: Vec<(u32, Arc<ImageInfo>, u64, EventIdx, u64)>,
 }
 
+/// A borrowed `WhoBatch::user` key: hashes and compares as the owned tuple.
+#[derive(Hash)]
+struct UserKeyRef<'a>(u32, Option<&'a ImageId>, EventIdx);
+
+impl Equivalent<(u32, Option<ImageId>, EventIdx)> for UserKeyRef<'_> {
+    fn equivalent(&self, k: &(u32, Option<ImageId>, EventIdx)) -> bool {
+        self.0 == k.0 && self.1 == k.1.as_ref() && self.2 == k.2
+    }
+}
+
 impl WhoBatch {
     /// Count resolved user-mode samples.
     pub fn add_user(&mut self, pid: u32, image: Option<&Arc<ImageInfo>>, event: EventIdx, n: u64) {
-        let id = image.map(|i| {
+        if let Some(i) = image {
             if !self.images.contains_key(&i.id) {
                 self.images.insert(i.id.clone(), Arc::clone(i));
             }
-            i.id.clone()
-        });
-        *self.user.entry((pid, id, event)).or_insert(0) += n;
+        }
+        let key = UserKeyRef(pid, image.map(|i| &i.id), event);
+        match self.user.get_mut(&key) {
+            Some(c) => *c += n,
+            None => {
+                self.user.insert((pid, key.1.cloned(), event), n);
+            }
+        }
     }
 
     /// Add another batch (an early drain's) into this one.
@@ -248,6 +266,8 @@ pub struct Recent {
 }
 
 type HotKey = (u32, Vec<u8>, Option<u64>);
+/// (pid, image allocation or kernel row, offset) within one batch.
+type BatchKey = (u32, usize, Option<u64>);
 
 impl Recent {
     /// Batches older than this are dropped.
@@ -261,40 +281,48 @@ impl Recent {
         while self.batches.front().is_some_and(|b| now.duration_since(b.0) > Self::KEEP) {
             self.batches.pop_front();
         }
-        let mut rows: HashMap<HotKey, (Option<Vec<u8>>, u64)> = HashMap::new();
+        // Keyed by the image's allocation, not its path: a batch holds one entry per table
+        // entry, and hashing and cloning each path was most of this function. Two images with
+        // the same path (rare) make two rows here, which `top` merges.
+        let mut rows: HashMap<BatchKey, (Option<Arc<ImageInfo>>, u64)> = HashMap::new();
         for (pid, image, offset, ev, n) in std::mem::take(&mut who.hot) {
             if ev != 0 {
                 continue;
             }
             let offset = (image.kind == ImageKind::Elf).then_some(offset);
-            let build_id = match &image.id {
-                ImageId::BuildId(b) => Some(b.clone()),
-                ImageId::Fallback(_) => None,
-            };
-            rows.entry((pid, image.path.clone(), offset)).or_insert((build_id, 0)).1 += n;
+            let key = (pid, Arc::as_ptr(&image) as usize, offset);
+            rows.entry(key).or_insert_with(|| (Some(image), 0)).1 += n;
         }
         for (&(pid, ev), &n) in &who.kernel {
             if ev == 0 {
-                let image = if pid == 0 { IDLE_PATH } else { b"[kernel.kallsyms]" };
-                rows.entry((pid, image.to_vec(), None)).or_insert((None, 0)).1 += n;
+                // Address 0 and 1 are no allocation's: the two kernel rows.
+                let key = (pid, usize::from(pid != 0), None);
+                rows.entry(key).or_insert((None, 0)).1 += n;
             }
         }
         let total = who.cpus.iter().filter(|(k, _)| k.1 == 0).map(|(_, n)| n).sum();
-        let mut rows: Vec<HotRow> = rows
-            .into_iter()
-            .map(|((pid, image, offset), (build_id, samples))| HotRow {
-                pid,
-                command: who.command(pid),
-                image,
-                build_id,
-                offset,
-                samples,
-            })
-            .collect();
+        let mut rows: Vec<_> = rows.into_iter().collect();
         if rows.len() > Self::ROWS_PER_BATCH {
-            rows.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.samples.cmp(&a.samples));
+            rows.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.1 .1.cmp(&a.1 .1));
             rows.truncate(Self::ROWS_PER_BATCH);
         }
+        let rows = rows
+            .into_iter()
+            .map(|((pid, kernel_row, offset), (image, samples))| {
+                let (image, build_id) = match image {
+                    Some(i) => (
+                        i.path.clone(),
+                        match &i.id {
+                            ImageId::BuildId(b) => Some(b.clone()),
+                            ImageId::Fallback(_) => None,
+                        },
+                    ),
+                    None if kernel_row == 0 => (IDLE_PATH.to_vec(), None),
+                    None => (b"[kernel.kallsyms]".to_vec(), None),
+                };
+                HotRow { pid, command: who.command(pid), image, build_id, offset, samples }
+            })
+            .collect();
         self.batches.push_back((now, total, rows));
     }
 

@@ -90,7 +90,7 @@ pub struct ResolvedProfile {
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct Resolved {
     /// Keyed by (image id, event index).
-    pub profiles: HashMap<(ImageId, EventIdx), ResolvedProfile>,
+    pub profiles: hashbrown::HashMap<(ImageId, EventIdx), ResolvedProfile>,
     /// Keyed by (event index, reason): (count, period sum).
     pub unknown: HashMap<(EventIdx, UnknownReason), (u64, u64)>,
     /// Total samples in this batch (resolved + unknown).
@@ -794,7 +794,7 @@ impl Aggregator {
         let mut names = lock(&self.cgroups);
         let ids: Vec<u64> = who.cgroups.values().copied().collect();
         for id in ids {
-            if let std::collections::hash_map::Entry::Vacant(v) = who.cgroup_paths.entry(id) {
+            if let hashbrown::hash_map::Entry::Vacant(v) = who.cgroup_paths.entry(id) {
                 if let Some(p) = names.path(id) {
                     v.insert(p);
                 }
@@ -897,6 +897,16 @@ fn newest_pending(pending: &VecDeque<Sample>, limit: Option<PerfTime>) -> PerfTi
         .unwrap_or(0)
 }
 
+/// A borrowed `Resolved::profiles` key: hashes and compares as the owned tuple.
+#[derive(Hash)]
+struct ProfileKeyRef<'a>(&'a ImageId, EventIdx);
+
+impl hashbrown::Equivalent<(ImageId, EventIdx)> for ProfileKeyRef<'_> {
+    fn equivalent(&self, k: &(ImageId, EventIdx)) -> bool {
+        *self.0 == k.0 && self.1 == k.1
+    }
+}
+
 fn resolve_entry(
     resolver: &mut Resolver,
     idle: &OnceLock<Arc<ImageInfo>>,
@@ -914,9 +924,14 @@ fn resolve_entry(
                 &image
             };
             // Profiles of one image share an Arc: clone the id only for a new profile.
-            let p = out.profiles.entry((image.id.clone(), event)).or_insert_with(|| {
-                ResolvedProfile { image: Arc::clone(image), event, counts: BTreeMap::new() }
-            });
+            let key = ProfileKeyRef(&image.id, event);
+            if !out.profiles.contains_key(&key) {
+                out.profiles.insert(
+                    (image.id.clone(), event),
+                    ResolvedProfile { image: Arc::clone(image), event, counts: BTreeMap::new() },
+                );
+            }
+            let Some(p) = out.profiles.get_mut(&key) else { return };
             if p.image.kind == ImageKind::Anon
                 && p.image.jit_symbols.len() < image.jit_symbols.len()
             {
@@ -929,7 +944,7 @@ fn resolve_entry(
                 // Kernel entries are shared by every process; `CpuWho` counts their owners.
                 out.who.add_user(e.pid, Some(image), event, count);
                 out.who.hot.push((e.pid, Arc::clone(image), offset, event, count));
-                if let std::collections::hash_map::Entry::Vacant(v) = out.who.comms.entry(e.pid) {
+                if let hashbrown::hash_map::Entry::Vacant(v) = out.who.comms.entry(e.pid) {
                     if let Some(c) = resolver.comm(e.pid, e.asid()) {
                         v.insert(c.to_vec());
                     }

@@ -735,10 +735,10 @@ impl Resolver {
             a => a,
         };
         let gen = self.generation;
-        let jit_dir = self.cfg.jit_map_dir.clone();
-        let proc_root = self.cfg.proc_root.clone();
         let limits = self.jit_limits;
-        let Some(p) = self.incarnation_mut(pid, asid) else {
+        // Field by field (not `incarnation_mut(&mut self)`): the paths are borrowed, not cloned
+        // for every entry a flush resolves.
+        let Some(p) = incarnation_mut(&mut self.procs, &mut self.retired, pid, asid) else {
             return Resolution::Unknown(UnknownReason::ProcessGone);
         };
         let Some(m) = p.find(asid, pc) else {
@@ -758,7 +758,7 @@ impl Resolver {
                 Resolution::Image { image: self.vdso_image(), offset }
             }
             MapImage::Anon => {
-                let read = anon_refresh(p, gen, &jit_dir, &proc_root, limits);
+                let read = anon_refresh(p, gen, &self.cfg.jit_map_dir, &self.cfg.proc_root, limits);
                 let image = anon_image(p);
                 if read.changed {
                     self.stats.jit_maps_read += 1;
@@ -768,17 +768,6 @@ impl Resolver {
                 }
                 Resolution::Image { image, offset: pc }
             }
-        }
-    }
-
-    fn incarnation_mut(&mut self, pid: u32, asid: u64) -> Option<&mut Process> {
-        match self.procs.get_mut(&pid) {
-            Some(p) if asid >= p.first_asid => Some(&mut **p),
-            _ => self
-                .retired
-                .get_mut(&pid)?
-                .iter_mut()
-                .find(|o| o.first_asid <= asid && asid <= o.last_asid()),
         }
     }
 
@@ -901,6 +890,22 @@ pub fn kallsyms_snapshot(cfg: &ResolverConfig) -> Result<KallsymsSnapshot, Resol
 }
 
 /// Re-read the process's perf map once per batch.
+/// The incarnation of `pid` that `asid` names: the live process or a retired one.
+fn incarnation_mut<'a>(
+    procs: &'a mut HashMap<u32, Box<Process>>,
+    retired: &'a mut HashMap<u32, Vec<Process>>,
+    pid: u32,
+    asid: u64,
+) -> Option<&'a mut Process> {
+    match procs.get_mut(&pid) {
+        Some(p) if asid >= p.first_asid => Some(&mut **p),
+        _ => retired
+            .get_mut(&pid)?
+            .iter_mut()
+            .find(|o| o.first_asid <= asid && asid <= o.last_asid()),
+    }
+}
+
 fn anon_refresh(
     p: &mut Process,
     gen: u64,
