@@ -139,4 +139,28 @@ fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
     assert!(line(";main;via_b;hot").is_some(), "no ...;main;via_b;hot in:\n{folded}");
     let n: u64 = la.rsplit_once(' ').and_then(|(_, n)| n.parse().ok()).expect("count");
     assert!(n > 0 && n <= a, "{la}: folded count vs callers report {a}");
+
+    // With --image, the stacks whose leaf is in that image (as `perf script --dsos`), not
+    // its flat one-frame samples: the same via_a stack, and no stack that ends elsewhere.
+    let image = bin.display().to_string();
+    let o = prof(with(&["--image", &image, "--format", "folded"]));
+    assert!(o.status.success(), "folded --image: {}", String::from_utf8_lossy(&o.stderr));
+    let only = String::from_utf8_lossy(&o.stdout);
+    let la2 = only
+        .lines()
+        .find(|l| l.rsplit_once(' ').is_some_and(|(s, _)| s.ends_with(";main;via_a;hot")))
+        .unwrap_or_else(|| panic!("--image {image}: no ...;main;via_a;hot in:\n{only}"));
+    assert_eq!(la2, la, "--image keeps the stack and its count");
+    let full: std::collections::HashSet<&str> = folded.lines().collect();
+    for l in only.lines() {
+        assert!(full.contains(l), "--image {image}: {l} is not a stack of the whole export");
+        let (stack, _) = l.rsplit_once(' ').expect("folded line");
+        let leaf = stack.rsplit(';').next().unwrap_or_default();
+        assert!(
+            ["hot", "via_a", "via_b", "main", "_start"].contains(&leaf)
+                || leaf.contains("plt")
+                || leaf.contains("+0x"),
+            "--image {image}: a stack whose leaf is not in it: {l}"
+        );
+    }
 }

@@ -110,9 +110,10 @@ SYMBOL NAMES
 EXPORT FORMATS (every selection; with --image, only that image)
   folded    `image;symbol count` per line (flamegraph.pl, inferno, speedscope): raw samples
             of the first event, summing to the report's total_samples. `;` in a name is
-            written as `:`. Where dcpid recorded call stacks (--callchains fp; without --image)
-            each line is a whole stack, root first: `outermost image;main;via_a;hot count`,
-            and pprof, svg, html and speedscope show the same stacks.
+            written as `:`. Where dcpid recorded call stacks (--callchains fp) each line is a
+            whole stack, root first: `outermost image;main;via_a;hot count`, and pprof, svg,
+            html and speedscope show the same stacks (with --image, the stacks whose sampled
+            frame is in that image, as `perf script --dsos`).
   pprof     gzipped profile.proto for go tool pprof, Parca, Pyroscope. Sample types per
             event: samples/count (EVENT_samples/count with several events) and the weighted
             estimate (cpu/nanoseconds for cpu-clock, EVENT/events otherwise; the first event's
@@ -146,8 +147,8 @@ CALL STACKS (dcpid --callchains fp)
   stops at code built without frame pointers (and may skip the caller of a leaf function
   compiled without one). Frames other than the sampled pc are return addresses minus one, so
   they name the calling function even when the call is its last instruction.
-  The exports (folded, pprof, svg, html, speedscope) show the full stacks, except with
-  --image: restricted to one image they stay flat (one frame per sample, no callers).
+  The exports (folded, pprof, svg, html, speedscope) show the full stacks; with --image,
+  those whose sampled (leaf) frame is in that image, with all their callers.
   Idle-task stacks are `[idle]` frames; JIT frames are named from the perf map symbols of the
   image's flat profile (a JIT region sampled only as a caller stays [anon:...]+0xOFFSET).
 
@@ -531,11 +532,11 @@ fn run_export(
         keep_going: args.sel.keep_going,
     };
     let mut x = export::build(loaded, weights, &req, &mut |w| warnings.push(w))?;
-    if args.image.is_none() {
+    {
         // Call stacks, where dcpid recorded them, replace the one-frame samples.
         // The same binaries are looked up again: say each warning once.
         let mut more: Vec<String> = Vec::new();
-        let all = stacks::load(
+        let mut all = stacks::load(
             loaded,
             weights,
             args.symbols.locator(&args.sel.db),
@@ -549,6 +550,30 @@ fn run_export(
             if !warnings.contains(&w) {
                 warnings.push(w);
             }
+        }
+        if let Some(only) = &req.only {
+            // With --image, the stacks whose leaf is in the selected image, as `perf script
+            // --dsos` keeps the samples taken there: they replace exactly its flat samples.
+            let leaf_of: std::collections::HashSet<(
+                usize,
+                usize,
+                profile_format::ImageKind,
+                &profile_format::ImageId,
+            )> = only
+                .iter()
+                .filter_map(|&i| {
+                    let p = &loaded.profiles[i];
+                    let (ev, _) = weights.per_profile[i]?;
+                    Some((p.dir, ev, p.profile.header.kind, &p.profile.header.image_id))
+                })
+                .collect();
+            all.retain(|s| {
+                s.frames.first().is_some_and(|f| {
+                    f.image_id
+                        .as_ref()
+                        .is_some_and(|id| leaf_of.contains(&(s.dir, s.event, f.kind, id)))
+                })
+            });
         }
         stacks::apply_to_export(&mut x, &all, loaded);
     }
