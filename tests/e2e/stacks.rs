@@ -53,7 +53,11 @@ fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
     let field = |k: &str| stk[k].as_u64().unwrap_or_else(|| panic!("stacks.{k}: {status:#}"));
     let recorded = field("recorded");
     assert!(recorded >= 500, "stacks recorded {recorded}: {stk}");
-    assert!(field("truncated") <= recorded && field("overflow") < recorded, "{stk}");
+    // `overflow` (stacks not interned because the per-CPU table was full) is not bounded by
+    // this workload: the daemon samples the whole machine, and a loaded one (compilers with
+    // deep, varied stacks) filled the table. The 60/40 split below shows this program's stacks
+    // were kept.
+    assert!(field("truncated") <= recorded && stk["overflow"].is_u64(), "{stk}");
     let per_cpu: Vec<u64> = stk["distinct_per_cpu"]
         .as_array()
         .expect("distinct_per_cpu")
