@@ -1,19 +1,21 @@
 //! Call-stack profiles (FORMAT.md §13): the sampled call stacks of one event on one host in one
 //! epoch, each stack a sequence of interned frames (image, offset), leaf first, with its count.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
 use crate::codec::{self, put_bytes, Reader};
 use crate::error::{Error, Result};
 use crate::ident::MAX_BUILD_ID_LEN;
-use crate::profile::ImageKind;
+use crate::profile::{ImageKind, JitSymbol};
 use crate::{varint, ImageId};
 
 /// Magic of a stack profile file.
 pub const STACKS_MAGIC: &[u8; 8] = b"DCPISTK\0";
-/// Version this build reads and writes; a reader refuses larger ones (`UnknownVersion`).
-pub const STACKS_VERSION: u16 = 1;
+/// Newest version this build reads and writes; a reader refuses larger ones
+/// (`UnknownVersion`). A file is written as version 1 unless it has JIT symbols (version 2
+/// adds their table), so that readers of version 1 still read every file without them.
+pub const STACKS_VERSION: u16 = 2;
 /// File name suffix (`stacks.<event component>.stk`).
 pub const STACKS_SUFFIX: &str = ".stk";
 /// File name prefix.
@@ -62,6 +64,9 @@ pub struct StackProfile {
     images: Vec<StackImage>,
     image_ix: HashMap<StackImage, u32>,
     stacks: HashMap<(Vec<Frame>, bool), u64>,
+    /// JIT symbols (perf map) of `Anon` images, by image index: a JIT region sampled only as
+    /// a caller has no flat profile to carry them (version 2).
+    jit: BTreeMap<u32, BTreeSet<JitSymbol>>,
 }
 
 impl PartialEq for StackProfile {
@@ -105,6 +110,28 @@ impl StackProfile {
         self.images.push(image.clone());
         self.image_ix.insert(image.clone(), i);
         i
+    }
+
+    /// Record JIT symbols (from the process's perf map) of image `image`, which must be an
+    /// `Anon` image (others are ignored). Symbols accumulate across calls and merges.
+    pub fn add_jit_symbols<'a>(
+        &mut self,
+        image: u32,
+        symbols: impl IntoIterator<Item = &'a JitSymbol>,
+    ) {
+        if self.images.get(image as usize).is_none_or(|i| i.kind != ImageKind::Anon) {
+            return;
+        }
+        let set = self.jit.entry(image).or_default();
+        set.extend(symbols.into_iter().cloned());
+        if set.is_empty() {
+            self.jit.remove(&image);
+        }
+    }
+
+    /// The JIT symbols of image `image`, sorted by (start, size, name).
+    pub fn jit_symbols(&self, image: u32) -> impl Iterator<Item = &JitSymbol> {
+        self.jit.get(&image).into_iter().flatten()
     }
 
     /// Add `samples` to a stack (leaf first; frames index [`Self::images`]). An empty stack or
@@ -154,6 +181,9 @@ impl StackProfile {
         }
         self.sequence = self.sequence.max(other.sequence);
         let map: Vec<u32> = other.images.iter().map(|i| self.image_index(i)).collect();
+        for (&i, syms) in &other.jit {
+            self.add_jit_symbols(map[i as usize], syms);
+        }
         let mut buf = Vec::new();
         for ((frames, t), &n) in &other.stacks {
             buf.clear();
@@ -242,20 +272,55 @@ impl StackProfile {
             f.iter().for_each(|&i| varint::write_u64(&mut out, i));
             varint::write_u64(&mut out, *n);
         }
+        // Version 2: the JIT symbols of used images, by new image index.
+        let mut jit: Vec<(u64, &BTreeSet<JitSymbol>)> = self
+            .jit
+            .iter()
+            .filter(|(&i, syms)| used.get(i as usize).copied().unwrap_or(false) && !syms.is_empty())
+            .map(|(&i, syms)| (remap[i as usize], syms))
+            .collect();
+        jit.sort_unstable_by_key(|(i, _)| *i);
+        if !jit.is_empty() {
+            varint::write_u64(&mut out, jit.len() as u64);
+            for (i, syms) in jit {
+                varint::write_u64(&mut out, i);
+                varint::write_u64(&mut out, syms.len() as u64);
+                for s in syms {
+                    varint::write_u64(&mut out, s.start);
+                    varint::write_u64(&mut out, s.size);
+                    put_bytes(&mut out, s.name.as_bytes());
+                }
+            }
+        }
         out
+    }
+
+    /// The version a file of this content is written as (see [`STACKS_VERSION`]).
+    fn version_of(payload_has_jit: bool) -> u16 {
+        if payload_has_jit {
+            2
+        } else {
+            1
+        }
+    }
+
+    fn has_jit(&self) -> bool {
+        self.jit.keys().any(|&i| self.stacks.keys().any(|(f, _)| f.iter().any(|&(fi, _)| fi == i)))
     }
 
     /// The file's bytes (FORMAT.md §13).
     pub fn encode(&self) -> Vec<u8> {
         let payload = self.encode_payload();
         // Stacks share long frame runs: zlib makes the file several times smaller.
-        codec::finish_zlib(STACKS_MAGIC, STACKS_VERSION, &payload)
+        codec::finish_zlib(STACKS_MAGIC, Self::version_of(self.has_jit()), &payload)
     }
 
     /// Parse and validate a file's bytes; `path` names it in errors. Accepts only the
     /// canonical encoding.
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
         let payload = codec::open_zlib(bytes, path, STACKS_MAGIC, "stack profile", STACKS_VERSION)?;
+        // open_zlib checked the container: magic, then the version (u16 LE), at most ours.
+        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
         let mut r = Reader::new(&payload, path);
         let host = r.string("host")?;
         let epoch = r.string("epoch")?;
@@ -356,10 +421,58 @@ impl StackProfile {
             p.stacks.insert((buf.clone(), key.1), n);
             prev = Some(key);
         }
+        if version >= 2 {
+            // image, symbol count, >= 1 symbol of start, size, name length.
+            let njit = r.count("jit images", 5)?;
+            let mut prev_image: Option<u64> = None;
+            for _ in 0..njit {
+                let i = r.varint("jit image")?;
+                if prev_image.is_some_and(|p| p >= i) {
+                    return Err(r.corrupt("jit image", "not sorted or not distinct"));
+                }
+                prev_image = Some(i);
+                let img =
+                    usize::try_from(i).ok().and_then(|i| p.images.get(i)).ok_or_else(|| {
+                        r.corrupt(
+                            "jit image",
+                            format!("index {i} beyond {} images", p.images.len()),
+                        )
+                    })?;
+                if img.kind != ImageKind::Anon {
+                    return Err(
+                        r.corrupt("jit image", format!("{:?} image with JIT symbols", img.kind))
+                    );
+                }
+                let nsyms = r.count("jit symbols", 3)?;
+                let mut syms = Vec::with_capacity(nsyms);
+                for _ in 0..nsyms {
+                    let start = r.varint("jit symbols.start")?;
+                    let size = r.varint("jit symbols.size")?;
+                    let name = r.string("jit symbols.name")?;
+                    let s = JitSymbol { start, size, name };
+                    if syms.last().is_some_and(|l: &JitSymbol| *l >= s) {
+                        return Err(r.corrupt("jit symbols", "not sorted or not distinct"));
+                    }
+                    syms.push(s);
+                }
+                p.add_jit_symbols(i as u32, &syms);
+            }
+        }
         r.finish()?;
         // Unused images or frames would make two encodings of one profile.
         if p.encode_payload() != payload {
             return Err(codec::corrupt(path, "frames", "entries no stack uses"));
+        }
+        // Version 2 only with JIT symbols: one encoding per content.
+        if version != Self::version_of(p.has_jit()) {
+            return Err(codec::corrupt(
+                path,
+                "version",
+                format!(
+                    "version {version} for content written as version {}",
+                    Self::version_of(p.has_jit())
+                ),
+            ));
         }
         Ok(p)
     }
@@ -405,6 +518,45 @@ mod tests {
         p.add(&[(k, 0xffff), (k, 0x10), (exe, 0x1130), (exe, 0x1160)], true, 7);
         p.add(&[(exe, 0x1130)], true, 3);
         p
+    }
+
+    #[test]
+    fn jit_symbols_of_caller_only_regions_make_version_2() {
+        let path = Path::new("stacks.cpu-clock.stk");
+        // Without JIT symbols a file stays version 1, readable by readers of version 1.
+        assert_eq!(u16::from_le_bytes([sample().encode()[8], sample().encode()[9]]), 1);
+        let mut p = sample();
+        let exe = 0;
+        let jit = p.image_index(&img(ImageKind::Anon, "[anon:4242]"));
+        p.add(&[(exe, 0x1130), (jit, 0x7f00_0010), (exe, 0x10a0)], false, 5);
+        let f = JitSymbol { start: 0x7f00_0000, size: 0x40, name: "LazyCompile:handler".into() };
+        let g = JitSymbol { start: 0x7f00_0040, size: 0x10, name: "g".into() };
+        p.add_jit_symbols(jit, [&f]);
+        // Symbols of a non-anonymous image are not recorded.
+        p.add_jit_symbols(exe, [&g]);
+        assert_eq!(p.jit_symbols(exe).count(), 0);
+        let b = p.encode();
+        assert_eq!(u16::from_le_bytes([b[8], b[9]]), 2);
+        let back = StackProfile::decode(&b, path).expect("decode v2");
+        assert_eq!(back, p);
+        assert_eq!(back.encode(), b);
+        let ji = back.images().iter().position(|i| i.kind == ImageKind::Anon).unwrap() as u32;
+        assert_eq!(back.jit_symbols(ji).collect::<Vec<_>>(), vec![&f]);
+        // Merging unions the symbols.
+        let mut other = StackProfile::new("web-01", "20261125T000000Z", "cpu-clock");
+        let oj = other.image_index(&img(ImageKind::Anon, "[anon:4242]"));
+        other.add(&[(oj, 0x7f00_0044)], false, 1);
+        other.add_jit_symbols(oj, [&g]);
+        let mut m = back.clone();
+        m.merge(&other).unwrap();
+        let mi = m.images().iter().position(|i| i.kind == ImageKind::Anon).unwrap() as u32;
+        assert_eq!(m.jit_symbols(mi).collect::<Vec<_>>(), vec![&f, &g]);
+        // A version 2 container around content without JIT symbols is not canonical.
+        let v2 = codec::finish_zlib(STACKS_MAGIC, 2, &sample().encode_payload());
+        assert!(matches!(StackProfile::decode(&v2, path), Err(Error::Corrupt { .. })));
+        for n in 0..b.len() {
+            assert!(StackProfile::decode(&b[..n], path).is_err(), "truncated at {n} accepted");
+        }
     }
 
     #[test]
@@ -506,7 +658,7 @@ mod tests {
             }
             let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
             std::io::Write::write_all(&mut z, &pl).unwrap();
-            let mut file = codec::begin(STACKS_MAGIC, STACKS_VERSION);
+            let mut file = codec::begin(STACKS_MAGIC, 1);
             file.extend_from_slice(&z.finish().unwrap());
             codec::finish(file)
         };

@@ -149,8 +149,9 @@ CALL STACKS (dcpid --callchains fp)
   they name the calling function even when the call is its last instruction.
   The exports (folded, pprof, svg, html, speedscope) show the full stacks; with --image,
   those whose sampled (leaf) frame is in that image, with all their callers.
-  Idle-task stacks are `[idle]` frames; JIT frames are named from the perf map symbols of the
-  image's flat profile (a JIT region sampled only as a caller stays [anon:...]+0xOFFSET).
+  Idle-task stacks are `[idle]` frames; JIT frames are named from the perf map symbols the
+  stack file carries (also for a JIT region sampled only as a caller), else from those of
+  the image's flat profile.
 
 SPECIAL ROWS
   [unknown]              samples the daemon could not attribute (per-image); per symbol

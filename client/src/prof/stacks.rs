@@ -92,6 +92,8 @@ struct Namer<'a> {
     jit: HashMap<(usize, ImageId), Vec<JitSymbol>>,
     /// Names of (image index, offset) of the file being read.
     names: HashMap<(u32, u64), String>,
+    /// JIT symbols the file being read carries itself (FORMAT.md §13, version 2), by image.
+    file_jit: HashMap<ImageId, Vec<JitSymbol>>,
 }
 
 fn label(img: &StackImage) -> String {
@@ -158,10 +160,13 @@ impl Namer<'_> {
         }
     }
 
-    /// The JIT symbols (perf map) of an anonymous image, from its flat profile in the same
-    /// host directory: the stack file does not repeat them. An image sampled only as a caller
-    /// (never as a leaf) has no flat profile, and its frames stay `[anon:...]+0x...`.
+    /// The JIT symbols (perf map) of an anonymous image: those the stack file carries (a
+    /// region sampled only as a caller has no flat profile), else its flat profile's in the
+    /// same host directory (files written before version 2 of §13 carry none).
     fn jit_of(&mut self, dir: usize, img: &StackImage) -> Option<&[JitSymbol]> {
+        if self.file_jit.contains_key(&img.id) {
+            return self.file_jit.get(&img.id).map(Vec::as_slice);
+        }
         let loaded = self.loaded;
         let v = self.jit.entry((dir, img.id.clone())).or_insert_with(|| {
             let mut syms = Vec::new();
@@ -436,6 +441,7 @@ pub fn load(
         ksyms: HashMap::new(),
         jit: HashMap::new(),
         names: HashMap::new(),
+        file_jit: HashMap::new(),
     };
     let mut out = Vec::new();
     for (di, d) in loaded.dirs.iter().enumerate() {
@@ -459,6 +465,15 @@ pub fn load(
             };
             // Image indexes are the file's own: the memo is per file.
             namer.names.clear();
+            namer.file_jit = p
+                .images()
+                .iter()
+                .enumerate()
+                .filter_map(|(i, img)| {
+                    let syms: Vec<JitSymbol> = p.jit_symbols(i as u32).cloned().collect();
+                    (!syms.is_empty()).then(|| (img.id.clone(), syms))
+                })
+                .collect();
             let images: Vec<(String, StackImage)> = p
                 .images()
                 .iter()

@@ -732,3 +732,54 @@ fn profile_id(id: &ImageId) -> ProfileId {
         ImageId::Fallback(_) => panic!("prog has a build-id"),
     }
 }
+
+/// A JIT region sampled only as a caller has no flat profile: its names come from the JIT
+/// symbols the stack file carries (FORMAT.md §13, version 2), in `--callers` and in folded
+/// stacks; the leaf's come from its flat profile as before.
+#[test]
+fn jit_frames_sampled_only_as_callers_are_named_from_the_stack_file() {
+    use profile_format::{StackImage, StackProfile};
+    let t = TestDb::new();
+    let hd = t.host(0, "alpha");
+    let ev = event("cpu-clock", 1_000_000);
+    let leaf = ImageId::Fallback([1; 16]);
+    let caller = ImageId::Fallback([2; 16]);
+    let sym = |start: u64, name: &str| JitSymbol { start, size: 0x100, name: name.into() };
+    write_profile_jit(
+        &hd,
+        ImageKind::Anon,
+        &leaf,
+        b"[anon:100]",
+        &ev,
+        &[(0x1010, 10)],
+        1_000_000,
+        vec![sym(0x1000, "LazyCompile:leafjit")],
+    );
+    let mut st = StackProfile::new(&hd.host, hd.epoch.as_str(), "cpu-clock");
+    let img = |id: &ImageId, path: &[u8]| StackImage {
+        kind: ImageKind::Anon,
+        id: id.clone(),
+        path: path.to_vec(),
+    };
+    let a = st.image_index(&img(&leaf, b"[anon:100]"));
+    let b = st.image_index(&img(&caller, b"[anon:100:2]"));
+    st.add(&[(a, 0x1010), (b, 0x2020)], false, 10);
+    st.add_jit_symbols(b, [&sym(0x2000, "LazyCompile:callerjit")]);
+    st.write(&hd.stacks_path("cpu-clock")).expect("write stacks");
+
+    let o = prof(
+        &t.root(),
+        &["--host", "alpha", "--callers", "LazyCompile:leafjit", "--format", "json"],
+    );
+    let r: Value = serde_json::from_slice(&ok(o, "--callers")).expect("json");
+    assert_eq!(r["rows"][0]["symbol"], "LazyCompile:callerjit", "{r:#}");
+    let folded = String::from_utf8(ok(
+        prof(&t.root(), &["--host", "alpha", "--format", "folded"]),
+        "folded",
+    ))
+    .expect("utf-8");
+    assert!(
+        folded.lines().any(|l| l.ends_with("LazyCompile:callerjit;LazyCompile:leafjit 10")),
+        "{folded}"
+    );
+}

@@ -102,6 +102,11 @@ pub(crate) fn resolve_cpu(
                         Some(&(i, _)) => i,
                         None => {
                             let i = p.image_index(&stack_image(&image));
+                            // A JIT region may be sampled only as a caller: its names then
+                            // travel with the stacks (FORMAT.md §13, version 2).
+                            if image.kind == ImageKind::Anon && !image.jit_symbols.is_empty() {
+                                p.add_jit_symbols(i, &image.jit_symbols);
+                            }
                             images.insert(key, (i, image));
                             i
                         }
