@@ -12,7 +12,7 @@ For each rate (per CPU) and each collector, with two busy loops running:
 Then the slowdown of bench/workloads/cpu.c and mem.c (two copies each, one per CPU) under no
 collector, dcpid and perf at each rate.
 
-  bench/collector.py [--short] [--dcpid target/release/dcpid] [--out results/collector.json]
+  bench/collector.py [--short] [--cpu-only] [--dcpid target/release/dcpid] [--out results/collector.json]
 
 --short: 10 s windows after 8 s of settling, and one repetition of the slowdown runs (for a loaded machine; re-run
 without it on a quiet one for figures to quote).
@@ -182,6 +182,8 @@ def slowdown(args, work, wl):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--short", action="store_true")
+    ap.add_argument("--cpu-only", action="store_true",
+                    help="only the collectors' CPU windows, not the workload slowdown runs")
     ap.add_argument("--dcpid", default=os.path.join(ROOT, "target/release/dcpid"))
     ap.add_argument("--dcpictl", default=os.path.join(ROOT, "target/debug/dcpictl"))
     ap.add_argument("--rates", type=int, nargs="+", default=[1000, 5000])
@@ -213,9 +215,10 @@ def main():
         for p in loops:
             p.kill()
             p.wait()
-    wl = build_workloads(work)
-    res["slowdown_pct"], res["slowdown_median_s"] = slowdown(args, work, wl)
-    print(f"slowdown %: {json.dumps(res['slowdown_pct'])}", flush=True)
+    if not args.cpu_only:
+        wl = build_workloads(work)
+        res["slowdown_pct"], res["slowdown_median_s"] = slowdown(args, work, wl)
+        print(f"slowdown %: {json.dumps(res['slowdown_pct'])}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

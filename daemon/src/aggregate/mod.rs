@@ -83,8 +83,13 @@ pub use crate::types::ImageInfo;
 pub struct ResolvedProfile {
     pub image: Arc<ImageInfo>,
     pub event: EventIdx,
-    pub counts: BTreeMap<u64, (u64, u64)>,
+    pub counts: OffsetCounts,
 }
+
+/// (count, period sum) per offset of one resolved profile. A hash map: a flush inserts one
+/// offset per table entry, and a B-tree's search and node splits there were a seventh of the
+/// flush thread; the store sorts the offsets once when it takes the batch.
+pub type OffsetCounts = hashbrown::HashMap<u64, (u64, u64)>;
 
 /// Output of one flush of the per-CPU tables.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
@@ -928,7 +933,11 @@ fn resolve_entry(
             if !out.profiles.contains_key(&key) {
                 out.profiles.insert(
                     (image.id.clone(), event),
-                    ResolvedProfile { image: Arc::clone(image), event, counts: BTreeMap::new() },
+                    ResolvedProfile {
+                        image: Arc::clone(image),
+                        event,
+                        counts: OffsetCounts::default(),
+                    },
                 );
             }
             let Some(p) = out.profiles.get_mut(&key) else { return };

@@ -60,7 +60,7 @@ impl PendingBatch {
                 continue;
             };
             let mut total_period = 0u64;
-            let counts: Vec<(u64, u64)> = rp
+            let mut counts: Vec<(u64, u64)> = rp
                 .counts
                 .iter()
                 .filter(|(_, (c, _))| *c > 0)
@@ -69,6 +69,7 @@ impl PendingBatch {
                     (*o, *c)
                 })
                 .collect();
+            counts.sort_unstable();
             if counts.is_empty() {
                 continue;
             }

@@ -165,6 +165,7 @@ fn counts_of(batches: &[Resolved], id: &[u8], path: &Path) -> Vec<(u64, u64)> {
             v.extend(p.counts.iter().map(|(o, c)| (*o, c.0)));
         }
     }
+    v.sort_unstable();
     v
 }
 

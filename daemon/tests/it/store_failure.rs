@@ -1,7 +1,6 @@
 //! Store: a failing database or spool never stops the daemon, memory stays bounded, and what
 //! was held is written once the disk is back.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,7 +48,7 @@ fn batch(img: u8, off: u64, count: u64) -> Resolved {
         path: format!("/usr/lib/lib{img}.so").into_bytes(),
         jit_symbols: vec![],
     });
-    let mut counts = BTreeMap::new();
+    let mut counts = dcpid::aggregate::OffsetCounts::default();
     counts.insert(off, (count, count * 1000));
     r.profiles.insert((id, 0), ResolvedProfile { image: info, event: 0, counts });
     r.samples = count;

@@ -56,7 +56,7 @@ fn batch(entries: &[(u8, u64, u64)], unknown: u64) -> Resolved {
         let p = r.profiles.entry((id, 0)).or_insert_with(|| ResolvedProfile {
             image: info,
             event: 0,
-            counts: BTreeMap::new(),
+            counts: dcpid::aggregate::OffsetCounts::default(),
         });
         let e = p.counts.entry(off).or_insert((0, 0));
         e.0 += count;

@@ -1,7 +1,6 @@
 //! Shared by the store's integration tests: one configuration, one event, one batch shape.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,7 +58,7 @@ pub fn batch(img: u8, off: u64, count: u64) -> Resolved {
         path: format!("/usr/bin/img{img}").into_bytes(),
         jit_symbols: vec![],
     });
-    let mut counts = BTreeMap::new();
+    let mut counts = dcpid::aggregate::OffsetCounts::default();
     counts.insert(off, (count, count * 1000));
     r.profiles.insert((id, 0), ResolvedProfile { image: info, event: 0, counts });
     r.samples = count;
