@@ -10,8 +10,9 @@ use dcpi_proto::{Request, TopResult};
 use serde::Serialize;
 
 use crate::ctl::{parse_result, request_value, CtlError};
+use crate::prof::debuginfo::file_identity;
 use crate::prof::names::{demangle, escape_controls};
-use crate::prof::symbolize::{elf_identity, ElfSymbolizer};
+use crate::prof::symbolize::{ElfSymbolizer, SymbolTable};
 
 /// One row as `dcpictl top` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -51,14 +52,15 @@ impl Symbols {
                 .join(image.trim_start_matches('/')),
         ];
         for path in candidates {
-            let Ok(data) = std::fs::read(&path) else { continue };
-            let id = elf_identity(&data).ok()?;
+            // The build-id and the symbol tables only: a large binary is not read whole.
+            let Ok(id) = file_identity(&path) else { continue };
             if let Some(want) = build_id {
                 if id.build_id.as_deref().map(hex::encode).as_deref() != Some(want) {
                     continue;
                 }
             }
-            return ElfSymbolizer::new(&data, None).ok();
+            let table = SymbolTable::from_files(&path, None).ok()?;
+            return Some(ElfSymbolizer::from_table(table, None, None));
         }
         None
     }

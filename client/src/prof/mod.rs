@@ -13,6 +13,7 @@
 
 pub mod by;
 pub mod debuginfo;
+pub mod elfparts;
 pub mod error;
 pub mod export;
 pub mod global;

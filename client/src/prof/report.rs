@@ -19,7 +19,7 @@ use super::image::{build_id_hex, image_display, image_label, parse_spec, spec_ra
 pub use super::image::{display_path, kind_name, ImageFilter};
 use super::names::display_name;
 use super::select::{epochs_and_hosts, Loaded, TotalRow, Totals};
-use super::symbolize::{elf_identity, ElfSymbolizer, SymbolTable};
+use super::symbolize::{elf_identity, ElfError, ElfSymbolizer, SymbolTable};
 use super::symcache::{CacheKey, SymbolCache};
 use super::ProfError;
 
@@ -1010,21 +1010,19 @@ pub(crate) fn load_elf(
     let (entry, table) = match cached {
         Some((e, t)) => (Some(e), t),
         None => {
-            let data = match std::fs::read(&path) {
-                Ok(d) => d,
-                Err(e) => {
+            // Only the headers and symbol tables are read, not the DWARF that is most of a
+            // debug build.
+            match SymbolTable::from_files(&path, debug.as_deref()) {
+                Ok(t) => {
+                    let e = key.as_ref().and_then(|k| cache.put(k, &t, warn));
+                    (e, t)
+                }
+                Err(ElfError::Io(e)) => {
                     warn(format!(
                         "{}: cannot read: {e}; its samples are shown as NAME+0xOFFSET",
                         path.display()
                     ));
                     return ElfState::Missing;
-                }
-            };
-            let dbg = debug.as_ref().and_then(|d| std::fs::read(d).ok());
-            match SymbolTable::build(&data, dbg.as_deref()) {
-                Ok(t) => {
-                    let e = key.as_ref().and_then(|k| cache.put(k, &t, warn));
-                    (e, t)
                 }
                 Err(e) => {
                     warn(format!("{}: cannot read symbols: {e}", path.display()));

@@ -14,6 +14,7 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
+use super::elfparts::ElfParts;
 pub use super::names::demangle;
 use super::names::text_from_bytes;
 
@@ -24,6 +25,8 @@ pub enum ElfError {
     Parse(#[from] object::Error),
     #[error("not an ELF file (format {0:?})")]
     NotElf(object::BinaryFormat),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
 }
 
 /// A `PT_LOAD` program header: file range and where it is mapped.
@@ -76,7 +79,7 @@ pub fn elf_identity_from<'d, R: object::ReadRef<'d>>(data: R) -> Result<ElfIdent
     Ok(ElfIdentity { build_id, debuglink })
 }
 
-fn parse(data: &[u8]) -> Result<object::File<'_>, ElfError> {
+fn parse<'d, R: object::ReadRef<'d>>(data: R) -> Result<object::File<'d, R>, ElfError> {
     let file = object::File::parse(data)?;
     if file.format() != object::BinaryFormat::Elf {
         return Err(ElfError::NotElf(file.format()));
@@ -113,6 +116,23 @@ impl SymbolTable {
     /// Build from the binary's bytes (segments come from it) and optionally a separate debug
     /// file's bytes (its `.symtab` is used too; a stripped binary has none).
     pub fn build(binary: &[u8], debug: Option<&[u8]>) -> Result<Self, ElfError> {
+        Self::build_from(binary, debug)
+    }
+
+    /// Build from files, reading only their headers and symbol tables (see
+    /// [`super::elfparts`]), not their DWARF. A debug file that cannot be read is left out.
+    pub fn from_files(binary: &Path, debug: Option<&Path>) -> Result<Self, ElfError> {
+        let binary = ElfParts::read(binary)?;
+        let debug = debug.and_then(|d| ElfParts::read(d).ok());
+        Self::build_from(&binary, debug.as_ref())
+    }
+
+    /// [`SymbolTable::build`] over any reader, e.g. [`super::elfparts::ElfParts`], which holds
+    /// only the headers and symbol tables of a file instead of all of it.
+    pub fn build_from<'a, 'b, B: object::ReadRef<'a>, D: object::ReadRef<'b>>(
+        binary: B,
+        debug: Option<D>,
+    ) -> Result<Self, ElfError> {
         let file = parse(binary)?;
         super::stats::count(&super::stats::ELF_TABLES_BUILT);
         let segments = file
@@ -467,14 +487,17 @@ fn innermost_frame(d: &Dwarf, vaddr: u64) -> Option<Frame> {
     Some(Frame { function: Some(function), file, line })
 }
 
-fn has_debug_info(file: &object::File<'_>) -> bool {
+fn has_debug_info<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>) -> bool {
     file.section_by_name(".debug_info").is_some_and(|s| s.size() > 0)
 }
 
 /// Add the function symbols of `file` to `out`; returns whether it has a static symbol table
 /// (`.symtab`) with any, as opposed to only the exported `.dynsym` ones.
-fn collect_symbols(file: &object::File<'_>, out: &mut Vec<Sym>) -> bool {
-    let mut add = |sym: object::Symbol<'_, '_>| {
+fn collect_symbols<'d, R: object::ReadRef<'d>>(
+    file: &object::File<'d, R>,
+    out: &mut Vec<Sym>,
+) -> bool {
+    let mut add = |sym: object::Symbol<'d, '_, R>| {
         if sym.is_undefined() || sym.kind() != SymbolKind::Text {
             return;
         }
@@ -487,16 +510,18 @@ fn collect_symbols(file: &object::File<'_>, out: &mut Vec<Sym>) -> bool {
         let name = text_from_bytes(name).into_owned();
         out.push(Sym { start: sym.address(), size: sym.size(), name });
     };
+    let mut full = false;
     for sym in file.symbols() {
+        full |= !sym.is_undefined() && sym.kind() == SymbolKind::Text;
         add(sym);
     }
     for sym in file.dynamic_symbols() {
         add(sym);
     }
-    file.symbols().any(|s| !s.is_undefined() && s.kind() == SymbolKind::Text)
+    full
 }
 
-fn collect_sections(file: &object::File<'_>, out: &mut Vec<Sect>) {
+fn collect_sections<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, out: &mut Vec<Sect>) {
     for s in file.sections() {
         if s.address() == 0 || s.size() == 0 {
             continue;
@@ -509,13 +534,14 @@ fn collect_sections(file: &object::File<'_>, out: &mut Vec<Sect>) {
 /// Sort by address; at one address keep one symbol, preferring a sized one, then a name without
 /// a leading underscore (aliases like `__libc_malloc`/`malloc`), then the shorter name.
 fn normalize_symbols(mut syms: Vec<Sym>) -> Vec<Sym> {
+    // Lazily: addresses nearly always differ, and comparing names was most of the sort.
     syms.sort_by(|a, b| {
         a.start
             .cmp(&b.start)
-            .then((b.size > 0).cmp(&(a.size > 0)))
-            .then(a.name.starts_with('_').cmp(&b.name.starts_with('_')))
-            .then(a.name.len().cmp(&b.name.len()))
-            .then(a.name.cmp(&b.name))
+            .then_with(|| (b.size > 0).cmp(&(a.size > 0)))
+            .then_with(|| a.name.starts_with('_').cmp(&b.name.starts_with('_')))
+            .then_with(|| a.name.len().cmp(&b.name.len()))
+            .then_with(|| a.name.cmp(&b.name))
     });
     syms.dedup_by(|later, first| later.start == first.start);
     syms

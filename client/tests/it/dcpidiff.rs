@@ -4,59 +4,24 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, SystemTime};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
-use profile_format::{
-    Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, JitSymbol, Profile, ProfileHeader,
-};
+use profile_format::{EpochId, HostDir, ImageId, ImageKind, JitSymbol};
 use serde_json::Value;
+
+use crate::util::{self, base_time, cpu_clock, row, rows, stderr, stdout, TestDb};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-struct TestDb {
-    dir: tempfile::TempDir,
-    db: Database,
+/// A new epoch begun by host `alpha`, `mins` minutes after the base time.
+fn epoch(t: &TestDb, mins: u64) -> EpochId {
+    t.epoch_by(base_time(mins * 60), "alpha")
 }
 
-fn event() -> EventDesc {
-    EventDesc {
-        name: "cpu-clock".into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: 1_000_000,
-        period_min: 937_500,
-        period_max: 1_000_000,
-    }
-}
-
-impl TestDb {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = Database::create(&dir.path().join("db")).expect("create db");
-        Self { dir, db }
-    }
-    fn root(&self) -> PathBuf {
-        self.db.root().to_owned()
-    }
-    fn tmp(&self) -> &Path {
-        self.dir.path()
-    }
-    /// A new epoch starting `mins` minutes after a fixed base time (2025-06-15).
-    fn epoch(&self, mins: u64) -> EpochId {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000 + mins * 60);
-        self.db.new_epoch(t, "alpha").expect("new epoch")
-    }
-    fn host(&self, e: &EpochId, host: &str) -> HostDir {
-        let hd = self.db.host_dir(e, host).expect("host dir");
-        hd.create().expect("create host dir");
-        hd
-    }
-}
-
+/// A cpu-clock profile at its mean period.
 fn write_profile(hd: &HostDir, kind: ImageKind, id: &ImageId, path: &[u8], counts: &[(u64, u64)]) {
-    write_profile_jit(hd, kind, id, path, counts, Vec::new());
+    util::write_profile(hd, kind, id, path, &cpu_clock(), counts, cpu_clock().period_mean);
 }
 
 fn write_profile_jit(
@@ -67,23 +32,8 @@ fn write_profile_jit(
     counts: &[(u64, u64)],
     jit_symbols: Vec<JitSymbol>,
 ) {
-    let ev = event();
-    let mut p = Profile::new(ProfileHeader {
-        kind,
-        image_id: id.clone(),
-        image_path: path.to_vec(),
-        event: ev.clone(),
-        host: hd.host.clone(),
-        epoch: hd.epoch.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols,
-    });
-    for &(off, c) in counts {
-        p.add(off, c, c * ev.period_mean);
-    }
-    p.write(&hd.profile_path(id, &ev.name)).expect("write profile");
+    let ev = cpu_clock();
+    util::write_profile_jit(hd, kind, id, path, &ev, counts, ev.period_mean, jit_symbols);
 }
 
 /// xorshift64*: reproducible draws without a dependency.
@@ -135,13 +85,6 @@ fn run(tool: &str, db: &Path, args: &[&str]) -> Output {
         .expect("run tool")
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
 fn json(tool: &str, db: &Path, args: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.extend(["--format", "json"]);
@@ -150,18 +93,6 @@ fn json(tool: &str, db: &Path, args: &[&str]) -> Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(&o)))
 }
 
-fn rows(v: &Value) -> &Vec<Value> {
-    v["rows"].as_array().expect("rows array")
-}
-
-fn row<'a>(v: &'a Value, key: &str, name: &str) -> &'a Value {
-    rows(v)
-        .iter()
-        .find(|r| r[key].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no row {key}={name} in {v:#}"))
-}
-
-/// A C program with `n` distinct functions fn_0 .. fn_{n-1}; `variant` changes the code.
 fn build_prog(dir: &Path, name: &str, n: usize, variant: u32, opts: &[&str]) -> PathBuf {
     let mut src = String::from("#include <stdio.h>\n");
     for i in 0..n {
@@ -251,7 +182,7 @@ fn shift_50_30_20_to_20_30_50_is_found_and_only_the_changed_are_significant() {
     let bin = build_prog(t.tmp(), "app", 3, 1, &["-O1"]);
     let elf = Elf::read(&bin, 3);
     let mut rng = Rng(0x5eed_0001);
-    let (e1, e2) = (t.epoch(0), t.epoch(60));
+    let (e1, e2) = (epoch(&t, 0), epoch(&t, 60));
     for (e, p) in [(&e1, [0.5, 0.3, 0.2]), (&e2, [0.2, 0.3, 0.5])] {
         let c = rng.multinomial(4000, &p);
         write_profile(
@@ -352,7 +283,7 @@ fn unchanged_workload_raises_no_false_alarms_over_many_symbols() {
     let db = t.root();
     let (mut alarms, mut alarms_uncorrected, trials) = (0, 0, 16);
     for trial in 0..trials {
-        let (e1, e2) = (t.epoch(trial * 10), t.epoch(trial * 10 + 5));
+        let (e1, e2) = (epoch(&t, trial * 10), epoch(&t, trial * 10 + 5));
         for e in [&e1, &e2] {
             let c = rng.multinomial(5000, &p);
             write_profile(
@@ -400,7 +331,7 @@ fn rebuilt_binary_is_matched_by_path_and_symbol_name() {
     let keep = t.tmp().join("keep");
     std::fs::create_dir_all(&keep).expect("mkdir");
     std::fs::copy(&bin, keep.join("svc-v1")).expect("copy");
-    let (e1, e2) = (t.epoch(0), t.epoch(60));
+    let (e1, e2) = (epoch(&t, 0), epoch(&t, 60));
     let mut rng = Rng(0x5eed_0003);
     let c = rng.multinomial(3000, &[0.5, 0.3, 0.2]);
     write_profile(
@@ -455,7 +386,7 @@ fn lines_of_one_symbol_are_compared_by_source_line() {
     let t = TestDb::new();
     let bin = build_prog(t.tmp(), "lined", 2, 1, &["-O1", "-g"]);
     let elf = Elf::read(&bin, 2);
-    let (e1, e2) = (t.epoch(0), t.epoch(60));
+    let (e1, e2) = (epoch(&t, 0), epoch(&t, 60));
     let (off, size) = elf.funcs[0];
     assert!(size > 8, "fn_0 too small: {size}");
     let path = s(&bin);
@@ -511,7 +442,7 @@ fn lines_of_one_symbol_are_compared_by_source_line() {
 #[test]
 fn per_image_diff_matches_paths_across_builds() {
     let t = TestDb::new();
-    let (e1, e2) = (t.epoch(0), t.epoch(60));
+    let (e1, e2) = (epoch(&t, 0), epoch(&t, 60));
     let a1 = ImageId::BuildId(vec![0xa1; 20]);
     let a2 = ImageId::BuildId(vec![0xa2; 20]);
     let lib = ImageId::BuildId(vec![0xbb; 20]);
@@ -560,7 +491,7 @@ fn per_image_diff_matches_paths_across_builds() {
 #[test]
 fn control_characters_in_symbol_names_are_escaped() {
     let t = TestDb::new();
-    let (e1, e2) = (t.epoch(0), t.epoch(60));
+    let (e1, e2) = (epoch(&t, 0), epoch(&t, 60));
     let id = ImageId::special("[anon:42:node]", b"jit");
     let syms = vec![
         JitSymbol { start: 0x100, size: 0x100, name: "evil\n\x1b[31mname".into() },
@@ -597,7 +528,7 @@ fn control_characters_in_symbol_names_are_escaped() {
 #[test]
 fn bad_arguments_and_selections_are_one_line_errors_exiting_2() {
     let t = TestDb::new();
-    let (e1, e2) = (t.epoch(0), t.epoch(60));
+    let (e1, e2) = (epoch(&t, 0), epoch(&t, 60));
     let id = ImageId::BuildId(vec![0xa1; 20]);
     write_profile(&t.host(&e1, "alpha"), ImageKind::Elf, &id, b"/usr/bin/app", &[(0x10, 10)]);
     write_profile(&t.host(&e2, "alpha"), ImageKind::Elf, &id, b"/usr/bin/app", &[(0x10, 10)]);
@@ -705,7 +636,7 @@ fn stats_over_steady_epochs_flag_the_perturbed_one() {
     let mut rng = Rng(0x5eed_0004);
     let mut epochs = Vec::new();
     for i in 0..12u64 {
-        let e = t.epoch(i * 60);
+        let e = epoch(&t, i * 60);
         let (n, p) = match i {
             7 => (3000, perturbed),
             // A nearly idle epoch: few samples, wild shares; flagged low, never an outlier.
@@ -774,7 +705,7 @@ fn stats_by_host_flags_the_odd_host() {
     let t = TestDb::new();
     let bin = build_prog(t.tmp(), "dbsrv", 3, 1, &["-O1"]);
     let elf = Elf::read(&bin, 3);
-    let e = t.epoch(0);
+    let e = epoch(&t, 0);
     let mut rng = Rng(0x5eed_0005);
     for h in 0..6 {
         let p = if h == 4 { [0.3, 0.3, 0.4] } else { [0.5, 0.3, 0.2] };
@@ -808,7 +739,7 @@ fn prof_by_epoch_and_host_gives_one_row_per_group() {
     let other = ImageId::BuildId(vec![0xcc; 20]);
     let mut epochs = Vec::new();
     for i in 0..3u64 {
-        let e = t.epoch(i * 60);
+        let e = epoch(&t, i * 60);
         for (h, extra) in [("alpha", 0u64), ("beta", 100)] {
             let hd = t.host(&e, h);
             // The image grows 100, 200, 300 (+extra) while the other image stays at 700.

@@ -3,80 +3,16 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, SystemTime};
 
 use iced_x86::{Decoder, DecoderOptions, Mnemonic};
 use object::{Object, ObjectSegment, ObjectSymbol};
-use profile_format::{
-    Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, JitSymbol, KallsymsSnapshot,
-    KernelSymbol, Profile, ProfileHeader,
-};
+use profile_format::{ImageId, ImageKind, JitSymbol, KallsymsSnapshot, KernelSymbol};
 use serde_json::Value;
 
-struct TestDb {
-    dir: tempfile::TempDir,
-    db: Database,
-}
-
-impl TestDb {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = Database::create(&dir.path().join("db")).expect("create db");
-        Self { dir, db }
-    }
-    fn tmp(&self) -> &Path {
-        self.dir.path()
-    }
-    fn epoch(&self) -> EpochId {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000);
-        self.db.new_epoch(t, "h1").expect("new epoch")
-    }
-    fn host(&self, e: &EpochId, host: &str) -> HostDir {
-        let hd = self.db.host_dir(e, host).expect("host dir");
-        hd.create().expect("create host dir");
-        hd
-    }
-}
-
-fn event(name: &str, period: u64) -> EventDesc {
-    EventDesc {
-        name: name.into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: period,
-        period_min: period - period / 16,
-        period_max: period,
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn write_profile(
-    hd: &HostDir,
-    kind: ImageKind,
-    id: &ImageId,
-    path: &[u8],
-    ev: &EventDesc,
-    counts: &[(u64, u64)],
-    period: u64,
-    jit_symbols: Vec<JitSymbol>,
-) {
-    let mut p = Profile::new(ProfileHeader {
-        kind,
-        image_id: id.clone(),
-        image_path: path.to_vec(),
-        event: ev.clone(),
-        host: hd.host.clone(),
-        epoch: hd.epoch.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols,
-    });
-    for &(off, c) in counts {
-        p.add(off, c, c * period);
-    }
-    p.write(&hd.profile_path(id, &ev.name)).expect("write profile");
-}
+use crate::util::{
+    assert_no_golden_mismatch, check_golden, event, golden_dir, stderr, stdout, write_profile,
+    write_profile_jit, TestDb,
+};
 
 /// Run dcpilist in `cwd` (relative --db and binary paths keep temp names out of outputs).
 fn list(cwd: &Path, args: &[&str]) -> Output {
@@ -87,13 +23,6 @@ fn list(cwd: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run dcpilist")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 fn json_ok(cwd: &Path, args: &[&str]) -> Value {
@@ -179,13 +108,13 @@ fn facts(bin: &Path) -> Work {
 /// and the instruction after it), and on `main`.
 fn setup(t: &TestDb, bin: &Path) -> Work {
     let w = facts(bin);
-    let hd = t.host(&t.epoch(), "h");
+    let hd = t.host(&t.epoch(0), "h");
     let ev = event("cpu-clock", 1000);
     let next = *w.insns.iter().find(|&&o| o > w.div).expect("instruction after div");
     let mut counts: Vec<(u64, u64)> = vec![(w.off, 2), (w.div, 50), (next, 30)];
     // A sample in the middle of an instruction counts for that instruction.
     counts.push((w.insns[1] + 1, 1));
-    write_profile(&hd, ImageKind::Elf, &w.id, b"list", &ev, &counts, 1000, Vec::new());
+    write_profile_jit(&hd, ImageKind::Elf, &w.id, b"list", &ev, &counts, 1000, Vec::new());
     w
 }
 
@@ -255,8 +184,7 @@ fn golden_asm_source_and_both_in_three_formats() {
     let t = TestDb::new();
     let bin = build(t.tmp());
     setup(&t, &bin);
-    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden");
-    let update = std::env::var_os("DCPI_UPDATE_GOLDEN").is_some_and(|v| v == "1");
+    let (golden_dir, update) = golden_dir();
     let mut mismatches = Vec::new();
     for mode in ["asm", "source", "both"] {
         for (fmt, ext) in [("table", "txt"), ("json", "json"), ("csv", "csv")] {
@@ -268,34 +196,11 @@ fn golden_asm_source_and_both_in_three_formats() {
             assert!(o.status.success(), "{mode} {fmt}: {}", stderr(&o));
             // What varies between machines: the epoch directory name is fixed by the test,
             // the build-id by -fdebug-prefix-map; host name is `h`. Nothing else to mask.
-            let mut got = o.stdout.clone();
-            if !o.stderr.is_empty() {
-                got.extend_from_slice(b"--- stderr ---\n");
-                got.extend_from_slice(&o.stderr);
-            }
             let file = golden_dir.join(format!("list-{mode}.{ext}"));
-            if update {
-                std::fs::write(&file, &got).expect("write golden");
-                continue;
-            }
-            let want = std::fs::read(&file).unwrap_or_else(|e| {
-                panic!("{}: {e} (run with DCPI_UPDATE_GOLDEN=1 to create)", file.display())
-            });
-            if want != got {
-                mismatches.push(format!(
-                    "{}:\n--- want\n{}\n--- got\n{}",
-                    file.display(),
-                    String::from_utf8_lossy(&want),
-                    String::from_utf8_lossy(&got)
-                ));
-            }
+            check_golden(&file, &o, update, &mut mismatches);
         }
     }
-    assert!(
-        mismatches.is_empty(),
-        "golden mismatch (DCPI_UPDATE_GOLDEN=1 to accept):\n{}",
-        mismatches.join("\n")
-    );
+    assert_no_golden_mismatch(&mismatches);
 }
 
 #[test]
@@ -303,14 +208,14 @@ fn cpi_column_from_cycles_and_instructions() {
     let t = TestDb::new();
     let bin = build(t.tmp());
     let w = facts(&bin);
-    let hd = t.host(&t.epoch(), "h");
+    let hd = t.host(&t.epoch(0), "h");
     let cycles = event("cycles", 1000);
     let insns = event("instructions", 2000);
     let next = w.insns[w.insns.iter().position(|&o| o == w.div).expect("div") + 1];
     let cc = [(w.div, 40), (next, 4)];
-    write_profile(&hd, ImageKind::Elf, &w.id, b"list", &cycles, &cc, 1000, Vec::new());
+    write_profile_jit(&hd, ImageKind::Elf, &w.id, b"list", &cycles, &cc, 1000, Vec::new());
     let ic = [(w.div, 10), (w.off, 3)];
-    write_profile(&hd, ImageKind::Elf, &w.id, b"list", &insns, &ic, 2000, Vec::new());
+    write_profile_jit(&hd, ImageKind::Elf, &w.id, b"list", &insns, &ic, 2000, Vec::new());
     let v = json_ok(t.tmp(), &["--host", "h", "--image", "list", "--symbol", "work"]);
     let rows = v["rows"].as_array().expect("rows");
     let div = rows.iter().find(|r| r["offset"] == w.div).expect("div");
@@ -368,7 +273,7 @@ fn bad_input_is_a_clear_error_with_exit_2() {
 #[test]
 fn jit_function_listed_by_offset_without_code() {
     let t = TestDb::new();
-    let hd = t.host(&t.epoch(), "h");
+    let hd = t.host(&t.epoch(0), "h");
     let ev = event("cpu-clock", 1000);
     let id = ImageId::special("[anon]", b"77");
     let jit = vec![
@@ -376,7 +281,7 @@ fn jit_function_listed_by_offset_without_code() {
         JitSymbol { start: 0x7f00_0000_2000, size: 0x80, name: "_ZN3jit4loopEv".into() },
     ];
     let counts = [(0x7f00_0000_1010, 6), (0x7f00_0000_1020, 3), (0x7f00_0000_2004, 2)];
-    write_profile(&hd, ImageKind::Anon, &id, b"[anon:77:node]", &ev, &counts, 1000, jit);
+    write_profile_jit(&hd, ImageKind::Anon, &id, b"[anon:77:node]", &ev, &counts, 1000, jit);
     let v =
         json_ok(t.tmp(), &["--host", "h", "--image", "[anon:77", "--symbol", "LazyCompile:*fib"]);
     assert_eq!(v["code"], false);
@@ -408,7 +313,7 @@ fn kernel_function_disassembled_from_vmlinux() {
     assert!(o.status.success(), "cc: {}", String::from_utf8_lossy(&o.stderr));
     let w = facts(&dir.join("vmlinux"));
     let text = 0xffff_ffff_8100_0000u64;
-    let e = t.epoch();
+    let e = t.epoch(0);
     let hd = t.host(&e, "h");
     let snap = KallsymsSnapshot {
         kernel_release: "9.9.9-test".into(),
@@ -424,7 +329,7 @@ fn kernel_function_disassembled_from_vmlinux() {
     let kid = ImageId::special("[kernel.kallsyms]", b"9.9.9-test");
     let ev = event("cpu-clock", 1000);
     let counts = [(w.div - w.off, 7), (1, 1)];
-    write_profile(
+    write_profile_jit(
         &hd,
         ImageKind::Kernel,
         &kid,
@@ -462,22 +367,9 @@ fn top_instructions_across_images() {
     let id = ImageId::special("[anon]", b"77");
     let jit = vec![JitSymbol { start: 0x7f00_0000_1000, size: 0x100, name: "jitted".into() }];
     let counts = [(0x7f00_0000_1010, 40)];
-    write_profile(&hd, ImageKind::Anon, &id, b"[anon:77:node]", &ev, &counts, 1000, jit);
+    write_profile_jit(&hd, ImageKind::Anon, &id, b"[anon:77:node]", &ev, &counts, 1000, jit);
     let unk = ImageId::special("[unknown]", b"");
-    let mut p = Profile::new(ProfileHeader {
-        kind: ImageKind::Unknown,
-        image_id: unk,
-        image_path: b"[unknown]".to_vec(),
-        event: ev.clone(),
-        host: "h".into(),
-        epoch: e.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols: Vec::new(),
-    });
-    p.add(0, 77, 77_000);
-    p.write(&hd.unknown_path("cpu-clock")).expect("unknown profile");
+    write_profile(&hd, ImageKind::Unknown, &unk, b"[unknown]", &ev, &[(0, 77)], 1000);
     let v = json_ok(t.tmp(), &["--host", "h", "--top", "3"]);
     assert_eq!(v["report"], "top");
     let rows = v["rows"].as_array().expect("rows");
@@ -541,7 +433,7 @@ fn dcpiprof_symbols_ranks_every_images_symbols_by_machine_share() {
     let id = ImageId::special("[anon]", b"77");
     let jit = vec![JitSymbol { start: 0x7f00_0000_1000, size: 0x100, name: "jitted".into() }];
     // Twice the period: 40 samples weigh as 80 of the others.
-    write_profile(
+    write_profile_jit(
         &hd,
         ImageKind::Anon,
         &id,

@@ -5,100 +5,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
-use crate::util::{write_profile, write_profile_jit};
+use crate::util::{
+    asm_calling, assert_no_golden_mismatch, check_golden, event, golden_dir, json_ok, prof,
+    prof_command, row, rows, stderr, stdout, write_profile, write_profile_jit, TestDb,
+};
 use object::{Object, ObjectSegment, ObjectSymbol};
 use profile_format::{
-    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, ImageId, ImageKind,
-    JitSymbol, KallsymsSnapshot, KernelModule, KernelSymbol,
+    EventSummary, HostSummary, ImageId, ImageKind, JitSymbol, KallsymsSnapshot, KernelModule,
+    KernelSymbol,
 };
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-struct TestDb {
-    dir: tempfile::TempDir,
-    db: Database,
-}
-
-fn event(name: &str, period: u64) -> EventDesc {
-    EventDesc {
-        name: name.into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: period,
-        period_min: period - period / 16,
-        period_max: period,
-    }
-}
-
-impl TestDb {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = Database::create(&dir.path().join("db")).expect("create db");
-        Self { dir, db }
-    }
-    fn root(&self) -> PathBuf {
-        self.db.root().to_owned()
-    }
-    fn tmp(&self) -> &Path {
-        self.dir.path()
-    }
-    /// A new epoch starting `secs` after a fixed base time.
-    fn epoch(&self, secs: u64) -> EpochId {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000 + secs);
-        self.db.new_epoch(t, "h1").expect("new epoch")
-    }
-    fn host(&self, e: &EpochId, host: &str) -> HostDir {
-        let hd = self.db.host_dir(e, host).expect("host dir");
-        hd.create().expect("create host dir");
-        hd
-    }
-}
-
 fn unknown_id() -> ImageId {
     ImageId::special("[unknown]", b"")
-}
-
-/// Run dcpiprof on `db`; the symbol cache goes to a `cache` dir beside the database (through
-/// XDG_CACHE_HOME, so the default location logic is exercised and nothing leaks into ~/.cache).
-fn prof(db: &Path, args: &[&str]) -> Output {
-    let cache_home = db.parent().unwrap_or(db).join("cache");
-    Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
-        .env("XDG_CACHE_HOME", &cache_home)
-        .env_remove("DCPI_SYMBOL_CACHE")
-        .arg("--db")
-        .arg(db)
-        .arg("--no-system-debug")
-        .args(args)
-        .output()
-        .expect("run dcpiprof")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json_ok(db: &Path, args: &[&str]) -> Value {
-    let mut a = args.to_vec();
-    a.extend(["--format", "json"]);
-    let o = prof(db, &a);
-    assert!(o.status.success(), "dcpiprof {a:?} failed: {}", stderr(&o));
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(&o)))
-}
-
-fn rows(v: &Value) -> &Vec<Value> {
-    v["rows"].as_array().expect("rows array")
-}
-
-fn row<'a>(v: &'a Value, key: &str, name: &str) -> &'a Value {
-    rows(v)
-        .iter()
-        .find(|r| r[key].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no row {key}={name} in {v:#}"))
 }
 
 fn approx(a: f64, b: f64) -> bool {
@@ -1481,8 +1403,7 @@ fn golden_db(t: &TestDb) {
 fn golden_table_json_and_csv_outputs() {
     let t = TestDb::new();
     golden_db(&t);
-    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden");
-    let update = std::env::var_os("DCPI_UPDATE_GOLDEN").is_some_and(|v| v == "1");
+    let (golden_dir, update) = golden_dir();
     let cases: &[(&str, &[&str])] = &[
         ("images", &["--host", "all"]),
         ("images-alpha-faults", &["--host", "alpha", "--event", "page-faults,cpu-clock"]),
@@ -1503,35 +1424,11 @@ fn golden_table_json_and_csv_outputs() {
                 .output()
                 .expect("run dcpiprof");
             assert!(o.status.success(), "{name} {fmt}: {}", stderr(&o));
-            let mut got = o.stdout.clone();
-            if !o.stderr.is_empty() {
-                got.extend_from_slice(b"--- stderr ---\n");
-                got.extend_from_slice(&o.stderr);
-            }
             let file = golden_dir.join(format!("{name}.{ext}"));
-            if update {
-                std::fs::create_dir_all(&golden_dir).expect("mkdir golden");
-                std::fs::write(&file, &got).expect("write golden");
-                continue;
-            }
-            let want = std::fs::read(&file).unwrap_or_else(|e| {
-                panic!("{}: {e} (run with DCPI_UPDATE_GOLDEN=1 to create)", file.display())
-            });
-            if want != got {
-                mismatches.push(format!(
-                    "{}:\n--- want\n{}\n--- got\n{}",
-                    file.display(),
-                    String::from_utf8_lossy(&want),
-                    String::from_utf8_lossy(&got)
-                ));
-            }
+            check_golden(&file, &o, update, &mut mismatches);
         }
     }
-    assert!(
-        mismatches.is_empty(),
-        "golden mismatch (DCPI_UPDATE_GOLDEN=1 to accept):\n{}",
-        mismatches.join("\n")
-    );
+    assert_no_golden_mismatch(&mismatches);
 }
 
 #[test]
@@ -1541,23 +1438,7 @@ fn hostile_symbol_names_are_escaped_in_every_format() {
     let ev = event("cpu-clock", 1000);
     // An ELF symbol whose name is not UTF-8 and holds an ESC (raw bytes in the assembly).
     let name: &[u8] = b"\"bad\xff\x1bname\"";
-    let mut asm = b".text\n.globl ".to_vec();
-    for part in [
-        name,
-        b"\n.type ",
-        name,
-        b",@function\n",
-        name,
-        b":\n ret\n.size ",
-        name,
-        b", .-",
-        name,
-        b"\n.globl main\nmain: call ",
-        name,
-        b"\n xor %eax,%eax\n ret\n.section .note.GNU-stack,\"\",@progbits\n",
-    ] {
-        asm.extend_from_slice(part);
-    }
+    let asm = asm_calling(name);
     let src = t.tmp().join("hostile.s");
     std::fs::write(&src, &asm).expect("write asm");
     let bin = t.tmp().join("hostile");
@@ -1837,17 +1718,7 @@ fn per_image_report_from_summary_index_equals_report_from_profiles() {
 
 /// dcpiprof with `DCPI_IO_THREADS` (how many files are read at once).
 fn prof_threads(db: &Path, threads: &str, args: &[&str]) -> Output {
-    let cache_home = db.parent().unwrap_or(db).join("cache");
-    Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
-        .env("XDG_CACHE_HOME", &cache_home)
-        .env("DCPI_IO_THREADS", threads)
-        .env_remove("DCPI_SYMBOL_CACHE")
-        .arg("--db")
-        .arg(db)
-        .arg("--no-system-debug")
-        .args(args)
-        .output()
-        .expect("run dcpiprof")
+    prof_command(db, args).env("DCPI_IO_THREADS", threads).output().expect("run dcpiprof")
 }
 
 #[test]

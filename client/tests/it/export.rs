@@ -7,63 +7,18 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::util::{write_profile, write_profile_jit};
-use std::time::{Duration, SystemTime};
+use crate::util::{base_time, event, json_ok, prof, write_profile, write_profile_jit, TestDb};
 
 use object::{Object, ObjectSegment, ObjectSymbol};
-use profile_format::{Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, JitSymbol};
+use profile_format::{HostDir, ImageId, ImageKind, JitSymbol};
 use serde_json::Value;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-struct TestDb {
-    dir: tempfile::TempDir,
-    db: Database,
-}
-
-impl TestDb {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = Database::create(&dir.path().join("db")).expect("create db");
-        Self { dir, db }
-    }
-    fn root(&self) -> PathBuf {
-        self.db.root().to_owned()
-    }
-    fn tmp(&self) -> &Path {
-        self.dir.path()
-    }
-    fn host(&self, secs: u64, host: &str) -> HostDir {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000 + secs);
-        let e: EpochId = self.db.new_epoch(t, host).expect("new epoch");
-        let hd = self.db.host_dir(&e, host).expect("host dir");
-        hd.create().expect("create host dir");
-        hd
-    }
-}
-
-fn event(name: &str, period: u64) -> EventDesc {
-    EventDesc {
-        name: name.into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: period,
-        period_min: period,
-        period_max: period,
-    }
-}
-
-fn prof(db: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
-        .env("XDG_CACHE_HOME", db.parent().unwrap_or(db).join("cache"))
-        .env_remove("DCPI_SYMBOL_CACHE")
-        .arg("--db")
-        .arg(db)
-        .arg("--no-system-debug")
-        .args(args)
-        .output()
-        .expect("run dcpiprof")
+/// Host `host`'s directory in a new epoch it began `secs` after the base time.
+fn host_dir(t: &TestDb, secs: u64, host: &str) -> HostDir {
+    t.host(&t.epoch_by(base_time(secs), host), host)
 }
 
 fn ok(o: Output, what: &str) -> Vec<u8> {
@@ -74,12 +29,6 @@ fn ok(o: Output, what: &str) -> Vec<u8> {
         String::from_utf8_lossy(&o.stderr)
     );
     o.stdout
-}
-
-fn json(db: &Path, args: &[&str]) -> Value {
-    let mut a = args.to_vec();
-    a.extend(["--format", "json"]);
-    serde_json::from_slice(&ok(prof(db, &a), "dcpiprof json")).expect("json")
 }
 
 /// A tool the test needs: its path, or `None` after printing why the test is skipped (a panic
@@ -158,7 +107,7 @@ fn workload(t: &TestDb, p: &Prog) {
         (3600, 3000, [("hot_alpha", 60), ("warm_beta", 30), ("cool_gamma", 10)]),
     ];
     for (secs, period, counts) in plan {
-        let hd = t.host(secs, "alpha");
+        let hd = host_dir(t, secs, "alpha");
         let ev = event("cpu-clock", period);
         let c: Vec<(u64, u64)> = counts
             .iter()
@@ -254,7 +203,7 @@ fn pprof_export_loads_in_go_tool_pprof_with_dcpiprofs_shares() {
     ok(prof(&db, &a), "export pprof");
     let gz = std::fs::read(&file).expect("pprof file");
     assert_eq!(&gz[..2], &[0x1f, 0x8b], "not gzipped");
-    let report = json(&db, &[&sel[..], &["--image", "prog"]].concat());
+    let report = json_ok(&db, &[&sel[..], &["--image", "prog"]].concat());
     let top = pprof_top(&file, t.tmp(), &[]);
     let top_samples = pprof_top(&file, t.tmp(), &["-sample_index=samples"]);
     for f in ["hot_alpha", "warm_beta", "cool_gamma"] {
@@ -285,7 +234,7 @@ fn pprof_export_loads_in_go_tool_pprof_with_dcpiprofs_shares() {
     let mut a = sel.to_vec();
     a.extend(["--format", "pprof", "--output", all.to_str().expect("utf8")]);
     ok(prof(&db, &a), "export pprof (all images)");
-    let images = json(&db, &sel);
+    let images = json_ok(&db, &sel);
     let prog_pct = images["rows"]
         .as_array()
         .expect("rows")
@@ -338,7 +287,7 @@ fn folded_lines_sum_to_the_json_reports_total() {
     let p = build_prog(t.tmp());
     workload(&t, &p);
     for sel in [&["--host", "alpha"][..], &["--host", "alpha", "--epoch", "all"][..]] {
-        let report = json(&t.root(), sel);
+        let report = json_ok(&t.root(), sel);
         let folded = String::from_utf8(ok(
             prof(&t.root(), &[sel, &["--format", "folded"]].concat()),
             "folded",
@@ -425,7 +374,7 @@ fn html_report_renders_offline_in_headless_chromium() {
     assert!(dom.contains("<svg") && dom.contains("dcpi-flame"), "no flame graph svg");
     assert!(dom.contains("class=\"trend\""), "two epochs selected but no trend chart");
     // The top symbol of the top image, in its table and as a flame graph frame.
-    let report = json(&t.root(), &["--host", "alpha", "--epoch", "all", "--image", "prog"]);
+    let report = json_ok(&t.root(), &["--host", "alpha", "--epoch", "all", "--image", "prog"]);
     let top = report["rows"][0]["symbol"].as_str().expect("top symbol");
     assert_eq!(top, "hot_alpha");
     assert!(dom.contains(&format!("data-v=\"{top}\"")), "no table row for {top}");
@@ -458,7 +407,7 @@ fn svg_flame_graph_is_searchable_and_zoomable_in_a_browser() {
         "three frames should match: {dom}"
     );
     // prog's share of the latest epoch's samples (hot 60, warm 30, cool 10 of 100 + 10 + 4).
-    let report = json(&t.root(), &["--host", "alpha"]);
+    let report = json_ok(&t.root(), &["--host", "alpha"]);
     let prog = report["rows"]
         .as_array()
         .expect("rows")
@@ -517,11 +466,11 @@ fn speedscope_weights_are_dcpiprofs_events() {
     let samples = prof0["samples"].as_array().expect("samples");
     let weights = prof0["weights"].as_array().expect("weights");
     assert_eq!(samples.len(), weights.len());
-    let report = json(&t.root(), &sel);
+    let report = json_ok(&t.root(), &sel);
     let total: f64 = weights.iter().filter_map(Value::as_f64).sum();
     assert!((total - report["events"][0]["events"].as_f64().expect("events")).abs() <= 2.0);
     // hot_alpha's weight against the per-symbol report's events.
-    let sym = json(&t.root(), &[&sel[..], &["--image", "prog"]].concat());
+    let sym = json_ok(&t.root(), &[&sel[..], &["--image", "prog"]].concat());
     let want = sym["rows"][0]["events"].as_f64().expect("events");
     assert_eq!(sym["rows"][0]["symbol"], "hot_alpha");
     let got: f64 = samples
@@ -541,7 +490,7 @@ fn speedscope_weights_are_dcpiprofs_events() {
 #[test]
 fn hostile_symbol_names_cannot_break_any_format() {
     let t = TestDb::new();
-    let hd = t.host(0, "alpha");
+    let hd = host_dir(&t, 0, "alpha");
     let ev = event("cpu-clock", 1000);
     let id = ImageId::special("[anon]", b"1234");
     let evil = "evil\nname;<script>alert(1)</script>\u{1b}[31m";
@@ -590,7 +539,7 @@ fn hostile_symbol_names_cannot_break_any_format() {
 #[test]
 fn progress_bar_only_on_a_terminal() {
     let t = TestDb::new();
-    let hd = t.host(0, "alpha");
+    let hd = host_dir(&t, 0, "alpha");
     let ev = event("cpu-clock", 1000);
     // A "fleet": 600 JIT images (no binaries to look up, so no warnings either).
     for i in 0u32..600 {
@@ -647,7 +596,7 @@ fn pprof_structure_sample_types_mappings_addresses_and_labels() {
     let p = build_prog(t.tmp());
     workload(&t, &p);
     // A second event, in a third epoch, with its own period.
-    let hd = t.host(3600, "alpha");
+    let hd = host_dir(&t, 3600, "alpha");
     let faults = event("page-faults", 10);
     let alpha = p.funcs["hot_alpha"];
     write_profile(
@@ -678,7 +627,7 @@ fn pprof_structure_sample_types_mappings_addresses_and_labels() {
     );
     assert_eq!(s(pb.default_sample_type), "cpu");
     assert_eq!(pb.period, 3000, "nominal period of the first event");
-    let report = json(&t.root(), &sel);
+    let report = json_ok(&t.root(), &sel);
     for (ei, ev) in report["events"].as_array().expect("events").iter().enumerate() {
         let n: i64 = pb.sample.iter().map(|x| x.value[2 * ei]).sum();
         let w: i64 = pb.sample.iter().map(|x| x.value[2 * ei + 1]).sum();

@@ -2,73 +2,23 @@
 //! and duration; host listing; freshness and readable numbers in the table; `--limit 0`;
 //! quiet exit on a closed pipe; dcpictl's message when the socket is not accessible.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, SystemTime};
 
-use profile_format::{
-    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, ImageId, ImageKind, Profile,
-    ProfileHeader,
-};
+use profile_format::{EpochId, EventSummary, HostDir, HostSummary, ImageId, ImageKind};
 use serde_json::Value;
 
-struct TestDb {
-    _dir: tempfile::TempDir,
-    db: Database,
-}
-
-fn event() -> EventDesc {
-    EventDesc {
-        name: "cpu-clock".into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: 1_000_000,
-        period_min: 937_500,
-        period_max: 1_000_000,
-    }
-}
-
-impl TestDb {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = Database::create(&dir.path().join("db")).expect("create db");
-        Self { _dir: dir, db }
-    }
-    fn root(&self) -> PathBuf {
-        self.db.root().to_owned()
-    }
-    fn epoch_at(&self, t: SystemTime) -> EpochId {
-        self.db.new_epoch(t, "alpha").expect("new epoch")
-    }
-    fn host(&self, e: &EpochId, host: &str) -> HostDir {
-        let hd = self.db.host_dir(e, host).expect("host dir");
-        hd.create().expect("create host dir");
-        hd
-    }
-}
+use crate::util::{self, cpu_clock, stderr, stdout, TestDb};
 
 fn build_id(n: u8) -> ImageId {
     ImageId::BuildId(vec![n; 20])
 }
 
+/// A cpu-clock profile of an ELF image at its mean period.
 fn write_profile(hd: &HostDir, id: &ImageId, path: &str, counts: &[(u64, u64)]) {
-    let ev = event();
-    let mut p = Profile::new(ProfileHeader {
-        kind: ImageKind::Elf,
-        image_id: id.clone(),
-        image_path: path.as_bytes().to_vec(),
-        event: ev.clone(),
-        host: hd.host.clone(),
-        epoch: hd.epoch.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols: Vec::new(),
-    });
-    for &(off, c) in counts {
-        p.add(off, c, c * ev.period_mean);
-    }
-    p.write(&hd.profile_path(id, &ev.name)).expect("write profile");
+    let ev = cpu_clock();
+    util::write_profile(hd, ImageKind::Elf, id, path.as_bytes(), &ev, counts, ev.period_mean);
 }
 
 /// Images whose names share prefixes and substrings (`nginx`, `nginx-debug`, `libnginx.so`).
@@ -95,13 +45,6 @@ fn prof(db: &Path, args: &[&str]) -> Output {
     tool(env!("CARGO_BIN_EXE_dcpiprof"), db, args)
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
 fn json(o: &Output) -> Value {
     assert!(o.status.success(), "failed: {}", stderr(o));
     serde_json::from_slice(&o.stdout).expect("JSON")
@@ -110,7 +53,7 @@ fn json(o: &Output) -> Value {
 /// One epoch at a fixed time, host alpha and beta.
 fn one_epoch_db() -> (TestDb, EpochId) {
     let t = TestDb::new();
-    let e = t.epoch_at(SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000));
+    let e = t.epoch_by(util::base_time(0), "alpha");
     images(&t.host(&e, "alpha"), 1);
     images(&t.host(&e, "beta"), 1);
     (t, e)
@@ -162,7 +105,8 @@ fn epoch_day_since_and_until_select_by_time() {
     let now = SystemTime::now();
     let h = |n: u64| Duration::from_secs(n * 3600);
     // Epochs 50 h, 5 h, 4 h and 1 h ago: each lasts until the next one starts.
-    let ids: Vec<EpochId> = [50, 5, 4, 1].iter().map(|&n| t.epoch_at(now - h(n))).collect();
+    let ids: Vec<EpochId> =
+        [50, 5, 4, 1].iter().map(|&n| t.epoch_by(now - h(n), "alpha")).collect();
     for (i, e) in ids.iter().enumerate() {
         images(&t.host(e, "alpha"), i as u64 + 1);
     }
@@ -230,7 +174,7 @@ fn header_says_how_fresh_the_data_is_and_json_is_unchanged() {
         host: "alpha".into(),
         epoch: e.to_string(),
         events: vec![EventSummary {
-            desc: Some(event()),
+            desc: Some(cpu_clock()),
             source: "software".into(),
             samples: 0,
             total_period: 0,
@@ -328,7 +272,7 @@ fn closed_pipe_ends_quietly_with_exit_0() {
     let t = TestDb::new();
     let now = SystemTime::now();
     for n in [3u64, 2, 1] {
-        let e = t.epoch_at(now - Duration::from_secs(n * 3600));
+        let e = t.epoch_by(now - Duration::from_secs(n * 3600), "alpha");
         images(&t.host(&e, "alpha"), n);
     }
     let db = t.root().display().to_string();
@@ -481,7 +425,7 @@ fn stripped_library_report_says_only_dynsym_and_how_to_get_symbols() {
         let f = object::File::parse(&*data).expect("parse");
         ImageId::BuildId(f.build_id().ok().flatten().expect("build-id").to_vec())
     };
-    let e = t.epoch_at(SystemTime::now());
+    let e = t.epoch_by(SystemTime::now(), "alpha");
     let hd = t.host(&e, "alpha");
     let inner = func_offset(&full, "internal_work");
     let outer = func_offset(&full, "exported_entry");
@@ -505,7 +449,7 @@ fn stripped_library_report_says_only_dynsym_and_how_to_get_symbols() {
         let f = object::File::parse(&*full_data).expect("parse");
         ImageId::BuildId(f.build_id().ok().flatten().expect("build-id").to_vec())
     };
-    let e2 = t.epoch_at(SystemTime::now() + Duration::from_secs(2));
+    let e2 = t.epoch_by(SystemTime::now() + Duration::from_secs(2), "alpha");
     write_profile(&t.host(&e2, "alpha"), &full_id, &full.display().to_string(), &[(inner, 9)]);
     let o = prof(&t.root(), &["--host", "alpha", "--image", "libfull.so"]);
     assert!(o.status.success(), "{}", stderr(&o));

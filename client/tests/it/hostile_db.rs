@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use profile_format::{Database, EventDesc, HostDir, ImageId, ImageKind, Profile, ProfileHeader};
+use profile_format::{Database, HostDir, ImageId, ImageKind};
+
+use crate::util::{self, event, prof_command};
 
 fn host_dir(root: &Path) -> HostDir {
     let db = Database::create(root).expect("create db");
@@ -19,42 +21,15 @@ fn host_dir(root: &Path) -> HostDir {
 
 fn write_profile(hd: &HostDir, img: u8) -> PathBuf {
     let id = ImageId::BuildId(vec![img; 8]);
-    let event = EventDesc {
-        name: "cpu-clock".into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: 1000,
-        period_min: 938,
-        period_max: 1000,
-    };
-    let mut p = Profile::new(ProfileHeader {
-        kind: ImageKind::Elf,
-        image_id: id.clone(),
-        image_path: format!("/bin/img{img}").into_bytes(),
-        event,
-        host: hd.host.clone(),
-        epoch: hd.epoch.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols: Vec::new(),
-    });
-    p.add(0x10, 7, 7000);
-    let path = hd.profile_path(&id, "cpu-clock");
-    p.write(&path).expect("write profile");
-    path
+    let path = format!("/bin/img{img}");
+    let ev = event("cpu-clock", 1000);
+    util::write_profile(hd, ImageKind::Elf, &id, path.as_bytes(), &ev, &[(0x10, 7)], 1000);
+    hd.profile_path(&id, "cpu-clock")
 }
 
 /// Run dcpiprof with a deadline of 60 s (killed and failed past it).
 fn prof_bounded(db: &Path, args: &[&str]) -> Output {
-    let cache_home = db.parent().unwrap_or(db).join("cache");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
-        .env("XDG_CACHE_HOME", &cache_home)
-        .env_remove("DCPI_SYMBOL_CACHE")
-        .arg("--db")
-        .arg(db)
-        .arg("--no-system-debug")
-        .args(args)
+    let mut child = prof_command(db, args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

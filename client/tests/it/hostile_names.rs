@@ -9,20 +9,12 @@ use std::time::{Duration, SystemTime};
 
 use profile_format::{
     Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, JitSymbol, KallsymsSnapshot,
-    KernelSymbol, Profile, ProfileHeader,
+    KernelSymbol,
 };
 
-fn event(name: &str) -> EventDesc {
-    EventDesc {
-        name: name.into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: 1000,
-        period_min: 938,
-        period_max: 1000,
-    }
-}
+use crate::util::{asm_calling, event, write_profile_jit};
 
+/// A profile at period 1000.
 fn write(
     hd: &HostDir,
     kind: ImageKind,
@@ -32,22 +24,7 @@ fn write(
     counts: &[(u64, u64)],
     jit: Vec<JitSymbol>,
 ) {
-    let mut p = Profile::new(ProfileHeader {
-        kind,
-        image_id: id.clone(),
-        image_path: path.to_vec(),
-        event: ev.clone(),
-        host: hd.host.clone(),
-        epoch: hd.epoch.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols: jit,
-    });
-    for &(off, c) in counts {
-        p.add(off, c, c * 1000);
-    }
-    p.write(&hd.profile_path(id, &ev.name)).expect("write profile");
+    write_profile_jit(hd, kind, id, path, ev, counts, 1000, jit);
 }
 
 /// Names a hostile process or file could carry (all valid UTF-8 strings: the profile format
@@ -71,23 +48,7 @@ fn elf_with_hostile_symbol(dir: &Path) -> Option<(PathBuf, ImageId, u64)> {
     use object::{Object, ObjectSegment, ObjectSymbol};
     // A symbol whose name is not UTF-8 and holds an ESC (raw bytes in the assembly).
     let name: &[u8] = b"\"bad\xff\x1b[31mname\xc2\x9b\"";
-    let mut asm = b".text\n.globl ".to_vec();
-    for part in [
-        name,
-        b"\n.type ",
-        name,
-        b",@function\n",
-        name,
-        b":\n ret\n.size ",
-        name,
-        b", .-",
-        name,
-        b"\n.globl main\nmain: call ",
-        name,
-        b"\n xor %eax,%eax\n ret\n.section .note.GNU-stack,\"\",@progbits\n",
-    ] {
-        asm.extend_from_slice(part);
-    }
+    let asm = asm_calling(name);
     let src = dir.join("hostile.s");
     std::fs::write(&src, &asm).ok()?;
     let bin = dir.join("hostile");
@@ -127,7 +88,7 @@ fn hostile_db() -> Db {
         for h in ["alpha", "beta"] {
             let hd = db.host_dir(&e, h).expect("host dir");
             hd.create().expect("create host dir");
-            let ev = event("cpu-clock");
+            let ev = event("cpu-clock", 1000);
             // JIT code: every hostile name, counts differing between epochs (for dcpidiff).
             let jit: Vec<JitSymbol> = EVIL
                 .iter()
@@ -182,7 +143,7 @@ fn hostile_db() -> Db {
             );
             // An event whose name holds an ESC (profiles are files anyone with write access to
             // the database may have made).
-            let evil_ev = event("evil\u{1b}[31mevent");
+            let evil_ev = event("evil\u{1b}[31mevent", 1000);
             write(&hd, ImageKind::Anon, &anon, path, &evil_ev, &counts, Vec::new());
         }
         epochs.push(e);
@@ -194,7 +155,7 @@ fn hostile_db() -> Db {
             ImageKind::Elf,
             &id,
             bin.display().to_string().as_bytes(),
-            &event("cpu-clock"),
+            &event("cpu-clock", 1000),
             &[(off, 5)],
             Vec::new(),
         );
