@@ -689,7 +689,7 @@ fn profile_id(id: &ImageId) -> ProfileId {
 fn jit_frames_sampled_only_as_callers_are_named_from_the_stack_file() {
     use profile_format::{StackImage, StackProfile};
     let t = TestDb::new();
-    let hd = t.host(0, "alpha");
+    let hd = host_dir(&t, 0, "alpha");
     let ev = event("cpu-clock", 1_000_000);
     let leaf = ImageId::Fallback([1; 16]);
     let caller = ImageId::Fallback([2; 16]);
