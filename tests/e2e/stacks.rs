@@ -69,6 +69,7 @@ fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
     let text = d.ctl(&["status"]);
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("stacks: ") && text.contains(" recorded, "), "{text}");
+    let overflowed = d.status_json()["stacks"]["overflow"].as_u64().unwrap_or(0) > 0;
     let (status, err) = d.terminate();
     assert!(status.success(), "dcpid exit {status}: {err}");
 
@@ -93,7 +94,12 @@ fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
         }
     }
     eprintln!("idle samples: {flat_idle} flat, {stack_idle} in stacks");
-    assert!(flat_idle == 0 || stack_idle > 0, "{flat_idle} flat [idle] samples, none in stacks");
+    // Idle stacks can be among those a full stack table dropped (a loaded machine filled it
+    // with 3 idle samples in all): then only the bound below holds.
+    assert!(
+        flat_idle == 0 || stack_idle > 0 || overflowed,
+        "{flat_idle} flat [idle] samples, none in stacks"
+    );
     assert!(stack_idle <= flat_idle, "{stack_idle} [idle] stack samples > {flat_idle} flat");
 
     let cache = dir.join("symbols.sqlite").display().to_string();
