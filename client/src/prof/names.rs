@@ -53,7 +53,10 @@ impl std::fmt::Write for BoundedString {
 
 fn demangle_cpp(raw: &str) -> Option<String> {
     // cpp_demangle bounds its recursion, but it is a parser of hostile input in a third-party
-    // crate: a panic there must cost one symbol's name, not the report.
+    // crate: a panic there must cost one symbol's name, not the report. Its parse time is bounded
+    // only with the patch in vendor/cpp_demangle (without it a name that fails to parse deep
+    // inside nested `S_I...` template arguments costs 2^depth: 250 bytes took 0.45 s). Real
+    // names need the recursion limit of 256: Qt's `QStringBuilder` nests 39 templates deep.
     std::panic::catch_unwind(|| {
         let parse = cpp_demangle::ParseOptions::default().recursion_limit(256);
         let sym = cpp_demangle::Symbol::new_with_options(raw, &parse).ok()?;
@@ -216,6 +219,78 @@ mod tests {
         let huge = doubling_pairs(30);
         assert_eq!(demangle(&huge), huge);
         assert_eq!(display_name(&huge, false), huge);
+    }
+
+    /// Every real name of `client/tests/data/cpp-real-names.tsv` (C++ symbols of the ELF files
+    /// of a development machine, with how they were shown before cpp_demangle was patched) is
+    /// shown as before: the bound on parse work loses no real name.
+    #[test]
+    fn real_cpp_names_are_shown_as_before_the_parser_patch() {
+        let table = include_str!("../../tests/data/cpp-real-names.tsv");
+        let mut checked = 0;
+        for line in table.lines().filter(|l| !l.starts_with('#')) {
+            let (mangled, shown) = line.split_once('\t').expect("mangled<TAB>shown");
+            assert_eq!(demangle(mangled), shown, "{mangled}");
+            checked += 1;
+        }
+        assert!(checked >= 490, "{checked} names");
+        // Nested 39 deep: needs a recursion limit above 128.
+        assert!(table.contains("void QConcatenable<QStringBuilder<QStringBuilder<"));
+    }
+
+    /// Names on which cpp_demangle 0.5.1 backtracks exponentially (it parses the template
+    /// arguments after a substitution twice, at every nesting level, when they fail) are
+    /// rejected at once and shown mangled. The first ones are from the `demangle` fuzz target,
+    /// which took 0.13-1.8 s each to reject them (release build); the last one would take days.
+    #[test]
+    fn names_that_made_the_parser_backtrack_exponentially_are_shown_mangled() {
+        let found_by_fuzzer: [&[u8]; 5] = [
+            // fuzz/artifacts/demangle/slow-unit-0ed12105 (395 bytes)
+            b"_Z1f4pairIihES_IS0_S0_ES_II1_S1_ES_ISo2_S2_ES_IL4_S3_IL3_S_ES_II1_S1_ES_ISo2_S2_ES\
+              _IL4_S3_IL3_S2_OS_\xff\xff\xffISDF1SRes7_I7_DS=c\x1b[Z!\xb7\xaa9__\x00S\x00\xff\
+              \xff\xff\xff\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\
+              \x00\x00_Z1f4pairIiiES_IS0_SS_Immmmmmmmmmmmmmmmmmmmmf4pairIihES_IS0_S0_ES_II1_S1_E\
+              S_ISo2_S2_ES_IL4_S3_IL3_S_ES_II1_S1_ES_ISo2_S2_ES_IL4_S3_IL3_S2_OS_\xff\xff\xffISD\
+              F1SRes7_I7_DS=c\x1b[Z!\xb7\xaa9__\x00S\x00\xff\xff\xff\xff\x00\x00\x00\x00\x00\x00\
+              \x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00_Z1f4pairIiiESmmmmmmmmm4pairIi\
+              iES_IS0_S04\x00",
+            // fuzz/artifacts/demangle/slow-unit-a947ef4c (395 bytes)
+            b"_Z1f4pairIihES_IS0_S0_ES_II1_S1_ES_ISo2_S2_ES_IL4_S3_IL3_S_ES_II1_S1_ES_ISo2_S2_ES\
+              _IL4_S3_IL3_S2_OS_\xff\xff\xffISDF1SRes7_I7_DS=c\x1b[Z!\xb7\xaa9__\x00S\x00\xff\
+              \xff\xff\xff\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\
+              \x00\x00_Z1f4pairIiiES_IS0_SS_Immmmmmmmmmmmmmmmmmmmmf4pairIihES_IS0_S0_ES_II1_S1_E\
+              S_ISo2_S2_ES_IL4_S3_IL3_S_ES_II1_S1_ES_ISo2_S2_ES_IL4_S3_IL3_S2_OS_\xff\xff\xffISD\
+              F1SRes7_I7DS[c_\x1b=Z!\xb7\xaa8__\x00S\x00\xff\xff\xff\xff\x00\x00\x00\x00\x00\x00\
+              \x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00_Z1f4pairIiiESmmmmmmmmm4pairIi\
+              iES_IS0_S04\x00",
+            // fuzz/artifacts/demangle/slow-unit-b9a3e2f5 (312 bytes)
+            b"_Z1f4pairIihES_IS0_S0_ES_II1_S1_ES_IS2_S2_ES_IS3_DpS3_OS_IS4_S4_II1_S1_ES_IS2_IS0_\
+              S0_ES_II1_S1_ES_IS1_S0_S2_ES_IS3_S3_OS_IIS0_S0_ES_II1_S1_ESdIS2_S2_ES_IS3_DpS3_OS_\
+              IS4_S4_II1_S1_ES_IS2_IS0_S0_ES_II1_S1_ES_IS1_S0_S2_ES_IS3_S3_OS_IS4_S4_ES_IS5_S5_E\
+              S_IS6_S6_!SD_IS7_RS4_S4_ES_IS5_S5_ES_IS6_S6_!SD_IS7_RIesS7_DS_c\x1b_S",
+            // fuzz/artifacts/demangle/timeout-ffcdc9d1 (318 bytes)
+            b"_Z1f4pairIihES_IS0_S0_ES_II1_S1_ES_IS2_S2_ES_IS3_DpS3_OS_IS4_S4_II1_S1_ES_IS2_IS0_\
+              S0_ES_II1_S1_ES_IS1_VVVVVVS0_S2_ES_IS3_S3_OS_IIS0_S0_ES_II1_S1_ES_IS2_S2_ES_IS3_Dp\
+              S3_OS_IS4_S4_II1_S1_ES_IS2_IS0_S0_ES_II1_S1_ES_IS1_S0_S2_ES_IS3_S3_OS_IS4_S4_ES_IS\
+              5_S5_ES_IS6_S6_!SD_IS7_RS4_S4_ES_IS5_S5_ES_IS6_S6_!SD_IS7_RIesS7_DS_c\x1b_S",
+            // The printable 250-byte prefix of the timeout (0.13-0.45 s).
+            b"_Z1f4pairIihES_IS0_S0_ES_II1_S1_ES_IS2_S2_ES_IS3_DpS3_OS_IS4_S4_II1_S1_ES_IS2_IS0_S0\
+              _ES_II1_S1_ES_IS1_S0_S2_ES_IS3_S3_OS_IIS0_S0_ES_II1_S1_ESdIS2_S2_ES_IS3_DpS3_OS_IS4\
+              _S4_II1_S1_ES_IS2_IS0_S0_ES_II1_S1_ES_IS1_S0_S2_ES_IS3_S3_OS_IS4_S4_ES_IS5_S5_ES_IS",
+        ];
+        // `pair<int, int>` then 40 nested `pair<` whose innermost argument is garbage: 2^40
+        // parses of it without the patch (1.3 ms at 12 levels, doubling with each level).
+        let deep = format!("_Z1f4pairIiiE{}!", "S_I".repeat(40));
+        let mut names: Vec<String> =
+            found_by_fuzzer.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
+        names.push(deep);
+        for name in &names {
+            assert_eq!(demangle(name), *name);
+            let shown = display_name(name, false);
+            assert_eq!(shown, escape_controls(name));
+            assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        }
+        assert_eq!(names[4].len(), 250);
     }
 
     #[test]
