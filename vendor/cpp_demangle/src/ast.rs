@@ -23,6 +23,10 @@ macro_rules! r#try_recurse {
             Result::Err(error::Error::TooMuchRecursion) => {
                 return Result::Err(error::Error::TooMuchRecursion);
             }
+            // dcpi patch (see DCPI-PATCH.md): out of work, stop at once.
+            Result::Err(error::Error::TooMuchWork) => {
+                return Result::Err(error::Error::TooMuchWork);
+            }
             val => val,
         }
     };
@@ -175,6 +179,10 @@ struct ParseContextState {
     recursion_level: u32,
     // Whether or not we are currently parsing a conversion operator.
     in_conversion: bool,
+    // dcpi patch (see DCPI-PATCH.md): the parse steps taken so far, and
+    // whether a step was refused for want of work.
+    work: u32,
+    out_of_work: bool,
 }
 
 /// Common context needed when parsing.
@@ -183,6 +191,8 @@ pub struct ParseContext {
     // Maximum amount of recursive parsing calls we will allow. If this is too
     // large, we can blow the stack.
     max_recursion: u32,
+    // dcpi patch (see DCPI-PATCH.md): maximum number of parse steps.
+    max_work: u32,
     // Mutable state within the `ParseContext`.
     state: Cell<ParseContextState>,
 }
@@ -192,6 +202,7 @@ impl ParseContext {
     pub fn new(options: ParseOptions) -> ParseContext {
         ParseContext {
             max_recursion: options.recursion_limit.map(|v| v.get()).unwrap_or(96),
+            max_work: options.work_limit.map(|v| v.get()).unwrap_or(u32::MAX),
             state: Cell::new(ParseContextState::default()),
         }
     }
@@ -201,10 +212,28 @@ impl ParseContext {
         self.state.get().recursion_level
     }
 
+    /// Whether a parse step was refused because the work limit was reached
+    /// (dcpi patch, see DCPI-PATCH.md).
+    pub(crate) fn out_of_work(&self) -> bool {
+        self.state.get().out_of_work
+    }
+
     #[inline]
     fn enter_recursion(&self) -> error::Result<()> {
         let mut state = self.state.get();
         let new_recursion_level = state.recursion_level + 1;
+
+        // dcpi patch (see DCPI-PATCH.md): every parse step counts, and once
+        // over the limit every further step fails at once, so the parse
+        // unwinds whatever alternatives its callers still try.
+        if state.work >= self.max_work {
+            log!("Hit the work limit of {} steps", self.max_work);
+            state.out_of_work = true;
+            self.state.set(state);
+            return Err(error::Error::TooMuchWork);
+        }
+        state.work += 1;
+        self.state.set(state);
 
         if new_recursion_level >= self.max_recursion {
             log!("Hit too much recursion at level {}", self.max_recursion);

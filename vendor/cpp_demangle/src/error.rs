@@ -39,6 +39,10 @@ pub enum Error {
 
     /// Encountered too much recursion when demangling symbol.
     TooMuchRecursion,
+
+    /// Parsing took more steps than `ParseOptions::work_limit` allows (dcpi
+    /// patch, see DCPI-PATCH.md).
+    TooMuchWork,
 }
 
 #[test]
@@ -85,6 +89,7 @@ impl fmt::Display for Error {
             Error::TooMuchRecursion => {
                 write!(f, "encountered too much recursion when demangling symbol")
             }
+            Error::TooMuchWork => write!(f, "parsing the mangled symbol took too many steps"),
         }
     }
 }
@@ -116,6 +121,7 @@ impl error::Error for Error {
                 "an overflow or underflow would occur when parsing an integer in a mangled symbol"
             }
             Error::TooMuchRecursion => "encountered too much recursion when demangling symbol",
+            Error::TooMuchWork => "parsing the mangled symbol took too many steps",
         }
     }
 }

@@ -63,6 +63,8 @@ use index_str::IndexStr;
 #[repr(C)]
 pub struct ParseOptions {
     recursion_limit: Option<NonZeroU32>,
+    // dcpi patch (see DCPI-PATCH.md).
+    work_limit: Option<NonZeroU32>,
 }
 
 impl ParseOptions {
@@ -73,6 +75,18 @@ impl ParseOptions {
     /// a debug build.
     pub fn recursion_limit(mut self, limit: u32) -> Self {
         self.recursion_limit = Some(NonZeroU32::new(limit).expect("Recursion limit must be > 0"));
+        self
+    }
+
+    /// Set the limit on the number of parse steps (productions tried, in
+    /// all, including those that fail and are backtracked over). Parsing
+    /// stops with `Error::TooMuchWork` past it. The parser backtracks, and
+    /// on some inputs its work grows faster than their length: this bounds
+    /// the time one hostile symbol can take. Unlimited by default.
+    ///
+    /// (dcpi patch, see DCPI-PATCH.md.)
+    pub fn work_limit(mut self, limit: u32) -> Self {
+        self.work_limit = Some(NonZeroU32::new(limit).expect("Work limit must be > 0"));
         self
     }
 }
@@ -219,7 +233,13 @@ where
             let ctx = ParseContext::new(*options);
             let input = IndexStr::new(raw.as_ref());
 
-            let (parsed, tail) = ast::MangledName::parse(&ctx, &mut substitutions, input)?;
+            let parsed = ast::MangledName::parse(&ctx, &mut substitutions, input);
+            // dcpi patch (see DCPI-PATCH.md): a parse that ran out of work
+            // fails, even if it backtracked to a result.
+            if ctx.out_of_work() {
+                return Err(Error::TooMuchWork);
+            }
+            let (parsed, tail) = parsed?;
             debug_assert!(ctx.recursion_level() == 0);
 
             if tail.is_empty() {
@@ -418,7 +438,12 @@ where
 
         let ctx = ParseContext::new(*options);
         let idx_str = IndexStr::new(input.as_ref());
-        let (parsed, tail) = ast::MangledName::parse(&ctx, &mut substitutions, idx_str)?;
+        let parsed = ast::MangledName::parse(&ctx, &mut substitutions, idx_str);
+        // dcpi patch (see DCPI-PATCH.md), as in `new_with_options`.
+        if ctx.out_of_work() {
+            return Err(Error::TooMuchWork);
+        }
+        let (parsed, tail) = parsed?;
         debug_assert!(ctx.recursion_level() == 0);
 
         let symbol = Symbol {
