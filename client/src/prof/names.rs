@@ -51,11 +51,25 @@ impl std::fmt::Write for BoundedString {
     }
 }
 
+/// The parse steps cpp_demangle may take on a name of `len` bytes before it gives up (its
+/// `work_limit`, which the copy in vendor/cpp_demangle adds). Its parser backtracks: without a
+/// bound, hostile names of a few hundred bytes took seconds (each level of some nestings doubles
+/// or triples the work). Real names stay below a fourteenth of it (797 123 C++ names from the
+/// binaries of a development machine all demangle the same with a limit 14 times smaller); a
+/// step costs ~4 ns, so a name costs at most ~4 ms. Names that need more (mangled names of tens
+/// of KiB) are shown mangled.
+fn cpp_parse_work_limit(len: usize) -> u32 {
+    u32::try_from(len.saturating_mul(100).saturating_add(20_000)).unwrap_or(u32::MAX).min(1_000_000)
+}
+
 fn demangle_cpp(raw: &str) -> Option<String> {
     // cpp_demangle bounds its recursion, but it is a parser of hostile input in a third-party
-    // crate: a panic there must cost one symbol's name, not the report.
+    // crate: a panic there must cost one symbol's name, not the report. Real names need the
+    // recursion limit of 256: Qt's `QStringBuilder` nests 39 templates deep.
     std::panic::catch_unwind(|| {
-        let parse = cpp_demangle::ParseOptions::default().recursion_limit(256);
+        let parse = cpp_demangle::ParseOptions::default()
+            .recursion_limit(256)
+            .work_limit(cpp_parse_work_limit(raw.len()));
         let sym = cpp_demangle::Symbol::new_with_options(raw, &parse).ok()?;
         let opts = cpp_demangle::DemangleOptions::new().recursion_limit(256);
         let mut out = BoundedString { out: String::new(), max: MAX_DEMANGLED_CPP };
@@ -216,6 +230,97 @@ mod tests {
         let huge = doubling_pairs(30);
         assert_eq!(demangle(&huge), huge);
         assert_eq!(display_name(&huge, false), huge);
+    }
+
+    /// Every real name of `client/tests/data/cpp-real-names.tsv` (C++ symbols of the ELF files
+    /// of a development machine, with how they were shown before cpp_demangle was patched) is
+    /// shown as before: the bound on parse work loses no real name.
+    #[test]
+    fn real_cpp_names_are_shown_as_before_the_parser_patch() {
+        let table = include_str!("../../tests/data/cpp-real-names.tsv");
+        let mut checked = 0;
+        for line in table.lines().filter(|l| !l.starts_with('#')) {
+            let (mangled, shown) = line.split_once('\t').expect("mangled<TAB>shown");
+            assert_eq!(demangle(mangled), shown, "{mangled}");
+            checked += 1;
+        }
+        assert!(checked >= 490, "{checked} names");
+        // Nested 39 deep: needs a recursion limit above 128.
+        assert!(table.contains("void QConcatenable<QStringBuilder<QStringBuilder<"));
+    }
+
+    /// Names on which cpp_demangle 0.5.1 backtracks exponentially are rejected at once and shown
+    /// mangled: the patched parser no longer parses the template arguments after a substitution
+    /// twice when they fail, and it stops when out of work. Unpatched, in a release build, those
+    /// from the `demangle` fuzz target took 0.13-1.8 s each to reject, the fifth over 5 minutes
+    /// (2 s with the first patch alone), and the 40-deep one would take days.
+    #[test]
+    fn names_that_made_the_parser_backtrack_exponentially_are_shown_mangled() {
+        let found_by_fuzzer: [&[u8]; 6] = [
+            // fuzz/artifacts/demangle/slow-unit-0ed12105 (395 bytes)
+            b"_Z1f4pairIihES_IS0_S0_ES_II1_S1_ES_ISo2_S2_ES_IL4_S3_IL3_S_ES_II1_S1_ES_ISo2_S2_ES\
+              _IL4_S3_IL3_S2_OS_\xff\xff\xffISDF1SRes7_I7_DS=c\x1b[Z!\xb7\xaa9__\x00S\x00\xff\
+              \xff\xff\xff\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\
+              \x00\x00_Z1f4pairIiiES_IS0_SS_Immmmmmmmmmmmmmmmmmmmmf4pairIihES_IS0_S0_ES_II1_S1_E\
+              S_ISo2_S2_ES_IL4_S3_IL3_S_ES_II1_S1_ES_ISo2_S2_ES_IL4_S3_IL3_S2_OS_\xff\xff\xffISD\
+              F1SRes7_I7_DS=c\x1b[Z!\xb7\xaa9__\x00S\x00\xff\xff\xff\xff\x00\x00\x00\x00\x00\x00\
+              \x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00_Z1f4pairIiiESmmmmmmmmm4pairIi\
+              iES_IS0_S04\x00",
+            // fuzz/artifacts/demangle/slow-unit-a947ef4c (395 bytes)
+            b"_Z1f4pairIihES_IS0_S0_ES_II1_S1_ES_ISo2_S2_ES_IL4_S3_IL3_S_ES_II1_S1_ES_ISo2_S2_ES\
+              _IL4_S3_IL3_S2_OS_\xff\xff\xffISDF1SRes7_I7_DS=c\x1b[Z!\xb7\xaa9__\x00S\x00\xff\
+              \xff\xff\xff\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\
+              \x00\x00_Z1f4pairIiiES_IS0_SS_Immmmmmmmmmmmmmmmmmmmmf4pairIihES_IS0_S0_ES_II1_S1_E\
+              S_ISo2_S2_ES_IL4_S3_IL3_S_ES_II1_S1_ES_ISo2_S2_ES_IL4_S3_IL3_S2_OS_\xff\xff\xffISD\
+              F1SRes7_I7DS[c_\x1b=Z!\xb7\xaa8__\x00S\x00\xff\xff\xff\xff\x00\x00\x00\x00\x00\x00\
+              \x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00_Z1f4pairIiiESmmmmmmmmm4pairIi\
+              iES_IS0_S04\x00",
+            // fuzz/artifacts/demangle/slow-unit-b9a3e2f5 (312 bytes)
+            b"_Z1f4pairIihES_IS0_S0_ES_II1_S1_ES_IS2_S2_ES_IS3_DpS3_OS_IS4_S4_II1_S1_ES_IS2_IS0_\
+              S0_ES_II1_S1_ES_IS1_S0_S2_ES_IS3_S3_OS_IIS0_S0_ES_II1_S1_ESdIS2_S2_ES_IS3_DpS3_OS_\
+              IS4_S4_II1_S1_ES_IS2_IS0_S0_ES_II1_S1_ES_IS1_S0_S2_ES_IS3_S3_OS_IS4_S4_ES_IS5_S5_E\
+              S_IS6_S6_!SD_IS7_RS4_S4_ES_IS5_S5_ES_IS6_S6_!SD_IS7_RIesS7_DS_c\x1b_S",
+            // fuzz/artifacts/demangle/timeout-ffcdc9d1 (318 bytes)
+            b"_Z1f4pairIihES_IS0_S0_ES_II1_S1_ES_IS2_S2_ES_IS3_DpS3_OS_IS4_S4_II1_S1_ES_IS2_IS0_\
+              S0_ES_II1_S1_ES_IS1_VVVVVVS0_S2_ES_IS3_S3_OS_IIS0_S0_ES_II1_S1_ES_IS2_S2_ES_IS3_Dp\
+              S3_OS_IS4_S4_II1_S1_ES_IS2_IS0_S0_ES_II1_S1_ES_IS1_S0_S2_ES_IS3_S3_OS_IS4_S4_ES_IS\
+              5_S5_ES_IS6_S6_!SD_IS7_RS4_S4_ES_IS5_S5_ES_IS6_S6_!SD_IS7_RIesS7_DS_c\x1b_S",
+            // fuzz/artifacts/demangle/timeout-e8126a33 (382 bytes, found with the first patch:
+            // `L` literals and `L<source-name>` types, each parsed up to three ways)
+            b"_Z1f4pairIihES_IS0_S0_ES_II1_S1_ES_ISo2_S2_ES_IL4_S3_IL3ES_IL4_S3_IL3_S2_OSS_II2_S\
+              1_ES_ISo2_S2_ES_ILS0_S0_ES_II1_S1_ES_ISo2_S2_ES_IL4_S3_IL3ES_IL4_S3_IL3_S2_OSS_II2\
+              _S1_ES_ISo2_S2_ES_IL4_S3_IL3ES_IL4_S3_IL3_S2_OS?\xff\xff\xffISDF1SRes7_I7_DS=c_S0_\
+              ES_II1_S1_ES_ISo2_S2_ES_IL4_S3_IL3_S_ES_II1_S1_EIL4_S3_IL3ES_IL4_S3_IL3_S2_OS?\xff\
+              \xff\xffISDF1SRes7_I7_DF1SRes7_I7\x00\x00\x00\x00\x00\x00\x00\xb1iESmmmmmmmmm4pair\
+              IiiEM_IS0_S04\x00",
+            // The printable 250-byte prefix of the timeout (0.13-0.45 s).
+            b"_Z1f4pairIihES_IS0_S0_ES_II1_S1_ES_IS2_S2_ES_IS3_DpS3_OS_IS4_S4_II1_S1_ES_IS2_IS0_S0\
+              _ES_II1_S1_ES_IS1_S0_S2_ES_IS3_S3_OS_IIS0_S0_ES_II1_S1_ESdIS2_S2_ES_IS3_DpS3_OS_IS4\
+              _S4_II1_S1_ES_IS2_IS0_S0_ES_II1_S1_ES_IS1_S0_S2_ES_IS3_S3_OS_IS4_S4_ES_IS5_S5_ES_IS",
+        ];
+        // `pair<int, int>` then 40 nested `pair<` whose innermost argument is garbage: 2^40
+        // parses of it without the patch (1.3 ms at 12 levels, doubling with each level).
+        let deep = format!("_Z1f4pairIiiE{}!", "S_I".repeat(40));
+        let mut names: Vec<String> =
+            found_by_fuzzer.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
+        assert_eq!(names[5].len(), 250);
+        // The second timeout repeated to 4000 chars: without the work limit its parse takes ~5 s.
+        let long: String = names[4].repeat(11).chars().take(4000).collect();
+        let limited = cpp_demangle::ParseOptions::default()
+            .recursion_limit(256)
+            .work_limit(cpp_parse_work_limit(long.len()));
+        assert_eq!(
+            cpp_demangle::Symbol::new_with_options(long.as_str(), &limited).err(),
+            Some(cpp_demangle::error::Error::TooMuchWork)
+        );
+        names.push(deep);
+        names.push(long);
+        for name in &names {
+            assert_eq!(demangle(name), *name);
+            let shown = display_name(name, false);
+            assert_eq!(shown, escape_controls(name));
+            assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        }
     }
 
     #[test]
