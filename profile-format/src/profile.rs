@@ -85,6 +85,33 @@ pub struct JitSymbol {
     pub name: String,
 }
 
+/// A JIT symbol list as profile headers (§5) and stack files (§13) store it: count, then
+/// start, size and name of each.
+pub(crate) fn write_jit_symbols<'a>(
+    out: &mut Vec<u8>,
+    syms: impl ExactSizeIterator<Item = &'a JitSymbol>,
+) {
+    write_u64(out, syms.len() as u64);
+    for s in syms {
+        write_u64(out, s.start);
+        write_u64(out, s.size);
+        put_bytes(out, s.name.as_bytes());
+    }
+}
+
+/// Read what [`write_jit_symbols`] wrote.
+pub(crate) fn read_jit_symbols(r: &mut Reader<'_>) -> Result<Vec<JitSymbol>> {
+    let n = r.count("jit_symbols", 3)?;
+    let mut syms = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = r.varint("jit_symbols.start")?;
+        let size = r.varint("jit_symbols.size")?;
+        let name = r.string("jit_symbols.name")?;
+        syms.push(JitSymbol { start, size, name });
+    }
+    Ok(syms)
+}
+
 /// Everything in a profile file except the counts.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct ProfileHeader {
@@ -207,12 +234,7 @@ impl Profile {
         write_u64(&mut out, h.total_samples);
         write_u64(&mut out, h.total_period);
         write_u64(&mut out, h.sequence);
-        write_u64(&mut out, h.jit_symbols.len() as u64);
-        for s in &h.jit_symbols {
-            write_u64(&mut out, s.start);
-            write_u64(&mut out, s.size);
-            put_bytes(&mut out, s.name.as_bytes());
-        }
+        write_jit_symbols(&mut out, h.jit_symbols.iter());
         crate::pairs::write(&mut out, self.counts.len(), self.counts.iter().map(|(o, c)| (*o, *c)));
         codec::finish(out)
     }
@@ -260,14 +282,7 @@ impl Profile {
         let total_samples = r.varint("total_samples")?;
         let total_period = r.varint("total_period")?;
         let sequence = r.varint("sequence")?;
-        let njit = r.count("jit_symbols", 3)?;
-        let mut jit_symbols = Vec::with_capacity(njit);
-        for _ in 0..njit {
-            let start = r.varint("jit_symbols.start")?;
-            let size = r.varint("jit_symbols.size")?;
-            let name = r.string("jit_symbols.name")?;
-            jit_symbols.push(JitSymbol { start, size, name });
-        }
+        let jit_symbols = read_jit_symbols(&mut r)?;
         let header = ProfileHeader {
             kind,
             image_id,

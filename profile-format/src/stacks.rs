@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::codec::{self, put_bytes, Reader};
 use crate::error::{Error, Result};
 use crate::ident::MAX_BUILD_ID_LEN;
-use crate::profile::{ImageKind, JitSymbol};
+use crate::profile::{read_jit_symbols, write_jit_symbols, ImageKind, JitSymbol};
 use crate::{varint, ImageId};
 
 /// Magic of a stack profile file.
@@ -76,7 +76,7 @@ impl PartialEq for StackProfile {
             && self.epoch == other.epoch
             && self.event == other.event
             && self.sequence == other.sequence
-            && self.encode_payload() == other.encode_payload()
+            && self.encode_payload().0 == other.encode_payload().0
     }
 }
 
@@ -193,8 +193,9 @@ impl StackProfile {
         Ok(())
     }
 
-    /// The uncompressed payload in canonical order (§13).
-    fn encode_payload(&self) -> Vec<u8> {
+    /// The uncompressed payload in canonical order (§13), and whether it holds the JIT symbol
+    /// table (field 11), which makes the file version 2.
+    fn encode_payload(&self) -> (Vec<u8>, bool) {
         // Used images, sorted; old index -> new.
         let mut used = vec![false; self.images.len()];
         for (f, _) in self.stacks.keys() {
@@ -280,39 +281,31 @@ impl StackProfile {
             .map(|(&i, syms)| (remap[i as usize], syms))
             .collect();
         jit.sort_unstable_by_key(|(i, _)| *i);
-        if !jit.is_empty() {
+        let has_jit = !jit.is_empty();
+        if has_jit {
             varint::write_u64(&mut out, jit.len() as u64);
             for (i, syms) in jit {
                 varint::write_u64(&mut out, i);
-                varint::write_u64(&mut out, syms.len() as u64);
-                for s in syms {
-                    varint::write_u64(&mut out, s.start);
-                    varint::write_u64(&mut out, s.size);
-                    put_bytes(&mut out, s.name.as_bytes());
-                }
+                write_jit_symbols(&mut out, syms.iter());
             }
         }
-        out
+        (out, has_jit)
     }
 
-    /// The version a file of this content is written as (see [`STACKS_VERSION`]).
-    fn version_of(payload_has_jit: bool) -> u16 {
-        if payload_has_jit {
+    /// The version a file is written as (see [`STACKS_VERSION`]).
+    fn version_of(has_jit: bool) -> u16 {
+        if has_jit {
             2
         } else {
             1
         }
     }
 
-    fn has_jit(&self) -> bool {
-        self.jit.keys().any(|&i| self.stacks.keys().any(|(f, _)| f.iter().any(|&(fi, _)| fi == i)))
-    }
-
     /// The file's bytes (FORMAT.md §13).
     pub fn encode(&self) -> Vec<u8> {
-        let payload = self.encode_payload();
+        let (payload, has_jit) = self.encode_payload();
         // Stacks share long frame runs: zlib makes the file several times smaller.
-        codec::finish_zlib(STACKS_MAGIC, Self::version_of(self.has_jit()), &payload)
+        codec::finish_zlib(STACKS_MAGIC, Self::version_of(has_jit), &payload)
     }
 
     /// Parse and validate a file's bytes; `path` names it in errors. Accepts only the
@@ -443,35 +436,26 @@ impl StackProfile {
                         r.corrupt("jit image", format!("{:?} image with JIT symbols", img.kind))
                     );
                 }
-                let nsyms = r.count("jit symbols", 3)?;
-                let mut syms = Vec::with_capacity(nsyms);
-                for _ in 0..nsyms {
-                    let start = r.varint("jit symbols.start")?;
-                    let size = r.varint("jit symbols.size")?;
-                    let name = r.string("jit symbols.name")?;
-                    let s = JitSymbol { start, size, name };
-                    if syms.last().is_some_and(|l: &JitSymbol| *l >= s) {
-                        return Err(r.corrupt("jit symbols", "not sorted or not distinct"));
-                    }
-                    syms.push(s);
+                let syms = read_jit_symbols(&mut r)?;
+                if syms.is_empty() || syms.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err(r.corrupt("jit_symbols", "empty, not sorted or not distinct"));
                 }
                 p.add_jit_symbols(i as u32, &syms);
             }
         }
         r.finish()?;
         // Unused images or frames would make two encodings of one profile.
-        if p.encode_payload() != payload {
+        let (canonical, has_jit) = p.encode_payload();
+        if canonical != payload {
             return Err(codec::corrupt(path, "frames", "entries no stack uses"));
         }
         // Version 2 only with JIT symbols: one encoding per content.
-        if version != Self::version_of(p.has_jit()) {
+        let want = Self::version_of(has_jit);
+        if version != want {
             return Err(codec::corrupt(
                 path,
                 "version",
-                format!(
-                    "version {version} for content written as version {}",
-                    Self::version_of(p.has_jit())
-                ),
+                format!("version {version} for content written as version {want}"),
             ));
         }
         Ok(p)
@@ -552,7 +536,7 @@ mod tests {
         let mi = m.images().iter().position(|i| i.kind == ImageKind::Anon).unwrap() as u32;
         assert_eq!(m.jit_symbols(mi).collect::<Vec<_>>(), vec![&f, &g]);
         // A version 2 container around content without JIT symbols is not canonical.
-        let v2 = codec::finish_zlib(STACKS_MAGIC, 2, &sample().encode_payload());
+        let v2 = codec::finish_zlib(STACKS_MAGIC, 2, &sample().encode_payload().0);
         assert!(matches!(StackProfile::decode(&v2, path), Err(Error::Corrupt { .. })));
         for n in 0..b.len() {
             assert!(StackProfile::decode(&b[..n], path).is_err(), "truncated at {n} accepted");
