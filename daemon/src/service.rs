@@ -863,7 +863,9 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
     flusher.stop();
     let last = shut_down(&shared);
     control.stop();
-    tracing::info!("dcpid stopped");
+    // As perf record's closing line: what this run took, published or spooled (or, on an
+    // error below, partly lost), so an operator can check it against the database.
+    tracing::info!(samples = lock(&shared.counters).resolved_samples, "dcpid stopped");
     let failures = watch.failures();
     if !failures.is_empty() {
         let mut msg = crate::watch::describe(&failures);
@@ -1201,6 +1203,7 @@ fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
     };
     let resolved = shared.aggregator.flush_all();
     let Some(st) = store.as_mut() else {
+        lock(&shared.counters).resolved_samples += resolved.samples;
         spool_without_store(shared, resolved)?;
         return Err(StoreError::NoDatabase(settings.db.clone()));
     };

@@ -6,6 +6,8 @@ use std::process::{Command, Output, Stdio};
 
 use dcpi_e2e::{bin, require_perf, Sandbox};
 
+use crate::{install_root, repo_root};
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -154,10 +156,6 @@ fn dcpictl_into_a_closed_pipe_exits_0() {
     }
 }
 
-fn repo_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_owned()
-}
-
 /// `make man` generates every page (dcpid.toml(5) too) and says where; each renders with groff
 /// without a warning, has the sections of a real page, and every `dcpi…(N)` it mentions is one
 /// of the generated pages; `make install` installs them all.
@@ -176,7 +174,7 @@ fn man_pages_render_cleanly_and_reference_only_existing_pages() {
         return;
     }
     let gen = tempfile::tempdir().expect("tempdir");
-    let dest = tempfile::tempdir().expect("tempdir");
+    let dest = install_root();
     let bindir_src = bin("dcpid").parent().expect("bin dir").to_path_buf();
     let make = |target: &str| -> String {
         let out = Command::new("make")

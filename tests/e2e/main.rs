@@ -15,3 +15,13 @@ mod start_failures;
 mod store_reliability;
 mod systemd;
 mod who;
+
+fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_owned()
+}
+
+/// A scratch directory for `make install` under the target directory, not /tmp: the install
+/// copies every debug binary, and /tmp may be a small tmpfs.
+fn install_root() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir in CARGO_TARGET_TMPDIR")
+}

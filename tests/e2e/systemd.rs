@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use dcpi_e2e::{bin, require_perf, Sandbox};
 
+use crate::{install_root, repo_root};
+
 /// The exposure score `systemd-analyze security` gives the unit, as recorded in README.md.
 /// Raising it (weaker hardening) fails this test; lowering it should update README and this.
 const RECORDED_EXPOSURE: f64 = 2.1;
@@ -22,10 +24,6 @@ const CAPABILITIES: &[&str] = &[
     "CAP_CHECKPOINT_RESTORE",
     "CAP_DAC_READ_SEARCH",
 ];
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
-}
 
 fn systemd_analyze() -> Option<PathBuf> {
     let p = PathBuf::from("/usr/bin/systemd-analyze");
@@ -372,7 +370,7 @@ fn make_install_places_every_file_and_uninstall_removes_them() {
         return;
     }
     let root = repo_root();
-    let dest = tempfile::tempdir().expect("tempdir");
+    let dest = install_root();
     let gen = tempfile::tempdir().expect("tempdir");
     let bindir_src = bin("dcpid").parent().expect("bin dir").to_path_buf();
     let make = |target: &str| {
