@@ -485,15 +485,25 @@ pub fn load(
                     (name, i.clone())
                 })
                 .collect();
-            let frame = |(ii, off): (u32, u64), function: String| {
-                let img = &images[ii as usize];
-                Frame {
-                    image: img.0.clone(),
-                    kind: img.1.kind,
-                    image_id: (img.1.kind != ImageKind::Unknown).then(|| img.1.id.clone()),
-                    offset: off,
-                    function,
-                }
+            // The one place a file's stack becomes a SymStack, whichever frames were named.
+            let sym_stack = |s: &profile_format::StackRef<'_>,
+                             names: &mut dyn FnMut(usize) -> String| {
+                let frames = s
+                    .frames
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(ii, off))| {
+                        let img = &images[ii as usize];
+                        Frame {
+                            image: img.0.clone(),
+                            kind: img.1.kind,
+                            image_id: (img.1.kind != ImageKind::Unknown).then(|| img.1.id.clone()),
+                            offset: off,
+                            function: names(i),
+                        }
+                    })
+                    .collect();
+                SymStack { dir: di, event: ei, frames, truncated: s.truncated, samples: s.samples }
             };
             let calls = match want {
                 Want::Calls { symbol, dir, depth } if !mode.inlines => {
@@ -506,15 +516,7 @@ pub fn load(
             let Some((symbol, dir, depth, ranges)) = calls else {
                 namer.name_all(di, &images, &p, warn);
                 for s in p.stacks() {
-                    let frames =
-                        s.frames.iter().map(|&f| frame(f, namer.names[&f].clone())).collect();
-                    out.push(SymStack {
-                        dir: di,
-                        event: ei,
-                        frames,
-                        truncated: s.truncated,
-                        samples: s.samples,
-                    });
+                    out.push(sym_stack(&s, &mut |i| namer.names[&s.frames[i]].clone()));
                 }
                 continue;
             };
@@ -552,19 +554,9 @@ pub fn load(
                         names[last] = Some(namer.memo(di, &images, s.frames[last], warn));
                     }
                 }
-                let frames = s
-                    .frames
-                    .iter()
-                    .zip(names)
-                    .map(|(&f, nm)| frame(f, nm.unwrap_or_else(|| UNNAMED.to_owned())))
-                    .collect();
-                out.push(SymStack {
-                    dir: di,
-                    event: ei,
-                    frames,
-                    truncated: s.truncated,
-                    samples: s.samples,
-                });
+                out.push(sym_stack(&s, &mut |i| {
+                    names[i].take().unwrap_or_else(|| UNNAMED.to_owned())
+                }));
             }
         }
     }
