@@ -137,6 +137,21 @@ fn zst_form_round_trips_and_is_smaller_than_zlib() {
 }
 
 #[test]
+fn names_with_the_suffix_terminator_and_escape_round_trip() {
+    let mut snap = crate::common::small_snapshot();
+    for (s, name) in snap.symbols.iter_mut().zip(["a\nb", "a\0", "\0\n\0", "\n", "x\0\0\n"]) {
+        s.name = name.into();
+    }
+    snap.sort();
+    let bytes = snap.to_file_bytes(Path::new("s")).unwrap();
+    let p = Path::new("x.snap.zst");
+    let cols = kallsyms_to_columns(&bytes, p).unwrap();
+    assert_eq!(kallsyms_from_columns(&cols, p).unwrap(), bytes);
+    let back = unpack_kallsyms(&pack_kallsyms(&bytes, p).unwrap(), p).unwrap();
+    assert_eq!(KallsymsSnapshot::decode(&back, p).unwrap(), snap);
+}
+
+#[test]
 fn zlib_form_of_older_databases_is_read_and_collected() {
     let snap = realistic_snapshot(500);
     let bytes = snap.to_file_bytes(Path::new("s")).unwrap();
@@ -225,8 +240,11 @@ fn corrupt_truncated_and_oversized_zst_files_are_errors() {
         vec![200u8, 1, 0],
         vec![0, 2, 0x05, 0x01, 0, 0, 0, 0],
         vec![0, 1, 0x00, 0, 0, 0, 0],
-        vec![0, 1, 0x00, 1, 0x10, 1, 0x00, 2, 0x05, 0xff, 0],
-        vec![0, 1, 0x00, 1, 0x10, 1, 0x00, 2, 0x01, 0xff, 0, 1],
+        vec![0, 1, 0x00, 1, 0x10, 1, 0x00, 2, 0x41, 0x42, 0],
+        vec![0, 1, 0x00, 1, 0x10, 1, 0x00, 2, 0x41, 0x0a, 0, 1],
+        vec![0, 1, 0x00, 1, 0x10, 1, 0x00, 3, 0x00, 0x41, 0x0a, 0],
+        vec![0, 1, 0x00, 1, 0x10, 1, 0x00, 4, 0x41, 0x0a, 0x42, 0x0a, 0],
+        vec![0, 1, 0x00, 1, 0x10, 2, 0x00, 0x00, 2, 0x41, 0x0a, 0],
     ] {
         let mut f = good[..10].to_vec();
         f.extend_from_slice(&zstd::encode_all(&cols[..], 1).unwrap());
