@@ -39,7 +39,7 @@ const SUFFIX_END: u8 = b'\n';
 /// Precedes a [`SUFFIX_END`] or [`SUFFIX_ESCAPE`] byte inside a suffix.
 const SUFFIX_ESCAPE: u8 = 0;
 /// zstd level of the stored form. A snapshot is written once per boot and module change, so
-/// a slow level is affordable: ~0.3 s of CPU for a 1.3 MB snapshot (BENCHMARKS.md "Kernel
+/// a slow level is affordable: ~0.2 s of CPU for a 1.3 MB snapshot (BENCHMARKS.md "Kernel
 /// symbols").
 const ZSTD_LEVEL: i32 = 19;
 /// Level 19's own tables (2^22 entries each for a 1.3 MB input) add 34 MiB to the writer's
@@ -72,9 +72,8 @@ fn corrupt(path: &Path, field: &'static str, detail: impl Into<String>) -> Error
 /// by its length (0x00 escapes a 0x0a or 0x00 inside a suffix; kallsyms names have neither).
 /// Each column holds similar values, which zstd 19 packs 22 % better than the interleaved
 /// records (terminators rather than length prefixes, which the text predicts poorly, are 11 %
-/// of that). Every
-/// other byte of the file (container header, fields 1-6, CRC) is kept as is, so the
-/// transposition is exact.
+/// of that). Every other byte of the file (container header, fields 1-6, CRC) is kept as is,
+/// so the transposition is exact.
 ///
 /// `canonical` must be a valid `kallsyms.snap` (its container is checked; `path` names it in
 /// errors).
