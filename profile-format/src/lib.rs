@@ -30,7 +30,10 @@ pub use ident::{event_file_component, validate_host_name, ImageId, MAX_BUILD_ID_
 pub use kallsyms::{
     KallsymsSnapshot, KernelModule, KernelSymbol, KALLSYMS_MAGIC, KALLSYMS_VERSION,
 };
-pub use ksymstore::{kallsyms_id, KALLSYMS_DIR, KALLSYMS_REF, KALLSYMS_REF_VERSION};
+pub use ksymstore::{
+    kallsyms_from_columns, kallsyms_id, kallsyms_to_columns, pack_kallsyms, unpack_kallsyms,
+    KALLSYMS_DIR, KALLSYMS_REF, KALLSYMS_REF_VERSION, KALLSYMS_ZST_MAGIC, KALLSYMS_ZST_VERSION,
+};
 pub use lease::{same_owner, Lease, LEASES_DIR, LEASE_VERSION};
 pub use profile::{
     EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, UnknownReason, PROFILE_MAGIC,

@@ -6,5 +6,6 @@ mod compact;
 mod corruption;
 mod db;
 mod hostile;
+mod ksymstore;
 mod roundtrip;
 mod seeds;

@@ -6,7 +6,10 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use profile_format::{KallsymsSnapshot, Profile};
+use profile_format::{
+    kallsyms_from_columns, kallsyms_to_columns, pack_kallsyms, unpack_kallsyms, KallsymsSnapshot,
+    Profile,
+};
 
 fn corpus(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target)
@@ -47,9 +50,22 @@ fn profile_seed_corpus_is_current() {
 fn kallsyms_seed_corpus_is_current() {
     let snap = common::small_snapshot();
     let empty = KallsymsSnapshot { kernel_release: "6.18.0".into(), ..Default::default() };
-    let seeds = vec![("small.snap", snap.encode()), ("empty.snap", empty.encode())];
+    let small = snap.encode();
+    let p = Path::new("small.snap.zst");
+    let seeds = vec![
+        ("small.snap", small.clone()),
+        ("empty.snap", empty.encode()),
+        // The stored form and its decompressed columns (the target reads both).
+        ("small.snap.zst", pack_kallsyms(&small, p).unwrap()),
+        ("small.cols", kallsyms_to_columns(&small, p).unwrap()),
+    ];
     for (name, bytes) in &seeds {
-        assert!(KallsymsSnapshot::decode(bytes, Path::new(name)).is_ok(), "{name}");
+        let canonical = match *name {
+            "small.snap.zst" => unpack_kallsyms(bytes, p).unwrap(),
+            "small.cols" => kallsyms_from_columns(bytes, p).unwrap(),
+            _ => bytes.clone(),
+        };
+        assert!(KallsymsSnapshot::decode(&canonical, Path::new(name)).is_ok(), "{name}");
     }
     check("read_kallsyms", &seeds);
 }
