@@ -585,7 +585,7 @@ mod tests {
             got,
             [
                 (10, &b"app"[..], &b"/bin/app"[..], None, Some(0x40), 33),
-                (0, &b"swapper"[..], &IDLE_PATH[..], None, None, 20),
+                (0, &b"swapper"[..], IDLE_PATH, None, None, 20),
                 (10, &b"app"[..], &b"/lib/libc.so"[..], Some(vec![7; 20]), Some(0x100), 7),
                 (10, &b"app"[..], &b"[kernel.kallsyms]"[..], None, None, 4),
                 (11, &b"[pid 11]"[..], &b"/lib/libc.so"[..], Some(vec![7; 20]), Some(0x100), 1),
