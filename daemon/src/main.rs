@@ -93,8 +93,9 @@ fn main() -> ExitCode {
         faults: None,
         notifier: None,
     };
-    // Before any thread starts: see sys::malloc for why two arenas.
+    // Before any thread starts: see sys::malloc for why two arenas and a fixed threshold.
     dcpid::sys::malloc::limit_arenas(2);
+    dcpid::sys::malloc::fix_mmap_threshold(128 << 10);
     match dcpid::service::run(settings, hooks) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

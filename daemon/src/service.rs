@@ -1033,6 +1033,9 @@ impl crate::store::KernelSymbolSource for ProcKernelSymbols {
     fn snapshot(&mut self) -> Result<profile_format::KallsymsSnapshot, String> {
         crate::resolve::kallsyms_snapshot(&self.0).map_err(|e| e.to_string())
     }
+    fn snapshot_file_bytes(&mut self) -> Result<Vec<u8>, String> {
+        crate::resolve::kallsyms_file_bytes(&self.0).map_err(|e| e.to_string())
+    }
 }
 
 /// SIGTERM/SIGINT stop, SIGHUP reloads; each arrives on `tx`.

@@ -262,7 +262,29 @@ pub struct HotRow {
 /// The last batches' hottest rows, for `dcpictl top` (memory only, no disk I/O).
 #[derive(Debug, Default)]
 pub struct Recent {
-    batches: std::collections::VecDeque<(Instant, u64, Vec<HotRow>)>,
+    batches: std::collections::VecDeque<Batch>,
+}
+
+/// One batch's rows. Each path, build-id and command is kept once per batch, not per row: up
+/// to 4 096 rows a batch for 30 s, as [`HotRow`]s with their own copies, were ~5 MiB of
+/// dcpid's steady RSS on a busy machine (issue 13); a row is 32 bytes here.
+#[derive(Debug)]
+struct Batch {
+    at: Instant,
+    total: u64,
+    /// (path, build-id) of the images the rows name.
+    images: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    commands: HashMap<u32, Vec<u8>>,
+    rows: Vec<PackedRow>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PackedRow {
+    pid: u32,
+    /// Index into [`Batch::images`].
+    image: u32,
+    offset: Option<u64>,
+    samples: u64,
 }
 
 type HotKey = (u32, Vec<u8>, Option<u64>);
@@ -278,7 +300,7 @@ impl Recent {
     /// Record a batch's rows (its `hot` list is taken).
     pub fn push(&mut self, who: &mut WhoBatch) {
         let now = Instant::now();
-        while self.batches.front().is_some_and(|b| now.duration_since(b.0) > Self::KEEP) {
+        while self.batches.front().is_some_and(|b| now.duration_since(b.at) > Self::KEEP) {
             self.batches.pop_front();
         }
         // Keyed by the image's allocation, not its path: a batch holds one entry per table
@@ -308,10 +330,17 @@ impl Recent {
             rows.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.1 .1.cmp(&a.1 .1));
             rows.truncate(Self::ROWS_PER_BATCH);
         }
-        let rows = rows
-            .into_iter()
-            .map(|((pid, kernel_row, offset), (image, samples))| {
-                let (image, build_id) = match image {
+        let mut batch = Batch {
+            at: now,
+            total,
+            images: Vec::new(),
+            commands: HashMap::new(),
+            rows: Vec::with_capacity(rows.len()),
+        };
+        let mut image_index: HashMap<usize, u32> = HashMap::new();
+        for ((pid, image_key, offset), (image, samples)) in rows {
+            let image = *image_index.entry(image_key).or_insert_with(|| {
+                batch.images.push(match image {
                     Some(i) => (
                         i.path.clone(),
                         match &i.id {
@@ -319,13 +348,15 @@ impl Recent {
                             ImageId::Fallback(_) => None,
                         },
                     ),
-                    None if kernel_row == 0 => (IDLE_PATH.to_vec(), None),
+                    None if image_key == 0 => (IDLE_PATH.to_vec(), None),
                     None => (b"[kernel.kallsyms]".to_vec(), None),
-                };
-                HotRow { pid, command: who.command(pid), image, build_id, offset, samples }
-            })
-            .collect();
-        self.batches.push_back((now, total, rows));
+                });
+                (batch.images.len() - 1) as u32
+            });
+            batch.commands.entry(pid).or_insert_with(|| who.command(pid));
+            batch.rows.push(PackedRow { pid, image, offset, samples });
+        }
+        self.batches.push_back(batch);
     }
 
     /// Rows of the batches taken within `window`, merged and sorted hottest first (at most
@@ -334,16 +365,24 @@ impl Recent {
         let now = Instant::now();
         let mut total = 0;
         let mut merged: HashMap<HotKey, HotRow> = HashMap::new();
-        for (at, n, rows) in &self.batches {
-            if now.duration_since(*at) > window {
+        for b in &self.batches {
+            if now.duration_since(b.at) > window {
                 continue;
             }
-            total += n;
-            for r in rows {
+            total += b.total;
+            for r in &b.rows {
+                let (image, build_id) = &b.images[r.image as usize];
                 merged
-                    .entry((r.pid, r.image.clone(), r.offset))
+                    .entry((r.pid, image.clone(), r.offset))
                     .and_modify(|m| m.samples += r.samples)
-                    .or_insert_with(|| r.clone());
+                    .or_insert_with(|| HotRow {
+                        pid: r.pid,
+                        command: b.commands.get(&r.pid).cloned().unwrap_or_default(),
+                        image: image.clone(),
+                        build_id: build_id.clone(),
+                        offset: r.offset,
+                        samples: r.samples,
+                    });
             }
         }
         let mut rows: Vec<HotRow> = merged.into_values().collect();
@@ -490,5 +529,68 @@ mod tests {
         let mut b2 = WhoBatch::default();
         w.take_into(3, &mut b2);
         assert_eq!((b2.cpus[&(3, 0)], b2.cgroups[&10]), (1, 6));
+    }
+
+    #[test]
+    fn recent_rows_merge_across_batches_with_their_names() {
+        let image = |path: &[u8], id: ImageId| {
+            Arc::new(ImageInfo {
+                kind: ImageKind::Elf,
+                id,
+                path: path.to_vec(),
+                jit_symbols: Vec::new(),
+            })
+        };
+        let libc = image(b"/lib/libc.so", ImageId::BuildId(vec![7; 20]));
+        // Another mapping of the same file: rows merge by path in `top`.
+        let libc2 = image(b"/lib/libc.so", ImageId::BuildId(vec![7; 20]));
+        let app = image(b"/bin/app", ImageId::Fallback([1; 16]));
+        let mut recent = Recent::default();
+        let mut b1 = WhoBatch::default();
+        b1.comms.insert(10, b"app".to_vec());
+        b1.hot = vec![
+            (10, Arc::clone(&libc), 0x100, 0, 5),
+            (10, Arc::clone(&libc2), 0x100, 0, 2),
+            (10, Arc::clone(&app), 0x40, 0, 3),
+            (10, Arc::clone(&app), 0x40, 1, 50), // another event: not in `top`
+            (11, Arc::clone(&libc), 0x100, 0, 1),
+        ];
+        b1.kernel.insert((0, 0), 20);
+        b1.kernel.insert((10, 0), 4);
+        b1.cpus.insert((0, 0), 35);
+        recent.push(&mut b1);
+        assert!(b1.hot.is_empty(), "the batch's rows are taken");
+        let mut b2 = WhoBatch::default();
+        b2.comms.insert(10, b"app".to_vec());
+        b2.hot = vec![(10, Arc::clone(&app), 0x40, 0, 30)];
+        b2.cpus.insert((1, 0), 30);
+        recent.push(&mut b2);
+
+        let (total, rows) = recent.top(Duration::from_secs(60), 10);
+        assert_eq!(total, 65);
+        let got: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.pid,
+                    r.command.as_slice(),
+                    r.image.as_slice(),
+                    r.build_id.clone(),
+                    r.offset,
+                    r.samples,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (10, &b"app"[..], &b"/bin/app"[..], None, Some(0x40), 33),
+                (0, &b"swapper"[..], IDLE_PATH, None, None, 20),
+                (10, &b"app"[..], &b"/lib/libc.so"[..], Some(vec![7; 20]), Some(0x100), 7),
+                (10, &b"app"[..], &b"[kernel.kallsyms]"[..], None, None, 4),
+                (11, &b"[pid 11]"[..], &b"/lib/libc.so"[..], Some(vec![7; 20]), Some(0x100), 1),
+            ]
+        );
+        assert_eq!(recent.top(Duration::from_secs(60), 2).1.len(), 2);
     }
 }

@@ -858,35 +858,58 @@ impl Resolver {
 /// [`Resolver::kallsyms_snapshot`] without the resolver: the store refreshes the snapshot
 /// while the drain threads keep using the resolver.
 pub fn kallsyms_snapshot(cfg: &ResolverConfig) -> Result<KallsymsSnapshot, ResolveError> {
-    {
-        let proc_root = &cfg.proc_root;
-        let rd = |name: &str, limit: u64| {
-            let path = proc_root.join(name);
-            procfs::read_bounded(&path, limit)
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .map_err(|source| ResolveError::Io { path, source })
-        };
-        // Streamed: the file is several MB, more than the snapshot's encoding.
-        let kpath = proc_root.join("kallsyms");
-        let mut read_error = None;
-        let lines = procfs::lines_bounded(&kpath, kernel::MAX_KALLSYMS)
-            .map_err(|source| ResolveError::Io { path: kpath.clone(), source })?
-            .map_while(|l| l.map_err(|e| read_error = Some(e)).ok());
-        // No /proc/modules (CONFIG_MODULES=n) is a kernel without modules.
-        let modules = rd("modules", 16 << 20).unwrap_or_default();
-        let sys = cfg.sys_root.clone();
-        let snap = KallsymsSnapshot::from_proc_lines(
-            lines,
-            &modules,
-            kernel::kernel_release(proc_root),
-            kernel::kernel_build_id(&sys),
-            &|name| kernel::module_build_id(&sys, name),
-        )?;
-        if let Some(source) = read_error {
-            return Err(ResolveError::Io { path: kpath, source });
-        }
-        Ok(snap)
+    read_kallsyms(cfg, |lines, modules, release, build_id, module_ids| {
+        KallsymsSnapshot::from_proc_lines(lines, modules, release, build_id, module_ids)
+    })
+}
+
+/// The `kallsyms.snap` bytes of [`kallsyms_snapshot`], built without the decoded snapshot,
+/// which was most of the daemon's peak RSS (issue 13): the store keeps only these bytes.
+pub fn kallsyms_file_bytes(cfg: &ResolverConfig) -> Result<Vec<u8>, ResolveError> {
+    read_kallsyms(cfg, |lines, modules, release, build_id, module_ids| {
+        KallsymsSnapshot::file_bytes_from_proc_lines(lines, modules, release, build_id, module_ids)
+    })
+}
+
+/// /proc/kallsyms (streamed), /proc/modules and the build-ids, given to `build`.
+fn read_kallsyms<T, F>(cfg: &ResolverConfig, build: F) -> Result<T, ResolveError>
+where
+    F: FnOnce(
+        &mut dyn Iterator<Item = String>,
+        &str,
+        String,
+        Option<Vec<u8>>,
+        &dyn Fn(&str) -> Option<Vec<u8>>,
+    ) -> profile_format::Result<T>,
+{
+    let proc_root = &cfg.proc_root;
+    let rd = |name: &str, limit: u64| {
+        let path = proc_root.join(name);
+        procfs::read_bounded(&path, limit)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .map_err(|source| ResolveError::Io { path, source })
+    };
+    // Streamed: the file is several MB, more than the snapshot's encoding.
+    let kpath = proc_root.join("kallsyms");
+    let mut read_error = None;
+    let mut lines = procfs::lines_bounded(&kpath, kernel::MAX_KALLSYMS)
+        .map_err(|source| ResolveError::Io { path: kpath.clone(), source })?
+        .map_while(|l| l.map_err(|e| read_error = Some(e)).ok());
+    // No /proc/modules (CONFIG_MODULES=n) is a kernel without modules.
+    let modules = rd("modules", 16 << 20).unwrap_or_default();
+    let sys = cfg.sys_root.clone();
+    let built = build(
+        &mut lines,
+        &modules,
+        kernel::kernel_release(proc_root),
+        kernel::kernel_build_id(&sys),
+        &|name| kernel::module_build_id(&sys, name),
+    )?;
+    drop(lines);
+    if let Some(source) = read_error {
+        return Err(ResolveError::Io { path: kpath, source });
     }
+    Ok(built)
 }
 
 /// Re-read the process's perf map once per batch.

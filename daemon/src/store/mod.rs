@@ -126,6 +126,14 @@ pub trait KernelSymbolSource: Send {
     /// A fresh snapshot (reads several MB: only when the fingerprint changed, or an epoch
     /// starts).
     fn snapshot(&mut self) -> Result<KallsymsSnapshot, String>;
+    /// A fresh snapshot as the bytes of its `kallsyms.snap`, which is all the store keeps.
+    /// The default encodes [`Self::snapshot`]; the daemon's source builds the bytes without
+    /// the decoded snapshot, which was most of its peak RSS (issue 13).
+    fn snapshot_file_bytes(&mut self) -> Result<Vec<u8>, String> {
+        self.snapshot()?
+            .to_file_bytes(Path::new("kallsyms.snap"))
+            .map_err(|e| format!("kallsyms snapshot not kept: {e}"))
+    }
 }
 
 /// The kernel symbol snapshot to reference from each epoch.
@@ -608,8 +616,8 @@ impl Store {
     /// whenever an epoch starts. Each is stored only if its content is new (FORMAT.md §8.1).
     pub fn set_kallsyms_source(&mut self, mut source: Box<dyn KernelSymbolSource>) {
         self.kernel.fingerprint = source.fingerprint();
-        match source.snapshot() {
-            Ok(snap) => self.set_kallsyms(snap),
+        match source.snapshot_file_bytes() {
+            Ok(bytes) => self.set_kallsyms_bytes(bytes),
             Err(e) => {
                 tracing::warn!(error = %e, "no kallsyms snapshot; kernel samples will not be symbolized")
             }
@@ -625,7 +633,7 @@ impl Store {
         if !force && fp == self.kernel.fingerprint {
             return;
         }
-        let snap = match source.snapshot() {
+        let bytes = match source.snapshot_file_bytes() {
             Ok(s) => s,
             Err(e) => {
                 // Keep the old one; retried at each tick, logged once until it works again.
@@ -643,11 +651,9 @@ impl Store {
         self.kernel.refreshes += 1;
         let old = self.kernel.encoded.take();
         let old_written = self.kernel.written.take();
-        self.set_kallsyms(snap);
-        if self.kernel.encoded.is_none() || self.kernel.encoded == old {
-            // Same content (or not encodable): the epoch that references it already need not
-            // be written again.
-            self.kernel.encoded = self.kernel.encoded.take().or(old);
+        self.set_kallsyms_bytes(bytes);
+        if self.kernel.encoded == old {
+            // Same content: the epoch that references it already need not be written again.
             self.kernel.written = old_written;
         } else {
             self.kernel.changed += 1;
@@ -661,15 +667,19 @@ impl Store {
     /// host directory.
     pub fn set_kallsyms(&mut self, snap: KallsymsSnapshot) {
         match snap.to_file_bytes(Path::new("kallsyms.snap")) {
-            Ok(mut b) => {
-                b.shrink_to_fit();
-                self.kernel.encoded = Some(b);
-            }
+            Ok(b) => self.set_kallsyms_bytes(b),
             Err(e) => {
                 tracing::warn!(error = %e, "kallsyms snapshot not kept; kernel samples will not be symbolized");
                 self.kernel.encoded = None;
+                self.kernel.written = None;
             }
         }
+    }
+
+    /// [`Self::set_kallsyms`] with the snapshot already encoded (`kallsyms.snap`'s bytes).
+    fn set_kallsyms_bytes(&mut self, mut bytes: Vec<u8>) {
+        bytes.shrink_to_fit();
+        self.kernel.encoded = Some(bytes);
         self.kernel.written = None;
     }
 

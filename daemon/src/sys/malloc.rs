@@ -19,6 +19,27 @@ pub fn limit_arenas(n: i32) {
     let _ = n;
 }
 
+/// Serve allocations of at least `bytes` with their own mapping, always; call before starting
+/// threads.
+///
+/// glibc starts with a 128 KiB threshold but raises it (up to 32 MiB) each time such a mapped
+/// block is freed. The first large buffers freed at start-up (the kallsyms snapshot's) raised
+/// it, and from then on each flush's and publish's large transient buffers came from the
+/// heap and stayed resident until the next trim (at most once a minute): 1.4-2.2 MiB of
+/// dcpid's steady and shutdown RSS (issue 13). A fixed threshold also keeps realloc of such a
+/// buffer a `mremap` rather than a copy. The cost is an mmap/munmap and fresh page faults per
+/// large buffer: a few per flush.
+pub fn fix_mmap_threshold(bytes: i32) {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator parameters; M_MMAP_THRESHOLD takes any value up
+    // to HEAP_MAX/2 (32 MiB on 64-bit) and it is called before other threads exist.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
+    }
+    #[cfg(not(target_env = "gnu"))]
+    let _ = bytes;
+}
+
 /// [`trim`], unless it ran less than `min_gap` ago. A trim walks every free list and
 /// madvises the pages it frees, and each madvise shoots down the TLB of every CPU this
 /// process runs on (the drain threads' too): after every flush it was a third of the flush

@@ -50,6 +50,16 @@ fn real_kallsyms_round_trips_and_shrinks() {
     assert!(bytes.len() * 3 < text.len(), "snapshot not much smaller than the text");
     let back = KallsymsSnapshot::decode(&bytes, Path::new("k.snap")).unwrap();
     assert_eq!(back, snap);
+    // The daemon's way to the same bytes, without the decoded snapshot.
+    let direct = KallsymsSnapshot::file_bytes_from_proc_lines(
+        text.lines(),
+        &modules,
+        "test".into(),
+        None,
+        &|_| None,
+    )
+    .unwrap();
+    assert!(direct == bytes, "file_bytes_from_proc_lines differs from encode");
     // Lookup agrees with the text for a sample of symbols.
     for s in snap.symbols.iter().step_by(997) {
         let found = snap.lookup(s.addr).expect("symbol address resolves");
