@@ -111,8 +111,9 @@ pub(crate) fn corrupt(path: &Path, field: &'static str, detail: impl Into<String
 /// that expands without end.
 pub(crate) const MAX_ZLIB_PAYLOAD: u64 = 256 << 20;
 
-/// A whole file whose payload is zlib-compressed (who tables, stack profiles). The compressor
-/// is deterministic, so a payload still has exactly one encoding.
+/// A whole file whose payload is zlib-compressed (who tables, stack profiles). Compressed
+/// bytes are not canonical (zlib backends and versions differ): readers check that the
+/// *payload* is canonical, never the file.
 pub(crate) fn finish_zlib(magic: &[u8; 8], version: u16, payload: &[u8]) -> Vec<u8> {
     use std::io::Write;
     let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());

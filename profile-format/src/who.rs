@@ -98,6 +98,12 @@ impl WhoTable {
     /// The file's bytes (FORMAT.md §12): dictionaries of the distinct strings, sorted, then the
     /// rows as varint indices into them, sorted by key.
     pub fn encode(&self) -> Vec<u8> {
+        // Rows repeat their neighbours' indices: zlib makes them ~3x smaller.
+        codec::finish_zlib(WHO_MAGIC, WHO_VERSION, &self.encode_payload())
+    }
+
+    /// The uncompressed payload, in the one canonical order.
+    fn encode_payload(&self) -> Vec<u8> {
         let events = dict(
             self.rows
                 .keys()
@@ -133,8 +139,7 @@ impl WhoTable {
             varint::write_u64(&mut out, index_of(&events, ev.as_str()));
             varint::write_u64(&mut out, n);
         }
-        // Rows repeat their neighbours' indices: zlib makes them ~3x smaller.
-        codec::finish_zlib(WHO_MAGIC, WHO_VERSION, &out)
+        out
     }
 
     /// Parse and validate a file's bytes; `path` names it in errors. Accepts only the
@@ -226,8 +231,11 @@ impl WhoTable {
         }
         r.finish()?;
         let t = Self { host, epoch, rows, cpus };
-        // Unused dictionary entries would make two encodings of one table.
-        if t.encode() != bytes {
+        // Unused dictionary entries would make two encodings of one table. The payload is
+        // compared, not the file: zlib implementations (miniz_oxide, zlib-rs; which one a
+        // binary gets depends on the crates built with it) and versions compress one payload
+        // to different bytes, and a reader must accept every writer's.
+        if t.encode_payload() != payload {
             return Err(codec::corrupt(path, "dictionaries", "entries no row uses"));
         }
         Ok(t)
@@ -290,6 +298,29 @@ mod tests {
             let mut c = b.clone();
             c[i] ^= 0x5a;
             assert!(WhoTable::decode(&c, p).is_err(), "flip at {i} accepted");
+        }
+    }
+
+    /// A writer whose zlib compresses differently (another backend or level) is read: only
+    /// the payload must be canonical. dcpid built alone got miniz_oxide and dcpiprof zlib-rs,
+    /// and dcpiprof refused every who table ("corrupt field `dictionaries`").
+    #[test]
+    fn other_compressors_output_is_accepted() {
+        use std::io::Write;
+        let t = sample_table();
+        let payload = t.encode_payload();
+        for level in [flate2::Compression::none(), flate2::Compression::fast()] {
+            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), level);
+            z.write_all(&payload).expect("compress");
+            let mut file = codec::begin(WHO_MAGIC, WHO_VERSION);
+            file.extend_from_slice(&z.finish().expect("compress"));
+            let file = codec::finish(file);
+            assert_ne!(
+                file,
+                t.encode(),
+                "level {level:?} gave the same bytes: test proves nothing"
+            );
+            assert_eq!(WhoTable::decode(&file, Path::new("who.tbl")).expect("decode"), t);
         }
     }
 
