@@ -132,17 +132,34 @@ pub(crate) fn open_zlib(
     what: &'static str,
     supported: u16,
 ) -> Result<Vec<u8>> {
-    use std::io::Read;
     let packed = open(bytes, path, magic, what, supported)?;
-    let mut payload = Vec::new();
-    flate2::read::ZlibDecoder::new(packed)
+    inflate_bounded(
+        flate2::read::ZlibDecoder::new(packed),
+        path,
+        "compressed payload",
+        "more than 256 MiB",
+    )
+}
+
+/// Everything `decoder` yields, at most [`MAX_ZLIB_PAYLOAD`] bytes: the one bound against a
+/// small hostile file that expands without end, for every compressed form (zlib, zstd).
+/// Errors are `Corrupt{field}`; `too_large` is the detail when the bound is passed.
+pub(crate) fn inflate_bounded(
+    decoder: impl std::io::Read,
+    path: &Path,
+    field: &'static str,
+    too_large: &'static str,
+) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    decoder
         .take(MAX_ZLIB_PAYLOAD + 1)
-        .read_to_end(&mut payload)
-        .map_err(|e| corrupt(path, "compressed payload", e.to_string()))?;
-    if payload.len() as u64 > MAX_ZLIB_PAYLOAD {
-        return Err(corrupt(path, "compressed payload", "more than 256 MiB"));
+        .read_to_end(&mut out)
+        .map_err(|e| corrupt(path, field, e.to_string()))?;
+    if out.len() as u64 > MAX_ZLIB_PAYLOAD {
+        return Err(corrupt(path, field, too_large));
     }
-    Ok(payload)
+    Ok(out)
 }
 
 /// Append a length-prefixed byte string.

@@ -4,7 +4,7 @@
 //! one file, and so do all epochs of one boot.
 
 use std::fs;
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -246,29 +246,24 @@ pub fn unpack_kallsyms(packed: &[u8], path: &Path) -> Result<Vec<u8>> {
             actual: packed.len() as u64,
         });
     }
-    let mut columns = Vec::new();
     let bad = |e: std::io::Error| corrupt(path, "compressed data", e.to_string());
     let mut decoder =
         zstd::stream::read::Decoder::with_buffer(&packed[ZST_HEADER_LEN..]).map_err(bad)?;
     // A frame asking for a larger window (memory) than any writer uses is refused.
     decoder.window_log_max(MAX_WINDOW_LOG).map_err(bad)?;
-    decoder.take(MAX_SNAPSHOT + 1).read_to_end(&mut columns).map_err(bad)?;
-    if columns.len() as u64 > MAX_SNAPSHOT {
-        return Err(corrupt(path, "compressed data", "decompresses to more than 256 MiB"));
-    }
+    let columns = codec::inflate_bounded(decoder, path, "compressed data", TOO_LARGE)?;
     kallsyms_from_columns(&columns, path)
 }
 
+const TOO_LARGE: &str = "decompresses to more than 256 MiB";
+
 fn unpack_zlib(packed: &[u8], path: &Path) -> Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    flate2::read::ZlibDecoder::new(packed)
-        .take(MAX_SNAPSHOT + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| corrupt(path, "compressed data", e.to_string()))?;
-    if bytes.len() as u64 > MAX_SNAPSHOT {
-        return Err(corrupt(path, "compressed data", "decompresses to more than 256 MiB"));
-    }
-    Ok(bytes)
+    codec::inflate_bounded(
+        flate2::read::ZlibDecoder::new(packed),
+        path,
+        "compressed data",
+        TOO_LARGE,
+    )
 }
 
 impl Database {
