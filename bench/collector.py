@@ -9,6 +9,10 @@ For each rate (per CPU) and each collector, with two busy loops running:
     aggregate; flush_resolve; flush_store = spool + publish), from `dcpictl status --json`;
   - PERF_RECORD_LOST (dcpid status `lost`);
   - peak RSS (VmHWM) of dcpid.
+Beside them, the floor of #13's design (bench/workloads/floor.c: one pinned thread per CPU that
+wakes once a second at a random instant, re-arms the period and consumes the ring, and does
+nothing else), measured the same way: what any collector that re-arms every CPU once a second
+pays on this machine.
 Then the slowdown of bench/workloads/cpu.c and mem.c (two copies each, one per CPU) under no
 collector, dcpid and perf at each rate.
 
@@ -78,6 +82,9 @@ class Collector:
             cmd = [self.args.dcpid, "--config", "none", "--db", os.path.join(self.dir, "db"),
                    "--spool", os.path.join(self.dir, "spool.db"), "--socket", self.sock,
                    "--host", "bench", "-e", f"cpu-clock:{self.period}"]
+        elif self.kind == "floor":
+            cmd = [self.args.floor, "percpu", str(self.period),
+                   str(self.args.settle + self.args.window + 30)]
         else:
             cmd = ["perf", "record", "-B", "-N", "-a", "-e", "cpu-clock", "-c", str(self.period),
                    "-o", os.path.join(self.dir, "perf.data")]
@@ -91,6 +98,8 @@ class Collector:
                 break
             if self.kind == "perf" and os.path.getsize(os.path.join(self.dir, "perf.data")) > 0 \
                     if os.path.exists(os.path.join(self.dir, "perf.data")) else False:
+                break
+            if self.kind == "floor" and len(glob.glob(f"/proc/{self.proc.pid}/task/*")) > 1:
                 break
             time.sleep(0.1)
         time.sleep(self.args.settle)
@@ -137,6 +146,13 @@ def cpu_window(kind, rate, args, work):
         res["peak_rss_kib"] = vm_hwm_kib(pid)
     c.stop()
     return res
+
+
+def build_floor(work):
+    exe = os.path.join(work, "floor")
+    subprocess.run(["cc", "-O2", "-pthread", "-o", exe, os.path.join(HERE, "workloads", "floor.c")],
+                   check=True)
+    return exe
 
 
 def build_workloads(work):
@@ -187,6 +203,7 @@ def main():
     ap.add_argument("--dcpid", default=os.path.join(ROOT, "target/release/dcpid"))
     ap.add_argument("--dcpictl", default=os.path.join(ROOT, "target/debug/dcpictl"))
     ap.add_argument("--rates", type=int, nargs="+", default=[1000, 5000])
+    ap.add_argument("--reps", type=int, help="repetitions of the slowdown runs (default 3, 1 with --short)")
     ap.add_argument("--out", default=os.path.join(
         HERE, "results", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-collector.json"))
     args = ap.parse_args()
@@ -194,23 +211,27 @@ def main():
     # everything) is excluded: the first flushes after it still resolve every image once.
     args.window = 10 if args.short else 30
     args.settle = 8 if args.short else 15
-    args.reps = 1 if args.short else 3
+    args.reps = args.reps or (1 if args.short else 3)
     args.cpu_iters = 300_000_000 if args.short else 1_500_000_000
     args.mem_steps = 20_000_000 if args.short else 100_000_000
     work = tempfile.mkdtemp(prefix="dcpi-collector-")
     res = {"commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip(),
            "short": args.short, "cpu": {}}
+    args.floor = build_floor(work)
     loops = busy(2)
     try:
         for rate in args.rates:
-            for kind in ("dcpid", "perf"):
+            for kind in ("dcpid", "perf", "floor"):
                 r = cpu_window(kind, rate, args, work)
                 res["cpu"][f"{kind}@{rate}"] = r
                 print(f"{kind}@{rate}: {json.dumps(r)}", flush=True)
             d, p = res["cpu"][f"dcpid@{rate}"], res["cpu"][f"perf@{rate}"]
             res["cpu"][f"ratio@{rate}"] = d["cpu_ms_per_s"] / max(p["cpu_ms_per_s"], 1e-9)
-            print(f"ratio dcpid/perf @{rate}: {res['cpu'][f'ratio@{rate}']:.2f}", flush=True)
+            f = res["cpu"][f"floor@{rate}"]
+            res["cpu"][f"floor_ratio@{rate}"] = f["cpu_ms_per_s"] / max(p["cpu_ms_per_s"], 1e-9)
+            print(f"ratio dcpid/perf @{rate}: {res['cpu'][f'ratio@{rate}']:.2f}; "
+                  f"floor/perf {res['cpu'][f'floor_ratio@{rate}']:.2f}", flush=True)
     finally:
         for p in loops:
             p.kill()

@@ -965,6 +965,9 @@ fn start_sampling(
         redraw_interval: settings.redraw_interval,
         faults: faults.clone(),
         watch: Some(Arc::clone(watch)),
+        // The flush thread follows hotplug (FlushThread::spawn): it wakes every few seconds
+        // anyway.
+        hotplug_thread: false,
         ..SamplerConfig::default()
     };
     let t0 = crate::sys::time::monotonic_ns();
@@ -1075,6 +1078,10 @@ struct Flusher {
     thread: std::thread::JoinHandle<()>,
 }
 
+/// How often the flush thread re-reads the online CPU list (CPU hotplug); with the default
+/// `flush_interval` its flushes and these checks share one wake-up.
+const HOTPLUG_EVERY: Duration = Duration::from_secs(5);
+
 impl Flusher {
     fn spawn(shared: &Arc<Shared>) -> Result<Self, ServiceError> {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1085,16 +1092,26 @@ impl Flusher {
             Arc::clone(&watch)
                 .spawn(FLUSH_THREAD.into(), true, move || {
                     let mut last = Instant::now();
+                    let mut last_hotplug = last;
                     while !stop.load(std::sync::atomic::Ordering::Acquire) {
                         watch.fault_point(FLUSH_THREAD);
                         // Read each time: a reload may change it.
                         let next = last + read(&shared.settings).flush_interval;
+                        let next_hotplug = last_hotplug + HOTPLUG_EVERY;
                         let now = Instant::now();
+                        if now >= next_hotplug {
+                            // Before the store: a database that hangs in this flush delays
+                            // only the next checks, not this one.
+                            if let Some(s) = read(&shared.sampler).as_ref() {
+                                s.hotplug_tick();
+                            }
+                            last_hotplug = now;
+                        }
                         if now >= next {
                             shared.flush_tick();
                             last = Instant::now();
                         } else {
-                            std::thread::park_timeout(next - now);
+                            std::thread::park_timeout(next.min(last_hotplug + HOTPLUG_EVERY) - now);
                         }
                     }
                 })

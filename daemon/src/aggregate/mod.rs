@@ -162,6 +162,10 @@ impl Default for AggregatorConfig {
 /// with many mostly idle CPUs (128 CPUs × 2 × 1 MiB would be 256 MiB).
 pub const INITIAL_TABLE_ENTRIES: usize = 4096;
 
+/// Flushes in a row with a mostly empty table before it is halved (a minute at the default
+/// 5 s flush interval).
+const SHRINK_AFTER: u32 = 12;
+
 /// A CPU that has not reported for this long is left out of the watermark.
 pub const STALE_AFTER: Duration = Duration::from_secs(3);
 
@@ -273,6 +277,8 @@ struct CpuState {
     max_entries: usize,
     entries_at_take: u64,
     evictions_at_take: u64,
+    /// Consecutive flushes whose interval would have fitted a table half this size.
+    small_takes: u32,
 }
 
 impl CpuState {
@@ -300,12 +306,16 @@ impl CpuState {
             max_entries,
             entries_at_take: 0,
             evictions_at_take: 0,
+            small_takes: 0,
         }
     }
 
     /// Table size for the next interval, from what this one needed: double when the table was
     /// over half full or more than 1/32 of its new entries were evicted to the overflow buffer
-    /// (each eviction costs an early drain later), halve when under 1/8 full.
+    /// (each eviction costs an early drain later), halve after [`SHRINK_AFTER`] intervals in a
+    /// row under 1/8 full. Shrinking at once made a machine whose load comes and goes
+    /// allocate fresh tables at most flushes: each is hundreds of KiB that are page-faulted in
+    /// and unmapped again (with TLB shootdowns on the drain threads' CPUs).
     fn next_table_entries(&mut self) -> usize {
         let used = self.entries_created - self.entries_at_take;
         let evicted = self.overflow_evictions - self.evictions_at_take;
@@ -313,10 +323,18 @@ impl CpuState {
         self.evictions_at_take = self.overflow_evictions;
         let cap = self.table.capacity();
         let want = if used * 2 > cap as u64 || evicted * 32 > used {
+            self.small_takes = 0;
             cap * 2
         } else if (used * 8) < cap as u64 {
-            cap / 2
+            self.small_takes = self.small_takes.saturating_add(1);
+            if self.small_takes >= SHRINK_AFTER {
+                self.small_takes = 0;
+                cap / 2
+            } else {
+                cap
+            }
         } else {
+            self.small_takes = 0;
             cap
         };
         want.clamp(self.min_entries, self.max_entries)

@@ -64,6 +64,11 @@ pub struct SamplerConfig {
     pub randomize: bool,
     /// How often the online CPU list is re-read.
     pub hotplug_interval: Duration,
+    /// true: a thread of its own re-reads the online CPU list every `hotplug_interval`.
+    /// false: the owner calls [`Sampler::hotplug_tick`] about that often (the daemon does it
+    /// from its flush thread, which wakes every few seconds anyway: one thread and one timer
+    /// wake-up fewer, ~0.02 ms/s on a VM).
+    pub hotplug_thread: bool,
     /// Faults injected by tests (none by default; never set from configuration).
     pub faults: crate::faults::Faults,
     /// Run drain threads SCHED_FIFO (priority 1) so that they run as soon as the ring wakes
@@ -92,6 +97,7 @@ impl Default for SamplerConfig {
             redraw_interval: Duration::from_secs(1),
             randomize: true,
             hotplug_interval: Duration::from_secs(5),
+            hotplug_thread: true,
             faults: crate::faults::Faults::default(),
             realtime_drain: true,
             online_cpus_path: None,
@@ -672,25 +678,27 @@ impl<'a> Drainer<'a> {
     }
 
     /// Sleep until the ring is half full, the re-arm instant, a barrier or stop. Returns
-    /// whether the events hung up.
-    fn wait(&mut self) -> bool {
+    /// whether the events hung up, and whether an eventfd (stop, barrier) woke it.
+    fn wait(&mut self) -> (bool, bool) {
         let timeout_ms = self.schedule.timeout_ms(monotonic_ns());
-        let hangup =
+        let r =
             match sp::poll_ring(&self.ring.fds[0], &self.shared.wake, &self.stats.kick, timeout_ms)
             {
-                Ok(r) => r.hangup,
+                Ok(r) => (r.hangup, r.woken),
                 Err(e) => {
                     self.stats.set_error(format!("poll: {e}"));
-                    true
+                    (true, true)
                 }
             };
         self.stats.wakeups.fetch_add(1, Ordering::Relaxed);
-        hangup
+        r
     }
 
     /// A barrier asked for everything up to an instant this pass would not yet cover: wait
     /// until the clock is past it (at most [`DRAIN_SLACK_NS`] plus scheduling), so that this pass
-    /// answers it. The kick is consumed first: a newer request then wakes the next poll.
+    /// answers it. The kick is consumed first: a newer request then wakes the next poll. Only
+    /// called when poll saw an eventfd: the timed and ring wake-ups (nearly all of them) then
+    /// cost no read of an empty eventfd.
     fn honour_barrier(&self) {
         self.stats.kick.clear();
         let target = self.shared.barrier_until.load(Ordering::Acquire);
@@ -834,8 +842,10 @@ impl<'a> Drainer<'a> {
             }
             false
         } else {
-            let h = self.wait();
-            self.honour_barrier();
+            let (h, woken) = self.wait();
+            if woken {
+                self.honour_barrier();
+            }
             h
         };
         let counts = self.pass();
@@ -902,6 +912,8 @@ pub struct Sampler {
     shared: Arc<Shared>,
     events: Vec<OpenedEvent>,
     supervisor: Option<JoinHandle<()>>,
+    /// The hotplug state when the owner drives it ([`SamplerConfig::hotplug_thread`] false).
+    hotplug: Mutex<Option<Hotplug>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -1150,11 +1162,20 @@ impl Sampler {
             };
             lock(&shared.cpus).insert(cpu, CpuSlot { stats, thread, last_attempt: Instant::now() });
         }
-        let mut sampler = Self { shared, events, supervisor: None };
+        let mut sampler = Self { shared, events, supervisor: None, hotplug: Mutex::new(None) };
         if running == 0 {
             sampler.shutdown();
             return Err(first_error
                 .unwrap_or_else(|| SamplerError::NoCpu("no drain thread started".into())));
+        }
+        if !cfg.hotplug_thread {
+            *lock(&sampler.hotplug) = Some(Hotplug::default());
+            tracing::info!(
+                cpus = running,
+                events = ?sampler.events.iter().map(|e| e.desc.name.as_str()).collect::<Vec<_>>(),
+                "sampler started"
+            );
+            return Ok(sampler);
         }
         let sh = Arc::clone(&sampler.shared);
         let sup = match &cfg.watch {
@@ -1295,6 +1316,18 @@ impl Sampler {
         }
     }
 
+    /// Follow CPU hotplug once, on the caller's thread, when the sampler was started without a
+    /// hotplug thread (otherwise nothing to do). Stops the drain threads of CPUs that went
+    /// offline and opens the CPUs that came online.
+    pub fn hotplug_tick(&self) {
+        if self.shared.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(hp) = lock(&self.hotplug).as_mut() {
+            hp.step(&self.shared);
+        }
+    }
+
     /// How long the sampler has been running.
     pub fn uptime(&self) -> Duration {
         self.shared.started.elapsed()
@@ -1333,25 +1366,37 @@ impl Drop for Sampler {
 
 const HOTPLUG_THREAD: &str = "dcpi-hotplug";
 
-/// Follows CPU hotplug: stops the threads of CPUs that went offline, (re)opens CPUs that are
-/// online without a running thread.
+/// Follows CPU hotplug on its own thread (when [`SamplerConfig::hotplug_thread`]): stops the
+/// threads of CPUs that went offline, (re)opens CPUs that are online without a running thread.
 fn supervise(shared: &Arc<Shared>) {
     let interval_ms =
         i32::try_from(shared.cfg.hotplug_interval.as_millis()).unwrap_or(i32::MAX).max(10);
-    let mut rng = rand::make_rng::<StdRng>();
-    let mut list_error_warned = false;
+    let mut hp = Hotplug::default();
     while !shared.wake.wait(interval_ms) && !shared.stop.load(Ordering::Acquire) {
         if let Some(w) = &shared.cfg.watch {
             w.fault_point(HOTPLUG_THREAD);
         }
+        hp.step(shared);
+    }
+}
+
+/// What a hotplug check keeps between calls.
+#[derive(Debug, Default)]
+struct Hotplug {
+    rng: Option<StdRng>,
+    list_error_warned: bool,
+}
+
+impl Hotplug {
+    fn step(&mut self, shared: &Arc<Shared>) {
         let online = match cfg_online_cpus(&shared.cfg) {
             Ok(v) => v,
             Err(e) => {
-                if !list_error_warned {
+                if !self.list_error_warned {
                     tracing::warn!(error = %e, "cannot re-read the online CPU list");
-                    list_error_warned = true;
+                    self.list_error_warned = true;
                 }
-                continue;
+                return;
             }
         };
         let mut cpus = lock(&shared.cpus);
@@ -1388,7 +1433,8 @@ fn supervise(shared: &Arc<Shared>) {
                 continue;
             }
             slot.last_attempt = Instant::now();
-            match open_cpu(shared, cpu, &mut rng) {
+            let rng = self.rng.get_or_insert_with(rand::make_rng::<StdRng>);
+            match open_cpu(shared, cpu, rng) {
                 Ok(ring) => match spawn_cpu(shared, cpu, ring, Arc::clone(&slot.stats)) {
                     Ok(h) => {
                         tracing::info!(cpu, "CPU online; sampling it");
