@@ -10,11 +10,7 @@
 /// Limit the number of malloc arenas; call before starting threads.
 pub fn limit_arenas(n: i32) {
     #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only changes allocator parameters; M_ARENA_MAX takes any positive int
-    // and it is called before other threads exist, as glibc recommends.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, n);
-    }
+    mallopt(libc::M_ARENA_MAX, n);
     #[cfg(not(target_env = "gnu"))]
     let _ = n;
 }
@@ -31,13 +27,20 @@ pub fn limit_arenas(n: i32) {
 /// large buffer: a few per flush.
 pub fn fix_mmap_threshold(bytes: i32) {
     #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only changes allocator parameters; M_MMAP_THRESHOLD takes any value up
-    // to HEAP_MAX/2 (32 MiB on 64-bit) and it is called before other threads exist.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
-    }
+    mallopt(libc::M_MMAP_THRESHOLD, bytes);
     #[cfg(not(target_env = "gnu"))]
     let _ = bytes;
+}
+
+/// Set one allocator parameter (M_ARENA_MAX, M_MMAP_THRESHOLD: both take any value in the range
+/// the callers pass); called before other threads exist, as glibc recommends.
+#[cfg(target_env = "gnu")]
+fn mallopt(param: libc::c_int, value: libc::c_int) {
+    // SAFETY: mallopt only changes allocator parameters; an out-of-range value is refused with
+    // a 0 return, not undefined behaviour.
+    unsafe {
+        libc::mallopt(param, value);
+    }
 }
 
 /// [`trim`], unless it ran less than `min_gap` ago. A trim walks every free list and
