@@ -254,9 +254,19 @@ fn ring_overflow_is_counted_as_lost() {
 
 /// CPU hotplug, driven through the `online_cpus_path` hook (really offlining a vCPU would disturb
 /// everything else on the machine): CPUs that appear are opened, CPUs that leave are stopped, a
-/// garbled list changes nothing.
+/// garbled list changes nothing. With the sampler's own hotplug thread.
 #[test]
 fn cpus_joining_and_leaving_the_online_list_are_followed() {
+    follow_hotplug(true);
+}
+
+/// The same, driven by the owner's calls to `hotplug_tick` (what dcpid's flush thread does).
+#[test]
+fn cpus_joining_and_leaving_are_followed_from_the_owners_ticks() {
+    follow_hotplug(false);
+}
+
+fn follow_hotplug(hotplug_thread: bool) {
     if !require_perf() {
         return;
     }
@@ -273,6 +283,7 @@ fn cpus_joining_and_leaving_the_online_list_are_followed() {
     let cfg = SamplerConfig {
         events: parse_event_list("cpu-clock:1000000").unwrap(),
         hotplug_interval: Duration::from_millis(100),
+        hotplug_thread,
         online_cpus_path: Some(list.clone()),
         ..SamplerConfig::default()
     };
@@ -283,26 +294,38 @@ fn cpus_joining_and_leaving_the_online_list_are_followed() {
     let wait_for = |what: &str, f: &dyn Fn() -> bool| {
         let t = std::time::Instant::now();
         while !f() {
-            assert!(t.elapsed() < Duration::from_secs(5), "timed out waiting for {what}");
+            assert!(t.elapsed() < Duration::from_secs(30), "timed out waiting for {what}");
             std::thread::sleep(Duration::from_millis(20));
         }
     };
-    assert!(online(&sampler, c0));
-    assert!(!online(&sampler, c1));
-    std::fs::write(&list, format!("{c0}-{c1}\n")).unwrap();
-    wait_for("the new CPU to be opened", &|| online(&sampler, c1));
-    std::fs::write(&list, "garbage\n").unwrap();
-    std::thread::sleep(Duration::from_millis(400));
-    assert!(online(&sampler, c0) && online(&sampler, c1), "a bad list must change nothing");
-    // The new CPU's thread delivers at its watermark or within its 1 s redraw interval; an
-    // idle CPU may need the latter, so wait for it rather than race the removal below.
-    wait_for("the new CPU to deliver", &|| {
-        sink.drains.lock().unwrap().get(&c1).is_some_and(|d| !d.is_empty())
+    let ticking = std::sync::atomic::AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        if !hotplug_thread {
+            scope.spawn(|| {
+                while ticking.load(std::sync::atomic::Ordering::Acquire) {
+                    sampler.hotplug_tick();
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            });
+        }
+        assert!(online(&sampler, c0));
+        assert!(!online(&sampler, c1));
+        std::fs::write(&list, format!("{c0}-{c1}\n")).unwrap();
+        wait_for("the new CPU to be opened", &|| online(&sampler, c1));
+        std::fs::write(&list, "garbage\n").unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(online(&sampler, c0) && online(&sampler, c1), "a bad list must change nothing");
+        // The new CPU's thread delivers at its watermark or within its 1 s redraw interval; an
+        // idle CPU may need the latter, so wait for it rather than race the removal below.
+        wait_for("the new CPU to deliver", &|| {
+            sink.drains.lock().unwrap().get(&c1).is_some_and(|d| !d.is_empty())
+        });
+        std::fs::write(&list, format!("{c0}\n")).unwrap();
+        wait_for("the departed CPU's thread to stop", &|| !online(&sampler, c1));
+        assert!(online(&sampler, c0));
+        assert!(sampler.drain_threads_progressing(Duration::from_secs(2)));
+        ticking.store(false, std::sync::atomic::Ordering::Release);
     });
-    std::fs::write(&list, format!("{c0}\n")).unwrap();
-    wait_for("the departed CPU's thread to stop", &|| !online(&sampler, c1));
-    assert!(online(&sampler, c0));
-    assert!(sampler.drain_threads_progressing(Duration::from_secs(2)));
     sampler.stop();
     let drains = sink.drains.lock().unwrap();
     assert!(drains.get(&c1).is_some_and(|d| !d.is_empty()), "CPU {c1} never delivered");
