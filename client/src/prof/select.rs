@@ -462,7 +462,7 @@ pub fn load_counts(
                 if let Some((dir, File::Indexed(h, samples))) = files.first() {
                     let h = &headers[*h as usize];
                     if f.rank(h).is_none() {
-                        let profile = Profile { header: h.clone(), counts: Default::default() };
+                        let profile = Profile { header: h.clone(), who: None, counts: Default::default() };
                         let path = entry_of(*dir, &files[0].1).path;
                         let p = LoadedProfile { path, profile, samples: *samples, dir: *dir };
                         return (corrupt, Some((0, p, None)));
@@ -967,7 +967,7 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
                             sequence: 0,
                             jit_symbols: Vec::new(),
                         };
-                        let profile = Profile { header, counts: Default::default() };
+                        let profile = Profile { header, who: None, counts: Default::default() };
                         let path = ip.clone();
                         t.profiles.push(LoadedProfile { path, profile, samples: e.samples, dir });
                     }
@@ -999,7 +999,7 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
                     // reading the index).
                     let path = sp.clone();
                     let samples = h.total_samples;
-                    let profile = Profile { header: h, counts: Default::default() };
+                    let profile = Profile { header: h, who: None, counts: Default::default() };
                     t.profiles.push(LoadedProfile { path, profile, samples, dir });
                 }
                 return Ok(t);
