@@ -124,6 +124,9 @@ pub(super) struct Target {
     pub epoch: EpochId,
     /// `None` for the event's unknown profile.
     pub image: Option<ImageId>,
+    /// `pid-N` / `cg-HASH` of a per-process or per-cgroup profile (FORMAT.md §5.6), whose
+    /// spool key's image text is `<image id text>.<this>`.
+    pub who: Option<String>,
 }
 
 /// The published profile could not be read.
@@ -166,7 +169,26 @@ impl Target {
                 return None;
             }
         };
-        let image = match &key.image {
+        let (text, who) = match key.image.as_deref().map(|t| t.split_once('.')) {
+            Some(Some((id, who))) => (Some(id), Some(who.to_owned())),
+            Some(None) => (key.image.as_deref(), None),
+            None => (None, None),
+        };
+        let valid_who = who.as_deref().is_none_or(|w| {
+            w.strip_prefix("pid-").is_some_and(|n| n.parse::<u32>().is_ok())
+                || w.strip_prefix("cg-").is_some_and(|h| {
+                    h.len() == 16
+                        && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+                })
+        });
+        if !valid_who {
+            tracing::error!(
+                image = key.image,
+                "store: spool names an invalid qualified profile; discarded"
+            );
+            return None;
+        }
+        let image = match text {
             None => None,
             Some(text) => match ImageId::parse(text) {
                 Ok(id) => Some(id),
@@ -176,13 +198,19 @@ impl Target {
                 }
             },
         };
-        Some(Self { epoch, image })
+        Some(Self { epoch, image, who })
     }
 
     pub fn path(&self, hd: &HostDir, key: &SpoolKey) -> PathBuf {
-        match &self.image {
-            None => hd.unknown_path(&key.event),
-            Some(id) => hd.profile_path(id, &key.event),
+        match (&self.image, &self.who) {
+            (None, _) => hd.unknown_path(&key.event),
+            (Some(id), None) => hd.profile_path(id, &key.event),
+            (Some(id), Some(who)) => hd.path.join(format!(
+                "{}.{}.{who}{}",
+                id.to_text(),
+                profile_format::event_file_component(&key.event),
+                profile_format::PROFILE_SUFFIX
+            )),
         }
     }
 
@@ -235,7 +263,15 @@ impl Target {
                 spool.quarantine(inc);
                 continue;
             }
+            let who = inc.image.as_ref().and_then(|i| i.who.clone());
+            if who.as_ref().map(profile_format::ProfileWho::file_component) != self.who {
+                tracing::error!(seq = inc.seq, event = %inc.desc.name, who = ?who, name = ?self.who,
+                    "spool: increment's process or cgroup does not match its profile; quarantined");
+                spool.quarantine(inc);
+                continue;
+            }
             let mut delta = Profile::new(header);
+            delta.who = who;
             for (off, c) in counts {
                 delta.add(off, c, 0);
             }
