@@ -605,8 +605,8 @@ mod tests {
             assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 2);
             assert_eq!(Profile::decode(&bytes, Path::new("q.prof")).unwrap(), p);
             // A reader of version 1 refuses it cleanly instead of misreading it.
-            let e = codec::open(&bytes, Path::new("q.prof"), PROFILE_MAGIC, "profile", 1)
-                .unwrap_err();
+            let e =
+                codec::open(&bytes, Path::new("q.prof"), PROFILE_MAGIC, "profile", 1).unwrap_err();
             assert!(matches!(e, Error::UnknownVersion { version: 2, .. }), "{e}");
         }
     }
