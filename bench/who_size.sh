@@ -1,10 +1,14 @@
 #!/bin/sh
-# Disk size of the who table against the profiles of the same host directory, on a machine
-# busy with many short processes (issue 16). Usage: bench/who_size.sh [SECONDS] [BY_PID]
-# Needs root (perf_event_open system-wide, cgroup v2 mkdir). Prints one line per snapshot.
+# Disk size of the who table, and of the per-process (by_pid) and per-cgroup (by_cgroup)
+# profiles, against the flat profiles of the same host directory, on a machine busy with many
+# short processes (issue 16). Usage: bench/who_size.sh [SECONDS] [BY_PID] [BY_CGROUP]
+# Needs root (perf_event_open system-wide, cgroup v2 mkdir). Prints one line per snapshot:
+# bytes (sum of file sizes) and the space allocated on disk (du, 4 KiB blocks on most file
+# systems: what many small files really cost).
 set -eu
 secs=${1:-180}
 by_pid=${2:-false}
+by_cgroup=${3:-false}
 root=$(cd "$(dirname "$0")/.." && pwd)
 dcpid=$root/target/debug/dcpid
 dcpictl=$root/target/debug/dcpictl
@@ -23,7 +27,7 @@ mkdir $t/bin
 i=0; while [ $i -lt 300 ]; do ln -s $t/spin $t/bin/job$i; i=$((i+1)); done
 v2=$(awk '$0 ~ / - cgroup2 / {print $5; exit}' /proc/self/mountinfo)
 "$dcpid" --config none --db $t/db --spool $t/spool --socket $t/s.sock --host bench \
-  --events cpu-clock:1000000 --by-pid "$by_pid" 2>$t/dcpid.log &
+  --events cpu-clock:1000000 --by-pid "$by_pid" --by-cgroup "$by_cgroup" 2>$t/dcpid.log &
 d=$!
 sleep 2
 # 300 commands x 20 cgroups, short processes, plus common tools (more images).
@@ -38,12 +42,25 @@ sleep 2
 ) &
 load=$!
 start=$(date +%s)
+# Bytes, files and allocated KiB of the files of $hd whose names match the regex $1.
+sizes() {
+  ( cd $hd && ls | grep -E "$1" | { files=0; bytes=0; kib=0
+    while read -r f; do files=$((files+1)); bytes=$((bytes+$(stat -c %s "$f")))
+      kib=$((kib+$(du -k "$f" | cut -f1))); done
+    echo "$bytes $files $kib"; } )
+}
 report() {
   "$dcpictl" --socket $t/s.sock flush > /dev/null
   hd=$(ls -d $t/db/epochs/*/bench)
   who=$(stat -c %s $hd/who.tbl)
-  prof=$(cat $hd/*.prof | wc -c)
-  echo "t=$(( $(date +%s) - start ))s by_pid=$by_pid who.tbl=$who B profiles=$prof B ($(ls $hd/*.prof | wc -l) files) ratio=$(awk "BEGIN {printf \"%.2f\", 100*$who/$prof}")%"
+  set -- $(sizes '^[^.]+\.[^.]+\.prof$'); prof=$1 pfiles=$2 pkib=$3
+  set -- $(sizes '\.pid-[0-9]+\.prof$'); pid=$1 pidfiles=$2 pidkib=$3
+  set -- $(sizes '\.cg-[0-9a-f]{16}\.prof$'); cg=$1 cgfiles=$2 cgkib=$3
+  pct() { awk "BEGIN {printf \"%.1f\", 100*$1/$2}"; }
+  echo "t=$(( $(date +%s) - start ))s by_pid=$by_pid by_cgroup=$by_cgroup who.tbl=$who B" \
+    "profiles=$prof B ($pfiles files, $pkib KiB on disk) ratio=$(pct $who $prof)%" \
+    "per-pid=$pid B ($pidfiles files, $pidkib KiB) = $(pct $pid $prof)% of profiles" \
+    "per-cgroup=$cg B ($cgfiles files, $cgkib KiB) = $(pct $cg $prof)%"
 }
 half=$((secs / 2))
 sleep $half; report
