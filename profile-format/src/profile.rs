@@ -654,7 +654,7 @@ mod tests {
             (format!("{id}.cpu-clock.pid-8.prof"), "who"),
             (format!("{id}.cpu-clock.prof"), "who"),
             (format!("{id}.cpu-clock.cg-0123456789abcdef.prof"), "who"),
-            (format!("b00.cpu-clock.pid-7.prof"), "file name"),
+            ("b00.cpu-clock.pid-7.prof".to_string(), "file name"),
         ] {
             let path = dir.path().join(&name);
             std::fs::copy(&good, &path).unwrap();
