@@ -50,14 +50,18 @@ sizes() {
     echo "$bytes $files $kib"; } )
 }
 report() {
-  "$dcpictl" --socket $t/s.sock flush > /dev/null
+  # A flush publishes every changed file (one fsync'd atomic write each): timed, and a flush
+  # that dcpictl gives up on (the files keep being published) does not end the run.
+  f0=$(date +%s)
+  fl=ok; "$dcpictl" --socket $t/s.sock flush > /dev/null 2>&1 || fl=incomplete
+  flush="flush=$(( $(date +%s) - f0 ))s($fl)"
   hd=$(ls -d $t/db/epochs/*/bench)
   who=$(stat -c %s $hd/who.tbl)
   set -- $(sizes '^[^.]+\.[^.]+\.prof$'); prof=$1 pfiles=$2 pkib=$3
   set -- $(sizes '\.pid-[0-9]+\.prof$'); pid=$1 pidfiles=$2 pidkib=$3
   set -- $(sizes '\.cg-[0-9a-f]{16}\.prof$'); cg=$1 cgfiles=$2 cgkib=$3
   pct() { awk "BEGIN {printf \"%.1f\", 100*$1/$2}"; }
-  echo "t=$(( $(date +%s) - start ))s by_pid=$by_pid by_cgroup=$by_cgroup who.tbl=$who B" \
+  echo "t=$(( $(date +%s) - start ))s $flush by_pid=$by_pid by_cgroup=$by_cgroup who.tbl=$who B" \
     "profiles=$prof B ($pfiles files, $pkib KiB on disk) ratio=$(pct $who $prof)%" \
     "per-pid=$pid B ($pidfiles files, $pidkib KiB) = $(pct $pid $prof)% of profiles" \
     "per-cgroup=$cg B ($cgfiles files, $cgkib KiB) = $(pct $cg $prof)%"
