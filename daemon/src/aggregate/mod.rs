@@ -19,7 +19,9 @@
 //! go into that CPU's table under `(pid, asid, pc, event, kernel)`, where `asid` is the
 //! address-space version in force at the sample's time (`Resolver::asid_at`); kernel samples
 //! use asid 0 and pid 1, except those of the idle task (pid 0), which keep pid 0 and resolve
-//! to the `[idle]` pseudo-image ([`crate::who`]).
+//! to the `[idle]` pseudo-image ([`crate::who`]). With per-process profiles on
+//! ([`Aggregator::set_who_profiles`], dcpid's `by_pid`/`by_cgroup`) kernel samples keep their
+//! pid too, and each batch also carries its profiles per process ([`Resolved::pid_profiles`]).
 //!
 //! LOCKS. The sample path takes no shared lock per sample, and a drain thread never waits for
 //! the resolver. Per drain pass, a drain thread
