@@ -51,7 +51,7 @@ impl PendingBatch {
     /// Convert a resolved batch; `None` if it carries nothing. Profiles of event indexes that
     /// are not configured are dropped (reported once through `unknown_event`).
     pub fn from_resolved(
-        resolved: Resolved,
+        mut resolved: Resolved,
         events: &[EventInfo],
         epoch: Option<EpochId>,
         lost: u64,
@@ -59,7 +59,6 @@ impl PendingBatch {
         who: WhoProfiles,
         unknown_event: &mut dyn FnMut(u16),
     ) -> Option<Self> {
-        let mut resolved = resolved;
         let mut who_profiles = Vec::new();
         let mut who_bytes = 0;
         if let Some(pp) = resolved.pid_profiles.take() {

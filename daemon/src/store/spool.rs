@@ -18,9 +18,10 @@
 //!       image: id text, kind, path, n jit, (start, size, name)*
 //!       qualified image (a per-process or per-cgroup profile, `by_pid`/`by_cgroup`): as an
 //!       image, whose id text is `<image id text>.<pid-N | cg-HASH>`, then who: 1 (pid),
-//!       pid, command | 2 (cgroup), path. A dcpid that predates tag 3 quarantines such a
-//!       record (it cannot tell where the definition ends); the flat profiles are in the
-//!       records of its own flushes only, so nothing else is lost.
+//!       pid, command | 2 (cgroup), path. Only a dcpid with `by_pid`/`by_cgroup` on writes
+//!       it. A dcpid that predates tag 3 cannot tell where such a definition ends: after a
+//!       downgrade it quarantines (and counts) the records that hold one, flat increments
+//!       included, so empty the spool (`dcpictl flush`) before downgrading.
 //! summary delta: samples, unknown, lost, throttled, n, (event id, samples, total_period,
 //!       time_enabled_ns, time_running_ns)*
 //! increments: n, each: image id (0 = the event's unknown profile), event id, total_period,
