@@ -558,7 +558,10 @@ fn run_export(
         keep_going: args.sel.keep_going,
     };
     let mut x = export::build(loaded, weights, &req, &mut |w| warnings.push(w))?;
-    {
+    // The stack files hold every process's stacks (FORMAT.md §13): with --pid/--cgroup the
+    // export is of that process's or cgroup's flat samples only.
+    let per_who = args.pid.is_some() || args.cgroup.is_some();
+    if !per_who {
         // Call stacks, where dcpid recorded them, replace the one-frame samples.
         // The same binaries are looked up again: say each warning once.
         let mut more: Vec<String> = Vec::new();

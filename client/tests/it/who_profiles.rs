@@ -72,6 +72,14 @@ fn pid_and_cgroup_reports_count_only_their_samples() {
     assert_eq!(total(&run(&["--cgroup", "/a", "--by", "symbol"])), 5);
     assert_eq!(total(&run(&["--cgroup", "x.service", "--image", "app"])), 5);
     assert_eq!(total(&run(&["--cgroup", "/", "--by", "symbol"])), 13);
+    // Exports too: the folded lines of pid 10 add up to its samples.
+    let o = prof(&root, &["--host", "h1", "--pid", "10", "--format", "folded"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let n: u64 = stdout(&o)
+        .lines()
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, c)| c.parse::<u64>().ok()))
+        .sum();
+    assert_eq!(n, 5, "{}", stdout(&o));
     // Nothing of a process that did not run: an error, not an empty report.
     let o = prof(&root, &["--host", "h1", "--pid", "12", "--by", "symbol"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
