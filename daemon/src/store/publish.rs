@@ -69,28 +69,28 @@ impl Schedule {
     }
 
     /// Up to `cap` profiles whose turn has come and that have grown enough to be rewritten,
-    /// oldest turn first.
+    /// flat profiles first, then oldest turn first.
     pub fn due(&self, now: Instant, cap: usize, max_delay: Duration) -> Vec<SpoolKey> {
-        let mut due: Vec<(Instant, &SpoolKey)> = self
+        let mut due: Vec<(bool, Instant, &SpoolKey)> = self
             .dirty
             .iter()
             .filter(|(k, d)| **d <= now && self.grown_enough(k, now, max_delay))
-            .map(|(k, d)| (*d, k))
+            .map(|(k, d)| (is_qualified(k), *d, k))
             .collect();
         due.sort();
-        due.into_iter().take(cap).map(|(_, k)| k.clone()).collect()
+        due.into_iter().take(cap).map(|(_, _, k)| k.clone()).collect()
     }
 
-    /// Every dirty profile (of `epoch`, or all), oldest turn first.
+    /// Every dirty profile (of `epoch`, or all), flat profiles first, then oldest turn first.
     pub fn all(&self, epoch: Option<&str>) -> Vec<SpoolKey> {
-        let mut keys: Vec<(Instant, &SpoolKey)> = self
+        let mut keys: Vec<(bool, Instant, &SpoolKey)> = self
             .dirty
             .iter()
             .filter(|(k, _)| epoch.is_none_or(|e| k.epoch == e))
-            .map(|(k, d)| (*d, k))
+            .map(|(k, d)| (is_qualified(k), *d, k))
             .collect();
         keys.sort();
-        keys.into_iter().map(|(_, k)| k.clone()).collect()
+        keys.into_iter().map(|(_, _, k)| k.clone()).collect()
     }
 
     /// `key` was published; its file now holds `samples` (`None`: nothing was written).
@@ -117,6 +117,14 @@ impl Schedule {
     pub fn len(&self) -> usize {
         self.dirty.len()
     }
+}
+
+/// Whether a key is a per-process or per-cgroup profile's (`<image id>.<who>`). They are
+/// published after the flat profiles: a machine starting hundreds of processes a minute with
+/// `by_pid` makes thousands of them (BENCHMARKS.md, "Who table"), and the flat reports must
+/// not wait behind them.
+fn is_qualified(k: &SpoolKey) -> bool {
+    k.image.as_deref().is_some_and(|t| t.contains('.'))
 }
 
 /// Identity of the published file of a spool key.
@@ -386,6 +394,17 @@ mod tests {
         s.mark(k.clone(), t + IV, IV, None);
         s.mark(k.clone(), t + IV, IV, Some(1));
         assert_eq!(s.due(t + IV, 8, MAX_DELAY), vec![k]);
+    }
+
+    #[test]
+    fn flat_profiles_are_published_before_per_process_ones() {
+        let t = Instant::now();
+        let mut s = Schedule::default();
+        let (pid, flat) = (key("b01.pid-7"), key("b02"));
+        s.mark(pid.clone(), t, IV, Some(1));
+        s.mark(flat.clone(), t + IV / 2, IV, Some(1));
+        assert_eq!(s.all(None), vec![flat.clone(), pid.clone()]);
+        assert_eq!(s.due(t + 2 * IV, 1, MAX_DELAY), vec![flat]);
     }
 
     #[test]
