@@ -57,32 +57,37 @@ else
 load=$!
 fi
 start=$(date +%s)
+paused=0
 # Bytes, files and allocated KiB of the files of $hd whose names match the regex $1.
 sizes() {
   find $hd -maxdepth 1 -type f -regextype posix-extended -regex ".*/$1" -printf '%s %b\n' |
     awk '{b += $1; n++; k += $2 / 2} END {printf "%d %d %d\n", b, n, k}'
 }
 report() {
-  # A flush publishes every changed file (one fsync'd atomic write each): timed, and a flush
-  # that dcpictl gives up on (the files keep being published) does not end the run.
+  # A flush publishes every changed file (one fsync'd atomic write each). The load is paused
+  # meanwhile (the sizes are then those of everything sampled up to the pause) and the flush
+  # retried until one completes (dcpictl waits 20 s for one; at most 3 minutes), and timed.
+  kill -STOP $load 2>/dev/null || true
   f0=$(date +%s)
-  # dcpictl waits 20 s for a flush; retried (up to 2 minutes) until one completes.
   fl=incomplete; n=0
-  while [ $n -lt 6 ]; do
+  while [ $n -lt 36 ]; do
     n=$((n+1))
     if "$dcpictl" --socket $t/s.sock flush > /dev/null 2>&1; then fl=ok; break; fi
+    sleep 5
   done
-  flush="flush=$(( $(date +%s) - f0 ))s($fl)"
+  f1=$(date +%s)
   hd=$(ls -d $t/db/epochs/*/bench)
   who=$(stat -c %s $hd/who.tbl)
   set -- $(sizes '[^./]+\.[^./]+\.prof'); prof=$1 pfiles=$2 pkib=$3
   set -- $(sizes '[^/]+\.pid-[0-9]+\.prof'); pid=$1 pidfiles=$2 pidkib=$3
   set -- $(sizes '[^/]+\.cg-[0-9a-f]{16}\.prof'); cg=$1 cgfiles=$2 cgkib=$3
   pct() { awk "BEGIN {printf \"%.1f\", 100*$1/$2}"; }
-  echo "t=$(( $(date +%s) - start ))s $mode $flush by_pid=$by_pid by_cgroup=$by_cgroup who.tbl=$who B" \
+  kill -CONT $load 2>/dev/null || true
+  echo "load=$(( f0 - start - paused ))s $mode flush=$((f1 - f0))s($fl) by_pid=$by_pid by_cgroup=$by_cgroup who.tbl=$who B" \
     "profiles=$prof B ($pfiles files, $pkib KiB on disk) ratio=$(pct $who $prof)%" \
     "per-pid=$pid B ($pidfiles files, $pidkib KiB) = $(pct $pid $prof)% of profiles" \
     "per-cgroup=$cg B ($cgfiles files, $cgkib KiB) = $(pct $cg $prof)%"
+  paused=$((paused + $(date +%s) - f0))
 }
 half=$((secs / 2))
 sleep $half; report
