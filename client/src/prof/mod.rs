@@ -212,8 +212,10 @@ FILES READ
   result. A per-symbol report reads only the chosen image's profiles: in closed epochs
   summary.idx names them; in the newest epoch (whose index may trail its files) the
   directories are listed and, unless a build-id (prefix) or `unknown` decides by file name,
-  one profile per distinct image is read to learn its path and kind. `--verbose` prints
-  the counts.
+  one profile per distinct image is read to learn its path and kind. With --pid or --cgroup
+  and a profile report, each selected host directory is listed and the process's
+  `*.pid-N.prof` files (--pid), or every `*.cg-*.prof` file (--cgroup: the path is in the
+  header), are read. `--verbose` prints the counts.
 
 EXIT STATUS
   0 success (also when --keep-going skipped corrupt files: each is named on stderr, and
