@@ -312,7 +312,8 @@ settings! {
     /// Keep one row per process (pid) in the who table, for `dcpiprof --by pid` (DCPI's
     /// `-bypid`), and one profile per (image, event, process) beside the flat profiles, for
     /// `dcpiprof --pid N --by symbol`; costs a row per process instead of per command, and a
-    /// profile file per process and image [default: false].
+    /// profile file per process and image: for machines of long-running processes (one that
+    /// starts processes all the time gets thousands of files a minute) [default: false].
     #[arg(long, value_name = "BOOL")]
     by_pid: bool = false;
     /// Keep one profile per (image, event, cgroup v2) beside the flat profiles, for `dcpiprof
