@@ -113,6 +113,16 @@ impl Selection {
         Ok(totals)
     }
 
+    /// What every load does with the files it could not read: fail unless `--keep-going`,
+    /// which warns about each.
+    pub fn check_loaded(
+        &self,
+        loaded: Loaded,
+        warn: &mut dyn FnMut(String),
+    ) -> Result<Loaded, ProfError> {
+        self.check_corrupt(loaded, warn)
+    }
+
     fn check_corrupt(
         &self,
         loaded: Loaded,

@@ -310,9 +310,16 @@ settings! {
     #[serde(default, deserialize_with = "de_duration")]
     status_interval: Duration = Duration::from_secs(10);
     /// Keep one row per process (pid) in the who table, for `dcpiprof --by pid` (DCPI's
-    /// `-bypid`); costs a row per process instead of per command [default: false].
+    /// `-bypid`), and one profile per (image, event, process) beside the flat profiles, for
+    /// `dcpiprof --pid N --by symbol`; costs a row per process instead of per command, and a
+    /// profile file per process and image: for machines of long-running processes (one that
+    /// starts processes all the time gets thousands of files a minute) [default: false].
     #[arg(long, value_name = "BOOL")]
     by_pid: bool = false;
+    /// Keep one profile per (image, event, cgroup v2) beside the flat profiles, for `dcpiprof
+    /// --cgroup PATH --by symbol`; costs a profile file per cgroup and image [default: false].
+    #[arg(long, value_name = "BOOL")]
+    by_cgroup: bool = false;
     /// Call stacks: `none`, or `fp` to sample each sample's call chain (kernel frames, and
     /// user frames through frame pointers: stacks of code built without them end after their
     /// first frame and are counted as truncated) into `stacks.<event>.stk` beside the flat
@@ -343,6 +350,7 @@ pub const RELOADABLE: &[&str] = &[
     "perf_map_max_bytes",
     "perf_map_max_entries",
     "by_pid",
+    "by_cgroup",
 ];
 
 /// Where a setting's value came from.

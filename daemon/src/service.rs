@@ -345,6 +345,8 @@ impl Shared {
             store.reconfigure(&want);
         }
         store.set_who_by_pid(s.by_pid);
+        store.set_who_profiles(who_profiles(&s));
+        self.aggregator.set_who_profiles(s.by_pid || s.by_cgroup);
     }
 
     /// Re-read the configuration and apply what can change live. Never stops the daemon.
@@ -931,7 +933,13 @@ fn open_store(settings: &Settings, faults: &crate::faults::Faults) -> Result<Sto
         // One daemon per host name: two would overwrite each other's profiles.
         .map_err(ServiceError::LeaseHeld)?;
     store.set_who_by_pid(settings.by_pid);
+    store.set_who_profiles(who_profiles(settings));
     Ok(store)
+}
+
+/// The per-process and per-cgroup profiles the settings ask for (FORMAT.md §5.6).
+fn who_profiles(s: &Settings) -> crate::store::WhoProfiles {
+    crate::store::WhoProfiles { by_pid: s.by_pid, by_cgroup: s.by_cgroup }
 }
 
 /// Every event on every CPU (before anything is written: a daemon that may not sample creates
@@ -948,6 +956,8 @@ fn start_sampling(
     let mut resolver = Resolver::new(ResolverConfig::default());
     resolver.set_jit_limits(jit_limits(settings));
     let aggregator = Aggregator::new(resolver, ncpus);
+    // Before the first sample: kernel samples are keyed per process from the start.
+    aggregator.set_who_profiles(settings.by_pid || settings.by_cgroup);
     let stacks = (settings.callchains == "fp").then(|| {
         let t = Arc::new(crate::perf::callchain::StackTables::new(
             ncpus,
@@ -1275,7 +1285,8 @@ fn spool_without_store(shared: &Shared, resolved: Resolved) -> Result<(), StoreE
         tracing::error!("no epoch known; the last samples are lost");
         return Err(StoreError::Unwritten(n));
     };
-    match Store::spool_directly(&shared.store_cfg, &shared.events, &epoch, resolved, 0, 0) {
+    let who = who_profiles(&read(&shared.settings));
+    match Store::spool_directly(&shared.store_cfg, &shared.events, &epoch, resolved, 0, 0, who) {
         Ok(samples) => {
             tracing::error!(samples,
                 "a stuck database operation holds the store; the last samples were spooled directly for the next start");

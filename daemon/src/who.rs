@@ -39,7 +39,9 @@ pub fn idle_image(kernel: &ImageInfo) -> Arc<ImageInfo> {
 // when they are resolved; kernel samples share one key across processes (that is what keeps
 // kernel entries few), so their process is counted here instead, per (pid, event), as are the
 // samples of each CPU and the last cgroup each pid was seen in. A process that changes cgroup
-// within one flush interval is counted in the cgroup it was last seen in.
+// within one flush interval is counted in the cgroup its last user-mode sample showed (kernel
+// samples only name a cgroup for a process that had no user-mode one: a process's exit path
+// runs after the kernel moved it to the root cgroup).
 
 const CGROUP_SLOTS: usize = 256;
 const KERNEL_SLOTS: usize = 64;
@@ -54,8 +56,9 @@ pub struct CpuWho {
     /// Direct-mapped counters in front of `kernel` (count 0 = empty): a run of kernel samples
     /// of one process costs an increment, not a hash-map update each.
     kslots: Box<[(u32, EventIdx, u64)]>,
-    /// Last cgroup id seen per pid (only ids the kernel gave: 0 means it did not say).
-    pid_cgroup: HashMap<u32, u64>,
+    /// Last cgroup id seen per pid (only ids the kernel gave: 0 means it did not say), and
+    /// whether a user-mode sample showed it (see the section comment).
+    pid_cgroup: HashMap<u32, (u64, bool)>,
     /// Direct-mapped `pid → cgroup` of what `pid_cgroup` already holds: most samples cost one
     /// compare instead of a hash-map update.
     seen: Box<[(u32, u64)]>,
@@ -97,7 +100,14 @@ impl CpuWho {
             let slot = &mut self.seen[pid as usize % CGROUP_SLOTS];
             if *slot != (pid, cgroup) {
                 *slot = (pid, cgroup);
-                self.pid_cgroup.insert(pid, cgroup);
+                if kernel {
+                    // A process's last samples, in its exit path, are taken after the kernel
+                    // moved it out of its cgroup (to the root): a kernel sample does not
+                    // override what a user-mode one said.
+                    self.pid_cgroup.entry(pid).or_insert((cgroup, false));
+                } else {
+                    self.pid_cgroup.insert(pid, (cgroup, true));
+                }
             }
         }
     }
@@ -117,7 +127,14 @@ impl CpuWho {
         for (k, n) in self.kernel.drain() {
             *out.kernel.entry(k).or_insert(0) += n;
         }
-        out.cgroups.extend(self.pid_cgroup.drain());
+        // The same rule across CPUs: what a user-mode sample showed wins.
+        for (pid, (cgroup, user)) in self.pid_cgroup.drain() {
+            if user {
+                out.cgroups.insert(pid, cgroup);
+            } else {
+                out.cgroups.entry(pid).or_insert(cgroup);
+            }
+        }
         self.seen.fill((u32::MAX, 0));
     }
 }
@@ -517,18 +534,34 @@ mod tests {
         // Pids that share a counter slot are both counted.
         w.count(10 + KERNEL_SLOTS as u32, 5, 0, true);
         w.count(10, 5, 0, true);
+        // Its exit path, in the root cgroup: kernel samples do not override a user one.
+        w.count(10, 1, 0, true);
+        // A kernel thread has only kernel samples: the first one names its cgroup.
+        w.count(2, 1, 0, true);
         let mut b = WhoBatch::default();
         w.take_into(3, &mut b);
-        assert_eq!(b.cpus[&(3, 0)], 5);
-        assert_eq!(b.kernel[&(10, 0)], 2);
+        assert_eq!(b.cpus[&(3, 0)], 7);
+        assert_eq!(b.kernel[&(10, 0)], 3);
         assert_eq!(b.kernel[&(10 + KERNEL_SLOTS as u32, 0)], 1);
         assert_eq!(b.kernel[&(0, 0)], 1);
-        assert_eq!(b.cgroups[&10], 5, "the last cgroup seen");
+        assert_eq!(b.cgroups[&10], 6, "the last cgroup a user-mode sample showed");
+        assert_eq!(b.cgroups[&2], 1, "a kernel thread's");
         // Taken: the next interval starts empty, and a pid seen before is recorded again.
         w.count(10, 6, 0, false);
         let mut b2 = WhoBatch::default();
         w.take_into(3, &mut b2);
         assert_eq!((b2.cpus[&(3, 0)], b2.cgroups[&10]), (1, 6));
+        // Across CPUs too: one CPU saw only the exit path (root), another the process run.
+        let (mut exit, mut run) = (CpuWho::default(), CpuWho::default());
+        for order in [[0, 1], [1, 0]] {
+            let mut b = WhoBatch::default();
+            for i in order {
+                let w = if i == 0 { &mut exit } else { &mut run };
+                w.count(10, if i == 0 { 1 } else { 6 }, 0, i == 0);
+                w.take_into(i, &mut b);
+            }
+            assert_eq!(b.cgroups[&10], 6, "{order:?}");
+        }
     }
 
     #[test]

@@ -151,6 +151,30 @@ pub struct ProfileEntry {
     pub event_component: String,
 }
 
+/// A per-process or per-cgroup profile file found in a host directory (FORMAT.md §5.6; name
+/// parsed, contents not read).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct WhoProfileEntry {
+    pub path: PathBuf,
+    pub image_id: ImageId,
+    /// The event file-name component (see [`crate::event_file_component`]).
+    pub event_component: String,
+    /// `pid-<N>` or `cg-<16 hex>` ([`crate::ProfileWho::file_component`]).
+    pub who_component: String,
+}
+
+impl WhoProfileEntry {
+    /// The process id the name says, for a per-process profile.
+    pub fn pid(&self) -> Option<u32> {
+        self.who_component.strip_prefix("pid-")?.parse().ok()
+    }
+
+    /// Whether the name says it is a per-cgroup profile.
+    pub fn is_cgroup(&self) -> bool {
+        self.who_component.starts_with("cg-")
+    }
+}
+
 /// Names of the entries of `dir`, skipping temporary and moved-aside files.
 fn list_names(dir: &Path) -> Result<Vec<String>> {
     list_names_where(dir, |_| true)
@@ -196,6 +220,30 @@ pub(crate) fn parse_profile_name(name: &str) -> Option<(Option<ImageId>, &str)> 
     }
     let image_id = if image == UNKNOWN_STEM { None } else { Some(ImageId::parse(image).ok()?) };
     Some((image_id, event))
+}
+
+/// A qualified profile's name (FORMAT.md §3), `<image id>.<event>.<who>.prof`, split into its
+/// image id, event component and who component (`pid-<N>`: decimal, no leading zero;
+/// `cg-<16 lowercase hex>`); `None` if the name does not follow that scheme. Readers that
+/// predate these files take the event component to be `<event>.<who>` and, the `.` being no
+/// event character, ignore the name ([`parse_profile_name`]).
+pub(crate) fn parse_who_profile_name(name: &str) -> Option<(ImageId, &str, &str)> {
+    let stem = name.strip_suffix(PROFILE_SUFFIX)?;
+    let (rest, who) = stem.rsplit_once('.')?;
+    let ok = if let Some(n) = who.strip_prefix("pid-") {
+        n.parse::<u32>().is_ok_and(|v| v.to_string() == n)
+    } else if let Some(h) = who.strip_prefix("cg-") {
+        h.len() == 16 && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+    } else {
+        false
+    };
+    if !ok {
+        return None;
+    }
+    let full = format!("{rest}{PROFILE_SUFFIX}");
+    let (image, event_len) = parse_profile_name(&full).map(|(i, e)| (i, e.len()))?;
+    // The event component is the end of `rest`; borrowed from `name`, not the temporary.
+    Some((image?, &rest[rest.len() - event_len..], who))
 }
 
 impl Database {
@@ -453,6 +501,37 @@ impl HostDir {
         ))
     }
 
+    /// Path of `who`'s share of the profile of (image, event name) (FORMAT.md §5.6).
+    pub fn who_profile_path(
+        &self,
+        image: &ImageId,
+        event_name: &str,
+        who: &crate::ProfileWho,
+    ) -> PathBuf {
+        self.path.join(format!(
+            "{}.{}.{}{PROFILE_SUFFIX}",
+            image.to_text(),
+            event_file_component(event_name),
+            who.file_component()
+        ))
+    }
+
+    /// Per-process and per-cgroup profile files in this directory (FORMAT.md §5.6), sorted by
+    /// name; [`HostDir::profiles`] does not list them.
+    pub fn who_profiles(&self) -> Result<Vec<WhoProfileEntry>> {
+        let mut out = Vec::new();
+        for name in list_names(&self.path)? {
+            let Some((image_id, event, who)) = parse_who_profile_name(&name) else { continue };
+            out.push(WhoProfileEntry {
+                path: self.path.join(&name),
+                image_id,
+                event_component: event.to_owned(),
+                who_component: who.to_owned(),
+            });
+        }
+        Ok(out)
+    }
+
     /// Path of the unknown profile for an event.
     pub fn unknown_path(&self, event_name: &str) -> PathBuf {
         self.path
@@ -517,6 +596,33 @@ impl HostDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qualified_profile_names_parse_and_older_readers_ignore_them() {
+        let id = ImageId::from_build_id(&[0xab; 4]).unwrap();
+        let pid = format!("{}.cpu-clock.pid-42.prof", id.to_text());
+        assert_eq!(parse_who_profile_name(&pid), Some((id.clone(), "cpu-clock", "pid-42")));
+        let cg = format!("{}.raw-0x1a2_0011223344556677.cg-0123456789abcdef.prof", id.to_text());
+        assert_eq!(
+            parse_who_profile_name(&cg),
+            Some((id.clone(), "raw-0x1a2_0011223344556677", "cg-0123456789abcdef"))
+        );
+        // What a reader without them does with these names: not a profile.
+        assert_eq!(parse_profile_name(&pid), None);
+        assert_eq!(parse_profile_name(&cg), None);
+        for bad in [
+            format!("{}.cpu-clock.prof", id.to_text()),
+            format!("{}.cpu-clock.pid-042.prof", id.to_text()),
+            format!("{}.cpu-clock.pid-4294967296.prof", id.to_text()),
+            format!("{}.cpu-clock.pid-.prof", id.to_text()),
+            format!("{}.cpu-clock.cg-0123456789ABCDEF.prof", id.to_text()),
+            format!("{}.cpu-clock.cg-0123.prof", id.to_text()),
+            "unknown.cpu-clock.pid-1.prof".to_string(),
+            format!("{}.Cpu.pid-1.prof", id.to_text()),
+        ] {
+            assert_eq!(parse_who_profile_name(&bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn epoch_id_known_dates() {

@@ -23,7 +23,8 @@ mod who;
 
 pub use atomic::write_atomic;
 pub use db::{
-    Database, EpochId, HostDir, ProfileEntry, CORRUPT_SUFFIX, EPOCH_MARKER, PROFILE_SUFFIX,
+    Database, EpochId, HostDir, ProfileEntry, WhoProfileEntry, CORRUPT_SUFFIX, EPOCH_MARKER,
+    PROFILE_SUFFIX,
 };
 pub use error::{Error, Result};
 pub use ident::{event_file_component, validate_host_name, ImageId, MAX_BUILD_ID_LEN};
@@ -36,8 +37,8 @@ pub use ksymstore::{
 };
 pub use lease::{same_owner, Lease, LEASES_DIR, LEASE_VERSION};
 pub use profile::{
-    EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, UnknownReason, PROFILE_MAGIC,
-    PROFILE_VERSION,
+    cgroup_file_component, EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, ProfileWho,
+    UnknownReason, PROFILE_MAGIC, PROFILE_VERSION,
 };
 pub use stacks::{
     stacks_file_event_component, Frame, StackImage, StackProfile, StackRef, MAX_STACK_DEPTH,

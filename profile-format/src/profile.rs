@@ -9,8 +9,10 @@ use crate::varint::write_u64;
 
 /// First bytes of every profile file.
 pub const PROFILE_MAGIC: &[u8; 8] = b"DCPIPROF";
-/// Version written by this build (and the newest it reads).
-pub const PROFILE_VERSION: u16 = 1;
+/// Newest version this build reads. A profile is written as version 1 unless it is qualified
+/// by a process or cgroup ([`ProfileWho`]; version 2 adds that field), so that readers of
+/// version 1 still read every flat profile, and refuse (`UnknownVersion`) a qualified one.
+pub const PROFILE_VERSION: u16 = 2;
 
 /// What kind of image a profile describes; decides how offsets are interpreted (FORMAT.md).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
@@ -134,10 +136,51 @@ pub struct ProfileHeader {
     pub jit_symbols: Vec<JitSymbol>,
 }
 
+/// Whose samples a qualified profile holds (FORMAT.md §5.6): one process's or one cgroup's
+/// share of an (image, event), written only when dcpid runs with `by_pid` / `by_cgroup`.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+pub enum ProfileWho {
+    /// One process id (pids are not reused within an epoch often enough to matter; a reused
+    /// pid adds to the same profile) and its command as first published.
+    Pid { pid: u32, command: Vec<u8> },
+    /// One cgroup v2 path, relative to the v2 root and starting with `/`.
+    Cgroup { path: String },
+}
+
+const WHO_TAG_PID: u8 = 1;
+const WHO_TAG_CGROUP: u8 = 2;
+
+impl ProfileWho {
+    /// The file-name component (FORMAT.md §3): `pid-<decimal>` or `cg-<16 hex>`, the first 8
+    /// bytes of SHA-256 of the path (a path can be anything; a name must stay short and safe).
+    pub fn file_component(&self) -> String {
+        match self {
+            Self::Pid { pid, .. } => format!("pid-{pid}"),
+            Self::Cgroup { path } => cgroup_file_component(path),
+        }
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        match self {
+            Self::Pid { .. } => Ok(()),
+            Self::Cgroup { path } if path.starts_with('/') => Ok(()),
+            Self::Cgroup { path } => Err(format!("cgroup path {path:?} does not start with '/'")),
+        }
+    }
+}
+
+/// `cg-` and the first 8 bytes of SHA-256 of a cgroup path, in lowercase hex.
+pub fn cgroup_file_component(path: &str) -> String {
+    use sha2::{Digest, Sha256};
+    format!("cg-{}", hex::encode(&Sha256::digest(path.as_bytes())[..8]))
+}
+
 /// One profile: the samples of one (image, event) in one epoch on one host.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Profile {
     pub header: ProfileHeader,
+    /// `Some` for a qualified profile: only this process's or cgroup's samples (version 2).
+    pub who: Option<ProfileWho>,
     /// Count per offset (see [`ImageKind`] for what an offset means). No zero counts.
     pub counts: BTreeMap<u64, u64>,
 }
@@ -192,7 +235,12 @@ impl ProfileHeader {
 impl Profile {
     /// An empty profile.
     pub fn new(header: ProfileHeader) -> Self {
-        Self { header, counts: BTreeMap::new() }
+        Self { header, who: None, counts: BTreeMap::new() }
+    }
+
+    /// An empty profile of `who`'s samples only.
+    pub fn new_qualified(header: ProfileHeader, who: ProfileWho) -> Self {
+        Self { header, who: Some(who), counts: BTreeMap::new() }
     }
 
     /// Add `count` samples at `offset`, together with the sum of their periods. A zero count is
@@ -210,7 +258,8 @@ impl Profile {
     /// Serialize to the on-disk format (FORMAT.md), checksum included.
     pub fn encode(&self) -> Vec<u8> {
         let h = &self.header;
-        let mut out = codec::begin(PROFILE_MAGIC, PROFILE_VERSION);
+        let version = if self.who.is_some() { 2 } else { 1 };
+        let mut out = codec::begin(PROFILE_MAGIC, version);
         out.push(h.kind as u8);
         match &h.image_id {
             ImageId::BuildId(b) => {
@@ -235,6 +284,18 @@ impl Profile {
         write_u64(&mut out, h.total_period);
         write_u64(&mut out, h.sequence);
         write_jit_symbols(&mut out, h.jit_symbols.iter());
+        match &self.who {
+            None => {}
+            Some(ProfileWho::Pid { pid, command }) => {
+                out.push(WHO_TAG_PID);
+                write_u64(&mut out, u64::from(*pid));
+                put_bytes(&mut out, command);
+            }
+            Some(ProfileWho::Cgroup { path }) => {
+                out.push(WHO_TAG_CGROUP);
+                put_bytes(&mut out, path.as_bytes());
+            }
+        }
         crate::pairs::write(&mut out, self.counts.len(), self.counts.iter().map(|(o, c)| (*o, *c)));
         codec::finish(out)
     }
@@ -283,6 +344,23 @@ impl Profile {
         let total_period = r.varint("total_period")?;
         let sequence = r.varint("sequence")?;
         let jit_symbols = read_jit_symbols(&mut r)?;
+        // `open` checked the container: magic, then the version (u16 LE), 1 or 2.
+        let who = if u16::from_le_bytes([bytes[8], bytes[9]]) >= 2 {
+            let who = match r.u8("who")? {
+                WHO_TAG_PID => {
+                    let pid = r.varint("who.pid")?;
+                    let pid = u32::try_from(pid)
+                        .map_err(|_| r.corrupt("who.pid", format!("{pid} exceeds 32 bits")))?;
+                    ProfileWho::Pid { pid, command: r.bytes("who.command")?.to_vec() }
+                }
+                WHO_TAG_CGROUP => ProfileWho::Cgroup { path: r.string("who.cgroup")? },
+                t => return Err(r.corrupt("who", format!("unknown qualifier tag {t}"))),
+            };
+            who.validate().map_err(|d| r.corrupt("who", d))?;
+            Some(who)
+        } else {
+            None
+        };
         let header = ProfileHeader {
             kind,
             image_id,
@@ -310,7 +388,7 @@ impl Profile {
                 format!("header says {} but the counts add up to {sum}", header.total_samples),
             ));
         }
-        Ok(Self { header, counts })
+        Ok(Self { header, who, counts })
     }
 
     /// Read and validate a profile file. The file is opened safely and read only up to the
@@ -327,7 +405,39 @@ impl Profile {
     /// name would otherwise be merged into, and reported as, the wrong image.
     fn check_name(&self, path: &Path) -> Result<()> {
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return Ok(()) };
+        if let Some((image, event, who)) = crate::db::parse_who_profile_name(name) {
+            let h = &self.header;
+            let mine = self.who.as_ref().map(ProfileWho::file_component);
+            if mine.as_deref() != Some(who) {
+                return Err(Error::Corrupt {
+                    path: path.into(),
+                    field: "who",
+                    detail: match &self.who {
+                        None => "a flat profile under a per-process/per-cgroup name".into(),
+                        Some(w) => format!("the header describes {w:?}, the name says {who}"),
+                    },
+                });
+            }
+            if image != h.image_id || crate::ident::event_file_component(&h.event.name) != event {
+                return Err(Error::Corrupt {
+                    path: path.into(),
+                    field: "file name",
+                    detail: format!(
+                        "the header describes image {} ({:?}), event {:?}",
+                        h.image_id, h.kind, h.event.name
+                    ),
+                });
+            }
+            return Ok(());
+        }
         let Some((image, event)) = crate::db::parse_profile_name(name) else { return Ok(()) };
+        if self.who.is_some() {
+            return Err(Error::Corrupt {
+                path: path.into(),
+                field: "who",
+                detail: "a per-process/per-cgroup profile under a flat profile's name".into(),
+            });
+        }
         let h = &self.header;
         let image_ok = match &image {
             Some(id) => *id == h.image_id,
@@ -353,6 +463,13 @@ impl Profile {
             return Err(Error::Invalid {
                 what: "profile header",
                 value: format!("{} ({field})", path.display()),
+                detail,
+            });
+        }
+        if let Some(Err(detail)) = self.who.as_ref().map(ProfileWho::validate) {
+            return Err(Error::Invalid {
+                what: "profile header",
+                value: format!("{} (who)", path.display()),
                 detail,
             });
         }
@@ -389,6 +506,16 @@ impl Profile {
                 "different events: {:?} and {:?}",
                 a.event.name, b.event.name
             )));
+        }
+        // Same process or cgroup (a pid's command may differ: the receiver's is kept).
+        let key = |w: &Option<ProfileWho>| w.as_ref().map(ProfileWho::file_component);
+        let (wa, wb) = (&self.who, &other.who);
+        let same_who = match (wa, wb) {
+            (Some(ProfileWho::Cgroup { path: x }), Some(ProfileWho::Cgroup { path: y })) => x == y,
+            _ => key(wa) == key(wb),
+        };
+        if !same_who {
+            return Err(Error::MergeMismatch(format!("different qualifiers: {wa:?} and {wb:?}")));
         }
         for (&off, &c) in &other.counts {
             let e = self.counts.entry(off).or_insert(0);
@@ -455,6 +582,108 @@ mod tests {
         let q = Profile::decode(&bytes, Path::new("x.prof")).unwrap();
         assert_eq!(p, q);
         assert_eq!(q.counts.get(&0x1000), Some(&4));
+    }
+
+    fn qualified(who: ProfileWho) -> Profile {
+        let mut p = Profile::new_qualified(header(ImageKind::Elf), who);
+        p.add(0x40, 5, 5_000_000);
+        p.add(0x80, 2, 2_000_000);
+        p
+    }
+
+    #[test]
+    fn qualified_profiles_are_version_2_and_flat_ones_stay_version_1() {
+        let mut flat = Profile::new(header(ImageKind::Elf));
+        flat.add(1, 1, 1);
+        assert_eq!(u16::from_le_bytes([flat.encode()[8], flat.encode()[9]]), 1);
+        for who in [
+            ProfileWho::Pid { pid: 4242, command: b"busy loop".to_vec() },
+            ProfileWho::Cgroup { path: "/system.slice/a.service".into() },
+        ] {
+            let p = qualified(who);
+            let bytes = p.encode();
+            assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 2);
+            assert_eq!(Profile::decode(&bytes, Path::new("q.prof")).unwrap(), p);
+            // A reader of version 1 refuses it cleanly instead of misreading it.
+            let e =
+                codec::open(&bytes, Path::new("q.prof"), PROFILE_MAGIC, "profile", 1).unwrap_err();
+            assert!(matches!(e, Error::UnknownVersion { version: 2, .. }), "{e}");
+        }
+    }
+
+    /// Re-checksum a container whose bytes were edited.
+    fn reseal(mut b: Vec<u8>) -> Vec<u8> {
+        let n = b.len() - 4;
+        let crc = crc32fast::hash(&b[..n]);
+        b[n..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn a_corrupt_qualifier_is_a_named_error() {
+        let p = qualified(ProfileWho::Cgroup { path: "/a".into() });
+        let bytes = p.encode();
+        // The qualifier tag is the byte before the path's length and "/a".
+        let at = bytes.windows(4).position(|w| w == [2, 2, b'/', b'a']).unwrap();
+        let mut bad = bytes.clone();
+        bad[at] = 9;
+        let e = Profile::decode(&reseal(bad), Path::new("q.prof")).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { field: "who", .. }), "{e}");
+        assert!(e.to_string().contains("q.prof"), "{e}");
+        // A cgroup path that is not one.
+        let mut bad = bytes.clone();
+        bad[at + 2] = b'x';
+        let e = Profile::decode(&reseal(bad), Path::new("q.prof")).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { field: "who", .. }), "{e}");
+        // A version 1 container around a qualified payload: the qualifier is taken for the
+        // pairs, which then do not parse or add up.
+        let mut bad = bytes;
+        bad[8] = 1;
+        assert!(Profile::decode(&reseal(bad), Path::new("q.prof")).is_err());
+    }
+
+    #[test]
+    fn names_and_qualifiers_must_agree() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = header(ImageKind::Elf).image_id.to_text();
+        let pid = qualified(ProfileWho::Pid { pid: 7, command: b"x".to_vec() });
+        let good = dir.path().join(format!("{id}.cpu-clock.pid-7.prof"));
+        pid.write(&good).unwrap();
+        assert_eq!(Profile::read(&good).unwrap(), pid);
+        for (name, field) in [
+            (format!("{id}.cpu-clock.pid-8.prof"), "who"),
+            (format!("{id}.cpu-clock.prof"), "who"),
+            (format!("{id}.cpu-clock.cg-0123456789abcdef.prof"), "who"),
+            ("b00.cpu-clock.pid-7.prof".to_string(), "file name"),
+        ] {
+            let path = dir.path().join(&name);
+            std::fs::copy(&good, &path).unwrap();
+            let e = Profile::read(&path).unwrap_err();
+            assert!(matches!(e, Error::Corrupt { field: f, .. } if f == field), "{name}: {e}");
+        }
+        // A flat profile under a qualified name.
+        let mut flat = Profile::new(header(ImageKind::Elf));
+        flat.add(1, 1, 1);
+        let path = dir.path().join(format!("{id}.cpu-clock.pid-7.prof"));
+        std::fs::write(&path, flat.encode()).unwrap();
+        let e = Profile::read(&path).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { field: "who", .. }), "{e}");
+    }
+
+    #[test]
+    fn qualified_profiles_merge_only_with_the_same_process_or_cgroup() {
+        let mut a = qualified(ProfileWho::Pid { pid: 7, command: b"a".to_vec() });
+        let renamed = qualified(ProfileWho::Pid { pid: 7, command: b"b".to_vec() });
+        a.merge(&renamed).unwrap();
+        assert_eq!(a.header.total_samples, 14);
+        assert_eq!(a.who, Some(ProfileWho::Pid { pid: 7, command: b"a".to_vec() }));
+        for other in [
+            qualified(ProfileWho::Pid { pid: 8, command: b"a".to_vec() }),
+            qualified(ProfileWho::Cgroup { path: "/a".into() }),
+            Profile::new(header(ImageKind::Elf)),
+        ] {
+            assert!(matches!(a.merge(&other), Err(Error::MergeMismatch(_))), "{:?}", other.who);
+        }
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod subset;
 pub mod symbolize;
 pub mod symcache;
 pub mod who;
+pub mod whoprof;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -83,6 +84,12 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
       \"percent_of\": str, \"rows_omitted\": int,
       \"rows\": [ { <by>: str|int, \"samples\": int, \"percent\": num } ] }
     (--by cgroup rows also carry \"unit\" and \"container\", each str|null.)
+  --pid N or --cgroup PATH with --by symbol, --by image, --image or --symbols: the
+    per-image, per-symbol or all-symbols report above, of that process's or cgroup's
+    samples only, read from the per-process/per-cgroup profiles dcpid writes with by_pid /
+    by_cgroup. A database recorded without them is an error (exit 2) saying so, except for
+    --by image, which then comes from the who tables (a who report whose rows carry the same
+    \"image\", \"samples\" and \"percent\").
   Callers/callees (--callers SYM or --callees SYM, from the call stacks):
     { \"symbol\": str, \"direction\": \"callers\"|\"callees\", \"depth\": int, \"event\": str,
       \"samples\": int (first event's samples whose stack contains SYM),
@@ -205,8 +212,10 @@ FILES READ
   result. A per-symbol report reads only the chosen image's profiles: in closed epochs
   summary.idx names them; in the newest epoch (whose index may trail its files) the
   directories are listed and, unless a build-id (prefix) or `unknown` decides by file name,
-  one profile per distinct image is read to learn its path and kind. `--verbose` prints
-  the counts.
+  one profile per distinct image is read to learn its path and kind. With --pid or --cgroup
+  and a profile report, each selected host directory is listed and the process's
+  `*.pid-N.prof` files (--pid), or every `*.cg-*.prof` file (--cgroup: the path is in the
+  header), are read. `--verbose` prints the counts.
 
 EXIT STATUS
   0 success (also when --keep-going skipped corrupt files: each is named on stderr, and
@@ -280,10 +289,14 @@ pub struct Args {
     #[arg(long, value_name = "NAME")]
     pub command: Option<String>,
     /// Only samples of this cgroup v2 path or its sub-groups (`/system.slice`), or of a unit
-    /// (`nginx.service`) or container id prefix (12+ hex digits), from the who tables.
+    /// (`nginx.service`) or container id prefix (12+ hex digits), from the who tables; with
+    /// --by symbol, --by image, --image, --symbols or an export, from the per-cgroup profiles
+    /// (needs dcpid's by_cgroup).
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<String>,
-    /// Only samples of this process (needs dcpid's by_pid), from the who tables.
+    /// Only samples of this process (needs dcpid's by_pid), from the who tables; with --by
+    /// symbol, --by image, --image, --symbols or an export, from the per-process profiles:
+    /// where in its code process N spent its time.
     #[arg(long, value_name = "N")]
     pub pid: Option<u32>,
     /// Only samples taken on this CPU (with --by cpu).
@@ -356,7 +369,18 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
         }
         return Ok(());
     }
-    if who::has_filter(args) || args.by.is_some_and(by::By::is_who) {
+    // --pid/--cgroup with a profile report: the per-process/per-cgroup profiles stand in
+    // for the flat ones; every other who report comes from the who tables.
+    let mut who_sel = whoprof::WhoSel::of(args)?;
+    if args.by == Some(by::By::Image) {
+        // The who tables answer --by image too (same samples): without the profiles, use them.
+        if let Some(w) = &who_sel {
+            if !whoprof::recorded(&args.sel, w)? {
+                who_sel = None;
+            }
+        }
+    }
+    if who_sel.is_none() && (who::has_filter(args) || args.by.is_some_and(by::By::is_who)) {
         return who::run(args, args.by.unwrap_or(by::By::Image), out, err);
     }
     if args.callers.is_some() || args.callees.is_some() {
@@ -377,12 +401,14 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
         Some(by @ (by::By::Epoch | by::By::Host)) => return by::run_by(args, by, out, err),
         _ => {}
     }
-    if args.image.is_none() && !args.all_symbols && !args.format.is_export() {
+    if args.image.is_none() && !args.all_symbols && !args.format.is_export() && who_sel.is_none() {
         return run_images(args, out, err);
     }
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);
-    let mut loaded = if args.all_symbols || (args.format.is_export() && args.image.is_none()) {
+    let mut loaded = if let Some(w) = &who_sel {
+        whoprof::load(&args.sel, w, &mut |w| warnings.push(w))?
+    } else if args.all_symbols || (args.format.is_export() && args.image.is_none()) {
         args.sel.load_all_counts(&mut |w| warnings.push(w))?
     } else {
         args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?
@@ -534,7 +560,10 @@ fn run_export(
         keep_going: args.sel.keep_going,
     };
     let mut x = export::build(loaded, weights, &req, &mut |w| warnings.push(w))?;
-    {
+    // The stack files hold every process's stacks (FORMAT.md §13): with --pid/--cgroup the
+    // export is of that process's or cgroup's flat samples only.
+    let per_who = args.pid.is_some() || args.cgroup.is_some();
+    if !per_who {
         // Call stacks, where dcpid recorded them, replace the one-frame samples.
         // The same binaries are looked up again: say each warning once.
         let mut more: Vec<String> = Vec::new();

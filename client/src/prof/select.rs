@@ -243,6 +243,11 @@ pub struct LoadedProfile {
 }
 
 impl LoadedProfile {
+    /// A profile read whole, counts kept.
+    pub fn with_counts(path: PathBuf, profile: Profile, dir: usize) -> Self {
+        Self::new(path, profile, dir, true)
+    }
+
     fn new(path: PathBuf, profile: Profile, dir: usize, keep_counts: bool) -> Self {
         let mut profile = profile;
         let samples = profile.counts.values().sum();
@@ -293,6 +298,11 @@ fn indexed_entry(d: &HostDir, h: &ProfileHeader) -> ProfileEntry {
     };
     let event_component = profile_format::event_file_component(&h.event.name);
     ProfileEntry { path, image_id, event_component }
+}
+
+/// Read profile files in parallel (as every load does), in the order given.
+pub fn par_read(files: &[(usize, PathBuf)]) -> Vec<Result<Profile, profile_format::Error>> {
+    par_map(files, |_, (_, p)| Profile::read(p))
 }
 
 /// How many files a report reads at once: reads are mostly waiting (disk queue, NFS round
@@ -462,7 +472,8 @@ pub fn load_counts(
                 if let Some((dir, File::Indexed(h, samples))) = files.first() {
                     let h = &headers[*h as usize];
                     if f.rank(h).is_none() {
-                        let profile = Profile { header: h.clone(), counts: Default::default() };
+                        let profile =
+                            Profile { header: h.clone(), who: None, counts: Default::default() };
                         let path = entry_of(*dir, &files[0].1).path;
                         let p = LoadedProfile { path, profile, samples: *samples, dir: *dir };
                         return (corrupt, Some((0, p, None)));
@@ -967,7 +978,7 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
                             sequence: 0,
                             jit_symbols: Vec::new(),
                         };
-                        let profile = Profile { header, counts: Default::default() };
+                        let profile = Profile { header, who: None, counts: Default::default() };
                         let path = ip.clone();
                         t.profiles.push(LoadedProfile { path, profile, samples: e.samples, dir });
                     }
@@ -999,7 +1010,7 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
                     // reading the index).
                     let path = sp.clone();
                     let samples = h.total_samples;
-                    let profile = Profile { header: h, counts: Default::default() };
+                    let profile = Profile { header: h, who: None, counts: Default::default() };
                     t.profiles.push(LoadedProfile { path, profile, samples, dir });
                 }
                 return Ok(t);

@@ -294,7 +294,7 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
 
 /// `--cgroup`: a path (`/system.slice/x.service`) or a prefix of one at a component boundary,
 /// or a unit name / container id prefix appearing as a component.
-fn cgroup_matches(spec: &str, cgroup: &str) -> bool {
+pub fn cgroup_matches(spec: &str, cgroup: &str) -> bool {
     if spec.starts_with('/') {
         let s = spec.trim_end_matches('/');
         return s.is_empty()

@@ -9,3 +9,4 @@ mod first_hour;
 mod hostile_db;
 mod hostile_names;
 mod util;
+mod who_profiles;

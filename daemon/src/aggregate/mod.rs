@@ -19,7 +19,9 @@
 //! go into that CPU's table under `(pid, asid, pc, event, kernel)`, where `asid` is the
 //! address-space version in force at the sample's time (`Resolver::asid_at`); kernel samples
 //! use asid 0 and pid 1, except those of the idle task (pid 0), which keep pid 0 and resolve
-//! to the `[idle]` pseudo-image ([`crate::who`]).
+//! to the `[idle]` pseudo-image ([`crate::who`]). With per-process profiles on
+//! ([`Aggregator::set_who_profiles`], dcpid's `by_pid`/`by_cgroup`) kernel samples keep their
+//! pid too, and each batch also carries its profiles per process ([`Resolved::pid_profiles`]).
 //!
 //! LOCKS. The sample path takes no shared lock per sample, and a drain thread never waits for
 //! the resolver. Per drain pass, a drain thread
@@ -105,7 +107,15 @@ pub struct Resolved {
     /// Sampled call stacks per event index (`callchains = "fp"`; empty otherwise). Host,
     /// epoch and event names are left empty: the store fills them in.
     pub stacks: BTreeMap<EventIdx, profile_format::StackProfile>,
+    /// The profiles again per process, keyed by (image id, event index, pid), kernel samples
+    /// under the process the kernel ran for; `None` unless per-process or per-cgroup profiles
+    /// are on ([`Aggregator::set_who_profiles`]). The store makes the `by_pid` and `by_cgroup`
+    /// profiles from them.
+    pub pid_profiles: Option<PidProfiles>,
 }
+
+/// [`Resolved::pid_profiles`].
+pub type PidProfiles = hashbrown::HashMap<(ImageId, EventIdx, u32), ResolvedProfile>;
 
 /// Counters for `dcpictl status`.
 #[derive(Clone, PartialEq, Debug, Default, serde::Serialize)]
@@ -267,6 +277,9 @@ struct CpuState {
     who: CpuWho,
     /// Samples per (pid, asid, stack, event) (`callchains = "fp"`).
     stacks: stacks::CpuStacks,
+    /// Key kernel samples by their process too (per-process/per-cgroup profiles), instead of
+    /// one shared key for every process but the idle task.
+    keep_pids: bool,
     samples_aggregated: u64,
     entries_created: u64,
     overflow_evictions: u64,
@@ -297,6 +310,7 @@ impl CpuState {
             cache: AsidCache::new(),
             who: CpuWho::default(),
             stacks: stacks::CpuStacks::default(),
+            keep_pids: false,
             samples_aggregated: 0,
             entries_created: 0,
             overflow_evictions: 0,
@@ -451,6 +465,8 @@ pub struct Aggregator {
     recent: Mutex<Recent>,
     /// The drain threads' stack tables, when call chains are sampled.
     stack_tables: OnceLock<Arc<crate::perf::callchain::StackTables>>,
+    /// Batches carry [`Resolved::pid_profiles`].
+    who_profiles: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -501,7 +517,8 @@ where
     F: FnMut(u32, PerfTime) -> Option<(AsidSpan, PerfTime)>,
 {
     let limit = limit.unwrap_or(PerfTime::MAX);
-    let CpuState { pending, table, overflow, overflow_cap, cache, who, stacks, .. } = c;
+    let CpuState { pending, table, overflow, overflow_cap, cache, who, stacks, keep_pids, .. } = c;
+    let keep_pids = *keep_pids;
     let (mut done, mut created, mut evicted, mut misses) = (0usize, 0u64, 0u64, 0u64);
     let mut stop = Stop::Done;
     // (bucket, pc, tag, pid, period) of the chunk's samples, and (pid, cgroup) for `who`.
@@ -541,7 +558,8 @@ where
                 let (pid, asid) = if kernel {
                     // The kernel image is the same in every process, but the idle task
                     // (pid 0, the swapper) is kept apart: its samples become `[idle]`.
-                    (u32::from(s.pid != 0), 0)
+                    // Per-process profiles need every process's kernel samples apart.
+                    (if keep_pids { s.pid } else { u32::from(s.pid != 0) }, 0)
                 } else {
                     (s.pid, proc_asid)
                 };
@@ -620,7 +638,33 @@ impl Aggregator {
             cgroups: Mutex::new(CgroupNames::discover()),
             recent: Mutex::new(Recent::default()),
             stack_tables: OnceLock::new(),
+            who_profiles: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Per-process (and so per-cgroup) profiles on or off: from the next drain pass, kernel
+    /// samples are keyed by their process too, and batches carry [`Resolved::pid_profiles`].
+    /// Off (the default), the drain path is as it was: one key for every process's kernel
+    /// samples.
+    pub fn set_who_profiles(&self, on: bool) {
+        if self.who_profiles.swap(on, Ordering::AcqRel) == on {
+            return;
+        }
+        for cpu in &self.cpus {
+            lock(cpu).keep_pids = on;
+        }
+        let mut sh = lock(&self.shared);
+        if on {
+            sh.early.pid_profiles.get_or_insert_with(Default::default);
+        }
+    }
+
+    /// A batch to resolve into: with per-process profiles when they are on.
+    fn fresh_batch(&self) -> Resolved {
+        Resolved {
+            pid_profiles: self.who_profiles.load(Ordering::Acquire).then(Default::default),
+            ..Resolved::default()
+        }
     }
 
     /// Call chains are sampled into `tables` (one per CPU slot of this aggregator, same
@@ -675,7 +719,10 @@ impl Aggregator {
         let newest = due.last().map_or(0, |d| d.time);
         self.apply(&mut r, &late);
         self.apply(&mut r, &due);
-        let out = std::mem::take(&mut sh.early);
+        let mut out = std::mem::replace(&mut sh.early, self.fresh_batch());
+        if self.who_profiles.load(Ordering::Acquire) {
+            out.pid_profiles.get_or_insert_with(Default::default);
+        }
         (r, out, newest)
     }
 
@@ -967,6 +1014,20 @@ fn resolve_entry(
             let c = p.counts.entry(offset).or_insert((0, 0));
             c.0 += count;
             c.1 = c.1.saturating_add(period);
+            if let Some(pp) = out.pid_profiles.as_mut() {
+                let p =
+                    pp.entry((image.id.clone(), event, e.pid)).or_insert_with(|| ResolvedProfile {
+                        image: Arc::clone(image),
+                        event,
+                        counts: OffsetCounts::default(),
+                    });
+                if p.image.jit_symbols.len() < image.jit_symbols.len() {
+                    p.image = Arc::clone(image);
+                }
+                let c = p.counts.entry(offset).or_insert((0, 0));
+                c.0 += count;
+                c.1 = c.1.saturating_add(period);
+            }
             if !e.kernel() {
                 // Kernel entries are shared by every process; `CpuWho` counts their owners.
                 out.who.add_user(e.pid, Some(image), event, count);

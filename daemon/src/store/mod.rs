@@ -32,6 +32,7 @@ pub mod spool;
 mod stacks;
 mod summaries;
 mod who;
+pub use who::WhoProfiles;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -357,6 +358,7 @@ impl Store {
         mut resolved: Resolved,
         lost: u64,
         throttled: u64,
+        who: WhoProfiles,
     ) -> Result<u64, StoreError> {
         // The stack increments go too: the next start publishes them like the store's own.
         let stacks: Vec<(EventDesc, StackProfile)> = std::mem::take(&mut resolved.stacks)
@@ -375,6 +377,7 @@ impl Store {
             Some(epoch.clone()),
             lost,
             throttled,
+            who,
             &mut |_| {},
         );
         if batch.is_none() && stacks.is_empty() {
@@ -716,6 +719,7 @@ impl Store {
             self.epoch.clone(),
             lost,
             throttled,
+            self.who.profiles,
             &mut unknown_event,
         ) {
             self.pending.push(b, self.cfg.max_memory_bytes);
@@ -1191,7 +1195,7 @@ impl Store {
                     self.host.event_times.iter_mut().for_each(|t| *t = (0, 0));
                     summaries::apply(self.summary_for(&epoch), &delta);
                     self.summaries.dirty.insert(epoch.to_string());
-                    for p in batch.profiles {
+                    for p in batch.profiles.into_iter().chain(batch.who_profiles) {
                         let key = SpoolKey {
                             epoch: epoch.to_string(),
                             image: p.image.map(|(id, _)| id),

@@ -2,11 +2,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use profile_format::{EpochId, EventDesc};
+use profile_format::{EpochId, EventDesc, ProfileWho};
 
-use crate::aggregate::Resolved;
+use crate::aggregate::{OffsetCounts, PidProfiles, Resolved};
+use crate::who::WhoBatch;
 
 use super::spool::{Increment, SpoolImage};
+use super::who::WhoProfiles;
 use super::EventInfo;
 
 /// One profile's part of a batch: counts as (offset, count), offsets ascending.
@@ -21,6 +23,9 @@ pub(super) struct PendingProfile {
 pub(super) struct PendingBatch {
     pub epoch: Option<EpochId>,
     pub profiles: Vec<PendingProfile>,
+    /// Per-process and per-cgroup profiles (`by_pid`, `by_cgroup`): the same samples as
+    /// `profiles` again, so they count in no summary.
+    pub who_profiles: Vec<PendingProfile>,
     pub samples: u64,
     pub unknown: u64,
     pub lost: u64,
@@ -33,6 +38,7 @@ impl PendingBatch {
     pub fn increments(&self) -> Vec<Increment<'_>> {
         self.profiles
             .iter()
+            .chain(&self.who_profiles)
             .map(|p| Increment {
                 image: p.image.as_ref().map(|(id, img)| (id.as_str(), img)),
                 desc: &p.desc,
@@ -45,13 +51,21 @@ impl PendingBatch {
     /// Convert a resolved batch; `None` if it carries nothing. Profiles of event indexes that
     /// are not configured are dropped (reported once through `unknown_event`).
     pub fn from_resolved(
-        resolved: Resolved,
+        mut resolved: Resolved,
         events: &[EventInfo],
         epoch: Option<EpochId>,
         lost: u64,
         throttled: u64,
+        who: WhoProfiles,
         unknown_event: &mut dyn FnMut(u16),
     ) -> Option<Self> {
+        let mut who_profiles = Vec::new();
+        let mut who_bytes = 0;
+        if let Some(pp) = resolved.pid_profiles.take() {
+            if who.by_pid || who.by_cgroup {
+                who_bytes = qualified(pp, &resolved.who, events, who, &mut who_profiles);
+            }
+        }
         let mut profiles = Vec::with_capacity(resolved.profiles.len() + 1);
         let mut bytes = 64u64;
         for ((image_id, ev), rp) in resolved.profiles {
@@ -81,6 +95,7 @@ impl PendingBatch {
                         kind: rp.image.kind,
                         path: rp.image.path.clone(),
                         jit: rp.image.jit_symbols.clone(),
+                        who: None,
                     },
                 )),
                 desc: info.desc.clone(),
@@ -112,8 +127,105 @@ impl PendingBatch {
         if profiles.is_empty() && resolved.samples == 0 && lost == 0 && throttled == 0 {
             return None;
         }
-        Some(Self { epoch, profiles, samples: resolved.samples, unknown, lost, throttled, bytes })
+        bytes += who_bytes;
+        Some(Self {
+            epoch,
+            profiles,
+            who_profiles,
+            samples: resolved.samples,
+            unknown,
+            lost,
+            throttled,
+            bytes,
+        })
     }
+}
+
+/// `counts` as sorted (offset, count) pairs and their period sum.
+fn pairs_of(counts: &OffsetCounts) -> (Vec<(u64, u64)>, u64) {
+    let mut total_period = 0u64;
+    let mut v: Vec<(u64, u64)> = counts
+        .iter()
+        .filter(|(_, (c, _))| *c > 0)
+        .map(|(o, (c, p))| {
+            total_period = total_period.saturating_add(*p);
+            (*o, *c)
+        })
+        .collect();
+    v.sort_unstable();
+    (v, total_period)
+}
+
+/// The per-process profiles of a batch as `by_pid` profiles, and added up per cgroup (the
+/// last one the process was seen in during the batch, as in the who table) as `by_cgroup`
+/// ones. Samples of a process whose cgroup is not known (no cgroup v2, a kernel before 5.7)
+/// are in no cgroup profile. Returns the bytes held.
+fn qualified(
+    pp: PidProfiles,
+    names: &WhoBatch,
+    events: &[EventInfo],
+    who: WhoProfiles,
+    out: &mut Vec<PendingProfile>,
+) -> u64 {
+    let mut bytes = 0;
+    let mut push = |rp: &crate::aggregate::ResolvedProfile,
+                    id: &profile_format::ImageId,
+                    q: ProfileWho,
+                    counts: &OffsetCounts| {
+        let Some(info) = events.get(usize::from(rp.event)) else { return };
+        let (counts, total_period) = pairs_of(counts);
+        if counts.is_empty() {
+            return;
+        }
+        bytes += 160 + rp.image.path.len() as u64 + 16 * counts.len() as u64;
+        out.push(PendingProfile {
+            image: Some((
+                format!("{}.{}", id.to_text(), q.file_component()),
+                SpoolImage {
+                    kind: rp.image.kind,
+                    path: rp.image.path.clone(),
+                    jit: rp.image.jit_symbols.clone(),
+                    who: Some(q),
+                },
+            )),
+            desc: info.desc.clone(),
+            counts,
+            total_period,
+        });
+    };
+    let mut by_cgroup: BTreeMap<
+        (String, String, u16),
+        (crate::aggregate::ResolvedProfile, profile_format::ImageId),
+    > = BTreeMap::new();
+    for ((id, ev, pid), rp) in pp {
+        if who.by_pid {
+            let q = ProfileWho::Pid { pid, command: names.command(pid) };
+            push(&rp, &id, q, &rp.counts);
+        }
+        if who.by_cgroup {
+            let path = names.cgroup(pid);
+            if !path.starts_with('/') {
+                continue;
+            }
+            match by_cgroup.entry((path, id.to_text(), ev)) {
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert((rp, id));
+                }
+                std::collections::btree_map::Entry::Occupied(mut o) => {
+                    let acc = &mut o.get_mut().0;
+                    for (off, (c, p)) in &rp.counts {
+                        let e = acc.counts.entry(*off).or_insert((0, 0));
+                        e.0 += c;
+                        e.1 = e.1.saturating_add(*p);
+                    }
+                }
+            }
+        }
+    }
+    for ((path, _, _), (rp, id)) in by_cgroup {
+        push(&rp, &id, ProfileWho::Cgroup { path }, &rp.counts);
+    }
+    bytes
 }
 
 /// Batches not yet in the spool, oldest first, and what was dropped past the memory bound.

@@ -69,28 +69,28 @@ impl Schedule {
     }
 
     /// Up to `cap` profiles whose turn has come and that have grown enough to be rewritten,
-    /// oldest turn first.
+    /// flat profiles first, then oldest turn first.
     pub fn due(&self, now: Instant, cap: usize, max_delay: Duration) -> Vec<SpoolKey> {
-        let mut due: Vec<(Instant, &SpoolKey)> = self
+        let mut due: Vec<(bool, Instant, &SpoolKey)> = self
             .dirty
             .iter()
             .filter(|(k, d)| **d <= now && self.grown_enough(k, now, max_delay))
-            .map(|(k, d)| (*d, k))
+            .map(|(k, d)| (is_qualified(k), *d, k))
             .collect();
         due.sort();
-        due.into_iter().take(cap).map(|(_, k)| k.clone()).collect()
+        due.into_iter().take(cap).map(|(_, _, k)| k.clone()).collect()
     }
 
-    /// Every dirty profile (of `epoch`, or all), oldest turn first.
+    /// Every dirty profile (of `epoch`, or all), flat profiles first, then oldest turn first.
     pub fn all(&self, epoch: Option<&str>) -> Vec<SpoolKey> {
-        let mut keys: Vec<(Instant, &SpoolKey)> = self
+        let mut keys: Vec<(bool, Instant, &SpoolKey)> = self
             .dirty
             .iter()
             .filter(|(k, _)| epoch.is_none_or(|e| k.epoch == e))
-            .map(|(k, d)| (*d, k))
+            .map(|(k, d)| (is_qualified(k), *d, k))
             .collect();
         keys.sort();
-        keys.into_iter().map(|(_, k)| k.clone()).collect()
+        keys.into_iter().map(|(_, _, k)| k.clone()).collect()
     }
 
     /// `key` was published; its file now holds `samples` (`None`: nothing was written).
@@ -119,11 +119,22 @@ impl Schedule {
     }
 }
 
+/// Whether a key is a per-process or per-cgroup profile's (`<image id>.<who>`). They are
+/// published after the flat profiles: a machine starting hundreds of processes a minute with
+/// `by_pid` makes thousands of them (BENCHMARKS.md, "Who table"), and the flat reports must
+/// not wait behind them.
+fn is_qualified(k: &SpoolKey) -> bool {
+    k.image.as_deref().is_some_and(|t| t.contains('.'))
+}
+
 /// Identity of the published file of a spool key.
 pub(super) struct Target {
     pub epoch: EpochId,
     /// `None` for the event's unknown profile.
     pub image: Option<ImageId>,
+    /// `pid-N` / `cg-HASH` of a per-process or per-cgroup profile (FORMAT.md §5.6), whose
+    /// spool key's image text is `<image id text>.<this>`.
+    pub who: Option<String>,
 }
 
 /// The published profile could not be read.
@@ -166,7 +177,26 @@ impl Target {
                 return None;
             }
         };
-        let image = match &key.image {
+        let (text, who) = match key.image.as_deref().map(|t| t.split_once('.')) {
+            Some(Some((id, who))) => (Some(id), Some(who.to_owned())),
+            Some(None) => (key.image.as_deref(), None),
+            None => (None, None),
+        };
+        let valid_who = who.as_deref().is_none_or(|w| {
+            w.strip_prefix("pid-").is_some_and(|n| n.parse::<u32>().is_ok())
+                || w.strip_prefix("cg-").is_some_and(|h| {
+                    h.len() == 16
+                        && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+                })
+        });
+        if !valid_who {
+            tracing::error!(
+                image = key.image,
+                "store: spool names an invalid qualified profile; discarded"
+            );
+            return None;
+        }
+        let image = match text {
             None => None,
             Some(text) => match ImageId::parse(text) {
                 Ok(id) => Some(id),
@@ -176,13 +206,19 @@ impl Target {
                 }
             },
         };
-        Some(Self { epoch, image })
+        Some(Self { epoch, image, who })
     }
 
     pub fn path(&self, hd: &HostDir, key: &SpoolKey) -> PathBuf {
-        match &self.image {
-            None => hd.unknown_path(&key.event),
-            Some(id) => hd.profile_path(id, &key.event),
+        match (&self.image, &self.who) {
+            (None, _) => hd.unknown_path(&key.event),
+            (Some(id), None) => hd.profile_path(id, &key.event),
+            (Some(id), Some(who)) => hd.path.join(format!(
+                "{}.{}.{who}{}",
+                id.to_text(),
+                profile_format::event_file_component(&key.event),
+                profile_format::PROFILE_SUFFIX
+            )),
         }
     }
 
@@ -235,7 +271,15 @@ impl Target {
                 spool.quarantine(inc);
                 continue;
             }
+            let who = inc.image.as_ref().and_then(|i| i.who.clone());
+            if who.as_ref().map(profile_format::ProfileWho::file_component) != self.who {
+                tracing::error!(seq = inc.seq, event = %inc.desc.name, who = ?who, name = ?self.who,
+                    "spool: increment's process or cgroup does not match its profile; quarantined");
+                spool.quarantine(inc);
+                continue;
+            }
             let mut delta = Profile::new(header);
+            delta.who = who;
             for (off, c) in counts {
                 delta.add(off, c, 0);
             }
@@ -350,6 +394,17 @@ mod tests {
         s.mark(k.clone(), t + IV, IV, None);
         s.mark(k.clone(), t + IV, IV, Some(1));
         assert_eq!(s.due(t + IV, 8, MAX_DELAY), vec![k]);
+    }
+
+    #[test]
+    fn flat_profiles_are_published_before_per_process_ones() {
+        let t = Instant::now();
+        let mut s = Schedule::default();
+        let (pid, flat) = (key("b01.pid-7"), key("b02"));
+        s.mark(pid.clone(), t, IV, Some(1));
+        s.mark(flat.clone(), t + IV / 2, IV, Some(1));
+        assert_eq!(s.all(None), vec![flat.clone(), pid.clone()]);
+        assert_eq!(s.due(t + 2 * IV, 1, MAX_DELAY), vec![flat]);
     }
 
     #[test]

@@ -13,9 +13,15 @@
 //! ```text
 //! kind 1 (a flush):
 //! seq, epoch (bytes),
-//! defs: n, each: tag (1 event | 2 image), id, then
+//! defs: n, each: tag (1 event | 2 image | 3 qualified image), id, then
 //!       event: name, perf_type, perf_config, period_mean, period_min, period_max
 //!       image: id text, kind, path, n jit, (start, size, name)*
+//!       qualified image (a per-process or per-cgroup profile, `by_pid`/`by_cgroup`): as an
+//!       image, whose id text is `<image id text>.<pid-N | cg-HASH>`, then who: 1 (pid),
+//!       pid, command | 2 (cgroup), path. Only a dcpid with `by_pid`/`by_cgroup` on writes
+//!       it. A dcpid that predates tag 3 cannot tell where such a definition ends: after a
+//!       downgrade it quarantines (and counts) the records that hold one, flat increments
+//!       included, so empty the spool (`dcpictl flush`) before downgrading.
 //! summary delta: samples, unknown, lost, throttled, n, (event id, samples, total_period,
 //!       time_enabled_ns, time_running_ns)*
 //! increments: n, each: image id (0 = the event's unknown profile), event id, total_period,
@@ -65,7 +71,7 @@ mod stacks;
 pub use stacks::STACKS_KEY_IMAGE;
 
 use profile_format::varint::{self, VarintError};
-use profile_format::{pairs, EventDesc, ImageKind, JitSymbol};
+use profile_format::{pairs, EventDesc, ImageKind, JitSymbol, ProfileWho};
 
 /// First bytes of every segment.
 pub const SEGMENT_MAGIC: &[u8; 8] = b"DCPISPL1";
@@ -108,6 +114,8 @@ pub struct SpoolImage {
     pub kind: ImageKind,
     pub path: Vec<u8>,
     pub jit: Vec<JitSymbol>,
+    /// The process or cgroup of a qualified profile (its id text says which, too).
+    pub who: Option<ProfileWho>,
 }
 
 /// One profile's increment, to append: counts as (offset, count), offsets strictly ascending,
@@ -206,9 +214,21 @@ impl Defs {
             }
         }
         let id = self.take_id();
-        varint::write_u64(out, 2);
+        varint::write_u64(out, if img.who.is_some() { 3 } else { 2 });
         varint::write_u64(out, id);
         encode_image(out, text, img);
+        match &img.who {
+            None => {}
+            Some(ProfileWho::Pid { pid, command }) => {
+                varint::write_u64(out, 1);
+                varint::write_u64(out, u64::from(*pid));
+                put_bytes(out, command);
+            }
+            Some(ProfileWho::Cgroup { path }) => {
+                varint::write_u64(out, 2);
+                put_bytes(out, path.as_bytes());
+            }
+        }
         *n += 1;
         self.images.insert(text.to_owned(), (id, Arc::new(img.clone())));
         id
@@ -336,7 +356,19 @@ fn decode_image(c: &mut Cursor<'_>) -> Result<(String, SpoolImage), String> {
         let size = c.u()?;
         jit.push(JitSymbol { start, size, name: c.string()? });
     }
-    Ok((text, SpoolImage { kind, path, jit }))
+    Ok((text, SpoolImage { kind, path, jit, who: None }))
+}
+
+/// The qualifier of a tag 3 definition (after its image).
+fn decode_who(c: &mut Cursor<'_>) -> Result<ProfileWho, String> {
+    match c.u()? {
+        1 => {
+            let pid = u32::try_from(c.u()?).map_err(|_| "pid exceeds 32 bits".to_string())?;
+            Ok(ProfileWho::Pid { pid, command: c.bytes()?.to_vec() })
+        }
+        2 => Ok(ProfileWho::Cgroup { path: c.string()? }),
+        t => Err(format!("unknown qualifier tag {t}")),
+    }
 }
 
 /// An increment of a parsed record: image id text, offset of the entry in the payload, its
@@ -416,6 +448,11 @@ fn parse_flush(mut c: Cursor<'_>, defs: &mut SegDefs) -> Result<Parsed, String> 
             }
             2 => {
                 let (text, img) = decode_image(&mut c)?;
+                defs.1.insert(id, (text, Arc::new(img)));
+            }
+            3 => {
+                let (text, mut img) = decode_image(&mut c)?;
+                img.who = Some(decode_who(&mut c)?);
                 defs.1.insert(id, (text, Arc::new(img)));
             }
             t => return Err(format!("unknown definition tag {t}")),
@@ -1062,12 +1099,48 @@ mod tests {
     }
 
     #[test]
+    fn qualified_images_survive_a_reopen_beside_the_flat_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, _) = Spool::open(dir.path(), Duration::from_secs(60)).unwrap();
+        let flat =
+            SpoolImage { kind: ImageKind::Elf, path: b"/bin/x".to_vec(), jit: vec![], who: None };
+        let pid = SpoolImage {
+            who: Some(ProfileWho::Pid { pid: 42, command: b"busy".to_vec() }),
+            ..flat.clone()
+        };
+        let cg =
+            SpoolImage { who: Some(ProfileWho::Cgroup { path: "/a/b".into() }), ..flat.clone() };
+        let d = desc();
+        let (c1, c2) = (vec![(10, 3)], vec![(10, 2)]);
+        let inc = [
+            Increment { image: Some(("b01", &flat)), desc: &d, total_period: 3, counts: &c1 },
+            Increment { image: Some(("b01.pid-42", &pid)), desc: &d, total_period: 2, counts: &c2 },
+            Increment { image: Some(("b01.cg-00", &cg)), desc: &d, total_period: 2, counts: &c2 },
+        ];
+        s.append("E1", &inc, &SummaryDelta::default(), Instant::now()).unwrap();
+        drop(s);
+        let (mut s, rec) = Spool::open(dir.path(), Duration::from_secs(60)).unwrap();
+        assert_eq!(rec.quarantined, 0);
+        assert_eq!(
+            rec.keys,
+            vec![key(Some("b01")), key(Some("b01.cg-00")), key(Some("b01.pid-42"))]
+        );
+        for (k, img, c) in [("b01", &flat, &c1), ("b01.pid-42", &pid, &c2), ("b01.cg-00", &cg, &c2)]
+        {
+            let incs = s.increments(&key(Some(k)));
+            assert_eq!(**incs[0].image.as_ref().unwrap(), *img, "{k}");
+            assert_eq!(s.counts(&incs[0]).unwrap().unwrap().1, *c, "{k}");
+        }
+    }
+
+    #[test]
     fn append_reopen_publish_and_delete() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("sub/spool");
         let (mut s, rec) = Spool::open(&p, Duration::from_secs(60)).unwrap();
         assert!(rec.keys.is_empty());
-        let img = SpoolImage { kind: ImageKind::Elf, path: b"/bin/x".to_vec(), jit: vec![] };
+        let img =
+            SpoolImage { kind: ImageKind::Elf, path: b"/bin/x".to_vec(), jit: vec![], who: None };
         let d = desc();
         let counts = vec![(10, 2), (20, 1)];
         let inc = [
@@ -1110,7 +1183,8 @@ mod tests {
     fn corrupt_record_is_quarantined_and_torn_tail_ignored() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("spool");
-        let img = SpoolImage { kind: ImageKind::Elf, path: b"/bin/x".to_vec(), jit: vec![] };
+        let img =
+            SpoolImage { kind: ImageKind::Elf, path: b"/bin/x".to_vec(), jit: vec![], who: None };
         let d = desc();
         let c1 = vec![(10, 2)];
         let c2 = vec![(30, 4)];

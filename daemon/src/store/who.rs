@@ -17,9 +17,20 @@ use crate::who::WhoBatch;
 /// for a long time): ~100 bytes each.
 const MAX_ROWS: usize = 1_000_000;
 
+/// Which qualified profiles (FORMAT.md §5.6) the store writes beside the flat ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WhoProfiles {
+    /// One profile per (image, event, process) (`by_pid`).
+    pub by_pid: bool,
+    /// One profile per (image, event, cgroup) (`by_cgroup`).
+    pub by_cgroup: bool,
+}
+
 /// Who counts not yet written, per epoch.
 #[derive(Debug, Default)]
 pub(super) struct WhoAccum {
+    /// Qualified profiles to make from the batches' per-process profiles.
+    pub profiles: WhoProfiles,
     /// Keep the pid in rows (`by_pid`); otherwise rows are per (cgroup, command, image, event).
     by_pid: bool,
     tables: BTreeMap<String, WhoTable>,
@@ -30,6 +41,13 @@ impl Store {
     /// `by_pid`: keep one row per process in the who table (reports `--by pid`).
     pub fn set_who_by_pid(&mut self, on: bool) {
         self.who.by_pid = on;
+    }
+
+    /// Per-process (`by_pid`) and per-cgroup (`by_cgroup`) profiles beside the flat ones, from
+    /// the batches' [`crate::aggregate::Resolved::pid_profiles`] (the aggregator makes them
+    /// when [`crate::aggregate::Aggregator::set_who_profiles`] is on).
+    pub fn set_who_profiles(&mut self, p: WhoProfiles) {
+        self.who.profiles = p;
     }
 
     /// Take a batch's who counts into the current epoch's table.

@@ -20,5 +20,6 @@ mod store_spool_quarantine;
 mod store_summary_index;
 mod store_support;
 mod store_who;
+mod store_who_profiles;
 mod thread_watch;
 mod who_attribution;

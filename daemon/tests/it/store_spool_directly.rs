@@ -30,7 +30,8 @@ fn spool_directly_keeps_the_last_stack_increments_for_the_next_start() {
     p.add(&[(ix, 0x40)], true, 10);
     r.stacks.insert(0, p);
     let ev = vec![EventInfo { desc: desc(), source: "software".into() }];
-    let n = Store::spool_directly(&cfg(root), &ev, &epoch, r, 0, 0).expect("spool directly");
+    let n = Store::spool_directly(&cfg(root), &ev, &epoch, r, 0, 0, Default::default())
+        .expect("spool directly");
     assert_eq!(n, 30);
 
     let mut s = Store::open(cfg(root));

@@ -22,7 +22,8 @@ fn id_text(img: u8) -> String {
 /// would have left them.
 fn spool_records(dir: &Path, epoch: &EpochId, recs: &[(u8, &EventDesc, u64, u64)]) {
     let (mut sp, _) = Spool::open(dir, Duration::from_secs(60)).unwrap();
-    let img = SpoolImage { kind: ImageKind::Elf, path: b"/usr/bin/x".to_vec(), jit: vec![] };
+    let img =
+        SpoolImage { kind: ImageKind::Elf, path: b"/usr/bin/x".to_vec(), jit: vec![], who: None };
     for &(i, d, off, count) in recs {
         let text = id_text(i);
         let counts = [(off, count)];

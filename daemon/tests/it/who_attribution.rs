@@ -89,3 +89,50 @@ fn idle_samples_are_the_idle_image_and_kernel_time_is_per_process() {
     assert_eq!((rows[0].pid, rows[0].image.as_slice(), rows[0].samples), (0, &b"[idle]"[..], 30));
     assert_eq!((rows[1].pid, rows[1].command.as_slice()), (7, &b"kworker/0:1"[..]));
 }
+
+/// Per-process profiles (`by_pid`/`by_cgroup`): off, batches carry none and every process's
+/// kernel samples share one table entry; on, each process's kernel samples are its own
+/// profile (pid 0 stays `[idle]`), and the flat profiles are the same either way.
+#[test]
+fn per_process_profiles_split_kernel_time_by_process_only_when_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |on: bool| {
+        let agg = Aggregator::new(Resolver::new(fake_kernel(dir.path())), 1);
+        agg.set_who_profiles(on);
+        let mut s: Vec<Sample> = (0..4).map(|i| ksample(10 + i, 7, 0)).collect();
+        s.extend((0..6).map(|i| ksample(20 + i, 8, 0)));
+        s.extend((0..3).map(|i| ksample(30 + i, 0, 0)));
+        agg.on_drain(0, 1000, &mut s, &mut Vec::new());
+        let created = agg.stats().entries_created;
+        (agg.flush_all(), created)
+    };
+    let (off, created_off) = run(false);
+    assert!(off.pid_profiles.is_none());
+    assert_eq!(created_off, 2, "one kernel entry for pids 7 and 8, one for the idle task");
+    let (on, created_on) = run(true);
+    assert_eq!(created_on, 3);
+    let flat = |r: &dcpid::aggregate::Resolved| {
+        let mut v: Vec<(Vec<u8>, u64)> = r
+            .profiles
+            .values()
+            .map(|p| (p.image.path.clone(), p.counts.values().map(|c| c.0).sum()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(flat(&on), flat(&off));
+    let pp = on.pid_profiles.as_ref().expect("per-process profiles");
+    let mut got: Vec<(u32, Vec<u8>, u64)> = pp
+        .iter()
+        .map(|((_, _, pid), p)| (*pid, p.image.path.clone(), p.counts.values().map(|c| c.0).sum()))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (0, b"[idle]".to_vec(), 3),
+            (7, b"[kernel.kallsyms]".to_vec(), 4),
+            (8, b"[kernel.kallsyms]".to_vec(), 6)
+        ]
+    );
+}

@@ -82,6 +82,7 @@ fn profile() -> impl Strategy<Value = Profile> {
                         sequence,
                         jit_symbols,
                     },
+                    who: None,
                     counts,
                 }
             },

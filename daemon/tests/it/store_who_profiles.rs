@@ -1,0 +1,170 @@
+//! Store: per-process (`by_pid`) and per-cgroup (`by_cgroup`) profiles (FORMAT.md §5.6) are
+//! written beside the unchanged flat profiles, merged across flushes through the spool, and a
+//! corrupt one is set aside like a flat profile.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dcpid::aggregate::{ImageInfo, OffsetCounts, Resolved, ResolvedProfile};
+use dcpid::store::{EventInfo, Store, StoreConfig, WhoProfiles};
+use profile_format::{Database, EventDesc, HostDir, ImageId, ImageKind, Profile, ProfileWho};
+
+fn open(root: &Path, who: WhoProfiles) -> Store {
+    let mut s = Store::open(StoreConfig {
+        db: root.join("db"),
+        spool: root.join("spool"),
+        host: "h".into(),
+        flush_interval: Duration::from_secs(2),
+        publish_interval: Duration::from_secs(60),
+        publish_max_delay: Duration::from_secs(360),
+        max_memory_bytes: 64 << 20,
+        retention_days: 7,
+        retention_keep: 3,
+    });
+    s.set_events(vec![EventInfo {
+        desc: EventDesc {
+            name: "cpu-clock".into(),
+            perf_type: 1,
+            perf_config: 0,
+            period_mean: 1000,
+            period_min: 1000,
+            period_max: 1000,
+        },
+        source: "software".into(),
+    }]);
+    s.set_who_profiles(who);
+    s
+}
+
+fn image() -> Arc<ImageInfo> {
+    Arc::new(ImageInfo {
+        kind: ImageKind::Elf,
+        id: ImageId::BuildId(vec![1; 20]),
+        path: b"/usr/bin/web".to_vec(),
+        jit_symbols: vec![],
+    })
+}
+
+/// /usr/bin/web run by pids 42 and 44 (cgroup /a.service) and 43 (/b.service): `n` samples
+/// each at offset 0x40 times (1, 2, 3), and pid 43 `n` more at 0x80.
+fn batch(n: u64) -> Resolved {
+    let img = image();
+    let mut r = Resolved::default();
+    let mut pp = dcpid::aggregate::PidProfiles::default();
+    let mut flat = OffsetCounts::default();
+    for (pid, k, extra) in [(42u32, 1u64, 0u64), (43, 2, n), (44, 3, 0)] {
+        let mut c = OffsetCounts::default();
+        c.insert(0x40, (k * n, k * n * 1000));
+        if extra > 0 {
+            c.insert(0x80, (extra, extra * 1000));
+        }
+        for (o, v) in &c {
+            let f = flat.entry(*o).or_insert((0, 0));
+            f.0 += v.0;
+            f.1 += v.1;
+        }
+        pp.insert(
+            (img.id.clone(), 0, pid),
+            ResolvedProfile { image: Arc::clone(&img), event: 0, counts: c },
+        );
+        r.who.add_user(pid, Some(&img), 0, k * n + extra);
+        r.who.comms.insert(pid, format!("web{pid}").into_bytes());
+        r.who.cgroups.insert(pid, if pid == 43 { 8 } else { 7 });
+    }
+    r.who.cgroup_paths.insert(7, "/a.service".into());
+    r.who.cgroup_paths.insert(8, "/b.service".into());
+    r.samples = 7 * n;
+    r.profiles.insert(
+        (img.id.clone(), 0),
+        ResolvedProfile { image: Arc::clone(&img), event: 0, counts: flat },
+    );
+    r.pid_profiles = Some(pp);
+    r
+}
+
+fn host_dir(root: &Path, s: &Store) -> HostDir {
+    let db = Database::open(&root.join("db")).expect("db");
+    db.host_dir(s.current_epoch().expect("epoch"), "h").expect("host dir")
+}
+
+fn counts(p: &Profile) -> Vec<(u64, u64)> {
+    p.counts.iter().map(|(o, c)| (*o, *c)).collect()
+}
+
+#[test]
+fn per_process_and_per_cgroup_profiles_add_up_across_flushes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(dir.path(), WhoProfiles { by_pid: true, by_cgroup: true });
+    s.add(batch(10), 0, 0);
+    s.flush_everything().expect("flush");
+    s.add(batch(5), 0, 0);
+    s.flush_everything().expect("flush");
+    let hd = host_dir(dir.path(), &s);
+    let id = image().id.clone();
+
+    // The flat profile is what it would be without them, and the only one `profiles` lists.
+    let flat = hd.profiles().expect("list");
+    assert_eq!(flat.len(), 1, "{flat:?}");
+    let p = Profile::read(&hd.profile_path(&id, "cpu-clock")).expect("flat");
+    assert_eq!(counts(&p), [(0x40, 90), (0x80, 15)]);
+    assert_eq!(p.who, None);
+
+    let pid = |n: u32| ProfileWho::Pid { pid: n, command: format!("web{n}").into_bytes() };
+    for (who, want) in [
+        (pid(42), vec![(0x40, 15)]),
+        (pid(43), vec![(0x40, 30), (0x80, 15)]),
+        (pid(44), vec![(0x40, 45)]),
+        (ProfileWho::Cgroup { path: "/a.service".into() }, vec![(0x40, 60)]),
+        (ProfileWho::Cgroup { path: "/b.service".into() }, vec![(0x40, 30), (0x80, 15)]),
+    ] {
+        let path = hd.who_profile_path(&id, "cpu-clock", &who);
+        let p = Profile::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(counts(&p), want, "{who:?}");
+        assert_eq!(p.who.as_ref(), Some(&who));
+        assert_eq!(p.header.total_period, want.iter().map(|c| c.1 * 1000).sum::<u64>());
+    }
+    let listed = hd.who_profiles().expect("list");
+    assert_eq!(listed.len(), 5, "{listed:?}");
+    assert_eq!(listed.iter().filter(|e| e.pid().is_some()).count(), 3);
+    assert_eq!(listed.iter().filter(|e| e.is_cgroup()).count(), 2);
+    // The summary counts each sample once.
+    let sum = profile_format::HostSummary::read(&hd.summary_path()).expect("summary");
+    assert_eq!(sum.samples, 105);
+}
+
+#[test]
+fn only_what_is_asked_for_is_written() {
+    for (who, want) in [
+        (WhoProfiles::default(), 0),
+        (WhoProfiles { by_pid: true, by_cgroup: false }, 3),
+        (WhoProfiles { by_pid: false, by_cgroup: true }, 2),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut s = open(dir.path(), who);
+        s.add(batch(10), 0, 0);
+        s.flush_everything().expect("flush");
+        let hd = host_dir(dir.path(), &s);
+        assert_eq!(hd.who_profiles().expect("list").len(), want, "{who:?}");
+        assert_eq!(hd.profiles().expect("list").len(), 1, "{who:?}");
+    }
+}
+
+#[test]
+fn a_corrupt_per_process_profile_is_set_aside() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(dir.path(), WhoProfiles { by_pid: true, by_cgroup: false });
+    s.add(batch(10), 0, 0);
+    s.flush_everything().expect("flush");
+    let hd = host_dir(dir.path(), &s);
+    let who = ProfileWho::Pid { pid: 42, command: b"web42".to_vec() };
+    let path = hd.who_profile_path(&image().id, "cpu-clock", &who);
+    std::fs::write(&path, b"DCPIPROF garbage").expect("corrupt it");
+    s.add(batch(1), 0, 0);
+    s.flush_everything().expect("flush");
+    let p = Profile::read(&path).expect("fresh profile");
+    assert_eq!(counts(&p), [(0x40, 1)], "the corrupt file's counts are not trusted");
+    let mut aside = path.clone().into_os_string();
+    aside.push(profile_format::CORRUPT_SUFFIX);
+    assert!(Path::new(&aside).exists(), "{aside:?} missing");
+}
