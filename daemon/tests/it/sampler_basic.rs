@@ -299,7 +299,16 @@ fn follow_hotplug(hotplug_thread: bool) {
         }
     };
     let ticking = std::sync::atomic::AtomicBool::new(true);
+    // Stops the ticker however the scope ends: a failed assertion must fail the test, not
+    // leave the scope waiting for a ticker that never stops.
+    struct StopTicking<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for StopTicking<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, std::sync::atomic::Ordering::Release);
+        }
+    }
     std::thread::scope(|scope| {
+        let _stop = StopTicking(&ticking);
         if !hotplug_thread {
             scope.spawn(|| {
                 while ticking.load(std::sync::atomic::Ordering::Acquire) {
@@ -324,7 +333,6 @@ fn follow_hotplug(hotplug_thread: bool) {
         wait_for("the departed CPU's thread to stop", &|| !online(&sampler, c1));
         assert!(online(&sampler, c0));
         assert!(sampler.drain_threads_progressing(Duration::from_secs(2)));
-        ticking.store(false, std::sync::atomic::Ordering::Release);
     });
     sampler.stop();
     let drains = sink.drains.lock().unwrap();
