@@ -270,7 +270,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-type Tick = (Instant, u64, f64, Vec<(u32, u64, u64)>);
+/// (instant, samples, daemon CPU s, per CPU (cpu, drain wake-ups, drain CPU ns), resolver
+/// thread (wake-ups, CPU ns)).
+type Tick = (Instant, u64, f64, Vec<(u32, u64, u64)>, (u64, u64));
 
 struct Counters {
     lost: u64,
@@ -454,8 +456,15 @@ impl Shared {
             }
             None => (0, Vec::new()),
         };
+        let rt = self.aggregator.resolver_thread_stats();
         let mut t = lock(&self.ticks);
-        t.push_back((Instant::now(), samples, (u + s).as_secs_f64(), per_cpu));
+        t.push_back((
+            Instant::now(),
+            samples,
+            (u + s).as_secs_f64(),
+            per_cpu,
+            (rt.wakeups, rt.cpu_ns),
+        ));
         while t.len() > 2 {
             t.pop_front();
         }
@@ -479,6 +488,7 @@ impl Shared {
                     (cpu, w.saturating_sub(w0), ns.saturating_sub(ns0))
                 })
                 .collect(),
+            resolver: (b.4 .0.saturating_sub(a.4 .0), b.4 .1.saturating_sub(a.4 .1)),
         })
     }
 
@@ -720,6 +730,7 @@ impl Shared {
             stages: *lock(&self.stages),
             failed_threads: self.watch.failures(),
             resolver: &resolver,
+            resolver_thread: self.aggregator.resolver_thread_stats(),
             stacks: self.aggregator.stack_report(),
         })
     }
@@ -948,6 +959,11 @@ fn start_sampling(
     let mut resolver = Resolver::new(ResolverConfig::default());
     resolver.set_jit_limits(jit_limits(settings));
     let aggregator = Aggregator::new(resolver, ncpus);
+    // Before the drain threads start: they hand side-band records and full overflow buffers
+    // to it (they never read a file nor take the resolver for writing).
+    aggregator
+        .start_resolver_thread(Some(watch))
+        .map_err(|e| ServiceError::Thread(format!("{}: {e}", crate::aggregate::RESOLVER_THREAD)))?;
     let stacks = (settings.callchains == "fp").then(|| {
         let t = Arc::new(crate::perf::callchain::StackTables::new(
             ncpus,
@@ -1192,6 +1208,8 @@ fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
     if let Some(s) = shared.sampler.write().unwrap_or_else(|p| p.into_inner()).take() {
         s.stop();
     }
+    // The last flush applies what is still queued itself.
+    shared.aggregator.stop_resolver_thread();
     let settings = shared.settings();
     let deadline = Instant::now() + STOP_WAIT;
     let mut store = loop {

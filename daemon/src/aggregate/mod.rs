@@ -63,13 +63,13 @@ mod stacks;
 mod table;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use profile_format::{ImageId, ImageKind, UnknownReason};
 
-use crate::resolve::{AsidSpan, Resolution, Resolver, KERNEL_START};
+use crate::resolve::{AsidSpan, Prepared, RecordIo, Resolution, Resolver, KERNEL_START};
 use crate::types::{EventIdx, PerfTime, Sample, SampleSink, SideBand, TimedSideBand};
 
 use table::{Added, Entry, Table};
@@ -372,11 +372,9 @@ struct Shared {
     watermark: PerfTime,
     samples_in: u64,
     late_sideband: u64,
-    /// Late records a drain thread could not apply (the resolver was busy); whoever holds
-    /// the resolver next applies them first.
+    /// Records that arrived at or below the watermark; whoever applies records next (the
+    /// resolver thread or a flush) applies them first.
     late: Vec<TimedSideBand>,
-    /// Overflow buffers resolved by drain threads since the last flush.
-    early: Resolved,
 }
 
 impl Shared {
@@ -396,6 +394,19 @@ impl Shared {
                 out.push(rec);
             }
         }
+    }
+
+    /// Copies of the records a pop up to `limit` would apply (late ones first) whose
+    /// application reads a file: what [`RecordIo::prepare`] reads before the locks are taken.
+    fn io_needs(&self, limit: PerfTime) -> Vec<TimedSideBand> {
+        let queued = self.queues.iter().flat_map(|q| q.iter().take_while(|r| r.time <= limit));
+        self.late.iter().chain(queued).filter(|r| RecordIo::needs_io(r)).cloned().collect()
+    }
+
+    /// Whether a pop up to `limit` would apply anything.
+    fn anything_due(&self, limit: PerfTime) -> bool {
+        !self.late.is_empty()
+            || self.queues.iter().any(|q| q.front().is_some_and(|r| r.time <= limit))
     }
 
     fn recompute_watermark(&mut self, now: Instant) {
@@ -433,6 +444,59 @@ pub struct Aggregator {
     recent: Mutex<Recent>,
     /// The drain threads' stack tables, when call chains are sampled.
     stack_tables: OnceLock<Arc<crate::perf::callchain::StackTables>>,
+    /// Overflow buffers resolved by the resolver thread since the last flush. Only touched
+    /// with the resolver held for writing (its mutex is never contended).
+    early: Mutex<Resolved>,
+    /// The file reads of applying records, done before the resolver is locked.
+    record_io: RecordIo,
+    /// The resolver thread ([`Aggregator::start_resolver_thread`]) and its counters.
+    worker: Worker,
+    /// Tests: the names of the threads that took the resolver for writing.
+    #[cfg(test)]
+    writers: Mutex<Vec<String>>,
+}
+
+/// What [`Aggregator::apply_due`] returns: the guards (released by the caller), the newest
+/// time applied (0: none) and the number of records applied.
+type AppliedDue<'a> = (MutexGuard<'a, Shared>, RwLockWriteGuard<'a, Resolver>, PerfTime, usize);
+
+/// Name of the resolver thread.
+pub const RESOLVER_THREAD: &str = "dcpi-resolve";
+
+/// The resolver thread's wake-up and counters.
+#[derive(Default)]
+struct Worker {
+    /// Work was handed over (records due, a full overflow buffer) since the thread last
+    /// looked: a drain pass that finds it set does not wake the thread again.
+    wanted: AtomicBool,
+    /// A drain thread handed a full overflow buffer over (`CpuState::stashed`).
+    buffers: AtomicBool,
+    thread: OnceLock<std::thread::Thread>,
+    handle: Mutex<Option<std::thread::JoinHandle<()>>>,
+    stop: AtomicBool,
+    /// Passes run (each follows a wake-up that found work).
+    wakeups: AtomicU64,
+    /// Times a drain pass woke the thread (the others found a wake-up pending).
+    unparks: AtomicU64,
+    /// The thread's CPU time (ns) at its last pass.
+    cpu_ns: AtomicU64,
+    records: AtomicU64,
+    early_buffers: AtomicU64,
+}
+
+/// Counters of the resolver thread, for `dcpictl status`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize)]
+pub struct ResolverThreadStats {
+    /// Whether the thread runs (without it, whoever calls `on_drain` does its work).
+    pub running: bool,
+    /// Wake-ups that found work (one pass each).
+    pub wakeups: u64,
+    /// CPU time of the thread since start.
+    pub cpu_ns: u64,
+    /// Side-band records it applied.
+    pub records_applied: u64,
+    /// Full overflow buffers it resolved.
+    pub early_buffers: u64,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -449,14 +513,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn write(r: &RwLock<Resolver>) -> RwLockWriteGuard<'_, Resolver> {
     r.write().unwrap_or_else(|e| e.into_inner())
-}
-
-fn try_write(r: &RwLock<Resolver>) -> Option<RwLockWriteGuard<'_, Resolver>> {
-    match r.try_write() {
-        Ok(g) => Some(g),
-        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    }
 }
 
 fn try_read(r: &RwLock<Resolver>) -> Option<RwLockReadGuard<'_, Resolver>> {
@@ -582,6 +638,7 @@ impl Aggregator {
     pub fn with_config(resolver: Resolver, ncpus: usize, cfg: AggregatorConfig) -> Arc<Self> {
         let n = ncpus.max(1);
         let now = Instant::now();
+        let record_io = resolver.record_io();
         Arc::new(Self {
             shared: Mutex::new(Shared {
                 clocks: vec![CpuClock { drained_until: 0, last_report: now }; n],
@@ -590,7 +647,6 @@ impl Aggregator {
                 samples_in: 0,
                 late_sideband: 0,
                 late: Vec::new(),
-                early: Resolved::default(),
             }),
             resolver: RwLock::new(resolver),
             applied_until: AtomicU64::new(0),
@@ -602,6 +658,11 @@ impl Aggregator {
             cgroups: Mutex::new(CgroupNames::discover()),
             recent: Mutex::new(Recent::default()),
             stack_tables: OnceLock::new(),
+            early: Mutex::new(Resolved::default()),
+            record_io,
+            worker: Worker::default(),
+            #[cfg(test)]
+            writers: Mutex::new(Vec::new()),
         })
     }
 
@@ -626,13 +687,13 @@ impl Aggregator {
 
     /// Apply records to the resolver (in the order given), noting the pids they concern for
     /// the asid caches.
-    fn apply(&self, r: &mut Resolver, recs: &[TimedSideBand]) {
+    fn apply(&self, r: &mut Resolver, recs: &[TimedSideBand], prepared: &Prepared) {
         for rec in recs {
             if let SideBand::Cgroup { id, path } = &rec.record {
                 lock(&self.cgroups).note(*id, path);
                 continue;
             }
-            r.apply(rec);
+            r.apply_prepared(rec, prepared);
             let pid = match &rec.record {
                 SideBand::Cgroup { .. } => continue,
                 SideBand::Mmap2 { pid, .. }
@@ -644,21 +705,178 @@ impl Aggregator {
         }
     }
 
-    /// Take the resolver for a flush: everything queued up to `limit` (and every stashed late
-    /// record) is applied under the shared mutex, which is then released, so that drain
-    /// threads are never blocked while the flush resolves (they find the resolver busy, leave
-    /// their samples pending and go back to sleep). Returns the early results too.
-    fn begin_take(&self, limit: PerfTime) -> (RwLockWriteGuard<'_, Resolver>, Resolved, PerfTime) {
+    /// The resolver for writing (tests note who took it).
+    fn write_resolver(&self) -> RwLockWriteGuard<'_, Resolver> {
+        #[cfg(test)]
+        lock(&self.writers).push(std::thread::current().name().unwrap_or("?").to_string());
+        write(&self.resolver)
+    }
+
+    /// Pop every record due up to `limit` (late ones first) and apply them, under the resolver
+    /// and the shared mutex (taken here, in that order: module docs, LOCKS), after reading the
+    /// files they need with neither held. Returns the guards, the newest time applied (0:
+    /// none) and the number of records applied.
+    fn apply_due(&self, limit: PerfTime) -> AppliedDue<'_> {
+        self.try_apply_due(limit, true).expect("waits for the resolver")
+    }
+
+    /// [`Aggregator::apply_due`]; with `wait` false, `None` if the resolver is busy.
+    fn try_apply_due(&self, limit: PerfTime, wait: bool) -> Option<AppliedDue<'_>> {
+        let needs = lock(&self.shared).io_needs(limit);
+        // A record popped by someone else meanwhile was applied with its own reads; one that
+        // arrived meanwhile is read below, under the locks (late records only: anything
+        // newer than `limit` stays queued).
+        let prepared = self.record_io.prepare(&needs);
+        let mut r = if wait { self.write_resolver() } else { self.try_write_resolver()? };
         let mut sh = lock(&self.shared);
-        let mut r = write(&self.resolver);
         let mut due = Vec::new();
         sh.due_until(limit, &mut due);
         let late = std::mem::take(&mut sh.late);
         let newest = due.last().map_or(0, |d| d.time);
-        self.apply(&mut r, &late);
-        self.apply(&mut r, &due);
-        let out = std::mem::take(&mut sh.early);
+        self.apply(&mut r, &late, &prepared);
+        self.apply(&mut r, &due, &prepared);
+        if !late.is_empty() {
+            // Late records change answers below `applied_until`: the caches must not keep them.
+            self.epoch.fetch_add(1, Ordering::Release);
+        }
+        Some((sh, r, newest, late.len() + due.len()))
+    }
+
+    fn try_write_resolver(&self) -> Option<RwLockWriteGuard<'_, Resolver>> {
+        let g = match self.resolver.try_write() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        #[cfg(test)]
+        lock(&self.writers).push(std::thread::current().name().unwrap_or("?").to_string());
+        Some(g)
+    }
+
+    /// Take the resolver for a flush: everything queued up to `limit` (and every late
+    /// record) is applied under the shared mutex, which is then released, so that drain
+    /// threads are never blocked while the flush resolves (they find the resolver busy, leave
+    /// their samples pending and go back to sleep). Returns the early results too.
+    fn begin_take(&self, limit: PerfTime) -> (RwLockWriteGuard<'_, Resolver>, Resolved, PerfTime) {
+        let (sh, r, newest, _) = self.apply_due(limit);
+        drop(sh);
+        let out = std::mem::take(&mut *lock(&self.early));
         (r, out, newest)
+    }
+
+    /// Start the resolver thread ([`RESOLVER_THREAD`], under `watch` if given): from then on,
+    /// drain threads hand records due and full overflow buffers to it instead of doing the
+    /// work themselves. It ends when [`Aggregator::stop_resolver_thread`] is called or the
+    /// aggregator is dropped.
+    pub fn start_resolver_thread(
+        self: &Arc<Self>,
+        watch: Option<&Arc<crate::watch::Watch>>,
+    ) -> std::io::Result<()> {
+        let weak = Arc::downgrade(self);
+        let w = watch.cloned();
+        let body = move || loop {
+            // Holding only a weak reference between passes: dropping the aggregator ends it.
+            let Some(agg) = weak.upgrade() else { return };
+            if agg.worker.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if let Some(w) = &w {
+                w.fault_point(RESOLVER_THREAD);
+            }
+            if agg.worker.wanted.swap(false, Ordering::AcqRel) {
+                agg.worker.wakeups.fetch_add(1, Ordering::Relaxed);
+                agg.resolve_pass(true);
+                agg.worker.cpu_ns.store(crate::sys::time::thread_cpu_ns(), Ordering::Relaxed);
+                continue;
+            }
+            drop(agg);
+            // An unpark between the check above and here makes this return at once.
+            std::thread::park();
+        };
+        let handle = match watch {
+            Some(w) => w.spawn(RESOLVER_THREAD.into(), true, body)?,
+            None => std::thread::Builder::new().name(RESOLVER_THREAD.into()).spawn(body)?,
+        };
+        let _ = self.worker.thread.set(handle.thread().clone());
+        *lock(&self.worker.handle) = Some(handle);
+        Ok(())
+    }
+
+    /// Stop the resolver thread and wait for it (queued records are then applied by the
+    /// flushes, which do that anyway).
+    pub fn stop_resolver_thread(&self) {
+        self.worker.stop.store(true, Ordering::Release);
+        if let Some(t) = self.worker.thread.get() {
+            t.unpark();
+        }
+        let handle = lock(&self.worker.handle).take();
+        if let Some(h) = handle {
+            if h.thread().id() != std::thread::current().id() {
+                // A panic was recorded by the watch (or, unwatched, is the caller's to see).
+                let _ = h.join();
+            }
+        }
+    }
+
+    pub fn resolver_thread_stats(&self) -> ResolverThreadStats {
+        let w = &self.worker;
+        ResolverThreadStats {
+            running: w.thread.get().is_some() && !w.stop.load(Ordering::Acquire),
+            wakeups: w.wakeups.load(Ordering::Relaxed),
+            cpu_ns: w.cpu_ns.load(Ordering::Relaxed),
+            records_applied: w.records.load(Ordering::Relaxed),
+            early_buffers: w.early_buffers.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Hand work to the resolver thread: wake it unless a wake-up is already pending.
+    /// Returns false when there is no resolver thread.
+    fn wake_resolver(&self) -> bool {
+        let Some(t) = self.worker.thread.get() else { return false };
+        if !self.worker.wanted.swap(true, Ordering::AcqRel) {
+            self.worker.unparks.fetch_add(1, Ordering::Relaxed);
+            t.unpark();
+        }
+        true
+    }
+
+    /// The resolver thread's work (module docs, LOCKS): apply the records due up to the
+    /// watermark (reading their files first, with no lock held), move `applied_until`, then
+    /// resolve the full overflow buffers drain threads handed over. Without a resolver thread
+    /// (unit tests, benches), `on_drain`'s caller runs it with `wait` false: it then never
+    /// waits for the resolver (work it finds busy is left for the next pass or the flush).
+    fn resolve_pass(&self, wait: bool) {
+        let wm = {
+            let sh = lock(&self.shared);
+            sh.anything_due(sh.watermark).then_some(sh.watermark)
+        };
+        let applied = wm.and_then(|wm| Some((wm, self.try_apply_due(wm, wait)?)));
+        if let Some((wm, (sh, r, _, n))) = applied {
+            // Every record at or below `wm` is applied: any that arrived since the peek above
+            // with a time at or below it was late (the watermark had passed it) and applied.
+            self.applied_until.fetch_max(wm, Ordering::Release);
+            drop(r);
+            drop(sh);
+            self.worker.records.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        if self.worker.buffers.swap(false, Ordering::AcqRel) {
+            // Taken from the CPUs only with the resolver held, so that a flush (which holds
+            // it too) either finds a buffer still stashed or its entries in `early`: a cut
+            // never misses one nor gets one of a later batch.
+            let r = if wait { Some(self.write_resolver()) } else { self.try_write_resolver() };
+            let Some(mut r) = r else {
+                self.worker.buffers.store(true, Ordering::Release);
+                return;
+            };
+            r.begin_batch();
+            let mut early = lock(&self.early);
+            for cpu in &self.cpus {
+                let Some(full) = lock(cpu).stashed.take() else { continue };
+                full.iter().for_each(|e| resolve_entry(&mut r, &self.idle, e, &mut early));
+                lock(cpu).return_overflow(full);
+                self.worker.early_buffers.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Swap out every per-CPU table (after aggregating what the watermark allows) and resolve.
@@ -738,6 +956,10 @@ impl Aggregator {
             newest = newest.max(newest_pending(&c.pending, limit));
             let mut full: Vec<Vec<Entry>> = c.stashed.take().into_iter().collect();
             loop {
+                if c.overflow.len() >= c.overflow_cap {
+                    // Left full by a drain pass that could not hand it over.
+                    full.push(c.take_overflow());
+                }
                 let rr: &Resolver = r;
                 let stop = aggregate_pending(&mut c, limit, &self.horizon(), |pid, t| {
                     Some((rr.asid_span(pid, t), applied))
@@ -841,55 +1063,51 @@ impl Aggregator {
     }
 
     pub fn with_resolver<R>(&self, f: impl FnOnce(&mut Resolver) -> R) -> R {
-        let out = f(&mut write(&self.resolver));
+        let out = f(&mut self.write_resolver());
         self.epoch.fetch_add(1, Ordering::Release);
         out
     }
 
     /// Step 3 of a drain pass (module docs): aggregate what the watermark allows (never past a
-    /// cut in progress, nor past what has been applied to the resolver), draining the overflow
-    /// buffer early as often as it fills. Never waits for the resolver: when a flush holds it,
-    /// a full overflow buffer is stashed for the flush and the samples stay pending.
-    fn aggregate_cpu(&self, slot: usize, wm: PerfTime) {
+    /// cut in progress, nor past what has been applied to the resolver). Never waits for the
+    /// resolver: when it is busy, the samples stay pending. A full overflow buffer is handed
+    /// to the resolver thread (`stashed`) and aggregation goes on in the spare; when the spare
+    /// is out too, the rest stays pending until a later pass. Returns whether it handed a
+    /// buffer over.
+    fn aggregate_cpu(&self, slot: usize, wm: PerfTime) -> bool {
         let mut c = lock(&self.cpus[slot]);
+        let mut handed = false;
         loop {
-            let full = match c.stashed.take() {
-                Some(f) => f,
-                None => {
-                    let wm = wm
-                        .min(self.cap.load(Ordering::SeqCst))
-                        .min(self.applied_until.load(Ordering::Acquire));
-                    let c = &mut *c;
-                    c.cache.check_epoch(self.epoch.load(Ordering::Acquire));
-                    let mut guard: Option<RwLockReadGuard<'_, Resolver>> = None;
-                    let stop = aggregate_pending(c, Some(wm), &self.horizon(), |pid, t| {
-                        if guard.is_none() {
-                            guard = Some(try_read(&self.resolver)?);
-                        }
-                        let applied = self.applied_until.load(Ordering::Acquire);
-                        guard.as_ref().map(|r| (r.asid_span(pid, t), applied))
-                    });
-                    drop(guard);
-                    if stop != Stop::OverflowFull {
-                        return;
-                    }
-                    c.early_drains += 1;
-                    c.take_overflow()
+            if c.overflow.len() >= c.overflow_cap {
+                // The resolver thread holds the spare until it has resolved the last one.
+                if c.stashed.is_some() || c.spare_overflow.capacity() < c.overflow_cap {
+                    break;
                 }
-            };
-            // Lock order CPU -> shared is safe: nobody holds the shared mutex while waiting
-            // for a CPU's (flushes release it before taking the tables).
-            let mut sh = lock(&self.shared);
-            let Some(mut r) = try_write(&self.resolver) else {
+                c.early_drains += 1;
+                let full = c.take_overflow();
                 c.stashed = Some(full);
-                return;
-            };
-            r.begin_batch();
-            full.iter().for_each(|e| resolve_entry(&mut r, &self.idle, e, &mut sh.early));
-            drop(r);
-            drop(sh);
-            c.return_overflow(full);
+                self.worker.buffers.store(true, Ordering::Release);
+                handed = true;
+            }
+            let wm = wm
+                .min(self.cap.load(Ordering::SeqCst))
+                .min(self.applied_until.load(Ordering::Acquire));
+            let c = &mut *c;
+            c.cache.check_epoch(self.epoch.load(Ordering::Acquire));
+            let mut guard: Option<RwLockReadGuard<'_, Resolver>> = None;
+            let stop = aggregate_pending(c, Some(wm), &self.horizon(), |pid, t| {
+                if guard.is_none() {
+                    guard = Some(try_read(&self.resolver)?);
+                }
+                let applied = self.applied_until.load(Ordering::Acquire);
+                guard.as_ref().map(|r| (r.asid_span(pid, t), applied))
+            });
+            drop(guard);
+            if stop != Stop::OverflowFull {
+                break;
+            }
         }
+        handed
     }
 }
 
@@ -987,7 +1205,7 @@ impl SampleSink for Aggregator {
             lock(&self.cpus[slot]).pending.extend(samples.drain(..));
         }
         let now = Instant::now();
-        let wm = {
+        let (wm, due) = {
             let mut sh = lock(&self.shared);
             let clock = cpu as usize;
             if clock >= sh.clocks.len() {
@@ -996,46 +1214,51 @@ impl SampleSink for Aggregator {
                 sh.queues.resize_with(clock + 1, VecDeque::new);
             }
             sh.samples_in += n;
-            let mut late = Vec::new();
+            let mut late = 0;
             for rec in sideband.drain(..) {
                 if rec.time <= sh.watermark {
                     // From a CPU that was left out of the watermark (or a sampler bug).
-                    late.push(rec);
+                    sh.late.push(rec);
+                    late += 1;
                 } else {
                     sh.queues[clock].push_back(rec);
                 }
             }
-            sh.late_sideband += late.len() as u64;
+            sh.late_sideband += late;
             let c = &mut sh.clocks[clock];
             c.drained_until = c.drained_until.max(drained_until);
             c.last_report = now;
             sh.recompute_watermark(now);
             let wm = sh.watermark;
-            let due_now = sh.queues.iter().any(|q| q.front().is_some_and(|r| r.time <= wm));
-            if late.is_empty() && sh.late.is_empty() && !due_now {
+            let due = sh.anything_due(wm);
+            if !due {
                 // Every record up to the watermark was applied by whoever popped it (always
                 // under this mutex, with the resolver held).
                 self.applied_until.fetch_max(wm, Ordering::Release);
-            } else if let Some(mut r) = try_write(&self.resolver) {
-                let mut due = Vec::new();
-                sh.due_until(wm, &mut due);
-                let stashed = std::mem::take(&mut sh.late);
-                self.apply(&mut r, &stashed);
-                self.apply(&mut r, &late);
-                self.apply(&mut r, &due);
-                drop(r);
-                self.applied_until.fetch_max(wm, Ordering::Release);
-                if !late.is_empty() || !stashed.is_empty() {
-                    self.epoch.fetch_add(1, Ordering::Release);
-                }
-            } else {
-                // A flush holds the resolver: it (or the next pass) applies these; the
-                // samples after them wait, pending, until then.
-                sh.late.extend(late);
             }
-            wm
+            (wm, due)
         };
-        self.aggregate_cpu(slot, wm);
+        let handed = self.aggregate_cpu(slot, wm);
+        if !(due || handed) || self.wake_resolver() {
+            return;
+        }
+        // No resolver thread: this caller does its work, then aggregates what it allows.
+        loop {
+            self.resolve_pass(false);
+            if !self.aggregate_cpu(slot, wm) {
+                break;
+            }
+        }
+    }
+}
+
+impl Drop for Aggregator {
+    fn drop(&mut self) {
+        // The resolver thread holds no reference between passes; let it see the end.
+        self.worker.stop.store(true, Ordering::Release);
+        if let Some(t) = self.worker.thread.get() {
+            t.unpark();
+        }
     }
 }
 
