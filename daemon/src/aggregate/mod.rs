@@ -10,50 +10,74 @@
 //! - `stats(&self) -> AggregatorStats`.
 //! - `with_resolver(&self, f)` gives access to the resolver (status, kallsyms snapshot).
 //!
+//! - `start_resolver_thread(&Arc<Self>, watch)` / `stop_resolver_thread(&self)`: the
+//!   resolver thread ([`RESOLVER_THREAD`]); `resolver_thread_stats(&self)`.
+//!
 //! ORDERING (daemon/ARCHITECTURE.md "Ordering across CPUs"): each drain thread reports
 //! `drained_until`; the watermark is the minimum over CPUs that reported within
 //! [`STALE_AFTER`] (never moving back). Side-band records are queued per CPU and applied to the
 //! resolver in time order (a merge of the per-CPU queues) once the watermark reaches them; a
-//! record arriving at or below the watermark (from a CPU that was left out) is applied at once
-//! and counted in `late_sideband`. Samples wait per CPU until the watermark reaches them, then
-//! go into that CPU's table under `(pid, asid, pc, event, kernel)`, where `asid` is the
+//! record arriving at or below the watermark (from a CPU that was left out) is applied by the
+//! next pass of the resolver thread (or flush), before the others, and counted in
+//! `late_sideband`; until then drain threads aggregate no sample at or after its time
+//! (`late_floor`). Samples wait per CPU until the watermark and `applied_until` reach them,
+//! then go into that CPU's table under `(pid, asid, pc, event, kernel)`, where `asid` is the
 //! address-space version in force at the sample's time (`Resolver::asid_at`); kernel samples
 //! use asid 0 and pid 1, except those of the idle task (pid 0), which keep pid 0 and resolve
 //! to the `[idle]` pseudo-image ([`crate::who`]).
 //!
+//! THREADS. Drain threads (one per CPU, SCHED_FIFO) never read a file and never take the
+//! resolver for writing: records due and full overflow buffers go to one resolver thread
+//! (daemon/ARCHITECTURE.md "The resolver thread"), woken (thread unpark) at most once per
+//! drain pass and only when a pass found records due, a late record or a full buffer; a
+//! pass that queues nothing due does not wake it. Without a resolver thread (unit tests,
+//! benches), the caller of `on_drain` does that work itself, never waiting for the resolver.
+//!
 //! LOCKS. The sample path takes no shared lock per sample, and a drain thread never waits for
 //! the resolver. Per drain pass, a drain thread
-//! (1) appends its samples to its CPU's pending queue (its own CPU mutex, which only it and
-//! the flusher touch), (2) takes the shared mutex once to queue side-band records and move the
-//! watermark; if records are due it applies them only if `try_write` gets the resolver (a
-//! flush holding it applies them itself; late records are stashed in `Shared::late`), and
-//! `applied_until` moves to the watermark only once everything up to it is applied,
-//! (3) aggregates its samples up to `min(watermark, applied_until, cut cap)` under its CPU
-//! mutex. Step 3 finds asids in a per-CPU cache `pid → (asid, valid from, valid until)`
+//! (1) appends its samples to its CPU's pending queue (its own CPU mutex, which only it, the
+//! resolver thread and the flusher touch), (2) takes the shared mutex once to queue side-band
+//! records (late ones into `Shared::late`) and move the watermark; if nothing is due and
+//! nothing late, `applied_until` moves to the watermark (sound because records are only ever
+//! popped and applied together under the shared mutex, with the resolver held), otherwise it
+//! will wake the resolver thread, (3) aggregates its samples up to `min(watermark,
+//! applied_until, cut cap)` under its CPU mutex, handing a full overflow buffer over
+//! (`CpuState::stashed`), and then wakes the resolver thread if (2) or (3) asked for it.
+//! Step 3 finds asids in a per-CPU cache `pid → (asid, valid from, valid until)`
 //! ([`Resolver::asid_span`], `until` capped at `applied_until`); on a miss it takes the
 //! resolver's read lock once for the rest of the pass, and only with `try_read`: if the
-//! flusher holds the resolver, the samples stay pending (the flusher aggregates them itself).
-//! A full overflow buffer is resolved early only if `try_write` succeeds; otherwise it is
-//! stashed in the CPU's state for the flush. The cache is cleared when `epoch` changes: after
-//! a late record, a `with_resolver` call and every `gc`, the only events that change what
+//! resolver thread or a flush holds the resolver, the samples stay pending (a later pass or
+//! the flush aggregates them). The cache is cleared when `epoch` changes: after a late
+//! record, a `with_resolver` call and every `gc`, the only events that change what
 //! `asid_span` answers for times below `applied_until`.
-//! A flush (`take_resolved`, `cut`, `flush_all`) holds the shared mutex only while it applies
-//! the records due (records are always popped and applied under it, which is what makes the
-//! drain thread's "nothing due: `applied_until` = watermark" step sound), then releases it and
-//! takes the tables and resolves them holding only the resolver (and each CPU mutex briefly, to
-//! swap its table): drain threads keep draining meanwhile.
+//! The resolver thread, per wake-up: copies (under the shared mutex, briefly) the records due
+//! up to the watermark `W` that need a file read, reads those files with no lock held
+//! ([`RecordIo::prepare`]), then takes the resolver and the shared mutex, pops and applies
+//! the late records and every record up to `W` (any record up to `W` that arrived since was
+//! late, hence popped too), moves `applied_until` to `W` and releases the shared mutex; then,
+//! if a buffer was handed over, it takes the stashed buffers out of the CPUs with the
+//! resolver still held and resolves them into `early`.
+//! A flush (`take_resolved`, `cut`, `flush_all`) does the same read-then-apply for the
+//! records up to its limit, holds the shared mutex only while it applies them, then releases
+//! it and takes the tables (and stashed buffers) and resolves them holding only the resolver
+//! (and each CPU mutex briefly, to swap its table): drain threads keep draining meanwhile.
+//! Because stashed buffers leave a CPU only with the resolver held, a flush finds every
+//! handed-over buffer either still stashed or already in `early`: barriers stay exact.
 //! Step 1 happens before step 2 so that when a flush aggregates everything up to the
 //! watermark and then runs `Resolver::gc`, no sample at or below that watermark is still in a
-//! drain thread's hands. Lock order: shared → resolver (flushes); CPU → shared (a drain
-//! thread's early drain; nobody holds the shared mutex while waiting for a CPU mutex); CPU →
-//! resolver only with `try_read`/`try_write`.
+//! drain thread's hands. Lock order: resolver → shared (the resolver thread and flushes);
+//! resolver → `early` → CPU (taking stashed buffers, swapping tables); a drain thread holds
+//! at most one of the shared and CPU mutexes at a time, and takes the resolver only with
+//! `try_read` under its CPU mutex.
 //!
 //! BOUNDED MEMORY (see [`table`]): each CPU has a fixed-size 4-way set-associative table and
 //! an overflow buffer for evicted entries. When the overflow buffer fills, the drain thread
-//! drains it early: it swaps in the spare buffer, resolves the full one into `Shared::early`
-//! (merged into the next `take_resolved`), and hands it back as the spare. Resolving early
-//! gives the same images as resolving at the flush: the versions named by the entries are
-//! kept until a flush has resolved everything below its watermark.
+//! swaps in the spare buffer and hands the full one to the resolver thread, which resolves it
+//! into `early` (merged into the next `take_resolved`) and hands it back as the spare. While
+//! the spare is out, a drain pass whose overflow buffer fills again stops there and leaves the
+//! rest of its samples pending. Resolving early gives the same images as resolving at the
+//! flush: the versions named by the entries are kept until a flush has resolved everything
+//! below its watermark.
 //!
 //! `entries_created` counts entries put in a table; each leaves it exactly once (evicted or
 //! drained), so it is also the number of entries drained, and
@@ -146,7 +170,7 @@ pub struct AggregatorConfig {
     /// last interval needed, up to this.
     pub table_entries_per_cpu: usize,
     /// Entries of each CPU's overflow buffer (32 bytes each, at least 1); two per CPU. When it
-    /// fills, the drain thread resolves it early.
+    /// fills, the resolver thread resolves it early.
     pub overflow_entries_per_cpu: usize,
 }
 
@@ -254,8 +278,8 @@ struct CpuState {
     overflow: Vec<Entry>,
     /// Empty, with capacity, unless an early drain or a flush holds it.
     spare_overflow: Vec<Entry>,
-    /// A full overflow buffer the drain thread could not resolve because the resolver was
-    /// busy (a flush holds it): the flush takes it, or the next pass resolves it.
+    /// A full overflow buffer handed to the resolver thread (or, if a flush comes first, taken
+    /// by the flush); its spare is out until the resolver thread hands it back.
     stashed: Option<Vec<Entry>>,
     overflow_cap: usize,
     cache: AsidCache,
@@ -428,6 +452,10 @@ pub struct Aggregator {
     resolver: RwLock<Resolver>,
     /// Every record with a time at or below this has been applied to the resolver, in order.
     applied_until: AtomicU64,
+    /// The oldest late record not yet applied (MAX: none): drain threads aggregate no sample
+    /// at or after it until the resolver thread has applied it. Written under the shared
+    /// mutex.
+    late_floor: AtomicU64,
     /// Bumped when the resolver changes in a way the per-CPU asid caches cannot see.
     epoch: AtomicU64,
     /// See [`Horizon::changed`].
@@ -650,6 +678,7 @@ impl Aggregator {
             }),
             resolver: RwLock::new(resolver),
             applied_until: AtomicU64::new(0),
+            late_floor: AtomicU64::new(PerfTime::MAX),
             epoch: AtomicU64::new(0),
             changed: (0..CACHE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             cpus: (0..n).map(|_| Mutex::new(CpuState::new(&cfg))).collect(),
@@ -735,6 +764,7 @@ impl Aggregator {
         let newest = due.last().map_or(0, |d| d.time);
         self.apply(&mut r, &late, &prepared);
         self.apply(&mut r, &due, &prepared);
+        self.late_floor.store(PerfTime::MAX, Ordering::Release);
         if !late.is_empty() {
             // Late records change answers below `applied_until`: the caches must not keep them.
             self.epoch.fetch_add(1, Ordering::Release);
@@ -1053,15 +1083,15 @@ impl Aggregator {
         s
     }
 
-    /// Run `f` with the resolver locked for writing (drain threads leave their samples pending
-    /// meanwhile, which is what the start-up `/proc` scan wants). `f` must not call back into
-    /// this aggregator.
     /// The resolver's counters, unless a flush holds the resolver (`try_read`: a status
     /// request never waits for a flush, and the drain threads' caches stay valid).
     pub fn try_resolver_stats(&self) -> Option<crate::resolve::ResolverStats> {
         self.resolver.try_read().ok().map(|r| r.stats())
     }
 
+    /// Run `f` with the resolver locked for writing (drain threads leave their samples pending
+    /// meanwhile, which is what the start-up `/proc` scan wants). `f` must not call back into
+    /// this aggregator.
     pub fn with_resolver<R>(&self, f: impl FnOnce(&mut Resolver) -> R) -> R {
         let out = f(&mut self.write_resolver());
         self.epoch.fetch_add(1, Ordering::Release);
@@ -1091,7 +1121,8 @@ impl Aggregator {
             }
             let wm = wm
                 .min(self.cap.load(Ordering::SeqCst))
-                .min(self.applied_until.load(Ordering::Acquire));
+                .min(self.applied_until.load(Ordering::Acquire))
+                .min(self.late_floor.load(Ordering::Acquire).saturating_sub(1));
             let c = &mut *c;
             c.cache.check_epoch(self.epoch.load(Ordering::Acquire));
             let mut guard: Option<RwLockReadGuard<'_, Resolver>> = None;
@@ -1218,6 +1249,7 @@ impl SampleSink for Aggregator {
             for rec in sideband.drain(..) {
                 if rec.time <= sh.watermark {
                     // From a CPU that was left out of the watermark (or a sampler bug).
+                    self.late_floor.fetch_min(rec.time, Ordering::AcqRel);
                     sh.late.push(rec);
                     late += 1;
                 } else {

@@ -34,6 +34,11 @@
 //! `Aggregator::with_resolver` (drain threads wait for the scan instead of aggregating samples
 //! of not-yet-scanned processes); samples that were aggregated before their process was known
 //! (asid 0) are still attributed to a process the scan found.
+//!
+//! Applying a record reads files in two cases: an exec (the owner of `/proc/PID`) and a file
+//! mapping whose MMAP2 record has no build-id (its identity). [`RecordIo::prepare`] does those
+//! reads without the resolver, and [`Resolver::apply_prepared`] takes their results, so that
+//! the aggregator's resolver thread holds the resolver's write lock only for the bookkeeping.
 
 pub mod identity;
 pub mod jit;
