@@ -543,7 +543,7 @@ impl Resolver {
                 let end = addr.saturating_add(*len);
                 let ready = prepared.identity.get(&(*pid, *addr, end, t)).cloned();
                 let image =
-                    self.mmap_image(*pid, *addr, end, *ino, build_id.as_deref(), filename, ready);
+                    self.mmap_image(*pid, *addr..end, *ino, build_id.as_deref(), filename, ready);
                 self.proc_for_update(*pid, t);
                 let asid = self.fresh_asid();
                 let Some(p) = self.procs.get_mut(pid) else { return };
@@ -636,8 +636,7 @@ impl Resolver {
     fn mmap_image(
         &mut self,
         pid: u32,
-        start: u64,
-        end: u64,
+        range: std::ops::Range<u64>,
         ino: Option<u64>,
         build_id: Option<&[u8]>,
         filename: &[u8],
@@ -651,6 +650,7 @@ impl Resolver {
             (Some(b), _) => ImageId::BuildId(b),
             (None, Some(id)) => id,
             (None, None) => {
+                let (start, end) = (range.start, range.end);
                 identify_mapping(&self.cfg.proc_root, &self.identities, pid, start, end, path, ino)
             }
         };
