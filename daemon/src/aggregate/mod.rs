@@ -746,30 +746,44 @@ impl Aggregator {
     /// files they need with neither held. Returns the guards, the newest time applied (0:
     /// none) and the number of records applied.
     fn apply_due(&self, limit: PerfTime) -> AppliedDue<'_> {
-        self.try_apply_due(limit, true).expect("waits for the resolver")
+        let prepared = self.prepare_due(limit);
+        self.apply_due_locked(self.write_resolver(), limit, &prepared)
     }
 
-    /// [`Aggregator::apply_due`]; with `wait` false, `None` if the resolver is busy.
-    fn try_apply_due(&self, limit: PerfTime, wait: bool) -> Option<AppliedDue<'_>> {
+    /// [`Aggregator::apply_due`], or `None` if the resolver is busy.
+    fn try_apply_due(&self, limit: PerfTime) -> Option<AppliedDue<'_>> {
+        let prepared = self.prepare_due(limit);
+        Some(self.apply_due_locked(self.try_write_resolver()?, limit, &prepared))
+    }
+
+    /// The file reads of the records due up to `limit`, done with no lock held.
+    fn prepare_due(&self, limit: PerfTime) -> Prepared {
         let needs = lock(&self.shared).io_needs(limit);
         // A record popped by someone else meanwhile was applied with its own reads; one that
-        // arrived meanwhile is read below, under the locks (late records only: anything
-        // newer than `limit` stays queued).
-        let prepared = self.record_io.prepare(&needs);
-        let mut r = if wait { self.write_resolver() } else { self.try_write_resolver()? };
+        // arrived meanwhile is read under the locks (late records only: anything newer than
+        // `limit` stays queued).
+        self.record_io.prepare(&needs)
+    }
+
+    fn apply_due_locked<'a>(
+        &'a self,
+        mut r: RwLockWriteGuard<'a, Resolver>,
+        limit: PerfTime,
+        prepared: &Prepared,
+    ) -> AppliedDue<'a> {
         let mut sh = lock(&self.shared);
         let mut due = Vec::new();
         sh.due_until(limit, &mut due);
         let late = std::mem::take(&mut sh.late);
         let newest = due.last().map_or(0, |d| d.time);
-        self.apply(&mut r, &late, &prepared);
-        self.apply(&mut r, &due, &prepared);
+        self.apply(&mut r, &late, prepared);
+        self.apply(&mut r, &due, prepared);
         self.late_floor.store(PerfTime::MAX, Ordering::Release);
         if !late.is_empty() {
             // Late records change answers below `applied_until`: the caches must not keep them.
             self.epoch.fetch_add(1, Ordering::Release);
         }
-        Some((sh, r, newest, late.len() + due.len()))
+        (sh, r, newest, late.len() + due.len())
     }
 
     fn try_write_resolver(&self) -> Option<RwLockWriteGuard<'_, Resolver>> {
@@ -880,7 +894,10 @@ impl Aggregator {
             let sh = lock(&self.shared);
             sh.anything_due(sh.watermark).then_some(sh.watermark)
         };
-        let applied = wm.and_then(|wm| Some((wm, self.try_apply_due(wm, wait)?)));
+        let applied = wm.and_then(|wm| {
+            let a = if wait { Some(self.apply_due(wm)) } else { self.try_apply_due(wm) };
+            Some((wm, a?))
+        });
         if let Some((wm, (sh, r, _, n))) = applied {
             // Every record at or below `wm` is applied: any that arrived since the peek above
             // with a time at or below it was late (the watermark had passed it) and applied.

@@ -554,3 +554,23 @@ fn full_overflow_buffers_are_resolved_by_the_resolver_thread_and_cuts_stay_exact
     let writers = lock(&agg.writers).clone();
     assert!(!writers.iter().any(|t| t.starts_with("dcpi-drain")), "{writers:?}");
 }
+
+#[test]
+fn a_late_record_handed_to_the_resolver_thread_still_precedes_the_samples_after_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    agg.start_resolver_thread(None).expect("resolver thread");
+    drain_pass(&agg, 0, 1000, Vec::new(), Vec::new());
+    assert_eq!(agg.stats().watermark, 1000);
+    // A record below the watermark (a CPU that was left out, or a sampler bug) and a sample
+    // after it in the same pass: the pass may not aggregate the sample before the resolver
+    // thread has applied the record.
+    drain_pass(&agg, 0, 1100, vec![sample(600, 7, BASE + 4, 1)], vec![mmap(400, 7, 1)]);
+    assert_eq!(agg.stats().late_sideband, 1);
+    wait_until("the late record to be applied", || {
+        agg.resolver_thread_stats().records_applied >= 1
+    });
+    let r = agg.take_resolved();
+    assert_eq!(count(&r, 1, 4), (1, 1), "the sample after the late mmap: {r:?}");
+    assert!(r.unknown.is_empty(), "{r:?}");
+}
