@@ -9,7 +9,6 @@
 //!   shutdown and when an epoch is closed).
 //! - `stats(&self) -> AggregatorStats`.
 //! - `with_resolver(&self, f)` gives access to the resolver (status, kallsyms snapshot).
-//!
 //! - `start_resolver_thread(&Arc<Self>, watch)` / `stop_resolver_thread(&self)`: the
 //!   resolver thread ([`RESOLVER_THREAD`]); `resolver_thread_stats(&self)`.
 //!
