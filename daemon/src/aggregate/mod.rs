@@ -490,6 +490,9 @@ type AppliedDue<'a> = (MutexGuard<'a, Shared>, RwLockWriteGuard<'a, Resolver>, P
 /// Name of the resolver thread.
 pub const RESOLVER_THREAD: &str = "dcpi-resolve";
 
+/// How long [`Aggregator::stop_resolver_thread`] waits for the thread.
+pub const RESOLVER_STOP_WAIT: Duration = Duration::from_secs(5);
+
 /// The resolver thread's wake-up and counters.
 #[derive(Default)]
 struct Worker {
@@ -845,19 +848,30 @@ impl Aggregator {
         Ok(())
     }
 
-    /// Stop the resolver thread and wait for it (queued records are then applied by the
-    /// flushes, which do that anyway).
+    /// Stop the resolver thread and wait for it, at most [`RESOLVER_STOP_WAIT`]: one stuck in
+    /// a file read (a hung NFS mount) is left behind, and the last flush applies what is
+    /// still queued (flushes do that anyway).
     pub fn stop_resolver_thread(&self) {
         self.worker.stop.store(true, Ordering::Release);
         if let Some(t) = self.worker.thread.get() {
             t.unpark();
         }
-        let handle = lock(&self.worker.handle).take();
-        if let Some(h) = handle {
-            if h.thread().id() != std::thread::current().id() {
-                // A panic was recorded by the watch (or, unwatched, is the caller's to see).
-                let _ = h.join();
-            }
+        let Some(h) = lock(&self.worker.handle).take() else { return };
+        if h.thread().id() == std::thread::current().id() {
+            return;
+        }
+        let deadline = Instant::now() + RESOLVER_STOP_WAIT;
+        while !h.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if h.is_finished() {
+            // A panic was recorded by the watch (or, unwatched, is the caller's to see).
+            let _ = h.join();
+        } else {
+            tracing::error!(
+                thread = RESOLVER_THREAD,
+                "stuck (a file read that does not return?); stopping without it"
+            );
         }
     }
 
