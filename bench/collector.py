@@ -4,9 +4,10 @@
 For each rate (per CPU) and each collector, with two busy loops running:
   - the collector's CPU over a steady window after start-up, summed over its threads from
     /proc/PID/task/*/schedstat, with the per-thread breakdown (dcpid names its threads:
-    dcpi-drain-N, dcpid-flush, ...);
-  - dcpid's drain-thread wake-ups per second, ns per sample and CPU by stage (drain = parse +
-    aggregate; flush_resolve; flush_store = spool + publish), from `dcpictl status --json`;
+    dcpi-drain-N, dcpi-resolve, dcpid-flush, ...);
+  - dcpid's drain-thread and resolver-thread wake-ups per second, ns per sample and CPU by
+    stage (drain = parse + aggregate; resolver_thread = side-band records and early overflow
+    buffers; flush_resolve; flush_store = spool + publish), from `dcpictl status --json`;
   - PERF_RECORD_LOST (dcpid status `lost`);
   - peak RSS (VmHWM) of dcpid.
 Beside them, the floor of #13's design (bench/workloads/floor.c: one pinned thread per CPU that
@@ -139,8 +140,12 @@ def cpu_window(kind, rate, args, work):
         w0 = {c["cpu"]: c["wakeups"] for c in s0["cpus"]}
         res["wakeups_per_s"] = {c["cpu"]: (c["wakeups"] - w0.get(c["cpu"], 0)) / secs
                                 for c in s1["cpus"]}
+        # The resolver thread (dcpi-resolve) is in threads_ms_per_s like every thread; its
+        # wake-ups are counted by the daemon.
+        rt0, rt1 = s0.get("resolver_thread", {}), s1.get("resolver_thread", {})
+        res["resolver_wakeups_per_s"] = (rt1.get("wakeups", 0) - rt0.get("wakeups", 0)) / secs
         st0, st1 = s0["overhead"]["stage_cpu_s"], s1["overhead"]["stage_cpu_s"]
-        res["stages_ms_per_s"] = {k: round((st1[k] - st0[k]) * 1e3 / secs, 3) for k in st1}
+        res["stages_ms_per_s"] = {k: round((st1[k] - st0.get(k, 0)) * 1e3 / secs, 3) for k in st1}
         res["lost"] = s1["lost"]
         res["status_ns_per_sample"] = s1["overhead"]["ns_per_sample"]
         res["peak_rss_kib"] = vm_hwm_kib(pid)

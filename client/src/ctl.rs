@@ -180,6 +180,15 @@ pub fn render_status(v: &StatusReport) -> String {
         );
     }
     o += &format!("total{:>18} {:>8} {:>10}\n", v.samples, v.lost, v.throttled);
+    let rt = &v.resolver_thread;
+    if rt.running {
+        // The drain threads hand side-band records and full overflow buffers to it.
+        o += &format!(
+            "resolver thread: {:.1} wake-ups/s, {:.3} ms CPU/s; {} side-band records applied, \
+             {} overflow buffers resolved\n",
+            rt.wakeups_per_s, rt.cpu_ms_per_s, rt.records_applied, rt.early_buffers
+        );
+    }
     let unk = &v.unknown;
     let reasons: Vec<String> = unk.by_reason.iter().map(|(k, n)| format!("{k} {n}")).collect();
     o += &format!(
@@ -359,7 +368,9 @@ mod tests {
             "state": "ok", "failed_threads": [],
             "perf_maps": {"read": 2, "truncated": 0, "max_bytes": 16777216, "max_entries": 100000},
             "stacks": {"recorded": 900, "truncated": 7, "overflow": 3, "empty": 0,
-                "distinct_per_cpu": [41, 17], "capacity_per_cpu": 65536, "max_stack": 127}
+                "distinct_per_cpu": [41, 17], "capacity_per_cpu": 65536, "max_stack": 127},
+            "resolver_thread": {"running": true, "wakeups": 12, "wakeups_per_s": 0.5,
+                "cpu_ms_per_s": 0.021, "records_applied": 340, "early_buffers": 2}
         })
     }
 
@@ -391,6 +402,8 @@ mod tests {
             "3.99% of one CPU",
             "20 µs per sample",
             "       1.5       0.042",
+            "resolver thread: 0.5 wake-ups/s, 0.021 ms CPU/s; 340 side-band records applied, 2 \
+             overflow buffers resolved",
             "2.500 ms CPU per second, 1253 ns per sample",
             "/etc/dcpi/dcpid.toml",
             "flush_interval: 2s -> 1s",

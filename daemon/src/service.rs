@@ -270,7 +270,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-type Tick = (Instant, u64, f64, Vec<(u32, u64, u64)>);
+/// (instant, samples, daemon CPU s, per CPU (cpu, drain wake-ups, drain CPU ns), resolver
+/// thread (wake-ups, CPU ns)).
+type Tick = (Instant, u64, f64, Vec<(u32, u64, u64)>, (u64, u64));
 
 struct Counters {
     lost: u64,
@@ -456,8 +458,15 @@ impl Shared {
             }
             None => (0, Vec::new()),
         };
+        let rt = self.aggregator.resolver_thread_stats();
         let mut t = lock(&self.ticks);
-        t.push_back((Instant::now(), samples, (u + s).as_secs_f64(), per_cpu));
+        t.push_back((
+            Instant::now(),
+            samples,
+            (u + s).as_secs_f64(),
+            per_cpu,
+            (rt.wakeups, rt.cpu_ns),
+        ));
         while t.len() > 2 {
             t.pop_front();
         }
@@ -481,6 +490,7 @@ impl Shared {
                     (cpu, w.saturating_sub(w0), ns.saturating_sub(ns0))
                 })
                 .collect(),
+            resolver: (b.4 .0.saturating_sub(a.4 .0), b.4 .1.saturating_sub(a.4 .1)),
         })
     }
 
@@ -722,6 +732,7 @@ impl Shared {
             stages: *lock(&self.stages),
             failed_threads: self.watch.failures(),
             resolver: &resolver,
+            resolver_thread: self.aggregator.resolver_thread_stats(),
             stacks: self.aggregator.stack_report(),
         })
     }
@@ -958,6 +969,11 @@ fn start_sampling(
     let aggregator = Aggregator::new(resolver, ncpus);
     // Before the first sample: kernel samples are keyed per process from the start.
     aggregator.set_who_profiles(settings.by_pid || settings.by_cgroup);
+    // Before the drain threads start: they hand side-band records and full overflow buffers
+    // to it (they never read a file nor take the resolver for writing).
+    aggregator
+        .start_resolver_thread(Some(watch))
+        .map_err(|e| ServiceError::Thread(format!("{}: {e}", crate::aggregate::RESOLVER_THREAD)))?;
     let stacks = (settings.callchains == "fp").then(|| {
         let t = Arc::new(crate::perf::callchain::StackTables::new(
             ncpus,
@@ -1219,6 +1235,8 @@ fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
     if let Some(s) = shared.sampler.write().unwrap_or_else(|p| p.into_inner()).take() {
         s.stop();
     }
+    // The last flush applies what is still queued itself.
+    shared.aggregator.stop_resolver_thread();
     let settings = shared.settings();
     let deadline = Instant::now() + STOP_WAIT;
     let mut store = loop {

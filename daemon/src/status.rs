@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 pub use dcpi_proto::status::{
     AggregationReport, ConfigReport, CpuReport, DaemonUsage, EventReport, OverheadReport,
-    RateReport, ReloadReport, StageReport, StatusReport, StoreStatus, UnknownReport,
+    RateReport, ReloadReport, ResolverThreadReport, StageReport, StatusReport, StoreStatus,
+    UnknownReport,
 };
 
 use crate::aggregate::AggregatorStats;
@@ -46,6 +47,8 @@ pub struct RecentWindow {
     pub cpu_s: f64,
     /// Per CPU: (cpu, drain thread wake-ups, drain thread CPU ns) during the window.
     pub per_cpu: Vec<(u32, u64, u64)>,
+    /// The resolver thread's (wake-ups, CPU ns) during the window.
+    pub resolver: (u64, u64),
 }
 
 /// Estimated cost (µs of the sampled CPU) of one sampling interrupt. These are estimates, not
@@ -97,6 +100,8 @@ pub struct StatusInputs<'a> {
     pub failed_threads: Vec<dcpi_proto::ThreadFailure>,
     /// The resolver's counters as last seen.
     pub resolver: &'a crate::resolve::ResolverStats,
+    /// The resolver thread's counters.
+    pub resolver_thread: crate::aggregate::ResolverThreadStats,
     /// Call-stack counters (`callchains = "fp"`).
     pub stacks: Option<dcpi_proto::StackReport>,
 }
@@ -228,6 +233,7 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
         stage_cpu_s: StageReport {
             drain: sampler_cpus.iter().map(|c| c.drain_cpu_ns).sum::<u64>() as f64 / 1e9,
             flush_resolve: i.stages.resolve_ns as f64 / 1e9,
+            resolver_thread: i.resolver_thread.cpu_ns as f64 / 1e9,
             flush_store: i.stages.store_ns as f64 / 1e9,
         },
     };
@@ -287,6 +293,27 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
             max_entries: i.settings.perf_map_max_entries as u64,
         },
         stacks: i.stacks,
+        resolver_thread: resolver_thread_report(&i.resolver_thread, i.recent.as_ref(), uptime),
+    }
+}
+
+/// The resolver thread's rates over the recent window (since start until there is one).
+fn resolver_thread_report(
+    t: &crate::aggregate::ResolverThreadStats,
+    recent: Option<&RecentWindow>,
+    uptime_s: f64,
+) -> ResolverThreadReport {
+    let (secs, wk, ns) = match recent.filter(|w| w.seconds > 0.0) {
+        Some(w) => (w.seconds, w.resolver.0, w.resolver.1),
+        None => (uptime_s, t.wakeups, t.cpu_ns),
+    };
+    ResolverThreadReport {
+        running: t.running,
+        wakeups: t.wakeups,
+        wakeups_per_s: wk as f64 / secs,
+        cpu_ms_per_s: ns as f64 / 1e6 / secs,
+        records_applied: t.records_applied,
+        early_buffers: t.early_buffers,
     }
 }
 
@@ -318,6 +345,7 @@ mod tests {
                 samples: 4000,
                 cpu_s: 0.02,
                 per_cpu: vec![(0, 4, 3_000_000)],
+                resolver: (6, 1_000_000),
             }),
             virtualized: true,
             stages: StageCpu { resolve_ns: 1_500_000_000, store_ns: 0 },
@@ -331,9 +359,21 @@ mod tests {
                 jit_maps_truncated: 1,
                 ..Default::default()
             },
+            resolver_thread: crate::aggregate::ResolverThreadStats {
+                running: true,
+                wakeups: 40,
+                cpu_ns: 9_000_000,
+                records_applied: 70,
+                early_buffers: 2,
+            },
             stacks: None,
         });
         assert!((r.rate.samples_per_s_recent - 2000.0).abs() < 1e-9);
+        // The resolver thread's rates are over the recent window, its totals since start.
+        assert!((r.resolver_thread.wakeups_per_s - 3.0).abs() < 1e-9);
+        assert!((r.resolver_thread.cpu_ms_per_s - 0.5).abs() < 1e-9);
+        assert_eq!((r.resolver_thread.wakeups, r.resolver_thread.records_applied), (40, 70));
+        assert!((r.overhead.stage_cpu_s.resolver_thread - 0.009).abs() < 1e-12);
         assert!((r.overhead.daemon_cpu_pct_recent - 1.0).abs() < 1e-9);
         // No samples by event: the cost of a software clock in a VM, 20 µs x 2000/s = 4 %.
         assert!((r.overhead.sampling_cpu_pct_estimate - 4.0).abs() < 1e-9);

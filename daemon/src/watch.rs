@@ -1,5 +1,5 @@
-//! Every long-lived daemon thread (drain, hotplug, flush, control, signals) runs under a
-//! [`Watch`]: a thread that panics, or that must run until shutdown and ends before it, is
+//! Every long-lived daemon thread (drain, resolver, hotplug, flush, control, signals) runs
+//! under a [`Watch`]: a thread that panics, or that must run until shutdown and ends before it, is
 //! recorded with the reason. The service then reports `degraded` in status, stops feeding the
 //! systemd watchdog (so that systemd restarts the daemon) and exits with
 //! [`DEGRADED_EXIT_CODE`].
@@ -19,7 +19,8 @@ pub use dcpi_proto::ThreadFailure;
 pub const DEGRADED_EXIT_CODE: u8 = 3;
 
 /// Test-only: called by each watched thread at each iteration of its loop, with the thread's
-/// name (`dcpid-flush`, `dcpi-drain-0`, `dcpi-hotplug`, `dcpi-control`); may panic or stall.
+/// name (`dcpid-flush`, `dcpi-drain-0`, `dcpi-resolve`, `dcpi-hotplug`, `dcpi-control`); may
+/// panic or stall.
 pub trait FaultInjector: Send + Sync + 'static {
     fn at(&self, thread: &str);
 }

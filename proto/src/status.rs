@@ -26,7 +26,8 @@
 //!   start), `daemon_cpu_pct_recent`, `sample_cost_us_estimate` (assumed cost of one sampling
 //!   interrupt on the sampled CPU, see the daemon's `status::sample_cost_us`), `sampling_cpu_pct_estimate`
 //!   (recent samples/s x that cost, percent of one CPU), `ncpus`, `machine_pct_estimate`, `daemon_cpu_ms_per_s`, `ns_per_sample`,
-//!   `stage_cpu_s` {`drain`, `flush_resolve`, `flush_store`} (CPU seconds since start)
+//!   `stage_cpu_s` {`drain`, `flush_resolve`, `flush_store`, `resolver_thread`} (CPU seconds
+//!   since start)
 //!   (daemon + sampling interrupts, percent of the whole machine)
 //! - `config`: the settings in force (`file`, `events`, `window_divisor`, `ring_pages`,
 //!   `flush_interval_s`, `publish_interval_s`, `max_memory_mb`, `retention_days`,
@@ -37,6 +38,8 @@
 //!   `reason`, `unix_ms`
 //! - `perf_maps`: `read`, `truncated` (JIT perf maps cut by the bounds), `max_bytes`,
 //!   `max_entries`
+//! - `resolver_thread`: `running`, `wakeups` (since start), `wakeups_per_s`, `cpu_ms_per_s`
+//!   (both over the recent window), `records_applied`, `early_buffers` (since start)
 //! - `stacks`: `null` without `--callchains fp`, else `recorded`, `truncated`, `overflow`,
 //!   `empty`, `distinct_per_cpu[]`, `capacity_per_cpu`, `max_stack`
 
@@ -248,6 +251,8 @@ pub struct StatusReport {
     /// Call stacks (`callchains = "fp"`); `None` when the daemon does not sample them.
     #[serde(default)]
     pub stacks: Option<StackReport>,
+    #[serde(default)]
+    pub resolver_thread: ResolverThreadReport,
 }
 
 /// Call-stack counters since start (`dcpid --callchains fp`).
@@ -316,6 +321,25 @@ pub struct StageReport {
     pub flush_resolve: f64,
     /// Periodic flushes: spool, publish, side files.
     pub flush_store: f64,
+    /// The resolver thread (`dcpi-resolve`): side-band records applied, full overflow buffers
+    /// resolved between flushes.
+    #[serde(default)]
+    pub resolver_thread: f64,
+}
+
+/// The resolver thread (`dcpi-resolve`), which applies side-band records (and reads the files
+/// they need) and resolves full overflow buffers for the drain threads.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct ResolverThreadReport {
+    pub running: bool,
+    /// Wake-ups that found work since start, and per second over the recent window.
+    pub wakeups: u64,
+    pub wakeups_per_s: f64,
+    /// Its CPU time (ms) per second over the recent window.
+    pub cpu_ms_per_s: f64,
+    /// Side-band records applied and overflow buffers resolved, since start.
+    pub records_applied: u64,
+    pub early_buffers: u64,
 }
 
 /// Bytes dcpid wrote, per kind of file, since it started (syscall bytes; the kernel's

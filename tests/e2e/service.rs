@@ -168,6 +168,21 @@ fn status_json_has_the_documented_fields() {
         assert!(c["wakeups"].as_u64().unwrap() > 0 && (0.0..=6.0).contains(&wps), "{c}");
         assert!(c["drain_cpu_ms_per_s"].as_f64().unwrap() >= 0.0, "{c}");
     }
+    // The resolver thread (dcpi-resolve) applies side-band records for the drain threads,
+    // which wake it at most once per pass: never more wake-ups than drain passes (plus one per
+    // CPU: the counters are read one after the other).
+    let rt = &v["resolver_thread"];
+    assert_eq!(rt["running"], true, "{rt}");
+    let drain_wakeups: u64 =
+        v["cpus"].as_array().unwrap().iter().map(|c| c["wakeups"].as_u64().unwrap()).sum();
+    let rt_wakeups = rt["wakeups"].as_u64().unwrap_or_else(|| panic!("resolver_thread: {rt}"));
+    assert!(
+        rt_wakeups <= drain_wakeups + ncpus as u64,
+        "{rt_wakeups} > {drain_wakeups} drain passes: {v}"
+    );
+    assert!(rt["cpu_ms_per_s"].as_f64().unwrap() >= 0.0, "{rt}");
+    assert!(rt["records_applied"].as_u64().is_some(), "{rt}");
+    assert!(o["stage_cpu_s"]["resolver_thread"].as_f64().unwrap() >= 0.0, "{o}");
     assert_eq!(v["config"]["flush_interval_s"], 0.5);
     // The human form names the same things.
     let text = ok_stdout(&d, &["status"]);

@@ -9,53 +9,76 @@
 //!   shutdown and when an epoch is closed).
 //! - `stats(&self) -> AggregatorStats`.
 //! - `with_resolver(&self, f)` gives access to the resolver (status, kallsyms snapshot).
+//! - `start_resolver_thread(&Arc<Self>, watch)` / `stop_resolver_thread(&self)`: the
+//!   resolver thread ([`RESOLVER_THREAD`]); `resolver_thread_stats(&self)`.
 //!
 //! ORDERING (daemon/ARCHITECTURE.md "Ordering across CPUs"): each drain thread reports
 //! `drained_until`; the watermark is the minimum over CPUs that reported within
 //! [`STALE_AFTER`] (never moving back). Side-band records are queued per CPU and applied to the
 //! resolver in time order (a merge of the per-CPU queues) once the watermark reaches them; a
-//! record arriving at or below the watermark (from a CPU that was left out) is applied at once
-//! and counted in `late_sideband`. Samples wait per CPU until the watermark reaches them, then
-//! go into that CPU's table under `(pid, asid, pc, event, kernel)`, where `asid` is the
+//! record arriving at or below the watermark (from a CPU that was left out) is applied by the
+//! next pass of the resolver thread (or flush), before the others, and counted in
+//! `late_sideband`; until then drain threads aggregate no sample at or after its time
+//! (`late_floor`). Samples wait per CPU until the watermark and `applied_until` reach them,
+//! then go into that CPU's table under `(pid, asid, pc, event, kernel)`, where `asid` is the
 //! address-space version in force at the sample's time (`Resolver::asid_at`); kernel samples
 //! use asid 0 and pid 1, except those of the idle task (pid 0), which keep pid 0 and resolve
 //! to the `[idle]` pseudo-image ([`crate::who`]). With per-process profiles on
 //! ([`Aggregator::set_who_profiles`], dcpid's `by_pid`/`by_cgroup`) kernel samples keep their
 //! pid too, and each batch also carries its profiles per process ([`Resolved::pid_profiles`]).
 //!
+//! THREADS. Drain threads (one per CPU, SCHED_FIFO) never read a file and never take the
+//! resolver for writing: records due and full overflow buffers go to one resolver thread
+//! (daemon/ARCHITECTURE.md "The resolver thread"), woken (thread unpark) at most once per
+//! drain pass and only when a pass found records due, a late record or a full buffer; a
+//! pass that queues nothing due does not wake it. Without a resolver thread (unit tests,
+//! benches), the caller of `on_drain` does that work itself, never waiting for the resolver.
+//!
 //! LOCKS. The sample path takes no shared lock per sample, and a drain thread never waits for
 //! the resolver. Per drain pass, a drain thread
-//! (1) appends its samples to its CPU's pending queue (its own CPU mutex, which only it and
-//! the flusher touch), (2) takes the shared mutex once to queue side-band records and move the
-//! watermark; if records are due it applies them only if `try_write` gets the resolver (a
-//! flush holding it applies them itself; late records are stashed in `Shared::late`), and
-//! `applied_until` moves to the watermark only once everything up to it is applied,
-//! (3) aggregates its samples up to `min(watermark, applied_until, cut cap)` under its CPU
-//! mutex. Step 3 finds asids in a per-CPU cache `pid → (asid, valid from, valid until)`
+//! (1) appends its samples to its CPU's pending queue (its own CPU mutex, which only it, the
+//! resolver thread and the flusher touch), (2) takes the shared mutex once to queue side-band
+//! records (late ones into `Shared::late`) and move the watermark; if nothing is due and
+//! nothing late, `applied_until` moves to the watermark (sound because records are only ever
+//! popped and applied together under the shared mutex, with the resolver held), otherwise it
+//! will wake the resolver thread, (3) aggregates its samples up to `min(watermark,
+//! applied_until, cut cap)` under its CPU mutex, handing a full overflow buffer over
+//! (`CpuState::stashed`), and then wakes the resolver thread if (2) or (3) asked for it.
+//! Step 3 finds asids in a per-CPU cache `pid → (asid, valid from, valid until)`
 //! ([`Resolver::asid_span`], `until` capped at `applied_until`); on a miss it takes the
 //! resolver's read lock once for the rest of the pass, and only with `try_read`: if the
-//! flusher holds the resolver, the samples stay pending (the flusher aggregates them itself).
-//! A full overflow buffer is resolved early only if `try_write` succeeds; otherwise it is
-//! stashed in the CPU's state for the flush. The cache is cleared when `epoch` changes: after
-//! a late record, a `with_resolver` call and every `gc`, the only events that change what
+//! resolver thread or a flush holds the resolver, the samples stay pending (a later pass or
+//! the flush aggregates them). The cache is cleared when `epoch` changes: after a late
+//! record, a `with_resolver` call and every `gc`, the only events that change what
 //! `asid_span` answers for times below `applied_until`.
-//! A flush (`take_resolved`, `cut`, `flush_all`) holds the shared mutex only while it applies
-//! the records due (records are always popped and applied under it, which is what makes the
-//! drain thread's "nothing due: `applied_until` = watermark" step sound), then releases it and
-//! takes the tables and resolves them holding only the resolver (and each CPU mutex briefly, to
-//! swap its table): drain threads keep draining meanwhile.
+//! The resolver thread, per wake-up: copies (under the shared mutex, briefly) the records due
+//! up to the watermark `W` that need a file read, reads those files with no lock held
+//! ([`RecordIo::prepare`]), then takes the resolver and the shared mutex, pops and applies
+//! the late records and every record up to `W` (any record up to `W` that arrived since was
+//! late, hence popped too), moves `applied_until` to `W` and releases the shared mutex; then,
+//! if a buffer was handed over, it takes the stashed buffers out of the CPUs with the
+//! resolver still held and resolves them into `early`.
+//! A flush (`take_resolved`, `cut`, `flush_all`) does the same read-then-apply for the
+//! records up to its limit, holds the shared mutex only while it applies them, then releases
+//! it and takes the tables (and stashed buffers) and resolves them holding only the resolver
+//! (and each CPU mutex briefly, to swap its table): drain threads keep draining meanwhile.
+//! Because stashed buffers leave a CPU only with the resolver held, a flush finds every
+//! handed-over buffer either still stashed or already in `early`: barriers stay exact.
 //! Step 1 happens before step 2 so that when a flush aggregates everything up to the
 //! watermark and then runs `Resolver::gc`, no sample at or below that watermark is still in a
-//! drain thread's hands. Lock order: shared → resolver (flushes); CPU → shared (a drain
-//! thread's early drain; nobody holds the shared mutex while waiting for a CPU mutex); CPU →
-//! resolver only with `try_read`/`try_write`.
+//! drain thread's hands. Lock order: resolver → shared (the resolver thread and flushes);
+//! resolver → `early` → CPU (taking stashed buffers, swapping tables); a drain thread holds
+//! at most one of the shared and CPU mutexes at a time, and takes the resolver only with
+//! `try_read` under its CPU mutex.
 //!
 //! BOUNDED MEMORY (see [`table`]): each CPU has a fixed-size 4-way set-associative table and
 //! an overflow buffer for evicted entries. When the overflow buffer fills, the drain thread
-//! drains it early: it swaps in the spare buffer, resolves the full one into `Shared::early`
-//! (merged into the next `take_resolved`), and hands it back as the spare. Resolving early
-//! gives the same images as resolving at the flush: the versions named by the entries are
-//! kept until a flush has resolved everything below its watermark.
+//! swaps in the spare buffer and hands the full one to the resolver thread, which resolves it
+//! into `early` (merged into the next `take_resolved`) and hands it back as the spare. While
+//! the spare is out, a drain pass whose overflow buffer fills again stops there and leaves the
+//! rest of its samples pending. Resolving early gives the same images as resolving at the
+//! flush: the versions named by the entries are kept until a flush has resolved everything
+//! below its watermark.
 //!
 //! `entries_created` counts entries put in a table; each leaves it exactly once (evicted or
 //! drained), so it is also the number of entries drained, and
@@ -65,13 +88,13 @@ mod stacks;
 mod table;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use profile_format::{ImageId, ImageKind, UnknownReason};
 
-use crate::resolve::{AsidSpan, Resolution, Resolver, KERNEL_START};
+use crate::resolve::{AsidSpan, Prepared, RecordIo, Resolution, Resolver, KERNEL_START};
 use crate::types::{EventIdx, PerfTime, Sample, SampleSink, SideBand, TimedSideBand};
 
 use table::{Added, Entry, Table};
@@ -156,7 +179,7 @@ pub struct AggregatorConfig {
     /// last interval needed, up to this.
     pub table_entries_per_cpu: usize,
     /// Entries of each CPU's overflow buffer (32 bytes each, at least 1); two per CPU. When it
-    /// fills, the drain thread resolves it early.
+    /// fills, the resolver thread resolves it early.
     pub overflow_entries_per_cpu: usize,
 }
 
@@ -268,8 +291,8 @@ struct CpuState {
     overflow: Vec<Entry>,
     /// Empty, with capacity, unless an early drain or a flush holds it.
     spare_overflow: Vec<Entry>,
-    /// A full overflow buffer the drain thread could not resolve because the resolver was
-    /// busy (a flush holds it): the flush takes it, or the next pass resolves it.
+    /// A full overflow buffer handed to the resolver thread (or, if a flush comes first, taken
+    /// by the flush); its spare is out until the resolver thread hands it back.
     stashed: Option<Vec<Entry>>,
     overflow_cap: usize,
     cache: AsidCache,
@@ -404,11 +427,9 @@ struct Shared {
     watermark: PerfTime,
     samples_in: u64,
     late_sideband: u64,
-    /// Late records a drain thread could not apply (the resolver was busy); whoever holds
-    /// the resolver next applies them first.
+    /// Records that arrived at or below the watermark; whoever applies records next (the
+    /// resolver thread or a flush) applies them first.
     late: Vec<TimedSideBand>,
-    /// Overflow buffers resolved by drain threads since the last flush.
-    early: Resolved,
 }
 
 impl Shared {
@@ -430,6 +451,19 @@ impl Shared {
         }
     }
 
+    /// Copies of the records a pop up to `limit` would apply (late ones first) whose
+    /// application reads a file: what [`RecordIo::prepare`] reads before the locks are taken.
+    fn io_needs(&self, limit: PerfTime) -> Vec<TimedSideBand> {
+        let queued = self.queues.iter().flat_map(|q| q.iter().take_while(|r| r.time <= limit));
+        self.late.iter().chain(queued).filter(|r| RecordIo::needs_io(r)).cloned().collect()
+    }
+
+    /// Whether a pop up to `limit` would apply anything.
+    fn anything_due(&self, limit: PerfTime) -> bool {
+        !self.late.is_empty()
+            || self.queues.iter().any(|q| q.front().is_some_and(|r| r.time <= limit))
+    }
+
     fn recompute_watermark(&mut self, now: Instant) {
         let min = self
             .clocks
@@ -449,6 +483,10 @@ pub struct Aggregator {
     resolver: RwLock<Resolver>,
     /// Every record with a time at or below this has been applied to the resolver, in order.
     applied_until: AtomicU64,
+    /// The oldest late record not yet applied (MAX: none): drain threads aggregate no sample
+    /// at or after it until the resolver thread has applied it. Written under the shared
+    /// mutex.
+    late_floor: AtomicU64,
     /// Bumped when the resolver changes in a way the per-CPU asid caches cannot see.
     epoch: AtomicU64,
     /// See [`Horizon::changed`].
@@ -467,6 +505,62 @@ pub struct Aggregator {
     stack_tables: OnceLock<Arc<crate::perf::callchain::StackTables>>,
     /// Batches carry [`Resolved::pid_profiles`].
     who_profiles: std::sync::atomic::AtomicBool,
+    /// Overflow buffers resolved by the resolver thread since the last flush. Only touched
+    /// with the resolver held for writing (its mutex is never contended).
+    early: Mutex<Resolved>,
+    /// The file reads of applying records, done before the resolver is locked.
+    record_io: RecordIo,
+    /// The resolver thread ([`Aggregator::start_resolver_thread`]) and its counters.
+    worker: Worker,
+    /// Tests: the names of the threads that took the resolver for writing.
+    #[cfg(test)]
+    writers: Mutex<Vec<String>>,
+}
+
+/// What [`Aggregator::apply_due`] returns: the guards (released by the caller), the newest
+/// time applied (0: none) and the number of records applied.
+type AppliedDue<'a> = (MutexGuard<'a, Shared>, RwLockWriteGuard<'a, Resolver>, PerfTime, usize);
+
+/// Name of the resolver thread.
+pub const RESOLVER_THREAD: &str = "dcpi-resolve";
+
+/// How long [`Aggregator::stop_resolver_thread`] waits for the thread.
+pub const RESOLVER_STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// The resolver thread's wake-up and counters.
+#[derive(Default)]
+struct Worker {
+    /// Work was handed over (records due, a full overflow buffer) since the thread last
+    /// looked: a drain pass that finds it set does not wake the thread again.
+    wanted: AtomicBool,
+    /// A drain thread handed a full overflow buffer over (`CpuState::stashed`).
+    buffers: AtomicBool,
+    thread: OnceLock<std::thread::Thread>,
+    handle: Mutex<Option<std::thread::JoinHandle<()>>>,
+    stop: AtomicBool,
+    /// Passes run (each follows a wake-up that found work).
+    wakeups: AtomicU64,
+    /// Times a drain pass woke the thread (the others found a wake-up pending).
+    unparks: AtomicU64,
+    /// The thread's CPU time (ns) at its last pass.
+    cpu_ns: AtomicU64,
+    records: AtomicU64,
+    early_buffers: AtomicU64,
+}
+
+/// Counters of the resolver thread, for `dcpictl status`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize)]
+pub struct ResolverThreadStats {
+    /// Whether the thread runs (without it, whoever calls `on_drain` does its work).
+    pub running: bool,
+    /// Wake-ups that found work (one pass each).
+    pub wakeups: u64,
+    /// CPU time of the thread since start.
+    pub cpu_ns: u64,
+    /// Side-band records it applied.
+    pub records_applied: u64,
+    /// Full overflow buffers it resolved.
+    pub early_buffers: u64,
 }
 
 impl std::fmt::Debug for Aggregator {
@@ -483,14 +577,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn write(r: &RwLock<Resolver>) -> RwLockWriteGuard<'_, Resolver> {
     r.write().unwrap_or_else(|e| e.into_inner())
-}
-
-fn try_write(r: &RwLock<Resolver>) -> Option<RwLockWriteGuard<'_, Resolver>> {
-    match r.try_write() {
-        Ok(g) => Some(g),
-        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    }
 }
 
 fn try_read(r: &RwLock<Resolver>) -> Option<RwLockReadGuard<'_, Resolver>> {
@@ -618,6 +704,7 @@ impl Aggregator {
     pub fn with_config(resolver: Resolver, ncpus: usize, cfg: AggregatorConfig) -> Arc<Self> {
         let n = ncpus.max(1);
         let now = Instant::now();
+        let record_io = resolver.record_io();
         Arc::new(Self {
             shared: Mutex::new(Shared {
                 clocks: vec![CpuClock { drained_until: 0, last_report: now }; n],
@@ -626,10 +713,10 @@ impl Aggregator {
                 samples_in: 0,
                 late_sideband: 0,
                 late: Vec::new(),
-                early: Resolved::default(),
             }),
             resolver: RwLock::new(resolver),
             applied_until: AtomicU64::new(0),
+            late_floor: AtomicU64::new(PerfTime::MAX),
             epoch: AtomicU64::new(0),
             changed: (0..CACHE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             cpus: (0..n).map(|_| Mutex::new(CpuState::new(&cfg))).collect(),
@@ -639,6 +726,11 @@ impl Aggregator {
             recent: Mutex::new(Recent::default()),
             stack_tables: OnceLock::new(),
             who_profiles: std::sync::atomic::AtomicBool::new(false),
+            early: Mutex::new(Resolved::default()),
+            record_io,
+            worker: Worker::default(),
+            #[cfg(test)]
+            writers: Mutex::new(Vec::new()),
         })
     }
 
@@ -653,9 +745,8 @@ impl Aggregator {
         for cpu in &self.cpus {
             lock(cpu).keep_pids = on;
         }
-        let mut sh = lock(&self.shared);
         if on {
-            sh.early.pid_profiles.get_or_insert_with(Default::default);
+            lock(&self.early).pid_profiles.get_or_insert_with(Default::default);
         }
     }
 
@@ -688,13 +779,13 @@ impl Aggregator {
 
     /// Apply records to the resolver (in the order given), noting the pids they concern for
     /// the asid caches.
-    fn apply(&self, r: &mut Resolver, recs: &[TimedSideBand]) {
+    fn apply(&self, r: &mut Resolver, recs: &[TimedSideBand], prepared: &Prepared) {
         for rec in recs {
             if let SideBand::Cgroup { id, path } = &rec.record {
                 lock(&self.cgroups).note(*id, path);
                 continue;
             }
-            r.apply(rec);
+            r.apply_prepared(rec, prepared);
             let pid = match &rec.record {
                 SideBand::Cgroup { .. } => continue,
                 SideBand::Mmap2 { pid, .. }
@@ -706,24 +797,210 @@ impl Aggregator {
         }
     }
 
-    /// Take the resolver for a flush: everything queued up to `limit` (and every stashed late
-    /// record) is applied under the shared mutex, which is then released, so that drain
-    /// threads are never blocked while the flush resolves (they find the resolver busy, leave
-    /// their samples pending and go back to sleep). Returns the early results too.
-    fn begin_take(&self, limit: PerfTime) -> (RwLockWriteGuard<'_, Resolver>, Resolved, PerfTime) {
+    /// The resolver for writing (tests note who took it).
+    fn write_resolver(&self) -> RwLockWriteGuard<'_, Resolver> {
+        #[cfg(test)]
+        lock(&self.writers).push(std::thread::current().name().unwrap_or("?").to_string());
+        write(&self.resolver)
+    }
+
+    /// Pop every record due up to `limit` (late ones first) and apply them, under the resolver
+    /// and the shared mutex (taken here, in that order: module docs, LOCKS), after reading the
+    /// files they need with neither held. Returns the guards, the newest time applied (0:
+    /// none) and the number of records applied.
+    fn apply_due(&self, limit: PerfTime) -> AppliedDue<'_> {
+        let prepared = self.prepare_due(limit);
+        self.apply_due_locked(self.write_resolver(), limit, &prepared)
+    }
+
+    /// [`Aggregator::apply_due`], or `None` if the resolver is busy.
+    fn try_apply_due(&self, limit: PerfTime) -> Option<AppliedDue<'_>> {
+        let prepared = self.prepare_due(limit);
+        Some(self.apply_due_locked(self.try_write_resolver()?, limit, &prepared))
+    }
+
+    /// The file reads of the records due up to `limit`, done with no lock held.
+    fn prepare_due(&self, limit: PerfTime) -> Prepared {
+        let needs = lock(&self.shared).io_needs(limit);
+        // A record popped by someone else meanwhile was applied with its own reads; one that
+        // arrived meanwhile is read under the locks (late records only: anything newer than
+        // `limit` stays queued).
+        self.record_io.prepare(&needs)
+    }
+
+    fn apply_due_locked<'a>(
+        &'a self,
+        mut r: RwLockWriteGuard<'a, Resolver>,
+        limit: PerfTime,
+        prepared: &Prepared,
+    ) -> AppliedDue<'a> {
         let mut sh = lock(&self.shared);
-        let mut r = write(&self.resolver);
         let mut due = Vec::new();
         sh.due_until(limit, &mut due);
         let late = std::mem::take(&mut sh.late);
         let newest = due.last().map_or(0, |d| d.time);
-        self.apply(&mut r, &late);
-        self.apply(&mut r, &due);
-        let mut out = std::mem::replace(&mut sh.early, self.fresh_batch());
+        self.apply(&mut r, &late, prepared);
+        self.apply(&mut r, &due, prepared);
+        self.late_floor.store(PerfTime::MAX, Ordering::Release);
+        if !late.is_empty() {
+            // Late records change answers below `applied_until`: the caches must not keep them.
+            self.epoch.fetch_add(1, Ordering::Release);
+        }
+        (sh, r, newest, late.len() + due.len())
+    }
+
+    fn try_write_resolver(&self) -> Option<RwLockWriteGuard<'_, Resolver>> {
+        let g = match self.resolver.try_write() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        #[cfg(test)]
+        lock(&self.writers).push(std::thread::current().name().unwrap_or("?").to_string());
+        Some(g)
+    }
+
+    /// Take the resolver for a flush: everything queued up to `limit` (and every late
+    /// record) is applied under the shared mutex, which is then released, so that drain
+    /// threads are never blocked while the flush resolves (they find the resolver busy, leave
+    /// their samples pending and go back to sleep). Returns the early results too.
+    fn begin_take(&self, limit: PerfTime) -> (RwLockWriteGuard<'_, Resolver>, Resolved, PerfTime) {
+        let (sh, r, newest, _) = self.apply_due(limit);
+        drop(sh);
+        let mut out = std::mem::replace(&mut *lock(&self.early), self.fresh_batch());
         if self.who_profiles.load(Ordering::Acquire) {
             out.pid_profiles.get_or_insert_with(Default::default);
         }
         (r, out, newest)
+    }
+
+    /// Start the resolver thread ([`RESOLVER_THREAD`], under `watch` if given): from then on,
+    /// drain threads hand records due and full overflow buffers to it instead of doing the
+    /// work themselves. It ends when [`Aggregator::stop_resolver_thread`] is called or the
+    /// aggregator is dropped.
+    pub fn start_resolver_thread(
+        self: &Arc<Self>,
+        watch: Option<&Arc<crate::watch::Watch>>,
+    ) -> std::io::Result<()> {
+        let weak = Arc::downgrade(self);
+        let w = watch.cloned();
+        let body = move || loop {
+            // Holding only a weak reference between passes: dropping the aggregator ends it.
+            let Some(agg) = weak.upgrade() else { return };
+            if agg.worker.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if let Some(w) = &w {
+                w.fault_point(RESOLVER_THREAD);
+            }
+            if agg.worker.wanted.swap(false, Ordering::AcqRel) {
+                agg.worker.wakeups.fetch_add(1, Ordering::Relaxed);
+                agg.resolve_pass(true);
+                agg.worker.cpu_ns.store(crate::sys::time::thread_cpu_ns(), Ordering::Relaxed);
+                continue;
+            }
+            drop(agg);
+            // An unpark between the check above and here makes this return at once.
+            std::thread::park();
+        };
+        let handle = match watch {
+            Some(w) => w.spawn(RESOLVER_THREAD.into(), true, body)?,
+            None => std::thread::Builder::new().name(RESOLVER_THREAD.into()).spawn(body)?,
+        };
+        let _ = self.worker.thread.set(handle.thread().clone());
+        *lock(&self.worker.handle) = Some(handle);
+        Ok(())
+    }
+
+    /// Stop the resolver thread and wait for it, at most [`RESOLVER_STOP_WAIT`]: one stuck in
+    /// a file read (a hung NFS mount) is left behind, and the last flush applies what is
+    /// still queued (flushes do that anyway).
+    pub fn stop_resolver_thread(&self) {
+        self.worker.stop.store(true, Ordering::Release);
+        if let Some(t) = self.worker.thread.get() {
+            t.unpark();
+        }
+        let Some(h) = lock(&self.worker.handle).take() else { return };
+        if h.thread().id() == std::thread::current().id() {
+            return;
+        }
+        let deadline = Instant::now() + RESOLVER_STOP_WAIT;
+        while !h.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if h.is_finished() {
+            // A panic was recorded by the watch (or, unwatched, is the caller's to see).
+            let _ = h.join();
+        } else {
+            tracing::error!(
+                thread = RESOLVER_THREAD,
+                "stuck (a file read that does not return?); stopping without it"
+            );
+        }
+    }
+
+    pub fn resolver_thread_stats(&self) -> ResolverThreadStats {
+        let w = &self.worker;
+        ResolverThreadStats {
+            running: w.thread.get().is_some() && !w.stop.load(Ordering::Acquire),
+            wakeups: w.wakeups.load(Ordering::Relaxed),
+            cpu_ns: w.cpu_ns.load(Ordering::Relaxed),
+            records_applied: w.records.load(Ordering::Relaxed),
+            early_buffers: w.early_buffers.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Hand work to the resolver thread: wake it unless a wake-up is already pending.
+    /// Returns false when there is no resolver thread.
+    fn wake_resolver(&self) -> bool {
+        let Some(t) = self.worker.thread.get() else { return false };
+        if !self.worker.wanted.swap(true, Ordering::AcqRel) {
+            self.worker.unparks.fetch_add(1, Ordering::Relaxed);
+            t.unpark();
+        }
+        true
+    }
+
+    /// The resolver thread's work (module docs, LOCKS): apply the records due up to the
+    /// watermark (reading their files first, with no lock held), move `applied_until`, then
+    /// resolve the full overflow buffers drain threads handed over. Without a resolver thread
+    /// (unit tests, benches), `on_drain`'s caller runs it with `wait` false: it then never
+    /// waits for the resolver (work it finds busy is left for the next pass or the flush).
+    fn resolve_pass(&self, wait: bool) {
+        let wm = {
+            let sh = lock(&self.shared);
+            sh.anything_due(sh.watermark).then_some(sh.watermark)
+        };
+        let applied = wm.and_then(|wm| {
+            let a = if wait { Some(self.apply_due(wm)) } else { self.try_apply_due(wm) };
+            Some((wm, a?))
+        });
+        if let Some((wm, (sh, r, _, n))) = applied {
+            // Every record at or below `wm` is applied: any that arrived since the peek above
+            // with a time at or below it was late (the watermark had passed it) and applied.
+            self.applied_until.fetch_max(wm, Ordering::Release);
+            drop(r);
+            drop(sh);
+            self.worker.records.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        if self.worker.buffers.swap(false, Ordering::AcqRel) {
+            // Taken from the CPUs only with the resolver held, so that a flush (which holds
+            // it too) either finds a buffer still stashed or its entries in `early`: a cut
+            // never misses one nor gets one of a later batch.
+            let r = if wait { Some(self.write_resolver()) } else { self.try_write_resolver() };
+            let Some(mut r) = r else {
+                self.worker.buffers.store(true, Ordering::Release);
+                return;
+            };
+            r.begin_batch();
+            let mut early = lock(&self.early);
+            for cpu in &self.cpus {
+                let Some(full) = lock(cpu).stashed.take() else { continue };
+                full.iter().for_each(|e| resolve_entry(&mut r, &self.idle, e, &mut early));
+                lock(cpu).return_overflow(full);
+                self.worker.early_buffers.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Swap out every per-CPU table (after aggregating what the watermark allows) and resolve.
@@ -803,6 +1080,10 @@ impl Aggregator {
             newest = newest.max(newest_pending(&c.pending, limit));
             let mut full: Vec<Vec<Entry>> = c.stashed.take().into_iter().collect();
             loop {
+                if c.overflow.len() >= c.overflow_cap {
+                    // Left full by a drain pass that could not hand it over.
+                    full.push(c.take_overflow());
+                }
                 let rr: &Resolver = r;
                 let stop = aggregate_pending(&mut c, limit, &self.horizon(), |pid, t| {
                     Some((rr.asid_span(pid, t), applied))
@@ -896,65 +1177,62 @@ impl Aggregator {
         s
     }
 
-    /// Run `f` with the resolver locked for writing (drain threads leave their samples pending
-    /// meanwhile, which is what the start-up `/proc` scan wants). `f` must not call back into
-    /// this aggregator.
     /// The resolver's counters, unless a flush holds the resolver (`try_read`: a status
     /// request never waits for a flush, and the drain threads' caches stay valid).
     pub fn try_resolver_stats(&self) -> Option<crate::resolve::ResolverStats> {
         self.resolver.try_read().ok().map(|r| r.stats())
     }
 
+    /// Run `f` with the resolver locked for writing (drain threads leave their samples pending
+    /// meanwhile, which is what the start-up `/proc` scan wants). `f` must not call back into
+    /// this aggregator.
     pub fn with_resolver<R>(&self, f: impl FnOnce(&mut Resolver) -> R) -> R {
-        let out = f(&mut write(&self.resolver));
+        let out = f(&mut self.write_resolver());
         self.epoch.fetch_add(1, Ordering::Release);
         out
     }
 
     /// Step 3 of a drain pass (module docs): aggregate what the watermark allows (never past a
-    /// cut in progress, nor past what has been applied to the resolver), draining the overflow
-    /// buffer early as often as it fills. Never waits for the resolver: when a flush holds it,
-    /// a full overflow buffer is stashed for the flush and the samples stay pending.
-    fn aggregate_cpu(&self, slot: usize, wm: PerfTime) {
+    /// cut in progress, nor past what has been applied to the resolver). Never waits for the
+    /// resolver: when it is busy, the samples stay pending. A full overflow buffer is handed
+    /// to the resolver thread (`stashed`) and aggregation goes on in the spare; when the spare
+    /// is out too, the rest stays pending until a later pass. Returns whether it handed a
+    /// buffer over.
+    fn aggregate_cpu(&self, slot: usize, wm: PerfTime) -> bool {
         let mut c = lock(&self.cpus[slot]);
+        let mut handed = false;
         loop {
-            let full = match c.stashed.take() {
-                Some(f) => f,
-                None => {
-                    let wm = wm
-                        .min(self.cap.load(Ordering::SeqCst))
-                        .min(self.applied_until.load(Ordering::Acquire));
-                    let c = &mut *c;
-                    c.cache.check_epoch(self.epoch.load(Ordering::Acquire));
-                    let mut guard: Option<RwLockReadGuard<'_, Resolver>> = None;
-                    let stop = aggregate_pending(c, Some(wm), &self.horizon(), |pid, t| {
-                        if guard.is_none() {
-                            guard = Some(try_read(&self.resolver)?);
-                        }
-                        let applied = self.applied_until.load(Ordering::Acquire);
-                        guard.as_ref().map(|r| (r.asid_span(pid, t), applied))
-                    });
-                    drop(guard);
-                    if stop != Stop::OverflowFull {
-                        return;
-                    }
-                    c.early_drains += 1;
-                    c.take_overflow()
+            if c.overflow.len() >= c.overflow_cap {
+                // The resolver thread holds the spare until it has resolved the last one.
+                if c.stashed.is_some() || c.spare_overflow.capacity() < c.overflow_cap {
+                    break;
                 }
-            };
-            // Lock order CPU -> shared is safe: nobody holds the shared mutex while waiting
-            // for a CPU's (flushes release it before taking the tables).
-            let mut sh = lock(&self.shared);
-            let Some(mut r) = try_write(&self.resolver) else {
+                c.early_drains += 1;
+                let full = c.take_overflow();
                 c.stashed = Some(full);
-                return;
-            };
-            r.begin_batch();
-            full.iter().for_each(|e| resolve_entry(&mut r, &self.idle, e, &mut sh.early));
-            drop(r);
-            drop(sh);
-            c.return_overflow(full);
+                self.worker.buffers.store(true, Ordering::Release);
+                handed = true;
+            }
+            let wm = wm
+                .min(self.cap.load(Ordering::SeqCst))
+                .min(self.applied_until.load(Ordering::Acquire))
+                .min(self.late_floor.load(Ordering::Acquire).saturating_sub(1));
+            let c = &mut *c;
+            c.cache.check_epoch(self.epoch.load(Ordering::Acquire));
+            let mut guard: Option<RwLockReadGuard<'_, Resolver>> = None;
+            let stop = aggregate_pending(c, Some(wm), &self.horizon(), |pid, t| {
+                if guard.is_none() {
+                    guard = Some(try_read(&self.resolver)?);
+                }
+                let applied = self.applied_until.load(Ordering::Acquire);
+                guard.as_ref().map(|r| (r.asid_span(pid, t), applied))
+            });
+            drop(guard);
+            if stop != Stop::OverflowFull {
+                break;
+            }
         }
+        handed
     }
 }
 
@@ -1066,7 +1344,7 @@ impl SampleSink for Aggregator {
             lock(&self.cpus[slot]).pending.extend(samples.drain(..));
         }
         let now = Instant::now();
-        let wm = {
+        let (wm, due) = {
             let mut sh = lock(&self.shared);
             let clock = cpu as usize;
             if clock >= sh.clocks.len() {
@@ -1075,46 +1353,52 @@ impl SampleSink for Aggregator {
                 sh.queues.resize_with(clock + 1, VecDeque::new);
             }
             sh.samples_in += n;
-            let mut late = Vec::new();
+            let mut late = 0;
             for rec in sideband.drain(..) {
                 if rec.time <= sh.watermark {
                     // From a CPU that was left out of the watermark (or a sampler bug).
-                    late.push(rec);
+                    self.late_floor.fetch_min(rec.time, Ordering::AcqRel);
+                    sh.late.push(rec);
+                    late += 1;
                 } else {
                     sh.queues[clock].push_back(rec);
                 }
             }
-            sh.late_sideband += late.len() as u64;
+            sh.late_sideband += late;
             let c = &mut sh.clocks[clock];
             c.drained_until = c.drained_until.max(drained_until);
             c.last_report = now;
             sh.recompute_watermark(now);
             let wm = sh.watermark;
-            let due_now = sh.queues.iter().any(|q| q.front().is_some_and(|r| r.time <= wm));
-            if late.is_empty() && sh.late.is_empty() && !due_now {
+            let due = sh.anything_due(wm);
+            if !due {
                 // Every record up to the watermark was applied by whoever popped it (always
                 // under this mutex, with the resolver held).
                 self.applied_until.fetch_max(wm, Ordering::Release);
-            } else if let Some(mut r) = try_write(&self.resolver) {
-                let mut due = Vec::new();
-                sh.due_until(wm, &mut due);
-                let stashed = std::mem::take(&mut sh.late);
-                self.apply(&mut r, &stashed);
-                self.apply(&mut r, &late);
-                self.apply(&mut r, &due);
-                drop(r);
-                self.applied_until.fetch_max(wm, Ordering::Release);
-                if !late.is_empty() || !stashed.is_empty() {
-                    self.epoch.fetch_add(1, Ordering::Release);
-                }
-            } else {
-                // A flush holds the resolver: it (or the next pass) applies these; the
-                // samples after them wait, pending, until then.
-                sh.late.extend(late);
             }
-            wm
+            (wm, due)
         };
-        self.aggregate_cpu(slot, wm);
+        let handed = self.aggregate_cpu(slot, wm);
+        if !(due || handed) || self.wake_resolver() {
+            return;
+        }
+        // No resolver thread: this caller does its work, then aggregates what it allows.
+        loop {
+            self.resolve_pass(false);
+            if !self.aggregate_cpu(slot, wm) {
+                break;
+            }
+        }
+    }
+}
+
+impl Drop for Aggregator {
+    fn drop(&mut self) {
+        // The resolver thread holds no reference between passes; let it see the end.
+        self.worker.stop.store(true, Ordering::Release);
+        if let Some(t) = self.worker.thread.get() {
+            t.unpark();
+        }
     }
 }
 

@@ -433,3 +433,149 @@ mod watermark_model {
         }
     }
 }
+
+/// Waits (generously: tests run under load) until `done` holds.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// One drain pass on a thread named like the sampler's drain threads.
+fn drain_pass(agg: &Arc<Aggregator>, cpu: u32, until: u64, s: Vec<Sample>, sb: Vec<TimedSideBand>) {
+    let a = Arc::clone(agg);
+    std::thread::Builder::new()
+        .name(format!("dcpi-drain-{cpu}"))
+        .spawn(move || a.on_drain(cpu, until, &mut { s }, &mut { sb }))
+        .expect("spawn")
+        .join()
+        .expect("drain pass");
+}
+
+#[test]
+fn drain_passes_hand_records_to_the_resolver_thread_and_order_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proc_root = dir.path().join("proc");
+    let pid = 42;
+    // The new program's mapping has no build-id: its identity is read through map_files.
+    let mf = proc_root.join(format!("{pid}/map_files"));
+    std::fs::create_dir_all(&mf).expect("mkdir");
+    std::fs::write(mf.join(format!("{BASE:x}-{:x}", BASE + 0x1000)), "not an ELF").expect("write");
+    let agg = Aggregator::new(resolver(dir.path()), 2);
+    agg.start_resolver_thread(None).expect("resolver thread");
+    let new_image = TimedSideBand {
+        time: 501,
+        cpu: 1,
+        record: SideBand::Mmap2 {
+            pid,
+            tid: pid,
+            addr: BASE,
+            len: 0x1000,
+            pgoff: 0,
+            dev: None,
+            ino: None,
+            ino_generation: None,
+            prot: 5,
+            flags: 2,
+            build_id: None,
+            filename: b"/bin/new".to_vec(),
+            kernel: false,
+        },
+    };
+    // CPU 0: the old program's mapping and a sample; CPU 1: a sample of the old program, the
+    // exec and the new mapping, then two samples of the new program.
+    drain_pass(&agg, 0, 1000, vec![sample(100, pid, BASE + 1, 1)], vec![mmap(5, pid, 1)]);
+    let (s1, r1) = (
+        vec![
+            sample(400, pid, BASE + 2, 1),
+            sample(600, pid, BASE + 3, 1),
+            sample(700, pid, BASE + 3, 1),
+        ],
+        vec![TimedSideBand { cpu: 1, ..exec(500, pid) }, new_image],
+    );
+    drain_pass(&agg, 1, 1000, s1, r1);
+    // Both CPUs reported up to 1000: the records are due, and the resolver thread applies them.
+    wait_until("the records to be applied", || agg.resolver_thread_stats().records_applied >= 3);
+    let st = agg.resolver_thread_stats();
+    assert!(st.running && st.wakeups >= 1, "{st:?}");
+    // Later passes aggregate the samples waiting for those records.
+    drain_pass(&agg, 0, 2000, Vec::new(), Vec::new());
+    drain_pass(&agg, 1, 2000, Vec::new(), Vec::new());
+    assert_eq!(agg.stats().pending, 0, "{:?}", agg.stats());
+    // A quiet machine: passes that queue nothing due never wake the resolver thread.
+    let unparks = agg.worker.unparks.load(Ordering::Relaxed);
+    for t in [3000, 4000, 5000] {
+        drain_pass(&agg, 0, t, vec![sample(t - 10, pid, BASE + 3, 1)], Vec::new());
+        drain_pass(&agg, 1, t, Vec::new(), Vec::new());
+    }
+    assert_eq!(agg.worker.unparks.load(Ordering::Relaxed), unparks, "quiet passes woke it");
+
+    let r = agg.take_resolved();
+    assert_eq!(count(&r, 1, 1), (1, 1), "before the exec: the old image {r:?}");
+    assert_eq!(count(&r, 1, 2), (1, 1), "before the exec, other CPU: the old image {r:?}");
+    let new: Vec<_> = r.profiles.values().filter(|p| p.image.path == b"/bin/new").collect();
+    assert_eq!(new.len(), 1, "{r:?}");
+    assert!(matches!(new[0].image.id, ImageId::Fallback(_)), "{:?}", new[0].image.id);
+    assert_eq!(new[0].counts.get(&3), Some(&(5, 5)), "after the exec: the new image {r:?}");
+    assert!(r.unknown.is_empty(), "{r:?}");
+
+    // The files were read (the exec's /proc/PID, the mapping's map_files entry), only by the
+    // resolver thread; no drain thread took the resolver for writing.
+    let io = crate::resolve::identity::io_probe::threads_under(&proc_root);
+    assert!(io.len() >= 2, "{io:?}");
+    assert!(io.iter().all(|t| t == RESOLVER_THREAD), "file I/O off the resolver thread: {io:?}");
+    let writers = lock(&agg.writers).clone();
+    assert!(writers.iter().any(|t| t == RESOLVER_THREAD), "{writers:?}");
+    assert!(!writers.iter().any(|t| t.starts_with("dcpi-drain")), "{writers:?}");
+}
+
+#[test]
+fn full_overflow_buffers_are_resolved_by_the_resolver_thread_and_cuts_stay_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = AggregatorConfig { table_entries_per_cpu: 4, overflow_entries_per_cpu: 3 };
+    let agg = Aggregator::with_config(resolver(dir.path()), 1, cfg);
+    agg.start_resolver_thread(None).expect("resolver thread");
+    drain_pass(&agg, 0, 10, Vec::new(), vec![mmap(5, 7, 1)]);
+    wait_until("the mmap to be applied", || agg.resolver_thread_stats().records_applied >= 1);
+    let mut t = 100;
+    let mut want = 0u64;
+    // Constant eviction from a 4-entry table; a drain pass hands at most one buffer over at a
+    // time, the rest waits (pending) for the next pass.
+    for _ in 0..50 {
+        let s: Vec<Sample> = (0..40u64).map(|i| sample(t + i, 7, BASE + (i % 32), 1)).collect();
+        want += s.len() as u64;
+        t += 100;
+        drain_pass(&agg, 0, t, s, Vec::new());
+    }
+    wait_until("an early buffer", || agg.resolver_thread_stats().early_buffers >= 1);
+    // A cut at an instant past every sample takes every one of them, exactly once, whether
+    // they sit in a table, the overflow buffer, a handed-over buffer or the early results.
+    let (r, (), _) = agg.cut(|_| ());
+    let total: u64 = (0..32u64).map(|off| count(&r, 1, off).0).sum();
+    assert_eq!((r.samples, total), (want, want), "{:?}", agg.stats());
+    assert_eq!(agg.flush_all().samples, 0, "nothing counted twice");
+    let writers = lock(&agg.writers).clone();
+    assert!(!writers.iter().any(|t| t.starts_with("dcpi-drain")), "{writers:?}");
+}
+
+#[test]
+fn a_late_record_handed_to_the_resolver_thread_still_precedes_the_samples_after_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    agg.start_resolver_thread(None).expect("resolver thread");
+    drain_pass(&agg, 0, 1000, Vec::new(), Vec::new());
+    assert_eq!(agg.stats().watermark, 1000);
+    // A record below the watermark (a CPU that was left out, or a sampler bug) and a sample
+    // after it in the same pass: the pass may not aggregate the sample before the resolver
+    // thread has applied the record.
+    drain_pass(&agg, 0, 1100, vec![sample(600, 7, BASE + 4, 1)], vec![mmap(400, 7, 1)]);
+    assert_eq!(agg.stats().late_sideband, 1);
+    wait_until("the late record to be applied", || {
+        agg.resolver_thread_stats().records_applied >= 1
+    });
+    let r = agg.take_resolved();
+    assert_eq!(count(&r, 1, 4), (1, 1), "the sample after the late mmap: {r:?}");
+    assert!(r.unknown.is_empty(), "{r:?}");
+}

@@ -14,6 +14,8 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use object::elf::{FileHeader32, FileHeader64, PT_NOTE};
 use object::read::elf::{FileHeader, ProgramHeader};
@@ -32,68 +34,96 @@ pub(crate) struct FileKey {
     pub size: u64,
 }
 
-/// Two-generation cache (an approximate LRU): lookups hit `young`, then `old` (and promote);
-/// when `young` reaches the capacity, `old` is dropped and `young` becomes `old`.
-#[derive(Debug)]
-pub(crate) struct IdentityCache {
+/// The two generations of [`IdentityCache`].
+#[derive(Debug, Default)]
+struct Generations {
     young: HashMap<FileKey, ImageId>,
     old: HashMap<FileKey, ImageId>,
+}
+
+/// Two-generation cache (an approximate LRU): lookups hit `young`, then `old` (and promote);
+/// when `young` reaches the capacity, `old` is dropped and `young` becomes `old`.
+///
+/// Shared (`&self`, an `Arc` between the resolver and the aggregator's resolver thread): the
+/// file is stat'ed, opened and read with no lock held, its mutex is only taken for the lookup
+/// and the insertion, so an identity read on a slow file system never blocks another one, nor
+/// whoever holds the resolver.
+#[derive(Debug)]
+pub(crate) struct IdentityCache {
+    gens: Mutex<Generations>,
     cap: usize,
-    pub hits: u64,
-    pub misses: u64,
-    pub errors: u64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    errors: AtomicU64,
 }
 
 impl IdentityCache {
     pub fn new(cap: usize) -> Self {
         Self {
-            young: HashMap::new(),
-            old: HashMap::new(),
+            gens: Mutex::new(Generations::default()),
             cap: cap.max(1),
-            hits: 0,
-            misses: 0,
-            errors: 0,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
         }
+    }
+
+    fn gens(&self) -> std::sync::MutexGuard<'_, Generations> {
+        // Every update is a whole map insertion: a panic elsewhere leaves it consistent.
+        self.gens.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn len(&self) -> usize {
-        self.young.len() + self.old.len()
+        let g = self.gens();
+        g.young.len() + g.old.len()
     }
 
-    fn get(&mut self, k: &FileKey) -> Option<ImageId> {
-        if let Some(v) = self.young.get(k) {
+    /// (hits, misses, errors) since creation.
+    pub fn counters(&self) -> (u64, u64, u64) {
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+            self.errors.load(Ordering::Relaxed),
+        )
+    }
+
+    fn get(&self, k: &FileKey) -> Option<ImageId> {
+        let mut g = self.gens();
+        if let Some(v) = g.young.get(k) {
             return Some(v.clone());
         }
-        let v = self.old.remove(k)?;
-        self.insert(*k, v.clone());
+        let v = g.old.remove(k)?;
+        self.insert_locked(&mut g, *k, v.clone());
         Some(v)
     }
 
-    fn insert(&mut self, k: FileKey, v: ImageId) {
-        if self.young.len() >= self.cap {
-            self.old = std::mem::take(&mut self.young);
+    fn insert_locked(&self, g: &mut Generations, k: FileKey, v: ImageId) {
+        if g.young.len() >= self.cap {
+            g.old = std::mem::take(&mut g.young);
         }
-        self.young.insert(k, v);
+        g.young.insert(k, v);
     }
 
     /// Identity of the file behind a `map_files` entry. `path` is the path as recorded (only
     /// used for the fallback digest); `expect_ino`, when known from the MMAP2 record, guards
     /// against the address range having been re-mapped to another file since.
     pub fn identify(
-        &mut self,
+        &self,
         map_file: &Path,
         path: &[u8],
         expect_ino: Option<u64>,
     ) -> io::Result<ImageId> {
+        #[cfg(test)]
+        io_probe::note(map_file);
         let r = self.identify_inner(map_file, path, expect_ino);
         if r.is_err() {
-            self.errors += 1;
+            self.errors.fetch_add(1, Ordering::Relaxed);
         }
         r
     }
 
     fn identify_inner(
-        &mut self,
+        &self,
         map_file: &Path,
         path: &[u8],
         expect_ino: Option<u64>,
@@ -119,15 +149,15 @@ impl IdentityCache {
     /// The path is only trusted for the file it names right now: it is opened without following
     /// a final symlink and without blocking, and must be a regular file with the inode the
     /// MMAP2 record (or maps line) gave; anything else is an error and the caller falls back.
-    pub fn identify_by_path(&mut self, path: &[u8], expect_ino: u64) -> io::Result<ImageId> {
+    pub fn identify_by_path(&self, path: &[u8], expect_ino: u64) -> io::Result<ImageId> {
         let r = self.identify_by_path_inner(path, expect_ino);
         if r.is_err() {
-            self.errors += 1;
+            self.errors.fetch_add(1, Ordering::Relaxed);
         }
         r
     }
 
-    fn identify_by_path_inner(&mut self, path: &[u8], expect_ino: u64) -> io::Result<ImageId> {
+    fn identify_by_path_inner(&self, path: &[u8], expect_ino: u64) -> io::Result<ImageId> {
         use std::os::unix::ffi::OsStrExt;
         use std::os::unix::fs::OpenOptionsExt;
         if expect_ino == 0 {
@@ -149,9 +179,9 @@ impl IdentityCache {
     }
 
     /// Cache lookup by file version, else the build-id (or fallback digest) of the file `open`
-    /// gives.
+    /// gives (read with the cache unlocked: two threads missing on one file both read it).
     fn identify_opened(
-        &mut self,
+        &self,
         md: &std::fs::Metadata,
         path: &[u8],
         open: impl FnOnce() -> io::Result<File>,
@@ -163,17 +193,39 @@ impl IdentityCache {
             size: md.size(),
         };
         if let Some(id) = self.get(&key) {
-            self.hits += 1;
+            self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(id);
         }
-        self.misses += 1;
+        self.misses.fetch_add(1, Ordering::Relaxed);
         let build_id = if md.is_file() { read_build_id(open()?) } else { None };
         let id = match build_id {
             Some(b) => ImageId::BuildId(b),
             None => ImageId::fallback(path, key.size, key.mtime_ns, key.ino),
         };
-        self.insert(key, id.clone());
+        self.insert_locked(&mut self.gens(), key, id.clone());
         Ok(id)
+    }
+}
+
+/// Test-only record of which threads read identities (and did the resolver's other file
+/// I/O for side-band records), by the `/proc` root they read under (tests run in parallel,
+/// each with its own fake root).
+#[cfg(test)]
+pub(crate) mod io_probe {
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    static SEEN: Mutex<Vec<(PathBuf, String)>> = Mutex::new(Vec::new());
+
+    pub(crate) fn note(path: &Path) {
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        SEEN.lock().unwrap_or_else(|e| e.into_inner()).push((path.to_path_buf(), name));
+    }
+
+    /// Names of the threads that did I/O under `root`, in order.
+    pub(crate) fn threads_under(root: &Path) -> Vec<String> {
+        let seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        seen.iter().filter(|(p, _)| p.starts_with(root)).map(|(_, t)| t.clone()).collect()
     }
 }
 
@@ -222,7 +274,7 @@ mod tests {
     #[test]
     fn cache_is_bounded_and_hits_on_same_file_version() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut c = IdentityCache::new(2);
+        let c = IdentityCache::new(2);
         for i in 0..5 {
             let p = dir.path().join(format!("f{i}"));
             std::fs::write(&p, format!("not an elf {i}")).expect("write");
@@ -230,17 +282,17 @@ mod tests {
             assert!(matches!(id, ImageId::Fallback(_)));
             assert!(c.len() <= 4, "two generations of at most 2");
         }
-        assert_eq!((c.hits, c.misses), (0, 5));
+        assert_eq!(c.counters(), (0, 5, 0));
         let p = dir.path().join("f4");
         let a = c.identify(&p, b"/x", None).expect("identify");
-        assert_eq!(c.hits, 1);
+        assert_eq!(c.counters().0, 1);
         // Another version of the file (size and mtime change) is another identity.
         std::fs::write(&p, "a longer text, not an elf either").expect("write");
         let b = c.identify(&p, b"/x", None).expect("identify");
         assert_ne!(a, b);
         // A wrong expected inode (address re-mapped to another file) is refused.
         assert!(c.identify(&p, b"/x", Some(1)).is_err());
-        assert_eq!(c.errors, 1);
+        assert_eq!(c.counters().2, 1);
     }
 
     #[test]
@@ -254,7 +306,7 @@ mod tests {
         // A live process: the id comes through its map_files entry (here: the file itself).
         let live = IdentityCache::new(8).identify(&p, path, Some(ino)).expect("identify");
         // The process exited before its mapping was resolved: same id, from a cold cache too.
-        let mut c = IdentityCache::new(8);
+        let c = IdentityCache::new(8);
         assert_eq!(c.identify_by_path(path, ino).expect("by path"), live);
         assert_ne!(live, ImageId::fallback(path, 0, 0, ino), "not the degraded id");
         // Replaced at the path (another inode), a symlink, or no inode to check: refused.
@@ -263,7 +315,7 @@ mod tests {
         let link = dir.path().join("link.so");
         std::os::unix::fs::symlink(&p, &link).expect("symlink");
         assert!(c.identify_by_path(link.as_os_str().as_bytes(), ino).is_err());
-        assert_eq!(c.errors, 3, "every refusal is counted");
+        assert_eq!(c.counters().2, 3, "every refusal is counted");
     }
 
     #[test]

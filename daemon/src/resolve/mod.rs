@@ -34,6 +34,11 @@
 //! `Aggregator::with_resolver` (drain threads wait for the scan instead of aggregating samples
 //! of not-yet-scanned processes); samples that were aggregated before their process was known
 //! (asid 0) are still attributed to a process the scan found.
+//!
+//! Applying a record reads files in two cases: an exec (the owner of `/proc/PID`) and a file
+//! mapping whose MMAP2 record has no build-id (its identity). [`RecordIo::prepare`] does those
+//! reads without the resolver, and [`Resolver::apply_prepared`] takes their results, so that
+//! the aggregator's resolver thread holds the resolver's write lock only for the bookkeeping.
 
 pub mod identity;
 pub mod jit;
@@ -311,7 +316,8 @@ pub struct Resolver {
     procs: HashMap<u32, Box<Process>>,
     /// Earlier incarnations of reused pids (newest last).
     retired: HashMap<u32, Vec<Process>>,
-    identities: IdentityCache,
+    /// Shared with [`RecordIo`]: identities read before the resolver is locked land here.
+    identities: Arc<IdentityCache>,
     /// One shared `ImageInfo` per (identity, path) of a file mapping: under exec churn every
     /// process maps the same few files, and a copy per mapping was most of the resolver's
     /// memory. Entries nobody else holds are dropped by `gc`.
@@ -332,7 +338,7 @@ impl Resolver {
             next_asid: 1,
             procs: HashMap::new(),
             retired: HashMap::new(),
-            identities: IdentityCache::new(IDENTITY_CACHE_CAP),
+            identities: Arc::new(IdentityCache::new(IDENTITY_CACHE_CAP)),
             images: HashMap::new(),
             kernel: KernelState::default(),
             vdso: None,
@@ -438,7 +444,7 @@ impl Resolver {
                         Err(e) => {
                             tracing::debug!("{}: {e}", mf.display());
                             st.identity_errors += 1;
-                            identify_gone(&mut self.identities, &e, path, l.inode)
+                            identify_gone(&self.identities, &e, path, l.inode)
                         }
                     };
                     MapImage::File(Arc::new(ImageInfo {
@@ -510,8 +516,20 @@ impl Resolver {
         }
     }
 
-    /// Apply one side-band record (the aggregator calls this in time order).
+    /// Apply one side-band record (the aggregator calls this in time order), reading the files
+    /// it needs now.
     pub fn apply(&mut self, rec: &TimedSideBand) {
+        self.apply_prepared(rec, &Prepared::default());
+    }
+
+    /// The file I/O of applying records, usable without the resolver ([`RecordIo`]).
+    pub fn record_io(&self) -> RecordIo {
+        RecordIo { proc_root: self.cfg.proc_root.clone(), identities: Arc::clone(&self.identities) }
+    }
+
+    /// [`Resolver::apply`], taking what `prepared` read beforehand ([`RecordIo::prepare`]);
+    /// what it lacks is read now.
+    pub fn apply_prepared(&mut self, rec: &TimedSideBand, prepared: &Prepared) {
         let t = rec.time;
         match &rec.record {
             // cgroup names are the aggregator's (`crate::who`), not the resolver's.
@@ -523,7 +541,9 @@ impl Resolver {
                     return;
                 }
                 let end = addr.saturating_add(*len);
-                let image = self.mmap_image(*pid, *addr, end, *ino, build_id.as_deref(), filename);
+                let ready = prepared.identity.get(&(*pid, *addr, end, t)).cloned();
+                let image =
+                    self.mmap_image(*pid, *addr..end, *ino, build_id.as_deref(), filename, ready);
                 self.proc_for_update(*pid, t);
                 let asid = self.fresh_asid();
                 let Some(p) = self.procs.get_mut(pid) else { return };
@@ -544,9 +564,10 @@ impl Resolver {
                     // The uid after exec (a stat, cheap under exec churn): a process forked by
                     // root that called setuid before exec (runuser, setpriv) writes its perf
                     // map as the new user, and may be gone before its map is read.
-                    let uid = std::fs::symlink_metadata(self.cfg.proc_root.join(pid.to_string()))
-                        .ok()
-                        .map(|m| m.uid());
+                    let uid = match prepared.exec_uid.get(&(*pid, t)) {
+                        Some(u) => *u,
+                        None => proc_uid(&self.cfg.proc_root, *pid),
+                    };
                     let Some(p) = self.procs.get_mut(pid) else { return };
                     if uid.is_some() {
                         p.uid = uid;
@@ -615,34 +636,22 @@ impl Resolver {
     fn mmap_image(
         &mut self,
         pid: u32,
-        start: u64,
-        end: u64,
+        range: std::ops::Range<u64>,
         ino: Option<u64>,
         build_id: Option<&[u8]>,
         filename: &[u8],
+        ready: Option<ImageId>,
     ) -> MapImage {
         if filename == b"[vdso]" {
             return MapImage::Vdso;
         }
-        if filename.is_empty()
-            || filename == b"//anon"
-            || filename.starts_with(b"[")
-            || filename.starts_with(b"/dev/zero")
-        {
-            return MapImage::Anon;
-        }
-        let path = filename.strip_suffix(b" (deleted)").unwrap_or(filename);
-        let id = match build_id.and_then(procfs::valid_build_id) {
-            Some(b) => ImageId::BuildId(b),
-            None => {
-                let mf = self.cfg.proc_root.join(format!("{pid}/map_files/{start:x}-{end:x}"));
-                match self.identities.identify(&mf, path, ino) {
-                    Ok(id) => id,
-                    Err(e) => {
-                        tracing::debug!("{}: {e}", mf.display());
-                        identify_gone(&mut self.identities, &e, path, ino.unwrap_or(0))
-                    }
-                }
+        let Some(path) = mapped_file_path(filename) else { return MapImage::Anon };
+        let id = match (build_id.and_then(procfs::valid_build_id), ready) {
+            (Some(b), _) => ImageId::BuildId(b),
+            (None, Some(id)) => id,
+            (None, None) => {
+                let (start, end) = (range.start, range.end);
+                identify_mapping(&self.cfg.proc_root, &self.identities, pid, start, end, path, ino)
             }
         };
         let info =
@@ -842,9 +851,8 @@ impl Resolver {
             .map(|p| p.mapping_count() as u64)
             .sum();
         s.identity_cache_entries = self.identities.len() as u64;
-        s.identity_cache_hits = self.identities.hits;
-        s.identity_cache_misses = self.identities.misses;
-        s.identity_errors = self.identities.errors;
+        (s.identity_cache_hits, s.identity_cache_misses, s.identity_errors) =
+            self.identities.counters();
         s.last_asid = self.next_asid - 1;
         s
     }
@@ -910,6 +918,128 @@ where
         return Err(ResolveError::Io { path: kpath, source });
     }
     Ok(built)
+}
+
+/// The path of the file an MMAP2 record's `filename` names, ` (deleted)` removed; `None` for
+/// `[vdso]`, anonymous memory and other pseudo-files.
+fn mapped_file_path(filename: &[u8]) -> Option<&[u8]> {
+    if filename.is_empty()
+        || filename == b"//anon"
+        || filename.starts_with(b"[")
+        || filename.starts_with(b"/dev/zero")
+    {
+        return None;
+    }
+    Some(filename.strip_suffix(b" (deleted)").unwrap_or(filename))
+}
+
+/// The owner of `/proc/PID` (the uid after an exec).
+fn proc_uid(proc_root: &std::path::Path, pid: u32) -> Option<u32> {
+    let dir = proc_root.join(pid.to_string());
+    #[cfg(test)]
+    identity::io_probe::note(&dir);
+    std::fs::symlink_metadata(dir).ok().map(|m| m.uid())
+}
+
+/// Identity of the file a mapping without build-id holds (see [`identity`]).
+fn identify_mapping(
+    proc_root: &std::path::Path,
+    identities: &IdentityCache,
+    pid: u32,
+    start: u64,
+    end: u64,
+    path: &[u8],
+    ino: Option<u64>,
+) -> ImageId {
+    let mf = proc_root.join(format!("{pid}/map_files/{start:x}-{end:x}"));
+    match identities.identify(&mf, path, ino) {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::debug!("{}: {e}", mf.display());
+            identify_gone(identities, &e, path, ino.unwrap_or(0))
+        }
+    }
+}
+
+/// What [`RecordIo::prepare`] read for a run of side-band records, for
+/// [`Resolver::apply_prepared`].
+#[derive(Debug, Default)]
+pub struct Prepared {
+    /// Exec `(pid, time)` → owner of `/proc/PID` after it.
+    exec_uid: HashMap<(u32, PerfTime), Option<u32>>,
+    /// File mapping without build-id `(pid, start, end, time)` → identity.
+    identity: HashMap<(u32, u64, u64, PerfTime), ImageId>,
+}
+
+impl Prepared {
+    /// Facts read.
+    pub fn len(&self) -> usize {
+        self.exec_uid.len() + self.identity.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The file I/O of applying side-band records ([`Resolver::apply_prepared`]), done without
+/// the resolver: the stat of `/proc/PID` at an exec, and the identity of a file mapping whose
+/// MMAP2 record has no build-id (its `map_files` entry, or its path once the process is gone).
+/// The identity cache is the resolver's own (shared).
+#[derive(Clone, Debug)]
+pub struct RecordIo {
+    proc_root: PathBuf,
+    identities: Arc<IdentityCache>,
+}
+
+impl RecordIo {
+    /// Whether applying `rec` reads a file.
+    pub fn needs_io(rec: &TimedSideBand) -> bool {
+        match &rec.record {
+            SideBand::Comm { exec, .. } => *exec,
+            SideBand::Mmap2 { kernel: false, pid, len, prot, build_id, filename, .. } => {
+                *pid != u32::MAX
+                    && prot & PROT_EXEC != 0
+                    && *len != 0
+                    && filename != b"[vdso]"
+                    && mapped_file_path(filename).is_some()
+                    && build_id.as_deref().and_then(procfs::valid_build_id).is_none()
+            }
+            _ => false,
+        }
+    }
+
+    /// Read what applying `recs` needs (records that need nothing are skipped).
+    pub fn prepare<'a>(&self, recs: impl IntoIterator<Item = &'a TimedSideBand>) -> Prepared {
+        let mut out = Prepared::default();
+        for rec in recs {
+            if !Self::needs_io(rec) {
+                continue;
+            }
+            let t = rec.time;
+            match &rec.record {
+                SideBand::Comm { pid, .. } => {
+                    out.exec_uid.insert((*pid, t), proc_uid(&self.proc_root, *pid));
+                }
+                SideBand::Mmap2 { pid, addr, len, ino, filename, .. } => {
+                    let end = addr.saturating_add(*len);
+                    let Some(path) = mapped_file_path(filename) else { continue };
+                    let id = identify_mapping(
+                        &self.proc_root,
+                        &self.identities,
+                        *pid,
+                        *addr,
+                        end,
+                        path,
+                        *ino,
+                    );
+                    out.identity.insert((*pid, *addr, end, t), id);
+                }
+                _ => {}
+            }
+        }
+        out
+    }
 }
 
 /// Re-read the process's perf map once per batch.
@@ -1000,7 +1130,7 @@ fn vdso_build_id(image: &[u8]) -> Option<Vec<u8>> {
 /// library into two images. Seen once: rustc's `librustc_driver` (no build-id) under two ids
 /// after an hour of builds; which error it met there was not pinned down.
 pub(crate) fn identify_gone(
-    identities: &mut identity::IdentityCache,
+    identities: &identity::IdentityCache,
     err: &std::io::Error,
     path: &[u8],
     ino: u64,
@@ -1029,13 +1159,13 @@ mod tests {
         let live = identity::IdentityCache::new(8).identify(&p, path, Some(ino)).expect("live");
         let degraded = ImageId::fallback(path, 0, 0, ino);
         for errno in [libc::ENOENT, libc::ESRCH] {
-            let mut c = identity::IdentityCache::new(8);
+            let c = identity::IdentityCache::new(8);
             let err = std::io::Error::from_raw_os_error(errno);
-            assert_eq!(identify_gone(&mut c, &err, path, ino), live, "errno {errno}");
+            assert_eq!(identify_gone(&c, &err, path, ino), live, "errno {errno}");
         }
-        let mut c = identity::IdentityCache::new(8);
+        let c = identity::IdentityCache::new(8);
         let denied = std::io::Error::from_raw_os_error(libc::EACCES);
-        assert_eq!(identify_gone(&mut c, &denied, path, ino), degraded);
+        assert_eq!(identify_gone(&c, &denied, path, ino), degraded);
     }
 
     fn rec(time: PerfTime, record: SideBand) -> TimedSideBand {

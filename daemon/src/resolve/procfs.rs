@@ -1,7 +1,7 @@
 //! Reading /proc, /sys and /tmp files defensively.
 //!
 //! Every file is opened with `O_NOFOLLOW` (a symlink planted by an untrusted process is never
-//! followed), `O_NONBLOCK` (a FIFO planted in its place cannot block a drain thread) and read up
+//! followed), `O_NONBLOCK` (a FIFO planted in its place cannot block the resolver thread or a flush) and read up
 //! to a bound (a huge or endless file cannot exhaust memory).
 
 use std::fs::{File, OpenOptions};

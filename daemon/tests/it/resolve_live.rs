@@ -123,6 +123,8 @@ impl Session {
     fn start() -> Self {
         let ncpus = online_cpus().expect("online cpus").iter().max().map_or(1, |m| *m as usize + 1);
         let agg = Aggregator::new(Resolver::new(ResolverConfig::default()), ncpus);
+        // As the daemon: drain threads hand records and full buffers to the resolver thread.
+        agg.start_resolver_thread(None).expect("resolver thread");
         let cfg =
             SamplerConfig { redraw_interval: Duration::from_millis(100), ..Default::default() };
         let sampler = Sampler::start(&cfg, Arc::<dcpid::aggregate::Aggregator>::clone(&agg))

@@ -163,6 +163,21 @@ fn a_dead_thread_degrades_status_stops_the_watchdog_and_sets_the_exit_status() {
         })
     });
 
+    // The resolver thread: it only runs when side-band records are due, which a new process
+    // (exec, mmap) makes sure of.
+    faults.arm("dcpi-resolve");
+    wait_until("the resolver thread's failure in status", || {
+        let _ = std::process::Command::new("true").status();
+        status(&socket).is_some_and(|v| {
+            v["failed_threads"].as_array().is_some_and(|f| {
+                f.iter().any(|t| {
+                    t["thread"] == "dcpi-resolve"
+                        && t["reason"] == "panicked: injected fault in dcpi-resolve"
+                })
+            })
+        })
+    });
+
     // SIGTERM: the daemon stops, publishes what it has, and the exit status says degraded.
     // SAFETY: kill(2) on our own pid; the daemon's signal thread has a handler for SIGTERM.
     unsafe { libc::kill(std::process::id().cast_signed(), libc::SIGTERM) };
@@ -171,4 +186,5 @@ fn a_dead_thread_degrades_status_stops_the_watchdog_and_sets_the_exit_status() {
     assert_eq!(e.exit_code(), 3, "{e}");
     let msg = e.to_string();
     assert!(msg.contains("dcpid-flush") && msg.contains("dcpi-drain-0"), "{msg}");
+    assert!(msg.contains("dcpi-resolve"), "{msg}");
 }
