@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use profile_format::{ImageId, ImageKind};
 
-use crate::types::{EventIdx, ImageInfo};
+use crate::types::{EventIdx, ImageInfo, PerfTime};
 
 /// Path of the idle pseudo-image, as reports show it.
 pub const IDLE_PATH: &[u8] = b"[idle]";
@@ -56,9 +56,10 @@ pub struct CpuWho {
     /// Direct-mapped counters in front of `kernel` (count 0 = empty): a run of kernel samples
     /// of one process costs an increment, not a hash-map update each.
     kslots: Box<[(u32, EventIdx, u64)]>,
-    /// Last cgroup id seen per pid (only ids the kernel gave: 0 means it did not say), and
-    /// whether a user-mode sample showed it (see the section comment).
-    pid_cgroup: HashMap<u32, (u64, bool)>,
+    /// Last cgroup id seen per pid (only ids the kernel gave: 0 means it did not say),
+    /// whether a user-mode sample showed it (see the section comment), and the time of the
+    /// sample that first showed it (the newest such choice wins across CPUs).
+    pid_cgroup: HashMap<u32, (u64, bool, PerfTime)>,
     /// Direct-mapped `pid → cgroup` of what `pid_cgroup` already holds: most samples cost one
     /// compare instead of a hash-map update.
     seen: Box<[(u32, u64)]>,
@@ -79,7 +80,7 @@ impl Default for CpuWho {
 impl CpuWho {
     /// Count one sample that went into the table. `kernel`: taken in kernel mode.
     #[inline]
-    pub fn count(&mut self, pid: u32, cgroup: u64, event: EventIdx, kernel: bool) {
+    pub fn count(&mut self, pid: u32, cgroup: u64, event: EventIdx, kernel: bool, time: PerfTime) {
         let e = usize::from(event);
         if e >= self.per_event.len() {
             self.per_event.resize(e + 1, 0);
@@ -104,9 +105,9 @@ impl CpuWho {
                     // A process's last samples, in its exit path, are taken after the kernel
                     // moved it out of its cgroup (to the root): a kernel sample does not
                     // override what a user-mode one said.
-                    self.pid_cgroup.entry(pid).or_insert((cgroup, false));
-                } else {
-                    self.pid_cgroup.insert(pid, (cgroup, true));
+                    self.pid_cgroup.entry(pid).or_insert((cgroup, false, time));
+                } else if self.pid_cgroup.get(&pid).is_none_or(|c| c.0 != cgroup || !c.1) {
+                    self.pid_cgroup.insert(pid, (cgroup, true, time));
                 }
             }
         }
@@ -127,13 +128,13 @@ impl CpuWho {
         for (k, n) in self.kernel.drain() {
             *out.kernel.entry(k).or_insert(0) += n;
         }
-        // The same rule across CPUs: what a user-mode sample showed wins.
-        for (pid, (cgroup, user)) in self.pid_cgroup.drain() {
-            if user {
-                out.cgroups.insert(pid, cgroup);
-            } else {
-                out.cgroups.entry(pid).or_insert(cgroup);
-            }
+        // The same rule across CPUs: what a user-mode sample showed wins, and of those the
+        // newest. A process moved into its group just before exec (`echo $$ >
+        // cgroup.procs; exec`, as systemd and container runtimes do) ran in the old group on
+        // one CPU and in the new one on another within one interval: the CPUs' order must
+        // not decide.
+        for (pid, (cgroup, user, since)) in self.pid_cgroup.drain() {
+            out.note_cgroup(pid, cgroup, (user, since));
         }
         self.seen.fill((u32::MAX, 0));
     }
@@ -159,6 +160,8 @@ pub struct WhoBatch {
     /// User-mode samples per (pid, image, offset, event), for the live view ([`Recent`]);
     /// taken out of the batch when it is recorded there.
     pub hot: Vec<(u32, Arc<ImageInfo>, u64, EventIdx, u64)>,
+    /// Why `cgroups` holds each pid's id: (shown by a user-mode sample, since when).
+    cgroup_rank: HashMap<u32, (bool, PerfTime)>,
 }
 
 /// A borrowed `WhoBatch::user` key: hashes and compares as the owned tuple.
@@ -188,6 +191,15 @@ impl WhoBatch {
         }
     }
 
+    /// `pid`'s cgroup is `cgroup`, unless one shown with a better rank (user-mode first, then
+    /// newest) is already there; on a tie the later call wins.
+    fn note_cgroup(&mut self, pid: u32, cgroup: u64, rank: (bool, PerfTime)) {
+        if self.cgroup_rank.get(&pid).is_none_or(|r| rank >= *r) {
+            self.cgroup_rank.insert(pid, rank);
+            self.cgroups.insert(pid, cgroup);
+        }
+    }
+
     /// Add another batch (an early drain's) into this one.
     pub fn merge(&mut self, o: Self) {
         for (k, n) in o.user {
@@ -204,7 +216,10 @@ impl WhoBatch {
         }
         self.comms.extend(o.comms);
         self.hot.extend(o.hot);
-        self.cgroups.extend(o.cgroups);
+        for (pid, cgroup) in o.cgroups {
+            let rank = o.cgroup_rank.get(&pid).copied().unwrap_or_default();
+            self.note_cgroup(pid, cgroup, rank);
+        }
         self.cgroup_paths.extend(o.cgroup_paths);
     }
 
@@ -528,16 +543,16 @@ mod tests {
     #[test]
     fn counts_kernel_time_per_pid_and_the_last_cgroup() {
         let mut w = CpuWho::default();
-        w.count(10, 5, 0, true);
-        w.count(10, 6, 0, false);
-        w.count(0, 1, 0, true);
+        w.count(10, 5, 0, true, 10);
+        w.count(10, 6, 0, false, 20);
+        w.count(0, 1, 0, true, 30);
         // Pids that share a counter slot are both counted.
-        w.count(10 + KERNEL_SLOTS as u32, 5, 0, true);
-        w.count(10, 5, 0, true);
+        w.count(10 + KERNEL_SLOTS as u32, 5, 0, true, 40);
+        w.count(10, 5, 0, true, 50);
         // Its exit path, in the root cgroup: kernel samples do not override a user one.
-        w.count(10, 1, 0, true);
+        w.count(10, 1, 0, true, 60);
         // A kernel thread has only kernel samples: the first one names its cgroup.
-        w.count(2, 1, 0, true);
+        w.count(2, 1, 0, true, 70);
         let mut b = WhoBatch::default();
         w.take_into(3, &mut b);
         assert_eq!(b.cpus[&(3, 0)], 7);
@@ -547,7 +562,7 @@ mod tests {
         assert_eq!(b.cgroups[&10], 6, "the last cgroup a user-mode sample showed");
         assert_eq!(b.cgroups[&2], 1, "a kernel thread's");
         // Taken: the next interval starts empty, and a pid seen before is recorded again.
-        w.count(10, 6, 0, false);
+        w.count(10, 6, 0, false, 80);
         let mut b2 = WhoBatch::default();
         w.take_into(3, &mut b2);
         assert_eq!((b2.cpus[&(3, 0)], b2.cgroups[&10]), (1, 6));
@@ -557,10 +572,34 @@ mod tests {
             let mut b = WhoBatch::default();
             for i in order {
                 let w = if i == 0 { &mut exit } else { &mut run };
-                w.count(10, if i == 0 { 1 } else { 6 }, 0, i == 0);
+                w.count(10, if i == 0 { 1 } else { 6 }, 0, i == 0, 90);
                 w.take_into(i, &mut b);
             }
             assert_eq!(b.cgroups[&10], 6, "{order:?}");
+        }
+        // A process moved into its group before exec ran in the old group on one CPU and in
+        // the new one on another, both in user mode: the newest wins, whatever the CPUs'
+        // order.
+        for order in [[0, 1], [1, 0]] {
+            let (mut before, mut after) = (CpuWho::default(), CpuWho::default());
+            before.count(20, 1, 0, false, 1_000);
+            after.count(20, 9, 0, false, 2_000);
+            after.count(20, 9, 0, false, 3_000);
+            let mut b = WhoBatch::default();
+            for i in order {
+                let w = if i == 0 { &mut before } else { &mut after };
+                w.take_into(i, &mut b);
+            }
+            assert_eq!(b.cgroups[&20], 9, "{order:?}");
+            // And when an early batch is merged into a later one.
+            let mut early = WhoBatch::default();
+            before.count(20, 1, 0, false, 1_000);
+            before.take_into(0, &mut early);
+            let mut late = WhoBatch::default();
+            after.count(20, 9, 0, false, 2_000);
+            after.take_into(1, &mut late);
+            late.merge(early);
+            assert_eq!(late.cgroups[&20], 9, "merge {order:?}");
         }
     }
 

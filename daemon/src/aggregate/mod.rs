@@ -607,9 +607,9 @@ where
     let keep_pids = *keep_pids;
     let (mut done, mut created, mut evicted, mut misses) = (0usize, 0u64, 0u64, 0u64);
     let mut stop = Stop::Done;
-    // (bucket, pc, tag, pid, period) of the chunk's samples, and (pid, cgroup) for `who`.
+    // (bucket, pc, tag, pid, period) of the chunk's samples, and (pid, cgroup, time) for `who`.
     let mut keys = [(0usize, 0u64, 0u64, 0u32, 0u64); CHUNK];
-    let mut owners = [(0u32, 0u64); CHUNK];
+    let mut owners = [(0u32, 0u64, 0u64); CHUNK];
     // (stack, process asid) of the chain's samples (stack 0: none).
     let mut chains = [(0u32, 0u64); CHUNK];
     let (front, back) = pending.as_slices();
@@ -653,16 +653,16 @@ where
                 let b = table.bucket_of(s.pc, tag, pid);
                 touched = touched.wrapping_add(table.touch(b));
                 keys[n] = (b, s.pc, tag, pid, s.period);
-                owners[n] = (s.pid, s.cgroup);
+                owners[n] = (s.pid, s.cgroup, s.time);
                 chains[n] = (s.stack, proc_asid);
                 n += 1;
             }
             std::hint::black_box(touched);
             for (i, &(b, pc, tag, pid, period)) in keys[..n].iter().enumerate() {
                 // Counted as it enters the table: a sample left pending is not counted twice.
-                let (owner, cgroup) = owners[i];
+                let (owner, cgroup, time) = owners[i];
                 let (event, kernel) = Entry::tag_event_kernel(tag);
-                who.count(owner, cgroup, event, kernel);
+                who.count(owner, cgroup, event, kernel, time);
                 if chains[i].0 != 0 {
                     stacks.add(owner, chains[i].1, chains[i].0, event);
                 }

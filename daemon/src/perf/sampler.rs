@@ -1168,29 +1168,24 @@ impl Sampler {
             return Err(first_error
                 .unwrap_or_else(|| SamplerError::NoCpu("no drain thread started".into())));
         }
-        if !cfg.hotplug_thread {
-            *lock(&sampler.hotplug) = Some(Hotplug::default());
-            tracing::info!(
-                cpus = running,
-                events = ?sampler.events.iter().map(|e| e.desc.name.as_str()).collect::<Vec<_>>(),
-                "sampler started"
-            );
-            return Ok(sampler);
-        }
-        let sh = Arc::clone(&sampler.shared);
-        let sup = match &cfg.watch {
-            Some(w) => w.spawn(HOTPLUG_THREAD.into(), true, move || supervise(&sh)),
-            None => std::thread::Builder::new()
-                .name(HOTPLUG_THREAD.into())
-                .spawn(move || supervise(&sh)),
-        }
-        .map_err(|source| SamplerError::Io { what: "spawn hotplug thread".into(), source });
-        match sup {
-            Ok(h) => sampler.supervisor = Some(h),
-            Err(e) => {
-                sampler.shutdown();
-                return Err(e);
+        if cfg.hotplug_thread {
+            let sh = Arc::clone(&sampler.shared);
+            let sup = match &cfg.watch {
+                Some(w) => w.spawn(HOTPLUG_THREAD.into(), true, move || supervise(&sh)),
+                None => std::thread::Builder::new()
+                    .name(HOTPLUG_THREAD.into())
+                    .spawn(move || supervise(&sh)),
             }
+            .map_err(|source| SamplerError::Io { what: "spawn hotplug thread".into(), source });
+            match sup {
+                Ok(h) => sampler.supervisor = Some(h),
+                Err(e) => {
+                    sampler.shutdown();
+                    return Err(e);
+                }
+            }
+        } else {
+            *lock(&sampler.hotplug) = Some(Hotplug::default());
         }
         tracing::info!(
             cpus = running,
