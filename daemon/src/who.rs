@@ -60,9 +60,11 @@ pub struct CpuWho {
     /// whether a user-mode sample showed it (see the section comment), and the time of the
     /// sample that first showed it (the newest such choice wins across CPUs).
     pid_cgroup: HashMap<u32, (u64, bool, PerfTime)>,
-    /// Direct-mapped `pid → cgroup` of what `pid_cgroup` already holds: most samples cost one
-    /// compare instead of a hash-map update.
-    seen: Box<[(u32, u64)]>,
+    /// Direct-mapped `(pid, cgroup, user mode)` of what `pid_cgroup` already holds: most
+    /// samples cost one compare instead of a hash-map update. The mode is part of the key: a
+    /// process first seen in a kernel sample must still be marked as seen in user mode by its
+    /// next user-mode sample, or its exit path on another CPU (in the root cgroup) outranks it.
+    seen: Box<[(u32, u64, bool)]>,
 }
 
 impl Default for CpuWho {
@@ -72,7 +74,7 @@ impl Default for CpuWho {
             kernel: HashMap::new(),
             kslots: vec![(0, 0, 0); KERNEL_SLOTS].into_boxed_slice(),
             pid_cgroup: HashMap::new(),
-            seen: vec![(u32::MAX, 0); CGROUP_SLOTS].into_boxed_slice(),
+            seen: vec![(u32::MAX, 0, false); CGROUP_SLOTS].into_boxed_slice(),
         }
     }
 }
@@ -99,8 +101,8 @@ impl CpuWho {
         }
         if cgroup != 0 {
             let slot = &mut self.seen[pid as usize % CGROUP_SLOTS];
-            if *slot != (pid, cgroup) {
-                *slot = (pid, cgroup);
+            if *slot != (pid, cgroup, !kernel) {
+                *slot = (pid, cgroup, !kernel);
                 if kernel {
                     // A process's last samples, in its exit path, are taken after the kernel
                     // moved it out of its cgroup (to the root): a kernel sample does not
@@ -136,7 +138,7 @@ impl CpuWho {
         for (pid, (cgroup, user, since)) in self.pid_cgroup.drain() {
             out.note_cgroup(pid, cgroup, (user, since));
         }
-        self.seen.fill((u32::MAX, 0));
+        self.seen.fill((u32::MAX, 0, false));
     }
 }
 
@@ -600,6 +602,22 @@ mod tests {
             after.take_into(1, &mut late);
             late.merge(early);
             assert_eq!(late.cgroups[&20], 9, "merge {order:?}");
+        }
+        // A process's first sample of the interval is a kernel one (an interrupt), its next
+        // ones user-mode in the same group; its exit path then runs on another CPU in the root
+        // group, later. The user-mode samples must still count: its group wins.
+        for order in [[0, 1], [1, 0]] {
+            let (mut run, mut exit) = (CpuWho::default(), CpuWho::default());
+            run.count(30, 9, 0, true, 1_000);
+            run.count(30, 9, 0, false, 1_100);
+            run.count(30, 9, 0, false, 1_200);
+            exit.count(30, 1, 0, true, 5_000);
+            let mut b = WhoBatch::default();
+            for i in order {
+                let w = if i == 0 { &mut run } else { &mut exit };
+                w.take_into(i, &mut b);
+            }
+            assert_eq!(b.cgroups[&30], 9, "kernel first, then user: {order:?}");
         }
     }
 

@@ -560,10 +560,10 @@ fn per_process_and_per_cgroup_profiles_split_one_binary() {
         let total = v["total_samples"].as_u64().unwrap_or(0);
         eprintln!("cgroup {g}: {total} samples in its profiles, {want} in the who table");
         assert!(close(total, want), "cgroup {g}: {total} vs who {want}: {v:#}");
-        // Its one process's samples: most of them. A batch gives each pid one cgroup, so the
-        // batches around a move (the shell before `echo $$ > cgroup.procs`, the exit path the
-        // kernel runs after moving it out) may count some elsewhere: under a loaded CI run,
-        // 13 % of one process's samples were (stop 28's note; the exact split is still open).
+        // Its one process's samples: most of them. A batch gives each pid one cgroup, so a
+        // batch with only the shell's samples before `echo $$ > cgroup.procs` counts them in
+        // the parent group. (Until 'who: the seen cache keys the mode too', a whole batch of
+        // the process could go to the root group under load: 13-18 % of its samples.)
         let n = who_n(pid);
         assert!(total <= n + n / 20 && total * 10 >= n * 8, "cgroup {g}: {total} vs pid {pid} {n}");
         assert!(sym_samples(&v, mine) * 10 >= total * 8, "{mine} is most of {g}: {v:#}");
