@@ -73,35 +73,10 @@ impl PendingBatch {
                 unknown_event(ev);
                 continue;
             };
-            let mut total_period = 0u64;
-            let mut counts: Vec<(u64, u64)> = rp
-                .counts
-                .iter()
-                .filter(|(_, (c, _))| *c > 0)
-                .map(|(o, (c, p))| {
-                    total_period = total_period.saturating_add(*p);
-                    (*o, *c)
-                })
-                .collect();
-            counts.sort_unstable();
-            if counts.is_empty() {
-                continue;
+            if let Some((p, b)) = pending_of(&rp, image_id.to_text(), None, info, &rp.counts) {
+                bytes += b;
+                profiles.push(p);
             }
-            bytes += 160 + rp.image.path.len() as u64 + 16 * counts.len() as u64;
-            profiles.push(PendingProfile {
-                image: Some((
-                    image_id.to_text(),
-                    SpoolImage {
-                        kind: rp.image.kind,
-                        path: rp.image.path.clone(),
-                        jit: rp.image.jit_symbols.clone(),
-                        who: None,
-                    },
-                )),
-                desc: info.desc.clone(),
-                counts,
-                total_period,
-            });
         }
         let mut unknown_by_event: BTreeMap<u16, (Vec<(u64, u64)>, u64)> = BTreeMap::new();
         let mut unknown = 0;
@@ -141,10 +116,18 @@ impl PendingBatch {
     }
 }
 
-/// `counts` as sorted (offset, count) pairs and their period sum.
-fn pairs_of(counts: &OffsetCounts) -> (Vec<(u64, u64)>, u64) {
+/// A profile to spool under the spool name `name` (flat: the image id; qualified: with the
+/// pid or cgroup component), with `counts` as sorted (offset, count) pairs and their period
+/// sum, and the bytes it holds; `None` when no offset has a sample.
+fn pending_of(
+    rp: &crate::aggregate::ResolvedProfile,
+    name: String,
+    who: Option<ProfileWho>,
+    info: &EventInfo,
+    counts: &OffsetCounts,
+) -> Option<(PendingProfile, u64)> {
     let mut total_period = 0u64;
-    let mut v: Vec<(u64, u64)> = counts
+    let mut pairs: Vec<(u64, u64)> = counts
         .iter()
         .filter(|(_, (c, _))| *c > 0)
         .map(|(o, (c, p))| {
@@ -152,8 +135,24 @@ fn pairs_of(counts: &OffsetCounts) -> (Vec<(u64, u64)>, u64) {
             (*o, *c)
         })
         .collect();
-    v.sort_unstable();
-    (v, total_period)
+    if pairs.is_empty() {
+        return None;
+    }
+    pairs.sort_unstable();
+    let bytes = 160 + rp.image.path.len() as u64 + 16 * pairs.len() as u64;
+    let image = SpoolImage {
+        kind: rp.image.kind,
+        path: rp.image.path.clone(),
+        jit: rp.image.jit_symbols.clone(),
+        who,
+    };
+    let p = PendingProfile {
+        image: Some((name, image)),
+        desc: info.desc.clone(),
+        counts: pairs,
+        total_period,
+    };
+    Some((p, bytes))
 }
 
 /// The per-process profiles of a batch as `by_pid` profiles, and added up per cgroup (the
@@ -173,25 +172,11 @@ fn qualified(
                     q: ProfileWho,
                     counts: &OffsetCounts| {
         let Some(info) = events.get(usize::from(rp.event)) else { return };
-        let (counts, total_period) = pairs_of(counts);
-        if counts.is_empty() {
-            return;
+        let name = format!("{}.{}", id.to_text(), q.file_component());
+        if let Some((p, b)) = pending_of(rp, name, Some(q), info, counts) {
+            bytes += b;
+            out.push(p);
         }
-        bytes += 160 + rp.image.path.len() as u64 + 16 * counts.len() as u64;
-        out.push(PendingProfile {
-            image: Some((
-                format!("{}.{}", id.to_text(), q.file_component()),
-                SpoolImage {
-                    kind: rp.image.kind,
-                    path: rp.image.path.clone(),
-                    jit: rp.image.jit_symbols.clone(),
-                    who: Some(q),
-                },
-            )),
-            desc: info.desc.clone(),
-            counts,
-            total_period,
-        });
     };
     let mut by_cgroup: BTreeMap<
         (String, String, u16),
