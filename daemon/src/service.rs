@@ -446,16 +446,13 @@ impl Shared {
         Ok((applied, restart))
     }
 
-    fn record_tick(&self) {
+    fn record_tick(&self, status: Option<&crate::perf::sampler::SamplerStatus>) {
         let (u, s) = crate::sys::sock::self_cpu_time();
-        let (samples, per_cpu) = match read(&self.sampler).as_ref() {
-            Some(smp) => {
-                let st = smp.status();
-                (
-                    st.cpus.iter().map(|c| c.samples).sum(),
-                    st.cpus.iter().map(|c| (c.cpu, c.wakeups, c.drain_cpu_ns)).collect(),
-                )
-            }
+        let (samples, per_cpu) = match status {
+            Some(st) => (
+                st.cpus.iter().map(|c| c.samples).sum(),
+                st.cpus.iter().map(|c| (c.cpu, c.wakeups, c.drain_cpu_ns)).collect(),
+            ),
             None => (0, Vec::new()),
         };
         let rt = self.aggregator.resolver_thread_stats();
@@ -496,21 +493,28 @@ impl Shared {
 
     /// Move one resolved batch (and sampler loss counters since the last one) into the store.
     fn absorb(&self, store: &mut Store, resolved: Resolved) {
-        let (lost, throttled, times) =
-            match self.sampler.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
-                Some(s) => {
-                    let st = s.status();
-                    (
-                        st.cpus.iter().map(|c| c.lost).sum(),
-                        st.cpus.iter().map(|c| c.throttled).sum(),
-                        st.events.iter().map(|e| (e.time_enabled, e.time_running)).collect(),
-                    )
-                }
-                None => {
-                    let c = lock(&self.counters);
-                    (c.lost, c.throttled, c.event_times.clone())
-                }
-            };
+        let status = read(&self.sampler).as_ref().map(|s| s.status());
+        self.absorb_with(store, resolved, status.as_ref());
+    }
+
+    /// [`Shared::absorb`] with the sampler's status already taken (`None`: no sampler).
+    fn absorb_with(
+        &self,
+        store: &mut Store,
+        resolved: Resolved,
+        status: Option<&crate::perf::sampler::SamplerStatus>,
+    ) {
+        let (lost, throttled, times) = match status {
+            Some(st) => (
+                st.cpus.iter().map(|c| c.lost).sum(),
+                st.cpus.iter().map(|c| c.throttled).sum(),
+                st.events.iter().map(|e| (e.time_enabled, e.time_running)).collect(),
+            ),
+            None => {
+                let c = lock(&self.counters);
+                (c.lost, c.throttled, c.event_times.clone())
+            }
+        };
         let (dl, dt) = {
             let mut c = lock(&self.counters);
             // The kernel's times are cumulative per fd; the summary wants this epoch's share.
@@ -573,13 +577,16 @@ impl Shared {
     /// batch would otherwise land in the epoch after the one its samples belong to).
     fn flush_tick(&self) {
         use crate::sys::time::thread_cpu_ns;
-        self.record_tick();
+        // One status for the tick's window and the batch's counters: taken before the batch,
+        // so a loss counted now goes with this batch or the next, never nowhere.
+        let status = read(&self.sampler).as_ref().map(|s| s.status());
+        self.record_tick(status.as_ref());
         let mut store = lock(&self.store);
         let t0 = thread_cpu_ns();
         let resolved = self.aggregator.take_resolved();
         let t1 = thread_cpu_ns();
         self.sync_store(&mut store);
-        self.absorb(&mut store, resolved);
+        self.absorb_with(&mut store, resolved, status.as_ref());
         store.tick();
         *lock(&self.store_status) = store.status();
         drop(store);
@@ -1104,8 +1111,8 @@ struct Flusher {
     thread: std::thread::JoinHandle<()>,
 }
 
-/// How often the flush thread re-reads the online CPU list (CPU hotplug); with the default
-/// `flush_interval` its flushes and these checks share one wake-up.
+/// How often, at least, the flush thread re-reads the online CPU list (CPU hotplug); with a
+/// `flush_interval` at most this long (the default), every flush's wake-up does it.
 const HOTPLUG_EVERY: Duration = Duration::from_secs(5);
 
 impl Flusher {
@@ -1122,8 +1129,15 @@ impl Flusher {
                     while !stop.load(std::sync::atomic::Ordering::Acquire) {
                         watch.fault_point(FLUSH_THREAD);
                         // Read each time: a reload may change it.
-                        let next = last + read(&shared.settings).flush_interval;
-                        let next_hotplug = last_hotplug + HOTPLUG_EVERY;
+                        let interval = read(&shared.settings).flush_interval;
+                        let next = last + interval;
+                        // With flushes at least as frequent, the check rides on each flush's
+                        // wake-up: one wake-up per interval, not two a few ms apart.
+                        let next_hotplug = if interval <= HOTPLUG_EVERY {
+                            next
+                        } else {
+                            last_hotplug + HOTPLUG_EVERY
+                        };
                         let now = Instant::now();
                         if now >= next_hotplug {
                             // Before the store: a database that hangs in this flush delays
@@ -1137,7 +1151,7 @@ impl Flusher {
                             shared.flush_tick();
                             last = Instant::now();
                         } else {
-                            std::thread::park_timeout(next.min(last_hotplug + HOTPLUG_EVERY) - now);
+                            std::thread::park_timeout(next.min(next_hotplug) - now);
                         }
                     }
                 })

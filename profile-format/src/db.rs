@@ -135,6 +135,29 @@ impl std::fmt::Display for EpochId {
     }
 }
 
+/// See [`Database::epochs_stamp`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpochsStamp {
+    dev: u64,
+    ino: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl EpochsStamp {
+    /// Whether a listing made at `listed_at` under this stamp can be trusted for as long as the
+    /// stamp stays the same: the directory's last change of entries (mtime) must be clearly
+    /// older than the listing.
+    /// On a file system with coarse timestamps (or a server whose clock is ahead), a change in
+    /// the same tick as the listing would otherwise leave the stamp unchanged.
+    pub fn settled_at(&self, listed_at: std::time::SystemTime) -> bool {
+        const MARGIN_S: i64 = 2;
+        let Ok(t) = listed_at.duration_since(std::time::UNIX_EPOCH) else { return false };
+        let now = i64::try_from(t.as_secs()).unwrap_or(i64::MAX);
+        self.mtime.0.saturating_add(MARGIN_S) < now
+    }
+}
+
 /// A database directory (FORMAT.md "Layout").
 #[derive(Clone, Debug)]
 pub struct Database {
@@ -287,16 +310,37 @@ impl Database {
     /// The current epoch: the newest epoch directory that has its `EPOCH` marker. `None` if
     /// there is none yet.
     pub fn current_epoch(&self) -> Result<Option<EpochId>> {
-        for id in self.epochs()?.into_iter().rev() {
+        Ok(self.current_epoch_settled()?.0)
+    }
+
+    /// [`Database::current_epoch`], and whether it is the newest epoch directory. When it is
+    /// not, a newer directory is still waiting for its marker: a writer is starting that epoch,
+    /// and the answer changes without the epochs directory changing again.
+    pub fn current_epoch_settled(&self) -> Result<(Option<EpochId>, bool)> {
+        for (i, id) in self.epochs()?.into_iter().rev().enumerate() {
             let marker = self.epoch_dir(&id).join(EPOCH_MARKER);
             match fs::symlink_metadata(&marker) {
-                Ok(m) if m.is_file() => return Ok(Some(id)),
+                Ok(m) if m.is_file() => return Ok((Some(id), i == 0)),
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::io(marker, e)),
             }
         }
-        Ok(None)
+        Ok((None, false))
+    }
+
+    /// The epochs directory's identity and change times (one `stat`), `None` if it cannot be
+    /// read. Starting or removing an epoch changes them; a reader that polls the current epoch
+    /// lists the directory again only when they change (see [`EpochsStamp::settled_at`]).
+    pub fn epochs_stamp(&self) -> Option<EpochsStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(self.epochs_dir()).ok()?;
+        Some(EpochsStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
     }
 
     /// Start a new epoch at `now` (or one second after the current one if the clock is behind):

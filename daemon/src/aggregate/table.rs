@@ -79,6 +79,10 @@ pub(crate) struct Table {
     /// `64 - log2(buckets)`: the bucket is the top bits of the hash.
     shift: u32,
     live: usize,
+    /// Buckets that went from empty to used since the last drain, while they are few: a
+    /// drain then visits those, not the whole table (a mostly empty table of hundreds of KiB,
+    /// cold after a flush interval, cost more to scan than its entries to resolve).
+    used: Vec<u32>,
 }
 
 impl std::fmt::Debug for Table {
@@ -98,7 +102,13 @@ impl Table {
             buckets: vec![Bucket::default(); buckets].into_boxed_slice(),
             shift: 64 - buckets.trailing_zeros(),
             live: 0,
+            used: Vec::with_capacity(Self::used_limit(buckets)),
         }
+    }
+
+    /// Past this many used buckets a drain scans the whole table.
+    fn used_limit(buckets: usize) -> usize {
+        buckets / 8
     }
 
     /// The capacity `new(entries)` would have.
@@ -147,10 +157,13 @@ impl Table {
     pub(crate) fn add_at(&mut self, i: usize, pc: u64, tag: u64, pid: u32, period: u64) -> Added {
         let b = &mut self.buckets[i].0;
         let fresh = Entry { pc, tag, pid, count: 1, period_sum: period };
-        for e in b.iter_mut() {
+        for (w, e) in b.iter_mut().enumerate() {
             if e.count == 0 {
                 *e = fresh;
                 self.live += 1;
+                if w == 0 && self.used.len() <= Self::used_limit(self.buckets.len()) {
+                    self.used.push(i as u32);
+                }
                 return Added::New;
             }
             if e.pc == pc && e.tag == tag && e.pid == pid {
@@ -177,14 +190,22 @@ impl Table {
         if self.live == 0 {
             return;
         }
-        for b in self.buckets.iter_mut() {
+        let mut take = |b: &mut Bucket| {
             for e in b.0.iter_mut() {
                 if e.count == 0 {
                     break;
                 }
                 f(std::mem::take(e));
             }
+        };
+        if self.used.len() <= Self::used_limit(self.buckets.len()) {
+            for &i in &self.used {
+                take(&mut self.buckets[i as usize]);
+            }
+        } else {
+            self.buckets.iter_mut().for_each(take);
         }
+        self.used.clear();
         self.live = 0;
     }
 }
@@ -237,6 +258,29 @@ mod tests {
         let mut n = 0;
         t.drain(|_| n += 1);
         assert_eq!(n, 0, "drain empties the table");
+    }
+
+    /// A drain hands over every entry and empties the table both when few buckets are used
+    /// (it visits only those) and when many are (it scans), across several reuses.
+    #[test]
+    fn drain_finds_every_entry_of_a_sparse_or_a_full_table() {
+        let mut t = Table::new(4096);
+        let tag = Entry::tag(1, 0, false);
+        for keys in [3u64, 100, 127, 129, 3000, 0, 50] {
+            for k in 0..keys {
+                t.add(0x40_0000 + k * 16, tag, 7, 1);
+                t.add(0x40_0000 + k * 16, tag, 7, 2);
+            }
+            let mut got = Vec::new();
+            t.drain(|e| got.push((e.pc, e.count, e.period_sum)));
+            got.sort_unstable();
+            let want: Vec<_> = (0..keys).map(|k| (0x40_0000 + k * 16, 2, 3)).collect();
+            let evicted = keys as usize - got.len();
+            assert!(keys > 1000 || evicted == 0, "{keys} keys: {evicted} evicted");
+            assert!(got.iter().all(|g| want.contains(g)), "{keys} keys");
+            assert!(t.buckets.iter().all(|b| b.0.iter().all(|e| e.count == 0)), "{keys} keys");
+            assert_eq!(t.len(), 0);
+        }
     }
 
     #[test]

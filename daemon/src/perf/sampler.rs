@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -40,8 +40,10 @@ pub const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
 /// was taken just before they were written.
 const DRAIN_SLACK_NS: u64 = 1_000_000;
 
-/// How often each drain thread reads time_enabled/time_running of its fds.
-const TIMES_INTERVAL_NS: u64 = 1_000_000_000;
+/// How often each drain thread reads time_enabled/time_running of its fds: they go into the
+/// summary at flushes (5 s by default) and once more when the thread stops, so a read at most
+/// every few wake-ups (a syscall each) is enough.
+const TIMES_INTERVAL_NS: u64 = 5_000_000_000;
 
 /// Longest `redraw_interval`: an idle CPU reports `drained_until` only when it wakes, and the
 /// aggregator leaves a CPU silent for 3 s out of its watermark (two windows < 3 s).
@@ -234,6 +236,42 @@ fn cfg_online_cpus(cfg: &SamplerConfig) -> Result<Vec<u32>, SamplerError> {
     }
 }
 
+/// The online CPU list, re-read through one open file: a periodic hotplug check then costs one
+/// `pread` at offset 0 (sysfs regenerates the text), not a path walk through sysfs and an open,
+/// which were most of a quiet flush's CPU. Reopened after an error.
+#[derive(Debug, Default)]
+struct CpuListFile {
+    file: Option<std::fs::File>,
+}
+
+impl CpuListFile {
+    fn read(&mut self, cfg: &SamplerConfig) -> Result<Vec<u32>, SamplerError> {
+        use std::os::unix::fs::FileExt;
+        let path = cfg.online_cpus_path.as_deref().unwrap_or(std::path::Path::new(ONLINE_CPUS));
+        let io_err = |source| SamplerError::OnlineList { path: path.display().to_string(), source };
+        let file = match self.file.take() {
+            Some(f) => f,
+            None => std::fs::File::open(path).map_err(io_err)?,
+        };
+        let mut text = Vec::with_capacity(64);
+        let mut buf = [0u8; 256];
+        loop {
+            // Bounded: a CPU list of the largest machines is a few KiB.
+            let n = file.read_at(&mut buf, text.len() as u64).map_err(io_err)?;
+            if n == 0 || text.len() > 1 << 20 {
+                break;
+            }
+            text.extend_from_slice(&buf[..n]);
+        }
+        self.file = Some(file);
+        let text = String::from_utf8_lossy(&text);
+        parse_cpu_list(&text).ok_or_else(|| SamplerError::BadCpuList {
+            path: path.display().to_string(),
+            text: text.trim().chars().take(200).collect(),
+        })
+    }
+}
+
 /// One configured event, resolved (auto → cycles or cpu-clock) with its period window.
 #[derive(Clone, Debug)]
 struct EventPlan {
@@ -288,11 +326,16 @@ struct CpuStats {
     drained_until: AtomicU64,
     /// Wakes this CPU's drain thread alone (barrier requests).
     kick: EventFd,
-    /// Loop iterations (poll returns), and the CPU time the drain thread has used.
+    /// Loop iterations (poll returns), and the CPU time the drain thread has used: read from
+    /// its CPU-time clock while it runs (`clock`, [`NO_CLOCK`] when there is none), kept in
+    /// `cpu_ns` when it ends.
     wakeups: AtomicU64,
     cpu_ns: AtomicU64,
+    clock: AtomicI64,
     error: Mutex<Option<String>>,
 }
+
+const NO_CLOCK: i64 = i64::MAX;
 
 impl CpuStats {
     fn new(cpu: u32, nevents: usize) -> io::Result<Self> {
@@ -316,8 +359,17 @@ impl CpuStats {
             kick: EventFd::new()?,
             wakeups: AtomicU64::new(0),
             cpu_ns: AtomicU64::new(0),
+            clock: AtomicI64::new(NO_CLOCK),
             error: Mutex::new(None),
         })
+    }
+
+    /// The drain thread's CPU time so far.
+    fn cpu_ns(&self) -> u64 {
+        let kept = self.cpu_ns.load(Ordering::Acquire);
+        let clock = self.clock.load(Ordering::Acquire);
+        let now = i32::try_from(clock).ok().and_then(crate::sys::time::clock_ns).unwrap_or(0);
+        kept.max(now)
     }
 
     fn set_error(&self, msg: String) {
@@ -605,6 +657,8 @@ struct Drainer<'a> {
     armed_at: Vec<u64>,
     schedule: RedrawSchedule,
     reader: RingReader,
+    /// `None` if the epoll set could not be made: poll(2) then.
+    waiter: Option<sp::RingWaiter>,
     samples: Vec<Sample>,
     sideband: Vec<TimedSideBand>,
     per_event: Vec<u64>,
@@ -638,9 +692,17 @@ impl<'a> Drainer<'a> {
             .stall_drain
             .filter(|(c, _)| *c == stats.cpu)
             .map(|(_, after)| Instant::now() + after);
+        let waiter = match sp::RingWaiter::new(&ring.fds[0], &shared.wake, &stats.kick) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(cpu = stats.cpu, error = %e, "no epoll set for the drain thread; using poll");
+                None
+            }
+        };
         Drainer {
             shared,
             stats,
+            waiter,
             ring,
             schedule: RedrawSchedule::new(t0, redraw_ns, &mut rng),
             rng,
@@ -681,15 +743,19 @@ impl<'a> Drainer<'a> {
     /// whether the events hung up, and whether an eventfd (stop, barrier) woke it.
     fn wait(&mut self) -> (bool, bool) {
         let timeout_ms = self.schedule.timeout_ms(monotonic_ns());
-        let r =
-            match sp::poll_ring(&self.ring.fds[0], &self.shared.wake, &self.stats.kick, timeout_ms)
-            {
-                Ok(r) => (r.hangup, r.woken),
-                Err(e) => {
-                    self.stats.set_error(format!("poll: {e}"));
-                    (true, true)
-                }
-            };
+        let waited = match &self.waiter {
+            Some(w) => w.wait(timeout_ms),
+            None => {
+                sp::poll_ring(&self.ring.fds[0], &self.shared.wake, &self.stats.kick, timeout_ms)
+            }
+        };
+        let r = match waited {
+            Ok(r) => (r.hangup, r.woken),
+            Err(e) => {
+                self.stats.set_error(format!("poll: {e}"));
+                (true, true)
+            }
+        };
         self.stats.wakeups.fetch_add(1, Ordering::Relaxed);
         r
     }
@@ -858,7 +924,6 @@ impl<'a> Drainer<'a> {
         }
         self.redraw_if_due();
         self.read_times(false);
-        self.stats.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
         self.stats.heartbeat.store(monotonic_ns(), Ordering::Release);
         Next::Continue
     }
@@ -879,6 +944,9 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
             // expected, not a fault.
             tracing::info!(cpu, error = %e, "drain thread stays SCHED_OTHER (SCHED_FIFO refused)");
         }
+    }
+    if let Some(id) = crate::sys::time::own_thread_clock() {
+        stats.clock.store(i64::from(id), Ordering::Release);
     }
     let mut d = Drainer::new(shared, stats, ring);
     let name = format!("dcpi-drain-{cpu}");
@@ -902,7 +970,9 @@ fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
         }
     }
     d.read_times(true);
-    stats.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
+    // The clock goes with the thread (and its id may name a later thread): keep the total.
+    stats.clock.store(NO_CLOCK, Ordering::Release);
+    stats.cpu_ns.fetch_max(thread_cpu_ns(), Ordering::AcqRel);
     stats.online.store(false, Ordering::Release);
 }
 
@@ -1231,7 +1301,7 @@ impl Sampler {
                 periods: load(&s.periods),
                 period_redraws: s.redraws.load(Ordering::Relaxed),
                 wakeups: s.wakeups.load(Ordering::Relaxed),
-                drain_cpu_ns: s.cpu_ns.load(Ordering::Relaxed),
+                drain_cpu_ns: s.cpu_ns(),
                 last_progress_ms: (hb != 0).then(|| now.saturating_sub(hb) / 1_000_000),
                 error: lock(&s.error).clone(),
             });
@@ -1379,12 +1449,13 @@ fn supervise(shared: &Arc<Shared>) {
 #[derive(Debug, Default)]
 struct Hotplug {
     rng: Option<StdRng>,
+    list: CpuListFile,
     list_error_warned: bool,
 }
 
 impl Hotplug {
     fn step(&mut self, shared: &Arc<Shared>) {
-        let online = match cfg_online_cpus(&shared.cfg) {
+        let online = match self.list.read(&shared.cfg) {
             Ok(v) => v,
             Err(e) => {
                 if !self.list_error_warned {
@@ -1492,6 +1563,33 @@ mod tests {
         assert_eq!(parse_cpu_list("3-1"), None);
         assert_eq!(parse_cpu_list("a"), None);
         assert_eq!(parse_cpu_list("0-"), None);
+    }
+
+    /// The kept file sees a list rewritten in place (as sysfs regenerates it, and as the
+    /// hotplug tests write it), shorter or longer than before; a removed file is an error
+    /// that names it, and the list is read again once it is back.
+    #[test]
+    fn cpu_list_file_is_reread_through_one_open_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("online");
+        let cfg = SamplerConfig { online_cpus_path: Some(path.clone()), ..Default::default() };
+        let mut f = CpuListFile::default();
+        std::fs::write(&path, "0-3,8-11\n").unwrap();
+        assert_eq!(f.read(&cfg).unwrap(), vec![0, 1, 2, 3, 8, 9, 10, 11]);
+        std::fs::write(&path, "1\n").unwrap();
+        assert_eq!(f.read(&cfg).unwrap(), vec![1]);
+        let long: String = (0..400).map(|c| format!("{},", c * 2)).collect::<String>() + "1000";
+        std::fs::write(&path, &long).unwrap();
+        assert_eq!(f.read(&cfg).unwrap().len(), 401, "longer than one read");
+        std::fs::write(&path, "garbage").unwrap();
+        assert!(matches!(f.read(&cfg), Err(SamplerError::BadCpuList { .. })));
+        std::fs::remove_file(&path).unwrap();
+        // The open file still reads the unlinked inode; an error comes once it is reopened.
+        f.file = None;
+        let e = f.read(&cfg).unwrap_err().to_string();
+        assert!(e.contains(&path.display().to_string()), "{e}");
+        std::fs::write(&path, "2-3").unwrap();
+        assert_eq!(f.read(&cfg).unwrap(), vec![2, 3]);
     }
 
     #[test]

@@ -187,6 +187,9 @@ pub struct Store {
     db: Option<Database>,
     spool: Option<Spool>,
     epoch: Option<EpochId>,
+    /// The epochs directory's stamp at the last listing that can be reused, and the current
+    /// epoch it gave (`follow_epoch`).
+    epochs_seen: Option<(profile_format::EpochsStamp, Option<EpochId>)>,
     host: HostInfo,
     kernel: KernelSymbols,
     pending: PendingQueue,
@@ -305,6 +308,7 @@ impl Store {
             db: None,
             spool: None,
             epoch: None,
+            epochs_seen: None,
             host: HostInfo::default(),
             kernel: KernelSymbols::default(),
             pending: PendingQueue::default(),
@@ -1082,11 +1086,26 @@ impl Store {
     /// Follow a new epoch started elsewhere: everything collected so far belongs to the old one.
     fn follow_epoch(&mut self, now: Instant) {
         let Some(db) = &self.db else { return };
-        let newest = match db.current_epoch() {
-            Ok(n) => n,
-            Err(e) => {
-                self.set_db_error(&e);
-                return;
+        // One stat per flush instead of a listing: the epochs directory changes when an epoch
+        // starts or goes away, and a listing is reused only while it stays the same.
+        let stamp = db.epochs_stamp();
+        let newest = match (stamp, &self.epochs_seen) {
+            (Some(s), Some((seen, e))) if s == *seen => e.clone(),
+            _ => {
+                let listed_at = SystemTime::now();
+                match db.current_epoch_settled() {
+                    Ok((n, settled)) => {
+                        self.epochs_seen = stamp
+                            .filter(|s| settled && s.settled_at(listed_at))
+                            .map(|s| (s, n.clone()));
+                        n
+                    }
+                    Err(e) => {
+                        self.epochs_seen = None;
+                        self.set_db_error(&e);
+                        return;
+                    }
+                }
             }
         };
         let Some(old) = self.epoch.clone() else {

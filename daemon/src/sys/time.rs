@@ -28,8 +28,50 @@ pub fn thread_cpu_ns() -> u64 {
     (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
 }
 
+/// The calling thread's CPU-time clock, which any thread of the process can read with
+/// [`clock_ns`] while this thread lives: a thread that wakes once a second need not read its own
+/// CPU time at each wake-up for the status to show it.
+pub fn own_thread_clock() -> Option<libc::clockid_t> {
+    let mut id: libc::clockid_t = 0;
+    // SAFETY: `id` is a valid, writable clockid_t; pthread_self() is the calling thread.
+    let rc = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
+    (rc == 0).then_some(id)
+}
+
+/// A clock in nanoseconds; `None` if it cannot be read (the thread of a CPU-time clock exited).
+pub fn clock_ns(id: libc::clockid_t) -> Option<u64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; an invalid clock id is an error, not UB.
+    let rc = unsafe { libc::clock_gettime(id, &mut ts) };
+    (rc == 0)
+        .then(|| (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64))
+}
+
 #[cfg(test)]
 mod tests {
+    /// Another thread reads a thread's CPU clock while it runs and sees its work; once the
+    /// thread has exited, the clock is no longer readable.
+    #[test]
+    fn a_thread_clock_is_read_from_another_thread() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let id = super::own_thread_clock().unwrap();
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_millis(30) {
+                std::hint::black_box(0u64);
+            }
+            tx.send(id).unwrap();
+            let _ = done_rx.recv();
+        });
+        let id = rx.recv().unwrap();
+        let ns = super::clock_ns(id).expect("readable while the thread lives");
+        assert!(ns >= 10_000_000, "{ns} ns of a 30 ms spin");
+        drop(done_tx);
+        t.join().unwrap();
+        assert_eq!(super::clock_ns(id), None, "exited thread");
+    }
+
     #[test]
     fn monotonic_does_not_go_back() {
         let a = super::monotonic_ns();

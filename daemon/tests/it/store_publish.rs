@@ -266,6 +266,45 @@ fn epoch_started_by_another_host_is_followed() {
     assert_eq!(totals(dir.path(), &e2, "h1"), expect(&[b2], 0));
 }
 
+/// Set the epochs directory's times an hour back: a listing made now is then one the store may
+/// reuse while the directory stays the same (a flush costs one stat, not a listing).
+fn age_epochs_dir(root: &Path) {
+    let f = std::fs::File::open(root.join("db").join("epochs")).unwrap();
+    let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    f.set_times(std::fs::FileTimes::new().set_modified(hour_ago).set_accessed(hour_ago)).unwrap();
+}
+
+/// With the listing reused, a new epoch started elsewhere is still followed at the next tick
+/// (its mkdir changes the directory), and so is an epoch whose marker appears only after the
+/// directory was listed (the marker is written inside the new directory, which leaves the
+/// epochs directory as it was).
+#[test]
+fn epochs_are_followed_when_the_listing_is_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), "h1");
+    let e1 = s.current_epoch().cloned().unwrap();
+    let other = Database::open(&dir.path().join("db")).unwrap();
+    age_epochs_dir(dir.path());
+    s.tick_at(Instant::now());
+    s.tick_at(Instant::now());
+    assert_eq!(s.current_epoch(), Some(&e1));
+    let e2 = other.new_epoch(SystemTime::now(), "h2").unwrap();
+    s.tick_at(Instant::now());
+    assert_eq!(s.current_epoch(), Some(&e2), "a new epoch's directory is seen");
+
+    // A writer between its mkdir and its marker: the newest directory has no marker yet.
+    age_epochs_dir(dir.path());
+    s.tick_at(Instant::now());
+    let e3 = EpochId::from_time(SystemTime::now() + Duration::from_secs(3600));
+    std::fs::create_dir(other.epoch_dir(&e3)).unwrap();
+    age_epochs_dir(dir.path());
+    s.tick_at(Instant::now());
+    assert_eq!(s.current_epoch(), Some(&e2), "no marker yet");
+    std::fs::write(other.epoch_dir(&e3).join(profile_format::EPOCH_MARKER), b"h2\n").unwrap();
+    s.tick_at(Instant::now());
+    assert_eq!(s.current_epoch(), Some(&e3), "the marker that came later is seen");
+}
+
 #[test]
 fn new_epoch_closes_the_old_one_with_everything_in_it() {
     let dir = tempfile::tempdir().unwrap();
