@@ -4,23 +4,13 @@
 //! publishing; a clean stop releases it.
 
 use std::path::Path;
-use std::time::Duration;
 
+use crate::store_support;
 use dcpid::store::{Store, StoreConfig, StoreError};
 use profile_format::{Database, Lease};
 
 fn cfg(root: &Path) -> StoreConfig {
-    StoreConfig {
-        db: root.join("db"),
-        spool: root.join("spool"),
-        host: "web1.dc1".into(),
-        flush_interval: Duration::from_secs(2),
-        publish_interval: Duration::from_secs(60),
-        publish_max_delay: Duration::from_secs(360),
-        max_memory_bytes: 64 << 20,
-        retention_days: 7,
-        retention_keep: 3,
-    }
+    StoreConfig { host: "web1.dc1".into(), ..store_support::cfg(root) }
 }
 
 fn first_line(p: &str) -> String {

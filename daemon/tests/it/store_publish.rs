@@ -6,23 +6,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::store_support;
 use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
-use dcpid::store::{EventInfo, Store, StoreConfig, StoreError};
-use profile_format::{
-    Database, EpochId, EventDesc, HostSummary, ImageId, ImageKind, Profile, UnknownReason,
-};
+use dcpid::store::{Store, StoreConfig, StoreError};
+use profile_format::{Database, EpochId, HostSummary, ImageId, ImageKind, Profile, UnknownReason};
 
+/// [`store_support::cfg`] for `host`, with a spool of its own (several hosts share a root).
 fn cfg(root: &Path, host: &str) -> StoreConfig {
     StoreConfig {
-        db: root.join("db"),
         spool: root.join(format!("spool-{host}.sqlite")),
         host: host.into(),
-        flush_interval: Duration::from_secs(2),
-        publish_interval: Duration::from_secs(60),
-        publish_max_delay: Duration::from_secs(360),
-        max_memory_bytes: 64 << 20,
-        retention_days: 7,
-        retention_keep: 3,
+        ..store_support::cfg(root)
     }
 }
 
@@ -32,17 +26,7 @@ fn open(root: &Path, host: &str) -> Store {
 
 fn open_with(c: StoreConfig) -> Store {
     let mut s = Store::open(c);
-    s.set_events(vec![EventInfo {
-        desc: EventDesc {
-            name: "cpu-clock".into(),
-            perf_type: 1,
-            perf_config: 0,
-            period_mean: 1000,
-            period_min: 938,
-            period_max: 1000,
-        },
-        source: "software".into(),
-    }]);
+    store_support::events(&mut s);
     s
 }
 

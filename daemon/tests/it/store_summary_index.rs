@@ -3,39 +3,13 @@
 //! idle host); summary.json no longer carries the JSON index.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::store_support;
 use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
-use dcpid::store::{EventInfo, Store, StoreConfig};
-use profile_format::{Database, EventDesc, HostSummary, ImageId, ImageKind, SummaryIndex};
-
-fn open(root: &Path) -> Store {
-    let mut s = Store::open(StoreConfig {
-        db: root.join("db"),
-        spool: root.join("spool.sqlite"),
-        host: "h1".into(),
-        flush_interval: Duration::from_secs(2),
-        publish_interval: Duration::from_secs(60),
-        publish_max_delay: Duration::from_secs(360),
-        max_memory_bytes: 64 << 20,
-        retention_days: 7,
-        retention_keep: 3,
-    });
-    s.set_events(vec![EventInfo {
-        desc: EventDesc {
-            name: "cpu-clock".into(),
-            perf_type: 1,
-            perf_config: 0,
-            period_mean: 1000,
-            period_min: 938,
-            period_max: 1000,
-        },
-        source: "software".into(),
-    }]);
-    s
-}
+use profile_format::{Database, HostSummary, ImageId, ImageKind, SummaryIndex};
+use store_support::open;
 
 fn batch(entries: &[(u8, u64, u64)]) -> Resolved {
     let mut r = Resolved::default();

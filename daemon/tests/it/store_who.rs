@@ -3,37 +3,12 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
+use crate::store_support;
 use dcpid::aggregate::{ImageInfo, Resolved};
-use dcpid::store::{EventInfo, Store, StoreConfig};
-use profile_format::{Database, EventDesc, ImageId, ImageKind, WhoKey, WhoTable};
-
-fn open(root: &Path) -> Store {
-    let mut s = Store::open(StoreConfig {
-        db: root.join("db"),
-        spool: root.join("spool"),
-        host: "h".into(),
-        flush_interval: Duration::from_secs(2),
-        publish_interval: Duration::from_secs(60),
-        publish_max_delay: Duration::from_secs(360),
-        max_memory_bytes: 64 << 20,
-        retention_days: 7,
-        retention_keep: 3,
-    });
-    s.set_events(vec![EventInfo {
-        desc: EventDesc {
-            name: "cpu-clock".into(),
-            perf_type: 1,
-            perf_config: 0,
-            period_mean: 1000,
-            period_min: 938,
-            period_max: 1000,
-        },
-        source: "software".into(),
-    }]);
-    s
-}
+use dcpid::store::Store;
+use profile_format::{Database, ImageId, ImageKind, WhoKey, WhoTable};
+use store_support::open;
 
 /// pid 42 (`web`, cgroup 7 = /system.slice/web.service): `user` samples in /usr/bin/web and
 /// `kernel` in the kernel; the idle task `idle` samples; CPU 1 gets them all.
@@ -68,7 +43,7 @@ fn key(pid: u32, command: &str, image: &str, cgroup: &str) -> WhoKey {
 
 fn who_path(root: &Path, s: &Store) -> std::path::PathBuf {
     let db = Database::open(&root.join("db")).expect("db");
-    db.host_dir(s.current_epoch().expect("epoch"), "h").expect("host dir").who_path()
+    db.host_dir(s.current_epoch().expect("epoch"), "h1").expect("host dir").who_path()
 }
 
 #[test]

@@ -4,35 +4,14 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
+use crate::store_support;
 use dcpid::aggregate::{ImageInfo, OffsetCounts, Resolved, ResolvedProfile};
-use dcpid::store::{EventInfo, Store, StoreConfig, WhoProfiles};
-use profile_format::{Database, EventDesc, HostDir, ImageId, ImageKind, Profile, ProfileWho};
+use dcpid::store::{Store, WhoProfiles};
+use profile_format::{Database, HostDir, ImageId, ImageKind, Profile, ProfileWho};
 
 fn open(root: &Path, who: WhoProfiles) -> Store {
-    let mut s = Store::open(StoreConfig {
-        db: root.join("db"),
-        spool: root.join("spool"),
-        host: "h".into(),
-        flush_interval: Duration::from_secs(2),
-        publish_interval: Duration::from_secs(60),
-        publish_max_delay: Duration::from_secs(360),
-        max_memory_bytes: 64 << 20,
-        retention_days: 7,
-        retention_keep: 3,
-    });
-    s.set_events(vec![EventInfo {
-        desc: EventDesc {
-            name: "cpu-clock".into(),
-            perf_type: 1,
-            perf_config: 0,
-            period_mean: 1000,
-            period_min: 1000,
-            period_max: 1000,
-        },
-        source: "software".into(),
-    }]);
+    let mut s = store_support::open(root);
     s.set_who_profiles(who);
     s
 }
@@ -85,7 +64,7 @@ fn batch(n: u64) -> Resolved {
 
 fn host_dir(root: &Path, s: &Store) -> HostDir {
     let db = Database::open(&root.join("db")).expect("db");
-    db.host_dir(s.current_epoch().expect("epoch"), "h").expect("host dir")
+    db.host_dir(s.current_epoch().expect("epoch"), "h1").expect("host dir")
 }
 
 fn counts(p: &Profile) -> Vec<(u64, u64)> {
