@@ -657,8 +657,6 @@ struct Drainer<'a> {
     armed_at: Vec<u64>,
     schedule: RedrawSchedule,
     reader: RingReader,
-    /// `None` if the epoll set could not be made: poll(2) then.
-    waiter: Option<sp::RingWaiter>,
     samples: Vec<Sample>,
     sideband: Vec<TimedSideBand>,
     per_event: Vec<u64>,
@@ -692,17 +690,9 @@ impl<'a> Drainer<'a> {
             .stall_drain
             .filter(|(c, _)| *c == stats.cpu)
             .map(|(_, after)| Instant::now() + after);
-        let waiter = match sp::RingWaiter::new(&ring.fds[0], &shared.wake, &stats.kick) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(cpu = stats.cpu, error = %e, "no epoll set for the drain thread; using poll");
-                None
-            }
-        };
         Drainer {
             shared,
             stats,
-            waiter,
             ring,
             schedule: RedrawSchedule::new(t0, redraw_ns, &mut rng),
             rng,
@@ -743,12 +733,8 @@ impl<'a> Drainer<'a> {
     /// whether the events hung up, and whether an eventfd (stop, barrier) woke it.
     fn wait(&mut self) -> (bool, bool) {
         let timeout_ms = self.schedule.timeout_ms(monotonic_ns());
-        let waited = match &self.waiter {
-            Some(w) => w.wait(timeout_ms),
-            None => {
-                sp::poll_ring(&self.ring.fds[0], &self.shared.wake, &self.stats.kick, timeout_ms)
-            }
-        };
+        let waited =
+            sp::poll_ring(&self.ring.fds[0], &self.shared.wake, &self.stats.kick, timeout_ms);
         let r = match waited {
             Ok(r) => (r.hangup, r.woken),
             Err(e) => {

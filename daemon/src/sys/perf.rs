@@ -399,78 +399,10 @@ pub fn poll_ring(
     })
 }
 
-/// A drain thread's ring fd, the shared wake-up eventfd and its own kick eventfd in one epoll
-/// set, registered once. poll(2) on the three registered and unregistered all three at every
-/// wake-up, a fixed cost of each of the thread's one or two wake-ups a second.
-#[derive(Debug)]
-pub struct RingWaiter {
-    ep: OwnedFd,
-}
-
-impl RingWaiter {
-    const RING: u64 = 0;
-    const EVENTFD: u64 = 1;
-
-    pub fn new(ring: &impl AsRawFd, wake: &EventFd, kick: &EventFd) -> io::Result<Self> {
-        // SAFETY: epoll_create1 has no memory-safety preconditions.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(last_errno());
-        }
-        // SAFETY: a fresh fd that nothing else owns.
-        let w = Self { ep: unsafe { OwnedFd::from_raw_fd(fd) } };
-        for (fd, tag) in [
-            (ring.as_raw_fd(), Self::RING),
-            (wake.fd.as_raw_fd(), Self::EVENTFD),
-            (kick.fd.as_raw_fd(), Self::EVENTFD),
-        ] {
-            let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: tag };
-            // SAFETY: both fds are open; `ev` is a valid epoll_event the kernel only reads.
-            if unsafe { libc::epoll_ctl(w.ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-                return Err(last_errno());
-            }
-        }
-        Ok(w)
-    }
-
-    /// Wait like [`poll_ring`] (level-triggered, so the same readiness), EINTR as a timeout.
-    pub fn wait(&self, timeout_ms: i32) -> io::Result<PollResult> {
-        const N: i32 = 3;
-        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; N as usize];
-        // SAFETY: `evs` holds N writable epoll_event structs, the count we pass.
-        let n = unsafe { libc::epoll_wait(self.ep.as_raw_fd(), evs.as_mut_ptr(), N, timeout_ms) };
-        if n < 0 {
-            let e = last_errno();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(PollResult::default());
-            }
-            return Err(e);
-        }
-        let mut r = PollResult::default();
-        let bad = (libc::EPOLLHUP | libc::EPOLLERR) as u32;
-        for ev in &evs[..n as usize] {
-            let (events, tag) = (ev.events, ev.u64);
-            if tag == Self::RING {
-                r.readable |= events & libc::EPOLLIN as u32 != 0;
-                r.hangup |= events & bad != 0;
-            } else {
-                r.woken |= events & libc::EPOLLIN as u32 != 0;
-            }
-        }
-        Ok(r)
-    }
-}
-
 /// An eventfd used to wake every drain thread at once (it stays readable once signalled).
 #[derive(Debug)]
 pub struct EventFd {
     fd: OwnedFd,
-}
-
-impl AsRawFd for EventFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
 }
 
 impl EventFd {
@@ -519,29 +451,6 @@ impl EventFd {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The epoll set reports what poll(2) did: nothing before the timeout, the ring fd as
-    /// readable, either eventfd as a wake-up, level-triggered (a wake-up not consumed is seen
-    /// again), and a cleared kick no more.
-    #[test]
-    fn ring_waiter_reports_ring_and_wake_ups() {
-        let (ring, wake, kick) =
-            (EventFd::new().unwrap(), EventFd::new().unwrap(), EventFd::new().unwrap());
-        let w = RingWaiter::new(&ring, &wake, &kick).unwrap();
-        assert_eq!(w.wait(10).unwrap(), PollResult::default());
-        ring.signal().unwrap();
-        let r = w.wait(1000).unwrap();
-        assert!(r.readable && !r.woken && !r.hangup, "{r:?}");
-        ring.clear();
-        kick.signal().unwrap();
-        let r = w.wait(1000).unwrap();
-        assert!(r.woken && !r.readable, "{r:?}");
-        assert!(w.wait(0).unwrap().woken, "level-triggered");
-        kick.clear();
-        assert_eq!(w.wait(0).unwrap(), PollResult::default());
-        wake.signal().unwrap();
-        assert!(w.wait(1000).unwrap().woken);
-    }
 
     #[test]
     fn attr_has_our_layout() {
