@@ -1246,9 +1246,7 @@ fn serve_until_stop(
 /// published (a `--duration` run fails on it) or, `Unwritten`, what did not even reach the
 /// spool (always a failure).
 fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
-    if let Some(s) = shared.sampler.write().unwrap_or_else(|p| p.into_inner()).take() {
-        s.stop();
-    }
+    let last = shared.sampler.write().unwrap_or_else(|p| p.into_inner()).take().map(|s| s.stop());
     // The last flush applies what is still queued itself.
     shared.aggregator.stop_resolver_thread();
     let settings = shared.settings();
@@ -1270,7 +1268,8 @@ fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
         return Err(StoreError::NoDatabase(settings.db.clone()));
     };
     shared.sync_store(st);
-    shared.absorb(st, resolved);
+    // With the sampler's last status: its final counter times and losses go into this batch.
+    shared.absorb_with(st, resolved, last.as_ref());
     st.spool_held();
     *lock(&shared.store_status) = st.status();
     if let Some(since) = shared.stalled_since(&settings) {

@@ -1384,9 +1384,12 @@ impl Sampler {
         self.shared.started.elapsed()
     }
 
-    /// Disable the events, let every drain thread deliver a final pass, join them.
-    pub fn stop(mut self) {
+    /// Disable the events, let every drain thread deliver a final pass, join them. Returns the
+    /// final status: the counters' enabled/running times the threads read as they stopped are
+    /// only there (they read them every few seconds while running).
+    pub fn stop(mut self) -> SamplerStatus {
         self.shutdown();
+        self.status()
     }
 
     fn shutdown(&mut self) {
