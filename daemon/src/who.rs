@@ -519,6 +519,16 @@ pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
+    /// What CPU 0 (`cpu0`) and CPU 1 (`cpu1`) counted, taken into one batch in `order`.
+    fn take_in_order(cpu0: &mut CpuWho, cpu1: &mut CpuWho, order: [u32; 2]) -> WhoBatch {
+        let mut b = WhoBatch::default();
+        for i in order {
+            let w = if i == 0 { &mut *cpu0 } else { &mut *cpu1 };
+            w.take_into(i, &mut b);
+        }
+        b
+    }
+
     #[test]
     fn finds_the_v2_mount_of_hybrid_and_pure_systems() {
         let hybrid = "25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
@@ -587,11 +597,7 @@ mod tests {
             before.count(20, 1, 0, false, 1_000);
             after.count(20, 9, 0, false, 2_000);
             after.count(20, 9, 0, false, 3_000);
-            let mut b = WhoBatch::default();
-            for i in order {
-                let w = if i == 0 { &mut before } else { &mut after };
-                w.take_into(i, &mut b);
-            }
+            let b = take_in_order(&mut before, &mut after, order);
             assert_eq!(b.cgroups[&20], 9, "{order:?}");
             // And when an early batch is merged into a later one.
             let mut early = WhoBatch::default();
@@ -612,11 +618,7 @@ mod tests {
             run.count(30, 9, 0, false, 1_100);
             run.count(30, 9, 0, false, 1_200);
             exit.count(30, 1, 0, true, 5_000);
-            let mut b = WhoBatch::default();
-            for i in order {
-                let w = if i == 0 { &mut run } else { &mut exit };
-                w.take_into(i, &mut b);
-            }
+            let b = take_in_order(&mut run, &mut exit, order);
             assert_eq!(b.cgroups[&30], 9, "kernel first, then user: {order:?}");
         }
     }

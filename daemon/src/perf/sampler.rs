@@ -223,7 +223,12 @@ pub fn online_cpus() -> Result<Vec<u32>, SamplerError> {
 pub fn read_cpu_list(path: &std::path::Path) -> Result<Vec<u32>, SamplerError> {
     let text = std::fs::read_to_string(path)
         .map_err(|source| SamplerError::OnlineList { path: path.display().to_string(), source })?;
-    parse_cpu_list(&text).ok_or_else(|| SamplerError::BadCpuList {
+    parse_cpu_list_of(path, &text)
+}
+
+/// [`parse_cpu_list`] of the text read from `path`, with an error that names the file.
+fn parse_cpu_list_of(path: &std::path::Path, text: &str) -> Result<Vec<u32>, SamplerError> {
+    parse_cpu_list(text).ok_or_else(|| SamplerError::BadCpuList {
         path: path.display().to_string(),
         text: text.trim().chars().take(200).collect(),
     })
@@ -264,11 +269,7 @@ impl CpuListFile {
             text.extend_from_slice(&buf[..n]);
         }
         self.file = Some(file);
-        let text = String::from_utf8_lossy(&text);
-        parse_cpu_list(&text).ok_or_else(|| SamplerError::BadCpuList {
-            path: path.display().to_string(),
-            text: text.trim().chars().take(200).collect(),
-        })
+        parse_cpu_list_of(path, &String::from_utf8_lossy(&text))
     }
 }
 
