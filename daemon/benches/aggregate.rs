@@ -52,7 +52,7 @@ const PERIODS: [u64; 2] = [1_000_000, 250_000];
 const FLUSH_EVERY: usize = 1 << 21;
 const RING: usize = 1 << 20;
 
-/// A ring over plain memory (the real one is an mmap; reads are the same copies).
+/// A ring over plain memory (the real one is an mmap; records are read in place in both).
 struct BenchRing {
     data: RefCell<Vec<u8>>,
     head: Cell<u64>,
@@ -74,6 +74,9 @@ impl RingBuffer for BenchRing {
     }
     fn read_at(&self, off: usize, dst: &mut [u8]) {
         dst.copy_from_slice(&self.data.borrow()[off..off + dst.len()]);
+    }
+    fn with_bytes<T>(&self, off: usize, len: usize, f: impl FnOnce(&[u8]) -> T) -> T {
+        f(&self.data.borrow()[off..off + len])
     }
 }
 

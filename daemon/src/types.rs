@@ -10,15 +10,15 @@ pub type EventIdx = u16;
 /// nanoseconds.
 pub type PerfTime = u64;
 
-/// One sample, as parsed from a ring buffer.
+/// One sample, as parsed from a ring buffer. Only what aggregation uses: every sample is
+/// copied into a pending queue until the watermark passes it, so its size is per-sample cost
+/// (48 bytes; the thread id and CPU of the record are not needed: the CPU is the ring's).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Sample {
     pub time: PerfTime,
     /// Process id (tgid).
     pub pid: u32,
-    pub tid: u32,
     pub pc: u64,
-    pub cpu: u32,
     pub event: EventIdx,
     /// The overflow period that was in force when this sample was taken (the one the daemon set
     /// with PERF_EVENT_IOC_PERIOD, not the record's PERIOD field, which does not change).
@@ -30,6 +30,8 @@ pub struct Sample {
     /// Interned call stack in the sampling CPU's stack table (`perf::callchain`); 0 = none.
     pub stack: u32,
 }
+
+const _: () = assert!(std::mem::size_of::<Sample>() == 48);
 
 /// A side-band record that changes what the resolver knows about processes.
 #[derive(Clone, PartialEq, Eq, Debug)]

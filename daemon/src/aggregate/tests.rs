@@ -15,7 +15,7 @@ fn resolver(dir: &std::path::Path) -> Resolver {
 }
 
 fn sample(time: u64, pid: u32, pc: u64, period: u64) -> Sample {
-    Sample { time, pid, tid: pid, pc, cpu: 0, event: 0, period, kernel: false, cgroup: 0, stack: 0 }
+    Sample { time, pid, pc, event: 0, period, kernel: false, cgroup: 0, stack: 0 }
 }
 
 fn mmap(time: u64, pid: u32, id: u8) -> TimedSideBand {
@@ -377,7 +377,7 @@ mod watermark_model {
             let mut want: BTreeMap<(u8, u64), u64> = BTreeMap::new();
             for &(k, tick, cpu, off) in &c.samples {
                 let t = k as u64 * SEG + 1 + tick;
-                samples[cpu as usize].push(Sample { cpu, ..sample(t, 7, BASE + off, 1) });
+                samples[cpu as usize].push(sample(t, 7, BASE + off, 1));
                 *want.entry((k as u8 + 1, off)).or_default() += 1;
             }
             for v in &mut records {

@@ -308,6 +308,28 @@ impl RingMap {
         self.data_size
     }
 
+    /// The `len` bytes at `off` in the data area, in place; `off + len <= data_size`. The
+    /// caller asks only for bytes between data_tail and data_head, and lets the borrow end
+    /// before it moves data_tail past them.
+    pub fn bytes_at(&self, off: usize, len: usize) -> &[u8] {
+        assert!(
+            off.checked_add(len).is_some_and(|end| end <= self.data_size),
+            "ring read out of bounds"
+        );
+        // SAFETY: the range was checked to lie inside the data area, which is mapped (readable)
+        // for the lifetime of `self`, and u8 has no alignment or validity requirement. The
+        // kernel writes only between data_head and data_tail + data_size, never the records
+        // between data_tail and data_head that the caller asks for, until the caller moves
+        // data_tail past them (after this borrow ends: `RingReader::drain`), so the bytes do
+        // not change while borrowed.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.map.as_mut_ptr().add(self.data_offset + off) as *const u8,
+                len,
+            )
+        }
+    }
+
     /// Copy `dst.len()` bytes at `off` in the data area; `off + dst.len() <= data_size`.
     pub fn read_at(&self, off: usize, dst: &mut [u8]) {
         assert!(

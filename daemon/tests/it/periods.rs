@@ -23,10 +23,10 @@ struct Run {
     times: Vec<u64>,
 }
 
-fn runs_per_cpu(samples: &[Sample]) -> BTreeMap<u32, Vec<Run>> {
+fn runs_per_cpu(samples: &[(u32, Sample)]) -> BTreeMap<u32, Vec<Run>> {
     let mut by_cpu: BTreeMap<u32, Vec<&Sample>> = BTreeMap::new();
-    for s in samples {
-        by_cpu.entry(s.cpu).or_default().push(s);
+    for (cpu, s) in samples {
+        by_cpu.entry(*cpu).or_default().push(s);
     }
     let mut out = BTreeMap::new();
     for (cpu, mut v) in by_cpu {
@@ -78,9 +78,9 @@ fn periods_are_drawn_from_the_window_and_redrawn_often() {
     busy_all_cpus(Duration::from_secs(8));
     let status = sampler.status();
     sampler.stop();
-    let samples = sink.take_samples();
+    let samples = sink.take_cpu_samples();
     assert!(samples.len() > 2000, "only {} samples in 8 s at 250 Hz per CPU", samples.len());
-    for s in &samples {
+    for (_, s) in &samples {
         assert!((LO..=P).contains(&s.period), "period {} outside [{LO}, {P}]", s.period);
     }
     let runs = runs_per_cpu(&samples);
@@ -159,7 +159,7 @@ fn slow_events_are_redrawn_every_second() {
     let sampler = Sampler::start(&cfg, Arc::<CollectSink>::clone(&sink)).expect("start");
     busy_all_cpus(Duration::from_secs(5));
     sampler.stop();
-    let samples = sink.take_samples();
+    let samples = sink.take_cpu_samples();
     let runs = runs_per_cpu(&samples);
     let mut checked = 0;
     for (cpu, rs) in &runs {

@@ -65,19 +65,8 @@ fn exit(time: u64, cpu: u32, pid: u32) -> TimedSideBand {
     TimedSideBand { time, cpu, record: SideBand::Exit { pid, ppid: 1, tid: pid, ptid: 1 } }
 }
 
-fn sample(time: u64, cpu: u32, pid: u32, pc: u64) -> Sample {
-    Sample {
-        time,
-        pid,
-        tid: pid,
-        pc,
-        cpu,
-        event: 0,
-        period: 1000,
-        kernel: false,
-        cgroup: 0,
-        stack: 0,
-    }
+fn sample(time: u64, pid: u32, pc: u64) -> Sample {
+    Sample { time, pid, pc, event: 0, period: 1000, kernel: false, cgroup: 0, stack: 0 }
 }
 
 fn drain(a: &Aggregator, cpu: u32, until: u64, s: Vec<Sample>, sb: Vec<TimedSideBand>) {
@@ -103,7 +92,7 @@ const BASE: u64 = 0x40_0000;
 fn mmap_on_one_cpu_is_applied_before_a_later_sample_on_another() {
     let f = fixture(2);
     // CPU 1 delivers a sample that needs an mmap CPU 0 has not delivered yet.
-    drain(&f.agg, 1, 200, vec![sample(150, 1, 10, BASE + 0x10), sample(50, 1, 10, BASE)], vec![]);
+    drain(&f.agg, 1, 200, vec![sample(150, 10, BASE + 0x10), sample(50, 10, BASE)], vec![]);
     assert_eq!(f.agg.stats().pending, 2, "samples must wait for CPU 0");
     assert_eq!(f.agg.stats().watermark, 0);
     drain(&f.agg, 0, 300, vec![], vec![mmap(100, 0, 10, BASE, 0x1000, 0x2000, 1)]);
@@ -126,13 +115,7 @@ fn exec_is_not_applied_before_an_earlier_sample() {
     // CPU 0 reports the exec and the new image at the same address first.
     drain(&f.agg, 0, 1000, vec![], vec![exec(150, 0, 20), mmap(160, 0, 20, BASE, 0x1000, 0, 2)]);
     // Then CPU 1 delivers a sample before the exec and one after, same pc.
-    drain(
-        &f.agg,
-        1,
-        900,
-        vec![sample(100, 1, 20, BASE + 0x42), sample(200, 1, 20, BASE + 0x42)],
-        vec![],
-    );
+    drain(&f.agg, 1, 900, vec![sample(100, 20, BASE + 0x42), sample(200, 20, BASE + 0x42)], vec![]);
     let r = f.agg.take_resolved();
     assert_eq!(count(&r, 1, 0x42), 1, "before exec → old image: {r:?}");
     assert_eq!(count(&r, 2, 0x42), 1, "after exec → new image: {r:?}");
@@ -147,7 +130,7 @@ fn exec_without_new_mapping_leaves_no_stale_attribution() {
         &f.agg,
         0,
         1000,
-        vec![sample(100, 0, 21, BASE + 1), sample(300, 0, 21, BASE + 1)],
+        vec![sample(100, 21, BASE + 1), sample(300, 21, BASE + 1)],
         vec![exec(200, 0, 21)],
     );
     let r = f.agg.take_resolved();
@@ -167,10 +150,10 @@ fn remmap_at_same_address_of_another_file_splits_counts() {
         1,
         500,
         vec![
-            sample(100, 1, 30, BASE + 0x1010),
-            sample(300, 1, 30, BASE + 0x1010),
-            sample(300, 1, 30, BASE + 0x2010),
-            sample(300, 1, 30, BASE + 0x10),
+            sample(100, 30, BASE + 0x1010),
+            sample(300, 30, BASE + 0x1010),
+            sample(300, 30, BASE + 0x2010),
+            sample(300, 30, BASE + 0x10),
         ],
         vec![],
     );
@@ -201,11 +184,7 @@ fn pid_reuse_never_merges_images() {
         &f.agg,
         1,
         1000,
-        vec![
-            sample(250, 1, 40, BASE + 8),
-            sample(450, 1, 40, BASE + 8),
-            sample(405, 1, 40, 0x10_0004),
-        ],
+        vec![sample(250, 40, BASE + 8), sample(450, 40, BASE + 8), sample(405, 40, 0x10_0004)],
         vec![],
     );
     let r = f.agg.take_resolved();
@@ -223,7 +202,7 @@ fn fork_copies_mappings_and_threads_change_nothing() {
         fork(10, 0, 50, 50), // a thread
         fork(20, 0, 51, 50), // a child process
     ];
-    let s = vec![sample(15, 0, 50, BASE + 2), sample(30, 0, 51, BASE + 3), sample(30, 0, 52, BASE)];
+    let s = vec![sample(15, 50, BASE + 2), sample(30, 51, BASE + 3), sample(30, 52, BASE)];
     drain(&f.agg, 0, 100, s, sb);
     let r = f.agg.take_resolved();
     assert_eq!(count(&r, 1, 2), 1);
@@ -250,11 +229,11 @@ fn process_lives_until_its_last_thread_exits() {
         thread,
         exit(100, 0, 90), // the leader calls pthread_exit
     ];
-    drain(&f.agg, 0, 150, vec![sample(50, 0, 90, BASE)], sb);
+    drain(&f.agg, 0, 150, vec![sample(50, 90, BASE)], sb);
     let r = f.agg.take_resolved();
     assert_eq!(count(&r, 1, 0), 1);
     // The other thread still runs after a flush (which collects exited processes).
-    drain(&f.agg, 0, 300, vec![sample(200, 0, 90, BASE + 4)], vec![thread_exit(250, 0, 90, 91)]);
+    drain(&f.agg, 0, 300, vec![sample(200, 90, BASE + 4)], vec![thread_exit(250, 0, 90, 91)]);
     let r = f.agg.take_resolved();
     assert_eq!(count(&r, 1, 4), 1, "{r:?}");
     assert_eq!(f.agg.with_resolver(|r| r.stats().processes), 0, "gone after the last thread");
@@ -263,13 +242,7 @@ fn process_lives_until_its_last_thread_exits() {
 #[test]
 fn samples_wait_for_the_watermark_and_flush_all_takes_everything() {
     let f = fixture(2);
-    drain(
-        &f.agg,
-        0,
-        100,
-        vec![sample(150, 0, 60, BASE)],
-        vec![mmap(120, 0, 60, BASE, 0x1000, 0, 1)],
-    );
+    drain(&f.agg, 0, 100, vec![sample(150, 60, BASE)], vec![mmap(120, 0, 60, BASE, 0x1000, 0, 1)]);
     drain(&f.agg, 1, 90, vec![], vec![]);
     let r = f.agg.take_resolved();
     assert_eq!(r.samples, 0, "nothing is below the watermark yet");
@@ -283,7 +256,7 @@ fn samples_wait_for_the_watermark_and_flush_all_takes_everything() {
 #[test]
 fn aggregation_merges_identical_keys() {
     let f = fixture(1);
-    let s: Vec<Sample> = (0..1000).map(|i| sample(100 + i, 0, 70, BASE + (i % 4))).collect();
+    let s: Vec<Sample> = (0..1000).map(|i| sample(100 + i, 70, BASE + (i % 4))).collect();
     drain(&f.agg, 0, 5000, s, vec![mmap(50, 0, 70, BASE, 0x1000, 0, 1)]);
     let st = f.agg.stats();
     assert_eq!(st.samples_aggregated, 1000);
@@ -303,16 +276,10 @@ fn stale_cpu_is_left_out_and_its_late_records_are_applied() {
     drain(&f.agg, 0, 100, vec![], vec![]);
     assert_eq!(f.agg.stats().watermark, 0);
     std::thread::sleep(std::time::Duration::from_millis(3100));
-    drain(&f.agg, 0, 1000, vec![sample(500, 0, 80, BASE)], vec![]);
+    drain(&f.agg, 0, 1000, vec![sample(500, 80, BASE)], vec![]);
     assert_eq!(f.agg.stats().watermark, 1000);
     // CPU 1 wakes up with an old mmap: applied at once, counted as late.
-    drain(
-        &f.agg,
-        1,
-        1000,
-        vec![sample(600, 1, 80, BASE)],
-        vec![mmap(400, 1, 80, BASE, 0x1000, 0, 1)],
-    );
+    drain(&f.agg, 1, 1000, vec![sample(600, 80, BASE)], vec![mmap(400, 1, 80, BASE, 0x1000, 0, 1)]);
     assert_eq!(f.agg.stats().late_sideband, 1);
     let r = f.agg.take_resolved();
     assert_eq!(count(&r, 1, 0), 1, "late sample after the late mmap: {r:?}");
@@ -336,7 +303,7 @@ fn state_stays_bounded_over_many_short_processes() {
                 sb.push(exec(t + 2, cpu, pid));
                 sb.push(mmap(t + 3, cpu, pid, BASE, 0x1000, 0, 2));
                 sb.push(mmap(t + 4, cpu, pid, BASE + 0x10_0000, 0x1000, 0, 3));
-                s.push(sample(t + 5, cpu, pid, BASE + 0x10));
+                s.push(sample(t + 5, pid, BASE + 0x10));
                 sb.push(exit(t + 6, cpu, pid));
                 t += 10;
             }

@@ -170,8 +170,8 @@ fn measure(cfg: &SamplerConfig, cpus: &[u32]) -> Vec<CpuResult> {
     }
     sampler.stop();
     let me = std::process::id();
-    for s in sink.take_samples() {
-        let Some(r) = out.iter_mut().find(|r| r.cpu == s.cpu) else { continue };
+    for (cpu, s) in sink.take_cpu_samples() {
+        let Some(r) = out.iter_mut().find(|r| r.cpu == cpu) else { continue };
         r.hist[(s.time % P * 8 / P) as usize] += 1;
         if s.pid != me {
             continue;

@@ -32,13 +32,11 @@ fn fake_kernel(dir: &Path) -> ResolverConfig {
     }
 }
 
-fn ksample(time: u64, pid: u32, cpu: u32) -> Sample {
+fn ksample(time: u64, pid: u32) -> Sample {
     Sample {
         time,
         pid,
-        tid: pid,
         pc: 0xffffffff81000123,
-        cpu,
         event: 0,
         period: 1000,
         kernel: true,
@@ -52,8 +50,8 @@ fn idle_samples_are_the_idle_image_and_kernel_time_is_per_process() {
     let dir = tempfile::tempdir().expect("tempdir");
     let agg = Aggregator::new(Resolver::new(fake_kernel(dir.path())), 2);
     // CPU 0: 30 idle samples; CPU 1: 5 samples of pid 7 (a kernel thread) in the kernel.
-    let mut s0: Vec<Sample> = (0..30).map(|i| ksample(10 + i, 0, 0)).collect();
-    let mut s1: Vec<Sample> = (0..5).map(|i| ksample(10 + i, 7, 1)).collect();
+    let mut s0: Vec<Sample> = (0..30).map(|i| ksample(10 + i, 0)).collect();
+    let mut s1: Vec<Sample> = (0..5).map(|i| ksample(10 + i, 7)).collect();
     agg.on_drain(0, 1000, &mut s0, &mut Vec::new());
     agg.on_drain(1, 1000, &mut s1, &mut Vec::new());
     agg.on_drain(0, 1000, &mut Vec::new(), &mut Vec::new());
@@ -99,9 +97,9 @@ fn per_process_profiles_split_kernel_time_by_process_only_when_on() {
     let run = |on: bool| {
         let agg = Aggregator::new(Resolver::new(fake_kernel(dir.path())), 1);
         agg.set_who_profiles(on);
-        let mut s: Vec<Sample> = (0..4).map(|i| ksample(10 + i, 7, 0)).collect();
-        s.extend((0..6).map(|i| ksample(20 + i, 8, 0)));
-        s.extend((0..3).map(|i| ksample(30 + i, 0, 0)));
+        let mut s: Vec<Sample> = (0..4).map(|i| ksample(10 + i, 7)).collect();
+        s.extend((0..6).map(|i| ksample(20 + i, 8)));
+        s.extend((0..3).map(|i| ksample(30 + i, 0)));
         agg.on_drain(0, 1000, &mut s, &mut Vec::new());
         let created = agg.stats().entries_created;
         (agg.flush_all(), created)

@@ -24,7 +24,8 @@ pub fn require_perf() -> bool {
 /// Keeps every sample and side-band record, and the `drained_until` of each call.
 #[derive(Debug, Default)]
 pub struct CollectSink {
-    pub samples: Mutex<Vec<Sample>>,
+    /// Each sample with the CPU whose ring it came from.
+    pub samples: Mutex<Vec<(u32, Sample)>>,
     pub sideband: Mutex<Vec<TimedSideBand>>,
     /// Per CPU: (drained_until, clock at delivery) of every call.
     pub drains: Mutex<BTreeMap<u32, Vec<(PerfTime, PerfTime)>>>,
@@ -52,7 +53,7 @@ impl SampleSink for CollectSink {
                 }
             }
         }
-        self.samples.lock().unwrap().extend(samples.drain(..));
+        self.samples.lock().unwrap().extend(samples.drain(..).map(|s| (cpu, s)));
         self.sideband.lock().unwrap().extend(sideband.drain(..));
         self.drains.lock().unwrap().entry(cpu).or_default().push((drained_until, now));
     }
@@ -60,6 +61,11 @@ impl SampleSink for CollectSink {
 
 impl CollectSink {
     pub fn take_samples(&self) -> Vec<Sample> {
+        self.take_cpu_samples().into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// The samples with the CPU whose ring each came from.
+    pub fn take_cpu_samples(&self) -> Vec<(u32, Sample)> {
         std::mem::take(&mut *self.samples.lock().unwrap())
     }
 }
