@@ -17,7 +17,7 @@ The per-thread totals are scaled to the thread's CPU from /proc/PID/task/*/sched
 same window, so the stages add up to the measured ms/s (perf's own interrupts inflate what it
 samples; the split, not the sum, is what it gives).
 
-  bench/stages.py [--rate 1000] [--window 120] [--settle 20] [--build] [--out FILE]
+  bench/stages.py [--rate 1000] [--window 120] [--settle 40] [--build] [--out FILE]
 
 --build builds the frame-pointer binaries into target/fp first (otherwise they must exist).
 """
@@ -105,7 +105,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--window", type=float, default=120)
-    ap.add_argument("--settle", type=float, default=20)
+    ap.add_argument("--settle", type=float, default=40)
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--dcpid", default=os.path.join(FP_TARGET, "release", "dcpid"))
     ap.add_argument("--out", default=os.path.join(
