@@ -248,7 +248,8 @@ settings! {
     #[arg(short = 'e', long, value_name = "LIST")]
     #[serde(default, deserialize_with = "de_events")]
     events: String = "auto".into();
-    /// Period randomization: periods are drawn from [P - P/N, P] [default: 16].
+    /// Period randomization: periods are drawn from [P - P/2N, P + P/2N], centred on the
+    /// nominal period P so that the mean rate is the one asked for [default: 16].
     #[arg(long, value_name = "N")]
     window_divisor: u64 = 16;
     /// Data pages of each per-CPU ring buffer (power of two) [default: 128].

@@ -890,8 +890,8 @@ fn crash_loop_kill9_while_flushing_keeps_files_readable_and_counts_once() {
         assert_eq!(samples_of(&fin, exe), *n, "{}: lost or counted twice", exe.display());
     }
     // At most one count per sampling period of the workload's CPU time (period_min = P -
-    // P/16 = 937.5 µs, plus its start-up): a replayed spool would double it.
-    let bound = ((SPIN_MS + 50) as f64 / 0.9375) as u64;
+    // P/32 = 968.75 µs, plus its start-up): a replayed spool would double it.
+    let bound = ((SPIN_MS + 50) as f64 / 0.96875) as u64;
     for exe in &unconfirmed {
         let n = samples_of(&fin, exe);
         assert!(n <= bound, "{}: {n} samples, more than {bound} possible", exe.display());

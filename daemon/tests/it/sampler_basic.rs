@@ -28,7 +28,9 @@ fn cpu_clock_samples_arrive_with_sane_fields() {
     assert_eq!(sampler.events().len(), 1);
     assert_eq!(sampler.events()[0].desc.name, "cpu-clock");
     assert_eq!(sampler.events()[0].source, EventSource::Software);
-    assert_eq!(sampler.events()[0].desc.period_min, 1_000_000 - 1_000_000 / 16);
+    // A window of P/16 centred on the nominal period.
+    assert_eq!(sampler.events()[0].desc.period_min, 1_000_000 - 1_000_000 / 32);
+    assert_eq!(sampler.events()[0].desc.period_max, 1_000_000 + 1_000_000 / 32);
     // Spawn a child that execs, so side-band records (COMM exec, MMAP2) must appear.
     let st = std::process::Command::new("/bin/true").status().expect("spawn /bin/true");
     assert!(st.success());
@@ -46,7 +48,7 @@ fn cpu_clock_samples_arrive_with_sane_fields() {
     assert!(mine > 200, "expected >200 samples of this process in 1.5 s at 1 kHz, got {mine}");
     for s in &samples {
         assert!(s.time >= t0 && s.time <= t1, "sample time {} outside [{t0}, {t1}]", s.time);
-        assert!((937_500..=1_000_000).contains(&s.period), "period {}", s.period);
+        assert!((968_750..=1_031_250).contains(&s.period), "period {}", s.period);
         assert_eq!(s.event, 0);
         // On x86_64 kernel text is in the upper half.
         if cfg!(target_arch = "x86_64") {
@@ -99,7 +101,7 @@ fn auto_falls_back_to_cpu_clock_without_pmu() {
     assert_eq!(ev.source, EventSource::Fallback);
     assert_eq!(ev.desc.name, "cpu-clock");
     assert_eq!(ev.requested, "auto");
-    assert_eq!(ev.desc.period_max, 1_000_000);
+    assert_eq!(ev.desc.period_max, 1_000_000 + 1_000_000 / 32);
     let status = sampler.status();
     assert_eq!(status.events[0].source, EventSource::Fallback);
     assert!(serde_json::to_string(&status).unwrap().contains("\"fallback\""));
@@ -174,7 +176,7 @@ fn two_events_share_one_ring_per_cpu() {
     let faults: Vec<_> = samples.iter().filter(|s| s.event == 1).collect();
     assert!(clock > 50, "cpu-clock samples: {clock}");
     assert!(faults.len() > 50, "page-fault samples: {}", faults.len());
-    assert!(faults.iter().all(|s| (150..=160).contains(&s.period)));
+    assert!(faults.iter().all(|s| (155..=165).contains(&s.period)));
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! One workload thread per CPU (pinned) runs `phase_a_work` for the first 75% of every
 //! P = 4 ms interval of CLOCK_MONOTONIC and `phase_b_work` for the last 25%. The sampler runs
 //! cpu-clock:4000000 until each workload thread has run 6 s of CPU, once with randomization off (every sample lands at the same phase
-//! of the workload's cycle) and once with the default window [P - P/16, P]. Samples are
+//! of the workload's cycle) and once with the default window [P - P/32, P + P/32]. Samples are
 //! classified by the two functions' address ranges, read from this test binary's symbol table.
 //!
 //! Measured on the 2-vCPU Firecracker VM (kernel 6.18, other builds running), share of B:
@@ -207,7 +207,7 @@ fn randomized_periods_defeat_phase_locking() {
 
     eprintln!("fixed period {P} ns:");
     let f = measure(&fixed, &cpus);
-    eprintln!("randomized period in [{}, {P}] ns:", P - P / 16);
+    eprintln!("randomized period in [{}, {}] ns:", P - P / 32, P + P / 32);
     let r = measure(&random, &cpus);
 
     // Fixed period: each CPU's samples all fall at one phase of the 4 ms cycle, so that CPU
