@@ -24,7 +24,6 @@ samples; the split, not the sum, is what it gives).
 
 import argparse
 import collections
-import glob
 import json
 import os
 import shutil
@@ -36,6 +35,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FP_TARGET = os.path.join(ROOT, "target", "fp")
+sys.path.insert(0, HERE)
+from collector import busy, threads_cpu_ns  # noqa: E402
 
 # (stage, substrings of a frame's symbol): the innermost frame (leaf first) that matches any
 # rule decides; rules are tried in order on each frame.
@@ -56,20 +57,6 @@ FLUSH_RULES = [
     ("wait", ["do_nanosleep", "futex_wait", "schedule", "finish_task_switch", "recv_timeout",
               "park"]),
 ]
-
-
-def threads_cpu_ns(pid):
-    out = {}
-    for t in glob.glob(f"/proc/{pid}/task/*"):
-        try:
-            with open(os.path.join(t, "schedstat")) as f:
-                ns = int(f.read().split()[0])
-            with open(os.path.join(t, "comm")) as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        out[name] = out.get(name, 0) + ns
-    return out
 
 
 def classify(frames, rules):
@@ -118,7 +105,7 @@ def main():
     if shutil.which("perf") is None:
         sys.exit("stages.py: perf is not installed (apt-get install linux-perf)")
     work = tempfile.mkdtemp(prefix="dcpi-stages-")
-    loops = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass\n"]) for _ in range(2)]
+    loops = busy(2)
     d = None
     try:
         d = subprocess.Popen([args.dcpid, "--config", "none", "--db", f"{work}/db", "--spool",

@@ -28,7 +28,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from collector import threads_cpu_ns  # noqa: E402
+from collector import build_floor, threads_cpu_ns  # noqa: E402
+from collector_ab import busy_loop  # noqa: E402
 
 
 def status(dcpictl, sock):
@@ -54,13 +55,9 @@ def main():
         HERE, "results", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-wake-model.json"))
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="dcpi-wake-model-")
-    busy_src = os.path.join(work, "busy.c")
-    with open(busy_src, "w") as f:
-        f.write("int main(void) { volatile unsigned long x = 0; for (;;) x++; }\n")
-    subprocess.run(["cc", "-O2", "-o", f"{work}/busy", busy_src], check=True)
-    subprocess.run(["cc", "-O2", "-pthread", "-o", f"{work}/floor",
-                    os.path.join(HERE, "workloads", "floor.c")], check=True)
-    loads = [subprocess.Popen([f"{work}/busy"]) for _ in range(2)]
+    busy = busy_loop(work)
+    floor = build_floor(work)
+    loads = [subprocess.Popen([busy]) for _ in range(2)]
     dcpids, floors = [], []
     try:
         for r in args.rates:
@@ -71,7 +68,7 @@ def main():
                  "--socket", f"{d}/s.sock", "--host", f"m{r}", "-e",
                  f"cpu-clock:{int(1e9 / r)}"], stderr=open(f"{d}/log", "w")))
             floors.append(subprocess.Popen(
-                [f"{work}/floor", "percpu", str(int(1e9 / r)),
+                [floor, "percpu", str(int(1e9 / r)),
                  str(args.settle + args.window + 60)], stdout=subprocess.DEVNULL))
         deadline = time.monotonic() + 60
         socks = [f"{work}/d{r}/s.sock" for r in args.rates]
