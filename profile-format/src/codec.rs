@@ -115,12 +115,48 @@ pub(crate) const MAX_ZLIB_PAYLOAD: u64 = 256 << 20;
 /// bytes are not canonical (zlib backends and versions differ): readers check that the
 /// *payload* is canonical, never the file.
 pub(crate) fn finish_zlib(magic: &[u8; 8], version: u16, payload: &[u8]) -> Vec<u8> {
-    use std::io::Write;
-    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
-    let packed = z.write_all(payload).and_then(|()| z.finish()).unwrap_or_default();
     let mut file = begin(magic, version);
-    file.extend_from_slice(&packed);
+    DEFLATE.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut kept) => {
+            let z = kept
+                .get_or_insert_with(|| flate2::Compress::new(flate2::Compression::best(), true));
+            z.reset();
+            deflate_into(z, payload, &mut file);
+        }
+        // Re-entered (cannot happen today): a compressor of its own.
+        Err(_) => deflate_into(
+            &mut flate2::Compress::new(flate2::Compression::best(), true),
+            payload,
+            &mut file,
+        ),
+    });
     finish(file)
+}
+
+thread_local! {
+    /// One zlib compressor per thread, reset between files. A new one allocates and zeroes
+    /// ~250 KiB of tables: above the allocator's mmap threshold, so each file cost fresh page
+    /// faults and an munmap (a TLB shootdown on every CPU the process runs on). dcpid's flush
+    /// thread encodes a stack increment for the spool at every flush, where that was a fifth
+    /// of the thread's CPU (issue 19).
+    static DEFLATE: std::cell::RefCell<Option<flate2::Compress>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Append the zlib stream of `payload` to `out` (a fresh or reset compressor).
+fn deflate_into(z: &mut flate2::Compress, payload: &[u8], out: &mut Vec<u8>) {
+    out.reserve(payload.len() / 2 + 64);
+    loop {
+        let done = usize::try_from(z.total_in()).unwrap_or(payload.len()).min(payload.len());
+        let spare = out.capacity() - out.len();
+        match z.compress_vec(&payload[done..], out, flate2::FlushCompress::Finish) {
+            Ok(flate2::Status::StreamEnd) => return,
+            Ok(_) => out.reserve(spare.max(64)),
+            // Only a misuse of the stream (not data) fails: leave the payload empty, which
+            // every reader rejects as corrupt, rather than panic in a writer.
+            Err(_) => return,
+        }
+    }
 }
 
 /// Validate a zlib container ([`open`]) and inflate its payload, at most
@@ -260,5 +296,33 @@ impl<'a> Reader<'a> {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kept compressor is reset between files: each file inflates to its own payload,
+    /// whatever came before on the thread, including payloads far larger than the first
+    /// output reserve (incompressible bytes) and empty ones.
+    #[test]
+    fn kept_compressor_gives_independent_files() {
+        const MAGIC: &[u8; 8] = b"DCPITEST";
+        let mut noise = Vec::with_capacity(300_000);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..300_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            noise.push(x as u8);
+        }
+        let payloads: [&[u8]; 4] =
+            [b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", &noise, b"", b"second small one"];
+        for p in payloads {
+            let file = finish_zlib(MAGIC, 1, p);
+            let back = open_zlib(&file, Path::new("t"), MAGIC, "test", 1).expect("valid file");
+            assert_eq!(back, p);
+        }
     }
 }

@@ -72,8 +72,14 @@ impl Hasher for PcHash {
     fn finish(&self) -> u64 {
         self.0
     }
+    /// `[u64]` hashes as one `write` of all its bytes (std's integer `hash_slice`): mix a
+    /// word at a time. Byte by byte, a 40-frame stack cost 320 multiplies per sample.
     fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.write_u64(u64::from_ne_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]));
+        }
+        for b in words.remainder() {
             self.write_u64(u64::from(*b));
         }
     }
