@@ -89,12 +89,15 @@ def run_with(kind, args, work, exe):
     wall = workload(exe, args.iters)
     b, t1 = threads_cpu_ns(p.pid), time.monotonic()
     cpu_ms_per_s = sum(b.get(k, 0) - a.get(k, 0) for k in b) / 1e6 / (t1 - t0)
+    threads = {k: round((b[k] - a.get(k, 0)) / 1e6 / (t1 - t0), 3) for k in b
+               if b[k] - a.get(k, 0) >= 1e6 * 0.0005 * (t1 - t0)}
     started = t0 - args.settle
     p.send_signal(2)
     p.wait(timeout=300)
     ran = time.monotonic() - started
     size = du(out) if os.path.isdir(out) else os.path.getsize(out)
-    res = {"cpu_ms_per_s": round(cpu_ms_per_s, 2), "workload_s": round(wall, 3),
+    res = {"cpu_ms_per_s": round(cpu_ms_per_s, 3), "threads_ms_per_s": threads,
+           "workload_s": round(wall, 3),
            "bytes": size, "seconds_sampled": round(ran, 1),
            "bytes_per_hour_linear": int(size * 3600 / ran)}
     if kind.startswith("dcpid"):
@@ -138,7 +141,8 @@ def main():
                 r = run_with(kind, args, work, exe)
             res["runs"].setdefault(kind, []).append(r)
             print(f"{kind} rep {rep}: {json.dumps(r)}", flush=True)
-    med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} for k, v in res["runs"].items()}
+    med = {k: {f: statistics.median(r[f] for r in v) for f in v[0] if f != "threads_ms_per_s"}
+           for k, v in res["runs"].items()}
     base = med["none"]["workload_s"]
     res["summary"] = {
         k: {"slowdown_pct": round((m["workload_s"] / base - 1) * 100, 2),
@@ -147,6 +151,11 @@ def main():
     d, p = res["summary"]["dcpid"], res["summary"]["perf"]
     res["summary"]["perf_over_dcpid_size"] = round(
         p["bytes_per_hour_linear"] / max(d["bytes_per_hour_linear"], 1), 1)
+    # The kernel symbol snapshot is written once per database and boot: without it, the
+    # sizes of what grows with time (the hour itself is bench/disk.py --stacks).
+    d_grow = statistics.median(r["bytes_without_kallsyms"] for r in res["runs"]["dcpid"])
+    res["summary"]["perf_over_dcpid_size_without_kallsyms"] = round(
+        med["perf"]["bytes"] / max(d_grow, 1), 1)
     print(json.dumps(res["summary"], indent=1), flush=True)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
