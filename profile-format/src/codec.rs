@@ -145,6 +145,7 @@ thread_local! {
 
 /// Append the zlib stream of `payload` to `out` (a fresh or reset compressor).
 fn deflate_into(z: &mut flate2::Compress, payload: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
     out.reserve(payload.len() / 2 + 64);
     loop {
         let done = usize::try_from(z.total_in()).unwrap_or(payload.len()).min(payload.len());
@@ -154,7 +155,10 @@ fn deflate_into(z: &mut flate2::Compress, payload: &[u8], out: &mut Vec<u8>) {
             Ok(_) => out.reserve(spare.max(64)),
             // Only a misuse of the stream (not data) fails: leave the payload empty, which
             // every reader rejects as corrupt, rather than panic in a writer.
-            Err(_) => return,
+            Err(_) => {
+                out.truncate(start);
+                return;
+            }
         }
     }
 }

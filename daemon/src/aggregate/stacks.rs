@@ -6,10 +6,9 @@
 //! still names.
 
 use std::collections::{BTreeMap, HashSet};
-
-use hashbrown::HashMap;
 use std::sync::{Arc, OnceLock};
 
+use hashbrown::HashMap;
 use profile_format::{ImageId, ImageKind, StackImage, StackProfile};
 
 use crate::perf::callchain::{StackId, StackTables};
