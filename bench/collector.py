@@ -54,6 +54,11 @@ def threads_cpu_ns(pid):
     return out
 
 
+def ms_per_s(a, b, secs):
+    """{thread name: CPU ms per second} between two threads_cpu_ns snapshots `secs` apart."""
+    return {k: (b.get(k, 0) - a.get(k, 0)) / 1e6 / secs for k in b}
+
+
 def vm_hwm_kib(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -130,7 +135,7 @@ def cpu_window(kind, rate, args, work):
     b, t1 = threads_cpu_ns(pid), time.monotonic()
     s1 = c.status() if kind == "dcpid" else None
     secs = t1 - t0
-    per_thread = {k: (b.get(k, 0) - a.get(k, 0)) / 1e6 / secs for k in b}
+    per_thread = ms_per_s(a, b, secs)
     res = {"cpu_ms_per_s": sum(per_thread.values()),
            "threads_ms_per_s": {k: round(v, 3) for k, v in sorted(per_thread.items())}}
     if kind == "dcpid":

@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import time
 
-from collector import HERE, ROOT, threads_cpu_ns
+from collector import HERE, ROOT, ms_per_s, threads_cpu_ns
 
 
 def du(path):
@@ -88,9 +88,9 @@ def run_with(kind, args, work, exe):
     a, t0 = threads_cpu_ns(p.pid), time.monotonic()
     wall = workload(exe, args.iters)
     b, t1 = threads_cpu_ns(p.pid), time.monotonic()
-    cpu_ms_per_s = sum(b.get(k, 0) - a.get(k, 0) for k in b) / 1e6 / (t1 - t0)
-    threads = {k: round((b[k] - a.get(k, 0)) / 1e6 / (t1 - t0), 3) for k in b
-               if b[k] - a.get(k, 0) >= 1e6 * 0.0005 * (t1 - t0)}
+    per_thread = ms_per_s(a, b, t1 - t0)
+    cpu_ms_per_s = sum(per_thread.values())
+    threads = {k: round(v, 3) for k, v in sorted(per_thread.items()) if v >= 0.0005}
     started = t0 - args.settle
     p.send_signal(2)
     p.wait(timeout=300)
@@ -153,9 +153,8 @@ def main():
         p["bytes_per_hour_linear"] / max(d["bytes_per_hour_linear"], 1), 1)
     # The kernel symbol snapshot is written once per database and boot: without it, the
     # sizes of what grows with time (the hour itself is bench/disk.py --stacks).
-    d_grow = statistics.median(r["bytes_without_kallsyms"] for r in res["runs"]["dcpid"])
     res["summary"]["perf_over_dcpid_size_without_kallsyms"] = round(
-        med["perf"]["bytes"] / max(d_grow, 1), 1)
+        med["perf"]["bytes"] / max(med["dcpid"]["bytes_without_kallsyms"], 1), 1)
     print(json.dumps(res["summary"], indent=1), flush=True)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

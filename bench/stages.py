@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FP_TARGET = os.path.join(ROOT, "target", "fp")
 sys.path.insert(0, HERE)
-from collector import busy, threads_cpu_ns  # noqa: E402
+from collector import busy, ms_per_s, threads_cpu_ns  # noqa: E402
 
 # (stage, substrings of a frame's symbol): the innermost frame (leaf first) that matches any
 # rule decides; rules are tried in order on each frame.
@@ -133,7 +133,7 @@ def main():
             d.send_signal(2)
             d.wait(timeout=120)
     secs = t1 - t0
-    cpu = {k: (b.get(k, 0) - a.get(k, 0)) / 1e6 / secs for k in b}
+    cpu = ms_per_s(a, b, secs)
     counts = collections.defaultdict(collections.Counter)
     # What "other" is made of: (leaf, first dcpid frame) pairs, for the next rule or fix.
     others = collections.defaultdict(collections.Counter)

@@ -28,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from collector import build_floor, threads_cpu_ns  # noqa: E402
+from collector import build_floor, ms_per_s, threads_cpu_ns  # noqa: E402
 from collector_ab import busy_loop  # noqa: E402
 
 
@@ -90,7 +90,7 @@ def main():
         for p in dcpids + floors + loads:
             p.wait()
     n = len(args.rates)
-    cpu = [{k: (b.get(k, 0) - a.get(k, 0)) / 1e6 / secs for k in b} for a, b in zip(c0, c1)]
+    cpu = [ms_per_s(a, b, secs) for a, b in zip(c0, c1)]
     res = {"commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip(),
            "window_s": round(secs, 1), "rates": args.rates, "dcpid": {}, "floor": {},
