@@ -1,7 +1,7 @@
 // The floor of a collector that follows #13's design: cpu-clock sampling on every CPU, each
 // CPU's ring drained and its period re-armed once per second at a random instant, and nothing
 // else (no parsing, no aggregation, no side-band). Its CPU is what any implementation of that
-// design pays on this machine; bench/floor.py compares it with perf record and dcpid.
+// design pays on this machine; bench/collector.py compares it with perf record and dcpid.
 //
 //   floor MODE PERIOD_NS SECONDS
 //   MODE: percpu  one thread per CPU, pinned, poll(ring, timeout to the redraw instant),
