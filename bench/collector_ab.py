@@ -5,6 +5,10 @@ thread is read from /proc/PID/task/*/schedstat over the same window. On a noisy 
 compares builds better than runs of bench/collector.py one after the other.
 
   W=SECONDS bench/collector_ab.py DCPID_A DCPID_B [...]     (default W=120; needs root)
+
+WL=py runs the two busy loops as Python loops instead of C ones, as bench/collector.py does:
+the interpreter's thousands of pcs fill the aggregation tables as a real program does, where a
+C loop's few pcs hit the same entries over and over.
 """
 
 import glob
@@ -45,8 +49,11 @@ def main():
     if not bins:
         sys.exit(__doc__)
     work = tempfile.mkdtemp(prefix="collector-ab-")
-    busy = busy_loop(work)
-    loads = [subprocess.Popen([busy]) for _ in range(2)]
+    if os.environ.get("WL", "c") == "py":
+        busy = [sys.executable, "-c", "while True:\n    pass\n"]
+    else:
+        busy = [busy_loop(work)]
+    loads = [subprocess.Popen(busy) for _ in range(2)]
     procs = []
     try:
         for i, b in enumerate(bins):

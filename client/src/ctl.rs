@@ -258,6 +258,28 @@ pub fn render_status(v: &StatusReport) -> String {
         "cost:       daemon {:.3} ms CPU per second, {:.0} ns per sample (recent window)\n",
         ov.daemon_cpu_ms_per_s, ov.ns_per_sample
     );
+    let st = &ov.stage_cpu_s;
+    // Since start, per second: the stage counters are totals, and the split only means
+    // something over a long window.
+    let per_s = |x: f64| if v.uptime_s > 0.0 { x * 1e3 / v.uptime_s } else { 0.0 };
+    let drain_rest = st.drain - st.drain_parse - st.drain_aggregate - st.drain_rearm;
+    o += &format!(
+        "stages:     ms CPU per second since start; drain threads {:.3} (parse {:.3}, aggregate \
+         {:.3}, re-arm {:.3}, wake-ups and the rest {:.3})\n            flush thread: take and \
+         resolve {:.3}, store {:.3} (spool {:.3}, publish {:.3}), checks {:.3}; resolver thread \
+         {:.3}\n",
+        per_s(st.drain),
+        per_s(st.drain_parse),
+        per_s(st.drain_aggregate),
+        per_s(st.drain_rearm),
+        per_s(drain_rest.max(0.0)),
+        per_s(st.flush_resolve),
+        per_s(st.flush_store),
+        per_s(st.flush_spool),
+        per_s(st.flush_publish),
+        per_s(st.flush_checks),
+        per_s(st.resolver_thread)
+    );
     let c = &v.config;
     o += &format!(
         "config:     {} | flush {}s, publish {}s, max memory {} MB, retention {} days (keep {})\n",
@@ -358,7 +380,9 @@ mod tests {
                 "sample_cost_us_estimate": 20.0, "sampling_cpu_pct_estimate": 3.99,
                 "ncpus": 2, "machine_pct_estimate": 2.12,
                 "daemon_cpu_ms_per_s": 2.5, "ns_per_sample": 1253.0,
-                "stage_cpu_s": {"drain": 0.1, "flush_resolve": 0.2, "flush_store": 0.3}},
+                "stage_cpu_s": {"drain": 0.1, "drain_parse": 0.02, "drain_aggregate": 0.03,
+                    "drain_rearm": 0.01, "flush_resolve": 0.2, "flush_store": 0.3,
+                    "flush_spool": 0.1, "flush_publish": 0.15, "flush_checks": 0.05}},
             "config": {"file": "/etc/dcpi/dcpid.toml", "events": "cpu-clock", "window_divisor": 16,
                 "ring_pages": 8, "redraw_interval_s": 1.0, "flush_interval_s": 2.0, "publish_interval_s": 60.0,
                 "max_memory_mb": 64, "retention_days": 30, "retention_keep": 0,
@@ -405,6 +429,10 @@ mod tests {
             "resolver thread: 0.5 wake-ups/s, 0.021 ms CPU/s; 340 side-band records applied, 2 \
              overflow buffers resolved",
             "2.500 ms CPU per second, 1253 ns per sample",
+            "drain threads 33.333 (parse 6.667, aggregate 10.000, re-arm 3.333, wake-ups and \
+             the rest 13.333)",
+            "take and resolve 66.667, store 100.000 (spool 33.333, publish 50.000), checks \
+             16.667; resolver thread 0.000",
             "/etc/dcpi/dcpid.toml",
             "flush_interval: 2s -> 1s",
             "restart of dcpid to take effect (running values kept): events",

@@ -577,10 +577,12 @@ impl Shared {
     /// batch would otherwise land in the epoch after the one its samples belong to).
     fn flush_tick(&self) {
         use crate::sys::time::thread_cpu_ns;
+        let c0 = thread_cpu_ns();
         // One status for the tick's window and the batch's counters: taken before the batch,
         // so a loss counted now goes with this batch or the next, never nowhere.
         let status = read(&self.sampler).as_ref().map(|s| s.status());
         self.record_tick(status.as_ref());
+        let c1 = thread_cpu_ns();
         let mut store = lock(&self.store);
         let t0 = thread_cpu_ns();
         let resolved = self.aggregator.take_resolved();
@@ -589,12 +591,15 @@ impl Shared {
         self.absorb_with(&mut store, resolved, status.as_ref());
         store.tick();
         *lock(&self.store_status) = store.status();
+        let tick = store.tick_cpu();
         drop(store);
         crate::sys::malloc::trim_at_most_every(TRIM_EVERY);
         let t2 = thread_cpu_ns();
         let mut st = lock(&self.stages);
         st.resolve_ns += t1.saturating_sub(t0);
         st.store_ns += t2.saturating_sub(t1);
+        (st.spool_ns, st.publish_ns) = (tick.spool_ns, tick.publish_ns);
+        st.checks_ns += c1.saturating_sub(c0);
     }
 
     /// Close a batch at this instant: every drain thread reads its ring up to it (bounded
@@ -1142,9 +1147,12 @@ impl Flusher {
                         if now >= next_hotplug {
                             // Before the store: a database that hangs in this flush delays
                             // only the next checks, not this one.
+                            let c0 = crate::sys::time::thread_cpu_ns();
                             if let Some(s) = read(&shared.sampler).as_ref() {
                                 s.hotplug_tick();
                             }
+                            let spent = crate::sys::time::thread_cpu_ns().saturating_sub(c0);
+                            lock(&shared.stages).checks_ns += spent;
                             last_hotplug = now;
                         }
                         if now >= next {

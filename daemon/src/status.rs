@@ -11,7 +11,7 @@ pub use dcpi_proto::status::{
 
 use crate::aggregate::AggregatorStats;
 use crate::config::Settings;
-use crate::perf::sampler::SamplerStatus;
+use crate::perf::sampler::{CpuStatus, SamplerStatus};
 
 /// The settings in force, as the status report shows them.
 pub fn config_report(s: &Settings) -> ConfigReport {
@@ -37,6 +37,11 @@ pub fn config_report(s: &Settings) -> ConfigReport {
 pub struct StageCpu {
     pub resolve_ns: u64,
     pub store_ns: u64,
+    /// Parts of `store_ns`.
+    pub spool_ns: u64,
+    pub publish_ns: u64,
+    /// The hotplug check and the sampler's counters, outside the two above.
+    pub checks_ns: u64,
 }
 
 /// Samples and daemon CPU time over the last flush interval.
@@ -230,11 +235,22 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
         } else {
             0.0
         },
-        stage_cpu_s: StageReport {
-            drain: sampler_cpus.iter().map(|c| c.drain_cpu_ns).sum::<u64>() as f64 / 1e9,
-            flush_resolve: i.stages.resolve_ns as f64 / 1e9,
-            resolver_thread: i.resolver_thread.cpu_ns as f64 / 1e9,
-            flush_store: i.stages.store_ns as f64 / 1e9,
+        stage_cpu_s: {
+            let drain =
+                |f: fn(&CpuStatus) -> u64| sampler_cpus.iter().map(f).sum::<u64>() as f64 / 1e9;
+            let s = |ns: u64| ns as f64 / 1e9;
+            StageReport {
+                drain: drain(|c| c.drain_cpu_ns),
+                drain_parse: drain(|c| c.parse_ns),
+                drain_aggregate: drain(|c| c.aggregate_ns),
+                drain_rearm: drain(|c| c.rearm_ns),
+                flush_resolve: s(i.stages.resolve_ns),
+                flush_store: s(i.stages.store_ns),
+                flush_spool: s(i.stages.spool_ns),
+                flush_publish: s(i.stages.publish_ns),
+                flush_checks: s(i.stages.checks_ns),
+                resolver_thread: s(i.resolver_thread.cpu_ns),
+            }
         },
     };
     StatusReport {
@@ -348,7 +364,13 @@ mod tests {
                 resolver: (6, 1_000_000),
             }),
             virtualized: true,
-            stages: StageCpu { resolve_ns: 1_500_000_000, store_ns: 0 },
+            stages: StageCpu {
+                resolve_ns: 1_500_000_000,
+                store_ns: 900_000_000,
+                spool_ns: 300_000_000,
+                publish_ns: 500_000_000,
+                checks_ns: 70_000_000,
+            },
             failed_threads: vec![dcpi_proto::ThreadFailure {
                 thread: "dcpid-flush".into(),
                 reason: "panicked: boom".into(),
@@ -374,6 +396,16 @@ mod tests {
         assert!((r.resolver_thread.cpu_ms_per_s - 0.5).abs() < 1e-9);
         assert_eq!((r.resolver_thread.wakeups, r.resolver_thread.records_applied), (40, 70));
         assert!((r.overhead.stage_cpu_s.resolver_thread - 0.009).abs() < 1e-12);
+        let st = &r.overhead.stage_cpu_s;
+        assert_eq!(
+            (st.flush_resolve, st.flush_store, st.flush_spool, st.flush_publish, st.flush_checks),
+            (1.5, 0.9, 0.3, 0.5, 0.07)
+        );
+        // No sampler: no drain thread, so none of its parts either.
+        assert_eq!(
+            (st.drain, st.drain_parse, st.drain_aggregate, st.drain_rearm),
+            (0.0, 0.0, 0.0, 0.0)
+        );
         assert!((r.overhead.daemon_cpu_pct_recent - 1.0).abs() < 1e-9);
         // No samples by event: the cost of a software clock in a VM, 20 µs x 2000/s = 4 %.
         assert!((r.overhead.sampling_cpu_pct_estimate - 4.0).abs() < 1e-9);

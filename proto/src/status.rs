@@ -26,8 +26,11 @@
 //!   start), `daemon_cpu_pct_recent`, `sample_cost_us_estimate` (assumed cost of one sampling
 //!   interrupt on the sampled CPU, see the daemon's `status::sample_cost_us`), `sampling_cpu_pct_estimate`
 //!   (recent samples/s x that cost, percent of one CPU), `ncpus`, `machine_pct_estimate`, `daemon_cpu_ms_per_s`, `ns_per_sample`,
-//!   `stage_cpu_s` {`drain`, `flush_resolve`, `flush_store`, `resolver_thread`} (CPU seconds
-//!   since start)
+//!   `stage_cpu_s` (CPU seconds since start, by thread and stage: where the daemon's own time
+//!   goes): `drain` (the drain threads, all of it) with its parts `drain_parse`,
+//!   `drain_aggregate` and `drain_rearm` (timed inside each pass; the rest of `drain` is waking
+//!   up and waiting), `flush_resolve`, `flush_store` with its parts `flush_spool` and
+//!   `flush_publish`, `flush_checks` (hotplug and counters at each flush), `resolver_thread`
 //!   (daemon + sampling interrupts, percent of the whole machine)
 //! - `config`: the settings in force (`file`, `events`, `window_divisor`, `ring_pages`,
 //!   `flush_interval_s`, `publish_interval_s`, `max_memory_mb`, `retention_days`,
@@ -315,12 +318,32 @@ impl StatusReport {
 /// Where the daemon's CPU goes, since start (seconds).
 #[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
 pub struct StageReport {
-    /// Parse + aggregate, drain threads.
+    /// The drain threads' whole CPU time: their passes, waits and wake-ups, re-arms.
     pub drain: f64,
+    /// Parts of `drain`, timed inside each pass: reading and parsing the ring...
+    #[serde(default)]
+    pub drain_parse: f64,
+    /// ...handing the samples to the per-CPU tables (watermark, address-space versions,
+    /// aggregation)...
+    #[serde(default)]
+    pub drain_aggregate: f64,
+    /// ...and redrawing the period (`PERF_EVENT_IOC_PERIOD`, which restarts the timer). The
+    /// rest of `drain` is waking up and waiting (poll), and each pass's bookkeeping.
+    #[serde(default)]
+    pub drain_rearm: f64,
     /// Periodic flushes taking and resolving the tables.
     pub flush_resolve: f64,
     /// Periodic flushes: spool, publish, side files.
     pub flush_store: f64,
+    /// Parts of `flush_store`: writing the increments to the spool...
+    #[serde(default)]
+    pub flush_spool: f64,
+    /// ...and publishing profiles into the database.
+    #[serde(default)]
+    pub flush_publish: f64,
+    /// The flush thread's checks at each flush: CPU hotplug and the sampler's counters.
+    #[serde(default)]
+    pub flush_checks: f64,
     /// The resolver thread (`dcpi-resolve`): side-band records applied, full overflow buffers
     /// resolved between flushes.
     #[serde(default)]

@@ -183,6 +183,17 @@ fn status_json_has_the_documented_fields() {
     assert!(rt["cpu_ms_per_s"].as_f64().unwrap() >= 0.0, "{rt}");
     assert!(rt["records_applied"].as_u64().is_some(), "{rt}");
     assert!(o["stage_cpu_s"]["resolver_thread"].as_f64().unwrap() >= 0.0, "{o}");
+    // Where the time goes (#13): the drain threads' passes parsed and aggregated the samples
+    // counted above, and the flush thread's checks ran at each flush. The parts are timed
+    // inside passes by the wall clock, the totals by thread CPU clocks: a VM's stolen time
+    // can make a part exceed its total, so only the parts' presence is the claim.
+    let stage =
+        |k: &str| o["stage_cpu_s"][k].as_f64().unwrap_or_else(|| panic!("stage_cpu_s.{k}: {o}"));
+    assert!(v["samples"].as_u64().unwrap() > 0, "{v}");
+    assert!(stage("drain_parse") > 0.0 && stage("drain_aggregate") > 0.0, "{o}");
+    assert!(stage("drain_rearm") >= 0.0 && stage("flush_checks") > 0.0, "{o}");
+    // Spool and publish are parts of the store stage, by the same thread's CPU clock.
+    assert!(stage("flush_spool") + stage("flush_publish") <= stage("flush_store") + 1e-9, "{o}");
     assert_eq!(v["config"]["flush_interval_s"], 0.5);
     // The human form names the same things.
     let text = ok_stdout(&d, &["status"]);

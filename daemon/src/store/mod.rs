@@ -209,6 +209,16 @@ pub struct Store {
     who: who::WhoAccum,
     /// Call-stack increments not yet spooled.
     stacks: stacks::PendingStacks,
+    /// CPU time of the periodic ticks' two main parts (`dcpictl status`: where the flush
+    /// thread's time goes).
+    tick_cpu: TickCpu,
+}
+
+/// Thread CPU time spent in [`Store::tick`] writing the spool and publishing (ns, summed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TickCpu {
+    pub spool_ns: u64,
+    pub publish_ns: u64,
 }
 
 impl std::fmt::Debug for Store {
@@ -324,6 +334,7 @@ impl Store {
             stall_db: None,
             who: who::WhoAccum::default(),
             stacks: stacks::PendingStacks::default(),
+            tick_cpu: TickCpu::default(),
         }
     }
 
@@ -738,9 +749,15 @@ impl Store {
 
     /// [`Store::tick`] with an explicit clock (tests simulate the passing of time).
     pub fn tick_at(&mut self, now: Instant) {
+        use crate::sys::time::thread_cpu_ns;
         let _busy = Busy::mark(Arc::clone(&self.busy_since));
+        let c0 = thread_cpu_ns();
         let t1 = self.spool_step(now);
+        let c1 = thread_cpu_ns();
         let published = self.publish_due(now);
+        let c2 = thread_cpu_ns();
+        self.tick_cpu.spool_ns += c1.saturating_sub(c0);
+        self.tick_cpu.publish_ns += c2.saturating_sub(c1);
         self.refresh_kallsyms(false);
         self.write_side_files(now, false);
         if published > 0 {
@@ -754,6 +771,11 @@ impl Store {
         self.write_marks(now);
         self.refresh_backlog();
         self.settle_logs();
+    }
+
+    /// CPU time of the ticks so far, by part.
+    pub fn tick_cpu(&self) -> TickCpu {
+        self.tick_cpu
     }
 
     /// Record in the spool which profiles were published (see [`spool`]); a failure only
