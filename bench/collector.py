@@ -158,6 +158,34 @@ def cpu_window(kind, rate, args, work):
     return res
 
 
+def stage_split(res, perf_ms_per_s):
+    """Where dcpid's CPU went over a window, by thread and stage, from its own counters
+    (`stage_cpu_s` deltas in `res["stages_ms_per_s"]`) and the threads' schedstat.
+
+    The drain threads' passes time their parse, aggregate and re-arm; the rest of a drain
+    thread is waking up and polling. The re-arm (once per CPU per redraw interval) and those
+    wake-ups are what issue #13's design asks for whatever the work: `mandated`, against perf.
+    """
+    st, th = res["stages_ms_per_s"], res["threads_ms_per_s"]
+    drain = sum(v for k, v in th.items() if k.startswith("dcpi-drain"))
+    wake = max(drain - st["drain_parse"] - st["drain_aggregate"] - st["drain_rearm"], 0.0)
+    flush = th.get("dcpid-flush", 0.0)
+    flush_parts = st["flush_resolve"] + st["flush_store"] + st["flush_checks"]
+    out = {
+        "drain": {"parse": st["drain_parse"], "aggregate": st["drain_aggregate"],
+                  "rearm": st["drain_rearm"], "wakeups_and_rest": wake},
+        "flush": {"checks": st["flush_checks"], "resolve": st["flush_resolve"],
+                  "spool": st["flush_spool"], "publish": st["flush_publish"],
+                  "store_rest": max(st["flush_store"] - st["flush_spool"] - st["flush_publish"], 0.0),
+                  "wakeup_and_rest": max(flush - flush_parts, 0.0)},
+        "resolver_thread": th.get("dcpi-resolve", 0.0),
+        "mandated": st["drain_rearm"] + wake,
+    }
+    out["mandated_over_perf"] = out["mandated"] / max(perf_ms_per_s, 1e-9)
+    return {k: ({kk: round(vv, 4) for kk, vv in v.items()} if isinstance(v, dict) else round(v, 4))
+            for k, v in out.items()}
+
+
 def build_floor(work):
     exe = os.path.join(work, "floor")
     subprocess.run(["cc", "-O2", "-pthread", "-o", exe, os.path.join(HERE, "workloads", "floor.c")],
@@ -238,6 +266,9 @@ def main():
                 print(f"{kind}@{rate}: {json.dumps(r)}", flush=True)
             d, p = res["cpu"][f"dcpid@{rate}"], res["cpu"][f"perf@{rate}"]
             res["cpu"][f"ratio@{rate}"] = d["cpu_ms_per_s"] / max(p["cpu_ms_per_s"], 1e-9)
+            if "drain_parse" in d.get("stages_ms_per_s", {}):
+                res["cpu"][f"split@{rate}"] = sp = stage_split(d, p["cpu_ms_per_s"])
+                print(f"dcpid@{rate} by stage (ms/s): {json.dumps(sp)}", flush=True)
             f = res["cpu"][f"floor@{rate}"]
             res["cpu"][f"floor_ratio@{rate}"] = f["cpu_ms_per_s"] / max(p["cpu_ms_per_s"], 1e-9)
             print(f"ratio dcpid/perf @{rate}: {res['cpu'][f'ratio@{rate}']:.2f}; "

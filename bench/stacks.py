@@ -11,6 +11,7 @@ both collectors unwind whole user stacks) run a fixed amount of work while it sa
     for dcpid, whose files grow with distinct stacks, not with time).
 
   bench/stacks.py [--short] [--rate 1000] [--settle S] [--iters N] [--dcpid target/release/dcpid]
+                  [--dcpictl DCPICTL]
                   [--ab OTHER_DCPID] [--out FILE]
 
 --ab runs a second dcpid build ("dcpid_b") in the same alternation, for a before/after
@@ -33,7 +34,13 @@ import subprocess
 import tempfile
 import time
 
-from collector import HERE, ROOT, ms_per_s, threads_cpu_ns
+from collector import HERE, ROOT, ms_per_s, stage_split, threads_cpu_ns
+
+
+def status(args, sock):
+    r = subprocess.run([args.dcpictl, "--socket", sock, "status", "--json"],
+                       capture_output=True, text=True, timeout=30)
+    return json.loads(r.stdout) if r.returncode == 0 else None
 
 
 def du(path):
@@ -85,9 +92,11 @@ def run_with(kind, args, work, exe):
             raise RuntimeError(f"{kind} did not start: {open(log.name).read()[-2000:]}")
         time.sleep(0.1)
     time.sleep(args.settle)
+    s0 = status(args, sock) if kind.startswith("dcpid") else None
     a, t0 = threads_cpu_ns(p.pid), time.monotonic()
     wall = workload(exe, args.iters)
     b, t1 = threads_cpu_ns(p.pid), time.monotonic()
+    s1 = status(args, sock) if kind.startswith("dcpid") else None
     per_thread = ms_per_s(a, b, t1 - t0)
     cpu_ms_per_s = sum(per_thread.values())
     threads = {k: round(v, 3) for k, v in sorted(per_thread.items()) if v >= 0.0005}
@@ -100,6 +109,11 @@ def run_with(kind, args, work, exe):
            "workload_s": round(wall, 3),
            "bytes": size, "seconds_sampled": round(ran, 1),
            "bytes_per_hour_linear": int(size * 3600 / ran)}
+    if s0 and s1:
+        st0, st1 = s0["overhead"]["stage_cpu_s"], s1["overhead"]["stage_cpu_s"]
+        res["stages_ms_per_s"] = {k: round((st1[k] - st0.get(k, 0)) * 1e3 / (t1 - t0), 4)
+                                  for k in st1}
+        res["threads_ms_per_s"] = {k: round(v, 4) for k, v in per_thread.items()}
     if kind.startswith("dcpid"):
         stk = [os.path.join(r, f) for r, _, fs in os.walk(out) for f in fs if f.endswith(".stk")]
         res["stack_file_bytes"] = sum(os.path.getsize(f) for f in stk)
@@ -119,9 +133,12 @@ def main():
     ap.add_argument("--iters", type=int, help="work per copy of cpu.c (default 1e10, 3e8 with "
                     "--short)")
     ap.add_argument("--ab", help="a second dcpid build to run in the same alternation")
+    ap.add_argument("--dcpictl", help="for dcpid's stage counters (default: beside --dcpid)")
     ap.add_argument("--out", default=os.path.join(
         HERE, "results", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-stacks.json"))
     args = ap.parse_args()
+    if args.dcpictl is None:
+        args.dcpictl = os.path.join(os.path.dirname(args.dcpid), "dcpictl")
     if args.settle is None:
         args.settle = 8 if args.short else 20
     args.reps = 1 if args.short else 3
@@ -155,6 +172,12 @@ def main():
     # sizes of what grows with time (the hour itself is bench/disk.py --stacks).
     res["summary"]["perf_over_dcpid_size_without_kallsyms"] = round(
         med["perf"]["bytes"] / max(med["dcpid"]["bytes_without_kallsyms"], 1), 1)
+    # Where dcpid's time went, by stage, in its median repetition (by CPU).
+    for k in [k for k in res["runs"] if k.startswith("dcpid")]:
+        runs = [r for r in res["runs"][k] if "stages_ms_per_s" in r]
+        if runs:
+            mid = sorted(runs, key=lambda r: r["cpu_ms_per_s"])[len(runs) // 2]
+            res["summary"][k]["split"] = stage_split(mid, med["perf"]["cpu_ms_per_s"])
     print(json.dumps(res["summary"], indent=1), flush=True)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
