@@ -158,7 +158,8 @@ def main():
                 r = run_with(kind, args, work, exe)
             res["runs"].setdefault(kind, []).append(r)
             print(f"{kind} rep {rep}: {json.dumps(r)}", flush=True)
-    med = {k: {f: statistics.median(r[f] for r in v) for f in v[0] if f != "threads_ms_per_s"}
+    med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]
+               if not isinstance(v[0][f], dict)}
            for k, v in res["runs"].items()}
     base = med["none"]["workload_s"]
     res["summary"] = {
