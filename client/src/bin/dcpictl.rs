@@ -35,14 +35,17 @@ enum Cmd {
     ///
     /// `--json` prints a stable machine-readable object: version, pid, host, db, uptime_s,
     /// events[] {name, requested, source, period_min, period_max, samples}, cpus[] {cpu,
-    /// online, samples, lost, throttled, error}, samples, lost, throttled, unknown {count,
+    /// online, samples, lost, throttled, error, wakeups, wakeups_per_s, drain_cpu_ms_per_s},
+    /// samples, lost, throttled, unknown {count,
     /// fraction, by_reason}, aggregation {samples_aggregated, entries_created, factor, pending,
     /// late_sideband}, epoch, store {last_flush, last_publish, spool_rows, spool_bytes,
     /// dirty_profiles, pending_batches, pending_bytes, dropped_samples, db_error, spool_error,
     /// ...}, condition ("ok" or what is wrong), daemon {cpu_user_s, cpu_sys_s, rss_kib}, rate
     /// {samples_per_s, samples_per_s_recent, recent_window_s}, overhead {daemon_cpu_pct,
     /// daemon_cpu_pct_recent, sample_cost_us_estimate, sampling_cpu_pct_estimate, ncpus,
-    /// machine_pct_estimate}, config {file, events, flush_interval_s, publish_interval_s, ...},
+    /// machine_pct_estimate, daemon_cpu_ms_per_s, ns_per_sample, stage_cpu_s {drain,
+    /// drain_parse, drain_aggregate, drain_rearm, flush_checks, flush_resolve, flush_store,
+    /// flush_spool, flush_publish, resolver_thread}}, config {file, events, flush_interval_s, publish_interval_s, ...},
     /// last_reload (null or {unix_ms, trigger, ok, error, applied[], restart_required[]}),
     /// state ("ok", or "degraded" once a daemon thread died), failed_threads[] {thread, reason,
     /// unix_ms}, perf_maps {read, truncated, max_bytes, max_entries}, stacks (null without
@@ -52,7 +55,11 @@ enum Cmd {
     ///
     /// The overhead of sampling interrupts is an estimate (samples/s x an assumed cost per
     /// sample: ~1 µs with a hardware PMU, ~2 µs for cpu-clock, ~20 µs for cpu-clock in a VM);
-    /// the daemon's own CPU time is measured.
+    /// the daemon's own CPU time is measured, and `stage_cpu_s` (CPU seconds since start)
+    /// says where it goes: the drain threads' parse, aggregation and period re-arms (the rest
+    /// of `drain` is waking up), the flush thread's checks, take-and-resolve, and store
+    /// (spool and publish within it), and the resolver thread. The text form prints them per
+    /// second since start.
     Status {
         /// Machine-readable JSON.
         #[arg(long)]
