@@ -589,16 +589,20 @@ impl Shared {
         let t1 = thread_cpu_ns();
         self.sync_store(&mut store);
         self.absorb_with(&mut store, resolved, status.as_ref());
+        // The difference across this tick: the start-up tick (on the main thread) is not part
+        // of any flush's store stage.
+        let before = store.tick_cpu();
         store.tick();
+        let after = store.tick_cpu();
         *lock(&self.store_status) = store.status();
-        let tick = store.tick_cpu();
         drop(store);
         crate::sys::malloc::trim_at_most_every(TRIM_EVERY);
         let t2 = thread_cpu_ns();
         let mut st = lock(&self.stages);
         st.resolve_ns += t1.saturating_sub(t0);
         st.store_ns += t2.saturating_sub(t1);
-        (st.spool_ns, st.publish_ns) = (tick.spool_ns, tick.publish_ns);
+        st.spool_ns += after.spool_ns.saturating_sub(before.spool_ns);
+        st.publish_ns += after.publish_ns.saturating_sub(before.publish_ns);
         st.checks_ns += c1.saturating_sub(c0);
     }
 
