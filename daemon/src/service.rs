@@ -589,11 +589,7 @@ impl Shared {
         let t1 = thread_cpu_ns();
         self.sync_store(&mut store);
         self.absorb_with(&mut store, resolved, status.as_ref());
-        // The difference across this tick: the start-up tick (on the main thread) is not part
-        // of any flush's store stage.
-        let before = store.tick_cpu();
-        store.tick();
-        let after = store.tick_cpu();
+        let tick = store.tick();
         *lock(&self.store_status) = store.status();
         drop(store);
         crate::sys::malloc::trim_at_most_every(TRIM_EVERY);
@@ -601,8 +597,8 @@ impl Shared {
         let mut st = lock(&self.stages);
         st.resolve_ns += t1.saturating_sub(t0);
         st.store_ns += t2.saturating_sub(t1);
-        st.spool_ns += after.spool_ns.saturating_sub(before.spool_ns);
-        st.publish_ns += after.publish_ns.saturating_sub(before.publish_ns);
+        st.spool_ns += tick.spool_ns;
+        st.publish_ns += tick.publish_ns;
         st.checks_ns += c1.saturating_sub(c0);
     }
 

@@ -209,12 +209,10 @@ pub struct Store {
     who: who::WhoAccum,
     /// Call-stack increments not yet spooled.
     stacks: stacks::PendingStacks,
-    /// CPU time of the periodic ticks' two main parts (`dcpictl status`: where the flush
-    /// thread's time goes).
-    tick_cpu: TickCpu,
 }
 
-/// Thread CPU time spent in [`Store::tick`] writing the spool and publishing (ns, summed).
+/// Thread CPU time one [`Store::tick`] spent writing the spool and publishing (ns): where the
+/// flush thread's time goes, for `dcpictl status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TickCpu {
     pub spool_ns: u64,
@@ -334,7 +332,6 @@ impl Store {
             stall_db: None,
             who: who::WhoAccum::default(),
             stacks: stacks::PendingStacks::default(),
-            tick_cpu: TickCpu::default(),
         }
     }
 
@@ -743,12 +740,13 @@ impl Store {
 
     /// The periodic work: write held increments to the spool, follow epoch changes, publish
     /// the profiles whose turn has come, write summary and kallsyms files, apply retention.
-    pub fn tick(&mut self) {
-        self.tick_at(Instant::now());
+    /// Returns what its spool and publish steps cost.
+    pub fn tick(&mut self) -> TickCpu {
+        self.tick_at(Instant::now())
     }
 
     /// [`Store::tick`] with an explicit clock (tests simulate the passing of time).
-    pub fn tick_at(&mut self, now: Instant) {
+    pub fn tick_at(&mut self, now: Instant) -> TickCpu {
         use crate::sys::time::thread_cpu_ns;
         let _busy = Busy::mark(Arc::clone(&self.busy_since));
         let c0 = thread_cpu_ns();
@@ -756,8 +754,7 @@ impl Store {
         let c1 = thread_cpu_ns();
         let published = self.publish_due(now);
         let c2 = thread_cpu_ns();
-        self.tick_cpu.spool_ns += c1.saturating_sub(c0);
-        self.tick_cpu.publish_ns += c2.saturating_sub(c1);
+        let cpu = TickCpu { spool_ns: c1.saturating_sub(c0), publish_ns: c2.saturating_sub(c1) };
         self.refresh_kallsyms(false);
         self.write_side_files(now, false);
         if published > 0 {
@@ -771,11 +768,7 @@ impl Store {
         self.write_marks(now);
         self.refresh_backlog();
         self.settle_logs();
-    }
-
-    /// CPU time of the ticks so far, by part.
-    pub fn tick_cpu(&self) -> TickCpu {
-        self.tick_cpu
+        cpu
     }
 
     /// Record in the spool which profiles were published (see [`spool`]); a failure only
