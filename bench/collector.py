@@ -54,6 +54,13 @@ def threads_cpu_ns(pid):
     return out
 
 
+def dcpictl_status(dcpictl, sock):
+    """`dcpictl status --json` of the dcpid answering on `sock`, or None."""
+    r = subprocess.run([dcpictl, "--socket", sock, "status", "--json"],
+                       capture_output=True, text=True, timeout=15)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
 def ms_per_s(a, b, secs):
     """{thread name: CPU ms per second} between two threads_cpu_ns snapshots `secs` apart."""
     return {k: (b.get(k, 0) - a.get(k, 0)) / 1e6 / secs for k in b}
@@ -111,9 +118,7 @@ class Collector:
         time.sleep(self.args.settle)
 
     def status(self):
-        r = subprocess.run([self.args.dcpictl, "--socket", self.sock, "status", "--json"],
-                           capture_output=True, text=True, timeout=15)
-        return json.loads(r.stdout) if r.returncode == 0 else None
+        return dcpictl_status(self.args.dcpictl, self.sock)
 
     def stop(self):
         self.proc.send_signal(2)

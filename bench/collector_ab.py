@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 
+import collector
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -50,10 +52,9 @@ def main():
         sys.exit(__doc__)
     work = tempfile.mkdtemp(prefix="collector-ab-")
     if os.environ.get("WL", "c") == "py":
-        busy = [sys.executable, "-c", "while True:\n    pass\n"]
+        loads = collector.busy(2)
     else:
-        busy = [busy_loop(work)]
-    loads = [subprocess.Popen(busy) for _ in range(2)]
+        loads = [subprocess.Popen([busy_loop(work)]) for _ in range(2)]
     procs = []
     try:
         for i, b in enumerate(bins):

@@ -34,13 +34,7 @@ import subprocess
 import tempfile
 import time
 
-from collector import HERE, ROOT, ms_per_s, stage_split, threads_cpu_ns
-
-
-def status(args, sock):
-    r = subprocess.run([args.dcpictl, "--socket", sock, "status", "--json"],
-                       capture_output=True, text=True, timeout=30)
-    return json.loads(r.stdout) if r.returncode == 0 else None
+from collector import HERE, ROOT, dcpictl_status, ms_per_s, stage_split, threads_cpu_ns
 
 
 def du(path):
@@ -92,14 +86,14 @@ def run_with(kind, args, work, exe):
             raise RuntimeError(f"{kind} did not start: {open(log.name).read()[-2000:]}")
         time.sleep(0.1)
     time.sleep(args.settle)
-    s0 = status(args, sock) if kind.startswith("dcpid") else None
+    s0 = dcpictl_status(args.dcpictl, sock) if kind.startswith("dcpid") else None
     a, t0 = threads_cpu_ns(p.pid), time.monotonic()
     wall = workload(exe, args.iters)
     b, t1 = threads_cpu_ns(p.pid), time.monotonic()
-    s1 = status(args, sock) if kind.startswith("dcpid") else None
+    s1 = dcpictl_status(args.dcpictl, sock) if kind.startswith("dcpid") else None
     per_thread = ms_per_s(a, b, t1 - t0)
     cpu_ms_per_s = sum(per_thread.values())
-    threads = {k: round(v, 3) for k, v in sorted(per_thread.items()) if v >= 0.0005}
+    threads = {k: round(v, 4) for k, v in sorted(per_thread.items()) if v >= 0.0005}
     started = t0 - args.settle
     p.send_signal(2)
     p.wait(timeout=300)
@@ -113,7 +107,6 @@ def run_with(kind, args, work, exe):
         st0, st1 = s0["overhead"]["stage_cpu_s"], s1["overhead"]["stage_cpu_s"]
         res["stages_ms_per_s"] = {k: round((st1[k] - st0.get(k, 0)) * 1e3 / (t1 - t0), 4)
                                   for k in st1}
-        res["threads_ms_per_s"] = {k: round(v, 4) for k, v in per_thread.items()}
     if kind.startswith("dcpid"):
         stk = [os.path.join(r, f) for r, _, fs in os.walk(out) for f in fs if f.endswith(".stk")]
         res["stack_file_bytes"] = sum(os.path.getsize(f) for f in stk)
