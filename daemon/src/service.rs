@@ -1001,6 +1001,7 @@ fn start_sampling(
         window_divisor: settings.window_divisor,
         ring_pages: settings.ring_pages,
         redraw_interval: settings.redraw_interval,
+        read_every: read_every(settings.flush_interval),
         faults: faults.clone(),
         watch: Some(Arc::clone(watch)),
         // The flush thread follows hotplug (FlushThread::spawn): it wakes every few seconds
@@ -1108,6 +1109,14 @@ fn spawn_signal_thread(
 }
 
 const FLUSH_THREAD: &str = "dcpid-flush";
+
+/// How old a drain thread's last read of its ring must be for a timed wake-up to read it again
+/// (`SamplerConfig::read_every`): fewer, bigger passes are cheaper per sample, and a third of
+/// the flush interval keeps what a flush (or a kill -9) leaves behind within a few seconds.
+/// Fixed at start: a reload that changes `flush_interval` keeps it.
+fn read_every(flush_interval: Duration) -> Duration {
+    (flush_interval / 3).min(crate::perf::sampler::MAX_READ_EVERY)
+}
 
 /// The periodic flush, on its own thread: a publish that hangs on a dead NFS server must
 /// neither stop the watchdog pings (which only speak for the drain threads) nor the stop path.

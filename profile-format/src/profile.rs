@@ -456,9 +456,10 @@ impl Profile {
         Ok(())
     }
 
-    /// Write atomically (temp file in the same directory, fsync, rename, fsync directory).
-    /// A header that a reader would reject is refused (`Invalid`) before anything is written.
-    pub fn write(&self, path: &Path) -> Result<()> {
+    /// Write atomically (temp file in the same directory, fsync, rename, fsync directory);
+    /// returns the file's size. A header that a reader would reject is refused (`Invalid`)
+    /// before anything is written.
+    pub fn write(&self, path: &Path) -> Result<u64> {
         if let Err((field, detail)) = self.header.validate() {
             return Err(Error::Invalid {
                 what: "profile header",
@@ -484,7 +485,9 @@ impl Profile {
                 ),
             });
         }
-        crate::atomic::write_atomic(path, &self.encode())
+        let bytes = self.encode();
+        crate::atomic::write_atomic(path, &bytes)?;
+        Ok(bytes.len() as u64)
     }
 
     /// Add `other`'s counts and totals to `self`. Both must describe the same image and event

@@ -312,6 +312,22 @@ fn churn_of_500_processes_per_second_resolves_to_their_binaries() {
     if !require_perf() {
         return;
     }
+    // The rate is the machine's, not dcpid's: when the parallel tests leave too little CPU for
+    // 500 exec/s, the proof is run again (each run's attributions are checked all the same).
+    let mut rates = Vec::new();
+    for _ in 0..3 {
+        let rate = churn_once();
+        if rate >= 500.0 {
+            return;
+        }
+        rates.push(rate);
+        eprintln!("only {rate:.0} exec/s: the machine is too loaded; running the churn again");
+    }
+    panic!("exec/s {rates:.0?} in three runs: the machine is too loaded for this proof");
+}
+
+/// One churn proof; every assertion but the rate. Returns the exec rate reached.
+fn churn_once() -> f64 {
     const SECS: f64 = 10.0;
     const BURN_MS: f64 = 2.0;
     const PERIOD_MS: f64 = 1.0;
@@ -382,8 +398,7 @@ fn churn_of_500_processes_per_second_resolves_to_their_binaries() {
     );
     assert!(all as f64 >= expected, "{all} samples in the database, fewer than the burners'");
     assert!(frac < 0.005, "unknown {unknown} of {all} samples ({:.3}%)", frac * 100.0);
-    // Last, so that a machine too loaded for the rate still reports the figures above.
-    assert!(rate >= 500.0, "only {rate:.0} exec/s: the machine is too loaded for this proof");
+    rate
 }
 
 /// `reuse A B MS`: runs `A MS`, reaps it, then runs `B MS` under the very pid A had (clone3

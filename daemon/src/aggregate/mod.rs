@@ -199,8 +199,9 @@ pub const INITIAL_TABLE_ENTRIES: usize = 4096;
 /// 5 s flush interval).
 const SHRINK_AFTER: u32 = 12;
 
-/// A CPU that has not reported for this long is left out of the watermark.
-pub const STALE_AFTER: Duration = Duration::from_secs(3);
+/// A CPU that has not reported for this long is left out of the watermark. A live drain thread
+/// reports at least every `read_every` plus two redraw windows (1.5 + 2 × 1.4 s at most).
+pub const STALE_AFTER: Duration = Duration::from_secs(6);
 
 const CACHE_SLOTS: usize = 1024;
 

@@ -3,8 +3,8 @@
 //!
 //! Time is cut into consecutive windows of `interval` starting when the thread started. In each
 //! window the thread re-arms once, at an instant drawn uniformly inside that window; the drain
-//! thread's poll timeout is that instant, so the re-arm happens in the same wake-up that drains
-//! the ring. That is one timed wake-up per CPU per window (the other wake-ups are the ring's
+//! thread's poll timeout is that instant (the wake-up also reads the ring when its last read is
+//! `read_every` old). That is one timed wake-up per CPU per window (the other wake-ups are the ring's
 //! half-full watermark). Consecutive re-arms are therefore less than `2 * interval` apart ;
 //! a window without one only happens when the thread was late by a whole window.
 //!

@@ -8,12 +8,19 @@
 //! read to the [`SampleSink`], and at the re-arm instant redraws the periods of its CPU's events
 //! with PERF_EVENT_IOC_PERIOD (cheap because it runs on that CPU).
 //!
-//! Which period stamps a sample: a redraw happens after a pass has read the ring, at time `T`
-//! (clock read right after the ioctl returned). Samples taken before `T` were produced under the
-//! previous period even if they are only drained in the next pass, so each event remembers
-//! `(previous, switch time, current)` and a sample gets `previous` if its TIME is before the
-//! switch. The record's own PERIOD field cannot be used: for clock events it keeps the period
-//! given at open time.
+//! A timed wake-up always re-arms, but reads the ring only if the last read is at least
+//! `read_every` old (or the ring is empty, which costs nothing to "read" and keeps an idle CPU's
+//! `drained_until` moving). Reading every second or every 2-3 s costs the same per wake-up, but a
+//! pass's parse and aggregation mostly pay cache misses (the ring's lines, the table buckets
+//! of every key seen), which a bigger batch shares: on the 2-vCPU VM at 1 kHz, 48 -> 37 ns per
+//! sample to parse and 55 -> 31 ns to aggregate (BENCHMARKS.md, "Tenth pass"). Watermark,
+//! barrier and stop wake-ups always read.
+//!
+//! Which period stamps a sample: a redraw happens at time `T` (clock read right after the ioctl
+//! returned). Samples taken before `T` were produced under the previous period even if they are
+//! only read in a later pass, so each event remembers the switches its unread samples may
+//! straddle ([`PeriodState`]) and a sample gets the period in force at its TIME. The record's
+//! own PERIOD field cannot be used: for clock events it keeps the period given at open time.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -45,9 +52,13 @@ const DRAIN_SLACK_NS: u64 = 1_000_000;
 /// every few wake-ups (a syscall each) is enough.
 const TIMES_INTERVAL_NS: u64 = 5_000_000_000;
 
-/// Longest `redraw_interval`: an idle CPU reports `drained_until` only when it wakes, and the
-/// aggregator leaves a CPU silent for 3 s out of its watermark (two windows < 3 s).
+/// Longest `redraw_interval`: a drain thread reports `drained_until` only when it reads its
+/// ring, and the aggregator leaves a CPU silent for [`crate::aggregate::STALE_AFTER`] (6 s) out
+/// of its watermark: a live thread is silent at most `read_every` plus two windows (4.3 s).
 pub const MAX_REDRAW_INTERVAL: Duration = Duration::from_millis(1400);
+
+/// Longest `read_every` (see [`MAX_REDRAW_INTERVAL`]).
+pub const MAX_READ_EVERY: Duration = Duration::from_millis(1500);
 
 /// At most one loss/throttle warning per CPU per this interval.
 const WARN_INTERVAL: Duration = Duration::from_secs(60);
@@ -63,6 +74,10 @@ pub struct SamplerConfig {
     /// Every drain thread re-arms its periods once per window of this length, at a random
     /// instant of the window (its only timed wake-up).
     pub redraw_interval: Duration,
+    /// A timed wake-up reads the ring only if the last read is at least this old (module docs);
+    /// zero: at every wake-up. The daemon uses `min(1.5 s, flush_interval / 3)`, so that a
+    /// flush still finds what is at most a few seconds old.
+    pub read_every: Duration,
     /// false: keep every event at its nominal period P (for comparisons; never in production).
     pub randomize: bool,
     /// How often the online CPU list is re-read.
@@ -98,6 +113,7 @@ impl Default for SamplerConfig {
             window_divisor: 16,
             ring_pages: 128,
             redraw_interval: Duration::from_secs(1),
+            read_every: Duration::ZERO,
             randomize: true,
             hotplug_interval: Duration::from_secs(5),
             hotplug_thread: true,
@@ -533,21 +549,32 @@ fn open_cpu(shared: &Shared, cpu: u32, rng: &mut StdRng) -> Result<CpuRing, (usi
 }
 
 /// The period in force for one event on one CPU, and the one before it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct PeriodState {
-    prev: u64,
     cur: u64,
-    /// Samples with TIME before this were taken under `prev`.
-    switched_at: u64,
+    /// `(switch time, period before it)` of the switches that samples not yet read may
+    /// straddle, oldest first: a sample with TIME before a switch was taken under the period
+    /// before it. Emptied as passes read past them (a few entries at most).
+    switches: Vec<(u64, u64)>,
 }
 
 impl PeriodState {
+    fn new(period: u64) -> Self {
+        Self { cur: period, switches: Vec::new() }
+    }
+
     fn at(&self, time: u64) -> u64 {
-        if time < self.switched_at {
-            self.prev
-        } else {
-            self.cur
-        }
+        self.switches.iter().find(|&&(t, _)| time < t).map_or(self.cur, |&(_, before)| before)
+    }
+
+    fn switch(&mut self, at: u64, period: u64) {
+        self.switches.push((at, self.cur));
+        self.cur = period;
+    }
+
+    /// Every sample with TIME before `until` has been read.
+    fn read_until(&mut self, until: u64) {
+        self.switches.retain(|&(t, _)| t > until);
     }
 }
 
@@ -667,6 +694,9 @@ struct Drainer<'a> {
     rng: StdRng,
     periods: Vec<PeriodState>,
     armed_at: Vec<u64>,
+    /// monotonic_ns at the start of the last pass.
+    last_read: u64,
+    read_every: u64,
     schedule: RedrawSchedule,
     reader: RingReader,
     samples: Vec<Sample>,
@@ -694,8 +724,7 @@ impl<'a> Drainer<'a> {
         let t0 = monotonic_ns();
         let redraw_ns =
             u64::try_from(shared.cfg.redraw_interval.as_nanos()).unwrap_or(u64::MAX).max(1_000_000);
-        let periods =
-            ring.periods.iter().map(|&p| PeriodState { prev: p, cur: p, switched_at: 0 }).collect();
+        let periods = ring.periods.iter().map(|&p| PeriodState::new(p)).collect();
         let stall_at = shared
             .cfg
             .faults
@@ -710,6 +739,8 @@ impl<'a> Drainer<'a> {
             rng,
             periods,
             armed_at: vec![t0; n],
+            last_read: t0,
+            read_every: u64::try_from(shared.cfg.read_every.as_nanos()).unwrap_or(u64::MAX),
             reader: RingReader::new(),
             samples: Vec::with_capacity(1024),
             sideband: Vec::new(),
@@ -741,17 +772,16 @@ impl<'a> Drainer<'a> {
         }
     }
 
-    /// Sleep until the ring is half full, the re-arm instant, a barrier or stop. Returns
-    /// whether the events hung up, and whether an eventfd (stop, barrier) woke it.
-    fn wait(&mut self) -> (bool, bool) {
+    /// Sleep until the ring is half full, the re-arm instant, a barrier or stop.
+    fn wait(&mut self) -> sp::PollResult {
         let timeout_ms = self.schedule.timeout_ms(monotonic_ns());
         let waited =
             sp::poll_ring(&self.ring.fds[0], &self.shared.wake, &self.stats.kick, timeout_ms);
         let r = match waited {
-            Ok(r) => (r.hangup, r.woken),
+            Ok(r) => r,
             Err(e) => {
                 self.stats.set_error(format!("poll: {e}"));
-                (true, true)
+                sp::PollResult { readable: true, hangup: true, woken: true }
             }
         };
         self.stats.wakeups.fetch_add(1, Ordering::Relaxed);
@@ -798,8 +828,10 @@ impl<'a> Drainer<'a> {
         // Everything with a TIME before this has been written to the ring by the time we read
         // data_head (records are written from this CPU, with preemption disabled).
         let start = monotonic_ns();
+        self.last_read = start;
         let drained_until = start.saturating_sub(DRAIN_SLACK_NS);
         let c = self.read_ring();
+        self.periods.iter_mut().for_each(|p| p.read_until(drained_until));
         let parsed = monotonic_ns();
         self.shared.sink.on_drain(
             self.stats.cpu,
@@ -878,7 +910,7 @@ impl<'a> Drainer<'a> {
             self.stats.rearm_ns.fetch_add(t.saturating_sub(before), Ordering::Relaxed);
             match set {
                 Ok(()) => {
-                    *st = PeriodState { prev: st.cur, cur: p, switched_at: t };
+                    st.switch(t, p);
                     self.armed_at[i] = t;
                     self.stats.periods[i].store(p, Ordering::Relaxed);
                     self.stats.redraws.fetch_add(1, Ordering::Relaxed);
@@ -905,24 +937,34 @@ impl<'a> Drainer<'a> {
         }
     }
 
-    /// One loop iteration: wait, drain, account, re-arm if due.
+    /// Whether a timed wake-up reads the ring: the last read is `read_every` old, or there is
+    /// nothing to read (a pass over an empty ring only reports `drained_until`).
+    fn read_due(&self) -> bool {
+        monotonic_ns().saturating_sub(self.last_read) >= self.read_every
+            || self.ring.ring.head() == self.ring.ring.tail()
+    }
+
+    /// One loop iteration: wait, drain (module docs: not at every timed wake-up), account,
+    /// re-arm if due.
     fn step(&mut self) -> Next {
         self.stall_if_asked();
         let stopping = self.stopping();
-        let hangup = if stopping {
+        let (hangup, read) = if stopping {
             for fd in &self.ring.fds {
                 let _ = fd.disable();
             }
-            false
+            (false, true)
         } else {
-            let (h, woken) = self.wait();
-            if woken {
+            let r = self.wait();
+            if r.woken {
                 self.honour_barrier();
             }
-            h
+            (r.hangup, r.readable || r.woken || r.hangup || self.read_due())
         };
-        let counts = self.pass();
-        self.account(&counts);
+        if read {
+            let counts = self.pass();
+            self.account(&counts);
+        }
         if stopping {
             return Next::Stop;
         }
@@ -1053,6 +1095,12 @@ fn validate(cfg: &SamplerConfig) -> Result<(), SamplerError> {
         return Err(SamplerError::Config(format!(
             "ring_pages must be a power of two, got {}",
             cfg.ring_pages
+        )));
+    }
+    if cfg.read_every > MAX_READ_EVERY {
+        return Err(SamplerError::Config(format!(
+            "read_every must be at most {MAX_READ_EVERY:?}, got {:?}",
+            cfg.read_every
         )));
     }
     if cfg.redraw_interval < Duration::from_millis(1) || cfg.redraw_interval > MAX_REDRAW_INTERVAL {
@@ -1612,10 +1660,23 @@ mod tests {
 
     #[test]
     fn period_state_stamps_by_time() {
-        let st = PeriodState { prev: 100, cur: 90, switched_at: 1000 };
+        let mut st = PeriodState::new(100);
+        assert_eq!(st.at(0), 100);
+        st.switch(1000, 90);
         assert_eq!(st.at(999), 100);
         assert_eq!(st.at(1000), 90);
         assert_eq!(st.at(5000), 90);
+        // Several re-arms before a read: each sample gets the period in force at its time.
+        st.switch(2000, 80);
+        st.switch(3000, 70);
+        assert_eq!((st.at(999), st.at(1500), st.at(2500), st.at(3000)), (100, 90, 80, 70));
+        // Read up to 2500: the switches at 1000 and 2000 are behind every unread sample.
+        st.read_until(2500);
+        assert_eq!(st.switches, vec![(3000, 80)]);
+        assert_eq!((st.at(2600), st.at(3000)), (80, 70));
+        st.read_until(3000);
+        assert!(st.switches.is_empty());
+        assert_eq!(st.at(2999), 70);
     }
 
     #[test]

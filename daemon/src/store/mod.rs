@@ -1355,9 +1355,7 @@ impl Store {
         if let Some(mut m) = merged.profile {
             written = Some(m.header.total_samples);
             m.header.sequence = m.header.sequence.max(last_seq);
-            let bytes = m.encode();
-            m.write(&path)?;
-            self.health.bytes.profiles += bytes.len() as u64;
+            self.health.bytes.profiles += m.write(&path)?;
             self.health.published_files += 1;
             // Its totals changed: the summary index of this epoch must be rewritten.
             self.summaries.dirty.insert(target.epoch.to_string());

@@ -60,8 +60,34 @@ fn median(mut v: Vec<u64>) -> u64 {
 
 #[test]
 fn periods_are_drawn_from_the_window_and_redrawn_often() {
-    if !require_perf() {
+    let _ = periods_drawn_and_stamped(Duration::ZERO);
+}
+
+/// As the daemon runs: timed wake-ups re-arm every window but read the ring only every
+/// `read_every`, so several re-arms fall between two reads and each sample must still get the
+/// period in force at its time.
+#[test]
+fn periods_are_stamped_right_when_reads_are_rarer_than_rearms() {
+    let Some((drains, redraws, secs)) = periods_drawn_and_stamped(Duration::from_millis(500))
+    else {
         return;
+    };
+    for ((cpu, d), r) in drains.into_iter().zip(redraws) {
+        // Reads at least 500 ms apart (plus the start and the final pass), while the re-arms
+        // come once per 100 ms window. A loaded machine stretches the run: judge by its length.
+        let most = (secs / 0.5) as usize + 3;
+        assert!(d >= 3 && d <= most, "cpu {cpu}: {d} reads in {secs:.1} s, read_every 500 ms");
+        assert!(d as u64 * 3 < r, "cpu {cpu}: {d} reads for {r} re-arms");
+    }
+}
+
+/// Returns the passes delivered per CPU, the re-arms per CPU and how long the sampler ran
+/// (None when perf is not permitted).
+fn periods_drawn_and_stamped(
+    read_every: Duration,
+) -> Option<(BTreeMap<u32, usize>, Vec<u64>, f64)> {
+    if !require_perf() {
+        return None;
     }
     const P: u64 = 4_000_000;
     const LO: u64 = P - P / 32;
@@ -73,12 +99,15 @@ fn periods_are_drawn_from_the_window_and_redrawn_often() {
     let cfg = SamplerConfig {
         events: parse_event_list(&format!("cpu-clock:{P}")).unwrap(),
         redraw_interval: Duration::from_nanos(WINDOW),
+        read_every,
         ..SamplerConfig::default()
     };
+    let started = std::time::Instant::now();
     let sampler = Sampler::start(&cfg, Arc::<CollectSink>::clone(&sink)).expect("start");
     busy_all_cpus(Duration::from_secs(8));
     let status = sampler.status();
     sampler.stop();
+    let secs = started.elapsed().as_secs_f64();
     let samples = sink.take_cpu_samples();
     assert!(samples.len() > 2000, "only {} samples in 8 s at 250 Hz per CPU", samples.len());
     for (_, s) in &samples {
@@ -143,6 +172,10 @@ fn periods_are_drawn_from_the_window_and_redrawn_often() {
     assert!(err_true.len() > 50);
     assert!(et < W / 10, "intervals differ from the stamped period by {et} ns (median)");
     assert!(et * 3 < ep, "stamped period ({et} ns) no better than the previous one ({ep} ns)");
+    let redraws: Vec<u64> = status.cpus.iter().map(|c| c.period_redraws).collect();
+    assert!(redraws.iter().all(|&r| r >= 40), "redraws per CPU {redraws:?}: not one per window");
+    let drains = sink.drains.lock().unwrap().iter().map(|(cpu, v)| (*cpu, v.len())).collect();
+    Some((drains, redraws, secs))
 }
 
 #[test]
