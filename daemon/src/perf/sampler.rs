@@ -12,9 +12,9 @@
 //! `read_every` old (or the ring is empty, which costs nothing to "read" and keeps an idle CPU's
 //! `drained_until` moving). Reading every second or every 2-3 s costs the same per wake-up, but a
 //! pass's parse and aggregation mostly pay cache misses (the ring's lines, the table buckets
-//! of every key seen), which a bigger batch shares: on the 2-vCPU VM at 1 kHz, 48 -> 37 ns per
-//! sample to parse and 55 -> 31 ns to aggregate (BENCHMARKS.md, "Tenth pass"). Watermark,
-//! barrier and stop wake-ups always read.
+//! of every key seen), which a bigger batch shares: 5-12 % less CPU for the whole daemon, side
+//! by side at 1 kHz on the 2-vCPU VM (BENCHMARKS.md, "Tenth pass"). Watermark, barrier and stop
+//! wake-ups always read.
 //!
 //! Which period stamps a sample: a redraw happens at time `T` (clock read right after the ioctl
 //! returned). Samples taken before `T` were produced under the previous period even if they are
@@ -548,7 +548,8 @@ fn open_cpu(shared: &Shared, cpu: u32, rng: &mut StdRng) -> Result<CpuRing, (usi
     Ok(CpuRing { fds, ring, ids, periods })
 }
 
-/// The period in force for one event on one CPU, and the one before it.
+/// The period in force for one event on one CPU, and the ones before the re-arms that samples
+/// not yet read may straddle.
 #[derive(Clone, Debug)]
 struct PeriodState {
     cur: u64,
