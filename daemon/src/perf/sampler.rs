@@ -243,9 +243,12 @@ pub fn read_cpu_list(path: &std::path::Path) -> Result<Vec<u32>, SamplerError> {
     parse_cpu_list_of(path, &text)
 }
 
-/// [`parse_cpu_list`] of the text read from `path`, with an error that names the file.
+/// [`parse_cpu_list`] of the online list read from `path`, with an error that names the file.
+/// A list that names no CPU is an error too: the kernel always has one CPU online, so an empty
+/// read is a file caught between its truncation and its write (the hotplug tests rewrite theirs
+/// in place), and following it would stop every drain thread.
 fn parse_cpu_list_of(path: &std::path::Path, text: &str) -> Result<Vec<u32>, SamplerError> {
-    parse_cpu_list(text).ok_or_else(|| SamplerError::BadCpuList {
+    parse_cpu_list(text).filter(|cpus| !cpus.is_empty()).ok_or_else(|| SamplerError::BadCpuList {
         path: path.display().to_string(),
         text: text.trim().chars().take(200).collect(),
     })
@@ -1650,6 +1653,11 @@ mod tests {
         assert_eq!(f.read(&cfg).unwrap().len(), 401, "longer than one read");
         std::fs::write(&path, "garbage").unwrap();
         assert!(matches!(f.read(&cfg), Err(SamplerError::BadCpuList { .. })));
+        // What a reader sees between a rewrite's truncation and its write.
+        std::fs::write(&path, "").unwrap();
+        assert!(matches!(f.read(&cfg), Err(SamplerError::BadCpuList { .. })), "empty list");
+        std::fs::write(&path, " \n").unwrap();
+        assert!(matches!(f.read(&cfg), Err(SamplerError::BadCpuList { .. })), "blank list");
         std::fs::remove_file(&path).unwrap();
         // The open file still reads the unlinked inode; an error comes once it is reopened.
         f.file = None;

@@ -280,7 +280,18 @@ fn follow_hotplug(hotplug_thread: bool) {
     let (c0, c1) = (cpus[0], cpus[1]);
     let dir = tempfile::tempdir().unwrap();
     let list = dir.path().join("online");
-    std::fs::write(&list, format!("{c0}\n")).unwrap();
+    // The sampler re-reads the list through one open file, so the test rewrites it in place.
+    // One fixed-width write without a truncation: a reader sees the old list or the new one,
+    // never an empty file or a prefix ("0" of "0-1" would take CPU 1 offline).
+    let set_list = |text: &str| {
+        use std::os::unix::fs::FileExt;
+        let padded = format!("{text:<31}\n");
+        assert_eq!(padded.len(), 32, "{text}");
+        let mut opts = std::fs::OpenOptions::new();
+        let f = opts.create(true).write(true).truncate(false).open(&list).unwrap();
+        f.write_all_at(padded.as_bytes(), 0).unwrap();
+    };
+    set_list(&format!("{c0}"));
     let sink = Arc::new(CollectSink::default());
     let cfg = SamplerConfig {
         events: parse_event_list("cpu-clock:1000000").unwrap(),
@@ -321,9 +332,9 @@ fn follow_hotplug(hotplug_thread: bool) {
         }
         assert!(online(&sampler, c0));
         assert!(!online(&sampler, c1));
-        std::fs::write(&list, format!("{c0}-{c1}\n")).unwrap();
+        set_list(&format!("{c0}-{c1}"));
         wait_for("the new CPU to be opened", &|| online(&sampler, c1));
-        std::fs::write(&list, "garbage\n").unwrap();
+        set_list("garbage");
         std::thread::sleep(Duration::from_millis(400));
         assert!(online(&sampler, c0) && online(&sampler, c1), "a bad list must change nothing");
         // The new CPU's thread delivers at its watermark or within its 1 s redraw interval; an
@@ -331,7 +342,7 @@ fn follow_hotplug(hotplug_thread: bool) {
         wait_for("the new CPU to deliver", &|| {
             sink.drains.lock().unwrap().get(&c1).is_some_and(|d| !d.is_empty())
         });
-        std::fs::write(&list, format!("{c0}\n")).unwrap();
+        set_list(&format!("{c0}"));
         wait_for("the departed CPU's thread to stop", &|| !online(&sampler, c1));
         assert!(online(&sampler, c0));
         assert!(sampler.drain_threads_progressing(Duration::from_secs(2)));
