@@ -4,7 +4,14 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::ident::{ImageId, MAX_BUILD_ID_LEN};
+use crate::profile::ImageKind;
+use crate::sumidx::ImageIdRef;
 use crate::varint::{self, VarintError};
+
+/// Tags of an image id's two forms (FORMAT.md), shared by every file that names an image.
+pub(crate) const ID_TAG_BUILD_ID: u8 = 0;
+pub(crate) const ID_TAG_FALLBACK: u8 = 1;
 
 /// magic (8) + version (u16) + flags (u16) + total length (u64).
 pub(crate) const FIXED_HEADER_LEN: usize = 20;
@@ -208,6 +215,16 @@ pub(crate) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
+/// Append an image id: its tag, then its bytes.
+pub(crate) fn put_image_id(out: &mut Vec<u8>, id: &ImageId) {
+    let (tag, b) = match id {
+        ImageId::BuildId(b) => (ID_TAG_BUILD_ID, &b[..]),
+        ImageId::Fallback(f) => (ID_TAG_FALLBACK, &f[..]),
+    };
+    out.push(tag);
+    put_bytes(out, b);
+}
+
 /// Bounds-checked payload reader; every error is `Corrupt` naming the field being read.
 pub(crate) struct Reader<'a> {
     buf: &'a [u8],
@@ -268,6 +285,34 @@ impl<'a> Reader<'a> {
         match std::str::from_utf8(b) {
             Ok(s) => Ok(s.to_owned()),
             Err(e) => Err(self.corrupt(field, format!("not UTF-8: {e}"))),
+        }
+    }
+
+    /// An image kind's code byte.
+    pub(crate) fn image_kind(&mut self, field: &'static str) -> Result<ImageKind> {
+        let code = self.u8(field)?;
+        ImageKind::from_code(code)
+            .ok_or_else(|| self.corrupt(field, format!("unknown image kind {code}")))
+    }
+
+    /// An image id as [`put_image_id`] writes it, borrowed from the payload.
+    pub(crate) fn image_id(&mut self, field: &'static str) -> Result<ImageIdRef<'a>> {
+        match self.u8(field)? {
+            ID_TAG_BUILD_ID => {
+                let b = self.bytes(field)?;
+                if b.is_empty() || b.len() > MAX_BUILD_ID_LEN {
+                    return Err(self.corrupt(field, format!("build-id of {} bytes", b.len())));
+                }
+                Ok(ImageIdRef::BuildId(b))
+            }
+            ID_TAG_FALLBACK => {
+                let b = self.bytes(field)?;
+                let f: &[u8; 16] = b.try_into().map_err(|_| {
+                    self.corrupt(field, format!("fallback id of {} bytes, not 16", b.len()))
+                })?;
+                Ok(ImageIdRef::Fallback(f))
+            }
+            t => Err(self.corrupt(field, format!("unknown id tag {t}"))),
         }
     }
 

@@ -4,7 +4,7 @@ use std::path::Path;
 use crate::codec::{self, put_bytes, Reader};
 use crate::db::EpochId;
 use crate::error::{Error, Result};
-use crate::ident::{ImageId, MAX_BUILD_ID_LEN};
+use crate::ident::ImageId;
 use crate::varint::write_u64;
 
 /// First bytes of every profile file.
@@ -193,9 +193,6 @@ impl ImageKind {
     }
 }
 
-const ID_TAG_BUILD_ID: u8 = 0;
-const ID_TAG_FALLBACK: u8 = 1;
-
 impl ProfileHeader {
     /// Check what a reader would reject, so that a buggy writer fails at write time, naming
     /// the value, instead of producing a file nobody can read.
@@ -261,16 +258,7 @@ impl Profile {
         let version = if self.who.is_some() { 2 } else { 1 };
         let mut out = codec::begin(PROFILE_MAGIC, version);
         out.push(h.kind as u8);
-        match &h.image_id {
-            ImageId::BuildId(b) => {
-                out.push(ID_TAG_BUILD_ID);
-                put_bytes(&mut out, b);
-            }
-            ImageId::Fallback(f) => {
-                out.push(ID_TAG_FALLBACK);
-                put_bytes(&mut out, f);
-            }
-        }
+        codec::put_image_id(&mut out, &h.image_id);
         put_bytes(&mut out, &h.image_path);
         put_bytes(&mut out, h.event.name.as_bytes());
         write_u64(&mut out, u64::from(h.event.perf_type));
@@ -304,26 +292,8 @@ impl Profile {
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
         let payload = codec::open(bytes, path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?;
         let mut r = Reader::new(payload, path);
-        let kind_code = r.u8("kind")?;
-        let kind = ImageKind::from_code(kind_code)
-            .ok_or_else(|| r.corrupt("kind", format!("unknown image kind {kind_code}")))?;
-        let image_id = match r.u8("image_id")? {
-            ID_TAG_BUILD_ID => {
-                let b = r.bytes("image_id")?;
-                if b.is_empty() || b.len() > MAX_BUILD_ID_LEN {
-                    return Err(r.corrupt("image_id", format!("build-id of {} bytes", b.len())));
-                }
-                ImageId::BuildId(b.to_vec())
-            }
-            ID_TAG_FALLBACK => {
-                let b = r.bytes("image_id")?;
-                let arr: [u8; 16] = b.try_into().map_err(|_| {
-                    r.corrupt("image_id", format!("fallback id of {} bytes, not 16", b.len()))
-                })?;
-                ImageId::Fallback(arr)
-            }
-            t => return Err(r.corrupt("image_id", format!("unknown id tag {t}"))),
-        };
+        let kind = r.image_kind("kind")?;
+        let image_id = r.image_id("image_id")?.to_owned_id();
         let image_path = r.bytes("image_path")?.to_vec();
         let name = r.string("event.name")?;
         let perf_type = r.varint("event.perf_type")?;

@@ -6,7 +6,6 @@ use std::path::Path;
 
 use crate::codec::{self, put_bytes, Reader};
 use crate::error::{Error, Result};
-use crate::ident::MAX_BUILD_ID_LEN;
 use crate::profile::{read_jit_symbols, write_jit_symbols, ImageKind, JitSymbol};
 use crate::{varint, ImageId};
 
@@ -25,9 +24,6 @@ pub const STACKS_PREFIX: &str = "stacks.";
 pub const MAX_STACK_DEPTH: usize = 1024;
 /// Flag bit of a stack: it does not reach a root (depth limit hit, or the unwinder stopped).
 const FLAG_TRUNCATED: u64 = 1;
-
-const ID_TAG_BUILD_ID: u8 = 0;
-const ID_TAG_FALLBACK: u8 = 1;
 
 /// The image of a frame, as profile headers describe it (§5).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -235,16 +231,7 @@ impl StackProfile {
         for &i in &order {
             let img = &self.images[i as usize];
             out.push(img.kind as u8);
-            match &img.id {
-                ImageId::BuildId(b) => {
-                    out.push(ID_TAG_BUILD_ID);
-                    put_bytes(&mut out, b);
-                }
-                ImageId::Fallback(f) => {
-                    out.push(ID_TAG_FALLBACK);
-                    put_bytes(&mut out, f);
-                }
-            }
+            codec::put_image_id(&mut out, &img.id);
             put_bytes(&mut out, &img.path);
         }
         varint::write_u64(&mut out, frames.len() as u64);
@@ -323,26 +310,8 @@ impl StackProfile {
         // kind, tag, id length + >= 1 byte, path length.
         let nimages = r.count("images", 5)?;
         for _ in 0..nimages {
-            let code = r.u8("image kind")?;
-            let kind = ImageKind::from_code(code)
-                .ok_or_else(|| r.corrupt("image kind", format!("unknown image kind {code}")))?;
-            let id = match r.u8("image id")? {
-                ID_TAG_BUILD_ID => {
-                    let b = r.bytes("image id")?;
-                    if b.is_empty() || b.len() > MAX_BUILD_ID_LEN {
-                        return Err(r.corrupt("image id", format!("build-id of {} bytes", b.len())));
-                    }
-                    ImageId::BuildId(b.to_vec())
-                }
-                ID_TAG_FALLBACK => {
-                    let b = r.bytes("image id")?;
-                    let f: [u8; 16] = b.try_into().map_err(|_| {
-                        r.corrupt("image id", format!("fallback id of {} bytes, not 16", b.len()))
-                    })?;
-                    ImageId::Fallback(f)
-                }
-                t => return Err(r.corrupt("image id", format!("unknown id tag {t}"))),
-            };
+            let kind = r.image_kind("image kind")?;
+            let id = r.image_id("image id")?.to_owned_id();
             let img = StackImage { kind, id, path: r.bytes("image path")?.to_vec() };
             if p.images.last().is_some_and(|l| *l >= img) {
                 return Err(r.corrupt("images", "not sorted or not distinct"));
@@ -632,7 +601,7 @@ mod tests {
                 .take(1 + usize::from(extra_image))
             {
                 pl.push(*kind as u8);
-                pl.push(ID_TAG_FALLBACK);
+                pl.push(codec::ID_TAG_FALLBACK);
                 put_bytes(&mut pl, &[*kind as u8; 16]);
                 put_bytes(&mut pl, name.as_bytes());
             }

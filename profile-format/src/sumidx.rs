@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::codec::{self, put_bytes, Reader};
 use crate::error::{Error, Result};
-use crate::ident::{ImageId, MAX_BUILD_ID_LEN};
+use crate::ident::ImageId;
 use crate::profile::{EventDesc, ImageKind};
 use crate::summary::{HostSummary, ImageTotal, SummaryIndex};
 use crate::varint::write_u64;
@@ -18,9 +18,6 @@ pub const SUMMARY_INDEX_MAGIC: &[u8; 8] = b"DCPISIDX";
 pub const SUMMARY_INDEX_VERSION: u16 = 1;
 /// File name of the binary summary index in a host directory.
 pub const SUMMARY_INDEX_FILE: &str = "summary.idx";
-
-const ID_TAG_BUILD_ID: u8 = 0;
-const ID_TAG_FALLBACK: u8 = 1;
 
 /// An image id borrowed from an index file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -39,8 +36,8 @@ impl ImageIdRef<'_> {
     /// Tag byte and id bytes, as stored.
     pub fn tag_and_bytes(&self) -> (u8, &[u8]) {
         match self {
-            ImageIdRef::BuildId(b) => (ID_TAG_BUILD_ID, b),
-            ImageIdRef::Fallback(f) => (ID_TAG_FALLBACK, &f[..]),
+            ImageIdRef::BuildId(b) => (codec::ID_TAG_BUILD_ID, b),
+            ImageIdRef::Fallback(f) => (codec::ID_TAG_FALLBACK, &f[..]),
         }
     }
 }
@@ -96,16 +93,8 @@ pub fn encode(s: &HostSummary) -> Result<Vec<u8>> {
             return Err(invalid("event", format!("no event #{}", t.event)));
         }
         out.push(t.kind);
-        match ImageId::parse(&t.id).map_err(|e| invalid("id", e.to_string()))? {
-            ImageId::BuildId(b) => {
-                out.push(ID_TAG_BUILD_ID);
-                put_bytes(&mut out, &b);
-            }
-            ImageId::Fallback(f) => {
-                out.push(ID_TAG_FALLBACK);
-                put_bytes(&mut out, &f);
-            }
-        }
+        let id = ImageId::parse(&t.id).map_err(|e| invalid("id", e.to_string()))?;
+        codec::put_image_id(&mut out, &id);
         match &t.path_hex {
             Some(h) => put_bytes(
                 &mut out,
@@ -150,26 +139,8 @@ pub fn decode<'a>(bytes: &'a [u8], path: &Path) -> Result<IndexView<'a>> {
     let n = r.count("entries", 8)?;
     let mut entries = Vec::with_capacity(n);
     for _ in 0..n {
-        let code = r.u8("entries.kind")?;
-        let kind = ImageKind::from_code(code)
-            .ok_or_else(|| r.corrupt("entries.kind", format!("unknown image kind {code}")))?;
-        let id = match r.u8("entries.id")? {
-            ID_TAG_BUILD_ID => {
-                let b = r.bytes("entries.id")?;
-                if b.is_empty() || b.len() > MAX_BUILD_ID_LEN {
-                    return Err(r.corrupt("entries.id", format!("build-id of {} bytes", b.len())));
-                }
-                ImageIdRef::BuildId(b)
-            }
-            ID_TAG_FALLBACK => {
-                let b = r.bytes("entries.id")?;
-                let f: &[u8; 16] = b.try_into().map_err(|_| {
-                    r.corrupt("entries.id", format!("fallback id of {} bytes, not 16", b.len()))
-                })?;
-                ImageIdRef::Fallback(f)
-            }
-            t => return Err(r.corrupt("entries.id", format!("unknown id tag {t}"))),
-        };
+        let kind = r.image_kind("entries.kind")?;
+        let id = r.image_id("entries.id")?;
         let path_bytes = r.bytes("entries.path")?;
         let event = r.varint("entries.event")?;
         if event >= events.len() as u64 {
