@@ -294,13 +294,14 @@ pub fn render_status(v: &StatusReport) -> String {
         let per: Vec<String> = s.distinct_per_cpu.iter().map(u64::to_string).collect();
         o += &format!(
             "stacks:     {} recorded, {} truncated, {} lost to full tables; distinct per CPU \
-             [{}] (of {}), max depth {}\n",
+             [{}] (of {}), max depth {}; {} early flushes\n",
             s.recorded,
             s.truncated,
             s.overflow,
             per.join(", "),
             s.capacity_per_cpu,
-            s.max_stack
+            s.max_stack,
+            s.early_flushes
         );
     }
     if let Some(rl) = &v.last_reload {
@@ -392,7 +393,8 @@ mod tests {
             "state": "ok", "failed_threads": [],
             "perf_maps": {"read": 2, "truncated": 0, "max_bytes": 16777216, "max_entries": 100000},
             "stacks": {"recorded": 900, "truncated": 7, "overflow": 3, "empty": 0,
-                "distinct_per_cpu": [41, 17], "capacity_per_cpu": 65536, "max_stack": 127},
+                "distinct_per_cpu": [41, 17], "capacity_per_cpu": 65536, "max_stack": 127,
+                "early_flushes": 4},
             "resolver_thread": {"running": true, "wakeups": 12, "wakeups_per_s": 0.5,
                 "cpu_ms_per_s": 0.021, "records_applied": 340, "early_buffers": 2}
         })
@@ -437,7 +439,7 @@ mod tests {
             "flush_interval: 2s -> 1s",
             "restart of dcpid to take effect (running values kept): events",
             "900 recorded, 7 truncated, 3 lost to full tables; distinct per CPU [41, 17] (of \
-             65536), max depth 127",
+             65536), max depth 127; 4 early flushes",
         ] {
             assert!(t.contains(needle), "{needle} missing in:\n{t}");
         }

@@ -44,7 +44,7 @@
 //! - `resolver_thread`: `running`, `wakeups` (since start), `wakeups_per_s`, `cpu_ms_per_s`
 //!   (both over the recent window), `records_applied`, `early_buffers` (since start)
 //! - `stacks`: `null` without `--callchains fp`, else `recorded`, `truncated`, `overflow`,
-//!   `empty`, `distinct_per_cpu[]`, `capacity_per_cpu`, `max_stack`
+//!   `empty`, `distinct_per_cpu[]`, `capacity_per_cpu`, `max_stack`, `early_flushes`
 
 use std::collections::BTreeMap;
 
@@ -276,6 +276,10 @@ pub struct StackReport {
     pub capacity_per_cpu: u64,
     /// `sample_max_stack`: deepest chain kept.
     pub max_stack: u64,
+    /// Flushes started before their interval was up because a CPU's table passed half of its
+    /// bound (its stacks would not have fit until the next flush).
+    #[serde(default)]
+    pub early_flushes: u64,
 }
 
 /// JIT perf maps (`/tmp/perf-PID.map`) read since start.

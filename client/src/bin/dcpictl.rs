@@ -50,7 +50,7 @@ enum Cmd {
     /// state ("ok", or "degraded" once a daemon thread died), failed_threads[] {thread, reason,
     /// unix_ms}, perf_maps {read, truncated, max_bytes, max_entries}, stacks (null without
     /// --callchains fp, else {recorded, truncated, overflow, empty, distinct_per_cpu[],
-    /// capacity_per_cpu, max_stack}). Fields are only ever
+    /// capacity_per_cpu, max_stack, early_flushes}). Fields are only ever
     /// added.
     ///
     /// The overhead of sampling interrupts is an estimate (samples/s x an assumed cost per

@@ -765,6 +765,11 @@ impl Aggregator {
         let _ = self.stack_tables.set(tables);
     }
 
+    /// The stack tables, when stacks are sampled.
+    pub fn stack_tables(&self) -> Option<&Arc<crate::perf::callchain::StackTables>> {
+        self.stack_tables.get()
+    }
+
     /// The call-stack counters, when stacks are sampled.
     pub fn stack_report(&self) -> Option<dcpi_proto::StackReport> {
         self.stack_tables.get().map(|t| t.report())
@@ -1110,7 +1115,7 @@ impl Aggregator {
                 stacks::resolve_cpu(r, &self.idle, t, i as u32, stack_counts, &mut out.stacks);
                 // Under the CPU lock: no sample moves from pending into the counts meanwhile.
                 let c = lock(&self.cpus[i]);
-                stacks::prune(t, i as u32, c.pending.iter());
+                stacks::prune(t, i as u32, c.pending.iter(), &c.stacks);
             }
             full.iter().flatten().for_each(|e| resolve_entry(r, &self.idle, e, out));
             overflow.iter().for_each(|e| resolve_entry(r, &self.idle, e, out));

@@ -2,8 +2,8 @@
 //! where the stack is an id in that CPU's stack table ([`crate::perf::callchain`]). At a flush
 //! each counted stack's pcs are resolved to (image, offset) frames with the resolver, exactly
 //! as flat samples are (the process's address-space version at the sample's time), and added
-//! into one [`StackProfile`] per event; then the stack tables drop what no pending sample
-//! still names.
+//! into one [`StackProfile`] per event; then the stack tables drop what neither a pending
+//! sample nor a count made since names.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, OnceLock};
@@ -124,13 +124,16 @@ pub(crate) fn resolve_cpu(
     }
 }
 
-/// After a flush: let CPU slot `slot`'s stack table free what neither a recent sample nor a
-/// sample still `pending` names.
+/// After a flush resolved what it took: let CPU slot `slot`'s stack table free every stack
+/// that neither a sample still `pending` nor a count made since the take (`counted`) names.
+/// Called under that CPU's lock, so neither can change meanwhile.
 pub(crate) fn prune<'a>(
     tables: &StackTables,
     slot: u32,
     pending: impl Iterator<Item = &'a Sample>,
+    counted: &CpuStacks,
 ) -> usize {
-    let live: HashSet<StackId> = pending.map(|s| s.stack).filter(|&s| s != 0).collect();
+    let mut live: HashSet<StackId> = pending.map(|s| s.stack).filter(|&s| s != 0).collect();
+    live.extend(counted.counts.keys().map(|k| k.2));
     tables.cpu(slot).prune(|id| live.contains(&id))
 }

@@ -302,8 +302,11 @@ fn stacks_are_counted_once_per_key_and_resolve_in_their_own_address_space() {
     assert_eq!(seen, [(vec![1; 20], vec![0x10, 0x40], 30), (vec![2; 20], vec![0x10, 0x40], 10)]);
     // The flat profiles are what they were without stacks.
     assert_eq!(count(&r, 1, 0x10).0 + count(&r, 2, 0x10).0, 40);
+    // Counted, resolved and taken: nothing names the stack any more, so its slot is free.
+    assert!(tables.cpu(0).get(id).is_none(), "a taken stack stays in the table");
     // A stack id a pending sample still names survives the pruning of later flushes.
-    let mut s = vec![with_stack(10_000)];
+    let id = tables.cpu(0).intern_pcs(&[BASE + 0x10, BASE + 0x40], false);
+    let mut s = vec![Sample { stack: id, ..sample(10_000, 7, BASE + 0x10, 1000) }];
     agg.on_drain(0, 3000, &mut s, &mut Vec::new());
     for _ in 0..3 {
         assert!(agg.take_resolved().stacks.is_empty());

@@ -15,18 +15,30 @@
 //! looks at the outermost frame's symbol for those.
 //!
 //! The table of a CPU is written only by its drain thread (once per pass, under its mutex) and
-//! read by the flusher, which resolves the stacks its batch counted and then [`prune`]s what no
-//! pending sample refers to. Ids are stable while an entry lives, and an entry used in the
-//! current or the previous flush interval is never freed, so a sample interned just before a
-//! prune (still in its drain thread's hands) keeps a valid id. The table holds at most
+//! read by the flusher, which resolves the stacks its batch counted and then [`prune`]s every
+//! stack that nothing still names: not a sample pending in the aggregator, not a count since
+//! the batch was taken, and not a sample still in its drain thread's hands. The last are the
+//! stacks interned since the drain thread began the pass it has not yet handed to the sink
+//! ([`begin_pass`], [`end_pass`]): a pass's ids stay valid until the aggregator holds them,
+//! however long the thread is held up in between. Ids are stable while an entry lives.
+//!
+//! So a table holds the distinct stacks of one flush interval and of what is pending, not
+//! more: on a machine whose stacks are nearly all distinct (compilers), a table that also kept
+//! the previous interval's stacks filled up and lost most new stacks. The table holds at most
 //! `capacity` stacks; a new stack beyond that is not recorded (its sample is still counted in
-//! the flat profile) and counted in `overflow`.
+//! the flat profile) and counted in `overflow`. A table past half of it asks for
+//! an early flush ([`StackTables::request_flush`]): a flush interval whose stacks would not fit
+//! (a high rate, a long interval, a flush delayed by load) is cut short instead.
+//!
+//! [`begin_pass`]: StackTable::begin_pass
+//! [`end_pass`]: StackTable::end_pass
 //!
 //! [`prune`]: StackTable::prune
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// `PERF_CONTEXT_*` markers: every value at or above this (as u64) is one.
 const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
@@ -108,7 +120,12 @@ pub struct StackTable {
     slots: Vec<Option<StackEntry>>,
     free: Vec<u32>,
     capacity: usize,
+    /// Advanced by every prune; an entry records the generation it was last interned in.
     gen: u64,
+    /// Passes begun and not yet handed to the sink (two drain threads share a table when a
+    /// CPU id is beyond the count at start), and the generation the oldest of them began in.
+    in_hand: u32,
+    in_hand_since: u64,
     max_stack: usize,
     scratch: Vec<u64>,
     pub counters: StackCounters,
@@ -177,6 +194,8 @@ impl StackTable {
             free: Vec::new(),
             capacity: capacity.max(1),
             gen: 1,
+            in_hand: 0,
+            in_hand_since: 0,
             max_stack: usize::from(max_stack.max(1)),
             scratch: Vec::with_capacity(usize::from(max_stack) + 4),
             counters: StackCounters::default(),
@@ -238,19 +257,40 @@ impl StackTable {
         self.index.len()
     }
 
+    /// Half full: time to flush. The other half takes new stacks until the flush has pruned
+    /// (a second at 4 kHz even when every stack is new, for a flush at most
+    /// `EARLY_FLUSH_GAP` after the last and held up by load).
+    pub fn past_high_water(&self) -> bool {
+        self.index.len() >= self.capacity / 2
+    }
+
     pub fn is_empty(&self) -> bool {
         self.index.is_empty()
     }
 
-    /// Free every stack not interned in this or the previous generation and not `referenced`
-    /// (by a sample still pending), then start a new generation. Returns how many were freed.
+    /// A drain thread begins a pass whose samples' ids the sink does not hold yet.
+    pub fn begin_pass(&mut self) {
+        if self.in_hand == 0 {
+            self.in_hand_since = self.gen;
+        }
+        self.in_hand += 1;
+    }
+
+    /// The sink holds that pass's samples now (or the pass is abandoned).
+    pub fn end_pass(&mut self) {
+        self.in_hand = self.in_hand.saturating_sub(1);
+    }
+
+    /// Free every stack that is not `referenced` (by a sample pending in the aggregator or a
+    /// count not yet taken) and not interned since a pass still in a drain thread's hands
+    /// began, then start a new generation. Returns how many were freed.
     pub fn prune(&mut self, referenced: impl Fn(StackId) -> bool) -> usize {
-        let gen = self.gen;
+        let keep_from = if self.in_hand > 0 { self.in_hand_since } else { u64::MAX };
         let mut freed = 0;
         for (i, s) in self.slots.iter_mut().enumerate() {
             let Some(e) = s else { continue };
             let id = i as u32 + 1;
-            if e.last_gen + 1 < gen && !referenced(id) {
+            if e.last_gen < keep_from && !referenced(id) {
                 self.index.remove(&e.pcs);
                 *s = None;
                 self.free.push(i as u32);
@@ -262,11 +302,27 @@ impl StackTable {
     }
 }
 
+/// Wakes the flusher for an early flush.
+type Waker = Box<dyn Fn() + Send + Sync>;
+
 /// The stack tables of every CPU (shared by the drain threads and the aggregator).
-#[derive(Debug)]
 pub struct StackTables {
     cpus: Vec<Mutex<StackTable>>,
     max_stack: u16,
+    /// A table is past its high-water mark; cleared by the flusher as it flushes.
+    flush_wanted: AtomicBool,
+    early_flushes: AtomicU64,
+    wake_flusher: OnceLock<Waker>,
+}
+
+impl std::fmt::Debug for StackTables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StackTables")
+            .field("cpus", &self.cpus.len())
+            .field("max_stack", &self.max_stack)
+            .field("flush_wanted", &self.flush_wanted)
+            .finish_non_exhaustive()
+    }
 }
 
 impl StackTables {
@@ -277,6 +333,37 @@ impl StackTables {
                 .map(|_| Mutex::new(StackTable::new(capacity, max_stack)))
                 .collect(),
             max_stack,
+            flush_wanted: AtomicBool::new(false),
+            early_flushes: AtomicU64::new(0),
+            wake_flusher: OnceLock::new(),
+        }
+    }
+
+    /// What wakes the flusher when a table asks for an early flush (set once).
+    pub fn set_flusher_waker(&self, wake: Waker) {
+        let _ = self.wake_flusher.set(wake);
+    }
+
+    /// A drain thread found its table past the high-water mark: ask for a flush, waking the
+    /// flusher once per request (not at every pass until it flushes).
+    pub fn request_flush(&self) {
+        if !self.flush_wanted.swap(true, Ordering::AcqRel) {
+            if let Some(w) = self.wake_flusher.get() {
+                w();
+            }
+        }
+    }
+
+    /// Whether an early flush is wanted.
+    pub fn flush_wanted(&self) -> bool {
+        self.flush_wanted.load(Ordering::Acquire)
+    }
+
+    /// The flusher is about to take the tables (`early`: before its interval was up, for
+    /// this request): a table that fills again after this asks anew.
+    pub fn clear_flush_request(&self, early: bool) {
+        if self.flush_wanted.swap(false, Ordering::AcqRel) && early {
+            self.early_flushes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -316,6 +403,7 @@ impl StackTables {
             distinct_per_cpu: distinct,
             capacity_per_cpu: capacity,
             max_stack: u64::from(self.max_stack),
+            early_flushes: self.early_flushes.load(Ordering::Relaxed),
         }
     }
 
@@ -409,22 +497,54 @@ mod tests {
     }
 
     #[test]
-    fn prune_frees_only_cold_unreferenced_stacks_and_ids_stay_stable() {
+    fn prune_frees_what_nothing_names_and_ids_stay_stable() {
         let mut t = StackTable::new(2, 64);
+        // A pass in a drain thread's hands: what it interned survives prunes until it ends.
+        t.begin_pass();
         let hot = t.intern(&raw(&[PERF_CONTEXT_USER, 1, 2]));
         let pending = t.intern(&raw(&[PERF_CONTEXT_USER, 3, 4]));
-        // Used in this generation: nothing is freed.
         assert_eq!(t.prune(|_| false), 0);
-        assert_eq!(t.intern(&raw(&[PERF_CONTEXT_USER, 1, 2])), hot);
-        assert_eq!(t.prune(|_| false), 0, "both were used within the last two generations");
-        // `pending` is cold but a pending sample refers to it; `hot` was used last generation.
-        assert_eq!(t.prune(|id| id == pending), 0);
-        assert_eq!(t.prune(|id| id == pending), 1, "hot is cold now: freed");
+        assert_eq!(t.prune(|_| false), 0, "still in hand, however many prunes pass");
+        t.end_pass();
+        // In the sink now: only what it still names is kept.
+        assert_eq!(t.prune(|id| id == pending), 1, "hot: counted and taken, so freed");
         assert!(t.get(hot).is_none());
         assert_eq!(t.get(pending).unwrap().pcs.len(), 2);
         // The freed slot is reused; the table has room again.
         let new = t.intern(&raw(&[PERF_CONTEXT_USER, 7, 8]));
         assert_eq!(new, hot);
         assert_eq!(t.counters.overflow, 0);
+        assert_eq!(t.get(pending).unwrap().pcs.len(), 2, "ids stay stable while entries live");
+        // A pass in hand keeps what was interned in the generation it began in (it may have
+        // been interned by that pass), and nothing older.
+        t.begin_pass();
+        assert_eq!(t.prune(|_| false), 1, "pending: last interned generations before the pass");
+        assert!(t.get(pending).is_none());
+        assert!(t.get(new).is_some(), "interned in the generation the pass in hand began in");
+        t.end_pass();
+        t.begin_pass();
+        assert_eq!(t.prune(|_| false), 1, "interned before the pass in hand began");
+        let again = t.intern(&raw(&[PERF_CONTEXT_USER, 7, 8]));
+        assert_eq!(t.prune(|_| false), 0, "interned by the pass in hand");
+        t.end_pass();
+        assert_eq!(t.prune(|_| false), 1);
+        assert!(t.get(again).is_none());
+    }
+
+    /// Two drain threads on one table (a CPU id beyond the count at start): the stacks of the
+    /// older pass stay until both passes are handed over.
+    #[test]
+    fn passes_of_two_threads_on_one_table_keep_the_older_ones_stacks() {
+        let mut t = StackTable::new(4, 64);
+        t.begin_pass();
+        let a = t.intern(&raw(&[PERF_CONTEXT_USER, 1]));
+        assert_eq!(t.prune(|_| false), 0);
+        t.begin_pass();
+        let b = t.intern(&raw(&[PERF_CONTEXT_USER, 2]));
+        t.end_pass();
+        assert_eq!(t.prune(|_| false), 0, "a's pass may be the one still in hand");
+        assert!(t.get(a).is_some() && t.get(b).is_some());
+        t.end_pass();
+        assert_eq!(t.prune(|_| false), 2);
     }
 }

@@ -813,9 +813,13 @@ impl<'a> Drainer<'a> {
     /// Read the ring, stamp samples with the period in force, count the other records.
     fn read_ring(&mut self) -> PassCounts {
         let ps = &self.periods;
-        // Held for the pass only: the flusher reads the table between passes.
+        // Held for the pass only: the flusher reads the table between passes. The pass's ids
+        // must outlive prunes until the sink holds them: `pass` ends it after the sink.
         let mut table = self.shared.cfg.stacks.as_ref().map(|t| t.cpu(self.stats.cpu));
-        read_pass_stacks(
+        if let Some(t) = table.as_deref_mut() {
+            t.begin_pass();
+        }
+        let c = read_pass_stacks(
             &mut self.reader,
             &self.ring.ring,
             &self.ring.ids,
@@ -824,7 +828,14 @@ impl<'a> Drainer<'a> {
             &mut self.samples,
             &mut self.sideband,
             table.as_deref_mut(),
-        )
+        );
+        let full =
+            table.as_deref().is_some_and(crate::perf::callchain::StackTable::past_high_water);
+        drop(table);
+        if let (true, Some(t)) = (full, &self.shared.cfg.stacks) {
+            t.request_flush();
+        }
+        c
     }
 
     /// One pass: read everything written so far and hand it to the sink.
@@ -843,6 +854,9 @@ impl<'a> Drainer<'a> {
             &mut self.samples,
             &mut self.sideband,
         );
+        if let Some(t) = &self.shared.cfg.stacks {
+            t.cpu(self.stats.cpu).end_pass();
+        }
         let aggregated = monotonic_ns();
         self.stats.parse_ns.fetch_add(parsed.saturating_sub(start), Ordering::Relaxed);
         self.stats.aggregate_ns.fetch_add(aggregated.saturating_sub(parsed), Ordering::Relaxed);
