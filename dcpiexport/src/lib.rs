@@ -22,6 +22,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use dcpi_client::args::{Selection, SymbolSearch};
+use dcpi_client::prof::image::image_display;
 use dcpi_client::prof::report::{display_path, elf_symbolizer, kind_name};
 use dcpi_client::prof::select;
 use dcpi_client::prof::symbolize::demangle;
@@ -205,26 +206,6 @@ struct SymImage {
     dir: Option<usize>,
 }
 
-/// Display name of an image as dcpiprof shows it (`image` column).
-fn image_name(h: &ProfileHeader) -> String {
-    match h.kind {
-        // The idle task's pseudo-image (FORMAT.md §5.1.1) keeps its own name.
-        ImageKind::Kernel if h.image_path == b"[idle]" => "[idle]".to_owned(),
-        ImageKind::Kernel => "[kernel.kallsyms]".to_owned(),
-        ImageKind::Unknown => "[unknown]".to_owned(),
-        ImageKind::Vdso if h.image_path.is_empty() => "[vdso]".to_owned(),
-        ImageKind::KernelModule => {
-            let n = display_path(&h.image_path);
-            if n.starts_with('[') {
-                n
-            } else {
-                format!("[{n}]")
-            }
-        }
-        _ => display_path(&h.image_path),
-    }
-}
-
 /// Events represented per sample of a profile: its mean period, times the multiplexing scale
 /// of its event on that host (as dcpiprof weights it).
 fn weight(h: &ProfileHeader, summary: Option<&HostSummary>) -> f64 {
@@ -280,7 +261,7 @@ fn host_rows(
         let w = weight(h, summary.as_ref());
         let id_text = h.image_id.to_text();
         let unknown = h.kind == ImageKind::Unknown;
-        let image = image_name(h);
+        let image = image_display(h);
         let build_id = match &h.image_id {
             ImageId::BuildId(b) if !unknown => Some(hex::encode(b)),
             _ => None,
