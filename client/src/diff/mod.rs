@@ -521,11 +521,7 @@ fn compare(
 }
 
 fn side_line(s: &SideInfo) -> String {
-    let ep = match s.epochs.as_slice() {
-        [] => "none".to_owned(),
-        [one] => one.clone(),
-        [first, .., last] => format!("{first} .. {last} ({} epochs)", s.epochs.len()),
-    };
+    let ep = crate::prof::report::epoch_range(&s.epochs);
     let mut line = format!("epochs {ep}, hosts {}: {} samples", s.hosts.join(","), s.total_samples);
     if let Some(im) = &s.image {
         line.push_str(&format!(" of {}", printable(&im.path)));

@@ -65,12 +65,7 @@ fn csv_line(out: &mut dyn Write, cells: &[String]) -> io::Result<()> {
 
 fn header(out: &mut dyn Write, scope: &Scope, events: &[EventInfo], what: &str) -> io::Result<()> {
     writeln!(out, "# database: {}", scope.database)?;
-    let ep = match scope.epochs.as_slice() {
-        [] => "none".to_owned(),
-        [one] => one.clone(),
-        [first, .., last] => format!("{first} .. {last} ({} epochs)", scope.epochs.len()),
-    };
-    writeln!(out, "# epochs: {ep}")?;
+    writeln!(out, "# epochs: {}", crate::prof::report::epoch_range(&scope.epochs))?;
     writeln!(out, "# hosts: {}", scope.hosts.join(", "))?;
     for e in events {
         let mux = if e.multiplex_scale > 1.0 {

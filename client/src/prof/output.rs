@@ -106,12 +106,7 @@ fn header(
     style: Style,
 ) -> io::Result<()> {
     writeln!(out, "# database: {}", scope.database)?;
-    let ep = match scope.epochs.as_slice() {
-        [] => "none".to_owned(),
-        [one] => one.clone(),
-        [first, .., last] => format!("{first} .. {last} ({} epochs)", scope.epochs.len()),
-    };
-    writeln!(out, "# epochs: {ep}")?;
+    writeln!(out, "# epochs: {}", super::report::epoch_range(&scope.epochs))?;
     writeln!(out, "# hosts: {}", scope.hosts.join(", "))?;
     for e in events {
         let mux = if e.multiplex_scale > 1.0 {

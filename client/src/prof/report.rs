@@ -105,6 +105,15 @@ pub struct Scope {
     pub newest_data: u64,
 }
 
+/// Epochs as report headers show them: `none`, the one, or `first .. last (N epochs)`.
+pub fn epoch_range(epochs: &[String]) -> String {
+    match epochs {
+        [] => "none".to_owned(),
+        [one] => one.clone(),
+        [first, .., last] => format!("{first} .. {last} ({} epochs)", epochs.len()),
+    }
+}
+
 /// `dcpiprof` (no `--image`).
 #[derive(Clone, Debug, Serialize)]
 pub struct ImageReport {
