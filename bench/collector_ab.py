@@ -8,7 +8,8 @@ compares builds better than runs of bench/collector.py one after the other.
 
 WL=py runs the two busy loops as Python loops instead of C ones, as bench/collector.py does:
 the interpreter's thousands of pcs fill the aggregation tables as a real program does, where a
-C loop's few pcs hit the same entries over and over.
+C loop's few pcs hit the same entries over and over. EXTRA="ARGS" adds arguments to every
+dcpid (for example EXTRA="--callchains fp" to compare the cost of call stacks).
 """
 
 import glob
@@ -62,7 +63,8 @@ def main():
             os.makedirs(d)
             procs.append(subprocess.Popen(
                 [b, "--config", "none", "--db", f"{d}/db", "--spool", f"{d}/spool",
-                 "--socket", f"{d}/s.sock", "--host", "ab", "-e", "cpu-clock:1000000"],
+                 "--socket", f"{d}/s.sock", "--host", "ab", "-e", "cpu-clock:1000000"]
+                + os.environ.get("EXTRA", "").split(),
                 stderr=open(f"{d}/log", "w")))
         time.sleep(10)
         s0 = [per_thread_ns(p.pid, b) for p, b in zip(procs, bins)]
