@@ -5,10 +5,10 @@
 //! into one [`StackProfile`] per event; then the stack tables drop what neither a pending
 //! sample nor a count made since names.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashSet};
 use profile_format::{ImageId, ImageKind, StackImage, StackProfile};
 
 use crate::perf::callchain::{StackId, StackTables};
