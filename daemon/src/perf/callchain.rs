@@ -35,8 +35,9 @@
 //!
 //! [`prune`]: StackTable::prune
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+
+use hashbrown::HashTable;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -113,10 +114,16 @@ impl BuildHasher for BuildPcHash {
     }
 }
 
+fn hash_pcs(pcs: &[u64]) -> u64 {
+    BuildPcHash.hash_one(pcs)
+}
+
 /// One CPU's stack table.
 #[derive(Debug)]
 pub struct StackTable {
-    index: HashMap<Box<[u64]>, u32, BuildPcHash>,
+    /// Slots by their stack's pcs: each stack's pcs are stored once, in its slot (a map keyed
+    /// by the pcs held them twice, and allocated twice per new stack).
+    index: HashTable<u32>,
     slots: Vec<Option<StackEntry>>,
     free: Vec<u32>,
     capacity: usize,
@@ -189,7 +196,7 @@ pub fn process_chain(chain: &[u8], max_stack: usize, out: &mut Vec<u64>) -> Opti
 impl StackTable {
     pub fn new(capacity: usize, max_stack: u16) -> Self {
         Self {
-            index: HashMap::with_hasher(BuildPcHash),
+            index: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
             capacity: capacity.max(1),
@@ -219,7 +226,11 @@ impl StackTable {
     /// Intern processed pcs (leaf first).
     pub fn intern_pcs(&mut self, pcs: &[u64], truncated: bool) -> StackId {
         let gen = self.gen;
-        if let Some(&slot) = self.index.get(pcs) {
+        let hash = hash_pcs(pcs);
+        let slots = &self.slots;
+        let found =
+            self.index.find(hash, |&s| slots[s as usize].as_ref().is_some_and(|e| *e.pcs == *pcs));
+        if let Some(&slot) = found {
             let e = self.slots[slot as usize].as_mut().expect("indexed slot is live");
             e.last_gen = gen;
             self.counters.interned += 1;
@@ -241,7 +252,10 @@ impl StackTable {
                 (self.slots.len() - 1) as u32
             }
         };
-        self.index.insert(pcs.into(), slot);
+        let slots = &self.slots;
+        self.index.insert_unique(hash, slot, |&s| {
+            slots[s as usize].as_ref().map_or(0, |e| hash_pcs(&e.pcs))
+        });
         self.counters.interned += 1;
         self.counters.truncated += u64::from(truncated);
         slot + 1
@@ -291,7 +305,9 @@ impl StackTable {
             let Some(e) = s else { continue };
             let id = i as u32 + 1;
             if e.last_gen < keep_from && !referenced(id) {
-                self.index.remove(&e.pcs);
+                if let Ok(entry) = self.index.find_entry(hash_pcs(&e.pcs), |&x| x == i as u32) {
+                    entry.remove();
+                }
                 *s = None;
                 self.free.push(i as u32);
                 freed += 1;
@@ -529,6 +545,38 @@ mod tests {
         t.end_pass();
         assert_eq!(t.prune(|_| false), 1);
         assert!(t.get(again).is_none());
+    }
+
+    /// Many stacks interned, pruned and interned again (slots reused, the index rehashed as
+    /// it grows): every live id still names the pcs it was interned with, and interning them
+    /// again finds it.
+    #[test]
+    fn ids_name_their_stacks_through_prunes_and_reuse() {
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut t = StackTable::new(1500, 64);
+        let mut live: Vec<(StackId, Vec<u64>)> = Vec::new();
+        for round in 0..20 {
+            for _ in 0..1000 {
+                let depth = rng.random_range(1..12);
+                let pcs: Vec<u64> = (0..depth).map(|_| rng.random_range(0..64u64)).collect();
+                let mut chain = vec![PERF_CONTEXT_USER];
+                chain.extend(pcs.iter().enumerate().map(|(i, &p)| if i == 0 { p } else { p + 1 }));
+                let id = t.intern(&raw(&chain));
+                if id != 0 {
+                    live.push((id, pcs));
+                }
+            }
+            for (id, pcs) in &live {
+                assert_eq!(&*t.get(*id).expect("live id").pcs, &pcs[..], "round {round}");
+                assert_eq!(t.intern_pcs(pcs, false), *id, "round {round}: found again");
+            }
+            // Keep a random third named; the rest may go.
+            live.retain(|_| rng.random_range(0..3) == 0);
+            let keep: std::collections::HashSet<StackId> = live.iter().map(|l| l.0).collect();
+            t.prune(|id| keep.contains(&id));
+            assert_eq!(t.len(), keep.len(), "round {round}: only the named stacks stay");
+        }
     }
 
     /// Two drain threads on one table (a CPU id beyond the count at start): the stacks of the
