@@ -1,7 +1,7 @@
 //! Parse + aggregate throughput of one drain thread, on synthetic ring-buffer records.
 //!
 //! Each timed iteration is one drain pass over a ring holding `PASSES` records laid out exactly
-//! as the kernel writes them with our `SAMPLE_TYPE` (IDENTIFIER|IP|TID|TIME|CPU|PERIOD), plus
+//! as the kernel writes them with our `SAMPLE_TYPE` (IDENTIFIER|IP|TID|TIME|CPU), plus
 //! a few side-band records (MMAP2 with build-id, FORK, COMM exec, EXIT) that create new
 //! address-space versions. The pass runs the drain thread's own code: `perf::sampler::read_pass`
 //! (read the records out of the ring, parse them, map the identifier to an event and stamp the
@@ -184,7 +184,7 @@ fn comm_exec(buf: &mut Vec<u8>, pid: u32, time: u64) {
 /// Lay out pass `n` of `len` records (times `t0 + 10 * i`) into the ring, starting where the
 /// last one ended. Returns the number of samples.
 fn fill(ring: &BenchRing, keys: &[Key], n: u64, len: usize, t0: u64, rng: &mut StdRng) -> usize {
-    let mut buf = Vec::with_capacity(len * 56 + 4096);
+    let mut buf = Vec::with_capacity(len * sp::SAMPLE_RECORD_SIZE + 4096);
     let mut nsamples = 0;
     for i in 0..len {
         let time = t0 + 10 * i as u64;
@@ -204,13 +204,12 @@ fn fill(ring: &BenchRing, keys: &[Key], n: u64, len: usize, t0: u64, rng: &mut S
             continue;
         }
         let k = keys[global % keys.len()];
-        let mut b = [0u8; 48];
+        let mut b = [0u8; sp::SAMPLE_RECORD_SIZE - 8];
         b[0..8].copy_from_slice(&IDS[k.event].to_ne_bytes());
         b[8..16].copy_from_slice(&k.pc.to_ne_bytes());
         b[16..20].copy_from_slice(&k.pid.to_ne_bytes());
         b[20..24].copy_from_slice(&k.pid.to_ne_bytes());
         b[24..32].copy_from_slice(&time.to_ne_bytes());
-        b[40..48].copy_from_slice(&PERIODS[k.event].to_ne_bytes());
         let misc = if k.kernel { sp::MISC_KERNEL } else { 2 };
         push(&mut buf, sp::PERF_RECORD_SAMPLE, misc, &b);
         nsamples += 1;

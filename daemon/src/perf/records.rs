@@ -1,5 +1,5 @@
 //! Parsing of the records our events produce. The layout is fixed by
-//! [`crate::sys::perf::SAMPLE_TYPE`] (IDENTIFIER, IP, TID, TIME, CPU, PERIOD, with
+//! [`crate::sys::perf::SAMPLE_TYPE`] (IDENTIFIER, IP, TID, TIME, CPU, with
 //! `sample_id_all`), so a small parser reads exactly that and nothing else; it allocates only for
 //! side-band records (file names, comm), never for samples.
 
@@ -16,8 +16,6 @@ pub struct RawSample {
     pub tid: u32,
     pub time: u64,
     pub cpu: u32,
-    /// The PERIOD field (the open-time period for clock events; see the sampler).
-    pub period: u64,
     pub kernel: bool,
     /// PERF_SAMPLE_CGROUP, when the events were opened with it (0 otherwise).
     pub cgroup: u64,
@@ -95,18 +93,18 @@ pub fn sample_callchain<'a>(s: &RawSample, body: &'a [u8]) -> &'a [u8] {
 }
 
 /// A sample body; `callchain`: the events were opened with PERF_SAMPLE_CALLCHAIN, which lies
-/// between PERIOD and CGROUP (`nr`, then `nr` u64s).
+/// between CPU and CGROUP (`nr`, then `nr` u64s).
 pub fn parse_sample_cc(misc: u16, body: &[u8], callchain: bool) -> Option<RawSample> {
     let (chain, cgroup_at) = if callchain {
-        let nr = usize::try_from(u64_at(body, 48)?).ok()?;
+        let nr = usize::try_from(u64_at(body, 40)?).ok()?;
         let len = nr.checked_mul(8)?;
-        let end = 56usize.checked_add(len)?;
+        let end = 48usize.checked_add(len)?;
         if end > body.len() {
             return None;
         }
-        ((56, u32::try_from(len).ok()?), end)
+        ((48, u32::try_from(len).ok()?), end)
     } else {
-        ((0, 0), 48)
+        ((0, 0), 40)
     };
     Some(RawSample {
         identifier: u64_at(body, 0)?,
@@ -115,10 +113,9 @@ pub fn parse_sample_cc(misc: u16, body: &[u8], callchain: bool) -> Option<RawSam
         tid: u32_at(body, 20)?,
         time: u64_at(body, 24)?,
         cpu: u32_at(body, 32)?,
-        period: u64_at(body, 40)?,
         kernel: misc & sp::MISC_CPUMODE_MASK == sp::MISC_KERNEL,
-        // PERF_SAMPLE_CGROUP is the only field after PERIOD that the daemon may ask for, so
-        // the record's length says whether it is there.
+        // PERF_SAMPLE_CGROUP is the only field after CPU (and the callchain) that the daemon
+        // may ask for, so the record's length says whether it is there.
         cgroup: u64_at(body, cgroup_at).unwrap_or(0),
         chain,
     })
@@ -243,7 +240,7 @@ mod tests {
     #[test]
     fn sample_layout() {
         let mut b = Vec::new();
-        for x in [7u64, 0xffff_ffff_8100_0000, (42u64 << 32) | 41, 123456, 1, 1_000_000] {
+        for x in [7u64, 0xffff_ffff_8100_0000, (42u64 << 32) | 41, 123456, 1] {
             b.extend_from_slice(&x.to_ne_bytes());
         }
         // pid/tid: pid first in memory.
@@ -260,7 +257,6 @@ mod tests {
                 tid: 42,
                 time: 123456,
                 cpu: 1,
-                period: 1_000_000,
                 kernel: true,
                 cgroup: 0,
                 chain: (0, 0),
@@ -272,12 +268,16 @@ mod tests {
             c.extend_from_slice(&x.to_ne_bytes());
         }
         let s = parse_sample_cc(1, &c, true).expect("parses");
-        assert_eq!((s.chain, s.cgroup), ((56, 16), 77));
+        assert_eq!((s.chain, s.cgroup), ((48, 16), 77));
         assert_eq!(sample_callchain(&s, &c).len(), 16);
+        // The same sample with a cgroup and no callchain.
+        let mut g = b.clone();
+        g.extend_from_slice(&77u64.to_ne_bytes());
+        assert_eq!(parse_sample(1, &g).map(|s| (s.cgroup, s.chain)), Some((77, (0, 0))));
         // nr beyond the record: malformed, never a read past it.
-        c[48..56].copy_from_slice(&u64::MAX.to_ne_bytes());
+        c[40..48].copy_from_slice(&u64::MAX.to_ne_bytes());
         assert_eq!(parse_sample_cc(1, &c, true), None);
-        let r = parse_record(RawRecord { kind: sp::PERF_RECORD_SAMPLE, misc: 2, body: &b[..40] });
+        let r = parse_record(RawRecord { kind: sp::PERF_RECORD_SAMPLE, misc: 2, body: &b[..32] });
         assert_eq!(r, Record::Malformed);
     }
 

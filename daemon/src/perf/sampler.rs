@@ -19,8 +19,9 @@
 //! Which period stamps a sample: a redraw happens at time `T` (clock read right after the ioctl
 //! returned). Samples taken before `T` were produced under the previous period even if they are
 //! only read in a later pass, so each event remembers the switches its unread samples may
-//! straddle ([`PeriodState`]) and a sample gets the period in force at its TIME. The record's
-//! own PERIOD field cannot be used: for clock events it keeps the period given at open time.
+//! straddle ([`PeriodState`]) and a sample gets the period in force at its TIME. Records carry no
+//! PERIOD field ([`crate::sys::perf::SAMPLE_TYPE`]): for clock events it keeps the period given
+//! at open time.
 
 use std::collections::BTreeMap;
 use std::io;
