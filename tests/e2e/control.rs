@@ -53,6 +53,8 @@ fn flood(
                         s.set_nonblocking(true).expect("nonblocking");
                         conns.push(s);
                     }
+                    // E.g. EMFILE under a 1024-descriptor limit: the two floods still hold
+                    // more than the 512 places.
                     Err(_) => break,
                 }
             }
