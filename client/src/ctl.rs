@@ -25,14 +25,16 @@ pub enum CtlError {
         source: std::io::Error,
     },
     #[error(
-        "permission denied on dcpid's control socket {}: {owner}; dcpictl must run as root or \
-         as a member of the `dcpi` group (e.g. `sudo usermod -aG dcpi $USER`, then log in again)",
+        "permission denied on dcpid's control socket {}: {owner}; dcpictl must run as root{who}",
         socket.display()
     )]
     PermissionDenied {
         socket: PathBuf,
         /// Who owns it (`owner root, group dcpi, mode 0660`), or why that is unknown.
         owner: String,
+        /// Who else may use it: the socket's group, which dcpid's `--socket-group` chose
+        /// (`dcpi` by default), with how to join it.
+        who: String,
     },
     #[error("{socket}: {what}: {source}")]
     Io {
@@ -66,7 +68,8 @@ pub fn request_value(socket: &Path, req: Request, timeout: Duration) -> Result<V
     let protocol = |detail: String| CtlError::Protocol { socket: socket.to_path_buf(), detail };
     let mut s = UnixStream::connect(socket).map_err(|source| {
         if source.kind() == std::io::ErrorKind::PermissionDenied {
-            CtlError::PermissionDenied { socket: socket.to_path_buf(), owner: owner_of(socket) }
+            let (owner, who) = owner_of(socket);
+            CtlError::PermissionDenied { socket: socket.to_path_buf(), owner, who }
         } else {
             CtlError::NotRunning { socket: socket.to_path_buf(), source }
         }
@@ -88,20 +91,38 @@ pub fn request_value(socket: &Path, req: Request, timeout: Duration) -> Result<V
     }
 }
 
-/// `owner USER, group GROUP, mode 0660` of `path`, for a permission error; a directory on the
-/// way that cannot be searched is named instead.
-fn owner_of(path: &Path) -> String {
+/// `owner USER, group GROUP, mode 0660` of `path`, for a permission error (a directory on the
+/// way that cannot be searched is named instead), and who besides root may use it: the
+/// socket's own group, which is dcpid's `--socket-group` (not always `dcpi`).
+fn owner_of(path: &Path) -> (String, String) {
     use std::os::unix::fs::MetadataExt;
     match std::fs::metadata(path) {
-        Ok(m) => format!(
-            "owner {}, group {}, mode {:04o}",
-            id_name("/etc/passwd", m.uid()),
-            id_name("/etc/group", m.gid()),
-            m.mode() & 0o7777
-        ),
+        Ok(m) => {
+            let group = id_name("/etc/group", m.gid());
+            let who = if m.gid() == 0 {
+                ": dcpid was started without a socket group (its --socket-group or socket_group)"
+                    .to_owned()
+            } else {
+                format!(
+                    " or as a member of the socket's group `{group}` (e.g. `sudo usermod -aG \
+                     {group} $USER`, then log in again)"
+                )
+            };
+            let owner = format!(
+                "owner {}, group {group}, mode {:04o}",
+                id_name("/etc/passwd", m.uid()),
+                m.mode() & 0o7777
+            );
+            (owner, who)
+        }
         Err(e) => {
             let dir = path.parent().map_or_else(String::new, |d| format!(" {}", d.display()));
-            format!("its directory{dir} cannot be searched by this user ({e})")
+            (
+                format!("its directory{dir} cannot be searched by this user ({e})"),
+                " or as a member of dcpid's socket group (`dcpi` unless its --socket-group or \
+                 socket_group names another)"
+                    .to_owned(),
+            )
         }
     }
 }

@@ -107,7 +107,7 @@ pub fn page(name: &str) -> Option<Page<'static>> {
                     "3",
                     "dcpid is not running, or the socket cannot be reached: the message names \
                      the socket and, without permission, its owner and group (root or the \
-                     dcpi group is needed).",
+                     socket's group, dcpid's --socket-group, dcpi by default, is needed).",
                 ),
                 ("4", "Communication error: a bad or missing response."),
             ],
@@ -117,8 +117,8 @@ pub fn page(name: &str) -> Option<Page<'static>> {
             )],
             files: &[(
                 "/run/dcpi/dcpid.sock",
-                "dcpid's control socket, mode 0660, group dcpi: root and members of the dcpi \
-                 group may use it.",
+                "dcpid's control socket, mode 0660, group dcpi (or dcpid's --socket-group): \
+                 root and members of that group may use it.",
             )],
             examples: &[
                 ("dcpictl status", "Events, samples per CPU, losses, the epoch, overhead:"),

@@ -7,17 +7,35 @@
 //! The server is an accept thread and one short-lived thread per connection, never a sampling
 //! thread. A request is read with a size cap and a deadline (SO_RCVTIMEO, renewed to what is
 //! left of it before each read), so a malformed, huge or slow client gets an error and is
-//! dropped without blocking anyone; at most MAX_CLIENTS commands run at once. Access:
-//! root, the daemon's own user, or a member of the socket group (checked with SO_PEERCRED);
-//! the socket is 0660 root:group. The socket's directory is not created (a failed start must
-//! leave nothing behind; under systemd `RuntimeDirectory=` makes it), and only a stale socket,
-//! never another kind of file, is replaced.
+//! dropped without blocking anyone: a connection that has not sent its whole request line
+//! within READ_TIMEOUT (2 s) is answered with an error and closed. At most MAX_CLIENTS commands
+//! run at once, plus STATUS_RESERVE more for `status` only.
+//!
+//! Connections are bounded (MAX_CONNECTIONS) and shared fairly: the accept thread reads each
+//! peer's credentials (SO_PEERCRED) and one uid holds at most MAX_PER_UID connections. When a
+//! uid is at its share, or all places are taken, the new connection takes the place of the
+//! oldest connection that is still waiting for its request in the process holding the most
+//! connections (of that uid, or of the uid holding the most): that one is answered with an
+//! error and closed. A connection is refused only if no waiting connection belongs to a
+//! process holding more than its own (every connection is running a command, each bounded by
+//! its own deadline, or the newcomer's process is itself the heaviest). So a client flooding
+//! the socket only ever competes with itself, and a `dcpictl status` from another process
+//! always gets in. (Before: one process holding 600 idle connections took all 512 places, and
+//! 0 of 5 `dcpictl status` calls were answered; e2e test
+//! `control::status_is_answered_through_a_connection_flood`.) Choosing a victim scans the
+//! table (at most 512 entries, only while a uid or the whole is full), under the lock the
+//! connection threads take only when they start, read their request and end.
+//!
+//! Access: root, the daemon's own user, or a member of the socket group (checked with
+//! SO_PEERCRED); the socket is 0660 root:group. The socket's directory is not created (a
+//! failed start must leave nothing behind; under systemd `RuntimeDirectory=` makes it), and
+//! only a stale socket, never another kind of file, is replaced.
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,10 +49,15 @@ pub const MAX_REQUEST: u64 = 64 * 1024;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// Commands executed at once; more wait for a slot, not for a connection.
 pub const MAX_CLIENTS: usize = 32;
-/// Connections open at once, each on its own thread (an idle one closes after READ_TIMEOUT);
-/// past this a new one gets an error at once rather than waiting. Not MAX_CLIENTS: 200 idle
-/// clients holding 32 slots for 2 s each delayed a status by 12 s.
+/// Command slots beyond MAX_CLIENTS that only `status` may use: it reads counters under short
+/// locks, so it is answered even while MAX_CLIENTS flushes wait on a slow store.
+pub const STATUS_RESERVE: usize = 4;
+/// Connections open at once, each on its own thread (an idle one closes after READ_TIMEOUT).
+/// Not MAX_CLIENTS: 200 idle clients holding 32 slots for 2 s each delayed a status by 12 s.
 pub const MAX_CONNECTIONS: usize = 512;
+/// Connections one uid may hold at once: a quarter of the places (at least 8), so that one
+/// user flooding the socket leaves the rest to the others.
+pub const MAX_PER_UID: usize = if MAX_CONNECTIONS / 4 > 8 { MAX_CONNECTIONS / 4 } else { 8 };
 
 /// Who may use the socket besides root and the daemon's user: a group, changeable on reload.
 #[derive(Debug)]
@@ -243,19 +266,145 @@ impl Drop for ControlServer {
 const CONTROL_THREAD: &str = "dcpi-control";
 const CONNECTION_THREAD: &str = "dcpi-control-conn";
 
-/// Counts connections open and commands running; both bounded.
+/// Who is at the other end of a connection, as far as sharing the places goes: its uid and
+/// the process that connected (`None` when it is not visible in the daemon's pid namespace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Peer {
+    uid: u32,
+    pid: Option<i32>,
+}
+
+/// One open connection.
+#[derive(Debug)]
+struct Conn {
+    peer: Peer,
+    since: Instant,
+    /// Still reading its request: may be closed to make room for another.
+    waiting: bool,
+    /// Shared with the connection's thread, to wake its read when it is closed for room.
+    stream: Arc<UnixStream>,
+}
+
+/// The open connections, and how many each uid and process holds.
+#[derive(Debug, Default)]
+struct Table {
+    next_id: u64,
+    conns: std::collections::HashMap<u64, Conn>,
+    per_uid: std::collections::HashMap<u32, usize>,
+    per_peer: std::collections::HashMap<Peer, usize>,
+}
+
+impl Table {
+    fn remove(&mut self, id: u64) -> Option<Conn> {
+        let c = self.conns.remove(&id)?;
+        decrement(&mut self.per_uid, c.peer.uid);
+        decrement(&mut self.per_peer, c.peer);
+        Some(c)
+    }
+
+    /// The connection to close so that one from `peer` can open, if one must be: see the
+    /// module's comment. `Err` when `peer` must be refused instead.
+    fn make_room(&self, peer: Peer) -> Result<Option<u64>, Refusal> {
+        let of_uid = |uid: u32| self.per_uid.get(&uid).copied().unwrap_or(0);
+        let uid_full = of_uid(peer.uid) >= MAX_PER_UID;
+        if !uid_full && self.conns.len() < MAX_CONNECTIONS {
+            return Ok(None);
+        }
+        let mine = self.per_peer.get(&peer).copied().unwrap_or(0);
+        // Among the connections still waiting for their request, of processes holding more
+        // than `peer` (so a flooding process competes with itself) and of its own uid if that
+        // is at its share: the oldest of the process holding the most, in the uid holding the
+        // most.
+        let victim = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.waiting && c.peer != peer && (!uid_full || c.peer.uid == peer.uid))
+            .map(|(id, c)| {
+                let n = self.per_peer.get(&c.peer).copied().unwrap_or(0);
+                ((of_uid(c.peer.uid), n, std::cmp::Reverse((c.since, *id))), n, *id)
+            })
+            .filter(|(_, n, _)| *n > mine)
+            .max_by_key(|(key, _, _)| *key);
+        match victim {
+            Some((_, _, id)) => Ok(Some(id)),
+            None if uid_full => Err(Refusal::UidShare),
+            None => Err(Refusal::Full),
+        }
+    }
+}
+
+fn decrement<K: std::hash::Hash + Eq>(counts: &mut std::collections::HashMap<K, usize>, k: K) {
+    if let std::collections::hash_map::Entry::Occupied(mut e) = counts.entry(k) {
+        *e.get_mut() -= 1;
+        if *e.get() == 0 {
+            e.remove();
+        }
+    }
+}
+
+/// Why a new connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    UidShare,
+    Full,
+}
+
+/// The open connections and the commands running; both bounded.
 #[derive(Debug, Default)]
 struct Limits {
-    open: AtomicUsize,
+    table: Mutex<Table>,
     running: Mutex<usize>,
     freed: Condvar,
 }
 
 impl Limits {
-    /// Wait for one of the MAX_CLIENTS command slots; it is given back when the guard drops.
-    fn command_slot(&self) -> CommandSlot<'_> {
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Give `stream` from `peer` a place, closing another connection if it must (see the
+    /// module's comment); returns the connection's id, and whether another was closed.
+    fn admit(&self, peer: Peer, stream: &Arc<UnixStream>) -> Result<(u64, bool), Refusal> {
+        let mut t = self.table();
+        let evicted = match t.make_room(peer)? {
+            Some(victim) => {
+                if let Some(c) = t.remove(victim) {
+                    // Wakes its thread's read (it returns end of file); the thread sees it lost
+                    // its place and answers with an error. Under the table's lock, so the
+                    // thread cannot be between its read and marking itself busy unnoticed.
+                    let _ = c.stream.shutdown(std::net::Shutdown::Read);
+                }
+                true
+            }
+            None => false,
+        };
+        let id = t.next_id;
+        t.next_id += 1;
+        *t.per_uid.entry(peer.uid).or_default() += 1;
+        *t.per_peer.entry(peer).or_default() += 1;
+        let conn = Conn { peer, since: Instant::now(), waiting: true, stream: Arc::clone(stream) };
+        t.conns.insert(id, conn);
+        Ok((id, evicted))
+    }
+
+    /// The connection `id` read its request and is about to run it: it can no longer be closed
+    /// for room. `false` if it was closed for room already.
+    fn busy(&self, id: u64) -> bool {
+        match self.table().conns.get_mut(&id) {
+            Some(c) => {
+                c.waiting = false;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Wait for one of the MAX_CLIENTS command slots (MAX_CLIENTS + STATUS_RESERVE for a
+    /// status); it is given back when the guard drops.
+    fn command_slot(&self, status: bool) -> CommandSlot<'_> {
+        let max = if status { MAX_CLIENTS + STATUS_RESERVE } else { MAX_CLIENTS };
         let mut n = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        while *n >= MAX_CLIENTS {
+        while *n >= max {
             n = self.freed.wait(n).unwrap_or_else(|p| p.into_inner());
         }
         *n += 1;
@@ -268,16 +417,18 @@ struct CommandSlot<'a>(&'a Limits);
 impl Drop for CommandSlot<'_> {
     fn drop(&mut self) {
         *self.0.running.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
-        self.0.freed.notify_one();
+        // All: a waiting status may be allowed a slot that a waiting flush is not.
+        self.0.freed.notify_all();
     }
 }
 
-/// Gives a connection's place back when its thread ends, however it ends.
-struct OpenConnection(Arc<Limits>);
+/// Gives a connection's place back when its thread ends, however it ends (unless it was
+/// closed for room, which gave it back already).
+struct OpenConnection(Arc<Limits>, u64);
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.table().remove(self.1);
     }
 }
 
@@ -293,6 +444,7 @@ fn serve(
     let limits = Arc::new(Limits::default());
     let mut accept_error_logged = false;
     let mut refused_logged = false;
+    let mut evicted_logged = false;
     let mut spawn_error_logged = false;
     loop {
         if let Some(w) = watch {
@@ -313,32 +465,57 @@ fn serve(
                 continue;
             }
         };
-        if limits.open.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-            if !refused_logged {
-                tracing::warn!(
-                    max = MAX_CONNECTIONS,
-                    "control socket: too many open connections; refusing new ones until some close"
-                );
-                refused_logged = true;
+        let cred = match sock::peer_cred(&stream) {
+            Ok(c) => c,
+            Err(e) => {
+                refuse(&stream, &format!("cannot read peer credentials: {e}"));
+                continue;
             }
-            // A fresh connection's send buffer is empty: a non-blocking write of one short
-            // line goes through without making the accept thread wait for anyone.
-            let _ = stream.set_nonblocking(true);
-            send(
-                stream,
-                &Response::err(format!(
-                    "too many open connections to dcpid (at most {MAX_CONNECTIONS}); retry"
-                )),
+        };
+        let peer = Peer { uid: cred.uid, pid: cred.pid };
+        let stream = Arc::new(stream);
+        let (id, evicted) = match limits.admit(peer, &stream) {
+            Ok(a) => a,
+            Err(why) => {
+                if !refused_logged {
+                    tracing::warn!(
+                        uid = peer.uid,
+                        pid = ?peer.pid,
+                        max = MAX_CONNECTIONS,
+                        max_per_uid = MAX_PER_UID,
+                        "control socket: too many open connections; refusing some (logged once)"
+                    );
+                    refused_logged = true;
+                }
+                let msg = match why {
+                    Refusal::UidShare => format!(
+                        "too many open connections to dcpid from uid {} (at most {MAX_PER_UID} \
+                         a uid, this process holding the most of them); retry",
+                        peer.uid
+                    ),
+                    Refusal::Full => format!(
+                        "too many open connections to dcpid (at most {MAX_CONNECTIONS}); retry"
+                    ),
+                };
+                refuse(&stream, &msg);
+                continue;
+            }
+        };
+        if evicted && !evicted_logged {
+            tracing::warn!(
+                uid = peer.uid,
+                pid = ?peer.pid,
+                "control socket: places full; closing the oldest idle connections of the \
+                 clients holding the most (logged once)"
             );
-            continue;
+            evicted_logged = true;
         }
-        limits.open.fetch_add(1, Ordering::AcqRel);
-        let guard = OpenConnection(Arc::clone(&limits));
+        let guard = OpenConnection(Arc::clone(&limits), id);
         let h = Arc::clone(handler);
         let group = access.group();
         let spawned = std::thread::Builder::new().name(CONNECTION_THREAD.into()).spawn(move || {
             let open = guard;
-            connection(stream, group, &*h, &open.0);
+            connection(&stream, cred, group, &*h, &open.0, open.1);
         });
         if let Err(e) = spawned {
             // The closure (stream and guard) was dropped: the client sees the connection close.
@@ -350,8 +527,15 @@ fn serve(
     }
 }
 
-fn allowed(stream: &UnixStream, group: Option<u32>) -> Result<(), String> {
-    let cred = sock::peer_cred(stream).map_err(|e| format!("cannot read peer credentials: {e}"))?;
+/// Answer a connection that gets no thread with `msg`, from the accept thread.
+fn refuse(stream: &UnixStream, msg: &str) {
+    // A fresh connection's send buffer is empty: a non-blocking write of one short line goes
+    // through without making the accept thread wait for anyone.
+    let _ = stream.set_nonblocking(true);
+    send(stream, &Response::err(msg.to_owned()));
+}
+
+fn allowed(cred: sock::PeerCred, group: Option<u32>) -> Result<(), String> {
     let uid = cred.uid;
     if uid == 0 || uid == sock::effective_uid() {
         return Ok(());
@@ -363,17 +547,16 @@ fn allowed(stream: &UnixStream, group: Option<u32>) -> Result<(), String> {
     }
     Err(format!(
         "permission denied: uid {uid} is not root{}",
-        if group.is_some() {
-            " and not in the dcpid socket group"
-        } else {
-            " (no socket group configured)"
+        match group {
+            Some(g) => format!(" and not in dcpid's socket group (gid {g})"),
+            None => " (no socket group configured)".to_owned(),
         }
     ))
 }
 
 /// The request line (with its newline, if any), read within READ_TIMEOUT in all: the deadline
 /// covers the whole line, so a client trickling bytes cannot hold the thread longer.
-fn read_request(stream: &mut UnixStream) -> Result<Vec<u8>, Response> {
+fn read_request(mut stream: &UnixStream) -> Result<Vec<u8>, Response> {
     let deadline = Instant::now() + READ_TIMEOUT;
     let timed_out = || Response::err(format!("request not received within {READ_TIMEOUT:?}"));
     let mut line = Vec::new();
@@ -406,20 +589,36 @@ fn read_request(stream: &mut UnixStream) -> Result<Vec<u8>, Response> {
     }
 }
 
-fn connection(mut stream: UnixStream, group: Option<u32>, handler: &dyn Handler, limits: &Limits) {
-    let resp = match allowed(&stream, group) {
+fn connection(
+    stream: &UnixStream,
+    cred: sock::PeerCred,
+    group: Option<u32>,
+    handler: &dyn Handler,
+    limits: &Limits,
+    id: u64,
+) {
+    let closed_for_room = || {
+        Response::err(format!(
+            "connection closed to make room: dcpid's control socket is full (at most \
+             {MAX_CONNECTIONS} connections, {MAX_PER_UID} a uid) and this client's process held \
+             the most; retry"
+        ))
+    };
+    let resp = match allowed(cred, group) {
         Err(msg) => {
             tracing::debug!(%msg, "control: refused a client");
             Response::err(msg)
         }
-        Ok(()) => match read_request(&mut stream) {
+        Ok(()) => match read_request(stream) {
+            // Checked first: a connection closed for room reads an end of file.
+            _ if !limits.busy(id) => closed_for_room(),
             Err(r) => r,
             Ok(line) => match serde_json::from_slice::<Request>(&line) {
                 Err(e) => Response::err(format!(
                     "malformed request: {e} (expected one JSON line like {{\"cmd\":\"status\"}})"
                 )),
                 Ok(req) => {
-                    let _slot = limits.command_slot();
+                    let _slot = limits.command_slot(matches!(req, Request::Status));
                     handler.handle(req)
                 }
             },
@@ -431,7 +630,7 @@ fn connection(mut stream: UnixStream, group: Option<u32>, handler: &dyn Handler,
 
 /// Write `resp` as one line and close the sending side; a client that does not read is the
 /// client's problem (the write is bounded by the socket's timeout or is non-blocking).
-fn send(mut stream: UnixStream, resp: &Response) {
+fn send(mut stream: &UnixStream, resp: &Response) {
     let mut out = serde_json::to_vec(resp).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
     out.push(b'\n');
     let _ = stream.write_all(&out);
@@ -541,10 +740,11 @@ mod tests {
         let path = dir.path().join("d.sock");
         let _srv =
             ControlServer::start(&path, Arc::new(Access::new(None)), Arc::new(Echo)).unwrap();
-        // 200 clients that connect and say nothing (each holds its connection until the
-        // server's READ_TIMEOUT).
+        // 100 clients that connect and say nothing (each holds its connection until the
+        // server's READ_TIMEOUT); fewer than MAX_PER_UID, all from this process like the
+        // status below.
         let idle: Vec<_> =
-            (0..200).map(|_| std::os::unix::net::UnixStream::connect(&path).unwrap()).collect();
+            (0..100).map(|_| std::os::unix::net::UnixStream::connect(&path).unwrap()).collect();
         let t = std::time::Instant::now();
         let r = ask(&path, b"{\"cmd\":\"status\"}\n");
         let took = t.elapsed();
@@ -556,5 +756,60 @@ mod tests {
         let mut line = String::new();
         std::io::BufReader::new(&idle[0]).read_line(&mut line).unwrap();
         assert!(line.contains("not received"), "{line}");
+    }
+
+    /// Who loses a place when they are full (issue 35, defect 7): never a process holding
+    /// fewer than the newcomer, never one running a command, the oldest first.
+    #[test]
+    fn places_go_to_the_processes_holding_the_fewest() {
+        let (a, _keep) = UnixStream::pair().unwrap();
+        let stream = Arc::new(a);
+        let limits = Arc::new(Limits::default());
+        let p = |uid, pid| Peer { uid, pid: Some(pid) };
+        let flooder = p(0, 1);
+        let ids: Vec<u64> =
+            (0..MAX_PER_UID).map(|_| limits.admit(flooder, &stream).unwrap().0).collect();
+        // The flooder's own next connection is refused: it holds the most of its uid's share.
+        assert_eq!(limits.admit(flooder, &stream), Err(Refusal::UidShare));
+        // Another process of the same uid (dcpictl as root) takes the flooder's oldest place.
+        let (ctl, evicted) = limits.admit(p(0, 2), &stream).unwrap();
+        assert!(evicted);
+        assert!(!limits.busy(ids[0]), "the oldest waiting connection was closed");
+        assert!(limits.busy(ids[1]), "only one was closed");
+        assert!(limits.busy(ctl));
+        {
+            let t = limits.table();
+            assert_eq!((t.per_uid[&0], t.per_peer[&flooder], t.per_peer[&p(0, 2)]), (128, 127, 1));
+        }
+        // The flooder, now down by one, cannot take it back from a process holding fewer.
+        assert_eq!(limits.admit(flooder, &stream), Err(Refusal::UidShare));
+        // Connections running a command are never closed: with every one busy, a newcomer of
+        // that uid is refused.
+        for id in &ids[2..] {
+            assert!(limits.busy(*id));
+        }
+        assert_eq!(limits.admit(p(0, 3), &stream), Err(Refusal::UidShare));
+        // Other uids fill the rest; when all places are taken a newcomer of another uid takes
+        // the oldest waiting place of the heaviest process in the heaviest uid.
+        let mut others = Vec::new();
+        for uid in 1..=3 {
+            for _ in 0..MAX_PER_UID {
+                others.push(limits.admit(p(uid, 10 + uid.cast_signed()), &stream).unwrap().0);
+            }
+        }
+        assert_eq!(limits.table().conns.len(), MAX_CONNECTIONS);
+        let (_, evicted) = limits.admit(p(9, 99), &stream).unwrap();
+        assert!(evicted);
+        assert!(!limits.busy(others[0]), "uid 1's oldest (the first of the tied heaviest)");
+        assert_eq!(limits.table().conns.len(), MAX_CONNECTIONS);
+        // A connection whose thread ends gives its place back, counts included.
+        let before = limits.table().per_peer[&p(0, 2)];
+        drop(OpenConnection(Arc::clone(&limits), ctl));
+        assert!(!limits.busy(ctl));
+        let t = limits.table();
+        assert_eq!(t.per_peer.get(&p(0, 2)).copied().unwrap_or(0), before - 1);
+        assert!(t.per_uid.values().all(|n| *n <= MAX_PER_UID));
+        assert_eq!(t.per_uid.values().sum::<usize>(), t.conns.len());
+        assert_eq!(t.per_peer.values().sum::<usize>(), t.conns.len());
     }
 }

@@ -34,7 +34,13 @@ const FILES: &[(&str, &str)] = &[
     ("/etc/dcpi/dcpid.toml", "The configuration file, see dcpid.toml(5)."),
     ("/var/lib/dcpi", "The profile database (may be an NFS mount shared by the fleet)."),
     ("/var/lib/dcpid/spool", "The host-local spool: increments not yet published."),
-    ("/run/dcpi/dcpid.sock", "The control socket used by dcpictl(8)."),
+    (
+        "/run/dcpi/dcpid.sock",
+        "The control socket used by dcpictl(8): one JSON request line within 2 s, or the \
+         connection is answered with an error and closed; at most 512 connections, 128 per \
+         uid (when full, the oldest idle connection of the process holding the most is closed \
+         for a newcomer).",
+    ),
 ];
 
 /// dcpid(8).

@@ -1,6 +1,7 @@
 //! End-to-end tests: each module exercises one area through the real binaries.
 
 mod barrier;
+mod control;
 mod diff;
 mod export;
 mod first_hour;

@@ -2,10 +2,16 @@
 //!
 //! Format (perf's convention): one symbol per line, `START SIZE NAME`, START and SIZE in hex
 //! (with or without `0x`), NAME the rest of the line. Garbage lines are skipped. The file is
-//! written by the (untrusted) process: it is opened with `O_NOFOLLOW`/`O_NONBLOCK`, must be a
-//! regular file owned by root or by the process's user (its uid when the map is read, not
-//! at fork: a process may change it before it writes the map), and is read up to a bound in
-//! bytes and in entries ([`JitLimits`], settings `perf_map_max_bytes` and
+//! written by the (untrusted) process, and dcpid reads it with its own privileges and publishes
+//! its lines in world-readable profiles, so the file must be the process's own: it is opened
+//! with `O_NOFOLLOW`/`O_NONBLOCK` (a symlink is refused, a FIFO does not block), and the
+//! opened descriptor (fstat, never the path again) must be a regular file with exactly one
+//! link, owned by the process's user (its uid when the map is read, not at fork: a process
+//! may change it before it writes the map). A root-owned map is accepted only for a root
+//! process: a hard link to a 0600 root file (possible where `fs.protected_hardlinks=0`:
+//! containers, older hosts) is root-owned and would otherwise leak the file's lines into the
+//! profiles; the one-link rule refuses such a link even for a root process. It is read up to a
+//! bound in bytes and in entries ([`JitLimits`], settings `perf_map_max_bytes` and
 //! `perf_map_max_entries`); a map cut short is counted in status.
 //!
 //! Names are kept as written, except that bytes that are not UTF-8 are replaced (U+FFFD) and
@@ -103,8 +109,14 @@ fn parse_line(line: &[u8]) -> Option<JitSymbol> {
     Some(JitSymbol { start, size, name: name.to_string() })
 }
 
-/// Re-read `path` if it changed since `state` was filled. `owner` is the uid the file must
-/// belong to (besides root); `None` accepts only root-owned files.
+/// Whether a perf map opened as `md` may be read for a process of uid `owner` (`None`: the
+/// uid is unknown, nothing is accepted): see the module's comment.
+pub(crate) fn acceptable(md: &std::fs::Metadata, owner: Option<u32>) -> bool {
+    md.is_file() && md.nlink() == 1 && Some(md.uid()) == owner
+}
+
+/// Re-read `path` if it changed since `state` was filled. `owner` is the process's uid, which
+/// the file must belong to ([`acceptable`]); `None` (unknown) accepts nothing.
 pub(crate) fn refresh(
     path: &Path,
     owner: Option<u32>,
@@ -115,7 +127,7 @@ pub(crate) fn refresh(
     let none = Refreshed::default();
     let Ok(f) = open_nofollow(path) else { return none };
     let Ok(md) = f.metadata() else { return none };
-    if !md.is_file() || !(md.uid() == 0 || Some(md.uid()) == owner) {
+    if !acceptable(&md, owner) {
         return none;
     }
     let seen = (md.size(), md.mtime() * 1_000_000_000 + md.mtime_nsec(), md.ino());

@@ -368,3 +368,72 @@ fn perf_map_reads_are_bounded_and_counted() {
     assert_eq!(r.stats().jit_maps_truncated, 1);
     assert_eq!(r.stats().jit_maps_read, 1);
 }
+
+/// Issue 35, defect 3: a perf map that is not the process's own file is never read. The
+/// attack: a `nobody` process hard-links `/tmp/perf-PID.map` to a 0600 root file (allowed
+/// where `fs.protected_hardlinks=0`; here the test, as root, makes the same link) and dcpid,
+/// reading it as root, would publish the secret's lines as symbol names. Also a symlink and a
+/// FIFO (which must not block the resolver). Then the process's own file is read, so the
+/// refusals are not an accident of the setup.
+#[test]
+fn perf_map_must_be_the_process_own_single_link_regular_file() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root to own the secret and give a map to uid 65534");
+        return;
+    }
+    let f = fake();
+    let proc42 = f.dir.path().join("proc/42");
+    let map = f.dir.path().join("tmp/perf-42.map");
+    let status = |uid: u32| format!("Name:\tfake prog\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n");
+    // A root-only file in the same file system, its lines shaped like a perf map.
+    let secret = f.dir.path().join("shadow");
+    write(&secret, "7f0000000100 40 root_secret_password\n");
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    std::fs::remove_file(&map).expect("rm map");
+    std::fs::hard_link(&secret, &map).expect("hard link");
+    let mut r = Resolver::new(f.cfg());
+    r.scan_proc(1000);
+    let asid = r.asid_at(42, 2000).expect("pid 42 known");
+    let jit_names = move |r: &mut Resolver| {
+        r.begin_batch();
+        let (a, _) = image(r.resolve(42, asid, 0x7f0000000110, false));
+        a.jit_symbols.iter().map(|s| s.name.clone()).collect::<Vec<_>>()
+    };
+    // The process runs as nobody: the root-owned link is not its file.
+    write(&proc42.join("status"), status(65534));
+    assert_eq!(jit_names(&mut r), Vec::<String>::new(), "a hard link to a root file was read");
+    // Even for a root process, a second link to a file is not a perf map it wrote.
+    write(&proc42.join("status"), status(0));
+    assert_eq!(jit_names(&mut r), Vec::<String>::new(), "a file with two links was read");
+    // A symlink to a file nobody owns, for a nobody process: not followed.
+    write(&proc42.join("status"), status(65534));
+    std::fs::remove_file(&map).expect("rm map");
+    let own = f.dir.path().join("own.map");
+    write(&own, "7f0000000100 40 jitted_fn\n");
+    std::os::unix::fs::chown(&own, Some(65534), Some(65534)).expect("chown");
+    std::os::unix::fs::symlink(&own, &map).expect("symlink");
+    assert_eq!(jit_names(&mut r), Vec::<String>::new(), "a symlink was followed");
+    // A FIFO nobody writes to: refused at once, not waited on (on another thread, so that a
+    // regression fails the test at the deadline instead of hanging it).
+    std::fs::remove_file(&map).expect("rm map");
+    let cmap = std::ffi::CString::new(map.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: `cmap` is a NUL-terminated path that lives across the call.
+    assert_eq!(unsafe { libc::mkfifo(cmap.as_ptr(), 0o644) }, 0, "mkfifo");
+    std::os::unix::fs::chown(&map, Some(65534), Some(65534)).expect("chown fifo");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let resolver = std::thread::spawn(move || {
+        let names = jit_names(&mut r);
+        let _ = tx.send(names);
+        r
+    });
+    let names =
+        rx.recv_timeout(std::time::Duration::from_secs(60)).expect("resolver blocked on a FIFO");
+    assert_eq!(names, Vec::<String>::new(), "a FIFO was read");
+    let mut r = resolver.join().expect("resolver thread");
+    // The process's own regular file with one link is read.
+    std::fs::remove_file(&map).expect("rm fifo");
+    std::fs::rename(&own, &map).expect("rename");
+    assert_eq!(jit_names(&mut r), vec!["jitted_fn".to_string()]);
+    assert_eq!(r.stats().jit_maps_read, 1, "only the process's own map was read");
+}
