@@ -989,7 +989,7 @@ impl Store {
         let msg = e.to_string();
         if !self.health.spool_error_logged {
             tracing::error!(spool = %self.cfg.spool.display(), error = %msg,
-                "store: cannot write the spool; holding data in memory (bounded) and retrying every flush");
+                "store: cannot write the spool; publishing straight to the database (what it cannot take is held in memory, bounded) and retrying every flush");
             self.health.spool_error_logged = true;
         }
         self.health.spool_error = Some(msg);
