@@ -524,7 +524,11 @@ fn make_private_dir(dir: &Path) -> std::io::Result<()> {
         return Err(std::io::Error::other("not a directory"));
     }
     if meta.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        // Not ours to change (another owner): say so, and use it as it is.
+        if let Err(e) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
+            tracing::warn!(dir = %dir.display(), error = %e,
+                "spool: cannot make the spool directory private (0700)");
+        }
     }
     Ok(())
 }
