@@ -974,7 +974,7 @@ impl Store {
         let msg = e.to_string();
         if !self.health.db_error_logged {
             tracing::error!(db = %self.cfg.db.display(), error = %msg,
-                "store: cannot write the profile database; keeping data in the spool and retrying every flush");
+                "store: cannot write the profile database; keeping data in the spool (in memory, bounded, while the spool cannot take it) and retrying every flush");
             self.health.db_error_logged = true;
         }
         self.health.db_error = Some(msg);
