@@ -19,7 +19,9 @@ use crate::config::{
 /// after a signal, kept in the spool for the next start); 2 for a usage or configuration error
 /// (bad flag or key, wrong type, unknown event, bad period, unwritable database or spool path,
 /// a --socket whose directory is missing or that is not a socket, sampling not permitted); 1 for
-/// other failures to start, and for a --duration run that could not publish what it sampled; 3
+/// other failures to start, for a --duration run that could not publish what it sampled, and
+/// whenever samples were dropped (written neither to the spool nor to the database; the closing
+/// log line says `dcpid stopped samples=N dropped=D`); 3
 /// when a daemon thread died while it ran (status said `degraded`, the watchdog was not fed).
 #[derive(Parser, Debug, Clone)]
 #[command(name = "dcpid", version, about, long_about, max_term_width = 100)]

@@ -14,7 +14,12 @@ const EXIT: &[(&str, &str)] = &[
         "Stopped by SIGTERM or SIGINT, or at the end of --duration, with everything flushed and \
          published.",
     ),
-    ("1", "Another failure to start, or a fatal error while running."),
+    (
+        "1",
+        "Another failure to start, a fatal error while running, or samples dropped: written \
+         neither to the spool nor to the database (the closing log line `dcpid stopped \
+         samples=N dropped=D` says how many).",
+    ),
     (
         "2",
         "Usage or configuration error: a bad flag or key, an unknown event (with a suggestion) \

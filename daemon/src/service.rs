@@ -6,7 +6,8 @@
 //! interval: take the resolved per-CPU tables into the store, spool, publish what is due,
 //! STATUS=, and WATCHDOG=1 only while every drain thread makes progress and no daemon thread
 //! died ([`crate::watch`]: status then says `degraded`, and the exit status is 3). SIGTERM/SIGINT (or the
-//! end of `--duration`): STOPPING=1, stop sampling, flush everything, publish everything, exit 0.
+//! end of `--duration`): STOPPING=1, stop sampling, flush everything, publish everything, exit 0
+//! (non-zero if samples were dropped: the closing line `dcpid stopped samples=N dropped=D`).
 //!
 //! SIGHUP or `dcpictl reload` re-reads the configuration file (the command-line flags still
 //! win). Intervals, retention, the memory bound, the socket group and the log level change
@@ -17,7 +18,8 @@
 //! Exit status: 0 after a clean stop; 2 for a configuration the daemon can never run with
 //! (bad event, unwritable database or spool, unusable socket path, sampling not permitted,
 //! missing socket group); 1 for other failures to start, a `--duration` run that could not
-//! publish everything, or a stop that could not even spool what was sampled.
+//! publish everything, or a run that dropped samples (written neither to the spool nor to the
+//! database: kept in memory up to `max_memory_mb`, then counted in `dropped_samples`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc;
@@ -134,6 +136,11 @@ pub enum ServiceError {
     Unpublished { why: &'static str, error: String, spool: String },
     #[error("ran degraded: {0}")]
     Degraded(String),
+    #[error(
+        "dropped {dropped} of the {samples} samples taken: they could be written neither to \
+         the spool nor to the database{error}"
+    )]
+    Dropped { dropped: u64, samples: u64, error: String },
 }
 
 impl ServiceError {
@@ -209,7 +216,11 @@ impl CreatedDirs {
             .take_while(|a| std::fs::symlink_metadata(a).is_err())
             .collect();
         for d in missing.into_iter().rev() {
-            match std::fs::create_dir(d) {
+            // 0700: the spool holds the symbol names of every user's processes, and only dcpid
+            // reads it (under systemd the unit's RuntimeDirectory= makes it, 0750).
+            match std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+                .create(d)
+            {
                 Ok(()) => self.dirs.push(d.to_path_buf()),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(e),
@@ -315,6 +326,9 @@ struct Shared {
     /// What a stop needs to spool the last samples when a hung database holds the store.
     store_cfg: StoreConfig,
     events: Vec<EventInfo>,
+    /// Samples the store holds in memory and has dropped, readable without its lock (a stop
+    /// whose last database operation hangs still says what it loses).
+    losses: Arc<crate::store::Losses>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -850,6 +864,7 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
         flush_running: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         store_cfg: store.config().clone(),
         events: store.events().to_vec(),
+        losses: store.losses(),
         stages: Mutex::new(crate::status::StageCpu::default()),
         store: Mutex::new(store),
         sampler: RwLock::new(Some(sampler)),
@@ -888,16 +903,30 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
     flusher.stop();
     let last = shut_down(&shared);
     control.stop();
-    // As perf record's closing line: what this run took, published or spooled (or, on an
-    // error below, partly lost), so an operator can check it against the database.
-    tracing::info!(samples = lock(&shared.counters).resolved_samples, "dcpid stopped");
+    // As perf record's closing line: what this run took, and of it what was dropped
+    // (written neither to the spool nor to the database); the rest is published or in the
+    // spool, so an operator can check it against the database. What is still held in memory
+    // now (a hung last publish holds it) is lost with the process.
+    let samples = lock(&shared.counters).resolved_samples;
+    let dropped = shared.losses.dropped() + shared.losses.held();
+    tracing::info!(samples, dropped, "dcpid stopped");
     let failures = watch.failures();
     if !failures.is_empty() {
         let mut msg = crate::watch::describe(&failures);
         if let Err(e) = &last {
             msg += &format!("; and could not publish everything: {e}");
         }
+        if dropped > 0 {
+            msg += &format!("; and dropped {dropped} of {samples} samples");
+        }
         return Err(ServiceError::Degraded(msg));
+    }
+    if dropped > 0 {
+        return Err(ServiceError::Dropped {
+            dropped,
+            samples,
+            error: last.err().map_or_else(String::new, |e| format!(" (last error: {e})")),
+        });
     }
     match last {
         // A `--duration` run is asked for its result: anything not published is a failure.
@@ -1309,8 +1338,13 @@ fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
     st.spool_held();
     *lock(&shared.store_status) = st.status();
     if let Some(since) = shared.stalled_since(&settings) {
-        tracing::error!(stalled_since_unix_ms = since,
-            "the database is not answering; not publishing at stop, the spool keeps everything for the next start");
+        let dropped = st.drop_held();
+        tracing::error!(
+            stalled_since_unix_ms = since,
+            dropped,
+            "the database is not answering; not publishing at stop, the spool keeps {}",
+            kept(dropped)
+        );
         return Err(StoreError::NoDatabase(settings.db.clone()));
     }
     drop(store);
@@ -1319,20 +1353,26 @@ fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
     let sh = Arc::clone(shared);
     let spawned = std::thread::Builder::new().name("dcpid-stop".into()).spawn(move || {
         let r = sh.flush_everything();
-        lock(&sh.store).release_lease();
-        let _ = tx.send(r);
+        let mut st = lock(&sh.store);
+        // Whatever is still held (the spool full, the database failing) ends with the process.
+        let dropped = st.drop_held();
+        st.release_lease();
+        let _ = tx.send((r, dropped));
     });
     match spawned.map(|_| rx.recv_timeout(STOP_PUBLISH_WAIT)) {
-        Ok(Ok(Ok(()))) => Ok(()),
-        Ok(Ok(Err(e))) => {
-            tracing::error!(error = %e,
-                "could not publish everything; the spool keeps it for the next start");
+        Ok(Ok((Ok(()), _))) => Ok(()),
+        Ok(Ok((Err(e), dropped))) => {
+            tracing::error!(error = %e, dropped,
+                "could not publish everything; the spool keeps {}", kept(dropped));
             Err(e)
         }
         Ok(Err(_)) => {
+            let held = shared.losses.held();
             tracing::error!(
                 wait_s = STOP_PUBLISH_WAIT.as_secs(),
-                "the last publish did not finish; the spool keeps everything for the next start"
+                dropped = held,
+                "the last publish did not finish; the spool keeps {}",
+                kept(held)
             );
             Err(StoreError::NoDatabase(settings.db.clone()))
         }
@@ -1343,14 +1383,32 @@ fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
     }
 }
 
+/// What the spool keeps at a stop that could not publish everything, for its log line: the
+/// spool does not keep what was dropped.
+fn kept(dropped: u64) -> String {
+    if dropped == 0 {
+        "everything for the next start".into()
+    } else {
+        format!(
+            "what it took for the next start; {dropped} samples written neither to it nor to \
+             the database are dropped"
+        )
+    }
+}
+
 /// The stop's last samples, when a stuck database operation holds the store: appended to the
-/// spool directly, for the next start to publish.
+/// spool directly, for the next start to publish. What it cannot take is counted as dropped.
 fn spool_without_store(shared: &Shared, resolved: Resolved) -> Result<(), StoreError> {
     let n = resolved.profiles.len();
+    let samples = resolved.samples;
+    let lost = |why: &dyn std::fmt::Display| {
+        tracing::error!(samples, error = %why, "could not spool the last samples; they are dropped");
+        shared.losses.dropped.fetch_add(samples, std::sync::atomic::Ordering::AcqRel);
+        Err(StoreError::Unwritten(n))
+    };
     let epoch = lock(&shared.store_status).epoch.clone();
     let Some(epoch) = epoch.and_then(|e| profile_format::EpochId::parse(&e).ok()) else {
-        tracing::error!("no epoch known; the last samples are lost");
-        return Err(StoreError::Unwritten(n));
+        return lost(&"no epoch known");
     };
     let who = who_profiles(&read(&shared.settings));
     match Store::spool_directly(&shared.store_cfg, &shared.events, &epoch, resolved, 0, 0, who) {
@@ -1359,9 +1417,6 @@ fn spool_without_store(shared: &Shared, resolved: Resolved) -> Result<(), StoreE
                 "a stuck database operation holds the store; the last samples were spooled directly for the next start");
             Ok(())
         }
-        Err(e) => {
-            tracing::error!(error = %e, "could not spool the last samples; they are lost");
-            Err(StoreError::Unwritten(n))
-        }
+        Err(e) => lost(&e),
     }
 }

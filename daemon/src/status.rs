@@ -159,7 +159,16 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
         problems.push(format!("spool not writable: {e}"));
     }
     if i.store.dropped_samples > 0 {
-        problems.push(format!("{} samples dropped (memory bound)", i.store.dropped_samples));
+        problems.push(format!(
+            "{} samples dropped (written neither to the spool nor to the database)",
+            i.store.dropped_samples
+        ));
+    }
+    if i.store.pending_samples > 0 {
+        problems.push(format!(
+            "{} samples held in memory (not yet written to the spool or the database)",
+            i.store.pending_samples
+        ));
     }
     if let Some(since) = i.store.publish_stalled_since_unix_ms {
         let now = std::time::SystemTime::now()

@@ -14,7 +14,7 @@
 //!   entry), `pending`, `late_sideband`
 //! - `epoch` (current epoch id), `store`: see [`StoreStatus`] (`last_flush`,
 //!   `last_publish` {`unix_ms`, `duration_ms`, `items`}, `spool_rows`, `spool_bytes`,
-//!   `dirty_profiles`, `pending_batches`, `pending_bytes`, `dropped_samples`, `db_error`,
+//!   `dirty_profiles`, `pending_batches`, `pending_bytes`, `pending_samples`, `dropped_samples`, `db_error`,
 //!   `spool_error`, `spool_quarantined`, `corrupt_files_set_aside`, `last_set_aside`,
 //!   `lease_file`, `lease_renewed_unix_ms`, `lease_lost_to`, `kallsyms_refreshes`,
 //!   `kallsyms_changes`, `publish_stalled_since_unix_ms`, ...)
@@ -185,7 +185,8 @@ pub struct StoreStatus {
     pub pending_batches: u64,
     pub pending_bytes: u64,
     pub max_memory_bytes: u64,
-    /// Samples dropped because the memory bound was reached while the disk failed.
+    /// Samples dropped: written neither to the spool nor to the database, past the memory
+    /// bound (or still held when the daemon stopped).
     pub dropped_samples: u64,
     pub dropped_batches: u64,
     pub published_files: u64,
@@ -220,6 +221,10 @@ pub struct StoreStatus {
     /// should: the database is not answering. Unix ms at which it began.
     #[serde(default)]
     pub publish_stalled_since_unix_ms: Option<u64>,
+    /// Samples of the batches held in memory (`pending_batches`): written neither to the
+    /// spool nor to the database yet.
+    #[serde(default)]
+    pub pending_samples: u64,
 }
 
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]

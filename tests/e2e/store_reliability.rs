@@ -323,3 +323,180 @@ fn stopped_samples(log: &str) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no samples= in {line:?}"))
 }
+
+/// The dropped count of dcpid's closing "dcpid stopped" log line.
+fn stopped_dropped(log: &str) -> u64 {
+    let line = log
+        .lines()
+        .find(|l| l.contains("dcpid stopped"))
+        .unwrap_or_else(|| panic!("no closing line in the log:\n{log}"));
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("dropped="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no dropped= in {line:?}"))
+}
+
+/// A test that cannot run here: say so, or fail where it must run (`DCPI_REQUIRE_PERF=1`).
+fn skip(why: &str) {
+    if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
+        panic!("cannot run (DCPI_REQUIRE_PERF=1): {why}");
+    }
+    eprintln!("SKIPPED: {why}");
+}
+
+/// A tmpfs mounted on a directory while it lives (root only).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Option<Self> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            skip("mounting a tmpfs needs root");
+            return None;
+        }
+        std::fs::create_dir_all(dir).expect("mount point");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .arg(dir)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Self(dir.to_path_buf())),
+            Ok(o) => {
+                skip(&format!("mount -t tmpfs failed: {}", String::from_utf8_lossy(&o.stderr)));
+                None
+            }
+            Err(e) => {
+                skip(&format!("cannot run mount: {e}"));
+                None
+            }
+        }
+    }
+
+    /// Fill it up to the last byte with a ballast file.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.0.join("ballast")).expect("ballast");
+        let chunk = vec![0u8; 64 << 10];
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("ballast: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A daemon whose spool log (`<spool>/h1`) is a full tmpfs from the start, its database in
+/// `db` (flushing every 500 ms, publishing every second). Returns the daemon and the spool
+/// log's directory.
+fn daemon_on_a_full_spool(sb: &Sandbox, db: &Path, spool: &Path) -> Daemon {
+    let mut c = Command::new(bin("dcpid"));
+    c.args(["--config", "none", "--db"])
+        .arg(db)
+        .arg("--spool")
+        .arg(spool)
+        .arg("--socket")
+        .arg(sb.socket())
+        .args(["--host", "h1", "-e", "cpu-clock", "--flush-interval", "500ms"])
+        .args(["--publish-interval", "1s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut d = Daemon { child: Some(c.spawn().expect("spawn")), socket: sb.socket() };
+    wait_for(60, "dcpid ready", || {
+        if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            panic!("dcpid exited with {st}");
+        }
+        sb.socket().exists() && d.ctl(&["status"]).status.success()
+    });
+    d
+}
+
+/// No segment file in the spool log is empty (a failed retry left none behind).
+fn assert_no_empty_segment(dir: &Path) {
+    for e in std::fs::read_dir(dir).expect("spool log").flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("seg-") {
+            let len = e.metadata().expect("stat").len();
+            assert!(len > 0 && name.ends_with(".log"), "{name}: {len} bytes");
+        }
+    }
+}
+
+#[test]
+fn full_spool_publishes_straight_to_the_database_and_loses_nothing() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let spool = sb.dir.path().join("spool");
+    let log_dir = spool.join("h1");
+    let Some(fs) = Tmpfs::mount(&log_dir, "64k") else { return };
+    fs.fill();
+    let _busy = spin();
+    let mut d = daemon_on_a_full_spool(&sb, &sb.db(), &spool);
+    // The spool cannot take a batch, yet profiles are published while the daemon runs.
+    wait_for(60, "profiles published without the spool", || {
+        let v = status_of(&d);
+        v["store"]["spool_error"].is_string()
+            && v["store"]["published_files"].as_u64() > Some(2)
+            && v["samples"].as_u64() > Some(200)
+    });
+    let v = status_of(&d);
+    assert_eq!(v["store"]["dropped_samples"], 0, "{}", v["store"]);
+    let (st, err) = terminate_bounded(&mut d, 60);
+    let (taken, dropped) = (stopped_samples(&err), stopped_dropped(&err));
+    let total = host_total(&sb.db(), "h1");
+    assert_eq!((total, dropped), (taken, 0), "published {total} of {taken}:\n{err}");
+    assert!(st.success(), "nothing dropped, a clean stop: {st}\n{err}");
+    assert!(!err.contains("spool keeps"), "the spool keeps nothing here:\n{err}");
+    assert_no_empty_segment(&log_dir);
+    // The next start finds no segment to set aside.
+    drop(fs);
+    let mut d = daemon_on_a_full_spool(&sb, &sb.db(), &spool);
+    let (st, err) = terminate_bounded(&mut d, 60);
+    assert!(st.success(), "{err}");
+    assert!(!err.contains("set aside"), "{err}");
+}
+
+#[test]
+fn full_spool_and_full_database_count_what_they_drop_and_exit_non_zero() {
+    if !require_perf() {
+        return;
+    }
+    let sb = Sandbox::new();
+    let spool = sb.dir.path().join("spool");
+    let log_dir = spool.join("h1");
+    let db_fs = sb.dir.path().join("dbfs");
+    let Some(spool_fs) = Tmpfs::mount(&log_dir, "64k") else { return };
+    let Some(dbfs) = Tmpfs::mount(&db_fs, "64m") else { return };
+    spool_fs.fill();
+    let db = db_fs.join("db");
+    let _busy = spin();
+    let mut d = daemon_on_a_full_spool(&sb, &db, &spool);
+    wait_for(60, "a first publish without the spool", || {
+        status_of(&d)["store"]["published_files"].as_u64() > Some(0)
+    });
+    // The database's disk fills too: batches are held in memory, within the bound.
+    dbfs.fill();
+    wait_for(60, "samples held in memory", || {
+        let v = status_of(&d);
+        v["store"]["db_error"].is_string() && v["store"]["pending_samples"].as_u64() > Some(100)
+    });
+    let (st, err) = terminate_bounded(&mut d, 60);
+    let (taken, dropped) = (stopped_samples(&err), stopped_dropped(&err));
+    assert!(dropped > 0, "{err}");
+    assert!(!st.success(), "samples were dropped: the exit status says so:\n{err}");
+    let total = host_total(&db, "h1");
+    assert_eq!(total + dropped, taken, "published {total} + dropped {dropped} != taken:\n{err}");
+    assert!(err.contains(&format!("dropped {dropped} of the {taken} samples")), "{err}");
+    assert!(!err.contains("spool keeps everything"), "a false claim:\n{err}");
+    assert_no_empty_segment(&log_dir);
+}

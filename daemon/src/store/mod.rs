@@ -18,7 +18,11 @@
 //!
 //! Failures of the database (disk full, read-only, NFS server gone) are logged once, shown in
 //! the status, and retried every tick; the spool keeps the data meanwhile. If the spool itself
-//! fails, data stays in memory up to the bound. A corrupt profile file is renamed aside to
+//! fails (its disk full), each batch is published straight into the database instead
+//! (`publish::write_direct`: merged into the published files, their `sequence` untouched, so
+//! spooled increments are still merged exactly once). What can be written to neither stays in
+//! memory up to the bound, and is then dropped and counted (`dropped_samples`), as is what is
+//! still held when the daemon exits. A corrupt profile file is renamed aside to
 //! `*.corrupt` and replaced by a fresh one; a corrupt spool record is quarantined.
 //!
 //! Epochs: every record carries the epoch it was collected in. Each tick checks the database's
@@ -46,6 +50,7 @@ use profile_format::{
 };
 
 use crate::aggregate::Resolved;
+pub use pending::Losses;
 use pending::{PendingBatch, PendingQueue};
 use publish::Schedule;
 use spool::{Spool, SpoolError, SpoolKey};
@@ -351,13 +356,30 @@ impl Store {
         let now = Instant::now();
         self.ensure_spool_open(now);
         if self.epoch.is_some() {
-            self.spool_pending(now);
+            self.spool_pending(now, false);
         }
         if let Some(sp) = self.spool.as_mut() {
             if let Err(e) = sp.sync() {
                 self.set_spool_error(&e);
             }
         }
+    }
+
+    /// Samples held in memory and dropped, readable while an operation holds the store.
+    pub fn losses(&self) -> Arc<Losses> {
+        self.pending.losses()
+    }
+
+    /// The daemon exits: what is still held in memory (written neither to the spool nor to
+    /// the database) is dropped, counted in `dropped_samples` and logged once. Returns its
+    /// samples.
+    pub fn drop_held(&mut self) -> u64 {
+        let n = self.pending.drop_all();
+        if n > 0 {
+            tracing::error!(samples = n, spool_error = self.health.spool_error.as_deref(), db_error = self.health.db_error.as_deref(),
+                "store: samples held in memory could be written neither to the spool nor to the database; dropped at exit");
+        }
+        n
     }
 
     /// Append one resolved batch to this host's spool without the store (whose lock a hung
@@ -789,10 +811,11 @@ impl Store {
         // The local spool first: a database that hangs must not keep this flush's samples out
         // of it (a SIGTERM during the hang then loses nothing that was flushed).
         self.ensure_spool_open(now);
-        let mut spooled = if self.epoch.is_some() { self.spool_pending(now) } else { 0 };
+        let mut spooled = if self.epoch.is_some() { self.spool_pending(now, false) } else { 0 };
         self.ensure_db_open();
         self.follow_epoch(now);
-        spooled += self.spool_pending(now);
+        // Now with the database: what the spool cannot take is published straight into it.
+        spooled += self.spool_pending(now, true);
         self.health.last_flush = Some(OpStat {
             unix_ms: unix_ms(SystemTime::now()),
             duration_ms: t0.elapsed().as_secs_f64() * 1e3,
@@ -910,6 +933,7 @@ impl Store {
             dirty_profiles: self.schedule.len() as u64,
             pending_batches: self.pending.len() as u64,
             pending_bytes: self.pending.bytes(),
+            pending_samples: self.pending.held_samples(),
             max_memory_bytes: self.cfg.max_memory_bytes,
             dropped_samples: self.pending.dropped_samples,
             dropped_batches: self.pending.dropped_batches,
@@ -950,7 +974,7 @@ impl Store {
         let msg = e.to_string();
         if !self.health.db_error_logged {
             tracing::error!(db = %self.cfg.db.display(), error = %msg,
-                "store: cannot write the profile database; keeping data in the spool and retrying every flush");
+                "store: cannot write the profile database; keeping data in the spool (in memory, bounded, while the spool cannot take it) and retrying every flush");
             self.health.db_error_logged = true;
         }
         self.health.db_error = Some(msg);
@@ -965,7 +989,7 @@ impl Store {
         let msg = e.to_string();
         if !self.health.spool_error_logged {
             tracing::error!(spool = %self.cfg.spool.display(), error = %msg,
-                "store: cannot write the spool; holding data in memory (bounded) and retrying every flush");
+                "store: cannot write the spool; publishing straight to the database (what it cannot take is held in memory, bounded) and retrying every flush");
             self.health.spool_error_logged = true;
         }
         self.health.spool_error = Some(msg);
@@ -1136,7 +1160,7 @@ impl Store {
         if newest == old {
             return;
         }
-        self.spool_pending(now);
+        self.spool_pending(now, true);
         if let Err(e) = self.publish_all(now, Some(old.as_str())) {
             tracing::warn!(error = %e, epoch = %old, "store: could not publish all of the closing epoch yet; will retry");
         }
@@ -1198,16 +1222,33 @@ impl Store {
         self.summaries.current.get_mut(key).expect("inserted above")
     }
 
-    /// Append held batches to the spool, oldest first, one record each. Returns the
-    /// increments written.
-    fn spool_pending(&mut self, now: Instant) -> usize {
+    /// Append held batches to the spool, oldest first, one record each; with `direct`, a
+    /// batch the spool cannot take is published straight to the database
+    /// ([`Store::publish_direct`]). Returns the increments written.
+    fn spool_pending(&mut self, now: Instant, direct: bool) -> usize {
         let mut written = 0;
-        while self.spool.is_some() {
+        while self.spool.is_some() || direct {
             let Some(batch) = self.pending.pop() else { break };
             let Some(epoch) = batch.epoch.clone().or_else(|| self.epoch.clone()) else {
                 self.pending.unpop(batch);
                 break;
             };
+            if self.spool.is_none() || batch.summarized {
+                if !direct {
+                    self.pending.unpop(batch);
+                    break;
+                }
+                match self.publish_direct(&epoch, batch) {
+                    Ok(n) => {
+                        written += n;
+                        continue;
+                    }
+                    Err(batch) => {
+                        self.pending.unpop(batch);
+                        break;
+                    }
+                }
+            }
             // Load the summary before appending, so that it is not built from the spool's
             // deltas with this one already among them.
             self.summary_for(&epoch);
@@ -1225,6 +1266,7 @@ impl Store {
             match result {
                 Ok(_) => {
                     written += n_incs;
+                    self.pending.written(batch.profiles.iter().map(pending::samples_of).sum());
                     self.pending.dropped_unreported = 0;
                     self.host.event_times.iter_mut().for_each(|t| *t = (0, 0));
                     summaries::apply(self.summary_for(&epoch), &delta);
@@ -1241,9 +1283,18 @@ impl Store {
                     self.clear_spool_error();
                 }
                 Err(e) => {
-                    self.pending.unpop(batch);
                     self.set_spool_error(&e);
-                    break;
+                    if !direct {
+                        self.pending.unpop(batch);
+                        break;
+                    }
+                    match self.publish_direct(&epoch, batch) {
+                        Ok(n) => written += n,
+                        Err(batch) => {
+                            self.pending.unpop(batch);
+                            break;
+                        }
+                    }
                 }
             }
         }
@@ -1251,6 +1302,83 @@ impl Store {
             written += self.spool_stacks(now);
         }
         written
+    }
+
+    /// Publish a batch that the spool cannot take straight into the database, profile by
+    /// profile ([`publish::write_direct`]), so that a full or failing spool does not stop
+    /// publishing. On a failure the batch comes back without the profiles already written
+    /// (held, within the memory bound, and retried at the next flush). Returns the profiles
+    /// written.
+    fn publish_direct(
+        &mut self,
+        epoch: &EpochId,
+        mut batch: PendingBatch,
+    ) -> Result<usize, PendingBatch> {
+        let hd = match self.check_lease().and_then(|()| self.host_dir(epoch)) {
+            Ok(hd) => hd,
+            Err(e) => {
+                self.set_db_error(&e);
+                return Err(batch);
+            }
+        };
+        // The summary delta of the whole batch goes in with its first profile.
+        let mut delta = (!batch.summarized).then(|| {
+            self.summary_for(epoch);
+            summaries::delta_of(
+                &batch,
+                self.pending.dropped_unreported,
+                &self.host.events,
+                &self.host.event_times,
+            )
+        });
+        let mut written = 0;
+        loop {
+            // Flat profiles first (they hold the samples), then the per-process and
+            // per-cgroup ones; each is taken off the batch once it is in the database.
+            let flat = !batch.profiles.is_empty();
+            let list = if flat { &batch.profiles } else { &batch.who_profiles };
+            let Some(p) = list.last() else { break };
+            let key = SpoolKey {
+                epoch: epoch.to_string(),
+                image: p.image.as_ref().map(|(id, _)| id.clone()),
+                event: p.desc.name.clone(),
+            };
+            let mut aside = Vec::new();
+            let r = publish::write_direct(&hd, &key, p, &self.cfg.host, &mut |path, e| {
+                aside.push((path.to_path_buf(), e.to_string()))
+            });
+            let samples = if flat { pending::samples_of(p) } else { 0 };
+            for (path, e) in aside {
+                self.set_aside(&path, &e);
+            }
+            match r {
+                Ok(publish::Direct::Written(bytes)) => {
+                    self.health.bytes.profiles += bytes;
+                    self.health.published_files += 1;
+                    self.pending.written(samples);
+                }
+                Ok(publish::Direct::Discarded) => self.pending.discard(samples),
+                Err(e) => {
+                    self.set_db_error(&e);
+                    return Err(batch);
+                }
+            }
+            if flat {
+                batch.profiles.pop();
+            } else {
+                batch.who_profiles.pop();
+            }
+            written += 1;
+            if let Some(d) = delta.take() {
+                batch.summarized = true;
+                self.pending.dropped_unreported = 0;
+                self.host.event_times.iter_mut().for_each(|t| *t = (0, 0));
+                summaries::apply(self.summary_for(epoch), &d);
+            }
+            self.summaries.dirty.insert(epoch.to_string());
+            self.clear_db_error();
+        }
+        Ok(written)
     }
 
     /// Publish the profiles whose turn has come, oldest turn first, a bounded number per tick

@@ -1,6 +1,8 @@
 //! Increments held in memory between a batch's arrival and its spool write, bounded in bytes.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use profile_format::{EpochId, EventDesc, ProfileWho};
 
@@ -31,6 +33,9 @@ pub(super) struct PendingBatch {
     pub lost: u64,
     pub throttled: u64,
     pub bytes: u64,
+    /// Its summary delta was applied when its first profile was published straight to the
+    /// database (the spool could not take it); the rest of it follows profile by profile.
+    pub summarized: bool,
 }
 
 impl PendingBatch {
@@ -112,6 +117,7 @@ impl PendingBatch {
             lost,
             throttled,
             bytes,
+            summarized: false,
         })
     }
 }
@@ -213,7 +219,33 @@ fn qualified(
     bytes
 }
 
-/// Batches not yet in the spool, oldest first, and what was dropped past the memory bound.
+/// Samples held in memory and samples dropped, readable without the store's lock: a stop
+/// whose last database operation hangs must still know what it loses.
+#[derive(Debug, Default)]
+pub struct Losses {
+    /// Samples of the held batches (their flat profiles) not yet written anywhere, including
+    /// a batch an operation in progress has taken out of the queue.
+    pub held: AtomicU64,
+    /// Samples dropped: past the memory bound, or held at exit.
+    pub dropped: AtomicU64,
+}
+
+impl Losses {
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Acquire)
+    }
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Acquire)
+    }
+}
+
+/// The samples of a pending profile.
+pub(super) fn samples_of(p: &PendingProfile) -> u64 {
+    p.counts.iter().fold(0u64, |a, c| a.saturating_add(c.1))
+}
+
+/// Batches not yet in the spool or the database, oldest first, and what was dropped past the
+/// memory bound.
 #[derive(Default)]
 pub(super) struct PendingQueue {
     batches: VecDeque<PendingBatch>,
@@ -222,28 +254,70 @@ pub(super) struct PendingQueue {
     pub dropped_batches: u64,
     /// Dropped samples not yet added to an epoch summary's `lost`.
     pub dropped_unreported: u64,
+    losses: Arc<Losses>,
 }
 
 impl PendingQueue {
+    pub fn losses(&self) -> Arc<Losses> {
+        Arc::clone(&self.losses)
+    }
+
     /// Add a batch; past `max_bytes` drop the oldest (they would be written first, but the
     /// newest data is what the user is looking at) and count their samples as lost.
     pub fn push(&mut self, b: PendingBatch, max_bytes: u64) {
         self.bytes += b.bytes;
+        let n: u64 = b.profiles.iter().map(samples_of).sum();
+        self.losses.held.fetch_add(n, Ordering::AcqRel);
         self.batches.push_back(b);
         while self.bytes > max_bytes {
             let Some(old) = self.batches.pop_front() else { break };
             self.bytes -= old.bytes;
-            let n: u64 = old.profiles.iter().flat_map(|p| p.counts.iter()).map(|c| c.1).sum();
             if self.dropped_batches == 0 {
                 tracing::error!(
                     max_memory_bytes = max_bytes,
-                    "store: memory bound reached while the spool cannot be written; dropping the oldest samples (counted as lost)"
+                    "store: memory bound reached while neither the spool nor the database can be written; dropping the oldest samples (counted as dropped and lost)"
                 );
             }
-            self.dropped_samples += n;
-            self.dropped_unreported += n;
-            self.dropped_batches += 1;
+            self.drop_batch(old);
         }
+    }
+
+    fn drop_batch(&mut self, old: PendingBatch) {
+        let n: u64 = old.profiles.iter().map(samples_of).sum();
+        self.losses.held.fetch_sub(n, Ordering::AcqRel);
+        self.losses.dropped.fetch_add(n, Ordering::AcqRel);
+        self.dropped_samples += n;
+        self.dropped_unreported += n;
+        self.dropped_batches += 1;
+    }
+
+    /// Drop every batch still held (the daemon exits with them); returns their samples.
+    pub fn drop_all(&mut self) -> u64 {
+        let before = self.dropped_samples;
+        while let Some(b) = self.pop() {
+            self.drop_batch(b);
+        }
+        self.dropped_samples - before
+    }
+
+    /// `samples` of a batch taken out by [`PendingQueue::pop`] are written (to the spool or
+    /// the database): no longer held.
+    pub fn written(&self, samples: u64) {
+        self.losses.held.fetch_sub(samples, Ordering::AcqRel);
+    }
+
+    /// `samples` of a batch taken out by [`PendingQueue::pop`] can be written nowhere (an
+    /// invalid profile name): dropped.
+    pub fn discard(&mut self, samples: u64) {
+        self.losses.held.fetch_sub(samples, Ordering::AcqRel);
+        self.losses.dropped.fetch_add(samples, Ordering::AcqRel);
+        self.dropped_samples += samples;
+        self.dropped_unreported += samples;
+    }
+
+    /// Samples held (see [`Losses::held`]).
+    pub fn held_samples(&self) -> u64 {
+        self.losses.held()
     }
 
     pub fn pop(&mut self) -> Option<PendingBatch> {

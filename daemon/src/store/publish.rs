@@ -6,9 +6,10 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use profile_format::{EpochId, HostDir, ImageId, ImageKind, Profile, ProfileHeader};
+use profile_format::{EpochId, EventDesc, HostDir, ImageId, ImageKind, Profile, ProfileHeader};
 
-use super::spool::{Spool, SpoolError, SpoolKey, SpooledIncrement};
+use super::pending::PendingProfile;
+use super::spool::{Spool, SpoolError, SpoolImage, SpoolKey, SpooledIncrement};
 
 /// A published profile is rewritten at its turn only once its unpublished samples reach this
 /// fraction of its published ones (or it waited `publish_max_delay`).
@@ -223,7 +224,17 @@ impl Target {
     }
 
     fn header(&self, inc: &SpooledIncrement, host: &str) -> ProfileHeader {
-        let (image_id, kind, image_path, jit) = match (&self.image, &inc.image) {
+        self.header_of(&inc.desc, inc.image.as_deref(), inc.seq, host)
+    }
+
+    fn header_of(
+        &self,
+        desc: &EventDesc,
+        image: Option<&SpoolImage>,
+        sequence: u64,
+        host: &str,
+    ) -> ProfileHeader {
+        let (image_id, kind, image_path, jit) = match (&self.image, image) {
             (Some(id), Some(img)) => (id.clone(), img.kind, img.path.clone(), img.jit.clone()),
             (Some(id), None) => (id.clone(), ImageKind::Elf, Vec::new(), Vec::new()),
             (None, _) => (
@@ -237,12 +248,12 @@ impl Target {
             kind,
             image_id,
             image_path,
-            event: (*inc.desc).clone(),
+            event: desc.clone(),
             host: host.to_owned(),
             epoch: self.epoch.clone(),
             total_samples: 0,
             total_period: 0,
-            sequence: inc.seq,
+            sequence,
             jit_symbols: if kind == ImageKind::Anon { jit } else { Vec::new() },
         }
     }
@@ -301,6 +312,62 @@ impl Target {
         }
         Ok(out)
     }
+}
+
+/// What [`write_direct`] did.
+pub(super) enum Direct {
+    /// Merged into the published file, which is now this many bytes.
+    Written(u64),
+    /// Nothing can be published under the profile's name (logged): its samples are lost.
+    Discarded,
+}
+
+/// Merge one profile of a batch that the spool could not take (its disk full or failing)
+/// straight into the published file, so that a full spool does not stop publishing.
+///
+/// The file's `sequence` stays what it was: the samples have no spool sequence, and the
+/// spooled increments above the file's sequence are still to be merged at their turn. They
+/// are counted exactly once: they were never in the spool, and the atomic rename either
+/// takes all of them or none (a kill -9 before it loses them, as it would any batch held in
+/// memory).
+pub(super) fn write_direct(
+    hd: &HostDir,
+    key: &SpoolKey,
+    p: &PendingProfile,
+    host: &str,
+    set_aside_corrupt: &mut dyn FnMut(&Path, &profile_format::Error),
+) -> Result<Direct, profile_format::Error> {
+    let Some(target) = Target::of(key) else { return Ok(Direct::Discarded) };
+    let path = target.path(hd, key);
+    let image = p.image.as_ref().map(|(_, img)| img);
+    let header = target.header_of(&p.desc, image, 0, host);
+    if let Err(e) = header.check() {
+        tracing::error!(event = %p.desc.name, error = %e,
+            "store: batch describes an invalid profile; its samples are dropped");
+        return Ok(Direct::Discarded);
+    }
+    let mut delta = Profile::new(header);
+    delta.who = image.and_then(|i| i.who.clone());
+    for &(off, c) in &p.counts {
+        delta.add(off, c, 0);
+    }
+    delta.header.total_period = p.total_period;
+    let merged = match read_existing(&path) {
+        Ok(None) => delta,
+        Ok(Some(mut m)) => match m.merge(&delta) {
+            Ok(()) => m,
+            Err(e) => {
+                set_aside_corrupt(&path, &e);
+                delta
+            }
+        },
+        Err(Existing::Io(e)) => return Err(e),
+        Err(Existing::Corrupt(e)) => {
+            set_aside_corrupt(&path, &e);
+            delta
+        }
+    };
+    Ok(Direct::Written(merged.write(&path)?))
 }
 
 /// Rename an unreadable profile (or whatever hostile file took its name: a FIFO, a link, a

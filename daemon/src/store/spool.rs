@@ -513,11 +513,31 @@ fn set_segment_aside(path: &Path) {
     }
 }
 
+/// Create the spool directory (and missing parents) mode 0700, and take group and other
+/// access away from an existing one: the spool holds the symbol names of every user's
+/// processes, and only dcpid reads it (readers use the database). An older dcpid made it 0755.
+fn make_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(std::io::Error::other("not a directory"));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        // Not ours to change (another owner): say so, and use it as it is.
+        if let Err(e) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
+            tracing::warn!(dir = %dir.display(), error = %e,
+                "spool: cannot make the spool directory private (0700)");
+        }
+    }
+    Ok(())
+}
+
 impl Spool {
-    /// Open (creating the directory) and index every segment left by earlier runs.
+    /// Open (creating the directory, mode 0700) and index every segment left by earlier runs.
     pub fn open(dir: &Path, rotate_after: Duration) -> Result<(Self, Recovered), SpoolError> {
         let io = |source| SpoolError::Io { path: dir.to_path_buf(), source };
-        std::fs::create_dir_all(dir).map_err(io)?;
+        make_private_dir(dir).map_err(io)?;
         let mut names: Vec<(u64, PathBuf)> = Vec::new();
         for e in std::fs::read_dir(dir).map_err(io)? {
             let e = e.map_err(io)?;
@@ -586,10 +606,19 @@ impl Spool {
         (&mut file).take(MAX_SEGMENT_FILE).read_to_end(&mut bytes).map_err(io)?;
         let mut seg =
             Segment { path: path.clone(), file, len: bytes.len() as u64, refs: 0, corrupt: false };
+        if SEGMENT_MAGIC.starts_with(&bytes) {
+            // Empty, or cut within its magic: a segment whose creation was interrupted (a
+            // kill -9, a full disk under an older dcpid). It holds nothing.
+            tracing::info!(file = %path.display(), "spool: empty segment removed");
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(file = %path.display(), error = %e, "spool: cannot remove an empty segment");
+            }
+            return Ok(());
+        }
         if bytes.len() < SEGMENT_MAGIC.len() || &bytes[..8] != SEGMENT_MAGIC {
             tracing::error!(file = %path.display(), "spool: not a spool segment; set aside");
-            seg.corrupt = !bytes.is_empty();
-            self.quarantined += u64::from(seg.corrupt);
+            seg.corrupt = true;
+            self.quarantined += 1;
             self.segments.insert(id, seg);
             return Ok(());
         }
@@ -709,9 +738,17 @@ impl Spool {
                 .read(true)
                 .append(true)
                 .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .open(&path)
                 .map_err(io)?;
-            file.write_all(SEGMENT_MAGIC).map_err(io)?;
+            if let Err(e) = file.write_all(SEGMENT_MAGIC) {
+                // A full disk: the file is empty, and every retry would leave another one
+                // (which the next start met as a bad segment). Take it away again.
+                drop(file);
+                let _ = std::fs::remove_file(&path);
+                return Err(io(e));
+            }
             // The new name must survive a power failure with the data synced into it.
             if let Ok(d) = File::open(&self.dir) {
                 let _ = d.sync_all();
@@ -746,6 +783,7 @@ impl Spool {
         let w = self.writer.as_mut().expect("writer opened");
         // Definitions first: ids new to this segment (or images whose symbols changed).
         let defs = &mut w.defs;
+        let defined_before = defs.next_id;
         let mut defs_out = Vec::new();
         let mut ndefs = 0u64;
         let inc_ids: Vec<u64> =
@@ -782,7 +820,19 @@ impl Spool {
             spans.push((start, p.len() - start));
         }
         let segment = w.segment;
-        let start = self.write_record(segment, &p)?;
+        let start = match self.write_record(segment, &p) {
+            Ok(s) => s,
+            Err(e) => {
+                // The record (and the definitions in it) is not in the segment: forget them,
+                // or the next record would use ids that no reader can resolve after a
+                // restart, and be quarantined.
+                if let Some(w) = self.writer.as_mut() {
+                    w.defs.events.retain(|_, id| *id <= defined_before);
+                    w.defs.images.retain(|_, (id, _)| *id <= defined_before);
+                }
+                return Err(e);
+            }
+        };
         let payload_at = start + RECORD_HEADER;
         let seg = self.segments.get_mut(&segment).expect("writer's segment is open");
         for (inc, (off, l)) in increments.iter().zip(spans) {

@@ -16,6 +16,7 @@ mod store_layout;
 mod store_lease;
 mod store_publish;
 mod store_spool_directly;
+mod store_spool_full;
 mod store_spool_quarantine;
 mod store_summary_index;
 mod store_support;

@@ -101,7 +101,7 @@ fn database_gone_then_back() {
 }
 
 #[test]
-fn spool_unwritable_memory_bounded_then_recovered() {
+fn spool_and_database_unwritable_memory_bounded_then_recovered() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     // The spool's directory is a file: the spool cannot be opened.
@@ -110,6 +110,10 @@ fn spool_unwritable_memory_bounded_then_recovered() {
     let mut s = open(cfg(root, max));
     let epoch = s.current_epoch().cloned().unwrap();
     assert!(s.status().spool_error.is_some());
+    // Nor can the database be written (a batch the spool cannot take is published straight
+    // into it otherwise: store_spool_full.rs).
+    std::fs::rename(root.join("db"), root.join("db.away")).unwrap();
+    std::fs::write(root.join("db"), b"not a directory").unwrap();
     let mut added = 0;
     for i in 0..200u64 {
         s.add(batch((i % 7) as u8 + 1, i, 3), 0, 0);
@@ -122,6 +126,8 @@ fn spool_unwritable_memory_bounded_then_recovered() {
     assert!(st.pending_batches > 0);
     let dropped = st.dropped_samples;
     std::fs::remove_file(root.join("local")).unwrap();
+    std::fs::remove_file(root.join("db")).unwrap();
+    std::fs::rename(root.join("db.away"), root.join("db")).unwrap();
     s.flush_everything().unwrap();
     let st = s.status();
     assert!(st.spool_error.is_none() && st.pending_batches == 0, "{st:?}");
