@@ -340,10 +340,16 @@ pub fn cache_binary(file: &Path, cache_root: &Path) -> Result<PathBuf, CacheErro
     let dir = cache_root.join(&hex[..2]);
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let dest = dir.join(&hex[2..]);
-    // Temp file + rename so a concurrent reader never sees a partial binary.
-    let tmp = dir.join(format!(".tmp-{}-{}", &hex[2..], std::process::id()));
-    std::fs::write(&tmp, &data).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, &dest).map_err(io(&dest))?;
+    // A temporary file created O_EXCL under an unpredictable name, then renamed: a concurrent
+    // reader never sees a partial binary, and a link planted in the shared database is never
+    // written through.
+    profile_format::write_atomic(&dest, &data).map_err(|e| match e {
+        profile_format::Error::Io { path, source } => CacheError::Io { path, source },
+        other => CacheError::Io {
+            path: dest.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, other.to_string()),
+        },
+    })?;
     Ok(dest)
 }
 

@@ -141,8 +141,9 @@ EXPORT FORMATS (every selection; with --image, only that image)
             header to sort.
   speedscope  speedscope's JSON file format: one sampled profile per event, weighted by
             its event estimate (nanoseconds for cpu-clock), frames image then symbol.
-  --output FILE writes any format to FILE atomically (temporary file, fsync, rename) instead
-  of stdout. A progress bar is drawn on a terminal's stderr for exports of 500+ files.
+  --output FILE writes any format to FILE atomically instead of stdout: a new temporary file
+  (O_EXCL, unpredictable name) in FILE's directory, fsync, rename. A symbolic link or FIFO at
+  FILE is replaced, never written through. A progress bar is drawn on a terminal's stderr for exports of 500+ files.
 
 CALL STACKS (dcpid --callchains fp)
   --callers SYM lists who called function SYM (exact name, as the reports show it): one row
@@ -350,7 +351,15 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
     }
     let mut buf = Vec::new();
     run_to(args, &mut buf, err)?;
-    export::write_atomic(path, &buf)?;
+    // O_EXCL under an unpredictable name, then rename: never through a link planted in a
+    // shared directory (a link at PATH itself is replaced, its target never written).
+    profile_format::write_atomic(path, &buf).map_err(|e| ProfError::OutputFile {
+        path: path.to_owned(),
+        source: match e {
+            profile_format::Error::Io { source, .. } => source,
+            other => std::io::Error::new(std::io::ErrorKind::InvalidInput, other.to_string()),
+        },
+    })?;
     if args.verbose {
         writeln!(err, "dcpiprof: wrote {} ({} bytes)", path.display(), buf.len())?;
     }

@@ -14,8 +14,8 @@ pub mod pprof;
 pub mod speedscope;
 
 use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::io::IsTerminal;
+use std::path::Path;
 
 use profile_format::{ImageId, ImageKind};
 
@@ -419,30 +419,6 @@ pub fn xml(s: &str) -> String {
         }
     }
     o
-}
-
-/// Write `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename,
-/// so a reader (or a crash) never sees half a report.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ProfError> {
-    let err = |source: std::io::Error| ProfError::OutputFile { path: path.to_owned(), source };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    let name = path.file_name().ok_or_else(|| {
-        err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))
-    })?;
-    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(err)
 }
 
 #[cfg(test)]
