@@ -22,6 +22,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use dcpi_client::args::{Selection, SymbolSearch};
+// The report tools' CSV text cell: escaped, quoted, formulas neutralised (a path or symbol
+// name can hold anything).
+use dcpi_client::escape::csv_text as csv_field;
 use dcpi_client::prof::image::image_display;
 use dcpi_client::prof::report::{display_path, elf_symbolizer, kind_name};
 use dcpi_client::prof::select;
@@ -503,12 +506,9 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
     for (i, d) in dirs.iter().enumerate() {
         let key = format!("{}/{}", d.epoch, d.host);
         let fp = fingerprint(d, &o.sel.events)?;
-        let unchanged = manifest
-            .partitions
-            .get(&key)
-            .is_some_and(|p| {
-                p.fingerprint == fp && is_partition_file(&p.file) && o.output.join(&p.file).exists()
-            });
+        let unchanged = manifest.partitions.get(&key).is_some_and(|p| {
+            p.fingerprint == fp && is_partition_file(&p.file) && o.output.join(&p.file).exists()
+        });
         if unchanged && o.no_symbols {
             continue;
         }
@@ -578,22 +578,6 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
     Ok(out)
 }
 
-/// CSV field: quoted when needed, control characters escaped (a path can hold anything).
-fn csv_field(s: &str) -> String {
-    let s: String = if s.chars().any(char::is_control) {
-        s.chars()
-            .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
-            .collect()
-    } else {
-        s.to_owned()
-    };
-    if s.contains([',', '"']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s
-    }
-}
-
 fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
     let dirs = host_sel_dirs(o)?;
     std::fs::create_dir_all(o.output).map_err(io(o.output))?;
@@ -615,9 +599,9 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
                     d.epoch,
                     d.host,
                     csv_field(&r.image),
-                    r.image_id,
-                    r.build_id.as_deref().unwrap_or(""),
-                    r.kind,
+                    csv_field(&r.image_id),
+                    csv_field(r.build_id.as_deref().unwrap_or("")),
+                    csv_field(r.kind),
                     csv_field(&r.event),
                     r.offset,
                     r.samples,
@@ -641,8 +625,8 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
                 &mut buf,
                 format!(
                     "{},{},{},{},{},{}",
-                    r.image_id,
-                    r.build_id.as_deref().unwrap_or(""),
+                    csv_field(&r.image_id),
+                    csv_field(r.build_id.as_deref().unwrap_or("")),
                     csv_field(&r.image),
                     r.start,
                     r.end,

@@ -615,3 +615,37 @@ fn manifest_naming_a_file_outside_the_layout_never_removes_it() {
     assert!(err.contains("../victim") && err.contains("not removed"), "{err}");
     assert_eq!(std::fs::read(&victim).expect("victim still there"), b"precious");
 }
+
+/// CSV cells from image paths: a formula is neutralised with a leading `'`, bidi overrides and
+/// line separators are escaped, and the number columns stay numbers.
+#[test]
+fn csv_neutralises_formulas_and_escapes_format_characters() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let db = Database::create(&t.path().join("db")).expect("create db");
+    let e = db
+        .new_epoch(SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000), "h")
+        .expect("epoch");
+    let hd = db.host_dir(&e, "h").expect("host dir");
+    hd.create().expect("create");
+    let clock = event("cpu-clock", 1000);
+    let paths: [&[u8]; 3] =
+        [b"=HYPERLINK(\"http://x\")", "-rlo\u{202e}gnp.exe".as_bytes(), "@ls\u{2028}".as_bytes()];
+    for (i, p) in paths.iter().enumerate() {
+        let id = ImageId::BuildId(vec![0x20 + i as u8; 20]);
+        write_profile(&hd, ImageKind::Elf, &id, p, &clock, &[(0x10, 3)], 1000);
+    }
+    let out = t.path().join("csv");
+    ok(&export(db.root(), &out, &["--format", "csv", "--no-symbols"]));
+    let text = std::fs::read_to_string(out.join("samples.csv")).expect("csv");
+    for cell in
+        [",\"'=HYPERLINK(\"\"http://x\"\")\",", ",'-rlo\\u{202e}gnp.exe,", ",'@ls\\u{2028},"]
+    {
+        assert!(text.contains(cell), "{cell} not in {text}");
+    }
+    assert!(!text.chars().any(|c| dcpi_client::escape::is_unsafe_for_terminal(c) && c != '\n'));
+    for l in text.lines().skip(1) {
+        let f: Vec<&str> = l.rsplitn(4, ',').collect();
+        assert_eq!(f[1], "3", "{l}");
+        assert_eq!(f[0].parse::<f64>().ok(), Some(3000.0), "{l}");
+    }
+}

@@ -5,7 +5,8 @@
 
 use profile_format::{ImageId, ImageKind, ProfileHeader};
 
-use super::names::{escape_controls, text_from_bytes};
+use super::names::text_from_bytes;
+use crate::escape::controls as escape_controls;
 
 pub fn kind_name(k: ImageKind) -> &'static str {
     match k {

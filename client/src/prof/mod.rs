@@ -114,7 +114,10 @@ CSV (--format csv): a header line, then one line per row: image,kind,build_id,im
 SYMBOL NAMES
   Rust (legacy and v0) and C++ (Itanium) names are demangled as perf does; Rust hashes are
   dropped. --raw-names shows the names as stored. Control characters are escaped (\\u{1b},
-  \\n), bytes that are not UTF-8 are written \\xNN, in every format.
+  \\n), bytes that are not UTF-8 are written \\xNN, in every format. Tables and CSV also
+  escape format and separator characters (Unicode Cf, Zl, Zp: bidi overrides such as
+  \\u{202e}, zero-width characters), which JSON keeps as they are. A CSV text cell beginning
+  with = + - @, tab or CR gets a leading ' (no spreadsheet formula); numbers are unchanged.
 EXPORT FORMATS (every selection; with --image, only that image)
   folded    `image;symbol count` per line (flamegraph.pl, inferno, speedscope): raw samples
             of the first event, summing to the report's total_samples. `;` in a name is
@@ -736,7 +739,7 @@ fn run_calls(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
 
 fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<()> {
     for m in w.drain(..) {
-        writeln!(err, "dcpiprof: warning: {m}")?;
+        writeln!(err, "dcpiprof: warning: {}", crate::escape::terminal(&m))?;
     }
     Ok(())
 }
@@ -765,7 +768,8 @@ pub fn print_error(err: &mut dyn Write, e: &ProfError) {
 
 /// [`print_error`] for another report tool (`prog: error: ...`).
 pub fn print_error_as(prog: &str, err: &mut dyn Write, e: &ProfError) {
-    let _ = writeln!(err, "{prog}: error: {e}");
+    // Messages quote names and paths from the database: escaped for the terminal.
+    let _ = writeln!(err, "{prog}: error: {}", crate::escape::terminal(&e.to_string()));
     if let ProfError::Ambiguous { candidates, .. } = e {
         let _ = writeln!(err, "matches (pass a path or a build-id prefix to choose):");
         for c in candidates {
@@ -777,7 +781,7 @@ pub fn print_error_as(prog: &str, err: &mut dyn Write, e: &ProfError) {
             let _ = writeln!(
                 err,
                 "  {}  {id}  {} samples  hosts {}  epochs {}",
-                c.path,
+                crate::escape::terminal(&c.path),
                 c.samples,
                 c.hosts.join(","),
                 c.epochs.join(",")
