@@ -121,8 +121,8 @@ pub struct Args {
     #[command(flatten)]
     pub sel: Selection,
     /// The image: a path, a basename or a unique prefix or substring of one, a build-id or a
-    /// prefix of >= 8 hex digits, `kernel`, a module name or `[anon...]` (JIT), as dcpiprof
-    /// --image.
+    /// prefix of >= 8 hex digits, `kernel`, a module name, `anon` or `[anon...]` (JIT), as
+    /// dcpiprof --image.
     #[arg(long, value_name = "IMAGE", required_unless_present_any = ["top", "generate"])]
     pub image: Option<String>,
     /// The function: its name as dcpiprof shows it (demangled), its mangled name, a C++ name

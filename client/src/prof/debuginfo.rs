@@ -50,6 +50,10 @@ pub enum Located {
     Found { path: PathBuf, identity: ElfIdentity },
     /// The file at the recorded path is another build; no verified copy was found elsewhere.
     Mismatch { path: PathBuf, expected: String, found: String },
+    /// The file at the recorded path cannot be parsed as ELF (truncated, section headers
+    /// out of bounds, not ELF at all), so which build it is is unknown; no verified copy was
+    /// found elsewhere.
+    Unparsable { path: PathBuf, detail: String },
     /// Nothing found (message says what was tried).
     NotFound { tried: String },
 }
@@ -106,6 +110,7 @@ impl Locator {
 
     fn locate_build_id(&mut self, bid: &[u8], recorded: &[Vec<u8>]) -> Located {
         let mut mismatch = None;
+        let mut unparsable = None;
         let mut unreadable: Vec<String> = Vec::new();
         for raw in recorded {
             let path = PathBuf::from(std::ffi::OsStr::from_bytes(raw));
@@ -122,7 +127,7 @@ impl Locator {
                     unreadable.push(format!("{}: {e}", path.display()));
                 }
                 Err(e) => {
-                    mismatch.get_or_insert((path, format!("unreadable ELF ({e})")));
+                    unparsable.get_or_insert((path, e.to_string()));
                 }
             }
         }
@@ -143,9 +148,10 @@ impl Locator {
                 }
             }
         }
-        match mismatch {
-            Some((path, found)) => Located::Mismatch { path, expected: hex, found },
-            None => Located::NotFound {
+        match (mismatch, unparsable) {
+            (Some((path, found)), _) => Located::Mismatch { path, expected: hex, found },
+            (None, Some((path, detail))) => Located::Unparsable { path, detail },
+            (None, None) => Located::NotFound {
                 tried: format!(
                     "recorded path{}, {} --binary-path dir(s), {} cache dir(s)",
                     if unreadable.is_empty() {

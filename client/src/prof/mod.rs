@@ -175,8 +175,8 @@ SPECIAL ROWS
                          \"idle\": {\"included\": bool, \"percent\": num}.
   [kernel.kallsyms]      kernel code run on behalf of processes (system calls, interrupts,
                          page faults), not the idle loop.
-  IMAGE+0xOFFSET         no symbol covers the sample (binary not found, stripped, or between
-                         symbols): IMAGE is the file's basename (or [kernel.kallsyms],
+  IMAGE+0xOFFSET         no symbol covers the sample (binary not found or cannot be parsed,
+                         stripped, or between symbols): IMAGE is the file's basename (or [kernel.kallsyms],
                          [MODULE], [anon:...]) and OFFSET the file offset (kernel: offset from
                          the text/module base) rounded down to its 4 KiB page. [vdso]+0xOFFSET
                          is exact.
@@ -251,7 +251,8 @@ pub struct Args {
     /// Per-symbol report of one image: a path, a basename or a unique prefix or substring of
     /// one (`nginx`; an exact basename wins; several matches are listed), a build-id or a
     /// prefix of >= 8 hex digits, `kernel` ([kernel.kallsyms], vmlinux), a module name,
-    /// `[vdso]`, `[anon...]` (JIT, with its perf map symbols) or `unknown`.
+    /// `[vdso]`, `anon` or `[anon...]` (JIT regions, with their perf map symbols; `anon:PID`
+    /// those of one process) or `unknown`.
     #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
     /// Output format (report: table, json, csv; export: folded, pprof, svg, html, speedscope;

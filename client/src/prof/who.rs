@@ -57,6 +57,12 @@ fn image_matches(spec: &str, image: &[u8]) -> bool {
     if !spec.contains('/') && (base == spec || bare(&img) == bare(spec)) {
         return true;
     }
+    // `anon`, `[anon]`, `anon:PID`, `[anon:PID`: JIT regions `[anon:PID:comm]`, as
+    // `--image` selects them for the per-symbol report.
+    let anon = spec.trim_start_matches('[').trim_end_matches(']');
+    if (anon == "anon" || anon.starts_with("anon:")) && img.starts_with(&format!("[{anon}")) {
+        return true;
+    }
     matches!(spec, "kernel" | "vmlinux") && img == "[kernel.kallsyms]"
 }
 
