@@ -338,7 +338,7 @@ pub fn render_status(v: &StatusReport) -> String {
     o.split_inclusive('\n')
         .map(|l| {
             let (text, nl) = l.strip_suffix('\n').map_or((l, ""), |t| (t, "\n"));
-            format!("{}{nl}", crate::prof::names::escape_controls(text))
+            format!("{}{nl}", crate::escape::terminal(text))
         })
         .collect()
 }

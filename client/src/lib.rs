@@ -4,6 +4,7 @@
 pub mod args;
 pub mod ctl;
 pub mod diff;
+pub mod escape;
 pub mod list;
 pub mod manpages;
 pub mod prof;

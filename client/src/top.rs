@@ -10,8 +10,9 @@ use dcpi_proto::{Request, TopResult};
 use serde::Serialize;
 
 use crate::ctl::{parse_result, request_value, CtlError};
+use crate::escape::{controls as escape_controls, terminal};
 use crate::prof::debuginfo::file_identity;
-use crate::prof::names::{demangle, escape_controls};
+use crate::prof::names::demangle;
 use crate::prof::symbolize::{ElfSymbolizer, SymbolTable};
 
 /// One row as `dcpictl top` shows it.
@@ -107,7 +108,9 @@ pub fn snapshot(t: &TopResult, syms: &mut Symbols, limit: usize) -> Snapshot {
     Snapshot { window_ms: t.window_ms, samples: t.samples, rows }
 }
 
-/// Render a snapshot as a table.
+/// Render a snapshot as a table. Names are escaped for the terminal here (the snapshot, which
+/// `--json` prints, has only their control characters escaped): a bidi override in a command
+/// name must not reorder the row.
 pub fn render(s: &Snapshot) -> String {
     let mut out = format!(
         "dcpi top: last {:.0} s, {} samples (hottest first)\n{:>7}  {:>6}  {:>7}  {:<16}  {:<24}  {}\n",
@@ -127,9 +130,9 @@ pub fn render(s: &Snapshot) -> String {
             r.samples,
             pct,
             r.pid,
-            r.command,
-            r.symbol.as_deref().unwrap_or("-"),
-            r.image
+            terminal(&r.command),
+            terminal(r.symbol.as_deref().unwrap_or("-")),
+            terminal(&r.image)
         ));
     }
     out
@@ -176,4 +179,68 @@ pub fn run(
 
 fn terminal_rows() -> usize {
     std::env::var("LINES").ok().and_then(|l| l.parse().ok()).unwrap_or(24)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Command and image names with controls, bidi overrides and isolates, line separators and
+    /// a spreadsheet formula: the table shows them escaped, the JSON snapshot keeps the format
+    /// characters exact (JSON's own escaping makes it valid).
+    #[test]
+    fn hostile_names_are_escaped_in_the_table_and_exact_in_json() {
+        let names = [
+            "=HYPERLINK(\"x\")",
+            "rlo\u{202e}gnp.exe",
+            "lri\u{2066}x\u{2069}",
+            "ls\u{2028}ps\u{2029}",
+            "esc\u{1b}[2J",
+            "zw\u{200b}\u{feff}",
+        ];
+        let rows = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| dcpi_proto::TopRow {
+                command: (*n).into(),
+                pid: 100 + i as u32,
+                image: format!("/opt/{n}"),
+                build_id: None,
+                offset: None,
+                samples: 10 + i as u64,
+            })
+            .collect();
+        let t = TopResult { window_ms: 5000, samples: 100, rows };
+        let s = snapshot(&t, &mut Symbols::default(), 50);
+        let text = render(&s);
+        let raw: Vec<char> = text
+            .chars()
+            .filter(|&c| c != '\n' && crate::escape::is_unsafe_for_terminal(c))
+            .collect();
+        assert!(raw.is_empty(), "raw {raw:?} in {text}");
+        for want in [
+            "rlo\\u{202e}gnp.exe",
+            "lri\\u{2066}x\\u{2069}",
+            "ls\\u{2028}ps\\u{2029}",
+            "esc\\u{1b}[2J",
+        ] {
+            assert!(text.contains(want), "{want} not in {text}");
+        }
+        assert!(text.contains("=HYPERLINK(\"x\")"), "{text}");
+        let json = serde_json::to_value(&s).expect("json");
+        let commands: Vec<&str> = json["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .filter_map(|r| r["command"].as_str())
+            .collect();
+        for n in [
+            "=HYPERLINK(\"x\")",
+            "rlo\u{202e}gnp.exe",
+            "lri\u{2066}x\u{2069}",
+            "ls\u{2028}ps\u{2029}",
+        ] {
+            assert!(commands.contains(&n), "{n:?} not exact in {commands:?}");
+        }
+    }
 }

@@ -22,6 +22,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use dcpi_client::args::{Selection, SymbolSearch};
+// The report tools' CSV text cell: escaped, quoted, formulas neutralised (a path or symbol
+// name can hold anything).
+use dcpi_client::escape::csv_text as csv_field;
 use dcpi_client::prof::image::image_display;
 use dcpi_client::prof::report::{display_path, elf_symbolizer, kind_name};
 use dcpi_client::prof::select;
@@ -61,6 +64,13 @@ pub enum ExportError {
     Manifest { path: PathBuf, detail: String },
     #[error("{0}; pass --keep-going to skip corrupt files")]
     Corrupt(String),
+    /// A directory of the output layout that exists as something else: a symbolic link
+    /// planted there would send the export (and the removal of replaced files) elsewhere.
+    #[error(
+        "{path}: is {kind}, not a directory (refused: dcpiexport writes only into directories \
+         it created or that are real directories; remove it or use another --output directory)"
+    )]
+    NotADirectory { path: PathBuf, kind: &'static str },
 }
 
 impl ExportError {
@@ -160,6 +170,45 @@ fn read_manifest(out: &Path) -> Result<Manifest, ExportError> {
         });
     }
     Ok(m)
+}
+
+/// `out/rel` made a directory one component at a time (`rel` is relative: `samples/epoch=E/
+/// host=H`, `symbols`), refusing any component that exists as a symbolic link or anything but
+/// a directory: a link planted in a shared output directory must not redirect the files
+/// written (or the old partitions removed) into another directory. The output directory
+/// itself is the user's choice and may be a link.
+fn output_subdir(out: &Path, rel: &str) -> Result<PathBuf, ExportError> {
+    let mut dir = out.to_path_buf();
+    for comp in rel.split('/') {
+        dir.push(comp);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io(&dir)(e)),
+        }
+        let ft = std::fs::symlink_metadata(&dir).map_err(io(&dir))?.file_type();
+        if !ft.is_dir() {
+            let kind = if ft.is_symlink() { "a symbolic link" } else { "not a directory" };
+            return Err(ExportError::NotADirectory { path: dir, kind });
+        }
+    }
+    Ok(dir)
+}
+
+/// Whether a manifest's `file` names a partition file of the layout
+/// (`samples/epoch=E/host=H/part-FP.parquet`, no `..`, not absolute): only such a file is ever
+/// removed when its partition is replaced (the manifest is a file anyone with write access to
+/// the output directory may have edited).
+fn is_partition_file(rel: &str) -> bool {
+    let parts: Vec<&str> = rel.split('/').collect();
+    let normal = |c: &str| !c.is_empty() && c != "." && c != "..";
+    parts.len() == 4
+        && parts.iter().all(|c| normal(c))
+        && parts[0] == "samples"
+        && parts[1].starts_with("epoch=")
+        && parts[2].starts_with("host=")
+        && parts[3].starts_with("part-")
+        && parts[3].ends_with(".parquet")
 }
 
 fn write_manifest(out: &Path, m: &Manifest) -> Result<(), ExportError> {
@@ -457,10 +506,9 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
     for (i, d) in dirs.iter().enumerate() {
         let key = format!("{}/{}", d.epoch, d.host);
         let fp = fingerprint(d, &o.sel.events)?;
-        let unchanged = manifest
-            .partitions
-            .get(&key)
-            .is_some_and(|p| p.fingerprint == fp && o.output.join(&p.file).exists());
+        let unchanged = manifest.partitions.get(&key).is_some_and(|p| {
+            p.fingerprint == fp && is_partition_file(&p.file) && o.output.join(&p.file).exists()
+        });
         if unchanged && o.no_symbols {
             continue;
         }
@@ -470,10 +518,9 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
         if unchanged {
             continue;
         }
+        let dir = output_subdir(o.output, &format!("samples/epoch={}/host={}", d.epoch, d.host))?;
         let rel = format!("samples/epoch={}/host={}/part-{fp}.parquet", d.epoch, d.host);
-        let path = o.output.join(&rel);
-        let dir = path.parent().unwrap_or(o.output);
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let path = dir.join(format!("part-{fp}.parquet"));
         let bytes = parquet_out::samples(&rows)
             .map_err(|source| ExportError::Parquet { path: path.clone(), source })?;
         profile_format::write_atomic(&path, &bytes)?;
@@ -489,6 +536,15 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
         // The manifest first names the new file, then the old one goes.
         write_manifest(o.output, &manifest)?;
         if let Some(old) = old.filter(|p| p.file != rel) {
+            if !is_partition_file(&old.file) {
+                warn(format!(
+                    "{}: partition {:?} names {:?}, not a partition file of the layout: not removed",
+                    o.output.join(MANIFEST).display(),
+                    format!("{}/{}", d.epoch, d.host),
+                    old.file
+                ));
+                continue;
+            }
             let p = o.output.join(&old.file);
             match std::fs::remove_file(&p) {
                 Ok(()) => out.files_removed.push(p),
@@ -505,10 +561,9 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
                 h.update(c.as_bytes());
                 h.update(b"\0");
             }
-            let rel = format!("symbols/part-{}.parquet", hex::encode(&h.finalize()[..8]));
-            let path = o.output.join(&rel);
-            let dir = path.parent().unwrap_or(o.output);
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            let name = format!("part-{}.parquet", hex::encode(&h.finalize()[..8]));
+            let rel = format!("symbols/{name}");
+            let path = output_subdir(o.output, "symbols")?.join(name);
             let bytes = parquet_out::symbols(&rows)
                 .map_err(|source| ExportError::Parquet { path: path.clone(), source })?;
             profile_format::write_atomic(&path, &bytes)?;
@@ -521,22 +576,6 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
     }
     write_manifest(o.output, &manifest)?;
     Ok(out)
-}
-
-/// CSV field: quoted when needed, control characters escaped (a path can hold anything).
-fn csv_field(s: &str) -> String {
-    let s: String = if s.chars().any(char::is_control) {
-        s.chars()
-            .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
-            .collect()
-    } else {
-        s.to_owned()
-    };
-    if s.contains([',', '"']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s
-    }
 }
 
 fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
@@ -560,9 +599,9 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
                     d.epoch,
                     d.host,
                     csv_field(&r.image),
-                    r.image_id,
-                    r.build_id.as_deref().unwrap_or(""),
-                    r.kind,
+                    csv_field(&r.image_id),
+                    csv_field(r.build_id.as_deref().unwrap_or("")),
+                    csv_field(r.kind),
                     csv_field(&r.event),
                     r.offset,
                     r.samples,
@@ -586,8 +625,8 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
                 &mut buf,
                 format!(
                     "{},{},{},{},{},{}",
-                    r.image_id,
-                    r.build_id.as_deref().unwrap_or(""),
+                    csv_field(&r.image_id),
+                    csv_field(r.build_id.as_deref().unwrap_or("")),
                     csv_field(&r.image),
                     r.start,
                     r.end,

@@ -548,3 +548,104 @@ fn symbols_table_joins_to_dcpiprofs_per_symbol_numbers() {
     ok(&export(db.root(), &pq, &[]));
     assert_eq!(parquet_files(&pq.join("symbols")), first);
 }
+
+/// A symbolic link planted in the output directory (`samples`, a partition's directory,
+/// `symbols`) never redirects the export: dcpiexport refuses it, naming it, and writes nothing
+/// into the link's target.
+#[test]
+fn planted_directory_links_in_the_output_are_refused() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let (db, dirs) = build_db(&t.path().join("db"));
+    let elsewhere = t.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("mkdir");
+    let listing = |d: &Path| -> Vec<PathBuf> {
+        let mut v = Vec::new();
+        let mut stack = vec![d.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).expect("list").flatten() {
+                if e.file_type().expect("type").is_dir() {
+                    stack.push(e.path());
+                }
+                v.push(e.path());
+            }
+        }
+        v
+    };
+    let hd = &dirs[0];
+    for (n, rel) in [
+        "samples".to_owned(),
+        format!("samples/epoch={}", hd.epoch),
+        format!("samples/epoch={}/host={}", hd.epoch, hd.host),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = t.path().join(format!("out{n}"));
+        let link = out.join(&rel);
+        std::fs::create_dir_all(link.parent().expect("parent")).expect("mkdir");
+        std::os::unix::fs::symlink(&elsewhere, &link).expect("plant link");
+        let o = export(db.root(), &out, &["--no-symbols"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{rel}: {err}");
+        assert!(err.contains(&*link.to_string_lossy()) && err.contains("symbolic link"), "{err}");
+        assert_eq!(listing(&elsewhere), Vec::<PathBuf>::new(), "{rel}: written through the link");
+    }
+}
+
+/// A manifest naming a file outside the layout as a partition's file (`../victim`): when the
+/// partition is exported again, that file is not removed.
+#[test]
+fn manifest_naming_a_file_outside_the_layout_never_removes_it() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let (db, dirs) = build_db(&t.path().join("db"));
+    let out = t.path().join("out");
+    ok(&export(db.root(), &out, &["--no-symbols"]));
+    let victim = t.path().join("victim");
+    std::fs::write(&victim, b"precious").expect("victim");
+    let path = out.join("manifest.json");
+    let mut m: Value = serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+    let key = format!("{}/{}", dirs[0].epoch, dirs[0].host);
+    let p = &mut m["partitions"][&key];
+    assert!(p.is_object(), "{key} not in {m:#}");
+    p["file"] = Value::from("../victim");
+    p["fingerprint"] = Value::from("stale");
+    std::fs::write(&path, serde_json::to_vec(&m).expect("json")).expect("write manifest");
+    let err = ok(&export(db.root(), &out, &["--no-symbols"]));
+    assert!(err.contains("1 exported (5 unchanged)"), "{err}");
+    assert!(err.contains("../victim") && err.contains("not removed"), "{err}");
+    assert_eq!(std::fs::read(&victim).expect("victim still there"), b"precious");
+}
+
+/// CSV cells from image paths: a formula is neutralised with a leading `'`, bidi overrides and
+/// line separators are escaped, and the number columns stay numbers.
+#[test]
+fn csv_neutralises_formulas_and_escapes_format_characters() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let db = Database::create(&t.path().join("db")).expect("create db");
+    let e = db
+        .new_epoch(SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000), "h")
+        .expect("epoch");
+    let hd = db.host_dir(&e, "h").expect("host dir");
+    hd.create().expect("create");
+    let clock = event("cpu-clock", 1000);
+    let paths: [&[u8]; 3] =
+        [b"=HYPERLINK(\"http://x\")", "-rlo\u{202e}gnp.exe".as_bytes(), "@ls\u{2028}".as_bytes()];
+    for (i, p) in paths.iter().enumerate() {
+        let id = ImageId::BuildId(vec![0x20 + i as u8; 20]);
+        write_profile(&hd, ImageKind::Elf, &id, p, &clock, &[(0x10, 3)], 1000);
+    }
+    let out = t.path().join("csv");
+    ok(&export(db.root(), &out, &["--format", "csv", "--no-symbols"]));
+    let text = std::fs::read_to_string(out.join("samples.csv")).expect("csv");
+    for cell in
+        [",\"'=HYPERLINK(\"\"http://x\"\")\",", ",'-rlo\\u{202e}gnp.exe,", ",'@ls\\u{2028},"]
+    {
+        assert!(text.contains(cell), "{cell} not in {text}");
+    }
+    assert!(!text.chars().any(|c| dcpi_client::escape::is_unsafe_for_terminal(c) && c != '\n'));
+    for l in text.lines().skip(1) {
+        let f: Vec<&str> = l.rsplitn(4, ',').collect();
+        assert_eq!(f[1], "3", "{l}");
+        assert_eq!(f[0].parse::<f64>().ok(), Some(3000.0), "{l}");
+    }
+}

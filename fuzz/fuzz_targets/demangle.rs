@@ -1,9 +1,11 @@
 //! Any bytes as a symbol name (lossily decoded, as names from ELF files, perf maps and
 //! kallsyms reach the report tools): demangling and display never panic, and what a report
-//! would print holds no control character.
+//! would print holds no control character, and the escaper for terminals leaves no control,
+//! format or separator character.
 #![no_main]
 
-use dcpi_client::prof::names::{display_name, escape_controls};
+use dcpi_client::escape::{controls, is_unsafe_for_terminal, terminal};
+use dcpi_client::prof::names::display_name;
 use libfuzzer_sys::fuzz_target;
 
 fn check(name: &str) {
@@ -12,8 +14,13 @@ fn check(name: &str) {
         let shown = display_name(name, raw);
         assert!(!shown.chars().any(char::is_control), "control character in {shown:?}");
     }
-    let e = escape_controls(name);
-    assert_eq!(escape_controls(&e), e, "escaping is idempotent");
+    // The one escaper: idempotent, and what a terminal gets holds no control, format or
+    // separator character (Unicode Cc, Cf, Zl, Zp).
+    let e = controls(name);
+    assert_eq!(controls(&e), e, "escaping is idempotent");
+    let t = terminal(name);
+    assert_eq!(terminal(&t), t, "escaping is idempotent");
+    assert!(!t.chars().any(is_unsafe_for_terminal), "unsafe character in {t:?}");
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -4,7 +4,8 @@
 
 use std::io::{self, Write};
 
-pub use crate::prof::output::{csv_line, printable, r4};
+pub use crate::escape::{csv_line, csv_titles, num, CsvCell};
+pub use crate::prof::output::{printable, r4};
 use crate::prof::report;
 use crate::prof::select::Loaded;
 pub use crate::prof::subset::{resolve_image_builds, symbol_rows, ImageProfiles, Symbolizer};
@@ -38,7 +39,7 @@ pub fn print_tool_error(prog: &str, err: &mut dyn Write, e: &ToolError) {
     match e {
         ToolError::Prof(p) => crate::prof::print_error_as(prog, err, p),
         other => {
-            let _ = writeln!(err, "{prog}: error: {other}");
+            let _ = writeln!(err, "{prog}: error: {}", crate::escape::terminal(&other.to_string()));
         }
     }
 }
@@ -97,11 +98,16 @@ pub const RED: &str = "\x1b[31m";
 pub const GREEN: &str = "\x1b[32m";
 pub const BOLD: &str = "\x1b[1m";
 
-/// Right-aligned columns, the last one free-width text (a symbol or image name).
+/// Right-aligned columns, the last one free-width text (a symbol or image name). Cell text is
+/// escaped for the terminal (its colour is not text).
 pub fn table(out: &mut dyn Write, titles: &[&str], rows: &[Vec<Cell>]) -> io::Result<()> {
+    let rows: Vec<Vec<Cell>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| Cell { text: printable(&c.text), color: c.color }).collect())
+        .collect();
     let ncol = titles.len();
     let mut width: Vec<usize> = titles.iter().map(|t| t.chars().count()).collect();
-    for r in rows {
+    for r in &rows {
         for (w, c) in width.iter_mut().zip(r) {
             *w = (*w).max(c.text.chars().count());
         }
@@ -123,7 +129,7 @@ pub fn table(out: &mut dyn Write, titles: &[&str], rows: &[Vec<Cell>]) -> io::Re
         writeln!(out, "{}", s.trim_end())
     };
     line(titles.iter().map(|t| Cell::from(t.to_string())).collect())?;
-    for r in rows {
+    for r in &rows {
         line(r.clone())?;
     }
     Ok(())

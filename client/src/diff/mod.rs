@@ -14,8 +14,8 @@ use clap::{CommandFactory, Parser};
 use serde::Serialize;
 
 use self::common::{
-    csv_line, printable, r4, resolve_image_builds, signed, symbol_rows, table, Cell, ColorChoice,
-    Symbolizer, ToolError, BOLD, GREEN, RED,
+    csv_line, csv_titles, num, printable, r4, resolve_image_builds, signed, symbol_rows, table,
+    Cell, ColorChoice, CsvCell, Symbolizer, ToolError, BOLD, GREEN, RED,
 };
 use crate::args::{Selection, SymbolSearch};
 use crate::prof::output::TableFormat as Format;
@@ -386,7 +386,7 @@ pub fn run_diff(
         }
     };
     for w in warnings.drain(..) {
-        writeln!(err, "dcpidiff: warning: {w}")?;
+        writeln!(err, "dcpidiff: warning: {}", crate::escape::terminal(&w))?;
     }
     let r = compare(args, rows_of, &event, tallies, bside, aside);
     write_report(out, &r, args.format, args.color.enabled())?;
@@ -565,7 +565,7 @@ pub fn write_report(
         }
         Format::Csv => {
             let key = if r.rows_of == "images" { "image" } else { "symbol" };
-            csv_line(
+            csv_titles(
                 out,
                 &[
                     key,
@@ -582,27 +582,26 @@ pub fn write_report(
                     "p_value",
                     "p_adjusted",
                     "significant",
-                ]
-                .map(String::from),
+                ],
             )?;
             for x in &r.rows {
                 csv_line(
                     out,
                     &[
-                        x.symbol.clone().or(x.image.clone()).unwrap_or_default(),
-                        x.source.clone().unwrap_or_default(),
-                        x.before.to_string(),
-                        x.after.to_string(),
-                        x.before_events.to_string(),
-                        x.after_events.to_string(),
-                        x.before_share.to_string(),
-                        x.after_share.to_string(),
-                        x.delta.to_string(),
-                        x.ratio.map(|v| v.to_string()).unwrap_or_default(),
-                        x.z.to_string(),
-                        format!("{:e}", x.p_value),
-                        format!("{:e}", x.p_adjusted),
-                        x.significant.to_string(),
+                        x.symbol.clone().or(x.image.clone()).unwrap_or_default().into(),
+                        x.source.clone().unwrap_or_default().into(),
+                        num(x.before),
+                        num(x.after),
+                        num(x.before_events),
+                        num(x.after_events),
+                        num(x.before_share),
+                        num(x.after_share),
+                        num(x.delta),
+                        CsvCell::Number(x.ratio.map(|v| v.to_string()).unwrap_or_default()),
+                        num(x.z),
+                        num(format!("{:e}", x.p_value)),
+                        num(format!("{:e}", x.p_adjusted)),
+                        x.significant.to_string().into(),
                     ],
                 )?;
             }
@@ -633,7 +632,7 @@ pub fn write_report(
             writeln!(
                 out,
                 "# event {}; shares are % of {of}; delta = after% - before% in points",
-                r.event
+                printable(&r.event)
             )?;
             writeln!(
                 out,

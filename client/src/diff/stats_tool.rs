@@ -9,8 +9,8 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use serde::Serialize;
 
 use super::common::{
-    csv_line, printable, r4, resolve_image_builds, symbol_rows, table, Cell, ColorChoice,
-    Symbolizer, ToolError, RED,
+    csv_line, csv_titles, num, printable, r4, resolve_image_builds, symbol_rows, table, Cell,
+    ColorChoice, Symbolizer, ToolError, RED,
 };
 use super::stat;
 use crate::args::{Selection, SymbolSearch};
@@ -261,7 +261,7 @@ pub fn run_stats(
         groups.push((name, g));
     }
     for m in warnings.drain(..) {
-        writeln!(err, "dcpistats: warning: {m}")?;
+        writeln!(err, "dcpistats: warning: {}", crate::escape::terminal(&m))?;
     }
     if groups.iter().filter(|(_, g)| g.samples > 0).count() < 2 {
         return Err(ToolError::Usage(format!(
@@ -396,7 +396,7 @@ pub fn write_stats(
             writeln!(out)
         }
         Format::Csv => {
-            csv_line(
+            csv_titles(
                 out,
                 &[
                     "symbol",
@@ -407,22 +407,21 @@ pub fn write_stats(
                     "normalized_range",
                     "samples",
                     "outliers",
-                ]
-                .map(String::from),
+                ],
             )?;
             for x in &r.rows {
                 let o: Vec<&str> = x.outliers.iter().map(|o| o.group.as_str()).collect();
                 csv_line(
                     out,
                     &[
-                        x.symbol.clone(),
-                        x.mean.to_string(),
-                        x.stddev.to_string(),
-                        x.min.to_string(),
-                        x.max.to_string(),
-                        x.normalized_range.to_string(),
-                        x.samples.to_string(),
-                        o.join(";"),
+                        x.symbol.clone().into(),
+                        num(x.mean),
+                        num(x.stddev),
+                        num(x.min),
+                        num(x.max),
+                        num(x.normalized_range),
+                        num(x.samples),
+                        o.join(";").into(),
                     ],
                 )?;
             }
@@ -444,7 +443,7 @@ pub fn write_stats(
                 out,
                 "# event {}; by {by}: {} {by}s with samples, {low} with fewer than {} samples \
                  (low: weighted by samples, never outliers)",
-                r.event,
+                printable(&r.event),
                 r.groups.len(),
                 r.min_samples
             )?;

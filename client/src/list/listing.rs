@@ -9,7 +9,8 @@ use profile_format::ImageKind;
 use serde::Serialize;
 
 use super::disasm::{self, Insn};
-use super::{escape, Args, ListError, Mode, SKID_NOTE};
+use super::{Args, ListError, Mode, SKID_NOTE};
+use crate::escape::controls;
 use crate::prof::debuginfo::live_vdso;
 use crate::prof::image::{build_id_hex, display_path, image_display, kind_name};
 use crate::prof::report::{
@@ -314,7 +315,9 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     let ci = cpi_events(&weights.events);
     let source_of = |f: &Option<Frame>| {
         f.as_ref().and_then(|f| {
-            f.file.as_ref().map(|file| format!("{}:{}", escape(file), f.line.unwrap_or(0)))
+            f.file
+                .as_ref()
+                .map(|file| format!("{}:{}", controls(file).into_owned(), f.line.unwrap_or(0)))
         })
     };
     let labels = disasm::labels(&items.iter().filter_map(|i| i.insn.clone()).collect::<Vec<_>>());
@@ -326,7 +329,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
         let name = demangled
             .borrow_mut()
             .entry(sym.start)
-            .or_insert_with(|| escape(&demangle(&sym.name)))
+            .or_insert_with(|| controls(&demangle(&sym.name)).into_owned())
             .clone();
         Some(if a == sym.start { name } else { format!("{name}+{:#x}", a - sym.start) })
     };
@@ -378,8 +381,11 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     let mut source_row = |k: &LineKey, c: &Counts| -> SourceRow {
         let ev = event_counts(c, &weights.events, &totals);
         SourceRow {
-            source: k.0.as_ref().map(|f| format!("{}:{}", escape(f), k.1.unwrap_or(0))),
-            file: k.0.as_deref().map(escape),
+            source: k
+                .0
+                .as_ref()
+                .map(|f| format!("{}:{}", controls(f).into_owned(), k.1.unwrap_or(0))),
+            file: k.0.as_deref().map(|f| controls(f).into_owned()),
             line: k.1,
             text: match k {
                 (Some(f), Some(l)) => texts.line(f, *l),
@@ -422,7 +428,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
         kind: info.kind,
         build_id: info.build_id,
         binary: info.binary,
-        symbol: escape(&func.name),
+        symbol: controls(&func.name).into_owned(),
         mode: mode.name(),
         start_offset: func.start_off,
         size: func.size,
@@ -451,7 +457,7 @@ impl SourceTexts {
             Some(String::from_utf8_lossy(&bytes).lines().map(expand_tabs).collect())
         });
         let l = lines.as_ref()?.get((line as usize).checked_sub(1)?)?;
-        Some(escape(l.trim_end()))
+        Some(controls(l.trim_end()).into_owned())
     }
 }
 
@@ -547,8 +553,8 @@ fn elf_func(
                             let off = s.vaddr_to_offset(x.start).unwrap_or(0);
                             format!(
                                 "{} ({}) at offset {off:#x}: --symbol {off:#x}",
-                                escape(&demangle(&x.name)),
-                                escape(&x.name)
+                                controls(&demangle(&x.name)).into_owned(),
+                                controls(&x.name).into_owned()
                             )
                         })
                         .collect(),
@@ -566,7 +572,7 @@ fn elf_func(
         ListError::Data(format!(
             "{}: symbol {} at {:#x} is not in a loaded segment of the file",
             info.path,
-            escape(&sym.name),
+            controls(&sym.name).into_owned(),
             sym.start
         ))
     })?;
@@ -574,7 +580,7 @@ fn elf_func(
         return Err(ListError::Data(format!(
             "{}: symbol {} claims {size} bytes (more than {MAX_FUNCTION_BYTES}); not listing",
             info.path,
-            escape(&sym.name)
+            controls(&sym.name).into_owned()
         )));
     }
     let binary = s.binary_path().map(Path::to_owned);
@@ -664,7 +670,7 @@ fn hottest_elf(s: &ElfSymbolizer, loaded: &Loaded, w: &Weights, idx: &[usize]) -
         }
         for (&off, &c) in &loaded.profiles[i].profile.counts {
             if let Some(sym) = s.offset_to_vaddr(off).and_then(|a| s.symbol(a)) {
-                *by.entry(escape(&demangle(&sym.name))).or_default() += c;
+                *by.entry(controls(&demangle(&sym.name)).into_owned()).or_default() += c;
             }
         }
     }
@@ -696,7 +702,7 @@ fn jit_func(loaded: &Loaded, idx: &[usize], spec: &str, image: &str) -> Result<F
         for (&off, &c) in &loaded.profiles[i].profile.counts {
             if let Some(s) = h.jit_symbols.iter().find(|s| off >= s.start && off - s.start < s.size)
             {
-                *by.entry(escape(&demangle(&s.name))).or_default() += c;
+                *by.entry(controls(&demangle(&s.name)).into_owned()).or_default() += c;
             }
         }
     }
@@ -741,7 +747,7 @@ fn kernel_func(
                 let a = base.saturating_add(off);
                 let at = in_scope.partition_point(|s| s.addr <= a);
                 if let Some(s) = at.checked_sub(1).map(|i| in_scope[i]) {
-                    *by.entry(escape(&s.name)).or_default() += c;
+                    *by.entry(controls(&s.name).into_owned()).or_default() += c;
                 }
             }
         }

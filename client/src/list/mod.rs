@@ -121,8 +121,8 @@ pub struct Args {
     #[command(flatten)]
     pub sel: Selection,
     /// The image: a path, a basename or a unique prefix or substring of one, a build-id or a
-    /// prefix of >= 8 hex digits, `kernel`, a module name or `[anon...]` (JIT), as dcpiprof
-    /// --image.
+    /// prefix of >= 8 hex digits, `kernel`, a module name, `anon` or `[anon...]` (JIT), as
+    /// dcpiprof --image.
     #[arg(long, value_name = "IMAGE", required_unless_present_any = ["top", "generate"])]
     pub image: Option<String>,
     /// The function: its name as dcpiprof shows it (demangled), its mangled name, a C++ name
@@ -226,14 +226,14 @@ pub fn print_error(err: &mut dyn Write, e: &ListError) {
             let _ = err.write_all(text.as_bytes());
         }
         ListError::Ambiguous { candidates, .. } => {
-            let _ = writeln!(err, "dcpilist: error: {e}");
+            let _ = writeln!(err, "dcpilist: error: {}", crate::escape::terminal(&e.to_string()));
             let _ = writeln!(err, "matches (pass the mangled name to choose):");
             for c in candidates {
-                let _ = writeln!(err, "  {c}");
+                let _ = writeln!(err, "  {}", crate::escape::terminal(c));
             }
         }
         _ => {
-            let _ = writeln!(err, "dcpilist: error: {e}");
+            let _ = writeln!(err, "dcpilist: error: {}", crate::escape::terminal(&e.to_string()));
         }
     }
 }
@@ -263,7 +263,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
 
 fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<()> {
     for m in w.drain(..) {
-        writeln!(err, "dcpilist: warning: {m}")?;
+        writeln!(err, "dcpilist: warning: {}", crate::escape::terminal(&m))?;
     }
     Ok(())
 }
@@ -282,15 +282,4 @@ fn generate(what: prof::Generate, out: &mut dyn Write) -> Result<(), ListError> 
     };
     clap_complete::generate(shell, &mut cmd, "dcpilist", out);
     Ok(())
-}
-
-/// Escape control characters (names and source text come from untrusted files).
-pub fn escape(s: &str) -> String {
-    if s.chars().any(char::is_control) {
-        s.chars()
-            .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
-            .collect()
-    } else {
-        s.to_owned()
-    }
 }

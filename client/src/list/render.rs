@@ -4,8 +4,9 @@ use std::io::{self, Write};
 
 use super::listing::{AsmRow, Listing, Row, SourceRow};
 use super::top::TopReport;
-use crate::prof::names::escape_controls as esc;
+use crate::escape::{csv_line, csv_titles, num, terminal as esc, CsvCell};
 use crate::prof::output::TableFormat as Format;
+use crate::prof::output::{csv_count_cells, csv_count_titles};
 use crate::prof::report::{EventCount, EventInfo, Scope};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -14,15 +15,19 @@ enum Align {
     Right,
 }
 
-/// Columns padded to their widest cell; the last one is free width.
+/// Columns padded to their widest cell; the last one is free width. Every cell is escaped for
+/// the terminal first, so widths are those of what is printed.
 fn table(
     out: &mut dyn Write,
     titles: &[String],
     align: &[Align],
     rows: &[Vec<String>],
 ) -> io::Result<()> {
+    let cells = |r: &[String]| -> Vec<String> { r.iter().map(|c| esc(c).into_owned()).collect() };
+    let titles = &cells(titles)[..];
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| cells(r)).collect();
     let mut width: Vec<usize> = titles.iter().map(|t| t.chars().count()).collect();
-    for r in rows {
+    for r in &rows {
         for (w, c) in width.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
         }
@@ -31,8 +36,7 @@ fn table(
         let mut s = String::new();
         for (i, c) in cells.iter().enumerate() {
             if i + 1 == cells.len() {
-                // Escaped where made; the last line of defence (see csv_line).
-                s.push_str(&esc(c));
+                s.push_str(c);
             } else if align[i] == Align::Right {
                 s.push_str(&format!("{c:>w$}  ", w = width[i]));
             } else {
@@ -42,29 +46,14 @@ fn table(
         writeln!(out, "{}", s.trim_end())
     };
     line(out, titles)?;
-    for r in rows {
+    for r in &rows {
         line(out, r)?;
     }
     Ok(())
 }
 
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_owned()
-    }
-}
-
-fn csv_line(out: &mut dyn Write, cells: &[String]) -> io::Result<()> {
-    // Cells are escaped where they are made; this is the last line of defence for a field
-    // that was not (a name from a hostile file must never reach a terminal raw).
-    let v: Vec<String> = cells.iter().map(|c| csv_field(&esc(c))).collect();
-    writeln!(out, "{}", v.join(","))
-}
-
 fn header(out: &mut dyn Write, scope: &Scope, events: &[EventInfo], what: &str) -> io::Result<()> {
-    writeln!(out, "# database: {}", scope.database)?;
+    writeln!(out, "# database: {}", esc(&scope.database))?;
     writeln!(out, "# epochs: {}", crate::prof::report::epoch_range(&scope.epochs))?;
     writeln!(out, "# hosts: {}", scope.hosts.join(", "))?;
     for e in events {
@@ -120,23 +109,6 @@ fn short_source(s: &Option<String>) -> String {
     }
 }
 
-fn csv_count_titles(events: &[EventInfo]) -> Vec<String> {
-    events
-        .iter()
-        .flat_map(|e| {
-            let n = esc(&e.name);
-            [format!("{n}.samples"), format!("{n}.events"), format!("{n}.percent")]
-        })
-        .collect()
-}
-
-fn csv_count_cells(counts: &[EventCount]) -> Vec<String> {
-    counts
-        .iter()
-        .flat_map(|c| [c.samples.to_string(), c.events.to_string(), c.percent.to_string()])
-        .collect()
-}
-
 pub fn write_listing(out: &mut dyn Write, l: &Listing, fmt: Format, bytes: bool) -> io::Result<()> {
     match fmt {
         Format::Json => {
@@ -155,36 +127,36 @@ fn listing_csv(out: &mut dyn Write, l: &Listing) -> io::Result<()> {
         .collect();
     t.extend(csv_count_titles(&l.events));
     t.push("cpi".into());
-    csv_line(out, &t)?;
+    csv_titles(out, &t)?;
     for r in &l.rows {
-        let (mut c, counts, cpi) = match r {
+        let (mut c, counts, cpi): (Vec<CsvCell>, _, _) = match r {
             Row::Asm(a) => (
                 vec![
-                    "asm".to_owned(),
-                    a.offset.to_string(),
-                    a.source.clone().unwrap_or_default(),
-                    a.label.clone().unwrap_or_default(),
-                    a.branch_target.map(|t| t.to_string()).unwrap_or_default(),
-                    a.instruction.clone(),
+                    "asm".into(),
+                    num(a.offset),
+                    a.source.clone().unwrap_or_default().into(),
+                    a.label.clone().unwrap_or_default().into(),
+                    CsvCell::Number(a.branch_target.map(|t| t.to_string()).unwrap_or_default()),
+                    a.instruction.clone().into(),
                 ],
                 &a.events,
                 a.cpi,
             ),
             Row::Source(s) => (
                 vec![
-                    "source".to_owned(),
-                    String::new(),
-                    s.source.clone().unwrap_or_default(),
-                    String::new(),
-                    String::new(),
-                    s.text.clone().unwrap_or_default(),
+                    "source".into(),
+                    CsvCell::Number(String::new()),
+                    s.source.clone().unwrap_or_default().into(),
+                    "".into(),
+                    CsvCell::Number(String::new()),
+                    s.text.clone().unwrap_or_default().into(),
                 ],
                 &s.events,
                 s.cpi,
             ),
         };
         c.extend(csv_count_cells(counts));
-        c.push(cpi.map(|x| x.to_string()).unwrap_or_default());
+        c.push(CsvCell::Number(cpi.map(|x| x.to_string()).unwrap_or_default()));
         csv_line(out, &c)?;
     }
     Ok(())
@@ -193,9 +165,9 @@ fn listing_csv(out: &mut dyn Write, l: &Listing) -> io::Result<()> {
 fn listing_table(out: &mut dyn Write, l: &Listing, bytes: bool) -> io::Result<()> {
     header(out, &l.scope, &l.events, "in the function")?;
     let id = l.build_id.as_ref().map(|b| format!(" (build-id {b})")).unwrap_or_default();
-    writeln!(out, "# image: {}{id}", l.image)?;
+    writeln!(out, "# image: {}{id}", esc(&l.image))?;
     if let Some(b) = &l.binary {
-        writeln!(out, "# code from: {b}")?;
+        writeln!(out, "# code from: {}", esc(b))?;
     }
     let share = if l.image_samples > 0 {
         format!(
@@ -210,10 +182,13 @@ fn listing_table(out: &mut dyn Write, l: &Listing, bytes: bool) -> io::Result<()
     writeln!(
         out,
         "# function: {} at offset {:#x}, {} bytes{insns}; {} samples{share}",
-        l.symbol, l.start_offset, l.size, l.total_samples
+        esc(&l.symbol),
+        l.start_offset,
+        l.size,
+        l.total_samples
     )?;
     if let Some(why) = &l.no_code_reason {
-        writeln!(out, "# no code: {why}")?;
+        writeln!(out, "# no code: {}", esc(why))?;
     }
     writeln!(out, "# note: {}", l.skid_note)?;
     let mut titles = count_titles(&l.events);
@@ -338,14 +313,14 @@ pub fn write_top(out: &mut dyn Write, r: &TopReport, fmt: Format) -> io::Result<
                 .map(|s| (*s).to_owned())
                 .collect();
             t.extend(csv_count_titles(&r.events));
-            csv_line(out, &t)?;
+            csv_titles(out, &t)?;
             for row in &r.rows {
-                let mut c = vec![
-                    row.image.clone(),
-                    row.symbol.clone().unwrap_or_default(),
-                    row.offset.to_string(),
-                    row.instruction.clone().unwrap_or_default(),
-                    row.source.clone().unwrap_or_default(),
+                let mut c: Vec<CsvCell> = vec![
+                    row.image.clone().into(),
+                    row.symbol.clone().unwrap_or_default().into(),
+                    num(row.offset),
+                    row.instruction.clone().unwrap_or_default().into(),
+                    row.source.clone().unwrap_or_default().into(),
                 ];
                 c.extend(csv_count_cells(&row.events));
                 csv_line(out, &c)?;

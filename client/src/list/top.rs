@@ -7,7 +7,8 @@ use serde::Serialize;
 
 use super::disasm;
 use super::listing::{event_counts, pct, Counts};
-use super::{escape, Args, ListError};
+use super::{Args, ListError};
+use crate::escape::controls;
 use crate::prof::debuginfo::live_vdso;
 use crate::prof::image::{build_id_hex, display_path, image_display};
 use crate::prof::report::{
@@ -168,7 +169,7 @@ impl Resolver<'_> {
                 let x86 = *x86;
                 let Some(vaddr) = s.offset_to_vaddr(off) else { return (None, None, None) };
                 let sym = s.symbol(vaddr).map(|x| {
-                    let d = escape(&demangle(&x.name));
+                    let d = controls(&demangle(&x.name)).into_owned();
                     if vaddr == x.start {
                         d
                     } else {
@@ -185,7 +186,9 @@ impl Resolver<'_> {
                     disasm::decode(&c, vaddr, self.args.syntax).into_iter().next().map(|i| i.text)
                 });
                 let src = s.frame(vaddr).and_then(|f| {
-                    f.file.map(|file| format!("{}:{}", escape(&file), f.line.unwrap_or(0)))
+                    f.file.map(|file| {
+                        format!("{}:{}", controls(&file).into_owned(), f.line.unwrap_or(0))
+                    })
                 });
                 (sym, insn, src)
             }
@@ -209,7 +212,7 @@ impl Resolver<'_> {
                 let addr = base.saturating_add(off);
                 let sym = report::kernel_lookup(snap, module, Some(addr));
                 let name = sym.map(|s| {
-                    let n = escape(&s.name);
+                    let n = controls(&s.name).into_owned();
                     if addr == s.addr {
                         n
                     } else {
@@ -243,7 +246,7 @@ impl Resolver<'_> {
                     .iter()
                     .find(|s| off >= s.start && off - s.start < s.size.max(1))
                     .map(|s| {
-                        let d = escape(&demangle(&s.name));
+                        let d = controls(&demangle(&s.name)).into_owned();
                         if off == s.start {
                             d
                         } else {

@@ -8,10 +8,11 @@ use std::io::Write;
 use serde_json::{json, Map, Value};
 
 use super::output::Format;
-use super::output::{csv_line, printable, r4};
+use super::output::{printable, r4};
 use super::report::{self, ImageFilter, SymbolMode};
 use super::subset::{resolve_image_builds, symbol_rows, Symbolizer};
 use super::{Args, ProfError};
+use crate::escape::{csv_line, csv_titles, num};
 
 /// What the rows of a `--by` report are per. image and symbol are the per-image and
 /// per-symbol reports; command, pid, cgroup, unit, container and cpu read the who tables
@@ -165,7 +166,7 @@ pub fn run_by(
         }
     }
     for m in warnings.drain(..) {
-        writeln!(err, "dcpiprof: warning: {m}")?;
+        writeln!(err, "dcpiprof: warning: {}", crate::escape::terminal(&m))?;
     }
     let of = match (&args.image, &args.symbol) {
         (None, _) => "the whole selection".to_owned(),
@@ -201,16 +202,11 @@ pub fn run_by(
             writeln!(out)?;
         }
         Format::Csv => {
-            csv_line(out, &[by.name(), "samples", "events", "percent"].map(String::from))?;
+            csv_titles(out, &[by.name(), "samples", "events", "percent"])?;
             for (k, p) in &rows {
                 csv_line(
                     out,
-                    &[
-                        k.clone(),
-                        p.samples.to_string(),
-                        (p.events.round() as u64).to_string(),
-                        pct(p).to_string(),
-                    ],
+                    &[k.clone().into(), num(p.samples), num(p.events.round() as u64), num(pct(p))],
                 )?;
             }
         }
@@ -226,7 +222,7 @@ pub fn run_by(
             if let Some(s) = &args.symbol {
                 what.push_str(&format!("; symbol {}", printable(s)));
             }
-            writeln!(out, "{what}; % of {of}")?;
+            writeln!(out, "{}; % of {of}", printable(&what))?;
             let cells: Vec<[String; 4]> = rows
                 .iter()
                 .map(|(k, p)| {

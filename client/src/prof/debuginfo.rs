@@ -50,6 +50,10 @@ pub enum Located {
     Found { path: PathBuf, identity: ElfIdentity },
     /// The file at the recorded path is another build; no verified copy was found elsewhere.
     Mismatch { path: PathBuf, expected: String, found: String },
+    /// The file at the recorded path cannot be parsed as ELF (truncated, section headers
+    /// out of bounds, not ELF at all), so which build it is is unknown; no verified copy was
+    /// found elsewhere.
+    Unparsable { path: PathBuf, detail: String },
     /// Nothing found (message says what was tried).
     NotFound { tried: String },
 }
@@ -106,6 +110,7 @@ impl Locator {
 
     fn locate_build_id(&mut self, bid: &[u8], recorded: &[Vec<u8>]) -> Located {
         let mut mismatch = None;
+        let mut unparsable = None;
         let mut unreadable: Vec<String> = Vec::new();
         for raw in recorded {
             let path = PathBuf::from(std::ffi::OsStr::from_bytes(raw));
@@ -122,7 +127,7 @@ impl Locator {
                     unreadable.push(format!("{}: {e}", path.display()));
                 }
                 Err(e) => {
-                    mismatch.get_or_insert((path, format!("unreadable ELF ({e})")));
+                    unparsable.get_or_insert((path, e.to_string()));
                 }
             }
         }
@@ -143,9 +148,10 @@ impl Locator {
                 }
             }
         }
-        match mismatch {
-            Some((path, found)) => Located::Mismatch { path, expected: hex, found },
-            None => Located::NotFound {
+        match (mismatch, unparsable) {
+            (Some((path, found)), _) => Located::Mismatch { path, expected: hex, found },
+            (None, Some((path, detail))) => Located::Unparsable { path, detail },
+            (None, None) => Located::NotFound {
                 tried: format!(
                     "recorded path{}, {} --binary-path dir(s), {} cache dir(s)",
                     if unreadable.is_empty() {
@@ -340,10 +346,16 @@ pub fn cache_binary(file: &Path, cache_root: &Path) -> Result<PathBuf, CacheErro
     let dir = cache_root.join(&hex[..2]);
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let dest = dir.join(&hex[2..]);
-    // Temp file + rename so a concurrent reader never sees a partial binary.
-    let tmp = dir.join(format!(".tmp-{}-{}", &hex[2..], std::process::id()));
-    std::fs::write(&tmp, &data).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, &dest).map_err(io(&dest))?;
+    // A temporary file created O_EXCL under an unpredictable name, then renamed: a concurrent
+    // reader never sees a partial binary, and a link planted in the shared database is never
+    // written through.
+    profile_format::write_atomic(&dest, &data).map_err(|e| match e {
+        profile_format::Error::Io { path, source } => CacheError::Io { path, source },
+        other => CacheError::Io {
+            path: dest.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, other.to_string()),
+        },
+    })?;
     Ok(dest)
 }
 

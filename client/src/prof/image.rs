@@ -5,7 +5,8 @@
 
 use profile_format::{ImageId, ImageKind, ProfileHeader};
 
-use super::names::{escape_controls, text_from_bytes};
+use super::names::text_from_bytes;
+use crate::escape::controls as escape_controls;
 
 pub fn kind_name(k: ImageKind) -> &'static str {
     match k {
@@ -98,6 +99,11 @@ pub(super) fn parse_spec(s: &str) -> Spec {
     }
     if s.starts_with("[anon") {
         return Spec::Anon(s.trim_end_matches(']').to_owned());
+    }
+    // `anon` names every JIT region `[anon:PID:comm]` (as `kernel` names `[kernel.kallsyms]`),
+    // `anon:PID` those of one process.
+    if s == "anon" || s.starts_with("anon:") {
+        return Spec::Anon(format!("[{}", s.trim_end_matches(']')));
     }
     let hexpart = s.strip_prefix('b').filter(|r| r.len() >= 8).unwrap_or(s);
     let hexpart = if s.starts_with('f') && s.len() == 33 { s } else { hexpart };
@@ -229,5 +235,8 @@ mod tests {
         assert_eq!(parse_spec("/usr/bin/x"), Spec::Path(b"/usr/bin/x".to_vec()));
         assert_eq!(parse_spec("[ext4]"), Spec::Name("ext4".into()));
         assert_eq!(parse_spec("[anon:12:node]"), Spec::Anon("[anon:12:node".into()));
+        assert_eq!(parse_spec("[anon]"), Spec::Anon("[anon".into()));
+        assert_eq!(parse_spec("anon"), Spec::Anon("[anon".into()));
+        assert_eq!(parse_spec("anon:12"), Spec::Anon("[anon:12".into()));
     }
 }

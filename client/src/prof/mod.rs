@@ -114,7 +114,10 @@ CSV (--format csv): a header line, then one line per row: image,kind,build_id,im
 SYMBOL NAMES
   Rust (legacy and v0) and C++ (Itanium) names are demangled as perf does; Rust hashes are
   dropped. --raw-names shows the names as stored. Control characters are escaped (\\u{1b},
-  \\n), bytes that are not UTF-8 are written \\xNN, in every format.
+  \\n), bytes that are not UTF-8 are written \\xNN, in every format. Tables and CSV also
+  escape format and separator characters (Unicode Cf, Zl, Zp: bidi overrides such as
+  \\u{202e}, zero-width characters), which JSON keeps as they are. A CSV text cell beginning
+  with = + - @, tab or CR gets a leading ' (no spreadsheet formula); numbers are unchanged.
 EXPORT FORMATS (every selection; with --image, only that image)
   folded    `image;symbol count` per line (flamegraph.pl, inferno, speedscope): raw samples
             of the first event, summing to the report's total_samples. `;` in a name is
@@ -141,8 +144,9 @@ EXPORT FORMATS (every selection; with --image, only that image)
             header to sort.
   speedscope  speedscope's JSON file format: one sampled profile per event, weighted by
             its event estimate (nanoseconds for cpu-clock), frames image then symbol.
-  --output FILE writes any format to FILE atomically (temporary file, fsync, rename) instead
-  of stdout. A progress bar is drawn on a terminal's stderr for exports of 500+ files.
+  --output FILE writes any format to FILE atomically instead of stdout: a new temporary file
+  (O_EXCL, unpredictable name) in FILE's directory, fsync, rename. A symbolic link or FIFO at
+  FILE is replaced, never written through. A progress bar is drawn on a terminal's stderr for exports of 500+ files.
 
 CALL STACKS (dcpid --callchains fp)
   --callers SYM lists who called function SYM (exact name, as the reports show it): one row
@@ -171,8 +175,8 @@ SPECIAL ROWS
                          \"idle\": {\"included\": bool, \"percent\": num}.
   [kernel.kallsyms]      kernel code run on behalf of processes (system calls, interrupts,
                          page faults), not the idle loop.
-  IMAGE+0xOFFSET         no symbol covers the sample (binary not found, stripped, or between
-                         symbols): IMAGE is the file's basename (or [kernel.kallsyms],
+  IMAGE+0xOFFSET         no symbol covers the sample (binary not found or cannot be parsed,
+                         stripped, or between symbols): IMAGE is the file's basename (or [kernel.kallsyms],
                          [MODULE], [anon:...]) and OFFSET the file offset (kernel: offset from
                          the text/module base) rounded down to its 4 KiB page. [vdso]+0xOFFSET
                          is exact.
@@ -247,7 +251,8 @@ pub struct Args {
     /// Per-symbol report of one image: a path, a basename or a unique prefix or substring of
     /// one (`nginx`; an exact basename wins; several matches are listed), a build-id or a
     /// prefix of >= 8 hex digits, `kernel` ([kernel.kallsyms], vmlinux), a module name,
-    /// `[vdso]`, `[anon...]` (JIT, with its perf map symbols) or `unknown`.
+    /// `[vdso]`, `anon` or `[anon...]` (JIT regions, with their perf map symbols; `anon:PID`
+    /// those of one process) or `unknown`.
     #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,
     /// Output format (report: table, json, csv; export: folded, pprof, svg, html, speedscope;
@@ -350,7 +355,15 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
     }
     let mut buf = Vec::new();
     run_to(args, &mut buf, err)?;
-    export::write_atomic(path, &buf)?;
+    // O_EXCL under an unpredictable name, then rename: never through a link planted in a
+    // shared directory (a link at PATH itself is replaced, its target never written).
+    profile_format::write_atomic(path, &buf).map_err(|e| ProfError::OutputFile {
+        path: path.to_owned(),
+        source: match e {
+            profile_format::Error::Io { source, .. } => source,
+            other => std::io::Error::new(std::io::ErrorKind::InvalidInput, other.to_string()),
+        },
+    })?;
     if args.verbose {
         writeln!(err, "dcpiprof: wrote {} ({} bytes)", path.display(), buf.len())?;
     }
@@ -727,7 +740,7 @@ fn run_calls(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
 
 fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<()> {
     for m in w.drain(..) {
-        writeln!(err, "dcpiprof: warning: {m}")?;
+        writeln!(err, "dcpiprof: warning: {}", crate::escape::terminal(&m))?;
     }
     Ok(())
 }
@@ -756,7 +769,8 @@ pub fn print_error(err: &mut dyn Write, e: &ProfError) {
 
 /// [`print_error`] for another report tool (`prog: error: ...`).
 pub fn print_error_as(prog: &str, err: &mut dyn Write, e: &ProfError) {
-    let _ = writeln!(err, "{prog}: error: {e}");
+    // Messages quote names and paths from the database: escaped for the terminal.
+    let _ = writeln!(err, "{prog}: error: {}", crate::escape::terminal(&e.to_string()));
     if let ProfError::Ambiguous { candidates, .. } = e {
         let _ = writeln!(err, "matches (pass a path or a build-id prefix to choose):");
         for c in candidates {
@@ -768,7 +782,7 @@ pub fn print_error_as(prog: &str, err: &mut dyn Write, e: &ProfError) {
             let _ = writeln!(
                 err,
                 "  {}  {id}  {} samples  hosts {}  epochs {}",
-                c.path,
+                crate::escape::terminal(&c.path),
                 c.samples,
                 c.hosts.join(","),
                 c.epochs.join(",")

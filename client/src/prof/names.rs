@@ -8,6 +8,8 @@
 
 use std::borrow::Cow;
 
+use crate::escape::controls as escape_controls;
+
 /// Demangle a Rust (legacy or v0) or C++ symbol; other names are returned unchanged. Rust
 /// hashes (`::h0123...`) are dropped.
 pub fn demangle(raw: &str) -> String {
@@ -104,29 +106,15 @@ fn drop_empty_template_args(s: &str) -> String {
     out
 }
 
-/// A symbol name as a report row shows it: demangled unless `raw`, then escaped.
+/// A symbol name as a report row shows it: demangled unless `raw`, then its control
+/// characters escaped ([`crate::escape::controls`]; tables and CSV escape format characters
+/// too when they print it).
 pub fn display_name(name: &str, raw: bool) -> String {
     if raw {
         escape_controls(name).into_owned()
     } else {
         escape_controls(&demangle(name)).into_owned()
     }
-}
-
-/// Control characters (ESC, newline, DEL, C1 controls) as Rust escapes (`\u{1b}`, `\n`).
-pub fn escape_controls(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(char::is_control) {
-        return Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
 }
 
 /// Bytes from a file as text: valid UTF-8 kept, each invalid byte written `\xNN` (so two

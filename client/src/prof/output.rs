@@ -2,8 +2,9 @@
 
 use std::io::{self, Write};
 
-use super::names::escape_controls as esc;
 use super::report::{EventCount, EventInfo, IdleShare, ImageReport, Scope, SymbolReport};
+pub use crate::escape::csv_line;
+use crate::escape::{csv_titles, num, terminal as esc, CsvCell};
 
 /// `--format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -105,7 +106,7 @@ fn header(
     total: u64,
     style: Style,
 ) -> io::Result<()> {
-    writeln!(out, "# database: {}", scope.database)?;
+    writeln!(out, "# database: {}", esc(&scope.database))?;
     writeln!(out, "# epochs: {}", super::report::epoch_range(&scope.epochs))?;
     writeln!(out, "# hosts: {}", scope.hosts.join(", "))?;
     for e in events {
@@ -156,8 +157,14 @@ fn count_cells(counts: &[EventCount], style: Style) -> Vec<String> {
         .collect()
 }
 
-/// Right-aligned numeric columns, then a free-width text column (image or symbol).
+/// Right-aligned numeric columns, then a free-width text column (image or symbol). Every cell
+/// is escaped for the terminal first (names keep only their controls escaped until here), so
+/// widths are those of what is printed.
 fn table(out: &mut dyn Write, titles: Vec<String>, rows: Vec<Vec<String>>) -> io::Result<()> {
+    let cells =
+        |r: Vec<String>| -> Vec<String> { r.into_iter().map(|c| esc(&c).into_owned()).collect() };
+    let titles = cells(titles);
+    let rows: Vec<Vec<String>> = rows.into_iter().map(cells).collect();
     let ncol = titles.len();
     let mut width: Vec<usize> = titles.iter().map(String::len).collect();
     for r in &rows {
@@ -169,8 +176,7 @@ fn table(out: &mut dyn Write, titles: Vec<String>, rows: Vec<Vec<String>>) -> io
         let mut s = String::new();
         for (i, c) in cells.iter().enumerate() {
             if i + 1 == ncol {
-                // Escaped where made; the last line of defence (see csv_line).
-                s.push_str(&esc(c));
+                s.push_str(c);
             } else {
                 s.push_str(&format!("{c:>w$}  ", w = width[i]));
             }
@@ -184,37 +190,18 @@ fn table(out: &mut dyn Write, titles: Vec<String>, rows: Vec<Vec<String>>) -> io
     Ok(())
 }
 
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_owned()
-    }
-}
-
-/// One CSV line; every cell escaped for a terminal and quoted where CSV needs it.
-pub fn csv_line(out: &mut dyn Write, cells: &[String]) -> io::Result<()> {
-    // Cells are escaped where they are made; this is the last line of defence for a field
-    // that was not (a name from a hostile file must never reach a terminal raw).
-    let v: Vec<String> = cells.iter().map(|c| csv_field(&esc(c))).collect();
-    writeln!(out, "{}", v.join(","))
-}
-
-fn csv_count_titles(events: &[EventInfo]) -> Vec<String> {
+pub(crate) fn csv_count_titles(events: &[EventInfo]) -> Vec<String> {
     events
         .iter()
         .flat_map(|e| {
-            let n = esc(&e.name);
+            let n = &e.name;
             [format!("{n}.samples"), format!("{n}.events"), format!("{n}.percent")]
         })
         .collect()
 }
 
-fn csv_count_cells(counts: &[EventCount]) -> Vec<String> {
-    counts
-        .iter()
-        .flat_map(|c| [c.samples.to_string(), c.events.to_string(), c.percent.to_string()])
-        .collect()
+pub(crate) fn csv_count_cells(counts: &[EventCount]) -> Vec<CsvCell> {
+    counts.iter().flat_map(|c| [num(c.samples), num(c.events), num(c.percent)]).collect()
 }
 
 /// Whether the percentages include the idle task, and what that says about the machine.
@@ -260,16 +247,16 @@ pub fn write_images(
                 vec!["image".to_owned(), "kind".into(), "build_id".into(), "image_id".into()];
             t.extend(csv_count_titles(&r.events));
             t.push("cumulative_percent".into());
-            csv_line(out, &t)?;
+            csv_titles(out, &t)?;
             for row in &r.rows {
-                let mut c = vec![
-                    row.image.clone(),
-                    row.kind.to_owned(),
-                    row.build_id.clone().unwrap_or_default(),
-                    row.image_id.clone().unwrap_or_default(),
+                let mut c: Vec<CsvCell> = vec![
+                    row.image.clone().into(),
+                    row.kind.into(),
+                    row.build_id.clone().unwrap_or_default().into(),
+                    row.image_id.clone().unwrap_or_default().into(),
                 ];
                 c.extend(csv_count_cells(&row.counts));
-                c.push(row.cumulative_percent.to_string());
+                c.push(num(row.cumulative_percent));
                 csv_line(out, &c)?;
             }
             Ok(())
@@ -318,11 +305,12 @@ pub fn write_symbols(
             let mut t = vec!["symbol".to_owned(), "source".into()];
             t.extend(csv_count_titles(&r.events));
             t.push("cumulative_percent".into());
-            csv_line(out, &t)?;
+            csv_titles(out, &t)?;
             for row in &r.rows {
-                let mut c = vec![row.symbol.clone(), row.source.clone().unwrap_or_default()];
+                let mut c: Vec<CsvCell> =
+                    vec![row.symbol.clone().into(), row.source.clone().unwrap_or_default().into()];
                 c.extend(csv_count_cells(&row.counts));
-                c.push(row.cumulative_percent.to_string());
+                c.push(num(row.cumulative_percent));
                 csv_line(out, &c)?;
             }
             Ok(())
@@ -334,15 +322,15 @@ pub fn write_symbols(
                 |b| format!(" (build-id {b})"),
             );
             if let Some(b) = &r.image.binary {
-                id.push_str(&format!("\n# symbols from: {b}"));
+                id.push_str(&format!("\n# symbols from: {}", esc(b)));
             }
             if let Some(d) = &r.image.debug_file {
-                id.push_str(&format!("\n# debug info from: {d}"));
+                id.push_str(&format!("\n# debug info from: {}", esc(d)));
             }
             if let Some(n) = &r.image.symbols_note {
-                id.push_str(&format!("\n# symbols: {n}"));
+                id.push_str(&format!("\n# symbols: {}", esc(n)));
             }
-            writeln!(out, "# image: {}{id}", r.image.path)?;
+            writeln!(out, "# image: {}{id}", esc(&r.image.path))?;
             let mut t = count_titles(&r.events);
             t.push("cum%".into());
             let rows = if with_source {
@@ -427,16 +415,16 @@ pub fn write_global_symbols(
             let mut t = vec!["image".to_owned(), "kind".into(), "build_id".into(), "symbol".into()];
             t.extend(csv_count_titles(&r.events));
             t.push("cumulative_percent".into());
-            csv_line(out, &t)?;
+            csv_titles(out, &t)?;
             for row in &r.rows {
-                let mut c = vec![
-                    row.image.clone(),
-                    row.kind.to_owned(),
-                    row.build_id.clone().unwrap_or_default(),
-                    row.symbol.clone(),
+                let mut c: Vec<CsvCell> = vec![
+                    row.image.clone().into(),
+                    row.kind.into(),
+                    row.build_id.clone().unwrap_or_default().into(),
+                    row.symbol.clone().into(),
                 ];
                 c.extend(csv_count_cells(&row.counts));
-                c.push(row.cumulative_percent.to_string());
+                c.push(num(row.cumulative_percent));
                 csv_line(out, &c)?;
             }
             Ok(())
@@ -452,7 +440,7 @@ pub fn write_global_symbols(
             t.push("image".into());
             t.push("symbol".into());
             // The image column is text but not last: left-aligned to its widest cell.
-            let w = r.rows.iter().map(|x| x.image.chars().count()).max().unwrap_or(0).max(5);
+            let w = r.rows.iter().map(|x| esc(&x.image).chars().count()).max().unwrap_or(0).max(5);
             let n = t.len();
             t[n - 2] = format!("{:<w$}", t[n - 2]);
             let rows = r
@@ -461,7 +449,7 @@ pub fn write_global_symbols(
                 .map(|row| {
                     let mut c = count_cells(&row.counts, style);
                     c.push(format!("{:.2}", row.cumulative_percent));
-                    c.push(format!("{:<w$}", row.image));
+                    c.push(format!("{:<w$}", esc(&row.image)));
                     c.push(row.symbol.clone());
                     c
                 })
@@ -475,9 +463,10 @@ pub fn write_global_symbols(
     }
 }
 
-/// A text field made safe for a terminal or CSV: control characters escaped.
+/// A text field made safe for a terminal: control, format and separator characters escaped
+/// ([`crate::escape::terminal`]).
 pub fn printable(s: &str) -> String {
-    super::report::display_path(s.as_bytes())
+    esc(s).into_owned()
 }
 
 /// Round to 4 decimals for JSON.

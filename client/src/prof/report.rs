@@ -997,6 +997,14 @@ pub(crate) fn load_elf(
             ));
             return ElfState::Mismatch;
         }
+        Located::Unparsable { path, detail } => {
+            warn(format!(
+                "{}: cannot parse as ELF ({detail}); its samples are shown as NAME+0xOFFSET (use \
+                 --binary-path or --cache-dir to supply an intact copy)",
+                path.display()
+            ));
+            return ElfState::Missing;
+        }
         Located::NotFound { tried } => {
             warn(format!(
                 "binary for {} not found (tried {tried}); its samples are shown as NAME+0xOFFSET \

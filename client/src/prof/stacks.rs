@@ -267,11 +267,11 @@ impl<'a> NameMatch<'a> {
 
     fn matches(&self, raw: &str) -> bool {
         if self.raw_names {
-            return super::names::escape_controls(raw) == self.want;
+            return crate::escape::controls(raw) == self.want;
         }
         // Only names starting so are demangled (names::demangle); others show as they are.
         if !raw.starts_with(['_', 'Z', 'R']) {
-            return super::names::escape_controls(raw) == self.want;
+            return crate::escape::controls(raw) == self.want;
         }
         if self.needle.is_some_and(|n| !raw.contains(n)) {
             return false;
@@ -714,8 +714,11 @@ pub fn apply_to_export(x: &mut super::export::Export, stacks: &[SymStack], loade
             let m = &mut x.images[image];
             m.max_offset = m.max_offset.max(f.offset);
             m.symbolized |= !f.function.contains("+0x");
-            let func =
-                Function { name: super::export::clean(&f.function), system_name: None, file: None };
+            let func = Function {
+                name: crate::escape::controls(&f.function).into_owned(),
+                system_name: None,
+                file: None,
+            };
             let function = *fn_ix.entry(func.clone()).or_insert_with(|| {
                 x.functions.push(func);
                 x.functions.len() - 1

@@ -10,10 +10,11 @@ use serde_json::{json, Map, Value};
 
 use super::by::By;
 use super::image::{display_path, IDLE};
+use super::output::r4;
 use super::output::Format;
-use super::output::{csv_line, r4};
 use super::select;
 use super::{Args, ProfError};
+use crate::escape::{controls, csv_line, csv_titles, num, terminal};
 
 /// Whether any who filter is given.
 pub fn has_filter(args: &Args) -> bool {
@@ -56,6 +57,12 @@ fn image_matches(spec: &str, image: &[u8]) -> bool {
     if !spec.contains('/') && (base == spec || bare(&img) == bare(spec)) {
         return true;
     }
+    // `anon`, `[anon]`, `anon:PID`, `[anon:PID`: JIT regions `[anon:PID:comm]`, as
+    // `--image` selects them for the per-symbol report.
+    let anon = spec.trim_start_matches('[').trim_end_matches(']');
+    if (anon == "anon" || anon.starts_with("anon:")) && img.starts_with(&format!("[{anon}")) {
+        return true;
+    }
     matches!(spec, "kernel" | "vmlinux") && img == "[kernel.kallsyms]"
 }
 
@@ -67,10 +74,11 @@ fn key_of(by: By, k: &WhoKey, d: &profile_format::HostDir) -> Option<String> {
             if k.cgroup.is_empty() {
                 "(unknown)".to_owned()
             } else {
-                k.cgroup.clone()
+                // The display form, as commands and paths have (JSON included).
+                controls(&k.cgroup).into_owned()
             }
         }
-        By::Unit => unit_of(&k.cgroup).unwrap_or("(none)").to_owned(),
+        By::Unit => controls(unit_of(&k.cgroup).unwrap_or("(none)")).into_owned(),
         By::Container => container_of(&k.cgroup).unwrap_or("(none)").to_owned(),
         By::Image => display_path(&k.image),
         By::Host => d.host.clone(),
@@ -113,9 +121,11 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
             {
                 missing.push(format!("{}/{}", d.epoch, d.host));
             }
-            Err(e) if args.sel.keep_going => {
-                writeln!(err, "dcpiprof: warning: skipping corrupt who table: {e}")?
-            }
+            Err(e) if args.sel.keep_going => writeln!(
+                err,
+                "dcpiprof: warning: skipping corrupt who table: {}",
+                terminal(&e.to_string())
+            )?,
             Err(e) => return Err(e.into()),
         }
     }
@@ -255,9 +265,9 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
             writeln!(out)?;
         }
         Format::Csv => {
-            csv_line(out, &[by.name(), "samples", "percent"].map(String::from))?;
+            csv_titles(out, &[by.name(), "samples", "percent"])?;
             for (k, n) in &rows {
-                csv_line(out, &[k.clone(), n.to_string(), pct(*n).to_string()])?;
+                csv_line(out, &[k.clone().into(), num(n), num(pct(*n))])?;
             }
         }
         f @ (Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope) => {
@@ -277,11 +287,11 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
                     what.push_str(&format!("; {name} {v}"));
                 }
             }
-            writeln!(out, "{what}")?;
+            writeln!(out, "{}", terminal(&what))?;
             let w0 = rows.iter().map(|r| r.1.to_string().len()).max().unwrap_or(0).max(7);
             writeln!(out, "{:>w0$}  {:>7}  {}", "samples", "%", by.name())?;
             for (k, n) in &rows {
-                writeln!(out, "{n:>w0$}  {:>7.2}  {}", pct(*n), display_path(k.as_bytes()))?;
+                writeln!(out, "{n:>w0$}  {:>7.2}  {}", pct(*n), terminal(k))?;
             }
             if omitted > 0 {
                 writeln!(out, "# {omitted} more rows (--limit)")?;

@@ -731,6 +731,35 @@ fn rebuilt_binary_is_never_symbolized_with_the_new_build() {
     assert!(stderr(&o).contains("build-id"), "{}", stderr(&o));
 }
 
+/// A file at the recorded path whose section headers cannot be parsed is not another build:
+/// its samples are NAME+0xOFFSET and the warning says it cannot be parsed (issue 35), not
+/// "[build-id mismatch]".
+#[test]
+fn unparsable_elf_is_reported_as_such_not_as_a_build_id_mismatch() {
+    let t = TestDb::new();
+    let bin = build_c(t.tmp(), "app", 1, &[]);
+    let facts = ElfFacts::read(&bin);
+    let (alpha, _) = facts.func("hot_alpha");
+    let e = t.epoch(0);
+    let hd = t.host(&e, "alpha");
+    let path = bin.display().to_string();
+    let ev = event("cpu-clock", 1000);
+    write_profile(&hd, ImageKind::Elf, &facts.id(), path.as_bytes(), &ev, &[(alpha, 12)], 1000);
+    // e_shoff (ELF64 header, offset 0x28) far past the end of the file.
+    let mut data = facts.data.clone();
+    data[0x28..0x30].copy_from_slice(&0x7fff_ffff_0000u64.to_le_bytes());
+    std::fs::write(&bin, &data).expect("write corrupt binary");
+    assert!(object::File::parse(&*data).is_err(), "the corrupt binary still parses");
+    let o = prof(&t.root(), &["--host", "alpha", "--image", &path, "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    let symbols: Vec<&str> = rows(&v).iter().filter_map(|r| r["symbol"].as_str()).collect();
+    assert_eq!(symbols, [format!("app+{:#x}", alpha & !0xfff)], "{v:#}");
+    let err = stderr(&o);
+    assert!(err.contains(&path) && err.contains("cannot parse"), "{err}");
+    assert!(!err.contains("mismatch"), "{err}");
+}
+
 #[test]
 fn fallback_identity_checked_by_file_metadata() {
     use std::os::unix::fs::MetadataExt;
@@ -960,6 +989,68 @@ fn jit_symbols_from_the_profile_header() {
     assert_eq!(row(&v, "symbol", "LazyCompile:*fib")["samples"], 6);
     assert_eq!(row(&v, "symbol", "jit::loop()")["samples"], 2);
     assert_eq!(v["total_samples"], 9);
+}
+
+/// `--image anon` (and `[anon]`, `anon:PID`) names the JIT regions `[anon:PID:comm]`, as
+/// `--image kernel` names `[kernel.kallsyms]` (issue 35). Several regions merge by symbol name,
+/// as with `--image [anon`.
+#[test]
+fn image_anon_names_the_jit_regions() {
+    let t = TestDb::new();
+    let hd = t.host(&t.epoch(0), "alpha");
+    let ev = event("cpu-clock", 1000);
+    let jit = |name: &str| vec![JitSymbol { start: 0x1000, size: 0x100, name: name.into() }];
+    let node = ImageId::special("[anon]", b"1234");
+    write_profile_jit(
+        &hd,
+        ImageKind::Anon,
+        &node,
+        b"[anon:1234:node]",
+        &ev,
+        &[(0x1010, 6)],
+        1000,
+        jit("fib"),
+    );
+    for spec in ["anon", "[anon]", "anon:1234", "[anon:1234:node]"] {
+        let v = json_ok(&t.root(), &["--host", "alpha", "--image", spec]);
+        assert_eq!(row(&v, "symbol", "fib")["samples"], 6, "--image {spec}");
+    }
+    let java = ImageId::special("[anon]", b"77");
+    write_profile_jit(
+        &hd,
+        ImageKind::Anon,
+        &java,
+        b"[anon:77:java]",
+        &ev,
+        &[(0x1010, 3)],
+        1000,
+        jit("loop"),
+    );
+    for spec in ["anon", "[anon"] {
+        let v = json_ok(&t.root(), &["--host", "alpha", "--image", spec]);
+        assert_eq!(row(&v, "symbol", "fib")["samples"], 6, "--image {spec}");
+        assert_eq!(row(&v, "symbol", "loop")["samples"], 3, "--image {spec}");
+    }
+    let v = json_ok(&t.root(), &["--host", "alpha", "--image", "anon:77"]);
+    assert_eq!(row(&v, "symbol", "loop")["samples"], 3);
+    // The who-table filter reads `--image anon` the same way.
+    let mut who = profile_format::WhoTable::new("alpha", &hd.epoch.to_string());
+    for (command, image, n) in [("node", "[anon:1234:node]", 6), ("java", "[anon:77:java]", 3)] {
+        let key = profile_format::WhoKey {
+            cgroup: "/".into(),
+            command: command.into(),
+            pid: 0,
+            image: image.into(),
+            event: "cpu-clock".into(),
+        };
+        who.add(key, n);
+    }
+    who.write(&hd.who_path()).expect("who table");
+    for (spec, want) in [("anon", vec!["node", "java"]), ("anon:77", vec!["java"])] {
+        let v = json_ok(&t.root(), &["--host", "alpha", "--by", "command", "--image", spec]);
+        let got: Vec<&str> = rows(&v).iter().filter_map(|r| r["command"].as_str()).collect();
+        assert_eq!(got, want, "--by command --image {spec}: {v:#}");
+    }
 }
 
 #[test]

@@ -1,7 +1,10 @@
 //! Hostile names in a database (perf-map and ELF symbol names, image paths, kernel symbols, an
-//! event name: invalid UTF-8, ESC and other C0/C1 controls, DEL, NUL, broken mangled names)
-//! never panic a report tool and never reach the output raw: every tool, every table, CSV and
-//! JSON output escapes them, and JSON stays valid.
+//! event name, command names in who tables: invalid UTF-8, ESC and other C0/C1 controls, DEL,
+//! NUL, broken mangled names, bidi overrides and isolates, line separators, zero-width
+//! characters, spreadsheet formulas) never panic a report tool and never reach the output raw:
+//! every tool's tables and CSV escape control, format and separator characters (Unicode Cc, Cf,
+//! Zl, Zp), CSV neutralises formulas, and JSON stays valid, with control characters escaped and
+//! format characters exact.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -9,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use profile_format::{
     Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, JitSymbol, KallsymsSnapshot,
-    KernelSymbol,
+    KernelSymbol, WhoKey, WhoTable,
 };
 
 use crate::util::{asm_calling, event, write_profile_jit};
@@ -42,6 +45,12 @@ const EVIL: &[&str] = &[
     "_RNvCs_broken\u{1b}",
     "_ZN4core3ptr\u{fffd}\u{fffd}17h0123456789abcdefE",
     "cr\rreturn",
+    "rlo\u{202e}gnp.exe",
+    "lri\u{2066}iso\u{2069}",
+    "ls\u{2028}ps\u{2029}",
+    "zw\u{200b}bom\u{feff}",
+    "=HYPERLINK(\"x\")",
+    "+cmd|' /C calc'!A0",
 ];
 
 fn elf_with_hostile_symbol(dir: &Path) -> Option<(PathBuf, ImageId, u64)> {
@@ -141,6 +150,20 @@ fn hostile_db() -> Db {
                 &[(0x10, 4 + i as u64)],
                 Vec::new(),
             );
+            // Who tables: every hostile name as a command, and as an image path.
+            let mut who = WhoTable::new(h, &e.to_string());
+            for (k, n) in EVIL.iter().enumerate() {
+                let key = |image: &[u8]| WhoKey {
+                    cgroup: format!("/system.slice/{}.service", n.replace('/', "_")),
+                    command: n.as_bytes().to_vec(),
+                    pid: 1000 + k as u32,
+                    image: image.to_vec(),
+                    event: "cpu-clock".into(),
+                };
+                who.add(key(b"/usr/bin/x"), 5 + k as u64);
+                who.add(key(format!("/opt/{n}").as_bytes()), 2);
+            }
+            who.write(&hd.who_path()).expect("who table");
             // An event whose name holds an ESC (profiles are files anyone with write access to
             // the database may have made).
             let evil_ev = event("evil\u{1b}[31mevent", 1000);
@@ -181,10 +204,15 @@ fn run(tool: &str, db: &Db, args: &[&str]) -> Output {
         .expect("run tool")
 }
 
-/// The first raw control character (other than the newline ending each line) in `bytes`.
-fn raw_control(bytes: &[u8]) -> Option<(usize, char)> {
+/// The first raw character a terminal must not get (a control other than the newline ending
+/// each line, or, unless `json`, a format or separator character) in `bytes`. JSON keeps
+/// format characters exact; its own escaping makes them valid.
+fn raw_control(bytes: &[u8], json: bool) -> Option<(usize, char)> {
     let text = String::from_utf8_lossy(bytes);
-    text.char_indices().find(|&(_, c)| c.is_control() && c != '\n')
+    text.char_indices().find(|&(_, c)| {
+        c != '\n'
+            && if json { c.is_control() } else { dcpi_client::escape::is_unsafe_for_terminal(c) }
+    })
 }
 
 /// Run and check: no panic, no raw control character on stdout or stderr, JSON parses. What
@@ -195,8 +223,9 @@ fn check(tool: &str, db: &Db, args: &[&str], bad: &mut Vec<String>) -> Output {
     if err.contains("panicked") || o.status.code().is_none_or(|c| c > 2) {
         bad.push(format!("{tool} {args:?}: {:?}: {err}", o.status));
     }
-    for (what, bytes) in [("stdout", &o.stdout), ("stderr", &o.stderr)] {
-        if let Some((at, c)) = raw_control(bytes) {
+    let json = args.windows(2).any(|w| w == ["--format", "json"]);
+    for (what, bytes, json) in [("stdout", &o.stdout, json), ("stderr", &o.stderr, false)] {
+        if let Some((at, c)) = raw_control(bytes, json) {
             let s = String::from_utf8_lossy(bytes);
             let from =
                 (0..=at.saturating_sub(60)).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
@@ -236,6 +265,9 @@ fn dcpiprof_escapes_everywhere() {
             &["--by", "epoch"][..],
             &["--event", "evil\u{1b}[31mevent"][..],
             &["--image", "/opt/"][..],
+            &["--by", "command"][..],
+            &["--by", "cgroup"][..],
+            &["--by", "image", "--command", "=HYPERLINK(\"x\")"][..],
         ] {
             for epoch in ["all", "latest"] {
                 let mut a = vec!["--format", f, "--host", "all", "--epoch", epoch];
@@ -316,4 +348,84 @@ fn dcpidiff_and_dcpistats_escape_everywhere() {
     }
     assert_none(&bad);
     assert!(ran_ok >= 20, "only {ran_ok} runs succeeded");
+}
+
+/// The names a test looks for in CSV: (stored name, its CSV cell, what a cell holding the
+/// name with a suffix such as `+0x4` begins with).
+const IN_CSV: &[(&str, &str, &str)] = &[
+    ("rlo\u{202e}gnp.exe", "rlo\\u{202e}gnp.exe", "rlo\\u{202e}gnp.exe"),
+    ("lri\u{2066}iso\u{2069}", "lri\\u{2066}iso\\u{2069}", "lri\\u{2066}iso\\u{2069}"),
+    ("ls\u{2028}ps\u{2029}", "ls\\u{2028}ps\\u{2029}", "ls\\u{2028}ps\\u{2029}"),
+    ("zw\u{200b}bom\u{feff}", "zw\\u{200b}bom\\u{feff}", "zw\\u{200b}bom\\u{feff}"),
+    ("=HYPERLINK(\"x\")", "\"'=HYPERLINK(\"\"x\"\")\"", "\"'=HYPERLINK(\"\"x\"\")"),
+    ("+cmd|' /C calc'!A0", "'+cmd|' /C calc'!A0", "'+cmd|' /C calc'!A0"),
+];
+
+/// Whether a CSV line's first cell is `cell` (the name columns come first in these reports).
+fn first_cell_is(text: &str, cell: &str) -> bool {
+    text.lines().any(|l| l.starts_with(&format!("{cell},")))
+}
+
+/// Formula cells are neutralised and format characters escaped in CSV, numbers stay numbers,
+/// and JSON keeps the names exact: command names (who tables) and JIT symbol names.
+#[test]
+fn csv_neutralises_formulas_and_json_keeps_format_characters() {
+    let db = hostile_db();
+    let mut bad = Vec::new();
+    let sel = ["--host", "all", "--epoch", "all"];
+    for extra in [&["--by", "command"][..], &["--image", "[anon:77"][..]] {
+        let mut a = sel.to_vec();
+        a.extend_from_slice(extra);
+        a.extend(["--format", "csv"]);
+        let o = check("dcpiprof", &db, &a, &mut bad);
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        for (_, cell, _) in IN_CSV {
+            if !first_cell_is(&text, cell) {
+                bad.push(format!("{a:?}: no row starting {cell:?} in\n{text}"));
+            }
+        }
+        // Numbers are not neutralised: every count cell parses.
+        for l in text.lines().skip(1) {
+            let last = l.rsplit(',').next().unwrap_or_default();
+            if last.parse::<f64>().is_err() {
+                bad.push(format!("{a:?}: last cell {last:?} of {l:?} is not a number"));
+            }
+        }
+        let mut a = sel.to_vec();
+        a.extend_from_slice(extra);
+        a.extend(["--format", "json"]);
+        let o = check("dcpiprof", &db, &a, &mut bad);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let key = if extra[1] == "command" { "command" } else { "symbol" };
+        let names: Vec<String> = v["rows"]
+            .as_array()
+            .map(|r| r.iter().filter_map(|x| x[key].as_str().map(str::to_owned)).collect())
+            .unwrap_or_default();
+        for (name, _, _) in IN_CSV {
+            if !names.iter().any(|n| n == name) {
+                bad.push(format!("{a:?}: {name:?} not exact in JSON rows {names:?}"));
+            }
+        }
+    }
+    // dcpilist and dcpidiff CSV: the JIT names in the symbol columns.
+    let (e0, e1) = (db.epochs[0].to_string(), db.epochs[1].to_string());
+    for (tool, args) in [
+        ("dcpilist", vec!["--top", "40", "--host", "all", "--epoch", "all", "--format", "csv"]),
+        (
+            "dcpidiff",
+            vec![
+                "--host", "all", "--before", &e0, "--after", &e1, "--image", "[anon:77",
+                "--format", "csv",
+            ],
+        ),
+    ] {
+        let o = check(tool, &db, &args, &mut bad);
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        for (_, _, start) in IN_CSV {
+            if !text.lines().any(|l| l.contains(&format!(",{start}")) || l.starts_with(start)) {
+                bad.push(format!("{tool} {args:?}: no cell starting {start:?} in\n{text}"));
+            }
+        }
+    }
+    assert_none(&bad);
 }

@@ -8,5 +8,6 @@ mod export;
 mod first_hour;
 mod hostile_db;
 mod hostile_names;
+mod planted_links;
 mod util;
 mod who_profiles;

@@ -29,7 +29,9 @@ const CHAR_W: f64 = 6.7;
 /// `;` inside a name would split the frame, so it is written as `:`.
 pub fn write_folded(out: &mut dyn Write, x: &Export) -> io::Result<()> {
     for (stack, count) in x.folded() {
-        let names: Vec<String> = stack.iter().map(|f| f.replace(';', ":")).collect();
+        // A text format read on terminals too: format characters escaped as in tables.
+        let names: Vec<String> =
+            stack.iter().map(|f| crate::escape::terminal(f).replace(';', ":")).collect();
         writeln!(out, "{} {count}", names.join(";"))?;
     }
     Ok(())

@@ -14,8 +14,8 @@ pub mod pprof;
 pub mod speedscope;
 
 use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::io::IsTerminal;
+use std::path::Path;
 
 use profile_format::{ImageId, ImageKind};
 
@@ -25,6 +25,7 @@ use super::report::{
 use super::select::Loaded;
 use super::ProfError;
 use crate::args::SymbolSearch;
+use crate::escape::controls;
 
 /// One image (an identity: build-id or fallback id; all `[unknown]` samples are one image).
 #[derive(Clone, Debug)]
@@ -280,9 +281,9 @@ pub fn build(
                 let (name, source) = hit.key.clone();
                 let (file, line) = split_source(source.as_deref());
                 let f = Function {
-                    name: clean(&name),
-                    system_name: hit.system_name.map(clean),
-                    file: file.map(|f| clean(&f)),
+                    name: controls(&name).into_owned(),
+                    system_name: hit.system_name.map(|n| controls(n).into_owned()),
+                    file: file.map(|f| controls(&f).into_owned()),
                 };
                 let function = *fn_index.entry(f.clone()).or_insert_with(|| {
                     functions.push(f);
@@ -393,18 +394,6 @@ fn split_source(s: Option<&str>) -> (Option<String>, Option<u32>) {
     ((!file.is_empty() && file != "??").then(|| file.to_owned()), line)
 }
 
-/// Names come from binaries: control characters are escaped so that no output format (a
-/// line-based one above all) can be broken by them.
-pub fn clean(s: &str) -> String {
-    if s.chars().any(char::is_control) {
-        s.chars()
-            .flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] })
-            .collect()
-    } else {
-        s.to_owned()
-    }
-}
-
 /// Escape text for XML/HTML content and attribute values.
 pub fn xml(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
@@ -421,30 +410,6 @@ pub fn xml(s: &str) -> String {
     o
 }
 
-/// Write `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename,
-/// so a reader (or a crash) never sees half a report.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ProfError> {
-    let err = |source: std::io::Error| ProfError::OutputFile { path: path.to_owned(), source };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    let name = path.file_name().ok_or_else(|| {
-        err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))
-    })?;
-    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(err)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,8 +422,7 @@ mod tests {
     }
 
     #[test]
-    fn control_characters_escaped_and_xml_quoted() {
-        assert_eq!(clean("a\nb"), "a\\nb");
+    fn xml_quoted() {
         assert_eq!(xml("<a & 'b'>"), "&lt;a &amp; &#39;b&#39;&gt;");
     }
 }
