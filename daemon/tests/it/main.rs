@@ -13,6 +13,7 @@ mod store_failure;
 mod store_hostile;
 mod store_housekeeping;
 mod store_layout;
+mod store_newer_format;
 mod store_lease;
 mod store_publish;
 mod store_spool_directly;
