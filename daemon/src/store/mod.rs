@@ -1602,6 +1602,12 @@ impl Store {
                 self.health.bytes.kallsyms += n;
                 self.kernel.written = Some(epoch);
             }
+            // `kallsyms/` is a link (or a file): set aside, never written through (FORMAT.md
+            // §6.1); the next tick stores the snapshot in a real directory.
+            Err(StoreError::Db(profile_format::Error::NotDirectory { path, kind })) => {
+                let why = format!("is {kind}, not a directory");
+                self.set_aside_entry(&path, &why, "database directory");
+            }
             Err(e) => self.set_db_error(&e),
         }
     }

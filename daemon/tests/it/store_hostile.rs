@@ -226,3 +226,36 @@ fn write_check_and_epochs_link_are_not_followed() {
     let epoch = db.current_epoch().unwrap().unwrap();
     assert_eq!(total(&db.host_dir(&epoch, "h1").unwrap(), 1), 2);
 }
+
+/// The shared kernel symbol store `kallsyms/` a link: the snapshot is not written (nor are
+/// unreferenced snapshots removed) through it; the link is set aside and a real directory
+/// holds the snapshot.
+#[test]
+fn linked_kallsyms_directory_is_set_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let v = victim(root, "victim");
+    let mut s = open(root);
+    let kdir = root.join("db").join(profile_format::KALLSYMS_DIR);
+    std::os::unix::fs::symlink(&v, &kdir).unwrap();
+    let text = "ffffffff81000000 T _text\nffffffff81001000 T f\n";
+    let snap = profile_format::KallsymsSnapshot::from_proc_text(
+        text,
+        "",
+        "6.18.0".into(),
+        Some(vec![7; 20]),
+        &|_| None,
+    )
+    .unwrap();
+    s.set_kallsyms(snap);
+    s.add(batch(1, 0x10, 1), 0, 0);
+    let _ = s.flush_everything();
+    s.flush_everything().expect("the snapshot is stored on the second try");
+    assert_eq!(listing(&v), [".tmp-old-1-0", "keep.txt"]);
+    assert!(std::fs::symlink_metadata(&kdir).unwrap().is_dir());
+    assert_eq!(listing(&kdir).len(), 1, "the snapshot: {:?}", listing(&kdir));
+    let last = s.status().last_set_aside.unwrap();
+    assert!(last.contains("kallsyms") && last.contains("not a directory"), "{last}");
+    let _ = s.apply_retention(std::time::SystemTime::now());
+    assert_eq!(listing(&v), [".tmp-old-1-0", "keep.txt"]);
+}
