@@ -278,6 +278,6 @@ fn refused_start_reports_no_thread_death_and_a_zombie_loses_its_lease() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("zombie"), "the takeover names why: {err}");
     drop(child); // reaped by nobody until now: let the zombie go
-    // SAFETY: waitpid on our own child.
+                 // SAFETY: waitpid on our own child.
     unsafe { libc::waitpid(pid.cast_signed(), std::ptr::null_mut(), 0) };
 }

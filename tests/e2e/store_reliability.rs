@@ -375,10 +375,8 @@ fn newer_format_profile_is_kept_and_reports_show_the_daemons_samples() {
     s.add(batch(11), 0, 0);
     s.flush_everything().expect("flush");
     let epoch = s.current_epoch().cloned().expect("epoch");
-    let hd = profile_format::Database::open(&sb.db())
-        .unwrap()
-        .host_dir(&epoch, "e2e-newer")
-        .unwrap();
+    let hd =
+        profile_format::Database::open(&sb.db()).unwrap().host_dir(&epoch, "e2e-newer").unwrap();
     let path = hd.profile_path(&id, "cpu-clock");
     // What a newer dcpid of this host leaves: the next container version, whole and valid.
     let mut b = std::fs::read(&path).unwrap();

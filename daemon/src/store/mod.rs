@@ -312,7 +312,11 @@ fn enter_host_dir(
     on_aside: &mut dyn FnMut(&Path, String),
 ) -> Result<(), StoreError> {
     for attempt in 0..4 {
-        let r = if known { hd.check().and_then(|ok| if ok { Ok(()) } else { hd.create() }) } else { hd.create() };
+        let r = if known {
+            hd.check().and_then(|ok| if ok { Ok(()) } else { hd.create() })
+        } else {
+            hd.create()
+        };
         match r {
             Ok(()) => return Ok(()),
             Err(profile_format::Error::NotDirectory { path, kind }) if attempt < 3 => {
@@ -516,7 +520,11 @@ impl Store {
                 Err(profile_format::Error::NotDirectory { path: dir, kind }) => {
                     // `leases/` is a link (or a file): never written through; a fresh one is
                     // made in its place by `create_lease`.
-                    self.set_aside_entry(&dir, &format!("is {kind}, not a directory"), "leases directory");
+                    self.set_aside_entry(
+                        &dir,
+                        &format!("is {kind}, not a directory"),
+                        "leases directory",
+                    );
                     None
                 }
                 Err(e) => {
@@ -1463,8 +1471,7 @@ impl Store {
     /// it, `epochs/` or the epoch's directory by a link at any time, and a link would send
     /// this daemon's files (and its removals of temporaries) wherever it points, as root.
     fn host_dir(&mut self, epoch: &EpochId) -> Result<HostDir, StoreError> {
-        let db =
-            self.db.clone().ok_or_else(|| StoreError::NoDatabase(self.cfg.db.clone()))?;
+        let db = self.db.clone().ok_or_else(|| StoreError::NoDatabase(self.cfg.db.clone()))?;
         let hd = db.host_dir(epoch, &self.cfg.host)?;
         let known = self.created_dirs.contains(&hd.path);
         let current = self.epoch.clone();
@@ -1501,7 +1508,9 @@ impl Store {
         let mut path = target.path(&hd, key);
         let mut existing = publish::read_existing(&path);
         if let Err(publish::Existing::Corrupt(e)) = &existing {
-            if let (true, Some(cont)) = (is_newer(e, &path), profile_format::continuation_path(&path)) {
+            if let (true, Some(cont)) =
+                (is_newer(e, &path), profile_format::continuation_path(&path))
+            {
                 // Never set aside nor overwritten: its samples stay; ours continue beside it.
                 let e = profile_format::Error::Invalid {
                     what: "profile",
@@ -1564,8 +1573,10 @@ impl Store {
     /// as `what` it is: a FIFO in place of the lease is no "corrupt profile".
     fn set_aside_entry(&mut self, path: &Path, why: &dyn std::fmt::Display, what: &str) {
         match profile_format::safeio::set_aside(path) {
-            Ok(to) => tracing::warn!(file = %path.display(), moved_to = %to.display(), error = %why,
-                "store: unusable {what} set aside; replacing it"),
+            Ok(to) => {
+                tracing::warn!(file = %path.display(), moved_to = %to.display(), error = %why,
+                "store: unusable {what} set aside; replacing it")
+            }
             Err(e) => tracing::warn!(file = %path.display(), error = %why, rename_error = %e,
                 "store: unusable {what} could not be set aside"),
         }

@@ -173,19 +173,21 @@ fn linked_host_and_epoch_directories_are_set_aside_never_written_through() {
     std::fs::rename(&epoch_dir, &moved).unwrap();
     std::os::unix::fs::symlink(&moved, &epoch_dir).unwrap();
     let before = listing(&moved.join("h1"));
-    let profile_before = std::fs::read(moved.join("h1").join(
-        hd.profile_path(&ImageId::BuildId(vec![1; 20]), "cpu-clock").file_name().unwrap(),
-    ))
-    .unwrap();
+    let profile_before =
+        std::fs::read(moved.join("h1").join(
+            hd.profile_path(&ImageId::BuildId(vec![1; 20]), "cpu-clock").file_name().unwrap(),
+        ))
+        .unwrap();
     s.add(batch(1, 0x10, 3), 0, 0);
     s.add(batch(2, 0x20, 4), 0, 0);
     let _ = s.flush_everything();
     s.flush_everything().expect("the layout is restored");
     assert_eq!(listing(&moved.join("h1")), before, "nothing written through the epoch link");
-    let same = std::fs::read(moved.join("h1").join(
-        hd.profile_path(&ImageId::BuildId(vec![1; 20]), "cpu-clock").file_name().unwrap(),
-    ))
-    .unwrap();
+    let same =
+        std::fs::read(moved.join("h1").join(
+            hd.profile_path(&ImageId::BuildId(vec![1; 20]), "cpu-clock").file_name().unwrap(),
+        ))
+        .unwrap();
     assert_eq!(same, profile_before);
     assert!(std::fs::symlink_metadata(&epoch_dir).unwrap().is_dir());
     assert!(epoch_dir.join("EPOCH").is_file(), "the epoch's marker is back");

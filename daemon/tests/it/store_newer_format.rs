@@ -44,10 +44,7 @@ fn newer_format_profile_is_left_untouched_and_samples_continue_beside_it() {
     let hd = db.host_dir(&epoch, "h1").unwrap();
     let newer = hd.profile_path(&ImageId::BuildId(vec![1; 20]), "cpu-clock");
     let newer_bytes = make_newer(&newer);
-    assert!(matches!(
-        Profile::read(&newer),
-        Err(profile_format::Error::UnknownVersion { .. })
-    ));
+    assert!(matches!(Profile::read(&newer), Err(profile_format::Error::UnknownVersion { .. })));
 
     // More samples of that image and of the other one, published (a full flush also rewrites
     // the summary index, which reads every profile).
