@@ -311,7 +311,9 @@ fn enter_host_dir(
     current: Option<&EpochId>,
     on_aside: &mut dyn FnMut(&Path, String),
 ) -> Result<(), StoreError> {
-    for attempt in 0..4 {
+    // One set-aside per level (`epochs/`, the epoch's, the host's directory) at most.
+    let mut set_aside = 0;
+    loop {
         let r = if known {
             hd.check().and_then(|ok| if ok { Ok(()) } else { hd.create() })
         } else {
@@ -319,7 +321,8 @@ fn enter_host_dir(
         };
         match r {
             Ok(()) => return Ok(()),
-            Err(profile_format::Error::NotDirectory { path, kind }) if attempt < 3 => {
+            Err(profile_format::Error::NotDirectory { path, kind }) if set_aside < 3 => {
+                set_aside += 1;
                 set_aside_dir(path, kind, on_aside)?;
                 if let Some(cur) = current {
                     db.ensure_epoch(cur, &hd.host)?;
@@ -328,7 +331,6 @@ fn enter_host_dir(
             Err(e) => return Err(e.into()),
         }
     }
-    unreachable!("the last attempt returns")
 }
 
 /// Marks the store busy (since now) while it lives; nested marks keep the outer time.
