@@ -244,6 +244,13 @@ pub fn render_status(v: &StatusReport) -> String {
             store.spool_quarantined
         );
     }
+    if store.newer_format_files > 0 {
+        o += &format!(
+            "newer files: {} profiles of a newer format left untouched, samples continued beside them{}\n",
+            store.newer_format_files,
+            store.last_newer_format.as_ref().map(|l| format!(" (last: {l})")).unwrap_or_default(),
+        );
+    }
     if let Some(since) = store.publish_stalled_since_unix_ms {
         o += &format!("publishing: STALLED since {} (the database is not answering)\n", ago(since));
     }

@@ -842,12 +842,17 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
     let group = socket_group_id(&settings)?;
     crate::control::check_path(&settings.socket)?;
     let watch = Watch::new(hooks.faults.clone());
+    // Before any thread starts: a host name held by a live daemon is an orderly refusal
+    // (exit 2), not threads started and torn down again (issue 35). Taken for real below.
+    Store::check_lease_free(&store_config(&settings)).map_err(ServiceError::LeaseHeld)?;
     let mut created = CreatedDirs::default();
     prepare_spool(&settings.spool, &mut created)?;
     let (aggregator, sampler, sampling_since, t0) =
         start_sampling(&settings, specs, &faults, &watch)?;
-    let mut store = open_store(&settings, &faults)?;
-    register_sampler(&sampler, &mut store)?;
+    // From here on threads run: a failed start stops them on purpose (`Watch::stopping`), so
+    // that their end is not reported as a thread death.
+    let mut store = open_store(&settings, &faults).map_err(|e| orderly(&watch, e))?;
+    register_sampler(&sampler, &mut store).map_err(|e| orderly(&watch, e))?;
     prime_resolver(&aggregator, &mut store, t0);
     let access = Arc::new(Access::new(group));
     let shared = Arc::new(Shared {
@@ -883,13 +888,15 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
         access,
         Arc::new(ControlHandler(Arc::clone(&shared))),
         Some(Arc::clone(&watch)),
-    )?;
+    )
+    .map_err(|e| orderly(&watch, e.into()))?;
     let (tx, rx) = mpsc::channel::<Wake>();
-    let (sig_handle, _) = spawn_signal_thread(tx.clone(), &watch)?;
+    let (sig_handle, _) =
+        spawn_signal_thread(tx.clone(), &watch).map_err(|e| orderly(&watch, e))?;
     created.keep();
     notifier.ready();
     tracing::info!(socket = %settings.socket.display(), host = %settings.host, db = %settings.db.display(), "dcpid ready");
-    let flusher = Flusher::spawn(&shared)?;
+    let flusher = Flusher::spawn(&shared).map_err(|e| orderly(&watch, e))?;
     let reason = serve_until_stop(&shared, &notifier, &rx, settings.duration);
 
     watch.stopping();
@@ -941,6 +948,13 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
         }
         _ => Ok(()),
     }
+}
+
+/// A start that fails after threads were started: they end because the daemon stops, which is
+/// no thread death to report.
+fn orderly(watch: &Watch, e: ServiceError) -> ServiceError {
+    watch.stopping();
+    e
 }
 
 fn socket_group_id(settings: &Settings) -> Result<Option<u32>, ServiceError> {
@@ -1041,7 +1055,7 @@ fn start_sampling(
     let t0 = crate::sys::time::monotonic_ns();
     let since = Instant::now();
     let sampler = Sampler::start(&scfg, Arc::<Aggregator>::clone(&aggregator))
-        .map_err(explain_sampler_error)?;
+        .map_err(|e| orderly(watch, explain_sampler_error(e)))?;
     Ok((aggregator, sampler, since, t0))
 }
 

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::atomic::{sync_dir, write_atomic, TMP_PREFIX};
 use crate::error::{Error, Result};
 use crate::ident::{event_file_component, validate_host_name, ImageId};
+use crate::safeio::{check_dir, ensure_dir};
 
 /// Name of the marker file in each epoch directory.
 pub const EPOCH_MARKER: &str = "EPOCH";
@@ -269,6 +270,39 @@ pub(crate) fn parse_who_profile_name(name: &str) -> Option<(ImageId, &str, &str)
     Some((image?, &rest[rest.len() - event_len..], who))
 }
 
+/// A profile continued beside a newer-format file (FORMAT.md §3.1),
+/// `<profile name without .prof>.v<N>.prof`: the name it continues and `N`, the container
+/// version its writer writes. `None` for every other name, including names that are valid
+/// profile names as they are (`<image>.v1.prof` is the profile of an event named `v1`).
+pub(crate) fn split_continuation(name: &str) -> Option<(String, u16)> {
+    if parse_profile_name(name).is_some() || parse_who_profile_name(name).is_some() {
+        return None;
+    }
+    let stem = name.strip_suffix(PROFILE_SUFFIX)?;
+    let (base, v) = stem.rsplit_once(".v")?;
+    let version = v.parse::<u16>().ok().filter(|n| *n > 0 && n.to_string() == v)?;
+    let base = format!("{base}{PROFILE_SUFFIX}");
+    (parse_profile_name(&base).is_some() || parse_who_profile_name(&base).is_some())
+        .then_some((base, version))
+}
+
+/// Where a writer continues the profile at `path` when that file is of a newer container
+/// version than it can read (FORMAT.md §3.1): the same name with `.v<N>` before `.prof`, `N`
+/// being the version this build writes for that profile (1 flat, 2 per process or cgroup).
+/// `None` if `path` is no profile name (or already a continuation).
+pub fn continuation_path(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?.to_str()?;
+    let version = if parse_who_profile_name(name).is_some() {
+        2
+    } else if parse_profile_name(name).is_some() {
+        1
+    } else {
+        return None;
+    };
+    let stem = name.strip_suffix(PROFILE_SUFFIX)?;
+    Some(path.with_file_name(format!("{stem}.v{version}{PROFILE_SUFFIX}")))
+}
+
 impl Database {
     /// Open an existing database (the directory must exist).
     pub fn open(root: &Path) -> Result<Self> {
@@ -282,10 +316,11 @@ impl Database {
         Ok(Self { root: root.to_path_buf() })
     }
 
-    /// Open, creating the directory (and `epochs/`) if needed.
+    /// Open, creating the directory (and `epochs/`) if needed. The root is the operator's
+    /// choice (it may be a link); `epochs/` below it must be a real directory (`NotDirectory`).
     pub fn create(root: &Path) -> Result<Self> {
-        let epochs = root.join("epochs");
-        fs::create_dir_all(&epochs).map_err(|e| Error::io(&epochs, e))?;
+        fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
+        ensure_dir(&root.join("epochs"))?;
         Self::open(root)
     }
 
@@ -351,7 +386,7 @@ impl Database {
     pub fn new_epoch(&self, now: SystemTime, initiator_host: &str) -> Result<EpochId> {
         validate_host_name(initiator_host)?;
         let dir = self.epochs_dir();
-        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        ensure_dir(&dir)?;
         let mut id = EpochId::from_time(now);
         if let Some(last) = self.epochs()?.pop() {
             if id <= last {
@@ -395,10 +430,11 @@ impl Database {
         validate_host_name(initiator_host)?;
         let path = self.epoch_dir(id);
         let marker = path.join(EPOCH_MARKER);
-        if fs::symlink_metadata(&marker).is_ok_and(|m| m.is_file()) {
+        ensure_dir(&self.epochs_dir())?;
+        if check_dir(&path)? && fs::symlink_metadata(&marker).is_ok_and(|m| m.is_file()) {
             return Ok(false);
         }
-        fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        ensure_dir(&path)?;
         sync_dir(&self.epochs_dir())?;
         let text = format!(
             "dcpi-epoch 1\nid {id}\ninitiator {initiator_host}\nstart {}\n",
@@ -432,6 +468,12 @@ impl Database {
     /// is then empty apart from its marker and was not the current epoch.
     pub fn remove_host_epoch(&self, epoch: &EpochId, host: &str) -> Result<()> {
         let hd = self.host_dir(epoch, host)?;
+        // Not through a linked `epochs/` or epoch directory: that would remove a directory
+        // elsewhere. A linked host directory is only the link (`remove_dir_all` does not
+        // follow it).
+        if !check_dir(&self.epochs_dir())? || !check_dir(&self.epoch_dir(epoch))? {
+            return Ok(());
+        }
         match fs::remove_dir_all(&hd.path) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => {}
@@ -494,13 +536,42 @@ pub struct HostDir {
 }
 
 impl HostDir {
-    /// Create the directory (and the epoch directory) if missing.
+    /// The directories from `epochs/` down to this one, outermost first.
+    fn chain(&self) -> [&Path; 3] {
+        let epoch = self.path.parent().unwrap_or(&self.path);
+        [epoch.parent().unwrap_or(epoch), epoch, &self.path]
+    }
+
+    /// Create the directory (and the epoch directory) if missing. Each of `epochs/`, the
+    /// epoch's and the host's directory must be a real directory, not a link to one
+    /// (`NotDirectory` naming the first that is not, FORMAT.md §6.1).
     pub fn create(&self) -> Result<()> {
-        fs::create_dir_all(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        if let Some(parent) = self.path.parent() {
-            sync_dir(parent)?;
+        // The root is the operator's (it may be a link); it is recreated if it was removed.
+        let root = self.db_root();
+        fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
+        let mut created = false;
+        for d in self.chain() {
+            created = ensure_dir(d)?;
+        }
+        if created {
+            if let Some(parent) = self.path.parent() {
+                sync_dir(parent)?;
+            }
         }
         Ok(())
+    }
+
+    /// Whether this directory exists, with `epochs/` and the epoch's directory, each a real
+    /// directory (`lstat`); `NotDirectory` naming the first that is something else (a link).
+    /// What a writer checks before each use of a directory it created earlier: another
+    /// writer of a shared database may have replaced it since.
+    pub fn check(&self) -> Result<bool> {
+        for d in self.chain() {
+            if !check_dir(d)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Remove temporary files (`.tmp-*`, §2) of this directory last modified more than
@@ -508,6 +579,9 @@ impl HostDir {
     /// host that owns the directory calls this (no one else writes there). Returns how many
     /// were removed; a missing directory has none.
     pub fn remove_stale_tmp(&self, now: SystemTime, min_age: Duration) -> Result<usize> {
+        if !self.check()? {
+            return Ok(0);
+        }
         let rd = match fs::read_dir(&self.path) {
             Ok(rd) => rd,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
@@ -565,7 +639,12 @@ impl HostDir {
     pub fn who_profiles(&self) -> Result<Vec<WhoProfileEntry>> {
         let mut out = Vec::new();
         for name in list_names(&self.path)? {
-            let Some((image_id, event, who)) = parse_who_profile_name(&name) else { continue };
+            let base = split_continuation(&name).map(|(b, _)| b);
+            let Some((image_id, event, who)) =
+                parse_who_profile_name(base.as_deref().unwrap_or(&name))
+            else {
+                continue;
+            };
             out.push(WhoProfileEntry {
                 path: self.path.join(&name),
                 image_id,
@@ -622,11 +701,17 @@ impl HostDir {
     }
 
     /// Profile files in this directory (temporary and `*.corrupt` files skipped), sorted by name.
-    /// Names that do not follow the profile naming scheme are ignored.
+    /// Names that do not follow the profile naming scheme are ignored. A continuation
+    /// (FORMAT.md §3.1) is listed as its own entry, of the image and event it continues:
+    /// readers add it to the file it continues like any other profile of that image.
     pub fn profiles(&self) -> Result<Vec<ProfileEntry>> {
         let mut out = Vec::new();
         for name in list_names(&self.path)? {
-            let Some((image_id, event)) = parse_profile_name(&name) else { continue };
+            let base = split_continuation(&name).map(|(b, _)| b);
+            let Some((image_id, event)) = parse_profile_name(base.as_deref().unwrap_or(&name))
+            else {
+                continue;
+            };
             out.push(ProfileEntry {
                 path: self.path.join(&name),
                 image_id,
@@ -637,9 +722,48 @@ impl HostDir {
     }
 }
 
+impl ProfileEntry {
+    /// Whether this is a continuation beside a newer-format file (FORMAT.md §3.1).
+    pub fn is_continuation(&self) -> bool {
+        self.path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| split_continuation(n).is_some())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn continuation_names() {
+        let id = ImageId::from_build_id(&[0xab; 4]).unwrap().to_text();
+        let flat = format!("{id}.cpu-clock.prof");
+        let c = continuation_path(Path::new(&flat)).unwrap();
+        assert_eq!(c.to_str().unwrap(), format!("{id}.cpu-clock.v1.prof"));
+        assert_eq!(split_continuation(c.to_str().unwrap()), Some((flat.clone(), 1)));
+        let who = format!("{id}.cpu-clock.pid-7.prof");
+        let c = continuation_path(Path::new(&who)).unwrap();
+        assert_eq!(c.to_str().unwrap(), format!("{id}.cpu-clock.pid-7.v2.prof"));
+        assert_eq!(split_continuation(c.to_str().unwrap()), Some((who, 2)));
+        // An event named `v1` keeps its plain name; its continuation is unambiguous.
+        let v1 = format!("{id}.v1.prof");
+        assert_eq!(split_continuation(&v1), None);
+        assert_eq!(parse_profile_name(&v1).map(|(_, e)| e), Some("v1"));
+        let c = continuation_path(Path::new(&v1)).unwrap();
+        assert_eq!(split_continuation(c.to_str().unwrap()), Some((v1, 1)));
+        for bad in [
+            format!("{id}.cpu-clock.v0.prof"),
+            format!("{id}.cpu-clock.v01.prof"),
+            format!("{id}.cpu-clock.v70000.prof"),
+            format!("{id}.cpu-clock.vx.prof"),
+            "x.cpu-clock.v1.prof".to_string(),
+        ] {
+            assert_eq!(split_continuation(&bad), None, "{bad}");
+        }
+        assert_eq!(continuation_path(Path::new("summary.json")), None);
+    }
 
     #[test]
     fn qualified_profile_names_parse_and_older_readers_ignore_them() {

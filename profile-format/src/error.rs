@@ -21,6 +21,11 @@ pub enum Error {
     /// further (it could block a reader or feed it without end).
     #[error("{path}: is {kind}, not a regular file (refused: a database file must be one)")]
     NotRegularFile { path: PathBuf, kind: &'static str },
+    /// A database directory that is a symbolic link (or a file, a FIFO, ...): never entered,
+    /// so that a link planted by another writer of a shared database cannot send writes (or
+    /// removals) anywhere else (FORMAT.md §6.1).
+    #[error("{path}: is {kind}, not a directory (refused: a database directory must be one)")]
+    NotDirectory { path: PathBuf, kind: &'static str },
     /// A file larger than any valid one of its kind; not read.
     #[error("{path}: larger than the {limit} bytes such a file may have (refused)")]
     TooLarge { path: PathBuf, limit: u64 },

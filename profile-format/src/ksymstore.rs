@@ -289,7 +289,8 @@ impl Database {
             return Ok((id, 0));
         }
         let dir = self.root().join(KALLSYMS_DIR);
-        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        // A real directory, not a link planted by another writer (FORMAT.md §6.1).
+        crate::safeio::ensure_dir(&dir)?;
         let packed = pack_kallsyms(file_bytes, &path)?;
         write_atomic(&path, &packed)?;
         Ok((id, packed.len() as u64))
@@ -333,6 +334,10 @@ impl Database {
     /// one may be about to be referenced). Returns the ids removed.
     pub fn gc_kallsyms(&self, now: SystemTime, min_age: Duration) -> Result<Vec<String>> {
         let dir = self.root().join(KALLSYMS_DIR);
+        // Never remove files through a link: they would be another directory's.
+        if !crate::safeio::check_dir(&dir)? {
+            return Ok(Vec::new());
+        }
         let entries = match fs::read_dir(&dir) {
             Ok(rd) => rd,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),

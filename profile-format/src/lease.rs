@@ -13,6 +13,7 @@ use crate::atomic::{sync_dir, write_atomic, write_new};
 use crate::db::Database;
 use crate::error::{Error, Result};
 use crate::ident::validate_host_name;
+use crate::safeio::{check_dir, ensure_dir};
 
 /// Directory of the lease files, under the database root.
 pub const LEASES_DIR: &str = "leases";
@@ -129,9 +130,22 @@ impl Database {
         Ok(self.root().join(LEASES_DIR).join(format!("{host}.lease")))
     }
 
-    /// The lease on `host`, `None` if there is none.
+    /// `leases/`, created if missing; `NotDirectory` if it is a link or anything but a
+    /// directory (FORMAT.md §6.1).
+    fn leases_dir(&self) -> Result<PathBuf> {
+        let dir = self.root().join(LEASES_DIR);
+        ensure_dir(&dir)?;
+        Ok(dir)
+    }
+
+    /// The lease on `host`, `None` if there is none. The file is opened without following a
+    /// link and without blocking on a FIFO: anything but a regular file is `NotRegularFile`
+    /// (and `leases/` itself must be a directory: `NotDirectory`).
     pub fn read_lease(&self, host: &str) -> Result<Option<Lease>> {
         let path = self.lease_path(host)?;
+        if !check_dir(&self.root().join(LEASES_DIR))? {
+            return Ok(None);
+        }
         match crate::safeio::read_small_string(&path, crate::safeio::MAX_SMALL_FILE) {
             Ok(t) => Lease::decode(&t, &path).map(Some),
             Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => Ok(None),
@@ -144,8 +158,7 @@ impl Database {
     /// temporary file, which fails if the name exists).
     pub fn create_lease(&self, lease: &Lease) -> Result<bool> {
         let path = self.lease_path(&lease.host)?;
-        let dir = self.root().join(LEASES_DIR);
-        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let dir = self.leases_dir()?;
         let created = write_new(&path, lease.encode().as_bytes())?;
         if created {
             sync_dir(&dir)?;
@@ -157,13 +170,13 @@ impl Database {
     /// lease), atomically.
     pub fn write_lease(&self, lease: &Lease) -> Result<()> {
         let path = self.lease_path(&lease.host)?;
-        let dir = self.root().join(LEASES_DIR);
-        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        self.leases_dir()?;
         write_atomic(&path, lease.encode().as_bytes())
     }
 
     /// Remove the lease on `host` (a clean stop), if it is still `owner`'s.
     pub fn release_lease(&self, owner: &Lease) -> Result<()> {
+        // `read_lease` checked that `leases/` is a directory.
         if self.read_lease(&owner.host)?.is_some_and(|l| same_owner(&l, owner)) {
             let path = self.lease_path(&owner.host)?;
             match fs::remove_file(&path) {

@@ -23,8 +23,8 @@ mod who;
 
 pub use atomic::write_atomic;
 pub use db::{
-    Database, EpochId, EpochsStamp, HostDir, ProfileEntry, WhoProfileEntry, CORRUPT_SUFFIX,
-    EPOCH_MARKER, PROFILE_SUFFIX,
+    continuation_path, Database, EpochId, EpochsStamp, HostDir, ProfileEntry, WhoProfileEntry,
+    CORRUPT_SUFFIX, EPOCH_MARKER, PROFILE_SUFFIX,
 };
 pub use error::{Error, Result};
 pub use ident::{event_file_component, validate_host_name, ImageId, MAX_BUILD_ID_LEN};

@@ -361,6 +361,13 @@ impl Profile {
         Ok(Self { header, who, counts })
     }
 
+    /// Whether `path` holds a profile of a newer container version than this build reads,
+    /// whole (its stored length is its size): a newer writer's file, to be left alone
+    /// (FORMAT.md §3.1), not a corrupt one.
+    pub fn is_newer_version(path: &Path) -> bool {
+        crate::safeio::is_newer_container(path, PROFILE_MAGIC, PROFILE_VERSION)
+    }
+
     /// Read and validate a profile file. The file is opened safely and read only up to the
     /// length its header announces (FORMAT.md §6.1); when its name follows the profile naming
     /// scheme (§3), the header must describe the image and event the name says.
@@ -375,6 +382,9 @@ impl Profile {
     /// name would otherwise be merged into, and reported as, the wrong image.
     fn check_name(&self, path: &Path) -> Result<()> {
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return Ok(()) };
+        // A continuation (FORMAT.md §3.1) holds what the name it continues would.
+        let base = crate::db::split_continuation(name).map(|(b, _)| b);
+        let name = base.as_deref().unwrap_or(name);
         if let Some((image, event, who)) = crate::db::parse_who_profile_name(name) {
             let h = &self.header;
             let mine = self.who.as_ref().map(ProfileWho::file_component);

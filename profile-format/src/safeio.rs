@@ -22,7 +22,7 @@ pub const MAX_SUMMARY_FILE: u64 = 64 << 20;
 /// Largest small text file (`kallsyms.ref`, `EPOCH`, lease).
 pub const MAX_SMALL_FILE: u64 = 64 << 10;
 
-fn file_kind(ft: std::fs::FileType) -> &'static str {
+pub(crate) fn file_kind(ft: std::fs::FileType) -> &'static str {
     if ft.is_dir() {
         "a directory"
     } else if ft.is_fifo() {
@@ -69,6 +69,77 @@ pub fn open_regular(path: &Path) -> Result<(File, u64)> {
         return Err(Error::NotRegularFile { path: path.into(), kind: file_kind(meta.file_type()) });
     }
     Ok((f, meta.len()))
+}
+
+/// Whether `path` is a real directory, checked with `lstat` (a symbolic link, even to a
+/// directory, is not one): `Ok(false)` if nothing is there, `NotDirectory` if something else
+/// is. Every directory of the database a writer creates or enters goes through here or
+/// [`ensure_dir`] (FORMAT.md §6.1): a link planted by another writer of a shared database
+/// would otherwise send its files, and its removals, wherever it points.
+pub fn check_dir(path: &Path) -> Result<bool> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_dir() => Ok(true),
+        Ok(m) => Err(Error::NotDirectory { path: path.into(), kind: file_kind(m.file_type()) }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// Create directory `path` if it is missing (its parent must exist: check it first), and
+/// check that what is there is a real directory ([`check_dir`]). Returns whether it was
+/// created. `mkdir` never follows a link, so a link planted between the check and the
+/// `mkdir` makes it fail with EEXIST, and the check after that refuses it.
+pub fn ensure_dir(path: &Path) -> Result<bool> {
+    if check_dir(path)? {
+        return Ok(false);
+    }
+    match std::fs::create_dir(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => check_dir(path).map(|_| false),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// Rename a database entry that cannot be used (a corrupt file, a link or FIFO where a file
+/// or directory belongs) to `NAME.corrupt`, or `NAME.<unix ms>.corrupt` if that exists
+/// already; readers skip both (FORMAT.md §1). The entry itself is renamed, never what a link
+/// points to. Returns the new path.
+pub fn set_aside(path: &Path) -> Result<std::path::PathBuf> {
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(crate::CORRUPT_SUFFIX);
+    let mut aside = std::path::PathBuf::from(aside);
+    if aside.symlink_metadata().is_ok() {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let mut a = path.as_os_str().to_owned();
+        a.push(format!(".{ms}{}", crate::CORRUPT_SUFFIX));
+        aside = a.into();
+    }
+    std::fs::rename(path, &aside).map_err(|e| Error::io(path, e))?;
+    Ok(aside)
+}
+
+/// Whether `path` is a container file (FORMAT.md §4) of a version newer than `supported`:
+/// a regular file starting with `magic`, a version above `supported`, and a `length` field
+/// (at the offset every version keeps, §11) equal to the file's size. A writer leaves such a
+/// file alone instead of setting it aside as corrupt (§3.1); a short or truncated file, or
+/// garbage after the magic, is not one.
+pub fn is_newer_container(path: &Path, magic: &[u8; 8], supported: u16) -> bool {
+    let Ok((f, size)) = open_regular(path) else { return false };
+    let mut head = Vec::with_capacity(FIXED_HEADER_LEN);
+    if f.take(FIXED_HEADER_LEN as u64).read_to_end(&mut head).is_err()
+        || head.len() < FIXED_HEADER_LEN
+        || &head[..8] != magic
+    {
+        return false;
+    }
+    let version = u16::from_le_bytes([head[8], head[9]]);
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&head[12..20]);
+    let length = u64::from_le_bytes(len);
+    version > supported && length == size && length > FIXED_HEADER_LEN as u64
 }
 
 /// Read at most `limit` bytes into `out`; an error naming the file if it holds more.
@@ -182,5 +253,29 @@ mod tests {
         std::fs::write(&big, vec![b'x'; 11]).unwrap();
         assert!(matches!(read_small(&big, 10), Err(Error::TooLarge { .. })));
         assert_eq!(read_small(&big, 11).unwrap().len(), 11);
+    }
+
+    #[test]
+    fn directories_are_checked_without_following_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        assert!(ensure_dir(&real).unwrap(), "created");
+        assert!(!ensure_dir(&real).unwrap(), "there already");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = ensure_dir(&link).unwrap_err();
+        assert!(matches!(e, Error::NotDirectory { kind: "a symbolic link", .. }), "{e}");
+        assert!(e.to_string().contains("link") && e.to_string().contains("not a directory"), "{e}");
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(matches!(check_dir(&file), Err(Error::NotDirectory { .. })));
+        assert!(!check_dir(&dir.path().join("none")).unwrap());
+        let aside = set_aside(&link).unwrap();
+        assert!(aside.to_string_lossy().ends_with("link.corrupt"));
+        assert!(real.is_dir(), "the link is moved, not its target");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let aside2 = set_aside(&link).unwrap();
+        assert_ne!(aside, aside2);
+        assert!(aside2.to_string_lossy().ends_with(".corrupt"));
     }
 }

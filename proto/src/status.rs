@@ -16,6 +16,7 @@
 //!   `last_publish` {`unix_ms`, `duration_ms`, `items`}, `spool_rows`, `spool_bytes`,
 //!   `dirty_profiles`, `pending_batches`, `pending_bytes`, `pending_samples`, `dropped_samples`, `db_error`,
 //!   `spool_error`, `spool_quarantined`, `corrupt_files_set_aside`, `last_set_aside`,
+//!   `newer_format_files`, `last_newer_format`,
 //!   `lease_file`, `lease_renewed_unix_ms`, `lease_lost_to`, `kallsyms_refreshes`,
 //!   `kallsyms_changes`, `publish_stalled_since_unix_ms`, ...)
 //! - `condition`: `ok`, or a one-line description of what is wrong (disk, CPUs not sampled)
@@ -202,6 +203,13 @@ pub struct StoreStatus {
     /// its path and why.
     #[serde(default)]
     pub last_set_aside: Option<String>,
+    /// Profiles of a newer format version than this dcpid reads, found in its host
+    /// directories (a rolling downgrade) and left untouched; its samples go beside them
+    /// (FORMAT.md §3.1). The last one: its path and version.
+    #[serde(default)]
+    pub newer_format_files: u64,
+    #[serde(default)]
+    pub last_newer_format: Option<String>,
     /// This daemon's lease on its host name (`<db>/leases/<host>.lease`), when it holds it.
     #[serde(default)]
     pub lease_file: Option<String>,

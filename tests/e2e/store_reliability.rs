@@ -499,4 +499,87 @@ fn full_spool_and_full_database_count_what_they_drop_and_exit_non_zero() {
     assert!(err.contains(&format!("dropped {dropped} of the {taken} samples")), "{err}");
     assert!(!err.contains("spool keeps everything"), "a false claim:\n{err}");
     assert_no_empty_segment(&log_dir);
+
+/// Issue 35, defect 5, through the report tool. A profile of a newer format version in the
+/// daemon's own host directory (a rolling downgrade within an epoch) is left untouched; the
+/// daemon's samples continue beside it, and this version's `dcpiprof` reports them (with
+/// `--keep-going`, naming the newer file it cannot read; without, it exits 2 naming it).
+/// Before the fix the newer file was renamed `.corrupt` and its samples vanished.
+#[test]
+fn newer_format_profile_is_kept_and_reports_show_the_daemons_samples() {
+    use dcpid::aggregate::{ImageInfo, OffsetCounts, Resolved, ResolvedProfile};
+    use dcpid::store::{EventInfo, Store, StoreConfig};
+    use profile_format::{EventDesc, ImageId, ImageKind, PROFILE_VERSION};
+
+    let sb = Sandbox::new();
+    let cfg = StoreConfig {
+        db: sb.db(),
+        spool: sb.spool(),
+        host: "e2e-newer".into(),
+        flush_interval: Duration::from_secs(2),
+        publish_interval: Duration::from_secs(60),
+        publish_max_delay: Duration::from_secs(360),
+        max_memory_bytes: 64 << 20,
+        retention_days: 7,
+        retention_keep: 3,
+    };
+    let desc = EventDesc {
+        name: "cpu-clock".into(),
+        perf_type: 1,
+        perf_config: 0,
+        period_mean: 1000,
+        period_min: 1000,
+        period_max: 1000,
+    };
+    let id = ImageId::BuildId(vec![7; 20]);
+    let batch = |count: u64| {
+        let mut r = Resolved::default();
+        let info = std::sync::Arc::new(ImageInfo {
+            kind: ImageKind::Elf,
+            id: id.clone(),
+            path: b"/usr/bin/downgraded".to_vec(),
+            jit_symbols: vec![],
+        });
+        let mut counts = OffsetCounts::default();
+        counts.insert(0x40, (count, count * 1000));
+        r.profiles.insert((id.clone(), 0), ResolvedProfile { image: info, event: 0, counts });
+        r.samples = count;
+        r
+    };
+    let mut s = Store::open(cfg);
+    s.set_events(vec![EventInfo { desc, source: "software".into() }]);
+    s.add(batch(11), 0, 0);
+    s.flush_everything().expect("flush");
+    let epoch = s.current_epoch().cloned().expect("epoch");
+    let hd =
+        profile_format::Database::open(&sb.db()).unwrap().host_dir(&epoch, "e2e-newer").unwrap();
+    let path = hd.profile_path(&id, "cpu-clock");
+    // What a newer dcpid of this host leaves: the next container version, whole and valid.
+    let mut b = std::fs::read(&path).unwrap();
+    b[8..10].copy_from_slice(&(PROFILE_VERSION + 1).to_le_bytes());
+    let body = b.len() - 4;
+    let crc = crc32fast::hash(&b[..body]);
+    b[body..].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&path, &b).unwrap();
+
+    s.add(batch(5), 0, 0);
+    s.flush_everything().expect("flush");
+    drop(s);
+    assert_eq!(std::fs::read(&path).unwrap(), b, "the newer file is untouched");
+
+    let out = sb.prof(&["--host", "e2e-newer", "--format", "json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&path.display().to_string()) && err.contains("version"), "{err}");
+    let out = sb.prof(&["--host", "e2e-newer", "--format", "json", "--keep-going"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let row = v["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|r| r["image"].as_str() == Some("/usr/bin/downgraded"))
+        .unwrap_or_else(|| panic!("no row for the image: {v:#}"));
+    assert_eq!(row["samples"].as_u64(), Some(5), "the daemon's samples after the downgrade");
 }

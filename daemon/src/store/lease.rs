@@ -32,13 +32,37 @@ fn machine_id() -> String {
     }
 }
 
+/// A task's state letter and start time in clock ticks since boot (`/proc/.../stat` fields 3
+/// and 22); `None` if there is no such task.
+fn task_stat(stat_path: &str) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(stat_path).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from the last `)`.
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.nth(18)?.parse().ok()?))
+}
+
 /// A process's start time in clock ticks since boot (`/proc/PID/stat` field 22); `None` if
 /// there is no such process.
 fn pid_start(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count from the last `)`.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    task_stat(&format!("/proc/{pid}/stat")).map(|(_, t)| t)
+}
+
+/// Whether process `pid` has exited and only waits to be reaped: a zombie (`Z`) or dead (`X`)
+/// main thread and no live thread left. A dcpid killed under a supervisor that is stopped,
+/// or under a container's PID 1 that never reaps, stays such a zombie, with its `/proc/PID`
+/// and start time, for as long as its parent lives; it can write nothing any more. (A main
+/// thread that ended while other threads run also shows `Z`: those threads are checked.)
+fn is_zombie(pid: u32) -> bool {
+    let dead = |s: char| s == 'Z' || s == 'X';
+    if !task_stat(&format!("/proc/{pid}/stat")).is_some_and(|(s, _)| dead(s)) {
+        return false;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return true };
+    tasks.filter_map(Result::ok).all(|t| {
+        let stat = format!("{}/stat", t.path().display());
+        task_stat(&stat).is_none_or(|(s, _)| dead(s))
+    })
 }
 
 /// This process's lease on `host`, renewed every `interval_ms`.
@@ -73,6 +97,9 @@ pub(super) fn stale_reason(held: &Lease, me: &Lease, now_ms: u64) -> Option<Stri
             None => Some(format!("pid {} is not running", held.pid)),
             Some(t) if held.pid_start != 0 && t != held.pid_start => {
                 Some(format!("pid {} is now another process", held.pid))
+            }
+            Some(_) if is_zombie(held.pid) => {
+                Some(format!("pid {} has exited (a zombie not yet reaped by its parent)", held.pid))
             }
             // Alive: even if it has not renewed (stuck on a hung database), it may resume.
             Some(_) => None,
@@ -111,6 +138,22 @@ mod tests {
         assert_eq!(stale_reason(&other, &me, unix_ms_now()), None, "alive");
         other.pid = u32::MAX - 1;
         assert!(stale_reason(&other, &me, unix_ms_now()).unwrap().contains("not running"));
+        // A real zombie: a child killed and not waited for.
+        let mut child = std::process::Command::new("sleep").arg("600").spawn().unwrap();
+        let zpid = child.id();
+        let mut zombie = me.clone();
+        zombie.pid = zpid;
+        zombie.pid_start = pid_start(zpid).unwrap();
+        assert_eq!(stale_reason(&zombie, &me, unix_ms_now()), None, "alive while it runs");
+        child.kill().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !is_zombie(zpid) {
+            assert!(std::time::Instant::now() < deadline, "pid {zpid} never became a zombie");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(pid_start(zpid), Some(zombie.pid_start), "a zombie keeps its start time");
+        assert!(stale_reason(&zombie, &me, unix_ms_now()).unwrap().contains("zombie"));
+        child.wait().unwrap();
         other.boot_id = "x".into();
         assert!(stale_reason(&other, &me, unix_ms_now()).unwrap().contains("rebooted"));
         // Another machine: only the renewal time tells.

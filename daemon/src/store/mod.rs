@@ -182,6 +182,9 @@ struct Health {
     published_files: u64,
     corrupt_files: u64,
     last_set_aside: Option<String>,
+    /// Profiles of a newer format version left untouched (FORMAT.md §3.1), and the last one.
+    newer_files: HashSet<PathBuf>,
+    last_newer: Option<String>,
     backlog: (u64, u64),
     bytes: BytesWritten,
 }
@@ -253,6 +256,84 @@ fn adopt_shared_spool(base: &Path, dir: &Path) {
                 "store: spool segment of an older dcpid moved into this host's spool"),
             Err(e) => tracing::warn!(file = %p.display(), error = %e,
                 "store: cannot move an older spool segment into this host's spool"),
+        }
+    }
+}
+
+/// Whether reading the profile at `path` failed only because it is a whole profile of a newer
+/// format version than this build reads (FORMAT.md §3.1): such a file is left alone, not set
+/// aside as corrupt. Garbage that happens to start with the magic is not one.
+fn is_newer(e: &profile_format::Error, path: &Path) -> bool {
+    matches!(e, profile_format::Error::UnknownVersion { version, supported, .. } if version > supported)
+        && profile_format::Profile::is_newer_version(path)
+}
+
+/// Set aside a database directory that is something else (`NotDirectory`), logged; `on_aside`
+/// hears of it. `Err` if it cannot be renamed.
+fn set_aside_dir(
+    path: std::path::PathBuf,
+    kind: &'static str,
+    on_aside: &mut dyn FnMut(&Path, String),
+) -> Result<(), profile_format::Error> {
+    let why = format!("is {kind}, not a directory");
+    match profile_format::safeio::set_aside(&path) {
+        Ok(to) => tracing::error!(dir = %path.display(), moved_to = %to.display(), reason = %why,
+            "store: a database directory was replaced by something else (another writer?); set aside, never written through"),
+        Err(e) => {
+            tracing::error!(dir = %path.display(), reason = %why, error = %e,
+                "store: a database directory is not one and cannot be set aside; not written");
+            return Err(profile_format::Error::NotDirectory { path, kind });
+        }
+    }
+    on_aside(&path, why);
+    Ok(())
+}
+
+/// [`Database::create`], a link (or anything but a directory) in place of `epochs/` set aside
+/// ([`set_aside_dir`]) and a real directory made instead (FORMAT.md §6.1).
+fn create_database(
+    root: &Path,
+    on_aside: &mut dyn FnMut(&Path, String),
+) -> Result<Database, profile_format::Error> {
+    let mut r = Database::create(root);
+    for _ in 0..2 {
+        let Err(profile_format::Error::NotDirectory { path, kind }) = r else { break };
+        set_aside_dir(path, kind, on_aside)?;
+        r = Database::create(root);
+    }
+    r
+}
+
+/// Enter this host's directory `hd` (creating what is missing, or, `known`: one created before,
+/// only checking it), through real directories only (FORMAT.md §6.1). A link or any other
+/// non-directory in place of `epochs/`, the epoch's or the host's directory is set aside
+/// (`on_aside` hears of it) and a real directory made in its place; the marker of `current`
+/// is put back if it went with it.
+fn enter_host_dir(
+    db: &Database,
+    hd: &HostDir,
+    known: bool,
+    current: Option<&EpochId>,
+    on_aside: &mut dyn FnMut(&Path, String),
+) -> Result<(), StoreError> {
+    // One set-aside per level (`epochs/`, the epoch's, the host's directory) at most.
+    let mut set_aside = 0;
+    loop {
+        let r = if known {
+            hd.check().and_then(|ok| if ok { Ok(()) } else { hd.create() })
+        } else {
+            hd.create()
+        };
+        match r {
+            Ok(()) => return Ok(()),
+            Err(profile_format::Error::NotDirectory { path, kind }) if set_aside < 3 => {
+                set_aside += 1;
+                set_aside_dir(path, kind, on_aside)?;
+                if let Some(cur) = current {
+                    db.ensure_epoch(cur, &hd.host)?;
+                }
+            }
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -445,7 +526,12 @@ impl Store {
     /// the store then keeps trying at each tick.
     pub fn take_lease(&mut self) -> Result<(), StoreError> {
         self.lease.wanted = true;
-        let db = Database::create(&self.cfg.db)?;
+        let mut aside = Vec::new();
+        let db = create_database(&self.cfg.db, &mut |p, why| aside.push((p.to_path_buf(), why)));
+        for (p, why) in aside {
+            self.note_set_aside(&p, &why);
+        }
+        let db = db?;
         let interval_ms = self.cfg.publish_interval.as_millis().min(u128::from(u64::MAX)) as u64;
         let me = lease::mine(&self.cfg.host, interval_ms);
         let path = db.lease_path(&self.cfg.host)?;
@@ -455,11 +541,20 @@ impl Store {
             let held = match db.read_lease(&self.cfg.host) {
                 Ok(h) => h,
                 Err(e @ profile_format::Error::Io { .. }) => return Err(e.into()),
+                Err(profile_format::Error::NotDirectory { path: dir, kind }) => {
+                    // `leases/` is a link (or a file): never written through; a fresh one is
+                    // made in its place by `create_lease`.
+                    self.set_aside_entry(
+                        &dir,
+                        &format!("is {kind}, not a directory"),
+                        "leases directory",
+                    );
+                    None
+                }
                 Err(e) => {
-                    // Not a lease (corrupt, a FIFO, ...): nobody can prove ownership with it.
-                    tracing::warn!(lease = %path.display(), error = %e,
-                        "store: unreadable lease file; replacing it");
-                    publish::set_aside(&path, &e);
+                    // Not a lease (corrupt, a FIFO, a link, ...): nobody can prove ownership
+                    // with it. Read without following a link nor blocking on a FIFO (safeio).
+                    self.set_aside_entry(&path, &e, "lease file");
                     None
                 }
             };
@@ -499,6 +594,27 @@ impl Store {
             db: self.cfg.db.clone(),
             owner: "another daemon taking it at the same time".into(),
             lease: path,
+        })
+    }
+
+    /// Whether the host name is free to take, without creating or changing anything: for the
+    /// daemon's start, before any thread runs. `Err(LeaseHeld)` if a live daemon holds it;
+    /// `Ok` otherwise (no database yet, no lease, a stale or unreadable one: [`Store::take_lease`]
+    /// decides those for real).
+    pub fn check_lease_free(cfg: &StoreConfig) -> Result<(), StoreError> {
+        let Ok(db) = Database::open(&cfg.db) else { return Ok(()) };
+        let Ok(Some(held)) = db.read_lease(&cfg.host) else { return Ok(()) };
+        let me = lease::mine(&cfg.host, 0);
+        if profile_format::same_owner(&held, &me)
+            || lease::stale_reason(&held, &me, lease::unix_ms_now()).is_some()
+        {
+            return Ok(());
+        }
+        Err(StoreError::LeaseHeld {
+            host: cfg.host.clone(),
+            db: cfg.db.clone(),
+            owner: lease::describe(&held, lease::unix_ms_now()),
+            lease: db.lease_path(&cfg.host)?,
         })
     }
 
@@ -606,16 +722,33 @@ impl Store {
     /// The daemon refuses to start on a database it can never write (wrong path, permissions,
     /// read-only); failures that may pass (disk full, NFS server down) are only reported.
     pub fn check_db_writable(db: &Path, host: &str) -> Result<(), StoreError> {
-        let db = Database::create(db)?;
+        let db = create_database(db, &mut |_, _| {})?;
         let epoch = match db.current_epoch()? {
             Some(e) => e,
             None => db.new_epoch(SystemTime::now(), host)?,
         };
         let hd = db.host_dir(&epoch, host)?;
-        hd.create()?;
-        let probe = hd.path.join(format!(".dcpid-write-check-{}", std::process::id()));
+        enter_host_dir(&db, &hd, false, Some(&epoch), &mut |_, _| {})?;
+        // A fresh name, created exclusively and without following a link: a link planted
+        // under a predictable name would make this write go wherever it points.
+        let probe = hd.path.join(format!(
+            ".dcpid-write-check-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
         let io = |e| StoreError::Db(profile_format::Error::Io { path: probe.clone(), source: e });
-        std::fs::write(&probe, b"dcpid\n").map_err(io)?;
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .mode(0o600)
+                .open(&probe)
+                .map_err(io)?;
+            f.write_all(b"dcpid\n").map_err(io)?;
+        }
         std::fs::remove_file(&probe).map_err(io)?;
         Ok(())
     }
@@ -943,6 +1076,8 @@ impl Store {
             db_error: h.db_error.clone(),
             spool_error: h.spool_error.clone(),
             last_set_aside: h.last_set_aside.clone(),
+            newer_format_files: h.newer_files.len() as u64,
+            last_newer_format: h.last_newer.clone(),
             lease_file: self.lease.mine.as_ref().and_then(|l| {
                 Some(
                     Database::open(&self.cfg.db)
@@ -1020,7 +1155,12 @@ impl Store {
     fn ensure_db_open(&mut self) {
         self.db_gate();
         if self.db.is_none() {
-            match Database::create(&self.cfg.db) {
+            let mut aside = Vec::new();
+            let r = create_database(&self.cfg.db, &mut |p, why| aside.push((p.to_path_buf(), why)));
+            for (p, why) in aside {
+                self.note_set_aside(&p, &why);
+            }
+            match r {
                 Ok(db) => {
                     self.db = Some(db);
                     if !self.tmp_cleaned {
@@ -1176,10 +1316,27 @@ impl Store {
     /// by the following writes, the kernel symbol snapshot and its reference, the summary and
     /// the lease. What was published before is gone; what the spool holds is published again.
     fn restore_layout(&mut self, epoch: &EpochId) {
-        let r = Database::create(&self.cfg.db).and_then(|db| {
-            let created = db.ensure_epoch(epoch, &self.cfg.host)?;
-            Ok((db, created))
-        });
+        let mut aside = Vec::new();
+        let mut r = create_database(&self.cfg.db, &mut |p, why| aside.push((p.to_path_buf(), why)))
+            .and_then(|db| {
+                let created = db.ensure_epoch(epoch, &self.cfg.host)?;
+                Ok((db, created))
+            });
+        for (p, why) in aside {
+            self.note_set_aside(&p, &why);
+        }
+        // A link (or anything but a directory) in place of `epochs/` or the epoch's directory:
+        // set aside, never written through (FORMAT.md §6.1), and the layout made afresh.
+        for _ in 0..2 {
+            let Err(profile_format::Error::NotDirectory { path, kind }) = &r else { break };
+            let (path, why) = (path.clone(), format!("is {kind}, not a directory"));
+            self.set_aside_entry(&path, &why, "database directory");
+            self.created_dirs.clear();
+            r = Database::create(&self.cfg.db).and_then(|db| {
+                let created = db.ensure_epoch(epoch, &self.cfg.host)?;
+                Ok((db, created))
+            });
+        }
         match r {
             Ok((db, created)) => {
                 if created {
@@ -1204,6 +1361,8 @@ impl Store {
         if !self.summaries.current.contains_key(key) {
             let published = self.db.as_ref().and_then(|db| {
                 let hd = db.host_dir(epoch, &self.cfg.host).ok()?;
+                // Not through a link (FORMAT.md §6.1): another directory's summary is not ours.
+                hd.check().ok()?.then_some(())?;
                 HostSummary::read(&hd.summary_path()).ok()
             });
             let mut s = published.unwrap_or_else(|| HostSummary {
@@ -1437,13 +1596,25 @@ impl Store {
         Ok(())
     }
 
+    /// This host's directory of `epoch`, created if needed. Checked (`lstat`, FORMAT.md §6.1)
+    /// at every use, not only when created: another writer of a shared database may replace
+    /// it, `epochs/` or the epoch's directory by a link at any time, and a link would send
+    /// this daemon's files (and its removals of temporaries) wherever it points, as root.
     fn host_dir(&mut self, epoch: &EpochId) -> Result<HostDir, StoreError> {
-        let db = self.db.as_ref().ok_or_else(|| StoreError::NoDatabase(self.cfg.db.clone()))?;
+        let db = self.db.clone().ok_or_else(|| StoreError::NoDatabase(self.cfg.db.clone()))?;
         let hd = db.host_dir(epoch, &self.cfg.host)?;
-        if !self.created_dirs.contains(&hd.path) {
-            hd.create()?;
-            self.created_dirs.insert(hd.path.clone());
+        let known = self.created_dirs.contains(&hd.path);
+        let current = self.epoch.clone();
+        let mut aside = Vec::new();
+        let r = enter_host_dir(&db, &hd, known, current.as_ref(), &mut |p, why| {
+            aside.push((p.to_path_buf(), why))
+        });
+        for (p, why) in aside {
+            self.note_set_aside(&p, &why);
+            self.created_dirs.clear();
         }
+        r?;
+        self.created_dirs.insert(hd.path.clone());
         Ok(hd)
     }
 
@@ -1464,8 +1635,24 @@ impl Store {
             return Ok(None);
         };
         let hd = self.host_dir(&target.epoch)?;
-        let path = target.path(&hd, key);
-        let existing = match publish::read_existing(&path) {
+        let mut path = target.path(&hd, key);
+        let mut existing = publish::read_existing(&path);
+        if let Err(publish::Existing::Corrupt(e)) = &existing {
+            if let (true, Some(cont)) =
+                (is_newer(e, &path), profile_format::continuation_path(&path))
+            {
+                // Never set aside nor overwritten: its samples stay; ours continue beside it.
+                let e = profile_format::Error::Invalid {
+                    what: "profile",
+                    value: path.display().to_string(),
+                    detail: e.to_string(),
+                };
+                self.note_newer(&path, &e);
+                path = cont;
+                existing = publish::read_existing(&path);
+            }
+        }
+        let existing = match existing {
             Ok(p) => p,
             Err(publish::Existing::Io(e)) => return Err(e.into()),
             Err(publish::Existing::Corrupt(e)) => {
@@ -1503,8 +1690,38 @@ impl Store {
 
     fn set_aside(&mut self, path: &Path, why: &dyn std::fmt::Display) {
         publish::set_aside(path, why);
+        self.note_set_aside(path, &why.to_string());
+    }
+
+    /// Counted and shown in the status (`corrupt_files_set_aside`, `last_set_aside`).
+    fn note_set_aside(&mut self, path: &Path, why: &str) {
         self.health.corrupt_files += 1;
         self.health.last_set_aside = Some(format!("{}: {why}", path.display()));
+    }
+
+    /// Set aside a database entry that is not a profile (the lease file, a directory), logged
+    /// as `what` it is: a FIFO in place of the lease is no "corrupt profile".
+    fn set_aside_entry(&mut self, path: &Path, why: &dyn std::fmt::Display, what: &str) {
+        match profile_format::safeio::set_aside(path) {
+            Ok(to) => {
+                tracing::warn!(file = %path.display(), moved_to = %to.display(), error = %why,
+                "store: unusable {what} set aside; replacing it")
+            }
+            Err(e) => tracing::warn!(file = %path.display(), error = %why, rename_error = %e,
+                "store: unusable {what} could not be set aside"),
+        }
+        self.note_set_aside(path, &format!("{what}: {why}"));
+    }
+
+    /// A profile of a newer format version than this build reads (another dcpid version of
+    /// this host wrote it, earlier in the epoch: a rolling downgrade). Left as it is, and
+    /// shown in the status; this daemon's samples go beside it (FORMAT.md §3.1).
+    fn note_newer(&mut self, path: &Path, e: &profile_format::Error) {
+        if self.health.newer_files.insert(path.to_path_buf()) {
+            tracing::warn!(file = %path.display(), error = %e,
+                "store: profile of a newer format version left untouched; this daemon's samples go beside it");
+        }
+        self.health.last_newer = Some(format!("{}: {e}", path.display()));
     }
 
     /// The kallsyms snapshot of the current epoch, if not written yet.
@@ -1525,6 +1742,12 @@ impl Store {
             Ok(n) => {
                 self.health.bytes.kallsyms += n;
                 self.kernel.written = Some(epoch);
+            }
+            // `kallsyms/` is a link (or a file): set aside, never written through (FORMAT.md
+            // §6.1); the next tick stores the snapshot in a real directory.
+            Err(StoreError::Db(profile_format::Error::NotDirectory { path, kind })) => {
+                let why = format!("is {kind}, not a directory");
+                self.set_aside_entry(&path, &why, "database directory");
             }
             Err(e) => self.set_db_error(&e),
         }
@@ -1604,18 +1827,29 @@ impl Store {
     /// A file that is not a valid profile (corrupt, or hostile: a FIFO, a link, a huge file)
     /// is set aside, so that the index matches the files that remain; `None` if a file could
     /// not be read for another reason (the index is then left out rather than wrong).
+    ///
+    /// Also `None` when a profile is of a newer format version (left untouched) or continued
+    /// beside one (FORMAT.md §3.1): the index has one entry per (image, event) and stands for
+    /// the file of its canonical name, so it would leave out the newer file's samples (for
+    /// readers that can read it) or this daemon's; readers list the directory instead.
     fn index_of(&mut self, hd: &HostDir) -> Option<profile_format::SummaryIndex> {
         let mut idx = profile_format::SummaryIndex::default();
+        let mut complete = true;
         for entry in hd.profiles().ok()? {
+            complete &= !entry.is_continuation();
             match publish::read_existing(&entry.path) {
                 Ok(Some(p)) => idx.push(&p.header),
                 // Removed meanwhile (retention, an administrator).
                 Ok(None) => {}
+                Err(publish::Existing::Corrupt(e)) if is_newer(&e, &entry.path) => {
+                    complete = false;
+                    self.note_newer(&entry.path, &e);
+                }
                 Err(publish::Existing::Corrupt(e)) => self.set_aside(&entry.path, &e),
                 Err(publish::Existing::Io(_)) => return None,
             }
         }
-        Some(idx)
+        complete.then_some(idx)
     }
 
     /// `summary.json` of touched epochs and the kallsyms snapshot of the current epoch.

@@ -14,6 +14,7 @@ mod store_hostile;
 mod store_housekeeping;
 mod store_layout;
 mod store_lease;
+mod store_newer_format;
 mod store_publish;
 mod store_spool_directly;
 mod store_spool_full;

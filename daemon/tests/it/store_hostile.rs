@@ -101,3 +101,163 @@ fn fifo_dev_zero_link_and_sparse_3_gib_profile_are_set_aside() {
     r.unwrap();
     assert_eq!(s.status().corrupt_files_set_aside, 4);
 }
+
+/// Entries of `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A directory outside the database holding a file and a `.tmp-*` file 2 days old (what a
+/// daemon's start removes from its own host directories).
+fn victim(root: &Path, name: &str) -> PathBuf {
+    let v = root.join(name);
+    std::fs::create_dir(&v).unwrap();
+    std::fs::write(v.join("keep.txt"), b"not dcpi's\n").unwrap();
+    let tmp = v.join(".tmp-old-1-0");
+    std::fs::write(&tmp, b"x").unwrap();
+    let ok = std::process::Command::new("touch").args(["-d", "2 days ago"]).arg(&tmp).status();
+    assert!(ok.unwrap().success());
+    v
+}
+
+fn total(hd: &profile_format::HostDir, img: u8) -> u64 {
+    Profile::read(&hd.profile_path(&ImageId::BuildId(vec![img; 20]), "cpu-clock"))
+        .map(|p| p.header.total_samples)
+        .unwrap_or(0)
+}
+
+/// Issue 35, defect 4: another writer of the shared database replaces this host's directory,
+/// then the epoch's, by a link to a directory elsewhere. The daemon never writes (profiles,
+/// summaries, temporaries) nor removes anything through the link: the link is set aside and
+/// counted in the status, a real directory made in its place holds the new samples. Before
+/// the fix it wrote everything wherever the link pointed, and reports showed 0 samples.
+#[test]
+fn linked_host_and_epoch_directories_are_set_aside_never_written_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let mut s = open(root);
+    let epoch: EpochId = s.current_epoch().cloned().unwrap();
+    s.add(batch(1, 0x10, 5), 0, 0);
+    s.flush_everything().unwrap();
+    let db = Database::open(&root.join("db")).unwrap();
+    let hd = db.host_dir(&epoch, "h1").unwrap();
+    assert_eq!(total(&hd, 1), 5);
+
+    // The host directory becomes a link.
+    let v1 = victim(root, "victim1");
+    std::fs::remove_dir_all(&hd.path).unwrap();
+    std::os::unix::fs::symlink(&v1, &hd.path).unwrap();
+    s.add(batch(1, 0x10, 7), 0, 0);
+    let _ = s.flush_everything();
+    assert_eq!(listing(&v1), [".tmp-old-1-0", "keep.txt"], "nothing written through the link");
+    let meta = std::fs::symlink_metadata(&hd.path).unwrap();
+    assert!(meta.is_dir(), "a real host directory again");
+    assert_eq!(total(&hd, 1), 7, "the new samples are in the database");
+    let aside = hd.path.with_file_name("h1.corrupt");
+    assert!(std::fs::symlink_metadata(&aside).unwrap().file_type().is_symlink());
+    let st = s.status();
+    assert!(st.corrupt_files_set_aside >= 1, "{st:?}");
+    let last = st.last_set_aside.unwrap();
+    assert!(last.contains("h1") && last.contains("not a directory"), "{last}");
+    // Readers list the real directory only (the link's name ends in .corrupt).
+    assert_eq!(db.hosts(&epoch).unwrap(), ["h1"]);
+
+    // Now the epoch's directory: moved away and replaced by a link to it.
+    let moved = root.join("moved-epoch");
+    let epoch_dir = db.epoch_dir(&epoch);
+    std::fs::rename(&epoch_dir, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, &epoch_dir).unwrap();
+    let before = listing(&moved.join("h1"));
+    let profile_before =
+        std::fs::read(moved.join("h1").join(
+            hd.profile_path(&ImageId::BuildId(vec![1; 20]), "cpu-clock").file_name().unwrap(),
+        ))
+        .unwrap();
+    s.add(batch(1, 0x10, 3), 0, 0);
+    s.add(batch(2, 0x20, 4), 0, 0);
+    let _ = s.flush_everything();
+    s.flush_everything().expect("the layout is restored");
+    assert_eq!(listing(&moved.join("h1")), before, "nothing written through the epoch link");
+    let same =
+        std::fs::read(moved.join("h1").join(
+            hd.profile_path(&ImageId::BuildId(vec![1; 20]), "cpu-clock").file_name().unwrap(),
+        ))
+        .unwrap();
+    assert_eq!(same, profile_before);
+    assert!(std::fs::symlink_metadata(&epoch_dir).unwrap().is_dir());
+    assert!(epoch_dir.join("EPOCH").is_file(), "the epoch's marker is back");
+    assert_eq!(db.current_epoch().unwrap(), Some(epoch.clone()));
+    assert_eq!(total(&hd, 2), 4);
+    assert_eq!(total(&hd, 1), 3);
+    drop(s);
+
+    // A start with the host directory a link: its stale temporaries are not removed there.
+    let v2 = victim(root, "victim2");
+    std::fs::remove_dir_all(&hd.path).unwrap();
+    std::os::unix::fs::symlink(&v2, &hd.path).unwrap();
+    let mut s = open(root);
+    s.add(batch(1, 0x10, 1), 0, 0);
+    let _ = s.flush_everything();
+    assert_eq!(listing(&v2), [".tmp-old-1-0", "keep.txt"], "nothing removed or written there");
+    assert!(std::fs::symlink_metadata(&hd.path).unwrap().is_dir());
+    assert_eq!(total(&hd, 1), 1);
+}
+
+/// The start's write check, and `epochs/` itself a link.
+#[test]
+fn write_check_and_epochs_link_are_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let v = victim(root, "victim");
+    let db_root = root.join("db");
+    std::fs::create_dir(&db_root).unwrap();
+    std::os::unix::fs::symlink(&v, db_root.join("epochs")).unwrap();
+    Store::check_db_writable(&db_root, "h1").expect("the link is set aside, the check passes");
+    assert_eq!(listing(&v), [".tmp-old-1-0", "keep.txt"]);
+    assert!(std::fs::symlink_metadata(db_root.join("epochs")).unwrap().is_dir());
+    let mut s = open(root);
+    s.add(batch(1, 0x10, 2), 0, 0);
+    s.flush_everything().unwrap();
+    assert_eq!(listing(&v), [".tmp-old-1-0", "keep.txt"]);
+    let db = Database::open(&db_root).unwrap();
+    let epoch = db.current_epoch().unwrap().unwrap();
+    assert_eq!(total(&db.host_dir(&epoch, "h1").unwrap(), 1), 2);
+}
+
+/// The shared kernel symbol store `kallsyms/` a link: the snapshot is not written (nor are
+/// unreferenced snapshots removed) through it; the link is set aside and a real directory
+/// holds the snapshot.
+#[test]
+fn linked_kallsyms_directory_is_set_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let v = victim(root, "victim");
+    let mut s = open(root);
+    let kdir = root.join("db").join(profile_format::KALLSYMS_DIR);
+    std::os::unix::fs::symlink(&v, &kdir).unwrap();
+    let text = "ffffffff81000000 T _text\nffffffff81001000 T f\n";
+    let snap = profile_format::KallsymsSnapshot::from_proc_text(
+        text,
+        "",
+        "6.18.0".into(),
+        Some(vec![7; 20]),
+        &|_| None,
+    )
+    .unwrap();
+    s.set_kallsyms(snap);
+    s.add(batch(1, 0x10, 1), 0, 0);
+    let _ = s.flush_everything();
+    s.flush_everything().expect("the snapshot is stored on the second try");
+    assert_eq!(listing(&v), [".tmp-old-1-0", "keep.txt"]);
+    assert!(std::fs::symlink_metadata(&kdir).unwrap().is_dir());
+    assert_eq!(listing(&kdir).len(), 1, "the snapshot: {:?}", listing(&kdir));
+    let last = s.status().last_set_aside.unwrap();
+    assert!(last.contains("kallsyms") && last.contains("not a directory"), "{last}");
+    let _ = s.apply_retention(std::time::SystemTime::now());
+    assert_eq!(listing(&v), [".tmp-old-1-0", "keep.txt"]);
+}

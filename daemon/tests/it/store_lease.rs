@@ -110,3 +110,76 @@ fn lease_lost_while_running_stops_publishing() {
     s.release_lease();
     assert_eq!(db(root).read_lease("web1.dc1").unwrap().unwrap().hostname, "thief");
 }
+
+/// Issue 35, defect 6: the owner was killed but not reaped (its parent, a stopped supervisor or
+/// a container's PID 1, never waits): `/proc/PID` is still there with its start time, in state
+/// `Z`. It can write nothing any more: its lease is taken over. Before the fix the successor
+/// was refused (exit 2) for as long as the zombie lived.
+#[test]
+fn lease_of_a_zombie_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let mut owner = std::process::Command::new("sleep").arg("600").spawn().unwrap();
+    let pid = owner.id();
+    let held = local_lease(pid, pid_start(pid));
+    assert!(db(root).create_lease(&held).unwrap());
+    assert!(matches!(Store::open_leased(cfg(root)), Err(StoreError::LeaseHeld { .. })));
+    // SIGKILL, and no wait(): a zombie.
+    owner.kill().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        if stat[stat.rfind(')').unwrap() + 1..].trim_start().starts_with('Z') {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "pid {pid} never became a zombie");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(pid_start(pid), held.pid_start, "the zombie keeps its start time");
+    let _s = Store::open_leased(cfg(root)).expect("a zombie's lease is taken over");
+    assert_eq!(db(root).read_lease("web1.dc1").unwrap().unwrap().pid, std::process::id());
+    owner.wait().unwrap();
+}
+
+/// A FIFO, a link, or a link in place of `leases/`: named as the lease (not a "corrupt
+/// profile"), set aside without blocking, counted in the status, and a real lease taken; a
+/// link is never written through.
+#[test]
+fn fifo_or_link_lease_is_set_aside_as_the_lease() {
+    for what in ["fifo", "link", "leases-link"] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let d = db(root);
+        let path = d.lease_path("web1.dc1").unwrap();
+        let target = root.join("target");
+        std::fs::create_dir(&target).unwrap();
+        match what {
+            "fifo" => {
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                let ok = std::process::Command::new("mkfifo").arg(&path).status().unwrap();
+                assert!(ok.success());
+            }
+            "link" => {
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::os::unix::fs::symlink(target.join("x.lease"), &path).unwrap();
+            }
+            _ => std::os::unix::fs::symlink(&target, path.parent().unwrap()).unwrap(),
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let c = cfg(root);
+        std::thread::spawn(move || {
+            let _ = tx.send(Store::open_leased(c).map(|s| s.status()));
+        });
+        let st = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("taking the lease blocked")
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let last = st.last_set_aside.unwrap_or_default();
+        assert!(last.contains("lease") && !last.contains("profile"), "{what}: {last}");
+        assert_eq!(st.corrupt_files_set_aside, 1, "{what}");
+        assert!(std::fs::symlink_metadata(path.parent().unwrap()).unwrap().is_dir(), "{what}");
+        assert!(std::fs::symlink_metadata(&path).unwrap().is_file(), "{what}");
+        assert_eq!(db(root).read_lease("web1.dc1").unwrap().unwrap().pid, std::process::id());
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "{what}: written through");
+    }
+}
