@@ -499,6 +499,7 @@ fn full_spool_and_full_database_count_what_they_drop_and_exit_non_zero() {
     assert!(err.contains(&format!("dropped {dropped} of the {taken} samples")), "{err}");
     assert!(!err.contains("spool keeps everything"), "a false claim:\n{err}");
     assert_no_empty_segment(&log_dir);
+}
 
 /// Issue 35, defect 5, through the report tool. A profile of a newer format version in the
 /// daemon's own host directory (a rolling downgrade within an epoch) is left untouched; the
