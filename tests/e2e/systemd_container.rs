@@ -85,12 +85,7 @@ fn is_root() -> bool {
 }
 
 fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
+    Command::new(tool).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
 }
 
 /// The tail of a log file, for error messages.
@@ -140,6 +135,10 @@ fn rootfs() -> Result<PathBuf, String> {
     let root = Path::new(CACHE).join(&name);
     if root.join("usr/lib/systemd/systemd").exists() {
         return Ok(root);
+    }
+    // Earlier versions of this suite's root are stale now.
+    for old in 1..ROOTFS_VERSION {
+        let _ = std::fs::remove_dir_all(Path::new(CACHE).join(format!("{suite}-v{old}")));
     }
     let tmp = Path::new(CACHE).join(format!(".{name}.partial"));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -268,7 +267,9 @@ fn boot() -> Result<Container, String> {
     let deadline = t + Duration::from_secs(60);
     let leader = loop {
         if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
-            return Err(format!("systemd-nspawn exited with {st}:\n{}", tail(&log, 20)));
+            let why = format!("systemd-nspawn exited with {st}:\n{}", tail(&log, 20));
+            let _ = std::fs::remove_dir_all(&run_dir);
+            return Err(why);
         }
         // nspawn's direct child is the container's PID 1 (systemd, once it has exec'ed).
         if let Some(p) = child_of(nspawn_pid).filter(|p| {
@@ -278,15 +279,30 @@ fn boot() -> Result<Container, String> {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            return Err(format!("no systemd in the container after 60 s:\n{}", tail(&log, 20)));
+            let _ = child.wait();
+            let why = format!("no systemd in the container after 60 s:\n{}", tail(&log, 20));
+            let _ = std::fs::remove_dir_all(&run_dir);
+            return Err(why);
         }
         std::thread::sleep(Duration::from_millis(100));
     };
     *NSPAWN.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
     let ct = Container { leader, run_dir, log };
-    // SAFETY: registers a plain extern "C" function; it runs once at normal process exit.
-    unsafe { libc::atexit(power_off_at_exit) };
+    match set_up(&ct, t) {
+        Ok(()) => {
+            // SAFETY: registers a plain extern "C" function; it runs once at normal exit.
+            unsafe { libc::atexit(power_off_at_exit) };
+            Ok(ct)
+        }
+        Err(e) => {
+            ct.shut_down();
+            Err(e)
+        }
+    }
+}
 
+/// Wait for the boot to finish, then install dcpi as the README says.
+fn set_up(ct: &Container, t: Instant) -> Result<(), String> {
     // Boot: systemd says running (or degraded: some unit of the minimal system failed, which
     // does not concern dcpid; listed for the record).
     let deadline = Instant::now() + Duration::from_secs(180);
@@ -295,7 +311,11 @@ fn boot() -> Result<Container, String> {
         let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if state == "running" || state == "degraded" {
             if state == "degraded" {
-                eprintln!("systemd container degraded: {}", ct.sh("systemctl --failed --no-legend"));
+                let failed = ct.try_sh("systemctl --failed --no-legend");
+                eprintln!(
+                    "systemd container degraded: {}",
+                    String::from_utf8_lossy(&failed.stdout)
+                );
             }
             break;
         }
@@ -307,7 +327,7 @@ fn boot() -> Result<Container, String> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    eprintln!("systemd container: booted in {:.1?} (PID 1 = host pid {leader})", t.elapsed());
+    eprintln!("systemd container: booted in {:.1?} (PID 1 = host pid {})", t.elapsed(), ct.leader);
 
     // Install as the README says: make install, then sysusers, tmpfiles and daemon-reload.
     let bindir_src = bin("dcpid").parent().expect("bin dir").to_path_buf();
@@ -327,32 +347,46 @@ fn boot() -> Result<Container, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    ct.sh(&format!(
+    let script = format!(
         "systemd-sysusers && systemd-tmpfiles --create dcpid.conf && systemctl daemon-reload \
          && cp {CONFIG} {CONFIG_ORIG}"
-    ));
-    Ok(ct)
+    );
+    let out = ct.try_sh(&script);
+    if !out.status.success() {
+        return Err(format!(
+            "`{script}` failed in the container: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
 }
 
 extern "C" fn power_off_at_exit() {
-    let Some(Ok(ct)) = CONTAINER.get() else { return };
-    let _ = ct.try_sh("systemctl poweroff");
-    let mut guard = NSPAWN.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(child) = guard.as_mut() {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while child.try_wait().ok().flatten().is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    if let Some(Ok(ct)) = CONTAINER.get() {
+        ct.shut_down();
     }
-    let _ = std::fs::remove_dir_all(&ct.run_dir);
 }
 
 impl Container {
+    /// Power the container off (killing nspawn if that takes over a minute) and remove the
+    /// run's overlay.
+    fn shut_down(&self) {
+        let _ = self.try_sh("systemctl poweroff");
+        let mut guard = NSPAWN.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(child) = guard.as_mut() {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.run_dir);
+    }
+
     /// The container's root as the host sees it.
     fn root(&self) -> PathBuf {
         PathBuf::from(format!("/proc/{}/root", self.leader))
@@ -564,11 +598,7 @@ fn watchdog_restarts_the_service_when_a_drain_thread_stalls() {
     let _svc = ct.service();
     // CPU 0's drain thread stops 15 s after it started: time for READY=1 and a few healthy
     // keep-alives first, even on a loaded machine.
-    drop_in(
-        ct,
-        "stall",
-        "[Service]\nEnvironment=DCPI_TEST_STALL_DRAIN=0:15000\nWatchdogSec=10s\n",
-    );
+    drop_in(ct, "stall", "[Service]\nEnvironment=DCPI_TEST_STALL_DRAIN=0:15000\nWatchdogSec=10s\n");
     let cursor = ct.cursor();
     ct.sh("systemctl start dcpid");
     let first = ct.show("dcpid", &["MainPID", "NRestarts"]);
