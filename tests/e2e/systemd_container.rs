@@ -764,6 +764,38 @@ fn unit_runs_unprivileged_with_exactly_its_capabilities_and_sees_everything() {
     for set in ["CapPrm", "CapEff", "CapBnd", "CapAmb"] {
         assert_eq!(masks.get(set), Some(&want), "{set} of dcpid: {masks:x?}, want {want:#x}");
     }
+    // The sandboxing is in force: no new privileges, a seccomp filter, a read-only file system
+    // but for the database and the runtime directories, no network but loopback.
+    let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).map(str::trim);
+    assert_eq!(field("NoNewPrivs:"), Some("1"), "{status}");
+    assert_eq!(field("Seccomp:"), Some("2"), "{status}");
+    let mountinfo =
+        std::fs::read_to_string(ct.path(&format!("/proc/{pid}/mountinfo"))).expect("mountinfo");
+    // Field 5 is the mount point, field 6 its options; a later mount shadows an earlier one.
+    let opts = |point: &str| {
+        mountinfo
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(4) == Some(&point)).then(|| f.get(5).copied().unwrap_or(""))
+            })
+            .next_back()
+            .map(|o| o.split(',').next().unwrap_or("").to_string())
+    };
+    for (point, want) in
+        [("/", "ro"), ("/var/lib/dcpi", "rw"), ("/run/dcpi", "rw"), ("/proc/sys", "ro")]
+    {
+        assert_eq!(
+            opts(point).as_deref(),
+            Some(want),
+            "{point} in dcpid's namespace:\n{mountinfo}"
+        );
+    }
+    let netdev =
+        std::fs::read_to_string(ct.path(&format!("/proc/{pid}/net/dev"))).expect("net/dev");
+    let ifaces: Vec<&str> =
+        netdev.lines().skip(2).filter_map(|l| l.split(':').next()).map(str::trim).collect();
+    assert_eq!(ifaces, ["lo"], "PrivateNetwork=yes: {netdev}");
     // Publish now rather than at the 5 min publish interval; the /proc scan ran at start.
     wait_for(60, "samples", || ct.status_json()["samples"].as_u64().unwrap_or(0) > 0);
     ct.sh("dcpictl flush");
