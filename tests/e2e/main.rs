@@ -15,6 +15,7 @@ mod stacks;
 mod start_failures;
 mod store_reliability;
 mod systemd;
+mod systemd_container;
 mod who;
 
 fn repo_root() -> std::path::PathBuf {

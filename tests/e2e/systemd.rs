@@ -17,7 +17,7 @@ use crate::{install_root, repo_root};
 const RECORDED_EXPOSURE: f64 = 2.1;
 
 /// The capabilities the unit keeps, each justified in the unit and in README.md.
-const CAPABILITIES: &[&str] = &[
+pub(crate) const CAPABILITIES: &[&str] = &[
     "CAP_PERFMON",
     "CAP_SYSLOG",
     "CAP_SYS_PTRACE",
@@ -479,7 +479,7 @@ fn dcpid_as_nobody(sb: &Sandbox, caps: &[&str], extra: &[&str]) -> std::process:
 /// tests after the daemon started, and its build-id would then arrive in an MMAP2 record,
 /// whatever capabilities the daemon has. Returns (path, build-id hex) in a world-readable
 /// directory (binaries usually are readable by everyone), or None without a C compiler.
-fn unique_busy_binary(dir: &Path) -> Option<(String, String)> {
+pub(crate) fn unique_busy_binary(dir: &Path) -> Option<(String, String)> {
     use std::os::unix::fs::PermissionsExt;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
