@@ -43,6 +43,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// A file that is not a regular file or is larger than any valid one of its kind: planted
+    /// or broken on purpose, not a stale or damaged file. Readers that skip or fall back on a
+    /// damaged optional file (an index, a summary, a symbol snapshot) still refuse these, with
+    /// an error naming the file (issue 34).
+    pub fn is_hostile_file(&self) -> bool {
+        matches!(self, Self::NotRegularFile { .. } | Self::TooLarge { .. })
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io { path: path.into(), source }
     }

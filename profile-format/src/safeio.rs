@@ -111,6 +111,11 @@ pub(crate) fn read_container(
     supported: u16,
 ) -> Result<Vec<u8>> {
     let (mut f, size) = open_regular(path)?;
+    if size > MAX_CONTAINER_FILE {
+        // Larger than any valid file whatever its header says (a sparse file of many GiB):
+        // refused as such, not taken for a stale or damaged one that a reader may skip.
+        return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
+    }
     let mut head = Vec::with_capacity(FIXED_HEADER_LEN);
     (&mut f)
         .take(FIXED_HEADER_LEN as u64)
@@ -159,6 +164,44 @@ pub(crate) fn read_container(
         });
     }
     Ok(out)
+}
+
+impl crate::HostDir {
+    /// Open, without reading it, the kernel symbol snapshot that
+    /// [`HostDir::read_kallsyms`](crate::HostDir::read_kallsyms) would read: an error if it
+    /// (or `kallsyms.ref`) is a FIFO, a device, a symbolic link or larger than any snapshot
+    /// ([`Error::is_hostile_file`]); `Ok` otherwise, also when it is missing or damaged (that
+    /// is for the reader to report). A few system calls: report tools call it before they
+    /// symbolize kernel samples, so that a planted file stops the report with an error naming
+    /// it instead of a warning in its middle.
+    pub fn check_kallsyms_file(&self) -> Result<()> {
+        let hostile = |r: Result<()>| match r {
+            Err(e) if e.is_hostile_file() => Err(e),
+            _ => Ok(()),
+        };
+        let path = match self.kallsyms_ref() {
+            Ok(Some(id)) => {
+                let db = match crate::Database::open(&self.db_root()) {
+                    Ok(db) => db,
+                    Err(_) => return Ok(()),
+                };
+                let packed = db.kallsyms_store_path(&id);
+                if packed.symlink_metadata().is_ok() {
+                    packed
+                } else {
+                    db.kallsyms_store_path_zlib(&id)
+                }
+            }
+            Ok(None) => self.kallsyms_path(),
+            Err(e) => return hostile(Err(e)),
+        };
+        hostile(open_regular(&path).and_then(|(_, size)| {
+            if size > MAX_CONTAINER_FILE {
+                return Err(Error::TooLarge { path: path.clone(), limit: MAX_CONTAINER_FILE });
+            }
+            Ok(())
+        }))
+    }
 }
 
 #[cfg(test)]
