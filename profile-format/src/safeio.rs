@@ -111,11 +111,6 @@ pub(crate) fn read_container(
     supported: u16,
 ) -> Result<Vec<u8>> {
     let (mut f, size) = open_regular(path)?;
-    if size > MAX_CONTAINER_FILE {
-        // Larger than any valid file whatever its header says (a sparse file of many GiB):
-        // refused as such, not taken for a stale or damaged one that a reader may skip.
-        return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
-    }
     let mut head = Vec::with_capacity(FIXED_HEADER_LEN);
     (&mut f)
         .take(FIXED_HEADER_LEN as u64)
@@ -135,6 +130,13 @@ pub(crate) fn read_container(
         return Err(corrupt(format!(
             "header announces {announced} bytes, more than the {MAX_CONTAINER_FILE} a file may have"
         )));
+    }
+    if size > MAX_CONTAINER_FILE {
+        // A file of its kind (magic and version) larger than any valid one, e.g. a sparse file
+        // of many GiB behind a real header: refused as oversized, not taken for a damaged
+        // file that a reader of an optional file (index, snapshot) would skip.
+        crate::codec::check_prefix(&head, path, magic, what, supported)?;
+        return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
     }
     if size != announced {
         crate::codec::check_prefix(&head, path, magic, what, supported)?;

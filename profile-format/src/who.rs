@@ -259,6 +259,7 @@ impl WhoTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     fn key(cg: &str, cmd: &str, pid: u32, image: &str) -> WhoKey {
         WhoKey {
