@@ -129,6 +129,7 @@ impl Selection {
         warn: &mut dyn FnMut(String),
     ) -> Result<Loaded, ProfError> {
         self.check_corrupt_files(&loaded.corrupt, warn)?;
+        check_kernel_snapshots(&loaded)?;
         Ok(loaded)
     }
 
@@ -240,4 +241,23 @@ fn parse_when_at(s: &str, now: std::time::SystemTime) -> Result<u64, String> {
         "{s:?} is neither a duration (2h, 30min, 3days) nor a UTC time (2026-11-24 10:00:00, \
          2026-11-24T10:00:00Z, a day 20261124, an epoch id 20261124T101500Z)"
     ))
+}
+
+/// Before kernel samples are symbolized: the kernel symbol snapshot of every host directory
+/// whose kernel counts were loaded must not be a planted FIFO, device, link or oversized file
+/// (an error naming it, exit status 2; issue 34). A missing or damaged snapshot stays a
+/// warning of the symbolizer (the samples are shown unsymbolized).
+fn check_kernel_snapshots(loaded: &Loaded) -> Result<(), ProfError> {
+    let mut checked = vec![false; loaded.dirs.len()];
+    for p in &loaded.profiles {
+        let kernel = matches!(
+            p.profile.header.kind,
+            profile_format::ImageKind::Kernel | profile_format::ImageKind::KernelModule
+        );
+        if kernel && !p.profile.counts.is_empty() && !checked[p.dir] {
+            checked[p.dir] = true;
+            loaded.dirs[p.dir].check_kallsyms_file()?;
+        }
+    }
+    Ok(())
 }

@@ -288,6 +288,8 @@ fn host_rows(
         {
             None
         }
+        // A planted FIFO, device, link or oversized file: refused, not skipped (issue 34).
+        Err(e) if e.is_hostile_file() => return Err(e.into()),
         Err(e) => {
             warn(format!("{e} (multiplexing scale unknown for this host/epoch)"));
             None
@@ -424,7 +426,7 @@ fn symbol_rows(
     dirs: &[HostDir],
     o: &Options<'_>,
     warn: &mut dyn FnMut(String),
-) -> (Vec<SymbolRow>, Vec<String>) {
+) -> Result<(Vec<SymbolRow>, Vec<String>), ExportError> {
     let mut locator = o.symbols.locator(&o.sel.db);
     let mut cache = o.symbols.cache(warn);
     let mut rows = Vec::new();
@@ -445,6 +447,8 @@ fn symbol_rows(
                 let Some(d) = im.dir.and_then(|i| dirs.get(i)) else { continue };
                 let snap = match d.read_kallsyms() {
                     Ok(s) => s,
+                    // A planted FIFO, device, link or oversized file: refused (issue 34).
+                    Err(e) if e.is_hostile_file() => return Err(e.into()),
                     Err(e) => {
                         warn(format!("{e}: kernel symbols not exported"));
                         continue;
@@ -480,7 +484,7 @@ fn symbol_rows(
         }
         covered.push(id_text.clone());
     }
-    (rows, covered)
+    Ok((rows, covered))
 }
 
 fn host_sel_dirs(o: &Options<'_>) -> Result<Vec<HostDir>, ExportError> {
@@ -554,7 +558,7 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
         }
     }
     if !o.no_symbols {
-        let (rows, covered) = symbol_rows(&images, &manifest.symbols, &dirs, o, warn);
+        let (rows, covered) = symbol_rows(&images, &manifest.symbols, &dirs, o, warn)?;
         if !rows.is_empty() {
             let mut h = Sha256::new();
             for c in &covered {
@@ -617,7 +621,7 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
     profile_format::write_atomic(&path, &buf)?;
     out.files_written.push(path);
     if !o.no_symbols {
-        let (rows, _) = symbol_rows(&images, &BTreeMap::new(), &dirs, o, warn);
+        let (rows, _) = symbol_rows(&images, &BTreeMap::new(), &dirs, o, warn)?;
         let mut buf = Vec::new();
         w(&mut buf, "image_id,build_id,image,start,end,symbol".into());
         for r in &rows {

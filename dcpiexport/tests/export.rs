@@ -649,3 +649,164 @@ fn csv_neutralises_formulas_and_escapes_format_characters() {
         assert_eq!(f[0].parse::<f64>().ok(), Some(3000.0), "{l}");
     }
 }
+
+/// Issue 34: a database file replaced by a FIFO, a symbolic link, a character device
+/// (`/dev/zero`) or a sparse 3 GiB file. dcpiexport reads the profiles, `summary.json` and the
+/// kernel symbol snapshot: each such file is an error naming it, exit status 2, at once
+/// (before, a hostile `summary.json` or snapshot was only warned about and the export went
+/// on). `summary.idx`, `who.tbl`, the stack file and the lease are not read by dcpiexport: it
+/// is not disturbed by them (exit 0). The same table for the other report tools is in the
+/// client crate (tests/it/hostile_files.rs). A hang is killed after 20 s and fails; a run
+/// must take under 5 s (unloaded: well under the issue's 1 s).
+#[test]
+fn hostile_database_files_are_exit_2_naming_them() {
+    use std::process::Stdio;
+    use std::time::Instant;
+    let ktext = 0xffff_ffff_8100_0000u64;
+    let mut failures = Vec::new();
+    for kind in ["profile", "summary.json", "kallsyms", "summary.idx", "who", "stacks", "lease"] {
+        for hostile in ["fifo", "symlink", "dev-zero", "sparse"] {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let root = tmp.path().join("db");
+            let db = Database::create(&root).expect("create");
+            let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000);
+            let e = db.new_epoch(t, "h1").expect("epoch");
+            let hd = db.host_dir(&e, "h1").expect("host dir");
+            hd.create().expect("create");
+            let ev = event("cpu-clock", 1000);
+            let id = ImageId::BuildId(vec![1; 8]);
+            write_profile(&hd, ImageKind::Elf, &id, b"/bin/img1", &ev, &[(0x10, 7)], 1000);
+            let kid = ImageId::special("[kernel.kallsyms]", b"9.9.9-test");
+            let kpath = b"[kernel.kallsyms]";
+            write_profile(&hd, ImageKind::Kernel, &kid, kpath, &ev, &[(0x10, 5)], 1000);
+            let snap = profile_format::KallsymsSnapshot {
+                kernel_release: "9.9.9-test".into(),
+                kernel_build_id: None,
+                text_base: ktext,
+                modules: Vec::new(),
+                symbols: vec![profile_format::KernelSymbol {
+                    addr: ktext,
+                    kind: b't',
+                    name: "kwork".into(),
+                    module: None,
+                }],
+            };
+            snap.write(&hd.kallsyms_path()).expect("snapshot");
+            let mut s = HostSummary {
+                format_version: profile_format::SUMMARY_FORMAT_VERSION,
+                host: "h1".into(),
+                epoch: e.to_string(),
+                samples: 12,
+                ..HostSummary::default()
+            };
+            s.write(&hd.summary_path()).expect("summary.json");
+            s.index = Some(profile_format::SummaryIndex::of_host_dir(&hd).expect("index"));
+            profile_format::sumidx::write(&s, &hd.summary_index_path()).expect("summary.idx");
+            let mut who = profile_format::WhoTable::new("h1", e.as_str());
+            let key = profile_format::WhoKey {
+                cgroup: "/".into(),
+                command: "img1".into(),
+                pid: 0,
+                image: "/bin/img1".into(),
+                event: "cpu-clock".into(),
+            };
+            who.add(key, 7);
+            who.write(&hd.who_path()).expect("who");
+            let mut st = profile_format::StackProfile::new("h1", e.as_str(), "cpu-clock");
+            let a = st.image_index(&profile_format::StackImage {
+                kind: ImageKind::Elf,
+                id: id.clone(),
+                path: b"/bin/img1".to_vec(),
+            });
+            st.add(&[(a, 0x10)], false, 7);
+            st.write(&hd.stacks_path("cpu-clock")).expect("stacks");
+            let lease = profile_format::Lease {
+                host: "h1".into(),
+                hostname: "h1".into(),
+                interval_ms: 1000,
+                ..profile_format::Lease::default()
+            };
+            db.write_lease(&lease).expect("lease");
+            let (path, read) = match kind {
+                "profile" => (hd.profile_path(&id, "cpu-clock"), true),
+                "summary.json" => (hd.summary_path(), true),
+                "kallsyms" => (hd.kallsyms_path(), true),
+                "summary.idx" => (hd.summary_index_path(), false),
+                "who" => (hd.who_path(), false),
+                "stacks" => (hd.stacks_path("cpu-clock"), false),
+                _ => (db.lease_path("h1").expect("lease path"), false),
+            };
+            let original = std::fs::read(&path).expect("read");
+            std::fs::remove_file(&path).expect("rm");
+            match hostile {
+                "fifo" => {
+                    assert!(Command::new("mkfifo").arg(&path).status().expect("mkfifo").success())
+                }
+                "symlink" => {
+                    let target = path.with_extension("target");
+                    std::fs::write(&target, &original).expect("write target");
+                    std::os::unix::fs::symlink(&target, &path).expect("symlink");
+                }
+                "dev-zero" => {
+                    let made = Command::new("mknod")
+                        .arg(&path)
+                        .args(["c", "1", "5"])
+                        .stderr(Stdio::null())
+                        .status()
+                        .is_ok_and(|s| s.success());
+                    if !made {
+                        std::os::unix::fs::symlink("/dev/zero", &path).expect("symlink");
+                    }
+                }
+                _ => {
+                    std::fs::write(&path, &original).expect("write");
+                    let f = std::fs::OpenOptions::new().write(true).open(&path).expect("open");
+                    f.set_len(3 << 30).expect("set_len");
+                }
+            }
+            let out = tmp.path().join("out");
+            let start = Instant::now();
+            let mut child = Command::new(env!("CARGO_BIN_EXE_dcpiexport"))
+                .arg("--db")
+                .arg(&root)
+                .args(["--host", "h1", "--no-symbol-cache", "--no-system-debug", "--output"])
+                .arg(&out)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("run dcpiexport");
+            let case = format!("{kind} as {hostile}");
+            let mut hung = false;
+            while child.try_wait().expect("wait").is_none() {
+                if start.elapsed() > Duration::from_secs(20) {
+                    let _ = child.kill();
+                    hung = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let o = child.wait_with_output().expect("output");
+            let took = start.elapsed();
+            let err = String::from_utf8_lossy(&o.stderr);
+            if hung {
+                failures.push(format!("{case}: still running after 20 s: {err}"));
+            } else if err.contains("panicked") {
+                failures.push(format!("{case}: panicked: {err}"));
+            } else if read {
+                if o.status.code() != Some(2) || !err.contains(&path.display().to_string()) {
+                    failures.push(format!(
+                        "{case}: want exit 2 naming the file, got {:?}: {err}",
+                        o.status.code()
+                    ));
+                }
+            } else if o.status.code() != Some(0) {
+                failures.push(format!("{case}: not read, yet {:?}: {err}", o.status.code()));
+            }
+            if took > Duration::from_secs(5) {
+                failures.push(format!("{case}: took {took:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}

@@ -1,4 +1,4 @@
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -14,6 +14,8 @@ pub(crate) const TMP_PREFIX: &str = ".tmp-";
 fn local_tag() -> &'static str {
     static TAG: OnceLock<String> = OnceLock::new();
     TAG.get_or_init(|| {
+        // A kernel file, not a database file (clippy.toml).
+        #[allow(clippy::disallowed_methods)]
         let raw = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         let tag: String = raw
             .trim()
@@ -42,7 +44,13 @@ fn tmp_path(dir: &Path) -> PathBuf {
 /// `fsync` a directory so that a rename or a new entry in it survives a crash. Some file
 /// systems refuse `fsync` on directories (EINVAL); their renames are durable without it.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    let f = File::open(dir).map_err(|e| Error::io(dir, e))?;
+    // O_DIRECTORY: something else planted under the name is refused, never opened (a FIFO
+    // would block the open).
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|e| Error::io(dir, e))?;
     match f.sync_all() {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
         r => r.map_err(|e| Error::io(dir, e)),

@@ -501,7 +501,7 @@ impl Database {
             }
         }
         let marker = dir.join(EPOCH_MARKER);
-        let saved = fs::read(&marker).ok();
+        let saved = crate::safeio::read_small(&marker, crate::safeio::MAX_SMALL_FILE).ok();
         for p in &leftovers {
             match fs::remove_file(p) {
                 Ok(()) => {}

@@ -48,6 +48,21 @@ pub enum Error {
 }
 
 impl Error {
+    /// A FIFO, device, socket or symbolic link where a database file belongs, or a file larger
+    /// than any valid one of its kind: planted, not a stale or damaged file (those could make
+    /// a reader block or read without end, were it not for `safeio`). Readers that skip or
+    /// fall back on a damaged optional file (an index, a summary, a symbol snapshot) still
+    /// refuse these, with an error naming the file (issue 34). A directory is not one of them:
+    /// it can neither block nor feed a reader, and an optional file that is one is skipped as
+    /// a damaged one is.
+    pub fn is_hostile_file(&self) -> bool {
+        match self {
+            Self::NotRegularFile { kind, .. } => *kind != "a directory",
+            Self::TooLarge { .. } => true,
+            _ => false,
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io { path: path.into(), source }
     }

@@ -202,6 +202,13 @@ pub(crate) fn read_container(
             "header announces {announced} bytes, more than the {MAX_CONTAINER_FILE} a file may have"
         )));
     }
+    if size > MAX_CONTAINER_FILE {
+        // A file of its kind (magic and version) larger than any valid one, e.g. a sparse file
+        // of many GiB behind a real header: refused as oversized, not taken for a damaged
+        // file that a reader of an optional file (index, snapshot) would skip.
+        crate::codec::check_prefix(&head, path, magic, what, supported)?;
+        return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
+    }
     if size != announced {
         crate::codec::check_prefix(&head, path, magic, what, supported)?;
         if size > announced {
@@ -230,6 +237,44 @@ pub(crate) fn read_container(
         });
     }
     Ok(out)
+}
+
+impl crate::HostDir {
+    /// Open, without reading it, the kernel symbol snapshot that
+    /// [`HostDir::read_kallsyms`](crate::HostDir::read_kallsyms) would read: an error if it
+    /// (or `kallsyms.ref`) is a FIFO, a device, a symbolic link or larger than any snapshot
+    /// ([`Error::is_hostile_file`]); `Ok` otherwise, also when it is missing or damaged (that
+    /// is for the reader to report). A few system calls: report tools call it before they
+    /// symbolize kernel samples, so that a planted file stops the report with an error naming
+    /// it instead of a warning in its middle.
+    pub fn check_kallsyms_file(&self) -> Result<()> {
+        let hostile = |r: Result<()>| match r {
+            Err(e) if e.is_hostile_file() => Err(e),
+            _ => Ok(()),
+        };
+        let path = match self.kallsyms_ref() {
+            Ok(Some(id)) => {
+                let db = match crate::Database::open(&self.db_root()) {
+                    Ok(db) => db,
+                    Err(_) => return Ok(()),
+                };
+                let packed = db.kallsyms_store_path(&id);
+                if packed.symlink_metadata().is_ok() {
+                    packed
+                } else {
+                    db.kallsyms_store_path_zlib(&id)
+                }
+            }
+            Ok(None) => self.kallsyms_path(),
+            Err(e) => return hostile(Err(e)),
+        };
+        hostile(open_regular(&path).and_then(|(_, size)| {
+            if size > MAX_CONTAINER_FILE {
+                return Err(Error::TooLarge { path: path.clone(), limit: MAX_CONTAINER_FILE });
+            }
+            Ok(())
+        }))
+    }
 }
 
 #[cfg(test)]

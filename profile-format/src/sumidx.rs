@@ -191,9 +191,15 @@ pub fn write(s: &HostSummary, path: &Path) -> Result<u64> {
     Ok(bytes.len() as u64)
 }
 
+/// The bytes of `summary.idx`, through the guarded reader (FORMAT.md §6.1): a FIFO, device,
+/// symbolic link or oversized file is refused at once, naming it. Decode them with [`decode`].
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    crate::safeio::read_container(path, SUMMARY_INDEX_MAGIC, "summary index", SUMMARY_INDEX_VERSION)
+}
+
 /// Read `summary.idx` into a [`HostSummary`] with its index; errors name the file.
 pub fn read(path: &Path) -> Result<HostSummary> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = read_bytes(path)?;
     Ok(decode(&bytes, path)?.to_summary())
 }
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::codec::{self, put_bytes, Reader};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::varint;
 
 /// Magic of a who table file.
@@ -241,8 +241,10 @@ impl WhoTable {
         Ok(t)
     }
 
+    /// Read `who.tbl` through the guarded reader (a FIFO, device, link or oversized file is
+    /// refused at once, naming it).
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::safeio::read_container(path, WHO_MAGIC, "who table", WHO_VERSION)?;
         Self::decode(&bytes, path)
     }
 
@@ -257,6 +259,7 @@ impl WhoTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     fn key(cg: &str, cmd: &str, pid: u32, image: &str) -> WhoKey {
         WhoKey {

@@ -78,7 +78,7 @@ pub struct SymbolRow {
 }
 
 /// The image a per-symbol report is about.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct ImageInfo {
     pub path: String,
     pub kind: &'static str,

@@ -377,7 +377,7 @@ pub fn load_counts(
             };
             let (headers, per_dir) = par_interned(&dirs, |d, interner| {
                 if Some(&d.epoch) != newest.as_ref() {
-                    if let Some((facts, v)) = indexed_files(d, interner) {
+                    if let Some((facts, v)) = indexed_files(d, interner)? {
                         return Ok((Some(facts), v));
                     }
                 }
@@ -538,12 +538,20 @@ pub fn load_counts(
         if let Some(f) = &facts[i] {
             return Some(Ok(f.clone()));
         }
-        let sp = d.summary_path();
-        sp.exists().then(|| HostSummary::read_facts(&sp))
+        match HostSummary::read_facts(&d.summary_path()) {
+            Err(profile_format::Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                None
+            }
+            r => Some(r),
+        }
     });
     for r in read {
         let summary = match r {
             Some(Ok(s)) => Some(s),
+            // A planted FIFO, device, link or oversized file: refused, not skipped (issue 34).
+            Some(Err(e)) if e.is_hostile_file() => return Err(e.into()),
             Some(Err(e)) => {
                 warn(format!("{e} (multiplexing scale unknown for this host/epoch)"));
                 None
@@ -591,15 +599,26 @@ impl<'a> NameVerdicts<'a> {
 }
 
 /// The host facts and the profile files of `d` as its `summary.idx` names them, in file-name
-/// order; `None` without a usable index.
-fn indexed_files(d: &HostDir, interner: &mut Interner) -> Option<(HostSummary, Vec<File>)> {
+/// order; `None` without a usable index; an error if it is a hostile file (FIFO, device,
+/// link, oversized: [`profile_format::Error::is_hostile_file`]).
+fn indexed_files(
+    d: &HostDir,
+    interner: &mut Interner,
+) -> profile_format::Result<Option<(HostSummary, Vec<File>)>> {
     let ip = d.summary_index_path();
-    let bytes = std::fs::read(&ip).ok()?;
+    let bytes = match sumidx::read_bytes(&ip) {
+        Ok(b) => b,
+        Err(e) if e.is_hostile_file() => return Err(e),
+        Err(e) => {
+            tracing::debug!(index = %ip.display(), error = %e, "summary index unreadable; listing the directory");
+            return Ok(None);
+        }
+    };
     let v = match sumidx::decode(&bytes, &ip) {
         Ok(v) => v,
         Err(e) => {
             tracing::debug!(index = %ip.display(), error = %e, "summary index unusable; listing the directory");
-            return None;
+            return Ok(None);
         }
     };
     stats::count(&stats::SUMMARY_INDEXES_USED);
@@ -608,7 +627,7 @@ fn indexed_files(d: &HostDir, interner: &mut Interner) -> Option<(HostSummary, V
         let h = interner.intern_entry(d, &v.events[e.event as usize], e);
         out.push(File::Indexed(h, e.samples));
     }
-    Some((v.facts, out))
+    Ok(Some((v.facts, out)))
 }
 
 /// A worker's header numbers to the merged ones (shared by the dirs that worker read).
@@ -873,7 +892,7 @@ pub fn load_image_totals(
 
 fn dir_entries(d: &HostDir, dir: usize, interner: &mut Interner) -> Result<DirEntries, ProfError> {
     let ip = d.summary_index_path();
-    match std::fs::read(&ip) {
+    match sumidx::read_bytes(&ip) {
         Ok(bytes) => match sumidx::decode(&bytes, &ip) {
             Ok(v) => {
                 stats::count(&stats::SUMMARY_INDEXES_USED);
@@ -895,7 +914,10 @@ fn dir_entries(d: &HostDir, dir: usize, interner: &mut Interner) -> Result<DirEn
                 tracing::debug!(index = %ip.display(), error = %e, "summary index unusable; reading summary.json");
             }
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(profile_format::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound => {}
+        // A planted FIFO, device, link or oversized file: refused, not skipped (issue 34).
+        Err(e) if e.is_hostile_file() => return Err(e.into()),
         Err(e) => {
             tracing::debug!(index = %ip.display(), error = %e, "summary index unreadable; reading summary.json");
         }
@@ -960,7 +982,11 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
     let mut t = DirTotals::default();
     if use_idx {
         let ip = d.summary_index_path();
-        if let Ok(bytes) = std::fs::read(&ip) {
+        let read = match sumidx::read_bytes(&ip) {
+            Err(e) if e.is_hostile_file() => return Err(e.into()),
+            r => r.ok(),
+        };
+        if let Some(bytes) = read {
             match sumidx::decode(&bytes, &ip) {
                 Ok(v) => {
                     stats::count(&stats::SUMMARY_INDEXES_USED);
@@ -996,6 +1022,7 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
         Ok(s) => t.summary = Some(s),
         Err(profile_format::Error::Io { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) if e.is_hostile_file() => return Err(e.into()),
         Err(e) => t.warning = Some(format!("{e} (multiplexing scale unknown for this host/epoch)")),
     }
     if let Some(idx) = t.summary.as_mut().and_then(|s| s.index.take()) {

@@ -156,7 +156,14 @@ impl Namer<'_> {
                 });
                 found.unwrap_or_else(|| format!("{label}+{off:#x}"))
             }
-            ImageKind::Vdso => format!("{label}+{off:#x}"),
+            // Named as the flat report names vDSO samples (report::load_vdso).
+            ImageKind::Vdso => {
+                let mode = self.mode;
+                match self.elf_of(img, warn) {
+                    Some(s) => report::elf_key(s, off, mode, &label).0,
+                    None => format!("{label}+{off:#x}"),
+                }
+            }
         }
     }
 
@@ -293,7 +300,7 @@ impl Namer<'_> {
         let m = NameMatch::new(symbol, self.mode.raw_names);
         let mut out = Vec::new();
         match img.kind {
-            ImageKind::Elf => {
+            ImageKind::Elf | ImageKind::Vdso => {
                 let Some(s) = self.elf_of(img, warn) else { return out };
                 for sym in &s.table().symbols {
                     if !m.matches(&sym.name) {
@@ -332,16 +339,25 @@ impl Namer<'_> {
                     }
                 }
             }
-            ImageKind::Unknown | ImageKind::Vdso | ImageKind::Anon => {}
+            ImageKind::Unknown | ImageKind::Anon => {}
         }
         out
     }
 
+    /// The symbols of an ELF image, or of a vDSO (which has no file: a copy found by build-id,
+    /// else this machine's own vDSO when it is the same build, as the flat report finds it).
     fn elf_of(&mut self, img: &StackImage, warn: &mut dyn FnMut(String)) -> Option<&ElfSymbolizer> {
-        let (locator, cache) = (&mut self.locator, &mut self.cache);
+        let (locator, cache, mode) = (&mut self.locator, &mut self.cache, self.mode);
         self.elf
             .entry(img.id.clone())
             .or_insert_with(|| {
+                if img.kind == ImageKind::Vdso {
+                    let mut info = report::ImageInfo::default();
+                    return match report::load_vdso(locator, &img.id, mode, &mut info) {
+                        report::ElfState::Ready(s, _) => Some(*s),
+                        _ => None,
+                    };
+                }
                 report::elf_symbolizer(
                     locator,
                     cache,

@@ -167,12 +167,17 @@ pub fn load(
             who.describe()
         )));
     }
-    out.summaries = dirs.iter().map(summary_of).collect();
+    out.summaries = dirs.iter().map(summary_of).collect::<Result<_, _>>()?;
     out.dirs = dirs;
     sel.check_loaded(out, warn)
 }
 
-fn summary_of(d: &HostDir) -> Option<profile_format::HostSummary> {
-    let sp = d.summary_path();
-    sp.exists().then(|| profile_format::HostSummary::read_facts(&sp).ok()).flatten()
+/// The facts of `d`'s `summary.json`; `None` if it is missing or damaged, an error if it is a
+/// planted FIFO, device, link or oversized file (issue 34).
+fn summary_of(d: &HostDir) -> Result<Option<profile_format::HostSummary>, ProfError> {
+    match profile_format::HostSummary::read_facts(&d.summary_path()) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.is_hostile_file() => Err(e.into()),
+        Err(_) => Ok(None),
+    }
 }

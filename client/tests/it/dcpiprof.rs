@@ -1122,6 +1122,50 @@ fn vdso_symbolized_from_this_machine_when_the_build_id_matches() {
     assert_eq!(rows(&v)[0]["symbol"], format!("[vdso]+{off:#x}"));
 }
 
+/// Issue 34: a vDSO frame of a call stack is named as the flat report names the vDSO's samples
+/// (before, stack frames in the vDSO were always `[vdso]+0xOFFSET`), in folded stacks and for
+/// `--callers`.
+#[test]
+fn vdso_frames_in_stacks_are_named_as_in_flat_reports() {
+    let vdso = dcpi_client::prof::debuginfo::live_vdso().expect("this process has a vDSO");
+    let bid = dcpi_client::prof::symbolize::elf_identity(&vdso)
+        .expect("vDSO is ELF")
+        .build_id
+        .expect("x86_64 vDSOs carry a build-id");
+    let facts = ElfFacts { build_id: bid.clone(), data: vdso };
+    let (off, _) = facts.func("__vdso_clock_gettime");
+    let t = TestDb::new();
+    let hd = t.host(&t.epoch(0), "alpha");
+    let ev = event("cpu-clock", 1000);
+    let vid = ImageId::BuildId(bid);
+    write_profile(&hd, ImageKind::Vdso, &vid, b"[vdso]", &ev, &[(off, 4)], 1000);
+    let flat = json_ok(&t.root(), &["--host", "alpha", "--image", "[vdso]"]);
+    let name = rows(&flat)[0]["symbol"].as_str().unwrap_or("").to_owned();
+    assert!(name.ends_with("clock_gettime"), "{flat:#}");
+
+    let mut st = profile_format::StackProfile::new(&hd.host, hd.epoch.as_str(), "cpu-clock");
+    let img = |kind, id: &ImageId, path: &[u8]| profile_format::StackImage {
+        kind,
+        id: id.clone(),
+        path: path.to_vec(),
+    };
+    let a = st.image_index(&img(ImageKind::Vdso, &vid, b"[vdso]"));
+    let app = ImageId::BuildId(vec![7; 20]);
+    let b = st.image_index(&img(ImageKind::Elf, &app, b"/opt/app"));
+    st.add(&[(a, off), (b, 0x1000)], false, 4);
+    st.write(&hd.stacks_path("cpu-clock")).expect("write stacks");
+
+    let o = prof(&t.root(), &["--host", "alpha", "--format", "folded"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let folded = stdout(&o);
+    assert!(folded.lines().any(|l| l.ends_with(&format!(";{name} 4"))), "{name}: {folded}");
+    // The vDSO function is found by its name as a callee.
+    let o = prof(&t.root(), &["--host", "alpha", "--callers", &name, "--format", "json"]);
+    assert!(o.status.success(), "--callers {name}: {}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert!(rows(&v).iter().any(|r| r["samples"] == 4), "--callers {name}: {v:#}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Symbol cache
 

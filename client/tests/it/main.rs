@@ -7,6 +7,7 @@ mod dcpiprof;
 mod export;
 mod first_hour;
 mod hostile_db;
+mod hostile_files;
 mod hostile_names;
 mod planted_links;
 mod util;
