@@ -246,9 +246,11 @@ fn distinct_stacks_beyond_a_table_flush_early_and_are_kept() {
     assert!(flat_leaf >= 5000, "too few samples to judge: {flat_leaf}");
     // Before early flushes about 60 % kept their stack. A flush thread starved by a loaded
     // machine still lets a table overflow now and then (92-100 % kept, with two busy loops,
-    // two daemons and the other stacks test running beside this one).
+    // two daemons and the other stacks test running beside this one), and at a load average
+    // of 11 on 2 cores (five cargo builds beside a full test run) 80-82 % (seen 3 times on
+    // 2026-11-28): 75 % still tells early flushes from the 60 % without them.
     assert!(
-        through as f64 >= 0.9 * flat_leaf as f64,
+        through as f64 >= 0.75 * flat_leaf as f64,
         "only {through} of leaf's {flat_leaf} samples kept their stack: {stk}"
     );
 }
