@@ -94,6 +94,9 @@ fn write_synced(tmp: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
+        // O_EXCL alone already refuses a link at the last component; O_NOFOLLOW says so
+        // explicitly, as every file this project creates does.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .mode(0o644)
         .open(tmp)
         .map_err(|e| Error::io(path, e))?;
