@@ -9,5 +9,6 @@ mod first_hour;
 mod hostile_db;
 mod hostile_names;
 mod planted_links;
+mod pprof_proto;
 mod util;
 mod who_profiles;
