@@ -1,6 +1,6 @@
 # dcpi: build, install and uninstall.
 #
-#   make                      cargo build --release
+#   make                      cargo build --release of the packages whose binaries are installed
 #   make install              install under PREFIX (default /usr/local), into DESTDIR if set
 #   make man                  generate the man pages (dcpid.toml.5 too) and completions only
 #   make uninstall            remove what `make install` installed (not the config file)
@@ -38,10 +38,17 @@ NAMES       := $(foreach p,$(PROGRAMS),$(word 1,$(subst :, ,$(p))))
 
 all: build
 
+# The packages whose binaries are installed. Not `--workspace`: that would add the end-to-end
+# test crate, and cargo's feature unification would then build dcpid with its fault-injection
+# feature. (A release dcpid ignores that feature anyway, see daemon/src/faults.rs; this keeps
+# the installed build identical to `cargo build --release` of the default members, and skips
+# building a test crate nobody installs.)
+BIN_PACKAGES := dcpi-daemon dcpi-client dcpi-export
+
 # Build only when installing from the default release dir; an explicit BINDIR_SRC is trusted.
 ifeq ($(BINDIR_SRC),$(RELEASE_DIR))
 build:
-	$(CARGO) build --release --workspace --bins
+	$(CARGO) build --release --bins $(addprefix -p ,$(BIN_PACKAGES))
 else
 build:
 	@for n in $(NAMES); do \

@@ -350,6 +350,24 @@ pub fn render_status(v: &StatusReport) -> String {
         .collect()
 }
 
+/// Keys that `reload --help` names as needing a restart, as examples of "every other key" (the
+/// test `reload_help_names_the_reloadable_keys` checks that none of them is reloadable).
+const RESTART_EXAMPLES: &[&str] =
+    &["db", "spool", "host", "events", "redraw_interval", "window_divisor", "ring_pages", "socket"];
+
+/// The long help of `dcpictl reload`: the reloadable keys come from the protocol crate's list,
+/// which dcpid's configuration uses, so the help cannot name a key that a reload does not apply.
+pub fn reload_help() -> String {
+    format!(
+        "Re-read the configuration file, as on SIGHUP.\n\n\
+         These keys change at once: {}. Every other key that changed ({}, ...) needs a restart: \
+         the reload reports it and keeps the running value. A configuration with an error is \
+         rejected (file, line, reason; exit status 1) and the running one stays.",
+        dcpi_proto::RELOADABLE.join(", "),
+        RESTART_EXAMPLES.join(", ")
+    )
+}
+
 /// One line for a reload result: what changed, what needs a restart, or why it was rejected.
 pub fn reload_outcome(r: &ReloadReport) -> String {
     if !r.ok {
@@ -375,6 +393,27 @@ pub fn reload_outcome(r: &ReloadReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reload_help_names_the_reloadable_keys() {
+        let help = reload_help();
+        let (at_once, other) = help.split_once("Every other key").expect(&help);
+        for k in dcpi_proto::RELOADABLE {
+            assert!(
+                at_once.contains(&format!(" {k},")) || at_once.contains(&format!(" {k}.")),
+                "{k}: {help}"
+            );
+        }
+        for k in RESTART_EXAMPLES {
+            assert!(!dcpi_proto::RELOADABLE.contains(k), "{k} is reloadable: {help}");
+            assert!(other.contains(k), "{k}: {help}");
+        }
+        // The false claim this replaced: "intervals change at once"; redraw_interval does not.
+        assert!(
+            !at_once.contains("redraw_interval") && other.contains("redraw_interval"),
+            "{help}"
+        );
+    }
 
     #[test]
     fn not_running_names_socket() {

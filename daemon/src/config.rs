@@ -335,24 +335,10 @@ settings! {
     sample_max_stack: u16 = crate::perf::callchain::DEFAULT_MAX_STACK;
 }
 
-/// Keys a reload may change while dcpid runs (their consumers read the settings each time, or
-/// the service applies them: the socket group, the log filter). Any other key that changes is
-/// reported as needing a restart, and keeps its running value.
-pub const RELOADABLE: &[&str] = &[
-    "flush_interval",
-    "publish_interval",
-    "publish_max_delay",
-    "max_memory_mb",
-    "retention_days",
-    "retention_keep",
-    "socket_group",
-    "log_level",
-    "status_interval",
-    "perf_map_max_bytes",
-    "perf_map_max_entries",
-    "by_pid",
-    "by_cgroup",
-];
+/// Keys a reload may change while dcpid runs; any other key that changes is reported as needing
+/// a restart, and keeps its running value. The list lives in the protocol crate so that
+/// dcpictl's `reload --help` prints the same one.
+pub use dcpi_proto::RELOADABLE;
 
 /// Where a setting's value came from.
 #[derive(Clone, PartialEq, Eq, Debug)]

@@ -4,19 +4,29 @@
 //!
 //! They are not settings: no config key or flag reaches them. In-process tests set the fields
 //! of [`Faults`] directly; tests that run the `dcpid` binary set environment variables, which
-//! the binary reads only when it was built with the `fault-injection` feature (the end-to-end
-//! test crate enables it; `cargo build` of the workspace's default members does not), so a
-//! production daemon never changes behaviour because of its environment.
+//! the binary reads only when it was built with the `fault-injection` feature AND with debug
+//! assertions (the dev/test profiles). The end-to-end test crate enables the feature, and
+//! cargo's feature unification turns it on for every package built with that crate
+//! (`cargo build --release --workspace`), so the feature alone cannot keep it out of an
+//! installed binary: the `debug_assertions` condition does. No release-profile build reads
+//! these variables, whatever features it has, so a production daemon never changes behaviour
+//! because of its environment (`make install`'s binary is checked by the end-to-end test
+//! `systemd::installed_release_dcpid_ignores_fault_variables`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Environment variable of a `fault-injection` build: `CPU:MS`, the drain thread of CPU
+/// Environment variable of a `fault-injection` debug build: `CPU:MS`, the drain thread of CPU
 /// stalls MS milliseconds after start.
 pub const STALL_DRAIN_ENV: &str = "DCPI_TEST_STALL_DRAIN";
-/// Environment variable of a `fault-injection` build: names a file; while it exists, every
+/// Environment variable of a `fault-injection` debug build: names a file; while it exists, every
 /// database phase of the store blocks.
 pub const STALL_DB_ENV: &str = "DCPI_TEST_STALL_DB";
+
+/// Whether [`Faults::from_env`] reads the environment: only in a `fault-injection` build of a
+/// profile with debug assertions, so that no release build obeys the variables even when
+/// feature unification turned the feature on.
+pub const INJECTABLE: bool = cfg!(all(feature = "fault-injection", debug_assertions));
 
 /// The faults to inject; the default injects none.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -42,9 +52,10 @@ pub struct FaultsError {
 }
 
 impl Faults {
-    /// The faults named by the environment in a `fault-injection` build; none otherwise.
+    /// The faults named by the environment in a `fault-injection` build with debug assertions
+    /// (never a release build); none otherwise.
     pub fn from_env() -> Result<Self, FaultsError> {
-        if cfg!(feature = "fault-injection") {
+        if INJECTABLE {
             Self::from_lookup(|name| std::env::var_os(name))
         } else {
             Ok(Self::default())

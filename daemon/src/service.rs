@@ -10,9 +10,9 @@
 //! (non-zero if samples were dropped: the closing line `dcpid stopped samples=N dropped=D`).
 //!
 //! SIGHUP or `dcpictl reload` re-reads the configuration file (the command-line flags still
-//! win). Intervals, retention, the memory bound, the socket group and the log level change
-//! live; db, spool, host, events, window_divisor, ring_pages and socket need a restart: their
-//! running values are kept and the reload reports them. A configuration with an error is
+//! win). The keys in [`crate::config::RELOADABLE`] change live; every other key (db, spool,
+//! host, events, redraw_interval, window_divisor, ring_pages, socket, ...) needs a restart: its
+//! running value is kept and the reload reports it. A configuration with an error is
 //! rejected as a whole (file, line, reason) and the running one stays.
 //!
 //! Exit status: 0 after a clean stop; 2 for a configuration the daemon can never run with

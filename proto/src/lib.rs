@@ -5,16 +5,42 @@
 //! `{"cmd":"epoch-show"}`, `{"cmd":"reload"}`. Responses: `{"ok":true,"result":...}` or
 //! `{"ok":false,"error":"..."}`; the result of each request is typed here ([`StatusReport`],
 //! [`FlushResult`], [`EpochResult`], [`ReloadReport`]). Both sides use these types, so a
-//! renamed or removed field is a compile error rather than a silent 0 in `dcpictl`. On the wire,
-//! every field is required when read, optional ones included (`null`, never absent): an
-//! `Option` field carries `deserialize_with = "Option::deserialize"`, which turns off serde's
-//! missing-means-`None`.
+//! renamed or removed field is a compile error rather than a silent 0 in `dcpictl`.
+//!
+//! On the wire, a field is required when read unless it is marked `#[serde(default)]`. The
+//! fields so marked were added after the first version: a newer `dcpictl` still reads an older
+//! `dcpid`'s answer, and an absent one reads as 0, empty or `None`. A required `Option` field
+//! carries `deserialize_with = "Option::deserialize"`, which turns off serde's
+//! missing-means-`None`: it is written as `null`, never left out. A [`Response`] leaves out
+//! whichever of `result` and `error` does not apply.
 
 use serde::{Deserialize, Serialize};
 
 pub mod status;
 
 pub use status::*;
+
+/// The configuration keys a `reload` (SIGHUP, `dcpictl reload`) applies while dcpid runs (their
+/// consumers read the settings each time, or the service applies them: the socket group, the
+/// log filter). Any other key that changes is reported in [`ReloadReport::restart_required`] and
+/// keeps its running value. dcpid's configuration takes this list (`dcpid::config::RELOADABLE`),
+/// and dcpictl's `reload --help`, dcpid.toml(5) and the README are generated from or tested
+/// against it.
+pub const RELOADABLE: &[&str] = &[
+    "flush_interval",
+    "publish_interval",
+    "publish_max_delay",
+    "max_memory_mb",
+    "retention_days",
+    "retention_keep",
+    "socket_group",
+    "log_level",
+    "status_interval",
+    "perf_map_max_bytes",
+    "perf_map_max_entries",
+    "by_pid",
+    "by_cgroup",
+];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]

@@ -793,3 +793,91 @@ fn unit_syscall_filter_allows_what_dcpid_uses() {
         used.iter().filter(|s| !allowed.contains(*s) && !TOLERATED.contains(&s.as_str())).collect();
     assert!(denied.is_empty(), "dcpid makes system calls the unit's filter denies: {denied:?}");
 }
+
+/// `make install` never installs a daemon that obeys injected faults. The daemon is built the
+/// way that used to ship one: release profile with the `fault-injection` feature on, which is
+/// what cargo's feature unification produced for `make install` (`cargo build --release
+/// --workspace`, where the end-to-end crate turns the feature on). Any release build has at most
+/// that feature set, so if this binary ignores the fault variables, every release build does.
+/// It is installed with `make install` and the installed file is run with
+/// `DCPI_TEST_STALL_DRAIN=not-a-fault`, which a fault build rejects (exit 2 naming the variable,
+/// as `require_fault_injection` checks on the debug build this suite uses).
+///
+/// The release build goes to its own target directory under CARGO_TARGET_TMPDIR, so that it
+/// never overwrites the `target/release/dcpid` of a developer's `make`, and later runs reuse it.
+#[test]
+fn installed_release_dcpid_ignores_fault_variables() {
+    if Command::new("make").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: make is not installed");
+        return;
+    }
+    // The probe means something: the debug dcpid of this suite does obey the variable.
+    dcpi_e2e::require_fault_injection();
+    let root = repo_root();
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("release-fault-injection");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let started = Instant::now();
+    let out = Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "--release", "--locked", "-p", "dcpi-daemon", "--bins"])
+        .args(["--features", "fault-injection", "--target-dir"])
+        .arg(&target)
+        .output()
+        .expect("run cargo build --release");
+    assert!(
+        out.status.success(),
+        "cargo build --release of dcpid failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("release dcpid (fault-injection feature on) built in {:?}", started.elapsed());
+
+    // BINDIR_SRC: that release dcpid, and the other tools of this test build (only dcpid is
+    // under test; `make install` wants every program).
+    let src = install_root();
+    for name in ["dcpid", "dcpictl", "dcpiprof", "dcpilist", "dcpidiff", "dcpistats", "dcpiexport"]
+    {
+        let from = if name == "dcpid" { target.join("release/dcpid") } else { bin(name) };
+        std::os::unix::fs::symlink(&from, src.path().join(name)).expect("symlink");
+    }
+    let dest = install_root();
+    let gen = tempfile::tempdir().expect("tempdir");
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(&root)
+        .arg("install")
+        .arg(format!("DESTDIR={}", dest.path().display()))
+        .arg("PREFIX=/usr")
+        .arg(format!("BINDIR_SRC={}", src.path().display()))
+        .arg(format!("GENDIR={}", gen.path().display()))
+        .output()
+        .expect("run make");
+    assert!(
+        out.status.success(),
+        "make install failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let installed = dest.path().join("usr/bin/dcpid");
+    let meta = std::fs::symlink_metadata(&installed).expect("installed dcpid");
+    assert!(meta.file_type().is_file(), "{} is not a regular file", installed.display());
+
+    let sb = Sandbox::new();
+    let out = Command::new(&installed)
+        .args(sb.daemon_args("release-check"))
+        .args(["--duration", "1ms"])
+        .env("DCPI_TEST_STALL_DRAIN", "not-a-fault")
+        .output()
+        .expect("run the installed dcpid");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("DCPI_TEST_STALL_DRAIN"),
+        "the installed release dcpid read DCPI_TEST_STALL_DRAIN (fault injection is built in): \
+         {}\n{stderr}",
+        out.status
+    );
+    // Without perf the run fails to start (for that reason, not the variable); with perf it
+    // runs its 1 ms and exits 0.
+    if require_perf() {
+        assert!(out.status.success(), "installed dcpid failed: {}\n{stderr}", out.status);
+    }
+}

@@ -69,10 +69,9 @@ enum Cmd {
     /// returns when done. Every CPU's drain thread first reads its ring up to the request's
     /// instant (a CPU that does not answer within 2 s is named in a warning).
     Flush,
-    /// Re-read the configuration file, as on SIGHUP. Intervals, retention, max_memory_mb,
-    /// socket_group, log_level, by_pid and by_cgroup change at once; db, spool, host, events,
-    /// window_divisor, ring_pages and socket need a restart (reported, running values kept). A
-    /// configuration with an error is rejected (file, line, reason; exit status 1) and the running one stays.
+    /// Re-read the configuration file, as on SIGHUP.
+    // The long help lists the keys a reload applies, from the list dcpid uses.
+    #[command(long_about = dcpi_client::ctl::reload_help())]
     Reload,
     /// Live view of who uses the CPU: the hottest (process, image, function) of the last 5 s,
     /// from the daemon's memory (no disk I/O). Redraws twice a second on a terminal; `--once`

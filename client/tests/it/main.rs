@@ -10,5 +10,6 @@ mod hostile_db;
 mod hostile_files;
 mod hostile_names;
 mod planted_links;
+mod pprof_proto;
 mod util;
 mod who_profiles;

@@ -1,6 +1,7 @@
 //! The integration tests of this crate, as one test binary (one link, one process; the
 //! layout of ripgrep's and blazesym's suites). Shared helpers live in the support modules.
 
+mod docs;
 mod periods;
 mod resolve_live;
 mod resolve_ordering;

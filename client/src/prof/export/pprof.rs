@@ -1,5 +1,5 @@
-//! `--format pprof`: a gzipped `profile.proto` (pprof's format, compiled from the upstream
-//! .proto by build.rs) that `go tool pprof`, Parca and Pyroscope read.
+//! `--format pprof`: a gzipped `profile.proto` (pprof's format; the types are generated from
+//! the upstream .proto into `pprof_proto.rs`, which a test regenerates and compares) that `go tool pprof`, Parca and Pyroscope read.
 //!
 //! * Sample types: per event, its raw samples (`samples/count`, or `EVENT_samples/count` when
 //!   there are several events) and the weighted estimate (`cpu/nanoseconds` for cpu-clock,
@@ -21,7 +21,11 @@ use super::Export;
 
 #[allow(clippy::all, missing_debug_implementations, missing_docs)]
 pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
+    // Committed rather than generated at build time: compiling the .proto needed protox and
+    // prost-build (with petgraph, miette, prost-reflect, two versions of logos) in every build.
+    // tests/it/pprof_proto.rs fails when this file is not what client/proto/profile.proto
+    // generates.
+    include!("pprof_proto.rs");
 }
 
 /// The mapping of image `n` starts here; 2^40 bytes apart leaves room for any file.
