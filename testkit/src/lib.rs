@@ -20,7 +20,8 @@
 //!
 //! Requirements: `perf` (a sampling cpu-clock event for all processes on the first online CPU:
 //! the syscall `dcpid --probe` makes first, so tests of the `dcpid` binary decide the same way
-//! without running it), `root` (euid 0), `tool("name")` (an executable on `PATH`).
+//! without running it), `root` (euid 0), `tool("name")` (an executable on `PATH`), and two
+//! kinds of machine: `pmu` (a hardware PMU: `cycles` opens) and `no_pmu` (it does not).
 //!
 //! The body of every such test starts with [`guard`], which checks again at run time and
 //! **panics** with the reason if a requirement is missing. That covers the two cases the
@@ -35,8 +36,10 @@
 //! # The switch
 //!
 //! `DCPI_REQUIRE_ALL=1` (read only by [`strict`]) turns every skip into a failure: the macro
-//! then never ignores, so a missing requirement panics in [`guard`], and [`skip!`] panics
-//! instead of returning. `.ci/run` sets it: CI fails on a skip.
+//! then does not ignore for a missing capability (`perf`, `root`, a tool), so it panics in
+//! [`guard`], and [`skip!`] panics instead of returning. `.ci/run` sets it: CI fails on a skip.
+//! The exception is `pmu`/`no_pmu`: no machine is both, so a test for the other kind of machine
+//! stays ignored, with its reason, under the switch too.
 //!
 //! # Conditions only a test can find
 //!

@@ -28,6 +28,11 @@ pub enum Req<'a> {
     Root,
     /// An executable of this name on `PATH`.
     Tool(&'a str),
+    /// A hardware PMU: `cycles` opens on the first online CPU. A kind of machine rather than a
+    /// capability, so the switch does not demand it (see [`Req::is_variant`]).
+    Pmu,
+    /// No hardware PMU (`cycles` does not open): the fallback to cpu-clock. A kind of machine.
+    NoPmu,
 }
 
 impl Req<'_> {
@@ -37,7 +42,16 @@ impl Req<'_> {
             Self::Perf => "perf",
             Self::Root => "root",
             Self::Tool(t) => t,
+            Self::Pmu => "pmu",
+            Self::NoPmu => "no_pmu",
         }
+    }
+
+    /// Whether this describes a kind of machine (with or without a PMU) rather than something
+    /// a test machine should provide: no machine has both, so the switch cannot demand these,
+    /// and a test that needs the other kind stays ignored (with its reason) under it.
+    pub fn is_variant(&self) -> bool {
+        matches!(self, Self::Pmu | Self::NoPmu)
     }
 
     /// What the test needs, for messages ("needs perf_event_open: ...").
@@ -46,6 +60,8 @@ impl Req<'_> {
             Self::Perf => "perf_event_open".to_string(),
             Self::Root => "root".to_string(),
             Self::Tool(t) => format!("`{t}` on PATH"),
+            Self::Pmu => "a hardware PMU".to_string(),
+            Self::NoPmu => "a machine without a hardware PMU".to_string(),
         }
     }
 
@@ -64,6 +80,11 @@ impl Req<'_> {
             Self::Perf => perf(),
             Self::Root => root(),
             Self::Tool(t) => tool(t),
+            Self::Pmu => open_on_first_cpu(0, 0).map_err(|e| format!("cycles does not open: {e}")),
+            Self::NoPmu => match open_on_first_cpu(0, 0) {
+                Ok(()) => Err("cycles opens here".into()),
+                Err(_) => Ok(()),
+            },
         }
     }
 }
@@ -110,20 +131,29 @@ struct PerfEventAttr {
 }
 
 /// The same check as `dcpid --probe` (daemon/src/perf/sampler.rs `probe`): open a sampling
-/// cpu-clock event for all processes on the first online CPU. That needs
-/// perf_event_paranoid <= 0 or CAP_PERFMON (root has it).
+/// cpu-clock event (PERF_TYPE_SOFTWARE 1, PERF_COUNT_SW_CPU_CLOCK 0) for all processes on the
+/// first online CPU. That needs perf_event_paranoid <= 0 or CAP_PERFMON (root has it).
 fn perf() -> Result<(), String> {
+    open_on_first_cpu(1, 0).map_err(|e| {
+        let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "?".into());
+        format!(
+            "cpu-clock for all processes: {e} (perf_event_paranoid={paranoid}; \
+             needs root, CAP_PERFMON or perf_event_paranoid <= 0)"
+        )
+    })
+}
+
+/// Opens (and closes) a sampling event of `type_`/`config` for all processes on the first
+/// online CPU (`Pmu` uses PERF_TYPE_HARDWARE 0, PERF_COUNT_HW_CPU_CYCLES 0, as `dcpid --probe`).
+fn open_on_first_cpu(type_: u32, config: u64) -> Result<(), String> {
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
-    let cpu: i32 = online
-        .trim()
-        .split([',', '-'])
-        .next()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    let cpu: i32 = online.trim().split([',', '-']).next().and_then(|c| c.parse().ok()).unwrap_or(0);
     let attr = PerfEventAttr {
-        type_: 1, // PERF_TYPE_SOFTWARE
+        type_,
         size: std::mem::size_of::<PerfEventAttr>() as u32,
-        config: 0, // PERF_COUNT_SW_CPU_CLOCK
+        config,
         sample_period: 1_000_000,
         sample_type: 0,
         read_format: 0,
@@ -145,14 +175,7 @@ fn perf() -> Result<(), String> {
         )
     };
     if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "?".into());
-        return Err(format!(
-            "cpu-clock on CPU {cpu} for all processes: {e} (perf_event_paranoid={paranoid}; \
-             needs root, CAP_PERFMON or perf_event_paranoid <= 0)"
-        ));
+        return Err(format!("on CPU {cpu}: {}", std::io::Error::last_os_error()));
     }
     // SAFETY: fd is a descriptor we just opened and own; nothing else uses it.
     unsafe { libc::close(fd as libc::c_int) };

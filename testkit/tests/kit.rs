@@ -1,5 +1,6 @@
 //! The kit's promises, checked on a small crate built with it: a missing requirement shows as
-//! `ignored, <reason>` in the summary; `DCPI_REQUIRE_ALL=1` turns every skip into a failure; the
+//! `ignored, <reason>` in the summary; `DCPI_REQUIRE_ALL=1` turns every skip into a failure
+//! (except a test for the other kind of machine, PMU or not); the
 //! run-time guard fails a test run with `--include-ignored`; and changing the pretend variable
 //! recompiles the crate (so the compile-time answer is not stale).
 
@@ -15,6 +16,13 @@ fn needs_tool() {}
 
 #[dcpi_testkit::test(tool("sh"))]
 fn needs_sh() {}
+
+// Kinds of machine: exactly one of these two is ignored anywhere, under the switch too.
+#[dcpi_testkit::test(pmu)]
+fn with_pmu() {}
+
+#[dcpi_testkit::test(no_pmu)]
+fn without_pmu() {}
 
 #[test]
 fn run_time_skip() {
@@ -40,11 +48,8 @@ fn cargo_test(dir: &Path, env: &[(&str, &str)], extra: &[&str]) -> Run {
         cmd.env(k, v);
     }
     let o = cmd.output().expect("run cargo");
-    let out = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let out =
+        format!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     Run { ok: o.status.success(), out }
 }
 
@@ -77,16 +82,22 @@ fn skips_show_as_ignored_and_the_switch_fails_them() {
     // A machine without perf: the test is listed as ignored with the reason, and counted.
     let a = cargo_test(d, &[(dcpi_testkit::PRETEND, "perf")], &[]);
     assert!(a.ok, "{}", a.out);
-    has(&a, "test needs_perf ... ignored, needs perf_event_open: DCPI_TESTKIT_PRETEND_MISSING=perf");
-    has(&a, "test needs_tool ... ignored, needs `dcpi-no-such-tool` on PATH: no `dcpi-no-such-tool`");
+    has(
+        &a,
+        "test needs_perf ... ignored, needs perf_event_open: DCPI_TESTKIT_PRETEND_MISSING=perf",
+    );
+    has(
+        &a,
+        "test needs_tool ... ignored, needs `dcpi-no-such-tool` on PATH: no `dcpi-no-such-tool`",
+    );
     has(&a, "test needs_sh ... ok");
-    has(&a, "2 ignored");
+    has(&a, "3 ignored");
 
     // Changing the pretend variable alone recompiles: `sh` is now missing too.
     let b = cargo_test(d, &[(dcpi_testkit::PRETEND, "perf,sh")], &[]);
     assert!(b.ok, "{}", b.out);
     has(&b, "test needs_sh ... ignored, needs `sh` on PATH");
-    has(&b, "3 ignored");
+    has(&b, "4 ignored");
 
     // Run on purpose with --include-ignored, the run-time guard fails them with the reason.
     let c = cargo_test(d, &[(dcpi_testkit::PRETEND, "perf")], &["--include-ignored"]);
@@ -101,8 +112,8 @@ fn skips_show_as_ignored_and_the_switch_fails_them() {
     has(&s, "test needs_tool ... FAILED");
     has(&s, "test run_time_skip ... FAILED");
     has(&s, "DCPI_REQUIRE_ALL=1 makes skips failures: no widget 7");
-    has(&s, "0 ignored");
-    assert!(!s.out.contains("... ignored"), "{}", s.out);
+    has(&s, "1 ignored");
+    assert_eq!(s.out.matches("... ignored, needs a").count(), 1, "{}", s.out);
 
     // Without the switch, the run-time skip prints its reason and returns.
     let r = cargo_test(d, &[], &["--nocapture", "run_time_skip"]);

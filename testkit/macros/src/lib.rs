@@ -31,6 +31,8 @@ fn parse_reqs(attr: TokenStream) -> Result<Vec<Req<'static>>, String> {
             TokenTree::Ident(id) => match id.to_string().as_str() {
                 "perf" => reqs.push(Req::Perf),
                 "root" => reqs.push(Req::Root),
+                "pmu" => reqs.push(Req::Pmu),
+                "no_pmu" => reqs.push(Req::NoPmu),
                 "tool" => {
                     let Some(TokenTree::Group(g)) = it.next() else {
                         return Err("dcpi_testkit::test: write tool(\"name\")".into());
@@ -40,13 +42,16 @@ fn parse_reqs(attr: TokenStream) -> Result<Vec<Req<'static>>, String> {
                         .strip_prefix('"')
                         .and_then(|s| s.strip_suffix('"'))
                         .filter(|s| !s.is_empty() && !s.contains(['"', '\\', '/']))
-                        .ok_or_else(|| format!("dcpi_testkit::test: tool({lit}): not a tool name"))?;
+                        .ok_or_else(|| {
+                            format!("dcpi_testkit::test: tool({lit}): not a tool name")
+                        })?;
                     // Lives for the compilation: a handful of short names per test crate.
                     reqs.push(Req::Tool(Box::leak(name.to_string().into_boxed_str())));
                 }
                 other => {
                     return Err(format!(
-                        "dcpi_testkit::test: unknown requirement `{other}` (perf, root, tool(\"name\"))"
+                        "dcpi_testkit::test: unknown requirement `{other}` \
+                         (perf, root, tool(\"name\"), pmu, no_pmu)"
                     ))
                 }
             },
@@ -58,14 +63,16 @@ fn parse_reqs(attr: TokenStream) -> Result<Vec<Req<'static>>, String> {
 
 fn expand(attr: TokenStream, item: TokenStream) -> Result<TokenStream, String> {
     let reqs = parse_reqs(attr)?;
+    // Under the switch only the kind-of-machine requirements (PMU or not) may still ignore.
+    let strict = probe::strict();
     let mut missing = Vec::new();
-    for r in &reqs {
+    for r in reqs.iter().filter(|r| !strict || r.is_variant()) {
         if let Err(why) = r.check() {
             missing.push(format!("needs {}: {why}", r.what()));
         }
     }
     let mut out: TokenStream = "#[test]".parse().unwrap();
-    if !missing.is_empty() && !probe::strict() {
+    if !missing.is_empty() {
         let reason = missing.join("; ");
         out.extend(format!("#[ignore = {reason:?}]").parse::<TokenStream>().unwrap());
     }
@@ -81,6 +88,8 @@ fn expand(attr: TokenStream, item: TokenStream) -> Result<TokenStream, String> {
             Req::Perf => "::dcpi_testkit::Req::Perf".to_string(),
             Req::Root => "::dcpi_testkit::Req::Root".to_string(),
             Req::Tool(t) => format!("::dcpi_testkit::Req::Tool({t:?})"),
+            Req::Pmu => "::dcpi_testkit::Req::Pmu".to_string(),
+            Req::NoPmu => "::dcpi_testkit::Req::NoPmu".to_string(),
         })
         .collect();
     // The option_env! calls make rustc record both variables in the test crate's dep-info, so
