@@ -66,6 +66,9 @@ pub use probe::{strict, Req, PRETEND, SWITCH};
 pub fn guard(reqs: &[Req<'_>]) {
     for r in reqs {
         if let Err(why) = r.check() {
+            if strict() && !r.is_variant() {
+                panic!("needs {}: {why} ({SWITCH}=1 makes skips failures)", r.what());
+            }
             panic!(
                 "needs {}: {why}. (The check also runs when the test crate compiles, and marks the \
                  test ignored where the requirement is missing; a test that runs anyway was run \

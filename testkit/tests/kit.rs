@@ -111,6 +111,11 @@ fn skips_show_as_ignored_and_the_switch_fails_them() {
     has(&s, "test needs_perf ... FAILED");
     has(&s, "test needs_tool ... FAILED");
     has(&s, "test run_time_skip ... FAILED");
+    has(
+        &s,
+        "needs perf_event_open: DCPI_TESTKIT_PRETEND_MISSING=perf pretends it is missing \
+              (DCPI_REQUIRE_ALL=1 makes skips failures)",
+    );
     has(&s, "DCPI_REQUIRE_ALL=1 makes skips failures: no widget 7");
     has(&s, "1 ignored");
     assert_eq!(s.out.matches("... ignored, needs a").count(), 1, "{}", s.out);

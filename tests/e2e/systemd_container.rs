@@ -16,8 +16,8 @@
 //! is listed as ignored with the reason (`#[dcpi_testkit::test]`). Where the container still
 //! cannot boot (no Debian mirror, a kernel or cgroup setup nspawn refuses), each test prints
 //! `SKIPPED:` and the reason; with `DCPI_REQUIRE_ALL=1` (set by .ci/run, whose machines boot it)
-//! both fail instead. Variables: `DCPI_CT_SUITE` (Debian suite; default: the host's codename on Debian,
-//! else bookworm: the binaries under test must run with the container's libc),
+//! both fail instead. Variables: `DCPI_CT_SUITE` (Debian suite; default: the host's codename on
+//! Debian, else bookworm: the binaries under test must run with the container's libc),
 //! `DCPI_CT_MIRROR` (debootstrap's mirror; default: debootstrap's own).
 
 use std::collections::BTreeMap;
