@@ -1,8 +1,9 @@
 //! Shared harness for the end-to-end tests: locating the real binaries, deciding whether
 //! perf_event_open is usable, and running a daemon against a private database.
 //!
-//! Perf-dependent tests call [`require_perf`] first: it returns `false` (and prints why) when
-//! sampling is not permitted, unless `DCPI_REQUIRE_PERF=1`, in which case it panics instead.
+//! Tests that need perf, root or a tool say so with `#[dcpi_testkit::test(perf)]` (see the
+//! dcpi-testkit crate): where it is missing they are listed as ignored with the reason, and
+//! `DCPI_REQUIRE_ALL=1` makes them fail instead.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -21,32 +22,6 @@ pub fn bin(name: &str) -> PathBuf {
         path.display()
     );
     path
-}
-
-/// Whether perf sampling works here; decided once by `dcpid --probe`.
-pub fn require_perf() -> bool {
-    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
-    let result = PROBE.get_or_init(|| {
-        let out = Command::new(bin("dcpid"))
-            .arg("--probe")
-            .output()
-            .map_err(|e| format!("cannot run dcpid --probe: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!("dcpid --probe failed: {}", String::from_utf8_lossy(&out.stderr).trim()))
-        }
-    });
-    match result {
-        Ok(()) => true,
-        Err(why) => {
-            if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
-                panic!("perf_event_open is required (DCPI_REQUIRE_PERF=1) but unusable: {why}");
-            }
-            eprintln!("SKIPPED: perf_event_open not permitted: {why}");
-            false
-        }
-    }
 }
 
 /// Panics unless the `dcpid` under test takes injected faults from its environment, which

@@ -259,12 +259,10 @@ fn parquet_sums_equal_dcpiprof_in_duckdb_and_clickhouse() {
     assert_eq!(v["chdb"]["summing_total"].as_u64(), Some(want_total), "{v}");
 }
 
-/// Without the Python packages the SQL check is skipped, unless the run demands it.
+/// Without the Python packages the SQL check is skipped, unless the run demands it
+/// (`DCPI_REQUIRE_ALL=1`).
 fn skip(reason: &str) {
-    if std::env::var("DCPI_REQUIRE_PERF").is_ok_and(|v| v == "1") {
-        panic!("DCPI_REQUIRE_PERF=1 but the SQL check cannot run: {reason}");
-    }
-    eprintln!("SKIP SQL check (DuckDB/chdb): {reason}");
+    dcpi_testkit::skipped(format_args!("SQL check (DuckDB/chdb): {reason}"));
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dcpi_e2e::{require_perf, Daemon, Sandbox};
+use dcpi_e2e::{Daemon, Sandbox};
 use profile_format::{Database, EpochId, ImageId, Profile};
 
 /// A program that burns CPU for ARGV[1] seconds of wall time; TAG makes each build distinct
@@ -118,9 +118,6 @@ impl Drop for Busy {
 /// Five short programs in turn; after each, `dcpictl flush` must have published every sample
 /// it got: a later flush (after the rings had every chance to be drained) adds none.
 fn five_programs_complete_after_each_flush(busy_loops: usize) {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let bins: Vec<_> = (1..=5).map(|t| build(sb.dir.path(), t)).collect();
     // A long flush interval: only the explicit flushes publish.
@@ -145,23 +142,20 @@ fn five_programs_complete_after_each_flush(busy_loops: usize) {
     }
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn flush_publishes_every_sample_taken_before_it() {
     five_programs_complete_after_each_flush(0);
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn flush_publishes_every_sample_taken_before_it_under_two_busy_loops() {
     five_programs_complete_after_each_flush(2);
 }
 
 /// A program that exited before `epoch new` has no sample in the new epoch; one running across
 /// the boundary has samples in both, which together are all it got.
-#[test]
+#[dcpi_testkit::test(perf)]
 fn epoch_boundary_is_an_instant() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let d = sb.start_daemon("ep", &["-e", "cpu-clock", "--flush-interval", "60s"]);
     for round in 1..=3u32 {

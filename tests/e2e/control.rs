@@ -9,15 +9,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dcpi_e2e::{bin, require_perf, Sandbox};
+use dcpi_e2e::{bin, Sandbox};
 
 /// Uid and gid of `nobody` / `nogroup` on Debian.
 const NOBODY: u32 = 65534;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// Drop this thread (only this one: the raw syscalls, unlike glibc's wrappers, change the
 /// calling thread's credentials) to `nobody:nogroup`; the socket records the credentials of
@@ -83,15 +78,9 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 /// `dcpictl status` (other processes, root like the first flood) are all answered. Before the
 /// fix the flood took all 512 places and all five got "too many open connections" (or a broken
 /// pipe: dcpictl was answered and cut off before it could send its request).
-#[test]
+/// (Needs root: to flood as root and as nobody.)
+#[dcpi_testkit::test(perf, root)]
 fn status_is_answered_through_a_connection_flood() {
-    if !require_perf() {
-        return;
-    }
-    if !is_root() {
-        eprintln!("SKIPPED: needs root (to flood as root and as nobody)");
-        return;
-    }
     let sb = Sandbox::new();
     // nobody reaches the socket: its directory searchable, the socket's group nogroup.
     std::fs::set_permissions(sb.socket().parent().expect("dir"), {
@@ -131,11 +120,8 @@ fn status_is_answered_through_a_connection_flood() {
 
 /// A connection that sends nothing is answered with an error and closed after the read
 /// timeout (2 s; generous deadline here), so idle clients do not hold places.
-#[test]
+#[dcpi_testkit::test(perf)]
 fn idle_connections_are_closed_after_the_read_timeout() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let _d = sb.start_daemon("h1", &["-e", "cpu-clock"]);
     let idle: Vec<UnixStream> =
@@ -154,17 +140,13 @@ fn idle_connections_are_closed_after_the_read_timeout() {
 
 /// A user refused by the socket's permissions is told which group to join: the socket's own
 /// group (dcpid's `--socket-group`), not always `dcpi` (issue 35).
-#[test]
+/// (Needs root: to run dcpictl as nobody and to give the socket a group.)
+#[dcpi_testkit::test(root)]
 fn permission_denied_names_the_socket_group() {
     use std::os::unix::fs::PermissionsExt;
-    if !is_root() {
-        eprintln!("SKIPPED: needs root to run dcpictl as nobody and to give the socket a group");
-        return;
-    }
     let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"].into_iter().find(|p| Path::new(p).exists());
     let Some(setpriv) = setpriv else {
-        eprintln!("SKIPPED: setpriv (util-linux) is not installed");
-        return;
+        dcpi_testkit::skip!("setpriv (util-linux) is not installed");
     };
     // gid 1 (`daemon` on Debian), which nobody is not in, named as /etc/group names it.
     let groups = std::fs::read_to_string("/etc/group").expect("read /etc/group");
@@ -172,8 +154,7 @@ fn permission_denied_names_the_socket_group() {
         let f: Vec<&str> = l.split(':').collect();
         (f.len() >= 4 && f[2] == "1" && f[3].is_empty()).then(|| f[0].to_owned())
     }) else {
-        eprintln!("SKIPPED: no group with gid 1 and no members in /etc/group");
-        return;
+        dcpi_testkit::skip!("no group with gid 1 and no members in /etc/group");
     };
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");

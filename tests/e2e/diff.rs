@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use dcpi_e2e::{require_perf, run, Sandbox};
+use dcpi_e2e::{run, Sandbox};
 
 /// Three functions with the same loop body, called in small interleaved rounds (far shorter
 /// than the sampling period, so the timer's phase cannot favour one) in the proportions the
@@ -38,11 +38,8 @@ fn ok_stdout(out: &std::process::Output, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn dcpidiff_finds_a_50_30_20_to_20_30_50_shift_between_two_epochs() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let src = sb.dir.path().join("phases.c");
     std::fs::write(&src, PHASES_C).expect("write source");

@@ -4,19 +4,16 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use dcpi_e2e::{require_perf, Sandbox};
+use dcpi_e2e::Sandbox;
 
-/// A tool the test needs, or `None` after printing why (a panic under DCPI_REQUIRE_PERF=1,
+/// A tool the test needs, or `None` after printing why (a panic under DCPI_REQUIRE_ALL=1,
 /// where `.ci/run` must have installed it).
 fn tool(name: &str, package: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH")
         .and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()));
     if found.is_none() {
         let why = format!("{name} not installed (Debian package {package}; .ci/run installs it)");
-        if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
-            panic!("required under DCPI_REQUIRE_PERF=1: {why}");
-        }
-        eprintln!("SKIPPED: {why}");
+        dcpi_testkit::skipped(format_args!("{why}"));
     }
     found
 }
@@ -47,11 +44,8 @@ fn pprof_shares(go: &Path, file: &Path, home: &Path) -> Vec<(String, f64)> {
         .collect()
 }
 
-#[test]
+#[dcpi_testkit::test(perf, tool("go"), tool("chromium"))]
 fn sampled_5_3_2_workload_exports_to_pprof_folded_and_html() {
-    if !require_perf() {
-        return;
-    }
     let (Some(go), Some(chromium)) = (tool("go", "golang-go"), tool("chromium", "chromium")) else {
         return;
     };

@@ -4,7 +4,7 @@
 
 use std::process::{Command, Output, Stdio};
 
-use dcpi_e2e::{bin, require_perf, Sandbox};
+use dcpi_e2e::{bin, Sandbox};
 
 use crate::{install_root, repo_root};
 
@@ -26,11 +26,8 @@ fn short_daemon(sb: &Sandbox, extra: &[&str], log: std::fs::File) -> std::proces
         .expect("run dcpid")
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn daemon_log_in_a_file_has_no_colour_codes() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let path = sb.dir.path().join("dcpid.log");
     let status = short_daemon(&sb, &[], std::fs::File::create(&path).expect("log file"));
@@ -62,7 +59,9 @@ fn daemon_log_in_a_file_has_no_colour_codes() {
             assert!(plain.contains("sampling started"), "{plain}");
             assert!(!plain.contains('\x1b'), "NO_COLOR is respected: {plain:?}");
         }
-        _ => eprintln!("SKIPPED (terminal part): `script` cannot run a pseudo-terminal here"),
+        _ => dcpi_testkit::skipped(format_args!(
+            "(terminal part) `script` cannot run a pseudo-terminal here"
+        )),
     }
 }
 
@@ -93,16 +92,8 @@ fn mistyped_event_gets_a_suggestion() {
     assert!(!text(&o.stderr).contains("did you mean"), "{}", text(&o.stderr));
 }
 
-#[test]
+#[dcpi_testkit::test(perf, no_pmu)]
 fn event_the_pmu_cannot_count_lists_what_opens_here() {
-    if !require_perf() {
-        return;
-    }
-    let probe = dcpi_e2e::run("dcpid", &["--probe"]);
-    if text(&probe.stdout).contains("hardware PMU available") {
-        eprintln!("SKIPPED: this machine has a hardware PMU, so `cycles` opens");
-        return;
-    }
     let sb = Sandbox::new();
     let o = Command::new(bin("dcpid"))
         .args(sb.daemon_args("fh"))
@@ -141,11 +132,8 @@ fn dcpiexport_and_dcpid_generate_into_a_closed_pipe() {
     }
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn dcpictl_into_a_closed_pipe_exits_0() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let d = sb.start_daemon("fh", &[]);
     let sock = d.socket.display().to_string();
@@ -159,20 +147,8 @@ fn dcpictl_into_a_closed_pipe_exits_0() {
 /// `make man` generates every page (dcpid.toml(5) too) and says where; each renders with groff
 /// without a warning, has the sections of a real page, and every `dcpi…(N)` it mentions is one
 /// of the generated pages; `make install` installs them all.
-#[test]
+#[dcpi_testkit::test(tool("groff"), tool("make"))]
 fn man_pages_render_cleanly_and_reference_only_existing_pages() {
-    let groff = Command::new("groff").arg("--version").output();
-    if groff.is_err() {
-        if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
-            panic!("groff is required (DCPI_REQUIRE_PERF=1, as in CI) but not installed");
-        }
-        eprintln!("SKIPPED: groff is not installed (apt-get install groff)");
-        return;
-    }
-    if Command::new("make").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: make is not installed");
-        return;
-    }
     let gen = tempfile::tempdir().expect("tempdir");
     let dest = install_root();
     let bindir_src = bin("dcpid").parent().expect("bin dir").to_path_buf();

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
 
-use dcpi_e2e::{require_perf, run, Sandbox};
+use dcpi_e2e::{run, Sandbox};
 
 /// A cheap loop (adds) and an expensive loop of dependent divisions, in one function. It runs
 /// for a given CPU time (not wall time), so a loaded machine does not starve it of samples.
@@ -60,11 +60,8 @@ fn perf_annotate(data: &std::path::Path, sym: &str) -> HashMap<u64, f64> {
     m
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn dcpilist_shares_of_the_division_loop_match_perf_annotate() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let dir = sb.dir.path();
     std::fs::write(dir.join("loops.c"), LOOPS_C).expect("write source");

@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use dcpi_e2e::{require_perf, Sandbox};
+use dcpi_e2e::Sandbox;
 
 /// A CPU-bound program with a known hot function, built with a build-id.
 fn build_workload(dir: &std::path::Path) -> std::path::PathBuf {
@@ -30,11 +30,8 @@ fn build_workload(dir: &std::path::Path) -> std::path::PathBuf {
     out
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn daemon_profile_is_reported_per_image_and_per_symbol() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let bin = build_workload(sb.dir.path());
     let host = "e2e-report";
@@ -93,11 +90,8 @@ int main(int argc, char **argv) {
 }
 "#;
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn per_function_shares_match_a_known_5_3_2_workload() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let src = sb.dir.path().join("prop532.c");
     std::fs::write(&src, PROPORTIONS_C).expect("write source");
@@ -169,11 +163,8 @@ fn main() {
 }
 "#;
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn legacy_mangled_rust_trait_method_is_reported_as_perf_does() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let src = sb.dir.path().join("traitburn.rs");
     std::fs::write(&src, TRAITBURN_RS).expect("write source");

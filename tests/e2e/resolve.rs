@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use dcpi_e2e::{require_perf, Sandbox};
+use dcpi_e2e::Sandbox;
 use profile_format::{Database, ImageId, ImageKind, Profile};
 
 fn cc(dir: &Path, name: &str, src: &str) -> PathBuf {
@@ -87,11 +87,8 @@ int main(int argc, char **argv) {
 "#;
 
 #[cfg(target_arch = "x86_64")]
-#[test]
+#[dcpi_testkit::test(perf)]
 fn jit_code_in_anonymous_memory_is_attributed_with_its_perf_map_symbols() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let jit = cc(sb.dir.path(), "jitter", JIT_C);
     let host = "e2e-resolve-jit";
@@ -127,11 +124,8 @@ fn jit_code_in_anonymous_memory_is_attributed_with_its_perf_map_symbols() {
     }
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn short_lived_processes_resolve_and_unknowns_stay_rare() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let prog = cc(
         sb.dir.path(),
@@ -307,11 +301,8 @@ int main(int argc, char **argv) {
 }
 "#;
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn churn_of_500_processes_per_second_resolves_to_their_binaries() {
-    if !require_perf() {
-        return;
-    }
     // The rate is the machine's, not dcpid's: when the parallel tests leave too little CPU for
     // 500 exec/s, the proof is run again (each run's attributions are checked all the same).
     let mut rates = Vec::new();
@@ -451,11 +442,8 @@ int main(int argc, char **argv) {
 }
 "#;
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn pid_reused_by_another_program_keeps_counts_apart() {
-    if !require_perf() {
-        return;
-    }
     const PERIOD_MS: f64 = 1.0;
     let sb = Sandbox::new();
     let dir = sb.dir.path();
@@ -481,10 +469,7 @@ fn pid_reused_by_another_program_keeps_counts_apart() {
     let out = Command::new(&reuse).arg(&a.0).arg(&b.0).arg("300").output().expect("run reuse");
     if out.status.code() == Some(5) {
         // Choosing a pid needs CAP_SYS_ADMIN in the pid namespace.
-        let why = "clone3 with set_tid refused (EPERM)";
-        assert!(std::env::var_os("DCPI_REQUIRE_PERF").is_none_or(|v| v != "1"), "{why}");
-        eprintln!("SKIPPED: {why}");
-        return;
+        dcpi_testkit::skip!("clone3 with set_tid refused (EPERM)");
     }
     assert!(out.status.success(), "reuse: {out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -509,11 +494,6 @@ fn pid_reused_by_another_program_keeps_counts_apart() {
     }
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// The `[anon]` profiles of `host` that carry the JIT program's `jit_spin_loop` at `base`.
 fn jit_profiles(db: &Path, host: &str, base: u64) -> Vec<Profile> {
     all_profiles(db, host)
@@ -529,16 +509,8 @@ fn jit_profiles(db: &Path, host: &str, base: u64) -> Vec<Profile> {
 /// perf map (as `runuser`/`setpriv` or a service manager do): the map's owner is checked
 /// against its uid when the map is read, not the uid it inherited at fork.
 #[cfg(target_arch = "x86_64")]
-#[test]
+#[dcpi_testkit::test(perf, root, tool("setpriv"))]
 fn jit_map_of_a_process_that_changed_its_uid_is_read() {
-    if !require_perf() {
-        return;
-    }
-    let setpriv = Command::new("setpriv").arg("--version").output();
-    if !is_root() || setpriv.is_err() {
-        eprintln!("SKIPPED: needs root and setpriv to run the JIT program as uid 65534");
-        return;
-    }
     let sb = Sandbox::new();
     // uid 65534 must be able to run the program from the sandbox.
     let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
@@ -599,11 +571,8 @@ fn jit_map_of_a_process_that_changed_its_uid_is_read() {
 /// A perf map with more symbols than `--perf-map-max-entries`: the first ones are kept, and
 /// status counts the cut.
 #[cfg(target_arch = "x86_64")]
-#[test]
+#[dcpi_testkit::test(perf)]
 fn huge_jit_map_is_bounded_and_counted_in_status() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let jit = cc(sb.dir.path(), "jitter", JIT_C);
     let host = "e2e-resolve-jit-big";

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use dcpi_e2e::{require_perf, run, Sandbox};
+use dcpi_e2e::{run, Sandbox};
 
 fn spin(d: Duration) -> u64 {
     let t = Instant::now();
@@ -15,23 +15,17 @@ fn spin(d: Duration) -> u64 {
     x
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn probe_describes_what_can_be_sampled() {
     let out = run("dcpid", &["--probe"]);
-    if !require_perf() {
-        return;
-    }
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("cpu-clock"), "{text}");
     assert!(text.contains("online CPUs"), "{text}");
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn daemon_samples_every_online_cpu_with_the_requested_event() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let mut d = sb.start_daemon("sampling-e2e", &["--events", "cpu-clock:500000"]);
     let hs: Vec<_> =

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dcpi_e2e::{bin, require_perf, Daemon, Sandbox};
+use dcpi_e2e::{bin, Daemon, Sandbox};
 use profile_format::{Database, EpochId, Profile};
 
 /// Keep one CPU busy while the guard lives, so that there are samples to count.
@@ -68,11 +68,8 @@ fn ok_stdout(d: &Daemon, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn status_json_has_the_documented_fields() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let mut d = sb.start_daemon("h1", &["-e", "cpu-clock", "--flush-interval", "500ms"]);
     let _busy = spin();
@@ -204,11 +201,8 @@ fn status_json_has_the_documented_fields() {
     assert!(st.success(), "{err}");
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn epoch_new_separates_data() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let mut d = sb.start_daemon("h1", &["-e", "cpu-clock", "--flush-interval", "500ms"]);
     let _busy = spin();
@@ -227,11 +221,8 @@ fn epoch_new_separates_data() {
     assert!(epoch_total(&sb.db(), &e2, "h1") > 0, "new data lands in the new epoch");
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn kill9_loses_at_most_a_few_seconds_and_restart_merges_once() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let args = ["-e", "cpu-clock", "--flush-interval", "1s", "--publish-interval", "3s"];
     let _busy = spin();
@@ -307,11 +298,8 @@ fn start_other(sb: &Sandbox, host: &str) -> (Daemon, std::path::PathBuf) {
     (d, sock)
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn second_host_on_shared_db_follows_new_epoch() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let mut a = sb.start_daemon("hosta", &["-e", "cpu-clock", "--flush-interval", "500ms"]);
     let (mut b, _) = start_other(&sb, "hostb");
@@ -348,11 +336,8 @@ fn second_host_on_shared_db_follows_new_epoch() {
     assert!(epoch_total(&sb.db(), &e2, "hostb") > 0);
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn bad_control_clients_do_not_stall_sampling() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let d = sb.start_daemon("h1", &["-e", "cpu-clock", "--flush-interval", "500ms"]);
     let _busy = spin();
@@ -419,11 +404,8 @@ fn bad_arguments_and_config_are_named() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/x.sock"));
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn host_summary_records_events_cpus_and_counter_times() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let mut d =
         sb.start_daemon("hs", &["-e", "cpu-clock,page-faults", "--flush-interval", "500ms"]);
@@ -505,11 +487,8 @@ fn write_config(path: &Path, sb: &Sandbox, extra: &str) {
     std::fs::write(path, text).expect("write config");
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn reload_applies_live_settings_and_survives_a_bad_file() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let cfg = sb.dir.path().join("dcpid.toml");
     write_config(&cfg, &sb, "flush_interval = \"2s\"\nretention_days = 7\n");
@@ -655,11 +634,8 @@ fn bad_configuration_exits_2_naming_file_line_and_reason() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--duration"));
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn duration_accepts_plain_seconds() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let args = sb.daemon_args("dur");
     let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -672,23 +648,17 @@ fn duration_accepts_plain_seconds() {
     assert!(host_total(&sb.db(), "dur") > 0, "the run published its samples");
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-#[test]
+#[dcpi_testkit::test(root, tool("setpriv"))]
 fn sampling_not_permitted_is_one_clear_message_and_exit_2() {
     let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(2);
-    if !is_root() || paranoid <= 0 || Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!(
-            "SKIPPED: needs root and setpriv to run dcpid as an unprivileged user, and \
-             kernel.perf_event_paranoid >= 1 (is {paranoid})"
+    if paranoid <= 0 {
+        dcpi_testkit::skip!(
+            "needs kernel.perf_event_paranoid >= 1 (is {paranoid}) to run dcpid unprivileged \
+             without perf"
         );
-        return;
     }
     let dir = tempfile::Builder::new().prefix("dcpi-noperm").tempdir().unwrap();
     let root = dir.path();
@@ -825,11 +795,8 @@ fn samples_of(per_image: &std::collections::HashMap<Vec<u8>, u64>, exe: &Path) -
     per_image.get(exe.as_os_str().as_bytes()).copied().unwrap_or(0)
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn crash_loop_kill9_while_flushing_keeps_files_readable_and_counts_once() {
-    if !require_perf() {
-        return;
-    }
     let t0 = Instant::now();
     let sb = Sandbox::new();
     const ROUNDS: usize = 50;
@@ -926,7 +893,7 @@ struct Tmpfs(std::path::PathBuf);
 
 impl Tmpfs {
     /// Mount a tmpfs of `size` at `dir`; `None` (after printing why) where mounting is not
-    /// permitted, unless DCPI_REQUIRE_MOUNT=1.
+    /// permitted, unless DCPI_REQUIRE_ALL=1.
     fn mount(dir: &Path, size: &str) -> Option<Self> {
         std::fs::create_dir_all(dir).unwrap();
         let out = Command::new("mount")
@@ -940,10 +907,7 @@ impl Tmpfs {
                     Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
                     Err(e) => e.to_string(),
                 };
-                if std::env::var_os("DCPI_REQUIRE_MOUNT").is_some_and(|v| v == "1") {
-                    panic!("mount is required (DCPI_REQUIRE_MOUNT=1) but failed: {why}");
-                }
-                eprintln!("SKIPPED: cannot mount a tmpfs: {why}");
+                dcpi_testkit::skipped(format_args!("cannot mount a tmpfs: {why}"));
                 None
             }
         }
@@ -970,11 +934,8 @@ fn fill(path: &Path) {
     while f.write_all(&[0]).is_ok() {}
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn disk_full_daemon_survives_and_writes_once_space_is_back() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let mnt = sb.dir.path().join("small");
     let Some(_tmpfs) = Tmpfs::mount(&mnt, "4m") else { return };

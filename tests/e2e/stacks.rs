@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use dcpi_e2e::{require_perf, Sandbox};
+use dcpi_e2e::Sandbox;
 
 /// hot() does all the work; via_a gives it 3 units per round and via_b 2: a 60/40 split.
 const CALLERS_C: &str = include_str!("callers.c");
@@ -39,11 +39,8 @@ fn json(out: std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("JSON report")
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let dir = sb.dir.path();
     let bin = build_workload(dir, "callers", CALLERS_C);
@@ -197,11 +194,8 @@ fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
 /// A machine whose stacks are nearly all distinct (compilers) fills a CPU's stack table well
 /// within one flush interval. The table then asks for an early flush, and the stacks are kept:
 /// before, a table kept two intervals' stacks and lost about 40 % of this workload's.
-#[test]
+#[dcpi_testkit::test(perf)]
 fn distinct_stacks_beyond_a_table_flush_early_and_are_kept() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let dir = sb.dir.path();
     let bin = build_workload(dir, "distinct", DISTINCT_STACKS_C);

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dcpi_e2e::{bin, require_perf, Sandbox};
+use dcpi_e2e::{bin, Sandbox};
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -68,8 +68,7 @@ fn read_only_spool_directory_exits_2_naming_it() {
     // Root writes into a 0555 directory anyway: run dcpid as `nobody` then.
     let setpriv = Command::new("setpriv").arg("--version").stdout(Stdio::null()).status();
     if is_root() && setpriv.is_err() {
-        eprintln!("SKIPPED: as root, needs setpriv to run dcpid as an unprivileged user");
-        return;
+        dcpi_testkit::skip!("as root, needs setpriv to run dcpid as an unprivileged user");
     }
     let dir = tempfile::Builder::new().prefix("dcpi-ro").tempdir().unwrap();
     let root = dir.path();
@@ -146,7 +145,7 @@ fn failed_start_leaves_no_directories_behind() {
     a[i + 1] = sb.dir.path().join("state/dcpid/spool").display().to_string();
     let out = dcpid(&a);
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
-    if require_perf() {
+    if dcpi_testkit::has(&dcpi_testkit::Req::Perf) {
         // (Without perf the start fails earlier, for that reason; nothing is left either way.)
         assert_exit_2(&out, &["plain-file/db", "not writable"]);
     }
@@ -166,11 +165,8 @@ fn socket_path_naming_a_regular_file_is_kept() {
     assert!(!sb.spool().exists() && !sb.db().exists());
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn duration_run_that_cannot_publish_exits_non_zero() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let mut a = sb.daemon_args("np");
     a.extend(["-e".into(), "cpu-clock".into(), "--duration".into(), "10".into()]);
@@ -210,11 +206,8 @@ fn proc_state(pid: u32) -> Option<char> {
 /// reaped (as under a stopped supervisor or a container's PID 1 that does not reap): a zombie
 /// with its /proc entry and start time. The next dcpid takes the lease over and runs (before
 /// the fix it was refused with exit 2 for as long as the zombie lived).
-#[test]
+#[dcpi_testkit::test(perf)]
 fn refused_start_reports_no_thread_death_and_a_zombie_loses_its_lease() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let host = "e2e-zombie";
     let mut first = sb.start_daemon(host, &["-e", "cpu-clock"]);

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dcpi_e2e::{bin, require_perf, Daemon, Sandbox};
+use dcpi_e2e::{bin, Daemon, Sandbox};
 use profile_format::Database;
 
 /// Wait until `f` holds (polling every 100 ms), at most `secs`.
@@ -74,11 +74,8 @@ fn terminate_bounded(d: &mut Daemon, secs: u64) -> (std::process::ExitStatus, St
     }
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn hostile_profiles_in_own_host_dir_are_set_aside_and_flush_and_sigterm_still_work() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let mut d = sb.start_daemon("h1", &["-e", "cpu-clock", "--flush-interval", "500ms"]);
     let dir = host_dir(&sb.db(), "h1");
@@ -127,11 +124,8 @@ fn hostile_profiles_in_own_host_dir_are_set_aside_and_flush_and_sigterm_still_wo
     assert!(out.status.success(), "dcpiprof: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn second_daemon_on_the_same_host_name_exits_2_naming_the_first_until_it_dies() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let mut first = sb.start_daemon("web1.dc1", &["-e", "cpu-clock"]);
     let first_pid = first.pid();
@@ -237,11 +231,8 @@ fn host_total(db: &Path, host: &str) -> u64 {
     n
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn hung_database_keeps_sampling_status_and_stop_and_loses_no_sample() {
-    if !require_perf() {
-        return;
-    }
     dcpi_e2e::require_fault_injection();
     let sb = Sandbox::new();
     let trigger = sb.dir.path().join("hang-the-database");
@@ -336,12 +327,9 @@ fn stopped_dropped(log: &str) -> u64 {
         .unwrap_or_else(|| panic!("no dropped= in {line:?}"))
 }
 
-/// A test that cannot run here: say so, or fail where it must run (`DCPI_REQUIRE_PERF=1`).
+/// A test that cannot run here: say so, or fail where it must run (`DCPI_REQUIRE_ALL=1`).
 fn skip(why: &str) {
-    if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
-        panic!("cannot run (DCPI_REQUIRE_PERF=1): {why}");
-    }
-    eprintln!("SKIPPED: {why}");
+    dcpi_testkit::skipped(format_args!("{why}"));
 }
 
 /// A tmpfs mounted on a directory while it lives (root only).
@@ -430,11 +418,8 @@ fn assert_no_empty_segment(dir: &Path) {
     }
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn full_spool_publishes_straight_to_the_database_and_loses_nothing() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let spool = sb.dir.path().join("spool");
     let log_dir = spool.join("h1");
@@ -466,11 +451,8 @@ fn full_spool_publishes_straight_to_the_database_and_loses_nothing() {
     assert!(!err.contains("set aside"), "{err}");
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn full_spool_and_full_database_count_what_they_drop_and_exit_non_zero() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let spool = sb.dir.path().join("spool");
     let log_dir = spool.join("h1");

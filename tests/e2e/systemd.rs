@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use dcpi_e2e::{bin, require_perf, Sandbox};
+use dcpi_e2e::{bin, Sandbox};
 
 use crate::{install_root, repo_root};
 
@@ -30,7 +30,7 @@ fn systemd_analyze() -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
-        eprintln!("SKIPPED: /usr/bin/systemd-analyze is not installed");
+        dcpi_testkit::skipped(format_args!("/usr/bin/systemd-analyze is not installed"));
         None
     }
 }
@@ -165,8 +165,8 @@ fn default_config_is_accepted_and_a_broken_one_is_rejected() {
     assert!(err.contains("broken.toml"), "error does not name the file: {err}");
     assert!(err.contains("flush_interval"), "error does not name the field: {err}");
 
-    if !require_perf() {
-        return;
+    if let Err(why) = dcpi_testkit::Req::Perf.check() {
+        dcpi_testkit::skip!("the run with the shipped config needs perf_event_open: {why}");
     }
     // The shipped file, with the sandbox's paths on top (the command line wins).
     let sb = Sandbox::new();
@@ -275,11 +275,8 @@ impl Drop for KillOnDrop {
     }
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn sd_notify_ready_watchdog_status_stopping() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let listener = NotifyListener::new();
     let start = Instant::now();
@@ -326,11 +323,8 @@ fn sd_notify_ready_watchdog_status_stopping() {
     assert!(status.success(), "dcpid exited with {status} after SIGTERM");
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn sd_notify_watchdog_stops_when_a_drain_thread_stalls() {
-    if !require_perf() {
-        return;
-    }
     dcpi_e2e::require_fault_injection();
     let sb = Sandbox::new();
     let listener = NotifyListener::new();
@@ -363,12 +357,8 @@ fn sd_notify_watchdog_stops_when_a_drain_thread_stalls() {
     );
 }
 
-#[test]
+#[dcpi_testkit::test(tool("make"))]
 fn make_install_places_every_file_and_uninstall_removes_them() {
-    if Command::new("make").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: make is not installed");
-        return;
-    }
     let root = repo_root();
     let dest = install_root();
     let gen = tempfile::tempdir().expect("tempdir");
@@ -504,17 +494,8 @@ pub(crate) fn unique_busy_binary(dir: &Path) -> Option<(String, String)> {
 /// symbol addresses (CAP_SYSLOG) and identifies by build-id a binary of another user that was
 /// already running when it started (maps + map_files: CAP_SYS_PTRACE, CAP_CHECKPOINT_RESTORE,
 /// CAP_DAC_READ_SEARCH). Without CAP_PERFMON it cannot sample at all.
-#[test]
+#[dcpi_testkit::test(perf, root, tool("setpriv"))]
 fn unit_capabilities_suffice_for_an_unprivileged_daemon() {
-    if !require_perf() {
-        return;
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || Command::new("setpriv").arg("--version").output().is_err()
-    {
-        eprintln!("SKIPPED: needs root and setpriv(1) to run dcpid as nobody with chosen caps");
-        return;
-    }
     let sb = Sandbox::new();
     // nobody must be able to write the sandbox.
     std::fs::set_permissions(sb.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
@@ -574,8 +555,7 @@ fn unit_capabilities_suffice_for_an_unprivileged_daemon() {
 fn sysusers_and_tmpfiles_entries_apply() {
     for tool in ["/usr/bin/systemd-sysusers", "/usr/bin/systemd-tmpfiles"] {
         if !Path::new(tool).exists() {
-            eprintln!("SKIPPED: {tool} is not installed");
-            return;
+            dcpi_testkit::skip!("{tool} is not installed");
         }
     }
     let root = tempfile::tempdir().expect("tempdir");
@@ -613,17 +593,8 @@ fn sysusers_and_tmpfiles_entries_apply() {
 /// Every capability the unit keeps is needed: dropping any one of them loses something the
 /// unprivileged daemon otherwise gets (kernel symbol addresses, or the build-id of another
 /// user's binary found through /proc).
-#[test]
+#[dcpi_testkit::test(perf, root, tool("setpriv"))]
 fn each_unit_capability_is_needed() {
-    if !require_perf() {
-        return;
-    }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 || Command::new("setpriv").arg("--version").output().is_err()
-    {
-        eprintln!("SKIPPED: needs root and setpriv(1) to run dcpid as nobody with chosen caps");
-        return;
-    }
     let bins = tempfile::tempdir().expect("tempdir");
     let Some((busy_bin, build_id)) = unique_busy_binary(bins.path()) else {
         panic!("cc could not build the busy-loop program this test needs");
@@ -690,16 +661,9 @@ fn expand_syscalls(sa: &Path, item: &str, out: &mut std::collections::BTreeSet<S
 
 /// The unit's SystemCallFilter= allows every system call dcpid makes (traced with strace over
 /// a run with control requests), except those whose EPERM dcpid handles on purpose.
-#[test]
+#[dcpi_testkit::test(perf, tool("strace"))]
 fn unit_syscall_filter_allows_what_dcpid_uses() {
     let Some(sa) = systemd_analyze() else { return };
-    if Command::new("strace").arg("-V").output().is_err() {
-        eprintln!("SKIPPED: strace is not installed");
-        return;
-    }
-    if !require_perf() {
-        return;
-    }
     // The allowed set, applying the unit's SystemCallFilter= lines in order (the first one is
     // an allow-list; later `~` lines remove, plain lines add).
     let unit = std::fs::read_to_string(repo_root().join("systemd/dcpid.service")).expect("unit");
@@ -724,8 +688,7 @@ fn unit_syscall_filter_allows_what_dcpid_uses() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 || Command::new("setpriv").arg("--version").output().is_err()
     {
-        eprintln!("SKIPPED: needs root and setpriv(1) to run dcpid as the unit does");
-        return;
+        dcpi_testkit::skip!("needs root and setpriv(1) to run dcpid as the unit does");
     }
     // Run as the unit does: a non-root user with the unit's capabilities (as root, SQLite for
     // one also fchowns its journal files, which the unit never lets it do).
@@ -805,12 +768,8 @@ fn unit_syscall_filter_allows_what_dcpid_uses() {
 ///
 /// The release build goes to its own target directory under CARGO_TARGET_TMPDIR, so that it
 /// never overwrites the `target/release/dcpid` of a developer's `make`, and later runs reuse it.
-#[test]
+#[dcpi_testkit::test(tool("make"))]
 fn installed_release_dcpid_ignores_fault_variables() {
-    if Command::new("make").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: make is not installed");
-        return;
-    }
     // The probe means something: the debug dcpid of this suite does obey the variable.
     dcpi_e2e::require_fault_injection();
     let root = repo_root();
@@ -877,7 +836,7 @@ fn installed_release_dcpid_ignores_fault_variables() {
     );
     // Without perf the run fails to start (for that reason, not the variable); with perf it
     // runs its 1 ms and exits 0.
-    if require_perf() {
+    if dcpi_testkit::Req::Perf.check().is_ok() {
         assert!(out.status.success(), "installed dcpid failed: {}\n{stderr}", out.status);
     }
 }

@@ -12,11 +12,12 @@
 //! (PR_SET_PDEATHSIG). The tests share one `dcpid.service`, so they take turns (a mutex) and
 //! each leaves the service stopped with the shipped unit and configuration.
 //!
-//! Where the machine cannot boot the container (not root, no systemd-nspawn or debootstrap, no
-//! Debian mirror, a kernel or cgroup setup nspawn refuses), each test prints `SKIPPED:` and the
-//! reason; with `DCPI_REQUIRE_CONTAINER=1` (set by .ci/run, whose machines boot it) it panics
-//! instead. Variables: `DCPI_CT_SUITE` (Debian suite; default: the host's codename on Debian,
-//! else bookworm: the binaries under test must run with the container's libc),
+//! Without perf, root or a tool it needs (systemd-nspawn, debootstrap, nsenter, make), each test
+//! is listed as ignored with the reason (`#[dcpi_testkit::test]`). Where the container still
+//! cannot boot (no Debian mirror, a kernel or cgroup setup nspawn refuses), each test prints
+//! `SKIPPED:` and the reason; with `DCPI_REQUIRE_ALL=1` (set by .ci/run, whose machines boot it)
+//! both fail instead. Variables: `DCPI_CT_SUITE` (Debian suite; default: the host's codename on
+//! Debian, else bookworm: the binaries under test must run with the container's libc),
 //! `DCPI_CT_MIRROR` (debootstrap's mirror; default: debootstrap's own).
 
 use std::collections::BTreeMap;
@@ -26,7 +27,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use dcpi_e2e::{bin, require_fault_injection, require_perf};
+use dcpi_e2e::{bin, require_fault_injection};
 use profile_format::{Database, Profile};
 
 use crate::repo_root;
@@ -62,18 +63,13 @@ static NSPAWN: Mutex<Option<Child>> = Mutex::new(None);
 /// The tests share one dcpid.service: one at a time.
 static SERVICE: Mutex<()> = Mutex::new(());
 
-/// The booted container, or None (after printing `SKIPPED: reason`) where it cannot boot.
+/// The booted container, or None (after `dcpi_testkit::skipped`: prints `SKIPPED: reason`, or
+/// panics under `DCPI_REQUIRE_ALL=1`) where it cannot boot.
 fn container() -> Option<&'static Container> {
-    if !require_perf() {
-        return None;
-    }
     match CONTAINER.get_or_init(boot) {
         Ok(c) => Some(c),
         Err(why) => {
-            if std::env::var_os("DCPI_REQUIRE_CONTAINER").is_some_and(|v| v == "1") {
-                panic!("a systemd container is required (DCPI_REQUIRE_CONTAINER=1): {why}");
-            }
-            eprintln!("SKIPPED: cannot boot a systemd container here: {why}");
+            dcpi_testkit::skipped(format_args!("cannot boot a systemd container here: {why}"));
             None
         }
     }
@@ -522,7 +518,14 @@ fn position(msgs: &[String], needle: &str) -> Option<usize> {
 /// sampling: at that instant the unit is active and the daemon has samples, and its journal
 /// shows sampling start before systemd's "Started". A daemon that cannot sample (the unit
 /// without CAP_PERFMON) never becomes active: the start fails, naming the reason.
-#[test]
+#[dcpi_testkit::test(
+    perf,
+    root,
+    tool("systemd-nspawn"),
+    tool("debootstrap"),
+    tool("nsenter"),
+    tool("make")
+)]
 fn start_is_active_only_once_sampling() {
     let Some(ct) = container() else { return };
     let _svc = ct.service();
@@ -593,7 +596,14 @@ fn start_is_active_only_once_sampling() {
 /// A drain thread that stops draining stops the keep-alives: systemd's watchdog kills dcpid
 /// and `Restart=on-failure` starts it again, sampling. (WatchdogSec is shortened to 10 s by a
 /// drop-in, to keep the test short; the mechanism is the shipped unit's.)
-#[test]
+#[dcpi_testkit::test(
+    perf,
+    root,
+    tool("systemd-nspawn"),
+    tool("debootstrap"),
+    tool("nsenter"),
+    tool("make")
+)]
 fn watchdog_restarts_the_service_when_a_drain_thread_stalls() {
     let Some(ct) = container() else { return };
     require_fault_injection();
@@ -629,7 +639,14 @@ fn watchdog_restarts_the_service_when_a_drain_thread_stalls() {
 
 /// `systemctl reload` (ExecReload: SIGHUP) applies a reloadable key in the running process and
 /// reports a key that needs a restart, keeping its running value.
-#[test]
+#[dcpi_testkit::test(
+    perf,
+    root,
+    tool("systemd-nspawn"),
+    tool("debootstrap"),
+    tool("nsenter"),
+    tool("make")
+)]
 fn systemctl_reload_applies_a_reloadable_key() {
     let Some(ct) = container() else { return };
     let _svc = ct.service();
@@ -668,7 +685,14 @@ fn systemctl_reload_applies_a_reloadable_key() {
 /// `systemctl stop` (SIGTERM) publishes everything: with the shipped publish_interval (5 min)
 /// nothing of a short run is published before the stop, and after it the database holds
 /// exactly the samples dcpid's closing log line counts.
-#[test]
+#[dcpi_testkit::test(
+    perf,
+    root,
+    tool("systemd-nspawn"),
+    tool("debootstrap"),
+    tool("nsenter"),
+    tool("make")
+)]
 fn systemctl_stop_publishes_everything() {
     let Some(ct) = container() else { return };
     let _svc = ct.service();
@@ -745,7 +769,14 @@ fn cap_bit(name: &str) -> u32 {
 /// sandboxing — samples, records kernel symbol addresses and identifies by build-id the binary
 /// of a root process that was running before it started (so only the /proc scan, through
 /// map_files, can have found it).
-#[test]
+#[dcpi_testkit::test(
+    perf,
+    root,
+    tool("systemd-nspawn"),
+    tool("debootstrap"),
+    tool("nsenter"),
+    tool("make")
+)]
 fn unit_runs_unprivileged_with_exactly_its_capabilities_and_sees_everything() {
     let Some(ct) = container() else { return };
     let _svc = ct.service();

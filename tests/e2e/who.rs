@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use dcpi_e2e::{require_perf, Daemon, Sandbox};
+use dcpi_e2e::{Daemon, Sandbox};
 
 /// `dcpictl flush`, then the per-image JSON report (with `extra` arguments), until `done`
 /// accepts it or 60 s pass.
@@ -41,11 +41,8 @@ fn row<'a>(v: &'a serde_json::Value, key: &str, name: &str) -> Option<&'a serde_
 
 /// The idle task's samples are their own `[idle]` row (not the kernel's), the report says
 /// that its percentages include idle, and `--no-idle` removes the row.
-#[test]
+#[dcpi_testkit::test(perf)]
 fn idle_task_is_its_own_image_and_no_idle_removes_it() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let host = "e2e-idle";
     let d = sb.start_daemon(host, &["--events", "cpu-clock:1000000", "--flush-interval", "1s"]);
@@ -164,20 +161,15 @@ impl Drop for Group {
 /// Two busy programs in two cgroup v2 groups, one using twice the CPU time of the other:
 /// `--by cgroup` splits their samples 2:1 (within 20 %), `--by command` names both, and the
 /// filters select one of them.
-#[test]
+#[dcpi_testkit::test(perf)]
 fn two_cgroups_split_two_to_one_and_commands_are_named() {
-    if !require_perf() {
-        return;
-    }
     let Some(root) = cgroup2_root() else {
-        eprintln!("SKIPPED: no cgroup v2 hierarchy mounted");
-        return;
+        dcpi_testkit::skip!("no cgroup v2 hierarchy mounted");
     };
     let tag = format!("dcpi-e2e-who-{}", std::process::id());
     let (a, b) = (root.join(format!("{tag}-a")), root.join(format!("{tag}-b")));
     if let Err(e) = std::fs::create_dir(&a) {
-        eprintln!("SKIPPED: cannot create a cgroup under {}: {e}", root.display());
-        return;
+        dcpi_testkit::skip!("cannot create a cgroup under {}: {e}", root.display());
     }
     let ga = Group(a.clone());
     std::fs::create_dir(&b).expect("second cgroup");
@@ -281,11 +273,8 @@ int main(void) { pthread_t t; pthread_create(&t, 0, run, 0); run(0); return 0; }
 "#;
 
 /// `dcpictl top --once --format json` lists a running busy program first, with its function.
-#[test]
+#[dcpi_testkit::test(perf)]
 fn top_lists_a_busy_program_first() {
-    if !require_perf() {
-        return;
-    }
     let sb = Sandbox::new();
     let src = sb.dir.path().join("topspin.c");
     std::fs::write(&src, TOP_SPIN_C).expect("write source");
@@ -340,18 +329,14 @@ fn pid_of(comm: &str) -> Option<u32> {
 /// tmpfs mounted only in that namespace: its samples carry its host pid and its image (found
 /// through /proc/PID/map_files, with its build-id), and `dcpictl top` names its function
 /// (binary read through /proc/PID/root).
-#[test]
+#[dcpi_testkit::test(perf)]
 fn a_process_in_other_namespaces_is_reported_with_its_host_pid() {
-    if !require_perf() {
-        return;
-    }
     let ok = std::process::Command::new("unshare")
         .args(["--pid", "--mount", "--fork", "true"])
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("SKIPPED: unshare --pid --mount --fork is not permitted here");
-        return;
+        dcpi_testkit::skip!("unshare --pid --mount --fork is not permitted here");
     }
     let sb = Sandbox::new();
     let src = sb.dir.path().join("spin.c");
@@ -456,20 +441,15 @@ fn sym_samples(v: &serde_json::Value, sym: &str) -> u64 {
 /// samples (its function, not B's; as many as the who table gives A, within 5 %), B's pid gives
 /// B's, and `--cgroup` does the same per group. (Without by_pid the report is an error: see
 /// `idle_task_is_its_own_image_and_no_idle_removes_it`.)
-#[test]
+#[dcpi_testkit::test(perf)]
 fn per_process_and_per_cgroup_profiles_split_one_binary() {
-    if !require_perf() {
-        return;
-    }
     let Some(root) = cgroup2_root() else {
-        eprintln!("SKIPPED: no cgroup v2 hierarchy mounted");
-        return;
+        dcpi_testkit::skip!("no cgroup v2 hierarchy mounted");
     };
     let tag = format!("dcpi-e2e-whoprof-{}", std::process::id());
     let (a, b) = (root.join(format!("{tag}-a")), root.join(format!("{tag}-b")));
     if let Err(e) = std::fs::create_dir(&a) {
-        eprintln!("SKIPPED: cannot create a cgroup under {}: {e}", root.display());
-        return;
+        dcpi_testkit::skip!("cannot create a cgroup under {}: {e}", root.display());
     }
     let ga = Group(a.clone());
     std::fs::create_dir(&b).expect("second cgroup");

@@ -1,7 +1,7 @@
 //! `dcpiprof --format folded|pprof|svg|html` on databases built with the profile-format API and
 //! a C program compiled at test time, checked with the tools users will open them with:
 //! `go tool pprof` (Debian golang-go) and headless Chromium. Without those tools the tests
-//! skip with the reason, and fail under DCPI_REQUIRE_PERF=1 (`.ci/run` installs them).
+//! skip with the reason, and fail under DCPI_REQUIRE_ALL=1 (`.ci/run` installs them).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -32,16 +32,13 @@ fn ok(o: Output, what: &str) -> Vec<u8> {
 }
 
 /// A tool the test needs: its path, or `None` after printing why the test is skipped (a panic
-/// under DCPI_REQUIRE_PERF=1, where CI must have installed it).
+/// under DCPI_REQUIRE_ALL=1, where CI must have installed it).
 fn tool(name: &str, package: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH")
         .and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()));
     if found.is_none() {
         let why = format!("{name} not installed (Debian package {package}; .ci/run installs it)");
-        if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
-            panic!("required under DCPI_REQUIRE_PERF=1: {why}");
-        }
-        eprintln!("SKIPPED: {why}");
+        dcpi_testkit::skipped(format_args!("{why}"));
     }
     found
 }
@@ -185,11 +182,8 @@ fn share(rows: &[(String, f64)], name: &str) -> f64 {
         .unwrap_or_else(|| panic!("{name} not in {rows:?}"))
 }
 
-#[test]
+#[dcpi_testkit::test(tool("go"))]
 fn pprof_export_loads_in_go_tool_pprof_with_dcpiprofs_shares() {
-    if tool("go", "golang-go").is_none() {
-        return;
-    }
     let t = TestDb::new();
     let p = build_prog(t.tmp());
     workload(&t, &p);
@@ -339,11 +333,8 @@ fn render_url(url: &str, home: &Path) -> String {
     dom
 }
 
-#[test]
+#[dcpi_testkit::test(tool("chromium"))]
 fn html_report_renders_offline_in_headless_chromium() {
-    if tool("chromium", "chromium").is_none() {
-        return;
-    }
     let t = TestDb::new();
     let p = build_prog(t.tmp());
     workload(&t, &p);
@@ -382,11 +373,8 @@ fn html_report_renders_offline_in_headless_chromium() {
     assert!(dom.contains(&p.path.display().to_string()), "no image row");
 }
 
-#[test]
+#[dcpi_testkit::test(tool("chromium"))]
 fn svg_flame_graph_is_searchable_and_zoomable_in_a_browser() {
-    if tool("chromium", "chromium").is_none() {
-        return;
-    }
     let t = TestDb::new();
     let p = build_prog(t.tmp());
     workload(&t, &p);

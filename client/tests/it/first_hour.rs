@@ -248,7 +248,9 @@ fn numbers_are_grouped_on_a_terminal_and_raw_in_pipes_json_and_csv() {
                 assert_eq!(l.find('/'), Some(col), "image column aligned: {tty}");
             }
         }
-        None => eprintln!("SKIPPED (terminal part): `script` cannot run a pseudo-terminal here"),
+        None => dcpi_testkit::skipped(format_args!(
+            "(terminal part) `script` cannot run a pseudo-terminal here"
+        )),
     }
 }
 
@@ -307,21 +309,9 @@ fn closed_pipe_ends_quietly_with_exit_0() {
 
 /// `dcpictl` as a user who may not connect to the socket: the message names the socket, its
 /// owner and group, and what to do.
-#[test]
+/// (Needs root: only root can switch to another user here.)
+#[dcpi_testkit::test(root, tool("setpriv"))]
 fn dcpictl_without_permission_names_the_socket_owner_and_group() {
-    // Only root can switch to another user here.
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(str::to_owned))
-        })
-        .unwrap_or_default();
-    if uid != "0" {
-        eprintln!("SKIPPED: needs root to run dcpictl as another user (euid {uid})");
-        return;
-    }
     let dir = tempfile::tempdir().expect("tempdir");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -341,12 +331,10 @@ fn dcpictl_without_permission_names_the_socket_owner_and_group() {
     let o = match o {
         Ok(o) if !String::from_utf8_lossy(&o.stderr).starts_with("setpriv:") => o,
         Ok(o) => {
-            eprintln!("SKIPPED: setpriv cannot switch users here: {}", stderr(&o));
-            return;
+            dcpi_testkit::skip!("setpriv cannot switch users here: {}", stderr(&o));
         }
         Err(e) => {
-            eprintln!("SKIPPED: setpriv not available: {e}");
-            return;
+            dcpi_testkit::skip!("setpriv not available: {e}");
         }
     };
     let e = stderr(&o);
@@ -418,8 +406,7 @@ fn stripped_library_report_says_only_dynsym_and_how_to_get_symbols() {
     match o {
         Ok(o) if o.status.success() => {}
         other => {
-            eprintln!("SKIPPED: no C compiler to build a test library: {other:?}");
-            return;
+            dcpi_testkit::skip!("no C compiler to build a test library: {other:?}");
         }
     }
     let lib = dir.join("libstripped.so.1");

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use dcpid::perf::{parse_event_list, Sampler, SamplerConfig};
 use dcpid::types::Sample;
-use sampler_support::{require_perf, spin_for, CollectSink};
+use sampler_support::{spin_for, CollectSink};
 
 /// A run: consecutive samples of one CPU stamped with the same period.
 #[derive(Debug)]
@@ -58,7 +58,7 @@ fn median(mut v: Vec<u64>) -> u64 {
     v.get(v.len() / 2).copied().unwrap_or(u64::MAX)
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn periods_are_drawn_from_the_window_and_redrawn_often() {
     let _ = periods_drawn_and_stamped(Duration::ZERO);
 }
@@ -66,7 +66,7 @@ fn periods_are_drawn_from_the_window_and_redrawn_often() {
 /// As the daemon runs: timed wake-ups re-arm every window but read the ring only every
 /// `read_every`, so several re-arms fall between two reads and each sample must still get the
 /// period in force at its time.
-#[test]
+#[dcpi_testkit::test(perf)]
 fn periods_are_stamped_right_when_reads_are_rarer_than_rearms() {
     let Some((drains, redraws, secs)) = periods_drawn_and_stamped(Duration::from_millis(500))
     else {
@@ -82,13 +82,10 @@ fn periods_are_stamped_right_when_reads_are_rarer_than_rearms() {
 }
 
 /// Returns the passes delivered per CPU, the re-arms per CPU and how long the sampler ran
-/// (None when perf is not permitted).
+/// (always `Some`: the callers' `#[dcpi_testkit::test(perf)]` checks perf).
 fn periods_drawn_and_stamped(
     read_every: Duration,
 ) -> Option<(BTreeMap<u32, usize>, Vec<u64>, f64)> {
-    if !require_perf() {
-        return None;
-    }
     const P: u64 = 4_000_000;
     const LO: u64 = P - P / 32;
     const HI: u64 = P + P / 32;
@@ -178,11 +175,8 @@ fn periods_drawn_and_stamped(
     Some((drains, redraws, secs))
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn slow_events_are_redrawn_every_second() {
-    if !require_perf() {
-        return;
-    }
     // 20 Hz with the default 1 s windows: re-armed less than 2 s apart (plus latency).
     const P: u64 = 50_000_000;
     let sink = Arc::new(CollectSink::default());

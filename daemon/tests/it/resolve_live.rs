@@ -13,19 +13,6 @@ use dcpid::resolve::{Resolver, ResolverConfig, ScanStats};
 use object::{Object, ObjectSegment, ObjectSymbol};
 use profile_format::{ImageId, ImageKind};
 
-fn require_perf() -> bool {
-    match dcpid::perf::probe() {
-        Ok(_) => true,
-        Err(e) => {
-            if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
-                panic!("perf_event_open is required (DCPI_REQUIRE_PERF=1) but unusable: {e}");
-            }
-            eprintln!("SKIPPED: perf_event_open not permitted: {e}");
-            false
-        }
-    }
-}
-
 const SPIN_C: &str = r#"
 #include <stdlib.h>
 #include <time.h>
@@ -186,11 +173,8 @@ fn assert_mostly_in(counts: &[(u64, u64)], range: (u64, u64), what: &str, batche
     );
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn new_process_is_resolved_with_build_id_and_file_offsets() {
-    if !require_perf() {
-        return;
-    }
     let dir = tempfile::tempdir().expect("tempdir");
     let prog = cc(
         dir.path(),
@@ -240,11 +224,8 @@ fn new_process_is_resolved_with_build_id_and_file_offsets() {
     }
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn dlopened_library_is_resolved_to_the_library() {
-    if !require_perf() {
-        return;
-    }
     let dir = tempfile::tempdir().expect("tempdir");
     let lib = cc(
         dir.path(),
@@ -270,11 +251,8 @@ fn dlopened_library_is_resolved_to_the_library() {
     assert!(in_loader < in_lib, "loader {in_loader} vs library {in_lib}");
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn binary_replaced_while_running_keeps_its_own_identity() {
-    if !require_perf() {
-        return;
-    }
     let dir = tempfile::tempdir().expect("tempdir");
     let prog = cc(
         dir.path(),
@@ -312,11 +290,8 @@ fn binary_replaced_while_running_keeps_its_own_identity() {
     );
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn binary_deleted_while_running_keeps_its_own_identity() {
-    if !require_perf() {
-        return;
-    }
     let dir = tempfile::tempdir().expect("tempdir");
     let build = |name: &str, variant: u32| {
         let spin_c = format!("{name}_spin.c");

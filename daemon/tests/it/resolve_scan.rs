@@ -316,19 +316,10 @@ fn real_proc_scan_resolves_own_code_and_tolerates_pid1_and_exiting_processes() {
     assert!(json.contains("identity_cache_hits"), "{json}");
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// The perf map's owner is checked against the process's uid when the map is read: a process
 /// scanned (or forked) as root that then became uid 65534 and wrote its map is accepted.
-#[test]
+#[dcpi_testkit::test(root)]
 fn perf_map_owner_is_checked_against_the_current_uid() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root to give the perf map to another user");
-        return;
-    }
     let f = fake();
     let proc42 = f.dir.path().join("proc/42");
     let map = f.dir.path().join("tmp/perf-42.map");
@@ -375,12 +366,8 @@ fn perf_map_reads_are_bounded_and_counted() {
 /// reading it as root, would publish the secret's lines as symbol names. Also a symlink and a
 /// FIFO (which must not block the resolver). Then the process's own file is read, so the
 /// refusals are not an accident of the setup.
-#[test]
+#[dcpi_testkit::test(root)]
 fn perf_map_must_be_the_process_own_single_link_regular_file() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root to own the secret and give a map to uid 65534");
-        return;
-    }
     let f = fake();
     let proc42 = f.dir.path().join("proc/42");
     let map = f.dir.path().join("tmp/perf-42.map");

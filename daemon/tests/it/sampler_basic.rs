@@ -7,17 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dcpid::perf::{parse_event_list, EventSource, Sampler, SamplerConfig, SamplerError};
-use sampler_support::{require_perf, spin_for, CollectSink};
+use sampler_support::{spin_for, CollectSink};
 
 fn has_pmu() -> bool {
     dcpid::perf::probe().is_ok_and(|s| s.contains("hardware PMU available"))
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn cpu_clock_samples_arrive_with_sane_fields() {
-    if !require_perf() {
-        return;
-    }
     let sink = Arc::new(CollectSink::default());
     let cfg = SamplerConfig {
         events: parse_event_list("cpu-clock:1000000").unwrap(),
@@ -89,11 +86,8 @@ fn no_pmu_config() -> SamplerConfig {
     }
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn auto_falls_back_to_cpu_clock_without_pmu() {
-    if !require_perf() {
-        return;
-    }
     let sink = Arc::new(CollectSink::default());
     let sampler =
         Sampler::start(&no_pmu_config(), Arc::<CollectSink>::clone(&sink)).expect("start auto");
@@ -111,15 +105,8 @@ fn auto_falls_back_to_cpu_clock_without_pmu() {
     assert!(samples.len() > 50, "fallback cpu-clock produced {} samples", samples.len());
 }
 
-#[test]
+#[dcpi_testkit::test(perf, pmu)]
 fn auto_uses_cycles_when_there_is_a_pmu() {
-    if !require_perf() {
-        return;
-    }
-    if !has_pmu() {
-        eprintln!("SKIPPED: no hardware PMU here");
-        return;
-    }
     let sink = Arc::new(CollectSink::default());
     let sampler = Sampler::start(&SamplerConfig::default(), Arc::<CollectSink>::clone(&sink))
         .expect("start auto");
@@ -132,11 +119,8 @@ fn auto_uses_cycles_when_there_is_a_pmu() {
     assert!(sink.take_samples().len() > 50);
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn explicit_hardware_event_fails_with_its_name_and_errno() {
-    if !require_perf() {
-        return;
-    }
     let sink = Arc::new(CollectSink::default());
     let cfg = SamplerConfig {
         events: parse_event_list("cpu-clock,cycles:1000000").unwrap(),
@@ -152,11 +136,8 @@ fn explicit_hardware_event_fails_with_its_name_and_errno() {
     assert!(msg.contains("events that open here: cpu-clock"), "{msg}");
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn two_events_share_one_ring_per_cpu() {
-    if !require_perf() {
-        return;
-    }
     let sink = Arc::new(CollectSink::default());
     let cfg = SamplerConfig {
         events: parse_event_list("cpu-clock:2000000,page-faults:160").unwrap(),
@@ -179,11 +160,8 @@ fn two_events_share_one_ring_per_cpu() {
     assert!(faults.iter().all(|s| (155..=165).contains(&s.period)));
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn stalled_drain_thread_is_reported_and_stop_still_returns() {
-    if !require_perf() {
-        return;
-    }
     let cpus = dcpid::perf::sampler::online_cpus().unwrap();
     let sink = Arc::new(CollectSink::default());
     let cfg = SamplerConfig {
@@ -228,11 +206,8 @@ impl dcpid::types::SampleSink for SlowSink {
     }
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn ring_overflow_is_counted_as_lost() {
-    if !require_perf() {
-        return;
-    }
     let cfg = SamplerConfig {
         events: parse_event_list("cpu-clock:500000").unwrap(),
         ring_pages: 1,
@@ -257,25 +232,21 @@ fn ring_overflow_is_counted_as_lost() {
 /// CPU hotplug, driven through the `online_cpus_path` hook (really offlining a vCPU would disturb
 /// everything else on the machine): CPUs that appear are opened, CPUs that leave are stopped, a
 /// garbled list changes nothing. With the sampler's own hotplug thread.
-#[test]
+#[dcpi_testkit::test(perf)]
 fn cpus_joining_and_leaving_the_online_list_are_followed() {
     follow_hotplug(true);
 }
 
 /// The same, driven by the owner's calls to `hotplug_tick` (what dcpid's flush thread does).
-#[test]
+#[dcpi_testkit::test(perf)]
 fn cpus_joining_and_leaving_are_followed_from_the_owners_ticks() {
     follow_hotplug(false);
 }
 
 fn follow_hotplug(hotplug_thread: bool) {
-    if !require_perf() {
-        return;
-    }
     let cpus = dcpid::perf::sampler::online_cpus().unwrap();
     if cpus.len() < 2 {
-        eprintln!("SKIPPED: needs 2 online CPUs");
-        return;
+        dcpi_testkit::skip!("needs 2 online CPUs");
     }
     let (c0, c1) = (cpus[0], cpus[1]);
     let dir = tempfile::tempdir().unwrap();

@@ -21,7 +21,7 @@ use std::time::Duration;
 use dcpid::perf::{parse_event_list, Sampler, SamplerConfig};
 use dcpid::sys::time::monotonic_ns;
 use object::{Object, ObjectSymbol};
-use sampler_support::{require_perf, CollectSink};
+use sampler_support::CollectSink;
 
 const P: u64 = 4_000_000;
 
@@ -195,11 +195,8 @@ fn measure(cfg: &SamplerConfig, cpus: &[u32]) -> Vec<CpuResult> {
     out
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn randomized_periods_defeat_phase_locking() {
-    if !require_perf() {
-        return;
-    }
     let cpus = dcpid::perf::sampler::online_cpus().expect("online cpus");
     let events = parse_event_list(&format!("cpu-clock:{P}")).unwrap();
     let fixed = SamplerConfig { events: events.clone(), randomize: false, ..Default::default() };

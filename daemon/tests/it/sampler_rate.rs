@@ -8,13 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dcpid::perf::{parse_event_list, Sampler, SamplerConfig};
-use sampler_support::{require_perf, spin_for, CollectSink};
+use sampler_support::{spin_for, CollectSink};
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn default_ring_loses_nothing_at_5khz_per_cpu() {
-    if !require_perf() {
-        return;
-    }
     let sink = Arc::new(CollectSink::default());
     let cfg = SamplerConfig {
         // 200 µs of CPU time per sample = 5 kHz per busy CPU.

@@ -3,7 +3,7 @@
 //! nothing behind (issue 35, defect 2).
 //!
 //! The full-disk tests mount a tiny tmpfs, which needs root: without it they print `SKIPPED`
-//! (and fail under `DCPI_REQUIRE_PERF=1`, as the CI runs them).
+//! (and fail under `DCPI_REQUIRE_ALL=1`, as the CI runs them).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -83,12 +83,9 @@ fn segments(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// A test that cannot run here: say so, or fail where it must run.
+/// A test that cannot run here: say so, or fail where it must run (`DCPI_REQUIRE_ALL=1`).
 fn skip(why: &str) {
-    if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
-        panic!("cannot run (DCPI_REQUIRE_PERF=1): {why}");
-    }
-    eprintln!("SKIPPED: {why}");
+    dcpi_testkit::skipped(format_args!("{why}"));
 }
 
 /// A tmpfs of a few pages mounted on a directory while it lives.

@@ -2,8 +2,6 @@
 //! reason, the systemd watchdog is no longer fed (STATUS= still is), and the exit status is 3.
 //! Faults are injected through `Hooks::faults` (a test-only trait; no setting reaches it).
 
-use crate::sampler_support;
-
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::Path;
@@ -14,7 +12,6 @@ use dcpid::config::Settings;
 use dcpid::notify::Notifier;
 use dcpid::service::{run, Hooks};
 use dcpid::watch::FaultInjector;
-use sampler_support::require_perf;
 
 /// Panics once in the thread named by `target`, the next time that thread passes its fault
 /// point.
@@ -75,11 +72,8 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-#[test]
+#[dcpi_testkit::test(perf)]
 fn a_dead_thread_degrades_status_stops_the_watchdog_and_sets_the_exit_status() {
-    if !require_perf() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let notify_path = dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();

@@ -25,14 +25,14 @@ fn zipf_profile_is_at_most_3_bytes_per_pair() {
 fn real_kallsyms_round_trips_and_shrinks() {
     let text = match std::fs::read_to_string("/proc/kallsyms") {
         Ok(t) if !t.is_empty() => t,
-        Ok(_) => return eprintln!("SKIPPED: /proc/kallsyms is empty"),
-        Err(e) => return eprintln!("SKIPPED: cannot read /proc/kallsyms: {e}"),
+        Ok(_) => dcpi_testkit::skip!("/proc/kallsyms is empty"),
+        Err(e) => dcpi_testkit::skip!("cannot read /proc/kallsyms: {e}"),
     };
     let modules = std::fs::read_to_string("/proc/modules").unwrap_or_default();
     let snap = KallsymsSnapshot::from_proc_text(&text, &modules, "test".into(), None, &|_| None)
         .expect("this machine's /proc/kallsyms parses");
     if snap.symbols.is_empty() {
-        return eprintln!("SKIPPED: /proc/kallsyms shows no addresses (kptr_restrict)");
+        dcpi_testkit::skip!("/proc/kallsyms shows no addresses (kptr_restrict)");
     }
     let bytes = snap.encode();
     let text_syms = text

@@ -1,25 +1,11 @@
-//! Shared by the sampler's integration tests: a sink that keeps everything, and the perf check.
+//! Shared by the sampler's integration tests: a sink that keeps everything. (Tests that need
+//! perf say so with `#[dcpi_testkit::test(perf)]`.)
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use dcpid::types::{PerfTime, Sample, SampleSink, TimedSideBand};
-
-/// Whether perf_event_open works here. Prints why and returns false when it does not, unless
-/// `DCPI_REQUIRE_PERF=1`, in which case it panics.
-pub fn require_perf() -> bool {
-    match dcpid::perf::probe() {
-        Ok(_) => true,
-        Err(e) => {
-            if std::env::var_os("DCPI_REQUIRE_PERF").is_some_and(|v| v == "1") {
-                panic!("perf_event_open is required (DCPI_REQUIRE_PERF=1) but unusable: {e}");
-            }
-            eprintln!("SKIPPED: perf_event_open not permitted: {e}");
-            false
-        }
-    }
-}
 
 /// Keeps every sample and side-band record, and the `drained_until` of each call.
 #[derive(Debug, Default)]
