@@ -89,7 +89,7 @@ impl Flusher {
                                 s.hotplug_tick();
                             }
                             let spent = crate::sys::time::thread_cpu_ns().saturating_sub(c0);
-                            lock(&shared.stages).checks_ns += spent;
+                            lock(&shared.status_only).stages.checks_ns += spent;
                             last_hotplug = now;
                         }
                         if now >= next {
@@ -142,7 +142,8 @@ impl Shared {
             None => (0, Vec::new()),
         };
         let rt = self.aggregator.resolver_thread_stats();
-        let mut t = lock(&self.ticks);
+        let mut so = lock(&self.status_only);
+        let t = &mut so.ticks;
         t.push_back(Tick {
             at: Instant::now(),
             samples,
@@ -156,7 +157,8 @@ impl Shared {
     }
 
     pub(super) fn recent_window(&self) -> Option<RecentWindow> {
-        let t = lock(&self.ticks);
+        let so = lock(&self.status_only);
+        let t = &so.ticks;
         let (a, b) = (t.front()?, t.back()?);
         if t.len() < 2 {
             return None;
@@ -203,7 +205,8 @@ impl Shared {
         drop(store);
         crate::sys::malloc::trim_at_most_every(TRIM_EVERY);
         let t2 = thread_cpu_ns();
-        let mut st = lock(&self.stages);
+        let mut so = lock(&self.status_only);
+        let st = &mut so.stages;
         st.resolve_ns += t1.saturating_sub(t0);
         st.store_ns += t2.saturating_sub(t1);
         st.spool_ns += tick.spool_ns;

@@ -28,7 +28,7 @@ mod shared;
 mod shutdown;
 mod start;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -43,7 +43,7 @@ use crate::watch::Watch;
 
 use control::ControlHandler;
 use flush::Flusher;
-use shared::{lock, Counters, Shared};
+use shared::{lock, Counters, Shared, StatusOnly};
 use shutdown::{serve_until_stop, shut_down, spawn_signal_thread, Wake};
 use start::{
     open_store, prepare_spool, prime_resolver, register_sampler, socket_group_id, start_sampling,
@@ -194,8 +194,7 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
         settings: RwLock::new(settings.clone()),
         hooks,
         access: Arc::clone(&access),
-        last_reload: Mutex::new(None),
-        ticks: Mutex::new(VecDeque::new()),
+        status_only: Mutex::new(StatusOnly::default()),
         flusher: Mutex::new(None),
         started: sampling_since,
         aggregator,
@@ -205,7 +204,6 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
         store_cfg: store.config().clone(),
         events: store.events().to_vec(),
         losses: store.losses(),
-        stages: Mutex::new(crate::status::StageCpu::default()),
         store: Mutex::new(store),
         sampler: RwLock::new(Some(sampler)),
         counters: Mutex::new(Counters {
@@ -216,7 +214,6 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
             event_times: Vec::new(),
         }),
         watch: Arc::clone(&watch),
-        resolver_stats: Mutex::new(crate::resolve::ResolverStats::default()),
     });
     let mut control = ControlServer::start_watched(
         &settings.socket,

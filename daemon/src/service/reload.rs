@@ -33,7 +33,7 @@ impl Shared {
                 rep.error = Some(e);
             }
         }
-        *lock(&self.last_reload) = Some(rep.clone());
+        lock(&self.status_only).last_reload = Some(rep.clone());
         rep
     }
 

@@ -33,13 +33,26 @@ pub(super) struct Counters {
     pub(super) event_times: Vec<(u64, u64)>,
 }
 
+/// What only `status` reads (the flush loop and reloads write it): one lock, held briefly and
+/// alone.
+#[derive(Default)]
+pub(super) struct StatusOnly {
+    pub(super) last_reload: Option<ReloadReport>,
+    /// The last flush ticks ([`Tick`]).
+    pub(super) ticks: VecDeque<Tick>,
+    /// CPU time of the periodic flushes, by stage (for `status`: where the cost goes).
+    pub(super) stages: crate::status::StageCpu,
+    /// The resolver's counters as last read (status does not wait for a flush holding it).
+    pub(super) resolver_stats: crate::resolve::ResolverStats,
+}
+
 /// What the flush loop and the control commands share.
 ///
-/// Lock order: `store` → `sampler` (read) → `counters` → `store_status` | `stages`, and
-/// `store` → `settings` (read). `sampler` and `settings` are never held together; `last_reload`,
-/// `ticks`, `flusher` and `resolver_stats` are held alone. The aggregator's, the sampler's and
-/// the watch's own locks come after all of these (no `Shared` lock is taken under them). The
-/// places that hold two at once:
+/// Lock order: `store` → `sampler` (read) → `counters` → `store_status`, and `store` →
+/// `settings` (read). `sampler` and `settings` are never held together; `status_only` and
+/// `flusher` are held alone. The aggregator's, the sampler's and the watch's own locks come
+/// after all of these (no `Shared` lock is taken under them). The places that hold two at
+/// once:
 /// - `store` → `settings`: [`Shared::sync_store`] under the store (flush tick, cut, stop,
 ///   and a reload's `try_lock` of the store); the settings then → the aggregator's
 ///   (`set_who_profiles`).
@@ -48,17 +61,16 @@ pub(super) struct Counters {
 /// - `store` → `counters`: [`Shared::absorb_with`], under the store.
 /// - `store` → `store_status`: after every store operation (flush tick, `dcpictl flush`,
 ///   `epoch new`, stop).
-/// - `counters` → `store_status`, `counters` → `stages`: [`Shared::status`].
-/// - `resolver_stats` → the aggregator's resolver (`try_resolver_stats`, which does not wait).
+/// - `counters` → `store_status`: [`Shared::status`].
+/// - `status_only` → the aggregator's resolver (`try_resolver_stats`, which does not wait):
+///   [`Shared::status`].
 /// - `sampler` (write) at the stop, held while the sampler stops its drain threads.
 pub(super) struct Shared {
     /// The settings in force; reload replaces the live-changeable ones.
     pub(super) settings: RwLock<Settings>,
     pub(super) hooks: Hooks,
     pub(super) access: Arc<Access>,
-    pub(super) last_reload: Mutex<Option<ReloadReport>>,
-    /// The last flush ticks ([`Tick`]).
-    pub(super) ticks: Mutex<VecDeque<Tick>>,
+    pub(super) status_only: Mutex<StatusOnly>,
     /// The flush thread, woken when a reload changes its interval.
     pub(super) flusher: Mutex<Option<std::thread::Thread>>,
     pub(super) started: Instant,
@@ -66,14 +78,10 @@ pub(super) struct Shared {
     pub(super) sampler: RwLock<Option<Sampler>>,
     pub(super) store: Mutex<Store>,
     pub(super) counters: Mutex<Counters>,
-    /// CPU time of the periodic flushes, by stage (for `status`: where the cost goes).
-    pub(super) stages: Mutex<crate::status::StageCpu>,
     /// Last store status, so `status` answers while a slow publish holds the store.
     pub(super) store_status: Mutex<crate::store::StoreStatus>,
     /// The daemon's threads: which died.
     pub(super) watch: Arc<Watch>,
-    /// The resolver's counters as last read (status does not wait for a flush holding it).
-    pub(super) resolver_stats: Mutex<crate::resolve::ResolverStats>,
     /// When the store's running operation began (0: idle), readable without its lock.
     pub(super) store_busy: Arc<std::sync::atomic::AtomicU64>,
     /// A `dcpictl flush` is running (possibly stuck on a hung database).
@@ -194,13 +202,12 @@ impl Shared {
         let agg = self.aggregator.stats();
         let settings = self.settings();
         let recent = self.recent_window();
-        let last_reload = lock(&self.last_reload).clone();
-        let resolver = {
-            let mut cached = lock(&self.resolver_stats);
+        let (last_reload, resolver, stages) = {
+            let mut so = lock(&self.status_only);
             if let Some(s) = self.aggregator.try_resolver_stats() {
-                *cached = s;
+                so.resolver_stats = s;
             }
-            cached.clone()
+            (so.last_reload.clone(), so.resolver_stats.clone(), so.stages)
         };
         let c = lock(&self.counters);
         crate::status::build(StatusInputs {
@@ -216,7 +223,7 @@ impl Shared {
             last_reload,
             recent,
             virtualized: crate::status::virtualized(),
-            stages: *lock(&self.stages),
+            stages,
             failed_threads: self.watch.failures(),
             resolver: &resolver,
             resolver_thread: self.aggregator.resolver_thread_stats(),
