@@ -1,9 +1,11 @@
 //! Ownership of the host name in the database (FORMAT.md §2.1): who this daemon is, and
 //! whether the holder of an existing lease is still alive.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use profile_format::Lease;
+use profile_format::{Database, Lease};
+
+use super::{create_database, Store, StoreConfig, StoreError};
 
 /// A lease not renewed for this many of its owner's intervals is stale (the owner is on
 /// another machine, so its pid cannot be checked).
@@ -120,6 +122,197 @@ pub(super) fn stale_reason(held: &Lease, me: &Lease, now_ms: u64) -> Option<Stri
 pub(super) fn describe(held: &Lease, now_ms: u64) -> String {
     let ago = now_ms.saturating_sub(held.renewed_unix_ms) as f64 / 1e3;
     format!("{held}, lease renewed {ago:.0} s ago")
+}
+
+/// This daemon's lease on its host name (FORMAT.md §2.1).
+#[derive(Default)]
+pub(super) struct LeaseState {
+    /// Held and renewed.
+    pub(super) mine: Option<Lease>,
+    /// `take_lease` was asked for: retried at each tick while the database is unavailable.
+    pub(super) wanted: bool,
+    pub(super) last_renew: Option<Instant>,
+    /// Taken over by another daemon: publishing stops.
+    pub(super) lost_to: Option<String>,
+}
+
+impl Store {
+    /// Take the lease on this host name in the database (FORMAT.md §2.1), or fail with
+    /// [`StoreError::LeaseHeld`] naming the live daemon that holds it. A stale lease (its
+    /// owner dead on this machine, or not renewed for several of its intervals) is taken over,
+    /// and that is logged. Other failures (the database unavailable now) are returned too;
+    /// the store then keeps trying at each tick.
+    pub fn take_lease(&mut self) -> Result<(), StoreError> {
+        self.lease.wanted = true;
+        let mut aside = Vec::new();
+        let db = create_database(&self.cfg.db, &mut |p, why| aside.push((p.to_path_buf(), why)));
+        for (p, why) in aside {
+            self.note_set_aside(&p, &why);
+        }
+        let db = db?;
+        let interval_ms = self.cfg.publish_interval.as_millis().min(u128::from(u64::MAX)) as u64;
+        let me = mine(&self.cfg.host, interval_ms);
+        let path = db.lease_path(&self.cfg.host)?;
+        // A few rounds: another daemon may create or take over the lease between our read and
+        // our write; the round after sees it.
+        for _ in 0..3 {
+            let held = match db.read_lease(&self.cfg.host) {
+                Ok(h) => h,
+                Err(e @ profile_format::Error::Io { .. }) => return Err(e.into()),
+                Err(profile_format::Error::NotDirectory { path: dir, kind }) => {
+                    // `leases/` is a link (or a file): never written through; a fresh one is
+                    // made in its place by `create_lease`.
+                    self.set_aside_entry(
+                        &dir,
+                        &format!("is {kind}, not a directory"),
+                        "leases directory",
+                    );
+                    None
+                }
+                Err(e) => {
+                    // Not a lease (corrupt, a FIFO, a link, ...): nobody can prove ownership
+                    // with it. Read without following a link nor blocking on a FIFO (safeio).
+                    self.set_aside_entry(&path, &e, "lease file");
+                    None
+                }
+            };
+            match held {
+                None => {
+                    if db.create_lease(&me)? {
+                        tracing::info!(lease = %path.display(), "store: took the lease on this host name");
+                        return self.hold_lease(me);
+                    }
+                }
+                Some(h) if profile_format::same_owner(&h, &me) => return self.hold_lease(me),
+                Some(h) => match stale_reason(&h, &me, unix_ms_now()) {
+                    None => {
+                        return Err(StoreError::LeaseHeld {
+                            host: self.cfg.host.clone(),
+                            db: self.cfg.db.clone(),
+                            owner: describe(&h, unix_ms_now()),
+                            lease: path,
+                        })
+                    }
+                    Some(why) => {
+                        tracing::warn!(lease = %path.display(), previous_owner = %h, reason = %why,
+                            "store: taking over a stale lease on this host name");
+                        db.write_lease(&me)?;
+                        if db
+                            .read_lease(&self.cfg.host)?
+                            .is_some_and(|l| profile_format::same_owner(&l, &me))
+                        {
+                            return self.hold_lease(me);
+                        }
+                    }
+                },
+            }
+        }
+        Err(StoreError::LeaseHeld {
+            host: self.cfg.host.clone(),
+            db: self.cfg.db.clone(),
+            owner: "another daemon taking it at the same time".into(),
+            lease: path,
+        })
+    }
+
+    /// Whether the host name is free to take, without creating or changing anything: for the
+    /// daemon's start, before any thread runs. `Err(LeaseHeld)` if a live daemon holds it;
+    /// `Ok` otherwise (no database yet, no lease, a stale or unreadable one: [`Store::take_lease`]
+    /// decides those for real).
+    pub fn check_lease_free(cfg: &StoreConfig) -> Result<(), StoreError> {
+        let Ok(db) = Database::open(&cfg.db) else { return Ok(()) };
+        let Ok(Some(held)) = db.read_lease(&cfg.host) else { return Ok(()) };
+        let me = mine(&cfg.host, 0);
+        if profile_format::same_owner(&held, &me)
+            || stale_reason(&held, &me, unix_ms_now()).is_some()
+        {
+            return Ok(());
+        }
+        Err(StoreError::LeaseHeld {
+            host: cfg.host.clone(),
+            db: cfg.db.clone(),
+            owner: describe(&held, unix_ms_now()),
+            lease: db.lease_path(&cfg.host)?,
+        })
+    }
+
+    pub(super) fn hold_lease(&mut self, me: Lease) -> Result<(), StoreError> {
+        self.lease.mine = Some(me);
+        self.lease.last_renew = Some(Instant::now());
+        self.lease.lost_to = None;
+        Ok(())
+    }
+
+    /// Give the lease up (a clean stop), so that a successor need not wait for it to go stale.
+    pub fn release_lease(&mut self) {
+        let Some(me) = self.lease.mine.take() else { return };
+        self.lease.wanted = false;
+        if let Some(db) = &self.db {
+            if let Err(e) = db.release_lease(&me) {
+                tracing::warn!(error = %e, "store: could not release the lease on this host name");
+            }
+        }
+    }
+
+    /// Renew the lease once per publish interval (`force`: now), first checking that it is
+    /// still ours: if another daemon took it over, stop publishing. Retake it while wanted
+    /// but not yet held (the database was unavailable at start).
+    pub(super) fn renew_lease(&mut self, now: Instant, force: bool) {
+        if self.lease.lost_to.is_some() || self.db.is_none() {
+            return;
+        }
+        let Some(mine) = self.lease.mine.clone() else {
+            if self.lease.wanted {
+                match self.take_lease() {
+                    Ok(()) => {}
+                    Err(StoreError::LeaseHeld { owner, .. }) => self.lose_lease(owner),
+                    Err(e) => self.set_db_error(&e),
+                }
+            }
+            return;
+        };
+        let due = self
+            .lease
+            .last_renew
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.cfg.publish_interval);
+        if !due && !force {
+            return;
+        }
+        let Some(db) = self.db.clone() else { return };
+        let r = db.read_lease(&self.cfg.host).map_err(StoreError::from).and_then(|held| {
+            if let Some(h) = held.filter(|h| !profile_format::same_owner(h, &mine)) {
+                return Ok(Some(h));
+            }
+            let mut renewed = mine.clone();
+            renewed.renewed_unix_ms = unix_ms_now();
+            db.write_lease(&renewed)?;
+            self.lease.mine = Some(renewed);
+            Ok(None)
+        });
+        match r {
+            Ok(None) => self.lease.last_renew = Some(now),
+            Ok(Some(other)) => self.lose_lease(describe(&other, unix_ms_now())),
+            Err(e) => self.set_db_error(&e),
+        }
+    }
+
+    pub(super) fn lose_lease(&mut self, owner: String) {
+        tracing::error!(host = %self.cfg.host, owner = %owner,
+            "store: another daemon holds this host name now; publishing stops, data stays in the spool");
+        self.lease.mine = None;
+        self.lease.lost_to = Some(owner);
+    }
+
+    /// `Err` if the lease on the host name was lost: nothing may be written into its
+    /// directories any more.
+    pub(super) fn check_lease(&self) -> Result<(), StoreError> {
+        match &self.lease.lost_to {
+            Some(owner) => {
+                Err(StoreError::LeaseLost { host: self.cfg.host.clone(), owner: owner.clone() })
+            }
+            None => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]

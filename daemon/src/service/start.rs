@@ -1,0 +1,282 @@
+//! The start steps before the daemon is ready: spool, sampling, database, resolver.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::aggregate::Aggregator;
+use crate::config::Settings;
+use crate::perf::sampler::{online_cpus, Sampler, SamplerConfig};
+use crate::resolve::{Resolver, ResolverConfig};
+use crate::store::{EventInfo, Store, StoreConfig, StoreError};
+use crate::watch::Watch;
+
+use super::flush::read_every;
+use super::{explain_sampler_error, orderly, ServiceError};
+
+/// Whether a failure to write the database at start is one that waiting will not fix.
+pub(super) fn permanent_db_error(e: &StoreError) -> bool {
+    let StoreError::Db(profile_format::Error::Io { source, .. }) = e else { return false };
+    matches!(
+        source.raw_os_error(),
+        Some(
+            libc::EACCES
+                | libc::EPERM
+                | libc::EROFS
+                | libc::ENOTDIR
+                | libc::EEXIST
+                | libc::EISDIR
+                | libc::ENAMETOOLONG
+                | libc::ELOOP
+                | libc::EINVAL
+        )
+    )
+}
+
+/// Directories a start created; removed again (if still empty) unless the start succeeds, so
+/// that a failed start leaves nothing behind.
+#[derive(Debug, Default)]
+pub(super) struct CreatedDirs {
+    dirs: Vec<std::path::PathBuf>,
+}
+
+impl CreatedDirs {
+    /// `create_dir_all`, remembering each directory it made.
+    pub(super) fn create_all(&mut self, dir: &std::path::Path) -> std::io::Result<()> {
+        let missing: Vec<&std::path::Path> = dir
+            .ancestors()
+            .filter(|a| !a.as_os_str().is_empty())
+            .take_while(|a| std::fs::symlink_metadata(a).is_err())
+            .collect();
+        for d in missing.into_iter().rev() {
+            // 0700: the spool holds the symbol names of every user's processes, and only dcpid
+            // reads it (under systemd the unit's RuntimeDirectory= makes it, 0750).
+            match std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+                .create(d)
+            {
+                Ok(()) => self.dirs.push(d.to_path_buf()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The start succeeded: keep them.
+    pub(super) fn keep(mut self) {
+        self.dirs.clear();
+    }
+}
+
+impl Drop for CreatedDirs {
+    fn drop(&mut self) {
+        for d in self.dirs.iter().rev() {
+            // remove_dir, never remove_dir_all: only what is still empty goes.
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// The spool must be a directory that exists or can be created, and that this process can
+/// write (a read-only directory or file system, `/proc/x`): checked by creating it and a small
+/// file in it. Directories created are recorded in `created`.
+pub(super) fn prepare_spool(
+    spool: &std::path::Path,
+    created: &mut CreatedDirs,
+) -> Result<(), ServiceError> {
+    let bad = |d: String| ServiceError::Spool(spool.display().to_string(), d);
+    if spool.is_file() {
+        return Err(bad(
+            "is a file; the spool is a directory (an SQLite spool of an older dcpid? it is \
+             published at that dcpid's shutdown; remove it or choose another path)"
+                .into(),
+        ));
+    }
+    for a in spool.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
+        match std::fs::metadata(a) {
+            Ok(m) if m.is_dir() => break,
+            Ok(_) => return Err(bad(format!("{} is not a directory", a.display()))),
+            Err(_) => continue,
+        }
+    }
+    created.create_all(spool).map_err(|e| bad(format!("cannot create it: {e}")))?;
+    let probe = spool.join(format!(".dcpid-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"dcpid\n")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| bad(format!("cannot write in it: {e}")))
+}
+
+pub(super) fn jit_limits(s: &Settings) -> crate::resolve::jit::JitLimits {
+    crate::resolve::jit::JitLimits {
+        max_bytes: s.perf_map_max_bytes,
+        max_entries: s.perf_map_max_entries,
+    }
+}
+
+pub(super) fn socket_group_id(settings: &Settings) -> Result<Option<u32>, ServiceError> {
+    match &settings.socket_group {
+        Some(name) => match crate::sys::sock::group_id(name) {
+            Some(g) => Ok(Some(g)),
+            None if settings.socket_group_explicit => Err(ServiceError::NoGroup(name.clone())),
+            None => Ok(None),
+        },
+        None => Ok(None),
+    }
+}
+
+/// The database (first epoch if none) and the spool, which `prepare_spool` checked.
+/// The store's part of the settings (at start, and after each reload).
+pub(super) fn store_config(s: &Settings) -> StoreConfig {
+    StoreConfig {
+        db: s.db.clone(),
+        spool: s.spool.clone(),
+        host: s.host.clone(),
+        flush_interval: s.flush_interval,
+        publish_interval: s.publish_interval,
+        publish_max_delay: s.publish_max_delay,
+        max_memory_bytes: s.max_memory_mb.saturating_mul(1 << 20),
+        retention_days: s.retention_days,
+        retention_keep: s.retention_keep,
+    }
+}
+
+pub(super) fn open_store(
+    settings: &Settings,
+    faults: &crate::faults::Faults,
+) -> Result<Store, ServiceError> {
+    if let Err(e) = Store::check_db_writable(&settings.db, &settings.host) {
+        if permanent_db_error(&e) {
+            return Err(ServiceError::Database {
+                db: settings.db.display().to_string(),
+                source: e,
+            });
+        }
+        tracing::warn!(db = %settings.db.display(), error = %e,
+            "database not writable now; sampling anyway, keeping data in the spool and retrying");
+    }
+    let mut store = Store::open_leased_with_faults(store_config(settings), faults)
+        // One daemon per host name: two would overwrite each other's profiles.
+        .map_err(ServiceError::LeaseHeld)?;
+    store.set_who_by_pid(settings.by_pid);
+    store.set_who_profiles(who_profiles(settings));
+    Ok(store)
+}
+
+/// The per-process and per-cgroup profiles the settings ask for (FORMAT.md §5.6).
+pub(super) fn who_profiles(s: &Settings) -> crate::store::WhoProfiles {
+    crate::store::WhoProfiles { by_pid: s.by_pid, by_cgroup: s.by_cgroup }
+}
+
+/// Every event on every CPU (before anything is written: a daemon that may not sample creates
+/// nothing). Returns the sampling start instant (uptime counts from it, so that samples/s is
+/// right) and the perf clock read before the events were opened (T0 of the /proc scan).
+pub(super) fn start_sampling(
+    settings: &Settings,
+    specs: Vec<crate::perf::EventSpec>,
+    faults: &crate::faults::Faults,
+    watch: &Arc<Watch>,
+) -> Result<(Arc<Aggregator>, Sampler, Instant, u64), ServiceError> {
+    let cpus = online_cpus()?;
+    let ncpus = cpus.iter().max().map(|m| *m as usize + 1).unwrap_or(1);
+    let mut resolver = Resolver::new(ResolverConfig::default());
+    resolver.set_jit_limits(jit_limits(settings));
+    let aggregator = Aggregator::new(resolver, ncpus);
+    // Before the first sample: kernel samples are keyed per process from the start.
+    aggregator.set_who_profiles(settings.by_pid || settings.by_cgroup);
+    // Before the drain threads start: they hand side-band records and full overflow buffers
+    // to it (they never read a file nor take the resolver for writing).
+    aggregator
+        .start_resolver_thread(Some(watch))
+        .map_err(|e| ServiceError::Thread(format!("{}: {e}", crate::aggregate::RESOLVER_THREAD)))?;
+    let stacks = (settings.callchains == "fp").then(|| {
+        let t = Arc::new(crate::perf::callchain::StackTables::new(
+            ncpus,
+            crate::perf::callchain::DEFAULT_STACKS_PER_CPU,
+            settings.sample_max_stack,
+        ));
+        aggregator.set_stack_tables(Arc::clone(&t));
+        t
+    });
+    let scfg = SamplerConfig {
+        stacks,
+        events: specs,
+        window_divisor: settings.window_divisor,
+        ring_pages: settings.ring_pages,
+        redraw_interval: settings.redraw_interval,
+        read_every: read_every(settings.flush_interval),
+        faults: faults.clone(),
+        watch: Some(Arc::clone(watch)),
+        // The flush thread follows hotplug (FlushThread::spawn): it wakes every few seconds
+        // anyway.
+        hotplug_thread: false,
+        ..SamplerConfig::default()
+    };
+    let t0 = crate::sys::time::monotonic_ns();
+    let since = Instant::now();
+    let sampler = Sampler::start(&scfg, Arc::<Aggregator>::clone(&aggregator))
+        .map_err(|e| orderly(watch, explain_sampler_error(e)))?;
+    Ok((aggregator, sampler, since, t0))
+}
+
+/// The store learns the events as opened, the CPUs and the kernel release.
+pub(super) fn register_sampler(sampler: &Sampler, store: &mut Store) -> Result<(), ServiceError> {
+    store.set_events(
+        sampler
+            .events()
+            .iter()
+            .map(|e| EventInfo { desc: e.desc.clone(), source: e.source.as_str().to_string() })
+            .collect(),
+    );
+    for e in sampler.events() {
+        tracing::info!(event = %e.desc.name, requested = %e.requested, source = e.source.as_str(),
+            period_min = e.desc.period_min, period_max = e.desc.period_max, "event");
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    store.set_host_info(release, online_cpus()?);
+    Ok(())
+}
+
+/// Start steps 3 and 4: processes that already exist (side-band records older than the scan
+/// are ignored for them), then the kernel symbol snapshot for the epoch.
+pub(super) fn prime_resolver(aggregator: &Aggregator, store: &mut Store, t0: u64) {
+    let scan = aggregator.with_resolver(|r| r.scan_proc(t0));
+    tracing::info!(
+        processes = scan.processes,
+        mappings = scan.mappings,
+        unreadable = scan.unreadable,
+        "scanned /proc"
+    );
+    store.set_kallsyms_source(Box::new(ProcKernelSymbols(ResolverConfig::default())));
+    store.tick();
+}
+
+/// Fresh kernel symbol snapshots from /proc, refreshed when /proc/modules changes.
+pub(super) struct ProcKernelSymbols(ResolverConfig);
+
+impl crate::store::KernelSymbolSource for ProcKernelSymbols {
+    fn fingerprint(&mut self) -> Option<Vec<u8>> {
+        let text =
+            crate::resolve::procfs::read_bounded(&self.0.proc_root.join("modules"), 16 << 20)
+                .ok()?;
+        // Name, size and address of each module: not the use counts, which change all the
+        // time without changing any symbol.
+        let mut fp = Vec::new();
+        for line in String::from_utf8_lossy(&text).lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            for i in [0, 1, 5] {
+                fp.extend_from_slice(f.get(i).unwrap_or(&"").as_bytes());
+                fp.push(b' ');
+            }
+            fp.push(b'\n');
+        }
+        Some(fp)
+    }
+    fn snapshot(&mut self) -> Result<profile_format::KallsymsSnapshot, String> {
+        crate::resolve::kallsyms_snapshot(&self.0).map_err(|e| e.to_string())
+    }
+    fn snapshot_file_bytes(&mut self) -> Result<Vec<u8>, String> {
+        crate::resolve::kallsyms_file_bytes(&self.0).map_err(|e| e.to_string())
+    }
+}
