@@ -8,59 +8,24 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
 use dcpid::store::spool::{Increment, Spool, SpoolImage, SpoolKey, SummaryDelta};
-use dcpid::store::{EventInfo, Store, StoreConfig};
-use profile_format::{Database, EpochId, EventDesc, HostSummary, ImageId, ImageKind, Profile};
+use dcpid::store::{Store, StoreConfig};
+use profile_format::{Database, EpochId, EventDesc, HostSummary, ImageKind, Profile};
 
-fn desc() -> EventDesc {
-    EventDesc {
-        name: "cpu-clock".into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: 1000,
-        period_min: 938,
-        period_max: 1000,
-    }
-}
+use crate::store_support::{self, batch, desc};
 
+/// The shared store configuration, with the spool one level down (`local/spool`, where the
+/// tests mount their tmpfs) and the memory bound under test.
 fn cfg(root: &Path, max_memory_bytes: u64) -> StoreConfig {
-    StoreConfig {
-        db: root.join("db"),
-        spool: root.join("local/spool"),
-        host: "h1".into(),
-        flush_interval: Duration::from_secs(2),
-        publish_interval: Duration::from_secs(60),
-        publish_max_delay: Duration::from_secs(360),
-        max_memory_bytes,
-        retention_days: 7,
-        retention_keep: 3,
-    }
+    StoreConfig { spool: root.join("local/spool"), max_memory_bytes, ..store_support::cfg(root) }
 }
 
 fn open(c: StoreConfig) -> Store {
     let mut s = Store::open(c);
-    s.set_events(vec![EventInfo { desc: desc(), source: "software".into() }]);
+    store_support::events(&mut s);
     s
-}
-
-fn batch(img: u8, off: u64, count: u64) -> Resolved {
-    let mut r = Resolved::default();
-    let id = ImageId::BuildId(vec![img; 20]);
-    let info = Arc::new(ImageInfo {
-        kind: ImageKind::Elf,
-        id: id.clone(),
-        path: format!("/usr/lib/lib{img}.so").into_bytes(),
-        jit_symbols: vec![],
-    });
-    let mut counts = dcpid::aggregate::OffsetCounts::default();
-    counts.insert(off, (count, count * 1000));
-    r.profiles.insert((id, 0), ResolvedProfile { image: info, event: 0, counts });
-    r.samples = count;
-    r
 }
 
 /// Samples in this host's published profiles of `epoch`.
