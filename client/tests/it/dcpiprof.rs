@@ -1089,8 +1089,8 @@ fn help_documents_schema_and_generate_writes_man_and_completions() {
     }
 }
 
-#[test]
-fn vdso_symbolized_from_this_machine_when_the_build_id_matches() {
+/// This machine's vDSO: its build-id and the offset of `__vdso_clock_gettime` in it.
+fn live_vdso_clock_gettime() -> (Vec<u8>, u64) {
     let vdso = dcpi_client::prof::debuginfo::live_vdso().expect("this process has a vDSO");
     let bid = dcpi_client::prof::symbolize::elf_identity(&vdso)
         .expect("vDSO is ELF")
@@ -1098,6 +1098,12 @@ fn vdso_symbolized_from_this_machine_when_the_build_id_matches() {
         .expect("x86_64 vDSOs carry a build-id");
     let facts = ElfFacts { build_id: bid.clone(), data: vdso };
     let (off, _) = facts.func("__vdso_clock_gettime");
+    (bid, off)
+}
+
+#[test]
+fn vdso_symbolized_from_this_machine_when_the_build_id_matches() {
+    let (bid, off) = live_vdso_clock_gettime();
     let t = TestDb::new();
     let hd = t.host(&t.epoch(0), "alpha");
     let ev = event("cpu-clock", 1000);
@@ -1127,13 +1133,7 @@ fn vdso_symbolized_from_this_machine_when_the_build_id_matches() {
 /// `--callers`.
 #[test]
 fn vdso_frames_in_stacks_are_named_as_in_flat_reports() {
-    let vdso = dcpi_client::prof::debuginfo::live_vdso().expect("this process has a vDSO");
-    let bid = dcpi_client::prof::symbolize::elf_identity(&vdso)
-        .expect("vDSO is ELF")
-        .build_id
-        .expect("x86_64 vDSOs carry a build-id");
-    let facts = ElfFacts { build_id: bid.clone(), data: vdso };
-    let (off, _) = facts.func("__vdso_clock_gettime");
+    let (bid, off) = live_vdso_clock_gettime();
     let t = TestDb::new();
     let hd = t.host(&t.epoch(0), "alpha");
     let ev = event("cpu-clock", 1000);
