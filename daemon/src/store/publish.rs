@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use profile_format::{EpochId, EventDesc, HostDir, ImageId, ImageKind, Profile, ProfileHeader};
 
@@ -374,20 +374,8 @@ pub(super) fn write_direct(
 /// huge file) to `NAME.corrupt`, or `NAME.<unix ms>.corrupt` if that exists already; readers
 /// skip both (FORMAT.md §1).
 pub(super) fn set_aside(path: &Path, why: &dyn std::fmt::Display) {
-    let mut aside = path.as_os_str().to_owned();
-    aside.push(profile_format::CORRUPT_SUFFIX);
-    let mut aside = PathBuf::from(aside);
-    if aside.symlink_metadata().is_ok() {
-        let ms = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0);
-        let mut a = path.as_os_str().to_owned();
-        a.push(format!(".{ms}{}", profile_format::CORRUPT_SUFFIX));
-        aside = PathBuf::from(a);
-    }
-    match std::fs::rename(path, &aside) {
-        Ok(()) => {
+    match profile_format::safeio::set_aside(path) {
+        Ok(aside) => {
             tracing::warn!(file = %path.display(), moved_to = %aside.display(), error = %why,
             "store: corrupt profile set aside; starting a fresh one")
         }
