@@ -6,8 +6,8 @@ use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
 use crate::util::{
-    asm_calling, assert_no_golden_mismatch, check_golden, event, golden_dir, json_ok, prof,
-    prof_command, row, rows, stderr, stdout, write_profile, write_profile_jit, TestDb,
+    asm_calling, assert_no_golden_mismatch, check_golden, compile, event, golden_dir, json_ok,
+    prof, prof_command, row, rows, stderr, stdout, write_profile, write_profile_jit, TestDb,
 };
 use object::{Object, ObjectSegment, ObjectSymbol};
 use profile_format::{
@@ -25,22 +25,6 @@ fn unknown_id() -> ImageId {
 
 fn approx(a: f64, b: f64) -> bool {
     (a - b).abs() < 0.01
-}
-
-/// Compile `src` (C or C++ by extension) into `out` with extra flags.
-fn compile(dir: &Path, name: &str, src: &str, ext: &str, flags: &[&str]) -> PathBuf {
-    let src_path = dir.join(format!("{name}.{ext}"));
-    std::fs::write(&src_path, src).expect("write source");
-    let out = dir.join(name);
-    let compiler = if ext == "cpp" { "g++" } else { "cc" };
-    let mut cmd = Command::new(compiler);
-    cmd.args(flags);
-    if !flags.iter().any(|f| f.contains("--build-id")) {
-        cmd.arg("-Wl,--build-id=sha1");
-    }
-    let o = cmd.arg("-o").arg(&out).arg(&src_path).output().expect("run compiler");
-    assert!(o.status.success(), "{compiler} failed: {}", String::from_utf8_lossy(&o.stderr));
-    out
 }
 
 /// File offsets of the first byte of the named functions, with their build-id.

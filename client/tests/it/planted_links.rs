@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use profile_format::{ImageId, ImageKind, JitSymbol};
 
-use crate::util::{event, prof, stderr, write_profile_jit, TestDb};
+use crate::util::{compile, event, prof, stderr, write_profile_jit, TestDb};
 
 const VICTIM: &[u8] = b"precious: must never be overwritten\n";
 
@@ -114,16 +114,7 @@ fn csv_output_never_writes_through_planted_links() {
 #[test]
 fn cache_binary_never_writes_through_planted_links() {
     let t = TestDb::new();
-    let src = t.tmp().join("prog.c");
-    std::fs::write(&src, "int main(void) { return 0; }\n").expect("write source");
-    let bin = t.tmp().join("prog");
-    let o = Command::new("cc")
-        .args(["-Wl,--build-id=sha1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .output()
-        .expect("run cc");
-    assert!(o.status.success(), "cc: {}", String::from_utf8_lossy(&o.stderr));
+    let bin = compile(t.tmp(), "prog", "int main(void) { return 0; }\n", "c", &[]);
     let data = std::fs::read(&bin).expect("read binary");
     let hexid = {
         use object::Object;

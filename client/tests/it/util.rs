@@ -223,3 +223,19 @@ pub fn asm_calling(name: &[u8]) -> Vec<u8> {
     }
     asm
 }
+
+/// Compile `src` (C or C++ by extension) into `out` with extra flags.
+pub fn compile(dir: &Path, name: &str, src: &str, ext: &str, flags: &[&str]) -> PathBuf {
+    let src_path = dir.join(format!("{name}.{ext}"));
+    std::fs::write(&src_path, src).expect("write source");
+    let out = dir.join(name);
+    let compiler = if ext == "cpp" { "g++" } else { "cc" };
+    let mut cmd = Command::new(compiler);
+    cmd.args(flags);
+    if !flags.iter().any(|f| f.contains("--build-id")) {
+        cmd.arg("-Wl,--build-id=sha1");
+    }
+    let o = cmd.arg("-o").arg(&out).arg(&src_path).output().expect("run compiler");
+    assert!(o.status.success(), "{compiler} failed: {}", String::from_utf8_lossy(&o.stderr));
+    out
+}
