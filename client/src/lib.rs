@@ -6,7 +6,8 @@
 pub mod args;
 pub mod ctl;
 pub mod diff;
-pub mod escape;
+/// The escaper lives in the report core; this path stays for the tools and tests that use it.
+pub use dcpi_report::escape;
 pub mod list;
 pub mod manpages;
 pub mod prof;

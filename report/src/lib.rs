@@ -1,0 +1,8 @@
+//! The report core behind every dcpi report tool (`dcpiprof`, `dcpilist`, `dcpidiff`,
+//! `dcpistats`, `dcpiexport`, `dcpictl top`): what they share lives here, once, with no
+//! command-line types in it. The tools in `client/` and `dcpiexport/` are front ends that turn
+//! their flags into calls on this crate.
+//!
+//! - [`escape`]: the one escaper for names from untrusted files (terminal, CSV, JSON text).
+
+pub mod escape;
