@@ -174,7 +174,7 @@ pub struct SymbolMode {
 /// `image+0xOFFSET` row name for samples no symbol covers. The offset is the file offset
 /// (kernel: from the start of the text/module), rounded down to its 4 KiB page so that one
 /// unsymbolized region gives one row rather than one per instruction.
-pub(crate) fn unsymbolized(label: &str, off: u64) -> String {
+pub fn unsymbolized(label: &str, off: u64) -> String {
     format!("{label}+{:#x}", off & !0xfff)
 }
 
@@ -367,7 +367,7 @@ fn finish<K: Ord + Clone>(
         .collect()
 }
 
-pub(crate) fn scope(loaded: &Loaded, db: &str) -> Scope {
+pub fn scope(loaded: &Loaded, db: &str) -> Scope {
     scope_of(&loaded.dirs, &loaded.summaries, db)
 }
 
@@ -917,7 +917,7 @@ pub fn symbol_report(
 
 /// The vDSO has no file: look for a copy by build-id (binary paths, caches), else use this
 /// machine's own vDSO if it is the same build.
-pub(crate) fn load_vdso(
+pub fn load_vdso(
     locator: &mut Locator,
     id: &ImageId,
     // DWARF is opened when a frame is first asked for, whatever the mode.
@@ -953,7 +953,8 @@ pub(crate) fn load_vdso(
 }
 
 /// Symbol source of one ELF identity.
-pub(crate) enum ElfState {
+#[derive(Debug)]
+pub enum ElfState {
     /// With the symbol cache entry id, when cached.
     Ready(Box<ElfSymbolizer>, Option<i64>),
     /// Only another build of the binary was found: its symbols must not be used.
@@ -962,10 +963,11 @@ pub(crate) enum ElfState {
 }
 
 /// What [`load_elf`] looks for.
-pub(crate) struct ElfRequest<'a> {
-    pub(crate) id: &'a ImageId,
-    pub(crate) recorded: &'a [Vec<u8>],
-    pub(crate) mode: SymbolMode,
+#[derive(Debug)]
+pub struct ElfRequest<'a> {
+    pub id: &'a ImageId,
+    pub recorded: &'a [Vec<u8>],
+    pub mode: SymbolMode,
 }
 
 fn debug_key(p: &std::path::Path) -> (std::path::PathBuf, u64, i64) {
@@ -980,7 +982,7 @@ fn debug_key(p: &std::path::Path) -> (std::path::PathBuf, u64, i64) {
     }
 }
 
-pub(crate) fn load_elf(
+pub fn load_elf(
     locator: &mut Locator,
     cache: &mut SymbolCache,
     r: &ElfRequest<'_>,
@@ -1106,7 +1108,7 @@ pub fn elf_symbolizer(
     }
 }
 
-pub(crate) fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey {
+pub fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey {
     let Some(vaddr) = s.offset_to_vaddr(off) else {
         return (unsymbolized(label, off), None);
     };
@@ -1132,7 +1134,7 @@ pub(crate) fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str
 
 /// Symbol containing `addr` by the snapshot's own lookup (FORMAT.md, section 8), kept only
 /// when it belongs to the module the profile is about (`None` = core kernel).
-pub(crate) fn kernel_lookup(
+pub fn kernel_lookup(
     s: &KallsymsSnapshot,
     module: Option<u32>,
     addr: Option<u64>,
