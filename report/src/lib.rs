@@ -9,6 +9,7 @@
 //! - [`report`] weights and aggregates them into per-image or per-symbol reports;
 //! - [`symbolize`], [`elfparts`], [`symcache`] and [`debuginfo`] turn stored offsets into
 //!   symbols, finding the exact build of each binary and its separate debug information;
+//! - [`symbolizer`] is the one symbolizer: what names an offset of any kind of image;
 //! - [`names`] demangles and makes names printable; [`image`] names images and matches
 //!   `--image` specs; [`stats`] counts work for `--stats`; [`error`] is the errors of a run.
 
@@ -22,6 +23,7 @@ pub mod report;
 pub mod select;
 pub mod stats;
 pub mod symbolize;
+pub mod symbolizer;
 pub mod symcache;
 
 pub use error::ProfError;

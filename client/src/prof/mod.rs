@@ -26,6 +26,7 @@ pub mod stacks;
 pub use dcpi_report::stats;
 pub mod subset;
 pub use dcpi_report::symbolize;
+pub use dcpi_report::symbolizer;
 pub use dcpi_report::symcache;
 pub mod who;
 pub mod whoprof;
