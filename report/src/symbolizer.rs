@@ -677,6 +677,32 @@ ffffffffc0000000 t mod_fn\t[mymod]
     }
 
     #[test]
+    fn ranges_cover_what_function_names() {
+        let elf = elf_source(Source::Elf);
+        let r: Vec<(u64, u64, &str)> =
+            elf.ranges().expect("elf").iter().map(|r| (r.start, r.end, r.raw)).collect();
+        assert_eq!(r, [(0x1000, 0x1010, "_ZN3foo3barEv"), (0x1100, 0x1120, "plain\u{1b}")]);
+        for (start, end, raw) in r {
+            assert_eq!(elf.function(start).map(|f| f.raw), Some(raw));
+            assert_eq!(elf.function(end - 1).map(|f| f.raw), Some(raw));
+        }
+        assert_eq!(Source::Elf(ElfState::Missing).ranges(), None);
+        let dir = Path::new("/db/h/e");
+        let id = ImageId::BuildId(vec![1]);
+        let k = Source::Kernel(Kallsyms::new(Some(snapshot()), None, &id, "[k]", dir, &mut |_| {}));
+        let r: Vec<(u64, u64, &str)> =
+            k.ranges().expect("kernel").iter().map(|r| (r.start, r.end, r.raw)).collect();
+        assert_eq!(r[1], (0x100, 0x200, "do_work"), "{r:?}");
+        assert_eq!((r[2].0, r[2].2), (0x200, "_RNvCs1234_7mycrate4main"), "{r:?}");
+        assert_eq!(k.function(0x1ff).map(|f| f.raw), Some("do_work"));
+        assert_eq!(k.function(0x200).map(|f| f.raw), Some(r[2].2));
+        let other = ImageId::BuildId(vec![2]);
+        let k =
+            Source::Kernel(Kallsyms::new(Some(snapshot()), None, &other, "[k]", dir, &mut |_| {}));
+        assert_eq!(k.ranges(), None, "another build names nothing");
+    }
+
+    #[test]
     fn jit_and_unknown_offsets() {
         let mode = SymbolMode::default();
         let j = Source::Jit(jit(&[(0x1000, 0x100, "_ZN3foo3barEv")]));
