@@ -12,8 +12,10 @@ use serde::Serialize;
 use crate::ctl::{parse_result, request_value, CtlError};
 use crate::escape::{controls as escape_controls, terminal};
 use crate::prof::debuginfo::file_identity;
-use crate::prof::names::demangle;
+use crate::prof::names::display_name;
+use crate::prof::report::ElfState;
 use crate::prof::symbolize::{ElfSymbolizer, SymbolTable};
+use crate::prof::symbolizer::Source;
 
 /// One row as `dcpictl top` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -35,16 +37,17 @@ pub struct Snapshot {
     pub rows: Vec<Row>,
 }
 
-/// Binaries' symbols, loaded once per (path, build-id) for the life of `dcpictl top`.
+/// Binaries' symbols, loaded once per (path, build-id) for the life of `dcpictl top`, and
+/// named by the one symbolizer as every report names them.
 #[derive(Default, Debug)]
 pub struct Symbols {
-    elf: HashMap<(String, Option<String>), Option<ElfSymbolizer>>,
+    elf: HashMap<(String, Option<String>), Option<Source>>,
 }
 
 impl Symbols {
     /// The binary for `image` of process `pid`: its path, else the same path in the process's
     /// mount namespace (`/proc/PID/root`, containers), if its build-id is the recorded one.
-    fn load(image: &str, build_id: Option<&str>, pid: u32) -> Option<ElfSymbolizer> {
+    fn load(image: &str, build_id: Option<&str>, pid: u32) -> Option<Source> {
         let candidates = [
             PathBuf::from(image),
             Path::new("/proc")
@@ -61,7 +64,8 @@ impl Symbols {
                 }
             }
             let table = SymbolTable::from_files(&path, None).ok()?;
-            return Some(ElfSymbolizer::from_table(table, None, None));
+            let s = ElfSymbolizer::from_table(table, None, None);
+            return Some(Source::Elf(ElfState::Ready(Box::new(s), None)));
         }
         None
     }
@@ -73,8 +77,7 @@ impl Symbols {
             .entry((r.image.clone(), r.build_id.clone()))
             .or_insert_with(|| Self::load(&r.image, r.build_id.as_deref(), r.pid))
             .as_ref()?;
-        let sym = s.offset_to_vaddr(offset).and_then(|v| s.symbol(v))?;
-        Some(escape_controls(&demangle(&sym.name)).into_owned())
+        Some(display_name(s.function(offset)?.raw, false))
     }
 }
 

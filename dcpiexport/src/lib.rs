@@ -17,22 +17,22 @@
 
 mod parquet_out;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use dcpi_client::args::{Selection, SymbolSearch};
 // The report tools' CSV text cell: escaped, quoted, formulas neutralised (a path or symbol
 // name can hold anything).
 use dcpi_client::escape::csv_text as csv_field;
 use dcpi_client::prof::image::image_display;
-use dcpi_client::prof::report::{display_path, elf_symbolizer, kind_name};
+use dcpi_client::prof::report::{display_path, elf_symbolizer, kind_name, ElfState};
 use dcpi_client::prof::select;
 use dcpi_client::prof::symbolize::demangle;
+use dcpi_client::prof::symbolizer::{Kallsyms, Source};
 use dcpi_client::prof::ProfError;
-use profile_format::{
-    HostDir, HostSummary, ImageId, ImageKind, KallsymsSnapshot, Profile, ProfileHeader,
-};
+use profile_format::{HostDir, HostSummary, ImageId, ImageKind, Profile, ProfileHeader};
 use sha2::{Digest, Sha256};
 
 pub use parquet_out::{SampleRow, SymbolRow};
@@ -358,65 +358,19 @@ fn host_rows(
     Ok(rows)
 }
 
-/// Non-overlapping (start, end, name) file-offset ranges of an ELF image, each named as the
-/// per-symbol report names the offsets inside it.
-fn elf_ranges(s: &dcpi_client::prof::symbolize::ElfSymbolizer) -> Vec<(u64, u64, String)> {
-    let t = s.table();
-    // Every symbol start and end is a boundary; between two boundaries the answer of
-    // `symbol()` cannot change.
-    let mut bounds: BTreeSet<u64> = BTreeSet::new();
-    for sym in &t.symbols {
-        bounds.insert(sym.start);
-        if sym.size > 0 {
-            bounds.insert(sym.start.saturating_add(sym.size));
-        }
-    }
-    let bounds: Vec<u64> = bounds.into_iter().collect();
+/// Non-overlapping (start, end, name) offset ranges of an image, from the one symbolizer
+/// ([`Source::ranges`]), each named (demangled) as reports name the offsets inside it; adjacent
+/// ranges that show the same name merge.
+fn named_ranges(src: &Source) -> Option<Vec<(u64, u64, String)>> {
     let mut out: Vec<(u64, u64, String)> = Vec::new();
-    for w in bounds.windows(2) {
-        let (a, b) = (w[0], w[1]);
-        let Some(sym) = s.symbol(a) else { continue };
-        // Map the virtual range back to file offsets through its segment.
-        let Some(seg) = t.segments.iter().find(|g| a >= g.vaddr && a - g.vaddr < g.filesz) else {
-            continue;
-        };
-        let start = a - seg.vaddr + seg.offset;
-        let end = b.min(seg.vaddr + seg.filesz) - seg.vaddr + seg.offset;
-        let name = demangle(&sym.name);
+    for r in src.ranges()? {
+        let name = demangle(r.raw);
         match out.last_mut() {
-            Some(last) if last.1 == start && last.2 == name => last.1 = end,
-            _ => out.push((start, end, name)),
+            Some(last) if last.1 == r.start && last.2 == name => last.1 = r.end,
+            _ => out.push((r.start, r.end, name)),
         }
     }
-    out
-}
-
-/// Ranges of the kernel (offsets from `_text`) or of one module (offsets from its base).
-fn kernel_ranges(snap: &KallsymsSnapshot, module: Option<u32>) -> Vec<(u64, u64, String)> {
-    let base = match module {
-        None => snap.text_base,
-        Some(m) => snap.modules.get(m as usize).map_or(0, |m| m.base),
-    };
-    let limit = module.and_then(|m| snap.modules.get(m as usize)).map(|m| m.base + m.size);
-    let syms: Vec<_> =
-        snap.symbols.iter().filter(|s| s.module == module && s.addr >= base).collect();
-    let mut out: Vec<(u64, u64, String)> = Vec::new();
-    for (i, s) in syms.iter().enumerate() {
-        // Several symbols at one address: the first (canonical order) names it, as in lookup.
-        if i > 0 && syms[i - 1].addr == s.addr {
-            continue;
-        }
-        let next = syms[i + 1..].iter().find(|n| n.addr > s.addr).map(|n| n.addr);
-        let end = next.or(limit).unwrap_or(u64::MAX);
-        out.push((s.addr - base, end.saturating_sub(base), s.name.clone()));
-    }
-    out
-}
-
-fn module_index(snap: &KallsymsSnapshot, path: &[u8]) -> Option<u32> {
-    let name = display_path(path);
-    let name = name.trim_start_matches('[').trim_end_matches(']');
-    snap.modules.iter().position(|m| m.name == name).map(|i| i as u32)
+    Some(out)
 }
 
 /// Symbol rows of the images not yet in `done` (image id text -> file).
@@ -435,10 +389,10 @@ fn symbol_rows(
         if done.contains_key(id_text) {
             continue;
         }
-        let ranges = match im.kind {
+        let src = match im.kind {
             ImageKind::Elf => {
                 match elf_symbolizer(&mut locator, &mut cache, &im.id, &im.paths, warn) {
-                    Some(s) => elf_ranges(&s),
+                    Some(s) => Source::Elf(ElfState::Ready(Box::new(s), None)),
                     // Tried again on the next run (the binary may be supplied by then).
                     None => continue,
                 }
@@ -455,18 +409,32 @@ fn symbol_rows(
                     }
                 };
                 let module = if im.kind == ImageKind::KernelModule {
-                    match im.paths.first().and_then(|p| module_index(&snap, p)) {
-                        Some(m) => Some(m),
+                    match im.paths.first() {
+                        Some(p) => Some(display_path(p)),
                         None => continue,
                     }
                 } else {
                     None
                 };
-                kernel_ranges(&snap, module)
+                let image = im.paths.first().map(|p| display_path(p)).unwrap_or_default();
+                let k = Kallsyms::new(
+                    Some(Rc::new(snap)),
+                    module.as_deref(),
+                    &im.id,
+                    &image,
+                    &d.path,
+                    warn,
+                );
+                if module.is_some() {
+                    Source::Module(k)
+                } else {
+                    Source::Kernel(k)
+                }
             }
             // vDSO, JIT and unknown samples have no stable file to name symbols from.
             _ => continue,
         };
+        let Some(ranges) = named_ranges(&src) else { continue };
         let build_id = match &im.id {
             ImageId::BuildId(b) => Some(hex::encode(b)),
             ImageId::Fallback(_) => None,

@@ -4,5 +4,26 @@
 //! their flags into calls on this crate.
 //!
 //! - [`escape`]: the one escaper for names from untrusted files (terminal, CSV, JSON text).
+//! - [`select`] picks epochs and host directories and loads profiles and summaries (through
+//!   the profile-format crate's guarded readers);
+//! - [`report`] weights and aggregates them into per-image or per-symbol reports;
+//! - [`symbolize`], [`elfparts`], [`symcache`] and [`debuginfo`] turn stored offsets into
+//!   symbols, finding the exact build of each binary and its separate debug information;
+//! - [`symbolizer`] is the one symbolizer: what names an offset of any kind of image;
+//! - [`names`] demangles and makes names printable; [`image`] names images and matches
+//!   `--image` specs; [`stats`] counts work for `--stats`; [`error`] is the errors of a run.
 
+pub mod debuginfo;
+pub mod elfparts;
+pub mod error;
 pub mod escape;
+pub mod image;
+pub mod names;
+pub mod report;
+pub mod select;
+pub mod stats;
+pub mod symbolize;
+pub mod symbolizer;
+pub mod symcache;
+
+pub use error::ProfError;

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
+use std::rc::Rc;
 
 use profile_format::ImageKind;
 use serde::Serialize;
@@ -13,12 +14,14 @@ use super::{Args, ListError, Mode, SKID_NOTE};
 use crate::escape::controls;
 use crate::prof::debuginfo::live_vdso;
 use crate::prof::image::{build_id_hex, display_path, image_display, kind_name};
+use crate::prof::names::display_name;
 use crate::prof::report::{
     self, ElfRequest, ElfState, EventCount, EventInfo, ImageFilter, ImageInfo, Scope, SymbolMode,
     Weights,
 };
 use crate::prof::select::Loaded;
-use crate::prof::symbolize::{demangle, ElfSymbolizer, Frame};
+use crate::prof::symbolize::{demangle, Frame};
+use crate::prof::symbolizer::{JitTable, Kallsyms, Source};
 
 /// Functions larger than this are refused (a corrupt symbol size would read the whole file).
 const MAX_FUNCTION_BYTES: u64 = 16 << 20;
@@ -185,7 +188,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
         symbols_note: None,
     };
     let mode = args.mode();
-    let mut frames: Option<Box<ElfSymbolizer>> = None;
+    let mut frames: Option<Source> = None;
     let mut cache_entry = None;
     let mut locator = args.symbols.locator(&args.sel.db);
     let mut cache = args.symbols.cache(&mut |w| warnings.push(w));
@@ -200,25 +203,22 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
                 }
             }
             let want = SymbolMode { lines: true, inlines: false, raw_names: false };
-            let state = if kind == ImageKind::Vdso {
-                report::load_vdso(&mut locator, &id, want, &mut info)
-            } else {
-                let r = ElfRequest { id: &id, recorded: &recorded, mode: want };
-                report::load_elf(&mut locator, &mut cache, &r, &mut info, &mut |w| warnings.push(w))
-            };
-            let s = match state {
-                ElfState::Ready(s, e) => {
-                    cache_entry = e;
-                    s
+            let r = ElfRequest { id: &id, recorded: &recorded, mode: want };
+            let src = report::elf_source(kind, &mut locator, &mut cache, &r, &mut info, &mut |w| {
+                warnings.push(w)
+            });
+            match &src {
+                Source::Elf(ElfState::Ready(_, e)) | Source::Vdso(ElfState::Ready(_, e)) => {
+                    cache_entry = *e;
                 }
-                ElfState::Mismatch => {
+                Source::Elf(ElfState::Mismatch) => {
                     return Err(ListError::Data(format!(
                         "{}: only another build of this binary was found (build-id mismatch); \
                          supply the profiled build with --binary-path DIR or --cache-dir DIR",
                         info.path
                     )))
                 }
-                ElfState::Missing => {
+                _ => {
                     return Err(ListError::Data(format!(
                         "{}: binary not found or without symbols; supply it with --binary-path \
                          DIR or --cache-dir DIR (or its debug file with --debug-dir DIR)",
@@ -226,13 +226,13 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
                     )))
                 }
             };
-            let f = elf_func(&s, &loaded, &weights, &idx, sym_spec, &info, mode)?;
-            frames = Some(s);
+            let f = elf_func(&src, &loaded, &weights, &idx, sym_spec, &info, mode)?;
+            frames = Some(src);
             f
         }
-        ImageKind::Anon => jit_func(&loaded, &idx, sym_spec, &info.path)?,
+        ImageKind::Anon => jit_func(&loaded, &weights, &idx, sym_spec, &info.path)?,
         ImageKind::Kernel | ImageKind::KernelModule => {
-            kernel_func(args, &loaded, &idx, sym_spec, &info.path, warnings)?
+            kernel_func(args, &loaded, &weights, &idx, sym_spec, &info.path, warnings)?
         }
         ImageKind::Unknown => {
             return Err(ListError::Data(
@@ -299,7 +299,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
             it.counts.merge(c);
         }
     }
-    if let (Some(s), Some(base)) = (&frames, func.addr) {
+    if let (Some(s), Some(base)) = (frames.as_ref().and_then(Source::elf), func.addr) {
         for it in &mut items {
             it.frame = s.frame(base + (it.off - func.start_off));
         }
@@ -324,7 +324,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     let base = func.addr.unwrap_or(0);
     let demangled: std::cell::RefCell<HashMap<u64, String>> = Default::default();
     let name_at = |a: u64| -> Option<String> {
-        let s = frames.as_ref()?;
+        let s = frames.as_ref()?.elf()?;
         let sym = s.symbol(a)?;
         let name = demangled
             .borrow_mut()
@@ -512,7 +512,7 @@ fn parse_offset(spec: &str) -> Option<u64> {
 }
 
 fn elf_func(
-    s: &ElfSymbolizer,
+    src: &Source,
     loaded: &Loaded,
     w: &Weights,
     idx: &[usize],
@@ -520,6 +520,9 @@ fn elf_func(
     info: &ImageInfo,
     mode: Mode,
 ) -> Result<Func, ListError> {
+    let Some(s) = src.elf() else {
+        return Err(ListError::Data(format!("{}: no symbols were loaded", info.path)));
+    };
     let syms = &s.table().symbols;
     let chosen = match parse_offset(spec) {
         Some(off) => s.offset_to_vaddr(off).and_then(|a| s.symbol(a)).cloned(),
@@ -564,7 +567,7 @@ fn elf_func(
         }
     };
     let Some(sym) = chosen else {
-        return Err(not_found(spec, &info.path, hottest_elf(s, loaded, w, idx)));
+        return Err(not_found(spec, &info.path, hottest(src, loaded, w, idx)));
     };
     let end = s.symbol_end(&sym);
     let size = end.saturating_sub(sym.start);
@@ -661,18 +664,24 @@ fn not_found(spec: &str, image: &str, hot: Vec<String>) -> ListError {
     ListError::Data(format!("no function {spec:?} in {image}; {hint} (see dcpiprof --image)"))
 }
 
-/// The most sampled symbol names of an ELF image (for "not found").
-fn hottest_elf(s: &ElfSymbolizer, loaded: &Loaded, w: &Weights, idx: &[usize]) -> Vec<String> {
+/// Add the samples of profile `i` (first event only) to `by`, per function as the one
+/// symbolizer names it (for "not found": the hottest functions).
+fn count_hot(by: &mut HashMap<String, u64>, src: &Source, loaded: &Loaded, w: &Weights, i: usize) {
+    if !matches!(w.per_profile[i], Some((0, _))) {
+        return;
+    }
+    for (&off, &c) in &loaded.profiles[i].profile.counts {
+        if let Some(f) = src.function(off) {
+            *by.entry(display_name(f.raw, false)).or_default() += c;
+        }
+    }
+}
+
+/// The most sampled function names of an image (for "not found").
+fn hottest(src: &Source, loaded: &Loaded, w: &Weights, idx: &[usize]) -> Vec<String> {
     let mut by: HashMap<String, u64> = HashMap::new();
     for &i in idx {
-        if !matches!(w.per_profile[i], Some((0, _))) {
-            continue;
-        }
-        for (&off, &c) in &loaded.profiles[i].profile.counts {
-            if let Some(sym) = s.offset_to_vaddr(off).and_then(|a| s.symbol(a)) {
-                *by.entry(controls(&demangle(&sym.name)).into_owned()).or_default() += c;
-            }
-        }
+        count_hot(&mut by, src, loaded, w, i);
     }
     top_names(by)
 }
@@ -684,8 +693,14 @@ fn top_names(by: HashMap<String, u64>) -> Vec<String> {
 }
 
 /// A JIT function from the perf map stored with the profile: offsets are addresses.
-fn jit_func(loaded: &Loaded, idx: &[usize], spec: &str, image: &str) -> Result<Func, ListError> {
-    let mut by: HashMap<String, u64> = HashMap::new();
+fn jit_func(
+    loaded: &Loaded,
+    w: &Weights,
+    idx: &[usize],
+    spec: &str,
+    image: &str,
+) -> Result<Func, ListError> {
+    let mut hot: HashMap<String, u64> = HashMap::new();
     for &i in idx {
         let h = &loaded.profiles[i].profile.header;
         if let Some(s) = h.jit_symbols.iter().find(|s| name_matches(&s.name, spec)) {
@@ -699,14 +714,10 @@ fn jit_func(loaded: &Loaded, idx: &[usize], spec: &str, image: &str) -> Result<F
                 binary: None,
             });
         }
-        for (&off, &c) in &loaded.profiles[i].profile.counts {
-            if let Some(s) = h.jit_symbols.iter().find(|s| off >= s.start && off - s.start < s.size)
-            {
-                *by.entry(controls(&demangle(&s.name)).into_owned()).or_default() += c;
-            }
-        }
+        let src = Source::Jit(JitTable::new(h.jit_symbols.clone()));
+        count_hot(&mut hot, &src, loaded, w, i);
     }
-    Err(not_found(spec, image, top_names(by)))
+    Err(not_found(spec, image, top_names(hot)))
 }
 
 /// A kernel or module function from the epoch's kallsyms snapshot; code from --vmlinux or
@@ -714,6 +725,7 @@ fn jit_func(loaded: &Loaded, idx: &[usize], spec: &str, image: &str) -> Result<F
 fn kernel_func(
     args: &Args,
     loaded: &Loaded,
+    w: &Weights,
     idx: &[usize],
     spec: &str,
     image: &str,
@@ -741,17 +753,13 @@ fn kernel_func(
     let in_scope: Vec<&profile_format::KernelSymbol> =
         snap.symbols.iter().filter(|s| s.module == module_idx).collect();
     let Some(pos) = in_scope.iter().position(|s| name_matches(&s.name, spec)) else {
-        let mut by: HashMap<String, u64> = HashMap::new();
-        for &i in idx {
-            for (&off, &c) in &loaded.profiles[i].profile.counts {
-                let a = base.saturating_add(off);
-                let at = in_scope.partition_point(|s| s.addr <= a);
-                if let Some(s) = at.checked_sub(1).map(|i| in_scope[i]) {
-                    *by.entry(controls(&s.name).into_owned()).or_default() += c;
-                }
-            }
-        }
-        return Err(not_found(spec, image, top_names(by)));
+        let h = &first.profile.header;
+        let name = module.is_some().then(|| display_path(&h.image_path));
+        let snap = Some(Rc::new(snap.clone()));
+        let dir = &loaded.dirs[first.dir].path;
+        let k = Kallsyms::new(snap, name.as_deref(), &h.image_id, image, dir, &mut |_| {});
+        let src = if module.is_some() { Source::Module(k) } else { Source::Kernel(k) };
+        return Err(not_found(spec, image, hottest(&src, loaded, w, idx)));
     };
     let sym = in_scope[pos];
     let end = in_scope[pos + 1..]

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use profile_format::{ImageId, ImageKind, KallsymsSnapshot};
+use profile_format::{ImageId, ImageKind};
 use serde::Serialize;
 
 use super::disasm;
@@ -11,11 +11,9 @@ use super::{Args, ListError};
 use crate::escape::controls;
 use crate::prof::debuginfo::live_vdso;
 use crate::prof::image::{build_id_hex, display_path, image_display};
-use crate::prof::report::{
-    self, ElfRequest, ElfState, EventCount, EventInfo, ImageInfo, Scope, SymbolMode,
-};
+use crate::prof::report::{self, ElfRequest, EventCount, EventInfo, ImageInfo, Scope, SymbolMode};
 use crate::prof::select::Loaded;
-use crate::prof::symbolize::{demangle, ElfSymbolizer};
+use crate::prof::symbolizer::{JitTable, Kallsyms, Snapshots, Source};
 use crate::prof::ProfError;
 
 /// One of the hottest instructions.
@@ -83,7 +81,7 @@ pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopRepor
     v.retain(|(_, c)| !c.is_zero());
     v.truncate(n);
     let mut resolver =
-        Resolver { args, loaded: &loaded, elf: HashMap::new(), snaps: HashMap::new() };
+        Resolver { args, loaded: &loaded, elf: HashMap::new(), snaps: Snapshots::default() };
     let mut rows = Vec::with_capacity(v.len());
     for ((key, off), c) in v {
         let pi = first_of[&key];
@@ -114,12 +112,14 @@ pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopRepor
 struct Resolver<'a> {
     args: &'a Args,
     loaded: &'a Loaded,
-    elf: HashMap<ImageKey, Option<(Box<ElfSymbolizer>, bool)>>,
-    snaps: HashMap<usize, Option<KallsymsSnapshot>>,
+    /// ELF and vDSO sources, and whether their code is x86-64 (disassembled).
+    elf: HashMap<ImageKey, Option<(Source, bool)>>,
+    snaps: Snapshots,
 }
 
 impl Resolver<'_> {
-    /// Symbol, instruction text and source line of one offset.
+    /// Symbol (with its offset, `f+0x12`), instruction text and source line of one offset:
+    /// the symbol as the one symbolizer names it for every report.
     fn describe(
         &mut self,
         pi: usize,
@@ -129,53 +129,39 @@ impl Resolver<'_> {
     ) -> (Option<String>, Option<String>, Option<String>) {
         let p = &self.loaded.profiles[pi];
         let h = &p.profile.header;
+        let mode = SymbolMode::default();
         match h.kind {
             ImageKind::Elf | ImageKind::Vdso => {
                 let args = self.args;
                 let s = self.elf.entry(key.clone()).or_insert_with(|| {
-                    let mut info = ImageInfo {
-                        path: String::new(),
-                        kind: "",
-                        image_id: None,
-                        build_id: None,
-                        binary: None,
-                        debug_file: None,
-                        symbols_note: None,
-                    };
+                    let mut info = ImageInfo::default();
                     let mut locator = args.symbols.locator(&args.sel.db);
                     let want = SymbolMode { lines: true, inlines: false, raw_names: false };
-                    let st = if h.kind == ImageKind::Vdso {
-                        report::load_vdso(&mut locator, &h.image_id, want, &mut info)
+                    let src = if h.kind == ImageKind::Vdso {
+                        Source::Vdso(report::load_vdso(&mut locator, &h.image_id, want, &mut info))
                     } else {
                         let mut cache = args.symbols.cache(&mut |w| warnings.push(w));
                         let rec = [h.image_path.clone()];
                         let r = ElfRequest { id: &h.image_id, recorded: &rec, mode: want };
-                        report::load_elf(&mut locator, &mut cache, &r, &mut info, &mut |w| {
-                            warnings.push(w)
-                        })
+                        Source::Elf(report::load_elf(
+                            &mut locator,
+                            &mut cache,
+                            &r,
+                            &mut info,
+                            &mut |w| warnings.push(w),
+                        ))
                     };
-                    match st {
-                        ElfState::Ready(s, _) => {
-                            let x86 = match s.binary_path() {
-                                Some(b) => is_x86_64(Some(b), None),
-                                None => live_vdso().is_some_and(|d| is_x86_64(None, Some(&d))),
-                            };
-                            Some((s, x86))
-                        }
-                        _ => None,
-                    }
+                    let x86 = match src.elf()?.binary_path() {
+                        Some(b) => is_x86_64(Some(b), None),
+                        None => live_vdso().is_some_and(|d| is_x86_64(None, Some(&d))),
+                    };
+                    Some((src, x86))
                 });
-                let Some((s, x86)) = s else { return (None, None, None) };
+                let Some((src, x86)) = s else { return (None, None, None) };
                 let x86 = *x86;
+                let Some(s) = src.elf() else { return (None, None, None) };
                 let Some(vaddr) = s.offset_to_vaddr(off) else { return (None, None, None) };
-                let sym = s.symbol(vaddr).map(|x| {
-                    let d = controls(&demangle(&x.name)).into_owned();
-                    if vaddr == x.start {
-                        d
-                    } else {
-                        format!("{d}+{:#x}", vaddr - x.start)
-                    }
-                });
+                let sym = src.symbolize(off, mode, "").with_offset();
                 let code = match s.binary_path() {
                     Some(b) => read_bytes(b, off),
                     None => live_vdso().and_then(|d| {
@@ -193,33 +179,19 @@ impl Resolver<'_> {
                 (sym, insn, src)
             }
             ImageKind::Kernel | ImageKind::KernelModule => {
-                let dir = p.dir;
-                let snap = self
-                    .snaps
-                    .entry(dir)
-                    .or_insert_with(|| self.loaded.dirs[dir].read_kallsyms().ok());
-                let Some(snap) = snap.as_ref() else { return (None, None, None) };
-                let (module, base) = if h.kind == ImageKind::KernelModule {
-                    let name = display_path(&h.image_path);
-                    let name = name.trim_start_matches('[').trim_end_matches(']').to_owned();
-                    match snap.modules.iter().position(|m| m.name == name) {
-                        Some(mi) => (Some(mi as u32), snap.modules[mi].base),
-                        None => return (None, None, None),
-                    }
-                } else {
-                    (None, snap.text_base)
+                // As before, `--top` says nothing about snapshots it cannot use: their rows
+                // just have no symbol.
+                let snap = self.snaps.get(self.loaded, p.dir, "samples", &mut |_| {});
+                let module =
+                    (h.kind == ImageKind::KernelModule).then(|| display_path(&h.image_path));
+                let dir = &self.loaded.dirs[p.dir].path;
+                let image = image_display(h);
+                let k =
+                    Kallsyms::new(snap, module.as_deref(), &h.image_id, &image, dir, &mut |_| {});
+                let (Some(snap), Some(addr)) = (k.snapshot(), k.address(off)) else {
+                    return (None, None, None);
                 };
-                let addr = base.saturating_add(off);
-                let sym = report::kernel_lookup(snap, module, Some(addr));
-                let name = sym.map(|s| {
-                    let n = controls(&s.name).into_owned();
-                    if addr == s.addr {
-                        n
-                    } else {
-                        format!("{n}+{:#x}", addr - s.addr)
-                    }
-                });
-                let insn = if module.is_none() {
+                let insn = if k.module().is_none() {
                     let mut ignore = Vec::new();
                     super::kernel::read_kernel_code(
                         self.args.vmlinux.as_deref(),
@@ -238,22 +210,12 @@ impl Resolver<'_> {
                 } else {
                     None
                 };
-                (name, insn, None)
+                let src = if module.is_some() { Source::Module(k) } else { Source::Kernel(k) };
+                (src.symbolize(off, mode, "").with_offset(), insn, None)
             }
             ImageKind::Anon => {
-                let name = h
-                    .jit_symbols
-                    .iter()
-                    .find(|s| off >= s.start && off - s.start < s.size.max(1))
-                    .map(|s| {
-                        let d = controls(&demangle(&s.name)).into_owned();
-                        if off == s.start {
-                            d
-                        } else {
-                            format!("{d}+{:#x}", off - s.start)
-                        }
-                    });
-                (name, None, None)
+                let src = Source::Jit(JitTable::new(h.jit_symbols.clone()));
+                (src.symbolize(off, mode, "").with_offset(), None, None)
             }
             ImageKind::Unknown => (None, None, None),
         }

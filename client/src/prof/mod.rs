@@ -12,21 +12,22 @@
 //! See [`SCHEMA`]; it is also printed by `dcpiprof --help`.
 
 pub mod by;
-pub mod debuginfo;
-pub mod elfparts;
-pub mod error;
+pub use dcpi_report::debuginfo;
+pub use dcpi_report::elfparts;
+pub use dcpi_report::error;
 pub mod export;
 pub mod global;
-pub mod image;
-pub mod names;
+pub use dcpi_report::image;
+pub use dcpi_report::names;
 pub mod output;
-pub mod report;
-pub mod select;
+pub use dcpi_report::report;
+pub use dcpi_report::select;
 pub mod stacks;
-pub mod stats;
+pub use dcpi_report::stats;
 pub mod subset;
-pub mod symbolize;
-pub mod symcache;
+pub use dcpi_report::symbolize;
+pub use dcpi_report::symbolizer;
+pub use dcpi_report::symcache;
 pub mod who;
 pub mod whoprof;
 

@@ -4,17 +4,14 @@
 
 use std::collections::HashMap;
 
-use profile_format::{
-    ImageId, ImageKind, JitSymbol, KallsymsSnapshot, Profile, StackImage, StackProfile,
-    UnknownReason,
-};
+use profile_format::{ImageId, ImageKind, JitSymbol, Profile, StackImage, StackProfile};
 use serde::Serialize;
 
 use super::debuginfo::Locator;
 use super::names::display_name;
 use super::report::{self, SymbolMode, Weights};
 use super::select::Loaded;
-use super::symbolize::ElfSymbolizer;
+use super::symbolizer::{JitTable, Kallsyms, Snapshots, Source};
 use super::symcache::SymbolCache;
 use super::ProfError;
 
@@ -80,20 +77,22 @@ impl SymStack {
     }
 }
 
-/// Names frames, caching symbol tables and kernel snapshots.
+/// Names frames with the one symbolizer ([`Source`]), caching each image's source.
 struct Namer<'a> {
     loaded: &'a Loaded,
     locator: Locator,
     cache: SymbolCache,
     mode: SymbolMode,
-    elf: HashMap<ImageId, Option<ElfSymbolizer>>,
-    ksyms: HashMap<usize, Option<KallsymsSnapshot>>,
-    /// JIT symbols per (dir, anonymous image).
-    jit: HashMap<(usize, ImageId), Vec<JitSymbol>>,
+    /// ELF and vDSO sources, by identity.
+    elf: HashMap<ImageId, Source>,
+    /// Kernel, module and JIT sources, per (dir, image).
+    per_dir: HashMap<(usize, ImageId), Source>,
+    snaps: Snapshots,
     /// Names of (image index, offset) of the file being read.
     names: HashMap<(u32, u64), String>,
     /// JIT symbols the file being read carries itself (FORMAT.md §13, version 2), by image.
-    file_jit: HashMap<ImageId, Vec<JitSymbol>>,
+    file_jit: HashMap<ImageId, Source>,
+    unknown: Source,
 }
 
 fn label(img: &StackImage) -> String {
@@ -110,95 +109,76 @@ impl Namer<'_> {
         off: u64,
         warn: &mut dyn FnMut(String),
     ) -> String {
-        let label = label(img);
-        match img.kind {
-            ImageKind::Elf => {
-                let mode = self.mode;
-                match self.elf_of(img, warn) {
-                    Some(s) => report::elf_key(s, off, mode, &label).0,
-                    None => report::unsymbolized(&label, off),
-                }
-            }
-            ImageKind::Kernel | ImageKind::KernelModule => {
-                let raw = self.mode.raw_names;
-                let snap = self.ksyms_of(dir, warn);
-                let found = match snap {
-                    Some(s) if img.kind == ImageKind::Kernel => {
-                        report::kernel_lookup(s, None, s.text_base.checked_add(off))
-                    }
-                    Some(s) => {
-                        let name = label.trim_start_matches('[').trim_end_matches(']');
-                        s.modules.iter().position(|m| m.name == name).and_then(|mi| {
-                            report::kernel_lookup(
-                                s,
-                                Some(mi as u32),
-                                s.modules[mi].base.checked_add(off),
-                            )
-                        })
-                    }
-                    None => None,
-                };
-                match found {
-                    Some(sym) => display_name(&sym.name, raw),
-                    None => report::unsymbolized(&label, off),
-                }
-            }
-            ImageKind::Unknown => UnknownReason::from_code(off).map_or_else(
-                || format!("[unknown: code {off}]"),
-                |r| format!("[unknown: {}]", r.as_str()),
-            ),
-            ImageKind::Anon => {
-                let raw = self.mode.raw_names;
-                let found = self.jit_of(dir, img).and_then(|syms| {
-                    syms.iter()
-                        .find(|s| off >= s.start && off - s.start < s.size.max(1))
-                        .map(|s| display_name(&s.name, raw))
-                });
-                found.unwrap_or_else(|| format!("{label}+{off:#x}"))
-            }
-            // Named as the flat report names vDSO samples (report::load_vdso).
-            ImageKind::Vdso => {
-                let mode = self.mode;
-                match self.elf_of(img, warn) {
-                    Some(s) => report::elf_key(s, off, mode, &label).0,
-                    None => format!("{label}+{off:#x}"),
-                }
-            }
-        }
+        let (label, mode) = (label(img), self.mode);
+        self.source(dir, img, warn).symbolize(off, mode, &label).name
     }
 
-    /// The JIT symbols (perf map) of an anonymous image: those the stack file carries (a
-    /// region sampled only as a caller has no flat profile), else its flat profile's in the
-    /// same host directory (files written before version 2 of §13 carry none).
-    fn jit_of(&mut self, dir: usize, img: &StackImage) -> Option<&[JitSymbol]> {
-        if self.file_jit.contains_key(&img.id) {
-            return self.file_jit.get(&img.id).map(Vec::as_slice);
-        }
-        let loaded = self.loaded;
-        let v = self.jit.entry((dir, img.id.clone())).or_insert_with(|| {
-            let mut syms = Vec::new();
-            for p in loaded.profiles.iter().filter(|p| p.dir == dir) {
-                if p.profile.header.image_id != img.id {
-                    continue;
-                }
-                if !p.profile.header.jit_symbols.is_empty() {
-                    return p.profile.header.jit_symbols.clone();
-                }
-                // Totals from the summary index carry no symbols: read the file itself.
-                if p.path.extension().is_some_and(|e| e == "json" || e == "idx") {
-                    continue;
-                }
-                if let Ok(f) = Profile::read(&p.path) {
-                    if !f.header.jit_symbols.is_empty() {
-                        syms = f.header.jit_symbols;
-                        break;
-                    }
-                }
+    /// The source of an image's names, chosen once by its kind: ELF and vDSO symbols found as
+    /// the flat report finds them, the host's kallsyms snapshot, or the JIT symbols (perf map)
+    /// of an anonymous image: those the stack file carries (a region sampled only as a caller
+    /// has no flat profile), else its flat profile's in the same host directory (files written
+    /// before version 2 of §13 carry none).
+    fn source(&mut self, dir: usize, img: &StackImage, warn: &mut dyn FnMut(String)) -> &Source {
+        let (locator, cache, loaded) = (&mut self.locator, &mut self.cache, self.loaded);
+        match img.kind {
+            ImageKind::Elf | ImageKind::Vdso => {
+                &*self.elf.entry(img.id.clone()).or_insert_with(|| {
+                    let mut info = report::ImageInfo::default();
+                    let recorded = std::slice::from_ref(&img.path);
+                    let r =
+                        report::ElfRequest { id: &img.id, recorded, mode: SymbolMode::default() };
+                    report::elf_source(img.kind, locator, cache, &r, &mut info, warn)
+                })
             }
-            syms
-        });
-        (!v.is_empty()).then_some(v.as_slice())
+            ImageKind::Anon if self.file_jit.contains_key(&img.id) => &self.file_jit[&img.id],
+            ImageKind::Kernel | ImageKind::KernelModule | ImageKind::Anon => {
+                let snaps = &mut self.snaps;
+                &*self.per_dir.entry((dir, img.id.clone())).or_insert_with(|| match img.kind {
+                    ImageKind::Anon => Source::Jit(JitTable::new(jit_of(loaded, dir, img))),
+                    _ => {
+                        let snap = snaps.get(loaded, dir, "frames", warn);
+                        let module = (img.kind == ImageKind::KernelModule).then(|| label(img));
+                        let k = Kallsyms::new(
+                            snap,
+                            module.as_deref(),
+                            &img.id,
+                            &super::image::display_path(&img.path),
+                            &loaded.dirs[dir].path,
+                            warn,
+                        );
+                        if module.is_some() {
+                            Source::Module(k)
+                        } else {
+                            Source::Kernel(k)
+                        }
+                    }
+                })
+            }
+            ImageKind::Unknown => &self.unknown,
+        }
     }
+}
+
+/// The JIT symbols of an anonymous image in the flat profiles of host directory `dir`.
+fn jit_of(loaded: &Loaded, dir: usize, img: &StackImage) -> Vec<JitSymbol> {
+    for p in loaded.profiles.iter().filter(|p| p.dir == dir) {
+        if p.profile.header.image_id != img.id {
+            continue;
+        }
+        if !p.profile.header.jit_symbols.is_empty() {
+            return p.profile.header.jit_symbols.clone();
+        }
+        // Totals from the summary index carry no symbols: read the file itself.
+        if p.path.extension().is_some_and(|e| e == "json" || e == "idx") {
+            continue;
+        }
+        if let Ok(f) = Profile::read(&p.path) {
+            if !f.header.jit_symbols.is_empty() {
+                return f.header.jit_symbols;
+            }
+        }
+    }
+    Vec::new()
 }
 
 /// What [`load`] names.
@@ -301,7 +281,7 @@ impl Namer<'_> {
         let mut out = Vec::new();
         match img.kind {
             ImageKind::Elf | ImageKind::Vdso => {
-                let Some(s) = self.elf_of(img, warn) else { return out };
+                let Some(s) = self.source(dir, img, warn).elf() else { return out };
                 for sym in &s.table().symbols {
                     if !m.matches(&sym.name) {
                         continue;
@@ -314,16 +294,14 @@ impl Namer<'_> {
                 }
             }
             ImageKind::Kernel | ImageKind::KernelModule => {
-                let label = label(img);
-                let Some(s) = self.ksyms_of(dir, warn) else { return out };
-                let (module, base) = if img.kind == ImageKind::Kernel {
-                    (None, s.text_base)
-                } else {
-                    let name = label.trim_start_matches('[').trim_end_matches(']');
-                    match s.modules.iter().position(|m| m.name == name) {
-                        Some(mi) => (Some(mi as u32), s.modules[mi].base),
-                        None => return out,
-                    }
+                let (Source::Kernel(k) | Source::Module(k)) = self.source(dir, img, warn) else {
+                    return out;
+                };
+                let Some(s) = k.snapshot() else { return out };
+                let (module, base) = match k.module() {
+                    Some((mi, base)) => (Some(mi), base),
+                    None if img.kind == ImageKind::Kernel => (None, s.text_base),
+                    None => return out,
                 };
                 for (i, k) in s.symbols.iter().enumerate() {
                     if k.module != module || !m.matches(&k.name) {
@@ -342,45 +320,6 @@ impl Namer<'_> {
             ImageKind::Unknown | ImageKind::Anon => {}
         }
         out
-    }
-
-    /// The symbols of an ELF image, or of a vDSO (which has no file: a copy found by build-id,
-    /// else this machine's own vDSO when it is the same build, as the flat report finds it).
-    fn elf_of(&mut self, img: &StackImage, warn: &mut dyn FnMut(String)) -> Option<&ElfSymbolizer> {
-        let (locator, cache, mode) = (&mut self.locator, &mut self.cache, self.mode);
-        self.elf
-            .entry(img.id.clone())
-            .or_insert_with(|| {
-                if img.kind == ImageKind::Vdso {
-                    let mut info = report::ImageInfo::default();
-                    return match report::load_vdso(locator, &img.id, mode, &mut info) {
-                        report::ElfState::Ready(s, _) => Some(*s),
-                        _ => None,
-                    };
-                }
-                report::elf_symbolizer(
-                    locator,
-                    cache,
-                    &img.id,
-                    std::slice::from_ref(&img.path),
-                    warn,
-                )
-            })
-            .as_ref()
-    }
-
-    fn ksyms_of(&mut self, dir: usize, warn: &mut dyn FnMut(String)) -> Option<&KallsymsSnapshot> {
-        let d = &self.loaded.dirs[dir];
-        self.ksyms
-            .entry(dir)
-            .or_insert_with(|| match d.read_kallsyms() {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    warn(format!("{e}: kernel frames of this host/epoch stay unsymbolized"));
-                    None
-                }
-            })
-            .as_ref()
     }
 
     /// Name of frame `(ii, off)` of the file being read, memoized.
@@ -454,10 +393,11 @@ pub fn load(
         cache,
         mode,
         elf: HashMap::new(),
-        ksyms: HashMap::new(),
-        jit: HashMap::new(),
+        per_dir: HashMap::new(),
+        snaps: Snapshots::default(),
         names: HashMap::new(),
         file_jit: HashMap::new(),
+        unknown: Source::Unknown,
     };
     let mut out = Vec::new();
     for (di, d) in loaded.dirs.iter().enumerate() {
@@ -487,7 +427,7 @@ pub fn load(
                 .enumerate()
                 .filter_map(|(i, img)| {
                     let syms: Vec<JitSymbol> = p.jit_symbols(i as u32).cloned().collect();
-                    (!syms.is_empty()).then(|| (img.id.clone(), syms))
+                    (!syms.is_empty()).then(|| (img.id.clone(), Source::Jit(JitTable::new(syms))))
                 })
                 .collect();
             let images: Vec<(String, StackImage)> = p

@@ -11,5 +11,6 @@ mod hostile_files;
 mod hostile_names;
 mod planted_links;
 mod pprof_proto;
+mod symbolizer;
 mod util;
 mod who_profiles;

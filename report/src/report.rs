@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use profile_format::{ImageId, ImageKind, KallsymsSnapshot, KernelSymbol, UnknownReason};
+use profile_format::{ImageId, ImageKind};
 use serde::Serialize;
 
 use super::debuginfo::{find_debug_file, live_vdso, Located, Locator};
@@ -20,6 +20,8 @@ pub use super::image::{display_path, kind_name, ImageFilter};
 use super::names::display_name;
 use super::select::{epochs_and_hosts, Loaded, TotalRow, Totals};
 use super::symbolize::{elf_identity, ElfError, ElfSymbolizer, SymbolTable};
+pub use super::symbolizer::{kernel_lookup, unsymbolized};
+use super::symbolizer::{JitTable, Kallsyms, Snapshots, Source};
 use super::symcache::{CacheKey, SymbolCache};
 use super::ProfError;
 
@@ -171,13 +173,6 @@ pub struct SymbolMode {
     pub raw_names: bool,
 }
 
-/// `image+0xOFFSET` row name for samples no symbol covers. The offset is the file offset
-/// (kernel: from the start of the text/module), rounded down to its 4 KiB page so that one
-/// unsymbolized region gives one row rather than one per instruction.
-pub(crate) fn unsymbolized(label: &str, off: u64) -> String {
-    format!("{label}+{:#x}", off & !0xfff)
-}
-
 /// Resolved events and per-profile weights.
 #[derive(Debug)]
 pub struct Weights {
@@ -320,6 +315,11 @@ impl Acc {
     }
 }
 
+/// A row's top-level samples, events and percent: those of the first event.
+pub fn first_event(counts: &[EventCount]) -> (u64, u64, f64) {
+    counts.first().map_or((0, 0, 0.0), |c| (c.samples, c.events, c.percent))
+}
+
 fn pct(part: f64, total: f64) -> f64 {
     if total > 0.0 {
         (part / total * 1e6).round() / 1e4
@@ -367,7 +367,7 @@ fn finish<K: Ord + Clone>(
         .collect()
 }
 
-pub(crate) fn scope(loaded: &Loaded, db: &str) -> Scope {
+pub fn scope(loaded: &Loaded, db: &str) -> Scope {
     scope_of(&loaded.dirs, &loaded.summaries, db)
 }
 
@@ -443,16 +443,19 @@ fn image_report_of_rows<'a>(
     let name_of = |k: &Key| names.get(k).cloned().unwrap_or_default();
     let mut out: Vec<ImageRow> = finish(rows, &w.events, name_of)
         .into_iter()
-        .map(|(k, counts, cum)| ImageRow {
-            image: names.get(&k).cloned().unwrap_or_default(),
-            kind: kind_name(k.0),
-            image_id: k.1.as_ref().map(ImageId::to_text),
-            build_id: k.1.as_ref().and_then(build_id_hex),
-            samples: counts.first().map_or(0, |c| c.samples),
-            events: counts.first().map_or(0, |c| c.events),
-            percent: counts.first().map_or(0.0, |c| c.percent),
-            cumulative_percent: cum,
-            counts,
+        .map(|(k, counts, cum)| {
+            let (samples, events, percent) = first_event(&counts);
+            ImageRow {
+                image: names.get(&k).cloned().unwrap_or_default(),
+                kind: kind_name(k.0),
+                image_id: k.1.as_ref().map(ImageId::to_text),
+                build_id: k.1.as_ref().and_then(build_id_hex),
+                samples,
+                events,
+                percent,
+                cumulative_percent: cum,
+                counts,
+            }
         })
         .collect();
     let idle_percent = out
@@ -622,8 +625,8 @@ pub fn symbolize_image(
         debug_file: None,
         symbols_note: None,
     };
-    // ELF images: one symbolizer per identity (there is only one unless the spec merges).
-    let mut elf_cache: HashMap<ImageId, ElfState> = HashMap::new();
+    // ELF and vDSO images: one source per identity (only one unless the spec merges).
+    let mut elf_cache: HashMap<ImageId, Source> = HashMap::new();
     // What each offset of an identity symbolized to (key number, symbol table name): a fleet's
     // profiles of one image repeat the same offsets thousands of times, and looking up and
     // demangling each once is most of a per-symbol report's work.
@@ -634,7 +637,7 @@ pub fn symbolize_image(
     // row key and its table name in `raws`.
     let mut sym_memo: OffsetMap<Named> = OffsetMap::default();
     let mut raws: Vec<String> = Vec::new();
-    let mut snap_cache: HashMap<usize, Option<KallsymsSnapshot>> = HashMap::new();
+    let mut snaps = Snapshots::default();
     for &i in idx {
         let p = &loaded.profiles[i];
         if w.per_profile[i].is_none() {
@@ -647,173 +650,86 @@ pub fn symbolize_image(
                 let key = &keys.list[key_id as usize];
                 visit(Hit { profile: i, offset: off, count: c, key, key_id, system_name })
             };
-        let mut add = |key: RowKey, off: u64, c: u64, system_name: Option<&str>| {
-            let id = keys.intern(key);
-            add_id(&keys, id, off, c, system_name)
-        };
-        match h.kind {
-            ImageKind::Elf => {
-                let sym = elf_cache.entry(h.image_id.clone()).or_insert_with(|| {
-                    let recorded: Vec<Vec<u8>> = {
-                        let mut r: Vec<Vec<u8>> = Vec::new();
-                        for &j in idx {
-                            let hp = &loaded.profiles[j].profile.header.image_path;
-                            if loaded.profiles[j].profile.header.image_id == h.image_id
-                                && !r.contains(hp)
-                            {
-                                r.push(hp.clone());
-                            }
+        // The one dispatch on the image's kind: which source names its offsets.
+        let own: Source;
+        let src = match h.kind {
+            ImageKind::Elf | ImageKind::Vdso => {
+                &*elf_cache.entry(h.image_id.clone()).or_insert_with(|| {
+                    let mut recorded: Vec<Vec<u8>> = Vec::new();
+                    for &j in idx {
+                        let hp = &loaded.profiles[j].profile.header.image_path;
+                        if loaded.profiles[j].profile.header.image_id == h.image_id
+                            && !recorded.contains(hp)
+                        {
+                            recorded.push(hp.clone());
                         }
-                        r
-                    };
+                    }
                     let r = ElfRequest { id: &h.image_id, recorded: &recorded, mode };
-                    load_elf(locator, cache, &r, &mut info, warn)
-                });
-                let memo = elf_memo.entry((h.image_id.clone(), label.clone())).or_default();
-                for (&off, &c) in &p.profile.counts {
-                    let (key_id, raw) = *memo.entry(off).or_insert_with(|| match sym {
-                        ElfState::Ready(s, _) => {
-                            let found = s.offset_to_vaddr(off).and_then(|v| s.symbol(v));
-                            match found {
-                                // Without lines or inlines the row is the symbol's: name it
-                                // (demangle) once per symbol, not once per offset.
-                                Some(x) if !mode.lines && !mode.inlines => {
-                                    let at = x.name.as_ptr() as u64;
-                                    *sym_memo.entry(at).or_insert_with(|| {
-                                        let key = (display_name(&x.name, mode.raw_names), None);
-                                        raws.push(x.name.clone());
-                                        (keys.intern(key), Some(raws.len() as u32 - 1))
-                                    })
-                                }
-                                _ => {
-                                    let key = keys.intern(elf_key(s, off, mode, &label));
-                                    let raw = found.map(|x| {
-                                        raws.push(x.name.clone());
-                                        raws.len() as u32 - 1
-                                    });
-                                    (key, raw)
-                                }
-                            }
-                        }
-                        ElfState::Mismatch => {
-                            (keys.intern(("[build-id mismatch]".to_owned(), None)), None)
-                        }
-                        ElfState::Missing => (keys.intern((unsymbolized(&label, off), None)), None),
-                    });
-                    let raw = raw.map(|r| raws[r as usize].as_str());
-                    add_id(&keys, key_id, off, c, raw);
-                }
+                    elf_source(h.kind, locator, cache, &r, &mut info, warn)
+                })
             }
             ImageKind::Kernel | ImageKind::KernelModule => {
-                let snap = snap_cache.entry(p.dir).or_insert_with(|| {
-                    match loaded.dirs[p.dir].read_kallsyms() {
-                        Ok(s) => Some(s),
-                        Err(e) => {
-                            warn(format!(
-                                "{e}: kernel samples of this host/epoch stay unsymbolized"
-                            ));
-                            None
-                        }
-                    }
-                });
-                let module = if h.kind == ImageKind::KernelModule {
-                    let name = display_path(&h.image_path);
-                    let name = name.trim_start_matches('[').trim_end_matches(']').to_owned();
-                    let m = snap.as_ref().and_then(|s| {
-                        s.modules
-                            .iter()
-                            .position(|m| m.name == name)
-                            .map(|i| (i as u32, s.modules[i].base))
-                    });
-                    if m.is_none() && snap.is_some() {
-                        warn(format!(
-                            "module {name} not in the kallsyms snapshot of {}",
-                            loaded.dirs[p.dir].path.display()
-                        ));
-                    }
-                    Some(m)
-                } else {
-                    None
-                };
-                // The snapshot must describe the same kernel/module build as the profile.
-                let snap_id = match (&snap, module) {
-                    (Some(s), None) => s.kernel_build_id.clone(),
-                    (Some(s), Some(Some((mi, _)))) => {
-                        s.modules.get(mi as usize).and_then(|m| m.build_id.clone())
-                    }
-                    _ => None,
-                };
-                let mismatch = match (&h.image_id, &snap_id) {
-                    (ImageId::BuildId(want), Some(have)) if want != have => {
-                        warn(format!(
-                            "{}: kallsyms snapshot of {} has build-id {}, the profile {}; not symbolizing",
-                            image_display(&p.profile.header),
-                            loaded.dirs[p.dir].path.display(),
-                            hex::encode(have),
-                            hex::encode(want)
-                        ));
-                        true
-                    }
-                    _ => false,
-                };
-                for (&off, &c) in &p.profile.counts {
-                    if mismatch {
-                        add(("[build-id mismatch]".to_owned(), None), off, c, None);
-                        continue;
-                    }
-                    let found = match (&snap, module) {
-                        (Some(s), None) => kernel_lookup(s, None, s.text_base.checked_add(off)),
-                        (Some(s), Some(Some((mi, base)))) => {
-                            kernel_lookup(s, Some(mi), base.checked_add(off))
-                        }
-                        _ => None,
-                    };
-                    let k = match found {
-                        Some(sym) => display_name(&sym.name, mode.raw_names),
-                        None => unsymbolized(&label, off),
-                    };
-                    add((k, None), off, c, None);
-                }
+                let snap = snaps.get(loaded, p.dir, "samples", warn);
+                let module =
+                    (h.kind == ImageKind::KernelModule).then(|| display_path(&h.image_path));
+                let k = Kallsyms::new(
+                    snap,
+                    module.as_deref(),
+                    &h.image_id,
+                    &image_display(h),
+                    &loaded.dirs[p.dir].path,
+                    warn,
+                );
+                own = if module.is_some() { Source::Module(k) } else { Source::Kernel(k) };
+                &own
             }
             ImageKind::Anon => {
-                for (&off, &c) in &p.profile.counts {
-                    let k = h
-                        .jit_symbols
-                        .iter()
-                        .find(|s| off >= s.start && off - s.start < s.size.max(1))
-                        .map_or_else(
-                            || unsymbolized(&label, off),
-                            |s| display_name(&s.name, mode.raw_names),
-                        );
-                    add((k, None), off, c, None);
-                }
-            }
-            ImageKind::Vdso => {
-                let sym = elf_cache
-                    .entry(h.image_id.clone())
-                    .or_insert_with(|| load_vdso(locator, &h.image_id, mode, &mut info));
-                for (&off, &c) in &p.profile.counts {
-                    let key = match sym {
-                        ElfState::Ready(s, _) => elf_key(s, off, mode, &label),
-                        _ => (format!("{label}+{off:#x}"), None),
-                    };
-                    add(key, off, c, None);
-                }
+                own = Source::Jit(JitTable::new(h.jit_symbols.clone()));
+                &own
             }
             ImageKind::Unknown => {
-                for (&off, &c) in &p.profile.counts {
-                    let k = UnknownReason::from_code(off).map_or_else(
-                        || format!("[unknown: code {off}]"),
-                        |r| format!("[unknown: {}]", r.as_str()),
-                    );
-                    add((k, None), off, c, None);
-                }
+                own = Source::Unknown;
+                &own
             }
+        };
+        if !matches!(src, Source::Elf(_)) {
+            for (&off, &c) in &p.profile.counts {
+                let n = src.symbolize(off, mode, &label);
+                let id = keys.intern((n.name, n.source));
+                add_id(&keys, id, off, c, None);
+            }
+            continue;
+        }
+        let memo = elf_memo.entry((h.image_id.clone(), label.clone())).or_default();
+        for (&off, &c) in &p.profile.counts {
+            let (key_id, raw) = *memo.entry(off).or_insert_with(|| match src.function(off) {
+                // Without lines or inlines the row is the symbol's: name it (demangle) once
+                // per symbol, not once per offset.
+                Some(x) if !mode.lines && !mode.inlines => {
+                    let at = x.raw.as_ptr() as u64;
+                    *sym_memo.entry(at).or_insert_with(|| {
+                        let key = (display_name(x.raw, mode.raw_names), None);
+                        raws.push(x.raw.to_owned());
+                        (keys.intern(key), Some(raws.len() as u32 - 1))
+                    })
+                }
+                found => {
+                    let n = src.symbolize(off, mode, &label);
+                    let key = keys.intern((n.name, n.source));
+                    let raw = found.map(|x| {
+                        raws.push(x.raw.to_owned());
+                        raws.len() as u32 - 1
+                    });
+                    (key, raw)
+                }
+            });
+            let raw = raw.map(|r| raws[r as usize].as_str());
+            add_id(&keys, key_id, off, c, raw);
         }
     }
     // Remember what DWARF answered, so that the next report need not load it.
     for st in elf_cache.values() {
-        if let ElfState::Ready(s, Some(entry)) = st {
+        if let Source::Elf(ElfState::Ready(s, Some(entry))) = st {
             cache.put_frames(*entry, &s.take_fresh_frames(), warn);
         }
     }
@@ -887,14 +803,17 @@ pub fn symbol_report(
     let rows: BTreeMap<RowKey, Acc> = accs.into_iter().flatten().collect();
     let mut out: Vec<SymbolRow> = finish(rows, &w.events, |k: &RowKey| k.0.clone())
         .into_iter()
-        .map(|(k, counts, cum)| SymbolRow {
-            symbol: k.0,
-            source: k.1,
-            samples: counts.first().map_or(0, |c| c.samples),
-            events: counts.first().map_or(0, |c| c.events),
-            percent: counts.first().map_or(0.0, |c| c.percent),
-            cumulative_percent: cum,
-            counts,
+        .map(|(k, counts, cum)| {
+            let (samples, events, percent) = first_event(&counts);
+            SymbolRow {
+                symbol: k.0,
+                source: k.1,
+                samples,
+                events,
+                percent,
+                cumulative_percent: cum,
+                counts,
+            }
         })
         .collect();
     let mut infos = w.infos.clone();
@@ -917,7 +836,7 @@ pub fn symbol_report(
 
 /// The vDSO has no file: look for a copy by build-id (binary paths, caches), else use this
 /// machine's own vDSO if it is the same build.
-pub(crate) fn load_vdso(
+pub fn load_vdso(
     locator: &mut Locator,
     id: &ImageId,
     // DWARF is opened when a frame is first asked for, whatever the mode.
@@ -953,7 +872,8 @@ pub(crate) fn load_vdso(
 }
 
 /// Symbol source of one ELF identity.
-pub(crate) enum ElfState {
+#[derive(Debug)]
+pub enum ElfState {
     /// With the symbol cache entry id, when cached.
     Ready(Box<ElfSymbolizer>, Option<i64>),
     /// Only another build of the binary was found: its symbols must not be used.
@@ -962,10 +882,11 @@ pub(crate) enum ElfState {
 }
 
 /// What [`load_elf`] looks for.
-pub(crate) struct ElfRequest<'a> {
-    pub(crate) id: &'a ImageId,
-    pub(crate) recorded: &'a [Vec<u8>],
-    pub(crate) mode: SymbolMode,
+#[derive(Debug)]
+pub struct ElfRequest<'a> {
+    pub id: &'a ImageId,
+    pub recorded: &'a [Vec<u8>],
+    pub mode: SymbolMode,
 }
 
 fn debug_key(p: &std::path::Path) -> (std::path::PathBuf, u64, i64) {
@@ -980,7 +901,7 @@ fn debug_key(p: &std::path::Path) -> (std::path::PathBuf, u64, i64) {
     }
 }
 
-pub(crate) fn load_elf(
+pub fn load_elf(
     locator: &mut Locator,
     cache: &mut SymbolCache,
     r: &ElfRequest<'_>,
@@ -1080,6 +1001,23 @@ pub(crate) fn load_elf(
     ElfState::Ready(Box::new(s), entry)
 }
 
+/// The source of an ELF or vDSO image (`kind`): a vDSO found by build-id or taken from this
+/// machine ([`load_vdso`]), an ELF file found, checked and cached by [`load_elf`].
+pub fn elf_source(
+    kind: ImageKind,
+    locator: &mut Locator,
+    cache: &mut SymbolCache,
+    r: &ElfRequest<'_>,
+    info: &mut ImageInfo,
+    warn: &mut dyn FnMut(String),
+) -> Source {
+    if kind == ImageKind::Vdso {
+        Source::Vdso(load_vdso(locator, r.id, r.mode, info))
+    } else {
+        Source::Elf(load_elf(locator, cache, r, info, warn))
+    }
+}
+
 /// The symbolizer of an ELF image, found, checked and cached exactly as for a per-symbol report
 /// (for tools that map offsets to symbols themselves, e.g. `dcpiexport`). `None`, after a
 /// warning, when the binary is missing, unreadable or another build.
@@ -1103,43 +1041,5 @@ pub fn elf_symbolizer(
     match load_elf(locator, cache, &r, &mut info, warn) {
         ElfState::Ready(s, _) => Some(*s),
         ElfState::Mismatch | ElfState::Missing => None,
-    }
-}
-
-pub(crate) fn elf_key(s: &ElfSymbolizer, off: u64, mode: SymbolMode, label: &str) -> RowKey {
-    let Some(vaddr) = s.offset_to_vaddr(off) else {
-        return (unsymbolized(label, off), None);
-    };
-    let sym = s.symbol(vaddr).map(|x| display_name(&x.name, mode.raw_names));
-    let frame = if mode.lines || mode.inlines { s.frame(vaddr) } else { None };
-    // A section name says something only outside .text (e.g. [.plt]); inside .text, or in a
-    // stripped binary, the offset is what the user can take to objdump or addr2line.
-    let mut name = sym.unwrap_or_else(|| match s.section_name(vaddr) {
-        Some(sec) if sec != ".text" && s.symbol_count() > 0 => format!("[{sec}]"),
-        _ => unsymbolized(label, off),
-    });
-    if mode.inlines {
-        if let Some(f) = frame.as_ref().and_then(|f| f.function.as_deref()) {
-            name = display_name(f, mode.raw_names);
-        }
-    }
-    let source = mode.lines.then(|| match &frame {
-        Some(f) => format!("{}:{}", f.file.as_deref().unwrap_or("??"), f.line.unwrap_or(0)),
-        None => "??:0".to_owned(),
-    });
-    (name, source)
-}
-
-/// Symbol containing `addr` by the snapshot's own lookup (FORMAT.md, section 8), kept only
-/// when it belongs to the module the profile is about (`None` = core kernel).
-pub(crate) fn kernel_lookup(
-    s: &KallsymsSnapshot,
-    module: Option<u32>,
-    addr: Option<u64>,
-) -> Option<&KernelSymbol> {
-    let sym = s.lookup(addr?)?;
-    match module {
-        Some(mi) => (sym.module == Some(mi)).then_some(sym),
-        None => Some(sym),
     }
 }

@@ -225,7 +225,7 @@ mod tests {
     /// shown as before: the bound on parse work loses no real name.
     #[test]
     fn real_cpp_names_are_shown_as_before_the_parser_patch() {
-        let table = include_str!("../../tests/data/cpp-real-names.tsv");
+        let table = include_str!("../../client/tests/data/cpp-real-names.tsv");
         let mut checked = 0;
         for line in table.lines().filter(|l| !l.starts_with('#')) {
             let (mangled, shown) = line.split_once('\t').expect("mangled<TAB>shown");

@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn same_table_as_from_the_whole_file_and_errors_for_bad_files() {
-        use crate::prof::symbolize::SymbolTable;
+        use crate::symbolize::SymbolTable;
         // This test's own executable: a debug build with .symtab, .dynsym and DWARF.
         let exe = std::env::current_exe().expect("current exe");
         let whole = std::fs::read(&exe).expect("read exe");
