@@ -144,26 +144,3 @@ pub fn signed(x: f64, decimals: usize) -> String {
     };
     format!("{x:+.decimals$}")
 }
-
-/// `--generate` for the new tools.
-pub fn generate(
-    what: crate::prof::Generate,
-    mut cmd: clap::Command,
-    name: &str,
-    out: &mut dyn Write,
-) -> io::Result<()> {
-    use crate::prof::Generate;
-    match what {
-        Generate::Man => crate::manpages::write(cmd, out)?,
-        Generate::CompleteBash => {
-            clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, name, out)
-        }
-        Generate::CompleteZsh => {
-            clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, name, out)
-        }
-        Generate::CompleteFish => {
-            clap_complete::generate(clap_complete::Shell::Fish, &mut cmd, name, out)
-        }
-    }
-    Ok(())
-}

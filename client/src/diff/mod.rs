@@ -21,7 +21,8 @@ use crate::args::{Selection, SymbolSearch};
 use crate::prof::output::TableFormat as Format;
 use crate::prof::report::{self, ImageFilter, SymbolMode};
 use crate::prof::select::{epochs_and_hosts, EpochSel, HostSel, Loaded};
-use crate::prof::{Generate, ProfError};
+use crate::manpages::Generate;
+use crate::prof::ProfError;
 
 /// Long help of `dcpidiff`: the numbers, the test and the JSON schema.
 pub const DIFF_HELP: &str = "\
@@ -262,7 +263,7 @@ pub fn run_diff(
     err: &mut dyn Write,
 ) -> Result<(), ToolError> {
     if let Some(g) = args.generate {
-        common::generate(g, DiffArgs::command(), "dcpidiff", out)?;
+        crate::manpages::generate(DiffArgs::command(), g, out)?;
         return Ok(());
     }
     for (name, v) in [("--min-delta", args.min_delta), ("--min-effect", args.min_effect)] {

@@ -17,7 +17,7 @@ use crate::args::{Selection, SymbolSearch};
 use crate::prof::output::TableFormat as Format;
 use crate::prof::report::{self, ImageFilter, SymbolMode};
 use crate::prof::select::HostSel;
-use crate::prof::Generate;
+use crate::manpages::Generate;
 
 /// Long help of `dcpistats`.
 pub const STATS_HELP: &str = "\
@@ -196,7 +196,7 @@ pub fn run_stats(
     err: &mut dyn Write,
 ) -> Result<(), ToolError> {
     if let Some(g) = args.generate {
-        super::common::generate(g, StatsArgs::command_with_defaults(), "dcpistats", out)?;
+        crate::manpages::generate(StatsArgs::command_with_defaults(), g, out)?;
         return Ok(());
     }
     if !(args.outlier_k.is_finite() && args.outlier_k > 0.0) {
