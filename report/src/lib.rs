@@ -4,5 +4,7 @@
 //! their flags into calls on this crate.
 //!
 //! - [`escape`]: the one escaper for names from untrusted files (terminal, CSV, JSON text).
+//! - [`render`]: the one renderer: a table description written as text, CSV or JSON.
 
 pub mod escape;
+pub mod render;

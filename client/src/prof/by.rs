@@ -12,7 +12,7 @@ use super::output::{printable, r4};
 use super::report::{self, ImageFilter, SymbolMode};
 use super::subset::{resolve_image_builds, symbol_rows, Symbolizer};
 use super::{Args, ProfError};
-use crate::escape::{csv_line, csv_titles, num};
+use dcpi_report::render::{Column, Kind, Style, Table};
 
 /// What the rows of a `--by` report are per. image and symbol are the per-image and
 /// per-symbol reports; command, pid, cgroup, unit, container and cpu read the who tables
@@ -201,20 +201,19 @@ pub fn run_by(
             serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
             writeln!(out)?;
         }
-        Format::Csv => {
-            csv_titles(out, &[by.name(), "samples", "events", "percent"])?;
-            for (k, p) in &rows {
-                csv_line(
-                    out,
-                    &[k.clone().into(), num(p.samples), num(p.events.round() as u64), num(pct(p))],
-                )?;
-            }
-        }
         f @ (Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope) => {
             return Err(super::output::not_a_report(f).into());
         }
-        Format::Table => {
-            writeln!(out, "# database: {}", args.sel.db.display())?;
+        f @ (Format::Csv | Format::Table) => {
+            let mut t = Table::new();
+            t.columns([
+                Column::new(by.name(), Kind::Text),
+                Column::new("samples", Kind::Count),
+                Column::new("events", Kind::Count),
+                Column::new("%", Kind::Decimal(2)).csv("percent"),
+            ]);
+            t.text_columns(vec![1, 2, 3, 0]);
+            t.head(format!("# database: {}", args.sel.db.display()));
             let mut what = format!("# event {event}");
             if let Some(i) = &args.image {
                 what.push_str(&format!("; image {}", printable(i)));
@@ -222,41 +221,16 @@ pub fn run_by(
             if let Some(s) = &args.symbol {
                 what.push_str(&format!("; symbol {}", printable(s)));
             }
-            writeln!(out, "{}; % of {of}", printable(&what))?;
-            let cells: Vec<[String; 4]> = rows
-                .iter()
-                .map(|(k, p)| {
-                    [
-                        p.samples.to_string(),
-                        (p.events.round() as u64).to_string(),
-                        format!("{:.2}", pct(p)),
-                        printable(k),
-                    ]
-                })
-                .collect();
-            let titles = ["samples", "events", "%", by.name()];
-            let mut width = titles.map(str::len);
-            for c in &cells {
-                for (w, x) in width.iter_mut().zip(c) {
-                    *w = (*w).max(x.len());
-                }
+            t.head(format!("{}; % of {of}", printable(&what)));
+            for (k, p) in &rows {
+                t.row(vec![
+                    k.as_str().into(),
+                    p.samples.into(),
+                    (p.events.round() as u64).into(),
+                    pct(p).into(),
+                ]);
             }
-            let line = |c: &[String; 4]| {
-                format!(
-                    "{:>w0$}  {:>w1$}  {:>w2$}  {}",
-                    c[0],
-                    c[1],
-                    c[2],
-                    c[3],
-                    w0 = width[0],
-                    w1 = width[1],
-                    w2 = width[2]
-                )
-            };
-            writeln!(out, "{}", line(&titles.map(String::from)))?;
-            for c in &cells {
-                writeln!(out, "{}", line(c))?;
-            }
+            t.write(out, super::output::form(f)?, Style::default(), &())?;
         }
     }
     out.flush()?;

@@ -14,7 +14,9 @@ use super::output::r4;
 use super::output::Format;
 use super::select;
 use super::{Args, ProfError};
-use crate::escape::{controls, csv_line, csv_titles, num, terminal};
+use dcpi_report::render::{Column, Kind, Style, Table};
+
+use crate::escape::{controls, terminal};
 
 /// Whether any who filter is given.
 pub fn has_filter(args: &Args) -> bool {
@@ -264,17 +266,18 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
             serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
             writeln!(out)?;
         }
-        Format::Csv => {
-            csv_titles(out, &[by.name(), "samples", "percent"])?;
-            for (k, n) in &rows {
-                csv_line(out, &[k.clone().into(), num(n), num(pct(*n))])?;
-            }
-        }
         f @ (Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope) => {
             return Err(super::output::not_a_report(f).into());
         }
-        Format::Table => {
-            writeln!(out, "# database: {}", args.sel.db.display())?;
+        f @ (Format::Csv | Format::Table) => {
+            let mut t = Table::new();
+            t.columns([
+                Column::new(by.name(), Kind::Text),
+                Column::new("samples", Kind::Count).min_width(7),
+                Column::new("%", Kind::Decimal(2)).csv("percent").min_width(7),
+            ]);
+            t.text_columns(vec![1, 2, 0]);
+            t.head(format!("# database: {}", args.sel.db.display()));
             let mut what = format!("# event {event}: {total} samples; % of {of}");
             for (name, v) in [
                 ("command", args.command.clone()),
@@ -287,15 +290,14 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
                     what.push_str(&format!("; {name} {v}"));
                 }
             }
-            writeln!(out, "{}", terminal(&what))?;
-            let w0 = rows.iter().map(|r| r.1.to_string().len()).max().unwrap_or(0).max(7);
-            writeln!(out, "{:>w0$}  {:>7}  {}", "samples", "%", by.name())?;
+            t.head(terminal(&what));
             for (k, n) in &rows {
-                writeln!(out, "{n:>w0$}  {:>7.2}  {}", pct(*n), terminal(k))?;
+                t.row(vec![k.as_str().into(), (*n).into(), pct(*n).into()]);
             }
             if omitted > 0 {
-                writeln!(out, "# {omitted} more rows (--limit)")?;
+                t.foot(format!("# {omitted} more rows (--limit)"));
             }
+            t.write(out, super::output::form(f)?, Style::default(), &())?;
         }
     }
     out.flush()?;
