@@ -13,3 +13,4 @@ mod planted_links;
 mod pprof_proto;
 mod util;
 mod who_profiles;
+mod wide_names;
