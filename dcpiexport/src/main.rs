@@ -50,7 +50,11 @@ fn main() -> ExitCode {
     dcpi_client::term::init_logging();
     let args = Args::parse();
     if let Some(g) = args.generate {
-        return match dcpi_client::manpages::generate(Args::command(), g, &mut std::io::stdout().lock()) {
+        return match dcpi_client::manpages::generate(
+            Args::command(),
+            g,
+            &mut std::io::stdout().lock(),
+        ) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
             Err(e) => {

@@ -160,7 +160,10 @@ pub enum Value {
     Real(f64),
     Text(String),
     /// Different words in each form (e.g. `new` in the table, an empty number in CSV).
-    Both { text: String, csv: CsvCell },
+    Both {
+        text: String,
+        csv: CsvCell,
+    },
 }
 
 impl From<u64> for Value {
@@ -341,8 +344,10 @@ impl Table {
 
     /// The CSV form: a header of the CSV titles, then the rows shown in CSV.
     pub fn write_csv(&self, out: &mut dyn Write) -> io::Result<()> {
-        let cols: Vec<usize> = (0..self.columns.len()).filter(|&i| self.columns[i].csv.is_some()).collect();
-        let titles: Vec<&str> = cols.iter().filter_map(|&i| self.columns[i].csv.as_deref()).collect();
+        let cols: Vec<usize> =
+            (0..self.columns.len()).filter(|&i| self.columns[i].csv.is_some()).collect();
+        let titles: Vec<&str> =
+            cols.iter().filter_map(|&i| self.columns[i].csv.as_deref()).collect();
         csv_titles(out, &titles)?;
         for r in self.rows.iter().filter(|r| r.show != Show::Text) {
             let cells: Vec<CsvCell> =
@@ -357,7 +362,8 @@ impl Table {
         for l in &self.head {
             writeln!(out, "{l}")?;
         }
-        let cols: Vec<usize> = self.text.clone().unwrap_or_else(|| (0..self.columns.len()).collect());
+        let cols: Vec<usize> =
+            self.text.clone().unwrap_or_else(|| (0..self.columns.len()).collect());
         let esc = |s: String| terminal(&s).into_owned();
         let titles: Vec<(String, Option<&'static str>)> =
             cols.iter().map(|&i| (esc(self.columns[i].title.clone()), None)).collect();
@@ -446,11 +452,8 @@ mod tests {
             t.row(vec![name.into(), 7u64.into(), "|".into()]);
         }
         let s = text(&t);
-        let cols: Vec<usize> = s
-            .lines()
-            .skip(1)
-            .map(|l| display_width(&l[..l.find('|').expect("bar")]))
-            .collect();
+        let cols: Vec<usize> =
+            s.lines().skip(1).map(|l| display_width(&l[..l.find('|').expect("bar")])).collect();
         assert!(cols.windows(2).all(|w| w[0] == w[1]), "{s}");
         assert!(s.contains("a\\u{1b}b"), "{s}");
     }
@@ -466,7 +469,10 @@ mod tests {
         t.text_columns(vec![n, pct, off, name]);
         t.row(vec!["=evil".into(), "elf".into(), 1234u64.into(), 12.5.into(), 31u64.into()]);
         t.push(t.blank(), Show::Text);
-        t.push(vec!["x".into(), "".into(), 1u64.into(), 0.25.into(), Value::Empty.into()], Show::Csv);
+        t.push(
+            vec!["x".into(), "".into(), 1u64.into(), 0.25.into(), Value::Empty.into()],
+            Show::Csv,
+        );
         let mut csv = Vec::new();
         t.write_csv(&mut csv).expect("csv");
         assert_eq!(

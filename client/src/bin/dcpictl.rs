@@ -106,7 +106,6 @@ enum EpochCmd {
     Show,
 }
 
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(g) = cli.generate {

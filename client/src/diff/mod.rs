@@ -20,10 +20,10 @@ use self::common::{
     GREEN, RED,
 };
 use crate::args::{Selection, SymbolSearch};
+use crate::manpages::Generate;
 use crate::prof::output::TableFormat as Format;
 use crate::prof::report::{self, ImageFilter, SymbolMode};
 use crate::prof::select::{epochs_and_hosts, EpochSel, HostSel, Loaded};
-use crate::manpages::Generate;
 use crate::prof::ProfError;
 
 /// Long help of `dcpidiff`: the numbers, the test and the JSON schema.

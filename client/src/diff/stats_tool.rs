@@ -15,10 +15,10 @@ use super::common::{
 };
 use super::stat;
 use crate::args::{Selection, SymbolSearch};
+use crate::manpages::Generate;
 use crate::prof::output::TableFormat as Format;
 use crate::prof::report::{self, ImageFilter, SymbolMode};
 use crate::prof::select::HostSel;
-use crate::manpages::Generate;
 
 /// Long help of `dcpistats`.
 pub const STATS_HELP: &str = "\
@@ -426,7 +426,11 @@ pub fn write_stats(
         t.head(format!(
             "# image: {} ({})",
             printable(&r.image.path),
-            if r.image.builds.is_empty() { "no build-id".into() } else { r.image.builds.join(", ") }
+            if r.image.builds.is_empty() {
+                "no build-id".into()
+            } else {
+                r.image.builds.join(", ")
+            }
         ));
         let low = r.groups.iter().filter(|g| g.low_samples).count();
         t.head(format!(

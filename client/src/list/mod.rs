@@ -267,4 +267,3 @@ fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<(
     }
     Ok(())
 }
-

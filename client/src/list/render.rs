@@ -8,31 +8,11 @@ use dcpi_report::render::{Cell, Column, CsvCell, Kind, Show, Style, Table, Value
 
 use crate::escape::terminal as esc;
 use crate::prof::output::TableFormat as Format;
-use crate::prof::output::{count_cells, count_columns, CountTitles};
+use crate::prof::output::{count_cells, count_columns, scope_lines, CountTitles};
 use crate::prof::report::{EventInfo, Scope};
 
 fn header(scope: &Scope, events: &[EventInfo], what: &str) -> Vec<String> {
-    let mut h = vec![
-        format!("# database: {}", esc(&scope.database)),
-        format!("# epochs: {}", crate::prof::report::epoch_range(&scope.epochs)),
-        format!("# hosts: {}", scope.hosts.join(", ")),
-    ];
-    for e in events {
-        let mux = if e.multiplex_scale > 1.0 {
-            format!(", scaled for multiplexing (up to x{:.2})", e.multiplex_scale)
-        } else {
-            String::new()
-        };
-        h.push(format!(
-            "# event {}: {} samples {what}, mean period {:.0} (nominal {}), ~{} events{mux}",
-            esc(&e.name),
-            e.samples,
-            e.mean_period,
-            e.nominal_period,
-            e.events
-        ));
-    }
-    h
+    scope_lines(scope, events, what, Style::default())
 }
 
 /// `file:line` shortened to the file's basename for the table (JSON/CSV keep the path).

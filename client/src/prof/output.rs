@@ -104,11 +104,26 @@ fn freshness(newest: u64) -> Option<String> {
 
 /// The comment lines above a report table: database, epochs, hosts, events, freshness, total.
 fn header(scope: &Scope, events: &[EventInfo], total: u64, style: Style) -> Vec<String> {
+    let mut h = scope_lines(scope, events, "", style);
+    h.extend(freshness(scope.newest_data));
+    h.push(format!("# total samples: {}", number(total, style)));
+    h
+}
+
+/// The database, epochs, hosts and events of a report (`samples {what}` per event: dcpilist
+/// says `in the function` or `in total`).
+pub(crate) fn scope_lines(
+    scope: &Scope,
+    events: &[EventInfo],
+    what: &str,
+    style: Style,
+) -> Vec<String> {
     let mut h = vec![
         format!("# database: {}", esc(&scope.database)),
         format!("# epochs: {}", super::report::epoch_range(&scope.epochs)),
         format!("# hosts: {}", scope.hosts.join(", ")),
     ];
+    let what = if what.is_empty() { String::new() } else { format!(" {what}") };
     for e in events {
         let mux = if e.multiplex_scale > 1.0 {
             format!(", scaled for multiplexing (up to x{:.2})", e.multiplex_scale)
@@ -116,7 +131,7 @@ fn header(scope: &Scope, events: &[EventInfo], total: u64, style: Style) -> Vec<
             String::new()
         };
         h.push(format!(
-            "# event {}: {} samples, mean period {} (nominal {}), ~{} events{mux}",
+            "# event {}: {} samples{what}, mean period {} (nominal {}), ~{} events{mux}",
             esc(&e.name),
             number(e.samples, style),
             if style.human {
@@ -128,8 +143,6 @@ fn header(scope: &Scope, events: &[EventInfo], total: u64, style: Style) -> Vec<
             number(e.events, style)
         ));
     }
-    h.extend(freshness(scope.newest_data));
-    h.push(format!("# total samples: {}", number(total, style)));
     h
 }
 
@@ -144,13 +157,19 @@ pub(crate) enum CountTitles {
 
 /// Add the per-event count columns (samples, events, percent of each event; CSV titles
 /// `E.samples E.events E.percent`); the indices of the columns the text table shows.
-pub(crate) fn count_columns(t: &mut Table, events: &[EventInfo], titles: CountTitles) -> Vec<usize> {
+pub(crate) fn count_columns(
+    t: &mut Table,
+    events: &[EventInfo],
+    titles: CountTitles,
+) -> Vec<usize> {
     let one = events.len() == 1;
     let mut shown = Vec::new();
     for e in events {
         let n = esc(&e.name);
         let (s, ev, p) = match (titles, one) {
-            (CountTitles::Prof, true) => ("samples".to_owned(), "events".to_owned(), "%".to_owned()),
+            (CountTitles::Prof, true) => {
+                ("samples".to_owned(), "events".to_owned(), "%".to_owned())
+            }
             (CountTitles::Prof, false) => (n.to_string(), format!("{n}:events"), format!("{n}:%")),
             (CountTitles::List, true) => ("samples".to_owned(), String::new(), "%".to_owned()),
             (CountTitles::List, false) => (n.to_string(), String::new(), format!("{n}%")),
@@ -199,11 +218,7 @@ fn idle_note(idle: &IdleShare) -> Vec<String> {
 
 /// A table of rows with per-event counts and a running total: the key columns (CSV first,
 /// the last of them shown last in text), the counts, `cum%`.
-fn ranked_table(
-    events: &[EventInfo],
-    keys: Vec<Column>,
-    text_keys: &[usize],
-) -> Table {
+fn ranked_table(events: &[EventInfo], keys: Vec<Column>, text_keys: &[usize]) -> Table {
     let mut t = Table::new();
     t.columns(keys);
     let mut shown = count_columns(&mut t, events, CountTitles::Prof);
@@ -211,6 +226,19 @@ fn ranked_table(
     shown.extend(text_keys);
     t.text_columns(shown);
     t
+}
+
+/// The key cells of an image row: image, kind, build-id and `last` (image id or symbol).
+fn image_keys(image: &str, kind: &str, build_id: &Option<String>, last: Option<&str>) -> Vec<Cell> {
+    vec![image.into(), kind.into(), build_id.as_deref().into(), last.into()]
+}
+
+/// A row of a [`ranked_table`]: its key cells, counts and running total.
+fn ranked_row(t: &mut Table, keys: Vec<Cell>, counts: &[EventCount], cum: Value, show: Show) {
+    let mut c = keys;
+    c.extend(count_cells(counts));
+    c.push(cum.into());
+    t.push(c, show);
 }
 
 pub fn write_images(
@@ -221,20 +249,16 @@ pub fn write_images(
 ) -> io::Result<()> {
     let form = form(fmt)?;
     let text = |s: &str| Column::new(s, Kind::Text);
-    let mut t =
-        ranked_table(&r.events, vec![text("image"), text("kind"), text("build_id"), text("image_id")], &[0]);
+    let mut t = ranked_table(
+        &r.events,
+        vec![text("image"), text("kind"), text("build_id"), text("image_id")],
+        &[0],
+    );
     t.head = header(&r.scope, &r.events, r.total_samples, style);
     t.head.extend(idle_note(&r.idle));
     for row in &r.rows {
-        let mut c: Vec<Cell> = vec![
-            row.image.as_str().into(),
-            row.kind.into(),
-            row.build_id.as_deref().into(),
-            row.image_id.as_deref().into(),
-        ];
-        c.extend(count_cells(&row.counts));
-        c.push(row.cumulative_percent.into());
-        t.row(c);
+        let keys = image_keys(&row.image, row.kind, &row.build_id, row.image_id.as_deref());
+        ranked_row(&mut t, keys, &row.counts, row.cumulative_percent.into(), Show::Both);
     }
     if r.rows_omitted > 0 {
         t.foot(format!("# {} more image(s) not shown (--limit)", r.rows_omitted));
@@ -251,7 +275,8 @@ pub fn write_symbols(
     let form = form(fmt)?;
     let with_source = r.rows.iter().any(|x| x.source.is_some());
     let title = if with_source { "symbol / source line" } else { "symbol" };
-    let keys = vec![Column::new(title, Kind::Text).csv("symbol"), Column::new("source", Kind::Text)];
+    let keys =
+        vec![Column::new(title, Kind::Text).csv("symbol"), Column::new("source", Kind::Text)];
     let mut t = ranked_table(&r.events, keys, &[0]);
     t.head = header(&r.scope, &r.events, r.total_samples, style);
     let mut id = r.image.build_id.as_ref().map_or_else(
@@ -272,10 +297,8 @@ pub fn write_symbols(
     // one line per (symbol, line).
     let show = if with_source { Show::Csv } else { Show::Both };
     for row in &r.rows {
-        let mut c: Vec<Cell> = vec![row.symbol.as_str().into(), row.source.as_deref().into()];
-        c.extend(count_cells(&row.counts));
-        c.push(row.cumulative_percent.into());
-        t.push(c, show);
+        let keys = vec![row.symbol.as_str().into(), row.source.as_deref().into()];
+        ranked_row(&mut t, keys, &row.counts, row.cumulative_percent.into(), show);
     }
     if with_source {
         line_rows(r, &mut t);
@@ -311,16 +334,22 @@ fn line_rows(r: &SymbolReport, t: &mut Table) {
             }
         }
         cum += sum.first().map_or(0.0, |c| c.percent);
-        let mut c: Vec<Cell> = vec![sym.into(), Value::Empty.into()];
-        c.extend(count_cells(&sum));
-        c.push(cum.min(100.0).into());
-        t.push(c, Show::Text);
+        ranked_row(
+            t,
+            vec![sym.into(), Value::Empty.into()],
+            &sum,
+            cum.min(100.0).into(),
+            Show::Text,
+        );
         for l in lines {
             let text = format!("    {}", l.source.as_deref().unwrap_or("??:0"));
-            let mut c: Vec<Cell> = vec![text.into(), Value::Empty.into()];
-            c.extend(count_cells(&l.counts));
-            c.push(Value::Empty.into());
-            t.push(c, Show::Text);
+            ranked_row(
+                t,
+                vec![text.into(), Value::Empty.into()],
+                &l.counts,
+                Value::Empty,
+                Show::Text,
+            );
         }
     }
 }
@@ -340,15 +369,8 @@ pub fn write_global_symbols(
     t.head = header(&r.scope, &r.events, r.total_samples, style);
     t.head("# percent: of the machine's total (every image, [unknown] included)");
     for row in &r.rows {
-        let mut c: Vec<Cell> = vec![
-            row.image.as_str().into(),
-            row.kind.into(),
-            row.build_id.as_deref().into(),
-            row.symbol.as_str().into(),
-        ];
-        c.extend(count_cells(&row.counts));
-        c.push(row.cumulative_percent.into());
-        t.row(c);
+        let keys = image_keys(&row.image, row.kind, &row.build_id, Some(&row.symbol));
+        ranked_row(&mut t, keys, &row.counts, row.cumulative_percent.into(), Show::Both);
     }
     if r.rows_omitted > 0 {
         t.foot(format!("# {} more row(s) not shown (--limit)", r.rows_omitted));

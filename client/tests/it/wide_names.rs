@@ -40,14 +40,27 @@ fn wide_db() -> Db {
         let jit: Vec<JitSymbol> = NAMES
             .iter()
             .enumerate()
-            .map(|(k, n)| JitSymbol { start: 0x1000 * (k as u64 + 1), size: 0x100, name: (*n).into() })
+            .map(|(k, n)| JitSymbol {
+                start: 0x1000 * (k as u64 + 1),
+                size: 0x100,
+                name: (*n).into(),
+            })
             .collect();
         let counts: Vec<(u64, u64)> = (0..NAMES.len() as u64)
             .map(|k| (0x1000 * (k + 1) + 4, 300 + k * 40 + (i * 97 * (k + 1)) % 250))
             .collect();
         for (tag, path) in [("w", "[anon:漢字漢字ランタイム]"), ("p", "[anon:plain]")] {
             let id = ImageId::special("[anon]", tag.as_bytes());
-            write_profile_jit(&hd, ImageKind::Anon, &id, path.as_bytes(), &ev, &counts, 1000, jit.clone());
+            write_profile_jit(
+                &hd,
+                ImageKind::Anon,
+                &id,
+                path.as_bytes(),
+                &ev,
+                &counts,
+                1000,
+                jit.clone(),
+            );
         }
         let mut who = WhoTable::new("alpha", &e.to_string());
         for (k, n) in NAMES.iter().enumerate() {
@@ -95,7 +108,8 @@ fn misaligned(text: &str) -> Option<String> {
     let start = |l: &str| l.rfind("  ").map(|i| UnicodeWidthStr::width(&l[..i + 2]));
     let starts: Vec<Option<usize>> = lines.iter().map(|l| start(l)).collect();
     (lines.len() < 3 || starts.windows(2).any(|w| w[0] != w[1])).then(|| {
-        let rows: Vec<String> = lines.iter().zip(&starts).map(|(l, s)| format!("{s:?}: {l}")).collect();
+        let rows: Vec<String> =
+            lines.iter().zip(&starts).map(|(l, s)| format!("{s:?}: {l}")).collect();
         rows.join("\n")
     })
 }
@@ -113,7 +127,10 @@ fn wide_names_keep_every_table_aligned() {
         ("dcpilist", &["--epoch", "all", "--top", "20"]),
         ("dcpidiff", &["--before", &e0, "--after", &e2]),
         ("dcpidiff", &["--before", &e0, "--after", &e2, "--image", "[anon:漢字"]),
-        ("dcpistats", &["--epoch", "all", "--image", "[anon:漢字", "--min-samples", "1", "--min-share", "0"]),
+        (
+            "dcpistats",
+            &["--epoch", "all", "--image", "[anon:漢字", "--min-samples", "1", "--min-share", "0"],
+        ),
     ];
     let mut bad = Vec::new();
     for (tool, args) in runs {
@@ -125,7 +142,8 @@ fn wide_names_keep_every_table_aligned() {
         let out = run(tool, &db, &a);
         // Every name is in the table, escaped where it must be.
         if args.contains(&"--symbols") || *tool == "dcpilist" {
-            for n in ["漢字漢字_run", "cafe\u{301}_e\u{301}", "esc\\u{1b}x", "漢字漢字ランタイム"] {
+            for n in ["漢字漢字_run", "cafe\u{301}_e\u{301}", "esc\\u{1b}x", "漢字漢字ランタイム"]
+            {
                 if !out.contains(n) {
                     bad.push(format!("{tool} {a:?}: {n:?} missing:\n{out}"));
                 }
