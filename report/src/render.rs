@@ -190,7 +190,10 @@ impl From<&str> for Value {
     }
 }
 
-impl<T: Into<Value>> From<Option<T>> for Value {
+impl<T> From<Option<T>> for Value
+where
+    T: Into<Self>,
+{
     fn from(v: Option<T>) -> Self {
         v.map_or(Self::Empty, Into::into)
     }
