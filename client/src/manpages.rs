@@ -141,12 +141,20 @@ fn report_page() -> Page<'static> {
     }
 }
 
-/// Write the man page of client tool `cmd` (its name picks the page).
-pub fn write(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
+pub use dcpi_manpage::Generate;
+
+/// `--generate WHAT` of client tool `cmd` (its name picks the man page), through
+/// [`dcpi_manpage::generate`].
+pub fn generate(cmd: clap::Command, what: Generate, out: &mut dyn Write) -> std::io::Result<()> {
     let name = cmd.get_name().to_owned();
     let mut p = page(&name).ok_or_else(|| std::io::Error::other(format!("no page for {name}")))?;
     let others = dcpi_manpage::others(&name);
     let see: Vec<&str> = others.iter().map(String::as_str).collect();
     p.see_also = &see;
-    dcpi_manpage::render(cmd, &p, out)
+    dcpi_manpage::generate(cmd, what, &p, out)
+}
+
+/// Write the man page of client tool `cmd` (its name picks the page).
+pub fn write(cmd: clap::Command, out: &mut dyn Write) -> std::io::Result<()> {
+    generate(cmd, Generate::Man, out)
 }

@@ -57,40 +57,48 @@ pub enum LogFormat {
     Text,
 }
 
-/// What `--generate` writes.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
+/// What `--generate` writes: what every dcpi binary generates ([`dcpi_manpage::Generate`]),
+/// plus the configuration file's page.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Generate {
-    Man,
+    /// The man page or a completion script, as every binary writes them.
+    Common(dcpi_manpage::Generate),
     /// dcpid.toml(5), the configuration file's page.
     ManConfig,
-    CompleteBash,
-    CompleteZsh,
-    CompleteFish,
+}
+
+/// The common values and `man-config`, listed once from the common enum.
+static GENERATE_VALUES: std::sync::LazyLock<Vec<Generate>> = std::sync::LazyLock::new(|| {
+    let common = dcpi_manpage::Generate::value_variants().iter().copied().map(Generate::Common);
+    common.chain([Generate::ManConfig]).collect()
+});
+
+impl ValueEnum for Generate {
+    fn value_variants<'a>() -> &'a [Self] {
+        &GENERATE_VALUES
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        match self {
+            Self::Common(g) => g.to_possible_value(),
+            Self::ManConfig => Some(
+                clap::builder::PossibleValue::new("man-config")
+                    .help("dcpid.toml(5), the configuration file's page"),
+            ),
+        }
+    }
 }
 
 /// Write a man page (section `section`) or a completion script for `cmd` to `out`.
 pub fn generate(
-    mut cmd: clap::Command,
+    cmd: clap::Command,
     what: Generate,
     section: &str,
     out: &mut dyn std::io::Write,
 ) -> std::io::Result<()> {
-    let name = cmd.get_name().to_string();
     match what {
-        Generate::Man => crate::man::dcpid(cmd, section, out),
+        Generate::Common(g) => crate::man::generate(cmd, g, section, out),
         Generate::ManConfig => crate::man::config(out),
-        Generate::CompleteBash => {
-            clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, name, out);
-            Ok(())
-        }
-        Generate::CompleteZsh => {
-            clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, name, out);
-            Ok(())
-        }
-        Generate::CompleteFish => {
-            clap_complete::generate(clap_complete::Shell::Fish, &mut cmd, name, out);
-            Ok(())
-        }
     }
 }
 
@@ -191,9 +199,9 @@ mod tests {
 
     #[test]
     fn generate_man_and_completions() {
-        for g in
-            [Generate::Man, Generate::CompleteBash, Generate::CompleteZsh, Generate::CompleteFish]
-        {
+        let common = Generate::value_variants().iter().filter(|g| **g != Generate::ManConfig);
+        assert_eq!(common.clone().count(), 4, "man and three shells");
+        for &g in common {
             let mut out = Vec::new();
             generate(Cli::command(), g, "8", &mut out).unwrap();
             let text = String::from_utf8(out).unwrap();

@@ -48,8 +48,13 @@ const FILES: &[(&str, &str)] = &[
     ),
 ];
 
-/// dcpid(8).
-pub fn dcpid(cmd: clap::Command, section: &str, out: &mut dyn Write) -> std::io::Result<()> {
+/// dcpid(8) or a completion script ([`dcpi_manpage::generate`]).
+pub fn generate(
+    cmd: clap::Command,
+    what: dcpi_manpage::Generate,
+    section: &str,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     let see = see_also("dcpid");
     let see: Vec<&str> = see.iter().map(String::as_str).collect();
     let page = Page {
@@ -69,7 +74,7 @@ pub fn dcpid(cmd: clap::Command, section: &str, out: &mut dyn Write) -> std::io:
         ],
         see_also: &see,
     };
-    dcpi_manpage::render(cmd, &page, out)
+    dcpi_manpage::generate(cmd, what, &page, out)
 }
 
 fn see_also(name: &str) -> Vec<String> {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 use dcpi_client::args::{Selection, SymbolSearch};
-use dcpi_client::prof::Generate;
+use dcpi_client::manpages::Generate;
 use dcpi_export::{describe, export, Format, Options};
 
 /// Command line of `dcpiexport`.
@@ -46,24 +46,15 @@ struct Args {
     generate: Option<Generate>,
 }
 
-fn generate(what: Generate) -> std::io::Result<()> {
-    let mut cmd = Args::command();
-    let mut out = std::io::stdout().lock();
-    let shell = match what {
-        Generate::Man => return dcpi_client::manpages::write(cmd, &mut out),
-        Generate::CompleteBash => clap_complete::Shell::Bash,
-        Generate::CompleteZsh => clap_complete::Shell::Zsh,
-        Generate::CompleteFish => clap_complete::Shell::Fish,
-    };
-    clap_complete::generate(shell, &mut cmd, "dcpiexport", &mut out);
-    Ok(())
-}
-
 fn main() -> ExitCode {
     dcpi_client::term::init_logging();
     let args = Args::parse();
     if let Some(g) = args.generate {
-        return match generate(g) {
+        return match dcpi_client::manpages::generate(
+            Args::command(),
+            g,
+            &mut std::io::stdout().lock(),
+        ) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
             Err(e) => {

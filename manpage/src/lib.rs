@@ -3,6 +3,9 @@
 //! the commands of a tool with subcommands inline (clap_mangen points at `dcpictl-status(8)`
 //! pages that do not exist), and EXIT STATUS, ENVIRONMENT, FILES, EXAMPLES and SEE ALSO. Each
 //! binary describes those in a [`Page`]; [`render`] writes the whole page.
+//!
+//! Every binary's hidden `--generate WHAT` flag takes a [`Generate`] and calls [`generate`]:
+//! the one place that writes a man page or a shell completion script.
 
 use std::io::Write;
 
@@ -42,6 +45,38 @@ pub const PAGES: &[(&str, &str)] = &[
 /// SEE ALSO of a dcpi page: every other dcpi page.
 pub fn others(name: &str) -> Vec<String> {
     PAGES.iter().filter(|(n, _)| *n != name).map(|(n, s)| format!("{n}({s})")).collect()
+}
+
+/// `--generate WHAT`: a man page or a completion script, written to stdout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Generate {
+    /// The man page (roff).
+    Man,
+    /// Completions for bash.
+    CompleteBash,
+    /// Completions for zsh.
+    CompleteZsh,
+    /// Completions for fish.
+    CompleteFish,
+}
+
+/// Write what `what` asks for about `cmd`: its man page with `page`'s sections, or a
+/// completion script for the command's name.
+pub fn generate(
+    mut cmd: clap::Command,
+    what: Generate,
+    page: &Page<'_>,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let shell = match what {
+        Generate::Man => return render(cmd, page, out),
+        Generate::CompleteBash => clap_complete::Shell::Bash,
+        Generate::CompleteZsh => clap_complete::Shell::Zsh,
+        Generate::CompleteFish => clap_complete::Shell::Fish,
+    };
+    let name = cmd.get_name().to_owned();
+    clap_complete::generate(shell, &mut cmd, name, out);
+    Ok(())
 }
 
 /// Write the man page of `cmd` with `page`'s sections.

@@ -12,6 +12,7 @@
 //! - [`symbolizer`] is the one symbolizer: what names an offset of any kind of image;
 //! - [`names`] demangles and makes names printable; [`image`] names images and matches
 //!   `--image` specs; [`stats`] counts work for `--stats`; [`error`] is the errors of a run.
+//! - [`render`]: the one renderer: a table description written as text, CSV or JSON.
 
 pub mod debuginfo;
 pub mod elfparts;
@@ -19,6 +20,7 @@ pub mod error;
 pub mod escape;
 pub mod image;
 pub mod names;
+pub mod render;
 pub mod report;
 pub mod select;
 pub mod stats;

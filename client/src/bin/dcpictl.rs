@@ -4,10 +4,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand};
 use dcpi_client::ctl::{
     parse_result, reload_outcome, render_status, request_value, CtlError, DEFAULT_SOCKET,
 };
+use dcpi_client::manpages::Generate;
 use dcpi_proto::{EpochResult, FlushResult, ReloadReport, Request, StatusReport};
 
 /// Control a running dcpid (the dcpi profiling daemon) over its control socket.
@@ -105,34 +106,10 @@ enum EpochCmd {
     Show,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Generate {
-    Man,
-    CompleteBash,
-    CompleteZsh,
-    CompleteFish,
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(g) = cli.generate {
-        let mut cmd = Cli::command();
-        let mut out = std::io::stdout().lock();
-        let r = match g {
-            Generate::Man => dcpi_client::manpages::write(cmd, &mut out),
-            Generate::CompleteBash => {
-                clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, "dcpictl", &mut out);
-                Ok(())
-            }
-            Generate::CompleteZsh => {
-                clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, "dcpictl", &mut out);
-                Ok(())
-            }
-            Generate::CompleteFish => {
-                clap_complete::generate(clap_complete::Shell::Fish, &mut cmd, "dcpictl", &mut out);
-                Ok(())
-            }
-        };
+        let r = dcpi_client::manpages::generate(Cli::command(), g, &mut std::io::stdout().lock());
         return match r {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,

@@ -1,10 +1,9 @@
 //! What `dcpidiff`, `dcpistats` and `dcpiprof --by` share: choosing the one event compared,
 //! resolving an image across rebuilds, per-symbol counts of a subset of profiles, errors,
-//! colour and text tables.
+//! colour (tables are drawn by [`dcpi_report::render`]).
 
 use std::io::{self, Write};
 
-pub use crate::escape::{csv_line, csv_titles, num, CsvCell};
 pub use crate::prof::output::{printable, r4};
 use crate::prof::report;
 use crate::prof::select::Loaded;
@@ -81,89 +80,4 @@ impl ColorChoice {
     }
 }
 
-/// A table cell, optionally wrapped in an ANSI colour that does not count toward its width.
-#[derive(Clone, Debug)]
-pub struct Cell {
-    pub text: String,
-    pub color: Option<&'static str>,
-}
-
-impl From<String> for Cell {
-    fn from(text: String) -> Self {
-        Self { text, color: None }
-    }
-}
-
-pub const RED: &str = "\x1b[31m";
-pub const GREEN: &str = "\x1b[32m";
-pub const BOLD: &str = "\x1b[1m";
-
-/// Right-aligned columns, the last one free-width text (a symbol or image name). Cell text is
-/// escaped for the terminal (its colour is not text).
-pub fn table(out: &mut dyn Write, titles: &[&str], rows: &[Vec<Cell>]) -> io::Result<()> {
-    let rows: Vec<Vec<Cell>> = rows
-        .iter()
-        .map(|r| r.iter().map(|c| Cell { text: printable(&c.text), color: c.color }).collect())
-        .collect();
-    let ncol = titles.len();
-    let mut width: Vec<usize> = titles.iter().map(|t| t.chars().count()).collect();
-    for r in &rows {
-        for (w, c) in width.iter_mut().zip(r) {
-            *w = (*w).max(c.text.chars().count());
-        }
-    }
-    let mut line = |cells: Vec<Cell>| -> io::Result<()> {
-        let mut s = String::new();
-        for (i, c) in cells.into_iter().enumerate() {
-            let padded =
-                if i + 1 == ncol { c.text } else { format!("{:>w$}  ", c.text, w = width[i]) };
-            match c.color {
-                Some(code) => {
-                    let trimmed = padded.trim_end();
-                    let pad = padded.len() - trimmed.len();
-                    s.push_str(&format!("{code}{trimmed}\x1b[0m{}", " ".repeat(pad)));
-                }
-                None => s.push_str(&padded),
-            }
-        }
-        writeln!(out, "{}", s.trim_end())
-    };
-    line(titles.iter().map(|t| Cell::from(t.to_string())).collect())?;
-    for r in &rows {
-        line(r.clone())?;
-    }
-    Ok(())
-}
-
-/// One-decimal-place rendering of a signed number of points, sign always shown.
-pub fn signed(x: f64, decimals: usize) -> String {
-    let x = if x.abs() < 0.5 * 10f64.powi(-i32::try_from(decimals).unwrap_or(i32::MAX)) {
-        0.0
-    } else {
-        x
-    };
-    format!("{x:+.decimals$}")
-}
-
-/// `--generate` for the new tools.
-pub fn generate(
-    what: crate::prof::Generate,
-    mut cmd: clap::Command,
-    name: &str,
-    out: &mut dyn Write,
-) -> io::Result<()> {
-    use crate::prof::Generate;
-    match what {
-        Generate::Man => crate::manpages::write(cmd, out)?,
-        Generate::CompleteBash => {
-            clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, name, out)
-        }
-        Generate::CompleteZsh => {
-            clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, name, out)
-        }
-        Generate::CompleteFish => {
-            clap_complete::generate(clap_complete::Shell::Fish, &mut cmd, name, out)
-        }
-    }
-    Ok(())
-}
+pub use dcpi_report::render::{signed, BOLD, GREEN, RED};

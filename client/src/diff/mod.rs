@@ -13,15 +13,18 @@ use std::io::Write;
 use clap::{CommandFactory, Parser};
 use serde::Serialize;
 
+use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value};
+
 use self::common::{
-    csv_line, csv_titles, num, printable, r4, resolve_image_builds, signed, symbol_rows, table,
-    Cell, ColorChoice, CsvCell, Symbolizer, ToolError, BOLD, GREEN, RED,
+    printable, r4, resolve_image_builds, symbol_rows, ColorChoice, Symbolizer, ToolError, BOLD,
+    GREEN, RED,
 };
 use crate::args::{Selection, SymbolSearch};
+use crate::manpages::Generate;
 use crate::prof::output::TableFormat as Format;
 use crate::prof::report::{self, ImageFilter, SymbolMode};
 use crate::prof::select::{epochs_and_hosts, EpochSel, HostSel, Loaded};
-use crate::prof::{Generate, ProfError};
+use crate::prof::ProfError;
 
 /// Long help of `dcpidiff`: the numbers, the test and the JSON schema.
 pub const DIFF_HELP: &str = "\
@@ -262,7 +265,7 @@ pub fn run_diff(
     err: &mut dyn Write,
 ) -> Result<(), ToolError> {
     if let Some(g) = args.generate {
-        common::generate(g, DiffArgs::command(), "dcpidiff", out)?;
+        crate::manpages::generate(DiffArgs::command(), g, out)?;
         return Ok(());
     }
     for (name, v) in [("--min-delta", args.min_delta), ("--min-effect", args.min_effect)] {
@@ -558,128 +561,102 @@ pub fn write_report(
     fmt: Format,
     color: bool,
 ) -> std::io::Result<()> {
-    match fmt {
-        Format::Json => {
-            serde_json::to_writer_pretty(&mut *out, r)?;
-            writeln!(out)
-        }
-        Format::Csv => {
-            let key = if r.rows_of == "images" { "image" } else { "symbol" };
-            csv_titles(
-                out,
-                &[
-                    key,
-                    "source",
-                    "before",
-                    "after",
-                    "before_events",
-                    "after_events",
-                    "before_share",
-                    "after_share",
-                    "delta",
-                    "ratio",
-                    "z",
-                    "p_value",
-                    "p_adjusted",
-                    "significant",
-                ],
-            )?;
-            for x in &r.rows {
-                csv_line(
-                    out,
-                    &[
-                        x.symbol.clone().or(x.image.clone()).unwrap_or_default().into(),
-                        x.source.clone().unwrap_or_default().into(),
-                        num(x.before),
-                        num(x.after),
-                        num(x.before_events),
-                        num(x.after_events),
-                        num(x.before_share),
-                        num(x.after_share),
-                        num(x.delta),
-                        CsvCell::Number(x.ratio.map(|v| v.to_string()).unwrap_or_default()),
-                        num(x.z),
-                        num(format!("{:e}", x.p_value)),
-                        num(format!("{:e}", x.p_adjusted)),
-                        x.significant.to_string().into(),
-                    ],
-                )?;
+    let images = r.rows_of == "images";
+    let key = if images { "image" } else { "symbol" };
+    let mut t = Table::new();
+    let right = |s: &str, k: Kind| Column::new(s, k).right();
+    let csv_only = |s: &str, k: Kind| Column::new(s, k);
+    t.columns([
+        Column::new(key, Kind::Text),
+        right("source", Kind::Text),
+        right("before", Kind::Count),
+        right("after", Kind::Count),
+        csv_only("before_events", Kind::Count),
+        csv_only("after_events", Kind::Count),
+        right("before%", Kind::Decimal(2)).csv("before_share"),
+        right("after%", Kind::Decimal(2)).csv("after_share"),
+        right("delta", Kind::Signed(2)),
+        right("ratio", Kind::Decimal(2)),
+        csv_only("z", Kind::Decimal(4)),
+        csv_only("p_value", Kind::Scientific),
+        csv_only("p_adjusted", Kind::Scientific),
+        right("sig", Kind::Text).csv("significant"),
+    ]);
+    let mut shown = vec![2, 3, 6, 7, 8, 9, 13];
+    if r.rows_of == "lines" {
+        shown.push(1);
+    }
+    shown.push(0);
+    t.text_columns(shown);
+    for x in &r.rows {
+        let c = match (color && x.significant, x.delta > 0.0) {
+            (true, true) => Some(RED),
+            (true, false) => Some(GREEN),
+            _ => None,
+        };
+        let name = x.symbol.clone().or(x.image.clone()).unwrap_or_default();
+        t.row(vec![
+            Value::Both { text: row_name(x), csv: CsvCell::Text(name) }.into(),
+            x.source.as_deref().into(),
+            x.before.into(),
+            x.after.into(),
+            x.before_events.into(),
+            x.after_events.into(),
+            x.before_share.into(),
+            x.after_share.into(),
+            Cell::colored(x.delta, c),
+            Value::Both {
+                text: ratio_text(x),
+                csv: CsvCell::Number(x.ratio.map(|v| v.to_string()).unwrap_or_default()),
             }
-            Ok(())
-        }
-        Format::Table => {
-            writeln!(out, "# before: {}", side_line(&r.before))?;
-            writeln!(out, "# after:  {}", side_line(&r.after))?;
-            if r.images_differ {
-                let msg = match (&r.before.image, &r.after.image) {
-                    (Some(b), Some(a)) => format!(
-                        "# images differ: build {} before, {} after; symbols matched by path \
-                         and name",
-                        b.builds.join(","),
-                        a.builds.join(",")
-                    ),
-                    _ => "# images differ: some paths were rebuilt (marked `rebuilt`); matched \
-                          by path"
-                        .to_owned(),
-                };
-                if color {
-                    writeln!(out, "{BOLD}{msg}\x1b[0m")?;
-                } else {
-                    writeln!(out, "{msg}")?;
-                }
-            }
-            let of = if r.rows_of == "images" { "all samples" } else { "the image's samples" };
-            writeln!(
-                out,
-                "# event {}; shares are % of {of}; delta = after% - before% in points",
-                printable(&r.event)
-            )?;
-            writeln!(
-                out,
-                "# sig *: two-proportion z-test, Holm-corrected over {} rows, alpha {}, \
-                 |delta| >= {}",
-                r.test.rows_compared, r.test.alpha, r.test.min_effect
-            )?;
-            let with_source = r.rows_of == "lines";
-            let last = if r.rows_of == "images" { "image" } else { "symbol" };
-            let mut titles = vec!["before", "after", "before%", "after%", "delta", "ratio", "sig"];
-            if with_source {
-                titles.push("source");
-            }
-            titles.push(last);
-            let rows: Vec<Vec<Cell>> = r
-                .rows
-                .iter()
-                .map(|x| {
-                    let c = match (color && x.significant, x.delta > 0.0) {
-                        (true, true) => Some(RED),
-                        (true, false) => Some(GREEN),
-                        _ => None,
-                    };
-                    let mut v: Vec<Cell> = vec![
-                        x.before.to_string().into(),
-                        x.after.to_string().into(),
-                        format!("{:.2}", x.before_share).into(),
-                        format!("{:.2}", x.after_share).into(),
-                        Cell { text: signed(x.delta, 2), color: c },
-                        ratio_text(x).into(),
-                        Cell { text: if x.significant { "*" } else { "" }.into(), color: c },
-                    ];
-                    if with_source {
-                        v.push(printable(x.source.as_deref().unwrap_or_default()).into());
-                    }
-                    v.push(row_name(x).into());
-                    v
-                })
-                .collect();
-            table(out, &titles, &rows)?;
-            let up = r.rows.iter().filter(|x| x.significant && x.delta > 0.0).count();
-            let down = r.rows.iter().filter(|x| x.significant && x.delta < 0.0).count();
-            writeln!(out, "# significant: {up} up, {down} down")?;
-            if r.rows_hidden > 0 {
-                writeln!(out, "# {} row(s) not shown (--min-delta/--limit)", r.rows_hidden)?;
-            }
-            Ok(())
-        }
+            .into(),
+            x.z.into(),
+            x.p_value.into(),
+            x.p_adjusted.into(),
+            Cell::colored(
+                Value::Both {
+                    text: if x.significant { "*" } else { "" }.into(),
+                    csv: CsvCell::Text(x.significant.to_string()),
+                },
+                c,
+            ),
+        ]);
+    }
+    if fmt == Format::Table {
+        diff_text(&mut t, r, color);
+    }
+    t.write(out, fmt.into(), Style::default(), r)
+}
+
+/// The text table's comment lines.
+fn diff_text(t: &mut Table, r: &DiffReport, color: bool) {
+    t.head(format!("# before: {}", side_line(&r.before)));
+    t.head(format!("# after:  {}", side_line(&r.after)));
+    if r.images_differ {
+        let msg = match (&r.before.image, &r.after.image) {
+            (Some(b), Some(a)) => format!(
+                "# images differ: build {} before, {} after; symbols matched by path and name",
+                b.builds.join(","),
+                a.builds.join(",")
+            ),
+            _ => "# images differ: some paths were rebuilt (marked `rebuilt`); matched by path"
+                .to_owned(),
+        };
+        t.head(if color { format!("{BOLD}{msg}\x1b[0m") } else { msg });
+    }
+    let of = if r.rows_of == "images" { "all samples" } else { "the image's samples" };
+    t.head(format!(
+        "# event {}; shares are % of {of}; delta = after% - before% in points",
+        printable(&r.event)
+    ));
+    t.head(format!(
+        "# sig *: two-proportion z-test, Holm-corrected over {} rows, alpha {}, |delta| >= {}",
+        r.test.rows_compared, r.test.alpha, r.test.min_effect
+    ));
+    let up = r.rows.iter().filter(|x| x.significant && x.delta > 0.0).count();
+    let down = r.rows.iter().filter(|x| x.significant && x.delta < 0.0).count();
+    t.foot(format!("# significant: {up} up, {down} down"));
+    if r.rows_hidden > 0 {
+        t.foot(format!("# {} row(s) not shown (--min-delta/--limit)", r.rows_hidden));
     }
 }

@@ -8,16 +8,17 @@ use std::io::Write;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use serde::Serialize;
 
+use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value};
+
 use super::common::{
-    csv_line, csv_titles, num, printable, r4, resolve_image_builds, symbol_rows, table, Cell,
-    ColorChoice, Symbolizer, ToolError, RED,
+    printable, r4, resolve_image_builds, symbol_rows, ColorChoice, Symbolizer, ToolError, RED,
 };
 use super::stat;
 use crate::args::{Selection, SymbolSearch};
+use crate::manpages::Generate;
 use crate::prof::output::TableFormat as Format;
 use crate::prof::report::{self, ImageFilter, SymbolMode};
 use crate::prof::select::HostSel;
-use crate::prof::Generate;
 
 /// Long help of `dcpistats`.
 pub const STATS_HELP: &str = "\
@@ -196,7 +197,7 @@ pub fn run_stats(
     err: &mut dyn Write,
 ) -> Result<(), ToolError> {
     if let Some(g) = args.generate {
-        super::common::generate(g, StatsArgs::command_with_defaults(), "dcpistats", out)?;
+        crate::manpages::generate(StatsArgs::command_with_defaults(), g, out)?;
         return Ok(());
     }
     if !(args.outlier_k.is_finite() && args.outlier_k > 0.0) {
@@ -390,122 +391,82 @@ pub fn write_stats(
         StatsBy::Epoch => "epoch",
         StatsBy::Host => "host",
     };
-    match fmt {
-        Format::Json => {
-            serde_json::to_writer_pretty(&mut *out, r)?;
-            writeln!(out)
+    let mut t = Table::new();
+    let share = |title: &str, csv: &str| Column::new(title, Kind::Decimal(2)).csv(csv);
+    t.columns([
+        Column::new("symbol", Kind::Text),
+        share("mean%", "mean"),
+        share("stddev", "stddev"),
+        share("min%", "min"),
+        share("max%", "max"),
+        Column::new("range/mean", Kind::Decimal(3)).csv("normalized_range"),
+        Column::new("samples", Kind::Count),
+        Column::new("outliers", Kind::Text).right(),
+    ]);
+    t.text_columns(vec![1, 2, 3, 4, 5, 6, 7, 0]);
+    for x in &r.rows {
+        let groups: Vec<&str> = x.outliers.iter().map(|o| o.group.as_str()).collect();
+        let outliers = Value::Both {
+            text: x.outliers.len().to_string(),
+            csv: CsvCell::Text(groups.join(";")),
+        };
+        let oc = (color && !x.outliers.is_empty()).then_some(RED);
+        t.row(vec![
+            x.symbol.as_str().into(),
+            x.mean.into(),
+            x.stddev.into(),
+            x.min.into(),
+            x.max.into(),
+            x.normalized_range.into(),
+            x.samples.into(),
+            Cell::colored(outliers, oc),
+        ]);
+    }
+    if fmt == Format::Table {
+        t.head(format!(
+            "# image: {} ({})",
+            printable(&r.image.path),
+            if r.image.builds.is_empty() {
+                "no build-id".into()
+            } else {
+                r.image.builds.join(", ")
+            }
+        ));
+        let low = r.groups.iter().filter(|g| g.low_samples).count();
+        t.head(format!(
+            "# event {}; by {by}: {} {by}s with samples, {low} with fewer than {} samples \
+             (low: weighted by samples, never outliers)",
+            printable(&r.event),
+            r.groups.len(),
+            r.min_samples
+        ));
+        for g in &r.groups {
+            let mut flags = Vec::new();
+            if g.low_samples {
+                flags.push("low".to_owned());
+            }
+            if g.outlier_symbols > 0 {
+                flags.push(format!("OUTLIER for {} symbol(s)", g.outlier_symbols));
+            }
+            let flags =
+                if flags.is_empty() { String::new() } else { format!("  [{}]", flags.join(", ")) };
+            t.head(format!("#   {by} {}: {} samples{flags}", printable(&g.name), g.samples));
         }
-        Format::Csv => {
-            csv_titles(
-                out,
-                &[
-                    "symbol",
-                    "mean",
-                    "stddev",
-                    "min",
-                    "max",
-                    "normalized_range",
-                    "samples",
-                    "outliers",
-                ],
-            )?;
-            for x in &r.rows {
-                let o: Vec<&str> = x.outliers.iter().map(|o| o.group.as_str()).collect();
-                csv_line(
-                    out,
-                    &[
-                        x.symbol.clone().into(),
-                        num(x.mean),
-                        num(x.stddev),
-                        num(x.min),
-                        num(x.max),
-                        num(x.normalized_range),
-                        num(x.samples),
-                        o.join(";").into(),
-                    ],
-                )?;
+        for x in &r.rows {
+            for o in &x.outliers {
+                t.foot(format!(
+                    "# outlier: {} in {by} {}: {:.2}% vs median {:.2}% ({})",
+                    printable(&x.symbol),
+                    printable(&o.group),
+                    o.share,
+                    o.median,
+                    super::common::signed(o.deviation, 2)
+                ));
             }
-            Ok(())
         }
-        Format::Table => {
-            writeln!(
-                out,
-                "# image: {} ({})",
-                printable(&r.image.path),
-                if r.image.builds.is_empty() {
-                    "no build-id".into()
-                } else {
-                    r.image.builds.join(", ")
-                }
-            )?;
-            let low = r.groups.iter().filter(|g| g.low_samples).count();
-            writeln!(
-                out,
-                "# event {}; by {by}: {} {by}s with samples, {low} with fewer than {} samples \
-                 (low: weighted by samples, never outliers)",
-                printable(&r.event),
-                r.groups.len(),
-                r.min_samples
-            )?;
-            for g in &r.groups {
-                let mut flags = Vec::new();
-                if g.low_samples {
-                    flags.push("low".to_owned());
-                }
-                if g.outlier_symbols > 0 {
-                    flags.push(format!("OUTLIER for {} symbol(s)", g.outlier_symbols));
-                }
-                writeln!(
-                    out,
-                    "#   {by} {}: {} samples{}",
-                    printable(&g.name),
-                    g.samples,
-                    if flags.is_empty() {
-                        String::new()
-                    } else {
-                        format!("  [{}]", flags.join(", "))
-                    }
-                )?;
-            }
-            let rows: Vec<Vec<Cell>> = r
-                .rows
-                .iter()
-                .map(|x| {
-                    let oc = (color && !x.outliers.is_empty()).then_some(RED);
-                    vec![
-                        format!("{:.2}", x.mean).into(),
-                        format!("{:.2}", x.stddev).into(),
-                        format!("{:.2}", x.min).into(),
-                        format!("{:.2}", x.max).into(),
-                        format!("{:.3}", x.normalized_range).into(),
-                        x.samples.to_string().into(),
-                        Cell { text: x.outliers.len().to_string(), color: oc },
-                        printable(&x.symbol).into(),
-                    ]
-                })
-                .collect();
-            table(
-                out,
-                &["mean%", "stddev", "min%", "max%", "range/mean", "samples", "outliers", "symbol"],
-                &rows,
-            )?;
-            for x in &r.rows {
-                for o in &x.outliers {
-                    writeln!(
-                        out,
-                        "# outlier: {} in {by} {}: {:.2}% vs median {:.2}% ({})",
-                        printable(&x.symbol),
-                        printable(&o.group),
-                        o.share,
-                        o.median,
-                        super::common::signed(o.deviation, 2)
-                    )?;
-                }
-            }
-            if r.rows_hidden > 0 {
-                writeln!(out, "# {} symbol(s) not shown (--min-share/--limit)", r.rows_hidden)?;
-            }
-            Ok(())
+        if r.rows_hidden > 0 {
+            t.foot(format!("# {} symbol(s) not shown (--min-share/--limit)", r.rows_hidden));
         }
     }
+    t.write(out, fmt.into(), Style::default(), r)
 }

@@ -158,7 +158,7 @@ pub struct Args {
     pub symbols: SymbolSearch,
     /// Write a man page or shell completions to stdout and exit.
     #[arg(long, hide = true, value_enum, value_name = "WHAT")]
-    pub generate: Option<prof::Generate>,
+    pub generate: Option<crate::manpages::Generate>,
 }
 
 /// What a listing shows.
@@ -241,7 +241,7 @@ pub fn print_error(err: &mut dyn Write, e: &ListError) {
 /// Run `dcpilist` with parsed arguments; errors are returned, not printed.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ListError> {
     if let Some(g) = args.generate {
-        return generate(g, out);
+        return Ok(crate::manpages::generate(Args::command(), g, out)?);
     }
     let mut warnings: Vec<String> = Vec::new();
     let result = if let Some(n) = args.top {
@@ -265,21 +265,5 @@ fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<(
     for m in w.drain(..) {
         writeln!(err, "dcpilist: warning: {}", crate::escape::terminal(&m))?;
     }
-    Ok(())
-}
-
-fn generate(what: prof::Generate, out: &mut dyn Write) -> Result<(), ListError> {
-    use clap_complete::Shell;
-    let mut cmd = Args::command();
-    let shell = match what {
-        prof::Generate::Man => {
-            crate::manpages::write(cmd, out)?;
-            return Ok(());
-        }
-        prof::Generate::CompleteBash => Shell::Bash,
-        prof::Generate::CompleteZsh => Shell::Zsh,
-        prof::Generate::CompleteFish => Shell::Fish,
-    };
-    clap_complete::generate(shell, &mut cmd, "dcpilist", out);
     Ok(())
 }

@@ -7,12 +7,11 @@ use std::io::Write;
 
 use serde_json::{json, Map, Value};
 
-use super::output::Format;
 use super::output::{printable, r4};
 use super::report::{self, ImageFilter, SymbolMode};
 use super::subset::{resolve_image_builds, symbol_rows, Symbolizer};
 use super::{Args, ProfError};
-use crate::escape::{csv_line, csv_titles, num};
+use dcpi_report::render::{Column, Kind, Output, Style, Table};
 
 /// What the rows of a `--by` report are per. image and symbol are the per-image and
 /// per-symbol reports; command, pid, cgroup, unit, container and cpu read the who tables
@@ -175,93 +174,79 @@ pub fn run_by(
     };
     let rows: Vec<(String, Part)> = parts.into_iter().collect();
     let pct = |p: &Part| if p.of_events > 0.0 { r4(p.events / p.of_events * 100.0) } else { 0.0 };
-    match args.format {
-        Format::Json => {
-            let rows: Vec<Value> = rows
-                .iter()
-                .map(|(k, p)| {
-                    let mut m = Map::new();
-                    m.insert(by.name().to_owned(), json!(k));
-                    m.insert("samples".into(), json!(p.samples));
-                    m.insert("events".into(), json!(p.events.round() as u64));
-                    m.insert("percent".into(), json!(pct(p)));
-                    Value::Object(m)
-                })
-                .collect();
-            let v = json!({
-                "report": "by",
-                "by": by.name(),
-                "database": args.sel.db.display().to_string(),
-                "event": event,
-                "image": args.image,
-                "symbol": args.symbol,
-                "percent_of": of,
-                "rows": rows,
-            });
-            serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
-            writeln!(out)?;
-        }
-        Format::Csv => {
-            csv_titles(out, &[by.name(), "samples", "events", "percent"])?;
-            for (k, p) in &rows {
-                csv_line(
-                    out,
-                    &[k.clone().into(), num(p.samples), num(p.events.round() as u64), num(pct(p))],
-                )?;
-            }
-        }
-        f @ (Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope) => {
-            return Err(super::output::not_a_report(f).into());
-        }
-        Format::Table => {
-            writeln!(out, "# database: {}", args.sel.db.display())?;
-            let mut what = format!("# event {event}");
-            if let Some(i) = &args.image {
-                what.push_str(&format!("; image {}", printable(i)));
-            }
-            if let Some(s) = &args.symbol {
-                what.push_str(&format!("; symbol {}", printable(s)));
-            }
-            writeln!(out, "{}; % of {of}", printable(&what))?;
-            let cells: Vec<[String; 4]> = rows
-                .iter()
-                .map(|(k, p)| {
-                    [
-                        p.samples.to_string(),
-                        (p.events.round() as u64).to_string(),
-                        format!("{:.2}", pct(p)),
-                        printable(k),
-                    ]
-                })
-                .collect();
-            let titles = ["samples", "events", "%", by.name()];
-            let mut width = titles.map(str::len);
-            for c in &cells {
-                for (w, x) in width.iter_mut().zip(c) {
-                    *w = (*w).max(x.len());
-                }
-            }
-            let line = |c: &[String; 4]| {
-                format!(
-                    "{:>w0$}  {:>w1$}  {:>w2$}  {}",
-                    c[0],
-                    c[1],
-                    c[2],
-                    c[3],
-                    w0 = width[0],
-                    w1 = width[1],
-                    w2 = width[2]
-                )
-            };
-            writeln!(out, "{}", line(&titles.map(String::from)))?;
-            for c in &cells {
-                writeln!(out, "{}", line(c))?;
-            }
-        }
+    let form = super::output::form(args.format)?;
+    // The JSON document (its schema in --help), made only when asked for.
+    let v = if form == Output::Json {
+        let rows: Vec<Value> = rows
+            .iter()
+            .map(|(k, p)| {
+                let mut m = Map::new();
+                m.insert(by.name().to_owned(), json!(k));
+                m.insert("samples".into(), json!(p.samples));
+                m.insert("events".into(), json!(p.events.round() as u64));
+                m.insert("percent".into(), json!(pct(p)));
+                Value::Object(m)
+            })
+            .collect();
+        json!({
+            "report": "by",
+            "by": by.name(),
+            "database": args.sel.db.display().to_string(),
+            "event": event,
+            "image": args.image,
+            "symbol": args.symbol,
+            "percent_of": of,
+            "rows": rows,
+        })
+    } else {
+        Value::Null
+    };
+    let mut t = group_table(
+        by,
+        [
+            Column::new("samples", Kind::Count),
+            Column::new("events", Kind::Count),
+            Column::new("%", Kind::Decimal(2)).csv("percent"),
+        ],
+        &args.sel.db,
+    );
+    let mut what = format!("# event {event}");
+    if let Some(i) = &args.image {
+        what.push_str(&format!("; image {}", printable(i)));
     }
+    if let Some(s) = &args.symbol {
+        what.push_str(&format!("; symbol {}", printable(s)));
+    }
+    t.head(format!("{}; % of {of}", printable(&what)));
+    for (k, p) in &rows {
+        t.row(vec![
+            k.as_str().into(),
+            p.samples.into(),
+            (p.events.round() as u64).into(),
+            pct(p).into(),
+        ]);
+    }
+    t.write(out, form, Style::default(), &v)?;
     out.flush()?;
     if args.verbose {
         writeln!(err, "dcpiprof: stats: {}", super::stats::line())?;
     }
     Ok(())
+}
+
+/// The table of a `--by` report: the group column (CSV first, text last) and `counts`, under a
+/// `# database:` line.
+pub(super) fn group_table(
+    by: By,
+    counts: impl IntoIterator<Item = Column>,
+    db: &std::path::Path,
+) -> Table {
+    let mut t = Table::new();
+    t.column(Column::new(by.name(), Kind::Text));
+    t.columns(counts);
+    let mut shown: Vec<usize> = (1..t.columns.len()).collect();
+    shown.push(0);
+    t.text_columns(shown);
+    t.head(format!("# database: {}", db.display()));
+    t
 }

@@ -335,14 +335,7 @@ pub struct Args {
     pub generate: Option<Generate>,
 }
 
-/// `--generate`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Generate {
-    Man,
-    CompleteBash,
-    CompleteZsh,
-    CompleteFish,
-}
+pub use crate::manpages::Generate;
 
 /// Run `dcpiprof` with parsed arguments, writing the report to `out` (or `--output`) and
 /// warnings to `err`. Errors are returned (not printed).
@@ -373,7 +366,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
 
 fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
     if let Some(g) = args.generate {
-        return generate(g, out);
+        return Ok(crate::manpages::generate(Args::command(), g, out)?);
     }
     if !args.cache_binary.is_empty() {
         let root = args.sel.db.join("binaries");
@@ -742,23 +735,6 @@ fn run_calls(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
 fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<()> {
     for m in w.drain(..) {
         writeln!(err, "dcpiprof: warning: {}", crate::escape::terminal(&m))?;
-    }
-    Ok(())
-}
-
-fn generate(what: Generate, out: &mut dyn Write) -> Result<(), ProfError> {
-    let mut cmd = Args::command();
-    match what {
-        Generate::Man => crate::manpages::write(cmd, out)?,
-        Generate::CompleteBash => {
-            clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, "dcpiprof", out)
-        }
-        Generate::CompleteZsh => {
-            clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, "dcpiprof", out)
-        }
-        Generate::CompleteFish => {
-            clap_complete::generate(clap_complete::Shell::Fish, &mut cmd, "dcpiprof", out)
-        }
     }
     Ok(())
 }

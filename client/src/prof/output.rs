@@ -3,8 +3,9 @@
 use std::io::{self, Write};
 
 use super::report::{EventCount, EventInfo, IdleShare, ImageReport, Scope, SymbolReport};
-pub use crate::escape::csv_line;
-use crate::escape::{csv_titles, num, terminal as esc, CsvCell};
+use dcpi_report::render::{Cell, Column, Kind, Output, Show, Table, Value};
+
+use crate::escape::terminal as esc;
 
 /// `--format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -49,27 +50,29 @@ pub(crate) fn not_a_report(fmt: Format) -> io::Error {
     io::Error::other(format!("{fmt:?} is an export format, not a report table"))
 }
 
-/// How a table is drawn: `human` groups digits (`172,000`) for a person at a terminal; files
-/// and pipes get the plain numbers, as JSON and CSV always do.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Style {
-    pub human: bool,
+/// How a table is drawn ([`dcpi_report::render::Style`]).
+pub use dcpi_report::render::{number, Style};
+
+/// The renderer's form of a report `--format`; an export format is not a table.
+pub(crate) fn form(fmt: Format) -> io::Result<Output> {
+    match fmt {
+        Format::Table => Ok(Output::Text),
+        Format::Csv => Ok(Output::Csv),
+        Format::Json => Ok(Output::Json),
+        Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
+            Err(not_a_report(fmt))
+        }
+    }
 }
 
-/// `n` with thousands separators when `style.human`.
-pub fn number(n: u64, style: Style) -> String {
-    let raw = n.to_string();
-    if !style.human || raw.len() <= 3 {
-        return raw;
-    }
-    let mut s = String::with_capacity(raw.len() + raw.len() / 3);
-    for (i, c) in raw.chars().enumerate() {
-        if i > 0 && (raw.len() - i).is_multiple_of(3) {
-            s.push(',');
+impl From<TableFormat> for Output {
+    fn from(f: TableFormat) -> Self {
+        match f {
+            TableFormat::Table => Self::Text,
+            TableFormat::Csv => Self::Csv,
+            TableFormat::Json => Self::Json,
         }
-        s.push(c);
     }
-    s
 }
 
 /// `12 s`, `5 min`, `3 h`, `2 days`.
@@ -99,25 +102,36 @@ fn freshness(newest: u64) -> Option<String> {
     ))
 }
 
-fn header(
-    out: &mut dyn Write,
+/// The comment lines above a report table: database, epochs, hosts, events, freshness, total.
+fn header(scope: &Scope, events: &[EventInfo], total: u64, style: Style) -> Vec<String> {
+    let mut h = scope_lines(scope, events, "", style);
+    h.extend(freshness(scope.newest_data));
+    h.push(format!("# total samples: {}", number(total, style)));
+    h
+}
+
+/// The database, epochs, hosts and events of a report (`samples {what}` per event: dcpilist
+/// says `in the function` or `in total`).
+pub(crate) fn scope_lines(
     scope: &Scope,
     events: &[EventInfo],
-    total: u64,
+    what: &str,
     style: Style,
-) -> io::Result<()> {
-    writeln!(out, "# database: {}", esc(&scope.database))?;
-    writeln!(out, "# epochs: {}", super::report::epoch_range(&scope.epochs))?;
-    writeln!(out, "# hosts: {}", scope.hosts.join(", "))?;
+) -> Vec<String> {
+    let mut h = vec![
+        format!("# database: {}", esc(&scope.database)),
+        format!("# epochs: {}", super::report::epoch_range(&scope.epochs)),
+        format!("# hosts: {}", scope.hosts.join(", ")),
+    ];
+    let what = if what.is_empty() { String::new() } else { format!(" {what}") };
     for e in events {
         let mux = if e.multiplex_scale > 1.0 {
             format!(", scaled for multiplexing (up to x{:.2})", e.multiplex_scale)
         } else {
             String::new()
         };
-        writeln!(
-            out,
-            "# event {}: {} samples, mean period {} (nominal {}), ~{} events{mux}",
+        h.push(format!(
+            "# event {}: {} samples{what}, mean period {} (nominal {}), ~{} events{mux}",
             esc(&e.name),
             number(e.samples, style),
             if style.human {
@@ -127,105 +141,104 @@ fn header(
             },
             number(e.nominal_period, style),
             number(e.events, style)
-        )?;
+        ));
     }
-    if let Some(f) = freshness(scope.newest_data) {
-        writeln!(out, "{f}")?;
-    }
-    writeln!(out, "# total samples: {}", number(total, style))
+    h
 }
 
-fn count_titles(events: &[EventInfo]) -> Vec<String> {
-    if events.len() == 1 {
-        return vec!["samples".into(), "events".into(), "%".into()];
-    }
-    events
-        .iter()
-        .flat_map(|e| {
-            let n = esc(&e.name);
-            [n.to_string(), format!("{n}:events"), format!("{n}:%")]
-        })
-        .collect()
+/// How the per-event count columns are titled in a text table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CountTitles {
+    /// dcpiprof: `samples events %`, or `E E:events E:%` per event.
+    Prof,
+    /// dcpilist: `samples %`, or `E E%` per event (the events column in CSV only).
+    List,
 }
 
-fn count_cells(counts: &[EventCount], style: Style) -> Vec<String> {
-    counts
-        .iter()
-        .flat_map(|c| {
-            [number(c.samples, style), number(c.events, style), format!("{:.2}", c.percent)]
-        })
-        .collect()
-}
-
-/// Right-aligned numeric columns, then a free-width text column (image or symbol). Every cell
-/// is escaped for the terminal first (names keep only their controls escaped until here), so
-/// widths are those of what is printed.
-fn table(out: &mut dyn Write, titles: Vec<String>, rows: Vec<Vec<String>>) -> io::Result<()> {
-    let cells =
-        |r: Vec<String>| -> Vec<String> { r.into_iter().map(|c| esc(&c).into_owned()).collect() };
-    let titles = cells(titles);
-    let rows: Vec<Vec<String>> = rows.into_iter().map(cells).collect();
-    let ncol = titles.len();
-    let mut width: Vec<usize> = titles.iter().map(String::len).collect();
-    for r in &rows {
-        for (w, c) in width.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |out: &mut dyn Write, cells: &[String]| -> io::Result<()> {
-        let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i + 1 == ncol {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:>w$}  ", w = width[i]));
+/// Add the per-event count columns (samples, events, percent of each event; CSV titles
+/// `E.samples E.events E.percent`); the indices of the columns the text table shows.
+pub(crate) fn count_columns(
+    t: &mut Table,
+    events: &[EventInfo],
+    titles: CountTitles,
+) -> Vec<usize> {
+    let one = events.len() == 1;
+    let mut shown = Vec::new();
+    for e in events {
+        let n = esc(&e.name);
+        let (s, ev, p) = match (titles, one) {
+            (CountTitles::Prof, true) => {
+                ("samples".to_owned(), "events".to_owned(), "%".to_owned())
             }
+            (CountTitles::Prof, false) => (n.to_string(), format!("{n}:events"), format!("{n}:%")),
+            (CountTitles::List, true) => ("samples".to_owned(), String::new(), "%".to_owned()),
+            (CountTitles::List, false) => (n.to_string(), String::new(), format!("{n}%")),
+        };
+        let name = &e.name;
+        let s = t.column(Column::new(s, Kind::Count).csv(format!("{name}.samples")));
+        let ev = t.column(Column::new(ev, Kind::Count).csv(format!("{name}.events")));
+        let p = t.column(Column::new(p, Kind::Decimal(2)).csv(format!("{name}.percent")));
+        shown.push(s);
+        if titles == CountTitles::Prof {
+            shown.push(ev);
         }
-        writeln!(out, "{}", s.trim_end())
-    };
-    line(out, &titles)?;
-    for r in &rows {
-        line(out, r)?;
+        shown.push(p);
     }
-    Ok(())
+    shown
 }
 
-pub(crate) fn csv_count_titles(events: &[EventInfo]) -> Vec<String> {
-    events
-        .iter()
-        .flat_map(|e| {
-            let n = &e.name;
-            [format!("{n}.samples"), format!("{n}.events"), format!("{n}.percent")]
-        })
-        .collect()
-}
-
-pub(crate) fn csv_count_cells(counts: &[EventCount]) -> Vec<CsvCell> {
-    counts.iter().flat_map(|c| [num(c.samples), num(c.events), num(c.percent)]).collect()
+/// The cells of [`count_columns`].
+pub(crate) fn count_cells(counts: &[EventCount]) -> impl Iterator<Item = Cell> + '_ {
+    counts.iter().flat_map(|c| [c.samples.into(), c.events.into(), c.percent.into()])
 }
 
 /// Whether the percentages include the idle task, and what that says about the machine.
-fn idle_note(out: &mut dyn Write, idle: &IdleShare) -> io::Result<()> {
+fn idle_note(idle: &IdleShare) -> Vec<String> {
     if !idle.included {
-        return writeln!(out, "# % of busy time: the idle task ([idle]) is left out (--no-idle)");
+        return vec!["# % of busy time: the idle task ([idle]) is left out (--no-idle)".into()];
     }
+    let mut h = Vec::new();
     if idle.percent <= 0.0 {
-        return Ok(());
+        return h;
     }
     if idle.mostly_idle() {
-        writeln!(
-            out,
+        h.push(format!(
             "# the machine was mostly idle: {:.1}% of the samples are the idle task ([idle]); \
              --no-idle shows the busy time alone",
             idle.percent
-        )?;
+        ));
     }
-    writeln!(
-        out,
+    h.push(format!(
         "# % include the idle task ([idle], {:.1}%); [kernel.kallsyms] is kernel work for \
          processes",
         idle.percent
-    )
+    ));
+    h
+}
+
+/// A table of rows with per-event counts and a running total: the key columns (CSV first,
+/// the last of them shown last in text), the counts, `cum%`.
+fn ranked_table(events: &[EventInfo], keys: Vec<Column>, text_keys: &[usize]) -> Table {
+    let mut t = Table::new();
+    t.columns(keys);
+    let mut shown = count_columns(&mut t, events, CountTitles::Prof);
+    shown.push(t.column(Column::new("cum%", Kind::Decimal(2)).csv("cumulative_percent")));
+    shown.extend(text_keys);
+    t.text_columns(shown);
+    t
+}
+
+/// The key cells of an image row: image, kind, build-id and `last` (image id or symbol).
+fn image_keys(image: &str, kind: &str, build_id: &Option<String>, last: Option<&str>) -> Vec<Cell> {
+    vec![image.into(), kind.into(), build_id.as_deref().into(), last.into()]
+}
+
+/// A row of a [`ranked_table`]: its key cells, counts and running total.
+fn ranked_row(t: &mut Table, keys: Vec<Cell>, counts: &[EventCount], cum: Value, show: Show) {
+    let mut c = keys;
+    c.extend(count_cells(counts));
+    c.push(cum.into());
+    t.push(c, show);
 }
 
 pub fn write_images(
@@ -234,56 +247,23 @@ pub fn write_images(
     fmt: Format,
     style: Style,
 ) -> io::Result<()> {
-    match fmt {
-        Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
-            Err(not_a_report(fmt))
-        }
-        Format::Json => {
-            serde_json::to_writer_pretty(&mut *out, r)?;
-            writeln!(out)
-        }
-        Format::Csv => {
-            let mut t =
-                vec!["image".to_owned(), "kind".into(), "build_id".into(), "image_id".into()];
-            t.extend(csv_count_titles(&r.events));
-            t.push("cumulative_percent".into());
-            csv_titles(out, &t)?;
-            for row in &r.rows {
-                let mut c: Vec<CsvCell> = vec![
-                    row.image.clone().into(),
-                    row.kind.into(),
-                    row.build_id.clone().unwrap_or_default().into(),
-                    row.image_id.clone().unwrap_or_default().into(),
-                ];
-                c.extend(csv_count_cells(&row.counts));
-                c.push(num(row.cumulative_percent));
-                csv_line(out, &c)?;
-            }
-            Ok(())
-        }
-        Format::Table => {
-            header(out, &r.scope, &r.events, r.total_samples, style)?;
-            idle_note(out, &r.idle)?;
-            let mut t = count_titles(&r.events);
-            t.push("cum%".into());
-            t.push("image".into());
-            let rows = r
-                .rows
-                .iter()
-                .map(|row| {
-                    let mut c = count_cells(&row.counts, style);
-                    c.push(format!("{:.2}", row.cumulative_percent));
-                    c.push(row.image.clone());
-                    c
-                })
-                .collect();
-            table(out, t, rows)?;
-            if r.rows_omitted > 0 {
-                writeln!(out, "# {} more image(s) not shown (--limit)", r.rows_omitted)?;
-            }
-            Ok(())
-        }
+    let form = form(fmt)?;
+    let text = |s: &str| Column::new(s, Kind::Text);
+    let mut t = ranked_table(
+        &r.events,
+        vec![text("image"), text("kind"), text("build_id"), text("image_id")],
+        &[0],
+    );
+    t.head = header(&r.scope, &r.events, r.total_samples, style);
+    t.head.extend(idle_note(&r.idle));
+    for row in &r.rows {
+        let keys = image_keys(&row.image, row.kind, &row.build_id, row.image_id.as_deref());
+        ranked_row(&mut t, keys, &row.counts, row.cumulative_percent.into(), Show::Both);
     }
+    if r.rows_omitted > 0 {
+        t.foot(format!("# {} more image(s) not shown (--limit)", r.rows_omitted));
+    }
+    t.write(out, form, style, r)
 }
 
 pub fn write_symbols(
@@ -292,76 +272,46 @@ pub fn write_symbols(
     fmt: Format,
     style: Style,
 ) -> io::Result<()> {
+    let form = form(fmt)?;
     let with_source = r.rows.iter().any(|x| x.source.is_some());
-    match fmt {
-        Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
-            Err(not_a_report(fmt))
-        }
-        Format::Json => {
-            serde_json::to_writer_pretty(&mut *out, r)?;
-            writeln!(out)
-        }
-        Format::Csv => {
-            let mut t = vec!["symbol".to_owned(), "source".into()];
-            t.extend(csv_count_titles(&r.events));
-            t.push("cumulative_percent".into());
-            csv_titles(out, &t)?;
-            for row in &r.rows {
-                let mut c: Vec<CsvCell> =
-                    vec![row.symbol.clone().into(), row.source.clone().unwrap_or_default().into()];
-                c.extend(csv_count_cells(&row.counts));
-                c.push(num(row.cumulative_percent));
-                csv_line(out, &c)?;
-            }
-            Ok(())
-        }
-        Format::Table => {
-            header(out, &r.scope, &r.events, r.total_samples, style)?;
-            let mut id = r.image.build_id.as_ref().map_or_else(
-                || r.image.image_id.clone().map(|i| format!(" (id {i})")).unwrap_or_default(),
-                |b| format!(" (build-id {b})"),
-            );
-            if let Some(b) = &r.image.binary {
-                id.push_str(&format!("\n# symbols from: {}", esc(b)));
-            }
-            if let Some(d) = &r.image.debug_file {
-                id.push_str(&format!("\n# debug info from: {}", esc(d)));
-            }
-            if let Some(n) = &r.image.symbols_note {
-                id.push_str(&format!("\n# symbols: {}", esc(n)));
-            }
-            writeln!(out, "# image: {}{id}", esc(&r.image.path))?;
-            let mut t = count_titles(&r.events);
-            t.push("cum%".into());
-            let rows = if with_source {
-                // Each source line under its symbol: the symbol's row carries the sum of its
-                // lines (and the running total), its lines follow, indented, hottest first.
-                t.push("symbol / source line".into());
-                line_rows(r, style)
-            } else {
-                t.push("symbol".into());
-                r.rows
-                    .iter()
-                    .map(|row| {
-                        let mut c = count_cells(&row.counts, style);
-                        c.push(format!("{:.2}", row.cumulative_percent));
-                        c.push(row.symbol.clone());
-                        c
-                    })
-                    .collect()
-            };
-            table(out, t, rows)?;
-            if r.rows_omitted > 0 {
-                writeln!(out, "# {} more row(s) not shown (--limit)", r.rows_omitted)?;
-            }
-            Ok(())
-        }
+    let title = if with_source { "symbol / source line" } else { "symbol" };
+    let keys =
+        vec![Column::new(title, Kind::Text).csv("symbol"), Column::new("source", Kind::Text)];
+    let mut t = ranked_table(&r.events, keys, &[0]);
+    t.head = header(&r.scope, &r.events, r.total_samples, style);
+    let mut id = r.image.build_id.as_ref().map_or_else(
+        || r.image.image_id.clone().map(|i| format!(" (id {i})")).unwrap_or_default(),
+        |b| format!(" (build-id {b})"),
+    );
+    if let Some(b) = &r.image.binary {
+        id.push_str(&format!("\n# symbols from: {}", esc(b)));
     }
+    if let Some(d) = &r.image.debug_file {
+        id.push_str(&format!("\n# debug info from: {}", esc(d)));
+    }
+    if let Some(n) = &r.image.symbols_note {
+        id.push_str(&format!("\n# symbols: {}", esc(n)));
+    }
+    t.head(format!("# image: {}{id}", esc(&r.image.path)));
+    // With source lines the text table has each line under its symbol (line_rows); CSV has
+    // one line per (symbol, line).
+    let show = if with_source { Show::Csv } else { Show::Both };
+    for row in &r.rows {
+        let keys = vec![row.symbol.as_str().into(), row.source.as_deref().into()];
+        ranked_row(&mut t, keys, &row.counts, row.cumulative_percent.into(), show);
+    }
+    if with_source {
+        line_rows(r, &mut t);
+    }
+    if r.rows_omitted > 0 {
+        t.foot(format!("# {} more row(s) not shown (--limit)", r.rows_omitted));
+    }
+    t.write(out, form, style, r)
 }
 
-/// `--lines` table rows: one row per symbol (its lines summed, symbols in order of their
+/// `--lines` text rows: one row per symbol (its lines summed, symbols in order of their
 /// hottest line, as the report ranks rows), then its lines indented beneath it.
-fn line_rows(r: &SymbolReport, style: Style) -> Vec<Vec<String>> {
+fn line_rows(r: &SymbolReport, t: &mut Table) {
     let mut order: Vec<&str> = Vec::new();
     let mut groups: std::collections::HashMap<&str, Vec<&super::report::SymbolRow>> =
         std::collections::HashMap::new();
@@ -372,7 +322,6 @@ fn line_rows(r: &SymbolReport, style: Style) -> Vec<Vec<String>> {
         }
         g.push(row);
     }
-    let mut out = Vec::new();
     let mut cum = 0.0;
     for sym in order {
         let lines = &groups[sym];
@@ -385,18 +334,24 @@ fn line_rows(r: &SymbolReport, style: Style) -> Vec<Vec<String>> {
             }
         }
         cum += sum.first().map_or(0.0, |c| c.percent);
-        let mut c = count_cells(&sum, style);
-        c.push(format!("{:.2}", cum.min(100.0)));
-        c.push(sym.to_owned());
-        out.push(c);
+        ranked_row(
+            t,
+            vec![sym.into(), Value::Empty.into()],
+            &sum,
+            cum.min(100.0).into(),
+            Show::Text,
+        );
         for l in lines {
-            let mut c = count_cells(&l.counts, style);
-            c.push(String::new());
-            c.push(format!("    {}", l.source.as_deref().unwrap_or("??:0")));
-            out.push(c);
+            let text = format!("    {}", l.source.as_deref().unwrap_or("??:0"));
+            ranked_row(
+                t,
+                vec![text.into(), Value::Empty.into()],
+                &l.counts,
+                Value::Empty,
+                Show::Text,
+            );
         }
     }
-    out
 }
 
 /// `dcpiprof --symbols` without `--image`: symbols of every image, ranked together.
@@ -406,61 +361,21 @@ pub fn write_global_symbols(
     fmt: Format,
     style: Style,
 ) -> io::Result<()> {
-    match fmt {
-        Format::Json => {
-            serde_json::to_writer_pretty(&mut *out, r)?;
-            writeln!(out)
-        }
-        Format::Csv => {
-            let mut t = vec!["image".to_owned(), "kind".into(), "build_id".into(), "symbol".into()];
-            t.extend(csv_count_titles(&r.events));
-            t.push("cumulative_percent".into());
-            csv_titles(out, &t)?;
-            for row in &r.rows {
-                let mut c: Vec<CsvCell> = vec![
-                    row.image.clone().into(),
-                    row.kind.into(),
-                    row.build_id.clone().unwrap_or_default().into(),
-                    row.symbol.clone().into(),
-                ];
-                c.extend(csv_count_cells(&row.counts));
-                c.push(num(row.cumulative_percent));
-                csv_line(out, &c)?;
-            }
-            Ok(())
-        }
-        Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope => {
-            Err(not_a_report(fmt))
-        }
-        Format::Table => {
-            header(out, &r.scope, &r.events, r.total_samples, style)?;
-            writeln!(out, "# percent: of the machine's total (every image, [unknown] included)")?;
-            let mut t = count_titles(&r.events);
-            t.push("cum%".into());
-            t.push("image".into());
-            t.push("symbol".into());
-            // The image column is text but not last: left-aligned to its widest cell.
-            let w = r.rows.iter().map(|x| esc(&x.image).chars().count()).max().unwrap_or(0).max(5);
-            let n = t.len();
-            t[n - 2] = format!("{:<w$}", t[n - 2]);
-            let rows = r
-                .rows
-                .iter()
-                .map(|row| {
-                    let mut c = count_cells(&row.counts, style);
-                    c.push(format!("{:.2}", row.cumulative_percent));
-                    c.push(format!("{:<w$}", esc(&row.image)));
-                    c.push(row.symbol.clone());
-                    c
-                })
-                .collect();
-            table(out, t, rows)?;
-            if r.rows_omitted > 0 {
-                writeln!(out, "# {} more row(s) not shown (--limit)", r.rows_omitted)?;
-            }
-            Ok(())
-        }
+    let form = form(fmt)?;
+    let text = |s: &str| Column::new(s, Kind::Text);
+    // The image column is text but not last: left-aligned to its widest cell.
+    let keys = vec![text("image"), text("kind"), text("build_id"), text("symbol")];
+    let mut t = ranked_table(&r.events, keys, &[0, 3]);
+    t.head = header(&r.scope, &r.events, r.total_samples, style);
+    t.head("# percent: of the machine's total (every image, [unknown] included)");
+    for row in &r.rows {
+        let keys = image_keys(&row.image, row.kind, &row.build_id, Some(&row.symbol));
+        ranked_row(&mut t, keys, &row.counts, row.cumulative_percent.into(), Show::Both);
     }
+    if r.rows_omitted > 0 {
+        t.foot(format!("# {} more row(s) not shown (--limit)", r.rows_omitted));
+    }
+    t.write(out, form, style, r)
 }
 
 /// A text field made safe for a terminal: control, format and separator characters escaped
@@ -478,16 +393,6 @@ pub fn r4(x: f64) -> f64 {
 mod tests {
     use super::*;
     use crate::prof::report::{EventInfo, ImageInfo, SymbolRow};
-
-    #[test]
-    fn digits_are_grouped_only_for_people() {
-        let human = Style { human: true };
-        assert_eq!(number(0, human), "0");
-        assert_eq!(number(999, human), "999");
-        assert_eq!(number(1000, human), "1,000");
-        assert_eq!(number(1_234_567, human), "1,234,567");
-        assert_eq!(number(1_234_567, Style::default()), "1234567");
-    }
 
     fn row(symbol: &str, line: &str, samples: u64) -> SymbolRow {
         let c = EventCount {

@@ -11,10 +11,11 @@ use serde_json::{json, Map, Value};
 use super::by::By;
 use super::image::{display_path, IDLE};
 use super::output::r4;
-use super::output::Format;
 use super::select;
 use super::{Args, ProfError};
-use crate::escape::{controls, csv_line, csv_titles, num, terminal};
+use dcpi_report::render::{Column, Kind, Output, Style};
+
+use crate::escape::{controls, terminal};
 
 /// Whether any who filter is given.
 pub fn has_filter(args: &Args) -> bool {
@@ -226,78 +227,73 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
         "the idle task ([idle]) included"
     };
     let of = format!("all samples of {event} selected ({idle})");
-    match args.format {
-        Format::Json => {
-            let rows: Vec<Value> = rows
-                .iter()
-                .map(|(k, n)| {
-                    let mut m = Map::new();
-                    match (by, k.parse::<u64>()) {
-                        (By::Pid | By::Cpu, Ok(v)) => m.insert(by.name().to_owned(), json!(v)),
-                        _ => m.insert(by.name().to_owned(), json!(k)),
-                    };
-                    if by == By::Cgroup {
-                        m.insert("unit".into(), json!(unit_of(k)));
-                        m.insert("container".into(), json!(container_of(k)));
-                    }
-                    m.insert("samples".into(), json!(n));
-                    m.insert("percent".into(), json!(pct(*n)));
-                    Value::Object(m)
-                })
-                .collect();
-            let v = json!({
-                "report": "by",
-                "by": by.name(),
-                "source": "who",
-                "database": args.sel.db.display().to_string(),
-                "event": event,
-                "filters": {
-                    "command": args.command, "cgroup": args.cgroup, "pid": args.pid,
-                    "cpu": args.cpu, "image": args.image,
-                },
-                "idle_included": !args.no_idle || by == By::Cpu,
-                "total_samples": total,
-                "percent_of": of,
-                "rows_omitted": omitted,
-                "rows": rows,
-            });
-            serde_json::to_writer_pretty(&mut *out, &v).map_err(std::io::Error::from)?;
-            writeln!(out)?;
-        }
-        Format::Csv => {
-            csv_titles(out, &[by.name(), "samples", "percent"])?;
-            for (k, n) in &rows {
-                csv_line(out, &[k.clone().into(), num(n), num(pct(*n))])?;
-            }
-        }
-        f @ (Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope) => {
-            return Err(super::output::not_a_report(f).into());
-        }
-        Format::Table => {
-            writeln!(out, "# database: {}", args.sel.db.display())?;
-            let mut what = format!("# event {event}: {total} samples; % of {of}");
-            for (name, v) in [
-                ("command", args.command.clone()),
-                ("cgroup", args.cgroup.clone()),
-                ("pid", args.pid.map(|p| p.to_string())),
-                ("cpu", args.cpu.map(|p| p.to_string())),
-                ("image", args.image.clone()),
-            ] {
-                if let Some(v) = v {
-                    what.push_str(&format!("; {name} {v}"));
+    let form = super::output::form(args.format)?;
+    // The JSON document (its schema in --help), made only when asked for.
+    let v = if form == Output::Json {
+        let rows: Vec<Value> = rows
+            .iter()
+            .map(|(k, n)| {
+                let mut m = Map::new();
+                match (by, k.parse::<u64>()) {
+                    (By::Pid | By::Cpu, Ok(v)) => m.insert(by.name().to_owned(), json!(v)),
+                    _ => m.insert(by.name().to_owned(), json!(k)),
+                };
+                if by == By::Cgroup {
+                    m.insert("unit".into(), json!(unit_of(k)));
+                    m.insert("container".into(), json!(container_of(k)));
                 }
-            }
-            writeln!(out, "{}", terminal(&what))?;
-            let w0 = rows.iter().map(|r| r.1.to_string().len()).max().unwrap_or(0).max(7);
-            writeln!(out, "{:>w0$}  {:>7}  {}", "samples", "%", by.name())?;
-            for (k, n) in &rows {
-                writeln!(out, "{n:>w0$}  {:>7.2}  {}", pct(*n), terminal(k))?;
-            }
-            if omitted > 0 {
-                writeln!(out, "# {omitted} more rows (--limit)")?;
-            }
+                m.insert("samples".into(), json!(n));
+                m.insert("percent".into(), json!(pct(*n)));
+                Value::Object(m)
+            })
+            .collect();
+        json!({
+            "report": "by",
+            "by": by.name(),
+            "source": "who",
+            "database": args.sel.db.display().to_string(),
+            "event": event,
+            "filters": {
+                "command": args.command, "cgroup": args.cgroup, "pid": args.pid,
+                "cpu": args.cpu, "image": args.image,
+            },
+            "idle_included": !args.no_idle || by == By::Cpu,
+            "total_samples": total,
+            "percent_of": of,
+            "rows_omitted": omitted,
+            "rows": rows,
+        })
+    } else {
+        Value::Null
+    };
+    let mut t = super::by::group_table(
+        by,
+        [
+            Column::new("samples", Kind::Count).min_width(7),
+            Column::new("%", Kind::Decimal(2)).csv("percent").min_width(7),
+        ],
+        &args.sel.db,
+    );
+    let mut what = format!("# event {event}: {total} samples; % of {of}");
+    for (name, v) in [
+        ("command", args.command.clone()),
+        ("cgroup", args.cgroup.clone()),
+        ("pid", args.pid.map(|p| p.to_string())),
+        ("cpu", args.cpu.map(|p| p.to_string())),
+        ("image", args.image.clone()),
+    ] {
+        if let Some(v) = v {
+            what.push_str(&format!("; {name} {v}"));
         }
     }
+    t.head(terminal(&what));
+    for (k, n) in &rows {
+        t.row(vec![k.as_str().into(), (*n).into(), pct(*n).into()]);
+    }
+    if omitted > 0 {
+        t.foot(format!("# {omitted} more rows (--limit)"));
+    }
+    t.write(out, form, Style::default(), &v)?;
     out.flush()?;
     Ok(())
 }

@@ -14,3 +14,4 @@ mod pprof_proto;
 mod symbolizer;
 mod util;
 mod who_profiles;
+mod wide_names;
