@@ -7,11 +7,12 @@ use std::io::Write;
 
 use serde_json::{json, Map, Value};
 
-use super::output::Format;
+use super::mode::Trend;
+use super::output::TableFormat as Format;
 use super::output::{printable, r4};
-use super::report::{self, ImageFilter, SymbolMode};
+use super::report::{self, ImageFilter};
 use super::subset::{resolve_image_builds, symbol_rows, Symbolizer};
-use super::{Args, ProfError};
+use super::ProfError;
 use crate::escape::{csv_line, csv_titles, num};
 
 /// What the rows of a `--by` report are per. image and symbol are the per-image and
@@ -65,10 +66,27 @@ impl By {
         )
     }
 
+}
+
+/// What a trend (`--by epoch|host`) has a row per.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Across {
+    Epoch,
+    Host,
+}
+
+impl Across {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Epoch => By::Epoch.name(),
+            Self::Host => By::Host.name(),
+        }
+    }
+
     fn key(self, d: &profile_format::HostDir) -> String {
         match self {
             Self::Host => d.host.clone(),
-            _ => d.epoch.to_string(),
+            Self::Epoch => d.epoch.to_string(),
         }
     }
 }
@@ -81,24 +99,20 @@ struct Part {
     of_events: f64,
 }
 
-/// Run a `--by` report.
-pub fn run_by(
-    args: &Args,
-    by: By,
-    out: &mut dyn Write,
-    err: &mut dyn Write,
-) -> Result<(), ProfError> {
+/// Run a `--by epoch|host` report.
+pub fn run_by(t: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    let by = t.across;
     let mut warnings: Vec<String> = Vec::new();
-    let filter = match (&args.image, &args.symbol) {
+    let filter = match (&t.image, &t.symbol) {
         (Some(i), Some(_)) => Some(ImageFilter::new(i)),
         _ => None,
     };
-    let mut loaded = args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
-    if args.no_idle {
+    let mut loaded = t.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
+    if t.no_idle {
         loaded.exclude_idle();
     }
-    let w = report::weights(&loaded, &args.sel.events)?;
-    let image = match &args.image {
+    let w = report::weights(&loaded, &t.sel.events)?;
+    let image = match &t.image {
         Some(spec) => Some(resolve_image_builds(&loaded, &w, spec)?),
         None => None,
     };
@@ -111,7 +125,7 @@ pub fn run_by(
     }
     let key_of = |i: usize| by.key(&loaded.dirs[loaded.profiles[i].dir]);
     let first_event = |i: usize| w.per_profile[i].filter(|&(ei, _)| ei == 0).map(|(_, wt)| wt);
-    match (&image, &args.symbol) {
+    match (&image, &t.symbol) {
         (None, _) => {
             let mut all = 0.0;
             for (i, p) in loaded.profiles.iter().enumerate() {
@@ -146,14 +160,12 @@ pub fn run_by(
                 }
             }
             let mut sy = Symbolizer {
-                locator: args.symbols.locator(&args.sel.db),
-                cache: args.symbols.cache(&mut |m| warnings.push(m)),
+                locator: t.symbols.locator(&t.sel.db),
+                cache: t.symbols.cache(&mut |m| warnings.push(m)),
             };
-            let mode =
-                SymbolMode { inlines: args.inlines, lines: false, raw_names: args.raw_names };
             for (k, idx) in groups {
                 let (rows, _) =
-                    symbol_rows(&loaded, &w, &idx, &mut sy, mode, &mut |m| warnings.push(m));
+                    symbol_rows(&loaded, &w, &idx, &mut sy, t.mode, &mut |m| warnings.push(m));
                 let e = parts.entry(k).or_default();
                 for r in rows {
                     e.of_events += r.events as f64;
@@ -168,14 +180,14 @@ pub fn run_by(
     for m in warnings.drain(..) {
         writeln!(err, "dcpiprof: warning: {}", crate::escape::terminal(&m))?;
     }
-    let of = match (&args.image, &args.symbol) {
+    let of = match (&t.image, &t.symbol) {
         (None, _) => "the whole selection".to_owned(),
         (Some(_), None) => format!("all samples of the {}", by.name()),
         (Some(_), Some(_)) => format!("the image's samples in the {}", by.name()),
     };
     let rows: Vec<(String, Part)> = parts.into_iter().collect();
     let pct = |p: &Part| if p.of_events > 0.0 { r4(p.events / p.of_events * 100.0) } else { 0.0 };
-    match args.format {
+    match t.format {
         Format::Json => {
             let rows: Vec<Value> = rows
                 .iter()
@@ -191,10 +203,10 @@ pub fn run_by(
             let v = json!({
                 "report": "by",
                 "by": by.name(),
-                "database": args.sel.db.display().to_string(),
+                "database": t.sel.db.display().to_string(),
                 "event": event,
-                "image": args.image,
-                "symbol": args.symbol,
+                "image": t.image,
+                "symbol": t.symbol,
                 "percent_of": of,
                 "rows": rows,
             });
@@ -210,16 +222,13 @@ pub fn run_by(
                 )?;
             }
         }
-        f @ (Format::Folded | Format::Pprof | Format::Svg | Format::Html | Format::Speedscope) => {
-            return Err(super::output::not_a_report(f).into());
-        }
         Format::Table => {
-            writeln!(out, "# database: {}", args.sel.db.display())?;
+            writeln!(out, "# database: {}", t.sel.db.display())?;
             let mut what = format!("# event {event}");
-            if let Some(i) = &args.image {
+            if let Some(i) = &t.image {
                 what.push_str(&format!("; image {}", printable(i)));
             }
-            if let Some(s) = &args.symbol {
+            if let Some(s) = &t.symbol {
                 what.push_str(&format!("; symbol {}", printable(s)));
             }
             writeln!(out, "{}; % of {of}", printable(&what))?;
@@ -260,7 +269,7 @@ pub fn run_by(
         }
     }
     out.flush()?;
-    if args.verbose {
+    if t.verbose {
         writeln!(err, "dcpiprof: stats: {}", super::stats::line())?;
     }
     Ok(())
