@@ -309,8 +309,8 @@ pub struct Args {
     /// Only samples taken on this CPU (with --by cpu).
     #[arg(long, value_name = "N")]
     pub cpu: Option<u32>,
-    /// With --image and --by: only this function (exact name as reported); its share is of
-    /// the image.
+    /// With --image and --by epoch|host: only this function (exact name as reported); its
+    /// share is of the image.
     #[arg(long, value_name = "NAME", requires = "image", requires = "by")]
     pub symbol: Option<String>,
     /// Call stacks (dcpid `--callchains fp`): who calls function SYM (its exact name as the

@@ -16,6 +16,7 @@ use super::export::ExportFormat;
 use super::output::{Format, TableFormat};
 use super::report::SymbolMode;
 use super::stacks::Direction;
+use super::who::WhoBy;
 use super::whoprof::WhoSel;
 use super::{Args, Generate, ProfError};
 use crate::args::{Selection, SymbolSearch};
@@ -165,8 +166,7 @@ pub struct WhoFilters {
 #[derive(Clone, Debug)]
 pub struct Who {
     pub sel: Selection,
-    /// Never [`By::Symbol`] (the who tables have no symbols): [`Mode::from_args`] rejects it.
-    pub by: By,
+    pub by: WhoBy,
     pub filters: WhoFilters,
     pub no_idle: bool,
     pub limit: Option<usize>,
@@ -438,18 +438,30 @@ fn who_selection(a: &Args, output: Output) -> Result<Option<WhoSel>, ProfError> 
 
 /// A report from the who tables, its flags checked.
 fn who_tables(a: &Args, by: By, output: Output) -> Result<Who, ProfError> {
-    if by == By::Symbol {
-        return Err(usage(
-            "--by symbol with --command/--cgroup/--pid/--cpu: the who table has no per-process \
-             symbols; use --by command|pid|cgroup|unit|container|image|cpu|host|epoch",
-        ));
-    }
-    if a.cpu.is_some() && by != By::Cpu {
+    let by = match by {
+        By::Image => WhoBy::Image,
+        By::Command => WhoBy::Command,
+        By::Pid => WhoBy::Pid,
+        By::Cgroup => WhoBy::Cgroup,
+        By::Unit => WhoBy::Unit,
+        By::Container => WhoBy::Container,
+        By::Cpu => WhoBy::Cpu,
+        By::Host => WhoBy::Host,
+        By::Epoch => WhoBy::Epoch,
+        By::Symbol => {
+            return Err(usage(
+                "--by symbol with --command/--cgroup/--pid/--cpu: the who table has no \
+                 per-process symbols; use --by command|pid|cgroup|unit|container|image|cpu|host|\
+                 epoch",
+            ))
+        }
+    };
+    if a.cpu.is_some() && by != WhoBy::Cpu {
         return Err(usage(
             "--cpu filters only --by cpu: per-CPU counts are recorded per event, not per process",
         ));
     }
-    if by == By::Cpu && (a.command.is_some() || a.cgroup.is_some() || a.pid.is_some()) {
+    if by == WhoBy::Cpu && (a.command.is_some() || a.cgroup.is_some() || a.pid.is_some()) {
         return Err(usage(
             "--by cpu cannot be filtered by --command/--cgroup/--pid: per-CPU counts are \
              recorded per event, not per process",
@@ -545,7 +557,7 @@ mod tests {
         match ok(&["--pid", "7", "--by", "image"]) {
             Mode::Images(Images { who: Some(w), .. }) => {
                 assert_eq!(w.who, WhoSel::Pid(7));
-                assert_eq!(w.tables.by, By::Image);
+                assert_eq!(w.tables.by, WhoBy::Image);
                 assert_eq!(w.tables.filters.pid, Some(7));
             }
             m => panic!("{m:?}"),
@@ -576,7 +588,7 @@ mod tests {
         }
         match ok(&["--command", "nginx", "--image", "libc"]) {
             Mode::Who(w) => {
-                assert_eq!(w.by, By::Image);
+                assert_eq!(w.by, WhoBy::Image);
                 assert_eq!(w.filters.command.as_deref(), Some("nginx"));
                 assert_eq!(w.filters.image.as_deref(), Some("libc"));
             }

@@ -8,7 +8,6 @@ use std::io::Write;
 use profile_format::{WhoKey, WhoTable};
 use serde_json::{json, Map, Value};
 
-use super::by::By;
 use super::image::{display_path, IDLE};
 use super::output::r4;
 use super::mode::Who;
@@ -62,11 +61,42 @@ fn image_matches(spec: &str, image: &[u8]) -> bool {
     matches!(spec, "kernel" | "vmlinux") && img == "[kernel.kallsyms]"
 }
 
-fn key_of(by: By, k: &WhoKey, d: &profile_format::HostDir) -> Option<String> {
+/// What a who report has a row per: every `--by` but `symbol` (the who tables have no symbols).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhoBy {
+    Image,
+    Command,
+    Pid,
+    Cgroup,
+    Unit,
+    Container,
+    Cpu,
+    Host,
+    Epoch,
+}
+
+impl WhoBy {
+    /// The `--by` value; also the key of JSON rows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Image => "image",
+            Self::Command => "command",
+            Self::Pid => "pid",
+            Self::Cgroup => "cgroup",
+            Self::Unit => "unit",
+            Self::Container => "container",
+            Self::Cpu => "cpu",
+            Self::Host => "host",
+            Self::Epoch => "epoch",
+        }
+    }
+}
+
+fn key_of(by: WhoBy, k: &WhoKey, d: &profile_format::HostDir) -> Option<String> {
     Some(match by {
-        By::Command => display_path(&k.command),
-        By::Pid => k.pid.to_string(),
-        By::Cgroup => {
+        WhoBy::Command => display_path(&k.command),
+        WhoBy::Pid => k.pid.to_string(),
+        WhoBy::Cgroup => {
             if k.cgroup.is_empty() {
                 "(unknown)".to_owned()
             } else {
@@ -74,17 +104,17 @@ fn key_of(by: By, k: &WhoKey, d: &profile_format::HostDir) -> Option<String> {
                 controls(&k.cgroup).into_owned()
             }
         }
-        By::Unit => controls(unit_of(&k.cgroup).unwrap_or("(none)")).into_owned(),
-        By::Container => container_of(&k.cgroup).unwrap_or("(none)").to_owned(),
-        By::Image => display_path(&k.image),
-        By::Host => d.host.clone(),
-        By::Epoch => d.epoch.to_string(),
-        By::Cpu | By::Symbol => return None,
+        WhoBy::Unit => controls(unit_of(&k.cgroup).unwrap_or("(none)")).into_owned(),
+        WhoBy::Container => container_of(&k.cgroup).unwrap_or("(none)").to_owned(),
+        WhoBy::Image => display_path(&k.image),
+        WhoBy::Host => d.host.clone(),
+        WhoBy::Epoch => d.epoch.to_string(),
+        WhoBy::Cpu => return None,
     })
 }
 
 /// Run a report from the who tables (its flags checked by [`super::mode::Mode::from_args`]:
-/// `by` is not [`By::Symbol`], `--cpu` only with `--by cpu`, which takes no other filter).
+/// `--cpu` only with `--by cpu`, which takes no other filter).
 pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
     let (by, f) = (who.by, &who.filters);
     let db = select::open_db(&who.sel.db)?;
@@ -148,7 +178,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     let mut any_pid = false;
     for (di, t) in &tables {
         let d = &dirs[*di];
-        if by == By::Cpu {
+        if by == WhoBy::Cpu {
             for ((cpu, ev), &n) in &t.cpus {
                 if *ev != event || f.cpu.is_some_and(|c| c != *cpu) {
                     continue;
@@ -176,7 +206,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
             }
         }
     }
-    if (by == By::Pid || f.pid.is_some()) && !any_pid {
+    if (by == WhoBy::Pid || f.pid.is_some()) && !any_pid {
         return Err(ProfError::Empty(
             "the who tables hold no per-process rows: start dcpid with `by_pid = true` (or \
              --by-pid true) to record them; --by command groups by command name meanwhile"
@@ -184,7 +214,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
         ));
     }
     let mut rows: Vec<(String, u64)> = parts.into_iter().collect();
-    if !matches!(by, By::Epoch | By::Host | By::Cpu) {
+    if !matches!(by, WhoBy::Epoch | WhoBy::Host | WhoBy::Cpu) {
         rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     }
     let omitted = match who.limit {
@@ -196,7 +226,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
         _ => 0,
     };
     let pct = |n: u64| if total > 0 { r4(n as f64 / total as f64 * 100.0) } else { 0.0 };
-    let idle = if by == By::Cpu {
+    let idle = if by == WhoBy::Cpu {
         "the idle task included"
     } else if who.no_idle {
         "the idle task ([idle]) left out"
@@ -211,10 +241,10 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
                 .map(|(k, n)| {
                     let mut m = Map::new();
                     match (by, k.parse::<u64>()) {
-                        (By::Pid | By::Cpu, Ok(v)) => m.insert(by.name().to_owned(), json!(v)),
+                        (WhoBy::Pid | WhoBy::Cpu, Ok(v)) => m.insert(by.name().to_owned(), json!(v)),
                         _ => m.insert(by.name().to_owned(), json!(k)),
                     };
-                    if by == By::Cgroup {
+                    if by == WhoBy::Cgroup {
                         m.insert("unit".into(), json!(unit_of(k)));
                         m.insert("container".into(), json!(container_of(k)));
                     }
@@ -233,7 +263,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
                     "command": f.command, "cgroup": f.cgroup, "pid": f.pid,
                     "cpu": f.cpu, "image": f.image,
                 },
-                "idle_included": !who.no_idle || by == By::Cpu,
+                "idle_included": !who.no_idle || by == WhoBy::Cpu,
                 "total_samples": total,
                 "percent_of": of,
                 "rows_omitted": omitted,
