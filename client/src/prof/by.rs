@@ -65,7 +65,6 @@ impl By {
             Self::Command | Self::Pid | Self::Cgroup | Self::Unit | Self::Container | Self::Cpu
         )
     }
-
 }
 
 /// What a trend (`--by epoch|host`) has a row per.

@@ -431,17 +431,16 @@ impl Profiles {
             flush_warnings(err, warnings)?;
             return Err(nothing_sampled(&loaded.dirs));
         }
-        let weights =
-            report::weights(&loaded, &self.sel.events).map_err(|e| match (e, image) {
-                (ProfError::UnknownEvent { event, available, .. }, Some(spec)) => {
-                    ProfError::UnknownEvent {
-                        event,
-                        available,
-                        scope: format!("the profiles of --image {spec:?}"),
-                    }
+        let weights = report::weights(&loaded, &self.sel.events).map_err(|e| match (e, image) {
+            (ProfError::UnknownEvent { event, available, .. }, Some(spec)) => {
+                ProfError::UnknownEvent {
+                    event,
+                    available,
+                    scope: format!("the profiles of --image {spec:?}"),
                 }
-                (e, _) => e,
-            })?;
+            }
+            (e, _) => e,
+        })?;
         Ok((loaded, weights))
     }
 }

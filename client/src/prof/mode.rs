@@ -268,8 +268,7 @@ impl Mode {
                  (the stack files are not per process)"
             )));
         }
-        let symbol_mode =
-            SymbolMode { inlines: a.inlines, lines: a.lines, raw_names: a.raw_names };
+        let symbol_mode = SymbolMode { inlines: a.inlines, lines: a.lines, raw_names: a.raw_names };
         // --pid/--cgroup with a profile report: the per-process/per-cgroup profiles stand in
         // for the flat ones; every other who report comes from the who tables.
         let who = who_selection(a, output)?;
@@ -300,7 +299,9 @@ impl Mode {
         }
         let across = match a.by {
             Some(By::Image) if a.image.is_some() => {
-                return Err(usage("--by image reports every image: drop --image, or use --by symbol"))
+                return Err(usage(
+                    "--by image reports every image: drop --image, or use --by symbol",
+                ))
             }
             Some(By::Epoch) => Some(Across::Epoch),
             Some(By::Host) => Some(Across::Host),
@@ -415,11 +416,15 @@ fn who_selection(a: &Args, output: Output) -> Result<Option<WhoSel>, ProfError> 
     };
     let profile_report = match a.by {
         Some(By::Symbol | By::Image) => true,
-        None => {
-            a.image.is_some() || a.all_symbols || matches!(output, Output::Export(_))
-        }
+        None => a.image.is_some() || a.all_symbols || matches!(output, Output::Export(_)),
         Some(
-            By::Command | By::Pid | By::Cgroup | By::Unit | By::Container | By::Cpu | By::Host
+            By::Command
+            | By::Pid
+            | By::Cgroup
+            | By::Unit
+            | By::Container
+            | By::Cpu
+            | By::Host
             | By::Epoch,
         ) => false,
     };
@@ -644,7 +649,8 @@ mod tests {
     #[test]
     fn every_format_splits_into_a_table_or_an_export_of_the_same_name() {
         use clap::ValueEnum;
-        let name = |v: Option<clap::builder::PossibleValue>| v.expect("named").get_name().to_owned();
+        let name =
+            |v: Option<clap::builder::PossibleValue>| v.expect("named").get_name().to_owned();
         let mut exports = Vec::new();
         for f in Format::value_variants() {
             let split = match f.split() {
@@ -667,7 +673,10 @@ mod tests {
     fn conflicting_flags_are_usage_errors_naming_them() {
         rejected(&["--by", "image", "--image", "app"], &["--by image", "--image"]);
         rejected(&["--pid", "1", "--by", "image", "--image", "app"], &["--by image", "--image"]);
-        rejected(&["--pid", "1", "--cgroup", "/", "--by", "symbol"], &["--by symbol", "--pid", "--cgroup"]);
+        rejected(
+            &["--pid", "1", "--cgroup", "/", "--by", "symbol"],
+            &["--by symbol", "--pid", "--cgroup"],
+        );
         rejected(&["--pid", "1", "--command", "x", "--image", "a"], &["--command", "--pid"]);
         rejected(&["--cgroup", "/", "--cpu", "1", "--symbols"], &["--cpu", "--cgroup"]);
         rejected(&["--command", "x", "--by", "symbol"], &["--by symbol", "--command"]);
@@ -681,7 +690,10 @@ mod tests {
         rejected(&["--by", "epoch", "--format", "svg"], &["--by epoch", "--format svg"]);
         rejected(&["--by", "host", "--format", "html"], &["--by host", "--format html"]);
         rejected(&["--by", "command", "--format", "folded"], &["--by command", "--format folded"]);
-        rejected(&["--command", "x", "--format", "speedscope"], &["--command", "--format speedscope"]);
+        rejected(
+            &["--command", "x", "--format", "speedscope"],
+            &["--command", "--format speedscope"],
+        );
         rejected(
             &["--command", "x", "--by", "epoch", "--image", "a", "--symbol", "f"],
             &["--symbol", "--command"],

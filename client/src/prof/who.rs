@@ -9,8 +9,8 @@ use profile_format::{WhoKey, WhoTable};
 use serde_json::{json, Map, Value};
 
 use super::image::{display_path, IDLE};
-use super::output::r4;
 use super::mode::Who;
+use super::output::r4;
 use super::output::TableFormat as Format;
 use super::select;
 use super::ProfError;
@@ -241,7 +241,9 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
                 .map(|(k, n)| {
                     let mut m = Map::new();
                     match (by, k.parse::<u64>()) {
-                        (WhoBy::Pid | WhoBy::Cpu, Ok(v)) => m.insert(by.name().to_owned(), json!(v)),
+                        (WhoBy::Pid | WhoBy::Cpu, Ok(v)) => {
+                            m.insert(by.name().to_owned(), json!(v))
+                        }
                         _ => m.insert(by.name().to_owned(), json!(k)),
                     };
                     if by == WhoBy::Cgroup {

@@ -557,8 +557,11 @@ mod tests {
                 ExportFormat::Pprof => {
                     assert_eq!(out[..2], [0x1f, 0x8b], "gzip magic");
                     let mut raw = Vec::new();
-                    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&out[..]), &mut raw)
-                        .expect("a gzip stream");
+                    std::io::Read::read_to_end(
+                        &mut flate2::read::GzDecoder::new(&out[..]),
+                        &mut raw,
+                    )
+                    .expect("a gzip stream");
                     let raw = String::from_utf8_lossy(&raw);
                     assert!(raw.contains("hot") && raw.contains("/usr/bin/app"), "{raw:?}");
                 }
