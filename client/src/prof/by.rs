@@ -7,10 +7,11 @@ use std::io::Write;
 
 use serde_json::{json, Map, Value};
 
+use super::mode::Trend;
 use super::output::{printable, r4};
-use super::report::{self, ImageFilter, SymbolMode};
+use super::report::{self, ImageFilter};
 use super::subset::{resolve_image_builds, symbol_rows, Symbolizer};
-use super::{Args, ProfError};
+use super::ProfError;
 use dcpi_report::render::{Column, Kind, Output, Style, Table};
 
 /// What the rows of a `--by` report are per. image and symbol are the per-image and
@@ -63,11 +64,27 @@ impl By {
             Self::Command | Self::Pid | Self::Cgroup | Self::Unit | Self::Container | Self::Cpu
         )
     }
+}
+
+/// What a trend (`--by epoch|host`) has a row per.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Across {
+    Epoch,
+    Host,
+}
+
+impl Across {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Epoch => By::Epoch.name(),
+            Self::Host => By::Host.name(),
+        }
+    }
 
     fn key(self, d: &profile_format::HostDir) -> String {
         match self {
             Self::Host => d.host.clone(),
-            _ => d.epoch.to_string(),
+            Self::Epoch => d.epoch.to_string(),
         }
     }
 }
@@ -80,24 +97,20 @@ struct Part {
     of_events: f64,
 }
 
-/// Run a `--by` report.
-pub fn run_by(
-    args: &Args,
-    by: By,
-    out: &mut dyn Write,
-    err: &mut dyn Write,
-) -> Result<(), ProfError> {
+/// Run a `--by epoch|host` report.
+pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    let by = tr.across;
     let mut warnings: Vec<String> = Vec::new();
-    let filter = match (&args.image, &args.symbol) {
+    let filter = match (&tr.image, &tr.symbol) {
         (Some(i), Some(_)) => Some(ImageFilter::new(i)),
         _ => None,
     };
-    let mut loaded = args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
-    if args.no_idle {
+    let mut loaded = tr.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
+    if tr.no_idle {
         loaded.exclude_idle();
     }
-    let w = report::weights(&loaded, &args.sel.events)?;
-    let image = match &args.image {
+    let w = report::weights(&loaded, &tr.sel.events)?;
+    let image = match &tr.image {
         Some(spec) => Some(resolve_image_builds(&loaded, &w, spec)?),
         None => None,
     };
@@ -110,7 +123,7 @@ pub fn run_by(
     }
     let key_of = |i: usize| by.key(&loaded.dirs[loaded.profiles[i].dir]);
     let first_event = |i: usize| w.per_profile[i].filter(|&(ei, _)| ei == 0).map(|(_, wt)| wt);
-    match (&image, &args.symbol) {
+    match (&image, &tr.symbol) {
         (None, _) => {
             let mut all = 0.0;
             for (i, p) in loaded.profiles.iter().enumerate() {
@@ -145,14 +158,12 @@ pub fn run_by(
                 }
             }
             let mut sy = Symbolizer {
-                locator: args.symbols.locator(&args.sel.db),
-                cache: args.symbols.cache(&mut |m| warnings.push(m)),
+                locator: tr.symbols.locator(&tr.sel.db),
+                cache: tr.symbols.cache(&mut |m| warnings.push(m)),
             };
-            let mode =
-                SymbolMode { inlines: args.inlines, lines: false, raw_names: args.raw_names };
             for (k, idx) in groups {
                 let (rows, _) =
-                    symbol_rows(&loaded, &w, &idx, &mut sy, mode, &mut |m| warnings.push(m));
+                    symbol_rows(&loaded, &w, &idx, &mut sy, tr.mode, &mut |m| warnings.push(m));
                 let e = parts.entry(k).or_default();
                 for r in rows {
                     e.of_events += r.events as f64;
@@ -167,14 +178,14 @@ pub fn run_by(
     for m in warnings.drain(..) {
         writeln!(err, "dcpiprof: warning: {}", crate::escape::terminal(&m))?;
     }
-    let of = match (&args.image, &args.symbol) {
+    let of = match (&tr.image, &tr.symbol) {
         (None, _) => "the whole selection".to_owned(),
         (Some(_), None) => format!("all samples of the {}", by.name()),
         (Some(_), Some(_)) => format!("the image's samples in the {}", by.name()),
     };
     let rows: Vec<(String, Part)> = parts.into_iter().collect();
     let pct = |p: &Part| if p.of_events > 0.0 { r4(p.events / p.of_events * 100.0) } else { 0.0 };
-    let form = super::output::form(args.format)?;
+    let form = Output::from(tr.format);
     // The JSON document (its schema in --help), made only when asked for.
     let v = if form == Output::Json {
         let rows: Vec<Value> = rows
@@ -191,10 +202,10 @@ pub fn run_by(
         json!({
             "report": "by",
             "by": by.name(),
-            "database": args.sel.db.display().to_string(),
+            "database": tr.sel.db.display().to_string(),
             "event": event,
-            "image": args.image,
-            "symbol": args.symbol,
+            "image": tr.image,
+            "symbol": tr.symbol,
             "percent_of": of,
             "rows": rows,
         })
@@ -202,19 +213,19 @@ pub fn run_by(
         Value::Null
     };
     let mut t = group_table(
-        by,
+        by.name(),
         [
             Column::new("samples", Kind::Count),
             Column::new("events", Kind::Count),
             Column::new("%", Kind::Decimal(2)).csv("percent"),
         ],
-        &args.sel.db,
+        &tr.sel.db,
     );
     let mut what = format!("# event {event}");
-    if let Some(i) = &args.image {
+    if let Some(i) = &tr.image {
         what.push_str(&format!("; image {}", printable(i)));
     }
-    if let Some(s) = &args.symbol {
+    if let Some(s) = &tr.symbol {
         what.push_str(&format!("; symbol {}", printable(s)));
     }
     t.head(format!("{}; % of {of}", printable(&what)));
@@ -228,7 +239,7 @@ pub fn run_by(
     }
     t.write(out, form, Style::default(), &v)?;
     out.flush()?;
-    if args.verbose {
+    if tr.verbose {
         writeln!(err, "dcpiprof: stats: {}", super::stats::line())?;
     }
     Ok(())
@@ -237,12 +248,12 @@ pub fn run_by(
 /// The table of a `--by` report: the group column (CSV first, text last) and `counts`, under a
 /// `# database:` line.
 pub(super) fn group_table(
-    by: By,
+    name: &str,
     counts: impl IntoIterator<Item = Column>,
     db: &std::path::Path,
 ) -> Table {
     let mut t = Table::new();
-    t.column(Column::new(by.name(), Kind::Text));
+    t.column(Column::new(name, Kind::Text));
     t.columns(counts);
     let mut shown: Vec<usize> = (1..t.columns.len()).collect();
     shown.push(0);

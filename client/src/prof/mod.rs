@@ -19,6 +19,7 @@ pub mod export;
 pub mod global;
 pub use dcpi_report::image;
 pub use dcpi_report::names;
+pub mod mode;
 pub mod output;
 pub use dcpi_report::report;
 pub use dcpi_report::select;
@@ -31,14 +32,15 @@ pub use dcpi_report::symcache;
 pub mod who;
 pub mod whoprof;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser};
 
 use self::image::ImageFilter;
-use self::output::Format;
-use self::report::{SymbolContext, SymbolMode};
+use self::mode::{Mode, Profiles};
+use self::output::{Format, TableFormat};
+use self::report::SymbolContext;
 use crate::args::{Selection, SymbolSearch};
 pub use error::ProfError;
 
@@ -308,8 +310,8 @@ pub struct Args {
     /// Only samples taken on this CPU (with --by cpu).
     #[arg(long, value_name = "N")]
     pub cpu: Option<u32>,
-    /// With --image and --by: only this function (exact name as reported); its share is of
-    /// the image.
+    /// With --image and --by epoch|host: only this function (exact name as reported); its
+    /// share is of the image.
     #[arg(long, value_name = "NAME", requires = "image", requires = "by")]
     pub symbol: Option<String>,
     /// Call stacks (dcpid `--callchains fp`): who calls function SYM (its exact name as the
@@ -340,7 +342,11 @@ pub use crate::manpages::Generate;
 /// Run `dcpiprof` with parsed arguments, writing the report to `out` (or `--output`) and
 /// warnings to `err`. Errors are returned (not printed).
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
-    let Some(path) = &args.output else { return run_to(args, out, err) };
+    // Every flag is checked against the others before anything is read.
+    let mode = Mode::from_args(args)?;
+    // A person at a terminal: grouped digits, and no binary export.
+    let tty = args.output.is_none() && std::io::stdout().is_terminal();
+    let Some(path) = &args.output else { return run_mode(&mode, tty, out, err) };
     // Fail before a long export, not after it.
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     if !dir.is_dir() || path.is_dir() {
@@ -348,7 +354,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
         return Err(ProfError::Usage(format!("cannot write --output {}: {what}", path.display())));
     }
     let mut buf = Vec::new();
-    run_to(args, &mut buf, err)?;
+    run_mode(&mode, tty, &mut buf, err)?;
     // O_EXCL under an unpredictable name, then rename: never through a link planted in a
     // shared directory (a link at PATH itself is replaced, its target never written).
     profile_format::write_atomic(path, &buf).map_err(|e| ProfError::OutputFile {
@@ -364,71 +370,62 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
     Ok(())
 }
 
-fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
-    if let Some(g) = args.generate {
-        return Ok(crate::manpages::generate(Args::command(), g, out)?);
+/// Run one [`Mode`] (as [`Mode::from_args`] chose it). `tty`: `out` is a terminal.
+pub fn run_mode(
+    mode: &Mode,
+    tty: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ProfError> {
+    match mode {
+        Mode::Generate(g) => Ok(crate::manpages::generate(Args::command(), *g, out)?),
+        Mode::CacheBinaries(c) => cache_binaries(c, out),
+        Mode::Images(p) => run_images(p, tty, out, err),
+        Mode::Symbols(p) => run_symbols(p, tty, out, err),
+        Mode::GlobalSymbols(p) => run_global_symbols(p, tty, out, err),
+        Mode::Who(p) => who::run(p, out, err),
+        Mode::Trend(p) => by::run_by(p, out, err),
+        Mode::Calls(p) => run_calls(p, out, err),
+        Mode::Export(p) => run_export(p, tty, out, err),
     }
-    if !args.cache_binary.is_empty() {
-        let root = args.sel.db.join("binaries");
-        for f in &args.cache_binary {
-            let dest = debuginfo::cache_binary(f, &root)?;
-            writeln!(out, "{} -> {}", f.display(), dest.display())?;
+}
+
+/// `--cache-binary`: copy each file into `<db>/binaries`, named by its build-id.
+fn cache_binaries(c: &mode::CacheBinaries, out: &mut dyn Write) -> Result<(), ProfError> {
+    let root = c.db.join("binaries");
+    for f in &c.files {
+        let dest = debuginfo::cache_binary(f, &root)?;
+        writeln!(out, "{} -> {}", f.display(), dest.display())?;
+    }
+    Ok(())
+}
+
+impl Profiles {
+    /// Read the profiles with their weights: only `image`'s (`--image`, unless per process
+    /// or cgroup), every profile's counts kept when `all_counts`.
+    fn load(
+        &self,
+        image: Option<&str>,
+        all_counts: bool,
+        warnings: &mut Vec<String>,
+        err: &mut dyn Write,
+    ) -> Result<(select::Loaded, report::Weights), ProfError> {
+        let mut loaded = if let Some(w) = &self.who {
+            whoprof::load(&self.sel, w, &mut |w| warnings.push(w))?
+        } else if all_counts {
+            self.sel.load_all_counts(&mut |w| warnings.push(w))?
+        } else {
+            let filter = image.map(ImageFilter::new);
+            self.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?
+        };
+        if self.no_idle {
+            loaded.exclude_idle();
         }
-        return Ok(());
-    }
-    // --pid/--cgroup with a profile report: the per-process/per-cgroup profiles stand in
-    // for the flat ones; every other who report comes from the who tables.
-    let mut who_sel = whoprof::WhoSel::of(args)?;
-    if args.by == Some(by::By::Image) {
-        // The who tables answer --by image too (same samples): without the profiles, use them.
-        if let Some(w) = &who_sel {
-            if !whoprof::recorded(&args.sel, w)? {
-                who_sel = None;
-            }
+        if loaded.profiles.is_empty() && image.is_none() {
+            flush_warnings(err, warnings)?;
+            return Err(nothing_sampled(&loaded.dirs));
         }
-    }
-    if who_sel.is_none() && (who::has_filter(args) || args.by.is_some_and(by::By::is_who)) {
-        return who::run(args, args.by.unwrap_or(by::By::Image), out, err);
-    }
-    if args.callers.is_some() || args.callees.is_some() {
-        return run_calls(args, out, err);
-    }
-    match args.by {
-        Some(by::By::Image) if args.image.is_some() => {
-            return Err(ProfError::Usage(
-                "--by image reports every image: drop --image, or use --by symbol".into(),
-            ))
-        }
-        Some(by::By::Symbol) if args.image.is_none() && !args.all_symbols => {
-            let mut all = args.clone();
-            all.all_symbols = true;
-            all.by = None;
-            return run_to(&all, out, err);
-        }
-        Some(by @ (by::By::Epoch | by::By::Host)) => return by::run_by(args, by, out, err),
-        _ => {}
-    }
-    if args.image.is_none() && !args.all_symbols && !args.format.is_export() && who_sel.is_none() {
-        return run_images(args, out, err);
-    }
-    let mut warnings: Vec<String> = Vec::new();
-    let filter = args.image.as_deref().map(ImageFilter::new);
-    let mut loaded = if let Some(w) = &who_sel {
-        whoprof::load(&args.sel, w, &mut |w| warnings.push(w))?
-    } else if args.all_symbols || (args.format.is_export() && args.image.is_none()) {
-        args.sel.load_all_counts(&mut |w| warnings.push(w))?
-    } else {
-        args.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?
-    };
-    if args.no_idle {
-        loaded.exclude_idle();
-    }
-    if loaded.profiles.is_empty() && args.image.is_none() {
-        flush_warnings(err, &mut warnings)?;
-        return Err(nothing_sampled(&loaded.dirs));
-    }
-    let weights =
-        report::weights(&loaded, &args.sel.events).map_err(|e| match (e, &args.image) {
+        let weights = report::weights(&loaded, &self.sel.events).map_err(|e| match (e, image) {
             (ProfError::UnknownEvent { event, available, .. }, Some(spec)) => {
                 ProfError::UnknownEvent {
                     event,
@@ -438,73 +435,18 @@ fn run_to(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), P
             }
             (e, _) => e,
         })?;
-    if args.format.is_export() {
-        return run_export(args, &mut loaded, &weights, &mut warnings, out, err);
+        Ok((loaded, weights))
     }
-    let db_name = args.sel.db.display().to_string();
-    // Grouped digits for a person at a terminal; plain numbers in files and pipes.
-    let style = output::Style {
-        human: args.output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout()),
-    };
-    let result = match &args.image {
-        None if args.all_symbols => {
-            let mut locator = args.symbols.locator(&args.sel.db);
-            let mut cache = args.symbols.cache(&mut |w| warnings.push(w));
-            let r = global::global_symbol_report(
-                &loaded,
-                &weights,
-                &mut locator,
-                &mut cache,
-                &mut |w| warnings.push(w),
-                &db_name,
-                args.limit,
-            );
-            flush_warnings(err, &mut warnings)?;
-            output::write_global_symbols(out, &r, args.format, style)
-        }
-        None => {
-            flush_warnings(err, &mut warnings)?;
-            let r = report::image_report(&loaded, &weights, &db_name, args.limit);
-            output::write_images(out, &r, args.format, style)
-        }
-        Some(spec) => {
-            let idx = report::resolve_image(&loaded, &weights, spec)?;
-            let mut locator = args.symbols.locator(&args.sel.db);
-            let mut cache = args.symbols.cache(&mut |w| warnings.push(w));
-            let mode =
-                SymbolMode { inlines: args.inlines, lines: args.lines, raw_names: args.raw_names };
-            let r = {
-                let cx = SymbolContext {
-                    loaded: &loaded,
-                    weights: &weights,
-                    locator: &mut locator,
-                    cache: &mut cache,
-                    mode,
-                    warn: &mut |w| warnings.push(w),
-                };
-                report::symbol_report(cx, &idx, &db_name, args.limit)
-            };
-            flush_warnings(err, &mut warnings)?;
-            if r.total_samples == 0 {
-                return Err(ProfError::Empty(format!(
-                    "image {} has no samples of the selected event(s) in the selected \
-                     epoch(s)/host(s); try --event, --epoch all or --host all",
-                    r.image.path
-                )));
-            }
-            output::write_symbols(out, &r, args.format, style)
-        }
-    };
-    result?;
-    out.flush()?;
-    if args.verbose {
+}
+
+/// `--verbose`: what the report read.
+fn print_stats(verbose: bool, err: &mut dyn Write) -> std::io::Result<()> {
+    if verbose {
         writeln!(err, "dcpiprof: stats: {}", stats::line())?;
     }
     Ok(())
 }
 
-/// The per-image report, from the per-profile totals (summary indexes where present) rather
-/// than loaded profiles: over a fleet that is a few hundred headers, not one per profile.
 /// The error of a selection whose host directories hold no profile.
 fn nothing_sampled(dirs: &[profile_format::HostDir]) -> ProfError {
     let (epochs, hosts) = select::epochs_and_hosts(dirs);
@@ -516,71 +458,157 @@ fn nothing_sampled(dirs: &[profile_format::HostDir]) -> ProfError {
     ))
 }
 
-fn run_images(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+/// The per-image report. Of the flat profiles, from the per-profile totals (summary indexes
+/// where present) rather than loaded profiles: over a fleet that is a few hundred headers,
+/// not one per profile.
+fn run_images(
+    p: &mode::Images,
+    tty: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ProfError> {
     let mut warnings: Vec<String> = Vec::new();
-    let mut totals = args.sel.load_totals(&mut |w| warnings.push(w))?;
-    if args.no_idle {
-        totals.exclude_idle();
-    }
-    flush_warnings(err, &mut warnings)?;
-    if totals.entries.is_empty() {
-        return Err(nothing_sampled(&totals.dirs));
-    }
-    let weights = report::weights_of_totals(&totals, &args.sel.events)?;
-    let db_name = args.sel.db.display().to_string();
-    let r = report::image_report_of_totals(&totals, &weights, &db_name, args.limit);
-    // Grouped digits for a person at a terminal; plain numbers in files and pipes.
-    let style = output::Style {
-        human: args.output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    let db_name = p.sel.db.display().to_string();
+    let r = match &p.who {
+        Some(w) => {
+            // The who tables answer --by image too (same samples): without the profiles,
+            // use them.
+            if !whoprof::recorded(&p.sel, &w.who)? {
+                return who::run(&w.tables, out, err);
+            }
+            let profiles =
+                Profiles { sel: p.sel.clone(), who: Some(w.who.clone()), no_idle: p.no_idle };
+            let (loaded, weights) = profiles.load(None, false, &mut warnings, err)?;
+            flush_warnings(err, &mut warnings)?;
+            report::image_report(&loaded, &weights, &db_name, p.limit)
+        }
+        None => {
+            let mut totals = p.sel.load_totals(&mut |w| warnings.push(w))?;
+            if p.no_idle {
+                totals.exclude_idle();
+            }
+            flush_warnings(err, &mut warnings)?;
+            if totals.entries.is_empty() {
+                return Err(nothing_sampled(&totals.dirs));
+            }
+            let weights = report::weights_of_totals(&totals, &p.sel.events)?;
+            report::image_report_of_totals(&totals, &weights, &db_name, p.limit)
+        }
     };
-    output::write_images(out, &r, args.format, style)?;
+    output::write_images(out, &r, p.format.into(), output::Style { human: tty })?;
     out.flush()?;
-    if args.verbose {
-        writeln!(err, "dcpiprof: stats: {}", stats::line())?;
+    print_stats(p.verbose, err)?;
+    Ok(())
+}
+
+/// The per-symbol report of one image.
+fn run_symbols(
+    p: &mode::Symbols,
+    tty: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ProfError> {
+    let mut warnings: Vec<String> = Vec::new();
+    let (loaded, weights) = p.profiles.load(Some(&p.image), false, &mut warnings, err)?;
+    let sel = &p.profiles.sel;
+    let idx = report::resolve_image(&loaded, &weights, &p.image)?;
+    let mut locator = p.symbols.locator(&sel.db);
+    let mut cache = p.symbols.cache(&mut |w| warnings.push(w));
+    let r = {
+        let cx = SymbolContext {
+            loaded: &loaded,
+            weights: &weights,
+            locator: &mut locator,
+            cache: &mut cache,
+            mode: p.mode,
+            warn: &mut |w| warnings.push(w),
+        };
+        report::symbol_report(cx, &idx, &sel.db.display().to_string(), p.limit)
+    };
+    flush_warnings(err, &mut warnings)?;
+    if r.total_samples == 0 {
+        return Err(ProfError::Empty(format!(
+            "image {} has no samples of the selected event(s) in the selected \
+             epoch(s)/host(s); try --event, --epoch all or --host all",
+            r.image.path
+        )));
     }
+    output::write_symbols(out, &r, p.format.into(), output::Style { human: tty })?;
+    out.flush()?;
+    print_stats(p.verbose, err)?;
+    Ok(())
+}
+
+/// The hottest symbols of all images.
+fn run_global_symbols(
+    p: &mode::GlobalSymbols,
+    tty: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ProfError> {
+    let mut warnings: Vec<String> = Vec::new();
+    let (loaded, weights) = p.profiles.load(None, true, &mut warnings, err)?;
+    let sel = &p.profiles.sel;
+    let mut locator = p.symbols.locator(&sel.db);
+    let mut cache = p.symbols.cache(&mut |w| warnings.push(w));
+    let r = global::global_symbol_report(
+        &loaded,
+        &weights,
+        &mut locator,
+        &mut cache,
+        &mut |w| warnings.push(w),
+        &sel.db.display().to_string(),
+        p.limit,
+    );
+    flush_warnings(err, &mut warnings)?;
+    output::write_global_symbols(out, &r, p.format.into(), output::Style { human: tty })?;
+    out.flush()?;
+    print_stats(p.verbose, err)?;
     Ok(())
 }
 
 fn run_export(
-    args: &Args,
-    loaded: &mut select::Loaded,
-    weights: &report::Weights,
-    warnings: &mut Vec<String>,
+    p: &mode::Export,
+    tty: bool,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), ProfError> {
-    use std::io::IsTerminal;
-    if args.format == Format::Pprof && args.output.is_none() && std::io::stdout().is_terminal() {
-        return Err(ProfError::Usage(
-            "--format pprof writes a binary file: pass --output FILE (or redirect stdout)".into(),
-        ));
+    if p.format.is_binary() && tty {
+        return Err(ProfError::Usage(format!(
+            "{} writes a binary file: pass --output FILE (or redirect stdout)",
+            mode::format_flag(p.format)
+        )));
     }
-    let only = match &args.image {
-        Some(spec) => Some(report::resolve_image(loaded, weights, spec)?),
+    let mut warnings: Vec<String> = Vec::new();
+    let (mut loaded, weights) =
+        p.profiles.load(p.image.as_deref(), p.image.is_none(), &mut warnings, err)?;
+    let loaded = &mut loaded;
+    let sel = &p.profiles.sel;
+    let only = match &p.image {
+        Some(spec) => Some(report::resolve_image(loaded, &weights, spec)?),
         None => None,
     };
     let req = export::Request {
-        db: &args.sel.db,
-        symbols: &args.symbols,
-        mode: SymbolMode { inlines: args.inlines, lines: args.lines, raw_names: args.raw_names },
+        db: &sel.db,
+        symbols: &p.symbols,
+        mode: p.mode,
         only,
-        keep_going: args.sel.keep_going,
+        keep_going: sel.keep_going,
     };
-    let mut x = export::build(loaded, weights, &req, &mut |w| warnings.push(w))?;
+    let mut x = export::build(loaded, &weights, &req, &mut |w| warnings.push(w))?;
     // The stack files hold every process's stacks (FORMAT.md §13): with --pid/--cgroup the
     // export is of that process's or cgroup's flat samples only.
-    let per_who = args.pid.is_some() || args.cgroup.is_some();
-    if !per_who {
+    if p.profiles.who.is_none() {
         // Call stacks, where dcpid recorded them, replace the one-frame samples.
         // The same binaries are looked up again: say each warning once.
         let mut more: Vec<String> = Vec::new();
         let mut all = stacks::load(
             loaded,
-            weights,
-            args.symbols.locator(&args.sel.db),
-            args.symbols.cache(&mut |w| more.push(w)),
+            &weights,
+            p.symbols.locator(&sel.db),
+            p.symbols.cache(&mut |w| more.push(w)),
             req.mode,
-            args.sel.keep_going,
+            sel.keep_going,
             stacks::Want::All,
             &mut |w| more.push(w),
         )?;
@@ -615,7 +643,7 @@ fn run_export(
         }
         stacks::apply_to_export(&mut x, &all, loaded);
     }
-    flush_warnings(err, warnings)?;
+    flush_warnings(err, &mut warnings)?;
     if x.samples.iter().all(|s| s.samples == 0) {
         return Err(ProfError::Empty(
             "no samples of the selected event(s) in the selection: nothing to export; try \
@@ -623,60 +651,32 @@ fn run_export(
                 .into(),
         ));
     }
-    match args.format {
-        Format::Folded => export::flame::write_folded(out, &x)?,
-        Format::Pprof => out.write_all(&export::pprof::encode(&x)?)?,
-        Format::Svg => {
-            let svg = export::flame::svg(&x.folded(), &export::flame::title(&x), "samples", true);
-            out.write_all(svg.as_bytes())?
-        }
-        Format::Speedscope => {
-            serde_json::to_writer(&mut *out, &export::speedscope::document(&x))
-                .map_err(std::io::Error::from)?;
-            writeln!(out)?
-        }
-        _ => out.write_all(export::html::page(&x, args.limit).as_bytes())?,
-    }
+    p.format.write(&x, p.limit, out)?;
     out.flush()?;
-    if args.verbose {
-        writeln!(err, "dcpiprof: stats: {}", stats::line())?;
-    }
+    print_stats(p.verbose, err)?;
     Ok(())
 }
 
 /// `--callers`/`--callees`: the selection's call stacks around one function.
-fn run_calls(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
-    let (symbol, dir) = match (&args.callers, &args.callees) {
-        (Some(s), _) => (s, stacks::Direction::Callers),
-        (None, Some(s)) => (s, stacks::Direction::Callees),
-        (None, None) => unreachable!("run_calls without --callers/--callees"),
-    };
-    if !matches!(args.format, Format::Table | Format::Json | Format::Csv) {
-        return Err(ProfError::Usage(
-            "--callers/--callees print a table, json or csv (for stacks in folded, pprof, svg \
-             or html drop --callers/--callees)"
-                .into(),
-        ));
-    }
+fn run_calls(p: &mode::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    let (symbol, dir, depth) = (&p.symbol, p.direction, p.depth);
     let mut warnings: Vec<String> = Vec::new();
-    let loaded = args.sel.load(None, &mut |w| warnings.push(w))?;
+    let loaded = p.sel.load(None, &mut |w| warnings.push(w))?;
     if loaded.profiles.is_empty() {
         flush_warnings(err, &mut warnings)?;
         return Err(nothing_sampled(&loaded.dirs));
     }
-    let weights = report::weights(&loaded, &args.sel.events)?;
-    let mode = SymbolMode { inlines: args.inlines, lines: false, raw_names: args.raw_names };
-    let locator = args.symbols.locator(&args.sel.db);
-    let cache = args.symbols.cache(&mut |w| warnings.push(w));
-    let depth = usize::from(args.depth);
+    let weights = report::weights(&loaded, &p.sel.events)?;
+    let locator = p.symbols.locator(&p.sel.db);
+    let cache = p.symbols.cache(&mut |w| warnings.push(w));
     let want = stacks::Want::Calls { symbol, dir, depth };
     let all = stacks::load(
         &loaded,
         &weights,
         locator,
         cache,
-        mode,
-        args.sel.keep_going,
+        p.mode,
+        p.sel.keep_going,
         want,
         &mut |w| warnings.push(w),
     )?;
@@ -696,15 +696,15 @@ fn run_calls(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
              per-symbol reports show them)"
         )));
     }
-    if let Some(l) = args.limit {
+    if let Some(l) = p.limit {
         r.rows.truncate(l);
     }
-    match args.format {
-        Format::Json => {
+    match p.format {
+        TableFormat::Json => {
             serde_json::to_writer_pretty(&mut *out, &r).map_err(std::io::Error::from)?;
             writeln!(out)?;
         }
-        Format::Csv => {
+        TableFormat::Csv => {
             writeln!(out, "symbol,samples,percent")?;
             for row in &r.rows {
                 writeln!(
@@ -716,7 +716,7 @@ fn run_calls(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
                 )?;
             }
         }
-        _ => {
+        TableFormat::Table => {
             writeln!(
                 out,
                 "{} of {}: {} samples of {} in stacks through it ({} stack samples, {:.1}% truncated)",

@@ -8,19 +8,14 @@ use std::io::Write;
 use profile_format::{WhoKey, WhoTable};
 use serde_json::{json, Map, Value};
 
-use super::by::By;
 use super::image::{display_path, IDLE};
+use super::mode::Who;
 use super::output::r4;
 use super::select;
-use super::{Args, ProfError};
+use super::ProfError;
 use dcpi_report::render::{Column, Kind, Output, Style};
 
 use crate::escape::{controls, terminal};
-
-/// Whether any who filter is given.
-pub fn has_filter(args: &Args) -> bool {
-    args.command.is_some() || args.cgroup.is_some() || args.pid.is_some() || args.cpu.is_some()
-}
 
 /// The systemd unit of a cgroup path: its innermost `*.service` component, else its innermost
 /// `*.scope` (sessions, containers started by a runtime), else none.
@@ -67,11 +62,42 @@ fn image_matches(spec: &str, image: &[u8]) -> bool {
     matches!(spec, "kernel" | "vmlinux") && img == "[kernel.kallsyms]"
 }
 
-fn key_of(by: By, k: &WhoKey, d: &profile_format::HostDir) -> Option<String> {
+/// What a who report has a row per: every `--by` but `symbol` (the who tables have no symbols).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhoBy {
+    Image,
+    Command,
+    Pid,
+    Cgroup,
+    Unit,
+    Container,
+    Cpu,
+    Host,
+    Epoch,
+}
+
+impl WhoBy {
+    /// The `--by` value; also the key of JSON rows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Image => "image",
+            Self::Command => "command",
+            Self::Pid => "pid",
+            Self::Cgroup => "cgroup",
+            Self::Unit => "unit",
+            Self::Container => "container",
+            Self::Cpu => "cpu",
+            Self::Host => "host",
+            Self::Epoch => "epoch",
+        }
+    }
+}
+
+fn key_of(by: WhoBy, k: &WhoKey, d: &profile_format::HostDir) -> Option<String> {
     Some(match by {
-        By::Command => display_path(&k.command),
-        By::Pid => k.pid.to_string(),
-        By::Cgroup => {
+        WhoBy::Command => display_path(&k.command),
+        WhoBy::Pid => k.pid.to_string(),
+        WhoBy::Cgroup => {
             if k.cgroup.is_empty() {
                 "(unknown)".to_owned()
             } else {
@@ -79,39 +105,21 @@ fn key_of(by: By, k: &WhoKey, d: &profile_format::HostDir) -> Option<String> {
                 controls(&k.cgroup).into_owned()
             }
         }
-        By::Unit => controls(unit_of(&k.cgroup).unwrap_or("(none)")).into_owned(),
-        By::Container => container_of(&k.cgroup).unwrap_or("(none)").to_owned(),
-        By::Image => display_path(&k.image),
-        By::Host => d.host.clone(),
-        By::Epoch => d.epoch.to_string(),
-        By::Cpu | By::Symbol => return None,
+        WhoBy::Unit => controls(unit_of(&k.cgroup).unwrap_or("(none)")).into_owned(),
+        WhoBy::Container => container_of(&k.cgroup).unwrap_or("(none)").to_owned(),
+        WhoBy::Image => display_path(&k.image),
+        WhoBy::Host => d.host.clone(),
+        WhoBy::Epoch => d.epoch.to_string(),
+        WhoBy::Cpu => return None,
     })
 }
 
-/// Run a report from the who tables.
-pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
-    if by == By::Symbol {
-        return Err(ProfError::Usage(
-            "--by symbol with --command/--cgroup/--pid/--cpu: the who table has no per-process \
-             symbols; use --by command|pid|cgroup|unit|container|image|cpu|host|epoch"
-                .into(),
-        ));
-    }
-    if args.cpu.is_some() && by != By::Cpu {
-        return Err(ProfError::Usage(
-            "--cpu filters only --by cpu: per-CPU counts are recorded per event, not per process"
-                .into(),
-        ));
-    }
-    if by == By::Cpu && (args.command.is_some() || args.cgroup.is_some() || args.pid.is_some()) {
-        return Err(ProfError::Usage(
-            "--by cpu cannot be filtered by --command/--cgroup/--pid: per-CPU counts are \
-             recorded per event, not per process"
-                .into(),
-        ));
-    }
-    let db = select::open_db(&args.sel.db)?;
-    let dirs = select::select_host_dirs(&db, &args.sel.epoch_sel(), &args.sel.host_sel())?;
+/// Run a report from the who tables (its flags checked by [`super::mode::Mode::from_args`]:
+/// `--cpu` only with `--by cpu`, which takes no other filter).
+pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    let (by, f) = (who.by, &who.filters);
+    let db = select::open_db(&who.sel.db)?;
+    let dirs = select::select_host_dirs(&db, &who.sel.epoch_sel(), &who.sel.host_sel())?;
     let mut tables: Vec<(usize, WhoTable)> = Vec::new();
     let mut missing = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
@@ -122,7 +130,7 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
             {
                 missing.push(format!("{}/{}", d.epoch, d.host));
             }
-            Err(e) if args.sel.keep_going => writeln!(
+            Err(e) if who.sel.keep_going => writeln!(
                 err,
                 "dcpiprof: warning: skipping corrupt who table: {}",
                 terminal(&e.to_string())
@@ -155,7 +163,7 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
             }
         }
     }
-    let event = match args.sel.events.first() {
+    let event = match who.sel.events.first() {
         Some(e) if events.contains(e) => e.clone(),
         Some(e) => {
             return Err(ProfError::UnknownEvent {
@@ -171,9 +179,9 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
     let mut any_pid = false;
     for (di, t) in &tables {
         let d = &dirs[*di];
-        if by == By::Cpu {
+        if by == WhoBy::Cpu {
             for ((cpu, ev), &n) in &t.cpus {
-                if *ev != event || args.cpu.is_some_and(|c| c != *cpu) {
+                if *ev != event || f.cpu.is_some_and(|c| c != *cpu) {
                     continue;
                 }
                 *parts.entry(cpu.to_string()).or_default() += n;
@@ -182,14 +190,14 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
             continue;
         }
         for (k, &n) in &t.rows {
-            if k.event != event || (args.no_idle && k.image == IDLE.as_bytes()) {
+            if k.event != event || (who.no_idle && k.image == IDLE.as_bytes()) {
                 continue;
             }
             any_pid |= k.pid != 0;
-            if args.command.as_ref().is_some_and(|c| display_path(&k.command) != *c)
-                || args.pid.is_some_and(|p| p != k.pid)
-                || args.cgroup.as_ref().is_some_and(|c| !cgroup_matches(c, &k.cgroup))
-                || args.image.as_ref().is_some_and(|i| !image_matches(i, &k.image))
+            if f.command.as_ref().is_some_and(|c| display_path(&k.command) != *c)
+                || f.pid.is_some_and(|p| p != k.pid)
+                || f.cgroup.as_ref().is_some_and(|c| !cgroup_matches(c, &k.cgroup))
+                || f.image.as_ref().is_some_and(|i| !image_matches(i, &k.image))
             {
                 continue;
             }
@@ -199,7 +207,7 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
             }
         }
     }
-    if (by == By::Pid || args.pid.is_some()) && !any_pid {
+    if (by == WhoBy::Pid || f.pid.is_some()) && !any_pid {
         return Err(ProfError::Empty(
             "the who tables hold no per-process rows: start dcpid with `by_pid = true` (or \
              --by-pid true) to record them; --by command groups by command name meanwhile"
@@ -207,10 +215,10 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
         ));
     }
     let mut rows: Vec<(String, u64)> = parts.into_iter().collect();
-    if !matches!(by, By::Epoch | By::Host | By::Cpu) {
+    if !matches!(by, WhoBy::Epoch | WhoBy::Host | WhoBy::Cpu) {
         rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     }
-    let omitted = match args.limit {
+    let omitted = match who.limit {
         Some(n) if n > 0 && rows.len() > n => {
             let o = rows.len() - n;
             rows.truncate(n);
@@ -219,15 +227,15 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
         _ => 0,
     };
     let pct = |n: u64| if total > 0 { r4(n as f64 / total as f64 * 100.0) } else { 0.0 };
-    let idle = if by == By::Cpu {
+    let idle = if by == WhoBy::Cpu {
         "the idle task included"
-    } else if args.no_idle {
+    } else if who.no_idle {
         "the idle task ([idle]) left out"
     } else {
         "the idle task ([idle]) included"
     };
     let of = format!("all samples of {event} selected ({idle})");
-    let form = super::output::form(args.format)?;
+    let form = Output::from(who.format);
     // The JSON document (its schema in --help), made only when asked for.
     let v = if form == Output::Json {
         let rows: Vec<Value> = rows
@@ -235,10 +243,10 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
             .map(|(k, n)| {
                 let mut m = Map::new();
                 match (by, k.parse::<u64>()) {
-                    (By::Pid | By::Cpu, Ok(v)) => m.insert(by.name().to_owned(), json!(v)),
+                    (WhoBy::Pid | WhoBy::Cpu, Ok(v)) => m.insert(by.name().to_owned(), json!(v)),
                     _ => m.insert(by.name().to_owned(), json!(k)),
                 };
-                if by == By::Cgroup {
+                if by == WhoBy::Cgroup {
                     m.insert("unit".into(), json!(unit_of(k)));
                     m.insert("container".into(), json!(container_of(k)));
                 }
@@ -251,13 +259,13 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
             "report": "by",
             "by": by.name(),
             "source": "who",
-            "database": args.sel.db.display().to_string(),
+            "database": who.sel.db.display().to_string(),
             "event": event,
             "filters": {
-                "command": args.command, "cgroup": args.cgroup, "pid": args.pid,
-                "cpu": args.cpu, "image": args.image,
+                "command": f.command, "cgroup": f.cgroup, "pid": f.pid,
+                "cpu": f.cpu, "image": f.image,
             },
-            "idle_included": !args.no_idle || by == By::Cpu,
+            "idle_included": !who.no_idle || by == WhoBy::Cpu,
             "total_samples": total,
             "percent_of": of,
             "rows_omitted": omitted,
@@ -267,20 +275,20 @@ pub fn run(args: &Args, by: By, out: &mut dyn Write, err: &mut dyn Write) -> Res
         Value::Null
     };
     let mut t = super::by::group_table(
-        by,
+        by.name(),
         [
             Column::new("samples", Kind::Count).min_width(7),
             Column::new("%", Kind::Decimal(2)).csv("percent").min_width(7),
         ],
-        &args.sel.db,
+        &who.sel.db,
     );
     let mut what = format!("# event {event}: {total} samples; % of {of}");
     for (name, v) in [
-        ("command", args.command.clone()),
-        ("cgroup", args.cgroup.clone()),
-        ("pid", args.pid.map(|p| p.to_string())),
-        ("cpu", args.cpu.map(|p| p.to_string())),
-        ("image", args.image.clone()),
+        ("command", f.command.clone()),
+        ("cgroup", f.cgroup.clone()),
+        ("pid", f.pid.map(|p| p.to_string())),
+        ("cpu", f.cpu.map(|p| p.to_string())),
+        ("image", f.image.clone()),
     ] {
         if let Some(v) = v {
             what.push_str(&format!("; {name} {v}"));

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use profile_format::{HostDir, Profile, ProfileWho, WhoProfileEntry};
 
 use super::select::{self, Loaded, LoadedProfile};
-use super::{stats, Args, ProfError};
+use super::{stats, ProfError};
 use crate::args::Selection;
 
-/// Whose profiles a report reads.
+/// Whose profiles a report reads (chosen by [`super::mode::Mode::from_args`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WhoSel {
     /// One process id (`--pid`).
@@ -22,45 +22,6 @@ pub enum WhoSel {
 }
 
 impl WhoSel {
-    /// The selection `args` asks a profile report for: `--pid` or `--cgroup` (not both, and
-    /// without `--command`/`--cpu`, which only the who tables answer) with `--by symbol`,
-    /// `--by image`, `--image`, `--symbols` or an export format. `None`: not such a report.
-    pub fn of(args: &Args) -> Result<Option<Self>, ProfError> {
-        use super::by::By;
-        let who = match (args.pid, &args.cgroup) {
-            (None, None) => return Ok(None),
-            (Some(p), None) => Self::Pid(p),
-            (None, Some(c)) => Self::Cgroup(c.clone()),
-            (Some(_), Some(_)) => {
-                if args.by == Some(By::Symbol) {
-                    return Err(ProfError::Usage(
-                        "--by symbol reads the per-process or the per-cgroup profiles: give \
-                         --pid or --cgroup, not both"
-                            .into(),
-                    ));
-                }
-                return Ok(None);
-            }
-        };
-        let profile_report = match args.by {
-            Some(By::Symbol | By::Image) => true,
-            None => args.image.is_some() || args.all_symbols || args.format.is_export(),
-            Some(_) => false,
-        };
-        if !profile_report {
-            return Ok(None);
-        }
-        if args.command.is_some() || args.cpu.is_some() {
-            return Err(ProfError::Usage(
-                "--command and --cpu filter the who tables only (--by command|pid|cgroup|unit|\
-                 container|image|cpu): a per-process or per-cgroup profile report takes --pid \
-                 or --cgroup alone"
-                    .into(),
-            ));
-        }
-        Ok(Some(who))
-    }
-
     fn wants(&self, e: &WhoProfileEntry) -> bool {
         match self {
             Self::Pid(p) => e.pid() == Some(*p),

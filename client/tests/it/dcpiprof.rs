@@ -373,6 +373,44 @@ fn bad_input_one_line_errors_exit_2() {
     assert_one_line_error(&o, &["nothere", "/bin/good", "/bin/pf", "--host all"]);
 }
 
+/// Flags that do not go together are a usage error naming them before anything is read
+/// (issue 34): a table-only report with an export format used to fail after reading the
+/// profiles with an internal error (exit 1), and --callers/--callees with a who filter ran a
+/// who-table report, ignoring --callers.
+#[test]
+fn conflicting_flags_are_usage_errors_naming_them() {
+    let t = TestDb::new();
+    let e = t.epoch(0);
+    let hd = t.host(&e, "alpha");
+    let ev = event("cpu-clock", 1000);
+    write_profile(
+        &hd,
+        ImageKind::Elf,
+        &ImageId::BuildId(vec![1; 8]),
+        b"/bin/good",
+        &ev,
+        &[(0, 10)],
+        1000,
+    );
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["--by", "epoch", "--format", "html"], &["--by epoch", "--format html"]),
+        (&["--by", "host", "--format", "svg"], &["--by host", "--format svg"]),
+        (&["--by", "command", "--format", "folded"], &["--by command", "--format folded"]),
+        (&["--command", "x", "--format", "pprof"], &["--command", "--format pprof"]),
+        (&["--callers", "main", "--command", "x"], &["--callers", "--command"]),
+        (&["--callees", "main", "--format", "speedscope"], &["--callees", "--format speedscope"]),
+        (&["--by", "image", "--image", "good"], &["--by image", "--image"]),
+        (&["--by", "cpu", "--pid", "1"], &["--by cpu", "--pid"]),
+    ];
+    for (args, needles) in cases {
+        let mut a = vec!["--host", "alpha"];
+        a.extend_from_slice(args);
+        let o = prof(&t.root(), &a);
+        assert!(o.stdout.is_empty(), "{args:?}");
+        assert_one_line_error(&o, needles);
+    }
+}
+
 #[test]
 fn corrupt_and_foreign_version_profiles_fail_unless_keep_going() {
     let t = TestDb::new();

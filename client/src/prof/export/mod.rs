@@ -14,7 +14,7 @@ pub mod pprof;
 pub mod speedscope;
 
 use std::collections::HashMap;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 
 use profile_format::{ImageId, ImageKind};
@@ -26,6 +26,62 @@ use super::select::Loaded;
 use super::ProfError;
 use crate::args::SymbolSearch;
 use crate::escape::controls;
+
+/// An export format (`--format folded|pprof|svg|html|speedscope`). Every match on it is
+/// exhaustive, so a new format does not compile until each place writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// Folded stacks for flame graph tools: `image;symbol count` per line.
+    Folded,
+    /// Gzipped pprof profile.proto (go tool pprof, Parca, Pyroscope).
+    Pprof,
+    /// Flame graph SVG (searchable, zoomable).
+    Svg,
+    /// Self-contained HTML report (tables, flame graph, trend).
+    Html,
+    /// speedscope JSON (speedscope.app, also read by Firefox Profiler's importer).
+    Speedscope,
+}
+
+impl ExportFormat {
+    /// Every format, in `--format`'s order. The derived `clap::ValueEnum::value_variants` lists
+    /// every variant by construction, and a test checks this list against it, so it cannot
+    /// miss one.
+    pub const ALL: &'static [Self] =
+        &[Self::Folded, Self::Pprof, Self::Svg, Self::Html, Self::Speedscope];
+
+    /// Whether the format is binary (never written to a terminal).
+    pub fn is_binary(self) -> bool {
+        match self {
+            Self::Pprof => true,
+            Self::Folded | Self::Svg | Self::Html | Self::Speedscope => false,
+        }
+    }
+
+    /// Write `x` in this format; `limit` bounds the HTML report's tables.
+    pub fn write(
+        self,
+        x: &Export,
+        limit: Option<usize>,
+        out: &mut dyn Write,
+    ) -> Result<(), ProfError> {
+        match self {
+            Self::Folded => flame::write_folded(out, x)?,
+            Self::Pprof => out.write_all(&pprof::encode(x)?)?,
+            Self::Svg => {
+                let svg = flame::svg(&x.folded(), &flame::title(x), "samples", true);
+                out.write_all(svg.as_bytes())?
+            }
+            Self::Html => out.write_all(html::page(x, limit).as_bytes())?,
+            Self::Speedscope => {
+                serde_json::to_writer(&mut *out, &speedscope::document(x))
+                    .map_err(std::io::Error::from)?;
+                writeln!(out)?
+            }
+        }
+        Ok(())
+    }
+}
 
 /// One image (an identity: build-id or fallback id; all `[unknown]` samples are one image).
 #[derive(Clone, Debug)]
@@ -419,6 +475,121 @@ mod tests {
         assert_eq!(split_source(Some("a/b.c:12")), (Some("a/b.c".into()), Some(12)));
         assert_eq!(split_source(Some("??:0")), (None, None));
         assert_eq!(split_source(None), (None, None));
+    }
+
+    /// Two samples of `/usr/bin/app` (`main`, `hot`) on one host in one epoch.
+    fn tiny() -> Export {
+        let scope = Scope {
+            database: "/db".into(),
+            epochs: vec!["20261129T000000Z".into()],
+            hosts: vec!["h".into()],
+            newest_data: 0,
+        };
+        let events = vec![EventInfo {
+            name: "cpu-clock".into(),
+            samples: 5,
+            events: 5_000_000,
+            mean_period: 1e6,
+            nominal_period: 1_000_000,
+            multiplex_scale: 1.0,
+        }];
+        let function = |name: &str| Function { name: name.into(), system_name: None, file: None };
+        let sample = |stack: u32, samples: u64| Sample {
+            stack,
+            host: 0,
+            epoch: 0,
+            event: 0,
+            samples,
+            events: samples as f64 * 1e6,
+        };
+        Export {
+            scope: scope.clone(),
+            events: events.clone(),
+            images: vec![Image {
+                name: "/usr/bin/app".into(),
+                kind: "elf",
+                build_id: Some("ab".repeat(20)),
+                symbolized: true,
+                max_offset: 0x1100,
+            }],
+            functions: vec![function("main"), function("hot")],
+            locations: vec![
+                Location { image: 0, offset: 0x1000, function: 0, line: None },
+                Location { image: 0, offset: 0x1100, function: 1, line: None },
+            ],
+            stacks: vec![vec![0], vec![1, 0]],
+            samples: vec![sample(0, 2), sample(1, 3)],
+            hosts: scope.hosts.clone(),
+            epochs: scope.epochs.clone(),
+            time_nanos: 0,
+            duration_nanos: 0,
+            image_report: ImageReport {
+                report: "images",
+                scope,
+                events,
+                total_samples: 5,
+                rows_omitted: 0,
+                idle: report::IdleShare::default(),
+                rows: Vec::new(),
+            },
+            per_epoch: vec![HashMap::new()],
+        }
+    }
+
+    /// Every export format writes its own format (no format falls through to another's
+    /// writer): each output is checked for its format's signature, the check chosen by an
+    /// exhaustive match, over [`ExportFormat::ALL`], which is the derived list of variants.
+    #[test]
+    fn every_export_format_writes_its_own_format() {
+        use clap::ValueEnum;
+        assert_eq!(ExportFormat::ALL, ExportFormat::value_variants(), "ALL lists every format");
+        let x = tiny();
+        let mut seen: Vec<Vec<u8>> = Vec::new();
+        for &f in ExportFormat::ALL {
+            let mut out = Vec::new();
+            f.write(&x, None, &mut out).unwrap_or_else(|e| panic!("{f:?}: {e}"));
+            let text = String::from_utf8_lossy(&out);
+            match f {
+                ExportFormat::Folded => {
+                    let lines: Vec<&str> = text.lines().collect();
+                    assert_eq!(lines, ["/usr/bin/app;main 2", "/usr/bin/app;main;hot 3"]);
+                }
+                ExportFormat::Pprof => {
+                    assert_eq!(out[..2], [0x1f, 0x8b], "gzip magic");
+                    let mut raw = Vec::new();
+                    std::io::Read::read_to_end(
+                        &mut flate2::read::GzDecoder::new(&out[..]),
+                        &mut raw,
+                    )
+                    .expect("a gzip stream");
+                    let raw = String::from_utf8_lossy(&raw);
+                    assert!(raw.contains("hot") && raw.contains("/usr/bin/app"), "{raw:?}");
+                }
+                ExportFormat::Svg => {
+                    assert!(text.contains("<svg") && text.trim_end().ends_with("</svg>"), "{text}");
+                    assert!(!text.contains("<!DOCTYPE html"), "an SVG, not a page");
+                }
+                ExportFormat::Html => {
+                    assert!(text.starts_with("<!DOCTYPE html"), "{text}");
+                    assert!(text.trim_end().ends_with("</html>"));
+                }
+                ExportFormat::Speedscope => {
+                    let v: serde_json::Value = serde_json::from_slice(&out).expect("JSON");
+                    let schema = v["$schema"].as_str().unwrap_or_default();
+                    assert!(schema.contains("speedscope"), "{v:#}");
+                    assert_eq!(v["profiles"][0]["samples"].as_array().map(Vec::len), Some(2));
+                }
+            }
+            assert!(!seen.contains(&out), "{f:?} writes what another format wrote");
+            seen.push(out);
+        }
+    }
+
+    #[test]
+    fn only_pprof_is_binary() {
+        for &f in ExportFormat::ALL {
+            assert_eq!(f.is_binary(), f == ExportFormat::Pprof, "{f:?}");
+        }
     }
 
     #[test]
