@@ -4,69 +4,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, SystemTime};
 
-use profile_format::{
-    Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, JitSymbol, Profile, ProfileHeader,
-};
+use profile_format::{EventDesc, HostDir, ImageId, ImageKind, JitSymbol};
 use serde_json::Value;
 
-/// The tests' fixed base time (2025-06-15) plus `secs`.
-pub fn base_time(secs: u64) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000 + secs)
-}
-
-/// A database in a temporary directory, removed when dropped.
-pub struct TestDb {
-    dir: tempfile::TempDir,
-    pub db: Database,
-}
-
-impl TestDb {
-    pub fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = Database::create(&dir.path().join("db")).expect("create db");
-        Self { dir, db }
-    }
-    pub fn root(&self) -> PathBuf {
-        self.db.root().to_owned()
-    }
-    /// The temporary directory (the database is its `db`).
-    pub fn tmp(&self) -> &Path {
-        self.dir.path()
-    }
-    /// A new epoch begun by host `h1`, `secs` after the base time.
-    pub fn epoch(&self, secs: u64) -> EpochId {
-        self.epoch_by(base_time(secs), "h1")
-    }
-    /// A new epoch begun by `initiator` at `t`.
-    pub fn epoch_by(&self, t: SystemTime, initiator: &str) -> EpochId {
-        self.db.new_epoch(t, initiator).expect("new epoch")
-    }
-    pub fn host(&self, e: &EpochId, host: &str) -> HostDir {
-        let hd = self.db.host_dir(e, host).expect("host dir");
-        hd.create().expect("create host dir");
-        hd
-    }
-}
-
-/// A software event with mean period `period` (the minimum 1/16 lower, as the daemon's
-/// frequency mode gives).
-pub fn event(name: &str, period: u64) -> EventDesc {
-    EventDesc {
-        name: name.into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: period,
-        period_min: period - period / 16,
-        period_max: period,
-    }
-}
-
-/// The default event: cpu-clock at 1 ms.
-pub fn cpu_clock() -> EventDesc {
-    event("cpu-clock", 1_000_000)
-}
+use dcpi_testkit::db::Image;
+pub use dcpi_testkit::db::{base_time, cpu_clock, event, TestDb};
 
 /// Write a profile: `counts` are (offset, count); every sample has period `period`.
 pub fn write_profile(
@@ -92,27 +35,8 @@ pub fn write_profile_jit(
     period: u64,
     jit_symbols: Vec<JitSymbol>,
 ) {
-    let mut p = Profile::new(ProfileHeader {
-        kind,
-        image_id: id.clone(),
-        image_path: path.to_vec(),
-        event: ev.clone(),
-        host: hd.host.clone(),
-        epoch: hd.epoch.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols,
-    });
-    for &(off, c) in counts {
-        p.add(off, c, c * period);
-    }
-    let file = if kind == ImageKind::Unknown {
-        hd.unknown_path(&ev.name)
-    } else {
-        hd.profile_path(id, &ev.name)
-    };
-    p.write(&file).expect("write profile");
+    let image = Image::new(kind, id.clone(), path);
+    image.profile(ev).counts(counts).period(period).jit_symbols(jit_symbols).write(hd);
 }
 
 /// Run dcpiprof on `db`; the symbol cache goes to a `cache` dir beside the database (through

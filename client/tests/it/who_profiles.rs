@@ -2,31 +2,14 @@
 //! from the per-process and per-cgroup profiles (FORMAT.md §5.6), and a clear error when the
 //! database was recorded without them.
 
-use profile_format::{HostDir, ImageId, ImageKind, Profile, ProfileHeader, ProfileWho};
+use dcpi_testkit::db::Image;
+use profile_format::{HostDir, ImageId, ImageKind, ProfileWho};
 
 use crate::util::*;
 
-fn header(hd: &HostDir, id: &ImageId) -> ProfileHeader {
-    ProfileHeader {
-        kind: ImageKind::Elf,
-        image_id: id.clone(),
-        image_path: b"/opt/none/app".to_vec(),
-        event: cpu_clock(),
-        host: hd.host.clone(),
-        epoch: hd.epoch.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols: vec![],
-    }
-}
-
 fn write_who(hd: &HostDir, id: &ImageId, who: ProfileWho, counts: &[(u64, u64)]) {
-    let mut p = Profile::new_qualified(header(hd, id), who.clone());
-    for &(o, c) in counts {
-        p.add(o, c, c * 1_000_000);
-    }
-    p.write(&hd.who_profile_path(id, "cpu-clock", &who)).expect("write");
+    let image = Image::elf(id.clone(), "/opt/none/app");
+    image.profile(&cpu_clock()).who(who).counts(counts).period(1_000_000).write(hd);
 }
 
 /// /opt/none/app run by pid 10 (cgroup /a/x.service: 5 samples at 0x1000) and pid 11
