@@ -5,39 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use profile_format::{EventDesc, HostDir, ImageId, ImageKind, JitSymbol};
 use serde_json::Value;
 
-use dcpi_testkit::db::Image;
 pub use dcpi_testkit::db::{base_time, cpu_clock, event, TestDb};
-
-/// Write a profile: `counts` are (offset, count); every sample has period `period`.
-pub fn write_profile(
-    hd: &HostDir,
-    kind: ImageKind,
-    id: &ImageId,
-    path: &[u8],
-    ev: &EventDesc,
-    counts: &[(u64, u64)],
-    period: u64,
-) {
-    write_profile_jit(hd, kind, id, path, ev, counts, period, Vec::new());
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn write_profile_jit(
-    hd: &HostDir,
-    kind: ImageKind,
-    id: &ImageId,
-    path: &[u8],
-    ev: &EventDesc,
-    counts: &[(u64, u64)],
-    period: u64,
-    jit_symbols: Vec<JitSymbol>,
-) {
-    let image = Image::new(kind, id.clone(), path);
-    image.profile(ev).counts(counts).period(period).jit_symbols(jit_symbols).write(hd);
-}
 
 /// Run dcpiprof on `db`; the symbol cache goes to a `cache` dir beside the database (through
 /// XDG_CACHE_HOME, so the default location logic is exercised and nothing leaks into ~/.cache).

@@ -20,7 +20,11 @@ fn db(with_who: bool) -> TestDb {
     let hd = t.host(&e, "h1");
     let id = ImageId::from_build_id(&[0x5a; 20]).expect("id");
     let flat = [(0x1000, 6), (0x3000, 7)];
-    write_profile(&hd, ImageKind::Elf, &id, b"/opt/none/app", &cpu_clock(), &flat, 1_000_000);
+    Image::new(ImageKind::Elf, id.clone(), b"/opt/none/app")
+        .profile(&cpu_clock())
+        .counts(&flat)
+        .period(1_000_000)
+        .write(&hd);
     if with_who {
         let pid = |pid: u32| ProfileWho::Pid { pid, command: b"app".to_vec() };
         write_who(&hd, &id, pid(10), &[(0x1000, 5)]);
