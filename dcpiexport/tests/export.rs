@@ -9,23 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use clap::Parser;
 use dcpi_testkit::db::{fixed_event as event, Image};
-use profile_format::{
-    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, ImageId, ImageKind,
-};
+use profile_format::{Database, EpochId, EventSummary, HostDir, HostSummary, ImageId, ImageKind};
 use serde_json::Value;
-
-#[allow(clippy::too_many_arguments)]
-fn write_profile(
-    hd: &HostDir,
-    kind: ImageKind,
-    id: &ImageId,
-    path: &[u8],
-    ev: &EventDesc,
-    counts: &[(u64, u64)],
-    period: u64,
-) {
-    Image::new(kind, id.clone(), path).profile(ev).counts(counts).period(period).write(hd);
-}
 
 /// Two epochs x three hosts, ELF images (one with a path needing escapes), kernel, unknown,
 /// two events; one host-epoch's summary says its second event was multiplexed.
@@ -46,41 +31,37 @@ fn build_db(root: &Path) -> (Database, Vec<HostDir>) {
                 let path = format!("/usr/lib/lib{i}.so");
                 let counts: Vec<(u64, u64)> =
                     (0..7).map(|o| (0x1000 + o * 16, k * (o + 1) + u64::from(i))).collect();
-                write_profile(&hd, ImageKind::Elf, &id, path.as_bytes(), &clock, &counts, 1000 + k);
+                Image::new(ImageKind::Elf, id.clone(), path.as_bytes())
+                    .profile(&clock)
+                    .counts(&counts)
+                    .period(1000 + k)
+                    .write(&hd);
                 if i % 2 == 1 {
-                    write_profile(
-                        &hd,
-                        ImageKind::Elf,
-                        &id,
-                        path.as_bytes(),
-                        &faults,
-                        &counts[..3],
-                        10,
-                    );
+                    Image::new(ImageKind::Elf, id.clone(), path.as_bytes())
+                        .profile(&faults)
+                        .counts(&counts[..3])
+                        .period(10)
+                        .write(&hd);
                 }
             }
             let odd = ImageId::BuildId(vec![0xee; 20]);
-            write_profile(
-                &hd,
-                ImageKind::Elf,
-                &odd,
-                b"/tmp/a,\"b\"\n\xff",
-                &clock,
-                &[(8, k)],
-                1000,
-            );
+            Image::new(ImageKind::Elf, odd.clone(), b"/tmp/a,\"b\"\n\xff")
+                .profile(&clock)
+                .counts(&[(8, k)])
+                .period(1000)
+                .write(&hd);
             let kid = ImageId::special("[kernel]", b"6.1");
-            write_profile(
-                &hd,
-                ImageKind::Kernel,
-                &kid,
-                b"",
-                &clock,
-                &[(0x40, 9 * k), (0x80, k)],
-                1000,
-            );
+            Image::new(ImageKind::Kernel, kid.clone(), b"")
+                .profile(&clock)
+                .counts(&[(0x40, 9 * k), (0x80, k)])
+                .period(1000)
+                .write(&hd);
             let uid = ImageId::special("[unknown]", b"");
-            write_profile(&hd, ImageKind::Unknown, &uid, b"", &clock, &[(1, 2 * k)], 1000);
+            Image::new(ImageKind::Unknown, uid.clone(), b"")
+                .profile(&clock)
+                .counts(&[(1, 2 * k)])
+                .period(1000)
+                .write(&hd);
             let s = HostSummary {
                 format_version: 1,
                 host: host.into(),
@@ -255,15 +236,11 @@ fn second_run_exports_only_changed_host_epochs() {
     // One host publishes more samples into one epoch.
     let hd = &dirs[4];
     let id = ImageId::BuildId(vec![0x10; 20]);
-    write_profile(
-        hd,
-        ImageKind::Elf,
-        &id,
-        b"/usr/lib/lib0.so",
-        &event("cpu-clock", 1000),
-        &[(0x1000, 999)],
-        1000,
-    );
+    Image::new(ImageKind::Elf, id.clone(), b"/usr/lib/lib0.so")
+        .profile(&event("cpu-clock", 1000))
+        .counts(&[(0x1000, 999)])
+        .period(1000)
+        .write(hd);
     let err = ok(&export(db.root(), &out, &["--no-symbols"]));
     assert!(err.contains("1 exported (5 unchanged)"), "{err}");
     let after = parquet_files(&out);
@@ -455,7 +432,11 @@ fn symbols_table_joins_to_dcpiprofs_per_symbol_numbers() {
     let clock = event("cpu-clock", 1000);
     let id = ImageId::BuildId(build_id.clone());
     let path = bin.to_str().expect("utf-8").as_bytes().to_vec();
-    write_profile(&hd, ImageKind::Elf, &id, &path, &clock, &[(a, 5), (a + 4, 3), (b, 11)], 1000);
+    Image::new(ImageKind::Elf, id.clone(), &path)
+        .profile(&clock)
+        .counts(&[(a, 5), (a + 4, 3), (b, 11)])
+        .period(1000)
+        .write(&hd);
     let text = 0xffff_ffff_8100_0000u64;
     let sym = |addr: u64, name: &str| profile_format::KernelSymbol {
         addr,
@@ -476,15 +457,11 @@ fn symbols_table_joins_to_dcpiprofs_per_symbol_numbers() {
     };
     snap.write(&hd.kallsyms_path()).expect("snapshot");
     let kid = ImageId::special("[kernel]", b"9.9.9-test");
-    write_profile(
-        &hd,
-        ImageKind::Kernel,
-        &kid,
-        b"",
-        &clock,
-        &[(0x150, 7), (0x1ff, 1), (0x230, 4)],
-        1000,
-    );
+    Image::new(ImageKind::Kernel, kid.clone(), b"")
+        .profile(&clock)
+        .counts(&[(0x150, 7), (0x1ff, 1), (0x230, 4)])
+        .period(1000)
+        .write(&hd);
 
     let out = t.path().join("csv");
     let err = ok(&export(db.root(), &out, &["--format", "csv"]));
@@ -599,7 +576,11 @@ fn csv_neutralises_formulas_and_escapes_format_characters() {
         [b"=HYPERLINK(\"http://x\")", "-rlo\u{202e}gnp.exe".as_bytes(), "@ls\u{2028}".as_bytes()];
     for (i, p) in paths.iter().enumerate() {
         let id = ImageId::BuildId(vec![0x20 + i as u8; 20]);
-        write_profile(&hd, ImageKind::Elf, &id, p, &clock, &[(0x10, 3)], 1000);
+        Image::new(ImageKind::Elf, id.clone(), p)
+            .profile(&clock)
+            .counts(&[(0x10, 3)])
+            .period(1000)
+            .write(&hd);
     }
     let out = t.path().join("csv");
     ok(&export(db.root(), &out, &["--format", "csv", "--no-symbols"]));
