@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use clap::Parser;
 use criterion::{criterion_group, criterion_main, Criterion};

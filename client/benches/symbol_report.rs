@@ -10,6 +10,7 @@
 //! Run: `cargo bench -p dcpi-client --bench symbol_report`
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Parser;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};

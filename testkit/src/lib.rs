@@ -60,13 +60,16 @@
 //! [`db`]: databases built through profile-format's own writers (profiles, who tables, stack
 //! files, summaries, kernel symbol snapshots). [`Hostile`]: a FIFO, a link, `/dev/zero` or a
 //! sparse 3 GiB file planted as a database file. [`Tmpfs`]: a small file system to fill.
+//! [`spin`]: one CPU kept busy while a guard lives.
 
 pub mod db;
 pub mod hostile;
 mod probe;
+mod spin;
 pub mod tmpfs;
 
 pub use hostile::Hostile;
+pub use spin::{spin, Spin};
 pub use tmpfs::Tmpfs;
 
 pub use dcpi_testkit_macros::test;

@@ -4,39 +4,12 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dcpi_e2e::{bin, Daemon, Sandbox};
+use dcpi_testkit::spin;
 use dcpi_testkit::Tmpfs;
 use profile_format::{Database, EpochId, Profile};
-
-/// Keep one CPU busy while the guard lives, so that there are samples to count.
-struct Spin(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
-
-fn spin() -> Spin {
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = Arc::clone(&stop);
-    let h = std::thread::spawn(move || {
-        let mut x = 1u64;
-        while !s.load(Ordering::Relaxed) {
-            for i in 0..10_000u64 {
-                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
-            }
-        }
-    });
-    Spin(stop, Some(h))
-}
-
-impl Drop for Spin {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-        if let Some(h) = self.1.take() {
-            let _ = h.join();
-        }
-    }
-}
 
 /// Total samples of `host` in `epoch` (every profile, the unknown ones included); every file
 /// must be readable.

@@ -6,6 +6,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use dcpi_e2e::{bin, Daemon, Sandbox};
+use dcpi_testkit::spin;
 use dcpi_testkit::{Hostile, Tmpfs};
 use profile_format::Database;
 
@@ -173,33 +174,6 @@ fn second_daemon_on_the_same_host_name_exits_2_naming_the_first_until_it_dies() 
     assert!(err.contains("taking over a stale lease"), "takeover logged: {err}");
     // A clean stop releases the lease.
     assert_eq!(Database::open(&sb.db()).unwrap().read_lease("web1.dc1").unwrap(), None);
-}
-
-/// Keep one CPU busy while the guard lives.
-struct Spin(std::sync::Arc<std::sync::atomic::AtomicBool>, Option<std::thread::JoinHandle<()>>);
-
-fn spin() -> Spin {
-    use std::sync::atomic::Ordering;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let s = std::sync::Arc::clone(&stop);
-    let h = std::thread::spawn(move || {
-        let mut x = 1u64;
-        while !s.load(Ordering::Relaxed) {
-            for i in 0..10_000u64 {
-                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
-            }
-        }
-    });
-    Spin(stop, Some(h))
-}
-
-impl Drop for Spin {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(h) = self.1.take() {
-            let _ = h.join();
-        }
-    }
 }
 
 fn status_of(d: &Daemon) -> serde_json::Value {
