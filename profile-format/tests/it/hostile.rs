@@ -99,7 +99,7 @@ fn sparse_3_gib_files_are_refused_without_reading_them() {
     let mut head = good.clone();
     head[12..20].copy_from_slice(&(3u64 << 30).to_le_bytes());
     std::fs::write(&p, &head).unwrap();
-    std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(3 << 30).unwrap();
+    Hostile::Sparse.plant(&p);
     let q = p.clone();
     let e = bounded("3 GiB announced", move || Profile::read(&q)).unwrap_err();
     assert!(matches!(e, Error::Corrupt { field: "length", .. }), "{e}");
