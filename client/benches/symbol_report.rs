@@ -10,13 +10,14 @@
 //! Run: `cargo bench -p dcpi-client --bench symbol_report`
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::Parser;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use dcpi_client::prof::{run, Args};
+use dcpi_testkit::db::{cpu_clock, single_host, Image};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
-use profile_format::{Database, EventDesc, ImageId, ImageKind, Profile, ProfileHeader};
+use profile_format::ImageId;
 
 fn bench_binary() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("DCPI_BENCH_BINARY") {
@@ -74,38 +75,11 @@ fn make_db(root: &Path, bin: &Path) -> String {
         debug_bytes as f64 / 1e6,
         offsets.len()
     );
-    let db = Database::create(root).expect("create db");
-    let e = db
-        .new_epoch(SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000), "bench")
-        .expect("epoch");
-    let hd = db.host_dir(&e, "bench").expect("host dir");
-    hd.create().expect("create host dir");
-    let ev = EventDesc {
-        name: "cpu-clock".into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: 1_000_000,
-        period_min: 937_500,
-        period_max: 1_000_000,
-    };
-    let id = ImageId::BuildId(bid.clone());
-    let mut p = Profile::new(ProfileHeader {
-        kind: ImageKind::Elf,
-        image_id: id.clone(),
-        image_path: bin.display().to_string().into_bytes(),
-        event: ev,
-        host: "bench".into(),
-        epoch: e.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols: Vec::new(),
-    });
-    for (i, off) in offsets.into_iter().enumerate() {
-        let c = 1 + (i as u64 % 7);
-        p.add(off, c, c * 1_000_000);
-    }
-    p.write(&hd.profile_path(&id, "cpu-clock")).expect("write profile");
+    let hd = single_host(root, "bench");
+    let counts: Vec<(u64, u64)> =
+        offsets.into_iter().enumerate().map(|(i, off)| (off, 1 + (i as u64 % 7))).collect();
+    let image = Image::elf(ImageId::BuildId(bid.clone()), bin.display().to_string());
+    image.profile(&cpu_clock()).counts(&counts).write(&hd);
     hex::encode(bid)
 }
 

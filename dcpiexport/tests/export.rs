@@ -8,55 +8,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
 use clap::Parser;
-use profile_format::{
-    Database, EpochId, EventDesc, EventSummary, HostDir, HostSummary, ImageId, ImageKind, Profile,
-    ProfileHeader,
-};
+use dcpi_testkit::db::{fixed_event as event, Image};
+use profile_format::{Database, EpochId, EventSummary, HostDir, HostSummary, ImageId, ImageKind};
 use serde_json::Value;
-
-fn event(name: &str, period: u64) -> EventDesc {
-    EventDesc {
-        name: name.into(),
-        perf_type: 1,
-        perf_config: 0,
-        period_mean: period,
-        period_min: period,
-        period_max: period,
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn write_profile(
-    hd: &HostDir,
-    kind: ImageKind,
-    id: &ImageId,
-    path: &[u8],
-    ev: &EventDesc,
-    counts: &[(u64, u64)],
-    period: u64,
-) {
-    let mut p = Profile::new(ProfileHeader {
-        kind,
-        image_id: id.clone(),
-        image_path: path.to_vec(),
-        event: ev.clone(),
-        host: hd.host.clone(),
-        epoch: hd.epoch.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols: Vec::new(),
-    });
-    for &(off, c) in counts {
-        p.add(off, c, c * period);
-    }
-    let file = if kind == ImageKind::Unknown {
-        hd.unknown_path(&ev.name)
-    } else {
-        hd.profile_path(id, &ev.name)
-    };
-    p.write(&file).expect("write profile");
-}
 
 /// Two epochs x three hosts, ELF images (one with a path needing escapes), kernel, unknown,
 /// two events; one host-epoch's summary says its second event was multiplexed.
@@ -77,41 +31,37 @@ fn build_db(root: &Path) -> (Database, Vec<HostDir>) {
                 let path = format!("/usr/lib/lib{i}.so");
                 let counts: Vec<(u64, u64)> =
                     (0..7).map(|o| (0x1000 + o * 16, k * (o + 1) + u64::from(i))).collect();
-                write_profile(&hd, ImageKind::Elf, &id, path.as_bytes(), &clock, &counts, 1000 + k);
+                Image::new(ImageKind::Elf, id.clone(), path.as_bytes())
+                    .profile(&clock)
+                    .counts(&counts)
+                    .period(1000 + k)
+                    .write(&hd);
                 if i % 2 == 1 {
-                    write_profile(
-                        &hd,
-                        ImageKind::Elf,
-                        &id,
-                        path.as_bytes(),
-                        &faults,
-                        &counts[..3],
-                        10,
-                    );
+                    Image::new(ImageKind::Elf, id.clone(), path.as_bytes())
+                        .profile(&faults)
+                        .counts(&counts[..3])
+                        .period(10)
+                        .write(&hd);
                 }
             }
             let odd = ImageId::BuildId(vec![0xee; 20]);
-            write_profile(
-                &hd,
-                ImageKind::Elf,
-                &odd,
-                b"/tmp/a,\"b\"\n\xff",
-                &clock,
-                &[(8, k)],
-                1000,
-            );
+            Image::new(ImageKind::Elf, odd.clone(), b"/tmp/a,\"b\"\n\xff")
+                .profile(&clock)
+                .counts(&[(8, k)])
+                .period(1000)
+                .write(&hd);
             let kid = ImageId::special("[kernel]", b"6.1");
-            write_profile(
-                &hd,
-                ImageKind::Kernel,
-                &kid,
-                b"",
-                &clock,
-                &[(0x40, 9 * k), (0x80, k)],
-                1000,
-            );
+            Image::new(ImageKind::Kernel, kid.clone(), b"")
+                .profile(&clock)
+                .counts(&[(0x40, 9 * k), (0x80, k)])
+                .period(1000)
+                .write(&hd);
             let uid = ImageId::special("[unknown]", b"");
-            write_profile(&hd, ImageKind::Unknown, &uid, b"", &clock, &[(1, 2 * k)], 1000);
+            Image::new(ImageKind::Unknown, uid.clone(), b"")
+                .profile(&clock)
+                .counts(&[(1, 2 * k)])
+                .period(1000)
+                .write(&hd);
             let s = HostSummary {
                 format_version: 1,
                 host: host.into(),
@@ -286,15 +236,11 @@ fn second_run_exports_only_changed_host_epochs() {
     // One host publishes more samples into one epoch.
     let hd = &dirs[4];
     let id = ImageId::BuildId(vec![0x10; 20]);
-    write_profile(
-        hd,
-        ImageKind::Elf,
-        &id,
-        b"/usr/lib/lib0.so",
-        &event("cpu-clock", 1000),
-        &[(0x1000, 999)],
-        1000,
-    );
+    Image::new(ImageKind::Elf, id.clone(), b"/usr/lib/lib0.so")
+        .profile(&event("cpu-clock", 1000))
+        .counts(&[(0x1000, 999)])
+        .period(1000)
+        .write(hd);
     let err = ok(&export(db.root(), &out, &["--no-symbols"]));
     assert!(err.contains("1 exported (5 unchanged)"), "{err}");
     let after = parquet_files(&out);
@@ -486,7 +432,11 @@ fn symbols_table_joins_to_dcpiprofs_per_symbol_numbers() {
     let clock = event("cpu-clock", 1000);
     let id = ImageId::BuildId(build_id.clone());
     let path = bin.to_str().expect("utf-8").as_bytes().to_vec();
-    write_profile(&hd, ImageKind::Elf, &id, &path, &clock, &[(a, 5), (a + 4, 3), (b, 11)], 1000);
+    Image::new(ImageKind::Elf, id.clone(), &path)
+        .profile(&clock)
+        .counts(&[(a, 5), (a + 4, 3), (b, 11)])
+        .period(1000)
+        .write(&hd);
     let text = 0xffff_ffff_8100_0000u64;
     let sym = |addr: u64, name: &str| profile_format::KernelSymbol {
         addr,
@@ -507,15 +457,11 @@ fn symbols_table_joins_to_dcpiprofs_per_symbol_numbers() {
     };
     snap.write(&hd.kallsyms_path()).expect("snapshot");
     let kid = ImageId::special("[kernel]", b"9.9.9-test");
-    write_profile(
-        &hd,
-        ImageKind::Kernel,
-        &kid,
-        b"",
-        &clock,
-        &[(0x150, 7), (0x1ff, 1), (0x230, 4)],
-        1000,
-    );
+    Image::new(ImageKind::Kernel, kid.clone(), b"")
+        .profile(&clock)
+        .counts(&[(0x150, 7), (0x1ff, 1), (0x230, 4)])
+        .period(1000)
+        .write(&hd);
 
     let out = t.path().join("csv");
     let err = ok(&export(db.root(), &out, &["--format", "csv"]));
@@ -630,7 +576,11 @@ fn csv_neutralises_formulas_and_escapes_format_characters() {
         [b"=HYPERLINK(\"http://x\")", "-rlo\u{202e}gnp.exe".as_bytes(), "@ls\u{2028}".as_bytes()];
     for (i, p) in paths.iter().enumerate() {
         let id = ImageId::BuildId(vec![0x20 + i as u8; 20]);
-        write_profile(&hd, ImageKind::Elf, &id, p, &clock, &[(0x10, 3)], 1000);
+        Image::new(ImageKind::Elf, id.clone(), p)
+            .profile(&clock)
+            .counts(&[(0x10, 3)])
+            .period(1000)
+            .write(&hd);
     }
     let out = t.path().join("csv");
     ok(&export(db.root(), &out, &["--format", "csv", "--no-symbols"]));
@@ -658,110 +608,30 @@ fn csv_neutralises_formulas_and_escapes_format_characters() {
 /// must take under 5 s (unloaded: well under the 1 s).
 #[test]
 fn hostile_database_files_are_exit_2_naming_them() {
+    use dcpi_testkit::db::{every_kind_of_file, single_host, write_lease, DbFile};
+    use dcpi_testkit::Hostile;
     use std::process::Stdio;
     use std::time::Instant;
-    let ktext = 0xffff_ffff_8100_0000u64;
     let mut failures = Vec::new();
-    for kind in ["profile", "summary.json", "kallsyms", "summary.idx", "who", "stacks", "lease"] {
-        for hostile in ["fifo", "symlink", "dev-zero", "sparse"] {
+    for kind in [
+        DbFile::Profile,
+        DbFile::SummaryJson,
+        DbFile::Kallsyms,
+        DbFile::SummaryIdx,
+        DbFile::Who,
+        DbFile::Stacks,
+        DbFile::Lease,
+    ] {
+        for hostile in Hostile::ALL {
             let tmp = tempfile::tempdir().expect("tempdir");
             let root = tmp.path().join("db");
-            let db = Database::create(&root).expect("create");
-            let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000);
-            let e = db.new_epoch(t, "h1").expect("epoch");
-            let hd = db.host_dir(&e, "h1").expect("host dir");
-            hd.create().expect("create");
-            let ev = event("cpu-clock", 1000);
-            let id = ImageId::BuildId(vec![1; 8]);
-            write_profile(&hd, ImageKind::Elf, &id, b"/bin/img1", &ev, &[(0x10, 7)], 1000);
-            let kid = ImageId::special("[kernel.kallsyms]", b"9.9.9-test");
-            let kpath = b"[kernel.kallsyms]";
-            write_profile(&hd, ImageKind::Kernel, &kid, kpath, &ev, &[(0x10, 5)], 1000);
-            let snap = profile_format::KallsymsSnapshot {
-                kernel_release: "9.9.9-test".into(),
-                kernel_build_id: None,
-                text_base: ktext,
-                modules: Vec::new(),
-                symbols: vec![profile_format::KernelSymbol {
-                    addr: ktext,
-                    kind: b't',
-                    name: "kwork".into(),
-                    module: None,
-                }],
-            };
-            snap.write(&hd.kallsyms_path()).expect("snapshot");
-            let mut s = HostSummary {
-                format_version: profile_format::SUMMARY_FORMAT_VERSION,
-                host: "h1".into(),
-                epoch: e.to_string(),
-                samples: 12,
-                ..HostSummary::default()
-            };
-            s.write(&hd.summary_path()).expect("summary.json");
-            s.index = Some(profile_format::SummaryIndex::of_host_dir(&hd).expect("index"));
-            profile_format::sumidx::write(&s, &hd.summary_index_path()).expect("summary.idx");
-            let mut who = profile_format::WhoTable::new("h1", e.as_str());
-            let key = profile_format::WhoKey {
-                cgroup: "/".into(),
-                command: "img1".into(),
-                pid: 0,
-                image: "/bin/img1".into(),
-                event: "cpu-clock".into(),
-            };
-            who.add(key, 7);
-            who.write(&hd.who_path()).expect("who");
-            let mut st = profile_format::StackProfile::new("h1", e.as_str(), "cpu-clock");
-            let a = st.image_index(&profile_format::StackImage {
-                kind: ImageKind::Elf,
-                id: id.clone(),
-                path: b"/bin/img1".to_vec(),
-            });
-            st.add(&[(a, 0x10)], false, 7);
-            st.write(&hd.stacks_path("cpu-clock")).expect("stacks");
-            let lease = profile_format::Lease {
-                host: "h1".into(),
-                hostname: "h1".into(),
-                interval_ms: 1000,
-                ..profile_format::Lease::default()
-            };
-            db.write_lease(&lease).expect("lease");
-            let (path, read) = match kind {
-                "profile" => (hd.profile_path(&id, "cpu-clock"), true),
-                "summary.json" => (hd.summary_path(), true),
-                "kallsyms" => (hd.kallsyms_path(), true),
-                "summary.idx" => (hd.summary_index_path(), false),
-                "who" => (hd.who_path(), false),
-                "stacks" => (hd.stacks_path("cpu-clock"), false),
-                _ => (db.lease_path("h1").expect("lease path"), false),
-            };
-            let original = std::fs::read(&path).expect("read");
-            std::fs::remove_file(&path).expect("rm");
-            match hostile {
-                "fifo" => {
-                    assert!(Command::new("mkfifo").arg(&path).status().expect("mkfifo").success())
-                }
-                "symlink" => {
-                    let target = path.with_extension("target");
-                    std::fs::write(&target, &original).expect("write target");
-                    std::os::unix::fs::symlink(&target, &path).expect("symlink");
-                }
-                "dev-zero" => {
-                    let made = Command::new("mknod")
-                        .arg(&path)
-                        .args(["c", "1", "5"])
-                        .stderr(Stdio::null())
-                        .status()
-                        .is_ok_and(|s| s.success());
-                    if !made {
-                        std::os::unix::fs::symlink("/dev/zero", &path).expect("symlink");
-                    }
-                }
-                _ => {
-                    std::fs::write(&path, &original).expect("write");
-                    let f = std::fs::OpenOptions::new().write(true).open(&path).expect("open");
-                    f.set_len(3 << 30).expect("set_len");
-                }
-            }
+            let hd = single_host(&root, "h1");
+            every_kind_of_file(&hd);
+            let db = Database::open(&root).expect("open");
+            write_lease(&db, "h1");
+            let path = kind.path(&db, &hd);
+            let read = matches!(kind, DbFile::Profile | DbFile::SummaryJson | DbFile::Kallsyms);
+            hostile.plant(&path);
             let out = tmp.path().join("out");
             let start = Instant::now();
             let mut child = Command::new(env!("CARGO_BIN_EXE_dcpiexport"))
@@ -774,7 +644,7 @@ fn hostile_database_files_are_exit_2_naming_them() {
                 .stderr(Stdio::piped())
                 .spawn()
                 .expect("run dcpiexport");
-            let case = format!("{kind} as {hostile}");
+            let case = format!("{kind:?} as {hostile:?}");
             let mut hung = false;
             while child.try_wait().expect("wait").is_none() {
                 if start.elapsed() > Duration::from_secs(20) {

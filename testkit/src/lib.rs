@@ -54,8 +54,23 @@
 //! `DCPI_TESTKIT_PRETEND_MISSING=perf` (or `root`, a tool name, `all`; comma-separated) makes
 //! the checks fail as on a machine without it. `testkit/tests/kit.rs` builds a small crate with
 //! it and checks the summary, the switch and the rebuild.
+//!
+//! # Fixtures
+//!
+//! [`db`]: databases built through profile-format's own writers (profiles, who tables, stack
+//! files, summaries, kernel symbol snapshots). [`Hostile`]: a FIFO, a link, `/dev/zero` or a
+//! sparse 3 GiB file planted as a database file. [`Tmpfs`]: a small file system to fill.
+//! [`spin`]: one CPU kept busy while a guard lives.
 
+pub mod db;
+pub mod hostile;
 mod probe;
+mod spin;
+pub mod tmpfs;
+
+pub use hostile::Hostile;
+pub use spin::{spin, Spin};
+pub use tmpfs::Tmpfs;
 
 pub use dcpi_testkit_macros::test;
 pub use probe::{strict, Req, PRETEND, SWITCH};

@@ -4,30 +4,12 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use dcpi_e2e::Sandbox;
-use profile_format::{
-    Database, EpochId, EventDesc, ImageId, ImageKind, Profile, ProfileHeader, UnknownReason,
-};
+use dcpi_testkit::db::{fixed_event, host_dir, Image};
+use profile_format::{Database, ImageId, ImageKind, Profile, UnknownReason};
 
-fn header(epoch: &EpochId, host: &str) -> ProfileHeader {
-    ProfileHeader {
-        kind: ImageKind::Elf,
-        image_id: ImageId::fallback(b"/tmp/../odd\npath", 1, 2, 3),
-        image_path: b"/tmp/../odd\npath".to_vec(),
-        event: EventDesc {
-            name: "cpu-clock".into(),
-            perf_type: 1,
-            perf_config: 0,
-            period_mean: 1000,
-            period_min: 1000,
-            period_max: 1000,
-        },
-        host: host.into(),
-        epoch: epoch.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols: vec![],
-    }
+/// An ELF image whose path needs escaping.
+fn odd_image() -> Image {
+    Image::elf(ImageId::fallback(b"/tmp/../odd\npath", 1, 2, 3), b"/tmp/../odd\npath")
 }
 
 /// Two hosts write into one shared database; a report merges their profiles.
@@ -37,18 +19,15 @@ fn two_hosts_share_a_database() {
     let db = Database::create(&sb.db()).expect("create db");
     let epoch = db.new_epoch(UNIX_EPOCH + Duration::from_secs(1_716_283_800), "a").unwrap();
     for (i, host) in ["a", "b"].into_iter().enumerate() {
-        let hd = db.host_dir(&epoch, host).unwrap();
-        hd.create().unwrap();
-        let mut p = Profile::new(header(&epoch, host));
-        p.add(0x100, 1 + i as u64, 1000 * (1 + i as u64));
-        p.write(&hd.profile_path(&p.header.image_id, "cpu-clock")).unwrap();
-        let mut u = Profile::new(ProfileHeader {
+        let hd = host_dir(&db, &epoch, host);
+        let ev = fixed_event("cpu-clock", 1000);
+        odd_image().profile(&ev).count(0x100, 1 + i as u64).write(&hd);
+        let unknown = Image {
             kind: ImageKind::Unknown,
-            image_id: ImageId::special("[unknown]", b""),
-            ..header(&epoch, host)
-        });
-        u.add(UnknownReason::ProcessGone as u64, 1, 1000);
-        u.write(&hd.unknown_path("cpu-clock")).unwrap();
+            id: ImageId::special("[unknown]", b""),
+            ..odd_image()
+        };
+        unknown.profile(&ev).count(UnknownReason::ProcessGone as u64, 1).write(&hd);
     }
     let db = Database::open(&sb.db()).unwrap();
     assert_eq!(db.current_epoch().unwrap(), Some(epoch.clone()));

@@ -4,38 +4,12 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dcpi_e2e::{bin, Daemon, Sandbox};
+use dcpi_testkit::spin;
+use dcpi_testkit::Tmpfs;
 use profile_format::{Database, EpochId, Profile};
-
-/// Keep one CPU busy while the guard lives, so that there are samples to count.
-struct Spin(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
-
-fn spin() -> Spin {
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = Arc::clone(&stop);
-    let h = std::thread::spawn(move || {
-        let mut x = 1u64;
-        while !s.load(Ordering::Relaxed) {
-            for i in 0..10_000u64 {
-                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
-            }
-        }
-    });
-    Spin(stop, Some(h))
-}
-
-impl Drop for Spin {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-        if let Some(h) = self.1.take() {
-            let _ = h.join();
-        }
-    }
-}
 
 /// Total samples of `host` in `epoch` (every profile, the unknown ones included); every file
 /// must be readable.
@@ -888,52 +862,6 @@ fn crash_loop_kill9_while_flushing_keeps_files_readable_and_counts_once() {
     eprintln!("crash loop: {ROUNDS} kills in {:?}", t0.elapsed());
 }
 
-/// A small tmpfs mounted for the test, unmounted on drop.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    /// Mount a tmpfs of `size` at `dir`; `None` (after printing why) where mounting is not
-    /// permitted, unless DCPI_REQUIRE_ALL=1.
-    fn mount(dir: &Path, size: &str) -> Option<Self> {
-        std::fs::create_dir_all(dir).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
-            .arg(dir)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Self(dir.to_path_buf())),
-            other => {
-                let why = match other {
-                    Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
-                    Err(e) => e.to_string(),
-                };
-                dcpi_testkit::skipped(format_args!("cannot mount a tmpfs: {why}"));
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-/// Fill the file system of `path` until ENOSPC.
-fn fill(path: &Path) {
-    let mut f = std::fs::File::create(path).expect("create filler");
-    let chunk = vec![0x5au8; 64 * 1024];
-    loop {
-        if let Err(e) = f.write_all(&chunk) {
-            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "filling: {e}");
-            break;
-        }
-    }
-    // Partial pages: fill the last bytes one at a time.
-    while f.write_all(&[0]).is_ok() {}
-}
-
 #[dcpi_testkit::test(perf)]
 fn disk_full_daemon_survives_and_writes_once_space_is_back() {
     let sb = Sandbox::new();
@@ -952,7 +880,7 @@ fn disk_full_daemon_survives_and_writes_once_space_is_back() {
     // The database is set up (epoch, kallsyms snapshot) before the disk fills.
     ok_stdout(&d, &["flush"]);
     let filler = mnt.join("filler");
-    fill(&filler);
+    dcpi_testkit::tmpfs::fill(&filler);
     run_workload(&exes[0]);
     wait_for(20, "the disk error in status", || {
         let v = d.status_json();

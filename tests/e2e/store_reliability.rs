@@ -6,6 +6,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use dcpi_e2e::{bin, Daemon, Sandbox};
+use dcpi_testkit::spin;
+use dcpi_testkit::{Hostile, Tmpfs};
 use profile_format::Database;
 
 /// Wait until `f` holds (polling every 100 ms), at most `secs`.
@@ -85,18 +87,8 @@ fn hostile_profiles_in_own_host_dir_are_set_aside_and_flush_and_sigterm_still_wo
     });
     // Replace three published profiles: a FIFO, a link to /dev/zero, a sparse 3 GiB file.
     let victims: Vec<PathBuf> = profiles_in(&dir).into_iter().take(3).collect();
-    for (i, p) in victims.iter().enumerate() {
-        let header = std::fs::read(p).expect("read");
-        std::fs::remove_file(p).expect("rm");
-        match i {
-            0 => assert!(Command::new("mkfifo").arg(p).status().expect("mkfifo").success()),
-            1 => std::os::unix::fs::symlink("/dev/zero", p).expect("symlink"),
-            _ => {
-                std::fs::write(p, &header).expect("write");
-                let f = std::fs::OpenOptions::new().write(true).open(p).expect("open");
-                f.set_len(3 << 30).expect("set_len");
-            }
-        }
+    for (p, hostile) in victims.iter().zip([Hostile::Fifo, Hostile::DevZeroLink, Hostile::Sparse]) {
+        hostile.plant(p);
     }
     // A flush writes the summary index, which reads every profile: all three are met.
     let out = ctl_bounded(&d, &["flush"], 60);
@@ -182,33 +174,6 @@ fn second_daemon_on_the_same_host_name_exits_2_naming_the_first_until_it_dies() 
     assert!(err.contains("taking over a stale lease"), "takeover logged: {err}");
     // A clean stop releases the lease.
     assert_eq!(Database::open(&sb.db()).unwrap().read_lease("web1.dc1").unwrap(), None);
-}
-
-/// Keep one CPU busy while the guard lives.
-struct Spin(std::sync::Arc<std::sync::atomic::AtomicBool>, Option<std::thread::JoinHandle<()>>);
-
-fn spin() -> Spin {
-    use std::sync::atomic::Ordering;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let s = std::sync::Arc::clone(&stop);
-    let h = std::thread::spawn(move || {
-        let mut x = 1u64;
-        while !s.load(Ordering::Relaxed) {
-            for i in 0..10_000u64 {
-                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
-            }
-        }
-    });
-    Spin(stop, Some(h))
-}
-
-impl Drop for Spin {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(h) = self.1.take() {
-            let _ = h.join();
-        }
-    }
 }
 
 fn status_of(d: &Daemon) -> serde_json::Value {
@@ -327,61 +292,6 @@ fn stopped_dropped(log: &str) -> u64 {
         .unwrap_or_else(|| panic!("no dropped= in {line:?}"))
 }
 
-/// A test that cannot run here: say so, or fail where it must run (`DCPI_REQUIRE_ALL=1`).
-fn skip(why: &str) {
-    dcpi_testkit::skipped(format_args!("{why}"));
-}
-
-/// A tmpfs mounted on a directory while it lives (root only).
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Option<Self> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            skip("mounting a tmpfs needs root");
-            return None;
-        }
-        std::fs::create_dir_all(dir).expect("mount point");
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
-            .arg(dir)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Self(dir.to_path_buf())),
-            Ok(o) => {
-                skip(&format!("mount -t tmpfs failed: {}", String::from_utf8_lossy(&o.stderr)));
-                None
-            }
-            Err(e) => {
-                skip(&format!("cannot run mount: {e}"));
-                None
-            }
-        }
-    }
-
-    /// Fill it up to the last byte with a ballast file.
-    fn fill(&self) {
-        use std::io::Write;
-        let mut f = std::fs::File::create(self.0.join("ballast")).expect("ballast");
-        let chunk = vec![0u8; 64 << 10];
-        loop {
-            match f.write(&chunk) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-                Err(e) => panic!("ballast: {e}"),
-            }
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 /// A daemon whose spool log (`<spool>/h1`) is a full tmpfs from the start, its database in
 /// `db` (flushing every 500 ms, publishing every second). Returns the daemon and the spool
 /// log's directory.
@@ -423,7 +333,7 @@ fn full_spool_publishes_straight_to_the_database_and_loses_nothing() {
     let sb = Sandbox::new();
     let spool = sb.dir.path().join("spool");
     let log_dir = spool.join("h1");
-    let Some(fs) = Tmpfs::mount(&log_dir, "64k") else { return };
+    let Some(fs) = Tmpfs::mount_mode(&log_dir, "64k", 0o700) else { return };
     fs.fill();
     let _busy = spin();
     let mut d = daemon_on_a_full_spool(&sb, &sb.db(), &spool);
@@ -457,8 +367,8 @@ fn full_spool_and_full_database_count_what_they_drop_and_exit_non_zero() {
     let spool = sb.dir.path().join("spool");
     let log_dir = spool.join("h1");
     let db_fs = sb.dir.path().join("dbfs");
-    let Some(spool_fs) = Tmpfs::mount(&log_dir, "64k") else { return };
-    let Some(dbfs) = Tmpfs::mount(&db_fs, "64m") else { return };
+    let Some(spool_fs) = Tmpfs::mount_mode(&log_dir, "64k", 0o700) else { return };
+    let Some(dbfs) = Tmpfs::mount_mode(&db_fs, "64m", 0o700) else { return };
     spool_fs.fill();
     let db = db_fs.join("db");
     let _busy = spin();

@@ -9,7 +9,9 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 use profile_format::{EpochId, HostDir, ImageId, ImageKind, JitSymbol};
 use serde_json::Value;
 
-use crate::util::{self, base_time, cpu_clock, row, rows, stderr, stdout, TestDb};
+use dcpi_testkit::db::Image;
+
+use crate::util::{base_time, cpu_clock, row, rows, stderr, stdout, TestDb};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -21,7 +23,7 @@ fn epoch(t: &TestDb, mins: u64) -> EpochId {
 
 /// A cpu-clock profile at its mean period.
 fn write_profile(hd: &HostDir, kind: ImageKind, id: &ImageId, path: &[u8], counts: &[(u64, u64)]) {
-    util::write_profile(hd, kind, id, path, &cpu_clock(), counts, cpu_clock().period_mean);
+    write_profile_jit(hd, kind, id, path, counts, Vec::new());
 }
 
 fn write_profile_jit(
@@ -32,8 +34,8 @@ fn write_profile_jit(
     counts: &[(u64, u64)],
     jit_symbols: Vec<JitSymbol>,
 ) {
-    let ev = cpu_clock();
-    util::write_profile_jit(hd, kind, id, path, &ev, counts, ev.period_mean, jit_symbols);
+    let image = Image::new(kind, id.clone(), path);
+    image.profile(&cpu_clock()).counts(counts).jit_symbols(jit_symbols).write(hd);
 }
 
 /// xorshift64*: reproducible draws without a dependency.

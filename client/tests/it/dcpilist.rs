@@ -10,9 +10,9 @@ use profile_format::{ImageId, ImageKind, JitSymbol, KallsymsSnapshot, KernelSymb
 use serde_json::Value;
 
 use crate::util::{
-    assert_no_golden_mismatch, check_golden, event, golden_dir, stderr, stdout, write_profile,
-    write_profile_jit, TestDb,
+    assert_no_golden_mismatch, check_golden, event, golden_dir, stderr, stdout, TestDb,
 };
+use dcpi_testkit::db::Image;
 
 /// Run dcpilist in `cwd` (relative --db and binary paths keep temp names out of outputs).
 fn list(cwd: &Path, args: &[&str]) -> Output {
@@ -114,7 +114,11 @@ fn setup(t: &TestDb, bin: &Path) -> Work {
     let mut counts: Vec<(u64, u64)> = vec![(w.off, 2), (w.div, 50), (next, 30)];
     // A sample in the middle of an instruction counts for that instruction.
     counts.push((w.insns[1] + 1, 1));
-    write_profile_jit(&hd, ImageKind::Elf, &w.id, b"list", &ev, &counts, 1000, Vec::new());
+    Image::new(ImageKind::Elf, w.id.clone(), b"list")
+        .profile(&ev)
+        .counts(&counts)
+        .period(1000)
+        .write(&hd);
     w
 }
 
@@ -213,9 +217,17 @@ fn cpi_column_from_cycles_and_instructions() {
     let insns = event("instructions", 2000);
     let next = w.insns[w.insns.iter().position(|&o| o == w.div).expect("div") + 1];
     let cc = [(w.div, 40), (next, 4)];
-    write_profile_jit(&hd, ImageKind::Elf, &w.id, b"list", &cycles, &cc, 1000, Vec::new());
+    Image::new(ImageKind::Elf, w.id.clone(), b"list")
+        .profile(&cycles)
+        .counts(&cc)
+        .period(1000)
+        .write(&hd);
     let ic = [(w.div, 10), (w.off, 3)];
-    write_profile_jit(&hd, ImageKind::Elf, &w.id, b"list", &insns, &ic, 2000, Vec::new());
+    Image::new(ImageKind::Elf, w.id.clone(), b"list")
+        .profile(&insns)
+        .counts(&ic)
+        .period(2000)
+        .write(&hd);
     let v = json_ok(t.tmp(), &["--host", "h", "--image", "list", "--symbol", "work"]);
     let rows = v["rows"].as_array().expect("rows");
     let div = rows.iter().find(|r| r["offset"] == w.div).expect("div");
@@ -281,7 +293,12 @@ fn jit_function_listed_by_offset_without_code() {
         JitSymbol { start: 0x7f00_0000_2000, size: 0x80, name: "_ZN3jit4loopEv".into() },
     ];
     let counts = [(0x7f00_0000_1010, 6), (0x7f00_0000_1020, 3), (0x7f00_0000_2004, 2)];
-    write_profile_jit(&hd, ImageKind::Anon, &id, b"[anon:77:node]", &ev, &counts, 1000, jit);
+    Image::new(ImageKind::Anon, id.clone(), b"[anon:77:node]")
+        .profile(&ev)
+        .counts(&counts)
+        .period(1000)
+        .jit_symbols(jit)
+        .write(&hd);
     let v =
         json_ok(t.tmp(), &["--host", "h", "--image", "[anon:77", "--symbol", "LazyCompile:*fib"]);
     assert_eq!(v["code"], false);
@@ -329,16 +346,11 @@ fn kernel_function_disassembled_from_vmlinux() {
     let kid = ImageId::special("[kernel.kallsyms]", b"9.9.9-test");
     let ev = event("cpu-clock", 1000);
     let counts = [(w.div - w.off, 7), (1, 1)];
-    write_profile_jit(
-        &hd,
-        ImageKind::Kernel,
-        &kid,
-        b"[kernel.kallsyms]",
-        &ev,
-        &counts,
-        1000,
-        Vec::new(),
-    );
+    Image::new(ImageKind::Kernel, kid.clone(), b"[kernel.kallsyms]")
+        .profile(&ev)
+        .counts(&counts)
+        .period(1000)
+        .write(&hd);
     let v = json_ok(
         dir,
         &["--host", "h", "--image", "kernel", "--symbol", "work", "--vmlinux", "vmlinux"],
@@ -367,9 +379,18 @@ fn top_instructions_across_images() {
     let id = ImageId::special("[anon]", b"77");
     let jit = vec![JitSymbol { start: 0x7f00_0000_1000, size: 0x100, name: "jitted".into() }];
     let counts = [(0x7f00_0000_1010, 40)];
-    write_profile_jit(&hd, ImageKind::Anon, &id, b"[anon:77:node]", &ev, &counts, 1000, jit);
+    Image::new(ImageKind::Anon, id.clone(), b"[anon:77:node]")
+        .profile(&ev)
+        .counts(&counts)
+        .period(1000)
+        .jit_symbols(jit)
+        .write(&hd);
     let unk = ImageId::special("[unknown]", b"");
-    write_profile(&hd, ImageKind::Unknown, &unk, b"[unknown]", &ev, &[(0, 77)], 1000);
+    Image::new(ImageKind::Unknown, unk.clone(), b"[unknown]")
+        .profile(&ev)
+        .counts(&[(0, 77)])
+        .period(1000)
+        .write(&hd);
     let v = json_ok(t.tmp(), &["--host", "h", "--top", "3"]);
     assert_eq!(v["report"], "top");
     let rows = v["rows"].as_array().expect("rows");
@@ -433,16 +454,12 @@ fn dcpiprof_symbols_ranks_every_images_symbols_by_machine_share() {
     let id = ImageId::special("[anon]", b"77");
     let jit = vec![JitSymbol { start: 0x7f00_0000_1000, size: 0x100, name: "jitted".into() }];
     // Twice the period: 40 samples weigh as 80 of the others.
-    write_profile_jit(
-        &hd,
-        ImageKind::Anon,
-        &id,
-        b"[anon:77:node]",
-        &ev,
-        &[(0x7f00_0000_1010, 40)],
-        2000,
-        jit,
-    );
+    Image::new(ImageKind::Anon, id.clone(), b"[anon:77:node]")
+        .profile(&ev)
+        .counts(&[(0x7f00_0000_1010, 40)])
+        .period(2000)
+        .jit_symbols(jit)
+        .write(&hd);
     let prof = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_dcpiprof"))
             .current_dir(t.tmp())

@@ -7,8 +7,9 @@ use std::time::{Duration, SystemTime};
 
 use crate::util::{
     asm_calling, assert_no_golden_mismatch, check_golden, compile, event, golden_dir, json_ok,
-    prof, prof_command, row, rows, stderr, stdout, write_profile, write_profile_jit, TestDb,
+    prof, prof_command, row, rows, stderr, stdout, TestDb,
 };
+use dcpi_testkit::db::Image;
 use object::{Object, ObjectSegment, ObjectSymbol};
 use profile_format::{
     EventSummary, HostSummary, ImageId, ImageKind, JitSymbol, KallsymsSnapshot, KernelModule,
@@ -91,25 +92,21 @@ fn per_image_report_rows_percentages_unknown_and_json_schema() {
     let ev = event("cpu-clock", 1000);
     let a = ImageId::BuildId(vec![0xaa; 20]);
     let b = ImageId::BuildId(vec![0xbb; 20]);
-    write_profile(
-        &hd,
-        ImageKind::Elf,
-        &a,
-        b"/usr/bin/aaa",
-        &ev,
-        &[(0x1000, 50), (0x1010, 10)],
-        1000,
-    );
-    write_profile(&hd, ImageKind::Elf, &b, b"/usr/lib/libbbb.so", &ev, &[(0x2000, 30)], 1000);
-    write_profile(
-        &hd,
-        ImageKind::Unknown,
-        &unknown_id(),
-        b"[unknown]",
-        &ev,
-        &[(0, 7), (1, 3)],
-        1000,
-    );
+    Image::new(ImageKind::Elf, a.clone(), b"/usr/bin/aaa")
+        .profile(&ev)
+        .counts(&[(0x1000, 50), (0x1010, 10)])
+        .period(1000)
+        .write(&hd);
+    Image::new(ImageKind::Elf, b.clone(), b"/usr/lib/libbbb.so")
+        .profile(&ev)
+        .counts(&[(0x2000, 30)])
+        .period(1000)
+        .write(&hd);
+    Image::new(ImageKind::Unknown, unknown_id(), b"[unknown]")
+        .profile(&ev)
+        .counts(&[(0, 7), (1, 3)])
+        .period(1000)
+        .write(&hd);
 
     let v = json_ok(&t.root(), &["--host", "alpha"]);
     assert_eq!(v["report"], "images");
@@ -158,15 +155,11 @@ fn csv_and_limit() {
     for i in 0..5u8 {
         let id = ImageId::BuildId(vec![i + 1; 8]);
         let path = format!("/opt/img{i},\"q\"");
-        write_profile(
-            &hd,
-            ImageKind::Elf,
-            &id,
-            path.as_bytes(),
-            &ev,
-            &[(0, 10 * (u64::from(i) + 1))],
-            1000,
-        );
+        Image::new(ImageKind::Elf, id.clone(), path.as_bytes())
+            .profile(&ev)
+            .counts(&[(0, 10 * (u64::from(i) + 1))])
+            .period(1000)
+            .write(&hd);
     }
     let o = prof(&t.root(), &["--host", "alpha", "--format", "csv", "--limit", "2"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -201,10 +194,26 @@ fn several_events_weighting_and_multiplex_scaling() {
     let x = ImageId::BuildId(vec![1; 8]);
     let y = ImageId::BuildId(vec![2; 8]);
     // Same number of samples, but y's samples were taken with a 3x longer period.
-    write_profile(&hd, ImageKind::Elf, &x, b"/bin/x", &clock, &[(0, 100)], 1000);
-    write_profile(&hd, ImageKind::Elf, &y, b"/bin/y", &clock, &[(0, 100)], 3000);
-    write_profile(&hd, ImageKind::Elf, &x, b"/bin/x", &faults, &[(0, 5)], 10);
-    write_profile(&hd, ImageKind::Elf, &y, b"/bin/y", &faults, &[(0, 15)], 10);
+    Image::new(ImageKind::Elf, x.clone(), b"/bin/x")
+        .profile(&clock)
+        .counts(&[(0, 100)])
+        .period(1000)
+        .write(&hd);
+    Image::new(ImageKind::Elf, y.clone(), b"/bin/y")
+        .profile(&clock)
+        .counts(&[(0, 100)])
+        .period(3000)
+        .write(&hd);
+    Image::new(ImageKind::Elf, x.clone(), b"/bin/x")
+        .profile(&faults)
+        .counts(&[(0, 5)])
+        .period(10)
+        .write(&hd);
+    Image::new(ImageKind::Elf, y.clone(), b"/bin/y")
+        .profile(&faults)
+        .counts(&[(0, 15)])
+        .period(10)
+        .write(&hd);
     let summary = HostSummary {
         format_version: 1,
         host: "alpha".into(),
@@ -279,7 +288,11 @@ fn hosts_epochs_merge_ranges_and_default_host() {
         (&e3, "beta", 8, 4000),
     ] {
         let hd = t.host(e, host);
-        write_profile(&hd, ImageKind::Elf, &id, b"/bin/app", &ev, &[(0x40, n)], period);
+        Image::new(ImageKind::Elf, id.clone(), b"/bin/app")
+            .profile(&ev)
+            .counts(&[(0x40, n)])
+            .period(period)
+            .write(&hd);
     }
     let samples = |args: &[&str]| -> (u64, u64) {
         let v = json_ok(&t.root(), args);
@@ -309,7 +322,11 @@ fn hosts_epochs_merge_ranges_and_default_host() {
     // Default host is this machine's name.
     let me = dcpi_client::prof::select::this_host();
     let hd = t.host(&e3, &me);
-    write_profile(&hd, ImageKind::Elf, &id, b"/bin/app", &ev, &[(0x40, 21)], 1000);
+    Image::new(ImageKind::Elf, id.clone(), b"/bin/app")
+        .profile(&ev)
+        .counts(&[(0x40, 21)])
+        .period(1000)
+        .write(&hd);
     assert_eq!(samples(&[]), (21, 21_000));
 
     // Bad epoch syntax is a usage error naming the argument.
@@ -357,16 +374,16 @@ fn bad_input_one_line_errors_exit_2() {
     let pf = event("page-faults", 10);
     let hd = t.host(&e, "alpha");
     let id = ImageId::BuildId(vec![1; 8]);
-    write_profile(&hd, ImageKind::Elf, &id, b"/bin/good", &ev, &[(0, 10)], 1000);
-    write_profile(
-        &hd,
-        ImageKind::Elf,
-        &ImageId::BuildId(vec![3; 8]),
-        b"/bin/pf",
-        &pf,
-        &[(0, 1)],
-        10,
-    );
+    Image::new(ImageKind::Elf, id.clone(), b"/bin/good")
+        .profile(&ev)
+        .counts(&[(0, 10)])
+        .period(1000)
+        .write(&hd);
+    Image::new(ImageKind::Elf, ImageId::BuildId(vec![3; 8]), b"/bin/pf")
+        .profile(&pf)
+        .counts(&[(0, 1)])
+        .period(10)
+        .write(&hd);
     let o = prof(&t.root(), &["--host", "alpha", "--image", "good", "--event", "page-faults"]);
     assert_one_line_error(&o, &["\"good\"", "page-faults", "cpu-clock", "--event"]);
     let o = prof(&t.root(), &["--host", "alpha", "--image", "nothere"]);
@@ -420,9 +437,21 @@ fn corrupt_and_foreign_version_profiles_fail_unless_keep_going() {
     let good = ImageId::BuildId(vec![1; 8]);
     let bad = ImageId::BuildId(vec![2; 8]);
     let future = ImageId::BuildId(vec![4; 8]);
-    write_profile(&hd, ImageKind::Elf, &good, b"/bin/good", &ev, &[(0, 10)], 1000);
-    write_profile(&hd, ImageKind::Elf, &bad, b"/bin/bad", &ev, &[(0, 10)], 1000);
-    write_profile(&hd, ImageKind::Elf, &future, b"/bin/future", &ev, &[(0, 10)], 1000);
+    Image::new(ImageKind::Elf, good.clone(), b"/bin/good")
+        .profile(&ev)
+        .counts(&[(0, 10)])
+        .period(1000)
+        .write(&hd);
+    Image::new(ImageKind::Elf, bad.clone(), b"/bin/bad")
+        .profile(&ev)
+        .counts(&[(0, 10)])
+        .period(1000)
+        .write(&hd);
+    Image::new(ImageKind::Elf, future.clone(), b"/bin/future")
+        .profile(&ev)
+        .counts(&[(0, 10)])
+        .period(1000)
+        .write(&hd);
     let bad_path = hd.profile_path(&bad, "cpu-clock");
     let mut bytes = std::fs::read(&bad_path).expect("read");
     let n = bytes.len();
@@ -467,7 +496,11 @@ fn per_symbol_report_reads_only_the_images_files() {
             let hd = t.host(&e, host);
             for (i, id) in ids.iter().enumerate() {
                 let path = format!("/opt/app{i}");
-                write_profile(&hd, ImageKind::Elf, id, path.as_bytes(), &ev, &[(0x10, 2)], 1000);
+                Image::new(ImageKind::Elf, id.clone(), path.as_bytes())
+                    .profile(&ev)
+                    .counts(&[(0x10, 2)])
+                    .period(1000)
+                    .write(&hd);
                 if i > 0 && k > 0 {
                     let f = hd.profile_path(id, "cpu-clock");
                     std::fs::write(&f, b"garbage").expect("corrupt");
@@ -522,22 +555,18 @@ fn per_symbol_report_on_compiled_c_program() {
     let hd = t.host(&e, "alpha");
     let ev = event("cpu-clock", 1000);
     let path = bin.display().to_string();
-    write_profile(
-        &hd,
-        ImageKind::Elf,
-        &f.id(),
-        path.as_bytes(),
-        &ev,
-        &[
+    Image::new(ImageKind::Elf, f.id(), path.as_bytes())
+        .profile(&ev)
+        .counts(&[
             (alpha, 40),
             (alpha + 1, 20),
             (alpha + alpha_sz - 1, 10),
             (beta, 25),
             (gamma, 5),
             (0x7fff_0000, 3),
-        ],
-        1000,
-    );
+        ])
+        .period(1000)
+        .write(&hd);
     for spec in [path.as_str(), "prog", &hex::encode(&f.build_id)[..8], &hex::encode(&f.build_id)] {
         let v = json_ok(&t.root(), &["--host", "alpha", "--image", spec]);
         assert_eq!(v["report"], "symbols");
@@ -577,7 +606,11 @@ int main(int argc, char**) { engine::Widget w; return w.spin(argc); }
     let hd = t.host(&e, "alpha");
     let ev = event("cpu-clock", 1000);
     let path = bin.display().to_string();
-    write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &[(spin, 9)], 1000);
+    Image::new(ImageKind::Elf, f.id(), path.as_bytes())
+        .profile(&ev)
+        .counts(&[(spin, 9)])
+        .period(1000)
+        .write(&hd);
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "cxx"]);
     assert_eq!(row(&v, "symbol", "engine::Widget::spin(int)")["samples"], 9);
 
@@ -606,7 +639,11 @@ int main(int argc, char**) { engine::Widget w; return w.spin(argc); }
         .expect("mangled crunch symbol");
     let (crunch, _) = rf.func(&mangled);
     let rpath = rbin.display().to_string();
-    write_profile(&hd, ImageKind::Elf, &rf.id(), rpath.as_bytes(), &ev, &[(crunch, 4)], 1000);
+    Image::new(ImageKind::Elf, rf.id(), rpath.as_bytes())
+        .profile(&ev)
+        .counts(&[(crunch, 4)])
+        .period(1000)
+        .write(&hd);
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "rsprog"]);
     assert_eq!(row(&v, "symbol", "rsprog::crunch")["samples"], 4);
 }
@@ -633,15 +670,11 @@ fn stripped_binary_with_separate_debug_info() {
     let e = t.epoch(0);
     let hd = t.host(&e, "alpha");
     let ev = event("cpu-clock", 1000);
-    write_profile(
-        &hd,
-        ImageKind::Elf,
-        &facts.id(),
-        s(&stripped).as_bytes(),
-        &ev,
-        &[(beta, 11)],
-        1000,
-    );
+    Image::new(ImageKind::Elf, facts.id(), s(&stripped).as_bytes())
+        .profile(&ev)
+        .counts(&[(beta, 11)])
+        .period(1000)
+        .write(&hd);
     let db = t.root();
 
     // No debug info anywhere: no function name.
@@ -664,7 +697,11 @@ fn stripped_binary_with_separate_debug_info() {
     objcopy(&["--strip-all", &format!("--add-gnu-debuglink={}", s(&dbg)), &s(&full), &s(&linked)]);
     let lf = ElfFacts::read(&linked);
     let hd2 = t.host(&t.epoch(10), "alpha");
-    write_profile(&hd2, ImageKind::Elf, &lf.id(), s(&linked).as_bytes(), &ev, &[(beta, 6)], 1000);
+    Image::new(ImageKind::Elf, lf.id(), s(&linked).as_bytes())
+        .profile(&ev)
+        .counts(&[(beta, 6)])
+        .period(1000)
+        .write(&hd2);
     let dl = t.tmp().join("dl");
     std::fs::create_dir_all(&dl).expect("mkdir");
     std::fs::copy(&dbg, dl.join("full.debug")).expect("copy");
@@ -698,7 +735,11 @@ fn rebuilt_binary_is_never_symbolized_with_the_new_build() {
     let hd = t.host(&e, "alpha");
     let ev = event("cpu-clock", 1000);
     let path = bin.display().to_string();
-    write_profile(&hd, ImageKind::Elf, &old.id(), path.as_bytes(), &ev, &[(alpha, 12)], 1000);
+    Image::new(ImageKind::Elf, old.id(), path.as_bytes())
+        .profile(&ev)
+        .counts(&[(alpha, 12)])
+        .period(1000)
+        .write(&hd);
 
     // Rebuild in place with different code.
     build_c(t.tmp(), "app", 2, &["-O0"]);
@@ -766,7 +807,11 @@ fn unparsable_elf_is_reported_as_such_not_as_a_build_id_mismatch() {
     let hd = t.host(&e, "alpha");
     let path = bin.display().to_string();
     let ev = event("cpu-clock", 1000);
-    write_profile(&hd, ImageKind::Elf, &facts.id(), path.as_bytes(), &ev, &[(alpha, 12)], 1000);
+    Image::new(ImageKind::Elf, facts.id(), path.as_bytes())
+        .profile(&ev)
+        .counts(&[(alpha, 12)])
+        .period(1000)
+        .write(&hd);
     // e_shoff (ELF64 header, offset 0x28) far past the end of the file.
     let mut data = facts.data.clone();
     data[0x28..0x30].copy_from_slice(&0x7fff_ffff_0000u64.to_le_bytes());
@@ -801,7 +846,11 @@ fn fallback_identity_checked_by_file_metadata() {
     );
     let hd = t.host(&t.epoch(0), "alpha");
     let ev = event("cpu-clock", 1000);
-    write_profile(&hd, ImageKind::Elf, &id, path.as_bytes(), &ev, &[(alpha, 5)], 1000);
+    Image::new(ImageKind::Elf, id.clone(), path.as_bytes())
+        .profile(&ev)
+        .counts(&[(alpha, 5)])
+        .period(1000)
+        .write(&hd);
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "nobid"]);
     assert_eq!(row(&v, "symbol", "hot_alpha")["samples"], 5);
     // Touch the file (as a rebuild would): no longer verifiable, so not used.
@@ -828,24 +877,16 @@ fn ambiguous_basename_lists_matches_and_exits_2() {
     let e = t.epoch(0);
     let h1 = t.host(&e, "alpha");
     let h2 = t.host(&e, "beta");
-    write_profile(
-        &h1,
-        ImageKind::Elf,
-        &f1.id(),
-        b1.display().to_string().as_bytes(),
-        &ev,
-        &[(f1.func("hot_alpha").0, 8)],
-        1000,
-    );
-    write_profile(
-        &h2,
-        ImageKind::Elf,
-        &f2.id(),
-        b2.display().to_string().as_bytes(),
-        &ev,
-        &[(f2.func("hot_beta").0, 9)],
-        1000,
-    );
+    Image::new(ImageKind::Elf, f1.id(), b1.display().to_string().as_bytes())
+        .profile(&ev)
+        .counts(&[(f1.func("hot_alpha").0, 8)])
+        .period(1000)
+        .write(&h1);
+    Image::new(ImageKind::Elf, f2.id(), b2.display().to_string().as_bytes())
+        .profile(&ev)
+        .counts(&[(f2.func("hot_beta").0, 9)])
+        .period(1000)
+        .write(&h2);
     let o = prof(&t.root(), &["--host", "all", "--image", "foo"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let err = stderr(&o);
@@ -880,7 +921,11 @@ fn source_lines_and_inlines_from_dwarf() {
     let ev = event("cpu-clock", 1000);
     let counts: Vec<(u64, u64)> = (0..size).map(|i| (outer + i, 1)).collect();
     let path = bin.display().to_string();
-    write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &counts, 1000);
+    Image::new(ImageKind::Elf, f.id(), path.as_bytes())
+        .profile(&ev)
+        .counts(&counts)
+        .period(1000)
+        .write(&hd);
 
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "lines", "--lines"]);
     let r = rows(&v);
@@ -940,25 +985,17 @@ fn kernel_and_modules_from_the_epoch_snapshot() {
     };
     snap.write(&hd.kallsyms_path()).expect("write snapshot");
     let kid = ImageId::special("[kernel.kallsyms]", b"9.9.9-test");
-    write_profile(
-        &hd,
-        ImageKind::Kernel,
-        &kid,
-        b"[kernel.kallsyms]",
-        &ev,
-        &[(0x100, 5), (0x180, 2), (0x950, 4)],
-        1000,
-    );
+    Image::new(ImageKind::Kernel, kid.clone(), b"[kernel.kallsyms]")
+        .profile(&ev)
+        .counts(&[(0x100, 5), (0x180, 2), (0x950, 4)])
+        .period(1000)
+        .write(&hd);
     let mid = ImageId::special("[module]", b"fakemod");
-    write_profile(
-        &hd,
-        ImageKind::KernelModule,
-        &mid,
-        b"fakemod",
-        &ev,
-        &[(0x20, 3), (0x500, 1)],
-        1000,
-    );
+    Image::new(ImageKind::KernelModule, mid.clone(), b"fakemod")
+        .profile(&ev)
+        .counts(&[(0x20, 3), (0x500, 1)])
+        .period(1000)
+        .write(&hd);
 
     for spec in ["kernel", "[kernel.kallsyms]", "vmlinux"] {
         let v = json_ok(&t.root(), &["--host", "alpha", "--image", spec]);
@@ -979,7 +1016,11 @@ fn kernel_and_modules_from_the_epoch_snapshot() {
     other.kernel_build_id = Some(vec![0x11; 20]);
     other.write(&hd2.kallsyms_path()).expect("write snapshot");
     let kb = ImageId::BuildId(vec![0x22; 20]);
-    write_profile(&hd2, ImageKind::Kernel, &kb, b"[kernel.kallsyms]", &ev, &[(0x100, 5)], 1000);
+    Image::new(ImageKind::Kernel, kb.clone(), b"[kernel.kallsyms]")
+        .profile(&ev)
+        .counts(&[(0x100, 5)])
+        .period(1000)
+        .write(&hd2);
     let o = prof(&t.root(), &["--host", "alpha", "--image", "kernel", "--format", "json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).expect("json");
@@ -997,16 +1038,12 @@ fn jit_symbols_from_the_profile_header() {
         JitSymbol { start: 0x7f00_0000_1000, size: 0x100, name: "LazyCompile:*fib".into() },
         JitSymbol { start: 0x7f00_0000_2000, size: 0x80, name: "_ZN3jit4loopEv".into() },
     ];
-    write_profile_jit(
-        &hd,
-        ImageKind::Anon,
-        &id,
-        b"[anon:1234:node]",
-        &ev,
-        &[(0x7f00_0000_1010, 6), (0x7f00_0000_2004, 2), (0x7f00_0000_9000, 1)],
-        1000,
-        jit,
-    );
+    Image::new(ImageKind::Anon, id.clone(), b"[anon:1234:node]")
+        .profile(&ev)
+        .counts(&[(0x7f00_0000_1010, 6), (0x7f00_0000_2004, 2), (0x7f00_0000_9000, 1)])
+        .period(1000)
+        .jit_symbols(jit)
+        .write(&hd);
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "[anon:1234"]);
     assert_eq!(row(&v, "symbol", "LazyCompile:*fib")["samples"], 6);
     assert_eq!(row(&v, "symbol", "jit::loop()")["samples"], 2);
@@ -1023,31 +1060,23 @@ fn image_anon_names_the_jit_regions() {
     let ev = event("cpu-clock", 1000);
     let jit = |name: &str| vec![JitSymbol { start: 0x1000, size: 0x100, name: name.into() }];
     let node = ImageId::special("[anon]", b"1234");
-    write_profile_jit(
-        &hd,
-        ImageKind::Anon,
-        &node,
-        b"[anon:1234:node]",
-        &ev,
-        &[(0x1010, 6)],
-        1000,
-        jit("fib"),
-    );
+    Image::new(ImageKind::Anon, node.clone(), b"[anon:1234:node]")
+        .profile(&ev)
+        .counts(&[(0x1010, 6)])
+        .period(1000)
+        .jit_symbols(jit("fib"))
+        .write(&hd);
     for spec in ["anon", "[anon]", "anon:1234", "[anon:1234:node]"] {
         let v = json_ok(&t.root(), &["--host", "alpha", "--image", spec]);
         assert_eq!(row(&v, "symbol", "fib")["samples"], 6, "--image {spec}");
     }
     let java = ImageId::special("[anon]", b"77");
-    write_profile_jit(
-        &hd,
-        ImageKind::Anon,
-        &java,
-        b"[anon:77:java]",
-        &ev,
-        &[(0x1010, 3)],
-        1000,
-        jit("loop"),
-    );
+    Image::new(ImageKind::Anon, java.clone(), b"[anon:77:java]")
+        .profile(&ev)
+        .counts(&[(0x1010, 3)])
+        .period(1000)
+        .jit_symbols(jit("loop"))
+        .write(&hd);
     for spec in ["anon", "[anon"] {
         let v = json_ok(&t.root(), &["--host", "alpha", "--image", spec]);
         assert_eq!(row(&v, "symbol", "fib")["samples"], 6, "--image {spec}");
@@ -1129,7 +1158,11 @@ fn vdso_symbolized_from_this_machine_when_the_build_id_matches() {
     let t = TestDb::new();
     let hd = t.host(&t.epoch(0), "alpha");
     let ev = event("cpu-clock", 1000);
-    write_profile(&hd, ImageKind::Vdso, &ImageId::BuildId(bid), b"[vdso]", &ev, &[(off, 4)], 1000);
+    Image::new(ImageKind::Vdso, ImageId::BuildId(bid), b"[vdso]")
+        .profile(&ev)
+        .counts(&[(off, 4)])
+        .period(1000)
+        .write(&hd);
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "[vdso]"]);
     let top = rows(&v)[0]["symbol"].as_str().unwrap_or("").to_owned();
     assert!(top.ends_with("clock_gettime"), "{v:#}");
@@ -1137,15 +1170,11 @@ fn vdso_symbolized_from_this_machine_when_the_build_id_matches() {
 
     // Another kernel's vDSO (unknown build-id): offsets, never this machine's symbols.
     let hd2 = t.host(&t.epoch(10), "alpha");
-    write_profile(
-        &hd2,
-        ImageKind::Vdso,
-        &ImageId::BuildId(vec![9; 20]),
-        b"[vdso]",
-        &ev,
-        &[(off, 4)],
-        1000,
-    );
+    Image::new(ImageKind::Vdso, ImageId::BuildId(vec![9; 20]), b"[vdso]")
+        .profile(&ev)
+        .counts(&[(off, 4)])
+        .period(1000)
+        .write(&hd2);
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "[vdso]"]);
     assert_eq!(rows(&v)[0]["symbol"], format!("[vdso]+{off:#x}"));
 }
@@ -1160,7 +1189,11 @@ fn vdso_frames_in_stacks_are_named_as_in_flat_reports() {
     let hd = t.host(&t.epoch(0), "alpha");
     let ev = event("cpu-clock", 1000);
     let vid = ImageId::BuildId(bid);
-    write_profile(&hd, ImageKind::Vdso, &vid, b"[vdso]", &ev, &[(off, 4)], 1000);
+    Image::new(ImageKind::Vdso, vid.clone(), b"[vdso]")
+        .profile(&ev)
+        .counts(&[(off, 4)])
+        .period(1000)
+        .write(&hd);
     let flat = json_ok(&t.root(), &["--host", "alpha", "--image", "[vdso]"]);
     let name = rows(&flat)[0]["symbol"].as_str().unwrap_or("").to_owned();
     assert!(name.ends_with("clock_gettime"), "{flat:#}");
@@ -1211,7 +1244,11 @@ fn symbol_cache_second_run_skips_symbols_and_dwarf_with_identical_results() {
     let counts: Vec<(u64, u64)> =
         (0..asz).map(|i| (alpha + i, 1 + i % 3)).chain([(beta, 7), (0x7fff_0000, 1)]).collect();
     let path = bin.display().to_string();
-    write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &counts, 1000);
+    Image::new(ImageKind::Elf, f.id(), path.as_bytes())
+        .profile(&ev)
+        .counts(&counts)
+        .period(1000)
+        .write(&hd);
     let cache = t.tmp().join("c").join("symbols.sqlite");
     let cache_s = cache.display().to_string();
     let run = |extra: &[&str]| -> (String, String) {
@@ -1316,7 +1353,11 @@ fn stripped_or_unreadable_binary_gives_offsets_and_one_warning() {
     let hd = t.host(&t.epoch(0), "alpha");
     let ev = event("cpu-clock", 1000);
     let sp = stripped.display().to_string();
-    write_profile(&hd, ImageKind::Elf, &f.id(), sp.as_bytes(), &ev, &[(beta, 5)], 1000);
+    Image::new(ImageKind::Elf, f.id(), sp.as_bytes())
+        .profile(&ev)
+        .counts(&[(beta, 5)])
+        .period(1000)
+        .write(&hd);
     let o = prof(&t.root(), &["--host", "alpha", "--image", "libstrip.so.1", "--format", "json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).expect("json");
@@ -1373,15 +1414,11 @@ int lib_entry(int x) { return lib_hot(x) + lib_cold(x); }
         let (oa, _) = f.func(a);
         let (ob, _) = f.func(b);
         let path = bin.display().to_string();
-        write_profile(
-            &hd,
-            ImageKind::Elf,
-            &f.id(),
-            path.as_bytes(),
-            &ev,
-            &[(oa, 6), (ob, 4)],
-            1000,
-        );
+        Image::new(ImageKind::Elf, f.id(), path.as_bytes())
+            .profile(&ev)
+            .counts(&[(oa, 6), (ob, 4)])
+            .period(1000)
+            .write(&hd);
     }
     // The non-PIE executable is linked at 0x400000: its offsets differ from its addresses.
     let nf = ElfFacts::read(&nopie);
@@ -1439,7 +1476,11 @@ fn rust_v0_and_legacy_mangled_names_are_demangled() {
             .unwrap_or_else(|| panic!("{scheme}: no mangled crunch among {} symbols", names.len()));
         let (off, _) = f.func(mangled);
         let path = out.display().to_string();
-        write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &[(off, 3)], 1000);
+        Image::new(ImageKind::Elf, f.id(), path.as_bytes())
+            .profile(&ev)
+            .counts(&[(off, 3)])
+            .period(1000)
+            .write(&hd);
         let v = json_ok(&t.root(), &["--host", "alpha", "--image", &format!("rs_{scheme}")]);
         assert_eq!(row(&v, "symbol", "rsmangle::crunch")["samples"], 3, "{scheme}: {v:#}");
     }
@@ -1489,45 +1530,37 @@ fn golden_db(t: &TestDb) {
         let hd = t.host(&e, host);
         snap.write(&hd.kallsyms_path()).expect("snapshot");
         let k = [(0x100, 5 * scale), (0x180, 2), (0x950, 4), (0x2010, 1), (0x5000, 2)];
-        write_profile(&hd, ImageKind::Kernel, &kid, b"[kernel.kallsyms]", &clock, &k, 1000);
-        write_profile(&hd, ImageKind::KernelModule, &mid, b"goldmod", &clock, &[(0x20, 3)], 1000);
-        write_profile(
-            &hd,
-            ImageKind::Elf,
-            &lib,
-            b"/usr/lib/libgolden.so.1",
-            &clock,
-            &[(0x1234, 9 * scale), (0x1ff0, 1), (0x8010, 4)],
-            2000,
-        );
-        write_profile(
-            &hd,
-            ImageKind::Elf,
-            &lib,
-            b"/usr/lib/libgolden.so.1",
-            &faults,
-            &[(0x1234, 6)],
-            10,
-        );
-        write_profile_jit(
-            &hd,
-            ImageKind::Anon,
-            &jid,
-            b"[anon:4242:node]",
-            &clock,
-            &[(0x7f00_0000_1010, 6), (0x7f00_0000_2004, 2), (0x7f00_0000_9000, 1)],
-            1000,
-            jit.clone(),
-        );
-        write_profile(
-            &hd,
-            ImageKind::Unknown,
-            &unknown_id(),
-            b"[unknown]",
-            &clock,
-            &[(0, 7), (1, scale)],
-            1000,
-        );
+        Image::new(ImageKind::Kernel, kid.clone(), b"[kernel.kallsyms]")
+            .profile(&clock)
+            .counts(&k)
+            .period(1000)
+            .write(&hd);
+        Image::new(ImageKind::KernelModule, mid.clone(), b"goldmod")
+            .profile(&clock)
+            .counts(&[(0x20, 3)])
+            .period(1000)
+            .write(&hd);
+        Image::new(ImageKind::Elf, lib.clone(), b"/usr/lib/libgolden.so.1")
+            .profile(&clock)
+            .counts(&[(0x1234, 9 * scale), (0x1ff0, 1), (0x8010, 4)])
+            .period(2000)
+            .write(&hd);
+        Image::new(ImageKind::Elf, lib.clone(), b"/usr/lib/libgolden.so.1")
+            .profile(&faults)
+            .counts(&[(0x1234, 6)])
+            .period(10)
+            .write(&hd);
+        Image::new(ImageKind::Anon, jid.clone(), b"[anon:4242:node]")
+            .profile(&clock)
+            .counts(&[(0x7f00_0000_1010, 6), (0x7f00_0000_2004, 2), (0x7f00_0000_9000, 1)])
+            .period(1000)
+            .jit_symbols(jit.clone())
+            .write(&hd);
+        Image::new(ImageKind::Unknown, unknown_id(), b"[unknown]")
+            .profile(&clock)
+            .counts(&[(0, 7), (1, scale)])
+            .period(1000)
+            .write(&hd);
     }
     let summary = HostSummary {
         format_version: 1,
@@ -1609,7 +1642,11 @@ fn hostile_symbol_names_are_escaped_in_every_format() {
     let f = ElfFacts::read(&bin);
     let (off, _) = f.func(b"bad\xff\x1bname");
     let path = bin.display().to_string();
-    write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &[(off, 5)], 1000);
+    Image::new(ImageKind::Elf, f.id(), path.as_bytes())
+        .profile(&ev)
+        .counts(&[(off, 5)])
+        .period(1000)
+        .write(&hd);
     // JIT symbols (perf maps are text anyone can write): ESC, newline, a broken mangled name.
     let jit = vec![
         JitSymbol { start: 0x1000, size: 0x10, name: "js\u{1b}[2Jclear".into() },
@@ -1619,7 +1656,12 @@ fn hostile_symbol_names_are_escaped_in_every_format() {
     ];
     let anon = ImageId::special("[anon]", b"77");
     let counts = [(0x1000, 4), (0x2000, 3), (0x3000, 2), (0x4000, 1)];
-    write_profile_jit(&hd, ImageKind::Anon, &anon, b"[anon:77:js]", &ev, &counts, 1000, jit);
+    Image::new(ImageKind::Anon, anon.clone(), b"[anon:77:js]")
+        .profile(&ev)
+        .counts(&counts)
+        .period(1000)
+        .jit_symbols(jit)
+        .write(&hd);
 
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "hostile"]);
     assert_eq!(row(&v, "symbol", "bad\\xff\\u{1b}name")["samples"], 5, "{v:#}");
@@ -1657,7 +1699,11 @@ fn raw_names_shows_mangled_symbols() {
     let hd = t.host(&t.epoch(0), "alpha");
     let ev = event("cpu-clock", 1000);
     let path = bin.display().to_string();
-    write_profile(&hd, ImageKind::Elf, &f.id(), path.as_bytes(), &ev, &[(spin, 7)], 1000);
+    Image::new(ImageKind::Elf, f.id(), path.as_bytes())
+        .profile(&ev)
+        .counts(&[(spin, 7)])
+        .period(1000)
+        .write(&hd);
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "rawcxx"]);
     assert_eq!(row(&v, "symbol", "engine::spin(int)")["samples"], 7, "{v:#}");
     let v = json_ok(&t.root(), &["--host", "alpha", "--image", "rawcxx", "--raw-names"]);
@@ -1684,48 +1730,36 @@ fn per_image_report_from_summary_index_equals_report_from_profiles() {
                 let counts: Vec<(u64, u64)> =
                     (0..5).map(|o| (o * 64, k * (o + 1) + u64::from(i))).collect();
                 // Periods differ per host so that each profile is weighted on its own.
-                write_profile(
-                    &hd,
-                    ImageKind::Elf,
-                    &id,
-                    path.as_bytes(),
-                    &clock,
-                    &counts,
-                    900 + 37 * k,
-                );
+                Image::new(ImageKind::Elf, id.clone(), path.as_bytes())
+                    .profile(&clock)
+                    .counts(&counts)
+                    .period(900 + 37 * k)
+                    .write(&hd);
                 if i % 2 == 0 {
-                    write_profile(
-                        &hd,
-                        ImageKind::Elf,
-                        &id,
-                        path.as_bytes(),
-                        &faults,
-                        &counts[..2],
-                        10,
-                    );
+                    Image::new(ImageKind::Elf, id.clone(), path.as_bytes())
+                        .profile(&faults)
+                        .counts(&counts[..2])
+                        .period(10)
+                        .write(&hd);
                 }
             }
             let kid = ImageId::special("[kernel]", b"6.1");
-            write_profile(
-                &hd,
-                ImageKind::Kernel,
-                &kid,
-                b"[kernel.kallsyms]",
-                &clock,
-                &[(16, 7 * k)],
-                1000,
-            );
+            Image::new(ImageKind::Kernel, kid.clone(), b"[kernel.kallsyms]")
+                .profile(&clock)
+                .counts(&[(16, 7 * k)])
+                .period(1000)
+                .write(&hd);
             let odd = ImageId::from_build_id(&[0xee; 20]).expect("id");
-            write_profile(
-                &hd,
-                ImageKind::Elf,
-                &odd,
-                b"/tmp/\xffodd\nname",
-                &clock,
-                &[(0, k)],
-                1000,
-            );
-            write_profile(&hd, ImageKind::Unknown, &unknown_id(), b"", &clock, &[(1, 2 * k)], 1000);
+            Image::new(ImageKind::Elf, odd.clone(), b"/tmp/\xffodd\nname")
+                .profile(&clock)
+                .counts(&[(0, k)])
+                .period(1000)
+                .write(&hd);
+            Image::new(ImageKind::Unknown, unknown_id(), b"")
+                .profile(&clock)
+                .counts(&[(1, 2 * k)])
+                .period(1000)
+                .write(&hd);
             let summary = HostSummary {
                 format_version: 1,
                 host: host.into(),
@@ -1905,7 +1939,11 @@ fn parallel_per_symbol_load_equals_sequential() {
             let hd = t.host(&e, &host);
             for (i, id) in others.iter().enumerate() {
                 let path = format!("/opt/other{i}");
-                write_profile(&hd, ImageKind::Elf, id, path.as_bytes(), &ev, &[(0x40, 3)], 1000);
+                Image::new(ImageKind::Elf, id.clone(), path.as_bytes())
+                    .profile(&ev)
+                    .counts(&[(0x40, 3)])
+                    .period(1000)
+                    .write(&hd);
             }
             let lacks_app = (hi + ei) % 5 == 0;
             if !lacks_app {
@@ -1914,7 +1952,11 @@ fn parallel_per_symbol_load_equals_sequential() {
                     .collect::<std::collections::BTreeMap<u64, u64>>()
                     .into_iter()
                     .collect();
-                write_profile(&hd, ImageKind::Elf, &app, b"/opt/app0", &ev, &counts, 1000);
+                Image::new(ImageKind::Elf, app.clone(), b"/opt/app0")
+                    .profile(&ev)
+                    .counts(&counts)
+                    .period(1000)
+                    .write(&hd);
                 if ei == 1 && hi == 2 {
                     corrupt = Some(hd.profile_path(&app, "cpu-clock"));
                 } else {

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::util::{base_time, event, json_ok, prof, write_profile, write_profile_jit, TestDb};
+use crate::util::{base_time, event, json_ok, prof, TestDb};
+use dcpi_testkit::db::Image;
 
 use object::{Object, ObjectSegment, ObjectSymbol};
 use profile_format::{HostDir, ImageId, ImageKind, JitSymbol};
@@ -110,34 +111,22 @@ fn workload(t: &TestDb, p: &Prog) {
             .iter()
             .flat_map(|&(f, n)| [(p.funcs[f], n - n / 3), (p.funcs[f] + 1, n / 3)])
             .collect();
-        write_profile(
-            &hd,
-            ImageKind::Elf,
-            &p.id,
-            p.path.display().to_string().as_bytes(),
-            &ev,
-            &c,
-            period,
-        );
+        Image::new(ImageKind::Elf, p.id.clone(), p.path.display().to_string().as_bytes())
+            .profile(&ev)
+            .counts(&c)
+            .period(period)
+            .write(&hd);
         let lib = ImageId::BuildId(vec![0xab; 20]);
-        write_profile(
-            &hd,
-            ImageKind::Elf,
-            &lib,
-            b"/usr/lib/libgone.so.1",
-            &ev,
-            &[(0x1234, 7), (0x5678, 3)],
-            period,
-        );
-        write_profile(
-            &hd,
-            ImageKind::Unknown,
-            &ImageId::special("[unknown]", b""),
-            b"",
-            &ev,
-            &[(0, 4)],
-            period,
-        );
+        Image::new(ImageKind::Elf, lib.clone(), b"/usr/lib/libgone.so.1")
+            .profile(&ev)
+            .counts(&[(0x1234, 7), (0x5678, 3)])
+            .period(period)
+            .write(&hd);
+        Image::new(ImageKind::Unknown, ImageId::special("[unknown]", b""), b"")
+            .profile(&ev)
+            .counts(&[(0, 4)])
+            .period(period)
+            .write(&hd);
     }
 }
 
@@ -486,16 +475,12 @@ fn hostile_symbol_names_cannot_break_any_format() {
         JitSymbol { start: 0x1000, size: 0x100, name: evil.into() },
         JitSymbol { start: 0x2000, size: 0x10, name: "plain_fn".into() },
     ];
-    write_profile_jit(
-        &hd,
-        ImageKind::Anon,
-        &id,
-        b"[anon:1234:node]",
-        &ev,
-        &[(0x1010, 6), (0x2004, 2)],
-        1000,
-        jit,
-    );
+    Image::new(ImageKind::Anon, id.clone(), b"[anon:1234:node]")
+        .profile(&ev)
+        .counts(&[(0x1010, 6), (0x2004, 2)])
+        .period(1000)
+        .jit_symbols(jit)
+        .write(&hd);
     let run = |fmt: &str| -> String {
         String::from_utf8(ok(prof(&t.root(), &["--host", "alpha", "--format", fmt]), fmt))
             .expect("utf8")
@@ -532,15 +517,11 @@ fn progress_bar_only_on_a_terminal() {
     // A "fleet": 600 JIT images (no binaries to look up, so no warnings either).
     for i in 0u32..600 {
         let id = ImageId::special("[anon]", &i.to_le_bytes());
-        write_profile(
-            &hd,
-            ImageKind::Anon,
-            &id,
-            format!("[anon:{i}:java]").as_bytes(),
-            &ev,
-            &[(0x1000, 1)],
-            1000,
-        );
+        Image::new(ImageKind::Anon, id.clone(), format!("[anon:{i}:java]").as_bytes())
+            .profile(&ev)
+            .counts(&[(0x1000, 1)])
+            .period(1000)
+            .write(&hd);
     }
     let out = t.tmp().join("f.folded");
     let o = prof(
@@ -587,15 +568,11 @@ fn pprof_structure_sample_types_mappings_addresses_and_labels() {
     let hd = host_dir(&t, 3600, "alpha");
     let faults = event("page-faults", 10);
     let alpha = p.funcs["hot_alpha"];
-    write_profile(
-        &hd,
-        ImageKind::Elf,
-        &p.id,
-        p.path.display().to_string().as_bytes(),
-        &faults,
-        &[(alpha, 9)],
-        10,
-    );
+    Image::new(ImageKind::Elf, p.id.clone(), p.path.display().to_string().as_bytes())
+        .profile(&faults)
+        .counts(&[(alpha, 9)])
+        .period(10)
+        .write(&hd);
     let sel = ["--host", "alpha", "--epoch", "all"];
     let out = ok(prof(&t.root(), &[&sel[..], &["--format", "pprof"]].concat()), "pprof to a pipe");
     let mut raw = Vec::new();
@@ -682,16 +659,12 @@ fn jit_frames_sampled_only_as_callers_are_named_from_the_stack_file() {
     let leaf = ImageId::Fallback([1; 16]);
     let caller = ImageId::Fallback([2; 16]);
     let sym = |start: u64, name: &str| JitSymbol { start, size: 0x100, name: name.into() };
-    write_profile_jit(
-        &hd,
-        ImageKind::Anon,
-        &leaf,
-        b"[anon:100]",
-        &ev,
-        &[(0x1010, 10)],
-        1_000_000,
-        vec![sym(0x1000, "LazyCompile:leafjit")],
-    );
+    Image::new(ImageKind::Anon, leaf.clone(), b"[anon:100]")
+        .profile(&ev)
+        .counts(&[(0x1010, 10)])
+        .period(1_000_000)
+        .jit_symbols(vec![sym(0x1000, "LazyCompile:leafjit")])
+        .write(&hd);
     let mut st = StackProfile::new(&hd.host, hd.epoch.as_str(), "cpu-clock");
     let img = |id: &ImageId, path: &[u8]| StackImage {
         kind: ImageKind::Anon,

@@ -6,19 +6,20 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, SystemTime};
 
-use profile_format::{EpochId, EventSummary, HostDir, HostSummary, ImageId, ImageKind};
+use profile_format::{EpochId, EventSummary, HostDir, HostSummary, ImageId};
 use serde_json::Value;
+
+use dcpi_testkit::db::Image;
 
 use crate::util::{self, cpu_clock, stderr, stdout, TestDb};
 
 fn build_id(n: u8) -> ImageId {
-    ImageId::BuildId(vec![n; 20])
+    dcpi_testkit::db::build_id(n, 20)
 }
 
 /// A cpu-clock profile of an ELF image at its mean period.
 fn write_profile(hd: &HostDir, id: &ImageId, path: &str, counts: &[(u64, u64)]) {
-    let ev = cpu_clock();
-    util::write_profile(hd, ImageKind::Elf, id, path.as_bytes(), &ev, counts, ev.period_mean);
+    Image::elf(id.clone(), path).profile(&cpu_clock()).counts(counts).write(hd);
 }
 
 /// Images whose names share prefixes and substrings (`nginx`, `nginx-debug`, `libnginx.so`).

@@ -11,24 +11,12 @@ use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
 use profile_format::{
-    Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, JitSymbol, KallsymsSnapshot,
-    KernelSymbol, WhoKey, WhoTable,
+    Database, EpochId, ImageId, ImageKind, JitSymbol, KallsymsSnapshot, KernelSymbol, WhoKey,
+    WhoTable,
 };
 
-use crate::util::{asm_calling, event, write_profile_jit};
-
-/// A profile at period 1000.
-fn write(
-    hd: &HostDir,
-    kind: ImageKind,
-    id: &ImageId,
-    path: &[u8],
-    ev: &EventDesc,
-    counts: &[(u64, u64)],
-    jit: Vec<JitSymbol>,
-) {
-    write_profile_jit(hd, kind, id, path, ev, counts, 1000, jit);
-}
+use crate::util::{asm_calling, event};
+use dcpi_testkit::db::Image;
 
 /// Names a hostile process or file could carry (all valid UTF-8 strings: the profile format
 /// stores names as text; the daemon replaces bytes that are not UTF-8).
@@ -113,10 +101,20 @@ fn hostile_db() -> Db {
                 .collect();
             let anon = ImageId::special("[anon]", format!("77{h}").as_bytes());
             let path = "[anon:77:js\u{1b}[31m\u{9b}]".as_bytes();
-            write(&hd, ImageKind::Anon, &anon, path, &ev, &counts, jit.clone());
+            Image::new(ImageKind::Anon, anon.clone(), path)
+                .profile(&ev)
+                .counts(&counts)
+                .period(1000)
+                .jit_symbols(jit.clone())
+                .write(&hd);
             // An image path that is not UTF-8, with controls.
             let odd = ImageId::special("[odd]", h.as_bytes());
-            write(&hd, ImageKind::Anon, &odd, b"/opt/\xff\x1b[2Jbad\x07path", &ev, &[(5, 3)], jit);
+            Image::new(ImageKind::Anon, odd.clone(), b"/opt/\xff\x1b[2Jbad\x07path")
+                .profile(&ev)
+                .counts(&[(5, 3)])
+                .period(1000)
+                .jit_symbols(jit)
+                .write(&hd);
             // The kernel, with a hostile symbol in the epoch's snapshot.
             let text = 0xffff_ffff_8100_0000u64;
             let snap = KallsymsSnapshot {
@@ -141,15 +139,11 @@ fn hostile_db() -> Db {
             };
             snap.write(&hd.kallsyms_path()).expect("snapshot");
             let kid = ImageId::special("[kernel.kallsyms]", b"9.9.9-test");
-            write(
-                &hd,
-                ImageKind::Kernel,
-                &kid,
-                b"[kernel.kallsyms]",
-                &ev,
-                &[(0x10, 4 + i as u64)],
-                Vec::new(),
-            );
+            Image::new(ImageKind::Kernel, kid.clone(), b"[kernel.kallsyms]")
+                .profile(&ev)
+                .counts(&[(0x10, 4 + i as u64)])
+                .period(1000)
+                .write(&hd);
             // Who tables: every hostile name as a command, and as an image path.
             let mut who = WhoTable::new(h, &e.to_string());
             for (k, n) in EVIL.iter().enumerate() {
@@ -167,21 +161,21 @@ fn hostile_db() -> Db {
             // An event whose name holds an ESC (profiles are files anyone with write access to
             // the database may have made).
             let evil_ev = event("evil\u{1b}[31mevent", 1000);
-            write(&hd, ImageKind::Anon, &anon, path, &evil_ev, &counts, Vec::new());
+            Image::new(ImageKind::Anon, anon.clone(), path)
+                .profile(&evil_ev)
+                .counts(&counts)
+                .period(1000)
+                .write(&hd);
         }
         epochs.push(e);
     }
     if let Some((bin, id, off)) = elf_with_hostile_symbol(&tmp) {
         let hd = db.host_dir(&epochs[1], "alpha").expect("host dir");
-        write(
-            &hd,
-            ImageKind::Elf,
-            &id,
-            bin.display().to_string().as_bytes(),
-            &event("cpu-clock", 1000),
-            &[(off, 5)],
-            Vec::new(),
-        );
+        Image::new(ImageKind::Elf, id.clone(), bin.display().to_string().as_bytes())
+            .profile(&event("cpu-clock", 1000))
+            .counts(&[(off, 5)])
+            .period(1000)
+            .write(&hd);
     }
     Db { _dir: dir, root, tmp, epochs }
 }

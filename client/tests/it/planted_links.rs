@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use profile_format::{ImageId, ImageKind, JitSymbol};
 
-use crate::util::{compile, event, prof, stderr, write_profile_jit, TestDb};
+use crate::util::{compile, event, prof, stderr, TestDb};
+use dcpi_testkit::db::Image;
 
 const VICTIM: &[u8] = b"precious: must never be overwritten\n";
 
@@ -69,7 +70,12 @@ fn small_db() -> TestDb {
     let jit = vec![JitSymbol { start: 0x1000, size: 0x100, name: "jitted_fn".into() }];
     let id = ImageId::special("[anon]", b"42");
     let ev = event("cpu-clock", 1000);
-    write_profile_jit(&hd, ImageKind::Anon, &id, b"[anon:42:node]", &ev, &[(0x1010, 7)], 1000, jit);
+    Image::new(ImageKind::Anon, id.clone(), b"[anon:42:node]")
+        .profile(&ev)
+        .counts(&[(0x1010, 7)])
+        .period(1000)
+        .jit_symbols(jit)
+        .write(&hd);
     t
 }
 

@@ -2,31 +2,14 @@
 //! from the per-process and per-cgroup profiles (FORMAT.md §5.6), and a clear error when the
 //! database was recorded without them.
 
-use profile_format::{HostDir, ImageId, ImageKind, Profile, ProfileHeader, ProfileWho};
+use dcpi_testkit::db::Image;
+use profile_format::{HostDir, ImageId, ImageKind, ProfileWho};
 
 use crate::util::*;
 
-fn header(hd: &HostDir, id: &ImageId) -> ProfileHeader {
-    ProfileHeader {
-        kind: ImageKind::Elf,
-        image_id: id.clone(),
-        image_path: b"/opt/none/app".to_vec(),
-        event: cpu_clock(),
-        host: hd.host.clone(),
-        epoch: hd.epoch.clone(),
-        total_samples: 0,
-        total_period: 0,
-        sequence: 0,
-        jit_symbols: vec![],
-    }
-}
-
 fn write_who(hd: &HostDir, id: &ImageId, who: ProfileWho, counts: &[(u64, u64)]) {
-    let mut p = Profile::new_qualified(header(hd, id), who.clone());
-    for &(o, c) in counts {
-        p.add(o, c, c * 1_000_000);
-    }
-    p.write(&hd.who_profile_path(id, "cpu-clock", &who)).expect("write");
+    let image = Image::elf(id.clone(), "/opt/none/app");
+    image.profile(&cpu_clock()).who(who).counts(counts).period(1_000_000).write(hd);
 }
 
 /// /opt/none/app run by pid 10 (cgroup /a/x.service: 5 samples at 0x1000) and pid 11
@@ -37,7 +20,11 @@ fn db(with_who: bool) -> TestDb {
     let hd = t.host(&e, "h1");
     let id = ImageId::from_build_id(&[0x5a; 20]).expect("id");
     let flat = [(0x1000, 6), (0x3000, 7)];
-    write_profile(&hd, ImageKind::Elf, &id, b"/opt/none/app", &cpu_clock(), &flat, 1_000_000);
+    Image::new(ImageKind::Elf, id.clone(), b"/opt/none/app")
+        .profile(&cpu_clock())
+        .counts(&flat)
+        .period(1_000_000)
+        .write(&hd);
     if with_who {
         let pid = |pid: u32| ProfileWho::Pid { pid, command: b"app".to_vec() };
         write_who(&hd, &id, pid(10), &[(0x1000, 5)]);

@@ -404,9 +404,7 @@ fn perf_map_must_be_the_process_own_single_link_regular_file() {
     // A FIFO nobody writes to: refused at once, not waited on (on another thread, so that a
     // regression fails the test at the deadline instead of hanging it).
     std::fs::remove_file(&map).expect("rm map");
-    let cmap = std::ffi::CString::new(map.as_os_str().as_encoded_bytes()).expect("path");
-    // SAFETY: `cmap` is a NUL-terminated path that lives across the call.
-    assert_eq!(unsafe { libc::mkfifo(cmap.as_ptr(), 0o644) }, 0, "mkfifo");
+    dcpi_testkit::Hostile::Fifo.plant(&map);
     std::os::unix::fs::chown(&map, Some(65534), Some(65534)).expect("chown fifo");
     let (tx, rx) = std::sync::mpsc::channel();
     let resolver = std::thread::spawn(move || {

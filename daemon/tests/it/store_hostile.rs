@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use dcpi_testkit::Hostile;
 use dcpid::store::Store;
 use profile_format::{Database, EpochId, ImageId, Profile};
 use store_support::{batch, open};
@@ -22,11 +23,6 @@ fn bounded_flush(mut s: Store) -> (Store, Result<(), String>) {
         let _ = tx.send((s, r));
     });
     rx.recv_timeout(Duration::from_secs(30)).expect("flush still blocked after 30 s")
-}
-
-fn mkfifo(p: &Path) {
-    let ok = std::process::Command::new("mkfifo").arg(p).status().expect("run mkfifo");
-    assert!(ok.success(), "mkfifo {}", p.display());
 }
 
 /// Names in `dir` that end in `.corrupt` and start with `stem`.
@@ -57,21 +53,10 @@ fn fifo_dev_zero_link_and_sparse_3_gib_profile_are_set_aside() {
     // 1: a FIFO; 2: a link to /dev/zero; 3: a sparse 3 GiB file with a valid header; all in
     // place of profiles this host publishes again. 4: a FIFO in place of a profile it does
     // not publish again, met only by the summary index, which reads every profile.
-    let hostile = |img: u8| {
-        let p = path(img);
-        let header = std::fs::read(&p).unwrap();
-        std::fs::remove_file(&p).unwrap();
-        match img {
-            1 | 4 => mkfifo(&p),
-            2 => std::os::unix::fs::symlink("/dev/zero", &p).unwrap(),
-            _ => {
-                std::fs::write(&p, &header).unwrap();
-                std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(3 << 30).unwrap();
-            }
-        }
-    };
-    for img in 1..=4 {
-        hostile(img);
+    for (img, hostile) in
+        [(1, Hostile::Fifo), (2, Hostile::DevZeroLink), (3, Hostile::Sparse), (4, Hostile::Fifo)]
+    {
+        hostile.plant(&path(img));
     }
     for img in 1..=3 {
         s.add(batch(img, 0x20, 2), 0, 0);

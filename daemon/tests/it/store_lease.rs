@@ -156,8 +156,7 @@ fn fifo_or_link_lease_is_set_aside_as_the_lease() {
         match what {
             "fifo" => {
                 std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-                let ok = std::process::Command::new("mkfifo").arg(&path).status().unwrap();
-                assert!(ok.success());
+                dcpi_testkit::Hostile::Fifo.plant(&path);
             }
             "link" => {
                 std::fs::create_dir_all(path.parent().unwrap()).unwrap();

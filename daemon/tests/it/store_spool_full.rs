@@ -7,9 +7,9 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use dcpi_testkit::Tmpfs;
 use dcpid::store::spool::{Increment, Spool, SpoolImage, SpoolKey, SummaryDelta};
 use dcpid::store::{Store, StoreConfig};
 use profile_format::{Database, EpochId, EventDesc, HostSummary, ImageKind, Profile};
@@ -46,64 +46,6 @@ fn segments(dir: &Path) -> Vec<PathBuf> {
     v.retain(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("seg-")));
     v.sort();
     v
-}
-
-/// A test that cannot run here: say so, or fail where it must run (`DCPI_REQUIRE_ALL=1`).
-fn skip(why: &str) {
-    dcpi_testkit::skipped(format_args!("{why}"));
-}
-
-/// A tmpfs of a few pages mounted on a directory while it lives.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Option<Self> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            skip("mounting a tmpfs needs root");
-            return None;
-        }
-        std::fs::create_dir_all(dir).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
-            .arg(dir)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Self(dir.to_path_buf())),
-            Ok(o) => {
-                skip(&format!("mount -t tmpfs failed: {}", String::from_utf8_lossy(&o.stderr)));
-                None
-            }
-            Err(e) => {
-                skip(&format!("cannot run mount: {e}"));
-                None
-            }
-        }
-    }
-
-    /// Fill it with a ballast file up to the last byte; returns the ballast's path.
-    fn fill(&self) -> PathBuf {
-        use std::io::Write;
-        let p = self.0.join("ballast");
-        let mut f = std::fs::File::create(&p).unwrap();
-        let chunk = vec![0u8; 512];
-        loop {
-            match f.write(&chunk) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-                Err(e) => panic!("ballast: {e}"),
-            }
-        }
-        let _ = f.flush();
-        p
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
 }
 
 #[test]

@@ -114,7 +114,7 @@ fn fifo_or_directory_in_place_of_a_segment_does_not_keep_the_spool_closed() {
     spool_records(&spool, &epoch, &[(1, &desc(), 0x10, 3)]);
     // Older segment names than the real one: they are loaded first.
     let fifo = spool.join(format!("seg-{:016x}.log", 1));
-    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    dcpi_testkit::Hostile::Fifo.plant(&fifo);
     std::fs::create_dir(spool.join(format!("seg-{:016x}.log", 2))).unwrap();
     let (tx, rx) = mpsc::channel();
     let r = root.to_path_buf();

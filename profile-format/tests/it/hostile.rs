@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use dcpi_testkit::Hostile;
 use profile_format::{
     Database, EpochId, Error, HostDir, HostSummary, ImageId, KallsymsSnapshot, Profile,
 };
@@ -22,11 +23,6 @@ fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
     });
     rx.recv_timeout(Duration::from_secs(30))
         .unwrap_or_else(|_| panic!("{what}: reader still blocked after 30 s"))
-}
-
-fn mkfifo(p: &Path) {
-    let ok = std::process::Command::new("mkfifo").arg(p).status().expect("run mkfifo");
-    assert!(ok.success(), "mkfifo {}", p.display());
 }
 
 fn host_dir() -> (tempfile::TempDir, HostDir) {
@@ -51,7 +47,7 @@ fn expect_named(e: &Error, path: &Path) {
 fn fifo_in_place_of_a_profile_is_refused_without_blocking() {
     let (_d, hd) = host_dir();
     let p = profile_path(&hd);
-    mkfifo(&p);
+    Hostile::Fifo.plant(&p);
     let q = p.clone();
     let e = bounded("Profile::read of a FIFO", move || Profile::read(&q)).unwrap_err();
     assert!(matches!(e, Error::NotRegularFile { kind: "a FIFO", .. }), "{e}");
@@ -65,15 +61,14 @@ fn fifo_in_place_of_a_profile_is_refused_without_blocking() {
 fn symlink_to_dev_zero_is_refused() {
     let (_d, hd) = host_dir();
     let p = profile_path(&hd);
-    std::os::unix::fs::symlink("/dev/zero", &p).unwrap();
+    Hostile::DevZeroLink.plant(&p);
     let q = p.clone();
     let e = bounded("Profile::read of /dev/zero", move || Profile::read(&q)).unwrap_err();
     assert!(matches!(e, Error::NotRegularFile { kind: "a symbolic link", .. }), "{e}");
     expect_named(&e, &p);
     // The same for a kernel symbol snapshot, the summary and the snapshot reference.
     for name in ["kallsyms.snap", "summary.json", "kallsyms.ref"] {
-        let f = hd.path.join(name);
-        std::os::unix::fs::symlink("/dev/zero", &f).unwrap();
+        Hostile::DevZeroLink.plant(&hd.path.join(name));
     }
     let hd2 = hd.clone();
     let e = bounded("kallsyms.ref", move || hd2.read_kallsyms()).unwrap_err();
@@ -95,9 +90,7 @@ fn sparse_3_gib_files_are_refused_without_reading_them() {
     // and not read.
     let good = common::small_profile().encode();
     std::fs::write(&p, &good).unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-    f.set_len(3 << 30).unwrap();
-    drop(f);
+    Hostile::Sparse.plant(&p);
     let q = p.clone();
     let e = bounded("3 GiB profile", move || Profile::read(&q)).unwrap_err();
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
@@ -106,20 +99,20 @@ fn sparse_3_gib_files_are_refused_without_reading_them() {
     let mut head = good.clone();
     head[12..20].copy_from_slice(&(3u64 << 30).to_le_bytes());
     std::fs::write(&p, &head).unwrap();
-    std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(3 << 30).unwrap();
+    Hostile::Sparse.plant(&p);
     let q = p.clone();
     let e = bounded("3 GiB announced", move || Profile::read(&q)).unwrap_err();
     assert!(matches!(e, Error::Corrupt { field: "length", .. }), "{e}");
     assert!(e.to_string().contains("announces"), "{e}");
     // All zeros (no header at all): a foreign file.
     std::fs::remove_file(&p).unwrap();
-    std::fs::File::create(&p).unwrap().set_len(3 << 30).unwrap();
+    Hostile::Sparse.plant(&p);
     let q = p.clone();
     let e = bounded("3 GiB of zeros", move || Profile::read(&q)).unwrap_err();
     assert!(matches!(e, Error::BadMagic { .. }), "{e}");
     // A 3 GiB summary.json is refused by its size.
     let s = hd.summary_path();
-    std::fs::File::create(&s).unwrap().set_len(3 << 30).unwrap();
+    Hostile::Sparse.plant(&s);
     let e = bounded("3 GiB summary", move || HostSummary::read(&s)).unwrap_err();
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
 }
