@@ -108,7 +108,7 @@ fn two_hosts_rotate_into_the_same_epochs_and_retention_removes_the_oldest() {
     let mut seen: BTreeMap<EpochId, BTreeSet<String>> = BTreeMap::new();
     let hosts = ["fleet-a".to_string(), "fleet-b".to_string()];
     let mut shared: Vec<EpochId> = Vec::new();
-    wait_for(120, "four scheduled epochs with both hosts, and the oldest removed", |saw| {
+    wait_for(300, "four scheduled epochs with both hosts, and the oldest removed", |saw| {
         for e in db.epochs().unwrap_or_default() {
             let h = db.hosts(&e).unwrap_or_default();
             seen.entry(e).or_default().extend(h);
