@@ -907,7 +907,7 @@ mod tests {
         assert_eq!(db.start_epoch_at(&id, "web-01", 86_400, now).unwrap(), EpochStart::Created);
         // The second host finds it: the same id, never the next second as `new_epoch` gives.
         assert_eq!(db.start_epoch_at(&id, "web-02", 86_400, now).unwrap(), EpochStart::Exists);
-        assert_eq!(db.epochs().unwrap(), [id.clone()]);
+        assert_eq!(db.epochs().unwrap(), std::slice::from_ref(&id));
         assert_eq!(db.current_epoch().unwrap(), Some(id.clone()));
         let marker = std::fs::read_to_string(db.epoch_dir(&id).join(EPOCH_MARKER)).unwrap();
         assert_eq!(

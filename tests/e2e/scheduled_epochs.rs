@@ -123,7 +123,11 @@ fn two_hosts_rotate_into_the_same_epochs_and_retention_removes_the_oldest() {
     });
     // Named after the boundaries: no host-specific or "next free second" names.
     let after: Vec<&EpochId> = seen.keys().filter(|e| **e > first).collect();
-    assert!(after.iter().all(|e| unix(e) % EVERY == 0), "unaligned epochs in {after:?}{}", logs());
+    assert!(
+        after.iter().all(|e| unix(e).is_multiple_of(EVERY)),
+        "unaligned epochs in {after:?}{}",
+        logs()
+    );
     // Retention keeps it bounded: the newest two (retention_keep), the one just started, and
     // one more while a daemon that lags behind the other has not rotated yet; nothing old.
     let now: Vec<EpochId> = db.epochs().expect("epochs");
@@ -133,7 +137,7 @@ fn two_hosts_rotate_into_the_same_epochs_and_retention_removes_the_oldest() {
     wait_for(120, "both daemons in the same scheduled epoch", |saw| {
         let (ea, eb) = (epoch_of(&a), epoch_of(&b));
         *saw = format!("a {ea} b {eb}{}", logs());
-        ea == eb && unix(&ea) % EVERY == 0
+        ea == eb && unix(&ea).is_multiple_of(EVERY)
     });
     let (sa, _) = a.terminate();
     let (sb_, _) = b.terminate();
@@ -174,7 +178,7 @@ fn a_reload_turns_the_schedule_on_and_off() {
         epoch_of(&d) != e0
     });
     let e1 = epoch_of(&d);
-    assert!(e1 > e0 && unix(&e1) % EVERY == 0, "{e0} then {e1}");
+    assert!(e1 > e0 && unix(&e1).is_multiple_of(EVERY), "{e0} then {e1}");
 
     std::fs::write(&cfg, "epoch_interval = \"off\"\n").unwrap();
     let out = d.ctl(&["reload"]);
