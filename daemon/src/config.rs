@@ -18,6 +18,7 @@
 //! flush_interval = "5s"
 //! publish_interval = "5m"
 //! max_memory_mb = 256
+//! epoch_interval = "1d"   # or "off"
 //! retention_days = 7
 //! retention_keep = 3
 //! socket = "/run/dcpi/dcpid.sock"
@@ -89,6 +90,62 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("too long (at most {MAX_DURATION_TEXT})"));
     }
     Ok(d)
+}
+
+/// `epoch_interval`: scheduled epochs start this often, aligned to UTC; zero is off.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct EpochInterval(pub Duration);
+
+impl EpochInterval {
+    /// One day (see `epoch_interval`'s help): DCPI-like, bounded history for retention, and
+    /// few epoch directories on NFS.
+    pub const DEFAULT: Self = Self(Duration::from_secs(86_400));
+    pub const OFF: Self = Self(Duration::ZERO);
+
+    /// The interval, `None` when scheduled epochs are off.
+    pub fn get(self) -> Option<Duration> {
+        (!self.0.is_zero()).then_some(self.0)
+    }
+}
+
+impl ShowValue for EpochInterval {
+    fn show(&self) -> String {
+        match self.get() {
+            Some(d) => show_duration(d),
+            None => "off".into(),
+        }
+    }
+}
+
+/// `off`, or a duration as [`parse_duration`] reads it (`0` is off too). Range and whole
+/// seconds are checked with the other keys ([`Settings::validate`]), so that the error names
+/// where the value came from.
+pub fn parse_epoch_interval(s: &str) -> Result<EpochInterval, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("off") {
+        return Ok(EpochInterval::OFF);
+    }
+    parse_duration(t)
+        .map(EpochInterval)
+        .map_err(|e| format!("{e}; or `off` for no scheduled epochs"))
+}
+
+/// `epoch_interval = "1d"`, `"off"`, or a whole number of seconds (`0`: off).
+fn de_epoch_interval<'de, D: Deserializer<'de>>(d: D) -> Result<Option<EpochInterval>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum TextOrSeconds {
+        Text(String),
+        Seconds(i64),
+    }
+    let text = match TextOrSeconds::deserialize(d)? {
+        TextOrSeconds::Text(t) => t,
+        TextOrSeconds::Seconds(n) if n < 0 => {
+            return Err(serde::de::Error::custom(format!("{n} is negative")))
+        }
+        TextOrSeconds::Seconds(n) => n.to_string(),
+    };
+    parse_epoch_interval(&text).map(Some).map_err(serde::de::Error::custom)
 }
 
 fn show_duration(d: Duration) -> String {
@@ -280,6 +337,16 @@ settings! {
     /// dropped and counted [default: 256].
     #[arg(long = "max-memory", value_name = "MB")]
     max_memory_mb: u64 = 256;
+    /// Start a new epoch this often, on the UTC boundaries that are whole multiples of the
+    /// interval since the Unix epoch (`1d`: at 00:00 UTC), so that every host of a fleet
+    /// rotates at the same instant into the same epoch name without talking to the others;
+    /// `off` (or `0`) never rotates by itself. A whole number of seconds, at least 1s.
+    /// `dcpictl epoch new` still starts one in between, without moving the schedule
+    /// [default: 1d: bounds a service's history so that retention can expire it, as DCPI's
+    /// daily epochs did, with one epoch directory per day].
+    #[arg(long, value_name = "DUR", value_parser = parse_epoch_interval)]
+    #[serde(default, deserialize_with = "de_epoch_interval")]
+    epoch_interval: EpochInterval = EpochInterval::DEFAULT;
     /// Delete this host's epochs older than N days ... [default: 7]
     #[arg(long, value_name = "N")]
     retention_days: u32 = 7;
@@ -550,6 +617,16 @@ impl Settings {
                 "must be between 1 and 10000000",
             ));
         }
+        if let Some(d) = self.epoch_interval.get() {
+            // Boundaries are whole UTC seconds, as epoch names are.
+            if d < Duration::from_secs(1) || d.subsec_nanos() != 0 {
+                return Err(bad(
+                    "epoch_interval",
+                    show_duration(d),
+                    "must be a whole number of seconds, at least 1s (or `off`)",
+                ));
+            }
+        }
         if self.max_memory_mb == 0 {
             return Err(bad("max_memory_mb", "0".into(), "must be at least 1"));
         }
@@ -767,6 +844,62 @@ mod tests {
             PartialSettings { host: Some("h".into()), ring_pages: Some(3), ..Default::default() };
         let err = Settings::merge(None, &cli).unwrap_err().to_string();
         assert!(err.starts_with("command line") && err.contains("--ring-pages"), "{err}");
+    }
+
+    #[test]
+    fn epoch_interval_values_and_errors() {
+        assert_eq!(Settings::defaults().epoch_interval.get(), Some(Duration::from_secs(86_400)));
+        assert_eq!(Settings::defaults().show("epoch_interval"), "1day");
+        for (text, want) in [
+            ("epoch_interval = \"1d\"\n", Some(86_400)),
+            ("epoch_interval = \"2s\"\n", Some(2)),
+            ("epoch_interval = \"1h 30m\"\n", Some(5400)),
+            ("epoch_interval = \"30\"\n", Some(30)),
+            ("epoch_interval = 45\n", Some(45)),
+            ("epoch_interval = \"off\"\n", None),
+            ("epoch_interval = \"OFF\"\n", None),
+            ("epoch_interval = \"0\"\n", None),
+            ("epoch_interval = \"0s\"\n", None),
+            ("epoch_interval = 0\n", None),
+        ] {
+            let s = file(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(s.epoch_interval.get(), want.map(Duration::from_secs), "{text}");
+        }
+        assert_eq!(file("epoch_interval = \"off\"\n").unwrap().show("epoch_interval"), "off");
+        for bad in [
+            "epoch_interval = \"soon\"\n",
+            "epoch_interval = \"-1s\"\n",
+            "epoch_interval = -1\n",
+            "epoch_interval = \"500ms\"\n",
+            "epoch_interval = \"1500ms\"\n",
+            "epoch_interval = \"366d\"\n",
+            "epoch_interval = 1.5\n",
+            "epoch_interval = true\n",
+        ] {
+            let err = file(bad).unwrap_err().to_string();
+            assert!(
+                err.starts_with("/etc/dcpi/l.toml:1") && err.contains("epoch_interval"),
+                "{bad}: {err}"
+            );
+        }
+        // From the command line, the flag is named.
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            s: PartialSettings,
+        }
+        let t = T::try_parse_from(["t", "--epoch-interval", "off"]).unwrap();
+        assert_eq!(t.s.epoch_interval, Some(EpochInterval::OFF));
+        let err = T::try_parse_from(["t", "--epoch-interval=-5s"]).err().unwrap().to_string();
+        assert!(err.contains("--epoch-interval"), "{err}");
+        let cli = PartialSettings {
+            host: Some("h".into()),
+            epoch_interval: Some(EpochInterval(Duration::from_millis(100))),
+            ..Default::default()
+        };
+        let err = Settings::merge(None, &cli).unwrap_err().to_string();
+        assert!(err.starts_with("command line") && err.contains("--epoch-interval"), "{err}");
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub fn config_report(s: &Settings) -> ConfigReport {
         flush_interval_s: s.flush_interval.as_secs_f64(),
         publish_interval_s: s.publish_interval.as_secs_f64(),
         max_memory_mb: s.max_memory_mb,
+        epoch_interval_s: s.epoch_interval.get().map_or(0, |d| d.as_secs()),
         retention_days: s.retention_days,
         retention_keep: s.retention_keep,
         socket: s.socket.display().to_string(),

@@ -136,6 +136,27 @@ impl std::fmt::Display for EpochId {
     }
 }
 
+/// How long an epoch directory may wait for its marker before a host starting the same
+/// scheduled epoch writes the marker itself ([`Database::start_epoch_at`]): its creator writes
+/// it right after `mkdir` (milliseconds, a few seconds on a slow NFS server), so a directory
+/// this old without one was left by a creator that died in between. Measured against the
+/// directory's mtime (the file server's clock), so it also absorbs clock skew between hosts.
+pub const ABANDONED_EPOCH_AFTER: Duration = Duration::from_secs(60);
+
+/// What [`Database::start_epoch_at`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EpochStart {
+    /// This call created the epoch and its marker.
+    Created,
+    /// This call wrote the marker of an epoch directory its creator abandoned.
+    Completed,
+    /// Another host started the epoch already (its marker is there).
+    Exists,
+    /// Another host is starting it (directory without marker, younger than
+    /// [`ABANDONED_EPOCH_AFTER`]): it becomes current when the marker appears.
+    Pending,
+}
+
 /// See [`Database::epochs_stamp`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EpochsStamp {
@@ -421,6 +442,62 @@ impl Database {
             value: id.to_string(),
             detail: "no free epoch id left".into(),
         })
+    }
+
+    /// Start the scheduled epoch `id` (FORMAT.md §1.1.1): exactly that id, never the next
+    /// free one as [`Database::new_epoch`] does, so that every host reaching the same boundary
+    /// starts (or finds) the same epoch without talking to the others. `mkdir` decides which
+    /// host creates it; that host writes the marker (with `interval <every_s>`). A directory
+    /// found without its marker is another host's start in progress, unless it is older than
+    /// [`ABANDONED_EPOCH_AFTER`] by `now`: its creator died between `mkdir` and the marker, and
+    /// this host writes the marker in its place (the marker's content is the same but for
+    /// `initiator`; readers only test that it exists).
+    pub fn start_epoch_at(
+        &self,
+        id: &EpochId,
+        initiator_host: &str,
+        every_s: u64,
+        now: SystemTime,
+    ) -> Result<EpochStart> {
+        validate_host_name(initiator_host)?;
+        let dir = self.epochs_dir();
+        ensure_dir(&dir)?;
+        let path = self.epoch_dir(id);
+        let marker = path.join(EPOCH_MARKER);
+        let text = format!(
+            "dcpi-epoch 1\nid {id}\ninitiator {initiator_host}\nstart {}\ninterval {every_s}\n",
+            id.unix_secs()
+        );
+        match fs::create_dir(&path) {
+            Ok(()) => {
+                sync_dir(&dir)?;
+                write_atomic(&marker, text.as_bytes())?;
+                Ok(EpochStart::Created)
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                // Not through a link: `check_dir` refuses one (its owner sets it aside). Gone
+                // again (retention, by hand): a later attempt makes it.
+                if !check_dir(&path)? {
+                    return Ok(EpochStart::Pending);
+                }
+                match fs::symlink_metadata(&marker) {
+                    Ok(m) if m.is_file() => return Ok(EpochStart::Exists),
+                    Ok(_) => return Ok(EpochStart::Pending),
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(marker, e)),
+                }
+                let made = fs::symlink_metadata(&path)
+                    .and_then(|m| m.modified())
+                    .map_err(|e| Error::io(&path, e))?;
+                let age = now.duration_since(made).unwrap_or(Duration::ZERO);
+                if age < ABANDONED_EPOCH_AFTER {
+                    return Ok(EpochStart::Pending);
+                }
+                write_atomic(&marker, text.as_bytes())?;
+                Ok(EpochStart::Completed)
+            }
+            Err(e) => Err(Error::io(path, e)),
+        }
     }
 
     /// Make sure epoch `id` exists with its marker (written as if by `initiator_host` if it
@@ -819,6 +896,55 @@ mod tests {
         ] {
             assert!(EpochId::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn scheduled_epoch_is_the_same_for_every_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::create(dir.path()).unwrap();
+        let id = EpochId::from_time(UNIX_EPOCH + Duration::from_secs(1_764_374_400));
+        let now = id.start_time() + Duration::from_millis(300);
+        assert_eq!(db.start_epoch_at(&id, "web-01", 86_400, now).unwrap(), EpochStart::Created);
+        // The second host finds it: the same id, never the next second as `new_epoch` gives.
+        assert_eq!(db.start_epoch_at(&id, "web-02", 86_400, now).unwrap(), EpochStart::Exists);
+        assert_eq!(db.epochs().unwrap(), std::slice::from_ref(&id));
+        assert_eq!(db.current_epoch().unwrap(), Some(id.clone()));
+        let marker = std::fs::read_to_string(db.epoch_dir(&id).join(EPOCH_MARKER)).unwrap();
+        assert_eq!(
+            marker,
+            "dcpi-epoch 1\nid 20251129T000000Z\ninitiator web-01\nstart 1764374400\ninterval 86400\n"
+        );
+        // A manual epoch in between still takes the next free second after it.
+        let manual = db.new_epoch(now, "web-02").unwrap();
+        assert_eq!(manual.as_str(), "20251129T000001Z");
+    }
+
+    #[test]
+    fn scheduled_epoch_without_marker_waits_then_is_completed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::create(dir.path()).unwrap();
+        let old = db.new_epoch(UNIX_EPOCH + Duration::from_secs(1_764_300_000), "a").unwrap();
+        let id = EpochId::from_time(UNIX_EPOCH + Duration::from_secs(1_764_374_400));
+        // Its creator died between mkdir and the marker.
+        fs::create_dir(db.epoch_dir(&id)).unwrap();
+        let made = fs::metadata(db.epoch_dir(&id)).unwrap().modified().unwrap();
+        let soon = made + Duration::from_secs(5);
+        assert_eq!(db.start_epoch_at(&id, "b", 60, soon).unwrap(), EpochStart::Pending);
+        assert_eq!(db.current_epoch().unwrap(), Some(old));
+        let late = made + ABANDONED_EPOCH_AFTER + Duration::from_secs(1);
+        assert_eq!(db.start_epoch_at(&id, "b", 60, late).unwrap(), EpochStart::Completed);
+        assert_eq!(db.current_epoch().unwrap(), Some(id.clone()));
+        assert_eq!(db.start_epoch_at(&id, "c", 60, late).unwrap(), EpochStart::Exists);
+        // A link in its place is refused, never written through.
+        let other = dir.path().join("elsewhere");
+        fs::create_dir(&other).unwrap();
+        let linked = EpochId::from_time(UNIX_EPOCH + Duration::from_secs(1_764_374_460));
+        std::os::unix::fs::symlink(&other, db.epoch_dir(&linked)).unwrap();
+        assert!(matches!(
+            db.start_epoch_at(&linked, "b", 60, late),
+            Err(Error::NotDirectory { .. })
+        ));
+        assert!(!other.join(EPOCH_MARKER).exists());
     }
 
     #[test]

@@ -27,8 +27,8 @@ mod who;
 
 pub use atomic::write_atomic;
 pub use db::{
-    continuation_path, Database, EpochId, EpochsStamp, HostDir, ProfileEntry, WhoProfileEntry,
-    CORRUPT_SUFFIX, EPOCH_MARKER, PROFILE_SUFFIX,
+    continuation_path, Database, EpochId, EpochStart, EpochsStamp, HostDir, ProfileEntry,
+    WhoProfileEntry, ABANDONED_EPOCH_AFTER, CORRUPT_SUFFIX, EPOCH_MARKER, PROFILE_SUFFIX,
 };
 pub use error::{Error, Result};
 pub use ident::{event_file_component, validate_host_name, ImageId, MAX_BUILD_ID_LEN};

@@ -31,6 +31,7 @@ pub const RELOADABLE: &[&str] = &[
     "publish_interval",
     "publish_max_delay",
     "max_memory_mb",
+    "epoch_interval",
     "retention_days",
     "retention_keep",
     "socket_group",

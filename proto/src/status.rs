@@ -34,8 +34,9 @@
 //!   `flush_publish`, `flush_checks` (hotplug and counters at each flush), `resolver_thread`
 //!   (daemon + sampling interrupts, percent of the whole machine)
 //! - `config`: the settings in force (`file`, `events`, `window_divisor`, `ring_pages`,
-//!   `flush_interval_s`, `publish_interval_s`, `max_memory_mb`, `retention_days`,
-//!   `retention_keep`, `socket`, `socket_group`, `log_level`)
+//!   `flush_interval_s`, `publish_interval_s`, `max_memory_mb`, `epoch_interval_s` (0: no
+//!   scheduled epochs), `retention_days`, `retention_keep`, `socket`, `socket_group`,
+//!   `log_level`)
 //! - `last_reload`: `null` or {`unix_ms`, `trigger` (`SIGHUP`|`dcpictl`), `ok`, `error`,
 //!   `applied[]`, `restart_required[]`}
 //! - `state`: `ok` or `degraded` (a daemon thread died); `failed_threads[]`: `thread`,
@@ -133,6 +134,9 @@ pub struct ConfigReport {
     pub flush_interval_s: f64,
     pub publish_interval_s: f64,
     pub max_memory_mb: u64,
+    /// Scheduled epochs start this often (aligned to UTC); 0 when they are off.
+    #[serde(default)]
+    pub epoch_interval_s: u64,
     pub retention_days: u32,
     pub retention_keep: usize,
     pub socket: String,

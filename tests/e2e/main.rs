@@ -10,6 +10,7 @@ mod listing;
 mod report;
 mod resolve;
 mod sampling;
+mod scheduled_epochs;
 mod service;
 mod stacks;
 mod start_failures;

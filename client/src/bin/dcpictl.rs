@@ -100,7 +100,9 @@ enum Cmd {
 #[derive(Subcommand, Debug)]
 enum EpochCmd {
     /// Close the current epoch at this instant and start a new one; print its id. Every
-    /// sample goes to the epoch containing its timestamp, whenever it is drained.
+    /// sample goes to the epoch containing its timestamp, whenever it is drained. dcpid also
+    /// starts one by itself at each boundary of its `epoch_interval` (by default daily, at
+    /// 00:00 UTC); an epoch started here does not move those boundaries.
     New,
     /// Print the current epoch id.
     Show,

@@ -189,6 +189,27 @@ impl Shared {
         }
     }
 
+    /// Start the scheduled epoch if its boundary has passed (`epoch_interval`,
+    /// [`crate::store::EpochSchedule`]): like `dcpictl epoch new`, a cut closes the old epoch
+    /// at an instant first, under the same store lock. The caller holds the store. Cheap when
+    /// nothing is due (a comparison of the clock with the current epoch's id), so every flush
+    /// tick checks it: a rotation that failed (the database down) or waits for another host's
+    /// marker is tried again, and a wall clock that jumped forward is noticed.
+    pub(super) fn rotate_if_due(&self, store: &mut Store) {
+        let every = read(&self.settings).epoch_interval;
+        let Some(schedule) = every.get().and_then(crate::store::EpochSchedule::new) else {
+            return;
+        };
+        let Some(id) =
+            store.current_epoch().and_then(|e| schedule.due(std::time::SystemTime::now(), e))
+        else {
+            return;
+        };
+        self.cut(store);
+        // Logged by the store (errors once per boundary); the next tick retries.
+        let _ = store.rotate_on_schedule(&id, schedule);
+    }
+
     /// `dcpictl epoch new`: a cut closes the current epoch at an instant, then the next epoch
     /// starts; both under the store lock, so no batch can fall between them.
     pub(super) fn new_epoch(&self) -> (Cut, Result<profile_format::EpochId, StoreError>) {

@@ -1,9 +1,11 @@
 //! The periodic flush on its own thread, and the CPU time of its stages.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
+use crate::config::EpochInterval;
 use crate::status::RecentWindow;
+use crate::store::EpochSchedule;
 
 use super::shared::{lock, read, Shared};
 use super::shutdown::STOP_WAIT;
@@ -61,11 +63,17 @@ impl Flusher {
                 .spawn(FLUSH_THREAD.into(), true, move || {
                     let mut last = Instant::now();
                     let mut last_hotplug = last;
+                    // The next scheduled epoch boundary as an instant of the monotonic clock
+                    // this thread sleeps on, with the `epoch_interval` it was computed for.
+                    let mut boundary: Option<(EpochInterval, Instant)> = None;
                     let stacks = shared.aggregator.stack_tables();
                     while !stop.load(std::sync::atomic::Ordering::Acquire) {
                         watch.fault_point(FLUSH_THREAD);
-                        // Read each time: a reload may change it.
-                        let interval = read(&shared.settings).flush_interval;
+                        // Read each time: a reload may change them.
+                        let (interval, every) = {
+                            let s = read(&shared.settings);
+                            (s.flush_interval, s.epoch_interval)
+                        };
                         let mut next = last + interval;
                         // A stack table past its high-water mark cuts the interval short
                         // (perf::callchain), though to no less than EARLY_FLUSH_GAP: a table
@@ -92,14 +100,29 @@ impl Flusher {
                             lock(&shared.status_only).stages.checks_ns += spent;
                             last_hotplug = now;
                         }
+                        // Past the boundary (or the interval changed): the rotation check,
+                        // and the next boundary from the wall clock as it is now. A clock that
+                        // jumped while this thread slept is seen here, or at the next flush
+                        // tick, which checks too: one wake-up per boundary, no polling.
+                        let boundary_passed = boundary.is_some_and(|(_, at)| now >= at);
+                        if boundary_passed || boundary.is_none_or(|(e, _)| e != every) {
+                            boundary = every
+                                .get()
+                                .and_then(EpochSchedule::new)
+                                .map(|s| (every, Instant::now() + s.until_next(SystemTime::now())));
+                        }
                         if now >= next {
                             if let Some(t) = stacks {
                                 t.clear_flush_request(now < last + interval);
                             }
+                            // Rotates too when the boundary is due.
                             shared.flush_tick();
                             last = Instant::now();
+                        } else if boundary_passed {
+                            shared.scheduled_rotation();
                         } else {
-                            std::thread::park_timeout(next.min(next_hotplug) - now);
+                            let wake = boundary.map_or(next, |(_, at)| at.min(next));
+                            std::thread::park_timeout(wake.min(next_hotplug) - now);
                         }
                     }
                 })
@@ -183,6 +206,18 @@ impl Shared {
         })
     }
 
+    /// A scheduled epoch boundary passed between two flush ticks: rotate now if it is due
+    /// ([`Shared::rotate_if_due`]).
+    pub(super) fn scheduled_rotation(&self) {
+        let c0 = crate::sys::time::thread_cpu_ns();
+        let mut store = lock(&self.store);
+        self.rotate_if_due(&mut store);
+        *lock(&self.store_status) = store.status();
+        drop(store);
+        let spent = crate::sys::time::thread_cpu_ns().saturating_sub(c0);
+        lock(&self.status_only).stages.store_ns += spent;
+    }
+
     /// The periodic flush: what the watermark allows goes to the store. The store lock is
     /// taken before the batch: a batch and an epoch change can then never interleave (the
     /// batch would otherwise land in the epoch after the one its samples belong to).
@@ -201,6 +236,7 @@ impl Shared {
         self.sync_store(&mut store);
         self.absorb_with(&mut store, resolved, status.as_ref());
         let tick = store.tick();
+        self.rotate_if_due(&mut store);
         *lock(&self.store_status) = store.status();
         drop(store);
         crate::sys::malloc::trim_at_most_every(TRIM_EVERY);

@@ -20,6 +20,7 @@ impl Store {
         let e = db.new_epoch(SystemTime::now(), &self.cfg.host)?;
         tracing::info!(epoch = %e, "store: started a new epoch");
         self.epoch = Some(e.clone());
+        self.epoch_changed();
         self.refresh_kallsyms(true);
         self.write_side_files(Instant::now(), true);
         Ok(e)
@@ -70,7 +71,15 @@ impl Store {
         self.write_side_files(now, true);
         tracing::info!(old = %old, new = %newest, "store: following a new epoch");
         self.epoch = Some(newest);
+        self.epoch_changed();
         self.refresh_kallsyms(true);
+    }
+
+    /// A new epoch is current: retention's answer changes with the set of epochs, so the next
+    /// tick applies it rather than within the hour (with scheduled epochs shorter than that,
+    /// old ones would otherwise pile up in between).
+    fn epoch_changed(&mut self) {
+        self.last_retention = None;
     }
 
     /// The database, or the current epoch's directory, vanished (removed by hand, a wiped

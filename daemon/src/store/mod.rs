@@ -35,10 +35,12 @@ mod lease;
 mod pending;
 mod publish;
 mod retention;
+mod rotation;
 pub mod spool;
 mod stacks;
 mod summaries;
 mod who;
+pub use rotation::{EpochSchedule, Rotation};
 pub use who::WhoProfiles;
 
 use std::collections::HashSet;
@@ -164,6 +166,8 @@ pub struct Store {
     health: Health,
     created_dirs: HashSet<PathBuf>,
     last_retention: Option<Instant>,
+    /// The scheduled epoch whose failed start was logged (once per boundary, not per tick).
+    rotation_warned: Option<EpochId>,
     crash_after_writes: Option<u32>,
     lease: LeaseState,
     tmp_cleaned: bool,
@@ -369,6 +373,7 @@ impl Store {
             health: Health::default(),
             created_dirs: HashSet::new(),
             last_retention: None,
+            rotation_warned: None,
             crash_after_writes: None,
             lease: LeaseState::default(),
             tmp_cleaned: false,

@@ -21,7 +21,22 @@ impl Store {
                 continue;
             }
             let old = now.duration_since(e.start_time()).map(|age| age > max_age).unwrap_or(false);
-            if !old || !db.hosts(e)?.iter().any(|h| h == &self.cfg.host) {
+            if !old {
+                continue;
+            }
+            let hosts = db.hosts(e)?;
+            if hosts.is_empty() {
+                // An epoch no host wrote into (started, then every daemon stopped or moved on
+                // before writing; with scheduled epochs, one per boundary): nobody's
+                // directory to remove, so any host removes the marker and the directory
+                // (FORMAT.md §9), or no retention ever would.
+                db.remove_host_epoch(e, &self.cfg.host)?;
+                if !db.epoch_dir(e).exists() {
+                    tracing::info!(epoch = %e, "store: retention removed an epoch without data");
+                }
+                continue;
+            }
+            if !hosts.iter().any(|h| h == &self.cfg.host) {
                 continue;
             }
             db.remove_host_epoch(e, &self.cfg.host)?;

@@ -332,6 +332,71 @@ fn retention_removes_only_own_old_directories() {
     }
 }
 
+/// Scheduled epochs (`epoch_interval`): two hosts rotating at the same boundaries start and
+/// follow the same epoch names, in whichever order they get there, each closing the old epoch
+/// with its data in it; a directory another host is still creating is waited for; retention
+/// (kept short here) runs at the rotation and removes the oldest.
+#[test]
+fn scheduled_epochs_are_the_same_for_every_host_and_expire() {
+    use dcpid::store::{EpochSchedule, Rotation};
+    let dir = tempfile::tempdir().unwrap();
+    let db = Database::create(&dir.path().join("db")).unwrap();
+    let now = SystemTime::now();
+    let hour = Duration::from_secs(3600);
+    // The service's epoch from before: rotations below go to boundaries after it, all past
+    // (retention measures an epoch's age from its start).
+    let e0 = db.new_epoch(now - 4 * hour, "h1").unwrap();
+    let short =
+        |host| StoreConfig { retention_days: 0, retention_keep: 2, ..cfg(dir.path(), host) };
+    let (mut h1, mut h2) = (open_with(short("h1")), open_with(short("h2")));
+    assert_eq!((h1.current_epoch(), h2.current_epoch()), (Some(&e0), Some(&e0)));
+    let every = EpochSchedule::new(Duration::from_secs(60)).unwrap();
+    let b1: &[(u8, u64, u64)] = &[(1, 0x10, 5)];
+    let b2: &[(u8, u64, u64)] = &[(2, 0x20, 3)];
+    let mut ids = Vec::new();
+    for (i, back) in [3u32, 2, 1].into_iter().enumerate() {
+        let id = every.epoch_at(now - hour * back);
+        assert_eq!(id.start_time(), every.epoch_at(id.start_time()).start_time(), "aligned");
+        h1.add(batch(b1, 0), 0, 0);
+        h2.add(batch(b2, 0), 0, 0);
+        // Who comes first alternates; the second finds the first's epoch.
+        let (first, second) = if i % 2 == 0 { (&mut h1, &mut h2) } else { (&mut h2, &mut h1) };
+        assert_eq!(first.rotate_on_schedule(&id, every).unwrap(), Rotation::Started(id.clone()));
+        assert_eq!(second.rotate_on_schedule(&id, every).unwrap(), Rotation::Followed(id.clone()));
+        let prev = ids.last().unwrap_or(&e0).clone();
+        // The closing epoch has each host's samples of before the rotation.
+        if i < 2 {
+            assert_eq!(totals(dir.path(), &prev, "h1"), expect(&[b1], 0), "{prev}");
+            assert_eq!(totals(dir.path(), &prev, "h2"), expect(&[b2], 0), "{prev}");
+        }
+        ids.push(id);
+    }
+    // Two epochs kept (retention_keep), the older ones removed by both hosts.
+    assert_eq!(db.epochs().unwrap(), ids[1..].to_vec());
+    let marker =
+        std::fs::read_to_string(db.epoch_dir(&ids[2]).join(profile_format::EPOCH_MARKER)).unwrap();
+    assert!(marker.contains("interval 60\n"), "{marker}");
+
+    // Another host between its mkdir and its marker: wait, and follow once the marker is there.
+    let next = every.epoch_at(now);
+    std::fs::create_dir(db.epoch_dir(&next)).unwrap();
+    assert_eq!(h1.rotate_on_schedule(&next, every).unwrap(), Rotation::Waiting);
+    assert_eq!(h1.current_epoch(), Some(&ids[2]));
+    std::fs::write(db.epoch_dir(&next).join(profile_format::EPOCH_MARKER), b"h3\n").unwrap();
+    assert_eq!(h1.rotate_on_schedule(&next, every).unwrap(), Rotation::Followed(next.clone()));
+    // A later epoch (started by hand) is followed rather than an older one started.
+    let manual = h2.new_epoch().unwrap();
+    assert!(manual > next);
+    assert_eq!(h1.rotate_on_schedule(&next, every).unwrap(), Rotation::Followed(manual.clone()));
+    assert_eq!(db.hosts(&ids[1]).unwrap(), ["h2"], "h1's retention ran at the rotation");
+    // Nobody wrote into ids[2] after the rotation: no host directory, only the marker; the
+    // first retention removed it. h2 started its epoch by hand: its retention runs at its
+    // next tick.
+    assert!(!db.epoch_dir(&ids[2]).exists());
+    h2.tick_at(Instant::now());
+    assert_eq!(db.epochs().unwrap(), [next, manual]);
+}
+
 /// Bytes under a directory (files only).
 fn dir_bytes(p: &Path) -> u64 {
     std::fs::read_dir(p)
