@@ -536,6 +536,8 @@ pub struct SliceWriter {
     len: u64,
     /// (start, len) of the slices in the file, for roll-up decisions.
     ranges: Vec<(u64, u64)>,
+    /// (device, inode) of the open file: [`SliceWriter::is_current`].
+    id: (u64, u64),
 }
 
 /// What opening a writer found.
@@ -559,6 +561,8 @@ impl SliceWriter {
                 crate::write_atomic(path, &header())?;
                 SliceLog { valid_len: SLICES_HEADER_LEN as u64, ..Default::default() }
             }
+            // A newer dcpid of this host wrote it (a rolling downgrade): left alone (§14.4).
+            Err(e @ Error::UnknownVersion { .. }) if is_newer_log(path) => return Err(e),
             Err(e) if !matches!(e, Error::Io { .. }) => {
                 let to = crate::safeio::set_aside(path)?;
                 report.set_aside = Some((to, e.to_string()));
@@ -568,6 +572,7 @@ impl SliceWriter {
             Err(e) => return Err(e),
         };
         let file = open_append(path)?;
+        let id = file_id(&file, path)?;
         if log.torn_tail > 0 {
             file.set_len(log.valid_len).map_err(|e| Error::io(path, e))?;
             report.truncated = log.torn_tail;
@@ -580,6 +585,7 @@ impl SliceWriter {
                 len: log.valid_len,
                 ranges: log.slices.iter().map(|s| (s.start, s.len)).collect(),
                 file,
+                id,
             },
             report,
         ))
@@ -587,6 +593,15 @@ impl SliceWriter {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the file this writer appends to is still the one at its path (`lstat`): the
+    /// directory may have been removed (retention, by hand) or the file set aside or replaced
+    /// since; a writer that is not current is dropped and opened again.
+    pub fn is_current(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.file_type().is_file() && (m.dev(), m.ino()) == self.id)
     }
 
     /// Bytes of the file.
@@ -648,12 +663,35 @@ impl SliceWriter {
         let bytes = rolled.encode();
         crate::write_atomic(&self.path, &bytes)?;
         self.file = open_append(&self.path)?;
+        self.id = file_id(&self.file, &self.path)?;
         self.keys = KeyTable::of(&rolled);
         self.next_seq = rolled.next_seq();
         self.len = bytes.len() as u64;
         self.ranges = rolled.slices.iter().map(|s| (s.start, s.len)).collect();
         Ok(self.len)
     }
+}
+
+/// Whether `path` is a slice log of a newer version than this build's: a regular file whose
+/// header has the magic, a version above [`SLICES_VERSION`] and a valid header checksum.
+fn is_newer_log(path: &Path) -> bool {
+    let Ok((f, _)) = open_regular(path) else { return false };
+    let mut head = Vec::with_capacity(SLICES_HEADER_LEN);
+    if f.take(SLICES_HEADER_LEN as u64).read_to_end(&mut head).is_err()
+        || head.len() < SLICES_HEADER_LEN
+        || &head[..8] != SLICES_MAGIC
+    {
+        return false;
+    }
+    let version = u16::from_le_bytes([head[8], head[9]]);
+    let crc = u32::from_le_bytes([head[12], head[13], head[14], head[15]]);
+    version > SLICES_VERSION && crc == crc32fast::hash(&head[..12])
+}
+
+fn file_id(f: &File, path: &Path) -> Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = f.metadata().map_err(|e| Error::io(path, e))?;
+    Ok((m.dev(), m.ino()))
 }
 
 fn open_append(path: &Path) -> Result<File> {

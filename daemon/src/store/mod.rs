@@ -35,10 +35,12 @@ mod lease;
 mod pending;
 mod publish;
 mod retention;
+mod slices;
 pub mod spool;
 mod stacks;
 mod summaries;
 mod who;
+pub use slices::{SliceSettings, SliceStats, ROLLUP_SLICE};
 pub use who::WhoProfiles;
 
 use std::collections::HashSet;
@@ -175,6 +177,8 @@ pub struct Store {
     who: who::WhoAccum,
     /// Call-stack increments not yet spooled.
     stacks: stacks::PendingStacks,
+    /// Counts per time slice not yet appended to the slice logs (FORMAT.md §14).
+    slices: slices::SliceAccum,
 }
 
 /// Thread CPU time one [`Store::tick`] spent writing the spool and publishing (ns): where the
@@ -376,6 +380,7 @@ impl Store {
             stall_db: None,
             who: who::WhoAccum::default(),
             stacks: stacks::PendingStacks::default(),
+            slices: slices::SliceAccum::default(),
         }
     }
 
@@ -594,6 +599,7 @@ impl Store {
             self.who.profiles,
             &mut unknown_event,
         ) {
+            self.slices_add(&b, SystemTime::now());
             self.pending.push(b, self.cfg.max_memory_bytes);
         }
     }
@@ -624,6 +630,7 @@ impl Store {
                 items: published as u64,
             });
         }
+        self.slices_step(false);
         self.maybe_retention(now);
         self.write_marks(now);
         self.refresh_backlog();
@@ -672,6 +679,7 @@ impl Store {
         let result = self.publish_all(now, None);
         self.refresh_kallsyms(false);
         self.write_side_files(now, true);
+        self.slices_step(true);
         self.write_marks(now);
         if let Some(sp) = self.spool.as_mut() {
             if let Err(e) = sp.sync() {

@@ -333,3 +333,29 @@ proptest! {
         prop_assert_eq!(rb.slices, r.slices);
     }
 }
+
+#[test]
+fn a_newer_version_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(SLICES_FILE);
+    let mut h = b"DCPISLC\0".to_vec();
+    h.extend_from_slice(&2u16.to_le_bytes());
+    h.extend_from_slice(&0u16.to_le_bytes());
+    let crc = crc32fast::hash(&h);
+    h.extend_from_slice(&crc.to_le_bytes());
+    h.extend_from_slice(b"records of version 2");
+    std::fs::write(&p, &h).unwrap();
+    let e = SliceWriter::open(&p).unwrap_err().to_string();
+    assert!(e.contains("unknown format version 2") && e.contains(SLICES_FILE), "{e}");
+    assert_eq!(std::fs::read(&p).unwrap(), h, "untouched");
+}
+
+#[test]
+fn a_replaced_file_is_noticed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(SLICES_FILE);
+    let w = write_log(&p, &sample_slices()[..1]);
+    assert!(w.is_current());
+    crate::safeio::set_aside(&p).unwrap();
+    assert!(!w.is_current());
+}
