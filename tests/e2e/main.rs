@@ -11,6 +11,7 @@ mod report;
 mod resolve;
 mod sampling;
 mod service;
+mod slices;
 mod stacks;
 mod start_failures;
 mod store_reliability;

@@ -159,6 +159,7 @@ impl Store {
         if iv == 0 || b.profiles.is_empty() {
             return;
         }
+        let c0 = crate::sys::time::thread_cpu_ns();
         let at = unix_s(at);
         let aligned = at - at % iv;
         let acc = &mut self.slices;
@@ -185,6 +186,7 @@ impl Store {
                 *e = e.saturating_add(c);
             }
         }
+        acc.stats.cpu_ns += crate::sys::time::thread_cpu_ns().saturating_sub(c0);
     }
 
     /// Close the slices that have ended (all open ones with `force`: a flush, a stop) or whose
@@ -214,12 +216,24 @@ impl Store {
             self.slices.close(&e, end);
         }
         if !self.slices.closed.is_empty() && self.db.is_some() && self.check_lease().is_ok() {
+            let before = self.slices.stats;
             if let Err(e) = self.append_closed() {
                 self.set_db_error(&e);
             }
             if let Err(e) = self.maybe_rollup(now) {
                 self.set_db_error(&e);
             }
+            let st = &self.slices.stats;
+            // Once per slice: what publishing it cost (bench/slices.py reads these lines).
+            tracing::debug!(
+                records = st.records - before.records,
+                bytes = st.bytes - before.bytes,
+                total_records = st.records,
+                total_bytes = st.bytes,
+                total_cpu_ns = st.cpu_ns + crate::sys::time::thread_cpu_ns().saturating_sub(c0),
+                rollups = st.rollups,
+                "store: time slices appended"
+            );
         }
         // Forget where finished epochs' slices ended.
         let open = &self.slices.open;
