@@ -10,7 +10,7 @@ per CPU, cpu-clock), each into its own database: one with the defaults (`slice_i
 Measured over the window (after a warm-up):
   * the growth of each database, and of the slices-on database's `slices.log`;
   * every record of `slices.log` (bytes, pairs, samples), read back after the stop by
-    `cargo run --release -p dcpi-profile-format --example slices_stat`, and the size of the
+    `cargo run -p dcpi-profile-format --example slices_stat`, and the size of the
     window's minutes rolled up into hour slices;
   * the daemon's CPU time spent on slices (its debug log line per appended slice).
 
@@ -120,6 +120,8 @@ def main():
     ap.add_argument("--rate", type=int, default=1000, help="samples per second per CPU")
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
     ap.add_argument("--work", default=None)
+    ap.add_argument("--release-stat", action="store_true",
+                    help="build the slices_stat example in release (default: debug; it only reads)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench/slices.py: must run as root (system-wide profiling)", file=sys.stderr)
@@ -160,8 +162,8 @@ def main():
     cpu = slice_cpu(on.log_path)
     stats = []
     for p in slices_logs(on.db):
-        r = subprocess.run(["cargo", "run", "-q", "--release", "-p", "dcpi-profile-format",
-                            "--example", "slices_stat", "--", p],
+        r = subprocess.run(["cargo", "run", "-q"] + (["--release"] if args.release_stat else [])
+                           + ["-p", "dcpi-profile-format", "--example", "slices_stat", "--", p],
                            capture_output=True, text=True, cwd=ROOT)
         if r.returncode != 0:
             raise bench.ProfilerError(f"slices_stat {p}: {r.stderr.strip()}")

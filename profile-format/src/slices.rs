@@ -395,17 +395,25 @@ pub fn encode_record(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable) {
         let img = k.image.as_ref().map(|i| i.to_text()).unwrap_or_default();
         put_bytes(&mut payload, img.as_bytes());
     }
+    // Columns: entry headers, then every offset, then every count − 1. Counts are mostly
+    // small and alike, offsets are not: apart, zstd packs the counts to almost nothing.
     crate::varint::write_u64(&mut payload, idx.len() as u64);
     let mut prev: Option<u64> = None;
-    for (i, pairs) in idx {
-        crate::varint::write_u64(&mut payload, prev.map_or(i, |p| i - p - 1));
-        prev = Some(i);
+    for (i, pairs) in &idx {
+        crate::varint::write_u64(&mut payload, prev.map_or(*i, |p| i - p - 1));
+        prev = Some(*i);
         crate::varint::write_u64(&mut payload, pairs.len() as u64);
+    }
+    for (_, pairs) in &idx {
         let mut last: Option<u64> = None;
-        for &(off, c) in pairs {
+        for &(off, _) in pairs.iter() {
             crate::varint::write_u64(&mut payload, last.map_or(off, |l| off - l - 1));
             last = Some(off);
-            crate::varint::write_u64(&mut payload, c);
+        }
+    }
+    for (_, pairs) in &idx {
+        for &(_, c) in pairs.iter() {
+            crate::varint::write_u64(&mut payload, c.saturating_sub(1));
         }
     }
     let mut body = Vec::with_capacity(payload.len() / 2 + 32);
@@ -487,9 +495,10 @@ fn decode_record(
         }
         keys.push(k);
     }
-    let n = p.count("entries", 3)?;
-    let mut counts = BTreeMap::new();
+    let n = p.count("entries", 4)?;
+    let mut heads: Vec<(usize, usize)> = Vec::with_capacity(n);
     let mut prev: Option<u64> = None;
+    let mut total = 0usize;
     for _ in 0..n {
         let d = p.varint("key index")?;
         let i = match prev {
@@ -503,7 +512,17 @@ fn decode_record(
         if m == 0 {
             return Err(p.corrupt("pairs", "an entry without counts"));
         }
-        let mut pairs = Vec::with_capacity(m);
+        total += m;
+        heads.push((i as usize, m));
+    }
+    // Each pair takes at least one byte in each of the two columns that follow.
+    if total.saturating_mul(2) > p.remaining() {
+        return Err(
+            p.corrupt("pairs", format!("{total} pairs cannot fit in {} bytes", p.remaining()))
+        );
+    }
+    let mut offsets = Vec::with_capacity(total);
+    for &(_, m) in &heads {
         let mut last: Option<u64> = None;
         for _ in 0..m {
             let d = p.varint("offset")?;
@@ -513,13 +532,19 @@ fn decode_record(
             }
             .ok_or_else(|| p.corrupt("offset", "beyond 2^64-1"))?;
             last = Some(off);
+            offsets.push(off);
+        }
+    }
+    let mut counts = BTreeMap::new();
+    let mut offs = offsets.into_iter();
+    for (i, m) in heads {
+        let mut pairs = Vec::with_capacity(m);
+        for off in offs.by_ref().take(m) {
             let c = p.varint("count")?;
-            if c == 0 {
-                return Err(p.corrupt("count", "0"));
-            }
+            let c = c.checked_add(1).ok_or_else(|| p.corrupt("count", "beyond 2^64-1"))?;
             pairs.push((off, c));
         }
-        counts.insert(keys[i as usize].clone(), pairs);
+        counts.insert(keys[i].clone(), pairs);
     }
     p.finish()?;
     Ok(Slice { start, len, seq, counts })
