@@ -265,7 +265,8 @@ impl Store {
                 acc.stats.bytes += n;
             }
             if let Some((_, s)) = acc.closed.pop_front() {
-                acc.closed_pairs -= s.counts.values().map(Vec::len).sum::<usize>();
+                acc.closed_pairs =
+                    acc.closed_pairs.saturating_sub(s.counts.values().map(Vec::len).sum());
             }
         }
         self.slices.dropped_logged = false;
@@ -315,5 +316,76 @@ impl Store {
         self.slices.stats.rollup_bytes += n;
         tracing::debug!(file = %w.path().display(), bytes = n, "store: rolled up old time slices");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profile_format::SliceLog;
+
+    fn minute(start: u64, off: u64) -> Slice {
+        let key =
+            SliceKey { event: "cpu-clock".into(), image: Some(ImageId::BuildId(vec![7; 20])) };
+        Slice { start, len: 60, seq: 0, counts: [(key, vec![(off, 2)])].into_iter().collect() }
+    }
+
+    /// The roll-up policy: nothing before a whole hour of minutes is older than
+    /// `rollup_after`, then those hours become hour slices, and the file is rewritten no
+    /// more than that; every sample stays.
+    #[test]
+    fn old_minutes_become_hours_once_a_whole_hour_is_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = super::super::StoreConfig {
+            db: dir.path().join("db"),
+            spool: dir.path().join("spool"),
+            host: "h1".into(),
+            flush_interval: Duration::from_secs(2),
+            publish_interval: Duration::from_secs(60),
+            publish_max_delay: Duration::from_secs(360),
+            max_memory_bytes: 64 << 20,
+            retention_days: 7,
+            retention_keep: 3,
+        };
+        let mut s = Store::open(cfg);
+        let epoch = s.current_epoch().unwrap().clone();
+        let after = 6 * 3600;
+        s.set_slices(SliceSettings {
+            interval: Duration::from_secs(60),
+            rollup_after: Duration::from_secs(after),
+        });
+        // Three hours of minutes from 10:00 (Unix time of day), as appended while running.
+        let t0 = 10 * 3600;
+        for m in 0..180 {
+            s.slices.closed.push_back((epoch.clone(), minute(t0 + m * 60, m % 5)));
+            s.slices.closed_pairs += 1;
+        }
+        s.append_closed().unwrap();
+        let path = s.host_dir(&epoch).unwrap().slices_path();
+        let read = || SliceLog::read(&path).unwrap().unwrap();
+        assert_eq!(read().slices.len(), 180);
+        // 16:59: not even the first hour ended 6 h ago.
+        s.maybe_rollup(t0 + after + 3599).unwrap();
+        assert_eq!((read().slices.len(), s.slices.stats.rollups), (180, 0));
+        // 17:00: 10:00-11:00 is due and becomes one slice.
+        s.maybe_rollup(t0 + after + 3600).unwrap();
+        let log = read();
+        assert_eq!((log.slices.len(), s.slices.stats.rollups), (1 + 120, 1));
+        assert_eq!((log.slices[0].start, log.slices[0].len), (t0, 3600));
+        // 17:30: nothing new is due, no rewrite.
+        s.maybe_rollup(t0 + after + 5400).unwrap();
+        assert_eq!(s.slices.stats.rollups, 1);
+        // 19:00: the other two hours.
+        s.maybe_rollup(t0 + after + 3 * 3600).unwrap();
+        let log = read();
+        assert_eq!(log.slices.len(), 3);
+        assert!(log.slices.iter().all(|x| x.len == 3600));
+        assert_eq!(log.samples(), 180 * 2, "every sample kept");
+        // Appending goes on in the rewritten file.
+        s.slices.closed.push_back((epoch.clone(), minute(t0 + 4 * 3600, 1)));
+        s.slices.closed_pairs += 1;
+        s.append_closed().unwrap();
+        assert_eq!(s.slices.closed_pairs, 0);
+        assert_eq!(read().slices.len(), 4);
     }
 }
