@@ -29,6 +29,8 @@
 //! perf_map_max_entries = 100000
 //! callchains = "none"      # or "fp": call stacks through frame pointers
 //! sample_max_stack = 64
+//! slice_interval = "1m"       # time slices in each host-epoch (FORMAT.md §14); "0": off
+//! slice_rollup_after = "6h"   # older slices become hour slices
 //! ```
 //!
 //! Errors name the file, the line (and column, for syntax and type errors; from the spans
@@ -400,6 +402,17 @@ settings! {
     /// /proc/sys/kernel/perf_event_max_stack (127 by default) [default: 64].
     #[arg(long, value_name = "N")]
     sample_max_stack: u16 = crate::perf::callchain::DEFAULT_MAX_STACK;
+    /// Length of the time slices each host-epoch keeps its counts in (`slices.log`, for
+    /// reports over a time range), aligned to UTC; whole seconds dividing an hour; `0`: no
+    /// slices, only epoch totals [default: 1m].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    slice_interval: Duration = Duration::from_secs(60);
+    /// Slices that ended longer ago than this are rolled up into hour slices, so that storage
+    /// stays bounded: the resolution of `slice_interval` is kept for this long [default: 6h].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    slice_rollup_after: Duration = Duration::from_secs(6 * 3600);
 }
 
 /// Keys a reload may change while dcpid runs; any other key that changes is reported as needing
@@ -627,6 +640,23 @@ impl Settings {
                 ));
             }
         }
+        let iv = self.slice_interval;
+        if !iv.is_zero()
+            && (iv.subsec_nanos() != 0 || iv.as_secs() > 3600 || 3600 % iv.as_secs() != 0)
+        {
+            return Err(bad(
+                "slice_interval",
+                show_duration(iv),
+                "must be 0 (off) or whole seconds that divide an hour (1s .. 1h, e.g. 10s, 1m, 5m)",
+            ));
+        }
+        if self.slice_rollup_after < Duration::from_secs(3600) {
+            return Err(bad(
+                "slice_rollup_after",
+                show_duration(self.slice_rollup_after),
+                "must be at least 1h",
+            ));
+        }
         if self.max_memory_mb == 0 {
             return Err(bad("max_memory_mb", "0".into(), "must be at least 1"));
         }
@@ -838,6 +868,19 @@ mod tests {
         assert!(err.contains("sample_max_stack"), "{err}");
         let ok = file("callchains = \"fp\"\nsample_max_stack = 127\n").expect("valid");
         assert_eq!((ok.callchains.as_str(), ok.sample_max_stack), ("fp", 127));
+        for bad in ["7s", "1500ms", "2h"] {
+            let err = file(&format!("slice_interval = \"{bad}\"\n")).unwrap_err().to_string();
+            assert!(
+                err.starts_with("/etc/dcpi/l.toml:1: ") && err.contains("slice_interval"),
+                "{err}"
+            );
+        }
+        let err = file("slice_rollup_after = \"10m\"\n").unwrap_err().to_string();
+        assert!(err.contains("slice_rollup_after"), "{err}");
+        let ok = file("slice_interval = \"0\"\nslice_rollup_after = \"1d\"\n").expect("valid");
+        assert_eq!(ok.slice_interval, Duration::ZERO);
+        let ok = file("slice_interval = \"10s\"\n").expect("valid");
+        assert_eq!(ok.slice_interval, Duration::from_secs(10));
         assert_eq!(line_col("ab\ncd", 4), (2, 2));
         // From the command line, the flag is named.
         let cli =

@@ -748,6 +748,17 @@ impl HostDir {
         ))
     }
 
+    /// The host directory's slice log: its counts per time slice (FORMAT.md §14).
+    pub fn slices_path(&self) -> PathBuf {
+        self.path.join(crate::SLICES_FILE)
+    }
+
+    /// This host directory's slices (FORMAT.md §14), read safely (§6.1); `Ok(None)`: it has
+    /// no slice log (written before §14, or with slices off): no time axis, only totals.
+    pub fn read_slices(&self) -> Result<Option<crate::SliceLog>> {
+        crate::SliceLog::read(&self.slices_path())
+    }
+
     /// The host directory's who table (FORMAT.md §12).
     pub fn who_path(&self) -> PathBuf {
         self.path.join(crate::WHO_FILE)

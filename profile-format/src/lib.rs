@@ -19,6 +19,7 @@ mod lease;
 pub mod pairs;
 mod profile;
 pub mod safeio;
+mod slices;
 mod stacks;
 pub mod sumidx;
 mod summary;
@@ -43,6 +44,10 @@ pub use lease::{same_owner, Lease, LEASES_DIR, LEASE_VERSION};
 pub use profile::{
     cgroup_file_component, EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, ProfileWho,
     UnknownReason, PROFILE_MAGIC, PROFILE_VERSION,
+};
+pub use slices::{
+    encode_record, KeyTable, OpenReport, Slice, SliceKey, SliceLog, SliceRange, SliceWriter,
+    MAX_RECORD, SLICES_FILE, SLICES_HEADER_LEN, SLICES_MAGIC, SLICES_VERSION,
 };
 pub use stacks::{
     stacks_file_event_component, Frame, StackImage, StackProfile, StackRef, MAX_STACK_DEPTH,

@@ -12,6 +12,7 @@ mod resolve;
 mod sampling;
 mod scheduled_epochs;
 mod service;
+mod slices;
 mod stacks;
 mod start_failures;
 mod store_reliability;

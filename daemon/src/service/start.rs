@@ -157,6 +157,10 @@ pub(super) fn open_store(
         // One daemon per host name: two would overwrite each other's profiles.
         .map_err(ServiceError::LeaseHeld)?;
     store.set_who_by_pid(settings.by_pid);
+    store.set_slices(crate::store::SliceSettings {
+        interval: settings.slice_interval,
+        rollup_after: settings.slice_rollup_after,
+    });
     store.set_who_profiles(who_profiles(settings));
     Ok(store)
 }

@@ -36,11 +36,13 @@ mod pending;
 mod publish;
 mod retention;
 mod rotation;
+mod slices;
 pub mod spool;
 mod stacks;
 mod summaries;
 mod who;
 pub use rotation::{EpochSchedule, Rotation};
+pub use slices::{SliceSettings, SliceStats, ROLLUP_SLICE};
 pub use who::WhoProfiles;
 
 use std::collections::HashSet;
@@ -179,6 +181,8 @@ pub struct Store {
     who: who::WhoAccum,
     /// Call-stack increments not yet spooled.
     stacks: stacks::PendingStacks,
+    /// Counts per time slice not yet appended to the slice logs (FORMAT.md §14).
+    slices: slices::SliceAccum,
 }
 
 /// Thread CPU time one [`Store::tick`] spent writing the spool and publishing (ns): where the
@@ -381,6 +385,7 @@ impl Store {
             stall_db: None,
             who: who::WhoAccum::default(),
             stacks: stacks::PendingStacks::default(),
+            slices: slices::SliceAccum::default(),
         }
     }
 
@@ -599,6 +604,7 @@ impl Store {
             self.who.profiles,
             &mut unknown_event,
         ) {
+            self.slices_add(&b, SystemTime::now());
             self.pending.push(b, self.cfg.max_memory_bytes);
         }
     }
@@ -629,6 +635,7 @@ impl Store {
                 items: published as u64,
             });
         }
+        self.slices_step(false);
         self.maybe_retention(now);
         self.write_marks(now);
         self.refresh_backlog();
@@ -677,6 +684,7 @@ impl Store {
         let result = self.publish_all(now, None);
         self.refresh_kallsyms(false);
         self.write_side_files(now, true);
+        self.slices_step(true);
         self.write_marks(now);
         if let Some(sp) = self.spool.as_mut() {
             if let Err(e) = sp.sync() {

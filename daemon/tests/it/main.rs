@@ -17,6 +17,7 @@ mod store_layout;
 mod store_lease;
 mod store_newer_format;
 mod store_publish;
+mod store_slices;
 mod store_spool_directly;
 mod store_spool_full;
 mod store_spool_quarantine;

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Storage of time slices (issue 36 item 2): database bytes per core-day with minute slices on
+and off, side by side, on the busy mix.
+
+Busy mix: a `cc -O2` loop over bench/workloads/*.c, a Python loop, and an exec churn loop
+(`/bin/true` run back to back). Two dcpid sample it at the same time at the same rate (1 kHz
+per CPU, cpu-clock), each into its own database: one with the defaults (`slice_interval` 1m,
+`slice_rollup_after` 6h), one with `--slice-interval 0` (epoch totals only).
+
+Measured over the window (after a warm-up):
+  * the growth of each database, and of the slices-on database's `slices.log`;
+  * every record of `slices.log` (bytes, pairs, samples), read back after the stop by
+    `cargo run -p dcpi-profile-format --example slices_stat`, and the size of the
+    window's minutes rolled up into hour slices;
+  * the daemon's CPU time spent on slices (its debug log line per appended slice).
+
+Projection to a core-day (stated in the output): a day-long epoch keeps its last 6 h as minute
+slices and the 18 h before as hour slices, so at the end of the day
+
+    slices.log = 360 x (mean bytes of a minute record) + 18 x (bytes of an hour record)
+
+where an hour record is the window's minutes rolled up into one, scaled linearly to 60 minutes
+(an upper bound: distinct (image, offset) pairs saturate, issue 36); the epoch totals grow by
+the slices-off database's growth rate over the second half of the window, linearly for 24 h
+(also an upper bound). Both divided by the number of CPUs.
+
+  sudo python3 bench/slices.py --duration 1200                  # 20 minutes + warm-up
+  sudo python3 bench/slices.py --duration 3600 --bin-dir target/release
+
+Needs root, cc, python3 and the binaries (dcpid, dcpictl in --bin-dir; the example is built by
+cargo). Writes bench/results/slices-<timestamp>.json and .md and prints the table.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+PY_LOOP = "s=0\nfor i in range(300000):\n    s += i * i\nprint(s)\n"
+
+
+class Dcpid(bench.Dcpid):
+    def __init__(self, bins, workdir, rate, max_secs, extra):
+        super().__init__(bins, workdir, rate, max_secs)
+        self.extra = extra
+
+    def cmd(self):
+        return super().cmd() + self.extra
+
+
+def busy_mix(workdir):
+    srcs = [os.path.join(BENCH, "workloads", f) for f in ("churn.c", "cpu.c", "mem.c", "mix.c")]
+    out = os.path.join(workdir, "cc-out")
+    os.makedirs(out, exist_ok=True)
+    cc = ("while :; do for f in " + " ".join(srcs) + "; do cc -O2 -c \"$f\" -o "
+          + out + "/x.o 2>/dev/null; done; done")
+    py = os.path.join(workdir, "loop.py")
+    with open(py, "w") as f:
+        f.write(PY_LOOP)
+    loops = [cc, f"while :; do python3 {py} >/dev/null; done", "while :; do /bin/true; done"]
+    return [subprocess.Popen(["bash", "-c", c], start_new_session=True) for c in loops]
+
+
+def stop_mix(procs):
+    for p in procs:
+        try:
+            os.killpg(p.pid, 9)
+        except OSError:
+            pass
+        p.wait()
+
+
+def db_bytes(db):
+    return bench.tree_bytes(db)[0] if os.path.exists(db) else 0
+
+
+def slices_logs(db):
+    return [os.path.join(d, f) for d, _, fs in os.walk(db) for f in fs if f == "slices.log"]
+
+
+def slices_bytes(db):
+    return sum(os.path.getsize(p) for p in slices_logs(db))
+
+
+def snap(on, off):
+    return {"t": time.monotonic(), "on_db": db_bytes(on.db), "off_db": db_bytes(off.db),
+            "on_slices": slices_bytes(on.db)}
+
+
+def slice_cpu(log_path):
+    """(records, total CPU ns) from the last 'time slices appended' debug line."""
+    last = None
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            if "time slices appended" in line:
+                last = line
+    if not last:
+        return None
+    rec = re.search(r"total_records=(\d+)", last)
+    cpu = re.search(r"total_cpu_ns=(\d+)", last)
+    return {"records": int(rec.group(1)), "cpu_ns": int(cpu.group(1))} if rec and cpu else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=1200, help="measured window, seconds")
+    ap.add_argument("--warmup", type=float, default=60, help="seconds before the window")
+    ap.add_argument("--rate", type=int, default=1000, help="samples per second per CPU")
+    ap.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--release-stat", action="store_true",
+                    help="build the slices_stat example in release (default: debug; it only reads)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench/slices.py: must run as root (system-wide profiling)", file=sys.stderr)
+        return 2
+    bins = {n: os.path.join(args.bin_dir, n) for n in ("dcpid", "dcpictl")}
+    for b in bins.values():
+        if not os.path.exists(b):
+            print(f"bench/slices.py: {b} missing", file=sys.stderr)
+            return 2
+    work = args.work or tempfile.mkdtemp(prefix="dcpi-slices-", dir="/var/tmp")
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True).stdout.strip()
+    life = args.warmup + args.duration + 600
+    on = Dcpid(bins, os.path.join(work, "on"), args.rate, life,
+               ["--log-level", "info,dcpid::store::slices=debug"])
+    off = Dcpid(bins, os.path.join(work, "off"), args.rate, life, ["--slice-interval", "0"])
+    on.start()
+    off.start()
+    mix = busy_mix(os.path.join(work, "mix"))
+    series = []
+    try:
+        bench.log(f"slices: warm-up {args.warmup:.0f} s, window {args.duration:.0f} s")
+        time.sleep(args.warmup)
+        a = snap(on, off)
+        series.append(a)
+        end = a["t"] + args.duration
+        while time.monotonic() < end:
+            time.sleep(min(60, max(0.0, end - time.monotonic())))
+            series.append(snap(on, off))
+        b = series[-1]
+        for d in (on, off):
+            if d.proc.poll() is not None:
+                raise bench.ProfilerError(f"dcpid exited with {d.proc.returncode} in the window")
+    finally:
+        stop_mix(mix)
+    on.stop()
+    off.stop()
+    cpu = slice_cpu(on.log_path)
+    stats = []
+    for p in slices_logs(on.db):
+        r = subprocess.run(["cargo", "run", "-q"] + (["--release"] if args.release_stat else [])
+                           + ["-p", "dcpi-profile-format", "--example", "slices_stat", "--", p],
+                           capture_output=True, text=True, cwd=ROOT)
+        if r.returncode != 0:
+            raise bench.ProfilerError(f"slices_stat {p}: {r.stderr.strip()}")
+        stats.append(json.loads(r.stdout))
+    secs = b["t"] - a["t"]
+    ncpu = os.cpu_count()
+    # Full minute records inside the window (the first and last may be partial).
+    recs = [r for s in stats for r in s["records"] if r["len"] == 60]
+    mean_min = sum(r["bytes"] for r in recs) / len(recs) if recs else 0
+    window_min = max(1.0, len(recs))
+    rollup_bytes = sum(s["rollup_bytes"] for s in stats)
+    hour_bytes = rollup_bytes * 60.0 / window_min
+    slices_day = 360 * mean_min + 18 * hour_bytes
+    half = series[len(series) // 2]
+    off_rate = (b["off_db"] - half["off_db"]) / max(1.0, b["t"] - half["t"])
+    totals_day = b["off_db"] + off_rate * (86400 - (b["t"] - series[0]["t"]) - args.warmup)
+    res = {
+        "commit": rev, "args": vars(args), "cpus": ncpu, "window_s": secs,
+        "loadavg_end": os.getloadavg(),
+        "on_db_growth": b["on_db"] - a["on_db"], "off_db_growth": b["off_db"] - a["off_db"],
+        "slices_log_growth": b["on_slices"] - a["on_slices"],
+        "minute_records": len(recs), "mean_minute_record_bytes": mean_min,
+        "mean_minute_record_pairs": sum(r["pairs"] for r in recs) / len(recs) if recs else 0,
+        "mean_minute_record_samples": sum(r["samples"] for r in recs) / len(recs) if recs else 0,
+        "window_rolled_up_bytes": rollup_bytes, "hour_record_bytes_projected": hour_bytes,
+        "slices_log_day_projected": slices_day,
+        "totals_rate_second_half_Bps": off_rate, "totals_day_projected": totals_day,
+        "per_core_day_slices_on": (slices_day + totals_day) / ncpu,
+        "per_core_day_slices_off": totals_day / ncpu,
+        "slice_cpu": cpu,
+        "cpu_per_slice_ms": (cpu["cpu_ns"] / cpu["records"] / 1e6) if cpu and cpu["records"] else None,
+        "series": series, "slices_stat": [{k: v for k, v in s.items() if k != "records"} for s in stats],
+    }
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = os.path.join(BENCH, "results", f"slices-{stamp}")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".json", "w") as f:
+        json.dump(res, f, indent=1)
+    mb = 1e6
+    md = (f"# time slices storage, commit {rev}, {stamp}\n\n"
+          f"`python3 bench/slices.py --duration {args.duration:g} --warmup {args.warmup:g} "
+          f"--rate {args.rate}`, {ncpu} CPUs, window {secs:.0f} s\n\n"
+          "| | slices on (1m, roll-up after 6h) | slices off |\n|---|---|---|\n"
+          f"| database growth in the window | {res['on_db_growth'] / 1e3:.0f} KB "
+          f"(slices.log {res['slices_log_growth'] / 1e3:.0f} KB) | {res['off_db_growth'] / 1e3:.0f} KB |\n"
+          f"| minute record | {mean_min / 1e3:.1f} KB mean over {len(recs)} "
+          f"({res['mean_minute_record_pairs']:.0f} pairs, {res['mean_minute_record_samples']:.0f} samples) | |\n"
+          f"| hour record (projected) | {hour_bytes / 1e3:.0f} KB | |\n"
+          f"| slices.log of a day (360 min + 18 h) | {slices_day / mb:.2f} MB | |\n"
+          f"| epoch totals of a day (projected) | {totals_day / mb:.2f} MB | {totals_day / mb:.2f} MB |\n"
+          f"| **per core-day** | **{res['per_core_day_slices_on'] / mb:.2f} MB** | "
+          f"{res['per_core_day_slices_off'] / mb:.2f} MB |\n"
+          f"| daemon CPU per slice | {res['cpu_per_slice_ms'] if res['cpu_per_slice_ms'] is not None else float('nan'):.2f} ms | |\n")
+    with open(out + ".md", "w") as f:
+        f.write(md)
+    print(md)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

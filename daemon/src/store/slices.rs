@@ -1,0 +1,391 @@
+//! Counts per time slice (FORMAT.md §14): each batch's flat profile counts are added, at the
+//! time the batch arrives, into the open slice of its epoch (`slice_interval` long, aligned to
+//! Unix time so that every host of a fleet cuts at the same instants); a slice that has ended
+//! is closed and appended to `<host dir>/slices.log` at the next tick, as one framed record.
+//! Slices older than the roll-up age are merged into hour slices by rewriting the file.
+//!
+//! Exactly once: a slice's counts are appended by one `write` (a record is visible whole or
+//! not at all, FORMAT.md §14.3) and dropped from memory only when that succeeded; a failed
+//! append is cut back, so it is never half there, and retried. The counts do not go through
+//! the spool: a kill -9 loses the open slice and the closed ones not yet appended (at most
+//! one slice plus a flush interval) from the time axis, never from the epoch totals, and
+//! never doubles one.
+//!
+//! Cost, measured on the busy mix of issue 36 (2 CPUs, compile + Python + exec churn, 1 kHz
+//! per CPU): BENCHMARKS.md "Time slices".
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use profile_format::{EpochId, ImageId, Slice, SliceKey, SliceWriter};
+
+use super::pending::PendingBatch;
+use super::{Store, StoreError};
+
+/// Hour slices: what slices older than the roll-up age become.
+pub const ROLLUP_SLICE: u64 = 3600;
+/// Pairs held in closed slices not yet appended (the database failing) before the oldest are
+/// dropped: ~40 bytes each, 160 MB at most... kept well under `max_memory_mb`'s default.
+const MAX_HELD_PAIRS: usize = 2_000_000;
+
+/// The slice settings (`slice_interval`, `slice_rollup_after`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SliceSettings {
+    /// Slice length; zero: no slices are kept.
+    pub interval: Duration,
+    /// Slices that ended longer ago than this are rolled up into hour slices.
+    pub rollup_after: Duration,
+}
+
+impl Default for SliceSettings {
+    fn default() -> Self {
+        Self { interval: Duration::ZERO, rollup_after: Duration::from_secs(6 * 3600) }
+    }
+}
+
+/// What publishing slices cost so far (tests, the storage benchmark's log line).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SliceStats {
+    /// Records appended and their bytes.
+    pub records: u64,
+    pub bytes: u64,
+    /// Thread CPU time of closing, encoding, appending and rolling up (ns).
+    pub cpu_ns: u64,
+    /// Roll-ups done and the bytes they rewrote.
+    pub rollups: u64,
+    pub rollup_bytes: u64,
+    /// Samples dropped from the time axis because their slices could not be appended for long.
+    pub dropped_samples: u64,
+}
+
+/// The open slice of one epoch.
+#[derive(Default)]
+struct Open {
+    start: u64,
+    /// (event, image id text; empty for the event's unknown samples) → offset → count.
+    counts: hashbrown::HashMap<(String, String), hashbrown::HashMap<u64, u64>>,
+    pairs: usize,
+}
+
+#[derive(Default)]
+pub(super) struct SliceAccum {
+    settings: SliceSettings,
+    open: BTreeMap<EpochId, Open>,
+    /// Where the last closed slice of each epoch ended: a slice closed early (a flush, an
+    /// epoch change) is continued from there, so that records never overlap.
+    last_end: BTreeMap<EpochId, u64>,
+    closed: VecDeque<(EpochId, Slice)>,
+    closed_pairs: usize,
+    writer: Option<(EpochId, SliceWriter)>,
+    /// Epochs whose log is of a newer format version (left alone) or that failed to open, and
+    /// whether that was logged.
+    refused: BTreeMap<EpochId, bool>,
+    dropped_logged: bool,
+    pub(super) stats: SliceStats,
+}
+
+fn unix_s(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl SliceAccum {
+    fn interval_s(&self) -> u64 {
+        self.settings.interval.as_secs()
+    }
+
+    /// Close `epoch`'s open slice at `end` (not before its start + 1 s).
+    fn close(&mut self, epoch: &EpochId, end: u64) {
+        let Some(o) = self.open.remove(epoch) else { return };
+        if o.counts.is_empty() {
+            return;
+        }
+        let end = end.max(o.start + 1);
+        let mut counts = BTreeMap::new();
+        for ((event, img), m) in o.counts {
+            let image = if img.is_empty() {
+                None
+            } else {
+                match ImageId::parse(&img) {
+                    Ok(i) => Some(i),
+                    // Never: the text came from an `ImageId`.
+                    Err(_) => continue,
+                }
+            };
+            let mut v: Vec<(u64, u64)> = m.into_iter().filter(|(_, c)| *c > 0).collect();
+            v.sort_unstable();
+            counts.insert(SliceKey { event, image }, v);
+        }
+        self.last_end.insert(epoch.clone(), end);
+        self.closed_pairs += o.pairs;
+        self.closed.push_back((
+            epoch.clone(),
+            Slice { start: o.start, len: end - o.start, seq: 0, counts },
+        ));
+        while self.closed_pairs > MAX_HELD_PAIRS && self.closed.len() > 1 {
+            let Some((_, s)) = self.closed.pop_front() else { break };
+            self.closed_pairs -= s.counts.values().map(Vec::len).sum::<usize>();
+            self.stats.dropped_samples += s.samples();
+            if !self.dropped_logged {
+                tracing::warn!("store: time slices not written for long; dropping the oldest from the time axis (the epoch totals keep them)");
+                self.dropped_logged = true;
+            }
+        }
+    }
+}
+
+impl Store {
+    /// Apply `slice_interval` and `slice_rollup_after` (at start and on reload). Turning
+    /// slices off closes what is open; it is appended at the next tick.
+    pub fn set_slices(&mut self, s: SliceSettings) {
+        if s.interval != self.slices.settings.interval {
+            let now = unix_s(SystemTime::now());
+            let epochs: Vec<EpochId> = self.slices.open.keys().cloned().collect();
+            for e in epochs {
+                self.slices.close(&e, now);
+            }
+        }
+        self.slices.settings = s;
+    }
+
+    /// What publishing slices cost so far.
+    pub fn slice_stats(&self) -> SliceStats {
+        self.slices.stats
+    }
+
+    /// Add a batch's flat profile counts into the open slice of its epoch, at wall time `at`.
+    pub(super) fn slices_add(&mut self, b: &PendingBatch, at: SystemTime) {
+        let iv = self.slices.interval_s();
+        let Some(epoch) = b.epoch.clone().or_else(|| self.epoch.clone()) else { return };
+        if iv == 0 || b.profiles.is_empty() {
+            return;
+        }
+        let c0 = crate::sys::time::thread_cpu_ns();
+        let at = unix_s(at);
+        let aligned = at - at % iv;
+        let acc = &mut self.slices;
+        if let Some(o) = acc.open.get(&epoch) {
+            let end = o.start - o.start % iv + iv;
+            if at < o.start || at >= end {
+                // Ended (or the clock went back): closed where it ends, at the latest.
+                acc.close(&epoch, end.min(at.max(o.start + 1)));
+            }
+        }
+        let resume = acc.last_end.get(&epoch).copied().filter(|e| *e > aligned && *e <= at);
+        let o = acc
+            .open
+            .entry(epoch)
+            .or_insert_with(|| Open { start: resume.unwrap_or(aligned), ..Default::default() });
+        for p in &b.profiles {
+            let img = p.image.as_ref().map(|(id, _)| id.clone()).unwrap_or_default();
+            let m = o.counts.entry((p.desc.name.clone(), img)).or_default();
+            for &(off, c) in &p.counts {
+                let e = m.entry(off).or_insert(0);
+                if *e == 0 {
+                    o.pairs += 1;
+                }
+                *e = e.saturating_add(c);
+            }
+        }
+        acc.stats.cpu_ns += crate::sys::time::thread_cpu_ns().saturating_sub(c0);
+    }
+
+    /// Close the slices that have ended (all open ones with `force`: a flush, a stop) or whose
+    /// epoch is no longer current, append the closed ones, and roll up the current epoch's log
+    /// when its oldest minutes are due. Called at every tick and full flush.
+    pub(super) fn slices_step(&mut self, force: bool) {
+        let c0 = crate::sys::time::thread_cpu_ns();
+        let now = unix_s(SystemTime::now());
+        let iv = self.slices.interval_s();
+        let current = self.epoch.clone();
+        let due: Vec<(EpochId, u64)> = self
+            .slices
+            .open
+            .iter()
+            .filter_map(|(e, o)| {
+                let end = if iv == 0 { now } else { o.start - o.start % iv + iv };
+                if end <= now {
+                    Some((e.clone(), end))
+                } else if force || Some(e) != current.as_ref() {
+                    Some((e.clone(), now))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        for (e, end) in due {
+            self.slices.close(&e, end);
+        }
+        if !self.slices.closed.is_empty() && self.db.is_some() && self.check_lease().is_ok() {
+            let before = self.slices.stats;
+            if let Err(e) = self.append_closed() {
+                self.set_db_error(&e);
+            }
+            if let Err(e) = self.maybe_rollup(now) {
+                self.set_db_error(&e);
+            }
+            let st = &self.slices.stats;
+            // Once per slice: what publishing it cost (bench/slices.py reads these lines).
+            tracing::debug!(
+                records = st.records - before.records,
+                bytes = st.bytes - before.bytes,
+                total_records = st.records,
+                total_bytes = st.bytes,
+                total_cpu_ns = st.cpu_ns + crate::sys::time::thread_cpu_ns().saturating_sub(c0),
+                rollups = st.rollups,
+                "store: time slices appended"
+            );
+        }
+        // Forget where finished epochs' slices ended.
+        let open = &self.slices.open;
+        self.slices.last_end.retain(|e, _| Some(e) == current.as_ref() || open.contains_key(e));
+        self.slices.stats.cpu_ns += crate::sys::time::thread_cpu_ns().saturating_sub(c0);
+    }
+
+    fn append_closed(&mut self) -> Result<(), StoreError> {
+        while let Some(epoch) = self.slices.closed.front().map(|(e, _)| e.clone()) {
+            if !self.slices.refused.contains_key(&epoch) {
+                match self.slice_writer(&epoch) {
+                    Ok(_) => {}
+                    Err(StoreError::Db(e @ profile_format::Error::UnknownVersion { .. })) => {
+                        tracing::warn!(epoch = %epoch, error = %e,
+                            "store: slice log of a newer format version left untouched; no time slices for this epoch from this daemon");
+                        self.slices.refused.insert(epoch.clone(), true);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let acc = &mut self.slices;
+            let Some((_, slice)) = acc.closed.front() else { break };
+            if acc.refused.contains_key(&epoch) {
+                acc.stats.dropped_samples += slice.samples();
+            } else {
+                let Some((_, w)) = &mut acc.writer else { break };
+                let n = w.append(slice)?;
+                acc.stats.records += 1;
+                acc.stats.bytes += n;
+            }
+            if let Some((_, s)) = acc.closed.pop_front() {
+                acc.closed_pairs =
+                    acc.closed_pairs.saturating_sub(s.counts.values().map(Vec::len).sum());
+            }
+        }
+        self.slices.dropped_logged = false;
+        Ok(())
+    }
+
+    /// The writer of `epoch`'s log, (re)opened if it is another epoch's or its file is no
+    /// longer the one at the path.
+    fn slice_writer(&mut self, epoch: &EpochId) -> Result<&mut SliceWriter, StoreError> {
+        let keep = matches!(&self.slices.writer, Some((e, w)) if e == epoch && w.is_current());
+        if !keep {
+            self.slices.writer = None;
+            let hd = self.host_dir(epoch)?;
+            let (w, rep) = SliceWriter::open(&hd.slices_path())?;
+            if rep.truncated > 0 {
+                tracing::info!(file = %w.path().display(), bytes = rep.truncated,
+                    "store: cut the torn tail of a slice log (a crash while appending)");
+            }
+            if let Some((to, why)) = rep.set_aside {
+                tracing::warn!(file = %w.path().display(), moved_to = %to.display(), error = %why,
+                    "store: unreadable slice log set aside; starting a new one");
+                self.note_set_aside(w.path(), &why);
+            }
+            self.slices.writer = Some((epoch.clone(), w));
+        }
+        match &mut self.slices.writer {
+            Some((_, w)) => Ok(w),
+            None => Err(StoreError::NoDatabase(self.cfg.db.clone())),
+        }
+    }
+
+    /// Roll up the current epoch's slices that ended more than `rollup_after` ago, once a
+    /// whole hour of them is due: the file is rewritten at most about once an hour.
+    fn maybe_rollup(&mut self, now: u64) -> Result<(), StoreError> {
+        let after = self.slices.settings.rollup_after.as_secs();
+        let Some((_, w)) = &mut self.slices.writer else { return Ok(()) };
+        let cutoff = now.saturating_sub(after);
+        let cutoff = cutoff - cutoff % ROLLUP_SLICE;
+        let fine_due = w.ranges().iter().any(|&(s, l)| l < ROLLUP_SLICE && s + l <= cutoff);
+        // Only whole hours: the oldest due fine slice must lie before the last full hour.
+        let oldest = w.ranges().iter().filter(|r| r.1 < ROLLUP_SLICE).map(|r| r.0).min();
+        if !fine_due || oldest.is_none_or(|o| o + ROLLUP_SLICE > cutoff) {
+            return Ok(());
+        }
+        let n = w.rollup(cutoff, ROLLUP_SLICE)?;
+        self.slices.stats.rollups += 1;
+        self.slices.stats.rollup_bytes += n;
+        tracing::debug!(file = %w.path().display(), bytes = n, "store: rolled up old time slices");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profile_format::SliceLog;
+
+    fn minute(start: u64, off: u64) -> Slice {
+        let key =
+            SliceKey { event: "cpu-clock".into(), image: Some(ImageId::BuildId(vec![7; 20])) };
+        Slice { start, len: 60, seq: 0, counts: [(key, vec![(off, 2)])].into_iter().collect() }
+    }
+
+    /// The roll-up policy: nothing before a whole hour of minutes is older than
+    /// `rollup_after`, then those hours become hour slices, and the file is rewritten no
+    /// more than that; every sample stays.
+    #[test]
+    fn old_minutes_become_hours_once_a_whole_hour_is_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = super::super::StoreConfig {
+            db: dir.path().join("db"),
+            spool: dir.path().join("spool"),
+            host: "h1".into(),
+            flush_interval: Duration::from_secs(2),
+            publish_interval: Duration::from_secs(60),
+            publish_max_delay: Duration::from_secs(360),
+            max_memory_bytes: 64 << 20,
+            retention_days: 7,
+            retention_keep: 3,
+        };
+        let mut s = Store::open(cfg);
+        let epoch = s.current_epoch().unwrap().clone();
+        let after = 6 * 3600;
+        s.set_slices(SliceSettings {
+            interval: Duration::from_secs(60),
+            rollup_after: Duration::from_secs(after),
+        });
+        // Three hours of minutes from 10:00 (Unix time of day), as appended while running.
+        let t0 = 10 * 3600;
+        for m in 0..180 {
+            s.slices.closed.push_back((epoch.clone(), minute(t0 + m * 60, m % 5)));
+            s.slices.closed_pairs += 1;
+        }
+        s.append_closed().unwrap();
+        let path = s.host_dir(&epoch).unwrap().slices_path();
+        let read = || SliceLog::read(&path).unwrap().unwrap();
+        assert_eq!(read().slices.len(), 180);
+        // 16:59: not even the first hour ended 6 h ago.
+        s.maybe_rollup(t0 + after + 3599).unwrap();
+        assert_eq!((read().slices.len(), s.slices.stats.rollups), (180, 0));
+        // 17:00: 10:00-11:00 is due and becomes one slice.
+        s.maybe_rollup(t0 + after + 3600).unwrap();
+        let log = read();
+        assert_eq!((log.slices.len(), s.slices.stats.rollups), (1 + 120, 1));
+        assert_eq!((log.slices[0].start, log.slices[0].len), (t0, 3600));
+        // 17:30: nothing new is due, no rewrite.
+        s.maybe_rollup(t0 + after + 5400).unwrap();
+        assert_eq!(s.slices.stats.rollups, 1);
+        // 19:00: the other two hours.
+        s.maybe_rollup(t0 + after + 3 * 3600).unwrap();
+        let log = read();
+        assert_eq!(log.slices.len(), 3);
+        assert!(log.slices.iter().all(|x| x.len == 3600));
+        assert_eq!(log.samples(), 180 * 2, "every sample kept");
+        // Appending goes on in the rewritten file.
+        s.slices.closed.push_back((epoch.clone(), minute(t0 + 4 * 3600, 1)));
+        s.slices.closed_pairs += 1;
+        s.append_closed().unwrap();
+        assert_eq!(s.slices.closed_pairs, 0);
+        assert_eq!(read().slices.len(), 4);
+    }
+}

@@ -1,0 +1,160 @@
+//! Store: the time slices of each host-epoch (FORMAT.md §14) hold exactly the samples of the
+//! epoch's profiles, a flush in the middle of a slice neither loses nor doubles nor overlaps
+//! anything, and a torn tail left by a crash is cut before the next append.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::store_support::{batch, open};
+use dcpid::store::{SliceSettings, Store};
+use profile_format::{Database, HostDir, Profile, SliceKey, SliceLog};
+
+fn host_dir(root: &Path, s: &Store) -> HostDir {
+    let db = Database::open(&root.join("db")).expect("db");
+    db.host_dir(s.current_epoch().expect("epoch"), "h1").expect("host dir")
+}
+
+/// Per (key, offset), the counts of the host directory's flat profiles.
+fn profile_counts(hd: &HostDir) -> BTreeMap<(SliceKey, u64), u64> {
+    let mut t = BTreeMap::new();
+    for e in hd.profiles().expect("profiles") {
+        let p = Profile::read(&e.path).expect("profile");
+        let key = SliceKey { event: p.header.event.name.clone(), image: e.image_id.clone() };
+        for (o, c) in &p.counts {
+            *t.entry((key.clone(), *o)).or_insert(0) += c;
+        }
+    }
+    t
+}
+
+fn slice_counts(log: &SliceLog) -> BTreeMap<(SliceKey, u64), u64> {
+    let mut t = BTreeMap::new();
+    for (k, v) in log.range(None, None).sum() {
+        for (o, c) in v {
+            t.insert((k.clone(), o), c);
+        }
+    }
+    t
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_secs()
+}
+
+/// Wait (on the clock, not a fixed sleep) until the Unix second is past `t`.
+fn wait_past(t: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while unix_now() <= t {
+        assert!(Instant::now() < deadline, "the clock does not advance");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn with_slices(root: &Path, interval: u64) -> Store {
+    let mut s = open(root);
+    s.set_slices(SliceSettings {
+        interval: Duration::from_secs(interval),
+        rollup_after: Duration::from_secs(6 * 3600),
+    });
+    s
+}
+
+#[test]
+fn slices_add_up_to_the_epoch_profiles_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = with_slices(dir.path(), 1);
+    // Batches in at least three different seconds (one-second slices), ticking in between.
+    for round in 0..3u64 {
+        let t = unix_now();
+        s.add(batch(1, 0x100 + round, 5 + round), 0, 0);
+        s.add(batch(2, 0x40, 7), 0, 0);
+        s.tick();
+        wait_past(t);
+    }
+    s.add(batch(1, 0x100, 1), 0, 0);
+    s.flush_everything().expect("flush");
+    let hd = host_dir(dir.path(), &s);
+    let log = hd.read_slices().expect("readable").expect("a slice log");
+    assert!(log.slices.len() >= 3, "one slice per second at least: {:?}", log.slices.len());
+    assert_eq!(slice_counts(&log), profile_counts(&hd));
+    assert_eq!(log.samples(), 5 + 6 + 7 + 3 * 7 + 1);
+    // Slices never overlap, and each lies within one one-second slot.
+    let r = log.range(None, None);
+    for w in r.slices.windows(2) {
+        assert!(
+            w[0].end() <= w[1].start,
+            "{:?} overlaps {:?}",
+            (w[0].start, w[0].len),
+            (w[1].start, w[1].len)
+        );
+    }
+    assert!(r.slices.iter().all(|x| x.len == 1));
+    let st = s.slice_stats();
+    assert_eq!(st.records, log.slices.len() as u64);
+    assert!(st.bytes > 0 && st.dropped_samples == 0, "{st:?}");
+}
+
+#[test]
+fn a_flush_mid_slice_continues_without_overlap_or_double_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Hour slices: every flush of this test falls inside one slice.
+    let mut s = with_slices(dir.path(), 3600);
+    s.add(batch(1, 0x10, 3), 0, 0);
+    s.flush_everything().expect("flush");
+    let hd = host_dir(dir.path(), &s);
+    let first = hd.read_slices().expect("readable").expect("log");
+    assert_eq!(first.slices.len(), 1);
+    let t = first.slices[0].end();
+    wait_past(t);
+    s.add(batch(1, 0x10, 4), 0, 0);
+    s.add(batch(3, 0x99, 2), 0, 0);
+    s.flush_everything().expect("flush");
+    // Nothing new: a flush appends nothing.
+    s.flush_everything().expect("flush");
+    let log = hd.read_slices().expect("readable").expect("log");
+    assert_eq!(log.slices.len(), 2, "{:?}", log.slices);
+    assert_eq!(log.slices[1].start, log.slices[0].end(), "continued where the first ended");
+    assert_eq!(slice_counts(&log), profile_counts(&hd));
+    assert_eq!(log.samples(), 9);
+}
+
+#[test]
+fn a_torn_tail_is_cut_and_appending_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = with_slices(dir.path(), 3600);
+    s.add(batch(1, 0x10, 3), 0, 0);
+    s.flush_everything().expect("flush");
+    let hd = host_dir(dir.path(), &s);
+    let path = hd.slices_path();
+    let good = std::fs::metadata(&path).expect("log").len();
+    // What a crash in the middle of an append leaves: part of a record.
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).expect("open");
+        f.write_all(&[200, 0, 0, 0, 1, 2, 3, 4, 5]).expect("write");
+    }
+    let log = hd.read_slices().expect("a torn tail is no error").expect("log");
+    assert_eq!((log.slices.len(), log.torn_tail), (1, 9));
+    // A new daemon (a new store) cuts it and appends after it.
+    drop(s);
+    let mut s = with_slices(dir.path(), 3600);
+    s.add(batch(1, 0x10, 4), 0, 0);
+    s.flush_everything().expect("flush");
+    let log = hd.read_slices().expect("readable").expect("log");
+    assert_eq!(log.torn_tail, 0);
+    assert!(log.valid_len > good);
+    assert_eq!(slice_counts(&log), profile_counts(&hd));
+    assert_eq!(log.samples(), 7);
+}
+
+#[test]
+fn no_slices_when_turned_off() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = with_slices(dir.path(), 0);
+    s.add(batch(1, 0x10, 3), 0, 0);
+    s.flush_everything().expect("flush");
+    let hd = host_dir(dir.path(), &s);
+    assert!(hd.read_slices().expect("readable").is_none());
+    assert_eq!(profile_counts(&hd).values().sum::<u64>(), 3);
+}

@@ -1,0 +1,744 @@
+//! `slices.log`: a host-epoch's sample counts per time slice (FORMAT.md §14).
+//!
+//! One append-only file per host directory: a 16-byte header, then framed records, each
+//! `len u32 | crc32 u32 | body`. A record is visible only when complete (its length fits in
+//! the file and its checksum matches), so a torn tail, left by a crash or still being written
+//! by the owning host, is ignored by readers and truncated by the writer before its next
+//! append. Each record holds one slice `[start, start + len)` (Unix seconds) and the counts of
+//! that slice's samples per (image, event) key and offset; keys are defined once per file, in
+//! the record that first uses them, and referred to by index afterwards. Old slices are rolled
+//! up into coarser ones by rewriting the file atomically ([`SliceLog::rollup`]).
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::codec::{corrupt, inflate_bounded, put_bytes, Reader};
+use crate::error::{Error, Result};
+use crate::ident::ImageId;
+use crate::safeio::{open_regular, MAX_CONTAINER_FILE};
+
+/// File name of the slice log in a host directory.
+pub const SLICES_FILE: &str = "slices.log";
+/// First 8 bytes of a slice log.
+pub const SLICES_MAGIC: &[u8; 8] = b"DCPISLC\0";
+/// The format version this build writes and the newest it reads.
+pub const SLICES_VERSION: u16 = 1;
+/// magic (8) + version (u16) + flags (u16) + CRC-32 of the first 12 bytes (u32).
+pub const SLICES_HEADER_LEN: usize = 16;
+/// len (u32) + crc (u32) before each record body.
+const FRAME_LEN: usize = 8;
+/// Largest record body (a minute of a busy 64-core host is a few MB).
+pub const MAX_RECORD: usize = 64 << 20;
+/// Largest decompressed record payload.
+const MAX_PAYLOAD: u64 = 256 << 20;
+/// Payload codes.
+const CODEC_RAW: u8 = 0;
+const CODEC_ZSTD: u8 = 1;
+/// zstd level of record payloads: level 3 costs ~1 ms per 40 KB slice here and halves it.
+const ZSTD_LEVEL: i32 = 3;
+/// Payloads smaller than this are stored raw (zstd's frame costs more than it saves).
+const COMPRESS_FROM: usize = 128;
+
+/// What a count is attributed to: an image's profile of an event, or (`image: None`) the
+/// event's unknown samples (offsets are then `UnknownReason` codes, as in `unknown.*.prof`).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct SliceKey {
+    pub event: String,
+    pub image: Option<ImageId>,
+}
+
+/// One slice: `[start, start + len)` in Unix seconds, and its counts per key and offset.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Slice {
+    pub start: u64,
+    pub len: u64,
+    /// The writer's record sequence (strictly increasing in a file; FORMAT.md §14.3).
+    pub seq: u64,
+    /// Per key: (offset, count) with offsets strictly increasing and counts ≥ 1.
+    pub counts: BTreeMap<SliceKey, Vec<(u64, u64)>>,
+}
+
+impl Slice {
+    pub fn end(&self) -> u64 {
+        self.start.saturating_add(self.len)
+    }
+
+    /// Samples in the slice.
+    pub fn samples(&self) -> u64 {
+        self.counts.values().flatten().fold(0u64, |a, (_, c)| a.saturating_add(*c))
+    }
+
+    /// Add `other`'s counts into this slice's (the range is the caller's business).
+    pub fn add_counts(&mut self, other: &BTreeMap<SliceKey, Vec<(u64, u64)>>) {
+        for (k, v) in other {
+            let mine = self.counts.entry(k.clone()).or_default();
+            *mine = merge_pairs(mine, v);
+        }
+    }
+}
+
+/// Sum two sorted (offset, count) lists.
+fn merge_pairs(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(a.len().max(b.len()));
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) if x.0 == y.0 => {
+                out.push((x.0, x.1.saturating_add(y.1)));
+                i += 1;
+                j += 1;
+            }
+            (Some(x), Some(y)) if x.0 < y.0 => {
+                out.push(*x);
+                i += 1;
+            }
+            (Some(x), None) => {
+                out.push(*x);
+                i += 1;
+            }
+            (_, Some(y)) => {
+                out.push(*y);
+                j += 1;
+            }
+            (None, None) => break,
+        }
+    }
+    out
+}
+
+/// A slice log as read: its slices in file order, and what was ignored at its end.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct SliceLog {
+    pub slices: Vec<Slice>,
+    /// Bytes of complete records (header included): where the writer appends next.
+    pub valid_len: u64,
+    /// Bytes after them: an incomplete record (torn by a crash, or being appended).
+    pub torn_tail: u64,
+}
+
+/// The slices of a time range, and the range they exactly cover.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct SliceRange<'a> {
+    /// Slices intersecting the requested range, in order of start.
+    pub slices: Vec<&'a Slice>,
+    /// `[min start, max end)` of those slices: the request rounded outwards to the stored
+    /// resolution. `None`: no slice intersects the range.
+    pub covered: Option<(u64, u64)>,
+}
+
+impl SliceRange<'_> {
+    /// Per key, the summed (offset, count) of the selected slices.
+    pub fn sum(&self) -> BTreeMap<SliceKey, Vec<(u64, u64)>> {
+        let mut acc = Slice::default();
+        for s in &self.slices {
+            acc.add_counts(&s.counts);
+        }
+        acc.counts
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.slices.iter().map(|s| s.samples()).sum()
+    }
+}
+
+impl SliceLog {
+    /// Read `path` ([`SLICES_FILE`] of a host directory) the way every database file is read
+    /// (FORMAT.md §6.1): `O_NOFOLLOW|O_NONBLOCK`, a regular file only, at most
+    /// [`MAX_CONTAINER_FILE`] bytes. `Ok(None)`: there is no such file (a database written
+    /// before §14, or slices off): no time axis. Errors name the file.
+    pub fn read(path: &Path) -> Result<Option<Self>> {
+        let (f, size) = match open_regular(path) {
+            Ok(x) => x,
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        if size > MAX_CONTAINER_FILE {
+            return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
+        let n = f
+            .take(MAX_CONTAINER_FILE + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::io(path, e))?;
+        if n as u64 > MAX_CONTAINER_FILE {
+            return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
+        }
+        Self::decode(&bytes, path).map(Some)
+    }
+
+    /// Decode a whole file's bytes; `path` names it in errors.
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
+        check_header(bytes, path)?;
+        let mut keys: Vec<SliceKey> = Vec::new();
+        let mut index: BTreeMap<SliceKey, usize> = BTreeMap::new();
+        let mut slices = Vec::new();
+        let mut pos = SLICES_HEADER_LEN;
+        let mut last_seq = 0u64;
+        while pos < bytes.len() {
+            let rest = &bytes[pos..];
+            if rest.len() < FRAME_LEN {
+                break;
+            }
+            let len = u32::from_le_bytes(rest[0..4].try_into().unwrap_or_default()) as usize;
+            let stored = u32::from_le_bytes(rest[4..8].try_into().unwrap_or_default());
+            if len > MAX_RECORD {
+                return Err(corrupt(
+                    path,
+                    "record length",
+                    format!("{len} bytes at file byte {pos} (at most {MAX_RECORD})"),
+                ));
+            }
+            if rest.len() < FRAME_LEN + len {
+                break;
+            }
+            let body = &rest[FRAME_LEN..FRAME_LEN + len];
+            let computed = record_crc(len as u32, body);
+            if computed != stored {
+                if FRAME_LEN + len == rest.len() {
+                    // The last record: possibly still being written (§14.3).
+                    break;
+                }
+                return Err(Error::ChecksumMismatch { path: path.into(), stored, computed });
+            }
+            let s = decode_record(body, path, pos, &mut keys, &mut index)?;
+            if s.seq <= last_seq {
+                return Err(corrupt(
+                    path,
+                    "seq",
+                    format!("record at file byte {pos}: {} after {last_seq}", s.seq),
+                ));
+            }
+            last_seq = s.seq;
+            slices.push(s);
+            pos += FRAME_LEN + len;
+        }
+        Ok(Self { slices, valid_len: pos as u64, torn_tail: (bytes.len() - pos) as u64 })
+    }
+
+    /// Slices intersecting `[since, until)` (Unix seconds; `None`: unbounded), ordered by
+    /// start, and the exact range they cover.
+    pub fn range(&self, since: Option<u64>, until: Option<u64>) -> SliceRange<'_> {
+        let since = since.unwrap_or(0);
+        let until = until.unwrap_or(u64::MAX);
+        let mut slices: Vec<&Slice> =
+            self.slices.iter().filter(|s| s.start < until && s.end() > since).collect();
+        slices.sort_by_key(|s| (s.start, s.seq));
+        let covered = slices.iter().fold(None, |acc: Option<(u64, u64)>, s| {
+            Some(acc.map_or((s.start, s.end()), |(a, b)| (a.min(s.start), b.max(s.end()))))
+        });
+        SliceRange { slices, covered }
+    }
+
+    /// Samples of every slice.
+    pub fn samples(&self) -> u64 {
+        self.slices.iter().map(|s| s.samples()).sum()
+    }
+
+    /// The next record sequence a writer uses.
+    pub fn next_seq(&self) -> u64 {
+        self.slices.iter().map(|s| s.seq).max().unwrap_or(0) + 1
+    }
+
+    /// Roll up: slices that end at or before `before` are merged, per `coarse`-second bucket
+    /// of their start (aligned to Unix time, so hosts agree), into one slice each covering
+    /// exactly its members' hull; later slices stay as they are. Every sample is kept. The
+    /// result is ordered by start, sequences renumbered from 1.
+    pub fn rollup(&self, before: u64, coarse: u64) -> Self {
+        let coarse = coarse.max(1);
+        let mut buckets: BTreeMap<u64, Slice> = BTreeMap::new();
+        let mut keep: Vec<Slice> = Vec::new();
+        for s in &self.slices {
+            if s.end() <= before {
+                let b = s.start - s.start % coarse;
+                let e = buckets.entry(b).or_insert_with(|| Slice {
+                    start: s.start,
+                    len: s.len,
+                    seq: 0,
+                    counts: BTreeMap::new(),
+                });
+                let end = e.end().max(s.end());
+                e.start = e.start.min(s.start);
+                e.len = end - e.start;
+                e.add_counts(&s.counts);
+            } else {
+                keep.push(s.clone());
+            }
+        }
+        let mut slices: Vec<Slice> = buckets.into_values().chain(keep).collect();
+        slices.sort_by_key(|s| (s.start, s.seq));
+        for (i, s) in slices.iter_mut().enumerate() {
+            s.seq = i as u64 + 1;
+        }
+        Self { slices, valid_len: 0, torn_tail: 0 }
+    }
+
+    /// The whole file for these slices (what a roll-up writes atomically).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = header();
+        let mut keys = KeyTable::default();
+        for s in &self.slices {
+            encode_record(&mut out, s, &mut keys);
+        }
+        out
+    }
+}
+
+fn header() -> Vec<u8> {
+    let mut out = Vec::with_capacity(SLICES_HEADER_LEN);
+    out.extend_from_slice(SLICES_MAGIC);
+    out.extend_from_slice(&SLICES_VERSION.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+fn check_header(bytes: &[u8], path: &Path) -> Result<()> {
+    let prefix = bytes.len().min(8);
+    if bytes[..prefix] != SLICES_MAGIC[..prefix] {
+        return Err(Error::BadMagic { path: path.into(), what: "slice log" });
+    }
+    if bytes.len() >= 10 {
+        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        if version == 0 || version > SLICES_VERSION {
+            return Err(Error::UnknownVersion {
+                path: path.into(),
+                version,
+                supported: SLICES_VERSION,
+            });
+        }
+    }
+    if bytes.len() < SLICES_HEADER_LEN {
+        return Err(Error::Truncated {
+            path: path.into(),
+            expected: SLICES_HEADER_LEN as u64,
+            actual: bytes.len() as u64,
+        });
+    }
+    let stored = u32::from_le_bytes(bytes[12..16].try_into().unwrap_or_default());
+    let computed = crc32fast::hash(&bytes[..12]);
+    if stored != computed {
+        return Err(Error::ChecksumMismatch { path: path.into(), stored, computed });
+    }
+    if bytes[10..12] != [0, 0] {
+        return Err(corrupt(path, "flags", "must be 0 in version 1"));
+    }
+    Ok(())
+}
+
+/// CRC-32 of the record's length field and body.
+fn record_crc(len: u32, body: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&len.to_le_bytes());
+    h.update(body);
+    h.finalize()
+}
+
+/// The keys a file has defined so far, in index order.
+#[derive(Default, Clone, Debug)]
+pub struct KeyTable {
+    index: BTreeMap<SliceKey, u64>,
+}
+
+impl KeyTable {
+    /// Keys defined by the slices of `log` (a writer continuing a file).
+    pub fn of(log: &SliceLog) -> Self {
+        let mut t = Self::default();
+        for s in &log.slices {
+            for k in s.counts.keys() {
+                let n = t.index.len() as u64;
+                t.index.entry(k.clone()).or_insert(n);
+            }
+        }
+        t
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+}
+
+/// Append one framed record for `s` to `out`, defining the keys `keys` does not have yet.
+pub fn encode_record(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable) {
+    // Keys first defined here, in the order of the slice's keys (sorted).
+    let mut new: Vec<&SliceKey> = Vec::new();
+    let mut idx: Vec<(u64, &Vec<(u64, u64)>)> = Vec::with_capacity(s.counts.len());
+    for (k, v) in &s.counts {
+        if v.is_empty() {
+            continue;
+        }
+        let i = match keys.index.get(k) {
+            Some(i) => *i,
+            None => {
+                let i = keys.index.len() as u64;
+                keys.index.insert(k.clone(), i);
+                new.push(k);
+                i
+            }
+        };
+        idx.push((i, v));
+    }
+    idx.sort_unstable_by_key(|e| e.0);
+    let mut payload = Vec::with_capacity(64 + idx.iter().map(|e| e.1.len() * 3).sum::<usize>());
+    crate::varint::write_u64(&mut payload, new.len() as u64);
+    for k in new {
+        put_bytes(&mut payload, k.event.as_bytes());
+        let img = k.image.as_ref().map(|i| i.to_text()).unwrap_or_default();
+        put_bytes(&mut payload, img.as_bytes());
+    }
+    // Columns: entry headers, then every offset, then every count − 1. Counts are mostly
+    // small and alike, offsets are not: apart, zstd packs the counts to almost nothing.
+    crate::varint::write_u64(&mut payload, idx.len() as u64);
+    let mut prev: Option<u64> = None;
+    for (i, pairs) in &idx {
+        crate::varint::write_u64(&mut payload, prev.map_or(*i, |p| i - p - 1));
+        prev = Some(*i);
+        crate::varint::write_u64(&mut payload, pairs.len() as u64);
+    }
+    for (_, pairs) in &idx {
+        let mut last: Option<u64> = None;
+        for &(off, _) in pairs.iter() {
+            crate::varint::write_u64(&mut payload, last.map_or(off, |l| off - l - 1));
+            last = Some(off);
+        }
+    }
+    for (_, pairs) in &idx {
+        for &(_, c) in pairs.iter() {
+            crate::varint::write_u64(&mut payload, c.saturating_sub(1));
+        }
+    }
+    let mut body = Vec::with_capacity(payload.len() / 2 + 32);
+    crate::varint::write_u64(&mut body, s.start);
+    crate::varint::write_u64(&mut body, s.len);
+    crate::varint::write_u64(&mut body, s.seq);
+    let packed = if payload.len() >= COMPRESS_FROM {
+        zstd::bulk::compress(&payload, ZSTD_LEVEL).ok().filter(|z| z.len() < payload.len())
+    } else {
+        None
+    };
+    match packed {
+        Some(z) => {
+            body.push(CODEC_ZSTD);
+            body.extend_from_slice(&z);
+        }
+        None => {
+            body.push(CODEC_RAW);
+            body.extend_from_slice(&payload);
+        }
+    }
+    let len = body.len() as u32;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&record_crc(len, &body).to_le_bytes());
+    out.extend_from_slice(&body);
+}
+
+fn decode_record(
+    body: &[u8],
+    path: &Path,
+    at: usize,
+    keys: &mut Vec<SliceKey>,
+    index: &mut BTreeMap<SliceKey, usize>,
+) -> Result<Slice> {
+    let mut r = Reader::new(body, path);
+    let start = r.varint("start")?;
+    let len = r.varint("len")?;
+    let seq = r.varint("seq")?;
+    if len == 0 || start.checked_add(len).is_none() {
+        return Err(r.corrupt("len", format!("record at file byte {at}: {start}+{len}")));
+    }
+    if seq == 0 {
+        return Err(r.corrupt("seq", format!("record at file byte {at}: 0")));
+    }
+    let codec = r.u8("codec")?;
+    let rest = &body[body.len() - r.remaining()..];
+    let inflated;
+    let payload: &[u8] = match codec {
+        CODEC_RAW => rest,
+        CODEC_ZSTD => {
+            let d = zstd::stream::read::Decoder::with_buffer(rest)
+                .map_err(|e| corrupt(path, "payload", e.to_string()))?;
+            inflated = inflate_bounded(
+                d.take(MAX_PAYLOAD + 1),
+                path,
+                "payload",
+                "decompresses to more than 256 MiB",
+            )?;
+            &inflated
+        }
+        c => return Err(r.corrupt("codec", format!("record at file byte {at}: unknown {c}"))),
+    };
+    let mut p = Reader::new(payload, path);
+    let n_new = p.count("new keys", 2)?;
+    for _ in 0..n_new {
+        let event = p.string("key event")?;
+        if event.is_empty() {
+            return Err(p.corrupt("key event", "empty"));
+        }
+        let img = p.string("key image")?;
+        let image = if img.is_empty() {
+            None
+        } else {
+            Some(ImageId::parse(&img).map_err(|e| p.corrupt("key image", e.to_string()))?)
+        };
+        let k = SliceKey { event, image };
+        if index.insert(k.clone(), keys.len()).is_some() {
+            return Err(p.corrupt("new keys", format!("{k:?} defined twice")));
+        }
+        keys.push(k);
+    }
+    let n = p.count("entries", 4)?;
+    let mut heads: Vec<(usize, usize)> = Vec::with_capacity(n);
+    let mut prev: Option<u64> = None;
+    let mut total = 0usize;
+    for _ in 0..n {
+        let d = p.varint("key index")?;
+        let i = match prev {
+            None => Some(d),
+            Some(pv) => pv.checked_add(d).and_then(|x| x.checked_add(1)),
+        }
+        .filter(|i| (*i as usize) < keys.len())
+        .ok_or_else(|| p.corrupt("key index", format!("beyond the {} keys defined", keys.len())))?;
+        prev = Some(i);
+        let m = p.count("pairs", 2)?;
+        if m == 0 {
+            return Err(p.corrupt("pairs", "an entry without counts"));
+        }
+        total += m;
+        heads.push((i as usize, m));
+    }
+    // Each pair takes at least one byte in each of the two columns that follow.
+    if total.saturating_mul(2) > p.remaining() {
+        return Err(
+            p.corrupt("pairs", format!("{total} pairs cannot fit in {} bytes", p.remaining()))
+        );
+    }
+    let mut offsets = Vec::with_capacity(total);
+    for &(_, m) in &heads {
+        let mut last: Option<u64> = None;
+        for _ in 0..m {
+            let d = p.varint("offset")?;
+            let off = match last {
+                None => Some(d),
+                Some(l) => l.checked_add(d).and_then(|x| x.checked_add(1)),
+            }
+            .ok_or_else(|| p.corrupt("offset", "beyond 2^64-1"))?;
+            last = Some(off);
+            offsets.push(off);
+        }
+    }
+    let mut counts = BTreeMap::new();
+    let mut offs = offsets.into_iter();
+    for (i, m) in heads {
+        let mut pairs = Vec::with_capacity(m);
+        for off in offs.by_ref().take(m) {
+            let c = p.varint("count")?;
+            let c = c.checked_add(1).ok_or_else(|| p.corrupt("count", "beyond 2^64-1"))?;
+            pairs.push((off, c));
+        }
+        counts.insert(keys[i].clone(), pairs);
+    }
+    p.finish()?;
+    Ok(Slice { start, len, seq, counts })
+}
+
+/// The owning host's appender of its slice log (FORMAT.md §14.3). Only the daemon of the host
+/// directory's host uses it (§2).
+#[derive(Debug)]
+pub struct SliceWriter {
+    path: PathBuf,
+    file: File,
+    keys: KeyTable,
+    next_seq: u64,
+    len: u64,
+    /// (start, len) of the slices in the file, for roll-up decisions.
+    ranges: Vec<(u64, u64)>,
+    /// (device, inode) of the open file: [`SliceWriter::is_current`].
+    id: (u64, u64),
+}
+
+/// What opening a writer found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Bytes of a torn tail truncated.
+    pub truncated: u64,
+    /// The unreadable file that was set aside (it names the error), if any.
+    pub set_aside: Option<(PathBuf, String)>,
+}
+
+impl SliceWriter {
+    /// Open (creating it if missing) the slice log at `path` for appending: a torn tail is
+    /// truncated; an unreadable file (corrupt, not a regular file, a newer version) is set
+    /// aside (`<name>.corrupt`) and a fresh one started.
+    pub fn open(path: &Path) -> Result<(Self, OpenReport)> {
+        let mut report = OpenReport::default();
+        let log = match SliceLog::read(path) {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                crate::write_atomic(path, &header())?;
+                SliceLog { valid_len: SLICES_HEADER_LEN as u64, ..Default::default() }
+            }
+            // A newer dcpid of this host wrote it (a rolling downgrade): left alone (§14.4).
+            Err(e @ Error::UnknownVersion { .. }) if is_newer_log(path) => return Err(e),
+            Err(e) if !matches!(e, Error::Io { .. }) => {
+                let to = crate::safeio::set_aside(path)?;
+                report.set_aside = Some((to, e.to_string()));
+                crate::write_atomic(path, &header())?;
+                SliceLog { valid_len: SLICES_HEADER_LEN as u64, ..Default::default() }
+            }
+            Err(e) => return Err(e),
+        };
+        let file = open_append(path)?;
+        let id = file_id(&file, path)?;
+        if log.torn_tail > 0 {
+            file.set_len(log.valid_len).map_err(|e| Error::io(path, e))?;
+            report.truncated = log.torn_tail;
+        }
+        Ok((
+            Self {
+                path: path.into(),
+                keys: KeyTable::of(&log),
+                next_seq: log.next_seq(),
+                len: log.valid_len,
+                ranges: log.slices.iter().map(|s| (s.start, s.len)).collect(),
+                file,
+                id,
+            },
+            report,
+        ))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the file this writer appends to is still the one at its path (`lstat`): the
+    /// directory may have been removed (retention, by hand) or the file set aside or replaced
+    /// since; a writer that is not current is dropped and opened again.
+    pub fn is_current(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.file_type().is_file() && (m.dev(), m.ino()) == self.id)
+    }
+
+    /// Bytes of the file.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// (start, len) of the slices in the file, in file order.
+    pub fn ranges(&self) -> &[(u64, u64)] {
+        &self.ranges
+    }
+
+    /// The sequence the next appended slice gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Append one slice (its `seq` is set here) as one `write` and `fdatasync` it. Returns
+    /// the bytes appended. On an error the file is cut back to where it was, so that the
+    /// record either is whole or is not there (and if even that fails, the next
+    /// [`SliceWriter::open`] truncates it: a record is never visible half written).
+    pub fn append(&mut self, s: &Slice) -> Result<u64> {
+        let mut s2;
+        let s = if s.seq == self.next_seq {
+            s
+        } else {
+            s2 = s.clone();
+            s2.seq = self.next_seq;
+            &s2
+        };
+        let mut keys = self.keys.clone();
+        let mut buf = Vec::new();
+        encode_record(&mut buf, s, &mut keys);
+        if buf.len() - FRAME_LEN > MAX_RECORD {
+            return Err(corrupt(&self.path, "record length", "slice too large to store"));
+        }
+        let r = self.file.write_all(&buf).and_then(|()| self.file.sync_data());
+        if let Err(e) = r {
+            let _ = self.file.set_len(self.len);
+            return Err(Error::io(&self.path, e));
+        }
+        self.keys = keys;
+        self.len += buf.len() as u64;
+        self.next_seq += 1;
+        self.ranges.push((s.start, s.len));
+        Ok(buf.len() as u64)
+    }
+
+    /// Roll up slices ending at or before `before` into `coarse`-second ones
+    /// ([`SliceLog::rollup`]) by rewriting the file atomically (§2), then continue appending
+    /// to the new file. Returns the new size.
+    pub fn rollup(&mut self, before: u64, coarse: u64) -> Result<u64> {
+        let log = SliceLog::read(&self.path)?.unwrap_or_default();
+        let rolled = log.rollup(before, coarse);
+        let bytes = rolled.encode();
+        crate::write_atomic(&self.path, &bytes)?;
+        self.file = open_append(&self.path)?;
+        self.id = file_id(&self.file, &self.path)?;
+        self.keys = KeyTable::of(&rolled);
+        self.next_seq = rolled.next_seq();
+        self.len = bytes.len() as u64;
+        self.ranges = rolled.slices.iter().map(|s| (s.start, s.len)).collect();
+        Ok(self.len)
+    }
+}
+
+/// Whether `path` is a slice log of a newer version than this build's: a regular file whose
+/// header has the magic, a version above [`SLICES_VERSION`] and a valid header checksum.
+fn is_newer_log(path: &Path) -> bool {
+    let Ok((f, _)) = open_regular(path) else { return false };
+    let mut head = Vec::with_capacity(SLICES_HEADER_LEN);
+    if f.take(SLICES_HEADER_LEN as u64).read_to_end(&mut head).is_err()
+        || head.len() < SLICES_HEADER_LEN
+        || &head[..8] != SLICES_MAGIC
+    {
+        return false;
+    }
+    let version = u16::from_le_bytes([head[8], head[9]]);
+    let crc = u32::from_le_bytes([head[12], head[13], head[14], head[15]]);
+    version > SLICES_VERSION && crc == crc32fast::hash(&head[..12])
+}
+
+fn file_id(f: &File, path: &Path) -> Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = f.metadata().map_err(|e| Error::io(path, e))?;
+    Ok((m.dev(), m.ino()))
+}
+
+fn open_append(path: &Path) -> Result<File> {
+    let f = OpenOptions::new()
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => {
+                Error::NotRegularFile { path: path.into(), kind: "a symbolic link" }
+            }
+            _ => Error::io(path, e),
+        })?;
+    let meta = f.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::NotRegularFile {
+            path: path.into(),
+            kind: crate::safeio::file_kind(meta.file_type()),
+        });
+    }
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests;
