@@ -187,12 +187,22 @@ pub(super) fn start_sampling(
     aggregator
         .start_resolver_thread(Some(watch))
         .map_err(|e| ServiceError::Thread(format!("{}: {e}", crate::aggregate::RESOLVER_THREAD)))?;
-    let stacks = (settings.callchains == "fp").then(|| {
-        let t = Arc::new(crate::perf::callchain::StackTables::new(
-            ncpus,
-            crate::perf::callchain::DEFAULT_STACKS_PER_CPU,
-            settings.sample_max_stack,
-        ));
+    let stacks = matches!(settings.callchains.as_str(), "fp" | "dwarf").then(|| {
+        let t = Arc::new(if settings.callchains == "dwarf" {
+            crate::perf::callchain::StackTables::new_dwarf(
+                ncpus,
+                crate::perf::callchain::DEFAULT_STACKS_PER_CPU,
+                settings.sample_max_stack,
+                settings.sample_user_stack,
+                crate::perf::dwarf::DEFAULT_CACHE_BYTES,
+            )
+        } else {
+            crate::perf::callchain::StackTables::new(
+                ncpus,
+                crate::perf::callchain::DEFAULT_STACKS_PER_CPU,
+                settings.sample_max_stack,
+            )
+        });
         aggregator.set_stack_tables(Arc::clone(&t));
         t
     });
