@@ -392,6 +392,8 @@ pub struct StackTables {
     cpus: Vec<Mutex<StackTable>>,
     /// `callchains = "dwarf"`: bytes of user stack each sample copies (0: frame pointers).
     user_stack: u32,
+    /// `callchains = "dwarf"`: the state the CPUs' unwinders share.
+    dwarf: Option<Arc<crate::perf::dwarf::DwarfShared>>,
     max_stack: u16,
     /// A table is past its high-water mark; cleared by the flusher as it flushes.
     flush_wanted: AtomicBool,
@@ -424,15 +426,17 @@ impl StackTables {
         max_stack: u16,
         user_stack: u32,
         cache_bytes: usize,
-    ) -> Self {
-        let images = Arc::new(crate::perf::dwarf::ImageCache::new(cache_bytes));
-        Self::build(ncpus, max_stack, user_stack, || {
+    ) -> std::io::Result<Self> {
+        let shared = crate::perf::dwarf::DwarfShared::start(cache_bytes, Default::default())?;
+        let mut t = Self::build(ncpus, max_stack, user_stack, || {
             StackTable::with_dwarf(
                 capacity,
                 max_stack,
-                crate::perf::dwarf::DwarfUnwinder::new(Arc::clone(&images)),
+                crate::perf::dwarf::DwarfUnwinder::new(Arc::clone(&shared)),
             )
-        })
+        });
+        t.dwarf = Some(shared);
+        Ok(t)
     }
 
     fn build(
@@ -444,6 +448,7 @@ impl StackTables {
         Self {
             cpus: (0..ncpus.max(1)).map(|_| Mutex::new(table())).collect(),
             user_stack,
+            dwarf: None,
             max_stack,
             flush_wanted: AtomicBool::new(false),
             early_flushes: AtomicU64::new(0),
@@ -488,13 +493,18 @@ impl StackTables {
         self.user_stack
     }
 
+    /// `callchains = "dwarf"`: the state the CPUs' unwinders share.
+    pub fn dwarf_shared(&self) -> Option<&Arc<crate::perf::dwarf::DwarfShared>> {
+        self.dwarf.as_ref()
+    }
+
     /// The DWARF unwinders' counters summed over every CPU.
     pub fn unwind_counters(&self) -> crate::perf::dwarf::UnwindCounters {
         let mut c = crate::perf::dwarf::UnwindCounters::default();
         for t in &self.cpus {
             let u = t.lock().unwrap_or_else(|p| p.into_inner()).unwind_counters();
             c.unwound += u.unwound;
-            c.procs_loaded += u.procs_loaded;
+            c.not_loaded += u.not_loaded;
             c.unwind_ns += u.unwind_ns;
         }
         c

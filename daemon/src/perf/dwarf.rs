@@ -33,13 +33,16 @@
 use std::fs::File;
 use std::ops::{Deref, Range};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use hashbrown::HashMap;
-use object::{Object, ObjectSection, ObjectSegment};
+use object::elf::{FileHeader64, PT_LOAD, SHF_COMPRESSED};
+use object::read::elf::{FileHeader, ProgramHeader, SectionHeader};
+use object::Endianness;
 
 use crate::perf::records::UserRegs;
 use crate::resolve::maps::parse_maps_line;
@@ -54,8 +57,8 @@ pub const MAX_USER_STACK: u32 = 65528;
 pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
 /// A section larger than this is not loaded (the image unwinds through frame pointers only).
 const MAX_SECTION_BYTES: u64 = 32 << 20;
-/// Processes whose unwinders one CPU keeps; past it the least recently used goes.
-const MAX_PROCS_PER_CPU: usize = 512;
+/// Processes whose unwinders one CPU keeps references to; past it they are looked up again.
+const MAX_PROCS_PER_CPU: usize = 1024;
 /// Executable mappings taken from one process's maps at most.
 const MAX_MODULES: usize = 4096;
 /// A process's maps are read again at most this often when a pc is outside every module
@@ -89,45 +92,51 @@ pub struct ImageTables {
 }
 
 impl ImageTables {
-    /// Parse an ELF image's unwind sections. `None` for anything that is not an ELF file.
+    /// Parse an ELF image's unwind sections. `None` for anything that is not a 64-bit ELF.
     pub fn parse(data: &[u8]) -> Option<Self> {
-        Self::from_object(&object::File::parse(data).ok()?)
+        Self::from_elf(data)
     }
 
-    fn from_object<'d, R: object::ReadRef<'d>>(f: &object::File<'d, R>) -> Option<Self> {
-        if f.format() != object::BinaryFormat::Elf {
-            return None;
-        }
+    /// Only the headers, the section names and the unwind sections are read: not the symbol
+    /// tables (`object::File::parse` reads them all, and a loader reading librustc_driver's
+    /// took most of a CPU on a machine running compilers).
+    fn from_elf<'d, R: object::ReadRef<'d>>(data: R) -> Option<Self> {
+        let h = FileHeader64::<Endianness>::parse(data).ok()?;
+        let endian = h.endian().ok()?;
+        let sections = h.sections(endian, data).ok()?;
         let mut t = ImageTables::default();
         let mut bytes = 0usize;
-        let mut section = |name: &str| -> Option<(Range<u64>, Bytes)> {
-            let s = f.section_by_name(name)?;
-            let (addr, size) = (s.address(), s.size());
-            if size == 0 || size > MAX_SECTION_BYTES {
+        let mut section = |name: &[u8]| -> Option<(Range<u64>, Bytes)> {
+            let (_, sh) = sections.section_by_name(endian, name)?;
+            let (addr, size) = (sh.sh_addr(endian), sh.sh_size(endian));
+            // Compressed (.debug_frame of some distributions) is left out: inflating
+            // untrusted data is a cost this path does not take.
+            if size == 0 || size > MAX_SECTION_BYTES || sh.sh_flags(endian).contains(SHF_COMPRESSED)
+            {
                 return None;
             }
-            // Compressed .debug_frame: refuse to inflate beyond the bound.
-            let cr = s.compressed_file_range().ok()?;
-            if cr.uncompressed_size > MAX_SECTION_BYTES {
+            let d = sh.data(endian, data).ok()?;
+            if d.is_empty() {
                 return None;
             }
-            let data = s.uncompressed_data().ok()?;
-            bytes += data.len();
-            Some((addr..addr.checked_add(size)?, Bytes(Arc::from(&*data))))
+            bytes += d.len();
+            Some((addr..addr.checked_add(size)?, Bytes(Arc::from(d))))
         };
-        t.eh_frame = section(".eh_frame");
-        t.eh_frame_hdr = section(".eh_frame_hdr");
-        t.debug_frame = section(".debug_frame").map(|(_, b)| b);
-        let range = |name: &str| {
-            let s = f.section_by_name(name)?;
-            Some(s.address()..s.address().checked_add(s.size())?)
+        t.eh_frame = section(b".eh_frame");
+        t.eh_frame_hdr = section(b".eh_frame_hdr");
+        t.debug_frame = section(b".debug_frame").map(|(_, b)| b);
+        let range = |name: &[u8]| {
+            let (_, sh) = sections.section_by_name(endian, name)?;
+            let a = sh.sh_addr(endian);
+            Some(a..a.checked_add(sh.sh_size(endian))?)
         };
-        t.text_svma = range(".text");
-        t.got_svma = range(".got");
+        t.text_svma = range(b".text");
+        t.got_svma = range(b".got");
         t.bytes = bytes;
-        for seg in f.segments() {
-            let (off, size) = seg.file_range();
-            t.loads.push((off, size, seg.address()));
+        for ph in h.program_headers(endian, data).ok()? {
+            if ph.p_type(endian) == PT_LOAD {
+                t.loads.push((ph.p_offset(endian), ph.p_filesz(endian), ph.p_vaddr(endian)));
+            }
         }
         Some(t)
     }
@@ -196,8 +205,8 @@ pub struct ImageCache {
 pub struct UnwindCounters {
     /// Samples whose user stack was unwound with CFI.
     pub unwound: u64,
-    /// Process unwinders built (a process's maps read).
-    pub procs_loaded: u64,
+    /// Samples of a process whose unwinder was not loaded yet (frame pointers only).
+    pub not_loaded: u64,
     /// Time spent unwinding and loading, in ns.
     pub unwind_ns: u64,
 }
@@ -209,11 +218,9 @@ impl ImageCache {
 
     /// The tables of the image opened as `file` (dev/inode from the maps line).
     fn get_or_load(&self, file: File, dev: (u32, u32), inode: u64) -> Option<Arc<ImageTables>> {
-        let data = object::read::ReadCache::new(file);
-        let obj = object::File::parse(&data).ok()?;
-        let key = match obj.build_id() {
-            Ok(Some(id)) if !id.is_empty() => ImageKey::BuildId(id.to_vec()),
-            _ => ImageKey::Inode(dev.0, dev.1, inode),
+        let key = match file.try_clone().ok().and_then(crate::resolve::identity::read_build_id) {
+            Some(id) => ImageKey::BuildId(id),
+            None => ImageKey::Inode(dev.0, dev.1, inode),
         };
         {
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -224,7 +231,8 @@ impl ImageCache {
                 return Some(Arc::clone(t));
             }
         }
-        let t = Arc::new(ImageTables::from_object(&obj)?);
+        let data = object::read::ReadCache::new(file);
+        let t = Arc::new(ImageTables::from_elf(&data)?);
         self.insert(key, Arc::clone(&t));
         Some(t)
     }
@@ -241,7 +249,12 @@ impl ImageCache {
         // Evict least recently used until within the bound (the new one stays even if alone
         // it is larger: modules already built keep their sections alive anyway).
         while g.bytes > self.limit && g.map.len() > 1 {
-            let Some(k) = g.map.iter().filter(|(_, (_, u))| *u != tick).min_by_key(|(_, (_, u))| *u).map(|(k, _)| k.clone())
+            let Some(k) = g
+                .map
+                .iter()
+                .filter(|(_, (_, u))| *u != tick)
+                .min_by_key(|(_, (_, u))| *u)
+                .map(|(k, _)| k.clone())
             else {
                 break;
             };
@@ -258,13 +271,30 @@ impl ImageCache {
     }
 }
 
-/// One process's unwinder on one CPU.
-struct Proc {
+/// One process's unwinder: a module per executable mapping with unwind tables. Shared by
+/// every CPU (framehop unwinds through `&self`).
+pub struct ProcUnwinder {
     unwinder: UnwinderX86_64<Bytes>,
-    /// Executable mappings with a module.
+    /// Every executable mapping (with a module or not, e.g. JIT code): a pc outside all of
+    /// them means the maps changed since.
     ranges: Vec<Range<u64>>,
     loaded_at: Instant,
-    used: u64,
+}
+
+impl std::fmt::Debug for ProcUnwinder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcUnwinder").field("ranges", &self.ranges.len()).finish_non_exhaustive()
+    }
+}
+
+impl ProcUnwinder {
+    fn empty() -> Self {
+        Self { unwinder: UnwinderX86_64::new(), ranges: Vec::new(), loaded_at: Instant::now() }
+    }
+
+    fn covers(&self, pc: u64) -> bool {
+        self.ranges.iter().any(|r| r.contains(&pc))
+    }
 }
 
 /// Where a process's maps and mapped files are read (a test points it elsewhere).
@@ -277,74 +307,149 @@ impl Default for ProcRoot {
     }
 }
 
-/// One CPU's DWARF unwinder: per-process module lists over the shared [`ImageCache`].
-pub struct DwarfUnwinder {
-    images: Arc<ImageCache>,
-    procs: HashMap<u32, Proc>,
-    cache: CacheX86_64,
-    tick: u64,
+#[derive(Default)]
+struct Procs {
+    map: HashMap<u32, Arc<ProcUnwinder>>,
+    /// Asked of the loader and not yet loaded.
+    pending: hashbrown::HashSet<u32>,
+}
+
+/// What every CPU's unwinder shares: the image cache, the processes' unwinders and the
+/// loader thread that builds them.
+pub struct DwarfShared {
+    images: ImageCache,
+    procs: Mutex<Procs>,
     root: ProcRoot,
-    pub counters: UnwindCounters,
+    /// Requests to the loader thread (bounded: a full queue drops the request, asked again
+    /// at a later sample).
+    tx: Option<std::sync::mpsc::SyncSender<u32>>,
+    procs_loaded: AtomicU64,
 }
 
-impl std::fmt::Debug for DwarfUnwinder {
+impl std::fmt::Debug for DwarfShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DwarfUnwinder").field("procs", &self.procs.len()).finish_non_exhaustive()
+        f.debug_struct("DwarfShared").field("images", &self.images).finish_non_exhaustive()
     }
 }
 
-impl DwarfUnwinder {
-    pub fn new(images: Arc<ImageCache>) -> Self {
-        Self::with_root(images, ProcRoot::default())
-    }
+/// Thread name of the loader.
+pub const LOADER_THREAD: &str = "dcpi-unwind-load";
+/// Processes whose unwinders are kept at most; past it the one loaded longest ago goes.
+const MAX_PROCS: usize = 4096;
 
-    pub fn with_root(images: Arc<ImageCache>, root: ProcRoot) -> Self {
-        Self {
-            images,
-            procs: HashMap::new(),
-            cache: CacheX86_64::new(),
-            tick: 0,
+impl DwarfShared {
+    /// Shared state with a loader thread reading processes' maps and images under `root`.
+    pub fn start(cache_bytes: usize, root: ProcRoot) -> std::io::Result<Arc<Self>> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<u32>(1024);
+        let shared = Arc::new(Self {
+            images: ImageCache::new(cache_bytes),
+            procs: Mutex::new(Procs::default()),
             root,
-            counters: UnwindCounters::default(),
-        }
+            tx: Some(tx),
+            procs_loaded: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&shared);
+        // The loader holds only a weak reference: when the tables go, the sender goes with
+        // them and `recv` ends the thread.
+        std::thread::Builder::new().name(LOADER_THREAD.into()).spawn(move || {
+            while let Ok(pid) = rx.recv() {
+                let Some(sh) = weak.upgrade() else { break };
+                let p = Arc::new(sh.load(pid));
+                sh.procs_loaded.fetch_add(1, Ordering::Relaxed);
+                let mut g = sh.lock();
+                g.pending.remove(&pid);
+                if g.map.len() >= MAX_PROCS && !g.map.contains_key(&pid) {
+                    let oldest = g.map.iter().min_by_key(|(_, p)| p.loaded_at).map(|(k, _)| *k);
+                    if let Some(k) = oldest {
+                        g.map.remove(&k);
+                    }
+                }
+                g.map.insert(pid, p);
+            }
+        })?;
+        Ok(shared)
     }
 
-    /// A process exec'd or exited (side-band): its unwinder is stale.
-    pub fn forget(&mut self, pid: u32) {
-        self.procs.remove(&pid);
+    /// Shared state without a loader (tests, benches): processes only as added by hand.
+    pub fn manual(cache_bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            images: ImageCache::new(cache_bytes),
+            procs: Mutex::new(Procs::default()),
+            root: ProcRoot::default(),
+            tx: None,
+            procs_loaded: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Procs> {
+        self.procs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The image cache's bytes and images.
+    pub fn image_usage(&self) -> (usize, usize) {
+        self.images.usage()
+    }
+
+    /// Process unwinders built so far.
+    pub fn procs_loaded(&self) -> u64 {
+        self.procs_loaded.load(Ordering::Relaxed)
     }
 
     /// Add a module by hand (tests and benches): `tables` mapped at `avma` with `bias`.
-    pub fn add_module(&mut self, pid: u32, tables: &ImageTables, avma: Range<u64>, bias: u64) {
-        let p = self.procs.entry(pid).or_insert_with(|| Proc {
-            unwinder: UnwinderX86_64::new(),
-            ranges: Vec::new(),
-            loaded_at: Instant::now(),
-            used: 0,
-        });
-        p.unwinder.add_module(tables.module("test", avma.clone(), bias));
+    pub fn add_module(&self, pid: u32, tables: &ImageTables, avma: Range<u64>, bias: u64) {
+        let mut g = self.lock();
+        let old = g.map.remove(&pid);
+        let mut p = ProcUnwinder::empty();
+        if let Some(old) = old {
+            p.unwinder = old.unwinder.clone();
+            p.ranges = old.ranges.clone();
+        }
+        p.unwinder.add_module(tables.module("manual", avma.clone(), bias));
         p.ranges.push(avma);
+        g.map.insert(pid, Arc::new(p));
     }
 
-    fn load(&mut self, pid: u32) -> Proc {
-        self.counters.procs_loaded += 1;
-        let mut p = Proc {
-            unwinder: UnwinderX86_64::new(),
-            ranges: Vec::new(),
-            loaded_at: Instant::now(),
-            used: 0,
+    /// The process's current unwinder; asks the loader for one (again, if `reload` and the
+    /// current one is older than [`RELOAD_GAP`]) when there is none.
+    fn get(&self, pid: u32, reload: bool) -> Option<Arc<ProcUnwinder>> {
+        let mut g = self.lock();
+        let cur = g.map.get(&pid).cloned();
+        let ask = match &cur {
+            None => true,
+            Some(p) => reload && p.loaded_at.elapsed() >= RELOAD_GAP,
         };
+        if ask && pid != 0 && !g.pending.contains(&pid) {
+            if let Some(tx) = &self.tx {
+                if tx.try_send(pid).is_ok() {
+                    g.pending.insert(pid);
+                }
+            }
+        }
+        cur
+    }
+
+    fn forget(&self, pid: u32) {
+        self.lock().map.remove(&pid);
+    }
+
+    /// Build a process's unwinder from its maps (on the loader thread).
+    fn load(&self, pid: u32) -> ProcUnwinder {
+        let mut p = ProcUnwinder::empty();
         let dir = self.root.0.join(pid.to_string());
         let Ok(maps) = crate::resolve::procfs::read_bounded(&dir.join("maps"), MAPS_LIMIT) else {
             return p;
         };
         for line in maps.split(|&b| b == b'\n') {
             let Some(m) = parse_maps_line(line) else { continue };
-            if !m.executable() || m.inode == 0 || !m.path.starts_with(b"/") {
+            if !m.executable() {
                 continue;
             }
             if p.ranges.len() >= MAX_MODULES {
                 break;
+            }
+            p.ranges.push(m.start..m.end);
+            if m.inode == 0 || !m.path.starts_with(b"/") {
+                continue;
             }
             let mf = dir.join("map_files").join(format!("{:x}-{:x}", m.start, m.end));
             // map_files entries are magic links: O_NOFOLLOW would refuse them. What they open
@@ -354,15 +459,51 @@ impl DwarfUnwinder {
             let Some(bias) = t.bias(m.start, m.offset) else { continue };
             let name = String::from_utf8_lossy(m.path_clean()).into_owned();
             p.unwinder.add_module(t.module(&name, m.start..m.end, bias));
-            p.ranges.push(m.start..m.end);
         }
         p
+    }
+}
+
+/// One CPU's DWARF unwinder: the processes' shared unwinders, as last looked up, and a rule
+/// cache of its own.
+pub struct DwarfUnwinder {
+    shared: Arc<DwarfShared>,
+    local: HashMap<u32, Arc<ProcUnwinder>>,
+    empty: ProcUnwinder,
+    cache: CacheX86_64,
+    pub counters: UnwindCounters,
+}
+
+impl std::fmt::Debug for DwarfUnwinder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DwarfUnwinder").field("procs", &self.local.len()).finish_non_exhaustive()
+    }
+}
+
+impl DwarfUnwinder {
+    pub fn new(shared: Arc<DwarfShared>) -> Self {
+        Self {
+            shared,
+            local: HashMap::new(),
+            empty: ProcUnwinder::empty(),
+            cache: CacheX86_64::new(),
+            counters: UnwindCounters::default(),
+        }
+    }
+
+    /// A process exec'd or exited (side-band): its unwinder is stale.
+    pub fn forget(&mut self, pid: u32) {
+        self.local.remove(&pid);
+        self.shared.forget(pid);
     }
 
     /// Unwind one sample's user stack into `out` (appended: leaf first, the first frame the
     /// exact ip, the others return address − 1), at most `max` frames. Returns whether the
     /// stack is truncated: cut by `max`, by the copy's end, or by a frame the tables could
     /// not unwind (a root reached through CFI or a zero frame pointer is not truncated).
+    ///
+    /// A process not loaded yet (its first samples, while the loader thread reads its maps
+    /// and images) is unwound through frame pointers only, as `callchains = "fp"` would.
     pub fn unwind(
         &mut self,
         pid: u32,
@@ -372,34 +513,23 @@ impl DwarfUnwinder {
         out: &mut Vec<u64>,
     ) -> bool {
         let t0 = Instant::now();
-        self.tick += 1;
-        let stale = match self.procs.get(&pid) {
-            None => true,
-            Some(p) => {
-                !p.ranges.iter().any(|r| r.contains(&regs.ip))
-                    && p.loaded_at.elapsed() >= RELOAD_GAP
-            }
+        let fresh = match self.local.get(&pid) {
+            Some(p) => p.covers(regs.ip) || p.loaded_at.elapsed() < RELOAD_GAP,
+            None => false,
         };
-        if stale && pid != 0 {
-            if self.procs.len() >= MAX_PROCS_PER_CPU && !self.procs.contains_key(&pid) {
-                if let Some(&old) = self.procs.iter().min_by_key(|(_, p)| p.used).map(|(k, _)| k)
-                {
-                    self.procs.remove(&old);
+        if !fresh {
+            match self.shared.get(pid, self.local.contains_key(&pid)) {
+                Some(p) => {
+                    if self.local.len() >= MAX_PROCS_PER_CPU && !self.local.contains_key(&pid) {
+                        self.local.clear();
+                    }
+                    self.local.insert(pid, p);
                 }
+                None => self.counters.not_loaded += 1,
             }
-            let p = self.load(pid);
-            self.procs.insert(pid, p);
         }
-        let truncated = match self.procs.get_mut(&pid) {
-            Some(p) => {
-                p.used = self.tick;
-                unwind_with(&p.unwinder, &mut self.cache, regs, stack, max, out)
-            }
-            None => {
-                let empty = UnwinderX86_64::new();
-                unwind_with(&empty, &mut self.cache, regs, stack, max, out)
-            }
-        };
+        let p = self.local.get(&pid).map_or(&self.empty, |p| &**p);
+        let truncated = unwind_with(&p.unwinder, &mut self.cache, regs, stack, max, out);
         self.counters.unwound += 1;
         self.counters.unwind_ns += u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         truncated
@@ -467,8 +597,8 @@ mod tests {
         // CIE: id 0, version 1, "zR", code align 1, data align -8, RA = r16, aug len 1,
         // FDE pointers pc-relative sdata4; def_cfa rsp+8; r16 at cfa-8; 2 nops.
         let cie = [
-            0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 0x10, 1, 0x1b, 0x0c, 0x07, 0x08, 0x90, 0x01,
-            0, 0,
+            0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 0x10, 1, 0x1b, 0x0c, 0x07, 0x08, 0x90, 0x01, 0,
+            0,
         ];
         e.extend_from_slice(&(cie.len() as u32).to_le_bytes());
         e.extend_from_slice(&cie);
@@ -523,8 +653,9 @@ mod tests {
         assert!(unwind_with(&u, &mut cache, regs, &stack, 2, &mut two));
         assert_eq!(two.len(), 2);
         // Through the per-CPU unwinder's own module list (as the drain thread calls it).
-        let mut d = DwarfUnwinder::new(Arc::new(ImageCache::new(1 << 20)));
-        d.add_module(7, &t, 0x40_1000..0x40_1300, 0x40_0000);
+        let shared = DwarfShared::manual(1 << 20);
+        shared.add_module(7, &t, 0x40_1000..0x40_1300, 0x40_0000);
+        let mut d = DwarfUnwinder::new(shared);
         let mut again = Vec::new();
         assert!(!d.unwind(7, regs, &stack, 64, &mut again));
         assert_eq!(again, out);
