@@ -490,7 +490,7 @@ impl Settings {
             ));
         }
         if !(512..=crate::perf::dwarf::MAX_USER_STACK).contains(&self.sample_user_stack)
-            || self.sample_user_stack % 8 != 0
+            || !self.sample_user_stack.is_multiple_of(8)
         {
             return Err(bad(
                 "sample_user_stack",

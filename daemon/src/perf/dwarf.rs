@@ -104,7 +104,7 @@ impl ImageTables {
         let h = FileHeader64::<Endianness>::parse(data).ok()?;
         let endian = h.endian().ok()?;
         let sections = h.sections(endian, data).ok()?;
-        let mut t = ImageTables::default();
+        let mut t = Self::default();
         let mut bytes = 0usize;
         let mut section = |name: &[u8]| -> Option<(Range<u64>, Bytes)> {
             let (_, sh) = sections.section_by_name(endian, name)?;
