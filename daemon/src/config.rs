@@ -27,8 +27,9 @@
 //! status_interval = "10s"
 //! perf_map_max_bytes = 16777216
 //! perf_map_max_entries = 100000
-//! callchains = "none"      # or "fp": call stacks through frame pointers
+//! callchains = "none"      # or "fp": through frame pointers; "dwarf": through CFI
 //! sample_max_stack = 64
+//! sample_user_stack = 8192  # bytes of user stack copied per sample with "dwarf"
 //! slice_interval = "1m"       # time slices in each host-epoch (FORMAT.md §14); "0": off
 //! slice_rollup_after = "6h"   # older slices become hour slices
 //! ```
@@ -390,18 +391,26 @@ settings! {
     /// --cgroup PATH --by symbol`; costs a profile file per cgroup and image [default: false].
     #[arg(long, value_name = "BOOL")]
     by_cgroup: bool = false;
-    /// Call stacks: `none`, or `fp` to sample each sample's call chain (kernel frames, and
+    /// Call stacks: `none`, `fp` to sample each sample's call chain (kernel frames, and
     /// user frames through frame pointers: stacks of code built without them end after their
-    /// first frame and are counted as truncated) into `stacks.<event>.stk` beside the flat
-    /// profiles, for `dcpiprof --callers/--callees` and stacks in folded, pprof and flame
-    /// graph output [default: none].
+    /// first frame and are counted as truncated), or `dwarf` to copy `sample_user_stack`
+    /// bytes of the user stack with each sample and unwind it in dcpid with the images'
+    /// `.eh_frame`/`.debug_frame` (code without frame pointers, libc; costs more CPU per
+    /// sample), into `stacks.<event>.stk` beside the flat profiles, for `dcpiprof
+    /// --callers/--callees` and stacks in folded, pprof and flame graph output [default: none].
     #[arg(long, value_name = "MODE")]
     callchains: String = "none".into();
-    /// Deepest call chain recorded with `callchains = "fp"`, in frames; deeper stacks are cut
+    /// Deepest call chain recorded with `callchains = "fp"` or `"dwarf"`, in frames; deeper
+    /// stacks are cut
     /// and counted as truncated. At most the kernel's
     /// /proc/sys/kernel/perf_event_max_stack (127 by default) [default: 64].
     #[arg(long, value_name = "N")]
     sample_max_stack: u16 = crate::perf::callchain::DEFAULT_MAX_STACK;
+    /// Bytes of user stack the kernel copies with each sample for `callchains = "dwarf"`, a
+    /// multiple of 8 from 512 to 65528; a stack deeper than the copy ends there and counts as
+    /// truncated. The copy is unwound and dropped by dcpid, never written [default: 8192].
+    #[arg(long, value_name = "BYTES")]
+    sample_user_stack: u32 = crate::perf::dwarf::DEFAULT_USER_STACK;
     /// Length of the time slices each host-epoch keeps its counts in (`slices.log`, for
     /// reports over a time range), aligned to UTC; whole seconds dividing an hour; `0`: no
     /// slices, only epoch totals [default: 1m].
@@ -553,11 +562,20 @@ impl Settings {
         if let Err(e) = profile_format::validate_host_name(&self.host) {
             return Err(bad("host", self.host.clone(), &e.to_string()));
         }
-        if !matches!(self.callchains.as_str(), "none" | "fp") {
+        if !matches!(self.callchains.as_str(), "none" | "fp" | "dwarf") {
             return Err(bad(
                 "callchains",
                 self.callchains.clone(),
-                "must be `none` or `fp` (frame pointers; DWARF unwinding is not supported)",
+                "must be `none`, `fp` (frame pointers) or `dwarf` (CFI unwinding of a stack copy)",
+            ));
+        }
+        if !(512..=crate::perf::dwarf::MAX_USER_STACK).contains(&self.sample_user_stack)
+            || !self.sample_user_stack.is_multiple_of(8)
+        {
+            return Err(bad(
+                "sample_user_stack",
+                self.sample_user_stack.to_string(),
+                "must be a multiple of 8 from 512 to 65528",
             ));
         }
         if self.sample_max_stack == 0
@@ -862,12 +880,18 @@ mod tests {
         );
         let err = file("log_level = \"loud[\"\n").unwrap_err().to_string();
         assert!(err.contains("log_level"), "{err}");
-        let err = file("callchains = \"dwarf\"\n").unwrap_err().to_string();
+        let err = file("callchains = \"lbr\"\n").unwrap_err().to_string();
         assert!(err.starts_with("/etc/dcpi/l.toml:1: ") && err.contains("callchains"), "{err}");
         let err = file("sample_max_stack = 0\n").unwrap_err().to_string();
         assert!(err.contains("sample_max_stack"), "{err}");
         let ok = file("callchains = \"fp\"\nsample_max_stack = 127\n").expect("valid");
         assert_eq!((ok.callchains.as_str(), ok.sample_max_stack), ("fp", 127));
+        let ok = file("callchains = \"dwarf\"\nsample_user_stack = 16384\n").expect("valid");
+        assert_eq!((ok.callchains.as_str(), ok.sample_user_stack), ("dwarf", 16384));
+        for bad in ["100", "8193", "65536"] {
+            let err = file(&format!("sample_user_stack = {bad}\n")).unwrap_err().to_string();
+            assert!(err.contains("sample_user_stack") && err.contains(bad), "{err}");
+        }
         for bad in ["7s", "1500ms", "2h"] {
             let err = file(&format!("slice_interval = \"{bad}\"\n")).unwrap_err().to_string();
             assert!(

@@ -3,6 +3,7 @@
 mod barrier;
 mod control;
 mod diff;
+mod dwarf_stacks;
 mod export;
 mod first_hour;
 mod format;

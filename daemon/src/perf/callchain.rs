@@ -39,7 +39,7 @@ use std::hash::{BuildHasher, Hasher};
 
 use hashbrown::HashTable;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// `PERF_CONTEXT_*` markers: every value at or above this (as u64) is one.
 const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
@@ -136,6 +136,8 @@ pub struct StackTable {
     max_stack: usize,
     scratch: Vec<u64>,
     pub counters: StackCounters,
+    /// `callchains = "dwarf"`: this CPU's unwinder of copied user stacks.
+    dwarf: Option<crate::perf::dwarf::DwarfUnwinder>,
 }
 
 impl std::fmt::Debug for BuildPcHash {
@@ -206,7 +208,71 @@ impl StackTable {
             max_stack: usize::from(max_stack.max(1)),
             scratch: Vec::with_capacity(usize::from(max_stack) + 4),
             counters: StackCounters::default(),
+            dwarf: None,
         }
+    }
+
+    /// A table whose samples carry user registers and a user stack copy, unwound with
+    /// `dwarf` (`callchains = "dwarf"`).
+    pub fn with_dwarf(
+        capacity: usize,
+        max_stack: u16,
+        dwarf: crate::perf::dwarf::DwarfUnwinder,
+    ) -> Self {
+        Self { dwarf: Some(dwarf), ..Self::new(capacity, max_stack) }
+    }
+
+    /// Whether samples carry a user stack to unwind (the layout the ring's records have).
+    pub fn dwarf(&self) -> bool {
+        self.dwarf.is_some()
+    }
+
+    /// The DWARF unwinder's counters (zero without one).
+    pub fn unwind_counters(&self) -> crate::perf::dwarf::UnwindCounters {
+        self.dwarf.as_ref().map(|d| d.counters).unwrap_or_default()
+    }
+
+    /// A side-band record seen by this CPU's drain thread: an exec or an exit makes the
+    /// process's unwinder stale (its maps are read again at its next sample).
+    pub fn note_sideband(&mut self, sb: &crate::types::SideBand) {
+        let Some(d) = self.dwarf.as_mut() else { return };
+        match *sb {
+            crate::types::SideBand::Comm { pid, exec: true, .. } => d.forget(pid),
+            crate::types::SideBand::Exit { pid, tid, .. } if pid == tid => d.forget(pid),
+            _ => {}
+        }
+    }
+
+    /// Intern the stack of a sample of the DWARF layout: the kernel frames of its chain
+    /// (the kernel gives no user frames: `exclude_callchain_user`), then its user stack
+    /// unwound from its registers and stack copy. Truncated when the kernel part was cut at
+    /// `max_stack`, or the user part did not reach a root (the copy's end, a frame without
+    /// unwind information and no frame pointer, the depth bound).
+    pub fn intern_dwarf(
+        &mut self,
+        chain: &[u8],
+        pid: u32,
+        regs: Option<crate::perf::records::UserRegs>,
+        stack: &[u8],
+    ) -> StackId {
+        let mut pcs = std::mem::take(&mut self.scratch);
+        let mut truncated = process_chain(chain, self.max_stack, &mut pcs).unwrap_or(false);
+        if let (Some(regs), Some(d)) = (regs, self.dwarf.as_mut()) {
+            let room = self.max_stack.saturating_sub(pcs.len());
+            if room == 0 {
+                truncated = true;
+            } else {
+                truncated |= d.unwind(pid, regs, stack, room, &mut pcs);
+            }
+        }
+        let id = if pcs.is_empty() {
+            self.counters.empty += 1;
+            0
+        } else {
+            self.intern_pcs(&pcs, truncated)
+        };
+        self.scratch = pcs;
+        id
     }
 
     /// Intern a raw chain; returns its id (0: no frame, or a new stack while full).
@@ -324,6 +390,10 @@ type Waker = Box<dyn Fn() + Send + Sync>;
 /// The stack tables of every CPU (shared by the drain threads and the aggregator).
 pub struct StackTables {
     cpus: Vec<Mutex<StackTable>>,
+    /// `callchains = "dwarf"`: bytes of user stack each sample copies (0: frame pointers).
+    user_stack: u32,
+    /// `callchains = "dwarf"`: the state the CPUs' unwinders share.
+    dwarf: Option<Arc<crate::perf::dwarf::DwarfShared>>,
     max_stack: u16,
     /// A table is past its high-water mark; cleared by the flusher as it flushes.
     flush_wanted: AtomicBool,
@@ -344,10 +414,41 @@ impl std::fmt::Debug for StackTables {
 impl StackTables {
     /// `ncpus` tables; a CPU id beyond shares the table of `id % ncpus`.
     pub fn new(ncpus: usize, capacity: usize, max_stack: u16) -> Self {
+        Self::build(ncpus, max_stack, 0, || StackTable::new(capacity, max_stack))
+    }
+
+    /// `callchains = "dwarf"`: tables whose samples carry `user_stack` bytes of user stack,
+    /// unwound by one [`crate::perf::dwarf::DwarfUnwinder`] per CPU over one image cache of
+    /// at most `cache_bytes`.
+    pub fn new_dwarf(
+        ncpus: usize,
+        capacity: usize,
+        max_stack: u16,
+        user_stack: u32,
+        cache_bytes: usize,
+    ) -> std::io::Result<Self> {
+        let shared = crate::perf::dwarf::DwarfShared::start(cache_bytes, Default::default())?;
+        let mut t = Self::build(ncpus, max_stack, user_stack, || {
+            StackTable::with_dwarf(
+                capacity,
+                max_stack,
+                crate::perf::dwarf::DwarfUnwinder::new(Arc::clone(&shared)),
+            )
+        });
+        t.dwarf = Some(shared);
+        Ok(t)
+    }
+
+    fn build(
+        ncpus: usize,
+        max_stack: u16,
+        user_stack: u32,
+        table: impl Fn() -> StackTable,
+    ) -> Self {
         Self {
-            cpus: (0..ncpus.max(1))
-                .map(|_| Mutex::new(StackTable::new(capacity, max_stack)))
-                .collect(),
+            cpus: (0..ncpus.max(1)).map(|_| Mutex::new(table())).collect(),
+            user_stack,
+            dwarf: None,
             max_stack,
             flush_wanted: AtomicBool::new(false),
             early_flushes: AtomicU64::new(0),
@@ -385,6 +486,28 @@ impl StackTables {
 
     pub fn max_stack(&self) -> u16 {
         self.max_stack
+    }
+
+    /// Bytes of user stack a sample copies (`callchains = "dwarf"`), 0 for frame pointers.
+    pub fn user_stack(&self) -> u32 {
+        self.user_stack
+    }
+
+    /// `callchains = "dwarf"`: the state the CPUs' unwinders share.
+    pub fn dwarf_shared(&self) -> Option<&Arc<crate::perf::dwarf::DwarfShared>> {
+        self.dwarf.as_ref()
+    }
+
+    /// The DWARF unwinders' counters summed over every CPU.
+    pub fn unwind_counters(&self) -> crate::perf::dwarf::UnwindCounters {
+        let mut c = crate::perf::dwarf::UnwindCounters::default();
+        for t in &self.cpus {
+            let u = t.lock().unwrap_or_else(|p| p.into_inner()).unwind_counters();
+            c.unwound += u.unwound;
+            c.not_loaded += u.not_loaded;
+            c.unwind_ns += u.unwind_ns;
+        }
+        c
     }
 
     pub fn len(&self) -> usize {

@@ -3,6 +3,7 @@
 //! See `README.md` in this directory for why periods are randomized and what was measured.
 
 pub mod callchain;
+pub mod dwarf;
 pub mod events;
 pub mod records;
 pub mod redraw;

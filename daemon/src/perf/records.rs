@@ -22,6 +22,35 @@ pub struct RawSample {
     /// PERF_SAMPLE_CALLCHAIN, when asked for: where its u64s lie in the record body (offset,
     /// byte length); (0, 0) otherwise. Read them with [`sample_callchain`].
     pub chain: (u32, u32),
+    /// PERF_SAMPLE_REGS_USER with [`USER_REGS_MASK`] (`callchains = "dwarf"`): the user bp,
+    /// sp and ip at the sample (or at kernel entry); `None` when not asked for, or for a
+    /// kernel thread (ABI_NONE: no user registers).
+    pub user_regs: Option<UserRegs>,
+    /// PERF_SAMPLE_STACK_USER: where the copied user stack lies in the record body (offset,
+    /// byte length, already cut to the kernel's `dyn_size`: the bytes it really copied).
+    /// Read it with [`sample_user_stack`]; (0, 0) when absent.
+    pub user_stack: (u32, u32),
+}
+
+/// The user registers dcpid asks for (x86-64 `perf_regs.h` numbers): BP = 6, SP = 7, IP = 8,
+/// all a CFI unwinder needs to find return addresses (framehop recovers only these).
+pub const USER_REGS_MASK: u64 = (1 << 6) | (1 << 7) | (1 << 8);
+
+/// The user registers of a sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserRegs {
+    pub bp: u64,
+    pub sp: u64,
+    pub ip: u64,
+}
+
+/// What a sample record holds beyond the fixed fields (what the events were opened with).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleLayout {
+    /// PERF_SAMPLE_CALLCHAIN.
+    pub callchain: bool,
+    /// PERF_SAMPLE_REGS_USER (with [`USER_REGS_MASK`]) and PERF_SAMPLE_STACK_USER.
+    pub user_stack: bool,
 }
 
 /// What a record means to the sampler.
@@ -92,10 +121,25 @@ pub fn sample_callchain<'a>(s: &RawSample, body: &'a [u8]) -> &'a [u8] {
     body.get(off..off + len).unwrap_or(&[])
 }
 
+/// The copied user stack of a sample parsed with [`SampleLayout::user_stack`].
+pub fn sample_user_stack<'a>(s: &RawSample, body: &'a [u8]) -> &'a [u8] {
+    let (off, len) = (s.user_stack.0 as usize, s.user_stack.1 as usize);
+    body.get(off..off + len).unwrap_or(&[])
+}
+
 /// A sample body; `callchain`: the events were opened with PERF_SAMPLE_CALLCHAIN, which lies
 /// between CPU and CGROUP (`nr`, then `nr` u64s).
 pub fn parse_sample_cc(misc: u16, body: &[u8], callchain: bool) -> Option<RawSample> {
-    let (chain, cgroup_at) = if callchain {
+    parse_sample_layout(misc, body, SampleLayout { callchain, user_stack: false })
+}
+
+/// A sample body of events opened with `layout`. The kernel's order after CPU is CALLCHAIN,
+/// REGS_USER (`abi`, then one u64 per mask bit, lowest bit first, only if `abi` is not
+/// NONE), STACK_USER (`size`, `size` bytes, then `dyn_size` only if `size` is not 0), CGROUP.
+/// Every length is checked against the record: a malformed one gives `None`, never a read
+/// past the record.
+pub fn parse_sample_layout(misc: u16, body: &[u8], layout: SampleLayout) -> Option<RawSample> {
+    let (chain, mut at) = if layout.callchain {
         let nr = usize::try_from(u64_at(body, 40)?).ok()?;
         let len = nr.checked_mul(8)?;
         let end = 48usize.checked_add(len)?;
@@ -106,6 +150,28 @@ pub fn parse_sample_cc(misc: u16, body: &[u8], callchain: bool) -> Option<RawSam
     } else {
         ((0, 0), 40)
     };
+    let mut user_regs = None;
+    let mut user_stack = (0, 0);
+    if layout.user_stack {
+        let abi = u64_at(body, at)?;
+        at += 8;
+        if abi != 0 {
+            // Mask bits 6, 7, 8 in order: bp, sp, ip.
+            let (bp, sp_, ip) = (u64_at(body, at)?, u64_at(body, at + 8)?, u64_at(body, at + 16)?);
+            at += 24;
+            user_regs = Some(UserRegs { bp, sp: sp_, ip });
+        }
+        let size = usize::try_from(u64_at(body, at)?).ok()?;
+        at += 8;
+        if size != 0 {
+            let data = at;
+            let end = data.checked_add(size)?;
+            let dyn_size = usize::try_from(u64_at(body, end)?).ok()?;
+            user_stack = (u32::try_from(data).ok()?, u32::try_from(dyn_size.min(size)).ok()?);
+            at = end + 8;
+        }
+    }
+    let cgroup_at = at;
     Some(RawSample {
         identifier: u64_at(body, 0)?,
         ip: u64_at(body, 8)?,
@@ -118,6 +184,8 @@ pub fn parse_sample_cc(misc: u16, body: &[u8], callchain: bool) -> Option<RawSam
         // may ask for, so the record's length says whether it is there.
         cgroup: u64_at(body, cgroup_at).unwrap_or(0),
         chain,
+        user_regs,
+        user_stack,
     })
 }
 
@@ -192,8 +260,13 @@ pub fn parse_record(rec: RawRecord<'_>) -> Record {
 
 /// Classify and parse one record; `callchain`: samples carry PERF_SAMPLE_CALLCHAIN.
 pub fn parse_record_cc(rec: RawRecord<'_>, callchain: bool) -> Record {
+    parse_record_layout(rec, SampleLayout { callchain, user_stack: false })
+}
+
+/// Classify and parse one record of events opened with `layout`.
+pub fn parse_record_layout(rec: RawRecord<'_>, layout: SampleLayout) -> Record {
     match rec.kind {
-        sp::PERF_RECORD_SAMPLE => match parse_sample_cc(rec.misc, rec.body, callchain) {
+        sp::PERF_RECORD_SAMPLE => match parse_sample_layout(rec.misc, rec.body, layout) {
             Some(s) => Record::Sample(s),
             None => Record::Malformed,
         },
@@ -260,6 +333,8 @@ mod tests {
                 kernel: true,
                 cgroup: 0,
                 chain: (0, 0),
+                user_regs: None,
+                user_stack: (0, 0),
             }
         );
         // The same sample with a 2-frame callchain and a cgroup after it.
@@ -279,6 +354,61 @@ mod tests {
         assert_eq!(parse_sample_cc(1, &c, true), None);
         let r = parse_record(RawRecord { kind: sp::PERF_RECORD_SAMPLE, misc: 2, body: &b[..32] });
         assert_eq!(r, Record::Malformed);
+    }
+
+    /// A `callchains = "dwarf"` sample: kernel chain, user registers, a copied stack whose
+    /// `dyn_size` is smaller than its `size`, then a cgroup.
+    #[test]
+    fn user_regs_and_stack_layout() {
+        let mut b = Vec::new();
+        for x in [7u64, 0x40_1000, (42u64 << 32) | 41, 123456, 1] {
+            b.extend_from_slice(&x.to_ne_bytes());
+        }
+        let layout = SampleLayout { callchain: true, user_stack: true };
+        // Callchain: one kernel frame.
+        for x in [2u64, 0xffff_ffff_ffff_ff80, 0xffff_ffff_8100_0000] {
+            b.extend_from_slice(&x.to_ne_bytes());
+        }
+        // REGS_USER: abi 64, bp, sp, ip.
+        for x in [2u64, 0x7ffd_0000_0100, 0x7ffd_0000_0000, 0x40_1234] {
+            b.extend_from_slice(&x.to_ne_bytes());
+        }
+        // STACK_USER: size 32, 32 bytes, dyn_size 16.
+        b.extend_from_slice(&32u64.to_ne_bytes());
+        let stack_at = b.len();
+        for i in 0..32u8 {
+            b.push(i);
+        }
+        b.extend_from_slice(&16u64.to_ne_bytes());
+        b.extend_from_slice(&77u64.to_ne_bytes());
+        let s = parse_sample_layout(2, &b, layout).expect("parses");
+        assert_eq!(
+            s.user_regs,
+            Some(UserRegs { bp: 0x7ffd_0000_0100, sp: 0x7ffd_0000_0000, ip: 0x40_1234 })
+        );
+        assert_eq!(s.user_stack, (stack_at as u32, 16));
+        assert_eq!(sample_user_stack(&s, &b), &(0..16u8).collect::<Vec<_>>()[..]);
+        assert_eq!((s.chain, s.cgroup), ((48, 16), 77));
+        let r = parse_record_layout(
+            RawRecord { kind: sp::PERF_RECORD_SAMPLE, misc: 2, body: &b },
+            layout,
+        );
+        assert_eq!(r, Record::Sample(s));
+
+        // A kernel thread: ABI_NONE, no registers, size 0 and no dyn_size.
+        let mut k = b[..64].to_vec();
+        k.extend_from_slice(&0u64.to_ne_bytes());
+        k.extend_from_slice(&0u64.to_ne_bytes());
+        let s = parse_sample_layout(1, &k, layout).expect("parses");
+        assert_eq!((s.user_regs, s.user_stack, s.cgroup), (None, (0, 0), 0));
+
+        // A stack size beyond the record, or a record cut inside the registers or before
+        // dyn_size: malformed, never a read past it.
+        let mut bad = b.clone();
+        bad[stack_at - 8..stack_at].copy_from_slice(&u64::MAX.to_ne_bytes());
+        assert_eq!(parse_sample_layout(2, &bad, layout), None);
+        assert_eq!(parse_sample_layout(2, &b[..90], layout), None);
+        assert_eq!(parse_sample_layout(2, &b[..stack_at + 32], layout), None);
     }
 
     #[test]

@@ -191,12 +191,29 @@ pub(super) fn start_sampling(
     aggregator
         .start_resolver_thread(Some(watch))
         .map_err(|e| ServiceError::Thread(format!("{}: {e}", crate::aggregate::RESOLVER_THREAD)))?;
-    let stacks = (settings.callchains == "fp").then(|| {
-        let t = Arc::new(crate::perf::callchain::StackTables::new(
+    let stacks = match settings.callchains.as_str() {
+        // CFI unwinding of copied user stacks (perf/dwarf.rs), with its loader thread.
+        "dwarf" => Some(
+            crate::perf::callchain::StackTables::new_dwarf(
+                ncpus,
+                crate::perf::callchain::DEFAULT_STACKS_PER_CPU,
+                settings.sample_max_stack,
+                settings.sample_user_stack,
+                crate::perf::dwarf::DEFAULT_CACHE_BYTES,
+            )
+            .map_err(|e| {
+                ServiceError::Thread(format!("{}: {e}", crate::perf::dwarf::LOADER_THREAD))
+            })?,
+        ),
+        "fp" => Some(crate::perf::callchain::StackTables::new(
             ncpus,
             crate::perf::callchain::DEFAULT_STACKS_PER_CPU,
             settings.sample_max_stack,
-        ));
+        )),
+        _ => None,
+    }
+    .map(|t| {
+        let t = Arc::new(t);
         aggregator.set_stack_tables(Arc::clone(&t));
         t
     });

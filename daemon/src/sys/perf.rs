@@ -56,6 +56,10 @@ pub struct AttrSpec {
     /// Ask for PERF_SAMPLE_CALLCHAIN of at most this many frames (0: no callchain). Every
     /// event sharing a ring must agree.
     pub max_stack: u16,
+    /// `callchains = "dwarf"`: copy this many bytes of user stack and the user bp, sp, ip
+    /// with each sample, and keep the callchain to kernel frames (0: no copy). Every event
+    /// sharing a ring must agree.
+    pub user_stack: u32,
 }
 
 fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
@@ -79,6 +83,14 @@ fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
         // user unwinder), so code built without them yields truncated stacks.
         attr.sample_type |= pb::PERF_SAMPLE_CALLCHAIN as u64;
         attr.sample_max_stack = spec.max_stack;
+    }
+    if spec.user_stack > 0 {
+        // The user part is unwound by dcpid from the copy (perf/dwarf.rs): the kernel's
+        // frame-pointer walk of user frames would only duplicate or contradict it.
+        attr.sample_type |= (pb::PERF_SAMPLE_REGS_USER | pb::PERF_SAMPLE_STACK_USER) as u64;
+        attr.sample_regs_user = crate::perf::records::USER_REGS_MASK;
+        attr.sample_stack_user = spec.user_stack;
+        attr.set_exclude_callchain_user(1);
     }
     attr.set_disabled(1);
     attr.set_sample_id_all(1);
@@ -486,6 +498,7 @@ mod tests {
             wakeup_watermark: 4096,
             cgroup: false,
             max_stack: 0,
+            user_stack: 0,
         };
         let a = make_attr(&spec);
         assert_eq!(a.sample_type, SAMPLE_TYPE);

@@ -97,12 +97,15 @@ pub fn read_pass_stacks<R: RingBuffer>(
     sideband: &mut Vec<TimedSideBand>,
     mut stacks: Option<&mut crate::perf::callchain::StackTable>,
 ) -> PassCounts {
-    let callchain = stacks.is_some();
+    let layout = records::SampleLayout {
+        callchain: stacks.is_some(),
+        user_stack: stacks.as_deref().is_some_and(crate::perf::callchain::StackTable::dwarf),
+    };
     let mut c = PassCounts::default();
     per_event.iter_mut().for_each(|x| *x = 0);
     let before = samples.len();
     samples.reserve(1024);
-    let ds = reader.drain(ring, |rec| match records::parse_record_cc(rec, callchain) {
+    let ds = reader.drain(ring, |rec| match records::parse_record_layout(rec, layout) {
         Record::Sample(s) => {
             let Some(idx) = ids.iter().position(|&id| id == s.identifier) else {
                 c.malformed += 1;
@@ -110,6 +113,12 @@ pub fn read_pass_stacks<R: RingBuffer>(
             };
             per_event[idx] += 1;
             let stack = match stacks.as_deref_mut() {
+                Some(t) if layout.user_stack => t.intern_dwarf(
+                    records::sample_callchain(&s, rec.body),
+                    s.pid,
+                    s.user_regs,
+                    records::sample_user_stack(&s, rec.body),
+                ),
                 Some(t) => t.intern(records::sample_callchain(&s, rec.body)),
                 None => 0,
             };
@@ -124,7 +133,12 @@ pub fn read_pass_stacks<R: RingBuffer>(
                 stack,
             });
         }
-        Record::SideBand(sb) => sideband.push(sb),
+        Record::SideBand(sb) => {
+            if let Some(t) = stacks.as_deref_mut() {
+                t.note_sideband(&sb.record);
+            }
+            sideband.push(sb)
+        }
         Record::Lost { lost: l } => c.lost += l,
         Record::Throttle { .. } => c.throttled += 1,
         Record::Unthrottle { .. } => c.unthrottled += 1,

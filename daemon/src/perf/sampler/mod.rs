@@ -345,6 +345,7 @@ fn attr_for(
         wakeup_watermark: u32::try_from(wm).unwrap_or(u32::MAX),
         cgroup: false,
         max_stack: shared_cfg.stacks.as_ref().map_or(0, |t| t.max_stack()),
+        user_stack: shared_cfg.stacks.as_ref().map_or(0, |t| t.user_stack()),
     }
 }
 

@@ -1,0 +1,712 @@
+//! DWARF CFI unwinding of copied user stacks (`callchains = "dwarf"`).
+//!
+//! With `callchains = "dwarf"` the kernel gives each sample its kernel chain only
+//! (PERF_SAMPLE_CALLCHAIN with `exclude_callchain_user`), the user registers bp, sp and ip
+//! (PERF_SAMPLE_REGS_USER) and a copy of the top of the user stack (PERF_SAMPLE_STACK_USER,
+//! `sample_user_stack` bytes). A drain thread unwinds that copy right away with the `.eh_frame`
+//! (through `.eh_frame_hdr`) or `.debug_frame` of the images mapped at the frames' addresses,
+//! using [framehop] (what samply uses), and interns the merged kernel + user stack in its CPU's
+//! stack table as frame-pointer stacks are: the stack copy never leaves the drain thread, and a
+//! hot stack still costs one increment.
+//!
+//! Why on the drain thread and not later: the copy is 8 KiB a sample; to unwind later it
+//! would have to be kept (8 MB/s per busy CPU at 1 kHz) until then, and stacks could not be
+//! interned before. Unwinding with warm tables costs about a microsecond per stack
+//! (`cargo bench -p dcpi-daemon --bench unwind`), far below the 15-25 µs the sample itself
+//! costs here (MACHINE-FACTS.md). What is slow is loading a process's tables (reading its
+//! maps and its images' sections) the first time it is sampled on a CPU: that is done once
+//! per process per CPU, and the sections once per image (build-id) for every CPU and process.
+//!
+//! Unwind tables: the sections of an image are read once per build-id (or device and inode
+//! when it has none) through `/proc/PID/map_files/START-END` (which opens the mapped file even
+//! if deleted or replaced, never a path an untrusted process may have swapped), copied (not
+//! mapped: a file truncated under a mapping would raise SIGBUS in the daemon), and kept in an
+//! [`ImageCache`] shared by every CPU, bounded in bytes (least recently used out first).
+//! Each CPU keeps, per process, a framehop unwinder with one module per executable mapping,
+//! pointing at those shared sections.
+//!
+//! Hostile input: an image's CFI, maps and stack are untrusted. Every section is bounded in
+//! size, each stack read is checked against the copy, framehop refuses a frame that does not
+//! move the stack pointer up, and a stack has at most `max_stack` frames: a bad table ends
+//! the stack, counted as truncated, never a crash or a loop.
+
+use std::fs::File;
+use std::ops::{Deref, Range};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
+use hashbrown::HashMap;
+use object::elf::{FileHeader64, PT_LOAD, SHF_COMPRESSED};
+use object::read::elf::{FileHeader, ProgramHeader, SectionHeader};
+use object::Endianness;
+
+use crate::perf::records::UserRegs;
+use crate::resolve::maps::parse_maps_line;
+
+/// Default bytes of user stack copied per sample. 8 KiB is perf's default; measured here on
+/// the e2e call trees and on libc-heavy code, stacks of depth 20-30 fit; deeper ones end as
+/// truncated. The kernel allows up to [`MAX_USER_STACK`].
+pub const DEFAULT_USER_STACK: u32 = 8192;
+/// Largest `sample_user_stack` (the kernel's limit: a record's size is a u16).
+pub const MAX_USER_STACK: u32 = 65528;
+/// Default bound on the unwind sections kept in memory, all images together.
+pub const DEFAULT_CACHE_BYTES: usize = 32 << 20;
+/// A section larger than this is not loaded (the image unwinds through frame pointers only).
+const MAX_SECTION_BYTES: u64 = 32 << 20;
+/// Processes whose unwinders one CPU keeps references to; past it they are looked up again.
+const MAX_PROCS_PER_CPU: usize = 1024;
+/// Executable mappings taken from one process's maps at most.
+const MAX_MODULES: usize = 4096;
+/// A process's maps are read again at most this often when a pc is outside every module
+/// (a library loaded since: its MMAP2 may have gone to another CPU's ring).
+const RELOAD_GAP: Duration = Duration::from_millis(500);
+/// Bytes of `/proc/PID/maps` read at most.
+const MAPS_LIMIT: u64 = 8 << 20;
+
+/// Section bytes shared by every module of one image.
+#[derive(Clone, Debug)]
+pub struct Bytes(Arc<[u8]>);
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// What unwinding needs of one image.
+#[derive(Debug, Default)]
+pub struct ImageTables {
+    eh_frame: Option<(Range<u64>, Bytes)>,
+    eh_frame_hdr: Option<(Range<u64>, Bytes)>,
+    debug_frame: Option<Bytes>,
+    text_svma: Option<Range<u64>>,
+    got_svma: Option<Range<u64>>,
+    /// PT_LOAD segments: (file offset, file size, vaddr), to place the image's addresses.
+    loads: Vec<(u64, u64, u64)>,
+    bytes: usize,
+}
+
+impl ImageTables {
+    /// Parse an ELF image's unwind sections. `None` for anything that is not a 64-bit ELF.
+    pub fn parse(data: &[u8]) -> Option<Self> {
+        Self::from_elf(data)
+    }
+
+    /// Only the headers, the section names and the unwind sections are read: not the symbol
+    /// tables (`object::File::parse` reads them all, and a loader reading librustc_driver's
+    /// took most of a CPU on a machine running compilers).
+    fn from_elf<'d, R: object::ReadRef<'d>>(data: R) -> Option<Self> {
+        let h = FileHeader64::<Endianness>::parse(data).ok()?;
+        let endian = h.endian().ok()?;
+        let sections = h.sections(endian, data).ok()?;
+        let mut t = Self::default();
+        let mut bytes = 0usize;
+        let mut section = |name: &[u8]| -> Option<(Range<u64>, Bytes)> {
+            let (_, sh) = sections.section_by_name(endian, name)?;
+            let (addr, size) = (sh.sh_addr(endian), sh.sh_size(endian));
+            // Compressed (.debug_frame of some distributions) is left out: inflating
+            // untrusted data is a cost this path does not take.
+            if size == 0 || size > MAX_SECTION_BYTES || sh.sh_flags(endian).contains(SHF_COMPRESSED)
+            {
+                return None;
+            }
+            let d = sh.data(endian, data).ok()?;
+            if d.is_empty() {
+                return None;
+            }
+            bytes += d.len();
+            Some((addr..addr.checked_add(size)?, Bytes(Arc::from(d))))
+        };
+        t.eh_frame = section(b".eh_frame");
+        t.eh_frame_hdr = section(b".eh_frame_hdr");
+        t.debug_frame = section(b".debug_frame").map(|(_, b)| b);
+        let range = |name: &[u8]| {
+            let (_, sh) = sections.section_by_name(endian, name)?;
+            let a = sh.sh_addr(endian);
+            Some(a..a.checked_add(sh.sh_size(endian))?)
+        };
+        t.text_svma = range(b".text");
+        t.got_svma = range(b".got");
+        t.bytes = bytes;
+        for ph in h.program_headers(endian, data).ok()? {
+            if ph.p_type(endian) == PT_LOAD {
+                t.loads.push((ph.p_offset(endian), ph.p_filesz(endian), ph.p_vaddr(endian)));
+            }
+        }
+        Some(t)
+    }
+
+    /// The load bias of a mapping of file offset `pgoff` at `start`: what is added to the
+    /// image's addresses to give the process's. `None` if no segment holds that offset.
+    fn bias(&self, start: u64, pgoff: u64) -> Option<u64> {
+        let &(off, _, vaddr) = self
+            .loads
+            .iter()
+            .find(|&&(off, size, _)| pgoff >= off & !0xfff && pgoff < off.saturating_add(size))?;
+        // Address of file offset pgoff = vaddr + (pgoff - off) + bias = start.
+        Some(start.wrapping_sub(vaddr.wrapping_add(pgoff.wrapping_sub(off))))
+    }
+
+    /// A framehop module for a mapping `avma` whose image addresses are offset by `bias`.
+    fn module(&self, name: &str, avma: Range<u64>, bias: u64) -> Module<Bytes> {
+        let info = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: self.text_svma.clone(),
+            got_svma: self.got_svma.clone(),
+            eh_frame_svma: self.eh_frame.as_ref().map(|(r, _)| r.clone()),
+            eh_frame: self.eh_frame.as_ref().map(|(_, b)| b.clone()),
+            eh_frame_hdr_svma: self.eh_frame_hdr.as_ref().map(|(r, _)| r.clone()),
+            eh_frame_hdr: self.eh_frame_hdr.as_ref().map(|(_, b)| b.clone()),
+            debug_frame: self.debug_frame.clone(),
+            stubs_svma: None,
+            stub_helper_svma: None,
+            unwind_info: None,
+            text: None,
+            text_segment_svma: None,
+            text_segment: None,
+        };
+        Module::new(name.to_string(), avma, bias, info)
+    }
+
+    /// Bytes of section data held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Cache key of an image: its build-id, or (device, inode) when it has none.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum ImageKey {
+    BuildId(Vec<u8>),
+    Inode(u32, u32, u64),
+}
+
+#[derive(Debug, Default)]
+struct CacheInner {
+    map: HashMap<ImageKey, (Arc<ImageTables>, u64)>,
+    bytes: usize,
+    tick: u64,
+}
+
+/// Unwind tables of every image, shared by every CPU, bounded in bytes (LRU).
+#[derive(Debug)]
+pub struct ImageCache {
+    inner: Mutex<CacheInner>,
+    limit: usize,
+}
+
+/// Counters of the DWARF path, for status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct UnwindCounters {
+    /// Samples whose user stack was unwound with CFI.
+    pub unwound: u64,
+    /// Samples of a process whose unwinder was not loaded yet (frame pointers only).
+    pub not_loaded: u64,
+    /// Time spent unwinding and loading, in ns.
+    pub unwind_ns: u64,
+}
+
+impl ImageCache {
+    pub fn new(limit: usize) -> Self {
+        Self { inner: Mutex::new(CacheInner::default()), limit }
+    }
+
+    /// The tables of the image opened as `file` (dev/inode from the maps line).
+    fn get_or_load(&self, file: File, dev: (u32, u32), inode: u64) -> Option<Arc<ImageTables>> {
+        let key = match file.try_clone().ok().and_then(crate::resolve::identity::read_build_id) {
+            Some(id) => ImageKey::BuildId(id),
+            None => ImageKey::Inode(dev.0, dev.1, inode),
+        };
+        {
+            let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            g.tick += 1;
+            let tick = g.tick;
+            if let Some((t, used)) = g.map.get_mut(&key) {
+                *used = tick;
+                return Some(Arc::clone(t));
+            }
+        }
+        let data = object::read::ReadCache::new(file);
+        let t = Arc::new(ImageTables::from_elf(&data)?);
+        self.insert(key, Arc::clone(&t));
+        Some(t)
+    }
+
+    fn insert(&self, key: ImageKey, t: Arc<ImageTables>) {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.tick += 1;
+        let tick = g.tick;
+        let b = t.bytes;
+        if let Some((old, _)) = g.map.insert(key, (t, tick)) {
+            g.bytes -= old.bytes;
+        }
+        g.bytes += b;
+        // Evict least recently used until within the bound (the new one stays even if alone
+        // it is larger: modules already built keep their sections alive anyway).
+        while g.bytes > self.limit && g.map.len() > 1 {
+            let Some(k) = g
+                .map
+                .iter()
+                .filter(|(_, (_, u))| *u != tick)
+                .min_by_key(|(_, (_, u))| *u)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some((old, _)) = g.map.remove(&k) {
+                g.bytes -= old.bytes;
+            }
+        }
+    }
+
+    /// Bytes held and images cached.
+    pub fn usage(&self) -> (usize, usize) {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        (g.bytes, g.map.len())
+    }
+}
+
+/// One process's unwinder: a module per executable mapping with unwind tables. Shared by
+/// every CPU (framehop unwinds through `&self`).
+pub struct ProcUnwinder {
+    unwinder: UnwinderX86_64<Bytes>,
+    /// Every executable mapping (with a module or not, e.g. JIT code): a pc outside all of
+    /// them means the maps changed since.
+    ranges: Vec<Range<u64>>,
+    loaded_at: Instant,
+}
+
+impl std::fmt::Debug for ProcUnwinder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcUnwinder").field("ranges", &self.ranges.len()).finish_non_exhaustive()
+    }
+}
+
+impl ProcUnwinder {
+    fn empty() -> Self {
+        Self { unwinder: UnwinderX86_64::new(), ranges: Vec::new(), loaded_at: Instant::now() }
+    }
+
+    fn covers(&self, pc: u64) -> bool {
+        self.ranges.iter().any(|r| r.contains(&pc))
+    }
+}
+
+/// Where a process's maps and mapped files are read (a test points it elsewhere).
+#[derive(Clone, Debug)]
+pub struct ProcRoot(pub PathBuf);
+
+impl Default for ProcRoot {
+    fn default() -> Self {
+        Self(PathBuf::from("/proc"))
+    }
+}
+
+#[derive(Default)]
+struct Procs {
+    map: HashMap<u32, Arc<ProcUnwinder>>,
+    /// Asked of the loader and not yet loaded.
+    pending: hashbrown::HashSet<u32>,
+}
+
+/// What every CPU's unwinder shares: the image cache, the processes' unwinders and the
+/// loader thread that builds them.
+pub struct DwarfShared {
+    images: ImageCache,
+    procs: Mutex<Procs>,
+    root: ProcRoot,
+    /// Requests to the loader thread (bounded: a full queue drops the request, asked again
+    /// at a later sample).
+    tx: Option<std::sync::mpsc::SyncSender<u32>>,
+    procs_loaded: AtomicU64,
+}
+
+impl std::fmt::Debug for DwarfShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DwarfShared").field("images", &self.images).finish_non_exhaustive()
+    }
+}
+
+/// Thread name of the loader.
+pub const LOADER_THREAD: &str = "dcpi-unwind-load";
+/// Processes whose unwinders are kept at most; past it the one loaded longest ago goes.
+const MAX_PROCS: usize = 4096;
+
+impl DwarfShared {
+    /// Shared state with a loader thread reading processes' maps and images under `root`.
+    pub fn start(cache_bytes: usize, root: ProcRoot) -> std::io::Result<Arc<Self>> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<u32>(1024);
+        let shared = Arc::new(Self {
+            images: ImageCache::new(cache_bytes),
+            procs: Mutex::new(Procs::default()),
+            root,
+            tx: Some(tx),
+            procs_loaded: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&shared);
+        // The loader holds only a weak reference: when the tables go, the sender goes with
+        // them and `recv` ends the thread.
+        std::thread::Builder::new().name(LOADER_THREAD.into()).spawn(move || {
+            while let Ok(pid) = rx.recv() {
+                let Some(sh) = weak.upgrade() else { break };
+                let p = Arc::new(sh.load(pid));
+                sh.procs_loaded.fetch_add(1, Ordering::Relaxed);
+                let mut g = sh.lock();
+                g.pending.remove(&pid);
+                if g.map.len() >= MAX_PROCS && !g.map.contains_key(&pid) {
+                    let oldest = g.map.iter().min_by_key(|(_, p)| p.loaded_at).map(|(k, _)| *k);
+                    if let Some(k) = oldest {
+                        g.map.remove(&k);
+                    }
+                }
+                g.map.insert(pid, p);
+            }
+        })?;
+        Ok(shared)
+    }
+
+    /// Shared state without a loader (tests, benches): processes only as added by hand.
+    pub fn manual(cache_bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            images: ImageCache::new(cache_bytes),
+            procs: Mutex::new(Procs::default()),
+            root: ProcRoot::default(),
+            tx: None,
+            procs_loaded: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Procs> {
+        self.procs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The image cache's bytes and images.
+    pub fn image_usage(&self) -> (usize, usize) {
+        self.images.usage()
+    }
+
+    /// Process unwinders built so far.
+    pub fn procs_loaded(&self) -> u64 {
+        self.procs_loaded.load(Ordering::Relaxed)
+    }
+
+    /// Add a module by hand (tests and benches): `tables` mapped at `avma` with `bias`.
+    pub fn add_module(&self, pid: u32, tables: &ImageTables, avma: Range<u64>, bias: u64) {
+        let mut g = self.lock();
+        let old = g.map.remove(&pid);
+        let mut p = ProcUnwinder::empty();
+        if let Some(old) = old {
+            p.unwinder = old.unwinder.clone();
+            p.ranges = old.ranges.clone();
+        }
+        p.unwinder.add_module(tables.module("manual", avma.clone(), bias));
+        p.ranges.push(avma);
+        g.map.insert(pid, Arc::new(p));
+    }
+
+    /// The process's current unwinder; asks the loader for one (again, if `reload` and the
+    /// current one is older than [`RELOAD_GAP`]) when there is none.
+    fn get(&self, pid: u32, reload: bool) -> Option<Arc<ProcUnwinder>> {
+        let mut g = self.lock();
+        let cur = g.map.get(&pid).cloned();
+        let ask = match &cur {
+            None => true,
+            Some(p) => reload && p.loaded_at.elapsed() >= RELOAD_GAP,
+        };
+        if ask && pid != 0 && !g.pending.contains(&pid) {
+            if let Some(tx) = &self.tx {
+                if tx.try_send(pid).is_ok() {
+                    g.pending.insert(pid);
+                }
+            }
+        }
+        cur
+    }
+
+    fn forget(&self, pid: u32) {
+        self.lock().map.remove(&pid);
+    }
+
+    /// Build a process's unwinder from its maps (on the loader thread).
+    fn load(&self, pid: u32) -> ProcUnwinder {
+        let mut p = ProcUnwinder::empty();
+        let dir = self.root.0.join(pid.to_string());
+        let Ok(maps) = crate::resolve::procfs::read_bounded(&dir.join("maps"), MAPS_LIMIT) else {
+            return p;
+        };
+        for line in maps.split(|&b| b == b'\n') {
+            let Some(m) = parse_maps_line(line) else { continue };
+            if !m.executable() {
+                continue;
+            }
+            if p.ranges.len() >= MAX_MODULES {
+                break;
+            }
+            p.ranges.push(m.start..m.end);
+            if m.inode == 0 || !m.path.starts_with(b"/") {
+                continue;
+            }
+            let mf = dir.join("map_files").join(format!("{:x}-{:x}", m.start, m.end));
+            // map_files entries are magic links: O_NOFOLLOW would refuse them. What they open
+            // is the mapped file itself, whatever its path names now.
+            let Ok(file) = File::open(&mf) else { continue };
+            let Some(t) = self.images.get_or_load(file, m.dev, m.inode) else { continue };
+            let Some(bias) = t.bias(m.start, m.offset) else { continue };
+            let name = String::from_utf8_lossy(m.path_clean()).into_owned();
+            p.unwinder.add_module(t.module(&name, m.start..m.end, bias));
+        }
+        p
+    }
+}
+
+/// One CPU's DWARF unwinder: the processes' shared unwinders, as last looked up, and a rule
+/// cache of its own.
+pub struct DwarfUnwinder {
+    shared: Arc<DwarfShared>,
+    local: HashMap<u32, Arc<ProcUnwinder>>,
+    empty: ProcUnwinder,
+    cache: CacheX86_64,
+    pub counters: UnwindCounters,
+}
+
+impl std::fmt::Debug for DwarfUnwinder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DwarfUnwinder").field("procs", &self.local.len()).finish_non_exhaustive()
+    }
+}
+
+impl DwarfUnwinder {
+    pub fn new(shared: Arc<DwarfShared>) -> Self {
+        Self {
+            shared,
+            local: HashMap::new(),
+            empty: ProcUnwinder::empty(),
+            cache: CacheX86_64::new(),
+            counters: UnwindCounters::default(),
+        }
+    }
+
+    /// A process exec'd or exited (side-band): its unwinder is stale.
+    pub fn forget(&mut self, pid: u32) {
+        self.local.remove(&pid);
+        self.shared.forget(pid);
+    }
+
+    /// Unwind one sample's user stack into `out` (appended: leaf first, the first frame the
+    /// exact ip, the others return address − 1), at most `max` frames. Returns whether the
+    /// stack is truncated: cut by `max`, by the copy's end, or by a frame the tables could
+    /// not unwind (a root reached through CFI or a zero frame pointer is not truncated).
+    ///
+    /// A process not loaded yet (its first samples, while the loader thread reads its maps
+    /// and images) is unwound through frame pointers only, as `callchains = "fp"` would.
+    pub fn unwind(
+        &mut self,
+        pid: u32,
+        regs: UserRegs,
+        stack: &[u8],
+        max: usize,
+        out: &mut Vec<u64>,
+    ) -> bool {
+        let t0 = Instant::now();
+        let fresh = match self.local.get(&pid) {
+            Some(p) => p.covers(regs.ip) || p.loaded_at.elapsed() < RELOAD_GAP,
+            None => false,
+        };
+        if !fresh {
+            match self.shared.get(pid, self.local.contains_key(&pid)) {
+                Some(p) => {
+                    if self.local.len() >= MAX_PROCS_PER_CPU && !self.local.contains_key(&pid) {
+                        self.local.clear();
+                    }
+                    self.local.insert(pid, p);
+                }
+                None => self.counters.not_loaded += 1,
+            }
+        }
+        let p = self.local.get(&pid).map_or(&self.empty, |p| &**p);
+        let truncated = unwind_with(&p.unwinder, &mut self.cache, regs, stack, max, out);
+        self.counters.unwound += 1;
+        self.counters.unwind_ns += u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        truncated
+    }
+}
+
+/// Unwind with `unwinder` (the loop of [`DwarfUnwinder::unwind`]).
+pub fn unwind_with(
+    unwinder: &UnwinderX86_64<Bytes>,
+    cache: &mut CacheX86_64,
+    regs: UserRegs,
+    stack: &[u8],
+    max: usize,
+    out: &mut Vec<u64>,
+) -> bool {
+    let base = regs.sp;
+    let mut read_stack = |addr: u64| -> Result<u64, ()> {
+        let off = usize::try_from(addr.checked_sub(base).ok_or(())?).map_err(|_| ())?;
+        let end = off.checked_add(8).ok_or(())?;
+        let w = stack.get(off..end).ok_or(())?;
+        Ok(u64::from_ne_bytes(w.try_into().map_err(|_| ())?))
+    };
+    let mut it = unwinder.iter_frames(
+        regs.ip,
+        UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp),
+        cache,
+        &mut read_stack,
+    );
+    let mut n = 0usize;
+    loop {
+        if n >= max {
+            return true;
+        }
+        match it.next() {
+            Ok(Some(FrameAddress::InstructionPointer(pc))) => out.push(pc),
+            // Inside the call instruction, as frame-pointer stacks are (callchain.rs).
+            Ok(Some(FrameAddress::ReturnAddress(ra))) => out.push(ra.get().saturating_sub(1)),
+            Ok(None) => return false,
+            Err(_) => return true,
+        }
+        n += 1;
+    }
+}
+
+/// Build the framehop unwinder for hand-placed modules (benches, tests).
+pub fn unwinder_for(modules: &[(&ImageTables, Range<u64>, u64)]) -> UnwinderX86_64<Bytes> {
+    let mut u = UnwinderX86_64::new();
+    for (t, avma, bias) in modules {
+        u.add_module(t.module("m", avma.clone(), *bias));
+    }
+    u
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hand-built `.eh_frame` (no `.eh_frame_hdr`: framehop indexes it) at svma 0x2000 for
+    /// three functions: `f1` at 0x1000 is frameless (the CIE's CFA = rsp + 8), `f2` at 0x1100
+    /// pushed one register (CFA = rsp + 16), `f3` at 0x1200 is a root (return address
+    /// undefined, as glibc's `_start` says).
+    fn synthetic_eh_frame() -> ImageTables {
+        const SVMA: u64 = 0x2000;
+        let mut e: Vec<u8> = Vec::new();
+        // CIE: id 0, version 1, "zR", code align 1, data align -8, RA = r16, aug len 1,
+        // FDE pointers pc-relative sdata4; def_cfa rsp+8; r16 at cfa-8; 2 nops.
+        let cie = [
+            0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 0x10, 1, 0x1b, 0x0c, 0x07, 0x08, 0x90, 0x01, 0,
+            0,
+        ];
+        e.extend_from_slice(&(cie.len() as u32).to_le_bytes());
+        e.extend_from_slice(&cie);
+        for (begin, insns) in
+            [(0x1000u64, &[0u8, 0][..]), (0x1100, &[0x0e, 0x10][..]), (0x1200, &[0x07, 0x10][..])]
+        {
+            let at = e.len() as u64;
+            e.extend_from_slice(&16u32.to_le_bytes());
+            e.extend_from_slice(&((at + 4) as u32).to_le_bytes()); // back to the CIE
+            let field = SVMA + at + 8;
+            e.extend_from_slice(&(begin.wrapping_sub(field) as i32).to_le_bytes());
+            e.extend_from_slice(&0x100u32.to_le_bytes());
+            e.push(0); // augmentation data length
+            e.extend_from_slice(insns);
+            e.push(0); // nop padding to 16
+        }
+        e.extend_from_slice(&[0, 0, 0, 0]);
+        let len = e.len() as u64;
+        ImageTables {
+            eh_frame: Some((SVMA..SVMA + len, Bytes(Arc::from(&e[..])))),
+            text_svma: Some(0x1000..0x1300),
+            bytes: e.len(),
+            ..Default::default()
+        }
+    }
+
+    fn words(w: &[u64]) -> Vec<u8> {
+        w.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    /// The unwinder adapter on a synthetic stack: leaf `f1` (frameless) called by `f2` called
+    /// by the root `f3`, in an image mapped with a bias of 0x40_0000.
+    #[test]
+    fn unwinds_a_synthetic_stack_through_cfi() {
+        let t = synthetic_eh_frame();
+        let u = unwinder_for(&[(&t, 0x40_1000..0x40_1300, 0x40_0000)]);
+        let sp = 0x7ffd_0000_0000u64;
+        // sp: return into f2; then f2's pushed register; then the return into f3.
+        let stack = words(&[0x40_1150, 0xdead, 0x40_1250, 0, 0, 0]);
+        let regs = UserRegs { bp: 0, sp, ip: 0x40_1010 };
+        let mut cache = CacheX86_64::new();
+        let mut out = Vec::new();
+        let truncated = unwind_with(&u, &mut cache, regs, &stack, 64, &mut out);
+        assert_eq!(out, vec![0x40_1010, 0x40_114f, 0x40_124f]);
+        assert!(!truncated, "f3 is a root");
+        // The copy ends before f2's return address: truncated after the leaf's caller.
+        let mut short = Vec::new();
+        assert!(unwind_with(&u, &mut cache, regs, &stack[..16], 64, &mut short));
+        assert_eq!(short, vec![0x40_1010, 0x40_114f]);
+        // A depth bound ends it too.
+        let mut two = Vec::new();
+        assert!(unwind_with(&u, &mut cache, regs, &stack, 2, &mut two));
+        assert_eq!(two.len(), 2);
+        // Through the per-CPU unwinder's own module list (as the drain thread calls it).
+        let shared = DwarfShared::manual(1 << 20);
+        shared.add_module(7, &t, 0x40_1000..0x40_1300, 0x40_0000);
+        let mut d = DwarfUnwinder::new(shared);
+        let mut again = Vec::new();
+        assert!(!d.unwind(7, regs, &stack, 64, &mut again));
+        assert_eq!(again, out);
+        assert_eq!(d.counters.unwound, 1);
+    }
+
+    /// Garbage for a stack (a hostile copy) ends the stack bounded; never a panic or a loop.
+    #[test]
+    fn garbage_stack_is_bounded() {
+        let t = synthetic_eh_frame();
+        let u = unwinder_for(&[(&t, 0x40_1000..0x40_1300, 0x40_0000)]);
+        let mut cache = CacheX86_64::new();
+        for k in 0..64u64 {
+            let junk: Vec<u8> =
+                (0..4096u64).map(|i| ((i ^ k).wrapping_mul(2654435761) >> 13) as u8).collect();
+            let regs = UserRegs { bp: 0x7ffd_0000_0100, sp: 0x7ffd_0000_0000, ip: 0x40_1010 + k };
+            let mut j = Vec::new();
+            unwind_with(&u, &mut cache, regs, &junk, 64, &mut j);
+            assert!(!j.is_empty() && j.len() <= 64);
+        }
+    }
+
+    /// Hostile unwind tables: random bytes for `.eh_frame` and `.eh_frame_hdr` never crash nor
+    /// hang the unwinder, and every stack is bounded.
+    #[test]
+    fn garbage_cfi_is_bounded() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..200 {
+            let n = (rnd() % 512) as usize + 8;
+            let eh: Vec<u8> = (0..n).map(|_| rnd() as u8).collect();
+            let mut hdr: Vec<u8> = (0..64).map(|_| rnd() as u8).collect();
+            hdr[0] = 1;
+            let t = ImageTables {
+                eh_frame: Some((0x2000..0x2000 + n as u64, Bytes(Arc::from(&eh[..])))),
+                eh_frame_hdr: Some((0x1000..0x1040, Bytes(Arc::from(&hdr[..])))),
+                text_svma: Some(0x3000..0x9000),
+                ..Default::default()
+            };
+            let u = unwinder_for(&[(&t, 0x40_0000..0x41_0000, 0x40_0000)]);
+            let stack: Vec<u8> = (0..1024).map(|_| rnd() as u8).collect();
+            let regs = UserRegs { bp: 0x7ff0_0000_0100, sp: 0x7ff0_0000_0000, ip: 0x40_3100 };
+            let mut out = Vec::new();
+            let mut cache = CacheX86_64::new();
+            unwind_with(&u, &mut cache, regs, &stack, 32, &mut out);
+            assert!(!out.is_empty() && out.len() <= 32);
+        }
+    }
+}
