@@ -400,15 +400,11 @@ fn conflicting_flags_are_usage_errors_naming_them() {
     let e = t.epoch(0);
     let hd = t.host(&e, "alpha");
     let ev = event("cpu-clock", 1000);
-    write_profile(
-        &hd,
-        ImageKind::Elf,
-        &ImageId::BuildId(vec![1; 8]),
-        b"/bin/good",
-        &ev,
-        &[(0, 10)],
-        1000,
-    );
+    Image::new(ImageKind::Elf, ImageId::BuildId(vec![1; 8]), b"/bin/good")
+        .profile(&ev)
+        .counts(&[(0, 10)])
+        .period(1000)
+        .write(&hd);
     let cases: &[(&[&str], &[&str])] = &[
         (&["--by", "epoch", "--format", "html"], &["--by epoch", "--format html"]),
         (&["--by", "host", "--format", "svg"], &["--by host", "--format svg"]),

@@ -11,7 +11,8 @@ use profile_format::{
 };
 use serde_json::Value;
 
-use crate::util::{event, json_ok, prof, row, rows, stderr, stdout, write_profile_jit, TestDb};
+use crate::util::{event, json_ok, prof, row, rows, stderr, stdout, TestDb};
+use dcpi_testkit::db::Image;
 
 fn top(db: &Path, n: &str) -> Value {
     let o = Command::new(env!("CARGO_BIN_EXE_dcpilist"))
@@ -35,16 +36,12 @@ fn flat_rows_stack_frames_and_dcpilist_top_name_an_offset_alike() {
     let anon = ImageId::special("[anon]", b"1234");
     let jit = vec![JitSymbol { start: 0x1000, size: 0x100, name: "_ZN3jit4loopEv".into() }];
     let anon_counts = [(0x1010, 5), (0x9234, 3)];
-    write_profile_jit(
-        &hd,
-        ImageKind::Anon,
-        &anon,
-        b"[anon:1234:node]",
-        &ev,
-        &anon_counts,
-        1000,
-        jit,
-    );
+    Image::new(ImageKind::Anon, anon.clone(), b"[anon:1234:node]")
+        .profile(&ev)
+        .counts(&anon_counts)
+        .period(1000)
+        .jit_symbols(jit)
+        .write(&hd);
     // The kernel, with a Rust (v0-mangled) function as Rust for Linux names them.
     let text = 0xffff_ffff_8100_0000u64;
     let snap = KallsymsSnapshot {
@@ -65,16 +62,11 @@ fn flat_rows_stack_frames_and_dcpilist_top_name_an_offset_alike() {
     };
     snap.write(&hd.kallsyms_path()).expect("snapshot");
     let kid = ImageId::special("[kernel.kallsyms]", b"9.9.9-test");
-    write_profile_jit(
-        &hd,
-        ImageKind::Kernel,
-        &kid,
-        b"[kernel.kallsyms]",
-        &ev,
-        &[(0x108, 7)],
-        1000,
-        Vec::new(),
-    );
+    Image::new(ImageKind::Kernel, kid.clone(), b"[kernel.kallsyms]")
+        .profile(&ev)
+        .counts(&[(0x108, 7)])
+        .period(1000)
+        .write(&hd);
     // Stacks of the same offsets (leaf first).
     let mut st = StackProfile::new(&hd.host, hd.epoch.as_str(), "cpu-clock");
     let img =

@@ -12,7 +12,8 @@ use std::time::{Duration, SystemTime};
 use profile_format::{Database, EpochId, ImageId, ImageKind, JitSymbol, WhoKey, WhoTable};
 use unicode_width::UnicodeWidthStr;
 
-use crate::util::{event, write_profile_jit};
+use crate::util::event;
+use dcpi_testkit::db::Image;
 
 /// Symbol, image and command names: wide, combining, escaped, plain.
 const NAMES: &[&str] = &["漢字漢字_run", "cafe\u{301}_e\u{301}", "esc\u{1b}x", "plain_name", "ü"];
@@ -51,16 +52,12 @@ fn wide_db() -> Db {
             .collect();
         for (tag, path) in [("w", "[anon:漢字漢字ランタイム]"), ("p", "[anon:plain]")] {
             let id = ImageId::special("[anon]", tag.as_bytes());
-            write_profile_jit(
-                &hd,
-                ImageKind::Anon,
-                &id,
-                path.as_bytes(),
-                &ev,
-                &counts,
-                1000,
-                jit.clone(),
-            );
+            Image::new(ImageKind::Anon, id.clone(), path.as_bytes())
+                .profile(&ev)
+                .counts(&counts)
+                .period(1000)
+                .jit_symbols(jit.clone())
+                .write(&hd);
         }
         let mut who = WhoTable::new("alpha", &e.to_string());
         for (k, n) in NAMES.iter().enumerate() {
