@@ -264,7 +264,7 @@ fn start_other(sb: &Sandbox, host: &str) -> (Daemon, std::path::PathBuf) {
         .spawn()
         .expect("spawn dcpid");
     let d = Daemon { child: Some(child), socket: sock.clone() };
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + dcpi_e2e::READY_WITHIN;
     while !(sock.exists() && d.ctl(&["status"]).status.success()) {
         assert!(Instant::now() < deadline, "second dcpid not ready");
         std::thread::sleep(Duration::from_millis(100));
@@ -425,7 +425,7 @@ fn spawn_ready(args: &[String], socket: &Path) -> Daemon {
         .spawn()
         .expect("spawn dcpid");
     let mut d = Daemon { child: Some(child), socket: socket.to_path_buf() };
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + dcpi_e2e::READY_WITHIN;
     loop {
         if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
             let mut err = String::new();
@@ -437,7 +437,11 @@ fn spawn_ready(args: &[String], socket: &Path) -> Daemon {
         if socket.exists() && d.ctl(&["status"]).status.success() {
             return d;
         }
-        assert!(Instant::now() < deadline, "dcpid did not become ready in 20 s");
+        assert!(
+            Instant::now() < deadline,
+            "dcpid did not become ready in {:?}",
+            dcpi_e2e::READY_WITHIN
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
