@@ -84,7 +84,7 @@ pub use dcpi_report::render::{signed, BOLD, GREEN, RED};
 
 /// The flags that end both `dcpidiff`'s and `dcpistats`' command lines (flattened last, so
 /// `--help` lists them where it always did). `--color` and `--limit` say what they do in each
-/// tool: their help is set there, with `mut_arg` on the tool's command.
+/// tool: their help is set there, with [`OutputArgs::tool_help`].
 #[derive(clap::Args, Debug, Clone)]
 pub struct OutputArgs {
     /// Output format.
@@ -99,4 +99,19 @@ pub struct OutputArgs {
     /// Write a man page or shell completions to stdout and exit.
     #[arg(long, hide = true, value_enum, value_name = "WHAT")]
     pub generate: Option<crate::manpages::Generate>,
+}
+
+impl OutputArgs {
+    /// For `#[command(mut_args(...))]`: give `--color` and `--limit` one tool's help. In place:
+    /// `mut_arg` would move them last, which reorders the shell completions.
+    pub fn tool_help(
+        color: &'static str,
+        limit: &'static str,
+    ) -> impl FnMut(clap::Arg) -> clap::Arg {
+        move |a| match a.get_id().as_str() {
+            "color" => a.help(color),
+            "limit" => a.help(limit),
+            _ => a,
+        }
+    }
 }

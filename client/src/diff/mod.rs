@@ -98,8 +98,10 @@ EXIT STATUS
                   z-test on sample counts, Holm-corrected over the rows compared, at --alpha, \
                   default 0.01; see below).",
     after_long_help = DIFF_HELP,
-    mut_arg("color", |a| a.help("Colour in the table (red: a larger share now, green: smaller; significant rows only)")),
-    mut_arg("limit", |a| a.help("Show at most N rows (after sorting); 0 means no limit"))
+    mut_args(OutputArgs::tool_help(
+        "Colour in the table (red: a larger share now, green: smaller; significant rows only)",
+        "Show at most N rows (after sorting); 0 means no limit"
+    ))
 )]
 pub struct DiffArgs {
     #[command(flatten)]
@@ -348,19 +350,12 @@ pub fn run_diff(
                     e.samples += r.samples;
                     e.events += r.events as f64;
                 }
-                let (epochs, hosts) = epochs_and_hosts(&l.dirs);
-                let s = SideInfo {
-                    epochs,
-                    hosts,
-                    total_samples: total.samples,
-                    total_events: total.events.round() as u64,
-                    image: Some(SideImage {
-                        path: im.path.clone(),
-                        builds: im.builds.clone(),
-                        binary: info.binary,
-                    }),
+                let image = SideImage {
+                    path: im.path.clone(),
+                    builds: im.builds.clone(),
+                    binary: info.binary,
                 };
-                (t, s)
+                (t, side_info(l, &total, Some(image)))
             };
             let (bt, bs) = side(&before, &bw, &bi);
             let (at, as_) = side(&after, &aw, &ai);
@@ -406,15 +401,19 @@ fn image_tallies(l: &Loaded, w: &report::Weights) -> (BTreeMap<Key, Tally>, Side
     for v in t.values_mut() {
         v.builds.sort();
     }
+    (t, side_info(l, &total, None))
+}
+
+/// How one side is reported: its epochs and hosts, and the totals its shares are taken of.
+fn side_info(l: &Loaded, total: &Tally, image: Option<SideImage>) -> SideInfo {
     let (epochs, hosts) = epochs_and_hosts(&l.dirs);
-    let s = SideInfo {
+    SideInfo {
         epochs,
         hosts,
         total_samples: total.samples,
         total_events: total.events.round() as u64,
-        image: None,
-    };
-    (t, s)
+        image,
+    }
 }
 
 fn share(part: f64, total: u64) -> f64 {

@@ -76,8 +76,10 @@ pub enum StatsBy {
                   epoch, over all epochs by default) or per host (--by host), sorted by the \
                   normalized range; epochs or hosts that stand out are flagged per function.",
     after_long_help = STATS_HELP,
-    mut_arg("color", |a| a.help("Colour outlier counts in the table")),
-    mut_arg("limit", |a| a.help("Show at most N rows; 0 means no limit"))
+    mut_args(OutputArgs::tool_help(
+        "Colour outlier counts in the table",
+        "Show at most N rows; 0 means no limit"
+    ))
 )]
 pub struct StatsArgs {
     #[command(flatten)]
