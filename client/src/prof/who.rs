@@ -86,17 +86,17 @@ impl WhoBy {
 }
 
 impl From<WhoBy> for By {
-    fn from(w: WhoBy) -> By {
+    fn from(w: WhoBy) -> Self {
         match w {
-            WhoBy::Image => By::Image,
-            WhoBy::Command => By::Command,
-            WhoBy::Pid => By::Pid,
-            WhoBy::Cgroup => By::Cgroup,
-            WhoBy::Unit => By::Unit,
-            WhoBy::Container => By::Container,
-            WhoBy::Cpu => By::Cpu,
-            WhoBy::Host => By::Host,
-            WhoBy::Epoch => By::Epoch,
+            WhoBy::Image => Self::Image,
+            WhoBy::Command => Self::Command,
+            WhoBy::Pid => Self::Pid,
+            WhoBy::Cgroup => Self::Cgroup,
+            WhoBy::Unit => Self::Unit,
+            WhoBy::Container => Self::Container,
+            WhoBy::Cpu => Self::Cpu,
+            WhoBy::Host => Self::Host,
+            WhoBy::Epoch => Self::Epoch,
         }
     }
 }
