@@ -1,7 +1,8 @@
 //! How the client binaries meet their surroundings: colour only on a terminal (and never with
 //! `NO_COLOR`), log set-up, and a reader that closed the pipe (`dcpiprof | head -1`).
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
 
 /// Whether output to a stream that `is_tty` may carry ANSI colour: only a terminal, and only
 /// when `NO_COLOR` is unset or empty (<https://no-color.org>).
@@ -35,6 +36,35 @@ pub fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
         cur = x.source();
     }
     false
+}
+
+/// The `main` of the report binaries (`dcpiprof`, `dcpilist`, `dcpidiff`, `dcpistats`): set up
+/// logging, parse the command line (`parse` exits on a usage error as clap does), run the tool
+/// into buffered stdout, and turn its error into a message on stderr (`report`) and the exit
+/// status (`exit_code`). A reader that closed the pipe (`| head`) has what it wanted: exit 0.
+pub fn tool_main<A, E>(
+    parse: impl FnOnce() -> A,
+    run: impl FnOnce(&A, &mut dyn Write, &mut dyn Write) -> Result<(), E>,
+    report: impl FnOnce(&mut dyn Write, &E),
+    exit_code: impl FnOnce(&E) -> u8,
+) -> ExitCode
+where
+    E: std::error::Error + 'static,
+{
+    init_logging();
+    let args = parse();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut err = std::io::stderr();
+    match run(&args, &mut out, &mut err) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = out.flush();
+            report(&mut err, &e);
+            ExitCode::from(exit_code(&e))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -3,23 +3,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use dcpi_client::list::{print_error, run, Args};
+use dcpi_client::list::{print_error, run, Args, ListError};
 
 fn main() -> ExitCode {
-    dcpi_client::term::init_logging();
-    let args = Args::parse();
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
-    let mut err = std::io::stderr();
-    match run(&args, &mut out, &mut err) {
-        Ok(()) => ExitCode::SUCCESS,
-        // The reader closed the pipe (`| head`): it has what it wanted.
-        Err(e) if dcpi_client::term::is_broken_pipe(&e) => ExitCode::SUCCESS,
-        Err(e) => {
-            use std::io::Write;
-            let _ = out.flush();
-            print_error(&mut err, &e);
-            ExitCode::from(e.exit_code())
-        }
-    }
+    dcpi_client::term::tool_main(Args::parse, run, print_error, ListError::exit_code)
 }

@@ -81,3 +81,37 @@ impl ColorChoice {
 }
 
 pub use dcpi_report::render::{signed, BOLD, GREEN, RED};
+
+/// The flags that end both `dcpidiff`'s and `dcpistats`' command lines (flattened last, so
+/// `--help` lists them where it always did). `--color` and `--limit` say what they do in each
+/// tool: their help is set there, with [`OutputArgs::tool_help`].
+#[derive(clap::Args, Debug, Clone)]
+pub struct OutputArgs {
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: crate::prof::output::TableFormat,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub color: ColorChoice,
+    #[arg(long, value_name = "N", value_parser = crate::args::parse_limit)]
+    pub limit: Option<usize>,
+    #[command(flatten)]
+    pub symbols: crate::args::SymbolSearch,
+    /// Write a man page or shell completions to stdout and exit.
+    #[arg(long, hide = true, value_enum, value_name = "WHAT")]
+    pub generate: Option<crate::manpages::Generate>,
+}
+
+impl OutputArgs {
+    /// For `#[command(mut_args(...))]`: give `--color` and `--limit` one tool's help. In place:
+    /// `mut_arg` would move them last, which reorders the shell completions.
+    pub fn tool_help(
+        color: &'static str,
+        limit: &'static str,
+    ) -> impl FnMut(clap::Arg) -> clap::Arg {
+        move |a| match a.get_id().as_str() {
+            "color" => a.help(color),
+            "limit" => a.help(limit),
+            _ => a,
+        }
+    }
+}

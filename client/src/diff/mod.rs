@@ -16,11 +16,10 @@ use serde::Serialize;
 use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value};
 
 use self::common::{
-    printable, r4, resolve_image_builds, symbol_rows, ColorChoice, Symbolizer, ToolError, BOLD,
+    printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError, BOLD,
     GREEN, RED,
 };
-use crate::args::{Selection, SymbolSearch};
-use crate::manpages::Generate;
+use crate::args::Selection;
 use crate::prof::output::TableFormat as Format;
 use crate::prof::report::{self, ImageFilter, SymbolMode};
 use crate::prof::select::{epochs_and_hosts, EpochSel, HostSel, Loaded};
@@ -98,7 +97,11 @@ EXIT STATUS
                   points, the ratio, and whether the change is significant (two-proportion \
                   z-test on sample counts, Holm-corrected over the rows compared, at --alpha, \
                   default 0.01; see below).",
-    after_long_help = DIFF_HELP
+    after_long_help = DIFF_HELP,
+    mut_args(OutputArgs::tool_help(
+        "Colour in the table (red: a larger share now, green: smaller; significant rows only)",
+        "Show at most N rows (after sorting); 0 means no limit"
+    ))
 )]
 pub struct DiffArgs {
     #[command(flatten)]
@@ -137,20 +140,8 @@ pub struct DiffArgs {
     /// Smallest |delta| in points ever called significant.
     #[arg(long, value_name = "P", default_value_t = 1.0)]
     pub min_effect: f64,
-    /// Output format.
-    #[arg(long, value_enum, default_value = "table")]
-    pub format: Format,
-    /// Colour in the table (red: a larger share now, green: smaller; significant rows only).
-    #[arg(long, value_enum, default_value = "auto")]
-    pub color: ColorChoice,
-    /// Show at most N rows (after sorting); 0 means no limit.
-    #[arg(long, value_name = "N", value_parser = crate::args::parse_limit)]
-    pub limit: Option<usize>,
     #[command(flatten)]
-    pub symbols: SymbolSearch,
-    /// Write a man page or shell completions to stdout and exit.
-    #[arg(long, hide = true, value_enum, value_name = "WHAT")]
-    pub generate: Option<Generate>,
+    pub out: OutputArgs,
 }
 
 /// One side of the comparison, as reported.
@@ -264,7 +255,7 @@ pub fn run_diff(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), ToolError> {
-    if let Some(g) = args.generate {
+    if let Some(g) = args.out.generate {
         crate::manpages::generate(DiffArgs::command(), g, out)?;
         return Ok(());
     }
@@ -340,8 +331,8 @@ pub fn run_diff(
                 resolve_image_builds(&before, &bw, spec).map_err(|e| side_err("--before", e))?;
             let ai = resolve_image_builds(&after, &aw, spec).map_err(|e| side_err("--after", e))?;
             let mut sy = Symbolizer {
-                locator: args.symbols.locator(&args.sel.db),
-                cache: args.symbols.cache(&mut |w| warnings.push(w)),
+                locator: args.out.symbols.locator(&args.sel.db),
+                cache: args.out.symbols.cache(&mut |w| warnings.push(w)),
             };
             let mode = SymbolMode { lines: args.lines, inlines: args.inlines, raw_names: false };
             let mut side = |l: &Loaded, w: &report::Weights, im: &common::ImageProfiles| {
@@ -359,19 +350,12 @@ pub fn run_diff(
                     e.samples += r.samples;
                     e.events += r.events as f64;
                 }
-                let (epochs, hosts) = epochs_and_hosts(&l.dirs);
-                let s = SideInfo {
-                    epochs,
-                    hosts,
-                    total_samples: total.samples,
-                    total_events: total.events.round() as u64,
-                    image: Some(SideImage {
-                        path: im.path.clone(),
-                        builds: im.builds.clone(),
-                        binary: info.binary,
-                    }),
+                let image = SideImage {
+                    path: im.path.clone(),
+                    builds: im.builds.clone(),
+                    binary: info.binary,
                 };
-                (t, s)
+                (t, side_info(l, &total, Some(image)))
             };
             let (bt, bs) = side(&before, &bw, &bi);
             let (at, as_) = side(&after, &aw, &ai);
@@ -392,7 +376,7 @@ pub fn run_diff(
         writeln!(err, "dcpidiff: warning: {}", crate::escape::terminal(&w))?;
     }
     let r = compare(args, rows_of, &event, tallies, bside, aside);
-    write_report(out, &r, args.format, args.color.enabled())?;
+    write_report(out, &r, args.out.format, args.out.color.enabled())?;
     out.flush()?;
     Ok(())
 }
@@ -417,15 +401,19 @@ fn image_tallies(l: &Loaded, w: &report::Weights) -> (BTreeMap<Key, Tally>, Side
     for v in t.values_mut() {
         v.builds.sort();
     }
+    (t, side_info(l, &total, None))
+}
+
+/// How one side is reported: its epochs and hosts, and the totals its shares are taken of.
+fn side_info(l: &Loaded, total: &Tally, image: Option<SideImage>) -> SideInfo {
     let (epochs, hosts) = epochs_and_hosts(&l.dirs);
-    let s = SideInfo {
+    SideInfo {
         epochs,
         hosts,
         total_samples: total.samples,
         total_events: total.events.round() as u64,
-        image: None,
-    };
-    (t, s)
+        image,
+    }
 }
 
 fn share(part: f64, total: u64) -> f64 {
@@ -498,7 +486,7 @@ fn compare(
     });
     let before_len = rows.len();
     rows.retain(|r| r.delta.abs() >= args.min_delta);
-    if let Some(n) = args.limit {
+    if let Some(n) = args.out.limit {
         rows.truncate(n);
     }
     let images_differ = match (&before.image, &after.image) {

@@ -11,11 +11,10 @@ use serde::Serialize;
 use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value};
 
 use super::common::{
-    printable, r4, resolve_image_builds, symbol_rows, ColorChoice, Symbolizer, ToolError, RED,
+    printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError, RED,
 };
 use super::stat;
-use crate::args::{Selection, SymbolSearch};
-use crate::manpages::Generate;
+use crate::args::Selection;
 use crate::prof::output::TableFormat as Format;
 use crate::prof::report::{self, ImageFilter, SymbolMode};
 use crate::prof::select::HostSel;
@@ -76,7 +75,11 @@ pub enum StatsBy {
                   the normalized range (max - min) / mean over one profile per epoch (--by \
                   epoch, over all epochs by default) or per host (--by host), sorted by the \
                   normalized range; epochs or hosts that stand out are flagged per function.",
-    after_long_help = STATS_HELP
+    after_long_help = STATS_HELP,
+    mut_args(OutputArgs::tool_help(
+        "Colour outlier counts in the table",
+        "Show at most N rows; 0 means no limit"
+    ))
 )]
 pub struct StatsArgs {
     #[command(flatten)]
@@ -99,20 +102,8 @@ pub struct StatsArgs {
     /// Hide symbols whose mean share is below P percent.
     #[arg(long, value_name = "P", default_value_t = 0.5)]
     pub min_share: f64,
-    /// Output format.
-    #[arg(long, value_enum, default_value = "table")]
-    pub format: Format,
-    /// Colour outlier counts in the table.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub color: ColorChoice,
-    /// Show at most N rows; 0 means no limit.
-    #[arg(long, value_name = "N", value_parser = crate::args::parse_limit)]
-    pub limit: Option<usize>,
     #[command(flatten)]
-    pub symbols: SymbolSearch,
-    /// Write a man page or shell completions to stdout and exit.
-    #[arg(long, hide = true, value_enum, value_name = "WHAT")]
-    pub generate: Option<Generate>,
+    pub out: OutputArgs,
 }
 
 impl StatsArgs {
@@ -196,7 +187,7 @@ pub fn run_stats(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), ToolError> {
-    if let Some(g) = args.generate {
+    if let Some(g) = args.out.generate {
         crate::manpages::generate(StatsArgs::command_with_defaults(), g, out)?;
         return Ok(());
     }
@@ -240,8 +231,8 @@ pub fn run_stats(
         by_group.entry(group_name(args.by, d)).or_default().push(i);
     }
     let mut sy = Symbolizer {
-        locator: args.symbols.locator(&args.sel.db),
-        cache: args.symbols.cache(&mut |w| warnings.push(w)),
+        locator: args.out.symbols.locator(&args.sel.db),
+        cache: args.out.symbols.cache(&mut |w| warnings.push(w)),
     };
     let mut groups: Vec<(String, Group)> = Vec::new();
     for (name, idx) in by_group {
@@ -273,7 +264,7 @@ pub fn run_stats(
         )));
     }
     let r = compute(args, &event, im, groups);
-    write_stats(out, &r, args.format, args.color.enabled())?;
+    write_stats(out, &r, args.out.format, args.out.color.enabled())?;
     out.flush()?;
     Ok(())
 }
@@ -355,7 +346,7 @@ fn compute(
     });
     let before = rows.len();
     rows.retain(|r| r.mean >= args.min_share);
-    if let Some(n) = args.limit {
+    if let Some(n) = args.out.limit {
         rows.truncate(n);
     }
     let group_info = groups

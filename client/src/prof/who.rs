@@ -8,6 +8,7 @@ use std::io::Write;
 use profile_format::{WhoKey, WhoTable};
 use serde_json::{json, Map, Value};
 
+use super::by::By;
 use super::image::{display_path, IDLE};
 use super::mode::Who;
 use super::output::r4;
@@ -77,18 +78,25 @@ pub enum WhoBy {
 }
 
 impl WhoBy {
-    /// The `--by` value; also the key of JSON rows.
+    /// The `--by` value; also the key of JSON rows. Named by [`By::name`], so that each name
+    /// is written once.
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Image => "image",
-            Self::Command => "command",
-            Self::Pid => "pid",
-            Self::Cgroup => "cgroup",
-            Self::Unit => "unit",
-            Self::Container => "container",
-            Self::Cpu => "cpu",
-            Self::Host => "host",
-            Self::Epoch => "epoch",
+        By::from(self).name()
+    }
+}
+
+impl From<WhoBy> for By {
+    fn from(w: WhoBy) -> Self {
+        match w {
+            WhoBy::Image => Self::Image,
+            WhoBy::Command => Self::Command,
+            WhoBy::Pid => Self::Pid,
+            WhoBy::Cgroup => Self::Cgroup,
+            WhoBy::Unit => Self::Unit,
+            WhoBy::Container => Self::Container,
+            WhoBy::Cpu => Self::Cpu,
+            WhoBy::Host => Self::Host,
+            WhoBy::Epoch => Self::Epoch,
         }
     }
 }

@@ -66,6 +66,17 @@ fn weighted_type(event: &str) -> (String, &'static str) {
     }
 }
 
+/// The id of the item at `index` of a pprof table: ids start at 1 (0 means none).
+fn pprof_id(index: usize) -> u64 {
+    index as u64 + 1
+}
+
+/// A pprof table (mappings, functions, locations): `make` builds each item from its index.
+fn table<T, U>(items: &[T], make: impl FnMut(usize, &T) -> U) -> Vec<U> {
+    let mut make = make;
+    items.iter().enumerate().map(|(i, t)| make(i, t)).collect()
+}
+
 /// Build the pprof profile.
 pub fn profile(x: &Export) -> proto::Profile {
     let mut st = Strings::new();
@@ -78,55 +89,40 @@ pub fn profile(x: &Export) -> proto::Profile {
         let (t, u) = weighted_type(&e.name);
         sample_type.push(proto::ValueType { r#type: st.get(&t), unit: st.get(u) });
     }
-    let mapping = x
-        .images
-        .iter()
-        .enumerate()
-        .map(|(i, img)| {
-            let start = mapping_start(i);
-            let lines = x.locations.iter().any(|l| l.image == i && l.line.is_some());
-            proto::Mapping {
-                id: i as u64 + 1,
-                memory_start: start,
-                memory_limit: start + ((img.max_offset | 0xfff) + 1),
-                file_offset: 0,
-                filename: st.get(&img.name),
-                build_id: img.build_id.as_deref().map_or(0, |b| st.get(b)),
-                has_functions: img.symbolized,
-                has_filenames: lines,
-                has_line_numbers: lines,
-                has_inline_frames: false,
-            }
-        })
-        .collect();
-    let function = x
-        .functions
-        .iter()
-        .enumerate()
-        .map(|(i, f)| proto::Function {
-            id: i as u64 + 1,
-            name: st.get(&f.name),
-            system_name: st.get(f.system_name.as_deref().unwrap_or(&f.name)),
-            filename: f.file.as_deref().map_or(0, |p| st.get(p)),
-            start_line: 0,
-        })
-        .collect();
-    let location = x
-        .locations
-        .iter()
-        .enumerate()
-        .map(|(i, l)| proto::Location {
-            id: i as u64 + 1,
-            mapping_id: l.image as u64 + 1,
-            address: mapping_start(l.image) + l.offset,
-            line: vec![proto::Line {
-                function_id: l.function as u64 + 1,
-                line: l.line.map_or(0, i64::from),
-                column: 0,
-            }],
-            is_folded: false,
-        })
-        .collect();
+    let mapping = table(&x.images, |i, img| {
+        let start = mapping_start(i);
+        let lines = x.locations.iter().any(|l| l.image == i && l.line.is_some());
+        proto::Mapping {
+            id: pprof_id(i),
+            memory_start: start,
+            memory_limit: start + ((img.max_offset | 0xfff) + 1),
+            file_offset: 0,
+            filename: st.get(&img.name),
+            build_id: img.build_id.as_deref().map_or(0, |b| st.get(b)),
+            has_functions: img.symbolized,
+            has_filenames: lines,
+            has_line_numbers: lines,
+            has_inline_frames: false,
+        }
+    });
+    let function = table(&x.functions, |i, f| proto::Function {
+        id: pprof_id(i),
+        name: st.get(&f.name),
+        system_name: st.get(f.system_name.as_deref().unwrap_or(&f.name)),
+        filename: f.file.as_deref().map_or(0, |p| st.get(p)),
+        start_line: 0,
+    });
+    let location = table(&x.locations, |i, l| proto::Location {
+        id: pprof_id(i),
+        mapping_id: pprof_id(l.image),
+        address: mapping_start(l.image) + l.offset,
+        line: vec![proto::Line {
+            function_id: pprof_id(l.function),
+            line: l.line.map_or(0, i64::from),
+            column: 0,
+        }],
+        is_folded: false,
+    });
     let (host_key, epoch_key) = (st.get("host"), st.get("epoch"));
     let host_str: Vec<i64> = x.hosts.iter().map(|h| st.get(h)).collect();
     let epoch_str: Vec<i64> = x.epochs.iter().map(|e| st.get(e)).collect();
@@ -140,7 +136,7 @@ pub fn profile(x: &Export) -> proto::Profile {
             value[2 * s.event as usize + 1] = s.events.round() as i64;
             let label = |key: i64, str: i64| proto::Label { key, str, num: 0, num_unit: 0 };
             proto::Sample {
-                location_id: x.stack(s).iter().map(|&l| l as u64 + 1).collect(),
+                location_id: x.stack(s).iter().copied().map(pprof_id).collect(),
                 value,
                 label: vec![
                     label(host_key, host_str[s.host as usize]),
