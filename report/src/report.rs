@@ -58,12 +58,52 @@ pub struct ImageRow {
     /// Text form of the image identity (`b<hex>` or `f<hex>`); null for `[unknown]`.
     pub image_id: Option<String>,
     pub build_id: Option<String>,
-    pub samples: u64,
-    pub events: u64,
-    pub percent: f64,
-    pub cumulative_percent: f64,
-    pub counts: Vec<EventCount>,
+    #[serde(flatten)]
+    pub counts: Counts,
 }
+
+/// The numbers of one ranked row (image, symbol, global symbol): the first event's at top
+/// level, then every event's. Embedded with `#[serde(flatten)]`, so a row's JSON keeps its
+/// flat shape (`samples`, `events`, `percent`, `cumulative_percent`, `counts: [COUNT]`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counts {
+    /// Raw samples of the first event.
+    pub samples: u64,
+    /// Weighted events of the first event.
+    pub events: u64,
+    /// Share of the first event's `events` (what the total is, the report says).
+    pub percent: f64,
+    /// `percent` summed over this row and every row ranked above it.
+    pub cumulative_percent: f64,
+    /// Per event, in the report's event order.
+    #[serde(rename = "counts")]
+    pub per_event: Vec<EventCount>,
+}
+
+impl Counts {
+    /// A row's numbers from its per-event counts: the top level is the first event's.
+    pub fn new(per_event: Vec<EventCount>, cumulative_percent: f64) -> Self {
+        let (samples, events, percent) =
+            per_event.first().map_or((0, 0, 0.0), |c| (c.samples, c.events, c.percent));
+        Self { samples, events, percent, cumulative_percent, per_event }
+    }
+}
+
+/// Lets a row's numbers read as the row's own (`row.samples`, `row.percent`) for a row type
+/// with a `counts: Counts` field: the code that reads rows did not change when the numbers got
+/// one home.
+#[macro_export]
+macro_rules! counts_deref {
+    ($($row:ty),*) => {$(
+        impl std::ops::Deref for $row {
+            type Target = $crate::report::Counts;
+            fn deref(&self) -> &$crate::report::Counts {
+                &self.counts
+            }
+        }
+    )*};
+}
+counts_deref!(ImageRow, SymbolRow);
 
 /// A row of the per-symbol report.
 #[derive(Clone, Debug, Serialize)]
@@ -72,11 +112,8 @@ pub struct SymbolRow {
     /// `file:line` with `--lines`; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
-    pub samples: u64,
-    pub events: u64,
-    pub percent: f64,
-    pub cumulative_percent: f64,
-    pub counts: Vec<EventCount>,
+    #[serde(flatten)]
+    pub counts: Counts,
 }
 
 /// The image a per-symbol report is about.
@@ -315,12 +352,9 @@ impl Acc {
     }
 }
 
-/// A row's top-level samples, events and percent: those of the first event.
-pub fn first_event(counts: &[EventCount]) -> (u64, u64, f64) {
-    counts.first().map_or((0, 0, 0.0), |c| (c.samples, c.events, c.percent))
-}
-
-fn pct(part: f64, total: f64) -> f64 {
+/// `part` as a percentage of `total`, rounded to four decimals (0 when `total` is 0): every
+/// report's `percent` and `cumulative_percent`.
+pub fn pct(part: f64, total: f64) -> f64 {
     if total > 0.0 {
         (part / total * 1e6).round() / 1e4
     } else {
@@ -333,7 +367,7 @@ fn finish<K: Ord + Clone>(
     rows: BTreeMap<K, Acc>,
     names: &[String],
     name_of: impl Fn(&K) -> String,
-) -> Vec<(K, Vec<EventCount>, f64)> {
+) -> Vec<(K, Counts)> {
     let n = names.len();
     let mut totals = vec![0f64; n];
     for a in rows.values() {
@@ -362,7 +396,7 @@ fn finish<K: Ord + Clone>(
                 .collect();
             cum += a.events.first().copied().unwrap_or(0.0);
             let c = pct(cum, totals.first().copied().unwrap_or(0.0));
-            (k, counts, c)
+            (k, Counts::new(counts, c))
         })
         .collect()
 }
@@ -443,25 +477,18 @@ fn image_report_of_rows<'a>(
     let name_of = |k: &Key| names.get(k).cloned().unwrap_or_default();
     let mut out: Vec<ImageRow> = finish(rows, &w.events, name_of)
         .into_iter()
-        .map(|(k, counts, cum)| {
-            let (samples, events, percent) = first_event(&counts);
-            ImageRow {
-                image: names.get(&k).cloned().unwrap_or_default(),
-                kind: kind_name(k.0),
-                image_id: k.1.as_ref().map(ImageId::to_text),
-                build_id: k.1.as_ref().and_then(build_id_hex),
-                samples,
-                events,
-                percent,
-                cumulative_percent: cum,
-                counts,
-            }
+        .map(|(k, counts)| ImageRow {
+            image: names.get(&k).cloned().unwrap_or_default(),
+            kind: kind_name(k.0),
+            image_id: k.1.as_ref().map(ImageId::to_text),
+            build_id: k.1.as_ref().and_then(build_id_hex),
+            counts,
         })
         .collect();
     let idle_percent = out
         .iter()
         .find(|r| r.kind == "kernel" && r.image == super::image::IDLE)
-        .map_or(0.0, |r| r.percent);
+        .map_or(0.0, |r| r.counts.percent);
     let omitted = truncate(&mut out, limit);
     ImageReport {
         report: "images",
@@ -474,7 +501,8 @@ fn image_report_of_rows<'a>(
     }
 }
 
-fn truncate<T>(v: &mut Vec<T>, limit: Option<usize>) -> usize {
+/// Keep the first `limit` rows; returns how many were left out (a report's `rows_omitted`).
+pub fn truncate<T>(v: &mut Vec<T>, limit: Option<usize>) -> usize {
     match limit {
         Some(n) if v.len() > n => {
             let o = v.len() - n;
@@ -803,24 +831,13 @@ pub fn symbol_report(
     let rows: BTreeMap<RowKey, Acc> = accs.into_iter().flatten().collect();
     let mut out: Vec<SymbolRow> = finish(rows, &w.events, |k: &RowKey| k.0.clone())
         .into_iter()
-        .map(|(k, counts, cum)| {
-            let (samples, events, percent) = first_event(&counts);
-            SymbolRow {
-                symbol: k.0,
-                source: k.1,
-                samples,
-                events,
-                percent,
-                cumulative_percent: cum,
-                counts,
-            }
-        })
+        .map(|(k, counts)| SymbolRow { symbol: k.0, source: k.1, counts })
         .collect();
     let mut infos = w.infos.clone();
     // Header counts describe this image only.
     for (ei, inf) in infos.iter_mut().enumerate() {
-        inf.samples = out.iter().map(|r| r.counts[ei].samples).sum();
-        inf.events = out.iter().map(|r| r.counts[ei].events).sum();
+        inf.samples = out.iter().map(|r| r.counts.per_event[ei].samples).sum();
+        inf.events = out.iter().map(|r| r.counts.per_event[ei].events).sum();
     }
     let omitted = truncate(&mut out, limit);
     SymbolReport {
