@@ -1060,3 +1060,52 @@ pub fn elf_symbolizer(
         ElfState::Mismatch | ElfState::Missing => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where each key first stands in `json`, in the order given.
+    fn key_positions(json: &str, keys: &[&str]) -> Vec<usize> {
+        keys.iter().map(|k| json.find(&format!("\"{k}\":")).unwrap_or(usize::MAX)).collect()
+    }
+
+    /// The rows' JSON keeps the flat shape `--help` documents, in its order, with the numbers
+    /// in one embedded [`Counts`].
+    #[test]
+    fn rows_serialize_flat_in_documented_order() {
+        let per_event = vec![
+            EventCount { event: "cycles".into(), samples: 3, events: 300, percent: 75.0 },
+            EventCount { event: "instructions".into(), samples: 1, events: 90, percent: 10.0 },
+        ];
+        let counts = Counts::new(per_event, 80.5);
+        assert_eq!((counts.samples, counts.events, counts.percent), (3, 300, 75.0));
+        let image = ImageRow {
+            image: "/bin/x".into(),
+            kind: "elf",
+            image_id: None,
+            build_id: Some("ab".into()),
+            counts: counts.clone(),
+        };
+        let json = serde_json::to_string(&image).expect("serialize");
+        assert_eq!(
+            json,
+            r#"{"image":"/bin/x","kind":"elf","image_id":null,"build_id":"ab","samples":3,"events":300,"percent":75.0,"cumulative_percent":80.5,"counts":[{"event":"cycles","samples":3,"events":300,"percent":75.0},{"event":"instructions","samples":1,"events":90,"percent":10.0}]}"#
+        );
+        let symbol = SymbolRow { symbol: "f".into(), source: None, counts };
+        let json = serde_json::to_string(&symbol).expect("serialize");
+        let at = key_positions(
+            &json,
+            &["symbol", "samples", "events", "percent", "cumulative_percent", "counts"],
+        );
+        assert!(at.windows(2).all(|w| w[0] < w[1]) && at[5] != usize::MAX, "{json}");
+        assert!(!json.contains("\"source\""), "no source without --lines: {json}");
+        assert_eq!(symbol.percent, 75.0, "a row reads as its numbers");
+    }
+
+    #[test]
+    fn counts_of_no_event_are_zero() {
+        let c = Counts::new(Vec::new(), 0.0);
+        assert_eq!((c.samples, c.events, c.percent, c.per_event.len()), (0, 0, 0.0, 0));
+    }
+}
