@@ -840,18 +840,7 @@ impl Interner {
 
     /// An index entry's header number (host, epoch and totals of the first one seen).
     fn intern_entry(&mut self, d: &HostDir, event: &EventDesc, e: &sumidx::IndexEntry) -> u32 {
-        self.intern(event, e.kind, e.id, e.path, || ProfileHeader {
-            kind: e.kind,
-            image_id: e.id.to_owned_id(),
-            image_path: e.path.to_vec(),
-            event: event.clone(),
-            host: d.host.clone(),
-            epoch: d.epoch.clone(),
-            total_samples: e.samples,
-            total_period: e.period,
-            sequence: 0,
-            jit_symbols: Vec::new(),
-        })
+        self.intern(event, e.kind, e.id, e.path, || entry_header(d, event, e))
     }
 
     fn intern_header(&mut self, h: &ProfileHeader) -> u32 {
@@ -993,6 +982,23 @@ fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(usize, &T) -> R + Sync) -> 
     results.into_iter().flatten().collect()
 }
 
+/// The header of the profile a `summary.idx` entry of host directory `d` stands for (no
+/// counts, no JIT symbols: the index has the totals only).
+fn entry_header(d: &HostDir, event: &EventDesc, e: &sumidx::IndexEntry) -> ProfileHeader {
+    ProfileHeader {
+        kind: e.kind,
+        image_id: e.id.to_owned_id(),
+        image_path: e.path.to_vec(),
+        event: event.clone(),
+        host: d.host.clone(),
+        epoch: d.epoch.clone(),
+        total_samples: e.samples,
+        total_period: e.period,
+        sequence: 0,
+        jit_symbols: Vec::new(),
+    }
+}
+
 /// The totals of one host directory as loaded profiles without counts: from its
 /// `summary.idx` when `use_idx` and it is usable, else from the JSON index of its
 /// `summary.json`, else from its profiles.
@@ -1010,18 +1016,7 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
                     stats::count(&stats::SUMMARY_INDEXES_USED);
                     t.profiles.reserve(v.entries.len());
                     for e in &v.entries {
-                        let header = ProfileHeader {
-                            kind: e.kind,
-                            image_id: e.id.to_owned_id(),
-                            image_path: e.path.to_vec(),
-                            event: v.events[e.event as usize].clone(),
-                            host: d.host.clone(),
-                            epoch: d.epoch.clone(),
-                            total_samples: e.samples,
-                            total_period: e.period,
-                            sequence: 0,
-                            jit_symbols: Vec::new(),
-                        };
+                        let header = entry_header(d, &v.events[e.event as usize], e);
                         let profile = Profile { header, who: None, counts: Default::default() };
                         let path = ip.clone();
                         t.profiles.push(LoadedProfile { path, profile, samples: e.samples, dir });
