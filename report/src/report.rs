@@ -58,12 +58,52 @@ pub struct ImageRow {
     /// Text form of the image identity (`b<hex>` or `f<hex>`); null for `[unknown]`.
     pub image_id: Option<String>,
     pub build_id: Option<String>,
-    pub samples: u64,
-    pub events: u64,
-    pub percent: f64,
-    pub cumulative_percent: f64,
-    pub counts: Vec<EventCount>,
+    #[serde(flatten)]
+    pub counts: Counts,
 }
+
+/// The numbers of one ranked row (image, symbol, global symbol): the first event's at top
+/// level, then every event's. Embedded with `#[serde(flatten)]`, so a row's JSON keeps its
+/// flat shape (`samples`, `events`, `percent`, `cumulative_percent`, `counts: [COUNT]`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counts {
+    /// Raw samples of the first event.
+    pub samples: u64,
+    /// Weighted events of the first event.
+    pub events: u64,
+    /// Share of the first event's `events` (what the total is, the report says).
+    pub percent: f64,
+    /// `percent` summed over this row and every row ranked above it.
+    pub cumulative_percent: f64,
+    /// Per event, in the report's event order.
+    #[serde(rename = "counts")]
+    pub per_event: Vec<EventCount>,
+}
+
+impl Counts {
+    /// A row's numbers from its per-event counts: the top level is the first event's.
+    pub fn new(per_event: Vec<EventCount>, cumulative_percent: f64) -> Self {
+        let (samples, events, percent) =
+            per_event.first().map_or((0, 0, 0.0), |c| (c.samples, c.events, c.percent));
+        Self { samples, events, percent, cumulative_percent, per_event }
+    }
+}
+
+/// Lets a row's numbers read as the row's own (`row.samples`, `row.percent`) for a row type
+/// with a `counts: Counts` field: the code that reads rows did not change when the numbers got
+/// one home.
+#[macro_export]
+macro_rules! counts_deref {
+    ($($row:ty),*) => {$(
+        impl std::ops::Deref for $row {
+            type Target = $crate::report::Counts;
+            fn deref(&self) -> &$crate::report::Counts {
+                &self.counts
+            }
+        }
+    )*};
+}
+counts_deref!(ImageRow, SymbolRow);
 
 /// A row of the per-symbol report.
 #[derive(Clone, Debug, Serialize)]
@@ -72,11 +112,8 @@ pub struct SymbolRow {
     /// `file:line` with `--lines`; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
-    pub samples: u64,
-    pub events: u64,
-    pub percent: f64,
-    pub cumulative_percent: f64,
-    pub counts: Vec<EventCount>,
+    #[serde(flatten)]
+    pub counts: Counts,
 }
 
 /// The image a per-symbol report is about.
@@ -315,12 +352,9 @@ impl Acc {
     }
 }
 
-/// A row's top-level samples, events and percent: those of the first event.
-pub fn first_event(counts: &[EventCount]) -> (u64, u64, f64) {
-    counts.first().map_or((0, 0, 0.0), |c| (c.samples, c.events, c.percent))
-}
-
-fn pct(part: f64, total: f64) -> f64 {
+/// `part` as a percentage of `total`, rounded to four decimals (0 when `total` is 0): every
+/// report's `percent` and `cumulative_percent`.
+pub fn pct(part: f64, total: f64) -> f64 {
     if total > 0.0 {
         (part / total * 1e6).round() / 1e4
     } else {
@@ -333,7 +367,7 @@ fn finish<K: Ord + Clone>(
     rows: BTreeMap<K, Acc>,
     names: &[String],
     name_of: impl Fn(&K) -> String,
-) -> Vec<(K, Vec<EventCount>, f64)> {
+) -> Vec<(K, Counts)> {
     let n = names.len();
     let mut totals = vec![0f64; n];
     for a in rows.values() {
@@ -362,7 +396,7 @@ fn finish<K: Ord + Clone>(
                 .collect();
             cum += a.events.first().copied().unwrap_or(0.0);
             let c = pct(cum, totals.first().copied().unwrap_or(0.0));
-            (k, counts, c)
+            (k, Counts::new(counts, c))
         })
         .collect()
 }
@@ -443,25 +477,18 @@ fn image_report_of_rows<'a>(
     let name_of = |k: &Key| names.get(k).cloned().unwrap_or_default();
     let mut out: Vec<ImageRow> = finish(rows, &w.events, name_of)
         .into_iter()
-        .map(|(k, counts, cum)| {
-            let (samples, events, percent) = first_event(&counts);
-            ImageRow {
-                image: names.get(&k).cloned().unwrap_or_default(),
-                kind: kind_name(k.0),
-                image_id: k.1.as_ref().map(ImageId::to_text),
-                build_id: k.1.as_ref().and_then(build_id_hex),
-                samples,
-                events,
-                percent,
-                cumulative_percent: cum,
-                counts,
-            }
+        .map(|(k, counts)| ImageRow {
+            image: names.get(&k).cloned().unwrap_or_default(),
+            kind: kind_name(k.0),
+            image_id: k.1.as_ref().map(ImageId::to_text),
+            build_id: k.1.as_ref().and_then(build_id_hex),
+            counts,
         })
         .collect();
     let idle_percent = out
         .iter()
         .find(|r| r.kind == "kernel" && r.image == super::image::IDLE)
-        .map_or(0.0, |r| r.percent);
+        .map_or(0.0, |r| r.counts.percent);
     let omitted = truncate(&mut out, limit);
     ImageReport {
         report: "images",
@@ -474,7 +501,8 @@ fn image_report_of_rows<'a>(
     }
 }
 
-fn truncate<T>(v: &mut Vec<T>, limit: Option<usize>) -> usize {
+/// Keep the first `limit` rows; returns how many were left out (a report's `rows_omitted`).
+pub fn truncate<T>(v: &mut Vec<T>, limit: Option<usize>) -> usize {
     match limit {
         Some(n) if v.len() > n => {
             let o = v.len() - n;
@@ -803,24 +831,13 @@ pub fn symbol_report(
     let rows: BTreeMap<RowKey, Acc> = accs.into_iter().flatten().collect();
     let mut out: Vec<SymbolRow> = finish(rows, &w.events, |k: &RowKey| k.0.clone())
         .into_iter()
-        .map(|(k, counts, cum)| {
-            let (samples, events, percent) = first_event(&counts);
-            SymbolRow {
-                symbol: k.0,
-                source: k.1,
-                samples,
-                events,
-                percent,
-                cumulative_percent: cum,
-                counts,
-            }
-        })
+        .map(|(k, counts)| SymbolRow { symbol: k.0, source: k.1, counts })
         .collect();
     let mut infos = w.infos.clone();
     // Header counts describe this image only.
     for (ei, inf) in infos.iter_mut().enumerate() {
-        inf.samples = out.iter().map(|r| r.counts[ei].samples).sum();
-        inf.events = out.iter().map(|r| r.counts[ei].events).sum();
+        inf.samples = out.iter().map(|r| r.counts.per_event[ei].samples).sum();
+        inf.events = out.iter().map(|r| r.counts.per_event[ei].events).sum();
     }
     let omitted = truncate(&mut out, limit);
     SymbolReport {
@@ -1041,5 +1058,54 @@ pub fn elf_symbolizer(
     match load_elf(locator, cache, &r, &mut info, warn) {
         ElfState::Ready(s, _) => Some(*s),
         ElfState::Mismatch | ElfState::Missing => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where each key first stands in `json`, in the order given.
+    fn key_positions(json: &str, keys: &[&str]) -> Vec<usize> {
+        keys.iter().map(|k| json.find(&format!("\"{k}\":")).unwrap_or(usize::MAX)).collect()
+    }
+
+    /// The rows' JSON keeps the flat shape `--help` documents, in its order, with the numbers
+    /// in one embedded [`Counts`].
+    #[test]
+    fn rows_serialize_flat_in_documented_order() {
+        let per_event = vec![
+            EventCount { event: "cycles".into(), samples: 3, events: 300, percent: 75.0 },
+            EventCount { event: "instructions".into(), samples: 1, events: 90, percent: 10.0 },
+        ];
+        let counts = Counts::new(per_event, 80.5);
+        assert_eq!((counts.samples, counts.events, counts.percent), (3, 300, 75.0));
+        let image = ImageRow {
+            image: "/bin/x".into(),
+            kind: "elf",
+            image_id: None,
+            build_id: Some("ab".into()),
+            counts: counts.clone(),
+        };
+        let json = serde_json::to_string(&image).expect("serialize");
+        assert_eq!(
+            json,
+            r#"{"image":"/bin/x","kind":"elf","image_id":null,"build_id":"ab","samples":3,"events":300,"percent":75.0,"cumulative_percent":80.5,"counts":[{"event":"cycles","samples":3,"events":300,"percent":75.0},{"event":"instructions","samples":1,"events":90,"percent":10.0}]}"#
+        );
+        let symbol = SymbolRow { symbol: "f".into(), source: None, counts };
+        let json = serde_json::to_string(&symbol).expect("serialize");
+        let at = key_positions(
+            &json,
+            &["symbol", "samples", "events", "percent", "cumulative_percent", "counts"],
+        );
+        assert!(at.windows(2).all(|w| w[0] < w[1]) && at[5] != usize::MAX, "{json}");
+        assert!(!json.contains("\"source\""), "no source without --lines: {json}");
+        assert_eq!(symbol.percent, 75.0, "a row reads as its numbers");
+    }
+
+    #[test]
+    fn counts_of_no_event_are_zero() {
+        let c = Counts::new(Vec::new(), 0.0);
+        assert_eq!((c.samples, c.events, c.percent, c.per_event.len()), (0, 0, 0.0, 0));
     }
 }

@@ -258,19 +258,36 @@ impl LoadedProfile {
     }
 }
 
+/// What every selection read besides its profiles: the host directories, their summaries,
+/// what could not be read and whether the idle task was left out. One part of [`Loaded`] and
+/// of [`Totals`]; both read as it (`loaded.dirs`).
+#[derive(Debug, Default)]
+pub struct Scanned {
+    pub dirs: Vec<HostDir>,
+    /// Summary per dir (same index), when readable (with a filter, only when needed; for
+    /// [`Totals`], never with its index).
+    pub summaries: Vec<Option<HostSummary>>,
+    /// Files that could not be read (message names the file).
+    pub corrupt: Vec<String>,
+    /// `--no-idle` took the idle task (`[idle]`) out ([`Loaded::exclude_idle`],
+    /// [`Totals::exclude_idle`]).
+    pub idle_excluded: bool,
+}
+
 /// Everything read for a report.
 #[derive(Debug, Default)]
 pub struct Loaded {
-    pub dirs: Vec<HostDir>,
-    /// Summary per dir (same index), when readable (and, with a filter, when needed).
-    pub summaries: Vec<Option<HostSummary>>,
+    pub scan: Scanned,
     pub profiles: Vec<LoadedProfile>,
-    /// Files that could not be read (message names the file).
-    pub corrupt: Vec<String>,
     /// With a filter: images seen but not matching (display name, samples of the file read).
     pub other_images: Vec<(String, u64)>,
-    /// `--no-idle` took the `[idle]` profiles out ([`Loaded::exclude_idle`]).
-    pub idle_excluded: bool,
+}
+
+impl std::ops::Deref for Loaded {
+    type Target = Scanned;
+    fn deref(&self) -> &Scanned {
+        &self.scan
+    }
 }
 
 impl Loaded {
@@ -278,7 +295,7 @@ impl Loaded {
     /// what is left is then of the time the machine was busy.
     pub fn exclude_idle(&mut self) {
         self.profiles.retain(|p| !super::image::is_idle(&p.profile.header));
-        self.idle_excluded = true;
+        self.scan.idle_excluded = true;
     }
 }
 
@@ -349,7 +366,7 @@ pub fn load_counts(
     facts.resize_with(dirs.len(), || None);
     let push = |out: &mut Loaded, dir: usize, path: PathBuf, r: Result<Profile, _>| match r {
         Ok(profile) => out.profiles.push(LoadedProfile::new(path, profile, dir, keep_counts)),
-        Err(e) => out.corrupt.push(format!("{e}")),
+        Err(e) => out.scan.corrupt.push(format!("{e}")),
     };
     match filter {
         None => {
@@ -509,7 +526,7 @@ pub fn load_counts(
                 par_map(&rest, |_, (dir, e)| read_profile(&dirs[*dir], e)).into_iter();
             let mut rest = rest.into_iter();
             for (files, (corrupt, d)) in groups.iter().zip(decided) {
-                out.corrupt.extend(corrupt);
+                out.scan.corrupt.extend(corrupt);
                 match d {
                     Some((k, p, true)) => {
                         out.profiles.push(p);
@@ -558,9 +575,9 @@ pub fn load_counts(
             }
             None => None,
         };
-        out.summaries.push(summary);
+        out.scan.summaries.push(summary);
     }
-    out.dirs = dirs;
+    out.scan.dirs = dirs;
     Ok(out)
 }
 
@@ -697,31 +714,32 @@ fn load_totals(dirs: Vec<HostDir>, warn: &mut dyn FnMut(String)) -> Result<Loade
     for r in results {
         let t = r?;
         out.profiles.extend(t.profiles);
-        out.corrupt.extend(t.corrupt);
-        out.summaries.push(t.summary);
+        out.scan.corrupt.extend(t.corrupt);
+        out.scan.summaries.push(t.summary);
         if let Some(w) = t.warning {
             warn(w);
         }
     }
-    out.dirs = dirs;
+    out.scan.dirs = dirs;
     Ok(out)
 }
 
 /// The per-image report's input: every profile's totals, without a header per profile.
 #[derive(Debug, Default)]
 pub struct Totals {
-    pub dirs: Vec<HostDir>,
-    /// Summary per dir (same index), when readable; never with its index.
-    pub summaries: Vec<Option<HostSummary>>,
+    pub scan: Scanned,
     /// Distinct (kind, image id, path, event) of the profiles; host, epoch and totals are
     /// those of one of them and mean nothing here.
     pub headers: Vec<ProfileHeader>,
     /// One per profile, dirs in order, each dir's profiles in file-name order.
     pub entries: Vec<TotalEntry>,
-    /// Files that could not be read (message names the file).
-    pub corrupt: Vec<String>,
-    /// `--no-idle` took the `[idle]` entries out ([`Totals::exclude_idle`]).
-    pub idle_excluded: bool,
+}
+
+impl std::ops::Deref for Totals {
+    type Target = Scanned;
+    fn deref(&self) -> &Scanned {
+        &self.scan
+    }
 }
 
 /// One profile's totals in [`Totals`].
@@ -757,7 +775,7 @@ impl Totals {
     pub fn exclude_idle(&mut self) {
         let headers = &self.headers;
         self.entries.retain(|e| !super::image::is_idle(&headers[e.header as usize]));
-        self.idle_excluded = true;
+        self.scan.idle_excluded = true;
     }
 
     pub fn rows(&self) -> impl Iterator<Item = TotalRow<'_>> + Clone {
@@ -822,18 +840,7 @@ impl Interner {
 
     /// An index entry's header number (host, epoch and totals of the first one seen).
     fn intern_entry(&mut self, d: &HostDir, event: &EventDesc, e: &sumidx::IndexEntry) -> u32 {
-        self.intern(event, e.kind, e.id, e.path, || ProfileHeader {
-            kind: e.kind,
-            image_id: e.id.to_owned_id(),
-            image_path: e.path.to_vec(),
-            event: event.clone(),
-            host: d.host.clone(),
-            epoch: d.epoch.clone(),
-            total_samples: e.samples,
-            total_period: e.period,
-            sequence: 0,
-            jit_symbols: Vec::new(),
-        })
+        self.intern(event, e.kind, e.id, e.path, || entry_header(d, event, e))
     }
 
     fn intern_header(&mut self, h: &ProfileHeader) -> u32 {
@@ -879,14 +886,14 @@ pub fn load_image_totals(
             header: map[e.header as usize],
             ..e
         }));
-        out.corrupt.extend(t.corrupt);
-        out.summaries.push(t.summary);
+        out.scan.corrupt.extend(t.corrupt);
+        out.scan.summaries.push(t.summary);
         if let Some(w) = t.warning {
             warn(w);
         }
     }
     out.headers = headers;
-    out.dirs = dirs;
+    out.scan.dirs = dirs;
     Ok(out)
 }
 
@@ -975,6 +982,23 @@ fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(usize, &T) -> R + Sync) -> 
     results.into_iter().flatten().collect()
 }
 
+/// The header of the profile a `summary.idx` entry of host directory `d` stands for (no
+/// counts, no JIT symbols: the index has the totals only).
+fn entry_header(d: &HostDir, event: &EventDesc, e: &sumidx::IndexEntry) -> ProfileHeader {
+    ProfileHeader {
+        kind: e.kind,
+        image_id: e.id.to_owned_id(),
+        image_path: e.path.to_vec(),
+        event: event.clone(),
+        host: d.host.clone(),
+        epoch: d.epoch.clone(),
+        total_samples: e.samples,
+        total_period: e.period,
+        sequence: 0,
+        jit_symbols: Vec::new(),
+    }
+}
+
 /// The totals of one host directory as loaded profiles without counts: from its
 /// `summary.idx` when `use_idx` and it is usable, else from the JSON index of its
 /// `summary.json`, else from its profiles.
@@ -992,18 +1016,7 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
                     stats::count(&stats::SUMMARY_INDEXES_USED);
                     t.profiles.reserve(v.entries.len());
                     for e in &v.entries {
-                        let header = ProfileHeader {
-                            kind: e.kind,
-                            image_id: e.id.to_owned_id(),
-                            image_path: e.path.to_vec(),
-                            event: v.events[e.event as usize].clone(),
-                            host: d.host.clone(),
-                            epoch: d.epoch.clone(),
-                            total_samples: e.samples,
-                            total_period: e.period,
-                            sequence: 0,
-                            jit_symbols: Vec::new(),
-                        };
+                        let header = entry_header(d, &v.events[e.event as usize], e);
                         let profile = Profile { header, who: None, counts: Default::default() };
                         let path = ip.clone();
                         t.profiles.push(LoadedProfile { path, profile, samples: e.samples, dir });

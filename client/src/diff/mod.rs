@@ -347,8 +347,8 @@ pub fn run_diff(
                         continue;
                     }
                     let e = t.entry((r.symbol, r.source)).or_default();
-                    e.samples += r.samples;
-                    e.events += r.events as f64;
+                    e.samples += r.counts.samples;
+                    e.events += r.counts.events as f64;
                 }
                 let image = SideImage {
                     path: im.path.clone(),
@@ -390,8 +390,8 @@ fn image_tallies(l: &Loaded, w: &report::Weights) -> (BTreeMap<Key, Tally>, Side
         total.samples += row.samples;
         total.events += row.events as f64;
         let e = t.entry((row.image, None)).or_default();
-        e.samples += row.samples;
-        e.events += row.events as f64;
+        e.samples += row.counts.samples;
+        e.events += row.counts.events as f64;
         if let Some(b) = row.build_id.or(row.image_id) {
             if !e.builds.contains(&b) {
                 e.builds.push(b);

@@ -246,8 +246,8 @@ pub fn run_stats(
                 g.samples += r.samples;
                 g.events += r.events as f64;
                 let e = g.symbols.entry(r.symbol).or_default();
-                e.0 += r.samples;
-                e.1 += r.events as f64;
+                e.0 += r.counts.samples;
+                e.1 += r.counts.events as f64;
             }
         }
         groups.push((name, g));

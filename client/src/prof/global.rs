@@ -7,26 +7,26 @@ use profile_format::{ImageId, ImageKind};
 use serde::Serialize;
 
 use super::debuginfo::Locator;
-use super::report::{self, EventCount, EventInfo, Scope, SymbolContext, SymbolMode, Weights};
+use super::report::{
+    self, pct, truncate, Counts, EventCount, EventInfo, Scope, SymbolContext, SymbolMode, Weights,
+};
 use super::select::Loaded;
 use super::symcache::SymbolCache;
 use crate::prof::image::{build_id_hex, image_display, kind_name};
 
-/// A row: one symbol of one image.
+/// A row: one symbol of one image. Its `percent`s (top level and per event) are of the
+/// machine's total of that event.
 #[derive(Clone, Debug, Serialize)]
 pub struct GlobalRow {
     pub image: String,
     pub kind: &'static str,
     pub build_id: Option<String>,
     pub symbol: String,
-    pub samples: u64,
-    pub events: u64,
-    /// Share of the machine's total `events` of the first event.
-    pub percent: f64,
-    pub cumulative_percent: f64,
-    /// Per event; `percent` there is of the machine's total of that event.
-    pub counts: Vec<EventCount>,
+    #[serde(flatten)]
+    pub counts: Counts,
 }
+
+dcpi_report::counts_deref!(GlobalRow);
 
 /// The report.
 #[derive(Clone, Debug, Serialize)]
@@ -38,14 +38,6 @@ pub struct GlobalReport {
     pub total_samples: u64,
     pub rows_omitted: usize,
     pub rows: Vec<GlobalRow>,
-}
-
-fn pct(part: f64, total: f64) -> f64 {
-    if total > 0.0 {
-        (part / total * 1e6).round() / 1e4
-    } else {
-        0.0
-    }
 }
 
 /// Symbolize every image of `loaded` (loaded with its counts) and rank all symbols together.
@@ -82,9 +74,10 @@ pub fn global_symbol_report(
         let r = report::symbol_report(cx, &idx, db, None);
         let image = image_display(&loaded.profiles[idx[0]].profile.header);
         for s in r.rows {
-            let ev: Vec<f64> = s.counts.iter().map(|c| c.events as f64).collect();
+            let ev: Vec<f64> = s.counts.per_event.iter().map(|c| c.events as f64).collect();
             let counts: Vec<EventCount> = s
                 .counts
+                .per_event
                 .into_iter()
                 .zip(&totals)
                 .map(|(c, &t)| EventCount { percent: pct(c.events as f64, t), ..c })
@@ -96,11 +89,8 @@ pub fn global_symbol_report(
                     kind: kind_name(kind),
                     build_id: id.as_ref().and_then(build_id_hex),
                     symbol: s.symbol,
-                    samples: s.samples,
-                    events: s.events,
-                    percent: counts.first().map_or(0.0, |c| c.percent),
-                    cumulative_percent: 0.0,
-                    counts,
+                    // The cumulative percent is set once every row is ranked.
+                    counts: Counts::new(counts, 0.0),
                 },
             ));
         }
@@ -108,7 +98,7 @@ pub fn global_symbol_report(
     rows.sort_by(|a, b| {
         let (x, y) = (a.0.first().copied().unwrap_or(0.0), b.0.first().copied().unwrap_or(0.0));
         y.total_cmp(&x)
-            .then(b.1.samples.cmp(&a.1.samples))
+            .then(b.1.counts.samples.cmp(&a.1.counts.samples))
             .then_with(|| (&a.1.image, &a.1.symbol).cmp(&(&b.1.image, &b.1.symbol)))
     });
     let mut cum = 0.0;
@@ -117,18 +107,11 @@ pub fn global_symbol_report(
         .into_iter()
         .map(|(ev, mut r)| {
             cum += ev.first().copied().unwrap_or(0.0);
-            r.cumulative_percent = pct(cum, total0);
+            r.counts.cumulative_percent = pct(cum, total0);
             r
         })
         .collect();
-    let omitted = match limit {
-        Some(n) if out.len() > n => {
-            let o = out.len() - n;
-            out.truncate(n);
-            o
-        }
-        _ => 0,
-    };
+    let omitted = truncate(&mut out, limit);
     GlobalReport {
         report: "global-symbols",
         scope: super::report::scope(loaded, db),

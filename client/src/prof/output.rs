@@ -258,7 +258,7 @@ pub fn write_images(
     t.head.extend(idle_note(&r.idle));
     for row in &r.rows {
         let keys = image_keys(&row.image, row.kind, &row.build_id, row.image_id.as_deref());
-        ranked_row(&mut t, keys, &row.counts, row.cumulative_percent.into(), Show::Both);
+        ranked_row(&mut t, keys, &row.counts.per_event, row.cumulative_percent.into(), Show::Both);
     }
     if r.rows_omitted > 0 {
         t.foot(format!("# {} more image(s) not shown (--limit)", r.rows_omitted));
@@ -298,7 +298,7 @@ pub fn write_symbols(
     let show = if with_source { Show::Csv } else { Show::Both };
     for row in &r.rows {
         let keys = vec![row.symbol.as_str().into(), row.source.as_deref().into()];
-        ranked_row(&mut t, keys, &row.counts, row.cumulative_percent.into(), show);
+        ranked_row(&mut t, keys, &row.counts.per_event, row.cumulative_percent.into(), show);
     }
     if with_source {
         line_rows(r, &mut t);
@@ -325,9 +325,9 @@ fn line_rows(r: &SymbolReport, t: &mut Table) {
     let mut cum = 0.0;
     for sym in order {
         let lines = &groups[sym];
-        let mut sum: Vec<EventCount> = lines[0].counts.clone();
+        let mut sum: Vec<EventCount> = lines[0].counts.per_event.clone();
         for l in &lines[1..] {
-            for (a, b) in sum.iter_mut().zip(&l.counts) {
+            for (a, b) in sum.iter_mut().zip(&l.counts.per_event) {
                 a.samples += b.samples;
                 a.events += b.events;
                 a.percent += b.percent;
@@ -346,7 +346,7 @@ fn line_rows(r: &SymbolReport, t: &mut Table) {
             ranked_row(
                 t,
                 vec![text.into(), Value::Empty.into()],
-                &l.counts,
+                &l.counts.per_event,
                 Value::Empty,
                 Show::Text,
             );
@@ -370,7 +370,7 @@ pub fn write_global_symbols(
     t.head("# percent: of the machine's total (every image, [unknown] included)");
     for row in &r.rows {
         let keys = image_keys(&row.image, row.kind, &row.build_id, Some(&row.symbol));
-        ranked_row(&mut t, keys, &row.counts, row.cumulative_percent.into(), Show::Both);
+        ranked_row(&mut t, keys, &row.counts.per_event, row.cumulative_percent.into(), Show::Both);
     }
     if r.rows_omitted > 0 {
         t.foot(format!("# {} more row(s) not shown (--limit)", r.rows_omitted));
@@ -392,7 +392,7 @@ pub fn r4(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prof::report::{EventInfo, ImageInfo, SymbolRow};
+    use crate::prof::report::{Counts, EventInfo, ImageInfo, SymbolRow};
 
     fn row(symbol: &str, line: &str, samples: u64) -> SymbolRow {
         let c = EventCount {
@@ -404,11 +404,7 @@ mod tests {
         SymbolRow {
             symbol: symbol.into(),
             source: Some(line.into()),
-            samples,
-            events: c.events,
-            percent: c.percent,
-            cumulative_percent: 0.0,
-            counts: vec![c],
+            counts: Counts::new(vec![c], 0.0),
         }
     }
 

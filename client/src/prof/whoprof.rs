@@ -117,10 +117,10 @@ pub fn load(
                 out.profiles.push(LoadedProfile::with_counts(path, p, dir));
             }
             Ok(_) => {}
-            Err(e) => out.corrupt.push(e.to_string()),
+            Err(e) => out.scan.corrupt.push(e.to_string()),
         }
     }
-    if out.profiles.is_empty() && out.corrupt.is_empty() {
+    if out.profiles.is_empty() && out.scan.corrupt.is_empty() {
         return Err(ProfError::Empty(format!(
             "no samples of {} in the selected epoch(s)/host(s) (a pid is recorded under the \
              host it ran on; try --epoch all or --host all, or `dcpiprof --by pid` / `--by \
@@ -128,8 +128,8 @@ pub fn load(
             who.describe()
         )));
     }
-    out.summaries = dirs.iter().map(summary_of).collect::<Result<_, _>>()?;
-    out.dirs = dirs;
+    out.scan.summaries = dirs.iter().map(summary_of).collect::<Result<_, _>>()?;
+    out.scan.dirs = dirs;
     sel.check_loaded(out, warn)
 }
 

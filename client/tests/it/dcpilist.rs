@@ -472,6 +472,17 @@ fn dcpiprof_symbols_ranks_every_images_symbols_by_machine_share() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(v["report"], "global-symbols");
+    // A row stays flat, its keys in the order `--help` documents (the numbers are one
+    // embedded, flattened `Counts`).
+    let raw = String::from_utf8_lossy(&o.stdout);
+    let row0 = &raw[raw.find("\"rows\"").expect("rows")..];
+    let keys = ["image", "kind", "build_id", "symbol", "samples", "events", "percent"];
+    let at: Vec<Option<usize>> = keys
+        .iter()
+        .chain(&["cumulative_percent", "counts"])
+        .map(|k| row0.find(&format!("\"{k}\"")))
+        .collect();
+    assert!(at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1]), "{row0}");
     let rows = v["rows"].as_array().expect("rows");
     let got: Vec<(&str, &str, f64)> = rows
         .iter()
