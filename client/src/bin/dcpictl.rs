@@ -1,4 +1,5 @@
 //! dcpictl: control a running dcpid.
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
