@@ -1,5 +1,4 @@
 //! dcpid: the dcpi daemon.
-#![forbid(unsafe_code)]
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

@@ -14,7 +14,6 @@
 //! fingerprint of their names, sizes and modification times); its new data goes to a new
 //! file and the old one is removed, so a finished partition is never rewritten. Symbols are
 //! exported once per image identity (a build names immutable content).
-#![forbid(unsafe_code)]
 
 mod parquet_out;
 

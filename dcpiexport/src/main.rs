@@ -1,5 +1,4 @@
 //! dcpiexport: a dcpi profile database as Parquet (or CSV) files for SQL engines.
-#![forbid(unsafe_code)]
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;

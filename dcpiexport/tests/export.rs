@@ -1,7 +1,6 @@
 //! dcpiexport against databases built with the profile-format API: the exported sums equal
 //! dcpiprof's (checked with DuckDB and ClickHouse's embedded engine when installed), exports
 //! are incremental, bad input is a clear error.
-#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

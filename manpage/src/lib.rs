@@ -6,7 +6,6 @@
 //!
 //! Every binary's hidden `--generate WHAT` flag takes a [`Generate`] and calls [`generate`]:
 //! the one place that writes a man page or a shell completion script.
-#![forbid(unsafe_code)]
 
 use std::io::Write;
 

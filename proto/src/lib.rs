@@ -13,7 +13,6 @@
 //! carries `deserialize_with = "Option::deserialize"`, which turns off serde's
 //! missing-means-`None`: it is written as `null`, never left out. A [`Response`] leaves out
 //! whichever of `result` and `error` does not apply.
-#![forbid(unsafe_code)]
 
 use serde::{Deserialize, Serialize};
 

@@ -1,5 +1,4 @@
 //! dcpictl: control a running dcpid.
-#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -1,5 +1,4 @@
 //! dcpiprof: per-image and per-symbol reports from the database.
-#![forbid(unsafe_code)]
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -1,6 +1,5 @@
 //! `#[dcpi_testkit::test(...)]`: see the `dcpi-testkit` crate's documentation. Written on
 //! `proc_macro` alone (no syn/quote) so that it builds in a second.
-#![forbid(unsafe_code)]
 
 use proc_macro::{Delimiter, Group, TokenStream, TokenTree};
 
