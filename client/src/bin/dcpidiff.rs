@@ -1,4 +1,5 @@
 //! dcpidiff: compare two selections of profiles (epochs, days, hosts) per symbol or image.
+#![forbid(unsafe_code)]
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -17,7 +18,7 @@ fn main() -> ExitCode {
         Err(e) if dcpi_client::term::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             use std::io::Write;
-            let _ = out.flush();
+            drop(out.flush());
             print_tool_error("dcpidiff", &mut err, &e);
             ExitCode::from(e.exit_code())
         }

@@ -1,5 +1,6 @@
 //! dcpilist: one function's samples per instruction and per source line; the hottest
 //! instructions of the machine (`--top`).
+#![forbid(unsafe_code)]
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -17,7 +18,7 @@ fn main() -> ExitCode {
         Err(e) if dcpi_client::term::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             use std::io::Write;
-            let _ = out.flush();
+            drop(out.flush());
             print_error(&mut err, &e);
             ExitCode::from(e.exit_code())
         }

@@ -1,4 +1,5 @@
 //! dcpiprof: per-image and per-symbol reports from the database.
+#![forbid(unsafe_code)]
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -16,7 +17,7 @@ fn main() -> ExitCode {
         Err(e) if dcpi_client::term::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             use std::io::Write;
-            let _ = out.flush();
+            drop(out.flush());
             print_error(&mut err, &e);
             ExitCode::from(e.exit_code())
         }

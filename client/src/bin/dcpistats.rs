@@ -1,4 +1,5 @@
 //! dcpistats: spread of one image's per-function shares over many epochs or hosts.
+#![forbid(unsafe_code)]
 use std::process::ExitCode;
 
 use dcpi_client::diff::common::print_tool_error;
@@ -16,7 +17,7 @@ fn main() -> ExitCode {
         Err(e) if dcpi_client::term::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             use std::io::Write;
-            let _ = out.flush();
+            drop(out.flush());
             print_tool_error("dcpistats", &mut err, &e);
             ExitCode::from(e.exit_code())
         }
