@@ -98,11 +98,8 @@ pub fn config(out: &mut dyn Write) -> std::io::Result<()> {
                 "LIST" => "\"auto\" | [\"EVENT[:PERIOD]\", ...]".to_owned(),
                 _ => value,
             };
-            let help = a
-                .get_long_help()
-                .or(a.get_help())
-                .map(std::string::ToString::to_string)
-                .unwrap_or_default();
+            let help =
+                a.get_long_help().or(a.get_help()).map(ToString::to_string).unwrap_or_default();
             let note = if RELOADABLE.contains(&name.as_str()) {
                 "A reload (SIGHUP, dcpictl reload) applies a change at once."
             } else {

@@ -795,7 +795,7 @@ fn crash_loop_kill9_while_flushing_keeps_files_readable_and_counts_once() {
     let mut confirmed: Vec<(std::path::PathBuf, u64)> = Vec::new();
     let mut unconfirmed: Vec<std::path::PathBuf> = Vec::new();
     let mut dargs = sb.daemon_args("crash");
-    dargs.extend(args.iter().map(std::string::ToString::to_string));
+    dargs.extend(args.iter().map(ToString::to_string));
     for i in 0..ROUNDS {
         let mut d = spawn_ready(&dargs, &sb.socket());
         if let Some(exe) = exe_of(i) {

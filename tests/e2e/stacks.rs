@@ -111,7 +111,7 @@ fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
     let cache = dir.join("symbols.sqlite").display().to_string();
     let common = ["--host", host, "--symbol-cache", cache.as_str()];
     let with = |more: &[&str]| -> Vec<String> {
-        common.iter().chain(more).map(std::string::ToString::to_string).collect()
+        common.iter().chain(more).map(ToString::to_string).collect()
     };
     let prof = |args: Vec<String>| {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -1256,10 +1256,10 @@ fn symbol_cache_second_run_skips_symbols_and_dwarf_with_identical_results() {
     };
     for mode in [&["--lines"][..], &["--inlines"], &[]] {
         let with = |more: &[&'static str]| -> Vec<String> {
-            mode.iter().chain(more).map(std::string::ToString::to_string).collect()
+            mode.iter().chain(more).map(ToString::to_string).collect()
         };
         let cached = |m: &[&str]| -> Vec<String> {
-            let mut v: Vec<String> = m.iter().map(std::string::ToString::to_string).collect();
+            let mut v: Vec<String> = m.iter().map(ToString::to_string).collect();
             v.extend(["--symbol-cache".to_owned(), cache_s.clone()]);
             v
         };

@@ -107,7 +107,7 @@ fn report(tool: &str, kind: DbFile, e1: &str) -> Option<Vec<String>> {
         ("dcpistats", Kallsyms) => &["--image", "kernel"],
         _ => return None,
     };
-    Some(a.iter().map(std::string::ToString::to_string).collect())
+    Some(a.iter().map(ToString::to_string).collect())
 }
 
 /// The default (or simplest) report of each tool, for the files it does not read.
@@ -118,7 +118,7 @@ fn default_report(tool: &str, e1: &str) -> Vec<String> {
         "dcpidiff" => &["--before", e1, "--after", "latest"],
         _ => &["--image", "img1"],
     };
-    a.iter().map(std::string::ToString::to_string).collect()
+    a.iter().map(ToString::to_string).collect()
 }
 
 #[test]

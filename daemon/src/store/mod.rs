@@ -204,7 +204,7 @@ impl std::fmt::Debug for Store {
 fn adopt_shared_spool(base: &Path, dir: &Path) {
     let Ok(rd) = std::fs::read_dir(base) else { return };
     let old: Vec<PathBuf> = rd
-        .filter_map(std::result::Result::ok)
+        .filter_map(Result::ok)
         .filter(|e| {
             let n = e.file_name();
             let n = n.to_string_lossy();
@@ -718,7 +718,7 @@ impl Store {
         let mut bytes = h.bytes.clone();
         bytes.spool = self.spool.as_ref().map_or(0, spool::Spool::bytes_appended);
         StoreStatus {
-            epoch: self.epoch.as_ref().map(std::string::ToString::to_string),
+            epoch: self.epoch.as_ref().map(ToString::to_string),
             last_flush: h.last_flush.clone(),
             last_publish: h.last_publish.clone(),
             spool_rows: h.backlog.0,

@@ -260,7 +260,7 @@ impl Store {
             }
         }
         // Summaries of finished epochs that are fully written are no longer needed in memory.
-        let cur = self.epoch.as_ref().map(std::string::ToString::to_string);
+        let cur = self.epoch.as_ref().map(ToString::to_string);
         let schedule = &self.schedule;
         let dirty = &self.summaries.dirty;
         self.summaries

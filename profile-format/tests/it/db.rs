@@ -38,8 +38,7 @@ fn epochs_markers_and_current() {
     // Junk in epochs/ is ignored.
     fs::create_dir(db.root().join("epochs/not-an-epoch")).unwrap();
     fs::write(db.root().join("epochs/.tmp-x-1-2"), b"").unwrap();
-    let all: Vec<String> =
-        db.epochs().unwrap().iter().map(std::string::ToString::to_string).collect();
+    let all: Vec<String> = db.epochs().unwrap().iter().map(ToString::to_string).collect();
     assert_eq!(
         all,
         [
