@@ -1,5 +1,5 @@
 //! Shared harness for the end-to-end tests: locating the real binaries, deciding whether
-//! perf_event_open is usable, and running a daemon against a private database.
+//! `perf_event_open` is usable, and running a daemon against a private database.
 //!
 //! Tests that need perf, root or a tool say so with `#[dcpi_testkit::test(perf)]` (see the
 //! dcpi-testkit crate): where it is missing they are listed as ignored with the reason, and
@@ -168,15 +168,15 @@ impl Daemon {
     /// SIGKILL and wait (a crash at an arbitrary instant).
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+            drop(c.kill());
+            drop(c.wait());
         }
     }
     fn take_stderr(&mut self) -> String {
         use std::io::Read;
         let mut s = String::new();
         if let Some(e) = self.child.as_mut().and_then(|c| c.stderr.as_mut()) {
-            let _ = e.read_to_string(&mut s);
+            drop(e.read_to_string(&mut s));
         }
         s
     }

@@ -6,6 +6,7 @@
 //! least 10 000 instructions. The profile is synthetic: a sample on every third instruction.
 //!
 //! Run: `cargo bench -p dcpi-client --bench dcpilist`
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -8,6 +8,7 @@
 //! (so symbol lookup and DWARF are exercised across all compilation units).
 //!
 //! Run: `cargo bench -p dcpi-client --bench symbol_report`
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -5,6 +5,9 @@
 //! symbolizes, [`SymbolSearch`] (where binaries, debug files and the symbol cache are) into its
 //! own clap parser, so `--db`, `--epoch`, `--host`, `--event`, `--keep-going`, `--debug-dir`,
 //! `--binary-path`, `--symbol-cache` … mean the same thing everywhere.
+// The doc comments of the clap types here are the --help text and man pages, printed as
+// written: backticks around names would show up there.
+#![allow(clippy::doc_markdown)]
 
 use std::path::PathBuf;
 

@@ -2,6 +2,7 @@
 //! (per-instruction listings), `dcpidiff` (what changed between two selections) and `dcpistats`
 //! (whether a change is significant, over epochs); `dcpiexport` (in `dcpiexport/`) also reads
 //! databases through it.
+#![forbid(unsafe_code)]
 
 pub mod args;
 pub mod ctl;

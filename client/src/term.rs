@@ -60,7 +60,9 @@ where
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            let _ = out.flush();
+            // What the report wrote before failing goes out first; a flush that fails here
+            // has nothing better to say than the error printed next.
+            drop(out.flush());
             report(&mut err, &e);
             ExitCode::from(exit_code(&e))
         }

@@ -20,6 +20,7 @@
 //! tables that one flush interval filled.
 //!
 //! Run: `cargo bench -p dcpi-daemon --bench aggregate` (the `thrpt` line is samples/s).
+#![forbid(unsafe_code)]
 
 use std::cell::{Cell, RefCell};
 use std::hint::black_box;

@@ -36,6 +36,9 @@
 //!
 //! Errors name the file, the line (and column, for syntax and type errors; from the spans
 //! `toml` keeps with `serde_spanned`) and the key, or the flag.
+// The doc comments of the clap types here are the --help text and man pages, printed as
+// written: backticks around names would show up there.
+#![allow(clippy::doc_markdown)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

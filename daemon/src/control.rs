@@ -5,14 +5,14 @@
 //! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`.
 //!
 //! The server is an accept thread and one short-lived thread per connection, never a sampling
-//! thread. A request is read with a size cap and a deadline (SO_RCVTIMEO, renewed to what is
+//! thread. A request is read with a size cap and a deadline (`SO_RCVTIMEO`, renewed to what is
 //! left of it before each read), so a malformed, huge or slow client gets an error and is
 //! dropped without blocking anyone: a connection that has not sent its whole request line
-//! within READ_TIMEOUT (2 s) is answered with an error and closed. At most MAX_CLIENTS commands
-//! run at once, plus STATUS_RESERVE more for `status` only.
+//! within `READ_TIMEOUT` (2 s) is answered with an error and closed. At most `MAX_CLIENTS` commands
+//! run at once, plus `STATUS_RESERVE` more for `status` only.
 //!
-//! Connections are bounded (MAX_CONNECTIONS) and shared fairly: the accept thread reads each
-//! peer's credentials (SO_PEERCRED) and one uid holds at most MAX_PER_UID connections. When a
+//! Connections are bounded (`MAX_CONNECTIONS`) and shared fairly: the accept thread reads each
+//! peer's credentials (`SO_PEERCRED`) and one uid holds at most `MAX_PER_UID` connections. When a
 //! uid is at its share, or all places are taken, the new connection takes the place of the
 //! oldest connection that is still waiting for its request in the process holding the most
 //! connections (of that uid, or of the uid holding the most): that one is answered with an
@@ -27,7 +27,7 @@
 //! connection threads take only when they start, read their request and end.
 //!
 //! Access: root, the daemon's own user, or a member of the socket group (checked with
-//! SO_PEERCRED); the socket is 0660 root:group. The socket's directory is not created (a
+//! `SO_PEERCRED`); the socket is 0660 root:group. The socket's directory is not created (a
 //! failed start must leave nothing behind; under systemd `RuntimeDirectory=` makes it), and
 //! only a stale socket, never another kind of file, is replaced.
 
@@ -49,11 +49,11 @@ pub const MAX_REQUEST: u64 = 64 * 1024;
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// Commands executed at once; more wait for a slot, not for a connection.
 pub const MAX_CLIENTS: usize = 32;
-/// Command slots beyond MAX_CLIENTS that only `status` may use: it reads counters under short
-/// locks, so it is answered even while MAX_CLIENTS flushes wait on a slow store.
+/// Command slots beyond `MAX_CLIENTS` that only `status` may use: it reads counters under short
+/// locks, so it is answered even while `MAX_CLIENTS` flushes wait on a slow store.
 pub const STATUS_RESERVE: usize = 4;
-/// Connections open at once, each on its own thread (an idle one closes after READ_TIMEOUT).
-/// Not MAX_CLIENTS: 200 idle clients holding 32 slots for 2 s each delayed a status by 12 s.
+/// Connections open at once, each on its own thread (an idle one closes after `READ_TIMEOUT`).
+/// Not `MAX_CLIENTS`: 200 idle clients holding 32 slots for 2 s each delayed a status by 12 s.
 pub const MAX_CONNECTIONS: usize = 512;
 /// Connections one uid may hold at once: a quarter of the places (at least 8), so that one
 /// user flooding the socket leaves the rest to the others.
@@ -251,8 +251,8 @@ impl ControlServer {
             sock::shutdown_listener(&s.listener);
         }
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
-            let _ = std::fs::remove_file(&self.path);
+            drop(t.join());
+            drop(std::fs::remove_file(&self.path));
         }
     }
 }
@@ -359,7 +359,7 @@ struct Limits {
 
 impl Limits {
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+        self.table.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Give `stream` from `peer` a place, closing another connection if it must (see the
@@ -372,7 +372,7 @@ impl Limits {
                     // Wakes its thread's read (it returns end of file); the thread sees it lost
                     // its place and answers with an error. Under the table's lock, so the
                     // thread cannot be between its read and marking itself busy unnoticed.
-                    let _ = c.stream.shutdown(std::net::Shutdown::Read);
+                    drop(c.stream.shutdown(std::net::Shutdown::Read));
                 }
                 true
             }
@@ -399,13 +399,13 @@ impl Limits {
         }
     }
 
-    /// Wait for one of the MAX_CLIENTS command slots (MAX_CLIENTS + STATUS_RESERVE for a
+    /// Wait for one of the `MAX_CLIENTS` command slots (`MAX_CLIENTS` + `STATUS_RESERVE` for a
     /// status); it is given back when the guard drops.
     fn command_slot(&self, status: bool) -> CommandSlot<'_> {
         let max = if status { MAX_CLIENTS + STATUS_RESERVE } else { MAX_CLIENTS };
-        let mut n = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let mut n = self.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         while *n >= max {
-            n = self.freed.wait(n).unwrap_or_else(|p| p.into_inner());
+            n = self.freed.wait(n).unwrap_or_else(std::sync::PoisonError::into_inner);
         }
         *n += 1;
         CommandSlot(self)
@@ -416,7 +416,7 @@ struct CommandSlot<'a>(&'a Limits);
 
 impl Drop for CommandSlot<'_> {
     fn drop(&mut self) {
-        *self.0.running.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        *self.0.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner) -= 1;
         // All: a waiting status may be allowed a slot that a waiting flush is not.
         self.0.freed.notify_all();
     }
@@ -531,7 +531,7 @@ fn serve(
 fn refuse(stream: &UnixStream, msg: &str) {
     // A fresh connection's send buffer is empty: a non-blocking write of one short line goes
     // through without making the accept thread wait for anyone.
-    let _ = stream.set_nonblocking(true);
+    drop(stream.set_nonblocking(true));
     send(stream, &Response::err(msg.to_owned()));
 }
 
@@ -554,7 +554,7 @@ fn allowed(cred: sock::PeerCred, group: Option<u32>) -> Result<(), String> {
     ))
 }
 
-/// The request line (with its newline, if any), read within READ_TIMEOUT in all: the deadline
+/// The request line (with its newline, if any), read within `READ_TIMEOUT` in all: the deadline
 /// covers the whole line, so a client trickling bytes cannot hold the thread longer.
 fn read_request(mut stream: &UnixStream) -> Result<Vec<u8>, Response> {
     let deadline = Instant::now() + READ_TIMEOUT;
@@ -624,7 +624,7 @@ fn connection(
             },
         },
     };
-    let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
+    drop(stream.set_write_timeout(Some(READ_TIMEOUT)));
     send(stream, &resp);
 }
 
@@ -633,8 +633,8 @@ fn connection(
 fn send(mut stream: &UnixStream, resp: &Response) {
     let mut out = serde_json::to_vec(resp).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
     out.push(b'\n');
-    let _ = stream.write_all(&out);
-    let _ = stream.shutdown(std::net::Shutdown::Write);
+    drop(stream.write_all(&out));
+    drop(stream.shutdown(std::net::Shutdown::Write));
 }
 
 #[cfg(test)]
@@ -684,7 +684,7 @@ mod tests {
         let mut big = vec![b' '; (MAX_REQUEST + 10) as usize];
         big.push(b'\n');
         let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
-        let _ = s.write_all(&big);
+        drop(s.write_all(&big));
         let mut line = String::new();
         std::io::BufReader::new(s).read_line(&mut line).unwrap();
         assert!(line.contains("larger than"), "{line}");

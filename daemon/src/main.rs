@@ -1,4 +1,5 @@
 //! dcpid: the dcpi daemon.
+#![forbid(unsafe_code)]
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

@@ -91,7 +91,7 @@ pub fn config(out: &mut dyn Write) -> std::io::Result<()> {
             let value = a
                 .get_value_names()
                 .and_then(|v| v.first())
-                .map_or_else(|| "VALUE".to_owned(), |v| v.to_string());
+                .map_or_else(|| "VALUE".to_owned(), std::string::ToString::to_string);
             let value = match value.as_str() {
                 "DUR" => "\"DURATION\"".to_owned(),
                 "DIR" | "FILE" | "PATH" | "NAME" | "LEVEL" => format!("\"{value}\""),
@@ -99,7 +99,7 @@ pub fn config(out: &mut dyn Write) -> std::io::Result<()> {
                 _ => value,
             };
             let help =
-                a.get_long_help().or(a.get_help()).map(|h| h.to_string()).unwrap_or_default();
+                a.get_long_help().or(a.get_help()).map(ToString::to_string).unwrap_or_default();
             let note = if RELOADABLE.contains(&name.as_str()) {
                 "A reload (SIGHUP, dcpictl reload) applies a change at once."
             } else {

@@ -1,4 +1,4 @@
-//! sd_notify(3) for dcpid: READY, WATCHDOG, STATUS and STOPPING messages to the service
+//! `sd_notify(3)` for dcpid: READY, WATCHDOG, STATUS and STOPPING messages to the service
 //! manager.
 //!
 //! The unit (`systemd/dcpid.service`) is `Type=notify` with a `WatchdogSec=`, so systemd
@@ -43,7 +43,7 @@ impl Notifier {
     }
 
     /// A notifier configured from variables looked up with `var`, for a process whose pid is
-    /// `my_pid`. Follows sd_watchdog_enabled(3): the watchdog applies when `WATCHDOG_USEC` is a
+    /// `my_pid`. Follows `sd_watchdog_enabled(3)`: the watchdog applies when `WATCHDOG_USEC` is a
     /// positive integer and `WATCHDOG_PID` is either absent or equal to `my_pid` (a watchdog
     /// meant for a parent is not ours to feed).
     pub fn from_lookup(var: impl Fn(&str) -> Option<OsString>, my_pid: u32) -> Self {
@@ -86,7 +86,7 @@ impl Notifier {
     }
 
     /// The interval at which [`Notifier::watchdog`] should be called: half the service
-    /// manager's `WATCHDOG_USEC`, as sd_watchdog_enabled(3) advises, so that one late ping does
+    /// manager's `WATCHDOG_USEC`, as `sd_watchdog_enabled(3)` advises, so that one late ping does
     /// not kill the service. `None` when no watchdog is configured for this process.
     pub fn watchdog_interval(&self) -> Option<Duration> {
         self.watchdog_usec.map(|usec| Duration::from_micros(usec / 2))
@@ -104,7 +104,7 @@ impl Notifier {
         self.send(&[NotifyState::Stopping]);
     }
 
-    /// EXTEND_TIMEOUT_USEC=…: ask for more time before the start (or stop) timeout fires, e.g.
+    /// `EXTEND_TIMEOUT_USEC=…`: ask for more time before the start (or stop) timeout fires, e.g.
     /// while a slow shared database is opened or the last flush is published.
     pub fn extend_timeout(&self, by: Duration) {
         let usec = u32::try_from(by.as_micros()).unwrap_or(u32::MAX);

@@ -21,7 +21,7 @@ pub struct Sample {
     pub pc: u64,
     pub event: EventIdx,
     /// The overflow period that was in force when this sample was taken (the one the daemon set
-    /// with PERF_EVENT_IOC_PERIOD, not the record's PERIOD field, which does not change).
+    /// with `PERF_EVENT_IOC_PERIOD`, not the record's PERIOD field, which does not change).
     pub period: u64,
     /// True if the sample was taken in kernel mode (`PERF_RECORD_MISC_KERNEL`).
     pub kernel: bool,

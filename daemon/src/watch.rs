@@ -93,7 +93,7 @@ impl Watch {
 
     fn record(&self, thread: &str, reason: String) {
         tracing::error!(thread, %reason, "daemon thread died; dcpid is degraded (the watchdog is no longer fed)");
-        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = self.failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         f.push(ThreadFailure { thread: thread.to_string(), reason, unix_ms: unix_ms_now() });
     }
 
@@ -104,11 +104,11 @@ impl Watch {
 
     /// Threads that died, in order.
     pub fn failures(&self) -> Vec<ThreadFailure> {
-        self.failures.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     pub fn degraded(&self) -> bool {
-        !self.failures.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+        !self.failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
     }
 
     /// See [`FaultInjector`]; nothing happens unless a test lent one.

@@ -426,7 +426,7 @@ impl Recent {
     }
 }
 
-/// cgroup v2 id → path. Ids come with samples; paths from PERF_RECORD_CGROUP (cgroups created
+/// cgroup v2 id → path. Ids come with samples; paths from `PERF_RECORD_CGROUP` (cgroups created
 /// while the daemon runs) and from walking the v2 hierarchy (a cgroup's id is the inode number
 /// of its directory), at most once per [`CgroupNames::RESCAN`] when an id is missing.
 #[derive(Debug)]
@@ -461,7 +461,7 @@ impl CgroupNames {
         Self { root, names: HashMap::new(), last_scan: None }
     }
 
-    /// A path from PERF_RECORD_CGROUP.
+    /// A path from `PERF_RECORD_CGROUP`.
     pub fn note(&mut self, id: u64, path: &[u8]) {
         if self.names.len() < Self::MAX {
             self.names.insert(id, String::from_utf8_lossy(path).into_owned());

@@ -1,5 +1,5 @@
-//! `dcpiexport`: the counts of a dcpi profile database as Parquet (or CSV) files that DuckDB,
-//! ClickHouse, Spark or Trino read directly. The schema and example queries are in
+//! `dcpiexport`: the counts of a dcpi profile database as Parquet (or CSV) files that `DuckDB`,
+//! `ClickHouse`, Spark or Trino read directly. The schema and example queries are in
 //! `dcpiexport/EXPORT.md`.
 //!
 //! Layout of the output directory (Parquet):
@@ -14,6 +14,7 @@
 //! fingerprint of their names, sizes and modification times); its new data goes to a new
 //! file and the old one is removed, so a finished partition is never rewritten. Symbols are
 //! exported once per image identity (a build names immutable content).
+#![forbid(unsafe_code)]
 
 mod parquet_out;
 

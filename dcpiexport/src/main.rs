@@ -1,4 +1,5 @@
 //! dcpiexport: a dcpi profile database as Parquet (or CSV) files for SQL engines.
+#![forbid(unsafe_code)]
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -76,15 +77,15 @@ fn main() -> ExitCode {
     };
     let mut stderr = std::io::stderr();
     let mut warn = |w: String| {
-        let _ = writeln!(std::io::stderr(), "dcpiexport: warning: {w}");
+        drop(writeln!(std::io::stderr(), "dcpiexport: warning: {w}"));
     };
     match export(&o, &mut warn) {
         Ok(outcome) => {
-            let _ = describe(&outcome, &mut stderr);
+            drop(describe(&outcome, &mut stderr));
             ExitCode::SUCCESS
         }
         Err(e) => {
-            let _ = writeln!(stderr, "dcpiexport: error: {e}");
+            drop(writeln!(stderr, "dcpiexport: error: {e}"));
             ExitCode::from(e.exit_code())
         }
     }

@@ -91,7 +91,7 @@ fn opt_strings<'a>(
 
 fn u64s(c: &mut SerializedColumnWriter<'_>, v: impl Iterator<Item = u64>) -> Result<()> {
     // UINT64 is stored in the INT64 physical type, bit for bit.
-    let vals: Vec<i64> = v.map(|x| x.cast_signed()).collect();
+    let vals: Vec<i64> = v.map(u64::cast_signed).collect();
     c.typed::<Int64Type>().write_batch(&vals, None, None)?;
     Ok(())
 }
@@ -115,7 +115,7 @@ fn write(schema: &str, columns: Vec<ColumnFn<'_>>) -> Result<Vec<u8>> {
 }
 
 /// The `samples` table of one host-epoch.
-pub fn samples(rows: &[SampleRow]) -> Result<Vec<u8>> {
+pub(crate) fn samples(rows: &[SampleRow]) -> Result<Vec<u8>> {
     write(
         SAMPLES_SCHEMA,
         vec![
@@ -138,7 +138,7 @@ pub fn samples(rows: &[SampleRow]) -> Result<Vec<u8>> {
 }
 
 /// The `symbols` table.
-pub fn symbols(rows: &[SymbolRow]) -> Result<Vec<u8>> {
+pub(crate) fn symbols(rows: &[SymbolRow]) -> Result<Vec<u8>> {
     write(
         SYMBOLS_SCHEMA,
         vec![

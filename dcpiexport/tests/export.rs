@@ -1,6 +1,7 @@
 //! dcpiexport against databases built with the profile-format API: the exported sums equal
-//! dcpiprof's (checked with DuckDB and ClickHouse's embedded engine when installed), exports
+//! dcpiprof's (checked with `DuckDB` and `ClickHouse`'s embedded engine when installed), exports
 //! are incremental, bad input is a clear error.
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -604,7 +605,7 @@ fn csv_neutralises_formulas_and_escapes_format_characters() {
 /// (before, a hostile `summary.json` or snapshot was only warned about and the export went
 /// on). `summary.idx`, `who.tbl`, the stack file and the lease are not read by dcpiexport: it
 /// is not disturbed by them (exit 0). The same table for the other report tools is in the
-/// client crate (tests/it/hostile_files.rs). A hang is killed after 20 s and fails; a run
+/// client crate (`tests/it/hostile_files.rs`). A hang is killed after 20 s and fails; a run
 /// must take under 5 s (unloaded: well under the 1 s).
 #[test]
 fn hostile_database_files_are_exit_2_naming_them() {
@@ -648,7 +649,7 @@ fn hostile_database_files_are_exit_2_naming_them() {
             let mut hung = false;
             while child.try_wait().expect("wait").is_none() {
                 if start.elapsed() > Duration::from_secs(20) {
-                    let _ = child.kill();
+                    drop(child.kill());
                     hung = true;
                     break;
                 }

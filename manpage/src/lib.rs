@@ -1,11 +1,12 @@
-//! Man pages of the dcpi binaries. clap_mangen renders a command's synopsis and options; a
+//! Man pages of the dcpi binaries. `clap_mangen` renders a command's synopsis and options; a
 //! page a user can rely on also needs a NAME line that reads as one ("dcpiprof \- report ..."),
-//! the commands of a tool with subcommands inline (clap_mangen points at `dcpictl-status(8)`
+//! the commands of a tool with subcommands inline (`clap_mangen` points at `dcpictl-status(8)`
 //! pages that do not exist), and EXIT STATUS, ENVIRONMENT, FILES, EXAMPLES and SEE ALSO. Each
 //! binary describes those in a [`Page`]; [`render`] writes the whole page.
 //!
 //! Every binary's hidden `--generate WHAT` flag takes a [`Generate`] and calls [`generate`]:
 //! the one place that writes a man page or a shell completion script.
+#![forbid(unsafe_code)]
 
 use std::io::Write;
 
@@ -85,7 +86,7 @@ pub fn render(cmd: clap::Command, page: &Page<'_>, out: &mut dyn Write) -> std::
     cmd.build();
     let name = cmd.get_name().to_owned();
     // clap's after_long_help is rendered below as DETAILS, not as clap_mangen's "EXTRA".
-    let details = cmd.get_after_long_help().or(cmd.get_after_help()).map(|s| s.to_string());
+    let details = cmd.get_after_long_help().or(cmd.get_after_help()).map(ToString::to_string);
     let man_cmd = cmd.clone().after_help(None::<&str>).after_long_help(None::<&str>);
     let man = clap_mangen::Man::new(man_cmd.clone()).section(page.section);
     man.render_title(out)?;
@@ -136,7 +137,8 @@ fn commands(r: &mut Roff, parent: &str, c: &clap::Command) {
         }
         r.control("TP", []);
         r.text(head);
-        let help = c.get_long_about().or(c.get_about()).map(|s| s.to_string()).unwrap_or_default();
+        let help =
+            c.get_long_about().or(c.get_about()).map(ToString::to_string).unwrap_or_default();
         paragraphs(r, &help, "IP");
         for a in own_args(c) {
             if let (Some(l), Some(h)) = (a.get_long(), a.get_long_help().or(a.get_help())) {

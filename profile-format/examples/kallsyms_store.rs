@@ -8,10 +8,11 @@
 //! levels to try on the columns with zstd's own parameters for each level (default 3 9 15 19
 //! 22); `pack_kallsyms` is what the database writes. Last, the peak RSS that `pack_kallsyms`
 //! adds to a process, measured in a fresh one.
-//! (reads /proc/kallsyms: run as root, or with kptr_restrict=0, to get addresses).
+//! (reads /proc/kallsyms: run as root, or with `kptr_restrict=0`, to get addresses).
 
 // Reads /proc and files it wrote itself (clippy.toml forbids plain reads in the library).
 #![allow(clippy::disallowed_methods)]
+#![forbid(unsafe_code)]
 
 use std::io::Write as _;
 use std::path::Path;
@@ -38,7 +39,7 @@ fn timed<T>(mut f: impl FnMut() -> T) -> (f64, T) {
     (times[RUNS / 2] as f64 / 1e9, out.expect("RUNS > 0"))
 }
 
-/// Peak resident set so far, in KiB (VmHWM of /proc/self/status).
+/// Peak resident set so far, in KiB (`VmHWM` of /proc/self/status).
 fn peak_rss_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
     s.lines()
@@ -119,6 +120,6 @@ fn main() {
         .arg(&tmp)
         .output()
         .expect("run --rss");
-    let _ = std::fs::remove_file(&tmp);
+    drop(std::fs::remove_file(&tmp));
     print!("{}", String::from_utf8_lossy(&out.stdout));
 }

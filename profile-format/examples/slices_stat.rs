@@ -2,6 +2,7 @@
 //! range, bytes and samples, and what rolling all of it up into hour slices would take.
 //!
 //! `cargo run -p dcpi-profile-format --example slices_stat -- <host dir>/slices.log`
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::time::Instant;

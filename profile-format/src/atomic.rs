@@ -74,7 +74,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let result = write_synced(&tmp, path, bytes)
         .and_then(|()| fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
     if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+        drop(fs::remove_file(&tmp));
     }
     result?;
     sync_dir(dir)
@@ -115,7 +115,7 @@ pub(crate) fn write_new(path: &Path, bytes: &[u8]) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(Error::io(path, e)),
     });
-    let _ = fs::remove_file(&tmp);
+    drop(fs::remove_file(&tmp));
     result
 }
 

@@ -118,7 +118,7 @@ pub(crate) fn corrupt(path: &Path, field: &'static str, detail: impl Into<String
 /// that expands without end.
 pub(crate) const MAX_ZLIB_PAYLOAD: u64 = 256 << 20;
 
-/// The zlib level of every compressed container. Measured with miniz_oxide on dcpid's own
+/// The zlib level of every compressed container. Measured with `miniz_oxide` on dcpid's own
 /// files (BENCHMARKS.md, "zlib level"): level 3 wrote typical stack files as small as level 9
 /// (27 813 against 28 000 bytes) 5x faster, and a machine of distinct stacks' file smaller
 /// (137 955 against 140 006 bytes) 25x faster, where level 9 was two thirds of the flush

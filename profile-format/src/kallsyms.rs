@@ -16,11 +16,11 @@ fn is_text_kind(kind: u8) -> bool {
     matches!(kind, b't' | b'T' | b'w' | b'W')
 }
 
-/// kallsyms caps names at 512 bytes (KSYM_NAME_LEN); the cap bounds the memory a corrupt
+/// kallsyms caps names at 512 bytes (`KSYM_NAME_LEN`); the cap bounds the memory a corrupt
 /// snapshot's prefix sharing could make the reader allocate.
-pub const MAX_SYMBOL_LEN: usize = 1024;
+pub(crate) const MAX_SYMBOL_LEN: usize = 1024;
 
-/// Function-padding symbols (`__pfx_foo` before `foo`, kernels with CONFIG_CALL_PADDING) make
+/// Function-padding symbols (`__pfx_foo` before `foo`, kernels with `CONFIG_CALL_PADDING`) make
 /// up about half of kallsyms; their names are stored as a flag on the symbol.
 const PFX: &str = "__pfx_";
 
@@ -234,7 +234,7 @@ impl KallsymsSnapshot {
     /// Build from the text of /proc/kallsyms and /proc/modules (plus build-ids already read).
     ///
     /// Keeps text symbols (`t T w W`) of the kernel and of modules; drops symbols shown at
-    /// address 0 (kptr_restrict hides addresses: such a snapshot is empty rather than wrong).
+    /// address 0 (`kptr_restrict` hides addresses: such a snapshot is empty rather than wrong).
     /// A module named in kallsyms but missing from /proc/modules (`[bpf]`,
     /// `[__builtin__kprobes]`) gets an entry with base and size 0. `text_base` is the address
     /// of `_text`. Lines that do not parse are an `Invalid` error naming the line.

@@ -298,7 +298,7 @@ impl Database {
 
     /// Read and verify the shared snapshot `id`: its `.snap.zst` form, else its `.snap.z`
     /// form; decompressed, its content id must match its name, then it is decoded like a
-    /// `kallsyms.snap`. With neither form, an `Io` NotFound error naming the `.snap.zst` path.
+    /// `kallsyms.snap`. With neither form, an `Io` `NotFound` error naming the `.snap.zst` path.
     pub fn read_kallsyms(&self, id: &str) -> Result<KallsymsSnapshot> {
         let path = self.kallsyms_store_path(id);
         let (path, bytes) = match crate::safeio::read_small(&path, MAX_SNAPSHOT) {
@@ -441,7 +441,7 @@ impl HostDir {
     }
 
     /// This directory's kernel symbols: the shared snapshot its `kallsyms.ref` names, else the
-    /// `kallsyms.snap` of older databases. A directory with neither is an `Io` NotFound error
+    /// `kallsyms.snap` of older databases. A directory with neither is an `Io` `NotFound` error
     /// naming `kallsyms.ref`.
     pub fn read_kallsyms(&self) -> Result<KallsymsSnapshot> {
         match self.kallsyms_ref()? {

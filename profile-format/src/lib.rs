@@ -7,6 +7,7 @@
 // clippy.toml forbids plain reads of files in this crate (database files go through `safeio`);
 // unit tests read what they wrote.
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
+#![forbid(unsafe_code)]
 
 mod atomic;
 mod codec;

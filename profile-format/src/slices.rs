@@ -236,7 +236,7 @@ impl SliceLog {
 
     /// Samples of every slice.
     pub fn samples(&self) -> u64 {
-        self.slices.iter().map(|s| s.samples()).sum()
+        self.slices.iter().map(Slice::samples).sum()
     }
 
     /// The next record sequence a writer uses.
@@ -392,7 +392,7 @@ pub fn encode_record(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable) {
     crate::varint::write_u64(&mut payload, new.len() as u64);
     for k in new {
         put_bytes(&mut payload, k.event.as_bytes());
-        let img = k.image.as_ref().map(|i| i.to_text()).unwrap_or_default();
+        let img = k.image.as_ref().map(super::ident::ImageId::to_text).unwrap_or_default();
         put_bytes(&mut payload, img.as_bytes());
     }
     // Columns: entry headers, then every offset, then every count − 1. Counts are mostly
@@ -669,7 +669,7 @@ impl SliceWriter {
         }
         let r = self.file.write_all(&buf).and_then(|()| self.file.sync_data());
         if let Err(e) = r {
-            let _ = self.file.set_len(self.len);
+            drop(self.file.set_len(self.len));
             return Err(Error::io(&self.path, e));
         }
         self.keys = keys;

@@ -305,7 +305,7 @@ mod tests {
     }
 
     /// A writer whose zlib compresses differently (another backend or level) is read: only
-    /// the payload must be canonical. dcpid built alone got miniz_oxide and dcpiprof zlib-rs,
+    /// the payload must be canonical. dcpid built alone got `miniz_oxide` and dcpiprof zlib-rs,
     /// and dcpiprof refused every who table ("corrupt field `dictionaries`").
     #[test]
     fn other_compressors_output_is_accepted() {

@@ -13,6 +13,7 @@
 //! carries `deserialize_with = "Option::deserialize"`, which turns off serde's
 //! missing-means-`None`: it is written as `null`, never left out. A [`Response`] leaves out
 //! whichever of `result` and `error` does not apply.
+#![forbid(unsafe_code)]
 
 use serde::{Deserialize, Serialize};
 
@@ -93,7 +94,7 @@ impl Response {
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct FlushResult {
     pub flushed: bool,
-    /// The barrier's instant (CLOCK_MONOTONIC ns): every sample taken before it is flushed.
+    /// The barrier's instant (`CLOCK_MONOTONIC` ns): every sample taken before it is flushed.
     pub until_ns: u64,
     /// CPUs whose drain thread did not read its ring up to the instant in time.
     pub unanswered_cpus: Vec<u32>,
@@ -131,7 +132,7 @@ pub struct TopRow {
 pub struct EpochResult {
     #[serde(deserialize_with = "Option::deserialize")]
     pub epoch: Option<String>,
-    /// `epoch-new`: the boundary instant (CLOCK_MONOTONIC ns); 0 for `epoch-show`.
+    /// `epoch-new`: the boundary instant (`CLOCK_MONOTONIC` ns); 0 for `epoch-show`.
     #[serde(default)]
     pub until_ns: u64,
     /// `epoch-new`: CPUs whose drain thread did not answer the barrier in time.

@@ -13,6 +13,7 @@
 //! - [`names`] demangles and makes names printable; [`image`] names images and matches
 //!   `--image` specs; [`stats`] counts work for `--stats`; [`error`] is the errors of a run.
 //! - [`render`]: the one renderer: a table description written as text, CSV or JSON.
+#![forbid(unsafe_code)]
 
 pub mod debuginfo;
 pub mod elfparts;

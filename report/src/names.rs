@@ -30,13 +30,13 @@ pub fn demangle(raw: &str) -> String {
 
 /// The longest C++ name [`demangle`] prints; a longer one is shown mangled. Itanium
 /// substitutions let a short name print exponentially much (each `S_IS0_S0_E` doubles the
-/// type before it: 300 mangled bytes print 2^40 `pair<...>`s), and cpp_demangle bounds only its
+/// type before it: 300 mangled bytes print 2^40 `pair<...>`s), and `cpp_demangle` bounds only its
 /// recursion depth, not its output: without this bound one hostile symbol name in an ELF file or
 /// a perf map hangs a report and exhausts memory. Real names stay far below (the longest Boost
 /// and Qt names are a few KiB).
 const MAX_DEMANGLED_CPP: usize = 64 * 1024;
 
-/// A `String` that refuses to grow past its bound: the write error stops cpp_demangle's printer
+/// A `String` that refuses to grow past its bound: the write error stops `cpp_demangle`'s printer
 /// at once, so its work is bounded by the output bound.
 struct BoundedString {
     out: String,
@@ -53,8 +53,8 @@ impl std::fmt::Write for BoundedString {
     }
 }
 
-/// The parse steps cpp_demangle may take on a name of `len` bytes before it gives up (its
-/// `work_limit`, which the copy in vendor/cpp_demangle adds). Its parser backtracks: without a
+/// The parse steps `cpp_demangle` may take on a name of `len` bytes before it gives up (its
+/// `work_limit`, which the copy in `vendor/cpp_demangle` adds). Its parser backtracks: without a
 /// bound, hostile names of a few hundred bytes took seconds (each level of some nestings doubles
 /// or triples the work). Real names stay below a fourteenth of it (797 123 C++ names from the
 /// binaries of a development machine all demangle the same with a limit 14 times smaller); a
@@ -184,12 +184,12 @@ mod tests {
             "\u{1b}[31mred",
             "",
         ] {
-            let _ = demangle(raw);
+            drop(demangle(raw));
             let shown = display_name(raw, false);
             assert!(!shown.chars().any(char::is_control), "{raw:?} -> {shown:?}");
         }
         let deep = format!("_Z{}", "P".repeat(100_000));
-        let _ = demangle(&deep);
+        drop(demangle(&deep));
         assert_eq!(demangle("_Zgarbage!!"), "_Zgarbage!!");
     }
 
@@ -221,7 +221,7 @@ mod tests {
     }
 
     /// Every real name of `client/tests/data/cpp-real-names.tsv` (C++ symbols of the ELF files
-    /// of a development machine, with how they were shown before cpp_demangle was patched) is
+    /// of a development machine, with how they were shown before `cpp_demangle` was patched) is
     /// shown as before: the bound on parse work loses no real name.
     #[test]
     fn real_cpp_names_are_shown_as_before_the_parser_patch() {
@@ -237,7 +237,7 @@ mod tests {
         assert!(table.contains("void QConcatenable<QStringBuilder<QStringBuilder<"));
     }
 
-    /// Names on which cpp_demangle 0.5.1 backtracks exponentially are rejected at once and shown
+    /// Names on which `cpp_demangle` 0.5.1 backtracks exponentially are rejected at once and shown
     /// mangled: the patched parser no longer parses the template arguments after a substitution
     /// twice when they fail, and it stops when out of work. Unpatched, in a release build, those
     /// from the `demangle` fuzz target took 0.13-1.8 s each to reject, the fifth over 5 minutes

@@ -786,7 +786,7 @@ impl KeyInterner {
     }
 }
 
-/// A map keyed by offsets, hashed by one multiplication (the default SipHash costs more than
+/// A map keyed by offsets, hashed by one multiplication (the default `SipHash` costs more than
 /// the rest of a memo lookup; offsets are not attacker-chosen keys of a long-lived map).
 type OffsetMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<OffsetHasher>>;
 
@@ -863,6 +863,8 @@ pub fn load_vdso(
     let ImageId::BuildId(bid) = id else { return ElfState::Missing };
     // A copy on disk can carry DWARF (read from the file when asked); this machine's vDSO
     // has none.
+    // A binary the locator found (not a database file), read whole for its DWARF.
+    #[allow(clippy::disallowed_methods)]
     let found = match locator.locate(id, &[]) {
         Located::Found { path, .. } => std::fs::read(&path).ok().map(|d| (d, Some(path))),
         _ => None,

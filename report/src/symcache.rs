@@ -1,5 +1,5 @@
 //! Symbol cache: per build-id symbol tables, and the DWARF answers (innermost frame per
-//! address) that `--lines`/`--inlines` needed, in a SQLite file (default
+//! address) that `--lines`/`--inlines` needed, in a `SQLite` file (default
 //! `$XDG_CACHE_HOME/dcpi/symbols.sqlite`, else `~/.cache/dcpi/symbols.sqlite`).
 //!
 //! A second report on a large binary then neither reads the binary nor parses its DWARF: the
@@ -55,7 +55,7 @@ fn open_conn(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(Duration::from_secs(10))?;
     // journal_mode answers with a row; query it rather than execute.
-    let _: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+    let _unused: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
     conn.execute_batch(
         "PRAGMA synchronous=NORMAL;
          PRAGMA foreign_keys=ON;
@@ -103,7 +103,7 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// `open_conn`, retried while another process holds the file. SQLite reports SQLITE_BUSY
+/// `open_conn`, retried while another process holds the file. `SQLite` reports `SQLITE_BUSY`
 /// without calling the busy handler in some of what `open_conn` does on a fresh file (the
 /// switch to WAL, and lock upgrades it refuses to wait for to avoid deadlock), so several
 /// `dcpiprof` runs started together would otherwise lose the cache for the run.
@@ -136,7 +136,7 @@ fn remove_db_files(path: &Path) {
     for suffix in ["", "-wal", "-shm"] {
         let mut p = path.as_os_str().to_owned();
         p.push(suffix);
-        let _ = std::fs::remove_file(PathBuf::from(p));
+        drop(std::fs::remove_file(PathBuf::from(p)));
     }
 }
 
@@ -228,7 +228,7 @@ impl SymbolCache {
                 }
                 None => {
                     // Damaged entry: drop it so it is rebuilt below.
-                    let _ = conn.execute("DELETE FROM images WHERE id=?1", [id]);
+                    drop(conn.execute("DELETE FROM images WHERE id=?1", [id]));
                     stats::count(&stats::CACHE_MISSES);
                     None
                 }

@@ -54,7 +54,7 @@ impl Req<'_> {
         matches!(self, Self::Pmu | Self::NoPmu)
     }
 
-    /// What the test needs, for messages ("needs perf_event_open: ...").
+    /// What the test needs, for messages ("needs `perf_event_open`: ...").
     pub fn what(&self) -> String {
         match self {
             Self::Perf => "perf_event_open".to_string(),
@@ -114,7 +114,7 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// `struct perf_event_attr` up to `config1` (PERF_ATTR_SIZE_VER0, 64 bytes): the kernel accepts
+/// `struct perf_event_attr` up to `config1` (`PERF_ATTR_SIZE_VER0`, 64 bytes): the kernel accepts
 /// this size and treats the later fields as zero.
 #[repr(C)]
 struct PerfEventAttr {
@@ -131,8 +131,8 @@ struct PerfEventAttr {
 }
 
 /// The same check as `dcpid --probe` (daemon/src/perf/sampler.rs `probe`): open a sampling
-/// cpu-clock event (PERF_TYPE_SOFTWARE 1, PERF_COUNT_SW_CPU_CLOCK 0) for all processes on the
-/// first online CPU. That needs perf_event_paranoid <= 0 or CAP_PERFMON (root has it).
+/// cpu-clock event (`PERF_TYPE_SOFTWARE` 1, `PERF_COUNT_SW_CPU_CLOCK` 0) for all processes on the
+/// first online CPU. That needs `perf_event_paranoid` <= 0 or `CAP_PERFMON` (root has it).
 fn perf() -> Result<(), String> {
     open_on_first_cpu(1, 0).map_err(|e| {
         let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
@@ -146,7 +146,7 @@ fn perf() -> Result<(), String> {
 }
 
 /// Opens (and closes) a sampling event of `type_`/`config` for all processes on the first
-/// online CPU (`Pmu` uses PERF_TYPE_HARDWARE 0, PERF_COUNT_HW_CPU_CYCLES 0, as `dcpid --probe`).
+/// online CPU (`Pmu` uses `PERF_TYPE_HARDWARE` 0, `PERF_COUNT_HW_CPU_CYCLES` 0, as `dcpid --probe`).
 fn open_on_first_cpu(type_: u32, config: u64) -> Result<(), String> {
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
     let cpu: i32 = online.trim().split([',', '-']).next().and_then(|c| c.parse().ok()).unwrap_or(0);
@@ -168,9 +168,9 @@ fn open_on_first_cpu(type_: u32, config: u64) -> Result<(), String> {
         libc::syscall(
             libc::SYS_perf_event_open,
             &attr as *const PerfEventAttr,
-            -1 as libc::pid_t,
+            -1_i32, // pid_t: any process
             cpu,
-            -1 as libc::c_int,
+            -1_i32,                   // group fd: none
             libc::c_ulong::from(8u8), // PERF_FLAG_FD_CLOEXEC
         )
     };

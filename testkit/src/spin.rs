@@ -28,7 +28,7 @@ impl Drop for Spin {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
         if let Some(h) = self.1.take() {
-            let _ = h.join();
+            drop(h.join());
         }
     }
 }

@@ -59,7 +59,7 @@ impl Drop for Tmpfs {
         let ok = Command::new("umount").arg(&self.0).status().is_ok_and(|s| s.success());
         if !ok {
             // Still busy (a child that has not exited yet): detach it now, freed when unused.
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+            drop(Command::new("umount").arg("-l").arg(&self.0).status());
         }
     }
 }
@@ -79,5 +79,5 @@ pub fn fill(path: &Path) {
     }
     // Partial pages: fill the last bytes one at a time.
     while matches!(f.write(&[0]), Ok(1)) {}
-    let _ = f.flush();
+    drop(f.flush());
 }

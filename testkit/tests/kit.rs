@@ -3,6 +3,7 @@
 //! (except a test for the other kind of machine, PMU or not); the
 //! run-time guard fails a test run with `--include-ignored`; and changing the pretend variable
 //! recompiles the crate (so the compile-time answer is not stale).
+#![forbid(unsafe_code)]
 
 use std::path::Path;
 use std::process::Command;

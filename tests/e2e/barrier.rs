@@ -110,7 +110,7 @@ impl Drop for Busy {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
         for h in self.1.drain(..) {
-            let _ = h.join();
+            drop(h.join());
         }
     }
 }

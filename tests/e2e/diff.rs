@@ -7,7 +7,7 @@ use dcpi_e2e::{run, Sandbox};
 
 /// Three functions with the same loop body, called in small interleaved rounds (far shorter
 /// than the sampling period, so the timer's phase cannot favour one) in the proportions the
-/// argument names: `a` = 5:3:2 (work_a:work_b:work_c), `b` = 2:3:5.
+/// argument names: `a` = 5:3:2 (`work_a:work_b:work_c`), `b` = 2:3:5.
 const PHASES_C: &str = r#"
 #include <stdlib.h>
 #include <string.h>

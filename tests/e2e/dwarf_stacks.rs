@@ -7,7 +7,7 @@ use std::process::Command;
 
 use dcpi_e2e::Sandbox;
 
-/// hot() does all the work in a frameless leaf; via_a gives it 3 units per round and via_b 2.
+/// `hot()` does all the work in a frameless leaf; `via_a` gives it 3 units per round and `via_b` 2.
 const CALLERS_C: &str = include_str!("dwarf_callers.c");
 
 /// Build `source` as `dir/name` at -O2 with `fp_flag` (`-fomit-frame-pointer` or
@@ -32,11 +32,11 @@ fn json(out: std::process::Output) -> serde_json::Value {
 }
 
 /// Run the workload under a daemon with `callchains`, and return `--callers hot` samples of
-/// via_a and via_b and hot's samples in all.
+/// `via_a` and `via_b` and hot's samples in all.
 fn callers_of_hot(fp_flag: &str, callchains: &str) -> (u64, u64, u64) {
     // One daemon at a time: each samples and unwinds the whole machine, the other's too.
     static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let sb = Sandbox::new();
     let dir = sb.dir.path();
     let bin = build(dir, "dwarf_callers", fp_flag);

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use dcpi_e2e::Sandbox;
 
-/// A tool the test needs, or `None` after printing why (a panic under DCPI_REQUIRE_ALL=1,
+/// A tool the test needs, or `None` after printing why (a panic under `DCPI_REQUIRE_ALL=1`,
 /// where `.ci/run` must have installed it).
 fn tool(name: &str, package: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH")
@@ -74,7 +74,7 @@ fn sampled_5_3_2_workload_exports_to_pprof_folded_and_html() {
     let path = bin.display().to_string();
     let common = ["--host", host, "--symbol-cache", cache.as_str()];
     let with = |more: &[&str]| -> Vec<String> {
-        common.iter().chain(more).map(|s| s.to_string()).collect()
+        common.iter().chain(more).map(ToString::to_string).collect()
     };
     let prof = |args: Vec<String>| {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -149,7 +149,7 @@ fn dcpictl_into_a_closed_pipe_exits_0() {
 /// of the generated pages; `make install` installs them all.
 #[dcpi_testkit::test(tool("groff"), tool("make"))]
 fn man_pages_render_cleanly_and_reference_only_existing_pages() {
-    let gen = tempfile::tempdir().expect("tempdir");
+    let gendir = tempfile::tempdir().expect("tempdir");
     let dest = install_root();
     let bindir_src = bin("dcpid").parent().expect("bin dir").to_path_buf();
     let make = |target: &str| -> String {
@@ -160,14 +160,14 @@ fn man_pages_render_cleanly_and_reference_only_existing_pages() {
             .arg(format!("DESTDIR={}", dest.path().display()))
             .arg("PREFIX=/usr")
             .arg(format!("BINDIR_SRC={}", bindir_src.display()))
-            .arg(format!("GENDIR={}", gen.path().display()))
+            .arg(format!("GENDIR={}", gendir.path().display()))
             .output()
             .expect("run make");
         assert!(out.status.success(), "make {target}: {}", text(&out.stderr));
         text(&out.stdout)
     };
     let said = make("man");
-    let mandir = gen.path().join("man");
+    let mandir = gendir.path().join("man");
     assert!(said.contains(&format!("man pages in {}", mandir.display())), "{said}");
 
     let mut pages: Vec<(String, String)> = Vec::new();

@@ -120,7 +120,7 @@ fn jit_code_in_anonymous_memory_is_attributed_with_its_perf_map_symbols() {
     assert_eq!(inside, total, "[anon] offsets are absolute addresses inside the mapping");
     // The program's perf map stays in /tmp (as JITs leave it); remove it.
     if let Some(pid) = path.trim_start_matches("[anon:").split(':').next() {
-        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+        drop(std::fs::remove_file(format!("/tmp/perf-{pid}.map")));
     }
 }
 
@@ -157,7 +157,7 @@ fn short_lived_processes_resolve_and_unknowns_stay_rare() {
     assert!(frac < 0.1, "unknown fraction {frac}: {v}");
 }
 
-/// GNU build-id from the PT_NOTE/section notes of an ELF file (a tiny independent parser).
+/// GNU build-id from the `PT_NOTE/section` notes of an ELF file (a tiny independent parser).
 fn object_build_id(data: &[u8]) -> Vec<u8> {
     // Find the "GNU\0" note of type 3 by scanning: cc was asked for a sha1 build-id (20 bytes).
     let pat = [4u8, 0, 0, 0, 20, 0, 0, 0, 3, 0, 0, 0, b'G', b'N', b'U', 0];
@@ -166,7 +166,7 @@ fn object_build_id(data: &[u8]) -> Vec<u8> {
 }
 
 /// `(file offset, size)` of the function `name` in an ELF file, from `readelf` (binutils come
-/// with the C compiler these tests need): symbol value → PT_LOAD segment → file offset.
+/// with the C compiler these tests need): symbol value → `PT_LOAD` segment → file offset.
 fn symbol_file_range(path: &Path, name: &str) -> (u64, u64) {
     let readelf = |flag: &str| {
         let out = Command::new("readelf").args([flag, "-W"]).arg(path).output().expect("readelf");
@@ -393,8 +393,8 @@ fn churn_once() -> f64 {
 }
 
 /// `reuse A B MS`: runs `A MS`, reaps it, then runs `B MS` under the very pid A had (clone3
-/// with set_tid; needs CAP_SYS_ADMIN in the pid namespace); prints "PID_A PID_B CPU_MS_A
-/// CPU_MS_B" (CPU time of each child from wait4).
+/// with `set_tid`; needs `CAP_SYS_ADMIN` in the pid namespace); prints "`PID_A` `PID_B` `CPU_MS_A`
+/// `CPU_MS_B`" (CPU time of each child from wait4).
 const REUSE_C: &str = r#"
 #define _GNU_SOURCE
 #include <errno.h>
@@ -546,8 +546,8 @@ fn jit_map_of_a_process_that_changed_its_uid_is_read() {
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child.kill());
+    drop(child.wait());
     let (status, err) = d.terminate();
     assert!(status.success(), "dcpid exit {status}: {err}");
     let anon = jit_profiles(&sb.db(), host, base);
@@ -564,7 +564,7 @@ fn jit_map_of_a_process_that_changed_its_uid_is_read() {
     );
     let path = String::from_utf8_lossy(&anon[0].header.image_path).to_string();
     if let Some(pid) = path.trim_start_matches("[anon:").split(':').next() {
-        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+        drop(std::fs::remove_file(format!("/tmp/perf-{pid}.map")));
     }
 }
 
@@ -614,6 +614,6 @@ fn huge_jit_map_is_bounded_and_counted_in_status() {
     }
     let path = String::from_utf8_lossy(&anon[0].header.image_path).to_string();
     if let Some(pid) = path.trim_start_matches("[anon:").split(':').next() {
-        let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+        drop(std::fs::remove_file(format!("/tmp/perf-{pid}.map")));
     }
 }

@@ -349,7 +349,7 @@ fn bad_control_clients_do_not_stall_sampling() {
         "sampling continued"
     );
     assert!(after["cpus"].as_array().unwrap().iter().all(|c| c["online"] == true));
-    let _ = huge.join();
+    drop(huge.join());
     drop(slow);
     let out = d.ctl(&["flush"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -359,7 +359,7 @@ fn bad_control_clients_do_not_stall_sampling() {
 fn bad_arguments_and_config_are_named() {
     let out = dcpi_e2e::run("dcpid", &["--config", "/nonexistent/dcpid.toml", "--probe"]);
     // --probe does not read the configuration; a run does.
-    let _ = out;
+    drop(out);
     let out = dcpi_e2e::run("dcpid", &["--config", "/nonexistent/dcpid.toml", "--duration", "1s"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dcpid.toml"));
@@ -430,7 +430,7 @@ fn spawn_ready(args: &[String], socket: &Path) -> Daemon {
         if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
             let mut err = String::new();
             if let Some(e) = d.child.as_mut().and_then(|c| c.stderr.as_mut()) {
-                let _ = std::io::Read::read_to_string(e, &mut err);
+                drop(std::io::Read::read_to_string(e, &mut err));
             }
             panic!("dcpid exited early with {st}: {err}");
         }
@@ -799,7 +799,7 @@ fn crash_loop_kill9_while_flushing_keeps_files_readable_and_counts_once() {
     let mut confirmed: Vec<(std::path::PathBuf, u64)> = Vec::new();
     let mut unconfirmed: Vec<std::path::PathBuf> = Vec::new();
     let mut dargs = sb.daemon_args("crash");
-    dargs.extend(args.iter().map(|a| a.to_string()));
+    dargs.extend(args.iter().map(ToString::to_string));
     for i in 0..ROUNDS {
         let mut d = spawn_ready(&dargs, &sb.socket());
         if let Some(exe) = exe_of(i) {
@@ -834,7 +834,7 @@ fn crash_loop_kill9_while_flushing_keeps_files_readable_and_counts_once() {
         std::thread::sleep(Duration::from_millis(wait));
         d.kill9();
         if let Some(mut c) = bg {
-            let _ = c.wait();
+            drop(c.wait());
         }
         let now = check_db(&sb.db(), "crash");
         for (exe, n) in &confirmed {

@@ -32,9 +32,11 @@ fn load() -> Load {
     let s2 = std::sync::Arc::clone(&stop);
     let churn = std::thread::spawn(move || {
         while !s2.load(Ordering::Relaxed) {
-            let _ = Command::new("sh")
-                .args(["-c", "i=0; while [ $i -lt 2000 ]; do i=$((i+1)); done"])
-                .status();
+            drop(
+                Command::new("sh")
+                    .args(["-c", "i=0; while [ $i -lt 2000 ]; do i=$((i+1)); done"])
+                    .status(),
+            );
         }
     });
     Load(stop, vec![spin, churn])
@@ -44,7 +46,7 @@ impl Drop for Load {
     fn drop(&mut self) {
         self.0.store(true, std::sync::atomic::Ordering::Relaxed);
         for h in self.1.drain(..) {
-            let _ = h.join();
+            drop(h.join());
         }
     }
 }

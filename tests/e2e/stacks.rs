@@ -6,7 +6,7 @@ use std::process::Command;
 
 use dcpi_e2e::Sandbox;
 
-/// hot() does all the work; via_a gives it 3 units per round and via_b 2: a 60/40 split.
+/// `hot()` does all the work; `via_a` gives it 3 units per round and `via_b` 2: a 60/40 split.
 const CALLERS_C: &str = include_str!("callers.c");
 /// Nearly every sample a distinct stack: a random path through 2^20.
 const DISTINCT_STACKS_C: &str = include_str!("distinct_stacks.c");
@@ -111,7 +111,7 @@ fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
     let cache = dir.join("symbols.sqlite").display().to_string();
     let common = ["--host", host, "--symbol-cache", cache.as_str()];
     let with = |more: &[&str]| -> Vec<String> {
-        common.iter().chain(more).map(|s| s.to_string()).collect()
+        common.iter().chain(more).map(ToString::to_string).collect()
     };
     let prof = |args: Vec<String>| {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();

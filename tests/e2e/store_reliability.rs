@@ -25,8 +25,8 @@ fn run_bounded(mut cmd: Command, secs: u64, what: &str) -> Output {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while child.try_wait().expect("wait").is_none() {
         if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+            drop(child.kill());
+            drop(child.wait());
             panic!("{what}: still running after {secs} s");
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -66,7 +66,7 @@ fn terminate_bounded(d: &mut Daemon, secs: u64) -> (std::process::ExitStatus, St
         if let Some(st) = child.try_wait().expect("wait") {
             let mut err = String::new();
             if let Some(e) = child.stderr.as_mut() {
-                let _ = std::io::Read::read_to_string(e, &mut err);
+                drop(std::io::Read::read_to_string(e, &mut err));
             }
             d.child = None;
             return (st, err);

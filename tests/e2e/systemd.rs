@@ -1,5 +1,5 @@
 //! End-to-end tests: systemd integration — the unit file (systemd-analyze verify/security), the
-//! default configuration, the sd_notify protocol (READY, WATCHDOG, STATUS, STOPPING) and
+//! default configuration, the `sd_notify` protocol (READY, WATCHDOG, STATUS, STOPPING) and
 //! `make install`.
 
 use std::os::unix::net::UnixDatagram;
@@ -35,7 +35,7 @@ fn systemd_analyze() -> Option<PathBuf> {
     }
 }
 
-/// The unit with ExecStart pointing at the dcpid built by this test run (systemd-analyze verify
+/// The unit with `ExecStart` pointing at the dcpid built by this test run (systemd-analyze verify
 /// insists that the binary exists).
 fn unit_for_test(dir: &Path) -> PathBuf {
     let text = std::fs::read_to_string(repo_root().join("systemd/dcpid.service")).expect("unit");
@@ -184,7 +184,7 @@ fn default_config_is_accepted_and_a_broken_one_is_rejected() {
     );
 }
 
-/// Datagrams received on a NOTIFY_SOCKET, each with its arrival time.
+/// Datagrams received on a `NOTIFY_SOCKET`, each with its arrival time.
 struct NotifyListener {
     _dir: tempfile::TempDir,
     path: PathBuf,
@@ -270,8 +270,8 @@ struct KillOnDrop(std::process::Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        drop(self.0.kill());
+        drop(self.0.wait());
     }
 }
 
@@ -361,7 +361,7 @@ fn sd_notify_watchdog_stops_when_a_drain_thread_stalls() {
 fn make_install_places_every_file_and_uninstall_removes_them() {
     let root = repo_root();
     let dest = install_root();
-    let gen = tempfile::tempdir().expect("tempdir");
+    let gendir = tempfile::tempdir().expect("tempdir");
     let bindir_src = bin("dcpid").parent().expect("bin dir").to_path_buf();
     let make = |target: &str| {
         let out = Command::new("make")
@@ -371,7 +371,7 @@ fn make_install_places_every_file_and_uninstall_removes_them() {
             .arg(format!("DESTDIR={}", dest.path().display()))
             .arg("PREFIX=/usr")
             .arg(format!("BINDIR_SRC={}", bindir_src.display()))
-            .arg(format!("GENDIR={}", gen.path().display()))
+            .arg(format!("GENDIR={}", gendir.path().display()))
             .output()
             .expect("run make");
         assert!(
@@ -425,7 +425,7 @@ fn make_install_places_every_file_and_uninstall_removes_them() {
         .arg(format!("DESTDIR={}", dest2.path().display()))
         .arg("PREFIX=/opt/dcpi")
         .arg(format!("BINDIR_SRC={}", bindir_src.display()))
-        .arg(format!("GENDIR={}", gen.path().display()))
+        .arg(format!("GENDIR={}", gendir.path().display()))
         .output()
         .expect("run make");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -446,7 +446,7 @@ fn make_install_places_every_file_and_uninstall_removes_them() {
     assert!(etc.join("dcpid.toml").exists(), "uninstall removed the configuration");
 }
 
-/// Run `dcpid` as user `nobody` holding only `caps` (as the unit's AmbientCapabilities= does).
+/// Run `dcpid` as user `nobody` holding only `caps` (as the unit's `AmbientCapabilities`= does).
 fn dcpid_as_nobody(sb: &Sandbox, caps: &[&str], extra: &[&str]) -> std::process::Output {
     let list: Vec<String> =
         caps.iter().map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())).collect();
@@ -491,9 +491,9 @@ pub(crate) fn unique_busy_binary(dir: &Path) -> Option<(String, String)> {
 }
 
 /// The unit's capability set is enough for an unprivileged daemon: it samples, records kernel
-/// symbol addresses (CAP_SYSLOG) and identifies by build-id a binary of another user that was
-/// already running when it started (maps + map_files: CAP_SYS_PTRACE, CAP_CHECKPOINT_RESTORE,
-/// CAP_DAC_READ_SEARCH). Without CAP_PERFMON it cannot sample at all.
+/// symbol addresses (`CAP_SYSLOG`) and identifies by build-id a binary of another user that was
+/// already running when it started (maps + `map_files`: `CAP_SYS_PTRACE`, `CAP_CHECKPOINT_RESTORE`,
+/// `CAP_DAC_READ_SEARCH`). Without `CAP_PERFMON` it cannot sample at all.
 #[dcpi_testkit::test(perf, root, tool("setpriv"))]
 fn unit_capabilities_suffice_for_an_unprivileged_daemon() {
     let sb = Sandbox::new();
@@ -523,7 +523,7 @@ fn unit_capabilities_suffice_for_an_unprivileged_daemon() {
     let mut busy = KillOnDrop(Command::new(&busy_bin).spawn().expect("spawn busy loop"));
     std::thread::sleep(Duration::from_millis(300));
     let out = dcpid_as_nobody(&sb, CAPABILITIES, &["--duration", "4s"]);
-    let _ = busy.0.kill();
+    drop(busy.0.kill());
     assert!(
         out.status.success(),
         "dcpid as nobody with the unit's capabilities failed: {}",
@@ -621,7 +621,7 @@ fn run_unprivileged(caps: &[&str], busy_bin: &str, build_id: &str) -> (bool, boo
     let mut busy = KillOnDrop(Command::new(busy_bin).spawn().expect("spawn busy loop"));
     std::thread::sleep(Duration::from_millis(300));
     let out = dcpid_as_nobody(&sb, caps, &["--duration", "3s"]);
-    let _ = busy.0.kill();
+    drop(busy.0.kill());
     assert!(
         out.status.success(),
         "dcpid as nobody with {caps:?} failed: {}",
@@ -659,7 +659,7 @@ fn expand_syscalls(sa: &Path, item: &str, out: &mut std::collections::BTreeSet<S
     }
 }
 
-/// The unit's SystemCallFilter= allows every system call dcpid makes (traced with strace over
+/// The unit's `SystemCallFilter`= allows every system call dcpid makes (traced with strace over
 /// a run with control requests), except those whose EPERM dcpid handles on purpose.
 #[dcpi_testkit::test(perf, tool("strace"))]
 fn unit_syscall_filter_allows_what_dcpid_uses() {
@@ -728,8 +728,8 @@ fn unit_syscall_filter_allows_what_dcpid_uses() {
         assert!(Instant::now() < deadline, "dcpid under strace never answered status");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let _ = ctl(&["status", "--json"]);
-    let _ = ctl(&["epoch", "new"]);
+    drop(ctl(&["status", "--json"]));
+    drop(ctl(&["epoch", "new"]));
     let status = child.0.wait().expect("wait strace");
     assert!(status.success(), "dcpid under strace exited with {status}");
 
@@ -766,7 +766,7 @@ fn unit_syscall_filter_allows_what_dcpid_uses() {
 /// `DCPI_TEST_STALL_DRAIN=not-a-fault`, which a fault build rejects (exit 2 naming the variable,
 /// as `require_fault_injection` checks on the debug build this suite uses).
 ///
-/// The release build goes to its own target directory under CARGO_TARGET_TMPDIR, so that it
+/// The release build goes to its own target directory under `CARGO_TARGET_TMPDIR`, so that it
 /// never overwrites the `target/release/dcpid` of a developer's `make`, and later runs reuse it.
 #[dcpi_testkit::test(tool("make"))]
 fn installed_release_dcpid_ignores_fault_variables() {
@@ -799,7 +799,7 @@ fn installed_release_dcpid_ignores_fault_variables() {
         std::os::unix::fs::symlink(&from, src.path().join(name)).expect("symlink");
     }
     let dest = install_root();
-    let gen = tempfile::tempdir().expect("tempdir");
+    let gendir = tempfile::tempdir().expect("tempdir");
     let out = Command::new("make")
         .arg("-C")
         .arg(&root)
@@ -807,7 +807,7 @@ fn installed_release_dcpid_ignores_fault_variables() {
         .arg(format!("DESTDIR={}", dest.path().display()))
         .arg("PREFIX=/usr")
         .arg(format!("BINDIR_SRC={}", src.path().display()))
-        .arg(format!("GENDIR={}", gen.path().display()))
+        .arg(format!("GENDIR={}", gendir.path().display()))
         .output()
         .expect("run make");
     assert!(

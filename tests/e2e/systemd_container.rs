@@ -9,7 +9,7 @@
 //! The container is a copy-on-write overlay over the cached root (its changes go to a per-run
 //! directory), so the cache stays pristine and a second run skips debootstrap (~80 s here). It
 //! is powered off when the test process exits (atexit), and killed with it in any case
-//! (PR_SET_PDEATHSIG). The tests share one `dcpid.service`, so they take turns (a mutex) and
+//! (`PR_SET_PDEATHSIG`). The tests share one `dcpid.service`, so they take turns (a mutex) and
 //! each leaves the service stopped with the shipped unit and configuration.
 //!
 //! Without perf, root or a tool it needs (systemd-nspawn, debootstrap, nsenter, make), each test
@@ -38,7 +38,7 @@ const CACHE: &str = "/var/tmp/dcpi-e2e-rootfs";
 /// Bump when the debootstrap command below changes, so that a stale cache is not reused.
 const ROOTFS_VERSION: u32 = 2;
 /// Packages on top of the minimal base: systemd as init, D-Bus so that the boot is clean, and
-/// procps for /bin/kill, which the unit's ExecReload= runs (every Debian system but the
+/// procps for /bin/kill, which the unit's `ExecReload`= runs (every Debian system but the
 /// minimal base has it: its priority is "important").
 const INCLUDE: &str = "systemd,systemd-sysv,dbus,procps";
 
@@ -134,10 +134,10 @@ fn rootfs() -> Result<PathBuf, String> {
     }
     // Earlier versions of this suite's root are stale now.
     for old in 1..ROOTFS_VERSION {
-        let _ = std::fs::remove_dir_all(Path::new(CACHE).join(format!("{suite}-v{old}")));
+        drop(std::fs::remove_dir_all(Path::new(CACHE).join(format!("{suite}-v{old}"))));
     }
     let tmp = Path::new(CACHE).join(format!(".{name}.partial"));
-    let _ = std::fs::remove_dir_all(&tmp);
+    drop(std::fs::remove_dir_all(&tmp));
     let log = Path::new(CACHE).join(format!("{name}.debootstrap.log"));
     let logf = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
     let mut cmd = Command::new("debootstrap");
@@ -153,7 +153,7 @@ fn rootfs() -> Result<PathBuf, String> {
     eprintln!("systemd container: debootstrap {suite} into {} (once; cached)", root.display());
     let status = cmd.status().map_err(|e| format!("cannot run debootstrap: {e}"))?;
     if !status.success() {
-        let _ = std::fs::remove_dir_all(&tmp);
+        drop(std::fs::remove_dir_all(&tmp));
         return Err(format!(
             "debootstrap {suite} failed ({status}); {}:\n{}",
             log.display(),
@@ -174,7 +174,7 @@ fn remove_stale_runs() {
             continue;
         };
         if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_dir_all(e.path());
+            drop(std::fs::remove_dir_all(e.path()));
         }
     }
 }
@@ -195,7 +195,7 @@ fn child_of(parent: u32) -> Option<u32> {
         .find(|&p| ppid(p) == Some(parent))
 }
 
-/// Spawn nspawn from a thread that lives as long as the process: PR_SET_PDEATHSIG fires when
+/// Spawn nspawn from a thread that lives as long as the process: `PR_SET_PDEATHSIG` fires when
 /// the spawning *thread* exits, and nspawn answers SIGTERM by shutting the container down.
 fn spawn_nspawn(mut cmd: Command) -> std::io::Result<Child> {
     let (tx, rx) = std::sync::mpsc::channel();
@@ -208,7 +208,7 @@ fn spawn_nspawn(mut cmd: Command) -> std::io::Result<Child> {
                 Ok(())
             });
         }
-        let _ = tx.send(cmd.spawn());
+        drop(tx.send(cmd.spawn()));
         loop {
             std::thread::park();
         }
@@ -230,7 +230,7 @@ fn boot() -> Result<Container, String> {
     let root = rootfs()?;
     remove_stale_runs();
     let run_dir = Path::new(CACHE).join(format!("run-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&run_dir);
+    drop(std::fs::remove_dir_all(&run_dir));
     let upper = run_dir.join("upper");
     std::fs::create_dir_all(&upper).map_err(|e| format!("{}: {e}", upper.display()))?;
     let log = run_dir.join("nspawn.log");
@@ -264,7 +264,7 @@ fn boot() -> Result<Container, String> {
     let leader = loop {
         if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
             let why = format!("systemd-nspawn exited with {st}:\n{}", tail(&log, 20));
-            let _ = std::fs::remove_dir_all(&run_dir);
+            drop(std::fs::remove_dir_all(&run_dir));
             return Err(why);
         }
         // nspawn's direct child is the container's PID 1 (systemd, once it has exec'ed).
@@ -274,15 +274,15 @@ fn boot() -> Result<Container, String> {
             break p;
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+            drop(child.kill());
+            drop(child.wait());
             let why = format!("no systemd in the container after 60 s:\n{}", tail(&log, 20));
-            let _ = std::fs::remove_dir_all(&run_dir);
+            drop(std::fs::remove_dir_all(&run_dir));
             return Err(why);
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    *NSPAWN.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
+    *NSPAWN.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(child);
     let ct = Container { leader, run_dir, log };
     match set_up(&ct, t) {
         Ok(()) => {
@@ -367,20 +367,20 @@ impl Container {
     /// Power the container off (killing nspawn if that takes over a minute) and remove the
     /// run's overlay.
     fn shut_down(&self) {
-        let _ = self.try_sh("systemctl poweroff");
-        let mut guard = NSPAWN.lock().unwrap_or_else(|e| e.into_inner());
+        drop(self.try_sh("systemctl poweroff"));
+        let mut guard = NSPAWN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(child) = guard.as_mut() {
             let deadline = Instant::now() + Duration::from_secs(60);
             while child.try_wait().ok().flatten().is_none() {
                 if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
+                    drop(child.kill());
+                    drop(child.wait());
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        let _ = std::fs::remove_dir_all(&self.run_dir);
+        drop(std::fs::remove_dir_all(&self.run_dir));
     }
 
     /// The container's root as the host sees it.
@@ -463,7 +463,7 @@ impl Container {
 
     /// Take the service for one test; it is reset now and again when the guard drops.
     fn service(&self) -> ServiceGuard<'_> {
-        let lock = SERVICE.lock().unwrap_or_else(|e| e.into_inner());
+        let lock = SERVICE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         reset(self);
         ServiceGuard { ct: self, _lock: lock }
     }
@@ -517,7 +517,7 @@ fn position(msgs: &[String], needle: &str) -> Option<usize> {
 /// `systemctl start` returns once dcpid said READY=1, which it does only when every CPU is
 /// sampling: at that instant the unit is active and the daemon has samples, and its journal
 /// shows sampling start before systemd's "Started". A daemon that cannot sample (the unit
-/// without CAP_PERFMON) never becomes active: the start fails, naming the reason.
+/// without `CAP_PERFMON`) never becomes active: the start fails, naming the reason.
 #[dcpi_testkit::test(
     perf,
     root,
@@ -594,7 +594,7 @@ fn start_is_active_only_once_sampling() {
 }
 
 /// A drain thread that stops draining stops the keep-alives: systemd's watchdog kills dcpid
-/// and `Restart=on-failure` starts it again, sampling. (WatchdogSec is shortened to 10 s by a
+/// and `Restart=on-failure` starts it again, sampling. (`WatchdogSec` is shortened to 10 s by a
 /// drop-in, to keep the test short; the mechanism is the shipped unit's.)
 #[dcpi_testkit::test(
     perf,
@@ -637,7 +637,7 @@ fn watchdog_restarts_the_service_when_a_drain_thread_stalls() {
     assert_eq!(v["pid"].as_u64().map(|p| p.to_string()), Some(s["MainPID"].clone()), "{v}");
 }
 
-/// `systemctl reload` (ExecReload: SIGHUP) applies a reloadable key in the running process and
+/// `systemctl reload` (`ExecReload`: SIGHUP) applies a reloadable key in the running process and
 /// reports a key that needs a restart, keeping its running value.
 #[dcpi_testkit::test(
     perf,
@@ -682,7 +682,7 @@ fn systemctl_reload_applies_a_reloadable_key() {
     assert_eq!(s["NRestarts"], "0");
 }
 
-/// `systemctl stop` (SIGTERM) publishes everything: with the shipped publish_interval (5 min)
+/// `systemctl stop` (SIGTERM) publishes everything: with the shipped `publish_interval` (5 min)
 /// nothing of a short run is published before the stop, and after it the database holds
 /// exactly the samples dcpid's closing log line counts.
 #[dcpi_testkit::test(
@@ -768,7 +768,7 @@ fn cap_bit(name: &str) -> u32 {
 /// The daemon as the unit runs it — user dcpi, exactly the documented capabilities, the
 /// sandboxing — samples, records kernel symbol addresses and identifies by build-id the binary
 /// of a root process that was running before it started (so only the /proc scan, through
-/// map_files, can have found it).
+/// `map_files`, can have found it).
 #[dcpi_testkit::test(
     perf,
     root,

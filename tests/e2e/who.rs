@@ -291,8 +291,8 @@ fn top_lists_a_busy_program_first() {
     struct Kill(std::process::Child);
     impl Drop for Kill {
         fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+            drop(self.0.kill());
+            drop(self.0.wait());
         }
     }
     let spinner = Kill(std::process::Command::new(&bin).spawn().expect("spawn"));
@@ -327,7 +327,7 @@ fn pid_of(comm: &str) -> Option<u32> {
 
 /// A program in its own PID and mount namespaces (`unshare --pid --mount --fork`), run from a
 /// tmpfs mounted only in that namespace: its samples carry its host pid and its image (found
-/// through /proc/PID/map_files, with its build-id), and `dcpictl top` names its function
+/// through /`proc/PID/map_files`, with its build-id), and `dcpictl top` names its function
 /// (binary read through /proc/PID/root).
 #[dcpi_testkit::test(perf)]
 fn a_process_in_other_namespaces_is_reported_with_its_host_pid() {
@@ -439,7 +439,7 @@ fn sym_samples(v: &serde_json::Value, sym: &str) -> u64 {
 /// `by_pid` and `by_cgroup` (issue 16): two processes of one binary, each in its own cgroup v2
 /// group, each spinning in its own function. `dcpiprof --pid A --by symbol` counts only A's
 /// samples (its function, not B's; as many as the who table gives A, within 5 %), B's pid gives
-/// B's, and `--cgroup` does the same per group. (Without by_pid the report is an error: see
+/// B's, and `--cgroup` does the same per group. (Without `by_pid` the report is an error: see
 /// `idle_task_is_its_own_image_and_no_idle_removes_it`.)
 #[dcpi_testkit::test(perf)]
 fn per_process_and_per_cgroup_profiles_split_one_binary() {

@@ -1,4 +1,8 @@
 //! dcpictl: control a running dcpid.
+#![forbid(unsafe_code)]
+// The doc comments of the clap types here are the --help text and man pages, printed as
+// written: backticks around names would show up there.
+#![allow(clippy::doc_markdown)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -122,7 +126,7 @@ fn main() -> ExitCode {
         };
     }
     let Some(command) = cli.command else {
-        let _ = Cli::command().print_help();
+        drop(Cli::command().print_help());
         return ExitCode::from(2);
     };
     if let Cmd::Top { once, format, limit } = &command {

@@ -1,4 +1,5 @@
 //! dcpidiff: compare two selections of profiles (epochs, days, hosts) per symbol or image.
+#![forbid(unsafe_code)]
 use std::process::ExitCode;
 
 use clap::Parser;

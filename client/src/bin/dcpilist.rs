@@ -1,5 +1,6 @@
 //! dcpilist: one function's samples per instruction and per source line; the hottest
 //! instructions of the machine (`--top`).
+#![forbid(unsafe_code)]
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -1,4 +1,5 @@
 //! dcpiprof: per-image and per-symbol reports from the database.
+#![forbid(unsafe_code)]
 use std::process::ExitCode;
 
 use clap::Parser;

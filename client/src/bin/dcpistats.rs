@@ -1,4 +1,5 @@
 //! dcpistats: spread of one image's per-function shares over many epochs or hosts.
+#![forbid(unsafe_code)]
 use std::process::ExitCode;
 
 use dcpi_client::diff::common::{print_tool_error, ToolError};

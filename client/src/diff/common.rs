@@ -38,7 +38,7 @@ pub fn print_tool_error(prog: &str, err: &mut dyn Write, e: &ToolError) {
     match e {
         ToolError::Prof(p) => crate::prof::print_error_as(prog, err, p),
         other => {
-            let _ = writeln!(err, "{prog}: error: {}", crate::escape::terminal(&other.to_string()));
+            drop(writeln!(err, "{prog}: error: {}", crate::escape::terminal(&other.to_string())));
         }
     }
 }
@@ -58,6 +58,8 @@ pub fn pick_event(loaded: &Loaded, wanted: &[String]) -> Result<String, ToolErro
 }
 
 /// `--color`.
+// The variants' doc comments are --help text, printed as written (no backticks).
+#[allow(clippy::doc_markdown)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ColorChoice {
     /// Colour when stdout is a terminal and NO_COLOR is not set.

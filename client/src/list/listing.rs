@@ -102,14 +102,14 @@ pub(crate) struct Counts {
 }
 
 impl Counts {
-    pub fn new(n: usize) -> Self {
+    pub(crate) fn new(n: usize) -> Self {
         Self { samples: vec![0; n], events: vec![0.0; n] }
     }
-    pub fn add(&mut self, ei: usize, c: u64, w: f64) {
+    pub(crate) fn add(&mut self, ei: usize, c: u64, w: f64) {
         self.samples[ei] += c;
         self.events[ei] += c as f64 * w;
     }
-    pub fn merge(&mut self, o: &Self) {
+    pub(crate) fn merge(&mut self, o: &Self) {
         for (a, b) in self.samples.iter_mut().zip(&o.samples) {
             *a += b;
         }
@@ -117,7 +117,7 @@ impl Counts {
             *a += b;
         }
     }
-    pub fn is_zero(&self) -> bool {
+    pub(crate) fn is_zero(&self) -> bool {
         self.samples.iter().all(|&s| s == 0)
     }
 }

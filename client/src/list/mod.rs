@@ -223,17 +223,17 @@ pub fn print_error(err: &mut dyn Write, e: &ListError) {
             let mut buf = Vec::new();
             prof::print_error(&mut buf, p);
             let text = String::from_utf8_lossy(&buf).replacen("dcpiprof:", "dcpilist:", 1);
-            let _ = err.write_all(text.as_bytes());
+            drop(err.write_all(text.as_bytes()));
         }
         ListError::Ambiguous { candidates, .. } => {
-            let _ = writeln!(err, "dcpilist: error: {}", crate::escape::terminal(&e.to_string()));
-            let _ = writeln!(err, "matches (pass the mangled name to choose):");
+            drop(writeln!(err, "dcpilist: error: {}", crate::escape::terminal(&e.to_string())));
+            drop(writeln!(err, "matches (pass the mangled name to choose):"));
             for c in candidates {
-                let _ = writeln!(err, "  {}", crate::escape::terminal(c));
+                drop(writeln!(err, "  {}", crate::escape::terminal(c)));
             }
         }
         _ => {
-            let _ = writeln!(err, "dcpilist: error: {}", crate::escape::terminal(&e.to_string()));
+            drop(writeln!(err, "dcpilist: error: {}", crate::escape::terminal(&e.to_string())));
         }
     }
 }

@@ -10,6 +10,9 @@
 //! # JSON schema (`--format json`)
 //!
 //! See [`SCHEMA`]; it is also printed by `dcpiprof --help`.
+// The doc comments of the clap types here are the --help text and man pages, printed as
+// written: backticks around names would show up there.
+#![allow(clippy::doc_markdown)]
 
 pub mod by;
 pub use dcpi_report::debuginfo;
@@ -268,7 +271,7 @@ pub struct Args {
     /// Show at most N rows (the header still counts everything); 0 means no limit.
     #[arg(long, value_name = "N", value_parser = crate::args::parse_limit)]
     pub limit: Option<usize>,
-    /// Per-symbol report: one row per source line (file:line of the innermost frame, DWARF).
+    /// Per-symbol report: one row per source line (<file:line> of the innermost frame, DWARF).
     #[arg(long)]
     pub lines: bool,
     /// Per-symbol report: attribute samples to the innermost inlined function (DWARF).
@@ -747,23 +750,23 @@ pub fn print_error(err: &mut dyn Write, e: &ProfError) {
 /// [`print_error`] for another report tool (`prog: error: ...`).
 pub fn print_error_as(prog: &str, err: &mut dyn Write, e: &ProfError) {
     // Messages quote names and paths from the database: escaped for the terminal.
-    let _ = writeln!(err, "{prog}: error: {}", crate::escape::terminal(&e.to_string()));
+    drop(writeln!(err, "{prog}: error: {}", crate::escape::terminal(&e.to_string())));
     if let ProfError::Ambiguous { candidates, .. } = e {
-        let _ = writeln!(err, "matches (pass a path or a build-id prefix to choose):");
+        drop(writeln!(err, "matches (pass a path or a build-id prefix to choose):"));
         for c in candidates {
             // An image without a build-id is named by its image id (`f…`), not as a build-id.
             let id = match &c.build_id {
                 Some(b) => format!("build-id {b}"),
                 None => format!("id {}", c.image_id),
             };
-            let _ = writeln!(
+            drop(writeln!(
                 err,
                 "  {}  {id}  {} samples  hosts {}  epochs {}",
                 crate::escape::terminal(&c.path),
                 c.samples,
                 c.hosts.join(","),
                 c.epochs.join(",")
-            );
+            ));
         }
     }
 }

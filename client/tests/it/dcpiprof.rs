@@ -1256,10 +1256,10 @@ fn symbol_cache_second_run_skips_symbols_and_dwarf_with_identical_results() {
     };
     for mode in [&["--lines"][..], &["--inlines"], &[]] {
         let with = |more: &[&'static str]| -> Vec<String> {
-            mode.iter().chain(more).map(|s| s.to_string()).collect()
+            mode.iter().chain(more).map(ToString::to_string).collect()
         };
         let cached = |m: &[&str]| -> Vec<String> {
-            let mut v: Vec<String> = m.iter().map(|s| s.to_string()).collect();
+            let mut v: Vec<String> = m.iter().map(ToString::to_string).collect();
             v.extend(["--symbol-cache".to_owned(), cache_s.clone()]);
             v
         };
@@ -1297,7 +1297,7 @@ fn symbol_cache_second_run_skips_symbols_and_dwarf_with_identical_results() {
     // A corrupt cache file: warning, rebuilt, same answer, no failure.
     let (good, _) = run(&["--lines", "--symbol-cache", &cache_s]);
     for suffix in ["-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{cache_s}{suffix}"));
+        drop(std::fs::remove_file(format!("{cache_s}{suffix}")));
     }
     std::fs::write(&cache, vec![0x5a; 10_000]).expect("clobber cache");
     let (again, e) = run(&["--lines", "--symbol-cache", &cache_s]);

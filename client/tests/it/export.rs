@@ -1,7 +1,7 @@
 //! `dcpiprof --format folded|pprof|svg|html` on databases built with the profile-format API and
 //! a C program compiled at test time, checked with the tools users will open them with:
 //! `go tool pprof` (Debian golang-go) and headless Chromium. Without those tools the tests
-//! skip with the reason, and fail under DCPI_REQUIRE_ALL=1 (`.ci/run` installs them).
+//! skip with the reason, and fail under `DCPI_REQUIRE_ALL=1` (`.ci/run` installs them).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,7 +33,7 @@ fn ok(o: Output, what: &str) -> Vec<u8> {
 }
 
 /// A tool the test needs: its path, or `None` after printing why the test is skipped (a panic
-/// under DCPI_REQUIRE_ALL=1, where CI must have installed it).
+/// under `DCPI_REQUIRE_ALL=1`, where CI must have installed it).
 fn tool(name: &str, package: &str) -> Option<PathBuf> {
     let found = std::env::var_os("PATH")
         .and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()));

@@ -115,7 +115,7 @@ fn epoch_day_since_and_until_select_by_time() {
         let mut a = vec!["--host", "alpha", "--format", "json"];
         a.extend_from_slice(args);
         let v = json(&prof(&t.root(), &a));
-        v["epochs"].as_array().expect("epochs").iter().map(|x| x.to_string()).collect()
+        v["epochs"].as_array().expect("epochs").iter().map(ToString::to_string).collect()
     };
     let id = |i: usize| format!("\"{}\"", ids[i]);
     // Two hours back: the epoch that started 4 h ago still ran then, and the current one.
@@ -281,7 +281,7 @@ fn closed_pipe_ends_quietly_with_exit_0() {
     let db = t.root().display().to_string();
     let common = ["--db", db.as_str(), "--host", "alpha", "--no-symbol-cache"];
     let with = |more: &[&'static str]| -> Vec<String> {
-        common.iter().chain(more).map(|s| s.to_string()).collect()
+        common.iter().chain(more).map(ToString::to_string).collect()
     };
     let cases: Vec<(&str, Vec<String>)> = vec![
         (env!("CARGO_BIN_EXE_dcpiprof"), with(&[])),

@@ -27,8 +27,8 @@ fn prof_bounded(db: &Path, args: &[&str]) -> Output {
     let deadline = Instant::now() + Duration::from_secs(60);
     while child.try_wait().expect("wait").is_none() {
         if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+            drop(child.kill());
+            drop(child.wait());
             panic!("dcpiprof {args:?} still running after 60 s on a hostile file");
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -73,7 +73,7 @@ fn run_bounded(tool: &str, db: &Path, args: &[&str]) -> Result<(Output, Duration
     let deadline = start + HANG;
     while child.try_wait().expect("wait").is_none() {
         if Instant::now() > deadline {
-            let _ = child.kill();
+            drop(child.kill());
             let o = child.wait_with_output().expect("output");
             return Err(String::from_utf8_lossy(&o.stderr).into_owned());
         }
@@ -107,7 +107,7 @@ fn report(tool: &str, kind: DbFile, e1: &str) -> Option<Vec<String>> {
         ("dcpistats", Kallsyms) => &["--image", "kernel"],
         _ => return None,
     };
-    Some(a.iter().map(|s| s.to_string()).collect())
+    Some(a.iter().map(ToString::to_string).collect())
 }
 
 /// The default (or simplest) report of each tool, for the files it does not read.
@@ -118,7 +118,7 @@ fn default_report(tool: &str, e1: &str) -> Vec<String> {
         "dcpidiff" => &["--before", e1, "--after", "latest"],
         _ => &["--image", "img1"],
     };
-    a.iter().map(|s| s.to_string()).collect()
+    a.iter().map(ToString::to_string).collect()
 }
 
 #[test]

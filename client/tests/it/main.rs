@@ -1,5 +1,6 @@
 //! The integration tests of this crate, as one test binary (one link, one process; the
 //! layout of ripgrep's and blazesym's suites). Shared helpers live in the support modules.
+#![forbid(unsafe_code)]
 
 mod dcpidiff;
 mod dcpilist;

@@ -21,7 +21,7 @@ const VICTIM: &[u8] = b"precious: must never be overwritten\n";
 /// is among them unless more than this many processes start between planting and spawning.
 const PIDS: u32 = 500;
 
-/// The next `PIDS` PIDs the kernel will hand out (after wrapping at pid_max, to 300 and up).
+/// The next `PIDS` PIDs the kernel will hand out (after wrapping at `pid_max`, to 300 and up).
 fn next_pids() -> Vec<u32> {
     let read = |p: &str| -> u32 {
         std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
@@ -46,7 +46,7 @@ fn plant(dir: &Path, names: impl Fn(u32) -> PathBuf) -> PathBuf {
     std::fs::write(&victim, VICTIM).expect("write victim");
     for pid in next_pids() {
         let link = names(pid);
-        let _ = std::fs::remove_file(&link);
+        drop(std::fs::remove_file(&link));
         std::os::unix::fs::symlink(&victim, &link).expect("plant link");
     }
     victim
@@ -191,7 +191,7 @@ fn output_replaces_a_fifo_without_opening_it() {
             break s;
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
+            drop(child.kill());
             panic!("dcpiprof -o FIFO hangs");
         }
         std::thread::sleep(Duration::from_millis(50));

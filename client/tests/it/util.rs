@@ -7,16 +7,16 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-pub use dcpi_testkit::db::{base_time, cpu_clock, event, TestDb};
+pub(crate) use dcpi_testkit::db::{base_time, cpu_clock, event, TestDb};
 
 /// Run dcpiprof on `db`; the symbol cache goes to a `cache` dir beside the database (through
-/// XDG_CACHE_HOME, so the default location logic is exercised and nothing leaks into ~/.cache).
-pub fn prof(db: &Path, args: &[&str]) -> Output {
+/// `XDG_CACHE_HOME`, so the default location logic is exercised and nothing leaks into ~/.cache).
+pub(crate) fn prof(db: &Path, args: &[&str]) -> Output {
     prof_command(db, args).output().expect("run dcpiprof")
 }
 
 /// The command [`prof`] runs, for callers that add to it.
-pub fn prof_command(db: &Path, args: &[&str]) -> Command {
+pub(crate) fn prof_command(db: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dcpiprof"));
     c.env("XDG_CACHE_HOME", db.parent().unwrap_or(db).join("cache"))
         .env_remove("DCPI_SYMBOL_CACHE")
@@ -27,16 +27,16 @@ pub fn prof_command(db: &Path, args: &[&str]) -> Command {
     c
 }
 
-pub fn stdout(o: &Output) -> String {
+pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-pub fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// [`prof`] with `--format json`, which must succeed.
-pub fn json_ok(db: &Path, args: &[&str]) -> Value {
+pub(crate) fn json_ok(db: &Path, args: &[&str]) -> Value {
     let mut a = args.to_vec();
     a.extend(["--format", "json"]);
     let o = prof(db, &a);
@@ -44,26 +44,26 @@ pub fn json_ok(db: &Path, args: &[&str]) -> Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(&o)))
 }
 
-pub fn rows(v: &Value) -> &Vec<Value> {
+pub(crate) fn rows(v: &Value) -> &Vec<Value> {
     v["rows"].as_array().expect("rows array")
 }
 
-pub fn row<'a>(v: &'a Value, key: &str, name: &str) -> &'a Value {
+pub(crate) fn row<'a>(v: &'a Value, key: &str, name: &str) -> &'a Value {
     rows(v)
         .iter()
         .find(|r| r[key].as_str() == Some(name))
         .unwrap_or_else(|| panic!("no row {key}={name} in {v:#}"))
 }
 
-/// `client/tests/golden`, and whether DCPI_UPDATE_GOLDEN=1 asks to rewrite its files.
-pub fn golden_dir() -> (PathBuf, bool) {
+/// `client/tests/golden`, and whether `DCPI_UPDATE_GOLDEN=1` asks to rewrite its files.
+pub(crate) fn golden_dir() -> (PathBuf, bool) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden");
     (dir, std::env::var_os("DCPI_UPDATE_GOLDEN").is_some_and(|v| v == "1"))
 }
 
 /// Compare a tool's output (stdout, then stderr after a marker) with the golden `file`, or
 /// rewrite the file when `update`; a difference is added to `mismatches`.
-pub fn check_golden(file: &Path, o: &Output, update: bool, mismatches: &mut Vec<String>) {
+pub(crate) fn check_golden(file: &Path, o: &Output, update: bool, mismatches: &mut Vec<String>) {
     let mut got = o.stdout.clone();
     if !o.stderr.is_empty() {
         got.extend_from_slice(b"--- stderr ---\n");
@@ -87,7 +87,7 @@ pub fn check_golden(file: &Path, o: &Output, update: bool, mismatches: &mut Vec<
     }
 }
 
-pub fn assert_no_golden_mismatch(mismatches: &[String]) {
+pub(crate) fn assert_no_golden_mismatch(mismatches: &[String]) {
     assert!(
         mismatches.is_empty(),
         "golden mismatch (DCPI_UPDATE_GOLDEN=1 to accept):\n{}",
@@ -97,7 +97,7 @@ pub fn assert_no_golden_mismatch(mismatches: &[String]) {
 
 /// Assembly for a program whose `main` calls a function named `name` (raw bytes, quoted for
 /// the assembler: names that are not UTF-8 or hold control characters).
-pub fn asm_calling(name: &[u8]) -> Vec<u8> {
+pub(crate) fn asm_calling(name: &[u8]) -> Vec<u8> {
     let mut asm = b".text\n.globl ".to_vec();
     for part in [
         name,
@@ -119,7 +119,7 @@ pub fn asm_calling(name: &[u8]) -> Vec<u8> {
 }
 
 /// Compile `src` (C or C++ by extension) into `out` with extra flags.
-pub fn compile(dir: &Path, name: &str, src: &str, ext: &str, flags: &[&str]) -> PathBuf {
+pub(crate) fn compile(dir: &Path, name: &str, src: &str, ext: &str, flags: &[&str]) -> PathBuf {
     let src_path = dir.join(format!("{name}.{ext}"));
     std::fs::write(&src_path, src).expect("write source");
     let out = dir.join(name);

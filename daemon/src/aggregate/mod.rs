@@ -27,7 +27,7 @@
 //! ([`Aggregator::set_who_profiles`], dcpid's `by_pid`/`by_cgroup`) kernel samples keep their
 //! pid too, and each batch also carries its profiles per process ([`Resolved::pid_profiles`]).
 //!
-//! THREADS. Drain threads (one per CPU, SCHED_FIFO) never read a file and never take the
+//! THREADS. Drain threads (one per CPU, `SCHED_FIFO`) never read a file and never take the
 //! resolver for writing: records due and full overflow buffers go to one resolver thread
 //! (daemon/ARCHITECTURE.md "The resolver thread"), woken (thread unpark) at most once per
 //! drain pass and only when a pass found records due, a late record or a full buffer; a
@@ -148,7 +148,7 @@ pub struct AggregatorStats {
     /// Samples added into the per-CPU tables.
     pub samples_aggregated: u64,
     /// Table entries created; each is drained exactly once (evicted to the overflow buffer or
-    /// taken by a flush), so samples_aggregated / entries_created is the aggregation factor
+    /// taken by a flush), so `samples_aggregated` / `entries_created` is the aggregation factor
     /// (samples per entry drained).
     pub entries_created: u64,
     /// Samples waiting for the watermark.
@@ -573,11 +573,11 @@ impl std::fmt::Debug for Aggregator {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic in another drain thread must not stop profiling: the tables stay consistent
     // (every update is a single store of an entry).
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn write(r: &RwLock<Resolver>) -> RwLockWriteGuard<'_, Resolver> {
-    r.write().unwrap_or_else(|e| e.into_inner())
+    r.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn try_read(r: &RwLock<Resolver>) -> Option<RwLockReadGuard<'_, Resolver>> {
@@ -762,7 +762,7 @@ impl Aggregator {
     /// Call chains are sampled into `tables` (one per CPU slot of this aggregator, same
     /// count): samples' stack ids are counted and resolved at each flush.
     pub fn set_stack_tables(&self, tables: Arc<crate::perf::callchain::StackTables>) {
-        let _ = self.stack_tables.set(tables);
+        drop(self.stack_tables.set(tables));
     }
 
     /// The stack tables, when stacks are sampled.
@@ -913,7 +913,7 @@ impl Aggregator {
             Some(w) => w.spawn(RESOLVER_THREAD.into(), true, body)?,
             None => std::thread::Builder::new().name(RESOLVER_THREAD.into()).spawn(body)?,
         };
-        let _ = self.worker.thread.set(handle.thread().clone());
+        drop(self.worker.thread.set(handle.thread().clone()));
         *lock(&self.worker.handle) = Some(handle);
         Ok(())
     }
@@ -936,7 +936,7 @@ impl Aggregator {
         }
         if h.is_finished() {
             // A panic was recorded by the watch (or, unwatched, is the caller's to see).
-            let _ = h.join();
+            drop(h.join());
         } else {
             tracing::error!(
                 thread = RESOLVER_THREAD,

@@ -17,13 +17,13 @@ use crate::types::{EventIdx, ImageInfo, Sample};
 
 /// Distinct (pid, asid, stack, event) counted per CPU per flush interval at most; past it a
 /// sample's stack is dropped (its flat count stays) and counted in `dropped`.
-pub const DEFAULT_KEYS_PER_CPU: usize = 32 * 1024;
+pub(super) const DEFAULT_KEYS_PER_CPU: usize = 32 * 1024;
 
 /// The stack counts of one CPU since the last flush.
 #[derive(Debug, Default)]
 pub(crate) struct CpuStacks {
-    /// hashbrown's foldhash, not std's SipHash: this is one lookup per stack sample on the
-    /// drain thread, where SipHash was a tenth of its CPU with call stacks on (issue 19).
+    /// hashbrown's foldhash, not std's `SipHash`: this is one lookup per stack sample on the
+    /// drain thread, where `SipHash` was a tenth of its CPU with call stacks on (issue 19).
     counts: HashMap<(u32, u64, StackId, EventIdx), u64>,
     pub(crate) dropped: u64,
 }

@@ -1,7 +1,7 @@
 //! Call chains (`callchains = "fp"`): the per-CPU stack tables that intern each sampled chain
 //! once, so that a hot stack costs a hash lookup and one counter increment, never a copy.
 //!
-//! A drain thread turns a sample's PERF_SAMPLE_CALLCHAIN into a *stack*: the context markers
+//! A drain thread turns a sample's `PERF_SAMPLE_CALLCHAIN` into a *stack*: the context markers
 //! (`PERF_CONTEXT_KERNEL`, `PERF_CONTEXT_USER`, ...) are dropped, guest and hypervisor frames
 //! too, and every frame but the first of each context becomes `return address − 1`, which lies
 //! inside the call instruction, so that the caller's frame symbolizes to the call site even
@@ -128,7 +128,7 @@ pub struct StackTable {
     free: Vec<u32>,
     capacity: usize,
     /// Advanced by every prune; an entry records the generation it was last interned in.
-    gen: u64,
+    generation: u64,
     /// Passes begun and not yet handed to the sink (two drain threads share a table when a
     /// CPU id is beyond the count at start), and the generation the oldest of them began in.
     in_hand: u32,
@@ -202,7 +202,7 @@ impl StackTable {
             slots: Vec::new(),
             free: Vec::new(),
             capacity: capacity.max(1),
-            gen: 1,
+            generation: 1,
             in_hand: 0,
             in_hand_since: 0,
             max_stack: usize::from(max_stack.max(1)),
@@ -291,14 +291,14 @@ impl StackTable {
 
     /// Intern processed pcs (leaf first).
     pub fn intern_pcs(&mut self, pcs: &[u64], truncated: bool) -> StackId {
-        let gen = self.gen;
+        let generation = self.generation;
         let hash = hash_pcs(pcs);
         let slots = &self.slots;
         let found =
             self.index.find(hash, |&s| slots[s as usize].as_ref().is_some_and(|e| *e.pcs == *pcs));
         if let Some(&slot) = found {
             let e = self.slots[slot as usize].as_mut().expect("indexed slot is live");
-            e.last_gen = gen;
+            e.last_gen = generation;
             self.counters.interned += 1;
             self.counters.truncated += u64::from(e.truncated);
             return slot + 1;
@@ -307,7 +307,7 @@ impl StackTable {
             self.counters.overflow += 1;
             return 0;
         }
-        let entry = StackEntry { pcs: pcs.into(), truncated, last_gen: gen };
+        let entry = StackEntry { pcs: pcs.into(), truncated, last_gen: generation };
         let slot = match self.free.pop() {
             Some(s) => {
                 self.slots[s as usize] = Some(entry);
@@ -351,7 +351,7 @@ impl StackTable {
     /// A drain thread begins a pass whose samples' ids the sink does not hold yet.
     pub fn begin_pass(&mut self) {
         if self.in_hand == 0 {
-            self.in_hand_since = self.gen;
+            self.in_hand_since = self.generation;
         }
         self.in_hand += 1;
     }
@@ -379,7 +379,7 @@ impl StackTable {
                 freed += 1;
             }
         }
-        self.gen += 1;
+        self.generation += 1;
         freed
     }
 }
@@ -458,7 +458,7 @@ impl StackTables {
 
     /// What wakes the flusher when a table asks for an early flush (set once).
     pub fn set_flusher_waker(&self, wake: Waker) {
-        let _ = self.wake_flusher.set(wake);
+        drop(self.wake_flusher.set(wake));
     }
 
     /// A drain thread found its table past the high-water mark: ask for a flush, waking the
@@ -502,7 +502,7 @@ impl StackTables {
     pub fn unwind_counters(&self) -> crate::perf::dwarf::UnwindCounters {
         let mut c = crate::perf::dwarf::UnwindCounters::default();
         for t in &self.cpus {
-            let u = t.lock().unwrap_or_else(|p| p.into_inner()).unwind_counters();
+            let u = t.lock().unwrap_or_else(std::sync::PoisonError::into_inner).unwind_counters();
             c.unwound += u.unwound;
             c.not_loaded += u.not_loaded;
             c.unwind_ns += u.unwind_ns;
@@ -521,7 +521,7 @@ impl StackTables {
     /// The table of `cpu`.
     pub fn cpu(&self, cpu: u32) -> MutexGuard<'_, StackTable> {
         let m = &self.cpus[cpu as usize % self.cpus.len()];
-        m.lock().unwrap_or_else(|p| p.into_inner())
+        m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Counters, table sizes and bounds, for `dcpictl status`.
@@ -530,7 +530,7 @@ impl StackTables {
         let mut distinct = Vec::with_capacity(self.cpus.len());
         let mut capacity = 0;
         for t in &self.cpus {
-            let t = t.lock().unwrap_or_else(|p| p.into_inner());
+            let t = t.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             distinct.push(t.len() as u64);
             capacity = t.capacity as u64;
         }
@@ -550,7 +550,7 @@ impl StackTables {
     pub fn counters(&self) -> StackCounters {
         let mut c = StackCounters::default();
         for t in &self.cpus {
-            let t = t.lock().unwrap_or_else(|p| p.into_inner());
+            let t = t.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             c.interned += t.counters.interned;
             c.overflow += t.counters.overflow;
             c.truncated += t.counters.truncated;

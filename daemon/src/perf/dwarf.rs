@@ -1,8 +1,8 @@
 //! DWARF CFI unwinding of copied user stacks (`callchains = "dwarf"`).
 //!
 //! With `callchains = "dwarf"` the kernel gives each sample its kernel chain only
-//! (PERF_SAMPLE_CALLCHAIN with `exclude_callchain_user`), the user registers bp, sp and ip
-//! (PERF_SAMPLE_REGS_USER) and a copy of the top of the user stack (PERF_SAMPLE_STACK_USER,
+//! (`PERF_SAMPLE_CALLCHAIN` with `exclude_callchain_user`), the user registers bp, sp and ip
+//! (`PERF_SAMPLE_REGS_USER`) and a copy of the top of the user stack (`PERF_SAMPLE_STACK_USER`,
 //! `sample_user_stack` bytes). A drain thread unwinds that copy right away with the `.eh_frame`
 //! (through `.eh_frame_hdr`) or `.debug_frame` of the images mapped at the frames' addresses,
 //! using [framehop] (what samply uses), and interns the merged kernel + user stack in its CPU's
@@ -86,7 +86,7 @@ pub struct ImageTables {
     debug_frame: Option<Bytes>,
     text_svma: Option<Range<u64>>,
     got_svma: Option<Range<u64>>,
-    /// PT_LOAD segments: (file offset, file size, vaddr), to place the image's addresses.
+    /// `PT_LOAD` segments: (file offset, file size, vaddr), to place the image's addresses.
     loads: Vec<(u64, u64, u64)>,
     bytes: usize,
 }
@@ -98,7 +98,7 @@ impl ImageTables {
     }
 
     /// Only the headers, the section names and the unwind sections are read: not the symbol
-    /// tables (`object::File::parse` reads them all, and a loader reading librustc_driver's
+    /// tables (`object::File::parse` reads them all, and a loader reading `librustc_driver`'s
     /// took most of a CPU on a machine running compilers).
     fn from_elf<'d, R: object::ReadRef<'d>>(data: R) -> Option<Self> {
         let h = FileHeader64::<Endianness>::parse(data).ok()?;
@@ -223,7 +223,7 @@ impl ImageCache {
             None => ImageKey::Inode(dev.0, dev.1, inode),
         };
         {
-            let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             g.tick += 1;
             let tick = g.tick;
             if let Some((t, used)) = g.map.get_mut(&key) {
@@ -238,7 +238,7 @@ impl ImageCache {
     }
 
     fn insert(&self, key: ImageKey, t: Arc<ImageTables>) {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         g.tick += 1;
         let tick = g.tick;
         let b = t.bytes;
@@ -266,7 +266,7 @@ impl ImageCache {
 
     /// Bytes held and images cached.
     pub fn usage(&self) -> (usize, usize) {
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         (g.bytes, g.map.len())
     }
 }
@@ -382,7 +382,7 @@ impl DwarfShared {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Procs> {
-        self.procs.lock().unwrap_or_else(|p| p.into_inner())
+        self.procs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The image cache's bytes and images.
@@ -630,7 +630,7 @@ mod tests {
     }
 
     /// The unwinder adapter on a synthetic stack: leaf `f1` (frameless) called by `f2` called
-    /// by the root `f3`, in an image mapped with a bias of 0x40_0000.
+    /// by the root `f3`, in an image mapped with a bias of `0x40_0000`.
     #[test]
     fn unwinds_a_synthetic_stack_through_cfi() {
         let t = synthetic_eh_frame();

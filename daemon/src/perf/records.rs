@@ -7,7 +7,7 @@ use crate::perf::ring::RawRecord;
 use crate::sys::perf as sp;
 use crate::types::{SideBand, TimedSideBand};
 
-/// A PERF_RECORD_SAMPLE.
+/// A `PERF_RECORD_SAMPLE`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawSample {
     pub identifier: u64,
@@ -17,16 +17,16 @@ pub struct RawSample {
     pub time: u64,
     pub cpu: u32,
     pub kernel: bool,
-    /// PERF_SAMPLE_CGROUP, when the events were opened with it (0 otherwise).
+    /// `PERF_SAMPLE_CGROUP`, when the events were opened with it (0 otherwise).
     pub cgroup: u64,
-    /// PERF_SAMPLE_CALLCHAIN, when asked for: where its u64s lie in the record body (offset,
+    /// `PERF_SAMPLE_CALLCHAIN`, when asked for: where its u64s lie in the record body (offset,
     /// byte length); (0, 0) otherwise. Read them with [`sample_callchain`].
     pub chain: (u32, u32),
-    /// PERF_SAMPLE_REGS_USER with [`USER_REGS_MASK`] (`callchains = "dwarf"`): the user bp,
+    /// `PERF_SAMPLE_REGS_USER` with [`USER_REGS_MASK`] (`callchains = "dwarf"`): the user bp,
     /// sp and ip at the sample (or at kernel entry); `None` when not asked for, or for a
-    /// kernel thread (ABI_NONE: no user registers).
+    /// kernel thread (`ABI_NONE`: no user registers).
     pub user_regs: Option<UserRegs>,
-    /// PERF_SAMPLE_STACK_USER: where the copied user stack lies in the record body (offset,
+    /// `PERF_SAMPLE_STACK_USER`: where the copied user stack lies in the record body (offset,
     /// byte length, already cut to the kernel's `dyn_size`: the bytes it really copied).
     /// Read it with [`sample_user_stack`]; (0, 0) when absent.
     pub user_stack: (u32, u32),
@@ -47,9 +47,9 @@ pub struct UserRegs {
 /// What a sample record holds beyond the fixed fields (what the events were opened with).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SampleLayout {
-    /// PERF_SAMPLE_CALLCHAIN.
+    /// `PERF_SAMPLE_CALLCHAIN`.
     pub callchain: bool,
-    /// PERF_SAMPLE_REGS_USER (with [`USER_REGS_MASK`]) and PERF_SAMPLE_STACK_USER.
+    /// `PERF_SAMPLE_REGS_USER` (with [`USER_REGS_MASK`]) and `PERF_SAMPLE_STACK_USER`.
     pub user_stack: bool,
 }
 
@@ -58,7 +58,7 @@ pub struct SampleLayout {
 pub enum Record {
     Sample(RawSample),
     SideBand(TimedSideBand),
-    /// PERF_RECORD_LOST / LOST_SAMPLES: `lost` samples were dropped by the kernel.
+    /// `PERF_RECORD_LOST` / `LOST_SAMPLES`: `lost` samples were dropped by the kernel.
     Lost {
         lost: u64,
     },
@@ -84,7 +84,7 @@ fn u32_at(b: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(s.try_into().ok()?))
 }
 
-/// The sample_id trailer: TID, TIME, CPU, IDENTIFIER.
+/// The `sample_id` trailer: TID, TIME, CPU, IDENTIFIER.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SampleId {
     pub pid: u32,
@@ -94,7 +94,7 @@ pub struct SampleId {
     pub identifier: u64,
 }
 
-/// Split a non-sample record body into its own fields and the sample_id trailer.
+/// Split a non-sample record body into its own fields and the `sample_id` trailer.
 pub fn split_trailer(body: &[u8]) -> Option<(&[u8], SampleId)> {
     let n = body.len().checked_sub(sp::SAMPLE_ID_TRAILER)?;
     let (own, t) = body.split_at(n);
@@ -110,7 +110,7 @@ pub fn split_trailer(body: &[u8]) -> Option<(&[u8], SampleId)> {
     ))
 }
 
-/// A sample body (header removed), of events opened without PERF_SAMPLE_CALLCHAIN.
+/// A sample body (header removed), of events opened without `PERF_SAMPLE_CALLCHAIN`.
 pub fn parse_sample(misc: u16, body: &[u8]) -> Option<RawSample> {
     parse_sample_cc(misc, body, false)
 }
@@ -127,15 +127,15 @@ pub fn sample_user_stack<'a>(s: &RawSample, body: &'a [u8]) -> &'a [u8] {
     body.get(off..off + len).unwrap_or(&[])
 }
 
-/// A sample body; `callchain`: the events were opened with PERF_SAMPLE_CALLCHAIN, which lies
+/// A sample body; `callchain`: the events were opened with `PERF_SAMPLE_CALLCHAIN`, which lies
 /// between CPU and CGROUP (`nr`, then `nr` u64s).
 pub fn parse_sample_cc(misc: u16, body: &[u8], callchain: bool) -> Option<RawSample> {
     parse_sample_layout(misc, body, SampleLayout { callchain, user_stack: false })
 }
 
 /// A sample body of events opened with `layout`. The kernel's order after CPU is CALLCHAIN,
-/// REGS_USER (`abi`, then one u64 per mask bit, lowest bit first, only if `abi` is not
-/// NONE), STACK_USER (`size`, `size` bytes, then `dyn_size` only if `size` is not 0), CGROUP.
+/// `REGS_USER` (`abi`, then one u64 per mask bit, lowest bit first, only if `abi` is not
+/// NONE), `STACK_USER` (`size`, `size` bytes, then `dyn_size` only if `size` is not 0), CGROUP.
 /// Every length is checked against the record: a malformed one gives `None`, never a read
 /// past the record.
 pub fn parse_sample_layout(misc: u16, body: &[u8], layout: SampleLayout) -> Option<RawSample> {
@@ -253,12 +253,12 @@ fn parse_sideband(kind: u32, misc: u16, body: &[u8]) -> Option<TimedSideBand> {
     Some(TimedSideBand { time: id.time, cpu: id.cpu, record })
 }
 
-/// Classify and parse one record (events opened without PERF_SAMPLE_CALLCHAIN).
+/// Classify and parse one record (events opened without `PERF_SAMPLE_CALLCHAIN`).
 pub fn parse_record(rec: RawRecord<'_>) -> Record {
     parse_record_cc(rec, false)
 }
 
-/// Classify and parse one record; `callchain`: samples carry PERF_SAMPLE_CALLCHAIN.
+/// Classify and parse one record; `callchain`: samples carry `PERF_SAMPLE_CALLCHAIN`.
 pub fn parse_record_cc(rec: RawRecord<'_>, callchain: bool) -> Record {
     parse_record_layout(rec, SampleLayout { callchain, user_stack: false })
 }

@@ -14,10 +14,10 @@ use crate::sys::perf::RingMap;
 pub trait RingBuffer {
     /// Size of the data area (a power of two).
     fn data_size(&self) -> usize;
-    /// data_head (Acquire).
+    /// `data_head` (Acquire).
     fn head(&self) -> u64;
     fn tail(&self) -> u64;
-    /// data_tail (Release).
+    /// `data_tail` (Release).
     fn set_tail(&self, tail: u64);
     /// Copy bytes at `off` in the data area; `off + dst.len() <= data_size()`.
     fn read_at(&self, off: usize, dst: &mut [u8]);

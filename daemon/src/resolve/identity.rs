@@ -6,7 +6,7 @@
 //! into a symlink by an untrusted process. `map_files` entries are kernel "magic links" that
 //! open the very file object the mapping holds (no path lookup happens), so opening them must
 //! follow the link (`O_NOFOLLOW` would fail with ELOOP); they are readable by root only.
-//! The notes are read through the program headers (PT_NOTE), like the kernel's own build-id
+//! The notes are read through the program headers (`PT_NOTE`), like the kernel's own build-id
 //! parser, so stripped binaries work and big symbol tables are never read.
 
 use std::collections::HashMap;
@@ -58,7 +58,7 @@ pub(crate) struct IdentityCache {
 }
 
 impl IdentityCache {
-    pub fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         Self {
             gens: Mutex::new(Generations::default()),
             cap: cap.max(1),
@@ -70,16 +70,16 @@ impl IdentityCache {
 
     fn gens(&self) -> std::sync::MutexGuard<'_, Generations> {
         // Every update is a whole map insertion: a panic elsewhere leaves it consistent.
-        self.gens.lock().unwrap_or_else(|e| e.into_inner())
+        self.gens.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         let g = self.gens();
         g.young.len() + g.old.len()
     }
 
     /// (hits, misses, errors) since creation.
-    pub fn counters(&self) -> (u64, u64, u64) {
+    pub(crate) fn counters(&self) -> (u64, u64, u64) {
         (
             self.hits.load(Ordering::Relaxed),
             self.misses.load(Ordering::Relaxed),
@@ -107,7 +107,7 @@ impl IdentityCache {
     /// Identity of the file behind a `map_files` entry. `path` is the path as recorded (only
     /// used for the fallback digest); `expect_ino`, when known from the MMAP2 record, guards
     /// against the address range having been re-mapped to another file since.
-    pub fn identify(
+    pub(crate) fn identify(
         &self,
         map_file: &Path,
         path: &[u8],
@@ -149,7 +149,7 @@ impl IdentityCache {
     /// The path is only trusted for the file it names right now: it is opened without following
     /// a final symlink and without blocking, and must be a regular file with the inode the
     /// MMAP2 record (or maps line) gave; anything else is an error and the caller falls back.
-    pub fn identify_by_path(&self, path: &[u8], expect_ino: u64) -> io::Result<ImageId> {
+    pub(crate) fn identify_by_path(&self, path: &[u8], expect_ino: u64) -> io::Result<ImageId> {
         let r = self.identify_by_path_inner(path, expect_ino);
         if r.is_err() {
             self.errors.fetch_add(1, Ordering::Relaxed);
@@ -219,12 +219,14 @@ pub(crate) mod io_probe {
 
     pub(crate) fn note(path: &Path) {
         let name = std::thread::current().name().unwrap_or("?").to_string();
-        SEEN.lock().unwrap_or_else(|e| e.into_inner()).push((path.to_path_buf(), name));
+        SEEN.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((path.to_path_buf(), name));
     }
 
     /// Names of the threads that did I/O under `root`, in order.
     pub(crate) fn threads_under(root: &Path) -> Vec<String> {
-        let seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         seen.iter().filter(|(p, _)| p.starts_with(root)).map(|(_, t)| t.clone()).collect()
     }
 }
@@ -232,7 +234,7 @@ pub(crate) mod io_probe {
 /// Upper bound on the bytes of notes read from one file.
 const MAX_NOTE_BYTES: u64 = 1 << 20;
 
-/// The GNU build-id of an ELF file, from its PT_NOTE segments. `None` for non-ELF files, files
+/// The GNU build-id of an ELF file, from its `PT_NOTE` segments. `None` for non-ELF files, files
 /// without a build-id and malformed files.
 pub fn read_build_id(file: File) -> Option<Vec<u8>> {
     let data = ReadCache::new(file);

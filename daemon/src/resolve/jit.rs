@@ -244,7 +244,7 @@ mod tests {
         for n in 0..64usize {
             let mut l = b"4000 10 _ZN".to_vec();
             l.extend((0..n).map(|i| (i * 37 % 256) as u8));
-            let _ = parse_perf_map(&l);
+            drop(parse_perf_map(&l));
         }
         assert!(parse_perf_map(b"1000 10 \t \r\n").is_empty(), "blank names are garbage");
     }

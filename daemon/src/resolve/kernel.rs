@@ -5,8 +5,9 @@
 //!   `ImageId::special("[kernel.kallsyms]", release)`), offset = pc - `_text` (from
 //!   /proc/kallsyms), so that offsets survive KASLR;
 //! - module: path = module name, id = build-id from
-//!   `/sys/module/NAME/notes/.note.gnu.build-id` (else `ImageId::special("[module]", name
-//!   + "\0" + size as decimal)`), offset = pc - module base (from /proc/modules).
+//!   `/sys/module/NAME/notes/.note.gnu.build-id` (else
+//!   `ImageId::special("[module]", name + "\0" + size as decimal)`), offset = pc - module base (from
+//!   /proc/modules).
 //!
 //! The module list is re-read when a kernel MMAP2 (module load) arrives or when a kernel pc
 //! falls outside every known image, at most once per second.
@@ -181,8 +182,8 @@ impl KernelState {
         }
     }
 
-    /// (image, offset) of a kernel pc, or `None` (KernelUnknown).
-    pub fn resolve(
+    /// (image, offset) of a kernel pc, or `None` (`KernelUnknown`).
+    pub(crate) fn resolve(
         &mut self,
         pc: u64,
         proc_root: &Path,

@@ -12,9 +12,9 @@
 //! once every sample that could name them has been resolved.
 //!
 //! # Offsets and identities (FORMAT.md `ImageKind`)
-//! - file (`Elf`): offset = pc - map_start + pgoff, i.e. the *file offset* of the instruction
+//! - file (`Elf`): offset = pc - `map_start` + pgoff, i.e. the *file offset* of the instruction
 //!   (works alike for PIE, non-PIE and shared objects; a report maps it back to a virtual
-//!   address through the PT_LOAD headers). Identity: the GNU build-id from the MMAP2 record;
+//!   address through the `PT_LOAD` headers). Identity: the GNU build-id from the MMAP2 record;
 //!   otherwise read from the ELF notes through `/proc/PID/map_files/START-END` (see
 //!   [`identity`]); otherwise `ImageId::fallback(path, size, mtime_ns, inode)`; the path is
 //!   the one the kernel showed, ` (deleted)` removed.
@@ -24,7 +24,7 @@
 //!   any other `[...]` pseudo-file, or an executable mapping without a file in /proc maps):
 //!   one image per process, id = `ImageId::special("[anon]", pid (u32 LE) ++ start (u64 LE))`
 //!   where start is the process start time in clock ticks since boot (`/proc/PID/stat`
-//!   field 22, or the FORK time converted to ticks at USER_HZ=100), path `[anon:PID:comm]`,
+//!   field 22, or the FORK time converted to ticks at `USER_HZ=100`), path `[anon:PID:comm]`,
 //!   offset = absolute pc; symbols from `/tmp/perf-PID.map` go in `jit_symbols`.
 //! - kernel and modules: see [`kernel`].
 //!
@@ -743,7 +743,7 @@ impl Resolver {
             },
             a => a,
         };
-        let gen = self.generation;
+        let generation = self.generation;
         let limits = self.jit_limits;
         // Field by field (not `incarnation_mut(&mut self)`): the paths are borrowed, not cloned
         // for every entry a flush resolves.
@@ -767,7 +767,8 @@ impl Resolver {
                 Resolution::Image { image: self.vdso_image(), offset }
             }
             MapImage::Anon => {
-                let read = anon_refresh(p, gen, &self.cfg.jit_map_dir, &self.cfg.proc_root, limits);
+                let read =
+                    anon_refresh(p, generation, &self.cfg.jit_map_dir, &self.cfg.proc_root, limits);
                 let image = anon_image(p);
                 if read.changed {
                     self.stats.jit_maps_read += 1;
@@ -1061,15 +1062,15 @@ fn incarnation_mut<'a>(
 
 fn anon_refresh(
     p: &mut Process,
-    gen: u64,
+    generation: u64,
     jit_dir: &std::path::Path,
     proc_root: &std::path::Path,
     limits: jit::JitLimits,
 ) -> jit::Refreshed {
-    if p.jit_checked_gen == gen {
+    if p.jit_checked_gen == generation {
         return jit::Refreshed::default();
     }
-    p.jit_checked_gen = gen;
+    p.jit_checked_gen = generation;
     if p.exited.is_none() {
         // The owner check uses the process's uid now: the one inherited at fork (or seen by
         // the scan) is stale once it called setuid (runuser, setpriv, a JIT dropping root)
@@ -1122,10 +1123,10 @@ fn vdso_build_id(image: &[u8]) -> Option<Vec<u8>> {
 
 /// Identity of a mapped file whose `map_files` entry could not be read: the file is found
 /// again by path (inode-checked), unless the error was a permission error, which means the
-/// daemon lacks CAP_SYS_PTRACE, and the path must not stand in for what that capability
+/// daemon lacks `CAP_SYS_PTRACE`, and the path must not stand in for what that capability
 /// guards. Otherwise, a degraded fallback id.
 ///
-/// Any other error qualifies, not only NotFound: the lookup of an exiting process's entry can
+/// Any other error qualifies, not only `NotFound`: the lookup of an exiting process's entry can
 /// fail otherwise too (a killable lock interrupted, ESRCH), and a degraded id splits one
 /// library into two images. Seen once: rustc's `librustc_driver` (no build-id) under two ids
 /// after an hour of builds; which error it met there was not pinned down.

@@ -161,7 +161,7 @@ impl Shared {
         let spawned = std::thread::Builder::new().name("dcpid-ctl-store".into()).spawn(move || {
             let r = op(&sh);
             sh.flush_running.store(false, Ordering::Release);
-            let _ = tx.send(r);
+            drop(tx.send(r));
         });
         if let Err(e) = spawned {
             self.flush_running.store(false, Ordering::Release);
@@ -207,7 +207,7 @@ impl Shared {
         };
         self.cut(store);
         // Logged by the store (errors once per boundary); the next tick retries.
-        let _ = store.rotate_on_schedule(&id, schedule);
+        drop(store.rotate_on_schedule(&id, schedule));
     }
 
     /// `dcpictl epoch new`: a cut closes the current epoch at an instant, then the next epoch

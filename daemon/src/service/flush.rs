@@ -11,7 +11,7 @@ use super::shared::{lock, read, Shared};
 use super::shutdown::STOP_WAIT;
 use super::ServiceError;
 
-/// Returning freed heap to the kernel after a flush, at most this often (sys::malloc).
+/// Returning freed heap to the kernel after a flush, at most this often (`sys::malloc`).
 pub(super) const TRIM_EVERY: Duration = Duration::from_secs(60);
 
 /// One flush tick as recorded for `status`'s recent window ([`Shared::recent_window`]).
@@ -150,7 +150,7 @@ impl Flusher {
             return;
         }
         // A panic was recorded by the watch.
-        let _ = self.thread.join();
+        drop(self.thread.join());
     }
 }
 
@@ -226,7 +226,7 @@ impl Shared {
         let c0 = thread_cpu_ns();
         // One status for the tick's window and the batch's counters: taken before the batch,
         // so a loss counted now goes with this batch or the next, never nowhere.
-        let status = read(&self.sampler).as_ref().map(|s| s.status());
+        let status = read(&self.sampler).as_ref().map(super::super::perf::sampler::Sampler::status);
         self.record_tick(status.as_ref());
         let c1 = thread_cpu_ns();
         let mut store = lock(&self.store);

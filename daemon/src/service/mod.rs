@@ -11,7 +11,7 @@
 //!
 //! SIGHUP or `dcpictl reload` re-reads the configuration file (the command-line flags still
 //! win). The keys in [`crate::config::RELOADABLE`] change live; every other key (db, spool,
-//! host, events, redraw_interval, window_divisor, ring_pages, socket, ...) needs a restart: its
+//! host, events, `redraw_interval`, `window_divisor`, `ring_pages`, socket, ...) needs a restart: its
 //! running value is kept and the reload reports it. A configuration with an error is
 //! rejected as a whole (file, line, reason) and the running one stays.
 //!

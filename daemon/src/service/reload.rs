@@ -85,7 +85,7 @@ impl Shared {
             taken.push(key);
         }
         {
-            let mut s = self.settings.write().unwrap_or_else(|p| p.into_inner());
+            let mut s = self.settings.write().unwrap_or_else(std::sync::PoisonError::into_inner);
             for key in taken {
                 s.take(key, &new);
             }

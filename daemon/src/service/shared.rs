@@ -21,7 +21,7 @@ use super::Hooks;
 pub(super) const STALL_AFTER: Duration = Duration::from_secs(10);
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub(super) struct Counters {
@@ -101,7 +101,7 @@ impl std::fmt::Debug for Shared {
 }
 
 pub(super) fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(|p| p.into_inner())
+    l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub(super) fn unix_ms_now() -> u64 {
@@ -130,7 +130,7 @@ impl Shared {
 
     /// Move one resolved batch (and sampler loss counters since the last one) into the store.
     pub(super) fn absorb(&self, store: &mut Store, resolved: Resolved) {
-        let status = read(&self.sampler).as_ref().map(|s| s.status());
+        let status = read(&self.sampler).as_ref().map(super::super::perf::sampler::Sampler::status);
         self.absorb_with(store, resolved, status.as_ref());
     }
 
@@ -197,8 +197,12 @@ impl Shared {
     }
 
     pub(super) fn status(&self) -> StatusReport {
-        let sampler_status =
-            self.sampler.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(|s| s.status());
+        let sampler_status = self
+            .sampler
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(super::super::perf::sampler::Sampler::status);
         let agg = self.aggregator.stats();
         let settings = self.settings();
         let recent = self.recent_window();

@@ -125,7 +125,12 @@ pub(super) fn serve_until_stop(
 /// published (a `--duration` run fails on it) or, `Unwritten`, what did not even reach the
 /// spool (always a failure).
 pub(super) fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
-    let last = shared.sampler.write().unwrap_or_else(|p| p.into_inner()).take().map(|s| s.stop());
+    let last = shared
+        .sampler
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+        .map(super::super::perf::sampler::Sampler::stop);
     // The last flush applies what is still queued itself.
     shared.aggregator.stop_resolver_thread();
     let settings = shared.settings();
@@ -171,7 +176,7 @@ pub(super) fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
         // Whatever is still held (the spool full, the database failing) ends with the process.
         let dropped = st.drop_held();
         st.release_lease();
-        let _ = tx.send((r, dropped));
+        drop(tx.send((r, dropped)));
     });
     match spawned.map(|_| rx.recv_timeout(STOP_PUBLISH_WAIT)) {
         Ok(Ok((Ok(()), _))) => Ok(()),

@@ -71,7 +71,7 @@ impl Drop for CreatedDirs {
     fn drop(&mut self) {
         for d in self.dirs.iter().rev() {
             // remove_dir, never remove_dir_all: only what is still empty goes.
-            let _ = std::fs::remove_dir(d);
+            drop(std::fs::remove_dir(d));
         }
     }
 }

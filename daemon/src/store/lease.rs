@@ -9,7 +9,7 @@ use super::{create_database, Store, StoreConfig, StoreError};
 
 /// A lease not renewed for this many of its owner's intervals is stale (the owner is on
 /// another machine, so its pid cannot be checked).
-pub const STALE_AFTER_INTERVALS: u64 = 3;
+pub(super) const STALE_AFTER_INTERVALS: u64 = 3;
 /// Floor of the interval used to judge staleness: a very short publish interval must not let a
 /// daemon that is only slow (a loaded machine, an NFS hiccup) lose its lease.
 const MIN_STALE_MS: u64 = 30_000;

@@ -204,7 +204,7 @@ impl std::fmt::Debug for Store {
 fn adopt_shared_spool(base: &Path, dir: &Path) {
     let Ok(rd) = std::fs::read_dir(base) else { return };
     let old: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok())
+        .filter_map(Result::ok)
         .filter(|e| {
             let n = e.file_name();
             let n = n.to_string_lossy();
@@ -716,14 +716,14 @@ impl Store {
     pub fn status(&self) -> StoreStatus {
         let h = &self.health;
         let mut bytes = h.bytes.clone();
-        bytes.spool = self.spool.as_ref().map_or(0, |s| s.bytes_appended());
+        bytes.spool = self.spool.as_ref().map_or(0, spool::Spool::bytes_appended);
         StoreStatus {
-            epoch: self.epoch.as_ref().map(|e| e.to_string()),
+            epoch: self.epoch.as_ref().map(ToString::to_string),
             last_flush: h.last_flush.clone(),
             last_publish: h.last_publish.clone(),
             spool_rows: h.backlog.0,
             spool_bytes: h.backlog.1,
-            spool_quarantined: self.spool.as_ref().map_or(0, |s| s.quarantined()),
+            spool_quarantined: self.spool.as_ref().map_or(0, spool::Spool::quarantined),
             dirty_profiles: self.schedule.len() as u64,
             pending_batches: self.pending.len() as u64,
             pending_bytes: self.pending.bytes(),

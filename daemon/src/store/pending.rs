@@ -40,7 +40,7 @@ pub(super) struct PendingBatch {
 
 impl PendingBatch {
     /// The batch's profiles as the spool appends them (one record per batch).
-    pub fn increments(&self) -> Vec<Increment<'_>> {
+    pub(super) fn increments(&self) -> Vec<Increment<'_>> {
         self.profiles
             .iter()
             .chain(&self.who_profiles)
@@ -55,7 +55,7 @@ impl PendingBatch {
 
     /// Convert a resolved batch; `None` if it carries nothing. Profiles of event indexes that
     /// are not configured are dropped (reported once through `unknown_event`).
-    pub fn from_resolved(
+    pub(super) fn from_resolved(
         mut resolved: Resolved,
         events: &[EventInfo],
         epoch: Option<EpochId>,
@@ -258,13 +258,13 @@ pub(super) struct PendingQueue {
 }
 
 impl PendingQueue {
-    pub fn losses(&self) -> Arc<Losses> {
+    pub(super) fn losses(&self) -> Arc<Losses> {
         Arc::clone(&self.losses)
     }
 
     /// Add a batch; past `max_bytes` drop the oldest (they would be written first, but the
     /// newest data is what the user is looking at) and count their samples as lost.
-    pub fn push(&mut self, b: PendingBatch, max_bytes: u64) {
+    pub(super) fn push(&mut self, b: PendingBatch, max_bytes: u64) {
         self.bytes += b.bytes;
         let n: u64 = b.profiles.iter().map(samples_of).sum();
         self.losses.held.fetch_add(n, Ordering::AcqRel);
@@ -292,7 +292,7 @@ impl PendingQueue {
     }
 
     /// Drop every batch still held (the daemon exits with them); returns their samples.
-    pub fn drop_all(&mut self) -> u64 {
+    pub(super) fn drop_all(&mut self) -> u64 {
         let before = self.dropped_samples;
         while let Some(b) = self.pop() {
             self.drop_batch(b);
@@ -302,13 +302,13 @@ impl PendingQueue {
 
     /// `samples` of a batch taken out by [`PendingQueue::pop`] are written (to the spool or
     /// the database): no longer held.
-    pub fn written(&self, samples: u64) {
+    pub(super) fn written(&self, samples: u64) {
         self.losses.held.fetch_sub(samples, Ordering::AcqRel);
     }
 
     /// `samples` of a batch taken out by [`PendingQueue::pop`] can be written nowhere (an
     /// invalid profile name): dropped.
-    pub fn discard(&mut self, samples: u64) {
+    pub(super) fn discard(&mut self, samples: u64) {
         self.losses.held.fetch_sub(samples, Ordering::AcqRel);
         self.losses.dropped.fetch_add(samples, Ordering::AcqRel);
         self.dropped_samples += samples;
@@ -316,31 +316,31 @@ impl PendingQueue {
     }
 
     /// Samples held (see [`Losses::held`]).
-    pub fn held_samples(&self) -> u64 {
+    pub(super) fn held_samples(&self) -> u64 {
         self.losses.held()
     }
 
-    pub fn pop(&mut self) -> Option<PendingBatch> {
+    pub(super) fn pop(&mut self) -> Option<PendingBatch> {
         let b = self.batches.pop_front()?;
         self.bytes -= b.bytes;
         Some(b)
     }
 
     /// Put back a batch that could not be written.
-    pub fn unpop(&mut self, b: PendingBatch) {
+    pub(super) fn unpop(&mut self, b: PendingBatch) {
         self.bytes += b.bytes;
         self.batches.push_front(b);
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.batches.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.batches.is_empty()
     }
 
-    pub fn bytes(&self) -> u64 {
+    pub(super) fn bytes(&self) -> u64 {
         self.bytes
     }
 }

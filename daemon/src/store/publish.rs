@@ -38,7 +38,13 @@ impl Schedule {
     /// A profile changed by `samples` (`None`: an unknown amount): its turn is one publish
     /// interval after its last publication, or at a stable per-profile phase within the
     /// interval if it was never published.
-    pub fn mark(&mut self, key: SpoolKey, now: Instant, interval: Duration, samples: Option<u64>) {
+    pub(super) fn mark(
+        &mut self,
+        key: SpoolKey,
+        now: Instant,
+        interval: Duration,
+        samples: Option<u64>,
+    ) {
         let pending = self.pending_samples.entry(key.clone()).or_insert(Some(0));
         *pending = match (*pending, samples) {
             (Some(a), Some(b)) => Some(a.saturating_add(b)),
@@ -71,7 +77,7 @@ impl Schedule {
 
     /// Up to `cap` profiles whose turn has come and that have grown enough to be rewritten,
     /// flat profiles first, then oldest turn first.
-    pub fn due(&self, now: Instant, cap: usize, max_delay: Duration) -> Vec<SpoolKey> {
+    pub(super) fn due(&self, now: Instant, cap: usize, max_delay: Duration) -> Vec<SpoolKey> {
         let mut due: Vec<(bool, Instant, &SpoolKey)> = self
             .dirty
             .iter()
@@ -83,7 +89,7 @@ impl Schedule {
     }
 
     /// Every dirty profile (of `epoch`, or all), flat profiles first, then oldest turn first.
-    pub fn all(&self, epoch: Option<&str>) -> Vec<SpoolKey> {
+    pub(super) fn all(&self, epoch: Option<&str>) -> Vec<SpoolKey> {
         let mut keys: Vec<(bool, Instant, &SpoolKey)> = self
             .dirty
             .iter()
@@ -95,7 +101,7 @@ impl Schedule {
     }
 
     /// `key` was published; its file now holds `samples` (`None`: nothing was written).
-    pub fn done(&mut self, key: SpoolKey, now: Instant, samples: Option<u64>) {
+    pub(super) fn done(&mut self, key: SpoolKey, now: Instant, samples: Option<u64>) {
         self.dirty.remove(&key);
         self.pending_samples.remove(&key);
         if let Some(n) = samples {
@@ -104,18 +110,18 @@ impl Schedule {
         self.last_published.insert(key, now);
     }
 
-    pub fn forget_epoch(&mut self, epoch: &str) {
+    pub(super) fn forget_epoch(&mut self, epoch: &str) {
         self.dirty.retain(|k, _| k.epoch != epoch);
         self.last_published.retain(|k, _| k.epoch != epoch);
         self.published_samples.retain(|k, _| k.epoch != epoch);
         self.pending_samples.retain(|k, _| k.epoch != epoch);
     }
 
-    pub fn has_epoch(&self, epoch: &str) -> bool {
+    pub(super) fn has_epoch(&self, epoch: &str) -> bool {
         self.dirty.keys().any(|k| k.epoch == epoch)
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.dirty.len()
     }
 }
@@ -170,7 +176,7 @@ pub(super) struct Merged {
 
 impl Target {
     /// `None` (logged) if the key names an invalid epoch or image id.
-    pub fn of(key: &SpoolKey) -> Option<Self> {
+    pub(super) fn of(key: &SpoolKey) -> Option<Self> {
         let epoch = match EpochId::parse(&key.epoch) {
             Ok(e) => e,
             Err(e) => {
@@ -210,7 +216,7 @@ impl Target {
         Some(Self { epoch, image, who })
     }
 
-    pub fn path(&self, hd: &HostDir, key: &SpoolKey) -> PathBuf {
+    pub(super) fn path(&self, hd: &HostDir, key: &SpoolKey) -> PathBuf {
         match (&self.image, &self.who) {
             (None, _) => hd.unknown_path(&key.event),
             (Some(id), None) => hd.profile_path(id, &key.event),
@@ -259,7 +265,7 @@ impl Target {
     }
 
     /// Merge the increments above the existing file's `sequence` into it, one at a time.
-    pub fn merge(
+    pub(super) fn merge(
         &self,
         existing: Option<Profile>,
         incs: &[SpooledIncrement],
@@ -437,7 +443,9 @@ mod tests {
         let k = key("a");
         let mut s = published(&k, t, 1_000_000);
         s.mark(k.clone(), t + IV, IV, Some(1));
-        assert!(s.due(t + MAX_DELAY - Duration::from_secs(1), 8, MAX_DELAY).is_empty());
+        assert!(s
+            .due(t + MAX_DELAY.checked_sub(Duration::from_secs(1)).unwrap(), 8, MAX_DELAY)
+            .is_empty());
         assert_eq!(s.due(t + MAX_DELAY, 8, MAX_DELAY), vec![k]);
     }
 

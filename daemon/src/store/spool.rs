@@ -6,7 +6,7 @@
 //! (u32 LE) and the payload. One flush appends **one record** holding that flush's increments,
 //! encoded with the profile format's pair codec (`profile_format::pairs`, ~2 bytes per
 //! (offset, count)), so the spool's write volume is about the size of what changed, never a
-//! rewrite of pages (on the busy mix of bench/disk.py the SQLite spool this replaces made dcpid
+//! rewrite of pages (on the busy mix of bench/disk.py the `SQLite` spool this replaces made dcpid
 //! write 9.5 MiB in 90 s; the log's share is now ~280 KiB a minute). Payload, all integers
 //! varints:
 //!
@@ -746,12 +746,12 @@ impl Spool {
                 // A full disk: the file is empty, and every retry would leave another one
                 // (which the next start met as a bad segment). Take it away again.
                 drop(file);
-                let _ = std::fs::remove_file(&path);
+                drop(std::fs::remove_file(&path));
                 return Err(io(e));
             }
             // The new name must survive a power failure with the data synced into it.
             if let Ok(d) = File::open(&self.dir) {
-                let _ = d.sync_all();
+                drop(d.sync_all());
             }
             self.bytes_appended += SEGMENT_MAGIC.len() as u64;
             self.segments.insert(
@@ -971,7 +971,7 @@ impl Spool {
         let start = seg.len;
         if let Err(source) = seg.file.write_all(&rec) {
             // Cut a partial record off so that later records stay readable.
-            let _ = seg.file.set_len(start);
+            drop(seg.file.set_len(start));
             return Err(SpoolError::Io { path: seg.path.clone(), source });
         }
         seg.len += rec.len() as u64;

@@ -24,7 +24,7 @@ impl PendingStacks {
         match self.held.iter_mut().find(|(e, ev, _)| *e == epoch && *ev == event) {
             // Both have empty event names (set when spooled): merging cannot mismatch.
             Some((_, _, held)) => {
-                let _ = held.merge(p);
+                drop(held.merge(p));
             }
             None => self.held.push((epoch, event, p.clone())),
         }

@@ -239,7 +239,8 @@ impl Store {
                 .written_at
                 .get(&e)
                 .is_some_and(|t| now.saturating_duration_since(*t) < self.cfg.publish_interval);
-            let other_epoch = Some(e.as_str()) != self.epoch.as_ref().map(|x| x.as_str());
+            let other_epoch =
+                Some(e.as_str()) != self.epoch.as_ref().map(profile_format::EpochId::as_str);
             if recent && !force && !other_epoch {
                 continue;
             }
@@ -259,7 +260,7 @@ impl Store {
             }
         }
         // Summaries of finished epochs that are fully written are no longer needed in memory.
-        let cur = self.epoch.as_ref().map(|e| e.to_string());
+        let cur = self.epoch.as_ref().map(ToString::to_string);
         let schedule = &self.schedule;
         let dirty = &self.summaries.dirty;
         self.summaries

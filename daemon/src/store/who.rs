@@ -52,7 +52,7 @@ impl Store {
 
     /// Take a batch's who counts into the current epoch's table.
     pub(super) fn who_add(&mut self, b: &WhoBatch) {
-        let Some(epoch) = self.epoch.as_ref().map(|e| e.to_string()) else { return };
+        let Some(epoch) = self.epoch.as_ref().map(ToString::to_string) else { return };
         if b.cpus.is_empty() && b.user.is_empty() && b.kernel.is_empty() {
             return;
         }

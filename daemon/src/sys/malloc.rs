@@ -32,7 +32,7 @@ pub fn fix_mmap_threshold(bytes: i32) {
     let _ = bytes;
 }
 
-/// Set one allocator parameter (M_ARENA_MAX, M_MMAP_THRESHOLD: both take any value in the range
+/// Set one allocator parameter (`M_ARENA_MAX`, `M_MMAP_THRESHOLD`: both take any value in the range
 /// the callers pass); called before other threads exist, as glibc recommends.
 #[cfg(target_env = "gnu")]
 fn mallopt(param: libc::c_int, value: libc::c_int) {

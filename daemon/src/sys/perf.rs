@@ -1,4 +1,4 @@
-//! perf_event_open(2), its ioctls and the ring-buffer control page.
+//! `perf_event_open(2)`, its ioctls and the ring-buffer control page.
 //!
 //! Everything here is a thin, safe wrapper: callers (`perf::sampler`, `perf::ring`) never see a
 //! raw pointer. The ring's data area is only ever *copied out of* (never borrowed as a slice),
@@ -32,9 +32,9 @@ pub const SAMPLE_TYPE: u64 = (pb::PERF_SAMPLE_IDENTIFIER
     | pb::PERF_SAMPLE_TID
     | pb::PERF_SAMPLE_TIME
     | pb::PERF_SAMPLE_CPU) as u64;
-/// Size of a PERF_RECORD_SAMPLE with [`SAMPLE_TYPE`]: header + 5 u64.
+/// Size of a `PERF_RECORD_SAMPLE` with [`SAMPLE_TYPE`]: header + 5 u64.
 pub const SAMPLE_RECORD_SIZE: usize = 8 + 5 * 8;
-/// Size of the `sample_id` trailer of non-sample records (sample_id_all with [`SAMPLE_TYPE`]):
+/// Size of the `sample_id` trailer of non-sample records (`sample_id_all` with [`SAMPLE_TYPE`]):
 /// TID, TIME, CPU, IDENTIFIER.
 pub const SAMPLE_ID_TRAILER: usize = 4 * 8;
 
@@ -44,16 +44,16 @@ pub struct AttrSpec {
     pub perf_type: u32,
     pub config: u64,
     pub period: u64,
-    /// Ask for side-band records (mmap2, comm, comm_exec, task) on this event.
+    /// Ask for side-band records (mmap2, comm, `comm_exec`, task) on this event.
     pub sideband: bool,
     /// Ask for build-ids in MMAP2 (kernel >= 5.12); only with `sideband`.
     pub build_id: bool,
     /// Wake poll(2) once this many bytes are in the ring (0: default, one page).
     pub wakeup_watermark: u32,
-    /// Add PERF_SAMPLE_CGROUP to samples (kernel >= 5.7) and, with `sideband`, ask for
-    /// PERF_RECORD_CGROUP. Every event sharing a ring must agree.
+    /// Add `PERF_SAMPLE_CGROUP` to samples (kernel >= 5.7) and, with `sideband`, ask for
+    /// `PERF_RECORD_CGROUP`. Every event sharing a ring must agree.
     pub cgroup: bool,
-    /// Ask for PERF_SAMPLE_CALLCHAIN of at most this many frames (0: no callchain). Every
+    /// Ask for `PERF_SAMPLE_CALLCHAIN` of at most this many frames (0: no callchain). Every
     /// event sharing a ring must agree.
     pub max_stack: u16,
     /// `callchains = "dwarf"`: copy this many bytes of user stack and the user bp, sp, ip
@@ -141,7 +141,7 @@ pub struct CounterTimes {
 }
 
 impl PerfFd {
-    /// perf_event_open(attr, pid = -1, cpu, group_fd = -1, FD_CLOEXEC): system-wide on `cpu`.
+    /// `perf_event_open(attr, pid = -1, cpu, group_fd = -1, FD_CLOEXEC)`: system-wide on `cpu`.
     pub fn open(spec: &AttrSpec, cpu: u32) -> io::Result<Self> {
         let mut attr = make_attr(spec);
         let cpu = libc::c_int::try_from(cpu)
@@ -152,9 +152,9 @@ impl PerfFd {
             libc::syscall(
                 libc::SYS_perf_event_open,
                 &mut attr as *mut pb::perf_event_attr,
-                -1 as libc::pid_t,
+                -1_i32, // pid_t: any process
                 cpu,
-                -1 as libc::c_int,
+                -1_i32, // group fd: none
                 pb::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
             )
         };
@@ -219,7 +219,7 @@ impl PerfFd {
         }
     }
 
-    /// read(2) the counter with TOTAL_TIME_ENABLED | TOTAL_TIME_RUNNING.
+    /// read(2) the counter with `TOTAL_TIME_ENABLED` | `TOTAL_TIME_RUNNING`.
     pub fn read_times(&self) -> io::Result<CounterTimes> {
         let mut buf = [0u64; 3];
         // SAFETY: `buf` is 24 writable bytes, exactly what our read_format produces.
@@ -263,7 +263,7 @@ pub struct RingMap {
 }
 
 impl RingMap {
-    /// Map `1 + data_pages` pages of `fd` (data_pages must be a power of two).
+    /// Map `1 + data_pages` pages of `fd` (`data_pages` must be a power of two).
     pub fn new(fd: &PerfFd, data_pages: usize) -> io::Result<Self> {
         let ps = page_size();
         let len = data_pages
@@ -300,7 +300,7 @@ impl RingMap {
         unsafe { &*((page as *mut u8).add(field) as *const AtomicU64) }
     }
 
-    /// data_head, read with Acquire: records before it are fully written.
+    /// `data_head`, read with Acquire: records before it are fully written.
     pub fn head(&self) -> u64 {
         self.control_u64(std::mem::offset_of!(pb::perf_event_mmap_page, data_head))
             .load(Ordering::Acquire)
@@ -311,7 +311,7 @@ impl RingMap {
             .load(Ordering::Relaxed)
     }
 
-    /// data_tail, written with Release: our reads of the records before it are complete.
+    /// `data_tail`, written with Release: our reads of the records before it are complete.
     pub fn set_tail(&self, tail: u64) {
         self.control_u64(std::mem::offset_of!(pb::perf_event_mmap_page, data_tail))
             .store(tail, Ordering::Release)
@@ -322,8 +322,8 @@ impl RingMap {
     }
 
     /// The `len` bytes at `off` in the data area, in place; `off + len <= data_size`. The
-    /// caller asks only for bytes between data_tail and data_head, and lets the borrow end
-    /// before it moves data_tail past them.
+    /// caller asks only for bytes between `data_tail` and `data_head`, and lets the borrow end
+    /// before it moves `data_tail` past them.
     pub fn bytes_at(&self, off: usize, len: usize) -> &[u8] {
         assert!(
             off.checked_add(len).is_some_and(|end| end <= self.data_size),
@@ -381,7 +381,7 @@ pub fn pin_current_thread(cpu: u32) -> io::Result<()> {
     }
 }
 
-/// Give the calling thread SCHED_FIFO at `priority` (1 = lowest real-time priority).
+/// Give the calling thread `SCHED_FIFO` at `priority` (1 = lowest real-time priority).
 pub fn set_fifo_priority(priority: i32) -> io::Result<()> {
     let param = libc::sched_param { sched_priority: priority };
     // SAFETY: `param` is a valid sched_param; pid 0 = calling thread.

@@ -1,6 +1,6 @@
 //! Unix socket credentials and ownership, and the daemon's own resource usage.
 //!
-//! What needs libc here: the peer's credentials (SO_PEERCRED; std's `peer_cred` is not
+//! What needs libc here: the peer's credentials (`SO_PEERCRED`; std's `peer_cred` is not
 //! stable), waking a blocked accept, the group lookup (NSS-aware) and getrusage.
 
 use std::ffi::CString;
@@ -17,7 +17,7 @@ pub struct PeerCred {
     pub pid: Option<i32>,
 }
 
-/// The peer's credentials (SO_PEERCRED).
+/// The peer's credentials (`SO_PEERCRED`).
 pub fn peer_cred(stream: &UnixStream) -> std::io::Result<PeerCred> {
     // SAFETY: zeroed `ucred` is a valid out-parameter (integers only).
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
@@ -118,7 +118,7 @@ pub fn self_cpu_time() -> (Duration, Duration) {
     (tv(ru.ru_utime), tv(ru.ru_stime))
 }
 
-/// Resident set size of this process in KiB (VmRSS of /proc/self/status).
+/// Resident set size of this process in KiB (`VmRSS` of /proc/self/status).
 pub fn self_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;

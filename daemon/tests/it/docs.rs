@@ -27,12 +27,12 @@ fn readme_reload_keys_are_the_reloadable_list() {
         para.split_once("Every\nother key").or(para.split_once("Every other key")).expect(para);
     let restart = &rest[..rest.find(')').expect(para)];
 
-    let want_at_once: BTreeSet<String> = RELOADABLE.iter().map(|k| k.to_string()).collect();
+    let want_at_once: BTreeSet<String> = RELOADABLE.iter().map(ToString::to_string).collect();
     assert_eq!(ticked(at_once), want_at_once, "README's reloadable keys differ from RELOADABLE");
     let want_restart: BTreeSet<String> = PartialSettings::KEYS
         .iter()
         .filter(|k| !RELOADABLE.contains(k))
-        .map(|k| k.to_string())
+        .map(ToString::to_string)
         .collect();
     assert_eq!(
         ticked(restart),

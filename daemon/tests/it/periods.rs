@@ -46,7 +46,7 @@ fn runs_per_cpu(samples: &[(u32, Sample)]) -> BTreeMap<u32, Vec<Run>> {
 /// Keep every online CPU busy for `d` (one spinning thread pinned per CPU is not possible from
 /// safe code; several threads are enough to keep 2 vCPUs busy).
 fn busy_all_cpus(d: Duration) {
-    let n = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let n = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
     let hs: Vec<_> = (0..n).map(|_| std::thread::spawn(move || spin_for(d))).collect();
     for h in hs {
         h.join().unwrap();
@@ -60,7 +60,7 @@ fn median(mut v: Vec<u64>) -> u64 {
 
 #[dcpi_testkit::test(perf)]
 fn periods_are_drawn_from_the_window_and_redrawn_often() {
-    let _ = periods_drawn_and_stamped(Duration::ZERO);
+    drop(periods_drawn_and_stamped(Duration::ZERO));
 }
 
 /// As the daemon runs: timed wake-ups re-arm every window but read the ring only every

@@ -82,7 +82,7 @@ fn build_id(path: &Path) -> Vec<u8> {
     obj.build_id().expect("notes").expect("cc was asked for a build-id").to_vec()
 }
 
-/// File-offset range of a function: symbol address → PT_LOAD → file offset.
+/// File-offset range of a function: symbol address → `PT_LOAD` → file offset.
 fn symbol_file_range(path: &Path, name: &str) -> (u64, u64) {
     let data = std::fs::read(path).expect("read");
     let obj = object::File::parse(&*data).expect("parse");

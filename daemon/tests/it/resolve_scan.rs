@@ -240,8 +240,8 @@ fn kallsyms_snapshot_from_fake_tree() {
 }
 
 /// File offset range of the symbol whose name contains `needle`, from the ELF symbol table
-/// and PT_LOAD headers (independent of the resolver's arithmetic).
-pub fn symbol_file_range(path: &Path, needle: &str) -> (u64, u64) {
+/// and `PT_LOAD` headers (independent of the resolver's arithmetic).
+pub(crate) fn symbol_file_range(path: &Path, needle: &str) -> (u64, u64) {
     let data = std::fs::read(path).expect("read");
     let obj = object::File::parse(&*data).expect("parse");
     let sym = obj
@@ -272,7 +272,7 @@ fn real_proc_scan_resolves_own_code_and_tolerates_pid1_and_exiting_processes() {
         std::thread::spawn(move || {
             let mut n = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 200 {
-                let _ = std::process::Command::new("true").status();
+                drop(std::process::Command::new("true").status());
                 n += 1;
             }
         })
@@ -409,7 +409,7 @@ fn perf_map_must_be_the_process_own_single_link_regular_file() {
     let (tx, rx) = std::sync::mpsc::channel();
     let resolver = std::thread::spawn(move || {
         let names = jit_names(&mut r);
-        let _ = tx.send(names);
+        drop(tx.send(names));
         r
     });
     let names =

@@ -2,7 +2,7 @@
 //! is misattributed by a fixed period and measured correctly by a randomized one.
 //!
 //! One workload thread per CPU (pinned) runs `phase_a_work` for the first 75% of every
-//! P = 4 ms interval of CLOCK_MONOTONIC and `phase_b_work` for the last 25%. The sampler runs
+//! P = 4 ms interval of `CLOCK_MONOTONIC` and `phase_b_work` for the last 25%. The sampler runs
 //! cpu-clock:4000000 until each workload thread has run 6 s of CPU, once with randomization off (every sample lands at the same phase
 //! of the workload's cycle) and once with the default window [P - P/32, P + P/32]. Samples are
 //! classified by the two functions' address ranges, read from this test binary's symbol table.
@@ -52,7 +52,7 @@ fn phase_b_work(mut x: u64) -> u64 {
     x
 }
 
-/// Run A for 75% and B for 25% of every P of CLOCK_MONOTONIC, on `cpu`, until the thread has
+/// Run A for 75% and B for 25% of every P of `CLOCK_MONOTONIC`, on `cpu`, until the thread has
 /// had `cpu_time` of CPU (or `max_wall` passed: on a loaded machine the workload gets a share
 /// of the CPU only). Returns the nanoseconds spent running A and B: the time between two
 /// consecutive clock reads goes to the phase that ran in between, and a gap longer than

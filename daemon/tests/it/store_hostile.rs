@@ -20,7 +20,7 @@ fn bounded_flush(mut s: Store) -> (Store, Result<(), String>) {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let r = s.flush_everything().map_err(|e| e.to_string());
-        let _ = tx.send((s, r));
+        drop(tx.send((s, r)));
     });
     rx.recv_timeout(Duration::from_secs(30)).expect("flush still blocked after 30 s")
 }
@@ -138,7 +138,7 @@ fn linked_host_and_epoch_directories_are_set_aside_never_written_through() {
     std::fs::remove_dir_all(&hd.path).unwrap();
     std::os::unix::fs::symlink(&v1, &hd.path).unwrap();
     s.add(batch(1, 0x10, 7), 0, 0);
-    let _ = s.flush_everything();
+    drop(s.flush_everything());
     assert_eq!(listing(&v1), [".tmp-old-1-0", "keep.txt"], "nothing written through the link");
     let meta = std::fs::symlink_metadata(&hd.path).unwrap();
     assert!(meta.is_dir(), "a real host directory again");
@@ -165,7 +165,7 @@ fn linked_host_and_epoch_directories_are_set_aside_never_written_through() {
         .unwrap();
     s.add(batch(1, 0x10, 3), 0, 0);
     s.add(batch(2, 0x20, 4), 0, 0);
-    let _ = s.flush_everything();
+    drop(s.flush_everything());
     s.flush_everything().expect("the layout is restored");
     assert_eq!(listing(&moved.join("h1")), before, "nothing written through the epoch link");
     let same =
@@ -187,7 +187,7 @@ fn linked_host_and_epoch_directories_are_set_aside_never_written_through() {
     std::os::unix::fs::symlink(&v2, &hd.path).unwrap();
     let mut s = open(root);
     s.add(batch(1, 0x10, 1), 0, 0);
-    let _ = s.flush_everything();
+    drop(s.flush_everything());
     assert_eq!(listing(&v2), [".tmp-old-1-0", "keep.txt"], "nothing removed or written there");
     assert!(std::fs::symlink_metadata(&hd.path).unwrap().is_dir());
     assert_eq!(total(&hd, 1), 1);
@@ -236,13 +236,13 @@ fn linked_kallsyms_directory_is_set_aside() {
     .unwrap();
     s.set_kallsyms(snap);
     s.add(batch(1, 0x10, 1), 0, 0);
-    let _ = s.flush_everything();
+    drop(s.flush_everything());
     s.flush_everything().expect("the snapshot is stored on the second try");
     assert_eq!(listing(&v), [".tmp-old-1-0", "keep.txt"]);
     assert!(std::fs::symlink_metadata(&kdir).unwrap().is_dir());
     assert_eq!(listing(&kdir).len(), 1, "the snapshot: {:?}", listing(&kdir));
     let last = s.status().last_set_aside.unwrap();
     assert!(last.contains("kallsyms") && last.contains("not a directory"), "{last}");
-    let _ = s.apply_retention(std::time::SystemTime::now());
+    drop(s.apply_retention(std::time::SystemTime::now()));
     assert_eq!(listing(&v), [".tmp-old-1-0", "keep.txt"]);
 }

@@ -49,7 +49,7 @@ fn module_names(db: &Database, e: &EpochId) -> Vec<String> {
 }
 
 fn stored_snapshots(root: &Path) -> usize {
-    std::fs::read_dir(root.join("db").join(KALLSYMS_DIR)).map_or(0, |rd| rd.count())
+    std::fs::read_dir(root.join("db").join(KALLSYMS_DIR)).map_or(0, std::iter::Iterator::count)
 }
 
 #[test]

@@ -167,7 +167,7 @@ fn fifo_or_link_lease_is_set_aside_as_the_lease() {
         let (tx, rx) = std::sync::mpsc::channel();
         let c = cfg(root);
         std::thread::spawn(move || {
-            let _ = tx.send(Store::open_leased(c).map(|s| s.status()));
+            drop(tx.send(Store::open_leased(c).map(|s| s.status())));
         });
         let st = rx
             .recv_timeout(std::time::Duration::from_secs(30))

@@ -30,7 +30,7 @@ fn open_with(c: StoreConfig) -> Store {
     s
 }
 
-/// (image number, offset, count) entries for event 0; plus `unknown` ProcessGone samples.
+/// (image number, offset, count) entries for event 0; plus `unknown` `ProcessGone` samples.
 fn batch(entries: &[(u8, u64, u64)], unknown: u64) -> Resolved {
     let mut r = Resolved::default();
     for &(img, off, count) in entries {

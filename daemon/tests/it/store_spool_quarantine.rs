@@ -121,7 +121,7 @@ fn fifo_or_directory_in_place_of_a_segment_does_not_keep_the_spool_closed() {
     std::thread::spawn(move || {
         let mut s = open(&r);
         let res = s.flush_everything().map_err(|e| e.to_string());
-        let _ = tx.send((res, s.status()));
+        drop(tx.send((res, s.status())));
     });
     let (res, st) = rx.recv_timeout(Duration::from_secs(30)).expect("store blocked on a FIFO");
     res.expect("flush with the good segment");

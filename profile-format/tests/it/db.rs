@@ -38,7 +38,7 @@ fn epochs_markers_and_current() {
     // Junk in epochs/ is ignored.
     fs::create_dir(db.root().join("epochs/not-an-epoch")).unwrap();
     fs::write(db.root().join("epochs/.tmp-x-1-2"), b"").unwrap();
-    let all: Vec<String> = db.epochs().unwrap().iter().map(|e| e.to_string()).collect();
+    let all: Vec<String> = db.epochs().unwrap().iter().map(ToString::to_string).collect();
     assert_eq!(
         all,
         [
@@ -129,7 +129,7 @@ fn retention_removes_only_own_dir_and_empty_old_epochs() {
     // Removing what is not there is fine (two hosts' retention can race).
     db.remove_host_epoch(&old, "a").unwrap();
     assert!(db.remove_host_epoch(&cur, "a/../b").is_err());
-    let _ = EpochId::parse(cur.as_str()).unwrap();
+    drop(EpochId::parse(cur.as_str()).unwrap());
 }
 
 #[test]

@@ -19,7 +19,7 @@ use profile_format::{
 fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let _ = tx.send(f());
+        drop(tx.send(f()));
     });
     rx.recv_timeout(Duration::from_secs(30))
         .unwrap_or_else(|_| panic!("{what}: reader still blocked after 30 s"))

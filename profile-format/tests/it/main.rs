@@ -3,6 +3,7 @@
 
 // Reads /proc and files it wrote itself (clippy.toml forbids plain reads in the library).
 #![allow(clippy::disallowed_methods)]
+#![forbid(unsafe_code)]
 
 mod common;
 mod compact;

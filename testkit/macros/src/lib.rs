@@ -3,6 +3,8 @@
 
 use proc_macro::{Delimiter, Group, TokenStream, TokenTree};
 
+// Shared with the test kit, which re-exports these items: `pub` there, unreachable here.
+#[allow(unreachable_pub)]
 #[path = "../../src/probe.rs"]
 #[allow(dead_code)]
 mod probe;

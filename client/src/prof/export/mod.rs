@@ -433,7 +433,7 @@ fn times(loaded: &Loaded) -> (i64, i64) {
     let nanos = |d: std::time::Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
     match (start, last) {
         (Some(s), Some(l)) if l > s.as_secs() => {
-            (nanos(s), nanos(std::time::Duration::from_secs(l) - s))
+            (nanos(s), nanos(std::time::Duration::from_secs(l).saturating_sub(s)))
         }
         (Some(s), _) => (nanos(s), 0),
         _ => (0, 0),

@@ -145,7 +145,7 @@ impl Hotplug {
                 tracing::info!(cpu, "CPU went offline; stopping its drain thread");
                 slot.stats.stop.store(true, Ordering::Release);
             }
-            if slot.thread.as_ref().is_some_and(|h| h.is_finished()) {
+            if slot.thread.as_ref().is_some_and(std::thread::JoinHandle::is_finished) {
                 if let Some(h) = slot.thread.take() {
                     if h.join().is_err() {
                         tracing::error!(cpu, "drain thread panicked");
@@ -161,7 +161,10 @@ impl Hotplug {
                     Ok(st) => v.insert(CpuSlot {
                         stats: Arc::new(st),
                         thread: None,
-                        last_attempt: Instant::now() - shared.cfg.hotplug_interval,
+                        // No earlier attempt: due now (`now` if the interval reaches back before boot).
+                        last_attempt: Instant::now()
+                            .checked_sub(shared.cfg.hotplug_interval)
+                            .unwrap_or_else(Instant::now),
                     }),
                     Err(e) => {
                         tracing::warn!(cpu, error = %e, "cannot create an eventfd for a new CPU");

@@ -18,7 +18,7 @@ use super::{lock, CpuRing, CpuStats, Shared, NO_CLOCK};
 /// was taken just before they were written.
 pub(super) const DRAIN_SLACK_NS: u64 = 1_000_000;
 
-/// How often each drain thread reads time_enabled/time_running of its fds: they go into the
+/// How often each drain thread reads `time_enabled/time_running` of its fds: they go into the
 /// summary at flushes (5 s by default) and once more when the thread stops, so a read at most
 /// every few wake-ups (a syscall each) is enough.
 pub(super) const TIMES_INTERVAL_NS: u64 = 5_000_000_000;
@@ -84,7 +84,7 @@ pub fn read_pass<R: RingBuffer>(
     read_pass_stacks(reader, ring, ids, period_at, per_event, samples, sideband, None)
 }
 
-/// [`read_pass`] of events opened with PERF_SAMPLE_CALLCHAIN when `stacks` is given: each
+/// [`read_pass`] of events opened with `PERF_SAMPLE_CALLCHAIN` when `stacks` is given: each
 /// sample's chain is interned into that (this CPU's) table and the sample carries its id.
 #[allow(clippy::too_many_arguments)]
 pub fn read_pass_stacks<R: RingBuffer>(
@@ -160,7 +160,7 @@ struct Drainer<'a> {
     rng: StdRng,
     periods: Vec<PeriodState>,
     armed_at: Vec<u64>,
-    /// monotonic_ns at the start of the last pass.
+    /// `monotonic_ns` at the start of the last pass.
     last_read: u64,
     read_every: u64,
     schedule: RedrawSchedule,
@@ -431,7 +431,7 @@ impl<'a> Drainer<'a> {
         let stopping = self.stopping();
         let (hangup, read) = if stopping {
             for fd in &self.ring.fds {
-                let _ = fd.disable();
+                drop(fd.disable());
             }
             (false, true)
         } else {

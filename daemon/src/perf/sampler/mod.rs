@@ -2,11 +2,11 @@
 //! randomizes overflow periods, counts LOST/THROTTLE records, follows CPU hotplug.
 //!
 //! Per CPU: one fd per event (pid = -1), the first of which carries the side-band bits and owns
-//! the mmap ring; the others are redirected into it with SET_OUTPUT. The drain thread wakes when
+//! the mmap ring; the others are redirected into it with `SET_OUTPUT`. The drain thread wakes when
 //! the ring is half full, at the random re-arm instant of each `redraw_interval`
 //! ([`super::redraw`]), or when a barrier asks it to ([`Sampler::barrier`]); it delivers what it
 //! read to the [`SampleSink`], and at the re-arm instant redraws the periods of its CPU's events
-//! with PERF_EVENT_IOC_PERIOD (cheap because it runs on that CPU).
+//! with `PERF_EVENT_IOC_PERIOD` (cheap because it runs on that CPU).
 //!
 //! A timed wake-up always re-arms, but reads the ring only if the last read is at least
 //! `read_every` old (or the ring is empty, which costs nothing to "read" and keeps an idle CPU's
@@ -82,7 +82,7 @@ pub struct SamplerConfig {
     pub hotplug_thread: bool,
     /// Faults injected by tests (none by default; never set from configuration).
     pub faults: crate::faults::Faults,
-    /// Run drain threads SCHED_FIFO (priority 1) so that they run as soon as the ring wakes
+    /// Run drain threads `SCHED_FIFO` (priority 1) so that they run as soon as the ring wakes
     /// them instead of at the next scheduler tick; see README.md (phase locking).
     pub realtime_drain: bool,
     /// Test hook: read the online CPU list from this file instead of [`ONLINE_CPUS`].
@@ -177,7 +177,7 @@ pub enum SamplerError {
     },
 }
 
-/// Symbolic name of the errnos perf_event_open commonly returns.
+/// Symbolic name of the errnos `perf_event_open` commonly returns.
 pub fn errno_name(e: &io::Error) -> &'static str {
     match e.raw_os_error() {
         Some(libc::ENOENT) => "ENOENT",
@@ -216,7 +216,7 @@ struct CpuStats {
     redraws: AtomicU64,
     time_enabled: Vec<AtomicU64>,
     time_running: Vec<AtomicU64>,
-    /// monotonic_ns of the last completed loop iteration (0 = none yet).
+    /// `monotonic_ns` of the last completed loop iteration (0 = none yet).
     heartbeat: AtomicU64,
     /// Everything this CPU's ring held with a time below this has been given to the sink.
     drained_until: AtomicU64,
@@ -284,7 +284,7 @@ impl CpuStats {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panicking drain thread must not take status down with it.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[derive(Debug)]
@@ -304,7 +304,7 @@ struct Shared {
     /// The newest barrier instant asked for (perf clock; 0 = none).
     barrier_until: AtomicU64,
     build_id: AtomicBool,
-    /// Samples carry PERF_SAMPLE_CGROUP (cleared, for every CPU, when the kernel refuses it).
+    /// Samples carry `PERF_SAMPLE_CGROUP` (cleared, for every CPU, when the kernel refuses it).
     cgroup: AtomicBool,
     started: Instant,
     cpus: Mutex<BTreeMap<u32, CpuSlot>>,
@@ -349,7 +349,7 @@ fn attr_for(
     }
 }
 
-/// perf_event_open, or the ENOENT a PMU-less machine gives when simulating one.
+/// `perf_event_open`, or the ENOENT a PMU-less machine gives when simulating one.
 fn open_fd(cfg: &SamplerConfig, spec: &AttrSpec, cpu: u32) -> io::Result<PerfFd> {
     if cfg.faults.simulate_no_pmu
         && matches!(spec.perf_type, sp::PERF_TYPE_HARDWARE | sp::PERF_TYPE_RAW)
@@ -787,7 +787,7 @@ impl Sampler {
             tracing::warn!(error = %e, "cannot wake drain threads; they stop within their poll timeout");
         }
         if let Some(h) = self.supervisor.take() {
-            let _ = h.join();
+            drop(h.join());
         }
         let handles: Vec<JoinHandle<()>> =
             lock(&self.shared.cpus).values_mut().filter_map(|s| s.thread.take()).collect();

@@ -9,11 +9,11 @@ use dcpid::types::{PerfTime, Sample, SampleSink, TimedSideBand};
 
 /// Keeps every sample and side-band record, and the `drained_until` of each call.
 #[derive(Debug, Default)]
-pub struct CollectSink {
+pub(crate) struct CollectSink {
     /// Each sample with the CPU whose ring it came from.
     pub samples: Mutex<Vec<(u32, Sample)>>,
     pub sideband: Mutex<Vec<TimedSideBand>>,
-    /// Per CPU: (drained_until, clock at delivery) of every call.
+    /// Per CPU: (`drained_until`, clock at delivery) of every call.
     pub drains: Mutex<BTreeMap<u32, Vec<(PerfTime, PerfTime)>>>,
     /// Records delivered with a time below an earlier `drained_until` of the same CPU (the
     /// contract says there must be none).
@@ -46,18 +46,18 @@ impl SampleSink for CollectSink {
 }
 
 impl CollectSink {
-    pub fn take_samples(&self) -> Vec<Sample> {
+    pub(crate) fn take_samples(&self) -> Vec<Sample> {
         self.take_cpu_samples().into_iter().map(|(_, s)| s).collect()
     }
 
     /// The samples with the CPU whose ring each came from.
-    pub fn take_cpu_samples(&self) -> Vec<(u32, Sample)> {
+    pub(crate) fn take_cpu_samples(&self) -> Vec<(u32, Sample)> {
         std::mem::take(&mut *self.samples.lock().unwrap())
     }
 }
 
 /// Burn CPU on the calling thread for `d`.
-pub fn spin_for(d: std::time::Duration) -> u64 {
+pub(crate) fn spin_for(d: std::time::Duration) -> u64 {
     // CPU time of this thread, not wall time: on a loaded machine (load average 15 seen here)
     // a wall-clock spin got a fraction of a CPU and too few samples for the tests' bounds.
     let start = thread_cpu_ns();
@@ -72,7 +72,7 @@ pub fn spin_for(d: std::time::Duration) -> u64 {
 }
 
 /// Nanoseconds this thread has run on a CPU (first field of /proc/thread-self/schedstat).
-pub fn thread_cpu_ns() -> u64 {
+pub(crate) fn thread_cpu_ns() -> u64 {
     std::fs::read_to_string("/proc/thread-self/schedstat")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())

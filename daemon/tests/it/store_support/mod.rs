@@ -10,7 +10,7 @@ use dcpid::store::{EventInfo, Store, StoreConfig};
 use profile_format::{EventDesc, ImageId, ImageKind};
 
 /// Host `h1`, database `root/db`, spool `root/spool`, flush 2 s, publish 60 s.
-pub fn cfg(root: &Path) -> StoreConfig {
+pub(crate) fn cfg(root: &Path) -> StoreConfig {
     StoreConfig {
         db: root.join("db"),
         spool: root.join("spool"),
@@ -25,7 +25,7 @@ pub fn cfg(root: &Path) -> StoreConfig {
 }
 
 /// The one event of these tests: cpu-clock, mean period 1000.
-pub fn desc() -> EventDesc {
+pub(crate) fn desc() -> EventDesc {
     EventDesc {
         name: "cpu-clock".into(),
         perf_type: 1,
@@ -37,19 +37,19 @@ pub fn desc() -> EventDesc {
 }
 
 /// Tell the store its events (what the service does after opening the sampler).
-pub fn events(s: &mut Store) {
+pub(crate) fn events(s: &mut Store) {
     s.set_events(vec![EventInfo { desc: desc(), source: "software".into() }]);
 }
 
 /// [`Store::open`] with [`cfg`] and [`events`].
-pub fn open(root: &Path) -> Store {
+pub(crate) fn open(root: &Path) -> Store {
     let mut s = Store::open(cfg(root));
     events(&mut s);
     s
 }
 
 /// `count` samples of event 0 at `off` in the ELF image with build-id `[img; 20]`.
-pub fn batch(img: u8, off: u64, count: u64) -> Resolved {
+pub(crate) fn batch(img: u8, off: u64, count: u64) -> Resolved {
     let mut r = Resolved::default();
     let id = ImageId::BuildId(vec![img; 20]);
     let info = Arc::new(ImageInfo {

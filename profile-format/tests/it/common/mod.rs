@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 
-pub fn event() -> EventDesc {
+pub(crate) fn event() -> EventDesc {
     EventDesc {
         name: "cpu-clock".into(),
         perf_type: 1,
@@ -19,7 +19,7 @@ pub fn event() -> EventDesc {
     }
 }
 
-pub fn header(kind: ImageKind, image_path: &[u8]) -> ProfileHeader {
+pub(crate) fn header(kind: ImageKind, image_path: &[u8]) -> ProfileHeader {
     ProfileHeader {
         kind,
         image_id: ImageId::from_build_id(&[
@@ -39,7 +39,7 @@ pub fn header(kind: ImageKind, image_path: &[u8]) -> ProfileHeader {
 }
 
 /// A realistic small profile: a few hot spots in a 300 KB binary, ~40 offsets.
-pub fn small_profile() -> Profile {
+pub(crate) fn small_profile() -> Profile {
     let mut p = Profile::new(header(ImageKind::Elf, b"/usr/lib/x86_64-linux-gnu/libc.so.6"));
     let mut rng = StdRng::seed_from_u64(1);
     for _ in 0..40 {
@@ -53,7 +53,7 @@ pub fn small_profile() -> Profile {
 /// The benchmark's data set: `n` distinct offsets spread over a `text_size`-byte text section,
 /// counts following Zipf's law (count of rank r proportional to 1/r, at least 1) so that they
 /// add up to about `total` samples. Deterministic for a given seed.
-pub fn zipf_profile(n: usize, text_size: u64, total: u64, seed: u64) -> Profile {
+pub(crate) fn zipf_profile(n: usize, text_size: u64, total: u64, seed: u64) -> Profile {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut offsets = std::collections::BTreeSet::new();
     while offsets.len() < n {
@@ -72,7 +72,7 @@ pub fn zipf_profile(n: usize, text_size: u64, total: u64, seed: u64) -> Profile 
 }
 
 /// Files for the fuzz seed corpus and the mutation tests: (name, bytes).
-pub fn profile_seeds() -> Vec<(&'static str, Vec<u8>)> {
+pub(crate) fn profile_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let mut out = vec![("small-elf.prof", small_profile().encode())];
     let empty = Profile::new(header(ImageKind::Kernel, b"[kernel.kallsyms]"));
     out.push(("empty-kernel.prof", empty.encode()));
@@ -107,7 +107,7 @@ pub fn profile_seeds() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// A small kallsyms snapshot with a module and a pseudo-module.
-pub fn small_snapshot() -> KallsymsSnapshot {
+pub(crate) fn small_snapshot() -> KallsymsSnapshot {
     let kallsyms = "\
 ffffffff81000000 T _text
 ffffffff81000000 T startup_64
