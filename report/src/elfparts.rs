@@ -21,7 +21,16 @@ use std::path::Path;
 use object::read::elf::{FileHeader, SectionHeader};
 use object::{elf, Endianness, FileKind, ReadCache, ReadRef};
 
-use super::symbolize::ElfError;
+/// Errors while reading an ELF file.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    #[error("not a readable ELF file: {0}")]
+    Parse(#[from] object::Error),
+    #[error("not an ELF file (format {0:?})")]
+    NotElf(object::BinaryFormat),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
 
 /// Bytes of an ELF file at their offsets, for the ranges a symbol table reads.
 #[derive(Debug)]

@@ -14,20 +14,10 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
+pub use super::elfparts::ElfError;
 use super::elfparts::ElfParts;
 pub use super::names::demangle;
 use super::names::text_from_bytes;
-
-/// Errors while reading an ELF file.
-#[derive(Debug, thiserror::Error)]
-pub enum ElfError {
-    #[error("not a readable ELF file: {0}")]
-    Parse(#[from] object::Error),
-    #[error("not an ELF file (format {0:?})")]
-    NotElf(object::BinaryFormat),
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-}
 
 /// A `PT_LOAD` program header: file range and where it is mapped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
