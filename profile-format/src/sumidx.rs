@@ -7,8 +7,9 @@ use std::path::Path;
 
 use crate::codec::{self, put_bytes, Reader};
 use crate::error::{Error, Result};
-use crate::ident::ImageId;
-use crate::profile::{EventDesc, ImageKind};
+pub use crate::ident::ImageIdRef;
+use crate::ident::{ImageId, ImageKind};
+use crate::profile::EventDesc;
 use crate::summary::{HostSummary, ImageTotal, SummaryIndex};
 use crate::varint::write_u64;
 
@@ -18,29 +19,6 @@ pub const SUMMARY_INDEX_MAGIC: &[u8; 8] = b"DCPISIDX";
 pub const SUMMARY_INDEX_VERSION: u16 = 1;
 /// File name of the binary summary index in a host directory.
 pub const SUMMARY_INDEX_FILE: &str = "summary.idx";
-
-/// An image id borrowed from an index file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ImageIdRef<'a> {
-    BuildId(&'a [u8]),
-    Fallback(&'a [u8; 16]),
-}
-
-impl ImageIdRef<'_> {
-    pub fn to_owned_id(&self) -> ImageId {
-        match self {
-            ImageIdRef::BuildId(b) => ImageId::BuildId(b.to_vec()),
-            ImageIdRef::Fallback(f) => ImageId::Fallback(**f),
-        }
-    }
-    /// Tag byte and id bytes, as stored.
-    pub fn tag_and_bytes(&self) -> (u8, &[u8]) {
-        match self {
-            ImageIdRef::BuildId(b) => (codec::ID_TAG_BUILD_ID, b),
-            ImageIdRef::Fallback(f) => (codec::ID_TAG_FALLBACK, &f[..]),
-        }
-    }
-}
 
 /// One profile file's totals, borrowed from the index file's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
