@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-pub(crate) use crate::ident::{ID_TAG_BUILD_ID, ID_TAG_FALLBACK};
 use crate::ident::{ImageId, ImageIdRef, ImageKind, MAX_BUILD_ID_LEN};
+pub(crate) use crate::ident::{ID_TAG_BUILD_ID, ID_TAG_FALLBACK};
 use crate::varint::{self, VarintError};
 
 /// magic (8) + version (u16) + flags (u16) + total length (u64).

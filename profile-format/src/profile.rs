@@ -1,11 +1,13 @@
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::codec::{self, put_bytes, Reader};
 use crate::db::EpochId;
+use crate::db::{HostDir, PROFILE_SUFFIX};
 use crate::error::{Error, Result};
-pub use crate::ident::ImageKind;
+use crate::ident::event_file_component;
 use crate::ident::ImageId;
+pub use crate::ident::ImageKind;
 use crate::varint::write_u64;
 
 /// First bytes of every profile file.
@@ -498,6 +500,19 @@ impl Profile {
             a.jit_symbols.dedup();
         }
         Ok(())
+    }
+}
+
+// Here rather than in db, which must not import the modules that own the files it names (issue 34).
+impl HostDir {
+    /// Path of `who`'s share of the profile of (image, event name) (FORMAT.md §5.6).
+    pub fn who_profile_path(&self, image: &ImageId, event_name: &str, who: &ProfileWho) -> PathBuf {
+        self.path.join(format!(
+            "{}.{}.{}{PROFILE_SUFFIX}",
+            image.to_text(),
+            event_file_component(event_name),
+            who.file_component()
+        ))
     }
 }
 

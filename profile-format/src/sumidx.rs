@@ -3,9 +3,10 @@
 //! unlike the JSON index it decodes without building a string per field, and its entries
 //! borrow from the file's bytes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::codec::{self, put_bytes, Reader};
+use crate::db::HostDir;
 use crate::error::{Error, Result};
 pub use crate::ident::ImageIdRef;
 use crate::ident::{ImageId, ImageKind};
@@ -179,6 +180,14 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
 pub fn read(path: &Path) -> Result<HostSummary> {
     let bytes = read_bytes(path)?;
     Ok(decode(&bytes, path)?.to_summary())
+}
+
+// Here rather than in db, which must not import the modules that own the files it names (issue 34).
+impl HostDir {
+    /// The binary summary with its per-(image, event) totals (FORMAT.md §7.2).
+    pub fn summary_index_path(&self) -> PathBuf {
+        self.path.join(SUMMARY_INDEX_FILE)
+    }
 }
 
 #[cfg(test)]
