@@ -4,14 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::ident::{ImageId, MAX_BUILD_ID_LEN};
-use crate::profile::ImageKind;
-use crate::sumidx::ImageIdRef;
+use crate::ident::{ImageId, ImageIdRef, ImageKind, MAX_BUILD_ID_LEN};
+pub(crate) use crate::ident::{ID_TAG_BUILD_ID, ID_TAG_FALLBACK};
 use crate::varint::{self, VarintError};
-
-/// Tags of an image id's two forms (FORMAT.md), shared by every file that names an image.
-pub(crate) const ID_TAG_BUILD_ID: u8 = 0;
-pub(crate) const ID_TAG_FALLBACK: u8 = 1;
 
 /// magic (8) + version (u16) + flags (u16) + total length (u64).
 pub(crate) const FIXED_HEADER_LEN: usize = 20;

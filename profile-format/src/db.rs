@@ -6,14 +6,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::atomic::{sync_dir, write_atomic, TMP_PREFIX};
 use crate::error::{Error, Result};
 use crate::ident::{event_file_component, validate_host_name, ImageId};
+pub use crate::safeio::CORRUPT_SUFFIX;
 use crate::safeio::{check_dir, ensure_dir};
 
 /// Name of the marker file in each epoch directory.
 pub const EPOCH_MARKER: &str = "EPOCH";
 /// Suffix of profile files.
 pub const PROFILE_SUFFIX: &str = ".prof";
-/// Suffix given to files moved aside because they could not be read.
-pub const CORRUPT_SUFFIX: &str = ".corrupt";
 /// Stem of per-event unknown profiles.
 const UNKNOWN_STEM: &str = "unknown";
 
@@ -696,21 +695,6 @@ impl HostDir {
         ))
     }
 
-    /// Path of `who`'s share of the profile of (image, event name) (FORMAT.md §5.6).
-    pub fn who_profile_path(
-        &self,
-        image: &ImageId,
-        event_name: &str,
-        who: &crate::ProfileWho,
-    ) -> PathBuf {
-        self.path.join(format!(
-            "{}.{}.{}{PROFILE_SUFFIX}",
-            image.to_text(),
-            event_file_component(event_name),
-            who.file_component()
-        ))
-    }
-
     /// Per-process and per-cgroup profile files in this directory (FORMAT.md §5.6), sorted by
     /// name; [`HostDir::profiles`] does not list them.
     pub fn who_profiles(&self) -> Result<Vec<WhoProfileEntry>> {
@@ -738,49 +722,13 @@ impl HostDir {
             .join(format!("{UNKNOWN_STEM}.{}{PROFILE_SUFFIX}", event_file_component(event_name)))
     }
 
-    /// The stack profile of an event (FORMAT.md §13).
-    pub fn stacks_path(&self, event_name: &str) -> PathBuf {
-        self.path.join(format!(
-            "{}{}{}",
-            crate::STACKS_PREFIX,
-            event_file_component(event_name),
-            crate::STACKS_SUFFIX
-        ))
-    }
-
-    /// The host directory's slice log: its counts per time slice (FORMAT.md §14).
-    pub fn slices_path(&self) -> PathBuf {
-        self.path.join(crate::SLICES_FILE)
-    }
-
-    /// This host directory's slices (FORMAT.md §14), read safely (§6.1); `Ok(None)`: it has
-    /// no slice log (written before §14, or with slices off): no time axis, only totals.
-    pub fn read_slices(&self) -> Result<Option<crate::SliceLog>> {
-        crate::SliceLog::read(&self.slices_path())
-    }
-
-    /// The host directory's who table (FORMAT.md §12).
-    pub fn who_path(&self) -> PathBuf {
-        self.path.join(crate::WHO_FILE)
-    }
-
     pub fn summary_path(&self) -> PathBuf {
         self.path.join("summary.json")
-    }
-
-    /// The binary summary with its per-(image, event) totals (FORMAT.md §7.2).
-    pub fn summary_index_path(&self) -> PathBuf {
-        self.path.join(crate::SUMMARY_INDEX_FILE)
     }
 
     /// The per-directory snapshot of databases before format 2 (FORMAT.md §8.1); still read.
     pub fn kallsyms_path(&self) -> PathBuf {
         self.path.join("kallsyms.snap")
-    }
-
-    /// The reference to this host's snapshot in the database's shared store (FORMAT.md §8.1).
-    pub fn kallsyms_ref_path(&self) -> PathBuf {
-        self.path.join(crate::KALLSYMS_REF)
     }
 
     /// The database root this directory belongs to (`<root>/epochs/<epoch>/<host>`).

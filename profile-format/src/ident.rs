@@ -6,6 +6,59 @@ use crate::error::{Error, Result};
 /// emit up to 32).
 pub const MAX_BUILD_ID_LEN: usize = 64;
 
+/// Tags of an image id's two forms (FORMAT.md), shared by every file that names an image.
+pub(crate) const ID_TAG_BUILD_ID: u8 = 0;
+pub(crate) const ID_TAG_FALLBACK: u8 = 1;
+
+/// What kind of image a profile describes; decides how offsets are interpreted (FORMAT.md).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum ImageKind {
+    /// A file mapped by a process. Offsets are file offsets.
+    Elf = 0,
+    /// The kernel. Offsets are relative to the `_text` symbol of the running kernel.
+    Kernel = 1,
+    /// A kernel module. Offsets are relative to the module's load address (kallsyms snapshot).
+    KernelModule = 2,
+    /// The vDSO. Offsets are relative to its start (it is mapped with pgoff 0).
+    Vdso = 3,
+    /// Anonymous executable memory of one process (JIT). Offsets are absolute addresses.
+    Anon = 4,
+    /// Samples that could not be attributed. Offsets are [`UnknownReason`](crate::UnknownReason) codes.
+    Unknown = 5,
+}
+
+impl ImageKind {
+    pub const ALL: [Self; 6] =
+        [Self::Elf, Self::Kernel, Self::KernelModule, Self::Vdso, Self::Anon, Self::Unknown];
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| *k as u8 == code)
+    }
+}
+
+/// An image id borrowed from an index file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ImageIdRef<'a> {
+    BuildId(&'a [u8]),
+    Fallback(&'a [u8; 16]),
+}
+
+impl ImageIdRef<'_> {
+    pub fn to_owned_id(&self) -> ImageId {
+        match self {
+            ImageIdRef::BuildId(b) => ImageId::BuildId(b.to_vec()),
+            ImageIdRef::Fallback(f) => ImageId::Fallback(**f),
+        }
+    }
+    /// Tag byte and id bytes, as stored.
+    pub fn tag_and_bytes(&self) -> (u8, &[u8]) {
+        match self {
+            ImageIdRef::BuildId(b) => (ID_TAG_BUILD_ID, b),
+            ImageIdRef::Fallback(f) => (ID_TAG_FALLBACK, &f[..]),
+        }
+    }
+}
+
 /// Identity of an image (an ELF file, the kernel, a module, the vDSO, a JIT region).
 ///
 /// Ordering and hashing are by kind then bytes; the textual form (`Display`/`parse`) is what

@@ -15,6 +15,7 @@ use crate::codec::{self, put_bytes, Reader};
 use crate::db::{Database, HostDir};
 use crate::error::{Error, Result};
 use crate::kallsyms::KallsymsSnapshot;
+use crate::safeio::{open_regular, MAX_CONTAINER_FILE};
 use crate::varint;
 
 /// Directory of the shared snapshots, under the database root.
@@ -458,5 +459,46 @@ impl HostDir {
                 }
             }
         }
+    }
+
+    /// The reference to this host's snapshot in the database's shared store (FORMAT.md §8.1).
+    pub fn kallsyms_ref_path(&self) -> PathBuf {
+        self.path.join(KALLSYMS_REF)
+    }
+
+    /// Open, without reading it, the kernel symbol snapshot that
+    /// [`HostDir::read_kallsyms`](crate::HostDir::read_kallsyms) would read: an error if it
+    /// (or `kallsyms.ref`) is a FIFO, a device, a symbolic link or larger than any snapshot
+    /// ([`Error::is_hostile_file`]); `Ok` otherwise, also when it is missing or damaged (that
+    /// is for the reader to report). A few system calls: report tools call it before they
+    /// symbolize kernel samples, so that a planted file stops the report with an error naming
+    /// it instead of a warning in its middle.
+    pub fn check_kallsyms_file(&self) -> Result<()> {
+        let hostile = |r: Result<()>| match r {
+            Err(e) if e.is_hostile_file() => Err(e),
+            _ => Ok(()),
+        };
+        let path = match self.kallsyms_ref() {
+            Ok(Some(id)) => {
+                let db = match Database::open(&self.db_root()) {
+                    Ok(db) => db,
+                    Err(_) => return Ok(()),
+                };
+                let packed = db.kallsyms_store_path(&id);
+                if packed.symlink_metadata().is_ok() {
+                    packed
+                } else {
+                    db.kallsyms_store_path_zlib(&id)
+                }
+            }
+            Ok(None) => self.kallsyms_path(),
+            Err(e) => return hostile(Err(e)),
+        };
+        hostile(open_regular(&path).and_then(|(_, size)| {
+            if size > MAX_CONTAINER_FILE {
+                return Err(Error::TooLarge { path: path.clone(), limit: MAX_CONTAINER_FILE });
+            }
+            Ok(())
+        }))
     }
 }

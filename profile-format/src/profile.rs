@@ -1,10 +1,13 @@
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::codec::{self, put_bytes, Reader};
 use crate::db::EpochId;
+use crate::db::{HostDir, PROFILE_SUFFIX};
 use crate::error::{Error, Result};
+use crate::ident::event_file_component;
 use crate::ident::ImageId;
+pub use crate::ident::ImageKind;
 use crate::varint::write_u64;
 
 /// First bytes of every profile file.
@@ -13,24 +16,6 @@ pub const PROFILE_MAGIC: &[u8; 8] = b"DCPIPROF";
 /// by a process or cgroup ([`ProfileWho`]; version 2 adds that field), so that readers of
 /// version 1 still read every flat profile, and refuse (`UnknownVersion`) a qualified one.
 pub const PROFILE_VERSION: u16 = 2;
-
-/// What kind of image a profile describes; decides how offsets are interpreted (FORMAT.md).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum ImageKind {
-    /// A file mapped by a process. Offsets are file offsets.
-    Elf = 0,
-    /// The kernel. Offsets are relative to the `_text` symbol of the running kernel.
-    Kernel = 1,
-    /// A kernel module. Offsets are relative to the module's load address (kallsyms snapshot).
-    KernelModule = 2,
-    /// The vDSO. Offsets are relative to its start (it is mapped with pgoff 0).
-    Vdso = 3,
-    /// Anonymous executable memory of one process (JIT). Offsets are absolute addresses.
-    Anon = 4,
-    /// Samples that could not be attributed. Offsets are [`UnknownReason`] codes.
-    Unknown = 5,
-}
 
 /// Why a sample could not be attributed; the offset of a count in an `Unknown` profile.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
@@ -183,14 +168,6 @@ pub struct Profile {
     pub who: Option<ProfileWho>,
     /// Count per offset (see [`ImageKind`] for what an offset means). No zero counts.
     pub counts: BTreeMap<u64, u64>,
-}
-
-impl ImageKind {
-    pub const ALL: [Self; 6] =
-        [Self::Elf, Self::Kernel, Self::KernelModule, Self::Vdso, Self::Anon, Self::Unknown];
-    pub fn from_code(code: u8) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| *k as u8 == code)
-    }
 }
 
 impl ProfileHeader {
@@ -523,6 +500,19 @@ impl Profile {
             a.jit_symbols.dedup();
         }
         Ok(())
+    }
+}
+
+// Here rather than in db, which must not import the modules that own the files it names (issue 34).
+impl HostDir {
+    /// Path of `who`'s share of the profile of (image, event name) (FORMAT.md §5.6).
+    pub fn who_profile_path(&self, image: &ImageId, event_name: &str, who: &ProfileWho) -> PathBuf {
+        self.path.join(format!(
+            "{}.{}.{}{PROFILE_SUFFIX}",
+            image.to_text(),
+            event_file_component(event_name),
+            who.file_component()
+        ))
     }
 }
 

@@ -14,6 +14,8 @@ use std::path::Path;
 use crate::codec::FIXED_HEADER_LEN;
 use crate::error::{Error, Result};
 
+/// Suffix given to files moved aside because they could not be read.
+pub const CORRUPT_SUFFIX: &str = ".corrupt";
 /// Largest profile or kernel symbol snapshot a reader accepts (the largest real ones are a few
 /// MB). A header announcing more is `Corrupt{field: "length"}`.
 pub const MAX_CONTAINER_FILE: u64 = 256 << 20;
@@ -106,7 +108,7 @@ pub fn ensure_dir(path: &Path) -> Result<bool> {
 /// points to. Returns the new path.
 pub fn set_aside(path: &Path) -> Result<std::path::PathBuf> {
     let mut aside = path.as_os_str().to_owned();
-    aside.push(crate::CORRUPT_SUFFIX);
+    aside.push(CORRUPT_SUFFIX);
     let mut aside = std::path::PathBuf::from(aside);
     if aside.symlink_metadata().is_ok() {
         let ms = std::time::SystemTime::now()
@@ -114,7 +116,7 @@ pub fn set_aside(path: &Path) -> Result<std::path::PathBuf> {
             .map(|d| d.as_millis())
             .unwrap_or(0);
         let mut a = path.as_os_str().to_owned();
-        a.push(format!(".{ms}{}", crate::CORRUPT_SUFFIX));
+        a.push(format!(".{ms}{CORRUPT_SUFFIX}"));
         aside = a.into();
     }
     std::fs::rename(path, &aside).map_err(|e| Error::io(path, e))?;
@@ -237,44 +239,6 @@ pub(crate) fn read_container(
         });
     }
     Ok(out)
-}
-
-impl crate::HostDir {
-    /// Open, without reading it, the kernel symbol snapshot that
-    /// [`HostDir::read_kallsyms`](crate::HostDir::read_kallsyms) would read: an error if it
-    /// (or `kallsyms.ref`) is a FIFO, a device, a symbolic link or larger than any snapshot
-    /// ([`Error::is_hostile_file`]); `Ok` otherwise, also when it is missing or damaged (that
-    /// is for the reader to report). A few system calls: report tools call it before they
-    /// symbolize kernel samples, so that a planted file stops the report with an error naming
-    /// it instead of a warning in its middle.
-    pub fn check_kallsyms_file(&self) -> Result<()> {
-        let hostile = |r: Result<()>| match r {
-            Err(e) if e.is_hostile_file() => Err(e),
-            _ => Ok(()),
-        };
-        let path = match self.kallsyms_ref() {
-            Ok(Some(id)) => {
-                let db = match crate::Database::open(&self.db_root()) {
-                    Ok(db) => db,
-                    Err(_) => return Ok(()),
-                };
-                let packed = db.kallsyms_store_path(&id);
-                if packed.symlink_metadata().is_ok() {
-                    packed
-                } else {
-                    db.kallsyms_store_path_zlib(&id)
-                }
-            }
-            Ok(None) => self.kallsyms_path(),
-            Err(e) => return hostile(Err(e)),
-        };
-        hostile(open_regular(&path).and_then(|(_, size)| {
-            if size > MAX_CONTAINER_FILE {
-                return Err(Error::TooLarge { path: path.clone(), limit: MAX_CONTAINER_FILE });
-            }
-            Ok(())
-        }))
-    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::codec::{corrupt, inflate_bounded, put_bytes, Reader};
+use crate::db::HostDir;
 use crate::error::{Error, Result};
 use crate::ident::ImageId;
 use crate::safeio::{open_regular, MAX_CONTAINER_FILE};
@@ -738,6 +739,20 @@ fn open_append(path: &Path) -> Result<File> {
         });
     }
     Ok(f)
+}
+
+// Here rather than in db, which must not import the modules that own the files it names (issue 34).
+impl HostDir {
+    /// The host directory's slice log: its counts per time slice (FORMAT.md §14).
+    pub fn slices_path(&self) -> PathBuf {
+        self.path.join(SLICES_FILE)
+    }
+
+    /// This host directory's slices (FORMAT.md §14), read safely (§6.1); `Ok(None)`: it has
+    /// no slice log (written before §14, or with slices off): no time axis, only totals.
+    pub fn read_slices(&self) -> Result<Option<SliceLog>> {
+        SliceLog::read(&self.slices_path())
+    }
 }
 
 #[cfg(test)]

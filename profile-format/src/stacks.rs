@@ -6,10 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 // hashbrown's foldhash, not std's SipHash: a flush adds every new stack (tens of frames) to a
 // profile, where SipHash was a fifth of dcpid's flush thread on a machine of distinct stacks.
 use hashbrown::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::codec::{self, put_bytes, Reader};
+use crate::db::HostDir;
 use crate::error::{Error, Result};
+use crate::ident::event_file_component;
 use crate::profile::{read_jit_symbols, write_jit_symbols, ImageKind, JitSymbol};
 use crate::{varint, ImageId};
 
@@ -452,6 +454,19 @@ impl StackProfile {
 /// is one.
 pub fn stacks_file_event_component(name: &str) -> Option<&str> {
     name.strip_prefix(STACKS_PREFIX)?.strip_suffix(STACKS_SUFFIX).filter(|c| !c.is_empty())
+}
+
+// Here rather than in db, which must not import the modules that own the files it names (issue 34).
+impl HostDir {
+    /// The stack profile of an event (FORMAT.md §13).
+    pub fn stacks_path(&self, event_name: &str) -> PathBuf {
+        self.path.join(format!(
+            "{}{}{}",
+            STACKS_PREFIX,
+            event_file_component(event_name),
+            STACKS_SUFFIX
+        ))
+    }
 }
 
 #[cfg(test)]

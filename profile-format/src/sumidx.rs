@@ -3,12 +3,14 @@
 //! unlike the JSON index it decodes without building a string per field, and its entries
 //! borrow from the file's bytes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::codec::{self, put_bytes, Reader};
+use crate::db::HostDir;
 use crate::error::{Error, Result};
-use crate::ident::ImageId;
-use crate::profile::{EventDesc, ImageKind};
+pub use crate::ident::ImageIdRef;
+use crate::ident::{ImageId, ImageKind};
+use crate::profile::EventDesc;
 use crate::summary::{HostSummary, ImageTotal, SummaryIndex};
 use crate::varint::write_u64;
 
@@ -18,29 +20,6 @@ pub const SUMMARY_INDEX_MAGIC: &[u8; 8] = b"DCPISIDX";
 pub const SUMMARY_INDEX_VERSION: u16 = 1;
 /// File name of the binary summary index in a host directory.
 pub const SUMMARY_INDEX_FILE: &str = "summary.idx";
-
-/// An image id borrowed from an index file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ImageIdRef<'a> {
-    BuildId(&'a [u8]),
-    Fallback(&'a [u8; 16]),
-}
-
-impl ImageIdRef<'_> {
-    pub fn to_owned_id(&self) -> ImageId {
-        match self {
-            ImageIdRef::BuildId(b) => ImageId::BuildId(b.to_vec()),
-            ImageIdRef::Fallback(f) => ImageId::Fallback(**f),
-        }
-    }
-    /// Tag byte and id bytes, as stored.
-    pub fn tag_and_bytes(&self) -> (u8, &[u8]) {
-        match self {
-            ImageIdRef::BuildId(b) => (codec::ID_TAG_BUILD_ID, b),
-            ImageIdRef::Fallback(f) => (codec::ID_TAG_FALLBACK, &f[..]),
-        }
-    }
-}
 
 /// One profile file's totals, borrowed from the index file's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,6 +180,14 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
 pub fn read(path: &Path) -> Result<HostSummary> {
     let bytes = read_bytes(path)?;
     Ok(decode(&bytes, path)?.to_summary())
+}
+
+// Here rather than in db, which must not import the modules that own the files it names (issue 34).
+impl HostDir {
+    /// The binary summary with its per-(image, event) totals (FORMAT.md §7.2).
+    pub fn summary_index_path(&self) -> PathBuf {
+        self.path.join(SUMMARY_INDEX_FILE)
+    }
 }
 
 #[cfg(test)]

@@ -3,9 +3,10 @@
 //! container, which process" without per-process profiles.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::codec::{self, put_bytes, Reader};
+use crate::db::HostDir;
 use crate::error::Result;
 use crate::varint;
 
@@ -253,6 +254,14 @@ impl WhoTable {
         let bytes = self.encode();
         crate::write_atomic(path, &bytes)?;
         Ok(bytes.len() as u64)
+    }
+}
+
+// Here rather than in db, which must not import the modules that own the files it names (issue 34).
+impl HostDir {
+    /// The host directory's who table (FORMAT.md §12).
+    pub fn who_path(&self) -> PathBuf {
+        self.path.join(WHO_FILE)
     }
 }
 

@@ -21,7 +21,16 @@ use std::path::Path;
 use object::read::elf::{FileHeader, SectionHeader};
 use object::{elf, Endianness, FileKind, ReadCache, ReadRef};
 
-use super::symbolize::ElfError;
+/// Errors while reading an ELF file.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    #[error("not a readable ELF file: {0}")]
+    Parse(#[from] object::Error),
+    #[error("not an ELF file (format {0:?})")]
+    NotElf(object::BinaryFormat),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
 
 /// Bytes of an ELF file at their offsets, for the ranges a symbol table reads.
 #[derive(Debug)]
@@ -203,43 +212,5 @@ mod tests {
         assert_eq!(p.read_bytes_at_until(16..28, 0), Ok(&b"abc"[..]));
         assert_eq!(p.read_bytes_at_until(20..28, 0), Err(()), "no terminator");
         assert_eq!(p.read_bytes_at_until(17..18, 0), Err(()), "terminator outside the range");
-    }
-
-    #[test]
-    fn same_table_as_from_the_whole_file_and_errors_for_bad_files() {
-        use crate::symbolize::SymbolTable;
-        // This test's own executable: a debug build with .symtab, .dynsym and DWARF.
-        let exe = std::env::current_exe().expect("current exe");
-        let whole = std::fs::read(&exe).expect("read exe");
-        let want = SymbolTable::build(&whole, None).expect("table from the whole file");
-        assert!(want.symbols.len() > 100 && want.has_dwarf, "{} symbols", want.symbols.len());
-        let got = SymbolTable::from_files(&exe, None).expect("table from the parts");
-        assert_eq!(got, want);
-        let with_debug = SymbolTable::from_files(&exe, Some(&exe)).expect("with a debug file");
-        assert_eq!(with_debug, SymbolTable::build(&whole, Some(&whole)).expect("whole, twice"));
-
-        let dir = tempfile::tempdir().expect("tempdir");
-        let write = |name: &str, bytes: &[u8]| {
-            let p = dir.path().join(name);
-            std::fs::write(&p, bytes).expect("write");
-            p
-        };
-        for (name, bytes) in [
-            ("empty", &b""[..]),
-            ("garbage", &[0xab; 4096][..]),
-            ("header-only", &whole[..64]),
-            ("truncated", &whole[..whole.len() / 2]),
-        ] {
-            let p = write(name, bytes);
-            let parts = ElfParts::read(&p);
-            let table = SymbolTable::from_files(&p, None);
-            assert!(parts.is_err() || table.is_err(), "{name}: {table:?}");
-        }
-        assert!(matches!(ElfParts::read(dir.path()), Err(ElfError::Io(_))), "a directory");
-        let missing = dir.path().join("missing");
-        assert!(matches!(SymbolTable::from_files(&missing, None), Err(ElfError::Io(_))));
-        // A debug file that cannot be read is left out, as before.
-        let garbage = dir.path().join("garbage");
-        assert_eq!(SymbolTable::from_files(&exe, Some(&garbage)).expect("binary alone"), want);
     }
 }

@@ -20,7 +20,7 @@ pub use super::image::{display_path, kind_name, ImageFilter};
 use super::names::display_name;
 use super::select::{epochs_and_hosts, Loaded, TotalRow, Totals};
 use super::symbolize::{elf_identity, ElfError, ElfSymbolizer, SymbolTable};
-pub use super::symbolizer::{kernel_lookup, unsymbolized};
+pub use super::symbolizer::{kernel_lookup, unsymbolized, ElfState, SymbolMode};
 use super::symbolizer::{JitTable, Kallsyms, Snapshots, Source};
 use super::symcache::{CacheKey, SymbolCache};
 use super::ProfError;
@@ -197,17 +197,6 @@ pub struct SymbolReport {
     pub total_samples: u64,
     pub rows_omitted: usize,
     pub rows: Vec<SymbolRow>,
-}
-
-/// How per-symbol rows are keyed.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SymbolMode {
-    /// Attribute to the innermost inlined function (DWARF).
-    pub inlines: bool,
-    /// One row per source line (DWARF).
-    pub lines: bool,
-    /// Show symbol names as stored (mangled), not demangled.
-    pub raw_names: bool,
 }
 
 /// Resolved events and per-profile weights.
@@ -888,16 +877,6 @@ pub fn load_vdso(
         }
         Err(_) => ElfState::Missing,
     }
-}
-
-/// Symbol source of one ELF identity.
-#[derive(Debug)]
-pub enum ElfState {
-    /// With the symbol cache entry id, when cached.
-    Ready(Box<ElfSymbolizer>, Option<i64>),
-    /// Only another build of the binary was found: its symbols must not be used.
-    Mismatch,
-    Missing,
 }
 
 /// What [`load_elf`] looks for.

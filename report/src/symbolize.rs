@@ -14,20 +14,10 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
+pub use super::elfparts::ElfError;
 use super::elfparts::ElfParts;
 pub use super::names::demangle;
 use super::names::text_from_bytes;
-
-/// Errors while reading an ELF file.
-#[derive(Debug, thiserror::Error)]
-pub enum ElfError {
-    #[error("not a readable ELF file: {0}")]
-    Parse(#[from] object::Error),
-    #[error("not an ELF file (format {0:?})")]
-    NotElf(object::BinaryFormat),
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-}
 
 /// A `PT_LOAD` program header: file range and where it is mapped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -593,5 +583,45 @@ mod tests {
         assert_eq!(s.symbol(0x401150).map(|s| s.name.as_str()), Some("b"));
         assert_eq!(s.symbol(u64::MAX).map(|s| s.name.as_str()), Some("huge"));
         assert_eq!(s.symbol(0x400000), None);
+    }
+
+    #[test]
+    // Reads and writes ELF files (its own executable and damaged copies), never database files.
+    #[allow(clippy::disallowed_methods)]
+    fn same_table_as_from_the_whole_file_and_errors_for_bad_files() {
+        // (Here rather than in elfparts, which must not import symbolize: issue 34.)
+        // This test's own executable: a debug build with .symtab, .dynsym and DWARF.
+        let exe = std::env::current_exe().expect("current exe");
+        let whole = std::fs::read(&exe).expect("read exe");
+        let want = SymbolTable::build(&whole, None).expect("table from the whole file");
+        assert!(want.symbols.len() > 100 && want.has_dwarf, "{} symbols", want.symbols.len());
+        let got = SymbolTable::from_files(&exe, None).expect("table from the parts");
+        assert_eq!(got, want);
+        let with_debug = SymbolTable::from_files(&exe, Some(&exe)).expect("with a debug file");
+        assert_eq!(with_debug, SymbolTable::build(&whole, Some(&whole)).expect("whole, twice"));
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let write = |name: &str, bytes: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, bytes).expect("write");
+            p
+        };
+        for (name, bytes) in [
+            ("empty", &b""[..]),
+            ("garbage", &[0xab; 4096][..]),
+            ("header-only", &whole[..64]),
+            ("truncated", &whole[..whole.len() / 2]),
+        ] {
+            let p = write(name, bytes);
+            let parts = ElfParts::read(&p);
+            let table = SymbolTable::from_files(&p, None);
+            assert!(parts.is_err() || table.is_err(), "{name}: {table:?}");
+        }
+        assert!(matches!(ElfParts::read(dir.path()), Err(ElfError::Io(_))), "a directory");
+        let missing = dir.path().join("missing");
+        assert!(matches!(SymbolTable::from_files(&missing, None), Err(ElfError::Io(_))));
+        // A debug file that cannot be read is left out, as before.
+        let garbage = dir.path().join("garbage");
+        assert_eq!(SymbolTable::from_files(&exe, Some(&garbage)).expect("binary alone"), want);
     }
 }

@@ -16,9 +16,29 @@ use std::rc::Rc;
 use profile_format::{ImageId, JitSymbol, KallsymsSnapshot, KernelSymbol, UnknownReason};
 
 use crate::names::display_name;
-use crate::report::{ElfState, SymbolMode};
 use crate::select::Loaded;
 use crate::symbolize::ElfSymbolizer;
+
+/// How per-symbol rows are keyed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SymbolMode {
+    /// Attribute to the innermost inlined function (DWARF).
+    pub inlines: bool,
+    /// One row per source line (DWARF).
+    pub lines: bool,
+    /// Show symbol names as stored (mangled), not demangled.
+    pub raw_names: bool,
+}
+
+/// Symbol source of one ELF identity.
+#[derive(Debug)]
+pub enum ElfState {
+    /// With the symbol cache entry id, when cached.
+    Ready(Box<ElfSymbolizer>, Option<i64>),
+    /// Only another build of the binary was found: its symbols must not be used.
+    Mismatch,
+    Missing,
+}
 
 /// Where the names of one image come from, chosen once by the image's kind.
 #[derive(Debug)]

@@ -60,10 +60,12 @@
 //! [`db`]: databases built through profile-format's own writers (profiles, who tables, stack
 //! files, summaries, kernel symbol snapshots). [`Hostile`]: a FIFO, a link, `/dev/zero` or a
 //! sparse 3 GiB file planted as a database file. [`Tmpfs`]: a small file system to fill.
-//! [`spin`]: one CPU kept busy while a guard lives.
+//! [`spin`]: one CPU kept busy while a guard lives. [`modgraph`]: a crate's module import graph,
+//! to assert it has no cycle.
 
 pub mod db;
 pub mod hostile;
+pub mod modgraph;
 mod probe;
 mod spin;
 pub mod tmpfs;

@@ -11,5 +11,6 @@ mod corruption;
 mod db;
 mod hostile;
 mod ksymstore;
+mod module_graph;
 mod roundtrip;
 mod seeds;
