@@ -16,8 +16,8 @@ use super::common::{
 use super::stat;
 use crate::args::Selection;
 use crate::prof::output::TableFormat as Format;
-use crate::prof::report::{self, ImageFilter, SymbolMode};
-use crate::prof::select::HostSel;
+use dcpi_report::report::{self, ImageFilter, SymbolMode};
+use dcpi_report::select::HostSel;
 
 /// Long help of `dcpistats`.
 pub const STATS_HELP: &str = "\
@@ -253,7 +253,7 @@ pub fn run_stats(
         groups.push((name, g));
     }
     for m in warnings.drain(..) {
-        writeln!(err, "dcpistats: warning: {}", crate::escape::terminal(&m))?;
+        writeln!(err, "dcpistats: warning: {}", dcpi_report::escape::terminal(&m))?;
     }
     if groups.iter().filter(|(_, g)| g.samples > 0).count() < 2 {
         return Err(ToolError::Usage(format!(

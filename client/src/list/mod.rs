@@ -226,14 +226,22 @@ pub fn print_error(err: &mut dyn Write, e: &ListError) {
             drop(err.write_all(text.as_bytes()));
         }
         ListError::Ambiguous { candidates, .. } => {
-            drop(writeln!(err, "dcpilist: error: {}", crate::escape::terminal(&e.to_string())));
+            drop(writeln!(
+                err,
+                "dcpilist: error: {}",
+                dcpi_report::escape::terminal(&e.to_string())
+            ));
             drop(writeln!(err, "matches (pass the mangled name to choose):"));
             for c in candidates {
-                drop(writeln!(err, "  {}", crate::escape::terminal(c)));
+                drop(writeln!(err, "  {}", dcpi_report::escape::terminal(c)));
             }
         }
         _ => {
-            drop(writeln!(err, "dcpilist: error: {}", crate::escape::terminal(&e.to_string())));
+            drop(writeln!(
+                err,
+                "dcpilist: error: {}",
+                dcpi_report::escape::terminal(&e.to_string())
+            ));
         }
     }
 }
@@ -263,7 +271,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
 
 fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<()> {
     for m in w.drain(..) {
-        writeln!(err, "dcpilist: warning: {}", crate::escape::terminal(&m))?;
+        writeln!(err, "dcpilist: warning: {}", dcpi_report::escape::terminal(&m))?;
     }
     Ok(())
 }

@@ -11,15 +11,17 @@
 
 use std::path::PathBuf;
 
-use super::by::{Across, By};
+use super::by::{Across, By, Trend};
+use super::cli::Args;
 use super::export::ExportFormat;
 use super::output::{Format, TableFormat};
-use super::report::SymbolMode;
-use super::stacks::Direction;
-use super::who::WhoBy;
+use super::stacks::{Calls, Direction};
+use super::who::{Who, WhoBy, WhoFilters};
 use super::whoprof::WhoSel;
-use super::{Args, Generate, ProfError};
 use crate::args::{Selection, SymbolSearch};
+use crate::manpages::Generate;
+use dcpi_report::error::ProfError;
+use dcpi_report::report::SymbolMode;
 
 /// One `dcpiprof` run.
 #[derive(Clone, Debug)]
@@ -149,56 +151,6 @@ pub struct GlobalSymbols {
     pub limit: Option<usize>,
     pub format: TableFormat,
     pub verbose: bool,
-}
-
-/// The filters of the who tables.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WhoFilters {
-    pub command: Option<String>,
-    pub cgroup: Option<String>,
-    pub pid: Option<u32>,
-    pub cpu: Option<u32>,
-    /// `--image`: rows of that image only.
-    pub image: Option<String>,
-}
-
-/// A report from the who tables.
-#[derive(Clone, Debug)]
-pub struct Who {
-    pub sel: Selection,
-    pub by: WhoBy,
-    pub filters: WhoFilters,
-    pub no_idle: bool,
-    pub limit: Option<usize>,
-    pub format: TableFormat,
-}
-
-/// `--by epoch|host`, of the selection, of `--image` or of its `--symbol`.
-#[derive(Clone, Debug)]
-pub struct Trend {
-    pub sel: Selection,
-    pub across: Across,
-    pub image: Option<String>,
-    /// `--symbol` (only with `image`).
-    pub symbol: Option<String>,
-    pub symbols: SymbolSearch,
-    pub mode: SymbolMode,
-    pub no_idle: bool,
-    pub format: TableFormat,
-    pub verbose: bool,
-}
-
-/// `--callers`/`--callees`.
-#[derive(Clone, Debug)]
-pub struct Calls {
-    pub sel: Selection,
-    pub symbol: String,
-    pub direction: Direction,
-    pub depth: usize,
-    pub symbols: SymbolSearch,
-    pub mode: SymbolMode,
-    pub limit: Option<usize>,
-    pub format: TableFormat,
 }
 
 /// An export.
