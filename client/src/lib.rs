@@ -87,12 +87,54 @@ mod tests {
         }
         let modules: BTreeSet<Vec<String>> = files.keys().cloned().collect();
         let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+        // The items of a use group (`{a, b::c, d as e}`): the first name of each.
+        let group = |r: &str| -> Vec<String> {
+            let body = r.strip_prefix('{').and_then(|b| b.split('}').next()).unwrap_or_default();
+            body.split(',')
+                .filter_map(|i| i.trim().split(|c: char| !is_ident(c)).next())
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        // What each module re-exports from other crates (`pub use dcpi_report::report;`).
+        let mut reexports: BTreeMap<Vec<String>, BTreeSet<String>> = BTreeMap::new();
+        for (m, code) in &files {
+            for stmt in code.split(';') {
+                let Some(p) = stmt.split("\npub use ").nth(1).or(stmt.strip_prefix("pub use "))
+                else {
+                    continue;
+                };
+                // Only other crates' items: not the crate's own (`crate::`, `super::`,
+                // `self::`, a child module).
+                let first = p.split("::").next().unwrap_or_default();
+                let mut child = m.clone();
+                child.push(first.to_owned());
+                if ["crate", "super", "self"].contains(&first) || modules.contains(&child) {
+                    continue;
+                }
+                let names = match p.find('{') {
+                    Some(b) => group(&p[b..]),
+                    None => {
+                        let last = p.rsplit(" as ").next().unwrap_or(p);
+                        vec![last.rsplit("::").next().unwrap_or(last).trim().to_owned()]
+                    }
+                };
+                reexports.entry(m.clone()).or_default().extend(names);
+            }
+        }
         let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+        let mut through_reexport = Vec::new();
         for (m, code) in &files {
             let out = edges.entry(m.clone()).or_default();
-            let add = |out: &mut BTreeSet<Vec<String>>, mut target: Vec<String>| {
+            let mut add = |out: &mut BTreeSet<Vec<String>>, path: Vec<String>| {
+                let mut target = path.clone();
                 while !target.is_empty() && !modules.contains(&target) {
                     target.pop();
+                }
+                if let Some(name) = path.get(target.len()) {
+                    if reexports.get(&target).is_some_and(|r| r.contains(name)) {
+                        through_reexport.push(format!("{}: {}", m.join("::"), path.join("::")));
+                    }
                 }
                 if &target != m {
                     out.insert(target);
@@ -107,51 +149,61 @@ mod tests {
                     add(out, c);
                 }
             }
-            // Every path from crate::, super:: or self:: (use groups included: their first
-            // segment is the module imported from, which is what the graph needs).
-            let bytes: Vec<char> = code.chars().collect();
-            let mut i = 0;
-            while i < bytes.len() {
-                if i > 0 && (is_ident(bytes[i - 1]) || bytes[i - 1] == ':') {
-                    i += 1;
+            // Every path from crate::, super:: or self::, each item of a use group after it.
+            let chars: Vec<char> = code.chars().collect();
+            for i in 0..chars.len() {
+                if i > 0 && (is_ident(chars[i - 1]) || chars[i - 1] == ':') {
                     continue;
                 }
-                let rest: String = bytes[i..bytes.len().min(i + 200)].iter().collect();
-                let mut segs: Vec<&str> = Vec::new();
+                let rest: String = chars[i..chars.len().min(i + 300)].iter().collect();
+                let mut segs: Vec<String> = Vec::new();
                 let mut r = rest.as_str();
                 loop {
                     let end = r.find(|c: char| !is_ident(c)).unwrap_or(r.len());
                     if end == 0 {
                         break;
                     }
-                    segs.push(&r[..end]);
+                    segs.push(r[..end].to_owned());
                     match r[end..].strip_prefix("::") {
                         Some(next) => r = next,
                         None => break,
                     }
                 }
-                let base = match segs.first() {
+                let items = group(r);
+                let mut base = match segs.first().map(String::as_str) {
                     // `pub(crate)`, `pub(super)` and `self` alone name no module.
-                    _ if segs.len() < 2 => None,
-                    Some(&"crate") => Some(Vec::new()),
-                    Some(&"super" | &"self") => Some(m.clone()),
-                    _ => None,
+                    _ if segs.len() < 2 && items.is_empty() => continue,
+                    Some("crate") => Vec::new(),
+                    Some("super" | "self") => m.clone(),
+                    _ => continue,
                 };
-                if let Some(mut base) = base {
-                    let mut segs = segs.iter().skip(1).peekable();
-                    if rest.starts_with("super") {
+                let mut segs = segs.into_iter().skip(1).peekable();
+                if rest.starts_with("super") {
+                    base.pop();
+                    while segs.peek().map(String::as_str) == Some("super") {
                         base.pop();
-                        while segs.peek() == Some(&&"super") {
-                            base.pop();
-                            segs.next();
-                        }
+                        segs.next();
                     }
-                    base.extend(segs.map(|s| (*s).to_owned()));
-                    add(out, base);
                 }
-                i += 1;
+                base.extend(segs);
+                if items.is_empty() {
+                    add(out, base.clone());
+                }
+                for item in items {
+                    let mut p = base.clone();
+                    if item != "self" {
+                        p.push(item);
+                    }
+                    add(out, p);
+                }
             }
         }
+        assert!(
+            through_reexport.is_empty(),
+            "crate-internal paths through a re-export of another crate (import from that crate \
+             directly):\n{}",
+            through_reexport.join("\n")
+        );
         // Depth-first search for a back edge.
         fn visit(
             n: &Vec<String>,

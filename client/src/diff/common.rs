@@ -104,7 +104,7 @@ pub struct OutputArgs {
     pub symbols: crate::args::SymbolSearch,
     /// Write a man page or shell completions to stdout and exit.
     #[arg(long, hide = true, value_enum, value_name = "WHAT")]
-    pub generate: Option<crate::manpages::Generate>,
+    pub generate: Option<dcpi_manpage::Generate>,
 }
 
 impl OutputArgs {

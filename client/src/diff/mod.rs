@@ -13,11 +13,10 @@ use std::io::Write;
 use clap::{CommandFactory, Parser};
 use serde::Serialize;
 
-use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value};
+use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value, BOLD, GREEN, RED};
 
 use self::common::{
-    printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError, BOLD,
-    GREEN, RED,
+    printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError,
 };
 use crate::args::Selection;
 use crate::prof::output::TableFormat as Format;
@@ -243,7 +242,7 @@ fn side_err(side: &str, e: ProfError) -> ToolError {
         ProfError::UnknownEvent { event, available, .. } => ToolError::Usage(format!(
             "{side} selection has no samples of event {event:?}{}; events there: {available} \
              (choose with --event)",
-            crate::args::did_you_mean_hint(&event, &available)
+            dcpi_report::error::did_you_mean_hint(&event, &available)
         )),
         e => ToolError::Prof(e),
     }

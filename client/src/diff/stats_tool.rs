@@ -8,10 +8,10 @@ use std::io::Write;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use serde::Serialize;
 
-use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value};
+use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value, RED};
 
 use super::common::{
-    printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError, RED,
+    printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError,
 };
 use super::stat;
 use crate::args::Selection;
@@ -451,7 +451,7 @@ pub fn write_stats(
                     printable(&o.group),
                     o.share,
                     o.median,
-                    super::common::signed(o.deviation, 2)
+                    dcpi_report::render::signed(o.deviation, 2)
                 ));
             }
         }

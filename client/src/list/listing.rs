@@ -9,8 +9,8 @@ use std::rc::Rc;
 use profile_format::ImageKind;
 use serde::Serialize;
 
+use super::cli::{Args, ListError, Mode, SKID_NOTE};
 use super::disasm::{self, Insn};
-use super::{Args, ListError, Mode, SKID_NOTE};
 use dcpi_report::debuginfo::live_vdso;
 use dcpi_report::escape::controls;
 use dcpi_report::image::{build_id_hex, display_path, image_display, kind_name};

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use profile_format::{ImageId, ImageKind};
 use serde::Serialize;
 
+use super::cli::{Args, ListError};
 use super::disasm;
 use super::listing::{event_counts, pct, Counts};
-use super::{Args, ListError};
 use dcpi_report::debuginfo::live_vdso;
 use dcpi_report::error::ProfError;
 use dcpi_report::escape::controls;

@@ -11,7 +11,7 @@ use clap::Parser;
 use super::by::By;
 use super::output::Format;
 use crate::args::{parse_limit, Selection, SymbolSearch};
-use crate::manpages::Generate;
+use dcpi_manpage::Generate;
 
 /// Documentation of the report semantics and of the JSON schema (long help and rustdoc).
 pub const SCHEMA: &str = "\

@@ -48,7 +48,7 @@ pub use dcpi_report::error::ProfError;
 use dcpi_report::image::ImageFilter;
 use dcpi_report::report::SymbolContext;
 
-pub use crate::manpages::Generate;
+pub use dcpi_manpage::Generate;
 
 /// Run `dcpiprof` with parsed arguments, writing the report to `out` (or `--output`) and
 /// warnings to `err`. Errors are returned (not printed).

@@ -19,7 +19,7 @@ use super::stacks::{Calls, Direction};
 use super::who::{Who, WhoBy, WhoFilters};
 use super::whoprof::WhoSel;
 use crate::args::{Selection, SymbolSearch};
-use crate::manpages::Generate;
+use dcpi_manpage::Generate;
 use dcpi_report::error::ProfError;
 use dcpi_report::report::SymbolMode;
 
