@@ -10,9 +10,6 @@
 //! # JSON schema (`--format json`)
 //!
 //! See [`SCHEMA`]; it is also printed by `dcpiprof --help`.
-// The doc comments of the clap types here are the --help text and man pages, printed as
-// written: backticks around names would show up there.
-#![allow(clippy::doc_markdown)]
 
 pub mod by;
 pub mod cli;

@@ -4,7 +4,9 @@
 //! a report or an export, and the one place that checks flags against each other (clap's
 //! declarative `conflicts_with`/`requires` aside): a combination that makes no sense is a usage
 //! error naming the flags (exit status 2) before any file is read. Each [`Mode`] variant carries
-//! only what its report needs, and the reports take those structs, never [`Args`]. Dispatch
+//! only what its report needs, and the reports take those structs, never [`Args`]; a report's
+//! own parameters live in its module ([`Trend`] in `by`, [`Who`] in `who`, [`Calls`] in
+//! `stacks`) and are imported here, so no report module imports this one. Dispatch
 //! (in [`super::run`]) and the export writer ([`ExportFormat::write`]) match exhaustively with
 //! no wildcard arm, so a new report or export format does not compile until it is handled
 //! everywhere (ripgrep's `LowArgs` -> `HiArgs`/`Mode` is the model).
