@@ -11,15 +11,15 @@
 
 use std::path::PathBuf;
 
-use crate::prof::debuginfo::{Locator, SearchPaths, SYSTEM_DEBUG_DIR};
-use crate::prof::error::ProfError;
-pub use crate::prof::error::{did_you_mean, did_you_mean_hint};
-use crate::prof::image::ImageFilter;
-use crate::prof::select::{
+use dcpi_report::debuginfo::{Locator, SearchPaths, SYSTEM_DEBUG_DIR};
+use dcpi_report::error::ProfError;
+pub use dcpi_report::error::{did_you_mean, did_you_mean_hint};
+use dcpi_report::image::ImageFilter;
+use dcpi_report::select::{
     epoch_start, load, load_counts, load_image_totals, open_db, select_host_dirs, this_host,
     EpochSel, HostSel, Loaded, Totals,
 };
-use crate::prof::symcache::{default_path as default_cache_path, SymbolCache};
+use dcpi_report::symcache::{default_path as default_cache_path, SymbolCache};
 
 /// Which profiles a report reads.
 #[derive(clap::Args, Debug, Clone)]

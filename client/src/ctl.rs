@@ -345,7 +345,7 @@ pub fn render_status(v: &StatusReport) -> String {
     o.split_inclusive('\n')
         .map(|l| {
             let (text, nl) = l.strip_suffix('\n').map_or((l, ""), |t| (t, "\n"));
-            format!("{}{nl}", crate::escape::terminal(text))
+            format!("{}{nl}", dcpi_report::escape::terminal(text))
         })
         .collect()
 }

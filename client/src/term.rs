@@ -76,11 +76,11 @@ mod tests {
     #[test]
     fn broken_pipe_is_found_through_wrappers() {
         let io = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
-        let e = crate::diff::common::ToolError::Prof(crate::prof::ProfError::Output(io));
+        let e = crate::diff::common::ToolError::Prof(dcpi_report::error::ProfError::Output(io));
         assert!(is_broken_pipe(&e));
-        let other = crate::prof::ProfError::Output(std::io::Error::other("disk full"));
+        let other = dcpi_report::error::ProfError::Output(std::io::Error::other("disk full"));
         assert!(!is_broken_pipe(&other));
-        assert!(!is_broken_pipe(&crate::prof::ProfError::Usage("x".into())));
+        assert!(!is_broken_pipe(&dcpi_report::error::ProfError::Usage("x".into())));
     }
 
     #[test]

@@ -10,12 +10,12 @@ use dcpi_proto::{Request, TopResult};
 use serde::Serialize;
 
 use crate::ctl::{parse_result, request_value, CtlError};
-use crate::escape::{controls as escape_controls, terminal};
-use crate::prof::debuginfo::file_identity;
-use crate::prof::names::display_name;
-use crate::prof::report::ElfState;
-use crate::prof::symbolize::{ElfSymbolizer, SymbolTable};
-use crate::prof::symbolizer::Source;
+use dcpi_report::debuginfo::file_identity;
+use dcpi_report::escape::{controls as escape_controls, terminal};
+use dcpi_report::names::display_name;
+use dcpi_report::report::ElfState;
+use dcpi_report::symbolize::{ElfSymbolizer, SymbolTable};
+use dcpi_report::symbolizer::Source;
 
 /// One row as `dcpictl top` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -218,7 +218,7 @@ mod tests {
         let text = render(&s);
         let raw: Vec<char> = text
             .chars()
-            .filter(|&c| c != '\n' && crate::escape::is_unsafe_for_terminal(c))
+            .filter(|&c| c != '\n' && dcpi_report::escape::is_unsafe_for_terminal(c))
             .collect();
         assert!(raw.is_empty(), "raw {raw:?} in {text}");
         for want in [

@@ -5,10 +5,10 @@
 use std::io::{self, Write};
 
 pub use crate::prof::output::{printable, r4};
-use crate::prof::report;
-use crate::prof::select::Loaded;
 pub use crate::prof::subset::{resolve_image_builds, symbol_rows, ImageProfiles, Symbolizer};
-use crate::prof::ProfError;
+use dcpi_report::error::ProfError;
+use dcpi_report::report;
+use dcpi_report::select::Loaded;
 
 /// Errors of `dcpidiff` and `dcpistats`.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +38,11 @@ pub fn print_tool_error(prog: &str, err: &mut dyn Write, e: &ToolError) {
     match e {
         ToolError::Prof(p) => crate::prof::print_error_as(prog, err, p),
         other => {
-            drop(writeln!(err, "{prog}: error: {}", crate::escape::terminal(&other.to_string())));
+            drop(writeln!(
+                err,
+                "{prog}: error: {}",
+                dcpi_report::escape::terminal(&other.to_string())
+            ));
         }
     }
 }
@@ -100,7 +104,7 @@ pub struct OutputArgs {
     pub symbols: crate::args::SymbolSearch,
     /// Write a man page or shell completions to stdout and exit.
     #[arg(long, hide = true, value_enum, value_name = "WHAT")]
-    pub generate: Option<crate::manpages::Generate>,
+    pub generate: Option<dcpi_manpage::Generate>,
 }
 
 impl OutputArgs {

@@ -1,7 +1,7 @@
 //! `dcpidiff` (two selections of profiles side by side: what changed, and is it more than
 //! sampling noise) and `dcpistats` (the spread of one image's profile over many epochs or
 //! hosts). Both read the database through the shared selection model ([`crate::args`]) and
-//! symbolize through the report code of `dcpiprof` ([`crate::prof::report`]).
+//! symbolize through the report code of `dcpiprof` ([`dcpi_report::report`]).
 
 pub mod common;
 pub mod stat;
@@ -13,17 +13,16 @@ use std::io::Write;
 use clap::{CommandFactory, Parser};
 use serde::Serialize;
 
-use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value};
+use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value, BOLD, GREEN, RED};
 
 use self::common::{
-    printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError, BOLD,
-    GREEN, RED,
+    printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError,
 };
 use crate::args::Selection;
 use crate::prof::output::TableFormat as Format;
-use crate::prof::report::{self, ImageFilter, SymbolMode};
-use crate::prof::select::{epochs_and_hosts, EpochSel, HostSel, Loaded};
-use crate::prof::ProfError;
+use dcpi_report::error::ProfError;
+use dcpi_report::report::{self, ImageFilter, SymbolMode};
+use dcpi_report::select::{epochs_and_hosts, EpochSel, HostSel, Loaded};
 
 /// Long help of `dcpidiff`: the numbers, the test and the JSON schema.
 pub const DIFF_HELP: &str = "\
@@ -243,7 +242,7 @@ fn side_err(side: &str, e: ProfError) -> ToolError {
         ProfError::UnknownEvent { event, available, .. } => ToolError::Usage(format!(
             "{side} selection has no samples of event {event:?}{}; events there: {available} \
              (choose with --event)",
-            crate::args::did_you_mean_hint(&event, &available)
+            dcpi_report::error::did_you_mean_hint(&event, &available)
         )),
         e => ToolError::Prof(e),
     }
@@ -373,7 +372,7 @@ pub fn run_diff(
         }
     };
     for w in warnings.drain(..) {
-        writeln!(err, "dcpidiff: warning: {}", crate::escape::terminal(&w))?;
+        writeln!(err, "dcpidiff: warning: {}", dcpi_report::escape::terminal(&w))?;
     }
     let r = compare(args, rows_of, &event, tallies, bside, aside);
     write_report(out, &r, args.out.format, args.out.color.enabled())?;
@@ -512,7 +511,7 @@ fn compare(
 }
 
 fn side_line(s: &SideInfo) -> String {
-    let ep = crate::prof::report::epoch_range(&s.epochs);
+    let ep = dcpi_report::report::epoch_range(&s.epochs);
     let mut line = format!("epochs {ep}, hosts {}: {} samples", s.hosts.join(","), s.total_samples);
     if let Some(im) = &s.image {
         line.push_str(&format!(" of {}", printable(&im.path)));

@@ -8,16 +8,16 @@ use std::io::Write;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use serde::Serialize;
 
-use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value};
+use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value, RED};
 
 use super::common::{
-    printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError, RED,
+    printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError,
 };
 use super::stat;
 use crate::args::Selection;
 use crate::prof::output::TableFormat as Format;
-use crate::prof::report::{self, ImageFilter, SymbolMode};
-use crate::prof::select::HostSel;
+use dcpi_report::report::{self, ImageFilter, SymbolMode};
+use dcpi_report::select::HostSel;
 
 /// Long help of `dcpistats`.
 pub const STATS_HELP: &str = "\
@@ -253,7 +253,7 @@ pub fn run_stats(
         groups.push((name, g));
     }
     for m in warnings.drain(..) {
-        writeln!(err, "dcpistats: warning: {}", crate::escape::terminal(&m))?;
+        writeln!(err, "dcpistats: warning: {}", dcpi_report::escape::terminal(&m))?;
     }
     if groups.iter().filter(|(_, g)| g.samples > 0).count() < 2 {
         return Err(ToolError::Usage(format!(
@@ -451,7 +451,7 @@ pub fn write_stats(
                     printable(&o.group),
                     o.share,
                     o.median,
-                    super::common::signed(o.deviation, 2)
+                    dcpi_report::render::signed(o.deviation, 2)
                 ));
             }
         }

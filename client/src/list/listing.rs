@@ -9,19 +9,19 @@ use std::rc::Rc;
 use profile_format::ImageKind;
 use serde::Serialize;
 
+use super::cli::{Args, ListError, Mode, SKID_NOTE};
 use super::disasm::{self, Insn};
-use super::{Args, ListError, Mode, SKID_NOTE};
-use crate::escape::controls;
-use crate::prof::debuginfo::live_vdso;
-use crate::prof::image::{build_id_hex, display_path, image_display, kind_name};
-use crate::prof::names::display_name;
-use crate::prof::report::{
+use dcpi_report::debuginfo::live_vdso;
+use dcpi_report::escape::controls;
+use dcpi_report::image::{build_id_hex, display_path, image_display, kind_name};
+use dcpi_report::names::display_name;
+use dcpi_report::report::{
     self, ElfRequest, ElfState, EventCount, EventInfo, ImageFilter, ImageInfo, Scope, SymbolMode,
     Weights,
 };
-use crate::prof::select::Loaded;
-use crate::prof::symbolize::{demangle, Frame};
-use crate::prof::symbolizer::{JitTable, Kallsyms, Source};
+use dcpi_report::select::Loaded;
+use dcpi_report::symbolize::{demangle, Frame};
+use dcpi_report::symbolizer::{JitTable, Kallsyms, Source};
 
 /// Functions larger than this are refused (a corrupt symbol size would read the whole file).
 const MAX_FUNCTION_BYTES: u64 = 16 << 20;
@@ -423,7 +423,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     }
     Ok(Listing {
         report: "listing",
-        scope: crate::prof::report::scope(&loaded, &args.sel.db.display().to_string()),
+        scope: dcpi_report::report::scope(&loaded, &args.sel.db.display().to_string()),
         image: info.path,
         kind: info.kind,
         build_id: info.build_id,

@@ -5,16 +5,16 @@ use std::collections::HashMap;
 use profile_format::{ImageId, ImageKind};
 use serde::Serialize;
 
+use super::cli::{Args, ListError};
 use super::disasm;
 use super::listing::{event_counts, pct, Counts};
-use super::{Args, ListError};
-use crate::escape::controls;
-use crate::prof::debuginfo::live_vdso;
-use crate::prof::image::{build_id_hex, display_path, image_display};
-use crate::prof::report::{self, ElfRequest, EventCount, EventInfo, ImageInfo, Scope, SymbolMode};
-use crate::prof::select::Loaded;
-use crate::prof::symbolizer::{JitTable, Kallsyms, Snapshots, Source};
-use crate::prof::ProfError;
+use dcpi_report::debuginfo::live_vdso;
+use dcpi_report::error::ProfError;
+use dcpi_report::escape::controls;
+use dcpi_report::image::{build_id_hex, display_path, image_display};
+use dcpi_report::report::{self, ElfRequest, EventCount, EventInfo, ImageInfo, Scope, SymbolMode};
+use dcpi_report::select::Loaded;
+use dcpi_report::symbolizer::{JitTable, Kallsyms, Snapshots, Source};
 
 /// One of the hottest instructions.
 #[derive(Clone, Debug, Serialize)]
@@ -102,7 +102,7 @@ pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopRepor
     }
     Ok(TopReport {
         report: "top",
-        scope: crate::prof::report::scope(&loaded, &args.sel.db.display().to_string()),
+        scope: dcpi_report::report::scope(&loaded, &args.sel.db.display().to_string()),
         total_samples: w.infos.first().map_or(0, |i| i.samples),
         events: w.infos,
         rows,

@@ -7,12 +7,29 @@ use std::io::Write;
 
 use serde_json::{json, Map, Value};
 
-use super::mode::Trend;
+use super::output::TableFormat;
 use super::output::{printable, r4};
-use super::report::{self, ImageFilter};
 use super::subset::{resolve_image_builds, symbol_rows, Symbolizer};
-use super::ProfError;
+use crate::args::{Selection, SymbolSearch};
+use dcpi_report::error::ProfError;
 use dcpi_report::render::{Column, Kind, Output, Style, Table};
+use dcpi_report::report::SymbolMode;
+use dcpi_report::report::{self, ImageFilter};
+
+/// `--by epoch|host`, of the selection, of `--image` or of its `--symbol`.
+#[derive(Clone, Debug)]
+pub struct Trend {
+    pub sel: Selection,
+    pub across: Across,
+    pub image: Option<String>,
+    /// `--symbol` (only with `image`).
+    pub symbol: Option<String>,
+    pub symbols: SymbolSearch,
+    pub mode: SymbolMode,
+    pub no_idle: bool,
+    pub format: TableFormat,
+    pub verbose: bool,
+}
 
 /// What the rows of a `--by` report are per. image and symbol are the per-image and
 /// per-symbol reports; command, pid, cgroup, unit, container and cpu read the who tables
@@ -176,7 +193,7 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
         }
     }
     for m in warnings.drain(..) {
-        writeln!(err, "dcpiprof: warning: {}", crate::escape::terminal(&m))?;
+        writeln!(err, "dcpiprof: warning: {}", dcpi_report::escape::terminal(&m))?;
     }
     let of = match (&tr.image, &tr.symbol) {
         (None, _) => "the whole selection".to_owned(),
@@ -240,7 +257,7 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
     t.write(out, form, Style::default(), &v)?;
     out.flush()?;
     if tr.verbose {
-        writeln!(err, "dcpiprof: stats: {}", super::stats::line())?;
+        writeln!(err, "dcpiprof: stats: {}", dcpi_report::stats::line())?;
     }
     Ok(())
 }

@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use profile_format::{ImageId, ImageKind};
 use serde::Serialize;
 
-use super::debuginfo::Locator;
-use super::report::{
+use dcpi_report::debuginfo::Locator;
+use dcpi_report::image::{build_id_hex, image_display, kind_name};
+use dcpi_report::report::{
     self, pct, truncate, Counts, EventCount, EventInfo, Scope, SymbolContext, SymbolMode, Weights,
 };
-use super::select::Loaded;
-use super::symcache::SymbolCache;
-use crate::prof::image::{build_id_hex, image_display, kind_name};
+use dcpi_report::select::Loaded;
+use dcpi_report::symcache::SymbolCache;
 
 /// A row: one symbol of one image. Its `percent`s (top level and per event) are of the
 /// machine's total of that event.
@@ -114,7 +114,7 @@ pub fn global_symbol_report(
     let omitted = truncate(&mut out, limit);
     GlobalReport {
         report: "global-symbols",
-        scope: super::report::scope(loaded, db),
+        scope: dcpi_report::report::scope(loaded, db),
         total_samples: w.infos.first().map_or(0, |i| i.samples),
         events: w.infos.clone(),
         rows_omitted: omitted,

@@ -4,22 +4,26 @@
 //! a report or an export, and the one place that checks flags against each other (clap's
 //! declarative `conflicts_with`/`requires` aside): a combination that makes no sense is a usage
 //! error naming the flags (exit status 2) before any file is read. Each [`Mode`] variant carries
-//! only what its report needs, and the reports take those structs, never [`Args`]. Dispatch
+//! only what its report needs, and the reports take those structs, never [`Args`]; a report's
+//! own parameters live in its module ([`Trend`] in `by`, [`Who`] in `who`, [`Calls`] in
+//! `stacks`) and are imported here, so no report module imports this one. Dispatch
 //! (in [`super::run`]) and the export writer ([`ExportFormat::write`]) match exhaustively with
 //! no wildcard arm, so a new report or export format does not compile until it is handled
 //! everywhere (ripgrep's `LowArgs` -> `HiArgs`/`Mode` is the model).
 
 use std::path::PathBuf;
 
-use super::by::{Across, By};
+use super::by::{Across, By, Trend};
+use super::cli::Args;
 use super::export::ExportFormat;
 use super::output::{Format, TableFormat};
-use super::report::SymbolMode;
-use super::stacks::Direction;
-use super::who::WhoBy;
+use super::stacks::{Calls, Direction};
+use super::who::{Who, WhoBy, WhoFilters};
 use super::whoprof::WhoSel;
-use super::{Args, Generate, ProfError};
 use crate::args::{Selection, SymbolSearch};
+use dcpi_manpage::Generate;
+use dcpi_report::error::ProfError;
+use dcpi_report::report::SymbolMode;
 
 /// One `dcpiprof` run.
 #[derive(Clone, Debug)]
@@ -149,56 +153,6 @@ pub struct GlobalSymbols {
     pub limit: Option<usize>,
     pub format: TableFormat,
     pub verbose: bool,
-}
-
-/// The filters of the who tables.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WhoFilters {
-    pub command: Option<String>,
-    pub cgroup: Option<String>,
-    pub pid: Option<u32>,
-    pub cpu: Option<u32>,
-    /// `--image`: rows of that image only.
-    pub image: Option<String>,
-}
-
-/// A report from the who tables.
-#[derive(Clone, Debug)]
-pub struct Who {
-    pub sel: Selection,
-    pub by: WhoBy,
-    pub filters: WhoFilters,
-    pub no_idle: bool,
-    pub limit: Option<usize>,
-    pub format: TableFormat,
-}
-
-/// `--by epoch|host`, of the selection, of `--image` or of its `--symbol`.
-#[derive(Clone, Debug)]
-pub struct Trend {
-    pub sel: Selection,
-    pub across: Across,
-    pub image: Option<String>,
-    /// `--symbol` (only with `image`).
-    pub symbol: Option<String>,
-    pub symbols: SymbolSearch,
-    pub mode: SymbolMode,
-    pub no_idle: bool,
-    pub format: TableFormat,
-    pub verbose: bool,
-}
-
-/// `--callers`/`--callees`.
-#[derive(Clone, Debug)]
-pub struct Calls {
-    pub sel: Selection,
-    pub symbol: String,
-    pub direction: Direction,
-    pub depth: usize,
-    pub symbols: SymbolSearch,
-    pub mode: SymbolMode,
-    pub limit: Option<usize>,
-    pub format: TableFormat,
 }
 
 /// An export.

@@ -2,10 +2,10 @@
 
 use std::io::{self, Write};
 
-use super::report::{EventCount, EventInfo, IdleShare, ImageReport, Scope, SymbolReport};
 use dcpi_report::render::{Cell, Column, Kind, Output, Show, Table, Value};
+use dcpi_report::report::{EventCount, EventInfo, IdleShare, ImageReport, Scope, SymbolReport};
 
-use crate::escape::terminal as esc;
+use dcpi_report::escape::terminal as esc;
 
 /// `--format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -120,7 +120,7 @@ pub(crate) fn scope_lines(
 ) -> Vec<String> {
     let mut h = vec![
         format!("# database: {}", esc(&scope.database)),
-        format!("# epochs: {}", super::report::epoch_range(&scope.epochs)),
+        format!("# epochs: {}", dcpi_report::report::epoch_range(&scope.epochs)),
         format!("# hosts: {}", scope.hosts.join(", ")),
     ];
     let what = if what.is_empty() { String::new() } else { format!(" {what}") };
@@ -313,7 +313,7 @@ pub fn write_symbols(
 /// hottest line, as the report ranks rows), then its lines indented beneath it.
 fn line_rows(r: &SymbolReport, t: &mut Table) {
     let mut order: Vec<&str> = Vec::new();
-    let mut groups: std::collections::HashMap<&str, Vec<&super::report::SymbolRow>> =
+    let mut groups: std::collections::HashMap<&str, Vec<&dcpi_report::report::SymbolRow>> =
         std::collections::HashMap::new();
     for row in &r.rows {
         let g = groups.entry(row.symbol.as_str()).or_default();
@@ -379,7 +379,7 @@ pub fn write_global_symbols(
 }
 
 /// A text field made safe for a terminal: control, format and separator characters escaped
-/// ([`crate::escape::terminal`]).
+/// ([`dcpi_report::escape::terminal`]).
 pub fn printable(s: &str) -> String {
     esc(s).into_owned()
 }
@@ -392,7 +392,7 @@ pub fn r4(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prof::report::{Counts, EventInfo, ImageInfo, SymbolRow};
+    use dcpi_report::report::{Counts, EventInfo, ImageInfo, SymbolRow};
 
     fn row(symbol: &str, line: &str, samples: u64) -> SymbolRow {
         let c = EventCount {

@@ -7,13 +7,28 @@ use std::collections::HashMap;
 use profile_format::{ImageId, ImageKind, JitSymbol, Profile, StackImage, StackProfile};
 use serde::Serialize;
 
-use super::debuginfo::Locator;
-use super::names::display_name;
-use super::report::{self, SymbolMode, Weights};
-use super::select::Loaded;
-use super::symbolizer::{JitTable, Kallsyms, Snapshots, Source};
-use super::symcache::SymbolCache;
-use super::ProfError;
+use super::output::TableFormat;
+use crate::args::{Selection, SymbolSearch};
+use dcpi_report::debuginfo::Locator;
+use dcpi_report::error::ProfError;
+use dcpi_report::names::display_name;
+use dcpi_report::report::{self, SymbolMode, Weights};
+use dcpi_report::select::Loaded;
+use dcpi_report::symbolizer::{JitTable, Kallsyms, Snapshots, Source};
+use dcpi_report::symcache::SymbolCache;
+
+/// `--callers`/`--callees`.
+#[derive(Clone, Debug)]
+pub struct Calls {
+    pub sel: Selection,
+    pub symbol: String,
+    pub direction: Direction,
+    pub depth: usize,
+    pub symbols: SymbolSearch,
+    pub mode: SymbolMode,
+    pub limit: Option<usize>,
+    pub format: TableFormat,
+}
 
 /// One symbolized frame.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -98,7 +113,7 @@ struct Namer<'a> {
 fn label(img: &StackImage) -> String {
     let base = img.path.rsplit(|&b| b == b'/').next().unwrap_or(&img.path);
     let b = if base.is_empty() { &img.path[..] } else { base };
-    super::image::display_path(b)
+    dcpi_report::image::display_path(b)
 }
 
 impl Namer<'_> {
@@ -142,7 +157,7 @@ impl Namer<'_> {
                             snap,
                             module.as_deref(),
                             &img.id,
-                            &super::image::display_path(&img.path),
+                            &dcpi_report::image::display_path(&img.path),
                             &loaded.dirs[dir].path,
                             warn,
                         );
@@ -254,11 +269,11 @@ impl<'a> NameMatch<'a> {
 
     fn matches(&self, raw: &str) -> bool {
         if self.raw_names {
-            return crate::escape::controls(raw) == self.want;
+            return dcpi_report::escape::controls(raw) == self.want;
         }
         // Only names starting so are demangled (names::demangle); others show as they are.
         if !raw.starts_with(['_', 'Z', 'R']) {
-            return crate::escape::controls(raw) == self.want;
+            return dcpi_report::escape::controls(raw) == self.want;
         }
         if self.needle.is_some_and(|n| !raw.contains(n)) {
             return false;
@@ -436,7 +451,7 @@ pub fn load(
                 .map(|i| {
                     let name = match i.kind {
                         ImageKind::Unknown => "[unknown]".to_owned(),
-                        _ => super::image::display_path(&i.path),
+                        _ => dcpi_report::image::display_path(&i.path),
                     };
                     (name, i.clone())
                 })
@@ -671,7 +686,7 @@ pub fn apply_to_export(x: &mut super::export::Export, stacks: &[SymStack], loade
             m.max_offset = m.max_offset.max(f.offset);
             m.symbolized |= !f.function.contains("+0x");
             let func = Function {
-                name: crate::escape::controls(&f.function).into_owned(),
+                name: dcpi_report::escape::controls(&f.function).into_owned(),
                 system_name: None,
                 file: None,
             };

@@ -3,11 +3,11 @@
 
 use profile_format::ImageKind;
 
-use super::debuginfo::Locator;
-use super::report::{self, ImageFilter, SymbolContext, SymbolMode, SymbolRow, Weights};
-use super::select::Loaded;
-use super::symcache::SymbolCache;
-use super::ProfError;
+use dcpi_report::debuginfo::Locator;
+use dcpi_report::error::ProfError;
+use dcpi_report::report::{self, ImageFilter, SymbolContext, SymbolMode, SymbolRow, Weights};
+use dcpi_report::select::Loaded;
+use dcpi_report::symcache::SymbolCache;
 
 /// The profiles of one image in a selection, builds merged.
 #[derive(Debug, Clone)]
@@ -47,7 +47,7 @@ pub fn resolve_image_builds(
         Err(e) => return Err(e),
     };
     let first = &loaded.profiles[idx[0]];
-    let path = crate::prof::image::image_display(&first.profile.header);
+    let path = dcpi_report::image::image_display(&first.profile.header);
     let mut builds: Vec<String> = idx
         .iter()
         .filter_map(|&i| {

@@ -9,14 +9,37 @@ use profile_format::{WhoKey, WhoTable};
 use serde_json::{json, Map, Value};
 
 use super::by::By;
-use super::image::{display_path, IDLE};
-use super::mode::Who;
 use super::output::r4;
-use super::select;
-use super::ProfError;
+use dcpi_report::error::ProfError;
+use dcpi_report::image::{display_path, IDLE};
 use dcpi_report::render::{Column, Kind, Output, Style};
+use dcpi_report::select;
 
-use crate::escape::{controls, terminal};
+use super::output::TableFormat;
+use crate::args::Selection;
+use dcpi_report::escape::{controls, terminal};
+
+/// The filters of the who tables.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WhoFilters {
+    pub command: Option<String>,
+    pub cgroup: Option<String>,
+    pub pid: Option<u32>,
+    pub cpu: Option<u32>,
+    /// `--image`: rows of that image only.
+    pub image: Option<String>,
+}
+
+/// A report from the who tables.
+#[derive(Clone, Debug)]
+pub struct Who {
+    pub sel: Selection,
+    pub by: WhoBy,
+    pub filters: WhoFilters,
+    pub no_idle: bool,
+    pub limit: Option<usize>,
+    pub format: TableFormat,
+}
 
 /// The systemd unit of a cgroup path: its innermost `*.service` component, else its innermost
 /// `*.scope` (sessions, containers started by a runtime), else none.

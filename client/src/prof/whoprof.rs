@@ -7,9 +7,10 @@ use std::path::PathBuf;
 
 use profile_format::{HostDir, Profile, ProfileWho, WhoProfileEntry};
 
-use super::select::{self, Loaded, LoadedProfile};
-use super::{stats, ProfError};
 use crate::args::Selection;
+use dcpi_report::error::ProfError;
+use dcpi_report::select::{self, Loaded, LoadedProfile};
+use dcpi_report::stats;
 
 /// Whose profiles a report reads (chosen by [`super::mode::Mode::from_args`]).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-use super::{xml, Export};
+use super::model::{xml, Export};
 
 /// The script of the SVG (and of the HTML report, which shares it).
 pub const SCRIPT: &str = include_str!("flame.js");
@@ -31,7 +31,7 @@ pub fn write_folded(out: &mut dyn Write, x: &Export) -> io::Result<()> {
     for (stack, count) in x.folded() {
         // A text format read on terminals too: format characters escaped as in tables.
         let names: Vec<String> =
-            stack.iter().map(|f| crate::escape::terminal(f).replace(';', ":")).collect();
+            stack.iter().map(|f| dcpi_report::escape::terminal(f).replace(';', ":")).collect();
         writeln!(out, "{} {count}", names.join(";"))?;
     }
     Ok(())

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use super::flame::{self, epochs_text};
-use super::{xml, Export};
+use super::model::{xml, Export};
 
 /// Per-symbol tables are drawn for this many images (largest first, `[unknown]` included).
 const TOP_IMAGES: usize = 5;

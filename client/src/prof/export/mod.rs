@@ -10,8 +10,11 @@
 
 pub mod flame;
 pub mod html;
+mod model;
 pub mod pprof;
 pub mod speedscope;
+
+pub use model::{xml, Export, Function, Image, Location, Sample};
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -19,13 +22,11 @@ use std::path::Path;
 
 use profile_format::{ImageId, ImageKind};
 
-use super::report::{
-    self, display_path, EventInfo, ImageReport, Scope, SymbolContext, SymbolMode, Weights,
-};
-use super::select::Loaded;
-use super::ProfError;
 use crate::args::SymbolSearch;
-use crate::escape::controls;
+use dcpi_report::error::ProfError;
+use dcpi_report::escape::controls;
+use dcpi_report::report::{self, display_path, ImageReport, SymbolContext, SymbolMode, Weights};
+use dcpi_report::select::Loaded;
 
 /// An export format (`--format folded|pprof|svg|html|speedscope`). Every match on it is
 /// exhaustive, so a new format does not compile until each place writes it.
@@ -80,121 +81,6 @@ impl ExportFormat {
             }
         }
         Ok(())
-    }
-}
-
-/// One image (an identity: build-id or fallback id; all `[unknown]` samples are one image).
-#[derive(Clone, Debug)]
-pub struct Image {
-    /// As the per-image report names it (`/usr/bin/x`, `[kernel.kallsyms]`, `[unknown]`).
-    pub name: String,
-    pub kind: &'static str,
-    pub build_id: Option<String>,
-    /// Whether some offset of the image was resolved to a symbol.
-    pub symbolized: bool,
-    /// Largest offset seen (for the pprof mapping's extent).
-    pub max_offset: u64,
-}
-
-/// A function as dcpi's symbolizer names it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Function {
-    /// Demangled name (or `IMAGE+0xOFFSET`, `[unknown: reason]`, ...).
-    pub name: String,
-    /// Name in the symbol table (mangled), when a symbol covers the address.
-    pub system_name: Option<String>,
-    /// Source file (innermost DWARF frame), with `--lines`.
-    pub file: Option<String>,
-}
-
-/// One sampled address.
-#[derive(Clone, Debug)]
-pub struct Location {
-    pub image: usize,
-    /// The stored offset: file offset (kernel: from the text or module base).
-    pub offset: u64,
-    pub function: usize,
-    /// Source line, with `--lines`.
-    pub line: Option<u32>,
-}
-
-/// Counts of one stack on one host in one epoch for one event. Kept small (32 bytes): a fleet
-/// export holds one per distinct (address, host, epoch).
-#[derive(Clone, Copy, Debug)]
-pub struct Sample {
-    /// Index into [`Export::stacks`].
-    pub stack: u32,
-    pub host: u32,
-    pub epoch: u32,
-    pub event: u32,
-    pub samples: u64,
-    /// Weighted estimate of events (see the report's NUMBERS).
-    pub events: f64,
-}
-
-/// Everything an exporter needs.
-#[derive(Debug)]
-pub struct Export {
-    pub scope: Scope,
-    pub events: Vec<EventInfo>,
-    pub images: Vec<Image>,
-    pub functions: Vec<Function>,
-    pub locations: Vec<Location>,
-    /// Distinct stacks: location indices, leaf first.
-    pub stacks: Vec<Vec<usize>>,
-    pub samples: Vec<Sample>,
-    /// Host and epoch names indexed by [`Sample::host`] and [`Sample::epoch`].
-    pub hosts: Vec<String>,
-    pub epochs: Vec<String>,
-    /// Start of the earliest epoch (Unix ns) and the span the summaries cover, when known.
-    pub time_nanos: i64,
-    pub duration_nanos: i64,
-    /// The per-image report of the same selection.
-    pub image_report: ImageReport,
-    /// Weighted events per (epoch, image name), for trend charts.
-    pub per_epoch: Vec<HashMap<String, f64>>,
-}
-
-impl Export {
-    /// Folded stacks, root first (`image;function`), with raw samples of the first event,
-    /// merged by name and sorted.
-    pub fn folded(&self) -> Vec<(Vec<String>, u64)> {
-        let mut per_stack = vec![0u64; self.stacks.len()];
-        for s in self.samples.iter().filter(|s| s.event == 0) {
-            per_stack[s.stack as usize] += s.samples;
-        }
-        // Different addresses have the same names: merge by name.
-        let mut m: HashMap<Vec<String>, u64> = HashMap::new();
-        for (st, &n) in self.stacks.iter().zip(&per_stack) {
-            if n > 0 {
-                *m.entry(self.frames(st)).or_default() += n;
-            }
-        }
-        let mut v: Vec<(Vec<String>, u64)> = m.into_iter().filter(|(_, c)| *c > 0).collect();
-        v.sort();
-        v
-    }
-
-    /// Frame names of a stack, root first: the image of the outermost location, then functions.
-    pub fn frames(&self, stack: &[usize]) -> Vec<String> {
-        let mut f = Vec::with_capacity(stack.len() + 1);
-        if let Some(&outer) = stack.last() {
-            f.push(self.images[self.locations[outer].image].name.clone());
-        }
-        for &l in stack.iter().rev() {
-            f.push(self.functions[self.locations[l].function].name.clone());
-        }
-        f
-    }
-
-    /// Location indices of a sample's stack, leaf first.
-    pub fn stack(&self, s: &Sample) -> &[usize] {
-        &self.stacks[s.stack as usize]
-    }
-
-    /// Name of the first event (what folded stacks and flame graphs count).
-    pub fn first_event(&self) -> &str {
-        self.events.first().map_or("samples", |e| e.name.as_str())
     }
 }
 
@@ -289,7 +175,7 @@ pub fn build(
         for &i in group {
             let p = &mut loaded.profiles[i];
             if p.profile.counts.is_empty() && p.samples > 0 {
-                super::stats::count(&super::stats::PROFILES_READ);
+                dcpi_report::stats::count(&dcpi_report::stats::PROFILES_READ);
                 match profile_format::Profile::read(&p.path) {
                     Ok(fresh) => p.profile.counts = fresh.counts,
                     Err(e) if req.keep_going => warn(format!("skipping corrupt profile: {e}")),
@@ -409,7 +295,7 @@ fn id_text(id: &ImageId) -> String {
     }
 }
 
-fn image_name_of(r: &ImageReport, p: &super::select::LoadedProfile) -> String {
+fn image_name_of(r: &ImageReport, p: &dcpi_report::select::LoadedProfile) -> String {
     let h = &p.profile.header;
     if h.kind == ImageKind::Unknown {
         return "[unknown]".to_owned();
@@ -450,25 +336,10 @@ fn split_source(s: Option<&str>) -> (Option<String>, Option<u32>) {
     ((!file.is_empty() && file != "??").then(|| file.to_owned()), line)
 }
 
-/// Escape text for XML/HTML content and attribute values.
-pub fn xml(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&#39;"),
-            c => o.push(c),
-        }
-    }
-    o
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dcpi_report::report::{EventInfo, Scope};
 
     #[test]
     fn sources_split_and_unknown_lines_dropped() {

@@ -17,7 +17,7 @@ use std::io::Write;
 
 use prost::Message;
 
-use super::Export;
+use super::model::Export;
 
 #[allow(clippy::all, missing_debug_implementations, missing_docs)]
 pub mod proto {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::Export;
+use super::model::Export;
 
 pub fn document(x: &Export) -> Value {
     let mut frames: Vec<Value> = Vec::new();
