@@ -62,6 +62,24 @@ pub fn run(name: &str, args: &[&str]) -> Output {
     Command::new(bin(name)).args(args).output().expect("spawn")
 }
 
+/// The JSON document a report tool printed; panics with its stderr unless it succeeded.
+pub fn json(out: Output) -> serde_json::Value {
+    assert!(out.status.success(), "report failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON report")
+}
+
+/// `dcpid` with `args` refuses to start: exit status 2 and a stderr that contains every needle,
+/// which is returned.
+pub fn dcpid_exits_2(args: &[&str], needles: &[&str]) -> String {
+    let out = run("dcpid", args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "dcpid {args:?}: {err}");
+    for n in needles {
+        assert!(err.contains(n), "dcpid {args:?}: stderr lacks {n:?}: {err}");
+    }
+    err.into_owned()
+}
+
 /// A private database, spool and control socket in a temporary directory.
 #[derive(Debug)]
 pub struct Sandbox {

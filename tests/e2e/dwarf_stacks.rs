@@ -5,6 +5,7 @@
 
 use std::process::Command;
 
+use dcpi_e2e::json;
 use dcpi_e2e::Sandbox;
 
 /// `hot()` does all the work in a frameless leaf; `via_a` gives it 3 units per round and `via_b` 2.
@@ -24,11 +25,6 @@ fn build(dir: &std::path::Path, name: &str, fp_flag: &str) -> std::path::PathBuf
         .expect("run cc");
     assert!(st.success(), "cc failed");
     bin
-}
-
-fn json(out: std::process::Output) -> serde_json::Value {
-    assert!(out.status.success(), "dcpiprof: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("JSON report")
 }
 
 /// Run the workload under a daemon with `callchains`, and return `--callers hot` samples of

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use dcpi_e2e::json;
 use dcpi_e2e::Sandbox;
 
 /// A tool the test needs, or `None` after printing why (a panic under `DCPI_REQUIRE_ALL=1`,
@@ -16,11 +17,6 @@ fn tool(name: &str, package: &str) -> Option<PathBuf> {
         dcpi_testkit::skipped(format_args!("{why}"));
     }
     found
-}
-
-fn json(out: std::process::Output) -> serde_json::Value {
-    assert!(out.status.success(), "dcpiprof: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("JSON report")
 }
 
 /// flat% per function from `go tool pprof -top -symbolize=none`.

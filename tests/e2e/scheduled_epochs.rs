@@ -201,15 +201,6 @@ fn a_reload_turns_the_schedule_on_and_off() {
     assert!(st.success(), "{}", read(&log));
 }
 
-fn expect_exit_2(args: &[&str], needles: &[&str]) {
-    let out = dcpi_e2e::run("dcpid", args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "dcpid {args:?}: {err}");
-    for n in needles {
-        assert!(err.contains(n), "dcpid {args:?}: stderr lacks {n:?}: {err}");
-    }
-}
-
 /// Garbage, negative and sub-second values are configuration errors naming the key (and the
 /// file's line) or the flag: exit status 2, nothing started.
 #[test]
@@ -234,14 +225,14 @@ fn bad_epoch_interval_exits_2_naming_the_key() {
         ("\"400d\"", "too long"),
     ] {
         std::fs::write(&cfg, base(&format!("epoch_interval = {value}\n"))).unwrap();
-        expect_exit_2(&["-c", c], &["bad.toml:5:", "epoch_interval", why]);
+        dcpi_e2e::dcpid_exits_2(&["-c", c], &["bad.toml:5:", "epoch_interval", why]);
     }
     let args = sb.daemon_args("h");
     let mut a: Vec<&str> = args.iter().map(String::as_str).collect();
     a.push("--epoch-interval=-2s");
-    expect_exit_2(&a, &["--epoch-interval"]);
+    dcpi_e2e::dcpid_exits_2(&a, &["--epoch-interval"]);
     a.pop();
     a.extend(["--epoch-interval", "often"]);
-    expect_exit_2(&a, &["--epoch-interval", "often"]);
+    dcpi_e2e::dcpid_exits_2(&a, &["--epoch-interval", "often"]);
     assert!(!sb.db().exists(), "nothing created");
 }

@@ -547,13 +547,9 @@ fn reload_applies_live_settings_and_survives_a_bad_file() {
     assert_eq!(err.matches("reload rejected").count(), 2, "{err}");
 }
 
+/// [`dcpi_e2e::dcpid_exits_2`], and the configuration errors come as one `dcpid:` message.
 fn expect_exit_2(args: &[&str], needles: &[&str]) {
-    let out = dcpi_e2e::run("dcpid", args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "dcpid {args:?}: {err}");
-    for n in needles {
-        assert!(err.contains(n), "dcpid {args:?}: stderr lacks {n:?}: {err}");
-    }
+    let err = dcpi_e2e::dcpid_exits_2(args, needles);
     assert_eq!(err.lines().filter(|l| l.starts_with("dcpid:")).count(), 1, "one message: {err}");
 }
 

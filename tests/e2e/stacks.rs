@@ -4,6 +4,7 @@
 
 use std::process::Command;
 
+use dcpi_e2e::json;
 use dcpi_e2e::Sandbox;
 
 /// `hot()` does all the work; `via_a` gives it 3 units per round and `via_b` 2: a 60/40 split.
@@ -32,11 +33,6 @@ fn build_workload(dir: &std::path::Path, name: &str, source: &str) -> std::path:
         .expect("run cc");
     assert!(st.success(), "cc failed");
     bin
-}
-
-fn json(out: std::process::Output) -> serde_json::Value {
-    assert!(out.status.success(), "dcpiprof: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("JSON report")
 }
 
 #[dcpi_testkit::test(perf)]
