@@ -62,6 +62,15 @@ pub fn run(name: &str, args: &[&str]) -> Output {
     Command::new(bin(name)).args(args).output().expect("spawn")
 }
 
+/// Held by a test whose daemon records call stacks of the whole machine while a workload runs:
+/// two such daemons at once (DWARF unwinding is the heavier) cut each other's stacks short on
+/// a 2-CPU machine (seen: `stacks::callers_of_hot_split_60_40…` beside `dwarf_stacks::` under
+/// two busy loops), so these tests take turns.
+pub fn machine_wide_stacks() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The JSON document a report tool printed; panics with its stderr unless it succeeded.
 pub fn json(out: Output) -> serde_json::Value {
     assert!(out.status.success(), "report failed: {}", String::from_utf8_lossy(&out.stderr));

@@ -31,8 +31,7 @@ fn build(dir: &std::path::Path, name: &str, fp_flag: &str) -> std::path::PathBuf
 /// `via_a` and `via_b` and hot's samples in all.
 fn callers_of_hot(fp_flag: &str, callchains: &str) -> (u64, u64, u64) {
     // One daemon at a time: each samples and unwinds the whole machine, the other's too.
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = dcpi_e2e::machine_wide_stacks();
     let sb = Sandbox::new();
     let dir = sb.dir.path();
     let bin = build(dir, "dwarf_callers", fp_flag);

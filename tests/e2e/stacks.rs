@@ -37,6 +37,7 @@ fn build_workload(dir: &std::path::Path, name: &str, source: &str) -> std::path:
 
 #[dcpi_testkit::test(perf)]
 fn callers_of_hot_split_60_40_and_folded_has_full_stacks() {
+    let _one = dcpi_e2e::machine_wide_stacks();
     let sb = Sandbox::new();
     let dir = sb.dir.path();
     let bin = build_workload(dir, "callers", CALLERS_C);
