@@ -47,6 +47,9 @@ pub enum CtlError {
     Protocol { socket: PathBuf, detail: String },
     #[error("dcpid: {0}")]
     Daemon(String),
+    /// A request the daemon's answer cannot satisfy (`top --event` of an event not sampled).
+    #[error("{0}")]
+    Usage(String),
 }
 
 impl CtlError {
@@ -54,6 +57,7 @@ impl CtlError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Daemon(_) => 1,
+            Self::Usage(_) => 2,
             Self::NotRunning { .. } | Self::PermissionDenied { .. } => 3,
             Self::Io { .. } | Self::Protocol { .. } => 4,
         }

@@ -99,7 +99,7 @@ use crate::types::{EventIdx, PerfTime, Sample, SampleSink, SideBand, TimedSideBa
 
 use table::{Added, Entry, Table};
 
-use crate::who::{CgroupNames, CpuWho, HotRow, Recent, WhoBatch};
+use crate::who::{CgroupNames, CpuWho, HotView, Recent, WhoBatch};
 
 pub use crate::types::ImageInfo;
 
@@ -1135,7 +1135,7 @@ impl Aggregator {
 
     /// The hottest (process, image, offset) rows of the batches taken within `window` and
     /// their total samples (first event), from memory.
-    pub fn top(&self, window: Duration, limit: usize) -> (u64, Vec<HotRow>) {
+    pub fn top(&self, window: Duration, limit: usize) -> HotView {
         lock(&self.recent).top(window, limit)
     }
 
@@ -1312,7 +1312,12 @@ fn resolve_entry(
                 c.0 += count;
                 c.1 = c.1.saturating_add(period);
             }
-            if !e.kernel() {
+            if e.kernel() {
+                // Not the idle task's (pid 0 even with `keep_pids` off, see `drain`).
+                if e.pid != 0 {
+                    out.who.hot_kernel.push((Arc::clone(image), offset, event, count));
+                }
+            } else {
                 // Kernel entries are shared by every process; `CpuWho` counts their owners.
                 out.who.add_user(e.pid, Some(image), event, count);
                 out.who.hot.push((e.pid, Arc::clone(image), offset, event, count));
