@@ -295,10 +295,8 @@ fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     }
     let rows = v["rows"].as_array().cloned().unwrap_or_default();
     for name in ["work_a", "work_b", "work_c"] {
-        let r = rows
-            .iter()
-            .find(|r| r["symbol"] == name)
-            .unwrap_or_else(|| panic!("no {name}: {v:#}"));
+        let r =
+            rows.iter().find(|r| r["symbol"] == name).unwrap_or_else(|| panic!("no {name}: {v:#}"));
         eprintln!(
             "{name}: {} -> {} samples, {} -> {} /s, ratio {}, z {}, p_adj {}, significant {}",
             r["before"],

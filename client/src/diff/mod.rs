@@ -456,9 +456,8 @@ pub fn run_diff(
                 // Databases written without the counters' times (hand-made, or by another
                 // writer): the comparison that needs none, said in the header and the JSON.
                 compare = Compare::Share;
-                fallback = Some(format!(
-                    "{side} selection has no sampled time recorded: shares compared"
-                ));
+                fallback =
+                    Some(format!("{side} selection has no sampled time recorded: shares compared"));
                 break;
             }
             if s.seconds.is_none() {
@@ -472,9 +471,7 @@ pub fn run_diff(
             }
         }
     }
-    for w in warnings.drain(..) {
-        writeln!(err, "dcpidiff: warning: {}", dcpi_report::escape::terminal(&w))?;
-    }
+    crate::notes::write_warnings("dcpidiff", err, &mut warnings)?;
     let mut r = compare_sides(args, compare, rows_of, &event, tallies, bside, aside);
     r.test.fallback = fallback;
     write_report(out, &r, args.out.format, args.out.color.enabled())?;

@@ -138,8 +138,7 @@ pub fn beta_inc(a: f64, b: f64, x: f64) -> f64 {
     if x >= 1.0 {
         return 1.0;
     }
-    let ln_front =
-        ln_gamma(a + b) - ln_gamma(a) - ln_gamma(b) + a * x.ln() + b * (1.0 - x).ln();
+    let ln_front = ln_gamma(a + b) - ln_gamma(a) - ln_gamma(b) + a * x.ln() + b * (1.0 - x).ln();
     let front = ln_front.exp();
     // The continued fraction converges fast on this side of the mean; use symmetry otherwise.
     if x < (a + 1.0) / (a + b + 2.0) {
@@ -302,8 +301,8 @@ mod tests {
         // Binomial(20, 0.3): P(X <= 3) = sum of the exact terms.
         let exact: f64 = (0..=3u64)
             .map(|k| {
-                let c = (ln_gamma(21.0) - ln_gamma(k as f64 + 1.0) - ln_gamma(21.0 - k as f64))
-                    .exp();
+                let c =
+                    (ln_gamma(21.0) - ln_gamma(k as f64 + 1.0) - ln_gamma(21.0 - k as f64)).exp();
                 c * 0.3f64.powi(k as i32) * 0.7f64.powi(20 - k as i32)
             })
             .sum();

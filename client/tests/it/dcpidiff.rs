@@ -76,8 +76,11 @@ fn run(tool: &str, db: &Path, args: &[&str]) -> Output {
     let cache = db.parent().unwrap_or(db).join("symbols.sqlite");
     // These databases have no sampled time (no summaries): dcpidiff's tests below compare
     // shares unless they say otherwise (the rate tests write summaries and pass --compare).
-    let share: &[&str] =
-        if tool == "dcpidiff" && !args.contains(&"--compare") { &["--compare", "share"] } else { &[] };
+    let share: &[&str] = if tool == "dcpidiff" && !args.contains(&"--compare") {
+        &["--compare", "share"]
+    } else {
+        &[]
+    };
     Command::new(exe)
         .env_remove("DCPI_SYMBOL_CACHE")
         .env_remove("NO_COLOR")
