@@ -50,9 +50,10 @@ fn classify(m: &str) -> Option<Why> {
         Some(Why::NotFound)
     } else if m.contains(": build-id mismatch: profile was taken from build") {
         Some(Why::Mismatch)
-    } else if m.contains("cannot parse as ELF") || m.contains(": cannot read symbols: ") {
-        Some(Why::Unreadable)
-    } else if m.contains(": cannot read: ") && m.contains("NAME+0xOFFSET") {
+    } else if m.contains("cannot parse as ELF")
+        || m.contains(": cannot read symbols: ")
+        || (m.contains(": cannot read: ") && m.contains("NAME+0xOFFSET"))
+    {
         Some(Why::Unreadable)
     } else if m.contains("no DWARF found (binary or debug file)") {
         Some(Why::NoDwarf)

@@ -204,7 +204,12 @@ fn run_images(
             report::image_report_of_totals(&totals, &weights, &db_name, p.limit)
         }
     };
-    output::write_images(out, &r, p.format.into(), output::Style { human: tty })?;
+    output::write_images(
+        out,
+        &r,
+        p.format.into(),
+        output::Style { human: tty, ..Default::default() },
+    )?;
     out.flush()?;
     print_stats(p.verbose, err)?;
     Ok(())
@@ -242,7 +247,12 @@ fn run_symbols(
             r.image.path
         )));
     }
-    output::write_symbols(out, &r, p.format.into(), output::Style { human: tty })?;
+    output::write_symbols(
+        out,
+        &r,
+        p.format.into(),
+        output::Style { human: tty, ..Default::default() },
+    )?;
     out.flush()?;
     print_stats(p.verbose, err)?;
     Ok(())
@@ -270,7 +280,12 @@ fn run_global_symbols(
         p.limit,
     );
     flush_warnings(err, &mut warnings)?;
-    output::write_global_symbols(out, &r, p.format.into(), output::Style { human: tty })?;
+    output::write_global_symbols(
+        out,
+        &r,
+        p.format.into(),
+        output::Style { human: tty, ..Default::default() },
+    )?;
     out.flush()?;
     print_stats(p.verbose, err)?;
     Ok(())
