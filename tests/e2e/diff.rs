@@ -188,7 +188,7 @@ int main(int argc, char **argv) {
 /// Issue 39's causality test: fixed work per second, one function made 1.3x slower between
 /// two epochs. dcpidiff (rates by default) flags exactly that function, with a rate ratio
 /// within 1.2-1.4; the two unchanged ones, whose samples per second did not move, are not
-/// flagged (the share comparison flagged them: their shares fell as work_b's rose).
+/// flagged (the share comparison flagged them: their shares fell as `work_b`'s rose).
 ///
 /// Robust under load and to when the daemon cuts: the program runs through both epochs at a
 /// fixed pace (8 % of a CPU, so two busy loops on both CPUs leave it plenty), so its
@@ -228,7 +228,7 @@ fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     let window = std::time::Duration::from_secs(15);
     let signal = |sig: &str| {
         let st = Command::new("kill").args([sig, &prog.id().to_string()]).status();
-        assert!(st.as_ref().is_ok_and(|s| s.success()), "kill {sig}: {st:?}");
+        assert!(st.as_ref().is_ok_and(std::process::ExitStatus::success), "kill {sig}: {st:?}");
     };
     std::thread::sleep(std::time::Duration::from_secs(1));
     let e1 = ok_stdout(&d.ctl(&["epoch", "new"]), "epoch new");

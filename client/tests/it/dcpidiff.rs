@@ -301,8 +301,8 @@ fn write_sampled_time(hd: &HostDir, secs: u64) {
 }
 
 /// Issue 39: the default compares samples per second of sampled time. Before: 10 s; after:
-/// 20 s. fn_0 runs at the same rate (twice the samples in twice the time), fn_1 at 1.3x,
-/// fn_2 at the same rate: only fn_1 is flagged, with a ratio of rates near 1.3, though all
+/// 20 s. `fn_0` runs at the same rate (twice the samples in twice the time), `fn_1` at 1.3x,
+/// `fn_2` at the same rate: only `fn_1` is flagged, with a ratio of rates near 1.3, though all
 /// three shares moved. Shares flag the unchanged ones too (what the issue saw).
 #[test]
 fn rates_flag_only_the_function_that_got_slower() {
