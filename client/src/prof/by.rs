@@ -192,9 +192,7 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
             }
         }
     }
-    for m in warnings.drain(..) {
-        writeln!(err, "dcpiprof: warning: {}", dcpi_report::escape::terminal(&m))?;
-    }
+    crate::notes::write_warnings("dcpiprof", err, &mut warnings)?;
     let of = match (&tr.image, &tr.symbol) {
         (None, _) => "the whole selection".to_owned(),
         (Some(_), None) => format!("all samples of the {}", by.name()),

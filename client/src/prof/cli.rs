@@ -203,7 +203,8 @@ EXIT STATUS
     line naming the thing and what to do. A binary that is missing, unreadable or stripped
     is not an error: its rows show IMAGE+0xOFFSET and a warning says how to supply symbols
     (a stripped library whose exported .dynsym symbols were all there was is also said in
-    the table's header, `# symbols: only .dynsym ...`).";
+    the table's header, `# symbols: only .dynsym ...`). Several such images make one
+    warning line counting them by reason; --verbose lists each with its advice.";
 
 /// Command line of `dcpiprof`.
 #[derive(Parser, Debug, Clone)]

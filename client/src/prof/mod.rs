@@ -50,6 +50,7 @@ pub use dcpi_manpage::Generate;
 /// Run `dcpiprof` with parsed arguments, writing the report to `out` (or `--output`) and
 /// warnings to `err`. Errors are returned (not printed).
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    crate::notes::set_verbose(args.verbose);
     // Every flag is checked against the others before anything is read.
     let mode = Mode::from_args(args)?;
     // A person at a terminal: grouped digits, and no binary export.
@@ -203,7 +204,12 @@ fn run_images(
             report::image_report_of_totals(&totals, &weights, &db_name, p.limit)
         }
     };
-    output::write_images(out, &r, p.format.into(), output::Style { human: tty })?;
+    output::write_images(
+        out,
+        &r,
+        p.format.into(),
+        output::Style { human: tty, ..Default::default() },
+    )?;
     out.flush()?;
     print_stats(p.verbose, err)?;
     Ok(())
@@ -241,7 +247,12 @@ fn run_symbols(
             r.image.path
         )));
     }
-    output::write_symbols(out, &r, p.format.into(), output::Style { human: tty })?;
+    output::write_symbols(
+        out,
+        &r,
+        p.format.into(),
+        output::Style { human: tty, ..Default::default() },
+    )?;
     out.flush()?;
     print_stats(p.verbose, err)?;
     Ok(())
@@ -269,7 +280,12 @@ fn run_global_symbols(
         p.limit,
     );
     flush_warnings(err, &mut warnings)?;
-    output::write_global_symbols(out, &r, p.format.into(), output::Style { human: tty })?;
+    output::write_global_symbols(
+        out,
+        &r,
+        p.format.into(),
+        output::Style { human: tty, ..Default::default() },
+    )?;
     out.flush()?;
     print_stats(p.verbose, err)?;
     Ok(())
@@ -441,10 +457,7 @@ fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Res
 }
 
 fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<()> {
-    for m in w.drain(..) {
-        writeln!(err, "dcpiprof: warning: {}", dcpi_report::escape::terminal(&m))?;
-    }
-    Ok(())
+    crate::notes::write_warnings("dcpiprof", err, w)
 }
 
 /// Print an error the way `dcpiprof` does (with the candidate list for ambiguity).

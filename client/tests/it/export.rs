@@ -693,3 +693,61 @@ fn jit_frames_sampled_only_as_callers_are_named_from_the_stack_file() {
         "{folded}"
     );
 }
+
+/// Decode a `--format pprof` export.
+fn pprof_of(db: &Path, args: &[&str]) -> dcpi_client::prof::export::pprof::proto::Profile {
+    use prost::Message;
+    use std::io::Read;
+    let out = ok(prof(db, &[args, &["--format", "pprof"]].concat()), "pprof export");
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&out[..]).read_to_end(&mut raw).expect("gunzip");
+    dcpi_client::prof::export::pprof::proto::Profile::decode(&raw[..]).expect("decode")
+}
+
+/// Issue 39 item 4: a 62 s epoch whose summary a restarted daemon rewrote 140 s after its
+/// start. The profile's time is the epoch's start and its duration the time sampled (62 s),
+/// not the span to `last_written`; the main mapping (`File:` in pprof) is the hottest user
+/// image, not the kernel, and a profile of the kernel alone has no main file.
+#[test]
+fn pprof_duration_is_the_sampled_time_and_file_the_hottest_user_image() {
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    let hd = host_dir(&t, 0, "alpha");
+    let ev = event("cpu-clock", 1000);
+    Image::new(ImageKind::Elf, p.id.clone(), p.path.display().to_string().as_bytes())
+        .profile(&ev)
+        .counts(&[(p.funcs["hot_alpha"], 30)])
+        .write(&hd);
+    Image::new(ImageKind::Elf, ImageId::BuildId(vec![0xab; 20]), b"/usr/lib/libcold.so.1")
+        .profile(&ev)
+        .counts(&[(0x1234, 5)])
+        .write(&hd);
+    // The kernel is hotter than any user image.
+    Image::kernel("6.1.0").profile(&ev).counts(&[(0x100, 90)]).write(&hd);
+    let start = hd.epoch.start_time().duration_since(std::time::UNIX_EPOCH).expect("epoch time");
+    let mut s = dcpi_testkit::db::write_summaries(&hd, 125);
+    s.index = None;
+    s.cpus = vec![0, 1];
+    s.events = vec![profile_format::EventSummary {
+        desc: Some(ev.clone()),
+        time_enabled_ns: 124_000_000_000,
+        time_running_ns: 124_000_000_000,
+        ..Default::default()
+    }];
+    s.first_written = start.as_secs() + 5;
+    s.last_written = start.as_secs() + 140;
+    s.write(&hd.summary_path()).expect("summary.json");
+    std::fs::remove_file(hd.summary_index_path()).expect("remove summary.idx");
+
+    let pb = pprof_of(&t.root(), &["--host", "alpha", "--epoch", "all"]);
+    let s = |i: i64| pb.string_table[i as usize].as_str();
+    assert_eq!(pb.time_nanos, i64::try_from(start.as_nanos()).expect("ns"));
+    assert_eq!(pb.duration_nanos, 62_000_000_000, "62 s sampled, not 140 s to last_written");
+    assert_eq!(s(pb.mapping[0].filename), p.path.display().to_string(), "main mapping");
+    assert!(pb.mapping.iter().any(|m| s(m.filename).contains("kernel")), "kernel mapped too");
+
+    // Only the kernel: no main file.
+    let pb = pprof_of(&t.root(), &["--host", "alpha", "--epoch", "all", "--image", "kernel"]);
+    assert_eq!(pb.string_table[pb.mapping[0].filename as usize], "", "{:?}", pb.mapping);
+    assert!(pb.location.iter().all(|l| l.mapping_id != pb.mapping[0].id));
+}

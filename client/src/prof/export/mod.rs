@@ -307,20 +307,34 @@ fn image_name_of(r: &ImageReport, p: &dcpi_report::select::LoadedProfile) -> Str
         .map_or_else(|| display_path(&h.image_path), |row| row.image.clone())
 }
 
-/// Start of the earliest epoch, and the time from it to the last summary write (what the
-/// daemons say they covered).
+/// The selection's real time range: from the start of its earliest epoch to the latest end of
+/// a host directory's sampling, where a directory's sampling ends at its epoch's start plus
+/// the time its counters ran (summary.json `time_running_ns` over its CPUs, the longest
+/// event). Not `last_written`: a restarted daemon rewrites that long after the epoch's
+/// samples (issue 39: 140 s for a 62 s epoch). A directory without recorded times falls
+/// back to `last_written`.
 fn times(loaded: &Loaded) -> (i64, i64) {
-    let start = loaded
+    let secs = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+    };
+    let start = loaded.dirs.iter().map(|d| secs(d.epoch.start_time())).reduce(f64::min);
+    let end = loaded
         .dirs
         .iter()
-        .filter_map(|d| d.epoch.start_time().duration_since(std::time::UNIX_EPOCH).ok())
-        .min();
-    let last = loaded.summaries.iter().flatten().map(|s| s.last_written).max();
-    let nanos = |d: std::time::Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
-    match (start, last) {
-        (Some(s), Some(l)) if l > s.as_secs() => {
-            (nanos(s), nanos(std::time::Duration::from_secs(l).saturating_sub(s)))
-        }
+        .enumerate()
+        .filter_map(|(i, d)| {
+            let s = loaded.summaries.get(i)?.as_ref()?;
+            let ran = s.events.iter().map(|e| e.time_running_ns).max().unwrap_or(0);
+            if ran > 0 && !s.cpus.is_empty() {
+                Some(secs(d.epoch.start_time()) + ran as f64 / 1e9 / s.cpus.len() as f64)
+            } else {
+                (s.last_written > 0).then_some(s.last_written as f64)
+            }
+        })
+        .reduce(f64::max);
+    let nanos = |s: f64| (s * 1e9).round() as i64;
+    match (start, end) {
+        (Some(s), Some(e)) if e > s => (nanos(s), nanos(e - s)),
         (Some(s), _) => (nanos(s), 0),
         _ => (0, 0),
     }

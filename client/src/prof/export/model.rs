@@ -70,7 +70,7 @@ pub struct Export {
     /// Host and epoch names indexed by [`Sample::host`] and [`Sample::epoch`].
     pub hosts: Vec<String>,
     pub epochs: Vec<String>,
-    /// Start of the earliest epoch (Unix ns) and the span the summaries cover, when known.
+    /// Start of the earliest epoch (Unix ns) and the time sampled from it (see `times`).
     pub time_nanos: i64,
     pub duration_nanos: i64,
     /// The per-image report of the same selection.

@@ -89,7 +89,7 @@ pub fn profile(x: &Export) -> proto::Profile {
         let (t, u) = weighted_type(&e.name);
         sample_type.push(proto::ValueType { r#type: st.get(&t), unit: st.get(u) });
     }
-    let mapping = table(&x.images, |i, img| {
+    let mut mapping = table(&x.images, |i, img| {
         let start = mapping_start(i);
         let lines = x.locations.iter().any(|l| l.image == i && l.line.is_some());
         proto::Mapping {
@@ -105,6 +105,28 @@ pub fn profile(x: &Export) -> proto::Profile {
             has_inline_frames: false,
         }
     });
+    // pprof takes the first mapping for the profile's main binary (`File:` in its reports):
+    // the user image with the most samples, or, when no user image was sampled, a mapping
+    // without a file (not the kernel, which would otherwise be named as the program).
+    match main_image(x) {
+        Some(i) => {
+            let m = mapping.remove(i);
+            mapping.insert(0, m);
+        }
+        None if !mapping.is_empty() => {
+            let start = mapping_start(x.images.len());
+            mapping.insert(
+                0,
+                proto::Mapping {
+                    id: pprof_id(x.images.len()),
+                    memory_start: start,
+                    memory_limit: start + 0x1000,
+                    ..Default::default()
+                },
+            );
+        }
+        None => {}
+    }
     let function = table(&x.functions, |i, f| proto::Function {
         id: pprof_id(i),
         name: st.get(&f.name),
@@ -179,6 +201,19 @@ pub fn profile(x: &Export) -> proto::Profile {
         default_sample_type,
         doc_url: 0,
     }
+}
+
+/// The user image (an ELF file mapped by a process) with the most samples, if any.
+fn main_image(x: &Export) -> Option<usize> {
+    let mut samples = vec![0u64; x.images.len()];
+    for s in &x.samples {
+        if let Some(&leaf) = x.stack(s).first() {
+            samples[x.locations[leaf].image] += s.samples;
+        }
+    }
+    (0..x.images.len())
+        .filter(|&i| x.images[i].kind == "elf" && samples[i] > 0)
+        .max_by_key(|&i| (samples[i], std::cmp::Reverse(i)))
 }
 
 /// The gzipped encoding pprof reads.
