@@ -44,6 +44,9 @@ pub struct SearchPaths {
     pub binary_paths: Vec<PathBuf>,
     /// Build-id caches (`<xx>/<rest>` layout), in search order.
     pub cache_dirs: Vec<PathBuf>,
+    /// The database whose symbol store (`<db>/binaries/<xx>/<rest>.sym`, FORMAT.md §10)
+    /// names an image's functions when no binary of its build is found.
+    pub symbol_store: Option<PathBuf>,
 }
 
 /// Outcome of looking for the binary of an image.

@@ -44,6 +44,7 @@ pub mod identity;
 pub mod jit;
 pub mod kernel;
 pub mod maps;
+pub mod symtab;
 pub(crate) mod procfs;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
