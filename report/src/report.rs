@@ -953,8 +953,8 @@ pub fn load_elf(
     let located = locator.locate(r.id, r.recorded);
     if !matches!(located, Located::Found { .. }) {
         // No binary of this build: the database's stored table, before any warning.
-        if let Some(st) = stored_symbols(locator, r, info, warn) {
-            return st;
+        if let Some(t) = stored_table(locator, r, warn) {
+            return use_stored(t, r, info, warn);
         }
     }
     let (path, identity) = match located {
@@ -1031,12 +1031,10 @@ pub fn load_elf(
     if s.symbol_count() == 0 || s.dynsym_only() {
         // A stripped binary whose stored table (taken by dcpid from a debug file installed
         // then) knows more than the binary does now.
-        if let Some(st) = stored_symbols(locator, r, info, warn) {
-            if info.names_missing.is_none() {
-                return st;
+        if let Some(t) = stored_table(locator, r, warn) {
+            if t.0.symbol_count() > s.symbol_count() && !t.0.dynsym_only() {
+                return use_stored(t, r, info, warn);
             }
-            info.names_missing = None;
-            info.from_symbol_store = false;
         }
     }
     if s.symbol_count() == 0 {
@@ -1068,43 +1066,54 @@ pub fn load_elf(
     ElfState::Ready(Box::new(s), entry)
 }
 
-/// The symbols of build `r.id` from the database's symbol store (FORMAT.md §10), which dcpid
-/// filled while the binary existed: `None` when the store has no table for it (or no
-/// database is known). A damaged or planted table is a warning, and `None`. With a table that
-/// has only exported functions (`.dynsym`), `info.names_missing` says so.
-fn stored_symbols(
+/// The table of build `r.id` in the database's symbol store (FORMAT.md §10), which dcpid
+/// filled while the binary existed, and its path: `None` when the store has no table for it
+/// (or no database is known). A damaged or planted table is a warning, and `None`.
+fn stored_table(
     locator: &Locator,
     r: &ElfRequest<'_>,
-    info: &mut ImageInfo,
     warn: &mut dyn FnMut(String),
-) -> Option<ElfState> {
+) -> Option<(ElfSymbolizer, std::path::PathBuf)> {
     let ImageId::BuildId(bid) = r.id else { return None };
     let root = locator.paths.symbol_store.as_ref()?;
     let db = profile_format::Database::open(root).ok()?;
-    let stored = match db.read_symtab(bid) {
-        Ok(t) => t,
+    match db.read_symtab(bid) {
+        Ok(t) => Some((
+            ElfSymbolizer::from_table(SymbolTable::from_stored(&t), None, None),
+            db.symtab_path(bid),
+        )),
         Err(profile_format::Error::Io { source, .. })
             if source.kind() == std::io::ErrorKind::NotFound =>
         {
-            return None
+            None
         }
         Err(e) => {
             warn(format!("{e}; the stored symbol table is not used"));
-            return None;
+            None
         }
-    };
-    let table = SymbolTable::from_stored(&stored);
-    let s = ElfSymbolizer::from_table(table, None, None);
+    }
+}
+
+/// Name the image from its stored table ([`stored_table`]); says so when lines or inlines
+/// were asked (the table has no DWARF).
+fn use_stored(
+    (s, path): (ElfSymbolizer, std::path::PathBuf),
+    r: &ElfRequest<'_>,
+    info: &mut ImageInfo,
+    warn: &mut dyn FnMut(String),
+) -> ElfState {
     if r.mode.inlines || r.mode.lines {
         warn(format!(
-            "{}: named from the database's stored symbol table (the binary of this build is              gone): no source lines or inlined functions",
+            "{}: named from the database's stored symbol table (the binary of this build is \
+             gone): no source lines or inlined functions",
             info.path
         ));
     }
-    info.binary = Some(db.symtab_path(bid).display().to_string());
+    info.binary = Some(path.display().to_string());
+    info.debug_file = None;
     info.from_symbol_store = true;
     info.names_missing = s.dynsym_only().then_some(NamesMissing::NoDebugFile);
-    Some(ElfState::Ready(Box::new(s), None))
+    ElfState::Ready(Box::new(s), None)
 }
 
 /// The source of an ELF or vDSO image (`kind`): a vDSO found by build-id or taken from this
@@ -1192,6 +1201,54 @@ mod tests {
         assert!(at.windows(2).all(|w| w[0] < w[1]) && at[5] != usize::MAX, "{json}");
         assert!(!json.contains("\"source\""), "no source without --lines: {json}");
         assert_eq!(symbol.percent, 75.0, "a row reads as its numbers");
+    }
+
+    /// Issue 39: an image whose binary is gone (or rebuilt) is named from the database's
+    /// stored symbol table through the one symbolizer, and says why when it has none.
+    #[test]
+    fn gone_binary_is_named_from_the_stored_table_else_says_why() {
+        use crate::debuginfo::SearchPaths;
+        use profile_format::{StoredSymtab, SymtabOrigin, SymtabSegment, SymtabSymbol};
+        let dir = tempfile::tempdir().expect("tmp");
+        let db = profile_format::Database::create(dir.path()).expect("db");
+        let bid = vec![0x42; 20];
+        db.put_symtab(&StoredSymtab {
+            build_id: bid.clone(),
+            origin: SymtabOrigin::DebugFile,
+            segments: vec![SymtabSegment { offset: 0x1000, filesz: 0x1000, vaddr: 0x401000 }],
+            symbols: vec![
+                SymtabSymbol { start: 0x401000, size: 0x100, name: "work_a".into() },
+                SymtabSymbol { start: 0x401100, size: 0x100, name: "_ZN3foo3barEv".into() },
+            ],
+        })
+        .expect("store");
+        let paths = SearchPaths { symbol_store: Some(dir.path().to_owned()), ..Default::default() };
+        let mut locator = Locator::new(paths);
+        let mut cache = SymbolCache::disabled();
+        let gone = b"/nonexistent/dcpi-test/app".to_vec();
+        let recorded = [gone];
+        let id = ImageId::BuildId(bid);
+        let r = ElfRequest { id: &id, recorded: &recorded, mode: SymbolMode::default() };
+        let mut info = ImageInfo::default();
+        let mut warnings = Vec::new();
+        let st = load_elf(&mut locator, &mut cache, &r, &mut info, &mut |w| warnings.push(w));
+        let src = Source::Elf(st);
+        let mode = SymbolMode::default();
+        assert_eq!(src.symbolize(0x1010, mode, "app").name, "work_a");
+        assert_eq!(src.symbolize(0x1120, mode, "app").name, "foo::bar()");
+        assert_eq!(src.symbolize(0x1800, mode, "app").name, "app+0x1000", "no symbol: the page");
+        assert!(info.from_symbol_store && info.names_missing.is_none(), "{info:?}");
+        assert!(info.binary.as_deref().is_some_and(|b| b.ends_with(".sym")), "{info:?}");
+        assert!(warnings.is_empty(), "{warnings:?}");
+
+        // Another build with no stored table: unsymbolized, and the reason is given.
+        let other = ImageId::BuildId(vec![0x43; 20]);
+        let r = ElfRequest { id: &other, recorded: &recorded, mode };
+        let mut info = ImageInfo::default();
+        let st = load_elf(&mut locator, &mut cache, &r, &mut info, &mut |w| warnings.push(w));
+        assert_eq!(Source::Elf(st).symbolize(0x1010, mode, "app").name, "app+0x1000");
+        assert_eq!(info.names_missing, Some(NamesMissing::NotFound));
+        assert!(!info.from_symbol_store);
     }
 
     #[test]

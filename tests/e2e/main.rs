@@ -15,6 +15,7 @@ mod scheduled_epochs;
 mod service;
 mod slices;
 mod stacks;
+mod symstore;
 mod start_failures;
 mod store_reliability;
 mod systemd;
