@@ -30,7 +30,9 @@ fn running_images() -> BTreeMap<PathBuf, Vec<u8>> {
             continue;
         }
         #[allow(clippy::disallowed_methods)]
-        let Ok(maps) = std::fs::read_to_string(e.path().join("maps")) else { continue };
+        let Ok(maps) = std::fs::read_to_string(e.path().join("maps")) else {
+            continue;
+        };
         for line in maps.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
             if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
@@ -41,8 +43,12 @@ fn running_images() -> BTreeMap<PathBuf, Vec<u8>> {
                 continue;
             }
             #[allow(clippy::disallowed_methods)]
-            let Ok(data) = std::fs::read(&p) else { continue };
-            let id = object::File::parse(&*data).ok().and_then(|o| o.build_id().ok().flatten().map(<[u8]>::to_vec));
+            let Ok(data) = std::fs::read(&p) else {
+                continue;
+            };
+            let id = object::File::parse(&*data)
+                .ok()
+                .and_then(|o| o.build_id().ok().flatten().map(<[u8]>::to_vec));
             if let Some(id) = id {
                 out.insert(p, id);
             }

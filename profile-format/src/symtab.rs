@@ -175,8 +175,7 @@ impl StoredSymtab {
     /// Decode a file's bytes (`path` names it in errors): container checks (§4), then every
     /// payload rule of FORMAT.md §10.1, each broken one a `Corrupt` error naming its field.
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
-        let payload =
-            codec::open_zlib(bytes, path, SYMTAB_MAGIC, "symbol table", SYMTAB_VERSION)?;
+        let payload = codec::open_zlib(bytes, path, SYMTAB_MAGIC, "symbol table", SYMTAB_VERSION)?;
         let mut r = Reader::new(&payload, path);
         let build_id = r.bytes("build_id")?.to_vec();
         if build_id.is_empty() || build_id.len() > MAX_BUILD_ID_LEN {
@@ -199,7 +198,9 @@ impl StoredSymtab {
         }
         let nsym = r.count("symbols", 4)?;
         if nsym > MAX_SYMTAB_SYMBOLS {
-            return Err(r.corrupt("symbols", format!("{nsym} symbols, at most {MAX_SYMTAB_SYMBOLS}")));
+            return Err(
+                r.corrupt("symbols", format!("{nsym} symbols, at most {MAX_SYMTAB_SYMBOLS}"))
+            );
         }
         let mut symbols: Vec<SymtabSymbol> = Vec::with_capacity(nsym);
         let mut start = 0u64;
@@ -431,7 +432,8 @@ mod tests {
         t.build_id.clear();
         assert!(t.encode().is_err());
         let mut t = table();
-        t.segments = vec![SymtabSegment { offset: 0, filesz: 0, vaddr: 0 }; MAX_SYMTAB_SEGMENTS + 1];
+        t.segments =
+            vec![SymtabSegment { offset: 0, filesz: 0, vaddr: 0 }; MAX_SYMTAB_SEGMENTS + 1];
         assert!(t.encode().is_err());
     }
 
@@ -468,8 +470,7 @@ mod tests {
     /// Payloads with valid checksums that break each rule: the error names the field.
     #[test]
     fn hostile_payloads_name_the_broken_field() {
-        let field = |payload: &[u8]| match StoredSymtab::decode(&file_of(payload), Path::new("h"))
-        {
+        let field = |payload: &[u8]| match StoredSymtab::decode(&file_of(payload), Path::new("h")) {
             Err(Error::Corrupt { field, .. }) => field,
             other => panic!("expected Corrupt, got {other:?}"),
         };

@@ -103,14 +103,13 @@ fn scenario(split_debug: bool, tag: &str) {
     let bin = dir.join("deploy");
     // Fixed, distinct build-ids: the store's file names are known in advance.
     let (old_id, new_id) = if split_debug {
-        ("5d" .repeat(20), "6e".repeat(20))
+        ("5d".repeat(20), "6e".repeat(20))
     } else {
         ("3b".repeat(20), "4c".repeat(20))
     };
     build(dir, &src, &bin, &old_id, 1, split_debug);
     let host = format!("e2e-symstore-{tag}");
-    let mut d =
-        sb.start_daemon(&host, &["--events", "cpu-clock:250000", "--flush-interval", "1s"]);
+    let mut d = sb.start_daemon(&host, &["--events", "cpu-clock:250000", "--flush-interval", "1s"]);
     let before = ok(&d.ctl(&["epoch", "show"]), "epoch show");
     // ~2 s of CPU here (more on a loaded machine).
     let rounds = "150000";

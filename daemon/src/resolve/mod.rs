@@ -44,8 +44,8 @@ pub mod identity;
 pub mod jit;
 pub mod kernel;
 pub mod maps;
-pub mod symtab;
 pub(crate) mod procfs;
+pub mod symtab;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;

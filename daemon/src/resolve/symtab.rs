@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 use profile_format::{
-    StoredSymtab, SymtabOrigin, SymtabSegment, SymtabSymbol, MAX_SYMTAB_NAME,
-    MAX_SYMTAB_SEGMENTS, MAX_SYMTAB_SYMBOLS,
+    StoredSymtab, SymtabOrigin, SymtabSegment, SymtabSymbol, MAX_SYMTAB_NAME, MAX_SYMTAB_SEGMENTS,
+    MAX_SYMTAB_SYMBOLS,
 };
 
 /// Largest binary or debug file looked at (debug files of the largest programs are a few GB).
@@ -56,7 +56,10 @@ fn open_checked(path: &Path) -> Result<File, SymtabError> {
         .map_err(io)?;
     let md = f.metadata().map_err(io)?;
     if !md.is_file() {
-        return Err(io(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file")));
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
     }
     if md.len() > MAX_FILE_BYTES {
         return Err(SymtabError::TooLarge {
@@ -127,8 +130,7 @@ fn name_text(b: &[u8]) -> String {
 fn collect<'a>(file: &object::File<'a, &'a Cache>, out: &mut Vec<SymtabSymbol>) -> bool {
     let mut full = false;
     let add = |sym: object::Symbol<'a, '_, &'a Cache>, out: &mut Vec<SymtabSymbol>| {
-        if sym.is_undefined() || sym.kind() != SymbolKind::Text || out.len() >= MAX_SYMTAB_SYMBOLS
-        {
+        if sym.is_undefined() || sym.kind() != SymbolKind::Text || out.len() >= MAX_SYMTAB_SYMBOLS {
             return false;
         }
         let Ok(name) = sym.name_bytes() else { return false };
@@ -193,7 +195,11 @@ fn debug_candidates(
 /// the `.symtab` of its separate debug file when one with the same build-id is installed,
 /// else its `.dynsym`). `path` may have been replaced since it was profiled: a file of
 /// another build is [`SymtabError::OtherBuild`].
-pub fn extract(path: &Path, build_id: &[u8], debug_root: &Path) -> Result<StoredSymtab, SymtabError> {
+pub fn extract(
+    path: &Path,
+    build_id: &[u8],
+    debug_root: &Path,
+) -> Result<StoredSymtab, SymtabError> {
     let cache = Cache::new(open_checked(path)?);
     let file = parse(path, &cache)?;
     let found = build_id_of(&file);
@@ -292,7 +298,10 @@ mod tests {
             assert!(extract(&p, &[1], Path::new("/nonexistent")).is_err(), "{name}");
         }
         let fifo = dir.path().join("fifo");
-        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success()));
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .is_ok_and(|s| s.success()));
         match extract(&fifo, &[1], Path::new("/nonexistent")) {
             Err(SymtabError::Io { .. }) => {}
             other => panic!("{other:?}"),

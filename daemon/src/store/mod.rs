@@ -43,8 +43,8 @@ mod summaries;
 mod symtabs;
 mod who;
 pub use rotation::{EpochSchedule, Rotation};
-pub use symtabs::{SymtabCounters, SYMTAB_THREAD};
 pub use slices::{SliceSettings, SliceStats, ROLLUP_SLICE};
+pub use symtabs::{SymtabCounters, SYMTAB_THREAD};
 pub use who::WhoProfiles;
 
 use std::collections::HashSet;

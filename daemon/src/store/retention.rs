@@ -68,7 +68,10 @@ impl Store {
         let gc = self.db.as_ref().map(|db| db.gc_symtabs(now, Duration::from_secs(3600)));
         match gc.unwrap_or(Ok(Vec::new())) {
             Ok(ids) if !ids.is_empty() => {
-                tracing::info!(tables = ids.len(), "store: retention removed unreferenced symbol tables")
+                tracing::info!(
+                    tables = ids.len(),
+                    "store: retention removed unreferenced symbol tables"
+                )
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "store: symbol table retention failed"),

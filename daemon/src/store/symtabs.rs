@@ -77,8 +77,7 @@ impl SymtabStore {
         if self.tx.is_none() && !self.failed {
             let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
             let counters = Arc::clone(&self.counters);
-            let root =
-                self.debug_root.clone().unwrap_or_else(|| PathBuf::from(SYSTEM_DEBUG_DIR));
+            let root = self.debug_root.clone().unwrap_or_else(|| PathBuf::from(SYSTEM_DEBUG_DIR));
             match std::thread::Builder::new()
                 .name(SYMTAB_THREAD.into())
                 .spawn(move || worker(&rx, &counters, &root))
@@ -184,7 +183,9 @@ fn worker(rx: &Receiver<Job>, c: &SymtabCounters, debug_root: &Path) {
             Err(e) => {
                 // Common and harmless (a binary replaced or stripped bare): debug level.
                 match &e {
-                    SymtabError::TooLarge { .. } => tracing::info!(error = %e, "store: symbol table not stored"),
+                    SymtabError::TooLarge { .. } => {
+                        tracing::info!(error = %e, "store: symbol table not stored")
+                    }
                     _ => tracing::debug!(error = %e, "store: symbol table not stored"),
                 }
                 c.skipped.fetch_add(1, Ordering::Relaxed);
