@@ -239,7 +239,7 @@ impl StoredSymtab {
 
 fn valid_hex_id(s: &str) -> bool {
     (2..=2 * MAX_BUILD_ID_LEN).contains(&s.len())
-        && s.len() % 2 == 0
+        && s.len().is_multiple_of(2)
         && s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
 }
 

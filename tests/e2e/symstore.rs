@@ -44,7 +44,7 @@ fn sh(cmd: &mut Command, what: &str) {
 }
 
 /// Build `bin` from `src` with the fixed build-id `id` (hex); with `split_debug`, the symbols
-/// go to `<bin>.debug` beside it (objcopy --only-keep-debug, strip, .gnu_debuglink), and the
+/// go to `<bin>.debug` beside it (`objcopy --only-keep-debug`, `strip`, `.gnu_debuglink`), and the
 /// binary itself keeps none.
 fn build(dir: &Path, src: &Path, bin: &Path, id: &str, slow_b: u32, split_debug: bool) {
     sh(
