@@ -17,6 +17,7 @@ mod slices;
 mod stacks;
 mod start_failures;
 mod store_reliability;
+mod symstore;
 mod systemd;
 mod systemd_container;
 mod who;

@@ -237,6 +237,8 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
         binary: None,
         debug_file: None,
         symbols_note: None,
+        names_missing: None,
+        from_symbol_store: false,
     };
     let mode = args.mode();
     let mut frames: Option<Source> = None;
