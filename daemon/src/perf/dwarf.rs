@@ -798,7 +798,10 @@ mod tests {
         assert!(unwind_with(&u, &mut cache, regs, &stack[..16], 64, &mut short));
         assert_eq!(short, vec![0x40_1010, 0x40_114f]);
         short.clear();
-        assert_eq!(unwind_ended(&u, &mut cache, regs, &stack[..16], 64, &mut short), Ended::CopyEnd);
+        assert_eq!(
+            unwind_ended(&u, &mut cache, regs, &stack[..16], 64, &mut short),
+            Ended::CopyEnd
+        );
         let mut two = Vec::new();
         assert_eq!(unwind_ended(&u, &mut cache, regs, &stack, 2, &mut two), Ended::Depth);
         // A depth bound ends it too.
