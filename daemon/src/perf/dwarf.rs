@@ -334,6 +334,9 @@ pub struct DwarfShared {
     /// at a later sample).
     tx: Option<std::sync::mpsc::SyncSender<u32>>,
     procs_loaded: AtomicU64,
+    /// The vDSO's unwind tables, read once from dcpid's own (the same kernel maps the same
+    /// image into every 64-bit process); `None` inside if it cannot be read.
+    vdso: std::sync::OnceLock<Option<(u64, Arc<ImageTables>)>>,
     /// Loads that panicked (a bug on some image or maps): that process unwinds through
     /// frame pointers only; the loader goes on with the next.
     load_panics: AtomicU64,
@@ -410,6 +413,7 @@ impl DwarfShared {
             root,
             tx: Some(tx),
             procs_loaded: AtomicU64::new(0),
+            vdso: std::sync::OnceLock::new(),
             load_panics: AtomicU64::new(0),
             loader_dead: AtomicBool::new(false),
             #[cfg(test)]
@@ -419,7 +423,7 @@ impl DwarfShared {
         // The loader holds only a weak reference: when the tables go, the sender goes with
         // them and `recv` ends the thread.
         std::thread::Builder::new().name(LOADER_THREAD.into()).spawn(move || {
-            let _guard = LoaderGuard(weak.clone());
+            let _guard = LoaderGuard(std::sync::Weak::clone(&weak));
             while let Ok(pid) = rx.recv() {
                 let Some(sh) = weak.upgrade() else { break };
                 // A panic on one process's maps or images (a bug: the input is bounded and
@@ -467,6 +471,7 @@ impl DwarfShared {
             root: ProcRoot::default(),
             tx: None,
             procs_loaded: AtomicU64::new(0),
+            vdso: std::sync::OnceLock::new(),
             load_panics: AtomicU64::new(0),
             loader_dead: AtomicBool::new(false),
             #[cfg(test)]
@@ -562,6 +567,20 @@ impl DwarfShared {
                 break;
             }
             p.ranges.push(m.start..m.end);
+            if m.path == b"[vdso]" {
+                // Samples in clock_gettime and friends unwind through the vDSO's own CFI
+                // (it has .eh_frame; without it, a frame-pointer guess from its frame).
+                let len = m.end.saturating_sub(m.start);
+                if let Some((size, t)) = self.vdso.get_or_init(own_vdso) {
+                    // A 32-bit process maps another vDSO: only an image of the same size.
+                    if *size == len {
+                        if let Some(bias) = t.bias(m.start, m.offset) {
+                            p.unwinder.add_module(t.module("[vdso]", m.start..m.end, bias));
+                        }
+                    }
+                }
+                continue;
+            }
             if m.inode == 0 || !m.path.starts_with(b"/") {
                 continue;
             }
@@ -576,6 +595,26 @@ impl DwarfShared {
         }
         p
     }
+}
+
+/// dcpid's own vDSO image (its mapping's size, its tables), read through `/proc/self/mem`: the
+/// kernel maps one image into every 64-bit process, and its text carries `.eh_frame`.
+fn own_vdso() -> Option<(u64, Arc<ImageTables>)> {
+    use std::os::unix::fs::FileExt;
+    let maps =
+        crate::resolve::procfs::read_bounded(std::path::Path::new("/proc/self/maps"), MAPS_LIMIT)
+            .ok()?;
+    let m =
+        maps.split(|&b| b == b'\n').filter_map(parse_maps_line).find(|m| m.path == b"[vdso]")?;
+    let len = m.end.checked_sub(m.start)?;
+    // A vDSO is a few pages; anything larger is not one.
+    if len == 0 || len > (1 << 20) {
+        return None;
+    }
+    let mut buf = vec![0u8; usize::try_from(len).ok()?];
+    File::open("/proc/self/mem").ok()?.read_exact_at(&mut buf, m.start).ok()?;
+    let t = ImageTables::parse(&buf)?;
+    Some((len, Arc::new(t)))
 }
 
 /// One CPU's DWARF unwinder: the processes' shared unwinders, as last looked up, and a rule
@@ -871,6 +910,31 @@ mod tests {
         d.unwind(1_000_003, regs, &stack, 64, &mut out);
         assert_eq!(out, vec![0x40_1000, 0x40_1fff]);
         assert_eq!(d.counters.not_loaded, 1);
+    }
+
+    /// The vDSO's tables are read from dcpid's own, and a process's unwinder gets a module
+    /// for its `[vdso]` mapping: this process's.
+    #[test]
+    fn the_vdso_has_unwind_tables_and_a_module() {
+        let (len, t) = own_vdso().expect("this process has a vDSO with an ELF image");
+        assert!(len > 0 && t.eh_frame.is_some(), "the vDSO carries .eh_frame");
+        let shared = DwarfShared::manual(1 << 20);
+        let me = std::process::id();
+        let p = shared.load(me);
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        let vdso = maps.lines().find(|l| l.ends_with("[vdso]")).expect("[vdso] mapped");
+        let (a, _) = vdso.split_once('-').expect("range");
+        let start = u64::from_str_radix(a, 16).expect("hex");
+        assert!(p.covers(start));
+        // A vDSO pc finds its module's CFI: unwinding the function at its first instruction
+        // (CFA = rsp + 8) returns to the address on top of the stack.
+        let sp = 0x7ffd_0000_0000u64;
+        let stack = words(&[0x40_2000, 0, 0, 0]);
+        let regs = UserRegs { bp: 0, sp, ip: start + t.text_svma.clone().expect("text").start };
+        let mut out = Vec::new();
+        let mut cache = CacheX86_64::new();
+        unwind_with(&p.unwinder, &mut cache, regs, &stack, 3, &mut out);
+        assert_eq!(out.get(1), Some(&0x40_1fff), "{out:x?}");
     }
 
     /// Garbage for a stack (a hostile copy) ends the stack bounded; never a panic or a loop.
