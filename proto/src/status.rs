@@ -297,6 +297,44 @@ pub struct StackReport {
     /// bound (its stacks would not have fit until the next flush).
     #[serde(default)]
     pub early_flushes: u64,
+    /// `callchains = "dwarf"`: the unwinder's counters; absent with frame pointers.
+    #[serde(default)]
+    pub dwarf: Option<DwarfReport>,
+}
+
+/// The DWARF unwinding of copied user stacks (`dcpid --callchains dwarf`), since start.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct DwarfReport {
+    /// Samples whose user stack was unwound (with CFI where the process's tables were loaded).
+    pub unwound: u64,
+    /// Of those, samples of a process whose tables were not loaded yet: unwound through frame
+    /// pointers only.
+    pub fp_fallback: u64,
+    /// Samples whose user stack did not reach a root.
+    pub truncated: u64,
+    /// Of those, stacks cut at the end of the copied user stack (`sample_user_stack`: deeper
+    /// than that in bytes), and stacks cut by the depth bound (`sample_max_stack`); the rest
+    /// met a frame the tables could not unwind.
+    #[serde(default)]
+    pub truncated_copy_end: u64,
+    #[serde(default)]
+    pub truncated_depth: u64,
+    /// CPU time the drain threads spent unwinding, in ms.
+    pub unwind_ms: f64,
+    /// Processes whose unwind tables the loader thread read.
+    pub procs_loaded: u64,
+    /// Processes waiting for the loader now.
+    pub loader_queue: u64,
+    /// Loads that panicked (that process unwinds through frame pointers only).
+    pub load_panics: u64,
+    /// Whether the loader thread runs; when not, processes not loaded yet unwind through frame
+    /// pointers only.
+    pub loader_running: bool,
+    /// Bytes of unwind sections cached now, all images together, and the bound.
+    pub tables_bytes: u64,
+    pub tables_limit_bytes: u64,
+    /// Images whose unwind sections are cached now.
+    pub images: u64,
 }
 
 /// JIT perf maps (`/tmp/perf-PID.map`) read since start.

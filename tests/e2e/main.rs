@@ -14,6 +14,7 @@ mod sampling;
 mod scheduled_epochs;
 mod service;
 mod slices;
+mod stack_health;
 mod stacks;
 mod start_failures;
 mod store_reliability;

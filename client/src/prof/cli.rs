@@ -67,6 +67,17 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
       \"samples\": int (first event's samples whose stack contains SYM),
       \"stack_samples\": int, \"truncated_percent\": num,
       \"rows\": [ { \"symbol\": str, \"samples\": int, \"percent\": num (of \"samples\") } ] }
+  Stack health (--stack-health, from the call stacks):
+    { \"report\": \"stack-health\", \"database\": str, \"event\": str,
+      \"stack_samples\": int, \"ended_early\": int, \"ended_early_percent\": num,
+      \"threshold_percent\": num, \"rows_omitted\": int,
+      \"rows\": [ { \"image\": str, \"kind\": str, \"build_id\": str|null,
+                  \"stack_samples\": int, \"ended_early\": int (of them, ended early
+                  anywhere), \"ended_here\": int (ended early in this image),
+                  \"percent\": num (ended_here of stack_samples),
+                  \"no_caller\": int, \"lost\": int, \"cut\": int,
+                  \"verdict\": \"sound\"|\"no-frame-pointers\"|\"cut-short\"|\"few-samples\",
+                  \"advice\": str } ] }
   All symbols (--symbols, no --image):
     { \"report\": \"global-symbols\", \"database\", \"epochs\", \"hosts\", \"events\",
       \"total_samples\", \"rows_omitted\" as above,
@@ -131,6 +142,15 @@ CALL STACKS (dcpid --callchains fp)
   stops at code built without frame pointers (and may skip the caller of a leaf function
   compiled without one). Frames other than the sampled pc are return addresses minus one, so
   they name the calling function even when the call is its last instruction.
+  --stack-health gives, per image, the samples of the stacks through it, how many of them
+  ended early (anywhere), how many ended early in it (`here`: charged to the outermost frame
+  of a known image; the verdict's share) and why: `no caller`
+  (truncated after the first user frame: no frame pointer or unwind information), `lost` (not
+  truncated, but ending in a frame that is no entry point: a frame-pointer chain that went
+  astray), `cut` (truncated deeper: sample_max_stack, the copied user stack's end, or a frame
+  without unwind information). Verdict: `sound` below 5% ended early, `no-frame-pointers`
+  (rebuild with -fno-omit-frame-pointer, or give it CFI and record with callchains =
+  \"dwarf\"), `cut-short`, or `few-samples` (fewer than 20 stack samples through it).
   The exports (folded, pprof, svg, html, speedscope) show the full stacks; with --image,
   those whose sampled (leaf) frame is in that image, with all their callers.
   Idle-task stacks are `[idle]` frames; JIT frames are named from the perf map symbols the
@@ -292,6 +312,11 @@ pub struct Args {
     /// Call stacks: what function SYM calls, one row per callee; `[self]` is SYM itself.
     #[arg(long, value_name = "SYM", conflicts_with_all = ["image", "by", "all_symbols"])]
     pub callees: Option<String>,
+    /// Call stacks: per image, the share of the stacks through it that ended early (cut, or
+    /// not at an entry point) and why, naming the images to rebuild with frame pointers or give
+    /// CFI (`callchains = "dwarf"`), and those whose stacks are sound.
+    #[arg(long, conflicts_with_all = ["callers", "callees", "image", "by", "all_symbols", "symbol"])]
+    pub stack_health: bool,
     /// With --callers/--callees: each row is a chain of N frames (`via_a <- main`).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub depth: u16,

@@ -18,6 +18,7 @@ pub use dcpi_report::elfparts;
 pub use dcpi_report::error;
 pub mod export;
 pub mod global;
+pub mod health;
 pub use dcpi_report::image;
 pub use dcpi_report::names;
 pub mod mode;
@@ -95,6 +96,7 @@ pub fn run_mode(
         Mode::Who(p) => who::run(p, out, err),
         Mode::Trend(p) => by::run_by(p, out, err),
         Mode::Calls(p) => run_calls(p, out, err),
+        Mode::StackHealth(p) => run_stack_health(p, out, err),
         Mode::Export(p) => run_export(p, tty, out, err),
     }
 }
@@ -378,6 +380,48 @@ fn run_export(
     p.format.write(&x, p.limit, out)?;
     out.flush()?;
     print_stats(p.verbose, err)?;
+    Ok(())
+}
+
+/// `--stack-health`: per image, the share of the selection's stacks that ended early.
+fn run_stack_health(
+    p: &health::StackHealth,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ProfError> {
+    let mut warnings: Vec<String> = Vec::new();
+    let loaded = p.sel.load(None, &mut |w| warnings.push(w))?;
+    if loaded.profiles.is_empty() {
+        flush_warnings(err, &mut warnings)?;
+        return Err(nothing_sampled(&loaded.dirs));
+    }
+    let weights = report::weights(&loaded, &p.sel.events)?;
+    let locator = p.symbols.locator(&p.sel.db);
+    let cache = p.symbols.cache(&mut |w| warnings.push(w));
+    let mut all = stacks::load(
+        &loaded,
+        &weights,
+        locator,
+        cache,
+        p.mode,
+        p.sel.keep_going,
+        stacks::Want::All,
+        &mut |w| warnings.push(w),
+    )?;
+    flush_warnings(err, &mut warnings)?;
+    all.retain(|s| s.event == 0);
+    if all.is_empty() {
+        return Err(ProfError::Empty(
+            "no call stacks in the selection: dcpid records them with --callchains fp or dwarf \
+             (callchains = \"fp\" or \"dwarf\")"
+                .into(),
+        ));
+    }
+    let event = weights.infos.first().map_or("samples", |e| e.name.as_str());
+    let db = p.sel.db.display().to_string();
+    let r = health::health_report(&all, event, &db, p.limit);
+    health::write(out, &r, p.format)?;
+    out.flush()?;
     Ok(())
 }
 

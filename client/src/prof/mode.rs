@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use super::by::{Across, By, Trend};
 use super::cli::Args;
 use super::export::ExportFormat;
+use super::health::StackHealth;
 use super::output::{Format, TableFormat};
 use super::stacks::{Calls, Direction};
 use super::who::{Who, WhoBy, WhoFilters};
@@ -45,6 +46,8 @@ pub enum Mode {
     Trend(Trend),
     /// `--callers`/`--callees`: call stacks around one function.
     Calls(Calls),
+    /// `--stack-health`: per image, the share of stacks that ended early.
+    StackHealth(StackHealth),
     /// `--format folded|pprof|svg|html|speedscope`.
     Export(Export),
 }
@@ -223,6 +226,31 @@ impl Mode {
             )));
         }
         let symbol_mode = SymbolMode { inlines: a.inlines, lines: a.lines, raw_names: a.raw_names };
+        if a.stack_health {
+            if let Some(f) = filters.first() {
+                return Err(usage(format!(
+                    "--stack-health reads the call stacks of every process: it cannot be \
+                     filtered by {f} (the stack files are not per process)"
+                )));
+            }
+            let format = match output {
+                Output::Table(f) => f,
+                Output::Export(e) => {
+                    return Err(usage(format!(
+                        "--stack-health prints a table, json or csv, not {}",
+                        format_flag(e)
+                    )))
+                }
+            };
+            return Ok(Self::StackHealth(StackHealth {
+                sel: a.sel.clone(),
+                symbols: a.symbols.clone(),
+                mode: SymbolMode { lines: false, inlines: false, ..symbol_mode },
+                limit: a.limit,
+                format,
+            }));
+        }
+
         // --pid/--cgroup with a profile report: the per-process/per-cgroup profiles stand in
         // for the flat ones; every other who report comes from the who tables.
         let who = who_selection(a, output)?;
@@ -571,6 +599,12 @@ mod tests {
             m => panic!("{m:?}"),
         }
         assert!(matches!(ok(&["--callers", "f"]), Mode::Calls(_)));
+        match ok(&["--stack-health", "--format", "csv", "--limit", "4"]) {
+            Mode::StackHealth(h) => {
+                assert_eq!((h.format, h.limit), (TableFormat::Csv, Some(4)));
+            }
+            m => panic!("{m:?}"),
+        }
     }
 
     #[test]
@@ -641,6 +675,8 @@ mod tests {
         rejected(&["--callees", "f", "--format", "pprof"], &["--callees", "--format"]);
         rejected(&["--callers", "f", "--pid", "1"], &["--callers", "--pid"]);
         rejected(&["--callees", "f", "--command", "x"], &["--callees", "--command"]);
+        rejected(&["--stack-health", "--format", "svg"], &["--stack-health", "--format svg"]);
+        rejected(&["--stack-health", "--pid", "3"], &["--stack-health", "--pid"]);
         rejected(&["--by", "epoch", "--format", "svg"], &["--by epoch", "--format svg"]);
         rejected(&["--by", "host", "--format", "html"], &["--by host", "--format html"]);
         rejected(&["--by", "command", "--format", "folded"], &["--by command", "--format folded"]);
