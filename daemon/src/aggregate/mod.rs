@@ -610,7 +610,16 @@ where
 {
     let limit = limit.unwrap_or(PerfTime::MAX);
     let CpuState {
-        pending, table, overflow, overflow_cap, cache, who, stacks, keep_pids, time_event, ..
+        pending,
+        table,
+        overflow,
+        overflow_cap,
+        cache,
+        who,
+        stacks,
+        keep_pids,
+        time_event,
+        ..
     } = c;
     let (keep_pids, time_event) = (*keep_pids, *time_event);
     let (mut done, mut created, mut evicted, mut misses) = (0usize, 0u64, 0u64, 0u64);

@@ -167,7 +167,8 @@ impl OffCpu {
         };
         let mut rings = Vec::with_capacity(cpus.len());
         for &cpu in cpus {
-            let fd = PerfFd::open(&spec, cpu).map_err(|source| OffCpuError::Open { cpu, source })?;
+            let fd =
+                PerfFd::open(&spec, cpu).map_err(|source| OffCpuError::Open { cpu, source })?;
             let ring =
                 RingMap::new(&fd, pages).map_err(|source| OffCpuError::Map { cpu, source })?;
             rings.push(CpuRing { cpu, fd, ring, last: None });
@@ -278,17 +279,15 @@ impl Reader {
             let pairing = &mut self.pairing;
             let pcs = &mut self.pcs;
             let last = &mut r.last;
-            self.ring_reader.drain(&r.ring, |rec| {
-                match on_record(rec, max_stack, pcs, last) {
-                    Rec::Switch(s) => {
-                        if matches!(s.kind, Kind::Out { .. }) && s.tid != 0 {
-                            switches += 1;
-                        }
-                        pairing.push(s);
+            self.ring_reader.drain(&r.ring, |rec| match on_record(rec, max_stack, pcs, last) {
+                Rec::Switch(s) => {
+                    if matches!(s.kind, Kind::Out { .. }) && s.tid != 0 {
+                        switches += 1;
                     }
-                    Rec::Nothing => {}
-                    Rec::Lost(n) => lost += n,
+                    pairing.push(s);
                 }
+                Rec::Nothing => {}
+                Rec::Lost(n) => lost += n,
             });
         }
         let wm = now.saturating_sub(SLACK_NS);
@@ -400,7 +399,9 @@ fn on_record(
         }
         _ => match records::parse_record(rec) {
             Record::SideBand(t) => match t.record {
-                SideBand::Exit { tid, .. } => Rec::Switch(Switch { time: t.time, tid, kind: Kind::Exit }),
+                SideBand::Exit { tid, .. } => {
+                    Rec::Switch(Switch { time: t.time, tid, kind: Kind::Exit })
+                }
                 _ => Rec::Nothing,
             },
             Record::Lost { lost } => Rec::Lost(lost),

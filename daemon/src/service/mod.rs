@@ -47,8 +47,7 @@ use shared::{lock, Counters, Shared, StatusOnly};
 use shutdown::{serve_until_stop, shut_down, spawn_signal_thread, Wake};
 use start::{
     open_store, prepare_spool, prime_resolver, register_sampler, socket_group_id, start_off_cpu,
-    start_sampling,
-    store_config, CreatedDirs,
+    start_sampling, store_config, CreatedDirs,
 };
 
 /// Reads the configuration again (file + the original flags) for a reload.

@@ -234,6 +234,7 @@ impl Shared {
             resolver: &resolver,
             resolver_thread: self.aggregator.resolver_thread_stats(),
             stacks: self.aggregator.stack_report(),
+            off_cpu: lock(&self.offcpu).as_ref().map(crate::offcpu::OffCpu::status),
         })
     }
 }
