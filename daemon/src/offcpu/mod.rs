@@ -140,7 +140,7 @@ struct CpuRing {
     fd: PerfFd,
     ring: RingMap,
     /// The last switch sample read, waiting for the switch-out record that follows it.
-    last: Option<(u32, u64, Blocking)>,
+    last: LastSample,
 }
 
 impl OffCpu {
@@ -171,7 +171,7 @@ impl OffCpu {
                 PerfFd::open(&spec, cpu).map_err(|source| OffCpuError::Open { cpu, source })?;
             let ring =
                 RingMap::new(&fd, pages).map_err(|source| OffCpuError::Map { cpu, source })?;
-            rings.push(CpuRing { cpu, fd, ring, last: None });
+            rings.push(CpuRing { cpu, fd, ring, last: LastSample::default() });
         }
         for r in &rings {
             r.fd.enable().map_err(|source| OffCpuError::Open { cpu: r.cpu, source })?;
@@ -187,7 +187,6 @@ impl OffCpu {
             sink,
             stacks,
             stats: Arc::clone(&stats),
-            pcs: Vec::new(),
             waits: Vec::new(),
             samples: Vec::new(),
         };
@@ -239,7 +238,6 @@ struct Reader {
     sink: Arc<dyn SampleSink>,
     stacks: Option<Arc<StackTables>>,
     stats: Arc<Stats>,
-    pcs: Vec<u64>,
     waits: Vec<Wait>,
     samples: Vec<Sample>,
 }
@@ -277,9 +275,8 @@ impl Reader {
         let mut switches = 0;
         for r in &mut self.rings {
             let pairing = &mut self.pairing;
-            let pcs = &mut self.pcs;
             let last = &mut r.last;
-            self.ring_reader.drain(&r.ring, |rec| match on_record(rec, max_stack, pcs, last) {
+            self.ring_reader.drain(&r.ring, |rec| match on_record(rec, max_stack, last) {
                 Rec::Switch(s) => {
                     if matches!(s.kind, Kind::Out { .. }) && s.tid != 0 {
                         switches += 1;
@@ -352,14 +349,43 @@ enum Rec {
     Nothing,
 }
 
-/// One record of a CPU's ring. A switch sample is kept in `last` until the switch-out record of the
-/// same thread that follows it.
-fn on_record(
-    rec: RawRecord<'_>,
-    max_stack: usize,
-    pcs: &mut Vec<u64>,
-    last: &mut Option<(u32, u64, Blocking)>,
-) -> Rec {
+/// The last switch sample of a CPU, until the switch-out record that follows it says whether
+/// the thread blocked: only then is its chain copied out (half the switches of a loaded
+/// machine are preemptions, whose chains are dropped).
+#[derive(Debug, Default)]
+struct LastSample {
+    valid: bool,
+    tid: u32,
+    pid: u32,
+    ip: u64,
+    truncated: bool,
+    /// Leaf-first pcs (reused: no allocation per sample).
+    pcs: Vec<u64>,
+}
+
+impl LastSample {
+    /// The blocking stack, if this sample is the switch-out of `tid`.
+    fn take(&mut self, tid: u32, voluntary: bool) -> Option<Blocking> {
+        if !std::mem::take(&mut self.valid) || self.tid != tid || !voluntary {
+            return None;
+        }
+        let (pc, kernel) = match self.pcs.iter().copied().find(|&pc| pc < KERNEL_START) {
+            Some(pc) => (pc, false),
+            None => (self.ip, true),
+        };
+        Some(Blocking {
+            pid: self.pid,
+            pc,
+            kernel,
+            pcs: self.pcs.as_slice().into(),
+            truncated: self.truncated,
+        })
+    }
+}
+
+/// One record of a CPU's ring. A switch sample is kept in `last` until the switch-out record of
+/// the same thread that follows it.
+fn on_record(rec: RawRecord<'_>, max_stack: usize, last: &mut LastSample) -> Rec {
     match rec.kind {
         sp::PERF_RECORD_SAMPLE => {
             let Some(s) = records::parse_sample_cc(rec.misc, rec.body, true) else {
@@ -369,17 +395,8 @@ fn on_record(
                 return Rec::Nothing;
             }
             let chain = records::sample_callchain(&s, rec.body);
-            let truncated = process_chain(chain, max_stack, pcs).unwrap_or(false);
-            let user = pcs.iter().copied().find(|&pc| pc < KERNEL_START);
-            let (pc, kernel) = match user {
-                Some(pc) => (pc, false),
-                None => (s.ip, true),
-            };
-            *last = Some((
-                s.tid,
-                s.time,
-                Blocking { pid: s.pid, pc, kernel, pcs: pcs.as_slice().into(), truncated },
-            ));
+            last.truncated = process_chain(chain, max_stack, &mut last.pcs).unwrap_or(false);
+            (last.valid, last.tid, last.pid, last.ip) = (true, s.tid, s.pid, s.ip);
             Rec::Nothing
         }
         sp::PERF_RECORD_SWITCH_CPU_WIDE => {
@@ -387,10 +404,7 @@ fn on_record(
             let misc = u32::from(rec.misc);
             if misc & sp::PERF_RECORD_MISC_SWITCH_OUT != 0 {
                 let voluntary = misc & sp::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT == 0;
-                let blocking = match last.take() {
-                    Some((tid, _, b)) if tid == id.tid => Some(b),
-                    _ => None,
-                };
+                let blocking = last.take(id.tid, voluntary);
                 let kind = Kind::Out { voluntary, blocking };
                 Rec::Switch(Switch { time: id.time, tid: id.tid, kind })
             } else {
@@ -407,5 +421,96 @@ fn on_record(
             Record::Lost { lost } => Rec::Lost(lost),
             _ => Rec::Nothing,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KPC: u64 = 0xffff_ffff_8100_0000;
+
+    fn u64s(v: &[u64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    /// A sample body of the off-CPU event: IDENTIFIER, IP, PID/TID, TIME, CPU, CALLCHAIN.
+    fn sample_body(pid: u32, tid: u32, time: u64, chain: &[u64]) -> Vec<u8> {
+        let ids = u64::from(pid) | (u64::from(tid) << 32);
+        let mut v = vec![9, KPC, ids, time, 0, chain.len() as u64];
+        v.extend_from_slice(chain);
+        u64s(&v)
+    }
+
+    /// A `PERF_RECORD_SWITCH_CPU_WIDE` body: next/prev pid and tid, then the `sample_id`.
+    fn switch_body(pid: u32, tid: u32, time: u64) -> Vec<u8> {
+        let ids = u64::from(pid) | (u64::from(tid) << 32);
+        u64s(&[0, ids, time, 0, 9])
+    }
+
+    fn rec(kind: u32, misc: u16, body: &[u8]) -> RawRecord<'_> {
+        RawRecord { kind, misc, body }
+    }
+
+    #[test]
+    fn a_switch_sample_and_its_switch_out_record_make_one_blocking_stack() {
+        let ctx_kernel = -128i64 as u64;
+        let ctx_user = -512i64 as u64;
+        let chain = [ctx_kernel, KPC, KPC + 0x40, ctx_user, 0x40_1000, 0x40_2005];
+        let mut last = LastSample::default();
+        let out = sp::PERF_RECORD_MISC_SWITCH_OUT as u16;
+        let preempt = out | sp::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT as u16;
+        let sample = sample_body(7, 42, 100, &chain);
+        let sw = switch_body(7, 42, 101);
+
+        // Blocked: the wait is at the user pc where the thread entered the kernel.
+        let r = on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last);
+        assert!(matches!(r, Rec::Nothing));
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &sw), 64, &mut last)
+        else {
+            panic!("no switch")
+        };
+        assert_eq!((s.time, s.tid), (101, 42));
+        let Kind::Out { voluntary: true, blocking: Some(b) } = s.kind else { panic!("{s:?}") };
+        assert_eq!((b.pid, b.pc, b.kernel), (7, 0x40_1000, false));
+        assert_eq!(*b.pcs, [KPC, KPC + 0x3f, 0x40_1000, 0x40_2004]);
+
+        // Preempted: a switch-out without a blocking stack (not a wait).
+        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last);
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, preempt, &sw), 64, &mut last)
+        else {
+            panic!("no switch")
+        };
+        assert_eq!(s.kind, Kind::Out { voluntary: false, blocking: None });
+
+        // A kernel thread (no user frames) waits at the kernel pc; a switch-out of another
+        // thread does not take this one's sample.
+        let k = sample_body(3, 3, 200, &[ctx_kernel, KPC + 8]);
+        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last);
+        let other = switch_body(5, 5, 201);
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &other), 64, &mut last)
+        else {
+            panic!("no switch")
+        };
+        assert_eq!(s.kind, Kind::Out { voluntary: true, blocking: None });
+        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last);
+        let kt = switch_body(3, 3, 202);
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &kt), 64, &mut last)
+        else {
+            panic!("no switch")
+        };
+        let Kind::Out { blocking: Some(b), .. } = s.kind else { panic!("{s:?}") };
+        assert_eq!((b.pc, b.kernel), (KPC, true));
+
+        // A switch-in.
+        let Rec::Switch(s) = on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, 0, &sw), 64, &mut last)
+        else {
+            panic!("no switch")
+        };
+        assert_eq!(s.kind, Kind::In);
     }
 }
