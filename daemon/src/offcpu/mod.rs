@@ -14,7 +14,10 @@
 //! switch, but building one needs a BPF toolchain (clang with the bpf target or bpf-linker for
 //! aya), which this build does not have and a Rust daemon should not require at run time. The
 //! perf-event way costs one sample and two small records per context switch; measured on the
-//! 2-vCPU VM it is within the budget at 10 000 switches/s/CPU (BENCHMARKS.md).
+//! loaded 2-vCPU VM with a debug build, dcpid spends ~3 µs per switch on them (~6 % of one CPU
+//! at 10 000 switches/s/CPU, above the 1 % target; the release build is not measured
+//! yet) and the kernel's per-switch call chain slows a pipe ping-pong about as much as perf
+//! recording the same events (BENCHMARKS.md "Off-CPU time"). Hence `off_cpu` is off by default.
 //!
 //! One thread (`dcpi-offcpu`) reads every CPU's ring (watermark wake-ups at half a ring, else
 //! every [`POLL_MS`]), joins each switch-out sample with the switch-out record that follows it
