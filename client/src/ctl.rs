@@ -361,6 +361,22 @@ pub fn render_status(v: &StatusReport) -> String {
             );
         }
     }
+    if let Some(f) = &v.off_cpu {
+        o += &format!(
+            "off-cpu:    {:.0} switches/s, {:.0} waits/s, {:.2} s off CPU per s; {} waits \
+             without stack, {} lost, {} unpaired, {} threads off CPU now; own cost {:.2} ms/s \
+             ({:.0} ns per switch)\n",
+            f.switches_per_s,
+            f.waits_per_s,
+            f.off_cpu_s_per_s,
+            f.waits_without_stack,
+            f.lost,
+            f.unpaired,
+            f.open,
+            f.cpu_ms_per_s,
+            f.ns_per_switch
+        );
+    }
     if let Some(rl) = &v.last_reload {
         o += &format!("last reload: {} ({}) {}\n", ago(rl.unix_ms), rl.trigger, reload_outcome(rl));
     }

@@ -273,6 +273,38 @@ pub struct StatusReport {
     pub stacks: Option<StackReport>,
     #[serde(default)]
     pub resolver_thread: ResolverThreadReport,
+    /// Off-CPU time (`off_cpu = true`); `None` when it is off.
+    #[serde(default)]
+    pub off_cpu: Option<OffCpuReport>,
+}
+
+/// The off-CPU source (`dcpid --off-cpu true`, event `off-cpu`): its rate and its own cost,
+/// totals since start and rates over the uptime.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct OffCpuReport {
+    /// Context switches seen (the idle task's excluded), and per second.
+    pub switches: u64,
+    pub switches_per_s: f64,
+    /// Waits timed (a voluntary switch-out paired with the thread's next switch-in).
+    pub waits: u64,
+    pub waits_per_s: f64,
+    /// Their total in seconds, and per second of uptime (threads off CPU on average).
+    pub off_cpu_s: f64,
+    pub off_cpu_s_per_s: f64,
+    /// Waits counted without a stack (shorter than `off_cpu_threshold`, or a full table).
+    pub waits_without_stack: u64,
+    /// Records the kernel dropped from the off-CPU rings.
+    pub lost: u64,
+    /// Waits lost to pairing (a lost record, the bound on threads tracked).
+    pub unpaired: u64,
+    /// Threads off CPU now (waits open).
+    pub open: u64,
+    /// The off-CPU thread's own CPU time, in seconds and milliseconds per second, and per
+    /// context switch (nanoseconds). The kernel's share (a sample with a call chain and two
+    /// records per switch, in the switching thread) is not in it: see BENCHMARKS.md.
+    pub cpu_s: f64,
+    pub cpu_ms_per_s: f64,
+    pub ns_per_switch: f64,
 }
 
 /// Call-stack counters since start (`dcpid --callchains fp`).

@@ -8,6 +8,7 @@ mod export;
 mod first_hour;
 mod format;
 mod listing;
+mod offcpu;
 mod report;
 mod resolve;
 mod sampling;

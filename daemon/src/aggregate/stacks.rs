@@ -29,14 +29,22 @@ pub(crate) struct CpuStacks {
 }
 
 impl CpuStacks {
-    /// Count one sample of a stack of process `pid` (address-space version `asid`).
-    pub(crate) fn add(&mut self, pid: u32, asid: u64, stack: StackId, event: EventIdx) {
+    /// Count one sample of a stack of process `pid` (address-space version `asid`), of weight
+    /// `weight` (1; a time-weighted event's nanoseconds, see `Aggregator::set_time_event`).
+    pub(crate) fn add(
+        &mut self,
+        pid: u32,
+        asid: u64,
+        stack: StackId,
+        event: EventIdx,
+        weight: u64,
+    ) {
         let len = self.counts.len();
         match self.counts.get_mut(&(pid, asid, stack, event)) {
-            Some(n) => *n += 1,
+            Some(n) => *n = n.saturating_add(weight),
             None if len >= DEFAULT_KEYS_PER_CPU => self.dropped += 1,
             None => {
-                self.counts.insert((pid, asid, stack, event), 1);
+                self.counts.insert((pid, asid, stack, event), weight);
             }
         }
     }

@@ -582,3 +582,32 @@ fn a_late_record_handed_to_the_resolver_thread_still_precedes_the_samples_after_
     assert_eq!(count(&r, 1, 4), (1, 1), "the sample after the late mmap: {r:?}");
     assert!(r.unknown.is_empty(), "{r:?}");
 }
+
+#[test]
+fn a_time_weighted_event_counts_nanoseconds_with_period_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    agg.set_time_event(1);
+    agg.on_drain(0, 10, &mut Vec::new(), &mut vec![mmap(5, 7, 1)]);
+    // Three waits (event 1, periods in ns) and two samples of event 0 at the same pc.
+    let mut s = vec![
+        Sample { event: 1, ..sample(20, 7, BASE, 1_500) },
+        Sample { event: 1, ..sample(21, 7, BASE, 2_500) },
+        Sample { event: 1, ..sample(22, 7, BASE, 6_000_000) },
+        sample(23, 7, BASE, 1_000_000),
+        sample(24, 7, BASE, 1_000_000),
+    ];
+    agg.on_drain(0, 1000, &mut s, &mut Vec::new());
+    let r = agg.take_resolved();
+    let ns = r
+        .profiles
+        .get(&(ImageId::BuildId(vec![1; 20]), 1))
+        .and_then(|p| p.counts.get(&0).copied())
+        .unwrap_or((0, 0));
+    // Counts are the nanoseconds and so is the period sum: a period of 1 per count.
+    assert_eq!(ns, (6_004_000, 6_004_000), "{r:?}");
+    // The sampled event is unchanged: 2 samples of 1 ms.
+    assert_eq!(count(&r, 1, 0), (2, 2_000_000), "{r:?}");
+    // `samples` counts samples (waits), not nanoseconds.
+    assert_eq!(r.samples, 5);
+}

@@ -62,6 +62,8 @@ fn weighted_type(event: &str) -> (String, &'static str) {
     match event {
         "cpu-clock" => ("cpu".to_owned(), "nanoseconds"),
         "task-clock" => ("task-clock".to_owned(), "nanoseconds"),
+        // dcpid's off-CPU time: its counts are nanoseconds (period 1).
+        "off-cpu" => ("off-cpu".to_owned(), "nanoseconds"),
         e => (e.to_owned(), "events"),
     }
 }

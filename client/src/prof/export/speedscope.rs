@@ -40,7 +40,7 @@ pub fn document(x: &Export) -> Value {
         let mut merged: Vec<(Vec<usize>, f64)> = merged.into_iter().collect();
         merged.sort_by(|a, b| a.0.cmp(&b.0));
         let total: f64 = merged.iter().map(|m| m.1.round()).sum();
-        let unit = if matches!(e.name.as_str(), "cpu-clock" | "task-clock") {
+        let unit = if matches!(e.name.as_str(), "cpu-clock" | "task-clock" | "off-cpu") {
             "nanoseconds"
         } else {
             "none"
