@@ -286,10 +286,10 @@ pub struct Args {
     /// Call stacks (dcpid `--callchains fp`): who calls function SYM (its exact name as the
     /// reports show it), one row per caller with the samples of the stacks through it; `[no
     /// caller]` counts stacks that end in SYM. Also shows the share of truncated stacks.
-    #[arg(long, value_name = "SYM", conflicts_with_all = ["callees", "image", "by", "all_symbols"])]
+    #[arg(long, value_name = "SYM", conflicts_with_all = ["callees", "by", "all_symbols"])]
     pub callers: Option<String>,
     /// Call stacks: what function SYM calls, one row per callee; `[self]` is SYM itself.
-    #[arg(long, value_name = "SYM", conflicts_with_all = ["image", "by", "all_symbols"])]
+    #[arg(long, value_name = "SYM", conflicts_with_all = ["by", "all_symbols"])]
     pub callees: Option<String>,
     /// With --callers/--callees: each row is a chain of N frames (`via_a <- main`).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
