@@ -693,3 +693,79 @@ fn jit_frames_sampled_only_as_callers_are_named_from_the_stack_file() {
         "{folded}"
     );
 }
+
+/// Stacks name the command that ran them (FORMAT.md §13, version 3): every export roots them
+/// at it (`comm;outer;...;leaf`, as stackcollapse-perf does), `--command` selects them, and
+/// `--callers --command` counts that command's stacks only; stacks of older files, which have
+/// no command, are rooted at `[unknown command]`.
+#[test]
+fn stacks_are_rooted_at_their_command_and_selected_by_it() {
+    use profile_format::{StackImage, StackProfile};
+    let t = TestDb::new();
+    let hd = host_dir(&t, 0, "alpha");
+    let ev = event("cpu-clock", 1_000_000);
+    let leaf = ImageId::Fallback([1; 16]);
+    let caller = ImageId::Fallback([2; 16]);
+    let sym = |start: u64, name: &str| JitSymbol { start, size: 0x100, name: name.into() };
+    Image::new(ImageKind::Anon, leaf.clone(), b"[anon:100]")
+        .profile(&ev)
+        .counts(&[(0x1010, 18)])
+        .period(1_000_000)
+        .jit_symbols(vec![sym(0x1000, "leafjit")])
+        .write(&hd);
+    let mut st = StackProfile::new(&hd.host, hd.epoch.as_str(), "cpu-clock");
+    let img = |id: &ImageId, path: &[u8]| StackImage {
+        kind: ImageKind::Anon,
+        id: id.clone(),
+        path: path.to_vec(),
+    };
+    let a = st.image_index(&img(&leaf, b"[anon:100]"));
+    let b = st.image_index(&img(&caller, b"[anon:100:2]"));
+    st.add_jit_symbols(b, [&sym(0x2000, "callerjit")]);
+    let (pg, bench) = (st.command_index(b"postgres"), st.command_index(b"pgbench"));
+    st.add_command(Some(pg), &[(a, 0x1010), (b, 0x2020)], false, 10);
+    st.add_command(Some(bench), &[(a, 0x1010), (b, 0x2020)], false, 5);
+    st.add(&[(a, 0x1010), (b, 0x2020)], false, 3);
+    st.write(&hd.stacks_path("cpu-clock")).expect("write stacks");
+
+    let folded = |extra: &[&str]| {
+        let args = [&["--host", "alpha", "--format", "folded"][..], extra].concat();
+        let out = String::from_utf8(ok(prof(&t.root(), &args), "folded")).expect("utf-8");
+        let mut lines: Vec<String> = out.lines().map(str::to_owned).collect();
+        lines.sort();
+        lines
+    };
+    assert_eq!(
+        folded(&[]),
+        [
+            "[unknown command];callerjit;leafjit 3",
+            "pgbench;callerjit;leafjit 5",
+            "postgres;callerjit;leafjit 10"
+        ]
+    );
+    assert_eq!(folded(&["--command", "pgbench"]), ["pgbench;callerjit;leafjit 5"]);
+    let svg = String::from_utf8(ok(
+        prof(&t.root(), &["--host", "alpha", "--format", "svg", "--command", "postgres"]),
+        "svg",
+    ))
+    .expect("utf-8");
+    assert!(svg.contains("postgres") && !svg.contains("pgbench"), "{svg}");
+    let calls = |extra: &[&str]| {
+        let args =
+            [&["--host", "alpha", "--callers", "leafjit", "--format", "json"][..], extra].concat();
+        let r: Value =
+            serde_json::from_slice(&ok(prof(&t.root(), &args), "--callers")).expect("json");
+        r["samples"].as_u64().expect("samples")
+    };
+    assert_eq!(calls(&[]), 18);
+    assert_eq!(calls(&["--command", "postgres"]), 10);
+    assert_eq!(calls(&["--command", "[unknown command]"]), 3);
+    // A command without stacks, and filters the stacks cannot answer, are clear errors.
+    let o = prof(&t.root(), &["--host", "alpha", "--callers", "leafjit", "--command", "nginx"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("\"nginx\""), "{o:?}");
+    let o = prof(&t.root(), &["--host", "alpha", "--callers", "leafjit", "--pid", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("--pid") && e.contains("--command"), "{e}");
+}

@@ -169,7 +169,12 @@ pub fn profile(x: &Export) -> proto::Profile {
             ];
             if let Some(&c) = x.stack_commands.get(&s.stack) {
                 location_id.push(pprof_id(loc0 + c as usize));
-                label.push(proto::Label { key: comm_key, str: comm_str[c as usize], num: 0, num_unit: 0 });
+                label.push(proto::Label {
+                    key: comm_key,
+                    str: comm_str[c as usize],
+                    num: 0,
+                    num_unit: 0,
+                });
             }
             proto::Sample { location_id, value, label }
         })
