@@ -501,8 +501,33 @@ pub fn load(
                     samples: s.samples,
                 }
             };
-            let calls = match want {
-                Want::Calls { symbol, dir, depth, image } if !mode.inlines => {
+            // `IMAGE+0xSTART-0xEND`: the frames of that image in that offset range are the
+            // function (a stripped image has no symbol to name it by).
+            let by_range = match want {
+                Want::Calls { symbol, image, .. } => parse_offset_range(symbol).map(|r| {
+                    let ranges: Vec<Vec<(u64, u64)>> = images
+                        .iter()
+                        .map(|(_, img)| {
+                            let chosen = image.map_or(label(img) == r.label, |only| {
+                                only.contains(&img.id)
+                                    && (r.label.is_empty() || label(img) == r.label)
+                            });
+                            if chosen && img.kind != ImageKind::Unknown {
+                                vec![(r.start, r.end)]
+                            } else {
+                                Vec::new()
+                            }
+                        })
+                        .collect();
+                    ranges
+                }),
+                Want::All => None,
+            };
+            let calls = match (want, by_range) {
+                (Want::Calls { symbol, dir, depth, .. }, Some(ranges)) => {
+                    Some((symbol, dir, depth, ranges))
+                }
+                (Want::Calls { symbol, dir, depth, image }, None) if !mode.inlines => {
                     let ranges: Vec<Vec<(u64, u64)>> = images
                         .iter()
                         .map(|(_, img)| {
@@ -523,6 +548,7 @@ pub fn load(
                 }
                 continue;
             };
+            let is_range = by_range_symbol(want);
             let in_target = |&(ii, off): &(u32, u64)| {
                 ranges.get(ii as usize).is_some_and(|r| r.iter().any(|&(a, b)| off >= a && off < b))
             };
@@ -537,6 +563,11 @@ pub fn load(
                 };
                 let pos = order.find(|&i| {
                     in_target(&s.frames[i]) && {
+                        if is_range {
+                            // The range is the function: its frames take the name asked for.
+                            names[i] = Some(symbol.to_owned());
+                            return true;
+                        }
                         let nm = namer.memo(di, &images, s.frames[i], warn);
                         let hit = nm == symbol;
                         names[i] = Some(nm);
@@ -564,6 +595,28 @@ pub fn load(
         }
     }
     Ok(out)
+}
+
+/// `IMAGE+0xSTART-0xEND` (or `..`): the frames of image IMAGE (its base name as reports show
+/// it, e.g. `postgres`; empty with `--image`: `+0x10-0x20`) at offsets START (inclusive) to
+/// END (exclusive), as `--callers`/`--callees` accept them for functions of stripped images.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct OffsetRange {
+    label: String,
+    start: u64,
+    end: u64,
+}
+
+fn parse_offset_range(sym: &str) -> Option<OffsetRange> {
+    let (label, range) = sym.rsplit_once('+')?;
+    let (a, b) = range.split_once("..").or_else(|| range.split_once('-'))?;
+    let hex = |t: &str| u64::from_str_radix(t.strip_prefix("0x")?, 16).ok();
+    let (start, end) = (hex(a)?, hex(b)?);
+    (end > start).then(|| OffsetRange { label: label.to_owned(), start, end })
+}
+
+fn by_range_symbol(want: Want<'_>) -> bool {
+    matches!(want, Want::Calls { symbol, .. } if parse_offset_range(symbol).is_some())
 }
 
 /// A stack's command as reports show it (escaped as commands are in the who reports).
@@ -883,6 +936,20 @@ mod tests {
         assert_eq!(got, [("via_a -> hot", 60), ("via_b -> hot", 40), ("other", 10)]);
         let r = call_report(&stacks, "cpu-clock", "hot", Direction::Callees, 1, None);
         assert_eq!(r.rows[0].symbol, "[self]");
+    }
+
+    #[test]
+    fn offset_ranges_parse_and_names_do_not() {
+        let r = |label: &str, start, end| Some(OffsetRange { label: label.into(), start, end });
+        assert_eq!(
+            parse_offset_range("postgres+0x472a10-0x472b80"),
+            r("postgres", 0x472a10, 0x472b80)
+        );
+        assert_eq!(parse_offset_range("libc.so.6+0x10..0x20"), r("libc.so.6", 0x10, 0x20));
+        assert_eq!(parse_offset_range("+0x10-0x20"), r("", 0x10, 0x20));
+        for not in ["hot", "app+0x1000", "a+0x20-0x10", "a+0x10-0x10", "a+10-20", "operator+"] {
+            assert_eq!(parse_offset_range(not), None, "{not}");
+        }
     }
 
     #[test]
