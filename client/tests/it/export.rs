@@ -787,6 +787,12 @@ fn a_function_without_a_symbol_is_named_by_its_offset_range() {
         .period(1_000_000)
         .jit_symbols(vec![sym(0x1000, "leafjit")])
         .write(&hd);
+    // --image names an image by its flat profile: the stripped image's own samples.
+    Image::new(ImageKind::Anon, stripped.clone(), b"[anon:stripped]")
+        .profile(&ev)
+        .counts(&[(0x3010, 1)])
+        .period(1_000_000)
+        .write(&hd);
     let mut st = StackProfile::new(&hd.host, hd.epoch.as_str(), "cpu-clock");
     let img = |id: &ImageId, path: &[u8]| StackImage {
         kind: ImageKind::Anon,
@@ -813,6 +819,11 @@ fn a_function_without_a_symbol_is_named_by_its_offset_range() {
     let r = r.expect("json");
     assert_eq!((code, r["samples"].as_u64()), (Some(0), Some(4)), "{r:#}");
     assert_eq!(r["rows"][0]["symbol"], "leafjit", "{r:#}");
+    let o = prof(
+        &t.root(),
+        &["--host", "alpha", "--callees", "+0x3080..0x3100", "--image", "[anon:stripped]"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
     let (code, r) = callees("+0x3080..0x3100", &["--image", "[anon:stripped]"]);
     assert_eq!((code, r.map(|r| r["samples"].clone())), (Some(0), Some(9.into())));
     // A range in an image no stack has: nothing, and a clear error.
