@@ -505,7 +505,7 @@ pub fn load(
             // function (a stripped image has no symbol to name it by).
             let by_range = match want {
                 Want::Calls { symbol, image, .. } => parse_offset_range(symbol).map(|r| {
-                    let ranges: Vec<Vec<(u64, u64)>> = images
+                    images
                         .iter()
                         .map(|(_, img)| {
                             let chosen = image.map_or(label(img) == r.label, |only| {
@@ -518,8 +518,7 @@ pub fn load(
                                 Vec::new()
                             }
                         })
-                        .collect();
-                    ranges
+                        .collect::<Vec<Vec<(u64, u64)>>>()
                 }),
                 Want::All => None,
             };

@@ -113,9 +113,8 @@ impl Export {
 
     /// Frame names of stack `stack` (index into [`Self::stacks`]), root first: its command
     /// (call stacks) or the image of its outermost location (flat samples), then functions.
-    pub fn frames(&self, stack: u32) -> Vec<String> {
-        let stack_ix = stack;
-        let stack = &self.stacks[stack as usize];
+    pub fn frames(&self, stack_ix: u32) -> Vec<String> {
+        let stack = &self.stacks[stack_ix as usize];
         let mut f = Vec::with_capacity(stack.len() + 1);
         if let Some(c) = self.command(stack_ix) {
             f.push(c.to_owned());
