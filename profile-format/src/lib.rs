@@ -52,8 +52,8 @@ pub use slices::{
     MAX_RECORD, SLICES_FILE, SLICES_HEADER_LEN, SLICES_MAGIC, SLICES_VERSION,
 };
 pub use stacks::{
-    stacks_file_event_component, Frame, StackImage, StackProfile, StackRef, MAX_STACK_DEPTH,
-    STACKS_MAGIC, STACKS_PREFIX, STACKS_SUFFIX, STACKS_VERSION,
+    stacks_file_event_component, Frame, StackImage, StackProfile, StackRef, MAX_COMMAND_LEN,
+    MAX_STACK_DEPTH, STACKS_MAGIC, STACKS_PREFIX, STACKS_SUFFIX, STACKS_VERSION, UNKNOWN_COMMAND,
 };
 pub use sumidx::{SUMMARY_INDEX_FILE, SUMMARY_INDEX_MAGIC, SUMMARY_INDEX_VERSION};
 pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};

@@ -105,9 +105,11 @@ EXPORT FORMATS (every selection; with --image, only that image)
   folded    `image;symbol count` per line (flamegraph.pl, inferno, speedscope): raw samples
             of the first event, summing to the report's total_samples. `;` in a name is
             written as `:`. Where dcpid recorded call stacks (--callchains fp) each line is a
-            whole stack, root first: `outermost image;main;via_a;hot count`, and pprof, svg,
-            html and speedscope show the same stacks (with --image, the stacks whose sampled
-            frame is in that image, as `perf script --dsos`).
+            whole stack, root first, rooted at the command that ran it (as stackcollapse-perf):
+            `app;main;via_a;hot count` (`[unknown command]` for stacks recorded before dcpid
+            kept commands), and pprof, svg, html and speedscope show the same stacks (with
+            --image, the stacks whose sampled frame is in that image, as `perf script --dsos`;
+            with --command NAME, that command's stacks only, and no flat samples).
   pprof     gzipped profile.proto for go tool pprof, Parca, Pyroscope. Sample types per
             event: samples/count (EVENT_samples/count with several events) and the weighted
             estimate (cpu/nanoseconds for cpu-clock, EVENT/events otherwise; the first event's
@@ -117,8 +119,9 @@ EXPORT FORMATS (every selection; with --image, only that image)
             uses addr2line) can re-symbolize from the binaries (PPROF_BINARY_PATH) images
             dcpi could not; `go tool pprof` symbolizes Go binaries only.
             Functions carry dcpi's names (demangled; system name = symbol table name) and,
-            with --lines, file and line. Labels: host, epoch. Written to stdout only when it is
-            not a terminal.
+            with --lines, file and line. Labels: host, epoch, and on call-stack samples comm
+            (whose outermost location is a synthetic one named by the command). Written to
+            stdout only when it is not a terminal.
   svg       flame graph of the folded stacks: hover for counts, click to zoom, Search (or
             Ctrl-F) highlights a regular expression and shows its share; ?s=REGEX in the URL.
   html      one self-contained page (no network access): per-image table, per-symbol tables
@@ -153,6 +156,14 @@ CALL STACKS (dcpid --callchains fp)
   \"dwarf\"), `cut-short`, or `few-samples` (fewer than 20 stack samples through it).
   The exports (folded, pprof, svg, html, speedscope) show the full stacks; with --image,
   those whose sampled (leaf) frame is in that image, with all their callers.
+  --image IMAGE narrows SYM to that image's function (another program's function of the
+  same name is not counted); --command NAME counts only the stacks of processes with that
+  command (comm). Stacks keep their command, not their pid or cgroup: --pid, --cgroup and
+  --cpu with --callers/--callees are a usage error. A function a stripped image has no symbol
+  for is named as the reports name it (`image+0xOFFSET`).
+  The exports (folded, pprof, svg, html, speedscope) show the full stacks, each rooted at its
+  command; with --image, those whose sampled (leaf) frame is in that image, with all their
+  callers.
   Idle-task stacks are `[idle]` frames; JIT frames are named from the perf map symbols the
   stack file carries (also for a JIT region sampled only as a caller), else from those of
   the image's flat profile.
@@ -283,7 +294,8 @@ pub struct Args {
     /// tables). JSON rows carry the key under WHAT's name, and `samples`.
     #[arg(long, value_enum, value_name = "WHAT")]
     pub by: Option<By>,
-    /// Only samples of processes with this command name (comm), from the who tables.
+    /// Only samples of processes with this command name (comm), from the who tables; with
+    /// --callers/--callees or an export, the call stacks of that command.
     #[arg(long, value_name = "NAME")]
     pub command: Option<String>,
     /// Only samples of this cgroup v2 path or its sub-groups (`/system.slice`), or of a unit
@@ -307,10 +319,11 @@ pub struct Args {
     /// Call stacks (dcpid `--callchains fp`): who calls function SYM (its exact name as the
     /// reports show it), one row per caller with the samples of the stacks through it; `[no
     /// caller]` counts stacks that end in SYM. Also shows the share of truncated stacks.
-    #[arg(long, value_name = "SYM", conflicts_with_all = ["callees", "image", "by", "all_symbols"])]
+    /// Narrowed by --image (that image's SYM) and --command.
+    #[arg(long, value_name = "SYM", conflicts_with_all = ["callees", "by", "all_symbols"])]
     pub callers: Option<String>,
     /// Call stacks: what function SYM calls, one row per callee; `[self]` is SYM itself.
-    #[arg(long, value_name = "SYM", conflicts_with_all = ["image", "by", "all_symbols"])]
+    #[arg(long, value_name = "SYM", conflicts_with_all = ["by", "all_symbols"])]
     pub callees: Option<String>,
     /// Call stacks: per image, the share of the stacks through it that ended early (cut, or
     /// not at an entry point) and why, naming the images to rebuild with frame pointers or give

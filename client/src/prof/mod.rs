@@ -322,8 +322,9 @@ fn run_export(
         keep_going: sel.keep_going,
     };
     let mut x = export::build(loaded, &weights, &req, &mut |w| warnings.push(w))?;
-    // The stack files hold every process's stacks (FORMAT.md §13): with --pid/--cgroup the
-    // export is of that process's or cgroup's flat samples only.
+    // The stack files keep each stack's command but not its process or cgroup (FORMAT.md
+    // §13): with --pid/--cgroup the export is of that process's or cgroup's flat samples
+    // only; with --command, of that command's stacks only.
     if p.profiles.who.is_none() {
         // Call stacks, where dcpid recorded them, replace the one-frame samples.
         // The same binaries are looked up again: say each warning once.
@@ -336,6 +337,7 @@ fn run_export(
             req.mode,
             sel.keep_going,
             stacks::Want::All,
+            p.command.as_deref(),
             &mut |w| more.push(w),
         )?;
         for w in more {
@@ -367,9 +369,16 @@ fn run_export(
                 })
             });
         }
-        stacks::apply_to_export(&mut x, &all, loaded);
+        stacks::apply_to_export(&mut x, &all, loaded, p.command.is_some());
     }
     flush_warnings(err, &mut warnings)?;
+    if let (Some(c), true) = (&p.command, x.samples.iter().all(|s| s.samples == 0)) {
+        return Err(ProfError::Empty(format!(
+            "no call stacks of the command {c:?} in the selection: an export with --command \
+             holds that command's call stacks (dcpid --callchains fp), which name their \
+             command since stack files of version 3"
+        )));
+    }
     if x.samples.iter().all(|s| s.samples == 0) {
         return Err(ProfError::Empty(
             "no samples of the selected event(s) in the selection: nothing to export; try \
@@ -437,7 +446,18 @@ fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Res
     let weights = report::weights(&loaded, &p.sel.events)?;
     let locator = p.symbols.locator(&p.sel.db);
     let cache = p.symbols.cache(&mut |w| warnings.push(w));
-    let want = stacks::Want::Calls { symbol, dir, depth };
+    // --image: the function of that image only (its identities, as the per-symbol report
+    // resolves the name).
+    let image: Option<std::collections::HashSet<profile_format::ImageId>> = match &p.image {
+        Some(spec) => Some(
+            report::resolve_image(&loaded, &weights, spec)?
+                .into_iter()
+                .map(|i| loaded.profiles[i].profile.header.image_id.clone())
+                .collect(),
+        ),
+        None => None,
+    };
+    let want = stacks::Want::Calls { symbol, dir, depth, image: image.as_ref() };
     let all = stacks::load(
         &loaded,
         &weights,
@@ -446,10 +466,19 @@ fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Res
         p.mode,
         p.sel.keep_going,
         want,
+        p.command.as_deref(),
         &mut |w| warnings.push(w),
     )?;
     flush_warnings(err, &mut warnings)?;
     if all.is_empty() {
+        if let Some(c) = &p.command {
+            return Err(ProfError::Empty(format!(
+                "no call stacks of the command {c:?} in the selection (stacks name their \
+                 command since stack files of version 3; older ones show as \
+                 {:?})",
+                profile_format::UNKNOWN_COMMAND
+            )));
+        }
         return Err(ProfError::Empty(
             "no call stacks in the selection: dcpid records them with --callchains fp \
              (callchains = \"fp\")"
@@ -457,10 +486,11 @@ fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Res
         ));
     }
     let event = weights.infos.first().map_or("samples", |e| e.name.as_str());
-    let mut r = stacks::call_report(&all, event, symbol, dir, depth);
+    let mut r = stacks::call_report(&all, event, symbol, dir, depth, image.as_ref());
     if r.samples == 0 {
+        let of = p.image.as_ref().map_or_else(String::new, |i| format!(" of image {i:?}"));
         return Err(ProfError::Empty(format!(
-            "no sampled stack contains the function {symbol:?} (names are exact, as the \
+            "no sampled stack contains the function {symbol:?}{of} (names are exact, as the \
              per-symbol reports show them)"
         )));
     }

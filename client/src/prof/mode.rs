@@ -170,6 +170,9 @@ pub struct Export {
     /// `--limit` (rows of the HTML report's tables).
     pub limit: Option<usize>,
     pub verbose: bool,
+    /// `--command`: the call stacks of that command only (FORMAT.md §13 keeps a command per
+    /// stack); flat samples, which do not know their command, are left out.
+    pub command: Option<String>,
 }
 
 fn usage(msg: impl Into<String>) -> ProfError {
@@ -215,16 +218,23 @@ impl Mode {
             (None, None) => None,
         };
         let filters = filter_flags(a);
-        if let (Some((_, dir)), Some(f)) = (&calls, filters.first()) {
+        // Stack files keep each stack's command, not its pid, cgroup or CPU (FORMAT.md §13).
+        let not_per_stack = filters.iter().find(|f| **f != "--command");
+        if let (Some((_, dir)), Some(f)) = (&calls, not_per_stack) {
             let flag = match dir {
                 Direction::Callers => "--callers",
                 Direction::Callees => "--callees",
             };
             return Err(usage(format!(
-                "{flag} reads the call stacks of every process: it cannot be filtered by {f} \
-                 (the stack files are not per process)"
+                "{flag} reads the call stacks, which keep the command that ran each stack but \
+                 not its process, cgroup or CPU: it cannot be filtered by {f} (use --command)"
             )));
         }
+        // --command with an export (and no other who flag): the stacks of that command.
+        let stacks_of_command = a.command.is_some()
+            && filters.len() == 1
+            && a.by.is_none()
+            && matches!(output, Output::Export(_));
         let symbol_mode = SymbolMode { inlines: a.inlines, lines: a.lines, raw_names: a.raw_names };
         if a.stack_health {
             if let Some(f) = filters.first() {
@@ -254,7 +264,10 @@ impl Mode {
         // --pid/--cgroup with a profile report: the per-process/per-cgroup profiles stand in
         // for the flat ones; every other who report comes from the who tables.
         let who = who_selection(a, output)?;
-        if who.is_none() && (!filters.is_empty() || a.by.is_some_and(By::is_who)) {
+        let calls_or_stacks = calls.is_some() || stacks_of_command;
+        if who.is_none()
+            && ((!filters.is_empty() && !calls_or_stacks) || a.by.is_some_and(By::is_who))
+        {
             return Ok(Self::Who(who_tables(a, a.by.unwrap_or(By::Image), output)?));
         }
         if let Some((symbol, direction)) = calls {
@@ -277,6 +290,8 @@ impl Mode {
                 mode: SymbolMode { lines: false, ..symbol_mode },
                 limit: a.limit,
                 format,
+                image: a.image.clone(),
+                command: a.command.clone(),
             }));
         }
         let across = match a.by {
@@ -340,6 +355,7 @@ impl Mode {
                 mode: symbol_mode,
                 limit: a.limit,
                 verbose: a.verbose,
+                command: if stacks_of_command { a.command.clone() } else { None },
             }),
             (Output::Table(format), Some(image)) => Self::Symbols(Symbols {
                 profiles,
@@ -605,6 +621,20 @@ mod tests {
             }
             m => panic!("{m:?}"),
         }
+        // Stacks keep their command: --callers/--callees narrow by --image and --command.
+        match ok(&["--callers", "hot", "--image", "a", "--command", "a"]) {
+            Mode::Calls(c) => {
+                assert_eq!((c.image.as_deref(), c.command.as_deref()), (Some("a"), Some("a")))
+            }
+            m => panic!("{m:?}"),
+        }
+        match ok(&["--command", "a", "--format", "folded"]) {
+            Mode::Export(x) => {
+                assert_eq!(x.command.as_deref(), Some("a"));
+                assert!(x.profiles.who.is_none());
+            }
+            m => panic!("{m:?}"),
+        }
     }
 
     #[test]
@@ -674,15 +704,16 @@ mod tests {
         rejected(&["--callers", "f", "--format", "svg"], &["--callers", "--format"]);
         rejected(&["--callees", "f", "--format", "pprof"], &["--callees", "--format"]);
         rejected(&["--callers", "f", "--pid", "1"], &["--callers", "--pid"]);
-        rejected(&["--callees", "f", "--command", "x"], &["--callees", "--command"]);
         rejected(&["--stack-health", "--format", "svg"], &["--stack-health", "--format svg"]);
         rejected(&["--stack-health", "--pid", "3"], &["--stack-health", "--pid"]);
+        rejected(&["--callees", "f", "--cgroup", "/x"], &["--callees", "--cgroup", "--command"]);
+        rejected(&["--callers", "f", "--cpu", "0"], &["--callers", "--cpu"]);
         rejected(&["--by", "epoch", "--format", "svg"], &["--by epoch", "--format svg"]);
         rejected(&["--by", "host", "--format", "html"], &["--by host", "--format html"]);
         rejected(&["--by", "command", "--format", "folded"], &["--by command", "--format folded"]);
         rejected(
-            &["--command", "x", "--format", "speedscope"],
-            &["--command", "--format speedscope"],
+            &["--command", "x", "--by", "command", "--format", "speedscope"],
+            &["--by command", "--format speedscope"],
         );
         rejected(
             &["--command", "x", "--by", "epoch", "--image", "a", "--symbol", "f"],

@@ -751,3 +751,140 @@ fn pprof_duration_is_the_sampled_time_and_file_the_hottest_user_image() {
     assert_eq!(pb.string_table[pb.mapping[0].filename as usize], "", "{:?}", pb.mapping);
     assert!(pb.location.iter().all(|l| l.mapping_id != pb.mapping[0].id));
 }
+
+/// Stacks name the command that ran them (FORMAT.md §13, version 3): every export roots them
+/// at it (`comm;outer;...;leaf`, as stackcollapse-perf does), `--command` selects them, and
+/// `--callers --command` counts that command's stacks only; stacks of older files, which have
+/// no command, are rooted at `[unknown command]`.
+#[test]
+fn stacks_are_rooted_at_their_command_and_selected_by_it() {
+    use profile_format::{StackImage, StackProfile};
+    let t = TestDb::new();
+    let hd = host_dir(&t, 0, "alpha");
+    let ev = event("cpu-clock", 1_000_000);
+    let leaf = ImageId::Fallback([1; 16]);
+    let caller = ImageId::Fallback([2; 16]);
+    let sym = |start: u64, name: &str| JitSymbol { start, size: 0x100, name: name.into() };
+    Image::new(ImageKind::Anon, leaf.clone(), b"[anon:100]")
+        .profile(&ev)
+        .counts(&[(0x1010, 18)])
+        .period(1_000_000)
+        .jit_symbols(vec![sym(0x1000, "leafjit")])
+        .write(&hd);
+    let mut st = StackProfile::new(&hd.host, hd.epoch.as_str(), "cpu-clock");
+    let img = |id: &ImageId, path: &[u8]| StackImage {
+        kind: ImageKind::Anon,
+        id: id.clone(),
+        path: path.to_vec(),
+    };
+    let a = st.image_index(&img(&leaf, b"[anon:100]"));
+    let b = st.image_index(&img(&caller, b"[anon:100:2]"));
+    st.add_jit_symbols(b, [&sym(0x2000, "callerjit")]);
+    let (pg, bench) = (st.command_index(b"postgres"), st.command_index(b"pgbench"));
+    st.add_command(Some(pg), &[(a, 0x1010), (b, 0x2020)], false, 10);
+    st.add_command(Some(bench), &[(a, 0x1010), (b, 0x2020)], false, 5);
+    st.add(&[(a, 0x1010), (b, 0x2020)], false, 3);
+    st.write(&hd.stacks_path("cpu-clock")).expect("write stacks");
+
+    let folded = |extra: &[&str]| {
+        let args = [&["--host", "alpha", "--format", "folded"][..], extra].concat();
+        let out = String::from_utf8(ok(prof(&t.root(), &args), "folded")).expect("utf-8");
+        let mut lines: Vec<String> = out.lines().map(str::to_owned).collect();
+        lines.sort();
+        lines
+    };
+    assert_eq!(
+        folded(&[]),
+        [
+            "[unknown command];callerjit;leafjit 3",
+            "pgbench;callerjit;leafjit 5",
+            "postgres;callerjit;leafjit 10"
+        ]
+    );
+    assert_eq!(folded(&["--command", "pgbench"]), ["pgbench;callerjit;leafjit 5"]);
+    let svg = String::from_utf8(ok(
+        prof(&t.root(), &["--host", "alpha", "--format", "svg", "--command", "postgres"]),
+        "svg",
+    ))
+    .expect("utf-8");
+    assert!(svg.contains("postgres") && !svg.contains("pgbench"), "{svg}");
+    let calls = |extra: &[&str]| {
+        let args =
+            [&["--host", "alpha", "--callers", "leafjit", "--format", "json"][..], extra].concat();
+        let r: Value =
+            serde_json::from_slice(&ok(prof(&t.root(), &args), "--callers")).expect("json");
+        r["samples"].as_u64().expect("samples")
+    };
+    assert_eq!(calls(&[]), 18);
+    assert_eq!(calls(&["--command", "postgres"]), 10);
+    assert_eq!(calls(&["--command", "[unknown command]"]), 3);
+    // A command without stacks, and filters the stacks cannot answer, are clear errors.
+    let o = prof(&t.root(), &["--host", "alpha", "--callers", "leafjit", "--command", "nginx"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("\"nginx\""), "{o:?}");
+    let o = prof(&t.root(), &["--host", "alpha", "--callers", "leafjit", "--pid", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("--pid") && e.contains("--command"), "{e}");
+}
+
+/// A function no symbol names (a stripped image's static function) is named by its image and
+/// offset range (`IMAGE+0xSTART-0xEND`) for `--callers`/`--callees`, alone or with `--image`.
+#[test]
+fn a_function_without_a_symbol_is_named_by_its_offset_range() {
+    use profile_format::{StackImage, StackProfile};
+    let t = TestDb::new();
+    let hd = host_dir(&t, 0, "alpha");
+    let ev = event("cpu-clock", 1_000_000);
+    let leaf = ImageId::Fallback([1; 16]);
+    let stripped = ImageId::Fallback([2; 16]);
+    let sym = |start: u64, name: &str| JitSymbol { start, size: 0x100, name: name.into() };
+    Image::new(ImageKind::Anon, leaf.clone(), b"[anon:100]")
+        .profile(&ev)
+        .counts(&[(0x1010, 13)])
+        .period(1_000_000)
+        .jit_symbols(vec![sym(0x1000, "leafjit")])
+        .write(&hd);
+    // --image names an image by its flat profile: the stripped image's own samples.
+    Image::new(ImageKind::Anon, stripped.clone(), b"[anon:stripped]")
+        .profile(&ev)
+        .counts(&[(0x3010, 1)])
+        .period(1_000_000)
+        .write(&hd);
+    let mut st = StackProfile::new(&hd.host, hd.epoch.as_str(), "cpu-clock");
+    let img = |id: &ImageId, path: &[u8]| StackImage {
+        kind: ImageKind::Anon,
+        id: id.clone(),
+        path: path.to_vec(),
+    };
+    let a = st.image_index(&img(&leaf, b"[anon:100]"));
+    let b = st.image_index(&img(&stripped, b"[anon:stripped]"));
+    // Two functions of the stripped image in one page: 0x3010 and 0x3090 (0x3080-0x3100).
+    st.add(&[(a, 0x1010), (b, 0x3010)], false, 4);
+    st.add(&[(a, 0x1010), (b, 0x3090)], false, 9);
+    st.write(&hd.stacks_path("cpu-clock")).expect("write stacks");
+    let callees = |spec: &str, extra: &[&str]| {
+        let args =
+            [&["--host", "alpha", "--callees", spec, "--format", "json"][..], extra].concat();
+        let o = prof(&t.root(), &args);
+        (o.status.code(), serde_json::from_slice::<Value>(&o.stdout).ok())
+    };
+    // By page, both functions are one name, as the reports show them.
+    let (code, r) = callees("[anon:stripped]+0x3000", &[]);
+    assert_eq!((code, r.as_ref().map(|r| r["samples"].clone())), (Some(0), Some(13.into())));
+    // By offset range, each alone.
+    let (code, r) = callees("[anon:stripped]+0x3000-0x3080", &[]);
+    let r = r.expect("json");
+    assert_eq!((code, r["samples"].as_u64()), (Some(0), Some(4)), "{r:#}");
+    assert_eq!(r["rows"][0]["symbol"], "leafjit", "{r:#}");
+    let o = prof(
+        &t.root(),
+        &["--host", "alpha", "--callees", "+0x3080..0x3100", "--image", "[anon:stripped]"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let (code, r) = callees("+0x3080..0x3100", &["--image", "[anon:stripped]"]);
+    assert_eq!((code, r.map(|r| r["samples"].clone())), (Some(0), Some(9.into())));
+    // A range in an image no stack has: nothing, and a clear error.
+    let (code, _) = callees("other+0x3000-0x3080", &[]);
+    assert_eq!(code, Some(2));
+}

@@ -1145,9 +1145,11 @@ impl Aggregator {
             c.who.take_into(taken.len() as u32, &mut out.who);
             taken.push((table, overflow, full, c.stacks.take()));
         }
+        let mut comms = stacks::Comms::new();
         for (i, (mut table, overflow, full, stack_counts)) in taken.into_iter().enumerate() {
             if let Some(t) = self.stack_tables.get() {
-                stacks::resolve_cpu(r, &self.idle, t, i as u32, stack_counts, &mut out.stacks);
+                let (idle, slot) = (&self.idle, i as u32);
+                stacks::resolve_cpu(r, idle, t, slot, stack_counts, &mut comms, &mut out.stacks);
                 // Under the CPU lock: no sample moves from pending into the counts meanwhile.
                 let c = lock(&self.cpus[i]);
                 stacks::prune(t, i as u32, c.pending.iter(), &c.stacks);

@@ -278,6 +278,8 @@ pub fn build(
         functions,
         locations,
         stacks,
+        commands: Vec::new(),
+        stack_commands: HashMap::new(),
         samples,
         hosts,
         epochs,
@@ -403,6 +405,8 @@ mod tests {
                 Location { image: 0, offset: 0x1100, function: 1, line: None },
             ],
             stacks: vec![vec![0], vec![1, 0]],
+            commands: Vec::new(),
+            stack_commands: HashMap::new(),
             samples: vec![sample(0, 2), sample(1, 3)],
             hosts: scope.hosts.clone(),
             epochs: scope.epochs.clone(),
@@ -468,6 +472,48 @@ mod tests {
             assert!(!seen.contains(&out), "{f:?} writes what another format wrote");
             seen.push(out);
         }
+    }
+
+    /// Call stacks start at their command: folded lines and speedscope stacks put it first,
+    /// pprof samples end in a location named by it and carry a `comm` label; a flat sample's
+    /// stack keeps its image as root.
+    #[test]
+    fn stacks_are_rooted_at_their_command() {
+        let mut x = tiny();
+        x.commands = vec!["postgres".into()];
+        x.stack_commands.insert(1, 0);
+        assert_eq!(
+            x.folded(),
+            [
+                (vec!["/usr/bin/app".to_owned(), "main".to_owned()], 2),
+                (vec!["postgres".to_owned(), "main".to_owned(), "hot".to_owned()], 3)
+            ]
+        );
+        let p = pprof::profile(&x);
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let fname = |loc: u64| {
+            let l = p.location.iter().find(|l| l.id == loc).expect("location");
+            s(p.function.iter().find(|f| f.id == l.line[0].function_id).expect("function").name)
+        };
+        for sample in &p.sample {
+            let comm: Vec<&str> =
+                sample.label.iter().filter(|l| s(l.key) == "comm").map(|l| s(l.str)).collect();
+            let root = fname(*sample.location_id.last().expect("a stack"));
+            if sample.location_id.len() == 3 {
+                assert_eq!((comm.as_slice(), root), (&["postgres"][..], "postgres"));
+                assert_eq!(fname(sample.location_id[0]), "hot");
+            } else {
+                assert_eq!((comm.len(), root), (0, "main"));
+            }
+        }
+        let v = speedscope::document(&x);
+        let names: Vec<&str> = v["shared"]["frames"]
+            .as_array()
+            .expect("frames")
+            .iter()
+            .map(|f| f["name"].as_str().expect("name"))
+            .collect();
+        assert!(names.contains(&"postgres") && names.contains(&"/usr/bin/app"), "{names:?}");
     }
 
     #[test]

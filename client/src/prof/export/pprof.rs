@@ -10,7 +10,11 @@
 //!   `address - memory_start + file_offset` is what pprof hands its symbolizer.
 //! * Functions and Lines from dcpi's symbolizer: demangled name, symbol-table name, and with
 //!   `--lines` source file and line.
-//! * String labels `host` and `epoch` on every sample.
+//! * String labels `host` and `epoch` on every sample; samples of call stacks (FORMAT.md §13)
+//!   also carry `comm`, the command that ran them, and end in a synthetic Location (no mapping)
+//!   whose function is that command, so that the stack's root is the command as in folded
+//!   stacks. Stacks read from files written before commands were kept have the command
+//!   `[unknown command]`.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -136,7 +140,21 @@ pub fn profile(x: &Export) -> proto::Profile {
         filename: f.file.as_deref().map_or(0, |p| st.get(p)),
         start_line: 0,
     });
-    let location = table(&x.locations, |i, l| proto::Location {
+    let mut function = function;
+    // Call stacks start at their command (FORMAT.md §13): one synthetic function and location
+    // (no mapping) per command, the outermost frame of its stacks, as in folded stacks.
+    let (fn0, loc0) = (x.functions.len(), x.locations.len());
+    for (i, c) in x.commands.iter().enumerate() {
+        let name = st.get(c);
+        function.push(proto::Function {
+            id: pprof_id(fn0 + i),
+            name,
+            system_name: name,
+            filename: 0,
+            start_line: 0,
+        });
+    }
+    let mut location = table(&x.locations, |i, l| proto::Location {
         id: pprof_id(i),
         mapping_id: pprof_id(l.image),
         address: mapping_start(l.image) + l.offset,
@@ -147,7 +165,16 @@ pub fn profile(x: &Export) -> proto::Profile {
         }],
         is_folded: false,
     });
+    location.extend((0..x.commands.len()).map(|i| proto::Location {
+        id: pprof_id(loc0 + i),
+        mapping_id: 0,
+        address: 0,
+        line: vec![proto::Line { function_id: pprof_id(fn0 + i), line: 0, column: 0 }],
+        is_folded: false,
+    }));
     let (host_key, epoch_key) = (st.get("host"), st.get("epoch"));
+    let comm_key = if x.commands.is_empty() { 0 } else { st.get("comm") };
+    let comm_str: Vec<i64> = x.commands.iter().map(|c| st.get(c)).collect();
     let host_str: Vec<i64> = x.hosts.iter().map(|h| st.get(h)).collect();
     let epoch_str: Vec<i64> = x.epochs.iter().map(|e| st.get(e)).collect();
     let sample = x
@@ -159,14 +186,21 @@ pub fn profile(x: &Export) -> proto::Profile {
             value[2 * s.event as usize] = i64::try_from(s.samples).unwrap_or(i64::MAX);
             value[2 * s.event as usize + 1] = s.events.round() as i64;
             let label = |key: i64, str: i64| proto::Label { key, str, num: 0, num_unit: 0 };
-            proto::Sample {
-                location_id: x.stack(s).iter().copied().map(pprof_id).collect(),
-                value,
-                label: vec![
-                    label(host_key, host_str[s.host as usize]),
-                    label(epoch_key, epoch_str[s.epoch as usize]),
-                ],
+            let mut location_id: Vec<u64> = x.stack(s).iter().copied().map(pprof_id).collect();
+            let mut label = vec![
+                label(host_key, host_str[s.host as usize]),
+                label(epoch_key, epoch_str[s.epoch as usize]),
+            ];
+            if let Some(&c) = x.stack_commands.get(&s.stack) {
+                location_id.push(pprof_id(loc0 + c as usize));
+                label.push(proto::Label {
+                    key: comm_key,
+                    str: comm_str[c as usize],
+                    num: 0,
+                    num_unit: 0,
+                });
             }
+            proto::Sample { location_id, value, label }
         })
         .collect();
     let (period_type, period, default_sample_type) = match x.events.first() {
