@@ -506,7 +506,7 @@ fn write(out: &mut dyn Write, s: &Snapshot, format: Format, fixed: bool) -> std:
         Format::Csv => Output::Csv,
         Format::Json => Output::Json,
     };
-    table(s, fixed).write(out, form, Style { human: fixed }, s)
+    table(s, fixed).write(out, form, Style { human: fixed, ..Style::default() }, s)
 }
 
 /// One request and its snapshot.

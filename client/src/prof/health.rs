@@ -330,7 +330,7 @@ mod tests {
     }
 
     fn st(frames: Vec<Frame>, truncated: bool, samples: u64) -> SymStack {
-        SymStack { dir: 0, event: 0, frames, truncated, samples }
+        SymStack { dir: 0, event: 0, command: "t".into(), frames, truncated, samples }
     }
 
     /// A program built without frame pointers (`nofp`): its stacks stop at its own frames,

@@ -415,6 +415,7 @@ fn run_stack_health(
         p.mode,
         p.sel.keep_going,
         stacks::Want::All,
+        None,
         &mut |w| warnings.push(w),
     )?;
     flush_warnings(err, &mut warnings)?;
