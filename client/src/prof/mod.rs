@@ -305,8 +305,16 @@ fn run_export(
     };
     let mut x = export::build(loaded, &weights, &req, &mut |w| warnings.push(w))?;
     // The stack files hold every process's stacks (FORMAT.md §13): with --pid/--cgroup the
-    // export is of that process's or cgroup's flat samples only.
-    if p.profiles.who.is_none() {
+    // export is of that process's or cgroup's flat samples only. Stacks have no time axis:
+    // the export of a time range (--since/--until) is of its flat samples, one frame each.
+    if sel.time_range().is_some() && p.profiles.who.is_none() {
+        warnings.push(
+            "--since/--until: call stacks have no time axis (they hold whole-epoch totals): \
+             the export has the range's flat samples, one frame each"
+                .to_owned(),
+        );
+    }
+    if p.profiles.who.is_none() && sel.time_range().is_none() {
         // Call stacks, where dcpid recorded them, replace the one-frame samples.
         // The same binaries are looked up again: say each warning once.
         let mut more: Vec<String> = Vec::new();
@@ -368,6 +376,7 @@ fn run_export(
 /// `--callers`/`--callees`: the selection's call stacks around one function.
 fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
     let (symbol, dir, depth) = (&p.symbol, p.direction, p.depth);
+    p.sel.no_time_axis("call stacks (--callers/--callees)")?;
     let mut warnings: Vec<String> = Vec::new();
     let loaded = p.sel.load(None, &mut |w| warnings.push(w))?;
     if loaded.profiles.is_empty() {
