@@ -19,6 +19,7 @@ mod start_failures;
 mod store_reliability;
 mod systemd;
 mod systemd_container;
+mod time_ranges;
 mod who;
 
 fn repo_root() -> std::path::PathBuf {
