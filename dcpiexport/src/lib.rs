@@ -221,12 +221,21 @@ fn write_manifest(out: &Path, m: &Manifest) -> Result<(), ExportError> {
 }
 
 /// Fingerprint of a host directory: the names, sizes and modification times of its profiles
-/// and summary, and the event filter. Any publish changes it (files are replaced by rename).
-fn fingerprint(d: &HostDir, events: &[String]) -> Result<String, ExportError> {
+/// and summary, and the event filter; with a time range, the range and the slice log. Any
+/// publish changes it (files are replaced by rename, the slice log grows).
+fn fingerprint(
+    d: &HostDir,
+    events: &[String],
+    range: Option<select::TimeRange>,
+) -> Result<String, ExportError> {
     use std::os::unix::fs::MetadataExt;
     let mut h = Sha256::new();
     h.update(format!("dcpiexport {EXPORT_VERSION}\0{}\0", events.join(",")));
     let mut names: Vec<PathBuf> = d.profiles()?.into_iter().map(|e| e.path).collect();
+    if let Some(r) = range {
+        h.update(format!("range {:?} {:?}\0", r.since, r.until));
+        names.push(d.slices_path());
+    }
     names.push(d.summary_path());
     names.push(d.kallsyms_path());
     names.push(d.kallsyms_ref_path());
@@ -281,7 +290,9 @@ fn host_rows(
     warn: &mut dyn FnMut(String),
     images: &mut BTreeMap<String, SymImage>,
     dir_index: usize,
+    range: Option<&mut select::DirRange>,
 ) -> Result<Vec<SampleRow>, ExportError> {
+    let mut range = range;
     let summary = match HostSummary::read(&d.summary_path()) {
         Ok(s) => Some(s),
         Err(profile_format::Error::Io { source, .. })
@@ -298,7 +309,7 @@ fn host_rows(
     };
     let mut rows = Vec::new();
     for entry in d.profiles()? {
-        let p = match Profile::read(&entry.path) {
+        let mut p = match Profile::read(&entry.path) {
             Ok(p) => p,
             Err(e) if keep_going => {
                 warn(format!("skipping corrupt profile: {e}"));
@@ -306,10 +317,17 @@ fn host_rows(
             }
             Err(e) => return Err(ExportError::Corrupt(e.to_string())),
         };
-        let h = &p.header;
-        if !events.is_empty() && !events.contains(&h.event.name) {
+        if !events.is_empty() && !events.contains(&p.header.event.name) {
             continue;
         }
+        // --since/--until: the profile's counts in the range, from the time slices.
+        if let Some(pairs) = range.as_mut().and_then(|r| r.take(&select::slice_key(&p.header))) {
+            if pairs.is_empty() {
+                continue;
+            }
+            p.counts = pairs.into_iter().collect();
+        }
+        let h = &p.header;
         let w = weight(h, summary.as_ref());
         let id_text = h.image_id.to_text();
         let unknown = h.kind == ImageKind::Unknown;
@@ -461,6 +479,24 @@ fn host_sel_dirs(o: &Options<'_>) -> Result<Vec<HostDir>, ExportError> {
     Ok(select::select_host_dirs(&db, &o.sel.epoch_sel(), &o.sel.host_sel())?)
 }
 
+/// With `--since`/`--until`: each selected directory's slices of the range (the rows are
+/// then the range's counts; FORMAT.md §14), and the range covered, warned about once.
+fn dir_ranges(
+    o: &Options<'_>,
+    dirs: &[HostDir],
+    warn: &mut dyn FnMut(String),
+) -> Result<Vec<Option<select::DirRange>>, ExportError> {
+    let Some(r) = o.sel.time_range() else { return Ok(dirs.iter().map(|_| None).collect()) };
+    let (ranges, cov) = select::range_of_dirs(dirs, r)?;
+    for l in cov.lines() {
+        warn(format!("note: {l}"));
+    }
+    if let Some(w) = select::left_out_warning(&cov) {
+        warn(w);
+    }
+    Ok(ranges.into_iter().map(Some).collect())
+}
+
 /// Run an export.
 pub fn export(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
     match o.format {
@@ -471,6 +507,7 @@ pub fn export(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
 
 fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
     let dirs = host_sel_dirs(o)?;
+    let mut ranges = dir_ranges(o, &dirs, warn)?;
     std::fs::create_dir_all(o.output).map_err(io(o.output))?;
     let mut manifest = read_manifest(o.output)?;
     manifest.database = o.sel.db.display().to_string();
@@ -478,7 +515,7 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
     let mut images: BTreeMap<String, SymImage> = BTreeMap::new();
     for (i, d) in dirs.iter().enumerate() {
         let key = format!("{}/{}", d.epoch, d.host);
-        let fp = fingerprint(d, &o.sel.events)?;
+        let fp = fingerprint(d, &o.sel.events, o.sel.time_range())?;
         let unchanged = manifest.partitions.get(&key).is_some_and(|p| {
             p.fingerprint == fp && is_partition_file(&p.file) && o.output.join(&p.file).exists()
         });
@@ -487,7 +524,8 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
         }
         // Read also unchanged partitions when symbols are wanted, but only to learn images
         // whose symbols are still missing (cheap compared with writing).
-        let rows = host_rows(d, &o.sel.events, o.sel.keep_going, warn, &mut images, i)?;
+        let range = ranges[i].as_mut();
+        let rows = host_rows(d, &o.sel.events, o.sel.keep_going, warn, &mut images, i, range)?;
         if unchanged {
             continue;
         }
@@ -553,6 +591,7 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
 
 fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
     let dirs = host_sel_dirs(o)?;
+    let mut ranges = dir_ranges(o, &dirs, warn)?;
     std::fs::create_dir_all(o.output).map_err(io(o.output))?;
     let mut out = Outcome { host_epochs: dirs.len(), ..Outcome::default() };
     let mut images: BTreeMap<String, SymImage> = BTreeMap::new();
@@ -563,7 +602,8 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
     };
     w(&mut buf, "epoch,host,image,image_id,build_id,kind,event,offset,samples,weight".into());
     for (i, d) in dirs.iter().enumerate() {
-        let rows = host_rows(d, &o.sel.events, o.sel.keep_going, warn, &mut images, i)?;
+        let range = ranges[i].as_mut();
+        let rows = host_rows(d, &o.sel.events, o.sel.keep_going, warn, &mut images, i, range)?;
         for r in &rows {
             w(
                 &mut buf,

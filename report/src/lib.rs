@@ -28,6 +28,7 @@ pub mod stats;
 pub mod symbolize;
 pub mod symbolizer;
 pub mod symcache;
+pub mod timerange;
 
 pub use error::ProfError;
 

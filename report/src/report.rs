@@ -184,6 +184,9 @@ pub struct Scope {
     /// none says): how fresh the report is. Table header only; not part of the JSON schema.
     #[serde(skip)]
     pub newest_data: u64,
+    /// `--since`/`--until`: the time range the counts are of (absent: whole epochs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time: Option<super::timerange::TimeCoverage>,
 }
 
 /// Epochs as report headers show them: `none`, the one, or `first .. last (N epochs)`.
@@ -433,17 +436,13 @@ fn finish<K: Ord + Clone>(
 }
 
 pub fn scope(loaded: &Loaded, db: &str) -> Scope {
-    scope_of(&loaded.dirs, &loaded.summaries, db)
+    scope_of(&loaded.scan, db)
 }
 
-fn scope_of(
-    dirs: &[profile_format::HostDir],
-    summaries: &[Option<profile_format::HostSummary>],
-    db: &str,
-) -> Scope {
-    let (epochs, hosts) = epochs_and_hosts(dirs);
-    let newest_data = summaries.iter().flatten().map(|s| s.last_written).max().unwrap_or(0);
-    Scope { database: db.to_owned(), epochs, hosts, newest_data }
+fn scope_of(scan: &super::select::Scanned, db: &str) -> Scope {
+    let (epochs, hosts) = epochs_and_hosts(&scan.dirs);
+    let newest_data = scan.summaries.iter().flatten().map(|s| s.last_written).max().unwrap_or(0);
+    Scope { database: db.to_owned(), epochs, hosts, newest_data, time: scan.time.clone() }
 }
 
 /// The per-image report.
@@ -459,7 +458,7 @@ pub fn image_report_of_totals(
     db: &str,
     limit: Option<usize>,
 ) -> ImageReport {
-    let scope = scope_of(&t.dirs, &t.summaries, db);
+    let scope = scope_of(&t.scan, db);
     image_report_of_rows(t.rows(), w, scope, limit, t.idle_excluded)
 }
 

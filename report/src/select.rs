@@ -11,6 +11,9 @@ use profile_format::{
 };
 
 use super::image::{image_display, ImageFilter};
+use super::timerange::{coverage, rescale};
+pub use super::timerange::{left_out_warning, slice_key, DirRange};
+pub use super::timerange::{TimeCoverage, TimeRange};
 use super::{stats, ProfError};
 
 /// `--epoch`: `latest`, `all`, one id, or an inclusive range `FROM..TO` (either end may be
@@ -274,6 +277,9 @@ pub struct Scanned {
     /// `--no-idle` took the idle task (`[idle]`) out ([`Loaded::exclude_idle`],
     /// [`Totals::exclude_idle`]).
     pub idle_excluded: bool,
+    /// `--since`/`--until`: what the time range covered (the counts are then the slices' of
+    /// the range, [`super::timerange`]); `None`: whole epochs.
+    pub time: Option<super::timerange::TimeCoverage>,
 }
 
 /// Everything read for a report.
@@ -1072,6 +1078,86 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
     Ok(t)
 }
 
+/// `[start, end)` of each epoch of `dirs` (end: the next epoch's start; `u64::MAX` for the
+/// newest).
+fn epoch_spans(dirs: &[HostDir]) -> Result<Vec<(u64, u64)>, ProfError> {
+    let Some(first) = dirs.first() else { return Ok(Vec::new()) };
+    let epochs = Database::open(&first.db_root())?.epochs()?;
+    Ok(dirs
+        .iter()
+        .map(|d| {
+            let start = epoch_start(d.epoch.as_str()).unwrap_or(0);
+            let next = epochs.iter().find(|e| e.as_str() > d.epoch.as_str());
+            let end = next.and_then(|e| epoch_start(e.as_str())).unwrap_or(u64::MAX);
+            (start, end)
+        })
+        .collect())
+}
+
+/// Every directory's slices of `r` ([`DirRange`]), read in parallel, and their coverage.
+pub fn range_of_dirs(
+    dirs: &[HostDir],
+    r: TimeRange,
+) -> Result<(Vec<DirRange>, TimeCoverage), ProfError> {
+    let spans = epoch_spans(dirs)?;
+    let read = par_map(dirs, |i, d| DirRange::read(d, r, spans[i]));
+    let ranges = read.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<String> = dirs.iter().map(|d| format!("{}/{}", d.epoch, d.host)).collect();
+    let cov = coverage(r, &ranges, &names);
+    Ok((ranges, cov))
+}
+
+/// Restrict loaded profiles to the time range `r` (`--since`/`--until`, issue 36): each
+/// profile's counts become the sum, offset by offset, of its host directory's time slices in
+/// the range for its key (event, image id); profiles loaded without counts get that sum only.
+/// Profiles left without samples are dropped; directories without slices are handled as
+/// [`DirRange::read`] says. The coverage goes to [`Scanned::time`] (report headers).
+pub fn restrict_loaded(
+    loaded: &mut Loaded,
+    r: TimeRange,
+    warn: &mut dyn FnMut(String),
+) -> Result<(), ProfError> {
+    let (mut per_dir, cov) = range_of_dirs(&loaded.scan.dirs, r)?;
+    for p in &mut loaded.profiles {
+        let Some(pairs) = per_dir[p.dir].take(&slice_key(&p.profile.header)) else { continue };
+        let samples = pairs.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+        if !p.profile.counts.is_empty() {
+            p.profile.counts = pairs.into_iter().collect();
+        }
+        p.samples = samples;
+        let h = &mut p.profile.header;
+        (h.total_samples, h.total_period) = rescale(h.total_samples, h.total_period, samples);
+    }
+    loaded.profiles.retain(|p| p.samples > 0);
+    if let Some(w) = left_out_warning(&cov) {
+        warn(w);
+    }
+    loaded.scan.time = Some(cov);
+    Ok(())
+}
+
+/// [`restrict_loaded`] for the per-image report's totals.
+pub fn restrict_totals(
+    t: &mut Totals,
+    r: TimeRange,
+    warn: &mut dyn FnMut(String),
+) -> Result<(), ProfError> {
+    let (mut per_dir, cov) = range_of_dirs(&t.scan.dirs, r)?;
+    for e in &mut t.entries {
+        let key = slice_key(&t.headers[e.header as usize]);
+        let Some(pairs) = per_dir[e.dir as usize].take(&key) else { continue };
+        let samples = pairs.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+        (e.total_samples, e.total_period) = rescale(e.total_samples, e.total_period, samples);
+        e.samples = samples;
+    }
+    t.entries.retain(|e| e.samples > 0);
+    if let Some(w) = left_out_warning(&cov) {
+        warn(w);
+    }
+    t.scan.time = Some(cov);
+    Ok(())
+}
+
 /// Open the database, naming it in the error.
 pub fn open_db(root: &Path) -> Result<Database, ProfError> {
     if !root.is_dir() {
@@ -1122,3 +1208,6 @@ mod tests {
         assert!(!r.matches("20250101T235959Z"));
     }
 }
+
+#[cfg(test)]
+mod range_tests;

@@ -22,6 +22,7 @@ mod store_reliability;
 mod symstore;
 mod systemd;
 mod systemd_container;
+mod time_ranges;
 mod who;
 
 fn repo_root() -> std::path::PathBuf {

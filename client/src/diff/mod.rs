@@ -18,11 +18,11 @@ use dcpi_report::render::{Cell, Column, CsvCell, Kind, Style, Table, Value, BOLD
 use self::common::{
     printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError,
 };
-use crate::args::Selection;
+use crate::args::{parse_when, Selection};
 use crate::prof::output::TableFormat as Format;
 use dcpi_report::error::ProfError;
 use dcpi_report::report::{self, ImageFilter, SymbolMode};
-use dcpi_report::select::{epochs_and_hosts, EpochSel, HostSel, Loaded};
+use dcpi_report::select::{epochs_and_hosts, EpochSel, HostSel, Loaded, TimeCoverage};
 use profile_format::HostSummary;
 
 /// Long help of `dcpidiff`: the numbers, the test and the JSON schema.
@@ -33,6 +33,12 @@ SELECTIONS
   and --after-host default to --host (default: this host; `all` merges every host). So
   `--before 20261123 --after 20261124` compares two days of this host, and
   `--epoch all --before-host web-1 --after-host web-2` two hosts.
+  --before-since/--before-until and --after-since/--after-until select a time range instead
+  (as --since/--until: a duration back from now, a UTC time, 14:00, a day): only the samples
+  of the time slices in that range, of the epochs overlapping it. So `--before-since 10:00
+  --before-until 10:15 --after-since 15m` compares 10:00-10:15 UTC with the last quarter of an
+  hour, on this host or, with --host all, on the fleet. Each side's header line (and JSON
+  `time`) names the range its slices exactly cover.
 
 WHAT IS COMPARED (--compare)
   rate (default)    samples per second of sampled wall time of each selection: \"does this
@@ -109,8 +115,12 @@ JSON SCHEMA (--format json)
                 \"before_builds\": [str], \"after_builds\": [str], \"builds_differ\": bool
                 (image rows only) } ] }
   SIDE = { \"epochs\": [str], \"hosts\": [str], \"total_samples\": int, \"total_events\": int,
-           \"seconds\": num|null (sampled wall time),
-           \"image\": null | { \"path\": str, \"builds\": [str], \"binary\": str|null } }
+           \"seconds\": num|null (sampled wall time; of a time range side: the range covered),
+           \"image\": null | { \"path\": str, \"builds\": [str], \"binary\": str|null },
+           \"time\": TIME (time range sides only) }
+  TIME = { \"since\": int|null, \"until\": int|null (the request, Unix seconds),
+           \"covered\": [int, int]|null (what the slices exactly cover), \"whole_epochs\": [str],
+           \"left_out\": [str] (epoch/host without time slices) }
   CSV: a header line, then one line per row with the row fields above.
 
 EXIT STATUS
@@ -148,6 +158,19 @@ pub struct DiffArgs {
     /// The selection compared with the baseline [default: --epoch].
     #[arg(long, value_name = "SEL")]
     pub after: Option<EpochSel>,
+    /// The baseline is the time range from WHEN on (as --since: `15m`, `14:00`,
+    /// `2026-11-29T14:00:00Z`, a day); replaces --before.
+    #[arg(long, value_name = "WHEN", value_parser = parse_when, conflicts_with = "before")]
+    pub before_since: Option<u64>,
+    /// The baseline's range ends at WHEN (as --until); replaces --before.
+    #[arg(long, value_name = "WHEN", value_parser = parse_when, conflicts_with = "before")]
+    pub before_until: Option<u64>,
+    /// The compared selection is the time range from WHEN on; replaces --after.
+    #[arg(long, value_name = "WHEN", value_parser = parse_when, conflicts_with = "after")]
+    pub after_since: Option<u64>,
+    /// The compared selection's range ends at WHEN; replaces --after.
+    #[arg(long, value_name = "WHEN", value_parser = parse_when, conflicts_with = "after")]
+    pub after_until: Option<u64>,
     /// Host of the baseline (`all` merges every host) [default: --host].
     #[arg(long, value_name = "NAME|all")]
     pub before_host: Option<String>,
@@ -210,6 +233,9 @@ pub struct SideInfo {
     /// host directory recorded none.
     pub seconds: Option<f64>,
     pub image: Option<SideImage>,
+    /// A time range side (`--before-since` ...): what its slices covered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time: Option<TimeCoverage>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -342,14 +368,21 @@ pub fn run_diff(
         )));
     }
     let default_host = args.sel.host_sel();
-    let be = args.before.clone().unwrap_or_else(|| args.sel.epoch_sel());
-    let ae = args.after.clone().unwrap_or_else(|| args.sel.epoch_sel());
+    let range = |since: Option<u64>, until: Option<u64>| {
+        (since.is_some() || until.is_some()).then_some(EpochSel::Between(since, until))
+    };
+    let be = range(args.before_since, args.before_until)
+        .or_else(|| args.before.clone())
+        .unwrap_or_else(|| args.sel.epoch_sel());
+    let ae = range(args.after_since, args.after_until)
+        .or_else(|| args.after.clone())
+        .unwrap_or_else(|| args.sel.epoch_sel());
     let bh = host_sel(args.before_host.as_deref(), &default_host);
     let ah = host_sel(args.after_host.as_deref(), &default_host);
     if be == ae && bh == ah {
         return Err(ToolError::Usage(
-            "--before and --after select the same profiles; give --before/--after (epochs) \
-             or --before-host/--after-host"
+            "--before and --after select the same profiles; give --before/--after (epochs), \
+             --before-since/--after-since (time ranges) or --before-host/--after-host"
                 .into(),
         ));
     }
@@ -512,6 +545,7 @@ fn side_info(l: &Loaded, total: &Tally, image: Option<SideImage>) -> SideInfo {
         total_events: total.events.round() as u64,
         seconds: None,
         image,
+        time: l.time.clone(),
     }
 }
 
@@ -528,6 +562,14 @@ pub fn sampled_seconds(
     event: &str,
     warn: &mut dyn FnMut(String),
 ) -> Result<Option<f64>, profile_format::Error> {
+    // A time range side: the range its slices cover, once per host (the daemons sampled the
+    // whole range; a host-epoch counted whole or left out makes it approximate, and the
+    // header says so).
+    if let Some((a, b)) = l.time.as_ref().and_then(|t| t.covered) {
+        let hosts: std::collections::BTreeSet<&str> =
+            l.dirs.iter().map(|d| d.host.as_str()).collect();
+        return Ok((b > a).then(|| (b - a) as f64 * hosts.len().max(1) as f64));
+    }
     let mut total = 0.0;
     for (i, d) in l.dirs.iter().enumerate() {
         let read;
@@ -709,6 +751,11 @@ fn side_line(s: &SideInfo) -> String {
     }
     if let Some(t) = s.seconds {
         line.push_str(&format!("; {t:.1} s sampled"));
+    }
+    if let Some(t) = &s.time {
+        for l in t.lines() {
+            line.push_str(&format!("; {l}"));
+        }
     }
     line
 }

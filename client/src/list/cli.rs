@@ -65,6 +65,7 @@ BIG FUNCTIONS (--min-percent PCT)
 JSON SCHEMA (--format json; numbers are plain JSON numbers)
   Listing:
     { \"report\": \"listing\", \"database\": str, \"epochs\": [str], \"hosts\": [str],
+      \"time\": TIME (only with --since/--until; as dcpiprof --help describes it),
       \"image\": str, \"kind\": str, \"build_id\": str|null, \"binary\": str|null,
       \"symbol\": str, \"mode\": \"asm\"|\"source\"|\"both\", \"start_offset\": int, \"size\": int,
       \"instructions\": int, \"code\": bool (false: no code bytes, e.g. JIT), \"skid_note\": str,

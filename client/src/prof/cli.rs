@@ -35,6 +35,10 @@ NUMBERS
 JSON SCHEMA (--format json; numbers are plain JSON numbers)
   Per-image report (no --image):
     { \"report\": \"images\", \"database\": str, \"epochs\": [str], \"hosts\": [str],
+      \"time\": TIME (only with --since/--until: { \"since\": int|null, \"until\": int|null,
+        the request in Unix seconds; \"covered\": [int, int]|null, what the time slices used
+        exactly cover; \"whole_epochs\", \"left_out\": [str], epoch/host without slices;
+        every report below has it too),
       \"events\": [EVENT], \"total_samples\": int, \"rows_omitted\": int,
       \"idle\": { \"included\": bool, \"percent\": num },
       \"rows\": [ { \"image\": str, \"kind\": \"elf\"|\"kernel\"|\"module\"|\"vdso\"|\"anon\"|\"unknown\",

@@ -324,8 +324,16 @@ fn run_export(
     let mut x = export::build(loaded, &weights, &req, &mut |w| warnings.push(w))?;
     // The stack files keep each stack's command but not its process or cgroup (FORMAT.md
     // §13): with --pid/--cgroup the export is of that process's or cgroup's flat samples
-    // only; with --command, of that command's stacks only.
-    if p.profiles.who.is_none() {
+    // only; with --command, of that command's stacks only. Stacks have no time axis: the
+    // export of a time range (--since/--until) is of its flat samples, one frame each.
+    if sel.time_range().is_some() && p.profiles.who.is_none() {
+        warnings.push(
+            "--since/--until: call stacks have no time axis (they hold whole-epoch totals): \
+             the export has the range's flat samples, one frame each"
+                .to_owned(),
+        );
+    }
+    if p.profiles.who.is_none() && sel.time_range().is_none() {
         // Call stacks, where dcpid recorded them, replace the one-frame samples.
         // The same binaries are looked up again: say each warning once.
         let mut more: Vec<String> = Vec::new();
@@ -438,6 +446,7 @@ fn run_stack_health(
 /// `--callers`/`--callees`: the selection's call stacks around one function.
 fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
     let (symbol, dir, depth) = (&p.symbol, p.direction, p.depth);
+    p.sel.no_time_axis("call stacks (--callers/--callees)")?;
     let mut warnings: Vec<String> = Vec::new();
     let loaded = p.sel.load(None, &mut |w| warnings.push(w))?;
     if loaded.profiles.is_empty() {

@@ -371,6 +371,7 @@ mod tests {
             epochs: vec!["20261129T000000Z".into()],
             hosts: vec!["h".into()],
             newest_data: 0,
+            time: None,
         };
         let events = vec![EventInfo {
             name: "cpu-clock".into(),

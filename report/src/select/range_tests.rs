@@ -1,0 +1,177 @@
+//! Issue 36: `--since`/`--until` select time slices, through the one selection model.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, UNIX_EPOCH};
+
+use profile_format::{
+    Database, EpochId, EventDesc, HostDir, ImageId, ImageKind, Profile, ProfileHeader, Slice,
+    SliceKey, SliceWriter,
+};
+
+use super::*;
+
+const EVENT: &str = "cpu-clock";
+
+fn desc() -> EventDesc {
+    EventDesc {
+        name: EVENT.into(),
+        perf_type: 1,
+        perf_config: 0,
+        period_mean: 1_000_000,
+        period_min: 1_000_000,
+        period_max: 1_000_000,
+    }
+}
+
+fn image(n: u8) -> ImageId {
+    ImageId::BuildId(vec![n; 20])
+}
+
+fn key(n: u8) -> SliceKey {
+    SliceKey { event: EVENT.into(), image: Some(image(n)) }
+}
+
+/// Write a profile of image `n` holding `counts`.
+fn write_profile(d: &HostDir, n: u8, counts: &BTreeMap<u64, u64>) {
+    let samples: u64 = counts.values().sum();
+    let p = Profile {
+        header: ProfileHeader {
+            kind: ImageKind::Elf,
+            image_id: image(n),
+            image_path: format!("/usr/bin/w{n}").into_bytes(),
+            event: desc(),
+            host: d.host.clone(),
+            epoch: d.epoch.clone(),
+            total_samples: samples,
+            total_period: samples * 1_000_000,
+            sequence: 0,
+            jit_symbols: Vec::new(),
+        },
+        who: None,
+        counts: counts.clone(),
+    };
+    p.write(&d.profile_path(&image(n), EVENT)).unwrap();
+}
+
+/// A database with one epoch (started at `t0`) and host `h1`: three minutes, in each of which
+/// one image (1, 2, 3) ran at offset 0x10·n, plus a little of image 1 everywhere; the
+/// profiles hold the sum of the slices (as after a clean stop).
+fn three_minutes() -> (tempfile::TempDir, Database, HostDir, u64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = Database::create(&tmp.path().join("db")).unwrap();
+    let t0 = 1_795_960_800; // 2026-11-29T14:00:00Z
+    let epoch = db.new_epoch(UNIX_EPOCH + Duration::from_secs(t0), "h1").unwrap();
+    assert_eq!(epoch_start(epoch.as_str()), Some(t0));
+    let d = db.host_dir(&epoch, "h1").unwrap();
+    d.create().unwrap();
+    let (mut w, _) = SliceWriter::open(&d.slices_path()).unwrap();
+    let mut totals: BTreeMap<u8, BTreeMap<u64, u64>> = BTreeMap::new();
+    for m in 0..3u8 {
+        let n = m + 1;
+        let mut counts = BTreeMap::new();
+        counts.insert(key(n), vec![(0x10 * u64::from(n), 1000)]);
+        if n != 1 {
+            counts.insert(key(1), vec![(0x10, 5)]);
+        }
+        for (k, pairs) in &counts {
+            let i = match &k.image {
+                Some(ImageId::BuildId(b)) => b[0],
+                _ => unreachable!(),
+            };
+            for (o, c) in pairs {
+                *totals.entry(i).or_default().entry(*o).or_default() += c;
+            }
+        }
+        let s = Slice { start: t0 + 60 * u64::from(m), len: 60, seq: 0, counts };
+        w.append(&s).unwrap();
+    }
+    for (n, c) in &totals {
+        write_profile(&d, *n, c);
+    }
+    (tmp, db, d, t0)
+}
+
+fn samples_by_image(l: &Loaded) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for p in &l.profiles {
+        *out.entry(String::from_utf8_lossy(&p.profile.header.image_path).into_owned())
+            .or_default() += p.samples;
+    }
+    out
+}
+
+#[test]
+fn a_range_takes_the_slices_it_covers_in_every_load() {
+    let (_tmp, db, _d, t0) = three_minutes();
+    let host = HostSel::Named("h1".into());
+    // The second minute, requested 10 s into it: rounded to the whole minute.
+    let r = TimeRange::new(Some(t0 + 70), Some(t0 + 120));
+    let sel = EpochSel::Between(r.since, r.until);
+    let dirs = select_host_dirs(&db, &sel, &host).unwrap();
+    let mut loaded = load_counts(dirs.clone(), None, true, &mut |_| {}).unwrap();
+    restrict_loaded(&mut loaded, r, &mut |w| panic!("{w}")).unwrap();
+    let by = samples_by_image(&loaded);
+    assert_eq!(by.get("/usr/bin/w2"), Some(&1000), "{by:?}");
+    assert_eq!(by.get("/usr/bin/w1"), Some(&5), "{by:?}");
+    assert_eq!(by.get("/usr/bin/w3"), None, "{by:?}");
+    // Counts offset by offset, and the totals that weight them, follow the range.
+    let w2 = loaded.profiles.iter().find(|p| p.profile.header.image_path == b"/usr/bin/w2");
+    let w2 = &w2.unwrap().profile;
+    assert_eq!(w2.counts, [(0x20, 1000)].into_iter().collect());
+    assert_eq!((w2.header.total_samples, w2.header.total_period), (1000, 1000 * 1_000_000));
+    let cov = loaded.time.clone().unwrap();
+    assert_eq!(cov.covered, Some((t0 + 60, t0 + 120)));
+    assert_eq!(cov.rounded_by(), (10, 0));
+    // The per-image totals (summary-less here: from the profiles) agree.
+    let mut t = load_image_totals(dirs.clone(), &mut |_| {}).unwrap();
+    restrict_totals(&mut t, r, &mut |w| panic!("{w}")).unwrap();
+    let mut tot: BTreeMap<String, u64> = BTreeMap::new();
+    for row in t.rows() {
+        *tot.entry(String::from_utf8_lossy(&row.header.image_path).into_owned()).or_default() +=
+            row.samples;
+    }
+    assert_eq!(tot, by);
+    assert_eq!(t.time, loaded.time);
+    // An image-filtered load (per-symbol reports, dcpilist) too.
+    let f = ImageFilter::new("w3");
+    let mut one = load(dirs, Some(&f), &mut |_| {}).unwrap();
+    restrict_loaded(&mut one, TimeRange::new(Some(t0 + 120), None), &mut |w| panic!("{w}"))
+        .unwrap();
+    assert_eq!(samples_by_image(&one), [("/usr/bin/w3".to_owned(), 1000)].into_iter().collect());
+    // The whole epoch as a range is the profiles exactly.
+    let mut all = load_counts(
+        select_host_dirs(&db, &EpochSel::Latest, &host).unwrap(),
+        None,
+        true,
+        &mut |_| {},
+    )
+    .unwrap();
+    let before = samples_by_image(&all);
+    restrict_loaded(&mut all, TimeRange::new(Some(t0), None), &mut |w| panic!("{w}")).unwrap();
+    assert_eq!(samples_by_image(&all), before);
+}
+
+#[test]
+fn a_host_epoch_without_slices_is_whole_inside_the_range_and_left_out_when_cut() {
+    let (_tmp, db, d, t0) = three_minutes();
+    std::fs::remove_file(d.slices_path()).unwrap();
+    // A later epoch closes the first one at t0 + 1 h.
+    let e2: EpochId = db.new_epoch(UNIX_EPOCH + Duration::from_secs(t0 + 3600), "h1").unwrap();
+    let dirs = vec![d.clone()];
+    let host = HostSel::Named("h1".into());
+    let _ = (&e2, &host);
+    let mut warned = Vec::new();
+    let mut l = load_counts(dirs.clone(), None, true, &mut |_| {}).unwrap();
+    restrict_loaded(&mut l, TimeRange::new(Some(t0), Some(t0 + 3600)), &mut |w| warned.push(w))
+        .unwrap();
+    assert!(warned.is_empty(), "{warned:?}");
+    assert_eq!(samples_by_image(&l).values().sum::<u64>(), 3010);
+    let t = l.time.clone().unwrap();
+    assert_eq!(t.whole_epochs, vec![format!("{}/h1", d.epoch)]);
+    let mut l = load_counts(dirs, None, true, &mut |_| {}).unwrap();
+    restrict_loaded(&mut l, TimeRange::new(Some(t0 + 60), Some(t0 + 120)), &mut |w| warned.push(w))
+        .unwrap();
+    assert!(l.profiles.is_empty());
+    assert_eq!(l.time.clone().unwrap().left_out, vec![format!("{}/h1", d.epoch)]);
+    assert!(warned.len() == 1 && warned[0].contains("left out"), "{warned:?}");
+}
