@@ -27,6 +27,7 @@ pub use dcpi_report::select;
 pub mod stacks;
 pub use dcpi_report::stats;
 pub mod subset;
+pub mod timeline;
 pub use dcpi_report::symbolize;
 pub use dcpi_report::symbolizer;
 pub use dcpi_report::symcache;
@@ -93,6 +94,7 @@ pub fn run_mode(
         Mode::GlobalSymbols(p) => run_global_symbols(p, tty, out, err),
         Mode::Who(p) => who::run(p, out, err),
         Mode::Trend(p) => by::run_by(p, out, err),
+        Mode::Timeline(p) => timeline::run(p, tty, out, err),
         Mode::Calls(p) => run_calls(p, out, err),
         Mode::Export(p) => run_export(p, tty, out, err),
     }
@@ -304,6 +306,12 @@ fn run_export(
         keep_going: sel.keep_going,
     };
     let mut x = export::build(loaded, &weights, &req, &mut |w| warnings.push(w))?;
+    // The time slices count every process's samples: no timeline of one process or cgroup.
+    if p.format == export::ExportFormat::Html && p.profiles.who.is_none() {
+        x.timeline = timeline::of_export(sel, loaded, &weights, req.only.as_deref(), &mut |w| {
+            warnings.push(w);
+        });
+    }
     // The stack files hold every process's stacks (FORMAT.md §13): with --pid/--cgroup the
     // export is of that process's or cgroup's flat samples only.
     if p.profiles.who.is_none() {

@@ -285,6 +285,7 @@ pub fn build(
         duration_nanos,
         image_report,
         per_epoch,
+        timeline: Vec::new(),
     })
 }
 
@@ -404,6 +405,7 @@ mod tests {
                 rows: Vec::new(),
             },
             per_epoch: vec![HashMap::new()],
+            timeline: Vec::new(),
         }
     }
 
