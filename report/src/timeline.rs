@@ -131,9 +131,9 @@ pub fn sparkline(buckets: &[Bucket], width: usize) -> (String, u64) {
     };
     let span = last - first.start;
     let width = width.max(1) as u64;
-    // Whole seconds per cell, at least the finest bucket, so a cell never falls between two.
     let finest = buckets.iter().map(Bucket::seconds).min().unwrap_or(1).max(1);
-    let per = span.div_ceil(width).max(finest);
+    // A whole number of the finest buckets per cell, so that cells fall on bucket boundaries.
+    let per = span.div_ceil(width).div_ceil(finest).max(1) * finest;
     let cells = span.div_ceil(per) as usize;
     let mut n = vec![None::<(u64, u64)>; cells.max(1)];
     for b in buckets {

@@ -307,7 +307,7 @@ pub fn run(
     table.head(format!("{what}; % of {of}"));
     match covered {
         Some((a, b)) => table.head(format!(
-            "# time: {} .. {} UTC, {} sample(s) in {} bucket(s) of {}",
+            "# time: {} .. {}, {} sample(s) in {} bucket(s) of {}",
             timeline::utc(a),
             timeline::utc(b),
             total,
