@@ -714,7 +714,8 @@ fn html_report_draws_the_timeline_of_the_slices() {
             .collect();
         for entry in hd.profiles().expect("profiles") {
             let prof = profile_format::Profile::read(&entry.path).expect("profile");
-            let image = (prof.header.kind != ImageKind::Unknown).then(|| prof.header.image_id.clone());
+            let image =
+                (prof.header.kind != ImageKind::Unknown).then(|| prof.header.image_id.clone());
             let key = profile_format::SliceKey { event: prof.header.event.name.clone(), image };
             for (n, (&off, &c)) in prof.counts.iter().enumerate() {
                 slices[n % 3].counts.entry(key.clone()).or_default().push((off, c));
@@ -727,7 +728,10 @@ fn html_report_draws_the_timeline_of_the_slices() {
     }
     let file = t.tmp().join("report.html");
     let f = file.to_str().expect("utf8");
-    ok(prof(&t.root(), &["--host", "alpha", "--epoch", "all", "--format", "html", "-o", f]), "html");
+    ok(
+        prof(&t.root(), &["--host", "alpha", "--epoch", "all", "--format", "html", "-o", f]),
+        "html",
+    );
     let total = json_ok(&t.root(), &["--host", "alpha", "--epoch", "all"])["total_samples"]
         .as_u64()
         .expect("total");

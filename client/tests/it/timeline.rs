@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 
 use crate::util::{base_time, event, json_ok, prof, stderr, stdout, TestDb};
 use dcpi_testkit::db::Image;
-use profile_format::{
-    HostDir, ImageId, ImageKind, JitSymbol, Slice, SliceKey, SliceWriter,
-};
+use profile_format::{HostDir, ImageId, ImageKind, JitSymbol, Slice, SliceKey, SliceWriter};
 use serde_json::Value;
 
 /// Unix seconds of the fixtures' base time, rounded down to a minute.
@@ -157,7 +155,8 @@ fn by_time_sums_to_the_flat_profiles_over_hosts_and_epochs_at_every_resolution()
     for w in r.windows(2) {
         assert!(w[0].0 + w[0].1 <= w[1].0, "rows overlap: {r:?}");
     }
-    let pct: f64 = v["rows"].as_array().expect("rows").iter().map(|x| x["percent"].as_f64().expect("%")).sum();
+    let pct: f64 =
+        v["rows"].as_array().expect("rows").iter().map(|x| x["percent"].as_f64().expect("%")).sum();
     assert!((pct - 100.0).abs() < 0.01, "shares of the selection: {pct}");
     for res in ["1s", "2m", "1h", "1d"] {
         let v = json_ok(&t.root(), &args(&["--by", "time", "--resolution", res]));
@@ -203,7 +202,9 @@ fn by_time_of_an_image_and_of_one_function_sums_to_their_reports() {
     assert_eq!(v["image"], "/usr/bin/app");
     // Each bucket's share is of that bucket's samples.
     let all = json_ok(&t.root(), &args(&["--by", "time"]));
-    for (r, a) in v["rows"].as_array().expect("rows").iter().zip(all["rows"].as_array().expect("rows")) {
+    for (r, a) in
+        v["rows"].as_array().expect("rows").iter().zip(all["rows"].as_array().expect("rows"))
+    {
         assert_eq!(r["start"], a["start"]);
         let want = 100.0 * r["samples"].as_f64().expect("n") / a["samples"].as_f64().expect("n");
         assert!((r["percent"].as_f64().expect("%") - want).abs() < 0.01, "{r} of {a}");
@@ -258,7 +259,10 @@ fn by_time_without_slices_is_a_clear_error_and_a_warning_for_some() {
     let t = TestDb::new();
     let e = t.epoch_by(base_time(0), "alpha");
     let hd = t.host(&e, "alpha");
-    Image::elf(app(), "/usr/bin/app").profile(&event("cpu-clock", 1000)).counts(&[(0x10, 3)]).write(&hd);
+    Image::elf(app(), "/usr/bin/app")
+        .profile(&event("cpu-clock", 1000))
+        .counts(&[(0x10, 3)])
+        .write(&hd);
     let o = prof(&t.root(), &args(&["--by", "time"]));
     assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
     let err = stderr(&o);
@@ -267,13 +271,20 @@ fn by_time_without_slices_is_a_clear_error_and_a_warning_for_some() {
     assert_eq!(err.lines().count(), 1, "one line: {err}");
     // Another host with slices: its timeline, and a warning naming the one without.
     let hb = t.host(&e, "beta");
-    Image::elf(app(), "/usr/bin/app").profile(&event("cpu-clock", 1000)).counts(&[(0x10, 4)]).write(&hb);
+    Image::elf(app(), "/usr/bin/app")
+        .profile(&event("cpu-clock", 1000))
+        .counts(&[(0x10, 4)])
+        .write(&hb);
     write_slices(&hb, 60, &[(t0(), Some(app()), "cpu-clock", 0x10, 4)]);
     let o = prof(&t.root(), &args(&["--by", "time", "--format", "json"]));
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(sum(&v), 4);
-    assert!(stderr(&o).contains("no slices.log") && stderr(&o).contains(&format!("{e}/alpha")), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no slices.log") && stderr(&o).contains(&format!("{e}/alpha")),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
