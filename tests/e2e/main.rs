@@ -19,6 +19,7 @@ mod start_failures;
 mod store_reliability;
 mod systemd;
 mod systemd_container;
+mod timeline;
 mod who;
 
 fn repo_root() -> std::path::PathBuf {

@@ -113,8 +113,9 @@ pub fn run(
         flush(err, &mut warnings)?;
         return Err(ProfError::Empty(format!(
             "--by time needs time slices, and no selected host-epoch has a slices.log ({}): \
-             they were written by a dcpid without time slices (before FORMAT.md §14, or with \
-             slice_interval = 0); --by epoch gives one row per epoch instead",
+             dcpid appends one slice per slice_interval (1m unless configured) once it has \
+             samples, and writes none when it runs with slice_interval = 0 or predates time \
+             slices (FORMAT.md §14); --by epoch gives one row per epoch instead",
             names(&dirs, &(0..dirs.len()).collect::<Vec<_>>())
         )));
     }
