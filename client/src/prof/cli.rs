@@ -135,8 +135,10 @@ EXPORT FORMATS (every selection; with --image, only that image)
   svg       flame graph of the folded stacks: hover for counts, click to zoom, Search (or
             Ctrl-F) highlights a regular expression and shows its share; ?s=REGEX in the URL.
   html      one self-contained page (no network access): per-image table, per-symbol tables
-            of the top 5 images (100 rows each, or --limit), the flame graph, and a chart of the
-            top images' share per epoch when several epochs are selected. Click a column
+            of the top 5 images (100 rows each, or --limit), the flame graph, a timeline
+            (samples per second per stored slice, from slices.log, where dcpid recorded time
+            slices; not with --pid/--cgroup), and a chart of the top images' share per epoch
+            when several epochs are selected. Click a column
             header to sort.
   speedscope  speedscope's JSON file format: one sampled profile per event, weighted by
             its event estimate (nanoseconds for cpu-clock), frames image then symbol.
