@@ -99,8 +99,10 @@ fn build(root: &Path, rollup_before: Option<u64>) -> u64 {
 
 fn args(root: &Path) -> Args {
     let db = root.display().to_string();
-    Args::try_parse_from(["dcpiprof", "--db", &db, "--host", "h1", "--by", "time", "--format", "json"])
-        .expect("args")
+    Args::try_parse_from([
+        "dcpiprof", "--db", &db, "--host", "h1", "--by", "time", "--format", "json",
+    ])
+    .expect("args")
 }
 
 /// One run; its buckets' sum must be the epoch total.

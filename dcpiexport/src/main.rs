@@ -44,7 +44,7 @@ struct Args {
     #[arg(long)]
     no_symbols: bool,
     /// One row per offset for the whole epoch, without splitting it by time slice
-    /// (slice_start and slice_seconds are then null; fewer rows).
+    /// (the two slice columns are then null; fewer rows).
     #[arg(long)]
     no_slices: bool,
     /// Write a man page or shell completions to stdout and exit.

@@ -728,7 +728,7 @@ fn hostile_database_files_are_exit_2_naming_them() {
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
-/// Issue 36 item 7: `slice_start` groups the exported samples by minute in DuckDB, and those
+/// Issue 36 item 7: `slice_start` groups the exported samples by minute in `DuckDB`, and those
 /// sums are `dcpiprof --by time --resolution 1m`'s; the samples in no slice are the rest, so
 /// the whole still sums to the flat report.
 #[test]

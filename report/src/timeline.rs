@@ -167,7 +167,7 @@ pub fn utc(t: u64) -> String {
 /// A duration in the largest whole unit: `90s`, `1m`, `1h`, `2d`.
 pub fn duration(secs: u64) -> String {
     for (unit, n) in [("d", 86_400), ("h", 3600), ("m", 60)] {
-        if secs >= n && secs % n == 0 {
+        if secs >= n && secs.is_multiple_of(n) {
             return format!("{}{unit}", secs / n);
         }
     }

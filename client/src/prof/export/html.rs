@@ -279,11 +279,11 @@ pub fn page(x: &Export, limit: Option<usize>) -> String {
     }
     s.push_str("<a href=\"#flame\">Flame graph</a><a href=\"#images\">Images</a><a href=\"#symbols\">Symbols</a></nav>\n");
     if timeline {
-        let per = x.timeline.iter().map(|b| b.seconds()).min().unwrap_or(1);
+        let per = x.timeline.iter().map(dcpi_report::timeline::Bucket::seconds).min().unwrap_or(1);
         let _ = writeln!(
             s,
             "<h2 id=\"timeline\">Timeline ({} samples per second, {} buckets; hover for counts)</h2>",
-            xml(&x.first_event()),
+            xml(x.first_event()),
             dcpi_report::timeline::duration(per)
         );
         s.push_str(&timeline_chart(x));
