@@ -340,6 +340,17 @@ fn csv_rows_sum_to_dcpiprof_and_escape_paths() {
     assert_eq!(odd, 6, "the odd path is quoted and its newline escaped, once per host-epoch");
     assert_eq!(total, dcpiprof_sums(db.root()).0);
     assert!(in_slices > 0 && in_slices < total, "web-01's slices, the rest without: {in_slices}");
+    // --no-slices: today's rows, one per offset for the whole epoch, the slice columns empty.
+    let flat = t.path().join("flat");
+    ok(&export(db.root(), &flat, &["--format", "csv", "--no-symbols", "--no-slices"]));
+    let text = std::fs::read_to_string(flat.join("samples.csv")).expect("csv");
+    assert!(text.lines().skip(1).all(|l| l.ends_with(",,")), "{text}");
+    let n: u64 = text
+        .lines()
+        .skip(1)
+        .map(|l| l.rsplitn(5, ',').nth(3).expect("n").parse::<u64>().expect("n"))
+        .sum();
+    assert_eq!(n, total);
 }
 
 #[test]
