@@ -23,6 +23,7 @@ mod symstore;
 mod systemd;
 mod systemd_container;
 mod time_ranges;
+mod timeline;
 mod who;
 
 fn repo_root() -> std::path::PathBuf {

@@ -56,6 +56,8 @@ pub enum By {
     Host,
     /// One row per epoch (hosts merged as --host says).
     Epoch,
+    /// One row per time bucket (--resolution), from the time slices (slices.log).
+    Time,
 }
 
 impl By {
@@ -71,6 +73,7 @@ impl By {
             Self::Cpu => "cpu",
             Self::Epoch => "epoch",
             Self::Host => "host",
+            Self::Time => "time",
         }
     }
 

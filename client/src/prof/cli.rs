@@ -98,6 +98,30 @@ CSV (--format csv): a header line, then one line per row: image,kind,build_id,im
   symbol,source), then <event>.samples,<event>.events,<event>.percent per event, then
   cumulative_percent.
 
+TIMELINE (--by time)
+  Samples of the first event per time bucket, read from each selected host-epoch's slices.log
+  (dcpid's time slices, FORMAT.md section 14), hosts and epochs added up by time. Buckets are
+  --resolution long (default: the stored slice length), aligned to UTC; a slice falls, whole,
+  into the bucket of its start, so the buckets sum exactly to the slices' samples, which are
+  the epoch profiles' samples once dcpid has published them (a stopped or flushed daemon).
+  A slice is never split: hour slices rolled up by dcpid stay one row of an hour (`seconds`
+  says each row's length). Buckets in which nothing was sampled are not listed; the header's
+  one-line chart (samples per second, a space where there is no data) shows the gaps.
+  --since/--until keep the slices overlapping that range. --image (and --symbol) count that
+  image's (function's) samples, their share being of the bucket's samples; --no-idle leaves
+  the idle task out. Slices have no process, cgroup or CPU: --command, --cgroup, --pid and
+  --cpu are refused (--by epoch with them gives a per-epoch trend from the who tables).
+  Host-epochs without a slices.log (older dcpid, slice_interval = 0) are named in a warning;
+  when none has one the run fails (exit 2).
+  JSON: { \"report\": \"by\", \"by\": \"time\", \"database\": str, \"event\": str,
+    \"image\": str|null, \"symbol\": str|null, \"resolution\": int (seconds),
+    \"stored_resolution\": int, \"since\": int|null, \"until\": int|null (Unix seconds covered),
+    \"total_samples\": int, \"profile_samples\": int|null (the epoch profiles' samples of the
+    same selection, without --since/--until), \"percent_of\": str,
+    \"rows\": [ { \"time\": str (UTC), \"start\": int, \"seconds\": int, \"samples\": int,
+      \"per_second\": num, \"percent\": num } ] }
+  CSV: time,seconds,samples,per_second,percent.
+
 SYMBOL NAMES
   Rust (legacy and v0) and C++ (Itanium) names are demangled as perf does; Rust hashes are
   dropped. --raw-names shows the names as stored. Control characters are escaped (\\u{1b},
@@ -129,8 +153,10 @@ EXPORT FORMATS (every selection; with --image, only that image)
   svg       flame graph of the folded stacks: hover for counts, click to zoom, Search (or
             Ctrl-F) highlights a regular expression and shows its share; ?s=REGEX in the URL.
   html      one self-contained page (no network access): per-image table, per-symbol tables
-            of the top 5 images (100 rows each, or --limit), the flame graph, and a chart of the
-            top images' share per epoch when several epochs are selected. Click a column
+            of the top 5 images (100 rows each, or --limit), the flame graph, a timeline
+            (samples per second per stored slice, from slices.log, where dcpid recorded time
+            slices; not with --pid/--cgroup), and a chart of the top images' share per epoch
+            when several epochs are selected. Click a column
             header to sort.
   speedscope  speedscope's JSON file format: one sampled profile per event, weighted by
             its event estimate (nanoseconds for cpu-clock), frames image then symbol.
@@ -293,11 +319,19 @@ pub struct Args {
     #[arg(long = "cache-binary", value_name = "FILE")]
     pub cache_binary: Vec<PathBuf>,
     /// One row per WHAT: epoch or host (of the whole selection, of --image or of its
-    /// --symbol: a trend in one command), image or symbol (the usual reports), or who used
-    /// the CPU: command, pid (dcpid's by_pid), cgroup, unit, container, cpu (from the who
-    /// tables). JSON rows carry the key under WHAT's name, and `samples`.
+    /// --symbol: a trend in one command), time (samples per --resolution bucket from the time
+    /// slices, of the selection, --image or its --symbol; see TIMELINE below), image or symbol
+    /// (the usual reports), or who used the CPU: command, pid (dcpid's by_pid), cgroup, unit,
+    /// container, cpu (from the who tables). JSON rows carry the key under WHAT's name, and
+    /// `samples`.
     #[arg(long, value_enum, value_name = "WHAT")]
     pub by: Option<By>,
+    /// With --by time: the length of a bucket (10s, 1m, 15min, 1h, 1d), aligned to UTC.
+    /// Default: the stored slice length (dcpid's slice_interval, 1m unless configured). A
+    /// slice is never split: a resolution finer than the slices, or hour slices left by
+    /// dcpid's roll-up (after slice_rollup_after, 6h), give buckets as long as the slices.
+    #[arg(long, value_name = "DURATION", value_parser = super::timeline::parse_resolution)]
+    pub resolution: Option<u64>,
     /// Only samples of processes with this command name (comm), from the who tables; with
     /// --callers/--callees or an export, the call stacks of that command.
     #[arg(long, value_name = "NAME")]
@@ -316,7 +350,7 @@ pub struct Args {
     /// Only samples taken on this CPU (with --by cpu).
     #[arg(long, value_name = "N")]
     pub cpu: Option<u32>,
-    /// With --image and --by epoch|host: only this function (exact name as reported); its
+    /// With --image and --by epoch|host|time: only this function (exact name as reported); its
     /// share is of the image.
     #[arg(long, value_name = "NAME", requires = "image", requires = "by")]
     pub symbol: Option<String>,

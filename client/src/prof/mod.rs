@@ -28,6 +28,7 @@ pub use dcpi_report::select;
 pub mod stacks;
 pub use dcpi_report::stats;
 pub mod subset;
+pub mod timeline;
 pub use dcpi_report::symbolize;
 pub use dcpi_report::symbolizer;
 pub use dcpi_report::symcache;
@@ -95,6 +96,7 @@ pub fn run_mode(
         Mode::GlobalSymbols(p) => run_global_symbols(p, tty, out, err),
         Mode::Who(p) => who::run(p, out, err),
         Mode::Trend(p) => by::run_by(p, out, err),
+        Mode::Timeline(p) => timeline::run(p, tty, out, err),
         Mode::Calls(p) => run_calls(p, out, err),
         Mode::StackHealth(p) => run_stack_health(p, out, err),
         Mode::Export(p) => run_export(p, tty, out, err),
@@ -332,6 +334,12 @@ fn run_export(
              the export has the range's flat samples, one frame each"
                 .to_owned(),
         );
+    }
+    // The time slices count every process's samples: no timeline of one process or cgroup.
+    if p.format == export::ExportFormat::Html && p.profiles.who.is_none() {
+        x.timeline = timeline::of_export(sel, loaded, &weights, req.only.as_deref(), &mut |w| {
+            warnings.push(w);
+        });
     }
     if p.profiles.who.is_none() && sel.time_range().is_none() {
         // Call stacks, where dcpid recorded them, replace the one-frame samples.

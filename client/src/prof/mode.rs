@@ -19,6 +19,7 @@ use super::export::ExportFormat;
 use super::health::StackHealth;
 use super::output::{Format, TableFormat};
 use super::stacks::{Calls, Direction};
+use super::timeline::Timeline;
 use super::who::{Who, WhoBy, WhoFilters};
 use super::whoprof::WhoSel;
 use crate::args::{Selection, SymbolSearch};
@@ -44,6 +45,8 @@ pub enum Mode {
     Who(Who),
     /// `--by epoch|host`: one row per epoch or host.
     Trend(Trend),
+    /// `--by time`: one row per time bucket, from the time slices.
+    Timeline(Timeline),
     /// `--callers`/`--callees`: call stacks around one function.
     Calls(Calls),
     /// `--stack-health`: per image, the share of stacks that ended early.
@@ -261,6 +264,12 @@ impl Mode {
             }));
         }
 
+        if a.resolution.is_some() && a.by != Some(By::Time) {
+            return Err(usage("--resolution sets the buckets of --by time: add --by time"));
+        }
+        if a.by == Some(By::Time) {
+            return timeline(a, &filters, output, symbol_mode).map(Self::Timeline);
+        }
         // --pid/--cgroup with a profile report: the per-process/per-cgroup profiles stand in
         // for the flat ones; every other who report comes from the who tables.
         let who = who_selection(a, output)?;
@@ -310,13 +319,15 @@ impl Mode {
                 | By::Cgroup
                 | By::Unit
                 | By::Container
-                | By::Cpu,
+                | By::Cpu
+                | By::Time,
             )
             | None => None,
         };
         if a.symbol.is_some() && across.is_none() {
             return Err(usage(
-                "--symbol makes a trend of one function: use it with --by epoch or --by host",
+                "--symbol makes a trend of one function: use it with --by epoch, --by host or \
+                 --by time",
             ));
         }
         if let Some(across) = across {
@@ -394,6 +405,45 @@ impl Mode {
     }
 }
 
+/// `--by time`, its flags checked. The slices count samples per image and offset, not per
+/// process, cgroup or CPU: a who filter is a usage error naming it (the who tables give
+/// per-epoch trends of those: `--by epoch --command NAME`).
+fn timeline(
+    a: &Args,
+    filters: &[&'static str],
+    output: Output,
+    mode: SymbolMode,
+) -> Result<Timeline, ProfError> {
+    if let Some(f) = filters.first() {
+        return Err(usage(format!(
+            "--by time reads the time slices (slices.log), which count samples per image and \
+             offset, not per process, cgroup or CPU: it cannot be filtered by {f} (for a trend \
+             of {f} over epochs use --by epoch {f} ...)"
+        )));
+    }
+    let format = match output {
+        Output::Table(f) => f,
+        Output::Export(e) => {
+            return Err(usage(format!(
+                "--by time prints a table, json or csv, not {} (the html export charts the \
+                 timeline itself: drop --by time)",
+                format_flag(e)
+            )))
+        }
+    };
+    Ok(Timeline {
+        sel: a.sel.clone(),
+        resolution: a.resolution,
+        image: a.image.clone(),
+        symbol: a.symbol.clone(),
+        symbols: a.symbols.clone(),
+        mode: SymbolMode { lines: false, ..mode },
+        no_idle: a.no_idle,
+        format,
+        verbose: a.verbose,
+    })
+}
+
 /// `--pid` or `--cgroup` (not both, and without `--command`/`--cpu`, which only the who tables
 /// answer) with `--by symbol`, `--by image`, `--image`, `--symbols` or an export: the profiles
 /// of that process or cgroup. `None`: not such a report.
@@ -423,7 +473,8 @@ fn who_selection(a: &Args, output: Output) -> Result<Option<WhoSel>, ProfError> 
             | By::Container
             | By::Cpu
             | By::Host
-            | By::Epoch,
+            | By::Epoch
+            | By::Time,
         ) => false,
     };
     if !profile_report {
@@ -451,6 +502,12 @@ fn who_tables(a: &Args, by: By, output: Output) -> Result<Who, ProfError> {
         By::Cpu => WhoBy::Cpu,
         By::Host => WhoBy::Host,
         By::Epoch => WhoBy::Epoch,
+        By::Time => {
+            return Err(usage(
+                "--by time reads the time slices, which have no per-process counts: it cannot \
+                 be filtered by --command/--cgroup/--pid/--cpu",
+            ))
+        }
         By::Symbol => {
             return Err(usage(
                 "--by symbol with --command/--cgroup/--pid/--cpu: the who table has no \
@@ -635,6 +692,17 @@ mod tests {
             }
             m => panic!("{m:?}"),
         }
+        match ok(&["--by", "time", "--resolution", "5m", "--image", "a", "--symbol", "f"]) {
+            Mode::Timeline(t) => {
+                assert_eq!(t.resolution, Some(300));
+                assert_eq!((t.image.as_deref(), t.symbol.as_deref()), (Some("a"), Some("f")));
+            }
+            m => panic!("{m:?}"),
+        }
+        match ok(&["--by", "time", "--format", "csv", "--no-idle"]) {
+            Mode::Timeline(t) => assert!(t.resolution.is_none() && t.no_idle),
+            m => panic!("{m:?}"),
+        }
     }
 
     #[test]
@@ -721,7 +789,13 @@ mod tests {
         );
         rejected(
             &["--by", "symbol", "--image", "a", "--symbol", "f"],
-            &["--symbol", "--by epoch", "--by host"],
+            &["--symbol", "--by epoch", "--by host", "--by time"],
         );
+        for f in ["--command", "--cgroup", "--pid", "--cpu"] {
+            rejected(&["--by", "time", f, "1"], &["--by time", f]);
+        }
+        rejected(&["--by", "time", "--format", "html"], &["--by time", "--format html"]);
+        rejected(&["--resolution", "1m"], &["--resolution", "--by time"]);
+        rejected(&["--by", "epoch", "--resolution", "1m"], &["--resolution", "--by time"]);
     }
 }

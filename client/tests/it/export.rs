@@ -888,3 +888,52 @@ fn a_function_without_a_symbol_is_named_by_its_offset_range() {
     let (code, _) = callees("other+0x3000-0x3080", &[]);
     assert_eq!(code, Some(2));
 }
+
+/// The HTML report's timeline (issue 36): one bar per minute slice of the selection, drawn by
+/// a real browser, its samples those of the flat report (the slices hold exactly the
+/// profiles' samples here, cut into three minutes per epoch).
+#[dcpi_testkit::test(tool("chromium"))]
+fn html_report_draws_the_timeline_of_the_slices() {
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    workload(&t, &p);
+    let db = profile_format::Database::open(&t.root()).expect("db");
+    let mut minutes = 0;
+    for e in db.epochs().expect("epochs") {
+        let hd = db.host_dir(&e, "alpha").expect("dir");
+        let start = dcpi_client::prof::select::epoch_start(e.as_str()).expect("epoch start");
+        let start = start - start % 60;
+        let (mut w, _) = profile_format::SliceWriter::open(&hd.slices_path()).expect("writer");
+        let mut slices: Vec<profile_format::Slice> = (0..3)
+            .map(|i| profile_format::Slice { start: start + 60 * i, len: 60, ..Default::default() })
+            .collect();
+        for entry in hd.profiles().expect("profiles") {
+            let prof = profile_format::Profile::read(&entry.path).expect("profile");
+            let image =
+                (prof.header.kind != ImageKind::Unknown).then(|| prof.header.image_id.clone());
+            let key = profile_format::SliceKey { event: prof.header.event.name.clone(), image };
+            for (n, (&off, &c)) in prof.counts.iter().enumerate() {
+                slices[n % 3].counts.entry(key.clone()).or_default().push((off, c));
+            }
+        }
+        for s in &slices {
+            w.append(s).expect("append");
+        }
+        minutes += slices.len();
+    }
+    let file = t.tmp().join("report.html");
+    let f = file.to_str().expect("utf8");
+    ok(
+        prof(&t.root(), &["--host", "alpha", "--epoch", "all", "--format", "html", "-o", f]),
+        "html",
+    );
+    let total = json_ok(&t.root(), &["--host", "alpha", "--epoch", "all"])["total_samples"]
+        .as_u64()
+        .expect("total");
+    let dom = render(&file, t.tmp());
+    assert!(dom.contains("data-ready=\"1\""), "scripts did not run to the end:\n{dom}");
+    let want = format!("class=\"timeline\" data-buckets=\"{minutes}\" data-samples=\"{total}\"");
+    assert!(dom.contains(&want), "{want} not in the rendered page:\n{dom}");
+    assert_eq!(dom.matches("class=\"bucket\"").count(), minutes, "one bar per minute");
+    assert!(dom.contains("href=\"#timeline\""), "the timeline is in the navigation");
+}

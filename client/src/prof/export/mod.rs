@@ -287,6 +287,7 @@ pub fn build(
         duration_nanos,
         image_report,
         per_epoch,
+        timeline: Vec::new(),
     })
 }
 
@@ -423,6 +424,7 @@ mod tests {
                 rows: Vec::new(),
             },
             per_epoch: vec![HashMap::new()],
+            timeline: Vec::new(),
         }
     }
 

@@ -84,6 +84,10 @@ pub struct Export {
     pub image_report: ImageReport,
     /// Weighted events per (epoch, image name), for trend charts.
     pub per_epoch: Vec<HashMap<String, f64>>,
+    /// Samples of the first event per time bucket (stored slice length), from the slice logs
+    /// (FORMAT.md §14): the HTML report's timeline. Empty where no slices were recorded (and
+    /// for the formats that do not draw it).
+    pub timeline: Vec<dcpi_report::timeline::Bucket>,
 }
 
 impl Export {
