@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::store_support::open;
 use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
-use object::{Object, ObjectSymbol};
+use object::Object;
 use profile_format::{Database, ImageId, ImageKind, SymtabOrigin};
 
 fn batch(id: &[u8], path: &std::path::Path) -> Resolved {
@@ -37,27 +37,40 @@ fn wait(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 /// This test binary's build-id and one of its function symbols.
-fn own_build() -> Option<(Vec<u8>, String)> {
-    let exe = std::env::current_exe().ok()?;
+/// A small C program built here with a build-id and a symbol table: the image whose table is
+/// stored. (The test binary itself was used before: at the daemon package's opt-level 1 its
+/// marker function could be inlined away, and a fresh CI build then had no symbol to find.)
+fn probe_image(dir: &std::path::Path) -> Option<(std::path::PathBuf, Vec<u8>, String)> {
+    let src = dir.join("probe.c");
+    std::fs::write(
+        &src,
+        "__attribute__((noinline)) int dcpi_symtab_probe(int x) { return x * 3; }\n\
+         int main(int c, char **v) { (void)v; return dcpi_symtab_probe(c); }\n",
+    )
+    .ok()?;
+    let bin = dir.join("probe");
+    let st = std::process::Command::new("cc")
+        .args(["-O1", "-Wl,--build-id=sha1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .ok()?;
+    if !st.success() {
+        return None;
+    }
     #[allow(clippy::disallowed_methods)]
-    let data = std::fs::read(&exe).ok()?;
+    let data = std::fs::read(&bin).ok()?;
     let f = object::File::parse(&*data).ok()?;
     let id = f.build_id().ok()??.to_vec();
-    let name = f
-        .symbols()
-        .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
-        .filter_map(|s| s.name().ok().map(str::to_owned))
-        .find(|n| n.contains("own_build"))?;
-    Some((id, name))
+    Some((bin, id, "dcpi_symtab_probe".to_owned()))
 }
 
 #[test]
 fn first_batch_of_an_image_stores_its_symbol_table_once() {
-    let Some((id, name)) = own_build() else {
-        dcpi_testkit::skip!("this test binary has no build-id or symbols");
-    };
-    let exe = std::env::current_exe().unwrap();
     let dir = tempfile::tempdir().unwrap();
+    let Some((exe, id, name)) = probe_image(dir.path()) else {
+        dcpi_testkit::skip!("cc could not build a program with a build-id (is gcc installed?)");
+    };
     let mut s = open(dir.path());
     let db = Database::open(&dir.path().join("db")).unwrap();
     let counters = s.symtab_counters();
@@ -70,7 +83,7 @@ fn first_batch_of_an_image_stores_its_symbol_table_once() {
     wait("other build skipped", || counters.skipped.load(Ordering::Relaxed) >= 1);
     let t = db.read_symtab(&id).expect("stored table reads back");
     assert_eq!(t.build_id, id);
-    assert_eq!(t.origin, SymtabOrigin::Symtab, "a test binary is not stripped");
+    assert_eq!(t.origin, SymtabOrigin::Symtab, "the probe is not stripped");
     assert!(t.symbols.iter().any(|s| s.name == name), "{name} not in the stored table");
     assert!(!t.segments.is_empty());
     assert!(!db.has_symtab(&other), "a replaced file is not stored under the profiled build");
