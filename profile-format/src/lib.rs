@@ -58,9 +58,9 @@ pub use stacks::{
 pub use sumidx::{SUMMARY_INDEX_FILE, SUMMARY_INDEX_MAGIC, SUMMARY_INDEX_VERSION};
 pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};
 pub use symtab::{
-    StoredSymtab, SymtabOrigin, SymtabSegment, SymtabSymbol, BINARIES_DIR, MAX_SYMTAB_FILE,
-    MAX_SYMTAB_NAME, MAX_SYMTAB_SEGMENTS, MAX_SYMTAB_SYMBOLS, SYMTAB_MAGIC, SYMTAB_SUFFIX,
-    SYMTAB_VERSION,
+    normalize_symbols, StoredSymtab, SymtabOrigin, SymtabSegment, SymtabSymbol, BINARIES_DIR,
+    MAX_SYMTAB_FILE, MAX_SYMTAB_NAME, MAX_SYMTAB_SEGMENTS, MAX_SYMTAB_SYMBOLS, SYMTAB_MAGIC,
+    SYMTAB_SUFFIX, SYMTAB_VERSION,
 };
 pub use who::{WhoKey, WhoTable, WHO_FILE, WHO_MAGIC, WHO_VERSION};
 

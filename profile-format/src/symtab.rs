@@ -86,6 +86,24 @@ pub struct SymtabSymbol {
     pub name: String,
 }
 
+/// The one rule that turns a binary's symbols into a table a lookup can trust, used for live
+/// binaries (the report's symbolizer) and stored tables (dcpid's symbol store) alike, so that
+/// both name an offset the same way: sorted by address, one symbol per address, preferring a
+/// sized one, then a name without a leading underscore (`malloc` over `__libc_malloc`), then
+/// the shorter name, then the smaller. `key` gives a symbol's (start, size, name).
+pub fn normalize_symbols<T>(syms: &mut Vec<T>, key: impl Fn(&T) -> (u64, u64, &str)) {
+    // Lazily: addresses nearly always differ, and comparing names was most of the sort.
+    syms.sort_by(|a, b| {
+        let ((sa, za, na), (sb, zb, nb)) = (key(a), key(b));
+        sa.cmp(&sb)
+            .then_with(|| (zb > 0).cmp(&(za > 0)))
+            .then_with(|| na.starts_with('_').cmp(&nb.starts_with('_')))
+            .then_with(|| na.len().cmp(&nb.len()))
+            .then_with(|| na.cmp(nb))
+    });
+    syms.dedup_by(|later, first| key(later).0 == key(first).0);
+}
+
 /// The stored symbol table of one build.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredSymtab {
@@ -389,6 +407,24 @@ fn read_dir_names(dir: &Path) -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One symbol per address, by the rule both the live symbolizer and the store use.
+    #[test]
+    fn normalize_keeps_one_symbol_per_address_by_the_rule() {
+        let sym = |start, size, name: &str| SymtabSymbol { start, size, name: name.into() };
+        let mut v = vec![
+            sym(0x30, 0, "zeta"),
+            sym(0x10, 0, "unsized"),
+            sym(0x10, 8, "__libc_malloc"),
+            sym(0x10, 8, "malloc"),
+            sym(0x20, 4, "longer"),
+            sym(0x20, 4, "short"),
+            sym(0x20, 4, "shore"),
+        ];
+        normalize_symbols(&mut v, |s| (s.start, s.size, s.name.as_str()));
+        let got: Vec<(u64, &str)> = v.iter().map(|s| (s.start, s.name.as_str())).collect();
+        assert_eq!(got, [(0x10, "malloc"), (0x20, "shore"), (0x30, "zeta")]);
+    }
 
     fn table() -> StoredSymtab {
         StoredSymtab {

@@ -543,19 +543,9 @@ fn collect_sections<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>, out:
     }
 }
 
-/// Sort by address; at one address keep one symbol, preferring a sized one, then a name without
-/// a leading underscore (aliases like `__libc_malloc`/`malloc`), then the shorter name.
+/// [`profile_format::normalize_symbols`] over the report's symbols.
 fn normalize_symbols(mut syms: Vec<Sym>) -> Vec<Sym> {
-    // Lazily: addresses nearly always differ, and comparing names was most of the sort.
-    syms.sort_by(|a, b| {
-        a.start
-            .cmp(&b.start)
-            .then_with(|| (b.size > 0).cmp(&(a.size > 0)))
-            .then_with(|| a.name.starts_with('_').cmp(&b.name.starts_with('_')))
-            .then_with(|| a.name.len().cmp(&b.name.len()))
-            .then_with(|| a.name.cmp(&b.name))
-    });
-    syms.dedup_by(|later, first| later.start == first.start);
+    profile_format::normalize_symbols(&mut syms, |s| (s.start, s.size, s.name.as_str()));
     syms
 }
 

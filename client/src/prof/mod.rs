@@ -41,7 +41,6 @@ use std::path::Path;
 use clap::CommandFactory;
 
 use self::mode::{Mode, Profiles};
-use self::output::TableFormat;
 pub use cli::{Args, SCHEMA};
 pub use dcpi_report::error::ProfError;
 use dcpi_report::image::ImageFilter;
@@ -408,33 +407,86 @@ fn run_export(
     Ok(())
 }
 
+/// The selection's call stacks, symbolized, for `what` (a report on stacks: they are kept
+/// per epoch, so a time range is refused), with the profiles and weights they were read
+/// with. `image`: `--image`, resolved to identities by name as the per-symbol report does
+/// (returned); `calls`: only what a `--callers`/`--callees` report needs (`Want::Calls`).
+fn load_stacks(
+    sel: &crate::args::Selection,
+    symbols: &crate::args::SymbolSearch,
+    mode: report::SymbolMode,
+    q: StackQuery<'_>,
+    err: &mut dyn Write,
+) -> Result<(Vec<stacks::SymStack>, report::Weights, Option<ImageIds>), ProfError> {
+    let StackQuery { what, image, calls, command } = q;
+    sel.no_time_axis(what)?;
+    let mut warnings: Vec<String> = Vec::new();
+    let loaded = sel.load(None, &mut |w| warnings.push(w))?;
+    if loaded.profiles.is_empty() {
+        flush_warnings(err, &mut warnings)?;
+        return Err(nothing_sampled(&loaded.dirs));
+    }
+    let weights = report::weights(&loaded, &sel.events)?;
+    let ids: Option<ImageIds> = match image {
+        Some(spec) => Some(
+            report::resolve_image(&loaded, &weights, spec)?
+                .into_iter()
+                .map(|i| loaded.profiles[i].profile.header.image_id.clone())
+                .collect(),
+        ),
+        None => None,
+    };
+    let locator = symbols.locator(&sel.db);
+    let cache = symbols.cache(&mut |w| warnings.push(w));
+    let all = stacks::load(
+        &loaded,
+        &weights,
+        locator,
+        cache,
+        mode,
+        sel.keep_going,
+        match calls {
+            Some((symbol, dir, depth)) => {
+                stacks::Want::Calls { symbol, dir, depth, image: ids.as_ref() }
+            }
+            None => stacks::Want::All,
+        },
+        command,
+        &mut |w| warnings.push(w),
+    )?;
+    flush_warnings(err, &mut warnings)?;
+    Ok((all, weights, ids))
+}
+
+/// What [`load_stacks`] reads: `what` names the report in errors.
+struct StackQuery<'a> {
+    what: &'a str,
+    image: Option<&'a str>,
+    calls: Option<(&'a str, stacks::Direction, usize)>,
+    command: Option<&'a str>,
+}
+
+/// The identities of the images `--image` names.
+type ImageIds = std::collections::HashSet<profile_format::ImageId>;
+
 /// `--stack-health`: per image, the share of the selection's stacks that ended early.
 fn run_stack_health(
     p: &health::StackHealth,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), ProfError> {
-    let mut warnings: Vec<String> = Vec::new();
-    let loaded = p.sel.load(None, &mut |w| warnings.push(w))?;
-    if loaded.profiles.is_empty() {
-        flush_warnings(err, &mut warnings)?;
-        return Err(nothing_sampled(&loaded.dirs));
-    }
-    let weights = report::weights(&loaded, &p.sel.events)?;
-    let locator = p.symbols.locator(&p.sel.db);
-    let cache = p.symbols.cache(&mut |w| warnings.push(w));
-    let mut all = stacks::load(
-        &loaded,
-        &weights,
-        locator,
-        cache,
+    let (mut all, weights, _) = load_stacks(
+        &p.sel,
+        &p.symbols,
         p.mode,
-        p.sel.keep_going,
-        stacks::Want::All,
-        None,
-        &mut |w| warnings.push(w),
+        StackQuery {
+            what: "call stacks (--stack-health)",
+            image: None,
+            calls: None,
+            command: None,
+        },
+        err,
     )?;
-    flush_warnings(err, &mut warnings)?;
     all.retain(|s| s.event == 0);
     if all.is_empty() {
         return Err(ProfError::Empty(
@@ -454,40 +506,18 @@ fn run_stack_health(
 /// `--callers`/`--callees`: the selection's call stacks around one function.
 fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
     let (symbol, dir, depth) = (&p.symbol, p.direction, p.depth);
-    p.sel.no_time_axis("call stacks (--callers/--callees)")?;
-    let mut warnings: Vec<String> = Vec::new();
-    let loaded = p.sel.load(None, &mut |w| warnings.push(w))?;
-    if loaded.profiles.is_empty() {
-        flush_warnings(err, &mut warnings)?;
-        return Err(nothing_sampled(&loaded.dirs));
-    }
-    let weights = report::weights(&loaded, &p.sel.events)?;
-    let locator = p.symbols.locator(&p.sel.db);
-    let cache = p.symbols.cache(&mut |w| warnings.push(w));
-    // --image: the function of that image only (its identities, as the per-symbol report
-    // resolves the name).
-    let image: Option<std::collections::HashSet<profile_format::ImageId>> = match &p.image {
-        Some(spec) => Some(
-            report::resolve_image(&loaded, &weights, spec)?
-                .into_iter()
-                .map(|i| loaded.profiles[i].profile.header.image_id.clone())
-                .collect(),
-        ),
-        None => None,
-    };
-    let want = stacks::Want::Calls { symbol, dir, depth, image: image.as_ref() };
-    let all = stacks::load(
-        &loaded,
-        &weights,
-        locator,
-        cache,
+    let (all, weights, image) = load_stacks(
+        &p.sel,
+        &p.symbols,
         p.mode,
-        p.sel.keep_going,
-        want,
-        p.command.as_deref(),
-        &mut |w| warnings.push(w),
+        StackQuery {
+            what: "call stacks (--callers/--callees)",
+            image: p.image.as_deref(),
+            calls: Some((symbol, dir, depth)),
+            command: p.command.as_deref(),
+        },
+        err,
     )?;
-    flush_warnings(err, &mut warnings)?;
     if all.is_empty() {
         if let Some(c) = &p.command {
             return Err(ProfError::Empty(format!(
@@ -515,35 +545,7 @@ fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Res
     if let Some(l) = p.limit {
         r.rows.truncate(l);
     }
-    match p.format {
-        TableFormat::Json => {
-            serde_json::to_writer_pretty(&mut *out, &r).map_err(std::io::Error::from)?;
-            writeln!(out)?;
-        }
-        TableFormat::Csv => {
-            writeln!(out, "symbol,samples,percent")?;
-            for row in &r.rows {
-                writeln!(
-                    out,
-                    "\"{}\",{},{:.2}",
-                    row.symbol.replace('"', "\"\""),
-                    row.samples,
-                    row.percent
-                )?;
-            }
-        }
-        TableFormat::Table => {
-            writeln!(
-                out,
-                "{} of {}: {} samples of {} in stacks through it ({} stack samples, {:.1}% truncated)",
-                r.direction, r.symbol, r.samples, r.event, r.stack_samples, r.truncated_percent
-            )?;
-            writeln!(out, "{:>10} {:>7}  symbol", "samples", "%")?;
-            for row in &r.rows {
-                writeln!(out, "{:>10} {:>6.2}%  {}", row.samples, row.percent, row.symbol)?;
-            }
-        }
-    }
+    stacks::write_calls(out, &r, p.format)?;
     out.flush()?;
     Ok(())
 }

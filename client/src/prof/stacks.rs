@@ -859,9 +859,68 @@ pub fn apply_to_export(
     }
 }
 
+/// Write a `--callers`/`--callees` report through the one renderer: a text table under its
+/// summary line, CSV (`symbol,samples,percent`) or the report's JSON.
+pub fn write_calls(
+    out: &mut dyn std::io::Write,
+    r: &CallReport,
+    format: TableFormat,
+) -> std::io::Result<()> {
+    use dcpi_report::render::{Column, Kind, Output, Style, Table};
+    let mut t = Table::new();
+    t.columns([
+        Column::new("symbol", Kind::Text),
+        Column::new("samples", Kind::Count).min_width(10),
+        Column::new("%", Kind::Decimal(2)).csv("percent").min_width(6),
+    ]);
+    t.text_columns(vec![1, 2, 0]);
+    t.head(format!(
+        "{} of {}: {} samples of {} in stacks through it ({} stack samples, {:.1}% truncated)",
+        r.direction, r.symbol, r.samples, r.event, r.stack_samples, r.truncated_percent
+    ));
+    for row in &r.rows {
+        t.row(vec![row.symbol.as_str().into(), row.samples.into(), row.percent.into()]);
+    }
+    t.write(out, Output::from(format), Style::default(), r)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--callers` tables come from the one renderer: CSV through the one quoter (a name with
+    /// a quote and a formula prefix is quoted and neutralised), text with the summary line.
+    #[test]
+    fn call_report_renders_through_the_one_table() {
+        let r = CallReport {
+            symbol: "hot".into(),
+            direction: "callers",
+            depth: 1,
+            event: "cpu-clock".into(),
+            samples: 10,
+            stack_samples: 12,
+            truncated_percent: 0.0,
+            rows: vec![
+                CallRow { symbol: "via_a".into(), samples: 6, percent: 60.0 },
+                CallRow { symbol: "=cmd\"x".into(), samples: 4, percent: 40.0 },
+            ],
+        };
+        let mut csv = Vec::new();
+        write_calls(&mut csv, &r, TableFormat::Csv).unwrap();
+        let csv = String::from_utf8(csv).unwrap();
+        let mut lines = csv.lines();
+        assert_eq!(lines.next(), Some("symbol,samples,percent"));
+        assert_eq!(lines.next(), Some("via_a,6,60"));
+        let l = lines.next().unwrap();
+        assert!(l.starts_with("\"'=cmd\"\"x\",4,40"), "{l}");
+        let mut text = Vec::new();
+        write_calls(&mut text, &r, TableFormat::Table).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.starts_with("callers of hot: 10 samples of cpu-clock"), "{text}");
+        let row = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        assert!(text.lines().any(|l| row(l) == ["6", "60.00", "via_a"]), "{text}");
+        assert!(text.lines().any(|l| row(l) == ["samples", "%", "symbol"]), "{text}");
+    }
 
     fn st(names: &[&str], truncated: bool, samples: u64) -> SymStack {
         SymStack {

@@ -149,19 +149,10 @@ fn collect<'a>(file: &object::File<'a, &'a Cache>, out: &mut Vec<SymtabSymbol>) 
     full
 }
 
-/// Sorted by address, one symbol per address: a sized one first, then a name without a leading
-/// underscore (`malloc` over `__libc_malloc`), then the shorter, then the smaller name: the
-/// report's own rule for live binaries, so that both name an offset alike.
+/// [`profile_format::normalize_symbols`]: the report's own rule for live binaries, so that a
+/// stored table names an offset as the live binary did.
 fn normalize(mut syms: Vec<SymtabSymbol>) -> Vec<SymtabSymbol> {
-    syms.sort_by(|a, b| {
-        a.start
-            .cmp(&b.start)
-            .then_with(|| (b.size > 0).cmp(&(a.size > 0)))
-            .then_with(|| a.name.starts_with('_').cmp(&b.name.starts_with('_')))
-            .then_with(|| a.name.len().cmp(&b.name.len()))
-            .then_with(|| a.name.cmp(&b.name))
-    });
-    syms.dedup_by(|later, first| later.start == first.start);
+    profile_format::normalize_symbols(&mut syms, |s| (s.start, s.size, s.name.as_str()));
     syms
 }
 
