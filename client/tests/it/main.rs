@@ -11,6 +11,7 @@ mod hostile_db;
 mod hostile_files;
 mod hostile_names;
 mod planted_links;
+mod per_command;
 mod pprof_proto;
 mod symbolizer;
 mod timeline;
