@@ -333,7 +333,9 @@ impl Profile {
                     ProfileWho::Pid { pid, command: r.bytes("who.command")?.to_vec() }
                 }
                 WHO_TAG_CGROUP => ProfileWho::Cgroup { path: r.string("who.cgroup")? },
-                WHO_TAG_COMMAND => ProfileWho::Command { command: r.bytes("who.command")?.to_vec() },
+                WHO_TAG_COMMAND => {
+                    ProfileWho::Command { command: r.bytes("who.command")?.to_vec() }
+                }
                 t => return Err(r.corrupt("who", format!("unknown qualifier tag {t}"))),
             };
             who.validate().map_err(|d| r.corrupt("who", d))?;
@@ -512,9 +514,10 @@ impl Profile {
         let (wa, wb) = (&self.who, &other.who);
         let same_who = match (wa, wb) {
             (Some(ProfileWho::Cgroup { path: x }), Some(ProfileWho::Cgroup { path: y })) => x == y,
-            (Some(ProfileWho::Command { command: x }), Some(ProfileWho::Command { command: y })) => {
-                x == y
-            }
+            (
+                Some(ProfileWho::Command { command: x }),
+                Some(ProfileWho::Command { command: y }),
+            ) => x == y,
             _ => key(wa) == key(wb),
         };
         if !same_who {

@@ -317,7 +317,8 @@ fn run_export(
             profiles.who = None;
         }
     }
-    let per_command = profiles.who.as_ref().is_some_and(|w| matches!(w, whoprof::WhoSel::Command(_)));
+    let per_command =
+        profiles.who.as_ref().is_some_and(|w| matches!(w, whoprof::WhoSel::Command(_)));
     let p = &mode::Export { profiles, ..p.clone() };
     let (mut loaded, weights) =
         p.profiles.load(p.image.as_deref(), p.image.is_none(), &mut warnings, err)?;

@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use profile_format::{command_file_component, HostDir, Profile, ProfileWho, WhoProfileEntry};
 
 use crate::args::Selection;
-use dcpi_report::select::{EpochSel, HostSel};
 use dcpi_report::error::ProfError;
 use dcpi_report::select::{self, Loaded, LoadedProfile};
+use dcpi_report::select::{EpochSel, HostSel};
 use dcpi_report::stats;
 
 /// Whose profiles a report reads (chosen by [`super::mode::Mode::from_args`]).
@@ -53,9 +53,7 @@ impl WhoSel {
             (Self::Cgroup(spec), Some(ProfileWho::Cgroup { path })) => {
                 super::who::cgroup_matches(spec, path)
             }
-            (Self::Command(c), Some(ProfileWho::Command { command })) => {
-                command == c.as_bytes()
-            }
+            (Self::Command(c), Some(ProfileWho::Command { command })) => command == c.as_bytes(),
             _ => false,
         }
     }

@@ -90,7 +90,8 @@ fn total(v: &serde_json::Value) -> u64 {
 #[test]
 fn per_symbol_json_counts_only_the_command() {
     let t = db(true);
-    let o = run("dcpiprof", &t.root(), &["--command", "alpha", "--image", "app", "--format", "json"]);
+    let o =
+        run("dcpiprof", &t.root(), &["--command", "alpha", "--image", "app", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_str(&ok(&o, "json")).expect("JSON");
     assert_eq!(v["report"], "symbols", "{v:#}");
     assert_eq!(total(&v), 7, "{v:#}");
@@ -140,7 +141,8 @@ fn per_image_from_the_per_command_profiles() {
 #[test]
 fn folded_export() {
     let t = db(true);
-    let text = ok(&run("dcpiprof", &t.root(), &["--command", "alpha", "--format", "folded"]), "folded");
+    let text =
+        ok(&run("dcpiprof", &t.root(), &["--command", "alpha", "--format", "folded"]), "folded");
     let n: u64 = text
         .lines()
         .filter_map(|l| l.rsplit_once(' ').and_then(|(_, c)| c.parse::<u64>().ok()))
@@ -161,7 +163,11 @@ fn svg_export() {
 fn html_export() {
     let t = db(true);
     let text = ok(&run("dcpiprof", &t.root(), &["--command", "alpha", "--format", "html"]), "html");
-    assert!(text.contains("<html") || text.contains("<!DOCTYPE"), "{}", &text[..200.min(text.len())]);
+    assert!(
+        text.contains("<html") || text.contains("<!DOCTYPE"),
+        "{}",
+        &text[..200.min(text.len())]
+    );
     only_alpha(&text, "html");
 }
 
@@ -179,7 +185,10 @@ fn pprof_export() {
     let t = db(true);
     let file = t.tmp().join("alpha.pb.gz");
     let f = file.to_str().expect("utf8");
-    ok(&run("dcpiprof", &t.root(), &["--command", "alpha", "--format", "pprof", "--output", f]), "pprof");
+    ok(
+        &run("dcpiprof", &t.root(), &["--command", "alpha", "--format", "pprof", "--output", f]),
+        "pprof",
+    );
     let mut raw = Vec::new();
     flate2::read::GzDecoder::new(std::fs::File::open(&file).expect("open"))
         .read_to_end(&mut raw)
@@ -250,7 +259,8 @@ fn without_per_command_profiles_the_report_says_so() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("recorded without by_command"), "{}", stderr(&o));
     // --by image falls back to the who tables, which answer it.
-    let o = run("dcpiprof", &t.root(), &["--command", "alpha", "--by", "image", "--format", "json"]);
+    let o =
+        run("dcpiprof", &t.root(), &["--command", "alpha", "--by", "image", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_str(&ok(&o, "who")).expect("JSON");
     assert_eq!(row(&v, "image", "/opt/none/app")["samples"], 7, "{v:#}");
 }

@@ -167,11 +167,7 @@ pub(super) fn open_store(
 
 /// The per-process, per-cgroup and per-command profiles the settings ask for (FORMAT.md §5.6).
 pub(super) fn who_profiles(s: &Settings) -> crate::store::WhoProfiles {
-    crate::store::WhoProfiles {
-        by_pid: s.by_pid,
-        by_cgroup: s.by_cgroup,
-        by_command: s.by_command,
-    }
+    crate::store::WhoProfiles { by_pid: s.by_pid, by_cgroup: s.by_cgroup, by_command: s.by_command }
 }
 
 /// Every event on every CPU (before anything is written: a daemon that may not sample creates

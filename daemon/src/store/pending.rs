@@ -187,23 +187,24 @@ fn qualified(
     };
     type Sums<K> =
         BTreeMap<(K, String, u16), (crate::aggregate::ResolvedProfile, profile_format::ImageId)>;
+    /// Add `rp` into the sum of `key` (taken whole when it is the first: no copy).
     fn add_up<K: Ord>(
         sums: &mut Sums<K>,
         key: K,
         id: &profile_format::ImageId,
         ev: u16,
-        rp: &crate::aggregate::ResolvedProfile,
+        rp: crate::aggregate::ResolvedProfile,
     ) {
         match sums.entry((key, id.to_text(), ev)) {
             std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert((rp.clone(), id.clone()));
+                v.insert((rp, id.clone()));
             }
             std::collections::btree_map::Entry::Occupied(mut o) => {
                 let acc = &mut o.get_mut().0;
-                for (off, (c, p)) in &rp.counts {
-                    let e = acc.counts.entry(*off).or_insert((0, 0));
+                for (off, (c, p)) in rp.counts {
+                    let e = acc.counts.entry(off).or_insert((0, 0));
                     e.0 += c;
-                    e.1 = e.1.saturating_add(*p);
+                    e.1 = e.1.saturating_add(p);
                 }
             }
         }
@@ -215,14 +216,21 @@ fn qualified(
             let q = ProfileWho::Pid { pid, command: names.command(pid) };
             push(&rp, &id, q, &rp.counts);
         }
-        if who.by_command {
-            add_up(&mut by_command, names.command(pid), &id, ev, &rp);
-        }
-        if who.by_cgroup {
-            let path = names.cgroup(pid);
-            if path.starts_with('/') {
-                add_up(&mut by_cgroup, path, &id, ev, &rp);
+        let cgroup = if who.by_cgroup {
+            Some(names.cgroup(pid)).filter(|p| p.starts_with('/'))
+        } else {
+            None
+        };
+        // The process's profile is moved into the last sum that takes it, copied only when
+        // both per-cgroup and per-command profiles are on.
+        match (cgroup, who.by_command) {
+            (Some(path), true) => {
+                add_up(&mut by_cgroup, path, &id, ev, rp.clone());
+                add_up(&mut by_command, names.command(pid), &id, ev, rp);
             }
+            (Some(path), false) => add_up(&mut by_cgroup, path, &id, ev, rp),
+            (None, true) => add_up(&mut by_command, names.command(pid), &id, ev, rp),
+            (None, false) => {}
         }
     }
     for ((path, _, _), (rp, id)) in by_cgroup {
