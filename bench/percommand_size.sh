@@ -26,7 +26,7 @@ DCPICTL=${DCPICTL:-dcpictl}
 root=$(cd "$(dirname "$0")/.." && pwd)
 t=$(mktemp -d)
 load=; d=; d0=
-trap 'for p in $load; do kill -9 -- -$p 2>/dev/null || true; done; kill $d $d0 2>/dev/null || true; wait 2>/dev/null || true; rm -rf $t' EXIT
+trap 'for p in $load; do kill -9 -$p 2>/dev/null || true; done; kill $d $d0 2>/dev/null || true; wait 2>/dev/null || true; rm -rf $t' EXIT
 "$bin/$DCPID" --config none --db $t/db --spool $t/spool --socket $t/s.sock --host bench \
   2>$t/dcpid.log &
 d=$!
