@@ -396,6 +396,13 @@ settings! {
     /// --cgroup PATH --by symbol`; costs a profile file per cgroup and image [default: false].
     #[arg(long, value_name = "BOOL")]
     by_cgroup: bool = false;
+    /// Keep one profile per (image, event, command) beside the flat profiles, so that every
+    /// profile report and export takes `--command NAME` (`dcpiprof --command postgres --by
+    /// symbol`); the command is the process's comm, as in the who table. Costs a profile file
+    /// per command and image: about 1.2 times the flat profiles' bytes, measured on a busy
+    /// mix and on a build machine (BENCHMARKS.md "Per-command profiles") [default: true].
+    #[arg(long, value_name = "BOOL")]
+    by_command: bool = true;
     /// Call stacks: `none`, `fp` to sample each sample's call chain (kernel frames, and
     /// user frames through frame pointers: stacks of code built without them end after their
     /// first frame and are counted as truncated), or `dwarf` to copy `sample_user_stack`

@@ -203,7 +203,7 @@ pub struct WhoProfileEntry {
     pub image_id: ImageId,
     /// The event file-name component (see [`crate::event_file_component`]).
     pub event_component: String,
-    /// `pid-<N>` or `cg-<16 hex>` ([`crate::ProfileWho::file_component`]).
+    /// `pid-<N>`, `cg-<16 hex>` or `cmd-<16 hex>` ([`crate::ProfileWho::file_component`]).
     pub who_component: String,
 }
 
@@ -216,6 +216,11 @@ impl WhoProfileEntry {
     /// Whether the name says it is a per-cgroup profile.
     pub fn is_cgroup(&self) -> bool {
         self.who_component.starts_with("cg-")
+    }
+
+    /// Whether the name says it is a per-command profile.
+    pub fn is_command(&self) -> bool {
+        self.who_component.starts_with("cmd-")
     }
 }
 
@@ -268,7 +273,7 @@ pub(crate) fn parse_profile_name(name: &str) -> Option<(Option<ImageId>, &str)> 
 
 /// A qualified profile's name (FORMAT.md §3), `<image id>.<event>.<who>.prof`, split into its
 /// image id, event component and who component (`pid-<N>`: decimal, no leading zero;
-/// `cg-<16 lowercase hex>`); `None` if the name does not follow that scheme. Readers that
+/// `cg-<16 lowercase hex>`, `cmd-<16 lowercase hex>`); `None` if the name does not follow that scheme. Readers that
 /// predate these files take the event component to be `<event>.<who>` and, the `.` being no
 /// event character, ignore the name ([`parse_profile_name`]).
 pub(crate) fn parse_who_profile_name(name: &str) -> Option<(ImageId, &str, &str)> {
@@ -276,7 +281,7 @@ pub(crate) fn parse_who_profile_name(name: &str) -> Option<(ImageId, &str, &str)
     let (rest, who) = stem.rsplit_once('.')?;
     let ok = if let Some(n) = who.strip_prefix("pid-") {
         n.parse::<u32>().is_ok_and(|v| v.to_string() == n)
-    } else if let Some(h) = who.strip_prefix("cg-") {
+    } else if let Some(h) = who.strip_prefix("cg-").or_else(|| who.strip_prefix("cmd-")) {
         h.len() == 16 && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
     } else {
         false
@@ -811,9 +816,15 @@ mod tests {
             parse_who_profile_name(&cg),
             Some((id.clone(), "raw-0x1a2_0011223344556677", "cg-0123456789abcdef"))
         );
+        let cmd = format!("{}.cpu-clock.cmd-00112233445566ff.prof", id.to_text());
+        assert_eq!(
+            parse_who_profile_name(&cmd),
+            Some((id.clone(), "cpu-clock", "cmd-00112233445566ff"))
+        );
         // What a reader without them does with these names: not a profile.
         assert_eq!(parse_profile_name(&pid), None);
         assert_eq!(parse_profile_name(&cg), None);
+        assert_eq!(parse_profile_name(&cmd), None);
         for bad in [
             format!("{}.cpu-clock.prof", id.to_text()),
             format!("{}.cpu-clock.pid-042.prof", id.to_text()),
@@ -821,6 +832,8 @@ mod tests {
             format!("{}.cpu-clock.pid-.prof", id.to_text()),
             format!("{}.cpu-clock.cg-0123456789ABCDEF.prof", id.to_text()),
             format!("{}.cpu-clock.cg-0123.prof", id.to_text()),
+            format!("{}.cpu-clock.cmd-0123.prof", id.to_text()),
+            format!("{}.cpu-clock.cmd-pcalpha.prof", id.to_text()),
             "unknown.cpu-clock.pid-1.prof".to_string(),
             format!("{}.Cpu.pid-1.prof", id.to_text()),
         ] {

@@ -44,8 +44,8 @@ pub use ksymstore::{
 };
 pub use lease::{same_owner, Lease, LEASES_DIR, LEASE_VERSION};
 pub use profile::{
-    cgroup_file_component, EventDesc, ImageKind, JitSymbol, Profile, ProfileHeader, ProfileWho,
-    UnknownReason, PROFILE_MAGIC, PROFILE_VERSION,
+    cgroup_file_component, command_file_component, EventDesc, ImageKind, JitSymbol, Profile,
+    ProfileHeader, ProfileWho, UnknownReason, PROFILE_MAGIC, PROFILE_VERSION,
 };
 pub use slices::{
     encode_record, KeyTable, OpenReport, Slice, SliceKey, SliceLog, SliceRange, SliceWriter,

@@ -13,9 +13,11 @@ use crate::varint::write_u64;
 /// First bytes of every profile file.
 pub const PROFILE_MAGIC: &[u8; 8] = b"DCPIPROF";
 /// Newest version this build reads. A profile is written as version 1 unless it is qualified
-/// by a process or cgroup ([`ProfileWho`]; version 2 adds that field), so that readers of
-/// version 1 still read every flat profile, and refuse (`UnknownVersion`) a qualified one.
-pub const PROFILE_VERSION: u16 = 2;
+/// by a process or cgroup ([`ProfileWho`]; version 2 adds that field) or by a command
+/// (version 3: the same field with one more tag), so that readers of version 1 still read
+/// every flat profile, and refuse (`UnknownVersion`) a qualified one, and readers of version 2
+/// refuse a per-command one rather than call its tag corrupt.
+pub const PROFILE_VERSION: u16 = 3;
 
 /// Why a sample could not be attributed; the offset of a count in an `Unknown` profile.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
@@ -130,10 +132,14 @@ pub enum ProfileWho {
     Pid { pid: u32, command: Vec<u8> },
     /// One cgroup v2 path, relative to the v2 root and starting with `/`.
     Cgroup { path: String },
+    /// One command (the process's comm, as the who table names it, FORMAT.md §12): every
+    /// process that ran under that name, added up. Written by default (`by_command`).
+    Command { command: Vec<u8> },
 }
 
 const WHO_TAG_PID: u8 = 1;
 const WHO_TAG_CGROUP: u8 = 2;
+const WHO_TAG_COMMAND: u8 = 3;
 
 impl ProfileWho {
     /// The file-name component (FORMAT.md §3): `pid-<decimal>` or `cg-<16 hex>`, the first 8
@@ -142,12 +148,26 @@ impl ProfileWho {
         match self {
             Self::Pid { pid, .. } => format!("pid-{pid}"),
             Self::Cgroup { path } => cgroup_file_component(path),
+            Self::Command { command } => command_file_component(command),
+        }
+    }
+
+    /// The profile container version that holds this qualifier (FORMAT.md §5).
+    fn version(&self) -> u16 {
+        match self {
+            Self::Pid { .. } | Self::Cgroup { .. } => 2,
+            Self::Command { .. } => 3,
         }
     }
 
     fn validate(&self) -> std::result::Result<(), String> {
         match self {
             Self::Pid { .. } => Ok(()),
+            Self::Command { command } if command.is_empty() => Err("empty command".into()),
+            Self::Command { command } if command.len() > 255 => {
+                Err(format!("command of {} bytes (at most 255)", command.len()))
+            }
+            Self::Command { .. } => Ok(()),
             Self::Cgroup { path } if path.starts_with('/') => Ok(()),
             Self::Cgroup { path } => Err(format!("cgroup path {path:?} does not start with '/'")),
         }
@@ -158,6 +178,13 @@ impl ProfileWho {
 pub fn cgroup_file_component(path: &str) -> String {
     use sha2::{Digest, Sha256};
     format!("cg-{}", hex::encode(&Sha256::digest(path.as_bytes())[..8]))
+}
+
+/// `cmd-` and the first 8 bytes of SHA-256 of a command, in lowercase hex (a comm may hold
+/// `/`, `.` or spaces: `kworker/1:1H-kblockd`, `opt cgu.00`).
+pub fn command_file_component(command: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("cmd-{}", hex::encode(&Sha256::digest(command)[..8]))
 }
 
 /// One profile: the samples of one (image, event) in one epoch on one host.
@@ -232,7 +259,7 @@ impl Profile {
     /// Serialize to the on-disk format (FORMAT.md), checksum included.
     pub fn encode(&self) -> Vec<u8> {
         let h = &self.header;
-        let version = if self.who.is_some() { 2 } else { 1 };
+        let version = self.who.as_ref().map_or(1, ProfileWho::version);
         let mut out = codec::begin(PROFILE_MAGIC, version);
         out.push(h.kind as u8);
         codec::put_image_id(&mut out, &h.image_id);
@@ -259,6 +286,10 @@ impl Profile {
             Some(ProfileWho::Cgroup { path }) => {
                 out.push(WHO_TAG_CGROUP);
                 put_bytes(&mut out, path.as_bytes());
+            }
+            Some(ProfileWho::Command { command }) => {
+                out.push(WHO_TAG_COMMAND);
+                put_bytes(&mut out, command);
             }
         }
         crate::pairs::write(&mut out, self.counts.len(), self.counts.iter().map(|(o, c)| (*o, *c)));
@@ -291,8 +322,9 @@ impl Profile {
         let total_period = r.varint("total_period")?;
         let sequence = r.varint("sequence")?;
         let jit_symbols = read_jit_symbols(&mut r)?;
-        // `open` checked the container: magic, then the version (u16 LE), 1 or 2.
-        let who = if u16::from_le_bytes([bytes[8], bytes[9]]) >= 2 {
+        // `open` checked the container: magic, then the version (u16 LE), 1 to 3.
+        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        let who = if version >= 2 {
             let who = match r.u8("who")? {
                 WHO_TAG_PID => {
                     let pid = r.varint("who.pid")?;
@@ -301,9 +333,19 @@ impl Profile {
                     ProfileWho::Pid { pid, command: r.bytes("who.command")?.to_vec() }
                 }
                 WHO_TAG_CGROUP => ProfileWho::Cgroup { path: r.string("who.cgroup")? },
+                WHO_TAG_COMMAND => {
+                    ProfileWho::Command { command: r.bytes("who.command")?.to_vec() }
+                }
                 t => return Err(r.corrupt("who", format!("unknown qualifier tag {t}"))),
             };
             who.validate().map_err(|d| r.corrupt("who", d))?;
+            // One encoding per profile: a command in version 3 only, the others in version 2.
+            if who.version() != version {
+                return Err(r.corrupt(
+                    "who",
+                    format!("{who:?} in a version {version} profile (expected {})", who.version()),
+                ));
+            }
             Some(who)
         } else {
             None
@@ -472,6 +514,10 @@ impl Profile {
         let (wa, wb) = (&self.who, &other.who);
         let same_who = match (wa, wb) {
             (Some(ProfileWho::Cgroup { path: x }), Some(ProfileWho::Cgroup { path: y })) => x == y,
+            (
+                Some(ProfileWho::Command { command: x }),
+                Some(ProfileWho::Command { command: y }),
+            ) => x == y,
             _ => key(wa) == key(wb),
         };
         if !same_who {
@@ -582,6 +628,53 @@ mod tests {
                 codec::open(&bytes, Path::new("q.prof"), PROFILE_MAGIC, "profile", 1).unwrap_err();
             assert!(matches!(e, Error::UnknownVersion { version: 2, .. }), "{e}");
         }
+    }
+
+    /// Per-command profiles (`by_command`) are version 3: a version 2 reader refuses them,
+    /// a command tag in a version 2 container (or a pid tag in version 3) is corrupt, and the
+    /// name carries a hash of the command, checked against the header.
+    #[test]
+    fn per_command_profiles_are_version_3_and_named_by_their_command() {
+        let who = ProfileWho::Command { command: b"kworker/1:1H-kb".to_vec() };
+        let p = qualified(who.clone());
+        let bytes = p.encode();
+        assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 3);
+        assert_eq!(Profile::decode(&bytes, Path::new("q.prof")).unwrap(), p);
+        let e = codec::open(&bytes, Path::new("q.prof"), PROFILE_MAGIC, "profile", 2).unwrap_err();
+        assert!(matches!(e, Error::UnknownVersion { version: 3, .. }), "{e}");
+        let mut bad = bytes.clone();
+        bad[8] = 2;
+        let e = Profile::decode(&reseal(bad), Path::new("q.prof")).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { field: "who", .. }), "{e}");
+        let pid = qualified(ProfileWho::Pid { pid: 1, command: b"x".to_vec() }).encode();
+        let mut bad = pid;
+        bad[8] = 3;
+        let e = Profile::decode(&reseal(bad), Path::new("q.prof")).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { field: "who", .. }), "{e}");
+        // Empty and over-long commands are refused at write time.
+        let dir = tempfile::tempdir().unwrap();
+        for bad in [vec![], vec![b'x'; 256]] {
+            let q = qualified(ProfileWho::Command { command: bad });
+            assert!(matches!(q.write(&dir.path().join("x.prof")), Err(Error::Invalid { .. })));
+        }
+        // The name: `cmd-` and 16 hex digits of the command's hash.
+        let id = header(ImageKind::Elf).image_id.to_text();
+        let comp = command_file_component(b"kworker/1:1H-kb");
+        assert!(comp.starts_with("cmd-") && comp.len() == 20, "{comp}");
+        let good = dir.path().join(format!("{id}.cpu-clock.{comp}.prof"));
+        p.write(&good).unwrap();
+        assert_eq!(Profile::read(&good).unwrap(), p);
+        let other = command_file_component(b"other");
+        let path = dir.path().join(format!("{id}.cpu-clock.{other}.prof"));
+        std::fs::copy(&good, &path).unwrap();
+        let e = Profile::read(&path).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { field: "who", .. }), "{e}");
+        // Merging: the same command only.
+        let mut a = p.clone();
+        a.merge(&p).unwrap();
+        assert_eq!(a.header.total_samples, 14);
+        let b = qualified(ProfileWho::Command { command: b"other".to_vec() });
+        assert!(matches!(a.merge(&b), Err(Error::MergeMismatch(_))));
     }
 
     /// Re-checksum a container whose bytes were edited.

@@ -9,6 +9,7 @@ mod first_hour;
 mod format;
 mod listing;
 mod offcpu;
+mod per_command;
 mod report;
 mod resolve;
 mod sampling;

@@ -184,6 +184,11 @@ pub struct DiffArgs {
     /// With --image: only this function (exact name as reported); with --lines its lines.
     #[arg(long, value_name = "NAME", requires = "image")]
     pub symbol: Option<String>,
+    /// Compare only the samples of processes with this command name (comm, as `dcpiprof --by
+    /// command` shows it) on both sides, from the per-command profiles dcpid writes by
+    /// default (`by_command`). Whole epochs only: not with time ranges.
+    #[arg(long, value_name = "NAME")]
+    pub command: Option<String>,
     /// With --image: one row per source line (DWARF), usually with --symbol.
     #[arg(long, requires = "image")]
     pub lines: bool,
@@ -388,14 +393,18 @@ pub fn run_diff(
     }
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);
-    let before = args
-        .sel
-        .load_with(&be, &bh, filter.as_ref(), &mut |w| warnings.push(w))
-        .map_err(|e| side_err("--before", e))?;
-    let after = args
-        .sel
-        .load_with(&ae, &ah, filter.as_ref(), &mut |w| warnings.push(w))
-        .map_err(|e| side_err("--after", e))?;
+    let mut load = |e: &EpochSel, h: &HostSel| match &args.command {
+        Some(c) => crate::prof::whoprof::load_with(
+            &args.sel,
+            e,
+            h,
+            &crate::prof::whoprof::WhoSel::Command(c.clone()),
+            &mut |w| warnings.push(w),
+        ),
+        None => args.sel.load_with(e, h, filter.as_ref(), &mut |w| warnings.push(w)),
+    };
+    let before = load(&be, &bh).map_err(|e| side_err("--before", e))?;
+    let after = load(&ae, &ah).map_err(|e| side_err("--after", e))?;
     for (side, l) in [("--before", &before), ("--after", &after)] {
         if l.profiles.is_empty() && args.image.is_none() {
             let (e, h) = epochs_and_hosts(&l.dirs);

@@ -130,6 +130,12 @@ pub struct Args {
     /// functions of the same name).
     #[arg(long, value_name = "NAME", required_unless_present_any = ["top", "generate"])]
     pub symbol: Option<String>,
+    /// Only the samples of processes with this command name (comm, as `dcpiprof --by command`
+    /// shows it), from the per-command profiles dcpid writes by default (`by_command`); a
+    /// database recorded without them is an error saying so. Whole epochs only: not with
+    /// --since/--until.
+    #[arg(long, value_name = "NAME")]
+    pub command: Option<String>,
     /// One row per instruction (default).
     #[arg(long, group = "mode")]
     pub asm: bool,

@@ -224,7 +224,14 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     let spec = args.image.as_deref().unwrap_or_default();
     let sym_spec = args.symbol.as_deref().unwrap_or_default();
     let filter = ImageFilter::new(spec);
-    let loaded = args.sel.load(Some(&filter), &mut |w| warnings.push(w))?;
+    let loaded = match &args.command {
+        Some(c) => crate::prof::whoprof::load(
+            &args.sel,
+            &crate::prof::whoprof::WhoSel::Command(c.clone()),
+            &mut |w| warnings.push(w),
+        )?,
+        None => args.sel.load(Some(&filter), &mut |w| warnings.push(w))?,
+    };
     let weights = report::weights(&loaded, &args.sel.events)?;
     let idx = report::resolve_image(&loaded, &weights, spec)?;
     let first = &loaded.profiles[idx[0]];

@@ -44,7 +44,14 @@ pub struct TopReport {
 type ImageKey = (ImageKind, ImageId);
 
 pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopReport, ListError> {
-    let loaded = args.sel.load_all_counts(&mut |w| warnings.push(w))?;
+    let loaded = match &args.command {
+        Some(c) => crate::prof::whoprof::load(
+            &args.sel,
+            &crate::prof::whoprof::WhoSel::Command(c.clone()),
+            &mut |w| warnings.push(w),
+        )?,
+        None => args.sel.load_all_counts(&mut |w| warnings.push(w))?,
+    };
     if loaded.profiles.is_empty() {
         return Err(ProfError::Empty(
             "no profiles in the selected epoch(s)/host(s): nothing sampled yet (run `dcpictl \

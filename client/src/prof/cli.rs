@@ -60,12 +60,15 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
       \"percent_of\": str, \"rows_omitted\": int,
       \"rows\": [ { <by>: str|int, \"samples\": int, \"percent\": num } ] }
     (--by cgroup rows also carry \"unit\" and \"container\", each str|null.)
-  --pid N or --cgroup PATH with --by symbol, --by image, --image or --symbols: the
-    per-image, per-symbol or all-symbols report above, of that process's or cgroup's
-    samples only, read from the per-process/per-cgroup profiles dcpid writes with by_pid /
-    by_cgroup. A database recorded without them is an error (exit 2) saying so, except for
-    --by image, which then comes from the who tables (a who report whose rows carry the same
-    \"image\", \"samples\" and \"percent\").
+  --pid N, --cgroup PATH or --command NAME with --by symbol, --by image, --image,
+    --symbols or an export: the per-image, per-symbol or all-symbols report or the export
+    above, of that process's, cgroup's or command's samples only, read from the
+    per-process/per-cgroup/per-command profiles dcpid writes with by_pid / by_cgroup /
+    by_command (by_command is on by default). A database recorded without them is an error
+    (exit 2) saying so, except for --by image, which then comes from the who tables (a who
+    report whose rows carry the same \"image\", \"samples\" and \"percent\"), and an
+    export with --command, which then holds that command's call stacks only. These profiles
+    are whole-epoch totals: with --since/--until they are an error (exit 2) saying so.
   Callers/callees (--callers SYM or --callees SYM, from the call stacks):
     { \"symbol\": str, \"direction\": \"callers\"|\"callees\", \"depth\": int, \"event\": str,
       \"samples\": int (first event's samples whose stack contains SYM),
@@ -137,7 +140,8 @@ EXPORT FORMATS (every selection; with --image, only that image)
             `app;main;via_a;hot count` (`[unknown command]` for stacks recorded before dcpid
             kept commands), and pprof, svg, html and speedscope show the same stacks (with
             --image, the stacks whose sampled frame is in that image, as `perf script --dsos`;
-            with --command NAME, that command's stacks only, and no flat samples).
+            with --command NAME, that command's: its per-command profile's samples, its
+            stacks replacing them; without per-command profiles its stacks only).
   pprof     gzipped profile.proto for go tool pprof, Parca, Pyroscope. Sample types per
             event: samples/count (EVENT_samples/count with several events) and the weighted
             estimate (cpu/nanoseconds for cpu-clock, EVENT/events otherwise; the first event's
@@ -332,8 +336,11 @@ pub struct Args {
     /// dcpid's roll-up (after slice_rollup_after, 6h), give buckets as long as the slices.
     #[arg(long, value_name = "DURATION", value_parser = super::timeline::parse_resolution)]
     pub resolution: Option<u64>,
-    /// Only samples of processes with this command name (comm), from the who tables; with
-    /// --callers/--callees or an export, the call stacks of that command.
+    /// Only samples of processes with this command name (comm, as --by command shows it):
+    /// from the who tables for the who reports; with --by symbol, --by image, --image,
+    /// --symbols or an export, from the per-command profiles (dcpid's by_command, the
+    /// default), an export's call stacks being that command's; with --callers/--callees, the
+    /// call stacks of that command.
     #[arg(long, value_name = "NAME")]
     pub command: Option<String>,
     /// Only samples of this cgroup v2 path or its sub-groups (`/system.slice`), or of a unit

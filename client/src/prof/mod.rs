@@ -307,6 +307,18 @@ fn run_export(
         )));
     }
     let mut warnings: Vec<String> = Vec::new();
+    // --command: that command's profiles (dcpid's by_command, the default), its call stacks
+    // replacing them where recorded. A database recorded without them (older dcpid, or
+    // by_command = false) keeps the earlier answer: the command's call stacks only.
+    let mut profiles = p.profiles.clone();
+    if let Some(whoprof::WhoSel::Command(_)) = &profiles.who {
+        if !whoprof::recorded(&profiles.sel, profiles.who.as_ref().expect("matched"))? {
+            profiles.who = None;
+        }
+    }
+    let per_command =
+        profiles.who.as_ref().is_some_and(|w| matches!(w, whoprof::WhoSel::Command(_)));
+    let p = &mode::Export { profiles, ..p.clone() };
     let (mut loaded, weights) =
         p.profiles.load(p.image.as_deref(), p.image.is_none(), &mut warnings, err)?;
     let loaded = &mut loaded;
@@ -325,8 +337,9 @@ fn run_export(
     let mut x = export::build(loaded, &weights, &req, &mut |w| warnings.push(w))?;
     // The stack files keep each stack's command but not its process or cgroup (FORMAT.md
     // §13): with --pid/--cgroup the export is of that process's or cgroup's flat samples
-    // only; with --command, of that command's stacks only. Stacks have no time axis: the
-    // export of a time range (--since/--until) is of its flat samples, one frame each.
+    // only; with --command, of that command's samples, its stacks replacing them (without
+    // per-command profiles, of its stacks only). Stacks have no time axis: the export of a
+    // time range (--since/--until) is of its flat samples, one frame each.
     if sel.time_range().is_some() && p.profiles.who.is_none() {
         warnings.push(
             "--since/--until: call stacks have no time axis (they hold whole-epoch totals): \
@@ -340,7 +353,7 @@ fn run_export(
             warnings.push(w);
         });
     }
-    if p.profiles.who.is_none() && sel.time_range().is_none() {
+    if (p.profiles.who.is_none() || per_command) && sel.time_range().is_none() {
         // Call stacks, where dcpid recorded them, replace the one-frame samples.
         // The same binaries are looked up again: say each warning once.
         let mut more: Vec<String> = Vec::new();
@@ -384,10 +397,11 @@ fn run_export(
                 })
             });
         }
-        stacks::apply_to_export(&mut x, &all, loaded, p.command.is_some());
+        stacks::apply_to_export(&mut x, &all, loaded, p.command.is_some() && !per_command);
     }
     flush_warnings(err, &mut warnings)?;
-    if let (Some(c), true) = (&p.command, x.samples.iter().all(|s| s.samples == 0)) {
+    let stacks_only = p.command.is_some() && !per_command;
+    if let (Some(c), true) = (&p.command, stacks_only && x.samples.iter().all(|s| s.samples == 0)) {
         return Err(ProfError::Empty(format!(
             "no call stacks of the command {c:?} in the selection: an export with --command \
              holds that command's call stacks (dcpid --callchains fp), which name their \

@@ -444,24 +444,18 @@ fn timeline(
     })
 }
 
-/// `--pid` or `--cgroup` (not both, and without `--command`/`--cpu`, which only the who tables
-/// answer) with `--by symbol`, `--by image`, `--image`, `--symbols` or an export: the profiles
-/// of that process or cgroup. `None`: not such a report.
+/// `--pid`, `--cgroup` or `--command` (one of them, and without `--cpu`, which only the who
+/// tables answer) with `--by symbol`, `--by image`, `--image`, `--symbols` or an export: the
+/// profiles of that process, cgroup or command. `None`: not such a report.
 fn who_selection(a: &Args, output: Output) -> Result<Option<WhoSel>, ProfError> {
-    let who = match (a.pid, &a.cgroup) {
-        (None, None) => return Ok(None),
-        (Some(p), None) => WhoSel::Pid(p),
-        (None, Some(c)) => WhoSel::Cgroup(c.clone()),
-        (Some(_), Some(_)) => {
-            if a.by == Some(By::Symbol) {
-                return Err(usage(
-                    "--by symbol reads the per-process or the per-cgroup profiles: give --pid \
-                     or --cgroup, not both",
-                ));
-            }
-            return Ok(None);
-        }
-    };
+    let given: Vec<WhoSel> = [
+        a.pid.map(WhoSel::Pid),
+        a.cgroup.clone().map(WhoSel::Cgroup),
+        a.command.clone().map(WhoSel::Command),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let profile_report = match a.by {
         Some(By::Symbol | By::Image) => true,
         None => a.image.is_some() || a.all_symbols || matches!(output, Output::Export(_)),
@@ -477,17 +471,30 @@ fn who_selection(a: &Args, output: Output) -> Result<Option<WhoSel>, ProfError> 
             | By::Time,
         ) => false,
     };
+    let who = match given.len() {
+        0 => return Ok(None),
+        1 => given.into_iter().next(),
+        _ if a.by == Some(By::Symbol) || (profile_report && a.command.is_some()) => {
+            return Err(usage(
+                "--by symbol, --image, --symbols and the exports read the per-process, the \
+                 per-cgroup or the per-command profiles: give one of --pid, --cgroup and \
+                 --command, not several (the who tables combine them: --by \
+                 command|pid|cgroup|unit|container|image)",
+            ));
+        }
+        // --pid with --cgroup otherwise: the who tables answer it.
+        _ => return Ok(None),
+    };
     if !profile_report {
         return Ok(None);
     }
-    if a.command.is_some() || a.cpu.is_some() {
+    if a.cpu.is_some() {
         return Err(usage(
-            "--command and --cpu filter the who tables only (--by command|pid|cgroup|unit|\
-             container|image|cpu): a per-process or per-cgroup profile report takes --pid or \
-             --cgroup alone",
+            "--cpu filters the who tables only (--by cpu): a per-process, per-cgroup or \
+             per-command profile report takes --pid, --cgroup or --command alone",
         ));
     }
-    Ok(Some(who))
+    Ok(who)
 }
 
 /// A report from the who tables, its flags checked.
@@ -646,12 +653,30 @@ mod tests {
                 m => panic!("--by {by}: {m:?}"),
             }
         }
+        // --command with a profile report: the per-command profiles (dcpid's by_command).
         match ok(&["--command", "nginx", "--image", "libc"]) {
-            Mode::Who(w) => {
-                assert_eq!(w.by, WhoBy::Image);
-                assert_eq!(w.filters.command.as_deref(), Some("nginx"));
-                assert_eq!(w.filters.image.as_deref(), Some("libc"));
+            Mode::Symbols(s) => {
+                assert_eq!(s.image, "libc");
+                assert_eq!(s.profiles.who, Some(WhoSel::Command("nginx".into())));
             }
+            m => panic!("{m:?}"),
+        }
+        match ok(&["--command", "nginx", "--by", "symbol"]) {
+            Mode::GlobalSymbols(g) => {
+                assert_eq!(g.profiles.who, Some(WhoSel::Command("nginx".into())));
+            }
+            m => panic!("{m:?}"),
+        }
+        match ok(&["--command", "nginx", "--by", "image"]) {
+            Mode::Images(Images { who: Some(w), .. }) => {
+                assert_eq!(w.who, WhoSel::Command("nginx".into()));
+                assert_eq!(w.tables.filters.command.as_deref(), Some("nginx"));
+            }
+            m => panic!("{m:?}"),
+        }
+        // --command alone, or with a who dimension: the who tables.
+        match ok(&["--command", "nginx"]) {
+            Mode::Who(w) => assert_eq!(w.filters.command.as_deref(), Some("nginx")),
             m => panic!("{m:?}"),
         }
         // --pid with a who dimension reads the who tables, not the per-process profiles.
@@ -685,10 +710,11 @@ mod tests {
             }
             m => panic!("{m:?}"),
         }
+        // An export of a command: its per-command profiles, its stacks replacing them.
         match ok(&["--command", "a", "--format", "folded"]) {
             Mode::Export(x) => {
                 assert_eq!(x.command.as_deref(), Some("a"));
-                assert!(x.profiles.who.is_none());
+                assert_eq!(x.profiles.who, Some(WhoSel::Command("a".into())));
             }
             m => panic!("{m:?}"),
         }
@@ -729,6 +755,13 @@ mod tests {
                 }
                 m => panic!("{m:?}"),
             }
+            match ok(&["--format", &name, "--command", "nginx"]) {
+                Mode::Export(x) => {
+                    assert_eq!(x.profiles.who, Some(WhoSel::Command("nginx".into())));
+                    assert_eq!(x.command.as_deref(), Some("nginx"));
+                }
+                m => panic!("{m:?}"),
+            }
         }
     }
 
@@ -765,7 +798,7 @@ mod tests {
         );
         rejected(&["--pid", "1", "--command", "x", "--image", "a"], &["--command", "--pid"]);
         rejected(&["--cgroup", "/", "--cpu", "1", "--symbols"], &["--cpu", "--cgroup"]);
-        rejected(&["--command", "x", "--by", "symbol"], &["--by symbol", "--command"]);
+        rejected(&["--command", "x", "--cgroup", "/", "--symbols"], &["--command", "--cgroup"]);
         rejected(&["--cpu", "1", "--by", "command"], &["--cpu", "--by cpu"]);
         rejected(&["--cpu", "1"], &["--cpu", "--by cpu"]);
         rejected(&["--by", "cpu", "--pid", "1"], &["--by cpu", "--pid"]);

@@ -1,15 +1,17 @@
-//! `dcpiprof --pid N` / `--cgroup PATH` with a profile report (`--by symbol`, `--by image`,
-//! `--image`, `--symbols`, the exports): the per-process and per-cgroup profiles dcpid writes
-//! with `by_pid` / `by_cgroup` (FORMAT.md §5.6) stand in for the flat profiles, so every
-//! report reads them exactly as it reads those.
+//! `dcpiprof --pid N` / `--cgroup PATH` / `--command NAME` with a profile report (`--by
+//! symbol`, `--by image`, `--image`, `--symbols`, the exports; `dcpilist --command`): the
+//! per-process, per-cgroup and per-command profiles dcpid writes with `by_pid` / `by_cgroup` /
+//! `by_command` (FORMAT.md §5.6; `by_command` is on by default) stand in for the flat
+//! profiles, so every report reads them exactly as it reads those.
 
 use std::path::PathBuf;
 
-use profile_format::{HostDir, Profile, ProfileWho, WhoProfileEntry};
+use profile_format::{command_file_component, HostDir, Profile, ProfileWho, WhoProfileEntry};
 
 use crate::args::Selection;
 use dcpi_report::error::ProfError;
 use dcpi_report::select::{self, Loaded, LoadedProfile};
+use dcpi_report::select::{EpochSel, HostSel};
 use dcpi_report::stats;
 
 /// Whose profiles a report reads (chosen by [`super::mode::Mode::from_args`]).
@@ -20,13 +22,26 @@ pub enum WhoSel {
     /// A cgroup v2 path or prefix, a unit or a container id prefix (`--cgroup`, as the who
     /// reports match it).
     Cgroup(String),
+    /// One command, exactly as the who table names it (`--command`).
+    Command(String),
 }
 
 impl WhoSel {
+    /// Whether a profile of this kind (per process, cgroup or command) is named `e`.
+    fn kind_of(&self, e: &WhoProfileEntry) -> bool {
+        match self {
+            Self::Pid(_) => e.pid().is_some(),
+            Self::Cgroup(_) => e.is_cgroup(),
+            Self::Command(_) => e.is_command(),
+        }
+    }
+
     fn wants(&self, e: &WhoProfileEntry) -> bool {
         match self {
             Self::Pid(p) => e.pid() == Some(*p),
             Self::Cgroup(_) => e.is_cgroup(),
+            // The name holds a hash of the command: only that command's files are read.
+            Self::Command(c) => e.who_component == command_file_component(c.as_bytes()),
         }
     }
 
@@ -38,6 +53,7 @@ impl WhoSel {
             (Self::Cgroup(spec), Some(ProfileWho::Cgroup { path })) => {
                 super::who::cgroup_matches(spec, path)
             }
+            (Self::Command(c), Some(ProfileWho::Command { command })) => command == c.as_bytes(),
             _ => false,
         }
     }
@@ -46,6 +62,16 @@ impl WhoSel {
         match self {
             Self::Pid(p) => format!("process {p}"),
             Self::Cgroup(c) => format!("cgroup {c:?}"),
+            Self::Command(c) => format!("command {c:?}"),
+        }
+    }
+
+    /// The dcpid setting that writes this kind of profile, its flag, and what it splits by.
+    fn setting(&self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Self::Pid(_) => ("by_pid", "--by-pid", "process"),
+            Self::Cgroup(_) => ("by_cgroup", "--by-cgroup", "cgroup"),
+            Self::Command(_) => ("by_command", "--by-command", "command"),
         }
     }
 }
@@ -57,10 +83,7 @@ pub fn recorded(sel: &Selection, who: &WhoSel) -> Result<bool, ProfError> {
     let db = select::open_db(&sel.db)?;
     let dirs = select::select_host_dirs(&db, &sel.epoch_sel(), &sel.host_sel())?;
     for d in &dirs {
-        if d.who_profiles()?.iter().any(|e| match who {
-            WhoSel::Pid(_) => e.pid().is_some(),
-            WhoSel::Cgroup(_) => e.is_cgroup(),
-        }) {
+        if d.who_profiles()?.iter().any(|e| who.kind_of(e)) {
             return Ok(true);
         }
     }
@@ -69,45 +92,59 @@ pub fn recorded(sel: &Selection, who: &WhoSel) -> Result<bool, ProfError> {
 
 /// The selected host directories' profiles of `who`, read whole (counts kept), with their
 /// summaries. Errors when no selected directory holds any profile of that kind (the daemon
-/// ran without `by_pid` / `by_cgroup`), or none of `who`.
+/// ran without `by_pid` / `by_cgroup` / `by_command`), or none of `who`.
 pub fn load(
     sel: &Selection,
     who: &WhoSel,
     warn: &mut dyn FnMut(String),
 ) -> Result<Loaded, ProfError> {
-    sel.no_time_axis("per-process and per-cgroup profiles (--pid, --cgroup)")?;
+    load_with(sel, &sel.epoch_sel(), &sel.host_sel(), who, warn)
+}
+
+/// [`load`] of the given epochs and hosts (`dcpidiff`'s two sides).
+pub fn load_with(
+    sel: &Selection,
+    epoch: &EpochSel,
+    host: &HostSel,
+    who: &WhoSel,
+    warn: &mut dyn FnMut(String),
+) -> Result<Loaded, ProfError> {
+    // The time slices (slices.log) count samples per image and offset, not per process,
+    // cgroup or command: these profiles are whole-epoch totals.
+    if matches!(epoch, EpochSel::Between(..)) {
+        return Err(ProfError::Usage(
+            "--since/--until select time slices, and the per-process, per-cgroup and \
+             per-command profiles (--pid, --cgroup, --command) have no time axis (they hold \
+             whole-epoch totals; the slices count samples per image and offset only): select \
+             epochs with --epoch instead"
+                .into(),
+        ));
+    }
     let db = select::open_db(&sel.db)?;
-    let dirs = select::select_host_dirs(&db, &sel.epoch_sel(), &sel.host_sel())?;
+    let dirs = select::select_host_dirs(&db, epoch, host)?;
     let mut any_kind = false;
     let mut entries: Vec<(usize, PathBuf)> = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
         for e in d.who_profiles()? {
             stats::count(&stats::PROFILES_LISTED);
-            let kind = match who {
-                WhoSel::Pid(_) => e.pid().is_some(),
-                WhoSel::Cgroup(_) => e.is_cgroup(),
-            };
-            any_kind |= kind;
+            any_kind |= who.kind_of(&e);
             if who.wants(&e) {
                 entries.push((i, e.path));
             }
         }
     }
     if !any_kind {
-        let (key, flag) = match who {
-            WhoSel::Pid(_) => ("by_pid", "--by-pid"),
-            WhoSel::Cgroup(_) => ("by_cgroup", "--by-cgroup"),
-        };
+        let (key, flag, per) = who.setting();
         let (epochs, hosts) = select::epochs_and_hosts(&dirs);
         return Err(ProfError::Empty(format!(
-            "epoch(s) {} of host(s) {} were recorded without {key}: they hold no per-{} \
+            "epoch(s) {} of host(s) {} were recorded without {key}: they hold no per-{per} \
              profiles, so the code {} ran cannot be told apart. Start dcpid with `{key} = \
-             true` (or `{flag} true`) to record them; meanwhile --by image with --pid/--cgroup \
-             answers from the who tables",
+             true` (or `{flag} true`{}) to record them; meanwhile --by image with \
+             --pid/--cgroup/--command answers from the who tables",
             epochs.join(","),
             hosts.join(","),
-            if key == "by_pid" { "process" } else { "cgroup" },
             who.describe(),
+            if key == "by_command" { "; the default since profile version 3" } else { "" },
         )));
     }
     let read = select::par_read(&entries);
@@ -124,9 +161,9 @@ pub fn load(
     }
     if out.profiles.is_empty() && out.scan.corrupt.is_empty() {
         return Err(ProfError::Empty(format!(
-            "no samples of {} in the selected epoch(s)/host(s) (a pid is recorded under the \
-             host it ran on; try --epoch all or --host all, or `dcpiprof --by pid` / `--by \
-             cgroup` to list who was sampled)",
+            "no samples of {} in the selected epoch(s)/host(s) (a process is recorded under \
+             the host it ran on; try --epoch all or --host all, or `dcpiprof --by pid` / `--by \
+             cgroup` / `--by command` to list who was sampled)",
             who.describe()
         )));
     }

@@ -10,6 +10,7 @@ mod first_hour;
 mod hostile_db;
 mod hostile_files;
 mod hostile_names;
+mod per_command;
 mod planted_links;
 mod pprof_proto;
 mod symbolizer;

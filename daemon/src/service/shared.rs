@@ -127,7 +127,7 @@ impl Shared {
         }
         store.set_who_by_pid(s.by_pid);
         store.set_who_profiles(who_profiles(&s));
-        self.aggregator.set_who_profiles(s.by_pid || s.by_cgroup);
+        self.aggregator.set_who_profiles(who_profiles(&s).any());
     }
 
     /// Move one resolved batch (and sampler loss counters since the last one) into the store.

@@ -165,9 +165,9 @@ pub(super) fn open_store(
     Ok(store)
 }
 
-/// The per-process and per-cgroup profiles the settings ask for (FORMAT.md §5.6).
+/// The per-process, per-cgroup and per-command profiles the settings ask for (FORMAT.md §5.6).
 pub(super) fn who_profiles(s: &Settings) -> crate::store::WhoProfiles {
-    crate::store::WhoProfiles { by_pid: s.by_pid, by_cgroup: s.by_cgroup }
+    crate::store::WhoProfiles { by_pid: s.by_pid, by_cgroup: s.by_cgroup, by_command: s.by_command }
 }
 
 /// Every event on every CPU (before anything is written: a daemon that may not sample creates
@@ -187,7 +187,7 @@ pub(super) fn start_sampling(
     let slots = ncpus + usize::from(settings.off_cpu);
     let aggregator = Aggregator::new(resolver, slots);
     // Before the first sample: kernel samples are keyed per process from the start.
-    aggregator.set_who_profiles(settings.by_pid || settings.by_cgroup);
+    aggregator.set_who_profiles(who_profiles(settings).any());
     // Before the drain threads start: they hand side-band records and full overflow buffers
     // to it (they never read a file nor take the resolver for writing).
     aggregator

@@ -67,7 +67,7 @@ impl PendingBatch {
         let mut who_profiles = Vec::new();
         let mut who_bytes = 0;
         if let Some(pp) = resolved.pid_profiles.take() {
-            if who.by_pid || who.by_cgroup {
+            if who.any() {
                 who_bytes = qualified(pp, &resolved.who, events, who, &mut who_profiles);
             }
         }
@@ -161,9 +161,10 @@ fn pending_of(
     Some((p, bytes))
 }
 
-/// The per-process profiles of a batch as `by_pid` profiles, and added up per cgroup (the
+/// The per-process profiles of a batch as `by_pid` profiles, added up per cgroup (the
 /// last one the process was seen in during the batch, as in the who table) as `by_cgroup`
-/// ones. Samples of a process whose cgroup is not known (no cgroup v2, a kernel before 5.7)
+/// ones, and per command (the who table's command of the process) as `by_command` ones.
+/// Samples of a process whose cgroup is not known (no cgroup v2, a kernel before 5.7)
 /// are in no cgroup profile. Returns the bytes held.
 fn qualified(
     pp: PidProfiles,
@@ -184,37 +185,59 @@ fn qualified(
             out.push(p);
         }
     };
-    let mut by_cgroup: BTreeMap<
-        (String, String, u16),
-        (crate::aggregate::ResolvedProfile, profile_format::ImageId),
-    > = BTreeMap::new();
+    type Sums<K> =
+        BTreeMap<(K, String, u16), (crate::aggregate::ResolvedProfile, profile_format::ImageId)>;
+    /// Add `rp` into the sum of `key` (taken whole when it is the first: no copy).
+    fn add_up<K: Ord>(
+        sums: &mut Sums<K>,
+        key: K,
+        id: &profile_format::ImageId,
+        ev: u16,
+        rp: crate::aggregate::ResolvedProfile,
+    ) {
+        match sums.entry((key, id.to_text(), ev)) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert((rp, id.clone()));
+            }
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                let acc = &mut o.get_mut().0;
+                for (off, (c, p)) in rp.counts {
+                    let e = acc.counts.entry(off).or_insert((0, 0));
+                    e.0 += c;
+                    e.1 = e.1.saturating_add(p);
+                }
+            }
+        }
+    }
+    let mut by_cgroup: Sums<String> = BTreeMap::new();
+    let mut by_command: Sums<Vec<u8>> = BTreeMap::new();
     for ((id, ev, pid), rp) in pp {
         if who.by_pid {
             let q = ProfileWho::Pid { pid, command: names.command(pid) };
             push(&rp, &id, q, &rp.counts);
         }
-        if who.by_cgroup {
-            let path = names.cgroup(pid);
-            if !path.starts_with('/') {
-                continue;
+        let cgroup = if who.by_cgroup {
+            Some(names.cgroup(pid)).filter(|p| p.starts_with('/'))
+        } else {
+            None
+        };
+        // The process's profile is moved into the last sum that takes it, copied only when
+        // both per-cgroup and per-command profiles are on.
+        match (cgroup, who.by_command) {
+            (Some(path), true) => {
+                add_up(&mut by_cgroup, path, &id, ev, rp.clone());
+                add_up(&mut by_command, names.command(pid), &id, ev, rp);
             }
-            match by_cgroup.entry((path, id.to_text(), ev)) {
-                std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert((rp, id));
-                }
-                std::collections::btree_map::Entry::Occupied(mut o) => {
-                    let acc = &mut o.get_mut().0;
-                    for (off, (c, p)) in &rp.counts {
-                        let e = acc.counts.entry(*off).or_insert((0, 0));
-                        e.0 += c;
-                        e.1 = e.1.saturating_add(*p);
-                    }
-                }
-            }
+            (Some(path), false) => add_up(&mut by_cgroup, path, &id, ev, rp),
+            (None, true) => add_up(&mut by_command, names.command(pid), &id, ev, rp),
+            (None, false) => {}
         }
     }
     for ((path, _, _), (rp, id)) in by_cgroup {
         push(&rp, &id, ProfileWho::Cgroup { path }, &rp.counts);
+    }
+    for ((command, _, _), (rp, id)) in by_command {
+        push(&rp, &id, ProfileWho::Command { command }, &rp.counts);
     }
     bytes
 }

@@ -191,7 +191,7 @@ impl Target {
         };
         let valid_who = who.as_deref().is_none_or(|w| {
             w.strip_prefix("pid-").is_some_and(|n| n.parse::<u32>().is_ok())
-                || w.strip_prefix("cg-").is_some_and(|h| {
+                || w.strip_prefix("cg-").or_else(|| w.strip_prefix("cmd-")).is_some_and(|h| {
                     h.len() == 16
                         && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
                 })

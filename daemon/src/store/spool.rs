@@ -16,10 +16,11 @@
 //! defs: n, each: tag (1 event | 2 image | 3 qualified image), id, then
 //!       event: name, perf_type, perf_config, period_mean, period_min, period_max
 //!       image: id text, kind, path, n jit, (start, size, name)*
-//!       qualified image (a per-process or per-cgroup profile, `by_pid`/`by_cgroup`): as an
-//!       image, whose id text is `<image id text>.<pid-N | cg-HASH>`, then who: 1 (pid),
-//!       pid, command | 2 (cgroup), path. Only a dcpid with `by_pid`/`by_cgroup` on writes
-//!       it. A dcpid that predates tag 3 cannot tell where such a definition ends: after a
+//!       qualified image (a per-process, per-cgroup or per-command profile, `by_pid`/
+//!       `by_cgroup`/`by_command`): as an image, whose id text is
+//!       `<image id text>.<pid-N | cg-HASH | cmd-HASH>`, then who: 1 (pid), pid, command |
+//!       2 (cgroup), path | 3 (command), command. `by_command` is on by default; a dcpid
+//!       that predates who tag 3 quarantines the records holding one (as below). A dcpid that predates tag 3 cannot tell where such a definition ends: after a
 //!       downgrade it quarantines (and counts) the records that hold one, flat increments
 //!       included, so empty the spool (`dcpictl flush`) before downgrading.
 //! summary delta: samples, unknown, lost, throttled, n, (event id, samples, total_period,
@@ -228,6 +229,10 @@ impl Defs {
                 varint::write_u64(out, 2);
                 put_bytes(out, path.as_bytes());
             }
+            Some(ProfileWho::Command { command }) => {
+                varint::write_u64(out, 3);
+                put_bytes(out, command);
+            }
         }
         *n += 1;
         self.images.insert(text.to_owned(), (id, Arc::new(img.clone())));
@@ -367,6 +372,7 @@ fn decode_who(c: &mut Cursor<'_>) -> Result<ProfileWho, String> {
             Ok(ProfileWho::Pid { pid, command: c.bytes()?.to_vec() })
         }
         2 => Ok(ProfileWho::Cgroup { path: c.string()? }),
+        3 => Ok(ProfileWho::Command { command: c.bytes()?.to_vec() }),
         t => Err(format!("unknown qualifier tag {t}")),
     }
 }

@@ -24,6 +24,16 @@ pub struct WhoProfiles {
     pub by_pid: bool,
     /// One profile per (image, event, cgroup) (`by_cgroup`).
     pub by_cgroup: bool,
+    /// One profile per (image, event, command) (`by_command`, on by default).
+    pub by_command: bool,
+}
+
+impl WhoProfiles {
+    /// Whether any qualified profile is written: the aggregator must then keep each batch's
+    /// profiles per process ([`crate::aggregate::Aggregator::set_who_profiles`]).
+    pub fn any(self) -> bool {
+        self.by_pid || self.by_cgroup || self.by_command
+    }
 }
 
 /// Who counts not yet written, per epoch.

@@ -74,7 +74,7 @@ fn counts(p: &Profile) -> Vec<(u64, u64)> {
 #[test]
 fn per_process_and_per_cgroup_profiles_add_up_across_flushes() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = open(dir.path(), WhoProfiles { by_pid: true, by_cgroup: true });
+    let mut s = open(dir.path(), WhoProfiles { by_pid: true, by_cgroup: true, by_command: false });
     s.add(batch(10), 0, 0);
     s.flush_everything().expect("flush");
     s.add(batch(5), 0, 0);
@@ -112,12 +112,48 @@ fn per_process_and_per_cgroup_profiles_add_up_across_flushes() {
     assert_eq!(sum.samples, 105);
 }
 
+/// `by_command` (the default): pids 42 and 44 run `web`, 43 `api`; one profile per command,
+/// the processes of one command added up, merged across flushes through the spool, and the
+/// commands of an image adding up to its flat profile.
+#[test]
+fn per_command_profiles_add_up_the_processes_of_a_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(dir.path(), WhoProfiles { by_command: true, ..WhoProfiles::default() });
+    for n in [10, 5] {
+        let mut b = batch(n);
+        for (pid, comm) in [(42, "web"), (43, "api"), (44, "web")] {
+            b.who.comms.insert(pid, comm.as_bytes().to_vec());
+        }
+        s.add(b, 0, 0);
+        s.flush_everything().expect("flush");
+    }
+    let hd = host_dir(dir.path(), &s);
+    let id = image().id.clone();
+    let listed = hd.who_profiles().expect("list");
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed.iter().all(profile_format::WhoProfileEntry::is_command), "{listed:?}");
+    let mut sum = std::collections::BTreeMap::new();
+    for (cmd, want) in [("web", vec![(0x40, 60)]), ("api", vec![(0x40, 30), (0x80, 15)])] {
+        let who = ProfileWho::Command { command: cmd.as_bytes().to_vec() };
+        let path = hd.who_profile_path(&id, "cpu-clock", &who);
+        let p = Profile::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(counts(&p), want, "{cmd}");
+        assert_eq!(p.who.as_ref(), Some(&who));
+        for (o, c) in counts(&p) {
+            *sum.entry(o).or_insert(0) += c;
+        }
+    }
+    let flat = Profile::read(&hd.profile_path(&id, "cpu-clock")).expect("flat");
+    assert_eq!(sum.into_iter().collect::<Vec<_>>(), counts(&flat));
+}
+
 #[test]
 fn only_what_is_asked_for_is_written() {
     for (who, want) in [
         (WhoProfiles::default(), 0),
-        (WhoProfiles { by_pid: true, by_cgroup: false }, 3),
-        (WhoProfiles { by_pid: false, by_cgroup: true }, 2),
+        (WhoProfiles { by_pid: true, ..WhoProfiles::default() }, 3),
+        (WhoProfiles { by_cgroup: true, ..WhoProfiles::default() }, 2),
+        (WhoProfiles { by_command: true, ..WhoProfiles::default() }, 3),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut s = open(dir.path(), who);
@@ -132,7 +168,7 @@ fn only_what_is_asked_for_is_written() {
 #[test]
 fn a_corrupt_per_process_profile_is_set_aside() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = open(dir.path(), WhoProfiles { by_pid: true, by_cgroup: false });
+    let mut s = open(dir.path(), WhoProfiles { by_pid: true, ..WhoProfiles::default() });
     s.add(batch(10), 0, 0);
     s.flush_everything().expect("flush");
     let hd = host_dir(dir.path(), &s);

@@ -30,8 +30,8 @@ fn every_single_byte_change_is_detected_with_the_right_error() {
                 .expect_err(&format!("byte {pos} xor {x:#04x} not detected"));
             let ok = match pos {
                 0..=7 => matches!(err, Error::BadMagic { .. }),
-                // Version 2 exists (qualified profiles): then the checksum catches it.
-                8..=9 if u16::from_le_bytes([buf[8], buf[9]]) == 2 => {
+                // Versions 2 and 3 exist (qualified profiles): then the checksum catches it.
+                8..=9 if matches!(u16::from_le_bytes([buf[8], buf[9]]), 2 | 3) => {
                     matches!(err, Error::ChecksumMismatch { .. })
                 }
                 8..=9 => matches!(err, Error::UnknownVersion { .. }),
@@ -90,16 +90,20 @@ fn semantic_corruption_behind_a_valid_checksum() {
     let good = common::small_profile().encode();
     // Bump the version past what we read.
     let mut v = good.clone();
-    v[8] = 3;
+    v[8] = 4;
     assert!(matches!(
         Profile::decode(&v, Path::new(P)),
-        Err(Error::UnknownVersion { version: 3, supported: 2, .. })
+        Err(Error::UnknownVersion { version: 4, supported: 3, .. })
     ));
     // A flat payload in a version 2 container: the qualifier is missing.
     let mut v = good.clone();
     v[8] = 2;
     fix_crc(&mut v);
     assert!(Profile::decode(&v, Path::new(P)).is_err(), "a v2 container without a qualifier");
+    let mut v = good.clone();
+    v[8] = 3;
+    fix_crc(&mut v);
+    assert!(Profile::decode(&v, Path::new(P)).is_err(), "a v3 container without a qualifier");
     let mut flags = good.clone();
     flags[10] = 1;
     fix_crc(&mut flags);
