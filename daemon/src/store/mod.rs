@@ -42,7 +42,7 @@ mod stacks;
 mod summaries;
 mod who;
 pub use rotation::{EpochSchedule, Rotation};
-pub use slices::{SliceSettings, SliceStats, ROLLUP_SLICE};
+pub use slices::{SliceSettings, SliceStats, ROLLUP_RESOLUTION, ROLLUP_SLICE, SLICE_RESOLUTION};
 pub use who::WhoProfiles;
 
 use std::collections::HashSet;
