@@ -141,7 +141,11 @@ fn synthetic_minutes(minutes: u64, scale: f64, (fz, iz): (f64, f64), seed: u64) 
             let mut counts: BTreeMap<SliceKey, BTreeMap<u64, u64>> = BTreeMap::new();
             for _ in 0..120_000 {
                 if rng.next() % 1000 == 0 {
-                    *counts.entry(unknown.clone()).or_default().entry(rng.next() % 3).or_insert(0) += 1;
+                    *counts
+                        .entry(unknown.clone())
+                        .or_default()
+                        .entry(rng.next() % 3)
+                        .or_insert(0) += 1;
                     continue;
                 }
                 let ii = pick(&img_cdf, rng.unit() * total);
@@ -189,8 +193,7 @@ fn hour_bytes(minutes: &[Slice], res: u64, hour_res: u64) -> f64 {
         ..Default::default()
     };
     let hours = log.rollup_at(u64::MAX, 3600, hour_res);
-    (hours.encode().len() - profile_format::SLICES_HEADER_LEN) as f64 * 60.0
-        / minutes.len() as f64
+    (hours.encode().len() - profile_format::SLICES_HEADER_LEN) as f64 * 60.0 / minutes.len() as f64
 }
 
 fn main() -> ExitCode {
@@ -217,9 +220,10 @@ fn main() -> ExitCode {
         Some("log") if args.len() > 1 => {
             let p = PathBuf::from(&args[1]);
             match SliceLog::read(&p) {
-                Ok(Some(l)) => {
-                    (p.display().to_string(), l.slices.into_iter().filter(|s| s.len == 60).collect())
-                }
+                Ok(Some(l)) => (
+                    p.display().to_string(),
+                    l.slices.into_iter().filter(|s| s.len == 60).collect(),
+                ),
                 Ok(None) => {
                     eprintln!("{}: no such slice log", p.display());
                     return ExitCode::from(1);
@@ -265,7 +269,9 @@ fn main() -> ExitCode {
     let repeated = repeated as f64 / later;
     let ones = ones as f64 / later;
     let mut rows = Vec::new();
-    for (mres, hres) in [(1u64, 1u64), (1, 256), (16, 16), (16, 64), (16, 256), (16, 4096), (64, 64), (64, 256)] {
+    for (mres, hres) in
+        [(1u64, 1u64), (1, 256), (16, 16), (16, 64), (16, 256), (16, 4096), (64, 64), (64, 256)]
+    {
         let t = Instant::now();
         let m = minute_bytes(&minutes, mres);
         let enc_ms = t.elapsed().as_secs_f64() * 1e3 / n;
@@ -276,7 +282,11 @@ fn main() -> ExitCode {
                 let mut k = KeyTable::default();
                 let mut b = Vec::new();
                 encode_record_at(&mut b, s, &mut k, mres);
-                let log = SliceLog::decode(&[&header_bytes()[..], &b[..]].concat(), std::path::Path::new("x")).unwrap();
+                let log = SliceLog::decode(
+                    &[&header_bytes()[..], &b[..]].concat(),
+                    std::path::Path::new("x"),
+                )
+                .unwrap();
                 pairs(&log.slices[0])
             })
             .sum::<usize>() as f64

@@ -26,8 +26,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    let rollup_res: u64 =
-        std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(256);
+    let rollup_res: u64 = std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(256);
     // Each record's bytes as the writer appended it: keys defined in file order.
     let mut keys = KeyTable::default();
     let mut recs = Vec::new();

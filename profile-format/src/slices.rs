@@ -39,7 +39,8 @@ const MAX_PAYLOAD: u64 = 256 << 20;
 const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
 /// Largest offset resolution (log2 of bytes) a version 2 record may state: 4 KiB, a page.
-pub const MAX_RESOLUTION_SHIFT: u8 = 12;/// zstd level of record payloads: level 3 costs ~1 ms per 40 KB slice here and halves it.
+pub const MAX_RESOLUTION_SHIFT: u8 = 12;
+/// zstd level of record payloads: level 3 costs ~1 ms per 40 KB slice here and halves it.
 const ZSTD_LEVEL: i32 = 3;
 /// Payloads smaller than this are stored raw (zstd's frame costs more than it saves).
 const COMPRESS_FROM: usize = 128;
@@ -340,7 +341,7 @@ struct Decoded {
 
 /// The bytes of the slice log at `path`, read safely (FORMAT.md §6.1); `None`: no such file.
 fn read_bytes(path: &Path) -> Result<Option<Vec<u8>>> {
-let (f, size) = match open_regular(path) {
+    let (f, size) = match open_regular(path) {
         Ok(x) => x,
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Ok(None)
@@ -351,10 +352,8 @@ let (f, size) = match open_regular(path) {
         return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
     }
     let mut bytes = Vec::with_capacity(size as usize);
-    let n = f
-        .take(MAX_CONTAINER_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(path, e))?;
+    let n =
+        f.take(MAX_CONTAINER_FILE + 1).read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
     if n as u64 > MAX_CONTAINER_FILE {
         return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
     }

@@ -378,8 +378,6 @@ fn a_replaced_file_is_noticed() {
     assert!(!w.is_current());
 }
 
-
-
 /// A version 1 file as dcpid 0.x wrote it (FORMAT.md §14.2: no resolution byte), built by
 /// hand: two records, the second using the key the first defined.
 fn v1_file() -> Vec<u8> {
@@ -389,7 +387,8 @@ fn v1_file() -> Vec<u8> {
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     let img = key("cpu-clock", Some(1)).image.unwrap().to_text();
-    for (seq, new_key, offsets) in [(1u64, true, vec![(0x11u64, 3u64), (0x25, 1)]), (2, false, vec![(0x13, 2)])]
+    for (seq, new_key, offsets) in
+        [(1u64, true, vec![(0x11u64, 3u64), (0x25, 1)]), (2, false, vec![(0x13, 2)])]
     {
         let mut payload = Vec::new();
         crate::varint::write_u64(&mut payload, u64::from(new_key));
@@ -488,7 +487,10 @@ fn rollup_at_a_coarser_resolution_keeps_every_sample() {
     let k = key("cpu-clock", Some(1));
     let log = SliceLog {
         slices: (0..5u64)
-            .map(|i| Slice { seq: i + 1, ..slice(3600 + i * 60, 60, &[(k.clone(), vec![(i * 16, 1), (300 + i, 2)])]) })
+            .map(|i| Slice {
+                seq: i + 1,
+                ..slice(3600 + i * 60, 60, &[(k.clone(), vec![(i * 16, 1), (300 + i, 2)])])
+            })
             .collect(),
         resolution: (1..=5).map(|s| (s, 16)).collect(),
         ..Default::default()
