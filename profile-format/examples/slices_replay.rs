@@ -140,7 +140,7 @@ fn synthetic_minutes(minutes: u64, scale: f64, (fz, iz): (f64, f64), seed: u64) 
         .map(|m| {
             let mut counts: BTreeMap<SliceKey, BTreeMap<u64, u64>> = BTreeMap::new();
             for _ in 0..120_000 {
-                if rng.next() % 1000 == 0 {
+                if rng.next().is_multiple_of(1000) {
                     *counts
                         .entry(unknown.clone())
                         .or_default()
