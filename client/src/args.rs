@@ -16,8 +16,8 @@ use dcpi_report::error::ProfError;
 pub use dcpi_report::error::{did_you_mean, did_you_mean_hint};
 use dcpi_report::image::ImageFilter;
 use dcpi_report::select::{
-    epoch_start, load, load_counts, load_image_totals, open_db, select_host_dirs, this_host,
-    EpochSel, HostSel, Loaded, Totals,
+    epoch_start, load, load_counts, load_image_totals, open_db, restrict_loaded, restrict_totals,
+    select_host_dirs, this_host, EpochSel, HostSel, Loaded, TimeRange, Totals,
 };
 use dcpi_report::symcache::{default_path as default_cache_path, SymbolCache};
 
@@ -31,12 +31,19 @@ pub struct Selection {
     /// FROM..TO (inclusive; ids or prefixes such as 20250101; either end may be omitted).
     #[arg(long, value_name = "ID|latest|all|FROM..TO", default_value = "latest")]
     pub epoch: EpochSel,
-    /// Epochs overlapping the time from WHEN on: a duration back from now (`2h`, `30min`,
-    /// `3days`), a UTC time (`2026-11-24 10:00:00`, `2026-11-24T10:00:00Z`), a day (`20261124`)
-    /// or an epoch id. Replaces --epoch.
+    /// Only the samples taken from WHEN on, to the resolution of the stored time slices
+    /// (slice_interval, 1 minute by default; 1 hour for slices older than slice_rollup_after):
+    /// WHEN is a duration back from now (`15m`, `2h`, `3days`), a UTC time
+    /// (`2026-11-24T10:00:00Z`, `2026-11-24 10:00`, `14:00` today), a day (`2026-11-24`,
+    /// `20261124`: its midnight UTC) or an epoch id. Replaces --epoch: the epochs overlapping
+    /// the range are read, and of each only its slices in the range. The header names the
+    /// range the slices exactly cover and by how much the request was rounded. A host-epoch
+    /// without slices (older database, slice_interval = 0) is counted whole when its epoch lies
+    /// inside the range and left out, with a warning, when the range cuts it. Call stacks and
+    /// who tables have no time axis: with --since/--until they are an error.
     #[arg(long, value_name = "WHEN", value_parser = parse_when, conflicts_with = "epoch")]
     pub since: Option<u64>,
-    /// Epochs overlapping the time before WHEN (as --since; a day means its start).
+    /// Only the samples taken before WHEN (as --since; a day means its midnight UTC).
     #[arg(long, value_name = "WHEN", value_parser = parse_when, conflicts_with = "epoch")]
     pub until: Option<u64>,
     /// Host to report (default: this host); `all` merges every host. Without a value, or with
@@ -59,6 +66,24 @@ impl Selection {
             EpochSel::Between(self.since, self.until)
         } else {
             self.epoch.clone()
+        }
+    }
+
+    /// `--since`/`--until` as a time range, when either is given.
+    pub fn time_range(&self) -> Option<TimeRange> {
+        (self.since.is_some() || self.until.is_some())
+            .then(|| TimeRange::new(self.since, self.until))
+    }
+
+    /// Refuse `--since`/`--until` for a report that has no time axis (`what`: call stacks,
+    /// who tables, per-process profiles hold epoch totals only).
+    pub fn no_time_axis(&self, what: &str) -> Result<(), ProfError> {
+        match self.time_range() {
+            None => Ok(()),
+            Some(_) => Err(ProfError::Usage(format!(
+                "--since/--until select time slices, and {what} have no time axis (they hold \
+                 whole-epoch totals): select epochs with --epoch instead"
+            ))),
         }
     }
 
@@ -93,7 +118,10 @@ impl Selection {
     ) -> Result<Loaded, ProfError> {
         let db = open_db(&self.db)?;
         let dirs = select_host_dirs(&db, epoch, host)?;
-        let loaded = load(dirs, filter, warn)?;
+        let mut loaded = load(dirs, filter, warn)?;
+        if let EpochSel::Between(since, until) = epoch {
+            restrict_loaded(&mut loaded, TimeRange::new(*since, *until), warn)?;
+        }
         self.check_corrupt(loaded, warn)
     }
 
@@ -102,7 +130,10 @@ impl Selection {
     pub fn load_all_counts(&self, warn: &mut dyn FnMut(String)) -> Result<Loaded, ProfError> {
         let db = open_db(&self.db)?;
         let dirs = select_host_dirs(&db, &self.epoch_sel(), &self.host_sel())?;
-        let loaded = load_counts(dirs, None, true, warn)?;
+        let mut loaded = load_counts(dirs, None, true, warn)?;
+        if let Some(r) = self.time_range() {
+            restrict_loaded(&mut loaded, r, warn)?;
+        }
         self.check_corrupt(loaded, warn)
     }
 
@@ -111,7 +142,10 @@ impl Selection {
     pub fn load_totals(&self, warn: &mut dyn FnMut(String)) -> Result<Totals, ProfError> {
         let db = open_db(&self.db)?;
         let dirs = select_host_dirs(&db, &self.epoch_sel(), &self.host_sel())?;
-        let totals = load_image_totals(dirs, warn)?;
+        let mut totals = load_image_totals(dirs, warn)?;
+        if let Some(r) = self.time_range() {
+            restrict_totals(&mut totals, r, warn)?;
+        }
         self.check_corrupt_files(&totals.corrupt, warn)?;
         Ok(totals)
     }
@@ -193,8 +227,10 @@ impl SymbolSearch {
             system_debug_dir: (!self.no_system_debug).then(|| PathBuf::from(SYSTEM_DEBUG_DIR)),
             binary_paths: self.binary_paths.clone(),
             cache_dirs: self.cache_dirs.clone(),
+            symbol_store: None,
         };
         paths.cache_dirs.push(db.join("binaries"));
+        paths.symbol_store = Some(db.to_owned());
         Locator::new(paths)
     }
 
@@ -240,9 +276,29 @@ fn parse_when_at(s: &str, now: std::time::SystemTime) -> Result<u64, String> {
     if let Ok(t) = humantime::parse_rfc3339_weak(s) {
         return Ok(unix(t));
     }
+    // A day (`2026-11-24`: its midnight UTC) or a minute (`2026-11-24T10:00`, with `Z` or not).
+    let minute = s.strip_suffix('Z').unwrap_or(s);
+    for t in [format!("{s}T00:00:00Z"), format!("{minute}:00Z")] {
+        if let Ok(t) = humantime::parse_rfc3339_weak(&t) {
+            return Ok(unix(t));
+        }
+    }
+    // A time of day (`14:00`, `14:00:30`, `14:00Z`): today, UTC.
+    let hms: Vec<&str> = minute.split(':').collect();
+    if (2..=3).contains(&hms.len()) && hms.iter().all(|p| p.len() == 2) {
+        let n: Vec<Option<u64>> = hms.iter().map(|p| p.parse::<u64>().ok()).collect();
+        if let [Some(h), Some(m), rest @ ..] = n.as_slice() {
+            let sec = rest.first().copied().unwrap_or(Some(0));
+            if let (true, Some(sec)) = (*h < 24 && *m < 60, sec.filter(|x| *x < 60)) {
+                let today = unix(now) - unix(now) % 86_400;
+                return Ok(today + h * 3600 + m * 60 + sec);
+            }
+        }
+    }
     Err(format!(
-        "{s:?} is neither a duration (2h, 30min, 3days) nor a UTC time (2026-11-24 10:00:00, \
-         2026-11-24T10:00:00Z, a day 20261124, an epoch id 20261124T101500Z)"
+        "{s:?} is neither a duration (15m, 2h, 3days) nor a UTC time (2026-11-24T10:00:00Z, \
+         2026-11-24 10:00, 14:00 today, a day 2026-11-24 or 20261124, an epoch id \
+         20261124T101500Z)"
     ))
 }
 
@@ -263,4 +319,33 @@ fn check_kernel_snapshots(loaded: &Loaded) -> Result<(), ProfError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_when_at;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    /// Issue 36: every form `--since`/`--until` take, against a fixed "now"
+    /// (2026-11-29T14:37:05Z).
+    #[test]
+    fn when_takes_durations_times_days_and_times_of_day() {
+        let now_s = 1_795_963_025; // 2026-11-29T14:37:05Z
+        let now = UNIX_EPOCH + Duration::from_secs(now_s);
+        let midnight = now_s - now_s % 86_400;
+        let at = |s: &str| parse_when_at(s, now);
+        assert_eq!(at("15m"), Ok(now_s - 900));
+        assert_eq!(at("2026-11-29T14:00:00Z"), Ok(midnight + 14 * 3600));
+        assert_eq!(at("2026-11-29 14:00"), Ok(midnight + 14 * 3600));
+        assert_eq!(at("2026-11-29T14:00Z"), Ok(midnight + 14 * 3600));
+        assert_eq!(at("14:00"), Ok(midnight + 14 * 3600));
+        assert_eq!(at("14:00:30"), Ok(midnight + 14 * 3600 + 30));
+        assert_eq!(at("2026-11-29"), Ok(midnight));
+        assert_eq!(at("20261129"), Ok(midnight));
+        assert_eq!(at("20261129T140000Z"), Ok(midnight + 14 * 3600));
+        for bad in ["", "yesterday", "25:00", "14:60", "1400", "2026-13-01", "14:0"] {
+            let e = at(bad).expect_err(bad);
+            assert!(e.contains(&format!("{bad:?}")), "{bad:?}: {e}");
+        }
+    }
 }

@@ -33,13 +33,14 @@ use dcpi_client::prof::select;
 use dcpi_client::prof::symbolize::demangle;
 use dcpi_client::prof::symbolizer::{Kallsyms, Source};
 use dcpi_client::prof::ProfError;
-use profile_format::{HostDir, HostSummary, ImageId, ImageKind, Profile, ProfileHeader};
+use profile_format::{HostDir, HostSummary, ImageId, ImageKind, Profile, ProfileHeader, SliceLog};
 use sha2::{Digest, Sha256};
 
 pub use parquet_out::{SampleRow, SymbolRow};
 
 /// Version of the manifest and of the tables' schema (EXPORT.md).
-pub const EXPORT_VERSION: u32 = 1;
+/// 2: the samples table has `slice_start` and `slice_seconds` (issue 36).
+pub const EXPORT_VERSION: u32 = 2;
 const MANIFEST: &str = "manifest.json";
 
 /// Errors of an export run.
@@ -108,6 +109,9 @@ pub struct Options<'a> {
     pub output: &'a Path,
     /// Skip the symbol table (no binaries are looked up).
     pub no_symbols: bool,
+    /// One row per time slice (`slice_start`, `slice_seconds`) where the host-epoch has a
+    /// `slices.log`; `false`: one row per offset for the whole epoch, slice columns null.
+    pub slices: bool,
 }
 
 /// What a run did (printed by the binary, and used by tests).
@@ -221,13 +225,25 @@ fn write_manifest(out: &Path, m: &Manifest) -> Result<(), ExportError> {
 }
 
 /// Fingerprint of a host directory: the names, sizes and modification times of its profiles
-/// and summary, and the event filter. Any publish changes it (files are replaced by rename).
-fn fingerprint(d: &HostDir, events: &[String]) -> Result<String, ExportError> {
+/// and summary, and the event filter; with a time range, the range and the slice log; with
+/// slice rows, the slice log. Any publish changes it (files are replaced by rename, the slice
+/// log grows).
+fn fingerprint(
+    d: &HostDir,
+    events: &[String],
+    range: Option<select::TimeRange>,
+    slices: bool,
+) -> Result<String, ExportError> {
     use std::os::unix::fs::MetadataExt;
     let mut h = Sha256::new();
-    h.update(format!("dcpiexport {EXPORT_VERSION}\0{}\0", events.join(",")));
+    h.update(format!("dcpiexport {EXPORT_VERSION}\0{}\0{slices}\0", events.join(",")));
     let mut names: Vec<PathBuf> = d.profiles()?.into_iter().map(|e| e.path).collect();
+    if let Some(r) = range {
+        h.update(format!("range {:?} {:?}\0", r.since, r.until));
+        names.push(d.slices_path());
+    }
     names.push(d.summary_path());
+    names.push(d.slices_path());
     names.push(d.kallsyms_path());
     names.push(d.kallsyms_ref_path());
     for p in names {
@@ -273,15 +289,145 @@ fn weight(h: &ProfileHeader, summary: Option<&HostSummary>) -> f64 {
     per_sample * mux
 }
 
-/// The rows of one host directory, sorted by (image id, event, offset).
+/// The rows of one host directory, sorted by (image id, event, offset), each split by time
+/// slice when `o.slices` and the directory has a `slices.log`.
 fn host_rows(
+    d: &HostDir,
+    o: &Options<'_>,
+    warn: &mut dyn FnMut(String),
+    images: &mut BTreeMap<String, SymImage>,
+    dir_index: usize,
+    range: Option<&mut select::DirRange>,
+) -> Result<Vec<SampleRow>, ExportError> {
+    let rows = profile_rows(d, &o.sel.events, o.sel.keep_going, warn, images, dir_index, range)?;
+    if !o.slices {
+        return Ok(rows);
+    }
+    let log = match d.read_slices() {
+        // With --since/--until the rows are the range's: split them by the range's slices.
+        Ok(Some(mut l)) => {
+            if let Some(r) = o.sel.time_range() {
+                l.slices.retain(|s| {
+                    r.since.is_none_or(|a| s.end() > a) && r.until.is_none_or(|b| s.start < b)
+                });
+            }
+            l
+        }
+        Ok(None) => return Ok(rows),
+        // A planted FIFO, device or link is refused, not skipped (issue 34).
+        Err(e) if e.is_hostile_file() => return Err(e.into()),
+        Err(e) if o.sel.keep_going => {
+            warn(format!("{e} (its samples are exported without slice_start)"));
+            return Ok(rows);
+        }
+        Err(e) => return Err(ExportError::Corrupt(e.to_string())),
+    };
+    Ok(split_by_slices(&rows, &log))
+}
+
+/// `rows` (one per image, event and offset, the epoch's totals) split by the slices of `log`:
+/// a row per slice holding the samples of that offset, then whatever the slices do not hold
+/// with `slice_start` null. The slices are taken in time order and never beyond a row's
+/// samples, so that the rows still sum exactly to the profiles: in the current epoch the
+/// slices run up to a publish interval ahead of the published profiles (that excess is left
+/// for the next export), and a killed dcpid loses its last slice (those samples are the null
+/// row; FORMAT.md §14.3).
+fn split_by_slices(rows: &[SampleRow], log: &SliceLog) -> Vec<SampleRow> {
+    use std::collections::HashMap;
+    // Per (image id, event): its rows by offset (rows are sorted by image id, event, offset).
+    let mut at: HashMap<(&str, &str), Vec<(u64, usize)>> = HashMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        at.entry((r.image_id.as_str(), r.event.as_str())).or_default().push((r.offset, i));
+    }
+    let mut left: Vec<u64> = rows.iter().map(|r| r.samples).collect();
+    let mut out = Vec::with_capacity(rows.len());
+    let part = |r: &SampleRow, n: u64, slice: Option<(u64, u64)>| SampleRow {
+        samples: n,
+        // The row's weight per sample, as for the whole row.
+        weight: if r.samples > 0 { r.weight * n as f64 / r.samples as f64 } else { 0.0 },
+        slice_start: slice.map(|s| s.0),
+        slice_seconds: slice.map(|s| s.1),
+        ..r.clone()
+    };
+    let mut taken: Vec<(usize, u64)> = Vec::new();
+    for s in log.range(None, None).slices {
+        // A slice at a coarser offset resolution counts `res`-byte blocks (FORMAT.md §14.2):
+        // a block's samples go to the rows inside it, in proportion to what each has left.
+        let res = log.resolution_of(s);
+        for (k, pairs) in &s.counts {
+            let id = k.image.as_ref().map(ImageId::to_text).unwrap_or_default();
+            let Some(list) = at.get(&(id.as_str(), k.event.as_str())) else { continue };
+            let width = if k.image.is_some() { res } else { 1 };
+            for &(offset, count) in pairs {
+                let lo = list.partition_point(|&(o, _)| o < offset);
+                let hi = list.partition_point(|&(o, _)| o < offset.saturating_add(width));
+                share(count, &list[lo..hi], &mut left, &mut taken);
+                for &(i, n) in &taken {
+                    out.push(part(&rows[i], n, Some((s.start, s.len))));
+                }
+            }
+        }
+    }
+    for (i, r) in rows.iter().enumerate() {
+        if left[i] > 0 {
+            out.push(part(r, left[i], None));
+        }
+    }
+    out.sort_by(|a, b| {
+        (&a.image_id, &a.event, a.offset, &a.image, a.slice_start).cmp(&(
+            &b.image_id,
+            &b.event,
+            b.offset,
+            &b.image,
+            b.slice_start,
+        ))
+    });
+    out
+}
+
+/// Share `count` samples among `rows` (offset, row index) up to what each has `left`: all of
+/// it when they have no more, else in proportion to `left` by largest remainder. `taken`
+/// receives (row, samples) with samples > 0; `left` is reduced by them.
+fn share(count: u64, rows: &[(u64, usize)], left: &mut [u64], taken: &mut Vec<(usize, u64)>) {
+    taken.clear();
+    let have: u64 = rows.iter().map(|&(_, i)| left[i]).sum();
+    if have == 0 || count == 0 {
+        return;
+    }
+    if count >= have {
+        taken.extend(rows.iter().filter(|&&(_, i)| left[i] > 0).map(|&(_, i)| (i, left[i])));
+    } else {
+        let mut rem: Vec<(u128, usize)> = Vec::with_capacity(rows.len());
+        let mut given = 0u64;
+        for (j, &(_, i)) in rows.iter().enumerate() {
+            let exact = count as u128 * left[i] as u128;
+            let n = (exact / have as u128) as u64;
+            given += n;
+            taken.push((i, n));
+            rem.push((exact % have as u128, j));
+        }
+        rem.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, j) in rem.iter().take((count - given) as usize) {
+            taken[j].1 += 1;
+        }
+        taken.retain(|&(_, n)| n > 0);
+    }
+    for &(i, n) in taken.iter() {
+        left[i] -= n;
+    }
+}
+
+/// The rows of one host directory's profiles, sorted by (image id, event, offset).
+fn profile_rows(
     d: &HostDir,
     events: &[String],
     keep_going: bool,
     warn: &mut dyn FnMut(String),
     images: &mut BTreeMap<String, SymImage>,
     dir_index: usize,
+    range: Option<&mut select::DirRange>,
 ) -> Result<Vec<SampleRow>, ExportError> {
+    let mut range = range;
     let summary = match HostSummary::read(&d.summary_path()) {
         Ok(s) => Some(s),
         Err(profile_format::Error::Io { source, .. })
@@ -298,7 +444,7 @@ fn host_rows(
     };
     let mut rows = Vec::new();
     for entry in d.profiles()? {
-        let p = match Profile::read(&entry.path) {
+        let mut p = match Profile::read(&entry.path) {
             Ok(p) => p,
             Err(e) if keep_going => {
                 warn(format!("skipping corrupt profile: {e}"));
@@ -306,10 +452,18 @@ fn host_rows(
             }
             Err(e) => return Err(ExportError::Corrupt(e.to_string())),
         };
-        let h = &p.header;
-        if !events.is_empty() && !events.contains(&h.event.name) {
+        if !events.is_empty() && !events.contains(&p.header.event.name) {
             continue;
         }
+        // --since/--until: the profile's counts in the range, from the time slices.
+        let key = select::slice_key(&p.header);
+        if let Some(pairs) = range.as_mut().and_then(|r| r.take(&key, &p.counts)) {
+            if pairs.is_empty() {
+                continue;
+            }
+            p.counts = pairs.into_iter().collect();
+        }
+        let h = &p.header;
         let w = weight(h, summary.as_ref());
         let id_text = h.image_id.to_text();
         let unknown = h.kind == ImageKind::Unknown;
@@ -345,6 +499,8 @@ fn host_rows(
                 offset,
                 samples,
                 weight: samples as f64 * w,
+                slice_start: None,
+                slice_seconds: None,
             });
         }
     }
@@ -461,6 +617,24 @@ fn host_sel_dirs(o: &Options<'_>) -> Result<Vec<HostDir>, ExportError> {
     Ok(select::select_host_dirs(&db, &o.sel.epoch_sel(), &o.sel.host_sel())?)
 }
 
+/// With `--since`/`--until`: each selected directory's slices of the range (the rows are
+/// then the range's counts; FORMAT.md §14), and the range covered, warned about once.
+fn dir_ranges(
+    o: &Options<'_>,
+    dirs: &[HostDir],
+    warn: &mut dyn FnMut(String),
+) -> Result<Vec<Option<select::DirRange>>, ExportError> {
+    let Some(r) = o.sel.time_range() else { return Ok(dirs.iter().map(|_| None).collect()) };
+    let (ranges, cov) = select::range_of_dirs(dirs, r)?;
+    for l in cov.lines() {
+        warn(format!("note: {l}"));
+    }
+    if let Some(w) = select::left_out_warning(&cov) {
+        warn(w);
+    }
+    Ok(ranges.into_iter().map(Some).collect())
+}
+
 /// Run an export.
 pub fn export(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
     match o.format {
@@ -471,14 +645,17 @@ pub fn export(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
 
 fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
     let dirs = host_sel_dirs(o)?;
+    let mut ranges = dir_ranges(o, &dirs, warn)?;
     std::fs::create_dir_all(o.output).map_err(io(o.output))?;
     let mut manifest = read_manifest(o.output)?;
+    // An older manifest's partitions are exported again (their fingerprints name the version).
+    manifest.version = EXPORT_VERSION;
     manifest.database = o.sel.db.display().to_string();
     let mut out = Outcome { host_epochs: dirs.len(), ..Outcome::default() };
     let mut images: BTreeMap<String, SymImage> = BTreeMap::new();
     for (i, d) in dirs.iter().enumerate() {
         let key = format!("{}/{}", d.epoch, d.host);
-        let fp = fingerprint(d, &o.sel.events)?;
+        let fp = fingerprint(d, &o.sel.events, o.sel.time_range(), o.slices)?;
         let unchanged = manifest.partitions.get(&key).is_some_and(|p| {
             p.fingerprint == fp && is_partition_file(&p.file) && o.output.join(&p.file).exists()
         });
@@ -487,7 +664,8 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
         }
         // Read also unchanged partitions when symbols are wanted, but only to learn images
         // whose symbols are still missing (cheap compared with writing).
-        let rows = host_rows(d, &o.sel.events, o.sel.keep_going, warn, &mut images, i)?;
+        let range = ranges[i].as_mut();
+        let rows = host_rows(d, o, warn, &mut images, i, range)?;
         if unchanged {
             continue;
         }
@@ -553,6 +731,7 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
 
 fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
     let dirs = host_sel_dirs(o)?;
+    let mut ranges = dir_ranges(o, &dirs, warn)?;
     std::fs::create_dir_all(o.output).map_err(io(o.output))?;
     let mut out = Outcome { host_epochs: dirs.len(), ..Outcome::default() };
     let mut images: BTreeMap<String, SymImage> = BTreeMap::new();
@@ -561,14 +740,20 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
         buf.extend_from_slice(line.as_bytes());
         buf.push(b'\n');
     };
-    w(&mut buf, "epoch,host,image,image_id,build_id,kind,event,offset,samples,weight".into());
+    w(
+        &mut buf,
+        "epoch,host,image,image_id,build_id,kind,event,offset,samples,weight,slice_start,\
+         slice_seconds"
+            .into(),
+    );
     for (i, d) in dirs.iter().enumerate() {
-        let rows = host_rows(d, &o.sel.events, o.sel.keep_going, warn, &mut images, i)?;
+        let range = ranges[i].as_mut();
+        let rows = host_rows(d, o, warn, &mut images, i, range)?;
         for r in &rows {
             w(
                 &mut buf,
                 format!(
-                    "{},{},{},{},{},{},{},{},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{},{},{}",
                     d.epoch,
                     d.host,
                     csv_field(&r.image),
@@ -578,7 +763,9 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
                     csv_field(&r.event),
                     r.offset,
                     r.samples,
-                    r.weight
+                    r.weight,
+                    r.slice_start.map(dcpi_client::prof::timeline::utc).unwrap_or_default(),
+                    r.slice_seconds.map(|n| n.to_string()).unwrap_or_default()
                 ),
             );
             out.samples += r.samples;
@@ -627,4 +814,94 @@ pub fn describe(o: &Outcome, mut w: impl Write) -> std::io::Result<()> {
         o.samples,
         o.symbol_rows
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profile_format::{Slice, SliceKey};
+
+    fn row(id: &str, offset: u64, samples: u64) -> SampleRow {
+        SampleRow {
+            image: "/x".into(),
+            image_id: id.into(),
+            build_id: None,
+            kind: "elf",
+            event: "cpu-clock".into(),
+            offset,
+            samples,
+            weight: samples as f64 * 2.0,
+            slice_start: None,
+            slice_seconds: None,
+        }
+    }
+
+    /// Slices ahead of the published profile (the current epoch) are cut at the profile's
+    /// count, the earliest slices first; what no slice holds is a row without a slice; the
+    /// rows still sum to the profile, and the weight follows the samples.
+    #[test]
+    fn split_rows_sum_to_the_profiles_whatever_the_slices_hold() {
+        let id = ImageId::BuildId(vec![7; 20]);
+        let key = SliceKey { event: "cpu-clock".into(), image: Some(id.clone()) };
+        let slice = |start, pairs: Vec<(u64, u64)>| Slice {
+            start,
+            len: 60,
+            seq: 0,
+            counts: [(key.clone(), pairs)].into_iter().collect(),
+        };
+        let log = SliceLog {
+            // File order is not time order: the reader sorts by start.
+            slices: vec![slice(180, vec![(16, 9), (99, 5)]), slice(120, vec![(16, 4), (32, 1)])],
+            ..SliceLog::default()
+        };
+        let rows = [row(&id.to_text(), 16, 10), row(&id.to_text(), 32, 3)];
+        let out = split_by_slices(&rows, &log);
+        let got: Vec<(u64, u64, Option<u64>)> =
+            out.iter().map(|r| (r.offset, r.samples, r.slice_start)).collect();
+        assert_eq!(
+            got,
+            [(16, 4, Some(120)), (16, 6, Some(180)), (32, 2, None), (32, 1, Some(120))],
+            "offset 99 is in no profile yet: left for the next export"
+        );
+        for (o, want) in [(16, 10), (32, 3)] {
+            let n: u64 = out.iter().filter(|r| r.offset == o).map(|r| r.samples).sum();
+            assert_eq!(n, want);
+        }
+        assert!(out.iter().all(|r| (r.weight - 2.0 * r.samples as f64).abs() < 1e-9));
+        assert!(out.iter().all(|r| r.slice_start.is_some() == r.slice_seconds.is_some()));
+    }
+
+    /// A slice log at 16 bytes of offset resolution (FORMAT.md §14.2): a block's samples go to
+    /// the rows inside the block, so every row's samples are placed in their slices.
+    #[test]
+    fn coarse_slices_split_the_rows_of_their_blocks() {
+        let id = ImageId::BuildId(vec![7; 20]);
+        let key = SliceKey { event: "cpu-clock".into(), image: Some(id.clone()) };
+        let slice = |start, pairs: Vec<(u64, u64)>| Slice {
+            start,
+            len: 60,
+            seq: 0,
+            counts: [(key.clone(), pairs)].into_iter().collect(),
+        };
+        let mut log = SliceLog::default();
+        log.slices = vec![slice(120, vec![(0x10, 6), (0x20, 2)]), slice(180, vec![(0x10, 2)])];
+        for s in &mut log.slices {
+            s.seq = s.start;
+        }
+        let bytes = log.rollup_at(u64::MAX, 60, 16).encode();
+        let log = SliceLog::decode(&bytes, std::path::Path::new("slices.log")).unwrap();
+        assert_eq!(log.resolution_of(&log.slices[0]), 16);
+        let rows =
+            [row(&id.to_text(), 0x14, 6), row(&id.to_text(), 0x1c, 2), row(&id.to_text(), 0x2a, 2)];
+        let out = split_by_slices(&rows, &log);
+        assert!(out.iter().all(|r| r.slice_start.is_some()), "every sample in a slice: {out:?}");
+        let per_slice = |t: u64| -> u64 {
+            out.iter().filter(|r| r.slice_start == Some(t)).map(|r| r.samples).sum()
+        };
+        assert_eq!((per_slice(120), per_slice(180)), (8, 2));
+        for r in &rows {
+            let n: u64 = out.iter().filter(|x| x.offset == r.offset).map(|x| x.samples).sum();
+            assert_eq!(n, r.samples, "{:#x}", r.offset);
+        }
+    }
 }

@@ -84,7 +84,7 @@ impl Slice {
 }
 
 /// Sum two sorted (offset, count) lists.
-fn merge_pairs(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+pub fn merge_pairs(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut out = Vec::with_capacity(a.len().max(b.len()));
     let (mut i, mut j) = (0, 0);
     while i < a.len() || j < b.len() {
@@ -150,6 +150,68 @@ impl SliceRange<'_> {
     }
 }
 
+/// A slice log read as totals ([`SliceLog::read_totals`]): per slice, the samples of each key.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct SliceTotals {
+    /// The keys the slices refer to by index.
+    pub keys: Vec<SliceKey>,
+    /// Slices in file order.
+    pub slices: Vec<SliceTotal>,
+    /// Offset resolution by `seq` of the slices not exact, as [`SliceLog::resolution`].
+    pub resolution: BTreeMap<u64, u64>,
+}
+
+/// One slice's totals: `[start, start + len)` and (key index, samples) with samples ≥ 1.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct SliceTotal {
+    pub start: u64,
+    pub len: u64,
+    pub seq: u64,
+    pub totals: Vec<(usize, u64)>,
+}
+
+impl SliceTotal {
+    pub fn end(&self) -> u64 {
+        self.start.saturating_add(self.len)
+    }
+}
+
+impl SliceTotals {
+    /// Decode a whole file's bytes as totals; `path` names it in errors.
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
+        let mut keys: Vec<SliceKey> = Vec::new();
+        let mut index: BTreeMap<SliceKey, usize> = BTreeMap::new();
+        let mut slices = Vec::new();
+        let mut resolution = BTreeMap::new();
+        walk_records(bytes, path, |body, at, version| {
+            let (head, payload) = record_payload(body, path, at, version)?;
+            let totals = sum_payload(&payload, path, &mut keys, &mut index)?;
+            if head.shift > 0 {
+                resolution.insert(head.seq, 1u64 << head.shift);
+            }
+            slices.push(SliceTotal { start: head.start, len: head.len, seq: head.seq, totals });
+            Ok(head.seq)
+        })?;
+        Ok(Self { keys, slices, resolution })
+    }
+
+    /// The offset resolution of `s`, one of these slices, in bytes ([`SliceLog::resolution_of`]).
+    pub fn resolution_of(&self, s: &SliceTotal) -> u64 {
+        self.resolution.get(&s.seq).copied().unwrap_or(1)
+    }
+
+    /// Slices intersecting `[since, until)` (Unix seconds; `None`: unbounded), as
+    /// [`SliceLog::range`] chooses them.
+    pub fn range(&self, since: Option<u64>, until: Option<u64>) -> Vec<&SliceTotal> {
+        let since = since.unwrap_or(0);
+        let until = until.unwrap_or(u64::MAX);
+        let mut v: Vec<&SliceTotal> =
+            self.slices.iter().filter(|s| s.start < until && s.end() > since).collect();
+        v.sort_by_key(|s| (s.start, s.seq));
+        v
+    }
+}
+
 impl SliceLog {
     /// Read `path` ([`SLICES_FILE`] of a host directory) the way every database file is read
     /// (FORMAT.md §6.1): `O_NOFOLLOW|O_NONBLOCK`, a regular file only, at most
@@ -169,54 +231,25 @@ impl SliceLog {
 
     /// [`SliceLog::decode`], with what a writer continuing the file needs.
     fn decode_full(bytes: &[u8], path: &Path) -> Result<Decoded> {
-        let version = check_header(bytes, path)?;
         let mut resolution = BTreeMap::new();
         let mut keys: Vec<SliceKey> = Vec::new();
         let mut index: BTreeMap<SliceKey, usize> = BTreeMap::new();
         let mut slices = Vec::new();
-        let mut pos = SLICES_HEADER_LEN;
-        let mut last_seq = 0u64;
-        while pos < bytes.len() {
-            let rest = &bytes[pos..];
-            if rest.len() < FRAME_LEN {
-                break;
+        let (pos, version) = walk_records(bytes, path, |body, at, version| {
+            let (head, payload) = record_payload(body, path, at, version)?;
+            let (counts, pairs) =
+                decode_payload(&payload, path, head.shift, &mut keys, &mut index)?;
+            let mut out = BTreeMap::new();
+            let mut pairs = pairs.into_iter();
+            for (i, m) in counts {
+                out.insert(keys[i].clone(), pairs.by_ref().take(m).collect());
             }
-            let len = u32::from_le_bytes(rest[0..4].try_into().unwrap_or_default()) as usize;
-            let stored = u32::from_le_bytes(rest[4..8].try_into().unwrap_or_default());
-            if len > MAX_RECORD {
-                return Err(corrupt(
-                    path,
-                    "record length",
-                    format!("{len} bytes at file byte {pos} (at most {MAX_RECORD})"),
-                ));
+            if head.shift > 0 {
+                resolution.insert(head.seq, 1u64 << head.shift);
             }
-            if rest.len() < FRAME_LEN + len {
-                break;
-            }
-            let body = &rest[FRAME_LEN..FRAME_LEN + len];
-            let computed = record_crc(len as u32, body);
-            if computed != stored {
-                if FRAME_LEN + len == rest.len() {
-                    // The last record: possibly still being written (§14.3).
-                    break;
-                }
-                return Err(Error::ChecksumMismatch { path: path.into(), stored, computed });
-            }
-            let (s, shift) = decode_record(body, path, pos, version, &mut keys, &mut index)?;
-            if s.seq <= last_seq {
-                return Err(corrupt(
-                    path,
-                    "seq",
-                    format!("record at file byte {pos}: {} after {last_seq}", s.seq),
-                ));
-            }
-            last_seq = s.seq;
-            if shift > 0 {
-                resolution.insert(s.seq, 1u64 << shift);
-            }
-            slices.push(s);
-            pos += FRAME_LEN + len;
-        }
+            slices.push(Slice { start: head.start, len: head.len, seq: head.seq, counts: out });
+            Ok(head.seq)
+        })?;
         let log = Self {
             slices,
             valid_len: pos as u64,
@@ -224,6 +257,16 @@ impl SliceLog {
             resolution,
         };
         Ok(Decoded { log, version })
+    }
+
+    /// Read only each slice's total per key (what a timeline of images needs): the same
+    /// checks as [`SliceLog::read`], without building the per-offset lists (measured: most of
+    /// a day's `--by time`, BENCHMARKS.md). `Ok(None)`: no such file.
+    pub fn read_totals(path: &Path) -> Result<Option<SliceTotals>> {
+        match read_bytes(path)? {
+            Some(bytes) => SliceTotals::decode(&bytes, path).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Slices intersecting `[since, until)` (Unix seconds; `None`: unbounded), ordered by
@@ -330,6 +373,21 @@ impl SliceLog {
     /// The coarsest resolution among a range's slices (what a report over it states).
     pub fn range_resolution(&self, r: &SliceRange<'_>) -> u64 {
         r.slices.iter().map(|s| self.resolution_of(s)).max().unwrap_or(1)
+    }
+
+    /// A range's counts summed per offset resolution (finest first): offsets of different
+    /// resolutions must not be added up as if they were the same offsets (a 256-byte block at
+    /// 0x100 is not the 16-byte block at 0x100), so a reader combining them with exact profile
+    /// offsets places each group at its own resolution first (FORMAT.md §14.2).
+    pub fn range_sums(
+        &self,
+        r: &SliceRange<'_>,
+    ) -> Vec<(u64, BTreeMap<SliceKey, Vec<(u64, u64)>>)> {
+        let mut by_res: BTreeMap<u64, Slice> = BTreeMap::new();
+        for s in &r.slices {
+            by_res.entry(self.resolution_of(s)).or_default().add_counts(&s.counts);
+        }
+        by_res.into_iter().map(|(res, s)| (res, s.counts)).collect()
     }
 }
 
@@ -564,14 +622,72 @@ fn bucket(s: &Slice, res: u64) -> Slice {
 
 /// Decode one record's body of a file of `version`: the slice and the shift of its image
 /// keys' offsets.
-fn decode_record(
-    body: &[u8],
+/// The fields of a record before its payload.
+struct RecordHead {
+    start: u64,
+    len: u64,
+    seq: u64,
+    shift: u8,
+}
+
+/// Walk the complete records of a file (FORMAT.md §14.3): `f(body, file byte, version)` decodes
+/// one and returns its seq, which must increase. Returns where the complete records end and
+/// the file's version.
+fn walk_records(
+    bytes: &[u8],
+    path: &Path,
+    mut f: impl FnMut(&[u8], usize, u16) -> Result<u64>,
+) -> Result<(usize, u16)> {
+    let version = check_header(bytes, path)?;
+    let mut pos = SLICES_HEADER_LEN;
+    let mut last_seq = 0u64;
+    while pos < bytes.len() {
+        let rest = &bytes[pos..];
+        if rest.len() < FRAME_LEN {
+            break;
+        }
+        let len = u32::from_le_bytes(rest[0..4].try_into().unwrap_or_default()) as usize;
+        let stored = u32::from_le_bytes(rest[4..8].try_into().unwrap_or_default());
+        if len > MAX_RECORD {
+            return Err(corrupt(
+                path,
+                "record length",
+                format!("{len} bytes at file byte {pos} (at most {MAX_RECORD})"),
+            ));
+        }
+        if rest.len() < FRAME_LEN + len {
+            break;
+        }
+        let body = &rest[FRAME_LEN..FRAME_LEN + len];
+        let computed = record_crc(len as u32, body);
+        if computed != stored {
+            if FRAME_LEN + len == rest.len() {
+                // The last record: possibly still being written (§14.3).
+                break;
+            }
+            return Err(Error::ChecksumMismatch { path: path.into(), stored, computed });
+        }
+        let seq = f(body, pos, version)?;
+        if seq <= last_seq {
+            return Err(corrupt(
+                path,
+                "seq",
+                format!("record at file byte {pos}: {seq} after {last_seq}"),
+            ));
+        }
+        last_seq = seq;
+        pos += FRAME_LEN + len;
+    }
+    Ok((pos, version))
+}
+
+/// A record's head and its payload, decompressed.
+fn record_payload<'b>(
+    body: &'b [u8],
     path: &Path,
     at: usize,
     version: u16,
-    keys: &mut Vec<SliceKey>,
-    index: &mut BTreeMap<SliceKey, usize>,
-) -> Result<(Slice, u8)> {
+) -> Result<(RecordHead, std::borrow::Cow<'b, [u8]>)> {
     let mut r = Reader::new(body, path);
     let start = r.varint("start")?;
     let len = r.varint("len")?;
@@ -592,28 +708,30 @@ fn decode_record(
     let codec = r.u8("codec")?;
     let rest = &body[body.len() - r.remaining()..];
     let too_large = "decompresses to more than 256 MiB";
-    let payload: Vec<u8> = match codec {
-        CODEC_RAW => rest.to_vec(),
+    let payload = match codec {
+        CODEC_RAW => std::borrow::Cow::Borrowed(rest),
         CODEC_ZSTD => {
             let d = zstd::stream::read::Decoder::with_buffer(rest)
                 .map_err(|e| corrupt(path, "payload", e.to_string()))?;
-            inflate_bounded(d.take(MAX_PAYLOAD + 1), path, "payload", too_large)?
+            std::borrow::Cow::Owned(inflate_bounded(
+                d.take(MAX_PAYLOAD + 1),
+                path,
+                "payload",
+                too_large,
+            )?)
         }
         c => return Err(r.corrupt("codec", format!("record at file byte {at}: unknown {c}"))),
     };
-    let s = decode_payload(&payload, path, (start, len, seq), shift, keys, index)?;
-    Ok((s, shift))
+    Ok((RecordHead { start, len, seq, shift }, payload))
 }
 
-fn decode_payload(
-    payload: &[u8],
-    path: &Path,
-    (start, len, seq): (u64, u64, u64),
-    shift: u8,
+/// The new keys and the entries' heads of a payload: (key index, pairs) per entry, and the
+/// total number of pairs; `p` is left at the offsets column.
+fn payload_heads(
+    p: &mut Reader<'_>,
     keys: &mut Vec<SliceKey>,
     index: &mut BTreeMap<SliceKey, usize>,
-) -> Result<Slice> {
-    let mut p = Reader::new(payload, path);
+) -> Result<(Vec<(usize, usize)>, usize)> {
     let n_new = p.count("new keys", 2)?;
     for _ in 0..n_new {
         let event = p.string("key event")?;
@@ -658,6 +776,20 @@ fn decode_payload(
             p.corrupt("pairs", format!("{total} pairs cannot fit in {} bytes", p.remaining()))
         );
     }
+    Ok((heads, total))
+}
+
+/// A payload's entries: (key index, pairs) per entry, and all pairs in entry order.
+#[allow(clippy::type_complexity)]
+fn decode_payload(
+    payload: &[u8],
+    path: &Path,
+    shift: u8,
+    keys: &mut Vec<SliceKey>,
+    index: &mut BTreeMap<SliceKey, usize>,
+) -> Result<(Vec<(usize, usize)>, Vec<(u64, u64)>)> {
+    let mut p = Reader::new(payload, path);
+    let (heads, total) = payload_heads(&mut p, keys, index)?;
     let mut offsets = Vec::with_capacity(total);
     for &(i, m) in &heads {
         // Image keys' offsets are stored in units of the record's resolution.
@@ -675,19 +807,40 @@ fn decode_payload(
             offsets.push(off << sh);
         }
     }
-    let mut counts = BTreeMap::new();
-    let mut offs = offsets.into_iter();
-    for (i, m) in heads {
-        let mut pairs = Vec::with_capacity(m);
-        for off in offs.by_ref().take(m) {
-            let c = p.varint("count")?;
-            let c = c.checked_add(1).ok_or_else(|| p.corrupt("count", "beyond 2^64-1"))?;
-            pairs.push((off, c));
-        }
-        counts.insert(keys[i].clone(), pairs);
+    let mut pairs = Vec::with_capacity(total);
+    for off in offsets {
+        let c = p.varint("count")?;
+        let c = c.checked_add(1).ok_or_else(|| p.corrupt("count", "beyond 2^64-1"))?;
+        pairs.push((off, c));
     }
     p.finish()?;
-    Ok(Slice { start, len, seq, counts })
+    Ok((heads, pairs))
+}
+
+/// A payload's samples per key: (key index, total). The offsets column is only skipped (its
+/// varints are not checked against overflow as [`decode_payload`] does: a total does not
+/// depend on them).
+fn sum_payload(
+    payload: &[u8],
+    path: &Path,
+    keys: &mut Vec<SliceKey>,
+    index: &mut BTreeMap<SliceKey, usize>,
+) -> Result<Vec<(usize, u64)>> {
+    let mut p = Reader::new(payload, path);
+    let (heads, total) = payload_heads(&mut p, keys, index)?;
+    p.skip_varints("offset", total)?;
+    let mut out = Vec::with_capacity(heads.len());
+    for (i, m) in heads {
+        let mut sum = 0u64;
+        for _ in 0..m {
+            let c = p.varint("count")?;
+            let c = c.checked_add(1).ok_or_else(|| p.corrupt("count", "beyond 2^64-1"))?;
+            sum = sum.saturating_add(c);
+        }
+        out.push((i, sum));
+    }
+    p.finish()?;
+    Ok(out)
 }
 
 /// The owning host's appender of its slice log (FORMAT.md §14.3). Only the daemon of the host

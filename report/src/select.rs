@@ -7,10 +7,13 @@ use std::str::FromStr;
 use profile_format::sumidx::{self, ImageIdRef};
 use profile_format::{
     Database, EpochId, EventDesc, HostDir, HostSummary, ImageId, ImageKind, Profile, ProfileEntry,
-    ProfileHeader,
+    ProfileHeader, SliceKey,
 };
 
 use super::image::{image_display, ImageFilter};
+use super::timerange::{coverage, rescale};
+pub use super::timerange::{left_out_warning, slice_key, DirRange};
+pub use super::timerange::{TimeCoverage, TimeRange};
 use super::{stats, ProfError};
 
 /// `--epoch`: `latest`, `all`, one id, or an inclusive range `FROM..TO` (either end may be
@@ -274,6 +277,9 @@ pub struct Scanned {
     /// `--no-idle` took the idle task (`[idle]`) out ([`Loaded::exclude_idle`],
     /// [`Totals::exclude_idle`]).
     pub idle_excluded: bool,
+    /// `--since`/`--until`: what the time range covered (the counts are then the slices' of
+    /// the range, [`super::timerange`]); `None`: whole epochs.
+    pub time: Option<super::timerange::TimeCoverage>,
 }
 
 /// Everything read for a report.
@@ -952,7 +958,7 @@ fn dir_entries(d: &HostDir, dir: usize, interner: &mut Interner) -> Result<DirEn
 
 /// `f` over `items` on a few threads, results in the order of `items`. The work is file reads:
 /// more threads than CPUs keep several requests in flight (NFS latency, disk queue).
-fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(usize, &T) -> R + Sync) -> Vec<R> {
+pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(usize, &T) -> R + Sync) -> Vec<R> {
     let threads = io_threads().min(items.len());
     if threads <= 1 {
         return items.iter().enumerate().map(|(i, t)| f(i, t)).collect();
@@ -1072,6 +1078,119 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
     Ok(t)
 }
 
+/// `[start, end)` of each epoch of `dirs` (end: the next epoch's start; `u64::MAX` for the
+/// newest).
+fn epoch_spans(dirs: &[HostDir]) -> Result<Vec<(u64, u64)>, ProfError> {
+    let Some(first) = dirs.first() else { return Ok(Vec::new()) };
+    let epochs = Database::open(&first.db_root())?.epochs()?;
+    Ok(dirs
+        .iter()
+        .map(|d| {
+            let start = epoch_start(d.epoch.as_str()).unwrap_or(0);
+            let next = epochs.iter().find(|e| e.as_str() > d.epoch.as_str());
+            let end = next.and_then(|e| epoch_start(e.as_str())).unwrap_or(u64::MAX);
+            (start, end)
+        })
+        .collect())
+}
+
+/// Every directory's slices of `r` ([`DirRange`]), read in parallel, and their coverage.
+pub fn range_of_dirs(
+    dirs: &[HostDir],
+    r: TimeRange,
+) -> Result<(Vec<DirRange>, TimeCoverage), ProfError> {
+    range_of_dirs_as(dirs, r, false)
+}
+
+/// [`range_of_dirs`] with each key's total only (`totals`): what per-image totals need, read
+/// without decoding offsets ([`profile_format::SliceLog::read_totals`]).
+fn range_of_dirs_as(
+    dirs: &[HostDir],
+    r: TimeRange,
+    totals: bool,
+) -> Result<(Vec<DirRange>, TimeCoverage), ProfError> {
+    let spans = epoch_spans(dirs)?;
+    let read = par_map(dirs, |i, d| {
+        if totals {
+            DirRange::read_totals(d, r, spans[i])
+        } else {
+            DirRange::read(d, r, spans[i])
+        }
+    });
+    let ranges = read.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<String> = dirs.iter().map(|d| format!("{}/{}", d.epoch, d.host)).collect();
+    let cov = coverage(r, &ranges, &names);
+    Ok((ranges, cov))
+}
+
+/// Restrict loaded profiles to the time range `r` (`--since`/`--until`, issue 36): each
+/// profile's counts become the sum, offset by offset, of its host directory's time slices in
+/// the range for its key (event, image id); profiles loaded without counts get that sum only.
+/// Profiles left without samples are dropped; directories without slices are handled as
+/// [`DirRange::read`] says. The coverage goes to [`Scanned::time`] (report headers).
+pub fn restrict_loaded(
+    loaded: &mut Loaded,
+    r: TimeRange,
+    warn: &mut dyn FnMut(String),
+) -> Result<(), ProfError> {
+    let (mut per_dir, cov) = range_of_dirs(&loaded.scan.dirs, r)?;
+    // Slices at a coarser offset resolution are placed on the epoch profile's offsets: a key
+    // split over continuation files is placed on all of them (the first file takes the range).
+    let mut n_of: HashMap<(usize, SliceKey), usize> = HashMap::new();
+    for p in &loaded.profiles {
+        *n_of.entry((p.dir, slice_key(&p.profile.header))).or_default() += 1;
+    }
+    let mut merged: HashMap<(usize, SliceKey), BTreeMap<u64, u64>> = HashMap::new();
+    for p in &loaded.profiles {
+        let k = (p.dir, slice_key(&p.profile.header));
+        if n_of[&k] > 1 {
+            let m = merged.entry(k).or_default();
+            for (&o, &c) in &p.profile.counts {
+                *m.entry(o).or_default() += c;
+            }
+        }
+    }
+    for p in &mut loaded.profiles {
+        let key = slice_key(&p.profile.header);
+        let reference = merged.get(&(p.dir, key.clone())).unwrap_or(&p.profile.counts);
+        let Some(pairs) = per_dir[p.dir].take(&key, reference) else { continue };
+        let samples = pairs.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+        if !p.profile.counts.is_empty() {
+            p.profile.counts = pairs.into_iter().collect();
+        }
+        p.samples = samples;
+        let h = &mut p.profile.header;
+        (h.total_samples, h.total_period) = rescale(h.total_samples, h.total_period, samples);
+    }
+    loaded.profiles.retain(|p| p.samples > 0);
+    if let Some(w) = left_out_warning(&cov) {
+        warn(w);
+    }
+    loaded.scan.time = Some(cov);
+    Ok(())
+}
+
+/// [`restrict_loaded`] for the per-image report's totals.
+pub fn restrict_totals(
+    t: &mut Totals,
+    r: TimeRange,
+    warn: &mut dyn FnMut(String),
+) -> Result<(), ProfError> {
+    let (mut per_dir, cov) = range_of_dirs_as(&t.scan.dirs, r, true)?;
+    for e in &mut t.entries {
+        let key = slice_key(&t.headers[e.header as usize]);
+        let Some(samples) = per_dir[e.dir as usize].take_total(&key) else { continue };
+        (e.total_samples, e.total_period) = rescale(e.total_samples, e.total_period, samples);
+        e.samples = samples;
+    }
+    t.entries.retain(|e| e.samples > 0);
+    if let Some(w) = left_out_warning(&cov) {
+        warn(w);
+    }
+    t.scan.time = Some(cov);
+    Ok(())
+}
+
 /// Open the database, naming it in the error.
 pub fn open_db(root: &Path) -> Result<Database, ProfError> {
     if !root.is_dir() {
@@ -1122,3 +1241,6 @@ mod tests {
         assert!(!r.matches("20250101T235959Z"));
     }
 }
+
+#[cfg(test)]
+mod range_tests;

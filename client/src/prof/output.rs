@@ -123,6 +123,9 @@ pub(crate) fn scope_lines(
         format!("# epochs: {}", dcpi_report::report::epoch_range(&scope.epochs)),
         format!("# hosts: {}", scope.hosts.join(", ")),
     ];
+    if let Some(t) = &scope.time {
+        h.extend(t.lines().into_iter().map(|l| format!("# {}", esc(&l))));
+    }
     let what = if what.is_empty() { String::new() } else { format!(" {what}") };
     for e in events {
         let mux = if e.multiplex_scale > 1.0 {
@@ -412,7 +415,13 @@ mod tests {
     fn lines_are_listed_under_their_symbol() {
         let r = SymbolReport {
             report: "symbols",
-            scope: Scope { database: "db".into(), epochs: vec![], hosts: vec![], newest_data: 0 },
+            scope: Scope {
+                database: "db".into(),
+                epochs: vec![],
+                hosts: vec![],
+                newest_data: 0,
+                time: None,
+            },
             image: ImageInfo {
                 path: "/bin/x".into(),
                 kind: "elf",
@@ -421,6 +430,8 @@ mod tests {
                 binary: None,
                 debug_file: None,
                 symbols_note: None,
+                names_missing: None,
+                from_symbol_store: false,
             },
             events: vec![EventInfo {
                 name: "cpu-clock".into(),

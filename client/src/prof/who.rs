@@ -149,6 +149,7 @@ fn key_of(by: WhoBy, k: &WhoKey, d: &profile_format::HostDir) -> Option<String> 
 /// `--cpu` only with `--by cpu`, which takes no other filter).
 pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
     let (by, f) = (who.by, &who.filters);
+    who.sel.no_time_axis("who tables (--by command/pid/cgroup/user/cpu, --command)")?;
     let db = select::open_db(&who.sel.db)?;
     let dirs = select::select_host_dirs(&db, &who.sel.epoch_sel(), &who.sel.host_sel())?;
     let mut tables: Vec<(usize, WhoTable)> = Vec::new();

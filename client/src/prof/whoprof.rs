@@ -75,6 +75,7 @@ pub fn load(
     who: &WhoSel,
     warn: &mut dyn FnMut(String),
 ) -> Result<Loaded, ProfError> {
+    sel.no_time_axis("per-process and per-cgroup profiles (--pid, --cgroup)")?;
     let db = select::open_db(&sel.db)?;
     let dirs = select::select_host_dirs(&db, &sel.epoch_sel(), &sel.host_sel())?;
     let mut any_kind = false;

@@ -40,9 +40,11 @@ mod slices;
 pub mod spool;
 mod stacks;
 mod summaries;
+mod symtabs;
 mod who;
 pub use rotation::{EpochSchedule, Rotation};
 pub use slices::{SliceSettings, SliceStats, ROLLUP_RESOLUTION, ROLLUP_SLICE, SLICE_RESOLUTION};
+pub use symtabs::{SymtabCounters, SYMTAB_THREAD};
 pub use who::WhoProfiles;
 
 use std::collections::HashSet;
@@ -183,6 +185,8 @@ pub struct Store {
     stacks: stacks::PendingStacks,
     /// Counts per time slice not yet appended to the slice logs (FORMAT.md §14).
     slices: slices::SliceAccum,
+    /// Images whose symbol tables were handed to the symbol store's thread (FORMAT.md §10).
+    symtabs: symtabs::SymtabStore,
 }
 
 /// Thread CPU time one [`Store::tick`] spent writing the spool and publishing (ns): where the
@@ -386,7 +390,13 @@ impl Store {
             who: who::WhoAccum::default(),
             stacks: stacks::PendingStacks::default(),
             slices: slices::SliceAccum::default(),
+            symtabs: symtabs::SymtabStore::default(),
         }
+    }
+
+    /// What the symbol store's thread did so far (FORMAT.md §10).
+    pub fn symtab_counters(&self) -> Arc<SymtabCounters> {
+        self.symtabs.counters()
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -585,6 +595,13 @@ impl Store {
     pub fn add(&mut self, mut resolved: Resolved, lost: u64, throttled: u64) {
         self.who_add(&resolved.who);
         self.stacks_add(std::mem::take(&mut resolved.stacks));
+        // New images' symbol tables are stored by a background thread: here only a set
+        // lookup per image of the batch.
+        self.symtabs.offer(
+            &self.cfg.db,
+            self.epoch.as_ref().map(EpochId::as_str),
+            resolved.profiles.values().map(|p| &*p.image),
+        );
         let logged = &mut self.host.unknown_event_logged;
         let mut unknown_event = |ev: u16| {
             if !*logged {
