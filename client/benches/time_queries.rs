@@ -11,7 +11,7 @@
 //! build-id, so that the per-symbol report symbolizes it), its offsets in its text.
 //!
 //! Run (root, for the cold runs): `DCPI_BENCH_DROP_CACHES=1 cargo bench -p dcpi-client --bench
-//! time_queries`. Without DCPI_BENCH_DROP_CACHES=1 only warm runs are timed.
+//! time_queries`. Without `DCPI_BENCH_DROP_CACHES=1` only warm runs are timed.
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -165,7 +165,9 @@ fn timed(name: &str, args: &[String], cold: bool, target: Option<f64>) {
     warm.sort_by(f64::total_cmp);
     let goal = target.map(|g| format!(" (target {g} s cold)")).unwrap_or_default();
     match cold_s {
-        Some(c) => eprintln!("time_queries: {name}: cold {c:.3} s, warm median {:.3} s{goal}", warm[2]),
+        Some(c) => {
+            eprintln!("time_queries: {name}: cold {c:.3} s, warm median {:.3} s{goal}", warm[2])
+        }
         None => eprintln!("time_queries: {name}: warm median {:.3} s{goal}", warm[2]),
     }
 }
@@ -182,7 +184,7 @@ fn main() {
     // The fleet: the same day under 100 host names (one epoch directory).
     let epoch_dir: PathBuf = std::fs::read_dir(&fleet)
         .expect("fleet")
-        .filter_map(|e| e.ok())
+        .filter_map(Result::ok)
         .map(|e| e.path())
         .find(|p| p.join("h000").is_dir())
         .expect("epoch dir");
@@ -192,7 +194,7 @@ fn main() {
     let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0) as f64 / 1e6;
     let one_epoch = std::fs::read_dir(&one)
         .expect("one")
-        .filter_map(|e| e.ok())
+        .filter_map(Result::ok)
         .map(|e| e.path())
         .find(|p| p.join("h1").is_dir())
         .expect("epoch dir");
@@ -205,7 +207,8 @@ fn main() {
         size(&epoch_dir.join("h000").join("slices.log")),
     );
     let t0 = t0();
-    let last = ["--since".to_owned(), utc(t0 + 23 * 3600), "--until".to_owned(), utc(t0 + 24 * 3600)];
+    let last =
+        ["--since".to_owned(), utc(t0 + 23 * 3600), "--until".to_owned(), utc(t0 + 24 * 3600)];
     let db1 = one.display().to_string();
     let dbf = fleet.display().to_string();
     let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<String>>();

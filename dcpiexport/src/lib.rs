@@ -883,8 +883,10 @@ mod tests {
             seq: 0,
             counts: [(key.clone(), pairs)].into_iter().collect(),
         };
-        let mut log = SliceLog::default();
-        log.slices = vec![slice(120, vec![(0x10, 6), (0x20, 2)]), slice(180, vec![(0x10, 2)])];
+        let mut log = SliceLog {
+            slices: vec![slice(120, vec![(0x10, 6), (0x20, 2)]), slice(180, vec![(0x10, 2)])],
+            ..SliceLog::default()
+        };
         for s in &mut log.slices {
             s.seq = s.start;
         }

@@ -405,9 +405,7 @@ mod tests {
 
     #[test]
     fn totals_give_the_same_buckets_as_the_slices() {
-        let slices = log();
-        let mut l = SliceLog::default();
-        l.slices = slices;
+        let mut l = SliceLog { slices: log(), ..SliceLog::default() };
         for (i, s) in l.slices.iter_mut().enumerate() {
             s.seq = i as u64 + 1;
         }

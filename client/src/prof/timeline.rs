@@ -70,10 +70,10 @@ enum Log {
 impl Log {
     fn events(&self) -> Vec<&str> {
         match self {
-            Log::Full(l) => {
+            Self::Full(l) => {
                 l.slices.iter().flat_map(|s| s.counts.keys()).map(|k| k.event.as_str()).collect()
             }
-            Log::Totals(t) => t.keys.iter().map(|k| k.event.as_str()).collect(),
+            Self::Totals(t) => t.keys.iter().map(|k| k.event.as_str()).collect(),
         }
     }
 }
