@@ -155,7 +155,7 @@ fn since_until_around_each_slice_report_its_workload_alone() {
                 .chain(["--format", "json"])
                 .collect::<Vec<_>>(),
         ));
-        assert_eq!(v["scope"]["time"]["resolution"], 16, "{v:#}");
+        assert_eq!(v["time"]["resolution"], 16, "{v:#}");
     }
     // dcpidiff of two ranges: workload 1's slice before, workload 3's after.
     let db = sb.db().display().to_string();
