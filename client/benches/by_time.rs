@@ -8,6 +8,9 @@
 //! hold the same samples, with a summary index. A second database holds the same day as dcpid
 //! keeps it by default (the first 18 hours rolled up into hour slices, the last 6 in minutes).
 //!
+//! Slices are stored as dcpid stores them: minutes at 16 bytes of offset resolution, hours
+//! rolled up at 256 (FORMAT.md §14.2).
+//!
 //! Run: `cargo bench -p dcpi-client --bench by_time`. With `DCPI_BENCH_DROP_CACHES=1` (root)
 //! it also prints one cold run of each (page cache dropped before it).
 #![forbid(unsafe_code)]
@@ -78,9 +81,10 @@ fn build(root: &Path, rollup_before: Option<u64>) -> u64 {
     for (i, s) in slices.iter_mut().enumerate() {
         s.seq = i as u64 + 1;
     }
-    let mut log = SliceLog { slices, ..SliceLog::default() };
+    // Minutes at 16 bytes of offset resolution, roll-ups at 256: as dcpid stores them.
+    let mut log = SliceLog { slices, ..SliceLog::default() }.rollup_at(u64::MAX, 60, 16);
     if let Some(before) = rollup_before {
-        log = log.rollup(t0 + before, 3600);
+        log = log.rollup_at(t0 + before, 3600, 256);
     }
     profile_format::write_atomic(&hd.slices_path(), &log.encode()).expect("write slices.log");
     let ev = cpu_clock();

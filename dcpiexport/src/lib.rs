@@ -334,9 +334,10 @@ fn host_rows(
 /// row; FORMAT.md §14.3).
 fn split_by_slices(rows: &[SampleRow], log: &SliceLog) -> Vec<SampleRow> {
     use std::collections::HashMap;
-    let mut at: HashMap<(&str, &str, u64), Vec<usize>> = HashMap::new();
+    // Per (image id, event): its rows by offset (rows are sorted by image id, event, offset).
+    let mut at: HashMap<(&str, &str), Vec<(u64, usize)>> = HashMap::new();
     for (i, r) in rows.iter().enumerate() {
-        at.entry((r.image_id.as_str(), r.event.as_str(), r.offset)).or_default().push(i);
+        at.entry((r.image_id.as_str(), r.event.as_str())).or_default().push((r.offset, i));
     }
     let mut left: Vec<u64> = rows.iter().map(|r| r.samples).collect();
     let mut out = Vec::with_capacity(rows.len());
@@ -348,22 +349,21 @@ fn split_by_slices(rows: &[SampleRow], log: &SliceLog) -> Vec<SampleRow> {
         slice_seconds: slice.map(|s| s.1),
         ..r.clone()
     };
+    let mut taken: Vec<(usize, u64)> = Vec::new();
     for s in log.range(None, None).slices {
+        // A slice at a coarser offset resolution counts `res`-byte blocks (FORMAT.md §14.2):
+        // a block's samples go to the rows inside it, in proportion to what each has left.
+        let res = log.resolution_of(s);
         for (k, pairs) in &s.counts {
             let id = k.image.as_ref().map(ImageId::to_text).unwrap_or_default();
+            let Some(list) = at.get(&(id.as_str(), k.event.as_str())) else { continue };
+            let width = if k.image.is_some() { res } else { 1 };
             for &(offset, count) in pairs {
-                let Some(list) = at.get(&(id.as_str(), k.event.as_str(), offset)) else { continue };
-                let mut c = count;
-                for &i in list {
-                    let take = c.min(left[i]);
-                    if take > 0 {
-                        out.push(part(&rows[i], take, Some((s.start, s.len))));
-                        left[i] -= take;
-                        c -= take;
-                    }
-                    if c == 0 {
-                        break;
-                    }
+                let lo = list.partition_point(|&(o, _)| o < offset);
+                let hi = list.partition_point(|&(o, _)| o < offset.saturating_add(width));
+                share(count, &list[lo..hi], &mut left, &mut taken);
+                for &(i, n) in &taken {
+                    out.push(part(&rows[i], n, Some((s.start, s.len))));
                 }
             }
         }
@@ -383,6 +383,38 @@ fn split_by_slices(rows: &[SampleRow], log: &SliceLog) -> Vec<SampleRow> {
         ))
     });
     out
+}
+
+/// Share `count` samples among `rows` (offset, row index) up to what each has `left`: all of
+/// it when they have no more, else in proportion to `left` by largest remainder. `taken`
+/// receives (row, samples) with samples > 0; `left` is reduced by them.
+fn share(count: u64, rows: &[(u64, usize)], left: &mut [u64], taken: &mut Vec<(usize, u64)>) {
+    taken.clear();
+    let have: u64 = rows.iter().map(|&(_, i)| left[i]).sum();
+    if have == 0 || count == 0 {
+        return;
+    }
+    if count >= have {
+        taken.extend(rows.iter().filter(|&&(_, i)| left[i] > 0).map(|&(_, i)| (i, left[i])));
+    } else {
+        let mut rem: Vec<(u128, usize)> = Vec::with_capacity(rows.len());
+        let mut given = 0u64;
+        for (j, &(_, i)) in rows.iter().enumerate() {
+            let exact = count as u128 * left[i] as u128;
+            let n = (exact / have as u128) as u64;
+            given += n;
+            taken.push((i, n));
+            rem.push((exact % have as u128, j));
+        }
+        rem.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, j) in rem.iter().take((count - given) as usize) {
+            taken[j].1 += 1;
+        }
+        taken.retain(|&(_, n)| n > 0);
+    }
+    for &(i, n) in taken.iter() {
+        left[i] -= n;
+    }
 }
 
 /// The rows of one host directory's profiles, sorted by (image id, event, offset).
@@ -424,7 +456,8 @@ fn profile_rows(
             continue;
         }
         // --since/--until: the profile's counts in the range, from the time slices.
-        if let Some(pairs) = range.as_mut().and_then(|r| r.take(&select::slice_key(&p.header))) {
+        let key = select::slice_key(&p.header);
+        if let Some(pairs) = range.as_mut().and_then(|r| r.take(&key, &p.counts)) {
             if pairs.is_empty() {
                 continue;
             }
@@ -836,5 +869,41 @@ mod tests {
         }
         assert!(out.iter().all(|r| (r.weight - 2.0 * r.samples as f64).abs() < 1e-9));
         assert!(out.iter().all(|r| r.slice_start.is_some() == r.slice_seconds.is_some()));
+    }
+
+    /// A slice log at 16 bytes of offset resolution (FORMAT.md §14.2): a block's samples go to
+    /// the rows inside the block, so every row's samples are placed in their slices.
+    #[test]
+    fn coarse_slices_split_the_rows_of_their_blocks() {
+        let id = ImageId::BuildId(vec![7; 20]);
+        let key = SliceKey { event: "cpu-clock".into(), image: Some(id.clone()) };
+        let slice = |start, pairs: Vec<(u64, u64)>| Slice {
+            start,
+            len: 60,
+            seq: 0,
+            counts: [(key.clone(), pairs)].into_iter().collect(),
+        };
+        let mut log = SliceLog {
+            slices: vec![slice(120, vec![(0x10, 6), (0x20, 2)]), slice(180, vec![(0x10, 2)])],
+            ..SliceLog::default()
+        };
+        for s in &mut log.slices {
+            s.seq = s.start;
+        }
+        let bytes = log.rollup_at(u64::MAX, 60, 16).encode();
+        let log = SliceLog::decode(&bytes, std::path::Path::new("slices.log")).unwrap();
+        assert_eq!(log.resolution_of(&log.slices[0]), 16);
+        let rows =
+            [row(&id.to_text(), 0x14, 6), row(&id.to_text(), 0x1c, 2), row(&id.to_text(), 0x2a, 2)];
+        let out = split_by_slices(&rows, &log);
+        assert!(out.iter().all(|r| r.slice_start.is_some()), "every sample in a slice: {out:?}");
+        let per_slice = |t: u64| -> u64 {
+            out.iter().filter(|r| r.slice_start == Some(t)).map(|r| r.samples).sum()
+        };
+        assert_eq!((per_slice(120), per_slice(180)), (8, 2));
+        for r in &rows {
+            let n: u64 = out.iter().filter(|x| x.offset == r.offset).map(|x| x.samples).sum();
+            assert_eq!(n, r.samples, "{:#x}", r.offset);
+        }
     }
 }

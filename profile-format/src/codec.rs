@@ -263,6 +263,25 @@ impl<'a> Reader<'a> {
         })
     }
 
+    /// Skip `n` varints (LEB128: each ends at a byte below 0x80) without decoding them.
+    pub(crate) fn skip_varints(&mut self, field: &'static str, n: usize) -> Result<()> {
+        let mut left = n;
+        if left == 0 {
+            return Ok(());
+        }
+        for (i, &b) in self.buf[self.pos..].iter().enumerate() {
+            if b < 0x80 {
+                left -= 1;
+                if left == 0 {
+                    self.pos += i + 1;
+                    return Ok(());
+                }
+            }
+        }
+        Err(self
+            .corrupt(field, format!("{n} varints run past the end (at payload byte {})", self.pos)))
+    }
+
     /// A length that counts items of at least `min_item_len` bytes each: capped by the bytes
     /// left, so a corrupt length can never make the reader allocate or loop beyond the input.
     pub(crate) fn count(&mut self, field: &'static str, min_item_len: usize) -> Result<usize> {

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use profile_format::sumidx::{self, ImageIdRef};
 use profile_format::{
     Database, EpochId, EventDesc, HostDir, HostSummary, ImageId, ImageKind, Profile, ProfileEntry,
-    ProfileHeader,
+    ProfileHeader, SliceKey,
 };
 
 use super::image::{image_display, ImageFilter};
@@ -1099,8 +1099,24 @@ pub fn range_of_dirs(
     dirs: &[HostDir],
     r: TimeRange,
 ) -> Result<(Vec<DirRange>, TimeCoverage), ProfError> {
+    range_of_dirs_as(dirs, r, false)
+}
+
+/// [`range_of_dirs`] with each key's total only (`totals`): what per-image totals need, read
+/// without decoding offsets ([`profile_format::SliceLog::read_totals`]).
+fn range_of_dirs_as(
+    dirs: &[HostDir],
+    r: TimeRange,
+    totals: bool,
+) -> Result<(Vec<DirRange>, TimeCoverage), ProfError> {
     let spans = epoch_spans(dirs)?;
-    let read = par_map(dirs, |i, d| DirRange::read(d, r, spans[i]));
+    let read = par_map(dirs, |i, d| {
+        if totals {
+            DirRange::read_totals(d, r, spans[i])
+        } else {
+            DirRange::read(d, r, spans[i])
+        }
+    });
     let ranges = read.into_iter().collect::<Result<Vec<_>, _>>()?;
     let names: Vec<String> = dirs.iter().map(|d| format!("{}/{}", d.epoch, d.host)).collect();
     let cov = coverage(r, &ranges, &names);
@@ -1118,8 +1134,26 @@ pub fn restrict_loaded(
     warn: &mut dyn FnMut(String),
 ) -> Result<(), ProfError> {
     let (mut per_dir, cov) = range_of_dirs(&loaded.scan.dirs, r)?;
+    // Slices at a coarser offset resolution are placed on the epoch profile's offsets: a key
+    // split over continuation files is placed on all of them (the first file takes the range).
+    let mut n_of: HashMap<(usize, SliceKey), usize> = HashMap::new();
+    for p in &loaded.profiles {
+        *n_of.entry((p.dir, slice_key(&p.profile.header))).or_default() += 1;
+    }
+    let mut merged: HashMap<(usize, SliceKey), BTreeMap<u64, u64>> = HashMap::new();
+    for p in &loaded.profiles {
+        let k = (p.dir, slice_key(&p.profile.header));
+        if n_of[&k] > 1 {
+            let m = merged.entry(k).or_default();
+            for (&o, &c) in &p.profile.counts {
+                *m.entry(o).or_default() += c;
+            }
+        }
+    }
     for p in &mut loaded.profiles {
-        let Some(pairs) = per_dir[p.dir].take(&slice_key(&p.profile.header)) else { continue };
+        let key = slice_key(&p.profile.header);
+        let reference = merged.get(&(p.dir, key.clone())).unwrap_or(&p.profile.counts);
+        let Some(pairs) = per_dir[p.dir].take(&key, reference) else { continue };
         let samples = pairs.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
         if !p.profile.counts.is_empty() {
             p.profile.counts = pairs.into_iter().collect();
@@ -1142,11 +1176,10 @@ pub fn restrict_totals(
     r: TimeRange,
     warn: &mut dyn FnMut(String),
 ) -> Result<(), ProfError> {
-    let (mut per_dir, cov) = range_of_dirs(&t.scan.dirs, r)?;
+    let (mut per_dir, cov) = range_of_dirs_as(&t.scan.dirs, r, true)?;
     for e in &mut t.entries {
         let key = slice_key(&t.headers[e.header as usize]);
-        let Some(pairs) = per_dir[e.dir as usize].take(&key) else { continue };
-        let samples = pairs.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+        let Some(samples) = per_dir[e.dir as usize].take_total(&key) else { continue };
         (e.total_samples, e.total_period) = rescale(e.total_samples, e.total_period, samples);
         e.samples = samples;
     }

@@ -10,9 +10,9 @@
 //! time): it is a row of its own range, and a bucket starting inside such a row joins it, so
 //! that rows never overlap.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
-use profile_format::{HostDir, Slice, SliceKey, SliceLog};
+use profile_format::{HostDir, Slice, SliceKey, SliceLog, SliceTotal, SliceTotals};
 
 use crate::select::par_map;
 
@@ -20,6 +20,11 @@ use crate::select::par_map;
 /// files, on NFS). `Ok(None)`: the directory has no `slices.log`.
 pub fn read_logs(dirs: &[HostDir]) -> Vec<profile_format::Result<Option<SliceLog>>> {
     par_map(dirs, |_, d| d.read_slices())
+}
+
+/// [`read_logs`] as totals per slice and key ([`SliceLog::read_totals`]).
+pub fn read_totals(dirs: &[HostDir]) -> Vec<profile_format::Result<Option<SliceTotals>>> {
+    par_map(dirs, |_, d| SliceLog::read_totals(&d.slices_path()))
 }
 
 /// What a key's counts contribute to.
@@ -31,8 +36,52 @@ pub enum Part<'a> {
     Of,
     /// Counted in the bucket's selection and total.
     All,
-    /// Of these offsets: selection and total; the other offsets: total only (one function).
-    Offsets(&'a HashSet<u64>),
+    /// A function's share of the image (selection: its share; total: all of it).
+    Offsets(&'a Share),
+}
+
+/// Which samples of an image are one function's, by the epoch profile's exact offsets: what
+/// places a slice's counts, exact or per `res`-byte block (FORMAT.md §14.2), in the function.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Share {
+    /// Per exact offset of the profile: (samples in the function, all samples).
+    by_offset: BTreeMap<u64, (u64, u64)>,
+}
+
+impl Share {
+    /// Count `count` samples of the profile at `offset`, in the function or not.
+    pub fn add(&mut self, offset: u64, count: u64, inside: bool) {
+        let e = self.by_offset.entry(offset).or_default();
+        e.1 += count;
+        if inside {
+            e.0 += count;
+        }
+    }
+
+    /// Whether the function has a sample anywhere.
+    pub fn is_empty(&self) -> bool {
+        self.by_offset.values().all(|v| v.0 == 0)
+    }
+
+    /// The function's samples among `count` samples of the `res`-byte block at `offset`
+    /// (`res` 1: the exact offset): all where the block lies inside the function as the
+    /// profile saw it, none outside, and where the block straddles the function's edge the
+    /// profile's split of the block (rounded to the nearest sample). A block the profile has no
+    /// sample in (sampled after it was published) is not the function's.
+    pub fn of_block(&self, offset: u64, res: u64, count: u64) -> u64 {
+        let (mut inside, mut all) = (0u128, 0u128);
+        for (_, &(i, a)) in self.by_offset.range(offset..offset.saturating_add(res.max(1))) {
+            inside += i as u128;
+            all += a as u128;
+        }
+        if all == 0 || inside == 0 {
+            return 0;
+        }
+        if inside == all {
+            return count;
+        }
+        ((count as u128 * inside + all / 2) / all) as u64
+    }
 }
 
 /// One row of the timeline: `[start, end)` in Unix seconds.
@@ -55,31 +104,27 @@ impl Bucket {
 /// The default resolution of a set of slices: their most common length (ties: the longer), so
 /// that minute slices give minutes even with a few short ones (a start, a flush) among them,
 /// and rolled-up hour slices give hours. `None` without slices.
-pub fn stored_resolution<'a>(slices: impl IntoIterator<Item = &'a Slice>) -> Option<u64> {
+pub fn stored_resolution(lens: impl IntoIterator<Item = u64>) -> Option<u64> {
     let mut n: BTreeMap<u64, u64> = BTreeMap::new();
-    for s in slices {
-        *n.entry(s.len.max(1)).or_default() += 1;
+    for len in lens {
+        *n.entry(len.max(1)).or_default() += 1;
     }
     n.into_iter().max_by_key(|&(len, c)| (c, len)).map(|(len, _)| len)
 }
 
-/// The buckets of `slices` at `resolution` seconds, in order of start; `part` says what each
-/// key counts towards. Buckets with no slice are not listed (nothing was sampled then, or the
-/// daemon did not run).
+/// The buckets of `slices` (each with its offset resolution in bytes, `SliceLog::resolution_of`)
+/// at `resolution` seconds, in order of start; `part` says what each key counts towards.
+/// Buckets with no slice are not listed (nothing was sampled then, or the daemon did not run).
 pub fn buckets<'s, 'p>(
-    slices: impl IntoIterator<Item = &'s Slice>,
+    slices: impl IntoIterator<Item = (&'s Slice, u64)>,
     resolution: u64,
     part: &mut dyn FnMut(&SliceKey) -> Part<'p>,
 ) -> Vec<Bucket> {
     let r = resolution.max(1);
     let mut out: BTreeMap<u64, Bucket> = BTreeMap::new();
     let mut parts: BTreeMap<&SliceKey, Part<'p>> = BTreeMap::new();
-    for s in slices {
-        // A slice longer than the resolution is a row of its own range (it cannot be split);
-        // the others go to the aligned bucket of their start.
-        let start = if s.len > r { s.start } else { s.start - s.start % r };
-        let b = out.entry(start).or_insert(Bucket { start, end: start + r, samples: 0, of: 0 });
-        b.end = b.end.max(s.end());
+    for (s, res) in slices {
+        let b = place(&mut out, s.start, s.len, r);
         for (k, pairs) in &s.counts {
             let p = *parts.entry(k).or_insert_with(|| part(k));
             let sum = || pairs.iter().fold(0u64, |a, &(_, c)| a.saturating_add(c));
@@ -91,19 +136,61 @@ pub fn buckets<'s, 'p>(
                     b.of += n;
                     b.samples += n;
                 }
-                Part::Offsets(set) => {
+                Part::Offsets(share) => {
+                    let res = if k.image.is_some() { res } else { 1 };
                     for &(o, c) in pairs {
                         b.of += c;
-                        if set.contains(&o) {
-                            b.samples += c;
-                        }
+                        b.samples += share.of_block(o, res, c);
                     }
                 }
             }
         }
     }
-    // Rows must not overlap: a bucket that starts inside the previous one (which a long
-    // slice stretched) joins it.
+    join(out)
+}
+
+/// [`buckets`] of slices read as totals ([`SliceLog::read_totals`]; each with its key
+/// table): what a timeline without `--symbol` needs, without decoding offsets. A
+/// [`Part::Offsets`] key counts towards the total only (a function needs [`buckets`]).
+pub fn buckets_of_totals<'s, 'p>(
+    slices: impl IntoIterator<Item = (&'s SliceTotal, &'s [SliceKey])>,
+    resolution: u64,
+    part: &mut dyn FnMut(&SliceKey) -> Part<'p>,
+) -> Vec<Bucket> {
+    let r = resolution.max(1);
+    let mut out: BTreeMap<u64, Bucket> = BTreeMap::new();
+    // Per key table (by address: one per log) and key index, its part.
+    let mut parts: BTreeMap<(usize, usize), Part<'p>> = BTreeMap::new();
+    for (s, keys) in slices {
+        let b = place(&mut out, s.start, s.len, r);
+        for &(i, n) in &s.totals {
+            let p = *parts.entry((keys.as_ptr() as usize, i)).or_insert_with(|| part(&keys[i]));
+            match p {
+                Part::Out => {}
+                Part::Of | Part::Offsets(_) => b.of += n,
+                Part::All => {
+                    b.of += n;
+                    b.samples += n;
+                }
+            }
+        }
+    }
+    join(out)
+}
+
+/// The bucket a slice `[start, start + len)` goes to at `r` seconds: a slice longer than the
+/// resolution is a row of its own range (it cannot be split); the others go to the aligned
+/// bucket of their start.
+fn place(out: &mut BTreeMap<u64, Bucket>, start: u64, len: u64, r: u64) -> &mut Bucket {
+    let b0 = if len > r { start } else { start - start % r };
+    let b = out.entry(b0).or_insert(Bucket { start: b0, end: b0 + r, samples: 0, of: 0 });
+    b.end = b.end.max(start.saturating_add(len));
+    b
+}
+
+/// Rows must not overlap: a bucket that starts inside the previous one (which a long slice
+/// stretched) joins it.
+fn join(out: BTreeMap<u64, Bucket>) -> Vec<Bucket> {
     let mut rows: Vec<Bucket> = Vec::with_capacity(out.len());
     for b in out.into_values() {
         match rows.last_mut() {
@@ -178,6 +265,7 @@ pub fn duration(secs: u64) -> String {
 mod tests {
     use super::*;
     use profile_format::ImageId;
+    use std::collections::HashSet;
 
     fn key(event: &str, image: u8) -> SliceKey {
         SliceKey { event: event.into(), image: Some(ImageId::BuildId(vec![image; 20])) }
@@ -234,9 +322,9 @@ mod tests {
         let slices = log();
         let want = total(&slices, "cpu-clock");
         assert!(want > 1000, "{want}");
-        assert_eq!(stored_resolution(&slices), Some(60));
+        assert_eq!(stored_resolution(slices.iter().map(|s| s.len)), Some(60));
         for r in [1, 7, 60, 300, 3600, 86_400] {
-            let b = buckets(&slices, r, &mut |k| {
+            let b = buckets(slices.iter().map(|s| (s, 1)), r, &mut |k| {
                 if k.event == "cpu-clock" {
                     Part::All
                 } else {
@@ -261,7 +349,7 @@ mod tests {
         let two = key("cpu-clock", 2);
         let img: u64 =
             slices.iter().filter_map(|s| s.counts.get(&two)).flatten().map(|p| p.1).sum();
-        let b = buckets(&slices, 600, &mut |k| match k {
+        let b = buckets(slices.iter().map(|s| (s, 1)), 600, &mut |k| match k {
             k if *k == two => Part::All,
             k if k.event == "cpu-clock" => Part::Of,
             _ => Part::Out,
@@ -269,6 +357,12 @@ mod tests {
         assert_eq!(b.iter().map(|b| b.samples).sum::<u64>(), img);
         assert_eq!(b.iter().map(|b| b.of).sum::<u64>(), total(&slices, "cpu-clock"));
         let set: HashSet<u64> = [0, 32].into_iter().collect();
+        let mut share = Share::default();
+        for s in &slices {
+            for &(o, c) in s.counts.get(&two).into_iter().flatten() {
+                share.add(o, c, set.contains(&o));
+            }
+        }
         let at: u64 = slices
             .iter()
             .filter_map(|s| s.counts.get(&two))
@@ -276,10 +370,65 @@ mod tests {
             .filter(|p| set.contains(&p.0))
             .map(|p| p.1)
             .sum();
-        let b =
-            buckets(&slices, 600, &mut |k| if *k == two { Part::Offsets(&set) } else { Part::Out });
+        let b = buckets(slices.iter().map(|s| (s, 1)), 600, &mut |k| {
+            if *k == two {
+                Part::Offsets(&share)
+            } else {
+                Part::Out
+            }
+        });
         assert_eq!(b.iter().map(|b| b.samples).sum::<u64>(), at);
         assert_eq!(b.iter().map(|b| b.of).sum::<u64>(), img);
+    }
+
+    /// A function's samples in slices stored per 16-byte block (FORMAT.md §14.2): a block
+    /// inside the function counts whole, a block outside not at all, a block straddling its
+    /// edge by the profile's split.
+    #[test]
+    fn a_function_is_counted_in_coarse_slices_by_block() {
+        let mut share = Share::default();
+        // The function is [0x104, 0x118): 0x104 and 0x10c inside, 0x118 and 0x11c not.
+        for (o, c, inside) in [(0x104, 6, true), (0x10c, 2, true), (0x118, 1, false)] {
+            share.add(o, c, inside);
+        }
+        share.add(0x11c, 3, false);
+        assert_eq!(share.of_block(0x100, 16, 40), 40, "a block inside the function");
+        assert_eq!(share.of_block(0x120, 16, 40), 0, "a block the profile never saw");
+        assert_eq!(share.of_block(0x100, 256, 12), 8, "a block straddling the edge: 8 of 12");
+        assert_eq!(share.of_block(0x104, 1, 5), 5, "exact offsets");
+        assert_eq!(share.of_block(0x118, 1, 5), 0);
+        let k = key("cpu-clock", 1);
+        let s = slice(120, 60, &[(k.clone(), vec![(0x100, 40), (0x110, 4)])]);
+        let b = buckets([(&s, 16)], 60, &mut |_| Part::Offsets(&share));
+        assert_eq!((b[0].samples, b[0].of), (40, 44));
+    }
+
+    #[test]
+    fn totals_give_the_same_buckets_as_the_slices() {
+        let mut l = SliceLog { slices: log(), ..SliceLog::default() };
+        for (i, s) in l.slices.iter_mut().enumerate() {
+            s.seq = i as u64 + 1;
+        }
+        let bytes = l.rollup_at(1_700_003_600, 3600, 256).encode();
+        let path = std::path::Path::new("slices.log");
+        let full = SliceLog::decode(&bytes, path).unwrap();
+        let totals = SliceTotals::decode(&bytes, path).unwrap();
+        let two = key("cpu-clock", 2);
+        let mut part = |k: &SliceKey| match k {
+            k if *k == two => Part::All,
+            k if k.event == "cpu-clock" => Part::Of,
+            _ => Part::Out,
+        };
+        for r in [60, 600, 3600] {
+            let a = buckets(full.slices.iter().map(|s| (s, full.resolution_of(s))), r, &mut part);
+            let b = buckets_of_totals(
+                totals.slices.iter().map(|s| (s, &totals.keys[..])),
+                r,
+                &mut part,
+            );
+            assert_eq!(a, b, "resolution {r}");
+            assert!(a.iter().map(|b| b.samples).sum::<u64>() > 0);
+        }
     }
 
     #[test]
@@ -293,10 +442,10 @@ mod tests {
             slice(120, 60, &[(k.clone(), vec![(8, 7)])]),
             slice(3600, 3600, &[(k.clone(), vec![(0, 9)])]),
         ];
-        let got = buckets(a.iter().chain(&b), 60, &mut |_| Part::All);
+        let got = buckets(a.iter().chain(&b).map(|s| (s, 1)), 60, &mut |_| Part::All);
         let rows: Vec<(u64, u64, u64)> = got.iter().map(|b| (b.start, b.end, b.samples)).collect();
         assert_eq!(rows, [(120, 180, 12), (180, 240, 1), (3600, 7200, 9)]);
-        assert_eq!(stored_resolution(&b), Some(3600), "ties: the longer");
+        assert_eq!(stored_resolution(b.iter().map(|s| s.len)), Some(3600), "ties: the longer");
     }
 
     #[test]

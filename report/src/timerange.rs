@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use profile_format::{HostDir, ImageKind, ProfileHeader, SliceKey};
+use profile_format::{merge_pairs, HostDir, ImageKind, ProfileHeader, SliceKey, SliceLog};
 use serde::Serialize;
 
 use super::error::ProfError;
@@ -48,6 +48,13 @@ pub struct TimeCoverage {
     /// Host directories (`epoch/host`) without time slices whose epoch the range cuts: their
     /// samples cannot be placed in time and are left out.
     pub left_out: Vec<String>,
+    /// The coarsest offset resolution, in bytes, of the slices used (FORMAT.md §14.2): 1 when
+    /// every slice counts exact offsets. Above 1, a slice counts the samples of each
+    /// `resolution`-byte block of an image, and the range's counts are placed on the offsets
+    /// of the block by the epoch profile's split of that block ([`apportion`]): per-image
+    /// totals stay exact, per-function totals too where a block lies inside one function,
+    /// per-instruction counts are the block's share.
+    pub resolution: u64,
 }
 
 fn utc(t: u64) -> String {
@@ -94,6 +101,15 @@ impl TimeCoverage {
             }
             None => out.push(format!("time: no time slice in the requested range {req}")),
         }
+        if self.resolution > 1 {
+            out.push(format!(
+                "time: offsets at {}-byte resolution in this range: each block's samples are \
+                 placed on its instructions by the epoch profile's split of the block, so \
+                 per-instruction counts are estimates; image totals are exact, function totals \
+                 too except where a block straddles two functions",
+                self.resolution
+            ));
+        }
         if !self.whole_epochs.is_empty() {
             out.push(format!(
                 "time: without time slices, counted whole (the epoch lies inside the range): {}",
@@ -114,8 +130,13 @@ impl TimeCoverage {
 /// What one host directory contributes to a range.
 #[derive(Debug)]
 pub enum DirRange {
-    /// Its slices in the range: per key, summed (offset, count), and the range they cover.
-    Slices { covered: Option<(u64, u64)>, sums: BTreeMap<SliceKey, Vec<(u64, u64)>> },
+    /// Its slices in the range: per offset resolution (bytes, finest first), per key, summed
+    /// (offset, count); the range they cover and their coarsest resolution.
+    Slices {
+        covered: Option<(u64, u64)>,
+        sums: Vec<(u64, BTreeMap<SliceKey, Vec<(u64, u64)>>)>,
+        resolution: u64,
+    },
     /// No slices, its epoch inside the range: the epoch totals as they are.
     Whole,
     /// No slices, the range cuts its epoch: nothing.
@@ -137,7 +158,8 @@ impl DirRange {
         match d.read_slices()? {
             Some(log) => {
                 let sel = log.range(r.since, r.until);
-                Ok(Self::Slices { covered: sel.covered, sums: sel.sum() })
+                let resolution = log.range_resolution(&sel);
+                Ok(Self::Slices { covered: sel.covered, sums: log.range_sums(&sel), resolution })
             }
             None => {
                 let inside = r.since.is_none_or(|s| s <= span.0)
@@ -147,24 +169,142 @@ impl DirRange {
         }
     }
 
-    /// Take the range's counts of `key` (each key once per directory: a continuation file of
-    /// the same key gets nothing more). `None`: keep the profile as it is (whole epoch).
-    pub fn take(&mut self, key: &SliceKey) -> Option<Vec<(u64, u64)>> {
+    /// [`DirRange::read`] keeping each key's total only, at offset 0 (for
+    /// [`DirRange::take_total`]); the resolution is still the slices' (the header says it).
+    pub fn read_totals(d: &HostDir, r: TimeRange, span: (u64, u64)) -> Result<Self, ProfError> {
+        match SliceLog::read_totals(&d.slices_path())? {
+            Some(log) => {
+                let sel = log.range(r.since, r.until);
+                let covered = sel.iter().fold(None, |acc: Option<(u64, u64)>, s| {
+                    Some(acc.map_or((s.start, s.end()), |(a, b)| (a.min(s.start), b.max(s.end()))))
+                });
+                let mut sums: BTreeMap<SliceKey, Vec<(u64, u64)>> = BTreeMap::new();
+                let mut by_index: BTreeMap<usize, u64> = BTreeMap::new();
+                for s in &sel {
+                    for &(i, n) in &s.totals {
+                        *by_index.entry(i).or_default() += n;
+                    }
+                }
+                for (i, n) in by_index {
+                    sums.insert(log.keys[i].clone(), vec![(0, n)]);
+                }
+                let resolution = sel.iter().map(|s| log.resolution_of(s)).max().unwrap_or(1);
+                Ok(Self::Slices { covered, sums: vec![(1, sums)], resolution })
+            }
+            None => Self::read(d, r, span),
+        }
+    }
+
+    /// Take the range's counts of `key` at exact offsets (each key once per directory: a
+    /// continuation file of the same key gets nothing more). Counts stored at a coarser
+    /// resolution are placed on the offsets of `reference` (the epoch profile's exact counts
+    /// of the key) by [`apportion`]. `None`: keep the profile as it is (whole epoch).
+    pub fn take(
+        &mut self,
+        key: &SliceKey,
+        reference: &BTreeMap<u64, u64>,
+    ) -> Option<Vec<(u64, u64)>> {
         match self {
-            Self::Slices { sums, .. } => Some(sums.remove(key).unwrap_or_default()),
+            Self::Slices { sums, .. } => {
+                let mut out: Vec<(u64, u64)> = Vec::new();
+                for (res, by_key) in sums.iter_mut() {
+                    let Some(pairs) = by_key.remove(key) else { continue };
+                    // Unknown-sample keys (no image) are always exact (§14.2).
+                    let pairs = if *res > 1 && key.image.is_some() {
+                        apportion(&pairs, *res, reference)
+                    } else {
+                        pairs
+                    };
+                    out = if out.is_empty() { pairs } else { merge_pairs(&out, &pairs) };
+                }
+                Some(out)
+            }
             Self::Whole => None,
             Self::LeftOut => Some(Vec::new()),
         }
+    }
+
+    /// The range's samples of `key` (taken, as [`DirRange::take`]); `None`: the whole epoch's.
+    pub fn take_total(&mut self, key: &SliceKey) -> Option<u64> {
+        match self {
+            Self::Slices { sums, .. } => Some(
+                sums.iter_mut()
+                    .filter_map(|(_, by_key)| by_key.remove(key))
+                    .flatten()
+                    .fold(0u64, |a, (_, c)| a.saturating_add(c)),
+            ),
+            Self::Whole => None,
+            Self::LeftOut => Some(0),
+        }
+    }
+}
+
+/// Place counts stored per `res`-byte block (`blocks`: (block start, count), starts multiples
+/// of `res`, increasing) on exact offsets: each block's count is split over the offsets of
+/// `reference` inside the block (the epoch profile, which counts exact offsets) in proportion
+/// to their counts there, by largest remainder, so that every block keeps its count exactly. A
+/// block holding no offset of `reference` (sampled after the profile was last published) keeps
+/// its count at its start. Where a block lies inside one function, that function's total is
+/// therefore exact whatever the split; a block that straddles two functions (a function not
+/// aligned to `res`) is split between them as the whole epoch split it (BENCHMARKS.md, "time
+/// slices at a coarser offset resolution": how often that happens).
+pub fn apportion(
+    blocks: &[(u64, u64)],
+    res: u64,
+    reference: &BTreeMap<u64, u64>,
+) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(blocks.len());
+    let mut shares: Vec<(u64, u64, u128)> = Vec::new();
+    for &(b, c) in blocks {
+        let inside: Vec<(u64, u64)> = reference
+            .range(b..b.saturating_add(res))
+            .filter(|(_, &w)| w > 0)
+            .map(|(&o, &w)| (o, w))
+            .collect();
+        let weight: u128 = inside.iter().map(|&(_, w)| w as u128).sum();
+        if weight == 0 {
+            push_pair(&mut out, b, c);
+            continue;
+        }
+        shares.clear();
+        let mut given = 0u64;
+        for &(o, w) in &inside {
+            let exact = c as u128 * w as u128;
+            let n = (exact / weight) as u64;
+            given += n;
+            shares.push((o, n, exact % weight));
+        }
+        // The remainder, one each, to the largest fractional parts (ties: the lower offset).
+        let mut order: Vec<usize> = (0..shares.len()).collect();
+        order.sort_by(|&i, &j| shares[j].2.cmp(&shares[i].2).then(i.cmp(&j)));
+        for &i in order.iter().take((c - given) as usize) {
+            shares[i].1 += 1;
+        }
+        for &(o, n, _) in &shares {
+            if n > 0 {
+                push_pair(&mut out, o, n);
+            }
+        }
+    }
+    out
+}
+
+fn push_pair(out: &mut Vec<(u64, u64)>, o: u64, c: u64) {
+    match out.last_mut() {
+        Some(l) if l.0 == o => l.1 = l.1.saturating_add(c),
+        _ => out.push((o, c)),
     }
 }
 
 /// The coverage of per-directory ranges (`names[i]` is directory i's `epoch/host`).
 pub fn coverage(r: TimeRange, ranges: &[DirRange], names: &[String]) -> TimeCoverage {
-    let mut cov = TimeCoverage { since: r.since, until: r.until, ..Default::default() };
+    let mut cov =
+        TimeCoverage { since: r.since, until: r.until, resolution: 1, ..Default::default() };
     for (x, name) in ranges.iter().zip(names) {
         match x {
-            DirRange::Slices { covered: Some((a, b)), .. } => {
+            DirRange::Slices { covered: Some((a, b)), resolution, .. } => {
                 cov.covered = Some(cov.covered.map_or((*a, *b), |(x, y)| (x.min(*a), y.max(*b))));
+                cov.resolution = cov.resolution.max(*resolution);
             }
             DirRange::Slices { covered: None, .. } => {}
             DirRange::Whole => cov.whole_epochs.push(name.clone()),

@@ -144,6 +144,18 @@ fn since_until_around_each_slice_report_its_workload_alone() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains(&format!("work{}", k + 1)), "{text}");
         assert!(text.contains(&format!("# time: {} .. {}", utc(b), utc(b + SLICE))), "{text}");
+        // dcpid's minutes count 16-byte blocks (FORMAT.md §14.2): the per-instruction answer
+        // says that its counts are placed within the blocks, in the header and in JSON.
+        assert!(text.contains("16-byte resolution"), "{text}");
+        assert_eq!(t["resolution"], 16, "{t:#}");
+        let v = json(run(
+            "dcpilist",
+            &["--db", &db, "--host", host, "--since", &since, "--until", &until, "--top", "5"]
+                .into_iter()
+                .chain(["--format", "json"])
+                .collect::<Vec<_>>(),
+        ));
+        assert_eq!(v["time"]["resolution"], 16, "{v:#}");
     }
     // dcpidiff of two ranges: workload 1's slice before, workload 3's after.
     let db = sb.db().display().to_string();

@@ -18,8 +18,8 @@ use dcpi_report::error::ProfError;
 use dcpi_report::image::{is_idle, ImageFilter};
 use dcpi_report::render::{Column, Kind, Output, Style, Table};
 use dcpi_report::report::{self, SymbolContext, SymbolMode};
-use dcpi_report::timeline::{self, Bucket, Part};
-use profile_format::{HostDir, ImageId, SliceLog};
+use dcpi_report::timeline::{self, Bucket, Part, Share};
+use profile_format::{HostDir, ImageId, SliceKey, SliceLog, SliceTotal, SliceTotals};
 
 /// UTC time of Unix seconds, as the timeline names it (for `dcpiexport`'s CSV too).
 pub use dcpi_report::timeline::utc;
@@ -56,17 +56,41 @@ pub fn parse_resolution(s: &str) -> Result<u64, String> {
 /// The selection's slice logs, each with its host directory's index; directories without one
 /// are returned apart.
 struct Logs {
-    logs: Vec<(usize, SliceLog)>,
+    logs: Vec<(usize, Log)>,
     without: Vec<usize>,
+}
+
+/// A slice log as a timeline reads it: whole (per offset, for a function's share) or as totals
+/// per key (enough for images; a day of minutes decodes ~4x faster, BENCHMARKS.md).
+enum Log {
+    Full(SliceLog),
+    Totals(SliceTotals),
+}
+
+impl Log {
+    fn events(&self) -> Vec<&str> {
+        match self {
+            Self::Full(l) => {
+                l.slices.iter().flat_map(|s| s.counts.keys()).map(|k| k.event.as_str()).collect()
+            }
+            Self::Totals(t) => t.keys.iter().map(|k| k.event.as_str()).collect(),
+        }
+    }
 }
 
 fn read_logs(
     dirs: &[HostDir],
+    full: bool,
     keep_going: bool,
     warn: &mut dyn FnMut(String),
 ) -> Result<Logs, ProfError> {
     let mut out = Logs { logs: Vec::new(), without: Vec::new() };
-    for (i, r) in timeline::read_logs(dirs).into_iter().enumerate() {
+    let read: Vec<profile_format::Result<Option<Log>>> = if full {
+        timeline::read_logs(dirs).into_iter().map(|r| r.map(|o| o.map(Log::Full))).collect()
+    } else {
+        timeline::read_totals(dirs).into_iter().map(|r| r.map(|o| o.map(Log::Totals))).collect()
+    };
+    for (i, r) in read.into_iter().enumerate() {
         match r {
             Ok(Some(l)) => out.logs.push((i, l)),
             Ok(None) => out.without.push(i),
@@ -108,7 +132,9 @@ pub fn run(
         totals.exclude_idle();
     }
     let dirs = totals.dirs.clone();
-    let logs = read_logs(&dirs, t.sel.keep_going, &mut |w| warnings.push(w))?;
+    // Only a function's timeline needs the offsets; images need each slice's totals per key.
+    let full = t.symbol.is_some();
+    let logs = read_logs(&dirs, full, t.sel.keep_going, &mut |w| warnings.push(w))?;
     if logs.logs.is_empty() {
         flush(err, &mut warnings)?;
         return Err(ProfError::Empty(format!(
@@ -135,13 +161,7 @@ pub fn run(
     let event = match event.or_else(|| t.sel.events.first().cloned()) {
         Some(e) => e,
         None => {
-            let mut seen: Vec<&str> = logs
-                .logs
-                .iter()
-                .flat_map(|(_, l)| &l.slices)
-                .flat_map(|s| s.counts.keys())
-                .map(|k| k.event.as_str())
-                .collect();
+            let mut seen: Vec<&str> = logs.logs.iter().flat_map(|(_, l)| l.events()).collect();
             seen.sort_unstable();
             seen.first().map(|s| (*s).to_owned()).ok_or_else(|| {
                 ProfError::Empty(format!(
@@ -154,7 +174,7 @@ pub fn run(
     let idle: HashSet<ImageId> =
         totals.headers.iter().filter(|h| is_idle(h)).map(|h| h.image_id.clone()).collect();
     // The image's identities (builds merged) and, with --symbol, its function's offsets.
-    let mut image_ids: HashMap<ImageId, Option<HashSet<u64>>> = HashMap::new();
+    let mut image_ids: HashMap<ImageId, Option<Share>> = HashMap::new();
     let mut image_path = None;
     let mut profile_samples: Option<u64>;
     if let Some(spec) = &t.image {
@@ -186,18 +206,26 @@ pub fn run(
                 mode: t.mode,
                 warn: &mut |m| warnings.push(m),
             };
-            let mut offsets: HashMap<ImageId, HashSet<u64>> = HashMap::new();
+            // The function's share of each build's offsets, as the profiles saw it: slices
+            // count exact offsets or blocks of them (FORMAT.md §14.2), placed by this share.
+            let mut offsets: HashMap<ImageId, Share> = HashMap::new();
             let mut n = 0u64;
+            let mut found = false;
             report::symbolize_image(cx, &im.idx, &mut |hit| {
-                if hit.key.0 == *sym {
-                    let h = &loaded.profiles[hit.profile].profile.header;
-                    offsets.entry(h.image_id.clone()).or_default().insert(hit.offset);
-                    if h.event.name == event {
+                let inside = hit.key.0 == *sym;
+                found |= inside;
+                let h = &loaded.profiles[hit.profile].profile.header;
+                if h.event.name == event {
+                    offsets
+                        .entry(h.image_id.clone())
+                        .or_default()
+                        .add(hit.offset, hit.count, inside);
+                    if inside {
                         n += hit.count;
                     }
                 }
             });
-            if offsets.is_empty() {
+            if !found {
                 flush(err, &mut warnings)?;
                 return Err(ProfError::Empty(format!(
                     "--symbol {}: no sample of {} is in a function of that name (give the name \
@@ -219,10 +247,19 @@ pub fn run(
     flush(err, &mut warnings)?;
 
     let (since, until) = (t.sel.since, t.sel.until);
-    let ranges: Vec<_> = logs.logs.iter().map(|(_, l)| l.range(since, until)).collect();
-    let slices: Vec<&profile_format::Slice> =
-        ranges.iter().flat_map(|r| r.slices.iter().copied()).collect();
-    let stored = timeline::stored_resolution(slices.iter().copied()).unwrap_or(60);
+    let mut slices: Vec<(&profile_format::Slice, u64)> = Vec::new();
+    let mut totals_of: Vec<(&SliceTotal, &[SliceKey])> = Vec::new();
+    for (_, l) in &logs.logs {
+        match l {
+            Log::Full(l) => slices
+                .extend(l.range(since, until).slices.into_iter().map(|s| (s, l.resolution_of(s)))),
+            Log::Totals(t) => {
+                totals_of.extend(t.range(since, until).into_iter().map(|s| (s, &t.keys[..])))
+            }
+        }
+    }
+    let lens = slices.iter().map(|s| s.0.len).chain(totals_of.iter().map(|s| s.0.len));
+    let stored = timeline::stored_resolution(lens).unwrap_or(60);
     let resolution = t.resolution.unwrap_or(stored);
     let mut part = |k: &profile_format::SliceKey| {
         if k.event != event || (t.no_idle && k.image.as_ref().is_some_and(|i| idle.contains(i))) {
@@ -233,11 +270,15 @@ pub fn run(
         }
         match k.image.as_ref().and_then(|i| image_ids.get(i)) {
             Some(None) => Part::All,
-            Some(Some(set)) => Part::Offsets(set),
+            Some(Some(share)) => Part::Offsets(share),
             None => Part::Of,
         }
     };
-    let buckets = timeline::buckets(slices.iter().copied(), resolution, &mut part);
+    let buckets = if full {
+        timeline::buckets(slices.iter().copied(), resolution, &mut part)
+    } else {
+        timeline::buckets_of_totals(totals_of.iter().copied(), resolution, &mut part)
+    };
     let total: u64 = buckets.iter().map(|b| b.samples).sum();
     let all: u64 = buckets.iter().map(|b| b.of).sum();
     let covered = match (buckets.first(), buckets.iter().map(|b| b.end).max()) {
@@ -389,9 +430,11 @@ pub fn of_export(
             Err(e) => warn(format!("{e}: not in the timeline")),
         }
     }
-    let ranges: Vec<_> = logs.iter().map(|l| l.range(sel.since, sel.until)).collect();
-    let slices = ranges.iter().flat_map(|r| r.slices.iter().copied());
-    let Some(stored) = timeline::stored_resolution(slices.clone()) else { return Vec::new() };
+    let ranges: Vec<_> = logs.iter().map(|l| (l, l.range(sel.since, sel.until))).collect();
+    let slices = ranges.iter().flat_map(|(l, r)| r.slices.iter().map(|&s| (s, l.resolution_of(s))));
+    let Some(stored) = timeline::stored_resolution(slices.clone().map(|s| s.0.len)) else {
+        return Vec::new();
+    };
     timeline::buckets(slices, stored, &mut |k| match &k.image {
         _ if k.event != *event => Part::Out,
         None if only.is_none() => Part::All,

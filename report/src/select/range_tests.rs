@@ -9,6 +9,7 @@ use profile_format::{
 };
 
 use super::*;
+use crate::timerange::apportion;
 
 const EVENT: &str = "cpu-clock";
 
@@ -174,4 +175,68 @@ fn a_host_epoch_without_slices_is_whole_inside_the_range_and_left_out_when_cut()
     assert!(l.profiles.is_empty());
     assert_eq!(l.time.clone().unwrap().left_out, vec![format!("{}/h1", d.epoch)]);
     assert!(warned.len() == 1 && warned[0].contains("left out"), "{warned:?}");
+}
+
+/// Slices stored at 16 and 256 bytes of offset resolution (FORMAT.md §14.2): a range's counts
+/// land on the epoch profile's exact offsets, every block keeps its samples, the image total
+/// is exact, and the coverage states the resolution.
+#[test]
+fn coarse_slices_are_placed_on_the_profile_offsets_block_by_block() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = Database::create(&tmp.path().join("db")).unwrap();
+    let t0 = 1_795_960_800;
+    let epoch = db.new_epoch(UNIX_EPOCH + Duration::from_secs(t0), "h1").unwrap();
+    let d = db.host_dir(&epoch, "h1").unwrap();
+    d.create().unwrap();
+    let (mut w, _) = SliceWriter::open(&d.slices_path()).unwrap();
+    w.set_resolution(16);
+    let minutes = [vec![(0x104, 30), (0x10c, 10), (0x238, 20)], vec![(0x104, 5), (0x238, 7)]];
+    let mut profile: BTreeMap<u64, u64> = BTreeMap::new();
+    for (m, pairs) in minutes.iter().enumerate() {
+        for &(o, c) in pairs {
+            *profile.entry(o).or_default() += c;
+        }
+        let counts = [(key(1), pairs.clone())].into_iter().collect();
+        w.append(&Slice { start: t0 + 60 * m as u64, len: 60, seq: 0, counts }).unwrap();
+    }
+    // The first minute rolled up at 256 bytes, the second kept at 16.
+    w.rollup_at(t0 + 60, 3600, 256).unwrap();
+    write_profile(&d, 1, &profile);
+    let host = HostSel::Named("h1".into());
+    let check = |r: TimeRange, blocks: &[(u64, u64, u64)], res: u64| {
+        let dirs = select_host_dirs(&db, &EpochSel::Between(r.since, r.until), &host).unwrap();
+        let mut l = load_counts(dirs.clone(), None, true, &mut |_| {}).unwrap();
+        restrict_loaded(&mut l, r, &mut |w| panic!("{w}")).unwrap();
+        let counts = &l.profiles[0].profile.counts;
+        for o in counts.keys() {
+            assert!(profile.contains_key(o), "{o:#x} is not an offset of the profile: {counts:x?}");
+        }
+        for &(lo, hi, want) in blocks {
+            let got: u64 = counts.range(lo..hi).map(|(_, c)| c).sum();
+            assert_eq!(got, want, "[{lo:#x}, {hi:#x}) in {r:?}: {counts:x?}");
+        }
+        let want: u64 = blocks.iter().map(|b| b.2).sum();
+        assert_eq!(l.profiles[0].samples, want);
+        let cov = l.time.clone().unwrap();
+        assert_eq!(cov.resolution, res);
+        assert!(cov.lines().iter().any(|x| x.contains(&format!("{res}-byte"))), "{cov:?}");
+        // The per-image totals agree.
+        let mut t = load_image_totals(dirs, &mut |_| {}).unwrap();
+        restrict_totals(&mut t, r, &mut |w| panic!("{w}")).unwrap();
+        assert_eq!(t.rows().map(|r| r.samples).sum::<u64>(), want);
+    };
+    // Both minutes: the 256-byte hour and the 16-byte minute, blocks of 16 and 256 bytes.
+    check(TimeRange::new(Some(t0), None), &[(0x100, 0x110, 45), (0x200, 0x300, 27)], 256);
+    // The second minute alone, at 16 bytes.
+    check(TimeRange::new(Some(t0 + 60), None), &[(0x100, 0x110, 5), (0x230, 0x240, 7)], 16);
+}
+
+#[test]
+fn apportion_keeps_every_block_and_follows_the_reference() {
+    let reference: BTreeMap<u64, u64> = [(0x104, 3), (0x108, 1), (0x238, 9)].into_iter().collect();
+    // Block 0x100 split 3:1, block 0x230 on its one offset, block 0x400 unknown to the profile.
+    let got = apportion(&[(0x100, 10), (0x230, 4), (0x400, 2)], 16, &reference);
+    assert_eq!(got, vec![(0x104, 8), (0x108, 2), (0x238, 4), (0x400, 2)]);
+    let total: u64 = got.iter().map(|p| p.1).sum();
+    assert_eq!(total, 16);
 }
