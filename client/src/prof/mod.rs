@@ -532,6 +532,26 @@ fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Res
                 )?;
             }
         }
+        TableFormat::Table if report::time_weighted(&r.event) => {
+            // A time-weighted event (off-CPU time): its counts are nanoseconds (JSON and
+            // CSV keep them), shown here as seconds.
+            let s = report::seconds_text;
+            writeln!(
+                out,
+                "{} of {}: {} of {} in stacks through it ({} with a stack, {:.1}% truncated; \
+                 counts are nanoseconds, shown as seconds)",
+                r.direction,
+                r.symbol,
+                s(r.samples),
+                r.event,
+                s(r.stack_samples),
+                r.truncated_percent
+            )?;
+            writeln!(out, "{:>12} {:>7}  symbol", "time", "%")?;
+            for row in &r.rows {
+                writeln!(out, "{:>12} {:>6.2}%  {}", s(row.samples), row.percent, row.symbol)?;
+            }
+        }
         TableFormat::Table => {
             writeln!(
                 out,

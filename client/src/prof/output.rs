@@ -3,7 +3,10 @@
 use std::io::{self, Write};
 
 use dcpi_report::render::{Cell, Column, Kind, Output, Show, Table, Value};
-use dcpi_report::report::{EventCount, EventInfo, IdleShare, ImageReport, Scope, SymbolReport};
+use dcpi_report::report::{
+    seconds_text, time_weighted, EventCount, EventInfo, IdleShare, ImageReport, Scope,
+    SymbolReport,
+};
 
 use dcpi_report::escape::terminal as esc;
 
@@ -106,7 +109,13 @@ fn freshness(newest: u64) -> Option<String> {
 fn header(scope: &Scope, events: &[EventInfo], total: u64, style: Style) -> Vec<String> {
     let mut h = scope_lines(scope, events, "", style);
     h.extend(freshness(scope.newest_data));
-    h.push(format!("# total samples: {}", number(total, style)));
+    match events.first() {
+        // `total` is the first event's: nanoseconds for a time-weighted one.
+        Some(e) if time_weighted(&e.name) => {
+            h.push(format!("# total {}: {}", esc(&e.name), seconds_text(total)));
+        }
+        _ => h.push(format!("# total samples: {}", number(total, style))),
+    }
     h
 }
 
@@ -128,6 +137,16 @@ pub(crate) fn scope_lines(
     }
     let what = if what.is_empty() { String::new() } else { format!(" {what}") };
     for e in events {
+        if time_weighted(&e.name) {
+            // Counts are nanoseconds (period 1): no mean period, no estimate to state.
+            h.push(format!(
+                "# event {}: {}{what} of time-weighted counts (each wait adds its length in \
+                 nanoseconds; text shows seconds, JSON and CSV nanoseconds)",
+                esc(&e.name),
+                seconds_text(e.samples),
+            ));
+            continue;
+        }
         let mux = if e.multiplex_scale > 1.0 {
             format!(", scaled for multiplexing (up to x{:.2})", e.multiplex_scale)
         } else {
@@ -169,6 +188,22 @@ pub(crate) fn count_columns(
     let mut shown = Vec::new();
     for e in events {
         let n = esc(&e.name);
+        if time_weighted(&e.name) {
+            // Time, not samples: seconds in the text table (`time`, or `E:s` beside other
+            // events), nanoseconds in CSV (`E.ns`); `events` equals it (period 1), CSV only.
+            let name = &e.name;
+            let (s, p) = if one {
+                ("time".to_owned(), "%".to_owned())
+            } else {
+                (format!("{n}:s"), format!("{n}:%"))
+            };
+            let s = t.column(Column::new(s, Kind::Count).csv(format!("{name}.ns")));
+            t.column(Column::new("", Kind::Count).csv(format!("{name}.events")));
+            let p = t.column(Column::new(p, Kind::Decimal(2)).csv(format!("{name}.percent")));
+            shown.push(s);
+            shown.push(p);
+            continue;
+        }
         let (s, ev, p) = match (titles, one) {
             (CountTitles::Prof, true) => {
                 ("samples".to_owned(), "events".to_owned(), "%".to_owned())
@@ -192,7 +227,15 @@ pub(crate) fn count_columns(
 
 /// The cells of [`count_columns`].
 pub(crate) fn count_cells(counts: &[EventCount]) -> impl Iterator<Item = Cell> + '_ {
-    counts.iter().flat_map(|c| [c.samples.into(), c.events.into(), c.percent.into()])
+    counts.iter().flat_map(|c| {
+        let first = if time_weighted(&c.event) {
+            let csv = dcpi_report::render::CsvCell::Number(c.samples.to_string());
+            Value::Both { text: seconds_text(c.samples), csv }
+        } else {
+            c.samples.into()
+        };
+        [first.into(), c.events.into(), c.percent.into()]
+    })
 }
 
 /// Whether the percentages include the idle task, and what that says about the machine.
@@ -409,6 +452,76 @@ mod tests {
             source: Some(line.into()),
             counts: Counts::new(vec![c], 0.0),
         }
+    }
+
+    #[test]
+    fn a_time_weighted_event_shows_seconds_in_text_and_nanoseconds_in_csv() {
+        let count = |ns: u64| EventCount {
+            event: "off-cpu".into(),
+            samples: ns,
+            events: ns,
+            percent: 100.0 * ns as f64 / 4_000_000_000.0,
+        };
+        let row = |symbol: &str, ns: u64, cum: f64| SymbolRow {
+            symbol: symbol.into(),
+            source: None,
+            counts: Counts::new(vec![count(ns)], cum),
+        };
+        let r = SymbolReport {
+            report: "symbols",
+            scope: Scope {
+                database: "db".into(),
+                epochs: vec![],
+                hosts: vec![],
+                newest_data: 0,
+                time: None,
+            },
+            image: ImageInfo {
+                path: "/lib/libc.so.6".into(),
+                kind: "elf",
+                image_id: None,
+                build_id: None,
+                binary: None,
+                debug_file: None,
+                symbols_note: None,
+                names_missing: None,
+                from_symbol_store: false,
+            },
+            events: vec![EventInfo {
+                name: "off-cpu".into(),
+                samples: 4_000_000_000,
+                events: 4_000_000_000,
+                mean_period: 1.0,
+                nominal_period: 1,
+                multiplex_scale: 1.0,
+            }],
+            total_samples: 4_000_000_000,
+            rows_omitted: 0,
+            rows: vec![
+                row("read", 2_500_000_000, 62.5),
+                row("clock_nanosleep", 1_500_000_000, 100.0),
+            ],
+        };
+        let render = |fmt: Format| {
+            let mut out = Vec::new();
+            write_symbols(&mut out, &r, fmt, Style::default()).expect("render");
+            String::from_utf8(out).expect("utf8")
+        };
+        let text = render(Format::Table);
+        // Seconds, never "samples": the header, the column title and every row.
+        assert!(!text.contains("samples"), "{text}");
+        assert!(text.contains("# total off-cpu: 4.000 s"), "{text}");
+        assert!(text.contains("# event off-cpu: 4.000 s of time-weighted counts"), "{text}");
+        let body: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(words(body[0]), ["time", "%", "cum%", "symbol"], "{text}");
+        assert_eq!(words(body[1]), ["2.500", "s", "62.50", "62.50", "read"], "{text}");
+        assert_eq!(words(body[2]), ["1.500", "s", "37.50", "100.00", "clock_nanosleep"], "{text}");
+        // CSV keeps the nanoseconds, under a title that says so.
+        let csv = render(Format::Csv);
+        let head = csv.lines().find(|l| !l.starts_with('#')).expect("csv header");
+        assert!(head.contains("off-cpu.ns") && !head.contains("samples"), "{csv}");
+        assert!(csv.lines().any(|l| l.starts_with("read,") && l.contains(",2500000000,")), "{csv}");
     }
 
     #[test]
