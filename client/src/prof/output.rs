@@ -4,8 +4,7 @@ use std::io::{self, Write};
 
 use dcpi_report::render::{Cell, Column, Kind, Output, Show, Table, Value};
 use dcpi_report::report::{
-    seconds_text, time_weighted, EventCount, EventInfo, IdleShare, ImageReport, Scope,
-    SymbolReport,
+    seconds_text, time_weighted, EventCount, EventInfo, IdleShare, ImageReport, Scope, SymbolReport,
 };
 
 use dcpi_report::escape::terminal as esc;
