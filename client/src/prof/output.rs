@@ -108,6 +108,7 @@ fn freshness(newest: u64) -> Option<String> {
 fn header(scope: &Scope, events: &[EventInfo], total: u64, style: Style) -> Vec<String> {
     let mut h = scope_lines(scope, events, "", style);
     h.extend(freshness(scope.newest_data));
+    h.extend(wall_note(events));
     match events.first() {
         // `total` is the first event's: nanoseconds for a time-weighted one.
         Some(e) if time_weighted(&e.name) => {
@@ -237,6 +238,44 @@ pub(crate) fn count_cells(counts: &[EventCount]) -> impl Iterator<Item = Cell> +
     })
 }
 
+/// An on-CPU clock event (its period is nanoseconds of CPU time per sample).
+fn clock_event(name: &str) -> bool {
+    matches!(name, "cpu-clock" | "task-clock")
+}
+
+/// The events of a wall view, by their index: an on-CPU clock event and a time-weighted one
+/// (off-CPU time), both in the report (`--event cpu-clock --event off-cpu`).
+fn wall_pair<'a>(names: impl Iterator<Item = &'a str> + Clone) -> Option<(usize, usize)> {
+    let on = names.clone().position(clock_event)?;
+    let off = names.clone().position(time_weighted)?;
+    Some((on, off))
+}
+
+/// The header line of a wall view: how on-CPU samples became time.
+fn wall_note(events: &[EventInfo]) -> Option<String> {
+    let (on, off) = wall_pair(events.iter().map(|e| e.name.as_str()))?;
+    let (on, off) = (&events[on], &events[off]);
+    Some(format!(
+        "# wall = on-CPU time + off-CPU time: {} samples converted to time by their sampling \
+         period (each sample stands for its period, mean {:.0} ns, of CPU time: {} on CPU), \
+         plus {}'s {} off CPU; wall.ns in CSV",
+        esc(&on.name),
+        on.mean_period,
+        seconds_text(on.events),
+        esc(&off.name),
+        seconds_text(off.events),
+    ))
+}
+
+/// The wall cell of a row of a wall view (see [`wall_pair`]): the on-CPU event's weighted
+/// estimate (nanoseconds) plus the off-CPU nanoseconds.
+fn wall_cell(counts: &[EventCount]) -> Option<Cell> {
+    let (on, off) = wall_pair(counts.iter().map(|c| c.event.as_str()))?;
+    let ns = counts[on].events.saturating_add(counts[off].events);
+    let csv = dcpi_report::render::CsvCell::Number(ns.to_string());
+    Some(Value::Both { text: seconds_text(ns), csv }.into())
+}
+
 /// Whether the percentages include the idle task, and what that says about the machine.
 fn idle_note(idle: &IdleShare) -> Vec<String> {
     if !idle.included {
@@ -267,6 +306,9 @@ fn ranked_table(events: &[EventInfo], keys: Vec<Column>, text_keys: &[usize]) ->
     let mut t = Table::new();
     t.columns(keys);
     let mut shown = count_columns(&mut t, events, CountTitles::Prof);
+    if wall_pair(events.iter().map(|e| e.name.as_str())).is_some() {
+        shown.push(t.column(Column::new("wall", Kind::Count).csv("wall.ns")));
+    }
     shown.push(t.column(Column::new("cum%", Kind::Decimal(2)).csv("cumulative_percent")));
     shown.extend(text_keys);
     t.text_columns(shown);
@@ -282,6 +324,7 @@ fn image_keys(image: &str, kind: &str, build_id: &Option<String>, last: Option<&
 fn ranked_row(t: &mut Table, keys: Vec<Cell>, counts: &[EventCount], cum: Value, show: Show) {
     let mut c = keys;
     c.extend(count_cells(counts));
+    c.extend(wall_cell(counts));
     c.push(cum.into());
     t.push(c, show);
 }
@@ -521,6 +564,81 @@ mod tests {
         let head = csv.lines().find(|l| !l.starts_with('#')).expect("csv header");
         assert!(head.contains("off-cpu.ns") && !head.contains("samples"), "{csv}");
         assert!(csv.lines().any(|l| l.starts_with("read,") && l.contains(",2500000000,")), "{csv}");
+    }
+
+    #[test]
+    fn a_wall_view_adds_on_cpu_samples_as_time_to_off_cpu_time_and_says_how() {
+        let ev = |name: &str, samples: u64, events: u64| EventCount {
+            event: name.into(),
+            samples,
+            events,
+            percent: 50.0,
+        };
+        let info = |name: &str, samples: u64, events: u64, period: u64| EventInfo {
+            name: name.into(),
+            samples,
+            events,
+            mean_period: period as f64,
+            nominal_period: period,
+            multiplex_scale: 1.0,
+        };
+        // `spin` ran 1.5 s (1500 samples of 1 ms) and never waited; `wait` ran 10 ms and
+        // waited 2.5 s.
+        let row = |symbol: &str, on: u64, off: u64, cum: f64| SymbolRow {
+            symbol: symbol.into(),
+            source: None,
+            counts: Counts::new(
+                vec![ev("cpu-clock", on, on * 1_000_000), ev("off-cpu", off, off)],
+                cum,
+            ),
+        };
+        let r = SymbolReport {
+            report: "symbols",
+            scope: Scope {
+                database: "db".into(),
+                epochs: vec![],
+                hosts: vec![],
+                newest_data: 0,
+                time: None,
+            },
+            image: ImageInfo {
+                path: "/bin/app".into(),
+                kind: "elf",
+                image_id: None,
+                build_id: None,
+                binary: None,
+                debug_file: None,
+                symbols_note: None,
+                names_missing: None,
+                from_symbol_store: false,
+            },
+            events: vec![
+                info("cpu-clock", 1510, 1_510_000_000, 1_000_000),
+                info("off-cpu", 2_500_000_000, 2_500_000_000, 1),
+            ],
+            total_samples: 1510,
+            rows_omitted: 0,
+            rows: vec![row("spin", 1500, 0, 50.0), row("wait", 10, 2_500_000_000, 100.0)],
+        };
+        let render = |fmt: Format| {
+            let mut out = Vec::new();
+            write_symbols(&mut out, &r, fmt, Style::default()).expect("render");
+            String::from_utf8(out).expect("utf8")
+        };
+        let text = render(Format::Table);
+        assert!(text.contains("# wall = on-CPU time + off-CPU time: cpu-clock samples"), "{text}");
+        assert!(text.contains("mean 1000000 ns"), "{text}");
+        let body: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        let title = words(body[0]);
+        assert_eq!(title[title.len() - 3..], ["wall", "cum%", "symbol"], "{text}");
+        // spin: 1.5 s on CPU; wait: 0.01 s on CPU + 2.5 s off.
+        let wall = |l: &str| words(l)[words(l).len() - 4..words(l).len() - 2].join(" ");
+        assert_eq!(wall(body[1]), "1.500 s", "{text}");
+        assert_eq!(wall(body[2]), "2.510 s", "{text}");
+        let csv = render(Format::Csv);
+        assert!(csv.contains("wall.ns"), "{csv}");
+        assert!(csv.lines().any(|l| l.starts_with("wait,") && l.contains(",2510000000,")), "{csv}");
     }
 
     #[test]
