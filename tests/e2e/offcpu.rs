@@ -165,12 +165,14 @@ fn off_cpu_time_splits_by_blocking_stack_and_a_busy_loop_has_none() {
     assert!(images.contains("# total off-cpu: ") && !images.contains("samples"), "{images}");
     // Per command (the who tables): the workload's off-CPU time is its blocked time.
     let cmds = text(&["--event", "off-cpu", "--by", "command"]);
-    let line = cmds.lines().find(|l| l.ends_with("offcpu_wait")).unwrap_or_else(|| panic!("{cmds}"));
+    let line =
+        cmds.lines().find(|l| l.ends_with("offcpu_wait")).unwrap_or_else(|| panic!("{cmds}"));
     assert!(secs_ns(line) >= a + b - 2_000_000, "{line} < {} ns:\n{cmds}", a + b);
     assert!(!cmds.contains("samples"), "{cmds}");
     // --callers: wait_a's caller is main, for wait_a's time.
     let callers = text(&["--event", "off-cpu", "--callers", "wait_a"]);
-    let line = callers.lines().find(|l| l.ends_with(" main")).unwrap_or_else(|| panic!("{callers}"));
+    let line =
+        callers.lines().find(|l| l.ends_with(" main")).unwrap_or_else(|| panic!("{callers}"));
     assert!(near(secs_ns(line), a), "{line} vs {a} ns:\n{callers}");
     assert!(!callers.contains("samples"), "{callers}");
     // The flame graph's unit is nanoseconds.

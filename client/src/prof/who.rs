@@ -266,7 +266,11 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     } else {
         "the idle task ([idle]) included"
     };
-    let of = format!("all samples of {event} selected ({idle})");
+    let of = if dcpi_report::report::time_weighted(&event) {
+        format!("all {event} time selected ({idle})")
+    } else {
+        format!("all samples of {event} selected ({idle})")
+    };
     let form = Output::from(who.format);
     // The JSON document (its schema in --help), made only when asked for.
     let v = if form == Output::Json {

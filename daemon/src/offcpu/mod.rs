@@ -14,10 +14,11 @@
 //! switch, but building one needs a BPF toolchain (clang with the bpf target or bpf-linker for
 //! aya), which this build does not have and a Rust daemon should not require at run time. The
 //! perf-event way costs one sample and two small records per context switch; measured on the
-//! loaded 2-vCPU VM with a debug build, dcpid spends ~3 µs per switch on them (~6 % of one CPU
-//! at 10 000 switches/s/CPU, above the 1 % target; the release build is not measured
-//! yet) and the kernel's per-switch call chain slows a pipe ping-pong about as much as perf
-//! recording the same events (BENCHMARKS.md "Off-CPU time"). Hence `off_cpu` is off by default.
+//! loaded 2-vCPU VM, dcpid spends ~3 µs per switch on them in a debug build and 0.67-0.73 µs
+//! in a release build (~1.4 % of one CPU at 10 000 switches/s on each of 2 CPUs, still above
+//! the 1 % target), and the kernel's per-switch call chain slows a pipe ping-pong
+//! about as much as perf recording the same events (BENCHMARKS.md "Off-CPU time" and its
+//! release section). Hence `off_cpu` is off by default.
 //!
 //! One thread (`dcpi-offcpu`) reads every CPU's ring (watermark wake-ups at half a ring, else
 //! every [`POLL_MS`]), joins each switch-out sample with the switch-out record that follows it
@@ -516,9 +517,12 @@ mod tests {
 
         // Preempted: a switch-out without a blocking stack (not a wait).
         on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last, &mut spare);
-        let Rec::Switch(s) =
-            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, preempt, &sw), 64, &mut last, &mut spare)
-        else {
+        let Rec::Switch(s) = on_record(
+            rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, preempt, &sw),
+            64,
+            &mut last,
+            &mut spare,
+        ) else {
             panic!("no switch")
         };
         assert_eq!(s.kind, Kind::Out { voluntary: false, blocking: None });
@@ -545,7 +549,8 @@ mod tests {
         assert_eq!((b.pc, b.kernel), (KPC, true));
 
         // A switch-in.
-        let Rec::Switch(s) = on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, 0, &sw), 64, &mut last, &mut spare)
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, 0, &sw), 64, &mut last, &mut spare)
         else {
             panic!("no switch")
         };
