@@ -7,7 +7,12 @@ built without BUILD_BPF_SKEL: `perf record --off-cpu` prints "option `off-cpu' i
 ignored" and records nothing of it, so it cannot be the reference on this machine.
 
   bench/offcpu.py [--secs 10] [--rate 5000] [--reps 3] [--dcpid target/release/dcpid]
-                  [--dcpictl target/release/dcpictl] [--out FILE]
+                  [--dcpictl target/release/dcpictl] [--base-dcpid OTHER] [--cost-reps 1]
+                  [--no-slowdown] [--out FILE]
+
+--base-dcpid: another dcpid binary (e.g. the commit before a change) whose off-CPU cost is
+measured in the same run, interleaved with --dcpid's (off, on, base on; --cost-reps times), so
+that both see the same machine load: "before" and "after" side by side.
 
 1. Cost: dcpid (cpu-clock at 1 kHz, frame-pointer stacks) runs with off-CPU off, then on; in
    each, after --settle seconds, the ping-pong runs --secs paced to --rate round trips/s (each
@@ -54,12 +59,12 @@ def pingpong(exe, secs, rate):
 
 
 class Dcpid:
-    def __init__(self, args, work, off_cpu):
+    def __init__(self, args, work, off_cpu, exe=None):
         self.dir = tempfile.mkdtemp(prefix="offcpu-", dir=work)
         self.sock = os.path.join(self.dir, "s.sock")
         self.args = args
         self.p = subprocess.Popen(
-            [args.dcpid, "--config", "none", "--db", os.path.join(self.dir, "db"),
+            [exe or args.dcpid, "--config", "none", "--db", os.path.join(self.dir, "db"),
              "--spool", os.path.join(self.dir, "spool"), "--socket", self.sock,
              "--host", "bench", "--events", "cpu-clock:1000000", "--callchains", "fp",
              "--flush-interval", "5s", "--off-cpu", "true" if off_cpu else "false"],
@@ -79,8 +84,8 @@ class Dcpid:
         return sum(os.path.getsize(f) for f in files), len(files)
 
 
-def cost(args, work, exe, off_cpu):
-    d = Dcpid(args, work, off_cpu)
+def cost(args, work, exe, off_cpu, dcpid=None):
+    d = Dcpid(args, work, off_cpu, dcpid)
     try:
         time.sleep(args.settle)
         c0, t0, s0 = threads_cpu_ns(d.p.pid), time.time(), ctxt()
@@ -96,11 +101,13 @@ def cost(args, work, exe, off_cpu):
     b, n = d.off_cpu_bytes()
     shutil.rmtree(d.dir, ignore_errors=True)
     return {
+        "dcpid": dcpid or args.dcpid,
         "off_cpu": off_cpu,
         "secs": secs,
         "switches_per_s_per_cpu": (s1 - s0) / secs / ncpu,
         "dcpid_cpu_pct": 100 * total / 1e9 / secs,
         "offcpu_thread_cpu_pct": 100 * own / 1e9 / secs,
+        "offcpu_thread_ns_per_switch": own / ((s1 - s0) or 1),
         "status_off_cpu": st.get("off_cpu"),
         "off_cpu_bytes": b,
         "off_cpu_files": n,
@@ -138,22 +145,44 @@ def main():
     ap.add_argument("--settle", type=float, default=8)
     ap.add_argument("--dcpid", default=os.path.join(ROOT, "target", "release", "dcpid"))
     ap.add_argument("--dcpictl", default=os.path.join(ROOT, "target", "release", "dcpictl"))
+    ap.add_argument("--base-dcpid")
+    ap.add_argument("--cost-reps", type=int, default=1)
+    ap.add_argument("--no-slowdown", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="offcpu-bench-")
     exe = build(work)
-    res = {"cost": [cost(args, work, exe, False), cost(args, work, exe, True)]}
-    off, on = res["cost"]
-    res["extra_cpu_pct_of_one_cpu"] = on["dcpid_cpu_pct"] - off["dcpid_cpu_pct"]
-    sw = on["switches_per_s_per_cpu"] * os.cpu_count()
-    res["extra_ns_per_switch"] = res["extra_cpu_pct_of_one_cpu"] / 100 * 1e9 / sw if sw else 0
-    res["extra_cpu_pct_at_10k_per_cpu"] = (
-        res["extra_ns_per_switch"] * 10_000 * os.cpu_count() / 1e9 * 100)
+    runs = {"off": [], "on": [], "base_on": []}
+    for _ in range(args.cost_reps):
+        runs["off"].append(cost(args, work, exe, False))
+        runs["on"].append(cost(args, work, exe, True))
+        if args.base_dcpid:
+            runs["base_on"].append(cost(args, work, exe, True, args.base_dcpid))
+    res = {"cost_runs": runs}
+
+    def extra(on_runs):
+        # Medians over the repetitions; the extra CPU is on - off, per switch of the window.
+        off = statistics.median(r["dcpid_cpu_pct"] for r in runs["off"])
+        on = statistics.median(r["dcpid_cpu_pct"] for r in on_runs)
+        sw = statistics.median(r["switches_per_s_per_cpu"] for r in on_runs) * os.cpu_count()
+        ns = (on - off) / 100 * 1e9 / sw if sw else 0
+        return {
+            "extra_cpu_pct_of_one_cpu": on - off,
+            "switches_per_s_per_cpu": sw / os.cpu_count(),
+            "extra_ns_per_switch": ns,
+            "extra_cpu_pct_at_10k_per_cpu": ns * 10_000 * os.cpu_count() / 1e9 * 100,
+            "offcpu_thread_ns_per_switch": statistics.median(
+                r["offcpu_thread_ns_per_switch"] for r in on_runs),
+        }
+
+    res["cost"] = {"dcpid": extra(runs["on"])}
+    if runs["base_on"]:
+        res["cost"]["base_dcpid"] = extra(runs["base_on"])
     res["slowdown"] = {}
-    for kind in ["none", "dcpid", "dcpid+offcpu", "perf"]:
+    for kind in ([] if args.no_slowdown else ["none", "dcpid", "dcpid+offcpu", "perf"]):
         rts = slowdown(args, work, exe, kind)
         res["slowdown"][kind] = {"round_trips_per_s": rts, "median": statistics.median(rts)}
-    base = res["slowdown"]["none"]["median"]
+    base = res["slowdown"].get("none", {}).get("median")
     for v in res["slowdown"].values():
         v["slowdown_pct"] = 100 * (base / v["median"] - 1) if v["median"] else None
     shutil.rmtree(work, ignore_errors=True)

@@ -25,6 +25,19 @@ use super::symbolizer::{JitTable, Kallsyms, Snapshots, Source};
 use super::symcache::{CacheKey, SymbolCache};
 use super::ProfError;
 
+/// Whether an event's counts are nanoseconds rather than samples (a *time-weighted* event):
+/// dcpid's off-CPU time (`off-cpu`, issue 40; FORMAT.md §5.2: each wait adds its length in
+/// nanoseconds, period 1). Reports show such an event as time (seconds in text tables),
+/// keep the nanoseconds in JSON and CSV, and never call them samples.
+pub fn time_weighted(event: &str) -> bool {
+    event == "off-cpu"
+}
+
+/// Nanoseconds as seconds for a text table: `2.345 s` (millisecond resolution).
+pub fn seconds_text(ns: u64) -> String {
+    format!("{:.3} s", ns as f64 / 1e9)
+}
+
 /// One event in a report header.
 #[derive(Clone, Debug, Serialize)]
 pub struct EventInfo {

@@ -145,4 +145,41 @@ fn off_cpu_time_splits_by_blocking_stack_and_a_busy_loop_has_none() {
         .filter_map(|row| row["samples"].as_u64())
         .sum::<u64>();
     assert!(total >= a + b, "flat off-cpu total {total} < {a} + {b}: {r:#}");
+
+    // Every report shows time for the time-weighted event, never samples (issue 40 item 3).
+    let text = |args: &[&str]| {
+        let mut all = vec!["--host", host, "--symbol-cache", &cache];
+        all.extend_from_slice(args);
+        let o = sb.prof(&all);
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    // Seconds in a text cell ("2.494 s"), read back as nanoseconds.
+    let secs_ns = |line: &str| -> u64 {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let i = w.iter().position(|x| *x == "s").unwrap_or_else(|| panic!("no seconds: {line}"));
+        (w[i - 1].parse::<f64>().expect("seconds") * 1e9) as u64
+    };
+    let near = |got: u64, want: u64| (got as f64 - want as f64).abs() <= 0.02 * want as f64 + 2e6;
+    let images = text(&["--event", "off-cpu"]);
+    assert!(images.contains("# total off-cpu: ") && !images.contains("samples"), "{images}");
+    // Per command (the who tables): the workload's off-CPU time is its blocked time.
+    let cmds = text(&["--event", "off-cpu", "--by", "command"]);
+    let line =
+        cmds.lines().find(|l| l.ends_with("offcpu_wait")).unwrap_or_else(|| panic!("{cmds}"));
+    assert!(secs_ns(line) >= a + b - 2_000_000, "{line} < {} ns:\n{cmds}", a + b);
+    assert!(!cmds.contains("samples"), "{cmds}");
+    // --callers: wait_a's caller is main, for wait_a's time.
+    let callers = text(&["--event", "off-cpu", "--callers", "wait_a"]);
+    let line =
+        callers.lines().find(|l| l.ends_with(" main")).unwrap_or_else(|| panic!("{callers}"));
+    assert!(near(secs_ns(line), a), "{line} vs {a} ns:\n{callers}");
+    assert!(!callers.contains("samples"), "{callers}");
+    // The flame graph's unit is nanoseconds.
+    let svg = text(&["--event", "off-cpu", "--format", "svg"]);
+    assert!(svg.contains("data-unit=\"ns\"") && svg.contains("off-cpu time (ns)"), "svg header");
+    // The wall view: both events, on-CPU samples converted to time, the conversion stated.
+    let wall = text(&["--event", "cpu-clock", "--event", "off-cpu"]);
+    assert!(wall.contains("# wall = on-CPU time + off-CPU time: cpu-clock samples"), "{wall}");
+    assert!(wall.lines().any(|l| l.contains(" wall ") && l.contains("cum%")), "{wall}");
 }

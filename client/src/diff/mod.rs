@@ -600,11 +600,16 @@ pub fn sampled_seconds(
                 }
             },
         };
-        let running = s
+        let mut running = s
             .events
             .iter()
             .find(|e| e.desc.as_ref().is_some_and(|x| x.name == event))
             .map_or(0, |e| e.time_running_ns);
+        if running == 0 && report::time_weighted(event) {
+            // Off-CPU time has no counter of its own: it was timed while dcpid sampled, so
+            // its time is the sampled events' (the longest enabled, over the same CPUs).
+            running = s.events.iter().map(|e| e.time_enabled_ns).max().unwrap_or(0);
+        }
         if running == 0 || s.cpus.is_empty() {
             return Ok(None);
         }
@@ -640,6 +645,9 @@ fn compare_sides(
         Compare::Rate => (before.seconds.unwrap_or(0.0), after.seconds.unwrap_or(0.0)),
         _ => (1.0, 1.0),
     };
+    // A time-weighted event (off-CPU time): counts are nanoseconds, rates nanoseconds per
+    // second of sampled wall time.
+    let timed = report::time_weighted(event);
     let mut rows: Vec<DiffRow> = keys
         .into_iter()
         .map(|k| {
@@ -648,6 +656,8 @@ fn compare_sides(
             let bs = share(b.events, before.total_events);
             let as_ = share(a.events, after.total_events);
             let (z, p_value) = match compare {
+                // Nanoseconds are no Poisson counts (nor proportions of samples): no test.
+                _ if timed => (0.0, 1.0),
                 Compare::Share => {
                     let z = stat::two_proportion_z(b.samples, n1, a.samples, n2);
                     (z, stat::two_sided_p(z))
@@ -828,6 +838,28 @@ pub fn write_report(
     }
     shown.push(0);
     t.text_columns(shown);
+    let timed = report::time_weighted(&r.event);
+    // A time-weighted event: seconds and ms/s in text, nanoseconds (per second) in CSV.
+    let secs = |n: u64| -> Cell {
+        if timed {
+            Value::Both { text: report::seconds_text(n), csv: CsvCell::Number(n.to_string()) }
+                .into()
+        } else {
+            n.into()
+        }
+    };
+    let per_s = |v: Option<f64>, c: Option<&'static str>| -> Cell {
+        match v {
+            Some(x) if timed => Cell::colored(
+                Value::Both {
+                    text: format!("{:.1}", x / 1e6),
+                    csv: CsvCell::Number(x.to_string()),
+                },
+                c,
+            ),
+            _ => Cell::colored(v, c),
+        }
+    };
     for x in &r.rows {
         let c = match (color && x.significant, x.delta > 0.0) {
             (true, true) => Some(RED),
@@ -838,14 +870,14 @@ pub fn write_report(
         t.row(vec![
             Value::Both { text: row_name(x), csv: CsvCell::Text(name) }.into(),
             x.source.as_deref().into(),
-            x.before.into(),
-            x.after.into(),
+            secs(x.before),
+            secs(x.after),
             x.before_events.into(),
             x.after_events.into(),
             x.before_share.into(),
             x.after_share.into(),
-            x.before_rate.into(),
-            Cell::colored(x.after_rate, c),
+            per_s(x.before_rate, None),
+            per_s(x.after_rate, c),
             Cell::colored(x.delta, c),
             Value::Both {
                 text: ratio_text(x),
@@ -888,7 +920,25 @@ fn diff_text(t: &mut Table, r: &DiffReport, color: bool) {
     }
     let of = if r.rows_of == "images" { "all samples" } else { "the image's samples" };
     let ev = printable(&r.event);
+    let timed = report::time_weighted(&r.event);
     let (what, test, effect) = match r.test.compare {
+        Compare::Rate if timed => (
+            format!(
+                "# event {ev}: time-weighted (counts are nanoseconds): before and after in \
+                 seconds, before/s and after/s in ms per second of sampled wall time (ns/s in \
+                 CSV and JSON); ratio = after/s / before/s"
+            ),
+            "none",
+            String::new(),
+        ),
+        _ if timed => (
+            format!(
+                "# event {ev}: time-weighted (counts are nanoseconds, shown as seconds); \
+                 delta in the unit compared (ns, or points of share)"
+            ),
+            "none",
+            String::new(),
+        ),
         Compare::Rate => (
             format!(
                 "# event {ev}; rates are samples per second of sampled wall time; ratio = \
@@ -912,10 +962,18 @@ fn diff_text(t: &mut Table, r: &DiffReport, color: bool) {
     if let Some(f) = &r.test.fallback {
         t.head(format!("# {}", printable(f)));
     }
-    t.head(format!(
-        "# sig *: {test}, Holm-corrected over {} rows, alpha {}, {effect}",
-        r.test.rows_compared, r.test.alpha
-    ));
+    if timed {
+        t.head(
+            "# sig: no test for a time-weighted event: nanoseconds of waiting are not Poisson \
+             sample counts (compare runs of equal load, or the waits' counts in dcpictl status)"
+                .to_owned(),
+        );
+    } else {
+        t.head(format!(
+            "# sig *: {test}, Holm-corrected over {} rows, alpha {}, {effect}",
+            r.test.rows_compared, r.test.alpha
+        ));
+    }
     let up = r.rows.iter().filter(|x| x.significant && x.delta > 0.0).count();
     let down = r.rows.iter().filter(|x| x.significant && x.delta < 0.0).count();
     t.foot(format!("# significant: {up} up, {down} down"));

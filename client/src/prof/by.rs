@@ -230,10 +230,17 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
     } else {
         Value::Null
     };
+    // A time-weighted event (off-CPU time): its counts are nanoseconds, shown as seconds in
+    // text (`time`), nanoseconds in CSV (`ns`) and JSON (`samples`).
+    let timed = report::time_weighted(&event);
     let mut t = group_table(
         by.name(),
         [
-            Column::new("samples", Kind::Count),
+            if timed {
+                Column::new("time", Kind::Count).csv("ns")
+            } else {
+                Column::new("samples", Kind::Count)
+            },
             Column::new("events", Kind::Count),
             Column::new("%", Kind::Decimal(2)).csv("percent"),
         ],
@@ -248,9 +255,15 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
     }
     t.head(format!("{}; % of {of}", printable(&what)));
     for (k, p) in &rows {
+        let first = if timed {
+            let csv = dcpi_report::render::CsvCell::Number(p.samples.to_string());
+            dcpi_report::render::Value::Both { text: report::seconds_text(p.samples), csv }
+        } else {
+            p.samples.into()
+        };
         t.row(vec![
             k.as_str().into(),
-            p.samples.into(),
+            first.into(),
             (p.events.round() as u64).into(),
             pct(p).into(),
         ]);

@@ -101,6 +101,18 @@ CSV (--format csv): a header line, then one line per row: image,kind,build_id,im
   symbol,source), then <event>.samples,<event>.events,<event>.percent per event, then
   cumulative_percent.
 
+OFF-CPU TIME (--event off-cpu, dcpid's off_cpu = true)
+  A time-weighted event: its counts are nanoseconds that threads waited, not samples. Text
+  tables show them as seconds (column `time`, `off-cpu:s` beside other events; `--by time`:
+  seconds and ms/s; --callers/--callees: seconds); CSV titles them <event>.ns (`ns`,
+  `ns_per_second`) and JSON keeps the nanoseconds in `samples`; flame graphs count ns;
+  pprof's sample type is off-cpu/nanoseconds. With an on-CPU clock event beside it
+  (`--event cpu-clock --event off-cpu`) the table gains a `wall` column (CSV wall.ns): the
+  clock event's samples converted to time by their sampling period (its events estimate,
+  nanoseconds) plus the off-CPU nanoseconds; the header states the conversion. dcpidiff
+  compares off-CPU time as ns per second of the host's sampled time (ms/s in text), without
+  a significance test (nanoseconds are not Poisson counts).
+
 TIMELINE (--by time)
   Samples of the first event per time bucket, read from each selected host-epoch's slices.log
   (dcpid's time slices, FORMAT.md section 14), hosts and epochs added up by time. Buckets are

@@ -3,7 +3,9 @@
 use std::io::{self, Write};
 
 use dcpi_report::render::{Cell, Column, Kind, Output, Show, Table, Value};
-use dcpi_report::report::{EventCount, EventInfo, IdleShare, ImageReport, Scope, SymbolReport};
+use dcpi_report::report::{
+    seconds_text, time_weighted, EventCount, EventInfo, IdleShare, ImageReport, Scope, SymbolReport,
+};
 
 use dcpi_report::escape::terminal as esc;
 
@@ -106,7 +108,14 @@ fn freshness(newest: u64) -> Option<String> {
 fn header(scope: &Scope, events: &[EventInfo], total: u64, style: Style) -> Vec<String> {
     let mut h = scope_lines(scope, events, "", style);
     h.extend(freshness(scope.newest_data));
-    h.push(format!("# total samples: {}", number(total, style)));
+    h.extend(wall_note(events));
+    match events.first() {
+        // `total` is the first event's: nanoseconds for a time-weighted one.
+        Some(e) if time_weighted(&e.name) => {
+            h.push(format!("# total {}: {}", esc(&e.name), seconds_text(total)));
+        }
+        _ => h.push(format!("# total samples: {}", number(total, style))),
+    }
     h
 }
 
@@ -128,6 +137,16 @@ pub(crate) fn scope_lines(
     }
     let what = if what.is_empty() { String::new() } else { format!(" {what}") };
     for e in events {
+        if time_weighted(&e.name) {
+            // Counts are nanoseconds (period 1): no mean period, no estimate to state.
+            h.push(format!(
+                "# event {}: {}{what} of time-weighted counts (each wait adds its length in \
+                 nanoseconds; text shows seconds, JSON and CSV nanoseconds)",
+                esc(&e.name),
+                seconds_text(e.samples),
+            ));
+            continue;
+        }
         let mux = if e.multiplex_scale > 1.0 {
             format!(", scaled for multiplexing (up to x{:.2})", e.multiplex_scale)
         } else {
@@ -169,6 +188,22 @@ pub(crate) fn count_columns(
     let mut shown = Vec::new();
     for e in events {
         let n = esc(&e.name);
+        if time_weighted(&e.name) {
+            // Time, not samples: seconds in the text table (`time`, or `E:s` beside other
+            // events), nanoseconds in CSV (`E.ns`); `events` equals it (period 1), CSV only.
+            let name = &e.name;
+            let (s, p) = if one {
+                ("time".to_owned(), "%".to_owned())
+            } else {
+                (format!("{n}:s"), format!("{n}:%"))
+            };
+            let s = t.column(Column::new(s, Kind::Count).csv(format!("{name}.ns")));
+            t.column(Column::new("", Kind::Count).csv(format!("{name}.events")));
+            let p = t.column(Column::new(p, Kind::Decimal(2)).csv(format!("{name}.percent")));
+            shown.push(s);
+            shown.push(p);
+            continue;
+        }
         let (s, ev, p) = match (titles, one) {
             (CountTitles::Prof, true) => {
                 ("samples".to_owned(), "events".to_owned(), "%".to_owned())
@@ -192,7 +227,53 @@ pub(crate) fn count_columns(
 
 /// The cells of [`count_columns`].
 pub(crate) fn count_cells(counts: &[EventCount]) -> impl Iterator<Item = Cell> + '_ {
-    counts.iter().flat_map(|c| [c.samples.into(), c.events.into(), c.percent.into()])
+    counts.iter().flat_map(|c| {
+        let first = if time_weighted(&c.event) {
+            let csv = dcpi_report::render::CsvCell::Number(c.samples.to_string());
+            Value::Both { text: seconds_text(c.samples), csv }
+        } else {
+            c.samples.into()
+        };
+        [first.into(), c.events.into(), c.percent.into()]
+    })
+}
+
+/// An on-CPU clock event (its period is nanoseconds of CPU time per sample).
+fn clock_event(name: &str) -> bool {
+    matches!(name, "cpu-clock" | "task-clock")
+}
+
+/// The events of a wall view, by their index: an on-CPU clock event and a time-weighted one
+/// (off-CPU time), both in the report (`--event cpu-clock --event off-cpu`).
+fn wall_pair<'a>(names: impl Iterator<Item = &'a str> + Clone) -> Option<(usize, usize)> {
+    let on = names.clone().position(clock_event)?;
+    let off = names.clone().position(time_weighted)?;
+    Some((on, off))
+}
+
+/// The header line of a wall view: how on-CPU samples became time.
+fn wall_note(events: &[EventInfo]) -> Option<String> {
+    let (on, off) = wall_pair(events.iter().map(|e| e.name.as_str()))?;
+    let (on, off) = (&events[on], &events[off]);
+    Some(format!(
+        "# wall = on-CPU time + off-CPU time: {} samples converted to time by their sampling \
+         period (each sample stands for its period, mean {:.0} ns, of CPU time: {} on CPU), \
+         plus {}'s {} off CPU; wall.ns in CSV",
+        esc(&on.name),
+        on.mean_period,
+        seconds_text(on.events),
+        esc(&off.name),
+        seconds_text(off.events),
+    ))
+}
+
+/// The wall cell of a row of a wall view (see [`wall_pair`]): the on-CPU event's weighted
+/// estimate (nanoseconds) plus the off-CPU nanoseconds.
+fn wall_cell(counts: &[EventCount]) -> Option<Cell> {
+    let (on, off) = wall_pair(counts.iter().map(|c| c.event.as_str()))?;
+    let ns = counts[on].events.saturating_add(counts[off].events);
+    let csv = dcpi_report::render::CsvCell::Number(ns.to_string());
+    Some(Value::Both { text: seconds_text(ns), csv }.into())
 }
 
 /// Whether the percentages include the idle task, and what that says about the machine.
@@ -225,6 +306,9 @@ fn ranked_table(events: &[EventInfo], keys: Vec<Column>, text_keys: &[usize]) ->
     let mut t = Table::new();
     t.columns(keys);
     let mut shown = count_columns(&mut t, events, CountTitles::Prof);
+    if wall_pair(events.iter().map(|e| e.name.as_str())).is_some() {
+        shown.push(t.column(Column::new("wall", Kind::Count).csv("wall.ns")));
+    }
     shown.push(t.column(Column::new("cum%", Kind::Decimal(2)).csv("cumulative_percent")));
     shown.extend(text_keys);
     t.text_columns(shown);
@@ -240,6 +324,7 @@ fn image_keys(image: &str, kind: &str, build_id: &Option<String>, last: Option<&
 fn ranked_row(t: &mut Table, keys: Vec<Cell>, counts: &[EventCount], cum: Value, show: Show) {
     let mut c = keys;
     c.extend(count_cells(counts));
+    c.extend(wall_cell(counts));
     c.push(cum.into());
     t.push(c, show);
 }
@@ -409,6 +494,151 @@ mod tests {
             source: Some(line.into()),
             counts: Counts::new(vec![c], 0.0),
         }
+    }
+
+    #[test]
+    fn a_time_weighted_event_shows_seconds_in_text_and_nanoseconds_in_csv() {
+        let count = |ns: u64| EventCount {
+            event: "off-cpu".into(),
+            samples: ns,
+            events: ns,
+            percent: 100.0 * ns as f64 / 4_000_000_000.0,
+        };
+        let row = |symbol: &str, ns: u64, cum: f64| SymbolRow {
+            symbol: symbol.into(),
+            source: None,
+            counts: Counts::new(vec![count(ns)], cum),
+        };
+        let r = SymbolReport {
+            report: "symbols",
+            scope: Scope {
+                database: "db".into(),
+                epochs: vec![],
+                hosts: vec![],
+                newest_data: 0,
+                time: None,
+            },
+            image: ImageInfo {
+                path: "/lib/libc.so.6".into(),
+                kind: "elf",
+                image_id: None,
+                build_id: None,
+                binary: None,
+                debug_file: None,
+                symbols_note: None,
+                names_missing: None,
+                from_symbol_store: false,
+            },
+            events: vec![EventInfo {
+                name: "off-cpu".into(),
+                samples: 4_000_000_000,
+                events: 4_000_000_000,
+                mean_period: 1.0,
+                nominal_period: 1,
+                multiplex_scale: 1.0,
+            }],
+            total_samples: 4_000_000_000,
+            rows_omitted: 0,
+            rows: vec![
+                row("read", 2_500_000_000, 62.5),
+                row("clock_nanosleep", 1_500_000_000, 100.0),
+            ],
+        };
+        let render = |fmt: Format| {
+            let mut out = Vec::new();
+            write_symbols(&mut out, &r, fmt, Style::default()).expect("render");
+            String::from_utf8(out).expect("utf8")
+        };
+        let text = render(Format::Table);
+        // Seconds, never "samples": the header, the column title and every row.
+        assert!(!text.contains("samples"), "{text}");
+        assert!(text.contains("# total off-cpu: 4.000 s"), "{text}");
+        assert!(text.contains("# event off-cpu: 4.000 s of time-weighted counts"), "{text}");
+        let body: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(words(body[0]), ["time", "%", "cum%", "symbol"], "{text}");
+        assert_eq!(words(body[1]), ["2.500", "s", "62.50", "62.50", "read"], "{text}");
+        assert_eq!(words(body[2]), ["1.500", "s", "37.50", "100.00", "clock_nanosleep"], "{text}");
+        // CSV keeps the nanoseconds, under a title that says so.
+        let csv = render(Format::Csv);
+        let head = csv.lines().find(|l| !l.starts_with('#')).expect("csv header");
+        assert!(head.contains("off-cpu.ns") && !head.contains("samples"), "{csv}");
+        assert!(csv.lines().any(|l| l.starts_with("read,") && l.contains(",2500000000,")), "{csv}");
+    }
+
+    #[test]
+    fn a_wall_view_adds_on_cpu_samples_as_time_to_off_cpu_time_and_says_how() {
+        let ev = |name: &str, samples: u64, events: u64| EventCount {
+            event: name.into(),
+            samples,
+            events,
+            percent: 50.0,
+        };
+        let info = |name: &str, samples: u64, events: u64, period: u64| EventInfo {
+            name: name.into(),
+            samples,
+            events,
+            mean_period: period as f64,
+            nominal_period: period,
+            multiplex_scale: 1.0,
+        };
+        // `spin` ran 1.5 s (1500 samples of 1 ms) and never waited; `wait` ran 10 ms and
+        // waited 2.5 s.
+        let row = |symbol: &str, on: u64, off: u64, cum: f64| SymbolRow {
+            symbol: symbol.into(),
+            source: None,
+            counts: Counts::new(
+                vec![ev("cpu-clock", on, on * 1_000_000), ev("off-cpu", off, off)],
+                cum,
+            ),
+        };
+        let r = SymbolReport {
+            report: "symbols",
+            scope: Scope {
+                database: "db".into(),
+                epochs: vec![],
+                hosts: vec![],
+                newest_data: 0,
+                time: None,
+            },
+            image: ImageInfo {
+                path: "/bin/app".into(),
+                kind: "elf",
+                image_id: None,
+                build_id: None,
+                binary: None,
+                debug_file: None,
+                symbols_note: None,
+                names_missing: None,
+                from_symbol_store: false,
+            },
+            events: vec![
+                info("cpu-clock", 1510, 1_510_000_000, 1_000_000),
+                info("off-cpu", 2_500_000_000, 2_500_000_000, 1),
+            ],
+            total_samples: 1510,
+            rows_omitted: 0,
+            rows: vec![row("spin", 1500, 0, 50.0), row("wait", 10, 2_500_000_000, 100.0)],
+        };
+        let render = |fmt: Format| {
+            let mut out = Vec::new();
+            write_symbols(&mut out, &r, fmt, Style::default()).expect("render");
+            String::from_utf8(out).expect("utf8")
+        };
+        let text = render(Format::Table);
+        assert!(text.contains("# wall = on-CPU time + off-CPU time: cpu-clock samples"), "{text}");
+        assert!(text.contains("mean 1000000 ns"), "{text}");
+        let body: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        let title = words(body[0]);
+        assert_eq!(title[title.len() - 3..], ["wall", "cum%", "symbol"], "{text}");
+        // spin: 1.5 s on CPU; wait: 0.01 s on CPU + 2.5 s off.
+        let wall = |l: &str| words(l)[words(l).len() - 4..words(l).len() - 2].join(" ");
+        assert_eq!(wall(body[1]), "1.500 s", "{text}");
+        assert_eq!(wall(body[2]), "2.510 s", "{text}");
+        let csv = render(Format::Csv);
+        assert!(csv.contains("wall.ns"), "{csv}");
+        assert!(csv.lines().any(|l| l.starts_with("wait,") && l.contains(",2510000000,")), "{csv}");
     }
 
     #[test]

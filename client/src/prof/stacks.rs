@@ -866,20 +866,49 @@ pub fn write_calls(
     r: &CallReport,
     format: TableFormat,
 ) -> std::io::Result<()> {
-    use dcpi_report::render::{Column, Kind, Output, Style, Table};
+    use dcpi_report::render::{Column, Kind, Output, Style, Table, Value};
+    // A time-weighted event (off-CPU time): its counts are nanoseconds (JSON and CSV keep
+    // them), shown as seconds in the text table.
+    let timed = report::time_weighted(&r.event);
     let mut t = Table::new();
     t.columns([
         Column::new("symbol", Kind::Text),
-        Column::new("samples", Kind::Count).min_width(10),
+        if timed {
+            Column::new("time", Kind::Count).csv("samples").min_width(12).right()
+        } else {
+            Column::new("samples", Kind::Count).min_width(10)
+        },
         Column::new("%", Kind::Decimal(2)).csv("percent").min_width(6),
     ]);
     t.text_columns(vec![1, 2, 0]);
-    t.head(format!(
-        "{} of {}: {} samples of {} in stacks through it ({} stack samples, {:.1}% truncated)",
-        r.direction, r.symbol, r.samples, r.event, r.stack_samples, r.truncated_percent
-    ));
+    if timed {
+        let s = report::seconds_text;
+        t.head(format!(
+            "{} of {}: {} of {} in stacks through it ({} with a stack, {:.1}% truncated; counts \
+             are nanoseconds, shown as seconds)",
+            r.direction,
+            r.symbol,
+            s(r.samples),
+            r.event,
+            s(r.stack_samples),
+            r.truncated_percent
+        ));
+    } else {
+        t.head(format!(
+            "{} of {}: {} samples of {} in stacks through it ({} stack samples, {:.1}% truncated)",
+            r.direction, r.symbol, r.samples, r.event, r.stack_samples, r.truncated_percent
+        ));
+    }
     for row in &r.rows {
-        t.row(vec![row.symbol.as_str().into(), row.samples.into(), row.percent.into()]);
+        let n: Value = if timed {
+            Value::Both {
+                text: report::seconds_text(row.samples),
+                csv: dcpi_report::render::CsvCell::Number(row.samples.to_string()),
+            }
+        } else {
+            row.samples.into()
+        };
+        t.row(vec![row.symbol.as_str().into(), n.into(), row.percent.into()]);
     }
     t.write(out, Output::from(format), Style::default(), r)
 }

@@ -16,7 +16,7 @@ use super::subset::resolve_image_builds;
 use crate::args::{Selection, SymbolSearch};
 use dcpi_report::error::ProfError;
 use dcpi_report::image::{is_idle, ImageFilter};
-use dcpi_report::render::{Column, Kind, Output, Style, Table};
+use dcpi_report::render::{Column, Kind, Output, Style, Table, Value as CellValue};
 use dcpi_report::report::{self, SymbolContext, SymbolMode};
 use dcpi_report::timeline::{self, Bucket, Part, Share};
 use profile_format::{HostDir, ImageId, SliceKey, SliceLog, SliceTotal, SliceTotals};
@@ -330,16 +330,31 @@ pub fn run(
     } else {
         Value::Null
     };
+    // A time-weighted event (off-CPU time): its counts are nanoseconds. Text shows seconds
+    // (`time`) and milliseconds per second (`ms/s`: threads' waiting per second of the bucket);
+    // CSV keeps nanoseconds (`ns`, `ns_per_second`), JSON too (`samples`, `per_second`).
+    let timed = dcpi_report::report::time_weighted(&event);
     let mut table = Table::new();
     table.columns([
         Column::new("time (UTC)", Kind::Text).csv("time"),
         Column::new("seconds", Kind::Count),
-        Column::new("samples", Kind::Count),
-        Column::new("per second", Kind::Decimal(1)).csv("per_second"),
+        if timed {
+            Column::new("off CPU", Kind::Count).csv("ns")
+        } else {
+            Column::new("samples", Kind::Count)
+        },
+        if timed {
+            Column::new("ms/s", Kind::Decimal(1)).csv("ns_per_second")
+        } else {
+            Column::new("per second", Kind::Decimal(1)).csv("per_second")
+        },
         Column::new("%", Kind::Decimal(2)).csv("percent"),
     ]);
     table.head(format!("# database: {}", t.sel.db.display()));
     let mut what = format!("# event {event}");
+    if timed {
+        what.push_str(" (time-weighted: counts are nanoseconds; text shows seconds and ms/s)");
+    }
     if let Some(i) = &image_path {
         what.push_str(&format!("; image {}", printable(i)));
     }
@@ -349,10 +364,14 @@ pub fn run(
     table.head(format!("{what}; % of {of}"));
     match covered {
         Some((a, b)) => table.head(format!(
-            "# time: {} .. {}, {} sample(s) in {} bucket(s) of {}",
+            "# time: {} .. {}, {} in {} bucket(s) of {}",
             timeline::utc(a),
             timeline::utc(b),
-            total,
+            if timed {
+                dcpi_report::report::seconds_text(total)
+            } else {
+                format!("{total} sample(s)")
+            },
             buckets.len(),
             timeline::duration(resolution)
         )),
@@ -384,11 +403,23 @@ pub fn run(
         table.head(format!("# chart ({} per cell): {chart}", timeline::duration(per)));
     }
     for b in &buckets {
+        let (n, r): (CellValue, CellValue) = if timed {
+            let both = |text: String, csv: String| CellValue::Both {
+                text,
+                csv: dcpi_report::render::CsvCell::Number(csv),
+            };
+            (
+                both(dcpi_report::report::seconds_text(b.samples), b.samples.to_string()),
+                both(format!("{:.1}", rate(b) / 1e6), rate(b).to_string()),
+            )
+        } else {
+            (b.samples.into(), rate(b).into())
+        };
         table.row(vec![
             timeline::utc(b.start).into(),
             b.seconds().into(),
-            b.samples.into(),
-            rate(b).into(),
+            n.into(),
+            r.into(),
             pct(b).into(),
         ]);
     }

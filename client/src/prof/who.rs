@@ -266,7 +266,11 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     } else {
         "the idle task ([idle]) included"
     };
-    let of = format!("all samples of {event} selected ({idle})");
+    let of = if dcpi_report::report::time_weighted(&event) {
+        format!("all {event} time selected ({idle})")
+    } else {
+        format!("all samples of {event} selected ({idle})")
+    };
     let form = Output::from(who.format);
     // The JSON document (its schema in --help), made only when asked for.
     let v = if form == Output::Json {
@@ -306,15 +310,27 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     } else {
         Value::Null
     };
+    // A time-weighted event (off-CPU time): counts are nanoseconds, shown as seconds in text
+    // (`time`), nanoseconds in CSV (`ns`) and JSON (`samples`).
+    let timed = dcpi_report::report::time_weighted(&event);
+    let secs = dcpi_report::report::seconds_text;
     let mut t = super::by::group_table(
         by.name(),
         [
-            Column::new("samples", Kind::Count).min_width(7),
+            if timed {
+                Column::new("time", Kind::Count).csv("ns").min_width(7)
+            } else {
+                Column::new("samples", Kind::Count).min_width(7)
+            },
             Column::new("%", Kind::Decimal(2)).csv("percent").min_width(7),
         ],
         &who.sel.db,
     );
-    let mut what = format!("# event {event}: {total} samples; % of {of}");
+    let mut what = if timed {
+        format!("# event {event}: {} (nanoseconds in CSV and JSON); % of {of}", secs(total))
+    } else {
+        format!("# event {event}: {total} samples; % of {of}")
+    };
     for (name, v) in [
         ("command", f.command.clone()),
         ("cgroup", f.cgroup.clone()),
@@ -328,7 +344,13 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     }
     t.head(terminal(&what));
     for (k, n) in &rows {
-        t.row(vec![k.as_str().into(), (*n).into(), pct(*n).into()]);
+        let first = if timed {
+            let csv = dcpi_report::render::CsvCell::Number(n.to_string());
+            dcpi_report::render::Value::Both { text: secs(*n), csv }
+        } else {
+            (*n).into()
+        };
+        t.row(vec![k.as_str().into(), first.into(), pct(*n).into()]);
     }
     if omitted > 0 {
         t.foot(format!("# {omitted} more rows (--limit)"));

@@ -394,6 +394,65 @@ fn rates_flag_only_the_function_that_got_slower() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
+/// Issue 40: off-CPU time (`off-cpu`, counts in nanoseconds, no counter of its own in the
+/// summary) compares as a rate of nanoseconds per second of the host's sampled time, shown as
+/// seconds and ms/s, with no Poisson test (nanoseconds are not sample counts). Before: 10 s
+/// sampled, `fn_0` waited 1 s (100 ms/s) and `fn_1` 2 s; after: 20 s, 4 s (200 ms/s) and 4 s.
+#[test]
+fn off_cpu_time_compares_as_ns_per_second_without_a_poisson_test() {
+    let t = TestDb::new();
+    let bin = build_prog(t.tmp(), "waiter", 2, 1, &["-O1"]);
+    let elf = Elf::read(&bin, 2);
+    let off_cpu = dcpi_testkit::db::fixed_event("off-cpu", 1);
+    let (e1, e2) = (epoch(&t, 0), epoch(&t, 60));
+    let ns = 1_000_000_000;
+    for (e, secs, counts) in [(&e1, 10, [ns, 2 * ns]), (&e2, 20, [4 * ns, 4 * ns])] {
+        let hd = t.host(e, "alpha");
+        let image = Image::new(ImageKind::Elf, elf.id(), s(&bin).as_bytes());
+        image.profile(&off_cpu).counts(&elf.counts(&counts)).write(&hd);
+        write_sampled_time(&hd, secs);
+    }
+    let db = t.root();
+    let args = [
+        "--host",
+        "alpha",
+        "--before",
+        e1.as_str(),
+        "--after",
+        e2.as_str(),
+        "--image",
+        "waiter",
+        "--event",
+        "off-cpu",
+        "--compare",
+        "rate",
+    ];
+    let v = json("dcpidiff", &db, &args);
+    assert_eq!(v["test"]["compare"], "rate", "{v:#}");
+    assert_eq!(
+        (v["before"]["seconds"].as_f64(), v["after"]["seconds"].as_f64()),
+        (Some(10.0), Some(20.0)),
+        "{v:#}"
+    );
+    let r0 = row(&v, "symbol", "fn_0");
+    assert_eq!(
+        (r0["before_rate"].as_f64(), r0["after_rate"].as_f64()),
+        (Some(1e8), Some(2e8)),
+        "{r0:#}"
+    );
+    assert_eq!(r0["before"], ns, "JSON keeps nanoseconds: {r0:#}");
+    // Billions of "samples" would make any change significant: no test is made.
+    assert!(rows(&v).iter().all(|r| r["significant"] == false), "{v:#}");
+    let o = run("dcpidiff", &db, &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("ms per second of sampled wall time") && out.contains("no test"), "{out}");
+    let line = out.lines().find(|l| l.ends_with("fn_0")).unwrap_or_default();
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words[..6], ["1.000", "s", "4.000", "s", "100.0", "200.0"], "{out}");
+    assert!(!out.contains("samples per second"), "{out}");
+}
+
 #[test]
 fn unchanged_workload_raises_no_false_alarms_over_many_symbols() {
     let t = TestDb::new();

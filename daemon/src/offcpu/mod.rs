@@ -14,10 +14,11 @@
 //! switch, but building one needs a BPF toolchain (clang with the bpf target or bpf-linker for
 //! aya), which this build does not have and a Rust daemon should not require at run time. The
 //! perf-event way costs one sample and two small records per context switch; measured on the
-//! loaded 2-vCPU VM with a debug build, dcpid spends ~3 µs per switch on them (~6 % of one CPU
-//! at 10 000 switches/s/CPU, above the 1 % target; the release build is not measured
-//! yet) and the kernel's per-switch call chain slows a pipe ping-pong about as much as perf
-//! recording the same events (BENCHMARKS.md "Off-CPU time"). Hence `off_cpu` is off by default.
+//! loaded 2-vCPU VM, dcpid spends ~3 µs per switch on them in a debug build and 0.67-0.73 µs
+//! in a release build (~1.4 % of one CPU at 10 000 switches/s on each of 2 CPUs, still above
+//! the 1 % target), and the kernel's per-switch call chain slows a pipe ping-pong
+//! about as much as perf recording the same events (BENCHMARKS.md "Off-CPU time" and its
+//! release section). Hence `off_cpu` is off by default.
 //!
 //! One thread (`dcpi-offcpu`) reads every CPU's ring (watermark wake-ups at half a ring, else
 //! every [`POLL_MS`]), joins each switch-out sample with the switch-out record that follows it
@@ -67,6 +68,9 @@ pub const SLACK_NS: u64 = 1_000_000;
 pub const RING_PAGES: usize = 256;
 /// Threads off CPU tracked at most (each holds its blocking stack, ≤ `sample_max_stack` pcs).
 pub const MAX_THREADS: usize = 16 * 1024;
+/// Chain buffers kept for reuse ([`Spare`]): a pass emits at most this many waits' buffers
+/// back; more are freed.
+pub const SPARE_BUFFERS: usize = 4096;
 
 /// What the off-CPU source needs.
 #[derive(Clone, Debug)]
@@ -138,6 +142,26 @@ pub struct OffCpu {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Chain buffers for reuse: a blocking switch-out moves its sample's buffer into the open
+/// wait and takes an empty one from here; an emitted wait gives its buffer back. So no
+/// allocation, free or copy happens per switch in the steady state (the debug build's
+/// profile had malloc/free at ~6 % of the reading thread, and the copy was one more).
+#[derive(Debug, Default)]
+pub(crate) struct Spare(Vec<Vec<u64>>);
+
+impl Spare {
+    fn take(&mut self) -> Vec<u64> {
+        self.0.pop().unwrap_or_default()
+    }
+
+    fn give(&mut self, mut v: Vec<u64>) {
+        if self.0.len() < SPARE_BUFFERS {
+            v.clear();
+            self.0.push(v);
+        }
+    }
+}
+
 struct CpuRing {
     cpu: u32,
     fd: PerfFd,
@@ -192,6 +216,7 @@ impl OffCpu {
             stats: Arc::clone(&stats),
             waits: Vec::new(),
             samples: Vec::new(),
+            spare: Spare::default(),
         };
         let (stop2, stopping2) = (Arc::clone(&stop), Arc::clone(&stopping));
         let thread = std::thread::Builder::new()
@@ -243,6 +268,7 @@ struct Reader {
     stats: Arc<Stats>,
     waits: Vec<Wait>,
     samples: Vec<Sample>,
+    spare: Spare,
 }
 
 impl Reader {
@@ -279,7 +305,8 @@ impl Reader {
         for r in &mut self.rings {
             let pairing = &mut self.pairing;
             let last = &mut r.last;
-            self.ring_reader.drain(&r.ring, |rec| match on_record(rec, max_stack, last) {
+            let spare = &mut self.spare;
+            self.ring_reader.drain(&r.ring, |rec| match on_record(rec, max_stack, last, spare) {
                 Rec::Switch(s) => {
                     if matches!(s.kind, Kind::Out { .. }) && s.tid != 0 {
                         switches += 1;
@@ -320,13 +347,15 @@ impl Reader {
                 _ => 0,
             };
             without += u64::from(stack == 0);
+            let Blocking { pid, pc, kernel, pcs, .. } = w.blocking;
+            self.spare.give(pcs);
             self.samples.push(Sample {
                 time: w.end,
-                pid: w.blocking.pid,
-                pc: w.blocking.pc,
+                pid,
+                pc,
                 event: self.cfg.event,
                 period: ns.max(1),
-                kernel: w.blocking.kernel,
+                kernel,
                 cgroup: 0,
                 stack,
             });
@@ -367,8 +396,9 @@ struct LastSample {
 }
 
 impl LastSample {
-    /// The blocking stack, if this sample is the switch-out of `tid`.
-    fn take(&mut self, tid: u32, voluntary: bool) -> Option<Blocking> {
+    /// The blocking stack, if this sample is the switch-out of `tid`: the chain's buffer moves
+    /// into it and an empty one from `spare` takes its place.
+    fn take(&mut self, tid: u32, voluntary: bool, spare: &mut Spare) -> Option<Blocking> {
         if !std::mem::take(&mut self.valid) || self.tid != tid || !voluntary {
             return None;
         }
@@ -380,7 +410,7 @@ impl LastSample {
             pid: self.pid,
             pc,
             kernel,
-            pcs: self.pcs.as_slice().into(),
+            pcs: std::mem::replace(&mut self.pcs, spare.take()),
             truncated: self.truncated,
         })
     }
@@ -388,7 +418,12 @@ impl LastSample {
 
 /// One record of a CPU's ring. A switch sample is kept in `last` until the switch-out record of
 /// the same thread that follows it.
-fn on_record(rec: RawRecord<'_>, max_stack: usize, last: &mut LastSample) -> Rec {
+fn on_record(
+    rec: RawRecord<'_>,
+    max_stack: usize,
+    last: &mut LastSample,
+    spare: &mut Spare,
+) -> Rec {
     match rec.kind {
         sp::PERF_RECORD_SAMPLE => {
             let Some(s) = records::parse_sample_cc(rec.misc, rec.body, true) else {
@@ -407,7 +442,7 @@ fn on_record(rec: RawRecord<'_>, max_stack: usize, last: &mut LastSample) -> Rec
             let misc = u32::from(rec.misc);
             if misc & sp::PERF_RECORD_MISC_SWITCH_OUT != 0 {
                 let voluntary = misc & sp::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT == 0;
-                let blocking = last.take(id.tid, voluntary);
+                let blocking = last.take(id.tid, voluntary, spare);
                 let kind = Kind::Out { voluntary, blocking };
                 Rec::Switch(Switch { time: id.time, tid: id.tid, kind })
             } else {
@@ -461,16 +496,17 @@ mod tests {
         let ctx_user = -512i64 as u64;
         let chain = [ctx_kernel, KPC, KPC + 0x40, ctx_user, 0x40_1000, 0x40_2005];
         let mut last = LastSample::default();
+        let mut spare = Spare::default();
         let out = sp::PERF_RECORD_MISC_SWITCH_OUT as u16;
         let preempt = out | sp::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT as u16;
         let sample = sample_body(7, 42, 100, &chain);
         let sw = switch_body(7, 42, 101);
 
         // Blocked: the wait is at the user pc where the thread entered the kernel.
-        let r = on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last);
+        let r = on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last, &mut spare);
         assert!(matches!(r, Rec::Nothing));
         let Rec::Switch(s) =
-            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &sw), 64, &mut last)
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &sw), 64, &mut last, &mut spare)
         else {
             panic!("no switch")
         };
@@ -480,10 +516,13 @@ mod tests {
         assert_eq!(*b.pcs, [KPC, KPC + 0x3f, 0x40_1000, 0x40_2004]);
 
         // Preempted: a switch-out without a blocking stack (not a wait).
-        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last);
-        let Rec::Switch(s) =
-            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, preempt, &sw), 64, &mut last)
-        else {
+        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last, &mut spare);
+        let Rec::Switch(s) = on_record(
+            rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, preempt, &sw),
+            64,
+            &mut last,
+            &mut spare,
+        ) else {
             panic!("no switch")
         };
         assert_eq!(s.kind, Kind::Out { voluntary: false, blocking: None });
@@ -491,18 +530,18 @@ mod tests {
         // A kernel thread (no user frames) waits at the kernel pc; a switch-out of another
         // thread does not take this one's sample.
         let k = sample_body(3, 3, 200, &[ctx_kernel, KPC + 8]);
-        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last);
+        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last, &mut spare);
         let other = switch_body(5, 5, 201);
         let Rec::Switch(s) =
-            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &other), 64, &mut last)
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &other), 64, &mut last, &mut spare)
         else {
             panic!("no switch")
         };
         assert_eq!(s.kind, Kind::Out { voluntary: true, blocking: None });
-        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last);
+        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last, &mut spare);
         let kt = switch_body(3, 3, 202);
         let Rec::Switch(s) =
-            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &kt), 64, &mut last)
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &kt), 64, &mut last, &mut spare)
         else {
             panic!("no switch")
         };
@@ -510,7 +549,8 @@ mod tests {
         assert_eq!((b.pc, b.kernel), (KPC, true));
 
         // A switch-in.
-        let Rec::Switch(s) = on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, 0, &sw), 64, &mut last)
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, 0, &sw), 64, &mut last, &mut spare)
         else {
             panic!("no switch")
         };

@@ -30,8 +30,10 @@ pub struct Blocking {
     /// the kernel, or for a kernel thread the sample's kernel pc.
     pub pc: u64,
     pub kernel: bool,
-    /// Leaf-first frames; empty when call stacks are off or the chain was empty.
-    pub pcs: Box<[u64]>,
+    /// Leaf-first frames; empty when call stacks are off or the chain was empty. The buffer
+    /// the switch sample's chain was processed into, moved here (not copied) and recycled
+    /// once the wait is emitted (`super::Reader::emit`).
+    pub pcs: Vec<u64>,
     pub truncated: bool,
 }
 
@@ -102,6 +104,8 @@ struct Open {
 #[derive(Debug)]
 pub struct Pairing {
     buffered: Vec<Switch>,
+    /// The records of one `advance` (kept: no allocation per pass).
+    due: Vec<Switch>,
     open: HashMap<u32, Open>,
     exited: HashMap<u32, u64>,
     max_threads: usize,
@@ -113,6 +117,7 @@ impl Pairing {
     pub fn new(max_threads: usize) -> Self {
         Self {
             buffered: Vec::new(),
+            due: Vec::new(),
             open: HashMap::new(),
             exited: HashMap::new(),
             max_threads: max_threads.max(8),
@@ -149,10 +154,12 @@ impl Pairing {
         // Stable: records of one ring with equal times keep their ring order.
         self.buffered.sort_by_key(|s| s.time);
         let n = self.buffered.partition_point(|s| s.time <= watermark);
-        let due: Vec<Switch> = self.buffered.drain(..n).collect();
-        for s in due {
+        let mut due = std::mem::take(&mut self.due);
+        due.extend(self.buffered.drain(..n));
+        for s in due.drain(..) {
             self.apply(s, out);
         }
+        self.due = due;
         self.processed_until = self.processed_until.max(watermark);
         let horizon = watermark.saturating_sub(EXIT_MARK_NS);
         if self.exited.len() > self.max_threads {
@@ -220,7 +227,7 @@ mod tests {
     use super::*;
 
     fn blk(pc: u64) -> Blocking {
-        Blocking { pid: 7, pc, kernel: false, pcs: vec![pc].into(), truncated: false }
+        Blocking { pid: 7, pc, kernel: false, pcs: vec![pc], truncated: false }
     }
     fn out(time: u64, tid: u32, pc: u64) -> Switch {
         Switch { time, tid, kind: Kind::Out { voluntary: true, blocking: Some(blk(pc)) } }

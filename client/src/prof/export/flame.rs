@@ -196,10 +196,21 @@ pub fn svg(stacks: &[(Vec<String>, u64)], title: &str, unit: &str, standalone: b
     out
 }
 
+/// What the flame graph's widths count: `ns` for a time-weighted event (off-CPU time), else
+/// `samples`.
+pub fn unit(x: &Export) -> &'static str {
+    if dcpi_report::report::time_weighted(x.first_event()) {
+        "ns"
+    } else {
+        "samples"
+    }
+}
+
 /// Title of the flame graph of an export.
 pub fn title(x: &Export) -> String {
+    let what = if unit(x) == "ns" { "time (ns)" } else { "samples" };
     format!(
-        "{} samples, {} ({})",
+        "{} {what}, {} ({})",
         x.first_event(),
         x.scope.hosts.join(", "),
         epochs_text(&x.scope.epochs)

@@ -293,7 +293,7 @@ pub fn page(x: &Export, limit: Option<usize>) -> String {
         s.push_str(&trend(x));
     }
     s.push_str("<h2 id=\"flame\">Flame graph</h2>\n<p class=\"note\">Click a frame to zoom, Search (or Ctrl-F) for a regular expression.</p>\n");
-    s.push_str(&flame::svg(&x.folded(), &flame::title(x), "samples", false));
+    s.push_str(&flame::svg(&x.folded(), &flame::title(x), flame::unit(x), false));
 
     // Per-image table (first event's columns, like the report's first column group).
     s.push_str("<h2 id=\"images\">Images</h2>\n");

@@ -70,7 +70,7 @@ impl ExportFormat {
             Self::Folded => flame::write_folded(out, x)?,
             Self::Pprof => out.write_all(&pprof::encode(x)?)?,
             Self::Svg => {
-                let svg = flame::svg(&x.folded(), &flame::title(x), "samples", true);
+                let svg = flame::svg(&x.folded(), &flame::title(x), flame::unit(x), true);
                 out.write_all(svg.as_bytes())?
             }
             Self::Html => out.write_all(html::page(x, limit).as_bytes())?,
