@@ -521,6 +521,15 @@ impl DwarfShared {
         g.map.insert(pid, Arc::new(p));
     }
 
+    /// Load a process's unwinder now, on the calling thread (benches, tests): what the loader
+    /// thread does for a sampled process. Returns the executable mappings it found.
+    pub fn load_now(&self, pid: u32) -> usize {
+        let p = self.load(pid);
+        let n = p.ranges.len();
+        self.lock().map.insert(pid, Arc::new(p));
+        n
+    }
+
     /// The process's current unwinder; asks the loader for one (again, if `reload` and the
     /// current one is older than [`RELOAD_GAP`]) when there is none.
     fn get(&self, pid: u32, reload: bool) -> Option<Arc<ProcUnwinder>> {
