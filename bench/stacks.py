@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Call-stack sampling cost (issues #19, #37), side by side in one run: `dcpid --callchains fp` vs
 `perf record -a -g -e cpu-clock -c N` at the same rate, or with `--callchains dwarf`,
-`dcpid --callchains dwarf` vs `perf record -a --call-graph dwarf -B -N` (both copy 8 KiB of
-user stack a sample; -B -N: no build-id processing, which aborts Debian's perf 6.1 when a
-memfd binary runs, MACHINE-FACTS.md).
+`dcpid --callchains dwarf` vs `perf record -a --call-graph dwarf --buildid-mmap -N` (both copy
+8 KiB of user stack a sample). --buildid-mmap -N: perf 6.1's build-id pass at the end of a
+recording aborts here (MACHINE-FACTS.md); -B skips it but also leaves `perf script` unable to
+unwind the DWARF stacks (measured on tests/e2e/libc_callers.c); --buildid-mmap takes the
+build-ids from the MMAP2 records, with no pass, and the data unwinds.
 
 For each collector: two copies of bench/workloads/cpu.c (built with frame pointers for fp, so
 that both collectors unwind whole user stacks; without them for dwarf, so that only CFI does)
@@ -95,7 +97,8 @@ def run_with(kind, args, work, exe):
         out = os.path.join(d, "db")
     else:
         out = os.path.join(d, "perf.data")
-        graph = ["-g"] if args.callchains == "fp" else ["--call-graph", "dwarf", "-B", "-N"]
+        graph = (["-g"] if args.callchains == "fp"
+                 else ["--call-graph", "dwarf", "--buildid-mmap", "-N"])
         cmd = ["perf", "record", "-a", *graph, "-e", "cpu-clock", "-c", str(period), "-o", out]
         ready = lambda: os.path.exists(out) and os.path.getsize(out) > 0  # noqa: E731
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

@@ -229,3 +229,75 @@ fn the_caller_of_a_libc_function_agrees_with_perf_dwarf() {
          {perf_share:.1}%:\n{folded}"
     );
 }
+
+/// `via_a` and `via_b` read the clock in a loop: the time is spent in the vDSO.
+const VDSO_CALLERS_C: &str = include_str!("vdso_callers.c");
+
+/// vDSO frames are named in DWARF stacks (issue 37, item 5), and the unwind goes through the
+/// vDSO's own CFI to the program's functions: the stacks whose leaf is in `[vdso]` name the
+/// leaf by the vDSO's symbols (not `[vdso]+0x…`) and reach `main` through `via_a` or `via_b`.
+#[dcpi_testkit::test(perf)]
+fn vdso_frames_are_named_and_unwound_through() {
+    let _one = dcpi_e2e::machine_wide_stacks();
+    let clocksource =
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .unwrap_or_default();
+    if !matches!(clocksource.trim(), "tsc" | "kvm-clock") {
+        dcpi_testkit::skip!(
+            "clocksource {:?}: clock_gettime may not run in the vDSO",
+            clocksource.trim()
+        );
+    }
+    let sb = Sandbox::new();
+    let dir = sb.dir.path();
+    let src = dir.join("vdso_callers.c");
+    std::fs::write(&src, VDSO_CALLERS_C).expect("write source");
+    let bin = dir.join("vdso_callers");
+    let st = Command::new("cc")
+        .args(["-O2", "-fomit-frame-pointer", "-Wl,--build-id=sha1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed");
+    let host = "e2e-dwarf-vdso";
+    let mut d = sb.start_daemon(host, &dcpi_e2e::stack_daemon_args("dwarf"));
+    let st = Command::new(&bin).arg("4").status().expect("run workload");
+    assert!(st.success() || st.code() == Some(1), "workload failed: {st}");
+    dcpi_e2e::flush_until_done(&d);
+    let (status, err) = d.terminate();
+    assert!(status.success(), "dcpid exit {status}: {err}");
+    let cache = dir.join("symbols.sqlite").display().to_string();
+    let out = sb.prof(&[
+        "--host",
+        host,
+        "--symbol-cache",
+        cache.as_str(),
+        "--command",
+        "vdso_callers",
+        "--image",
+        "[vdso]",
+        "--format",
+        "folded",
+    ]);
+    assert!(out.status.success(), "folded: {}", String::from_utf8_lossy(&out.stderr));
+    let folded = String::from_utf8_lossy(&out.stdout);
+    let (mut all, mut named, mut reached) = (0u64, 0u64, 0u64);
+    for l in folded.lines() {
+        let Some((stack, n)) = l.rsplit_once(' ') else { continue };
+        let n: u64 = n.parse().expect("count");
+        let frames: Vec<&str> = stack.split(';').collect();
+        all += n;
+        let leaf = frames.last().copied().unwrap_or("");
+        if leaf.contains("clock_gettime") || leaf.contains("vdso") && !leaf.contains('+') {
+            named += n;
+        }
+        if frames.windows(2).any(|w| w[0] == "main" && matches!(w[1], "via_a" | "via_b")) {
+            reached += n;
+        }
+    }
+    eprintln!("vDSO stacks: {all}, leaf named {named}, through via_a|via_b to main {reached}");
+    assert!(all >= 300, "too few vDSO samples to judge ({all}):\n{folded}");
+    assert!(named * 10 >= all * 9, "vDSO leaves unnamed: {named} of {all}:\n{folded}");
+    assert!(reached * 10 >= all * 9, "vDSO stacks cut short: {reached} of {all}:\n{folded}");
+}
