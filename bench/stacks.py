@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
-"""Call-stack sampling cost (issue #19), side by side in one run: `dcpid --callchains fp` vs
-`perf record -a -g -e cpu-clock -c N` at the same rate.
+"""Call-stack sampling cost (issues #19, #37), side by side in one run: `dcpid --callchains fp` vs
+`perf record -a -g -e cpu-clock -c N` at the same rate, or with `--callchains dwarf`,
+`dcpid --callchains dwarf` vs `perf record -a --call-graph dwarf --buildid-mmap -N` (both copy
+8 KiB of user stack a sample). --buildid-mmap -N: perf 6.1's build-id pass at the end of a
+recording aborts here (MACHINE-FACTS.md); -B skips it but also leaves `perf script` unable to
+unwind the DWARF stacks (measured on tests/e2e/libc_callers.c); --buildid-mmap takes the
+build-ids from the MMAP2 records, with no pass, and the data unwinds.
 
-For each collector: two copies of bench/workloads/cpu.c (built with frame pointers, so that
-both collectors unwind whole user stacks) run a fixed amount of work while it samples; then
+For each collector: two copies of bench/workloads/cpu.c (built with frame pointers for fp, so
+that both collectors unwind whole user stacks; without them for dwarf, so that only CFI does)
+run a fixed amount of work while it samples; then
   - the collector's CPU during the workload (all its threads, /proc/PID/task/*/schedstat);
   - the workload's slowdown against a run without collector (median of --reps runs each);
   - the size of what it wrote: dcpid's database directory (after its final flush and
     publish) against perf.data, and each extrapolated to an hour linearly (an upper bound
-    for dcpid, whose files grow with distinct stacks, not with time).
+    for dcpid, whose files grow with distinct stacks, not with time);
+  - the collector's peak RSS (VmHWM) at the end of its run.
 
-  bench/stacks.py [--short] [--rate 1000] [--settle S] [--iters N] [--dcpid target/release/dcpid]
-                  [--dcpictl DCPICTL]
+  bench/stacks.py [--short] [--callchains fp|dwarf] [--rate 1000] [--settle S] [--iters N]
+                  [--dcpid target/release/dcpid] [--dcpictl DCPICTL]
                   [--ab OTHER_DCPID] [--out FILE]
 
 --ab runs a second dcpid build ("dcpid_b") in the same alternation, for a before/after
@@ -48,9 +55,22 @@ def du(path):
     return total
 
 
-def build(work):
-    exe = os.path.join(work, "cpu-fp")
-    subprocess.run(["cc", "-O2", "-fno-omit-frame-pointer", "-o", exe,
+def peak_rss_kib(pid):
+    """VmHWM of a running process, in KiB (0 if unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def build(work, callchains):
+    fp = "-fno-omit-frame-pointer" if callchains == "fp" else "-fomit-frame-pointer"
+    exe = os.path.join(work, "cpu-" + callchains)
+    subprocess.run(["cc", "-O2", fp, "-o", exe,
                     os.path.join(HERE, "workloads", "cpu.c")], check=True)
     return exe
 
@@ -72,12 +92,14 @@ def run_with(kind, args, work, exe):
         sock = os.path.join(d, "ctl.sock")
         cmd = [exe_d, "--config", "none", "--db", os.path.join(d, "db"), "--spool",
                os.path.join(d, "spool"), "--socket", sock, "--host", "bench", "-e",
-               f"cpu-clock:{period}", "--callchains", "fp"]
+               f"cpu-clock:{period}", "--callchains", args.callchains]
         ready = lambda: os.path.exists(sock)  # noqa: E731
         out = os.path.join(d, "db")
     else:
         out = os.path.join(d, "perf.data")
-        cmd = ["perf", "record", "-a", "-g", "-e", "cpu-clock", "-c", str(period), "-o", out]
+        graph = (["-g"] if args.callchains == "fp"
+                 else ["--call-graph", "dwarf", "--buildid-mmap", "-N"])
+        cmd = ["perf", "record", "-a", *graph, "-e", "cpu-clock", "-c", str(period), "-o", out]
         ready = lambda: os.path.exists(out) and os.path.getsize(out) > 0  # noqa: E731
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
@@ -95,12 +117,13 @@ def run_with(kind, args, work, exe):
     cpu_ms_per_s = sum(per_thread.values())
     threads = {k: round(v, 4) for k, v in sorted(per_thread.items()) if v >= 0.0005}
     started = t0 - args.settle
+    hwm = peak_rss_kib(p.pid)
     p.send_signal(2)
     p.wait(timeout=300)
     ran = time.monotonic() - started
     size = du(out) if os.path.isdir(out) else os.path.getsize(out)
     res = {"cpu_ms_per_s": round(cpu_ms_per_s, 3), "threads_ms_per_s": threads,
-           "workload_s": round(wall, 3),
+           "workload_s": round(wall, 3), "peak_rss_kib": hwm,
            "bytes": size, "seconds_sampled": round(ran, 1),
            "bytes_per_hour_linear": int(size * 3600 / ran)}
     if s0 and s1:
@@ -119,6 +142,8 @@ def run_with(kind, args, work, exe):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--short", action="store_true")
+    ap.add_argument("--callchains", choices=("fp", "dwarf"), default="fp",
+                    help="fp: dcpid fp vs perf -g; dwarf: dcpid dwarf vs perf --call-graph dwarf")
     ap.add_argument("--rate", type=int, default=1000, help="samples per second per CPU")
     ap.add_argument("--dcpid", default=os.path.join(ROOT, "target/release/dcpid"))
     ap.add_argument("--settle", type=float, help="seconds between a collector's start and the "
@@ -138,10 +163,10 @@ def main():
     if args.iters is None:
         args.iters = 300_000_000 if args.short else 10_000_000_000
     work = tempfile.mkdtemp(prefix="dcpi-stacks-")
-    exe = build(work)
+    exe = build(work, args.callchains)
     res = {"commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip(),
-           "rate": args.rate, "short": args.short, "settle_s": args.settle, "iters": args.iters,
+           "rate": args.rate, "callchains": args.callchains, "short": args.short, "settle_s": args.settle, "iters": args.iters,
            "runs": {}}
     for rep in range(args.reps):
         for kind in ("none", "dcpid") + (("dcpid_b",) if args.ab else ()) + ("perf",):
@@ -157,9 +182,13 @@ def main():
     base = med["none"]["workload_s"]
     res["summary"] = {
         k: {"slowdown_pct": round((m["workload_s"] / base - 1) * 100, 2),
-            "cpu_ms_per_s": m["cpu_ms_per_s"], "bytes_per_hour_linear": m["bytes_per_hour_linear"]}
+            "cpu_ms_per_s": m["cpu_ms_per_s"], "bytes_per_hour_linear": m["bytes_per_hour_linear"],
+            "peak_rss_kib": m["peak_rss_kib"], "bytes": m["bytes"]}
         for k, m in med.items() if k != "none"}
     d, p = res["summary"]["dcpid"], res["summary"]["perf"]
+    res["summary"]["dcpid_over_perf_cpu"] = round(
+        d["cpu_ms_per_s"] / max(p["cpu_ms_per_s"], 1e-9), 3)
+    res["summary"]["slowdown_points_over_perf"] = round(d["slowdown_pct"] - p["slowdown_pct"], 2)
     res["summary"]["perf_over_dcpid_size"] = round(
         p["bytes_per_hour_linear"] / max(d["bytes_per_hour_linear"], 1), 1)
     # The kernel symbol snapshot is written once per database and boot: without it, the

@@ -71,6 +71,38 @@ pub fn machine_wide_stacks() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The `dcpid` arguments of the tests that record call stacks of the whole machine with
+/// `--callchains callchains` (`fp`, `dwarf`), one flush a second.
+pub fn stack_daemon_args(callchains: &str) -> [&str; 8] {
+    [
+        "--events",
+        // 500 Hz: every sample of the machine (loaded by builds while tests run) is unwound,
+        // and a debug dcpid's drain threads (framehop and gimli instantiated unoptimized in
+        // the daemon crate) must keep up.
+        "cpu-clock:2000000",
+        "--flush-interval",
+        "1s",
+        "--callchains",
+        callchains,
+        // 8 KiB a DWARF sample: a ring of 1 MiB per CPU holds 128 samples.
+        "--ring-pages",
+        "256",
+    ]
+}
+
+/// Ask `d` to flush until it succeeds: a loaded machine (every CPU sampled and unwound,
+/// builds beside) can hold a flush past dcpictl's 20 s. Panics after 180 s.
+pub fn flush_until_done(d: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let fl = d.ctl(&["flush"]);
+        if fl.status.success() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "flush: {}", String::from_utf8_lossy(&fl.stderr));
+    }
+}
+
 /// The JSON document a report tool printed; panics with its stderr unless it succeeded.
 pub fn json(out: Output) -> serde_json::Value {
     assert!(out.status.success(), "report failed: {}", String::from_utf8_lossy(&out.stderr));

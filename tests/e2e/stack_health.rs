@@ -34,29 +34,12 @@ fn health(
     callchains: &str,
     bins: &[&std::path::Path],
 ) -> serde_json::Value {
-    let mut d = sb.start_daemon(
-        host,
-        &[
-            "--events",
-            // 500 Hz: a debug dcpid unwinding every sample of a loaded machine keeps up
-            // (dwarf_stacks.rs).
-            "cpu-clock:2000000",
-            "--flush-interval",
-            "1s",
-            "--callchains",
-            callchains,
-            "--ring-pages",
-            "256",
-        ],
-    );
+    let mut d = sb.start_daemon(host, &dcpi_e2e::stack_daemon_args(callchains));
     for bin in bins {
         let st = Command::new(bin).arg("3").status().expect("run workload");
         assert!(st.success() || st.code() == Some(1), "workload failed: {st}");
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
-    while !d.ctl(&["flush"]).status.success() {
-        assert!(std::time::Instant::now() < deadline, "flush did not succeed in 180 s");
-    }
+    dcpi_e2e::flush_until_done(&d);
     let status = d.status_json();
     let (st, err) = d.terminate();
     assert!(st.success(), "dcpid exit {st}: {err}");
@@ -92,7 +75,6 @@ fn count(row: &serde_json::Value, k: &str) -> u64 {
 /// With frame pointers recorded (`callchains = "fp"`), a program built without them is named
 /// as such (its stacks stop at its own frames), one built with them as sound.
 #[dcpi_testkit::test(perf)]
-#[ignore = "issue 37: failed in CI's fresh run beside the other e2e tests (passed on its branch), cause not yet analysed; the verdicts are unit-tested by prof::health::tests"]
 fn names_the_frame_pointer_less_image_and_the_sound_one() {
     let _one = dcpi_e2e::machine_wide_stacks();
     let sb = Sandbox::new();
@@ -128,9 +110,16 @@ fn names_the_frame_pointer_less_image_and_the_sound_one() {
     let text = sb.prof(&base);
     assert!(text.status.success(), "{}", String::from_utf8_lossy(&text.stderr));
     let text = String::from_utf8_lossy(&text.stdout);
+    // The table fits 100 columns: a long image path is cut in its middle (`/tmp/dcpi-e2…P/
+    // nofp_prog`) whenever a long path (a test binary, ld.so) got samples, as on a machine
+    // running other tests; its end, the file name, stays.
     let line = |bin: &std::path::Path| {
-        let p = bin.display().to_string();
-        text.lines().find(|l| l.ends_with(&p)).unwrap_or_else(|| panic!("{p}: {text}")).to_owned()
+        let name = bin.file_name().expect("file name").to_string_lossy();
+        let tail = format!("/{name}");
+        text.lines()
+            .find(|l| l.ends_with(&tail))
+            .unwrap_or_else(|| panic!("no line ends with {tail}: {text}"))
+            .to_owned()
     };
     assert!(line(&nofp).contains("no-frame-pointers"), "{text}");
     assert!(line(&fp).contains("sound"), "{text}");

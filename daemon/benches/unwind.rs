@@ -1,0 +1,143 @@
+//! DWARF unwinding throughput of one drain thread, warm tables (issue 37: ≥ 1 M stacks/s of
+//! depth 20 on one core).
+//!
+//! The stack is a real one, not a synthetic: a thread of this bench (a release build: no frame
+//! pointers, so only CFI unwinds it) descends 40 levels through four mutually recursive
+//! functions with different frame sizes, then blocks in `read(2)` on a socket. Its registers
+//! (sp, pc: `/proc/self/task/TID/syscall`) and the top 8 KiB of its stack (`/proc/self/mem`,
+//! what the kernel copies with `PERF_SAMPLE_STACK_USER` by default) are taken once, as a
+//! sample would carry them. The process's unwinder is built by the daemon's own loader code
+//! (`DwarfShared::load_now`: every executable mapping of this process, with the `.eh_frame` /
+//! `.eh_frame_hdr` of this bench binary, libc and the vDSO), and the timed loop is the drain
+//! thread's call, `DwarfUnwinder::unwind`, with its per-CPU rule cache warm (a hot stack).
+//! The leaf is libc's `read`, its callers this binary's functions: each stack crosses two
+//! images' tables.
+//!
+//! - `unwind/depth20`: the first 20 frames (the depth bound set to 20).
+//! - `unwind/to_root`: the whole stack (about 50 frames) down to `clone3`'s root.
+//!
+//! Run: `cargo bench -p dcpi-daemon --bench unwind` (the `thrpt` line is stacks/s).
+#![forbid(unsafe_code)]
+
+use std::hint::black_box;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use dcpid::perf::dwarf::{DwarfShared, DwarfUnwinder, DEFAULT_CACHE_BYTES, DEFAULT_USER_STACK};
+use dcpid::perf::records::UserRegs;
+
+/// Levels of recursion below the thread's entry (more than 20: the depth-20 stack is all CFI
+/// frames of this binary under libc's `read`).
+const LEVELS: u32 = 40;
+
+#[inline(never)]
+fn level_a(n: u32, s: &mut UnixStream) -> u64 {
+    let mut pad = [n as u64; 3];
+    black_box(&mut pad);
+    let r = if n == 0 { block(s) } else { level_b(n - 1, s) };
+    black_box(r.wrapping_add(pad[1]))
+}
+
+#[inline(never)]
+fn level_b(n: u32, s: &mut UnixStream) -> u64 {
+    let mut pad = [n as u64; 11];
+    black_box(&mut pad);
+    let r = if n == 0 { block(s) } else { level_c(n - 1, s) };
+    black_box(r.wrapping_add(pad[7]))
+}
+
+#[inline(never)]
+fn level_c(n: u32, s: &mut UnixStream) -> u64 {
+    let r = if n == 0 { block(s) } else { level_d(n - 1, s) };
+    black_box(r.wrapping_mul(3))
+}
+
+#[inline(never)]
+fn level_d(n: u32, s: &mut UnixStream) -> u64 {
+    let mut pad = [n as u64; 37];
+    black_box(&mut pad);
+    let r = if n == 0 { block(s) } else { level_a(n - 1, s) };
+    black_box(r.wrapping_add(pad[30]))
+}
+
+#[inline(never)]
+fn block(s: &mut UnixStream) -> u64 {
+    let mut b = [0u8; 1];
+    black_box(s.read(&mut b).map_or(0, |n| n as u64))
+}
+
+/// A sample of a thread blocked in `read` under [`LEVELS`] levels: its registers and stack
+/// copy. The thread stays blocked until the returned socket is written to.
+fn capture() -> (UserRegs, Vec<u8>, UnixStream, std::thread::JoinHandle<u64>) {
+    let (wake, mut sleeper) = UnixStream::pair().expect("socketpair");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let me = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
+        tx.send(me).expect("send tid");
+        level_a(LEVELS, &mut sleeper)
+    });
+    let task = std::path::Path::new("/proc").join(rx.recv().expect("tid"));
+    // Wait (generously) until the thread sits in read(2): syscall number 0.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (sp, pc) = loop {
+        let s = std::fs::read_to_string(task.join("syscall")).unwrap_or_default();
+        let f: Vec<&str> = s.split_whitespace().collect();
+        if f.len() == 9 && f[0] == "0" {
+            let hex = |x: &str| u64::from_str_radix(x.trim_start_matches("0x"), 16).expect("hex");
+            break (hex(f[7]), hex(f[8]));
+        }
+        assert!(Instant::now() < deadline, "the thread did not block in read: {s:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let mem = std::fs::File::open("/proc/self/mem").expect("/proc/self/mem");
+    let mut stack = vec![0u8; DEFAULT_USER_STACK as usize];
+    let n = mem.read_at(&mut stack, sp).expect("read the stack");
+    stack.truncate(n);
+    (UserRegs { bp: 0, sp, ip: pc }, stack, wake, t)
+}
+
+fn bench(c: &mut Criterion) {
+    let (regs, stack, mut wake, t) = capture();
+    let pid = std::process::id();
+    let shared = DwarfShared::manual(DEFAULT_CACHE_BYTES);
+    let mappings = shared.load_now(pid);
+    let (bytes, images) = shared.image_usage();
+    let mut d = DwarfUnwinder::new(Arc::clone(&shared));
+    let mut out = Vec::with_capacity(256);
+    let truncated = d.unwind(pid, regs, &stack, 256, &mut out);
+    eprintln!(
+        "stack: {} frames to the root (truncated: {truncated}), {} B copied; {mappings} \
+         executable mappings, {images} images, {bytes} B of unwind sections",
+        out.len(),
+        stack.len()
+    );
+    assert!(!truncated && out.len() > 20 + LEVELS as usize / 2, "the stack did not unwind");
+    let full = out.len();
+
+    let mut g = c.benchmark_group("unwind");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("depth20", |b| {
+        b.iter(|| {
+            out.clear();
+            let tr = d.unwind(pid, regs, black_box(&stack), 20, &mut out);
+            assert!(tr && out.len() == 20);
+        })
+    });
+    g.bench_function("to_root", |b| {
+        b.iter(|| {
+            out.clear();
+            let tr = d.unwind(pid, regs, black_box(&stack), 256, &mut out);
+            assert!(!tr && out.len() == full);
+        })
+    });
+    g.finish();
+    std::io::Write::write_all(&mut wake, b"x").expect("wake the thread");
+    t.join().expect("join");
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
