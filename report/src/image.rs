@@ -272,7 +272,8 @@ pub fn short_labels(images: &[(&str, Option<&str>)]) -> Vec<String> {
         let mut k = 1;
         // Lengthen while another path ends the same; a path's whole self always differs.
         // (`/lib/x` and `/usr/lib/x` are told apart by their whole paths, not `lib/x`.)
-        let same = |q: &str, k| tail(q, k).trim_start_matches('/') == tail(p, k).trim_start_matches('/');
+        let same =
+            |q: &str, k| tail(q, k).trim_start_matches('/') == tail(p, k).trim_start_matches('/');
         while tail(p, k) != p && paths.iter().any(|&q| q != p && same(q, k)) {
             k += 1;
         }
@@ -333,7 +334,14 @@ mod label_tests {
                 ("/lib/libc.so.6", None),
                 ("/usr/lib/libc.so.6", None),
             ]),
-            ["v1/bin/app", "v2/bin/app", "tool", "/bin/app", "/lib/libc.so.6", "/usr/lib/libc.so.6"]
+            [
+                "v1/bin/app",
+                "v2/bin/app",
+                "tool",
+                "/bin/app",
+                "/lib/libc.so.6",
+                "/usr/lib/libc.so.6"
+            ]
         );
     }
 

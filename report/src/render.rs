@@ -438,7 +438,9 @@ impl Table {
                 let images: Vec<(&str, Option<&str>)> = shown
                     .iter()
                     .filter_map(|r| match &r.cells[i].value {
-                        Value::Image { path, build_id } => Some((path.as_str(), build_id.as_deref())),
+                        Value::Image { path, build_id } => {
+                            Some((path.as_str(), build_id.as_deref()))
+                        }
                         _ => None,
                     })
                     .collect();

@@ -479,7 +479,8 @@ fn corrupt_and_foreign_version_profiles_fail_unless_keep_going() {
         // Images by basename in the table (issue 39).
         let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
         assert!(
-            rows.iter().any(|l| l.ends_with("  good")) && !rows.iter().any(|l| l.ends_with("  bad")),
+            rows.iter().any(|l| l.ends_with("  good"))
+                && !rows.iter().any(|l| l.ends_with("  bad")),
             "{out}"
         );
         assert!(err.contains(&bad_path.display().to_string()), "skipped file named: {err}");

@@ -504,7 +504,12 @@ fn twenty_stripped_images_make_at_most_one_warning_line() {
         };
         for (n, e) in epochs.iter().enumerate() {
             let hd = t.host(e, "alpha");
-            write_profile(&hd, &id, &lib.display().to_string(), &[(0x1000 + u64::from(i), 5 + n as u64)]);
+            write_profile(
+                &hd,
+                &id,
+                &lib.display().to_string(),
+                &[(0x1000 + u64::from(i), 5 + n as u64)],
+            );
         }
     }
     let (e1, e2) = (epochs[0].to_string(), epochs[1].to_string());
