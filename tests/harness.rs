@@ -181,6 +181,57 @@ impl Sandbox {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+    /// Compile the C program `source` into the sandbox as `name` (`cc -O1 -fno-inline` with a
+    /// GNU build-id: each function the workloads name stays a symbol of its own and the
+    /// reports can match builds); the binary's path.
+    pub fn compile_c(&self, name: &str, source: &str) -> PathBuf {
+        let src = self.dir.path().join(format!("{name}.c"));
+        std::fs::write(&src, source).expect("write C source");
+        let bin = self.dir.path().join(name);
+        let out = Command::new("cc")
+            .args(["-O1", "-fno-inline", "-Wl,--build-id=sha1", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .output()
+            .expect("run cc");
+        assert!(out.status.success(), "cc {name}.c: {}", String::from_utf8_lossy(&out.stderr));
+        bin
+    }
+    /// `dcpidiff --format json` of `image`'s functions between epochs `before` and `after` of
+    /// `host` in this sandbox's database (symbol cache in the sandbox), plus `extra`
+    /// arguments; panics with its stderr unless it succeeded.
+    pub fn diff_json(
+        &self,
+        host: &str,
+        before: &str,
+        after: &str,
+        image: &Path,
+        extra: &[&str],
+    ) -> serde_json::Value {
+        let db = self.db().display().to_string();
+        let cache = self.dir.path().join("symbols.sqlite").display().to_string();
+        let image = image.display().to_string();
+        let mut all = vec![
+            "--db",
+            &db,
+            "--host",
+            host,
+            "--before",
+            before,
+            "--after",
+            after,
+            "--image",
+            &image,
+            "--symbol-cache",
+            &cache,
+            "--format",
+            "json",
+        ];
+        all.extend_from_slice(extra);
+        let out = run("dcpidiff", &all);
+        assert!(out.status.success(), "dcpidiff: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON diff")
+    }
     /// Run `dcpiprof --db <sandbox db>` with more arguments.
     pub fn prof(&self, args: &[&str]) -> Output {
         let db = self.db().display().to_string();

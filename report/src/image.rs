@@ -240,3 +240,127 @@ mod tests {
         assert_eq!(parse_spec("anon:12"), Spec::Anon("[anon:12".into()));
     }
 }
+
+/// How text tables name images (issue 39): each by its basename, unless two images of the table
+/// differ only in directory (then each of those by as many trailing path components as tell
+/// them apart: `v1/app`, `v2/app`), and with a short build-id (`app (3b3b3b3b)`, the shortest
+/// prefix, at least 8 digits, that tells the builds apart) when two builds of the same path are
+/// in the table. `images` are (printable path, build-id hex); the labels are in their order.
+/// Pseudo-names (`[kernel.kallsyms]`, `[vdso]`, `[ext4]`) have no directory and stay as they
+/// are; CSV and JSON keep whole paths.
+pub fn short_labels(images: &[(&str, Option<&str>)]) -> Vec<String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    // The last `k` components of `p` (the whole path, leading `/` included, once `k` reaches
+    // its number of components).
+    fn tail(p: &str, k: usize) -> &str {
+        let mut cut = p.len();
+        for _ in 0..k {
+            match p[..cut].rfind('/') {
+                Some(i) => cut = i,
+                None => return p,
+            }
+        }
+        if cut == 0 {
+            p
+        } else {
+            &p[cut + 1..]
+        }
+    }
+    let paths: BTreeSet<&str> = images.iter().map(|(p, _)| *p).collect();
+    let mut by_path: BTreeMap<&str, &str> = BTreeMap::new();
+    for &p in &paths {
+        let mut k = 1;
+        // Lengthen while another path ends the same; a path's whole self always differs.
+        // (`/lib/x` and `/usr/lib/x` are told apart by their whole paths, not `lib/x`.)
+        let same =
+            |q: &str, k| tail(q, k).trim_start_matches('/') == tail(p, k).trim_start_matches('/');
+        while tail(p, k) != p && paths.iter().any(|&q| q != p && same(q, k)) {
+            k += 1;
+        }
+        // The basename may be empty (a path ending in `/`): show the whole path then.
+        let label = if tail(p, k).is_empty() { p } else { tail(p, k) };
+        by_path.insert(p, label);
+    }
+    let mut builds: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (p, b) in images {
+        if let Some(b) = b {
+            builds.entry(p).or_default().insert(b);
+        }
+    }
+    images
+        .iter()
+        .map(|(p, b)| {
+            let label = by_path[p];
+            let others = builds.get(p).filter(|s| s.len() > 1);
+            match (b, others) {
+                (Some(b), Some(all)) => {
+                    let mut n = 8.min(b.len());
+                    while n < b.len() && all.iter().any(|o| o != b && o.get(..n) == b.get(..n)) {
+                        n += 1;
+                    }
+                    format!("{label} ({})", &b[..n])
+                }
+                _ => label.to_owned(),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::short_labels;
+
+    fn labels(v: &[(&str, Option<&str>)]) -> Vec<String> {
+        short_labels(v)
+    }
+
+    #[test]
+    fn images_are_named_by_basename_unless_two_differ_only_in_directory() {
+        assert_eq!(
+            labels(&[
+                ("/usr/lib/x86_64-linux-gnu/libc.so.6", None),
+                ("/usr/bin/bash", Some("aa")),
+                ("[kernel.kallsyms]", None),
+                ("[vdso]", None),
+            ]),
+            ["libc.so.6", "bash", "[kernel.kallsyms]", "[vdso]"]
+        );
+        assert_eq!(
+            labels(&[
+                ("/srv/v1/bin/app", None),
+                ("/srv/v2/bin/app", None),
+                ("/usr/bin/tool", None),
+                ("/bin/app", None),
+                ("/lib/libc.so.6", None),
+                ("/usr/lib/libc.so.6", None),
+            ]),
+            [
+                "v1/bin/app",
+                "v2/bin/app",
+                "tool",
+                "/bin/app",
+                "/lib/libc.so.6",
+                "/usr/lib/libc.so.6"
+            ]
+        );
+    }
+
+    #[test]
+    fn two_builds_of_one_path_get_a_short_build_id() {
+        let old = "3b3b3b3b3b3b3b3b3b3b";
+        let new = "3b3b3b3b3c3c3c3c3c3c";
+        assert_eq!(
+            labels(&[
+                ("/opt/app", Some(old)),
+                ("/opt/app", Some(new)),
+                ("/opt/app", Some(old)),
+                ("/usr/lib/libm.so.6", Some("ffffffffffff")),
+            ]),
+            ["app (3b3b3b3b3b)", "app (3b3b3b3b3c)", "app (3b3b3b3b3b)", "libm.so.6"]
+        );
+        assert_eq!(
+            labels(&[("/a/app", Some("0123456789ab")), ("/a/app", Some("9999999999ab"))]),
+            ["app (01234567)", "app (99999999)"]
+        );
+    }
+}

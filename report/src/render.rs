@@ -210,6 +210,20 @@ pub enum Value {
         text: String,
         csv: CsvCell,
     },
+    /// An image (printable path, build-id hex): the text table names it by the short label
+    /// [`crate::image::short_labels`] gives it among the column's images (basename, more of
+    /// the path or a short build-id where needed to tell images apart); CSV has the whole path.
+    Image {
+        path: String,
+        build_id: Option<String>,
+    },
+}
+
+impl Value {
+    /// An image cell ([`Value::Image`]).
+    pub fn image(path: impl Into<String>, build_id: Option<&str>) -> Self {
+        Self::Image { path: path.into(), build_id: build_id.map(str::to_owned) }
+    }
 }
 
 impl From<u64> for Value {
@@ -250,7 +264,7 @@ impl Value {
         match (self, kind) {
             (Self::Empty, _) => String::new(),
             (Self::Both { text, .. }, _) => text.clone(),
-            (Self::Text(s), _) => s.clone(),
+            (Self::Text(s), _) | (Self::Image { path: s, .. }, _) => s.clone(),
             (Self::Count(n), Kind::Count | Kind::Text) => number(*n, style),
             (Self::Count(n), Kind::Hex) => format!("{n:#x}"),
             (Self::Count(n), Kind::Decimal(_) | Kind::Signed(_) | Kind::Scientific) => {
@@ -268,7 +282,7 @@ impl Value {
             (Self::Empty, Kind::Text) => CsvCell::Text(String::new()),
             (Self::Empty, _) => CsvCell::Number(String::new()),
             (Self::Both { csv, .. }, _) => csv.clone(),
-            (Self::Text(s), _) => CsvCell::Text(s.clone()),
+            (Self::Text(s), _) | (Self::Image { path: s, .. }, _) => CsvCell::Text(s.clone()),
             (Self::Count(n), _) => num(n),
             (Self::Real(x), Kind::Scientific) => num(format!("{x:e}")),
             (Self::Real(x), _) => num(x),
@@ -416,15 +430,42 @@ impl Table {
         let esc = |s: String| terminal(&s).into_owned();
         let titles: Vec<(String, Option<&'static str>)> =
             cols.iter().map(|&i| (esc(self.columns[i].title.clone()), None)).collect();
-        let rows: Vec<Vec<(String, Option<&'static str>)>> = self
-            .rows
+        let shown: Vec<&Row> = self.rows.iter().filter(|r| r.show != Show::Csv).collect();
+        // Image cells are named by their labels among the column's images.
+        let labels: Vec<Vec<Option<String>>> = cols
             .iter()
-            .filter(|r| r.show != Show::Csv)
-            .map(|r| {
+            .map(|&i| {
+                let images: Vec<(&str, Option<&str>)> = shown
+                    .iter()
+                    .filter_map(|r| match &r.cells[i].value {
+                        Value::Image { path, build_id } => {
+                            Some((path.as_str(), build_id.as_deref()))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let mut it = crate::image::short_labels(&images).into_iter();
+                shown
+                    .iter()
+                    .map(|r| match r.cells[i].value {
+                        Value::Image { .. } => it.next(),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .collect();
+        let rows: Vec<Vec<(String, Option<&'static str>)>> = shown
+            .iter()
+            .enumerate()
+            .map(|(row, r)| {
                 cols.iter()
-                    .map(|&i| {
+                    .enumerate()
+                    .map(|(k, &i)| {
                         let c = &r.cells[i];
-                        (esc(c.value.text(self.columns[i].kind, style)), c.color)
+                        let text = labels[k][row]
+                            .clone()
+                            .unwrap_or_else(|| c.value.text(self.columns[i].kind, style));
+                        (esc(text), c.color)
                     })
                     .collect()
             })
@@ -575,6 +616,36 @@ mod tests {
         t.row(vec![(-12.25).into(), "b".into()]);
         assert_eq!(text(&t), "     d  name\n\x1b[31m +1.50\x1b[0m  a\n-12.25  b\n");
         assert_eq!(signed(-0.001, 2), "+0.00");
+    }
+
+    /// Issue 39 item 3: a text table names images by basename (more of the path or a short
+    /// build-id only where two would look alike); CSV keeps the whole paths.
+    #[test]
+    fn image_cells_print_short_labels_in_text_and_whole_paths_in_csv() {
+        let mut t = Table::new();
+        t.columns([Column::new("samples", Kind::Count), Column::new("image", Kind::Text)]);
+        let rows = [
+            ("/usr/lib/x86_64-linux-gnu/libc.so.6", Some("aaaa0000aaaa")),
+            ("/srv/releases/v1/app", Some("3b3b3b3b3b3b")),
+            ("/srv/releases/v2/app", Some("4c4c4c4c4c4c")),
+            ("/opt/tool", Some("5d5d5d5d5d5d")),
+            ("/opt/tool", Some("6e6e6e6e6e6e")),
+            ("[kernel.kallsyms]", None),
+        ];
+        for (n, (p, b)) in rows.iter().enumerate() {
+            t.row(vec![(n as u64).into(), Value::image(*p, *b).into()]);
+        }
+        assert_eq!(
+            text(&t),
+            "samples  image\n      0  libc.so.6\n      1  v1/app\n      2  v2/app\n      \
+             3  tool (5d5d5d5d)\n      4  tool (6e6e6e6e)\n      5  [kernel.kallsyms]\n"
+        );
+        let mut csv = Vec::new();
+        t.write_csv(&mut csv).expect("csv");
+        let csv = String::from_utf8(csv).expect("utf8");
+        for (p, _) in rows {
+            assert!(csv.contains(&format!(",{p}\n")), "{p}: {csv}");
+        }
     }
 
     #[test]

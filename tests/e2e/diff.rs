@@ -2,8 +2,9 @@
 //! between two phases whose per-function time changes from 50/30/20 to 20/30/50.
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
-use dcpi_e2e::{run, Sandbox};
+use dcpi_e2e::Sandbox;
 
 /// Three functions with the same loop body, called in small interleaved rounds (far shorter
 /// than the sampling period, so the timer's phase cannot favour one) in the proportions the
@@ -41,16 +42,7 @@ fn ok_stdout(out: &std::process::Output, what: &str) -> String {
 #[dcpi_testkit::test(perf)]
 fn dcpidiff_finds_a_50_30_20_to_20_30_50_shift_between_two_epochs() {
     let sb = Sandbox::new();
-    let src = sb.dir.path().join("phases.c");
-    std::fs::write(&src, PHASES_C).expect("write source");
-    let bin = sb.dir.path().join("phases");
-    let st = Command::new("cc")
-        .args(["-O1", "-fno-inline", "-Wl,--build-id=sha1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed");
+    let bin = sb.compile_c("phases", PHASES_C);
     let host = "e2e-diff";
     // 4 kHz: thousands of samples per phase even when the machine is shared.
     let mut d = sb.start_daemon(host, &["--events", "cpu-clock:250000", "--flush-interval", "1s"]);
@@ -65,32 +57,7 @@ fn dcpidiff_finds_a_50_30_20_to_20_30_50_shift_between_two_epochs() {
     let (status, err) = d.terminate();
     assert!(status.success(), "dcpid exit {status}: {err}");
 
-    let db = sb.db().display().to_string();
-    let cache = sb.dir.path().join("symbols.sqlite").display().to_string();
-    let path = bin.display().to_string();
-    let out = run(
-        "dcpidiff",
-        &[
-            "--db",
-            &db,
-            "--host",
-            host,
-            "--before",
-            &before,
-            "--after",
-            &after,
-            "--image",
-            &path,
-            "--symbol-cache",
-            &cache,
-            "--format",
-            "json",
-            "--compare",
-            "share",
-        ],
-    );
-    let text = ok_stdout(&out, "dcpidiff");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON diff");
+    let v = sb.diff_json(host, &before, &after, &bin, &["--compare", "share"]);
     for side in ["before", "after"] {
         let n = v[side]["total_samples"].as_u64().unwrap_or(0);
         assert!(n >= 1000, "too few samples {side} for a few-points bound: {n}: {v:#}");
@@ -129,61 +96,122 @@ fn dcpidiff_finds_a_50_30_20_to_20_30_50_shift_between_two_epochs() {
     }
 }
 
-/// The causality run of issue 39: three functions with the same loop body, each doing the same
-/// FIXED work per round; rounds are paced (`per_tick` rounds every 10 ms, on an absolute
-/// schedule that catches up when it falls behind), so each function's work per second is fixed
-/// while the program keeps pace. SIGUSR1 makes `work_b` do 1.3x its iterations from then on;
-/// SIGUSR2 makes it exit printing how far behind its schedule it ever was (ms). `probe N` runs
-/// N rounds unpaced and prints their CPU nanoseconds per round.
+/// The causality run of issue 39: three functions with the same loop body, each given the same
+/// fixed amount of CPU time per second of wall time (`SHARE` of a CPU each, argv[1]); SIGUSR1
+/// gives `work_b` 1.3x its amount from then on; SIGUSR2 makes the program exit printing how far
+/// behind its budget it ever was (ms of CPU) and each function's CPU time per wall second
+/// before and after SIGUSR1 (the ground truth, measured by the function's own thread CPU
+/// clock).
+///
+/// The work is metered in the thread's CPU time, not in loop iterations, because on a shared
+/// machine the CPU time a fixed number of iterations takes is not fixed: in CI's fresh run,
+/// beside the other e2e tests, an unchanged function doing fixed iterations took 1.14x the CPU
+/// time in the second epoch (z 4.4): a time profiler rightly reports that as slower. Metered
+/// work keeps what each function truly costs per second exactly known whatever the
+/// contention (it cancels a slower CPU as the cpu-clock samples see it), so the test still
+/// proves that the rate comparison flags the one function whose time per second rose, and only
+/// it. The functions take turns in slices of ~10 µs (far below the 250 µs sampling period) and
+/// the program wakes at random 5-15 ms intervals, so neither the timer's phase nor the wake-up
+/// schedule favours one; a slice's overshoot is paid back in the next wake-up. It runs at nice
+/// -15 (as root): beside two busy loops and a load of 27 at nice 0 it fell 1.6 s of CPU behind
+/// its 8 % over a minute (its fair share was below it), and a program that cannot keep its
+/// budget has no known truth. The priority changes when it runs, not what it costs.
 const CAUSAL_C: &str = r#"
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #define BODY { unsigned long s = 0; for (unsigned long i = 0; i < n; i++) s += i * i ^ (s >> 3); return s; }
 __attribute__((noipa, noinline)) unsigned long work_a(unsigned long n) BODY
 __attribute__((noipa, noinline)) unsigned long work_b(unsigned long n) BODY
 __attribute__((noipa, noinline)) unsigned long work_c(unsigned long n) BODY
+static unsigned long (*const fns[3])(unsigned long) = { work_a, work_b, work_c };
 static volatile sig_atomic_t slow = 0, stop = 0;
 static void on_usr1(int s) { (void)s; slow = 1; }
 static void on_usr2(int s) { (void)s; stop = 1; }
-static volatile unsigned long sink = 0;
-static void round1(void) {
-  unsigned long n = 3000 + (sink & 1);
-  sink += work_a(n);
-  sink += work_b(slow ? n * 13 / 10 : n);
-  sink += work_c(n);
-}
+static double secs(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec + t.tv_nsec / 1e9; }
 int main(int argc, char **argv) {
-  if (argc > 2 && strcmp(argv[1], "probe") == 0) {
-    long rounds = atol(argv[2]);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t0);
-    for (long r = 0; r < rounds; r++) round1();
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t1);
-    printf("%.0f\n", ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / rounds);
-    return 0;
-  }
-  long per_tick = argc > 1 ? atol(argv[1]) : 1;
+  double share = argc > 1 ? atof(argv[1]) : 0.027;
+  if (setpriority(PRIO_PROCESS, 0, -15) != 0) perror("setpriority (the budget may not be kept)");
   signal(SIGUSR1, on_usr1);
   signal(SIGUSR2, on_usr2);
-  struct timespec next, now;
-  clock_gettime(CLOCK_MONOTONIC, &next);
-  double lag = 0;
+  double target[3] = {0}, used[3] = {0}, phase_used[2][3] = {{0}}, phase_wall[2] = {0};
+  double last = secs(CLOCK_MONOTONIC), lag = 0;
+  volatile unsigned long sink = 0;
+  unsigned seed = 1;
   while (!stop) {
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double late = (now.tv_sec - next.tv_sec) * 1e3 + (now.tv_nsec - next.tv_nsec) / 1e6;
-    if (late > lag) lag = late;
-    for (long r = 0; r < per_tick; r++) round1();
-    next.tv_nsec += 10000000;
-    if (next.tv_nsec >= 1000000000) { next.tv_sec++; next.tv_nsec -= 1000000000; }
-    clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL);
+    double now = secs(CLOCK_MONOTONIC), dt = now - last;
+    int p = slow;
+    last = now;
+    phase_wall[p] += dt;
+    for (int f = 0; f < 3; f++) {
+      target[f] += dt * share * (f == 1 && p ? 1.3 : 1.0);
+      if ((target[f] - used[f]) * 1e3 > lag) lag = (target[f] - used[f]) * 1e3;
+    }
+    for (int busy = 1; busy;) {
+      busy = 0;
+      for (int f = 0; f < 3; f++) {
+        if (used[f] >= target[f]) continue;
+        busy = 1;
+        double t0 = secs(CLOCK_THREAD_CPUTIME_ID);
+        sink += fns[f](4000 + (sink & 1));
+        double d = secs(CLOCK_THREAD_CPUTIME_ID) - t0;
+        used[f] += d;
+        phase_used[p][f] += d;
+      }
+    }
+    seed = seed * 1103515245 + 12345;
+    struct timespec nap = { 0, 5000000 + (long)((seed >> 8) % 10000000) };
+    nanosleep(&nap, NULL);
   }
-  printf("%.0f\n", lag);
+  printf("%.1f", lag);
+  for (int p = 0; p < 2; p++)
+    for (int f = 0; f < 3; f++) printf(" %.6f", phase_wall[p] > 0 ? phase_used[p][f] / phase_wall[p] : 0);
+  printf("\n");
   return 0;
 }
 "#;
+
+/// The workload of a test, killed if the test ends before it does.
+struct Running(Option<std::process::Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            c.kill().ok();
+            c.wait().ok();
+        }
+    }
+}
+
+/// A `dcpictl epoch new`: the new epoch, and when the command started and returned.
+struct Cut {
+    id: String,
+    start: Instant,
+    end: Instant,
+}
+
+/// Start a new epoch, retrying while the store is busy (the command gives up after 20 s of a
+/// busy store, seen on a loaded machine; the cut is then not made) for up to 5 minutes.
+fn cut(d: &dcpi_e2e::Daemon) -> Cut {
+    let start = Instant::now();
+    let mut errors = Vec::new();
+    loop {
+        let out = d.ctl(&["epoch", "new"]);
+        if out.status.success() {
+            let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            eprintln!("epoch {id} after {:?} ({} busy answers)", start.elapsed(), errors.len());
+            return Cut { id, start, end: Instant::now() };
+        }
+        errors.push(String::from_utf8_lossy(&out.stderr).into_owned());
+        if start.elapsed() > Duration::from_secs(300) {
+            let last = &errors[errors.len().saturating_sub(3)..];
+            panic!("epoch new failed {} times in 300 s, last: {last:?}", errors.len());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
 
 /// Issue 39's causality test: fixed work per second, one function made 1.3x slower between
 /// two epochs. dcpidiff (rates by default) flags exactly that function, with a rate ratio
@@ -191,111 +219,104 @@ int main(int argc, char **argv) {
 /// flagged (the share comparison flagged them: their shares fell as `work_b`'s rose).
 ///
 /// Robust under load and to when the daemon cuts: the program runs through both epochs at a
-/// fixed pace (8 % of a CPU, so two busy loops on both CPUs leave it plenty), so its
-/// functions' samples per second of each epoch do not depend on how long the epoch lasted,
-/// and `dcpictl epoch new` may cut a second late on a busy machine without moving them. (A
-/// fixed amount of work run once inside each epoch would not do: its count is fixed, so its
-/// rate moves with the epoch's length, which the cut's timing moves by up to a second under
-/// load: measured 9.4 to 9.9 s for three 10 s windows at load 18. Such runs compare with
-/// --compare samples.) A machine so busy that the program fell behind its pace by more than
-/// half a second (measured: at load 19 on 2 CPUs a 20 % pace could not be kept) skips the test:
-/// its rates then follow the CPU it was given, not its work.
+/// fixed CPU time per second (2.7 % of a CPU per function, 8 % in all, so two busy loops on
+/// both CPUs leave it plenty), metered by its own thread CPU clock ([`CAUSAL_C`]), so its
+/// functions' samples per second of each epoch depend neither on how long the epoch lasted
+/// (`dcpictl epoch new` may cut seconds late on a busy machine) nor on how fast the CPU runs
+/// the loop under contention. The change is made in a short epoch between the two compared,
+/// so a late cut cannot put slow work in the "before" epoch. The ground truth the program measured is checked too: the test
+/// proves what dcpidiff makes of a known change, not of whatever the machine did. A machine
+/// so busy that the program fell behind its budget by more than 20 ms of CPU (a quarter second of
+/// its pace) skips the test: its rates then follow the CPU it was given, not its work.
 #[dcpi_testkit::test(perf)]
-#[ignore = "issue 39: in CI's fresh run beside other e2e tests an unchanged paced function's rate rose 1.14x (z 4.4): samples per fixed work follow the CPU's speed under contention; the statistics are tested by dcpidiff::rates_flag_only_the_function_that_got_slower"]
+#[ignore = "issue 39: rewritten to meter CPU time (not loop iterations) with a transition epoch; not yet seen to pass: on the shared 2-CPU VM at load 27-30 its daemon's store stalled (epoch new refused for 5 min) and at nice 0 the program fell 1.6 s of CPU behind; run with --ignored on a quieter machine before un-ignoring"]
 fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     let sb = Sandbox::new();
-    let src = sb.dir.path().join("causal.c");
-    std::fs::write(&src, CAUSAL_C).expect("write source");
-    let bin = sb.dir.path().join("causal");
-    let st = Command::new("cc")
-        .args(["-O1", "-fno-inline", "-Wl,--build-id=sha1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed");
-    let probe = Command::new(&bin).args(["probe", "2000"]).output().expect("probe");
-    let ns_per_round: f64 = ok_stdout(&probe, "probe").parse().expect("ns per round");
-    // 8 % of a CPU: 0.8 ms of rounds per 10 ms tick; about 1600 samples per function and
-    // epoch at 4 kHz, so the ratio's standard error is about 3 %.
-    let per_tick = ((0.8e6 / ns_per_round.max(1.0)).round() as u64).max(1);
+    let bin = sb.compile_c("causal", CAUSAL_C);
     let host = "e2e-causal";
-    let mut d = sb.start_daemon(host, &["--events", "cpu-clock:250000", "--flush-interval", "1s"]);
-    let prog = Command::new(&bin)
-        .arg(per_tick.to_string())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("run causal");
-    let window = std::time::Duration::from_secs(15);
+    // 4 kHz: about 1600 samples per function and epoch, so the ratio's standard error is
+    // about 3 %.
+    // No periodic flush: only the cuts publish, so a store slowed by a loaded disk has less to do
+    // (with 1 s flushes, a cut on a machine at load 27 waited behind flushes that stalled for
+    // up to 35 s and failed for 5 minutes).
+    let mut d =
+        sb.start_daemon(host, &["--events", "cpu-clock:250000", "--flush-interval", "600s"]);
+    let mut prog = Running(Some(
+        Command::new(&bin)
+            .arg("0.027")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("run causal"),
+    ));
+    let pid = prog.0.as_ref().map_or(0, std::process::Child::id);
     let signal = |sig: &str| {
-        let st = Command::new("kill").args([sig, &prog.id().to_string()]).status();
+        let st = Command::new("kill").args([sig, &pid.to_string()]).status();
         assert!(st.as_ref().is_ok_and(std::process::ExitStatus::success), "kill {sig}: {st:?}");
     };
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    let e1 = ok_stdout(&d.ctl(&["epoch", "new"]), "epoch new");
-    let t0 = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    // e1 (before) and e3 (after) are the compared epochs; the change happens in e2, a short
+    // epoch between them, so however late a cut lands, no epoch holds both kinds of work.
+    let window = Duration::from_secs(15);
+    let c1 = cut(&d);
     std::thread::sleep(window);
-    // Slower from just before the cut: `epoch new` cuts when it gets the store, early in a
-    // command that then publishes for a while (seconds on a busy machine), so this puts less
-    // slow work in the wrong epoch than a signal after it returns.
+    let c2 = cut(&d);
     signal("-USR1");
-    let e2 = ok_stdout(&d.ctl(&["epoch", "new"]), "epoch new");
-    let w1 = t0.elapsed();
-    let t1 = std::time::Instant::now();
+    let c3 = cut(&d);
     std::thread::sleep(window);
-    let e3 = ok_stdout(&d.ctl(&["epoch", "new"]), "epoch new");
-    let w2 = t1.elapsed();
+    let c4 = cut(&d);
     signal("-USR2");
-    let out = prog.wait_with_output().expect("wait causal");
-    let lag_ms: f64 = ok_stdout(&out, "causal").parse().expect("lag");
-    assert!(e1 != e2 && e2 != e3, "{e1} {e2} {e3}");
+    let out = prog.0.take().expect("causal").wait_with_output().expect("wait causal");
+    let report: Vec<f64> = ok_stdout(&out, "causal")
+        .split_whitespace()
+        .map(|w| w.parse().expect("causal's numbers"))
+        .collect();
+    assert_eq!(report.len(), 7, "causal printed {report:?}");
+    let lag_ms = report[0];
     let (status, err) = d.terminate();
     assert!(status.success(), "dcpid exit {status}: {err}");
-    eprintln!("the paced program was at most {lag_ms} ms behind");
-    if lag_ms > 500.0 {
+    eprintln!("the metered program was at most {lag_ms} ms of CPU behind its budget");
+    if lag_ms > 20.0 {
         dcpi_testkit::skip!(
-            "the machine is too busy: the paced program fell {lag_ms} ms behind its schedule"
+            "the machine is too busy: the metered program fell {lag_ms} ms of CPU behind"
         );
     }
-    eprintln!("{ns_per_round} ns per round, {per_tick} per tick; windows {w1:?} and {w2:?}");
+    // The ground truth: each function's own CPU time per wall second, before and after.
+    let names = ["work_a", "work_b", "work_c"];
+    for (f, want) in [(0, 1.0), (1, 1.3), (2, 1.0)] {
+        let truth = report[4 + f] / report[1 + f];
+        eprintln!(
+            "{}: CPU time per second {:.4} -> {:.4}, x{truth:.3}",
+            names[f],
+            report[1 + f],
+            report[4 + f]
+        );
+        assert!(
+            (truth - want).abs() < 0.05,
+            "{}: the workload's own ratio {truth}: {report:?}",
+            names[f]
+        );
+    }
 
-    let db = sb.db().display().to_string();
-    let cache = sb.dir.path().join("symbols.sqlite").display().to_string();
-    let path = bin.display().to_string();
-    let diff = |extra: &[&str]| -> serde_json::Value {
-        let mut a = vec![
-            "--db",
-            &db,
-            "--host",
-            host,
-            "--before",
-            &e1,
-            "--after",
-            &e2,
-            "--image",
-            &path,
-            "--symbol-cache",
-            &cache,
-            "--format",
-            "json",
-        ];
-        a.extend_from_slice(extra);
-        let text = ok_stdout(&run("dcpidiff", &a), "dcpidiff");
-        serde_json::from_str(&text).expect("JSON diff")
-    };
-    let v = diff(&[]);
+    let v = sb.diff_json(host, &c1.id, &c3.id, &bin, &[]);
     assert_eq!(v["test"]["compare"], "rate", "{v:#}");
     // The sampled time of each epoch is its window, to within when the cuts happened (the
     // daemon reads the counters' times at each cut; it used to read them every 5 s, so an
-    // epoch's time could be off by that much).
+    // epoch's time could be off by that much): between the end of the first cut's command and
+    // the start of the next one's at least, from the start of the first to the end of the
+    // next at most (a cut waits for the store, seconds on a busy machine).
     eprintln!("sampled: {} s before, {} s after", v["before"]["seconds"], v["after"]["seconds"]);
-    for (side, w) in [("before", w1), ("after", w2)] {
+    for (side, from, to) in [("before", &c1, &c2), ("after", &c3, &c4)] {
         let s = v[side]["seconds"].as_f64().unwrap_or(f64::NAN);
-        let w = w.as_secs_f64();
-        assert!((s - w).abs() <= 0.1 * w + 1.0, "{side}: {s} s sampled, window {w} s: {v:#}");
+        let lo = to.start.duration_since(from.end).as_secs_f64();
+        let hi = to.end.duration_since(from.start).as_secs_f64();
+        eprintln!("{side}: window {lo:.1}-{hi:.1} s");
+        assert!(
+            (0.9 * lo - 1.0..=1.1 * hi + 1.0).contains(&s),
+            "{side}: {s} s sampled, window {lo}-{hi} s: {v:#}"
+        );
     }
     let rows = v["rows"].as_array().cloned().unwrap_or_default();
-    for name in ["work_a", "work_b", "work_c"] {
+    for name in names {
         let r =
             rows.iter().find(|r| r["symbol"] == name).unwrap_or_else(|| panic!("no {name}: {v:#}"));
         eprintln!(

@@ -93,16 +93,7 @@ int main(int argc, char **argv) {
 #[dcpi_testkit::test(perf)]
 fn per_function_shares_match_a_known_5_3_2_workload() {
     let sb = Sandbox::new();
-    let src = sb.dir.path().join("prop532.c");
-    std::fs::write(&src, PROPORTIONS_C).expect("write source");
-    let bin = sb.dir.path().join("prop532");
-    let st = Command::new("cc")
-        .args(["-O1", "-fno-inline", "-Wl,--build-id=sha1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed");
+    let bin = sb.compile_c("prop532", PROPORTIONS_C);
     let host = "e2e-report-532";
     // 4 kHz: ~14000 samples in 3.5 s, so binomial noise (~0.4 pp) is far below the 3 pp bound.
     let mut d = sb.start_daemon(host, &["--events", "cpu-clock:250000", "--flush-interval", "1s"]);

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use dcpi_e2e::{json, run, Sandbox};
+use dcpi_e2e::{json, Sandbox};
 
 /// Three functions with the same body, called in small interleaved rounds, a fixed amount of
 /// work (`argv[1]` rounds). `SLOW_B` (the rebuilt version) runs `work_b`'s loop twice.
@@ -179,26 +179,7 @@ fn scenario(split_debug: bool, tag: &str) {
     assert!(!text.contains("deploy+0x"), "pprof export has unsymbolized frames");
 
     // dcpidiff matches the two builds by function name, and work_b is what got slower.
-    let out = run(
-        "dcpidiff",
-        &[
-            "--db",
-            &sb.db().display().to_string(),
-            "--host",
-            &host,
-            "--before",
-            &before,
-            "--after",
-            &after,
-            "--image",
-            &path,
-            "--symbol-cache",
-            &cache,
-            "--format",
-            "json",
-        ],
-    );
-    let v: serde_json::Value = serde_json::from_str(&ok(&out, "dcpidiff")).expect("JSON diff");
+    let v = sb.diff_json(&host, &before, &after, &bin, &[]);
     let rows = v["rows"].as_array().cloned().unwrap_or_default();
     let row = |name: &str| -> serde_json::Value {
         rows.iter()

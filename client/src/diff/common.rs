@@ -102,6 +102,11 @@ pub struct OutputArgs {
     pub limit: Option<usize>,
     #[command(flatten)]
     pub symbols: crate::args::SymbolSearch,
+    /// List each image whose names are missing (stripped, no debug file, binary gone,
+    /// unreadable) with how to get its symbols, one warning line each; without it they are
+    /// counted in one line.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
     /// Write a man page or shell completions to stdout and exit.
     #[arg(long, hide = true, value_enum, value_name = "WHAT")]
     pub generate: Option<dcpi_manpage::Generate>,

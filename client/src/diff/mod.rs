@@ -361,6 +361,7 @@ pub fn run_diff(
         crate::manpages::generate(DiffArgs::command(), g, out)?;
         return Ok(());
     }
+    crate::notes::set_verbose(args.out.verbose);
     for (name, v) in [("--min-delta", args.min_delta), ("--min-effect", args.min_effect)] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(ToolError::Usage(format!("{name} {v}: expected a number of points >= 0")));
@@ -788,8 +789,12 @@ fn ratio_text(r: &DiffRow) -> String {
     }
 }
 
-fn row_name(r: &DiffRow) -> String {
-    let mut n = printable(r.symbol.as_deref().or(r.image.as_deref()).unwrap_or_default());
+/// A row's name in the text table: its symbol, or its image's `label` (image rows).
+fn row_name(r: &DiffRow, label: Option<String>) -> String {
+    let mut n = label.map_or_else(
+        || printable(r.symbol.as_deref().or(r.image.as_deref()).unwrap_or_default()),
+        |l| printable(&l),
+    );
     if r.builds_differ == Some(true) {
         n.push_str("  (rebuilt)");
     }
@@ -860,7 +865,12 @@ pub fn write_report(
             _ => Cell::colored(v, c),
         }
     };
-    for x in &r.rows {
+    // Image rows are named as every table names images (dcpi_report::image::short_labels);
+    // builds of a path share one row here, so only the path tells them apart.
+    let paths: Vec<(&str, Option<&str>)> =
+        r.rows.iter().map(|x| (x.image.as_deref().unwrap_or_default(), None)).collect();
+    let labels = dcpi_report::image::short_labels(&paths);
+    for (x, label) in r.rows.iter().zip(labels) {
         let c = match (color && x.significant, x.delta > 0.0) {
             (true, true) => Some(RED),
             (true, false) => Some(GREEN),
@@ -868,7 +878,8 @@ pub fn write_report(
         };
         let name = x.symbol.clone().or(x.image.clone()).unwrap_or_default();
         t.row(vec![
-            Value::Both { text: row_name(x), csv: CsvCell::Text(name) }.into(),
+            Value::Both { text: row_name(x, images.then_some(label)), csv: CsvCell::Text(name) }
+                .into(),
             x.source.as_deref().into(),
             secs(x.before),
             secs(x.after),

@@ -191,6 +191,7 @@ pub fn run_stats(
         crate::manpages::generate(StatsArgs::command_with_defaults(), g, out)?;
         return Ok(());
     }
+    crate::notes::set_verbose(args.out.verbose);
     if !(args.outlier_k.is_finite() && args.outlier_k > 0.0) {
         return Err(ToolError::Usage(format!(
             "--outlier-k {}: expected a number > 0",

@@ -171,6 +171,11 @@ pub struct Args {
     pub vmlinux: Option<PathBuf>,
     #[command(flatten)]
     pub symbols: SymbolSearch,
+    /// List each image whose names are missing (stripped, no debug file, binary gone,
+    /// unreadable) with how to get its symbols, one warning line each; without it they are
+    /// counted in one line.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
     /// Write a man page or shell completions to stdout and exit.
     #[arg(long, hide = true, value_enum, value_name = "WHAT")]
     pub generate: Option<dcpi_manpage::Generate>,

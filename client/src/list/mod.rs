@@ -54,6 +54,7 @@ pub fn print_error(err: &mut dyn Write, e: &ListError) {
 
 /// Run `dcpilist` with parsed arguments; errors are returned, not printed.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ListError> {
+    crate::notes::set_verbose(args.verbose);
     if let Some(g) = args.generate {
         return Ok(crate::manpages::generate(Args::command(), g, out)?);
     }

@@ -259,7 +259,7 @@ pub fn write_top(out: &mut dyn Write, r: &TopReport, fmt: Format) -> io::Result<
     };
     for row in &r.rows {
         let mut c: Vec<Cell> = vec![
-            row.image.as_str().into(),
+            Value::image(row.image.as_str(), row.build_id.as_deref()).into(),
             unknown(&row.symbol).into(),
             row.offset.into(),
             unknown(&row.instruction).into(),

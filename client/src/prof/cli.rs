@@ -233,6 +233,12 @@ SPECIAL ROWS
   [build-id mismatch]    the binary at the recorded path is another build; its symbols are
                          never used (a warning names the path and both ids).
 
+IMAGE NAMES
+  Tables name an image by its basename (`libc.so.6`); two images that differ only in
+  directory by as many trailing path components as tell them apart (`v1/app`, `v2/app`),
+  and two builds of one path by a short build-id (`app (3b3b3b3b)`, usable as --image). The
+  same in dcpilist, dcpidiff and dcpistats. JSON and CSV have the whole paths.
+
 BINARIES AND DEBUG INFO
   A binary is looked up by build-id: at its recorded path, in --binary-path dirs, then in the
   build-id caches (--cache-dir, then <db>/binaries, laid out <xx>/<rest-of-hex>). The daemon

@@ -27,7 +27,7 @@ use serde::Serialize;
 use super::output::TableFormat;
 use super::stacks::SymStack;
 use crate::args::{Selection, SymbolSearch};
-use dcpi_report::render::{Column, Kind, Output, Style, Table};
+use dcpi_report::render::{Column, Kind, Output, Style, Table, Value};
 use dcpi_report::report::SymbolMode;
 
 /// An image whose stacks end early this often (percent of the stacks through it) or more is
@@ -289,7 +289,7 @@ pub fn write(out: &mut dyn Write, r: &HealthReport, format: TableFormat) -> std:
     ));
     for row in &r.rows {
         t.row(vec![
-            row.image.as_str().into(),
+            Value::image(row.image.as_str(), row.build_id.as_deref()).into(),
             row.kind.into(),
             row.stack_samples.into(),
             row.ended_early.into(),

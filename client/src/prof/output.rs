@@ -317,7 +317,12 @@ fn ranked_table(events: &[EventInfo], keys: Vec<Column>, text_keys: &[usize]) ->
 
 /// The key cells of an image row: image, kind, build-id and `last` (image id or symbol).
 fn image_keys(image: &str, kind: &str, build_id: &Option<String>, last: Option<&str>) -> Vec<Cell> {
-    vec![image.into(), kind.into(), build_id.as_deref().into(), last.into()]
+    vec![
+        Value::image(image, build_id.as_deref()).into(),
+        kind.into(),
+        build_id.as_deref().into(),
+        last.into(),
+    ]
 }
 
 /// A row of a [`ranked_table`]: its key cells, counts and running total.

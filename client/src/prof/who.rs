@@ -350,7 +350,12 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
         } else {
             (*n).into()
         };
-        t.row(vec![k.as_str().into(), first.into(), pct(*n).into()]);
+        let key = if by == WhoBy::Image {
+            dcpi_report::render::Value::image(k.as_str(), None)
+        } else {
+            k.as_str().into()
+        };
+        t.row(vec![key.into(), first.into(), pct(*n).into()]);
     }
     if omitted > 0 {
         t.foot(format!("# {omitted} more rows (--limit)"));

@@ -135,8 +135,9 @@ fn per_image_report_rows_percentages_unknown_and_json_schema() {
     assert!(s.contains(&format!("# database: {}", t.root().display())), "{s}");
     assert!(s.contains("# hosts: alpha"), "{s}");
     assert!(s.contains("# event cpu-clock: 100 samples, mean period 1000"), "{s}");
-    let pa = s.find("/usr/bin/aaa").expect("aaa row");
-    let pb = s.find("/usr/lib/libbbb.so").expect("bbb row");
+    // Images by basename in the table (issue 39).
+    let pa = s.find("  aaa\n").expect("aaa row");
+    let pb = s.find("  libbbb.so\n").expect("bbb row");
     let pu = s.rfind("[unknown]").expect("unknown row");
     assert!(pa < pb && pb < pu, "{s}");
 
@@ -475,7 +476,13 @@ fn corrupt_and_foreign_version_profiles_fail_unless_keep_going() {
         let o = prof(&t.root(), &["--host", "alpha", flag]);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         let (out, err) = (stdout(&o), stderr(&o));
-        assert!(out.contains("/bin/good") && !out.contains("/bin/bad"), "{out}");
+        // Images by basename in the table (issue 39).
+        let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+        assert!(
+            rows.iter().any(|l| l.ends_with("  good"))
+                && !rows.iter().any(|l| l.ends_with("  bad")),
+            "{out}"
+        );
         assert!(err.contains(&bad_path.display().to_string()), "skipped file named: {err}");
         assert!(err.contains(&future_path.display().to_string()), "{err}");
         assert!(!err.contains("panicked"), "{err}");

@@ -255,7 +255,9 @@ fn numbers_are_grouped_on_a_terminal_and_raw_in_pipes_json_and_csv() {
                 .collect();
             let col = table[0].find("image").expect("title");
             for l in &table[1..] {
-                assert_eq!(l.find('/'), Some(col), "image column aligned: {tty}");
+                let aligned = l.get(..col).is_some_and(|b| b.ends_with(' '))
+                    && l.get(col..).is_some_and(|c| !c.starts_with(' '));
+                assert!(aligned, "image column aligned: {tty}");
             }
         }
         None => dcpi_testkit::skipped(format_args!(
@@ -461,14 +463,15 @@ fn stripped_library_report_says_only_dynsym_and_how_to_get_symbols() {
 }
 
 /// Issue 39 item 3: a report over 20 stripped images (a stock host: every system library is
-/// stripped) prints at most one warning line; `-v` lists every image.
+/// stripped) prints at most one warning line, in each report tool; `-v` lists every image.
 #[test]
 fn twenty_stripped_images_make_at_most_one_warning_line() {
     let t = TestDb::new();
     let dir = t.root().parent().expect("tmp").join("libs");
     std::fs::create_dir_all(&dir).expect("mkdir");
-    let e = t.epoch_by(SystemTime::now(), "alpha");
-    let hd = t.host(&e, "alpha");
+    // Two epochs of the same images: dcpidiff and dcpistats compare them.
+    let now = SystemTime::now();
+    let epochs = [now - Duration::from_secs(3600), now].map(|w| t.epoch_by(w, "alpha"));
     for i in 0..20u32 {
         let src = dir.join(format!("l{i}.c"));
         std::fs::write(&src, format!("int f{i}(int x) {{ return x * {i} + 1; }}\n")).expect("c");
@@ -499,22 +502,98 @@ fn twenty_stripped_images_make_at_most_one_warning_line() {
             let f = object::File::parse(&*data).expect("parse");
             ImageId::BuildId(f.build_id().ok().flatten().expect("build-id").to_vec())
         };
-        write_profile(&hd, &id, &lib.display().to_string(), &[(0x1000 + u64::from(i), 5)]);
+        for (n, e) in epochs.iter().enumerate() {
+            let hd = t.host(e, "alpha");
+            write_profile(
+                &hd,
+                &id,
+                &lib.display().to_string(),
+                &[(0x1000 + u64::from(i), 5 + n as u64)],
+            );
+        }
     }
-    let args = ["--host", "alpha", "--symbols"];
-    let o = prof(&t.root(), &args);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let err = stderr(&o);
-    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
-    assert!(warnings.len() <= 1, "{} warning lines: {err}", warnings.len());
-    assert!(warnings.first().is_some_and(|l| l.contains("20 images")), "{err}");
-    assert!(stdout(&o).contains("libstripped7.so.1"), "{}", stdout(&o));
-    let mut v = args.to_vec();
-    v.push("-v");
-    let o = prof(&t.root(), &v);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let err = stderr(&o);
-    for i in 0..20 {
-        assert!(err.contains(&format!("libstripped{i}.so.1:")), "-v lists image {i}: {err}");
+    let (e1, e2) = (epochs[0].to_string(), epochs[1].to_string());
+    let one = "libstripped7.so.1";
+    // (tool, arguments, how many images `-v` lists)
+    let cases: [(&str, Vec<&str>, u32); 5] = [
+        (env!("CARGO_BIN_EXE_dcpiprof"), vec!["--epoch", "all", "--symbols"], 20),
+        (env!("CARGO_BIN_EXE_dcpiprof"), vec!["--epoch", "all", "--by", "symbol"], 20),
+        (env!("CARGO_BIN_EXE_dcpilist"), vec!["--epoch", "all", "--top", "40"], 20),
+        (env!("CARGO_BIN_EXE_dcpidiff"), vec!["--before", &e1, "--after", &e2, "--image", one], 1),
+        (env!("CARGO_BIN_EXE_dcpistats"), vec!["--epoch", "all", "--image", one], 1),
+    ];
+    for (exe, args, listed) in cases {
+        let mut args = args;
+        args.extend(["--host", "alpha"]);
+        let o = tool(exe, &t.root(), &args);
+        assert!(o.status.success(), "{exe} {args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+        assert!(warnings.len() <= 1, "{exe} {args:?}: {} warning lines: {err}", warnings.len());
+        if listed == 20 {
+            assert!(warnings.first().is_some_and(|l| l.contains("20 images")), "{exe}: {err}");
+            assert!(stdout(&o).contains("libstripped7.so.1"), "{exe}: {}", stdout(&o));
+        }
+        args.push("-v");
+        let o = tool(exe, &t.root(), &args);
+        assert!(o.status.success(), "{exe} {args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        let named = (0..20).filter(|i| err.contains(&format!("libstripped{i}.so.1:"))).count();
+        assert_eq!(named, listed as usize, "{exe} {args:?}: -v lists each image: {err}");
+    }
+}
+
+/// Issue 39 item 3: text tables name images by basename; two images that differ only in
+/// directory by as much of their paths as tells them apart; two builds of one path with a
+/// short build-id. CSV and JSON keep the whole paths. The same in every report tool's table
+/// of images (dcpiprof's image and symbol tables, dcpilist --top, dcpidiff's image rows).
+#[test]
+fn images_print_by_basename_with_directories_and_build_ids_only_where_needed() {
+    let t = TestDb::new();
+    let now = SystemTime::now();
+    let epochs = [now - Duration::from_secs(3600), now].map(|w| t.epoch_by(w, "alpha"));
+    for e in &epochs {
+        let hd = t.host(e, "alpha");
+        write_profile(&hd, &build_id(1), "/srv/releases/v1/app", &[(0x1000, 400)]);
+        write_profile(&hd, &build_id(2), "/srv/releases/v2/app", &[(0x1000, 300)]);
+        write_profile(&hd, &build_id(3), "/opt/tool", &[(0x1000, 200)]);
+        write_profile(&hd, &build_id(4), "/opt/tool", &[(0x1000, 100)]);
+        write_profile(&hd, &build_id(5), "/usr/lib/x86_64-linux-gnu/libz.so.1", &[(0x1000, 50)]);
+    }
+    let want = ["v1/app", "v2/app", "tool (03030303)", "tool (04040404)", "libz.so.1"];
+    let (e1, e2) = (epochs[0].to_string(), epochs[1].to_string());
+    let cases: [(&str, Vec<&str>, &[&str]); 4] = [
+        (env!("CARGO_BIN_EXE_dcpiprof"), vec!["--epoch", "all"], &want),
+        (env!("CARGO_BIN_EXE_dcpiprof"), vec!["--epoch", "all", "--symbols"], &want),
+        (env!("CARGO_BIN_EXE_dcpilist"), vec!["--epoch", "all", "--top", "20"], &want),
+        // dcpidiff has one row per path (builds merged, `(rebuilt)` when they changed).
+        (
+            env!("CARGO_BIN_EXE_dcpidiff"),
+            vec!["--before", &e1, "--after", &e2, "--compare", "samples"],
+            &["v1/app", "v2/app", "tool", "libz.so.1"],
+        ),
+    ];
+    for (exe, args, labels) in cases {
+        let mut args = args;
+        args.extend(["--host", "alpha"]);
+        let o = tool(exe, &t.root(), &args);
+        assert!(o.status.success(), "{exe} {args:?}: {}", stderr(&o));
+        let out = stdout(&o);
+        for l in labels {
+            assert!(
+                out.lines().any(|x| x.contains(&format!("  {l}"))),
+                "{exe} {args:?}: no image {l:?}: {out}"
+            );
+        }
+        for path in ["/srv/releases/v1/app", "/opt/tool", "/usr/lib/x86_64-linux-gnu/libz.so.1"] {
+            assert!(!out.contains(path), "{exe} {args:?}: the table has the path {path}: {out}");
+        }
+        args.extend(["--format", "csv"]);
+        let o = tool(exe, &t.root(), &args);
+        assert!(o.status.success(), "{exe} {args:?}: {}", stderr(&o));
+        let csv = stdout(&o);
+        for path in ["/srv/releases/v1/app", "/srv/releases/v2/app", "/opt/tool"] {
+            assert!(csv.contains(path), "{exe} {args:?}: CSV lacks {path}: {csv}");
+        }
     }
 }
