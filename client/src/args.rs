@@ -16,8 +16,9 @@ use dcpi_report::error::ProfError;
 pub use dcpi_report::error::{did_you_mean, did_you_mean_hint};
 use dcpi_report::image::ImageFilter;
 use dcpi_report::select::{
-    epoch_start, load, load_counts, load_image_totals, open_db, restrict_loaded, restrict_totals,
-    select_host_dirs, this_host, EpochSel, HostSel, Loaded, TimeRange, Totals,
+    epoch_start, freshen_loaded, freshen_totals, load, load_counts, load_image_totals, open_db,
+    restrict_loaded, restrict_totals, select_host_dirs, this_host, EpochSel, HostSel, Loaded,
+    TimeRange, Totals,
 };
 use dcpi_report::symcache::{default_path as default_cache_path, SymbolCache};
 
@@ -67,6 +68,11 @@ impl Selection {
         } else {
             self.epoch.clone()
         }
+    }
+
+    /// Whether the selection is the current epoch (the default `--epoch latest`, no range).
+    pub fn is_latest(&self) -> bool {
+        self.time_range().is_none() && self.epoch == EpochSel::Latest
     }
 
     /// `--since`/`--until` as a time range, when either is given.
@@ -121,6 +127,8 @@ impl Selection {
         let mut loaded = load(dirs, filter, warn)?;
         if let EpochSel::Between(since, until) = epoch {
             restrict_loaded(&mut loaded, TimeRange::new(*since, *until), warn)?;
+        } else {
+            freshen_loaded(&mut loaded, filter)?;
         }
         self.check_corrupt(loaded, warn)
     }
@@ -133,6 +141,8 @@ impl Selection {
         let mut loaded = load_counts(dirs, None, true, warn)?;
         if let Some(r) = self.time_range() {
             restrict_loaded(&mut loaded, r, warn)?;
+        } else {
+            freshen_loaded(&mut loaded, None)?;
         }
         self.check_corrupt(loaded, warn)
     }
@@ -145,6 +155,8 @@ impl Selection {
         let mut totals = load_image_totals(dirs, warn)?;
         if let Some(r) = self.time_range() {
             restrict_totals(&mut totals, r, warn)?;
+        } else {
+            freshen_totals(&mut totals)?;
         }
         self.check_corrupt_files(&totals.corrupt, warn)?;
         Ok(totals)

@@ -55,7 +55,9 @@ pub use stacks::{
     STACKS_MAGIC, STACKS_PREFIX, STACKS_SUFFIX, STACKS_VERSION,
 };
 pub use sumidx::{SUMMARY_INDEX_FILE, SUMMARY_INDEX_MAGIC, SUMMARY_INDEX_VERSION};
-pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};
+pub use summary::{
+    EventSummary, FreshMark, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION,
+};
 pub use who::{WhoKey, WhoTable, WHO_FILE, WHO_MAGIC, WHO_VERSION};
 
 /// Default location of the database.

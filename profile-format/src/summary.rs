@@ -49,6 +49,24 @@ pub struct HostSummary {
     /// the index existed, or when a profile could not be read when the summary was written.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index: Option<SummaryIndex>,
+    /// Where the published profiles end on the time axis (FORMAT.md §7.3): a profile whose
+    /// `sequence` is one of these marks holds exactly the samples of the slices that end at or
+    /// before its `slice_end`, so that a reader adds the later slices of `slices.log` to it.
+    /// Oldest first. Absent (empty): no such guarantee (written before §7.3, slices off, or
+    /// samples were published around the spool); readers then take the profiles as they are.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fresh: Vec<FreshMark>,
+}
+
+/// One freshness mark of [`HostSummary::fresh`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct FreshMark {
+    /// A slice boundary (Unix seconds): the end of a slice of `slices.log`.
+    pub slice_end: u64,
+    /// The spool sequence up to which the samples of the slices ending at or before
+    /// `slice_end` were spooled; profiles published with this `sequence` hold exactly those.
+    pub sequence: u64,
 }
 
 /// Per-(image, event) totals of the profiles of one host directory, so that a per-image report
@@ -204,6 +222,7 @@ impl HostSummary {
             dcpid_version: f.dcpid_version,
             index: None,
             spool_sequence: 0,
+            fresh: Vec::new(),
         })
     }
 

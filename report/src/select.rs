@@ -7,7 +7,7 @@ use std::str::FromStr;
 use profile_format::sumidx::{self, ImageIdRef};
 use profile_format::{
     Database, EpochId, EventDesc, HostDir, HostSummary, ImageId, ImageKind, Profile, ProfileEntry,
-    ProfileHeader,
+    ProfileHeader, SliceKey,
 };
 
 use super::image::{image_display, ImageFilter};
@@ -1156,6 +1156,224 @@ pub fn restrict_totals(
     }
     t.scan.time = Some(cov);
     Ok(())
+}
+
+/// What the freshness merge (FORMAT.md §7.3) adds to one host directory of the current epoch:
+/// per key, the counts of the slices after the mark its profile is stamped with (all its
+/// slices when it has no profile yet), and a header for each key that has no profile.
+#[derive(Default)]
+struct FreshDir {
+    extra: BTreeMap<SliceKey, Vec<(u64, u64)>>,
+    headers: BTreeMap<SliceKey, ProfileHeader>,
+}
+
+/// The freshness merge of `d` (newest epoch): `None` when its summary has no mark or it has
+/// no slices. Profiles are read before the summary (the caller loaded them): a mark is
+/// written before any profile is stamped with it, so every stamp read is found.
+fn fresh_dir(
+    d: &HostDir,
+    db: &Database,
+    epochs: &[EpochId],
+) -> Result<Option<FreshDir>, ProfError> {
+    let mut seqs: BTreeMap<SliceKey, Option<u64>> = BTreeMap::new();
+    for e in d.profiles()? {
+        stats::count(&stats::PROFILES_LISTED);
+        let p = match read_profile(d, &e) {
+            Ok(p) => p,
+            // Reported by the load itself; no merge for what cannot be read.
+            Err(_) => return Ok(None),
+        };
+        let k = slice_key(&p.header);
+        // Two files of one key (a continuation, FORMAT.md §3.1): no single stamp.
+        let dup = seqs.contains_key(&k);
+        seqs.insert(k, (!dup).then_some(p.header.sequence));
+    }
+    let summary = match HostSummary::read(&d.summary_path()) {
+        Ok(s) => s,
+        Err(e) if e.is_hostile_file() => return Err(e.into()),
+        Err(_) => return Ok(None),
+    };
+    if summary.fresh.is_empty() {
+        return Ok(None);
+    }
+    let Some(log) = d.read_slices()? else { return Ok(None) };
+    let marks: HashMap<u64, u64> =
+        summary.fresh.iter().map(|m| (m.sequence, m.slice_end)).collect();
+    let mut out = FreshDir::default();
+    let mut after: BTreeMap<u64, BTreeMap<SliceKey, Vec<(u64, u64)>>> = BTreeMap::new();
+    let mut sum_after = |t: u64| -> BTreeMap<SliceKey, Vec<(u64, u64)>> {
+        after.entry(t).or_insert_with(|| log.range(Some(t), None).sum()).clone()
+    };
+    let all = sum_after(0);
+    for (k, pairs) in &all {
+        let from = match seqs.get(k) {
+            None => Some(0),
+            Some(Some(q)) => marks.get(q).copied(),
+            Some(None) => None,
+        };
+        let Some(from) = from else { continue };
+        let v =
+            if from == 0 { pairs.clone() } else { sum_after(from).remove(k).unwrap_or_default() };
+        if !v.is_empty() {
+            out.extra.insert(k.clone(), v);
+        }
+    }
+    // Keys sampled but never published yet: their header from this host's previous epochs
+    // (the same image id is the same image), else from the summary's events.
+    let missing: Vec<SliceKey> =
+        out.extra.keys().filter(|k| !seqs.contains_key(*k)).cloned().collect();
+    if !missing.is_empty() {
+        let mut found: BTreeMap<SliceKey, ProfileHeader> = BTreeMap::new();
+        for e in epochs.iter().rev().filter(|e| **e < d.epoch).take(3) {
+            let Ok(prev) = db.host_dir(e, &d.host) else { continue };
+            let Ok(t) = dir_totals(&prev, 0, true) else { continue };
+            for p in t.profiles {
+                found.entry(slice_key(&p.profile.header)).or_insert(p.profile.header);
+            }
+        }
+        for k in missing {
+            let h = match found.remove(&k) {
+                Some(h) => ProfileHeader { host: d.host.clone(), epoch: d.epoch.clone(), ..h },
+                None => {
+                    let (Some(id), Some(event)) = (
+                        k.image.clone(),
+                        summary
+                            .events
+                            .iter()
+                            .filter_map(|e| e.desc.clone())
+                            .find(|e| e.name == k.event),
+                    ) else {
+                        out.extra.remove(&k);
+                        continue;
+                    };
+                    ProfileHeader {
+                        kind: ImageKind::Elf,
+                        image_path: format!("[not yet published: {}]", id.to_text()).into_bytes(),
+                        image_id: id,
+                        event,
+                        host: d.host.clone(),
+                        epoch: d.epoch.clone(),
+                        total_samples: 0,
+                        total_period: 0,
+                        sequence: 0,
+                        jit_symbols: Vec::new(),
+                    }
+                }
+            };
+            out.headers.insert(k, h);
+        }
+    }
+    Ok(Some(out))
+}
+
+/// The host directories of the newest epoch of the database among `dirs`, with their merge.
+fn fresh_dirs(dirs: &[HostDir]) -> Result<Vec<Option<FreshDir>>, ProfError> {
+    let Some(first) = dirs.first() else { return Ok(Vec::new()) };
+    let db = Database::open(&first.db_root())?;
+    let epochs = db.epochs()?;
+    let newest = epochs.last().cloned();
+    par_map(dirs, |_, d| {
+        if Some(&d.epoch) != newest.as_ref() {
+            return Ok(None);
+        }
+        fresh_dir(d, &db, &epochs)
+    })
+    .into_iter()
+    .collect()
+}
+
+fn add_pairs(total: &mut ProfileHeader, samples: &mut u64, extra: u64) {
+    let per = if total.total_samples > 0 && total.total_period > 0 {
+        total.total_period as f64 / total.total_samples as f64
+    } else {
+        total.event.period_mean.max(1) as f64
+    };
+    total.total_period = total.total_period.saturating_add((extra as f64 * per).round() as u64);
+    total.total_samples = total.total_samples.saturating_add(extra);
+    *samples = samples.saturating_add(extra);
+}
+
+/// Fresh by default (issue 36 item 6, FORMAT.md §7.3): add to the profiles of the current
+/// epoch what its time slices hold beyond them, exactly (the slices after the freshness mark
+/// each profile is stamped with), and the keys sampled but not published yet (with `filter`,
+/// only those of the image). Directories without marks (older daemons, slices off) are left
+/// as they are. Returns the samples added.
+pub fn freshen_loaded(loaded: &mut Loaded, filter: Option<&ImageFilter>) -> Result<u64, ProfError> {
+    let per_dir = fresh_dirs(&loaded.scan.dirs)?;
+    let mut added = 0;
+    for (i, f) in per_dir.into_iter().enumerate() {
+        let Some(mut f) = f else { continue };
+        for p in loaded.profiles.iter_mut().filter(|p| p.dir == i) {
+            let Some(v) = f.extra.remove(&slice_key(&p.profile.header)) else { continue };
+            let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+            if !p.profile.counts.is_empty() || p.samples == 0 {
+                for (o, c) in v {
+                    *p.profile.counts.entry(o).or_insert(0) += c;
+                }
+            }
+            add_pairs(&mut p.profile.header, &mut p.samples, n);
+            added += n;
+        }
+        for (k, v) in f.extra {
+            let Some(mut header) = f.headers.remove(&k) else { continue };
+            if filter.is_some_and(|f| f.rank(&header).is_none()) {
+                continue;
+            }
+            let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+            let mut samples = 0;
+            add_pairs(&mut header, &mut samples, n);
+            let profile = Profile { header, who: None, counts: v.into_iter().collect() };
+            let path = loaded.scan.dirs[i].slices_path();
+            loaded.profiles.push(LoadedProfile { path, profile, samples, dir: i });
+            added += n;
+        }
+    }
+    Ok(added)
+}
+
+/// [`freshen_loaded`] for the per-image report's totals.
+pub fn freshen_totals(t: &mut Totals) -> Result<u64, ProfError> {
+    let per_dir = fresh_dirs(&t.scan.dirs)?;
+    let mut added = 0;
+    let mut interner = Interner::default();
+    for h in &t.headers {
+        interner.intern_header(h);
+    }
+    for (i, f) in per_dir.into_iter().enumerate() {
+        let Some(mut f) = f else { continue };
+        for e in t.entries.iter_mut().filter(|e| e.dir as usize == i) {
+            let Some(v) = f.extra.remove(&slice_key(&interner.headers[e.header as usize])) else {
+                continue;
+            };
+            let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+            let mut h = interner.headers[e.header as usize].clone();
+            h.total_samples = e.total_samples;
+            h.total_period = e.total_period;
+            let mut samples = e.samples;
+            add_pairs(&mut h, &mut samples, n);
+            (e.samples, e.total_samples, e.total_period) =
+                (samples, h.total_samples, h.total_period);
+            added += n;
+        }
+        for (k, v) in f.extra {
+            let Some(mut h) = f.headers.remove(&k) else { continue };
+            let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+            let mut samples = 0;
+            add_pairs(&mut h, &mut samples, n);
+            let (total_samples, total_period) = (h.total_samples, h.total_period);
+            let header = interner.intern_header(&h);
+            t.entries.push(TotalEntry {
+                dir: i as u32,
+                header,
+                samples,
+                total_samples,
+                total_period,
+            });
+            added += n;
+        }
+    }
+    t.headers = interner.headers;
+    Ok(added)
 }
 
 /// Open the database, naming it in the error.

@@ -199,3 +199,61 @@ fn a_range_is_refused_where_there_is_no_time_axis() {
         assert!(err.contains("no time axis"), "{args:?}: {err}");
     }
 }
+
+/// Samples of `image` in a JSON per-image report of the latest epoch (0 when absent).
+fn samples_now(sb: &Sandbox, host: &str, image: &str) -> u64 {
+    let out = sb.prof(&["--host", host, "--format", "json"]);
+    if !out.status.success() {
+        return 0;
+    }
+    by_image(&json(out)).get(image).copied().unwrap_or(0)
+}
+
+/// Issue 36 item 6: right after `dcpictl epoch new`, a report shows what was sampled since,
+/// within one slice, without `dcpictl flush`; and exactly: once the workload's slices are
+/// appended, the report (profiles published meanwhile up to their marks, plus the newer
+/// slices) equals what a full flush publishes, sample for sample.
+#[dcpi_testkit::test(perf)]
+fn right_after_epoch_new_a_report_is_fresh_and_exact_without_a_flush() {
+    let sb = Sandbox::new();
+    let bin = build(sb.dir.path(), 7);
+    let image = bin.display().to_string();
+    let host = "h1";
+    let mut d = sb.start_daemon(
+        host,
+        &[
+            "-e",
+            "cpu-clock",
+            "--flush-interval",
+            "200ms",
+            "--slice-interval",
+            "5s",
+            "--publish-interval",
+            "3s",
+        ],
+    );
+    let out = d.ctl(&["epoch", "new"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The new epoch has nothing published yet: an empty report, not an error.
+    let out = sb.prof(&["--host", host]);
+    assert!(out.status.success(), "an empty epoch: {}", String::from_utf8_lossy(&out.stderr));
+    let t0 = now_f();
+    let st = Command::new(&bin).arg(format!("{}", t0 + 2.0)).status().expect("run");
+    assert!(st.success());
+    // Within one slice (plus flush and margin for a loaded machine), without a flush.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while samples_now(&sb, host, &image) == 0 {
+        assert!(Instant::now() < deadline, "the workload never showed up without a flush");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let seen = now_f() - (t0 + 2.0);
+    // Every slice holding the workload is appended once two slices have passed its end.
+    wait_until(t0 + 2.0 + 2.0 * SLICE as f64 + 1.0);
+    let fresh = samples_now(&sb, host, &image);
+    let (st, err) = d.terminate();
+    assert!(st.success(), "dcpid: {err}");
+    let flushed = samples_now(&sb, host, &image);
+    assert!(flushed > 200, "the workload was sampled: {flushed}");
+    assert_eq!(fresh, flushed, "fresh report (no flush) vs everything published");
+    assert!(seen < 60.0, "shown {seen:.1} s after the workload ended");
+}

@@ -130,7 +130,7 @@ impl Schedule {
 /// published after the flat profiles: a machine starting hundreds of processes a minute with
 /// `by_pid` makes thousands of them (BENCHMARKS.md, "Who table"), and the flat reports must
 /// not wait behind them.
-fn is_qualified(k: &SpoolKey) -> bool {
+pub(super) fn is_qualified(k: &SpoolKey) -> bool {
     k.image.as_deref().is_some_and(|t| t.contains('.'))
 }
 

@@ -65,6 +65,8 @@ struct Open {
     /// (event, image id text; empty for the event's unknown samples) → offset → count.
     counts: hashbrown::HashMap<(String, String), hashbrown::HashMap<u64, u64>>,
     pairs: usize,
+    /// Arrival number of the last batch added (issue 36 item 6, [`super::fresh`]).
+    last_arrival: u64,
 }
 
 #[derive(Default)]
@@ -75,6 +77,8 @@ pub(super) struct SliceAccum {
     /// epoch change) is continued from there, so that records never overlap.
     last_end: BTreeMap<EpochId, u64>,
     closed: VecDeque<(EpochId, Slice)>,
+    /// (epoch, start) of each closed slice not yet appended: its last batch's arrival number.
+    closed_last: BTreeMap<(EpochId, u64), u64>,
     closed_pairs: usize,
     writer: Option<(EpochId, SliceWriter)>,
     /// Epochs whose log is of a newer format version (left alone) or that failed to open, and
@@ -89,6 +93,11 @@ fn unix_s(t: SystemTime) -> u64 {
 }
 
 impl SliceAccum {
+    /// The slice length in force (zero: slices off).
+    pub(super) fn settings_interval(&self) -> Duration {
+        self.settings.interval
+    }
+
     fn interval_s(&self) -> u64 {
         self.settings.interval.as_secs()
     }
@@ -116,13 +125,15 @@ impl SliceAccum {
             counts.insert(SliceKey { event, image }, v);
         }
         self.last_end.insert(epoch.clone(), end);
+        self.closed_last.insert((epoch.clone(), o.start), o.last_arrival);
         self.closed_pairs += o.pairs;
         self.closed.push_back((
             epoch.clone(),
             Slice { start: o.start, len: end - o.start, seq: 0, counts },
         ));
         while self.closed_pairs > MAX_HELD_PAIRS && self.closed.len() > 1 {
-            let Some((_, s)) = self.closed.pop_front() else { break };
+            let Some((e, s)) = self.closed.pop_front() else { break };
+            self.closed_last.remove(&(e, s.start));
             self.closed_pairs -= s.counts.values().map(Vec::len).sum::<usize>();
             self.stats.dropped_samples += s.samples();
             if !self.dropped_logged {
@@ -175,6 +186,7 @@ impl Store {
             .open
             .entry(epoch)
             .or_insert_with(|| Open { start: resume.unwrap_or(aligned), ..Default::default() });
+        o.last_arrival = o.last_arrival.max(b.arrival);
         for p in &b.profiles {
             let img = p.image.as_ref().map(|(id, _)| id.clone()).unwrap_or_default();
             let m = o.counts.entry((p.desc.name.clone(), img)).or_default();
@@ -258,12 +270,19 @@ impl Store {
             let Some((_, slice)) = acc.closed.front() else { break };
             if acc.refused.contains_key(&epoch) {
                 acc.stats.dropped_samples += slice.samples();
+                acc.closed_last.remove(&(epoch.clone(), slice.start));
             } else {
                 let Some((_, w)) = &mut acc.writer else { break };
                 let n = w.append(slice)?;
                 acc.stats.records += 1;
                 acc.stats.bytes += n;
+                if let Some(last) = acc.closed_last.remove(&(epoch.clone(), slice.start)) {
+                    self.fresh.appended(&epoch, slice.end(), last);
+                    // Its summary records the new freshness mark (FORMAT.md §7.3).
+                    self.summaries.dirty.insert(epoch.to_string());
+                }
             }
+            let acc = &mut self.slices;
             if let Some((_, s)) = acc.closed.pop_front() {
                 acc.closed_pairs =
                     acc.closed_pairs.saturating_sub(s.counts.values().map(Vec::len).sum());

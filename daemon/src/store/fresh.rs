@@ -1,0 +1,155 @@
+//! Fresh reports without a flush (issue 36 item 6, FORMAT.md §7.3): profiles are published
+//! only up to a slice boundary, which `summary.json` records with the spool sequence it
+//! stands for; a reader adds the slices after it to the profiles, exactly.
+//!
+//! Why it is exact: every batch is numbered on arrival ([`Fresh::arrive`]); it goes into the
+//! open slice of that instant and, in arrival order, into the spool, which gives it an
+//! increasing sequence. When the slice ending at `T` has been appended to `slices.log` and
+//! every batch that arrived before its end has been spooled (the last with sequence `B`), the
+//! batches of the slices ending at or before `T` are exactly those with a sequence `<= B`.
+//! The mark `(T, B)` goes into `summary.json`; only once that is written are profiles
+//! published, and then only with increments of sequence `<= B` (the cap), and stamped with
+//! `sequence = B`. So a profile stamped `B` holds exactly the slices up to `T`, and the
+//! slices after `T` hold what it lacks. Publishing stays cheap: a slice costs one append;
+//! marks are recorded with the summary (once per publish interval).
+//!
+//! A batch published straight into the database (the spool failing) has no sequence: the
+//! epoch then gets no more marks and its recorded ones are dropped (readers fall back to the
+//! profiles alone, as before), and its cap is lifted.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use profile_format::{EpochId, FreshMark};
+
+/// The freshness bookkeeping of a store.
+#[derive(Default)]
+pub(super) struct Fresh {
+    /// Number of the next batch to arrive (from 1).
+    next_arrival: u64,
+    /// Per epoch: the end of the newest appended slice and the last batch in it.
+    appended: BTreeMap<EpochId, (u64, u64)>,
+    /// Spooled batches (arrival, sequence), in order, not yet covered by a mark.
+    spooled: VecDeque<(u64, u64)>,
+    /// Per epoch: the sequence of its newest recorded mark (the publication cap).
+    cap: BTreeMap<EpochId, u64>,
+    /// Epochs that had a batch published around the spool: no marks, no cap.
+    poisoned: BTreeSet<EpochId>,
+    /// Keys whose increments were held back by the cap at their turn (published later).
+    pub(super) held_back: Vec<super::spool::SpoolKey>,
+    /// Epochs that got a new mark since last asked (their held-back profiles can go now).
+    pub(super) new_marks: BTreeSet<EpochId>,
+}
+
+impl Fresh {
+    /// Number an arriving batch.
+    pub(super) fn arrive(&mut self) -> u64 {
+        self.next_arrival += 1;
+        self.next_arrival
+    }
+
+    /// A slice of `epoch` ending at `end`, whose last batch arrived as `last`, was appended
+    /// to its log.
+    pub(super) fn appended(&mut self, epoch: &EpochId, end: u64, last: u64) {
+        let e = self.appended.entry(epoch.clone()).or_insert((end, last));
+        if end >= e.0 {
+            *e = (end, last.max(e.1));
+        }
+    }
+
+    /// The batch that arrived as `arrival` was spooled with `seq`.
+    pub(super) fn spooled(&mut self, arrival: u64, seq: u64) {
+        self.spooled.push_back((arrival, seq));
+        // Bounded: a mark needs only the newest spooled batch before its boundary.
+        while self.spooled.len() > 100_000 {
+            self.spooled.pop_front();
+        }
+    }
+
+    /// A batch of `epoch` went around the spool.
+    pub(super) fn poison(&mut self, epoch: &EpochId) {
+        if self.poisoned.insert(epoch.clone()) {
+            tracing::info!(epoch = %epoch, "store: a batch was published around the spool; reports of this epoch are fresh only up to its profiles");
+        }
+        self.cap.remove(epoch);
+    }
+
+    /// The mark to record for `epoch` now, if its newest appended slice is complete in the
+    /// spool: `oldest_pending` is the arrival of the oldest batch not yet spooled (any epoch).
+    pub(super) fn mark(
+        &self,
+        epoch: &EpochId,
+        oldest_pending: Option<u64>,
+        recorded: &[FreshMark],
+    ) -> Option<FreshMark> {
+        if self.poisoned.contains(epoch) {
+            return None;
+        }
+        let &(end, last) = self.appended.get(epoch)?;
+        if oldest_pending.is_some_and(|a| a <= last) {
+            return None;
+        }
+        let prev = recorded.last().copied().unwrap_or_default();
+        let seq = self.spooled.iter().rev().find(|(a, _)| *a <= last).map_or(0, |(_, s)| *s);
+        let seq = seq.max(prev.sequence);
+        // A slice after a restart may end in the second the previous mark did (it does not
+        // know where the last one ended): the same boundary, more samples.
+        if end < prev.slice_end || (end == prev.slice_end && seq <= prev.sequence) {
+            return None;
+        }
+        Some(FreshMark { slice_end: end, sequence: seq })
+    }
+
+    /// A summary read back from the database records `marks` for `epoch` (a restart): the
+    /// newest is the publication cap until a newer one is recorded.
+    pub(super) fn resume(&mut self, epoch: &EpochId, marks: &[FreshMark]) {
+        if let Some(m) = marks.last() {
+            let c = self.cap.entry(epoch.clone()).or_insert(0);
+            *c = (*c).max(m.sequence);
+        }
+    }
+
+    /// `m` is now recorded (durably) for `epoch`: it is the new publication cap.
+    pub(super) fn recorded(&mut self, epoch: &EpochId, m: FreshMark) {
+        self.cap.insert(epoch.clone(), m.sequence);
+        self.new_marks.insert(epoch.clone());
+    }
+
+    /// Whether `epoch`'s marks were given up.
+    pub(super) fn is_poisoned(&self, epoch: &EpochId) -> bool {
+        self.poisoned.contains(epoch)
+    }
+
+    /// The publication cap of `epoch`'s flat profiles: `Some(0)` before its first mark,
+    /// `None` without one (slices off, poisoned).
+    pub(super) fn cap(&self, epoch: &EpochId, slices_on: bool) -> Option<u64> {
+        if !slices_on || self.poisoned.contains(epoch) {
+            return None;
+        }
+        Some(self.cap.get(epoch).copied().unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mark_waits_for_its_slice_to_be_spooled() {
+        let e = EpochId::parse("20261129T000000Z").unwrap();
+        let mut f = Fresh::default();
+        let (a1, a2, a3) = (f.arrive(), f.arrive(), f.arrive());
+        assert_eq!(f.mark(&e, None, &[]), None, "nothing appended yet");
+        f.appended(&e, 120, a2);
+        assert_eq!(f.mark(&e, Some(a2), &[]), None, "its last batch is still pending");
+        f.spooled(a1, 1000);
+        f.spooled(a2, 1001);
+        let m = f.mark(&e, Some(a3), &[]).unwrap();
+        assert_eq!(m, FreshMark { slice_end: 120, sequence: 1001 });
+        assert_eq!(f.cap(&e, true), Some(0), "no cap before the mark is recorded");
+        f.recorded(&e, m);
+        assert_eq!(f.cap(&e, true), Some(1001));
+        assert_eq!(f.mark(&e, Some(a3), &[m]), None, "nothing new");
+        f.poison(&e);
+        assert_eq!((f.cap(&e, true), f.mark(&e, None, &[m])), (None, None));
+    }
+}
