@@ -24,8 +24,8 @@ use profile_format::{EpochId, FreshMark};
 /// The freshness bookkeeping of a store.
 #[derive(Default)]
 pub(super) struct Fresh {
-    /// Number of the next batch to arrive (from 1).
-    next_arrival: u64,
+    /// Number of the last batch that arrived (from 1).
+    next_arrival: u32,
     /// Per epoch: the end of the newest appended slice and the last batch in it.
     appended: BTreeMap<EpochId, (u64, u64)>,
     /// Spooled batches (arrival, sequence), in order, not yet covered by a mark.
@@ -42,8 +42,8 @@ pub(super) struct Fresh {
 
 impl Fresh {
     /// Number an arriving batch.
-    pub(super) fn arrive(&mut self) -> u64 {
-        self.next_arrival += 1;
+    pub(super) fn arrive(&mut self) -> u32 {
+        self.next_arrival = self.next_arrival.saturating_add(1);
         self.next_arrival
     }
 
@@ -57,8 +57,8 @@ impl Fresh {
     }
 
     /// The batch that arrived as `arrival` was spooled with `seq`.
-    pub(super) fn spooled(&mut self, arrival: u64, seq: u64) {
-        self.spooled.push_back((arrival, seq));
+    pub(super) fn spooled(&mut self, arrival: u32, seq: u64) {
+        self.spooled.push_back((u64::from(arrival), seq));
         // Bounded: a mark needs only the newest spooled batch before its boundary.
         while self.spooled.len() > 100_000 {
             self.spooled.pop_front();
@@ -139,16 +139,16 @@ mod tests {
         let mut f = Fresh::default();
         let (a1, a2, a3) = (f.arrive(), f.arrive(), f.arrive());
         assert_eq!(f.mark(&e, None, &[]), None, "nothing appended yet");
-        f.appended(&e, 120, a2);
-        assert_eq!(f.mark(&e, Some(a2), &[]), None, "its last batch is still pending");
+        f.appended(&e, 120, u64::from(a2));
+        assert_eq!(f.mark(&e, Some(a2.into()), &[]), None, "its last batch is still pending");
         f.spooled(a1, 1000);
         f.spooled(a2, 1001);
-        let m = f.mark(&e, Some(a3), &[]).unwrap();
+        let m = f.mark(&e, Some(a3.into()), &[]).unwrap();
         assert_eq!(m, FreshMark { slice_end: 120, sequence: 1001 });
         assert_eq!(f.cap(&e, true), Some(0), "no cap before the mark is recorded");
         f.recorded(&e, m);
         assert_eq!(f.cap(&e, true), Some(1001));
-        assert_eq!(f.mark(&e, Some(a3), &[m]), None, "nothing new");
+        assert_eq!(f.mark(&e, Some(a3.into()), &[m]), None, "nothing new");
         f.poison(&e);
         assert_eq!((f.cap(&e, true), f.mark(&e, None, &[m])), (None, None));
     }

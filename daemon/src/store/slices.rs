@@ -186,7 +186,7 @@ impl Store {
             .open
             .entry(epoch)
             .or_insert_with(|| Open { start: resume.unwrap_or(aligned), ..Default::default() });
-        o.last_arrival = o.last_arrival.max(b.arrival);
+        o.last_arrival = o.last_arrival.max(u64::from(b.arrival));
         for p in &b.profiles {
             let img = p.image.as_ref().map(|(id, _)| id.clone()).unwrap_or_default();
             let m = o.counts.entry((p.desc.name.clone(), img)).or_default();
