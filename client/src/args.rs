@@ -239,8 +239,10 @@ impl SymbolSearch {
             system_debug_dir: (!self.no_system_debug).then(|| PathBuf::from(SYSTEM_DEBUG_DIR)),
             binary_paths: self.binary_paths.clone(),
             cache_dirs: self.cache_dirs.clone(),
+            symbol_store: None,
         };
         paths.cache_dirs.push(db.join("binaries"));
+        paths.symbol_store = Some(db.to_owned());
         Locator::new(paths)
     }
 

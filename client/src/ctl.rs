@@ -47,6 +47,9 @@ pub enum CtlError {
     Protocol { socket: PathBuf, detail: String },
     #[error("dcpid: {0}")]
     Daemon(String),
+    /// A request the daemon's answer cannot satisfy (`top --event` of an event not sampled).
+    #[error("{0}")]
+    Usage(String),
 }
 
 impl CtlError {
@@ -54,6 +57,7 @@ impl CtlError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Daemon(_) => 1,
+            Self::Usage(_) => 2,
             Self::NotRunning { .. } | Self::PermissionDenied { .. } => 3,
             Self::Io { .. } | Self::Protocol { .. } => 4,
         }
@@ -331,6 +335,47 @@ pub fn render_status(v: &StatusReport) -> String {
             s.max_stack,
             s.early_flushes
         );
+        if let Some(d) = &s.dwarf {
+            o += &format!(
+                "dwarf:      {} unwound ({} through frame pointers: tables not loaded yet), {} \
+                 truncated ({} at the stack copy's end, {} at the depth bound), {:.1} ms \
+                 unwinding; loader {}: {} processes loaded, {} queued, {} failed loads; tables \
+                 {} KiB of {} KiB, {} images\n",
+                d.unwound,
+                d.fp_fallback,
+                d.truncated,
+                d.truncated_copy_end,
+                d.truncated_depth,
+                d.unwind_ms,
+                if d.loader_running {
+                    "running"
+                } else {
+                    "NOT RUNNING (processes not loaded unwind through frame pointers)"
+                },
+                d.procs_loaded,
+                d.loader_queue,
+                d.load_panics,
+                d.tables_bytes / 1024,
+                d.tables_limit_bytes / 1024,
+                d.images
+            );
+        }
+    }
+    if let Some(f) = &v.off_cpu {
+        o += &format!(
+            "off-cpu:    {:.0} switches/s, {:.0} waits/s, {:.2} s off CPU per s; {} waits \
+             without stack, {} lost, {} unpaired, {} threads off CPU now; own cost {:.2} ms/s \
+             ({:.0} ns per switch)\n",
+            f.switches_per_s,
+            f.waits_per_s,
+            f.off_cpu_s_per_s,
+            f.waits_without_stack,
+            f.lost,
+            f.unpaired,
+            f.open,
+            f.cpu_ms_per_s,
+            f.ns_per_switch
+        );
     }
     if let Some(rl) = &v.last_reload {
         o += &format!("last reload: {} ({}) {}\n", ago(rl.unix_ms), rl.trigger, reload_outcome(rl));
@@ -425,6 +470,16 @@ mod tests {
     }
 
     fn sample_status() -> Value {
+        let mut v = sample_status_base();
+        // Beside the rest: one json! of it all passes the macro's recursion limit.
+        v["stacks"]["dwarf"] = serde_json::json!({"unwound": 800, "fp_fallback": 12,
+            "truncated": 5, "truncated_copy_end": 3, "truncated_depth": 1, "unwind_ms": 1.5,
+            "procs_loaded": 9, "loader_queue": 1, "load_panics": 0, "loader_running": false,
+            "tables_bytes": 2048, "tables_limit_bytes": 33554432, "images": 4});
+        v
+    }
+
+    fn sample_status_base() -> Value {
         serde_json::json!({
             "version": "0.1.0", "pid": 7, "host": "h", "db": "/db", "uptime_s": 3.0,
             "condition": "ok", "epoch": "20260101T000000Z",
@@ -498,6 +553,10 @@ mod tests {
             "resolver thread: 0.5 wake-ups/s, 0.021 ms CPU/s; 340 side-band records applied, 2 \
              overflow buffers resolved",
             "2.500 ms CPU per second, 1253 ns per sample",
+            "dwarf:      800 unwound (12 through frame pointers: tables not loaded yet), 5 \
+             truncated (3 at the stack copy's end, 1 at the depth bound), 1.5 ms unwinding; \
+             loader NOT RUNNING",
+            "tables 2 KiB of 32768 KiB, 4 images",
             "drain threads 33.333 (parse 6.667, aggregate 10.000, re-arm 3.333, wake-ups and \
              the rest 13.333)",
             "take and resolve 66.667, store 100.000 (spool 33.333, publish 50.000), checks \

@@ -11,6 +11,7 @@ pub mod diff;
 pub use dcpi_report::escape;
 pub mod list;
 pub mod manpages;
+pub mod notes;
 pub mod prof;
 pub mod term;
 pub mod top;

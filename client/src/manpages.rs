@@ -30,7 +30,12 @@ const REPORT_ENV: &[(&str, &str)] = &[
 
 const REPORT_FILES: &[(&str, &str)] = &[
     ("/var/lib/dcpi", "The profile database: epochs/ID/HOST/*.prof and summary.json."),
-    ("/var/lib/dcpi/binaries", "Build-id cache of binaries (dcpiprof --cache-binary)."),
+    (
+        "/var/lib/dcpi/binaries",
+        "Build-id cache of binaries (dcpiprof --cache-binary), and the function-symbol tables \
+         dcpid stored (XX/REST.sym): an image whose binary was rebuilt or deleted is named from \
+         its table (no source lines or inlines).",
+    ),
     ("~/.cache/dcpi/symbols.sqlite", "Cached symbol tables and DWARF answers."),
     ("/usr/lib/debug", "Separate debug files (.build-id/xx/rest.debug, .gnu_debuglink)."),
 ];

@@ -32,6 +32,8 @@
 //! sample_user_stack = 8192  # bytes of user stack copied per sample with "dwarf"
 //! slice_interval = "1m"       # time slices in each host-epoch (FORMAT.md §14); "0": off
 //! slice_rollup_after = "6h"   # older slices become hour slices
+//! off_cpu = false             # off-CPU time with stacks, event "off-cpu" (nanoseconds)
+//! off_cpu_threshold = "0"     # shorter waits are counted without a stack
 //! ```
 //!
 //! Errors name the file, the line (and column, for syntax and type errors; from the spans
@@ -425,6 +427,19 @@ settings! {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     slice_rollup_after: Duration = Duration::from_secs(6 * 3600);
+    /// Off-CPU time: for every thread that blocks (not preempted; never the idle task), the
+    /// time until it runs again, with the stack at which it blocked, as the event `off-cpu`
+    /// (counts in nanoseconds; `dcpiprof --event off-cpu`). Costs one perf sample with a
+    /// call chain and two switch records per context switch; off by default because a
+    /// switch-heavy machine pays that on every switch (BENCHMARKS.md, "Off-CPU")
+    /// [default: false].
+    #[arg(long, value_name = "BOOL")]
+    off_cpu: bool = false;
+    /// Waits shorter than this are counted in the `off-cpu` profiles but given no stack
+    /// (`0`: every wait keeps its stack) [default: 0].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    off_cpu_threshold: Duration = Duration::ZERO;
 }
 
 /// Keys a reload may change while dcpid runs; any other key that changes is reported as needing

@@ -12,6 +12,7 @@ pub mod control;
 pub mod faults;
 pub mod man;
 pub mod notify;
+pub mod offcpu;
 pub mod perf;
 pub mod resolve;
 pub mod service;

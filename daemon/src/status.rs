@@ -110,6 +110,30 @@ pub struct StatusInputs<'a> {
     pub resolver_thread: crate::aggregate::ResolverThreadStats,
     /// Call-stack counters (`callchains = "fp"`).
     pub stacks: Option<dcpi_proto::StackReport>,
+    /// The off-CPU source's counters (`off_cpu = true`).
+    pub off_cpu: Option<crate::offcpu::OffCpuStatus>,
+}
+
+/// The off-CPU report: totals since start and rates over `uptime_s`.
+pub fn off_cpu_report(o: &crate::offcpu::OffCpuStatus, uptime_s: f64) -> dcpi_proto::OffCpuReport {
+    let per_s = |v: f64| if uptime_s > 0.0 { v / uptime_s } else { 0.0 };
+    let cpu_s = o.cpu_ns as f64 / 1e9;
+    let off_cpu_s = o.off_cpu_ns as f64 / 1e9;
+    dcpi_proto::OffCpuReport {
+        switches: o.switches,
+        switches_per_s: per_s(o.switches as f64),
+        waits: o.waits,
+        waits_per_s: per_s(o.waits as f64),
+        off_cpu_s,
+        off_cpu_s_per_s: per_s(off_cpu_s),
+        waits_without_stack: o.waits_without_stack,
+        lost: o.lost,
+        unpaired: o.unpaired,
+        open: o.open,
+        cpu_s,
+        cpu_ms_per_s: per_s(cpu_s * 1e3),
+        ns_per_switch: if o.switches > 0 { o.cpu_ns as f64 / o.switches as f64 } else { 0.0 },
+    }
 }
 
 /// The status report from what the service gathered.
@@ -320,6 +344,7 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
         },
         stacks: i.stacks,
         resolver_thread: resolver_thread_report(&i.resolver_thread, i.recent.as_ref(), uptime),
+        off_cpu: i.off_cpu.as_ref().map(|o| off_cpu_report(o, uptime)),
     }
 }
 
@@ -399,6 +424,7 @@ mod tests {
                 early_buffers: 2,
             },
             stacks: None,
+            off_cpu: None,
         });
         assert!((r.rate.samples_per_s_recent - 2000.0).abs() < 1e-9);
         // The resolver thread's rates are over the recent window, its totals since start.

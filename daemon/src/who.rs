@@ -162,6 +162,9 @@ pub struct WhoBatch {
     /// User-mode samples per (pid, image, offset, event), for the live view ([`Recent`]);
     /// taken out of the batch when it is recorded there.
     pub hot: Vec<(u32, Arc<ImageInfo>, u64, EventIdx, u64)>,
+    /// Kernel-mode samples of processes other than the idle task per (kernel or module image,
+    /// offset, event), for the live view's kernel functions; taken with `hot`.
+    pub hot_kernel: Vec<(Arc<ImageInfo>, u64, EventIdx, u64)>,
     /// Why `cgroups` holds each pid's id: (shown by a user-mode sample, since when).
     cgroup_rank: HashMap<u32, (bool, PerfTime)>,
 }
@@ -218,6 +221,7 @@ impl WhoBatch {
         }
         self.comms.extend(o.comms);
         self.hot.extend(o.hot);
+        self.hot_kernel.extend(o.hot_kernel);
         for (pid, cgroup) in o.cgroups {
             let rank = o.cgroup_rank.get(&pid).copied().unwrap_or_default();
             self.note_cgroup(pid, cgroup, rank);
@@ -281,16 +285,40 @@ impl WhoBatch {
     }
 }
 
-/// One row of the live view: samples of the first event per (pid, image, offset).
+/// One code row of the live view: samples of one event per (command, image, offset), merged
+/// over the command's processes. Kernel code has no command (`command` empty): kernel entries
+/// are shared by every process in the per-CPU tables.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HotRow {
+    pub command: Vec<u8>,
+    /// One process that ran it (the first seen); 0 for kernel code and idle.
+    pub pid: u32,
+    pub image: Vec<u8>,
+    pub kind: ImageKind,
+    pub build_id: Option<Vec<u8>>,
+    /// Offset as FORMAT.md §5.1 defines it for the kind; None for the idle row.
+    pub offset: Option<u64>,
+    pub event: EventIdx,
+    pub samples: u64,
+}
+
+/// Samples of one process in one image (`[kernel.kallsyms]`: its kernel-mode samples).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HotProcess {
     pub pid: u32,
     pub command: Vec<u8>,
     pub image: Vec<u8>,
-    pub build_id: Option<Vec<u8>>,
-    /// File offset (ELF images); None for kernel, idle and other pseudo-images.
-    pub offset: Option<u64>,
+    pub event: EventIdx,
     pub samples: u64,
+}
+
+/// What `top` returns: per-event totals and idle samples of the window, and its hottest rows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HotView {
+    pub totals: Vec<u64>,
+    pub idle: Vec<u64>,
+    pub rows: Vec<HotRow>,
+    pub processes: Vec<HotProcess>,
 }
 
 /// The last batches' hottest rows, for `dcpictl top` (memory only, no disk I/O).
@@ -305,124 +333,209 @@ pub struct Recent {
 #[derive(Debug)]
 struct Batch {
     at: Instant,
-    total: u64,
-    /// (path, build-id) of the images the rows name.
-    images: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    commands: HashMap<u32, Vec<u8>>,
+    /// Samples per event index, and the idle task's.
+    totals: Vec<u64>,
+    idle: Vec<u64>,
+    /// (path, build-id, kind) of the images the rows name.
+    images: Vec<(Vec<u8>, Option<Vec<u8>>, ImageKind)>,
+    /// Commands the rows name; [`NO_COMMAND`] is kernel code.
+    commands: Vec<Vec<u8>>,
     rows: Vec<PackedRow>,
+    /// (pid, command index, image path, event, samples).
+    processes: Vec<(u32, u32, Vec<u8>, EventIdx, u64)>,
 }
+
+/// Command index of kernel code rows.
+const NO_COMMAND: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Copy)]
 struct PackedRow {
+    command: u32,
     pid: u32,
     /// Index into [`Batch::images`].
     image: u32,
-    offset: Option<u64>,
+    offset: u64,
+    event: EventIdx,
     samples: u64,
 }
 
-type HotKey = (u32, Vec<u8>, Option<u64>);
-/// (pid, image allocation or kernel row, offset) within one batch.
-type BatchKey = (u32, usize, Option<u64>);
+/// (command index, image allocation, offset, event) within one batch.
+type BatchKey = (u32, usize, u64, EventIdx);
+/// (command, image path, build-id, offset, event) across batches.
+type HotKey = (Vec<u8>, Vec<u8>, Option<Vec<u8>>, Option<u64>, EventIdx);
+
+fn add_at(v: &mut Vec<u64>, i: usize, n: u64) {
+    if v.len() <= i {
+        v.resize(i + 1, 0);
+    }
+    v[i] += n;
+}
 
 impl Recent {
     /// Batches older than this are dropped.
     pub const KEEP: Duration = Duration::from_secs(30);
-    /// Rows kept per batch (the hottest).
+    /// Code rows kept per batch (the hottest), and process rows.
     pub const ROWS_PER_BATCH: usize = 4096;
 
-    /// Record a batch's rows (its `hot` list is taken).
+    /// Record a batch's rows (its `hot` and `hot_kernel` lists are taken).
     pub fn push(&mut self, who: &mut WhoBatch) {
         let now = Instant::now();
         while self.batches.front().is_some_and(|b| now.duration_since(b.at) > Self::KEEP) {
             self.batches.pop_front();
         }
+        let mut commands: Vec<Vec<u8>> = Vec::new();
+        let mut command_of: HashMap<u32, u32> = HashMap::new();
+        let mut command_index: HashMap<Vec<u8>, u32> = HashMap::new();
+        let mut command = |pid: u32, who: &WhoBatch| -> u32 {
+            *command_of.entry(pid).or_insert_with(|| {
+                let c = who.command(pid);
+                *command_index.entry(c.clone()).or_insert_with(|| {
+                    commands.push(c);
+                    (commands.len() - 1) as u32
+                })
+            })
+        };
         // Keyed by the image's allocation, not its path: a batch holds one entry per table
         // entry, and hashing and cloning each path was most of this function. Two images with
         // the same path (rare) make two rows here, which `top` merges.
         // Sized up front: grown from empty, rehashing was a third of this function.
-        let mut rows: HashMap<BatchKey, (Option<Arc<ImageInfo>>, u64)> =
-            HashMap::with_capacity(who.hot.len() + who.kernel.len());
-        for (pid, image, offset, ev, n) in std::mem::take(&mut who.hot) {
-            if ev != 0 {
-                continue;
-            }
-            let offset = (image.kind == ImageKind::Elf).then_some(offset);
-            let key = (pid, Arc::as_ptr(&image) as usize, offset);
-            rows.entry(key).or_insert_with(|| (Some(image), 0)).1 += n;
+        let hot = std::mem::take(&mut who.hot);
+        let hot_kernel = std::mem::take(&mut who.hot_kernel);
+        let mut rows: HashMap<BatchKey, (Arc<ImageInfo>, u32, u64)> =
+            HashMap::with_capacity(hot.len() + hot_kernel.len());
+        for (pid, image, offset, ev, n) in hot {
+            let c = command(pid, who);
+            let key = (c, Arc::as_ptr(&image) as usize, offset, ev);
+            rows.entry(key).or_insert_with(|| (image, pid, 0)).2 += n;
         }
+        for (image, offset, ev, n) in hot_kernel {
+            let key = (NO_COMMAND, Arc::as_ptr(&image) as usize, offset, ev);
+            rows.entry(key).or_insert_with(|| (image, 0, 0)).2 += n;
+        }
+        let mut totals = Vec::new();
+        for (&(_, ev), &n) in &who.cpus {
+            add_at(&mut totals, usize::from(ev), n);
+        }
+        let mut idle = Vec::new();
         for (&(pid, ev), &n) in &who.kernel {
-            if ev == 0 {
-                // Address 0 and 1 are no allocation's: the two kernel rows.
-                let key = (pid, usize::from(pid != 0), None);
-                rows.entry(key).or_insert((None, 0)).1 += n;
+            if pid == 0 {
+                add_at(&mut idle, usize::from(ev), n);
             }
         }
-        let total = who.cpus.iter().filter(|(k, _)| k.1 == 0).map(|(_, n)| n).sum();
         let mut rows: Vec<_> = rows.into_iter().collect();
         if rows.len() > Self::ROWS_PER_BATCH {
-            rows.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.1 .1.cmp(&a.1 .1));
+            rows.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.1 .2.cmp(&a.1 .2));
             rows.truncate(Self::ROWS_PER_BATCH);
         }
-        let mut batch = Batch {
-            at: now,
-            total,
-            images: Vec::new(),
-            commands: HashMap::new(),
-            rows: Vec::with_capacity(rows.len()),
-        };
+        let mut images = Vec::new();
         let mut image_index: HashMap<usize, u32> = HashMap::new();
-        for ((pid, image_key, offset), (image, samples)) in rows {
+        let mut packed = Vec::with_capacity(rows.len());
+        for ((command, image_key, offset, event), (image, pid, samples)) in rows {
             let image = *image_index.entry(image_key).or_insert_with(|| {
-                batch.images.push(match image {
-                    Some(i) => (
-                        i.path.clone(),
-                        match &i.id {
-                            ImageId::BuildId(b) => Some(b.clone()),
-                            ImageId::Fallback(_) => None,
-                        },
-                    ),
-                    None if image_key == 0 => (IDLE_PATH.to_vec(), None),
-                    None => (b"[kernel.kallsyms]".to_vec(), None),
-                });
-                (batch.images.len() - 1) as u32
+                let build_id = match &image.id {
+                    ImageId::BuildId(b) => Some(b.clone()),
+                    _ => None,
+                };
+                images.push((image.path.clone(), build_id, image.kind));
+                (images.len() - 1) as u32
             });
-            batch.commands.entry(pid).or_insert_with(|| who.command(pid));
-            batch.rows.push(PackedRow { pid, image, offset, samples });
+            packed.push(PackedRow { command, pid, image, offset, event, samples });
         }
-        self.batches.push_back(batch);
+        let mut processes: Vec<(u32, u32, Vec<u8>, EventIdx, u64)> = who
+            .rows()
+            .into_iter()
+            .filter(|r| r.0 != 0)
+            .map(|(pid, image, ev, n)| (pid, command(pid, who), image, ev, n))
+            .collect();
+        if processes.len() > Self::ROWS_PER_BATCH {
+            processes.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.4.cmp(&a.4));
+            processes.truncate(Self::ROWS_PER_BATCH);
+        }
+        self.batches.push_back(Batch {
+            at: now,
+            totals,
+            idle,
+            images,
+            commands,
+            rows: packed,
+            processes,
+        });
     }
 
     /// Rows of the batches taken within `window`, merged and sorted hottest first (at most
-    /// `limit`), and the window's total samples.
-    pub fn top(&self, window: Duration, limit: usize) -> (u64, Vec<HotRow>) {
+    /// `limit` code rows and `limit` process rows), and the window's totals.
+    pub fn top(&self, window: Duration, limit: usize) -> HotView {
         let now = Instant::now();
-        let mut total = 0;
+        let mut view = HotView::default();
         let mut merged: HashMap<HotKey, HotRow> = HashMap::new();
+        let mut procs: HashMap<(u32, Vec<u8>, EventIdx), HotProcess> = HashMap::new();
         for b in &self.batches {
             if now.duration_since(b.at) > window {
                 continue;
             }
-            total += b.total;
+            for (i, n) in b.totals.iter().enumerate() {
+                add_at(&mut view.totals, i, *n);
+            }
+            for (i, n) in b.idle.iter().enumerate() {
+                add_at(&mut view.idle, i, *n);
+            }
             for r in &b.rows {
-                let (image, build_id) = &b.images[r.image as usize];
-                merged
-                    .entry((r.pid, image.clone(), r.offset))
-                    .and_modify(|m| m.samples += r.samples)
-                    .or_insert_with(|| HotRow {
+                let (image, build_id, kind) = &b.images[r.image as usize];
+                let command = b.commands.get(r.command as usize).cloned().unwrap_or_default();
+                let key = (command, image.clone(), build_id.clone(), Some(r.offset), r.event);
+                merged.entry(key).and_modify(|m| m.samples += r.samples).or_insert_with_key(|k| {
+                    HotRow {
+                        command: k.0.clone(),
                         pid: r.pid,
-                        command: b.commands.get(&r.pid).cloned().unwrap_or_default(),
                         image: image.clone(),
+                        kind: *kind,
                         build_id: build_id.clone(),
-                        offset: r.offset,
+                        offset: Some(r.offset),
+                        event: r.event,
                         samples: r.samples,
+                    }
+                });
+            }
+            for (pid, c, image, ev, n) in &b.processes {
+                procs
+                    .entry((*pid, image.clone(), *ev))
+                    .and_modify(|p| p.samples += n)
+                    .or_insert_with(|| HotProcess {
+                        pid: *pid,
+                        command: b.commands.get(*c as usize).cloned().unwrap_or_default(),
+                        image: image.clone(),
+                        event: *ev,
+                        samples: *n,
                     });
             }
         }
         let mut rows: Vec<HotRow> = merged.into_values().collect();
-        rows.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.pid.cmp(&b.pid)));
+        for (ev, &n) in view.idle.iter().enumerate() {
+            if n > 0 {
+                rows.push(HotRow {
+                    command: b"swapper".to_vec(),
+                    pid: 0,
+                    image: IDLE_PATH.to_vec(),
+                    kind: ImageKind::Kernel,
+                    build_id: None,
+                    offset: None,
+                    event: ev as EventIdx,
+                    samples: n,
+                });
+            }
+        }
+        rows.sort_by(|a, b| {
+            b.samples
+                .cmp(&a.samples)
+                .then_with(|| (&a.command, &a.image).cmp(&(&b.command, &b.image)))
+        });
         rows.truncate(limit);
-        (total, rows)
+        let mut processes: Vec<HotProcess> = procs.into_values().collect();
+        processes.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.pid.cmp(&b.pid)));
+        processes.truncate(limit);
+        view.rows = rows;
+        view.processes = processes;
+        view
     }
 }
 
@@ -624,51 +737,53 @@ mod tests {
     }
 
     #[test]
-    fn recent_rows_merge_across_batches_with_their_names() {
-        let image = |path: &[u8], id: ImageId| {
-            Arc::new(ImageInfo {
-                kind: ImageKind::Elf,
-                id,
-                path: path.to_vec(),
-                jit_symbols: Vec::new(),
-            })
+    fn recent_rows_merge_across_batches_and_processes_with_their_names() {
+        let image = |path: &[u8], id: ImageId, kind| {
+            Arc::new(ImageInfo { kind, id, path: path.to_vec(), jit_symbols: Vec::new() })
         };
-        let libc = image(b"/lib/libc.so", ImageId::BuildId(vec![7; 20]));
+        let libc = image(b"/lib/libc.so", ImageId::BuildId(vec![7; 20]), ImageKind::Elf);
         // Another mapping of the same file: rows merge by path in `top`.
-        let libc2 = image(b"/lib/libc.so", ImageId::BuildId(vec![7; 20]));
-        let app = image(b"/bin/app", ImageId::Fallback([1; 16]));
+        let libc2 = image(b"/lib/libc.so", ImageId::BuildId(vec![7; 20]), ImageKind::Elf);
+        let app = image(b"/bin/app", ImageId::Fallback([1; 16]), ImageKind::Elf);
+        let kernel = image(b"[kernel.kallsyms]", ImageId::BuildId(vec![9; 20]), ImageKind::Kernel);
         let mut recent = Recent::default();
         let mut b1 = WhoBatch::default();
         b1.comms.insert(10, b"app".to_vec());
+        b1.comms.insert(12, b"app".to_vec());
         b1.hot = vec![
             (10, Arc::clone(&libc), 0x100, 0, 5),
             (10, Arc::clone(&libc2), 0x100, 0, 2),
             (10, Arc::clone(&app), 0x40, 0, 3),
-            (10, Arc::clone(&app), 0x40, 1, 50), // another event: not in `top`
+            (10, Arc::clone(&app), 0x40, 1, 50), // another event: its own row
+            (12, Arc::clone(&app), 0x40, 0, 6),  // another process of the same command
             (11, Arc::clone(&libc), 0x100, 0, 1),
         ];
+        b1.hot_kernel = vec![(Arc::clone(&kernel), 0x1234, 0, 4)];
         b1.kernel.insert((0, 0), 20);
         b1.kernel.insert((10, 0), 4);
-        b1.cpus.insert((0, 0), 35);
+        b1.cpus.insert((0, 0), 41);
+        b1.cpus.insert((0, 1), 50);
         recent.push(&mut b1);
-        assert!(b1.hot.is_empty(), "the batch's rows are taken");
+        assert!(b1.hot.is_empty() && b1.hot_kernel.is_empty(), "the batch's rows are taken");
         let mut b2 = WhoBatch::default();
         b2.comms.insert(10, b"app".to_vec());
         b2.hot = vec![(10, Arc::clone(&app), 0x40, 0, 30)];
         b2.cpus.insert((1, 0), 30);
         recent.push(&mut b2);
 
-        let (total, rows) = recent.top(Duration::from_secs(60), 10);
-        assert_eq!(total, 65);
-        let got: Vec<_> = rows
+        let v = recent.top(Duration::from_secs(60), 10);
+        assert_eq!(v.totals, [71, 50]);
+        assert_eq!(v.idle, [20]);
+        let got: Vec<_> = v
+            .rows
             .iter()
             .map(|r| {
                 (
-                    r.pid,
                     r.command.as_slice(),
                     r.image.as_slice(),
                     r.build_id.clone(),
                     r.offset,
+                    r.event,
                     r.samples,
                 )
             })
@@ -676,13 +791,18 @@ mod tests {
         assert_eq!(
             got,
             [
-                (10, &b"app"[..], &b"/bin/app"[..], None, Some(0x40), 33),
-                (0, &b"swapper"[..], IDLE_PATH, None, None, 20),
-                (10, &b"app"[..], &b"/lib/libc.so"[..], Some(vec![7; 20]), Some(0x100), 7),
-                (10, &b"app"[..], &b"[kernel.kallsyms]"[..], None, None, 4),
-                (11, &b"[pid 11]"[..], &b"/lib/libc.so"[..], Some(vec![7; 20]), Some(0x100), 1),
+                (&b"app"[..], &b"/bin/app"[..], None, Some(0x40), 1, 50),
+                (&b"app"[..], &b"/bin/app"[..], None, Some(0x40), 0, 39),
+                (&b"swapper"[..], IDLE_PATH, None, None, 0, 20),
+                (&b"app"[..], &b"/lib/libc.so"[..], Some(vec![7; 20]), Some(0x100), 0, 7),
+                (&b""[..], &b"[kernel.kallsyms]"[..], Some(vec![9; 20]), Some(0x1234), 0, 4),
+                (&b"[pid 11]"[..], &b"/lib/libc.so"[..], Some(vec![7; 20]), Some(0x100), 0, 1),
             ]
         );
-        assert_eq!(recent.top(Duration::from_secs(60), 2).1.len(), 2);
+        let procs: Vec<_> =
+            v.processes.iter().map(|p| (p.pid, p.image.as_slice(), p.event, p.samples)).collect();
+        assert!(procs.contains(&(10, &b"[kernel.kallsyms]"[..], 0, 4)), "{procs:?}");
+        assert!(!procs.iter().any(|p| p.0 == 0), "idle is not a process row: {procs:?}");
+        assert_eq!(recent.top(Duration::from_secs(60), 2).rows.len(), 2);
     }
 }

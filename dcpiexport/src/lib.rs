@@ -33,13 +33,14 @@ use dcpi_client::prof::select;
 use dcpi_client::prof::symbolize::demangle;
 use dcpi_client::prof::symbolizer::{Kallsyms, Source};
 use dcpi_client::prof::ProfError;
-use profile_format::{HostDir, HostSummary, ImageId, ImageKind, Profile, ProfileHeader};
+use profile_format::{HostDir, HostSummary, ImageId, ImageKind, Profile, ProfileHeader, SliceLog};
 use sha2::{Digest, Sha256};
 
 pub use parquet_out::{SampleRow, SymbolRow};
 
 /// Version of the manifest and of the tables' schema (EXPORT.md).
-pub const EXPORT_VERSION: u32 = 1;
+/// 2: the samples table has `slice_start` and `slice_seconds` (issue 36).
+pub const EXPORT_VERSION: u32 = 2;
 const MANIFEST: &str = "manifest.json";
 
 /// Errors of an export run.
@@ -108,6 +109,9 @@ pub struct Options<'a> {
     pub output: &'a Path,
     /// Skip the symbol table (no binaries are looked up).
     pub no_symbols: bool,
+    /// One row per time slice (`slice_start`, `slice_seconds`) where the host-epoch has a
+    /// `slices.log`; `false`: one row per offset for the whole epoch, slice columns null.
+    pub slices: bool,
 }
 
 /// What a run did (printed by the binary, and used by tests).
@@ -221,22 +225,25 @@ fn write_manifest(out: &Path, m: &Manifest) -> Result<(), ExportError> {
 }
 
 /// Fingerprint of a host directory: the names, sizes and modification times of its profiles
-/// and summary, and the event filter; with a time range, the range and the slice log. Any
-/// publish changes it (files are replaced by rename, the slice log grows).
+/// and summary, and the event filter; with a time range, the range and the slice log; with
+/// slice rows, the slice log. Any publish changes it (files are replaced by rename, the slice
+/// log grows).
 fn fingerprint(
     d: &HostDir,
     events: &[String],
     range: Option<select::TimeRange>,
+    slices: bool,
 ) -> Result<String, ExportError> {
     use std::os::unix::fs::MetadataExt;
     let mut h = Sha256::new();
-    h.update(format!("dcpiexport {EXPORT_VERSION}\0{}\0", events.join(",")));
+    h.update(format!("dcpiexport {EXPORT_VERSION}\0{}\0{slices}\0", events.join(",")));
     let mut names: Vec<PathBuf> = d.profiles()?.into_iter().map(|e| e.path).collect();
     if let Some(r) = range {
         h.update(format!("range {:?} {:?}\0", r.since, r.until));
         names.push(d.slices_path());
     }
     names.push(d.summary_path());
+    names.push(d.slices_path());
     names.push(d.kallsyms_path());
     names.push(d.kallsyms_ref_path());
     for p in names {
@@ -282,8 +289,104 @@ fn weight(h: &ProfileHeader, summary: Option<&HostSummary>) -> f64 {
     per_sample * mux
 }
 
-/// The rows of one host directory, sorted by (image id, event, offset).
+/// The rows of one host directory, sorted by (image id, event, offset), each split by time
+/// slice when `o.slices` and the directory has a `slices.log`.
 fn host_rows(
+    d: &HostDir,
+    o: &Options<'_>,
+    warn: &mut dyn FnMut(String),
+    images: &mut BTreeMap<String, SymImage>,
+    dir_index: usize,
+    range: Option<&mut select::DirRange>,
+) -> Result<Vec<SampleRow>, ExportError> {
+    let rows = profile_rows(d, &o.sel.events, o.sel.keep_going, warn, images, dir_index, range)?;
+    if !o.slices {
+        return Ok(rows);
+    }
+    let log = match d.read_slices() {
+        // With --since/--until the rows are the range's: split them by the range's slices.
+        Ok(Some(mut l)) => {
+            if let Some(r) = o.sel.time_range() {
+                l.slices.retain(|s| {
+                    r.since.is_none_or(|a| s.end() > a) && r.until.is_none_or(|b| s.start < b)
+                });
+            }
+            l
+        }
+        Ok(None) => return Ok(rows),
+        // A planted FIFO, device or link is refused, not skipped (issue 34).
+        Err(e) if e.is_hostile_file() => return Err(e.into()),
+        Err(e) if o.sel.keep_going => {
+            warn(format!("{e} (its samples are exported without slice_start)"));
+            return Ok(rows);
+        }
+        Err(e) => return Err(ExportError::Corrupt(e.to_string())),
+    };
+    Ok(split_by_slices(&rows, &log))
+}
+
+/// `rows` (one per image, event and offset, the epoch's totals) split by the slices of `log`:
+/// a row per slice holding the samples of that offset, then whatever the slices do not hold
+/// with `slice_start` null. The slices are taken in time order and never beyond a row's
+/// samples, so that the rows still sum exactly to the profiles: in the current epoch the
+/// slices run up to a publish interval ahead of the published profiles (that excess is left
+/// for the next export), and a killed dcpid loses its last slice (those samples are the null
+/// row; FORMAT.md §14.3).
+fn split_by_slices(rows: &[SampleRow], log: &SliceLog) -> Vec<SampleRow> {
+    use std::collections::HashMap;
+    let mut at: HashMap<(&str, &str, u64), Vec<usize>> = HashMap::new();
+    for (i, r) in rows.iter().enumerate() {
+        at.entry((r.image_id.as_str(), r.event.as_str(), r.offset)).or_default().push(i);
+    }
+    let mut left: Vec<u64> = rows.iter().map(|r| r.samples).collect();
+    let mut out = Vec::with_capacity(rows.len());
+    let part = |r: &SampleRow, n: u64, slice: Option<(u64, u64)>| SampleRow {
+        samples: n,
+        // The row's weight per sample, as for the whole row.
+        weight: if r.samples > 0 { r.weight * n as f64 / r.samples as f64 } else { 0.0 },
+        slice_start: slice.map(|s| s.0),
+        slice_seconds: slice.map(|s| s.1),
+        ..r.clone()
+    };
+    for s in log.range(None, None).slices {
+        for (k, pairs) in &s.counts {
+            let id = k.image.as_ref().map(ImageId::to_text).unwrap_or_default();
+            for &(offset, count) in pairs {
+                let Some(list) = at.get(&(id.as_str(), k.event.as_str(), offset)) else { continue };
+                let mut c = count;
+                for &i in list {
+                    let take = c.min(left[i]);
+                    if take > 0 {
+                        out.push(part(&rows[i], take, Some((s.start, s.len))));
+                        left[i] -= take;
+                        c -= take;
+                    }
+                    if c == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    for (i, r) in rows.iter().enumerate() {
+        if left[i] > 0 {
+            out.push(part(r, left[i], None));
+        }
+    }
+    out.sort_by(|a, b| {
+        (&a.image_id, &a.event, a.offset, &a.image, a.slice_start).cmp(&(
+            &b.image_id,
+            &b.event,
+            b.offset,
+            &b.image,
+            b.slice_start,
+        ))
+    });
+    out
+}
+
+/// The rows of one host directory's profiles, sorted by (image id, event, offset).
+fn profile_rows(
     d: &HostDir,
     events: &[String],
     keep_going: bool,
@@ -363,6 +466,8 @@ fn host_rows(
                 offset,
                 samples,
                 weight: samples as f64 * w,
+                slice_start: None,
+                slice_seconds: None,
             });
         }
     }
@@ -510,12 +615,14 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
     let mut ranges = dir_ranges(o, &dirs, warn)?;
     std::fs::create_dir_all(o.output).map_err(io(o.output))?;
     let mut manifest = read_manifest(o.output)?;
+    // An older manifest's partitions are exported again (their fingerprints name the version).
+    manifest.version = EXPORT_VERSION;
     manifest.database = o.sel.db.display().to_string();
     let mut out = Outcome { host_epochs: dirs.len(), ..Outcome::default() };
     let mut images: BTreeMap<String, SymImage> = BTreeMap::new();
     for (i, d) in dirs.iter().enumerate() {
         let key = format!("{}/{}", d.epoch, d.host);
-        let fp = fingerprint(d, &o.sel.events, o.sel.time_range())?;
+        let fp = fingerprint(d, &o.sel.events, o.sel.time_range(), o.slices)?;
         let unchanged = manifest.partitions.get(&key).is_some_and(|p| {
             p.fingerprint == fp && is_partition_file(&p.file) && o.output.join(&p.file).exists()
         });
@@ -525,7 +632,7 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
         // Read also unchanged partitions when symbols are wanted, but only to learn images
         // whose symbols are still missing (cheap compared with writing).
         let range = ranges[i].as_mut();
-        let rows = host_rows(d, &o.sel.events, o.sel.keep_going, warn, &mut images, i, range)?;
+        let rows = host_rows(d, o, warn, &mut images, i, range)?;
         if unchanged {
             continue;
         }
@@ -600,15 +707,20 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
         buf.extend_from_slice(line.as_bytes());
         buf.push(b'\n');
     };
-    w(&mut buf, "epoch,host,image,image_id,build_id,kind,event,offset,samples,weight".into());
+    w(
+        &mut buf,
+        "epoch,host,image,image_id,build_id,kind,event,offset,samples,weight,slice_start,\
+         slice_seconds"
+            .into(),
+    );
     for (i, d) in dirs.iter().enumerate() {
         let range = ranges[i].as_mut();
-        let rows = host_rows(d, &o.sel.events, o.sel.keep_going, warn, &mut images, i, range)?;
+        let rows = host_rows(d, o, warn, &mut images, i, range)?;
         for r in &rows {
             w(
                 &mut buf,
                 format!(
-                    "{},{},{},{},{},{},{},{},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{},{},{}",
                     d.epoch,
                     d.host,
                     csv_field(&r.image),
@@ -618,7 +730,9 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
                     csv_field(&r.event),
                     r.offset,
                     r.samples,
-                    r.weight
+                    r.weight,
+                    r.slice_start.map(dcpi_client::prof::timeline::utc).unwrap_or_default(),
+                    r.slice_seconds.map(|n| n.to_string()).unwrap_or_default()
                 ),
             );
             out.samples += r.samples;
@@ -667,4 +781,60 @@ pub fn describe(o: &Outcome, mut w: impl Write) -> std::io::Result<()> {
         o.samples,
         o.symbol_rows
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profile_format::{Slice, SliceKey};
+
+    fn row(id: &str, offset: u64, samples: u64) -> SampleRow {
+        SampleRow {
+            image: "/x".into(),
+            image_id: id.into(),
+            build_id: None,
+            kind: "elf",
+            event: "cpu-clock".into(),
+            offset,
+            samples,
+            weight: samples as f64 * 2.0,
+            slice_start: None,
+            slice_seconds: None,
+        }
+    }
+
+    /// Slices ahead of the published profile (the current epoch) are cut at the profile's
+    /// count, the earliest slices first; what no slice holds is a row without a slice; the
+    /// rows still sum to the profile, and the weight follows the samples.
+    #[test]
+    fn split_rows_sum_to_the_profiles_whatever_the_slices_hold() {
+        let id = ImageId::BuildId(vec![7; 20]);
+        let key = SliceKey { event: "cpu-clock".into(), image: Some(id.clone()) };
+        let slice = |start, pairs: Vec<(u64, u64)>| Slice {
+            start,
+            len: 60,
+            seq: 0,
+            counts: [(key.clone(), pairs)].into_iter().collect(),
+        };
+        let log = SliceLog {
+            // File order is not time order: the reader sorts by start.
+            slices: vec![slice(180, vec![(16, 9), (99, 5)]), slice(120, vec![(16, 4), (32, 1)])],
+            ..SliceLog::default()
+        };
+        let rows = [row(&id.to_text(), 16, 10), row(&id.to_text(), 32, 3)];
+        let out = split_by_slices(&rows, &log);
+        let got: Vec<(u64, u64, Option<u64>)> =
+            out.iter().map(|r| (r.offset, r.samples, r.slice_start)).collect();
+        assert_eq!(
+            got,
+            [(16, 4, Some(120)), (16, 6, Some(180)), (32, 2, None), (32, 1, Some(120))],
+            "offset 99 is in no profile yet: left for the next export"
+        );
+        for (o, want) in [(16, 10), (32, 3)] {
+            let n: u64 = out.iter().filter(|r| r.offset == o).map(|r| r.samples).sum();
+            assert_eq!(n, want);
+        }
+        assert!(out.iter().all(|r| (r.weight - 2.0 * r.samples as f64).abs() < 1e-9));
+        assert!(out.iter().all(|r| r.slice_start.is_some() == r.slice_seconds.is_some()));
+    }
 }

@@ -16,7 +16,8 @@ use dcpi_export::{describe, export, Format, Options};
     version,
     about = "Export dcpi profiles as Parquet (or CSV) for DuckDB, ClickHouse, Spark, Trino",
     long_about = "Export the counts of a dcpi profile database as files that SQL engines read \
-                  directly: one row per (host, epoch, image, event, offset) with its samples, \
+                  directly: one row per (host, epoch, image, event, offset) with its samples \
+                  (per time slice where dcpid recorded slices: slice_start, slice_seconds), \
                   and a symbols table mapping (image, offset range) to symbol names.\n\n\
                   Parquet output is Hive-partitioned (samples/epoch=ID/host=HOST/part-*.parquet, \
                   zstd) and incremental: manifest.json in --output records what was exported, \
@@ -42,6 +43,10 @@ struct Args {
     /// Do not export the symbols table (no binaries or debug files are looked up).
     #[arg(long)]
     no_symbols: bool,
+    /// One row per offset for the whole epoch, without splitting it by time slice
+    /// (the two slice columns are then null; fewer rows).
+    #[arg(long)]
+    no_slices: bool,
     /// Write a man page or shell completions to stdout and exit.
     #[arg(long, hide = true, value_enum, value_name = "WHAT")]
     generate: Option<Generate>,
@@ -74,6 +79,7 @@ fn main() -> ExitCode {
         format: args.format,
         output,
         no_symbols: args.no_symbols,
+        slices: !args.no_slices,
     };
     let mut stderr = std::io::stderr();
     let mut warn = |w: String| {

@@ -22,6 +22,12 @@ pub struct SampleRow {
     pub offset: u64,
     pub samples: u64,
     pub weight: f64,
+    /// Start of the time slice (Unix seconds) these samples were taken in, from the host-epoch's
+    /// `slices.log`; `None`: no slice holds them (a database without slices, or samples the
+    /// slice log does not have, EXPORT.md).
+    pub slice_start: Option<u64>,
+    /// Length of that slice in seconds.
+    pub slice_seconds: Option<u64>,
 }
 
 /// A row of the `symbols` table.
@@ -44,6 +50,8 @@ const SAMPLES_SCHEMA: &str = "message samples {
   required int64 offset (INTEGER(64,false));
   required int64 samples;
   required double weight;
+  optional int64 slice_start (TIMESTAMP(MILLIS,true));
+  optional int64 slice_seconds;
 }";
 
 const SYMBOLS_SCHEMA: &str = "message symbols {
@@ -86,6 +94,27 @@ fn opt_strings<'a>(
         }
     }
     c.typed::<ByteArrayType>().write_batch(&vals, Some(&defs), None)?;
+    Ok(())
+}
+
+/// Optional integers (`None` is null), each mapped by `f` to its stored value.
+fn opt_i64s(
+    c: &mut SerializedColumnWriter<'_>,
+    v: impl Iterator<Item = Option<u64>>,
+    f: impl Fn(u64) -> i64,
+) -> Result<()> {
+    let mut vals = Vec::new();
+    let mut defs = Vec::new();
+    for x in v {
+        match x {
+            Some(x) => {
+                vals.push(f(x));
+                defs.push(1);
+            }
+            None => defs.push(0),
+        }
+    }
+    c.typed::<Int64Type>().write_batch(&vals, Some(&defs), None)?;
     Ok(())
 }
 
@@ -133,6 +162,13 @@ pub(crate) fn samples(rows: &[SampleRow]) -> Result<Vec<u8>> {
                 let v: Vec<f64> = rows.iter().map(|r| r.weight).collect();
                 c.typed::<DoubleType>().write_batch(&v, None, None).map(|_| ())
             }),
+            // A UTC timestamp in milliseconds (Parquet has no seconds unit).
+            Box::new(|c| {
+                opt_i64s(c, rows.iter().map(|r| r.slice_start), |s| {
+                    i64::try_from(s).unwrap_or(i64::MAX / 1000).saturating_mul(1000)
+                })
+            }),
+            Box::new(|c| opt_i64s(c, rows.iter().map(|r| r.slice_seconds), u64::cast_signed)),
         ],
     )
 }

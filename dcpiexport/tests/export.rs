@@ -79,10 +79,42 @@ fn build_db(root: &Path) -> (Database, Vec<HostDir>) {
                 ..Default::default()
             };
             s.write(&hd.summary_path()).expect("summary");
+            if host == "web-01" {
+                write_slices(&hd, t, k);
+            }
             dirs.push(hd);
         }
     }
     (db, dirs)
+}
+
+/// web-01's time slices: of each library's cpu-clock samples, offsets 0..4 whole in minute
+/// `o % 2` of the epoch, half of offset 4 in minute 2, the rest in no slice (as after a kill
+/// -9); the kernel's samples all in minute 0; a page-faults count in minute 1.
+fn write_slices(hd: &HostDir, epoch_start: SystemTime, k: u64) {
+    use profile_format::{Slice, SliceKey, SliceWriter};
+    let t = epoch_start.duration_since(SystemTime::UNIX_EPOCH).expect("after 1970").as_secs();
+    let t = t - t % 60;
+    let mut slices: Vec<Slice> =
+        (0..3).map(|m| Slice { start: t + 60 * m, len: 60, ..Slice::default() }).collect();
+    let clock = |image: ImageId| SliceKey { event: "cpu-clock".into(), image: Some(image) };
+    for i in 0..5u8 {
+        let key = clock(ImageId::BuildId(vec![0x10 + i; 20]));
+        for o in 0..5u64 {
+            let (off, n) = (0x1000 + o * 16, k * (o + 1) + u64::from(i));
+            let (m, n) = if o < 4 { ((o % 2) as usize, n) } else { (2, n / 2) };
+            slices[m].counts.entry(key.clone()).or_default().push((off, n));
+        }
+    }
+    let kid = ImageId::special("[kernel]", b"6.1");
+    slices[0].counts.insert(clock(kid), vec![(0x40, 9 * k), (0x80, k)]);
+    let pf =
+        SliceKey { event: "page-faults".into(), image: Some(ImageId::BuildId(vec![0x11; 20])) };
+    slices[1].counts.insert(pf, vec![(0x1000, k + 1)]);
+    let (mut w, _) = SliceWriter::open(&hd.slices_path()).expect("slice writer");
+    for s in &slices {
+        w.append(s).expect("append");
+    }
 }
 
 fn export(db: &Path, out: &Path, extra: &[&str]) -> Output {
@@ -279,21 +311,46 @@ fn csv_rows_sum_to_dcpiprof_and_escape_paths() {
     let mut lines = text.lines();
     assert_eq!(
         lines.next(),
-        Some("epoch,host,image,image_id,build_id,kind,event,offset,samples,weight")
+        Some(
+            "epoch,host,image,image_id,build_id,kind,event,offset,samples,weight,slice_start,\
+             slice_seconds"
+        )
     );
     let mut total = 0;
     let mut odd = 0;
+    let mut in_slices = 0;
     for l in lines {
         assert!(!l.contains('\u{fffd}') || l.contains("\\n"), "{l}");
-        // samples is the second-to-last field; quoted fields come earlier.
-        let f: Vec<&str> = l.rsplitn(3, ',').collect();
-        total += f[1].parse::<u64>().unwrap_or_else(|e| panic!("{l}: {e}"));
+        // samples is the fourth field from the end; quoted fields come earlier.
+        let f: Vec<&str> = l.rsplitn(5, ',').collect();
+        let n = f[3].parse::<u64>().unwrap_or_else(|e| panic!("{l}: {e}"));
+        total += n;
+        match (f[1], f[0]) {
+            ("", "") => {}
+            (start, "60") => {
+                assert!(start.ends_with(":00Z") && humantime::parse_rfc3339(start).is_ok(), "{l}");
+                in_slices += n;
+            }
+            _ => panic!("slice_start and slice_seconds both set or both empty: {l}"),
+        }
         if l.contains("\"/tmp/a,\"\"b\"\"\\n") {
             odd += 1;
         }
     }
     assert_eq!(odd, 6, "the odd path is quoted and its newline escaped, once per host-epoch");
     assert_eq!(total, dcpiprof_sums(db.root()).0);
+    assert!(in_slices > 0 && in_slices < total, "web-01's slices, the rest without: {in_slices}");
+    // --no-slices: today's rows, one per offset for the whole epoch, the slice columns empty.
+    let flat = t.path().join("flat");
+    ok(&export(db.root(), &flat, &["--format", "csv", "--no-symbols", "--no-slices"]));
+    let text = std::fs::read_to_string(flat.join("samples.csv")).expect("csv");
+    assert!(text.lines().skip(1).all(|l| l.ends_with(",,")), "{text}");
+    let n: u64 = text
+        .lines()
+        .skip(1)
+        .map(|l| l.rsplit(',').nth(3).expect("n").parse::<u64>().expect("n"))
+        .sum();
+    assert_eq!(n, total);
 }
 
 #[test]
@@ -368,7 +425,7 @@ fn joined_sums(out: &Path) -> BTreeMap<(String, String), u64> {
         let f: Vec<&str> = l.split(',').collect();
         let n = f.len();
         let (id, off, c): (&str, u64, u64) =
-            (f[3], f[n - 3].parse().expect("offset"), f[n - 2].parse().expect("samples"));
+            (f[3], f[n - 5].parse().expect("offset"), f[n - 4].parse().expect("samples"));
         if let Some(r) = ranges.iter().find(|r| r.0 == id && off >= r.1 && off < r.2) {
             *sums.entry((id.to_owned(), r.3.clone())).or_insert(0) += c;
         }
@@ -593,9 +650,11 @@ fn csv_neutralises_formulas_and_escapes_format_characters() {
     }
     assert!(!text.chars().any(|c| dcpi_client::escape::is_unsafe_for_terminal(c) && c != '\n'));
     for l in text.lines().skip(1) {
-        let f: Vec<&str> = l.rsplitn(4, ',').collect();
-        assert_eq!(f[1], "3", "{l}");
-        assert_eq!(f[0].parse::<f64>().ok(), Some(3000.0), "{l}");
+        // ...,samples,weight,slice_start,slice_seconds (no slices here: both empty).
+        let f: Vec<&str> = l.rsplitn(6, ',').collect();
+        assert_eq!((f[1], f[0]), ("", ""), "{l}");
+        assert_eq!(f[3], "3", "{l}");
+        assert_eq!(f[2].parse::<f64>().ok(), Some(3000.0), "{l}");
     }
 }
 
@@ -678,4 +737,70 @@ fn hostile_database_files_are_exit_2_naming_them() {
         }
     }
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Issue 36 item 7: `slice_start` groups the exported samples by minute in `DuckDB`, and those
+/// sums are `dcpiprof --by time --resolution 1m`'s; the samples in no slice are the rest, so
+/// the whole still sums to the flat report.
+#[test]
+fn slice_start_groups_by_minute_in_duckdb_as_dcpiprof_by_time() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let (db, _) = build_db(&t.path().join("db"));
+    let out = t.path().join("out");
+    ok(&export(db.root(), &out, &["--no-symbols"]));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/minutes_check.py");
+    let r = match Command::new("python3").arg(&script).arg(&out).arg("cpu-clock").output() {
+        Ok(r) if r.status.code() == Some(3) => {
+            skip(String::from_utf8_lossy(&r.stderr).trim());
+            return;
+        }
+        Ok(r) if r.status.success() => r,
+        Ok(r) => panic!("minutes_check.py failed: {}", String::from_utf8_lossy(&r.stderr)),
+        Err(e) => {
+            skip(&format!("python3 not runnable: {e}"));
+            return;
+        }
+    };
+    let v: Value = serde_json::from_slice(&r.stdout).expect("minutes_check json");
+    let args = dcpi_client::prof::Args::try_parse_from([
+        "dcpiprof",
+        "--db",
+        db.root().to_str().expect("utf-8 path"),
+        "--epoch",
+        "all",
+        "--host",
+        "all",
+        "--by",
+        "time",
+        "--resolution",
+        "1m",
+        "--event",
+        "cpu-clock",
+        "--format",
+        "json",
+    ])
+    .expect("args");
+    let (mut o, mut e) = (Vec::new(), Vec::new());
+    dcpi_client::prof::run(&args, &mut o, &mut e).expect("dcpiprof --by time");
+    let by_time: Value = serde_json::from_slice(&o).expect("json");
+    let want: BTreeMap<String, u64> = by_time["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| (r["start"].to_string(), r["samples"].as_u64().expect("n")))
+        .collect();
+    let got: BTreeMap<String, u64> = v["minutes"]
+        .as_object()
+        .expect("minutes")
+        .iter()
+        .map(|(k, n)| (k.clone(), n.as_u64().expect("n")))
+        .collect();
+    assert_eq!(got.len(), 6, "three minutes in each of two epochs: {v}");
+    assert_eq!(got, want, "DuckDB's minutes are dcpiprof --by time's");
+    let flat = dcpiprof_sums(db.root()).1;
+    let clock: u64 = flat.iter().filter(|(k, _)| k.ends_with("|cpu-clock")).map(|(_, n)| n).sum();
+    assert_eq!(v["total"].as_u64(), Some(clock), "{v}");
+    let sliced: u64 = got.values().sum();
+    assert!(v["unsliced"].as_u64().expect("unsliced") > 0, "{v}");
+    assert_eq!(sliced + v["unsliced"].as_u64().expect("n"), clock, "{v}");
 }

@@ -42,12 +42,13 @@ s.query("CREATE DATABASE IF NOT EXISTS dcpi")
 s.query("""CREATE TABLE dcpi.samples (
     epoch String, host LowCardinality(String), image String, image_id String,
     build_id Nullable(String), kind LowCardinality(String), event LowCardinality(String),
-    offset UInt64, samples UInt64, weight Float64)
+    offset UInt64, samples UInt64, weight Float64, slice_start DateTime64(3, 'UTC'))
   ENGINE = SummingMergeTree((samples, weight))
-  ORDER BY (epoch, host, image_id, event, offset, image, kind)""")
+  ORDER BY (epoch, host, image_id, event, offset, image, kind, slice_start)""")
 s.query(f"""INSERT INTO dcpi.samples
   SELECT extract(_path, 'epoch=([^/]+)') AS epoch, extract(_path, 'host=([^/]+)') AS host,
-         image, image_id, build_id, kind, event, offset, samples, weight
+         image, image_id, build_id, kind, event, offset, samples, weight,
+         ifNull(slice_start, toDateTime64(0, 3, 'UTC')) AS slice_start
   FROM file('{glob}', Parquet)""")
 summing = json.loads(str(s.query(
     "SELECT sum(samples) AS n FROM dcpi.samples FINAL FORMAT JSONEachRow")).strip())["n"]

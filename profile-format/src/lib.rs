@@ -24,6 +24,7 @@ mod slices;
 mod stacks;
 pub mod sumidx;
 mod summary;
+mod symtab;
 pub mod varint;
 mod who;
 
@@ -51,12 +52,17 @@ pub use slices::{
     MAX_RECORD, SLICES_FILE, SLICES_HEADER_LEN, SLICES_MAGIC, SLICES_VERSION,
 };
 pub use stacks::{
-    stacks_file_event_component, Frame, StackImage, StackProfile, StackRef, MAX_STACK_DEPTH,
-    STACKS_MAGIC, STACKS_PREFIX, STACKS_SUFFIX, STACKS_VERSION,
+    stacks_file_event_component, Frame, StackImage, StackProfile, StackRef, MAX_COMMAND_LEN,
+    MAX_STACK_DEPTH, STACKS_MAGIC, STACKS_PREFIX, STACKS_SUFFIX, STACKS_VERSION, UNKNOWN_COMMAND,
 };
 pub use sumidx::{SUMMARY_INDEX_FILE, SUMMARY_INDEX_MAGIC, SUMMARY_INDEX_VERSION};
 pub use summary::{
     EventSummary, FreshMark, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION,
+};
+pub use symtab::{
+    StoredSymtab, SymtabOrigin, SymtabSegment, SymtabSymbol, BINARIES_DIR, MAX_SYMTAB_FILE,
+    MAX_SYMTAB_NAME, MAX_SYMTAB_SEGMENTS, MAX_SYMTAB_SYMBOLS, SYMTAB_MAGIC, SYMTAB_SUFFIX,
+    SYMTAB_VERSION,
 };
 pub use who::{WhoKey, WhoTable, WHO_FILE, WHO_MAGIC, WHO_VERSION};
 

@@ -18,9 +18,16 @@ use crate::{varint, ImageId};
 /// Magic of a stack profile file.
 pub const STACKS_MAGIC: &[u8; 8] = b"DCPISTK\0";
 /// Newest version this build reads and writes; a reader refuses larger ones
-/// (`UnknownVersion`). A file is written as version 1 unless it has JIT symbols (version 2
-/// adds their table), so that readers of version 1 still read every file without them.
-pub const STACKS_VERSION: u16 = 2;
+/// (`UnknownVersion`). A file is written as version 3 when some stack names its command,
+/// else as version 2 when it has JIT symbols (version 2 adds their table), else as version 1,
+/// so that older readers still read every file that needs nothing newer.
+pub const STACKS_VERSION: u16 = 3;
+/// Longest command name a file may hold (the kernel's comm is at most 15 bytes; dcpid names a
+/// process it could not name `[pid N]`).
+pub const MAX_COMMAND_LEN: usize = 255;
+/// How reports name the command of a stack that has none (files before version 3, dcpid that
+/// could not name the process).
+pub const UNKNOWN_COMMAND: &str = "[unknown command]";
 /// File name suffix (`stacks.<event component>.stk`).
 pub const STACKS_SUFFIX: &str = ".stk";
 /// File name prefix.
@@ -47,6 +54,9 @@ pub type Frame = (u32, u64);
 /// One stack of a profile, borrowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StackRef<'a> {
+    /// The command (comm) of the processes that ran it; `None` in files written before
+    /// version 3 (and for stacks merged from them).
+    pub command: Option<&'a [u8]>,
     /// Leaf (the sampled pc) first, root last.
     pub frames: &'a [Frame],
     /// The stack does not reach a root.
@@ -65,7 +75,11 @@ pub struct StackProfile {
     pub sequence: u64,
     images: Vec<StackImage>,
     image_ix: HashMap<StackImage, u32>,
-    stacks: HashMap<(Vec<Frame>, bool), u64>,
+    /// Interned commands; a stack's command indexes this (version 3).
+    commands: Vec<Vec<u8>>,
+    command_ix: HashMap<Vec<u8>, u32>,
+    /// Samples per (command index, frames, truncated).
+    stacks: HashMap<(Option<u32>, Vec<Frame>, bool), u64>,
     /// JIT symbols (perf map) of `Anon` images, by image index: a JIT region sampled only as
     /// a caller has no flat profile to carry them (version 2).
     jit: BTreeMap<u32, BTreeSet<JitSymbol>>,
@@ -114,6 +128,23 @@ impl StackProfile {
         i
     }
 
+    /// Index of command `command`, interning it if new. A command is cut to
+    /// [`MAX_COMMAND_LEN`] bytes; an empty one is stored as `[unknown command]`
+    /// ([`UNKNOWN_COMMAND`]).
+    pub fn command_index(&mut self, command: &[u8]) -> u32 {
+        let command = match command {
+            [] => UNKNOWN_COMMAND.as_bytes(),
+            c => &c[..c.len().min(MAX_COMMAND_LEN)],
+        };
+        if let Some(&i) = self.command_ix.get(command) {
+            return i;
+        }
+        let i = self.commands.len() as u32;
+        self.commands.push(command.to_vec());
+        self.command_ix.insert(command.to_vec(), i);
+        i
+    }
+
     /// Record JIT symbols (from the process's perf map) of image `image`, which must be an
     /// `Anon` image (others are ignored). Symbols accumulate across calls and merges.
     pub fn add_jit_symbols<'a>(
@@ -140,11 +171,25 @@ impl StackProfile {
     /// 0 samples adds nothing; a stack deeper than [`MAX_STACK_DEPTH`] is cut there and marked
     /// truncated. Panics never: frames naming no image are the caller's bug and are dropped.
     pub fn add(&mut self, frames: &[Frame], truncated: bool, samples: u64) {
+        self.add_command(None, frames, truncated, samples);
+    }
+
+    /// [`Self::add`] for a stack run by command `command` (an index of
+    /// [`Self::command_index`]; `None`: not known, as in files before version 3).
+    pub fn add_command(
+        &mut self,
+        command: Option<u32>,
+        frames: &[Frame],
+        truncated: bool,
+        samples: u64,
+    ) {
         if samples == 0 || frames.is_empty() {
             return;
         }
-        if frames.iter().any(|f| f.0 as usize >= self.images.len()) {
-            debug_assert!(false, "frame names an image that was not interned");
+        if frames.iter().any(|f| f.0 as usize >= self.images.len())
+            || command.is_some_and(|c| c as usize >= self.commands.len())
+        {
+            debug_assert!(false, "frame names an image, or a stack a command, not interned");
             return;
         }
         let (frames, truncated) = if frames.len() > MAX_STACK_DEPTH {
@@ -152,13 +197,18 @@ impl StackProfile {
         } else {
             (frames, truncated)
         };
-        let c = self.stacks.entry((frames.to_vec(), truncated)).or_insert(0);
+        let c = self.stacks.entry((command, frames.to_vec(), truncated)).or_insert(0);
         *c = c.saturating_add(samples);
     }
 
     /// Every stack, in no particular order.
     pub fn stacks(&self) -> impl Iterator<Item = StackRef<'_>> {
-        self.stacks.iter().map(|((f, t), &n)| StackRef { frames: f, truncated: *t, samples: n })
+        self.stacks.iter().map(|((c, f, t), &n)| StackRef {
+            command: c.map(|c| self.commands[c as usize].as_slice()),
+            frames: f,
+            truncated: *t,
+            samples: n,
+        })
     }
 
     /// Total samples over every stack.
@@ -168,7 +218,7 @@ impl StackProfile {
 
     /// Samples of stacks flagged truncated.
     pub fn truncated_samples(&self) -> u64 {
-        self.stacks.iter().filter(|((_, t), _)| *t).fold(0u64, |a, (_, &n)| a.saturating_add(n))
+        self.stacks.iter().filter(|((_, _, t), _)| *t).fold(0u64, |a, (_, &n)| a.saturating_add(n))
     }
 
     /// Add every count of `other` (host and epoch of `self` are kept; the sequence becomes the
@@ -186,21 +236,34 @@ impl StackProfile {
         for (&i, syms) in &other.jit {
             self.add_jit_symbols(map[i as usize], syms);
         }
+        let cmap: Vec<u32> = other.commands.iter().map(|c| self.command_index(c)).collect();
         let mut buf = Vec::new();
-        for ((frames, t), &n) in &other.stacks {
+        for ((c, frames, t), &n) in &other.stacks {
             buf.clear();
             buf.extend(frames.iter().map(|&(i, o)| (map[i as usize], o)));
-            self.add(&buf, *t, n);
+            self.add_command(c.map(|c| cmap[c as usize]), &buf, *t, n);
         }
         Ok(())
     }
 
-    /// The uncompressed payload in canonical order (§13), and whether it holds the JIT symbol
-    /// table (field 11), which makes the file version 2.
-    fn encode_payload(&self) -> (Vec<u8>, bool) {
+    /// The uncompressed payload in canonical order (§13) and the version it is written as
+    /// ([`STACKS_VERSION`]).
+    fn encode_payload(&self) -> (Vec<u8>, u16) {
+        // Used commands, sorted; old index -> new (0 is "no command", 1.. the dictionary).
+        let mut cmds: Vec<u32> = {
+            let mut used = vec![false; self.commands.len()];
+            self.stacks.keys().filter_map(|k| k.0).for_each(|c| used[c as usize] = true);
+            (0..self.commands.len() as u32).filter(|&c| used[c as usize]).collect()
+        };
+        cmds.sort_by(|&a, &b| self.commands[a as usize].cmp(&self.commands[b as usize]));
+        let mut cremap = vec![0u64; self.commands.len()];
+        for (new, &old) in cmds.iter().enumerate() {
+            cremap[old as usize] = new as u64 + 1;
+        }
+        let has_commands = !cmds.is_empty();
         // Used images, sorted; old index -> new.
         let mut used = vec![false; self.images.len()];
-        for (f, _) in self.stacks.keys() {
+        for (_, f, _) in self.stacks.keys() {
             f.iter().for_each(|&(i, _)| used[i as usize] = true);
         }
         let mut order: Vec<u32> =
@@ -213,17 +276,19 @@ impl StackProfile {
         let mut frames: Vec<(u64, u64)> = self
             .stacks
             .keys()
-            .flat_map(|(f, _)| f.iter().map(|&(i, o)| (remap[i as usize], o)))
+            .flat_map(|(_, f, _)| f.iter().map(|&(i, o)| (remap[i as usize], o)))
             .collect();
         frames.sort_unstable();
         frames.dedup();
         let frame_ix: HashMap<(u64, u64), u64> =
             frames.iter().enumerate().map(|(i, &f)| (f, i as u64)).collect();
-        let mut stacks: Vec<(Vec<u64>, bool, u64)> = self
+        // Sorted by (command, frames, flags): a command's stacks are adjacent, which zlib likes.
+        let mut stacks: Vec<(u64, Vec<u64>, bool, u64)> = self
             .stacks
             .iter()
-            .map(|((f, t), &n)| {
-                (f.iter().map(|&(i, o)| frame_ix[&(remap[i as usize], o)]).collect(), *t, n)
+            .map(|((c, f, t), &n)| {
+                let c = c.map_or(0, |c| cremap[c as usize]);
+                (c, f.iter().map(|&(i, o)| frame_ix[&(remap[i as usize], o)]).collect(), *t, n)
             })
             .collect();
         stacks.sort_unstable();
@@ -259,8 +324,18 @@ impl StackProfile {
             }
             prev = Some((img, off));
         }
+        if has_commands {
+            // Version 3: the command dictionary (field 9a).
+            varint::write_u64(&mut out, cmds.len() as u64);
+            for &c in &cmds {
+                put_bytes(&mut out, &self.commands[c as usize]);
+            }
+        }
         varint::write_u64(&mut out, stacks.len() as u64);
-        for (f, t, n) in &stacks {
+        for (c, f, t, n) in &stacks {
+            if has_commands {
+                varint::write_u64(&mut out, *c);
+            }
             varint::write_u64(&mut out, if *t { FLAG_TRUNCATED } else { 0 });
             varint::write_u64(&mut out, f.len() as u64);
             f.iter().for_each(|&i| varint::write_u64(&mut out, i));
@@ -275,30 +350,31 @@ impl StackProfile {
             .collect();
         jit.sort_unstable_by_key(|(i, _)| *i);
         let has_jit = !jit.is_empty();
-        if has_jit {
+        // Version 3 always has the table (count 0 when empty); version 2 only when non-empty.
+        if has_jit || has_commands {
             varint::write_u64(&mut out, jit.len() as u64);
             for (i, syms) in jit {
                 varint::write_u64(&mut out, i);
                 write_jit_symbols(&mut out, syms.iter());
             }
         }
-        (out, has_jit)
+        (out, Self::version_of(has_jit, has_commands))
     }
 
     /// The version a file is written as (see [`STACKS_VERSION`]).
-    fn version_of(has_jit: bool) -> u16 {
-        if has_jit {
-            2
-        } else {
-            1
+    fn version_of(has_jit: bool, has_commands: bool) -> u16 {
+        match (has_commands, has_jit) {
+            (true, _) => 3,
+            (false, true) => 2,
+            (false, false) => 1,
         }
     }
 
     /// The file's bytes (FORMAT.md §13).
     pub fn encode(&self) -> Vec<u8> {
-        let (payload, has_jit) = self.encode_payload();
+        let (payload, version) = self.encode_payload();
         // Stacks share long frame runs: zlib makes the file several times smaller.
-        codec::finish_zlib(STACKS_MAGIC, Self::version_of(has_jit), &payload)
+        codec::finish_zlib(STACKS_MAGIC, version, &payload)
     }
 
     /// Parse and validate a file's bytes; `path` names it in errors. Accepts only the
@@ -353,11 +429,37 @@ impl StackProfile {
             }
             frames.push((img as u32, off));
         }
-        // flags, depth, >= 1 frame, samples.
-        let nstacks = r.count("stacks", 4)?;
-        let mut prev: Option<(Vec<u64>, bool)> = None;
+        // Version 3: the command dictionary; every stack then names one of its commands.
+        let ncommands = if version >= 3 { r.count("commands", 2)? } else { 0 };
+        for _ in 0..ncommands {
+            let c = r.bytes("command")?;
+            if c.is_empty() || c.len() > MAX_COMMAND_LEN {
+                return Err(
+                    r.corrupt("command", format!("{} bytes (1..={MAX_COMMAND_LEN})", c.len()))
+                );
+            }
+            if p.commands.last().is_some_and(|l| l.as_slice() >= c) {
+                return Err(r.corrupt("commands", "not sorted or not distinct"));
+            }
+            p.command_index(c);
+        }
+        // [command], flags, depth, >= 1 frame, samples.
+        let nstacks = r.count("stacks", if version >= 3 { 5 } else { 4 })?;
+        let mut prev: Option<(u64, Vec<u64>, bool)> = None;
         let mut buf: Vec<Frame> = Vec::new();
         for _ in 0..nstacks {
+            let command = if version >= 3 {
+                let c = r.varint("stack command")?;
+                if c > p.commands.len() as u64 {
+                    return Err(r.corrupt(
+                        "stack command",
+                        format!("index {c} beyond {} commands", p.commands.len()),
+                    ));
+                }
+                c
+            } else {
+                0
+            };
             let flags = r.varint("stack flags")?;
             if flags & !FLAG_TRUNCATED != 0 {
                 return Err(r.corrupt("stack flags", format!("unknown flags {flags:#x}")));
@@ -382,11 +484,12 @@ impl StackProfile {
             if n == 0 {
                 return Err(r.corrupt("stack samples", "zero count"));
             }
-            let key = (ix, flags & FLAG_TRUNCATED != 0);
+            let key = (command, ix, flags & FLAG_TRUNCATED != 0);
             if prev.as_ref().is_some_and(|p| *p >= key) {
                 return Err(r.corrupt("stacks", "not sorted or not distinct"));
             }
-            p.stacks.insert((buf.clone(), key.1), n);
+            let command = command.checked_sub(1).map(|c| c as u32);
+            p.stacks.insert((command, buf.clone(), key.2), n);
             prev = Some(key);
         }
         if version >= 2 {
@@ -419,13 +522,12 @@ impl StackProfile {
             }
         }
         r.finish()?;
-        // Unused images or frames would make two encodings of one profile.
-        let (canonical, has_jit) = p.encode_payload();
+        // Unused images, frames or commands would make two encodings of one profile.
+        let (canonical, want) = p.encode_payload();
         if canonical != payload {
             return Err(codec::corrupt(path, "frames", "entries no stack uses"));
         }
-        // Version 2 only with JIT symbols: one encoding per content.
-        let want = Self::version_of(has_jit);
+        // Version 2 only with JIT symbols, 3 only with commands: one encoding per content.
         if version != want {
             return Err(codec::corrupt(
                 path,
@@ -529,6 +631,121 @@ mod tests {
         for n in 0..b.len() {
             assert!(StackProfile::decode(&b[..n], path).is_err(), "truncated at {n} accepted");
         }
+    }
+
+    /// A version 3 file written by hand from FORMAT.md §13: one image, one frame, the given
+    /// commands, and one stack per entry of `stacks` (command index, frame index).
+    fn hand_v3(commands: &[&[u8]], stacks: &[(u64, u64)]) -> Vec<u8> {
+        let mut pl = Vec::new();
+        for f in ["h", "20261125T000000Z", "cpu-clock"] {
+            put_bytes(&mut pl, f.as_bytes());
+        }
+        varint::write_u64(&mut pl, 0);
+        varint::write_u64(&mut pl, 1);
+        pl.push(ImageKind::Elf as u8);
+        pl.push(codec::ID_TAG_FALLBACK);
+        put_bytes(&mut pl, &[1; 16]);
+        put_bytes(&mut pl, b"/x");
+        for v in [1u64, 0, 0x40] {
+            varint::write_u64(&mut pl, v);
+        }
+        varint::write_u64(&mut pl, commands.len() as u64);
+        commands.iter().for_each(|c| put_bytes(&mut pl, c));
+        varint::write_u64(&mut pl, stacks.len() as u64);
+        for &(c, f) in stacks {
+            for v in [c, 0, 1, f, 9] {
+                varint::write_u64(&mut pl, v);
+            }
+        }
+        varint::write_u64(&mut pl, 0); // no JIT images
+        codec::finish_zlib(STACKS_MAGIC, 3, &pl)
+    }
+
+    #[test]
+    fn commands_make_version_3_and_old_versions_still_read() {
+        let path = Path::new("stacks.cpu-clock.stk");
+        let mut p = sample();
+        let exe = 0;
+        let pg = p.command_index(b"postgres");
+        let bench = p.command_index(b"pgbench");
+        // The same frames under two commands are two stacks; a third copy has no command.
+        p.add_command(Some(pg), &[(exe, 0x1130), (exe, 0x10a0)], false, 5);
+        p.add_command(Some(bench), &[(exe, 0x1130), (exe, 0x10a0)], false, 2);
+        p.add_command(Some(bench), &[(exe, 0x1130), (exe, 0x10a0)], false, 1);
+        let b = p.encode();
+        assert_eq!(u16::from_le_bytes([b[8], b[9]]), 3);
+        let back = StackProfile::decode(&b, path).expect("decode v3");
+        assert_eq!(back, p);
+        assert_eq!(back.encode(), b, "re-encoding changes the bytes");
+        let mut by_cmd: Vec<(Option<&[u8]>, u64)> =
+            back.stacks().filter(|s| s.frames.len() == 2).map(|s| (s.command, s.samples)).collect();
+        by_cmd.sort();
+        assert_eq!(by_cmd, [(Some(&b"pgbench"[..]), 3), (Some(&b"postgres"[..]), 5)]);
+        // Stacks of a version 1 file have no command, and keep none when merged into version 3.
+        let v1 = sample().encode();
+        assert_eq!(u16::from_le_bytes([v1[8], v1[9]]), 1);
+        let old = StackProfile::decode(&v1, path).expect("decode v1");
+        assert!(old.stacks().all(|s| s.command.is_none()));
+        let mut m = back.clone();
+        m.merge(&old).unwrap();
+        assert_eq!(m.samples(), back.samples() + old.samples());
+        assert_eq!(m.stacks().filter(|s| s.command.is_none()).count(), old.stacks().count());
+        let mb = m.encode();
+        assert_eq!(StackProfile::decode(&mb, path).unwrap(), m);
+        // Interning order does not change the bytes.
+        let mut q = StackProfile::new(&p.host, &p.epoch, &p.event);
+        q.merge(&back).unwrap();
+        assert_eq!(q.encode(), b);
+        for n in 0..b.len() {
+            assert!(StackProfile::decode(&b[..n], path).is_err(), "truncated at {n} accepted");
+        }
+        // An empty command is stored as the unknown one, a long one cut.
+        let mut e = StackProfile::new("h", "e", "cpu-clock");
+        let i = e.image_index(&img(ImageKind::Elf, "/x"));
+        let c = e.command_index(b"");
+        let long = e.command_index(&[b'a'; 300]);
+        e.add_command(Some(c), &[(i, 1)], false, 1);
+        e.add_command(Some(long), &[(i, 1)], false, 1);
+        let e = StackProfile::decode(&e.encode(), path).unwrap();
+        let mut cmds: Vec<usize> = e.stacks().map(|s| s.command.unwrap().len()).collect();
+        cmds.sort_unstable();
+        assert_eq!(cmds, [UNKNOWN_COMMAND.len(), MAX_COMMAND_LEN]);
+    }
+
+    #[test]
+    fn hostile_version_3_files_are_corrupt_naming_the_field() {
+        let path = Path::new("stacks.cpu-clock.stk");
+        let ok = StackProfile::decode(&hand_v3(&[b"a", b"b"], &[(1, 0), (2, 0)]), path)
+            .expect("hand-written v3");
+        assert_eq!(ok.samples(), 18);
+        let field = |b: Vec<u8>| match StackProfile::decode(&b, path) {
+            Err(Error::Corrupt { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        // A command index beyond the dictionary (index 0 is "no command", 1..=n the entries).
+        assert_eq!(field(hand_v3(&[b"a"], &[(2, 0)])), "stack command");
+        assert_eq!(field(hand_v3(&[b"a"], &[(u64::MAX, 0)])), "stack command");
+        // The dictionary must be sorted, distinct and its entries 1..=255 bytes.
+        assert_eq!(field(hand_v3(&[b"b", b"a"], &[(1, 0), (2, 0)])), "commands");
+        assert_eq!(field(hand_v3(&[b"a", b"a"], &[(1, 0), (2, 0)])), "commands");
+        assert_eq!(field(hand_v3(&[b""], &[(1, 0)])), "command");
+        assert_eq!(field(hand_v3(&[&[b'x'; 256]], &[(1, 0)])), "command");
+        // More commands than bytes left.
+        let mut huge = hand_v3(&[b"a"], &[(1, 0)]);
+        let pl = codec::open_zlib(&huge, path, STACKS_MAGIC, "t", 3).unwrap();
+        // The command count: before "a" (2 bytes), the stack count, 5 varints and the JIT count.
+        let at = pl.len() - 10;
+        assert_eq!(pl[at], 1);
+        let mut pl2 = pl[..at].to_vec();
+        varint::write_u64(&mut pl2, 1 << 40);
+        pl2.extend_from_slice(&pl[at + 1..]);
+        huge = codec::finish_zlib(STACKS_MAGIC, 3, &pl2);
+        assert_eq!(field(huge), "commands");
+        // A command no stack uses, or a version 3 file without commands, is not canonical.
+        assert_eq!(field(hand_v3(&[b"a", b"b"], &[(1, 0)])), "frames");
+        assert_eq!(field(hand_v3(&[], &[(0, 0)])), "frames");
+        // Stacks out of (command, frames, flags) order.
+        assert_eq!(field(hand_v3(&[b"a", b"b"], &[(2, 0), (1, 0)])), "stacks");
     }
 
     #[test]

@@ -101,28 +101,67 @@ pub struct FlushResult {
 }
 
 /// Result of `top`: what ran over the last `window_ms`, hottest first.
+///
+/// Code rows (`rows`) are merged over the processes of one command: a function that runs in
+/// four backends of one server is one row (issue 38), and the window's rows stay few however
+/// many processes ran. `processes` gives each process's samples per image (no offsets), for
+/// the per-process view.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct TopResult {
     pub window_ms: u64,
-    /// Every sample of the window (the rows are the hottest part of it).
+    /// Every sample of the window of the first event (the rows are the hottest part of it).
     pub samples: u64,
     pub rows: Vec<TopRow>,
+    /// The events' names; a row's `event` indexes this list (empty from an older daemon: one
+    /// event).
+    #[serde(default)]
+    pub events: Vec<String>,
+    /// Samples of the window per event (as `events`).
+    #[serde(default)]
+    pub totals: Vec<u64>,
+    /// The idle task's samples of the window per event (as `events`).
+    #[serde(default)]
+    pub idle: Vec<u64>,
+    /// Samples per (process, image, event) of the window, hottest first.
+    #[serde(default)]
+    pub processes: Vec<TopProcess>,
 }
 
-/// One (process, image, offset) of [`TopResult`]. Kernel-mode samples are one row per process
-/// (image `[kernel.kallsyms]`, no offset), the idle task one row (`[idle]`, pid 0).
+/// One (command, image, offset, event) of [`TopResult`], merged over the command's processes.
+/// Kernel code is one row per (kernel or module, offset) for every process together
+/// (`command` empty): the daemon keeps kernel samples apart only per process, not per
+/// process and address. The idle task is one row (`[idle]`, command `swapper`).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct TopRow {
     pub command: String,
+    /// A process that ran the code (the hottest); 0 for kernel rows.
     pub pid: u32,
     /// Image path as profiles name it.
     pub image: String,
+    /// The image's kind: `elf`, `kernel`, `module`, `vdso`, `anon`, `idle` (FORMAT.md §5.1).
+    #[serde(default)]
+    pub kind: String,
     /// GNU build-id (hex) of the image, when it has one.
     #[serde(deserialize_with = "Option::deserialize")]
     pub build_id: Option<String>,
-    /// File offset of the sampled instructions in an ELF image (symbolized by the client).
+    /// Offset of the sampled instructions in the image as FORMAT.md §5.1 defines it for its
+    /// kind (symbolized by the client); `None` for the idle row.
     #[serde(deserialize_with = "Option::deserialize")]
     pub offset: Option<u64>,
+    /// Index into [`TopResult::events`].
+    #[serde(default)]
+    pub event: u32,
+    pub samples: u64,
+}
+
+/// Samples of one process in one image (`[kernel.kallsyms]`: all its kernel-mode samples).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct TopProcess {
+    pub pid: u32,
+    pub command: String,
+    pub image: String,
+    /// Index into [`TopResult::events`].
+    pub event: u32,
     pub samples: u64,
 }
 

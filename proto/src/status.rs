@@ -273,6 +273,38 @@ pub struct StatusReport {
     pub stacks: Option<StackReport>,
     #[serde(default)]
     pub resolver_thread: ResolverThreadReport,
+    /// Off-CPU time (`off_cpu = true`); `None` when it is off.
+    #[serde(default)]
+    pub off_cpu: Option<OffCpuReport>,
+}
+
+/// The off-CPU source (`dcpid --off-cpu true`, event `off-cpu`): its rate and its own cost,
+/// totals since start and rates over the uptime.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct OffCpuReport {
+    /// Context switches seen (the idle task's excluded), and per second.
+    pub switches: u64,
+    pub switches_per_s: f64,
+    /// Waits timed (a voluntary switch-out paired with the thread's next switch-in).
+    pub waits: u64,
+    pub waits_per_s: f64,
+    /// Their total in seconds, and per second of uptime (threads off CPU on average).
+    pub off_cpu_s: f64,
+    pub off_cpu_s_per_s: f64,
+    /// Waits counted without a stack (shorter than `off_cpu_threshold`, or a full table).
+    pub waits_without_stack: u64,
+    /// Records the kernel dropped from the off-CPU rings.
+    pub lost: u64,
+    /// Waits lost to pairing (a lost record, the bound on threads tracked).
+    pub unpaired: u64,
+    /// Threads off CPU now (waits open).
+    pub open: u64,
+    /// The off-CPU thread's own CPU time, in seconds and milliseconds per second, and per
+    /// context switch (nanoseconds). The kernel's share (a sample with a call chain and two
+    /// records per switch, in the switching thread) is not in it: see BENCHMARKS.md.
+    pub cpu_s: f64,
+    pub cpu_ms_per_s: f64,
+    pub ns_per_switch: f64,
 }
 
 /// Call-stack counters since start (`dcpid --callchains fp`).
@@ -297,6 +329,44 @@ pub struct StackReport {
     /// bound (its stacks would not have fit until the next flush).
     #[serde(default)]
     pub early_flushes: u64,
+    /// `callchains = "dwarf"`: the unwinder's counters; absent with frame pointers.
+    #[serde(default)]
+    pub dwarf: Option<DwarfReport>,
+}
+
+/// The DWARF unwinding of copied user stacks (`dcpid --callchains dwarf`), since start.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct DwarfReport {
+    /// Samples whose user stack was unwound (with CFI where the process's tables were loaded).
+    pub unwound: u64,
+    /// Of those, samples of a process whose tables were not loaded yet: unwound through frame
+    /// pointers only.
+    pub fp_fallback: u64,
+    /// Samples whose user stack did not reach a root.
+    pub truncated: u64,
+    /// Of those, stacks cut at the end of the copied user stack (`sample_user_stack`: deeper
+    /// than that in bytes), and stacks cut by the depth bound (`sample_max_stack`); the rest
+    /// met a frame the tables could not unwind.
+    #[serde(default)]
+    pub truncated_copy_end: u64,
+    #[serde(default)]
+    pub truncated_depth: u64,
+    /// CPU time the drain threads spent unwinding, in ms.
+    pub unwind_ms: f64,
+    /// Processes whose unwind tables the loader thread read.
+    pub procs_loaded: u64,
+    /// Processes waiting for the loader now.
+    pub loader_queue: u64,
+    /// Loads that panicked (that process unwinds through frame pointers only).
+    pub load_panics: u64,
+    /// Whether the loader thread runs; when not, processes not loaded yet unwind through frame
+    /// pointers only.
+    pub loader_running: bool,
+    /// Bytes of unwind sections cached now, all images together, and the bound.
+    pub tables_bytes: u64,
+    pub tables_limit_bytes: u64,
+    /// Images whose unwind sections are cached now.
+    pub images: u64,
 }
 
 /// JIT perf maps (`/tmp/perf-PID.map`) read since start.

@@ -8,6 +8,10 @@
 //!    `<xx>/<rest-of-hex>` (the daemon never copies binaries; users or CI fill the cache with
 //!    `dcpiprof --cache-binary FILE`).
 //!
+//! With none of these, the report names the image from the function-symbol table dcpid stored
+//! for its build-id (`<db>/binaries/<xx>/<rest>.sym`, [`SearchPaths::symbol_store`], FORMAT.md
+//! §10; see `load_elf`), before falling back on `image+0xOFFSET`.
+//!
 //! Images without a build-id carry a fallback identity (hash of path, size, mtime, inode); the
 //! file at the recorded path is used only if its current metadata hashes to the same identity.
 //!
@@ -44,6 +48,9 @@ pub struct SearchPaths {
     pub binary_paths: Vec<PathBuf>,
     /// Build-id caches (`<xx>/<rest>` layout), in search order.
     pub cache_dirs: Vec<PathBuf>,
+    /// The database whose symbol store (`<db>/binaries/<xx>/<rest>.sym`, FORMAT.md §10)
+    /// names an image's functions when no binary of its build is found.
+    pub symbol_store: Option<PathBuf>,
 }
 
 /// Outcome of looking for the binary of an image.

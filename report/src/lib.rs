@@ -13,6 +13,7 @@
 //! - [`names`] demangles and makes names printable; [`image`] names images and matches
 //!   `--image` specs; [`stats`] counts work for `--stats`; [`error`] is the errors of a run.
 //! - [`render`]: the one renderer: a table description written as text, CSV or JSON.
+//! - [`timeline`]: samples per time bucket from the slice logs (`--by time`, the HTML chart).
 #![forbid(unsafe_code)]
 
 pub mod debuginfo;
@@ -28,6 +29,7 @@ pub mod stats;
 pub mod symbolize;
 pub mod symbolizer;
 pub mod symcache;
+pub mod timeline;
 pub mod timerange;
 
 pub use error::ProfError;

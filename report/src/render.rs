@@ -37,10 +37,56 @@ pub enum Output {
 }
 
 /// How a text table is drawn: `human` groups digits (`172,000`) for a person at a terminal;
-/// files and pipes get the plain numbers, as JSON and CSV always do.
+/// files and pipes get the plain numbers, as JSON and CSV always do. `width`: the table's
+/// width limit in terminal columns (`None`: [`DEFAULT_WIDTH`]; `Some(0)`: no limit).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Style {
     pub human: bool,
+    pub width: Option<usize>,
+}
+
+/// Text tables fit this many terminal columns unless told otherwise: text cells too long for
+/// it (paths, C++ names) are cut in the middle with `…`; CSV and JSON keep them whole.
+pub const DEFAULT_WIDTH: usize = 100;
+
+/// A text column is never narrowed below this many terminal columns to fit the width: a
+/// library's path or a function's name stays recognisable (`/usr/lib/x86_64-l…libc.so.6`);
+/// a table of many number columns may then stay wider than the limit.
+const MIN_FIT: usize = 24;
+
+/// `s` cut to at most `w` terminal columns by dropping its middle for `…` (start and end are
+/// where names differ: a path's directory and file name, a function's namespace and name).
+pub fn cut_middle(s: &str, w: usize) -> String {
+    if display_width(s) <= w {
+        return s.to_owned();
+    }
+    if w == 0 {
+        return String::new();
+    }
+    let budget = w - 1;
+    let tail_budget = budget / 2;
+    let head_budget = budget - tail_budget;
+    let cw = |c: char| unicode_width::UnicodeWidthChar::width(c).unwrap_or(0);
+    let mut head = String::new();
+    let mut used = 0;
+    for c in s.chars() {
+        if used + cw(c) > head_budget {
+            break;
+        }
+        used += cw(c);
+        head.push(c);
+    }
+    let mut tail: Vec<char> = Vec::new();
+    let mut used = 0;
+    for c in s.chars().rev() {
+        if used + cw(c) > tail_budget {
+            break;
+        }
+        used += cw(c);
+        tail.push(c);
+    }
+    tail.reverse();
+    format!("{head}…{}", tail.into_iter().collect::<String>())
 }
 
 /// `n` with thousands separators when `style.human`.
@@ -390,6 +436,37 @@ impl Table {
             }
         }
         let n = cols.len();
+        // Fit the width: narrow the widest text columns (never below MIN_FIT) and cut their
+        // long cells in the middle. Numbers are never cut.
+        let limit = style.width.unwrap_or(DEFAULT_WIDTH);
+        let total = |w: &[usize]| w.iter().sum::<usize>() + 2 * w.len().saturating_sub(1);
+        let mut rows = rows;
+        if limit > 0 && total(&width) > limit {
+            let text: Vec<usize> =
+                (0..n).filter(|&k| self.columns[cols[k]].kind == Kind::Text).collect();
+            let mut fit = width.clone();
+            while total(&fit) > limit {
+                let Some(&k) =
+                    text.iter().filter(|&&k| fit[k] > MIN_FIT).max_by_key(|&&k| (fit[k], k))
+                else {
+                    break;
+                };
+                let over = total(&fit) - limit;
+                let second = text.iter().filter(|&&j| j != k).map(|&j| fit[j]).max().unwrap_or(0);
+                // Down to the next widest text column at most per step, so wide columns
+                // share the cut.
+                let step = over.min(fit[k] - MIN_FIT).min((fit[k] - second).max(1));
+                fit[k] -= step;
+            }
+            for r in &mut rows {
+                for &k in &text {
+                    if display_width(&r[k].0) > fit[k] {
+                        r[k].0 = cut_middle(&r[k].0, fit[k]);
+                    }
+                }
+            }
+            width = fit;
+        }
         let line = |out: &mut dyn Write, cells: &[(String, Option<&'static str>)]| {
             let mut s = String::new();
             for (k, (text, color)) in cells.iter().enumerate() {
@@ -433,7 +510,7 @@ mod tests {
 
     #[test]
     fn digits_are_grouped_only_for_people() {
-        let human = Style { human: true };
+        let human = Style { human: true, width: None };
         assert_eq!(number(0, human), "0");
         assert_eq!(number(999, human), "999");
         assert_eq!(number(1000, human), "1,000");
@@ -483,7 +560,7 @@ mod tests {
             "symbol,kind,cpu.samples,cpu.percent,offset\n'=evil,elf,1234,12.5,31\nx,,1,0.25,\n"
         );
         let mut out = Vec::new();
-        t.write_text(&mut out, Style { human: true }).expect("text");
+        t.write_text(&mut out, Style { human: true, width: None }).expect("text");
         assert_eq!(
             String::from_utf8(out).expect("utf8"),
             "samples      %  offset  symbol\n  1,234  12.50    0x1f  =evil\n\n"
@@ -498,5 +575,33 @@ mod tests {
         t.row(vec![(-12.25).into(), "b".into()]);
         assert_eq!(text(&t), "     d  name\n\x1b[31m +1.50\x1b[0m  a\n-12.25  b\n");
         assert_eq!(signed(-0.001, 2), "+0.00");
+    }
+
+    #[test]
+    fn wide_tables_fit_100_columns_by_cutting_names_in_the_middle() {
+        let long = format!("/usr/lib/x86_64-linux-gnu/{}/libverylongname.so.6", "d".repeat(120));
+        let mut t = Table::new();
+        t.columns([Column::new("samples", Kind::Count), Column::new("image", Kind::Text)]);
+        t.row(vec![7u64.into(), long.as_str().into()]);
+        t.row(vec![8u64.into(), "short".into()]);
+        let s = text(&t);
+        for l in s.lines() {
+            assert!(display_width(l) <= DEFAULT_WIDTH, "{l}");
+        }
+        let cut = s.lines().nth(1).expect("row");
+        assert!(cut.contains("/usr/lib/x86_64") && cut.contains("libverylongname.so.6"), "{cut}");
+        assert!(cut.contains('…'), "{cut}");
+        assert!(s.contains("short"), "{s}");
+        // CSV keeps the name whole; no limit keeps it whole in text too.
+        let mut csv = Vec::new();
+        t.write_csv(&mut csv).expect("csv");
+        assert!(String::from_utf8(csv).expect("utf8").contains(&long));
+        let mut out = Vec::new();
+        t.write_text(&mut out, Style { human: false, width: Some(0) }).expect("text");
+        assert!(String::from_utf8(out).expect("utf8").contains(&long));
+        // Wide characters are cut by terminal columns.
+        assert_eq!(cut_middle("漢字漢字漢字", 5), "漢…字");
+        assert_eq!(cut_middle("abcdef", 6), "abcdef");
+        assert_eq!(cut_middle("abcdefgh", 5), "ab…gh");
     }
 }

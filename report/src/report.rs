@@ -130,6 +130,48 @@ pub struct ImageInfo {
     /// said in the table's header. Not part of the JSON schema.
     #[serde(skip)]
     pub symbols_note: Option<String>,
+    /// Why the image's function names are missing or partial, when they are (for the one-line
+    /// summary of such images). Not part of the JSON schema.
+    #[serde(skip)]
+    pub names_missing: Option<NamesMissing>,
+    /// The names come from the database's stored symbol table (FORMAT.md §10): the binary of
+    /// this build was not found (rebuilt or deleted). No source lines or inlined functions.
+    #[serde(skip)]
+    pub from_symbol_store: bool,
+}
+
+/// Why an image's function names are missing (or only the exported ones are known).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NamesMissing {
+    /// No binary of this build found, and no stored symbol table.
+    NotFound,
+    /// Only another build of the binary found, and no stored symbol table.
+    OtherBuild,
+    /// The binary found cannot be read or parsed.
+    Unreadable,
+    /// The binary has no symbols at all and no debug file was found.
+    Stripped,
+    /// Stripped, no debug file: only exported functions (`.dynsym`) are named.
+    NoDebugFile,
+}
+
+impl NamesMissing {
+    /// Short lowercase reason, as a summary line shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotFound => "binary not found",
+            Self::OtherBuild => "binary rebuilt (other build-id)",
+            Self::Unreadable => "unreadable",
+            Self::Stripped => "stripped",
+            Self::NoDebugFile => "no debug file",
+        }
+    }
+}
+
+impl std::fmt::Display for NamesMissing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Common header fields.
@@ -640,6 +682,8 @@ pub fn symbolize_image(
         binary: None,
         debug_file: None,
         symbols_note: None,
+        names_missing: None,
+        from_symbol_store: false,
     };
     // ELF and vDSO images: one source per identity (only one unless the spec merges).
     let mut elf_cache: HashMap<ImageId, Source> = HashMap::new();
@@ -905,9 +949,17 @@ pub fn load_elf(
     info: &mut ImageInfo,
     warn: &mut dyn FnMut(String),
 ) -> ElfState {
-    let (path, identity) = match locator.locate(r.id, r.recorded) {
+    let located = locator.locate(r.id, r.recorded);
+    if !matches!(located, Located::Found { .. }) {
+        // No binary of this build: the database's stored table, before any warning.
+        if let Some(t) = stored_table(locator, r, warn) {
+            return use_stored(t, r, info, warn);
+        }
+    }
+    let (path, identity) = match located {
         Located::Found { path, identity } => (path, identity),
         Located::Mismatch { path, expected, found } => {
+            info.names_missing = Some(NamesMissing::OtherBuild);
             warn(format!(
                 "{}: build-id mismatch: profile was taken from build {expected}, file now has {found}; \
                  not symbolizing with the wrong build (use --binary-path or --cache-dir to supply the original)",
@@ -916,6 +968,7 @@ pub fn load_elf(
             return ElfState::Mismatch;
         }
         Located::Unparsable { path, detail } => {
+            info.names_missing = Some(NamesMissing::Unreadable);
             warn(format!(
                 "{}: cannot parse as ELF ({detail}); its samples are shown as NAME+0xOFFSET (use \
                  --binary-path or --cache-dir to supply an intact copy)",
@@ -924,6 +977,7 @@ pub fn load_elf(
             return ElfState::Missing;
         }
         Located::NotFound { tried } => {
+            info.names_missing = Some(NamesMissing::NotFound);
             warn(format!(
                 "binary for {} not found (tried {tried}); its samples are shown as NAME+0xOFFSET \
                  (use --binary-path DIR or --cache-dir DIR to supply it)",
@@ -953,6 +1007,7 @@ pub fn load_elf(
                     (e, t)
                 }
                 Err(ElfError::Io(e)) => {
+                    info.names_missing = Some(NamesMissing::Unreadable);
                     warn(format!(
                         "{}: cannot read: {e}; its samples are shown as NAME+0xOFFSET",
                         path.display()
@@ -960,6 +1015,7 @@ pub fn load_elf(
                     return ElfState::Missing;
                 }
                 Err(e) => {
+                    info.names_missing = Some(NamesMissing::Unreadable);
                     warn(format!("{}: cannot read symbols: {e}", path.display()));
                     return ElfState::Missing;
                 }
@@ -971,7 +1027,17 @@ pub fn load_elf(
     if let (Some(e), true) = (entry, want_dwarf) {
         s.preload_frames(cache.frames(e, warn));
     }
+    if s.symbol_count() == 0 || s.dynsym_only() {
+        // A stripped binary whose stored table (taken by dcpid from a debug file installed
+        // then) knows more than the binary does now.
+        if let Some(t) = stored_table(locator, r, warn) {
+            if t.0.symbol_count() > s.symbol_count() && !t.0.dynsym_only() {
+                return use_stored(t, r, info, warn);
+            }
+        }
+    }
     if s.symbol_count() == 0 {
+        info.names_missing = Some(NamesMissing::Stripped);
         warn(format!(
             "{}: no symbols (stripped) and no debug file found; samples are shown as NAME+0xOFFSET \
              (install its debug info, e.g. the -dbgsym/-debuginfo package, or pass --debug-dir DIR)",
@@ -987,6 +1053,7 @@ pub fn load_elf(
         );
         warn(format!("{}: {note}", path.display()));
         info.symbols_note = Some(note);
+        info.names_missing = Some(NamesMissing::NoDebugFile);
     } else if want_dwarf && !s.has_dwarf() {
         warn(format!(
             "{}: no DWARF found (binary or debug file); --lines/--inlines fall back to symbols",
@@ -996,6 +1063,56 @@ pub fn load_elf(
     info.binary = Some(path.display().to_string());
     info.debug_file = debug.map(|p| p.display().to_string());
     ElfState::Ready(Box::new(s), entry)
+}
+
+/// The table of build `r.id` in the database's symbol store (FORMAT.md §10), which dcpid
+/// filled while the binary existed, and its path: `None` when the store has no table for it
+/// (or no database is known). A damaged or planted table is a warning, and `None`.
+fn stored_table(
+    locator: &Locator,
+    r: &ElfRequest<'_>,
+    warn: &mut dyn FnMut(String),
+) -> Option<(ElfSymbolizer, std::path::PathBuf)> {
+    let ImageId::BuildId(bid) = r.id else { return None };
+    let root = locator.paths.symbol_store.as_ref()?;
+    let db = profile_format::Database::open(root).ok()?;
+    match db.read_symtab(bid) {
+        Ok(t) => Some((
+            ElfSymbolizer::from_table(SymbolTable::from_stored(&t), None, None),
+            db.symtab_path(bid),
+        )),
+        Err(profile_format::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            None
+        }
+        Err(e) => {
+            warn(format!("{e}; the stored symbol table is not used"));
+            None
+        }
+    }
+}
+
+/// Name the image from its stored table ([`stored_table`]); says so when lines or inlines
+/// were asked (the table has no DWARF).
+fn use_stored(
+    (s, path): (ElfSymbolizer, std::path::PathBuf),
+    r: &ElfRequest<'_>,
+    info: &mut ImageInfo,
+    warn: &mut dyn FnMut(String),
+) -> ElfState {
+    if r.mode.inlines || r.mode.lines {
+        warn(format!(
+            "{}: named from the database's stored symbol table (the binary of this build is \
+             gone): no source lines or inlined functions",
+            info.path
+        ));
+    }
+    info.binary = Some(path.display().to_string());
+    info.debug_file = None;
+    info.from_symbol_store = true;
+    info.names_missing = s.dynsym_only().then_some(NamesMissing::NoDebugFile);
+    ElfState::Ready(Box::new(s), None)
 }
 
 /// The source of an ELF or vDSO image (`kind`): a vDSO found by build-id or taken from this
@@ -1033,6 +1150,8 @@ pub fn elf_symbolizer(
         binary: None,
         debug_file: None,
         symbols_note: None,
+        names_missing: None,
+        from_symbol_store: false,
     };
     let r = ElfRequest { id, recorded, mode: SymbolMode::default() };
     match load_elf(locator, cache, &r, &mut info, warn) {
@@ -1081,6 +1200,54 @@ mod tests {
         assert!(at.windows(2).all(|w| w[0] < w[1]) && at[5] != usize::MAX, "{json}");
         assert!(!json.contains("\"source\""), "no source without --lines: {json}");
         assert_eq!(symbol.percent, 75.0, "a row reads as its numbers");
+    }
+
+    /// Issue 39: an image whose binary is gone (or rebuilt) is named from the database's
+    /// stored symbol table through the one symbolizer, and says why when it has none.
+    #[test]
+    fn gone_binary_is_named_from_the_stored_table_else_says_why() {
+        use crate::debuginfo::SearchPaths;
+        use profile_format::{StoredSymtab, SymtabOrigin, SymtabSegment, SymtabSymbol};
+        let dir = tempfile::tempdir().expect("tmp");
+        let db = profile_format::Database::create(dir.path()).expect("db");
+        let bid = vec![0x42; 20];
+        db.put_symtab(&StoredSymtab {
+            build_id: bid.clone(),
+            origin: SymtabOrigin::DebugFile,
+            segments: vec![SymtabSegment { offset: 0x1000, filesz: 0x1000, vaddr: 0x401000 }],
+            symbols: vec![
+                SymtabSymbol { start: 0x401000, size: 0x100, name: "work_a".into() },
+                SymtabSymbol { start: 0x401100, size: 0x100, name: "_ZN3foo3barEv".into() },
+            ],
+        })
+        .expect("store");
+        let paths = SearchPaths { symbol_store: Some(dir.path().to_owned()), ..Default::default() };
+        let mut locator = Locator::new(paths);
+        let mut cache = SymbolCache::disabled();
+        let gone = b"/nonexistent/dcpi-test/app".to_vec();
+        let recorded = [gone];
+        let id = ImageId::BuildId(bid);
+        let r = ElfRequest { id: &id, recorded: &recorded, mode: SymbolMode::default() };
+        let mut info = ImageInfo::default();
+        let mut warnings = Vec::new();
+        let st = load_elf(&mut locator, &mut cache, &r, &mut info, &mut |w| warnings.push(w));
+        let src = Source::Elf(st);
+        let mode = SymbolMode::default();
+        assert_eq!(src.symbolize(0x1010, mode, "app").name, "work_a");
+        assert_eq!(src.symbolize(0x1120, mode, "app").name, "foo::bar()");
+        assert_eq!(src.symbolize(0x1800, mode, "app").name, "app+0x1000", "no symbol: the page");
+        assert!(info.from_symbol_store && info.names_missing.is_none(), "{info:?}");
+        assert!(info.binary.as_deref().is_some_and(|b| b.ends_with(".sym")), "{info:?}");
+        assert!(warnings.is_empty(), "{warnings:?}");
+
+        // Another build with no stored table: unsymbolized, and the reason is given.
+        let other = ImageId::BuildId(vec![0x43; 20]);
+        let r = ElfRequest { id: &other, recorded: &recorded, mode };
+        let mut info = ImageInfo::default();
+        let st = load_elf(&mut locator, &mut cache, &r, &mut info, &mut |w| warnings.push(w));
+        assert_eq!(Source::Elf(st).symbolize(0x1010, mode, "app").name, "app+0x1000");
+        assert_eq!(info.names_missing, Some(NamesMissing::NotFound));
+        assert!(!info.from_symbol_store);
     }
 
     #[test]

@@ -151,6 +151,28 @@ impl SymbolTable {
         Ok(Self { segments, symbols, sections, has_dwarf, dynsym_only })
     }
 
+    /// The table of a database's stored symbol table (FORMAT.md §10), normalized as a live
+    /// binary's: symbols and segments, no sections, no DWARF.
+    pub fn from_stored(t: &profile_format::StoredSymtab) -> Self {
+        let segments = t
+            .segments
+            .iter()
+            .map(|s| Segment { offset: s.offset, filesz: s.filesz, vaddr: s.vaddr })
+            .collect();
+        let symbols = t
+            .symbols
+            .iter()
+            .map(|s| Sym { start: s.start, size: s.size, name: s.name.clone() })
+            .collect();
+        Self {
+            segments,
+            symbols: normalize_symbols(symbols),
+            sections: Vec::new(),
+            has_dwarf: false,
+            dynsym_only: t.origin == profile_format::SymtabOrigin::Dynsym,
+        }
+    }
+
     /// Compact binary encoding for the cache (see [`SymbolTable::decode`]).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + self.symbols.len() * 40);

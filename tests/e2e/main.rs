@@ -8,18 +8,22 @@ mod export;
 mod first_hour;
 mod format;
 mod listing;
+mod offcpu;
 mod report;
 mod resolve;
 mod sampling;
 mod scheduled_epochs;
 mod service;
 mod slices;
+mod stack_health;
 mod stacks;
 mod start_failures;
 mod store_reliability;
+mod symstore;
 mod systemd;
 mod systemd_container;
 mod time_ranges;
+mod timeline;
 mod who;
 
 fn repo_root() -> std::path::PathBuf {

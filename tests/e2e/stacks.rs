@@ -11,10 +11,22 @@ use dcpi_e2e::Sandbox;
 const CALLERS_C: &str = include_str!("callers.c");
 /// Nearly every sample a distinct stack: a random path through 2^20.
 const DISTINCT_STACKS_C: &str = include_str!("distinct_stacks.c");
+/// Two programs that each have a function `hot` (built with and without `-DPROG_A`).
+const TWO_HOTS_C: &str = include_str!("two_hots.c");
 
 /// Build `source` as `dir/name` with frame pointers and no inlining or tail calls, so that
 /// the frame-pointer walk sees every call.
 fn build_workload(dir: &std::path::Path, name: &str, source: &str) -> std::path::PathBuf {
+    build_workload_with(dir, name, source, &[])
+}
+
+/// [`build_workload`] with extra compiler flags (`-DNAME`).
+fn build_workload_with(
+    dir: &std::path::Path,
+    name: &str,
+    source: &str,
+    flags: &[&str],
+) -> std::path::PathBuf {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).expect("write source");
     let bin = dir.join(name);
@@ -25,8 +37,9 @@ fn build_workload(dir: &std::path::Path, name: &str, source: &str) -> std::path:
             "-fno-inline",
             "-fno-optimize-sibling-calls",
             "-Wl,--build-id=sha1",
-            "-o",
         ])
+        .args(flags)
+        .arg("-o")
         .arg(&bin)
         .arg(&src)
         .status()
@@ -244,4 +257,131 @@ fn distinct_stacks_beyond_a_table_flush_early_and_are_kept() {
         through as f64 >= 0.75 * flat_leaf as f64,
         "only {through} of leaf's {flat_leaf} samples kept their stack: {stk}"
     );
+}
+
+/// Stacks carry the command that ran them (FORMAT.md §13, version 3). Two programs, each with
+/// a function `hot`, run side by side: `--callers hot --image A` reports A's callers only
+/// (before, `--image` conflicted with `--callers` and the answer mixed both programs), and
+/// the folded stacks (the flame graph's input) have one tower per command: every stack of a
+/// program is rooted at its command, not at its outermost image.
+#[dcpi_testkit::test(perf)]
+fn callers_narrow_by_image_and_command_and_stacks_are_rooted_at_the_command() {
+    let _one = dcpi_e2e::machine_wide_stacks();
+    let sb = Sandbox::new();
+    let dir = sb.dir.path();
+    let a = build_workload_with(dir, "hotalpha", TWO_HOTS_C, &["-DPROG_A"]);
+    let b = build_workload_with(dir, "hotbeta", TWO_HOTS_C, &[]);
+    let host = "e2e-two-hots";
+    let mut d = sb.start_daemon(
+        host,
+        &["--events", "cpu-clock:250000", "--flush-interval", "1s", "--callchains", "fp"],
+    );
+    let mut pa = Command::new(&a).arg("2").spawn().expect("run hotalpha");
+    let mut pb = Command::new(&b).arg("2").spawn().expect("run hotbeta");
+    for (name, p) in [("hotalpha", &mut pa), ("hotbeta", &mut pb)] {
+        let st = p.wait().expect("wait workload");
+        assert!(st.success() || st.code() == Some(1), "{name} failed: {st}");
+    }
+    let fl = d.ctl(&["flush"]);
+    assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
+    let (status, err) = d.terminate();
+    assert!(status.success(), "dcpid exit {status}: {err}");
+
+    // What the commands cost on disk: the stack files as written (version 3), against the
+    // same stacks without their commands (as version 1 stored them).
+    let db = profile_format::Database::open(&sb.db()).expect("open db");
+    let (mut with, mut without, mut stacks, mut merged) = (0usize, 0usize, 0usize, 0usize);
+    for epoch in db.epochs().expect("epochs") {
+        let Ok(hd) = db.host_dir(&epoch, host) else { continue };
+        let Ok(p) = profile_format::StackProfile::read(&hd.stacks_path("cpu-clock")) else {
+            continue;
+        };
+        assert!(p.stacks().all(|s| s.command.is_some()), "a stack without its command");
+        let mut q = profile_format::StackProfile::new(&p.host, &p.epoch, &p.event);
+        let map: Vec<u32> = p.images().iter().map(|i| q.image_index(i)).collect();
+        for s in p.stacks() {
+            let f: Vec<_> = s.frames.iter().map(|&(i, o)| (map[i as usize], o)).collect();
+            q.add(&f, s.truncated, s.samples);
+        }
+        with += p.encode().len();
+        without += q.encode().len();
+        stacks += p.stacks().count();
+        merged += q.stacks().count();
+    }
+    eprintln!(
+        "stack files: {with} bytes with commands ({stacks} stacks), {without} bytes without \
+         ({merged} stacks): +{:.1}%",
+        100.0 * (with as f64 - without as f64) / without.max(1) as f64
+    );
+    assert!(stacks > 0, "no stack file written");
+
+    let cache = dir.join("symbols.sqlite").display().to_string();
+    let common = ["--host", host, "--symbol-cache", cache.as_str()];
+    let prof = |more: &[&str]| {
+        let a: Vec<&str> = common.iter().chain(more).copied().collect();
+        sb.prof(&a)
+    };
+    let callers = |more: &[&str]| -> std::collections::HashMap<String, u64> {
+        let r = json(prof(&[&["--callers", "hot", "--format", "json"][..], more].concat()));
+        r["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .map(|row| {
+                (
+                    row["symbol"].as_str().expect("symbol").to_owned(),
+                    row["samples"].as_u64().expect("n"),
+                )
+            })
+            .collect()
+    };
+    let get = |m: &std::collections::HashMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+    // Without narrowing, both programs' `hot` are one name: the answer mixes them.
+    let all = callers(&[]);
+    eprintln!("callers of hot, both programs: {all:?}");
+    assert!(get(&all, "beta_only") >= 100 && get(&all, "alpha_one") >= 100, "{all:?}");
+    // --image A: A's callers only, and (nearly) all of A's `hot` samples.
+    let image_a = a.display().to_string();
+    let only_a = callers(&["--image", &image_a]);
+    eprintln!("callers of hot --image {image_a}: {only_a:?}");
+    assert_eq!(get(&only_a, "beta_only"), 0, "--image A reports B's caller: {only_a:?}");
+    let (one, two) = (get(&only_a, "alpha_one"), get(&only_a, "alpha_two"));
+    assert_eq!((one, two), (get(&all, "alpha_one"), get(&all, "alpha_two")), "{only_a:?}");
+    assert!(one + two >= 100, "too few samples: {only_a:?}");
+    // --command B: B's stacks only.
+    let only_b = callers(&["--command", "hotbeta"]);
+    assert!(get(&only_b, "beta_only") >= 100, "{only_b:?}");
+    assert_eq!(get(&only_b, "alpha_one") + get(&only_b, "alpha_two"), 0, "{only_b:?}");
+    // --image A with --command B: A's hot never ran under B's command.
+    let o = prof(&["--callers", "hot", "--image", &image_a, "--command", "hotbeta"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+
+    // One tower per command: every stack through a program's functions starts at its
+    // command (a frame named by the command, then the program's frames).
+    let o = prof(&["--format", "folded"]);
+    assert!(o.status.success(), "folded: {}", String::from_utf8_lossy(&o.stderr));
+    let folded = String::from_utf8_lossy(&o.stdout);
+    let roots = |func: &str| -> std::collections::BTreeSet<String> {
+        folded
+            .lines()
+            .filter(|l| l.split(';').any(|f| f == func))
+            .map(|l| l.split(';').next().unwrap_or_default().to_owned())
+            .collect()
+    };
+    for (func, comm) in
+        [("alpha_one", "hotalpha"), ("alpha_two", "hotalpha"), ("beta_only", "hotbeta")]
+    {
+        let r = roots(func);
+        assert_eq!(r.into_iter().collect::<Vec<_>>(), [comm], "roots of {func}:\n{folded}");
+    }
+    // The SVG flame graph is drawn from the same stacks: both towers are there.
+    let o = prof(&["--format", "svg"]);
+    assert!(o.status.success(), "svg: {}", String::from_utf8_lossy(&o.stderr));
+    let svg = String::from_utf8_lossy(&o.stdout);
+    assert!(svg.contains("hotalpha") && svg.contains("hotbeta"), "no command towers in the SVG");
+    // --command with an export: that command's tower only.
+    let o = prof(&["--format", "folded", "--command", "hotbeta"]);
+    assert!(o.status.success(), "folded --command: {}", String::from_utf8_lossy(&o.stderr));
+    let only = String::from_utf8_lossy(&o.stdout);
+    assert!(!only.is_empty() && only.lines().all(|l| l.starts_with("hotbeta;")), "{only}");
 }

@@ -78,21 +78,47 @@ enum Cmd {
     // The long help lists the keys a reload applies, from the list dcpid uses.
     #[command(long_about = dcpi_client::ctl::reload_help())]
     Reload,
-    /// Live view of who uses the CPU: the hottest (process, image, function) of the last 5 s,
-    /// from the daemon's memory (no disk I/O). Redraws twice a second on a terminal; `--once`
-    /// (or a pipe) prints one snapshot. `--format json` prints {"window_ms", "samples",
-    /// "rows": [{"command", "pid", "image", "symbol" (null for kernel/idle rows or no
-    /// symbols), "samples"}]}, hottest first.
+    /// Live view of where the CPU goes, as `perf top`: the hottest functions of the last 5 s
+    /// over every process (kernel functions named from /proc/kallsyms, user functions from
+    /// the binaries, checked by build-id; code without a symbol by its page, `image+0xOFFSET`),
+    /// from the daemon's memory (no disk I/O). `--by` groups by command, process or image
+    /// instead; `--command`/`--image` zoom into one; the header gives the window's samples and
+    /// the idle share. On a terminal it redraws every `--interval` and takes keys: s symbol,
+    /// c command, p pid, i image, z zoom into the top row, u unzoom, e next event, n idle
+    /// on/off, q quit. `--once` (or a pipe, or `--format csv|json`) prints one snapshot.
+    /// `--format json` prints {"window_ms", "event", "events", "by", "zoom_command",
+    /// "zoom_image", "samples", "idle_samples", "idle_percent", "rows": [{"symbol", "image",
+    /// "command", "commands", "pid", "samples", "percent"}], "notes"}, hottest first; fields a
+    /// grouping does not determine are null. Kernel functions are kept over all processes
+    /// together: zoomed into a command, its kernel time is one row.
     Top {
         /// Print one snapshot and exit.
         #[arg(long)]
         once: bool,
-        /// `table` or `json` (json implies --once).
-        #[arg(long, value_name = "FORMAT", default_value = "table", value_parser = ["table", "json"])]
+        /// `table`, `csv` or `json` (csv and json imply --once).
+        #[arg(long, value_name = "FORMAT", default_value = "table", value_parser = ["table", "csv", "json"])]
         format: String,
         /// Show at most N rows.
         #[arg(long, value_name = "N", default_value_t = 40)]
         limit: usize,
+        /// What a row is.
+        #[arg(long, value_enum, default_value = "symbol")]
+        by: dcpi_client::top::By,
+        /// Only the processes of this command (comm).
+        #[arg(long, value_name = "COMM")]
+        command: Option<String>,
+        /// Only this image (its path or file name).
+        #[arg(long, value_name = "IMAGE")]
+        image: Option<String>,
+        /// Rank by this event (default: the daemon's first).
+        #[arg(long, value_name = "EVENT")]
+        event: Option<String>,
+        /// Leave the idle task out of the rows (the header still gives its share).
+        #[arg(long)]
+        no_idle: bool,
+        /// Redraw interval of the live view.
+        #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = humantime::parse_duration)]
+        interval: Duration,
     },
     /// Epochs: periods of time whose profiles are kept apart.
     Epoch {
@@ -129,14 +155,22 @@ fn main() -> ExitCode {
         drop(Cli::command().print_help());
         return ExitCode::from(2);
     };
-    if let Cmd::Top { once, format, limit } = &command {
-        let r = dcpi_client::top::run(
-            &cli.socket,
-            *once,
-            format == "json",
-            *limit,
-            Duration::from_millis(500),
-        );
+    if let Cmd::Top { once, format, limit, by, command, image, event, no_idle, interval } = &command
+    {
+        let view = dcpi_client::top::View {
+            by: *by,
+            command: command.clone(),
+            image: image.clone(),
+            event: event.clone(),
+            no_idle: *no_idle,
+            limit: *limit,
+        };
+        let format = match format.as_str() {
+            "json" => dcpi_client::top::Format::Json,
+            "csv" => dcpi_client::top::Format::Csv,
+            _ => dcpi_client::top::Format::Table,
+        };
+        let r = dcpi_client::top::run(&cli.socket, *once, format, view, *interval);
         return match r {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -23,6 +23,7 @@ use crate::prof::output::TableFormat as Format;
 use dcpi_report::error::ProfError;
 use dcpi_report::report::{self, ImageFilter, SymbolMode};
 use dcpi_report::select::{epochs_and_hosts, EpochSel, HostSel, Loaded, TimeCoverage};
+use profile_format::HostSummary;
 
 /// Long help of `dcpidiff`: the numbers, the test and the JSON schema.
 pub const DIFF_HELP: &str = "\
@@ -39,26 +40,55 @@ SELECTIONS
   hour, on this host or, with --host all, on the fleet. Each side's header line (and JSON
   `time`) names the range its slices exactly cover.
 
+WHAT IS COMPARED (--compare)
+  rate (default)    samples per second of sampled wall time of each selection: \"does this
+                    take more time now\". The time is what the daemon sampled: per host and
+                    epoch, the time the event's counters ran (summary.json time_running_ns,
+                    summed over CPUs) divided by the number of CPUs, added over the selection's
+                    host directories; a stopped daemon's gap is not in it. Wall time, not CPU
+                    time: a function's samples per wall second is the number of CPUs it keeps
+                    busy, which does not change when the host has more or fewer idle CPUs; per
+                    CPU-second it would (an 8-CPU host would halve it), and per CPU-second of
+                    the image it is the share, which moves when any other function changes.
+                    Compare like with like: two windows of the same length of a steady
+                    workload, or two runs of a fixed amount of work each inside its own
+                    selection (then the rate is the run's samples over the window: use equal
+                    windows, or --compare samples).
+  samples           raw sample counts, both sides taken as equally long: for two runs of the
+                    same fixed work (a benchmark, a batch job) in selections of any length.
+                    Without --compare, a selection whose summaries recorded no sampled time
+                    (databases not written by dcpid) is compared by share, and the header and
+                    JSON test.fallback say so; --compare rate then is an error.
+  share             each row's share of the image's samples (with --image) or of all samples:
+                    \"does this take a larger part of the time now\". A function that did not
+                    change moves when another one does.
+
 NUMBERS
   before, after     raw samples of the row in each selection.
+  before/s, after/s samples per second of sampled time (rate).
   before%, after%   share of the row in its selection: of the image's samples with --image,
                     of all samples without it. Shares use period-weighted events, as dcpiprof's
-                    percent does.
-  delta             after% - before%, in percentage points (positive: the row takes more of
-                    the time now, shown red on a terminal).
-  ratio             after% / before% (`new` when absent before, `gone` when absent after).
-  sig (*)           the change is significant (see below).
-  Rows are sorted by |delta|, largest first.
+                    percent does (share; always in JSON and CSV).
+  delta             after - before in the unit compared: samples/s (rate, JSON and CSV only),
+                    samples, or percentage points (share). Rows are sorted by |delta|, largest
+                    first.
+  ratio             after/s / before/s (rate), after / before (samples), after% / before%
+                    (share); `new` when absent before, `gone` when absent after.
+  sig (*)           the change is significant (see below); red: more now, green: less.
 
 SIGNIFICANCE
-  Each row is tested with a pooled two-proportion z-test on its raw sample counts (x1 of n1
-  before, x2 of n2 after; two-sided), which models the binomial noise of sampling. The p-values
-  of all rows compared (before --min-delta and --limit hide any) are corrected with Holm's
-  step-down method, so the chance of even one false alarm in the whole report is at most
-  --alpha (default 0.01). A row is marked significant when its Holm-adjusted p-value is below
-  --alpha AND |delta| >= --min-effect points (default 1.0): with hundreds of thousands of
-  samples a 0.1-point change is real but rarely matters. Variation of the workload itself
-  between epochs or hosts is not sampling noise: measure it with dcpistats.
+  rate and samples: a sampling profiler's count is Poisson, so each row is tested with the
+  exact conditional binomial test of two Poisson rates: given the row's x1 + x2 samples, x2 is
+  Binomial(x1 + x2, t2 / (t1 + t2)) if the rate did not change (t1, t2: the sampled seconds,
+  or 1 and 1 for samples); two-sided, twice the smaller tail. share: a pooled two-proportion
+  z-test on the raw counts (x1 of n1 before, x2 of n2 after; two-sided), the binomial noise
+  of where samples land. The p-values of all rows compared (before --min-delta and --limit hide
+  any) are corrected with Holm's step-down method, so the chance of even one false alarm in the
+  whole report is at most --alpha (default 0.01). A row is marked significant when its
+  Holm-adjusted p-value is below --alpha AND the change is at least --min-effect (default 1.0):
+  percent of the before rate or count (rate, samples), points (share); with hundreds of
+  thousands of samples a tiny change is real but rarely matters. Variation of the workload
+  itself between epochs or hosts is not sampling noise: measure it with dcpistats.
 
 REBUILT BINARIES
   With --image PATH, each selection's profiles of that path are taken whatever their build-id,
@@ -71,16 +101,21 @@ REBUILT BINARIES
 
 JSON SCHEMA (--format json)
   { \"report\": \"diff\", \"rows_of\": \"images\"|\"symbols\"|\"lines\", \"event\": str,
-    \"test\": { \"method\": str, \"alpha\": num, \"min_effect\": num, \"rows_compared\": int },
+    \"test\": { \"compare\": \"rate\"|\"samples\"|\"share\", \"fallback\": str (only when
+              rate was not possible and --compare was not given), \"method\": str,
+              \"alpha\": num, \"min_effect\": num, \"rows_compared\": int },
     \"before\": SIDE, \"after\": SIDE, \"images_differ\": bool, \"rows_hidden\": int,
     \"rows\": [ { \"symbol\": str (or \"image\": str), \"source\": \"file:line\" (--lines),
                 \"before\": int, \"after\": int, \"before_events\": int, \"after_events\": int,
-                \"before_share\": num, \"after_share\": num, \"delta\": num,
+                \"before_share\": num, \"after_share\": num,
+                \"before_rate\": num|null, \"after_rate\": num|null (samples/s, rate only),
+                \"delta\": num,
                 \"ratio\": num|null, \"z\": num, \"p_value\": num, \"p_adjusted\": num,
                 \"significant\": bool,
                 \"before_builds\": [str], \"after_builds\": [str], \"builds_differ\": bool
                 (image rows only) } ] }
   SIDE = { \"epochs\": [str], \"hosts\": [str], \"total_samples\": int, \"total_events\": int,
+           \"seconds\": num|null (sampled wall time; of a time range side: the range covered),
            \"image\": null | { \"path\": str, \"builds\": [str], \"binary\": str|null },
            \"time\": TIME (time range sides only) }
   TIME = { \"since\": int|null, \"until\": int|null (the request, Unix seconds),
@@ -90,7 +125,8 @@ JSON SCHEMA (--format json)
 
 EXIT STATUS
   0 success; 1 output error; 2 usage or data error (bad arguments, no such epoch/host/image/
-  event in one of the selections, corrupt profile without --keep-going).";
+  event in one of the selections, corrupt profile without --keep-going, no sampled time
+  recorded with --compare rate).";
 
 /// Command line of `dcpidiff`.
 #[derive(Parser, Debug, Clone)]
@@ -98,14 +134,15 @@ EXIT STATUS
     name = "dcpidiff",
     version,
     about = "Compare two selections of dcpi profiles (epochs, days, hosts): per symbol or image, \
-             with a significance test",
+             rates of samples per second with a significance test",
     long_about = "Compare two selections of dcpi profiles side by side.\n\n\
                   With --image: one row per function of that image (matched by name across \
                   rebuilds), or per source line with --lines. Without it: one row per image. \
-                  Each row has the samples and share before and after, the change in percentage \
-                  points, the ratio, and whether the change is significant (two-proportion \
-                  z-test on sample counts, Holm-corrected over the rows compared, at --alpha, \
-                  default 0.01; see below).",
+                  Each row has the samples and the rate (samples per second of sampled wall \
+                  time) before and after, their ratio, and whether the change is significant \
+                  (exact test of two Poisson rates, Holm-corrected over the rows compared, at \
+                  --alpha, default 0.01; see below). --compare share compares shares of the \
+                  samples instead, --compare samples raw counts.",
     after_long_help = DIFF_HELP,
     mut_args(OutputArgs::tool_help(
         "Colour in the table (red: a larger share now, green: smaller; significant rows only)",
@@ -153,17 +190,36 @@ pub struct DiffArgs {
     /// With --image: attribute samples to the innermost inlined function (DWARF).
     #[arg(long, requires = "image")]
     pub inlines: bool,
-    /// Hide rows whose |delta| is below P percentage points (they still count in the test).
+    /// Hide rows whose |delta| is below P, in delta's unit (samples/s, samples or points); they
+    /// still count in the test.
     #[arg(long, value_name = "P", default_value_t = 0.0)]
     pub min_delta: f64,
     /// Family-wise significance level (Holm-corrected over the rows compared).
     #[arg(long, value_name = "LEVEL", default_value_t = 0.01)]
     pub alpha: f64,
-    /// Smallest |delta| in points ever called significant.
+    /// Smallest change ever called significant: in percent of the before rate (or count)
+    /// with `--compare rate` or `samples`, in points with `--compare share`.
     #[arg(long, value_name = "P", default_value_t = 1.0)]
     pub min_effect: f64,
+    /// What is compared: `rate` (samples per second of sampled wall time, Poisson test),
+    /// `samples` (raw counts, as if both sides ran equally long), `share` (of the image's or all
+    /// samples, two-proportion test) [default: rate; share where no sampled time is recorded].
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub compare: Option<Compare>,
     #[command(flatten)]
     pub out: OutputArgs,
+}
+
+/// What `dcpidiff` compares (`--compare`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compare {
+    /// Samples per second of sampled wall time (the default).
+    Rate,
+    /// Raw sample counts (both sides taken as equally long).
+    Samples,
+    /// Shares of the image's (or all) samples.
+    Share,
 }
 
 /// One side of the comparison, as reported.
@@ -173,6 +229,9 @@ pub struct SideInfo {
     pub hosts: Vec<String>,
     pub total_samples: u64,
     pub total_events: u64,
+    /// Sampled wall time of the selection in seconds (see [`sampled_seconds`]); `None` when a
+    /// host directory recorded none.
+    pub seconds: Option<f64>,
     pub image: Option<SideImage>,
     /// A time range side (`--before-since` ...): what its slices covered.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -201,6 +260,10 @@ pub struct DiffRow {
     pub after_events: u64,
     pub before_share: f64,
     pub after_share: f64,
+    /// Samples per second of sampled wall time (`--compare rate` only).
+    pub before_rate: Option<f64>,
+    pub after_rate: Option<f64>,
+    /// after − before in the unit of the comparison: samples/s, samples or share points.
     pub delta: f64,
     pub ratio: Option<f64>,
     pub z: f64,
@@ -217,6 +280,10 @@ pub struct DiffRow {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct TestInfo {
+    pub compare: Compare,
+    /// Why `compare` is not the default `rate` when it was not asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     pub method: &'static str,
     pub alpha: f64,
     pub min_effect: f64,
@@ -237,7 +304,12 @@ pub struct DiffReport {
     pub rows: Vec<DiffRow>,
 }
 
-const METHOD: &str = "pooled two-proportion z-test on sample counts, two-sided, Holm-corrected";
+const METHOD_SHARE: &str =
+    "pooled two-proportion z-test on sample counts, two-sided, Holm-corrected";
+const METHOD_RATE: &str = "exact conditional binomial test of two Poisson rates (sample counts \
+                           over sampled seconds), two-sided, Holm-corrected";
+const METHOD_SAMPLES: &str = "exact conditional binomial test of two Poisson counts (equal \
+                              exposure), two-sided, Holm-corrected";
 
 /// Per-row totals of one side: samples, weighted events, builds (image rows).
 #[derive(Clone, Debug, Default)]
@@ -404,10 +476,37 @@ pub fn run_diff(
             (if args.lines { "lines" } else { "symbols" }, (bt, at), bs, as_)
         }
     };
-    for w in warnings.drain(..) {
-        writeln!(err, "dcpidiff: warning: {}", dcpi_report::escape::terminal(&w))?;
+    let (mut bside, mut aside) = (bside, aside);
+    bside.seconds = sampled_seconds(&before, &event, &mut |w| warnings.push(w))
+        .map_err(|e| side_err("--before", e.into()))?;
+    aside.seconds = sampled_seconds(&after, &event, &mut |w| warnings.push(w))
+        .map_err(|e| side_err("--after", e.into()))?;
+    let mut compare = args.compare.unwrap_or(Compare::Rate);
+    let mut fallback = None;
+    if compare == Compare::Rate {
+        for (side, s) in [("--before", &bside), ("--after", &aside)] {
+            if s.seconds.is_none() && args.compare.is_none() {
+                // Databases written without the counters' times (hand-made, or by another
+                // writer): the comparison that needs none, said in the header and the JSON.
+                compare = Compare::Share;
+                fallback =
+                    Some(format!("{side} selection has no sampled time recorded: shares compared"));
+                break;
+            }
+            if s.seconds.is_none() {
+                return Err(ToolError::Usage(format!(
+                    "{side} selection: no sampled time recorded for event {:?} (summary.json \
+                     time_running_ns and cpus) in epoch(s) {}; compare counts with --compare \
+                     samples or shares with --compare share",
+                    printable(&event),
+                    s.epochs.join(",")
+                )));
+            }
+        }
     }
-    let r = compare(args, rows_of, &event, tallies, bside, aside);
+    crate::notes::write_warnings("dcpidiff", err, &mut warnings)?;
+    let mut r = compare_sides(args, compare, rows_of, &event, tallies, bside, aside);
+    r.test.fallback = fallback;
     write_report(out, &r, args.out.format, args.out.color.enabled())?;
     out.flush()?;
     Ok(())
@@ -444,9 +543,65 @@ fn side_info(l: &Loaded, total: &Tally, image: Option<SideImage>) -> SideInfo {
         hosts,
         total_samples: total.samples,
         total_events: total.events.round() as u64,
+        seconds: None,
         image,
         time: l.time.clone(),
     }
+}
+
+/// The sampled wall time of a selection for `event`, in seconds: per host directory, the time
+/// the event's counters ran (`time_running_ns` of its summary, summed over the CPUs sampled)
+/// divided by the number of CPUs, added up over the directories. That is the time during which
+/// the daemon could take the samples counted, so it excludes the gaps of a stopped daemon
+/// (which `first_written`..`last_written` would not: a restarted daemon rewrites
+/// `last_written`), and it splits at epoch boundaries where the samples split (the daemon
+/// reads the counters' times at each cut). `None` when a directory has no such record; an
+/// error for a planted (hostile) summary file, as every reader of it.
+pub fn sampled_seconds(
+    l: &Loaded,
+    event: &str,
+    warn: &mut dyn FnMut(String),
+) -> Result<Option<f64>, profile_format::Error> {
+    // A time range side: the range its slices cover, once per host (the daemons sampled the
+    // whole range; a host-epoch counted whole or left out makes it approximate, and the
+    // header says so).
+    if let Some((a, b)) = l.time.as_ref().and_then(|t| t.covered) {
+        let hosts: std::collections::BTreeSet<&str> =
+            l.dirs.iter().map(|d| d.host.as_str()).collect();
+        return Ok((b > a).then(|| (b - a) as f64 * hosts.len().max(1) as f64));
+    }
+    let mut total = 0.0;
+    for (i, d) in l.dirs.iter().enumerate() {
+        let read;
+        let s = match l.summaries.get(i).and_then(Option::as_ref) {
+            Some(s) => s,
+            None => match HostSummary::read_facts(&d.summary_path()) {
+                Ok(s) => {
+                    read = s;
+                    &read
+                }
+                Err(e) if e.is_hostile_file() => return Err(e),
+                Err(e) => {
+                    if !matches!(&e, profile_format::Error::Io { source, .. }
+                        if source.kind() == std::io::ErrorKind::NotFound)
+                    {
+                        warn(e.to_string());
+                    }
+                    return Ok(None);
+                }
+            },
+        };
+        let running = s
+            .events
+            .iter()
+            .find(|e| e.desc.as_ref().is_some_and(|x| x.name == event))
+            .map_or(0, |e| e.time_running_ns);
+        if running == 0 || s.cpus.is_empty() {
+            return Ok(None);
+        }
+        total += running as f64 / 1e9 / s.cpus.len() as f64;
+    }
+    Ok((total > 0.0).then_some(total))
 }
 
 fn share(part: f64, total: u64) -> f64 {
@@ -457,8 +612,9 @@ fn share(part: f64, total: u64) -> f64 {
     }
 }
 
-fn compare(
+fn compare_sides(
     args: &DiffArgs,
+    compare: Compare,
     rows_of: &'static str,
     event: &str,
     (bt, at): (BTreeMap<Key, Tally>, BTreeMap<Key, Tally>),
@@ -470,6 +626,11 @@ fn compare(
     keys.dedup();
     let empty = Tally::default();
     let (n1, n2) = (before.total_samples, after.total_samples);
+    // Exposures of the Poisson test: sampled seconds, or 1 each (counts compared as they are).
+    let (t1, t2) = match compare {
+        Compare::Rate => (before.seconds.unwrap_or(0.0), after.seconds.unwrap_or(0.0)),
+        _ => (1.0, 1.0),
+    };
     let mut rows: Vec<DiffRow> = keys
         .into_iter()
         .map(|k| {
@@ -477,7 +638,25 @@ fn compare(
             let a = at.get(&k).unwrap_or(&empty);
             let bs = share(b.events, before.total_events);
             let as_ = share(a.events, after.total_events);
-            let z = stat::two_proportion_z(b.samples, n1, a.samples, n2);
+            let (z, p_value) = match compare {
+                Compare::Share => {
+                    let z = stat::two_proportion_z(b.samples, n1, a.samples, n2);
+                    (z, stat::two_sided_p(z))
+                }
+                Compare::Rate | Compare::Samples => {
+                    stat::poisson_rate_test(b.samples, t1, a.samples, t2)
+                }
+            };
+            let (br, ar) = (b.samples as f64 / t1, a.samples as f64 / t2);
+            let (delta, ratio) = match compare {
+                Compare::Share => (as_ - bs, (bs > 0.0).then(|| as_ / bs)),
+                Compare::Rate => (ar - br, (b.samples > 0).then(|| ar / br)),
+                Compare::Samples => (
+                    a.samples as f64 - b.samples as f64,
+                    (b.samples > 0).then(|| a.samples as f64 / b.samples as f64),
+                ),
+            };
+            let rate = compare == Compare::Rate;
             let image_rows = rows_of == "images";
             DiffRow {
                 symbol: (!image_rows).then(|| k.0.clone()),
@@ -489,10 +668,12 @@ fn compare(
                 after_events: a.events.round() as u64,
                 before_share: r4(bs),
                 after_share: r4(as_),
-                delta: r4(as_ - bs),
-                ratio: (bs > 0.0).then(|| r4(as_ / bs)),
+                before_rate: rate.then(|| r4(br)),
+                after_rate: rate.then(|| r4(ar)),
+                delta: r4(delta),
+                ratio: ratio.map(r4),
                 z: r4(z),
-                p_value: stat::two_sided_p(z),
+                p_value,
                 p_adjusted: 1.0,
                 significant: false,
                 before_builds: image_rows.then(|| b.builds.clone()),
@@ -505,7 +686,14 @@ fn compare(
     let p: Vec<f64> = rows.iter().map(|r| r.p_value).collect();
     for (r, adj) in rows.iter_mut().zip(stat::holm_adjust(&p)) {
         r.p_adjusted = adj;
-        r.significant = adj < args.alpha && r.delta.abs() >= args.min_effect;
+        let effect = match compare {
+            Compare::Share => r.delta.abs(),
+            // Percent of the before rate (count); a row absent before is any size.
+            Compare::Rate | Compare::Samples => {
+                r.ratio.map_or(f64::INFINITY, |x| (x - 1.0).abs() * 100.0)
+            }
+        };
+        r.significant = adj < args.alpha && effect >= args.min_effect;
     }
     let compared = rows.len();
     rows.sort_by(|x, y| {
@@ -531,7 +719,13 @@ fn compare(
         rows_of,
         event: event.to_owned(),
         test: TestInfo {
-            method: METHOD,
+            compare,
+            fallback: None,
+            method: match compare {
+                Compare::Rate => METHOD_RATE,
+                Compare::Samples => METHOD_SAMPLES,
+                Compare::Share => METHOD_SHARE,
+            },
             alpha: args.alpha,
             min_effect: args.min_effect,
             rows_compared: compared,
@@ -554,6 +748,9 @@ fn side_line(s: &SideInfo) -> String {
             [one] => line.push_str(&format!(" (build {one})")),
             many => line.push_str(&format!(" ({} builds: {})", many.len(), many.join(", "))),
         }
+    }
+    if let Some(t) = s.seconds {
+        line.push_str(&format!("; {t:.1} s sampled"));
     }
     if let Some(t) = &s.time {
         for l in t.lines() {
@@ -601,14 +798,22 @@ pub fn write_report(
         csv_only("after_events", Kind::Count),
         right("before%", Kind::Decimal(2)).csv("before_share"),
         right("after%", Kind::Decimal(2)).csv("after_share"),
-        right("delta", Kind::Signed(2)),
+        right("before/s", Kind::Decimal(1)).csv("before_rate"),
+        right("after/s", Kind::Decimal(1)).csv("after_rate"),
+        right("delta", Kind::Signed(if r.test.compare == Compare::Samples { 0 } else { 2 })),
         right("ratio", Kind::Decimal(2)),
         csv_only("z", Kind::Decimal(4)),
         csv_only("p_value", Kind::Scientific),
         csv_only("p_adjusted", Kind::Scientific),
         right("sig", Kind::Text).csv("significant"),
     ]);
-    let mut shown = vec![2, 3, 6, 7, 8, 9, 13];
+    // Rate: the rates say the change (a delta per second would repeat them); share: the
+    // shares and the change in points; samples: the counts and their difference.
+    let mut shown = match r.test.compare {
+        Compare::Rate => vec![2, 3, 8, 9, 11, 15],
+        Compare::Samples => vec![2, 3, 10, 11, 15],
+        Compare::Share => vec![2, 3, 6, 7, 10, 11, 15],
+    };
     if r.rows_of == "lines" {
         shown.push(1);
     }
@@ -630,6 +835,8 @@ pub fn write_report(
             x.after_events.into(),
             x.before_share.into(),
             x.after_share.into(),
+            x.before_rate.into(),
+            Cell::colored(x.after_rate, c),
             Cell::colored(x.delta, c),
             Value::Both {
                 text: ratio_text(x),
@@ -671,13 +878,34 @@ fn diff_text(t: &mut Table, r: &DiffReport, color: bool) {
         t.head(if color { format!("{BOLD}{msg}\x1b[0m") } else { msg });
     }
     let of = if r.rows_of == "images" { "all samples" } else { "the image's samples" };
+    let ev = printable(&r.event);
+    let (what, test, effect) = match r.test.compare {
+        Compare::Rate => (
+            format!(
+                "# event {ev}; rates are samples per second of sampled wall time; ratio = \
+                 after/s / before/s"
+            ),
+            "Poisson rate test",
+            format!("|ratio - 1| >= {}%", r.test.min_effect),
+        ),
+        Compare::Samples => (
+            format!("# event {ev}; raw sample counts (both sides taken as equally long)"),
+            "Poisson count test",
+            format!("|ratio - 1| >= {}%", r.test.min_effect),
+        ),
+        Compare::Share => (
+            format!("# event {ev}; shares are % of {of}; delta = after% - before% in points"),
+            "two-proportion z-test",
+            format!("|delta| >= {}", r.test.min_effect),
+        ),
+    };
+    t.head(what);
+    if let Some(f) = &r.test.fallback {
+        t.head(format!("# {}", printable(f)));
+    }
     t.head(format!(
-        "# event {}; shares are % of {of}; delta = after% - before% in points",
-        printable(&r.event)
-    ));
-    t.head(format!(
-        "# sig *: two-proportion z-test, Holm-corrected over {} rows, alpha {}, |delta| >= {}",
-        r.test.rows_compared, r.test.alpha, r.test.min_effect
+        "# sig *: {test}, Holm-corrected over {} rows, alpha {}, {effect}",
+        r.test.rows_compared, r.test.alpha
     ));
     let up = r.rows.iter().filter(|x| x.significant && x.delta > 0.0).count();
     let down = r.rows.iter().filter(|x| x.significant && x.delta < 0.0).count();

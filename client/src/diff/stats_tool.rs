@@ -252,9 +252,7 @@ pub fn run_stats(
         }
         groups.push((name, g));
     }
-    for m in warnings.drain(..) {
-        writeln!(err, "dcpistats: warning: {}", dcpi_report::escape::terminal(&m))?;
-    }
+    crate::notes::write_warnings("dcpistats", err, &mut warnings)?;
     if groups.iter().filter(|(_, g)| g.samples > 0).count() < 2 {
         return Err(ToolError::Usage(format!(
             "image {} has samples in fewer than 2 {}s of the selection; statistics need \

@@ -52,8 +52,15 @@ MODES
   running one, /proc/kcore (root).
 
 TOP INSTRUCTIONS (--top N)
-  The N hottest instructions of every image in the selection, by the first event's events:
-  image, symbol, offset, instruction and counts. Needs every profile's counts in memory.
+  The N hottest instructions of every image in the selection (of one image with --image), by
+  the first event's events: image, symbol, offset, instruction and counts. Needs every
+  profile's counts in memory.
+
+BIG FUNCTIONS (--min-percent PCT)
+  Only the rows with at least PCT percent of the function's samples, each with --context rows
+  (default 3) before and after it, as perf annotate shows the hot part of a function: a
+  17,000-instruction function is a screen, not 19,000 lines. Each run of rows left out is one
+  line (`... N rows below --min-percent`; a gap row in JSON, nothing in CSV).
 
 JSON SCHEMA (--format json; numbers are plain JSON numbers)
   Listing:
@@ -70,6 +77,8 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
       \"block_start\": bool, \"label\": str|null, \"branch_target\": int|null (offset),
       \"target_label\": str|null, \"call_target\": str|null,
       \"samples\": int, \"percent\": num, \"cpi\": num|null, \"events\": [COUNT] }
+  ROW (gap; with --min-percent, in place of each run of rows left out):
+    { \"type\": \"gap\", \"skipped\": int }
   ROW (source; every row in --source, the line headers of --both):
     { \"type\": \"source\", \"source\": \"file:line\"|null, \"file\": str|null, \"line\": int|null,
       \"text\": str|null, \"samples\": int, \"percent\": num, \"cpi\": num|null,
@@ -130,9 +139,18 @@ pub struct Args {
     /// Source lines interleaved with their instructions.
     #[arg(long, group = "mode")]
     pub both: bool,
-    /// The N hottest instructions across all images (instead of --image/--symbol).
-    #[arg(long, value_name = "N", conflicts_with_all = ["image", "symbol"])]
+    /// The N hottest instructions across all images (instead of --symbol), or of one image
+    /// with --image.
+    #[arg(long, value_name = "N", conflicts_with_all = ["symbol", "min_percent"])]
     pub top: Option<usize>,
+    /// Only the instructions (or source lines) with at least PCT percent of the function's
+    /// samples, each with --context rows around it; the rows left out are counted in one line
+    /// per run (JSON: {"type": "gap", "skipped": N}). For big functions.
+    #[arg(long, value_name = "PCT", value_parser = parse_percent)]
+    pub min_percent: Option<f64>,
+    /// Rows shown before and after each row of --min-percent.
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "min_percent")]
+    pub context: usize,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
@@ -150,6 +168,13 @@ pub struct Args {
     /// Write a man page or shell completions to stdout and exit.
     #[arg(long, hide = true, value_enum, value_name = "WHAT")]
     pub generate: Option<dcpi_manpage::Generate>,
+}
+
+fn parse_percent(s: &str) -> Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(format!("{s:?} is not a percentage between 0 and 100")),
+    }
 }
 
 /// What a listing shows.

@@ -58,11 +58,62 @@ pub struct SourceRow {
     pub events: Vec<EventCount>,
 }
 
+/// Rows left out by `--min-percent` (cold code between hot spots).
+#[derive(Clone, Debug, Serialize)]
+pub struct GapRow {
+    pub skipped: usize,
+}
+
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum Row {
     Asm(AsmRow),
     Source(SourceRow),
+    Gap(GapRow),
+}
+
+impl Row {
+    fn percent(&self) -> f64 {
+        match self {
+            Self::Asm(a) => a.percent,
+            Self::Source(s) => s.percent,
+            Self::Gap(_) => 0.0,
+        }
+    }
+}
+
+/// `--min-percent`: the rows at or above `min` percent of the function, with `context` rows
+/// before and after each (as `perf annotate` shows the hot part of a big function, and `grep
+/// -C` its matches); each run of rows left out becomes one [`GapRow`]. A 17 000-instruction
+/// function is then a screen, not 19 000 lines.
+pub(crate) fn hot_only(rows: Vec<Row>, min: f64, context: usize) -> Vec<Row> {
+    let n = rows.len();
+    let mut keep = vec![false; n];
+    for (i, r) in rows.iter().enumerate() {
+        if r.percent() >= min && r.percent() > 0.0 {
+            for k in keep.iter_mut().take((i + context + 1).min(n)).skip(i.saturating_sub(context))
+            {
+                *k = true;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut skipped = 0;
+    for (r, k) in rows.into_iter().zip(keep) {
+        if k {
+            if skipped > 0 {
+                out.push(Row::Gap(GapRow { skipped }));
+                skipped = 0;
+            }
+            out.push(r);
+        } else {
+            skipped += 1;
+        }
+    }
+    if skipped > 0 {
+        out.push(Row::Gap(GapRow { skipped }));
+    }
+    out
 }
 
 /// A whole listing (`--format json` writes it as it is).
@@ -186,6 +237,8 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
         binary: None,
         debug_file: None,
         symbols_note: None,
+        names_missing: None,
+        from_symbol_store: false,
     };
     let mode = args.mode();
     let mut frames: Option<Source> = None;
@@ -415,6 +468,10 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
             }
             v
         }
+    };
+    let rows = match args.min_percent {
+        Some(min) => hot_only(rows, min, args.context),
+        None => rows,
     };
     let mut events = weights.infos.clone();
     for (i, e) in events.iter_mut().enumerate() {
@@ -804,6 +861,59 @@ mod tests {
         assert!("_ZN3foo3barEi".contains(&last_identifier("foo::bar(int)")));
         assert_eq!(parse_offset("0x1a2b"), Some(0x1a2b));
         assert_eq!(parse_offset("work"), None);
+    }
+
+    fn asm(offset: u64, percent: f64) -> Row {
+        Row::Asm(AsmRow {
+            offset,
+            address: None,
+            bytes: None,
+            instruction: "nop".into(),
+            source: None,
+            block_start: false,
+            label: None,
+            branch_target: None,
+            target_label: None,
+            call_target: None,
+            samples: 0,
+            percent,
+            cpi: None,
+            events: Vec::new(),
+        })
+    }
+
+    /// Hot rows with their context; every run of cold rows is one gap with its length, and
+    /// the rows shown plus the gaps add up to the function.
+    #[test]
+    fn hot_only_keeps_hot_rows_with_context_and_counts_the_gaps() {
+        let mut pct = vec![0.0; 100];
+        pct[10] = 40.0;
+        pct[11] = 0.5;
+        pct[60] = 30.0;
+        pct[99] = 2.0;
+        let rows: Vec<Row> = pct.iter().enumerate().map(|(i, &p)| asm(i as u64, p)).collect();
+        let out = hot_only(rows, 1.0, 2);
+        let shape: Vec<String> = out
+            .iter()
+            .map(|r| match r {
+                Row::Asm(a) => a.offset.to_string(),
+                Row::Gap(g) => format!("gap{}", g.skipped),
+                Row::Source(_) => "src".into(),
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                "gap8", "8", "9", "10", "11", "12", "gap45", "58", "59", "60", "61", "62", "gap34",
+                "97", "98", "99"
+            ]
+        );
+        let total: usize =
+            out.iter().map(|r| if let Row::Gap(g) = r { g.skipped } else { 1 }).sum();
+        assert_eq!(total, 100);
+        // Nothing hot enough: one gap for the whole function.
+        let rows: Vec<Row> = (0..5).map(|i| asm(i, 0.5)).collect();
+        assert!(matches!(hot_only(rows, 1.0, 3).as_slice(), [Row::Gap(GapRow { skipped: 5 })]));
     }
 
     #[test]

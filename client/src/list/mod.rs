@@ -76,8 +76,5 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
 }
 
 fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<()> {
-    for m in w.drain(..) {
-        writeln!(err, "dcpilist: warning: {}", dcpi_report::escape::terminal(&m))?;
-    }
-    Ok(())
+    crate::notes::write_warnings("dcpilist", err, w)
 }

@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use super::listing::{AsmRow, Listing, Row, SourceRow};
+use super::listing::{AsmRow, GapRow, Listing, Row, SourceRow};
 use super::top::TopReport;
 use dcpi_report::render::{Cell, Column, CsvCell, Kind, Show, Style, Table, Value};
 
@@ -85,6 +85,8 @@ pub fn write_listing(out: &mut dyn Write, l: &Listing, fmt: Format, bytes: bool)
                 &a.events,
                 a.cpi,
             ),
+            // CSV has no gap line: its rows are the ones shown.
+            Row::Gap(_) => continue,
             Row::Source(s) => (
                 vec![
                     "source".into(),
@@ -157,13 +159,22 @@ fn listing_text(t: &mut Table, cols: &ListingColumns, l: &Listing, bytes: bool) 
         }
         t
     };
+    let gap = |t: &mut Table, g: &GapRow| {
+        let mut c = t.blank();
+        c[cols.instruction] = format!("... {} rows below --min-percent", g.skipped).into();
+        t.push(c, Show::Text);
+    };
     if l.mode == "source" {
         for r in &l.rows {
-            if let Row::Source(s) = r {
-                let mut c = lead(t, &s.events, s.cpi);
-                c[cols.line] = short_source(&s.source).into();
-                c[cols.instruction] = s.text.as_deref().unwrap_or_default().into();
-                t.push(c, Show::Text);
+            match r {
+                Row::Source(s) => {
+                    let mut c = lead(t, &s.events, s.cpi);
+                    c[cols.line] = short_source(&s.source).into();
+                    c[cols.instruction] = s.text.as_deref().unwrap_or_default().into();
+                    t.push(c, Show::Text);
+                }
+                Row::Gap(g) => gap(t, g),
+                Row::Asm(_) => {}
             }
         }
         return;
@@ -209,6 +220,10 @@ fn listing_text(t: &mut Table, cols: &ListingColumns, l: &Listing, bytes: bool) 
                 let mut c = lead(t, &s.events, s.cpi);
                 c[cols.instruction] = source_line_text(s).into();
                 t.push(c, Show::Text);
+            }
+            Row::Gap(g) => {
+                gap(t, g);
+                separated = true;
             }
         }
     }

@@ -54,6 +54,12 @@ pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopRepor
         .into());
     }
     let w = report::weights(&loaded, &args.sel.events)?;
+    // --image: that image's instructions only (chosen as a listing chooses it); the percent
+    // stays of the machine's total.
+    let only: Option<std::collections::HashSet<usize>> = match args.image.as_deref() {
+        Some(spec) => Some(report::resolve_image(&loaded, &w, spec)?.into_iter().collect()),
+        None => None,
+    };
     let ne = w.events.len();
     let mut per: HashMap<(ImageKey, u64), Counts> = HashMap::new();
     let mut first_of: HashMap<ImageKey, usize> = HashMap::new();
@@ -63,7 +69,7 @@ pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopRepor
         let h = &p.profile.header;
         for (&off, &c) in &p.profile.counts {
             totals.add(ei, c, wt);
-            if h.kind == ImageKind::Unknown {
+            if h.kind == ImageKind::Unknown || only.as_ref().is_some_and(|o| !o.contains(&i)) {
                 continue;
             }
             let key: ImageKey = (h.kind, h.image_id.clone());

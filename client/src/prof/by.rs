@@ -56,6 +56,8 @@ pub enum By {
     Host,
     /// One row per epoch (hosts merged as --host says).
     Epoch,
+    /// One row per time bucket (--resolution), from the time slices (slices.log).
+    Time,
 }
 
 impl By {
@@ -71,6 +73,7 @@ impl By {
             Self::Cpu => "cpu",
             Self::Epoch => "epoch",
             Self::Host => "host",
+            Self::Time => "time",
         }
     }
 
@@ -192,9 +195,7 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
             }
         }
     }
-    for m in warnings.drain(..) {
-        writeln!(err, "dcpiprof: warning: {}", dcpi_report::escape::terminal(&m))?;
-    }
+    crate::notes::write_warnings("dcpiprof", err, &mut warnings)?;
     let of = match (&tr.image, &tr.symbol) {
         (None, _) => "the whole selection".to_owned(),
         (Some(_), None) => format!("all samples of the {}", by.name()),

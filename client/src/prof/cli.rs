@@ -74,6 +74,17 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
       \"samples\": int (first event's samples whose stack contains SYM),
       \"stack_samples\": int, \"truncated_percent\": num,
       \"rows\": [ { \"symbol\": str, \"samples\": int, \"percent\": num (of \"samples\") } ] }
+  Stack health (--stack-health, from the call stacks):
+    { \"report\": \"stack-health\", \"database\": str, \"event\": str,
+      \"stack_samples\": int, \"ended_early\": int, \"ended_early_percent\": num,
+      \"threshold_percent\": num, \"rows_omitted\": int,
+      \"rows\": [ { \"image\": str, \"kind\": str, \"build_id\": str|null,
+                  \"stack_samples\": int, \"ended_early\": int (of them, ended early
+                  anywhere), \"ended_here\": int (ended early in this image),
+                  \"percent\": num (ended_here of stack_samples),
+                  \"no_caller\": int, \"lost\": int, \"cut\": int,
+                  \"verdict\": \"sound\"|\"no-frame-pointers\"|\"cut-short\"|\"few-samples\",
+                  \"advice\": str } ] }
   All symbols (--symbols, no --image):
     { \"report\": \"global-symbols\", \"database\", \"epochs\", \"hosts\", \"events\",
       \"total_samples\", \"rows_omitted\" as above,
@@ -90,6 +101,30 @@ CSV (--format csv): a header line, then one line per row: image,kind,build_id,im
   symbol,source), then <event>.samples,<event>.events,<event>.percent per event, then
   cumulative_percent.
 
+TIMELINE (--by time)
+  Samples of the first event per time bucket, read from each selected host-epoch's slices.log
+  (dcpid's time slices, FORMAT.md section 14), hosts and epochs added up by time. Buckets are
+  --resolution long (default: the stored slice length), aligned to UTC; a slice falls, whole,
+  into the bucket of its start, so the buckets sum exactly to the slices' samples, which are
+  the epoch profiles' samples once dcpid has published them (a stopped or flushed daemon).
+  A slice is never split: hour slices rolled up by dcpid stay one row of an hour (`seconds`
+  says each row's length). Buckets in which nothing was sampled are not listed; the header's
+  one-line chart (samples per second, a space where there is no data) shows the gaps.
+  --since/--until keep the slices overlapping that range. --image (and --symbol) count that
+  image's (function's) samples, their share being of the bucket's samples; --no-idle leaves
+  the idle task out. Slices have no process, cgroup or CPU: --command, --cgroup, --pid and
+  --cpu are refused (--by epoch with them gives a per-epoch trend from the who tables).
+  Host-epochs without a slices.log (older dcpid, slice_interval = 0) are named in a warning;
+  when none has one the run fails (exit 2).
+  JSON: { \"report\": \"by\", \"by\": \"time\", \"database\": str, \"event\": str,
+    \"image\": str|null, \"symbol\": str|null, \"resolution\": int (seconds),
+    \"stored_resolution\": int, \"since\": int|null, \"until\": int|null (Unix seconds covered),
+    \"total_samples\": int, \"profile_samples\": int|null (the epoch profiles' samples of the
+    same selection, without --since/--until), \"percent_of\": str,
+    \"rows\": [ { \"time\": str (UTC), \"start\": int, \"seconds\": int, \"samples\": int,
+      \"per_second\": num, \"percent\": num } ] }
+  CSV: time,seconds,samples,per_second,percent.
+
 SYMBOL NAMES
   Rust (legacy and v0) and C++ (Itanium) names are demangled as perf does; Rust hashes are
   dropped. --raw-names shows the names as stored. Control characters are escaped (\\u{1b},
@@ -101,9 +136,11 @@ EXPORT FORMATS (every selection; with --image, only that image)
   folded    `image;symbol count` per line (flamegraph.pl, inferno, speedscope): raw samples
             of the first event, summing to the report's total_samples. `;` in a name is
             written as `:`. Where dcpid recorded call stacks (--callchains fp) each line is a
-            whole stack, root first: `outermost image;main;via_a;hot count`, and pprof, svg,
-            html and speedscope show the same stacks (with --image, the stacks whose sampled
-            frame is in that image, as `perf script --dsos`).
+            whole stack, root first, rooted at the command that ran it (as stackcollapse-perf):
+            `app;main;via_a;hot count` (`[unknown command]` for stacks recorded before dcpid
+            kept commands), and pprof, svg, html and speedscope show the same stacks (with
+            --image, the stacks whose sampled frame is in that image, as `perf script --dsos`;
+            with --command NAME, that command's stacks only, and no flat samples).
   pprof     gzipped profile.proto for go tool pprof, Parca, Pyroscope. Sample types per
             event: samples/count (EVENT_samples/count with several events) and the weighted
             estimate (cpu/nanoseconds for cpu-clock, EVENT/events otherwise; the first event's
@@ -113,13 +150,16 @@ EXPORT FORMATS (every selection; with --image, only that image)
             uses addr2line) can re-symbolize from the binaries (PPROF_BINARY_PATH) images
             dcpi could not; `go tool pprof` symbolizes Go binaries only.
             Functions carry dcpi's names (demangled; system name = symbol table name) and,
-            with --lines, file and line. Labels: host, epoch. Written to stdout only when it is
-            not a terminal.
+            with --lines, file and line. Labels: host, epoch, and on call-stack samples comm
+            (whose outermost location is a synthetic one named by the command). Written to
+            stdout only when it is not a terminal.
   svg       flame graph of the folded stacks: hover for counts, click to zoom, Search (or
             Ctrl-F) highlights a regular expression and shows its share; ?s=REGEX in the URL.
   html      one self-contained page (no network access): per-image table, per-symbol tables
-            of the top 5 images (100 rows each, or --limit), the flame graph, and a chart of the
-            top images' share per epoch when several epochs are selected. Click a column
+            of the top 5 images (100 rows each, or --limit), the flame graph, a timeline
+            (samples per second per stored slice, from slices.log, where dcpid recorded time
+            slices; not with --pid/--cgroup), and a chart of the top images' share per epoch
+            when several epochs are selected. Click a column
             header to sort.
   speedscope  speedscope's JSON file format: one sampled profile per event, weighted by
             its event estimate (nanoseconds for cpu-clock), frames image then symbol.
@@ -138,8 +178,25 @@ CALL STACKS (dcpid --callchains fp)
   stops at code built without frame pointers (and may skip the caller of a leaf function
   compiled without one). Frames other than the sampled pc are return addresses minus one, so
   they name the calling function even when the call is its last instruction.
+  --stack-health gives, per image, the samples of the stacks through it, how many of them
+  ended early (anywhere), how many ended early in it (`here`: charged to the outermost frame
+  of a known image; the verdict's share) and why: `no caller`
+  (truncated after the first user frame: no frame pointer or unwind information), `lost` (not
+  truncated, but ending in a frame that is no entry point: a frame-pointer chain that went
+  astray), `cut` (truncated deeper: sample_max_stack, the copied user stack's end, or a frame
+  without unwind information). Verdict: `sound` below 5% ended early, `no-frame-pointers`
+  (rebuild with -fno-omit-frame-pointer, or give it CFI and record with callchains =
+  \"dwarf\"), `cut-short`, or `few-samples` (fewer than 20 stack samples through it).
   The exports (folded, pprof, svg, html, speedscope) show the full stacks; with --image,
   those whose sampled (leaf) frame is in that image, with all their callers.
+  --image IMAGE narrows SYM to that image's function (another program's function of the
+  same name is not counted); --command NAME counts only the stacks of processes with that
+  command (comm). Stacks keep their command, not their pid or cgroup: --pid, --cgroup and
+  --cpu with --callers/--callees are a usage error. A function a stripped image has no symbol
+  for is named as the reports name it (`image+0xOFFSET`).
+  The exports (folded, pprof, svg, html, speedscope) show the full stacks, each rooted at its
+  command; with --image, those whose sampled (leaf) frame is in that image, with all their
+  callers.
   Idle-task stacks are `[idle]` frames; JIT frames are named from the perf map symbols the
   stack file carries (also for a JIT region sampled only as a caller), else from those of
   the image's flat profile.
@@ -210,7 +267,8 @@ EXIT STATUS
     line naming the thing and what to do. A binary that is missing, unreadable or stripped
     is not an error: its rows show IMAGE+0xOFFSET and a warning says how to supply symbols
     (a stripped library whose exported .dynsym symbols were all there was is also said in
-    the table's header, `# symbols: only .dynsym ...`).";
+    the table's header, `# symbols: only .dynsym ...`). Several such images make one
+    warning line counting them by reason; --verbose lists each with its advice.";
 
 /// Command line of `dcpiprof`.
 #[derive(Parser, Debug, Clone)]
@@ -264,12 +322,21 @@ pub struct Args {
     #[arg(long = "cache-binary", value_name = "FILE")]
     pub cache_binary: Vec<PathBuf>,
     /// One row per WHAT: epoch or host (of the whole selection, of --image or of its
-    /// --symbol: a trend in one command), image or symbol (the usual reports), or who used
-    /// the CPU: command, pid (dcpid's by_pid), cgroup, unit, container, cpu (from the who
-    /// tables). JSON rows carry the key under WHAT's name, and `samples`.
+    /// --symbol: a trend in one command), time (samples per --resolution bucket from the time
+    /// slices, of the selection, --image or its --symbol; see TIMELINE below), image or symbol
+    /// (the usual reports), or who used the CPU: command, pid (dcpid's by_pid), cgroup, unit,
+    /// container, cpu (from the who tables). JSON rows carry the key under WHAT's name, and
+    /// `samples`.
     #[arg(long, value_enum, value_name = "WHAT")]
     pub by: Option<By>,
-    /// Only samples of processes with this command name (comm), from the who tables.
+    /// With --by time: the length of a bucket (10s, 1m, 15min, 1h, 1d), aligned to UTC.
+    /// Default: the stored slice length (dcpid's slice_interval, 1m unless configured). A
+    /// slice is never split: a resolution finer than the slices, or hour slices left by
+    /// dcpid's roll-up (after slice_rollup_after, 6h), give buckets as long as the slices.
+    #[arg(long, value_name = "DURATION", value_parser = super::timeline::parse_resolution)]
+    pub resolution: Option<u64>,
+    /// Only samples of processes with this command name (comm), from the who tables; with
+    /// --callers/--callees or an export, the call stacks of that command.
     #[arg(long, value_name = "NAME")]
     pub command: Option<String>,
     /// Only samples of this cgroup v2 path or its sub-groups (`/system.slice`), or of a unit
@@ -286,18 +353,24 @@ pub struct Args {
     /// Only samples taken on this CPU (with --by cpu).
     #[arg(long, value_name = "N")]
     pub cpu: Option<u32>,
-    /// With --image and --by epoch|host: only this function (exact name as reported); its
+    /// With --image and --by epoch|host|time: only this function (exact name as reported); its
     /// share is of the image.
     #[arg(long, value_name = "NAME", requires = "image", requires = "by")]
     pub symbol: Option<String>,
     /// Call stacks (dcpid `--callchains fp`): who calls function SYM (its exact name as the
     /// reports show it), one row per caller with the samples of the stacks through it; `[no
     /// caller]` counts stacks that end in SYM. Also shows the share of truncated stacks.
-    #[arg(long, value_name = "SYM", conflicts_with_all = ["callees", "image", "by", "all_symbols"])]
+    /// Narrowed by --image (that image's SYM) and --command.
+    #[arg(long, value_name = "SYM", conflicts_with_all = ["callees", "by", "all_symbols"])]
     pub callers: Option<String>,
     /// Call stacks: what function SYM calls, one row per callee; `[self]` is SYM itself.
-    #[arg(long, value_name = "SYM", conflicts_with_all = ["image", "by", "all_symbols"])]
+    #[arg(long, value_name = "SYM", conflicts_with_all = ["by", "all_symbols"])]
     pub callees: Option<String>,
+    /// Call stacks: per image, the share of the stacks through it that ended early (cut, or
+    /// not at an entry point) and why, naming the images to rebuild with frame pointers or give
+    /// CFI (`callchains = "dwarf"`), and those whose stacks are sound.
+    #[arg(long, conflicts_with_all = ["callers", "callees", "image", "by", "all_symbols", "symbol"])]
+    pub stack_health: bool,
     /// With --callers/--callees: each row is a chain of N frames (`via_a <- main`).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub depth: u16,

@@ -18,6 +18,7 @@ pub use dcpi_report::elfparts;
 pub use dcpi_report::error;
 pub mod export;
 pub mod global;
+pub mod health;
 pub use dcpi_report::image;
 pub use dcpi_report::names;
 pub mod mode;
@@ -27,6 +28,7 @@ pub use dcpi_report::select;
 pub mod stacks;
 pub use dcpi_report::stats;
 pub mod subset;
+pub mod timeline;
 pub use dcpi_report::symbolize;
 pub use dcpi_report::symbolizer;
 pub use dcpi_report::symcache;
@@ -51,6 +53,7 @@ pub use dcpi_manpage::Generate;
 /// Run `dcpiprof` with parsed arguments, writing the report to `out` (or `--output`) and
 /// warnings to `err`. Errors are returned (not printed).
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
+    crate::notes::set_verbose(args.verbose);
     // Every flag is checked against the others before anything is read.
     let mode = Mode::from_args(args)?;
     // A person at a terminal: grouped digits, and no binary export.
@@ -94,7 +97,9 @@ pub fn run_mode(
         Mode::GlobalSymbols(p) => run_global_symbols(p, tty, out, err),
         Mode::Who(p) => who::run(p, out, err),
         Mode::Trend(p) => by::run_by(p, out, err),
+        Mode::Timeline(p) => timeline::run(p, tty, out, err),
         Mode::Calls(p) => run_calls(p, out, err),
+        Mode::StackHealth(p) => run_stack_health(p, out, err),
         Mode::Export(p) => run_export(p, tty, out, err),
     }
 }
@@ -257,7 +262,12 @@ fn run_images(
             report::image_report_of_totals(&totals, &weights, &db_name, p.limit)
         }
     };
-    output::write_images(out, &r, p.format.into(), output::Style { human: tty })?;
+    output::write_images(
+        out,
+        &r,
+        p.format.into(),
+        output::Style { human: tty, ..Default::default() },
+    )?;
     out.flush()?;
     print_stats(p.verbose, err)?;
     Ok(())
@@ -295,7 +305,12 @@ fn run_symbols(
             r.image.path
         )));
     }
-    output::write_symbols(out, &r, p.format.into(), output::Style { human: tty })?;
+    output::write_symbols(
+        out,
+        &r,
+        p.format.into(),
+        output::Style { human: tty, ..Default::default() },
+    )?;
     out.flush()?;
     print_stats(p.verbose, err)?;
     Ok(())
@@ -323,7 +338,12 @@ fn run_global_symbols(
         p.limit,
     );
     flush_warnings(err, &mut warnings)?;
-    output::write_global_symbols(out, &r, p.format.into(), output::Style { human: tty })?;
+    output::write_global_symbols(
+        out,
+        &r,
+        p.format.into(),
+        output::Style { human: tty, ..Default::default() },
+    )?;
     out.flush()?;
     print_stats(p.verbose, err)?;
     Ok(())
@@ -358,15 +378,22 @@ fn run_export(
         keep_going: sel.keep_going,
     };
     let mut x = export::build(loaded, &weights, &req, &mut |w| warnings.push(w))?;
-    // The stack files hold every process's stacks (FORMAT.md §13): with --pid/--cgroup the
-    // export is of that process's or cgroup's flat samples only. Stacks have no time axis:
-    // the export of a time range (--since/--until) is of its flat samples, one frame each.
+    // The stack files keep each stack's command but not its process or cgroup (FORMAT.md
+    // §13): with --pid/--cgroup the export is of that process's or cgroup's flat samples
+    // only; with --command, of that command's stacks only. Stacks have no time axis: the
+    // export of a time range (--since/--until) is of its flat samples, one frame each.
     if sel.time_range().is_some() && p.profiles.who.is_none() {
         warnings.push(
             "--since/--until: call stacks have no time axis (they hold whole-epoch totals): \
              the export has the range's flat samples, one frame each"
                 .to_owned(),
         );
+    }
+    // The time slices count every process's samples: no timeline of one process or cgroup.
+    if p.format == export::ExportFormat::Html && p.profiles.who.is_none() {
+        x.timeline = timeline::of_export(sel, loaded, &weights, req.only.as_deref(), &mut |w| {
+            warnings.push(w);
+        });
     }
     if p.profiles.who.is_none() && sel.time_range().is_none() {
         // Call stacks, where dcpid recorded them, replace the one-frame samples.
@@ -380,6 +407,7 @@ fn run_export(
             req.mode,
             sel.keep_going,
             stacks::Want::All,
+            p.command.as_deref(),
             &mut |w| more.push(w),
         )?;
         for w in more {
@@ -411,9 +439,16 @@ fn run_export(
                 })
             });
         }
-        stacks::apply_to_export(&mut x, &all, loaded);
+        stacks::apply_to_export(&mut x, &all, loaded, p.command.is_some());
     }
     flush_warnings(err, &mut warnings)?;
+    if let (Some(c), true) = (&p.command, x.samples.iter().all(|s| s.samples == 0)) {
+        return Err(ProfError::Empty(format!(
+            "no call stacks of the command {c:?} in the selection: an export with --command \
+             holds that command's call stacks (dcpid --callchains fp), which name their \
+             command since stack files of version 3"
+        )));
+    }
     if x.samples.iter().all(|s| s.samples == 0) {
         return Err(ProfError::Empty(
             "no samples of the selected event(s) in the selection: nothing to export; try \
@@ -424,6 +459,49 @@ fn run_export(
     p.format.write(&x, p.limit, out)?;
     out.flush()?;
     print_stats(p.verbose, err)?;
+    Ok(())
+}
+
+/// `--stack-health`: per image, the share of the selection's stacks that ended early.
+fn run_stack_health(
+    p: &health::StackHealth,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<(), ProfError> {
+    let mut warnings: Vec<String> = Vec::new();
+    let loaded = p.sel.load(None, &mut |w| warnings.push(w))?;
+    if loaded.profiles.is_empty() {
+        flush_warnings(err, &mut warnings)?;
+        return Err(nothing_sampled(&loaded.dirs));
+    }
+    let weights = report::weights(&loaded, &p.sel.events)?;
+    let locator = p.symbols.locator(&p.sel.db);
+    let cache = p.symbols.cache(&mut |w| warnings.push(w));
+    let mut all = stacks::load(
+        &loaded,
+        &weights,
+        locator,
+        cache,
+        p.mode,
+        p.sel.keep_going,
+        stacks::Want::All,
+        None,
+        &mut |w| warnings.push(w),
+    )?;
+    flush_warnings(err, &mut warnings)?;
+    all.retain(|s| s.event == 0);
+    if all.is_empty() {
+        return Err(ProfError::Empty(
+            "no call stacks in the selection: dcpid records them with --callchains fp or dwarf \
+             (callchains = \"fp\" or \"dwarf\")"
+                .into(),
+        ));
+    }
+    let event = weights.infos.first().map_or("samples", |e| e.name.as_str());
+    let db = p.sel.db.display().to_string();
+    let r = health::health_report(&all, event, &db, p.limit);
+    health::write(out, &r, p.format)?;
+    out.flush()?;
     Ok(())
 }
 
@@ -440,7 +518,18 @@ fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Res
     let weights = report::weights(&loaded, &p.sel.events)?;
     let locator = p.symbols.locator(&p.sel.db);
     let cache = p.symbols.cache(&mut |w| warnings.push(w));
-    let want = stacks::Want::Calls { symbol, dir, depth };
+    // --image: the function of that image only (its identities, as the per-symbol report
+    // resolves the name).
+    let image: Option<std::collections::HashSet<profile_format::ImageId>> = match &p.image {
+        Some(spec) => Some(
+            report::resolve_image(&loaded, &weights, spec)?
+                .into_iter()
+                .map(|i| loaded.profiles[i].profile.header.image_id.clone())
+                .collect(),
+        ),
+        None => None,
+    };
+    let want = stacks::Want::Calls { symbol, dir, depth, image: image.as_ref() };
     let all = stacks::load(
         &loaded,
         &weights,
@@ -449,10 +538,19 @@ fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Res
         p.mode,
         p.sel.keep_going,
         want,
+        p.command.as_deref(),
         &mut |w| warnings.push(w),
     )?;
     flush_warnings(err, &mut warnings)?;
     if all.is_empty() {
+        if let Some(c) = &p.command {
+            return Err(ProfError::Empty(format!(
+                "no call stacks of the command {c:?} in the selection (stacks name their \
+                 command since stack files of version 3; older ones show as \
+                 {:?})",
+                profile_format::UNKNOWN_COMMAND
+            )));
+        }
         return Err(ProfError::Empty(
             "no call stacks in the selection: dcpid records them with --callchains fp \
              (callchains = \"fp\")"
@@ -460,10 +558,11 @@ fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Res
         ));
     }
     let event = weights.infos.first().map_or("samples", |e| e.name.as_str());
-    let mut r = stacks::call_report(&all, event, symbol, dir, depth);
+    let mut r = stacks::call_report(&all, event, symbol, dir, depth, image.as_ref());
     if r.samples == 0 {
+        let of = p.image.as_ref().map_or_else(String::new, |i| format!(" of image {i:?}"));
         return Err(ProfError::Empty(format!(
-            "no sampled stack contains the function {symbol:?} (names are exact, as the \
+            "no sampled stack contains the function {symbol:?}{of} (names are exact, as the \
              per-symbol reports show them)"
         )));
     }
@@ -504,10 +603,7 @@ fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Res
 }
 
 fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<()> {
-    for m in w.drain(..) {
-        writeln!(err, "dcpiprof: warning: {}", dcpi_report::escape::terminal(&m))?;
-    }
-    Ok(())
+    crate::notes::write_warnings("dcpiprof", err, w)
 }
 
 /// Print an error the way `dcpiprof` does (with the candidate list for ambiguity).

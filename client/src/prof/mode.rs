@@ -16,8 +16,10 @@ use std::path::PathBuf;
 use super::by::{Across, By, Trend};
 use super::cli::Args;
 use super::export::ExportFormat;
+use super::health::StackHealth;
 use super::output::{Format, TableFormat};
 use super::stacks::{Calls, Direction};
+use super::timeline::Timeline;
 use super::who::{Who, WhoBy, WhoFilters};
 use super::whoprof::WhoSel;
 use crate::args::{Selection, SymbolSearch};
@@ -43,8 +45,12 @@ pub enum Mode {
     Who(Who),
     /// `--by epoch|host`: one row per epoch or host.
     Trend(Trend),
+    /// `--by time`: one row per time bucket, from the time slices.
+    Timeline(Timeline),
     /// `--callers`/`--callees`: call stacks around one function.
     Calls(Calls),
+    /// `--stack-health`: per image, the share of stacks that ended early.
+    StackHealth(StackHealth),
     /// `--format folded|pprof|svg|html|speedscope`.
     Export(Export),
 }
@@ -167,6 +173,9 @@ pub struct Export {
     /// `--limit` (rows of the HTML report's tables).
     pub limit: Option<usize>,
     pub verbose: bool,
+    /// `--command`: the call stacks of that command only (FORMAT.md §13 keeps a command per
+    /// stack); flat samples, which do not know their command, are left out.
+    pub command: Option<String>,
 }
 
 fn usage(msg: impl Into<String>) -> ProfError {
@@ -212,21 +221,62 @@ impl Mode {
             (None, None) => None,
         };
         let filters = filter_flags(a);
-        if let (Some((_, dir)), Some(f)) = (&calls, filters.first()) {
+        // Stack files keep each stack's command, not its pid, cgroup or CPU (FORMAT.md §13).
+        let not_per_stack = filters.iter().find(|f| **f != "--command");
+        if let (Some((_, dir)), Some(f)) = (&calls, not_per_stack) {
             let flag = match dir {
                 Direction::Callers => "--callers",
                 Direction::Callees => "--callees",
             };
             return Err(usage(format!(
-                "{flag} reads the call stacks of every process: it cannot be filtered by {f} \
-                 (the stack files are not per process)"
+                "{flag} reads the call stacks, which keep the command that ran each stack but \
+                 not its process, cgroup or CPU: it cannot be filtered by {f} (use --command)"
             )));
         }
+        // --command with an export (and no other who flag): the stacks of that command.
+        let stacks_of_command = a.command.is_some()
+            && filters.len() == 1
+            && a.by.is_none()
+            && matches!(output, Output::Export(_));
         let symbol_mode = SymbolMode { inlines: a.inlines, lines: a.lines, raw_names: a.raw_names };
+        if a.stack_health {
+            if let Some(f) = filters.first() {
+                return Err(usage(format!(
+                    "--stack-health reads the call stacks of every process: it cannot be \
+                     filtered by {f} (the stack files are not per process)"
+                )));
+            }
+            let format = match output {
+                Output::Table(f) => f,
+                Output::Export(e) => {
+                    return Err(usage(format!(
+                        "--stack-health prints a table, json or csv, not {}",
+                        format_flag(e)
+                    )))
+                }
+            };
+            return Ok(Self::StackHealth(StackHealth {
+                sel: a.sel.clone(),
+                symbols: a.symbols.clone(),
+                mode: SymbolMode { lines: false, inlines: false, ..symbol_mode },
+                limit: a.limit,
+                format,
+            }));
+        }
+
+        if a.resolution.is_some() && a.by != Some(By::Time) {
+            return Err(usage("--resolution sets the buckets of --by time: add --by time"));
+        }
+        if a.by == Some(By::Time) {
+            return timeline(a, &filters, output, symbol_mode).map(Self::Timeline);
+        }
         // --pid/--cgroup with a profile report: the per-process/per-cgroup profiles stand in
         // for the flat ones; every other who report comes from the who tables.
         let who = who_selection(a, output)?;
-        if who.is_none() && (!filters.is_empty() || a.by.is_some_and(By::is_who)) {
+        let calls_or_stacks = calls.is_some() || stacks_of_command;
+        if who.is_none()
+            && ((!filters.is_empty() && !calls_or_stacks) || a.by.is_some_and(By::is_who))
+        {
             return Ok(Self::Who(who_tables(a, a.by.unwrap_or(By::Image), output)?));
         }
         if let Some((symbol, direction)) = calls {
@@ -249,6 +299,8 @@ impl Mode {
                 mode: SymbolMode { lines: false, ..symbol_mode },
                 limit: a.limit,
                 format,
+                image: a.image.clone(),
+                command: a.command.clone(),
             }));
         }
         let across = match a.by {
@@ -267,13 +319,15 @@ impl Mode {
                 | By::Cgroup
                 | By::Unit
                 | By::Container
-                | By::Cpu,
+                | By::Cpu
+                | By::Time,
             )
             | None => None,
         };
         if a.symbol.is_some() && across.is_none() {
             return Err(usage(
-                "--symbol makes a trend of one function: use it with --by epoch or --by host",
+                "--symbol makes a trend of one function: use it with --by epoch, --by host or \
+                 --by time",
             ));
         }
         if let Some(across) = across {
@@ -312,6 +366,7 @@ impl Mode {
                 mode: symbol_mode,
                 limit: a.limit,
                 verbose: a.verbose,
+                command: if stacks_of_command { a.command.clone() } else { None },
             }),
             (Output::Table(format), Some(image)) => Self::Symbols(Symbols {
                 profiles,
@@ -350,6 +405,45 @@ impl Mode {
     }
 }
 
+/// `--by time`, its flags checked. The slices count samples per image and offset, not per
+/// process, cgroup or CPU: a who filter is a usage error naming it (the who tables give
+/// per-epoch trends of those: `--by epoch --command NAME`).
+fn timeline(
+    a: &Args,
+    filters: &[&'static str],
+    output: Output,
+    mode: SymbolMode,
+) -> Result<Timeline, ProfError> {
+    if let Some(f) = filters.first() {
+        return Err(usage(format!(
+            "--by time reads the time slices (slices.log), which count samples per image and \
+             offset, not per process, cgroup or CPU: it cannot be filtered by {f} (for a trend \
+             of {f} over epochs use --by epoch {f} ...)"
+        )));
+    }
+    let format = match output {
+        Output::Table(f) => f,
+        Output::Export(e) => {
+            return Err(usage(format!(
+                "--by time prints a table, json or csv, not {} (the html export charts the \
+                 timeline itself: drop --by time)",
+                format_flag(e)
+            )))
+        }
+    };
+    Ok(Timeline {
+        sel: a.sel.clone(),
+        resolution: a.resolution,
+        image: a.image.clone(),
+        symbol: a.symbol.clone(),
+        symbols: a.symbols.clone(),
+        mode: SymbolMode { lines: false, ..mode },
+        no_idle: a.no_idle,
+        format,
+        verbose: a.verbose,
+    })
+}
+
 /// `--pid` or `--cgroup` (not both, and without `--command`/`--cpu`, which only the who tables
 /// answer) with `--by symbol`, `--by image`, `--image`, `--symbols` or an export: the profiles
 /// of that process or cgroup. `None`: not such a report.
@@ -379,7 +473,8 @@ fn who_selection(a: &Args, output: Output) -> Result<Option<WhoSel>, ProfError> 
             | By::Container
             | By::Cpu
             | By::Host
-            | By::Epoch,
+            | By::Epoch
+            | By::Time,
         ) => false,
     };
     if !profile_report {
@@ -407,6 +502,12 @@ fn who_tables(a: &Args, by: By, output: Output) -> Result<Who, ProfError> {
         By::Cpu => WhoBy::Cpu,
         By::Host => WhoBy::Host,
         By::Epoch => WhoBy::Epoch,
+        By::Time => {
+            return Err(usage(
+                "--by time reads the time slices, which have no per-process counts: it cannot \
+                 be filtered by --command/--cgroup/--pid/--cpu",
+            ))
+        }
         By::Symbol => {
             return Err(usage(
                 "--by symbol with --command/--cgroup/--pid/--cpu: the who table has no \
@@ -571,6 +672,37 @@ mod tests {
             m => panic!("{m:?}"),
         }
         assert!(matches!(ok(&["--callers", "f"]), Mode::Calls(_)));
+        match ok(&["--stack-health", "--format", "csv", "--limit", "4"]) {
+            Mode::StackHealth(h) => {
+                assert_eq!((h.format, h.limit), (TableFormat::Csv, Some(4)));
+            }
+            m => panic!("{m:?}"),
+        }
+        // Stacks keep their command: --callers/--callees narrow by --image and --command.
+        match ok(&["--callers", "hot", "--image", "a", "--command", "a"]) {
+            Mode::Calls(c) => {
+                assert_eq!((c.image.as_deref(), c.command.as_deref()), (Some("a"), Some("a")))
+            }
+            m => panic!("{m:?}"),
+        }
+        match ok(&["--command", "a", "--format", "folded"]) {
+            Mode::Export(x) => {
+                assert_eq!(x.command.as_deref(), Some("a"));
+                assert!(x.profiles.who.is_none());
+            }
+            m => panic!("{m:?}"),
+        }
+        match ok(&["--by", "time", "--resolution", "5m", "--image", "a", "--symbol", "f"]) {
+            Mode::Timeline(t) => {
+                assert_eq!(t.resolution, Some(300));
+                assert_eq!((t.image.as_deref(), t.symbol.as_deref()), (Some("a"), Some("f")));
+            }
+            m => panic!("{m:?}"),
+        }
+        match ok(&["--by", "time", "--format", "csv", "--no-idle"]) {
+            Mode::Timeline(t) => assert!(t.resolution.is_none() && t.no_idle),
+            m => panic!("{m:?}"),
+        }
     }
 
     #[test]
@@ -640,13 +772,16 @@ mod tests {
         rejected(&["--callers", "f", "--format", "svg"], &["--callers", "--format"]);
         rejected(&["--callees", "f", "--format", "pprof"], &["--callees", "--format"]);
         rejected(&["--callers", "f", "--pid", "1"], &["--callers", "--pid"]);
-        rejected(&["--callees", "f", "--command", "x"], &["--callees", "--command"]);
+        rejected(&["--stack-health", "--format", "svg"], &["--stack-health", "--format svg"]);
+        rejected(&["--stack-health", "--pid", "3"], &["--stack-health", "--pid"]);
+        rejected(&["--callees", "f", "--cgroup", "/x"], &["--callees", "--cgroup", "--command"]);
+        rejected(&["--callers", "f", "--cpu", "0"], &["--callers", "--cpu"]);
         rejected(&["--by", "epoch", "--format", "svg"], &["--by epoch", "--format svg"]);
         rejected(&["--by", "host", "--format", "html"], &["--by host", "--format html"]);
         rejected(&["--by", "command", "--format", "folded"], &["--by command", "--format folded"]);
         rejected(
-            &["--command", "x", "--format", "speedscope"],
-            &["--command", "--format speedscope"],
+            &["--command", "x", "--by", "command", "--format", "speedscope"],
+            &["--by command", "--format speedscope"],
         );
         rejected(
             &["--command", "x", "--by", "epoch", "--image", "a", "--symbol", "f"],
@@ -654,7 +789,13 @@ mod tests {
         );
         rejected(
             &["--by", "symbol", "--image", "a", "--symbol", "f"],
-            &["--symbol", "--by epoch", "--by host"],
+            &["--symbol", "--by epoch", "--by host", "--by time"],
         );
+        for f in ["--command", "--cgroup", "--pid", "--cpu"] {
+            rejected(&["--by", "time", f, "1"], &["--by time", f]);
+        }
+        rejected(&["--by", "time", "--format", "html"], &["--by time", "--format html"]);
+        rejected(&["--resolution", "1m"], &["--resolution", "--by time"]);
+        rejected(&["--by", "epoch", "--resolution", "1m"], &["--resolution", "--by time"]);
     }
 }

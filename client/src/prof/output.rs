@@ -430,6 +430,8 @@ mod tests {
                 binary: None,
                 debug_file: None,
                 symbols_note: None,
+                names_missing: None,
+                from_symbol_store: false,
             },
             events: vec![EventInfo {
                 name: "cpu-clock".into(),

@@ -2,9 +2,11 @@
 //! the selected host directories, symbolized frame by frame with the same symbolizer as the
 //! per-symbol reports, for `--callers`, `--callees` and the stacks of the export formats.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use profile_format::{ImageId, ImageKind, JitSymbol, Profile, StackImage, StackProfile};
+use profile_format::{
+    ImageId, ImageKind, JitSymbol, Profile, StackImage, StackProfile, UNKNOWN_COMMAND,
+};
 use serde::Serialize;
 
 use super::output::TableFormat;
@@ -28,6 +30,11 @@ pub struct Calls {
     pub mode: SymbolMode,
     pub limit: Option<usize>,
     pub format: TableFormat,
+    /// `--image`: only the function of that image (the others' functions of the same name
+    /// are not it).
+    pub image: Option<String>,
+    /// `--command`: only the stacks of processes with that command.
+    pub command: Option<String>,
 }
 
 /// One symbolized frame.
@@ -49,6 +56,9 @@ pub struct SymStack {
     pub dir: usize,
     /// Index into the report's events ([`Weights::infos`]).
     pub event: usize,
+    /// The command (comm) that ran it, as reports show commands; [`UNKNOWN_COMMAND`] for
+    /// files written before version 3 of FORMAT.md §13.
+    pub command: String,
     /// Leaf first.
     pub frames: Vec<Frame>,
     /// The daemon saw it cut (depth limit) or unwinding stop after the first user frame.
@@ -202,8 +212,8 @@ pub enum Want<'a> {
     /// Every frame of every event's stacks (exports).
     All,
     /// Only what the `--callers`/`--callees` report of `symbol` prints (first event only):
-    /// see [`load`].
-    Calls { symbol: &'a str, dir: Direction, depth: usize },
+    /// see [`load`]. `image`: only that image's function of the name (`--image`).
+    Calls { symbol: &'a str, dir: Direction, depth: usize, image: Option<&'a HashSet<ImageId>> },
 }
 
 /// Name of a frame [`load`] did not need to name (`Want::Calls`).
@@ -391,6 +401,9 @@ impl Namer<'_> {
 /// outermost frame (whether it is an entry point decides the truncated share). Other frames
 /// are [`UNNAMED`]. Names no symbol table holds (`[.plt]`, `image+0x...`) and `--inlines`
 /// (names from DWARF) fall back to naming every frame.
+///
+/// `command`: only the stacks of that command (as reports show it; `[unknown command]` those
+/// of files written before commands were kept).
 #[allow(clippy::too_many_arguments)]
 pub fn load(
     loaded: &Loaded,
@@ -400,6 +413,7 @@ pub fn load(
     mode: SymbolMode,
     keep_going: bool,
     want: Want<'_>,
+    command: Option<&str>,
     warn: &mut dyn FnMut(String),
 ) -> Result<Vec<SymStack>, ProfError> {
     let mut namer = Namer {
@@ -433,6 +447,10 @@ pub fn load(
                     continue;
                 }
                 Err(e) => return Err(e.into()),
+            };
+            let p = match command {
+                Some(c) => only_command(p, c),
+                None => p,
             };
             // Image indexes are the file's own: the memo is per file.
             namer.names.clear();
@@ -474,12 +492,50 @@ pub fn load(
                         }
                     })
                     .collect();
-                SymStack { dir: di, event: ei, frames, truncated: s.truncated, samples: s.samples }
+                SymStack {
+                    dir: di,
+                    event: ei,
+                    command: command_name(s.command),
+                    frames,
+                    truncated: s.truncated,
+                    samples: s.samples,
+                }
             };
-            let calls = match want {
-                Want::Calls { symbol, dir, depth } if !mode.inlines => {
-                    let ranges: Vec<Vec<(u64, u64)>> =
-                        images.iter().map(|(_, img)| namer.ranges(di, img, symbol, warn)).collect();
+            // `IMAGE+0xSTART-0xEND`: the frames of that image in that offset range are the
+            // function (a stripped image has no symbol to name it by).
+            let by_range = match want {
+                Want::Calls { symbol, image, .. } => parse_offset_range(symbol).map(|r| {
+                    images
+                        .iter()
+                        .map(|(_, img)| {
+                            let chosen = image.map_or(label(img) == r.label, |only| {
+                                only.contains(&img.id)
+                                    && (r.label.is_empty() || label(img) == r.label)
+                            });
+                            if chosen && img.kind != ImageKind::Unknown {
+                                vec![(r.start, r.end)]
+                            } else {
+                                Vec::new()
+                            }
+                        })
+                        .collect::<Vec<Vec<(u64, u64)>>>()
+                }),
+                Want::All => None,
+            };
+            let calls = match (want, by_range) {
+                (Want::Calls { symbol, dir, depth, .. }, Some(ranges)) => {
+                    Some((symbol, dir, depth, ranges))
+                }
+                (Want::Calls { symbol, dir, depth, image }, None) if !mode.inlines => {
+                    let ranges: Vec<Vec<(u64, u64)>> = images
+                        .iter()
+                        .map(|(_, img)| {
+                            if image.is_some_and(|only| !only.contains(&img.id)) {
+                                return Vec::new();
+                            }
+                            namer.ranges(di, img, symbol, warn)
+                        })
+                        .collect();
                     ranges.iter().any(|r| !r.is_empty()).then_some((symbol, dir, depth, ranges))
                 }
                 _ => None,
@@ -491,6 +547,7 @@ pub fn load(
                 }
                 continue;
             };
+            let is_range = by_range_symbol(want);
             let in_target = |&(ii, off): &(u32, u64)| {
                 ranges.get(ii as usize).is_some_and(|r| r.iter().any(|&(a, b)| off >= a && off < b))
             };
@@ -505,6 +562,11 @@ pub fn load(
                 };
                 let pos = order.find(|&i| {
                     in_target(&s.frames[i]) && {
+                        if is_range {
+                            // The range is the function: its frames take the name asked for.
+                            names[i] = Some(symbol.to_owned());
+                            return true;
+                        }
                         let nm = namer.memo(di, &images, s.frames[i], warn);
                         let hit = nm == symbol;
                         names[i] = Some(nm);
@@ -532,6 +594,58 @@ pub fn load(
         }
     }
     Ok(out)
+}
+
+/// `IMAGE+0xSTART-0xEND` (or `..`): the frames of image IMAGE (its base name as reports show
+/// it, e.g. `postgres`; empty with `--image`: `+0x10-0x20`) at offsets START (inclusive) to
+/// END (exclusive), as `--callers`/`--callees` accept them for functions of stripped images.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct OffsetRange {
+    label: String,
+    start: u64,
+    end: u64,
+}
+
+fn parse_offset_range(sym: &str) -> Option<OffsetRange> {
+    let (label, range) = sym.rsplit_once('+')?;
+    let (a, b) = range.split_once("..").or_else(|| range.split_once('-'))?;
+    let hex = |t: &str| u64::from_str_radix(t.strip_prefix("0x")?, 16).ok();
+    let (start, end) = (hex(a)?, hex(b)?);
+    (end > start).then(|| OffsetRange { label: label.to_owned(), start, end })
+}
+
+fn by_range_symbol(want: Want<'_>) -> bool {
+    matches!(want, Want::Calls { symbol, .. } if parse_offset_range(symbol).is_some())
+}
+
+/// A stack's command as reports show it (escaped as commands are in the who reports).
+fn command_name(c: Option<&[u8]>) -> String {
+    match c {
+        Some(c) => dcpi_report::image::display_path(c),
+        None => UNKNOWN_COMMAND.to_owned(),
+    }
+}
+
+/// The stacks of `p` run by command `command` (as [`command_name`] shows it).
+fn only_command(p: StackProfile, command: &str) -> StackProfile {
+    if p.stacks().all(|s| command_name(s.command) == command) {
+        return p;
+    }
+    let mut q = StackProfile::new(&p.host, &p.epoch, &p.event);
+    let images: Vec<u32> = p.images().iter().map(|i| q.image_index(i)).collect();
+    for (i, img) in p.images().iter().enumerate() {
+        if img.kind == ImageKind::Anon {
+            q.add_jit_symbols(images[i], p.jit_symbols(i as u32));
+        }
+    }
+    let mut buf = Vec::new();
+    for s in p.stacks().filter(|s| command_name(s.command) == command) {
+        let c = s.command.map(|c| q.command_index(c));
+        buf.clear();
+        buf.extend(s.frames.iter().map(|&(i, o)| (images[i as usize], o)));
+        q.add_command(c, &buf, s.truncated, s.samples);
+    }
+    q
 }
 
 /// Which way `--callers`/`--callees` look from the symbol.
@@ -572,13 +686,14 @@ pub struct CallReport {
 /// Callers or callees of `symbol` (an exact function name as reports show it) over the first
 /// event's stacks. A stack counts once, at the symbol's innermost occurrence for callers and
 /// outermost for callees; `[self]` is the symbol sampled itself, `[no caller]` a stack that
-/// ends in it.
+/// ends in it. With `image`, only frames of those images are the symbol (`--image`).
 pub fn call_report(
     stacks: &[SymStack],
     event: &str,
     symbol: &str,
     dir: Direction,
     depth: usize,
+    image: Option<&HashSet<ImageId>>,
 ) -> CallReport {
     let depth = depth.max(1);
     let mut rows: HashMap<String, u64> = HashMap::new();
@@ -589,9 +704,13 @@ pub fn call_report(
             cut += s.samples;
         }
         let names: Vec<&str> = s.frames.iter().map(|f| f.function.as_str()).collect();
+        let is_it = |f: &Frame| {
+            f.function == symbol
+                && image.is_none_or(|only| f.image_id.as_ref().is_some_and(|id| only.contains(id)))
+        };
         let pos = match dir {
-            Direction::Callers => names.iter().position(|n| *n == symbol),
-            Direction::Callees => names.iter().rposition(|n| *n == symbol),
+            Direction::Callers => s.frames.iter().position(is_it),
+            Direction::Callees => s.frames.iter().rposition(is_it),
         };
         let Some(pos) = pos else { continue };
         with += s.samples;
@@ -638,10 +757,17 @@ pub fn call_report(
 
 /// Replace the export's one-frame samples by the call stacks, for every (host, epoch, event)
 /// that has them: folded stacks, flame graphs, pprof and speedscope then show full stacks
-/// (root first). Samples keep the weight per sample of the flat profiles they replace.
-pub fn apply_to_export(x: &mut super::export::Export, stacks: &[SymStack], loaded: &Loaded) {
+/// rooted at their command (root first). Samples keep the weight per sample of the flat
+/// profiles they replace. `only_stacks` (`--command`): every flat sample goes, also of
+/// (host, epoch, event)s without stacks (the flat profiles do not know the command).
+pub fn apply_to_export(
+    x: &mut super::export::Export,
+    stacks: &[SymStack],
+    loaded: &Loaded,
+    only_stacks: bool,
+) {
     use super::export::{Function, Image, Location, Sample};
-    if stacks.is_empty() {
+    if stacks.is_empty() && !only_stacks {
         return;
     }
     let host_of =
@@ -658,13 +784,15 @@ pub fn apply_to_export(x: &mut super::export::Export, stacks: &[SymStack], loade
         e.0 += s.samples;
         e.1 += s.events;
     }
-    x.samples.retain(|s| !keys.contains(&(s.host, s.epoch, s.event)));
+    x.samples.retain(|s| !only_stacks && !keys.contains(&(s.host, s.epoch, s.event)));
+    let mut cmd_ix: HashMap<String, u32> =
+        x.commands.iter().enumerate().map(|(i, c)| (c.clone(), i as u32)).collect();
     let mut img_ix: HashMap<String, usize> =
         x.images.iter().enumerate().map(|(i, m)| (m.name.clone(), i)).collect();
     let mut fn_ix: HashMap<Function, usize> =
         x.functions.iter().enumerate().map(|(i, f)| (f.clone(), i)).collect();
     let mut loc_ix: HashMap<(usize, u64, usize), usize> = HashMap::new();
-    let mut stack_ix: HashMap<Vec<usize>, u32> = HashMap::new();
+    let mut stack_ix: HashMap<(Vec<usize>, u32), u32> = HashMap::new();
     let mut sample_ix: HashMap<(u32, u32, u32, u32), usize> = HashMap::new();
     for s in stacks {
         let mut locs = Vec::with_capacity(s.frames.len());
@@ -700,9 +828,15 @@ pub fn apply_to_export(x: &mut super::export::Export, stacks: &[SymStack], loade
             });
             locs.push(loc);
         }
-        let stack = *stack_ix.entry(locs.clone()).or_insert_with(|| {
+        let command = *cmd_ix.entry(s.command.clone()).or_insert_with(|| {
+            x.commands.push(s.command.clone());
+            (x.commands.len() - 1) as u32
+        });
+        let stack = *stack_ix.entry((locs.clone(), command)).or_insert_with(|| {
             x.stacks.push(locs);
-            (x.stacks.len() - 1) as u32
+            let i = (x.stacks.len() - 1) as u32;
+            x.stack_commands.insert(i, command);
+            i
         });
         let (host, epoch, event) = (host_of(s.dir), epoch_of(s.dir), s.event as u32);
         let per =
@@ -733,6 +867,7 @@ mod tests {
         SymStack {
             dir: 0,
             event: 0,
+            command: "app".into(),
             frames: names
                 .iter()
                 .enumerate()
@@ -787,18 +922,59 @@ mod tests {
             st(&["hot", "via_b"], false, 5),
             st(&["other", "main", "__libc_start_call_main"], true, 10),
         ];
-        let r = call_report(&stacks, "cpu-clock", "hot", Direction::Callers, 1);
+        let r = call_report(&stacks, "cpu-clock", "hot", Direction::Callers, 1, None);
         let got: Vec<(&str, u64)> = r.rows.iter().map(|r| (r.symbol.as_str(), r.samples)).collect();
         assert_eq!(got, [("via_a", 60), ("via_b", 45)]);
         assert_eq!((r.samples, r.stack_samples), (105, 115));
         // The 5 broken (ends in via_b) and 10 truncated of 115.
         assert!((r.truncated_percent - 100.0 * 15.0 / 115.0).abs() < 1e-9);
-        let r = call_report(&stacks, "cpu-clock", "hot", Direction::Callers, 2);
+        let r = call_report(&stacks, "cpu-clock", "hot", Direction::Callers, 2, None);
         assert_eq!(r.rows[0].symbol, "via_a <- main");
-        let r = call_report(&stacks, "cpu-clock", "main", Direction::Callees, 2);
+        let r = call_report(&stacks, "cpu-clock", "main", Direction::Callees, 2, None);
         let got: Vec<(&str, u64)> = r.rows.iter().map(|r| (r.symbol.as_str(), r.samples)).collect();
         assert_eq!(got, [("via_a -> hot", 60), ("via_b -> hot", 40), ("other", 10)]);
-        let r = call_report(&stacks, "cpu-clock", "hot", Direction::Callees, 1);
+        let r = call_report(&stacks, "cpu-clock", "hot", Direction::Callees, 1, None);
         assert_eq!(r.rows[0].symbol, "[self]");
+    }
+
+    #[test]
+    fn offset_ranges_parse_and_names_do_not() {
+        let r = |label: &str, start, end| Some(OffsetRange { label: label.into(), start, end });
+        assert_eq!(
+            parse_offset_range("postgres+0x472a10-0x472b80"),
+            r("postgres", 0x472a10, 0x472b80)
+        );
+        assert_eq!(parse_offset_range("libc.so.6+0x10..0x20"), r("libc.so.6", 0x10, 0x20));
+        assert_eq!(parse_offset_range("+0x10-0x20"), r("", 0x10, 0x20));
+        for not in ["hot", "app+0x1000", "a+0x20-0x10", "a+0x10-0x10", "a+10-20", "operator+"] {
+            assert_eq!(parse_offset_range(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn image_narrows_the_symbol_to_that_images_function() {
+        // Two programs, each with its own `hot`: --image picks one program's function.
+        let in_image = |mut s: SymStack, path: &str, id: u8| {
+            s.command = path.rsplit('/').next().unwrap().to_owned();
+            for f in &mut s.frames {
+                f.image = path.to_owned();
+                f.image_id = Some(ImageId::from_build_id(&[id; 20]).unwrap());
+            }
+            s
+        };
+        let stacks = vec![
+            in_image(st(&["hot", "via_a", "main", "_start"], false, 60), "/bin/a", 1),
+            in_image(st(&["hot", "via_b", "main", "_start"], false, 40), "/bin/a", 1),
+            in_image(st(&["hot", "from_b", "main", "_start"], false, 70), "/bin/b", 2),
+        ];
+        let all = call_report(&stacks, "cpu-clock", "hot", Direction::Callers, 1, None);
+        assert_eq!(all.samples, 170);
+        let a: HashSet<ImageId> = [ImageId::from_build_id(&[1; 20]).unwrap()].into();
+        let r = call_report(&stacks, "cpu-clock", "hot", Direction::Callers, 1, Some(&a));
+        let got: Vec<(&str, u64)> = r.rows.iter().map(|r| (r.symbol.as_str(), r.samples)).collect();
+        assert_eq!(got, [("via_a", 60), ("via_b", 40)]);
+        assert_eq!((r.samples, r.stack_samples), (100, 170));
+        let r = call_report(&stacks, "cpu-clock", "main", Direction::Callees, 1, Some(&a));
+        assert_eq!(r.samples, 100);
     }
 }

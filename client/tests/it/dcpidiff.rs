@@ -74,6 +74,13 @@ fn run(tool: &str, db: &Path, args: &[&str]) -> Output {
         _ => env!("CARGO_BIN_EXE_dcpiprof"),
     };
     let cache = db.parent().unwrap_or(db).join("symbols.sqlite");
+    // These databases have no sampled time (no summaries): dcpidiff's tests below compare
+    // shares unless they say otherwise (the rate tests write summaries and pass --compare).
+    let share: &[&str] = if tool == "dcpidiff" && !args.contains(&"--compare") {
+        &["--compare", "share"]
+    } else {
+        &[]
+    };
     Command::new(exe)
         .env_remove("DCPI_SYMBOL_CACHE")
         .env_remove("NO_COLOR")
@@ -82,6 +89,7 @@ fn run(tool: &str, db: &Path, args: &[&str]) -> Output {
         .arg("--no-system-debug")
         .arg("--symbol-cache")
         .arg(&cache)
+        .args(share)
         .args(args)
         .output()
         .expect("run tool")
@@ -273,6 +281,117 @@ fn shift_50_30_20_to_20_30_50_is_found_and_only_the_changed_are_significant() {
         Some(2),
         "a day is both epochs: {v:#}"
     );
+}
+
+/// `summary.json` of a host directory sampled for `secs` seconds on 2 CPUs (cpu-clock).
+fn write_sampled_time(hd: &HostDir, secs: u64) {
+    let mut s = dcpi_testkit::db::write_summaries(hd, 0);
+    s.index = None;
+    s.cpus = vec![0, 1];
+    s.events = vec![profile_format::EventSummary {
+        desc: Some(cpu_clock()),
+        source: "software".into(),
+        time_enabled_ns: secs * 2_000_000_000,
+        time_running_ns: secs * 2_000_000_000,
+        ..Default::default()
+    }];
+    s.write(&hd.summary_path()).expect("write summary.json");
+    // The index's copy of the facts would be read first; without it, summary.json is.
+    std::fs::remove_file(hd.summary_index_path()).expect("remove summary.idx");
+}
+
+/// Issue 39: the default compares samples per second of sampled time. Before: 10 s; after:
+/// 20 s. `fn_0` runs at the same rate (twice the samples in twice the time), `fn_1` at 1.3x,
+/// `fn_2` at the same rate: only `fn_1` is flagged, with a ratio of rates near 1.3, though all
+/// three shares moved. Shares flag the unchanged ones too (what the issue saw).
+#[test]
+fn rates_flag_only_the_function_that_got_slower() {
+    let t = TestDb::new();
+    let bin = build_prog(t.tmp(), "app", 3, 1, &["-O1"]);
+    let elf = Elf::read(&bin, 3);
+    let (e1, e2) = (epoch(&t, 0), epoch(&t, 60));
+    for (e, secs, counts) in [(&e1, 10, [4000, 4000, 4000]), (&e2, 20, [8000, 10400, 8000])] {
+        let hd = t.host(e, "alpha");
+        write_profile(&hd, ImageKind::Elf, &elf.id(), s(&bin).as_bytes(), &elf.counts(&counts));
+        write_sampled_time(&hd, secs);
+    }
+    let db = t.root();
+    let args = [
+        "--host",
+        "alpha",
+        "--before",
+        e1.as_str(),
+        "--after",
+        e2.as_str(),
+        "--image",
+        "app",
+        "--compare",
+        "rate",
+    ];
+    let v = json("dcpidiff", &db, &args);
+    assert_eq!(v["test"]["compare"], "rate", "{v:#}");
+    assert_eq!(v["before"]["seconds"], 10.0, "{v:#}");
+    assert_eq!(v["after"]["seconds"], 20.0, "{v:#}");
+    for (name, ratio, sig) in [("fn_0", 1.0, false), ("fn_1", 1.3, true), ("fn_2", 1.0, false)] {
+        let r = row(&v, "symbol", name);
+        assert_eq!(r["significant"], sig, "{name}: {r:#}");
+        let got = r["ratio"].as_f64().unwrap_or(f64::NAN);
+        assert!((got - ratio).abs() < 1e-3, "{name}: ratio {got}: {r:#}");
+        assert_eq!(r["before_rate"], 400.0, "{r:#}");
+    }
+    assert_eq!(row(&v, "symbol", "fn_1")["after_rate"], 520.0);
+    // The table shows rates and says what they are.
+    let o = run("dcpidiff", &db, &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("samples per second of sampled wall time"), "{out}");
+    assert!(out.contains("; 10.0 s sampled") && out.contains("; 20.0 s sampled"), "{out}");
+    let line = |name: &str| out.lines().find(|l| l.ends_with(name)).unwrap_or_default().to_owned();
+    assert!(line("fn_1").contains("1.30x") && line("fn_1").contains('*'), "{out}");
+    assert!(!line("fn_0").contains('*') && !line("fn_2").contains('*'), "{out}");
+    // Shares: every function moved (fn_0 and fn_2 from 33 % to 30 %): all three flagged.
+    let mut a = args.to_vec();
+    a.truncate(8);
+    a.extend(["--compare", "share"]);
+    let v = json("dcpidiff", &db, &a);
+    for name in ["fn_0", "fn_1", "fn_2"] {
+        assert_eq!(row(&v, "symbol", name)["significant"], true, "{name}: {v:#}");
+    }
+    // Identical selections (the same epoch spelled two ways): nothing significant.
+    let v = json(
+        "dcpidiff",
+        &db,
+        &[
+            "--host",
+            "alpha",
+            "--before",
+            e2.as_str(),
+            "--after",
+            &format!("{e2}..{e2}"),
+            "--image",
+            "app",
+            "--compare",
+            "rate",
+        ],
+    );
+    assert_eq!(v["test"]["rows_compared"], 3, "{v:#}");
+    assert!(rows(&v).iter().all(|r| r["significant"] == false), "{v:#}");
+    // No sampled time recorded: a one-line usage error naming the way out.
+    let e3 = epoch(&t, 120);
+    let hd = t.host(&e3, "alpha");
+    write_profile(&hd, ImageKind::Elf, &elf.id(), s(&bin).as_bytes(), &elf.counts(&[10, 10, 10]));
+    let o = run(
+        "dcpidiff",
+        &db,
+        &["--host", "alpha", "--before", e1.as_str(), "--after", e3.as_str(), "--compare", "rate"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("--after selection: no sampled time") && err.contains("--compare samples"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
 
 #[test]
@@ -612,7 +731,11 @@ fn help_names_the_test_and_level_and_generate_writes_man_pages() {
         assert!(h.contains("JSON SCHEMA"), "{tool}: {h}");
         if tool == "dcpidiff" {
             assert!(
-                h.contains("two-proportion z-test") && h.contains("Holm") && h.contains("0.01"),
+                h.contains("two Poisson rates")
+                    && h.contains("Wall time, not CPU")
+                    && h.contains("two-proportion")
+                    && h.contains("Holm")
+                    && h.contains("0.01"),
                 "{h}"
             );
         } else {

@@ -415,6 +415,48 @@ fn top_instructions_across_images() {
     );
     let o = list(t.tmp(), &["--host", "h", "--top", "2", "--format", "csv"]);
     assert_eq!(stdout(&o).lines().count(), 3, "{}", stdout(&o));
+    // --top with --image: that image's instructions only, the percent still of the machine.
+    let v = json_ok(t.tmp(), &["--host", "h", "--top", "5", "--image", "anon"]);
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "{v:#}");
+    assert_eq!(rows[0]["image"], "[anon:77:node]");
+    assert!((rows[0]["percent"].as_f64().unwrap_or(0.0) - 4000.0 / 200.0).abs() < 0.01);
+    let v = json_ok(t.tmp(), &["--host", "h", "--top", "5", "--image", "list"]);
+    let rows = v["rows"].as_array().expect("rows");
+    assert!(rows.iter().all(|r| r["image"] == "list") && rows.len() >= 3, "{v:#}");
+}
+
+/// Issue 38 item 4: `--min-percent` lists the hot instructions with their context and one
+/// line per run of cold ones; the rows shown and the gaps add up to the function.
+#[test]
+fn min_percent_shows_the_hot_part_of_a_function() {
+    let t = TestDb::new();
+    let bin = build(t.tmp());
+    let w = setup(&t, &bin);
+    let args = ["--host", "h", "--image", "list", "--symbol", "work", "--min-percent", "10"];
+    let v = json_ok(t.tmp(), &[&args[..], &["--context", "1"]].concat());
+    let rows = v["rows"].as_array().expect("rows");
+    let shown: Vec<u64> = rows.iter().filter_map(|r| r["offset"].as_u64()).collect();
+    let gaps: usize = rows
+        .iter()
+        .filter(|r| r["type"] == "gap")
+        .map(|r| r["skipped"].as_u64().unwrap_or(0) as usize)
+        .sum();
+    assert_eq!(shown.len() + gaps, w.insns.len(), "{v:#}");
+    // The division (60 %) and the next instruction (36 %), each with one row of context.
+    let i = w.insns.iter().position(|&o| o == w.div).expect("div");
+    let want: Vec<u64> = w.insns[i.saturating_sub(1)..(i + 3).min(w.insns.len())].to_vec();
+    assert_eq!(shown, want, "{v:#}");
+    assert!(gaps > 0, "cold code left out: {v:#}");
+    let o = list(t.tmp(), &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("rows below --min-percent"), "{}", stdout(&o));
+    let o = list(
+        t.tmp(),
+        &["--host", "h", "--image", "list", "--symbol", "work", "--min-percent", "200"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--min-percent"), "{}", stderr(&o));
 }
 
 #[test]

@@ -409,8 +409,10 @@ fn conflicting_flags_are_usage_errors_naming_them() {
         (&["--by", "epoch", "--format", "html"], &["--by epoch", "--format html"]),
         (&["--by", "host", "--format", "svg"], &["--by host", "--format svg"]),
         (&["--by", "command", "--format", "folded"], &["--by command", "--format folded"]),
-        (&["--command", "x", "--format", "pprof"], &["--command", "--format pprof"]),
-        (&["--callers", "main", "--command", "x"], &["--callers", "--command"]),
+        // --callers with --command selects call stacks (FORMAT.md §13 v3): none of x here.
+        (&["--callers", "main", "--command", "x"], &["command \"x\"", "call stacks"]),
+        (&["--callers", "main", "--pid", "1"], &["--callers", "--pid", "--command"]),
+        (&["--callees", "main", "--cgroup", "/"], &["--callees", "--cgroup", "--command"]),
         (&["--callees", "main", "--format", "speedscope"], &["--callees", "--format speedscope"]),
         (&["--by", "image", "--image", "good"], &["--by image", "--image"]),
         (&["--by", "cpu", "--pid", "1"], &["--by cpu", "--pid"]),
@@ -422,6 +424,12 @@ fn conflicting_flags_are_usage_errors_naming_them() {
         assert!(o.stdout.is_empty(), "{args:?}");
         assert_one_line_error(&o, needles);
     }
+    // An export with --command holds that command's call stacks: none here (the flat samples'
+    // symbolization may warn first).
+    let o = prof(&t.root(), &["--host", "alpha", "--command", "x", "--format", "pprof"]);
+    assert_eq!((o.status.code(), o.stdout.is_empty()), (Some(2), true), "{o:?}");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("error: no call stacks of the command \"x\""), "{e}");
 }
 
 #[test]

@@ -693,3 +693,247 @@ fn jit_frames_sampled_only_as_callers_are_named_from_the_stack_file() {
         "{folded}"
     );
 }
+
+/// Decode a `--format pprof` export.
+fn pprof_of(db: &Path, args: &[&str]) -> dcpi_client::prof::export::pprof::proto::Profile {
+    use prost::Message;
+    use std::io::Read;
+    let out = ok(prof(db, &[args, &["--format", "pprof"]].concat()), "pprof export");
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&out[..]).read_to_end(&mut raw).expect("gunzip");
+    dcpi_client::prof::export::pprof::proto::Profile::decode(&raw[..]).expect("decode")
+}
+
+/// Issue 39 item 4: a 62 s epoch whose summary a restarted daemon rewrote 140 s after its
+/// start. The profile's time is the epoch's start and its duration the time sampled (62 s),
+/// not the span to `last_written`; the main mapping (`File:` in pprof) is the hottest user
+/// image, not the kernel, and a profile of the kernel alone has no main file.
+#[test]
+fn pprof_duration_is_the_sampled_time_and_file_the_hottest_user_image() {
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    let hd = host_dir(&t, 0, "alpha");
+    let ev = event("cpu-clock", 1000);
+    Image::new(ImageKind::Elf, p.id.clone(), p.path.display().to_string().as_bytes())
+        .profile(&ev)
+        .counts(&[(p.funcs["hot_alpha"], 30)])
+        .write(&hd);
+    Image::new(ImageKind::Elf, ImageId::BuildId(vec![0xab; 20]), b"/usr/lib/libcold.so.1")
+        .profile(&ev)
+        .counts(&[(0x1234, 5)])
+        .write(&hd);
+    // The kernel is hotter than any user image.
+    Image::kernel("6.1.0").profile(&ev).counts(&[(0x100, 90)]).write(&hd);
+    let start = hd.epoch.start_time().duration_since(std::time::UNIX_EPOCH).expect("epoch time");
+    let mut s = dcpi_testkit::db::write_summaries(&hd, 125);
+    s.index = None;
+    s.cpus = vec![0, 1];
+    s.events = vec![profile_format::EventSummary {
+        desc: Some(ev.clone()),
+        time_enabled_ns: 124_000_000_000,
+        time_running_ns: 124_000_000_000,
+        ..Default::default()
+    }];
+    s.first_written = start.as_secs() + 5;
+    s.last_written = start.as_secs() + 140;
+    s.write(&hd.summary_path()).expect("summary.json");
+    std::fs::remove_file(hd.summary_index_path()).expect("remove summary.idx");
+
+    let pb = pprof_of(&t.root(), &["--host", "alpha", "--epoch", "all"]);
+    let s = |i: i64| pb.string_table[i as usize].as_str();
+    assert_eq!(pb.time_nanos, i64::try_from(start.as_nanos()).expect("ns"));
+    assert_eq!(pb.duration_nanos, 62_000_000_000, "62 s sampled, not 140 s to last_written");
+    assert_eq!(s(pb.mapping[0].filename), p.path.display().to_string(), "main mapping");
+    assert!(pb.mapping.iter().any(|m| s(m.filename).contains("kernel")), "kernel mapped too");
+
+    // Only the kernel: no main file.
+    let pb = pprof_of(&t.root(), &["--host", "alpha", "--epoch", "all", "--image", "kernel"]);
+    assert_eq!(pb.string_table[pb.mapping[0].filename as usize], "", "{:?}", pb.mapping);
+    assert!(pb.location.iter().all(|l| l.mapping_id != pb.mapping[0].id));
+}
+
+/// Stacks name the command that ran them (FORMAT.md §13, version 3): every export roots them
+/// at it (`comm;outer;...;leaf`, as stackcollapse-perf does), `--command` selects them, and
+/// `--callers --command` counts that command's stacks only; stacks of older files, which have
+/// no command, are rooted at `[unknown command]`.
+#[test]
+fn stacks_are_rooted_at_their_command_and_selected_by_it() {
+    use profile_format::{StackImage, StackProfile};
+    let t = TestDb::new();
+    let hd = host_dir(&t, 0, "alpha");
+    let ev = event("cpu-clock", 1_000_000);
+    let leaf = ImageId::Fallback([1; 16]);
+    let caller = ImageId::Fallback([2; 16]);
+    let sym = |start: u64, name: &str| JitSymbol { start, size: 0x100, name: name.into() };
+    Image::new(ImageKind::Anon, leaf.clone(), b"[anon:100]")
+        .profile(&ev)
+        .counts(&[(0x1010, 18)])
+        .period(1_000_000)
+        .jit_symbols(vec![sym(0x1000, "leafjit")])
+        .write(&hd);
+    let mut st = StackProfile::new(&hd.host, hd.epoch.as_str(), "cpu-clock");
+    let img = |id: &ImageId, path: &[u8]| StackImage {
+        kind: ImageKind::Anon,
+        id: id.clone(),
+        path: path.to_vec(),
+    };
+    let a = st.image_index(&img(&leaf, b"[anon:100]"));
+    let b = st.image_index(&img(&caller, b"[anon:100:2]"));
+    st.add_jit_symbols(b, [&sym(0x2000, "callerjit")]);
+    let (pg, bench) = (st.command_index(b"postgres"), st.command_index(b"pgbench"));
+    st.add_command(Some(pg), &[(a, 0x1010), (b, 0x2020)], false, 10);
+    st.add_command(Some(bench), &[(a, 0x1010), (b, 0x2020)], false, 5);
+    st.add(&[(a, 0x1010), (b, 0x2020)], false, 3);
+    st.write(&hd.stacks_path("cpu-clock")).expect("write stacks");
+
+    let folded = |extra: &[&str]| {
+        let args = [&["--host", "alpha", "--format", "folded"][..], extra].concat();
+        let out = String::from_utf8(ok(prof(&t.root(), &args), "folded")).expect("utf-8");
+        let mut lines: Vec<String> = out.lines().map(str::to_owned).collect();
+        lines.sort();
+        lines
+    };
+    assert_eq!(
+        folded(&[]),
+        [
+            "[unknown command];callerjit;leafjit 3",
+            "pgbench;callerjit;leafjit 5",
+            "postgres;callerjit;leafjit 10"
+        ]
+    );
+    assert_eq!(folded(&["--command", "pgbench"]), ["pgbench;callerjit;leafjit 5"]);
+    let svg = String::from_utf8(ok(
+        prof(&t.root(), &["--host", "alpha", "--format", "svg", "--command", "postgres"]),
+        "svg",
+    ))
+    .expect("utf-8");
+    assert!(svg.contains("postgres") && !svg.contains("pgbench"), "{svg}");
+    let calls = |extra: &[&str]| {
+        let args =
+            [&["--host", "alpha", "--callers", "leafjit", "--format", "json"][..], extra].concat();
+        let r: Value =
+            serde_json::from_slice(&ok(prof(&t.root(), &args), "--callers")).expect("json");
+        r["samples"].as_u64().expect("samples")
+    };
+    assert_eq!(calls(&[]), 18);
+    assert_eq!(calls(&["--command", "postgres"]), 10);
+    assert_eq!(calls(&["--command", "[unknown command]"]), 3);
+    // A command without stacks, and filters the stacks cannot answer, are clear errors.
+    let o = prof(&t.root(), &["--host", "alpha", "--callers", "leafjit", "--command", "nginx"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("\"nginx\""), "{o:?}");
+    let o = prof(&t.root(), &["--host", "alpha", "--callers", "leafjit", "--pid", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("--pid") && e.contains("--command"), "{e}");
+}
+
+/// A function no symbol names (a stripped image's static function) is named by its image and
+/// offset range (`IMAGE+0xSTART-0xEND`) for `--callers`/`--callees`, alone or with `--image`.
+#[test]
+fn a_function_without_a_symbol_is_named_by_its_offset_range() {
+    use profile_format::{StackImage, StackProfile};
+    let t = TestDb::new();
+    let hd = host_dir(&t, 0, "alpha");
+    let ev = event("cpu-clock", 1_000_000);
+    let leaf = ImageId::Fallback([1; 16]);
+    let stripped = ImageId::Fallback([2; 16]);
+    let sym = |start: u64, name: &str| JitSymbol { start, size: 0x100, name: name.into() };
+    Image::new(ImageKind::Anon, leaf.clone(), b"[anon:100]")
+        .profile(&ev)
+        .counts(&[(0x1010, 13)])
+        .period(1_000_000)
+        .jit_symbols(vec![sym(0x1000, "leafjit")])
+        .write(&hd);
+    // --image names an image by its flat profile: the stripped image's own samples.
+    Image::new(ImageKind::Anon, stripped.clone(), b"[anon:stripped]")
+        .profile(&ev)
+        .counts(&[(0x3010, 1)])
+        .period(1_000_000)
+        .write(&hd);
+    let mut st = StackProfile::new(&hd.host, hd.epoch.as_str(), "cpu-clock");
+    let img = |id: &ImageId, path: &[u8]| StackImage {
+        kind: ImageKind::Anon,
+        id: id.clone(),
+        path: path.to_vec(),
+    };
+    let a = st.image_index(&img(&leaf, b"[anon:100]"));
+    let b = st.image_index(&img(&stripped, b"[anon:stripped]"));
+    // Two functions of the stripped image in one page: 0x3010 and 0x3090 (0x3080-0x3100).
+    st.add(&[(a, 0x1010), (b, 0x3010)], false, 4);
+    st.add(&[(a, 0x1010), (b, 0x3090)], false, 9);
+    st.write(&hd.stacks_path("cpu-clock")).expect("write stacks");
+    let callees = |spec: &str, extra: &[&str]| {
+        let args =
+            [&["--host", "alpha", "--callees", spec, "--format", "json"][..], extra].concat();
+        let o = prof(&t.root(), &args);
+        (o.status.code(), serde_json::from_slice::<Value>(&o.stdout).ok())
+    };
+    // By page, both functions are one name, as the reports show them.
+    let (code, r) = callees("[anon:stripped]+0x3000", &[]);
+    assert_eq!((code, r.as_ref().map(|r| r["samples"].clone())), (Some(0), Some(13.into())));
+    // By offset range, each alone.
+    let (code, r) = callees("[anon:stripped]+0x3000-0x3080", &[]);
+    let r = r.expect("json");
+    assert_eq!((code, r["samples"].as_u64()), (Some(0), Some(4)), "{r:#}");
+    assert_eq!(r["rows"][0]["symbol"], "leafjit", "{r:#}");
+    let o = prof(
+        &t.root(),
+        &["--host", "alpha", "--callees", "+0x3080..0x3100", "--image", "[anon:stripped]"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let (code, r) = callees("+0x3080..0x3100", &["--image", "[anon:stripped]"]);
+    assert_eq!((code, r.map(|r| r["samples"].clone())), (Some(0), Some(9.into())));
+    // A range in an image no stack has: nothing, and a clear error.
+    let (code, _) = callees("other+0x3000-0x3080", &[]);
+    assert_eq!(code, Some(2));
+}
+
+/// The HTML report's timeline (issue 36): one bar per minute slice of the selection, drawn by
+/// a real browser, its samples those of the flat report (the slices hold exactly the
+/// profiles' samples here, cut into three minutes per epoch).
+#[dcpi_testkit::test(tool("chromium"))]
+fn html_report_draws_the_timeline_of_the_slices() {
+    let t = TestDb::new();
+    let p = build_prog(t.tmp());
+    workload(&t, &p);
+    let db = profile_format::Database::open(&t.root()).expect("db");
+    let mut minutes = 0;
+    for e in db.epochs().expect("epochs") {
+        let hd = db.host_dir(&e, "alpha").expect("dir");
+        let start = dcpi_client::prof::select::epoch_start(e.as_str()).expect("epoch start");
+        let start = start - start % 60;
+        let (mut w, _) = profile_format::SliceWriter::open(&hd.slices_path()).expect("writer");
+        let mut slices: Vec<profile_format::Slice> = (0..3)
+            .map(|i| profile_format::Slice { start: start + 60 * i, len: 60, ..Default::default() })
+            .collect();
+        for entry in hd.profiles().expect("profiles") {
+            let prof = profile_format::Profile::read(&entry.path).expect("profile");
+            let image =
+                (prof.header.kind != ImageKind::Unknown).then(|| prof.header.image_id.clone());
+            let key = profile_format::SliceKey { event: prof.header.event.name.clone(), image };
+            for (n, (&off, &c)) in prof.counts.iter().enumerate() {
+                slices[n % 3].counts.entry(key.clone()).or_default().push((off, c));
+            }
+        }
+        for s in &slices {
+            w.append(s).expect("append");
+        }
+        minutes += slices.len();
+    }
+    let file = t.tmp().join("report.html");
+    let f = file.to_str().expect("utf8");
+    ok(
+        prof(&t.root(), &["--host", "alpha", "--epoch", "all", "--format", "html", "-o", f]),
+        "html",
+    );
+    let total = json_ok(&t.root(), &["--host", "alpha", "--epoch", "all"])["total_samples"]
+        .as_u64()
+        .expect("total");
+    let dom = render(&file, t.tmp());
+    assert!(dom.contains("data-ready=\"1\""), "scripts did not run to the end:\n{dom}");
+    let want = format!("class=\"timeline\" data-buckets=\"{minutes}\" data-samples=\"{total}\"");
+    assert!(dom.contains(&want), "{want} not in the rendered page:\n{dom}");
+    assert_eq!(dom.matches("class=\"bucket\"").count(), minutes, "one bar per minute");
+    assert!(dom.contains("href=\"#timeline\""), "the timeline is in the navigation");
+}

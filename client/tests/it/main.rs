@@ -13,6 +13,7 @@ mod hostile_names;
 mod planted_links;
 mod pprof_proto;
 mod symbolizer;
+mod timeline;
 mod util;
 mod who_profiles;
 mod wide_names;

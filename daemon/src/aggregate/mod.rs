@@ -99,7 +99,7 @@ use crate::types::{EventIdx, PerfTime, Sample, SampleSink, SideBand, TimedSideBa
 
 use table::{Added, Entry, Table};
 
-use crate::who::{CgroupNames, CpuWho, HotRow, Recent, WhoBatch};
+use crate::who::{CgroupNames, CpuWho, HotView, Recent, WhoBatch};
 
 pub use crate::types::ImageInfo;
 
@@ -304,6 +304,8 @@ struct CpuState {
     /// Key kernel samples by their process too (per-process/per-cgroup profiles), instead of
     /// one shared key for every process but the idle task.
     keep_pids: bool,
+    /// The time-weighted event (`Aggregator::set_time_event`), if any.
+    time_event: Option<EventIdx>,
     samples_aggregated: u64,
     entries_created: u64,
     overflow_evictions: u64,
@@ -335,6 +337,7 @@ impl CpuState {
             who: CpuWho::default(),
             stacks: stacks::CpuStacks::default(),
             keep_pids: false,
+            time_event: None,
             samples_aggregated: 0,
             entries_created: 0,
             overflow_evictions: 0,
@@ -502,6 +505,8 @@ pub struct Aggregator {
     cgroups: Mutex<CgroupNames>,
     /// The last batches' hottest rows (`dcpictl top`).
     recent: Mutex<Recent>,
+    /// The time-weighted event (`u32::MAX`: none); see [`Aggregator::set_time_event`].
+    time_event: std::sync::atomic::AtomicU32,
     /// The drain threads' stack tables, when call chains are sampled.
     stack_tables: OnceLock<Arc<crate::perf::callchain::StackTables>>,
     /// Batches carry [`Resolved::pid_profiles`].
@@ -604,8 +609,19 @@ where
     F: FnMut(u32, PerfTime) -> Option<(AsidSpan, PerfTime)>,
 {
     let limit = limit.unwrap_or(PerfTime::MAX);
-    let CpuState { pending, table, overflow, overflow_cap, cache, who, stacks, keep_pids, .. } = c;
-    let keep_pids = *keep_pids;
+    let CpuState {
+        pending,
+        table,
+        overflow,
+        overflow_cap,
+        cache,
+        who,
+        stacks,
+        keep_pids,
+        time_event,
+        ..
+    } = c;
+    let (keep_pids, time_event) = (*keep_pids, *time_event);
     let (mut done, mut created, mut evicted, mut misses) = (0usize, 0u64, 0u64, 0u64);
     let mut stop = Stop::Done;
     // (bucket, pc, tag, pid, period) of the chunk's samples, and (pid, cgroup, time) for `who`.
@@ -665,7 +681,9 @@ where
                 let (event, kernel) = Entry::tag_event_kernel(tag);
                 who.count(owner, cgroup, event, kernel, time);
                 if chains[i].0 != 0 {
-                    stacks.add(owner, chains[i].1, chains[i].0, event);
+                    // A time-weighted event's stacks count its nanoseconds, as its profiles do.
+                    let weight = if time_event == Some(event) { period } else { 1 };
+                    stacks.add(owner, chains[i].1, chains[i].0, event, weight);
                 }
                 match table.add_at(b, pc, tag, pid, period) {
                     Added::Hit => {}
@@ -726,6 +744,7 @@ impl Aggregator {
             cgroups: Mutex::new(CgroupNames::discover()),
             recent: Mutex::new(Recent::default()),
             stack_tables: OnceLock::new(),
+            time_event: std::sync::atomic::AtomicU32::new(u32::MAX),
             who_profiles: std::sync::atomic::AtomicBool::new(false),
             early: Mutex::new(Resolved::default()),
             record_io,
@@ -749,6 +768,21 @@ impl Aggregator {
         if on {
             lock(&self.early).pid_profiles.get_or_insert_with(Default::default);
         }
+    }
+
+    /// Make `event` time-weighted (the off-CPU event, `crate::offcpu`): each of its samples
+    /// carries a duration in nanoseconds as its period, and its profiles and stacks count
+    /// those nanoseconds instead of samples, with a period of 1 (FORMAT.md §5.2), so that
+    /// every reader that weights counts gets nanoseconds.
+    pub fn set_time_event(&self, event: EventIdx) {
+        self.time_event.store(u32::from(event), Ordering::Release);
+        for cpu in &self.cpus {
+            lock(cpu).time_event = Some(event);
+        }
+    }
+
+    fn time_event(&self) -> Option<EventIdx> {
+        EventIdx::try_from(self.time_event.load(Ordering::Acquire)).ok()
     }
 
     /// A batch to resolve into: with per-process profiles when they are on.
@@ -1000,9 +1034,10 @@ impl Aggregator {
             };
             r.begin_batch();
             let mut early = lock(&self.early);
+            let te = self.time_event();
             for cpu in &self.cpus {
                 let Some(full) = lock(cpu).stashed.take() else { continue };
-                full.iter().for_each(|e| resolve_entry(&mut r, &self.idle, e, &mut early));
+                full.iter().for_each(|e| resolve_entry(&mut r, &self.idle, te, e, &mut early));
                 lock(cpu).return_overflow(full);
                 self.worker.early_buffers.fetch_add(1, Ordering::Relaxed);
             }
@@ -1110,16 +1145,19 @@ impl Aggregator {
             c.who.take_into(taken.len() as u32, &mut out.who);
             taken.push((table, overflow, full, c.stacks.take()));
         }
+        let mut comms = stacks::Comms::new();
         for (i, (mut table, overflow, full, stack_counts)) in taken.into_iter().enumerate() {
             if let Some(t) = self.stack_tables.get() {
-                stacks::resolve_cpu(r, &self.idle, t, i as u32, stack_counts, &mut out.stacks);
+                let (idle, slot) = (&self.idle, i as u32);
+                stacks::resolve_cpu(r, idle, t, slot, stack_counts, &mut comms, &mut out.stacks);
                 // Under the CPU lock: no sample moves from pending into the counts meanwhile.
                 let c = lock(&self.cpus[i]);
                 stacks::prune(t, i as u32, c.pending.iter(), &c.stacks);
             }
-            full.iter().flatten().for_each(|e| resolve_entry(r, &self.idle, e, out));
-            overflow.iter().for_each(|e| resolve_entry(r, &self.idle, e, out));
-            table.drain(|e| resolve_entry(r, &self.idle, &e, out));
+            let te = self.time_event();
+            full.iter().flatten().for_each(|e| resolve_entry(r, &self.idle, te, e, out));
+            overflow.iter().for_each(|e| resolve_entry(r, &self.idle, te, e, out));
+            table.drain(|e| resolve_entry(r, &self.idle, te, &e, out));
             let mut c = lock(&self.cpus[i]);
             c.return_overflow(overflow);
             // A table of the old size is dropped here; the next flush allocates one of the
@@ -1135,7 +1173,7 @@ impl Aggregator {
 
     /// The hottest (process, image, offset) rows of the batches taken within `window` and
     /// their total samples (first event), from memory.
-    pub fn top(&self, window: Duration, limit: usize) -> (u64, Vec<HotRow>) {
+    pub fn top(&self, window: Duration, limit: usize) -> HotView {
         lock(&self.recent).top(window, limit)
     }
 
@@ -1264,12 +1302,19 @@ impl hashbrown::Equivalent<(ImageId, EventIdx)> for ProfileKeyRef<'_> {
 fn resolve_entry(
     resolver: &mut Resolver,
     idle: &OnceLock<Arc<ImageInfo>>,
+    time_event: Option<EventIdx>,
     e: &Entry,
     out: &mut Resolved,
 ) {
-    let (count, period) = (u64::from(e.count), e.period_sum);
     let event = e.event();
-    out.samples += count;
+    // A time-weighted event counts its nanoseconds (the sum of its samples' periods), with a
+    // period of 1 per count; its samples (waits) are still what `samples` counts.
+    let (count, period) = if time_event == Some(event) {
+        (e.period_sum, e.period_sum)
+    } else {
+        (u64::from(e.count), e.period_sum)
+    };
+    out.samples += u64::from(e.count);
     match resolver.resolve(e.pid, e.asid(), e.pc, e.kernel()) {
         Resolution::Image { image, offset } => {
             let image = if e.kernel() && e.pid == 0 && image.kind == ImageKind::Kernel {
@@ -1312,7 +1357,12 @@ fn resolve_entry(
                 c.0 += count;
                 c.1 = c.1.saturating_add(period);
             }
-            if !e.kernel() {
+            if e.kernel() {
+                // Not the idle task's (pid 0 even with `keep_pids` off, see `drain`).
+                if e.pid != 0 {
+                    out.who.hot_kernel.push((Arc::clone(image), offset, event, count));
+                }
+            } else {
                 // Kernel entries are shared by every process; `CpuWho` counts their owners.
                 out.who.add_user(e.pid, Some(image), event, count);
                 out.who.hot.push((e.pid, Arc::clone(image), offset, event, count));

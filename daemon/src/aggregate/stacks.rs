@@ -2,8 +2,10 @@
 //! where the stack is an id in that CPU's stack table ([`crate::perf::callchain`]). At a flush
 //! each counted stack's pcs are resolved to (image, offset) frames with the resolver, exactly
 //! as flat samples are (the process's address-space version at the sample's time), and added
-//! into one [`StackProfile`] per event; then the stack tables drop what neither a pending
-//! sample nor a count made since names.
+//! with the command of that process version (FORMAT.md §13, version 3) into one
+//! [`StackProfile`] per event; then the stack tables drop what neither a pending sample nor a
+//! count made since names. The pid is already in the key the drain thread counts (a hot stack
+//! costs one increment); the command is looked up once per key per flush, not per sample.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -29,14 +31,22 @@ pub(crate) struct CpuStacks {
 }
 
 impl CpuStacks {
-    /// Count one sample of a stack of process `pid` (address-space version `asid`).
-    pub(crate) fn add(&mut self, pid: u32, asid: u64, stack: StackId, event: EventIdx) {
+    /// Count one sample of a stack of process `pid` (address-space version `asid`), of weight
+    /// `weight` (1; a time-weighted event's nanoseconds, see `Aggregator::set_time_event`).
+    pub(crate) fn add(
+        &mut self,
+        pid: u32,
+        asid: u64,
+        stack: StackId,
+        event: EventIdx,
+        weight: u64,
+    ) {
         let len = self.counts.len();
         match self.counts.get_mut(&(pid, asid, stack, event)) {
-            Some(n) => *n += 1,
+            Some(n) => *n = n.saturating_add(weight),
             None if len >= DEFAULT_KEYS_PER_CPU => self.dropped += 1,
             None => {
-                self.counts.insert((pid, asid, stack, event), 1);
+                self.counts.insert((pid, asid, stack, event), weight);
             }
         }
     }
@@ -63,6 +73,24 @@ fn unknown_image() -> StackImage {
     }
 }
 
+/// Commands of (pid, asid) looked up during one flush (kernel threads have none in the
+/// resolver: their `/proc/PID/comm` is read once per flush).
+pub(crate) type Comms = HashMap<(u32, u64), Vec<u8>>;
+
+/// The command of process `pid` in address-space version `asid`, as the who table names it:
+/// the resolver's comm for that version (after an exec the resolver keeps the newest name, so
+/// stacks of a flush interval in which a process exec'ed carry its new name), `swapper` for the idle task, else `/proc/PID/comm`
+/// (kernel threads); empty (stored as `[unknown command]`) when the process is gone.
+fn command<'a>(r: &Resolver, comms: &'a mut Comms, pid: u32, asid: u64) -> &'a [u8] {
+    comms.entry((pid, asid)).or_insert_with(|| match r.comm(pid, asid) {
+        Some(c) => c.to_vec(),
+        None if pid == 0 => b"swapper".to_vec(),
+        None => std::fs::read(r.proc_root().join(pid.to_string()).join("comm"))
+            .map(|s| s.strip_suffix(b"\n").unwrap_or(&s).to_vec())
+            .unwrap_or_default(),
+    })
+}
+
 /// Resolve the counts of CPU slot `slot` into `out` (one profile per event index; event names
 /// are filled in by the store). Needs the resolver in the state it had for the flat entries
 /// of the same flush (before its `gc`).
@@ -72,6 +100,7 @@ pub(crate) fn resolve_cpu(
     tables: &StackTables,
     slot: u32,
     counts: CpuStacks,
+    comms: &mut Comms,
     out: &mut BTreeMap<EventIdx, StackProfile>,
 ) {
     if counts.is_empty() {
@@ -120,7 +149,8 @@ pub(crate) fn resolve_cpu(
             };
             frames.push(frame);
         }
-        p.add(&frames, entry.truncated, n);
+        let command = p.command_index(command(r, comms, pid, asid));
+        p.add_command(Some(command), &frames, entry.truncated, n);
     }
 }
 

@@ -281,7 +281,12 @@ fn stacks_are_counted_once_per_key_and_resolve_in_their_own_address_space() {
     // Leaf BASE+0x10, caller's return address BASE+0x41 (interned as BASE+0x40).
     let id = tables.cpu(0).intern_pcs(&[BASE + 0x10, BASE + 0x40], false);
     let with_stack = |t: u64| Sample { stack: id, ..sample(t, 7, BASE + 0x10, 1000) };
-    agg.on_drain(0, 10, &mut Vec::new(), &mut vec![mmap(5, 7, 1)]);
+    let named = TimedSideBand {
+        time: 4,
+        cpu: 0,
+        record: SideBand::Comm { pid: 7, tid: 7, comm: b"before".to_vec(), exec: false },
+    };
+    agg.on_drain(0, 10, &mut Vec::new(), &mut vec![named, mmap(5, 7, 1)]);
     let mut s: Vec<Sample> = (100..130).map(with_stack).collect();
     agg.on_drain(0, 1000, &mut s, &mut Vec::new());
     // The process exec's another image: the same pcs are now another image's frames.
@@ -290,16 +295,25 @@ fn stacks_are_counted_once_per_key_and_resolve_in_their_own_address_space() {
     let r = agg.take_resolved();
     let p = r.stacks.get(&0).expect("stacks of event 0");
     assert_eq!(p.samples(), 40);
-    let mut seen: Vec<(Vec<u8>, Vec<u64>, u64)> = p
+    // Each stack carries its process's command (FORMAT.md §13 v3) as the resolver knows it at
+    // the flush, as the who table does: the exec's name ("before" was replaced by "x").
+    type Seen<'a> = (Vec<u8>, Vec<u64>, u64, Option<&'a [u8]>);
+    let mut seen: Vec<Seen<'_>> = p
         .stacks()
         .map(|s| {
             let img = &p.images()[s.frames[0].0 as usize];
             let ImageId::BuildId(b) = &img.id else { panic!("{img:?}") };
-            (b.clone(), s.frames.iter().map(|f| f.1).collect(), s.samples)
+            (b.clone(), s.frames.iter().map(|f| f.1).collect(), s.samples, s.command)
         })
         .collect();
     seen.sort();
-    assert_eq!(seen, [(vec![1; 20], vec![0x10, 0x40], 30), (vec![2; 20], vec![0x10, 0x40], 10)]);
+    assert_eq!(
+        seen,
+        [
+            (vec![1; 20], vec![0x10, 0x40], 30, Some(&b"x"[..])),
+            (vec![2; 20], vec![0x10, 0x40], 10, Some(&b"x"[..]))
+        ]
+    );
     // The flat profiles are what they were without stacks.
     assert_eq!(count(&r, 1, 0x10).0 + count(&r, 2, 0x10).0, 40);
     // Counted, resolved and taken: nothing names the stack any more, so its slot is free.
@@ -581,4 +595,33 @@ fn a_late_record_handed_to_the_resolver_thread_still_precedes_the_samples_after_
     let r = agg.take_resolved();
     assert_eq!(count(&r, 1, 4), (1, 1), "the sample after the late mmap: {r:?}");
     assert!(r.unknown.is_empty(), "{r:?}");
+}
+
+#[test]
+fn a_time_weighted_event_counts_nanoseconds_with_period_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    agg.set_time_event(1);
+    agg.on_drain(0, 10, &mut Vec::new(), &mut vec![mmap(5, 7, 1)]);
+    // Three waits (event 1, periods in ns) and two samples of event 0 at the same pc.
+    let mut s = vec![
+        Sample { event: 1, ..sample(20, 7, BASE, 1_500) },
+        Sample { event: 1, ..sample(21, 7, BASE, 2_500) },
+        Sample { event: 1, ..sample(22, 7, BASE, 6_000_000) },
+        sample(23, 7, BASE, 1_000_000),
+        sample(24, 7, BASE, 1_000_000),
+    ];
+    agg.on_drain(0, 1000, &mut s, &mut Vec::new());
+    let r = agg.take_resolved();
+    let ns = r
+        .profiles
+        .get(&(ImageId::BuildId(vec![1; 20]), 1))
+        .and_then(|p| p.counts.get(&0).copied())
+        .unwrap_or((0, 0));
+    // Counts are the nanoseconds and so is the period sum: a period of 1 per count.
+    assert_eq!(ns, (6_004_000, 6_004_000), "{r:?}");
+    // The sampled event is unchanged: 2 samples of 1 ms.
+    assert_eq!(count(&r, 1, 0), (2, 2_000_000), "{r:?}");
+    // `samples` counts samples (waits), not nanoseconds.
+    assert_eq!(r.samples, 5);
 }

@@ -505,6 +505,9 @@ impl StackTables {
             let u = t.lock().unwrap_or_else(std::sync::PoisonError::into_inner).unwind_counters();
             c.unwound += u.unwound;
             c.not_loaded += u.not_loaded;
+            c.truncated += u.truncated;
+            c.truncated_copy_end += u.truncated_copy_end;
+            c.truncated_depth += u.truncated_depth;
             c.unwind_ns += u.unwind_ns;
         }
         c
@@ -543,6 +546,25 @@ impl StackTables {
             capacity_per_cpu: capacity,
             max_stack: u64::from(self.max_stack),
             early_flushes: self.early_flushes.load(Ordering::Relaxed),
+            dwarf: self.dwarf.as_ref().map(|d| {
+                let u = self.unwind_counters();
+                let l = d.loader_state();
+                dcpi_proto::DwarfReport {
+                    unwound: u.unwound,
+                    fp_fallback: u.not_loaded,
+                    truncated: u.truncated,
+                    truncated_copy_end: u.truncated_copy_end,
+                    truncated_depth: u.truncated_depth,
+                    unwind_ms: u.unwind_ns as f64 / 1e6,
+                    procs_loaded: l.procs_loaded,
+                    loader_queue: l.queued,
+                    load_panics: l.load_panics,
+                    loader_running: l.running,
+                    tables_bytes: l.cache_bytes,
+                    tables_limit_bytes: l.cache_limit,
+                    images: l.images,
+                }
+            }),
         }
     }
 

@@ -33,7 +33,7 @@
 use std::fs::File;
 use std::ops::{Deref, Range};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -207,6 +207,16 @@ pub struct UnwindCounters {
     pub unwound: u64,
     /// Samples of a process whose unwinder was not loaded yet (frame pointers only).
     pub not_loaded: u64,
+    /// Samples whose user stack did not reach a root (the copy's end, the depth bound, a
+    /// frame the tables could not unwind).
+    pub truncated: u64,
+    /// Of those, stacks whose next frame lay beyond the copied `sample_user_stack` bytes.
+    /// Measured on a loaded 2-CPU machine (rustc, LLVM, a debug dcpid): most truncated
+    /// stacks end so, being deeper than 8 KiB in bytes (perf's default copy cuts them too);
+    /// a small C program's reach `_start` (0.1 % ended early, `dcpiprof --stack-health`).
+    pub truncated_copy_end: u64,
+    /// Of those, stacks cut by the depth bound.
+    pub truncated_depth: u64,
     /// Time spent unwinding and loading, in ns.
     pub unwind_ns: u64,
 }
@@ -324,6 +334,48 @@ pub struct DwarfShared {
     /// at a later sample).
     tx: Option<std::sync::mpsc::SyncSender<u32>>,
     procs_loaded: AtomicU64,
+    /// The vDSO's unwind tables, read once from dcpid's own (the same kernel maps the same
+    /// image into every 64-bit process); `None` inside if it cannot be read.
+    vdso: std::sync::OnceLock<Option<(u64, Arc<ImageTables>)>>,
+    /// Loads that panicked (a bug on some image or maps): that process unwinds through
+    /// frame pointers only; the loader goes on with the next.
+    load_panics: AtomicU64,
+    /// The loader thread ended while the tables lived (it should not): every process not
+    /// loaded by then unwinds through frame pointers only. Said in status and logged once.
+    loader_dead: AtomicBool,
+    /// Test-only: called by the loader before each load; it may panic (a failed load), or
+    /// return true to end the loader (a thread that died).
+    #[cfg(test)]
+    fault: Option<fn(u32) -> bool>,
+}
+
+/// The loader's state, for status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoaderState {
+    pub procs_loaded: u64,
+    /// Processes waiting for the loader.
+    pub queued: u64,
+    pub load_panics: u64,
+    pub running: bool,
+    pub cache_bytes: u64,
+    pub cache_limit: u64,
+    pub images: u64,
+}
+
+/// Marks the loader dead when its thread ends by any way but the tables going away.
+struct LoaderGuard(std::sync::Weak<DwarfShared>);
+
+impl Drop for LoaderGuard {
+    fn drop(&mut self) {
+        if let Some(sh) = self.0.upgrade() {
+            sh.loader_dead.store(true, Ordering::Release);
+            tracing::error!(
+                thread = LOADER_THREAD,
+                "the unwind-table loader ended: processes not loaded yet unwind through frame \
+                 pointers only (callchains = \"dwarf\" degraded to \"fp\" for them)"
+            );
+        }
+    }
 }
 
 impl std::fmt::Debug for DwarfShared {
@@ -340,6 +392,20 @@ const MAX_PROCS: usize = 4096;
 impl DwarfShared {
     /// Shared state with a loader thread reading processes' maps and images under `root`.
     pub fn start(cache_bytes: usize, root: ProcRoot) -> std::io::Result<Arc<Self>> {
+        Self::start_inner(cache_bytes, root, None)
+    }
+
+    /// [`Self::start`] with a fault called before each load (tests).
+    #[cfg(test)]
+    fn start_with_fault(cache_bytes: usize, fault: fn(u32) -> bool) -> std::io::Result<Arc<Self>> {
+        Self::start_inner(cache_bytes, ProcRoot::default(), Some(fault))
+    }
+
+    fn start_inner(
+        cache_bytes: usize,
+        root: ProcRoot,
+        #[allow(unused_variables)] fault: Option<fn(u32) -> bool>,
+    ) -> std::io::Result<Arc<Self>> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<u32>(1024);
         let shared = Arc::new(Self {
             images: ImageCache::new(cache_bytes),
@@ -347,14 +413,41 @@ impl DwarfShared {
             root,
             tx: Some(tx),
             procs_loaded: AtomicU64::new(0),
+            vdso: std::sync::OnceLock::new(),
+            load_panics: AtomicU64::new(0),
+            loader_dead: AtomicBool::new(false),
+            #[cfg(test)]
+            fault,
         });
         let weak = Arc::downgrade(&shared);
         // The loader holds only a weak reference: when the tables go, the sender goes with
         // them and `recv` ends the thread.
         std::thread::Builder::new().name(LOADER_THREAD.into()).spawn(move || {
+            let _guard = LoaderGuard(std::sync::Weak::clone(&weak));
             while let Ok(pid) = rx.recv() {
                 let Some(sh) = weak.upgrade() else { break };
-                let p = Arc::new(sh.load(pid));
+                // A panic on one process's maps or images (a bug: the input is bounded and
+                // checked) costs that process its CFI, not every later process its tables.
+                let p = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    #[cfg(test)]
+                    if sh.fault.is_some_and(|f| f(pid)) {
+                        return None;
+                    }
+                    Some(sh.load(pid))
+                })) {
+                    Ok(Some(p)) => Arc::new(p),
+                    Ok(None) => break,
+                    Err(_) => {
+                        if sh.load_panics.fetch_add(1, Ordering::Relaxed) == 0 {
+                            tracing::error!(
+                                pid,
+                                "loading a process's unwind tables panicked: it unwinds \
+                                 through frame pointers only (counted in status as load_panics)"
+                            );
+                        }
+                        Arc::new(ProcUnwinder::empty())
+                    }
+                };
                 sh.procs_loaded.fetch_add(1, Ordering::Relaxed);
                 let mut g = sh.lock();
                 g.pending.remove(&pid);
@@ -378,7 +471,26 @@ impl DwarfShared {
             root: ProcRoot::default(),
             tx: None,
             procs_loaded: AtomicU64::new(0),
+            vdso: std::sync::OnceLock::new(),
+            load_panics: AtomicU64::new(0),
+            loader_dead: AtomicBool::new(false),
+            #[cfg(test)]
+            fault: None,
         })
+    }
+
+    /// The loader's counters and the image cache's use, for status.
+    pub fn loader_state(&self) -> LoaderState {
+        let (bytes, images) = self.images.usage();
+        LoaderState {
+            procs_loaded: self.procs_loaded(),
+            queued: self.lock().pending.len() as u64,
+            load_panics: self.load_panics.load(Ordering::Relaxed),
+            running: self.tx.is_some() && !self.loader_dead.load(Ordering::Acquire),
+            cache_bytes: bytes as u64,
+            cache_limit: self.images.limit as u64,
+            images: images as u64,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Procs> {
@@ -420,8 +532,15 @@ impl DwarfShared {
         };
         if ask && pid != 0 && !g.pending.contains(&pid) {
             if let Some(tx) = &self.tx {
-                if tx.try_send(pid).is_ok() {
-                    g.pending.insert(pid);
+                match tx.try_send(pid) {
+                    Ok(()) => {
+                        g.pending.insert(pid);
+                    }
+                    Err(std::sync::mpsc::TrySendError::Full(_)) => {}
+                    // The loader is gone (its guard logged it): frame pointers from now on.
+                    Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                        self.loader_dead.store(true, Ordering::Release);
+                    }
                 }
             }
         }
@@ -448,6 +567,20 @@ impl DwarfShared {
                 break;
             }
             p.ranges.push(m.start..m.end);
+            if m.path == b"[vdso]" {
+                // Samples in clock_gettime and friends unwind through the vDSO's own CFI
+                // (it has .eh_frame; without it, a frame-pointer guess from its frame).
+                let len = m.end.saturating_sub(m.start);
+                if let Some((size, t)) = self.vdso.get_or_init(own_vdso) {
+                    // A 32-bit process maps another vDSO: only an image of the same size.
+                    if *size == len {
+                        if let Some(bias) = t.bias(m.start, m.offset) {
+                            p.unwinder.add_module(t.module("[vdso]", m.start..m.end, bias));
+                        }
+                    }
+                }
+                continue;
+            }
             if m.inode == 0 || !m.path.starts_with(b"/") {
                 continue;
             }
@@ -462,6 +595,26 @@ impl DwarfShared {
         }
         p
     }
+}
+
+/// dcpid's own vDSO image (its mapping's size, its tables), read through `/proc/self/mem`: the
+/// kernel maps one image into every 64-bit process, and its text carries `.eh_frame`.
+fn own_vdso() -> Option<(u64, Arc<ImageTables>)> {
+    use std::os::unix::fs::FileExt;
+    let maps =
+        crate::resolve::procfs::read_bounded(std::path::Path::new("/proc/self/maps"), MAPS_LIMIT)
+            .ok()?;
+    let m =
+        maps.split(|&b| b == b'\n').filter_map(parse_maps_line).find(|m| m.path == b"[vdso]")?;
+    let len = m.end.checked_sub(m.start)?;
+    // A vDSO is a few pages; anything larger is not one.
+    if len == 0 || len > (1 << 20) {
+        return None;
+    }
+    let mut buf = vec![0u8; usize::try_from(len).ok()?];
+    File::open("/proc/self/mem").ok()?.read_exact_at(&mut buf, m.start).ok()?;
+    let t = ImageTables::parse(&buf)?;
+    Some((len, Arc::new(t)))
 }
 
 /// One CPU's DWARF unwinder: the processes' shared unwinders, as last looked up, and a rule
@@ -529,14 +682,18 @@ impl DwarfUnwinder {
             }
         }
         let p = self.local.get(&pid).map_or(&self.empty, |p| &**p);
-        let truncated = unwind_with(&p.unwinder, &mut self.cache, regs, stack, max, out);
+        let ended = unwind_ended(&p.unwinder, &mut self.cache, regs, stack, max, out);
+        let truncated = ended != Ended::Root;
         self.counters.unwound += 1;
+        self.counters.truncated += u64::from(truncated);
+        self.counters.truncated_copy_end += u64::from(ended == Ended::CopyEnd);
+        self.counters.truncated_depth += u64::from(ended == Ended::Depth);
         self.counters.unwind_ns += u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
         truncated
     }
 }
 
-/// Unwind with `unwinder` (the loop of [`DwarfUnwinder::unwind`]).
+/// Unwind with `unwinder` (the loop of [`DwarfUnwinder::unwind`]); whether truncated.
 pub fn unwind_with(
     unwinder: &UnwinderX86_64<Bytes>,
     cache: &mut CacheX86_64,
@@ -545,6 +702,33 @@ pub fn unwind_with(
     max: usize,
     out: &mut Vec<u64>,
 ) -> bool {
+    unwind_ended(unwinder, cache, regs, stack, max, out) != Ended::Root
+}
+
+/// How an unwind ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// At a root: CFI says the return address is undefined (`_start`, `clone3`'s child), or a
+    /// frame-pointer walk reached bp 0 or a zero return address.
+    Root,
+    /// `max` frames.
+    Depth,
+    /// The next frame's return address (or saved register) lies beyond the stack copy.
+    CopyEnd,
+    /// A frame the tables (or frame pointers) could not unwind: a read below the stack
+    /// pointer, a frame that did not move up, an address overflow.
+    NoUnwind,
+}
+
+/// [`unwind_with`], saying how it ended.
+pub fn unwind_ended(
+    unwinder: &UnwinderX86_64<Bytes>,
+    cache: &mut CacheX86_64,
+    regs: UserRegs,
+    stack: &[u8],
+    max: usize,
+    out: &mut Vec<u64>,
+) -> Ended {
     let base = regs.sp;
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
         let off = usize::try_from(addr.checked_sub(base).ok_or(())?).map_err(|_| ())?;
@@ -559,16 +743,20 @@ pub fn unwind_with(
         &mut read_stack,
     );
     let mut n = 0usize;
+    let end = base.saturating_add(stack.len() as u64);
     loop {
         if n >= max {
-            return true;
+            return Ended::Depth;
         }
         match it.next() {
             Ok(Some(FrameAddress::InstructionPointer(pc))) => out.push(pc),
             // Inside the call instruction, as frame-pointer stacks are (callchain.rs).
             Ok(Some(FrameAddress::ReturnAddress(ra))) => out.push(ra.get().saturating_sub(1)),
-            Ok(None) => return false,
-            Err(_) => return true,
+            Ok(None) => return Ended::Root,
+            Err(framehop::Error::CouldNotReadStack(a)) if a.saturating_add(8) > end => {
+                return Ended::CopyEnd
+            }
+            Err(_) => return Ended::NoUnwind,
         }
         n += 1;
     }
@@ -648,6 +836,13 @@ mod tests {
         let mut short = Vec::new();
         assert!(unwind_with(&u, &mut cache, regs, &stack[..16], 64, &mut short));
         assert_eq!(short, vec![0x40_1010, 0x40_114f]);
+        short.clear();
+        assert_eq!(
+            unwind_ended(&u, &mut cache, regs, &stack[..16], 64, &mut short),
+            Ended::CopyEnd
+        );
+        let mut two = Vec::new();
+        assert_eq!(unwind_ended(&u, &mut cache, regs, &stack, 2, &mut two), Ended::Depth);
         // A depth bound ends it too.
         let mut two = Vec::new();
         assert!(unwind_with(&u, &mut cache, regs, &stack, 2, &mut two));
@@ -660,6 +855,86 @@ mod tests {
         assert!(!d.unwind(7, regs, &stack, 64, &mut again));
         assert_eq!(again, out);
         assert_eq!(d.counters.unwound, 1);
+        again.clear();
+        assert!(d.unwind(7, regs, &stack[..16], 64, &mut again));
+        assert_eq!((d.counters.truncated, d.counters.truncated_copy_end), (1, 1));
+    }
+
+    /// Wait (generously) for `cond`.
+    fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A load that panics is counted and costs only that process its tables: the loader goes
+    /// on (the next process loads), and the process gets an unwinder (frame pointers only)
+    /// instead of being asked for again and again.
+    #[test]
+    fn a_panicking_load_is_counted_and_the_loader_goes_on() {
+        let shared = DwarfShared::start_with_fault(1 << 20, |pid| {
+            assert_ne!(pid, 1_000_001, "injected load failure");
+            false
+        })
+        .expect("start");
+        assert!(shared.get(1_000_001, false).is_none());
+        wait_for("the failed load", || shared.loader_state().load_panics == 1);
+        wait_for("its unwinder", || shared.get(1_000_001, false).is_some());
+        let me = std::process::id();
+        shared.get(me, false);
+        wait_for("this process's tables", || shared.get(me, false).is_some());
+        let st = shared.loader_state();
+        assert!(st.running, "{st:?}");
+        assert_eq!((st.procs_loaded, st.queued, st.load_panics), (2, 0, 1));
+        assert!(st.images > 0 && st.cache_bytes > 0, "this test binary has CFI: {st:?}");
+    }
+
+    /// A loader thread that ended is said in the state (status), and processes asked for
+    /// later get no tables: their samples unwind through frame pointers (the empty unwinder).
+    #[test]
+    fn a_dead_loader_is_reported_and_stacks_fall_back() {
+        let shared = DwarfShared::start_with_fault(1 << 20, |_| true).expect("start");
+        assert!(shared.loader_state().running);
+        shared.get(1_000_002, false);
+        wait_for("the loader's end", || !shared.loader_state().running);
+        // Asked again, nothing is sent: still none, no panic.
+        assert!(shared.get(1_000_003, false).is_none());
+        let mut d = DwarfUnwinder::new(Arc::clone(&shared));
+        // A frame-pointer walk: bp points at [saved bp 0][return 0x40_2000] in the copy.
+        let sp = 0x7ffd_0000_0000u64;
+        let stack = words(&[0, 0, 0, 0x40_2000]);
+        let regs = UserRegs { bp: sp + 16, sp, ip: 0x40_1000 };
+        let mut out = Vec::new();
+        d.unwind(1_000_003, regs, &stack, 64, &mut out);
+        assert_eq!(out, vec![0x40_1000, 0x40_1fff]);
+        assert_eq!(d.counters.not_loaded, 1);
+    }
+
+    /// The vDSO's tables are read from dcpid's own, and a process's unwinder gets a module
+    /// for its `[vdso]` mapping: this process's.
+    #[test]
+    fn the_vdso_has_unwind_tables_and_a_module() {
+        let (len, t) = own_vdso().expect("this process has a vDSO with an ELF image");
+        assert!(len > 0 && t.eh_frame.is_some(), "the vDSO carries .eh_frame");
+        let shared = DwarfShared::manual(1 << 20);
+        let me = std::process::id();
+        let p = shared.load(me);
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        let vdso = maps.lines().find(|l| l.ends_with("[vdso]")).expect("[vdso] mapped");
+        let (a, _) = vdso.split_once('-').expect("range");
+        let start = u64::from_str_radix(a, 16).expect("hex");
+        assert!(p.covers(start));
+        // A vDSO pc finds its module's CFI: unwinding the function at its first instruction
+        // (CFA = rsp + 8) returns to the address on top of the stack.
+        let sp = 0x7ffd_0000_0000u64;
+        let stack = words(&[0x40_2000, 0, 0, 0]);
+        let regs = UserRegs { bp: 0, sp, ip: start + t.text_svma.clone().expect("text").start };
+        let mut out = Vec::new();
+        let mut cache = CacheX86_64::new();
+        unwind_with(&p.unwinder, &mut cache, regs, &stack, 3, &mut out);
+        assert_eq!(out.get(1), Some(&0x40_1fff), "{out:x?}");
     }
 
     /// Garbage for a stack (a hostile copy) ends the stack bounded; never a panic or a loop.

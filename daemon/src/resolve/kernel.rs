@@ -64,7 +64,11 @@ pub(crate) fn safe_module_name(n: &str) -> bool {
         && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// Find `_text` and `_end` (else `_etext`) in /proc/kallsyms text.
+/// Find `_text` and `_end` in /proc/kallsyms text; without `_end` (kallsyms lists no data
+/// symbols unless the kernel has `CONFIG_KALLSYMS_ALL`: none on this project's 6.18 kernels),
+/// the end of `.init.text` (`_einittext`) or of `.text` (`_etext`), whichever is higher. The
+/// boot CPU's idle stack runs through `.init.text` (`start_kernel`, `x86_64_start_kernel`),
+/// which lies above `_etext`: with `_etext` for the end its frames were `kernel-unknown`.
 pub fn parse_text_range(kallsyms: &str) -> Option<(u64, u64)> {
     parse_text_range_lines(kallsyms.lines())
 }
@@ -72,7 +76,7 @@ pub fn parse_text_range(kallsyms: &str) -> Option<(u64, u64)> {
 /// [`parse_text_range`] over lines as they are read: /proc/kallsyms is several MB, and the
 /// daemon should not hold all of it just to find two symbols.
 pub fn parse_text_range_lines<S: AsRef<str>>(lines: impl Iterator<Item = S>) -> Option<(u64, u64)> {
-    let (mut text, mut end, mut etext) = (None, None, None);
+    let (mut text, mut end, mut etext, mut einit) = (None, None, None, None);
     for line in lines {
         let line = line.as_ref();
         let mut f = line.split_ascii_whitespace();
@@ -81,6 +85,7 @@ pub fn parse_text_range_lines<S: AsRef<str>>(lines: impl Iterator<Item = S>) -> 
             "_text" => &mut text,
             "_end" => &mut end,
             "_etext" => &mut etext,
+            "_einittext" => &mut einit,
             _ => continue,
         };
         *slot = u64::from_str_radix(a, 16).ok();
@@ -89,7 +94,7 @@ pub fn parse_text_range_lines<S: AsRef<str>>(lines: impl Iterator<Item = S>) -> 
         }
     }
     let t = text.filter(|&t| t != 0)?;
-    let e = end.or(etext).filter(|&e| e > t)?;
+    let e = end.or_else(|| etext.max(einit)).filter(|&e| e > t)?;
     Some((t, e))
 }
 
@@ -138,7 +143,7 @@ impl KernelState {
         }
         if self.text.is_none() {
             tracing::warn!(
-                "{}: no usable _text/_end (kptr_restrict?); kernel samples will be unknown",
+                "{}: no usable _text/_end/_etext (kptr_restrict?); kernel samples will be unknown",
                 proc_root.join("kallsyms").display()
             );
         }
@@ -239,5 +244,26 @@ mod tests {
         );
         assert_eq!(r, Some((0xffffffff81000000, 0xffffffff83000000)));
         assert_eq!(parse_text_range("0000000000000000 T _text\n0000000000000000 B _end\n"), None);
+    }
+
+    /// Without `_end` (this kernel's kallsyms), `.init.text` above `_etext` is the kernel's:
+    /// `start_kernel` (the boot CPU's idle stack) was `kernel-unknown` with `_etext` for the end.
+    #[test]
+    fn init_text_is_kernel_text() {
+        let kallsyms = "ffffffff81000000 T _text\n\
+                        ffffffff813c3870 t do_idle\n\
+                        ffffffff82209988 T _etext\n\
+                        ffffffff83783000 T _sinittext\n\
+                        ffffffff83783b00 T start_kernel\n\
+                        ffffffff837f8910 T _einittext\n";
+        let (t, e) = parse_text_range(kallsyms).expect("range");
+        assert_eq!(t, 0xffffffff81000000);
+        assert!((t..e).contains(&0xffffffff83783b40), "start_kernel+0x40 in {t:x}..{e:x}");
+        // _einittext before _etext (no init text above it): _etext still ends it.
+        let r = parse_text_range("ffffffff81000000 T _text\nffffffff82000000 T _etext\n");
+        assert_eq!(r, Some((0xffffffff81000000, 0xffffffff82000000)));
+        // With _end, _end.
+        let r = parse_text_range(&format!("{kallsyms}ffffffff84000000 B _end\n"));
+        assert_eq!(r, Some((0xffffffff81000000, 0xffffffff84000000)));
     }
 }

@@ -45,6 +45,7 @@ pub mod jit;
 pub mod kernel;
 pub mod maps;
 pub(crate) mod procfs;
+pub mod symtab;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;

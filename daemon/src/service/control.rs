@@ -85,31 +85,65 @@ pub(super) fn unanswered_note(cpus: &[u32]) -> String {
     }
 }
 
+/// The kind names of `TopRow::kind`.
+fn kind_name(image: &[u8], kind: profile_format::ImageKind) -> &'static str {
+    use profile_format::ImageKind as K;
+    match kind {
+        _ if image == crate::who::IDLE_PATH => "idle",
+        K::Elf => "elf",
+        K::Kernel => "kernel",
+        K::KernelModule => "module",
+        K::Vdso => "vdso",
+        K::Anon => "anon",
+        K::Unknown => "unknown",
+    }
+}
+
 impl Shared {
     /// `dcpictl top`: take what the watermark allows now (into the store's memory, as a
     /// periodic flush does, but writing nothing), then report the last few seconds from the
     /// aggregator's recent batches.
     pub(super) fn top(&self) -> dcpi_proto::TopResult {
         const WINDOW: Duration = Duration::from_secs(5);
+        // Code rows merged over each command's processes: enough that a function spread over
+        // many small rows (one per offset) still adds up in the client's per-symbol view.
+        const TOP_ROWS: usize = 4000;
         {
             let mut store = lock(&self.store);
             let resolved = self.aggregator.take_resolved();
             self.absorb(&mut store, resolved);
         }
-        let (samples, rows) = self.aggregator.top(WINDOW, 200);
+        let v = self.aggregator.top(WINDOW, TOP_ROWS);
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         dcpi_proto::TopResult {
             window_ms: WINDOW.as_millis() as u64,
-            samples,
-            rows: rows
+            samples: v.totals.first().copied().unwrap_or(0),
+            events: self.events.iter().map(|e| e.desc.name.clone()).collect(),
+            totals: v.totals,
+            idle: v.idle,
+            rows: v
+                .rows
                 .into_iter()
                 .map(|r| dcpi_proto::TopRow {
                     command: text(&r.command),
                     pid: r.pid,
+                    kind: kind_name(&r.image, r.kind).to_owned(),
                     image: text(&r.image),
                     build_id: r.build_id.as_deref().map(hex::encode),
                     offset: r.offset,
+                    event: u32::from(r.event),
                     samples: r.samples,
+                })
+                .collect(),
+            processes: v
+                .processes
+                .into_iter()
+                .map(|p| dcpi_proto::TopProcess {
+                    pid: p.pid,
+                    command: text(&p.command),
+                    image: text(&p.image),
+                    event: u32::from(p.event),
+                    samples: p.samples,
                 })
                 .collect(),
         }

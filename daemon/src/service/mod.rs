@@ -46,8 +46,8 @@ use flush::Flusher;
 use shared::{lock, Counters, Shared, StatusOnly};
 use shutdown::{serve_until_stop, shut_down, spawn_signal_thread, Wake};
 use start::{
-    open_store, prepare_spool, prime_resolver, register_sampler, socket_group_id, start_sampling,
-    store_config, CreatedDirs,
+    open_store, prepare_spool, prime_resolver, register_sampler, socket_group_id, start_off_cpu,
+    start_sampling, store_config, CreatedDirs,
 };
 
 /// Reads the configuration again (file + the original flags) for a reload.
@@ -105,6 +105,9 @@ pub enum ServiceError {
     Faults(#[from] crate::faults::FaultsError),
     #[error("cannot start sampling: {0}")]
     Sampler(#[from] SamplerError),
+    /// `off_cpu = true` and the context-switch event cannot be opened.
+    #[error("cannot start off-CPU sampling (off_cpu = true): {0}")]
+    OffCpu(#[from] crate::offcpu::OffCpuError),
     #[error(transparent)]
     Control(#[from] ControlError),
     #[error("--socket-group: no group named {0:?}")]
@@ -187,7 +190,8 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
     // From here on threads run: a failed start stops them on purpose (`Watch::stopping`), so
     // that their end is not reported as a thread death.
     let mut store = open_store(&settings, &faults).map_err(|e| orderly(&watch, e))?;
-    register_sampler(&sampler, &mut store).map_err(|e| orderly(&watch, e))?;
+    register_sampler(&sampler, &settings, &mut store).map_err(|e| orderly(&watch, e))?;
+    let offcpu = start_off_cpu(&settings, &aggregator, &sampler).map_err(|e| orderly(&watch, e))?;
     prime_resolver(&aggregator, &mut store, t0);
     let access = Arc::new(Access::new(group));
     let shared = Arc::new(Shared {
@@ -206,6 +210,7 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
         losses: store.losses(),
         store: Mutex::new(store),
         sampler: RwLock::new(Some(sampler)),
+        offcpu: Mutex::new(offcpu),
         counters: Mutex::new(Counters {
             lost: 0,
             throttled: 0,

@@ -76,6 +76,8 @@ pub(super) struct Shared {
     pub(super) started: Instant,
     pub(super) aggregator: Arc<Aggregator>,
     pub(super) sampler: RwLock<Option<Sampler>>,
+    /// The off-CPU source (`off_cpu = true`); stopped with the sampler.
+    pub(super) offcpu: Mutex<Option<crate::offcpu::OffCpu>>,
     pub(super) store: Mutex<Store>,
     pub(super) counters: Mutex<Counters>,
     /// Last store status, so `status` answers while a slow publish holds the store.
@@ -232,6 +234,7 @@ impl Shared {
             resolver: &resolver,
             resolver_thread: self.aggregator.resolver_thread_stats(),
             stacks: self.aggregator.stack_report(),
+            off_cpu: lock(&self.offcpu).as_ref().map(crate::offcpu::OffCpu::status),
         })
     }
 }

@@ -125,6 +125,10 @@ pub(super) fn serve_until_stop(
 /// published (a `--duration` run fails on it) or, `Unwritten`, what did not even reach the
 /// spool (always a failure).
 pub(super) fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
+    // Its last pass hands over every wait that ended (a wait still open is not counted).
+    if let Some(mut o) = lock(&shared.offcpu).take() {
+        o.stop();
+    }
     let last = shared
         .sampler
         .write()

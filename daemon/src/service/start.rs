@@ -183,7 +183,9 @@ pub(super) fn start_sampling(
     let ncpus = cpus.iter().max().map(|m| *m as usize + 1).unwrap_or(1);
     let mut resolver = Resolver::new(ResolverConfig::default());
     resolver.set_jit_limits(jit_limits(settings));
-    let aggregator = Aggregator::new(resolver, ncpus);
+    // The off-CPU source's samples come in as those of one more CPU slot (`crate::offcpu`).
+    let slots = ncpus + usize::from(settings.off_cpu);
+    let aggregator = Aggregator::new(resolver, slots);
     // Before the first sample: kernel samples are keyed per process from the start.
     aggregator.set_who_profiles(settings.by_pid || settings.by_cgroup);
     // Before the drain threads start: they hand side-band records and full overflow buffers
@@ -195,7 +197,7 @@ pub(super) fn start_sampling(
         // CFI unwinding of copied user stacks (perf/dwarf.rs), with its loader thread.
         "dwarf" => Some(
             crate::perf::callchain::StackTables::new_dwarf(
-                ncpus,
+                slots,
                 crate::perf::callchain::DEFAULT_STACKS_PER_CPU,
                 settings.sample_max_stack,
                 settings.sample_user_stack,
@@ -206,7 +208,7 @@ pub(super) fn start_sampling(
             })?,
         ),
         "fp" => Some(crate::perf::callchain::StackTables::new(
-            ncpus,
+            slots,
             crate::perf::callchain::DEFAULT_STACKS_PER_CPU,
             settings.sample_max_stack,
         )),
@@ -238,15 +240,37 @@ pub(super) fn start_sampling(
     Ok((aggregator, sampler, since, t0))
 }
 
-/// The store learns the events as opened, the CPUs and the kernel release.
-pub(super) fn register_sampler(sampler: &Sampler, store: &mut Store) -> Result<(), ServiceError> {
-    store.set_events(
-        sampler
-            .events()
-            .iter()
-            .map(|e| EventInfo { desc: e.desc.clone(), source: e.source.as_str().to_string() })
-            .collect(),
-    );
+/// The `off-cpu` event as the store records it: counts are nanoseconds, period 1.
+pub(super) fn off_cpu_event_info() -> EventInfo {
+    EventInfo {
+        desc: profile_format::EventDesc {
+            name: crate::offcpu::EVENT_NAME.to_string(),
+            perf_type: crate::sys::perf::PERF_TYPE_SOFTWARE,
+            perf_config: u64::from(crate::sys::perf::PERF_COUNT_SW_CONTEXT_SWITCHES),
+            period_mean: 1,
+            period_min: 1,
+            period_max: 1,
+        },
+        source: "software".to_string(),
+    }
+}
+
+/// The store learns the events as opened (and `off-cpu` after them when it is on), the CPUs
+/// and the kernel release.
+pub(super) fn register_sampler(
+    sampler: &Sampler,
+    settings: &Settings,
+    store: &mut Store,
+) -> Result<(), ServiceError> {
+    let mut events: Vec<EventInfo> = sampler
+        .events()
+        .iter()
+        .map(|e| EventInfo { desc: e.desc.clone(), source: e.source.as_str().to_string() })
+        .collect();
+    if settings.off_cpu {
+        events.push(off_cpu_event_info());
+    }
+    store.set_events(events);
     for e in sampler.events() {
         tracing::info!(event = %e.desc.name, requested = %e.requested, source = e.source.as_str(),
             period_min = e.desc.period_min, period_max = e.desc.period_max, "event");
@@ -257,6 +281,36 @@ pub(super) fn register_sampler(sampler: &Sampler, store: &mut Store) -> Result<(
         .to_string();
     store.set_host_info(release, online_cpus()?);
     Ok(())
+}
+
+/// `off_cpu = true`: the off-CPU source on every online CPU, its samples in the aggregator's
+/// last slot (made for it by [`start_sampling`]) as the event after the sampler's.
+pub(super) fn start_off_cpu(
+    settings: &Settings,
+    aggregator: &Arc<Aggregator>,
+    sampler: &Sampler,
+) -> Result<Option<crate::offcpu::OffCpu>, ServiceError> {
+    if !settings.off_cpu {
+        return Ok(None);
+    }
+    let cpus = online_cpus()?;
+    let ncpus = cpus.iter().max().map_or(1, |m| *m + 1);
+    let event = u16::try_from(sampler.events().len()).unwrap_or(u16::MAX);
+    aggregator.set_time_event(event);
+    let cfg = crate::offcpu::OffCpuConfig {
+        event,
+        slot: ncpus,
+        threshold_ns: u64::try_from(settings.off_cpu_threshold.as_nanos()).unwrap_or(u64::MAX),
+        max_stack: settings.sample_max_stack,
+        ring_pages: crate::offcpu::RING_PAGES,
+        max_threads: crate::offcpu::MAX_THREADS,
+    };
+    let sink: Arc<dyn crate::types::SampleSink> = Arc::<Aggregator>::clone(aggregator);
+    let stacks = aggregator.stack_tables().cloned();
+    let o = crate::offcpu::OffCpu::start(cfg, &cpus, sink, stacks)?;
+    tracing::info!(event = crate::offcpu::EVENT_NAME, threshold = ?settings.off_cpu_threshold,
+        "off-CPU time on");
+    Ok(Some(o))
 }
 
 /// Start steps 3 and 4: processes that already exist (side-band records older than the scan

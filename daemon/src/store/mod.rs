@@ -41,9 +41,11 @@ mod slices;
 pub mod spool;
 mod stacks;
 mod summaries;
+mod symtabs;
 mod who;
 pub use rotation::{EpochSchedule, Rotation};
 pub use slices::{SliceSettings, SliceStats, ROLLUP_SLICE};
+pub use symtabs::{SymtabCounters, SYMTAB_THREAD};
 pub use who::WhoProfiles;
 
 use std::collections::HashSet;
@@ -186,6 +188,8 @@ pub struct Store {
     slices: slices::SliceAccum,
     /// Where the published profiles end on the time axis (FORMAT.md §7.3).
     fresh: fresh::Fresh,
+    /// Images whose symbol tables were handed to the symbol store's thread (FORMAT.md §10).
+    symtabs: symtabs::SymtabStore,
 }
 
 /// Thread CPU time one [`Store::tick`] spent writing the spool and publishing (ns): where the
@@ -390,7 +394,13 @@ impl Store {
             stacks: stacks::PendingStacks::default(),
             slices: slices::SliceAccum::default(),
             fresh: fresh::Fresh::default(),
+            symtabs: symtabs::SymtabStore::default(),
         }
+    }
+
+    /// What the symbol store's thread did so far (FORMAT.md §10).
+    pub fn symtab_counters(&self) -> Arc<SymtabCounters> {
+        self.symtabs.counters()
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -589,6 +599,13 @@ impl Store {
     pub fn add(&mut self, mut resolved: Resolved, lost: u64, throttled: u64) {
         self.who_add(&resolved.who);
         self.stacks_add(std::mem::take(&mut resolved.stacks));
+        // New images' symbol tables are stored by a background thread: here only a set
+        // lookup per image of the batch.
+        self.symtabs.offer(
+            &self.cfg.db,
+            self.epoch.as_ref().map(EpochId::as_str),
+            resolved.profiles.values().map(|p| &*p.image),
+        );
         let logged = &mut self.host.unknown_event_logged;
         let mut unknown_event = |ev: u16| {
             if !*logged {

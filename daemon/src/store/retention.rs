@@ -63,6 +63,19 @@ impl Store {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "store: kernel symbol snapshot retention failed"),
         }
+        // Symbol tables of builds no profile of any host and epoch names any more (the same
+        // age guard: a table is stored shortly before its profile is published).
+        let gc = self.db.as_ref().map(|db| db.gc_symtabs(now, Duration::from_secs(3600)));
+        match gc.unwrap_or(Ok(Vec::new())) {
+            Ok(ids) if !ids.is_empty() => {
+                tracing::info!(
+                    tables = ids.len(),
+                    "store: retention removed unreferenced symbol tables"
+                )
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "store: symbol table retention failed"),
+        }
         Ok(removed)
     }
 

@@ -12,11 +12,13 @@ use perf_event_open_sys::bindings as pb;
 
 pub use pb::{
     PERF_COUNT_HW_BRANCH_MISSES, PERF_COUNT_HW_CACHE_MISSES, PERF_COUNT_HW_CPU_CYCLES,
-    PERF_COUNT_HW_INSTRUCTIONS, PERF_COUNT_SW_CPU_CLOCK, PERF_COUNT_SW_PAGE_FAULTS,
-    PERF_COUNT_SW_TASK_CLOCK, PERF_RECORD_CGROUP, PERF_RECORD_COMM, PERF_RECORD_EXIT,
-    PERF_RECORD_FORK, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, PERF_RECORD_MISC_COMM_EXEC,
-    PERF_RECORD_MISC_MMAP_BUILD_ID, PERF_RECORD_MMAP2, PERF_RECORD_SAMPLE, PERF_RECORD_THROTTLE,
-    PERF_RECORD_UNTHROTTLE, PERF_TYPE_HARDWARE, PERF_TYPE_RAW, PERF_TYPE_SOFTWARE,
+    PERF_COUNT_HW_INSTRUCTIONS, PERF_COUNT_SW_CONTEXT_SWITCHES, PERF_COUNT_SW_CPU_CLOCK,
+    PERF_COUNT_SW_PAGE_FAULTS, PERF_COUNT_SW_TASK_CLOCK, PERF_RECORD_CGROUP, PERF_RECORD_COMM,
+    PERF_RECORD_EXIT, PERF_RECORD_FORK, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES,
+    PERF_RECORD_MISC_COMM_EXEC, PERF_RECORD_MISC_MMAP_BUILD_ID, PERF_RECORD_MISC_SWITCH_OUT,
+    PERF_RECORD_MISC_SWITCH_OUT_PREEMPT, PERF_RECORD_MMAP2, PERF_RECORD_SAMPLE,
+    PERF_RECORD_SWITCH_CPU_WIDE, PERF_RECORD_THROTTLE, PERF_RECORD_UNTHROTTLE, PERF_TYPE_HARDWARE,
+    PERF_TYPE_RAW, PERF_TYPE_SOFTWARE,
 };
 
 /// `misc & PERF_RECORD_MISC_CPUMODE_MASK == PERF_RECORD_MISC_KERNEL`: sample taken in kernel mode.
@@ -60,6 +62,9 @@ pub struct AttrSpec {
     /// with each sample, and keep the callchain to kernel frames (0: no copy). Every event
     /// sharing a ring must agree.
     pub user_stack: u32,
+    /// Ask for `PERF_RECORD_SWITCH_CPU_WIDE` records (`attr.context_switch`): the off-CPU
+    /// source (`crate::offcpu`) pairs them to time each thread's waits.
+    pub context_switch: bool,
 }
 
 fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
@@ -98,6 +103,11 @@ fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
     if spec.wakeup_watermark > 0 {
         attr.set_watermark(1);
         attr.__bindgen_anon_2.wakeup_watermark = spec.wakeup_watermark;
+    }
+    if spec.context_switch {
+        // With the exit records: a thread that exits while off CPU never switches in.
+        attr.set_context_switch(1);
+        attr.set_task(1);
     }
     if spec.sideband {
         // The kernel counts mmap listeners by `attr.mmap` only; `mmap2` selects the format.
@@ -434,6 +444,27 @@ pub fn poll_ring(
     })
 }
 
+/// poll(2) several ring fds and a stop eventfd with a timeout in milliseconds (the off-CPU
+/// source reads every CPU's ring from one thread). Returns whether `stop` was signalled;
+/// EINTR counts as a timeout.
+pub fn poll_rings(rings: &[&PerfFd], stop: &EventFd, timeout_ms: i32) -> io::Result<bool> {
+    let mut fds: Vec<libc::pollfd> = rings
+        .iter()
+        .map(|r| libc::pollfd { fd: r.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+        .collect();
+    fds.push(libc::pollfd { fd: stop.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+    // SAFETY: `fds` is a vector of valid pollfd structs whose length we pass.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if rc < 0 {
+        let e = last_errno();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(fds.last().is_some_and(|f| f.revents & libc::POLLIN != 0))
+}
+
 /// An eventfd used to wake every drain thread at once (it stays readable once signalled).
 #[derive(Debug)]
 pub struct EventFd {
@@ -499,8 +530,11 @@ mod tests {
             cgroup: false,
             max_stack: 0,
             user_stack: 0,
+            context_switch: false,
         };
         let a = make_attr(&spec);
+        let sw = make_attr(&AttrSpec { context_switch: true, ..spec.clone() });
+        assert_eq!((sw.context_switch(), a.context_switch()), (1, 0));
         assert_eq!(a.sample_type, SAMPLE_TYPE);
         let c = make_attr(&AttrSpec { cgroup: true, ..spec.clone() });
         assert_eq!(c.sample_type, SAMPLE_TYPE | pb::PERF_SAMPLE_CGROUP as u64);

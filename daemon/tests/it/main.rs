@@ -23,6 +23,7 @@ mod store_spool_full;
 mod store_spool_quarantine;
 mod store_summary_index;
 mod store_support;
+mod store_symtabs;
 mod store_who;
 mod store_who_profiles;
 mod thread_watch;

@@ -82,10 +82,17 @@ fn idle_samples_are_the_idle_image_and_kernel_time_is_per_process() {
     assert_eq!(w.command(7), b"kworker/0:1", "kernel threads are named from /proc/PID/comm");
     assert_eq!(w.command(0), b"swapper");
 
-    let (total, rows) = agg.top(Duration::from_secs(60), 10);
-    assert_eq!(total, 35);
+    let v = agg.top(Duration::from_secs(60), 10);
+    assert_eq!((v.totals.as_slice(), v.idle.as_slice()), (&[35][..], &[30][..]));
+    let rows = &v.rows;
     assert_eq!((rows[0].pid, rows[0].image.as_slice(), rows[0].samples), (0, &b"[idle]"[..], 30));
-    assert_eq!((rows[1].pid, rows[1].command.as_slice()), (7, &b"kworker/0:1"[..]));
+    // The kernel thread's kernel code, by offset, with no command (kept for every process).
+    assert_eq!(
+        (rows[1].command.as_slice(), rows[1].image.as_slice(), rows[1].offset, rows[1].samples),
+        (&b""[..], &b"[kernel.kallsyms]"[..], Some(0x123), 5)
+    );
+    let p = &v.processes[0];
+    assert_eq!((p.pid, p.command.as_slice(), p.samples), (7, &b"kworker/0:1"[..], 5));
 }
 
 /// Per-process profiles (`by_pid`/`by_cgroup`): off, batches carry none and every process's

@@ -1,6 +1,7 @@
 //! `--format html`: one self-contained page (inline CSS, script and SVG; nothing fetched when
 //! it is opened): the per-image table, the per-symbol tables of the top images, the flame
-//! graph and, when the selection spans several epochs, the top images' share per epoch.
+//! graph, the timeline (samples per second over time, from the slice logs) and, when the
+//! selection spans several epochs, the top images' share per epoch.
 //! Tables sort by any column on a click.
 
 use std::collections::HashMap;
@@ -112,6 +113,70 @@ fn text(s: &str) -> (String, String) {
     (s.to_owned(), xml(s))
 }
 
+/// Bar chart of the timeline: one bar per bucket, as wide as its time and as high as its
+/// samples per second (a gap where nothing was recorded), each with its numbers in a tooltip.
+/// The `<svg>` carries the bucket count and the samples drawn (`data-buckets`,
+/// `data-samples`) for tools and tests.
+fn timeline_chart(x: &Export) -> String {
+    use dcpi_report::timeline::utc;
+    let b = &x.timeline;
+    let (Some(t0), Some(t1)) = (b.first().map(|b| b.start), b.iter().map(|b| b.end).max()) else {
+        return String::new();
+    };
+    let (w, h, left, top, bottom) = (1000.0, 140.0, 60.0, 10.0, 30.0);
+    let span = (t1 - t0).max(1) as f64;
+    let rate = |b: &dcpi_report::timeline::Bucket| b.samples as f64 / b.seconds().max(1) as f64;
+    let max = b.iter().map(rate).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
+    let total: u64 = b.iter().map(|b| b.samples).sum();
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "<svg class=\"timeline\" data-buckets=\"{}\" data-samples=\"{total}\" \
+         xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" \
+         font-size=\"11\" font-family=\"sans-serif\">",
+        b.len(),
+        w + left + 10.0,
+        h + top + bottom,
+        w + left + 10.0,
+        h + top + bottom
+    );
+    let _ = write!(
+        s,
+        "<line x1=\"{left}\" y1=\"{y}\" x2=\"{x2}\" y2=\"{y}\" stroke=\"#999\"/>\
+         <text x=\"{tx}\" y=\"{ty}\" text-anchor=\"end\">{max:.0}/s</text>\
+         <text x=\"{tx}\" y=\"{y}\" text-anchor=\"end\">0</text>\
+         <text x=\"{left}\" y=\"{by}\">{}</text>\
+         <text x=\"{x2}\" y=\"{by}\" text-anchor=\"end\">{}</text>",
+        xml(&utc(t0)),
+        xml(&utc(t1)),
+        y = top + h,
+        x2 = left + w,
+        tx = left - 4.0,
+        ty = top + 10.0,
+        by = top + h + 18.0,
+    );
+    for k in b {
+        let bx = left + (k.start - t0) as f64 / span * w;
+        let bw = (k.seconds() as f64 / span * w).max(0.5);
+        let bh = rate(k) / max * h;
+        let _ = write!(
+            s,
+            "<rect class=\"bucket\" x=\"{bx:.2}\" y=\"{:.2}\" width=\"{bw:.2}\" height=\"{bh:.2}\" \
+             fill=\"#e8743b\" data-start=\"{}\" data-samples=\"{}\"><title>{} UTC, {} s: {} \
+             samples ({:.1}/s)</title></rect>",
+            top + h - bh,
+            k.start,
+            k.samples,
+            xml(&utc(k.start)),
+            k.seconds(),
+            k.samples,
+            rate(k)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
 /// Line chart of the top images' share of each epoch's events.
 fn trend(x: &Export) -> String {
     let n = x.epochs.len();
@@ -204,11 +269,25 @@ pub fn page(x: &Export, limit: Option<usize>) -> String {
         );
     }
     let several = x.epochs.len() > 1;
+    let timeline = !x.timeline.is_empty();
     s.push_str("<nav>");
+    if timeline {
+        s.push_str("<a href=\"#timeline\">Timeline</a>");
+    }
     if several {
         s.push_str("<a href=\"#trend\">Trend</a>");
     }
     s.push_str("<a href=\"#flame\">Flame graph</a><a href=\"#images\">Images</a><a href=\"#symbols\">Symbols</a></nav>\n");
+    if timeline {
+        let per = x.timeline.iter().map(dcpi_report::timeline::Bucket::seconds).min().unwrap_or(1);
+        let _ = writeln!(
+            s,
+            "<h2 id=\"timeline\">Timeline ({} samples per second, {} buckets; hover for counts)</h2>",
+            xml(x.first_event()),
+            dcpi_report::timeline::duration(per)
+        );
+        s.push_str(&timeline_chart(x));
+    }
     if several {
         s.push_str("<h2 id=\"trend\">Top images over epochs (share of each epoch's events)</h2>\n");
         s.push_str(&trend(x));

@@ -278,6 +278,8 @@ pub fn build(
         functions,
         locations,
         stacks,
+        commands: Vec::new(),
+        stack_commands: HashMap::new(),
         samples,
         hosts,
         epochs,
@@ -285,6 +287,7 @@ pub fn build(
         duration_nanos,
         image_report,
         per_epoch,
+        timeline: Vec::new(),
     })
 }
 
@@ -307,20 +310,34 @@ fn image_name_of(r: &ImageReport, p: &dcpi_report::select::LoadedProfile) -> Str
         .map_or_else(|| display_path(&h.image_path), |row| row.image.clone())
 }
 
-/// Start of the earliest epoch, and the time from it to the last summary write (what the
-/// daemons say they covered).
+/// The selection's real time range: from the start of its earliest epoch to the latest end of
+/// a host directory's sampling, where a directory's sampling ends at its epoch's start plus
+/// the time its counters ran (summary.json `time_running_ns` over its CPUs, the longest
+/// event). Not `last_written`: a restarted daemon rewrites that long after the epoch's
+/// samples (issue 39: 140 s for a 62 s epoch). A directory without recorded times falls
+/// back to `last_written`.
 fn times(loaded: &Loaded) -> (i64, i64) {
-    let start = loaded
+    let secs = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+    };
+    let start = loaded.dirs.iter().map(|d| secs(d.epoch.start_time())).reduce(f64::min);
+    let end = loaded
         .dirs
         .iter()
-        .filter_map(|d| d.epoch.start_time().duration_since(std::time::UNIX_EPOCH).ok())
-        .min();
-    let last = loaded.summaries.iter().flatten().map(|s| s.last_written).max();
-    let nanos = |d: std::time::Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
-    match (start, last) {
-        (Some(s), Some(l)) if l > s.as_secs() => {
-            (nanos(s), nanos(std::time::Duration::from_secs(l).saturating_sub(s)))
-        }
+        .enumerate()
+        .filter_map(|(i, d)| {
+            let s = loaded.summaries.get(i)?.as_ref()?;
+            let ran = s.events.iter().map(|e| e.time_running_ns).max().unwrap_or(0);
+            if ran > 0 && !s.cpus.is_empty() {
+                Some(secs(d.epoch.start_time()) + ran as f64 / 1e9 / s.cpus.len() as f64)
+            } else {
+                (s.last_written > 0).then_some(s.last_written as f64)
+            }
+        })
+        .reduce(f64::max);
+    let nanos = |s: f64| (s * 1e9).round() as i64;
+    match (start, end) {
+        (Some(s), Some(e)) if e > s => (nanos(s), nanos(e - s)),
         (Some(s), _) => (nanos(s), 0),
         _ => (0, 0),
     }
@@ -390,6 +407,8 @@ mod tests {
                 Location { image: 0, offset: 0x1100, function: 1, line: None },
             ],
             stacks: vec![vec![0], vec![1, 0]],
+            commands: Vec::new(),
+            stack_commands: HashMap::new(),
             samples: vec![sample(0, 2), sample(1, 3)],
             hosts: scope.hosts.clone(),
             epochs: scope.epochs.clone(),
@@ -405,6 +424,7 @@ mod tests {
                 rows: Vec::new(),
             },
             per_epoch: vec![HashMap::new()],
+            timeline: Vec::new(),
         }
     }
 
@@ -455,6 +475,48 @@ mod tests {
             assert!(!seen.contains(&out), "{f:?} writes what another format wrote");
             seen.push(out);
         }
+    }
+
+    /// Call stacks start at their command: folded lines and speedscope stacks put it first,
+    /// pprof samples end in a location named by it and carry a `comm` label; a flat sample's
+    /// stack keeps its image as root.
+    #[test]
+    fn stacks_are_rooted_at_their_command() {
+        let mut x = tiny();
+        x.commands = vec!["postgres".into()];
+        x.stack_commands.insert(1, 0);
+        assert_eq!(
+            x.folded(),
+            [
+                (vec!["/usr/bin/app".to_owned(), "main".to_owned()], 2),
+                (vec!["postgres".to_owned(), "main".to_owned(), "hot".to_owned()], 3)
+            ]
+        );
+        let p = pprof::profile(&x);
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let fname = |loc: u64| {
+            let l = p.location.iter().find(|l| l.id == loc).expect("location");
+            s(p.function.iter().find(|f| f.id == l.line[0].function_id).expect("function").name)
+        };
+        for sample in &p.sample {
+            let comm: Vec<&str> =
+                sample.label.iter().filter(|l| s(l.key) == "comm").map(|l| s(l.str)).collect();
+            let root = fname(*sample.location_id.last().expect("a stack"));
+            if sample.location_id.len() == 3 {
+                assert_eq!((comm.as_slice(), root), (&["postgres"][..], "postgres"));
+                assert_eq!(fname(sample.location_id[0]), "hot");
+            } else {
+                assert_eq!((comm.len(), root), (0, "main"));
+            }
+        }
+        let v = speedscope::document(&x);
+        let names: Vec<&str> = v["shared"]["frames"]
+            .as_array()
+            .expect("frames")
+            .iter()
+            .map(|f| f["name"].as_str().expect("name"))
+            .collect();
+        assert!(names.contains(&"postgres") && names.contains(&"/usr/bin/app"), "{names:?}");
     }
 
     #[test]

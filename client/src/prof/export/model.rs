@@ -66,17 +66,28 @@ pub struct Export {
     pub locations: Vec<Location>,
     /// Distinct stacks: location indices, leaf first.
     pub stacks: Vec<Vec<usize>>,
+    /// Commands (comm) that root the call stacks (FORMAT.md §13), indexed by the values of
+    /// [`Self::stack_commands`].
+    pub commands: Vec<String>,
+    /// The command of each stack that came from a stack file, by index into [`Self::stacks`]:
+    /// such a stack's root is its command, as in `stackcollapse-perf`'s output. A stack not in
+    /// it (a flat sample's) is rooted at its image.
+    pub stack_commands: HashMap<u32, u32>,
     pub samples: Vec<Sample>,
     /// Host and epoch names indexed by [`Sample::host`] and [`Sample::epoch`].
     pub hosts: Vec<String>,
     pub epochs: Vec<String>,
-    /// Start of the earliest epoch (Unix ns) and the span the summaries cover, when known.
+    /// Start of the earliest epoch (Unix ns) and the time sampled from it (see `times`).
     pub time_nanos: i64,
     pub duration_nanos: i64,
     /// The per-image report of the same selection.
     pub image_report: ImageReport,
     /// Weighted events per (epoch, image name), for trend charts.
     pub per_epoch: Vec<HashMap<String, f64>>,
+    /// Samples of the first event per time bucket (stored slice length), from the slice logs
+    /// (FORMAT.md §14): the HTML report's timeline. Empty where no slices were recorded (and
+    /// for the formats that do not draw it).
+    pub timeline: Vec<dcpi_report::timeline::Bucket>,
 }
 
 impl Export {
@@ -89,9 +100,9 @@ impl Export {
         }
         // Different addresses have the same names: merge by name.
         let mut m: HashMap<Vec<String>, u64> = HashMap::new();
-        for (st, &n) in self.stacks.iter().zip(&per_stack) {
+        for (i, &n) in per_stack.iter().enumerate() {
             if n > 0 {
-                *m.entry(self.frames(st)).or_default() += n;
+                *m.entry(self.frames(i as u32)).or_default() += n;
             }
         }
         let mut v: Vec<(Vec<String>, u64)> = m.into_iter().filter(|(_, c)| *c > 0).collect();
@@ -99,10 +110,19 @@ impl Export {
         v
     }
 
-    /// Frame names of a stack, root first: the image of the outermost location, then functions.
-    pub fn frames(&self, stack: &[usize]) -> Vec<String> {
+    /// The command of stack `stack` (index into [`Self::stacks`]), if it came from a stack file.
+    pub fn command(&self, stack: u32) -> Option<&str> {
+        self.stack_commands.get(&stack).map(|&c| self.commands[c as usize].as_str())
+    }
+
+    /// Frame names of stack `stack` (index into [`Self::stacks`]), root first: its command
+    /// (call stacks) or the image of its outermost location (flat samples), then functions.
+    pub fn frames(&self, stack_ix: u32) -> Vec<String> {
+        let stack = &self.stacks[stack_ix as usize];
         let mut f = Vec::with_capacity(stack.len() + 1);
-        if let Some(&outer) = stack.last() {
+        if let Some(c) = self.command(stack_ix) {
+            f.push(c.to_owned());
+        } else if let Some(&outer) = stack.last() {
             f.push(self.images[self.locations[outer].image].name.clone());
         }
         for &l in stack.iter().rev() {

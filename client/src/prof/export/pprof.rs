@@ -10,7 +10,11 @@
 //!   `address - memory_start + file_offset` is what pprof hands its symbolizer.
 //! * Functions and Lines from dcpi's symbolizer: demangled name, symbol-table name, and with
 //!   `--lines` source file and line.
-//! * String labels `host` and `epoch` on every sample.
+//! * String labels `host` and `epoch` on every sample; samples of call stacks (FORMAT.md §13)
+//!   also carry `comm`, the command that ran them, and end in a synthetic Location (no mapping)
+//!   whose function is that command, so that the stack's root is the command as in folded
+//!   stacks. Stacks read from files written before commands were kept have the command
+//!   `[unknown command]`.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -62,6 +66,8 @@ fn weighted_type(event: &str) -> (String, &'static str) {
     match event {
         "cpu-clock" => ("cpu".to_owned(), "nanoseconds"),
         "task-clock" => ("task-clock".to_owned(), "nanoseconds"),
+        // dcpid's off-CPU time: its counts are nanoseconds (period 1).
+        "off-cpu" => ("off-cpu".to_owned(), "nanoseconds"),
         e => (e.to_owned(), "events"),
     }
 }
@@ -89,7 +95,7 @@ pub fn profile(x: &Export) -> proto::Profile {
         let (t, u) = weighted_type(&e.name);
         sample_type.push(proto::ValueType { r#type: st.get(&t), unit: st.get(u) });
     }
-    let mapping = table(&x.images, |i, img| {
+    let mut mapping = table(&x.images, |i, img| {
         let start = mapping_start(i);
         let lines = x.locations.iter().any(|l| l.image == i && l.line.is_some());
         proto::Mapping {
@@ -105,6 +111,28 @@ pub fn profile(x: &Export) -> proto::Profile {
             has_inline_frames: false,
         }
     });
+    // pprof takes the first mapping for the profile's main binary (`File:` in its reports):
+    // the user image with the most samples, or, when no user image was sampled, a mapping
+    // without a file (not the kernel, which would otherwise be named as the program).
+    match main_image(x) {
+        Some(i) => {
+            let m = mapping.remove(i);
+            mapping.insert(0, m);
+        }
+        None if !mapping.is_empty() => {
+            let start = mapping_start(x.images.len());
+            mapping.insert(
+                0,
+                proto::Mapping {
+                    id: pprof_id(x.images.len()),
+                    memory_start: start,
+                    memory_limit: start + 0x1000,
+                    ..Default::default()
+                },
+            );
+        }
+        None => {}
+    }
     let function = table(&x.functions, |i, f| proto::Function {
         id: pprof_id(i),
         name: st.get(&f.name),
@@ -112,7 +140,21 @@ pub fn profile(x: &Export) -> proto::Profile {
         filename: f.file.as_deref().map_or(0, |p| st.get(p)),
         start_line: 0,
     });
-    let location = table(&x.locations, |i, l| proto::Location {
+    let mut function = function;
+    // Call stacks start at their command (FORMAT.md §13): one synthetic function and location
+    // (no mapping) per command, the outermost frame of its stacks, as in folded stacks.
+    let (fn0, loc0) = (x.functions.len(), x.locations.len());
+    for (i, c) in x.commands.iter().enumerate() {
+        let name = st.get(c);
+        function.push(proto::Function {
+            id: pprof_id(fn0 + i),
+            name,
+            system_name: name,
+            filename: 0,
+            start_line: 0,
+        });
+    }
+    let mut location = table(&x.locations, |i, l| proto::Location {
         id: pprof_id(i),
         mapping_id: pprof_id(l.image),
         address: mapping_start(l.image) + l.offset,
@@ -123,7 +165,16 @@ pub fn profile(x: &Export) -> proto::Profile {
         }],
         is_folded: false,
     });
+    location.extend((0..x.commands.len()).map(|i| proto::Location {
+        id: pprof_id(loc0 + i),
+        mapping_id: 0,
+        address: 0,
+        line: vec![proto::Line { function_id: pprof_id(fn0 + i), line: 0, column: 0 }],
+        is_folded: false,
+    }));
     let (host_key, epoch_key) = (st.get("host"), st.get("epoch"));
+    let comm_key = if x.commands.is_empty() { 0 } else { st.get("comm") };
+    let comm_str: Vec<i64> = x.commands.iter().map(|c| st.get(c)).collect();
     let host_str: Vec<i64> = x.hosts.iter().map(|h| st.get(h)).collect();
     let epoch_str: Vec<i64> = x.epochs.iter().map(|e| st.get(e)).collect();
     let sample = x
@@ -135,14 +186,21 @@ pub fn profile(x: &Export) -> proto::Profile {
             value[2 * s.event as usize] = i64::try_from(s.samples).unwrap_or(i64::MAX);
             value[2 * s.event as usize + 1] = s.events.round() as i64;
             let label = |key: i64, str: i64| proto::Label { key, str, num: 0, num_unit: 0 };
-            proto::Sample {
-                location_id: x.stack(s).iter().copied().map(pprof_id).collect(),
-                value,
-                label: vec![
-                    label(host_key, host_str[s.host as usize]),
-                    label(epoch_key, epoch_str[s.epoch as usize]),
-                ],
+            let mut location_id: Vec<u64> = x.stack(s).iter().copied().map(pprof_id).collect();
+            let mut label = vec![
+                label(host_key, host_str[s.host as usize]),
+                label(epoch_key, epoch_str[s.epoch as usize]),
+            ];
+            if let Some(&c) = x.stack_commands.get(&s.stack) {
+                location_id.push(pprof_id(loc0 + c as usize));
+                label.push(proto::Label {
+                    key: comm_key,
+                    str: comm_str[c as usize],
+                    num: 0,
+                    num_unit: 0,
+                });
             }
+            proto::Sample { location_id, value, label }
         })
         .collect();
     let (period_type, period, default_sample_type) = match x.events.first() {
@@ -179,6 +237,19 @@ pub fn profile(x: &Export) -> proto::Profile {
         default_sample_type,
         doc_url: 0,
     }
+}
+
+/// The user image (an ELF file mapped by a process) with the most samples, if any.
+fn main_image(x: &Export) -> Option<usize> {
+    let mut samples = vec![0u64; x.images.len()];
+    for s in &x.samples {
+        if let Some(&leaf) = x.stack(s).first() {
+            samples[x.locations[leaf].image] += s.samples;
+        }
+    }
+    (0..x.images.len())
+        .filter(|&i| x.images[i].kind == "elf" && samples[i] > 0)
+        .max_by_key(|&i| (samples[i], std::cmp::Reverse(i)))
 }
 
 /// The gzipped encoding pprof reads.

@@ -1,7 +1,7 @@
 //! `--format speedscope`: speedscope's JSON file format
 //! (<https://github.com/jlfwong/speedscope/wiki/Importing-from-custom-sources>), one "sampled"
 //! profile per event weighted by its event estimate (nanoseconds for cpu-clock and task-clock),
-//! frames `image` then `function` root first as in folded stacks.
+//! frames `image` (call stacks: the command) then `function` root first as in folded stacks.
 
 use std::collections::HashMap;
 
@@ -11,11 +11,14 @@ use super::model::Export;
 
 pub fn document(x: &Export) -> Value {
     let mut frames: Vec<Value> = Vec::new();
-    let mut index: HashMap<(bool, usize), usize> = HashMap::new();
-    let mut frame = |is_image: bool, i: usize| -> usize {
-        *index.entry((is_image, i)).or_insert_with(|| {
-            let v = if is_image {
+    // Keyed by (0 image, 1 function, 2 command; index).
+    let mut index: HashMap<(u8, usize), usize> = HashMap::new();
+    let mut frame = |what: u8, i: usize| -> usize {
+        *index.entry((what, i)).or_insert_with(|| {
+            let v = if what == 0 {
                 json!({ "name": x.images[i].name })
+            } else if what == 2 {
+                json!({ "name": x.commands[i] })
             } else {
                 let f = &x.functions[i];
                 match &f.file {
@@ -33,14 +36,18 @@ pub fn document(x: &Export) -> Value {
         for s in x.samples.iter().filter(|s| s.event as usize == ei && s.samples > 0) {
             let st = x.stack(s);
             let Some(&outer) = st.last() else { continue };
-            let mut stack = vec![frame(true, x.locations[outer].image)];
-            stack.extend(st.iter().rev().map(|&l| frame(false, x.locations[l].function)));
+            let root = match x.stack_commands.get(&s.stack) {
+                Some(&c) => frame(2, c as usize),
+                None => frame(0, x.locations[outer].image),
+            };
+            let mut stack = vec![root];
+            stack.extend(st.iter().rev().map(|&l| frame(1, x.locations[l].function)));
             *merged.entry(stack).or_default() += s.events;
         }
         let mut merged: Vec<(Vec<usize>, f64)> = merged.into_iter().collect();
         merged.sort_by(|a, b| a.0.cmp(&b.0));
         let total: f64 = merged.iter().map(|m| m.1.round()).sum();
-        let unit = if matches!(e.name.as_str(), "cpu-clock" | "task-clock") {
+        let unit = if matches!(e.name.as_str(), "cpu-clock" | "task-clock" | "off-cpu") {
             "nanoseconds"
         } else {
             "none"

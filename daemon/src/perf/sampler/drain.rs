@@ -18,9 +18,10 @@ use super::{lock, CpuRing, CpuStats, Shared, NO_CLOCK};
 /// was taken just before they were written.
 pub(super) const DRAIN_SLACK_NS: u64 = 1_000_000;
 
-/// How often each drain thread reads `time_enabled/time_running` of its fds: they go into the
-/// summary at flushes (5 s by default) and once more when the thread stops, so a read at most
-/// every few wake-ups (a syscall each) is enough.
+/// How often each drain thread reads `time_enabled/time_running` of its fds between cuts: they
+/// go into the summary at flushes (5 s by default), and each cut (a flush, a new epoch) and the
+/// thread's stop read them once more, so a read at most every few wake-ups (a syscall each) is
+/// enough.
 pub(super) const TIMES_INTERVAL_NS: u64 = 5_000_000_000;
 
 /// At most one loss/throttle warning per CPU per this interval.
@@ -438,6 +439,10 @@ impl<'a> Drainer<'a> {
             let r = self.wait();
             if r.woken {
                 self.honour_barrier();
+                // A cut (flush, new epoch) is asking: the counters' times go with the samples
+                // of this pass, so an epoch's summary says how long it was sampled to within
+                // the cut, not up to TIMES_INTERVAL_NS late (dcpidiff divides counts by it).
+                self.read_times(true);
             }
             (r.hangup, r.readable || r.woken || r.hangup || self.read_due())
         };

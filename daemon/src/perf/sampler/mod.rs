@@ -346,6 +346,7 @@ fn attr_for(
         cgroup: false,
         max_stack: shared_cfg.stacks.as_ref().map_or(0, |t| t.max_stack()),
         user_stack: shared_cfg.stacks.as_ref().map_or(0, |t| t.user_stack()),
+        context_switch: false,
     }
 }
 

@@ -1,0 +1,519 @@
+//! Off-CPU time (`off_cpu = true`): where threads wait, with the stack that made them wait.
+//!
+//! MECHANISM (issue 40, chosen by measurement; BENCHMARKS.md "Off-CPU"): on every CPU, perf's
+//! software `context-switches` event with `sample_period = 1` and `PERF_SAMPLE_CALLCHAIN`
+//! (each switch-out of a thread is a sample taken in the scheduler, in the context of the
+//! thread that leaves, so its callchain is the blocking stack: kernel frames through ORC, user
+//! frames through frame pointers), plus `attr.context_switch`, which adds a
+//! `PERF_RECORD_SWITCH_CPU_WIDE` record at every switch-out (flagged
+//! `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT` when the thread was preempted, i.e. still runnable:
+//! that is not a wait) and every switch-in, and `attr.task` for the exit records. The
+//! alternatives: the `sched:sched_switch` tracepoint needs tracefs mounted to learn its id
+//! (not mounted by default here) and gives the same data per switch at about the same cost;
+//! a BPF program aggregating in the kernel (as `perf record --off-cpu` does) writes nothing per
+//! switch, but building one needs a BPF toolchain (clang with the bpf target or bpf-linker for
+//! aya), which this build does not have and a Rust daemon should not require at run time. The
+//! perf-event way costs one sample and two small records per context switch; measured on the
+//! loaded 2-vCPU VM with a debug build, dcpid spends ~3 µs per switch on them (~6 % of one CPU
+//! at 10 000 switches/s/CPU, above the issue's 1 % target; the release build is not measured
+//! yet) and the kernel's per-switch call chain slows a pipe ping-pong about as much as perf
+//! recording the same events (BENCHMARKS.md "Off-CPU time"). Hence `off_cpu` is off by default.
+//!
+//! One thread (`dcpi-offcpu`) reads every CPU's ring (watermark wake-ups at half a ring, else
+//! every [`POLL_MS`]), joins each switch-out sample with the switch-out record that follows it
+//! in the same ring, and pairs switch-outs with switch-ins across CPUs ([`pairing`]) below a
+//! watermark: the instant the pass began minus [`SLACK_NS`] (one thread reads every ring, so
+//! every record older than that has been read). Each finished wait becomes one sample of the
+//! `off-cpu` event for the aggregator, weighted by the wait in nanoseconds (its `period`),
+//! time-stamped at the switch-in (the wait counts in the epoch and slice where it ended), at
+//! the **user pc where the thread entered the kernel** (the syscall in libc, the first user
+//! frame of the chain; a kernel thread's waits are at the kernel pc of the switch). The kernel
+//! pc of every switch is the scheduler's, so it would put all waits in one function; the
+//! syscall site names what the thread waited for, and the stack (kernel part included: the
+//! pipe read, the futex, the disk) says why. The aggregator counts the off-CPU event's
+//! nanoseconds, not its samples (FORMAT.md §5.2: counts in nanoseconds, period 1).
+//!
+//! The samples go to the aggregator as those of an extra CPU slot (`ncpus`, its own clock,
+//! table and stack table), so that they never disorder a real CPU's pending samples.
+//! Waits shorter than `off_cpu_threshold` are counted in the flat profiles but get no stack.
+//! The idle task (pid 0) is never counted.
+
+pub mod pairing;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::perf::callchain::{process_chain, StackTables};
+use crate::perf::records::{self, Record};
+use crate::perf::ring::{RawRecord, RingReader};
+use crate::resolve::KERNEL_START;
+use crate::sys::perf::{self as sp, AttrSpec, EventFd, PerfFd, RingMap};
+use crate::types::{EventIdx, Sample, SampleSink, SideBand};
+
+use pairing::{Blocking, Kind, Pairing, Switch, Wait};
+
+/// The event's name in profiles and reports.
+pub const EVENT_NAME: &str = "off-cpu";
+/// The reading thread's name.
+pub const THREAD: &str = "dcpi-offcpu";
+/// Longest sleep between two reads of the rings, in milliseconds.
+pub const POLL_MS: i32 = 250;
+/// Records older than the start of a pass minus this have all been read.
+pub const SLACK_NS: u64 = 1_000_000;
+/// Data pages of each CPU's ring: at ~250 bytes per switch (a sample with a 20-frame chain and
+/// two switch records), 1 MiB holds ~4 000 switches, 0.4 s at 10 000/s with wake-ups at half.
+pub const RING_PAGES: usize = 256;
+/// Threads off CPU tracked at most (each holds its blocking stack, ≤ `sample_max_stack` pcs).
+pub const MAX_THREADS: usize = 16 * 1024;
+
+/// What the off-CPU source needs.
+#[derive(Clone, Debug)]
+pub struct OffCpuConfig {
+    /// Index of the `off-cpu` event in the daemon's event list.
+    pub event: EventIdx,
+    /// The CPU id the aggregator knows the source's samples by (`ncpus`: its own slot).
+    pub slot: u32,
+    /// Waits shorter than this get no stack.
+    pub threshold_ns: u64,
+    /// Deepest chain asked of the kernel.
+    pub max_stack: u16,
+    pub ring_pages: usize,
+    pub max_threads: usize,
+}
+
+/// Errors starting the source.
+#[derive(Debug, thiserror::Error)]
+pub enum OffCpuError {
+    #[error("off-CPU: cannot open the context-switches event on CPU {cpu}: {source}")]
+    Open { cpu: u32, source: io::Error },
+    #[error("off-CPU: cannot map the ring of CPU {cpu}: {source}")]
+    Map { cpu: u32, source: io::Error },
+    #[error("off-CPU: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Counters of the source (monotonic since start), for `dcpictl status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuStatus {
+    /// Context switches seen (switch-out records, voluntary or not, idle excluded).
+    pub switches: u64,
+    /// Waits timed and handed to the aggregator.
+    pub waits: u64,
+    /// Their total, nanoseconds.
+    pub off_cpu_ns: u64,
+    /// Waits without a stack (shorter than the threshold, or the stack table was full).
+    pub waits_without_stack: u64,
+    /// Records the kernel dropped (`PERF_RECORD_LOST`).
+    pub lost: u64,
+    /// Waits lost to pairing: switch-in lost, sample lost, evicted at the thread bound.
+    pub unpaired: u64,
+    /// Threads off CPU now.
+    pub open: u64,
+    /// The reading thread's CPU time, nanoseconds.
+    pub cpu_ns: u64,
+    pub passes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    switches: AtomicU64,
+    waits: AtomicU64,
+    off_cpu_ns: AtomicU64,
+    without_stack: AtomicU64,
+    lost: AtomicU64,
+    unpaired: AtomicU64,
+    open: AtomicU64,
+    cpu_ns: AtomicU64,
+    passes: AtomicU64,
+}
+
+/// The running source: stop it with [`OffCpu::stop`] (also on drop).
+#[derive(Debug)]
+pub struct OffCpu {
+    stop: Arc<EventFd>,
+    stopping: Arc<AtomicBool>,
+    stats: Arc<Stats>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct CpuRing {
+    cpu: u32,
+    fd: PerfFd,
+    ring: RingMap,
+    /// The last switch sample read, waiting for the switch-out record that follows it.
+    last: LastSample,
+}
+
+impl OffCpu {
+    /// Open the event on every CPU of `cpus` and start the reading thread.
+    pub fn start(
+        cfg: OffCpuConfig,
+        cpus: &[u32],
+        sink: Arc<dyn SampleSink>,
+        stacks: Option<Arc<StackTables>>,
+    ) -> Result<Self, OffCpuError> {
+        let pages = cfg.ring_pages.max(1).next_power_of_two();
+        let wm = pages * sp::page_size() / 2;
+        let spec = AttrSpec {
+            perf_type: sp::PERF_TYPE_SOFTWARE,
+            config: u64::from(sp::PERF_COUNT_SW_CONTEXT_SWITCHES),
+            period: 1,
+            sideband: false,
+            build_id: false,
+            wakeup_watermark: u32::try_from(wm).unwrap_or(u32::MAX),
+            cgroup: false,
+            max_stack: cfg.max_stack.max(1),
+            user_stack: 0,
+            context_switch: true,
+        };
+        let mut rings = Vec::with_capacity(cpus.len());
+        for &cpu in cpus {
+            let fd =
+                PerfFd::open(&spec, cpu).map_err(|source| OffCpuError::Open { cpu, source })?;
+            let ring =
+                RingMap::new(&fd, pages).map_err(|source| OffCpuError::Map { cpu, source })?;
+            rings.push(CpuRing { cpu, fd, ring, last: LastSample::default() });
+        }
+        for r in &rings {
+            r.fd.enable().map_err(|source| OffCpuError::Open { cpu: r.cpu, source })?;
+        }
+        let stop = Arc::new(EventFd::new()?);
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Stats::default());
+        let mut reader = Reader {
+            pairing: Pairing::new(cfg.max_threads),
+            cfg,
+            rings,
+            ring_reader: RingReader::new(),
+            sink,
+            stacks,
+            stats: Arc::clone(&stats),
+            waits: Vec::new(),
+            samples: Vec::new(),
+        };
+        let (stop2, stopping2) = (Arc::clone(&stop), Arc::clone(&stopping));
+        let thread = std::thread::Builder::new()
+            .name(THREAD.into())
+            .spawn(move || reader.run(&stop2, &stopping2))?;
+        Ok(Self { stop, stopping, stats, thread: Some(thread) })
+    }
+
+    /// Counters since start.
+    pub fn status(&self) -> OffCpuStatus {
+        let s = &self.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        OffCpuStatus {
+            switches: l(&s.switches),
+            waits: l(&s.waits),
+            off_cpu_ns: l(&s.off_cpu_ns),
+            waits_without_stack: l(&s.without_stack),
+            lost: l(&s.lost),
+            unpaired: l(&s.unpaired),
+            open: l(&s.open),
+            cpu_ns: l(&s.cpu_ns),
+            passes: l(&s.passes),
+        }
+    }
+
+    /// Disable the events, deliver a last pass and join the thread.
+    pub fn stop(&mut self) {
+        self.stopping.store(true, Ordering::Release);
+        drop(self.stop.signal());
+        if let Some(t) = self.thread.take() {
+            drop(t.join());
+        }
+    }
+}
+
+impl Drop for OffCpu {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Reader {
+    cfg: OffCpuConfig,
+    rings: Vec<CpuRing>,
+    ring_reader: RingReader,
+    pairing: Pairing,
+    sink: Arc<dyn SampleSink>,
+    stacks: Option<Arc<StackTables>>,
+    stats: Arc<Stats>,
+    waits: Vec<Wait>,
+    samples: Vec<Sample>,
+}
+
+impl Reader {
+    fn run(&mut self, stop: &EventFd, stopping: &AtomicBool) {
+        let clock = crate::sys::time::own_thread_clock();
+        loop {
+            let fds: Vec<&PerfFd> = self.rings.iter().map(|r| &r.fd).collect();
+            if let Err(e) = sp::poll_rings(&fds, stop, POLL_MS) {
+                tracing::warn!(error = %e, "off-CPU: poll failed; reading on a timer");
+                std::thread::sleep(std::time::Duration::from_millis(POLL_MS as u64));
+            }
+            let last = stopping.load(Ordering::Acquire);
+            if last {
+                for r in &self.rings {
+                    drop(r.fd.disable());
+                }
+            }
+            self.pass();
+            if let Some(c) = clock.and_then(crate::sys::time::clock_ns) {
+                self.stats.cpu_ns.store(c, Ordering::Relaxed);
+            }
+            if last {
+                return;
+            }
+        }
+    }
+
+    /// Read every ring, pair what is below the watermark and hand the waits over.
+    fn pass(&mut self) {
+        let now = crate::sys::time::monotonic_ns();
+        let max_stack = usize::from(self.cfg.max_stack.max(1));
+        let mut lost = 0;
+        let mut switches = 0;
+        for r in &mut self.rings {
+            let pairing = &mut self.pairing;
+            let last = &mut r.last;
+            self.ring_reader.drain(&r.ring, |rec| match on_record(rec, max_stack, last) {
+                Rec::Switch(s) => {
+                    if matches!(s.kind, Kind::Out { .. }) && s.tid != 0 {
+                        switches += 1;
+                    }
+                    pairing.push(s);
+                }
+                Rec::Nothing => {}
+                Rec::Lost(n) => lost += n,
+            });
+        }
+        let wm = now.saturating_sub(SLACK_NS);
+        self.pairing.advance(wm, &mut self.waits);
+        self.emit(wm);
+        let s = &self.stats;
+        s.switches.fetch_add(switches, Ordering::Relaxed);
+        s.lost.fetch_add(lost, Ordering::Relaxed);
+        let c = self.pairing.counters;
+        s.unpaired.store(c.unpaired + c.unattributed + c.evicted, Ordering::Relaxed);
+        s.open.store(self.pairing.open_waits() as u64, Ordering::Relaxed);
+        s.passes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn emit(&mut self, wm: u64) {
+        let mut total = 0u64;
+        let mut without = 0u64;
+        let n = self.waits.len() as u64;
+        let mut table = self.stacks.as_ref().map(|t| t.cpu(self.cfg.slot));
+        if let Some(t) = table.as_mut() {
+            t.begin_pass();
+        }
+        for w in self.waits.drain(..) {
+            let ns = w.ns();
+            total = total.saturating_add(ns);
+            let stack = match table.as_mut() {
+                Some(t) if ns >= self.cfg.threshold_ns && !w.blocking.pcs.is_empty() => {
+                    t.intern_pcs(&w.blocking.pcs, w.blocking.truncated)
+                }
+                _ => 0,
+            };
+            without += u64::from(stack == 0);
+            self.samples.push(Sample {
+                time: w.end,
+                pid: w.blocking.pid,
+                pc: w.blocking.pc,
+                event: self.cfg.event,
+                period: ns.max(1),
+                kernel: w.blocking.kernel,
+                cgroup: 0,
+                stack,
+            });
+        }
+        drop(table);
+        // Every pass reports, with or without waits: the slot's clock must stay fresh.
+        self.sink.on_drain(self.cfg.slot, wm, &mut self.samples, &mut Vec::new());
+        self.samples.clear();
+        if let Some(t) = self.stacks.as_ref() {
+            t.cpu(self.cfg.slot).end_pass();
+        }
+        let s = &self.stats;
+        s.waits.fetch_add(n, Ordering::Relaxed);
+        s.off_cpu_ns.fetch_add(total, Ordering::Relaxed);
+        s.without_stack.fetch_add(without, Ordering::Relaxed);
+    }
+}
+
+/// What a record of a CPU's ring means to the source.
+enum Rec {
+    Switch(Switch),
+    Lost(u64),
+    Nothing,
+}
+
+/// The last switch sample of a CPU, until the switch-out record that follows it says whether
+/// the thread blocked: only then is its chain copied out (half the switches of a loaded
+/// machine are preemptions, whose chains are dropped).
+#[derive(Debug, Default)]
+struct LastSample {
+    valid: bool,
+    tid: u32,
+    pid: u32,
+    ip: u64,
+    truncated: bool,
+    /// Leaf-first pcs (reused: no allocation per sample).
+    pcs: Vec<u64>,
+}
+
+impl LastSample {
+    /// The blocking stack, if this sample is the switch-out of `tid`.
+    fn take(&mut self, tid: u32, voluntary: bool) -> Option<Blocking> {
+        if !std::mem::take(&mut self.valid) || self.tid != tid || !voluntary {
+            return None;
+        }
+        let (pc, kernel) = match self.pcs.iter().copied().find(|&pc| pc < KERNEL_START) {
+            Some(pc) => (pc, false),
+            None => (self.ip, true),
+        };
+        Some(Blocking {
+            pid: self.pid,
+            pc,
+            kernel,
+            pcs: self.pcs.as_slice().into(),
+            truncated: self.truncated,
+        })
+    }
+}
+
+/// One record of a CPU's ring. A switch sample is kept in `last` until the switch-out record of
+/// the same thread that follows it.
+fn on_record(rec: RawRecord<'_>, max_stack: usize, last: &mut LastSample) -> Rec {
+    match rec.kind {
+        sp::PERF_RECORD_SAMPLE => {
+            let Some(s) = records::parse_sample_cc(rec.misc, rec.body, true) else {
+                return Rec::Nothing;
+            };
+            if s.tid == 0 {
+                return Rec::Nothing;
+            }
+            let chain = records::sample_callchain(&s, rec.body);
+            last.truncated = process_chain(chain, max_stack, &mut last.pcs).unwrap_or(false);
+            (last.valid, last.tid, last.pid, last.ip) = (true, s.tid, s.pid, s.ip);
+            Rec::Nothing
+        }
+        sp::PERF_RECORD_SWITCH_CPU_WIDE => {
+            let Some((_, id)) = records::split_trailer(rec.body) else { return Rec::Nothing };
+            let misc = u32::from(rec.misc);
+            if misc & sp::PERF_RECORD_MISC_SWITCH_OUT != 0 {
+                let voluntary = misc & sp::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT == 0;
+                let blocking = last.take(id.tid, voluntary);
+                let kind = Kind::Out { voluntary, blocking };
+                Rec::Switch(Switch { time: id.time, tid: id.tid, kind })
+            } else {
+                Rec::Switch(Switch { time: id.time, tid: id.tid, kind: Kind::In })
+            }
+        }
+        _ => match records::parse_record(rec) {
+            Record::SideBand(t) => match t.record {
+                SideBand::Exit { tid, .. } => {
+                    Rec::Switch(Switch { time: t.time, tid, kind: Kind::Exit })
+                }
+                _ => Rec::Nothing,
+            },
+            Record::Lost { lost } => Rec::Lost(lost),
+            _ => Rec::Nothing,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KPC: u64 = 0xffff_ffff_8100_0000;
+
+    fn u64s(v: &[u64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    /// A sample body of the off-CPU event: IDENTIFIER, IP, PID/TID, TIME, CPU, CALLCHAIN.
+    fn sample_body(pid: u32, tid: u32, time: u64, chain: &[u64]) -> Vec<u8> {
+        let ids = u64::from(pid) | (u64::from(tid) << 32);
+        let mut v = vec![9, KPC, ids, time, 0, chain.len() as u64];
+        v.extend_from_slice(chain);
+        u64s(&v)
+    }
+
+    /// A `PERF_RECORD_SWITCH_CPU_WIDE` body: next/prev pid and tid, then the `sample_id`.
+    fn switch_body(pid: u32, tid: u32, time: u64) -> Vec<u8> {
+        let ids = u64::from(pid) | (u64::from(tid) << 32);
+        u64s(&[0, ids, time, 0, 9])
+    }
+
+    fn rec(kind: u32, misc: u16, body: &[u8]) -> RawRecord<'_> {
+        RawRecord { kind, misc, body }
+    }
+
+    #[test]
+    fn a_switch_sample_and_its_switch_out_record_make_one_blocking_stack() {
+        let ctx_kernel = -128i64 as u64;
+        let ctx_user = -512i64 as u64;
+        let chain = [ctx_kernel, KPC, KPC + 0x40, ctx_user, 0x40_1000, 0x40_2005];
+        let mut last = LastSample::default();
+        let out = sp::PERF_RECORD_MISC_SWITCH_OUT as u16;
+        let preempt = out | sp::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT as u16;
+        let sample = sample_body(7, 42, 100, &chain);
+        let sw = switch_body(7, 42, 101);
+
+        // Blocked: the wait is at the user pc where the thread entered the kernel.
+        let r = on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last);
+        assert!(matches!(r, Rec::Nothing));
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &sw), 64, &mut last)
+        else {
+            panic!("no switch")
+        };
+        assert_eq!((s.time, s.tid), (101, 42));
+        let Kind::Out { voluntary: true, blocking: Some(b) } = s.kind else { panic!("{s:?}") };
+        assert_eq!((b.pid, b.pc, b.kernel), (7, 0x40_1000, false));
+        assert_eq!(*b.pcs, [KPC, KPC + 0x3f, 0x40_1000, 0x40_2004]);
+
+        // Preempted: a switch-out without a blocking stack (not a wait).
+        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last);
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, preempt, &sw), 64, &mut last)
+        else {
+            panic!("no switch")
+        };
+        assert_eq!(s.kind, Kind::Out { voluntary: false, blocking: None });
+
+        // A kernel thread (no user frames) waits at the kernel pc; a switch-out of another
+        // thread does not take this one's sample.
+        let k = sample_body(3, 3, 200, &[ctx_kernel, KPC + 8]);
+        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last);
+        let other = switch_body(5, 5, 201);
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &other), 64, &mut last)
+        else {
+            panic!("no switch")
+        };
+        assert_eq!(s.kind, Kind::Out { voluntary: true, blocking: None });
+        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last);
+        let kt = switch_body(3, 3, 202);
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &kt), 64, &mut last)
+        else {
+            panic!("no switch")
+        };
+        let Kind::Out { blocking: Some(b), .. } = s.kind else { panic!("{s:?}") };
+        assert_eq!((b.pc, b.kernel), (KPC, true));
+
+        // A switch-in.
+        let Rec::Switch(s) = on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, 0, &sw), 64, &mut last)
+        else {
+            panic!("no switch")
+        };
+        assert_eq!(s.kind, Kind::In);
+    }
+}

@@ -1,0 +1,148 @@
+//! End-to-end test of off-CPU time (`dcpid --off-cpu true`, event `off-cpu`, issue 40): a
+//! thread that blocks 60 % of its blocked time in `read()` on a pipe through `wait_a` and 40 % in
+//! `nanosleep` through `wait_b`, and a busy loop that never blocks.
+
+use std::process::Command;
+
+use dcpi_e2e::Sandbox;
+
+/// The main thread alternates `wait_a` (pipe read, a feeder thread writes 6 ms later) and
+/// `wait_b` (nanosleep, 2/3 of `wait_a`'s total); prints both totals in nanoseconds.
+const WAIT_C: &str = include_str!("offcpu_wait.c");
+/// Spins for argv[1] seconds of wall time; prints the wall nanoseconds.
+const BUSY_C: &str = include_str!("busy_loop.c");
+
+/// `-O0` with frame pointers: every function keeps its frame, so the kernel's frame-pointer
+/// walk of the user stack finds `wait_a` / `wait_b` / `spin`.
+fn build(dir: &std::path::Path, name: &str, source: &str) -> std::path::PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).expect("write source");
+    let bin = dir.join(name);
+    let st = Command::new("cc")
+        .args(["-O0", "-fno-omit-frame-pointer", "-pthread", "-Wl,--build-id=sha1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed");
+    bin
+}
+
+/// The numbers a workload printed on its stdout.
+fn printed(bin: &std::path::Path, arg: &str) -> Vec<u64> {
+    let out = Command::new(bin).arg(arg).output().expect("run workload");
+    assert!(out.status.success(), "{}: {}", bin.display(), out.status);
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|w| w.parse().expect("a number"))
+        .collect()
+}
+
+/// Nanoseconds of the folded stacks (`frame;frame;... count`) that contain `frames`.
+fn folded_ns(folded: &str, frames: &str) -> u64 {
+    folded
+        .lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(stack, _)| format!("{stack};").contains(frames))
+        .map(|(_, n)| n.parse::<u64>().expect("folded count"))
+        .sum()
+}
+
+#[dcpi_testkit::test(perf)]
+fn off_cpu_time_splits_by_blocking_stack_and_a_busy_loop_has_none() {
+    let _one = dcpi_e2e::machine_wide_stacks();
+    let sb = Sandbox::new();
+    let dir = sb.dir.path();
+    let wait = build(dir, "offcpu_wait", WAIT_C);
+    let busy = build(dir, "busy_loop", BUSY_C);
+    let host = "e2e-offcpu";
+    let mut d = sb.start_daemon(
+        host,
+        &[
+            "--events",
+            "cpu-clock:1000000",
+            "--flush-interval",
+            "1s",
+            "--callchains",
+            "fp",
+            "--off-cpu",
+            "true",
+        ],
+    );
+    // ~250 rounds of 6 ms + 4 ms: 2.5 s on an idle machine, more on a loaded one.
+    let w = printed(&wait, "250");
+    let (a_wall, b_wall) = (w[0], w[1]);
+    let busy_wall = printed(&busy, "2")[0];
+    let fl = d.ctl(&["flush"]);
+    assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
+    // dcpictl status shows the source's rate and its own cost.
+    let status = d.status_json();
+    let oc = &status["off_cpu"];
+    let num = |k: &str| oc[k].as_f64().unwrap_or_else(|| panic!("off_cpu.{k}: {status:#}"));
+    assert!(num("switches") >= 500.0 && num("switches_per_s") > 0.0, "{oc}");
+    assert!(num("waits") >= 500.0 && num("off_cpu_s") > 0.0, "{oc}");
+    assert!(num("cpu_s") >= 0.0 && num("ns_per_switch") >= 0.0, "{oc}");
+    let text = d.ctl(&["status"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("off-cpu: ") && text.contains(" switches/s"), "{text}");
+    let (st, err) = d.terminate();
+    assert!(st.success(), "dcpid exit {st}: {err}");
+
+    let cache = dir.join("symbols.sqlite").display().to_string();
+    let o = sb.prof(&[
+        "--host",
+        host,
+        "--symbol-cache",
+        &cache,
+        "--event",
+        "off-cpu",
+        "--format",
+        "folded",
+    ]);
+    assert!(o.status.success(), "folded: {}", String::from_utf8_lossy(&o.stderr));
+    let folded = String::from_utf8_lossy(&o.stdout);
+    let a = folded_ns(&folded, ";main;wait_a;");
+    let b = folded_ns(&folded, ";main;wait_b;");
+    let spin = folded_ns(&folded, ";spin;");
+    eprintln!(
+        "off-cpu: wait_a {a} ns (wall {a_wall}), wait_b {b} ns (wall {b_wall}); \
+         spin {spin} ns of {busy_wall} ns wall"
+    );
+    assert!(a > 0 && b > 0, "no off-CPU time through wait_a/wait_b in:\n{folded}");
+    // The split is the program's 60/40 (its measured one is within a round of it).
+    let share = 100.0 * a as f64 / (a + b) as f64;
+    assert!((share - 60.0).abs() <= 4.0, "wait_a has {share:.1}% of the off-CPU time, not 60%");
+    // The total is the blocked wall time, within 5 % (the wall time around the calls also
+    // holds their few microseconds on CPU per round).
+    let wall = (a_wall + b_wall) as f64;
+    let ratio = (a + b) as f64 / wall;
+    assert!((ratio - 1.0).abs() <= 0.05, "off-CPU {} ns vs blocked wall {wall} ns", a + b);
+    // A busy loop never blocks: being preempted (this machine is loaded) is not off-CPU time.
+    assert!(
+        (spin as f64) < 0.01 * busy_wall as f64,
+        "busy loop: {spin} ns off CPU in spin of {busy_wall} ns wall"
+    );
+    // The blocking stack reaches into the kernel: the pipe read and the sleep.
+    assert!(folded.lines().any(|l| l.contains(";wait_a;") && l.contains("pipe_read")), "{folded}");
+    assert!(folded.lines().any(|l| l.contains(";wait_b;") && l.contains("nanosleep")), "{folded}");
+
+    // The flat profiles count nanoseconds too: the workload's off-CPU time is at libc's
+    // syscall sites (the user pc where the thread entered the kernel).
+    let r = dcpi_e2e::json(sb.prof(&[
+        "--host",
+        host,
+        "--symbol-cache",
+        &cache,
+        "--event",
+        "off-cpu",
+        "--format",
+        "json",
+    ]));
+    let total = r["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter_map(|row| row["samples"].as_u64())
+        .sum::<u64>();
+    assert!(total >= a + b, "flat off-cpu total {total} < {a} + {b}: {r:#}");
+}
