@@ -12,7 +12,9 @@ Measured over the window (after a warm-up):
   * every record of `slices.log` (bytes, pairs, samples), read back after the stop by
     `cargo run -p dcpi-profile-format --example slices_stat`, and the size of the
     window's minutes rolled up into hour slices;
-  * the daemon's CPU time spent on slices (its debug log line per appended slice).
+  * the daemon's CPU time spent on slices (its debug log line per appended slice);
+  * bytes written (/proc/PID/io write_bytes) by each dcpid, and with --perf, beside them, the
+    growth of a `perf record -a -B -N` at the same rate (the issue's "Writes" figure).
 
 Projection to a core-day (stated in the output): a day-long epoch keeps its last 6 h as minute
 slices and the 18 h before as hour slices, so at the end of the day
@@ -24,8 +26,12 @@ where an hour record is the window's minutes rolled up into one, scaled linearly
 the slices-off database's growth rate over the second half of the window, linearly for 24 h
 (also an upper bound). Both divided by the number of CPUs.
 
+Writes: in the first 6 h of an epoch slices cost their appends (measured: write_bytes of the
+slices-on dcpid against the slices-off one); after that, each hour also rewrites the file once
+(the roll-up), so the projected hourly writes then add the day-end slices.log size.
+
   sudo python3 bench/slices.py --duration 1200                  # 20 minutes + warm-up
-  sudo python3 bench/slices.py --duration 3600 --bin-dir target/release
+  sudo python3 bench/slices.py --duration 3600 --bin-dir target/release --perf /usr/bin/perf
 
 Needs root, cc, python3 and the binaries (dcpid, dcpictl in --bin-dir; the example is built by
 cargo). Writes bench/results/slices-<timestamp>.json and .md and prints the table.
@@ -93,9 +99,12 @@ def slices_bytes(db):
     return sum(os.path.getsize(p) for p in slices_logs(db))
 
 
-def snap(on, off):
+def snap(on, off, perf=None):
     return {"t": time.monotonic(), "on_db": db_bytes(on.db), "off_db": db_bytes(off.db),
-            "on_slices": slices_bytes(on.db)}
+            "on_slices": slices_bytes(on.db),
+            "on_written": bench.proc_io(on.proc.pid).get("write_bytes", 0),
+            "off_written": bench.proc_io(off.proc.pid).get("write_bytes", 0),
+            "perf_data": os.path.getsize(perf.data) if perf and os.path.exists(perf.data) else 0}
 
 
 def slice_cpu(log_path):
@@ -120,6 +129,8 @@ def main():
     ap.add_argument("--rate", type=int, default=1000, help="samples per second per CPU")
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
     ap.add_argument("--work", default=None)
+    ap.add_argument("--perf", default=None,
+                    help="perf binary: also run `perf record -a` beside the daemons (Writes)")
     ap.add_argument("--release-stat", action="store_true",
                     help="build the slices_stat example in release (default: debug; it only reads)")
     args = ap.parse_args()
@@ -127,6 +138,8 @@ def main():
         print("bench/slices.py: must run as root (system-wide profiling)", file=sys.stderr)
         return 2
     bins = {n: os.path.join(args.bin_dir, n) for n in ("dcpid", "dcpictl")}
+    if args.perf:
+        bins["perf"] = args.perf
     for b in bins.values():
         if not os.path.exists(b):
             print(f"bench/slices.py: {b} missing", file=sys.stderr)
@@ -140,17 +153,20 @@ def main():
     off = Dcpid(bins, os.path.join(work, "off"), args.rate, life, ["--slice-interval", "0"])
     on.start()
     off.start()
+    perf = bench.Perf(bins, os.path.join(work, "perf"), args.rate, life) if args.perf else None
+    if perf:
+        perf.start()
     mix = busy_mix(os.path.join(work, "mix"))
     series = []
     try:
         bench.log(f"slices: warm-up {args.warmup:.0f} s, window {args.duration:.0f} s")
         time.sleep(args.warmup)
-        a = snap(on, off)
+        a = snap(on, off, perf)
         series.append(a)
         end = a["t"] + args.duration
         while time.monotonic() < end:
             time.sleep(min(60, max(0.0, end - time.monotonic())))
-            series.append(snap(on, off))
+            series.append(snap(on, off, perf))
         b = series[-1]
         for d in (on, off):
             if d.proc.poll() is not None:
@@ -159,6 +175,8 @@ def main():
         stop_mix(mix)
     on.stop()
     off.stop()
+    if perf:
+        perf.stop()
     cpu = slice_cpu(on.log_path)
     stats = []
     for p in slices_logs(on.db):
@@ -194,9 +212,21 @@ def main():
         "per_core_day_slices_on": (slices_day + totals_day) / ncpu,
         "per_core_day_slices_off": totals_day / ncpu,
         "slice_cpu": cpu,
+        "on_written": b["on_written"] - a["on_written"],
+        "off_written": b["off_written"] - a["off_written"],
+        "perf_data_growth": b["perf_data"] - a["perf_data"] if perf else None,
         "cpu_per_slice_ms": (cpu["cpu_ns"] / cpu["records"] / 1e6) if cpu and cpu["records"] else None,
         "series": series, "slices_stat": [{k: v for k, v in s.items() if k != "records"} for s in stats],
     }
+    hour = 3600.0 / secs
+    res["on_written_per_hour"] = res["on_written"] * hour
+    res["off_written_per_hour"] = res["off_written"] * hour
+    # After 6 h: the appends plus one rewrite of the file an hour (its day-end size).
+    res["on_written_per_hour_after_6h"] = res["on_written_per_hour"] + slices_day
+    if perf:
+        res["perf_per_hour"] = res["perf_data_growth"] * hour
+        res["writes_ratio_first_6h"] = res["perf_data_growth"] / max(1, res["on_written"])
+        res["writes_ratio_after_6h"] = res["perf_per_hour"] / max(1, res["on_written_per_hour_after_6h"])
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = os.path.join(BENCH, "results", f"slices-{stamp}")
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -216,7 +246,13 @@ def main():
           f"| epoch totals of a day (projected) | {totals_day / mb:.2f} MB | {totals_day / mb:.2f} MB |\n"
           f"| **per core-day** | **{res['per_core_day_slices_on'] / mb:.2f} MB** | "
           f"{res['per_core_day_slices_off'] / mb:.2f} MB |\n"
-          f"| daemon CPU per slice | {res['cpu_per_slice_ms'] if res['cpu_per_slice_ms'] is not None else float('nan'):.2f} ms | |\n")
+          f"| bytes written per hour (write_bytes) | {res['on_written_per_hour'] / mb:.2f} MB; "
+          f"after 6 h with the hourly roll-up {res['on_written_per_hour_after_6h'] / mb:.2f} MB | "
+          f"{res['off_written_per_hour'] / mb:.2f} MB |\n"
+          + (f"| perf.data growth per hour, side by side | {res['perf_per_hour'] / mb:.1f} MB: "
+             f"{res['writes_ratio_first_6h']:.0f}x the slices-on dcpid's writes "
+             f"({res['writes_ratio_after_6h']:.0f}x after 6 h) | |\n" if perf else "")
+          + f"| daemon CPU per slice | {res['cpu_per_slice_ms'] if res['cpu_per_slice_ms'] is not None else float('nan'):.2f} ms | |\n")
     with open(out + ".md", "w") as f:
         f.write(md)
     print(md)

@@ -48,8 +48,9 @@ pub use profile::{
     UnknownReason, PROFILE_MAGIC, PROFILE_VERSION,
 };
 pub use slices::{
-    encode_record, KeyTable, OpenReport, Slice, SliceKey, SliceLog, SliceRange, SliceWriter,
-    MAX_RECORD, SLICES_FILE, SLICES_HEADER_LEN, SLICES_MAGIC, SLICES_VERSION,
+    encode_record, encode_record_at, KeyTable, OpenReport, Slice, SliceKey, SliceLog, SliceRange,
+    SliceWriter, MAX_RECORD, MAX_RESOLUTION_SHIFT, SLICES_FILE, SLICES_HEADER_LEN, SLICES_MAGIC,
+    SLICES_VERSION,
 };
 pub use stacks::{
     stacks_file_event_component, Frame, StackImage, StackProfile, StackRef, MAX_COMMAND_LEN,

@@ -25,8 +25,8 @@ use crate::safeio::{open_regular, MAX_CONTAINER_FILE};
 pub const SLICES_FILE: &str = "slices.log";
 /// First 8 bytes of a slice log.
 pub const SLICES_MAGIC: &[u8; 8] = b"DCPISLC\0";
-/// The format version this build writes and the newest it reads.
-pub const SLICES_VERSION: u16 = 1;
+/// The format version this build writes and the newest it reads (it reads version 1 too).
+pub const SLICES_VERSION: u16 = 2;
 /// magic (8) + version (u16) + flags (u16) + CRC-32 of the first 12 bytes (u32).
 pub const SLICES_HEADER_LEN: usize = 16;
 /// len (u32) + crc (u32) before each record body.
@@ -38,6 +38,8 @@ const MAX_PAYLOAD: u64 = 256 << 20;
 /// Payload codes.
 const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
+/// Largest offset resolution (log2 of bytes) a version 2 record may state: 4 KiB, a page.
+pub const MAX_RESOLUTION_SHIFT: u8 = 12;
 /// zstd level of record payloads: level 3 costs ~1 ms per 40 KB slice here and halves it.
 const ZSTD_LEVEL: i32 = 3;
 /// Payloads smaller than this are stored raw (zstd's frame costs more than it saves).
@@ -118,6 +120,9 @@ pub struct SliceLog {
     pub valid_len: u64,
     /// Bytes after them: an incomplete record (torn by a crash, or being appended).
     pub torn_tail: u64,
+    /// Offset resolution in bytes (a power of two) by `seq`, of the slices not exact
+    /// (FORMAT.md §14.2, version 2); read it with [`SliceLog::resolution_of`].
+    pub resolution: BTreeMap<u64, u64>,
 }
 
 /// The slices of a time range, and the range they exactly cover.
@@ -151,30 +156,21 @@ impl SliceLog {
     /// [`MAX_CONTAINER_FILE`] bytes. `Ok(None)`: there is no such file (a database written
     /// before §14, or slices off): no time axis. Errors name the file.
     pub fn read(path: &Path) -> Result<Option<Self>> {
-        let (f, size) = match open_regular(path) {
-            Ok(x) => x,
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(None)
-            }
-            Err(e) => return Err(e),
-        };
-        if size > MAX_CONTAINER_FILE {
-            return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
+        match read_bytes(path)? {
+            Some(bytes) => Self::decode(&bytes, path).map(Some),
+            None => Ok(None),
         }
-        let mut bytes = Vec::with_capacity(size as usize);
-        let n = f
-            .take(MAX_CONTAINER_FILE + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| Error::io(path, e))?;
-        if n as u64 > MAX_CONTAINER_FILE {
-            return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
-        }
-        Self::decode(&bytes, path).map(Some)
     }
 
     /// Decode a whole file's bytes; `path` names it in errors.
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
-        check_header(bytes, path)?;
+        Self::decode_full(bytes, path).map(|d| d.log)
+    }
+
+    /// [`SliceLog::decode`], with what a writer continuing the file needs.
+    fn decode_full(bytes: &[u8], path: &Path) -> Result<Decoded> {
+        let version = check_header(bytes, path)?;
+        let mut resolution = BTreeMap::new();
         let mut keys: Vec<SliceKey> = Vec::new();
         let mut index: BTreeMap<SliceKey, usize> = BTreeMap::new();
         let mut slices = Vec::new();
@@ -206,7 +202,7 @@ impl SliceLog {
                 }
                 return Err(Error::ChecksumMismatch { path: path.into(), stored, computed });
             }
-            let s = decode_record(body, path, pos, &mut keys, &mut index)?;
+            let (s, shift) = decode_record(body, path, pos, version, &mut keys, &mut index)?;
             if s.seq <= last_seq {
                 return Err(corrupt(
                     path,
@@ -215,10 +211,19 @@ impl SliceLog {
                 ));
             }
             last_seq = s.seq;
+            if shift > 0 {
+                resolution.insert(s.seq, 1u64 << shift);
+            }
             slices.push(s);
             pos += FRAME_LEN + len;
         }
-        Ok(Self { slices, valid_len: pos as u64, torn_tail: (bytes.len() - pos) as u64 })
+        let log = Self {
+            slices,
+            valid_len: pos as u64,
+            torn_tail: (bytes.len() - pos) as u64,
+            resolution,
+        };
+        Ok(Decoded { log, version })
     }
 
     /// Slices intersecting `[since, until)` (Unix seconds; `None`: unbounded), ordered by
@@ -248,45 +253,111 @@ impl SliceLog {
     /// Roll up: slices that end at or before `before` are merged, per `coarse`-second bucket
     /// of their start (aligned to Unix time, so hosts agree), into one slice each covering
     /// exactly its members' hull; later slices stay as they are. Every sample is kept. The
-    /// result is ordered by start, sequences renumbered from 1.
+    /// result is ordered by start, sequences renumbered from 1. A merged slice has the
+    /// coarsest offset resolution of its members.
     pub fn rollup(&self, before: u64, coarse: u64) -> Self {
+        self.rollup_at(before, coarse, 1)
+    }
+
+    /// [`SliceLog::rollup`], the merged slices' offsets at a resolution of at least
+    /// `resolution` bytes (rounded down to a power of two, at most 2^[`MAX_RESOLUTION_SHIFT`]):
+    /// what falls in one bucket is added up (per-key totals stay exact).
+    pub fn rollup_at(&self, before: u64, coarse: u64, resolution: u64) -> Self {
         let coarse = coarse.max(1);
-        let mut buckets: BTreeMap<u64, Slice> = BTreeMap::new();
-        let mut keep: Vec<Slice> = Vec::new();
+        let resolution = 1u64 << shift_of(resolution);
+        // Per bucket: the merged slice and its resolution.
+        let mut buckets: BTreeMap<u64, (Slice, u64)> = BTreeMap::new();
+        let mut keep: Vec<(Slice, u64)> = Vec::new();
         for s in &self.slices {
             if s.end() <= before {
                 let b = s.start - s.start % coarse;
-                let e = buckets.entry(b).or_insert_with(|| Slice {
-                    start: s.start,
-                    len: s.len,
-                    seq: 0,
-                    counts: BTreeMap::new(),
+                let (e, res) = buckets.entry(b).or_insert_with(|| {
+                    (
+                        Slice { start: s.start, len: s.len, seq: 0, counts: BTreeMap::new() },
+                        resolution,
+                    )
                 });
                 let end = e.end().max(s.end());
                 e.start = e.start.min(s.start);
                 e.len = end - e.start;
                 e.add_counts(&s.counts);
+                *res = (*res).max(self.resolution_of(s));
             } else {
-                keep.push(s.clone());
+                keep.push((s.clone(), self.resolution_of(s)));
             }
         }
-        let mut slices: Vec<Slice> = buckets.into_values().chain(keep).collect();
-        slices.sort_by_key(|s| (s.start, s.seq));
-        for (i, s) in slices.iter_mut().enumerate() {
+        // Bucketed here as the file will store them, so that the result reads back equal.
+        let mut slices: Vec<(Slice, u64)> = buckets
+            .into_values()
+            .chain(keep)
+            .map(|(s, res)| (if res > 1 { bucket(&s, res) } else { s }, res))
+            .collect();
+        slices.sort_by_key(|s| (s.0.start, s.0.seq));
+        let mut res_by_seq = BTreeMap::new();
+        for (i, (s, res)) in slices.iter_mut().enumerate() {
             s.seq = i as u64 + 1;
+            if *res > 1 {
+                res_by_seq.insert(s.seq, *res);
+            }
         }
-        Self { slices, valid_len: 0, torn_tail: 0 }
+        Self {
+            slices: slices.into_iter().map(|x| x.0).collect(),
+            valid_len: 0,
+            torn_tail: 0,
+            resolution: res_by_seq,
+        }
     }
 
-    /// The whole file for these slices (what a roll-up writes atomically).
+    /// The whole file for these slices (what a roll-up writes atomically), in the current
+    /// version, each slice at its [`SliceLog::resolution_of`].
     pub fn encode(&self) -> Vec<u8> {
         let mut out = header();
         let mut keys = KeyTable::default();
         for s in &self.slices {
-            encode_record(&mut out, s, &mut keys);
+            encode_record_at(&mut out, s, &mut keys, self.resolution_of(s));
         }
         out
     }
+
+    /// The offset resolution of `s`, one of this log's slices, in bytes: its image keys'
+    /// offsets are multiples of it, each standing for the samples of
+    /// `[offset, offset + resolution)` (FORMAT.md §14.2); 1: exact. Unknown-sample keys
+    /// (no image) are always exact.
+    pub fn resolution_of(&self, s: &Slice) -> u64 {
+        self.resolution.get(&s.seq).copied().unwrap_or(1)
+    }
+
+    /// The coarsest resolution among a range's slices (what a report over it states).
+    pub fn range_resolution(&self, r: &SliceRange<'_>) -> u64 {
+        r.slices.iter().map(|s| self.resolution_of(s)).max().unwrap_or(1)
+    }
+}
+
+/// A decoded file and its version.
+struct Decoded {
+    log: SliceLog,
+    version: u16,
+}
+
+/// The bytes of the slice log at `path`, read safely (FORMAT.md §6.1); `None`: no such file.
+fn read_bytes(path: &Path) -> Result<Option<Vec<u8>>> {
+    let (f, size) = match open_regular(path) {
+        Ok(x) => x,
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    if size > MAX_CONTAINER_FILE {
+        return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    let n =
+        f.take(MAX_CONTAINER_FILE + 1).read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
+    if n as u64 > MAX_CONTAINER_FILE {
+        return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
+    }
+    Ok(Some(bytes))
 }
 
 fn header() -> Vec<u8> {
@@ -299,7 +370,8 @@ fn header() -> Vec<u8> {
     out
 }
 
-fn check_header(bytes: &[u8], path: &Path) -> Result<()> {
+/// Check the header; the file's version.
+fn check_header(bytes: &[u8], path: &Path) -> Result<u16> {
     let prefix = bytes.len().min(8);
     if bytes[..prefix] != SLICES_MAGIC[..prefix] {
         return Err(Error::BadMagic { path: path.into(), what: "slice log" });
@@ -326,10 +398,11 @@ fn check_header(bytes: &[u8], path: &Path) -> Result<()> {
     if stored != computed {
         return Err(Error::ChecksumMismatch { path: path.into(), stored, computed });
     }
+    let version = u16::from_le_bytes([bytes[8], bytes[9]]);
     if bytes[10..12] != [0, 0] {
-        return Err(corrupt(path, "flags", "must be 0 in version 1"));
+        return Err(corrupt(path, "flags", format!("must be 0 in version {version}")));
     }
-    Ok(())
+    Ok(version)
 }
 
 /// CRC-32 of the record's length field and body.
@@ -368,11 +441,28 @@ impl KeyTable {
     }
 }
 
-/// Append one framed record for `s` to `out`, defining the keys `keys` does not have yet.
+/// Append one framed record (of the current version) for `s` to `out` at exact resolution,
+/// defining the keys `keys` does not have yet.
 pub fn encode_record(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable) {
+    encode_record_at(out, s, keys, 1);
+}
+
+/// [`encode_record`] at offset resolution `resolution` bytes (rounded down to a power of two,
+/// at most 2^[`MAX_RESOLUTION_SHIFT`]): the offsets of image keys are rounded down to it and
+/// the counts of offsets that fall together added.
+pub fn encode_record_at(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable, resolution: u64) {
+    let shift = shift_of(resolution);
+    let bucketed;
+    let s = if shift == 0 {
+        s
+    } else {
+        bucketed = bucket(s, 1 << shift);
+        &bucketed
+    };
     // Keys first defined here, in the order of the slice's keys (sorted).
     let mut new: Vec<&SliceKey> = Vec::new();
-    let mut idx: Vec<(u64, &Vec<(u64, u64)>)> = Vec::with_capacity(s.counts.len());
+    // (key index, pairs, shift of its offsets: image keys only).
+    let mut idx: Vec<(u64, &Vec<(u64, u64)>, u8)> = Vec::with_capacity(s.counts.len());
     for (k, v) in &s.counts {
         if v.is_empty() {
             continue;
@@ -386,7 +476,7 @@ pub fn encode_record(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable) {
                 i
             }
         };
-        idx.push((i, v));
+        idx.push((i, v, if k.image.is_some() { shift } else { 0 }));
     }
     idx.sort_unstable_by_key(|e| e.0);
     let mut payload = Vec::with_capacity(64 + idx.iter().map(|e| e.1.len() * 3).sum::<usize>());
@@ -400,19 +490,20 @@ pub fn encode_record(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable) {
     // small and alike, offsets are not: apart, zstd packs the counts to almost nothing.
     crate::varint::write_u64(&mut payload, idx.len() as u64);
     let mut prev: Option<u64> = None;
-    for (i, pairs) in &idx {
+    for (i, pairs, _) in &idx {
         crate::varint::write_u64(&mut payload, prev.map_or(*i, |p| i - p - 1));
         prev = Some(*i);
         crate::varint::write_u64(&mut payload, pairs.len() as u64);
     }
-    for (_, pairs) in &idx {
+    for (_, pairs, sh) in &idx {
         let mut last: Option<u64> = None;
         for &(off, _) in pairs.iter() {
+            let off = off >> sh;
             crate::varint::write_u64(&mut payload, last.map_or(off, |l| off - l - 1));
             last = Some(off);
         }
     }
-    for (_, pairs) in &idx {
+    for (_, pairs, _) in &idx {
         for &(_, c) in pairs.iter() {
             crate::varint::write_u64(&mut payload, c.saturating_sub(1));
         }
@@ -421,6 +512,7 @@ pub fn encode_record(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable) {
     crate::varint::write_u64(&mut body, s.start);
     crate::varint::write_u64(&mut body, s.len);
     crate::varint::write_u64(&mut body, s.seq);
+    body.push(shift);
     let packed = if payload.len() >= COMPRESS_FROM {
         zstd::bulk::compress(&payload, ZSTD_LEVEL).ok().filter(|z| z.len() < payload.len())
     } else {
@@ -442,13 +534,44 @@ pub fn encode_record(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable) {
     out.extend_from_slice(&body);
 }
 
+/// log2 of `resolution` rounded down to a power of two, at most [`MAX_RESOLUTION_SHIFT`].
+fn shift_of(resolution: u64) -> u8 {
+    (resolution.max(1).ilog2() as u8).min(MAX_RESOLUTION_SHIFT)
+}
+
+/// `s` with its image keys' offsets rounded down to multiples of `res` (a power of two) and
+/// the counts of offsets that fall together added.
+fn bucket(s: &Slice, res: u64) -> Slice {
+    let mask = !(res - 1);
+    let mut out = Slice { counts: BTreeMap::new(), ..*s };
+    for (k, v) in &s.counts {
+        if k.image.is_none() {
+            out.counts.insert(k.clone(), v.clone());
+            continue;
+        }
+        let mut w: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+        for &(o, c) in v {
+            let o = o & mask;
+            match w.last_mut() {
+                Some(l) if l.0 == o => l.1 = l.1.saturating_add(c),
+                _ => w.push((o, c)),
+            }
+        }
+        out.counts.insert(k.clone(), w);
+    }
+    out
+}
+
+/// Decode one record's body of a file of `version`: the slice and the shift of its image
+/// keys' offsets.
 fn decode_record(
     body: &[u8],
     path: &Path,
     at: usize,
+    version: u16,
     keys: &mut Vec<SliceKey>,
     index: &mut BTreeMap<SliceKey, usize>,
-) -> Result<Slice> {
+) -> Result<(Slice, u8)> {
     let mut r = Reader::new(body, path);
     let start = r.varint("start")?;
     let len = r.varint("len")?;
@@ -459,24 +582,37 @@ fn decode_record(
     if seq == 0 {
         return Err(r.corrupt("seq", format!("record at file byte {at}: 0")));
     }
+    let shift = if version >= 2 { r.u8("resolution")? } else { 0 };
+    if shift > MAX_RESOLUTION_SHIFT {
+        return Err(r.corrupt(
+            "resolution",
+            format!("record at file byte {at}: 2^{shift} bytes (at most 2^{MAX_RESOLUTION_SHIFT})"),
+        ));
+    }
     let codec = r.u8("codec")?;
     let rest = &body[body.len() - r.remaining()..];
-    let inflated;
-    let payload: &[u8] = match codec {
-        CODEC_RAW => rest,
+    let too_large = "decompresses to more than 256 MiB";
+    let payload: Vec<u8> = match codec {
+        CODEC_RAW => rest.to_vec(),
         CODEC_ZSTD => {
             let d = zstd::stream::read::Decoder::with_buffer(rest)
                 .map_err(|e| corrupt(path, "payload", e.to_string()))?;
-            inflated = inflate_bounded(
-                d.take(MAX_PAYLOAD + 1),
-                path,
-                "payload",
-                "decompresses to more than 256 MiB",
-            )?;
-            &inflated
+            inflate_bounded(d.take(MAX_PAYLOAD + 1), path, "payload", too_large)?
         }
         c => return Err(r.corrupt("codec", format!("record at file byte {at}: unknown {c}"))),
     };
+    let s = decode_payload(&payload, path, (start, len, seq), shift, keys, index)?;
+    Ok((s, shift))
+}
+
+fn decode_payload(
+    payload: &[u8],
+    path: &Path,
+    (start, len, seq): (u64, u64, u64),
+    shift: u8,
+    keys: &mut Vec<SliceKey>,
+    index: &mut BTreeMap<SliceKey, usize>,
+) -> Result<Slice> {
     let mut p = Reader::new(payload, path);
     let n_new = p.count("new keys", 2)?;
     for _ in 0..n_new {
@@ -523,7 +659,9 @@ fn decode_record(
         );
     }
     let mut offsets = Vec::with_capacity(total);
-    for &(_, m) in &heads {
+    for &(i, m) in &heads {
+        // Image keys' offsets are stored in units of the record's resolution.
+        let sh = if keys[i].image.is_some() { u32::from(shift) } else { 0 };
         let mut last: Option<u64> = None;
         for _ in 0..m {
             let d = p.varint("offset")?;
@@ -531,9 +669,10 @@ fn decode_record(
                 None => Some(d),
                 Some(l) => l.checked_add(d).and_then(|x| x.checked_add(1)),
             }
+            .filter(|o| sh == 0 || o >> (64 - sh) == 0)
             .ok_or_else(|| p.corrupt("offset", "beyond 2^64-1"))?;
             last = Some(off);
-            offsets.push(off);
+            offsets.push(off << sh);
         }
     }
     let mut counts = BTreeMap::new();
@@ -558,6 +697,8 @@ pub struct SliceWriter {
     path: PathBuf,
     file: File,
     keys: KeyTable,
+    /// Offset resolution (bytes) of the slices appended: [`SliceWriter::set_resolution`].
+    resolution: u64,
     next_seq: u64,
     len: u64,
     /// (start, len) of the slices in the file, for roll-up decisions.
@@ -573,6 +714,8 @@ pub struct OpenReport {
     pub truncated: u64,
     /// The unreadable file that was set aside (it names the error), if any.
     pub set_aside: Option<(PathBuf, String)>,
+    /// The version of an older file that was rewritten in [`SLICES_VERSION`].
+    pub upgraded_from: Option<u16>,
 }
 
 impl SliceWriter {
@@ -581,22 +724,43 @@ impl SliceWriter {
     /// aside (`<name>.corrupt`) and a fresh one started.
     pub fn open(path: &Path) -> Result<(Self, OpenReport)> {
         let mut report = OpenReport::default();
-        let log = match SliceLog::read(path) {
-            Ok(Some(l)) => l,
-            Ok(None) => {
-                crate::write_atomic(path, &header())?;
-                SliceLog { valid_len: SLICES_HEADER_LEN as u64, ..Default::default() }
-            }
+        let fresh = || -> Result<Decoded> {
+            crate::write_atomic(path, &header())?;
+            Ok(Decoded {
+                log: SliceLog { valid_len: SLICES_HEADER_LEN as u64, ..Default::default() },
+                version: SLICES_VERSION,
+            })
+        };
+        let read = read_bytes(path).and_then(|b| match b {
+            Some(b) => SliceLog::decode_full(&b, path).map(Some),
+            None => Ok(None),
+        });
+        let mut d = match read {
+            Ok(Some(d)) => d,
+            Ok(None) => fresh()?,
             // A newer dcpid of this host wrote it (a rolling downgrade): left alone (§14.4).
             Err(e @ Error::UnknownVersion { .. }) if is_newer_log(path) => return Err(e),
             Err(e) if !matches!(e, Error::Io { .. }) => {
                 let to = crate::safeio::set_aside(path)?;
                 report.set_aside = Some((to, e.to_string()));
-                crate::write_atomic(path, &header())?;
-                SliceLog { valid_len: SLICES_HEADER_LEN as u64, ..Default::default() }
+                fresh()?
             }
             Err(e) => return Err(e),
         };
+        if d.version < SLICES_VERSION {
+            // An older dcpid's file (an upgrade within an epoch): rewritten once in this
+            // version, every slice kept (a torn tail dropped), so that records of one
+            // version only follow its header.
+            let bytes = d.log.encode();
+            crate::write_atomic(path, &bytes)?;
+            report.upgraded_from = Some(d.version);
+            report.truncated = d.log.torn_tail;
+            d = Decoded {
+                log: SliceLog { valid_len: bytes.len() as u64, torn_tail: 0, ..d.log },
+                version: SLICES_VERSION,
+            };
+        }
+        let log = d.log;
         let file = open_append(path)?;
         let id = file_id(&file, path)?;
         if log.torn_tail > 0 {
@@ -607,6 +771,7 @@ impl SliceWriter {
             Self {
                 path: path.into(),
                 keys: KeyTable::of(&log),
+                resolution: 1,
                 next_seq: log.next_seq(),
                 len: log.valid_len,
                 ranges: log.slices.iter().map(|s| (s.start, s.len)).collect(),
@@ -664,7 +829,7 @@ impl SliceWriter {
         };
         let mut keys = self.keys.clone();
         let mut buf = Vec::new();
-        encode_record(&mut buf, s, &mut keys);
+        encode_record_at(&mut buf, s, &mut keys, self.resolution);
         if buf.len() - FRAME_LEN > MAX_RECORD {
             return Err(corrupt(&self.path, "record length", "slice too large to store"));
         }
@@ -680,12 +845,24 @@ impl SliceWriter {
         Ok(buf.len() as u64)
     }
 
+    /// Store the slices appended from now on with their image keys' offsets at `resolution`
+    /// bytes (rounded down to a power of two, at most 2^[`MAX_RESOLUTION_SHIFT`]; 1: exact;
+    /// FORMAT.md §14.2).
+    pub fn set_resolution(&mut self, resolution: u64) {
+        self.resolution = 1 << shift_of(resolution);
+    }
+
     /// Roll up slices ending at or before `before` into `coarse`-second ones
     /// ([`SliceLog::rollup`]) by rewriting the file atomically (§2), then continue appending
     /// to the new file. Returns the new size.
     pub fn rollup(&mut self, before: u64, coarse: u64) -> Result<u64> {
+        self.rollup_at(before, coarse, 1)
+    }
+
+    /// [`SliceWriter::rollup`] with the merged slices at `resolution` ([`SliceLog::rollup_at`]).
+    pub fn rollup_at(&mut self, before: u64, coarse: u64, resolution: u64) -> Result<u64> {
         let log = SliceLog::read(&self.path)?.unwrap_or_default();
-        let rolled = log.rollup(before, coarse);
+        let rolled = log.rollup_at(before, coarse, resolution);
         let bytes = rolled.encode();
         crate::write_atomic(&self.path, &bytes)?;
         self.file = open_append(&self.path)?;

@@ -44,7 +44,7 @@ mod summaries;
 mod symtabs;
 mod who;
 pub use rotation::{EpochSchedule, Rotation};
-pub use slices::{SliceSettings, SliceStats, ROLLUP_SLICE};
+pub use slices::{SliceSettings, SliceStats, ROLLUP_RESOLUTION, ROLLUP_SLICE, SLICE_RESOLUTION};
 pub use symtabs::{SymtabCounters, SYMTAB_THREAD};
 pub use who::WhoProfiles;
 

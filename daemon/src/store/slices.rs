@@ -1,8 +1,9 @@
 //! Counts per time slice (FORMAT.md §14): each batch's flat profile counts are added, at the
 //! time the batch arrives, into the open slice of its epoch (`slice_interval` long, aligned to
 //! Unix time so that every host of a fleet cuts at the same instants); a slice that has ended
-//! is closed and appended to `<host dir>/slices.log` at the next tick, as one framed record.
-//! Slices older than the roll-up age are merged into hour slices by rewriting the file.
+//! is closed and appended to `<host dir>/slices.log` at the next tick, as one framed record,
+//! its offsets at [`SLICE_RESOLUTION`] bytes. Slices older than the roll-up age are merged into
+//! hour slices at [`ROLLUP_RESOLUTION`] bytes by rewriting the file.
 //!
 //! Exactly once: a slice's counts are appended by one `write` (a record is visible whole or
 //! not at all, FORMAT.md §14.3) and dropped from memory only when that succeeded; a failed
@@ -24,6 +25,16 @@ use super::{Store, StoreError};
 
 /// Hour slices: what slices older than the roll-up age become.
 pub const ROLLUP_SLICE: u64 = 3600;
+/// Offset resolution (bytes) of the slices appended (FORMAT.md §14.2): 16, the alignment of
+/// functions on x86-64 (LLVM's, the kernel's, gcc's -O2 when it costs at most 10 bytes of
+/// padding), so that a per-symbol report over a time range is exact for aligned functions,
+/// while the per-instruction detail stays in the epoch totals. Measured on the busy mix
+/// (BENCHMARKS.md "Time slices"): it cuts a minute slice by a third to a half; most pairs of a
+/// minute are counted once, so neither the previous minute nor zstd can do it.
+pub const SLICE_RESOLUTION: u64 = 16;
+/// Offset resolution (bytes) of the hour slices a roll-up makes: older than the roll-up age,
+/// a time range is asked per image or per (large enough) function, not per instruction.
+pub const ROLLUP_RESOLUTION: u64 = 256;
 /// Pairs held in closed slices not yet appended (the database failing) before the oldest are
 /// dropped: ~40 bytes each, 160 MB at most... kept well under `max_memory_mb`'s default.
 const MAX_HELD_PAIRS: usize = 2_000_000;
@@ -299,7 +310,12 @@ impl Store {
         if !keep {
             self.slices.writer = None;
             let hd = self.host_dir(epoch)?;
-            let (w, rep) = SliceWriter::open(&hd.slices_path())?;
+            let (mut w, rep) = SliceWriter::open(&hd.slices_path())?;
+            w.set_resolution(SLICE_RESOLUTION);
+            if let Some(v) = rep.upgraded_from {
+                tracing::info!(file = %w.path().display(), from = v,
+                    "store: rewrote a slice log of an older format version in the current one");
+            }
             if rep.truncated > 0 {
                 tracing::info!(file = %w.path().display(), bytes = rep.truncated,
                     "store: cut the torn tail of a slice log (a crash while appending)");
@@ -330,7 +346,7 @@ impl Store {
         if !fine_due || oldest.is_none_or(|o| o + ROLLUP_SLICE > cutoff) {
             return Ok(());
         }
-        let n = w.rollup(cutoff, ROLLUP_SLICE)?;
+        let n = w.rollup_at(cutoff, ROLLUP_SLICE, ROLLUP_RESOLUTION)?;
         self.slices.stats.rollups += 1;
         self.slices.stats.rollup_bytes += n;
         tracing::debug!(file = %w.path().display(), bytes = n, "store: rolled up old time slices");
@@ -400,11 +416,15 @@ mod tests {
         assert_eq!(log.slices.len(), 3);
         assert!(log.slices.iter().all(|x| x.len == 3600));
         assert_eq!(log.samples(), 180 * 2, "every sample kept");
+        // Hours at the roll-up's resolution; the minutes were appended at the slices'.
+        assert!(log.slices.iter().all(|x| log.resolution_of(x) == ROLLUP_RESOLUTION));
         // Appending goes on in the rewritten file.
         s.slices.closed.push_back((epoch.clone(), minute(t0 + 4 * 3600, 1)));
         s.slices.closed_pairs += 1;
         s.append_closed().unwrap();
         assert_eq!(s.slices.closed_pairs, 0);
-        assert_eq!(read().slices.len(), 4);
+        let log = read();
+        assert_eq!(log.slices.len(), 4);
+        assert_eq!(log.resolution_of(&log.slices[3]), SLICE_RESOLUTION);
     }
 }

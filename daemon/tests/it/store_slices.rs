@@ -15,17 +15,27 @@ fn host_dir(root: &Path, s: &Store) -> HostDir {
     db.host_dir(s.current_epoch().expect("epoch"), "h1").expect("host dir")
 }
 
-/// Per (key, offset), the counts of the host directory's flat profiles.
-fn profile_counts(hd: &HostDir) -> BTreeMap<(SliceKey, u64), u64> {
+/// Per (key, offset), the counts of the host directory's flat profiles, image offsets
+/// rounded down to `res` bytes (the slices' resolution, FORMAT.md §14.2).
+fn profile_counts_at(hd: &HostDir, res: u64) -> BTreeMap<(SliceKey, u64), u64> {
     let mut t = BTreeMap::new();
     for e in hd.profiles().expect("profiles") {
         let p = Profile::read(&e.path).expect("profile");
         let key = SliceKey { event: p.header.event.name.clone(), image: e.image_id.clone() };
         for (o, c) in &p.counts {
-            *t.entry((key.clone(), *o)).or_insert(0) += c;
+            let o = if key.image.is_some() { o - o % res } else { *o };
+            *t.entry((key.clone(), o)).or_insert(0) += c;
         }
     }
     t
+}
+
+/// [`profile_counts_at`] the resolution of `log`'s slices, which dcpid writes at
+/// `SLICE_RESOLUTION` (16 bytes).
+fn profile_counts(hd: &HostDir, log: &SliceLog) -> BTreeMap<(SliceKey, u64), u64> {
+    let res = log.range_resolution(&log.range(None, None));
+    assert_eq!(res, dcpid::store::SLICE_RESOLUTION, "appended at the daemon's resolution");
+    profile_counts_at(hd, res)
 }
 
 fn slice_counts(log: &SliceLog) -> BTreeMap<(SliceKey, u64), u64> {
@@ -77,7 +87,7 @@ fn slices_add_up_to_the_epoch_profiles_exactly() {
     let hd = host_dir(dir.path(), &s);
     let log = hd.read_slices().expect("readable").expect("a slice log");
     assert!(log.slices.len() >= 3, "one slice per second at least: {:?}", log.slices.len());
-    assert_eq!(slice_counts(&log), profile_counts(&hd));
+    assert_eq!(slice_counts(&log), profile_counts(&hd, &log));
     assert_eq!(log.samples(), 5 + 6 + 7 + 3 * 7 + 1);
     // Slices never overlap, and each lies within one one-second slot.
     let r = log.range(None, None);
@@ -115,7 +125,7 @@ fn a_flush_mid_slice_continues_without_overlap_or_double_count() {
     let log = hd.read_slices().expect("readable").expect("log");
     assert_eq!(log.slices.len(), 2, "{:?}", log.slices);
     assert_eq!(log.slices[1].start, log.slices[0].end(), "continued where the first ended");
-    assert_eq!(slice_counts(&log), profile_counts(&hd));
+    assert_eq!(slice_counts(&log), profile_counts(&hd, &log));
     assert_eq!(log.samples(), 9);
 }
 
@@ -144,7 +154,7 @@ fn a_torn_tail_is_cut_and_appending_goes_on() {
     let log = hd.read_slices().expect("readable").expect("log");
     assert_eq!(log.torn_tail, 0);
     assert!(log.valid_len > good);
-    assert_eq!(slice_counts(&log), profile_counts(&hd));
+    assert_eq!(slice_counts(&log), profile_counts(&hd, &log));
     assert_eq!(log.samples(), 7);
 }
 
@@ -156,5 +166,5 @@ fn no_slices_when_turned_off() {
     s.flush_everything().expect("flush");
     let hd = host_dir(dir.path(), &s);
     assert!(hd.read_slices().expect("readable").is_none());
-    assert_eq!(profile_counts(&hd).values().sum::<u64>(), 3);
+    assert_eq!(profile_counts_at(&hd, 1).values().sum::<u64>(), 3);
 }

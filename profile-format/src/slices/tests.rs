@@ -318,7 +318,7 @@ fn arb_slice() -> impl Strategy<Value = Slice> {
 
 proptest! {
     #[test]
-    fn round_trip_and_rollup(slices in prop::collection::vec(arb_slice(), 0..12), before in 0u64..4_100_000_000) {
+    fn round_trip_and_rollup(slices in prop::collection::vec(arb_slice(), 0..12), before in 0u64..4_100_000_000, shift in 0u32..14) {
         let log = SliceLog {
             slices: slices.iter().enumerate().map(|(i, s)| Slice { seq: i as u64 + 1, ..s.clone() }).collect(),
             ..Default::default()
@@ -327,10 +327,27 @@ proptest! {
         let back = SliceLog::decode(&bytes, Path::new("x")).unwrap();
         prop_assert_eq!(&back.slices, &log.slices);
         prop_assert_eq!(back.valid_len, bytes.len() as u64);
-        let r = log.rollup(before, 3600);
-        prop_assert_eq!(totals(&r.slices), totals(&log.slices));
+        let r = log.rollup_at(before, 3600, 1 << shift);
+        prop_assert_eq!(totals(&r.slices).values().sum::<u64>(), totals(&log.slices).values().sum::<u64>());
+        if shift == 0 {
+            prop_assert_eq!(totals(&r.slices), totals(&log.slices));
+        }
         let rb = SliceLog::decode(&r.encode(), Path::new("x")).unwrap();
-        prop_assert_eq!(rb.slices, r.slices);
+        prop_assert_eq!(&rb.slices, &r.slices);
+        prop_assert_eq!(&rb.resolution, &r.resolution);
+    }
+
+    /// Arbitrary bytes after a valid header: an error or a log, never a panic.
+    #[test]
+    fn arbitrary_records_never_panic(body in prop::collection::vec(any::<u8>(), 0..200), shift in 0u8..20) {
+        let mut b = header();
+        let mut rec = vec![0x80, 0x04, 60, 1, shift];
+        rec.extend_from_slice(&body);
+        let len = rec.len() as u32;
+        b.extend_from_slice(&len.to_le_bytes());
+        b.extend_from_slice(&record_crc(len, &rec).to_le_bytes());
+        b.extend_from_slice(&rec);
+        drop(SliceLog::decode(&b, Path::new("x")));
     }
 }
 
@@ -339,14 +356,15 @@ fn a_newer_version_is_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join(SLICES_FILE);
     let mut h = b"DCPISLC\0".to_vec();
-    h.extend_from_slice(&2u16.to_le_bytes());
+    h.extend_from_slice(&(SLICES_VERSION + 1).to_le_bytes());
     h.extend_from_slice(&0u16.to_le_bytes());
     let crc = crc32fast::hash(&h);
     h.extend_from_slice(&crc.to_le_bytes());
-    h.extend_from_slice(b"records of version 2");
+    h.extend_from_slice(b"records of version 3");
     std::fs::write(&p, &h).unwrap();
     let e = SliceWriter::open(&p).unwrap_err().to_string();
-    assert!(e.contains("unknown format version 2") && e.contains(SLICES_FILE), "{e}");
+    let want = format!("unknown format version {}", SLICES_VERSION + 1);
+    assert!(e.contains(&want) && e.contains(SLICES_FILE), "{e}");
     assert_eq!(std::fs::read(&p).unwrap(), h, "untouched");
 }
 
@@ -358,4 +376,214 @@ fn a_replaced_file_is_noticed() {
     assert!(w.is_current());
     crate::safeio::set_aside(&p).unwrap();
     assert!(!w.is_current());
+}
+
+/// A version 1 file as dcpid 0.x wrote it (FORMAT.md §14.2: no resolution byte), built by
+/// hand: two records, the second using the key the first defined.
+fn v1_file() -> Vec<u8> {
+    let mut out = b"DCPISLC\0".to_vec();
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    let img = key("cpu-clock", Some(1)).image.unwrap().to_text();
+    for (seq, new_key, offsets) in
+        [(1u64, true, vec![(0x11u64, 3u64), (0x25, 1)]), (2, false, vec![(0x13, 2)])]
+    {
+        let mut payload = Vec::new();
+        crate::varint::write_u64(&mut payload, u64::from(new_key));
+        if new_key {
+            put_bytes(&mut payload, b"cpu-clock");
+            put_bytes(&mut payload, img.as_bytes());
+        }
+        crate::varint::write_u64(&mut payload, 1); // entries
+        crate::varint::write_u64(&mut payload, 0); // key index
+        crate::varint::write_u64(&mut payload, offsets.len() as u64);
+        let mut last: Option<u64> = None;
+        for &(o, _) in &offsets {
+            crate::varint::write_u64(&mut payload, last.map_or(o, |l| o - l - 1));
+            last = Some(o);
+        }
+        for &(_, c) in &offsets {
+            crate::varint::write_u64(&mut payload, c - 1);
+        }
+        let mut body = Vec::new();
+        crate::varint::write_u64(&mut body, 540 + seq * 60);
+        crate::varint::write_u64(&mut body, 60);
+        crate::varint::write_u64(&mut body, seq);
+        body.push(0); // codec: raw
+        body.extend_from_slice(&payload);
+        let len = body.len() as u32;
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&record_crc(len, &body).to_le_bytes());
+        out.extend_from_slice(&body);
+    }
+    out
+}
+
+#[test]
+fn version_1_files_still_read_and_are_upgraded_by_the_writer() {
+    let v1 = v1_file();
+    let log = SliceLog::decode(&v1, Path::new("v1")).unwrap();
+    let k = key("cpu-clock", Some(1));
+    assert_eq!(log.slices.len(), 2);
+    assert_eq!(log.slices[0].counts[&k], vec![(0x11, 3), (0x25, 1)]);
+    assert_eq!(log.slices[1].counts[&k], vec![(0x13, 2)]);
+    assert!(log.slices.iter().all(|s| log.resolution_of(s) == 1), "version 1 is exact");
+    // The writer rewrites it in the current version, every slice kept, then appends.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(SLICES_FILE);
+    std::fs::write(&p, &v1).unwrap();
+    let (mut w, rep) = SliceWriter::open(&p).unwrap();
+    assert_eq!(rep.upgraded_from, Some(1));
+    w.set_resolution(16);
+    w.append(&slice(720, 60, &[(k.clone(), vec![(0x21, 1), (0x2f, 1)])])).unwrap();
+    let bytes = std::fs::read(&p).unwrap();
+    assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), SLICES_VERSION);
+    let back = SliceLog::read(&p).unwrap().unwrap();
+    assert_eq!(back.slices[..2], log.slices[..]);
+    assert_eq!(back.slices[2].counts[&k], vec![(0x20, 2)], "two offsets in one 16-byte bucket");
+    assert_eq!(
+        back.slices.iter().map(|s| back.resolution_of(s)).collect::<Vec<_>>(),
+        vec![1, 1, 16]
+    );
+    assert_eq!(back.range_resolution(&back.range(None, None)), 16);
+    assert_eq!(back.range_resolution(&back.range(None, Some(700))), 1);
+}
+
+#[test]
+fn coarser_offsets_keep_every_sample_and_unknown_codes_exact() {
+    let s = slice(
+        600,
+        60,
+        &[
+            (key("cpu-clock", Some(1)), vec![(0, 1), (15, 2), (16, 3), (4095, 1), (u64::MAX, 5)]),
+            (key("cpu-clock", None), vec![(1, 4), (2, 1)]),
+        ],
+    );
+    for res in [1u64, 2, 16, 64, 4096, 1 << 20] {
+        let log = SliceLog {
+            slices: vec![Slice { seq: 1, ..s.clone() }],
+            resolution: [(1, res)].into_iter().collect(),
+            ..Default::default()
+        };
+        let back = SliceLog::decode(&log.encode(), Path::new("x")).unwrap();
+        let stored = back.resolution_of(&back.slices[0]);
+        assert_eq!(stored, res.min(1 << MAX_RESOLUTION_SHIFT));
+        let b = &back.slices[0];
+        assert_eq!(b.samples(), s.samples(), "resolution {res}");
+        assert_eq!(b.counts[&key("cpu-clock", None)], vec![(1, 4), (2, 1)]);
+        let img = &b.counts[&key("cpu-clock", Some(1))];
+        assert!(img.iter().all(|(o, _)| o % stored == 0), "{res}: {img:?}");
+        assert!(img.windows(2).all(|w| w[0].0 < w[1].0));
+        if res == 16 {
+            assert_eq!(img, &vec![(0, 3), (16, 3), (4080, 1), (!15, 5)]);
+        }
+    }
+}
+
+#[test]
+fn rollup_at_a_coarser_resolution_keeps_every_sample() {
+    let k = key("cpu-clock", Some(1));
+    let log = SliceLog {
+        slices: (0..5u64)
+            .map(|i| Slice {
+                seq: i + 1,
+                ..slice(3600 + i * 60, 60, &[(k.clone(), vec![(i * 16, 1), (300 + i, 2)])])
+            })
+            .collect(),
+        resolution: (1..=5).map(|s| (s, 16)).collect(),
+        ..Default::default()
+    };
+    let r = log.rollup_at(3600 + 180, 3600, 256);
+    assert_eq!(r.slices.len(), 1 + 2, "three minutes merged, two kept");
+    assert_eq!(r.resolution_of(&r.slices[0]), 256);
+    assert_eq!(r.slices[0].counts[&k], vec![(0, 3), (256, 6)]);
+    assert_eq!((r.resolution_of(&r.slices[1]), r.resolution_of(&r.slices[2])), (16, 16));
+    assert_eq!(totals(&r.slices).values().sum::<u64>(), 15);
+    let back = SliceLog::decode(&r.encode(), Path::new("x")).unwrap();
+    assert_eq!(back.slices, r.slices);
+    assert_eq!(back.resolution, r.resolution);
+    // A merge never makes offsets finer than its members.
+    let fine = log.rollup(u64::MAX, 3600);
+    assert_eq!(fine.resolution_of(&fine.slices[0]), 16);
+}
+
+/// A record of the current version with its resolution byte set to `shift` and one image
+/// offset `off` (stored, i.e. in units of the resolution).
+fn record_with(shift: u8, off: u64) -> Vec<u8> {
+    let mut out = header();
+    let mut payload = Vec::new();
+    crate::varint::write_u64(&mut payload, 1);
+    put_bytes(&mut payload, b"cpu-clock");
+    put_bytes(&mut payload, key("e", Some(1)).image.unwrap().to_text().as_bytes());
+    for v in [1, 0, 1, off, 0] {
+        crate::varint::write_u64(&mut payload, v);
+    }
+    let mut body = Vec::new();
+    for v in [600, 60, 1] {
+        crate::varint::write_u64(&mut body, v);
+    }
+    body.push(shift);
+    body.push(0);
+    body.extend_from_slice(&payload);
+    let len = body.len() as u32;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&record_crc(len, &body).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+#[test]
+fn hostile_resolutions_are_corrupt_naming_the_field() {
+    let ok = SliceLog::decode(&record_with(4, 3), Path::new("x")).unwrap();
+    assert_eq!(ok.slices[0].counts[&key("cpu-clock", Some(1))], vec![(48, 1)]);
+    for (bytes, field) in [
+        (record_with(MAX_RESOLUTION_SHIFT + 1, 1), "resolution"),
+        (record_with(255, 1), "resolution"),
+        // An offset that the resolution would shift beyond 2^64 - 1.
+        (record_with(4, u64::MAX >> 3), "offset"),
+    ] {
+        let e = SliceLog::decode(&bytes, Path::new("slices.log")).unwrap_err().to_string();
+        assert!(e.contains(field) && e.contains("slices.log"), "{field}: {e}");
+    }
+    // Every truncation of a record's body (with a recomputed checksum) is an error or a
+    // shorter read, never a panic or a hang.
+    let full = record_with(4, 3);
+    for cut in SLICES_HEADER_LEN + FRAME_LEN..full.len() {
+        let mut b = full[..SLICES_HEADER_LEN].to_vec();
+        let body = &full[SLICES_HEADER_LEN + FRAME_LEN..cut];
+        let len = body.len() as u32;
+        b.extend_from_slice(&len.to_le_bytes());
+        b.extend_from_slice(&record_crc(len, body).to_le_bytes());
+        b.extend_from_slice(body);
+        assert!(SliceLog::decode(&b, Path::new("x")).is_err(), "cut at {cut}");
+    }
+}
+
+#[test]
+fn a_busy_minute_at_16_byte_resolution_costs_far_less_than_exact() {
+    // Many offsets inside few hot functions (instructions 1-7 bytes apart), most counted
+    // once: what a minute of the busy mix looks like (BENCHMARKS.md "Time slices").
+    let mut counts = BTreeMap::new();
+    let mut x = 99u64;
+    let mut pairs = 0;
+    for i in 0..20u8 {
+        let mut v = Vec::new();
+        let mut off = 0x1000;
+        for _ in 0..1000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            off += 1 + (x >> 61);
+            v.push((off, 1 + u64::from(x >> 62 == 0)));
+        }
+        pairs += v.len();
+        counts.insert(key("cpu-clock", Some(i)), v);
+    }
+    let s = Slice { start: 0, len: 60, seq: 1, counts };
+    let (mut k1, mut k2) = (KeyTable::default(), KeyTable::default());
+    let (mut exact, mut coarse) = (Vec::new(), Vec::new());
+    encode_record(&mut exact, &s, &mut k1);
+    encode_record_at(&mut coarse, &s, &mut k2, 16);
+    assert!(coarse.len() * 2 < exact.len(), "{} vs {} bytes", coarse.len(), exact.len());
+    assert!(exact.len() < 2 * pairs, "{} bytes for {pairs} pairs", exact.len());
 }
