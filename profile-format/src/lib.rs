@@ -58,7 +58,8 @@ pub use stacks::{
 };
 pub use sumidx::{SUMMARY_INDEX_FILE, SUMMARY_INDEX_MAGIC, SUMMARY_INDEX_VERSION};
 pub use summary::{
-    EventSummary, FreshMark, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION,
+    EventSummary, FreshMark, HostSummary, ImageTotal, SummaryIndex, FRESH_NAMES_FILE,
+    SUMMARY_FORMAT_VERSION,
 };
 pub use symtab::{
     StoredSymtab, SymtabOrigin, SymtabSegment, SymtabSymbol, BINARIES_DIR, MAX_SYMTAB_FILE,

@@ -19,7 +19,86 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use profile_format::{EpochId, FreshMark};
+use profile_format::{EpochId, EventDesc, FreshMark, ImageKind, ProfileHeader, SummaryIndex};
+
+/// Per epoch: the names of the image keys its slices hold, for `fresh.json` (FORMAT.md §7.3).
+#[derive(Default)]
+pub(super) struct Names {
+    /// event name → image id text → (kind, path, event).
+    known: hashbrown::HashMap<String, hashbrown::HashMap<String, (ImageKind, Vec<u8>, EventDesc)>>,
+    /// (event, image id) of the keys in the file as last written (or read back at start).
+    written: BTreeSet<(String, String)>,
+    /// Whether the file left by an earlier run was read back into `written`/`known`.
+    resumed: bool,
+}
+
+impl Names {
+    /// Remember the names of a batch's key: a lookup for a key already known, no allocation.
+    pub(super) fn learn(&mut self, event: &EventDesc, id: &str, kind: ImageKind, path: &[u8]) {
+        let m = match self.known.get_mut(event.name.as_str()) {
+            Some(m) => m,
+            None => self.known.entry(event.name.clone()).or_default(),
+        };
+        if !m.contains_key(id) {
+            m.insert(id.to_owned(), (kind, path.to_vec(), event.clone()));
+        }
+    }
+
+    /// Whether `(event, id)` is in the file as written.
+    pub(super) fn is_written(&self, event: &str, id: &str) -> bool {
+        self.written.contains(&(event.to_owned(), id.to_owned()))
+    }
+
+    /// The file left by an earlier run (its names stay until this run writes them again).
+    pub(super) fn resume(&mut self, old: Option<SummaryIndex>) {
+        if std::mem::replace(&mut self.resumed, true) {
+            return;
+        }
+        let Some(old) = old else { return };
+        let epoch = EpochId::parse("19700101T000000Z").expect("a valid epoch name");
+        for t in &old.images {
+            let Ok(h) = t.header(&old, "", &epoch) else { continue };
+            let id = h.image_id.to_text();
+            self.learn(&h.event, &id, h.kind, &h.image_path);
+        }
+    }
+
+    pub(super) fn needs_resume(&self) -> bool {
+        !self.resumed
+    }
+
+    /// The file's content: every known key `unpublished(event, id)` says has no profile yet.
+    /// Records what it holds as written.
+    pub(super) fn index(&mut self, unpublished: &dyn Fn(&str, &str) -> bool) -> SummaryIndex {
+        let mut idx = SummaryIndex::default();
+        let mut written = BTreeSet::new();
+        let mut keys: Vec<(&String, &String, &(ImageKind, Vec<u8>, EventDesc))> = self
+            .known
+            .iter()
+            .flat_map(|(e, m)| m.iter().map(move |(id, v)| (e, id, v)))
+            .filter(|(e, id, _)| unpublished(e, id))
+            .collect();
+        keys.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        for (e, id, (kind, path, desc)) in keys {
+            let Ok(image_id) = profile_format::ImageId::parse(id) else { continue };
+            idx.push(&ProfileHeader {
+                kind: *kind,
+                image_id,
+                image_path: path.clone(),
+                event: desc.clone(),
+                host: String::new(),
+                epoch: EpochId::parse("19700101T000000Z").expect("a valid epoch name"),
+                total_samples: 0,
+                total_period: 0,
+                sequence: 0,
+                jit_symbols: Vec::new(),
+            });
+            written.insert((e.clone(), id.clone()));
+        }
+        self.written = written;
+        idx
+    }
+}
 
 /// The freshness bookkeeping of a store.
 #[derive(Default)]
@@ -38,6 +117,11 @@ pub(super) struct Fresh {
     pub(super) held_back: Vec<super::spool::SpoolKey>,
     /// Epochs that got a new mark since last asked (their held-back profiles can go now).
     pub(super) new_marks: BTreeSet<EpochId>,
+    /// Per epoch: the names of its slices' keys (`fresh.json`).
+    pub(super) names: BTreeMap<EpochId, Names>,
+    /// `fresh.json` files written and their bytes (what naming new images costs).
+    pub(super) names_writes: u64,
+    pub(super) names_bytes: u64,
 }
 
 impl Fresh {

@@ -117,6 +117,11 @@ impl Schedule {
         self.pending_samples.retain(|k, _| k.epoch != epoch);
     }
 
+    /// Whether this daemon published `key`'s profile (since it started).
+    pub(super) fn was_published(&self, key: &SpoolKey) -> bool {
+        self.last_published.contains_key(key)
+    }
+
     pub(super) fn has_epoch(&self, epoch: &str) -> bool {
         self.dirty.keys().any(|k| k.epoch == epoch)
     }

@@ -182,6 +182,16 @@ impl Store {
             return;
         }
         let c0 = crate::sys::time::thread_cpu_ns();
+        // The names of its keys, for `fresh.json` (FORMAT.md §7.3): a lookup per profile.
+        let names = match self.fresh.names.get_mut(&epoch) {
+            Some(n) => n,
+            None => self.fresh.names.entry(epoch.clone()).or_default(),
+        };
+        for p in &b.profiles {
+            if let Some((id, img)) = &p.image {
+                names.learn(&p.desc, id, img.kind, &img.path);
+            }
+        }
         let at = unix_s(at);
         let aligned = at - at % iv;
         let acc = &mut self.slices;
@@ -261,6 +271,10 @@ impl Store {
         // Forget where finished epochs' slices ended.
         let open = &self.slices.open;
         self.slices.last_end.retain(|e, _| Some(e) == current.as_ref() || open.contains_key(e));
+        let closed = &self.slices.closed;
+        self.fresh.names.retain(|e, _| {
+            Some(e) == current.as_ref() || open.contains_key(e) || closed.iter().any(|(c, _)| c == e)
+        });
         self.slices.stats.cpu_ns += crate::sys::time::thread_cpu_ns().saturating_sub(c0);
     }
 
@@ -283,6 +297,13 @@ impl Store {
                 acc.stats.dropped_samples += slice.samples();
                 acc.closed_last.remove(&(epoch.clone(), slice.start));
             } else {
+                if acc.writer.is_none() {
+                    break;
+                }
+                // Names first: a reader that finds a key in the log finds its name (§7.3).
+                self.write_fresh_names(&epoch)?;
+                let acc = &mut self.slices;
+                let Some((_, slice)) = acc.closed.front() else { break };
                 let Some((_, w)) = &mut acc.writer else { break };
                 let n = w.append(slice)?;
                 acc.stats.records += 1;
@@ -300,6 +321,52 @@ impl Store {
             }
         }
         self.slices.dropped_logged = false;
+        Ok(())
+    }
+
+    /// Before the front closed slice (of `epoch`) is appended: rewrite `fresh.json` (FORMAT.md
+    /// §7.3) when the slice holds image keys that neither have a profile published by this
+    /// daemon nor are named there yet. So it is written when new images appear (a few times
+    /// an epoch), not at every slice, and holds only keys not yet published.
+    fn write_fresh_names(&mut self, epoch: &EpochId) -> Result<(), StoreError> {
+        let Some((_, slice)) = self.slices.closed.front() else { return Ok(()) };
+        let ep = epoch.to_string();
+        let schedule = &self.schedule;
+        let unpublished = |event: &str, id: &str| {
+            !schedule.was_published(&super::spool::SpoolKey {
+                epoch: ep.clone(),
+                image: Some(id.to_owned()),
+                event: event.to_owned(),
+            })
+        };
+        let names = self.fresh.names.entry(epoch.clone()).or_default();
+        let new = slice.counts.keys().any(|k| {
+            k.image.as_ref().is_some_and(|id| {
+                let id = id.to_text();
+                !names.is_written(&k.event, &id) && unpublished(&k.event, &id)
+            })
+        });
+        if !new {
+            return Ok(());
+        }
+        let hd = self.host_dir(epoch)?;
+        let names = self.fresh.names.entry(epoch.clone()).or_default();
+        if names.needs_resume() {
+            // What an earlier run of this epoch named (unreadable: named again from now on).
+            names.resume(hd.read_fresh_names().ok().flatten());
+        }
+        let schedule = &self.schedule;
+        let unpublished = |event: &str, id: &str| {
+            !schedule.was_published(&super::spool::SpoolKey {
+                epoch: ep.clone(),
+                image: Some(id.to_owned()),
+                event: event.to_owned(),
+            })
+        };
+        let idx = names.index(&unpublished);
+        let n = hd.write_fresh_names(&idx)?;
+        self.fresh.names_writes += 1;
+        self.fresh.names_bytes += n;
         Ok(())
     }
 

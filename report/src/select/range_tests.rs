@@ -226,8 +226,8 @@ fn fresh_merge_adds_the_slices_after_each_profiles_mark() {
     summary.write(&d.summary_path()).unwrap();
     let dirs = select_host_dirs(&db, &EpochSel::Latest, &HostSel::Named("h1".into())).unwrap();
     let mut l = load_counts(dirs.clone(), None, true, &mut |_| {}).unwrap();
-    let added = freshen_loaded(&mut l, None).unwrap();
-    assert_eq!(added, 8 + 4, "image 1's second minute and image 3; not image 2's");
+    let added = freshen_loaded(&mut l, None, true).unwrap();
+    assert_eq!(added.samples, 8 + 4, "image 1's second minute and image 3; not image 2's");
     let by = samples_by_image(&l);
     assert_eq!(by["/usr/bin/w1"], 108);
     assert_eq!(by["/usr/bin/w2"], 50, "stamped with no recorded mark: as published");
@@ -238,7 +238,7 @@ fn fresh_merge_adds_the_slices_after_each_profiles_mark() {
     assert_eq!((w1.header.total_samples, w1.header.total_period), (108, 108_000_000));
     // The per-image totals agree.
     let mut t = load_image_totals(dirs.clone(), &mut |_| {}).unwrap();
-    assert_eq!(freshen_totals(&mut t).unwrap(), 12);
+    assert_eq!(freshen_totals(&mut t).unwrap().samples, 12);
     let mut tot: BTreeMap<String, u64> = BTreeMap::new();
     for row in t.rows() {
         *tot.entry(String::from_utf8_lossy(&row.header.image_path).into_owned()).or_default() +=
@@ -248,9 +248,10 @@ fn fresh_merge_adds_the_slices_after_each_profiles_mark() {
     // With a filter, only the image's keys are added.
     let f = ImageFilter::new("w3");
     let mut one = load(dirs, Some(&f), &mut |_| {}).unwrap();
-    freshen_loaded(&mut one, Some(&f)).unwrap();
+    freshen_loaded(&mut one, Some(&f), true).unwrap();
     assert_eq!(samples_by_image(&one), [("/usr/bin/w3".to_owned(), 4)].into_iter().collect());
-    // No mark recorded (an older daemon): the profiles as they are.
+    // No mark recorded (an older daemon, or none written yet): the published profiles as
+    // they are; a key without a profile still gets all its slices (nothing of it is published).
     let bare = profile_format::HostSummary { fresh: Vec::new(), ..summary };
     bare.write(&d.summary_path()).unwrap();
     let mut l = load_counts(
@@ -260,5 +261,73 @@ fn fresh_merge_adds_the_slices_after_each_profiles_mark() {
         &mut |_| {},
     )
     .unwrap();
-    assert_eq!(freshen_loaded(&mut l, None).unwrap(), 0);
+    assert_eq!(freshen_loaded(&mut l, None, true).unwrap().samples, 4);
+    assert_eq!(samples_by_image(&l)["/usr/bin/w1"], 100);
+}
+
+/// Issue 36 item 6, right after `dcpictl epoch new`: no profile and no summary yet, only
+/// slices (at dcpid's 16-byte resolution) and `fresh.json`. The new image is reported under
+/// the name `fresh.json` gives, with every sample, its offsets at the slices' resolution;
+/// counting only (`apply` false, dcpilist) changes nothing. A slice straddling a mark (a
+/// roll-up across it) is not split: that key is left as published.
+#[test]
+fn a_new_epoch_reports_its_slices_under_the_names_of_fresh_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = Database::create(&tmp.path().join("db")).unwrap();
+    let t0 = 1_795_960_800;
+    let e = db.new_epoch(UNIX_EPOCH + Duration::from_secs(t0), "h1").unwrap();
+    let d = db.host_dir(&e, "h1").unwrap();
+    d.create().unwrap();
+    let (mut w, _) = SliceWriter::open(&d.slices_path()).unwrap();
+    w.set_resolution(16);
+    let counts = [(key(4), vec![(0x13, 5), (0x2f, 2)])].into_iter().collect();
+    w.append(&Slice { start: t0, len: 60, seq: 0, counts }).unwrap();
+    let dirs = || select_host_dirs(&db, &EpochSel::Latest, &HostSel::Named("h1".into())).unwrap();
+    // Without a name (no fresh.json, no summary, no previous epoch): no event to report under.
+    let mut t = load_image_totals(dirs(), &mut |_| {}).unwrap();
+    assert_eq!(freshen_totals(&mut t).unwrap().samples, 0);
+    let mut names = profile_format::SummaryIndex::default();
+    names.push(&ProfileHeader {
+        kind: ImageKind::Elf,
+        image_id: image(4),
+        image_path: b"/opt/new/w4".to_vec(),
+        event: desc(),
+        host: String::new(),
+        epoch: e.clone(),
+        total_samples: 0,
+        total_period: 0,
+        sequence: 0,
+        jit_symbols: Vec::new(),
+    });
+    d.write_fresh_names(&names).unwrap();
+    let mut t = load_image_totals(dirs(), &mut |_| {}).unwrap();
+    let f = freshen_totals(&mut t).unwrap();
+    assert_eq!((f.samples, f.resolution), (7, 16));
+    let rows: Vec<(String, u64)> = t
+        .rows()
+        .map(|r| (String::from_utf8_lossy(&r.header.image_path).into_owned(), r.samples))
+        .collect();
+    assert_eq!(rows, [("/opt/new/w4".to_owned(), 7)]);
+    let mut l = load_counts(dirs(), None, true, &mut |_| {}).unwrap();
+    let counted = freshen_loaded(&mut l, None, false).unwrap();
+    assert_eq!((counted.samples, l.profiles.len()), (7, 0), "counted, not applied");
+    freshen_loaded(&mut l, None, true).unwrap();
+    let p = &l.profiles[0].profile;
+    assert_eq!(p.counts, [(0x10, 5), (0x20, 2)].into_iter().collect(), "at 16 bytes");
+    assert_eq!(p.header.total_period, 7 * 1_000_000, "weighted by the event's period");
+    // A profile stamped with a mark inside a rolled-up slice: not split, left as published.
+    let mut prof = Profile { header: p.header.clone(), who: None, counts: p.counts.clone() };
+    prof.header.sequence = 77;
+    prof.write(&d.profile_path(&image(4), EVENT)).unwrap();
+    let summary = profile_format::HostSummary {
+        format_version: 1,
+        host: "h1".into(),
+        epoch: e.to_string(),
+        fresh: vec![profile_format::FreshMark { slice_end: t0 + 30, sequence: 77 }],
+        ..Default::default()
+    };
+    summary.write(&d.summary_path()).unwrap();
+    let mut l = load_counts(dirs(), None, true, &mut |_| {}).unwrap();
+    assert_eq!(freshen_loaded(&mut l, None, true).unwrap().samples, 0);
+    assert_eq!(samples_by_image(&l)["/opt/new/w4"], 7);
 }
