@@ -31,7 +31,9 @@ NUMBERS
   the hosts' summary.json). A report of the current epoch is fresh without `dcpictl flush`:
   it adds to the published profiles the time slices they do not hold yet (FORMAT.md §7.3),
   so it lags the machine by one slice_interval plus a flush interval; right after a new
-  epoch starts it is an empty report that says so (exit 0). With --since/--until the counts
+  epoch starts it is an empty report that says so (exit 0). Those slices keep offsets at 16
+  bytes: per-image counts are exact, per-symbol counts too except a 16-byte block that
+  straddles a symbol's start (dcpilist, per instruction, leaves them out and says so). With --since/--until the counts
   are those of the time slices in the range, and a `# time:` line (JSON `time`) names the
   range they exactly cover and how the request was rounded.
 

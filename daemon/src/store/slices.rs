@@ -424,12 +424,80 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use profile_format::SliceLog;
+    use profile_format::{ImageKind, SliceLog};
 
     fn minute(start: u64, off: u64) -> Slice {
         let key =
             SliceKey { event: "cpu-clock".into(), image: Some(ImageId::BuildId(vec![7; 20])) };
         Slice { start, len: 60, seq: 0, counts: [(key, vec![(off, 2)])].into_iter().collect() }
+    }
+
+    /// `fresh.json` (FORMAT.md §7.3): written before a slice with an image key that is
+    /// neither published nor named yet is appended, naming every such key of the epoch; not
+    /// rewritten for slices of keys already named; a published key is left out of the next one.
+    #[test]
+    fn fresh_json_names_new_images_before_their_slice_and_only_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = super::super::StoreConfig {
+            db: dir.path().join("db"),
+            spool: dir.path().join("spool"),
+            host: "h1".into(),
+            flush_interval: Duration::from_secs(2),
+            publish_interval: Duration::from_secs(60),
+            publish_max_delay: Duration::from_secs(360),
+            max_memory_bytes: 64 << 20,
+            retention_days: 7,
+            retention_keep: 3,
+        };
+        let mut s = Store::open(cfg);
+        let epoch = s.current_epoch().unwrap().clone();
+        let desc = profile_format::EventDesc {
+            name: "cpu-clock".into(),
+            perf_type: 1,
+            perf_config: 0,
+            period_mean: 1000,
+            period_min: 1000,
+            period_max: 1000,
+        };
+        let id = |n: u8| ImageId::BuildId(vec![n; 20]);
+        let slice = |start: u64, n: u8| {
+            let key = SliceKey { event: "cpu-clock".into(), image: Some(id(n)) };
+            Slice { start, len: 60, seq: 0, counts: [(key, vec![(0x10, 2)])].into_iter().collect() }
+        };
+        let learn = |s: &mut Store, n: u8| {
+            let path = format!("/opt/app{n}");
+            s.fresh.names.entry(epoch.clone()).or_default().learn(
+                &desc,
+                &id(n).to_text(),
+                ImageKind::Elf,
+                path.as_bytes(),
+            );
+        };
+        let hd = s.host_dir(&epoch).unwrap();
+        let named = || -> Vec<String> {
+            let idx = hd.read_fresh_names().unwrap().unwrap_or_default();
+            idx.images.iter().map(|t| t.path.clone()).collect()
+        };
+        learn(&mut s, 7);
+        s.slices.closed.push_back((epoch.clone(), slice(600, 7)));
+        s.append_closed().unwrap();
+        assert_eq!((named(), s.fresh.names_writes), (vec!["/opt/app7".to_owned()], 1));
+        // The same image again: no rewrite.
+        s.slices.closed.push_back((epoch.clone(), slice(660, 7)));
+        s.append_closed().unwrap();
+        assert_eq!(s.fresh.names_writes, 1);
+        // Image 7 is published, image 8 is new: the file names image 8 alone.
+        let key = super::super::spool::SpoolKey {
+            epoch: epoch.to_string(),
+            image: Some(id(7).to_text()),
+            event: "cpu-clock".into(),
+        };
+        s.schedule.done(key, std::time::Instant::now(), Some(4));
+        learn(&mut s, 8);
+        s.slices.closed.push_back((epoch.clone(), slice(720, 8)));
+        s.append_closed().unwrap();
+        assert_eq!((named(), s.fresh.names_writes), (vec!["/opt/app8".to_owned()], 2));
+        assert_eq!(SliceLog::read(&hd.slices_path()).unwrap().unwrap().slices.len(), 3);
     }
 
     /// The roll-up policy: nothing before a whole hour of minutes is older than
