@@ -1198,6 +1198,11 @@ fn fresh_dir(
     known: &BTreeMap<SliceKey, u64>,
     read_rest: bool,
 ) -> Result<Option<FreshDir>, ProfError> {
+    // No slice log (slices off, an older daemon): nothing to merge, nothing to list. One
+    // created after this look is simply not merged by this report.
+    if !d.slices_path().exists() {
+        return Ok(None);
+    }
     // Profile files per (image, event file-name component).
     let mut files: BTreeMap<(Option<ImageId>, String), Vec<ProfileEntry>> = BTreeMap::new();
     for e in d.profiles()? {
@@ -1246,7 +1251,8 @@ fn fresh_dir(
             Some([e]) => {
                 let stamp = match known.get(k) {
                     Some(s) => Some(*s),
-                    None if read_rest => match read_profile(d, e) {
+                    // Without marks no stamp can match: nothing to read.
+                    None if read_rest && !marks.is_empty() => match read_profile(d, e) {
                         Ok(p) => {
                             let s = p.header.sequence;
                             out.published.insert(k.clone(), p.header);

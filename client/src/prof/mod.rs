@@ -240,14 +240,10 @@ fn run_images(
         }
         None => {
             let latest = p.sel.is_latest();
-            let mut totals = match p.sel.load_totals(&mut |w| warnings.push(w)) {
-                // The current epoch, before this host wrote anything into it.
-                Err(ProfError::Empty(why)) if latest && p.who.is_none() => {
-                    flush_warnings(err, &mut warnings)?;
-                    return empty_current_epoch(&p.sel, p.format, &why, out);
-                }
-                r => r?,
-            };
+            // A host with no directory in the current epoch stays an error naming where it
+            // has data (a typo, another host's rotation); its directory without data yet
+            // (right after `dcpictl epoch new`) is the empty report below.
+            let mut totals = p.sel.load_totals(&mut |w| warnings.push(w))?;
             if p.no_idle {
                 totals.exclude_idle();
             }

@@ -265,6 +265,8 @@ impl Store {
                 total_bytes = st.bytes,
                 total_cpu_ns = st.cpu_ns + crate::sys::time::thread_cpu_ns().saturating_sub(c0),
                 rollups = st.rollups,
+                names_writes = self.fresh.names_writes,
+                names_bytes = self.fresh.names_bytes,
                 "store: time slices appended"
             );
         }
