@@ -1215,11 +1215,8 @@ fn fresh_dir(
         Err(_) => None,
     };
     let Some(log) = d.read_slices()? else { return Ok(None) };
-    let marks: HashMap<u64, u64> = summary
-        .iter()
-        .flat_map(|s| s.fresh.iter())
-        .map(|m| (m.sequence, m.slice_end))
-        .collect();
+    let marks: HashMap<u64, u64> =
+        summary.iter().flat_map(|s| s.fresh.iter()).map(|m| (m.sequence, m.slice_end)).collect();
     // Per starting point: the keys' counts of the slices starting at or after it, and the
     // coarsest resolution among them; `None` when a slice straddles it (a roll-up merged
     // slices across it: not exact, left out).
@@ -1501,7 +1498,13 @@ pub fn freshen_totals(t: &mut Totals) -> Result<Freshened, ProfError> {
             }
             let (total_samples, total_period) = (h.total_samples, h.total_period);
             let header = interner.intern_header(&h);
-            t.entries.push(TotalEntry { dir: i as u32, header, samples, total_samples, total_period });
+            t.entries.push(TotalEntry {
+                dir: i as u32,
+                header,
+                samples,
+                total_samples,
+                total_period,
+            });
         }
         for (k, v) in f.extra {
             let Some(mut h) = f.headers.remove(&k) else { continue };
@@ -1510,7 +1513,13 @@ pub fn freshen_totals(t: &mut Totals) -> Result<Freshened, ProfError> {
             add_pairs(&mut h, &mut samples, n);
             let (total_samples, total_period) = (h.total_samples, h.total_period);
             let header = interner.intern_header(&h);
-            t.entries.push(TotalEntry { dir: i as u32, header, samples, total_samples, total_period });
+            t.entries.push(TotalEntry {
+                dir: i as u32,
+                header,
+                samples,
+                total_samples,
+                total_period,
+            });
             out.samples += n;
         }
         if out.samples > 0 {

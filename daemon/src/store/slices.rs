@@ -275,7 +275,9 @@ impl Store {
         self.slices.last_end.retain(|e, _| Some(e) == current.as_ref() || open.contains_key(e));
         let closed = &self.slices.closed;
         self.fresh.names.retain(|e, _| {
-            Some(e) == current.as_ref() || open.contains_key(e) || closed.iter().any(|(c, _)| c == e)
+            Some(e) == current.as_ref()
+                || open.contains_key(e)
+                || closed.iter().any(|(c, _)| c == e)
         });
         self.slices.stats.cpu_ns += crate::sys::time::thread_cpu_ns().saturating_sub(c0);
     }
