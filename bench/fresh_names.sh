@@ -10,7 +10,8 @@ W=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$W"' EXIT
 "$T/dcpid" --config none --db "$W/db" --spool "$W/spool" --socket "$W/sock" --host h1 -v \
     2> "$W/log" &
-for _ in $(seq 100); do [ -S "$W/sock" ] && break; sleep 0.2; done
+for _ in $(seq 600); do [ -S "$W/sock" ] && break; sleep 0.2; done
+sleep 2
 "$T/dcpictl" --socket "$W/sock" epoch new > /dev/null
 sh -c 'while :; do :; done' & BUSY=$!
 end=$(( $(date +%s) + MIN * 60 )); i=0

@@ -82,9 +82,10 @@ fn in_slices(hd: &HostDir, hex: &str) -> (u64, usize) {
     (total, slices)
 }
 
-/// The row of `image` in a plain per-image JSON report: (samples, build-id hex).
+/// The row of `image` in a plain per-image JSON report (every row: on a busy machine the
+/// workload need not be among the top ones): (samples, build-id hex).
 fn row_of(sb: &Sandbox, host: &str, image: &str) -> Option<(u64, String)> {
-    let v = json(sb.prof(&["--host", host, "--format", "json"]));
+    let v = json(sb.prof(&["--host", host, "--limit", "0", "--format", "json"]));
     v["rows"].as_array()?.iter().find(|r| r["image"].as_str() == Some(image)).map(|r| {
         (r["samples"].as_u64().unwrap_or(0), r["build_id"].as_str().unwrap_or("").to_owned())
     })
