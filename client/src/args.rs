@@ -16,8 +16,9 @@ use dcpi_report::error::ProfError;
 pub use dcpi_report::error::{did_you_mean, did_you_mean_hint};
 use dcpi_report::image::ImageFilter;
 use dcpi_report::select::{
-    epoch_start, load, load_counts, load_image_totals, open_db, restrict_loaded, restrict_totals,
-    select_host_dirs, this_host, EpochSel, HostSel, Loaded, TimeRange, Totals,
+    epoch_start, freshen_loaded, freshen_totals, load, load_counts, load_image_totals, open_db,
+    restrict_loaded, restrict_totals, select_host_dirs, this_host, EpochSel, Freshened, HostSel,
+    Loaded, TimeRange, Totals,
 };
 use dcpi_report::symcache::{default_path as default_cache_path, SymbolCache};
 
@@ -69,6 +70,11 @@ impl Selection {
         }
     }
 
+    /// Whether the selection is the current epoch (the default `--epoch latest`, no range).
+    pub fn is_latest(&self) -> bool {
+        self.time_range().is_none() && self.epoch == EpochSel::Latest
+    }
+
     /// `--since`/`--until` as a time range, when either is given.
     pub fn time_range(&self) -> Option<TimeRange> {
         (self.since.is_some() || self.until.is_some())
@@ -116,25 +122,70 @@ impl Selection {
         filter: Option<&ImageFilter>,
         warn: &mut dyn FnMut(String),
     ) -> Result<Loaded, ProfError> {
+        self.load_fresh(epoch, host, filter, true, warn).map(|(l, _)| l)
+    }
+
+    /// As [`Selection::load`] for per-instruction counts (dcpilist): the current epoch's
+    /// newest samples, in time slices at a coarser offset resolution, are not merged in
+    /// (FORMAT.md §7.3); how many were left out is returned.
+    pub fn load_published(
+        &self,
+        filter: Option<&ImageFilter>,
+        warn: &mut dyn FnMut(String),
+    ) -> Result<(Loaded, Freshened), ProfError> {
+        self.load_fresh(&self.epoch_sel(), &self.host_sel(), filter, false, warn)
+    }
+
+    fn load_fresh(
+        &self,
+        epoch: &EpochSel,
+        host: &HostSel,
+        filter: Option<&ImageFilter>,
+        apply: bool,
+        warn: &mut dyn FnMut(String),
+    ) -> Result<(Loaded, Freshened), ProfError> {
         let db = open_db(&self.db)?;
         let dirs = select_host_dirs(&db, epoch, host)?;
         let mut loaded = load(dirs, filter, warn)?;
+        let mut fresh = Freshened::default();
         if let EpochSel::Between(since, until) = epoch {
             restrict_loaded(&mut loaded, TimeRange::new(*since, *until), warn)?;
+        } else {
+            fresh = freshen_loaded(&mut loaded, filter, apply)?;
         }
-        self.check_corrupt(loaded, warn)
+        Ok((self.check_corrupt(loaded, warn)?, fresh))
     }
 
     /// As [`Selection::load`] without an image filter, keeping every profile's per-offset
     /// counts (reports across all images at instruction or symbol granularity).
     pub fn load_all_counts(&self, warn: &mut dyn FnMut(String)) -> Result<Loaded, ProfError> {
+        self.all_counts(true, warn).map(|(l, _)| l)
+    }
+
+    /// [`Selection::load_all_counts`] for per-instruction counts (`dcpilist --top`), as
+    /// [`Selection::load_published`].
+    pub fn load_all_counts_published(
+        &self,
+        warn: &mut dyn FnMut(String),
+    ) -> Result<(Loaded, Freshened), ProfError> {
+        self.all_counts(false, warn)
+    }
+
+    fn all_counts(
+        &self,
+        apply: bool,
+        warn: &mut dyn FnMut(String),
+    ) -> Result<(Loaded, Freshened), ProfError> {
         let db = open_db(&self.db)?;
         let dirs = select_host_dirs(&db, &self.epoch_sel(), &self.host_sel())?;
         let mut loaded = load_counts(dirs, None, true, warn)?;
+        let mut fresh = Freshened::default();
         if let Some(r) = self.time_range() {
             restrict_loaded(&mut loaded, r, warn)?;
+        } else {
+            fresh = freshen_loaded(&mut loaded, None, apply)?;
         }
-        self.check_corrupt(loaded, warn)
+        Ok((self.check_corrupt(loaded, warn)?, fresh))
     }
 
     /// The per-image totals of the selection (summary indexes where present, else profiles),
@@ -145,6 +196,8 @@ impl Selection {
         let mut totals = load_image_totals(dirs, warn)?;
         if let Some(r) = self.time_range() {
             restrict_totals(&mut totals, r, warn)?;
+        } else {
+            freshen_totals(&mut totals)?;
         }
         self.check_corrupt_files(&totals.corrupt, warn)?;
         Ok(totals)

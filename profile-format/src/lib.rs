@@ -57,7 +57,10 @@ pub use stacks::{
     MAX_STACK_DEPTH, STACKS_MAGIC, STACKS_PREFIX, STACKS_SUFFIX, STACKS_VERSION, UNKNOWN_COMMAND,
 };
 pub use sumidx::{SUMMARY_INDEX_FILE, SUMMARY_INDEX_MAGIC, SUMMARY_INDEX_VERSION};
-pub use summary::{EventSummary, HostSummary, ImageTotal, SummaryIndex, SUMMARY_FORMAT_VERSION};
+pub use summary::{
+    EventSummary, FreshMark, HostSummary, ImageTotal, SummaryIndex, FRESH_NAMES_FILE,
+    SUMMARY_FORMAT_VERSION,
+};
 pub use symtab::{
     normalize_symbols, StoredSymtab, SymtabOrigin, SymtabSegment, SymtabSymbol, BINARIES_DIR,
     MAX_SYMTAB_FILE, MAX_SYMTAB_NAME, MAX_SYMTAB_SEGMENTS, MAX_SYMTAB_SYMBOLS, SYMTAB_MAGIC,

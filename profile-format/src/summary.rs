@@ -49,6 +49,24 @@ pub struct HostSummary {
     /// the index existed, or when a profile could not be read when the summary was written.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub index: Option<SummaryIndex>,
+    /// Where the published profiles end on the time axis (FORMAT.md §7.3): a profile whose
+    /// `sequence` is one of these marks holds exactly the samples of the slices that end at or
+    /// before its `slice_end`, so that a reader adds the later slices of `slices.log` to it.
+    /// Oldest first. Absent (empty): no such guarantee (written before §7.3, slices off, or
+    /// samples were published around the spool); readers then take the profiles as they are.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fresh: Vec<FreshMark>,
+}
+
+/// One freshness mark of [`HostSummary::fresh`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct FreshMark {
+    /// A slice boundary (Unix seconds): the end of a slice of `slices.log`.
+    pub slice_end: u64,
+    /// The spool sequence up to which the samples of the slices ending at or before
+    /// `slice_end` were spooled; profiles published with this `sequence` hold exactly those.
+    pub sequence: u64,
 }
 
 /// Per-(image, event) totals of the profiles of one host directory, so that a per-image report
@@ -159,6 +177,44 @@ impl ImageTotal {
     }
 }
 
+/// `<host dir>/fresh.json` (FORMAT.md §7.3): the names (image path, kind, event) of the keys
+/// the current epoch's slices hold that have no published profile yet, so that a fresh report
+/// names a new image before its first publication. A JSON [`SummaryIndex`] whose totals are 0.
+pub const FRESH_NAMES_FILE: &str = "fresh.json";
+
+// Here rather than in db, which must not import the modules that own the files it names (issue 34).
+impl HostDir {
+    /// The host directory's names of not yet published keys ([`FRESH_NAMES_FILE`]).
+    pub fn fresh_names_path(&self) -> std::path::PathBuf {
+        self.path.join(FRESH_NAMES_FILE)
+    }
+
+    /// [`HostDir::fresh_names_path`] read safely (§6.1); `Ok(None)`: there is none.
+    pub fn read_fresh_names(&self) -> Result<Option<SummaryIndex>> {
+        let path = self.fresh_names_path();
+        let bytes = match crate::safeio::read_small(&path, crate::safeio::MAX_SUMMARY_FILE) {
+            Ok(b) => b,
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|source| Error::Json { path: path.clone(), source })
+    }
+
+    /// Write [`HostDir::fresh_names_path`] atomically (§2); returns the bytes written.
+    pub fn write_fresh_names(&self, names: &SummaryIndex) -> Result<u64> {
+        let path = self.fresh_names_path();
+        let mut bytes = serde_json::to_vec(names)
+            .map_err(|source| Error::Json { path: path.clone(), source })?;
+        bytes.push(b'\n');
+        crate::atomic::write_atomic(&path, &bytes)?;
+        Ok(bytes.len() as u64)
+    }
+}
+
 impl HostSummary {
     /// Read and parse; errors name the file.
     pub fn read(path: &Path) -> Result<Self> {
@@ -204,6 +260,7 @@ impl HostSummary {
             dcpid_version: f.dcpid_version,
             index: None,
             spool_sequence: 0,
+            fresh: Vec::new(),
         })
     }
 

@@ -1191,6 +1191,378 @@ pub fn restrict_totals(
     Ok(())
 }
 
+/// What the freshness merge (FORMAT.md §7.3) adds to one host directory of the current epoch:
+/// per key, the counts of the slices after the mark its profile is stamped with (all its
+/// slices when it has no profile yet), and a header for each key that has no profile.
+#[derive(Default)]
+struct FreshDir {
+    extra: BTreeMap<SliceKey, Vec<(u64, u64)>>,
+    /// Keys without a profile: the header they are reported under.
+    headers: BTreeMap<SliceKey, ProfileHeader>,
+    /// Keys whose profile this merge read (not given by the caller): its header, whose totals
+    /// are those the stamp stands for (a summary index may be older than the file).
+    published: BTreeMap<SliceKey, ProfileHeader>,
+    /// Coarsest offset resolution (bytes) of the slices added.
+    resolution: u64,
+}
+
+/// What the freshness merge added to a report ([`freshen_loaded`], [`freshen_totals`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Freshened {
+    /// Samples taken from time slices.
+    pub samples: u64,
+    /// Coarsest offset resolution (bytes) of those slices' counts (1: exact): offsets are
+    /// rounded down to it, so per-image and per-symbol counts are exact, except a block that
+    /// straddles a symbol's start, while per-instruction counts are not.
+    pub resolution: u64,
+}
+
+/// The freshness merge of `d` (newest epoch): `None` when it has no slices. `known` gives the
+/// stamp (`sequence`) of the profiles the caller loaded; the others are read when `read_rest`,
+/// else left as they are. A key with no profile file gets all its slices (nothing of it was
+/// published, whatever daemon wrote the directory); a key with one gets the slices after the
+/// mark its stamp names, if any; a key with two files (§3.1) nothing. Profiles are listed and
+/// read before the summary and the slices: a mark is written before any profile is stamped
+/// with it, so every stamp read is found.
+fn fresh_dir(
+    d: &HostDir,
+    db: &Database,
+    epochs: &[EpochId],
+    known: &BTreeMap<SliceKey, u64>,
+    read_rest: bool,
+) -> Result<Option<FreshDir>, ProfError> {
+    // No slice log (slices off, an older daemon): nothing to merge, nothing to list. One
+    // created after this look is simply not merged by this report.
+    if !d.slices_path().exists() {
+        return Ok(None);
+    }
+    // Profile files per (image, event file-name component).
+    let mut files: BTreeMap<(Option<ImageId>, String), Vec<ProfileEntry>> = BTreeMap::new();
+    for e in d.profiles()? {
+        stats::count(&stats::PROFILES_LISTED);
+        files.entry((e.image_id.clone(), e.event_component.clone())).or_default().push(e);
+    }
+    let summary = match HostSummary::read(&d.summary_path()) {
+        Ok(s) => Some(s),
+        Err(e) if e.is_hostile_file() => return Err(e.into()),
+        Err(_) => None,
+    };
+    let Some(log) = d.read_slices()? else { return Ok(None) };
+    let marks: HashMap<u64, u64> =
+        summary.iter().flat_map(|s| s.fresh.iter()).map(|m| (m.sequence, m.slice_end)).collect();
+    // Per starting point: the keys' counts of the slices starting at or after it, and the
+    // coarsest resolution among them; `None` when a slice straddles it (a roll-up merged
+    // slices across it: not exact, left out).
+    type After = Option<(BTreeMap<SliceKey, Vec<(u64, u64)>>, u64)>;
+    let mut after: BTreeMap<u64, After> = BTreeMap::new();
+    let mut sum_after = |t: u64| -> After {
+        after
+            .entry(t)
+            .or_insert_with(|| {
+                if log.slices.iter().any(|s| s.start < t && s.end() > t) {
+                    return None;
+                }
+                let mut acc = profile_format::Slice::default();
+                let mut res = 1;
+                for s in log.slices.iter().filter(|s| s.start >= t) {
+                    acc.add_counts(&s.counts);
+                    res = res.max(log.resolution_of(s));
+                }
+                Some((acc.counts, res))
+            })
+            .clone()
+    };
+    let Some((all, res_all)) = sum_after(0) else { return Ok(None) };
+    let mut out = FreshDir { resolution: 1, ..FreshDir::default() };
+    for (k, pairs) in &all {
+        let comp = profile_format::event_file_component(&k.event);
+        let from = match files.get(&(k.image.clone(), comp)).map(Vec::as_slice) {
+            None | Some([]) => Some(0),
+            Some([e]) => {
+                let stamp = match known.get(k) {
+                    Some(s) => Some(*s),
+                    // Without marks no stamp can match: nothing to read.
+                    None if read_rest && !marks.is_empty() => match read_profile(d, e) {
+                        Ok(p) => {
+                            let s = p.header.sequence;
+                            out.published.insert(k.clone(), p.header);
+                            Some(s)
+                        }
+                        // Reported by the load itself; no merge for what cannot be read.
+                        Err(_) => None,
+                    },
+                    None => None,
+                };
+                stamp.and_then(|q| marks.get(&q).copied())
+            }
+            Some(_) => None,
+        };
+        let Some(from) = from else { continue };
+        let (v, res) = if from == 0 {
+            (pairs.clone(), res_all)
+        } else {
+            match sum_after(from) {
+                Some((mut m, res)) => (m.remove(k).unwrap_or_default(), res),
+                None => continue,
+            }
+        };
+        if !v.is_empty() {
+            out.resolution = out.resolution.max(res);
+            out.extra.insert(k.clone(), v);
+        }
+    }
+    // Keys sampled but never published yet: their header from `fresh.json`, which dcpid
+    // writes before it appends a slice with a new image; else from this host's previous
+    // epochs (the same image id is the same image); else a placeholder.
+    let mut missing: Vec<SliceKey> =
+        out.extra.keys().filter(|k| !files.contains_key(&file_key(k))).cloned().collect();
+    if missing.is_empty() {
+        return Ok(Some(out));
+    }
+    let mut found: BTreeMap<SliceKey, ProfileHeader> = BTreeMap::new();
+    match d.read_fresh_names() {
+        Ok(Some(idx)) => {
+            for t in &idx.images {
+                if let Ok(h) = t.header(&idx, &d.host, &d.epoch) {
+                    found.entry(slice_key(&h)).or_insert(h);
+                }
+            }
+        }
+        Err(e) if e.is_hostile_file() => return Err(e.into()),
+        _ => {}
+    }
+    missing.retain(|k| !found.contains_key(k));
+    if !missing.is_empty() {
+        for e in epochs.iter().rev().filter(|e| **e < d.epoch).take(3) {
+            let Ok(prev) = db.host_dir(e, &d.host) else { continue };
+            let Ok(t) = dir_totals(&prev, 0, true) else { continue };
+            for p in t.profiles {
+                found.entry(slice_key(&p.profile.header)).or_insert(p.profile.header);
+            }
+        }
+    }
+    let keys: Vec<SliceKey> =
+        out.extra.keys().filter(|k| !files.contains_key(&file_key(k))).cloned().collect();
+    for k in keys {
+        let h = match found.get(&k) {
+            Some(h) => ProfileHeader {
+                host: d.host.clone(),
+                epoch: d.epoch.clone(),
+                total_samples: 0,
+                total_period: 0,
+                sequence: 0,
+                ..h.clone()
+            },
+            None => {
+                let event = summary
+                    .iter()
+                    .flat_map(|s| s.events.iter())
+                    .filter_map(|e| e.desc.clone())
+                    .chain(found.values().map(|h| h.event.clone()))
+                    .find(|e| e.name == k.event);
+                let (Some(id), Some(event)) = (k.image.clone(), event) else {
+                    out.extra.remove(&k);
+                    continue;
+                };
+                ProfileHeader {
+                    kind: ImageKind::Elf,
+                    image_path: format!("[not yet published: {}]", id.to_text()).into_bytes(),
+                    image_id: id,
+                    event,
+                    host: d.host.clone(),
+                    epoch: d.epoch.clone(),
+                    total_samples: 0,
+                    total_period: 0,
+                    sequence: 0,
+                    jit_symbols: Vec::new(),
+                }
+            }
+        };
+        out.headers.insert(k, h);
+    }
+    Ok(Some(out))
+}
+
+/// The key of [`fresh_dir`]'s file listing for a slice key.
+fn file_key(k: &SliceKey) -> (Option<ImageId>, String) {
+    (k.image.clone(), profile_format::event_file_component(&k.event))
+}
+
+/// The host directories of the newest epoch of the database among `dirs`, with their merge;
+/// `known(i)` gives the stamps of dir `i`'s profiles the caller holds.
+fn fresh_dirs(
+    dirs: &[HostDir],
+    known: &dyn Fn(usize) -> BTreeMap<SliceKey, u64>,
+    read_rest: bool,
+) -> Result<Vec<Option<FreshDir>>, ProfError> {
+    let Some(first) = dirs.first() else { return Ok(Vec::new()) };
+    let db = Database::open(&first.db_root())?;
+    let epochs = db.epochs()?;
+    let newest = epochs.last().cloned();
+    let known: Vec<BTreeMap<SliceKey, u64>> = (0..dirs.len())
+        .map(|i| if Some(&dirs[i].epoch) == newest.as_ref() { known(i) } else { BTreeMap::new() })
+        .collect();
+    par_map(dirs, |i, d| {
+        if Some(&d.epoch) != newest.as_ref() {
+            return Ok(None);
+        }
+        fresh_dir(d, &db, &epochs, &known[i], read_rest)
+    })
+    .into_iter()
+    .collect()
+}
+
+fn add_pairs(total: &mut ProfileHeader, samples: &mut u64, extra: u64) {
+    let per = if total.total_samples > 0 && total.total_period > 0 {
+        total.total_period as f64 / total.total_samples as f64
+    } else {
+        total.event.period_mean.max(1) as f64
+    };
+    total.total_period = total.total_period.saturating_add((extra as f64 * per).round() as u64);
+    total.total_samples = total.total_samples.saturating_add(extra);
+    *samples = samples.saturating_add(extra);
+}
+
+/// Fresh by default (issue 36 item 6, FORMAT.md §7.3): add to the profiles of the current
+/// epoch what its time slices hold beyond them, exactly per image (the slices after the
+/// freshness mark each profile is stamped with), and the keys sampled but not published yet
+/// (with `filter`, only those of the image). The slices' offsets are at their resolution
+/// ([`Freshened::resolution`]). Directories without slices are left as they are. With
+/// `apply` false nothing is changed: what would be added is only counted (dcpilist, whose
+/// per-instruction counts must not mix in rounded offsets, says how much it leaves out).
+pub fn freshen_loaded(
+    loaded: &mut Loaded,
+    filter: Option<&ImageFilter>,
+    apply: bool,
+) -> Result<Freshened, ProfError> {
+    let known = |i: usize| -> BTreeMap<SliceKey, u64> {
+        let mut m = BTreeMap::new();
+        for p in loaded.profiles.iter().filter(|p| p.dir == i) {
+            m.insert(slice_key(&p.profile.header), p.profile.header.sequence);
+        }
+        m
+    };
+    // Without a filter every profile is loaded; with one, the other images do not matter.
+    let per_dir = fresh_dirs(&loaded.scan.dirs, &known, false)?;
+    let mut out = Freshened { samples: 0, resolution: 1 };
+    for (i, f) in per_dir.into_iter().enumerate() {
+        let Some(mut f) = f else { continue };
+        let before = out.samples;
+        for p in loaded.profiles.iter_mut().filter(|p| p.dir == i) {
+            let Some(v) = f.extra.remove(&slice_key(&p.profile.header)) else { continue };
+            let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+            out.samples += n;
+            if !apply {
+                continue;
+            }
+            if !p.profile.counts.is_empty() || p.samples == 0 {
+                for (o, c) in v {
+                    *p.profile.counts.entry(o).or_insert(0) += c;
+                }
+            }
+            add_pairs(&mut p.profile.header, &mut p.samples, n);
+        }
+        for (k, v) in f.extra {
+            let Some(mut header) = f.headers.remove(&k) else { continue };
+            if filter.is_some_and(|f| f.rank(&header).is_none()) {
+                continue;
+            }
+            let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+            out.samples += n;
+            if !apply {
+                continue;
+            }
+            let mut samples = 0;
+            add_pairs(&mut header, &mut samples, n);
+            let profile = Profile { header, who: None, counts: v.into_iter().collect() };
+            let path = loaded.scan.dirs[i].slices_path();
+            loaded.profiles.push(LoadedProfile { path, profile, samples, dir: i });
+        }
+        if out.samples > before {
+            out.resolution = out.resolution.max(f.resolution);
+        }
+    }
+    Ok(out)
+}
+
+/// [`freshen_loaded`] for the per-image report's totals. The profiles of keys with newer
+/// slices are read for their stamps, and their totals replace the summary index's (which
+/// may be older than the files), so that the sum is exact.
+pub fn freshen_totals(t: &mut Totals) -> Result<Freshened, ProfError> {
+    let per_dir = fresh_dirs(&t.scan.dirs, &|_| BTreeMap::new(), true)?;
+    let mut out = Freshened { samples: 0, resolution: 1 };
+    let mut interner = Interner::default();
+    for h in &t.headers {
+        interner.intern_header(h);
+    }
+    for (i, f) in per_dir.into_iter().enumerate() {
+        let Some(mut f) = f else { continue };
+        for e in t.entries.iter_mut().filter(|e| e.dir as usize == i) {
+            let key = slice_key(&interner.headers[e.header as usize]);
+            let published = f.published.remove(&key);
+            let extra = f.extra.remove(&key);
+            if published.is_none() && extra.is_none() {
+                continue;
+            }
+            let mut h = interner.headers[e.header as usize].clone();
+            (h.total_samples, h.total_period) = (e.total_samples, e.total_period);
+            let mut samples = e.samples;
+            if let Some(p) = published {
+                // The file's totals: those its stamp stands for.
+                (h.total_samples, h.total_period) = (p.total_samples, p.total_period);
+                samples = p.total_samples;
+            }
+            if let Some(v) = extra {
+                let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+                add_pairs(&mut h, &mut samples, n);
+                out.samples += n;
+            }
+            (e.samples, e.total_samples, e.total_period) =
+                (samples, h.total_samples, h.total_period);
+        }
+        // Profiles the index does not list yet (published after it was written).
+        for (k, p) in f.published {
+            let mut h = p;
+            let mut samples = h.total_samples;
+            if let Some(v) = f.extra.remove(&k) {
+                let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+                add_pairs(&mut h, &mut samples, n);
+                out.samples += n;
+            }
+            let (total_samples, total_period) = (h.total_samples, h.total_period);
+            let header = interner.intern_header(&h);
+            t.entries.push(TotalEntry {
+                dir: i as u32,
+                header,
+                samples,
+                total_samples,
+                total_period,
+            });
+        }
+        for (k, v) in f.extra {
+            let Some(mut h) = f.headers.remove(&k) else { continue };
+            let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+            let mut samples = 0;
+            add_pairs(&mut h, &mut samples, n);
+            let (total_samples, total_period) = (h.total_samples, h.total_period);
+            let header = interner.intern_header(&h);
+            t.entries.push(TotalEntry {
+                dir: i as u32,
+                header,
+                samples,
+                total_samples,
+                total_period,
+            });
+            out.samples += n;
+        }
+        if out.samples > 0 {
+            out.resolution = out.resolution.max(f.resolution);
+        }
+    }
+    t.headers = interner.headers;
+    Ok(out)
+}
+
 /// Open the database, naming it in the error.
 pub fn open_db(root: &Path) -> Result<Database, ProfError> {
     if !root.is_dir() {

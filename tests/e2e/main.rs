@@ -7,6 +7,7 @@ mod dwarf_stacks;
 mod export;
 mod first_hour;
 mod format;
+mod fresh;
 mod listing;
 mod offcpu;
 mod per_command;

@@ -34,6 +34,10 @@ NUMBERS
             events of the row, shown when both events were sampled.
   Samples whose offset falls inside an instruction (not at its first byte) count for that
   instruction.
+  Counts are those of the published profiles: the current epoch's newest samples, which
+  dcpiprof adds from the time slices (FORMAT.md §7.3), are kept there at 16-byte offsets, not
+  per instruction, so dcpilist leaves them out and says how many on stderr; `dcpictl flush`
+  publishes them.
 
 MODES
   --asm     (default) one row per instruction: offset (file offset from the image start, as

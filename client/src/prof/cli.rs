@@ -28,9 +28,14 @@ NUMBERS
   On a terminal the table groups digits (1,234,567); in a pipe or file, and always in JSON
   and CSV, numbers are plain. The table's header gives the selection (database, epochs,
   hosts, each event with its mean and nominal period) and how old the newest data is (from
-  the hosts' summary.json): a report of the current epoch lags the machine by up to the
-  daemon's publish interval, and a profile that has not doubled since it was last published
-  by up to its publish_max_delay; `dcpictl flush` publishes everything sampled so far.
+  the hosts' summary.json). A report of the current epoch is fresh without `dcpictl flush`:
+  it adds to the published profiles the time slices they do not hold yet (FORMAT.md §7.3),
+  so it lags the machine by one slice_interval plus a flush interval; right after a new
+  epoch starts it is an empty report that says so (exit 0). Those slices keep offsets at 16
+  bytes: per-image counts are exact, per-symbol counts too except a 16-byte block that
+  straddles a symbol's start (dcpilist, per instruction, leaves them out and says so). With --since/--until the counts
+  are those of the time slices in the range, and a `# time:` line (JSON `time`) names the
+  range they exactly cover and how the request was rounded.
 
 JSON SCHEMA (--format json; numbers are plain JSON numbers)
   Per-image report (no --image):

@@ -41,8 +41,10 @@ use std::path::Path;
 use clap::CommandFactory;
 
 use self::mode::{Mode, Profiles};
+use self::output::TableFormat;
 pub use cli::{Args, SCHEMA};
 pub use dcpi_report::error::ProfError;
+use dcpi_report::escape::terminal as esc;
 use dcpi_report::image::ImageFilter;
 use dcpi_report::report::SymbolContext;
 
@@ -170,6 +172,48 @@ fn nothing_sampled(dirs: &[profile_format::HostDir]) -> ProfError {
     ))
 }
 
+/// The per-image report of the current epoch when nothing of it is readable yet (right after
+/// `dcpictl epoch new` or a scheduled rotation): an empty report that says when data will
+/// appear, exit status 0 (issue 36 item 6).
+fn empty_current_epoch(
+    sel: &crate::args::Selection,
+    format: TableFormat,
+    why: &str,
+    out: &mut dyn Write,
+) -> Result<(), ProfError> {
+    let note = format!(
+        "nothing sampled in the current epoch yet{}: dcpid appends what it samples to its time \
+         slices every slice_interval (1 minute by default), and reports include them without \
+         `dcpictl flush`; data appear within one slice plus a flush interval",
+        if why.is_empty() { String::new() } else { format!(" ({why})") }
+    );
+    match format {
+        TableFormat::Json => {
+            let v = serde_json::json!({
+                "report": "images",
+                "database": sel.db.display().to_string(),
+                "epochs": [],
+                "hosts": [],
+                "events": [],
+                "total_samples": 0,
+                "rows_omitted": 0,
+                "idle": { "included": true, "percent": 0.0 },
+                "rows": [],
+                "note": note,
+            });
+            writeln!(out, "{v}")?;
+        }
+        TableFormat::Csv => {}
+        TableFormat::Table => {
+            writeln!(out, "# database: {}", esc(&sel.db.display().to_string()))?;
+            writeln!(out, "# {}", esc(&note))?;
+            writeln!(out, "# total samples: 0")?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
 /// The per-image report. Of the flat profiles, from the per-profile totals (summary indexes
 /// where present) rather than loaded profiles: over a fleet that is a few hundred headers,
 /// not one per profile.
@@ -195,12 +239,19 @@ fn run_images(
             report::image_report(&loaded, &weights, &db_name, p.limit)
         }
         None => {
+            let latest = p.sel.is_latest();
+            // A host with no directory in the current epoch stays an error naming where it
+            // has data (a typo, another host's rotation); its directory without data yet
+            // (right after `dcpictl epoch new`) is the empty report below.
             let mut totals = p.sel.load_totals(&mut |w| warnings.push(w))?;
             if p.no_idle {
                 totals.exclude_idle();
             }
             flush_warnings(err, &mut warnings)?;
             if totals.entries.is_empty() {
+                if latest {
+                    return empty_current_epoch(&p.sel, p.format, "", out);
+                }
                 return Err(nothing_sampled(&totals.dirs));
             }
             let weights = report::weights_of_totals(&totals, &p.sel.events)?;

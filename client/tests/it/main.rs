@@ -7,6 +7,7 @@ mod dcpilist;
 mod dcpiprof;
 mod export;
 mod first_hour;
+mod fresh;
 mod hostile_db;
 mod hostile_files;
 mod hostile_names;

@@ -30,6 +30,7 @@
 //! the old epoch is published first, then new data goes to the new epoch.
 
 mod epochs;
+mod fresh;
 mod kallsyms;
 mod lease;
 mod pending;
@@ -185,6 +186,8 @@ pub struct Store {
     stacks: stacks::PendingStacks,
     /// Counts per time slice not yet appended to the slice logs (FORMAT.md §14).
     slices: slices::SliceAccum,
+    /// Where the published profiles end on the time axis (FORMAT.md §7.3).
+    fresh: fresh::Fresh,
     /// Images whose symbol tables were handed to the symbol store's thread (FORMAT.md §10).
     symtabs: symtabs::SymtabStore,
 }
@@ -390,6 +393,7 @@ impl Store {
             who: who::WhoAccum::default(),
             stacks: stacks::PendingStacks::default(),
             slices: slices::SliceAccum::default(),
+            fresh: fresh::Fresh::default(),
             symtabs: symtabs::SymtabStore::default(),
         }
     }
@@ -612,7 +616,7 @@ impl Store {
                 *logged = true;
             }
         };
-        if let Some(b) = PendingBatch::from_resolved(
+        if let Some(mut b) = PendingBatch::from_resolved(
             resolved,
             &self.host.events,
             self.epoch.clone(),
@@ -621,6 +625,7 @@ impl Store {
             self.who.profiles,
             &mut unknown_event,
         ) {
+            b.arrival = self.fresh.arrive();
             self.slices_add(&b, SystemTime::now());
             self.pending.push(b, self.cfg.max_memory_bytes);
         }
@@ -645,6 +650,7 @@ impl Store {
         let cpu = TickCpu { spool_ns: c1.saturating_sub(c0), publish_ns: c2.saturating_sub(c1) };
         self.refresh_kallsyms(false);
         self.write_side_files(now, false);
+        self.publish_marked_epochs(now);
         if published > 0 {
             self.health.last_publish = Some(OpStat {
                 unix_ms: unix_ms(SystemTime::now()),
@@ -698,10 +704,14 @@ impl Store {
         let now = Instant::now();
         let t1 = self.spool_step(now);
         self.renew_lease(now, true);
+        // Slices first, then their freshness marks: profiles are published up to the last
+        // mark (FORMAT.md §7.3), which now covers everything spooled.
+        self.slices_step(true);
+        self.write_side_files(now, true);
+        self.fresh.new_marks.clear();
         let result = self.publish_all(now, None);
         self.refresh_kallsyms(false);
         self.write_side_files(now, true);
-        self.slices_step(true);
         self.write_marks(now);
         if let Some(sp) = self.spool.as_mut() {
             if let Err(e) = sp.sync() {
@@ -956,6 +966,7 @@ impl Store {
                     self.pending.unpop(batch);
                     break;
                 }
+                self.fresh.poison(&epoch);
                 match self.publish_direct(&epoch, batch) {
                     Ok(n) => {
                         written += n;
@@ -982,7 +993,8 @@ impl Store {
             let n_incs = incs.len();
             drop(incs);
             match result {
-                Ok(_) => {
+                Ok(seq) => {
+                    self.fresh.spooled(batch.arrival, seq);
                     written += n_incs;
                     self.pending.written(batch.profiles.iter().map(pending::samples_of).sum());
                     self.pending.dropped_unreported = 0;
@@ -1006,6 +1018,7 @@ impl Store {
                         self.pending.unpop(batch);
                         break;
                     }
+                    self.fresh.poison(&epoch);
                     match self.publish_direct(&epoch, batch) {
                         Ok(n) => written += n,
                         Err(batch) => {
@@ -1126,7 +1139,29 @@ impl Store {
                 }
             }
         }
+        self.remark_held_back(now);
         n
+    }
+
+    /// Profiles whose newest increments the freshness cap held back (FORMAT.md §7.3) stay
+    /// due: at their next turn, or as soon as a mark covers them.
+    fn remark_held_back(&mut self, now: Instant) {
+        for key in std::mem::take(&mut self.fresh.held_back) {
+            self.schedule.mark(key, now, self.cfg.publish_interval, None);
+        }
+    }
+
+    /// Epochs other than the current one that got a new freshness mark: publish what the
+    /// cap held back of them now (a closing epoch is complete a tick after its last slice).
+    fn publish_marked_epochs(&mut self, now: Instant) {
+        let marked = std::mem::take(&mut self.fresh.new_marks);
+        for e in marked {
+            if Some(&e) != self.epoch.as_ref() && self.schedule.has_epoch(e.as_str()) {
+                if let Err(err) = self.publish_all(now, Some(e.as_str())) {
+                    tracing::debug!(epoch = %e, error = %err, "store: held-back profiles not published yet");
+                }
+            }
+        }
     }
 
     fn note_publish_error(&mut self, e: &StoreError) {
@@ -1148,10 +1183,12 @@ impl Store {
                 }
                 Err(e) => {
                     self.note_publish_error(&e);
+                    self.remark_held_back(now);
                     return Err(e);
                 }
             }
         }
+        self.remark_held_back(now);
         Ok(())
     }
 
@@ -1184,9 +1221,26 @@ impl Store {
         if stacks::is_stacks_key(key) {
             return self.publish_stacks(key).map(|()| None);
         }
+        // Flat profiles only up to the freshness mark (FORMAT.md §7.3); the rest at a later
+        // turn. Per-process profiles have no time axis: never held back.
+        let cap = match EpochId::parse(&key.epoch) {
+            Ok(e) if !publish::is_qualified(key) => {
+                // Its recorded marks (a restart) are the cap until a newer one.
+                self.summary_for(&e);
+                self.fresh.cap(&e, !self.slices.settings_interval().is_zero())
+            }
+            _ => None,
+        };
         let spool =
             self.spool.as_mut().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
-        let incs = spool.increments(key);
+        let mut incs = spool.increments(key);
+        if let Some(cap) = cap {
+            let all = incs.len();
+            incs.retain(|r| r.seq <= cap);
+            if incs.len() < all {
+                self.fresh.held_back.push(key.clone());
+            }
+        }
         let Some(last_seq) = incs.last().map(|r| r.seq) else { return Ok(None) };
         let Some(target) = publish::Target::of(key) else {
             // Logged by `Target::of`; nothing can be published under a name that is invalid.
@@ -1228,7 +1282,8 @@ impl Store {
         let mut written = None;
         if let Some(mut m) = merged.profile {
             written = Some(m.header.total_samples);
-            m.header.sequence = m.header.sequence.max(last_seq);
+            // Stamped with the mark it is complete up to, so that readers find it.
+            m.header.sequence = m.header.sequence.max(last_seq).max(cap.unwrap_or(0));
             self.health.bytes.profiles += m.write(&path)?;
             self.health.published_files += 1;
             // Its totals changed: the summary index of this epoch must be rewritten.

@@ -36,6 +36,10 @@ pub(super) struct PendingBatch {
     /// Its summary delta was applied when its first profile was published straight to the
     /// database (the spool could not take it); the rest of it follows profile by profile.
     pub summarized: bool,
+    /// Its number in arrival order ([`super::fresh::Fresh::arrive`]; 0: not numbered). 32
+    /// bits keep the batch within 128 bytes (clippy's large-error bound on `publish_direct`):
+    /// one batch per flush interval (200 ms at least) numbers 27 years.
+    pub arrival: u32,
 }
 
 impl PendingBatch {
@@ -118,6 +122,7 @@ impl PendingBatch {
             throttled,
             bytes,
             summarized: false,
+            arrival: 0,
         })
     }
 }
@@ -357,6 +362,11 @@ impl PendingQueue {
 
     pub(super) fn len(&self) -> usize {
         self.batches.len()
+    }
+
+    /// The arrival number of the oldest batch held (none held: `None`).
+    pub(super) fn oldest_arrival(&self) -> Option<u64> {
+        self.batches.iter().map(|b| u64::from(b.arrival)).min()
     }
 
     pub(super) fn is_empty(&self) -> bool {

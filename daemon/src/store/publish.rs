@@ -117,6 +117,11 @@ impl Schedule {
         self.pending_samples.retain(|k, _| k.epoch != epoch);
     }
 
+    /// Whether this daemon published `key`'s profile (since it started).
+    pub(super) fn was_published(&self, key: &SpoolKey) -> bool {
+        self.last_published.contains_key(key)
+    }
+
     pub(super) fn has_epoch(&self, epoch: &str) -> bool {
         self.dirty.keys().any(|k| k.epoch == epoch)
     }
@@ -130,7 +135,7 @@ impl Schedule {
 /// published after the flat profiles: a machine starting hundreds of processes a minute with
 /// `by_pid` makes thousands of them (BENCHMARKS.md, "Who table"), and the flat reports must
 /// not wait behind them.
-fn is_qualified(k: &SpoolKey) -> bool {
+pub(super) fn is_qualified(k: &SpoolKey) -> bool {
     k.image.as_deref().is_some_and(|t| t.contains('.'))
 }
 

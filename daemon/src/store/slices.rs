@@ -76,6 +76,8 @@ struct Open {
     /// (event, image id text; empty for the event's unknown samples) → offset → count.
     counts: hashbrown::HashMap<(String, String), hashbrown::HashMap<u64, u64>>,
     pairs: usize,
+    /// Arrival number of the last batch added (issue 36 item 6, [`super::fresh`]).
+    last_arrival: u64,
 }
 
 #[derive(Default)]
@@ -86,6 +88,8 @@ pub(super) struct SliceAccum {
     /// epoch change) is continued from there, so that records never overlap.
     last_end: BTreeMap<EpochId, u64>,
     closed: VecDeque<(EpochId, Slice)>,
+    /// (epoch, start) of each closed slice not yet appended: its last batch's arrival number.
+    closed_last: BTreeMap<(EpochId, u64), u64>,
     closed_pairs: usize,
     writer: Option<(EpochId, SliceWriter)>,
     /// Epochs whose log is of a newer format version (left alone) or that failed to open, and
@@ -100,6 +104,11 @@ fn unix_s(t: SystemTime) -> u64 {
 }
 
 impl SliceAccum {
+    /// The slice length in force (zero: slices off).
+    pub(super) fn settings_interval(&self) -> Duration {
+        self.settings.interval
+    }
+
     fn interval_s(&self) -> u64 {
         self.settings.interval.as_secs()
     }
@@ -127,13 +136,15 @@ impl SliceAccum {
             counts.insert(SliceKey { event, image }, v);
         }
         self.last_end.insert(epoch.clone(), end);
+        self.closed_last.insert((epoch.clone(), o.start), o.last_arrival);
         self.closed_pairs += o.pairs;
         self.closed.push_back((
             epoch.clone(),
             Slice { start: o.start, len: end - o.start, seq: 0, counts },
         ));
         while self.closed_pairs > MAX_HELD_PAIRS && self.closed.len() > 1 {
-            let Some((_, s)) = self.closed.pop_front() else { break };
+            let Some((e, s)) = self.closed.pop_front() else { break };
+            self.closed_last.remove(&(e, s.start));
             self.closed_pairs -= s.counts.values().map(Vec::len).sum::<usize>();
             self.stats.dropped_samples += s.samples();
             if !self.dropped_logged {
@@ -171,6 +182,16 @@ impl Store {
             return;
         }
         let c0 = crate::sys::time::thread_cpu_ns();
+        // The names of its keys, for `fresh.json` (FORMAT.md §7.3): a lookup per profile.
+        let names = match self.fresh.names.get_mut(&epoch) {
+            Some(n) => n,
+            None => self.fresh.names.entry(epoch.clone()).or_default(),
+        };
+        for p in &b.profiles {
+            if let Some((id, img)) = &p.image {
+                names.learn(&p.desc, id, img.kind, &img.path);
+            }
+        }
         let at = unix_s(at);
         let aligned = at - at % iv;
         let acc = &mut self.slices;
@@ -186,6 +207,7 @@ impl Store {
             .open
             .entry(epoch)
             .or_insert_with(|| Open { start: resume.unwrap_or(aligned), ..Default::default() });
+        o.last_arrival = o.last_arrival.max(u64::from(b.arrival));
         for p in &b.profiles {
             let img = p.image.as_ref().map(|(id, _)| id.clone()).unwrap_or_default();
             let m = o.counts.entry((p.desc.name.clone(), img)).or_default();
@@ -243,12 +265,20 @@ impl Store {
                 total_bytes = st.bytes,
                 total_cpu_ns = st.cpu_ns + crate::sys::time::thread_cpu_ns().saturating_sub(c0),
                 rollups = st.rollups,
+                names_writes = self.fresh.names_writes,
+                names_bytes = self.fresh.names_bytes,
                 "store: time slices appended"
             );
         }
         // Forget where finished epochs' slices ended.
         let open = &self.slices.open;
         self.slices.last_end.retain(|e, _| Some(e) == current.as_ref() || open.contains_key(e));
+        let closed = &self.slices.closed;
+        self.fresh.names.retain(|e, _| {
+            Some(e) == current.as_ref()
+                || open.contains_key(e)
+                || closed.iter().any(|(c, _)| c == e)
+        });
         self.slices.stats.cpu_ns += crate::sys::time::thread_cpu_ns().saturating_sub(c0);
     }
 
@@ -269,18 +299,78 @@ impl Store {
             let Some((_, slice)) = acc.closed.front() else { break };
             if acc.refused.contains_key(&epoch) {
                 acc.stats.dropped_samples += slice.samples();
+                acc.closed_last.remove(&(epoch.clone(), slice.start));
             } else {
+                if acc.writer.is_none() {
+                    break;
+                }
+                // Names first: a reader that finds a key in the log finds its name (§7.3).
+                self.write_fresh_names(&epoch)?;
+                let acc = &mut self.slices;
+                let Some((_, slice)) = acc.closed.front() else { break };
                 let Some((_, w)) = &mut acc.writer else { break };
                 let n = w.append(slice)?;
                 acc.stats.records += 1;
                 acc.stats.bytes += n;
+                if let Some(last) = acc.closed_last.remove(&(epoch.clone(), slice.start)) {
+                    self.fresh.appended(&epoch, slice.end(), last);
+                    // Its summary records the new freshness mark (FORMAT.md §7.3).
+                    self.summaries.dirty.insert(epoch.to_string());
+                }
             }
+            let acc = &mut self.slices;
             if let Some((_, s)) = acc.closed.pop_front() {
                 acc.closed_pairs =
                     acc.closed_pairs.saturating_sub(s.counts.values().map(Vec::len).sum());
             }
         }
         self.slices.dropped_logged = false;
+        Ok(())
+    }
+
+    /// Before the front closed slice (of `epoch`) is appended: rewrite `fresh.json` (FORMAT.md
+    /// §7.3) when the slice holds image keys that neither have a profile published by this
+    /// daemon nor are named there yet. So it is written when new images appear (a few times
+    /// an epoch), not at every slice, and holds only keys not yet published.
+    fn write_fresh_names(&mut self, epoch: &EpochId) -> Result<(), StoreError> {
+        let Some((_, slice)) = self.slices.closed.front() else { return Ok(()) };
+        let ep = epoch.to_string();
+        let schedule = &self.schedule;
+        let unpublished = |event: &str, id: &str| {
+            !schedule.was_published(&super::spool::SpoolKey {
+                epoch: ep.clone(),
+                image: Some(id.to_owned()),
+                event: event.to_owned(),
+            })
+        };
+        let names = self.fresh.names.entry(epoch.clone()).or_default();
+        let new = slice.counts.keys().any(|k| {
+            k.image.as_ref().is_some_and(|id| {
+                let id = id.to_text();
+                !names.is_written(&k.event, &id) && unpublished(&k.event, &id)
+            })
+        });
+        if !new {
+            return Ok(());
+        }
+        let hd = self.host_dir(epoch)?;
+        let names = self.fresh.names.entry(epoch.clone()).or_default();
+        if names.needs_resume() {
+            // What an earlier run of this epoch named (unreadable: named again from now on).
+            names.resume(hd.read_fresh_names().ok().flatten());
+        }
+        let schedule = &self.schedule;
+        let unpublished = |event: &str, id: &str| {
+            !schedule.was_published(&super::spool::SpoolKey {
+                epoch: ep.clone(),
+                image: Some(id.to_owned()),
+                event: event.to_owned(),
+            })
+        };
+        let idx = names.index(&unpublished);
+        let n = hd.write_fresh_names(&idx)?;
+        self.fresh.names_writes += 1;
+        self.fresh.names_bytes += n;
         Ok(())
     }
 
@@ -338,12 +428,80 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use profile_format::SliceLog;
+    use profile_format::{ImageKind, SliceLog};
 
     fn minute(start: u64, off: u64) -> Slice {
         let key =
             SliceKey { event: "cpu-clock".into(), image: Some(ImageId::BuildId(vec![7; 20])) };
         Slice { start, len: 60, seq: 0, counts: [(key, vec![(off, 2)])].into_iter().collect() }
+    }
+
+    /// `fresh.json` (FORMAT.md §7.3): written before a slice with an image key that is
+    /// neither published nor named yet is appended, naming every such key of the epoch; not
+    /// rewritten for slices of keys already named; a published key is left out of the next one.
+    #[test]
+    fn fresh_json_names_new_images_before_their_slice_and_only_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = super::super::StoreConfig {
+            db: dir.path().join("db"),
+            spool: dir.path().join("spool"),
+            host: "h1".into(),
+            flush_interval: Duration::from_secs(2),
+            publish_interval: Duration::from_secs(60),
+            publish_max_delay: Duration::from_secs(360),
+            max_memory_bytes: 64 << 20,
+            retention_days: 7,
+            retention_keep: 3,
+        };
+        let mut s = Store::open(cfg);
+        let epoch = s.current_epoch().unwrap().clone();
+        let desc = profile_format::EventDesc {
+            name: "cpu-clock".into(),
+            perf_type: 1,
+            perf_config: 0,
+            period_mean: 1000,
+            period_min: 1000,
+            period_max: 1000,
+        };
+        let id = |n: u8| ImageId::BuildId(vec![n; 20]);
+        let slice = |start: u64, n: u8| {
+            let key = SliceKey { event: "cpu-clock".into(), image: Some(id(n)) };
+            Slice { start, len: 60, seq: 0, counts: [(key, vec![(0x10, 2)])].into_iter().collect() }
+        };
+        let learn = |s: &mut Store, n: u8| {
+            let path = format!("/opt/app{n}");
+            s.fresh.names.entry(epoch.clone()).or_default().learn(
+                &desc,
+                &id(n).to_text(),
+                ImageKind::Elf,
+                path.as_bytes(),
+            );
+        };
+        let hd = s.host_dir(&epoch).unwrap();
+        let named = || -> Vec<String> {
+            let idx = hd.read_fresh_names().unwrap().unwrap_or_default();
+            idx.images.iter().map(|t| t.path.clone()).collect()
+        };
+        learn(&mut s, 7);
+        s.slices.closed.push_back((epoch.clone(), slice(600, 7)));
+        s.append_closed().unwrap();
+        assert_eq!((named(), s.fresh.names_writes), (vec!["/opt/app7".to_owned()], 1));
+        // The same image again: no rewrite.
+        s.slices.closed.push_back((epoch.clone(), slice(660, 7)));
+        s.append_closed().unwrap();
+        assert_eq!(s.fresh.names_writes, 1);
+        // Image 7 is published, image 8 is new: the file names image 8 alone.
+        let key = super::super::spool::SpoolKey {
+            epoch: epoch.to_string(),
+            image: Some(id(7).to_text()),
+            event: "cpu-clock".into(),
+        };
+        s.schedule.done(key, std::time::Instant::now(), Some(4));
+        learn(&mut s, 8);
+        s.slices.closed.push_back((epoch.clone(), slice(720, 8)));
+        s.append_closed().unwrap();
+        assert_eq!((named(), s.fresh.names_writes), (vec!["/opt/app8".to_owned()], 2));
+        assert_eq!(SliceLog::read(&hd.slices_path()).unwrap().unwrap().slices.len(), 3);
     }
 
     /// The roll-up policy: nothing before a whole hour of minutes is older than

@@ -121,6 +121,7 @@ impl Store {
                     apply(&mut s, &d);
                 }
             }
+            self.fresh.resume(epoch, &s.fresh);
             self.summaries.current.insert(key.to_owned(), s);
         }
         self.summaries.current.get_mut(key).expect("inserted above")
@@ -184,9 +185,23 @@ impl Store {
                 }
             }
         }
+        // The freshness mark of the newest appended slice, once all of it is spooled
+        // (FORMAT.md §7.3); it becomes the publication cap once written.
+        let mark = if self.fresh.is_poisoned(epoch) {
+            s.fresh.clear();
+            None
+        } else {
+            self.fresh.mark(epoch, self.pending.oldest_arrival(), &s.fresh)
+        };
+        if let Some(m) = mark {
+            s.fresh.push(m);
+        }
         // The JSON index (§7.1) is no longer written: the binary one holds the same totals.
         s.index = None;
         n += s.write(&hd.summary_path())?;
+        if let Some(m) = mark {
+            self.fresh.recorded(epoch, m);
+        }
         self.health.bytes.summaries += n;
         self.write_who(epoch)?;
         if let Some(sp) = self.spool.as_mut() {

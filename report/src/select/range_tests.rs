@@ -158,9 +158,8 @@ fn a_host_epoch_without_slices_is_whole_inside_the_range_and_left_out_when_cut()
     std::fs::remove_file(d.slices_path()).unwrap();
     // A later epoch closes the first one at t0 + 1 h.
     let e2: EpochId = db.new_epoch(UNIX_EPOCH + Duration::from_secs(t0 + 3600), "h1").unwrap();
+    assert!(e2.as_str() > d.epoch.as_str());
     let dirs = vec![d.clone()];
-    let host = HostSel::Named("h1".into());
-    let _ = (&e2, &host);
     let mut warned = Vec::new();
     let mut l = load_counts(dirs.clone(), None, true, &mut |_| {}).unwrap();
     restrict_loaded(&mut l, TimeRange::new(Some(t0), Some(t0 + 3600)), &mut |w| warned.push(w))
@@ -239,4 +238,161 @@ fn apportion_keeps_every_block_and_follows_the_reference() {
     assert_eq!(got, vec![(0x104, 8), (0x108, 2), (0x238, 4), (0x400, 2)]);
     let total: u64 = got.iter().map(|p| p.1).sum();
     assert_eq!(total, 16);
+}
+
+/// Issue 36 item 6: the profiles of the current epoch plus the slices after the freshness mark
+/// each is stamped with, exactly; a key not published yet gets all its slices and its header
+/// from the host's previous epoch; a profile stamped with no recorded mark is left alone.
+#[test]
+fn fresh_merge_adds_the_slices_after_each_profiles_mark() {
+    let (_tmp, db, _old, t0) = three_minutes();
+    // The current epoch, an hour later: two minutes of slices.
+    let t1 = t0 + 3600;
+    let e = db.new_epoch(UNIX_EPOCH + Duration::from_secs(t1), "h1").unwrap();
+    let d = db.host_dir(&e, "h1").unwrap();
+    d.create().unwrap();
+    let (mut w, _) = SliceWriter::open(&d.slices_path()).unwrap();
+    let minute = |m: u64, counts: Vec<(SliceKey, Vec<(u64, u64)>)>| Slice {
+        start: t1 + 60 * m,
+        len: 60,
+        seq: 0,
+        counts: counts.into_iter().collect(),
+    };
+    // Minute 0: image 1 (published, stamped with the mark at t1 + 60).
+    w.append(&minute(0, vec![(key(1), vec![(0x10, 100)])])).unwrap();
+    // Minute 1: image 1 again, image 2 (stamped with a sequence no mark records), image 3
+    // (never published: its header comes from the previous epoch).
+    w.append(&minute(
+        1,
+        vec![
+            (key(1), vec![(0x10, 7), (0x18, 1)]),
+            (key(2), vec![(0x20, 9)]),
+            (key(3), vec![(0x30, 4)]),
+        ],
+    ))
+    .unwrap();
+    let stamp = |n: u8, counts: &[(u64, u64)], seq: u64| {
+        write_profile(&d, n, &counts.iter().copied().collect());
+        let p = d.profile_path(&image(n), EVENT);
+        let mut prof = Profile::read(&p).unwrap();
+        prof.header.sequence = seq;
+        prof.write(&p).unwrap();
+    };
+    stamp(1, &[(0x10, 100)], 5000);
+    stamp(2, &[(0x20, 50)], 4321);
+    let summary = profile_format::HostSummary {
+        format_version: 1,
+        host: "h1".into(),
+        epoch: e.to_string(),
+        events: vec![profile_format::EventSummary { desc: Some(desc()), ..Default::default() }],
+        fresh: vec![profile_format::FreshMark { slice_end: t1 + 60, sequence: 5000 }],
+        ..Default::default()
+    };
+    summary.write(&d.summary_path()).unwrap();
+    let dirs = select_host_dirs(&db, &EpochSel::Latest, &HostSel::Named("h1".into())).unwrap();
+    let mut l = load_counts(dirs.clone(), None, true, &mut |_| {}).unwrap();
+    let added = freshen_loaded(&mut l, None, true).unwrap();
+    assert_eq!(added.samples, 8 + 4, "image 1's second minute and image 3; not image 2's");
+    let by = samples_by_image(&l);
+    assert_eq!(by["/usr/bin/w1"], 108);
+    assert_eq!(by["/usr/bin/w2"], 50, "stamped with no recorded mark: as published");
+    assert_eq!(by["/usr/bin/w3"], 4, "header from the previous epoch");
+    let w1 = l.profiles.iter().find(|p| p.profile.header.image_path == b"/usr/bin/w1");
+    let w1 = &w1.unwrap().profile;
+    assert_eq!(w1.counts, [(0x10, 107), (0x18, 1)].into_iter().collect());
+    assert_eq!((w1.header.total_samples, w1.header.total_period), (108, 108_000_000));
+    // The per-image totals agree.
+    let mut t = load_image_totals(dirs.clone(), &mut |_| {}).unwrap();
+    assert_eq!(freshen_totals(&mut t).unwrap().samples, 12);
+    let mut tot: BTreeMap<String, u64> = BTreeMap::new();
+    for row in t.rows() {
+        *tot.entry(String::from_utf8_lossy(&row.header.image_path).into_owned()).or_default() +=
+            row.samples;
+    }
+    assert_eq!(tot, by);
+    // With a filter, only the image's keys are added.
+    let f = ImageFilter::new("w3");
+    let mut one = load(dirs, Some(&f), &mut |_| {}).unwrap();
+    freshen_loaded(&mut one, Some(&f), true).unwrap();
+    assert_eq!(samples_by_image(&one), [("/usr/bin/w3".to_owned(), 4)].into_iter().collect());
+    // No mark recorded (an older daemon, or none written yet): the published profiles as
+    // they are; a key without a profile still gets all its slices (nothing of it is published).
+    let bare = profile_format::HostSummary { fresh: Vec::new(), ..summary };
+    bare.write(&d.summary_path()).unwrap();
+    let mut l = load_counts(
+        select_host_dirs(&db, &EpochSel::Latest, &HostSel::Named("h1".into())).unwrap(),
+        None,
+        true,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(freshen_loaded(&mut l, None, true).unwrap().samples, 4);
+    assert_eq!(samples_by_image(&l)["/usr/bin/w1"], 100);
+}
+
+/// Issue 36 item 6, right after `dcpictl epoch new`: no profile and no summary yet, only
+/// slices (at dcpid's 16-byte resolution) and `fresh.json`. The new image is reported under
+/// the name `fresh.json` gives, with every sample, its offsets at the slices' resolution;
+/// counting only (`apply` false, dcpilist) changes nothing. A slice straddling a mark (a
+/// roll-up across it) is not split: that key is left as published.
+#[test]
+fn a_new_epoch_reports_its_slices_under_the_names_of_fresh_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let db = Database::create(&tmp.path().join("db")).unwrap();
+    let t0 = 1_795_960_800;
+    let e = db.new_epoch(UNIX_EPOCH + Duration::from_secs(t0), "h1").unwrap();
+    let d = db.host_dir(&e, "h1").unwrap();
+    d.create().unwrap();
+    let (mut w, _) = SliceWriter::open(&d.slices_path()).unwrap();
+    w.set_resolution(16);
+    let counts = [(key(4), vec![(0x13, 5), (0x2f, 2)])].into_iter().collect();
+    w.append(&Slice { start: t0, len: 60, seq: 0, counts }).unwrap();
+    let dirs = || select_host_dirs(&db, &EpochSel::Latest, &HostSel::Named("h1".into())).unwrap();
+    // Without a name (no fresh.json, no summary, no previous epoch): no event to report under.
+    let mut t = load_image_totals(dirs(), &mut |_| {}).unwrap();
+    assert_eq!(freshen_totals(&mut t).unwrap().samples, 0);
+    let mut names = profile_format::SummaryIndex::default();
+    names.push(&ProfileHeader {
+        kind: ImageKind::Elf,
+        image_id: image(4),
+        image_path: b"/opt/new/w4".to_vec(),
+        event: desc(),
+        host: String::new(),
+        epoch: e.clone(),
+        total_samples: 0,
+        total_period: 0,
+        sequence: 0,
+        jit_symbols: Vec::new(),
+    });
+    d.write_fresh_names(&names).unwrap();
+    let mut t = load_image_totals(dirs(), &mut |_| {}).unwrap();
+    let f = freshen_totals(&mut t).unwrap();
+    assert_eq!((f.samples, f.resolution), (7, 16));
+    let rows: Vec<(String, u64)> = t
+        .rows()
+        .map(|r| (String::from_utf8_lossy(&r.header.image_path).into_owned(), r.samples))
+        .collect();
+    assert_eq!(rows, [("/opt/new/w4".to_owned(), 7)]);
+    let mut l = load_counts(dirs(), None, true, &mut |_| {}).unwrap();
+    let counted = freshen_loaded(&mut l, None, false).unwrap();
+    assert_eq!((counted.samples, l.profiles.len()), (7, 0), "counted, not applied");
+    freshen_loaded(&mut l, None, true).unwrap();
+    let p = &l.profiles[0].profile;
+    assert_eq!(p.counts, [(0x10, 5), (0x20, 2)].into_iter().collect(), "at 16 bytes");
+    assert_eq!(p.header.total_period, 7 * 1_000_000, "weighted by the event's period");
+    // A profile stamped with a mark inside a rolled-up slice: not split, left as published.
+    let mut prof = Profile { header: p.header.clone(), who: None, counts: p.counts.clone() };
+    prof.header.sequence = 77;
+    prof.write(&d.profile_path(&image(4), EVENT)).unwrap();
+    let summary = profile_format::HostSummary {
+        format_version: 1,
+        host: "h1".into(),
+        epoch: e.to_string(),
+        fresh: vec![profile_format::FreshMark { slice_end: t0 + 30, sequence: 77 }],
+        ..Default::default()
+    };
+    summary.write(&d.summary_path()).unwrap();
+    let mut l = load_counts(dirs(), None, true, &mut |_| {}).unwrap();
+    assert_eq!(freshen_loaded(&mut l, None, true).unwrap().samples, 0);
+    assert_eq!(samples_by_image(&l)["/opt/new/w4"], 7);
 }
