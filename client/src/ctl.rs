@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dcpi_proto::{OpStat, ReloadReport, Request, Response, StatusReport};
+use dcpi_report::render::{
+    Align, Column, CsvCell, Kind, Output, Show, Style, Table, Value as CellValue,
+};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -175,6 +178,100 @@ fn ago(unix_ms: u64) -> String {
     format!("{:.1}s ago", now.saturating_sub(unix_ms) as f64 / 1000.0)
 }
 
+/// The tables of `status`: its events, and its CPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusTable {
+    Events,
+    Cpus,
+}
+
+/// `status`'s events: one description for the text form and CSV (`--format csv --table
+/// events`). The event's name is last, as names are in every report table (free width).
+pub fn events_table(v: &StatusReport) -> Table {
+    let mut t = Table::new();
+    let samples = t.column(Column::new("SAMPLES", Kind::Count).csv("samples"));
+    let window = t.column(Column::new("PERIOD WINDOW", Kind::Text).text_only());
+    let min = t.column(Column::new("period_min", Kind::Count));
+    let max = t.column(Column::new("period_max", Kind::Count));
+    let source = t.column(Column::new("SOURCE", Kind::Text).csv("source"));
+    let name = t.column(Column::new("EVENT", Kind::Text).csv("event"));
+    t.text_columns(vec![samples, window, source, name]);
+    for e in &v.events {
+        let mut cells = t.blank();
+        cells[samples] = e.samples.into();
+        cells[window] = format!("[{}, {}]", e.period_min, e.period_max).into();
+        cells[min] = e.period_min.into();
+        cells[max] = e.period_max.into();
+        cells[source] = e.source.as_str().into();
+        cells[name] = e.name.as_str().into();
+        t.row(cells);
+    }
+    t
+}
+
+/// `status`'s CPUs: one description for the text form and CSV (`--format csv --table cpus`);
+/// the text form ends with the totals (not a CSV line: a sum of the rows).
+pub fn cpus_table(v: &StatusReport) -> Table {
+    let mut t = Table::new();
+    let cpu = t.column(Column::new("CPU", Kind::Count).align(Align::Left).csv("cpu"));
+    let online = t.column(Column::new("ONLINE", Kind::Text).csv("online"));
+    let samples = t.column(Column::new("SAMPLES", Kind::Count).csv("samples"));
+    let lost = t.column(Column::new("LOST", Kind::Count).csv("lost"));
+    let throttled = t.column(Column::new("THROTTLED", Kind::Count).csv("throttled"));
+    let wakeups = t.column(Column::new("WAKEUPS/S", Kind::Decimal(1)).csv("wakeups_per_s"));
+    let drain = t.column(Column::new("DRAIN MS/S", Kind::Decimal(3)).csv("drain_cpu_ms_per_s"));
+    let error = t.column(Column::new("ERROR", Kind::Text).csv("error"));
+    for c in &v.cpus {
+        let mut cells = t.blank();
+        cells[cpu] = u64::from(c.cpu).into();
+        // `NO` stands out in the table; CSV says the same in lower case.
+        cells[online] = CellValue::Both {
+            text: if c.online { "yes" } else { "NO" }.into(),
+            csv: CsvCell::Text(if c.online { "yes" } else { "no" }.into()),
+        }
+        .into();
+        cells[samples] = c.samples.into();
+        cells[lost] = c.lost.into();
+        cells[throttled] = c.throttled.into();
+        cells[wakeups] = c.wakeups_per_s.into();
+        cells[drain] = c.drain_cpu_ms_per_s.into();
+        cells[error] = c.error.clone().into();
+        t.row(cells);
+    }
+    let mut total = t.blank();
+    total[cpu] = "total".into();
+    total[samples] = v.samples.into();
+    total[lost] = v.lost.into();
+    total[throttled] = v.throttled.into();
+    t.push(total, Show::Text);
+    t
+}
+
+/// How the text form of `status` draws its tables: plain numbers (as the rest of it prints
+/// them), no width limit (an error message is shown whole).
+const STATUS_STYLE: Style = Style { human: false, width: Some(0) };
+
+/// Write `status` in `form`: the text form, one of its tables as CSV, or the daemon's JSON
+/// document `raw` as it came (checked against the protocol types by the caller).
+pub fn write_status(
+    out: &mut dyn Write,
+    v: &StatusReport,
+    raw: &Value,
+    form: Output,
+    table: StatusTable,
+) -> std::io::Result<()> {
+    match form {
+        Output::Text => out.write_all(render_status(v).as_bytes()),
+        Output::Csv | Output::Json => {
+            let t = match table {
+                StatusTable::Events => events_table(v),
+                StatusTable::Cpus => cpus_table(v),
+            };
+            t.write(out, form, STATUS_STYLE, raw)
+        }
+    }
+}
+
 /// The human form of `status`.
 pub fn render_status(v: &StatusReport) -> String {
     let mut o = String::new();
@@ -185,26 +282,7 @@ pub fn render_status(v: &StatusReport) -> String {
     );
     o += &format!("condition:  {}\n", v.condition);
     o += &format!("epoch:      {}\n", v.epoch.as_deref().unwrap_or("-"));
-    o += "\nEVENT                SOURCE     PERIOD WINDOW                 SAMPLES\n";
-    for e in &v.events {
-        let window = format!("[{}, {}]", e.period_min, e.period_max);
-        o += &format!("{:<20} {:<10} {:<24} {:>12}\n", e.name, e.source, window, e.samples);
-    }
-    o += "\nCPU  ONLINE     SAMPLES     LOST  THROTTLED  WAKEUPS/S  DRAIN MS/S  ERROR\n";
-    for c in &v.cpus {
-        o += &format!(
-            "{:<4} {:<6} {:>11} {:>8} {:>10} {:>10.1} {:>11.3}  {}\n",
-            c.cpu,
-            if c.online { "yes" } else { "NO" },
-            c.samples,
-            c.lost,
-            c.throttled,
-            c.wakeups_per_s,
-            c.drain_cpu_ms_per_s,
-            c.error.as_deref().unwrap_or("")
-        );
-    }
-    o += &format!("total{:>18} {:>8} {:>10}\n", v.samples, v.lost, v.throttled);
+    let head = std::mem::take(&mut o);
     let rt = &v.resolver_thread;
     if rt.running {
         // The drain threads hand side-band records and full overflow buffers to it.
@@ -386,7 +464,18 @@ pub fn render_status(v: &StatusReport) -> String {
             o += &format!("  {} ({}): {}\n", t.thread, ago(t.unix_ms), t.reason);
         }
     }
-    // Errors carry file names and messages from the system: nothing reaches the terminal raw.
+    // The tables escape their own cells.
+    let mut tables = Vec::new();
+    for t in [events_table(v), cpus_table(v)] {
+        tables.push(b'\n');
+        // Writing into memory cannot fail.
+        drop(t.write_text(&mut tables, STATUS_STYLE));
+    }
+    format!("{}{}{}", escape_lines(&head), String::from_utf8_lossy(&tables), escape_lines(&o))
+}
+
+/// Errors carry file names and messages from the system: nothing reaches the terminal raw.
+fn escape_lines(o: &str) -> String {
     o.split_inclusive('\n')
         .map(|l| {
             let (text, nl) = l.strip_suffix('\n').map_or((l, ""), |t| (t, "\n"));
@@ -549,7 +638,7 @@ mod tests {
             "1995 samples/s",
             "3.99% of one CPU",
             "20 µs per sample",
-            "       1.5       0.042",
+            "      1.5       0.042",
             "resolver thread: 0.5 wake-ups/s, 0.021 ms CPU/s; 340 side-band records applied, 2 \
              overflow buffers resolved",
             "2.500 ms CPU per second, 1253 ns per sample",
@@ -569,6 +658,79 @@ mod tests {
         ] {
             assert!(t.contains(needle), "{needle} missing in:\n{t}");
         }
+    }
+
+    /// Status with two CPUs (one offline with an error from the system) and two events.
+    fn two_cpu_status() -> (StatusReport, Value) {
+        let mut raw = sample_status();
+        raw["cpus"] = serde_json::json!([
+            {"cpu": 0, "online": true, "samples": 5, "lost": 0, "throttled": 1, "error": null,
+                "wakeups": 9, "wakeups_per_s": 1.5, "drain_cpu_ms_per_s": 0.042},
+            {"cpu": 13, "online": false, "samples": 1234567, "lost": 12, "throttled": 0,
+                "error": "=cmd|' /C calc'!A0, \u{1b}[2J", "wakeups": 0, "wakeups_per_s": 0.0,
+                "drain_cpu_ms_per_s": 12.5}]);
+        raw["samples"] = 1_234_572.into();
+        raw["lost"] = 12.into();
+        raw["events"] = serde_json::json!([
+            {"name": "cpu-clock", "requested": "cpu-clock", "source": "software",
+                "period_min": 938, "period_max": 1000, "samples": 5},
+            {"name": "page-faults", "requested": "page-faults", "source": "software",
+                "period_min": 1, "period_max": 1, "samples": 1234567}]);
+        let v = parse_result(Path::new("/x.sock"), Request::Status, raw.clone()).expect("typed");
+        (v, raw)
+    }
+
+    fn status_as(v: &StatusReport, raw: &Value, form: Output, table: StatusTable) -> String {
+        let mut out = Vec::new();
+        write_status(&mut out, v, raw, form, table).expect("write");
+        String::from_utf8(out).expect("utf8")
+    }
+
+    #[test]
+    fn status_tables_are_one_description_in_text_and_csv() {
+        let (v, raw) = two_cpu_status();
+        assert_eq!(
+            status_as(&v, &raw, Output::Csv, StatusTable::Cpus),
+            "cpu,online,samples,lost,throttled,wakeups_per_s,drain_cpu_ms_per_s,error\n\
+             0,yes,5,0,1,1.5,0.042,\n\
+             13,no,1234567,12,0,0,12.5,\"'=cmd|' /C calc'!A0, \\u{1b}[2J\"\n"
+        );
+        assert_eq!(
+            status_as(&v, &raw, Output::Csv, StatusTable::Events),
+            "samples,period_min,period_max,source,event\n\
+             5,938,1000,software,cpu-clock\n\
+             1234567,1,1,software,page-faults\n"
+        );
+        // JSON is the daemon's whole document, whichever table.
+        let json = status_as(&v, &raw, Output::Json, StatusTable::Events);
+        let back: Value = serde_json::from_str(&json).expect("json");
+        assert_eq!(back, raw);
+        // The text form draws the same tables, aligned: each number column ends where its
+        // title does, whatever the width of the numbers (the fixed widths before were 11
+        // digits for samples, 8 for losses).
+        let text = status_as(&v, &raw, Output::Text, StatusTable::Cpus);
+        assert_eq!(text, render_status(&v));
+        assert!(!text.contains('\u{1b}'), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        let block = |title: &str| -> Vec<&str> {
+            let i = lines.iter().position(|l| l.starts_with(title)).expect(title);
+            lines[i..].iter().take_while(|l| !l.is_empty()).copied().collect()
+        };
+        let cpus = &block("CPU ")[..4];
+        let end = |l: &str, col: &str| l.find(col).map(|i| i + col.len());
+        let samples_end = end(cpus[0], "SAMPLES").expect("title");
+        for (l, n) in cpus[1..].iter().zip(["5", "1234567", "1234572"]) {
+            assert_eq!(end(l, &format!(" {n} ")), Some(samples_end + 1), "{l}\n{text}");
+        }
+        assert!(cpus[2].starts_with("13 ") && cpus[2].contains(" NO "), "{text}");
+        assert!(cpus[2].ends_with("\\u{1b}[2J"), "escaped, whole: {text}");
+        assert!(cpus[3].starts_with("total ") && cpus[3].ends_with(" 12          1"), "{text}");
+        let events = block("SAMPLES ");
+        assert_eq!(events.len(), 3, "{text}");
+        let event_at = events[0].find("EVENT").expect("title");
+        assert_eq!(events[1].find("cpu-clock"), Some(event_at), "{text}");
+        assert_eq!(events[2].find("page-faults"), Some(event_at), "{text}");
+        assert!(events[1].contains(" [938, 1000] "), "{text}");
     }
 
     #[test]

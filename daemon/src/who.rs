@@ -322,15 +322,16 @@ pub struct HotView {
 }
 
 /// The last batches' hottest rows, for `dcpictl top` (memory only, no disk I/O).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Recent {
     batches: std::collections::VecDeque<Batch>,
 }
 
 /// One batch's rows. Each path, build-id and command is kept once per batch, not per row: up
 /// to 4 096 rows a batch for 30 s, as [`HotRow`]s with their own copies, were ~5 MiB of
-/// dcpid's steady RSS on a busy machine (issue 13); a row is 32 bytes here.
-#[derive(Debug)]
+/// dcpid's steady RSS on a busy machine (issue 13); a row is 32 bytes here. Only the images
+/// that the kept rows name are copied, and each command once.
+#[derive(Clone, Debug)]
 struct Batch {
     at: Instant,
     /// Samples per event index, and the idle task's.
@@ -341,8 +342,7 @@ struct Batch {
     /// Commands the rows name; [`NO_COMMAND`] is kernel code.
     commands: Vec<Vec<u8>>,
     rows: Vec<PackedRow>,
-    /// (pid, command index, image path, event, samples).
-    processes: Vec<(u32, u32, Vec<u8>, EventIdx, u64)>,
+    processes: Vec<PackedProcess>,
 }
 
 /// Command index of kernel code rows.
@@ -359,16 +359,54 @@ struct PackedRow {
     samples: u64,
 }
 
-/// (command index, image allocation, offset, event) within one batch.
-type BatchKey = (u32, usize, u64, EventIdx);
-/// (command, image path, build-id, offset, event) across batches.
-type HotKey = (Vec<u8>, Vec<u8>, Option<Vec<u8>>, Option<u64>, EventIdx);
+/// Samples of one process in one image (`[kernel.kallsyms]`, `[unknown]`: pseudo-images
+/// with no build-id in [`Batch::images`]).
+#[derive(Debug, Clone, Copy)]
+struct PackedProcess {
+    pid: u32,
+    command: u32,
+    image: u32,
+    event: EventIdx,
+    samples: u64,
+}
 
 fn add_at(v: &mut Vec<u64>, i: usize, n: u64) {
     if v.len() <= i {
         v.resize(i + 1, 0);
     }
     v[i] += n;
+}
+
+/// An image of a batch being recorded: a resolved one, or a pseudo-image of the process rows.
+enum Source {
+    Image(Arc<ImageInfo>),
+    Named(&'static [u8], ImageKind),
+}
+
+/// Values interned once per batch or per request, so rows can be keyed by small integers
+/// instead of hashing and cloning a path or a command per row.
+struct Interner<K> {
+    index: HashMap<K, u32>,
+    list: Vec<K>,
+}
+
+impl<K: std::hash::Hash + Eq + Copy> Interner<K> {
+    fn new() -> Self {
+        Self { index: HashMap::new(), list: Vec::new() }
+    }
+
+    /// Index of `k`, and whether it is new.
+    fn get(&mut self, k: K) -> (u32, bool) {
+        let n = self.list.len() as u32;
+        match self.index.entry(k) {
+            hashbrown::hash_map::Entry::Occupied(e) => (*e.get(), false),
+            hashbrown::hash_map::Entry::Vacant(v) => {
+                v.insert(n);
+                self.list.push(k);
+                (n, true)
+            }
+        }
+    }
 }
 
 impl Recent {
@@ -378,40 +416,62 @@ impl Recent {
     pub const ROWS_PER_BATCH: usize = 4096;
 
     /// Record a batch's rows (its `hot` and `hot_kernel` lists are taken).
+    ///
+    /// This runs at every flush, with or without a client, and once per `dcpictl top`
+    /// request. Rows are keyed by integers (command index, image index by allocation, offset,
+    /// event) and cut to [`Self::ROWS_PER_BATCH`] before any path or command is copied; only
+    /// what the kept rows name is copied, once (see BENCHMARKS.md, "dcpictl top").
     pub fn push(&mut self, who: &mut WhoBatch) {
         let now = Instant::now();
         while self.batches.front().is_some_and(|b| now.duration_since(b.at) > Self::KEEP) {
             self.batches.pop_front();
         }
-        let mut commands: Vec<Vec<u8>> = Vec::new();
+        // The batch's images, by allocation (one per table entry's image: the hot lists hold
+        // a reference each), and by id for the process rows.
+        let mut sources: Vec<Source> = Vec::new();
+        let mut by_alloc: Interner<usize> = Interner::new();
+        let mut image = |sources: &mut Vec<Source>, i: &Arc<ImageInfo>| -> u32 {
+            let (k, new) = by_alloc.get(Arc::as_ptr(i) as usize);
+            if new {
+                sources.push(Source::Image(Arc::clone(i)));
+            }
+            k
+        };
+        // Commands by pid: one lookup per pid, not per row.
         let mut command_of: HashMap<u32, u32> = HashMap::new();
-        let mut command_index: HashMap<Vec<u8>, u32> = HashMap::new();
+        let mut commands: Vec<Vec<u8>> = Vec::new();
+        let mut by_name: HashMap<Vec<u8>, u32> = HashMap::new();
         let mut command = |pid: u32, who: &WhoBatch| -> u32 {
             *command_of.entry(pid).or_insert_with(|| {
-                let c = who.command(pid);
-                *command_index.entry(c.clone()).or_insert_with(|| {
-                    commands.push(c);
-                    (commands.len() - 1) as u32
-                })
+                // Copied once per command, not per pid.
+                let c = match who.comms.get(&pid) {
+                    Some(c) => std::borrow::Cow::Borrowed(c.as_slice()),
+                    None => std::borrow::Cow::Owned(who.command(pid)),
+                };
+                if let Some(&k) = by_name.get(c.as_ref()) {
+                    return k;
+                }
+                commands.push(c.to_vec());
+                let k = (commands.len() - 1) as u32;
+                by_name.insert(c.into_owned(), k);
+                k
             })
         };
-        // Keyed by the image's allocation, not its path: a batch holds one entry per table
-        // entry, and hashing and cloning each path was most of this function. Two images with
-        // the same path (rare) make two rows here, which `top` merges.
         // Sized up front: grown from empty, rehashing was a third of this function.
         let hot = std::mem::take(&mut who.hot);
         let hot_kernel = std::mem::take(&mut who.hot_kernel);
-        let mut rows: HashMap<BatchKey, (Arc<ImageInfo>, u32, u64)> =
+        let mut rows: HashMap<(u32, u32, u64, EventIdx), (u32, u64)> =
             HashMap::with_capacity(hot.len() + hot_kernel.len());
-        for (pid, image, offset, ev, n) in hot {
-            let c = command(pid, who);
-            let key = (c, Arc::as_ptr(&image) as usize, offset, ev);
-            rows.entry(key).or_insert_with(|| (image, pid, 0)).2 += n;
+        for (pid, img, offset, ev, n) in &hot {
+            let key = (command(*pid, who), image(&mut sources, img), *offset, *ev);
+            rows.entry(key).or_insert((*pid, 0)).1 += n;
         }
-        for (image, offset, ev, n) in hot_kernel {
-            let key = (NO_COMMAND, Arc::as_ptr(&image) as usize, offset, ev);
-            rows.entry(key).or_insert_with(|| (image, 0, 0)).2 += n;
+        for (img, offset, ev, n) in &hot_kernel {
+            let key = (NO_COMMAND, image(&mut sources, img), *offset, *ev);
+            rows.entry(key).or_insert((0, 0)).1 += n;
         }
+        // One image reference per entry, released here.
+        drop((hot, hot_kernel));
         let mut totals = Vec::new();
         for (&(_, ev), &n) in &who.cpus {
             add_at(&mut totals, usize::from(ev), n);
@@ -424,33 +484,74 @@ impl Recent {
         }
         let mut rows: Vec<_> = rows.into_iter().collect();
         if rows.len() > Self::ROWS_PER_BATCH {
-            rows.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.1 .2.cmp(&a.1 .2));
+            rows.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.1 .1.cmp(&a.1 .1));
             rows.truncate(Self::ROWS_PER_BATCH);
         }
-        let mut images = Vec::new();
-        let mut image_index: HashMap<usize, u32> = HashMap::new();
-        let mut packed = Vec::with_capacity(rows.len());
-        for ((command, image_key, offset, event), (image, pid, samples)) in rows {
-            let image = *image_index.entry(image_key).or_insert_with(|| {
-                let build_id = match &image.id {
-                    ImageId::BuildId(b) => Some(b.clone()),
-                    _ => None,
-                };
-                images.push((image.path.clone(), build_id, image.kind));
-                (images.len() - 1) as u32
-            });
-            packed.push(PackedRow { command, pid, image, offset, event, samples });
+        // Process rows: per (pid, image, event) from the batch's user and kernel counts,
+        // keyed by image index and cut before anything is copied.
+        let unknown = sources.len() as u32;
+        sources.push(Source::Named(b"[unknown]", ImageKind::Unknown));
+        let kernel = sources.len() as u32;
+        sources.push(Source::Named(b"[kernel.kallsyms]", ImageKind::Kernel));
+        let mut processes: Vec<(u32, u32, EventIdx, u64)> =
+            Vec::with_capacity(who.user.len() + who.kernel.len());
+        for ((pid, id, ev), &n) in &who.user {
+            let img = match id.as_ref().and_then(|i| who.images.get(i)) {
+                Some(i) => image(&mut sources, i),
+                None => unknown,
+            };
+            processes.push((*pid, img, *ev, n));
         }
-        let mut processes: Vec<(u32, u32, Vec<u8>, EventIdx, u64)> = who
-            .rows()
-            .into_iter()
-            .filter(|r| r.0 != 0)
-            .map(|(pid, image, ev, n)| (pid, command(pid, who), image, ev, n))
-            .collect();
+        for (&(pid, ev), &n) in &who.kernel {
+            if pid != 0 {
+                processes.push((pid, kernel, ev, n));
+            }
+        }
         if processes.len() > Self::ROWS_PER_BATCH {
-            processes.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.4.cmp(&a.4));
+            processes.select_nth_unstable_by(Self::ROWS_PER_BATCH, |a, b| b.3.cmp(&a.3));
             processes.truncate(Self::ROWS_PER_BATCH);
         }
+        // Copy the images the kept rows name, once each.
+        let mut kept: Vec<u32> = vec![u32::MAX; sources.len()];
+        let mut images = Vec::new();
+        let mut keep = |i: u32| -> u32 {
+            let k = &mut kept[i as usize];
+            if *k == u32::MAX {
+                images.push(match &sources[i as usize] {
+                    Source::Image(img) => {
+                        let build_id = match &img.id {
+                            ImageId::BuildId(b) => Some(b.clone()),
+                            _ => None,
+                        };
+                        (img.path.clone(), build_id, img.kind)
+                    }
+                    Source::Named(path, kind) => (path.to_vec(), None, *kind),
+                });
+                *k = (images.len() - 1) as u32;
+            }
+            *k
+        };
+        let packed: Vec<PackedRow> = rows
+            .into_iter()
+            .map(|((command, image, offset, event), (pid, samples))| PackedRow {
+                command,
+                pid,
+                image: keep(image),
+                offset,
+                event,
+                samples,
+            })
+            .collect();
+        let processes: Vec<PackedProcess> = processes
+            .into_iter()
+            .map(|(pid, image, event, samples)| PackedProcess {
+                pid,
+                command: command(pid, who),
+                image: keep(image),
+                event,
+                samples,
+            })
+            .collect();
         self.batches.push_back(Batch {
             at: now,
             totals,
@@ -464,11 +565,22 @@ impl Recent {
 
     /// Rows of the batches taken within `window`, merged and sorted hottest first (at most
     /// `limit` code rows and `limit` process rows), and the window's totals.
+    ///
+    /// Rows merge by (command, image path, build-id, offset, event) and process rows by (pid,
+    /// image path, event) across batches; each batch's images and commands are interned once
+    /// per request, so the per-row work is integer hashing, and only the `limit` rows returned
+    /// are copied out.
     pub fn top(&self, window: Duration, limit: usize) -> HotView {
         let now = Instant::now();
         let mut view = HotView::default();
-        let mut merged: HashMap<HotKey, HotRow> = HashMap::new();
-        let mut procs: HashMap<(u32, Vec<u8>, EventIdx), HotProcess> = HashMap::new();
+        // Across the window: image (path, build-id) with the first kind seen, path, command.
+        let mut images: Interner<(&[u8], Option<&[u8]>)> = Interner::new();
+        let mut kinds: Vec<ImageKind> = Vec::new();
+        let mut paths: Interner<&[u8]> = Interner::new();
+        let mut commands: Interner<&[u8]> = Interner::new();
+        type Key = (u32, u32, Option<u64>, EventIdx);
+        let mut merged: HashMap<Key, (u32, u64)> = HashMap::new();
+        let mut procs: HashMap<(u32, u32, EventIdx), (u32, u64)> = HashMap::new();
         for b in &self.batches {
             if now.duration_since(b.at) > window {
                 continue;
@@ -479,62 +591,89 @@ impl Recent {
             for (i, n) in b.idle.iter().enumerate() {
                 add_at(&mut view.idle, i, *n);
             }
-            for r in &b.rows {
-                let (image, build_id, kind) = &b.images[r.image as usize];
-                let command = b.commands.get(r.command as usize).cloned().unwrap_or_default();
-                let key = (command, image.clone(), build_id.clone(), Some(r.offset), r.event);
-                merged.entry(key).and_modify(|m| m.samples += r.samples).or_insert_with_key(|k| {
-                    HotRow {
-                        command: k.0.clone(),
-                        pid: r.pid,
-                        image: image.clone(),
-                        kind: *kind,
-                        build_id: build_id.clone(),
-                        offset: Some(r.offset),
-                        event: r.event,
-                        samples: r.samples,
+            let image_map: Vec<(u32, u32)> = b
+                .images
+                .iter()
+                .map(|(path, build_id, kind)| {
+                    let (i, new) = images.get((path, build_id.as_deref()));
+                    if new {
+                        kinds.push(*kind);
                     }
-                });
+                    (i, paths.get(path).0)
+                })
+                .collect();
+            let command_map: Vec<u32> = b.commands.iter().map(|c| commands.get(c).0).collect();
+            let cmd = |c: u32| command_map.get(c as usize).copied().unwrap_or(NO_COMMAND);
+            for r in &b.rows {
+                let key = (cmd(r.command), image_map[r.image as usize].0, Some(r.offset), r.event);
+                merged.entry(key).or_insert((r.pid, 0)).1 += r.samples;
             }
-            for (pid, c, image, ev, n) in &b.processes {
-                procs
-                    .entry((*pid, image.clone(), *ev))
-                    .and_modify(|p| p.samples += n)
-                    .or_insert_with(|| HotProcess {
-                        pid: *pid,
-                        command: b.commands.get(*c as usize).cloned().unwrap_or_default(),
-                        image: image.clone(),
-                        event: *ev,
-                        samples: *n,
-                    });
-            }
-        }
-        let mut rows: Vec<HotRow> = merged.into_values().collect();
-        for (ev, &n) in view.idle.iter().enumerate() {
-            if n > 0 {
-                rows.push(HotRow {
-                    command: b"swapper".to_vec(),
-                    pid: 0,
-                    image: IDLE_PATH.to_vec(),
-                    kind: ImageKind::Kernel,
-                    build_id: None,
-                    offset: None,
-                    event: ev as EventIdx,
-                    samples: n,
-                });
+            for p in &b.processes {
+                let key = (p.pid, image_map[p.image as usize].1, p.event);
+                procs.entry(key).or_insert((cmd(p.command), 0)).1 += p.samples;
             }
         }
-        rows.sort_by(|a, b| {
-            b.samples
-                .cmp(&a.samples)
-                .then_with(|| (&a.command, &a.image).cmp(&(&b.command, &b.image)))
-        });
-        rows.truncate(limit);
-        let mut processes: Vec<HotProcess> = procs.into_values().collect();
-        processes.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.pid.cmp(&b.pid)));
-        processes.truncate(limit);
-        view.rows = rows;
-        view.processes = processes;
+        let mut rows: Vec<(Key, (u32, u64))> = merged.into_iter().collect();
+        if view.idle.iter().any(|&n| n > 0) {
+            let swapper = commands.get(b"swapper").0;
+            let (idle, new) = images.get((IDLE_PATH, None));
+            if new {
+                kinds.push(ImageKind::Kernel);
+            }
+            for (ev, &n) in view.idle.iter().enumerate() {
+                if n > 0 {
+                    rows.push(((swapper, idle, None, ev as EventIdx), (0, n)));
+                }
+            }
+        }
+        let name = |c: u32| commands.list.get(c as usize).copied().unwrap_or_default();
+        let order = |a: &(Key, (u32, u64)), b: &(Key, (u32, u64))| {
+            b.1 .1.cmp(&a.1 .1).then_with(|| {
+                (name(a.0 .0), images.list[a.0 .1 as usize].0)
+                    .cmp(&(name(b.0 .0), images.list[b.0 .1 as usize].0))
+            })
+        };
+        if rows.len() > limit {
+            rows.select_nth_unstable_by(limit, order);
+            rows.truncate(limit);
+        }
+        rows.sort_by(order);
+        view.rows = rows
+            .into_iter()
+            .map(|((c, i, offset, event), (pid, samples))| {
+                let (image, build_id) = images.list[i as usize];
+                HotRow {
+                    command: name(c).to_vec(),
+                    pid,
+                    image: image.to_vec(),
+                    kind: kinds[i as usize],
+                    build_id: build_id.map(<[u8]>::to_vec),
+                    offset,
+                    event,
+                    samples,
+                }
+            })
+            .collect();
+        let mut processes: Vec<_> = procs.into_iter().collect();
+        let order = |a: &((u32, u32, EventIdx), (u32, u64)),
+                     b: &((u32, u32, EventIdx), (u32, u64))| {
+            b.1 .1.cmp(&a.1 .1).then_with(|| a.0 .0.cmp(&b.0 .0))
+        };
+        if processes.len() > limit {
+            processes.select_nth_unstable_by(limit, order);
+            processes.truncate(limit);
+        }
+        processes.sort_by(order);
+        view.processes = processes
+            .into_iter()
+            .map(|((pid, path, event), (c, samples))| HotProcess {
+                pid,
+                command: name(c).to_vec(),
+                image: paths.list[path as usize].to_vec(),
+                event,
+                samples,
+            })
+            .collect();
         view
     }
 }

@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use dcpi_client::ctl::{
-    parse_result, reload_outcome, render_status, request_value, CtlError, DEFAULT_SOCKET,
+    parse_result, reload_outcome, request_value, write_status, CtlError, StatusTable,
+    DEFAULT_SOCKET,
 };
 use dcpi_client::manpages::Generate;
 use dcpi_proto::{EpochResult, FlushResult, ReloadReport, Request, StatusReport};
+use dcpi_report::render::Output;
 
 /// Control a running dcpid (the dcpi profiling daemon) over its control socket.
 ///
@@ -65,10 +67,20 @@ enum Cmd {
     /// of `drain` is waking up), the flush thread's checks, take-and-resolve, and store
     /// (spool and publish within it), and the resolver thread. The text form prints them per
     /// second since start.
+    ///
+    /// `--format csv` writes one of its tables (`--table`): `cpus` (cpu, online, samples,
+    /// lost, throttled, wakeups_per_s, drain_cpu_ms_per_s, error) or `events` (samples,
+    /// period_min, period_max, source, event). The text form draws the same tables.
     Status {
-        /// Machine-readable JSON.
-        #[arg(long)]
+        /// Machine-readable JSON (the same as `--format json`).
+        #[arg(long, conflicts_with = "format")]
         json: bool,
+        /// `text`, `csv` (one table, see `--table`) or `json` (the whole object above).
+        #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "csv", "json"])]
+        format: String,
+        /// The table `--format csv` writes: `cpus` or `events`.
+        #[arg(long, value_name = "TABLE", default_value = "cpus", value_parser = ["cpus", "events"])]
+        table: String,
     },
     /// Write every sample taken up to now to the spool and publish every changed profile;
     /// returns when done. Every CPU's drain thread first reads its ring up to the request's
@@ -205,15 +217,21 @@ fn run(
 ) -> Result<ExitCode, CtlError> {
     let v = request_value(socket, req, timeout)?;
     match command {
-        Cmd::Status { json } => {
+        Cmd::Status { json, format, table } => {
             // Checked against the protocol types even when printed as it came, so a field the
             // daemon no longer sends is an error here too.
             let status: StatusReport = parse_result(socket, req, v.clone())?;
-            if *json {
-                emit(format_args!("{}\n", serde_json::to_string_pretty(&v).unwrap_or_default()));
-            } else {
-                emit(format_args!("{}", render_status(&status)));
-            }
+            let form = match format.as_str() {
+                _ if *json => Output::Json,
+                "json" => Output::Json,
+                "csv" => Output::Csv,
+                _ => Output::Text,
+            };
+            let table = if table == "events" { StatusTable::Events } else { StatusTable::Cpus };
+            let mut out = Vec::new();
+            // Writing into memory cannot fail.
+            drop(write_status(&mut out, &status, &v, form, table));
+            emit(format_args!("{}", String::from_utf8_lossy(&out)));
         }
         Cmd::Flush => {
             let r: FlushResult = parse_result(socket, req, v)?;

@@ -1,0 +1,129 @@
+//! The live view's work per flush and per `dcpictl top` request does not grow with the rows
+//! it reads (issue 38: ≤ 1 % of one CPU at 2 refreshes per second with 100k distinct (pid,
+//! pc) in the window). Counted as heap allocations, which are deterministic where time is not
+//! (BENCHMARKS.md, "dcpictl top", has the times): before, every row of every batch cost
+//! copies of its path, build-id and command in each request, and every (pid, image) of a
+//! batch a copy of the image's path at each flush.
+//!
+//! Its own test binary: the counting allocator below is the process's.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dcpid::types::ImageInfo;
+use dcpid::who::{Recent, WhoBatch};
+use profile_format::{ImageId, ImageKind};
+
+/// The system allocator, counting the allocations of threads that asked to be counted.
+struct Counting;
+
+thread_local! {
+    static COUNT: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+// SAFETY: every call is passed to `System` unchanged; the counter is a thread-local `Cell`
+// with a const initializer (no allocation, no lock) and never panics.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: the caller's contract for `alloc` is `System.alloc`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` with this layout (every allocation goes there).
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        // SAFETY: as for `dealloc`; the caller's contract for the new size is `System`'s.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+fn note() {
+    // `try_with`: nothing to count while the thread's locals are torn down.
+    let _ = COUNT.try_with(|c| c.set(c.get().map(|n| n + 1)));
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Allocations made by `f` on this thread.
+fn allocations<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    COUNT.with(|c| c.set(Some(0)));
+    let r = f();
+    let n = COUNT.with(|c| c.replace(None)).unwrap_or(0);
+    (r, n)
+}
+
+const PIDS: u64 = 5_000;
+const PAIRS: u64 = 20_000;
+
+fn image(path: String, id: ImageId, kind: ImageKind) -> Arc<ImageInfo> {
+    Arc::new(ImageInfo { kind, id, path: path.into_bytes(), jit_symbols: Vec::new() })
+}
+
+/// A flush's batch: `PAIRS` new (pid, pc) over `PIDS` processes of 30 commands (a few without
+/// a name), 8 images, so 20 000 (pid, image) rows; 500 kernel pcs, hotter than any user pc.
+fn batch(user: &[Arc<ImageInfo>], kernel: &Arc<ImageInfo>, seed: u64) -> WhoBatch {
+    let mut b = WhoBatch::default();
+    for pid in 0..PIDS as u32 {
+        if pid % 1000 != 7 {
+            b.comms.insert(1000 + pid, format!("cmd{}", pid % 30).into_bytes());
+        }
+    }
+    for i in seed * PAIRS..(seed + 1) * PAIRS {
+        let pid = 1000 + (i % PIDS) as u32;
+        let img = &user[((i / PIDS) % user.len() as u64) as usize];
+        let n = 1 + i % 7;
+        b.add_user(pid, Some(img), 0, n);
+        b.hot.push((pid, Arc::clone(img), 0x1000 + i * 16, 0, n));
+    }
+    for k in 0..500 {
+        b.hot_kernel.push((Arc::clone(kernel), k * 32, 0, 10 + k % 3));
+        b.kernel.insert((1000 + k as u32, 0), 3);
+    }
+    b.kernel.insert((0, 0), 100);
+    b.cpus.insert((0, 0), 100_000);
+    b
+}
+
+#[test]
+fn live_view_allocations_do_not_grow_with_its_rows() {
+    let user: Vec<_> = (0..8u8)
+        .map(|i| {
+            image(format!("/usr/lib/libt{i}.so"), ImageId::BuildId(vec![i; 20]), ImageKind::Elf)
+        })
+        .collect();
+    let kernel =
+        image("[kernel.kallsyms]".into(), ImageId::BuildId(vec![0xee; 20]), ImageKind::Kernel);
+    let mut recent = Recent::default();
+    // Ten batches: a 5 s window at two requests per second. Each has 20 500 code rows and
+    // 20 500 process rows, of which `Recent::ROWS_PER_BATCH` (4 096) each are kept.
+    for seed in 0..10 {
+        let mut b = batch(&user, &kernel, seed);
+        let ((), n) = allocations(|| recent.push(&mut b));
+        // Its maps and lists, the 8 images and 31 commands it keeps: not one per row.
+        assert!(n < 1_000, "recording batch {seed} allocated {n} times");
+    }
+    let (view, n) = allocations(|| recent.top(Duration::from_secs(60), 100));
+    // Maps and lists, two small lists per batch, three copies for each of the 200 rows it
+    // returns: not per row read (10 × 8 192).
+    assert!(n < 2_000, "a request over 10 batches allocated {n} times");
+    assert_eq!(view.rows.len(), 100);
+    assert_eq!(view.processes.len(), 100);
+    // Still the hottest rows, merged: idle first, then the kernel pcs, which are in every
+    // batch with up to 12 samples (10 batches: 120), more than any user pc's (at most 7, once).
+    assert_eq!((view.rows[0].image.as_slice(), view.rows[0].samples), (&b"[idle]"[..], 1000));
+    let k = &view.rows[1];
+    assert_eq!(
+        (k.image.as_slice(), k.samples, k.command.as_slice()),
+        (&b"[kernel.kallsyms]"[..], 120, &b""[..])
+    );
+    assert_eq!(view.idle, [1000]);
+    assert_eq!(view.totals, [1_000_000]);
+}
