@@ -42,6 +42,7 @@ pub const RELOADABLE: &[&str] = &[
     "perf_map_max_entries",
     "by_pid",
     "by_cgroup",
+    "by_command",
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
