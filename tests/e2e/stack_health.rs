@@ -117,7 +117,8 @@ fn names_the_frame_pointer_less_image_and_the_sound_one() {
         let name = bin.file_name().expect("file name").to_string_lossy();
         let tail = format!("/{name}");
         text.lines()
-            .find(|l| l.ends_with(&tail))
+            // Text tables name images by basename (issue 39), or cut a long path in its middle.
+            .find(|l| l.ends_with(&tail) || l.split_whitespace().last() == Some(&*name))
             .unwrap_or_else(|| panic!("no line ends with {tail}: {text}"))
             .to_owned()
     };

@@ -51,7 +51,12 @@ fn profiles_in(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|rd| rd.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
-    v.retain(|p| p.extension().is_some_and(|x| x == "prof"));
+    // Flat profiles only (`<id>.<event>.prof`): the summary index reads those, not the
+    // per-command ones (`<id>.<event>.cmd-<hash>.prof`, FORMAT.md §5.6) dcpid now also writes.
+    v.retain(|p| {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        name.ends_with(".prof") && name.matches('.').count() == 2
+    });
     v.sort();
     v
 }
