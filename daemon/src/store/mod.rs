@@ -1243,10 +1243,13 @@ impl Store {
         // Flat profiles only up to the freshness mark (FORMAT.md §7.3); the rest at a later
         // turn. Per-process profiles have no time axis: never held back.
         let cap = match EpochId::parse(&key.epoch) {
-            Ok(e) if upto == Upto::Mark && !publish::is_qualified(key) => {
+            Ok(e) if !publish::is_qualified(key) => {
                 // Its recorded marks (a restart) are the cap until a newer one.
                 self.summary_for(&e);
-                self.fresh.cap(&e, !self.slices.settings_interval().is_zero())
+                match upto {
+                    Upto::Mark => self.fresh.cap(&e, !self.slices.settings_interval().is_zero()),
+                    Upto::Everything => None,
+                }
             }
             _ => None,
         };
