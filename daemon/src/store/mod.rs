@@ -340,11 +340,11 @@ enum Upto {
     /// Up to the epoch's last freshness mark (FORMAT.md §7.3); the rest at a later turn.
     Mark,
     /// Everything spooled, whatever the marks cover: a flush, shutdown or the end of a run
-    /// publishes every sample taken before it (e2e barrier::). A profile stamped past the last
+    /// publishes every sample taken before it (e2e `barrier::`). A profile stamped past the last
     /// mark is read as published, with no slices added (FORMAT.md §7.3), so nothing counts
     /// twice. The mark alone did not always cover the newest batch: a new image's samples
     /// were missing after one flush in five in CI
-    /// (barrier::flush_publishes_every_sample_taken_before_it).
+    /// (`barrier::flush_publishes_every_sample_taken_before_it`).
     Everything,
 }
 

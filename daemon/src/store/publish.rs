@@ -120,7 +120,7 @@ impl Schedule {
     /// Whether this daemon wrote `key`'s profile file (since it started). Not merely "had its
     /// turn": a turn at which the freshness cap held every increment back writes no file, and
     /// a key reported published then was dropped from `fresh.json` while it still had no file,
-    /// so readers named its slices `[not yet published: ...]` (e2e fresh:: under load).
+    /// so readers named its slices `[not yet published: ...]` (e2e `fresh::` under load).
     pub(super) fn was_published(&self, key: &SpoolKey) -> bool {
         self.published_samples.contains_key(key)
     }
