@@ -70,7 +70,7 @@ fn block(s: &mut UnixStream) -> u64 {
     black_box(s.read(&mut b).map_or(0, |n| n as u64))
 }
 
-/// A sample of a thread blocked in `read` under [`LEVELS`] levels: its registers and stack
+/// A sample of a thread blocked in a socket read under [`LEVELS`] levels: its registers and stack
 /// copy. The thread stays blocked until the returned socket is written to.
 fn capture() -> (UserRegs, Vec<u8>, UnixStream, std::thread::JoinHandle<u64>) {
     let (wake, mut sleeper) = UnixStream::pair().expect("socketpair");
@@ -81,16 +81,18 @@ fn capture() -> (UserRegs, Vec<u8>, UnixStream, std::thread::JoinHandle<u64>) {
         level_a(LEVELS, &mut sleeper)
     });
     let task = std::path::Path::new("/proc").join(rx.recv().expect("tid"));
-    // Wait (generously) until the thread sits in read(2): syscall number 0.
+    // Wait (generously) until the thread sits in its blocking receive. std's
+    // `UnixStream::read` is `recv`, which glibc makes the recvfrom(2) syscall (45 on
+    // x86_64), not read(2) (0); accept both so a std or libc change cannot hang the bench.
     let deadline = Instant::now() + Duration::from_secs(60);
     let (sp, pc) = loop {
         let s = std::fs::read_to_string(task.join("syscall")).unwrap_or_default();
         let f: Vec<&str> = s.split_whitespace().collect();
-        if f.len() == 9 && f[0] == "0" {
+        if f.len() == 9 && (f[0] == "0" || f[0] == "45") {
             let hex = |x: &str| u64::from_str_radix(x.trim_start_matches("0x"), 16).expect("hex");
             break (hex(f[7]), hex(f[8]));
         }
-        assert!(Instant::now() < deadline, "the thread did not block in read: {s:?}");
+        assert!(Instant::now() < deadline, "the thread did not block in read/recvfrom: {s:?}");
         std::thread::sleep(Duration::from_millis(1));
     };
     let mem = std::fs::File::open("/proc/self/mem").expect("/proc/self/mem");

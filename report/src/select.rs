@@ -1154,7 +1154,7 @@ pub fn restrict_loaded(
         let key = slice_key(&p.profile.header);
         let reference = merged.get(&(p.dir, key.clone())).unwrap_or(&p.profile.counts);
         let Some(pairs) = per_dir[p.dir].take(&key, reference) else { continue };
-        let samples = pairs.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+        let samples = slice_sum(&pairs);
         if !p.profile.counts.is_empty() {
             p.profile.counts = pairs.into_iter().collect();
         }
@@ -1423,6 +1423,18 @@ fn add_pairs(total: &mut ProfileHeader, samples: &mut u64, extra: u64) {
     *samples = samples.saturating_add(extra);
 }
 
+/// Add a key's slice counts past the mark to its totals; returns how many samples that is.
+fn add_slices(total: &mut ProfileHeader, samples: &mut u64, slices: &[(u64, u64)]) -> u64 {
+    let n = slice_sum(slices);
+    add_pairs(total, samples, n);
+    n
+}
+
+/// The samples of (offset, count) pairs.
+fn slice_sum(pairs: &[(u64, u64)]) -> u64 {
+    pairs.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c))
+}
+
 /// Fresh by default (issue 36 item 6, FORMAT.md §7.3): add to the profiles of the current
 /// epoch what its time slices hold beyond them, exactly per image (the slices after the
 /// freshness mark each profile is stamped with), and the keys sampled but not published yet
@@ -1450,7 +1462,7 @@ pub fn freshen_loaded(
         let before = out.samples;
         for p in loaded.profiles.iter_mut().filter(|p| p.dir == i) {
             let Some(v) = f.extra.remove(&slice_key(&p.profile.header)) else { continue };
-            let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+            let n = slice_sum(&v);
             out.samples += n;
             if !apply {
                 continue;
@@ -1467,7 +1479,7 @@ pub fn freshen_loaded(
             if filter.is_some_and(|f| f.rank(&header).is_none()) {
                 continue;
             }
-            let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+            let n = slice_sum(&v);
             out.samples += n;
             if !apply {
                 continue;
@@ -1513,21 +1525,23 @@ pub fn freshen_totals(t: &mut Totals) -> Result<Freshened, ProfError> {
                 samples = p.total_samples;
             }
             if let Some(v) = extra {
-                let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
-                add_pairs(&mut h, &mut samples, n);
-                out.samples += n;
+                out.samples += add_slices(&mut h, &mut samples, &v);
             }
             (e.samples, e.total_samples, e.total_period) =
                 (samples, h.total_samples, h.total_period);
         }
-        // Profiles the index does not list yet (published after it was written).
-        for (k, p) in f.published {
-            let mut h = p;
-            let mut samples = h.total_samples;
-            if let Some(v) = f.extra.remove(&k) {
-                let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
-                add_pairs(&mut h, &mut samples, n);
-                out.samples += n;
+        // Profiles the index does not list yet (published after it was written), with their
+        // slices past the mark; then keys with slices only (no profile file yet).
+        let mut extra = f.extra;
+        let late: Vec<_> = (f.published.into_iter())
+            .map(|(k, h)| (extra.remove(&k), h.total_samples, h))
+            .collect();
+        let mut headers = f.headers;
+        let slices_only =
+            (extra.into_iter()).filter_map(|(k, v)| headers.remove(&k).map(|h| (Some(v), 0, h)));
+        for (v, mut samples, mut h) in late.into_iter().chain(slices_only) {
+            if let Some(v) = v {
+                out.samples += add_slices(&mut h, &mut samples, &v);
             }
             let (total_samples, total_period) = (h.total_samples, h.total_period);
             let header = interner.intern_header(&h);
@@ -1538,22 +1552,6 @@ pub fn freshen_totals(t: &mut Totals) -> Result<Freshened, ProfError> {
                 total_samples,
                 total_period,
             });
-        }
-        for (k, v) in f.extra {
-            let Some(mut h) = f.headers.remove(&k) else { continue };
-            let n = v.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
-            let mut samples = 0;
-            add_pairs(&mut h, &mut samples, n);
-            let (total_samples, total_period) = (h.total_samples, h.total_period);
-            let header = interner.intern_header(&h);
-            t.entries.push(TotalEntry {
-                dir: i as u32,
-                header,
-                samples,
-                total_samples,
-                total_period,
-            });
-            out.samples += n;
         }
         if out.samples > 0 {
             out.resolution = out.resolution.max(f.resolution);

@@ -224,27 +224,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     let spec = args.image.as_deref().unwrap_or_default();
     let sym_spec = args.symbol.as_deref().unwrap_or_default();
     let filter = ImageFilter::new(spec);
-    let (loaded, fresh) = match &args.command {
-        Some(c) => (
-            crate::prof::whoprof::load(
-                &args.sel,
-                &crate::prof::whoprof::WhoSel::Command(c.clone()),
-                &mut |w| warnings.push(w),
-            )?,
-            Default::default(),
-        ),
-        None => args.sel.load_published(Some(&filter), &mut |w| warnings.push(w))?,
-    };
-    if fresh.samples > 0 {
-        // Per-instruction counts come from the published profiles only: the newest samples
-        // are in time slices at a coarser offset resolution (FORMAT.md §7.3).
-        warnings.push(format!(
-            "{} sample(s) of this image from the current epoch's newest time slices \
-             are left out (their offsets are kept at {} bytes there, not per instruction); \
-             dcpiprof includes them; `dcpictl flush` publishes them into the profiles",
-            fresh.samples, fresh.resolution
-        ));
-    }
+    let loaded = super::load_for(args, Some(&filter), warnings)?;
     let weights = report::weights(&loaded, &args.sel.events)?;
     let idx = report::resolve_image(&loaded, &weights, spec)?;
     let first = &loaded.profiles[idx[0]];

@@ -44,26 +44,7 @@ pub struct TopReport {
 type ImageKey = (ImageKind, ImageId);
 
 pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopReport, ListError> {
-    let (loaded, fresh) = match &args.command {
-        Some(c) => (
-            crate::prof::whoprof::load(
-                &args.sel,
-                &crate::prof::whoprof::WhoSel::Command(c.clone()),
-                &mut |w| warnings.push(w),
-            )?,
-            Default::default(),
-        ),
-        None => args.sel.load_all_counts_published(&mut |w| warnings.push(w))?,
-    };
-    if fresh.samples > 0 {
-        // As dcpilist's listing: per-instruction counts from the published profiles only.
-        warnings.push(format!(
-            "{} sample(s) from the current epoch's newest time slices are left out (their \
-             offsets are kept at {} bytes there, not per instruction); dcpiprof includes \
-             them; `dcpictl flush` publishes them into the profiles",
-            fresh.samples, fresh.resolution
-        ));
-    }
+    let loaded = super::load_for(args, None, warnings)?;
     if loaded.profiles.is_empty() {
         return Err(ProfError::Empty(
             "no profiles in the selected epoch(s)/host(s): nothing sampled yet (run `dcpictl \

@@ -65,7 +65,7 @@ impl Store {
             return;
         }
         self.spool_pending(now, true);
-        if let Err(e) = self.publish_all(now, Some(old.as_str())) {
+        if let Err(e) = self.publish_all(now, Some(old.as_str()), super::Upto::Mark) {
             tracing::warn!(error = %e, epoch = %old, "store: could not publish all of the closing epoch yet; will retry");
         }
         self.write_side_files(now, true);

@@ -111,8 +111,6 @@ pub(super) struct Fresh {
     spooled: VecDeque<(u64, u64)>,
     /// Per epoch: the sequence of its newest recorded mark (the publication cap).
     cap: BTreeMap<EpochId, u64>,
-    /// While a flush publishes: no cap (everything spooled is published).
-    pub(super) uncapped: bool,
     /// Epochs that had a batch published around the spool: no marks, no cap.
     poisoned: BTreeSet<EpochId>,
     /// Keys whose increments were held back by the cap at their turn (published later).
@@ -208,7 +206,7 @@ impl Fresh {
     /// The publication cap of `epoch`'s flat profiles: `Some(0)` before its first mark,
     /// `None` without one (slices off, poisoned).
     pub(super) fn cap(&self, epoch: &EpochId, slices_on: bool) -> Option<u64> {
-        if !slices_on || self.uncapped || self.poisoned.contains(epoch) {
+        if !slices_on || self.poisoned.contains(epoch) {
             return None;
         }
         Some(self.cap.get(epoch).copied().unwrap_or(0))

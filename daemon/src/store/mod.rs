@@ -334,6 +334,20 @@ fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// How far a publication goes in a profile's spooled increments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Upto {
+    /// Up to the epoch's last freshness mark (FORMAT.md §7.3); the rest at a later turn.
+    Mark,
+    /// Everything spooled, whatever the marks cover: a flush, shutdown or the end of a run
+    /// publishes every sample taken before it (e2e `barrier::`). A profile stamped past the last
+    /// mark is read as published, with no slices added (FORMAT.md §7.3), so nothing counts
+    /// twice. The mark alone did not always cover the newest batch: a new image's samples
+    /// were missing after one flush in five in CI
+    /// (`barrier::flush_publishes_every_sample_taken_before_it`).
+    Everything,
+}
+
 impl Store {
     /// Open the database (creating it and its first epoch if needed) and the spool. Never
     /// fails: what cannot be opened now is retried on every tick, and reported in the status.
@@ -709,14 +723,7 @@ impl Store {
         self.slices_step(true);
         self.write_side_files(now, true);
         self.fresh.new_marks.clear();
-        // Everything spooled, whatever the marks cover: a flush publishes every sample taken
-        // before it (e2e barrier::). A profile stamped past the last mark is read as published,
-        // with no slices added (FORMAT.md §7.3), so nothing counts twice. The mark alone did
-        // not always cover the newest batch: a new image's samples were missing after one
-        // flush in five in CI (barrier::flush_publishes_every_sample_taken_before_it).
-        self.fresh.uncapped = true;
-        let result = self.publish_all(now, None);
-        self.fresh.uncapped = false;
+        let result = self.publish_all(now, None, Upto::Everything);
         self.refresh_kallsyms(false);
         self.write_side_files(now, true);
         self.write_marks(now);
@@ -1134,7 +1141,7 @@ impl Store {
         let due = self.schedule.due(now, cap, self.cfg.publish_max_delay);
         let mut n = 0;
         for key in due {
-            match self.publish_key(&key) {
+            match self.publish_key(&key, Upto::Mark) {
                 Ok(samples) => {
                     n += 1;
                     self.schedule.done(key, now, samples);
@@ -1164,7 +1171,7 @@ impl Store {
         let marked = std::mem::take(&mut self.fresh.new_marks);
         for e in marked {
             if Some(&e) != self.epoch.as_ref() && self.schedule.has_epoch(e.as_str()) {
-                if let Err(err) = self.publish_all(now, Some(e.as_str())) {
+                if let Err(err) = self.publish_all(now, Some(e.as_str()), Upto::Mark) {
                     tracing::debug!(epoch = %e, error = %err, "store: held-back profiles not published yet");
                 }
             }
@@ -1178,12 +1185,17 @@ impl Store {
         }
     }
 
-    /// Publish every dirty profile (of `epoch`, or all).
-    fn publish_all(&mut self, now: Instant, epoch: Option<&str>) -> Result<(), StoreError> {
+    /// Publish every dirty profile (of `epoch`, or all), each up to `upto`.
+    fn publish_all(
+        &mut self,
+        now: Instant,
+        epoch: Option<&str>,
+        upto: Upto,
+    ) -> Result<(), StoreError> {
         self.db_gate();
         self.check_lease()?;
         for key in self.schedule.all(epoch) {
-            match self.publish_key(&key) {
+            match self.publish_key(&key, upto) {
                 Ok(samples) => {
                     self.schedule.done(key, now, samples);
                     self.clear_db_error();
@@ -1224,7 +1236,7 @@ impl Store {
     /// Merge one profile's spooled increments into its file, exactly once. Returns the
     /// samples of the file written, `None` if nothing was (and for stack files, which are
     /// rewritten at every turn).
-    fn publish_key(&mut self, key: &SpoolKey) -> Result<Option<u64>, StoreError> {
+    fn publish_key(&mut self, key: &SpoolKey, upto: Upto) -> Result<Option<u64>, StoreError> {
         if stacks::is_stacks_key(key) {
             return self.publish_stacks(key).map(|()| None);
         }
@@ -1234,7 +1246,10 @@ impl Store {
             Ok(e) if !publish::is_qualified(key) => {
                 // Its recorded marks (a restart) are the cap until a newer one.
                 self.summary_for(&e);
-                self.fresh.cap(&e, !self.slices.settings_interval().is_zero())
+                match upto {
+                    Upto::Mark => self.fresh.cap(&e, !self.slices.settings_interval().is_zero()),
+                    Upto::Everything => None,
+                }
             }
             _ => None,
         };

@@ -117,9 +117,12 @@ impl Schedule {
         self.pending_samples.retain(|k, _| k.epoch != epoch);
     }
 
-    /// Whether this daemon published `key`'s profile (since it started).
+    /// Whether this daemon wrote `key`'s profile file (since it started). Not merely "had its
+    /// turn": a turn at which the freshness cap held every increment back writes no file, and
+    /// a key reported published then was dropped from `fresh.json` while it still had no file,
+    /// so readers named its slices `[not yet published: ...]` (e2e `fresh::` under load).
     pub(super) fn was_published(&self, key: &SpoolKey) -> bool {
-        self.last_published.contains_key(key)
+        self.published_samples.contains_key(key)
     }
 
     pub(super) fn has_epoch(&self, epoch: &str) -> bool {
@@ -416,6 +419,21 @@ mod tests {
         s.mark(k.clone(), t, IV, Some(samples));
         s.done(k.clone(), t, Some(samples));
         s
+    }
+
+    /// A turn that wrote no file (all held back by the freshness cap) is not a publication:
+    /// `fresh.json` must keep naming the key until a file exists.
+    #[test]
+    fn a_turn_that_wrote_nothing_does_not_count_as_published() {
+        let t = Instant::now();
+        let mut s = Schedule::default();
+        let k = key("a");
+        s.mark(k.clone(), t, IV, Some(3));
+        s.done(k.clone(), t + IV, None);
+        assert!(!s.was_published(&k), "no file was written");
+        s.mark(k.clone(), t + IV, IV, Some(3));
+        s.done(k.clone(), t + IV * 2, Some(6));
+        assert!(s.was_published(&k));
     }
 
     #[test]
