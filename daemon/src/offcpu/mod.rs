@@ -41,9 +41,10 @@
 
 pub mod pairing;
 
+use std::collections::BTreeSet;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::perf::callchain::{process_chain, StackTables};
@@ -118,6 +119,8 @@ pub struct OffCpuStatus {
     /// The reading thread's CPU time, nanoseconds.
     pub cpu_ns: u64,
     pub passes: u64,
+    /// CPUs whose ring is open now (it follows CPU hotplug: [`OffCpu::follow_cpus`]).
+    pub cpus: u64,
 }
 
 #[derive(Debug, Default)]
@@ -131,6 +134,7 @@ struct Stats {
     open: AtomicU64,
     cpu_ns: AtomicU64,
     passes: AtomicU64,
+    cpus: AtomicU64,
 }
 
 /// The running source: stop it with [`OffCpu::stop`] (also on drop).
@@ -139,6 +143,8 @@ pub struct OffCpu {
     stop: Arc<EventFd>,
     stopping: Arc<AtomicBool>,
     stats: Arc<Stats>,
+    /// The newest online CPU list handed to [`OffCpu::follow_cpus`], for the reading thread.
+    online: Arc<Mutex<Option<Vec<u32>>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -170,6 +176,19 @@ struct CpuRing {
     last: LastSample,
 }
 
+impl CpuRing {
+    /// The event on one CPU, not enabled yet.
+    fn open(spec: &AttrSpec, pages: usize, cpu: u32) -> Result<Self, OffCpuError> {
+        let fd = PerfFd::open(spec, cpu).map_err(|source| OffCpuError::Open { cpu, source })?;
+        let ring = RingMap::new(&fd, pages).map_err(|source| OffCpuError::Map { cpu, source })?;
+        Ok(Self { cpu, fd, ring, last: LastSample::default() })
+    }
+
+    fn enable(&self) -> Result<(), OffCpuError> {
+        self.fd.enable().map_err(|source| OffCpuError::Open { cpu: self.cpu, source })
+    }
+}
+
 impl OffCpu {
     /// Open the event on every CPU of `cpus` and start the reading thread.
     pub fn start(
@@ -194,19 +213,21 @@ impl OffCpu {
         };
         let mut rings = Vec::with_capacity(cpus.len());
         for &cpu in cpus {
-            let fd =
-                PerfFd::open(&spec, cpu).map_err(|source| OffCpuError::Open { cpu, source })?;
-            let ring =
-                RingMap::new(&fd, pages).map_err(|source| OffCpuError::Map { cpu, source })?;
-            rings.push(CpuRing { cpu, fd, ring, last: LastSample::default() });
+            rings.push(CpuRing::open(&spec, pages, cpu)?);
         }
         for r in &rings {
-            r.fd.enable().map_err(|source| OffCpuError::Open { cpu: r.cpu, source })?;
+            r.enable()?;
         }
         let stop = Arc::new(EventFd::new()?);
         let stopping = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Stats::default());
+        stats.cpus.store(rings.len() as u64, Ordering::Relaxed);
+        let online = Arc::new(Mutex::new(None));
         let mut reader = Reader {
+            spec,
+            pages,
+            online: Arc::clone(&online),
+            failed: BTreeSet::new(),
             pairing: Pairing::new(cfg.max_threads),
             cfg,
             rings,
@@ -222,7 +243,16 @@ impl OffCpu {
         let thread = std::thread::Builder::new()
             .name(THREAD.into())
             .spawn(move || reader.run(&stop2, &stopping2))?;
-        Ok(Self { stop, stopping, stats, thread: Some(thread) })
+        Ok(Self { stop, stopping, stats, online, thread: Some(thread) })
+    }
+
+    /// CPU hotplug: from its next pass the reading thread closes the rings of CPUs not in
+    /// `online` and opens the event on those of `online` it has no ring for (as the sampler
+    /// does for the sampled events; dcpid's flush thread hands over the list each hotplug
+    /// check reads). A CPU whose event cannot be opened is retried at the next call.
+    pub fn follow_cpus(&self, online: &[u32]) {
+        *self.online.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(online.to_vec());
     }
 
     /// Counters since start.
@@ -239,6 +269,7 @@ impl OffCpu {
             open: l(&s.open),
             cpu_ns: l(&s.cpu_ns),
             passes: l(&s.passes),
+            cpus: l(&s.cpus),
         }
     }
 
@@ -260,6 +291,12 @@ impl Drop for OffCpu {
 
 struct Reader {
     cfg: OffCpuConfig,
+    /// What each CPU's event is opened with, for CPUs that come online.
+    spec: AttrSpec,
+    pages: usize,
+    online: Arc<Mutex<Option<Vec<u32>>>>,
+    /// CPUs whose event failed to open at the last attempt (warned once).
+    failed: BTreeSet<u32>,
     rings: Vec<CpuRing>,
     ring_reader: RingReader,
     pairing: Pairing,
@@ -287,6 +324,13 @@ impl Reader {
                 }
             }
             self.pass();
+            if !last {
+                let online =
+                    self.online.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+                if let Some(online) = online {
+                    self.follow(&online);
+                }
+            }
             if let Some(c) = clock.and_then(crate::sys::time::clock_ns) {
                 self.stats.cpu_ns.store(c, Ordering::Relaxed);
             }
@@ -294,6 +338,35 @@ impl Reader {
                 return;
             }
         }
+    }
+
+    /// After a pass (which read the rings of CPUs that went offline a last time): close those,
+    /// open the event on CPUs that came online. Their records start after the open, above
+    /// the watermark of the pass that read everything before it.
+    fn follow(&mut self, online: &[u32]) {
+        let have: Vec<u32> = self.rings.iter().map(|r| r.cpu).collect();
+        let (gone, new) = crate::perf::sampler::cpu_changes(&have, online);
+        if !gone.is_empty() {
+            tracing::info!(cpus = ?gone, "off-CPU: CPUs went offline; closing their events");
+            self.rings.retain(|r| !gone.contains(&r.cpu));
+        }
+        self.failed.retain(|c| online.contains(c));
+        for cpu in new {
+            match CpuRing::open(&self.spec, self.pages, cpu).and_then(|r| r.enable().map(|()| r)) {
+                Ok(r) => {
+                    tracing::info!(cpu, "off-CPU: CPU online; timing its waits");
+                    self.failed.remove(&cpu);
+                    self.rings.push(r);
+                }
+                Err(e) => {
+                    if self.failed.insert(cpu) {
+                        tracing::warn!(cpu, error = %e, "off-CPU: cannot open a CPU that came online; retrying at the next hotplug check");
+                    }
+                }
+            }
+        }
+        self.rings.sort_by_key(|r| r.cpu);
+        self.stats.cpus.store(self.rings.len() as u64, Ordering::Relaxed);
     }
 
     /// Read every ring, pair what is below the watermark and hand the waits over.
