@@ -48,11 +48,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::perf::callchain::{process_chain, StackTables};
-use crate::perf::records::{self, Record};
 use crate::perf::ring::{RawRecord, RingReader};
 use crate::resolve::KERNEL_START;
 use crate::sys::perf::{self as sp, AttrSpec, EventFd, PerfFd, RingMap};
-use crate::types::{EventIdx, Sample, SampleSink, SideBand};
+use crate::types::{EventIdx, Sample, SampleSink};
 
 use pairing::{Blocking, Kind, Pairing, Switch, Wait};
 
@@ -198,6 +197,8 @@ impl OffCpu {
         stacks: Option<Arc<StackTables>>,
     ) -> Result<Self, OffCpuError> {
         let pages = cfg.ring_pages.max(1).next_power_of_two();
+        // Wake-ups at half a ring: measured against 64 KiB (fresher data in the caches, but 8
+        // times the wake-ups), half a ring cost less per switch (BENCHMARKS.md, branch offcpu3).
         let wm = pages * sp::page_size() / 2;
         let spec = AttrSpec {
             perf_type: sp::PERF_TYPE_SOFTWARE,
@@ -462,7 +463,6 @@ struct LastSample {
     valid: bool,
     tid: u32,
     pid: u32,
-    ip: u64,
     truncated: bool,
     /// Leaf-first pcs (reused: no allocation per sample).
     pcs: Vec<u64>,
@@ -475,9 +475,10 @@ impl LastSample {
         if !std::mem::take(&mut self.valid) || self.tid != tid || !voluntary {
             return None;
         }
+        // A kernel thread's: the chain's first frame, the sample's ip (the layout has no IP).
         let (pc, kernel) = match self.pcs.iter().copied().find(|&pc| pc < KERNEL_START) {
             Some(pc) => (pc, false),
-            None => (self.ip, true),
+            None => (self.pcs.first().copied()?, true),
         };
         Some(Blocking {
             pid: self.pid,
@@ -489,49 +490,72 @@ impl LastSample {
     }
 }
 
+/// The event's layout (`sys::perf::make_attr` for `context_switch`): a sample is PID/TID,
+/// TIME, then CALLCHAIN (`nr`, `nr` u64s); every other record ends with the `sample_id`
+/// trailer PID/TID, TIME.
+const TRAILER: usize = 16;
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_ne_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// The thread and time of a record's `sample_id` trailer.
+fn trailer(body: &[u8]) -> Option<(u32, u64)> {
+    let at = body.len().checked_sub(TRAILER)?;
+    Some((u32_at(body, at + 4)?, u64_at(body, at + 8)?))
+}
+
 /// One record of a CPU's ring. A switch sample is kept in `last` until the switch-out record of
-/// the same thread that follows it.
+/// the same thread that follows it. A malformed record is skipped.
 fn on_record(
     rec: RawRecord<'_>,
     max_stack: usize,
     last: &mut LastSample,
     spare: &mut Spare,
 ) -> Rec {
+    let b = rec.body;
     match rec.kind {
         sp::PERF_RECORD_SAMPLE => {
-            let Some(s) = records::parse_sample_cc(rec.misc, rec.body, true) else {
+            let (Some(pid), Some(tid), Some(nr)) = (u32_at(b, 0), u32_at(b, 4), u64_at(b, 16))
+            else {
                 return Rec::Nothing;
             };
-            if s.tid == 0 {
+            if tid == 0 {
                 return Rec::Nothing;
             }
-            let chain = records::sample_callchain(&s, rec.body);
+            let chain = usize::try_from(nr)
+                .ok()
+                .and_then(|n| n.checked_mul(8))
+                .and_then(|len| b.get(24..24usize.checked_add(len)?));
+            let Some(chain) = chain else { return Rec::Nothing };
             last.truncated = process_chain(chain, max_stack, &mut last.pcs).unwrap_or(false);
-            (last.valid, last.tid, last.pid, last.ip) = (true, s.tid, s.pid, s.ip);
+            (last.valid, last.tid, last.pid) = (true, tid, pid);
             Rec::Nothing
         }
         sp::PERF_RECORD_SWITCH_CPU_WIDE => {
-            let Some((_, id)) = records::split_trailer(rec.body) else { return Rec::Nothing };
+            let Some((tid, time)) = trailer(b) else { return Rec::Nothing };
             let misc = u32::from(rec.misc);
             if misc & sp::PERF_RECORD_MISC_SWITCH_OUT != 0 {
                 let voluntary = misc & sp::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT == 0;
-                let blocking = last.take(id.tid, voluntary, spare);
+                let blocking = last.take(tid, voluntary, spare);
                 let kind = Kind::Out { voluntary, blocking };
-                Rec::Switch(Switch { time: id.time, tid: id.tid, kind })
+                Rec::Switch(Switch { time, tid, kind })
             } else {
-                Rec::Switch(Switch { time: id.time, tid: id.tid, kind: Kind::In })
+                Rec::Switch(Switch { time, tid, kind: Kind::In })
             }
         }
-        _ => match records::parse_record(rec) {
-            Record::SideBand(t) => match t.record {
-                SideBand::Exit { tid, .. } => {
-                    Rec::Switch(Switch { time: t.time, tid, kind: Kind::Exit })
-                }
-                _ => Rec::Nothing,
-            },
-            Record::Lost { lost } => Rec::Lost(lost),
+        // pid, ppid, tid, ptid, time.
+        sp::PERF_RECORD_EXIT => match (u32_at(b, 8), u64_at(b, 16)) {
+            (Some(tid), Some(time)) => Rec::Switch(Switch { time, tid, kind: Kind::Exit }),
             _ => Rec::Nothing,
         },
+        // id, lost.
+        sp::PERF_RECORD_LOST => u64_at(b, 8).map_or(Rec::Nothing, Rec::Lost),
+        _ => Rec::Nothing,
     }
 }
 
@@ -545,18 +569,19 @@ mod tests {
         v.iter().flat_map(|x| x.to_ne_bytes()).collect()
     }
 
-    /// A sample body of the off-CPU event: IDENTIFIER, IP, PID/TID, TIME, CPU, CALLCHAIN.
+    /// A sample body of the off-CPU event: PID/TID, TIME, CALLCHAIN.
     fn sample_body(pid: u32, tid: u32, time: u64, chain: &[u64]) -> Vec<u8> {
         let ids = u64::from(pid) | (u64::from(tid) << 32);
-        let mut v = vec![9, KPC, ids, time, 0, chain.len() as u64];
+        let mut v = vec![ids, time, chain.len() as u64];
         v.extend_from_slice(chain);
         u64s(&v)
     }
 
-    /// A `PERF_RECORD_SWITCH_CPU_WIDE` body: next/prev pid and tid, then the `sample_id`.
+    /// A `PERF_RECORD_SWITCH_CPU_WIDE` body: next/prev pid and tid, then the `sample_id`
+    /// (PID/TID, TIME).
     fn switch_body(pid: u32, tid: u32, time: u64) -> Vec<u8> {
         let ids = u64::from(pid) | (u64::from(tid) << 32);
-        u64s(&[0, ids, time, 0, 9])
+        u64s(&[0, ids, time])
     }
 
     fn rec(kind: u32, misc: u16, body: &[u8]) -> RawRecord<'_> {
@@ -600,7 +625,7 @@ mod tests {
         };
         assert_eq!(s.kind, Kind::Out { voluntary: false, blocking: None });
 
-        // A kernel thread (no user frames) waits at the kernel pc; a switch-out of another
+        // A kernel thread (no user frames) waits at its first kernel frame; a switch-out of another
         // thread does not take this one's sample.
         let k = sample_body(3, 3, 200, &[ctx_kernel, KPC + 8]);
         on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last, &mut spare);
@@ -619,7 +644,33 @@ mod tests {
             panic!("no switch")
         };
         let Kind::Out { blocking: Some(b), .. } = s.kind else { panic!("{s:?}") };
-        assert_eq!((b.pc, b.kernel), (KPC, true));
+        assert_eq!((b.pc, b.kernel), (KPC + 8, true));
+
+        // An exit record (pid, ppid, tid, ptid, time, sample_id) and a lost record (id, lost,
+        // sample_id); truncated records are skipped, not read past.
+        let exit = u64s(&[7 | (1 << 32), 42 | (7 << 32), 300, 7 | (42 << 32), 300]);
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_EXIT, 0, &exit), 64, &mut last, &mut spare)
+        else {
+            panic!("no exit")
+        };
+        assert_eq!((s.time, s.tid, s.kind), (300, 42, Kind::Exit));
+        let lost = u64s(&[9, 5, 0, 0]);
+        let r = on_record(rec(sp::PERF_RECORD_LOST, 0, &lost), 64, &mut last, &mut spare);
+        assert!(matches!(r, Rec::Lost(5)));
+        for kind in [sp::PERF_RECORD_SAMPLE, sp::PERF_RECORD_SWITCH_CPU_WIDE, sp::PERF_RECORD_EXIT]
+        {
+            let r = on_record(rec(kind, out, &sample[..12]), 64, &mut last, &mut spare);
+            assert!(matches!(r, Rec::Nothing));
+        }
+        let long_chain = sample_body(7, 42, 100, &[ctx_user, 1, 2]);
+        let r = on_record(
+            rec(sp::PERF_RECORD_SAMPLE, 1, &long_chain[..long_chain.len() - 8]),
+            64,
+            &mut last,
+            &mut spare,
+        );
+        assert!(matches!(r, Rec::Nothing) && !last.valid, "a chain past the record is skipped");
 
         // A switch-in.
         let Rec::Switch(s) =
