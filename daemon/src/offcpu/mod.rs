@@ -13,12 +13,13 @@
 //! a BPF program aggregating in the kernel (as `perf record --off-cpu` does) writes nothing per
 //! switch, but building one needs a BPF toolchain (clang with the bpf target or bpf-linker for
 //! aya), which this build does not have and a Rust daemon should not require at run time. The
-//! perf-event way costs one sample and two small records per context switch; measured on the
-//! loaded 2-vCPU VM, dcpid spends ~3 µs per switch on them in a debug build and 0.67-0.73 µs
-//! in a release build (~1.4 % of one CPU at 10 000 switches/s on each of 2 CPUs, still above
-//! the 1 % target), and the kernel's per-switch call chain slows a pipe ping-pong
-//! about as much as perf recording the same events (BENCHMARKS.md "Off-CPU time" and its
-//! release section). Hence `off_cpu` is off by default.
+//! perf-event way costs one sample and two small records per context switch (the event's
+//! sample type is only PID/TID, TIME and CALLCHAIN: the fewer bytes the kernel writes and the
+//! reader reads per switch, the less both pay); the reading thread's CPU per context switch of
+//! the machine, release build, is in BENCHMARKS.md "Off-CPU cost on branch offcpu3", with the
+//! slowdown of a pipe ping-pong beside perf recording the same events. The kernel's
+//! per-switch call chain is paid by every switching program, hence `off_cpu` is off by
+//! default.
 //!
 //! One thread (`dcpi-offcpu`) reads every CPU's ring (watermark wake-ups at half a ring, else
 //! every [`POLL_MS`]), joins each switch-out sample with the switch-out record that follows it

@@ -93,8 +93,9 @@ impl Flusher {
                             // Before the store: a database that hangs in this flush delays
                             // only the next checks, not this one.
                             let c0 = crate::sys::time::thread_cpu_ns();
-                            let online =
-                                read(&shared.sampler).as_ref().and_then(|s| s.hotplug_tick());
+                            let online = read(&shared.sampler)
+                                .as_ref()
+                                .and_then(crate::perf::Sampler::hotplug_tick);
                             // The off-CPU source follows the same list, read once.
                             if let (Some(online), Some(o)) = (online, lock(&shared.offcpu).as_ref())
                             {
