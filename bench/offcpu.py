@@ -8,7 +8,7 @@ ignored" and records nothing of it, so it cannot be the reference on this machin
 
   bench/offcpu.py [--secs 10] [--rate 5000] [--reps 3] [--dcpid target/release/dcpid]
                   [--dcpictl target/release/dcpictl] [--base-dcpid OTHER] [--cost-reps 1]
-                  [--no-slowdown] [--out FILE]
+                  [--no-slowdown] [--no-cost] [--bytes-secs 0] [--out FILE]
 
 --base-dcpid: another dcpid binary (e.g. the commit before a change) whose off-CPU cost is
 measured in the same run, interleaved with --dcpid's (off, on, base on; --cost-reps times), so
@@ -20,8 +20,11 @@ that both see the same machine load: "before" and "after" side by side.
    per second per CPU (/proc/stat ctxt) during the window, dcpid's CPU (all threads,
    schedstat) and the off-CPU thread's own; the difference on - off in % of one CPU, and per
    switch.
-2. Slowdown: the unpaced ping-pong's round trips/s under each collector (median of --reps).
-3. Bytes: the off-CPU files dcpid published (flat profiles and stacks.off-cpu.stk).
+2. Slowdown: the unpaced ping-pong's round trips/s under each collector (median of --reps,
+   interleaved): none, dcpid without and with off-CPU (and --base-dcpid with it), perf
+   recording the same events, and perf recording sched:sched_switch with stacks.
+3. Bytes: the off-CPU files dcpid published (flat profiles and stacks.off-cpu.stk); with
+   --bytes-secs, bytes per core-day side by side (bytes_run states the method).
 """
 
 import argparse
@@ -114,20 +117,30 @@ def cost(args, work, exe, off_cpu, dcpid=None):
     }
 
 
-def slowdown(args, work, exe, kind):
+# perf's ways to record what an off-CPU profile needs, without BPF (`--off-cpu` is ignored by
+# this perf build): the same events dcpid opens, or the sched_switch tracepoint with stacks.
+PERF_KINDS = {
+    "perf": ["-c", "1", "-e", "context-switches", "--switch-events"],
+    "perf-sched_switch": ["-e", "sched:sched_switch"],
+}
+
+
+def slowdown(args, work, exe, kind, base_dcpid=None):
+    """One run of the unpaced ping-pong under `kind` (the collector starts, settles, and stops
+    after the run): round trips per second."""
     d = perf = None
-    if kind.startswith("dcpid"):
-        d = Dcpid(args, work, kind == "dcpid+offcpu")
+    if kind.startswith("dcpid") or kind == "base_dcpid+offcpu":
+        exe_d = base_dcpid if kind == "base_dcpid+offcpu" else None
+        d = Dcpid(args, work, kind != "dcpid", exe_d)
         time.sleep(args.settle)
-    elif kind == "perf":
+    elif kind in PERF_KINDS:
         data = os.path.join(work, "perf.data")
         perf = subprocess.Popen(
-            ["perf", "record", "-a", "-g", "-c", "1", "-e", "context-switches",
-             "--switch-events", "-B", "-N", "-q", "-o", data],
+            ["perf", "record", "-a", "-g", *PERF_KINDS[kind], "-B", "-N", "-q", "-o", data],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(args.settle)
     try:
-        return [pingpong(exe, args.secs, 0) for _ in range(args.reps)]
+        return pingpong(exe, args.secs, 0)
     finally:
         if d:
             d.stop()
@@ -135,6 +148,71 @@ def slowdown(args, work, exe, kind):
         if perf:
             perf.send_signal(2)
             perf.wait(timeout=300)
+
+
+def tree_bytes(d):
+    n = 0
+    for root, _, files in os.walk(d):
+        for f in files:
+            try:
+                n += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return n
+
+
+def write_bytes(pid):
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def bytes_run(args, work, exe):
+    """Bytes per core-day with off-CPU on: two dcpid side by side on the same machine (off-CPU
+    off and on, same options), the paced ping-pong running all along. Over the window (after
+    --settle): each database's growth (files' sizes, spool excluded) and each daemon's
+    write_bytes (/proc/PID/io). Off-CPU's share is on - off; projected to a core-day linearly
+    (x 86400 / window / CPUs): an upper bound, since the off-CPU profiles grow with distinct
+    blocking sites, which saturate, and the slices' per-minute records are what keeps
+    growing."""
+    off = Dcpid(args, work, False)
+    on = Dcpid(args, work, True)
+    pp = subprocess.Popen([exe, str(args.bytes_secs + args.settle + 30), str(args.rate)],
+                          stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(args.settle)
+        db = {k: os.path.join(d.dir, "db") for k, d in (("off", off), ("on", on))}
+        t0 = time.time()
+        b0 = {k: tree_bytes(v) for k, v in db.items()}
+        w0 = {"off": write_bytes(off.p.pid), "on": write_bytes(on.p.pid)}
+        time.sleep(args.bytes_secs)
+        secs = time.time() - t0
+        b1 = {k: tree_bytes(v) for k, v in db.items()}
+        w1 = {"off": write_bytes(off.p.pid), "on": write_bytes(on.p.pid)}
+        files, nfiles = on.off_cpu_bytes()
+    finally:
+        pp.kill()
+        pp.wait()
+        off.stop()
+        on.stop()
+    ncpu = os.cpu_count()
+    day = 86400 / secs / ncpu
+    grow = {k: b1[k] - b0[k] for k in b0}
+    wr = {k: w1[k] - w0[k] for k in w0}
+    out = {
+        "window_s": secs,
+        "db_growth_bytes": grow,
+        "write_bytes": wr,
+        "off_cpu_files_at_end": {"bytes": files, "files": nfiles},
+        "off_cpu_db_growth_per_core_day_mb": (grow["on"] - grow["off"]) * day / 1e6,
+        "off_cpu_write_bytes_per_core_day_mb": (wr["on"] - wr["off"]) * day / 1e6,
+        "db_growth_per_core_day_mb": {k: v * day / 1e6 for k, v in grow.items()},
+    }
+    for d in (off, on):
+        shutil.rmtree(d.dir, ignore_errors=True)
+    return out
 
 
 def main():
@@ -148,12 +226,15 @@ def main():
     ap.add_argument("--base-dcpid")
     ap.add_argument("--cost-reps", type=int, default=1)
     ap.add_argument("--no-slowdown", action="store_true")
+    ap.add_argument("--bytes-secs", type=float, default=0,
+                    help="also measure bytes per core-day over this window (two dcpid)")
+    ap.add_argument("--no-cost", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="offcpu-bench-")
     exe = build(work)
     runs = {"off": [], "on": [], "base_on": []}
-    for _ in range(args.cost_reps):
+    for _ in range(0 if args.no_cost else args.cost_reps):
         runs["off"].append(cost(args, work, exe, False))
         runs["on"].append(cost(args, work, exe, True))
         if args.base_dcpid:
@@ -175,13 +256,24 @@ def main():
                 r["offcpu_thread_ns_per_switch"] for r in on_runs),
         }
 
-    res["cost"] = {"dcpid": extra(runs["on"])}
+    res["cost"] = {"dcpid": extra(runs["on"])} if runs["on"] else {}
     if runs["base_on"]:
         res["cost"]["base_dcpid"] = extra(runs["base_on"])
     res["slowdown"] = {}
-    for kind in ([] if args.no_slowdown else ["none", "dcpid", "dcpid+offcpu", "perf"]):
-        rts = slowdown(args, work, exe, kind)
-        res["slowdown"][kind] = {"round_trips_per_s": rts, "median": statistics.median(rts)}
+    kinds = ["none", "dcpid", "dcpid+offcpu", *PERF_KINDS]
+    if args.base_dcpid:
+        kinds.append("base_dcpid+offcpu")
+    rts = {k: [] for k in kinds}
+    # Interleaved (each rep runs every kind once), so that a change of the machine's load
+    # during the run falls on every kind alike.
+    for _ in range(0 if args.no_slowdown else args.reps):
+        for kind in kinds:
+            rts[kind].append(slowdown(args, work, exe, kind, args.base_dcpid))
+    for kind, v in rts.items():
+        if v:
+            res["slowdown"][kind] = {"round_trips_per_s": v, "median": statistics.median(v)}
+    if args.bytes_secs:
+        res["bytes"] = bytes_run(args, work, exe)
     base = res["slowdown"].get("none", {}).get("median")
     for v in res["slowdown"].values():
         v["slowdown_pct"] = 100 * (base / v["median"] - 1) if v["median"] else None

@@ -13,12 +13,13 @@
 //! a BPF program aggregating in the kernel (as `perf record --off-cpu` does) writes nothing per
 //! switch, but building one needs a BPF toolchain (clang with the bpf target or bpf-linker for
 //! aya), which this build does not have and a Rust daemon should not require at run time. The
-//! perf-event way costs one sample and two small records per context switch; measured on the
-//! loaded 2-vCPU VM, dcpid spends ~3 µs per switch on them in a debug build and 0.67-0.73 µs
-//! in a release build (~1.4 % of one CPU at 10 000 switches/s on each of 2 CPUs, still above
-//! the 1 % target), and the kernel's per-switch call chain slows a pipe ping-pong
-//! about as much as perf recording the same events (BENCHMARKS.md "Off-CPU time" and its
-//! release section). Hence `off_cpu` is off by default.
+//! perf-event way costs one sample and two small records per context switch (the event's
+//! sample type is only PID/TID, TIME and CALLCHAIN: the fewer bytes the kernel writes and the
+//! reader reads per switch, the less both pay); the reading thread's CPU per context switch of
+//! the machine, release build, is in BENCHMARKS.md "Off-CPU cost on branch offcpu3", with the
+//! slowdown of a pipe ping-pong beside perf recording the same events. The kernel's
+//! per-switch call chain is paid by every switching program, hence `off_cpu` is off by
+//! default.
 //!
 //! One thread (`dcpi-offcpu`) reads every CPU's ring (watermark wake-ups at half a ring, else
 //! every [`POLL_MS`]), joins each switch-out sample with the switch-out record that follows it
@@ -41,17 +42,17 @@
 
 pub mod pairing;
 
+use std::collections::BTreeSet;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::perf::callchain::{process_chain, StackTables};
-use crate::perf::records::{self, Record};
 use crate::perf::ring::{RawRecord, RingReader};
 use crate::resolve::KERNEL_START;
 use crate::sys::perf::{self as sp, AttrSpec, EventFd, PerfFd, RingMap};
-use crate::types::{EventIdx, Sample, SampleSink, SideBand};
+use crate::types::{EventIdx, Sample, SampleSink};
 
 use pairing::{Blocking, Kind, Pairing, Switch, Wait};
 
@@ -118,6 +119,8 @@ pub struct OffCpuStatus {
     /// The reading thread's CPU time, nanoseconds.
     pub cpu_ns: u64,
     pub passes: u64,
+    /// CPUs whose ring is open now (it follows CPU hotplug: [`OffCpu::follow_cpus`]).
+    pub cpus: u64,
 }
 
 #[derive(Debug, Default)]
@@ -131,6 +134,7 @@ struct Stats {
     open: AtomicU64,
     cpu_ns: AtomicU64,
     passes: AtomicU64,
+    cpus: AtomicU64,
 }
 
 /// The running source: stop it with [`OffCpu::stop`] (also on drop).
@@ -139,6 +143,8 @@ pub struct OffCpu {
     stop: Arc<EventFd>,
     stopping: Arc<AtomicBool>,
     stats: Arc<Stats>,
+    /// The newest online CPU list handed to [`OffCpu::follow_cpus`], for the reading thread.
+    online: Arc<Mutex<Option<Vec<u32>>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -170,6 +176,19 @@ struct CpuRing {
     last: LastSample,
 }
 
+impl CpuRing {
+    /// The event on one CPU, not enabled yet.
+    fn open(spec: &AttrSpec, pages: usize, cpu: u32) -> Result<Self, OffCpuError> {
+        let fd = PerfFd::open(spec, cpu).map_err(|source| OffCpuError::Open { cpu, source })?;
+        let ring = RingMap::new(&fd, pages).map_err(|source| OffCpuError::Map { cpu, source })?;
+        Ok(Self { cpu, fd, ring, last: LastSample::default() })
+    }
+
+    fn enable(&self) -> Result<(), OffCpuError> {
+        self.fd.enable().map_err(|source| OffCpuError::Open { cpu: self.cpu, source })
+    }
+}
+
 impl OffCpu {
     /// Open the event on every CPU of `cpus` and start the reading thread.
     pub fn start(
@@ -179,6 +198,8 @@ impl OffCpu {
         stacks: Option<Arc<StackTables>>,
     ) -> Result<Self, OffCpuError> {
         let pages = cfg.ring_pages.max(1).next_power_of_two();
+        // Wake-ups at half a ring: measured against 64 KiB (fresher data in the caches, but 8
+        // times the wake-ups), half a ring cost less per switch (BENCHMARKS.md, branch offcpu3).
         let wm = pages * sp::page_size() / 2;
         let spec = AttrSpec {
             perf_type: sp::PERF_TYPE_SOFTWARE,
@@ -194,19 +215,21 @@ impl OffCpu {
         };
         let mut rings = Vec::with_capacity(cpus.len());
         for &cpu in cpus {
-            let fd =
-                PerfFd::open(&spec, cpu).map_err(|source| OffCpuError::Open { cpu, source })?;
-            let ring =
-                RingMap::new(&fd, pages).map_err(|source| OffCpuError::Map { cpu, source })?;
-            rings.push(CpuRing { cpu, fd, ring, last: LastSample::default() });
+            rings.push(CpuRing::open(&spec, pages, cpu)?);
         }
         for r in &rings {
-            r.fd.enable().map_err(|source| OffCpuError::Open { cpu: r.cpu, source })?;
+            r.enable()?;
         }
         let stop = Arc::new(EventFd::new()?);
         let stopping = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Stats::default());
+        stats.cpus.store(rings.len() as u64, Ordering::Relaxed);
+        let online = Arc::new(Mutex::new(None));
         let mut reader = Reader {
+            spec,
+            pages,
+            online: Arc::clone(&online),
+            failed: BTreeSet::new(),
             pairing: Pairing::new(cfg.max_threads),
             cfg,
             rings,
@@ -222,7 +245,16 @@ impl OffCpu {
         let thread = std::thread::Builder::new()
             .name(THREAD.into())
             .spawn(move || reader.run(&stop2, &stopping2))?;
-        Ok(Self { stop, stopping, stats, thread: Some(thread) })
+        Ok(Self { stop, stopping, stats, online, thread: Some(thread) })
+    }
+
+    /// CPU hotplug: from its next pass the reading thread closes the rings of CPUs not in
+    /// `online` and opens the event on those of `online` it has no ring for (as the sampler
+    /// does for the sampled events; dcpid's flush thread hands over the list each hotplug
+    /// check reads). A CPU whose event cannot be opened is retried at the next call.
+    pub fn follow_cpus(&self, online: &[u32]) {
+        *self.online.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(online.to_vec());
     }
 
     /// Counters since start.
@@ -239,6 +271,7 @@ impl OffCpu {
             open: l(&s.open),
             cpu_ns: l(&s.cpu_ns),
             passes: l(&s.passes),
+            cpus: l(&s.cpus),
         }
     }
 
@@ -260,6 +293,12 @@ impl Drop for OffCpu {
 
 struct Reader {
     cfg: OffCpuConfig,
+    /// What each CPU's event is opened with, for CPUs that come online.
+    spec: AttrSpec,
+    pages: usize,
+    online: Arc<Mutex<Option<Vec<u32>>>>,
+    /// CPUs whose event failed to open at the last attempt (warned once).
+    failed: BTreeSet<u32>,
     rings: Vec<CpuRing>,
     ring_reader: RingReader,
     pairing: Pairing,
@@ -287,6 +326,13 @@ impl Reader {
                 }
             }
             self.pass();
+            if !last {
+                let online =
+                    self.online.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+                if let Some(online) = online {
+                    self.follow(&online);
+                }
+            }
             if let Some(c) = clock.and_then(crate::sys::time::clock_ns) {
                 self.stats.cpu_ns.store(c, Ordering::Relaxed);
             }
@@ -294,6 +340,35 @@ impl Reader {
                 return;
             }
         }
+    }
+
+    /// After a pass (which read the rings of CPUs that went offline a last time): close those,
+    /// open the event on CPUs that came online. Their records start after the open, above
+    /// the watermark of the pass that read everything before it.
+    fn follow(&mut self, online: &[u32]) {
+        let have: Vec<u32> = self.rings.iter().map(|r| r.cpu).collect();
+        let (gone, new) = crate::perf::sampler::cpu_changes(&have, online);
+        if !gone.is_empty() {
+            tracing::info!(cpus = ?gone, "off-CPU: CPUs went offline; closing their events");
+            self.rings.retain(|r| !gone.contains(&r.cpu));
+        }
+        self.failed.retain(|c| online.contains(c));
+        for cpu in new {
+            match CpuRing::open(&self.spec, self.pages, cpu).and_then(|r| r.enable().map(|()| r)) {
+                Ok(r) => {
+                    tracing::info!(cpu, "off-CPU: CPU online; timing its waits");
+                    self.failed.remove(&cpu);
+                    self.rings.push(r);
+                }
+                Err(e) => {
+                    if self.failed.insert(cpu) {
+                        tracing::warn!(cpu, error = %e, "off-CPU: cannot open a CPU that came online; retrying at the next hotplug check");
+                    }
+                }
+            }
+        }
+        self.rings.sort_by_key(|r| r.cpu);
+        self.stats.cpus.store(self.rings.len() as u64, Ordering::Relaxed);
     }
 
     /// Read every ring, pair what is below the watermark and hand the waits over.
@@ -389,7 +464,6 @@ struct LastSample {
     valid: bool,
     tid: u32,
     pid: u32,
-    ip: u64,
     truncated: bool,
     /// Leaf-first pcs (reused: no allocation per sample).
     pcs: Vec<u64>,
@@ -402,9 +476,10 @@ impl LastSample {
         if !std::mem::take(&mut self.valid) || self.tid != tid || !voluntary {
             return None;
         }
+        // A kernel thread's: the chain's first frame, the sample's ip (the layout has no IP).
         let (pc, kernel) = match self.pcs.iter().copied().find(|&pc| pc < KERNEL_START) {
             Some(pc) => (pc, false),
-            None => (self.ip, true),
+            None => (self.pcs.first().copied()?, true),
         };
         Some(Blocking {
             pid: self.pid,
@@ -416,49 +491,72 @@ impl LastSample {
     }
 }
 
+/// The event's layout (`sys::perf::make_attr` for `context_switch`): a sample is PID/TID,
+/// TIME, then CALLCHAIN (`nr`, `nr` u64s); every other record ends with the `sample_id`
+/// trailer PID/TID, TIME.
+const TRAILER: usize = 16;
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_ne_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// The thread and time of a record's `sample_id` trailer.
+fn trailer(body: &[u8]) -> Option<(u32, u64)> {
+    let at = body.len().checked_sub(TRAILER)?;
+    Some((u32_at(body, at + 4)?, u64_at(body, at + 8)?))
+}
+
 /// One record of a CPU's ring. A switch sample is kept in `last` until the switch-out record of
-/// the same thread that follows it.
+/// the same thread that follows it. A malformed record is skipped.
 fn on_record(
     rec: RawRecord<'_>,
     max_stack: usize,
     last: &mut LastSample,
     spare: &mut Spare,
 ) -> Rec {
+    let b = rec.body;
     match rec.kind {
         sp::PERF_RECORD_SAMPLE => {
-            let Some(s) = records::parse_sample_cc(rec.misc, rec.body, true) else {
+            let (Some(pid), Some(tid), Some(nr)) = (u32_at(b, 0), u32_at(b, 4), u64_at(b, 16))
+            else {
                 return Rec::Nothing;
             };
-            if s.tid == 0 {
+            if tid == 0 {
                 return Rec::Nothing;
             }
-            let chain = records::sample_callchain(&s, rec.body);
+            let chain = usize::try_from(nr)
+                .ok()
+                .and_then(|n| n.checked_mul(8))
+                .and_then(|len| b.get(24..24usize.checked_add(len)?));
+            let Some(chain) = chain else { return Rec::Nothing };
             last.truncated = process_chain(chain, max_stack, &mut last.pcs).unwrap_or(false);
-            (last.valid, last.tid, last.pid, last.ip) = (true, s.tid, s.pid, s.ip);
+            (last.valid, last.tid, last.pid) = (true, tid, pid);
             Rec::Nothing
         }
         sp::PERF_RECORD_SWITCH_CPU_WIDE => {
-            let Some((_, id)) = records::split_trailer(rec.body) else { return Rec::Nothing };
+            let Some((tid, time)) = trailer(b) else { return Rec::Nothing };
             let misc = u32::from(rec.misc);
             if misc & sp::PERF_RECORD_MISC_SWITCH_OUT != 0 {
                 let voluntary = misc & sp::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT == 0;
-                let blocking = last.take(id.tid, voluntary, spare);
+                let blocking = last.take(tid, voluntary, spare);
                 let kind = Kind::Out { voluntary, blocking };
-                Rec::Switch(Switch { time: id.time, tid: id.tid, kind })
+                Rec::Switch(Switch { time, tid, kind })
             } else {
-                Rec::Switch(Switch { time: id.time, tid: id.tid, kind: Kind::In })
+                Rec::Switch(Switch { time, tid, kind: Kind::In })
             }
         }
-        _ => match records::parse_record(rec) {
-            Record::SideBand(t) => match t.record {
-                SideBand::Exit { tid, .. } => {
-                    Rec::Switch(Switch { time: t.time, tid, kind: Kind::Exit })
-                }
-                _ => Rec::Nothing,
-            },
-            Record::Lost { lost } => Rec::Lost(lost),
+        // pid, ppid, tid, ptid, time.
+        sp::PERF_RECORD_EXIT => match (u32_at(b, 8), u64_at(b, 16)) {
+            (Some(tid), Some(time)) => Rec::Switch(Switch { time, tid, kind: Kind::Exit }),
             _ => Rec::Nothing,
         },
+        // id, lost.
+        sp::PERF_RECORD_LOST => u64_at(b, 8).map_or(Rec::Nothing, Rec::Lost),
+        _ => Rec::Nothing,
     }
 }
 
@@ -472,18 +570,19 @@ mod tests {
         v.iter().flat_map(|x| x.to_ne_bytes()).collect()
     }
 
-    /// A sample body of the off-CPU event: IDENTIFIER, IP, PID/TID, TIME, CPU, CALLCHAIN.
+    /// A sample body of the off-CPU event: PID/TID, TIME, CALLCHAIN.
     fn sample_body(pid: u32, tid: u32, time: u64, chain: &[u64]) -> Vec<u8> {
         let ids = u64::from(pid) | (u64::from(tid) << 32);
-        let mut v = vec![9, KPC, ids, time, 0, chain.len() as u64];
+        let mut v = vec![ids, time, chain.len() as u64];
         v.extend_from_slice(chain);
         u64s(&v)
     }
 
-    /// A `PERF_RECORD_SWITCH_CPU_WIDE` body: next/prev pid and tid, then the `sample_id`.
+    /// A `PERF_RECORD_SWITCH_CPU_WIDE` body: next/prev pid and tid, then the `sample_id`
+    /// (PID/TID, TIME).
     fn switch_body(pid: u32, tid: u32, time: u64) -> Vec<u8> {
         let ids = u64::from(pid) | (u64::from(tid) << 32);
-        u64s(&[0, ids, time, 0, 9])
+        u64s(&[0, ids, time])
     }
 
     fn rec(kind: u32, misc: u16, body: &[u8]) -> RawRecord<'_> {
@@ -527,7 +626,7 @@ mod tests {
         };
         assert_eq!(s.kind, Kind::Out { voluntary: false, blocking: None });
 
-        // A kernel thread (no user frames) waits at the kernel pc; a switch-out of another
+        // A kernel thread (no user frames) waits at its first kernel frame; a switch-out of another
         // thread does not take this one's sample.
         let k = sample_body(3, 3, 200, &[ctx_kernel, KPC + 8]);
         on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last, &mut spare);
@@ -546,7 +645,33 @@ mod tests {
             panic!("no switch")
         };
         let Kind::Out { blocking: Some(b), .. } = s.kind else { panic!("{s:?}") };
-        assert_eq!((b.pc, b.kernel), (KPC, true));
+        assert_eq!((b.pc, b.kernel), (KPC + 8, true));
+
+        // An exit record (pid, ppid, tid, ptid, time, sample_id) and a lost record (id, lost,
+        // sample_id); truncated records are skipped, not read past.
+        let exit = u64s(&[7 | (1 << 32), 42 | (7 << 32), 300, 7 | (42 << 32), 300]);
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_EXIT, 0, &exit), 64, &mut last, &mut spare)
+        else {
+            panic!("no exit")
+        };
+        assert_eq!((s.time, s.tid, s.kind), (300, 42, Kind::Exit));
+        let lost = u64s(&[9, 5, 0, 0]);
+        let r = on_record(rec(sp::PERF_RECORD_LOST, 0, &lost), 64, &mut last, &mut spare);
+        assert!(matches!(r, Rec::Lost(5)));
+        for kind in [sp::PERF_RECORD_SAMPLE, sp::PERF_RECORD_SWITCH_CPU_WIDE, sp::PERF_RECORD_EXIT]
+        {
+            let r = on_record(rec(kind, out, &sample[..12]), 64, &mut last, &mut spare);
+            assert!(matches!(r, Rec::Nothing));
+        }
+        let long_chain = sample_body(7, 42, 100, &[ctx_user, 1, 2]);
+        let r = on_record(
+            rec(sp::PERF_RECORD_SAMPLE, 1, &long_chain[..long_chain.len() - 8]),
+            64,
+            &mut last,
+            &mut spare,
+        );
+        assert!(matches!(r, Rec::Nothing) && !last.valid, "a chain past the record is skipped");
 
         // A switch-in.
         let Rec::Switch(s) =

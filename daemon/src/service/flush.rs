@@ -93,8 +93,13 @@ impl Flusher {
                             // Before the store: a database that hangs in this flush delays
                             // only the next checks, not this one.
                             let c0 = crate::sys::time::thread_cpu_ns();
-                            if let Some(s) = read(&shared.sampler).as_ref() {
-                                s.hotplug_tick();
+                            let online = read(&shared.sampler)
+                                .as_ref()
+                                .and_then(crate::perf::Sampler::hotplug_tick);
+                            // The off-CPU source follows the same list, read once.
+                            if let (Some(online), Some(o)) = (online, lock(&shared.offcpu).as_ref())
+                            {
+                                o.follow_cpus(&online);
                             }
                             let spent = crate::sys::time::thread_cpu_ns().saturating_sub(c0);
                             lock(&shared.status_only).stages.checks_ns += spent;

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use crate::aggregate::Aggregator;
 use crate::config::Settings;
-use crate::perf::sampler::{online_cpus, Sampler, SamplerConfig};
+use crate::perf::sampler::{online_cpus, possible_cpus, Sampler, SamplerConfig};
 use crate::resolve::{Resolver, ResolverConfig};
 use crate::store::{EventInfo, Store, StoreConfig, StoreError};
 use crate::watch::Watch;
@@ -179,8 +179,7 @@ pub(super) fn start_sampling(
     faults: &crate::faults::Faults,
     watch: &Arc<Watch>,
 ) -> Result<(Arc<Aggregator>, Sampler, Instant, u64), ServiceError> {
-    let cpus = online_cpus()?;
-    let ncpus = cpus.iter().max().map(|m| *m as usize + 1).unwrap_or(1);
+    let ncpus = cpu_slot_count(&online_cpus()?, &possible_or_warn()) as usize;
     let mut resolver = Resolver::new(ResolverConfig::default());
     resolver.set_jit_limits(jit_limits(settings));
     // The off-CPU source's samples come in as those of one more CPU slot (`crate::offcpu`).
@@ -283,6 +282,23 @@ pub(super) fn register_sampler(
     Ok(())
 }
 
+/// How many CPU slots the aggregator has (the off-CPU source's slot is the next one): one per
+/// CPU id up to the highest possible CPU, so that a CPU brought online later has a slot (and a
+/// clock: the aggregator's clocks are indexed by CPU id) of its own and never shares the
+/// off-CPU source's (`Aggregator::slot` is `cpu % slots`). `possible` empty (unreadable):
+/// the online CPUs only.
+pub(super) fn cpu_slot_count(online: &[u32], possible: &[u32]) -> u32 {
+    online.iter().chain(possible).max().map_or(1, |m| m + 1)
+}
+
+/// [`possible_cpus`], or nothing (with a warning) when the list cannot be read.
+fn possible_or_warn() -> Vec<u32> {
+    possible_cpus().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot read the possible CPUs; slots for the online ones only");
+        Vec::new()
+    })
+}
+
 /// `off_cpu = true`: the off-CPU source on every online CPU, its samples in the aggregator's
 /// last slot (made for it by [`start_sampling`]) as the event after the sampler's.
 pub(super) fn start_off_cpu(
@@ -294,7 +310,7 @@ pub(super) fn start_off_cpu(
         return Ok(None);
     }
     let cpus = online_cpus()?;
-    let ncpus = cpus.iter().max().map_or(1, |m| *m + 1);
+    let ncpus = cpu_slot_count(&cpus, &possible_or_warn());
     let event = u16::try_from(sampler.events().len()).unwrap_or(u16::MAX);
     aggregator.set_time_event(event);
     let cfg = crate::offcpu::OffCpuConfig {
@@ -353,5 +369,26 @@ impl crate::store::KernelSymbolSource for ProcKernelSymbols {
     }
     fn snapshot_file_bytes(&mut self) -> Result<Vec<u8>, String> {
         crate::resolve::kallsyms_file_bytes(&self.0).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CPUs 0-1 online and 0-3 possible: CPU 2 or 3 coming online later must not share the
+    /// off-CPU source's slot (a pending queue and a clock of the aggregator).
+    #[test]
+    fn the_off_cpu_slot_is_past_every_possible_cpu() {
+        let n = cpu_slot_count(&[0, 1], &[0, 1, 2, 3]);
+        let slots = n + 1;
+        for cpu in 0..4 {
+            assert_ne!(cpu % slots, n % slots, "CPU {cpu} shares the off-CPU slot {n}");
+        }
+        assert_eq!(n, 4);
+        // Unreadable possible list: the online CPUs; a list that lies: still past online.
+        assert_eq!(cpu_slot_count(&[0, 1], &[]), 2);
+        assert_eq!(cpu_slot_count(&[0, 5], &[0, 1]), 6);
+        assert_eq!(cpu_slot_count(&[], &[]), 1);
     }
 }

@@ -2,6 +2,7 @@
 //! layout of ripgrep's and blazesym's suites). Shared helpers live in the support modules.
 
 mod docs;
+mod offcpu_hotplug;
 mod periods;
 mod resolve_live;
 mod resolve_ordering;

@@ -38,6 +38,14 @@ pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
     Some(out)
 }
 
+/// Where the list of possible CPUs comes from: every CPU id that may ever come online.
+pub const POSSIBLE_CPUS: &str = "/sys/devices/system/cpu/possible";
+
+/// The possible CPUs, from [`POSSIBLE_CPUS`].
+pub fn possible_cpus() -> Result<Vec<u32>, SamplerError> {
+    read_cpu_list(std::path::Path::new(POSSIBLE_CPUS))
+}
+
 /// The online CPUs, from [`ONLINE_CPUS`].
 pub fn online_cpus() -> Result<Vec<u32>, SamplerError> {
     read_cpu_list(std::path::Path::new(ONLINE_CPUS))
@@ -115,7 +123,7 @@ pub(super) fn supervise(shared: &Arc<Shared>) {
         if let Some(w) = &shared.cfg.watch {
             w.fault_point(HOTPLUG_THREAD);
         }
-        hp.step(shared);
+        drop(hp.step(shared));
     }
 }
 
@@ -128,7 +136,9 @@ pub(super) struct Hotplug {
 }
 
 impl Hotplug {
-    pub(super) fn step(&mut self, shared: &Arc<Shared>) {
+    /// One check; returns the online list it read (the daemon's other per-CPU source, the
+    /// off-CPU one, follows the same list: `crate::offcpu::OffCpu::follow_cpus`).
+    pub(super) fn step(&mut self, shared: &Arc<Shared>) -> Option<Vec<u32>> {
         let online = match self.list.read(&shared.cfg) {
             Ok(v) => v,
             Err(e) => {
@@ -136,7 +146,7 @@ impl Hotplug {
                     tracing::warn!(error = %e, "cannot re-read the online CPU list");
                     self.list_error_warned = true;
                 }
-                return;
+                return None;
             }
         };
         let mut cpus = lock(&shared.cpus);
@@ -191,12 +201,36 @@ impl Hotplug {
                 }
             }
         }
+        drop(cpus);
+        Some(online)
     }
+}
+
+/// What following the online list changes for a source open on the CPUs `have`: the CPUs to
+/// close (open but no longer online) and those to open (online but not open), each sorted.
+pub fn cpu_changes(have: &[u32], online: &[u32]) -> (Vec<u32>, Vec<u32>) {
+    let mut gone: Vec<u32> = have.iter().copied().filter(|c| !online.contains(c)).collect();
+    let mut new: Vec<u32> = online.iter().copied().filter(|c| !have.contains(c)).collect();
+    gone.sort_unstable();
+    gone.dedup();
+    new.sort_unstable();
+    new.dedup();
+    (gone, new)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_changes_close_what_went_offline_and_open_what_came_online() {
+        assert_eq!(cpu_changes(&[0, 1], &[0, 1]), (vec![], vec![]));
+        // CPU 1 offline, then back with CPU 3 (hot-added past the CPUs seen at start).
+        assert_eq!(cpu_changes(&[0, 1], &[0]), (vec![1], vec![]));
+        assert_eq!(cpu_changes(&[0], &[0, 1, 3]), (vec![], vec![1, 3]));
+        assert_eq!(cpu_changes(&[3, 0, 1], &[2, 1]), (vec![0, 3], vec![2]));
+        assert_eq!(cpu_changes(&[], &[1, 0]), (vec![], vec![0, 1]));
+    }
 
     #[test]
     fn cpu_lists() {

@@ -41,7 +41,10 @@ mod cpus;
 mod drain;
 mod resolve_events;
 
-pub use cpus::{online_cpus, parse_cpu_list, read_cpu_list, ONLINE_CPUS};
+pub use cpus::{
+    cpu_changes, online_cpus, parse_cpu_list, possible_cpus, read_cpu_list, ONLINE_CPUS,
+    POSSIBLE_CPUS,
+};
 pub use drain::{read_pass, read_pass_stacks, PassCounts};
 
 use cpus::{cfg_online_cpus, supervise, Hotplug, HOTPLUG_THREAD};
@@ -759,14 +762,13 @@ impl Sampler {
 
     /// Follow CPU hotplug once, on the caller's thread, when the sampler was started without a
     /// hotplug thread (otherwise nothing to do). Stops the drain threads of CPUs that went
-    /// offline and opens the CPUs that came online.
-    pub fn hotplug_tick(&self) {
+    /// offline and opens the CPUs that came online. Returns the online list it read, for the
+    /// owner's other per-CPU sources (None: no check was made, or the list was unreadable).
+    pub fn hotplug_tick(&self) -> Option<Vec<u32>> {
         if self.shared.stop.load(Ordering::Acquire) {
-            return;
+            return None;
         }
-        if let Some(hp) = lock(&self.hotplug).as_mut() {
-            hp.step(&self.shared);
-        }
+        lock(&self.hotplug).as_mut().and_then(|hp| hp.step(&self.shared))
     }
 
     /// How long the sampler has been running.
