@@ -192,19 +192,28 @@ struct Cut {
     end: Instant,
 }
 
-/// Start a new epoch, retrying while the store is busy (the command gives up after 20 s of a
-/// busy store, seen on a loaded machine; the cut is then not made) for up to 5 minutes.
-fn cut(d: &dcpi_e2e::Daemon) -> Cut {
+/// Start a new epoch after `prev` for up to 5 minutes. `epoch new` answers within 20 s; an
+/// epoch change that takes longer (a loaded store) goes on in the background and the command
+/// says it is not done, and later ones are refused while it runs ("store is busy"). So a
+/// failed answer is followed by `epoch show`: an epoch other than `prev` is this cut, made late
+/// (issuing another `epoch new` then would make a second, unwanted epoch).
+fn cut(d: &dcpi_e2e::Daemon, prev: &str) -> Cut {
     let start = Instant::now();
     let mut errors = Vec::new();
     loop {
         let out = d.ctl(&["epoch", "new"]);
-        if out.status.success() {
-            let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            eprintln!("epoch {id} after {:?} ({} busy answers)", start.elapsed(), errors.len());
+        let id = if out.status.success() {
+            Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        } else {
+            errors.push(String::from_utf8_lossy(&out.stderr).into_owned());
+            let shown = d.ctl(&["epoch", "show"]);
+            let shown = String::from_utf8_lossy(&shown.stdout).trim().to_owned();
+            (shown.len() == prev.len() && shown != prev).then_some(shown)
+        };
+        if let Some(id) = id {
+            eprintln!("epoch {id} after {:?} ({} failed answers)", start.elapsed(), errors.len());
             return Cut { id, start, end: Instant::now() };
         }
-        errors.push(String::from_utf8_lossy(&out.stderr).into_owned());
         if start.elapsed() > Duration::from_secs(300) {
             let last = &errors[errors.len().saturating_sub(3)..];
             panic!("epoch new failed {} times in 300 s, last: {last:?}", errors.len());
@@ -256,13 +265,14 @@ fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     // e1 (before) and e3 (after) are the compared epochs; the change happens in e2, a short
     // epoch between them, so however late a cut lands, no epoch holds both kinds of work.
     let window = Duration::from_secs(15);
-    let c1 = cut(&d);
+    let e0 = String::from_utf8_lossy(&d.ctl(&["epoch", "show"]).stdout).trim().to_owned();
+    let c1 = cut(&d, &e0);
     std::thread::sleep(window);
-    let c2 = cut(&d);
+    let c2 = cut(&d, &c1.id);
     signal("-USR1");
-    let c3 = cut(&d);
+    let c3 = cut(&d, &c2.id);
     std::thread::sleep(window);
-    let c4 = cut(&d);
+    let c4 = cut(&d, &c3.id);
     signal("-USR2");
     let out = prog.0.take().expect("causal").wait_with_output().expect("wait causal");
     let report: Vec<f64> = ok_stdout(&out, "causal")
