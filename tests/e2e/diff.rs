@@ -238,7 +238,7 @@ fn cut(d: &dcpi_e2e::Daemon, prev: &str) -> Cut {
 /// so busy that the program fell behind its budget by more than 20 ms of CPU (a quarter second of
 /// its pace) skips the test: its rates then follow the CPU it was given, not its work.
 #[dcpi_testkit::test(perf)]
-#[ignore = "issue 39: rewritten to meter CPU time (not loop iterations) with a transition epoch; not yet seen to pass: on the shared 2-CPU VM at load 27-30 its daemon's store stalled (epoch new refused for 5 min) and at nice 0 the program fell 1.6 s of CPU behind; run with --ignored on a quieter machine before un-ignoring"]
+#[ignore = "issue 39: passed twice (2026-11-29, load 10-15, once beside two busy loops) but not yet the 3 times (2 under two busy loops) asked before un-ignoring: at load 30-38 the metered program itself fell 20-43 ms of CPU behind even at nice -15 and the test skipped itself; run with --ignored"]
 fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     let sb = Sandbox::new();
     let bin = sb.compile_c("causal", CAUSAL_C);
