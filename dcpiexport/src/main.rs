@@ -47,6 +47,11 @@ struct Args {
     /// (the two slice columns are then null; fewer rows).
     #[arg(long)]
     no_slices: bool,
+    /// List each image whose names are missing or partial (stripped, no debug file, binary
+    /// gone or unreadable) with how to get its symbols, one warning line each; without it
+    /// they are counted in one line.
+    #[arg(long, short = 'v')]
+    verbose: bool,
     /// Write a man page or shell completions to stdout and exit.
     #[arg(long, hide = true, value_enum, value_name = "WHAT")]
     generate: Option<Generate>,
@@ -82,10 +87,13 @@ fn main() -> ExitCode {
         slices: !args.no_slices,
     };
     let mut stderr = std::io::stderr();
-    let mut warn = |w: String| {
-        drop(writeln!(std::io::stderr(), "dcpiexport: warning: {w}"));
-    };
-    match export(&o, &mut warn) {
+    // Collected and written at the end: the missing-symbol notes, one per stripped image,
+    // collapse into one line unless -v (as in the other report tools, issue 39).
+    dcpi_client::notes::set_verbose(args.verbose);
+    let mut warnings = Vec::new();
+    let r = export(&o, &mut |w: String| warnings.push(w));
+    drop(dcpi_client::notes::write_warnings("dcpiexport", &mut stderr, &mut warnings));
+    match r {
         Ok(outcome) => {
             drop(describe(&outcome, &mut stderr));
             ExitCode::SUCCESS

@@ -804,3 +804,30 @@ fn slice_start_groups_by_minute_in_duckdb_as_dcpiprof_by_time() {
     assert!(v["unsliced"].as_u64().expect("unsliced") > 0, "{v}");
     assert_eq!(sliced + v["unsliced"].as_u64().expect("n"), clock, "{v}");
 }
+
+/// Issue 39 item 3: the missing-symbol notes (here six images whose binaries are gone) are
+/// one stderr line by default, as in dcpiprof, dcpilist, dcpidiff and dcpistats; `-v` lists
+/// each image, one line each.
+#[test]
+fn missing_symbol_notes_are_one_line_unless_verbose() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let root = t.path().join("db");
+    build_db(&root);
+    let warnings = |o: &Output| -> Vec<String> {
+        ok(o).lines().filter(|l| l.contains("warning")).map(str::to_owned).collect()
+    };
+    let o = export(&root, &t.path().join("out"), &["--format", "csv"]);
+    let w = warnings(&o);
+    assert_eq!(w.len(), 1, "one warning line: {w:#?}");
+    assert!(w[0].contains("names incomplete for 6 images"), "{w:#?}");
+    assert!(w[0].contains("-v lists them"), "{w:#?}");
+    let o = export(&root, &t.path().join("out-v"), &["--format", "csv", "-v"]);
+    let w = warnings(&o);
+    // Each of the five libraries, named by its build-id (b + the id's hex), and the odd path.
+    for id in (0..5u8).map(|i| 0x10 + i).chain([0xee]) {
+        let id = format!("binary for b{} not found", hex::encode([id; 20]));
+        assert!(w.iter().any(|l| l.contains(&id)), "-v lists {id}: {w:#?}");
+    }
+    assert_eq!(w.len(), 6, "{w:#?}");
+    assert!(!w.iter().any(|l| l.contains("names incomplete")), "{w:#?}");
+}

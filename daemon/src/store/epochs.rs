@@ -21,7 +21,7 @@ impl Store {
         tracing::info!(epoch = %e, "store: started a new epoch");
         self.epoch = Some(e.clone());
         self.epoch_changed();
-        self.refresh_kallsyms(true);
+        self.kallsyms_due();
         self.write_side_files(Instant::now(), true);
         Ok(e)
     }
@@ -72,7 +72,7 @@ impl Store {
         tracing::info!(old = %old, new = %newest, "store: following a new epoch");
         self.epoch = Some(newest);
         self.epoch_changed();
-        self.refresh_kallsyms(true);
+        self.kallsyms_due();
     }
 
     /// A new epoch is current: retention's answer changes with the set of epochs, so the next

@@ -37,12 +37,14 @@ pub(super) struct KernelSymbols {
     pub(super) refreshes: u64,
     pub(super) changed: u64,
     pub(super) refresh_failing: bool,
+    /// A fresh snapshot is owed to the current epoch (it started since the last one).
+    pub(super) due: bool,
 }
 
 impl Store {
     /// Where to take fresh kernel symbol snapshots from: one is taken now, again when the
     /// source's fingerprint changes (a module loaded or unloaded; checked at each tick) and
-    /// whenever an epoch starts. Each is stored only if its content is new (FORMAT.md §8.1).
+    /// at the first tick after an epoch starts ([`Self::kallsyms_due`]). Each is stored only if its content is new (FORMAT.md §8.1).
     pub fn set_kallsyms_source(&mut self, mut source: Box<dyn KernelSymbolSource>) {
         self.kernel.fingerprint = source.fingerprint();
         match source.snapshot_file_bytes() {
@@ -54,11 +56,12 @@ impl Store {
         self.kernel.source = Some(source);
     }
 
-    /// Take a fresh snapshot if `force` (a new epoch) or the source's fingerprint changed;
-    /// the current epoch references it from then on.
+    /// Take a fresh snapshot if `force`, [`Self::kallsyms_due`] or the source's fingerprint
+    /// changed; the current epoch references it from then on.
     pub(super) fn refresh_kallsyms(&mut self, force: bool) {
         let Some(source) = self.kernel.source.as_mut() else { return };
         let fp = source.fingerprint();
+        let force = force || std::mem::take(&mut self.kernel.due);
         if !force && fp == self.kernel.fingerprint {
             return;
         }
@@ -103,6 +106,17 @@ impl Store {
                 self.kernel.written = None;
             }
         }
+    }
+
+    /// A new epoch is current: it references the snapshot in hand at once, and the next tick
+    /// (or flush) takes a fresh one, which replaces the reference if its content differs (BPF
+    /// programs and ftrace trampolines change /proc/kallsyms without a module change). Not
+    /// taken by the epoch change itself: reading and sorting /proc/kallsyms (several MB) was
+    /// half of what `dcpictl epoch new` waited for under the store lock (debug build at load
+    /// 13: 3 of 7 s), and under heavier load the command ran past its 20 s bound and was
+    /// refused ("store is busy") while it finished.
+    pub(super) fn kallsyms_due(&mut self) {
+        self.kernel.due = true;
     }
 
     /// [`Self::set_kallsyms`] with the snapshot already encoded (`kallsyms.snap`'s bytes).

@@ -126,3 +126,30 @@ fn kernel_symbols_follow_module_changes_and_new_epochs() {
     assert_eq!(module_names(&db, &e2), ["kvm"]);
     assert!(module_names(&db, &e1).is_empty());
 }
+
+/// `dcpictl epoch new` does not read /proc/kallsyms under the store lock: the new epoch
+/// references the snapshot in hand at once, and the next tick takes the fresh one. (Reading
+/// and sorting /proc/kallsyms was half of what an epoch change waited for; on a loaded
+/// machine the command then ran past its 20 s bound and was refused, issue 39.)
+#[test]
+fn a_new_epoch_references_the_snapshot_at_once_and_refreshes_it_at_the_next_tick() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let mut s = Store::open(cfg(root));
+    events(&mut s);
+    let k = FakeKernel::default();
+    k.0.lock().unwrap().0.push("kvm");
+    s.set_kallsyms_source(Box::new(k.clone()));
+    s.add(batch(1, 0x10, 5), 0, 0);
+    s.flush_everything().unwrap();
+    let taken = k.0.lock().unwrap().1;
+    let e2 = s.new_epoch().unwrap();
+    assert_eq!(k.0.lock().unwrap().1, taken, "the epoch change itself takes no snapshot");
+    let db = Database::open(&root.join("db")).unwrap();
+    assert_eq!(module_names(&db, &e2), ["kvm"], "the new epoch references one at once");
+    s.tick_at(Instant::now());
+    assert_eq!(k.0.lock().unwrap().1, taken + 1, "the next tick takes a fresh snapshot");
+    s.tick_at(Instant::now());
+    assert_eq!(k.0.lock().unwrap().1, taken + 1, "and only one");
+    assert_eq!(module_names(&db, &e2), ["kvm"]);
+}
