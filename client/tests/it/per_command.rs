@@ -264,3 +264,32 @@ fn without_per_command_profiles_the_report_says_so() {
     let v: serde_json::Value = serde_json::from_str(&ok(&o, "who")).expect("JSON");
     assert_eq!(row(&v, "image", "/opt/none/app")["samples"], 7, "{v:#}");
 }
+
+/// Issue 38: an image only `alpha` ran has a sole-command stub instead of a copy of its flat
+/// profile (FORMAT.md §5.6.1): `--command alpha` reads the flat profile for it, per image and
+/// per symbol; `beta` did not run it.
+#[test]
+fn a_sole_command_stub_reads_as_the_flat_profile() {
+    let t = TestDb::new();
+    let hd = t.host(&t.epoch(0), "h1");
+    write_epoch(&hd, 1, true);
+    let solo = Image::elf(ImageId::from_build_id(&[0x5c; 20]).expect("id"), "/opt/none/solo");
+    let flat = solo.profile(&cpu_clock()).counts(&[(0x500, 4)]).period(1_000_000);
+    flat.write(&hd);
+    let header = flat.build(&hd.host, &hd.epoch).header;
+    let stub = profile_format::Profile::sole_command_stub(&header, b"alpha".to_vec(), 0);
+    let who = ProfileWho::Command { command: b"alpha".to_vec() };
+    stub.write(&hd.who_profile_path(&solo.id, "cpu-clock", &who)).expect("stub");
+    let json = |args: &[&str]| -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.extend(["--format", "json"]);
+        serde_json::from_str(&ok(&run("dcpiprof", &t.root(), &a), "json")).expect("JSON")
+    };
+    let v = json(&["--command", "alpha", "--image", "solo"]);
+    assert_eq!(total(&v), 4, "{v:#}");
+    let v = json(&["--command", "alpha", "--symbols"]);
+    assert_eq!(total(&v), 7 + 4, "{v:#}");
+    let v = json(&["--command", "beta", "--symbols"]);
+    assert_eq!(total(&v), 9, "{v:#}");
+    assert!(!v.to_string().contains("solo"), "{v:#}");
+}

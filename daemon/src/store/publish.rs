@@ -117,6 +117,11 @@ impl Schedule {
         self.pending_samples.retain(|k, _| k.epoch != epoch);
     }
 
+    /// The samples of `key`'s file as this daemon last published it (since it started).
+    pub(super) fn published_samples(&self, key: &SpoolKey) -> Option<u64> {
+        self.published_samples.get(key).copied()
+    }
+
     /// Whether this daemon published `key`'s profile (since it started).
     pub(super) fn was_published(&self, key: &SpoolKey) -> bool {
         self.last_published.contains_key(key)
