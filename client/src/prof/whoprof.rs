@@ -173,6 +173,21 @@ pub fn load_with(
     sel.check_loaded(out, warn)
 }
 
+/// The per-command profile at `path` in `d` as readers take it: a sole-command stub
+/// (FORMAT.md §5.6.1) read as the flat profile it stands for. `None`: a stub without a flat
+/// profile (no samples).
+pub fn read_command_profile(
+    d: &HostDir,
+    path: &std::path::Path,
+) -> Result<Option<Profile>, profile_format::Error> {
+    let p = Profile::read(path)?;
+    if p.sole {
+        sole_command(d, path, p)
+    } else {
+        Ok(Some(p))
+    }
+}
+
 /// What the sole-command stub `stub` at `path` stands for (FORMAT.md §5.6.1): the flat
 /// profile of its image and event in `d`, as its command's. The stub is checked again after
 /// the flat profile was read: dcpid replaces a stub by a copy before the flat profile takes
