@@ -224,13 +224,9 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     let spec = args.image.as_deref().unwrap_or_default();
     let sym_spec = args.symbol.as_deref().unwrap_or_default();
     let filter = ImageFilter::new(spec);
-    let (loaded, fresh) = match &args.command {
-        Some(c) => (
-            crate::prof::whoprof::load(
-                &args.sel,
-                &crate::prof::whoprof::WhoSel::Command(c.clone()),
-                &mut |w| warnings.push(w),
-            )?,
+    let (loaded, fresh) = match &args.who() {
+        Some(w) => (
+            crate::prof::whoprof::load(&args.sel, w, &mut |w| warnings.push(w))?,
             Default::default(),
         ),
         None => args.sel.load_published(Some(&filter), &mut |w| warnings.push(w))?,

@@ -44,13 +44,9 @@ pub struct TopReport {
 type ImageKey = (ImageKind, ImageId);
 
 pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopReport, ListError> {
-    let (loaded, fresh) = match &args.command {
-        Some(c) => (
-            crate::prof::whoprof::load(
-                &args.sel,
-                &crate::prof::whoprof::WhoSel::Command(c.clone()),
-                &mut |w| warnings.push(w),
-            )?,
+    let (loaded, fresh) = match &args.who() {
+        Some(w) => (
+            crate::prof::whoprof::load(&args.sel, w, &mut |w| warnings.push(w))?,
             Default::default(),
         ),
         None => args.sel.load_all_counts_published(&mut |w| warnings.push(w))?,

@@ -27,6 +27,15 @@ pub enum WhoSel {
 }
 
 impl WhoSel {
+    /// The selection of `--command` or `--cgroup`/`--unit` (the tools' flags refuse both).
+    pub fn of(command: Option<&str>, cgroup: Option<&str>) -> Option<Self> {
+        match (command, cgroup) {
+            (Some(c), _) => Some(Self::Command(c.to_owned())),
+            (None, Some(g)) => Some(Self::Cgroup(g.to_owned())),
+            (None, None) => None,
+        }
+    }
+
     /// Whether a profile of this kind (per process, cgroup or command) is named `e`.
     fn kind_of(&self, e: &WhoProfileEntry) -> bool {
         match self {
