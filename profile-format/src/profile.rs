@@ -269,7 +269,7 @@ impl Profile {
     }
 
     /// `flat`'s samples as `command`'s profile: what a sole-command stub stands for.
-    pub fn as_sole_command(mut flat: Profile, command: Vec<u8>) -> Self {
+    pub fn as_sole_command(mut flat: Self, command: Vec<u8>) -> Self {
         flat.who = Some(ProfileWho::Command { command });
         flat.sole = false;
         flat
