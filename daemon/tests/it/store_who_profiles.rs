@@ -277,3 +277,23 @@ fn a_second_command_turns_the_stub_into_an_exact_copy_across_restarts_and_crashe
         assert_eq!(s.status().spool_rows, 0);
     }
 }
+
+/// Issue 38: `by_command` turned off (reloaded) while a stub stands for the flat profile:
+/// the flat profile then takes samples with no per-command increment, so the stub becomes a
+/// copy of the flat profile as it was, and the command keeps exactly its samples.
+#[test]
+fn turning_by_command_off_keeps_a_stubbed_command_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(dir.path(), WhoProfiles { by_command: true, ..WhoProfiles::default() });
+    s.add(batch_of(10, ["web", "web", "web"]), 0, 0);
+    s.flush_everything().expect("flush");
+    assert!(is_stub(&host_dir(dir.path(), &s), "web"));
+    s.set_who_profiles(WhoProfiles::default());
+    s.add(batch_of(5, ["api", "api", "api"]), 0, 0);
+    s.flush_everything().expect("flush");
+    let hd = host_dir(dir.path(), &s);
+    assert!(!is_stub(&hd, "web"));
+    assert_eq!(command_counts(&hd, "web"), [(0x40, 60), (0x80, 10)]);
+    let flat = Profile::read(&hd.profile_path(&image().id, "cpu-clock")).expect("flat");
+    assert_eq!(counts(&flat), [(0x40, 90), (0x80, 15)]);
+}
