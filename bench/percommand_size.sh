@@ -15,7 +15,9 @@
 # profiles (bytes, files, 1 KiB blocks allocated), its per-command profiles (same), its
 # who.tbl and slices.log bytes, the per-command bytes as a share of the flat ones, and the
 # CPU seconds (utime + stime) of the default daemon and of the one without per-command
-# profiles. Needs root (perf_event_open system-wide).
+# profiles, then the sole-command stubs among the per-command files (FORMAT.md §5.6.1) and the
+# bytes of the flat profiles they stand for (what copies would have cost). Needs root
+# (perf_event_open system-wide).
 set -eu
 secs=${1:-600}
 every=${2:-120}
@@ -49,7 +51,24 @@ sizes() { # PATTERN EXCLUDE -> "bytes files blocks"
 }
 start=$(date +%s)
 echo "# mode=$mode dcpid=$bin/$DCPID $(date -u +%FT%TZ) nproc=$(nproc)"
-echo "# elapsed_s flat_bytes flat_files flat_kib cmd_bytes cmd_files cmd_kib who_bytes slices_bytes cmd/flat cpu_s cpu_s_without"
+echo "# elapsed_s flat_bytes flat_files flat_kib cmd_bytes cmd_files cmd_kib who_bytes slices_bytes cmd/flat cpu_s cpu_s_without stubs stubbed_flat_bytes"
+stubs() { # -> "stubs bytes of the flat profiles they stand for"
+  python3 - "$t/db" <<'PY'
+import os, sys
+n = b = 0
+for d, _, fs in os.walk(sys.argv[1]):
+    for f in fs:
+        if ".cmd-" in f and f.endswith(".prof"):
+            p = os.path.join(d, f)
+            with open(p, "rb") as h:
+                head = h.read(10)
+            if head[:8] == b"DCPIPROF" and int.from_bytes(head[8:10], "little") == 4:
+                n += 1
+                flat = os.path.join(d, f.rsplit(".", 2)[0] + ".prof")
+                b += os.path.getsize(flat) if os.path.exists(flat) else 0
+print(n, b)
+PY
+}
 cpu() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.1f", ($14 + $15) / hz}' /proc/$1/stat; }
 while :; do
   sleep "$every"
@@ -62,6 +81,6 @@ while :; do
   who=$(find $t/db -name who.tbl -printf '%s\n' | awk '{s += $1} END {print s + 0}')
   sl=$(find $t/db -name slices.log -printf '%s\n' | awk '{s += $1} END {print s + 0}')
   share=$(awk -v c="$4" -v f="$1" 'BEGIN {printf "%.1f%%", f ? 100 * c / f : 0}')
-  echo "$now $1 $2 $3 $4 $5 $6 $who $sl $share $(cpu $d) $(cpu $d0)"
+  echo "$now $1 $2 $3 $4 $5 $6 $who $sl $share $(cpu $d) $(cpu $d0) $(stubs)"
   [ "$now" -ge "$secs" ] && break
 done

@@ -40,7 +40,8 @@ pub use parquet_out::{SampleRow, SymbolRow};
 
 /// Version of the manifest and of the tables' schema (EXPORT.md).
 /// 2: the samples table has `slice_start` and `slice_seconds` (issue 36).
-pub const EXPORT_VERSION: u32 = 2;
+/// 3: and `command` (`--command`, from the per-command profiles; issue 38).
+pub const EXPORT_VERSION: u32 = 3;
 const MANIFEST: &str = "manifest.json";
 
 /// Errors of an export run.
@@ -112,6 +113,9 @@ pub struct Options<'a> {
     /// One row per time slice (`slice_start`, `slice_seconds`) where the host-epoch has a
     /// `slices.log`; `false`: one row per offset for the whole epoch, slice columns null.
     pub slices: bool,
+    /// Only this command's samples, from the per-command profiles (FORMAT.md §5.6, dcpid's
+    /// `by_command`): whole-epoch rows (they have no time axis), `command` set.
+    pub command: Option<&'a str>,
 }
 
 /// What a run did (printed by the binary, and used by tests).
@@ -233,11 +237,16 @@ fn fingerprint(
     events: &[String],
     range: Option<select::TimeRange>,
     slices: bool,
+    command: Option<&str>,
 ) -> Result<String, ExportError> {
     use std::os::unix::fs::MetadataExt;
     let mut h = Sha256::new();
     h.update(format!("dcpiexport {EXPORT_VERSION}\0{}\0{slices}\0", events.join(",")));
     let mut names: Vec<PathBuf> = d.profiles()?.into_iter().map(|e| e.path).collect();
+    if let Some(c) = command {
+        h.update(format!("command {c:?}\0"));
+        names.extend(command_profiles(d, c)?);
+    }
     if let Some(r) = range {
         h.update(format!("range {:?} {:?}\0", r.since, r.until));
         names.push(d.slices_path());
@@ -299,8 +308,8 @@ fn host_rows(
     dir_index: usize,
     range: Option<&mut select::DirRange>,
 ) -> Result<Vec<SampleRow>, ExportError> {
-    let rows = profile_rows(d, &o.sel.events, o.sel.keep_going, warn, images, dir_index, range)?;
-    if !o.slices {
+    let rows = profile_rows(d, o, warn, images, dir_index, range)?;
+    if !o.slices || o.command.is_some() {
         return Ok(rows);
     }
     let log = match d.read_slices() {
@@ -417,16 +426,24 @@ fn share(count: u64, rows: &[(u64, usize)], left: &mut [u64], taken: &mut Vec<(u
     }
 }
 
-/// The rows of one host directory's profiles, sorted by (image id, event, offset).
+/// The per-command profiles of `command` in `d` (FORMAT.md §5.6; their names hold a hash of
+/// the command).
+fn command_profiles(d: &HostDir, command: &str) -> Result<Vec<PathBuf>, ExportError> {
+    let want = profile_format::command_file_component(command.as_bytes());
+    Ok(d.who_profiles()?.into_iter().filter(|e| e.who_component == want).map(|e| e.path).collect())
+}
+
+/// The rows of one host directory's profiles (`--command`: that command's), sorted by
+/// (image id, event, offset).
 fn profile_rows(
     d: &HostDir,
-    events: &[String],
-    keep_going: bool,
+    o: &Options<'_>,
     warn: &mut dyn FnMut(String),
     images: &mut BTreeMap<String, SymImage>,
     dir_index: usize,
     range: Option<&mut select::DirRange>,
 ) -> Result<Vec<SampleRow>, ExportError> {
+    let (events, keep_going) = (&o.sel.events, o.sel.keep_going);
     let mut range = range;
     let summary = match HostSummary::read(&d.summary_path()) {
         Ok(s) => Some(s),
@@ -443,9 +460,19 @@ fn profile_rows(
         }
     };
     let mut rows = Vec::new();
-    for entry in d.profiles()? {
-        let mut p = match Profile::read(&entry.path) {
-            Ok(p) => p,
+    let paths = match o.command {
+        Some(c) => command_profiles(d, c)?,
+        None => d.profiles()?.into_iter().map(|e| e.path).collect(),
+    };
+    for path in paths {
+        let read = match o.command {
+            // A sole-command stub reads as the flat profile it stands for (FORMAT.md §5.6.1).
+            Some(_) => dcpi_client::prof::whoprof::read_command_profile(d, &path),
+            None => Profile::read(&path).map(Some),
+        };
+        let mut p = match read {
+            Ok(Some(p)) => p,
+            Ok(None) => continue,
             Err(e) if keep_going => {
                 warn(format!("skipping corrupt profile: {e}"));
                 continue;
@@ -501,6 +528,7 @@ fn profile_rows(
                 weight: samples as f64 * w,
                 slice_start: None,
                 slice_seconds: None,
+                command: o.command.map(str::to_owned),
             });
         }
     }
@@ -612,6 +640,27 @@ fn symbol_rows(
     Ok((rows, covered))
 }
 
+/// `--command` needs per-command profiles, which have no time axis: refused with a time
+/// range, and where no selected host directory holds any (dcpid ran without `by_command`),
+/// as the report tools refuse them.
+fn check_command(o: &Options<'_>, command: &str) -> Result<(), ExportError> {
+    use dcpi_client::prof::whoprof::{recorded, WhoSel};
+    if o.sel.time_range().is_some() {
+        return Err(ProfError::Usage(
+            "--since/--until select time slices, and the per-command profiles (--command) have              no time axis (they hold whole-epoch totals): select epochs with --epoch instead"
+                .into(),
+        )
+        .into());
+    }
+    if !recorded(o.sel, &WhoSel::Command(command.to_owned()))? {
+        return Err(ProfError::Empty(format!(
+            "the selected epoch(s)/host(s) were recorded without by_command: they hold no              per-command profiles, so {command:?}'s samples cannot be exported (start dcpid              with `by_command = true`, the default since profile version 3)"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 fn host_sel_dirs(o: &Options<'_>) -> Result<Vec<HostDir>, ExportError> {
     let db = select::open_db(&o.sel.db)?;
     Ok(select::select_host_dirs(&db, &o.sel.epoch_sel(), &o.sel.host_sel())?)
@@ -637,6 +686,9 @@ fn dir_ranges(
 
 /// Run an export.
 pub fn export(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, ExportError> {
+    if let Some(c) = o.command {
+        check_command(o, c)?;
+    }
     match o.format {
         Format::Parquet => export_parquet(o, warn),
         Format::Csv => export_csv(o, warn),
@@ -655,7 +707,7 @@ fn export_parquet(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outco
     let mut images: BTreeMap<String, SymImage> = BTreeMap::new();
     for (i, d) in dirs.iter().enumerate() {
         let key = format!("{}/{}", d.epoch, d.host);
-        let fp = fingerprint(d, &o.sel.events, o.sel.time_range(), o.slices)?;
+        let fp = fingerprint(d, &o.sel.events, o.sel.time_range(), o.slices, o.command)?;
         let unchanged = manifest.partitions.get(&key).is_some_and(|p| {
             p.fingerprint == fp && is_partition_file(&p.file) && o.output.join(&p.file).exists()
         });
@@ -743,7 +795,7 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
     w(
         &mut buf,
         "epoch,host,image,image_id,build_id,kind,event,offset,samples,weight,slice_start,\
-         slice_seconds"
+         slice_seconds,command"
             .into(),
     );
     for (i, d) in dirs.iter().enumerate() {
@@ -753,7 +805,7 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
             w(
                 &mut buf,
                 format!(
-                    "{},{},{},{},{},{},{},{},{},{},{},{}",
+                    "{},{},{},{},{},{},{},{},{},{},{},{},{}",
                     d.epoch,
                     d.host,
                     csv_field(&r.image),
@@ -765,7 +817,8 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
                     r.samples,
                     r.weight,
                     r.slice_start.map(dcpi_client::prof::timeline::utc).unwrap_or_default(),
-                    r.slice_seconds.map(|n| n.to_string()).unwrap_or_default()
+                    r.slice_seconds.map(|n| n.to_string()).unwrap_or_default(),
+                    r.command.as_deref().map(csv_field).unwrap_or_default()
                 ),
             );
             out.samples += r.samples;
@@ -833,6 +886,7 @@ mod tests {
             weight: samples as f64 * 2.0,
             slice_start: None,
             slice_seconds: None,
+            command: None,
         }
     }
 

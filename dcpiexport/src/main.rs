@@ -52,6 +52,11 @@ struct Args {
     /// they are counted in one line.
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// Export only this command's samples (as the who table names it), from the per-command
+    /// profiles dcpid writes by default (`by_command`): rows hold the whole epoch (no time
+    /// slices) and the `command` column. Use a separate --output directory per command.
+    #[arg(long, value_name = "NAME")]
+    command: Option<String>,
     /// Write a man page or shell completions to stdout and exit.
     #[arg(long, hide = true, value_enum, value_name = "WHAT")]
     generate: Option<Generate>,
@@ -85,6 +90,7 @@ fn main() -> ExitCode {
         output,
         no_symbols: args.no_symbols,
         slices: !args.no_slices,
+        command: args.command.as_deref(),
     };
     let mut stderr = std::io::stderr();
     // Collected and written at the end: the missing-symbol notes, one per stripped image,

@@ -28,6 +28,9 @@ pub struct SampleRow {
     pub slice_start: Option<u64>,
     /// Length of that slice in seconds.
     pub slice_seconds: Option<u64>,
+    /// The command whose samples these are (`dcpiexport --command`, from the per-command
+    /// profiles); `None`: every command's (the flat profiles).
+    pub command: Option<String>,
 }
 
 /// A row of the `symbols` table.
@@ -52,6 +55,7 @@ const SAMPLES_SCHEMA: &str = "message samples {
   required double weight;
   optional int64 slice_start (TIMESTAMP(MILLIS,true));
   optional int64 slice_seconds;
+  optional binary command (STRING);
 }";
 
 const SYMBOLS_SCHEMA: &str = "message symbols {
@@ -169,6 +173,7 @@ pub(crate) fn samples(rows: &[SampleRow]) -> Result<Vec<u8>> {
                 })
             }),
             Box::new(|c| opt_i64s(c, rows.iter().map(|r| r.slice_seconds), u64::cast_signed)),
+            Box::new(|c| opt_strings(c, rows.iter().map(|r| r.command.as_deref()))),
         ],
     )
 }

@@ -313,7 +313,7 @@ fn csv_rows_sum_to_dcpiprof_and_escape_paths() {
         lines.next(),
         Some(
             "epoch,host,image,image_id,build_id,kind,event,offset,samples,weight,slice_start,\
-             slice_seconds"
+             slice_seconds,command"
         )
     );
     let mut total = 0;
@@ -321,11 +321,13 @@ fn csv_rows_sum_to_dcpiprof_and_escape_paths() {
     let mut in_slices = 0;
     for l in lines {
         assert!(!l.contains('\u{fffd}') || l.contains("\\n"), "{l}");
-        // samples is the fourth field from the end; quoted fields come earlier.
-        let f: Vec<&str> = l.rsplitn(5, ',').collect();
-        let n = f[3].parse::<u64>().unwrap_or_else(|e| panic!("{l}: {e}"));
+        // samples is the fifth field from the end; quoted fields come earlier. The command
+        // column is empty: every command's samples (the flat profiles).
+        let f: Vec<&str> = l.rsplitn(6, ',').collect();
+        assert_eq!(f[0], "", "{l}");
+        let n = f[4].parse::<u64>().unwrap_or_else(|e| panic!("{l}: {e}"));
         total += n;
-        match (f[1], f[0]) {
+        match (f[2], f[1]) {
             ("", "") => {}
             (start, "60") => {
                 assert!(start.ends_with(":00Z") && humantime::parse_rfc3339(start).is_ok(), "{l}");
@@ -344,11 +346,11 @@ fn csv_rows_sum_to_dcpiprof_and_escape_paths() {
     let flat = t.path().join("flat");
     ok(&export(db.root(), &flat, &["--format", "csv", "--no-symbols", "--no-slices"]));
     let text = std::fs::read_to_string(flat.join("samples.csv")).expect("csv");
-    assert!(text.lines().skip(1).all(|l| l.ends_with(",,")), "{text}");
+    assert!(text.lines().skip(1).all(|l| l.ends_with(",,,")), "{text}");
     let n: u64 = text
         .lines()
         .skip(1)
-        .map(|l| l.rsplit(',').nth(3).expect("n").parse::<u64>().expect("n"))
+        .map(|l| l.rsplit(',').nth(4).expect("n").parse::<u64>().expect("n"))
         .sum();
     assert_eq!(n, total);
 }
@@ -425,7 +427,7 @@ fn joined_sums(out: &Path) -> BTreeMap<(String, String), u64> {
         let f: Vec<&str> = l.split(',').collect();
         let n = f.len();
         let (id, off, c): (&str, u64, u64) =
-            (f[3], f[n - 5].parse().expect("offset"), f[n - 4].parse().expect("samples"));
+            (f[3], f[n - 6].parse().expect("offset"), f[n - 5].parse().expect("samples"));
         if let Some(r) = ranges.iter().find(|r| r.0 == id && off >= r.1 && off < r.2) {
             *sums.entry((id.to_owned(), r.3.clone())).or_insert(0) += c;
         }
@@ -650,11 +652,12 @@ fn csv_neutralises_formulas_and_escapes_format_characters() {
     }
     assert!(!text.chars().any(|c| dcpi_client::escape::is_unsafe_for_terminal(c) && c != '\n'));
     for l in text.lines().skip(1) {
-        // ...,samples,weight,slice_start,slice_seconds (no slices here: both empty).
-        let f: Vec<&str> = l.rsplitn(6, ',').collect();
-        assert_eq!((f[1], f[0]), ("", ""), "{l}");
-        assert_eq!(f[3], "3", "{l}");
-        assert_eq!(f[2].parse::<f64>().ok(), Some(3000.0), "{l}");
+        // ...,samples,weight,slice_start,slice_seconds,command (no slices here, every
+        // command: all three empty).
+        let f: Vec<&str> = l.rsplitn(7, ',').collect();
+        assert_eq!((f[2], f[1], f[0]), ("", "", ""), "{l}");
+        assert_eq!(f[4], "3", "{l}");
+        assert_eq!(f[3].parse::<f64>().ok(), Some(3000.0), "{l}");
     }
 }
 
@@ -830,4 +833,70 @@ fn missing_symbol_notes_are_one_line_unless_verbose() {
     }
     assert_eq!(w.len(), 6, "{w:#?}");
     assert!(!w.iter().any(|l| l.contains("names incomplete")), "{w:#?}");
+}
+
+/// Issue 38: `--command NAME` exports that command's samples from the per-command profiles
+/// (a sole-command stub as the flat profile it stands for, FORMAT.md §5.6.1), with the
+/// `command` column and no slices; refused with a time range, and where no per-command
+/// profile was recorded.
+#[test]
+fn command_exports_that_commands_samples_from_its_per_command_profiles() {
+    use profile_format::{Profile, ProfileWho};
+    let t = tempfile::tempdir().expect("tempdir");
+    let (db, dirs) = build_db(&t.path().join("db"));
+    // Without per-command profiles: exit 2, saying why.
+    let o = export(db.root(), &t.path().join("none"), &["--format", "csv", "--command", "alpha"]);
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("by_command"), "{o:?}");
+    // web-01 of the first epoch: alpha ran lib0 beside beta, and lib1 alone (a stub).
+    let hd = &dirs[0];
+    assert_eq!(hd.host, "web-01");
+    let clock = event("cpu-clock", 1000);
+    let lib = |i: u8| {
+        Image::new(
+            ImageKind::Elf,
+            ImageId::BuildId(vec![0x10 + i; 20]),
+            format!("/usr/lib/lib{i}.so"),
+        )
+    };
+    let alpha = ProfileWho::Command { command: b"alpha".to_vec() };
+    let beta = ProfileWho::Command { command: b"beta".to_vec() };
+    lib(0).profile(&clock).who(alpha.clone()).counts(&[(0x1000, 1)]).period(1000).write(hd);
+    lib(0).profile(&clock).who(beta).counts(&[(0x1010, 2)]).period(1000).write(hd);
+    let flat1 = Profile::read(&hd.profile_path(&lib(1).id, "cpu-clock")).expect("lib1");
+    let stub = Profile::sole_command_stub(&flat1.header, b"alpha".to_vec(), 0);
+    stub.write(&hd.who_profile_path(&lib(1).id, "cpu-clock", &alpha)).expect("stub");
+    let want = 1 + flat1.header.total_samples;
+
+    let out = t.path().join("alpha");
+    ok(&export(db.root(), &out, &["--format", "csv", "--no-symbols", "--command", "alpha"]));
+    let text = std::fs::read_to_string(out.join("samples.csv")).expect("csv");
+    let mut total = 0;
+    for l in text.lines().skip(1) {
+        assert!(l.ends_with(",,,alpha"), "whole-epoch rows of alpha: {l}");
+        assert!(l.contains("/usr/lib/lib0.so") || l.contains("/usr/lib/lib1.so"), "{l}");
+        total += l.rsplit(',').nth(4).expect("n").parse::<u64>().expect("n");
+    }
+    assert_eq!(total, want, "{text}");
+    let lib0: Vec<&str> = text.lines().filter(|l| l.contains("/usr/lib/lib0.so")).collect();
+    assert!(
+        lib0.len() == 1 && lib0[0].contains(",4096,1,"),
+        "beta's 0x1010 is not alpha's: {text}"
+    );
+    // Parquet too: the outcome counts the same samples.
+    let o = export(db.root(), &t.path().join("pq"), &["--no-symbols", "--command", "alpha"]);
+    let err = ok(&o);
+    assert!(err.contains(&format!("{want} samples")), "{err}");
+    // A time range: per-command profiles have no time axis.
+    let o = Command::new(env!("CARGO_BIN_EXE_dcpiexport"))
+        .arg("--db")
+        .arg(db.root())
+        .args(["--host", "all", "--since", "2025-06-15T00:00:00Z", "--format", "csv"])
+        .args(["--command", "alpha", "--no-symbols", "--output"])
+        .arg(t.path().join("range"))
+        .output()
+        .expect("run dcpiexport");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("no time axis"), "{err}");
 }

@@ -16,8 +16,10 @@ pub const PROFILE_MAGIC: &[u8; 8] = b"DCPIPROF";
 /// by a process or cgroup ([`ProfileWho`]; version 2 adds that field) or by a command
 /// (version 3: the same field with one more tag), so that readers of version 1 still read
 /// every flat profile, and refuse (`UnknownVersion`) a qualified one, and readers of version 2
-/// refuse a per-command one rather than call its tag corrupt.
-pub const PROFILE_VERSION: u16 = 3;
+/// refuse a per-command one rather than call its tag corrupt. Version 4 is only the
+/// sole-command stub ([`Profile::sole`], FORMAT.md §5.6.1): a version 3 reader refuses it
+/// rather than read it as a command with no samples.
+pub const PROFILE_VERSION: u16 = 4;
 
 /// Why a sample could not be attributed; the offset of a count in an `Unknown` profile.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
@@ -140,6 +142,8 @@ pub enum ProfileWho {
 const WHO_TAG_PID: u8 = 1;
 const WHO_TAG_CGROUP: u8 = 2;
 const WHO_TAG_COMMAND: u8 = 3;
+/// A command whose samples are the flat profile's (version 4 only, [`Profile::sole`]).
+const WHO_TAG_SOLE_COMMAND: u8 = 4;
 
 impl ProfileWho {
     /// The file-name component (FORMAT.md §3): `pid-<decimal>` or `cg-<16 hex>`, the first 8
@@ -195,6 +199,11 @@ pub struct Profile {
     pub who: Option<ProfileWho>,
     /// Count per offset (see [`ImageKind`] for what an offset means). No zero counts.
     pub counts: BTreeMap<u64, u64>,
+    /// A per-command profile that stands for the flat profile of its (image, event) in its
+    /// host directory (FORMAT.md §5.6.1): that command ran the image alone so far this epoch,
+    /// so dcpid writes this stub (no counts, totals 0, container version 4) instead of a
+    /// copy of the flat profile. Readers take the flat profile's counts for it.
+    pub sole: bool,
 }
 
 impl ProfileHeader {
@@ -236,12 +245,41 @@ impl ProfileHeader {
 impl Profile {
     /// An empty profile.
     pub fn new(header: ProfileHeader) -> Self {
-        Self { header, who: None, counts: BTreeMap::new() }
+        Self { header, who: None, counts: BTreeMap::new(), sole: false }
     }
 
     /// An empty profile of `who`'s samples only.
     pub fn new_qualified(header: ProfileHeader, who: ProfileWho) -> Self {
-        Self { header, who: Some(who), counts: BTreeMap::new() }
+        Self { header, who: Some(who), counts: BTreeMap::new(), sole: false }
+    }
+
+    /// The stub of `command`'s profile of the (image, event) `flat` describes, standing for
+    /// `flat` (FORMAT.md §5.6.1): `flat`'s header without totals, `sequence` as given.
+    pub fn sole_command_stub(flat: &ProfileHeader, command: Vec<u8>, sequence: u64) -> Self {
+        let mut header = flat.clone();
+        header.total_samples = 0;
+        header.total_period = 0;
+        header.sequence = sequence;
+        Self {
+            header,
+            who: Some(ProfileWho::Command { command }),
+            counts: BTreeMap::new(),
+            sole: true,
+        }
+    }
+
+    /// `flat`'s samples as `command`'s profile: what a sole-command stub stands for.
+    pub fn as_sole_command(mut flat: Self, command: Vec<u8>) -> Self {
+        flat.who = Some(ProfileWho::Command { command });
+        flat.sole = false;
+        flat
+    }
+
+    /// Whether the profile at `path` is a sole-command stub (container version 4, FORMAT.md
+    /// §5.6.1), judged by its fixed header only (no decoding): `false` for anything else,
+    /// including a file that cannot be opened safely.
+    pub fn is_sole_stub(path: &Path) -> bool {
+        crate::safeio::container_version(path, PROFILE_MAGIC) == Some(4)
     }
 
     /// Add `count` samples at `offset`, together with the sum of their periods. A zero count is
@@ -259,7 +297,7 @@ impl Profile {
     /// Serialize to the on-disk format (FORMAT.md), checksum included.
     pub fn encode(&self) -> Vec<u8> {
         let h = &self.header;
-        let version = self.who.as_ref().map_or(1, ProfileWho::version);
+        let version = if self.sole { 4 } else { self.who.as_ref().map_or(1, ProfileWho::version) };
         let mut out = codec::begin(PROFILE_MAGIC, version);
         out.push(h.kind as u8);
         codec::put_image_id(&mut out, &h.image_id);
@@ -288,7 +326,7 @@ impl Profile {
                 put_bytes(&mut out, path.as_bytes());
             }
             Some(ProfileWho::Command { command }) => {
-                out.push(WHO_TAG_COMMAND);
+                out.push(if self.sole { WHO_TAG_SOLE_COMMAND } else { WHO_TAG_COMMAND });
                 put_bytes(&mut out, command);
             }
         }
@@ -322,10 +360,16 @@ impl Profile {
         let total_period = r.varint("total_period")?;
         let sequence = r.varint("sequence")?;
         let jit_symbols = read_jit_symbols(&mut r)?;
-        // `open` checked the container: magic, then the version (u16 LE), 1 to 3.
+        // `open` checked the container: magic, then the version (u16 LE), 1 to 4.
         let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        let mut sole = false;
         let who = if version >= 2 {
-            let who = match r.u8("who")? {
+            let tag = r.u8("who")?;
+            // Tag 4 in version 4 only, and version 4 holds nothing else.
+            if (tag == WHO_TAG_SOLE_COMMAND) != (version == 4) {
+                return Err(r.corrupt("who", format!("tag {tag} in a version {version} profile")));
+            }
+            let who = match tag {
                 WHO_TAG_PID => {
                     let pid = r.varint("who.pid")?;
                     let pid = u32::try_from(pid)
@@ -336,11 +380,16 @@ impl Profile {
                 WHO_TAG_COMMAND => {
                     ProfileWho::Command { command: r.bytes("who.command")?.to_vec() }
                 }
+                WHO_TAG_SOLE_COMMAND => {
+                    sole = true;
+                    ProfileWho::Command { command: r.bytes("who.command")?.to_vec() }
+                }
                 t => return Err(r.corrupt("who", format!("unknown qualifier tag {t}"))),
             };
             who.validate().map_err(|d| r.corrupt("who", d))?;
-            // One encoding per profile: a command in version 3 only, the others in version 2.
-            if who.version() != version {
+            // One encoding per profile: a command in version 3 (4: a stub) only, the others
+            // in version 2.
+            if who.version() != version && !sole {
                 return Err(r.corrupt(
                     "who",
                     format!("{who:?} in a version {version} profile (expected {})", who.version()),
@@ -377,7 +426,10 @@ impl Profile {
                 format!("header says {} but the counts add up to {sum}", header.total_samples),
             ));
         }
-        Ok(Self { header, who, counts })
+        if sole && (sum != 0 || header.total_period != 0) {
+            return Err(r.corrupt("total_samples", "a sole-command stub with samples of its own"));
+        }
+        Ok(Self { header, who, counts, sole })
     }
 
     /// Whether `path` holds a profile of a newer container version than this build reads,
@@ -473,6 +525,17 @@ impl Profile {
                 detail,
             });
         }
+        if self.sole
+            && (!matches!(self.who, Some(ProfileWho::Command { .. }))
+                || !self.counts.is_empty()
+                || self.header.total_period != 0)
+        {
+            return Err(Error::Invalid {
+                what: "profile",
+                value: path.display().to_string(),
+                detail: "a sole-command stub must be a command's, without samples".into(),
+            });
+        }
         let sum = self.counts.values().fold(0u64, |a, &c| a.saturating_add(c));
         if sum != self.header.total_samples || self.counts.values().any(|&c| c == 0) {
             return Err(Error::Invalid {
@@ -496,6 +559,12 @@ impl Profile {
     /// When the two period means differ, the merged mean is the observed mean
     /// `total_period / total_samples`, clamped into the widened window.
     pub fn merge(&mut self, other: &Self) -> Result<()> {
+        if self.sole || other.sole {
+            // A stub stands for another file's counts: merging into it would lose them.
+            return Err(Error::MergeMismatch(
+                "a sole-command stub holds no counts to merge".into(),
+            ));
+        }
         let (a, b) = (&mut self.header, &other.header);
         if a.image_id != b.image_id || a.kind != b.kind {
             return Err(Error::MergeMismatch(format!(
@@ -628,6 +697,51 @@ mod tests {
                 codec::open(&bytes, Path::new("q.prof"), PROFILE_MAGIC, "profile", 1).unwrap_err();
             assert!(matches!(e, Error::UnknownVersion { version: 2, .. }), "{e}");
         }
+    }
+
+    /// A sole-command stub (FORMAT.md §5.6.1) is version 4 under the command's name, holds no
+    /// samples, is refused by a version 3 reader (never read as an empty profile), and its
+    /// tag is corrupt in any other version; it cannot be merged into.
+    #[test]
+    fn sole_command_stubs_are_version_4_without_samples() {
+        let mut flat = Profile::new(header(ImageKind::Elf));
+        flat.add(0x40, 3, 3_000_000);
+        let stub = Profile::sole_command_stub(&flat.header, b"web".to_vec(), 17);
+        let bytes = stub.encode();
+        assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 4);
+        let back = Profile::decode(&bytes, Path::new("q.prof")).unwrap();
+        assert_eq!(back, stub);
+        assert!(back.sole && back.counts.is_empty() && back.header.sequence == 17);
+        let e = codec::open(&bytes, Path::new("q.prof"), PROFILE_MAGIC, "profile", 3).unwrap_err();
+        assert!(matches!(e, Error::UnknownVersion { version: 4, .. }), "{e}");
+        let mut bad = bytes.clone();
+        bad[8] = 3;
+        let e = Profile::decode(&reseal(bad), Path::new("q.prof")).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { field: "who", .. }), "{e}");
+        let mut bad = qualified(ProfileWho::Command { command: b"web".to_vec() }).encode();
+        bad[8] = 4;
+        let e = Profile::decode(&reseal(bad), Path::new("q.prof")).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+        // Written and read under the command's name; found by its fixed header alone.
+        let dir = tempfile::tempdir().unwrap();
+        let id = header(ImageKind::Elf).image_id.to_text();
+        let path =
+            dir.path().join(format!("{id}.cpu-clock.{}.prof", command_file_component(b"web")));
+        stub.write(&path).unwrap();
+        assert_eq!(Profile::read(&path).unwrap(), stub);
+        assert!(Profile::is_sole_stub(&path));
+        let real = Profile::as_sole_command(flat.clone(), b"web".to_vec());
+        real.write(&path).unwrap();
+        assert!(!Profile::is_sole_stub(&path));
+        assert_eq!(Profile::read(&path).unwrap().counts, flat.counts);
+        // A stub with samples is refused at write time; nothing merges into or from one.
+        let mut with = stub.clone();
+        with.add(1, 1, 1);
+        assert!(matches!(with.write(&path), Err(Error::Invalid { .. })));
+        let mut s = stub.clone();
+        assert!(matches!(s.merge(&real), Err(Error::MergeMismatch(_))));
+        let mut r = real.clone();
+        assert!(matches!(r.merge(&stub), Err(Error::MergeMismatch(_))));
     }
 
     /// Per-command profiles (`by_command`) are version 3: a version 2 reader refuses them,

@@ -144,6 +144,17 @@ pub fn is_newer_container(path: &Path, magic: &[u8; 8], supported: u16) -> bool 
     version > supported && length == size && length > FIXED_HEADER_LEN as u64
 }
 
+/// The container version in the fixed header of the file at `path` (§4), if it opens safely
+/// (§6.1) and starts with `magic`; nothing else is checked (the caller reads the file whole
+/// when it needs it).
+pub fn container_version(path: &Path, magic: &[u8; 8]) -> Option<u16> {
+    let (f, _) = open_regular(path).ok()?;
+    let mut head = Vec::with_capacity(FIXED_HEADER_LEN);
+    f.take(FIXED_HEADER_LEN as u64).read_to_end(&mut head).ok()?;
+    (head.len() >= FIXED_HEADER_LEN && &head[..8] == magic)
+        .then(|| u16::from_le_bytes([head[8], head[9]]))
+}
+
 /// Read at most `limit` bytes into `out`; an error naming the file if it holds more.
 fn read_up_to(f: &mut File, path: &Path, limit: u64, out: &mut Vec<u8>) -> Result<()> {
     let n = f.take(limit.saturating_add(1)).read_to_end(out).map_err(|e| Error::io(path, e))?;

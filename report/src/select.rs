@@ -497,8 +497,12 @@ pub fn load_counts(
                 if let Some((dir, File::Indexed(h, samples))) = files.first() {
                     let h = &headers[*h as usize];
                     if f.rank(h).is_none() {
-                        let profile =
-                            Profile { header: h.clone(), who: None, counts: Default::default() };
+                        let profile = Profile {
+                            header: h.clone(),
+                            who: None,
+                            counts: Default::default(),
+                            sole: false,
+                        };
                         let path = entry_of(*dir, &files[0].1).path;
                         let p = LoadedProfile { path, profile, samples: *samples, dir: *dir };
                         return (corrupt, Some((0, p, None)));
@@ -1025,7 +1029,8 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
                     t.profiles.reserve(v.entries.len());
                     for e in &v.entries {
                         let header = entry_header(d, &v.events[e.event as usize], e);
-                        let profile = Profile { header, who: None, counts: Default::default() };
+                        let profile =
+                            Profile { header, who: None, counts: Default::default(), sole: false };
                         let path = ip.clone();
                         t.profiles.push(LoadedProfile { path, profile, samples: e.samples, dir });
                     }
@@ -1058,7 +1063,8 @@ fn dir_totals(d: &HostDir, dir: usize, use_idx: bool) -> Result<DirTotals, ProfE
                     // reading the index).
                     let path = sp.clone();
                     let samples = h.total_samples;
-                    let profile = Profile { header: h, who: None, counts: Default::default() };
+                    let profile =
+                        Profile { header: h, who: None, counts: Default::default(), sole: false };
                     t.profiles.push(LoadedProfile { path, profile, samples, dir });
                 }
                 return Ok(t);
@@ -1486,7 +1492,8 @@ pub fn freshen_loaded(
             }
             let mut samples = 0;
             add_pairs(&mut header, &mut samples, n);
-            let profile = Profile { header, who: None, counts: v.into_iter().collect() };
+            let profile =
+                Profile { header, who: None, counts: v.into_iter().collect(), sole: false };
             let path = loaded.scan.dirs[i].slices_path();
             loaded.profiles.push(LoadedProfile { path, profile, samples, dir: i });
         }

@@ -187,8 +187,13 @@ pub struct DiffArgs {
     /// Compare only the samples of processes with this command name (comm, as `dcpiprof --by
     /// command` shows it) on both sides, from the per-command profiles dcpid writes by
     /// default (`by_command`). Whole epochs only: not with time ranges.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", conflicts_with = "cgroup")]
     pub command: Option<String>,
+    /// Compare only the samples of this cgroup v2 path or its sub-groups, unit (`--unit` is
+    /// the same selector) or container id prefix on both sides, as `dcpiprof --cgroup`
+    /// selects them, from the per-cgroup profiles (dcpid's `by_cgroup`). Whole epochs only.
+    #[arg(long, value_name = "PATH|UNIT", visible_alias = "unit")]
+    pub cgroup: Option<String>,
     /// With --image: one row per source line (DWARF), usually with --symbol.
     #[arg(long, requires = "image")]
     pub lines: bool,
@@ -394,14 +399,9 @@ pub fn run_diff(
     }
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);
-    let mut load = |e: &EpochSel, h: &HostSel| match &args.command {
-        Some(c) => crate::prof::whoprof::load_with(
-            &args.sel,
-            e,
-            h,
-            &crate::prof::whoprof::WhoSel::Command(c.clone()),
-            &mut |w| warnings.push(w),
-        ),
+    let who = crate::prof::whoprof::WhoSel::of(args.command.as_deref(), args.cgroup.as_deref());
+    let mut load = |e: &EpochSel, h: &HostSel| match &who {
+        Some(w) => crate::prof::whoprof::load_with(&args.sel, e, h, w, &mut |w| warnings.push(w)),
         None => args.sel.load_with(e, h, filter.as_ref(), &mut |w| warnings.push(w)),
     };
     let before = load(&be, &bh).map_err(|e| side_err("--before", e))?;

@@ -138,8 +138,15 @@ pub struct Args {
     /// shows it), from the per-command profiles dcpid writes by default (`by_command`); a
     /// database recorded without them is an error saying so. Whole epochs only: not with
     /// --since/--until.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", conflicts_with = "cgroup")]
     pub command: Option<String>,
+    /// Only the samples of this cgroup v2 path or its sub-groups (`/system.slice`), of a unit
+    /// (`nginx.service`; `--unit` is the same selector) or of a container id prefix (12+ hex
+    /// digits), as `dcpiprof --cgroup` selects them: from the per-cgroup profiles (dcpid's
+    /// `by_cgroup`; a database recorded without them is an error saying so). Whole epochs
+    /// only: not with --since/--until.
+    #[arg(long, value_name = "PATH|UNIT", visible_alias = "unit")]
+    pub cgroup: Option<String>,
     /// One row per instruction (default).
     #[arg(long, group = "mode")]
     pub asm: bool,
@@ -244,5 +251,12 @@ impl ListError {
             Self::Output(_) => 1,
             _ => 2,
         }
+    }
+}
+
+impl Args {
+    /// Whose profiles `--command`/`--cgroup` select (`None`: everyone's, the flat profiles).
+    pub fn who(&self) -> Option<crate::prof::whoprof::WhoSel> {
+        crate::prof::whoprof::WhoSel::of(self.command.as_deref(), self.cgroup.as_deref())
     }
 }

@@ -52,7 +52,7 @@ pub fn print_error(err: &mut dyn Write, e: &ListError) {
     }
 }
 
-/// The profiles a per-instruction report reads: `--command`'s per-command profiles, else
+/// The profiles a per-instruction report reads: `--command`'s or `--cgroup`'s profiles, else
 /// the published profiles (of `filter`'s image, or of every image with all their offsets for
 /// `--top`). The current epoch's newest samples sit in time slices at a coarser offset
 /// resolution (FORMAT.md §7.3), so they are left out here, with a warning saying how many.
@@ -61,8 +61,7 @@ pub(crate) fn load_for(
     filter: Option<&dcpi_report::report::ImageFilter>,
     warnings: &mut Vec<String>,
 ) -> Result<dcpi_report::select::Loaded, ListError> {
-    if let Some(c) = &args.command {
-        let who = prof::whoprof::WhoSel::Command(c.clone());
+    if let Some(who) = args.who() {
         return Ok(prof::whoprof::load(&args.sel, &who, &mut |w| warnings.push(w))?);
     }
     let (loaded, fresh) = match filter {

@@ -369,8 +369,8 @@ pub struct Args {
     /// Only samples of this cgroup v2 path or its sub-groups (`/system.slice`), or of a unit
     /// (`nginx.service`) or container id prefix (12+ hex digits), from the who tables; with
     /// --by symbol, --by image, --image, --symbols or an export, from the per-cgroup profiles
-    /// (needs dcpid's by_cgroup).
-    #[arg(long, value_name = "PATH")]
+    /// (needs dcpid's by_cgroup). `--unit` is the same selector.
+    #[arg(long, value_name = "PATH", visible_alias = "unit")]
     pub cgroup: Option<String>,
     /// Only samples of this process (needs dcpid's by_pid), from the who tables; with --by
     /// symbol, --by image, --image, --symbols or an export, from the per-process profiles:

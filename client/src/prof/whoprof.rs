@@ -27,6 +27,15 @@ pub enum WhoSel {
 }
 
 impl WhoSel {
+    /// The selection of `--command` or `--cgroup`/`--unit` (the tools' flags refuse both).
+    pub fn of(command: Option<&str>, cgroup: Option<&str>) -> Option<Self> {
+        match (command, cgroup) {
+            (Some(c), _) => Some(Self::Command(c.to_owned())),
+            (None, Some(g)) => Some(Self::Cgroup(g.to_owned())),
+            (None, None) => None,
+        }
+    }
+
     /// Whether a profile of this kind (per process, cgroup or command) is named `e`.
     fn kind_of(&self, e: &WhoProfileEntry) -> bool {
         match self {
@@ -151,8 +160,9 @@ pub fn load_with(
     let mut out = Loaded::default();
     for ((dir, path), r) in entries.into_iter().zip(read) {
         stats::count(&stats::PROFILES_READ);
-        match r {
-            Ok(p) if who.keeps(&p) => {
+        match r.and_then(|p| if p.sole { sole_command(&dirs[dir], &path, p) } else { Ok(Some(p)) })
+        {
+            Ok(Some(p)) if who.keeps(&p) => {
                 out.profiles.push(LoadedProfile::with_counts(path, p, dir));
             }
             Ok(_) => {}
@@ -170,6 +180,52 @@ pub fn load_with(
     out.scan.summaries = dirs.iter().map(summary_of).collect::<Result<_, _>>()?;
     out.scan.dirs = dirs;
     sel.check_loaded(out, warn)
+}
+
+/// The per-command profile at `path` in `d` as readers take it: a sole-command stub
+/// (FORMAT.md §5.6.1) read as the flat profile it stands for. `None`: a stub without a flat
+/// profile (no samples).
+pub fn read_command_profile(
+    d: &HostDir,
+    path: &std::path::Path,
+) -> Result<Option<Profile>, profile_format::Error> {
+    let p = Profile::read(path)?;
+    if p.sole {
+        sole_command(d, path, p)
+    } else {
+        Ok(Some(p))
+    }
+}
+
+/// What the sole-command stub `stub` at `path` stands for (FORMAT.md §5.6.1): the flat
+/// profile of its image and event in `d`, as its command's. The stub is checked again after
+/// the flat profile was read: dcpid replaces a stub by a copy before the flat profile takes
+/// another command's samples, so a stub still there means the flat profile read was all
+/// this command's; a stub gone means the copy is read instead. `None`: no flat profile.
+fn sole_command(
+    d: &HostDir,
+    path: &std::path::Path,
+    stub: Profile,
+) -> Result<Option<Profile>, profile_format::Error> {
+    let Some(ProfileWho::Command { command }) = stub.who else { return Ok(None) };
+    let flat = match Profile::read(&d.profile_path(&stub.header.image_id, &stub.header.event.name))
+    {
+        Ok(f) => Some(f),
+        Err(profile_format::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    if !Profile::is_sole_stub(path) {
+        return match Profile::read(path) {
+            Ok(p) if !p.sole => Ok(Some(p)),
+            Ok(_) => Ok(None),
+            Err(e) => Err(e),
+        };
+    }
+    Ok(flat.map(|f| Profile::as_sole_command(f, command)))
 }
 
 /// The facts of `d`'s `summary.json`; `None` if it is missing or damaged, an error if it is a

@@ -264,3 +264,76 @@ fn without_per_command_profiles_the_report_says_so() {
     let v: serde_json::Value = serde_json::from_str(&ok(&o, "who")).expect("JSON");
     assert_eq!(row(&v, "image", "/opt/none/app")["samples"], 7, "{v:#}");
 }
+
+/// Issue 38: an image only `alpha` ran has a sole-command stub instead of a copy of its flat
+/// profile (FORMAT.md §5.6.1): `--command alpha` reads the flat profile for it, per image and
+/// per symbol; `beta` did not run it.
+#[test]
+fn a_sole_command_stub_reads_as_the_flat_profile() {
+    let t = TestDb::new();
+    let hd = t.host(&t.epoch(0), "h1");
+    write_epoch(&hd, 1, true);
+    let solo = Image::elf(ImageId::from_build_id(&[0x5c; 20]).expect("id"), "/opt/none/solo");
+    let flat = solo.profile(&cpu_clock()).counts(&[(0x500, 4)]).period(1_000_000);
+    flat.write(&hd);
+    let header = flat.build(&hd.host, &hd.epoch).header;
+    let stub = profile_format::Profile::sole_command_stub(&header, b"alpha".to_vec(), 0);
+    let who = ProfileWho::Command { command: b"alpha".to_vec() };
+    stub.write(&hd.who_profile_path(&solo.id, "cpu-clock", &who)).expect("stub");
+    let json = |args: &[&str]| -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.extend(["--format", "json"]);
+        serde_json::from_str(&ok(&run("dcpiprof", &t.root(), &a), "json")).expect("JSON")
+    };
+    let v = json(&["--command", "alpha", "--image", "solo"]);
+    assert_eq!(total(&v), 4, "{v:#}");
+    let v = json(&["--command", "alpha", "--symbols"]);
+    assert_eq!(total(&v), 7 + 4, "{v:#}");
+    let v = json(&["--command", "beta", "--symbols"]);
+    assert_eq!(total(&v), 9, "{v:#}");
+    assert!(!v.to_string().contains("solo"), "{v:#}");
+}
+
+/// One epoch of `h1` with per-cgroup profiles (dcpid's `by_cgroup`): alpha's samples in
+/// `/system.slice/web.service`, beta's in `/system.slice/db.service`, scaled by `scale`.
+fn write_cgroup_epoch(hd: &HostDir, scale: u64) {
+    write_epoch(hd, scale, false);
+    let img = app();
+    for (cg, counts) in [("/system.slice/web.service", &ALPHA), ("/system.slice/db.service", &BETA)]
+    {
+        let c: Vec<(u64, u64)> = counts.iter().map(|&(o, n)| (o, n * scale)).collect();
+        let who = ProfileWho::Cgroup { path: cg.into() };
+        img.profile(&cpu_clock()).who(who).counts(&c).period(1_000_000).write(hd);
+    }
+}
+
+/// Issue 38 item 2: `--cgroup PATH` and `--unit NAME` in dcpilist (`--top`) and dcpidiff,
+/// through the one who selection (the per-cgroup profiles, as dcpiprof reads them); a
+/// database without per-cgroup profiles is an error saying so.
+#[test]
+fn dcpilist_and_dcpidiff_select_a_cgroup_or_unit() {
+    let t = TestDb::new();
+    let (e1, e2) = (t.epoch(0), t.epoch(3600));
+    write_cgroup_epoch(&t.host(&e1, "h1"), 1);
+    write_cgroup_epoch(&t.host(&e2, "h1"), 10);
+    for sel in [["--cgroup", "/system.slice/web.service"], ["--unit", "web.service"]] {
+        let mut a = vec!["--top", "10", "--epoch", e1.as_str(), "--format", "json"];
+        a.extend(sel);
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(&run("dcpilist", &t.root(), &a), "dcpilist")).expect("JSON");
+        assert_eq!(total(&v), 7, "{sel:?}: {v:#}");
+        let offsets: Vec<u64> = rows(&v).iter().filter_map(|r| r["offset"].as_u64()).collect();
+        assert_eq!(offsets, [0x1000, 0x2000], "{sel:?}: web's offsets only: {v:#}");
+        let mut a = vec!["--before", e1.as_str(), "--after", e2.as_str(), "--image", "app"];
+        a.extend(["--compare", "samples", "--format", "json"]);
+        a.extend(sel);
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(&run("dcpidiff", &t.root(), &a), "dcpidiff")).expect("JSON");
+        only_alpha(&v.to_string(), "dcpidiff --cgroup");
+    }
+    // Without per-cgroup profiles (only per-command ones): exit 2 naming by_cgroup.
+    let t = db(true);
+    let o = run("dcpilist", &t.root(), &["--top", "10", "--unit", "web.service"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("by_cgroup"), "{}", stderr(&o));
+}

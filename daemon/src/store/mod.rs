@@ -38,6 +38,7 @@ mod publish;
 mod retention;
 mod rotation;
 mod slices;
+mod sole;
 pub mod spool;
 mod stacks;
 mod summaries;
@@ -54,7 +55,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use profile_format::{Database, EpochId, EventDesc, HostDir, StackProfile};
+use profile_format::{Database, EpochId, EventDesc, HostDir, Profile, ProfileWho, StackProfile};
 
 use crate::aggregate::Resolved;
 pub use kallsyms::KernelSymbolSource;
@@ -167,6 +168,8 @@ pub struct Store {
     kernel: KernelSymbols,
     pending: PendingQueue,
     schedule: Schedule,
+    /// Sole-command stubs written or found (FORMAT.md §5.6.1).
+    sole: sole::SoleStubs,
     summaries: Summaries,
     health: Health,
     created_dirs: HashSet<PathBuf>,
@@ -394,6 +397,7 @@ impl Store {
             kernel: KernelSymbols::default(),
             pending: PendingQueue::default(),
             schedule: Schedule::default(),
+            sole: sole::SoleStubs::default(),
             summaries: Summaries::default(),
             health: Health::default(),
             created_dirs: HashSet::new(),
@@ -1088,6 +1092,14 @@ impl Store {
                 image: p.image.as_ref().map(|(id, _)| id.clone()),
                 event: p.desc.name.clone(),
             };
+            if flat {
+                // Samples without a spool sequence cannot be told to be the stub's command's
+                // alone: the stub becomes a copy of the flat profile first (FORMAT.md §5.6.1).
+                if let Err(e) = self.end_stub(&hd, &key) {
+                    self.set_db_error(&e);
+                    return Err(batch);
+                }
+            }
             let mut aside = Vec::new();
             let r = publish::write_direct(&hd, &key, p, &self.cfg.host, &mut |path, e| {
                 aside.push((path.to_path_buf(), e.to_string()))
@@ -1270,7 +1282,18 @@ impl Store {
             return Ok(None);
         };
         let hd = self.host_dir(&target.epoch)?;
+        // A per-command profile standing for the flat one (FORMAT.md §5.6.1): its increments
+        // are the flat profile's, which marks them published as it takes them.
+        let per_command = target.who.as_deref().is_some_and(|w| w.starts_with("cmd-"));
+        let stub = if target.image.is_some() && (per_command || target.who.is_none()) {
+            self.sole.stub_of(&hd, key)?
+        } else {
+            None
+        };
         let mut path = target.path(&hd, key);
+        if per_command && stub.as_deref() == Some(path.as_path()) {
+            return Ok(None);
+        }
         let mut existing = publish::read_existing(&path);
         if let Err(publish::Existing::Corrupt(e)) = &existing {
             if let (true, Some(cont)) =
@@ -1295,11 +1318,41 @@ impl Store {
                 None
             }
         };
+        if per_command && stub.is_none() && existing.is_none() && path == target.path(&hd, key) {
+            if let Some(done) = self.publish_sole_stub(key, &target, &hd, &path, &incs)? {
+                return Ok(done);
+            }
+        }
+        // The flat profile of an image with a stub: before it takes an increment that is not
+        // all the stub's command's, the stub becomes a copy of it as it is now.
+        let before = stub.as_ref().map(|_| existing.clone());
         let spool =
             self.spool.as_mut().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
         let merged = target.merge(existing, &incs, spool, &self.cfg.host)?;
         if let Some(mismatch) = &merged.set_aside {
             self.set_aside(&path, mismatch);
+        }
+        let mut sole_command = None;
+        if let (Some(stub), Some(before), Some(_)) = (&stub, before, &merged.profile) {
+            let cmd = sole::command_key(key, stub);
+            let published_seq = before.as_ref().map_or(0, |p| p.header.sequence);
+            let spool =
+                self.spool.as_mut().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
+            let keep = match &cmd {
+                Some(c) => sole::all_of_one_command(spool, &incs, published_seq, c)?,
+                None => false,
+            };
+            if keep {
+                sole_command = cmd;
+            } else {
+                self.health.bytes.profiles += sole::replace_stub(stub, before)?;
+                self.sole.remove(&hd, key);
+                if let Some(c) = cmd {
+                    // Its increments above the copy's sequence are merged at its next turn.
+                    let now = Instant::now();
+                    self.schedule.mark(c, now, self.cfg.publish_interval, None);
+                }
+            }
         }
         let mut written = None;
         if let Some(mut m) = merged.profile {
@@ -1320,8 +1373,88 @@ impl Store {
         }
         if let Some(sp) = self.spool.as_mut() {
             sp.published(key, last_seq);
+            if let Some(c) = &sole_command {
+                // The stub's command's increments of these flushes are in the flat profile.
+                sp.published(c, last_seq);
+            }
         }
         Ok(written)
+    }
+
+    /// Replace the sole-command stub of the flat profile of `key`, if any, by a copy of the
+    /// flat profile as it is.
+    fn end_stub(&mut self, hd: &HostDir, key: &SpoolKey) -> Result<(), profile_format::Error> {
+        let Some(stub) = self.sole.stub_of(hd, key)? else { return Ok(()) };
+        let Some(image) = key.image.as_deref().and_then(|t| profile_format::ImageId::parse(t).ok())
+        else {
+            return Ok(());
+        };
+        let flat = match publish::read_existing(&hd.profile_path(&image, &key.event)) {
+            Ok(p) => p,
+            Err(publish::Existing::Io(e)) => return Err(e),
+            Err(publish::Existing::Corrupt(_)) => None,
+        };
+        self.health.bytes.profiles += sole::replace_stub(&stub, flat)?;
+        self.sole.remove(hd, key);
+        if let Some(c) = sole::command_key(key, &stub) {
+            // Its spooled increments above the copy's sequence are merged at its next turn.
+            self.schedule.mark(c, Instant::now(), self.cfg.publish_interval, None);
+        }
+        Ok(())
+    }
+
+    /// Publish a per-command profile that has no file yet as a sole-command stub (FORMAT.md
+    /// §5.6.1) if its command's samples up to the flat profile's `sequence` are exactly the
+    /// flat profile's. `None`: not so, publish it as usual. Its increments above that
+    /// sequence stay spooled: the flat profile marks them published as it takes them.
+    fn publish_sole_stub(
+        &mut self,
+        key: &SpoolKey,
+        target: &publish::Target,
+        hd: &HostDir,
+        path: &Path,
+        incs: &[spool::SpooledIncrement],
+    ) -> Result<Option<Option<u64>>, StoreError> {
+        let Some(image) = &target.image else { return Ok(None) };
+        let flat_key = SpoolKey {
+            epoch: key.epoch.clone(),
+            image: Some(image.to_text()),
+            event: key.event.clone(),
+        };
+        // A cheap refusal first: the flat profile is read only when it may be this one's (the
+        // file holds at least what this daemon last published into it).
+        if let Some(flat_samples) = self.schedule.published_samples(&flat_key) {
+            let spool =
+                self.spool.as_mut().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
+            let all = target.merge(None, incs, spool, &self.cfg.host)?;
+            if all.profile.is_none_or(|p| p.header.total_samples < flat_samples) {
+                return Ok(None);
+            }
+        }
+        let Ok(Some(flat)) = publish::read_existing(&hd.profile_path(image, &key.event)) else {
+            return Ok(None);
+        };
+        let upto = flat.header.sequence;
+        let covered: Vec<_> = incs.iter().filter(|i| i.seq <= upto).cloned().collect();
+        if covered.is_empty() || flat.header.total_samples == 0 {
+            return Ok(None);
+        }
+        let spool =
+            self.spool.as_mut().ok_or_else(|| StoreError::NoSpool(self.cfg.spool.clone()))?;
+        let merged = target.merge(None, &covered, spool, &self.cfg.host)?;
+        let Some(mine) = merged.profile else { return Ok(None) };
+        let Some(ProfileWho::Command { command }) = &mine.who else { return Ok(None) };
+        if mine.counts != flat.counts || mine.header.total_period != flat.header.total_period {
+            return Ok(None);
+        }
+        let stub = Profile::sole_command_stub(&flat.header, command.clone(), upto);
+        self.health.bytes.profiles += stub.write(path)?;
+        self.health.published_files += 1;
+        self.sole.insert(hd, key, path.to_path_buf());
+        if let Some(sp) = self.spool.as_mut() {
+            sp.published(key, upto);
+        }
+        Ok(Some(None))
     }
 
     fn set_aside(&mut self, path: &Path, why: &dyn std::fmt::Display) {

@@ -117,6 +117,11 @@ impl Schedule {
         self.pending_samples.retain(|k, _| k.epoch != epoch);
     }
 
+    /// The samples of `key`'s file as this daemon last published it (since it started).
+    pub(super) fn published_samples(&self, key: &SpoolKey) -> Option<u64> {
+        self.published_samples.get(key).copied()
+    }
+
     /// Whether this daemon wrote `key`'s profile file (since it started). Not merely "had its
     /// turn": a turn at which the freshness cap held every increment back writes no file, and
     /// a key reported published then was dropped from `fresh.json` while it still had no file,

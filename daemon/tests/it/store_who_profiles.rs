@@ -183,3 +183,117 @@ fn a_corrupt_per_process_profile_is_set_aside() {
     aside.push(profile_format::CORRUPT_SUFFIX);
     assert!(Path::new(&aside).exists(), "{aside:?} missing");
 }
+
+/// [`batch`] with each pid's command.
+fn batch_of(n: u64, comms: [&str; 3]) -> Resolved {
+    let mut b = batch(n);
+    for (pid, comm) in [42, 43, 44].into_iter().zip(comms) {
+        b.who.comms.insert(pid, comm.as_bytes().to_vec());
+    }
+    b
+}
+
+/// A command's profile as readers take it: a sole-command stub stands for the flat profile
+/// (FORMAT.md §5.6.1).
+fn command_counts(hd: &HostDir, cmd: &str) -> Vec<(u64, u64)> {
+    let who = ProfileWho::Command { command: cmd.as_bytes().to_vec() };
+    let path = hd.who_profile_path(&image().id, "cpu-clock", &who);
+    let p = Profile::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(p.who.as_ref(), Some(&who));
+    if p.sole {
+        counts(&Profile::read(&hd.profile_path(&image().id, "cpu-clock")).expect("flat"))
+    } else {
+        counts(&p)
+    }
+}
+
+fn is_stub(hd: &HostDir, cmd: &str) -> bool {
+    let who = ProfileWho::Command { command: cmd.as_bytes().to_vec() };
+    Profile::is_sole_stub(&hd.who_profile_path(&image().id, "cpu-clock", &who))
+}
+
+/// Issue 38: an image only one command ran gets a stub, not a copy of its flat profile, and
+/// the stub's command reads as exactly the flat profile; nothing stays in the spool.
+#[test]
+fn an_image_one_command_ran_alone_gets_a_stub_instead_of_a_copy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(dir.path(), WhoProfiles { by_command: true, ..WhoProfiles::default() });
+    for n in [10, 5] {
+        s.add(batch_of(n, ["web", "web", "web"]), 0, 0);
+        s.flush_everything().expect("flush");
+    }
+    let hd = host_dir(dir.path(), &s);
+    assert!(is_stub(&hd, "web"), "{:?}", hd.who_profiles());
+    let flat = Profile::read(&hd.profile_path(&image().id, "cpu-clock")).expect("flat");
+    assert_eq!(counts(&flat), [(0x40, 90), (0x80, 15)]);
+    assert_eq!(command_counts(&hd, "web"), counts(&flat));
+    let stub = hd.who_profiles().expect("list")[0].path.clone();
+    let (stub_len, flat_len) = (
+        std::fs::metadata(&stub).expect("stub").len(),
+        std::fs::metadata(hd.profile_path(&image().id, "cpu-clock")).expect("flat").len(),
+    );
+    assert!(stub_len < flat_len, "stub {stub_len} bytes, flat {flat_len}");
+    assert_eq!(s.status().spool_rows, 0, "the stub's increments were marked published");
+}
+
+/// Issue 38: a second command starts running the image later in the epoch (and the first
+/// goes on): the first command's stub becomes a copy of the flat profile as it was, both
+/// commands' profiles are exact, and they add up to the flat profile, across restarts (the
+/// stub found on disk) and a crash after any of the second flush's writes.
+#[test]
+fn a_second_command_turns_the_stub_into_an_exact_copy_across_restarts_and_crashes() {
+    for crash_after in [None, Some(1), Some(2), Some(3)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let who = WhoProfiles { by_command: true, ..WhoProfiles::default() };
+        let mut s = open(dir.path(), who);
+        s.add(batch_of(10, ["web", "web", "web"]), 0, 0);
+        s.flush_everything().expect("flush");
+        assert!(is_stub(&host_dir(dir.path(), &s), "web"));
+        drop(s);
+        // A restart: the stub is found on disk.
+        let mut s = open(dir.path(), who);
+        s.add(batch_of(5, ["web", "api", "web"]), 0, 0);
+        if let Some(n) = crash_after {
+            s.inject_faults(&dcpid::faults::Faults {
+                crash_after_writes: Some(n),
+                ..Default::default()
+            });
+            match s.flush_everything() {
+                Err(dcpid::store::StoreError::InjectedCrash(_)) | Ok(()) => {}
+                Err(e) => panic!("crash after {n} writes: {e}"),
+            }
+            drop(s); // a kill -9
+            s = open(dir.path(), who);
+        }
+        s.add(batch_of(1, ["web", "web", "web"]), 0, 0);
+        s.flush_everything().expect("flush");
+        let hd = host_dir(dir.path(), &s);
+        assert!(!is_stub(&hd, "web"), "crash after {crash_after:?}");
+        // web: all of the first and last flush, pids 42 and 44 of the second.
+        assert_eq!(command_counts(&hd, "web"), [(0x40, 60 + 20 + 6), (0x80, 10 + 1)]);
+        assert_eq!(command_counts(&hd, "api"), [(0x40, 10), (0x80, 5)]);
+        let flat = Profile::read(&hd.profile_path(&image().id, "cpu-clock")).expect("flat");
+        assert_eq!(counts(&flat), [(0x40, 96), (0x80, 16)], "crash after {crash_after:?}");
+        assert_eq!(s.status().spool_rows, 0);
+    }
+}
+
+/// Issue 38: `by_command` turned off (reloaded) while a stub stands for the flat profile:
+/// the flat profile then takes samples with no per-command increment, so the stub becomes a
+/// copy of the flat profile as it was, and the command keeps exactly its samples.
+#[test]
+fn turning_by_command_off_keeps_a_stubbed_command_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(dir.path(), WhoProfiles { by_command: true, ..WhoProfiles::default() });
+    s.add(batch_of(10, ["web", "web", "web"]), 0, 0);
+    s.flush_everything().expect("flush");
+    assert!(is_stub(&host_dir(dir.path(), &s), "web"));
+    s.set_who_profiles(WhoProfiles::default());
+    s.add(batch_of(5, ["api", "api", "api"]), 0, 0);
+    s.flush_everything().expect("flush");
+    let hd = host_dir(dir.path(), &s);
+    assert!(!is_stub(&hd, "web"));
+    assert_eq!(command_counts(&hd, "web"), [(0x40, 60), (0x80, 10)]);
+    let flat = Profile::read(&hd.profile_path(&image().id, "cpu-clock")).expect("flat");
+    assert_eq!(counts(&flat), [(0x40, 90), (0x80, 15)]);
+}

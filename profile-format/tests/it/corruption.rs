@@ -30,8 +30,9 @@ fn every_single_byte_change_is_detected_with_the_right_error() {
                 .expect_err(&format!("byte {pos} xor {x:#04x} not detected"));
             let ok = match pos {
                 0..=7 => matches!(err, Error::BadMagic { .. }),
-                // Versions 2 and 3 exist (qualified profiles): then the checksum catches it.
-                8..=9 if matches!(u16::from_le_bytes([buf[8], buf[9]]), 2 | 3) => {
+                // Versions 2 to 4 exist (qualified profiles, sole-command stubs): then the
+                // checksum catches it.
+                8..=9 if matches!(u16::from_le_bytes([buf[8], buf[9]]), 2..=4) => {
                     matches!(err, Error::ChecksumMismatch { .. })
                 }
                 8..=9 => matches!(err, Error::UnknownVersion { .. }),
@@ -90,10 +91,10 @@ fn semantic_corruption_behind_a_valid_checksum() {
     let good = common::small_profile().encode();
     // Bump the version past what we read.
     let mut v = good.clone();
-    v[8] = 4;
+    v[8] = 5;
     assert!(matches!(
         Profile::decode(&v, Path::new(P)),
-        Err(Error::UnknownVersion { version: 4, supported: 3, .. })
+        Err(Error::UnknownVersion { version: 5, supported: 4, .. })
     ));
     // A flat payload in a version 2 container: the qualifier is missing.
     let mut v = good.clone();

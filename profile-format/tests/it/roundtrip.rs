@@ -84,6 +84,7 @@ fn profile() -> impl Strategy<Value = Profile> {
                     },
                     who: None,
                     counts,
+                    sole: false,
                 }
             },
         )

@@ -50,6 +50,7 @@ fn write_profile(d: &HostDir, n: u8, counts: &BTreeMap<u64, u64>) {
         },
         who: None,
         counts: counts.clone(),
+        sole: false,
     };
     p.write(&d.profile_path(&image(n), EVENT)).unwrap();
 }
@@ -381,7 +382,8 @@ fn a_new_epoch_reports_its_slices_under_the_names_of_fresh_json() {
     assert_eq!(p.counts, [(0x10, 5), (0x20, 2)].into_iter().collect(), "at 16 bytes");
     assert_eq!(p.header.total_period, 7 * 1_000_000, "weighted by the event's period");
     // A profile stamped with a mark inside a rolled-up slice: not split, left as published.
-    let mut prof = Profile { header: p.header.clone(), who: None, counts: p.counts.clone() };
+    let mut prof =
+        Profile { header: p.header.clone(), who: None, counts: p.counts.clone(), sole: false };
     prof.header.sequence = 77;
     prof.write(&d.profile_path(&image(4), EVENT)).unwrap();
     let summary = profile_format::HostSummary {
