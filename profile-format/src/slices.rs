@@ -1078,7 +1078,6 @@ impl HostDir {
     pub fn slices_path(&self) -> PathBuf {
         self.path.join(SLICES_FILE)
     }
-
 }
 
 mod store;

@@ -285,7 +285,11 @@ impl HostDir {
     /// The slices of the files that may hold slices intersecting `[since, until)` (Unix
     /// seconds, `None`: unbounded): what a range query reads. The result can hold slices
     /// outside the range (whole files are decoded); select with [`SliceLog::range`].
-    pub fn read_slices_in(&self, since: Option<u64>, until: Option<u64>) -> Result<Option<SliceLog>> {
+    pub fn read_slices_in(
+        &self,
+        since: Option<u64>,
+        until: Option<u64>,
+    ) -> Result<Option<SliceLog>> {
         self.read_in::<SliceLog>(since, until)
     }
 
@@ -307,7 +311,8 @@ impl HostDir {
             return Ok(None);
         }
         let hours_path = self.slice_hours_path();
-        let spans = if files.hours { record_spans(&hours_path)?.unwrap_or_default() } else { vec![] };
+        let spans =
+            if files.hours { record_spans(&hours_path)?.unwrap_or_default() } else { vec![] };
         let rolled = hours_of(&spans);
         let wanted = |h: u64| intersects(h, h + SEGMENT_SECS, since, until);
         let mut segs: BTreeMap<u64, D> = BTreeMap::new();
@@ -320,8 +325,8 @@ impl HostDir {
                 None => vanished = true,
             }
         }
-        let need_hours =
-            vanished || spans.iter().any(|&(s, l)| intersects(s, s.saturating_add(l), since, until));
+        let need_hours = vanished
+            || spans.iter().any(|&(s, l)| intersects(s, s.saturating_add(l), since, until));
         let mut parts = Vec::new();
         if need_hours {
             if let Some(hours) = D::read(&hours_path)? {
@@ -540,7 +545,8 @@ mod tests {
     }
 
     fn minute(start: u64, off: u64, n: u64) -> Slice {
-        let key = SliceKey { event: "cpu-clock".into(), image: Some(ImageId::BuildId(vec![7; 20])) };
+        let key =
+            SliceKey { event: "cpu-clock".into(), image: Some(ImageId::BuildId(vec![7; 20])) };
         Slice { start, len: 60, seq: 0, counts: [(key, vec![(off, n)])].into_iter().collect() }
     }
 
@@ -611,7 +617,9 @@ mod tests {
         drop(w);
         // The segment as it was before the unlink.
         std::fs::write(hd.slice_segment_path(H), &seg).unwrap();
-        for (since, until) in [(None, None), (Some(H), Some(H + 3600)), (Some(H + 60), Some(H + 120))] {
+        for (since, until) in
+            [(None, None), (Some(H), Some(H + 3600)), (Some(H + 60), Some(H + 120))]
+        {
             let log = hd.read_slices_in(since, until).unwrap().unwrap();
             let want = if since.is_none() { 360 } else { 120 };
             assert_eq!(log.range(since, until).samples(), want, "{since:?}..{until:?}");
@@ -642,8 +650,15 @@ mod tests {
     #[test]
     fn segment_names() {
         assert_eq!(segment_hour("slices.3600.log"), Some(3600));
-        for bad in ["slices.log", "slices.hours.log", "slices.3601.log", "slices.03600.log",
-            "slices.3600.log.corrupt", "slices..log", "slices.-3600.log"] {
+        for bad in [
+            "slices.log",
+            "slices.hours.log",
+            "slices.3601.log",
+            "slices.03600.log",
+            "slices.3600.log.corrupt",
+            "slices..log",
+            "slices.-3600.log",
+        ] {
             assert_eq!(segment_hour(bad), None, "{bad}");
         }
         assert_eq!(segment_hour("slices.0.log"), Some(0));
