@@ -425,7 +425,7 @@ settings! {
     /// truncated. The copy is unwound and dropped by dcpid, never written [default: 8192].
     #[arg(long, value_name = "BYTES")]
     sample_user_stack: u32 = crate::perf::dwarf::DEFAULT_USER_STACK;
-    /// Length of the time slices each host-epoch keeps its counts in (`slices.log`, for
+    /// Length of the time slices each host-epoch keeps its counts in (`slices.<hour>.log`, for
     /// reports over a time range), aligned to UTC; whole seconds dividing an hour; `0`: no
     /// slices, only epoch totals [default: 1m].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]

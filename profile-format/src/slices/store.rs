@@ -11,7 +11,7 @@
 //! append and the unlink counts the hour once (BENCHMARKS.md "Time-slice segments").
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Seek, SeekFrom};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::{Slice, SliceLog, SliceTotals, SliceWriter, FRAME_LEN, MAX_RECORD, SLICES_HEADER_LEN};
@@ -93,7 +93,9 @@ pub fn record_spans(path: &Path) -> Result<Option<Vec<(u64, u64)>>> {
         let start = r.varint("start")?;
         let l = r.varint("len")?;
         out.push((start, l));
-        f.seek(SeekFrom::Current((len - take as u64) as i64)).map_err(|e| Error::io(path, e))?;
+        // At most 64 MiB (checked above): fits an i64.
+        let skip = i64::try_from(len - take as u64).unwrap_or(i64::MAX);
+        f.seek_relative(skip).map_err(|e| Error::io(path, e))?;
         pos += FRAME_LEN as u64 + len;
     }
     Ok(Some(out))
@@ -174,7 +176,7 @@ trait Decode: Sized {
 
 impl Decode for SliceLog {
     fn read(path: &Path) -> Result<Option<Self>> {
-        SliceLog::read(path)
+        Self::read(path)
     }
     fn spans(&self) -> Vec<(u64, u64)> {
         self.slices.iter().map(|s| (s.start, s.len)).collect()
@@ -534,7 +536,7 @@ mod tests {
     use crate::ident::ImageId;
     use crate::slices::SliceKey;
 
-    const H: u64 = 1_764_000_000 - 1_764_000_000 % 3600;
+    const H: u64 = 490_000 * 3600;
 
     fn dir() -> (tempfile::TempDir, HostDir) {
         let t = tempfile::tempdir().unwrap();
