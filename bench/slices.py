@@ -19,7 +19,7 @@ Measured over the window (after a warm-up):
 Projection to a core-day (stated in the output): a day-long epoch keeps its last 6 h as minute
 slices and the 18 h before as hour slices, so at the end of the day
 
-    slices.log = 360 x (mean bytes of a minute record) + 18 x (bytes of an hour record)
+    slice files = 360 x (mean bytes of a minute record) + 18 x (bytes of an hour record)
 
 where an hour record is the window's minutes rolled up into one, scaled linearly to 60 minutes
 (an upper bound: distinct (image, offset) pairs saturate, issue 36); the epoch totals grow by
@@ -27,8 +27,10 @@ the slices-off database's growth rate over the second half of the window, linear
 (also an upper bound). Both divided by the number of CPUs.
 
 Writes: in the first 6 h of an epoch slices cost their appends (measured: write_bytes of the
-slices-on dcpid against the slices-off one); after that, each hour also rewrites the file once
-(the roll-up), so the projected hourly writes then add the day-end slices.log size.
+slices-on dcpid against the slices-off one); after that, each hour also appends one hour record
+to slices.hours.log (the roll-up; the hour's minute segment is unlinked, nothing rewritten,
+FORMAT.md §14.5), so the projected hourly writes then add one projected hour record.
+--compare-publish 5m runs a third dcpid (slices on) with the old 5-minute publish interval.
 
   sudo python3 bench/slices.py --duration 1200                  # 20 minutes + warm-up
   sudo python3 bench/slices.py --duration 3600 --bin-dir target/release --perf /usr/bin/perf
@@ -91,19 +93,25 @@ def db_bytes(db):
     return bench.tree_bytes(db)[0] if os.path.exists(db) else 0
 
 
+SLICE_FILE = re.compile(r"^slices(\.[0-9]+|\.hours)?\.log$")
+
+
 def slices_logs(db):
-    return [os.path.join(d, f) for d, _, fs in os.walk(db) for f in fs if f == "slices.log"]
+    """Every slice file: segments slices.<hour>.log, slices.hours.log, an older slices.log
+    (FORMAT.md §14.5)."""
+    return [os.path.join(d, f) for d, _, fs in os.walk(db) for f in fs if SLICE_FILE.match(f)]
 
 
 def slices_bytes(db):
     return sum(os.path.getsize(p) for p in slices_logs(db))
 
 
-def snap(on, off, perf=None):
+def snap(on, off, perf=None, cmp=None):
     return {"t": time.monotonic(), "on_db": db_bytes(on.db), "off_db": db_bytes(off.db),
             "on_slices": slices_bytes(on.db),
             "on_written": bench.proc_io(on.proc.pid).get("write_bytes", 0),
             "off_written": bench.proc_io(off.proc.pid).get("write_bytes", 0),
+            "cmp_written": bench.proc_io(cmp.proc.pid).get("write_bytes", 0) if cmp else 0,
             "perf_data": os.path.getsize(perf.data) if perf and os.path.exists(perf.data) else 0}
 
 
@@ -131,6 +139,9 @@ def main():
     ap.add_argument("--work", default=None)
     ap.add_argument("--perf", default=None,
                     help="perf binary: also run `perf record -a` beside the daemons (Writes)")
+    ap.add_argument("--compare-publish", default=None, metavar="DUR",
+                    help="also run a third dcpid, slices on, with --publish-interval DUR (e.g. "
+                         "5m, the old default), and compare its bytes written")
     ap.add_argument("--release-stat", action="store_true",
                     help="build the slices_stat example in release (default: debug; it only reads)")
     args = ap.parse_args()
@@ -151,8 +162,14 @@ def main():
     on = Dcpid(bins, os.path.join(work, "on"), args.rate, life,
                ["--log-level", "info,dcpid::store::slices=debug"])
     off = Dcpid(bins, os.path.join(work, "off"), args.rate, life, ["--slice-interval", "0"])
+    cmp = None
+    if args.compare_publish:
+        cmp = Dcpid(bins, os.path.join(work, "cmp"), args.rate, life,
+                    ["--publish-interval", args.compare_publish])
     on.start()
     off.start()
+    if cmp:
+        cmp.start()
     perf = bench.Perf(bins, os.path.join(work, "perf"), args.rate, life) if args.perf else None
     if perf:
         perf.start()
@@ -161,20 +178,22 @@ def main():
     try:
         bench.log(f"slices: warm-up {args.warmup:.0f} s, window {args.duration:.0f} s")
         time.sleep(args.warmup)
-        a = snap(on, off, perf)
+        a = snap(on, off, perf, cmp)
         series.append(a)
         end = a["t"] + args.duration
         while time.monotonic() < end:
             time.sleep(min(60, max(0.0, end - time.monotonic())))
-            series.append(snap(on, off, perf))
+            series.append(snap(on, off, perf, cmp))
         b = series[-1]
-        for d in (on, off):
+        for d in (on, off) + ((cmp,) if cmp else ()):
             if d.proc.poll() is not None:
                 raise bench.ProfilerError(f"dcpid exited with {d.proc.returncode} in the window")
     finally:
         stop_mix(mix)
     on.stop()
     off.stop()
+    if cmp:
+        cmp.stop()
     if perf:
         perf.stop()
     cpu = slice_cpu(on.log_path)
@@ -214,6 +233,7 @@ def main():
         "slice_cpu": cpu,
         "on_written": b["on_written"] - a["on_written"],
         "off_written": b["off_written"] - a["off_written"],
+        "cmp_written": b["cmp_written"] - a["cmp_written"] if cmp else None,
         "perf_data_growth": b["perf_data"] - a["perf_data"] if perf else None,
         "cpu_per_slice_ms": (cpu["cpu_ns"] / cpu["records"] / 1e6) if cpu and cpu["records"] else None,
         "series": series, "slices_stat": [{k: v for k, v in s.items() if k != "records"} for s in stats],
@@ -221,12 +241,17 @@ def main():
     hour = 3600.0 / secs
     res["on_written_per_hour"] = res["on_written"] * hour
     res["off_written_per_hour"] = res["off_written"] * hour
-    # After 6 h: the appends plus one rewrite of the file an hour (its day-end size).
-    res["on_written_per_hour_after_6h"] = res["on_written_per_hour"] + slices_day
+    # After 6 h: the appends plus one hour record an hour (the roll-up appends it to
+    # slices.hours.log and unlinks the hour's segment, FORMAT.md §14.5; nothing is rewritten).
+    res["on_written_per_hour_after_6h"] = res["on_written_per_hour"] + hour_bytes
+    if cmp:
+        res["cmp_written_per_hour"] = res["cmp_written"] * hour
     if perf:
         res["perf_per_hour"] = res["perf_data_growth"] * hour
         res["writes_ratio_first_6h"] = res["perf_data_growth"] / max(1, res["on_written"])
         res["writes_ratio_after_6h"] = res["perf_per_hour"] / max(1, res["on_written_per_hour_after_6h"])
+        if cmp:
+            res["writes_ratio_cmp_first_6h"] = res["perf_data_growth"] / max(1, res["cmp_written"])
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = os.path.join(BENCH, "results", f"slices-{stamp}")
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -238,20 +263,24 @@ def main():
           f"--rate {args.rate}`, {ncpu} CPUs, window {secs:.0f} s\n\n"
           "| | slices on (1m, roll-up after 6h) | slices off |\n|---|---|---|\n"
           f"| database growth in the window | {res['on_db_growth'] / 1e3:.0f} KB "
-          f"(slices.log {res['slices_log_growth'] / 1e3:.0f} KB) | {res['off_db_growth'] / 1e3:.0f} KB |\n"
+          f"(slice files {res['slices_log_growth'] / 1e3:.0f} KB) | {res['off_db_growth'] / 1e3:.0f} KB |\n"
           f"| minute record | {mean_min / 1e3:.1f} KB mean over {len(recs)} "
           f"({res['mean_minute_record_pairs']:.0f} pairs, {res['mean_minute_record_samples']:.0f} samples) | |\n"
           f"| hour record (projected) | {hour_bytes / 1e3:.0f} KB | |\n"
-          f"| slices.log of a day (360 min + 18 h) | {slices_day / mb:.2f} MB | |\n"
+          f"| slice files of a day (360 min + 18 h) | {slices_day / mb:.2f} MB | |\n"
           f"| epoch totals of a day (projected) | {totals_day / mb:.2f} MB | {totals_day / mb:.2f} MB |\n"
           f"| **per core-day** | **{res['per_core_day_slices_on'] / mb:.2f} MB** | "
           f"{res['per_core_day_slices_off'] / mb:.2f} MB |\n"
           f"| bytes written per hour (write_bytes) | {res['on_written_per_hour'] / mb:.2f} MB; "
           f"after 6 h with the hourly roll-up {res['on_written_per_hour_after_6h'] / mb:.2f} MB | "
           f"{res['off_written_per_hour'] / mb:.2f} MB |\n"
+          + (f"| bytes written per hour, slices on, `--publish-interval {args.compare_publish}` "
+             f"| {res['cmp_written_per_hour'] / mb:.2f} MB | |\n" if cmp else "")
           + (f"| perf.data growth per hour, side by side | {res['perf_per_hour'] / mb:.1f} MB: "
              f"{res['writes_ratio_first_6h']:.0f}x the slices-on dcpid's writes "
-             f"({res['writes_ratio_after_6h']:.0f}x after 6 h) | |\n" if perf else "")
+             f"({res['writes_ratio_after_6h']:.0f}x after 6 h)"
+             + (f"; {res['writes_ratio_cmp_first_6h']:.0f}x the `--publish-interval "
+                f"{args.compare_publish}` one's" if cmp else "") + " | |\n" if perf else "")
           + f"| daemon CPU per slice | {res['cpu_per_slice_ms'] if res['cpu_per_slice_ms'] is not None else float('nan'):.2f} ms | |\n")
     with open(out + ".md", "w") as f:
         f.write(md)

@@ -4,7 +4,7 @@
 //! The database is synthetic, written through the profile-format crate: one epoch of one host,
 //! 200 images (build-ids), 1440 one-minute slices of 120 000 samples each (2 CPUs at 1 kHz) in
 //! 20 000 distinct (image, offset) pairs per minute, Zipf-distributed over the images, the
-//! hot offsets moving from minute to minute (`slices.log` about 45 MB); the epoch profiles
+//! hot offsets moving from minute to minute (slice files about 45 MB); the epoch profiles
 //! hold the same samples, with a summary index. A second database holds the same day as dcpid
 //! keeps it by default (the first 18 hours rolled up into hour slices, the last 6 in minutes).
 //!
@@ -86,7 +86,7 @@ fn build(root: &Path, rollup_before: Option<u64>) -> u64 {
     if let Some(before) = rollup_before {
         log = log.rollup_at(t0 + before, 3600, 256);
     }
-    profile_format::write_atomic(&hd.slices_path(), &log.encode()).expect("write slices.log");
+    hd.write_slices(&log).expect("write the slice segments");
     let ev = cpu_clock();
     let mut total = 0;
     for (i, t) in totals.iter().enumerate() {
@@ -127,10 +127,12 @@ fn bench(c: &mut Criterion) {
     let size = |p: &Path| {
         let db = profile_format::Database::open(p).expect("db");
         let e = db.epochs().expect("epochs").pop().expect("epoch");
-        std::fs::metadata(db.host_dir(&e, "h1").expect("dir").slices_path()).expect("log").len()
+        let hd = db.host_dir(&e, "h1").expect("dir");
+        let files = hd.slice_paths().expect("slice files");
+        files.iter().map(|f| std::fs::metadata(f).expect("slice file").len()).sum::<u64>()
     };
     eprintln!(
-        "by_time: built in {:.1} s: {total} samples; slices.log {:.1} MB (24 h of minutes), \
+        "by_time: built in {:.1} s: {total} samples; slice files {:.1} MB (24 h of minutes), \
          {:.1} MB (18 h rolled up to hours + 6 h of minutes)",
         t.elapsed().as_secs_f64(),
         size(&minutes) as f64 / 1e6,

@@ -106,7 +106,7 @@ fn build(root: &Path, host: &str, rollup: bool) -> u64 {
     if rollup {
         log = log.rollup_at(t0 + 18 * 3600, 3600, 256);
     }
-    profile_format::write_atomic(&hd.slices_path(), &log.encode()).expect("write slices.log");
+    hd.write_slices(&log).expect("write the slice segments");
     let ev = cpu_clock();
     let mut total = 0;
     for (i, t) in totals.iter().enumerate() {
@@ -191,7 +191,15 @@ fn main() {
     for h in 1..HOSTS {
         copy_dir(&epoch_dir.join("h000"), &epoch_dir.join(format!("h{h:03}")));
     }
-    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0) as f64 / 1e6;
+    // The host directory's slice files (FORMAT.md §14.5), in MB.
+    let size = |p: &Path| {
+        let files = std::fs::read_dir(p).expect("host dir").filter_map(Result::ok).filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.starts_with("slices.") && n.ends_with(".log")
+        });
+        files.map(|e| e.metadata().map(|m| m.len()).unwrap_or(0)).sum::<u64>() as f64 / 1e6
+    };
     let one_epoch = std::fs::read_dir(&one)
         .expect("one")
         .filter_map(Result::ok)
@@ -199,12 +207,12 @@ fn main() {
         .find(|p| p.join("h1").is_dir())
         .expect("epoch dir");
     eprintln!(
-        "time_queries: built in {:.1} s: {total} samples a host; slices.log {:.1} MB (24 h of \
+        "time_queries: built in {:.1} s: {total} samples a host; slice files {:.1} MB (24 h of \
          16-byte minutes), {:.1} MB a host of the fleet (18 h of 256-byte hours + 6 h of \
          minutes), {HOSTS} hosts",
         t.elapsed().as_secs_f64(),
-        size(&one_epoch.join("h1").join("slices.log")),
-        size(&epoch_dir.join("h000").join("slices.log")),
+        size(&one_epoch.join("h1")),
+        size(&epoch_dir.join("h000")),
     );
     let t0 = t0();
     let last =

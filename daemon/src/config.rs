@@ -16,7 +16,7 @@
 //! ring_pages = 128
 //! redraw_interval = "1s"   # one period re-arm per CPU per interval, at a random instant
 //! flush_interval = "5s"
-//! publish_interval = "5m"
+//! publish_interval = "15m"
 //! max_memory_mb = 256
 //! epoch_interval = "1d"   # or "off"
 //! retention_days = 7
@@ -331,10 +331,12 @@ settings! {
     flush_interval: Duration = Duration::from_secs(5);
     /// Each changed shared profile is rewritten at most this often, spread over the interval,
     /// and once published only after it has doubled or waited `publish_max_delay`; `dcpictl
-    /// flush` publishes everything at once [default: 5m].
+    /// flush` publishes everything at once [default: 15m: reports are fresh without it, from
+    /// the minute slices newer than each profile (FORMAT.md §7.3); measured, a third of the
+    /// 5-minute republish's bytes written (BENCHMARKS.md "Time-slice segments")].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
-    publish_interval: Duration = Duration::from_secs(300);
+    publish_interval: Duration = Duration::from_secs(900);
     /// A published profile that has not doubled since it was last written waits at most this
     /// long before its new samples are published (a flush publishes them at once); set it to
     /// `publish_interval` to rewrite every changed profile at every turn [default: 30m].
@@ -423,7 +425,7 @@ settings! {
     /// truncated. The copy is unwound and dropped by dcpid, never written [default: 8192].
     #[arg(long, value_name = "BYTES")]
     sample_user_stack: u32 = crate::perf::dwarf::DEFAULT_USER_STACK;
-    /// Length of the time slices each host-epoch keeps its counts in (`slices.log`, for
+    /// Length of the time slices each host-epoch keeps its counts in (`slices.<hour>.log`, for
     /// reports over a time range), aligned to UTC; whole seconds dividing an hour; `0`: no
     /// slices, only epoch totals [default: 1m].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
@@ -842,7 +844,7 @@ mod tests {
         assert_eq!(s.flush_interval, Duration::from_secs(1));
         assert_eq!(s.retention_keep, 5);
         assert_eq!(s.ring_pages, 64);
-        assert_eq!(s.publish_interval, Duration::from_secs(300), "default");
+        assert_eq!(s.publish_interval, Duration::from_secs(900), "default");
         assert_eq!(s.config_file.as_deref(), Some(p));
         assert!(!s.socket_group_explicit);
         let d = Settings::defaults();

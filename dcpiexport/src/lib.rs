@@ -249,10 +249,10 @@ fn fingerprint(
     }
     if let Some(r) = range {
         h.update(format!("range {:?} {:?}\0", r.since, r.until));
-        names.push(d.slices_path());
     }
     names.push(d.summary_path());
-    names.push(d.slices_path());
+    // Every slice file (FORMAT.md §14.5): a new segment or roll-up changes the answer.
+    names.extend(d.slice_paths()?);
     names.push(d.kallsyms_path());
     names.push(d.kallsyms_ref_path());
     for p in names {
@@ -312,7 +312,8 @@ fn host_rows(
     if !o.slices || o.command.is_some() {
         return Ok(rows);
     }
-    let log = match d.read_slices() {
+    let (since, until) = o.sel.time_range().map_or((None, None), |r| (r.since, r.until));
+    let log = match d.read_slices_in(since, until) {
         // With --since/--until the rows are the range's: split them by the range's slices.
         Ok(Some(mut l)) => {
             if let Some(r) = o.sel.time_range() {

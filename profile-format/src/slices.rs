@@ -1073,17 +1073,18 @@ fn open_append(path: &Path) -> Result<File> {
 
 // Here rather than in db, which must not import the modules that own the files it names (issue 34).
 impl HostDir {
-    /// The host directory's slice log: its counts per time slice (FORMAT.md §14).
+    /// The host directory's single-file slice log of an older dcpid (FORMAT.md §14.2; dcpid
+    /// now writes segments, §14.5, [`HostDir::read_slices`] reads both).
     pub fn slices_path(&self) -> PathBuf {
         self.path.join(SLICES_FILE)
     }
-
-    /// This host directory's slices (FORMAT.md §14), read safely (§6.1); `Ok(None)`: it has
-    /// no slice log (written before §14, or with slices off): no time axis, only totals.
-    pub fn read_slices(&self) -> Result<Option<SliceLog>> {
-        SliceLog::read(&self.slices_path())
-    }
 }
+
+mod store;
+pub use store::{
+    hour_of, record_spans, segment_hour, SegmentOpen, SegmentWriter, SliceFiles, SEGMENT_SECS,
+    SLICE_HOURS_FILE,
+};
 
 #[cfg(test)]
 mod tests;

@@ -1239,7 +1239,7 @@ fn fresh_dir(
 ) -> Result<Option<FreshDir>, ProfError> {
     // No slice log (slices off, an older daemon): nothing to merge, nothing to list. One
     // created after this look is simply not merged by this report.
-    if !d.slices_path().exists() {
+    if !d.has_slices()? {
         return Ok(None);
     }
     // Profile files per (image, event file-name component).

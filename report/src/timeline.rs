@@ -17,14 +17,14 @@ use profile_format::{HostDir, Slice, SliceKey, SliceLog, SliceTotal, SliceTotals
 use crate::select::par_map;
 
 /// The slice log of each host directory (same order), read in parallel (a fleet's are many
-/// files, on NFS). `Ok(None)`: the directory has no `slices.log`.
+/// files, on NFS). `Ok(None)`: the directory has no slice files (FORMAT.md §14.5).
 pub fn read_logs(dirs: &[HostDir]) -> Vec<profile_format::Result<Option<SliceLog>>> {
     par_map(dirs, |_, d| d.read_slices())
 }
 
 /// [`read_logs`] as totals per slice and key ([`SliceLog::read_totals`]).
 pub fn read_totals(dirs: &[HostDir]) -> Vec<profile_format::Result<Option<SliceTotals>>> {
-    par_map(dirs, |_, d| SliceLog::read_totals(&d.slices_path()))
+    par_map(dirs, |_, d| d.read_slice_totals_in(None, None))
 }
 
 /// What a key's counts contribute to.

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use profile_format::{merge_pairs, HostDir, ImageKind, ProfileHeader, SliceKey, SliceLog};
+use profile_format::{merge_pairs, HostDir, ImageKind, ProfileHeader, SliceKey};
 use serde::Serialize;
 
 use super::error::ProfError;
@@ -155,7 +155,7 @@ impl DirRange {
     /// Read `d`'s slices for `r`. `span` is its epoch's `[start, end)` (end `u64::MAX` for
     /// the newest epoch), which decides a directory without slices.
     pub fn read(d: &HostDir, r: TimeRange, span: (u64, u64)) -> Result<Self, ProfError> {
-        match d.read_slices()? {
+        match d.read_slices_in(r.since, r.until)? {
             Some(log) => {
                 let sel = log.range(r.since, r.until);
                 let resolution = log.range_resolution(&sel);
@@ -172,7 +172,7 @@ impl DirRange {
     /// [`DirRange::read`] keeping each key's total only, at offset 0 (for
     /// [`DirRange::take_total`]); the resolution is still the slices' (the header says it).
     pub fn read_totals(d: &HostDir, r: TimeRange, span: (u64, u64)) -> Result<Self, ProfError> {
-        match SliceLog::read_totals(&d.slices_path())? {
+        match d.read_slice_totals_in(r.since, r.until)? {
             Some(log) => {
                 let sel = log.range(r.since, r.until);
                 let covered = sel.iter().fold(None, |acc: Option<(u64, u64)>, s| {

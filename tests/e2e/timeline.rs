@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use dcpi_e2e::{json, Sandbox};
-use profile_format::{Database, SliceWriter};
+use profile_format::{Database, SegmentWriter};
 
 fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -85,9 +85,11 @@ fn by_time_sums_to_the_epoch_total_exactly_and_after_a_rollup() {
     let db = Database::open(&sb.db()).expect("db");
     for e in db.epochs().expect("epochs") {
         let hd = db.host_dir(&e, "h1").expect("dir");
-        if hd.read_slices().expect("readable").is_some() {
-            let (mut w, _) = SliceWriter::open(&hd.slices_path()).expect("writer");
-            w.rollup(u64::MAX, 3600).expect("rollup");
+        // Every minute segment, whatever its age (FORMAT.md §14.5), at exact offsets.
+        let (mut w, _) = SegmentWriter::open(&hd).expect("writer");
+        let hours: Vec<u64> = w.segment_hours().iter().copied().collect();
+        for h in hours {
+            w.rollup(h, 1).expect("rollup");
         }
     }
     let rolled = by(&[]);

@@ -1,9 +1,11 @@
 //! Counts per time slice (FORMAT.md §14): each batch's flat profile counts are added, at the
 //! time the batch arrives, into the open slice of its epoch (`slice_interval` long, aligned to
 //! Unix time so that every host of a fleet cuts at the same instants); a slice that has ended
-//! is closed and appended to `<host dir>/slices.log` at the next tick, as one framed record,
-//! its offsets at [`SLICE_RESOLUTION`] bytes. Slices older than the roll-up age are merged into
-//! hour slices at [`ROLLUP_RESOLUTION`] bytes by rewriting the file.
+//! is closed and appended at the next tick, as one framed record, its offsets at
+//! [`SLICE_RESOLUTION`] bytes, to its UTC hour's segment `<host dir>/slices.<hour>.log`
+//! (FORMAT.md §14.5). An hour whose minutes are older than the roll-up age is merged into one
+//! hour slice at [`ROLLUP_RESOLUTION`] bytes, appended to `slices.hours.log`, and its segment
+//! removed: nothing live is rewritten.
 //!
 //! Exactly once: a slice's counts are appended by one `write` (a record is visible whole or
 //! not at all, FORMAT.md §14.3) and dropped from memory only when that succeeded; a failed
@@ -18,7 +20,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use profile_format::{EpochId, ImageId, Slice, SliceKey, SliceWriter};
+use profile_format::{EpochId, ImageId, SegmentWriter, Slice, SliceKey};
 
 use super::pending::PendingBatch;
 use super::{Store, StoreError};
@@ -91,7 +93,7 @@ pub(super) struct SliceAccum {
     /// (epoch, start) of each closed slice not yet appended: its last batch's arrival number.
     closed_last: BTreeMap<(EpochId, u64), u64>,
     closed_pairs: usize,
-    writer: Option<(EpochId, SliceWriter)>,
+    writer: Option<(EpochId, SegmentWriter)>,
     /// Epochs whose log is of a newer format version (left alone) or that failed to open, and
     /// whether that was logged.
     refused: BTreeMap<EpochId, bool>,
@@ -309,11 +311,21 @@ impl Store {
                 let acc = &mut self.slices;
                 let Some((_, slice)) = acc.closed.front() else { break };
                 let Some((_, w)) = &mut acc.writer else { break };
-                let n = w.append(slice)?;
+                let (n, rep) = w.append(slice)?;
+                let (start, end) = (slice.start, slice.end());
+                let aside = rep.and_then(|rep| {
+                    let p = w.path_for(start);
+                    log_open(&p, &rep);
+                    rep.set_aside.map(|(_, why)| (p, why))
+                });
+                if let Some((p, why)) = aside {
+                    self.note_set_aside(&p, &why);
+                }
+                let acc = &mut self.slices;
                 acc.stats.records += 1;
                 acc.stats.bytes += n;
-                if let Some(last) = acc.closed_last.remove(&(epoch.clone(), slice.start)) {
-                    self.fresh.appended(&epoch, slice.end(), last);
+                if let Some(last) = acc.closed_last.remove(&(epoch.clone(), start)) {
+                    self.fresh.appended(&epoch, end, last);
                     // Its summary records the new freshness mark (FORMAT.md §7.3).
                     self.summaries.dirty.insert(epoch.to_string());
                 }
@@ -376,25 +388,22 @@ impl Store {
 
     /// The writer of `epoch`'s log, (re)opened if it is another epoch's or its file is no
     /// longer the one at the path.
-    fn slice_writer(&mut self, epoch: &EpochId) -> Result<&mut SliceWriter, StoreError> {
+    fn slice_writer(&mut self, epoch: &EpochId) -> Result<&mut SegmentWriter, StoreError> {
         let keep = matches!(&self.slices.writer, Some((e, w)) if e == epoch && w.is_current());
         if !keep {
             self.slices.writer = None;
             let hd = self.host_dir(epoch)?;
-            let (mut w, rep) = SliceWriter::open(&hd.slices_path())?;
+            let (mut w, rep) = SegmentWriter::open(&hd)?;
             w.set_resolution(SLICE_RESOLUTION);
-            if let Some(v) = rep.upgraded_from {
-                tracing::info!(file = %w.path().display(), from = v,
-                    "store: rewrote a slice log of an older format version in the current one");
+            for h in &rep.finished_rollups {
+                tracing::info!(file = %hd.slice_segment_path(*h).display(),
+                    "store: removed a minute segment already rolled up (a crash between a roll-up and its removal)");
             }
-            if rep.truncated > 0 {
-                tracing::info!(file = %w.path().display(), bytes = rep.truncated,
-                    "store: cut the torn tail of a slice log (a crash while appending)");
-            }
-            if let Some((to, why)) = rep.set_aside {
-                tracing::warn!(file = %w.path().display(), moved_to = %to.display(), error = %why,
-                    "store: unreadable slice log set aside; starting a new one");
-                self.note_set_aside(w.path(), &why);
+            if let Some(r) = &rep.hours {
+                log_open(&hd.slice_hours_path(), r);
+                if let Some((_, why)) = &r.set_aside {
+                    self.note_set_aside(&hd.slice_hours_path(), why);
+                }
             }
             self.slices.writer = Some((epoch.clone(), w));
         }
@@ -404,31 +413,55 @@ impl Store {
         }
     }
 
-    /// Roll up the current epoch's slices that ended more than `rollup_after` ago, once a
-    /// whole hour of them is due: the file is rewritten at most about once an hour.
+    /// Roll up the current epoch's minute segments whose whole hour ended more than
+    /// `rollup_after` ago: each becomes one hour slice appended to the roll-up file, and the
+    /// segment is removed (FORMAT.md §14.5), so a roll-up writes about one hour slice an hour.
     fn maybe_rollup(&mut self, now: u64) -> Result<(), StoreError> {
         let after = self.slices.settings.rollup_after.as_secs();
         let Some((_, w)) = &mut self.slices.writer else { return Ok(()) };
         let cutoff = now.saturating_sub(after);
-        let cutoff = cutoff - cutoff % ROLLUP_SLICE;
-        let fine_due = w.ranges().iter().any(|&(s, l)| l < ROLLUP_SLICE && s + l <= cutoff);
-        // Only whole hours: the oldest due fine slice must lie before the last full hour.
-        let oldest = w.ranges().iter().filter(|r| r.1 < ROLLUP_SLICE).map(|r| r.0).min();
-        if !fine_due || oldest.is_none_or(|o| o + ROLLUP_SLICE > cutoff) {
-            return Ok(());
+        let due: Vec<u64> =
+            w.segment_hours().iter().copied().filter(|h| h + ROLLUP_SLICE <= cutoff).collect();
+        for h in due {
+            match w.rollup(h, ROLLUP_RESOLUTION) {
+                Ok(n) => {
+                    self.slices.stats.rollups += 1;
+                    self.slices.stats.rollup_bytes += n;
+                    tracing::debug!(hour = h, bytes = n, "store: rolled up an hour of time slices");
+                }
+                // An unreadable segment was set aside (its minutes stay out of the time axis;
+                // the epoch totals keep them): the next hours go on.
+                Err(e @ profile_format::Error::Io { .. }) => return Err(e.into()),
+                Err(e) => {
+                    tracing::warn!(hour = h, error = %e,
+                        "store: unreadable minute segment set aside instead of rolled up");
+                }
+            }
         }
-        let n = w.rollup_at(cutoff, ROLLUP_SLICE, ROLLUP_RESOLUTION)?;
-        self.slices.stats.rollups += 1;
-        self.slices.stats.rollup_bytes += n;
-        tracing::debug!(file = %w.path().display(), bytes = n, "store: rolled up old time slices");
         Ok(())
+    }
+}
+
+/// Log what opening a slice file found (FORMAT.md §14.3).
+fn log_open(path: &std::path::Path, rep: &profile_format::OpenReport) {
+    if let Some(v) = rep.upgraded_from {
+        tracing::info!(file = %path.display(), from = v,
+            "store: rewrote a slice log of an older format version in the current one");
+    }
+    if rep.truncated > 0 {
+        tracing::info!(file = %path.display(), bytes = rep.truncated,
+            "store: cut the torn tail of a slice log (a crash while appending)");
+    }
+    if let Some((to, why)) = &rep.set_aside {
+        tracing::warn!(file = %path.display(), moved_to = %to.display(), error = %why,
+            "store: unreadable slice log set aside; starting a new one");
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use profile_format::{ImageKind, SliceLog};
+    use profile_format::ImageKind;
 
     fn minute(start: u64, off: u64) -> Slice {
         let key =
@@ -501,12 +534,12 @@ mod tests {
         s.slices.closed.push_back((epoch.clone(), slice(720, 8)));
         s.append_closed().unwrap();
         assert_eq!((named(), s.fresh.names_writes), (vec!["/opt/app8".to_owned()], 2));
-        assert_eq!(SliceLog::read(&hd.slices_path()).unwrap().unwrap().slices.len(), 3);
+        assert_eq!(hd.read_slices().unwrap().unwrap().slices.len(), 3);
     }
 
     /// The roll-up policy: nothing before a whole hour of minutes is older than
-    /// `rollup_after`, then those hours become hour slices, and the file is rewritten no
-    /// more than that; every sample stays.
+    /// `rollup_after`, then those hours become hour slices (one roll-up per hour, FORMAT.md
+    /// §14.5); every sample stays.
     #[test]
     fn old_minutes_become_hours_once_a_whole_hour_is_due() {
         let dir = tempfile::tempdir().unwrap();
@@ -535,8 +568,8 @@ mod tests {
             s.slices.closed_pairs += 1;
         }
         s.append_closed().unwrap();
-        let path = s.host_dir(&epoch).unwrap().slices_path();
-        let read = || SliceLog::read(&path).unwrap().unwrap();
+        let hd = s.host_dir(&epoch).unwrap();
+        let read = || hd.read_slices().unwrap().unwrap();
         assert_eq!(read().slices.len(), 180);
         // 16:59: not even the first hour ended 6 h ago.
         s.maybe_rollup(t0 + after + 3599).unwrap();
@@ -557,7 +590,7 @@ mod tests {
         assert_eq!(log.samples(), 180 * 2, "every sample kept");
         // Hours at the roll-up's resolution; the minutes were appended at the slices'.
         assert!(log.slices.iter().all(|x| log.resolution_of(x) == ROLLUP_RESOLUTION));
-        // Appending goes on in the rewritten file.
+        // Appending goes on in the next hour's segment.
         s.slices.closed.push_back((epoch.clone(), minute(t0 + 4 * 3600, 1)));
         s.slices.closed_pairs += 1;
         s.append_closed().unwrap();

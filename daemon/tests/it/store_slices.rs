@@ -136,7 +136,10 @@ fn a_torn_tail_is_cut_and_appending_goes_on() {
     s.add(batch(1, 0x10, 3), 0, 0);
     s.flush_everything().expect("flush");
     let hd = host_dir(dir.path(), &s);
-    let path = hd.slices_path();
+    // The minute's segment (FORMAT.md §14.5): the file a crash can tear.
+    let hours = hd.slice_files().expect("files").segments;
+    assert_eq!(hours.len(), 1, "{hours:?}");
+    let path = hd.slice_segment_path(*hours.iter().next().expect("a segment"));
     let good = std::fs::metadata(&path).expect("log").len();
     // What a crash in the middle of an append leaves: part of a record.
     {
@@ -167,4 +170,68 @@ fn no_slices_when_turned_off() {
     let hd = host_dir(dir.path(), &s);
     assert!(hd.read_slices().expect("readable").is_none());
     assert_eq!(profile_counts_at(&hd, 1).values().sum::<u64>(), 3);
+}
+
+/// FORMAT.md §14.5: minutes go to their UTC hour's segment; an hour older than
+/// `slice_rollup_after` becomes one hour record appended to `slices.hours.log` and its segment
+/// is removed, without rewriting anything live (the current segment keeps its inode and its
+/// bytes), and every sample stays.
+#[test]
+fn old_hours_are_rolled_up_by_appending_not_rewriting() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(dir.path());
+    s.set_slices(SliceSettings {
+        interval: Duration::from_secs(60),
+        rollup_after: Duration::from_secs(3600),
+    });
+    let hd = host_dir(dir.path(), &s);
+    // Two hours of minutes from three and two hours ago, as an earlier run appended them.
+    let now = unix_now();
+    let h0 = now - now % 3600 - 3 * 3600;
+    let key = SliceKey {
+        event: "cpu-clock".into(),
+        image: Some(profile_format::ImageId::BuildId(vec![9; 20])),
+    };
+    hd.create().expect("host dir");
+    {
+        let (mut w, _) = profile_format::SegmentWriter::open(&hd).expect("segments");
+        w.set_resolution(16);
+        for m in 0..120 {
+            let counts = [(key.clone(), vec![(0x100 + m % 5 * 16, 3)])].into_iter().collect();
+            w.append(&profile_format::Slice { start: h0 + m * 60, len: 60, seq: 0, counts })
+                .expect("append");
+        }
+    }
+    assert_eq!(hd.slice_files().expect("files").segments.len(), 2);
+    // This run: a first minute appended, then the roll-up of the two old hours.
+    s.add(batch(1, 0x10, 3), 0, 0);
+    s.flush_everything().expect("flush");
+    let files = hd.slice_files().expect("files");
+    let current = now - now % 3600;
+    assert!(files.hours, "{files:?}");
+    assert_eq!(files.segments, [current].into_iter().collect(), "old segments removed");
+    let hours = std::fs::metadata(hd.slice_hours_path()).expect("hours");
+    let st = s.slice_stats();
+    assert_eq!(st.rollups, 2);
+    assert_eq!(st.rollup_bytes + 16, hours.len(), "the roll-ups wrote their records only");
+    let seg = hd.slice_segment_path(current);
+    let (ino, len) = {
+        let m = std::fs::metadata(&seg).expect("segment");
+        (m.ino(), m.len())
+    };
+    let before = std::fs::read(&seg).expect("segment");
+    // Another minute: appended to the same segment, nothing rewritten.
+    wait_past(unix_now());
+    s.add(batch(1, 0x20, 4), 0, 0);
+    s.flush_everything().expect("flush");
+    let m = std::fs::metadata(&seg).expect("segment");
+    assert_eq!(m.ino(), ino, "the live segment is never replaced");
+    assert!(m.len() > len);
+    assert_eq!(&std::fs::read(&seg).expect("segment")[..before.len()], &before[..]);
+    let log = hd.read_slices().expect("readable").expect("slices");
+    assert_eq!(log.samples(), 120 * 3 + 3 + 4, "every sample kept");
+    let hours: Vec<_> = log.slices.iter().filter(|x| x.len == 3600).collect();
+    assert_eq!(hours.len(), 2);
+    assert!(hours.iter().all(|x| log.resolution_of(x) == dcpid::store::ROLLUP_RESOLUTION));
 }
