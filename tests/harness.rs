@@ -104,6 +104,23 @@ pub fn flush_until_done(d: &Daemon) {
 }
 
 /// The JSON document a report tool printed; panics with its stderr unless it succeeded.
+/// Compile the C program `source` into `dir` as `name` with `flags` and a GNU build-id (so
+/// the reports can match builds); the binary's path.
+pub fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).expect("write C source");
+    let bin = dir.join(name);
+    let out = Command::new("cc")
+        .args(flags)
+        .args(["-Wl,--build-id=sha1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(out.status.success(), "cc {name}.c: {}", String::from_utf8_lossy(&out.stderr));
+    bin
+}
+
 pub fn json(out: Output) -> serde_json::Value {
     assert!(out.status.success(), "report failed: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("JSON report")
@@ -185,17 +202,7 @@ impl Sandbox {
     /// GNU build-id: each function the workloads name stays a symbol of its own and the
     /// reports can match builds); the binary's path.
     pub fn compile_c(&self, name: &str, source: &str) -> PathBuf {
-        let src = self.dir.path().join(format!("{name}.c"));
-        std::fs::write(&src, source).expect("write C source");
-        let bin = self.dir.path().join(name);
-        let out = Command::new("cc")
-            .args(["-O1", "-fno-inline", "-Wl,--build-id=sha1", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .output()
-            .expect("run cc");
-        assert!(out.status.success(), "cc {name}.c: {}", String::from_utf8_lossy(&out.stderr));
-        bin
+        compile_c(self.dir.path(), name, source, &["-O1", "-fno-inline"])
     }
     /// `dcpidiff --format json` of `image`'s functions between epochs `before` and `after` of
     /// `host` in this sandbox's database (symbol cache in the sandbox), plus `extra`

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dcpi_e2e::{Daemon, Sandbox};
+use dcpi_e2e::{compile_c, Daemon, Sandbox};
 use profile_format::{Database, EpochId, ImageId, Profile};
 
 /// A program that burns CPU for ARGV[1] seconds of wall time; TAG makes each build distinct
@@ -31,16 +31,8 @@ int main(int argc, char **argv) {
 
 /// Build the spinner with a tag; returns its path and GNU build-id.
 fn build(dir: &Path, tag: u32) -> (PathBuf, Vec<u8>) {
-    let c = dir.join(format!("spin{tag}.c"));
-    std::fs::write(&c, SPIN_C).expect("write source");
-    let out = dir.join(format!("spin{tag}"));
-    let st = Command::new("cc")
-        .args(["-O1", "-Wl,--build-id=sha1", &format!("-DTAG={tag}"), "-o"])
-        .arg(&out)
-        .arg(&c)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed for spin{tag}");
+    let tag_flag = format!("-DTAG={tag}");
+    let out = compile_c(dir, &format!("spin{tag}"), SPIN_C, &["-O1", &tag_flag]);
     let data = std::fs::read(&out).expect("read binary");
     let pat = [4u8, 0, 0, 0, 20, 0, 0, 0, 3, 0, 0, 0, b'G', b'N', b'U', 0];
     let at = data.windows(pat.len()).position(|w| w == pat).expect("build-id note");

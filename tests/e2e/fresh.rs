@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use dcpi_e2e::{json, Sandbox};
+use dcpi_e2e::{compile_c, json, Sandbox};
 use profile_format::{Database, HostDir};
 
 /// A program that burns about a fifth of a CPU (2 ms of work, 8 ms asleep) until killed;
@@ -32,17 +32,8 @@ int main(void) {
 "#;
 
 fn build(dir: &Path, tag: u32) -> PathBuf {
-    let c = dir.join(format!("duty{tag}.c"));
-    std::fs::write(&c, DUTY_C).expect("write source");
-    let out = dir.join(format!("duty{tag}"));
-    let st = Command::new("cc")
-        .args(["-O1", "-Wl,--build-id=sha1", &format!("-DTAG={tag}"), "-o"])
-        .arg(&out)
-        .arg(&c)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed for duty{tag}");
-    out
+    let tag_flag = format!("-DTAG={tag}");
+    compile_c(dir, &format!("duty{tag}"), DUTY_C, &["-O1", &tag_flag])
 }
 
 /// Killed when the test ends, however it ends.

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dcpi_e2e::{json, run, Sandbox};
+use dcpi_e2e::{compile_c, json, run, Sandbox};
 
 /// A program that burns CPU until the wall-clock time ARGV[1] (Unix seconds); TAG makes each
 /// build distinct (its own build-id, hence its own image in the reports).
@@ -25,17 +25,8 @@ int main(int argc, char **argv) {
 "#;
 
 fn build(dir: &Path, tag: u32) -> PathBuf {
-    let c = dir.join(format!("work{tag}.c"));
-    std::fs::write(&c, SPIN_UNTIL_C).expect("write source");
-    let out = dir.join(format!("work{tag}"));
-    let st = Command::new("cc")
-        .args(["-O1", "-Wl,--build-id=sha1", &format!("-DTAG={tag}"), "-o"])
-        .arg(&out)
-        .arg(&c)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed for work{tag}");
-    out
+    let tag_flag = format!("-DTAG={tag}");
+    compile_c(dir, &format!("work{tag}"), SPIN_UNTIL_C, &["-O1", &tag_flag])
 }
 
 fn now_f() -> f64 {
