@@ -45,7 +45,7 @@ mod symtabs;
 mod who;
 pub use rotation::{EpochSchedule, Rotation};
 pub use slices::{SliceSettings, SliceStats, ROLLUP_RESOLUTION, ROLLUP_SLICE, SLICE_RESOLUTION};
-pub use symtabs::{SymtabCounters, SYMTAB_THREAD};
+pub use symtabs::{SymtabBudget, SymtabCounters, SYMTAB_THREAD};
 pub use who::WhoProfiles;
 
 use std::collections::HashSet;
@@ -401,6 +401,12 @@ impl Store {
     /// What the symbol store's thread did so far (FORMAT.md §10).
     pub fn symtab_counters(&self) -> Arc<SymtabCounters> {
         self.symtabs.counters()
+    }
+
+    /// The symbol store's CPU budget (settable while it runs; tests narrow it).
+    #[doc(hidden)]
+    pub fn symtab_budget(&self) -> Arc<SymtabBudget> {
+        self.symtabs.budget()
     }
 
     pub fn config(&self) -> &StoreConfig {
