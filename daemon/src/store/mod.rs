@@ -610,7 +610,7 @@ impl Store {
         self.symtabs.offer(
             &self.cfg.db,
             self.epoch.as_ref().map(EpochId::as_str),
-            resolved.profiles.values().map(|p| &*p.image),
+            resolved.profiles.values().map(|p| (&*p.image, &p.counts)),
         );
         let logged = &mut self.host.unknown_event_logged;
         let mut unknown_event = |ev: u16| {

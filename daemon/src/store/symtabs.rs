@@ -11,7 +11,8 @@
 //! bytes ([`BYTES_PER_HOUR`] per hour). Full buckets let the first minutes after a start store
 //! the running images' tables at once; after that a machine that links new binaries all day (a
 //! CI runner) costs at most [`CPU_PER_SEC`]: the images beyond the budget wait in the queue (or
-//! in the batches that offer them again) and are stored later. Before this bound the worker
+//! in the batches that offer them again) and are stored later, the image with the most
+//! samples first. Before this bound the worker
 //! could take a tenth of a CPU, and did: 21-31 ms/s on a VM where other builds kept linking
 //! binaries (BENCHMARKS.md, "DWARF stacks (issue 37)").
 
@@ -31,11 +32,11 @@ use crate::resolve::symtab::{extract, SymtabError, SYSTEM_DEBUG_DIR};
 const QUEUE: usize = 1024;
 /// Shortest pause between two tables.
 const MIN_GAP: Duration = Duration::from_millis(20);
-/// Worker CPU time earned per second of wall time (0.05 % of one CPU): the steady-state cost
+/// Worker CPU time earned per second of wall time (0.2 % of one CPU): the steady-state cost
 /// of the store however many new binaries appear. A small C program's table costs ~0.1-0.5 ms
 /// to read and write, a large Rust test binary's a few ms, so this still stores a few
 /// new images a minute.
-pub(super) const CPU_PER_SEC: Duration = Duration::from_micros(500);
+pub(super) const CPU_PER_SEC: Duration = Duration::from_millis(2);
 /// Worker CPU time that may be spent at once (the bucket's size): the tables of the images
 /// running at start-up, a few hundred small ones.
 pub(super) const CPU_BURST: Duration = Duration::from_millis(500);
@@ -52,6 +53,10 @@ struct Job {
     db: PathBuf,
     build_id: Vec<u8>,
     path: PathBuf,
+    /// Samples of the image in the batch that offered it: the worker stores the most sampled
+    /// waiting image first, so that under churn the budget goes to the images a report
+    /// will show, and images seen only briefly (a build script) wait.
+    samples: u64,
 }
 
 /// What the worker did (for logs, tests and benchmarks).
@@ -82,7 +87,7 @@ pub struct SymtabBudget {
 
 impl Default for SymtabBudget {
     fn default() -> Self {
-        SymtabBudget {
+        Self {
             cpu_ns_per_sec: AtomicU64::new(CPU_PER_SEC.as_nanos() as u64),
             burst_ns: AtomicU64::new(CPU_BURST.as_nanos() as u64),
         }
@@ -101,13 +106,14 @@ pub(super) struct Pacer {
 }
 
 impl Pacer {
-    pub(super) fn new(now: Instant, burst_ns: u64) -> Pacer {
-        Pacer { tokens: i128::from(burst_ns), last: now }
+    pub(super) fn new(now: Instant, burst_ns: u64) -> Self {
+        Self { tokens: i128::from(burst_ns), last: now }
     }
 
     fn refill(&mut self, now: Instant, rate_ns_per_sec: u64, burst_ns: u64) {
-        let dt = now.saturating_duration_since(self.last).as_nanos() as i128;
-        let earned = dt * i128::from(rate_ns_per_sec) / 1_000_000_000;
+        let dt = i128::try_from(now.saturating_duration_since(self.last).as_nanos())
+            .unwrap_or(i128::MAX);
+        let earned = dt.saturating_mul(i128::from(rate_ns_per_sec)) / 1_000_000_000;
         if earned > 0 {
             self.tokens = (self.tokens + earned).min(i128::from(burst_ns));
             self.last = now;
@@ -128,11 +134,11 @@ impl Pacer {
         if self.tokens > 0 {
             return None;
         }
-        let need = (1 - self.tokens) as u128;
+        let need = u128::try_from(1 - self.tokens).unwrap_or(0);
         let wait = need
             .saturating_mul(1_000_000_000)
             .checked_div(u128::from(rate_ns_per_sec))
-            .map_or(MAX_WAIT, |ns| Duration::from_nanos(ns.min(u128::from(u64::MAX)) as u64));
+            .map_or(MAX_WAIT, |ns| Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX)));
         Some(wait.clamp(Duration::from_millis(1), MAX_WAIT))
     }
 
@@ -183,13 +189,13 @@ impl SymtabStore {
         &mut self,
         db: &Path,
         epoch: Option<&str>,
-        images: impl Iterator<Item = &'a crate::types::ImageInfo>,
+        images: impl Iterator<Item = (&'a crate::types::ImageInfo, &'a crate::aggregate::OffsetCounts)>,
     ) {
         if self.epoch.as_deref() != epoch {
             self.epoch = epoch.map(str::to_owned);
             self.seen.clear();
         }
-        for img in images {
+        for (img, counts) in images {
             let (ImageKind::Elf, ImageId::BuildId(b)) = (img.kind, &img.id) else { continue };
             if self.seen.contains(b) || img.path.is_empty() {
                 continue;
@@ -199,6 +205,7 @@ impl SymtabStore {
                 db: db.to_owned(),
                 build_id: b.clone(),
                 path: PathBuf::from(std::ffi::OsStr::from_bytes(&img.path)),
+                samples: counts.values().map(|c| c.0).sum(),
             };
             match tx.try_send(job) {
                 Ok(()) => {
@@ -230,9 +237,17 @@ fn worker(rx: &Receiver<Job>, c: &SymtabCounters, budget: &SymtabBudget, debug_r
     let mut refilled = Instant::now();
     let mut logged_errors = 0u32;
     let mut pacer = Pacer::new(Instant::now(), budget.burst_ns.load(Ordering::Relaxed));
-    while let Ok(job) = rx.recv() {
-        // The CPU budget: wait (the job and those behind it stay queued; the store offers
-        // more only while the queue has room) until the bucket holds time again.
+    // Jobs taken off the channel, waiting (at most QUEUE: beyond, they wait in the channel).
+    let mut pending: Vec<Job> = Vec::new();
+    loop {
+        if pending.is_empty() {
+            match rx.recv() {
+                Ok(j) => pending.push(j),
+                Err(_) => return,
+            }
+        }
+        // The CPU budget: wait (the jobs stay queued; the store offers more only while the
+        // queue has room) until the bucket holds time again.
         loop {
             let rate = budget.cpu_ns_per_sec.load(Ordering::Relaxed);
             let burst = budget.burst_ns.load(Ordering::Relaxed);
@@ -244,6 +259,14 @@ fn worker(rx: &Receiver<Job>, c: &SymtabCounters, budget: &SymtabBudget, debug_r
                 }
             }
         }
+        while pending.len() < QUEUE {
+            match rx.try_recv() {
+                Ok(j) => pending.push(j),
+                Err(_) => break,
+            }
+        }
+        let most = (0..pending.len()).max_by_key(|&i| pending[i].samples).unwrap_or(0);
+        let job = pending.swap_remove(most);
         let c0 = thread_cpu_ns();
         let db = match Database::open(&job.db) {
             Ok(db) => db,

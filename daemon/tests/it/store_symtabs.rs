@@ -157,3 +157,37 @@ fn new_images_beyond_the_cpu_budget_wait_and_are_stored_later() {
     wait("all tables stored", || images.iter().all(|(_, id)| db.has_symtab(id)));
     assert_eq!(counters.stored.load(Ordering::Relaxed), 5);
 }
+
+/// Waiting images are stored most sampled first: under churn the budget goes to what reports
+/// will show, and an image seen briefly (a build script) waits.
+#[test]
+fn the_most_sampled_waiting_image_is_stored_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((exe, id, _)) = probe_image(dir.path()) else {
+        dcpi_testkit::skip!("cc could not build a program with a build-id (is gcc installed?)");
+    };
+    let images: Vec<_> = (0..3u8).map(|n| rebuilt_copy(dir.path(), &exe, &id, n ^ 0x5a)).collect();
+    let mut s = open(dir.path());
+    let db = Database::open(&dir.path().join("db")).unwrap();
+    let counters = s.symtab_counters();
+    let budget = s.symtab_budget();
+    // No budget at all while the images are offered: they all wait.
+    budget.burst_ns.store(0, Ordering::Relaxed);
+    budget.cpu_ns_per_sec.store(0, Ordering::Relaxed);
+    for (i, (path, id)) in images.iter().enumerate() {
+        let mut b = batch(id, path);
+        if i == 1 {
+            let p = b.profiles.values_mut().next().unwrap();
+            p.counts.insert(0x2000, (300, 300_000));
+        }
+        s.add(b, 0, 0);
+    }
+    s.tick_at(Instant::now());
+    wait("the worker waits for budget", || counters.deferred.load(Ordering::Relaxed) >= 1);
+    // Room for one table in about a second, then none for a long time.
+    budget.burst_ns.store(1, Ordering::Relaxed);
+    budget.cpu_ns_per_sec.store(1, Ordering::Relaxed);
+    wait("one table stored", || counters.stored.load(Ordering::Relaxed) >= 1);
+    assert!(db.has_symtab(&images[1].1), "the image with 303 samples goes first");
+    assert!(!db.has_symtab(&images[0].1) && !db.has_symtab(&images[2].1));
+}
