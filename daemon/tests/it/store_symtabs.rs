@@ -104,3 +104,90 @@ fn first_batch_of_an_image_stores_its_symbol_table_once() {
     wait("present counted", || counters.present.load(Ordering::Relaxed) >= 1);
     assert_eq!(counters.stored.load(Ordering::Relaxed), 2, "stored once per database");
 }
+
+/// A copy of `exe` whose build-id is `id` with its last byte replaced by `n`: another image.
+fn rebuilt_copy(
+    dir: &std::path::Path,
+    exe: &std::path::Path,
+    id: &[u8],
+    n: u8,
+) -> (std::path::PathBuf, Vec<u8>) {
+    #[allow(clippy::disallowed_methods)]
+    let mut data = std::fs::read(exe).unwrap();
+    let at = data.windows(id.len()).position(|w| w == id).expect("build-id bytes in the file");
+    let mut new = id.to_vec();
+    *new.last_mut().unwrap() = n;
+    data[at..at + id.len()].copy_from_slice(&new);
+    let path = dir.join(format!("probe{n}"));
+    std::fs::write(&path, &data).unwrap();
+    (path, new)
+}
+
+/// Many new images at once (a CI runner linking binaries all day): the worker stores what its
+/// CPU budget allows and defers the rest, which it stores later once the budget refills.
+/// Without the budget it stored them all at once, whatever they cost.
+#[test]
+fn new_images_beyond_the_cpu_budget_wait_and_are_stored_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((exe, id, _)) = probe_image(dir.path()) else {
+        dcpi_testkit::skip!("cc could not build a program with a build-id (is gcc installed?)");
+    };
+    let images: Vec<_> = (0..5u8).map(|n| rebuilt_copy(dir.path(), &exe, &id, n ^ 0xa5)).collect();
+    let mut s = open(dir.path());
+    let db = Database::open(&dir.path().join("db")).unwrap();
+    let counters = s.symtab_counters();
+    let budget = s.symtab_budget();
+    // Room for one table (any table costs more than a nanosecond), and no refill.
+    budget.burst_ns.store(1, Ordering::Relaxed);
+    budget.cpu_ns_per_sec.store(0, Ordering::Relaxed);
+    for (path, id) in &images {
+        s.add(batch(id, path), 0, 0);
+    }
+    s.tick_at(Instant::now());
+    wait("the first table, then a wait for budget", || {
+        counters.deferred.load(Ordering::Relaxed) >= 1
+            || counters.stored.load(Ordering::Relaxed) >= 2
+    });
+    assert_eq!(counters.stored.load(Ordering::Relaxed), 1, "one table within the budget");
+    assert_eq!(images.iter().filter(|(_, id)| db.has_symtab(id)).count(), 1);
+    assert_eq!(counters.skipped.load(Ordering::Relaxed), 0, "deferred, not dropped");
+    // The budget refills (here at once): the rest are stored.
+    budget.burst_ns.store(1_000_000_000, Ordering::Relaxed);
+    budget.cpu_ns_per_sec.store(1_000_000_000, Ordering::Relaxed);
+    wait("all tables stored", || images.iter().all(|(_, id)| db.has_symtab(id)));
+    assert_eq!(counters.stored.load(Ordering::Relaxed), 5);
+}
+
+/// Waiting images are stored most sampled first: under churn the budget goes to what reports
+/// will show, and an image seen briefly (a build script) waits.
+#[test]
+fn the_most_sampled_waiting_image_is_stored_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((exe, id, _)) = probe_image(dir.path()) else {
+        dcpi_testkit::skip!("cc could not build a program with a build-id (is gcc installed?)");
+    };
+    let images: Vec<_> = (0..3u8).map(|n| rebuilt_copy(dir.path(), &exe, &id, n ^ 0x5a)).collect();
+    let mut s = open(dir.path());
+    let db = Database::open(&dir.path().join("db")).unwrap();
+    let counters = s.symtab_counters();
+    let budget = s.symtab_budget();
+    // No budget at all while the images are offered: they all wait.
+    budget.burst_ns.store(0, Ordering::Relaxed);
+    budget.cpu_ns_per_sec.store(0, Ordering::Relaxed);
+    for (i, (path, id)) in images.iter().enumerate() {
+        let mut b = batch(id, path);
+        if i == 1 {
+            let p = b.profiles.values_mut().next().unwrap();
+            p.counts.insert(0x2000, (300, 300_000));
+        }
+        s.add(b, 0, 0);
+    }
+    s.tick_at(Instant::now());
+    wait("the worker waits for budget", || counters.deferred.load(Ordering::Relaxed) >= 1);
+    // Room for one table in about a second, then none for a long time.
+    budget.burst_ns.store(1, Ordering::Relaxed);
+    budget.cpu_ns_per_sec.store(1, Ordering::Relaxed);
+    wait("one table stored", || counters.stored.load(Ordering::Relaxed) >= 1);
+    assert!(db.has_symtab(&images[1].1), "the image with 303 samples goes first");
+    assert!(!db.has_symtab(&images[0].1) && !db.has_symtab(&images[2].1));
+}
