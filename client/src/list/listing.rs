@@ -224,7 +224,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     let spec = args.image.as_deref().unwrap_or_default();
     let sym_spec = args.symbol.as_deref().unwrap_or_default();
     let filter = ImageFilter::new(spec);
-    let loaded = super::load_for(args, Some(&filter), warnings)?;
+    let loaded = super::load::load_for(args, Some(&filter), warnings)?;
     let weights = report::weights(&loaded, &args.sel.events)?;
     let idx = report::resolve_image(&loaded, &weights, spec)?;
     let first = &loaded.profiles[idx[0]];

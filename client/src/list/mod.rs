@@ -4,6 +4,7 @@
 //!
 //! * [`listing`] finds the function, its code bytes and the samples in it, and builds rows;
 //! * [`disasm`] decodes x86-64 with iced-x86 and finds basic blocks and branch targets;
+//! * [`load`] reads the profiles a listing or `--top` counts (`--command`/`--cgroup` or published);
 //! * [`top`] ranks instructions across every image;
 //! * [`render`] writes a table, JSON or CSV.
 
@@ -11,6 +12,7 @@ pub mod cli;
 pub mod disasm;
 pub mod kernel;
 pub mod listing;
+pub mod load;
 pub mod render;
 pub mod top;
 
@@ -50,35 +52,6 @@ pub fn print_error(err: &mut dyn Write, e: &ListError) {
             ));
         }
     }
-}
-
-/// The profiles a per-instruction report reads: `--command`'s or `--cgroup`'s profiles, else
-/// the published profiles (of `filter`'s image, or of every image with all their offsets for
-/// `--top`). The current epoch's newest samples sit in time slices at a coarser offset
-/// resolution (FORMAT.md §7.3), so they are left out here, with a warning saying how many.
-pub(crate) fn load_for(
-    args: &Args,
-    filter: Option<&dcpi_report::report::ImageFilter>,
-    warnings: &mut Vec<String>,
-) -> Result<dcpi_report::select::Loaded, ListError> {
-    if let Some(who) = args.who() {
-        return Ok(prof::whoprof::load(&args.sel, &who, &mut |w| warnings.push(w))?);
-    }
-    let (loaded, fresh) = match filter {
-        Some(f) => args.sel.load_published(Some(f), &mut |w| warnings.push(w))?,
-        None => args.sel.load_all_counts_published(&mut |w| warnings.push(w))?,
-    };
-    if fresh.samples > 0 {
-        warnings.push(format!(
-            "{} sample(s){} from the current epoch's newest time slices are left out (their \
-             offsets are kept at {} bytes there, not per instruction); dcpiprof includes \
-             them; `dcpictl flush` publishes them into the profiles",
-            fresh.samples,
-            if filter.is_some() { " of this image" } else { "" },
-            fresh.resolution
-        ));
-    }
-    Ok(loaded)
 }
 
 /// Run `dcpilist` with parsed arguments; errors are returned, not printed.

@@ -44,7 +44,7 @@ pub struct TopReport {
 type ImageKey = (ImageKind, ImageId);
 
 pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopReport, ListError> {
-    let loaded = super::load_for(args, None, warnings)?;
+    let loaded = super::load::load_for(args, None, warnings)?;
     if loaded.profiles.is_empty() {
         return Err(ProfError::Empty(
             "no profiles in the selected epoch(s)/host(s): nothing sampled yet (run `dcpictl \
