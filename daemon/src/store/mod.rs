@@ -46,7 +46,7 @@ mod symtabs;
 mod who;
 pub use rotation::{EpochSchedule, Rotation};
 pub use slices::{SliceSettings, SliceStats, ROLLUP_RESOLUTION, ROLLUP_SLICE, SLICE_RESOLUTION};
-pub use symtabs::{SymtabBudget, SymtabCounters, SYMTAB_THREAD};
+pub use symtabs::{SymtabCounters, SYMTAB_THREAD};
 pub use who::WhoProfiles;
 
 use std::collections::HashSet;
@@ -421,12 +421,6 @@ impl Store {
         self.symtabs.counters()
     }
 
-    /// The symbol store's CPU budget (settable while it runs; tests narrow it).
-    #[doc(hidden)]
-    pub fn symtab_budget(&self) -> Arc<SymtabBudget> {
-        self.symtabs.budget()
-    }
-
     pub fn config(&self) -> &StoreConfig {
         &self.cfg
     }
@@ -628,7 +622,7 @@ impl Store {
         self.symtabs.offer(
             &self.cfg.db,
             self.epoch.as_ref().map(EpochId::as_str),
-            resolved.profiles.values().map(|p| (&*p.image, &p.counts)),
+            resolved.profiles.values().map(|p| &*p.image),
         );
         let logged = &mut self.host.unknown_event_logged;
         let mut unknown_event = |ev: u16| {
