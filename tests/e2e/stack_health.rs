@@ -12,18 +12,7 @@ const CALLERS_C: &str = include_str!("dwarf_callers.c");
 
 /// Build [`CALLERS_C`] as `dir/name` with `flags`.
 fn build(dir: &std::path::Path, name: &str, flags: &[&str]) -> std::path::PathBuf {
-    let src = dir.join(format!("{name}.c"));
-    std::fs::write(&src, CALLERS_C).expect("write source");
-    let bin = dir.join(name);
-    let st = Command::new("cc")
-        .args(flags)
-        .args(["-Wl,--build-id=sha1", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "cc failed");
-    bin
+    dcpi_e2e::compile_c(dir, name, CALLERS_C, flags)
 }
 
 /// Run each of `bins` for `secs` of its CPU time under a daemon recording `callchains`, then
