@@ -8,7 +8,7 @@ ignored" and records nothing of it, so it cannot be the reference on this machin
 
   bench/offcpu.py [--secs 10] [--rate 5000] [--reps 3] [--dcpid target/release/dcpid]
                   [--dcpictl target/release/dcpictl] [--base-dcpid OTHER] [--cost-reps 1]
-                  [--no-slowdown] [--no-cost] [--bytes-secs 0] [--out FILE]
+                  [--no-slowdown] [--no-cost] [--bytes-secs 0] [--kinds K,K] [--out FILE]
 
 --base-dcpid: another dcpid binary (e.g. the commit before a change) whose off-CPU cost is
 measured in the same run, interleaved with --dcpid's (off, on, base on; --cost-reps times), so
@@ -122,6 +122,11 @@ def cost(args, work, exe, off_cpu, dcpid=None):
 PERF_KINDS = {
     "perf": ["-c", "1", "-e", "context-switches", "--switch-events"],
     "perf-sched_switch": ["-e", "sched:sched_switch"],
+    # What `dcpid --off-cpu true` records, the same way: its sampled event (cpu-clock at 1 kHz
+    # per CPU with frame-pointer chains) and the switches; "perf" above records the switches
+    # alone, so it is the reference for off-CPU's share (dcpid+offcpu - dcpid).
+    "perf-all": ["-e", "cpu-clock/period=1000000/", "-e", "context-switches/period=1/",
+                 "--switch-events"],
 }
 
 
@@ -172,7 +177,7 @@ def write_bytes(pid):
 def bytes_run(args, work, exe):
     """Bytes per core-day with off-CPU on: two dcpid side by side on the same machine (off-CPU
     off and on, same options), the paced ping-pong running all along. Over the window (after
-    --settle): each database's growth (files' sizes, spool excluded) and each daemon's
+    --settle): each database's epochs/ growth (files' sizes; spool and binaries/ excluded) and each daemon's
     write_bytes (/proc/PID/io). Off-CPU's share is on - off; projected to a core-day linearly
     (x 86400 / window / CPUs): an upper bound, since the off-CPU profiles grow with distinct
     blocking sites, which saturate, and the slices' per-minute records are what keeps
@@ -183,7 +188,10 @@ def bytes_run(args, work, exe):
                           stdout=subprocess.DEVNULL)
     try:
         time.sleep(args.settle)
-        db = {k: os.path.join(d.dir, "db") for k, d in (("off", off), ("on", on))}
+        # epochs/ only: binaries/ (the symbol store, issue 39) holds one table per image,
+        # written when each daemon first samples it, at times that differ between the two
+        # daemons, so counting it made on - off measure the store's timing, not off-CPU.
+        db = {k: os.path.join(d.dir, "db", "epochs") for k, d in (("off", off), ("on", on))}
         t0 = time.time()
         b0 = {k: tree_bytes(v) for k, v in db.items()}
         w0 = {"off": write_bytes(off.p.pid), "on": write_bytes(on.p.pid)}
@@ -229,6 +237,8 @@ def main():
     ap.add_argument("--bytes-secs", type=float, default=0,
                     help="also measure bytes per core-day over this window (two dcpid)")
     ap.add_argument("--no-cost", action="store_true")
+    ap.add_argument("--kinds", help="comma-separated collectors of the slowdown run (default: "
+                    "none,dcpid,dcpid+offcpu," + ",".join(PERF_KINDS) + ")")
     ap.add_argument("--out")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="offcpu-bench-")
@@ -260,7 +270,8 @@ def main():
     if runs["base_on"]:
         res["cost"]["base_dcpid"] = extra(runs["base_on"])
     res["slowdown"] = {}
-    kinds = ["none", "dcpid", "dcpid+offcpu", *PERF_KINDS]
+    kinds = args.kinds.split(",") if args.kinds else ["none", "dcpid", "dcpid+offcpu",
+                                                      *PERF_KINDS]
     if args.base_dcpid:
         kinds.append("base_dcpid+offcpu")
     rts = {k: [] for k in kinds}

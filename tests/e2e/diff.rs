@@ -2,9 +2,9 @@
 //! between two phases whose per-function time changes from 50/30/20 to 20/30/50.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use dcpi_e2e::Sandbox;
+use dcpi_e2e::{Metered, Sandbox, METERED_C};
 
 /// Three functions with the same loop body, called in small interleaved rounds (far shorter
 /// than the sampling period, so the timer's phase cannot favour one) in the proportions the
@@ -96,132 +96,6 @@ fn dcpidiff_finds_a_50_30_20_to_20_30_50_shift_between_two_epochs() {
     }
 }
 
-/// The causality run of issue 39: three functions with the same loop body, each given the same
-/// fixed amount of CPU time per second of wall time (`SHARE` of a CPU each, argv[1]); SIGUSR1
-/// gives `work_b` 1.3x its amount from then on; SIGUSR2 makes the program exit printing how far
-/// behind its budget it ever was (ms of CPU) and each function's CPU time per wall second
-/// before and after SIGUSR1 (the ground truth, measured by the function's own thread CPU
-/// clock).
-///
-/// The work is metered in the thread's CPU time, not in loop iterations, because on a shared
-/// machine the CPU time a fixed number of iterations takes is not fixed: in CI's fresh run,
-/// beside the other e2e tests, an unchanged function doing fixed iterations took 1.14x the CPU
-/// time in the second epoch (z 4.4): a time profiler rightly reports that as slower. Metered
-/// work keeps what each function truly costs per second exactly known whatever the
-/// contention (it cancels a slower CPU as the cpu-clock samples see it), so the test still
-/// proves that the rate comparison flags the one function whose time per second rose, and only
-/// it. The functions take turns in slices of ~10 µs (far below the 250 µs sampling period) and
-/// the program wakes at random 5-15 ms intervals, so neither the timer's phase nor the wake-up
-/// schedule favours one; a slice's overshoot is paid back in the next wake-up. It runs at nice
-/// -15 (as root): beside two busy loops and a load of 27 at nice 0 it fell 1.6 s of CPU behind
-/// its 8 % over a minute (its fair share was below it), and a program that cannot keep its
-/// budget has no known truth. The priority changes when it runs, not what it costs.
-const CAUSAL_C: &str = r#"
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/resource.h>
-#include <time.h>
-#define BODY { unsigned long s = 0; for (unsigned long i = 0; i < n; i++) s += i * i ^ (s >> 3); return s; }
-__attribute__((noipa, noinline)) unsigned long work_a(unsigned long n) BODY
-__attribute__((noipa, noinline)) unsigned long work_b(unsigned long n) BODY
-__attribute__((noipa, noinline)) unsigned long work_c(unsigned long n) BODY
-static unsigned long (*const fns[3])(unsigned long) = { work_a, work_b, work_c };
-static volatile sig_atomic_t slow = 0, stop = 0;
-static void on_usr1(int s) { (void)s; slow = 1; }
-static void on_usr2(int s) { (void)s; stop = 1; }
-static double secs(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec + t.tv_nsec / 1e9; }
-int main(int argc, char **argv) {
-  double share = argc > 1 ? atof(argv[1]) : 0.027;
-  if (setpriority(PRIO_PROCESS, 0, -15) != 0) perror("setpriority (the budget may not be kept)");
-  signal(SIGUSR1, on_usr1);
-  signal(SIGUSR2, on_usr2);
-  double target[3] = {0}, used[3] = {0}, phase_used[2][3] = {{0}}, phase_wall[2] = {0};
-  double last = secs(CLOCK_MONOTONIC), lag = 0;
-  volatile unsigned long sink = 0;
-  unsigned seed = 1;
-  while (!stop) {
-    double now = secs(CLOCK_MONOTONIC), dt = now - last;
-    int p = slow;
-    last = now;
-    phase_wall[p] += dt;
-    for (int f = 0; f < 3; f++) {
-      target[f] += dt * share * (f == 1 && p ? 1.3 : 1.0);
-      if ((target[f] - used[f]) * 1e3 > lag) lag = (target[f] - used[f]) * 1e3;
-    }
-    for (int busy = 1; busy;) {
-      busy = 0;
-      for (int f = 0; f < 3; f++) {
-        if (used[f] >= target[f]) continue;
-        busy = 1;
-        double t0 = secs(CLOCK_THREAD_CPUTIME_ID);
-        sink += fns[f](4000 + (sink & 1));
-        double d = secs(CLOCK_THREAD_CPUTIME_ID) - t0;
-        used[f] += d;
-        phase_used[p][f] += d;
-      }
-    }
-    seed = seed * 1103515245 + 12345;
-    struct timespec nap = { 0, 5000000 + (long)((seed >> 8) % 10000000) };
-    nanosleep(&nap, NULL);
-  }
-  printf("%.1f", lag);
-  for (int p = 0; p < 2; p++)
-    for (int f = 0; f < 3; f++) printf(" %.6f", phase_wall[p] > 0 ? phase_used[p][f] / phase_wall[p] : 0);
-  printf("\n");
-  return 0;
-}
-"#;
-
-/// The workload of a test, killed if the test ends before it does.
-struct Running(Option<std::process::Child>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            c.kill().ok();
-            c.wait().ok();
-        }
-    }
-}
-
-/// A `dcpictl epoch new`: the new epoch, and when the command started and returned.
-struct Cut {
-    id: String,
-    start: Instant,
-    end: Instant,
-}
-
-/// Start a new epoch after `prev` for up to 5 minutes. `epoch new` answers within 20 s; an
-/// epoch change that takes longer (a loaded store) goes on in the background and the command
-/// says it is not done, and later ones are refused while it runs ("store is busy"). So a
-/// failed answer is followed by `epoch show`: an epoch other than `prev` is this cut, made late
-/// (issuing another `epoch new` then would make a second, unwanted epoch).
-fn cut(d: &dcpi_e2e::Daemon, prev: &str) -> Cut {
-    let start = Instant::now();
-    let mut errors = Vec::new();
-    loop {
-        let out = d.ctl(&["epoch", "new"]);
-        let id = if out.status.success() {
-            Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        } else {
-            errors.push(String::from_utf8_lossy(&out.stderr).into_owned());
-            let shown = d.ctl(&["epoch", "show"]);
-            let shown = String::from_utf8_lossy(&shown.stdout).trim().to_owned();
-            (shown.len() == prev.len() && shown != prev).then_some(shown)
-        };
-        if let Some(id) = id {
-            eprintln!("epoch {id} after {:?} ({} failed answers)", start.elapsed(), errors.len());
-            return Cut { id, start, end: Instant::now() };
-        }
-        if start.elapsed() > Duration::from_secs(300) {
-            let last = &errors[errors.len().saturating_sub(3)..];
-            panic!("epoch new failed {} times in 300 s, last: {last:?}", errors.len());
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
 /// Issue 39's causality test: fixed work per second, one function made 1.3x slower between
 /// two epochs. dcpidiff (rates by default) flags exactly that function, with a rate ratio
 /// within 1.2-1.4; the two unchanged ones, whose samples per second did not move, are not
@@ -229,7 +103,7 @@ fn cut(d: &dcpi_e2e::Daemon, prev: &str) -> Cut {
 ///
 /// Robust under load and to when the daemon cuts: the program runs through both epochs at a
 /// fixed CPU time per second (2.7 % of a CPU per function, 8 % in all, so two busy loops on
-/// both CPUs leave it plenty), metered by its own thread CPU clock ([`CAUSAL_C`]), so its
+/// both CPUs leave it plenty), metered by its own thread CPU clock ([`METERED_C`], tests/e2e/metered.c), so its
 /// functions' samples per second of each epoch depend neither on how long the epoch lasted
 /// (`dcpictl epoch new` may cut seconds late on a busy machine) nor on how fast the CPU runs
 /// the loop under contention. The change is made in a short epoch between the two compared,
@@ -243,7 +117,7 @@ fn cut(d: &dcpi_e2e::Daemon, prev: &str) -> Cut {
 #[dcpi_testkit::test(perf)]
 fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     let sb = Sandbox::new();
-    let bin = sb.compile_c("causal", CAUSAL_C);
+    let bin = sb.compile_c("causal", METERED_C);
     let host = "e2e-causal";
     // 4 kHz: about 1600 samples per function and epoch, so the ratio's standard error is
     // about 3 %.
@@ -251,52 +125,24 @@ fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     // 600 s flush interval, tried to spare a loaded store, is refused: it exceeds the default
     // publish interval, so the daemon exited at start and the test never ran.)
     let mut d = sb.start_daemon(host, &["--events", "cpu-clock:250000"]);
-    // The daemon's threads at nice -10, as the program is at -15: at load 30 on the 2-CPU VM
-    // (two busy loops beside three engineers' builds) the debug dcpid's epoch change was not
-    // waiting on anything, it was starved: its thread got 1.5 s of CPU in 110 s (compressing
-    // the closing epoch's time slices), so `epoch new` was refused for 5 minutes. This test is
-    // about what dcpidiff makes of the two epochs, not how fast a starved daemon cuts them.
-    // Threads started later (one per control command) inherit it from the control thread.
-    for task in std::fs::read_dir(format!("/proc/{}/task", d.pid())).expect("dcpid's threads") {
-        let tid = task.expect("a thread").file_name();
-        let tid = tid.to_string_lossy();
-        let st = Command::new("renice").args(["-n", "-10", "-p", &tid]).output();
-        assert!(st.as_ref().is_ok_and(|o| o.status.success()), "renice {tid}: {st:?}");
-    }
-    let mut prog = Running(Some(
-        Command::new(&bin)
-            .arg("0.027")
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("run causal"),
-    ));
-    let pid = prog.0.as_ref().map_or(0, std::process::Child::id);
-    let signal = |sig: &str| {
-        let st = Command::new("kill").args([sig, &pid.to_string()]).status();
-        assert!(st.as_ref().is_ok_and(std::process::ExitStatus::success), "kill {sig}: {st:?}");
-    };
+    // At nice -10, as the program is at -15 (see `Daemon::renice`).
+    d.renice(-10);
+    let prog = Metered::start(&bin, "0.027");
     std::thread::sleep(Duration::from_secs(1));
     // e1 (before) and e3 (after) are the compared epochs; the change happens in e2, a short
     // epoch between them, so however late a cut lands, no epoch holds both kinds of work.
     let window = Duration::from_secs(15);
-    let e0 = String::from_utf8_lossy(&d.ctl(&["epoch", "show"]).stdout).trim().to_owned();
-    let c1 = cut(&d, &e0);
+    let c1 = d.cut(&d.epoch());
     std::thread::sleep(window);
-    let c2 = cut(&d, &c1.id);
-    signal("-USR1");
-    let c3 = cut(&d, &c2.id);
+    let c2 = d.cut(&c1.id);
+    prog.signal(libc::SIGUSR1);
+    let c3 = d.cut(&c2.id);
     std::thread::sleep(window);
-    let c4 = cut(&d, &c3.id);
-    signal("-USR2");
-    let out = prog.0.take().expect("causal").wait_with_output().expect("wait causal");
-    let report: Vec<f64> = ok_stdout(&out, "causal")
-        .split_whitespace()
-        .map(|w| w.parse().expect("causal's numbers"))
-        .collect();
-    assert_eq!(report.len(), 7, "causal printed {report:?}");
-    let lag_ms = report[0];
+    let c4 = d.cut(&c3.id);
+    let report = prog.finish();
     let (status, err) = d.terminate();
     assert!(status.success(), "dcpid exit {status}: {err}");
+    let lag_ms = report.lag_ms;
     eprintln!("the metered program was at most {lag_ms} ms of CPU behind its budget");
     if lag_ms > 20.0 {
         dcpi_testkit::skip!(
@@ -306,12 +152,10 @@ fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     // The ground truth: each function's own CPU time per wall second, before and after.
     let names = ["work_a", "work_b", "work_c"];
     for (f, want) in [(0, 1.0), (1, 1.3), (2, 1.0)] {
-        let truth = report[4 + f] / report[1 + f];
+        let truth = report.after[f] / report.before[f];
         eprintln!(
             "{}: CPU time per second {:.4} -> {:.4}, x{truth:.3}",
-            names[f],
-            report[1 + f],
-            report[4 + f]
+            names[f], report.before[f], report.after[f]
         );
         assert!(
             (truth - want).abs() < 0.05,

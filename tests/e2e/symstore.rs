@@ -1,35 +1,20 @@
 //! End-to-end tests of the symbol store (issue 39, FORMAT.md §10): a program profiled, then
 //! rebuilt over the same path with one function made slower and run in the next epoch, the
 //! old binary deleted. Every report of the old epoch still names its functions, from the
-//! table dcpid stored while the old build ran, and `dcpidiff` matches the two builds by name.
+//! table dcpid stored while the old build ran, and `dcpidiff` matches the two builds by name
+//! and flags only the function made slower.
+//!
+//! The program is the metered workload (tests/e2e/metered.c): each function runs a fixed CPU
+//! time per second of wall time, and the new build gives `work_b` 1.3x its time. A fixed
+//! number of loop iterations, as this test first ran, takes a CPU time that follows the
+//! machine's contention, so the unchanged functions' rates moved too and "only the slowed
+//! function is flagged" could not be asserted.
 
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use dcpi_e2e::{json, Sandbox};
-
-/// Three functions with the same body, called in small interleaved rounds, a fixed amount of
-/// work (`argv[1]` rounds). `SLOW_B` (the rebuilt version) runs `work_b`'s loop twice.
-const PROGRAM_C: &str = r#"
-#include <stdlib.h>
-#ifndef SLOW_B
-#define SLOW_B 1
-#endif
-#define LOOP { for (unsigned long i = 0; i < n; i++) s += i * i ^ (s >> 3); }
-__attribute__((noipa, noinline)) unsigned long work_a(unsigned long n) { unsigned long s = 0; LOOP return s; }
-__attribute__((noipa, noinline)) unsigned long work_b(unsigned long n) { unsigned long s = 0; for (int r = 0; r < SLOW_B; r++) LOOP return s; }
-__attribute__((noipa, noinline)) unsigned long work_c(unsigned long n) { unsigned long s = 0; LOOP return s; }
-int main(int argc, char **argv) {
-  long rounds = argc > 1 ? atol(argv[1]) : 1000;
-  volatile unsigned long sink = 0;
-  for (long r = 0; r < rounds; r++) {
-    unsigned long n = 3000 + (sink & 1);
-    sink += work_a(n); sink += work_b(n); sink += work_c(n);
-  }
-  return (int)(sink & 1);
-}
-"#;
+use dcpi_e2e::{json, Metered, Sandbox, METERED_C};
 
 const FUNCS: [&str; 3] = ["work_a", "work_b", "work_c"];
 
@@ -43,13 +28,14 @@ fn sh(cmd: &mut Command, what: &str) {
     assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// Build `bin` from `src` with the fixed build-id `id` (hex); with `split_debug`, the symbols
+/// Build `bin` from `src` with the fixed build-id `id` (hex), `work_b` given `b_factor` times
+/// the others' CPU time per second; with `split_debug`, the symbols
 /// go to `<bin>.debug` beside it (`objcopy --only-keep-debug`, `strip`, `.gnu_debuglink`), and the
 /// binary itself keeps none.
-fn build(dir: &Path, src: &Path, bin: &Path, id: &str, slow_b: u32, split_debug: bool) {
+fn build(dir: &Path, src: &Path, bin: &Path, id: &str, b_factor: &str, split_debug: bool) {
     sh(
         Command::new("cc")
-            .args(["-O1", "-g", "-fno-inline", &format!("-DSLOW_B={slow_b}")])
+            .args(["-O1", "-g", "-fno-inline", &format!("-DB_FACTOR={b_factor}")])
             .arg(format!("-Wl,--build-id=0x{id}"))
             .arg("-o")
             .arg(bin)
@@ -90,16 +76,11 @@ fn wait_for(path: &Path, within: Duration) -> bool {
     false
 }
 
-fn run_workload(bin: &Path, rounds: &str) {
-    let st = Command::new(bin).arg(rounds).status().expect("run workload");
-    assert!(st.success() || st.code() == Some(1), "workload failed: {st}");
-}
-
 fn scenario(split_debug: bool, tag: &str) {
     let sb = Sandbox::new();
     let dir = sb.dir.path();
     let src = dir.join("deploy.c");
-    std::fs::write(&src, PROGRAM_C).expect("write source");
+    std::fs::write(&src, METERED_C).expect("write source");
     let bin = dir.join("deploy");
     // Fixed, distinct build-ids: the store's file names are known in advance.
     let (old_id, new_id) = if split_debug {
@@ -107,13 +88,20 @@ fn scenario(split_debug: bool, tag: &str) {
     } else {
         ("3b".repeat(20), "4c".repeat(20))
     };
-    build(dir, &src, &bin, &old_id, 1, split_debug);
+    build(dir, &src, &bin, &old_id, "1.0", split_debug);
     let host = format!("e2e-symstore-{tag}");
+    // 4 kHz: about 1600 samples per function in a 15 s epoch (a rate ratio's standard error
+    // of about 3 %).
     let mut d = sb.start_daemon(&host, &["--events", "cpu-clock:250000", "--flush-interval", "1s"]);
-    let before = ok(&d.ctl(&["epoch", "show"]), "epoch show");
-    // ~2 s of CPU here (more on a loaded machine).
-    let rounds = "150000";
-    run_workload(&bin, rounds);
+    d.renice(-10);
+    // e1 (the old build) and e3 (the new one) are compared; the deploy happens in e2, so
+    // however late a cut lands, no compared epoch holds both builds, and each build runs
+    // through the whole of its epoch (its samples per second are its CPU time per second).
+    let window = Duration::from_secs(15);
+    let old = Metered::start(&bin, "0.027");
+    std::thread::sleep(Duration::from_secs(1));
+    let c1 = d.cut(&d.epoch());
+    std::thread::sleep(window);
     // dcpid stores the old build's table while it exists (a background thread, within a second
     // or two of the first flush that has its samples).
     let table = sb.db().join("binaries").join(&old_id[..2]).join(format!("{}.sym", &old_id[2..]));
@@ -121,18 +109,40 @@ fn scenario(split_debug: bool, tag: &str) {
         let (_, err) = d.terminate();
         panic!("dcpid did not store {} within 90 s: {err}", table.display());
     }
-    let after = ok(&d.ctl(&["epoch", "new"]), "epoch new");
-    assert_ne!(before, after);
+    let c2 = d.cut(&c1.id);
+    let old_truth = old.finish();
     // The deploy: the old binary (and its debug file) deleted, a new build at the same path.
     std::fs::remove_file(&bin).expect("delete the old binary");
     if split_debug {
         std::fs::remove_file(bin.with_extension("debug")).expect("delete the old debug file");
     }
-    build(dir, &src, &bin, &new_id, 2, split_debug);
-    run_workload(&bin, rounds);
-    ok(&d.ctl(&["flush"]), "flush");
+    build(dir, &src, &bin, &new_id, "1.3", split_debug);
+    let new = Metered::start(&bin, "0.027");
+    let c3 = d.cut(&c2.id);
+    std::thread::sleep(window);
+    d.cut(&c3.id);
+    let new_truth = new.finish();
     let (status, err) = d.terminate();
     assert!(status.success(), "dcpid exit {status}: {err}");
+    let lag_ms = old_truth.lag_ms.max(new_truth.lag_ms);
+    eprintln!("the metered builds were at most {lag_ms} ms of CPU behind their budget");
+    if lag_ms > 20.0 {
+        dcpi_testkit::skip!(
+            "the machine is too busy: the metered program fell {lag_ms} ms of CPU behind"
+        );
+    }
+    // The ground truth: each function's own CPU time per wall second in the two builds.
+    for (f, want) in [(0, 1.0), (1, 1.3), (2, 1.0)] {
+        let truth = new_truth.before[f] / old_truth.before[f];
+        eprintln!("{}: new build / old build CPU time per second x{truth:.3}", FUNCS[f]);
+        assert!(
+            (truth - want).abs() < 0.05,
+            "{}: the builds' own ratio {truth}: {old_truth:?} {new_truth:?}",
+            FUNCS[f]
+        );
+    }
+    let before = c1.id;
+    let after = c3.id;
 
     let path = bin.display().to_string();
     let cache = dir.join("symbols.sqlite").display().to_string();
@@ -198,12 +208,12 @@ fn scenario(split_debug: bool, tag: &str) {
         !rows.iter().any(|r| r["symbol"].as_str().is_some_and(|s| s.contains("mismatch"))),
         "a side is [build-id mismatch]: {v:#}"
     );
-    let delta = |f: &str| row(f)["delta"].as_f64().unwrap_or(f64::NAN);
-    assert!(
-        delta("work_b") > delta("work_a") && delta("work_b") > delta("work_c"),
-        "work_b (made 2x slower) is not the one that grew: {v:#}"
-    );
-    assert_eq!(row("work_b")["significant"], true, "{v:#}");
+    let flagged: Vec<&serde_json::Value> =
+        rows.iter().filter(|r| r["significant"] == true).collect();
+    assert_eq!(flagged.len(), 1, "exactly one significant row: {v:#}");
+    assert_eq!(flagged[0]["symbol"], "work_b", "{v:#}");
+    let ratio = flagged[0]["ratio"].as_f64().unwrap_or(f64::NAN);
+    assert!((1.2..=1.4).contains(&ratio), "rate ratio {ratio} not within 1.2-1.4: {v:#}");
 }
 
 /// Items 1, 2 and 4 of issue 39: the binary's own `.symtab` stored, the binary deleted.
