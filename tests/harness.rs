@@ -71,6 +71,15 @@ pub fn machine_wide_stacks() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Held by a test that runs the metered workload ([`Metered`]) and compares rates: two such
+/// tests at once (each with a daemon at nice -10 cutting epochs and a workload at nice -15)
+/// made each other's workload fall 45 ms of CPU behind its budget beside a loaded machine
+/// (load 13), so the test skipped itself, which `DCPI_REQUIRE_ALL=1` makes a failure.
+pub fn metered_turn() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The `dcpid` arguments of the tests that record call stacks of the whole machine with
 /// `--callchains callchains` (`fp`, `dwarf`), one flush a second.
 pub fn stack_daemon_args(callchains: &str) -> [&str; 8] {

@@ -117,6 +117,7 @@ fn dcpidiff_finds_a_50_30_20_to_20_30_50_shift_between_two_epochs() {
 #[dcpi_testkit::test(perf)]
 fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     let sb = Sandbox::new();
+    let _turn = dcpi_e2e::metered_turn();
     let bin = sb.compile_c("causal", METERED_C);
     let host = "e2e-causal";
     // 4 kHz: about 1600 samples per function and epoch, so the ratio's standard error is

@@ -77,6 +77,7 @@ fn wait_for(path: &Path, within: Duration) -> bool {
 }
 
 fn scenario(split_debug: bool, tag: &str) {
+    let _turn = dcpi_e2e::metered_turn();
     let sb = Sandbox::new();
     let dir = sb.dir.path();
     let src = dir.join("deploy.c");

@@ -87,7 +87,9 @@ SIGNIFICANCE
   whole report is at most --alpha (default 0.01). A row is marked significant when its
   Holm-adjusted p-value is below --alpha AND the change is at least --min-effect (default 1.0):
   percent of the before rate or count (rate, samples), points (share); with hundreds of
-  thousands of samples a tiny change is real but rarely matters. Variation of the workload
+  thousands of samples a tiny change is real but rarely matters. With rate and samples the
+  change must also be at least --min-impact (default 0.5) percent of the whole selection's
+  before rate or count: a function with 0.1 % of the time that doubles is not what got slower. Variation of the workload
   itself between epochs or hosts is not sampling noise: measure it with dcpistats.
 
 REBUILT BINARIES
@@ -103,7 +105,8 @@ JSON SCHEMA (--format json)
   { \"report\": \"diff\", \"rows_of\": \"images\"|\"symbols\"|\"lines\", \"event\": str,
     \"test\": { \"compare\": \"rate\"|\"samples\"|\"share\", \"fallback\": str (only when
               rate was not possible and --compare was not given), \"method\": str,
-              \"alpha\": num, \"min_effect\": num, \"rows_compared\": int },
+              \"alpha\": num, \"min_effect\": num, \"min_impact\": num (rate and
+              samples only), \"rows_compared\": int },
     \"before\": SIDE, \"after\": SIDE, \"images_differ\": bool, \"rows_hidden\": int,
     \"rows\": [ { \"symbol\": str (or \"image\": str), \"source\": \"file:line\" (--lines),
                 \"before\": int, \"after\": int, \"before_events\": int, \"after_events\": int,
@@ -211,6 +214,11 @@ pub struct DiffArgs {
     /// with `--compare rate` or `samples`, in points with `--compare share`.
     #[arg(long, value_name = "P", default_value_t = 1.0)]
     pub min_effect: f64,
+    /// Smallest change ever called significant with `--compare rate` or `samples`, in percent
+    /// of the whole selection's before rate (count): a function with 0.1 % of the time that
+    /// doubles changed for real, but is not what made the program slower.
+    #[arg(long, value_name = "P", default_value_t = 0.5)]
+    pub min_impact: f64,
     /// What is compared: `rate` (samples per second of sampled wall time, Poisson test),
     /// `samples` (raw counts, as if both sides ran equally long), `share` (of the image's or all
     /// samples, two-proportion test) [default: rate; share where no sampled time is recorded].
@@ -297,6 +305,9 @@ pub struct TestInfo {
     pub method: &'static str,
     pub alpha: f64,
     pub min_effect: f64,
+    /// `--min-impact` (rate and samples only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_impact: Option<f64>,
     pub rows_compared: usize,
 }
 
@@ -367,7 +378,11 @@ pub fn run_diff(
         return Ok(());
     }
     crate::notes::set_verbose(args.out.verbose);
-    for (name, v) in [("--min-delta", args.min_delta), ("--min-effect", args.min_effect)] {
+    for (name, v) in [
+        ("--min-delta", args.min_delta),
+        ("--min-effect", args.min_effect),
+        ("--min-impact", args.min_impact),
+    ] {
         if !(v.is_finite() && v >= 0.0) {
             return Err(ToolError::Usage(format!("{name} {v}: expected a number of points >= 0")));
         }
@@ -704,6 +719,11 @@ fn compare_sides(
         })
         .collect();
     let p: Vec<f64> = rows.iter().map(|r| r.p_value).collect();
+    // The whole selection's before rate (count), against which --min-impact weighs a change.
+    // In the causality run of issue 39 (three functions of ~100 samples/s each, one made 1.3x
+    // slower), `main` went from 5 to 21 samples (0.25 -> 1.08 /s, p_adj 0.009): flagged beside
+    // the one function that got slower, at 0.27 % of the program's rate.
+    let whole_before = if t1 > 0.0 { n1 as f64 / t1 } else { 0.0 };
     for (r, adj) in rows.iter_mut().zip(stat::holm_adjust(&p)) {
         r.p_adjusted = adj;
         let effect = match compare {
@@ -713,7 +733,14 @@ fn compare_sides(
                 r.ratio.map_or(f64::INFINITY, |x| (x - 1.0).abs() * 100.0)
             }
         };
-        r.significant = adj < args.alpha && effect >= args.min_effect;
+        let impact = match compare {
+            Compare::Share => f64::INFINITY,
+            Compare::Rate | Compare::Samples if whole_before > 0.0 => {
+                r.delta.abs() / whole_before * 100.0
+            }
+            Compare::Rate | Compare::Samples => f64::INFINITY,
+        };
+        r.significant = adj < args.alpha && effect >= args.min_effect && impact >= args.min_impact;
     }
     let compared = rows.len();
     rows.sort_by(|x, y| {
@@ -748,6 +775,7 @@ fn compare_sides(
             },
             alpha: args.alpha,
             min_effect: args.min_effect,
+            min_impact: (compare != Compare::Share).then_some(args.min_impact),
             rows_compared: compared,
         },
         rows_hidden: before_len - rows.len(),
@@ -956,12 +984,20 @@ fn diff_text(t: &mut Table, r: &DiffReport, color: bool) {
                  after/s / before/s"
             ),
             "Poisson rate test",
-            format!("|ratio - 1| >= {}%", r.test.min_effect),
+            format!(
+                "|ratio - 1| >= {}% and |delta| >= {}% of the whole before rate",
+                r.test.min_effect,
+                r.test.min_impact.unwrap_or(0.0)
+            ),
         ),
         Compare::Samples => (
             format!("# event {ev}; raw sample counts (both sides taken as equally long)"),
             "Poisson count test",
-            format!("|ratio - 1| >= {}%", r.test.min_effect),
+            format!(
+                "|ratio - 1| >= {}% and |delta| >= {}% of the whole before count",
+                r.test.min_effect,
+                r.test.min_impact.unwrap_or(0.0)
+            ),
         ),
         Compare::Share => (
             format!("# event {ev}; shares are % of {of}; delta = after% - before% in points"),

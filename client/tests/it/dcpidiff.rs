@@ -394,6 +394,55 @@ fn rates_flag_only_the_function_that_got_slower() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
+/// Issue 39's causality run (e2e `diff::dcpidiff_rates_flag_only_the_function_made_1_3x_slower`)
+/// once flagged `main` beside the slowed function: 5 -> 21 samples (0.25 -> 1.08 per second,
+/// p_adj 0.009), 0.27 % of the program's rate. A change that small is not what got slower:
+/// by default (`--min-impact 0.5`) only `fn_1` (1.3x, 10 % of the whole rate) is flagged; with
+/// `--min-impact 0` the small function is flagged too, so the floor is what keeps it out.
+#[test]
+fn a_tiny_function_that_changed_is_not_what_got_slower() {
+    let t = TestDb::new();
+    let bin = build_prog(t.tmp(), "app", 4, 1, &["-O1"]);
+    let elf = Elf::read(&bin, 4);
+    let (e1, e2) = (epoch(&t, 0), epoch(&t, 60));
+    for (e, secs, counts) in [(&e1, 10, [4000, 4000, 4000, 5]), (&e2, 20, [8000, 10400, 8000, 84])]
+    {
+        let hd = t.host(e, "alpha");
+        write_profile(&hd, ImageKind::Elf, &elf.id(), s(&bin).as_bytes(), &elf.counts(&counts));
+        write_sampled_time(&hd, secs);
+    }
+    let db = t.root();
+    // Rate is dcpidiff's default; this file's `run` asks for shares unless told.
+    let args = [
+        "--host",
+        "alpha",
+        "--before",
+        e1.as_str(),
+        "--after",
+        e2.as_str(),
+        "--image",
+        "app",
+        "--compare",
+        "rate",
+    ];
+    let v = json("dcpidiff", &db, &args);
+    assert_eq!(v["test"]["min_impact"], 0.5, "{v:#}");
+    let flagged: Vec<&Value> = rows(&v).iter().filter(|r| r["significant"] == true).collect();
+    assert_eq!(flagged.len(), 1, "{v:#}");
+    assert_eq!(flagged[0]["symbol"], "fn_1", "{v:#}");
+    let small = row(&v, "symbol", "fn_3");
+    assert!(small["p_adjusted"].as_f64().unwrap_or(1.0) < 0.01, "{small:#}");
+    let mut a = args.to_vec();
+    a.extend(["--min-impact", "0"]);
+    let v = json("dcpidiff", &db, &a);
+    assert_eq!(row(&v, "symbol", "fn_3")["significant"], true, "{v:#}");
+    assert_eq!(row(&v, "symbol", "fn_1")["significant"], true, "{v:#}");
+    let o =
+        run("dcpidiff", &db, &["--min-impact=-1", "--before", e1.as_str(), "--after", e2.as_str()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--min-impact -1"), "{}", stderr(&o));
+}
+
 /// Issue 40: off-CPU time (`off-cpu`, counts in nanoseconds, no counter of its own in the
 /// summary) compares as a rate of nanoseconds per second of the host's sampled time, shown as
 /// seconds and ms/s, with no Poisson test (nanoseconds are not sample counts). Before: 10 s
