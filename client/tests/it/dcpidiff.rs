@@ -396,7 +396,7 @@ fn rates_flag_only_the_function_that_got_slower() {
 
 /// Issue 39's causality run (e2e `diff::dcpidiff_rates_flag_only_the_function_made_1_3x_slower`)
 /// once flagged `main` beside the slowed function: 5 -> 21 samples (0.25 -> 1.08 per second,
-/// p_adj 0.009), 0.27 % of the program's rate. A change that small is not what got slower:
+/// adjusted p 0.009), 0.27 % of the program's rate. A change that small is not what got slower:
 /// by default (`--min-impact 0.5`) only `fn_1` (1.3x, 10 % of the whole rate) is flagged; with
 /// `--min-impact 0` the small function is flagged too, so the floor is what keeps it out.
 #[test]
