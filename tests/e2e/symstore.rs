@@ -209,6 +209,13 @@ fn scenario(split_debug: bool, tag: &str) {
         !rows.iter().any(|r| r["symbol"].as_str().is_some_and(|s| s.contains("mismatch"))),
         "a side is [build-id mismatch]: {v:#}"
     );
+    for f in FUNCS {
+        let r = row(f);
+        eprintln!(
+            "{f}: {} -> {} samples, ratio {}, p_adj {}, significant {}",
+            r["before"], r["after"], r["ratio"], r["p_adjusted"], r["significant"]
+        );
+    }
     let flagged: Vec<&serde_json::Value> =
         rows.iter().filter(|r| r["significant"] == true).collect();
     assert_eq!(flagged.len(), 1, "exactly one significant row: {v:#}");
