@@ -172,6 +172,17 @@ fn timed(name: &str, args: &[String], cold: bool, target: Option<f64>) {
     }
 }
 
+/// The epoch directory of `db` that holds `host` (`<db>/epochs/<epoch>/`, FORMAT.md §2; the
+/// bench once looked directly under the root and panicked "epoch dir").
+fn epoch_of(db: &Path, host: &str) -> PathBuf {
+    [db.join("epochs"), db.to_path_buf()]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|r| r.filter_map(Result::ok).map(|e| e.path()))
+        .find(|p| p.join(host).is_dir())
+        .unwrap_or_else(|| panic!("no epoch directory of {host} in {}", db.display()))
+}
+
 fn main() {
     // `cargo bench` passes --bench; nothing else is taken.
     let cold = std::env::var_os("DCPI_BENCH_DROP_CACHES").is_some_and(|v| v == "1");
@@ -182,12 +193,7 @@ fn main() {
     let total = build(&one, "h1", false);
     build(&fleet, "h000", true);
     // The fleet: the same day under 100 host names (one epoch directory).
-    let epoch_dir: PathBuf = std::fs::read_dir(&fleet)
-        .expect("fleet")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.join("h000").is_dir())
-        .expect("epoch dir");
+    let epoch_dir = epoch_of(&fleet, "h000");
     for h in 1..HOSTS {
         copy_dir(&epoch_dir.join("h000"), &epoch_dir.join(format!("h{h:03}")));
     }
@@ -200,12 +206,7 @@ fn main() {
         });
         files.map(|e| e.metadata().map(|m| m.len()).unwrap_or(0)).sum::<u64>() as f64 / 1e6
     };
-    let one_epoch = std::fs::read_dir(&one)
-        .expect("one")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.join("h1").is_dir())
-        .expect("epoch dir");
+    let one_epoch = epoch_of(&one, "h1");
     eprintln!(
         "time_queries: built in {:.1} s: {total} samples a host; slice files {:.1} MB (24 h of \
          16-byte minutes), {:.1} MB a host of the fleet (18 h of 256-byte hours + 6 h of \
