@@ -1223,6 +1223,32 @@ pub struct Freshened {
     pub resolution: u64,
 }
 
+/// `key`'s (offset, count) pairs summed over the slices starting at or after `from`: one
+/// sort of their concatenation, not a merge per slice (a day of minutes merged one by one into
+/// a growing list was quadratic in the slices).
+fn sum_key(slices: &[profile_format::Slice], key: &SliceKey, from: u64) -> Vec<(u64, u64)> {
+    let mut parts = slices.iter().filter(|s| s.start >= from).filter_map(|s| s.counts.get(key));
+    let Some(first) = parts.next() else { return Vec::new() };
+    let mut all = first.clone();
+    let mut single = true;
+    for p in parts {
+        all.extend_from_slice(p);
+        single = false;
+    }
+    if single {
+        return all;
+    }
+    all.sort_unstable_by_key(|p| p.0);
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(all.len());
+    for (o, c) in all {
+        match out.last_mut() {
+            Some(last) if last.0 == o => last.1 = last.1.saturating_add(c),
+            _ => out.push((o, c)),
+        }
+    }
+    out
+}
+
 /// The freshness merge of `d` (newest epoch): `None` when it has no slices. `known` gives the
 /// stamp (`sequence`) of the profiles the caller loaded; the others are read when `read_rest`,
 /// else left as they are. A key with no profile file gets all its slices (nothing of it was
@@ -1256,31 +1282,31 @@ fn fresh_dir(
     let Some(log) = d.read_slices()? else { return Ok(None) };
     let marks: HashMap<u64, u64> =
         summary.iter().flat_map(|s| s.fresh.iter()).map(|m| (m.sequence, m.slice_end)).collect();
-    // Per starting point: the keys' counts of the slices starting at or after it, and the
-    // coarsest resolution among them; `None` when a slice straddles it (a roll-up merged
-    // slices across it: not exact, left out).
-    type After = Option<(BTreeMap<SliceKey, Vec<(u64, u64)>>, u64)>;
-    let mut after: BTreeMap<u64, After> = BTreeMap::new();
-    let mut sum_after = |t: u64| -> After {
-        after
-            .entry(t)
-            .or_insert_with(|| {
-                if log.slices.iter().any(|s| s.start < t && s.end() > t) {
-                    return None;
-                }
-                let mut acc = profile_format::Slice::default();
-                let mut res = 1;
-                for s in log.slices.iter().filter(|s| s.start >= t) {
-                    acc.add_counts(&s.counts);
-                    res = res.max(log.resolution_of(s));
-                }
-                Some((acc.counts, res))
-            })
-            .clone()
+    // Per starting point: whether a slice straddles it (a roll-up merged slices across it:
+    // not exact, left out) and the coarsest resolution of the slices starting at or after it.
+    let mut starts: BTreeMap<u64, Option<u64>> = BTreeMap::new();
+    let mut from_point = |t: u64| -> Option<u64> {
+        *starts.entry(t).or_insert_with(|| {
+            if log.slices.iter().any(|s| s.start < t && s.end() > t) {
+                return None;
+            }
+            Some(
+                log.slices
+                    .iter()
+                    .filter(|s| s.start >= t)
+                    .map(|s| log.resolution_of(s))
+                    .fold(1, u64::max),
+            )
+        })
     };
-    let Some((all, res_all)) = sum_after(0) else { return Ok(None) };
+    // Each key's counts are summed only from where it needs them (usually the newest mark:
+    // the last minutes). Summing every slice of every key first, as this did, merged a day's
+    // 1 440 minutes into one growing list per key: 3.7-4.7 s for a per-image report of one
+    // host's day (BENCHMARKS.md "Queries", issue 36), where the marks need a few minutes.
+    let keys: std::collections::BTreeSet<&SliceKey> =
+        log.slices.iter().flat_map(|s| s.counts.keys()).collect();
     let mut out = FreshDir { resolution: 1, ..FreshDir::default() };
-    for (k, pairs) in &all {
+    for k in keys {
         let comp = profile_format::event_file_component(&k.event);
         let from = match files.get(&(k.image.clone(), comp)).map(Vec::as_slice) {
             None | Some([]) => Some(0),
@@ -1304,14 +1330,8 @@ fn fresh_dir(
             Some(_) => None,
         };
         let Some(from) = from else { continue };
-        let (v, res) = if from == 0 {
-            (pairs.clone(), res_all)
-        } else {
-            match sum_after(from) {
-                Some((mut m, res)) => (m.remove(k).unwrap_or_default(), res),
-                None => continue,
-            }
-        };
+        let Some(res) = from_point(from) else { continue };
+        let v = sum_key(&log.slices, k, from);
         if !v.is_empty() {
             out.resolution = out.resolution.max(res);
             out.extra.insert(k.clone(), v);
