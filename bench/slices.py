@@ -7,6 +7,13 @@ Busy mix: a `cc -O2` loop over bench/workloads/*.c, a Python loop, and an exec c
 per CPU, cpu-clock), each into its own database: one with the defaults (`slice_interval` 1m,
 `slice_rollup_after` 6h), one with `--slice-interval 0` (epoch totals only).
 
+The spools go on a tmpfs (--spool-parent, /dev/shm by default), as in production: the
+systemd unit's RuntimeDirectory puts the spool under /run/dcpid (README "Files"), and tmpfs
+pages are neither disk writes nor counted by write_bytes. Symbol tables (db/binaries/) and
+the kallsyms snapshot (db/kallsyms/) are written once per build-id or kernel, not per day:
+they are counted apart from the database growth, the projection and the bytes written (their
+allocated blocks are subtracted from write_bytes; a file written once dirties them once).
+
 Measured over the window (after a warm-up):
   * the growth of each database, and of the slices-on database's `slices.log`;
   * every record of `slices.log` (bytes, pairs, samples), read back after the stop by
@@ -89,8 +96,27 @@ def stop_mix(procs):
         p.wait()
 
 
+# Written once per build-id (symbol tables, FORMAT.md §10) or per kernel (the kallsyms
+# snapshot), whatever the day: counted apart from the per-day growth and writes. On this
+# machine other builds make new binaries all the time, which made binaries/ most of the
+# database's growth (BENCHMARKS.md "Time-slice segments").
+ONE_TIME = ("binaries", "kallsyms")
+
+
+def one_time(db):
+    """(apparent, allocated) bytes of the one-time files under db."""
+    app = alloc = 0
+    for d in ONE_TIME:
+        a, b, _ = bench.tree_bytes(os.path.join(db, d)) if os.path.isdir(os.path.join(db, d)) \
+            else (0, 0, 0)
+        app += a
+        alloc += b
+    return app, alloc
+
+
 def db_bytes(db):
-    return bench.tree_bytes(db)[0] if os.path.exists(db) else 0
+    """The database's bytes without the one-time files (ONE_TIME)."""
+    return bench.tree_bytes(db)[0] - one_time(db)[0] if os.path.exists(db) else 0
 
 
 SLICE_FILE = re.compile(r"^slices(\.[0-9]+|\.hours)?\.log$")
@@ -109,6 +135,9 @@ def slices_bytes(db):
 def snap(on, off, perf=None, cmp=None):
     return {"t": time.monotonic(), "on_db": db_bytes(on.db), "off_db": db_bytes(off.db),
             "on_slices": slices_bytes(on.db),
+            "on_one_time": one_time(on.db)[0], "on_one_time_alloc": one_time(on.db)[1],
+            "off_one_time_alloc": one_time(off.db)[1],
+            "cmp_one_time_alloc": one_time(cmp.db)[1] if cmp else 0,
             "on_written": bench.proc_io(on.proc.pid).get("write_bytes", 0),
             "off_written": bench.proc_io(off.proc.pid).get("write_bytes", 0),
             "cmp_written": bench.proc_io(cmp.proc.pid).get("write_bytes", 0) if cmp else 0,
@@ -142,6 +171,10 @@ def main():
     ap.add_argument("--compare-publish", default=None, metavar="DUR",
                     help="also run a third dcpid, slices on, with --publish-interval DUR (e.g. "
                          "5m, the old default), and compare its bytes written")
+    ap.add_argument("--spool-parent", default="/dev/shm",
+                    help="where the daemons' spools go: a tmpfs, as in production (the systemd "
+                         "unit's RuntimeDirectory, /run/dcpid/spool); tmpfs pages are not disk "
+                         "writes and write_bytes does not count them [default: /dev/shm]")
     ap.add_argument("--release-stat", action="store_true",
                     help="build the slices_stat example in release (default: debug; it only reads)")
     args = ap.parse_args()
@@ -166,6 +199,11 @@ def main():
     if args.compare_publish:
         cmp = Dcpid(bins, os.path.join(work, "cmp"), args.rate, life,
                     ["--publish-interval", args.compare_publish])
+    spools = []
+    for d in (on, off) + ((cmp,) if cmp else ()):
+        os.makedirs(d.dir, exist_ok=True)
+        d.spool_dir = tempfile.mkdtemp(prefix="dcpi-slices-spool-", dir=args.spool_parent)
+        spools.append(d.spool_dir)
     on.start()
     off.start()
     if cmp:
@@ -231,9 +269,18 @@ def main():
         "per_core_day_slices_on": (slices_day + totals_day) / ncpu,
         "per_core_day_slices_off": totals_day / ncpu,
         "slice_cpu": cpu,
-        "on_written": b["on_written"] - a["on_written"],
-        "off_written": b["off_written"] - a["off_written"],
-        "cmp_written": b["cmp_written"] - a["cmp_written"] if cmp else None,
+        # write_bytes minus the pages of the one-time files created in the window (a file
+        # written once dirties its allocated blocks once).
+        "on_one_time_written": b["on_one_time_alloc"] - a["on_one_time_alloc"],
+        "on_one_time_growth": b["on_one_time"] - a["on_one_time"],
+        "on_one_time_end": b["on_one_time"],
+        "on_written_raw": b["on_written"] - a["on_written"],
+        "on_written": (b["on_written"] - a["on_written"])
+        - (b["on_one_time_alloc"] - a["on_one_time_alloc"]),
+        "off_written": (b["off_written"] - a["off_written"])
+        - (b["off_one_time_alloc"] - a["off_one_time_alloc"]),
+        "cmp_written": (b["cmp_written"] - a["cmp_written"])
+        - (b["cmp_one_time_alloc"] - a["cmp_one_time_alloc"]) if cmp else None,
         "perf_data_growth": b["perf_data"] - a["perf_data"] if perf else None,
         "cpu_per_slice_ms": (cpu["cpu_ns"] / cpu["records"] / 1e6) if cpu and cpu["records"] else None,
         "series": series, "slices_stat": [{k: v for k, v in s.items() if k != "records"} for s in stats],
@@ -260,7 +307,8 @@ def main():
     mb = 1e6
     md = (f"# time slices storage, commit {rev}, {stamp}\n\n"
           f"`python3 bench/slices.py --duration {args.duration:g} --warmup {args.warmup:g} "
-          f"--rate {args.rate}`, {ncpu} CPUs, window {secs:.0f} s\n\n"
+          f"--rate {args.rate}`, spools on {args.spool_parent}, load at the end "
+          f"{os.getloadavg()[0]:.1f}, {ncpu} CPUs, window {secs:.0f} s\n\n"
           "| | slices on (1m, roll-up after 6h) | slices off |\n|---|---|---|\n"
           f"| database growth in the window | {res['on_db_growth'] / 1e3:.0f} KB "
           f"(slice files {res['slices_log_growth'] / 1e3:.0f} KB) | {res['off_db_growth'] / 1e3:.0f} KB |\n"
@@ -269,9 +317,14 @@ def main():
           f"| hour record (projected) | {hour_bytes / 1e3:.0f} KB | |\n"
           f"| slice files of a day (360 min + 18 h) | {slices_day / mb:.2f} MB | |\n"
           f"| epoch totals of a day (projected) | {totals_day / mb:.2f} MB | {totals_day / mb:.2f} MB |\n"
+          f"| one-time files (binaries/ symbol tables, kallsyms snapshot), apart | "
+          f"{res['on_one_time_end'] / 1e3:.0f} KB at the end, {res['on_one_time_growth'] / 1e3:.0f} KB "
+          f"({res['on_one_time_written'] / 1e3:.0f} KB of blocks) in the window | |\n"
           f"| **per core-day** | **{res['per_core_day_slices_on'] / mb:.2f} MB** | "
           f"{res['per_core_day_slices_off'] / mb:.2f} MB |\n"
-          f"| bytes written per hour (write_bytes) | {res['on_written_per_hour'] / mb:.2f} MB; "
+          f"| bytes written per hour (write_bytes less the one-time files' blocks; spools on "
+          f"{args.spool_parent}) | {res['on_written_per_hour'] / mb:.2f} MB "
+          f"(raw {res['on_written_raw'] * hour / mb:.2f} MB); "
           f"after 6 h with the hourly roll-up {res['on_written_per_hour_after_6h'] / mb:.2f} MB | "
           f"{res['off_written_per_hour'] / mb:.2f} MB |\n"
           + (f"| bytes written per hour, slices on, `--publish-interval {args.compare_publish}` "
@@ -285,6 +338,8 @@ def main():
     with open(out + ".md", "w") as f:
         f.write(md)
     print(md)
+    for sp in spools:
+        shutil.rmtree(sp, ignore_errors=True)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -338,8 +338,10 @@ settings! {
     #[serde(default, deserialize_with = "de_duration")]
     publish_interval: Duration = Duration::from_secs(900);
     /// A published profile that has not doubled since it was last written waits at most this
-    /// long before its new samples are published (a flush publishes them at once); set it to
-    /// `publish_interval` to rewrite every changed profile at every turn [default: 30m].
+    /// long before its new samples are published (a flush publishes them at once); a
+    /// per-command, per-process or per-cgroup profile always waits this long (many small files:
+    /// BENCHMARKS.md "Where dcpid's writes go"); set it to `publish_interval` to rewrite every
+    /// changed profile at every turn [default: 30m].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     publish_max_delay: Duration = Duration::from_secs(1800);

@@ -65,11 +65,22 @@ impl Schedule {
         self.dirty.insert(key, due);
     }
 
-    /// Whether a profile whose turn has come is worth rewriting now ([`PUBLISH_GROWTH`]).
+    /// Whether a profile whose turn has come is worth rewriting now ([`PUBLISH_GROWTH`]; a
+    /// per-command, per-process or per-cgroup profile only after `max_delay`).
+    ///
+    /// Why per-command profiles do not take the growth rule: they are many (one per image
+    /// and command) and small (median ~200 bytes on the busy mix), yet each rewrite is a new
+    /// file: a data page plus inode, directory and bitmap blocks, and two fsyncs. Measured on
+    /// the busy mix (`bench/write_attrib.py`, BENCHMARKS.md "Where dcpid's writes go"): in
+    /// the first ten minutes of an epoch, 121 per-command files were written, 726 file
+    /// writes an hour, most of dcpid's database writes besides the one-time symbol tables.
+    /// A young profile doubles between two turns, so the growth rule rewrote each of them
+    /// again at its next turn. A new one is still published at its first turn; a changed one
+    /// at most `max_delay` later, the bound a slowly growing profile had already.
     fn grown_enough(&self, key: &SpoolKey, now: Instant, max_delay: Duration) -> bool {
         let Some(&published) = self.published_samples.get(key) else { return true };
         let Some(Some(pending)) = self.pending_samples.get(key) else { return true };
-        if *pending as f64 >= PUBLISH_GROWTH * published as f64 {
+        if !is_qualified(key) && *pending as f64 >= PUBLISH_GROWTH * published as f64 {
             return true;
         }
         self.last_published.get(key).is_none_or(|t| now.saturating_duration_since(*t) >= max_delay)
@@ -463,6 +474,34 @@ mod tests {
         s.done(k.clone(), t + 2 * IV, Some(2000));
         s.mark(k.clone(), t + 2 * IV, IV, Some(1500));
         assert!(s.due(t + 3 * IV, 8, MAX_DELAY).is_empty());
+    }
+
+    /// Per-command (and per-process, per-cgroup) profiles are rewritten once per delay
+    /// bound, not each time they double: each rewrite is a new small file (see
+    /// `grown_enough`). Their first publication is at their first turn, as before.
+    #[test]
+    fn a_per_command_profile_is_rewritten_after_the_delay_bound_not_when_it_doubles() {
+        let t = Instant::now();
+        let (cmd, flat) = (key("b01.cmd-0123456789abcdef"), key("b01"));
+        let mut s = Schedule::default();
+        s.mark(cmd.clone(), t, IV, Some(1));
+        assert_eq!(s.due(t + IV, 8, MAX_DELAY), vec![cmd.clone()], "first turn: published");
+        s.done(cmd.clone(), t + IV, Some(1000));
+        s.mark(flat.clone(), t, IV, Some(1000));
+        s.done(flat.clone(), t + IV, Some(1000));
+        s.mark(cmd.clone(), t + IV, IV, Some(5000));
+        s.mark(flat.clone(), t + IV, IV, Some(5000));
+        assert_eq!(
+            s.due(t + 2 * IV, 8, MAX_DELAY),
+            vec![flat.clone()],
+            "the flat profile has doubled: rewritten; the per-command one waits"
+        );
+        let just_before = t + IV + MAX_DELAY.checked_sub(Duration::from_secs(1)).unwrap();
+        assert!(!s.due(just_before, 8, MAX_DELAY).contains(&cmd));
+        assert!(s.due(t + IV + MAX_DELAY, 8, MAX_DELAY).contains(&cmd), "the delay bound holds");
+        let mut all = s.all(None);
+        all.sort();
+        assert_eq!(all, vec![flat, cmd], "a flush still publishes it");
     }
 
     #[test]
