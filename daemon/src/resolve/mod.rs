@@ -601,8 +601,7 @@ impl Resolver {
                 } else {
                     // A thread named itself (or was named): the who table's thread rows.
                     let p = self.proc_for_update(*pid, t);
-                    if p.thread_names.len() < MAX_THREAD_NAMES || p.thread_names.contains_key(tid)
-                    {
+                    if p.thread_names.len() < MAX_THREAD_NAMES || p.thread_names.contains_key(tid) {
                         p.thread_names.insert(*tid, comm.clone());
                     }
                 }

@@ -389,9 +389,10 @@ fn a_thread_renamed_with_prctl_gets_its_own_thread_row() {
     // Named before the session: wait until /proc shows it.
     let pid = std::process::id();
     let named = || {
-        std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks").flatten().any(|t| {
-            std::fs::read(t.path().join("comm")).is_ok_and(|c| c == b"dcpi-t-before\n")
-        })
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("tasks")
+            .flatten()
+            .any(|t| std::fs::read(t.path().join("comm")).is_ok_and(|c| c == b"dcpi-t-before\n"))
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !named() {

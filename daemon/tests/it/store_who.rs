@@ -73,7 +73,8 @@ fn threads_named_apart_are_thread_rows() {
     s.add(batch(10, 3, 100), 0, 0);
     s.flush_everything().expect("flush");
     let path = who_path(dir.path(), &s);
-    let v = |p: &Path| u16::from_le_bytes(std::fs::read(p).expect("read")[8..10].try_into().unwrap());
+    let v =
+        |p: &Path| u16::from_le_bytes(std::fs::read(p).expect("read")[8..10].try_into().unwrap());
     assert_eq!(v(&path), 1, "no thread named apart: a version 1 table");
     for _ in 0..2 {
         let mut b = batch(10, 3, 0);
