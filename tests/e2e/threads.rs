@@ -3,7 +3,7 @@
 
 use dcpi_e2e::{json, Sandbox};
 
-/// Two threads named `hot70` and `hot30` by pthread_setname_np, spinning 70 % and 30 % of
+/// Two threads named `hot70` and `hot30` by `pthread_setname_np`, spinning 70 % and 30 % of
 /// the program's CPU time.
 const NAMED_THREADS_C: &str = include_str!("named_threads.c");
 

@@ -209,7 +209,7 @@ struct Process {
     jit_checked_gen: u64,
     anon_image: Option<Arc<ImageInfo>>,
     /// Names of threads other than the leader, from COMM records (a thread that called
-    /// prctl(PR_SET_NAME) or was named by pthread_setname_np) and inherited at thread creation
+    /// `prctl(PR_SET_NAME)` or was named by `pthread_setname_np`) and inherited at thread creation
     /// from a named creator; at most [`MAX_THREAD_NAMES`]. Kept after a thread exits: its
     /// last samples are resolved after its exit record. Others are read from /proc when
     /// needed (`Aggregator`'s `name_who`).

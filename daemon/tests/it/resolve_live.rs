@@ -362,7 +362,7 @@ fn spin_thread_cpu(secs: f64) {
     }
 }
 
-/// Name the calling thread as prctl(PR_SET_NAME) does (pthread_setname_np for the caller).
+/// Name the calling thread as `prctl(PR_SET_NAME)` does (`pthread_setname_np` for the caller).
 fn set_thread_name(name: &str) {
     let c = std::ffi::CString::new(name).expect("name");
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes from the pointer.
@@ -370,9 +370,9 @@ fn set_thread_name(name: &str) {
     assert_eq!(rc, 0, "prctl(PR_SET_NAME)");
 }
 
-/// Against the real kernel: a thread that renames itself with prctl(PR_SET_NAME) while the
+/// Against the real kernel: a thread that renames itself with `prctl(PR_SET_NAME)` while the
 /// daemon runs (the kernel's COMM record names it), and one renamed before the daemon started
-/// (named from /proc/PID/task/TID/comm while it lives: it is kept alive until the batch is
+/// (named from `/proc/PID/task/TID/comm` while it lives: it is kept alive until the batch is
 /// taken), each get their own thread row under this process.
 #[dcpi_testkit::test(perf)]
 fn a_thread_renamed_with_prctl_gets_its_own_thread_row() {

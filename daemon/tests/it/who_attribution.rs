@@ -144,9 +144,9 @@ fn per_process_profiles_split_kernel_time_by_process_only_when_on() {
 }
 
 /// Thread names (the who table's thread rows, FORMAT.md §12 version 2): a thread that renamed
-/// itself is named by its COMM record (the kernel sends one for prctl(PR_SET_NAME) and
-/// pthread_setname_np), a thread it then creates inherits its name (FORK record), a thread
-/// named before the daemon started is named from /proc/PID/task/TID/comm; the leader, threads
+/// itself is named by its COMM record (the kernel sends one for `prctl(PR_SET_NAME)` and
+/// `pthread_setname_np`), a thread it then creates inherits its name (FORK record), a thread
+/// named before the daemon started is named from `/proc/PID/task/TID/comm`; the leader, threads
 /// named as their process and threads no one can name make no row.
 #[test]
 fn renamed_threads_are_counted_under_their_names() {
