@@ -26,4 +26,4 @@ until "$bin/dcpictl" --socket $t/s.sock flush > /dev/null 2>&1; do
   n=$((n+1)); [ $n -lt 36 ] || { echo "flush failed" >&2; exit 1; }; sleep 5
 done
 echo "seconds=$secs by_pid=$by_pid uptime:$(uptime)"
-"$bin/examples/who_threads_size" $t/db/epochs/*/bench/who.tbl
+"$bin/examples/who_threads_size" --names ${NAMES:-0} $t/db/epochs/*/bench/who.tbl

@@ -20,6 +20,17 @@ pub const WHO_MAGIC: &[u8; 8] = b"DCPIWHO\0";
 /// table that needs nothing newer.
 pub const WHO_VERSION: u16 = 2;
 
+/// Thread names a table keeps per (cgroup, command, pid); the samples of further names are
+/// added to the row named [`OTHER_THREADS`]. Incremental rustc names its threads after its
+/// codegen units' hashes (`opt 4khsxgdveaa`, `lto 51dg8lod39o`): unbounded, a machine of
+/// builds had 1 635 thread names in 10 minutes, 18.7 kB of a 21 kB table (BENCHMARKS.md,
+/// "Thread names").
+pub const MAX_THREAD_NAMES: usize = 32;
+
+/// The thread name of the samples of the threads beyond [`MAX_THREAD_NAMES`] names: longer
+/// than any thread's name (15 bytes on Linux), so no thread has it.
+pub const OTHER_THREADS: &[u8] = b"[other threads]+";
+
 /// File name of the table in a host directory.
 pub const WHO_FILE: &str = "who.tbl";
 
@@ -67,6 +78,11 @@ pub struct WhoTable {
     pub threads: BTreeMap<ThreadKey, u64>,
 }
 
+/// Whether two thread rows are of the same (cgroup, command, pid).
+fn same_owner(a: &ThreadKey, b: &ThreadKey) -> bool {
+    (&a.cgroup, &a.command, a.pid) == (&b.cgroup, &b.command, b.pid)
+}
+
 fn dict<'a, T: Ord + ?Sized + 'a>(items: impl Iterator<Item = &'a T>) -> Vec<&'a T> {
     items.collect::<BTreeSet<_>>().into_iter().collect()
 }
@@ -86,12 +102,30 @@ impl WhoTable {
     }
 
     /// Add `samples` to a thread row (nothing for 0, or for a thread named as its command:
-    /// those samples are the command's own).
-    pub fn add_thread(&mut self, key: ThreadKey, samples: u64) {
-        if samples > 0 && key.thread != key.command {
-            let c = self.threads.entry(key).or_insert(0);
-            *c = c.saturating_add(samples);
+    /// those samples are the command's own). A name beyond the [`MAX_THREAD_NAMES`] that its
+    /// (cgroup, command, pid) has is counted as [`OTHER_THREADS`].
+    pub fn add_thread(&mut self, mut key: ThreadKey, samples: u64) {
+        if samples == 0 || key.thread == key.command {
+            return;
         }
+        if !self.threads.contains_key(&key) && key.thread != OTHER_THREADS {
+            // The names of this (cgroup, command, pid): its rows are contiguous.
+            let first = ThreadKey { thread: Vec::new(), event: String::new(), ..key.clone() };
+            let (mut names, mut known) = (0usize, false);
+            let mut last: Option<&[u8]> = None;
+            for k in self.threads.range(first..).map(|e| e.0).take_while(|k| same_owner(k, &key)) {
+                known |= k.thread == key.thread;
+                if last != Some(k.thread.as_slice()) && k.thread != OTHER_THREADS {
+                    names += 1;
+                    last = Some(k.thread.as_slice());
+                }
+            }
+            if !known && names >= MAX_THREAD_NAMES {
+                key.thread = OTHER_THREADS.to_vec();
+            }
+        }
+        let c = self.threads.entry(key).or_insert(0);
+        *c = c.saturating_add(samples);
     }
 
     /// Add `samples` to a row (nothing for 0).
@@ -513,6 +547,30 @@ mod tests {
             Err(Error::Corrupt { field: "version", .. }) => {}
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Unbounded thread names (incremental rustc names threads after codegen-unit hashes):
+    /// past [`MAX_THREAD_NAMES`] per (cgroup, command, pid), samples go to [`OTHER_THREADS`];
+    /// names already kept keep counting, other commands are not limited by this one.
+    #[test]
+    fn thread_names_are_bounded_per_command() {
+        let mut t = WhoTable::new("h", "20261125T000000Z");
+        for i in 0..MAX_THREAD_NAMES + 10 {
+            t.add_thread(thread("rustc", 0, &format!("opt {i:011x}")), 2);
+        }
+        t.add_thread(thread("rustc", 0, "opt 00000000000"), 5);
+        t.add_thread(thread("cargo", 0, "worker"), 1);
+        let rustc: Vec<_> = t.threads.iter().filter(|(k, _)| k.command == b"rustc").collect();
+        assert_eq!(rustc.len(), MAX_THREAD_NAMES + 1, "{rustc:?}");
+        assert_eq!(t.threads[&thread("rustc", 0, "opt 00000000000")], 7);
+        let other = ThreadKey { thread: OTHER_THREADS.to_vec(), ..thread("rustc", 0, "") };
+        assert_eq!(t.threads[&other], 20, "10 names beyond the bound, 2 samples each");
+        assert_eq!(t.threads[&thread("cargo", 0, "worker")], 1);
+        // Merged into a table that has them, the bound holds.
+        let mut m = t.clone();
+        m.merge(&t);
+        assert_eq!(m.threads.len(), t.threads.len());
+        assert!(OTHER_THREADS.len() > 15, "no thread's name (comm) can be it");
     }
 
     /// A version 1 file, its payload built field by field as FORMAT.md §12 describes it (not
