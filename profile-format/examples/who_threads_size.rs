@@ -69,7 +69,7 @@ fn show(t: &WhoTable, n: usize) {
         *per.entry(text(&k.command)).or_default() += 1;
     }
     let mut per: Vec<_> = per.into_iter().collect();
-    per.sort_by(|a, b| b.1.cmp(&a.1));
+    per.sort_by_key(|p| std::cmp::Reverse(p.1));
     for (c, k) in per.iter().take(n) {
         println!("  {k:>8} thread rows  {c}");
     }
