@@ -12,12 +12,15 @@ pub type PerfTime = u64;
 
 /// One sample, as parsed from a ring buffer. Only what aggregation uses: every sample is
 /// copied into a pending queue until the watermark passes it, so its size is per-sample cost
-/// (48 bytes; the thread id and CPU of the record are not needed: the CPU is the ring's).
+/// (48 bytes, the thread id included: it fits in the padding; the CPU of the record is not
+/// needed: it is the ring's).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Sample {
     pub time: PerfTime,
     /// Process id (tgid).
     pub pid: u32,
+    /// Thread id: names the thread for the who table's thread rows (FORMAT.md §12).
+    pub tid: u32,
     pub pc: u64,
     pub event: EventIdx,
     /// The overflow period that was in force when this sample was taken (the one the daemon set

@@ -45,6 +45,7 @@ pub fn idle_image(kernel: &ImageInfo) -> Arc<ImageInfo> {
 
 const CGROUP_SLOTS: usize = 256;
 const KERNEL_SLOTS: usize = 64;
+const THREAD_SLOTS: usize = 64;
 
 /// Who counters of one CPU, updated per sample under that CPU's mutex.
 #[derive(Debug)]
@@ -53,6 +54,11 @@ pub struct CpuWho {
     per_event: Vec<u64>,
     /// Kernel samples per (pid, event); pid 0 is the idle task.
     kernel: HashMap<(u32, EventIdx), u64>,
+    /// Samples of threads other than their process's leader per (pid, tid, event), kernel
+    /// and user mode alike: named at the flush, they become the who table's thread rows.
+    threads: HashMap<(u32, u32, EventIdx), u64>,
+    /// Direct-mapped counters in front of `threads` (count 0 = empty), as `kslots`.
+    tslots: Box<[(u32, u32, EventIdx, u64)]>,
     /// Direct-mapped counters in front of `kernel` (count 0 = empty): a run of kernel samples
     /// of one process costs an increment, not a hash-map update each.
     kslots: Box<[(u32, EventIdx, u64)]>,
@@ -73,6 +79,8 @@ impl Default for CpuWho {
             per_event: Vec::new(),
             kernel: HashMap::new(),
             kslots: vec![(0, 0, 0); KERNEL_SLOTS].into_boxed_slice(),
+            threads: HashMap::new(),
+            tslots: vec![(0, 0, 0, 0); THREAD_SLOTS].into_boxed_slice(),
             pid_cgroup: HashMap::new(),
             seen: vec![(u32::MAX, 0, false); CGROUP_SLOTS].into_boxed_slice(),
         }
@@ -80,14 +88,35 @@ impl Default for CpuWho {
 }
 
 impl CpuWho {
-    /// Count one sample that went into the table. `kernel`: taken in kernel mode.
+    /// Count one sample of thread `tid` of process `pid` that went into the table. `kernel`:
+    /// taken in kernel mode.
     #[inline]
-    pub fn count(&mut self, pid: u32, cgroup: u64, event: EventIdx, kernel: bool, time: PerfTime) {
+    pub fn count(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        cgroup: u64,
+        event: EventIdx,
+        kernel: bool,
+        time: PerfTime,
+    ) {
         let e = usize::from(event);
         if e >= self.per_event.len() {
             self.per_event.resize(e + 1, 0);
         }
         self.per_event[e] += 1;
+        // The leader is named by the process's command; only other threads may differ.
+        if tid != pid && pid != 0 {
+            let s = &mut self.tslots[(tid as usize ^ (e << 7)) % THREAD_SLOTS];
+            if s.3 > 0 && (s.0, s.1, s.2) == (pid, tid, event) {
+                s.3 += 1;
+            } else {
+                if s.3 > 0 {
+                    *self.threads.entry((s.0, s.1, s.2)).or_insert(0) += s.3;
+                }
+                *s = (pid, tid, event, 1);
+            }
+        }
         if kernel {
             let s = &mut self.kslots[(pid as usize ^ (e << 7)) % KERNEL_SLOTS];
             if s.2 > 0 && (s.0, s.1) == (pid, event) {
@@ -130,6 +159,13 @@ impl CpuWho {
         for (k, n) in self.kernel.drain() {
             *out.kernel.entry(k).or_insert(0) += n;
         }
+        for s in self.tslots.iter_mut().filter(|s| s.3 > 0) {
+            *self.threads.entry((s.0, s.1, s.2)).or_insert(0) += s.3;
+            *s = (0, 0, 0, 0);
+        }
+        for (k, n) in self.threads.drain() {
+            *out.threads.entry(k).or_insert(0) += n;
+        }
         // The same rule across CPUs: what a user-mode sample showed wins, and of those the
         // newest. A process moved into its group just before exec (`echo $$ >
         // cgroup.procs; exec`, as systemd and container runtimes do) ran in the old group on
@@ -159,6 +195,11 @@ pub struct WhoBatch {
     pub cgroup_paths: HashMap<u64, String>,
     /// Samples per (CPU, event).
     pub cpus: HashMap<(u32, EventIdx), u64>,
+    /// Samples of non-leader threads per (pid, tid, event) (user and kernel mode).
+    pub threads: HashMap<(u32, u32, EventIdx), u64>,
+    /// Name (comm) per (pid, tid) of `threads`, as of the batch; a thread not named here is
+    /// counted as its command only.
+    pub thread_names: HashMap<(u32, u32), Vec<u8>>,
     /// User-mode samples per (pid, image, offset, event), for the live view ([`Recent`]);
     /// taken out of the batch when it is recorded there.
     pub hot: Vec<(u32, Arc<ImageInfo>, u64, EventIdx, u64)>,
@@ -219,6 +260,10 @@ impl WhoBatch {
         for (k, n) in o.cpus {
             *self.cpus.entry(k).or_insert(0) += n;
         }
+        for (k, n) in o.threads {
+            *self.threads.entry(k).or_insert(0) += n;
+        }
+        self.thread_names.extend(o.thread_names);
         self.comms.extend(o.comms);
         self.hot.extend(o.hot);
         self.hot_kernel.extend(o.hot_kernel);
@@ -249,6 +294,20 @@ impl WhoBatch {
             out.push((*pid, image.to_vec(), *ev, n));
         }
         out
+    }
+
+    /// Samples per (pid, thread name, event) of the threads named otherwise than their
+    /// process's command (the who table's thread rows); several threads of one name add up.
+    pub fn thread_rows(&self) -> Vec<(u32, Vec<u8>, EventIdx, u64)> {
+        let mut out: HashMap<(u32, &[u8], EventIdx), u64> = HashMap::new();
+        for (&(pid, tid, ev), &n) in &self.threads {
+            let Some(name) = self.thread_names.get(&(pid, tid)) else { continue };
+            if self.comms.get(&pid).is_some_and(|c| c == name) {
+                continue;
+            }
+            *out.entry((pid, name.as_slice(), ev)).or_insert(0) += n;
+        }
+        out.into_iter().map(|((pid, name, ev), n)| (pid, name.to_vec(), ev, n)).collect()
     }
 
     /// Command of `pid` as the table shows it.
@@ -282,6 +341,33 @@ impl WhoBatch {
                 self.comms.insert(pid, s);
             }
         }
+    }
+}
+
+/// Thread names read from `/proc/PID/task/TID/comm`, for threads no COMM record named
+/// (named before dcpid started, or never renamed): read once per thread, failures
+/// included (an exited thread), so that a thread costs one read, not one per flush.
+#[derive(Debug, Default)]
+pub struct ThreadNames {
+    read: HashMap<(u32, u32), Option<Vec<u8>>>,
+}
+
+impl ThreadNames {
+    /// Threads remembered; all are forgotten past this (a read again costs one file each).
+    pub const MAX: usize = 16_384;
+
+    /// The name of thread `tid` of `pid` (`None`: it could not be read).
+    pub fn name(&mut self, proc_root: &Path, pid: u32, tid: u32) -> Option<Vec<u8>> {
+        if let Some(n) = self.read.get(&(pid, tid)) {
+            return n.clone();
+        }
+        if self.read.len() >= Self::MAX {
+            self.read.clear();
+        }
+        let path = proc_root.join(pid.to_string()).join("task").join(tid.to_string()).join("comm");
+        let n = std::fs::read(path).ok().map(|s| s.strip_suffix(b"\n").unwrap_or(&s).to_vec());
+        self.read.insert((pid, tid), n.clone());
+        n
     }
 }
 
@@ -807,16 +893,16 @@ mod tests {
     #[test]
     fn counts_kernel_time_per_pid_and_the_last_cgroup() {
         let mut w = CpuWho::default();
-        w.count(10, 5, 0, true, 10);
-        w.count(10, 6, 0, false, 20);
-        w.count(0, 1, 0, true, 30);
+        w.count(10, 10, 5, 0, true, 10);
+        w.count(10, 10, 6, 0, false, 20);
+        w.count(0, 0, 1, 0, true, 30);
         // Pids that share a counter slot are both counted.
-        w.count(10 + KERNEL_SLOTS as u32, 5, 0, true, 40);
-        w.count(10, 5, 0, true, 50);
+        w.count(10 + KERNEL_SLOTS as u32, 10 + KERNEL_SLOTS as u32, 5, 0, true, 40);
+        w.count(10, 10, 5, 0, true, 50);
         // Its exit path, in the root cgroup: kernel samples do not override a user one.
-        w.count(10, 1, 0, true, 60);
+        w.count(10, 10, 1, 0, true, 60);
         // A kernel thread has only kernel samples: the first one names its cgroup.
-        w.count(2, 1, 0, true, 70);
+        w.count(2, 2, 1, 0, true, 70);
         let mut b = WhoBatch::default();
         w.take_into(3, &mut b);
         assert_eq!(b.cpus[&(3, 0)], 7);
@@ -826,7 +912,7 @@ mod tests {
         assert_eq!(b.cgroups[&10], 6, "the last cgroup a user-mode sample showed");
         assert_eq!(b.cgroups[&2], 1, "a kernel thread's");
         // Taken: the next interval starts empty, and a pid seen before is recorded again.
-        w.count(10, 6, 0, false, 80);
+        w.count(10, 10, 6, 0, false, 80);
         let mut b2 = WhoBatch::default();
         w.take_into(3, &mut b2);
         assert_eq!((b2.cpus[&(3, 0)], b2.cgroups[&10]), (1, 6));
@@ -836,7 +922,7 @@ mod tests {
             let mut b = WhoBatch::default();
             for i in order {
                 let w = if i == 0 { &mut exit } else { &mut run };
-                w.count(10, if i == 0 { 1 } else { 6 }, 0, i == 0, 90);
+                w.count(10, 10, if i == 0 { 1 } else { 6 }, 0, i == 0, 90);
                 w.take_into(i, &mut b);
             }
             assert_eq!(b.cgroups[&10], 6, "{order:?}");
@@ -846,17 +932,17 @@ mod tests {
         // order.
         for order in [[0, 1], [1, 0]] {
             let (mut before, mut after) = (CpuWho::default(), CpuWho::default());
-            before.count(20, 1, 0, false, 1_000);
-            after.count(20, 9, 0, false, 2_000);
-            after.count(20, 9, 0, false, 3_000);
+            before.count(20, 20, 1, 0, false, 1_000);
+            after.count(20, 20, 9, 0, false, 2_000);
+            after.count(20, 20, 9, 0, false, 3_000);
             let b = take_in_order(&mut before, &mut after, order);
             assert_eq!(b.cgroups[&20], 9, "{order:?}");
             // And when an early batch is merged into a later one.
             let mut early = WhoBatch::default();
-            before.count(20, 1, 0, false, 1_000);
+            before.count(20, 20, 1, 0, false, 1_000);
             before.take_into(0, &mut early);
             let mut late = WhoBatch::default();
-            after.count(20, 9, 0, false, 2_000);
+            after.count(20, 20, 9, 0, false, 2_000);
             after.take_into(1, &mut late);
             late.merge(early);
             assert_eq!(late.cgroups[&20], 9, "merge {order:?}");
@@ -866,10 +952,10 @@ mod tests {
         // group, later. The user-mode samples must still count: its group wins.
         for order in [[0, 1], [1, 0]] {
             let (mut run, mut exit) = (CpuWho::default(), CpuWho::default());
-            run.count(30, 9, 0, true, 1_000);
-            run.count(30, 9, 0, false, 1_100);
-            run.count(30, 9, 0, false, 1_200);
-            exit.count(30, 1, 0, true, 5_000);
+            run.count(30, 30, 9, 0, true, 1_000);
+            run.count(30, 30, 9, 0, false, 1_100);
+            run.count(30, 30, 9, 0, false, 1_200);
+            exit.count(30, 30, 1, 0, true, 5_000);
             let b = take_in_order(&mut run, &mut exit, order);
             assert_eq!(b.cgroups[&30], 9, "kernel first, then user: {order:?}");
         }

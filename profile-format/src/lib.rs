@@ -67,7 +67,9 @@ pub use symtab::{
     MAX_SYMTAB_FILE, MAX_SYMTAB_NAME, MAX_SYMTAB_SEGMENTS, MAX_SYMTAB_SYMBOLS, SYMTAB_MAGIC,
     SYMTAB_SUFFIX, SYMTAB_VERSION,
 };
-pub use who::{WhoKey, WhoTable, WHO_FILE, WHO_MAGIC, WHO_VERSION};
+pub use who::{
+    ThreadKey, WhoKey, WhoTable, MAX_THREAD_NAMES, OTHER_THREADS, WHO_FILE, WHO_MAGIC, WHO_VERSION,
+};
 
 /// Default location of the database.
 pub const DEFAULT_DB: &str = "/var/lib/dcpi";

@@ -1,6 +1,8 @@
 //! The "who" table of one host in one epoch (FORMAT.md §12): samples per (cgroup, command,
 //! pid, image, event) and per (CPU, event), so that reports can answer "which service, which
-//! container, which process" without per-process profiles.
+//! container, which process" without per-process profiles; since version 2, also per thread
+//! name where a thread's name differs from its process's command (a second level of the
+//! command that reports fold).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -12,8 +14,22 @@ use crate::varint;
 
 /// Magic of a who table file.
 pub const WHO_MAGIC: &[u8; 8] = b"DCPIWHO\0";
-/// Version this build reads and writes; a reader refuses larger ones (`UnknownVersion`).
-pub const WHO_VERSION: u16 = 1;
+/// Newest version this build reads and writes; a reader refuses larger ones
+/// (`UnknownVersion`). A table is written as version 2 exactly when it has thread rows
+/// (version 2 adds them), else as version 1, so that a reader of version 1 still reads every
+/// table that needs nothing newer.
+pub const WHO_VERSION: u16 = 2;
+
+/// Thread names a table keeps per (cgroup, command, pid); the samples of further names are
+/// added to the row named [`OTHER_THREADS`]. Incremental rustc names its threads after its
+/// codegen units' hashes (`opt 4khsxgdveaa`, `lto 51dg8lod39o`): unbounded, a machine of
+/// builds had 1 635 thread names in 10 minutes, 18.7 kB of a 21 kB table (BENCHMARKS.md,
+/// "Thread names").
+pub const MAX_THREAD_NAMES: usize = 32;
+
+/// The thread name of the samples of the threads beyond [`MAX_THREAD_NAMES`] names: longer
+/// than any thread's name (15 bytes on Linux), so no thread has it.
+pub const OTHER_THREADS: &[u8] = b"[other threads]+";
 
 /// File name of the table in a host directory.
 pub const WHO_FILE: &str = "who.tbl";
@@ -35,6 +51,20 @@ pub struct WhoKey {
     pub event: String,
 }
 
+/// What a thread row counts (version 2): the samples of the threads of a command whose name
+/// (the thread's comm) differs from the command. Not split by image: they are a second level
+/// of the rows of the same (cgroup, command, pid, event), whose samples they also count.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ThreadKey {
+    pub cgroup: String,
+    pub command: Vec<u8>,
+    /// 0 unless `by_pid`, as in [`WhoKey::pid`].
+    pub pid: u32,
+    /// The thread's name (comm), never equal to `command`.
+    pub thread: Vec<u8>,
+    pub event: String,
+}
+
 /// The who table of one host directory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WhoTable {
@@ -44,6 +74,13 @@ pub struct WhoTable {
     pub rows: BTreeMap<WhoKey, u64>,
     /// Samples per (CPU, event name); no zero counts.
     pub cpus: BTreeMap<(u32, String), u64>,
+    /// Samples of threads named apart from their command (version 2); no zero counts.
+    pub threads: BTreeMap<ThreadKey, u64>,
+}
+
+/// Whether two thread rows are of the same (cgroup, command, pid).
+fn same_owner(a: &ThreadKey, b: &ThreadKey) -> bool {
+    (&a.cgroup, &a.command, a.pid) == (&b.cgroup, &b.command, b.pid)
 }
 
 fn dict<'a, T: Ord + ?Sized + 'a>(items: impl Iterator<Item = &'a T>) -> Vec<&'a T> {
@@ -61,7 +98,34 @@ impl WhoTable {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty() && self.cpus.is_empty()
+        self.rows.is_empty() && self.cpus.is_empty() && self.threads.is_empty()
+    }
+
+    /// Add `samples` to a thread row (nothing for 0, or for a thread named as its command:
+    /// those samples are the command's own). A name beyond the [`MAX_THREAD_NAMES`] that its
+    /// (cgroup, command, pid) has is counted as [`OTHER_THREADS`].
+    pub fn add_thread(&mut self, mut key: ThreadKey, samples: u64) {
+        if samples == 0 || key.thread == key.command {
+            return;
+        }
+        if !self.threads.contains_key(&key) && key.thread != OTHER_THREADS {
+            // The names of this (cgroup, command, pid): its rows are contiguous.
+            let first = ThreadKey { thread: Vec::new(), event: String::new(), ..key.clone() };
+            let (mut names, mut known) = (0usize, false);
+            let mut last: Option<&[u8]> = None;
+            for k in self.threads.range(first..).map(|e| e.0).take_while(|k| same_owner(k, &key)) {
+                known |= k.thread == key.thread;
+                if last != Some(k.thread.as_slice()) && k.thread != OTHER_THREADS {
+                    names += 1;
+                    last = Some(k.thread.as_slice());
+                }
+            }
+            if !known && names >= MAX_THREAD_NAMES {
+                key.thread = OTHER_THREADS.to_vec();
+            }
+        }
+        let c = self.threads.entry(key).or_insert(0);
+        *c = c.saturating_add(samples);
     }
 
     /// Add `samples` to a row (nothing for 0).
@@ -89,6 +153,9 @@ impl WhoTable {
         for ((cpu, ev), &n) in &other.cpus {
             self.add_cpu(*cpu, ev, n);
         }
+        for (k, &n) in &other.threads {
+            self.add_thread(k.clone(), n);
+        }
     }
 
     /// Total samples of the rows.
@@ -100,7 +167,16 @@ impl WhoTable {
     /// rows as varint indices into them, sorted by key.
     pub fn encode(&self) -> Vec<u8> {
         // Rows repeat their neighbours' indices: zlib makes them ~3x smaller.
-        codec::finish_zlib(WHO_MAGIC, WHO_VERSION, &self.encode_payload())
+        codec::finish_zlib(WHO_MAGIC, self.version(), &self.encode_payload())
+    }
+
+    /// The version the table is written as (see [`WHO_VERSION`]).
+    pub fn version(&self) -> u16 {
+        if self.threads.is_empty() {
+            1
+        } else {
+            2
+        }
     }
 
     /// The uncompressed payload, in the one canonical order.
@@ -109,10 +185,21 @@ impl WhoTable {
             self.rows
                 .keys()
                 .map(|k| k.event.as_str())
-                .chain(self.cpus.keys().map(|k| k.1.as_str())),
+                .chain(self.cpus.keys().map(|k| k.1.as_str()))
+                .chain(self.threads.keys().map(|k| k.event.as_str())),
         );
-        let cgroups = dict(self.rows.keys().map(|k| k.cgroup.as_str()));
-        let commands = dict(self.rows.keys().map(|k| k.command.as_slice()));
+        let cgroups = dict(
+            self.rows
+                .keys()
+                .map(|k| k.cgroup.as_str())
+                .chain(self.threads.keys().map(|k| k.cgroup.as_str())),
+        );
+        let commands = dict(
+            self.rows
+                .keys()
+                .map(|k| k.command.as_slice())
+                .chain(self.threads.keys().map(|k| k.command.as_slice())),
+        );
         let images = dict(self.rows.keys().map(|k| k.image.as_slice()));
         let mut out = Vec::new();
         put_bytes(&mut out, self.host.as_bytes());
@@ -140,6 +227,21 @@ impl WhoTable {
             varint::write_u64(&mut out, index_of(&events, ev.as_str()));
             varint::write_u64(&mut out, n);
         }
+        if !self.threads.is_empty() {
+            // Version 2: the thread names, then the thread rows.
+            let names = dict(self.threads.keys().map(|k| k.thread.as_slice()));
+            varint::write_u64(&mut out, names.len() as u64);
+            names.iter().for_each(|s| put_bytes(&mut out, s));
+            varint::write_u64(&mut out, self.threads.len() as u64);
+            for (k, &n) in &self.threads {
+                varint::write_u64(&mut out, index_of(&cgroups, k.cgroup.as_str()));
+                varint::write_u64(&mut out, index_of(&commands, k.command.as_slice()));
+                varint::write_u64(&mut out, u64::from(k.pid));
+                varint::write_u64(&mut out, index_of(&names, k.thread.as_slice()));
+                varint::write_u64(&mut out, index_of(&events, k.event.as_str()));
+                varint::write_u64(&mut out, n);
+            }
+        }
         out
     }
 
@@ -147,6 +249,8 @@ impl WhoTable {
     /// canonical encoding (sorted, distinct dictionaries and rows, no zero counts).
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
         let payload = codec::open_zlib(bytes, path, WHO_MAGIC, "who table", WHO_VERSION)?;
+        // open_zlib checked the container: magic, then the version (u16 LE), at most ours.
+        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
         let mut r = Reader::new(&payload, path);
         let host = r.string("host")?;
         let epoch = r.string("epoch")?;
@@ -230,8 +334,52 @@ impl WhoTable {
             let cpu = u32::try_from(cpu).map_err(|_| r.corrupt("cpu", "beyond u32"))?;
             cpus.insert((cpu, pick(&r, &events, ev, "cpu event")?.clone()), n);
         }
+        let mut threads = BTreeMap::new();
+        if version >= 2 {
+            let names = blobs(&mut r, "threads")?;
+            let nthreads = r.count("thread rows", 6)?;
+            let mut prev: Option<[u64; 5]> = None;
+            for _ in 0..nthreads {
+                let idx = [
+                    r.varint("thread cgroup")?,
+                    r.varint("thread command")?,
+                    r.varint("thread pid")?,
+                    r.varint("thread name")?,
+                    r.varint("thread event")?,
+                ];
+                let n = r.varint("thread samples")?;
+                if n == 0 {
+                    return Err(r.corrupt("thread samples", "zero count"));
+                }
+                if prev.is_some_and(|p| p >= idx) {
+                    return Err(r.corrupt("thread rows", "rows not sorted or not distinct"));
+                }
+                prev = Some(idx);
+                let pid =
+                    u32::try_from(idx[2]).map_err(|_| r.corrupt("thread pid", "beyond u32"))?;
+                let key = ThreadKey {
+                    cgroup: pick(&r, &cgroups, idx[0], "thread cgroup")?.clone(),
+                    command: pick(&r, &commands, idx[1], "thread command")?.clone(),
+                    pid,
+                    thread: pick(&r, &names, idx[3], "thread name")?.clone(),
+                    event: pick(&r, &events, idx[4], "thread event")?.clone(),
+                };
+                if key.thread == key.command {
+                    return Err(r.corrupt("thread name", "the command's own name"));
+                }
+                threads.insert(key, n);
+            }
+        }
         r.finish()?;
-        let t = Self { host, epoch, rows, cpus };
+        let t = Self { host, epoch, rows, cpus, threads };
+        // A version 2 table without thread rows is version 1's.
+        if t.version() != version {
+            return Err(codec::corrupt(
+                path,
+                "version",
+                format!("version {version} for a table written as version {}", t.version()),
+            ));
+        }
         // Unused dictionary entries would make two encodings of one table. The payload is
         // compared, not the file: zlib implementations (miniz_oxide, zlib-rs; which one a
         // binary gets depends on the crates built with it) and versions compress one payload
@@ -324,7 +472,7 @@ mod tests {
         for level in [flate2::Compression::none(), flate2::Compression::fast()] {
             let mut z = flate2::write::ZlibEncoder::new(Vec::new(), level);
             z.write_all(&payload).expect("compress");
-            let mut file = codec::begin(WHO_MAGIC, WHO_VERSION);
+            let mut file = codec::begin(WHO_MAGIC, t.version());
             file.extend_from_slice(&z.finish().expect("compress"));
             let file = codec::finish(file);
             assert_ne!(
@@ -346,6 +494,106 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    fn thread(cmd: &str, pid: u32, name: &str) -> ThreadKey {
+        ThreadKey {
+            cgroup: "/user.slice".into(),
+            command: cmd.as_bytes().to_vec(),
+            pid,
+            thread: name.as_bytes().to_vec(),
+            event: "cpu-clock".into(),
+        }
+    }
+
+    /// Version 2: thread rows (FORMAT.md §12, fields 11-13) round-trip, merge, and every
+    /// truncation or flipped byte is refused; a table without them is still version 1.
+    #[test]
+    fn thread_rows_round_trip_as_version_2() {
+        let mut t = sample_table();
+        assert_eq!(t.version(), 1, "no thread rows: version 1");
+        assert_eq!(u16::from_le_bytes([t.encode()[8], t.encode()[9]]), 1);
+        t.add(key("/user.slice", "rustc", 0, "/usr/lib/librustc_driver.so"), 100);
+        t.add_thread(thread("rustc", 0, "opt cgu.00"), 60);
+        t.add_thread(thread("rustc", 0, "opt cgu.01"), 30);
+        // A thread named as its command is the command's own: no row.
+        t.add_thread(thread("rustc", 0, "rustc"), 10);
+        t.add_thread(thread("rustc", 0, "opt cgu.02"), 0);
+        assert_eq!(t.threads.len(), 2);
+        let b = t.encode();
+        assert_eq!(u16::from_le_bytes([b[8], b[9]]), 2);
+        let p = Path::new("who.tbl");
+        let back = WhoTable::decode(&b, p).expect("decode");
+        assert_eq!(back, t);
+        let mut m = back.clone();
+        m.merge(&t);
+        assert_eq!(m.threads[&thread("rustc", 0, "opt cgu.00")], 120);
+        for n in 0..b.len() {
+            assert!(WhoTable::decode(&b[..n], p).is_err(), "truncated at {n} accepted");
+        }
+        for i in 0..b.len() {
+            let mut c = b.clone();
+            c[i] ^= 0x5a;
+            assert!(WhoTable::decode(&c, p).is_err(), "flip at {i} accepted");
+        }
+        // A version 2 header on a version 1 payload is refused (it lacks the thread rows),
+        // and so is one whose thread rows are empty: that table is version 1's.
+        let v1 = sample_table();
+        let relabelled = codec::finish_zlib(WHO_MAGIC, 2, &v1.encode_payload());
+        assert!(matches!(WhoTable::decode(&relabelled, p), Err(Error::Corrupt { .. })));
+        let mut empty = v1.encode_payload();
+        empty.extend_from_slice(&[0, 0]);
+        match WhoTable::decode(&codec::finish_zlib(WHO_MAGIC, 2, &empty), p) {
+            Err(Error::Corrupt { field: "version", .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Unbounded thread names (incremental rustc names threads after codegen-unit hashes):
+    /// past [`MAX_THREAD_NAMES`] per (cgroup, command, pid), samples go to [`OTHER_THREADS`];
+    /// names already kept keep counting, other commands are not limited by this one.
+    #[test]
+    fn thread_names_are_bounded_per_command() {
+        let mut t = WhoTable::new("h", "20261125T000000Z");
+        for i in 0..MAX_THREAD_NAMES + 10 {
+            t.add_thread(thread("rustc", 0, &format!("opt {i:011x}")), 2);
+        }
+        t.add_thread(thread("rustc", 0, "opt 00000000000"), 5);
+        t.add_thread(thread("cargo", 0, "worker"), 1);
+        let rustc: Vec<_> = t.threads.iter().filter(|(k, _)| k.command == b"rustc").collect();
+        assert_eq!(rustc.len(), MAX_THREAD_NAMES + 1, "{rustc:?}");
+        assert_eq!(t.threads[&thread("rustc", 0, "opt 00000000000")], 7);
+        let other = ThreadKey { thread: OTHER_THREADS.to_vec(), ..thread("rustc", 0, "") };
+        assert_eq!(t.threads[&other], 20, "10 names beyond the bound, 2 samples each");
+        assert_eq!(t.threads[&thread("cargo", 0, "worker")], 1);
+        // Merged into a table that has them, the bound holds.
+        let mut m = t.clone();
+        m.merge(&t);
+        assert_eq!(m.threads.len(), t.threads.len());
+        assert!(OTHER_THREADS.len() > 15, "no thread's name (comm) can be it");
+    }
+
+    /// A version 1 file, its payload built field by field as FORMAT.md §12 describes it (not
+    /// by this build's encoder), reads as before: no thread rows.
+    #[test]
+    fn version_1_file_reads_as_before() {
+        let mut pl = Vec::new();
+        put_bytes(&mut pl, b"h");
+        put_bytes(&mut pl, b"20261125T000000Z");
+        for dict in [&[&b"cpu-clock"[..]][..], &[b"/"], &[b"app"], &[b"/bin/app"]] {
+            varint::write_u64(&mut pl, dict.len() as u64);
+            dict.iter().for_each(|s| put_bytes(&mut pl, s));
+        }
+        // One row: cgroup 0, command 0, pid 7, image 0, event 0, 42 samples; one CPU row.
+        pl.extend_from_slice(&[1, 0, 0, 7, 0, 0, 42, 1, 1, 0, 42]);
+        let file = codec::finish_zlib(WHO_MAGIC, 1, &pl);
+        let t = WhoTable::decode(&file, Path::new("old/who.tbl")).expect("a version 1 file");
+        assert_eq!(t.rows.len(), 1);
+        assert_eq!(t.rows[&key("/", "app", 7, "/bin/app")], 42);
+        assert_eq!(t.cpus[&(1, "cpu-clock".to_owned())], 42);
+        assert!(t.threads.is_empty());
+        assert_eq!(t.encode_payload(), pl, "and writes the same version 1 payload back");
+        assert_eq!(t.version(), 1);
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod store_reliability;
 mod symstore;
 mod systemd;
 mod systemd_container;
+mod threads;
 mod time_ranges;
 mod timeline;
 mod who;

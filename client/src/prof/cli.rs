@@ -64,7 +64,11 @@ JSON SCHEMA (--format json; numbers are plain JSON numbers)
       \"event\": str, \"filters\": {...}, \"idle_included\": bool, \"total_samples\": int,
       \"percent_of\": str, \"rows_omitted\": int,
       \"rows\": [ { <by>: str|int, \"samples\": int, \"percent\": num } ] }
-    (--by cgroup rows also carry \"unit\" and \"container\", each str|null.)
+    (--by cgroup rows also carry \"unit\" and \"container\", each str|null. --by command
+    rows of a command whose threads have names of their own carry \"threads\": [ {
+    \"thread\": str, \"samples\": int, \"percent\": num } ], most samples first, adding up
+    to the row; its threads named as the command are the entry of the command's own name.
+    --thread NAME narrows any of these to the threads of that name.)
   --pid N, --cgroup PATH or --command NAME with --by symbol, --by image, --image,
     --symbols or an export: the per-image, per-symbol or all-symbols report or the export
     above, of that process's, cgroup's or command's samples only, read from the
@@ -377,6 +381,20 @@ pub struct Args {
     /// where in its code process N spent its time.
     #[arg(long, value_name = "N")]
     pub pid: Option<u32>,
+    /// Only samples of threads with this name (the thread's comm, `opt cgu.00`), from the who
+    /// tables' thread rows (FORMAT.md §12, version 2); threads named as their process count
+    /// under the process's name, as `perf report --comms` counts them. A who report: --by
+    /// command (the default with --thread), pid, cgroup, unit, container, host or epoch, with
+    /// --command, --cgroup, --pid; not per image or symbol (thread rows are not per image,
+    /// and per-thread profiles are not recorded).
+    #[arg(long, value_name = "NAME")]
+    pub thread: Option<String>,
+    /// With --by command: under each command whose threads have names of their own, a row
+    /// per thread name (`rustc/opt cgu.00`), the threads named as the process in
+    /// `rustc/rustc`; the rows under a command add up to it. Folded (off) by default; the JSON
+    /// report always carries them, as each command row's `threads`.
+    #[arg(long)]
+    pub threads: bool,
     /// Only samples taken on this CPU (with --by cpu).
     #[arg(long, value_name = "N")]
     pub cpu: Option<u32>,

@@ -186,6 +186,7 @@ fn usage(msg: impl Into<String>) -> ProfError {
 fn filter_flags(a: &Args) -> Vec<&'static str> {
     [
         ("--command", a.command.is_some()),
+        ("--thread", a.thread.is_some()),
         ("--cgroup", a.cgroup.is_some()),
         ("--pid", a.pid.is_some()),
         ("--cpu", a.cpu.is_some()),
@@ -269,6 +270,9 @@ impl Mode {
         }
         if a.by == Some(By::Time) {
             return timeline(a, &filters, output, symbol_mode).map(Self::Timeline);
+        }
+        if a.thread.is_some() || a.threads {
+            return thread_report(a, output).map(Self::Who);
         }
         // --pid/--cgroup with a profile report: the per-process/per-cgroup profiles stand in
         // for the flat ones; every other who report comes from the who tables.
@@ -497,6 +501,33 @@ fn who_selection(a: &Args, output: Output) -> Result<Option<WhoSel>, ProfError> 
     Ok(who)
 }
 
+/// `--thread NAME` or `--threads`: a who report over the tables' thread rows, which are per
+/// (cgroup, command, pid, event) only.
+fn thread_report(a: &Args, output: Output) -> Result<Who, ProfError> {
+    let flag = if a.thread.is_some() { "--thread" } else { "--threads" };
+    let by = a.by.unwrap_or(By::Command);
+    if a.threads && by != By::Command {
+        return Err(usage(format!(
+            "--threads shows the thread names under each command: it goes with --by command, \
+             not --by {}",
+            by.name()
+        )));
+    }
+    let per_thread = matches!(
+        by,
+        By::Command | By::Pid | By::Cgroup | By::Unit | By::Container | By::Host | By::Epoch
+    );
+    if !per_thread || a.image.is_some() || a.cpu.is_some() || a.all_symbols {
+        return Err(usage(format!(
+            "{flag} reads the who tables' thread rows, which are per command, process and \
+             cgroup, not per image, symbol, CPU or time (dcpid records no per-thread profiles): \
+             use --by command|pid|cgroup|unit|container|host|epoch without --image, --cpu or \
+             --symbols"
+        )));
+    }
+    who_tables(a, by, output)
+}
+
 /// A report from the who tables, its flags checked.
 fn who_tables(a: &Args, by: By, output: Output) -> Result<Who, ProfError> {
     let by = match by {
@@ -561,11 +592,13 @@ fn who_tables(a: &Args, by: By, output: Output) -> Result<Who, ProfError> {
         by,
         filters: WhoFilters {
             command: a.command.clone(),
+            thread: a.thread.clone(),
             cgroup: a.cgroup.clone(),
             pid: a.pid,
             cpu: a.cpu,
             image: a.image.clone(),
         },
+        threads: a.threads,
         no_idle: a.no_idle,
         limit: a.limit,
         format,

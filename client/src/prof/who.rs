@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use profile_format::{WhoKey, WhoTable};
+use profile_format::{ThreadKey, WhoKey, WhoTable};
 use serde_json::{json, Map, Value};
 
 use super::by::By;
@@ -23,6 +23,8 @@ use dcpi_report::escape::{controls, terminal};
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WhoFilters {
     pub command: Option<String>,
+    /// `--thread`: samples of the threads of that name only (thread rows, FORMAT.md §12 v2).
+    pub thread: Option<String>,
     pub cgroup: Option<String>,
     pub pid: Option<u32>,
     pub cpu: Option<u32>,
@@ -36,6 +38,8 @@ pub struct Who {
     pub sel: Selection,
     pub by: WhoBy,
     pub filters: WhoFilters,
+    /// `--threads`: the thread names under each command in text and CSV (JSON always).
+    pub threads: bool,
     pub no_idle: bool,
     pub limit: Option<usize>,
     pub format: TableFormat,
@@ -209,6 +213,12 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     let mut parts: BTreeMap<String, u64> = BTreeMap::new();
     let mut total = 0u64;
     let mut any_pid = false;
+    // The second level of --by command: samples per (command, thread name) of the thread rows;
+    // what a command has beyond them is its threads named as it is.
+    let mut second: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    // --thread: per row key, the selected threads' samples (signed: a command's own-named
+    // threads are its rows less its thread rows).
+    let mut picked: BTreeMap<String, i128> = BTreeMap::new();
     for (di, t) in &tables {
         let d = &dirs[*di];
         if by == WhoBy::Cpu {
@@ -233,10 +243,59 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
             {
                 continue;
             }
-            if let Some(key) = key_of(by, k, d) {
-                *parts.entry(key).or_default() += n;
-                total += n;
+            let Some(key) = key_of(by, k, d) else { continue };
+            match &f.thread {
+                // The command's own-named threads are that thread name's.
+                Some(name) if display_path(&k.command) == *name => {
+                    *picked.entry(key).or_default() += i128::from(n);
+                }
+                Some(_) => {}
+                None => {
+                    *parts.entry(key).or_default() += n;
+                    total += n;
+                }
             }
+        }
+        for (tk, &n) in &t.threads {
+            if tk.event != event
+                || f.command.as_ref().is_some_and(|c| display_path(&tk.command) != *c)
+                || f.pid.is_some_and(|p| p != tk.pid)
+                || f.cgroup.as_ref().is_some_and(|c| !cgroup_matches(c, &tk.cgroup))
+            {
+                continue;
+            }
+            let command = display_path(&tk.command);
+            let thread = display_path(&tk.thread);
+            match &f.thread {
+                Some(name) => {
+                    let Some(key) = key_of(by, &row_of(tk), d) else { continue };
+                    if command == *name {
+                        *picked.entry(key.clone()).or_default() -= i128::from(n);
+                    }
+                    if thread == *name {
+                        *picked.entry(key).or_default() += i128::from(n);
+                    }
+                }
+                None if by == WhoBy::Command && f.image.is_none() => {
+                    *second.entry(command).or_default().entry(thread).or_default() += n;
+                }
+                None => {}
+            }
+        }
+    }
+    for (key, n) in picked {
+        // Never below 0: a table whose rows lost counts (a crash) keeps its thread rows.
+        let n = u64::try_from(n.max(0)).unwrap_or(u64::MAX);
+        if n > 0 {
+            parts.insert(key, n);
+            total += n;
+        }
+    }
+    for (command, threads) in &mut second {
+        let all = parts.get(command).copied().unwrap_or(0);
+        let named: u64 = threads.values().sum();
+        if all > named {
+            *threads.entry(command.clone()).or_default() += all - named;
         }
     }
     if (by == WhoBy::Pid || f.pid.is_some()) && !any_pid {
@@ -288,6 +347,13 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
                 }
                 m.insert("samples".into(), json!(n));
                 m.insert("percent".into(), json!(pct(*n)));
+                if let Some(threads) = second.get(k) {
+                    let rows: Vec<Value> = thread_rows(threads)
+                        .into_iter()
+                        .map(|(t, n)| json!({"thread": t, "samples": n, "percent": pct(n)}))
+                        .collect();
+                    m.insert("threads".into(), Value::Array(rows));
+                }
                 Value::Object(m)
             })
             .collect();
@@ -298,7 +364,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
             "database": who.sel.db.display().to_string(),
             "event": event,
             "filters": {
-                "command": f.command, "cgroup": f.cgroup, "pid": f.pid,
+                "command": f.command, "thread": f.thread, "cgroup": f.cgroup, "pid": f.pid,
                 "cpu": f.cpu, "image": f.image,
             },
             "idle_included": !who.no_idle || by == WhoBy::Cpu,
@@ -333,6 +399,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     };
     for (name, v) in [
         ("command", f.command.clone()),
+        ("thread", f.thread.clone()),
         ("cgroup", f.cgroup.clone()),
         ("pid", f.pid.map(|p| p.to_string())),
         ("cpu", f.cpu.map(|p| p.to_string())),
@@ -356,6 +423,20 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
             k.as_str().into()
         };
         t.row(vec![key.into(), first.into(), pct(*n).into()]);
+        if !who.threads {
+            continue;
+        }
+        for (thread, n) in second.get(k).map(thread_rows).unwrap_or_default() {
+            let first = if timed {
+                let csv = dcpi_report::render::CsvCell::Number(n.to_string());
+                dcpi_report::render::Value::Both { text: secs(n), csv }
+            } else {
+                n.into()
+            };
+            let name = format!("{k}/{thread}");
+            let name = dcpi_report::render::Value::from(name.as_str());
+            t.row(vec![name.into(), first.into(), pct(n).into()]);
+        }
     }
     if omitted > 0 {
         t.foot(format!("# {omitted} more rows (--limit)"));
@@ -363,6 +444,25 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     t.write(out, form, Style::default(), &v)?;
     out.flush()?;
     Ok(())
+}
+
+/// A thread row as a who row without image, for [`key_of`] (which reads no image but for
+/// `--by image`, refused with thread rows).
+fn row_of(t: &ThreadKey) -> WhoKey {
+    WhoKey {
+        cgroup: t.cgroup.clone(),
+        command: t.command.clone(),
+        pid: t.pid,
+        image: Vec::new(),
+        event: t.event.clone(),
+    }
+}
+
+/// The thread names under one command, most samples first (then by name).
+fn thread_rows(threads: &BTreeMap<String, u64>) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = threads.iter().map(|(t, &n)| (t.clone(), n)).collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
 }
 
 /// `--cgroup`: a path (`/system.slice/x.service`) or a prefix of one at a component boundary,

@@ -15,6 +15,7 @@ mod per_command;
 mod planted_links;
 mod pprof_proto;
 mod symbolizer;
+mod threads;
 mod timeline;
 mod util;
 mod who_profiles;

@@ -503,6 +503,8 @@ pub struct Aggregator {
     idle: OnceLock<Arc<ImageInfo>>,
     /// cgroup id → path, for the who attribution.
     cgroups: Mutex<CgroupNames>,
+    /// Names of threads no record named, read from /proc.
+    thread_names: Mutex<crate::who::ThreadNames>,
     /// The last batches' hottest rows (`dcpictl top`).
     recent: Mutex<Recent>,
     /// The time-weighted event (`u32::MAX`: none); see [`Aggregator::set_time_event`].
@@ -626,7 +628,7 @@ where
     let mut stop = Stop::Done;
     // (bucket, pc, tag, pid, period) of the chunk's samples, and (pid, cgroup, time) for `who`.
     let mut keys = [(0usize, 0u64, 0u64, 0u32, 0u64); CHUNK];
-    let mut owners = [(0u32, 0u64, 0u64); CHUNK];
+    let mut owners = [(0u32, 0u32, 0u64, 0u64); CHUNK];
     // (stack, process asid) of the chain's samples (stack 0: none).
     let mut chains = [(0u32, 0u64); CHUNK];
     let (front, back) = pending.as_slices();
@@ -670,16 +672,16 @@ where
                 let b = table.bucket_of(s.pc, tag, pid);
                 touched = touched.wrapping_add(table.touch(b));
                 keys[n] = (b, s.pc, tag, pid, s.period);
-                owners[n] = (s.pid, s.cgroup, s.time);
+                owners[n] = (s.pid, s.tid, s.cgroup, s.time);
                 chains[n] = (s.stack, proc_asid);
                 n += 1;
             }
             std::hint::black_box(touched);
             for (i, &(b, pc, tag, pid, period)) in keys[..n].iter().enumerate() {
                 // Counted as it enters the table: a sample left pending is not counted twice.
-                let (owner, cgroup, time) = owners[i];
+                let (owner, tid, cgroup, time) = owners[i];
                 let (event, kernel) = Entry::tag_event_kernel(tag);
-                who.count(owner, cgroup, event, kernel, time);
+                who.count(owner, tid, cgroup, event, kernel, time);
                 if chains[i].0 != 0 {
                     // A time-weighted event's stacks count its nanoseconds, as its profiles do.
                     let weight = if time_event == Some(event) { period } else { 1 };
@@ -742,6 +744,7 @@ impl Aggregator {
             cap: AtomicU64::new(PerfTime::MAX),
             idle: OnceLock::new(),
             cgroups: Mutex::new(CgroupNames::discover()),
+            thread_names: Mutex::new(crate::who::ThreadNames::default()),
             recent: Mutex::new(Recent::default()),
             stack_tables: OnceLock::new(),
             time_event: std::sync::atomic::AtomicU32::new(u32::MAX),
@@ -1186,6 +1189,22 @@ impl Aggregator {
             }
         }
         who.read_missing_comms(r.proc_root());
+        // Thread names: what COMM records said, else /proc (threads named before dcpid
+        // started, or named as their process), read once per thread.
+        let mut threads: Vec<(u32, u32)> = who.threads.keys().map(|k| (k.0, k.1)).collect();
+        threads.sort_unstable();
+        threads.dedup();
+        let mut read = lock(&self.thread_names);
+        for (pid, tid) in threads {
+            let name = match r.thread_name(pid, tid) {
+                Some(n) => Some(n.to_vec()),
+                None => read.name(r.proc_root(), pid, tid),
+            };
+            if let Some(n) = name {
+                who.thread_names.insert((pid, tid), n);
+            }
+        }
+        drop(read);
         let mut names = lock(&self.cgroups);
         let ids: Vec<u64> = who.cgroups.values().copied().collect();
         for id in ids {

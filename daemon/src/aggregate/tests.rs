@@ -15,7 +15,7 @@ fn resolver(dir: &std::path::Path) -> Resolver {
 }
 
 fn sample(time: u64, pid: u32, pc: u64, period: u64) -> Sample {
-    Sample { time, pid, pc, event: 0, period, kernel: false, cgroup: 0, stack: 0 }
+    Sample { time, pid, tid: pid, pc, event: 0, period, kernel: false, cgroup: 0, stack: 0 }
 }
 
 fn mmap(time: u64, pid: u32, id: u8) -> TimedSideBand {

@@ -427,6 +427,7 @@ impl Reader {
             self.samples.push(Sample {
                 time: w.end,
                 pid,
+                tid: w.tid,
                 pc,
                 event: self.cfg.event,
                 period: ns.max(1),

@@ -208,7 +208,16 @@ struct Process {
     jit: JitMapState,
     jit_checked_gen: u64,
     anon_image: Option<Arc<ImageInfo>>,
+    /// Names of threads other than the leader, from COMM records (a thread that called
+    /// `prctl(PR_SET_NAME)` or was named by `pthread_setname_np`) and inherited at thread creation
+    /// from a named creator; at most [`MAX_THREAD_NAMES`]. Kept after a thread exits: its
+    /// last samples are resolved after its exit record. Others are read from /proc when
+    /// needed (`Aggregator`'s `name_who`).
+    thread_names: HashMap<u32, Vec<u8>>,
 }
+
+/// Bound on the thread names kept per process.
+const MAX_THREAD_NAMES: usize = 4096;
 
 impl Process {
     fn new(pid: u32, born: PerfTime, asid: u64) -> Self {
@@ -229,6 +238,7 @@ impl Process {
             jit: JitMapState::default(),
             jit_checked_gen: 0,
             anon_image: None,
+            thread_names: HashMap::new(),
         }
     }
 
@@ -581,22 +591,38 @@ impl Resolver {
                     p.unreadable = false;
                     p.anon_image = None;
                     p.comm.clone_from(comm);
+                    p.thread_names.clear();
                 } else if pid == tid {
                     let p = self.proc_for_update(*pid, t);
                     if p.comm != *comm {
                         p.comm.clone_from(comm);
                         p.anon_image = None;
                     }
+                } else {
+                    // A thread named itself (or was named): the who table's thread rows.
+                    let p = self.proc_for_update(*pid, t);
+                    if p.thread_names.len() < MAX_THREAD_NAMES || p.thread_names.contains_key(tid) {
+                        p.thread_names.insert(*tid, comm.clone());
+                    }
                 }
             }
-            SideBand::Fork { pid, ppid, .. } => {
+            SideBand::Fork { pid, ppid, tid, ptid } => {
                 if self.ignored(*pid, t) {
                     return;
                 }
                 if pid == ppid {
-                    // A new thread: same address space.
+                    // A new thread: same address space, and its creator's name (a thread id
+                    // reused within the process forgets the old thread's).
                     if let Some(p) = self.procs.get_mut(pid) {
                         p.threads = p.threads.saturating_add(1);
+                        match p.thread_names.get(ptid).cloned() {
+                            Some(n) if p.thread_names.len() < MAX_THREAD_NAMES => {
+                                p.thread_names.insert(*tid, n);
+                            }
+                            _ => {
+                                p.thread_names.remove(tid);
+                            }
+                        }
                     }
                     return;
                 }
@@ -692,6 +718,12 @@ impl Resolver {
                 .find(|o| o.first_asid <= asid && asid <= o.last_asid())?,
         };
         (!p.comm.is_empty()).then_some(p.comm.as_slice())
+    }
+
+    /// The name of thread `tid` of the current `pid` as COMM and FORK records told it, if
+    /// they did (`None`: read /proc, or the thread is named as its process).
+    pub fn thread_name(&self, pid: u32, tid: u32) -> Option<&[u8]> {
+        self.procs.get(&pid)?.thread_names.get(&tid).map(Vec::as_slice)
     }
 
     /// Where `/proc` is (tests point it elsewhere).

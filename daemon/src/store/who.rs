@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use profile_format::{EpochId, WhoKey, WhoTable};
+use profile_format::{EpochId, ThreadKey, WhoKey, WhoTable};
 
 use super::{Store, StoreError};
 use crate::who::WhoBatch;
@@ -97,6 +97,18 @@ impl Store {
             if let Some(event) = events.get(usize::from(ev)) {
                 t.add_cpu(cpu, event, n);
             }
+        }
+        // Threads named apart from their command: a second level of its rows (version 2).
+        for (pid, thread, ev, n) in b.thread_rows() {
+            let Some(event) = events.get(usize::from(ev)) else { continue };
+            let key = ThreadKey {
+                cgroup: b.cgroup(pid),
+                command: b.command(pid),
+                pid: if by_pid { pid } else { 0 },
+                thread,
+                event: event.clone(),
+            };
+            t.add_thread(key, n);
         }
     }
 

@@ -343,3 +343,85 @@ fn binary_deleted_while_running_keeps_its_own_identity() {
         .collect();
     assert!(fallback.is_empty(), "deleted binaries got fallback identities: {fallback:?}");
 }
+
+/// Spin on the calling thread's CPU time (not wall time: on a loaded machine the spin still
+/// earns its samples).
+fn spin_thread_cpu(secs: f64) {
+    let cpu = || {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid timespec to fill; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+        t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+    };
+    let end = cpu() + secs;
+    let mut x = 0u64;
+    while cpu() < end {
+        for i in 0..100_000u64 {
+            x = std::hint::black_box(x.wrapping_add(i));
+        }
+    }
+}
+
+/// Name the calling thread as `prctl(PR_SET_NAME)` does (`pthread_setname_np` for the caller).
+fn set_thread_name(name: &str) {
+    let c = std::ffi::CString::new(name).expect("name");
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes from the pointer.
+    let rc = unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr() as libc::c_ulong, 0, 0, 0) };
+    assert_eq!(rc, 0, "prctl(PR_SET_NAME)");
+}
+
+/// Against the real kernel: a thread that renames itself with `prctl(PR_SET_NAME)` while the
+/// daemon runs (the kernel's COMM record names it), and one renamed before the daemon started
+/// (named from `/proc/PID/task/TID/comm` while it lives: it is kept alive until the batch is
+/// taken), each get their own thread row under this process.
+#[dcpi_testkit::test(perf)]
+fn a_thread_renamed_with_prctl_gets_its_own_thread_row() {
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (spun_tx, spun_rx) = std::sync::mpsc::channel::<()>();
+    let (exit_tx, exit_rx) = std::sync::mpsc::channel::<()>();
+    let before = std::thread::spawn(move || {
+        set_thread_name("dcpi-t-before");
+        go_rx.recv().expect("go");
+        spin_thread_cpu(0.3);
+        spun_tx.send(()).expect("spun");
+        exit_rx.recv().expect("exit");
+    });
+    // Named before the session: wait until /proc shows it.
+    let pid = std::process::id();
+    let named = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("tasks")
+            .flatten()
+            .any(|t| std::fs::read(t.path().join("comm")).is_ok_and(|c| c == b"dcpi-t-before\n"))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !named() {
+        assert!(std::time::Instant::now() < deadline, "the thread never got its name");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut s = Session::start();
+    let after = std::thread::spawn(|| {
+        set_thread_name("dcpi-t-after");
+        spin_thread_cpu(0.3);
+    });
+    go_tx.send(()).expect("go");
+    after.join().expect("after");
+    spun_rx.recv().expect("before spun");
+    std::thread::sleep(Duration::from_millis(300));
+    s.take();
+    exit_tx.send(()).expect("exit");
+    before.join().expect("before");
+    let batches = s.finish();
+    let mut by_name: std::collections::BTreeMap<String, u64> = Default::default();
+    for r in &batches {
+        for (p, name, _, n) in r.who.thread_rows() {
+            if p == pid {
+                *by_name.entry(String::from_utf8_lossy(&name).into_owned()).or_default() += n;
+            }
+        }
+    }
+    let got = |n: &str| by_name.get(n).copied().unwrap_or(0);
+    eprintln!("thread rows of this process: {by_name:?}");
+    assert!(got("dcpi-t-after") >= 30, "renamed while sampled: {by_name:?}");
+    assert!(got("dcpi-t-before") >= 30, "renamed before the daemon: {by_name:?}");
+}

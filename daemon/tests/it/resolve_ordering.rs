@@ -66,7 +66,7 @@ fn exit(time: u64, cpu: u32, pid: u32) -> TimedSideBand {
 }
 
 fn sample(time: u64, pid: u32, pc: u64) -> Sample {
-    Sample { time, pid, pc, event: 0, period: 1000, kernel: false, cgroup: 0, stack: 0 }
+    Sample { time, pid, tid: pid, pc, event: 0, period: 1000, kernel: false, cgroup: 0, stack: 0 }
 }
 
 fn drain(a: &Aggregator, cpu: u32, until: u64, s: Vec<Sample>, sb: Vec<TimedSideBand>) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::store_support;
 use dcpid::aggregate::{ImageInfo, Resolved};
 use dcpid::store::Store;
-use profile_format::{Database, ImageId, ImageKind, WhoKey, WhoTable};
+use profile_format::{Database, ImageId, ImageKind, ThreadKey, WhoKey, WhoTable};
 use store_support::open;
 
 /// pid 42 (`web`, cgroup 7 = /system.slice/web.service): `user` samples in /usr/bin/web and
@@ -61,6 +61,46 @@ fn who_counts_are_merged_across_flushes() {
     assert_eq!(t.rows.get(&key(0, "swapper", "[idle]", "/")), Some(&150), "{t:?}");
     assert_eq!(t.cpus.get(&(1, "cpu-clock".to_owned())), Some(&169));
     assert_eq!(t.samples(), 169);
+}
+
+/// Threads named apart from their command (FORMAT.md §12 version 2): a thread row per name,
+/// merged across flushes; threads named as the command and unnamed ones add no row; a table
+/// with no such thread stays version 1.
+#[test]
+fn threads_named_apart_are_thread_rows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = open(dir.path());
+    s.add(batch(10, 3, 100), 0, 0);
+    s.flush_everything().expect("flush");
+    let path = who_path(dir.path(), &s);
+    let v =
+        |p: &Path| u16::from_le_bytes(std::fs::read(p).expect("read")[8..10].try_into().unwrap());
+    assert_eq!(v(&path), 1, "no thread named apart: a version 1 table");
+    for _ in 0..2 {
+        let mut b = batch(10, 3, 0);
+        let w = &mut b.who;
+        // Threads 43 and 44 are "worker"s, 45 is named as its process, 46 has no name.
+        for (tid, n) in [(43, 6), (44, 2), (45, 3), (46, 1)] {
+            w.threads.insert((42, tid, 0), n);
+        }
+        w.thread_names.insert((42, 43), b"worker".to_vec());
+        w.thread_names.insert((42, 44), b"worker".to_vec());
+        w.thread_names.insert((42, 45), b"web".to_vec());
+        s.add(b, 0, 0);
+        s.flush_everything().expect("flush");
+    }
+    let t = WhoTable::read(&path).expect("who.tbl");
+    assert_eq!(v(&path), 2);
+    let k = ThreadKey {
+        cgroup: "/system.slice/web.service".into(),
+        command: b"web".to_vec(),
+        pid: 0,
+        thread: b"worker".to_vec(),
+        event: "cpu-clock".into(),
+    };
+    assert_eq!(t.threads.len(), 1, "{:?}", t.threads);
+    assert_eq!(t.threads.get(&k), Some(&16), "{:?}", t.threads);
+    assert_eq!(t.samples(), 100 + 3 * 13, "thread rows are a breakdown, not more samples");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use dcpid::aggregate::Aggregator;
 use dcpid::resolve::{Resolver, ResolverConfig};
-use dcpid::types::{Sample, SampleSink};
+use dcpid::types::{Sample, SampleSink, SideBand, TimedSideBand};
 use profile_format::{ImageId, ImageKind};
 
 fn write(p: &Path, data: impl AsRef<[u8]>) {
@@ -36,6 +36,7 @@ fn ksample(time: u64, pid: u32) -> Sample {
     Sample {
         time,
         pid,
+        tid: pid,
         pc: 0xffffffff81000123,
         event: 0,
         period: 1000,
@@ -140,4 +141,42 @@ fn per_process_profiles_split_kernel_time_by_process_only_when_on() {
             (8, b"[kernel.kallsyms]".to_vec(), 6)
         ]
     );
+}
+
+/// Thread names (the who table's thread rows, FORMAT.md §12 version 2): a thread that renamed
+/// itself is named by its COMM record (the kernel sends one for `prctl(PR_SET_NAME)` and
+/// `pthread_setname_np`), a thread it then creates inherits its name (FORK record), a thread
+/// named before the daemon started is named from `/proc/PID/task/TID/comm`; the leader, threads
+/// named as their process and threads no one can name make no row.
+#[test]
+fn renamed_threads_are_counted_under_their_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = fake_kernel(dir.path());
+    write(&dir.path().join("proc/9/comm"), "app\n");
+    write(&dir.path().join("proc/9/task/11/comm"), "pre-named\n");
+    write(&dir.path().join("proc/9/task/14/comm"), "app\n");
+    let agg = Aggregator::new(Resolver::new(cfg), 1);
+    let rec = |time, record| TimedSideBand { time, cpu: 0, record };
+    let mut side = vec![
+        rec(5, SideBand::Comm { pid: 9, tid: 9, comm: b"app".to_vec(), exec: true }),
+        rec(6, SideBand::Fork { pid: 9, ppid: 9, tid: 10, ptid: 9 }),
+        rec(7, SideBand::Comm { pid: 9, tid: 10, comm: b"renamed".to_vec(), exec: false }),
+        rec(8, SideBand::Fork { pid: 9, ppid: 9, tid: 12, ptid: 10 }),
+    ];
+    let mut s = Vec::new();
+    for (tid, n) in [(9, 5), (10, 4), (11, 3), (12, 2), (13, 1), (14, 2)] {
+        s.extend((0..n).map(|i| Sample { tid, ..ksample(20 + i, 9) }));
+    }
+    agg.on_drain(0, 1000, &mut s, &mut side);
+    let r = agg.flush_all();
+    let mut rows = r.who.thread_rows();
+    rows.sort();
+    assert_eq!(
+        rows,
+        [(9, b"pre-named".to_vec(), 0, 3), (9, b"renamed".to_vec(), 0, 6)],
+        "renamed (4) and its child (2); pre-named from /proc; not 9 (leader), 13 (no name), 14 \
+         (named as the process)"
+    );
+    assert_eq!(r.who.command(9), b"app");
+    assert_eq!(r.who.kernel.get(&(9, 0)), Some(&17), "the command still counts every thread");
 }

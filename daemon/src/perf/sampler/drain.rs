@@ -126,6 +126,7 @@ pub fn read_pass_stacks<R: RingBuffer>(
             samples.push(Sample {
                 time: s.time,
                 pid: s.pid,
+                tid: s.tid,
                 pc: s.ip,
                 event: idx as EventIdx,
                 period: period_at(idx, s.time),
