@@ -392,6 +392,22 @@ pub fn workload(bin: &Path) -> Command {
     cmd
 }
 
+/// Of `dcpidiff --format json`'s rows in `v`, exactly one is significant: `symbol`'s, with a
+/// rate ratio within `ratio` (the causality and deploy tests of issue 39).
+pub fn assert_only_flagged(
+    v: &serde_json::Value,
+    symbol: &str,
+    ratio: std::ops::RangeInclusive<f64>,
+) {
+    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    let flagged: Vec<&serde_json::Value> =
+        rows.iter().filter(|r| r["significant"] == true).collect();
+    assert_eq!(flagged.len(), 1, "exactly one significant row: {v:#}");
+    assert_eq!(flagged[0]["symbol"], symbol, "{v:#}");
+    let got = flagged[0]["ratio"].as_f64().unwrap_or(f64::NAN);
+    assert!(ratio.contains(&got), "rate ratio {got} not within {ratio:?}: {v:#}");
+}
+
 /// What a [`Metered`] program measured of itself: how far behind its CPU budget it ever was,
 /// and each function's (`work_a`, `work_b`, `work_c`) CPU seconds per wall second before and
 /// after `SIGUSR1`.

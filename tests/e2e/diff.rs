@@ -201,10 +201,5 @@ fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
         let n = r["before"].as_u64().unwrap_or(0);
         assert!(n >= 1000, "{name}: too few samples for the bound ({n}): {v:#}");
     }
-    let flagged: Vec<&serde_json::Value> =
-        rows.iter().filter(|r| r["significant"] == true).collect();
-    assert_eq!(flagged.len(), 1, "exactly one significant row: {v:#}");
-    assert_eq!(flagged[0]["symbol"], "work_b", "{v:#}");
-    let ratio = flagged[0]["ratio"].as_f64().unwrap_or(f64::NAN);
-    assert!((1.2..=1.4).contains(&ratio), "rate ratio {ratio} not within 1.2-1.4: {v:#}");
+    dcpi_e2e::assert_only_flagged(&v, "work_b", 1.2..=1.4);
 }

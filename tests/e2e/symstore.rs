@@ -216,12 +216,7 @@ fn scenario(split_debug: bool, tag: &str) {
             r["before"], r["after"], r["ratio"], r["p_adjusted"], r["significant"]
         );
     }
-    let flagged: Vec<&serde_json::Value> =
-        rows.iter().filter(|r| r["significant"] == true).collect();
-    assert_eq!(flagged.len(), 1, "exactly one significant row: {v:#}");
-    assert_eq!(flagged[0]["symbol"], "work_b", "{v:#}");
-    let ratio = flagged[0]["ratio"].as_f64().unwrap_or(f64::NAN);
-    assert!((1.2..=1.4).contains(&ratio), "rate ratio {ratio} not within 1.2-1.4: {v:#}");
+    dcpi_e2e::assert_only_flagged(&v, "work_b", 1.2..=1.4);
 }
 
 /// Items 1, 2 and 4 of issue 39: the binary's own `.symtab` stored, the binary deleted.
