@@ -9,6 +9,11 @@ ignored" and records nothing of it, so it cannot be the reference on this machin
   bench/offcpu.py [--secs 10] [--rate 5000] [--reps 3] [--dcpid target/release/dcpid]
                   [--dcpictl target/release/dcpictl] [--base-dcpid OTHER] [--cost-reps 1]
                   [--no-slowdown] [--no-cost] [--bytes-secs 0] [--kinds K,K] [--out FILE]
+                  [--source SRC] [--base-source SRC]
+
+--source / --base-source: dcpid's --off-cpu-source for the runs and for the base runs (with
+--base-source alone the base is the same binary with that source: e.g. --source tracepoint
+--base-source switch-records puts the two mechanisms side by side).
 
 --base-dcpid: another dcpid binary (e.g. the commit before a change) whose off-CPU cost is
 measured in the same run, interleaved with --dcpid's (off, on, base on; --cost-reps times), so
@@ -62,7 +67,7 @@ def pingpong(exe, secs, rate):
 
 
 class Dcpid:
-    def __init__(self, args, work, off_cpu, exe=None):
+    def __init__(self, args, work, off_cpu, exe=None, source=None):
         self.dir = tempfile.mkdtemp(prefix="offcpu-", dir=work)
         self.sock = os.path.join(self.dir, "s.sock")
         self.args = args
@@ -70,7 +75,8 @@ class Dcpid:
             [exe or args.dcpid, "--config", "none", "--db", os.path.join(self.dir, "db"),
              "--spool", os.path.join(self.dir, "spool"), "--socket", self.sock,
              "--host", "bench", "--events", "cpu-clock:1000000", "--callchains", "fp",
-             "--flush-interval", "5s", "--off-cpu", "true" if off_cpu else "false"],
+             "--flush-interval", "5s", "--off-cpu", "true" if off_cpu else "false",
+             *(["--off-cpu-source", source] if off_cpu and source else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.time() + 60
         while dcpictl_status(args.dcpictl, self.sock) is None:
@@ -87,8 +93,8 @@ class Dcpid:
         return sum(os.path.getsize(f) for f in files), len(files)
 
 
-def cost(args, work, exe, off_cpu, dcpid=None):
-    d = Dcpid(args, work, off_cpu, dcpid)
+def cost(args, work, exe, off_cpu, dcpid=None, source=None):
+    d = Dcpid(args, work, off_cpu, dcpid, source)
     try:
         time.sleep(args.settle)
         c0, t0, s0 = threads_cpu_ns(d.p.pid), time.time(), ctxt()
@@ -106,6 +112,7 @@ def cost(args, work, exe, off_cpu, dcpid=None):
     return {
         "dcpid": dcpid or args.dcpid,
         "off_cpu": off_cpu,
+        "source": (st.get("off_cpu") or {}).get("source"),
         "secs": secs,
         "switches_per_s_per_cpu": (s1 - s0) / secs / ncpu,
         "dcpid_cpu_pct": 100 * total / 1e9 / secs,
@@ -127,6 +134,11 @@ PERF_KINDS = {
     # alone, so it is the reference for off-CPU's share (dcpid+offcpu - dcpid).
     "perf-all": ["-e", "cpu-clock/period=1000000/", "-e", "context-switches/period=1/",
                  "--switch-events"],
+    # What `dcpid --off-cpu true --off-cpu-source tracepoint` records: the sampled event, the
+    # blocking switch-outs with chains and the switch-ins without, each filtered in the kernel.
+    "perf-all-tp": ["-e", "cpu-clock/period=1000000/",
+                    "-e", "sched:sched_switch", "--filter", "prev_pid != 0 && prev_state & 255",
+                    "-e", "sched:sched_switch/call-graph=no/", "--filter", "next_pid != 0"],
 }
 
 
@@ -135,8 +147,10 @@ def slowdown(args, work, exe, kind, base_dcpid=None):
     after the run): round trips per second."""
     d = perf = None
     if kind.startswith("dcpid") or kind == "base_dcpid+offcpu":
-        exe_d = base_dcpid if kind == "base_dcpid+offcpu" else None
-        d = Dcpid(args, work, kind != "dcpid", exe_d)
+        base = kind == "base_dcpid+offcpu"
+        exe_d = base_dcpid if base else None
+        d = Dcpid(args, work, kind != "dcpid", exe_d,
+                  args.base_source if base else args.source)
         time.sleep(args.settle)
     elif kind in PERF_KINDS:
         data = os.path.join(work, "perf.data")
@@ -183,7 +197,7 @@ def bytes_run(args, work, exe):
     blocking sites, which saturate, and the slices' per-minute records are what keeps
     growing."""
     off = Dcpid(args, work, False)
-    on = Dcpid(args, work, True)
+    on = Dcpid(args, work, True, None, args.source)
     pp = subprocess.Popen([exe, str(args.bytes_secs + args.settle + 30), str(args.rate)],
                           stdout=subprocess.DEVNULL)
     try:
@@ -232,6 +246,9 @@ def main():
     ap.add_argument("--dcpid", default=os.path.join(ROOT, "target", "release", "dcpid"))
     ap.add_argument("--dcpictl", default=os.path.join(ROOT, "target", "release", "dcpictl"))
     ap.add_argument("--base-dcpid")
+    ap.add_argument("--source", help="dcpid's --off-cpu-source (default: its own default)")
+    ap.add_argument("--base-source", help="the base run's --off-cpu-source; with it and no "
+                    "--base-dcpid, the base is --dcpid itself with this source")
     ap.add_argument("--cost-reps", type=int, default=1)
     ap.add_argument("--no-slowdown", action="store_true")
     ap.add_argument("--bytes-secs", type=float, default=0,
@@ -246,9 +263,10 @@ def main():
     runs = {"off": [], "on": [], "base_on": []}
     for _ in range(0 if args.no_cost else args.cost_reps):
         runs["off"].append(cost(args, work, exe, False))
-        runs["on"].append(cost(args, work, exe, True))
-        if args.base_dcpid:
-            runs["base_on"].append(cost(args, work, exe, True, args.base_dcpid))
+        runs["on"].append(cost(args, work, exe, True, None, args.source))
+        if args.base_dcpid or args.base_source:
+            runs["base_on"].append(cost(args, work, exe, True, args.base_dcpid,
+                                        args.base_source))
     res = {"cost_runs": runs}
 
     def extra(on_runs):
@@ -272,7 +290,7 @@ def main():
     res["slowdown"] = {}
     kinds = args.kinds.split(",") if args.kinds else ["none", "dcpid", "dcpid+offcpu",
                                                       *PERF_KINDS]
-    if args.base_dcpid:
+    if (args.base_dcpid or args.base_source) and "base_dcpid+offcpu" not in kinds:
         kinds.append("base_dcpid+offcpu")
     rts = {k: [] for k in kinds}
     # Interleaved (each rep runs every kind once), so that a change of the machine's load

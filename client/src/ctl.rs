@@ -441,9 +441,10 @@ pub fn render_status(v: &StatusReport) -> String {
     }
     if let Some(f) = &v.off_cpu {
         o += &format!(
-            "off-cpu:    {:.0} switches/s, {:.0} waits/s, {:.2} s off CPU per s; {} waits \
+            "off-cpu:    ({}) {:.0} switches/s, {:.0} waits/s, {:.2} s off CPU per s; {} waits \
              without stack, {} lost, {} unpaired, {} threads off CPU now; own cost {:.2} ms/s \
              ({:.0} ns per switch)\n",
+            if f.source.is_empty() { "?" } else { f.source.as_str() },
             f.switches_per_s,
             f.waits_per_s,
             f.off_cpu_s_per_s,

@@ -34,6 +34,7 @@
 //! slice_rollup_after = "6h"   # older slices become hour slices
 //! off_cpu = false             # off-CPU time with stacks, event "off-cpu" (nanoseconds)
 //! off_cpu_threshold = "0"     # shorter waits are counted without a stack
+//! off_cpu_source = "auto"     # or "tracepoint", "switch-records"
 //! ```
 //!
 //! Errors name the file, the line (and column, for syntax and type errors; from the spans
@@ -451,6 +452,14 @@ settings! {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     off_cpu_threshold: Duration = Duration::ZERO;
+    /// Which kernel events time the waits: `tracepoint` (the sched:sched_switch tracepoint,
+    /// filtered in the kernel: a record with a call chain only when a thread blocks, one
+    /// small record when a thread runs again; needs tracefs mounted), `switch-records`
+    /// (perf's context-switches event: a sample with a call chain and two records at every
+    /// context switch, preemptions and the idle task included), or `auto`: the tracepoint
+    /// where it can be opened, else switch records, with a warning [default: auto].
+    #[arg(long, value_name = "SOURCE")]
+    off_cpu_source: String = "auto".into();
 }
 
 /// Keys a reload may change while dcpid runs; any other key that changes is reported as needing
@@ -596,6 +605,14 @@ impl Settings {
                 "callchains",
                 self.callchains.clone(),
                 "must be `none`, `fp` (frame pointers) or `dwarf` (CFI unwinding of a stack copy)",
+            ));
+        }
+        if crate::offcpu::Source::parse(&self.off_cpu_source).is_none() {
+            return Err(bad(
+                "off_cpu_source",
+                self.off_cpu_source.clone(),
+                "must be `auto`, `tracepoint` (the sched:sched_switch tracepoint) or \
+                 `switch-records` (perf's context-switches event)",
             ));
         }
         if !(512..=crate::perf::dwarf::MAX_USER_STACK).contains(&self.sample_user_stack)

@@ -120,6 +120,7 @@ pub fn off_cpu_report(o: &crate::offcpu::OffCpuStatus, uptime_s: f64) -> dcpi_pr
     let cpu_s = o.cpu_ns as f64 / 1e9;
     let off_cpu_s = o.off_cpu_ns as f64 / 1e9;
     dcpi_proto::OffCpuReport {
+        source: o.source.to_string(),
         switches: o.switches,
         switches_per_s: per_s(o.switches as f64),
         waits: o.waits,

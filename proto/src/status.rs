@@ -282,6 +282,10 @@ pub struct StatusReport {
 /// totals since start and rates over the uptime.
 #[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
 pub struct OffCpuReport {
+    /// The kernel events timing the waits: `tracepoint` (`sched:sched_switch`, filtered) or
+    /// `switch-records` (the context-switches event; `off_cpu_source` in dcpid.toml).
+    #[serde(default)]
+    pub source: String,
     /// Context switches seen (the idle task's excluded), and per second.
     pub switches: u64,
     pub switches_per_s: f64,
@@ -300,8 +304,8 @@ pub struct OffCpuReport {
     /// Threads off CPU now (waits open).
     pub open: u64,
     /// The off-CPU thread's own CPU time, in seconds and milliseconds per second, and per
-    /// context switch (nanoseconds). The kernel's share (a sample with a call chain and two
-    /// records per switch, in the switching thread) is not in it: see BENCHMARKS.md.
+    /// context switch (nanoseconds). The kernel's share (the records it writes, in the
+    /// switching thread) is not in it: see BENCHMARKS.md.
     pub cpu_s: f64,
     pub cpu_ms_per_s: f64,
     pub ns_per_switch: f64,

@@ -48,8 +48,25 @@ fn folded_ns(folded: &str, frames: &str) -> u64 {
         .sum()
 }
 
+/// The default source where tracefs is mounted (`.ci/run` mounts it): the filtered
+/// `sched:sched_switch` tracepoint.
 #[dcpi_testkit::test(perf)]
 fn off_cpu_time_splits_by_blocking_stack_and_a_busy_loop_has_none() {
+    if !std::path::Path::new("/sys/kernel/tracing/events/sched/sched_switch/id").exists() {
+        dcpi_testkit::skip!(
+            "tracefs is not mounted at /sys/kernel/tracing (mount -t tracefs nodev /sys/kernel/tracing)"
+        );
+    }
+    splits_by_blocking_stack("tracepoint");
+}
+
+/// The fallback where tracefs is not mounted: perf's context-switch records.
+#[dcpi_testkit::test(perf)]
+fn off_cpu_time_from_switch_records_splits_the_same() {
+    splits_by_blocking_stack("switch-records");
+}
+
+fn splits_by_blocking_stack(source: &str) {
     let _one = dcpi_e2e::machine_wide_stacks();
     let sb = Sandbox::new();
     let dir = sb.dir.path();
@@ -67,6 +84,8 @@ fn off_cpu_time_splits_by_blocking_stack_and_a_busy_loop_has_none() {
             "fp",
             "--off-cpu",
             "true",
+            "--off-cpu-source",
+            source,
         ],
     );
     // ~250 rounds of 6 ms + 4 ms: 2.5 s on an idle machine, more on a loaded one.
@@ -82,9 +101,13 @@ fn off_cpu_time_splits_by_blocking_stack_and_a_busy_loop_has_none() {
     assert!(num("switches") >= 500.0 && num("switches_per_s") > 0.0, "{oc}");
     assert!(num("waits") >= 500.0 && num("off_cpu_s") > 0.0, "{oc}");
     assert!(num("cpu_s") >= 0.0 && num("ns_per_switch") >= 0.0, "{oc}");
+    assert_eq!(oc["source"], source, "{oc}");
     let text = d.ctl(&["status"]);
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("off-cpu: ") && text.contains(" switches/s"), "{text}");
+    assert!(
+        text.contains(&format!("off-cpu:    ({source}) ")) && text.contains(" switches/s"),
+        "{text}"
+    );
     let (st, err) = d.terminate();
     assert!(st.success(), "dcpid exit {st}: {err}");
 
@@ -182,4 +205,49 @@ fn off_cpu_time_splits_by_blocking_stack_and_a_busy_loop_has_none() {
     let wall = text(&["--event", "cpu-clock", "--event", "off-cpu"]);
     assert!(wall.contains("# wall = on-CPU time + off-CPU time: cpu-clock samples"), "{wall}");
     assert!(wall.lines().any(|l| l.contains(" wall ") && l.contains("cum%")), "{wall}");
+}
+
+/// Without tracefs (hidden here by a tmpfs in a private mount namespace), the default source
+/// says why and falls back to the switch records, which time the waits all the same.
+#[dcpi_testkit::test(root)]
+fn without_tracefs_the_default_source_falls_back_to_switch_records_and_says_why() {
+    let _one = dcpi_e2e::machine_wide_stacks();
+    let sb = Sandbox::new();
+    let mut args = sb.daemon_args("e2e-offcpu-fallback");
+    args.extend(["--off-cpu", "true", "--duration", "3s"].map(String::from));
+    // The tmpfs hides both places tracefs is looked for; `exec` keeps the namespace.
+    let script = "mount -t tmpfs none /sys/kernel/tracing && \
+                  { ! [ -d /sys/kernel/debug/tracing ] || mount -t tmpfs none /sys/kernel/debug; } && \
+                  exec \"$0\" \"$@\"";
+    let o = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .arg(dcpi_e2e::bin("dcpid"))
+        .args(&args)
+        .output()
+        .expect("run unshare");
+    let err = String::from_utf8_lossy(&o.stderr);
+    if !o.status.success() && err.contains("unshare failed") {
+        dcpi_testkit::skip!("no private mount namespace here: {err}");
+    }
+    assert!(o.status.success(), "dcpid: {}\n{err}", o.status);
+    assert!(
+        err.contains("tracepoint cannot be used") && err.contains("tracefs is not mounted"),
+        "no warning naming the reason:\n{err}"
+    );
+    assert!(
+        err.contains("source=\"switch-records\"") || err.contains("source=switch-records"),
+        "{err}"
+    );
+    // The waits of those 3 s were published as the off-CPU event.
+    let r = dcpi_e2e::json(sb.prof(&[
+        "--host",
+        "e2e-offcpu-fallback",
+        "--event",
+        "off-cpu",
+        "--format",
+        "json",
+    ]));
+    let total: u64 =
+        r["rows"].as_array().expect("rows").iter().filter_map(|row| row["samples"].as_u64()).sum();
+    assert!(total > 0, "no off-CPU time published: {r:#}");
 }

@@ -1,25 +1,29 @@
 //! Off-CPU time (`off_cpu = true`): where threads wait, with the stack that made them wait.
 //!
-//! MECHANISM (issue 40, chosen by measurement; BENCHMARKS.md "Off-CPU"): on every CPU, perf's
-//! software `context-switches` event with `sample_period = 1` and `PERF_SAMPLE_CALLCHAIN`
-//! (each switch-out of a thread is a sample taken in the scheduler, in the context of the
-//! thread that leaves, so its callchain is the blocking stack: kernel frames through ORC, user
-//! frames through frame pointers), plus `attr.context_switch`, which adds a
-//! `PERF_RECORD_SWITCH_CPU_WIDE` record at every switch-out (flagged
-//! `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT` when the thread was preempted, i.e. still runnable:
-//! that is not a wait) and every switch-in, and `attr.task` for the exit records. The
-//! alternatives: the `sched:sched_switch` tracepoint needs tracefs mounted to learn its id
-//! (not mounted by default here) and gives the same data per switch at about the same cost;
-//! a BPF program aggregating in the kernel (as `perf record --off-cpu` does) writes nothing per
-//! switch, but building one needs a BPF toolchain (clang with the bpf target or bpf-linker for
-//! aya), which this build does not have and a Rust daemon should not require at run time. The
-//! perf-event way costs one sample and two small records per context switch (the event's
-//! sample type is only PID/TID, TIME and CALLCHAIN: the fewer bytes the kernel writes and the
-//! reader reads per switch, the less both pay); the reading thread's CPU per context switch of
-//! the machine, release build, is in BENCHMARKS.md "Off-CPU cost on branch offcpu3", with the
-//! slowdown of a pipe ping-pong beside perf recording the same events. The kernel's
-//! per-switch call chain is paid by every switching program, hence `off_cpu` is off by
-//! default.
+//! MECHANISM (issue 40, chosen by measurement; BENCHMARKS.md "Off-CPU"). By default
+//! (`off_cpu_source = "auto"`), two `sched:sched_switch` tracepoint events on every CPU, each
+//! with a kernel-side filter ([`tracepoint`]), each alone in its ring:
+//! - *switch-out*: `prev_pid != 0 && prev_state & 255`, samples TID, TIME, CALLCHAIN: only a
+//!   thread that **blocks** leaves a record, taken in its own context, so the chain is the
+//!   blocking stack (kernel frames through ORC, user frames through frame pointers), with
+//!   `attr.task` for the exit records;
+//! - *switch-in*: `next_pid != 0`, samples TID, TIME, RAW: `next_pid` from the raw fields.
+//!
+//! A preempted thread, a yield and the idle task cost no record and no call chain. Where
+//! tracefs is not mounted (the ids are only there) or the tracepoint cannot be opened, the
+//! fallback (`"switch-records"`) is perf's software `context-switches` event with
+//! `sample_period = 1` and `PERF_SAMPLE_CALLCHAIN` (a sample with a chain at *every*
+//! switch-out, preemptions and the idle task included), plus `attr.context_switch`, which adds
+//! a `PERF_RECORD_SWITCH_CPU_WIDE` record at every switch-out (flagged
+//! `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT` when the thread was preempted: not a wait) and every
+//! switch-in: three records per switch where the tracepoints write one or two, and a chain per
+//! switch where they take one per wait. A BPF program aggregating in the kernel (as
+//! `perf record --off-cpu` does) writes nothing per switch, but building one needs a BPF
+//! toolchain (clang with the bpf target or bpf-linker for aya), which this build does not have
+//! and a Rust daemon should not require at run time. Both ways sample only PID/TID, TIME and
+//! the chain or raw fields: the fewer bytes the kernel writes and the reader reads per switch,
+//! the less both pay. The kernel's per-wait call chain is paid by every blocking program,
+//! hence `off_cpu` is off by default.
 //!
 //! One thread (`dcpi-offcpu`) reads every CPU's ring (watermark wake-ups at half a ring, else
 //! every [`POLL_MS`]), joins each switch-out sample with the switch-out record that follows it
@@ -41,6 +45,7 @@
 //! The idle task (pid 0) is never counted.
 
 pub mod pairing;
+pub mod tracepoint;
 
 use std::collections::BTreeSet;
 use std::io;
@@ -86,6 +91,43 @@ pub struct OffCpuConfig {
     pub max_stack: u16,
     pub ring_pages: usize,
     pub max_threads: usize,
+    /// Which kernel events time the waits.
+    pub source: Source,
+}
+
+/// `off_cpu_source`: which kernel events time the waits (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Source {
+    /// The tracepoints where tracefs has them, else the switch records.
+    #[default]
+    Auto,
+    /// The `sched:sched_switch` tracepoints, or an error.
+    Tracepoint,
+    /// The `context-switches` event with switch records.
+    SwitchRecords,
+}
+
+impl Source {
+    /// The configuration values, in the order of the enum.
+    pub const NAMES: [&'static str; 3] = ["auto", "tracepoint", "switch-records"];
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auto" => Some(Self::Auto),
+            "tracepoint" => Some(Self::Tracepoint),
+            "switch-records" => Some(Self::SwitchRecords),
+            _ => None,
+        }
+    }
+
+    /// The configuration value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => Self::NAMES[0],
+            Self::Tracepoint => Self::NAMES[1],
+            Self::SwitchRecords => Self::NAMES[2],
+        }
+    }
 }
 
 /// Errors starting the source.
@@ -95,6 +137,12 @@ pub enum OffCpuError {
     Open { cpu: u32, source: io::Error },
     #[error("off-CPU: cannot map the ring of CPU {cpu}: {source}")]
     Map { cpu: u32, source: io::Error },
+    #[error("off-CPU: the sched:sched_switch tracepoint (off_cpu_source = \"tracepoint\"): {0}")]
+    Tracepoint(#[from] tracepoint::TracepointError),
+    #[error("off-CPU: cannot open the sched:sched_switch tracepoint on CPU {cpu} (off_cpu_source = \"tracepoint\"): {source}")]
+    OpenTracepoint { cpu: u32, source: io::Error },
+    #[error("off-CPU: the kernel refused the filter {filter:?} of the sched:sched_switch tracepoint on CPU {cpu}: {source}")]
+    Filter { cpu: u32, filter: String, source: io::Error },
     #[error("off-CPU: {0}")]
     Io(#[from] io::Error),
 }
@@ -102,7 +150,10 @@ pub enum OffCpuError {
 /// Counters of the source (monotonic since start), for `dcpictl status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffCpuStatus {
-    /// Context switches seen (switch-out records, voluntary or not, idle excluded).
+    /// The kernel events in use: `tracepoint` or `switch-records` ([`Source::name`]).
+    pub source: &'static str,
+    /// Context switches seen, the idle task's excluded: switch-outs (voluntary or not) with
+    /// the switch records, switch-ins with the tracepoints (which see no preemption).
     pub switches: u64,
     /// Waits timed and handed to the aggregator.
     pub waits: u64,
@@ -146,6 +197,7 @@ pub struct OffCpu {
     /// The newest online CPU list handed to [`OffCpu::follow_cpus`], for the reading thread.
     online: Arc<Mutex<Option<Vec<u32>>>>,
     thread: Option<JoinHandle<()>>,
+    source: Source,
 }
 
 /// Chain buffers for reuse: a blocking switch-out moves its sample's buffer into the open
@@ -168,8 +220,30 @@ impl Spare {
     }
 }
 
+/// What a ring's records are (each kind of event has its own rings, so that no record needs
+/// an IDENTIFIER to say which event wrote it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// `context-switches` samples and switch records (the fallback).
+    Records,
+    /// `sched_switch` samples of blocking switch-outs, with their chains.
+    Out,
+    /// `sched_switch` samples of switch-ins, with the raw fields.
+    In { next_pid_at: usize },
+}
+
+/// One event of the plan: opened on every CPU, each with its own ring.
+#[derive(Clone, Debug)]
+struct RingPlan {
+    role: Role,
+    spec: AttrSpec,
+    pages: usize,
+    filter: Option<&'static std::ffi::CStr>,
+}
+
 struct CpuRing {
     cpu: u32,
+    role: Role,
     fd: PerfFd,
     ring: RingMap,
     /// The last switch sample read, waiting for the switch-out record that follows it.
@@ -177,11 +251,26 @@ struct CpuRing {
 }
 
 impl CpuRing {
-    /// The event on one CPU, not enabled yet.
-    fn open(spec: &AttrSpec, pages: usize, cpu: u32) -> Result<Self, OffCpuError> {
-        let fd = PerfFd::open(spec, cpu).map_err(|source| OffCpuError::Open { cpu, source })?;
-        let ring = RingMap::new(&fd, pages).map_err(|source| OffCpuError::Map { cpu, source })?;
-        Ok(Self { cpu, fd, ring, last: LastSample::default() })
+    /// The event on one CPU, filtered, not enabled yet.
+    fn open(plan: &RingPlan, cpu: u32) -> Result<Self, OffCpuError> {
+        let tp = plan.role != Role::Records;
+        let fd = PerfFd::open(&plan.spec, cpu).map_err(|source| {
+            if tp {
+                OffCpuError::OpenTracepoint { cpu, source }
+            } else {
+                OffCpuError::Open { cpu, source }
+            }
+        })?;
+        if let Some(f) = plan.filter {
+            fd.set_filter(f).map_err(|source| OffCpuError::Filter {
+                cpu,
+                filter: f.to_string_lossy().into_owned(),
+                source,
+            })?;
+        }
+        let ring =
+            RingMap::new(&fd, plan.pages).map_err(|source| OffCpuError::Map { cpu, source })?;
+        Ok(Self { cpu, role: plan.role, fd, ring, last: LastSample::default() })
     }
 
     fn enable(&self) -> Result<(), OffCpuError> {
@@ -189,45 +278,112 @@ impl CpuRing {
     }
 }
 
+/// Every plan's event on every CPU of `cpus`, not enabled yet.
+fn open_all(plans: &[RingPlan], cpus: &[u32]) -> Result<Vec<CpuRing>, OffCpuError> {
+    let mut rings = Vec::with_capacity(cpus.len() * plans.len());
+    for &cpu in cpus {
+        for p in plans {
+            rings.push(CpuRing::open(p, cpu)?);
+        }
+    }
+    Ok(rings)
+}
+
+/// The events of `source`: the two tracepoint events, or the switch records.
+fn plans(cfg: &OffCpuConfig, source: Source) -> Result<Vec<RingPlan>, OffCpuError> {
+    let pages = cfg.ring_pages.max(1).next_power_of_two();
+    // Wake-ups at half a ring: measured against 64 KiB (fresher data in the caches, but 8
+    // times the wake-ups), half a ring cost less per switch (BENCHMARKS.md, branch offcpu3).
+    let wm = |pages: usize| u32::try_from(pages * sp::page_size() / 2).unwrap_or(u32::MAX);
+    let base = AttrSpec {
+        perf_type: sp::PERF_TYPE_SOFTWARE,
+        config: u64::from(sp::PERF_COUNT_SW_CONTEXT_SWITCHES),
+        period: 1,
+        sideband: false,
+        build_id: false,
+        wakeup_watermark: wm(pages),
+        cgroup: false,
+        max_stack: cfg.max_stack.max(1),
+        user_stack: 0,
+        context_switch: false,
+        lean: true,
+        raw: false,
+        exits: true,
+    };
+    if source == Source::SwitchRecords {
+        let spec = AttrSpec { context_switch: true, ..base };
+        return Ok(vec![RingPlan { role: Role::Records, spec, pages, filter: None }]);
+    }
+    let tp = tracepoint::find()?;
+    let out = AttrSpec { perf_type: sp::PERF_TYPE_TRACEPOINT, config: tp.id, ..base };
+    // A switch-in record (TID, TIME, RAW: ~100 bytes) is half a switch-out's (a chain of
+    // ~20 frames): half the ring wakes the reader as often.
+    let in_pages = (pages / 2).max(1);
+    let inn = AttrSpec {
+        max_stack: 0,
+        raw: true,
+        exits: false,
+        wakeup_watermark: wm(in_pages),
+        ..out.clone()
+    };
+    Ok(vec![
+        RingPlan { role: Role::Out, spec: out, pages, filter: Some(tracepoint::OUT_FILTER) },
+        RingPlan {
+            role: Role::In { next_pid_at: tp.next_pid_at },
+            spec: inn,
+            pages: in_pages,
+            filter: Some(tracepoint::IN_FILTER),
+        },
+    ])
+}
+
+/// The events for `cfg.source` opened on `cpus`, and the source they are: with `Auto`, the
+/// tracepoints, else (tracefs absent, the tracepoint refused) the switch records, saying why.
+fn open_source(
+    cfg: &OffCpuConfig,
+    cpus: &[u32],
+) -> Result<(Source, Vec<RingPlan>, Vec<CpuRing>), OffCpuError> {
+    let records = || {
+        let p = plans(cfg, Source::SwitchRecords)?;
+        let rings = open_all(&p, cpus)?;
+        Ok((Source::SwitchRecords, p, rings))
+    };
+    if cfg.source == Source::SwitchRecords {
+        return records();
+    }
+    let tracepoints =
+        plans(cfg, Source::Tracepoint).and_then(|p| open_all(&p, cpus).map(|rings| (p, rings)));
+    match tracepoints {
+        Ok((p, rings)) => Ok((Source::Tracepoint, p, rings)),
+        Err(e) if cfg.source == Source::Tracepoint => Err(e),
+        Err(e) => {
+            tracing::warn!(error = %e, "off-CPU: the sched:sched_switch tracepoint cannot be \
+                used; timing waits with switch records instead, which costs a sample with a \
+                call chain and two records at every context switch (BENCHMARKS.md, Off-CPU)");
+            records()
+        }
+    }
+}
+
 impl OffCpu {
-    /// Open the event on every CPU of `cpus` and start the reading thread.
+    /// Open the events on every CPU of `cpus` and start the reading thread.
     pub fn start(
         cfg: OffCpuConfig,
         cpus: &[u32],
         sink: Arc<dyn SampleSink>,
         stacks: Option<Arc<StackTables>>,
     ) -> Result<Self, OffCpuError> {
-        let pages = cfg.ring_pages.max(1).next_power_of_two();
-        // Wake-ups at half a ring: measured against 64 KiB (fresher data in the caches, but 8
-        // times the wake-ups), half a ring cost less per switch (BENCHMARKS.md, branch offcpu3).
-        let wm = pages * sp::page_size() / 2;
-        let spec = AttrSpec {
-            perf_type: sp::PERF_TYPE_SOFTWARE,
-            config: u64::from(sp::PERF_COUNT_SW_CONTEXT_SWITCHES),
-            period: 1,
-            sideband: false,
-            build_id: false,
-            wakeup_watermark: u32::try_from(wm).unwrap_or(u32::MAX),
-            cgroup: false,
-            max_stack: cfg.max_stack.max(1),
-            user_stack: 0,
-            context_switch: true,
-        };
-        let mut rings = Vec::with_capacity(cpus.len());
-        for &cpu in cpus {
-            rings.push(CpuRing::open(&spec, pages, cpu)?);
-        }
+        let (source, plans, rings) = open_source(&cfg, cpus)?;
         for r in &rings {
             r.enable()?;
         }
         let stop = Arc::new(EventFd::new()?);
         let stopping = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Stats::default());
-        stats.cpus.store(rings.len() as u64, Ordering::Relaxed);
+        stats.cpus.store(cpus.len() as u64, Ordering::Relaxed);
         let online = Arc::new(Mutex::new(None));
         let mut reader = Reader {
-            spec,
-            pages,
+            plans,
             online: Arc::clone(&online),
             failed: BTreeSet::new(),
             pairing: Pairing::new(cfg.max_threads),
@@ -245,7 +401,12 @@ impl OffCpu {
         let thread = std::thread::Builder::new()
             .name(THREAD.into())
             .spawn(move || reader.run(&stop2, &stopping2))?;
-        Ok(Self { stop, stopping, stats, online, thread: Some(thread) })
+        Ok(Self { stop, stopping, stats, online, thread: Some(thread), source })
+    }
+
+    /// The kernel events in use (never `Auto`).
+    pub fn source(&self) -> Source {
+        self.source
     }
 
     /// CPU hotplug: from its next pass the reading thread closes the rings of CPUs not in
@@ -262,6 +423,7 @@ impl OffCpu {
         let s = &self.stats;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         OffCpuStatus {
+            source: self.source.name(),
             switches: l(&s.switches),
             waits: l(&s.waits),
             off_cpu_ns: l(&s.off_cpu_ns),
@@ -293,9 +455,8 @@ impl Drop for OffCpu {
 
 struct Reader {
     cfg: OffCpuConfig,
-    /// What each CPU's event is opened with, for CPUs that come online.
-    spec: AttrSpec,
-    pages: usize,
+    /// The events each CPU has, for CPUs that come online.
+    plans: Vec<RingPlan>,
     online: Arc<Mutex<Option<Vec<u32>>>>,
     /// CPUs whose event failed to open at the last attempt (warned once).
     failed: BTreeSet<u32>,
@@ -346,7 +507,8 @@ impl Reader {
     /// open the event on CPUs that came online. Their records start after the open, above
     /// the watermark of the pass that read everything before it.
     fn follow(&mut self, online: &[u32]) {
-        let have: Vec<u32> = self.rings.iter().map(|r| r.cpu).collect();
+        let mut have: Vec<u32> = self.rings.iter().map(|r| r.cpu).collect();
+        have.dedup();
         let (gone, new) = crate::perf::sampler::cpu_changes(&have, online);
         if !gone.is_empty() {
             tracing::info!(cpus = ?gone, "off-CPU: CPUs went offline; closing their events");
@@ -354,11 +516,13 @@ impl Reader {
         }
         self.failed.retain(|c| online.contains(c));
         for cpu in new {
-            match CpuRing::open(&self.spec, self.pages, cpu).and_then(|r| r.enable().map(|()| r)) {
-                Ok(r) => {
+            let opened = open_all(&self.plans, &[cpu])
+                .and_then(|rs| rs.iter().try_for_each(CpuRing::enable).map(|()| rs));
+            match opened {
+                Ok(rs) => {
                     tracing::info!(cpu, "off-CPU: CPU online; timing its waits");
                     self.failed.remove(&cpu);
-                    self.rings.push(r);
+                    self.rings.extend(rs);
                 }
                 Err(e) => {
                     if self.failed.insert(cpu) {
@@ -368,7 +532,8 @@ impl Reader {
             }
         }
         self.rings.sort_by_key(|r| r.cpu);
-        self.stats.cpus.store(self.rings.len() as u64, Ordering::Relaxed);
+        let cpus = self.rings.len() / self.plans.len().max(1);
+        self.stats.cpus.store(cpus as u64, Ordering::Relaxed);
     }
 
     /// Read every ring, pair what is below the watermark and hand the waits over.
@@ -381,15 +546,23 @@ impl Reader {
             let pairing = &mut self.pairing;
             let last = &mut r.last;
             let spare = &mut self.spare;
-            self.ring_reader.drain(&r.ring, |rec| match on_record(rec, max_stack, last, spare) {
-                Rec::Switch(s) => {
-                    if matches!(s.kind, Kind::Out { .. }) && s.tid != 0 {
-                        switches += 1;
+            let role = r.role;
+            self.ring_reader.drain(&r.ring, |rec| {
+                match on_record(rec, role, max_stack, last, spare) {
+                    Rec::Switch(s) => {
+                        // A context switch: with the switch records, every switch-out; with the
+                        // tracepoints, which see no preemption, every switch-in.
+                        let counted = match role {
+                            Role::Records => matches!(s.kind, Kind::Out { .. }),
+                            Role::In { .. } => true,
+                            Role::Out => false,
+                        };
+                        switches += u64::from(counted && s.tid != 0);
+                        pairing.push(s);
                     }
-                    pairing.push(s);
+                    Rec::Nothing => {}
+                    Rec::Lost(n) => lost += n,
                 }
-                Rec::Nothing => {}
-                Rec::Lost(n) => lost += n,
             });
         }
         let wm = now.saturating_sub(SLACK_NS);
@@ -492,9 +665,9 @@ impl LastSample {
     }
 }
 
-/// The event's layout (`sys::perf::make_attr` for `context_switch`): a sample is PID/TID,
-/// TIME, then CALLCHAIN (`nr`, `nr` u64s); every other record ends with the `sample_id`
-/// trailer PID/TID, TIME.
+/// The events' layout (`sys::perf::make_attr` with `lean`): a sample is PID/TID, TIME, then
+/// CALLCHAIN (`nr`, `nr` u64s) or RAW (`size` u32, `size` bytes); every other record ends with
+/// the `sample_id` trailer PID/TID, TIME.
 const TRAILER: usize = 16;
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
@@ -511,34 +684,44 @@ fn trailer(body: &[u8]) -> Option<(u32, u64)> {
     Some((u32_at(body, at + 4)?, u64_at(body, at + 8)?))
 }
 
-/// One record of a CPU's ring. A switch sample is kept in `last` until the switch-out record of
-/// the same thread that follows it. A malformed record is skipped.
+/// One record of a CPU's ring of `role`. With the switch records, a switch sample is kept in
+/// `last` until the switch-out record of the same thread that follows it; a tracepoint's
+/// switch-out sample is a blocking switch-out by itself (the kernel filtered the others). A
+/// malformed record is skipped.
 fn on_record(
     rec: RawRecord<'_>,
+    role: Role,
     max_stack: usize,
     last: &mut LastSample,
     spare: &mut Spare,
 ) -> Rec {
     let b = rec.body;
-    match rec.kind {
-        sp::PERF_RECORD_SAMPLE => {
-            let (Some(pid), Some(tid), Some(nr)) = (u32_at(b, 0), u32_at(b, 4), u64_at(b, 16))
-            else {
+    match (rec.kind, role) {
+        (sp::PERF_RECORD_SAMPLE, Role::In { next_pid_at }) => {
+            let (Some(time), Some(size)) = (u64_at(b, 8), u32_at(b, 16)) else {
                 return Rec::Nothing;
             };
-            if tid == 0 {
+            let raw = b.get(20..20usize.saturating_add(size as usize)).unwrap_or_default();
+            match u32_at(raw, next_pid_at) {
+                Some(tid) => Rec::Switch(Switch { time, tid, kind: Kind::In }),
+                None => Rec::Nothing,
+            }
+        }
+        (sp::PERF_RECORD_SAMPLE, Role::Out) => {
+            let (Some(tid), Some(time)) = (u32_at(b, 4), u64_at(b, 8)) else {
+                return Rec::Nothing;
+            };
+            if !read_chain(b, max_stack, last) {
                 return Rec::Nothing;
             }
-            let chain = usize::try_from(nr)
-                .ok()
-                .and_then(|n| n.checked_mul(8))
-                .and_then(|len| b.get(24..24usize.checked_add(len)?));
-            let Some(chain) = chain else { return Rec::Nothing };
-            last.truncated = process_chain(chain, max_stack, &mut last.pcs).unwrap_or(false);
-            (last.valid, last.tid, last.pid) = (true, tid, pid);
+            let blocking = last.take(tid, true, spare);
+            Rec::Switch(Switch { time, tid, kind: Kind::Out { voluntary: true, blocking } })
+        }
+        (sp::PERF_RECORD_SAMPLE, _) => {
+            read_chain(b, max_stack, last);
             Rec::Nothing
         }
-        sp::PERF_RECORD_SWITCH_CPU_WIDE => {
+        (sp::PERF_RECORD_SWITCH_CPU_WIDE, _) => {
             let Some((tid, time)) = trailer(b) else { return Rec::Nothing };
             let misc = u32::from(rec.misc);
             if misc & sp::PERF_RECORD_MISC_SWITCH_OUT != 0 {
@@ -551,14 +734,34 @@ fn on_record(
             }
         }
         // pid, ppid, tid, ptid, time.
-        sp::PERF_RECORD_EXIT => match (u32_at(b, 8), u64_at(b, 16)) {
+        (sp::PERF_RECORD_EXIT, _) => match (u32_at(b, 8), u64_at(b, 16)) {
             (Some(tid), Some(time)) => Rec::Switch(Switch { time, tid, kind: Kind::Exit }),
             _ => Rec::Nothing,
         },
         // id, lost.
-        sp::PERF_RECORD_LOST => u64_at(b, 8).map_or(Rec::Nothing, Rec::Lost),
+        (sp::PERF_RECORD_LOST, _) => u64_at(b, 8).map_or(Rec::Nothing, Rec::Lost),
         _ => Rec::Nothing,
     }
+}
+
+/// A switch sample's thread and chain into `last` (PID/TID, TIME, CALLCHAIN); false (and
+/// `last` invalid) if the record is malformed or the idle task's.
+fn read_chain(b: &[u8], max_stack: usize, last: &mut LastSample) -> bool {
+    last.valid = false;
+    let (Some(pid), Some(tid), Some(nr)) = (u32_at(b, 0), u32_at(b, 4), u64_at(b, 16)) else {
+        return false;
+    };
+    if tid == 0 {
+        return false;
+    }
+    let chain = usize::try_from(nr)
+        .ok()
+        .and_then(|n| n.checked_mul(8))
+        .and_then(|len| b.get(24..24usize.checked_add(len)?));
+    let Some(chain) = chain else { return false };
+    last.truncated = process_chain(chain, max_stack, &mut last.pcs).unwrap_or(false);
+    (last.valid, last.tid, last.pid) = (true, tid, pid);
+    true
 }
 
 #[cfg(test)]
@@ -590,6 +793,72 @@ mod tests {
         RawRecord { kind, misc, body }
     }
 
+    /// A record of the switch-records rings.
+    fn on_record_r(
+        rec: RawRecord<'_>,
+        max_stack: usize,
+        last: &mut LastSample,
+        spare: &mut Spare,
+    ) -> Rec {
+        on_record(rec, Role::Records, max_stack, last, spare)
+    }
+
+    /// A switch-in sample of the tracepoint: PID/TID (the thread leaving), TIME, RAW with
+    /// `next_pid` at 56 of the fields as this kernel has it.
+    fn switch_in_body(prev: u32, next: u32, time: u64) -> Vec<u8> {
+        let mut raw = vec![0u8; 68];
+        raw[24..28].copy_from_slice(&prev.to_ne_bytes());
+        raw[56..60].copy_from_slice(&next.to_ne_bytes());
+        let mut v = u64s(&[u64::from(prev) | (u64::from(prev) << 32), time]);
+        v.extend_from_slice(&(raw.len() as u32).to_ne_bytes());
+        v.extend_from_slice(&raw);
+        v
+    }
+
+    #[test]
+    fn tracepoint_samples_are_blocking_switch_outs_and_switch_ins_of_next_pid() {
+        let ctx_kernel = -128i64 as u64;
+        let ctx_user = -512i64 as u64;
+        let chain = [ctx_kernel, KPC, ctx_user, 0x40_1000, 0x40_2005];
+        let (mut last, mut spare) = (LastSample::default(), Spare::default());
+        let out = sample_body(7, 42, 100, &chain);
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &out), Role::Out, 64, &mut last, &mut spare)
+        else {
+            panic!("no switch-out")
+        };
+        assert_eq!((s.time, s.tid), (100, 42));
+        let Kind::Out { voluntary: true, blocking: Some(b) } = s.kind else { panic!("{s:?}") };
+        assert_eq!((b.pid, b.pc, b.kernel), (7, 0x40_1000, false));
+        assert_eq!(*b.pcs, [KPC, 0x40_1000, 0x40_2004]);
+
+        let role = Role::In { next_pid_at: 56 };
+        let inn = switch_in_body(9, 42, 250);
+        let Rec::Switch(s) =
+            on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &inn), role, 64, &mut last, &mut spare)
+        else {
+            panic!("no switch-in")
+        };
+        assert_eq!((s.time, s.tid, s.kind), (250, 42, Kind::In));
+
+        // Truncated: the raw fields end before next_pid, the chain past the record.
+        for (body, role) in [(&inn[..60], role), (&out[..out.len() - 8], Role::Out)] {
+            let r =
+                on_record(rec(sp::PERF_RECORD_SAMPLE, 1, body), role, 64, &mut last, &mut spare);
+            assert!(matches!(r, Rec::Nothing));
+        }
+        // A raw size past the record: skipped, not read past.
+        let mut lying = inn.clone();
+        lying[16..20].copy_from_slice(&u32::MAX.to_ne_bytes());
+        let r = on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &lying), role, 64, &mut last, &mut spare);
+        assert!(matches!(r, Rec::Nothing));
+        // Exit records come on the switch-out ring.
+        let exit = u64s(&[7 | (1 << 32), 42 | (7 << 32), 300, 7 | (42 << 32), 300]);
+        let r =
+            on_record(rec(sp::PERF_RECORD_EXIT, 0, &exit), Role::Out, 64, &mut last, &mut spare);
+        assert!(matches!(r, Rec::Switch(Switch { tid: 42, kind: Kind::Exit, .. })));
+    }
+
     #[test]
     fn a_switch_sample_and_its_switch_out_record_make_one_blocking_stack() {
         let ctx_kernel = -128i64 as u64;
@@ -603,10 +872,10 @@ mod tests {
         let sw = switch_body(7, 42, 101);
 
         // Blocked: the wait is at the user pc where the thread entered the kernel.
-        let r = on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last, &mut spare);
+        let r = on_record_r(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last, &mut spare);
         assert!(matches!(r, Rec::Nothing));
         let Rec::Switch(s) =
-            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &sw), 64, &mut last, &mut spare)
+            on_record_r(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &sw), 64, &mut last, &mut spare)
         else {
             panic!("no switch")
         };
@@ -616,8 +885,8 @@ mod tests {
         assert_eq!(*b.pcs, [KPC, KPC + 0x3f, 0x40_1000, 0x40_2004]);
 
         // Preempted: a switch-out without a blocking stack (not a wait).
-        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last, &mut spare);
-        let Rec::Switch(s) = on_record(
+        on_record_r(rec(sp::PERF_RECORD_SAMPLE, 1, &sample), 64, &mut last, &mut spare);
+        let Rec::Switch(s) = on_record_r(
             rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, preempt, &sw),
             64,
             &mut last,
@@ -630,18 +899,21 @@ mod tests {
         // A kernel thread (no user frames) waits at its first kernel frame; a switch-out of another
         // thread does not take this one's sample.
         let k = sample_body(3, 3, 200, &[ctx_kernel, KPC + 8]);
-        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last, &mut spare);
+        on_record_r(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last, &mut spare);
         let other = switch_body(5, 5, 201);
-        let Rec::Switch(s) =
-            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &other), 64, &mut last, &mut spare)
-        else {
+        let Rec::Switch(s) = on_record_r(
+            rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &other),
+            64,
+            &mut last,
+            &mut spare,
+        ) else {
             panic!("no switch")
         };
         assert_eq!(s.kind, Kind::Out { voluntary: true, blocking: None });
-        on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last, &mut spare);
+        on_record_r(rec(sp::PERF_RECORD_SAMPLE, 1, &k), 64, &mut last, &mut spare);
         let kt = switch_body(3, 3, 202);
         let Rec::Switch(s) =
-            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &kt), 64, &mut last, &mut spare)
+            on_record_r(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out, &kt), 64, &mut last, &mut spare)
         else {
             panic!("no switch")
         };
@@ -652,21 +924,21 @@ mod tests {
         // sample_id); truncated records are skipped, not read past.
         let exit = u64s(&[7 | (1 << 32), 42 | (7 << 32), 300, 7 | (42 << 32), 300]);
         let Rec::Switch(s) =
-            on_record(rec(sp::PERF_RECORD_EXIT, 0, &exit), 64, &mut last, &mut spare)
+            on_record_r(rec(sp::PERF_RECORD_EXIT, 0, &exit), 64, &mut last, &mut spare)
         else {
             panic!("no exit")
         };
         assert_eq!((s.time, s.tid, s.kind), (300, 42, Kind::Exit));
         let lost = u64s(&[9, 5, 0, 0]);
-        let r = on_record(rec(sp::PERF_RECORD_LOST, 0, &lost), 64, &mut last, &mut spare);
+        let r = on_record_r(rec(sp::PERF_RECORD_LOST, 0, &lost), 64, &mut last, &mut spare);
         assert!(matches!(r, Rec::Lost(5)));
         for kind in [sp::PERF_RECORD_SAMPLE, sp::PERF_RECORD_SWITCH_CPU_WIDE, sp::PERF_RECORD_EXIT]
         {
-            let r = on_record(rec(kind, out, &sample[..12]), 64, &mut last, &mut spare);
+            let r = on_record_r(rec(kind, out, &sample[..12]), 64, &mut last, &mut spare);
             assert!(matches!(r, Rec::Nothing));
         }
         let long_chain = sample_body(7, 42, 100, &[ctx_user, 1, 2]);
-        let r = on_record(
+        let r = on_record_r(
             rec(sp::PERF_RECORD_SAMPLE, 1, &long_chain[..long_chain.len() - 8]),
             64,
             &mut last,
@@ -676,7 +948,7 @@ mod tests {
 
         // A switch-in.
         let Rec::Switch(s) =
-            on_record(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, 0, &sw), 64, &mut last, &mut spare)
+            on_record_r(rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, 0, &sw), 64, &mut last, &mut spare)
         else {
             panic!("no switch")
         };

@@ -320,12 +320,14 @@ pub(super) fn start_off_cpu(
         max_stack: settings.sample_max_stack,
         ring_pages: crate::offcpu::RING_PAGES,
         max_threads: crate::offcpu::MAX_THREADS,
+        // Validated with the settings.
+        source: crate::offcpu::Source::parse(&settings.off_cpu_source).unwrap_or_default(),
     };
     let sink: Arc<dyn crate::types::SampleSink> = Arc::<Aggregator>::clone(aggregator);
     let stacks = aggregator.stack_tables().cloned();
     let o = crate::offcpu::OffCpu::start(cfg, &cpus, sink, stacks)?;
     tracing::info!(event = crate::offcpu::EVENT_NAME, threshold = ?settings.off_cpu_threshold,
-        "off-CPU time on");
+        source = o.source().name(), "off-CPU time on");
     Ok(Some(o))
 }
 

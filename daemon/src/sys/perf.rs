@@ -18,7 +18,7 @@ pub use pb::{
     PERF_RECORD_MISC_COMM_EXEC, PERF_RECORD_MISC_MMAP_BUILD_ID, PERF_RECORD_MISC_SWITCH_OUT,
     PERF_RECORD_MISC_SWITCH_OUT_PREEMPT, PERF_RECORD_MMAP2, PERF_RECORD_SAMPLE,
     PERF_RECORD_SWITCH_CPU_WIDE, PERF_RECORD_THROTTLE, PERF_RECORD_UNTHROTTLE, PERF_TYPE_HARDWARE,
-    PERF_TYPE_RAW, PERF_TYPE_SOFTWARE,
+    PERF_TYPE_RAW, PERF_TYPE_SOFTWARE, PERF_TYPE_TRACEPOINT,
 };
 
 /// `misc & PERF_RECORD_MISC_CPUMODE_MASK == PERF_RECORD_MISC_KERNEL`: sample taken in kernel mode.
@@ -63,8 +63,16 @@ pub struct AttrSpec {
     /// sharing a ring must agree.
     pub user_stack: u32,
     /// Ask for `PERF_RECORD_SWITCH_CPU_WIDE` records (`attr.context_switch`): the off-CPU
-    /// source (`crate::offcpu`) pairs them to time each thread's waits.
+    /// source's fallback (`crate::offcpu`) pairs them to time each thread's waits.
     pub context_switch: bool,
+    /// The off-CPU source's lean layout: samples are TID, TIME (then CALLCHAIN and RAW if
+    /// asked), the `sample_id` trailer TID, TIME. For an event alone in its rings.
+    pub lean: bool,
+    /// Add `PERF_SAMPLE_RAW` (a tracepoint's fields) to samples.
+    pub raw: bool,
+    /// Ask for `PERF_RECORD_EXIT` (and FORK) records (`attr.task`) without the other
+    /// side-band records.
+    pub exits: bool,
 }
 
 fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
@@ -105,13 +113,20 @@ fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
         attr.__bindgen_anon_2.wakeup_watermark = spec.wakeup_watermark;
     }
     if spec.context_switch {
-        // With the exit records: a thread that exits while off CPU never switches in.
         attr.set_context_switch(1);
+    }
+    if spec.exits {
+        // A thread that exits while off CPU never switches in: its exit record ends the wait.
         attr.set_task(1);
-        // The off-CPU source's event is alone in its rings and reads only the thread, the
-        // time and the chain (`crate::offcpu`'s layout): without IDENTIFIER, IP and CPU the
-        // kernel writes 24 bytes less per switch sample and 16 less per switch record (of
-        // ~300 bytes per context switch), which the kernel and the reader pay at every switch.
+    }
+    if spec.raw {
+        attr.sample_type |= pb::PERF_SAMPLE_RAW as u64;
+    }
+    if spec.lean {
+        // The off-CPU source's events are alone in their rings and read only the thread, the
+        // time and the chain or the raw fields (`crate::offcpu`'s layouts): without
+        // IDENTIFIER, IP and CPU the kernel writes 24 bytes less per sample and 16 less per
+        // other record, which the kernel and the reader pay at every switch.
         attr.sample_type &=
             !((pb::PERF_SAMPLE_IDENTIFIER | pb::PERF_SAMPLE_IP | pb::PERF_SAMPLE_CPU) as u64);
     }
@@ -199,6 +214,21 @@ impl PerfFd {
 
     pub fn disable(&self) -> io::Result<()> {
         self.ioctl_arg(pb::DISABLE, 0)
+    }
+
+    /// A tracepoint event's kernel-side filter (`PERF_EVENT_IOC_SET_FILTER`, the ftrace
+    /// filter syntax): records that do not match are never written.
+    pub fn set_filter(&self, filter: &std::ffi::CStr) -> io::Result<()> {
+        // SAFETY: PERF_EVENT_IOC_SET_FILTER reads a NUL-terminated string through the pointer
+        // (`strndup_user`), which `filter` is, alive for the call.
+        let rc = unsafe {
+            libc::ioctl(self.fd.as_raw_fd(), pb::SET_FILTER as libc::c_ulong, filter.as_ptr())
+        };
+        if rc < 0 {
+            Err(last_errno())
+        } else {
+            Ok(())
+        }
     }
 
     /// Send this event's records to `target`'s ring (same CPU, same clock).
@@ -537,11 +567,27 @@ mod tests {
             max_stack: 0,
             user_stack: 0,
             context_switch: false,
+            lean: false,
+            raw: false,
+            exits: false,
         };
         let a = make_attr(&spec);
-        let sw = make_attr(&AttrSpec { context_switch: true, ..spec.clone() });
+        let sw = make_attr(&AttrSpec {
+            context_switch: true,
+            lean: true,
+            exits: true,
+            sideband: false,
+            ..spec.clone()
+        });
         assert_eq!((sw.context_switch(), a.context_switch()), (1, 0));
+        assert_eq!((sw.task(), sw.mmap2()), (1, 0));
         assert_eq!(sw.sample_type, (pb::PERF_SAMPLE_TID | pb::PERF_SAMPLE_TIME) as u64);
+        let tp = make_attr(&AttrSpec { lean: true, raw: true, sideband: false, ..spec.clone() });
+        assert_eq!(
+            tp.sample_type,
+            (pb::PERF_SAMPLE_TID | pb::PERF_SAMPLE_TIME | pb::PERF_SAMPLE_RAW) as u64
+        );
+        assert_eq!((tp.task(), tp.context_switch()), (0, 0));
         assert_eq!(a.sample_type, SAMPLE_TYPE);
         let c = make_attr(&AttrSpec { cgroup: true, ..spec.clone() });
         assert_eq!(c.sample_type, SAMPLE_TYPE | pb::PERF_SAMPLE_CGROUP as u64);

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dcpid::offcpu::{OffCpu, OffCpuConfig};
+use dcpid::offcpu::{OffCpu, OffCpuConfig, Source};
 use dcpid::sys::perf::pin_current_thread;
 
 /// `yes | cat`, both on CPU 1 only (they inherit the spawning thread's affinity): each blocks
@@ -62,6 +62,14 @@ fn the_off_cpu_source_opens_a_cpu_that_comes_online_and_closes_one_that_goes() {
     }
     // The source's reading thread (spawned from here) runs on CPU 0 with this one.
     pin_current_thread(0).expect("pin to CPU 0");
+    follows_hotplug(Source::SwitchRecords);
+    if let Err(e) = dcpid::offcpu::tracepoint::find() {
+        dcpi_testkit::skip!("the tracepoint source: {e}");
+    }
+    follows_hotplug(Source::Tracepoint);
+}
+
+fn follows_hotplug(source: Source) {
     let sink = Arc::new(CollectSink::default());
     let cfg = OffCpuConfig {
         event: 0,
@@ -70,8 +78,10 @@ fn the_off_cpu_source_opens_a_cpu_that_comes_online_and_closes_one_that_goes() {
         max_stack: 32,
         ring_pages: 64,
         max_threads: 1024,
+        source,
     };
     let mut o = OffCpu::start(cfg, &[0], Arc::<CollectSink>::clone(&sink), None).expect("start");
+    assert_eq!(o.source(), source);
     let pipe = PipeOnCpu1::start();
     let pids = pipe.pids();
     let passes = |o: &OffCpu| o.status().passes;

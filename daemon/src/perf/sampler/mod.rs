@@ -350,6 +350,9 @@ fn attr_for(
         max_stack: shared_cfg.stacks.as_ref().map_or(0, |t| t.max_stack()),
         user_stack: shared_cfg.stacks.as_ref().map_or(0, |t| t.user_stack()),
         context_switch: false,
+        lean: false,
+        raw: false,
+        exits: false,
     }
 }
 
