@@ -222,16 +222,10 @@ impl WhoProfileEntry {
     pub fn is_command(&self) -> bool {
         self.who_component.starts_with("cmd-")
     }
-
-    /// Whether it is a member of the host directory's profile pack (FORMAT.md §15), not a
-    /// file of its own.
-    pub fn is_packed(&self) -> bool {
-        crate::pack::split_member_path(&self.path).is_some()
-    }
 }
 
 /// Names of the entries of `dir`, skipping temporary and moved-aside files.
-fn list_names(dir: &Path) -> Result<Vec<String>> {
+pub(crate) fn list_names(dir: &Path) -> Result<Vec<String>> {
     list_names_where(dir, |_| true)
 }
 
@@ -704,54 +698,6 @@ impl HostDir {
             image.to_text(),
             event_file_component(event_name)
         ))
-    }
-
-    /// Per-process and per-cgroup profile files in this directory (FORMAT.md §5.6), sorted by
-    /// name; [`HostDir::profiles`] does not list them.
-    ///
-    /// The members of the host directory's profile pack (FORMAT.md §15) are listed under
-    /// their member paths (`<host dir>/who-profiles.pack/<name>`, which
-    /// [`crate::Profile::read`] reads); a member stands for, and hides, a file of the same
-    /// name (written before the pack, by an older dcpid or as a sole-command stub's copy).
-    /// A damaged or planted pack is an error naming it.
-    pub fn who_profiles(&self) -> Result<Vec<WhoProfileEntry>> {
-        let mut out = Vec::new();
-        let names = list_names(&self.path)?;
-        let pack = if names.iter().any(|n| n == crate::pack::PACK_FILE) {
-            Some(crate::pack::Pack::read_shared(&self.path.join(crate::pack::PACK_FILE))?)
-        } else {
-            None
-        };
-        if let Some(pack) = &pack {
-            for name in pack.names() {
-                let Some((image_id, event, who)) = parse_who_profile_name(name) else { continue };
-                out.push(WhoProfileEntry {
-                    path: pack.member_path(name),
-                    image_id,
-                    event_component: event.to_owned(),
-                    who_component: who.to_owned(),
-                });
-            }
-        }
-        for name in names {
-            if pack.as_ref().is_some_and(|p| p.member(&name).is_some()) {
-                continue;
-            }
-            let base = split_continuation(&name).map(|(b, _)| b);
-            let Some((image_id, event, who)) =
-                parse_who_profile_name(base.as_deref().unwrap_or(&name))
-            else {
-                continue;
-            };
-            out.push(WhoProfileEntry {
-                path: self.path.join(&name),
-                image_id,
-                event_component: event.to_owned(),
-                who_component: who.to_owned(),
-            });
-        }
-        out.sort_by(|a, b| a.path.file_name().cmp(&b.path.file_name()));
-        Ok(out)
     }
 
     /// Path of the unknown profile for an event.

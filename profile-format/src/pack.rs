@@ -21,6 +21,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::db::{HostDir, WhoProfileEntry};
 use crate::error::{Error, Result};
 
 /// The pack's file name in a host directory.
@@ -151,7 +152,9 @@ impl Pack {
             if 2 + name_len > body.len() {
                 return Err(corrupt(
                     "member name",
-                    format!("record at offset {pos}: a {name_len}-byte name in a {len}-byte record"),
+                    format!(
+                        "record at offset {pos}: a {name_len}-byte name in a {len}-byte record"
+                    ),
                 ));
             }
             let name = std::str::from_utf8(&body[2..2 + name_len])
@@ -237,7 +240,10 @@ fn check_name(name: &str, path: &Path) -> Result<()> {
         return Err(Error::Invalid {
             what: "pack member name",
             value: name.to_owned(),
-            detail: format!("{}: not a per-process, per-cgroup or per-command profile name", path.display()),
+            detail: format!(
+                "{}: not a per-process, per-cgroup or per-command profile name",
+                path.display()
+            ),
         });
     }
     Ok(())
@@ -321,164 +327,63 @@ pub(crate) fn read_member(pack: &Path, name: &str) -> Result<Vec<u8>> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{EpochId, EventDesc, ImageId, ImageKind, Profile, ProfileHeader, ProfileWho};
-
-    fn profile(build: u8, command: &str, n: u64) -> (String, Vec<u8>) {
-        let id = ImageId::from_build_id(&[build; 8]).unwrap();
-        let header = ProfileHeader {
-            kind: ImageKind::Elf,
-            image_id: id.clone(),
-            image_path: b"/bin/x".to_vec(),
-            event: EventDesc {
-                name: "cpu-clock".into(),
-                perf_type: 1,
-                perf_config: 0,
-                period_mean: 1_000_000,
-                period_min: 1_000_000,
-                period_max: 1_000_000,
-            },
-            host: "h".into(),
-            epoch: EpochId::parse("20240101T000000Z").unwrap(),
-            total_samples: 0,
-            total_period: 0,
-            sequence: 1,
-            jit_symbols: vec![],
+// Here rather than in db, which must not import the modules that own the files it names (issue 34).
+impl HostDir {
+    /// Per-process and per-cgroup profile files in this directory (FORMAT.md §5.6), sorted by
+    /// name; [`HostDir::profiles`] does not list them.
+    ///
+    /// The members of the host directory's profile pack (FORMAT.md §15) are listed under
+    /// their member paths (`<host dir>/who-profiles.pack/<name>`, which
+    /// [`crate::Profile::read`] reads); a member stands for, and hides, a file of the same
+    /// name (written before the pack, by an older dcpid or as a sole-command stub's copy).
+    /// A damaged or planted pack is an error naming it.
+    pub fn who_profiles(&self) -> Result<Vec<WhoProfileEntry>> {
+        let mut out = Vec::new();
+        let names = crate::db::list_names(&self.path)?;
+        let pack = if names.iter().any(|n| n == crate::pack::PACK_FILE) {
+            Some(crate::pack::Pack::read_shared(&self.path.join(crate::pack::PACK_FILE))?)
+        } else {
+            None
         };
-        let mut p = Profile::new(header);
-        p.who = Some(ProfileWho::Command { command: command.as_bytes().to_vec() });
-        p.add(0x40, n, n * 1_000_000);
-        let name = format!(
-            "{}.cpu-clock.{}.prof",
-            id.to_text(),
-            crate::command_file_component(command.as_bytes())
-        );
-        (name, p.encode())
-    }
-
-    #[test]
-    fn round_trip_last_record_of_a_name_wins() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(PACK_FILE);
-        let (a, a1) = profile(1, "sh", 3);
-        let (b, b1) = profile(2, "cc", 5);
-        let len = write_whole(&path, [(a.as_str(), &a1[..]), (b.as_str(), &b1[..])]).unwrap();
-        let (_, a2) = profile(1, "sh", 9);
-        let len2 = append(&path, len, [(a.as_str(), &a2[..])]).unwrap();
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), len2);
-        let p = Pack::read(&path).unwrap();
-        assert!(!p.torn());
-        assert_eq!(p.valid_len(), len2);
-        assert_eq!(p.names().collect::<Vec<_>>(), {
-            let mut v = vec![a.as_str(), b.as_str()];
-            v.sort();
-            v
-        });
-        assert_eq!(p.member(&a), Some(&a2[..]));
-        assert_eq!(p.member(&b), Some(&b1[..]));
-        // Profile::read takes a member's path as it takes a file's.
-        let got = Profile::read(&p.member_path(&a)).unwrap();
-        assert_eq!(got.header.total_samples, 9);
-        let missing = Profile::read(&p.member_path(&a.replace("b01", "b03")));
-        assert!(
-            matches!(&missing, Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound),
-            "{missing:?}"
-        );
-        // An append to a pack of another length is refused, nothing written.
-        assert!(matches!(append(&path, len, [(a.as_str(), &a2[..])]), Err(Error::Invalid { .. })));
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), len2);
-    }
-
-    #[test]
-    fn a_torn_tail_is_ignored_at_every_cut() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(PACK_FILE);
-        let (a, a1) = profile(1, "sh", 3);
-        let len = write_whole(&path, [(a.as_str(), &a1[..])]).unwrap();
-        let (_, a2) = profile(1, "sh", 4);
-        let full = append(&path, len, [(a.as_str(), &a2[..])]).unwrap();
-        let bytes = std::fs::read(&path).unwrap();
-        for cut in len as usize..full as usize {
-            let p = Pack::decode(bytes[..cut].to_vec(), &path).unwrap();
-            assert_eq!(p.member(&a), Some(&a1[..]), "cut at {cut}");
-            assert_eq!(p.valid_len(), len);
-            assert_eq!(p.torn(), cut > len as usize);
+        if let Some(pack) = &pack {
+            for name in pack.names() {
+                let Some((image_id, event, who)) = crate::db::parse_who_profile_name(name) else {
+                    continue;
+                };
+                out.push(WhoProfileEntry {
+                    path: pack.member_path(name),
+                    image_id,
+                    event_component: event.to_owned(),
+                    who_component: who.to_owned(),
+                });
+            }
         }
-        // A tail the file system allocated but never wrote (zeros) is torn too.
-        let mut zeros = bytes.clone();
-        zeros.extend_from_slice(&[0; 4096]);
-        let p = Pack::decode(zeros, &path).unwrap();
-        assert_eq!(p.member(&a), Some(&a2[..]));
-        assert!(p.torn());
-        // The last record with a flipped byte: torn, the one before it stands.
-        let mut flipped = bytes.clone();
-        *flipped.last_mut().unwrap() ^= 0x40;
-        assert_eq!(Pack::decode(flipped, &path).unwrap().member(&a), Some(&a1[..]));
+        for name in names {
+            if pack.as_ref().is_some_and(|p| p.member(&name).is_some()) {
+                continue;
+            }
+            let base = crate::db::split_continuation(&name).map(|(b, _)| b);
+            let Some((image_id, event, who)) =
+                crate::db::parse_who_profile_name(base.as_deref().unwrap_or(&name))
+            else {
+                continue;
+            };
+            out.push(WhoProfileEntry {
+                path: self.path.join(&name),
+                image_id,
+                event_component: event.to_owned(),
+                who_component: who.to_owned(),
+            });
+        }
+        out.sort_by(|a, b| a.path.file_name().cmp(&b.path.file_name()));
+        Ok(out)
     }
+}
 
-    #[test]
-    fn hostile_records_are_errors_naming_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(PACK_FILE);
-        let (a, a1) = profile(1, "sh", 3);
-        write_whole(&path, [(a.as_str(), &a1[..]), (a.as_str(), &a1[..])]).unwrap();
-        let good = std::fs::read(&path).unwrap();
-        let check = |bytes: Vec<u8>, field: &str| {
-            let e = Pack::decode(bytes, &path).unwrap_err();
-            let msg = e.to_string();
-            assert!(msg.contains(PACK_FILE), "{msg}");
-            assert!(msg.contains(field), "{msg}");
-        };
-        // A length beyond any pack.
-        let mut b = good.clone();
-        b[PACK_HEADER_LEN..PACK_HEADER_LEN + 4].copy_from_slice(&u32::MAX.to_le_bytes());
-        check(b, "record length");
-        // A length too short to hold a name.
-        let mut b = good.clone();
-        b[PACK_HEADER_LEN..PACK_HEADER_LEN + 4].copy_from_slice(&1u32.to_le_bytes());
-        check(b, "record length");
-        // A damaged record followed by another: not a torn tail.
-        let mut b = good.clone();
-        b[PACK_HEADER_LEN + RECORD_HEAD + 5] ^= 1;
-        check(b, "record checksum");
-        // A name longer than its record (checksum made right).
-        let rec = {
-            let mut body = vec![0xff, 0xff];
-            body.extend_from_slice(b"x");
-            let mut r = (body.len() as u32).to_le_bytes().to_vec();
-            r.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-            r.extend_from_slice(&body);
-            r
-        };
-        let mut b = header();
-        b.extend_from_slice(&rec);
-        check(b, "member name");
-        // A name that is no qualified profile's (it could name any file).
-        let mut b = header();
-        b.extend_from_slice(&encode_record("../../summary.json", &a1));
-        check(b, "member name");
-        // Foreign magic, newer version, flags.
-        let mut b = good.clone();
-        b[0] = b'X';
-        assert!(matches!(Pack::decode(b, &path), Err(Error::BadMagic { .. })));
-        let mut b = good.clone();
-        b[8] = 9;
-        assert!(matches!(Pack::decode(b, &path), Err(Error::UnknownVersion { .. })));
-        let mut b = good;
-        b[10] = 1;
-        check(b, "flags");
-        // A member that is no valid profile: its own container checks name it.
-        let mut b = header();
-        b.extend_from_slice(&encode_record(&a, b"DCPIPROF garbage"));
-        let p = Pack::decode(b.clone(), &path).unwrap();
-        std::fs::write(&path, &b).unwrap();
-        let e = Profile::read(&p.member_path(&a)).unwrap_err().to_string();
-        assert!(e.contains(PACK_FILE) && e.contains(&a), "{e}");
-        // A FIFO in its place is refused, not opened for reading.
-        std::fs::remove_file(&path).unwrap();
-        assert!(std::process::Command::new("mkfifo").arg(&path).status().unwrap().success());
-        assert!(matches!(Pack::read(&path), Err(Error::NotRegularFile { .. })));
+impl WhoProfileEntry {
+    /// Whether it is a member of the host directory's profile pack (FORMAT.md §15), not a
+    /// file of its own.
+    pub fn is_packed(&self) -> bool {
+        split_member_path(&self.path).is_some()
     }
 }

@@ -453,9 +453,7 @@ impl Profile {
     pub fn read(path: &Path) -> Result<Self> {
         let bytes = match crate::pack::split_member_path(path) {
             Some((pack, name)) => crate::pack::read_member(pack, name)?,
-            None => {
-                crate::safeio::read_container(path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?
-            }
+            None => crate::safeio::read_container(path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?,
         };
         let p = Self::decode(&bytes, path)?;
         p.check_name(path)?;

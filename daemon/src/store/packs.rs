@@ -185,7 +185,11 @@ impl Packs {
                 None
             } else {
                 // The last staged version of a name wins, as readers take the last record.
-                match pack::append(&path, st.len, list.iter().map(|s| (s.name.as_str(), &s.bytes[..]))) {
+                match pack::append(
+                    &path,
+                    st.len,
+                    list.iter().map(|s| (s.name.as_str(), &s.bytes[..])),
+                ) {
                     Ok(n) => Some(Ok(n)),
                     Err(profile_format::Error::Invalid { detail, .. }) => {
                         tracing::warn!(file = %path.display(), detail,
@@ -197,11 +201,10 @@ impl Packs {
             };
             let r = match r {
                 Some(r) => r.map(|n| (n, n - st.len)),
-                None => pack::write_whole(
-                    &path,
-                    st.members.iter().map(|(n, b)| (n.as_str(), &b[..])),
-                )
-                .map(|n| (n, n)),
+                None => {
+                    pack::write_whole(&path, st.members.iter().map(|(n, b)| (n.as_str(), &b[..])))
+                        .map(|n| (n, n))
+                }
             };
             match r {
                 Ok((len, written)) => {

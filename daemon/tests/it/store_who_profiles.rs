@@ -176,7 +176,8 @@ fn a_corrupt_per_process_profile_is_set_aside() {
     // The per-process profiles are members of the pack (FORMAT.md §15): a damaged pack found
     // by a daemon that starts is set aside, and its members start afresh.
     let path = hd.path.join(profile_format::pack::PACK_FILE);
-    std::fs::write(&path, b"DCPIPACK\x01\x00\x00\x00\xff\xff\xff\xff\0\0\0\0garbage").expect("corrupt it");
+    std::fs::write(&path, b"DCPIPACK\x01\x00\x00\x00\xff\xff\xff\xff\0\0\0\0garbage")
+        .expect("corrupt it");
     drop(s);
     let mut s = open(dir.path(), WhoProfiles { by_pid: true, ..WhoProfiles::default() });
     s.add(batch(1), 0, 0);
