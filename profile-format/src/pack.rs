@@ -64,17 +64,23 @@ impl Pack {
         static LAST: Mutex<Option<(PathBuf, [i64; 5], Arc<Pack>)>> = Mutex::new(None);
         let (f, size) = crate::safeio::open_regular(path)?;
         let m = f.metadata().map_err(|e| Error::io(path, e))?;
-        let id = [m.dev() as i64, m.ino() as i64, size as i64, m.mtime(), m.mtime_nsec()];
+        let id = [
+            m.dev().cast_signed(),
+            m.ino().cast_signed(),
+            size.cast_signed(),
+            m.mtime(),
+            m.mtime_nsec(),
+        ];
         if let Ok(last) = LAST.lock() {
             if let Some((p, i, pack)) = last.as_ref() {
                 if p == path && *i == id {
-                    return Ok(pack.clone());
+                    return Ok(Arc::clone(pack));
                 }
             }
         }
         let pack = Arc::new(Self::read_from(f, size, path)?);
         if let Ok(mut last) = LAST.lock() {
-            *last = Some((path.to_path_buf(), id, pack.clone()));
+            *last = Some((path.to_path_buf(), id, Arc::clone(&pack)));
         }
         Ok(pack)
     }

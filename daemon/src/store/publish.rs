@@ -351,7 +351,7 @@ pub(super) enum Direct {
     /// Nothing can be published under the profile's name (logged): its samples are lost.
     Discarded,
     /// A qualified profile, merged, for the host directory's pack (FORMAT.md §15).
-    ToPack { path: PathBuf, merged: Profile, standalone: Option<PathBuf> },
+    ToPack { path: PathBuf, merged: Box<Profile>, standalone: Option<PathBuf> },
 }
 
 /// Merge one profile of a batch that the spool could not take (its disk full or failing)
@@ -413,7 +413,11 @@ pub(super) fn write_direct(
         }
     };
     if target.who.is_some() {
-        return Ok(Direct::ToPack { standalone: (!in_pack).then(|| path.clone()), path, merged });
+        return Ok(Direct::ToPack {
+            standalone: (!in_pack).then(|| path.clone()),
+            path,
+            merged: Box::new(merged),
+        });
     }
     Ok(Direct::Written(merged.write(&path)?))
 }
