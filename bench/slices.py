@@ -175,6 +175,9 @@ def main():
                     help="where the daemons' spools go: a tmpfs, as in production (the systemd "
                          "unit's RuntimeDirectory, /run/dcpid/spool); tmpfs pages are not disk "
                          "writes and write_bytes does not count them [default: /dev/shm]")
+    ap.add_argument("--dcpid-arg", action="append", default=[], metavar="ARG",
+                    help="one more dcpid argument for every daemon (repeat it), e.g. "
+                         "--dcpid-arg=--publish-max-delay --dcpid-arg=4m")
     ap.add_argument("--release-stat", action="store_true",
                     help="build the slices_stat example in release (default: debug; it only reads)")
     args = ap.parse_args()
@@ -193,8 +196,9 @@ def main():
                          capture_output=True, text=True).stdout.strip()
     life = args.warmup + args.duration + 600
     on = Dcpid(bins, os.path.join(work, "on"), args.rate, life,
-               ["--log-level", "info,dcpid::store::slices=debug"])
-    off = Dcpid(bins, os.path.join(work, "off"), args.rate, life, ["--slice-interval", "0"])
+               ["--log-level", "info,dcpid::store::slices=debug"] + args.dcpid_arg)
+    off = Dcpid(bins, os.path.join(work, "off"), args.rate, life,
+                ["--slice-interval", "0"] + args.dcpid_arg)
     cmp = None
     if args.compare_publish:
         cmp = Dcpid(bins, os.path.join(work, "cmp"), args.rate, life,

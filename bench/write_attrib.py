@@ -75,6 +75,8 @@ def kind(path, db, spool):
         if stem.startswith("unknown"):
             return "unknown profiles"
         return "flat profiles"
+    if base == "who-profiles.pack":
+        return "per-command/process/cgroup profiles (pack, FORMAT.md §15)"
     if base.startswith("who"):
         return "who table"
     if "stack" in base:

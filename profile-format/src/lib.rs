@@ -17,6 +17,7 @@ mod ident;
 mod kallsyms;
 mod ksymstore;
 mod lease;
+pub mod pack;
 pub mod pairs;
 mod profile;
 pub mod safeio;

@@ -12,5 +12,6 @@ mod db;
 mod hostile;
 mod ksymstore;
 mod module_graph;
+mod pack;
 mod roundtrip;
 mod seeds;
