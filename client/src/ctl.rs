@@ -90,10 +90,10 @@ pub fn request_value(socket: &Path, req: Request, timeout: Duration) -> Result<V
     let mut rd = BufReader::new(s).take(MAX_RESPONSE as u64);
     rd.read_until(b'\n', &mut buf).map_err(io("read response"))?;
     let r: Response = serde_json::from_slice(&buf).map_err(|e| protocol(e.to_string()))?;
-    match r {
-        Response { ok: true, result, .. } => Ok(result.unwrap_or(Value::Null)),
+    match &r {
+        Response { ok: true, .. } => r.result_value().map_err(|e| protocol(e.to_string())),
         Response { ok: false, error, .. } => {
-            Err(CtlError::Daemon(error.unwrap_or_else(|| "unspecified error".to_owned())))
+            Err(CtlError::Daemon(error.clone().unwrap_or_else(|| "unspecified error".to_owned())))
         }
     }
 }

@@ -667,7 +667,7 @@ mod tests {
         assert_eq!(mode, 0o660);
         let r = ask(&path, b"{\"cmd\":\"status\"}\n");
         assert!(r.ok, "{r:?}");
-        assert_eq!(r.result.unwrap()["cmd"], "status");
+        assert_eq!(r.result_value().unwrap()["cmd"], "status");
         let r = ask(&path, b"{\"cmd\":\"reboot\"}\n");
         assert!(!r.ok && r.error.unwrap().contains("malformed"));
         let r = ask(&path, b"garbage\n");

@@ -665,12 +665,17 @@ impl Recent {
         let mut paths: Interner<&[u8]> = Interner::new();
         let mut commands: Interner<&[u8]> = Interner::new();
         type Key = (u32, u32, Option<u64>, EventIdx);
-        let mut merged: HashMap<Key, (u32, u64)> = HashMap::new();
-        let mut procs: HashMap<(u32, u32, EventIdx), (u32, u64)> = HashMap::new();
-        for b in &self.batches {
-            if now.duration_since(b.at) > window {
-                continue;
-            }
+        let in_window = |b: &&Batch| now.duration_since(b.at) <= window;
+        // Sized up front for every row read: grown from empty, rehashing the merged rows was
+        // ~40 % of this function (perf, 4 000 rows at 2 requests/s).
+        let (n_rows, n_procs) = self
+            .batches
+            .iter()
+            .filter(in_window)
+            .fold((0, 0), |(r, p), b| (r + b.rows.len(), p + b.processes.len()));
+        let mut merged: HashMap<Key, (u32, u64)> = HashMap::with_capacity(n_rows);
+        let mut procs: HashMap<(u32, u32, EventIdx), (u32, u64)> = HashMap::with_capacity(n_procs);
+        for b in self.batches.iter().filter(in_window) {
             for (i, n) in b.totals.iter().enumerate() {
                 add_at(&mut view.totals, i, *n);
             }

@@ -65,26 +65,38 @@ impl Request {
     }
 }
 
-#[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Response {
     pub ok: bool,
+    /// The result's JSON text, encoded once where it is made: through a `serde_json::Value`,
+    /// `dcpictl top`'s 4 000 rows cost the daemon a map per row, built, written and freed at
+    /// every request, ~35 % of its CPU time for a watching client (BENCHMARKS.md, "dcpictl
+    /// top: where the daemon's time went").
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<serde_json::Value>,
+    pub result: Option<Box<serde_json::value::RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
 impl Response {
     /// A success carrying `result` (any of this crate's result types).
-    pub fn ok_with<T: Serialize>(result: &T) -> Self {
-        match serde_json::to_value(result) {
-            Ok(v) => Self::ok(v),
+    pub fn ok_with<T: Serialize + ?Sized>(result: &T) -> Self {
+        match serde_json::value::to_raw_value(result) {
+            Ok(v) => Self { ok: true, result: Some(v), error: None },
             Err(e) => Self::err(format!("cannot encode the result: {e}")),
         }
     }
 
     pub fn ok(result: serde_json::Value) -> Self {
-        Self { ok: true, result: Some(result), error: None }
+        Self::ok_with(&result)
+    }
+
+    /// The result as a `serde_json::Value` (`Null` when there is none).
+    pub fn result_value(&self) -> serde_json::Result<serde_json::Value> {
+        match &self.result {
+            Some(r) => serde_json::from_str(r.get()),
+            None => Ok(serde_json::Value::Null),
+        }
     }
     pub fn err(msg: impl Into<String>) -> Self {
         Self { ok: false, result: None, error: Some(msg.into()) }
