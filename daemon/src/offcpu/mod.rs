@@ -1,29 +1,31 @@
 //! Off-CPU time (`off_cpu = true`): where threads wait, with the stack that made them wait.
 //!
 //! MECHANISM (issue 40, chosen by measurement; BENCHMARKS.md "Off-CPU"). By default
-//! (`off_cpu_source = "auto"`), two `sched:sched_switch` tracepoint events on every CPU, each
-//! with a kernel-side filter ([`tracepoint`]), each alone in its ring:
-//! - *switch-out*: `prev_pid != 0 && prev_state & 255`, samples TID, TIME, CALLCHAIN: only a
+//! (`off_cpu_source = "auto"`), on every CPU, each alone in its ring:
+//! - *switch-outs*: the `sched:sched_switch` tracepoint with the kernel-side filter
+//!   `prev_pid != 0 && prev_state & 255` ([`tracepoint`]), samples TID, TIME, CALLCHAIN: only a
 //!   thread that **blocks** leaves a record, taken in its own context, so the chain is the
 //!   blocking stack (kernel frames through ORC, user frames through frame pointers), with
 //!   `attr.task` for the exit records;
-//! - *switch-in*: `next_pid != 0`, samples TID, TIME, RAW: `next_pid` from the raw fields.
+//! - *switch-ins*: a `dummy` software event with `attr.context_switch`, whose
+//!   `PERF_RECORD_SWITCH_CPU_WIDE` records (32 bytes, no chain) say when each thread runs
+//!   again. Not the tracepoint: on this machine's kernel (6.18) a thread that wakes on a CPU
+//!   that had just gone idle runs again with no `sched_switch` from the idle task (ftrace
+//!   shows it too: in a pinned pipe ping-pong, half the switch-ins), while perf's switch-in
+//!   hook sees every one; timing waits by the tracepoint's switch-ins lost half of them.
 //!
-//! A preempted thread, a yield and the idle task cost no record and no call chain. Where
-//! tracefs is not mounted (the ids are only there) or the tracepoint cannot be opened, the
-//! fallback (`"switch-records"`) is perf's software `context-switches` event with
-//! `sample_period = 1` and `PERF_SAMPLE_CALLCHAIN` (a sample with a chain at *every*
-//! switch-out, preemptions and the idle task included), plus `attr.context_switch`, which adds
-//! a `PERF_RECORD_SWITCH_CPU_WIDE` record at every switch-out (flagged
-//! `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT` when the thread was preempted: not a wait) and every
-//! switch-in: three records per switch where the tracepoints write one or two, and a chain per
-//! switch where they take one per wait. A BPF program aggregating in the kernel (as
-//! `perf record --off-cpu` does) writes nothing per switch, but building one needs a BPF
-//! toolchain (clang with the bpf target or bpf-linker for aya), which this build does not have
-//! and a Rust daemon should not require at run time. Both ways sample only PID/TID, TIME and
-//! the chain or raw fields: the fewer bytes the kernel writes and the reader reads per switch,
-//! the less both pay. The kernel's per-wait call chain is paid by every blocking program,
-//! hence `off_cpu` is off by default.
+//! A preempted thread, a yield and the idle task cost no chain. Where tracefs is not mounted
+//! (the tracepoint's id is only there) or the tracepoint cannot be opened, the fallback
+//! (`"switch-records"`) is perf's software `context-switches` event with `sample_period = 1`
+//! and `PERF_SAMPLE_CALLCHAIN` (a sample with a chain at *every* switch-out, preemptions and
+//! the idle task included), plus the switch records, flagged
+//! `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT` when the thread was preempted (not a wait). A BPF
+//! program aggregating in the kernel (as `perf record --off-cpu` does) writes nothing per
+//! switch, but building one needs a BPF toolchain (clang with the bpf target or bpf-linker
+//! for aya), which this build does not have and a Rust daemon should not require at run time.
+//! Both ways sample only PID/TID, TIME and the chain: the fewer bytes the kernel writes and
+//! the reader reads per switch, the less both pay. The kernel's per-wait call chain is paid by
+//! every blocking program, hence `off_cpu` is off by default.
 //!
 //! One thread (`dcpi-offcpu`) reads every CPU's ring (watermark wake-ups at half a ring, else
 //! every [`POLL_MS`]), joins each switch-out sample with the switch-out record that follows it
@@ -228,8 +230,8 @@ enum Role {
     Records,
     /// `sched_switch` samples of blocking switch-outs, with their chains.
     Out,
-    /// `sched_switch` samples of switch-ins, with the raw fields.
-    In { next_pid_at: usize },
+    /// Switch records of the `dummy` event: their switch-ins.
+    In,
 }
 
 /// One event of the plan: opened on every CPU, each with its own ring.
@@ -315,25 +317,22 @@ fn plans(cfg: &OffCpuConfig, source: Source) -> Result<Vec<RingPlan>, OffCpuErro
         return Ok(vec![RingPlan { role: Role::Records, spec, pages, filter: None }]);
     }
     let tp = tracepoint::find()?;
-    let out = AttrSpec { perf_type: sp::PERF_TYPE_TRACEPOINT, config: tp.id, ..base };
-    // A switch-in record (TID, TIME, RAW: ~100 bytes) is half a switch-out's (a chain of
-    // ~20 frames): half the ring wakes the reader as often.
-    let in_pages = (pages / 2).max(1);
+    let out = AttrSpec { perf_type: sp::PERF_TYPE_TRACEPOINT, config: tp.id, ..base.clone() };
+    // Switch records are 32 bytes, a switch-out sample ~200 (a chain of ~20 frames), and
+    // there are two records per context switch: a quarter of the ring wakes the reader
+    // about as often.
+    let in_pages = (pages / 4).max(1);
     let inn = AttrSpec {
+        config: u64::from(sp::PERF_COUNT_SW_DUMMY),
         max_stack: 0,
-        raw: true,
         exits: false,
+        context_switch: true,
         wakeup_watermark: wm(in_pages),
-        ..out.clone()
+        ..base
     };
     Ok(vec![
         RingPlan { role: Role::Out, spec: out, pages, filter: Some(tracepoint::OUT_FILTER) },
-        RingPlan {
-            role: Role::In { next_pid_at: tp.next_pid_at },
-            spec: inn,
-            pages: in_pages,
-            filter: Some(tracepoint::IN_FILTER),
-        },
+        RingPlan { role: Role::In, spec: inn, pages: in_pages, filter: None },
     ])
 }
 
@@ -554,7 +553,7 @@ impl Reader {
                         // tracepoints, which see no preemption, every switch-in.
                         let counted = match role {
                             Role::Records => matches!(s.kind, Kind::Out { .. }),
-                            Role::In { .. } => true,
+                            Role::In => true,
                             Role::Out => false,
                         };
                         switches += u64::from(counted && s.tid != 0);
@@ -697,15 +696,14 @@ fn on_record(
 ) -> Rec {
     let b = rec.body;
     match (rec.kind, role) {
-        (sp::PERF_RECORD_SAMPLE, Role::In { next_pid_at }) => {
-            let (Some(time), Some(size)) = (u64_at(b, 8), u32_at(b, 16)) else {
+        // The switch-in ring: only its switch-ins (the tracepoint gives the blocking
+        // switch-outs, with their chains).
+        (sp::PERF_RECORD_SWITCH_CPU_WIDE, Role::In) => {
+            let Some((tid, time)) = trailer(b) else { return Rec::Nothing };
+            if u32::from(rec.misc) & sp::PERF_RECORD_MISC_SWITCH_OUT != 0 {
                 return Rec::Nothing;
-            };
-            let raw = b.get(20..20usize.saturating_add(size as usize)).unwrap_or_default();
-            match u32_at(raw, next_pid_at) {
-                Some(tid) => Rec::Switch(Switch { time, tid, kind: Kind::In }),
-                None => Rec::Nothing,
             }
+            Rec::Switch(Switch { time, tid, kind: Kind::In })
         }
         (sp::PERF_RECORD_SAMPLE, Role::Out) => {
             let (Some(tid), Some(time)) = (u32_at(b, 4), u64_at(b, 8)) else {
@@ -803,20 +801,8 @@ mod tests {
         on_record(rec, Role::Records, max_stack, last, spare)
     }
 
-    /// A switch-in sample of the tracepoint: PID/TID (the thread leaving), TIME, RAW with
-    /// `next_pid` at 56 of the fields as this kernel has it.
-    fn switch_in_body(prev: u32, next: u32, time: u64) -> Vec<u8> {
-        let mut raw = vec![0u8; 68];
-        raw[24..28].copy_from_slice(&prev.to_ne_bytes());
-        raw[56..60].copy_from_slice(&next.to_ne_bytes());
-        let mut v = u64s(&[u64::from(prev) | (u64::from(prev) << 32), time]);
-        v.extend_from_slice(&(raw.len() as u32).to_ne_bytes());
-        v.extend_from_slice(&raw);
-        v
-    }
-
     #[test]
-    fn tracepoint_samples_are_blocking_switch_outs_and_switch_ins_of_next_pid() {
+    fn tracepoint_samples_are_blocking_switch_outs_and_switch_records_the_switch_ins() {
         let ctx_kernel = -128i64 as u64;
         let ctx_user = -512i64 as u64;
         let chain = [ctx_kernel, KPC, ctx_user, 0x40_1000, 0x40_2005];
@@ -832,26 +818,36 @@ mod tests {
         assert_eq!((b.pid, b.pc, b.kernel), (7, 0x40_1000, false));
         assert_eq!(*b.pcs, [KPC, 0x40_1000, 0x40_2004]);
 
-        let role = Role::In { next_pid_at: 56 };
-        let inn = switch_in_body(9, 42, 250);
-        let Rec::Switch(s) =
-            on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &inn), role, 64, &mut last, &mut spare)
-        else {
+        // The switch-in ring: a switch-in record ends a wait; its switch-outs are ignored
+        // (the tracepoint gives the blocking ones).
+        let sw = switch_body(7, 42, 250);
+        let Rec::Switch(s) = on_record(
+            rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, 0, &sw),
+            Role::In,
+            64,
+            &mut last,
+            &mut spare,
+        ) else {
             panic!("no switch-in")
         };
         assert_eq!((s.time, s.tid, s.kind), (250, 42, Kind::In));
+        let out_misc = sp::PERF_RECORD_MISC_SWITCH_OUT as u16;
+        let r = on_record(
+            rec(sp::PERF_RECORD_SWITCH_CPU_WIDE, out_misc, &sw),
+            Role::In,
+            64,
+            &mut last,
+            &mut spare,
+        );
+        assert!(matches!(r, Rec::Nothing));
 
-        // Truncated: the raw fields end before next_pid, the chain past the record.
-        for (body, role) in [(&inn[..60], role), (&out[..out.len() - 8], Role::Out)] {
-            let r =
-                on_record(rec(sp::PERF_RECORD_SAMPLE, 1, body), role, 64, &mut last, &mut spare);
+        // Truncated: the switch record's trailer, the chain past the record.
+        let cut = (&sw[..12], Role::In, sp::PERF_RECORD_SWITCH_CPU_WIDE);
+        for (body, role, kind) in [cut, (&out[..out.len() - 8], Role::Out, sp::PERF_RECORD_SAMPLE)]
+        {
+            let r = on_record(rec(kind, 0, body), role, 64, &mut last, &mut spare);
             assert!(matches!(r, Rec::Nothing));
         }
-        // A raw size past the record: skipped, not read past.
-        let mut lying = inn.clone();
-        lying[16..20].copy_from_slice(&u32::MAX.to_ne_bytes());
-        let r = on_record(rec(sp::PERF_RECORD_SAMPLE, 1, &lying), role, 64, &mut last, &mut spare);
-        assert!(matches!(r, Rec::Nothing));
         // Exit records come on the switch-out ring.
         let exit = u64s(&[7 | (1 << 32), 42 | (7 << 32), 300, 7 | (42 << 32), 300]);
         let r =

@@ -19,8 +19,6 @@ pub const EVENT_DIR: &str = "events/sched/sched_switch";
 /// `+` of the event's print format) and a yield 0: neither is a wait. The idle task (pid 0)
 /// never waits.
 pub const OUT_FILTER: &std::ffi::CStr = c"prev_pid != 0 && prev_state & 255";
-/// The kernel-side filter of the switch-in event: the idle task's switch-ins end no wait.
-pub const IN_FILTER: &std::ffi::CStr = c"next_pid != 0";
 
 /// What the off-CPU source needs of the tracepoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
