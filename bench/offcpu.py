@@ -137,7 +137,14 @@ PERF_KINDS = {
     "perf-all": ["-e", "cpu-clock/period=1000000/", "-e", "context-switches/period=1/",
                  "--switch-events"],
     # What `dcpid --off-cpu true --off-cpu-source tracepoint` records: the sampled event, the
-    # blocking switch-outs with chains and the switch-ins without, each filtered in the kernel.
+    # blocking switch-outs with chains (the tracepoint, filtered in the kernel) and the switch
+    # records.
+    "perf-tp-sw": ["-e", "cpu-clock/period=1000000/",
+                   "-e", "sched:sched_switch", "--filter", "prev_pid != 0 && prev_state & 255",
+                   "--switch-events"],
+    # The same with the tracepoint's switch-ins instead of switch records, which miss a
+    # thread woken on a CPU that just went idle on this kernel (daemon/src/offcpu/mod.rs):
+    # less than the data dcpid needs.
     "perf-all-tp": ["-e", "cpu-clock/period=1000000/",
                     "-e", "sched:sched_switch", "--filter", "prev_pid != 0 && prev_state & 255",
                     "-e", "sched:sched_switch/call-graph=no/", "--filter", "next_pid != 0"],

@@ -453,8 +453,9 @@ settings! {
     #[serde(default, deserialize_with = "de_duration")]
     off_cpu_threshold: Duration = Duration::ZERO;
     /// Which kernel events time the waits: `tracepoint` (the sched:sched_switch tracepoint,
-    /// filtered in the kernel: a record with a call chain only when a thread blocks, one
-    /// small record when a thread runs again; needs tracefs mounted), `switch-records`
+    /// filtered in the kernel: a record with a call chain only when a thread blocks, and
+    /// perf's 32-byte switch records for when threads run again; needs tracefs mounted),
+    /// `switch-records`
     /// (perf's context-switches event: a sample with a call chain and two records at every
     /// context switch, preemptions and the idle task included), or `auto`: the tracepoint
     /// where it can be opened, else switch records, with a warning [default: auto].

@@ -1,5 +1,7 @@
 //! The `sched:sched_switch` tracepoint, as tracefs describes it: its event id (the `config`
-//! of a `PERF_TYPE_TRACEPOINT` event) and where `next_pid` sits in its raw record.
+//! of a `PERF_TYPE_TRACEPOINT` event) and its fields (the filter names `prev_pid` and
+//! `prev_state`; `next_pid`'s offset is checked too, though the off-CPU source takes the
+//! switch-ins from switch records: see `crate::offcpu`).
 //!
 //! The ids are assigned at boot, so they can only be read from tracefs; a machine without
 //! tracefs mounted has no tracepoint events for perf (`crate::offcpu` then falls back to
