@@ -251,3 +251,45 @@ fn without_tracefs_the_default_source_falls_back_to_switch_records_and_says_why(
         r["rows"].as_array().expect("rows").iter().filter_map(|row| row["samples"].as_u64()).sum();
     assert!(total > 0, "no off-CPU time published: {r:#}");
 }
+
+/// A pipe ping-pong between two threads pinned to CPUs 0 and 1: every round, each thread
+/// blocks once and runs again once. On this kernel a thread woken on a CPU that just went idle
+/// runs again without a `sched_switch` from the idle task, so a source that took switch-ins
+/// from the tracepoint left half these waits unpaired (BENCHMARKS.md, sixth session).
+#[dcpi_testkit::test(perf)]
+fn every_wait_of_a_pinned_ping_pong_is_paired_with_its_switch_in() {
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    if !(online.trim() == "0-1" || online.trim().starts_with("0-")) {
+        dcpi_testkit::skip!("needs CPUs 0 and 1 online, has {online:?}");
+    }
+    let _one = dcpi_e2e::machine_wide_stacks();
+    let sb = Sandbox::new();
+    let exe = sb.dir.path().join("pingpong");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/workloads/pingpong.c");
+    let cc = Command::new("cc").args(["-O2", "-pthread", "-o"]).arg(&exe).arg(src).status();
+    assert!(cc.expect("run cc").success(), "cc {src}");
+    let mut d = sb.start_daemon(
+        "e2e-offcpu-pingpong",
+        &["--events", "cpu-clock:1000000", "--callchains", "fp", "--off-cpu", "true"],
+    );
+    let before = d.status_json()["off_cpu"].clone();
+    // 2 s at 2 000 round trips/s: ~8 000 waits of its two threads.
+    let o = Command::new(&exe).args(["2", "2000"]).output().expect("run pingpong");
+    assert!(o.status.success(), "pingpong: {}", String::from_utf8_lossy(&o.stderr));
+    let rounds: u64 = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("round trips printed");
+    let fl = d.ctl(&["flush"]);
+    assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
+    let after = d.status_json()["off_cpu"].clone();
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let (waits, unpaired) =
+        (n(&after, "waits") - n(&before, "waits"), n(&after, "unpaired") - n(&before, "unpaired"));
+    eprintln!("{rounds} round trips: {waits} waits, {unpaired} unpaired ({})", after["source"]);
+    assert!(waits >= 2 * rounds, "{waits} waits for {rounds} round trips of two threads");
+    assert!(unpaired * 100 <= waits, "{unpaired} of {waits} waits unpaired");
+    let (st, err) = d.terminate();
+    assert!(st.success(), "dcpid exit {st}: {err}");
+}
