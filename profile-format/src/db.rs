@@ -225,7 +225,7 @@ impl WhoProfileEntry {
 }
 
 /// Names of the entries of `dir`, skipping temporary and moved-aside files.
-pub(crate) fn list_names(dir: &Path) -> Result<Vec<String>> {
+fn list_names(dir: &Path) -> Result<Vec<String>> {
     list_names_where(dir, |_| true)
 }
 
@@ -698,6 +698,27 @@ impl HostDir {
             image.to_text(),
             event_file_component(event_name)
         ))
+    }
+
+    /// Per-process and per-cgroup profile files in this directory (FORMAT.md §5.6), sorted by
+    /// name; [`HostDir::profiles`] does not list them.
+    pub fn who_profiles(&self) -> Result<Vec<WhoProfileEntry>> {
+        let mut out = Vec::new();
+        for name in list_names(&self.path)? {
+            let base = split_continuation(&name).map(|(b, _)| b);
+            let Some((image_id, event, who)) =
+                parse_who_profile_name(base.as_deref().unwrap_or(&name))
+            else {
+                continue;
+            };
+            out.push(WhoProfileEntry {
+                path: self.path.join(&name),
+                image_id,
+                event_component: event.to_owned(),
+                who_component: who.to_owned(),
+            });
+        }
+        Ok(out)
     }
 
     /// Path of the unknown profile for an event.

@@ -17,7 +17,6 @@ mod ident;
 mod kallsyms;
 mod ksymstore;
 mod lease;
-pub mod pack;
 pub mod pairs;
 mod profile;
 pub mod safeio;

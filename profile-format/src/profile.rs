@@ -279,11 +279,6 @@ impl Profile {
     /// §5.6.1), judged by its fixed header only (no decoding): `false` for anything else,
     /// including a file that cannot be opened safely.
     pub fn is_sole_stub(path: &Path) -> bool {
-        if let Some((pack, name)) = crate::pack::split_member_path(path) {
-            return crate::pack::read_member(pack, name).is_ok_and(|b| {
-                b.len() >= 10 && &b[..8] == PROFILE_MAGIC && u16::from_le_bytes([b[8], b[9]]) == 4
-            });
-        }
         crate::safeio::container_version(path, PROFILE_MAGIC) == Some(4)
     }
 
@@ -447,14 +442,8 @@ impl Profile {
     /// Read and validate a profile file. The file is opened safely and read only up to the
     /// length its header announces (FORMAT.md §6.1); when its name follows the profile naming
     /// scheme (§3), the header must describe the image and event the name says.
-    ///
-    /// A member of a profile pack (FORMAT.md §15) is read under its path
-    /// `<host dir>/who-profiles.pack/<member name>`, with the same checks.
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes = match crate::pack::split_member_path(path) {
-            Some((pack, name)) => crate::pack::read_member(pack, name)?,
-            None => crate::safeio::read_container(path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?,
-        };
+        let bytes = crate::safeio::read_container(path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?;
         let p = Self::decode(&bytes, path)?;
         p.check_name(path)?;
         Ok(p)
@@ -522,15 +511,6 @@ impl Profile {
     /// returns the file's size. A header that a reader would reject is refused (`Invalid`)
     /// before anything is written.
     pub fn write(&self, path: &Path) -> Result<u64> {
-        let bytes = self.encode_valid(path)?;
-        crate::atomic::write_atomic(path, &bytes)?;
-        Ok(bytes.len() as u64)
-    }
-
-    /// [`Profile::encode`] after the checks [`Profile::write`] makes (`Invalid`, naming
-    /// `path`, for a header a reader would reject): the bytes of a profile pack's member
-    /// (FORMAT.md §15).
-    pub fn encode_valid(&self, path: &Path) -> Result<Vec<u8>> {
         if let Err((field, detail)) = self.header.validate() {
             return Err(Error::Invalid {
                 what: "profile header",
@@ -567,15 +547,9 @@ impl Profile {
                 ),
             });
         }
-        Ok(self.encode())
-    }
-
-    /// A profile pack's member `bytes` (FORMAT.md §15) read as [`Profile::read`] reads it at
-    /// `path` (`<pack>/<member name>`): decoded and checked against its name.
-    pub fn decode_member(bytes: &[u8], path: &Path) -> Result<Self> {
-        let p = Self::decode(bytes, path)?;
-        p.check_name(path)?;
-        Ok(p)
+        let bytes = self.encode();
+        crate::atomic::write_atomic(path, &bytes)?;
+        Ok(bytes.len() as u64)
     }
 
     /// Add `other`'s counts and totals to `self`. Both must describe the same image and event
@@ -654,24 +628,6 @@ impl HostDir {
             event_file_component(event_name),
             who.file_component()
         ))
-    }
-
-    /// Where readers find `who`'s share of the profile of (image, event name): its member of
-    /// the host directory's profile pack (FORMAT.md §15) if the pack holds it, else
-    /// [`HostDir::who_profile_path`]. [`Profile::read`] reads either.
-    pub fn who_profile_location(
-        &self,
-        image: &ImageId,
-        event_name: &str,
-        who: &ProfileWho,
-    ) -> PathBuf {
-        let file = self.who_profile_path(image, event_name, who);
-        let pack = self.path.join(crate::pack::PACK_FILE);
-        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        match crate::pack::Pack::read_shared(&pack) {
-            Ok(p) if p.member(name).is_some() => p.member_path(name),
-            _ => file,
-        }
     }
 }
 

@@ -33,7 +33,6 @@ mod epochs;
 mod fresh;
 mod kallsyms;
 mod lease;
-mod packs;
 mod pending;
 mod publish;
 mod retention;
@@ -171,8 +170,6 @@ pub struct Store {
     schedule: Schedule,
     /// Sole-command stubs written or found (FORMAT.md §5.6.1).
     sole: sole::SoleStubs,
-    /// The host-epochs' profile packs (FORMAT.md §15) and the members staged for them.
-    packs: packs::Packs,
     summaries: Summaries,
     health: Health,
     created_dirs: HashSet<PathBuf>,
@@ -401,7 +398,6 @@ impl Store {
             pending: PendingQueue::default(),
             schedule: Schedule::default(),
             sole: sole::SoleStubs::default(),
-            packs: packs::Packs::default(),
             summaries: Summaries::default(),
             health: Health::default(),
             created_dirs: HashSet::new(),
@@ -1074,10 +1070,6 @@ impl Store {
                 return Err(batch);
             }
         };
-        if let Err(e) = self.ensure_pack(&hd) {
-            self.set_db_error(&e);
-            return Err(batch);
-        }
         // The summary delta of the whole batch goes in with its first profile.
         let mut delta = (!batch.summarized).then(|| {
             self.summary_for(epoch);
@@ -1109,26 +1101,9 @@ impl Store {
                 }
             }
             let mut aside = Vec::new();
-            let mut unusable = Vec::new();
-            let packs = &mut self.packs;
-            let r = publish::write_direct(
-                &hd,
-                &key,
-                p,
-                &self.cfg.host,
-                &mut |path| packs.member(&hd, path, &mut unusable),
-                &mut |path, e| aside.push((path.to_path_buf(), e.to_string())),
-            );
-            for u in unusable {
-                aside.push((u.path, u.error.to_string()));
-            }
-            // A qualified profile goes into the pack, written now: nothing spools it.
-            let r = match r {
-                Ok(publish::Direct::ToPack { path, merged, standalone }) => {
-                    self.stage_direct(&hd, &path, &merged, standalone)
-                }
-                r => r,
-            };
+            let r = publish::write_direct(&hd, &key, p, &self.cfg.host, &mut |path, e| {
+                aside.push((path.to_path_buf(), e.to_string()))
+            });
             let samples = if flat { pending::samples_of(p) } else { 0 };
             for (path, e) in aside {
                 self.set_aside(&path, &e);
@@ -1139,10 +1114,7 @@ impl Store {
                     self.health.published_files += 1;
                     self.pending.written(samples);
                 }
-                // (`ToPack` was written above.)
-                Ok(publish::Direct::Discarded | publish::Direct::ToPack { .. }) => {
-                    self.pending.discard(samples)
-                }
+                Ok(publish::Direct::Discarded) => self.pending.discard(samples),
                 Err(e) => {
                     self.set_db_error(&e);
                     return Err(batch);
@@ -1193,34 +1165,8 @@ impl Store {
                 }
             }
         }
-        if let Err(e) = self.flush_packs(now) {
-            self.note_publish_error(&e);
-        }
         self.remark_held_back(now);
         n
-    }
-
-    /// Write the members staged for the profile packs (FORMAT.md §15), one append per host
-    /// directory, then mark their increments published. Members not written stay due.
-    fn flush_packs(&mut self, now: Instant) -> Result<(), StoreError> {
-        if !self.packs.has_staged() {
-            return Ok(());
-        }
-        let f = self.packs.flush();
-        self.health.bytes.profiles += f.bytes;
-        self.health.published_files += f.files;
-        if let Some(sp) = self.spool.as_mut() {
-            for (key, seq) in &f.published {
-                sp.published(key, *seq);
-            }
-        }
-        for key in f.failed {
-            self.schedule.mark(key, now, self.cfg.publish_interval, None);
-        }
-        match f.error {
-            None => Ok(()),
-            Some(e) => Err(e.into()),
-        }
     }
 
     /// Profiles whose newest increments the freshness cap held back (FORMAT.md §7.3) stay
@@ -1268,20 +1214,13 @@ impl Store {
                 }
                 Err(e) => {
                     self.note_publish_error(&e);
-                    if let Err(e) = self.flush_packs(now) {
-                        self.note_publish_error(&e);
-                    }
                     self.remark_held_back(now);
                     return Err(e);
                 }
             }
         }
-        let flushed = self.flush_packs(now);
-        if let Err(e) = &flushed {
-            self.note_publish_error(e);
-        }
         self.remark_held_back(now);
-        flushed
+        Ok(())
     }
 
     /// This host's directory of `epoch`, created if needed. Checked (`lstat`, FORMAT.md §6.1)
@@ -1343,8 +1282,6 @@ impl Store {
             return Ok(None);
         };
         let hd = self.host_dir(&target.epoch)?;
-        // A damaged pack is set aside before anything lists the qualified profiles.
-        self.ensure_pack(&hd)?;
         // A per-command profile standing for the flat one (FORMAT.md §5.6.1): its increments
         // are the flat profile's, which marks them published as it takes them.
         let per_command = target.who.as_deref().is_some_and(|w| w.starts_with("cmd-"));
@@ -1357,17 +1294,7 @@ impl Store {
         if per_command && stub.as_deref() == Some(path.as_path()) {
             return Ok(None);
         }
-        // A qualified profile's current version is its member of the pack, if it has one
-        // (FORMAT.md §15); otherwise the file of its name, if any (an older layout).
-        let packed = match target.who {
-            Some(_) => self.pack_member(&hd, &path)?,
-            None => None,
-        };
-        let in_pack = packed.is_some();
-        let mut existing = match packed {
-            Some(p) => Ok(Some(p)),
-            None => publish::read_existing(&path),
-        };
+        let mut existing = publish::read_existing(&path);
         if let Err(publish::Existing::Corrupt(e)) = &existing {
             if let (true, Some(cont)) =
                 (is_newer(e, &path), profile_format::continuation_path(&path))
@@ -1432,21 +1359,6 @@ impl Store {
             written = Some(m.header.total_samples);
             // Stamped with the mark it is complete up to, so that readers find it.
             m.header.sequence = m.header.sequence.max(last_seq).max(cap.unwrap_or(0));
-            if target.who.is_some() && path == target.path(&hd, key) {
-                // Into the pack at the end of this turn; published once it is durable.
-                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-                let mut published = vec![(key.clone(), last_seq)];
-                published.extend(sole_command.map(|c| (c, last_seq)));
-                self.packs.stage(packs::Staged {
-                    dir: hd.path.clone(),
-                    name: name.to_owned(),
-                    bytes: m.encode_valid(&path)?,
-                    published,
-                    standalone: (!in_pack).then(|| path.clone()),
-                });
-                self.summaries.dirty.insert(target.epoch.to_string());
-                return Ok(written);
-            }
             self.health.bytes.profiles += m.write(&path)?;
             self.health.published_files += 1;
             // Its totals changed: the summary index of this epoch must be rewritten.
@@ -1467,59 +1379,6 @@ impl Store {
             }
         }
         Ok(written)
-    }
-
-    /// Write `merged` (a qualified profile of a batch the spool could not take) into the
-    /// pack of `hd` now.
-    fn stage_direct(
-        &mut self,
-        hd: &HostDir,
-        path: &Path,
-        merged: &Profile,
-        standalone: Option<PathBuf>,
-    ) -> Result<publish::Direct, profile_format::Error> {
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
-        let bytes = merged.encode_valid(path)?;
-        let n = bytes.len() as u64;
-        self.packs.stage(packs::Staged {
-            dir: hd.path.clone(),
-            name,
-            bytes,
-            published: Vec::new(),
-            standalone,
-        });
-        let f = self.packs.flush();
-        self.health.published_files += f.files.saturating_sub(1);
-        if let Some(sp) = self.spool.as_mut() {
-            for (key, seq) in &f.published {
-                sp.published(key, *seq);
-            }
-        }
-        match f.error {
-            None => Ok(publish::Direct::Written(n)),
-            Some(e) => Err(e),
-        }
-    }
-
-    /// Load the pack of `hd` (FORMAT.md §15); an unusable one is set aside.
-    fn ensure_pack(&mut self, hd: &HostDir) -> Result<(), StoreError> {
-        let mut unusable = Vec::new();
-        let r = self.packs.ensure(hd, &mut unusable);
-        for u in unusable {
-            self.set_aside(&u.path, &u.error);
-        }
-        Ok(r?)
-    }
-
-    /// The pack member standing for the qualified profile at `path` in `hd`, if any; an
-    /// unusable pack is set aside (and replaced at the next flush).
-    fn pack_member(&mut self, hd: &HostDir, path: &Path) -> Result<Option<Profile>, StoreError> {
-        let mut unusable = Vec::new();
-        let r = self.packs.member(hd, path, &mut unusable);
-        for u in unusable {
-            self.set_aside(&u.path, &u.error);
-        }
-        Ok(r?)
     }
 
     /// Replace the sole-command stub of the flat profile of `key`, if any, by a copy of the

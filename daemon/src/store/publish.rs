@@ -350,8 +350,6 @@ pub(super) enum Direct {
     Written(u64),
     /// Nothing can be published under the profile's name (logged): its samples are lost.
     Discarded,
-    /// A qualified profile, merged, for the host directory's pack (FORMAT.md §15).
-    ToPack { path: PathBuf, merged: Box<Profile>, standalone: Option<PathBuf> },
 }
 
 /// Merge one profile of a batch that the spool could not take (its disk full or failing)
@@ -362,23 +360,15 @@ pub(super) enum Direct {
 /// are counted exactly once: they were never in the spool, and the atomic rename either
 /// takes all of them or none (a kill -9 before it loses them, as it would any batch held in
 /// memory).
-///
-/// `packed`: the pack member (FORMAT.md §15) of a qualified profile, which stands for the file
-/// of its name; the merged profile is then handed back (`Direct::ToPack`), not written.
 pub(super) fn write_direct(
     hd: &HostDir,
     key: &SpoolKey,
     p: &PendingProfile,
     host: &str,
-    packed: &mut dyn FnMut(&Path) -> Result<Option<Profile>, profile_format::Error>,
     set_aside_corrupt: &mut dyn FnMut(&Path, &profile_format::Error),
 ) -> Result<Direct, profile_format::Error> {
     let Some(target) = Target::of(key) else { return Ok(Direct::Discarded) };
     let path = target.path(hd, key);
-    let member = match target.who {
-        Some(_) => packed(&path)?,
-        None => None,
-    };
     let image = p.image.as_ref().map(|(_, img)| img);
     let header = target.header_of(&p.desc, image, 0, host);
     if let Err(e) = header.check() {
@@ -392,12 +382,7 @@ pub(super) fn write_direct(
         delta.add(off, c, 0);
     }
     delta.header.total_period = p.total_period;
-    let in_pack = member.is_some();
-    let existing = match member {
-        Some(m) => Ok(Some(m)),
-        None => read_existing(&path),
-    };
-    let merged = match existing {
+    let merged = match read_existing(&path) {
         Ok(None) => delta,
         Ok(Some(mut m)) => match m.merge(&delta) {
             Ok(()) => m,
@@ -412,13 +397,6 @@ pub(super) fn write_direct(
             delta
         }
     };
-    if target.who.is_some() {
-        return Ok(Direct::ToPack {
-            standalone: (!in_pack).then(|| path.clone()),
-            path,
-            merged: Box::new(merged),
-        });
-    }
     Ok(Direct::Written(merged.write(&path)?))
 }
 

@@ -46,7 +46,6 @@ impl Store {
             }
             self.schedule.forget_epoch(e.as_str());
             self.sole.forget_epoch(e.as_str());
-            self.packs.forget_epoch(e.as_str());
             self.summaries.current.remove(e.as_str());
             self.summaries.dirty.remove(e.as_str());
             removed.push(e.clone());

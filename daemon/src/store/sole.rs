@@ -51,8 +51,7 @@ impl SoleStubs {
             return Ok(());
         }
         for e in hd.who_profiles()? {
-            // Stubs are files of their own, never pack members (FORMAT.md §15).
-            if e.is_command() && !e.is_packed() && Profile::is_sole_stub(&e.path) {
+            if e.is_command() && Profile::is_sole_stub(&e.path) {
                 self.stubs.insert(
                     (hd.path.clone(), e.image_id.to_text(), e.event_component.clone()),
                     e.path,

@@ -97,7 +97,7 @@ fn per_process_and_per_cgroup_profiles_add_up_across_flushes() {
         (ProfileWho::Cgroup { path: "/a.service".into() }, vec![(0x40, 60)]),
         (ProfileWho::Cgroup { path: "/b.service".into() }, vec![(0x40, 30), (0x80, 15)]),
     ] {
-        let path = hd.who_profile_location(&id, "cpu-clock", &who);
+        let path = hd.who_profile_path(&id, "cpu-clock", &who);
         let p = Profile::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(counts(&p), want, "{who:?}");
         assert_eq!(p.who.as_ref(), Some(&who));
@@ -135,7 +135,7 @@ fn per_command_profiles_add_up_the_processes_of_a_command() {
     let mut sum = std::collections::BTreeMap::new();
     for (cmd, want) in [("web", vec![(0x40, 60)]), ("api", vec![(0x40, 30), (0x80, 15)])] {
         let who = ProfileWho::Command { command: cmd.as_bytes().to_vec() };
-        let path = hd.who_profile_location(&id, "cpu-clock", &who);
+        let path = hd.who_profile_path(&id, "cpu-clock", &who);
         let p = Profile::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(counts(&p), want, "{cmd}");
         assert_eq!(p.who.as_ref(), Some(&who));
@@ -173,17 +173,11 @@ fn a_corrupt_per_process_profile_is_set_aside() {
     s.flush_everything().expect("flush");
     let hd = host_dir(dir.path(), &s);
     let who = ProfileWho::Pid { pid: 42, command: b"web42".to_vec() };
-    // The per-process profiles are members of the pack (FORMAT.md §15): a damaged pack found
-    // by a daemon that starts is set aside, and its members start afresh.
-    let path = hd.path.join(profile_format::pack::PACK_FILE);
-    std::fs::write(&path, b"DCPIPACK\x01\x00\x00\x00\xff\xff\xff\xff\0\0\0\0garbage")
-        .expect("corrupt it");
-    drop(s);
-    let mut s = open(dir.path(), WhoProfiles { by_pid: true, ..WhoProfiles::default() });
+    let path = hd.who_profile_path(&image().id, "cpu-clock", &who);
+    std::fs::write(&path, b"DCPIPROF garbage").expect("corrupt it");
     s.add(batch(1), 0, 0);
     s.flush_everything().expect("flush");
-    let p = Profile::read(&hd.who_profile_location(&image().id, "cpu-clock", &who))
-        .expect("fresh profile");
+    let p = Profile::read(&path).expect("fresh profile");
     assert_eq!(counts(&p), [(0x40, 1)], "the corrupt file's counts are not trusted");
     let mut aside = path.clone().into_os_string();
     aside.push(profile_format::CORRUPT_SUFFIX);
@@ -203,7 +197,7 @@ fn batch_of(n: u64, comms: [&str; 3]) -> Resolved {
 /// (FORMAT.md §5.6.1).
 fn command_counts(hd: &HostDir, cmd: &str) -> Vec<(u64, u64)> {
     let who = ProfileWho::Command { command: cmd.as_bytes().to_vec() };
-    let path = hd.who_profile_location(&image().id, "cpu-clock", &who);
+    let path = hd.who_profile_path(&image().id, "cpu-clock", &who);
     let p = Profile::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(p.who.as_ref(), Some(&who));
     if p.sole {
@@ -215,7 +209,7 @@ fn command_counts(hd: &HostDir, cmd: &str) -> Vec<(u64, u64)> {
 
 fn is_stub(hd: &HostDir, cmd: &str) -> bool {
     let who = ProfileWho::Command { command: cmd.as_bytes().to_vec() };
-    Profile::is_sole_stub(&hd.who_profile_location(&image().id, "cpu-clock", &who))
+    Profile::is_sole_stub(&hd.who_profile_path(&image().id, "cpu-clock", &who))
 }
 
 /// Issue 38: an image only one command ran gets a stub, not a copy of its flat profile, and
@@ -302,33 +296,4 @@ fn turning_by_command_off_keeps_a_stubbed_command_exact() {
     assert_eq!(command_counts(&hd, "web"), [(0x40, 60), (0x80, 10)]);
     let flat = Profile::read(&hd.profile_path(&image().id, "cpu-clock")).expect("flat");
     assert_eq!(counts(&flat), [(0x40, 90), (0x80, 15)]);
-}
-
-/// Issue 36/38: the per-command profiles of a host-epoch are members of one pack file
-/// (FORMAT.md §15), not one file each, and read back exactly; a later flush appends to it.
-#[test]
-fn per_command_profiles_are_one_pack_file_per_host_epoch() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut s = open(dir.path(), WhoProfiles { by_command: true, ..WhoProfiles::default() });
-    s.add(batch_of(10, ["web", "api", "db"]), 0, 0);
-    s.flush_everything().expect("flush");
-    let hd = host_dir(dir.path(), &s);
-    let pack = hd.path.join(profile_format::pack::PACK_FILE);
-    let first_len = std::fs::metadata(&pack).expect("one pack").len();
-    s.add(batch_of(5, ["web", "api", "db"]), 0, 0);
-    s.flush_everything().expect("flush");
-    let files: Vec<String> = std::fs::read_dir(&hd.path)
-        .expect("list")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    let per_command_files: Vec<_> = files.iter().filter(|n| n.contains(".cmd-")).collect();
-    assert!(per_command_files.is_empty(), "{files:?}");
-    assert!(std::fs::metadata(&pack).expect("pack").len() > first_len, "appended");
-    let listed = hd.who_profiles().expect("list");
-    assert_eq!(listed.len(), 3, "{listed:?}");
-    assert!(listed.iter().all(|e| e.is_command() && e.is_packed()), "{listed:?}");
-    assert_eq!(command_counts(&hd, "web"), [(0x40, 15)]);
-    assert_eq!(command_counts(&hd, "api"), [(0x40, 30), (0x80, 15)]);
-    assert_eq!(command_counts(&hd, "db"), [(0x40, 45)]);
-    assert_eq!(s.status().spool_rows, 0, "published once the pack was written");
 }

@@ -12,6 +12,5 @@ mod db;
 mod hostile;
 mod ksymstore;
 mod module_graph;
-mod pack;
 mod roundtrip;
 mod seeds;
