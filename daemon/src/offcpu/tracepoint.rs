@@ -1,7 +1,7 @@
 //! The `sched:sched_switch` tracepoint, as tracefs describes it: its event id (the `config`
-//! of a `PERF_TYPE_TRACEPOINT` event) and its fields (the filter names `prev_pid` and
-//! `prev_state`; `next_pid`'s offset is checked too, though the off-CPU source takes the
-//! switch-ins from switch records: see `crate::offcpu`).
+//! of a `PERF_TYPE_TRACEPOINT` event), and the fields its filter names (`prev_pid`,
+//! `prev_state`). Switch-ins come from switch records, not from this tracepoint (see
+//! `crate::offcpu`), so no field of its raw record is read.
 //!
 //! The ids are assigned at boot, so they can only be read from tracefs; a machine without
 //! tracefs mounted has no tracepoint events for perf (`crate::offcpu` then falls back to
@@ -27,8 +27,6 @@ pub const OUT_FILTER: &std::ffi::CStr = c"prev_pid != 0 && prev_state & 255";
 pub struct SchedSwitch {
     /// The event id (`events/sched/sched_switch/id`).
     pub id: u64,
-    /// Byte offset of the 4-byte `next_pid` field in the raw record.
-    pub next_pid_at: usize,
     /// The tracefs directory it was found in.
     pub tracefs: PathBuf,
 }
@@ -70,13 +68,6 @@ pub fn find_in(dirs: &[&Path]) -> Result<SchedSwitch, TracepointError> {
         let fmt_path = ev.join("format");
         let format = profile_format::safeio::read_small_string(&fmt_path, 64 * 1024)
             .map_err(|e| bad(fmt_path.clone(), e.to_string()))?;
-        let next_pid_at = match field(&format, "next_pid") {
-            Some((at, 4)) => at,
-            Some((_, size)) => {
-                return Err(bad(fmt_path, format!("field next_pid has size {size}, not 4")))
-            }
-            None => return Err(bad(fmt_path, "no field next_pid".into())),
-        };
         // The filters name these; a kernel without them would reject the filter anyway, but
         // this names the file.
         for f in ["prev_pid", "prev_state"] {
@@ -84,7 +75,7 @@ pub fn find_in(dirs: &[&Path]) -> Result<SchedSwitch, TracepointError> {
                 return Err(bad(fmt_path, format!("no field {f}")));
             }
         }
-        return Ok(SchedSwitch { id, next_pid_at, tracefs: dir.to_path_buf() });
+        return Ok(SchedSwitch { id, tracefs: dir.to_path_buf() });
     }
     Err(TracepointError::NotMounted)
 }
@@ -148,19 +139,17 @@ mod tests {
         std::fs::write(ev.join("id"), "372\n").expect("write");
         std::fs::write(ev.join("format"), FORMAT).expect("write");
         let s = find_in(&[&a, &b]).expect("found");
-        assert_eq!((s.id, s.next_pid_at, s.tracefs.as_path()), (372, 56, b.as_path()));
+        assert_eq!((s.id, s.tracefs.as_path()), (372, b.as_path()));
 
         std::fs::write(ev.join("id"), "banana").expect("write");
         let e = find_in(&[&b]).expect_err("bad id").to_string();
         assert!(e.contains("sched_switch/id") && e.contains("banana"), "{e}");
         std::fs::write(ev.join("id"), "372").expect("write");
-        std::fs::write(
-            ev.join("format"),
-            FORMAT.replace("next_pid;\toffset:56;\tsize:4", "next_pid;\toffset:56;\tsize:8"),
-        )
-        .expect("write");
-        let e = find_in(&[&b]).expect_err("bad size").to_string();
-        assert!(e.contains("sched_switch/format") && e.contains("size 8"), "{e}");
+        // A format without a field the filter names (a kernel whose tracepoint differs).
+        std::fs::write(ev.join("format"), FORMAT.replace("long prev_state;", "long state;"))
+            .expect("write");
+        let e = find_in(&[&b]).expect_err("no prev_state").to_string();
+        assert!(e.contains("sched_switch/format") && e.contains("no field prev_state"), "{e}");
         std::fs::remove_file(ev.join("id")).expect("rm");
         assert!(find_in(&[&b]).expect_err("no id").to_string().contains("sched_switch/id"));
         // A FIFO planted as the id file is refused, not waited on.
