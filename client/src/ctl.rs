@@ -443,7 +443,7 @@ pub fn render_status(v: &StatusReport) -> String {
         o += &format!(
             "off-cpu:    ({}) {:.0} switches/s, {:.0} waits/s, {:.2} s off CPU per s; {} waits \
              without stack, {} lost, {} unpaired, {} threads off CPU now; own cost {:.2} ms/s \
-             ({:.0} ns per switch)\n",
+             ({:.0} ns per switch) at nice {} ({} raises)\n",
             if f.source.is_empty() { "?" } else { f.source.as_str() },
             f.switches_per_s,
             f.waits_per_s,
@@ -453,7 +453,9 @@ pub fn render_status(v: &StatusReport) -> String {
             f.unpaired,
             f.open,
             f.cpu_ms_per_s,
-            f.ns_per_switch
+            f.ns_per_switch,
+            f.nice,
+            f.boosts
         );
     }
     if let Some(rl) = &v.last_reload {

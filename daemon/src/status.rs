@@ -134,6 +134,8 @@ pub fn off_cpu_report(o: &crate::offcpu::OffCpuStatus, uptime_s: f64) -> dcpi_pr
         cpu_s,
         cpu_ms_per_s: per_s(cpu_s * 1e3),
         ns_per_switch: if o.switches > 0 { o.cpu_ns as f64 / o.switches as f64 } else { 0.0 },
+        nice: o.nice,
+        boosts: o.boosts,
     }
 }
 

@@ -309,6 +309,12 @@ pub struct OffCpuReport {
     pub cpu_s: f64,
     pub cpu_ms_per_s: f64,
     pub ns_per_switch: f64,
+    /// The off-CPU thread's nice value now: 19 while it keeps up, 0 while raised because a
+    /// ring filled past five eighths (dcpid's `offcpu` module docs), and the number of raises.
+    #[serde(default)]
+    pub nice: i32,
+    #[serde(default)]
+    pub boosts: u64,
 }
 
 /// Call-stack counters since start (`dcpid --callchains fp`).

@@ -41,6 +41,19 @@
 //! pipe read, the futex, the disk) says why. The aggregator counts the off-CPU event's
 //! nanoseconds, not its samples (FORMAT.md §5.2: counts in nanoseconds, period 1).
 //!
+//! **Priority.** The reading thread runs at nice [`LOW_NICE`]: it does a few hundred
+//! nanoseconds of user-space work per switch (pairing, interning, aggregating), and at normal
+//! priority that work competed with the switching program itself. On the unpaced ping-pong
+//! (BENCHMARKS.md "Off-CPU: the reader at nice 19") the reader at nice 0 cost the program
+//! ~25 % of its round trips against ~14 % for perf recording the same events; its wake-ups
+//! landed on the CPUs the ping-pong was about to run on. At nice 19 a woken program thread
+//! preempts it at once and it runs in the CPUs' idle time. Reading late is safe up to the
+//! ring's size, so the thread watches how full the fullest ring was when read: at
+//! [`BOOST_FILL_PERMILLE`] or more (a machine busy enough to starve it) it returns to nice 0
+//! for at least [`BOOST_NS`], so that no record is lost for its politeness. Raising the
+//! priority back needs `RLIMIT_NICE` (`LimitNICE=+0` in the unit) or `CAP_SYS_NICE`; without
+//! either it stays at nice 19 and says so once.
+//!
 //! The samples go to the aggregator as those of an extra CPU slot (`ncpus`, its own clock,
 //! table and stack table), so that they never disorder a real CPU's pending samples.
 //! Waits shorter than `off_cpu_threshold` are counted in the flat profiles but get no stack.
@@ -51,7 +64,7 @@ pub mod tracepoint;
 
 use std::collections::BTreeSet;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -74,6 +87,14 @@ pub const SLACK_NS: u64 = 1_000_000;
 /// Data pages of each CPU's ring: at ~250 bytes per switch (a sample with a 20-frame chain and
 /// two switch records), 1 MiB holds ~4 000 switches, 0.4 s at 10 000/s with wake-ups at half.
 pub const RING_PAGES: usize = 256;
+/// The reading thread's nice value while the rings keep up (see the module docs).
+pub const LOW_NICE: i32 = 19;
+/// A ring at least this full (per mille of its data area) when read means the thread ran
+/// late: it returns to nice 0. Wake-ups come at half a ring, so a thread that runs when woken
+/// reads ~500; 625 leaves three eighths of the ring for the time it takes to raise it.
+pub const BOOST_FILL_PERMILLE: u64 = 625;
+/// Shortest stay at nice 0 once raised.
+pub const BOOST_NS: u64 = 5_000_000_000;
 /// Threads off CPU tracked at most (each holds its blocking stack, ≤ `sample_max_stack` pcs).
 pub const MAX_THREADS: usize = 16 * 1024;
 /// Chain buffers kept for reuse ([`Spare`]): a pass emits at most this many waits' buffers
@@ -174,6 +195,10 @@ pub struct OffCpuStatus {
     pub passes: u64,
     /// CPUs whose ring is open now (it follows CPU hotplug: [`OffCpu::follow_cpus`]).
     pub cpus: u64,
+    /// The reading thread's nice value now ([`LOW_NICE`], or 0 while raised).
+    pub nice: i32,
+    /// Times it was raised to nice 0 because a ring filled past [`BOOST_FILL_PERMILLE`].
+    pub boosts: u64,
 }
 
 #[derive(Debug, Default)]
@@ -188,6 +213,8 @@ struct Stats {
     cpu_ns: AtomicU64,
     passes: AtomicU64,
     cpus: AtomicU64,
+    nice: AtomicI32,
+    boosts: AtomicU64,
 }
 
 /// The running source: stop it with [`OffCpu::stop`] (also on drop).
@@ -395,6 +422,8 @@ impl OffCpu {
             waits: Vec::new(),
             samples: Vec::new(),
             spare: Spare::default(),
+            priority: Priority::default(),
+            fullest: 0,
         };
         let (stop2, stopping2) = (Arc::clone(&stop), Arc::clone(&stopping));
         let thread = std::thread::Builder::new()
@@ -433,6 +462,8 @@ impl OffCpu {
             cpu_ns: l(&s.cpu_ns),
             passes: l(&s.passes),
             cpus: l(&s.cpus),
+            nice: s.nice.load(Ordering::Relaxed),
+            boosts: l(&s.boosts),
         }
     }
 
@@ -468,11 +499,72 @@ struct Reader {
     waits: Vec<Wait>,
     samples: Vec<Sample>,
     spare: Spare,
+    priority: Priority,
+    /// How full the fullest ring was when the last pass read it, per mille.
+    fullest: u64,
+}
+
+/// When the reading thread changes its nice value (see the module docs); pure, so that the
+/// policy is tested without a scheduler.
+#[derive(Debug, Default)]
+struct Priority {
+    /// At [`LOW_NICE`] now.
+    low: bool,
+    /// Raising it back failed once (no `RLIMIT_NICE`): it stays low.
+    cannot_raise: bool,
+    /// When it was last raised.
+    raised_at: u64,
+}
+
+impl Priority {
+    /// The nice value to set after a pass whose fullest ring was `fill` per mille full at
+    /// `now`, if it should change.
+    fn after_pass(&self, fill: u64, now: u64) -> Option<i32> {
+        if self.low {
+            (fill >= BOOST_FILL_PERMILLE && !self.cannot_raise).then_some(0)
+        } else {
+            (self.raised_at != 0
+                && now.saturating_sub(self.raised_at) >= BOOST_NS
+                && fill < BOOST_FILL_PERMILLE)
+                .then_some(LOW_NICE)
+        }
+    }
+
+    /// `nice` was set (`ok`) or refused at `now`.
+    fn set(&mut self, nice: i32, ok: bool, now: u64) {
+        match (nice == LOW_NICE, ok) {
+            (true, true) => self.low = true,
+            (false, true) => (self.low, self.raised_at) = (false, now.max(1)),
+            (false, false) => self.cannot_raise = true,
+            // Lowering failed: it stays where it is and is not retried at every pass.
+            (true, false) => self.raised_at = 0,
+        }
+    }
 }
 
 impl Reader {
+    /// Set the thread's nice value and record it; a refusal is logged once.
+    fn renice(&mut self, nice: i32, now: u64) {
+        let res = sp::set_own_nice(nice);
+        let ok = res.is_ok();
+        if let Err(e) = res {
+            if nice == LOW_NICE {
+                tracing::info!(error = %e, "off-CPU: the reading thread stays at its nice value (setpriority refused)");
+            } else {
+                tracing::warn!(error = %e, nice = LOW_NICE, "off-CPU: the rings filled past {BOOST_FILL_PERMILLE}\u{2030} but the reading thread cannot raise its priority (needs LimitNICE=+0 or CAP_SYS_NICE); records may be lost under load");
+            }
+        }
+        self.priority.set(nice, ok, now);
+        let s = &self.stats;
+        if ok {
+            s.nice.store(nice, Ordering::Relaxed);
+            s.boosts.fetch_add(u64::from(nice != LOW_NICE), Ordering::Relaxed);
+        }
+    }
+
     fn run(&mut self, stop: &EventFd, stopping: &AtomicBool) {
         let clock = crate::sys::time::own_thread_clock();
+        self.renice(LOW_NICE, crate::sys::time::monotonic_ns());
         loop {
             let fds: Vec<&PerfFd> = self.rings.iter().map(|r| &r.fd).collect();
             if let Err(e) = sp::poll_rings(&fds, stop, POLL_MS) {
@@ -486,6 +578,10 @@ impl Reader {
                 }
             }
             self.pass();
+            let now = crate::sys::time::monotonic_ns();
+            if let Some(nice) = self.priority.after_pass(self.fullest, now) {
+                self.renice(nice, now);
+            }
             if !last {
                 let online =
                     self.online.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
@@ -541,12 +637,14 @@ impl Reader {
         let max_stack = usize::from(self.cfg.max_stack.max(1));
         let mut lost = 0;
         let mut switches = 0;
+        let mut fullest = 0;
         for r in &mut self.rings {
             let pairing = &mut self.pairing;
             let last = &mut r.last;
             let spare = &mut self.spare;
             let role = r.role;
-            self.ring_reader.drain(&r.ring, |rec| {
+            let size = r.ring.data_size() as u64;
+            let read = self.ring_reader.drain(&r.ring, |rec| {
                 match on_record(rec, role, max_stack, last, spare) {
                     Rec::Switch(s) => {
                         // A context switch: with the switch records, every switch-out; with the
@@ -563,7 +661,9 @@ impl Reader {
                     Rec::Lost(n) => lost += n,
                 }
             });
+            fullest = fullest.max(read.bytes.saturating_mul(1000) / size.max(1));
         }
+        self.fullest = fullest;
         let wm = now.saturating_sub(SLACK_NS);
         self.pairing.advance(wm, &mut self.waits);
         self.emit(wm);
@@ -765,6 +865,63 @@ fn read_chain(b: &[u8], max_stack: usize, last: &mut LastSample) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    /// The priority policy: low while the rings are read in time, raised when one fills past
+    /// the threshold, low again once raised for `BOOST_NS` and the rings keep up.
+    #[test]
+    fn the_reader_is_raised_when_a_ring_fills_and_lowered_once_it_keeps_up() {
+        let mut p = Priority::default();
+        p.set(LOW_NICE, true, S);
+        // Read at half a ring (its wake-up) or less: it stays low.
+        assert_eq!(p.after_pass(500, 2 * S), None);
+        assert_eq!(p.after_pass(0, 3 * S), None);
+        // Read late: raised.
+        assert_eq!(p.after_pass(BOOST_FILL_PERMILLE, 4 * S), Some(0));
+        p.set(0, true, 4 * S);
+        // Not lowered before BOOST_NS, even with empty rings, nor after it while still late.
+        assert_eq!(p.after_pass(0, 4 * S + BOOST_NS - 1), None);
+        assert_eq!(p.after_pass(900, 4 * S + BOOST_NS), None);
+        assert_eq!(p.after_pass(400, 4 * S + BOOST_NS), Some(LOW_NICE));
+        p.set(LOW_NICE, true, 4 * S + BOOST_NS);
+        assert_eq!(p.after_pass(400, 20 * S), None);
+    }
+
+    /// Without the right to raise it back (no `RLIMIT_NICE`), it stays low and stops asking;
+    /// if it could not be lowered at all, it stays where it is and never asks again.
+    #[test]
+    fn a_refused_priority_change_is_not_retried_at_every_pass() {
+        let mut p = Priority::default();
+        p.set(LOW_NICE, true, S);
+        p.set(0, false, 2 * S);
+        assert_eq!(p.after_pass(1000, 3 * S), None);
+        let mut q = Priority::default();
+        q.set(LOW_NICE, false, S);
+        assert_eq!(q.after_pass(0, 100 * S), None);
+        assert_eq!(q.after_pass(1000, 100 * S), None);
+    }
+
+    /// `set_own_nice` changes the calling thread only (Linux nice values are per thread).
+    #[test]
+    fn set_own_nice_lowers_only_the_calling_thread() {
+        fn nice_of(path: &str) -> i64 {
+            // /proc/.../stat: the command is in parentheses and may hold spaces; the nice value
+            // is the 19th field, the 17th after the closing parenthesis.
+            let stat = std::fs::read_to_string(path).unwrap();
+            let rest = &stat[stat.rfind(')').unwrap() + 2..];
+            rest.split(' ').nth(16).unwrap().parse().unwrap()
+        }
+        let before = nice_of("/proc/thread-self/stat");
+        let inside = std::thread::spawn(|| {
+            sp::set_own_nice(LOW_NICE).unwrap();
+            nice_of("/proc/thread-self/stat")
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside, i64::from(LOW_NICE));
+        assert_eq!(nice_of("/proc/thread-self/stat"), before);
+    }
 
     const KPC: u64 = 0xffff_ffff_8100_0000;
 

@@ -439,6 +439,22 @@ pub fn set_fifo_priority(priority: i32) -> io::Result<()> {
     }
 }
 
+/// Set the calling thread's nice value (on Linux `setpriority(PRIO_PROCESS, tid)` applies to
+/// one thread). Raising it needs no privilege; lowering it needs `CAP_SYS_NICE` or an
+/// `RLIMIT_NICE` that allows it (the unit's `LimitNICE=`).
+pub fn set_own_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid(2) has no preconditions and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    let who = libc::id_t::try_from(tid).map_err(|_| io::Error::other("negative thread id"))?;
+    // SAFETY: a plain syscall on our own thread id; no memory is passed.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, nice) };
+    if rc < 0 {
+        Err(last_errno())
+    } else {
+        Ok(())
+    }
+}
+
 /// What poll(2) saw on a ring fd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct PollResult {
