@@ -430,6 +430,8 @@ struct LastView {
     last: u64,
     limit: usize,
     view: Arc<HotView>,
+    /// When it was asked for.
+    at: Instant,
 }
 
 type MergeKey = (u32, u32, Option<u64>, EventIdx);
@@ -541,6 +543,12 @@ impl Recent {
         let now = Instant::now();
         while self.batches.front().is_some_and(|b| now.duration_since(b.at) > Self::KEEP) {
             self.batches.pop_front();
+        }
+        // No client asked for a while: give back the merge's maps and lists (~10 MB for ten
+        // batches of 4 096 code and process rows) and the last answer.
+        if self.last.as_ref().is_some_and(|l| now.duration_since(l.at) > Self::KEEP) {
+            self.last = None;
+            self.scratch = Scratch::default();
         }
         // The batch's images, by allocation (one per table entry's image: the hot lists hold
         // a reference each), and by id for the process rows.
@@ -703,8 +711,9 @@ impl Recent {
         // by the number of its first batch and the number recorded.
         let first = self.pushed - self.batches.len() as u64
             + self.batches.iter().position(|b| in_window(&b)).unwrap_or(self.batches.len()) as u64;
-        if let Some(l) = &self.last {
+        if let Some(l) = &mut self.last {
             if (l.first, l.last, l.limit) == (first, self.pushed, limit) {
+                l.at = now;
                 return Arc::clone(&l.view);
             }
         }
@@ -817,7 +826,8 @@ impl Recent {
             })
             .collect();
         let view = Arc::new(view);
-        self.last = Some(LastView { first, last: self.pushed, limit, view: Arc::clone(&view) });
+        self.last =
+            Some(LastView { first, last: self.pushed, limit, view: Arc::clone(&view), at: now });
         view
     }
 }

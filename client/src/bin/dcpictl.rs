@@ -102,7 +102,9 @@ enum Cmd {
     /// "zoom_image", "samples", "idle_samples", "idle_percent", "rows": [{"symbol", "image",
     /// "command", "commands", "pid", "samples", "percent"}], "notes"}, hottest first; fields a
     /// grouping does not determine are null. Kernel functions are kept over all processes
-    /// together: zoomed into a command, its kernel time is one row.
+    /// together: zoomed into a command, its kernel time is one row. The daemon takes new
+    /// samples for the view at most once a second: a redraw within a second of the last
+    /// one shows no newer samples.
     Top {
         /// Print one snapshot and exit.
         #[arg(long)]
