@@ -69,7 +69,7 @@ fn allocated<T>(f: impl FnOnce() -> T) -> (T, u64, u64) {
     COUNT.with(|c| c.set(Some(0)));
     let r = f();
     let n = COUNT.with(|c| c.replace(None)).unwrap_or(0);
-    (r, n, BYTES.with(|b| b.get()))
+    (r, n, BYTES.with(Cell::get))
 }
 
 const PIDS: u64 = 5_000;
