@@ -103,8 +103,8 @@ enum Cmd {
     /// "command", "commands", "pid", "samples", "percent"}], "notes"}, hottest first; fields a
     /// grouping does not determine are null. Kernel functions are kept over all processes
     /// together: zoomed into a command, its kernel time is one row. The daemon takes new
-    /// samples for the view at most once a second: a redraw within a second of the last
-    /// one shows no newer samples.
+    /// samples for the view only when its newest are a second old: at the default interval,
+    /// two redraws in three show the same samples.
     Top {
         /// Print one snapshot and exit.
         #[arg(long)]

@@ -106,8 +106,9 @@ const TOP_WINDOW: Duration = Duration::from_secs(5);
 /// small rows (one per offset) still adds up in the client's per-symbol view.
 const TOP_ROWS: usize = 4000;
 /// A `top` request takes the samples the watermark allows only if the live view's newest
-/// batch is at least this old: the answer is at most this stale, and a client refreshing
-/// twice a second costs one take, merge and encoding per second, not two (issue 38).
+/// batch is at least this old: a client refreshing twice a second costs a take, a merge and
+/// an encoding every second or third request, not at every one (issue 38); its answers are
+/// at most this old plus one refresh interval.
 const TOP_FRESH: Duration = Duration::from_secs(1);
 
 impl Shared {
@@ -116,7 +117,7 @@ impl Shared {
     /// aggregator's recent batches.
     ///
     /// A request within [`TOP_FRESH`] of the last batch taken (by a flush or a request) does
-    /// not take another: at 2 refreshes per second every other request reuses the last one's,
+    /// not take another: at 2 refreshes per second two requests in three reuse the last one's,
     /// and gets its view and its encoded answer back without merging or encoding anything.
     pub(super) fn top(&self) -> Response {
         if self.aggregator.since_last_batch().is_none_or(|d| d >= TOP_FRESH) {
