@@ -102,7 +102,9 @@ enum Cmd {
     /// "zoom_image", "samples", "idle_samples", "idle_percent", "rows": [{"symbol", "image",
     /// "command", "commands", "pid", "samples", "percent"}], "notes"}, hottest first; fields a
     /// grouping does not determine are null. Kernel functions are kept over all processes
-    /// together: zoomed into a command, its kernel time is one row.
+    /// together: zoomed into a command, its kernel time is one row. The daemon takes new
+    /// samples for the view only when its newest are a second old: at the default interval,
+    /// two redraws in three show the same samples.
     Top {
         /// Print one snapshot and exit.
         #[arg(long)]

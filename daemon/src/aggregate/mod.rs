@@ -1176,8 +1176,16 @@ impl Aggregator {
 
     /// The hottest (process, image, offset) rows of the batches taken within `window` and
     /// their total samples (first event), from memory.
-    pub fn top(&self, window: Duration, limit: usize) -> HotView {
+    /// The answer is shared: the same `Arc` as the last call's when no batch was recorded or
+    /// aged out of the window since (nothing is merged again).
+    pub fn top(&self, window: Duration, limit: usize) -> Arc<HotView> {
         lock(&self.recent).top(window, limit)
+    }
+
+    /// How long ago the newest batch of the live view was recorded (by a flush or a `top`
+    /// request); None when none is kept.
+    pub fn since_last_batch(&self) -> Option<Duration> {
+        lock(&self.recent).last_recorded().map(|t| t.elapsed())
     }
 
     /// Commands and cgroup paths of the pids a batch counts.

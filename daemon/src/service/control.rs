@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::control::{Handler, Request, Response};
 use crate::store::{Store, StoreError};
+use crate::who::HotView;
 
 use super::shared::{lock, read, unix_ms_now, Shared};
 
@@ -53,7 +54,7 @@ impl Handler for ControlHandler {
                     Err(e) => Response::err(e.to_string()),
                 }
             }
-            Request::Top => Response::ok_with(&sh.top()),
+            Request::Top => sh.top(),
             Request::EpochShow => {
                 let e = lock(&sh.store_status).epoch.clone();
                 Response::ok_with(&dcpi_proto::EpochResult {
@@ -99,31 +100,59 @@ fn kind_name(image: &[u8], kind: profile_format::ImageKind) -> &'static str {
     }
 }
 
+/// The window `dcpictl top` reports.
+const TOP_WINDOW: Duration = Duration::from_secs(5);
+/// Code rows merged over each command's processes: enough that a function spread over many
+/// small rows (one per offset) still adds up in the client's per-symbol view.
+const TOP_ROWS: usize = 4000;
+/// A `top` request takes the samples the watermark allows only if the live view's newest
+/// batch is at least this old: a client refreshing twice a second costs a take, a merge and
+/// an encoding every second or third request, not at every one (issue 38); its answers are
+/// at most this old plus one refresh interval.
+const TOP_FRESH: Duration = Duration::from_secs(1);
+
 impl Shared {
     /// `dcpictl top`: take what the watermark allows now (into the store's memory, as a
     /// periodic flush does, but writing nothing), then report the last few seconds from the
     /// aggregator's recent batches.
-    pub(super) fn top(&self) -> dcpi_proto::TopResult {
-        const WINDOW: Duration = Duration::from_secs(5);
-        // Code rows merged over each command's processes: enough that a function spread over
-        // many small rows (one per offset) still adds up in the client's per-symbol view.
-        const TOP_ROWS: usize = 4000;
-        {
+    ///
+    /// A request within [`TOP_FRESH`] of the last batch taken (by a flush or a request) does
+    /// not take another: at 2 refreshes per second two requests in three reuse the last one's,
+    /// and gets its view and its encoded answer back without merging or encoding anything.
+    pub(super) fn top(&self) -> Response {
+        if self.aggregator.since_last_batch().is_none_or(|d| d >= TOP_FRESH) {
             let mut store = lock(&self.store);
             let resolved = self.aggregator.take_resolved();
             self.absorb(&mut store, resolved);
         }
-        let v = self.aggregator.top(WINDOW, TOP_ROWS);
+        let v = self.aggregator.top(TOP_WINDOW, TOP_ROWS);
+        let mut last = lock(&self.top_answer);
+        if let Some((view, raw)) = last.as_ref() {
+            if Arc::ptr_eq(view, &v) {
+                return Response { ok: true, result: Some(raw.clone()), error: None };
+            }
+        }
+        match serde_json::value::to_raw_value(&self.top_result(&v)) {
+            Ok(raw) => {
+                *last = Some((v, raw.clone()));
+                Response { ok: true, result: Some(raw), error: None }
+            }
+            Err(e) => Response::err(format!("cannot encode the result: {e}")),
+        }
+    }
+
+    /// The answer of `top` for a view of the live window.
+    fn top_result(&self, v: &HotView) -> dcpi_proto::TopResult {
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         dcpi_proto::TopResult {
-            window_ms: WINDOW.as_millis() as u64,
+            window_ms: TOP_WINDOW.as_millis() as u64,
             samples: v.totals.first().copied().unwrap_or(0),
             events: self.events.iter().map(|e| e.desc.name.clone()).collect(),
-            totals: v.totals,
-            idle: v.idle,
+            totals: v.totals.clone(),
+            idle: v.idle.clone(),
             rows: v
                 .rows
-                .into_iter()
+                .iter()
                 .map(|r| dcpi_proto::TopRow {
                     command: text(&r.command),
                     pid: r.pid,
@@ -137,7 +166,7 @@ impl Shared {
                 .collect(),
             processes: v
                 .processes
-                .into_iter()
+                .iter()
                 .map(|p| dcpi_proto::TopProcess {
                     pid: p.pid,
                     command: text(&p.command),

@@ -219,6 +219,7 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
             event_times: Vec::new(),
         }),
         watch: Arc::clone(&watch),
+        top_answer: Mutex::new(None),
     });
     let mut control = ControlServer::start_watched(
         &settings.socket,

@@ -94,6 +94,10 @@ pub(super) struct Shared {
     /// Samples the store holds in memory and has dropped, readable without its lock (a stop
     /// whose last database operation hangs still says what it loses).
     pub(super) losses: Arc<crate::store::Losses>,
+    /// The last `top` answer's view and its encoding: a request that gets the same view back
+    /// (nothing recorded or aged out since) sends the same bytes without encoding 8 000 rows.
+    pub(super) top_answer:
+        Mutex<Option<(Arc<crate::who::HotView>, Box<serde_json::value::RawValue>)>>,
 }
 
 impl std::fmt::Debug for Shared {
