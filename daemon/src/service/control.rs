@@ -8,6 +8,8 @@ use crate::control::{Handler, Request, Response};
 use crate::store::{Store, StoreError};
 
 use super::shared::{lock, read, unix_ms_now, Shared};
+use crate::store::EpochSchedule;
+use crate::who::IDLE_PATH;
 
 /// How long a flush or `epoch new` waits for the drain threads to read their rings up to the
 /// request's instant; a CPU that has not answered by then is named in the response.
@@ -89,7 +91,7 @@ pub(super) fn unanswered_note(cpus: &[u32]) -> String {
 fn kind_name(image: &[u8], kind: profile_format::ImageKind) -> &'static str {
     use profile_format::ImageKind as K;
     match kind {
-        _ if image == crate::who::IDLE_PATH => "idle",
+        _ if image == IDLE_PATH => "idle",
         K::Elf => "elf",
         K::Kernel => "kernel",
         K::KernelModule => "module",
@@ -231,7 +233,7 @@ impl Shared {
     /// marker is tried again, and a wall clock that jumped forward is noticed.
     pub(super) fn rotate_if_due(&self, store: &mut Store) {
         let every = read(&self.settings).epoch_interval;
-        let Some(schedule) = every.get().and_then(crate::store::EpochSchedule::new) else {
+        let Some(schedule) = every.get().and_then(EpochSchedule::new) else {
             return;
         };
         let Some(id) =
