@@ -42,10 +42,7 @@ use crate::offcpu::OffCpuError;
 use crate::perf::events::{parse_event_list, EventError};
 use crate::perf::sampler::SamplerError;
 use crate::store::{Store, StoreError};
-use crate::watch::describe;
-use crate::watch::FaultInjector;
-use crate::watch::Watch;
-use crate::watch::DEGRADED_EXIT_CODE;
+use crate::watch::{self, FaultInjector, Watch, DEGRADED_EXIT_CODE};
 
 use control::ControlHandler;
 use flush::Flusher;
@@ -262,7 +259,7 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
     tracing::info!(samples, dropped, "dcpid stopped");
     let failures = watch.failures();
     if !failures.is_empty() {
-        let mut msg = describe(&failures);
+        let mut msg = watch::describe(&failures);
         if let Err(e) = &last {
             msg += &format!("; and could not publish everything: {e}");
         }

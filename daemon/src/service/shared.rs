@@ -8,7 +8,7 @@ use crate::aggregate::{Aggregator, Resolved};
 use crate::config::Settings;
 use crate::control::Access;
 use crate::perf::sampler::Sampler;
-use crate::status::{virtualized, ReloadReport, StatusInputs, StatusReport};
+use crate::status::{self, ReloadReport, StageCpu, StatusInputs, StatusReport};
 use crate::store::{EventInfo, Store, StoreConfig};
 use crate::watch::Watch;
 
@@ -18,8 +18,6 @@ use super::Hooks;
 use crate::offcpu::OffCpu;
 use crate::perf::sampler::SamplerStatus;
 use crate::resolve::ResolverStats;
-use crate::status::build;
-use crate::status::StageCpu;
 use crate::store::Losses;
 use crate::store::StoreStatus;
 
@@ -223,7 +221,7 @@ impl Shared {
             (so.last_reload.clone(), so.resolver_stats.clone(), so.stages)
         };
         let c = lock(&self.counters);
-        build(StatusInputs {
+        status::build(StatusInputs {
             host: &settings.host,
             db: &settings.db.display().to_string(),
             uptime_s: self.started.elapsed().as_secs_f64(),
@@ -235,7 +233,7 @@ impl Shared {
             settings: &settings,
             last_reload,
             recent,
-            virtualized: virtualized(),
+            virtualized: status::virtualized(),
             stages,
             failed_threads: self.watch.failures(),
             resolver: &resolver,

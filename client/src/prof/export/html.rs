@@ -4,8 +4,7 @@
 //! selection spans several epochs, the top images' share per epoch.
 //! Tables sort by any column on a click.
 
-use dcpi_report::timeline::duration;
-use dcpi_report::timeline::Bucket;
+use dcpi_report::timeline::{self, Bucket};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -286,7 +285,7 @@ pub fn page(x: &Export, limit: Option<usize>) -> String {
             s,
             "<h2 id=\"timeline\">Timeline ({} samples per second, {} buckets; hover for counts)</h2>",
             xml(x.first_event()),
-            duration(per)
+            timeline::duration(per)
         );
         s.push_str(&timeline_chart(x));
     }
