@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use criterion::{criterion_group, criterion_main, Criterion};
 use dcpi_client::prof::{run, Args};
+use dcpi_testkit::db::base_time;
 use dcpi_testkit::db::{cpu_clock, single_host, write_summaries, Image};
 use profile_format::{ImageId, Slice, SliceKey, SliceLog};
 
@@ -45,10 +46,7 @@ impl Rng {
 /// `rollup_before` (Unix seconds) when given.
 fn build(root: &Path, rollup_before: Option<u64>) -> u64 {
     let hd = single_host(root, "h1");
-    let t0 = dcpi_testkit::db::base_time(0)
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_secs();
+    let t0 = base_time(0).duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_secs();
     let t0 = t0 - t0 % 3600;
     let weights: Vec<f64> = (0..IMAGES).map(|i| 1.0 / (i + 1) as f64).collect();
     let wsum: f64 = weights.iter().sum();

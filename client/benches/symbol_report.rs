@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use dcpi_client::prof::stats;
 use dcpi_client::prof::{run, Args};
 use dcpi_testkit::db::{cpu_clock, single_host, Image};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
@@ -144,7 +145,7 @@ fn bench(c: &mut Criterion) {
         });
     }
     g.finish();
-    eprintln!("dcpiprof stats over the whole bench: {}", dcpi_client::prof::stats::line());
+    eprintln!("dcpiprof stats over the whole bench: {}", stats::line());
 }
 
 criterion_group!(benches, bench);

@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use dcpi_client::prof::{run, Args};
+use dcpi_testkit::db::base_time;
 use dcpi_testkit::db::{cpu_clock, single_host, write_summaries, Image};
 use object::{Object, ObjectSection};
 use profile_format::{ImageId, Slice, SliceKey, SliceLog};
@@ -51,10 +52,7 @@ fn libc() -> (Vec<u8>, u64, u64) {
 }
 
 fn t0() -> u64 {
-    let t = dcpi_testkit::db::base_time(0)
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_secs();
+    let t = base_time(0).duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_secs();
     t - t % 3600
 }
 

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dcpi_proto::{OpStat, ReloadReport, Request, Response, StatusReport};
+use dcpi_report::escape;
 use dcpi_report::render::{
     Align, Column, CsvCell, Kind, Output, Show, Style, Table, Value as CellValue,
 };
@@ -482,7 +483,7 @@ fn escape_lines(o: &str) -> String {
     o.split_inclusive('\n')
         .map(|l| {
             let (text, nl) = l.strip_suffix('\n').map_or((l, ""), |t| (t, "\n"));
-            format!("{}{nl}", dcpi_report::escape::terminal(text))
+            format!("{}{nl}", escape::terminal(text))
         })
         .collect()
 }

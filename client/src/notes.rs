@@ -4,6 +4,7 @@
 //! stripped, and one line per library buried a three-line answer under forty (issue 39).
 //! `-v` (`--verbose`) lists them one per line, as before.
 
+use dcpi_report::escape;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -71,12 +72,12 @@ pub fn write_warnings(prog: &str, err: &mut dyn Write, w: &mut Vec<String>) -> i
     for m in w.drain(..) {
         match classify(&m) {
             Some(why) if !verbose => notes.push((why, m)),
-            _ => writeln!(err, "{prog}: warning: {}", dcpi_report::escape::terminal(&m))?,
+            _ => writeln!(err, "{prog}: warning: {}", escape::terminal(&m))?,
         }
     }
     match notes.as_slice() {
         [] => {}
-        [(_, one)] => writeln!(err, "{prog}: warning: {}", dcpi_report::escape::terminal(one))?,
+        [(_, one)] => writeln!(err, "{prog}: warning: {}", escape::terminal(one))?,
         many => {
             let mut kinds: Vec<(Why, usize)> = Vec::new();
             for (why, _) in many {

@@ -72,15 +72,17 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::diff::common::ToolError;
+    use dcpi_report::error::ProfError;
 
     #[test]
     fn broken_pipe_is_found_through_wrappers() {
         let io = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
-        let e = crate::diff::common::ToolError::Prof(dcpi_report::error::ProfError::Output(io));
+        let e = ToolError::Prof(ProfError::Output(io));
         assert!(is_broken_pipe(&e));
-        let other = dcpi_report::error::ProfError::Output(std::io::Error::other("disk full"));
+        let other = ProfError::Output(std::io::Error::other("disk full"));
         assert!(!is_broken_pipe(&other));
-        assert!(!is_broken_pipe(&dcpi_report::error::ProfError::Usage("x".into())));
+        assert!(!is_broken_pipe(&ProfError::Usage("x".into())));
     }
 
     #[test]

@@ -22,8 +22,10 @@ use serde::Serialize;
 
 use crate::ctl::{parse_result, request_value, CtlError};
 use dcpi_report::debuginfo::file_identity;
+use dcpi_report::escape;
 use dcpi_report::escape::controls as escape_controls;
 use dcpi_report::names::display_name;
+use dcpi_report::render;
 use dcpi_report::render::{Column, Kind, Output, Style, Table};
 use dcpi_report::report::ElfState;
 use dcpi_report::symbolize::{ElfSymbolizer, SymbolTable};
@@ -420,12 +422,11 @@ pub fn table(s: &Snapshot, fixed: bool) -> Table {
     let mut t = Table::new();
     let name_w = |w: usize| if fixed { w } else { 0 };
     let fit = |v: &Option<String>, w: usize| -> Option<String> {
-        v.as_ref()
-            .map(|x| if fixed { cut(&dcpi_report::escape::terminal(x), w) } else { x.clone() })
+        v.as_ref().map(|x| if fixed { cut(&escape::terminal(x), w) } else { x.clone() })
     };
     t.column(Column::new("samples", Kind::Count).right().min_width(name_w(8)).csv("samples"));
     t.column(Column::new("%", Kind::Decimal(2)).right().min_width(name_w(6)).csv("percent"));
-    let mut cells_of: Vec<Box<dyn Fn(&Row) -> dcpi_report::render::Cell>> = Vec::new();
+    let mut cells_of: Vec<Box<dyn Fn(&Row) -> render::Cell>> = Vec::new();
     match s.by {
         By::Symbol => {
             t.column(Column::new("command", Kind::Text).min_width(name_w(16)).csv("command"));
@@ -470,7 +471,7 @@ pub fn table(s: &Snapshot, fixed: bool) -> Table {
     .flatten()
     .collect::<Vec<_>>();
     t.head(
-        dcpi_report::escape::terminal(&format!(
+        escape::terminal(&format!(
             "dcpi top: last {:.0} s, {} {} samples, idle {:.1}%, by {}{}",
             s.window_ms as f64 / 1000.0,
             s.samples,
@@ -639,6 +640,8 @@ fn terminal_rows() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dcpi_report::escape;
+    use dcpi_report::render;
 
     fn row(command: &str, pid: u32, image: &str, kind: &str, off: Option<u64>, n: u64) -> TopRow {
         TopRow {
@@ -778,10 +781,8 @@ mod tests {
             let mut b = Vec::new();
             write(&mut b, &s, Format::Table, fixed).expect("write");
             let text = String::from_utf8(b).expect("utf8");
-            let raw: Vec<char> = text
-                .chars()
-                .filter(|&c| c != '\n' && dcpi_report::escape::is_unsafe_for_terminal(c))
-                .collect();
+            let raw: Vec<char> =
+                text.chars().filter(|&c| c != '\n' && escape::is_unsafe_for_terminal(c)).collect();
             assert!(raw.is_empty(), "raw {raw:?} in {text}");
             for want in ["rlo\\u{202e}gnp.exe", "lri\\u{2066}x\\u{2069}", "esc\\u{1b}[2J"] {
                 assert!(text.contains(want), "{want} not in {text}");
@@ -826,7 +827,7 @@ mod tests {
             let text = String::from_utf8(b).expect("utf8");
             let row = text.lines().nth(2).expect("a row").to_owned();
             let at = row.find("0x0").expect("symbol page");
-            dcpi_report::render::display_width(&row[..at])
+            render::display_width(&row[..at])
         };
         assert_eq!(line(&mk("sh")), line(&mk("kworker/1:1H-kblockd-and-more")));
         assert_eq!(cut("kworker/1:1H-kblockd", 10), "kwor…lockd");

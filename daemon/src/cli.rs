@@ -3,11 +3,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::PossibleValue;
 use clap::{CommandFactory, Parser, ValueEnum};
 
 use crate::config::{
     parse_duration, ConfigError, FileConfig, PartialSettings, Settings, DEFAULT_CONFIG,
 };
+use crate::man;
 
 /// dcpid: continuous, system-wide, low-overhead profiling of every process and the kernel.
 ///
@@ -78,11 +80,11 @@ impl ValueEnum for Generate {
         &GENERATE_VALUES
     }
 
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+    fn to_possible_value(&self) -> Option<PossibleValue> {
         match self {
             Self::Common(g) => g.to_possible_value(),
             Self::ManConfig => Some(
-                clap::builder::PossibleValue::new("man-config")
+                PossibleValue::new("man-config")
                     .help("dcpid.toml(5), the configuration file's page"),
             ),
         }
@@ -97,8 +99,8 @@ pub fn generate(
     out: &mut dyn std::io::Write,
 ) -> std::io::Result<()> {
     match what {
-        Generate::Common(g) => crate::man::generate(cmd, g, section, out),
-        Generate::ManConfig => crate::man::config(out),
+        Generate::Common(g) => man::generate(cmd, g, section, out),
+        Generate::ManConfig => man::config(out),
     }
 }
 

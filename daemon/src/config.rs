@@ -47,7 +47,16 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use crate::offcpu::Source;
+use crate::perf;
+use crate::perf::callchain::DEFAULT_MAX_STACK;
+use crate::perf::dwarf::DEFAULT_USER_STACK;
+use crate::perf::dwarf::MAX_USER_STACK;
+use crate::perf::sampler::MAX_REDRAW_INTERVAL;
+use crate::resolve::jit::MAX_JIT_MAP_BYTES;
+use crate::resolve::jit::MAX_JIT_MAP_ENTRIES;
+use serde::{de, Deserialize, Deserializer};
+use toml::de::Error as TomlError;
 use toml::Spanned;
 
 /// Default configuration file; a missing default file is not an error.
@@ -150,11 +159,11 @@ fn de_epoch_interval<'de, D: Deserializer<'de>>(d: D) -> Result<Option<EpochInte
     let text = match TextOrSeconds::deserialize(d)? {
         TextOrSeconds::Text(t) => t,
         TextOrSeconds::Seconds(n) if n < 0 => {
-            return Err(serde::de::Error::custom(format!("{n} is negative")))
+            return Err(de::Error::custom(format!("{n} is negative")))
         }
         TextOrSeconds::Seconds(n) => n.to_string(),
     };
-    parse_epoch_interval(&text).map(Some).map_err(serde::de::Error::custom)
+    parse_epoch_interval(&text).map(Some).map_err(de::Error::custom)
 }
 
 fn show_duration(d: Duration) -> String {
@@ -163,7 +172,7 @@ fn show_duration(d: Duration) -> String {
 
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     let text = String::deserialize(d)?;
-    parse_duration(&text).map(Some).map_err(serde::de::Error::custom)
+    parse_duration(&text).map(Some).map_err(de::Error::custom)
 }
 
 /// `events = "auto"` or `events = ["cycles", "cpu-clock:1000000"]`: the comma-separated form
@@ -380,11 +389,11 @@ settings! {
     /// Bytes read from one JIT perf map (`/tmp/perf-PID.map`, written by the process) at most;
     /// a longer map is cut at a line and counted in status [default: 16777216].
     #[arg(long, value_name = "BYTES")]
-    perf_map_max_bytes: u64 = crate::resolve::jit::MAX_JIT_MAP_BYTES;
+    perf_map_max_bytes: u64 = MAX_JIT_MAP_BYTES;
     /// Symbols kept from one JIT perf map at most (the first ones in the file); more are
     /// counted in status [default: 100000].
     #[arg(long, value_name = "N")]
-    perf_map_max_entries: usize = crate::resolve::jit::MAX_JIT_MAP_ENTRIES;
+    perf_map_max_entries: usize = MAX_JIT_MAP_ENTRIES;
     /// How often the one-line status for systemd (`STATUS=`, shown by `systemctl status`) is
     /// refreshed (under systemd only) [default: 10s].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
@@ -422,12 +431,12 @@ settings! {
     /// and counted as truncated. At most the kernel's
     /// /proc/sys/kernel/perf_event_max_stack (127 by default) [default: 64].
     #[arg(long, value_name = "N")]
-    sample_max_stack: u16 = crate::perf::callchain::DEFAULT_MAX_STACK;
+    sample_max_stack: u16 = DEFAULT_MAX_STACK;
     /// Bytes of user stack the kernel copies with each sample for `callchains = "dwarf"`, a
     /// multiple of 8 from 512 to 65528; a stack deeper than the copy ends there and counts as
     /// truncated. The copy is unwound and dropped by dcpid, never written [default: 8192].
     #[arg(long, value_name = "BYTES")]
-    sample_user_stack: u32 = crate::perf::dwarf::DEFAULT_USER_STACK;
+    sample_user_stack: u32 = DEFAULT_USER_STACK;
     /// Length of the time slices each host-epoch keeps its counts in (`slices.<hour>.log`, for
     /// reports over a time range), aligned to UTC; whole seconds dividing an hour; `0`: no
     /// slices, only epoch totals [default: 1m].
@@ -515,12 +524,7 @@ impl FileConfig {
 
 /// A toml error at its line and column; a type error in a value also names the key, which
 /// serde's message does not.
-fn parse_error(
-    text: &str,
-    path: &Path,
-    e: &toml::de::Error,
-    doc: Option<&SpannedDoc>,
-) -> ConfigError {
+fn parse_error(text: &str, path: &Path, e: &TomlError, doc: Option<&SpannedDoc>) -> ConfigError {
     let at = e.span().map_or(0, |s| s.start);
     let (line, column) = line_col(text, at);
     let mut message = e.message().trim().to_string();
@@ -608,7 +612,7 @@ impl Settings {
                 "must be `none`, `fp` (frame pointers) or `dwarf` (CFI unwinding of a stack copy)",
             ));
         }
-        if crate::offcpu::Source::parse(&self.off_cpu_source).is_none() {
+        if Source::parse(&self.off_cpu_source).is_none() {
             return Err(bad(
                 "off_cpu_source",
                 self.off_cpu_source.clone(),
@@ -616,7 +620,7 @@ impl Settings {
                  `switch-records` (perf's context-switches event)",
             ));
         }
-        if !(512..=crate::perf::dwarf::MAX_USER_STACK).contains(&self.sample_user_stack)
+        if !(512..=MAX_USER_STACK).contains(&self.sample_user_stack)
             || !self.sample_user_stack.is_multiple_of(8)
         {
             return Err(bad(
@@ -649,7 +653,7 @@ impl Settings {
             ));
         }
         if self.redraw_interval < Duration::from_millis(10)
-            || self.redraw_interval > crate::perf::sampler::MAX_REDRAW_INTERVAL
+            || self.redraw_interval > MAX_REDRAW_INTERVAL
         {
             return Err(bad(
                 "redraw_interval",
@@ -735,7 +739,7 @@ impl Settings {
         if self.events.trim().is_empty() {
             return Err(bad("events", self.events.clone(), "empty event list"));
         }
-        if let Err(e) = crate::perf::events::parse_event_list(&self.events) {
+        if let Err(e) = perf::events::parse_event_list(&self.events) {
             return Err(bad("events", self.events.clone(), &e.to_string()));
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {

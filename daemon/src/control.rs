@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 pub use dcpi_proto::{Request, Response};
 
 use crate::sys::sock;
+use crate::watch::Watch;
 
 /// Largest request accepted.
 pub const MAX_REQUEST: u64 = 64 * 1024;
@@ -208,7 +209,7 @@ impl ControlServer {
         path: &Path,
         access: Arc<Access>,
         handler: Arc<dyn Handler>,
-        watch: Option<Arc<crate::watch::Watch>>,
+        watch: Option<Arc<Watch>>,
     ) -> Result<Self, ControlError> {
         let group = access.group();
         let io = |what: &'static str| {
@@ -432,12 +433,7 @@ impl Drop for OpenConnection {
     }
 }
 
-fn serve(
-    shared: &Shared,
-    access: &Access,
-    handler: &Arc<dyn Handler>,
-    watch: Option<&crate::watch::Watch>,
-) {
+fn serve(shared: &Shared, access: &Access, handler: &Arc<dyn Handler>, watch: Option<&Watch>) {
     // Every connection is accepted at once and reads its request on its own thread: an idle
     // client costs a thread and a descriptor until READ_TIMEOUT, never another client's turn.
     // Only the commands themselves share the MAX_CLIENTS slots.

@@ -6,9 +6,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use dcpid::cli::{generate, Cli, LogFormat};
+use dcpid::perf::sampler;
+use dcpid::service;
 use dcpid::service::{Hooks, SetLogLevel};
+use dcpid::sys::malloc;
 use tracing_subscriber::prelude::*;
-use tracing_subscriber::{reload, EnvFilter};
+use tracing_subscriber::{fmt, reload, EnvFilter};
 
 /// Set up logging with `level` (the configuration's `log_level`; `DCPI_LOG` wins). Returns the
 /// hook that changes the level on reload.
@@ -46,7 +49,7 @@ fn init_logging(format: LogFormat, level: &str) -> SetLogLevel {
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::registry()
         .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr))
+        .with(fmt::layer().with_ansi(ansi).with_writer(std::io::stderr))
         .init();
     set
 }
@@ -67,13 +70,13 @@ fn main() -> ExitCode {
         };
     }
     if cli.probe {
-        return match dcpid::perf::sampler::probe() {
+        return match sampler::probe() {
             Ok(msg) => {
                 println!("{msg}");
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                let e = dcpid::service::explain_sampler_error(e);
+                let e = service::explain_sampler_error(e);
                 eprintln!("dcpid: sampling is not possible here: {e}");
                 ExitCode::FAILURE
             }
@@ -95,9 +98,9 @@ fn main() -> ExitCode {
         notifier: None,
     };
     // Before any thread starts: see sys::malloc for why two arenas and a fixed threshold.
-    dcpid::sys::malloc::limit_arenas(2);
-    dcpid::sys::malloc::fix_mmap_threshold(128 << 10);
-    match dcpid::service::run(settings, hooks) {
+    malloc::limit_arenas(2);
+    malloc::fix_mmap_threshold(128 << 10);
+    match service::run(settings, hooks) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Once, on stderr: under systemd stderr is the journal too.

@@ -10,8 +10,13 @@ pub use dcpi_proto::status::{
 };
 
 use crate::aggregate::AggregatorStats;
+use crate::aggregate::ResolverThreadStats;
 use crate::config::Settings;
+use crate::offcpu::OffCpuStatus;
 use crate::perf::sampler::{CpuStatus, SamplerStatus};
+use crate::resolve::ResolverStats;
+use crate::sys::sock;
+use crate::watch;
 
 /// The settings in force, as the status report shows them.
 pub fn config_report(s: &Settings) -> ConfigReport {
@@ -105,17 +110,17 @@ pub struct StatusInputs<'a> {
     /// Daemon threads that died ([`crate::watch`]).
     pub failed_threads: Vec<dcpi_proto::ThreadFailure>,
     /// The resolver's counters as last seen.
-    pub resolver: &'a crate::resolve::ResolverStats,
+    pub resolver: &'a ResolverStats,
     /// The resolver thread's counters.
-    pub resolver_thread: crate::aggregate::ResolverThreadStats,
+    pub resolver_thread: ResolverThreadStats,
     /// Call-stack counters (`callchains = "fp"`).
     pub stacks: Option<dcpi_proto::StackReport>,
     /// The off-CPU source's counters (`off_cpu = true`).
-    pub off_cpu: Option<crate::offcpu::OffCpuStatus>,
+    pub off_cpu: Option<OffCpuStatus>,
 }
 
 /// The off-CPU report: totals since start and rates over `uptime_s`.
-pub fn off_cpu_report(o: &crate::offcpu::OffCpuStatus, uptime_s: f64) -> dcpi_proto::OffCpuReport {
+pub fn off_cpu_report(o: &OffCpuStatus, uptime_s: f64) -> dcpi_proto::OffCpuReport {
     let per_s = |v: f64| if uptime_s > 0.0 { v / uptime_s } else { 0.0 };
     let cpu_s = o.cpu_ns as f64 / 1e9;
     let off_cpu_s = o.off_cpu_ns as f64 / 1e9;
@@ -178,7 +183,7 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
     let a = i.aggregator;
     let mut problems = Vec::new();
     if !i.failed_threads.is_empty() {
-        problems.push(format!("degraded: {}", crate::watch::describe(&i.failed_threads)));
+        problems.push(format!("degraded: {}", watch::describe(&i.failed_threads)));
     }
     if let Some(e) = &i.store.db_error {
         problems.push(format!("database not writable: {e}"));
@@ -215,7 +220,7 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
     if !offline.is_empty() {
         problems.push(format!("CPU {} not sampled", offline.join(",")));
     }
-    let (u, s) = crate::sys::sock::self_cpu_time();
+    let (u, s) = sock::self_cpu_time();
     let cpu_s = (u + s).as_secs_f64();
     let uptime = i.uptime_s.max(1e-3);
     let since_start = samples as f64 / uptime;
@@ -327,7 +332,7 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
         daemon: DaemonUsage {
             cpu_user_s: u.as_secs_f64(),
             cpu_sys_s: s.as_secs_f64(),
-            rss_kib: crate::sys::sock::self_rss_kib().unwrap_or(0),
+            rss_kib: sock::self_rss_kib().unwrap_or(0),
         },
         rate: RateReport {
             samples_per_s: since_start,
@@ -353,7 +358,7 @@ pub fn build(i: StatusInputs<'_>) -> StatusReport {
 
 /// The resolver thread's rates over the recent window (since start until there is one).
 fn resolver_thread_report(
-    t: &crate::aggregate::ResolverThreadStats,
+    t: &ResolverThreadStats,
     recent: Option<&RecentWindow>,
     uptime_s: f64,
 ) -> ResolverThreadReport {
@@ -374,6 +379,8 @@ fn resolver_thread_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::aggregate::ResolverThreadStats;
+    use crate::resolve::ResolverStats;
 
     #[test]
     fn condition_and_fractions() {
@@ -414,12 +421,12 @@ mod tests {
                 reason: "panicked: boom".into(),
                 unix_ms: 1,
             }],
-            resolver: &crate::resolve::ResolverStats {
+            resolver: &ResolverStats {
                 jit_maps_read: 4,
                 jit_maps_truncated: 1,
                 ..Default::default()
             },
-            resolver_thread: crate::aggregate::ResolverThreadStats {
+            resolver_thread: ResolverThreadStats {
                 running: true,
                 wakeups: 40,
                 cpu_ns: 9_000_000,

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hashbrown::hash_map::Entry;
 use profile_format::{ImageId, ImageKind};
 
 use crate::types::{EventIdx, ImageInfo, PerfTime};
@@ -517,8 +518,8 @@ impl<K: std::hash::Hash + Eq + Copy> Interner<K> {
     fn get(&mut self, k: K) -> (u32, bool) {
         let n = self.list.len() as u32;
         match self.index.entry(k) {
-            hashbrown::hash_map::Entry::Occupied(e) => (*e.get(), false),
-            hashbrown::hash_map::Entry::Vacant(v) => {
+            Entry::Occupied(e) => (*e.get(), false),
+            Entry::Vacant(v) => {
                 v.insert(n);
                 self.list.push(k);
                 (n, true)

@@ -36,6 +36,9 @@ use dcpi_client::prof::ProfError;
 use profile_format::{HostDir, HostSummary, ImageId, ImageKind, Profile, ProfileHeader, SliceLog};
 use sha2::{Digest, Sha256};
 
+use dcpi_client::prof::timeline;
+use dcpi_client::prof::whoprof;
+use parquet::errors::ParquetError;
 pub use parquet_out::{SampleRow, SymbolRow};
 
 /// Version of the manifest and of the tables' schema (EXPORT.md).
@@ -61,7 +64,7 @@ pub enum ExportError {
     Parquet {
         path: PathBuf,
         #[source]
-        source: parquet::errors::ParquetError,
+        source: ParquetError,
     },
     #[error("{path}: not a dcpiexport manifest ({detail}); use another --output directory")]
     Manifest { path: PathBuf, detail: String },
@@ -468,7 +471,7 @@ fn profile_rows(
     for path in paths {
         let read = match o.command {
             // A sole-command stub reads as the flat profile it stands for (FORMAT.md §5.6.1).
-            Some(_) => dcpi_client::prof::whoprof::read_command_profile(d, &path),
+            Some(_) => whoprof::read_command_profile(d, &path),
             None => Profile::read(&path).map(Some),
         };
         let mut p = match read {
@@ -817,7 +820,7 @@ fn export_csv(o: &Options<'_>, warn: &mut dyn FnMut(String)) -> Result<Outcome, 
                     r.offset,
                     r.samples,
                     r.weight,
-                    r.slice_start.map(dcpi_client::prof::timeline::utc).unwrap_or_default(),
+                    r.slice_start.map(timeline::utc).unwrap_or_default(),
                     r.slice_seconds.map(|n| n.to_string()).unwrap_or_default(),
                     r.command.as_deref().map(csv_field).unwrap_or_default()
                 ),

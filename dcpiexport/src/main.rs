@@ -6,7 +6,10 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 use dcpi_client::args::{Selection, SymbolSearch};
+use dcpi_client::manpages;
 use dcpi_client::manpages::Generate;
+use dcpi_client::notes;
+use dcpi_client::term;
 use dcpi_export::{describe, export, Format, Options};
 
 /// Command line of `dcpiexport`.
@@ -63,14 +66,10 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    dcpi_client::term::init_logging();
+    term::init_logging();
     let args = Args::parse();
     if let Some(g) = args.generate {
-        return match dcpi_client::manpages::generate(
-            Args::command(),
-            g,
-            &mut std::io::stdout().lock(),
-        ) {
+        return match manpages::generate(Args::command(), g, &mut std::io::stdout().lock()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
             Err(e) => {
@@ -95,10 +94,10 @@ fn main() -> ExitCode {
     let mut stderr = std::io::stderr();
     // Collected and written at the end: the missing-symbol notes, one per stripped image,
     // collapse into one line unless -v (as in the other report tools, issue 39).
-    dcpi_client::notes::set_verbose(args.verbose);
+    notes::set_verbose(args.verbose);
     let mut warnings = Vec::new();
     let r = export(&o, &mut |w: String| warnings.push(w));
-    drop(dcpi_client::notes::write_warnings("dcpiexport", &mut stderr, &mut warnings));
+    drop(notes::write_warnings("dcpiexport", &mut stderr, &mut warnings));
     match r {
         Ok(outcome) => {
             drop(describe(&outcome, &mut stderr));

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::data_type::{ByteArray, ByteArrayType, DoubleType, Int64Type};
+use parquet::errors::ParquetError;
 use parquet::errors::Result;
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::{SerializedColumnWriter, SerializedFileWriter};
@@ -138,7 +139,7 @@ fn write(schema: &str, columns: Vec<ColumnFn<'_>>) -> Result<Vec<u8>> {
     let mut rg = w.next_row_group()?;
     for f in &columns {
         let Some(mut c) = rg.next_column()? else {
-            return Err(parquet::errors::ParquetError::General("schema has fewer columns".into()));
+            return Err(ParquetError::General("schema has fewer columns".into()));
         };
         f(&mut c)?;
         c.close()?;

@@ -9,6 +9,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
 use clap::Parser;
+use dcpi_client::escape;
+use dcpi_client::prof;
+use dcpi_client::prof::Args;
 use dcpi_testkit::db::{fixed_event as event, Image};
 use profile_format::{Database, EpochId, EventSummary, HostDir, HostSummary, ImageId, ImageKind};
 use serde_json::Value;
@@ -137,7 +140,7 @@ fn ok(o: &Output) -> String {
 
 /// dcpiprof's per-image report (its library entry point, JSON), as (image id, event) -> samples.
 fn dcpiprof_sums(db: &Path) -> (u64, BTreeMap<String, u64>) {
-    let args = dcpi_client::prof::Args::try_parse_from([
+    let args = Args::try_parse_from([
         "dcpiprof",
         "--db",
         db.to_str().expect("utf-8 path"),
@@ -150,7 +153,7 @@ fn dcpiprof_sums(db: &Path) -> (u64, BTreeMap<String, u64>) {
     ])
     .expect("args");
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    dcpi_client::prof::run(&args, &mut out, &mut err).expect("dcpiprof");
+    prof::run(&args, &mut out, &mut err).expect("dcpiprof");
     let v: Value = serde_json::from_slice(&out).expect("json");
     let mut per = BTreeMap::new();
     let mut total = 0;
@@ -436,7 +439,7 @@ fn joined_sums(out: &Path) -> BTreeMap<(String, String), u64> {
 }
 
 fn dcpiprof_symbols(db: &Path, image: &str) -> BTreeMap<String, u64> {
-    let args = dcpi_client::prof::Args::try_parse_from([
+    let args = Args::try_parse_from([
         "dcpiprof",
         "--db",
         db.to_str().expect("utf-8"),
@@ -450,7 +453,7 @@ fn dcpiprof_symbols(db: &Path, image: &str) -> BTreeMap<String, u64> {
     ])
     .expect("args");
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    dcpi_client::prof::run(&args, &mut out, &mut err).expect("dcpiprof");
+    prof::run(&args, &mut out, &mut err).expect("dcpiprof");
     let v: Value = serde_json::from_slice(&out).expect("json");
     v["rows"]
         .as_array()
@@ -650,7 +653,7 @@ fn csv_neutralises_formulas_and_escapes_format_characters() {
     {
         assert!(text.contains(cell), "{cell} not in {text}");
     }
-    assert!(!text.chars().any(|c| dcpi_client::escape::is_unsafe_for_terminal(c) && c != '\n'));
+    assert!(!text.chars().any(|c| escape::is_unsafe_for_terminal(c) && c != '\n'));
     for l in text.lines().skip(1) {
         // ...,samples,weight,slice_start,slice_seconds,command (no slices here, every
         // command: all three empty).
@@ -765,7 +768,7 @@ fn slice_start_groups_by_minute_in_duckdb_as_dcpiprof_by_time() {
         }
     };
     let v: Value = serde_json::from_slice(&r.stdout).expect("minutes_check json");
-    let args = dcpi_client::prof::Args::try_parse_from([
+    let args = Args::try_parse_from([
         "dcpiprof",
         "--db",
         db.root().to_str().expect("utf-8 path"),
@@ -784,7 +787,7 @@ fn slice_start_groups_by_minute_in_duckdb_as_dcpiprof_by_time() {
     ])
     .expect("args");
     let (mut o, mut e) = (Vec::new(), Vec::new());
-    dcpi_client::prof::run(&args, &mut o, &mut e).expect("dcpiprof --by time");
+    prof::run(&args, &mut o, &mut e).expect("dcpiprof --by time");
     let by_time: Value = serde_json::from_slice(&o).expect("json");
     let want: BTreeMap<String, u64> = by_time["rows"]
         .as_array()

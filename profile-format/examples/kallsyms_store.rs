@@ -17,7 +17,10 @@
 use std::io::Write as _;
 use std::path::Path;
 
+use flate2::read::ZlibDecoder;
+use flate2::write::ZlibEncoder;
 use profile_format::{kallsyms_to_columns, pack_kallsyms, unpack_kallsyms, KallsymsSnapshot};
+use zstd::bulk;
 
 const RUNS: usize = 5;
 
@@ -88,24 +91,23 @@ fn main() {
     println!("{:<34} {:>10} {:>10} {:>10}", "form", "bytes", "write s", "read s");
     println!("{:<34} {:>10}", "canonical kallsyms.snap", canonical.len());
     let (w, z) = timed(|| {
-        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        let mut e = ZlibEncoder::new(Vec::new(), flate2::Compression::best());
         e.write_all(&canonical).expect("zlib");
         e.finish().expect("zlib")
     });
     let (r, _) = timed(|| {
         let mut out = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::ZlibDecoder::new(&z[..]), &mut out)
-            .expect("unzlib");
+        std::io::Read::read_to_end(&mut ZlibDecoder::new(&z[..]), &mut out).expect("unzlib");
         out
     });
     println!("{:<34} {:>10} {w:>10.3} {r:>10.3}", ".snap.z (zlib 9, records)", z.len());
-    let (w, zi) = timed(|| zstd::bulk::compress(&canonical, 19).expect("zstd"));
+    let (w, zi) = timed(|| bulk::compress(&canonical, 19).expect("zstd"));
     println!("{:<34} {:>10} {w:>10.3}", "zstd 19 of the records", zi.len());
     let levels: Vec<i32> = args.iter().map(|a| a.parse().expect("level")).collect();
     let levels = if levels.is_empty() { vec![3, 9, 15, 19, 22] } else { levels };
     let cols = kallsyms_to_columns(&canonical, p).expect("columns");
     for level in levels {
-        let (w, c) = timed(|| zstd::bulk::compress(&cols, level).expect("zstd"));
+        let (w, c) = timed(|| bulk::compress(&cols, level).expect("zstd"));
         println!("{:<34} {:>10} {w:>10.3}", format!("zstd {level} of the columns"), c.len() + 10);
     }
     let (w, repacked) = timed(|| pack_kallsyms(&canonical, p).expect("pack"));

@@ -1,11 +1,13 @@
 //! The container shared by binary files (profiles, kallsyms snapshots): fixed header, payload,
 //! CRC-32 trailer (FORMAT.md "Binary container"), and a bounds-checked reader for payloads.
 
+use flate2::read::ZlibDecoder;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::ident::{ImageId, ImageIdRef, ImageKind, MAX_BUILD_ID_LEN};
 pub(crate) use crate::ident::{ID_TAG_BUILD_ID, ID_TAG_FALLBACK};
+use crate::pairs;
 use crate::varint::{self, VarintError};
 
 /// magic (8) + version (u16) + flags (u16) + total length (u64).
@@ -183,12 +185,7 @@ pub(crate) fn open_zlib(
     supported: u16,
 ) -> Result<Vec<u8>> {
     let packed = open(bytes, path, magic, what, supported)?;
-    inflate_bounded(
-        flate2::read::ZlibDecoder::new(packed),
-        path,
-        "compressed payload",
-        "more than 256 MiB",
-    )
+    inflate_bounded(ZlibDecoder::new(packed), path, "compressed payload", "more than 256 MiB")
 }
 
 /// Everything `decoder` yields, at most [`MAX_ZLIB_PAYLOAD`] bytes: the one bound against a
@@ -343,7 +340,7 @@ impl<'a> Reader<'a> {
         let b = self.bytes(field)?;
         match b.len() {
             0 => Ok(None),
-            1..=crate::ident::MAX_BUILD_ID_LEN => Ok(Some(b.to_vec())),
+            1..=MAX_BUILD_ID_LEN => Ok(Some(b.to_vec())),
             n => Err(self.corrupt(field, format!("build-id of {n} bytes (max 64)"))),
         }
     }
@@ -351,7 +348,7 @@ impl<'a> Reader<'a> {
     /// A pair list (`crate::pairs`); returns the sum of its counts.
     pub(crate) fn pairs(&mut self, each: impl FnMut(u64, u64)) -> Result<u64> {
         let start = self.pos;
-        crate::pairs::read(self.buf, &mut self.pos, each).map_err(|e| {
+        pairs::read(self.buf, &mut self.pos, each).map_err(|e| {
             let field = e.field();
             let at = self.pos;
             self.pos = start;

@@ -6,7 +6,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::atomic::{sync_dir, write_atomic, TMP_PREFIX};
 use crate::error::{Error, Result};
 use crate::ident::{event_file_component, validate_host_name, ImageId};
+use crate::safeio;
 pub use crate::safeio::CORRUPT_SUFFIX;
+use crate::safeio::MAX_SMALL_FILE;
 use crate::safeio::{check_dir, ensure_dir};
 
 /// Name of the marker file in each epoch directory.
@@ -582,7 +584,7 @@ impl Database {
             }
         }
         let marker = dir.join(EPOCH_MARKER);
-        let saved = crate::safeio::read_small(&marker, crate::safeio::MAX_SMALL_FILE).ok();
+        let saved = safeio::read_small(&marker, MAX_SMALL_FILE).ok();
         for p in &leftovers {
             match fs::remove_file(p) {
                 Ok(()) => {}

@@ -1,9 +1,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use crate::atomic;
 use crate::codec::{self, put_bytes, Reader};
 use crate::error::{Error, Result};
 use crate::ident::MAX_BUILD_ID_LEN;
+use crate::safeio;
 use crate::varint::write_u64;
 
 /// First bytes of every kallsyms snapshot.
@@ -546,14 +548,13 @@ impl KallsymsSnapshot {
     }
 
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes =
-            crate::safeio::read_container(path, KALLSYMS_MAGIC, "kallsyms", KALLSYMS_VERSION)?;
+        let bytes = safeio::read_container(path, KALLSYMS_MAGIC, "kallsyms", KALLSYMS_VERSION)?;
         Self::decode(&bytes, path)
     }
 
     /// Write atomically, symbols in canonical order.
     pub fn write(&self, path: &Path) -> Result<()> {
-        crate::atomic::write_atomic(path, &self.to_file_bytes(path)?)
+        atomic::write_atomic(path, &self.to_file_bytes(path)?)
     }
 
     /// The file's bytes as [`Self::write`] would write them, after the same checks (`path` is

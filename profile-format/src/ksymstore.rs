@@ -8,6 +8,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use flate2::read::ZlibDecoder;
 use sha2::{Digest, Sha256};
 
 use crate::atomic::{write_atomic, TMP_PREFIX};
@@ -15,6 +16,8 @@ use crate::codec::{self, put_bytes, Reader};
 use crate::db::{Database, HostDir};
 use crate::error::{Error, Result};
 use crate::kallsyms::KallsymsSnapshot;
+use crate::safeio;
+use crate::safeio::MAX_SMALL_FILE;
 use crate::safeio::{open_regular, MAX_CONTAINER_FILE};
 use crate::varint;
 
@@ -259,12 +262,7 @@ pub fn unpack_kallsyms(packed: &[u8], path: &Path) -> Result<Vec<u8>> {
 const TOO_LARGE: &str = "decompresses to more than 256 MiB";
 
 fn unpack_zlib(packed: &[u8], path: &Path) -> Result<Vec<u8>> {
-    codec::inflate_bounded(
-        flate2::read::ZlibDecoder::new(packed),
-        path,
-        "compressed data",
-        TOO_LARGE,
-    )
+    codec::inflate_bounded(ZlibDecoder::new(packed), path, "compressed data", TOO_LARGE)
 }
 
 impl Database {
@@ -291,7 +289,7 @@ impl Database {
         }
         let dir = self.root().join(KALLSYMS_DIR);
         // A real directory, not a link planted by another writer (FORMAT.md §6.1).
-        crate::safeio::ensure_dir(&dir)?;
+        safeio::ensure_dir(&dir)?;
         let packed = pack_kallsyms(file_bytes, &path)?;
         write_atomic(&path, &packed)?;
         Ok((id, packed.len() as u64))
@@ -302,14 +300,14 @@ impl Database {
     /// `kallsyms.snap`. With neither form, an `Io` `NotFound` error naming the `.snap.zst` path.
     pub fn read_kallsyms(&self, id: &str) -> Result<KallsymsSnapshot> {
         let path = self.kallsyms_store_path(id);
-        let (path, bytes) = match crate::safeio::read_small(&path, MAX_SNAPSHOT) {
+        let (path, bytes) = match safeio::read_small(&path, MAX_SNAPSHOT) {
             Ok(packed) => {
                 let bytes = unpack_kallsyms(&packed, &path)?;
                 (path, bytes)
             }
             Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
                 let old = self.kallsyms_store_path_zlib(id);
-                match crate::safeio::read_small(&old, MAX_SNAPSHOT) {
+                match safeio::read_small(&old, MAX_SNAPSHOT) {
                     Ok(packed) => {
                         let bytes = unpack_zlib(&packed, &old)?;
                         (old, bytes)
@@ -336,7 +334,7 @@ impl Database {
     pub fn gc_kallsyms(&self, now: SystemTime, min_age: Duration) -> Result<Vec<String>> {
         let dir = self.root().join(KALLSYMS_DIR);
         // Never remove files through a link: they would be another directory's.
-        if !crate::safeio::check_dir(&dir)? {
+        if !safeio::check_dir(&dir)? {
             return Ok(Vec::new());
         }
         let entries = match fs::read_dir(&dir) {
@@ -402,7 +400,7 @@ impl HostDir {
     /// The content id this directory references, `None` if it has no `kallsyms.ref`.
     pub fn kallsyms_ref(&self) -> Result<Option<String>> {
         let path = self.kallsyms_ref_path();
-        let text = match crate::safeio::read_small_string(&path, crate::safeio::MAX_SMALL_FILE) {
+        let text = match safeio::read_small_string(&path, MAX_SMALL_FILE) {
             Ok(t) => t,
             Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
                 return Ok(None)

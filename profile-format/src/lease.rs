@@ -13,6 +13,8 @@ use crate::atomic::{sync_dir, write_atomic, write_new};
 use crate::db::Database;
 use crate::error::{Error, Result};
 use crate::ident::validate_host_name;
+use crate::safeio;
+use crate::safeio::MAX_SMALL_FILE;
 use crate::safeio::{check_dir, ensure_dir};
 
 /// Directory of the lease files, under the database root.
@@ -146,7 +148,7 @@ impl Database {
         if !check_dir(&self.root().join(LEASES_DIR))? {
             return Ok(None);
         }
-        match crate::safeio::read_small_string(&path, crate::safeio::MAX_SMALL_FILE) {
+        match safeio::read_small_string(&path, MAX_SMALL_FILE) {
             Ok(t) => Lease::decode(&t, &path).map(Some),
             Err(Error::Io { source, .. }) if source.kind() == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),

@@ -1,13 +1,18 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::atomic;
 use crate::codec::{self, put_bytes, Reader};
+use crate::db;
 use crate::db::EpochId;
 use crate::db::{HostDir, PROFILE_SUFFIX};
 use crate::error::{Error, Result};
+use crate::ident;
 use crate::ident::event_file_component;
 use crate::ident::ImageId;
 pub use crate::ident::ImageKind;
+use crate::pairs;
+use crate::safeio;
 use crate::varint::write_u64;
 
 /// First bytes of every profile file.
@@ -279,7 +284,7 @@ impl Profile {
     /// §5.6.1), judged by its fixed header only (no decoding): `false` for anything else,
     /// including a file that cannot be opened safely.
     pub fn is_sole_stub(path: &Path) -> bool {
-        crate::safeio::container_version(path, PROFILE_MAGIC) == Some(4)
+        safeio::container_version(path, PROFILE_MAGIC) == Some(4)
     }
 
     /// Add `count` samples at `offset`, together with the sum of their periods. A zero count is
@@ -330,7 +335,7 @@ impl Profile {
                 put_bytes(&mut out, command);
             }
         }
-        crate::pairs::write(&mut out, self.counts.len(), self.counts.iter().map(|(o, c)| (*o, *c)));
+        pairs::write(&mut out, self.counts.len(), self.counts.iter().map(|(o, c)| (*o, *c)));
         codec::finish(out)
     }
 
@@ -436,14 +441,14 @@ impl Profile {
     /// whole (its stored length is its size): a newer writer's file, to be left alone
     /// (FORMAT.md §3.1), not a corrupt one.
     pub fn is_newer_version(path: &Path) -> bool {
-        crate::safeio::is_newer_container(path, PROFILE_MAGIC, PROFILE_VERSION)
+        safeio::is_newer_container(path, PROFILE_MAGIC, PROFILE_VERSION)
     }
 
     /// Read and validate a profile file. The file is opened safely and read only up to the
     /// length its header announces (FORMAT.md §6.1); when its name follows the profile naming
     /// scheme (§3), the header must describe the image and event the name says.
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes = crate::safeio::read_container(path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?;
+        let bytes = safeio::read_container(path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?;
         let p = Self::decode(&bytes, path)?;
         p.check_name(path)?;
         Ok(p)
@@ -454,9 +459,9 @@ impl Profile {
     fn check_name(&self, path: &Path) -> Result<()> {
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else { return Ok(()) };
         // A continuation (FORMAT.md §3.1) holds what the name it continues would.
-        let base = crate::db::split_continuation(name).map(|(b, _)| b);
+        let base = db::split_continuation(name).map(|(b, _)| b);
         let name = base.as_deref().unwrap_or(name);
-        if let Some((image, event, who)) = crate::db::parse_who_profile_name(name) {
+        if let Some((image, event, who)) = db::parse_who_profile_name(name) {
             let h = &self.header;
             let mine = self.who.as_ref().map(ProfileWho::file_component);
             if mine.as_deref() != Some(who) {
@@ -469,7 +474,7 @@ impl Profile {
                     },
                 });
             }
-            if image != h.image_id || crate::ident::event_file_component(&h.event.name) != event {
+            if image != h.image_id || ident::event_file_component(&h.event.name) != event {
                 return Err(Error::Corrupt {
                     path: path.into(),
                     field: "file name",
@@ -481,7 +486,7 @@ impl Profile {
             }
             return Ok(());
         }
-        let Some((image, event)) = crate::db::parse_profile_name(name) else { return Ok(()) };
+        let Some((image, event)) = db::parse_profile_name(name) else { return Ok(()) };
         if self.who.is_some() {
             return Err(Error::Corrupt {
                 path: path.into(),
@@ -494,7 +499,7 @@ impl Profile {
             Some(id) => *id == h.image_id,
             None => h.kind == ImageKind::Unknown,
         };
-        if !image_ok || crate::ident::event_file_component(&h.event.name) != event {
+        if !image_ok || ident::event_file_component(&h.event.name) != event {
             return Err(Error::Corrupt {
                 path: path.into(),
                 field: "file name",
@@ -548,7 +553,7 @@ impl Profile {
             });
         }
         let bytes = self.encode();
-        crate::atomic::write_atomic(path, &bytes)?;
+        atomic::write_atomic(path, &bytes)?;
         Ok(bytes.len() as u64)
     }
 

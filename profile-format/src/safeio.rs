@@ -11,6 +11,7 @@ use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
+use crate::codec;
 use crate::codec::FIXED_HEADER_LEN;
 use crate::error::{Error, Result};
 
@@ -210,7 +211,7 @@ pub(crate) fn read_container(
     let corrupt = |detail: String| Error::Corrupt { path: path.into(), field: "length", detail };
     if announced > MAX_CONTAINER_FILE {
         // Magic and version first, so that a foreign file is reported as such.
-        crate::codec::check_prefix(&head, path, magic, what, supported)?;
+        codec::check_prefix(&head, path, magic, what, supported)?;
         return Err(corrupt(format!(
             "header announces {announced} bytes, more than the {MAX_CONTAINER_FILE} a file may have"
         )));
@@ -219,11 +220,11 @@ pub(crate) fn read_container(
         // A file of its kind (magic and version) larger than any valid one, e.g. a sparse file
         // of many GiB behind a real header: refused as oversized, not taken for a damaged
         // file that a reader of an optional file (index, snapshot) would skip.
-        crate::codec::check_prefix(&head, path, magic, what, supported)?;
+        codec::check_prefix(&head, path, magic, what, supported)?;
         return Err(Error::TooLarge { path: path.into(), limit: MAX_CONTAINER_FILE });
     }
     if size != announced {
-        crate::codec::check_prefix(&head, path, magic, what, supported)?;
+        codec::check_prefix(&head, path, magic, what, supported)?;
         if size > announced {
             return Err(corrupt(format!(
                 "{} bytes after the stored length {announced}",

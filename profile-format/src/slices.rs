@@ -19,7 +19,9 @@ use crate::codec::{corrupt, inflate_bounded, put_bytes, Reader};
 use crate::db::HostDir;
 use crate::error::{Error, Result};
 use crate::ident::ImageId;
+use crate::safeio;
 use crate::safeio::{open_regular, MAX_CONTAINER_FILE};
+use crate::varint;
 
 /// File name of the slice log in a host directory.
 pub const SLICES_FILE: &str = "slices.log";
@@ -538,7 +540,7 @@ pub fn encode_record_at(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable, resol
     }
     idx.sort_unstable_by_key(|e| e.0);
     let mut payload = Vec::with_capacity(64 + idx.iter().map(|e| e.1.len() * 3).sum::<usize>());
-    crate::varint::write_u64(&mut payload, new.len() as u64);
+    varint::write_u64(&mut payload, new.len() as u64);
     for k in new {
         put_bytes(&mut payload, k.event.as_bytes());
         let img = k.image.as_ref().map(super::ident::ImageId::to_text).unwrap_or_default();
@@ -546,33 +548,33 @@ pub fn encode_record_at(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable, resol
     }
     // Columns: entry headers, then every offset, then every count − 1. Counts are mostly
     // small and alike, offsets are not: apart, zstd packs the counts to almost nothing.
-    crate::varint::write_u64(&mut payload, idx.len() as u64);
+    varint::write_u64(&mut payload, idx.len() as u64);
     let mut prev: Option<u64> = None;
     for (i, pairs, _) in &idx {
-        crate::varint::write_u64(&mut payload, prev.map_or(*i, |p| i - p - 1));
+        varint::write_u64(&mut payload, prev.map_or(*i, |p| i - p - 1));
         prev = Some(*i);
-        crate::varint::write_u64(&mut payload, pairs.len() as u64);
+        varint::write_u64(&mut payload, pairs.len() as u64);
     }
     for (_, pairs, sh) in &idx {
         let mut last: Option<u64> = None;
         for &(off, _) in pairs.iter() {
             let off = off >> sh;
-            crate::varint::write_u64(&mut payload, last.map_or(off, |l| off - l - 1));
+            varint::write_u64(&mut payload, last.map_or(off, |l| off - l - 1));
             last = Some(off);
         }
     }
     for (_, pairs, _) in &idx {
         for &(_, c) in pairs.iter() {
-            crate::varint::write_u64(&mut payload, c.saturating_sub(1));
+            varint::write_u64(&mut payload, c.saturating_sub(1));
         }
     }
     let mut body = Vec::with_capacity(payload.len() / 2 + 32);
-    crate::varint::write_u64(&mut body, s.start);
-    crate::varint::write_u64(&mut body, s.len);
-    crate::varint::write_u64(&mut body, s.seq);
+    varint::write_u64(&mut body, s.start);
+    varint::write_u64(&mut body, s.len);
+    varint::write_u64(&mut body, s.seq);
     body.push(shift);
     let packed = if payload.len() >= COMPRESS_FROM {
-        zstd::bulk::compress(&payload, ZSTD_LEVEL).ok().filter(|z| z.len() < payload.len())
+        bulk::compress(&payload, ZSTD_LEVEL).ok().filter(|z| z.len() < payload.len())
     } else {
         None
     };
@@ -894,7 +896,7 @@ impl SliceWriter {
             // A newer dcpid of this host wrote it (a rolling downgrade): left alone (§14.4).
             Err(e @ Error::UnknownVersion { .. }) if is_newer_log(path) => return Err(e),
             Err(e) if !matches!(e, Error::Io { .. }) => {
-                let to = crate::safeio::set_aside(path)?;
+                let to = safeio::set_aside(path)?;
                 report.set_aside = Some((to, e.to_string()));
                 fresh()?
             }
@@ -1065,7 +1067,7 @@ fn open_append(path: &Path) -> Result<File> {
     if !meta.is_file() {
         return Err(Error::NotRegularFile {
             path: path.into(),
-            kind: crate::safeio::file_kind(meta.file_type()),
+            kind: safeio::file_kind(meta.file_type()),
         });
     }
     Ok(f)
@@ -1085,6 +1087,7 @@ pub use store::{
     hour_of, record_spans, segment_hour, SegmentOpen, SegmentWriter, SliceFiles, SEGMENT_SECS,
     SLICE_HOURS_FILE,
 };
+use zstd::bulk;
 
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,7 @@ use crate::db::HostDir;
 use crate::error::{Error, Result};
 use crate::ident::event_file_component;
 use crate::profile::{read_jit_symbols, write_jit_symbols, ImageKind, JitSymbol};
+use crate::safeio;
 use crate::{varint, ImageId};
 
 /// Magic of a stack profile file.
@@ -539,8 +540,7 @@ impl StackProfile {
     }
 
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes =
-            crate::safeio::read_container(path, STACKS_MAGIC, "stack profile", STACKS_VERSION)?;
+        let bytes = safeio::read_container(path, STACKS_MAGIC, "stack profile", STACKS_VERSION)?;
         Self::decode(&bytes, path)
     }
 
@@ -574,6 +574,7 @@ impl HostDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flate2::write::ZlibEncoder;
 
     fn img(kind: ImageKind, name: &str) -> StackImage {
         StackImage { kind, id: ImageId::special(name, b""), path: name.as_bytes().to_vec() }
@@ -845,7 +846,7 @@ mod tests {
                 // frames: 1, (image 0, offset 0x40); stacks: 1, (flags 0, depth 1, frame 0, 9)
                 varint::write_u64(&mut pl, v);
             }
-            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+            let mut z = ZlibEncoder::new(Vec::new(), flate2::Compression::best());
             std::io::Write::write_all(&mut z, &pl).unwrap();
             let mut file = codec::begin(STACKS_MAGIC, 1);
             file.extend_from_slice(&z.finish().unwrap());

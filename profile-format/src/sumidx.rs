@@ -5,12 +5,14 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::atomic;
 use crate::codec::{self, put_bytes, Reader};
 use crate::db::HostDir;
 use crate::error::{Error, Result};
 pub use crate::ident::ImageIdRef;
 use crate::ident::{ImageId, ImageKind};
 use crate::profile::EventDesc;
+use crate::safeio;
 use crate::summary::{HostSummary, ImageTotal, SummaryIndex};
 use crate::varint::write_u64;
 
@@ -166,14 +168,14 @@ impl IndexView<'_> {
 /// Write `s` (with its index) atomically as `summary.idx` at `path`; returns the bytes written.
 pub fn write(s: &HostSummary, path: &Path) -> Result<u64> {
     let bytes = encode(s)?;
-    crate::atomic::write_atomic(path, &bytes)?;
+    atomic::write_atomic(path, &bytes)?;
     Ok(bytes.len() as u64)
 }
 
 /// The bytes of `summary.idx`, through the guarded reader (FORMAT.md §6.1): a FIFO, device,
 /// symbolic link or oversized file is refused at once, naming it. Decode them with [`decode`].
 pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    crate::safeio::read_container(path, SUMMARY_INDEX_MAGIC, "summary index", SUMMARY_INDEX_VERSION)
+    safeio::read_container(path, SUMMARY_INDEX_MAGIC, "summary index", SUMMARY_INDEX_VERSION)
 }
 
 /// Read `summary.idx` into a [`HostSummary`] with its index; errors name the file.

@@ -1,9 +1,12 @@
 use std::path::Path;
 
+use crate::atomic;
 use crate::db::HostDir;
 use crate::error::{Error, Result};
 use crate::ident::ImageId;
 use crate::profile::{EventDesc, ImageKind, Profile, ProfileHeader};
+use crate::safeio;
+use crate::safeio::MAX_SUMMARY_FILE;
 
 /// Per-event part of a host summary.
 #[derive(Clone, PartialEq, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -192,7 +195,7 @@ impl HostDir {
     /// [`HostDir::fresh_names_path`] read safely (§6.1); `Ok(None)`: there is none.
     pub fn read_fresh_names(&self) -> Result<Option<SummaryIndex>> {
         let path = self.fresh_names_path();
-        let bytes = match crate::safeio::read_small(&path, crate::safeio::MAX_SUMMARY_FILE) {
+        let bytes = match safeio::read_small(&path, MAX_SUMMARY_FILE) {
             Ok(b) => b,
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(None)
@@ -210,7 +213,7 @@ impl HostDir {
         let mut bytes = serde_json::to_vec(names)
             .map_err(|source| Error::Json { path: path.clone(), source })?;
         bytes.push(b'\n');
-        crate::atomic::write_atomic(&path, &bytes)?;
+        atomic::write_atomic(&path, &bytes)?;
         Ok(bytes.len() as u64)
     }
 }
@@ -218,7 +221,7 @@ impl HostDir {
 impl HostSummary {
     /// Read and parse; errors name the file.
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes = crate::safeio::read_small(path, crate::safeio::MAX_SUMMARY_FILE)?;
+        let bytes = safeio::read_small(path, MAX_SUMMARY_FILE)?;
         serde_json::from_slice(&bytes).map_err(|source| Error::Json { path: path.into(), source })
     }
     /// [`HostSummary::read`] without the index: its entries are skipped, not built. For readers
@@ -241,7 +244,7 @@ impl HostSummary {
             last_written: u64,
             dcpid_version: String,
         }
-        let bytes = crate::safeio::read_small(path, crate::safeio::MAX_SUMMARY_FILE)?;
+        let bytes = safeio::read_small(path, MAX_SUMMARY_FILE)?;
         let f: Facts = serde_json::from_slice(&bytes)
             .map_err(|source| Error::Json { path: path.into(), source })?;
         Ok(Self {
@@ -269,7 +272,7 @@ impl HostSummary {
         let mut bytes = serde_json::to_vec_pretty(self)
             .map_err(|source| Error::Json { path: path.into(), source })?;
         bytes.push(b'\n');
-        crate::atomic::write_atomic(path, &bytes)?;
+        atomic::write_atomic(path, &bytes)?;
         Ok(bytes.len() as u64)
     }
 }

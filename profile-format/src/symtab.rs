@@ -16,6 +16,7 @@ use crate::codec::{self, put_bytes, Reader};
 use crate::db::Database;
 use crate::error::{Error, Result};
 use crate::ident::{ImageId, MAX_BUILD_ID_LEN};
+use crate::safeio;
 use crate::varint;
 
 /// Directory of the store under the database root (FORMAT.md §10).
@@ -284,9 +285,9 @@ impl Database {
         let path = self.symtab_path(&table.build_id);
         let bytes = table.encode()?;
         // Real directories, not links planted by another writer (FORMAT.md §6.1).
-        crate::safeio::ensure_dir(&self.root().join(BINARIES_DIR))?;
+        safeio::ensure_dir(&self.root().join(BINARIES_DIR))?;
         if let Some(dir) = path.parent() {
-            crate::safeio::ensure_dir(dir)?;
+            safeio::ensure_dir(dir)?;
         }
         write_atomic(&path, &bytes)?;
         Ok(bytes.len() as u64)
@@ -297,7 +298,7 @@ impl Database {
     /// error naming the path.
     pub fn read_symtab(&self, build_id: &[u8]) -> Result<StoredSymtab> {
         let path = self.symtab_path(build_id);
-        let bytes = crate::safeio::read_small(&path, MAX_SYMTAB_FILE)?;
+        let bytes = safeio::read_small(&path, MAX_SYMTAB_FILE)?;
         let t = StoredSymtab::decode(&bytes, &path)?;
         if t.build_id != build_id {
             return Err(corrupt(
@@ -317,7 +318,7 @@ impl Database {
     pub fn gc_symtabs(&self, now: SystemTime, min_age: Duration) -> Result<Vec<String>> {
         let dir = self.root().join(BINARIES_DIR);
         // Never remove files through a link: they would be another directory's.
-        if !crate::safeio::check_dir(&dir)? {
+        if !safeio::check_dir(&dir)? {
             return Ok(Vec::new());
         }
         let mut candidates = Vec::new();
@@ -326,7 +327,7 @@ impl Database {
                 continue;
             }
             let subdir = dir.join(&sub);
-            if !crate::safeio::check_dir(&subdir)? {
+            if !safeio::check_dir(&subdir)? {
                 continue;
             }
             let rd = match fs::read_dir(&subdir) {

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::codec::{self, put_bytes, Reader};
 use crate::db::HostDir;
 use crate::error::Result;
+use crate::safeio;
 use crate::varint;
 
 /// Magic of a who table file.
@@ -393,7 +394,7 @@ impl WhoTable {
     /// Read `who.tbl` through the guarded reader (a FIFO, device, link or oversized file is
     /// refused at once, naming it).
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes = crate::safeio::read_container(path, WHO_MAGIC, "who table", WHO_VERSION)?;
+        let bytes = safeio::read_container(path, WHO_MAGIC, "who table", WHO_VERSION)?;
         Self::decode(&bytes, path)
     }
 
@@ -417,6 +418,7 @@ impl HostDir {
 mod tests {
     use super::*;
     use crate::Error;
+    use flate2::write::ZlibEncoder;
 
     fn key(cg: &str, cmd: &str, pid: u32, image: &str) -> WhoKey {
         WhoKey {
@@ -470,7 +472,7 @@ mod tests {
         let t = sample_table();
         let payload = t.encode_payload();
         for level in [flate2::Compression::none(), flate2::Compression::fast()] {
-            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), level);
+            let mut z = ZlibEncoder::new(Vec::new(), level);
             z.write_all(&payload).expect("compress");
             let mut file = codec::begin(WHO_MAGIC, t.version());
             file.extend_from_slice(&z.finish().expect("compress"));

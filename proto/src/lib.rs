@@ -19,6 +19,8 @@ use serde::{Deserialize, Serialize};
 
 pub mod status;
 
+use serde_json::value;
+use serde_json::value::RawValue;
 pub use status::*;
 
 /// The configuration keys a `reload` (SIGHUP, `dcpictl reload`) applies while dcpid runs (their
@@ -73,7 +75,7 @@ pub struct Response {
     /// every request, ~35 % of its CPU time for a watching client (BENCHMARKS.md, "dcpictl
     /// top: where the daemon's time went").
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<Box<serde_json::value::RawValue>>,
+    pub result: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -81,7 +83,7 @@ pub struct Response {
 impl Response {
     /// A success carrying `result` (any of this crate's result types).
     pub fn ok_with<T: Serialize + ?Sized>(result: &T) -> Self {
-        match serde_json::value::to_raw_value(result) {
+        match value::to_raw_value(result) {
             Ok(v) => Self { ok: true, result: Some(v), error: None },
             Err(e) => Self::err(format!("cannot encode the result: {e}")),
         }

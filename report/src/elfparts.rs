@@ -18,6 +18,7 @@ use std::ops::Range;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
+use object::pod;
 use object::read::elf::{FileHeader, SectionHeader};
 use object::{elf, Endianness, FileKind, ReadCache, ReadRef};
 
@@ -51,7 +52,7 @@ struct Region {
 
 impl Region {
     fn bytes(&self) -> &[u8] {
-        &object::pod::bytes_of_slice(&self.words)[..self.len]
+        &pod::bytes_of_slice(&self.words)[..self.len]
     }
 }
 
@@ -84,7 +85,7 @@ impl ElfParts {
             let n = usize::try_from(r.end - r.start)
                 .map_err(|_| std::io::Error::other("section too large for memory"))?;
             let mut words = vec![0u64; n.div_ceil(8)];
-            file.read_exact_at(&mut object::pod::bytes_of_slice_mut(&mut words)[..n], r.start)?;
+            file.read_exact_at(&mut pod::bytes_of_slice_mut(&mut words)[..n], r.start)?;
             regions.push(Region { start: r.start, len: n, words });
         }
         if stamp(&file)? != before {
@@ -190,6 +191,7 @@ impl<'a> ReadRef<'a> for &'a ElfParts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use object::pod;
 
     #[test]
     #[allow(clippy::reversed_empty_ranges, reason = "an inverted range is dropped, not read")]
@@ -201,7 +203,7 @@ mod tests {
     #[test]
     fn reads_outside_the_loaded_parts_fail() {
         let mut words = vec![0u64; 2];
-        object::pod::bytes_of_slice_mut(&mut words)[..12].copy_from_slice(b"abc\0defghijk");
+        pod::bytes_of_slice_mut(&mut words)[..12].copy_from_slice(b"abc\0defghijk");
         let p = ElfParts { len: 100, regions: vec![Region { start: 16, len: 12, words }] };
         assert_eq!(p.read_bytes_at(16, 3), Ok(&b"abc"[..]));
         assert_eq!(p.read_bytes_at(20, 8), Ok(&b"defghijk"[..]));

@@ -137,6 +137,7 @@ pub fn text_from_bytes(raw: &[u8]) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cpp_demangle::error::Error as DemangleError;
 
     #[test]
     fn rust_legacy_v0_and_cpp() {
@@ -299,7 +300,7 @@ mod tests {
             .work_limit(cpp_parse_work_limit(long.len()));
         assert_eq!(
             cpp_demangle::Symbol::new_with_options(long.as_str(), &limited).err(),
-            Some(cpp_demangle::error::Error::TooMuchWork)
+            Some(DemangleError::TooMuchWork)
         );
         names.push(deep);
         names.push(long);

@@ -24,6 +24,7 @@ use unicode_width::UnicodeWidthStr;
 
 pub use crate::escape::CsvCell;
 use crate::escape::{csv_line, csv_titles, num, terminal};
+use crate::image::short_labels;
 
 /// The output forms of a report table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -444,7 +445,7 @@ impl Table {
                         _ => None,
                     })
                     .collect();
-                let mut it = crate::image::short_labels(&images).into_iter();
+                let mut it = short_labels(&images).into_iter();
                 shown
                     .iter()
                     .map(|r| match r.cells[i].value {

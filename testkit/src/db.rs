@@ -16,6 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use profile_format::sumidx;
 use profile_format::{
     Database, EpochId, EventDesc, HostDir, HostSummary, ImageId, ImageKind, JitSymbol,
     KallsymsSnapshot, KernelSymbol, Profile, ProfileHeader, ProfileWho, StackImage, StackProfile,
@@ -293,7 +294,7 @@ pub fn write_summaries(hd: &HostDir, samples: u64) -> HostSummary {
     };
     s.write(&hd.summary_path()).expect("write summary.json");
     s.index = Some(SummaryIndex::of_host_dir(hd).expect("summary index"));
-    profile_format::sumidx::write(&s, &hd.summary_index_path()).expect("write summary.idx");
+    sumidx::write(&s, &hd.summary_index_path()).expect("write summary.idx");
     s
 }
 

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::report::PROPORTIONS_C;
 use dcpi_e2e::json;
 use dcpi_e2e::Sandbox;
 
@@ -48,7 +49,7 @@ fn sampled_5_3_2_workload_exports_to_pprof_folded_and_html() {
     let sb = Sandbox::new();
     let dir = sb.dir.path();
     let src = dir.join("prop532.c");
-    std::fs::write(&src, crate::report::PROPORTIONS_C).expect("write source");
+    std::fs::write(&src, PROPORTIONS_C).expect("write source");
     let bin = dir.join("prop532");
     let st = Command::new("cc")
         .args(["-O1", "-fno-inline", "-Wl,--build-id=sha1", "-o"])

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use dcpi_e2e::{bin, Daemon, Sandbox};
 use dcpi_testkit::spin;
+use dcpi_testkit::tmpfs;
 use dcpi_testkit::Tmpfs;
 use profile_format::{Database, EpochId, Profile};
 
@@ -883,7 +884,7 @@ fn disk_full_daemon_survives_and_writes_once_space_is_back() {
     // The database is set up (epoch, kallsyms snapshot) before the disk fills.
     ok_stdout(&d, &["flush"]);
     let filler = mnt.join("filler");
-    dcpi_testkit::tmpfs::fill(&filler);
+    tmpfs::fill(&filler);
     run_workload(&exes[0]);
     wait_for(20, "the disk error in status", || {
         let v = d.status_json();

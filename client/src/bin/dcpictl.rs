@@ -13,7 +13,12 @@ use dcpi_client::ctl::{
     parse_result, reload_outcome, request_value, write_status, CtlError, StatusTable,
     DEFAULT_SOCKET,
 };
+use dcpi_client::manpages;
 use dcpi_client::manpages::Generate;
+use dcpi_client::top;
+use dcpi_client::top::By;
+use dcpi_client::top::Format;
+use dcpi_client::top::View;
 use dcpi_proto::{EpochResult, FlushResult, ReloadReport, Request, StatusReport};
 use dcpi_report::render::Output;
 
@@ -117,7 +122,7 @@ enum Cmd {
         limit: usize,
         /// What a row is.
         #[arg(long, value_enum, default_value = "symbol")]
-        by: dcpi_client::top::By,
+        by: By,
         /// Only the processes of this command (comm).
         #[arg(long, value_name = "COMM")]
         command: Option<String>,
@@ -155,7 +160,7 @@ enum EpochCmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(g) = cli.generate {
-        let r = dcpi_client::manpages::generate(Cli::command(), g, &mut std::io::stdout().lock());
+        let r = manpages::generate(Cli::command(), g, &mut std::io::stdout().lock());
         return match r {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
@@ -171,7 +176,7 @@ fn main() -> ExitCode {
     };
     if let Cmd::Top { once, format, limit, by, command, image, event, no_idle, interval } = &command
     {
-        let view = dcpi_client::top::View {
+        let view = View {
             by: *by,
             command: command.clone(),
             image: image.clone(),
@@ -180,11 +185,11 @@ fn main() -> ExitCode {
             limit: *limit,
         };
         let format = match format.as_str() {
-            "json" => dcpi_client::top::Format::Json,
-            "csv" => dcpi_client::top::Format::Csv,
-            _ => dcpi_client::top::Format::Table,
+            "json" => Format::Json,
+            "csv" => Format::Csv,
+            _ => Format::Table,
         };
-        let r = dcpi_client::top::run(&cli.socket, *once, format, view, *interval);
+        let r = top::run(&cli.socket, *once, format, view, *interval);
         return match r {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

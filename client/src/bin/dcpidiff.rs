@@ -5,9 +5,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use dcpi_client::diff::common::{print_tool_error, ToolError};
 use dcpi_client::diff::{run_diff, DiffArgs};
+use dcpi_client::term;
 
 fn main() -> ExitCode {
-    dcpi_client::term::tool_main(
+    term::tool_main(
         DiffArgs::parse,
         run_diff,
         |err, e| print_tool_error("dcpidiff", err, e),

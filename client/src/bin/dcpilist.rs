@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use dcpi_client::list::{print_error, run, Args, ListError};
+use dcpi_client::term;
 
 fn main() -> ExitCode {
-    dcpi_client::term::tool_main(Args::parse, run, print_error, ListError::exit_code)
+    term::tool_main(Args::parse, run, print_error, ListError::exit_code)
 }

@@ -4,7 +4,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use dcpi_client::prof::{print_error, run, Args, ProfError};
+use dcpi_client::term;
 
 fn main() -> ExitCode {
-    dcpi_client::term::tool_main(Args::parse, run, print_error, ProfError::exit_code)
+    term::tool_main(Args::parse, run, print_error, ProfError::exit_code)
 }

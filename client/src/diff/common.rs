@@ -4,6 +4,9 @@
 
 use std::io::{self, Write};
 
+use crate::args::SymbolSearch;
+use crate::prof;
+use crate::prof::output::TableFormat;
 pub use crate::prof::output::{printable, r4};
 pub use crate::prof::subset::{resolve_image_builds, symbol_rows, ImageProfiles, Symbolizer};
 use dcpi_report::error::ProfError;
@@ -36,13 +39,9 @@ impl ToolError {
 /// Print `e` as `PROG: error: ...` (with the candidates of an ambiguous `--image`).
 pub fn print_tool_error(prog: &str, err: &mut dyn Write, e: &ToolError) {
     match e {
-        ToolError::Prof(p) => crate::prof::print_error_as(prog, err, p),
+        ToolError::Prof(p) => prof::print_error_as(prog, err, p),
         other => {
-            drop(writeln!(
-                err,
-                "{prog}: error: {}",
-                dcpi_report::escape::terminal(&other.to_string())
-            ));
+            drop(writeln!(err, "{prog}: error: {}", escape::terminal(&other.to_string())));
         }
     }
 }
@@ -86,6 +85,7 @@ impl ColorChoice {
     }
 }
 
+use dcpi_report::escape;
 pub use dcpi_report::render::{signed, BOLD, GREEN, RED};
 
 /// The flags that end both `dcpidiff`'s and `dcpistats`' command lines (flattened last, so
@@ -95,13 +95,13 @@ pub use dcpi_report::render::{signed, BOLD, GREEN, RED};
 pub struct OutputArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
-    pub format: crate::prof::output::TableFormat,
+    pub format: TableFormat,
     #[arg(long, value_enum, default_value = "auto")]
     pub color: ColorChoice,
     #[arg(long, value_name = "N", value_parser = crate::args::parse_limit)]
     pub limit: Option<usize>,
     #[command(flatten)]
-    pub symbols: crate::args::SymbolSearch,
+    pub symbols: SymbolSearch,
     /// List each image whose names are missing (stripped, no debug file, binary gone,
     /// unreadable) with how to get its symbols, one warning line each; without it they are
     /// counted in one line.

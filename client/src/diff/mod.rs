@@ -19,8 +19,14 @@ use self::common::{
     printable, r4, resolve_image_builds, symbol_rows, OutputArgs, Symbolizer, ToolError,
 };
 use crate::args::{parse_when, Selection};
+use crate::manpages;
+use crate::notes;
 use crate::prof::output::TableFormat as Format;
+use crate::prof::whoprof;
+use crate::prof::whoprof::WhoSel;
+use dcpi_report::error::did_you_mean_hint;
 use dcpi_report::error::ProfError;
+use dcpi_report::image::short_labels;
 use dcpi_report::report::{self, ImageFilter, SymbolMode};
 use dcpi_report::select::{epochs_and_hosts, EpochSel, HostSel, Loaded, TimeCoverage};
 use profile_format::HostSummary;
@@ -361,7 +367,7 @@ fn side_err(side: &str, e: ProfError) -> ToolError {
         ProfError::UnknownEvent { event, available, .. } => ToolError::Usage(format!(
             "{side} selection has no samples of event {event:?}{}; events there: {available} \
              (choose with --event)",
-            dcpi_report::error::did_you_mean_hint(&event, &available)
+            did_you_mean_hint(&event, &available)
         )),
         e => ToolError::Prof(e),
     }
@@ -374,10 +380,10 @@ pub fn run_diff(
     err: &mut dyn Write,
 ) -> Result<(), ToolError> {
     if let Some(g) = args.out.generate {
-        crate::manpages::generate(DiffArgs::command(), g, out)?;
+        manpages::generate(DiffArgs::command(), g, out)?;
         return Ok(());
     }
-    crate::notes::set_verbose(args.out.verbose);
+    notes::set_verbose(args.out.verbose);
     for (name, v) in [
         ("--min-delta", args.min_delta),
         ("--min-effect", args.min_effect),
@@ -414,9 +420,9 @@ pub fn run_diff(
     }
     let mut warnings: Vec<String> = Vec::new();
     let filter = args.image.as_deref().map(ImageFilter::new);
-    let who = crate::prof::whoprof::WhoSel::of(args.command.as_deref(), args.cgroup.as_deref());
+    let who = WhoSel::of(args.command.as_deref(), args.cgroup.as_deref());
     let mut load = |e: &EpochSel, h: &HostSel| match &who {
-        Some(w) => crate::prof::whoprof::load_with(&args.sel, e, h, w, &mut |w| warnings.push(w)),
+        Some(w) => whoprof::load_with(&args.sel, e, h, w, &mut |w| warnings.push(w)),
         None => args.sel.load_with(e, h, filter.as_ref(), &mut |w| warnings.push(w)),
     };
     let before = load(&be, &bh).map_err(|e| side_err("--before", e))?;
@@ -529,7 +535,7 @@ pub fn run_diff(
             }
         }
     }
-    crate::notes::write_warnings("dcpidiff", err, &mut warnings)?;
+    notes::write_warnings("dcpidiff", err, &mut warnings)?;
     let mut r = compare_sides(args, compare, rows_of, &event, tallies, bside, aside);
     r.test.fallback = fallback;
     write_report(out, &r, args.out.format, args.out.color.enabled())?;
@@ -787,7 +793,7 @@ fn compare_sides(
 }
 
 fn side_line(s: &SideInfo) -> String {
-    let ep = dcpi_report::report::epoch_range(&s.epochs);
+    let ep = report::epoch_range(&s.epochs);
     let mut line = format!("epochs {ep}, hosts {}: {} samples", s.hosts.join(","), s.total_samples);
     if let Some(im) = &s.image {
         line.push_str(&format!(" of {}", printable(&im.path)));
@@ -897,7 +903,7 @@ pub fn write_report(
     // builds of a path share one row here, so only the path tells them apart.
     let paths: Vec<(&str, Option<&str>)> =
         r.rows.iter().map(|x| (x.image.as_deref().unwrap_or_default(), None)).collect();
-    let labels = dcpi_report::image::short_labels(&paths);
+    let labels = short_labels(&paths);
     for (x, label) in r.rows.iter().zip(labels) {
         let c = match (color && x.significant, x.delta > 0.0) {
             (true, true) => Some(RED),

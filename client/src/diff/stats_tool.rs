@@ -15,7 +15,10 @@ use super::common::{
 };
 use super::stat;
 use crate::args::Selection;
+use crate::manpages;
+use crate::notes;
 use crate::prof::output::TableFormat as Format;
+use dcpi_report::render;
 use dcpi_report::report::{self, ImageFilter, SymbolMode};
 use dcpi_report::select::HostSel;
 
@@ -188,10 +191,10 @@ pub fn run_stats(
     err: &mut dyn Write,
 ) -> Result<(), ToolError> {
     if let Some(g) = args.out.generate {
-        crate::manpages::generate(StatsArgs::command_with_defaults(), g, out)?;
+        manpages::generate(StatsArgs::command_with_defaults(), g, out)?;
         return Ok(());
     }
-    crate::notes::set_verbose(args.out.verbose);
+    notes::set_verbose(args.out.verbose);
     if !(args.outlier_k.is_finite() && args.outlier_k > 0.0) {
         return Err(ToolError::Usage(format!(
             "--outlier-k {}: expected a number > 0",
@@ -253,7 +256,7 @@ pub fn run_stats(
         }
         groups.push((name, g));
     }
-    crate::notes::write_warnings("dcpistats", err, &mut warnings)?;
+    notes::write_warnings("dcpistats", err, &mut warnings)?;
     if groups.iter().filter(|(_, g)| g.samples > 0).count() < 2 {
         return Err(ToolError::Usage(format!(
             "image {} has samples in fewer than 2 {}s of the selection; statistics need \
@@ -450,7 +453,7 @@ pub fn write_stats(
                     printable(&o.group),
                     o.share,
                     o.median,
-                    dcpi_report::render::signed(o.deviation, 2)
+                    render::signed(o.deviation, 2)
                 ));
             }
         }

@@ -10,6 +10,7 @@ use super::disasm;
 
 use crate::args::{Selection, SymbolSearch};
 use crate::prof::output::TableFormat as Format;
+use crate::prof::whoprof::WhoSel;
 use dcpi_report::error::ProfError;
 
 /// The skid caveat, printed in `--help` and in every listing's header.
@@ -256,7 +257,7 @@ impl ListError {
 
 impl Args {
     /// Whose profiles `--command`/`--cgroup` select (`None`: everyone's, the flat profiles).
-    pub fn who(&self) -> Option<crate::prof::whoprof::WhoSel> {
-        crate::prof::whoprof::WhoSel::of(self.command.as_deref(), self.cgroup.as_deref())
+    pub fn who(&self) -> Option<WhoSel> {
+        WhoSel::of(self.command.as_deref(), self.cgroup.as_deref())
     }
 }

@@ -480,7 +480,7 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     }
     Ok(Listing {
         report: "listing",
-        scope: dcpi_report::report::scope(&loaded, &args.sel.db.display().to_string()),
+        scope: report::scope(&loaded, &args.sel.db.display().to_string()),
         image: info.path,
         kind: info.kind,
         build_id: info.build_id,

@@ -2,6 +2,8 @@
 
 use super::cli::{Args, ListError};
 use crate::prof;
+use dcpi_report::report::ImageFilter;
+use dcpi_report::select::Loaded;
 
 /// The profiles a per-instruction report reads: `--command`'s or `--cgroup`'s profiles, else
 /// the published profiles (of `filter`'s image, or of every image with all their offsets for
@@ -9,9 +11,9 @@ use crate::prof;
 /// resolution (FORMAT.md §7.3), so they are left out here, with a warning saying how many.
 pub fn load_for(
     args: &Args,
-    filter: Option<&dcpi_report::report::ImageFilter>,
+    filter: Option<&ImageFilter>,
     warnings: &mut Vec<String>,
-) -> Result<dcpi_report::select::Loaded, ListError> {
+) -> Result<Loaded, ListError> {
     if let Some(who) = args.who() {
         return Ok(prof::whoprof::load(&args.sel, &who, &mut |w| warnings.push(w))?);
     }

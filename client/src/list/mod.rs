@@ -20,9 +20,12 @@ use std::io::Write;
 
 use clap::CommandFactory;
 
+use crate::manpages;
+use crate::notes;
 use crate::prof;
 
 pub use cli::{Args, ListError, Mode, HELP, SKID_NOTE};
+use dcpi_report::escape;
 
 /// Print an error the way `dcpilist` does (with the candidate lists).
 pub fn print_error(err: &mut dyn Write, e: &ListError) {
@@ -34,31 +37,23 @@ pub fn print_error(err: &mut dyn Write, e: &ListError) {
             drop(err.write_all(text.as_bytes()));
         }
         ListError::Ambiguous { candidates, .. } => {
-            drop(writeln!(
-                err,
-                "dcpilist: error: {}",
-                dcpi_report::escape::terminal(&e.to_string())
-            ));
+            drop(writeln!(err, "dcpilist: error: {}", escape::terminal(&e.to_string())));
             drop(writeln!(err, "matches (pass the mangled name to choose):"));
             for c in candidates {
-                drop(writeln!(err, "  {}", dcpi_report::escape::terminal(c)));
+                drop(writeln!(err, "  {}", escape::terminal(c)));
             }
         }
         _ => {
-            drop(writeln!(
-                err,
-                "dcpilist: error: {}",
-                dcpi_report::escape::terminal(&e.to_string())
-            ));
+            drop(writeln!(err, "dcpilist: error: {}", escape::terminal(&e.to_string())));
         }
     }
 }
 
 /// Run `dcpilist` with parsed arguments; errors are returned, not printed.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ListError> {
-    crate::notes::set_verbose(args.verbose);
+    notes::set_verbose(args.verbose);
     if let Some(g) = args.generate {
-        return Ok(crate::manpages::generate(Args::command(), g, out)?);
+        return Ok(manpages::generate(Args::command(), g, out)?);
     }
     let mut warnings: Vec<String> = Vec::new();
     let result = if let Some(n) = args.top {
@@ -79,5 +74,5 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), 
 }
 
 fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<()> {
-    crate::notes::write_warnings("dcpilist", err, w)
+    notes::write_warnings("dcpilist", err, w)
 }

@@ -9,6 +9,7 @@ use dcpi_report::render::{Cell, Column, CsvCell, Kind, Show, Style, Table, Value
 use crate::prof::output::TableFormat as Format;
 use crate::prof::output::{count_cells, count_columns, scope_lines, CountTitles};
 use dcpi_report::escape::terminal as esc;
+use dcpi_report::report::EventCount;
 use dcpi_report::report::{EventInfo, Scope};
 
 fn header(scope: &Scope, events: &[EventInfo], what: &str) -> Vec<String> {
@@ -142,7 +143,7 @@ fn listing_text(t: &mut Table, cols: &ListingColumns, l: &Listing, bytes: bool) 
     }
     t.head(format!("# note: {}", l.skid_note));
     let ncount = t.columns.len() - 9;
-    let lead = |t: &Table, counts: &[dcpi_report::report::EventCount], cpi: Option<f64>| {
+    let lead = |t: &Table, counts: &[EventCount], cpi: Option<f64>| {
         let mut c = t.blank();
         for (i, x) in count_cells(counts).enumerate() {
             c[8 + i] = x;

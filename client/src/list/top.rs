@@ -108,7 +108,7 @@ pub fn run(args: &Args, n: usize, warnings: &mut Vec<String>) -> Result<TopRepor
     }
     Ok(TopReport {
         report: "top",
-        scope: dcpi_report::report::scope(&loaded, &args.sel.db.display().to_string()),
+        scope: report::scope(&loaded, &args.sel.db.display().to_string()),
         total_samples: w.infos.first().map_or(0, |i| i.samples),
         events: w.infos,
         rows,

@@ -11,10 +11,14 @@ use super::output::TableFormat;
 use super::output::{printable, r4};
 use super::subset::{resolve_image_builds, symbol_rows, Symbolizer};
 use crate::args::{Selection, SymbolSearch};
+use crate::notes;
 use dcpi_report::error::ProfError;
+use dcpi_report::render;
+use dcpi_report::render::CsvCell;
 use dcpi_report::render::{Column, Kind, Output, Style, Table};
 use dcpi_report::report::SymbolMode;
 use dcpi_report::report::{self, ImageFilter};
+use dcpi_report::stats;
 
 /// `--by epoch|host`, of the selection, of `--image` or of its `--symbol`.
 #[derive(Clone, Debug)]
@@ -195,7 +199,7 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
             }
         }
     }
-    crate::notes::write_warnings("dcpiprof", err, &mut warnings)?;
+    notes::write_warnings("dcpiprof", err, &mut warnings)?;
     let of = match (&tr.image, &tr.symbol) {
         (None, _) => "the whole selection".to_owned(),
         (Some(_), None) => format!("all samples of the {}", by.name()),
@@ -256,8 +260,8 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
     t.head(format!("{}; % of {of}", printable(&what)));
     for (k, p) in &rows {
         let first = if timed {
-            let csv = dcpi_report::render::CsvCell::Number(p.samples.to_string());
-            dcpi_report::render::Value::Both { text: report::seconds_text(p.samples), csv }
+            let csv = CsvCell::Number(p.samples.to_string());
+            render::Value::Both { text: report::seconds_text(p.samples), csv }
         } else {
             p.samples.into()
         };
@@ -271,7 +275,7 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
     t.write(out, form, Style::default(), &v)?;
     out.flush()?;
     if tr.verbose {
-        writeln!(err, "dcpiprof: stats: {}", dcpi_report::stats::line())?;
+        writeln!(err, "dcpiprof: stats: {}", stats::line())?;
     }
     Ok(())
 }

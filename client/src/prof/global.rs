@@ -114,7 +114,7 @@ pub fn global_symbol_report(
     let omitted = truncate(&mut out, limit);
     GlobalReport {
         report: "global-symbols",
-        scope: dcpi_report::report::scope(loaded, db),
+        scope: report::scope(loaded, db),
         total_samples: w.infos.first().map_or(0, |i| i.samples),
         events: w.infos.clone(),
         rows_omitted: omitted,

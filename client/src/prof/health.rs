@@ -27,6 +27,7 @@ use serde::Serialize;
 use super::output::TableFormat;
 use super::stacks::SymStack;
 use crate::args::{Selection, SymbolSearch};
+use dcpi_report::image::kind_name;
 use dcpi_report::render::{Column, Kind, Output, Style, Table, Value};
 use dcpi_report::report::SymbolMode;
 
@@ -226,7 +227,7 @@ pub fn health_report(
             };
             HealthRow {
                 image,
-                kind: dcpi_report::image::kind_name(a.kind.unwrap_or(ImageKind::Unknown)),
+                kind: kind_name(a.kind.unwrap_or(ImageKind::Unknown)),
                 build_id: a.build_id,
                 stack_samples: a.through,
                 ended_early: a.early,

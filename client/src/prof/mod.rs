@@ -42,6 +42,10 @@ use clap::CommandFactory;
 
 use self::mode::{Mode, Profiles};
 use self::output::TableFormat;
+use crate::args::Selection;
+use crate::args::SymbolSearch;
+use crate::manpages;
+use crate::notes;
 pub use cli::{Args, SCHEMA};
 pub use dcpi_report::error::ProfError;
 use dcpi_report::escape::terminal as esc;
@@ -49,11 +53,12 @@ use dcpi_report::image::ImageFilter;
 use dcpi_report::report::SymbolContext;
 
 pub use dcpi_manpage::Generate;
+use dcpi_report::escape;
 
 /// Run `dcpiprof` with parsed arguments, writing the report to `out` (or `--output`) and
 /// warnings to `err`. Errors are returned (not printed).
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
-    crate::notes::set_verbose(args.verbose);
+    notes::set_verbose(args.verbose);
     // Every flag is checked against the others before anything is read.
     let mode = Mode::from_args(args)?;
     // A person at a terminal: grouped digits, and no binary export.
@@ -90,7 +95,7 @@ pub fn run_mode(
     err: &mut dyn Write,
 ) -> Result<(), ProfError> {
     match mode {
-        Mode::Generate(g) => Ok(crate::manpages::generate(Args::command(), *g, out)?),
+        Mode::Generate(g) => Ok(manpages::generate(Args::command(), *g, out)?),
         Mode::CacheBinaries(c) => cache_binaries(c, out),
         Mode::Images(p) => run_images(p, tty, out, err),
         Mode::Symbols(p) => run_symbols(p, tty, out, err),
@@ -176,7 +181,7 @@ fn nothing_sampled(dirs: &[profile_format::HostDir]) -> ProfError {
 /// `dcpictl epoch new` or a scheduled rotation): an empty report that says when data will
 /// appear, exit status 0 (issue 36 item 6).
 fn empty_current_epoch(
-    sel: &crate::args::Selection,
+    sel: &Selection,
     format: TableFormat,
     why: &str,
     out: &mut dyn Write,
@@ -477,8 +482,8 @@ fn run_export(
 /// with. `image`: `--image`, resolved to identities by name as the per-symbol report does
 /// (returned); `calls`: only what a `--callers`/`--callees` report needs (`Want::Calls`).
 fn load_stacks(
-    sel: &crate::args::Selection,
-    symbols: &crate::args::SymbolSearch,
+    sel: &Selection,
+    symbols: &SymbolSearch,
     mode: report::SymbolMode,
     q: StackQuery<'_>,
     err: &mut dyn Write,
@@ -616,7 +621,7 @@ fn run_calls(p: &stacks::Calls, out: &mut dyn Write, err: &mut dyn Write) -> Res
 }
 
 fn flush_warnings(err: &mut dyn Write, w: &mut Vec<String>) -> std::io::Result<()> {
-    crate::notes::write_warnings("dcpiprof", err, w)
+    notes::write_warnings("dcpiprof", err, w)
 }
 
 /// Print an error the way `dcpiprof` does (with the candidate list for ambiguity).
@@ -627,7 +632,7 @@ pub fn print_error(err: &mut dyn Write, e: &ProfError) {
 /// [`print_error`] for another report tool (`prog: error: ...`).
 pub fn print_error_as(prog: &str, err: &mut dyn Write, e: &ProfError) {
     // Messages quote names and paths from the database: escaped for the terminal.
-    drop(writeln!(err, "{prog}: error: {}", dcpi_report::escape::terminal(&e.to_string())));
+    drop(writeln!(err, "{prog}: error: {}", escape::terminal(&e.to_string())));
     if let ProfError::Ambiguous { candidates, .. } = e {
         drop(writeln!(err, "matches (pass a path or a build-id prefix to choose):"));
         for c in candidates {
@@ -639,7 +644,7 @@ pub fn print_error_as(prog: &str, err: &mut dyn Write, e: &ProfError) {
             drop(writeln!(
                 err,
                 "  {}  {id}  {} samples  hosts {}  epochs {}",
-                dcpi_report::escape::terminal(&c.path),
+                escape::terminal(&c.path),
                 c.samples,
                 c.hosts.join(","),
                 c.epochs.join(",")

@@ -607,6 +607,7 @@ fn who_tables(a: &Args, by: By, output: Output) -> Result<Who, ProfError> {
 
 #[cfg(test)]
 mod tests {
+    use clap::builder::PossibleValue;
     use clap::Parser;
 
     use super::*;
@@ -801,8 +802,7 @@ mod tests {
     #[test]
     fn every_format_splits_into_a_table_or_an_export_of_the_same_name() {
         use clap::ValueEnum;
-        let name =
-            |v: Option<clap::builder::PossibleValue>| v.expect("named").get_name().to_owned();
+        let name = |v: Option<PossibleValue>| v.expect("named").get_name().to_owned();
         let mut exports = Vec::new();
         for f in Format::value_variants() {
             let split = match f.split() {

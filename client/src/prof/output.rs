@@ -4,7 +4,8 @@ use std::io::{self, Write};
 
 use dcpi_report::render::{Cell, Column, Kind, Output, Show, Table, Value};
 use dcpi_report::report::{
-    seconds_text, time_weighted, EventCount, EventInfo, IdleShare, ImageReport, Scope, SymbolReport,
+    seconds_text, time_weighted, EventCount, EventInfo, IdleShare, ImageReport, Scope,
+    SymbolReport, SymbolRow,
 };
 
 use dcpi_report::escape::terminal as esc;
@@ -52,8 +53,10 @@ pub(crate) fn not_a_report(fmt: Format) -> io::Error {
     io::Error::other(format!("{fmt:?} is an export format, not a report table"))
 }
 
+use dcpi_report::render::CsvCell;
 /// How a table is drawn ([`dcpi_report::render::Style`]).
 pub use dcpi_report::render::{number, Style};
+use dcpi_report::report::epoch_range;
 
 /// The renderer's form of a report `--format`; an export format is not a table.
 pub(crate) fn form(fmt: Format) -> io::Result<Output> {
@@ -129,7 +132,7 @@ pub(crate) fn scope_lines(
 ) -> Vec<String> {
     let mut h = vec![
         format!("# database: {}", esc(&scope.database)),
-        format!("# epochs: {}", dcpi_report::report::epoch_range(&scope.epochs)),
+        format!("# epochs: {}", epoch_range(&scope.epochs)),
         format!("# hosts: {}", scope.hosts.join(", ")),
     ];
     if let Some(t) = &scope.time {
@@ -229,7 +232,7 @@ pub(crate) fn count_columns(
 pub(crate) fn count_cells(counts: &[EventCount]) -> impl Iterator<Item = Cell> + '_ {
     counts.iter().flat_map(|c| {
         let first = if time_weighted(&c.event) {
-            let csv = dcpi_report::render::CsvCell::Number(c.samples.to_string());
+            let csv = CsvCell::Number(c.samples.to_string());
             Value::Both { text: seconds_text(c.samples), csv }
         } else {
             c.samples.into()
@@ -272,7 +275,7 @@ fn wall_note(events: &[EventInfo]) -> Option<String> {
 fn wall_cell(counts: &[EventCount]) -> Option<Cell> {
     let (on, off) = wall_pair(counts.iter().map(|c| c.event.as_str()))?;
     let ns = counts[on].events.saturating_add(counts[off].events);
-    let csv = dcpi_report::render::CsvCell::Number(ns.to_string());
+    let csv = CsvCell::Number(ns.to_string());
     Some(Value::Both { text: seconds_text(ns), csv }.into())
 }
 
@@ -406,7 +409,7 @@ pub fn write_symbols(
 /// hottest line, as the report ranks rows), then its lines indented beneath it.
 fn line_rows(r: &SymbolReport, t: &mut Table) {
     let mut order: Vec<&str> = Vec::new();
-    let mut groups: std::collections::HashMap<&str, Vec<&dcpi_report::report::SymbolRow>> =
+    let mut groups: std::collections::HashMap<&str, Vec<&SymbolRow>> =
         std::collections::HashMap::new();
     for row in &r.rows {
         let g = groups.entry(row.symbol.as_str()).or_default();

@@ -13,7 +13,10 @@ use super::output::TableFormat;
 use crate::args::{Selection, SymbolSearch};
 use dcpi_report::debuginfo::Locator;
 use dcpi_report::error::ProfError;
+use dcpi_report::escape;
+use dcpi_report::image::display_path;
 use dcpi_report::names::display_name;
+use dcpi_report::render::CsvCell;
 use dcpi_report::report::{self, SymbolMode, Weights};
 use dcpi_report::select::Loaded;
 use dcpi_report::symbolizer::{JitTable, Kallsyms, Snapshots, Source};
@@ -123,7 +126,7 @@ struct Namer<'a> {
 fn label(img: &StackImage) -> String {
     let base = img.path.rsplit(|&b| b == b'/').next().unwrap_or(&img.path);
     let b = if base.is_empty() { &img.path[..] } else { base };
-    dcpi_report::image::display_path(b)
+    display_path(b)
 }
 
 impl Namer<'_> {
@@ -167,7 +170,7 @@ impl Namer<'_> {
                             snap,
                             module.as_deref(),
                             &img.id,
-                            &dcpi_report::image::display_path(&img.path),
+                            &display_path(&img.path),
                             &loaded.dirs[dir].path,
                             warn,
                         );
@@ -279,11 +282,11 @@ impl<'a> NameMatch<'a> {
 
     fn matches(&self, raw: &str) -> bool {
         if self.raw_names {
-            return dcpi_report::escape::controls(raw) == self.want;
+            return escape::controls(raw) == self.want;
         }
         // Only names starting so are demangled (names::demangle); others show as they are.
         if !raw.starts_with(['_', 'Z', 'R']) {
-            return dcpi_report::escape::controls(raw) == self.want;
+            return escape::controls(raw) == self.want;
         }
         if self.needle.is_some_and(|n| !raw.contains(n)) {
             return false;
@@ -469,7 +472,7 @@ pub fn load(
                 .map(|i| {
                     let name = match i.kind {
                         ImageKind::Unknown => "[unknown]".to_owned(),
-                        _ => dcpi_report::image::display_path(&i.path),
+                        _ => display_path(&i.path),
                     };
                     (name, i.clone())
                 })
@@ -621,7 +624,7 @@ fn by_range_symbol(want: Want<'_>) -> bool {
 /// A stack's command as reports show it (escaped as commands are in the who reports).
 fn command_name(c: Option<&[u8]>) -> String {
     match c {
-        Some(c) => dcpi_report::image::display_path(c),
+        Some(c) => display_path(c),
         None => UNKNOWN_COMMAND.to_owned(),
     }
 }
@@ -814,7 +817,7 @@ pub fn apply_to_export(
             m.max_offset = m.max_offset.max(f.offset);
             m.symbolized |= !f.function.contains("+0x");
             let func = Function {
-                name: dcpi_report::escape::controls(&f.function).into_owned(),
+                name: escape::controls(&f.function).into_owned(),
                 system_name: None,
                 file: None,
             };
@@ -903,7 +906,7 @@ pub fn write_calls(
         let n: Value = if timed {
             Value::Both {
                 text: report::seconds_text(row.samples),
-                csv: dcpi_report::render::CsvCell::Number(row.samples.to_string()),
+                csv: CsvCell::Number(row.samples.to_string()),
             }
         } else {
             row.samples.into()

@@ -5,6 +5,7 @@ use profile_format::ImageKind;
 
 use dcpi_report::debuginfo::Locator;
 use dcpi_report::error::ProfError;
+use dcpi_report::image;
 use dcpi_report::report::{self, ImageFilter, SymbolContext, SymbolMode, SymbolRow, Weights};
 use dcpi_report::select::Loaded;
 use dcpi_report::symcache::SymbolCache;
@@ -47,7 +48,7 @@ pub fn resolve_image_builds(
         Err(e) => return Err(e),
     };
     let first = &loaded.profiles[idx[0]];
-    let path = dcpi_report::image::image_display(&first.profile.header);
+    let path = image::image_display(&first.profile.header);
     let mut builds: Vec<String> = idx
         .iter()
         .filter_map(|&i| {

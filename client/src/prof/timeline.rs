@@ -21,6 +21,10 @@ use dcpi_report::report::{self, SymbolContext, SymbolMode};
 use dcpi_report::timeline::{self, Bucket, Part, Share};
 use profile_format::{HostDir, ImageId, SliceKey, SliceLog, SliceTotal, SliceTotals};
 
+use dcpi_report::escape;
+use dcpi_report::render::CsvCell;
+use dcpi_report::select::Loaded;
+use dcpi_report::stats;
 /// UTC time of Unix seconds, as the timeline names it (for `dcpiexport`'s CSV too).
 pub use dcpi_report::timeline::utc;
 
@@ -333,7 +337,7 @@ pub fn run(
     // A time-weighted event (off-CPU time): its counts are nanoseconds. Text shows seconds
     // (`time`) and milliseconds per second (`ms/s`: threads' waiting per second of the bucket);
     // CSV keeps nanoseconds (`ns`, `ns_per_second`), JSON too (`samples`, `per_second`).
-    let timed = dcpi_report::report::time_weighted(&event);
+    let timed = report::time_weighted(&event);
     let mut table = Table::new();
     table.columns([
         Column::new("time (UTC)", Kind::Text).csv("time"),
@@ -367,11 +371,7 @@ pub fn run(
             "# time: {} .. {}, {} in {} bucket(s) of {}",
             timeline::utc(a),
             timeline::utc(b),
-            if timed {
-                dcpi_report::report::seconds_text(total)
-            } else {
-                format!("{total} sample(s)")
-            },
+            if timed { report::seconds_text(total) } else { format!("{total} sample(s)") },
             buckets.len(),
             timeline::duration(resolution)
         )),
@@ -404,12 +404,10 @@ pub fn run(
     }
     for b in &buckets {
         let (n, r): (CellValue, CellValue) = if timed {
-            let both = |text: String, csv: String| CellValue::Both {
-                text,
-                csv: dcpi_report::render::CsvCell::Number(csv),
-            };
+            let both =
+                |text: String, csv: String| CellValue::Both { text, csv: CsvCell::Number(csv) };
             (
-                both(dcpi_report::report::seconds_text(b.samples), b.samples.to_string()),
+                both(report::seconds_text(b.samples), b.samples.to_string()),
                 both(format!("{:.1}", rate(b) / 1e6), rate(b).to_string()),
             )
         } else {
@@ -426,7 +424,7 @@ pub fn run(
     table.write(out, form, Style { human: tty, ..Style::default() }, &doc)?;
     out.flush()?;
     if t.verbose {
-        writeln!(err, "dcpiprof: stats: {}", dcpi_report::stats::line())?;
+        writeln!(err, "dcpiprof: stats: {}", stats::line())?;
     }
     Ok(())
 }
@@ -438,7 +436,7 @@ pub fn run(
 /// (the rest of the export does not need it).
 pub fn of_export(
     sel: &Selection,
-    loaded: &dcpi_report::select::Loaded,
+    loaded: &Loaded,
     w: &report::Weights,
     only: Option<&[usize]>,
     warn: &mut dyn FnMut(String),
@@ -476,7 +474,7 @@ pub fn of_export(
 
 fn flush(err: &mut dyn Write, warnings: &mut Vec<String>) -> std::io::Result<()> {
     for m in warnings.drain(..) {
-        writeln!(err, "dcpiprof: warning: {}", dcpi_report::escape::terminal(&m))?;
+        writeln!(err, "dcpiprof: warning: {}", escape::terminal(&m))?;
     }
     Ok(())
 }

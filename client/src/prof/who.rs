@@ -18,6 +18,9 @@ use dcpi_report::select;
 use super::output::TableFormat;
 use crate::args::Selection;
 use dcpi_report::escape::{controls, terminal};
+use dcpi_report::render;
+use dcpi_report::render::CsvCell;
+use dcpi_report::report;
 
 /// The filters of the who tables.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -325,7 +328,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     } else {
         "the idle task ([idle]) included"
     };
-    let of = if dcpi_report::report::time_weighted(&event) {
+    let of = if report::time_weighted(&event) {
         format!("all {event} time selected ({idle})")
     } else {
         format!("all samples of {event} selected ({idle})")
@@ -378,8 +381,8 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     };
     // A time-weighted event (off-CPU time): counts are nanoseconds, shown as seconds in text
     // (`time`), nanoseconds in CSV (`ns`) and JSON (`samples`).
-    let timed = dcpi_report::report::time_weighted(&event);
-    let secs = dcpi_report::report::seconds_text;
+    let timed = report::time_weighted(&event);
+    let secs = report::seconds_text;
     let mut t = super::by::group_table(
         by.name(),
         [
@@ -412,13 +415,13 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     t.head(terminal(&what));
     for (k, n) in &rows {
         let first = if timed {
-            let csv = dcpi_report::render::CsvCell::Number(n.to_string());
-            dcpi_report::render::Value::Both { text: secs(*n), csv }
+            let csv = CsvCell::Number(n.to_string());
+            render::Value::Both { text: secs(*n), csv }
         } else {
             (*n).into()
         };
         let key = if by == WhoBy::Image {
-            dcpi_report::render::Value::image(k.as_str(), None)
+            render::Value::image(k.as_str(), None)
         } else {
             k.as_str().into()
         };
@@ -428,13 +431,13 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
         }
         for (thread, n) in second.get(k).map(thread_rows).unwrap_or_default() {
             let first = if timed {
-                let csv = dcpi_report::render::CsvCell::Number(n.to_string());
-                dcpi_report::render::Value::Both { text: secs(n), csv }
+                let csv = CsvCell::Number(n.to_string());
+                render::Value::Both { text: secs(n), csv }
             } else {
                 n.into()
             };
             let name = format!("{k}/{thread}");
-            let name = dcpi_report::render::Value::from(name.as_str());
+            let name = render::Value::from(name.as_str());
             t.row(vec![name.into(), first.into(), pct(n).into()]);
         }
     }

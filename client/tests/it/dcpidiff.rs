@@ -9,6 +9,8 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 use profile_format::{EpochId, HostDir, ImageId, ImageKind, JitSymbol};
 use serde_json::Value;
 
+use dcpi_testkit::db::fixed_event;
+use dcpi_testkit::db::write_summaries;
 use dcpi_testkit::db::Image;
 
 use crate::util::{base_time, cpu_clock, row, rows, stderr, stdout, TestDb};
@@ -285,7 +287,7 @@ fn shift_50_30_20_to_20_30_50_is_found_and_only_the_changed_are_significant() {
 
 /// `summary.json` of a host directory sampled for `secs` seconds on 2 CPUs (cpu-clock).
 fn write_sampled_time(hd: &HostDir, secs: u64) {
-    let mut s = dcpi_testkit::db::write_summaries(hd, 0);
+    let mut s = write_summaries(hd, 0);
     s.index = None;
     s.cpus = vec![0, 1];
     s.events = vec![profile_format::EventSummary {
@@ -452,7 +454,7 @@ fn off_cpu_time_compares_as_ns_per_second_without_a_poisson_test() {
     let t = TestDb::new();
     let bin = build_prog(t.tmp(), "waiter", 2, 1, &["-O1"]);
     let elf = Elf::read(&bin, 2);
-    let off_cpu = dcpi_testkit::db::fixed_event("off-cpu", 1);
+    let off_cpu = fixed_event("off-cpu", 1);
     let (e1, e2) = (epoch(&t, 0), epoch(&t, 60));
     let ns = 1_000_000_000;
     for (e, secs, counts) in [(&e1, 10, [ns, 2 * ns]), (&e2, 20, [4 * ns, 4 * ns])] {

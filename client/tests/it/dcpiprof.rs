@@ -9,8 +9,12 @@ use crate::util::{
     asm_calling, assert_no_golden_mismatch, check_golden, compile, event, golden_dir, json_ok,
     prof, prof_command, row, rows, stderr, stdout, TestDb,
 };
+use dcpi_client::prof::debuginfo;
+use dcpi_client::prof::select;
+use dcpi_client::prof::symbolize;
 use dcpi_testkit::db::Image;
 use object::{Object, ObjectSegment, ObjectSymbol};
+use profile_format::sumidx;
 use profile_format::{
     EventSummary, HostSummary, ImageId, ImageKind, JitSymbol, KallsymsSnapshot, KernelModule,
     KernelSymbol,
@@ -321,7 +325,7 @@ fn hosts_epochs_merge_ranges_and_default_host() {
     assert!(err.contains("--host all") && err.contains(e2.as_str()), "{err}");
 
     // Default host is this machine's name.
-    let me = dcpi_client::prof::select::this_host();
+    let me = select::this_host();
     let hd = t.host(&e3, &me);
     Image::new(ImageKind::Elf, id.clone(), b"/bin/app")
         .profile(&ev)
@@ -1155,8 +1159,8 @@ fn help_documents_schema_and_generate_writes_man_and_completions() {
 
 /// This machine's vDSO: its build-id and the offset of `__vdso_clock_gettime` in it.
 fn live_vdso_clock_gettime() -> (Vec<u8>, u64) {
-    let vdso = dcpi_client::prof::debuginfo::live_vdso().expect("this process has a vDSO");
-    let bid = dcpi_client::prof::symbolize::elf_identity(&vdso)
+    let vdso = debuginfo::live_vdso().expect("this process has a vDSO");
+    let bid = symbolize::elf_identity(&vdso)
         .expect("vDSO is ELF")
         .build_id
         .expect("x86_64 vDSOs carry a build-id");
@@ -1876,7 +1880,7 @@ fn per_image_report_from_summary_index_equals_report_from_profiles() {
     for hd in &dirs {
         let mut s = HostSummary::read(&hd.summary_path()).expect("summary");
         s.index = Some(profile_format::SummaryIndex::of_host_dir(hd).expect("index"));
-        profile_format::sumidx::write(&s, &hd.summary_index_path()).expect("write summary.idx");
+        sumidx::write(&s, &hd.summary_index_path()).expect("write summary.idx");
     }
     let binary = runs("binary index");
     let err = &binary[0].1;
@@ -1988,7 +1992,7 @@ fn parallel_per_symbol_load_equals_sequential() {
             if ei == 2 && hi == 4 {
                 std::fs::create_dir(hd.summary_index_path()).expect("summary.idx as a dir");
             } else {
-                profile_format::sumidx::write(&s, &hd.summary_index_path()).expect("summary.idx");
+                sumidx::write(&s, &hd.summary_index_path()).expect("summary.idx");
             }
             if ei == 0 && hi == 6 {
                 locked = Some(hd.path.clone());

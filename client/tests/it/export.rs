@@ -10,6 +10,10 @@ use std::process::{Command, Output};
 use crate::util::{base_time, event, json_ok, prof, TestDb};
 use dcpi_testkit::db::Image;
 
+use dcpi_client::prof::export::pprof::proto::Profile;
+use dcpi_client::prof::select;
+use dcpi_testkit::db::write_summaries;
+use flate2::read::GzDecoder;
 use object::{Object, ObjectSegment, ObjectSymbol};
 use profile_format::{HostDir, ImageId, ImageKind, JitSymbol};
 use serde_json::Value;
@@ -576,7 +580,7 @@ fn pprof_structure_sample_types_mappings_addresses_and_labels() {
     let sel = ["--host", "alpha", "--epoch", "all"];
     let out = ok(prof(&t.root(), &[&sel[..], &["--format", "pprof"]].concat()), "pprof to a pipe");
     let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(&out[..]).read_to_end(&mut raw).expect("gunzip");
+    GzDecoder::new(&out[..]).read_to_end(&mut raw).expect("gunzip");
     let pb = proto::Profile::decode(&raw[..]).expect("decode profile.proto");
     let s = |i: i64| pb.string_table[i as usize].as_str();
     let types: Vec<String> =
@@ -695,13 +699,13 @@ fn jit_frames_sampled_only_as_callers_are_named_from_the_stack_file() {
 }
 
 /// Decode a `--format pprof` export.
-fn pprof_of(db: &Path, args: &[&str]) -> dcpi_client::prof::export::pprof::proto::Profile {
+fn pprof_of(db: &Path, args: &[&str]) -> Profile {
     use prost::Message;
     use std::io::Read;
     let out = ok(prof(db, &[args, &["--format", "pprof"]].concat()), "pprof export");
     let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(&out[..]).read_to_end(&mut raw).expect("gunzip");
-    dcpi_client::prof::export::pprof::proto::Profile::decode(&raw[..]).expect("decode")
+    GzDecoder::new(&out[..]).read_to_end(&mut raw).expect("gunzip");
+    Profile::decode(&raw[..]).expect("decode")
 }
 
 /// Issue 39 item 4: a 62 s epoch whose summary a restarted daemon rewrote 140 s after its
@@ -725,7 +729,7 @@ fn pprof_duration_is_the_sampled_time_and_file_the_hottest_user_image() {
     // The kernel is hotter than any user image.
     Image::kernel("6.1.0").profile(&ev).counts(&[(0x100, 90)]).write(&hd);
     let start = hd.epoch.start_time().duration_since(std::time::UNIX_EPOCH).expect("epoch time");
-    let mut s = dcpi_testkit::db::write_summaries(&hd, 125);
+    let mut s = write_summaries(&hd, 125);
     s.index = None;
     s.cpus = vec![0, 1];
     s.events = vec![profile_format::EventSummary {
@@ -901,7 +905,7 @@ fn html_report_draws_the_timeline_of_the_slices() {
     let mut minutes = 0;
     for e in db.epochs().expect("epochs") {
         let hd = db.host_dir(&e, "alpha").expect("dir");
-        let start = dcpi_client::prof::select::epoch_start(e.as_str()).expect("epoch start");
+        let start = select::epoch_start(e.as_str()).expect("epoch start");
         let start = start - start % 60;
         let (mut w, _) = profile_format::SliceWriter::open(&hd.slices_path()).expect("writer");
         let mut slices: Vec<profile_format::Slice> = (0..3)

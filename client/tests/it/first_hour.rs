@@ -9,12 +9,12 @@ use std::time::{Duration, SystemTime};
 use profile_format::{EpochId, EventSummary, HostDir, HostSummary, ImageId};
 use serde_json::Value;
 
-use dcpi_testkit::db::Image;
+use dcpi_testkit::db::{self, Image};
 
 use crate::util::{self, cpu_clock, stderr, stdout, TestDb};
 
 fn build_id(n: u8) -> ImageId {
-    dcpi_testkit::db::build_id(n, 20)
+    db::build_id(n, 20)
 }
 
 /// A cpu-clock profile of an ELF image at its mean period.

@@ -16,6 +16,7 @@ use profile_format::{
 };
 
 use crate::util::{asm_calling, event};
+use dcpi_client::escape;
 use dcpi_testkit::db::Image;
 
 /// Names a hostile process or file could carry (all valid UTF-8 strings: the profile format
@@ -204,8 +205,7 @@ fn run(tool: &str, db: &Db, args: &[&str]) -> Output {
 fn raw_control(bytes: &[u8], json: bool) -> Option<(usize, char)> {
     let text = String::from_utf8_lossy(bytes);
     text.char_indices().find(|&(_, c)| {
-        c != '\n'
-            && if json { c.is_control() } else { dcpi_client::escape::is_unsafe_for_terminal(c) }
+        c != '\n' && if json { c.is_control() } else { escape::is_unsafe_for_terminal(c) }
     })
 }
 

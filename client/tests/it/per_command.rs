@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use dcpi_testkit::db::{who_key, write_who, Image};
+use flate2::read::GzDecoder;
 use profile_format::{HostDir, ImageId, ProfileWho};
 
 use crate::util::*;
@@ -190,7 +191,7 @@ fn pprof_export() {
         "pprof",
     );
     let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(&file).expect("open"))
+    GzDecoder::new(std::fs::File::open(&file).expect("open"))
         .read_to_end(&mut raw)
         .expect("gunzip");
     // The string table holds the function names: alpha's, not beta's.

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use profile_format::{ImageId, ImageKind, JitSymbol};
 
+use crate::util;
 use crate::util::{compile, event, prof, stderr, TestDb};
 use dcpi_testkit::db::Image;
 
@@ -177,7 +178,7 @@ fn output_replaces_a_fifo_without_opening_it() {
     let fifo = t.tmp().join("report.csv");
     let o = Command::new("mkfifo").arg(&fifo).output().expect("run mkfifo");
     assert!(o.status.success(), "mkfifo: {}", String::from_utf8_lossy(&o.stderr));
-    let mut child = crate::util::prof_command(
+    let mut child = util::prof_command(
         &t.root(),
         &["--host", "all", "--format", "csv", "-o", fifo.to_str().expect("utf8")],
     )

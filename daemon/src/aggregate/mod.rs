@@ -97,11 +97,18 @@ use profile_format::{ImageId, ImageKind, UnknownReason};
 use crate::resolve::{AsidSpan, Prepared, RecordIo, Resolution, Resolver, KERNEL_START};
 use crate::types::{EventIdx, PerfTime, Sample, SampleSink, SideBand, TimedSideBand};
 
+use hashbrown::hash_map;
 use table::{Added, Entry, Table};
 
 use crate::who::{CgroupNames, CpuWho, HotView, Recent, WhoBatch};
 
+use crate::perf::callchain::StackTables;
+use crate::resolve::ResolverStats;
+use crate::sys;
 pub use crate::types::ImageInfo;
+use crate::watch::Watch;
+use crate::who::idle_image;
+use crate::who::ThreadNames;
 
 /// Samples of one (image, event), resolved: offset → (count, sum of periods in force).
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -504,13 +511,13 @@ pub struct Aggregator {
     /// cgroup id → path, for the who attribution.
     cgroups: Mutex<CgroupNames>,
     /// Names of threads no record named, read from /proc.
-    thread_names: Mutex<crate::who::ThreadNames>,
+    thread_names: Mutex<ThreadNames>,
     /// The last batches' hottest rows (`dcpictl top`).
     recent: Mutex<Recent>,
     /// The time-weighted event (`u32::MAX`: none); see [`Aggregator::set_time_event`].
     time_event: std::sync::atomic::AtomicU32,
     /// The drain threads' stack tables, when call chains are sampled.
-    stack_tables: OnceLock<Arc<crate::perf::callchain::StackTables>>,
+    stack_tables: OnceLock<Arc<StackTables>>,
     /// Batches carry [`Resolved::pid_profiles`].
     who_profiles: std::sync::atomic::AtomicBool,
     /// Overflow buffers resolved by the resolver thread since the last flush. Only touched
@@ -744,7 +751,7 @@ impl Aggregator {
             cap: AtomicU64::new(PerfTime::MAX),
             idle: OnceLock::new(),
             cgroups: Mutex::new(CgroupNames::discover()),
-            thread_names: Mutex::new(crate::who::ThreadNames::default()),
+            thread_names: Mutex::new(ThreadNames::default()),
             recent: Mutex::new(Recent::default()),
             stack_tables: OnceLock::new(),
             time_event: std::sync::atomic::AtomicU32::new(u32::MAX),
@@ -798,12 +805,12 @@ impl Aggregator {
 
     /// Call chains are sampled into `tables` (one per CPU slot of this aggregator, same
     /// count): samples' stack ids are counted and resolved at each flush.
-    pub fn set_stack_tables(&self, tables: Arc<crate::perf::callchain::StackTables>) {
+    pub fn set_stack_tables(&self, tables: Arc<StackTables>) {
         drop(self.stack_tables.set(tables));
     }
 
     /// The stack tables, when stacks are sampled.
-    pub fn stack_tables(&self) -> Option<&Arc<crate::perf::callchain::StackTables>> {
+    pub fn stack_tables(&self) -> Option<&Arc<StackTables>> {
         self.stack_tables.get()
     }
 
@@ -923,7 +930,7 @@ impl Aggregator {
     /// aggregator is dropped.
     pub fn start_resolver_thread(
         self: &Arc<Self>,
-        watch: Option<&Arc<crate::watch::Watch>>,
+        watch: Option<&Arc<Watch>>,
     ) -> std::io::Result<()> {
         let weak = Arc::downgrade(self);
         let w = watch.cloned();
@@ -939,7 +946,7 @@ impl Aggregator {
             if agg.worker.wanted.swap(false, Ordering::AcqRel) {
                 agg.worker.wakeups.fetch_add(1, Ordering::Relaxed);
                 agg.resolve_pass(true);
-                agg.worker.cpu_ns.store(crate::sys::time::thread_cpu_ns(), Ordering::Relaxed);
+                agg.worker.cpu_ns.store(sys::time::thread_cpu_ns(), Ordering::Relaxed);
                 continue;
             }
             drop(agg);
@@ -1086,7 +1093,7 @@ impl Aggregator {
         // Freeze before reading the clock: a drain pass that saw the old cap computed its
         // watermark from a clock read before this store, hence before T.
         self.cap.store(0, Ordering::SeqCst);
-        let t = crate::sys::time::monotonic_ns();
+        let t = sys::time::monotonic_ns();
         self.cap.store(t, Ordering::SeqCst);
         let b = barrier(t);
         let out = self.take_until(t);
@@ -1216,7 +1223,7 @@ impl Aggregator {
         let mut names = lock(&self.cgroups);
         let ids: Vec<u64> = who.cgroups.values().copied().collect();
         for id in ids {
-            if let hashbrown::hash_map::Entry::Vacant(v) = who.cgroup_paths.entry(id) {
+            if let hash_map::Entry::Vacant(v) = who.cgroup_paths.entry(id) {
                 if let Some(p) = names.path(id) {
                     v.insert(p);
                 }
@@ -1250,7 +1257,7 @@ impl Aggregator {
 
     /// The resolver's counters, unless a flush holds the resolver (`try_read`: a status
     /// request never waits for a flush, and the drain threads' caches stay valid).
-    pub fn try_resolver_stats(&self) -> Option<crate::resolve::ResolverStats> {
+    pub fn try_resolver_stats(&self) -> Option<ResolverStats> {
         self.resolver.try_read().ok().map(|r| r.stats())
     }
 
@@ -1345,7 +1352,7 @@ fn resolve_entry(
     match resolver.resolve(e.pid, e.asid(), e.pc, e.kernel()) {
         Resolution::Image { image, offset } => {
             let image = if e.kernel() && e.pid == 0 && image.kind == ImageKind::Kernel {
-                idle.get_or_init(|| crate::who::idle_image(&image))
+                idle.get_or_init(|| idle_image(&image))
             } else {
                 &image
             };
@@ -1393,7 +1400,7 @@ fn resolve_entry(
                 // Kernel entries are shared by every process; `CpuWho` counts their owners.
                 out.who.add_user(e.pid, Some(image), event, count);
                 out.who.hot.push((e.pid, Arc::clone(image), offset, event, count));
-                if let hashbrown::hash_map::Entry::Vacant(v) = out.who.comms.entry(e.pid) {
+                if let hash_map::Entry::Vacant(v) = out.who.comms.entry(e.pid) {
                     if let Some(c) = resolver.comm(e.pid, e.asid()) {
                         v.insert(c.to_vec());
                     }

@@ -16,6 +16,7 @@ use profile_format::{ImageId, ImageKind, StackImage, StackProfile};
 use crate::perf::callchain::{StackId, StackTables};
 use crate::resolve::{Resolution, Resolver, KERNEL_START};
 use crate::types::{EventIdx, ImageInfo, Sample};
+use crate::who;
 
 /// Distinct (pid, asid, stack, event) counted per CPU per flush interval at most; past it a
 /// sample's stack is dropped (its flat count stays) and counted in `dropped`.
@@ -125,7 +126,7 @@ pub(crate) fn resolve_cpu(
                 Resolution::Image { image, offset } => {
                     // The idle task's kernel frames are `[idle]`, as its flat samples are.
                     let image = if kernel && pid == 0 && image.kind == ImageKind::Kernel {
-                        Arc::clone(idle.get_or_init(|| crate::who::idle_image(&image)))
+                        Arc::clone(idle.get_or_init(|| who::idle_image(&image)))
                     } else {
                         image
                     };

@@ -326,6 +326,7 @@ mod tests {
         //! Model-based: any sequence of adds and drains against a plain map of exact counts.
         use std::collections::HashMap;
 
+        use proptest::collection;
         use proptest::prelude::*;
 
         use super::super::*;
@@ -365,7 +366,7 @@ mod tests {
             #[test]
             fn counts_and_period_sums_are_exact_through_evictions_and_drains(
                 entries in 1usize..40,
-                ops in proptest::collection::vec(op(), 1..600),
+                ops in collection::vec(op(), 1..600),
             ) {
                 let mut t = Table::new(entries);
                 // What was added, per key; what came out (evictions and drains), per key.

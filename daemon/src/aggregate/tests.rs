@@ -2,6 +2,7 @@
 //! `daemon/tests/resolve_ordering.rs`).
 
 use super::*;
+use crate::resolve::identity::io_probe;
 use crate::resolve::ResolverConfig;
 
 const BASE: u64 = 0x40_0000;
@@ -334,6 +335,7 @@ mod watermark_model {
     //! Model-based: two CPUs' drain passes, cut at random instants and interleaved at random,
     //! must attribute every sample to the image its process had mapped at the sample's time,
     //! whichever CPU carried the exec and mmap records and in whatever order the passes came.
+    use proptest::collection;
     use proptest::prelude::*;
 
     use super::*;
@@ -361,11 +363,11 @@ mod watermark_model {
         (1usize..6).prop_flat_map(|segs| {
             let end = segs as u64 * SEG;
             (
-                proptest::collection::vec((0u32..2, 0u32..2), segs),
-                proptest::collection::vec((0..segs, 2u64..SEG, 0u32..2, 0u64..8), 1..200),
-                proptest::collection::vec(1..end, 0..8),
-                proptest::collection::vec(1..end, 0..8),
-                proptest::collection::vec(any::<bool>(), 0..20),
+                collection::vec((0u32..2, 0u32..2), segs),
+                collection::vec((0..segs, 2u64..SEG, 0u32..2, 0u64..8), 1..200),
+                collection::vec(1..end, 0..8),
+                collection::vec(1..end, 0..8),
+                collection::vec(any::<bool>(), 0..20),
             )
                 .prop_map(|(record_cpus, samples, mut c0, mut c1, order)| {
                     c0.sort_unstable();
@@ -540,7 +542,7 @@ fn drain_passes_hand_records_to_the_resolver_thread_and_order_holds() {
 
     // The files were read (the exec's /proc/PID, the mapping's map_files entry), only by the
     // resolver thread; no drain thread took the resolver for writing.
-    let io = crate::resolve::identity::io_probe::threads_under(&proc_root);
+    let io = io_probe::threads_under(&proc_root);
     assert!(io.len() >= 2, "{io:?}");
     assert!(io.iter().all(|t| t == RESOLVER_THREAD), "file I/O off the resolver thread: {io:?}");
     let writers = lock(&agg.writers).clone();

@@ -70,7 +70,9 @@ use std::thread::JoinHandle;
 
 use crate::perf::callchain::{process_chain, StackTables};
 use crate::perf::ring::{RawRecord, RingReader};
+use crate::perf::sampler;
 use crate::resolve::KERNEL_START;
+use crate::sys;
 use crate::sys::perf::{self as sp, AttrSpec, EventFd, PerfFd, RingMap};
 use crate::types::{EventIdx, Sample, SampleSink};
 
@@ -563,8 +565,8 @@ impl Reader {
     }
 
     fn run(&mut self, stop: &EventFd, stopping: &AtomicBool) {
-        let clock = crate::sys::time::own_thread_clock();
-        self.renice(LOW_NICE, crate::sys::time::monotonic_ns());
+        let clock = sys::time::own_thread_clock();
+        self.renice(LOW_NICE, sys::time::monotonic_ns());
         loop {
             let fds: Vec<&PerfFd> = self.rings.iter().map(|r| &r.fd).collect();
             if let Err(e) = sp::poll_rings(&fds, stop, POLL_MS) {
@@ -578,7 +580,7 @@ impl Reader {
                 }
             }
             self.pass();
-            let now = crate::sys::time::monotonic_ns();
+            let now = sys::time::monotonic_ns();
             if let Some(nice) = self.priority.after_pass(self.fullest, now) {
                 self.renice(nice, now);
             }
@@ -589,7 +591,7 @@ impl Reader {
                     self.follow(&online);
                 }
             }
-            if let Some(c) = clock.and_then(crate::sys::time::clock_ns) {
+            if let Some(c) = clock.and_then(sys::time::clock_ns) {
                 self.stats.cpu_ns.store(c, Ordering::Relaxed);
             }
             if last {
@@ -604,7 +606,7 @@ impl Reader {
     fn follow(&mut self, online: &[u32]) {
         let mut have: Vec<u32> = self.rings.iter().map(|r| r.cpu).collect();
         have.dedup();
-        let (gone, new) = crate::perf::sampler::cpu_changes(&have, online);
+        let (gone, new) = sampler::cpu_changes(&have, online);
         if !gone.is_empty() {
             tracing::info!(cpus = ?gone, "off-CPU: CPUs went offline; closing their events");
             self.rings.retain(|r| !gone.contains(&r.cpu));
@@ -633,7 +635,7 @@ impl Reader {
 
     /// Read every ring, pair what is below the watermark and hand the waits over.
     fn pass(&mut self) {
-        let now = crate::sys::time::monotonic_ns();
+        let now = sys::time::monotonic_ns();
         let max_stack = usize::from(self.cfg.max_stack.max(1));
         let mut lost = 0;
         let mut switches = 0;

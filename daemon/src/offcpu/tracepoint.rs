@@ -8,6 +8,7 @@
 //! switch records). systemd mounts it at `/sys/kernel/tracing` (`sys-kernel-tracing.mount`);
 //! older systems have it under debugfs.
 
+use profile_format::safeio;
 use std::path::{Path, PathBuf};
 
 /// Where tracefs is looked for, in order.
@@ -59,14 +60,14 @@ pub fn find_in(dirs: &[&Path]) -> Result<SchedSwitch, TracepointError> {
         }
         let bad = |path: PathBuf, detail: String| TracepointError::Bad { path, detail };
         let id_path = ev.join("id");
-        let id = profile_format::safeio::read_small_string(&id_path, 64)
+        let id = safeio::read_small_string(&id_path, 64)
             .map_err(|e| bad(id_path.clone(), e.to_string()))?;
         let id = id
             .trim()
             .parse::<u64>()
             .map_err(|e| bad(id_path.clone(), format!("not an event id ({e}): {:?}", id.trim())))?;
         let fmt_path = ev.join("format");
-        let format = profile_format::safeio::read_small_string(&fmt_path, 64 * 1024)
+        let format = safeio::read_small_string(&fmt_path, 64 * 1024)
             .map_err(|e| bad(fmt_path.clone(), e.to_string()))?;
         // The filters name these; a kernel without them would reject the filter anyway, but
         // this names the file.

@@ -37,6 +37,11 @@
 
 use std::hash::{BuildHasher, Hasher};
 
+use crate::perf::dwarf::DwarfShared;
+use crate::perf::dwarf::DwarfUnwinder;
+use crate::perf::dwarf::UnwindCounters;
+use crate::perf::records::UserRegs;
+use crate::types::SideBand;
 use hashbrown::HashTable;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -137,7 +142,7 @@ pub struct StackTable {
     scratch: Vec<u64>,
     pub counters: StackCounters,
     /// `callchains = "dwarf"`: this CPU's unwinder of copied user stacks.
-    dwarf: Option<crate::perf::dwarf::DwarfUnwinder>,
+    dwarf: Option<DwarfUnwinder>,
 }
 
 impl std::fmt::Debug for BuildPcHash {
@@ -214,11 +219,7 @@ impl StackTable {
 
     /// A table whose samples carry user registers and a user stack copy, unwound with
     /// `dwarf` (`callchains = "dwarf"`).
-    pub fn with_dwarf(
-        capacity: usize,
-        max_stack: u16,
-        dwarf: crate::perf::dwarf::DwarfUnwinder,
-    ) -> Self {
+    pub fn with_dwarf(capacity: usize, max_stack: u16, dwarf: DwarfUnwinder) -> Self {
         Self { dwarf: Some(dwarf), ..Self::new(capacity, max_stack) }
     }
 
@@ -228,17 +229,17 @@ impl StackTable {
     }
 
     /// The DWARF unwinder's counters (zero without one).
-    pub fn unwind_counters(&self) -> crate::perf::dwarf::UnwindCounters {
+    pub fn unwind_counters(&self) -> UnwindCounters {
         self.dwarf.as_ref().map(|d| d.counters).unwrap_or_default()
     }
 
     /// A side-band record seen by this CPU's drain thread: an exec or an exit makes the
     /// process's unwinder stale (its maps are read again at its next sample).
-    pub fn note_sideband(&mut self, sb: &crate::types::SideBand) {
+    pub fn note_sideband(&mut self, sb: &SideBand) {
         let Some(d) = self.dwarf.as_mut() else { return };
         match *sb {
-            crate::types::SideBand::Comm { pid, exec: true, .. } => d.forget(pid),
-            crate::types::SideBand::Exit { pid, tid, .. } if pid == tid => d.forget(pid),
+            SideBand::Comm { pid, exec: true, .. } => d.forget(pid),
+            SideBand::Exit { pid, tid, .. } if pid == tid => d.forget(pid),
             _ => {}
         }
     }
@@ -252,7 +253,7 @@ impl StackTable {
         &mut self,
         chain: &[u8],
         pid: u32,
-        regs: Option<crate::perf::records::UserRegs>,
+        regs: Option<UserRegs>,
         stack: &[u8],
     ) -> StackId {
         let mut pcs = std::mem::take(&mut self.scratch);
@@ -393,7 +394,7 @@ pub struct StackTables {
     /// `callchains = "dwarf"`: bytes of user stack each sample copies (0: frame pointers).
     user_stack: u32,
     /// `callchains = "dwarf"`: the state the CPUs' unwinders share.
-    dwarf: Option<Arc<crate::perf::dwarf::DwarfShared>>,
+    dwarf: Option<Arc<DwarfShared>>,
     max_stack: u16,
     /// A table is past its high-water mark; cleared by the flusher as it flushes.
     flush_wanted: AtomicBool,
@@ -427,13 +428,9 @@ impl StackTables {
         user_stack: u32,
         cache_bytes: usize,
     ) -> std::io::Result<Self> {
-        let shared = crate::perf::dwarf::DwarfShared::start(cache_bytes, Default::default())?;
+        let shared = DwarfShared::start(cache_bytes, Default::default())?;
         let mut t = Self::build(ncpus, max_stack, user_stack, || {
-            StackTable::with_dwarf(
-                capacity,
-                max_stack,
-                crate::perf::dwarf::DwarfUnwinder::new(Arc::clone(&shared)),
-            )
+            StackTable::with_dwarf(capacity, max_stack, DwarfUnwinder::new(Arc::clone(&shared)))
         });
         t.dwarf = Some(shared);
         Ok(t)
@@ -494,13 +491,13 @@ impl StackTables {
     }
 
     /// `callchains = "dwarf"`: the state the CPUs' unwinders share.
-    pub fn dwarf_shared(&self) -> Option<&Arc<crate::perf::dwarf::DwarfShared>> {
+    pub fn dwarf_shared(&self) -> Option<&Arc<DwarfShared>> {
         self.dwarf.as_ref()
     }
 
     /// The DWARF unwinders' counters summed over every CPU.
-    pub fn unwind_counters(&self) -> crate::perf::dwarf::UnwindCounters {
-        let mut c = crate::perf::dwarf::UnwindCounters::default();
+    pub fn unwind_counters(&self) -> UnwindCounters {
+        let mut c = UnwindCounters::default();
         for t in &self.cpus {
             let u = t.lock().unwrap_or_else(std::sync::PoisonError::into_inner).unwind_counters();
             c.unwound += u.unwound;
@@ -585,6 +582,7 @@ impl StackTables {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::rngs::StdRng;
 
     fn raw(words: &[u64]) -> Vec<u8> {
         words.iter().flat_map(|w| w.to_ne_bytes()).collect()
@@ -698,7 +696,7 @@ mod tests {
     #[test]
     fn ids_name_their_stacks_through_prunes_and_reuse() {
         use rand::{RngExt, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut rng = StdRng::seed_from_u64(7);
         let mut t = StackTable::new(1500, 64);
         let mut live: Vec<(StackId, Vec<u64>)> = Vec::new();
         for round in 0..20 {

@@ -42,10 +42,13 @@ use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use hashbrown::HashMap;
 use object::elf::{FileHeader64, PT_LOAD, SHF_COMPRESSED};
 use object::read::elf::{FileHeader, ProgramHeader, SectionHeader};
+use object::read::ReadCache;
 use object::Endianness;
 
 use crate::perf::records::UserRegs;
+use crate::resolve::identity;
 use crate::resolve::maps::parse_maps_line;
+use crate::resolve::procfs;
 
 /// Default bytes of user stack copied per sample. 8 KiB is perf's default; measured here on
 /// the e2e call trees and on libc-heavy code, stacks of depth 20-30 fit; deeper ones end as
@@ -228,7 +231,7 @@ impl ImageCache {
 
     /// The tables of the image opened as `file` (dev/inode from the maps line).
     fn get_or_load(&self, file: File, dev: (u32, u32), inode: u64) -> Option<Arc<ImageTables>> {
-        let key = match file.try_clone().ok().and_then(crate::resolve::identity::read_build_id) {
+        let key = match file.try_clone().ok().and_then(identity::read_build_id) {
             Some(id) => ImageKey::BuildId(id),
             None => ImageKey::Inode(dev.0, dev.1, inode),
         };
@@ -241,7 +244,7 @@ impl ImageCache {
                 return Some(Arc::clone(t));
             }
         }
-        let data = object::read::ReadCache::new(file);
+        let data = ReadCache::new(file);
         let t = Arc::new(ImageTables::from_elf(&data)?);
         self.insert(key, Arc::clone(&t));
         Some(t)
@@ -564,7 +567,7 @@ impl DwarfShared {
     fn load(&self, pid: u32) -> ProcUnwinder {
         let mut p = ProcUnwinder::empty();
         let dir = self.root.0.join(pid.to_string());
-        let Ok(maps) = crate::resolve::procfs::read_bounded(&dir.join("maps"), MAPS_LIMIT) else {
+        let Ok(maps) = procfs::read_bounded(&dir.join("maps"), MAPS_LIMIT) else {
             return p;
         };
         for line in maps.split(|&b| b == b'\n') {
@@ -610,9 +613,7 @@ impl DwarfShared {
 /// kernel maps one image into every 64-bit process, and its text carries `.eh_frame`.
 fn own_vdso() -> Option<(u64, Arc<ImageTables>)> {
     use std::os::unix::fs::FileExt;
-    let maps =
-        crate::resolve::procfs::read_bounded(std::path::Path::new("/proc/self/maps"), MAPS_LIMIT)
-            .ok()?;
+    let maps = procfs::read_bounded(std::path::Path::new("/proc/self/maps"), MAPS_LIMIT).ok()?;
     let m =
         maps.split(|&b| b == b'\n').filter_map(parse_maps_line).find(|m| m.path == b"[vdso]")?;
     let len = m.end.checked_sub(m.start)?;

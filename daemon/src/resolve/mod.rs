@@ -54,6 +54,7 @@ use std::sync::Arc;
 
 use profile_format::{ImageId, ImageKind, KallsymsSnapshot, UnknownReason};
 
+use crate::sys;
 use crate::types::ImageInfo;
 use crate::types::{PerfTime, SideBand, TimedSideBand};
 
@@ -818,7 +819,7 @@ impl Resolver {
         if let Some(v) = &self.vdso {
             return Arc::clone(v);
         }
-        let id = match crate::sys::process::vdso_image().and_then(|b| vdso_build_id(&b)) {
+        let id = match sys::process::vdso_image().and_then(|b| vdso_build_id(&b)) {
             Some(b) => ImageId::BuildId(b),
             None => {
                 let rel = kernel::kernel_release(&self.cfg.proc_root);
@@ -1276,7 +1277,7 @@ mod tests {
 
     #[test]
     fn own_vdso_is_readable_and_identified() {
-        let Some(image) = crate::sys::process::vdso_image() else {
+        let Some(image) = sys::process::vdso_image() else {
             eprintln!("SKIPPED: no vDSO in this process");
             return;
         };

@@ -4,6 +4,10 @@
 //! followed), `O_NONBLOCK` (a FIFO planted in its place cannot block the resolver thread or a flush) and read up
 //! to a bound (a huge or endless file cannot exhaust memory).
 
+use object::elf::ELF_NOTE_GNU;
+use object::elf::NT_GNU_BUILD_ID;
+use object::read::elf::FileHeader;
+use object::read::elf::NoteIterator;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
@@ -79,22 +83,18 @@ pub(crate) fn gnu_build_id_from_notes(data: &[u8]) -> Option<Vec<u8>> {
     use object::elf::FileHeader64;
     use object::NativeEndian;
     // The note header has the same layout in ELF32 and ELF64.
-    let notes =
-        object::read::elf::NoteIterator::<FileHeader64<NativeEndian>>::new(NativeEndian, 4, data)
-            .ok()?;
+    let notes = NoteIterator::<FileHeader64<NativeEndian>>::new(NativeEndian, 4, data).ok()?;
     gnu_build_id(notes, NativeEndian)
 }
 
 /// The GNU build-id among `notes` (object's note iterator: the one note reader of the daemon,
 /// for files, the vDSO and the kernel's notes alike).
-pub(crate) fn gnu_build_id<H: object::read::elf::FileHeader>(
-    mut notes: object::read::elf::NoteIterator<'_, H>,
+pub(crate) fn gnu_build_id<H: FileHeader>(
+    mut notes: NoteIterator<'_, H>,
     endian: H::Endian,
 ) -> Option<Vec<u8>> {
     while let Ok(Some(note)) = notes.next() {
-        if note.name() == object::elf::ELF_NOTE_GNU
-            && note.n_type(endian) == object::elf::NT_GNU_BUILD_ID
-        {
+        if note.name() == ELF_NOTE_GNU && note.n_type(endian) == NT_GNU_BUILD_ID {
             return valid_build_id(note.desc());
         }
     }

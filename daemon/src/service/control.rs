@@ -9,6 +9,9 @@ use crate::store::{Store, StoreError};
 use crate::who::HotView;
 
 use super::shared::{lock, read, unix_ms_now, Shared};
+use crate::store::EpochSchedule;
+use crate::who::IDLE_PATH;
+use serde_json::value::to_raw_value;
 
 /// How long a flush or `epoch new` waits for the drain threads to read their rings up to the
 /// request's instant; a CPU that has not answered by then is named in the response.
@@ -90,7 +93,7 @@ pub(super) fn unanswered_note(cpus: &[u32]) -> String {
 fn kind_name(image: &[u8], kind: profile_format::ImageKind) -> &'static str {
     use profile_format::ImageKind as K;
     match kind {
-        _ if image == crate::who::IDLE_PATH => "idle",
+        _ if image == IDLE_PATH => "idle",
         K::Elf => "elf",
         K::Kernel => "kernel",
         K::KernelModule => "module",
@@ -132,7 +135,7 @@ impl Shared {
                 return Response { ok: true, result: Some(raw.clone()), error: None };
             }
         }
-        match serde_json::value::to_raw_value(&self.top_result(&v)) {
+        match to_raw_value(&self.top_result(&v)) {
             Ok(raw) => {
                 *last = Some((v, raw.clone()));
                 Response { ok: true, result: Some(raw), error: None }
@@ -260,7 +263,7 @@ impl Shared {
     /// marker is tried again, and a wall clock that jumped forward is noticed.
     pub(super) fn rotate_if_due(&self, store: &mut Store) {
         let every = read(&self.settings).epoch_interval;
-        let Some(schedule) = every.get().and_then(crate::store::EpochSchedule::new) else {
+        let Some(schedule) = every.get().and_then(EpochSchedule::new) else {
             return;
         };
         let Some(id) =

@@ -10,6 +10,12 @@ use crate::store::EpochSchedule;
 use super::shared::{lock, read, Shared};
 use super::shutdown::STOP_WAIT;
 use super::ServiceError;
+use crate::perf::sampler::SamplerStatus;
+use crate::perf::sampler::MAX_READ_EVERY;
+use crate::perf::Sampler;
+use crate::sys;
+use crate::sys::malloc;
+use crate::sys::sock;
 
 /// Returning freed heap to the kernel after a flush, at most this often (`sys::malloc`).
 pub(super) const TRIM_EVERY: Duration = Duration::from_secs(60);
@@ -33,7 +39,7 @@ pub(super) const FLUSH_THREAD: &str = "dcpid-flush";
 /// the flush interval keeps what a flush (or a kill -9) leaves behind within a few seconds.
 /// Fixed at start: a reload that changes `flush_interval` keeps it.
 pub(super) fn read_every(flush_interval: Duration) -> Duration {
-    (flush_interval / 3).min(crate::perf::sampler::MAX_READ_EVERY)
+    (flush_interval / 3).min(MAX_READ_EVERY)
 }
 
 /// The periodic flush, on its own thread: a publish that hangs on a dead NFS server must
@@ -92,16 +98,15 @@ impl Flusher {
                         if now >= next_hotplug {
                             // Before the store: a database that hangs in this flush delays
                             // only the next checks, not this one.
-                            let c0 = crate::sys::time::thread_cpu_ns();
-                            let online = read(&shared.sampler)
-                                .as_ref()
-                                .and_then(crate::perf::Sampler::hotplug_tick);
+                            let c0 = sys::time::thread_cpu_ns();
+                            let online =
+                                read(&shared.sampler).as_ref().and_then(Sampler::hotplug_tick);
                             // The off-CPU source follows the same list, read once.
                             if let (Some(online), Some(o)) = (online, lock(&shared.offcpu).as_ref())
                             {
                                 o.follow_cpus(&online);
                             }
-                            let spent = crate::sys::time::thread_cpu_ns().saturating_sub(c0);
+                            let spent = sys::time::thread_cpu_ns().saturating_sub(c0);
                             lock(&shared.status_only).stages.checks_ns += spent;
                             last_hotplug = now;
                         }
@@ -160,8 +165,8 @@ impl Flusher {
 }
 
 impl Shared {
-    pub(super) fn record_tick(&self, status: Option<&crate::perf::sampler::SamplerStatus>) {
-        let (u, s) = crate::sys::sock::self_cpu_time();
+    pub(super) fn record_tick(&self, status: Option<&SamplerStatus>) {
+        let (u, s) = sock::self_cpu_time();
         let (samples, per_cpu) = match status {
             Some(st) => (
                 st.cpus.iter().map(|c| c.samples).sum(),
@@ -214,12 +219,12 @@ impl Shared {
     /// A scheduled epoch boundary passed between two flush ticks: rotate now if it is due
     /// ([`Shared::rotate_if_due`]).
     pub(super) fn scheduled_rotation(&self) {
-        let c0 = crate::sys::time::thread_cpu_ns();
+        let c0 = sys::time::thread_cpu_ns();
         let mut store = lock(&self.store);
         self.rotate_if_due(&mut store);
         *lock(&self.store_status) = store.status();
         drop(store);
-        let spent = crate::sys::time::thread_cpu_ns().saturating_sub(c0);
+        let spent = sys::time::thread_cpu_ns().saturating_sub(c0);
         lock(&self.status_only).stages.store_ns += spent;
     }
 
@@ -244,7 +249,7 @@ impl Shared {
         self.rotate_if_due(&mut store);
         *lock(&self.store_status) = store.status();
         drop(store);
-        crate::sys::malloc::trim_at_most_every(TRIM_EVERY);
+        malloc::trim_at_most_every(TRIM_EVERY);
         let t2 = thread_cpu_ns();
         let mut so = lock(&self.status_only);
         let st = &mut so.stages;

@@ -34,12 +34,15 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use crate::config::{ConfigError, Settings};
+use crate::control::check_path;
 use crate::control::{Access, ControlError, ControlServer};
+use crate::faults::{Faults, FaultsError};
 use crate::notify::Notifier;
+use crate::offcpu::OffCpuError;
 use crate::perf::events::{parse_event_list, EventError};
 use crate::perf::sampler::SamplerError;
 use crate::store::{Store, StoreError};
-use crate::watch::Watch;
+use crate::watch::{self, FaultInjector, Watch, DEGRADED_EXIT_CODE};
 
 use control::ControlHandler;
 use flush::Flusher;
@@ -61,7 +64,7 @@ pub struct Hooks {
     pub reload: Option<Reloader>,
     pub set_log_level: Option<SetLogLevel>,
     /// Tests only: faults injected into the daemon's threads (see [`crate::watch`]).
-    pub faults: Option<Arc<dyn crate::watch::FaultInjector>>,
+    pub faults: Option<Arc<dyn FaultInjector>>,
     /// Where systemd notifications go; `None`: from the environment (`NOTIFY_SOCKET`, ...).
     /// Lets a test watch them without changing its process's environment, which other tests
     /// of the same binary read concurrently.
@@ -102,12 +105,12 @@ pub enum ServiceError {
     #[error("{0}")]
     LeaseHeld(StoreError),
     #[error(transparent)]
-    Faults(#[from] crate::faults::FaultsError),
+    Faults(#[from] FaultsError),
     #[error("cannot start sampling: {0}")]
     Sampler(#[from] SamplerError),
     /// `off_cpu = true` and the context-switch event cannot be opened.
     #[error("cannot start off-CPU sampling (off_cpu = true): {0}")]
-    OffCpu(#[from] crate::offcpu::OffCpuError),
+    OffCpu(#[from] OffCpuError),
     #[error(transparent)]
     Control(#[from] ControlError),
     #[error("--socket-group: no group named {0:?}")]
@@ -147,7 +150,7 @@ impl ServiceError {
                 | ControlError::NotASocket { .. }
                 | ControlError::BadDirectory { .. },
             ) => 2,
-            Self::Degraded(_) => crate::watch::DEGRADED_EXIT_CODE,
+            Self::Degraded(_) => DEGRADED_EXIT_CODE,
             _ => 1,
         }
     }
@@ -176,9 +179,9 @@ pub fn explain_sampler_error(e: SamplerError) -> ServiceError {
 pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
     let notifier = hooks.notifier.take().unwrap_or_else(Notifier::from_env);
     let specs = parse_event_list(&settings.events)?;
-    let faults = crate::faults::Faults::from_env()?;
+    let faults = Faults::from_env()?;
     let group = socket_group_id(&settings)?;
-    crate::control::check_path(&settings.socket)?;
+    check_path(&settings.socket)?;
     let watch = Watch::new(hooks.faults.clone());
     // Before any thread starts: a host name held by a live daemon is an orderly refusal
     // (exit 2), not threads started and torn down again (issue 35). Taken for real below.
@@ -257,7 +260,7 @@ pub fn run(settings: Settings, mut hooks: Hooks) -> Result<(), ServiceError> {
     tracing::info!(samples, dropped, "dcpid stopped");
     let failures = watch.failures();
     if !failures.is_empty() {
-        let mut msg = crate::watch::describe(&failures);
+        let mut msg = watch::describe(&failures);
         if let Err(e) = &last {
             msg += &format!("; and could not publish everything: {e}");
         }

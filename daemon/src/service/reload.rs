@@ -5,6 +5,8 @@ use crate::status::ReloadReport;
 
 use super::shared::{lock, unix_ms_now, Shared};
 use super::start::jit_limits;
+use crate::config::RELOADABLE;
+use crate::sys::sock;
 
 impl Shared {
     /// Re-read the configuration and apply what can change live. Never stops the daemon.
@@ -41,12 +43,12 @@ impl Shared {
         let old = self.settings();
         let changed = old.changed(&new);
         let (live, restart): (Vec<&str>, Vec<&str>) =
-            changed.iter().partition(|k| crate::config::RELOADABLE.contains(k));
+            changed.iter().partition(|k| RELOADABLE.contains(k));
         let mut restart: Vec<String> = restart.into_iter().map(str::to_owned).collect();
         // What can fail comes first, so that a rejected reload changes nothing.
         let group = if live.contains(&"socket_group") {
             let gid = match &new.socket_group {
-                Some(name) => match crate::sys::sock::group_id(name) {
+                Some(name) => match sock::group_id(name) {
                     Some(g) => Some(g),
                     None if new.socket_group_explicit => {
                         return Err(format!("socket_group: no group named {name:?}"))

@@ -8,13 +8,20 @@ use crate::aggregate::{Aggregator, Resolved};
 use crate::config::Settings;
 use crate::control::Access;
 use crate::perf::sampler::Sampler;
-use crate::status::{ReloadReport, StatusInputs, StatusReport};
+use crate::status::{self, ReloadReport, StageCpu, StatusInputs, StatusReport};
 use crate::store::{EventInfo, Store, StoreConfig};
 use crate::watch::Watch;
 
 use super::flush::Tick;
 use super::start::{store_config, who_profiles};
 use super::Hooks;
+use crate::offcpu::OffCpu;
+use crate::perf::sampler::SamplerStatus;
+use crate::resolve::ResolverStats;
+use crate::store::Losses;
+use crate::store::StoreStatus;
+use crate::who::HotView;
+use serde_json::value::RawValue;
 
 /// A store operation (tick or flush) running longer than this (or two flush intervals, if
 /// more) means the database is not answering: `status` reports publishing as stalled.
@@ -41,9 +48,9 @@ pub(super) struct StatusOnly {
     /// The last flush ticks ([`Tick`]).
     pub(super) ticks: VecDeque<Tick>,
     /// CPU time of the periodic flushes, by stage (for `status`: where the cost goes).
-    pub(super) stages: crate::status::StageCpu,
+    pub(super) stages: StageCpu,
     /// The resolver's counters as last read (status does not wait for a flush holding it).
-    pub(super) resolver_stats: crate::resolve::ResolverStats,
+    pub(super) resolver_stats: ResolverStats,
 }
 
 /// What the flush loop and the control commands share.
@@ -77,11 +84,11 @@ pub(super) struct Shared {
     pub(super) aggregator: Arc<Aggregator>,
     pub(super) sampler: RwLock<Option<Sampler>>,
     /// The off-CPU source (`off_cpu = true`); stopped with the sampler.
-    pub(super) offcpu: Mutex<Option<crate::offcpu::OffCpu>>,
+    pub(super) offcpu: Mutex<Option<OffCpu>>,
     pub(super) store: Mutex<Store>,
     pub(super) counters: Mutex<Counters>,
     /// Last store status, so `status` answers while a slow publish holds the store.
-    pub(super) store_status: Mutex<crate::store::StoreStatus>,
+    pub(super) store_status: Mutex<StoreStatus>,
     /// The daemon's threads: which died.
     pub(super) watch: Arc<Watch>,
     /// When the store's running operation began (0: idle), readable without its lock.
@@ -93,11 +100,10 @@ pub(super) struct Shared {
     pub(super) events: Vec<EventInfo>,
     /// Samples the store holds in memory and has dropped, readable without its lock (a stop
     /// whose last database operation hangs still says what it loses).
-    pub(super) losses: Arc<crate::store::Losses>,
+    pub(super) losses: Arc<Losses>,
     /// The last `top` answer's view and its encoding: a request that gets the same view back
     /// (nothing recorded or aged out since) sends the same bytes without encoding 8 000 rows.
-    pub(super) top_answer:
-        Mutex<Option<(Arc<crate::who::HotView>, Box<serde_json::value::RawValue>)>>,
+    pub(super) top_answer: Mutex<Option<(Arc<HotView>, Box<RawValue>)>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -145,7 +151,7 @@ impl Shared {
         &self,
         store: &mut Store,
         resolved: Resolved,
-        status: Option<&crate::perf::sampler::SamplerStatus>,
+        status: Option<&SamplerStatus>,
     ) {
         let (lost, throttled, times) = match status {
             Some(st) => (
@@ -196,7 +202,7 @@ impl Shared {
 
     /// The last store status, with a stall of the running operation (which holds the store,
     /// so its own status is not fresh).
-    pub(super) fn store_status_now(&self, settings: &Settings) -> crate::store::StoreStatus {
+    pub(super) fn store_status_now(&self, settings: &Settings) -> StoreStatus {
         let mut st = lock(&self.store_status).clone();
         st.publish_stalled_since_unix_ms = self.stalled_since(settings);
         st
@@ -220,7 +226,7 @@ impl Shared {
             (so.last_reload.clone(), so.resolver_stats.clone(), so.stages)
         };
         let c = lock(&self.counters);
-        crate::status::build(StatusInputs {
+        status::build(StatusInputs {
             host: &settings.host,
             db: &settings.db.display().to_string(),
             uptime_s: self.started.elapsed().as_secs_f64(),
@@ -232,13 +238,13 @@ impl Shared {
             settings: &settings,
             last_reload,
             recent,
-            virtualized: crate::status::virtualized(),
+            virtualized: status::virtualized(),
             stages,
             failed_threads: self.watch.failures(),
             resolver: &resolver,
             resolver_thread: self.aggregator.resolver_thread_stats(),
             stacks: self.aggregator.stack_report(),
-            off_cpu: lock(&self.offcpu).as_ref().map(crate::offcpu::OffCpu::status),
+            off_cpu: lock(&self.offcpu).as_ref().map(OffCpu::status),
         })
     }
 }

@@ -1,5 +1,7 @@
 //! Signals, the main thread's wait for a stop, and the stop itself.
 
+use signal_hook::iterator::Handle;
+use signal_hook::iterator::Signals;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,10 +36,9 @@ pub(super) enum Wake {
 pub(super) fn spawn_signal_thread(
     tx: mpsc::Sender<Wake>,
     watch: &Arc<Watch>,
-) -> Result<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>), ServiceError> {
+) -> Result<(Handle, std::thread::JoinHandle<()>), ServiceError> {
     let mut signals =
-        signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
-            .map_err(ServiceError::Signals)?;
+        Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP]).map_err(ServiceError::Signals)?;
     let handle = signals.handle();
     // It ends by itself after a stop signal, before the watch is told: only a panic counts.
     let thread = watch

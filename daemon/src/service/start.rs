@@ -12,6 +12,30 @@ use crate::watch::Watch;
 
 use super::flush::read_every;
 use super::{explain_sampler_error, orderly, ServiceError};
+use crate::aggregate::RESOLVER_THREAD;
+use crate::faults::Faults;
+use crate::offcpu::OffCpu;
+use crate::offcpu::OffCpuConfig;
+use crate::offcpu::Source;
+use crate::offcpu::EVENT_NAME;
+use crate::offcpu::MAX_THREADS;
+use crate::offcpu::RING_PAGES;
+use crate::perf::callchain::StackTables;
+use crate::perf::callchain::DEFAULT_STACKS_PER_CPU;
+use crate::perf::dwarf::DEFAULT_CACHE_BYTES;
+use crate::perf::dwarf::LOADER_THREAD;
+use crate::perf::EventSpec;
+use crate::resolve;
+use crate::resolve::jit::JitLimits;
+use crate::resolve::procfs;
+use crate::store::KernelSymbolSource;
+use crate::store::SliceSettings;
+use crate::store::WhoProfiles;
+use crate::sys;
+use crate::sys::perf::PERF_COUNT_SW_CONTEXT_SWITCHES;
+use crate::sys::perf::PERF_TYPE_SOFTWARE;
+use crate::sys::sock;
+use crate::types::SampleSink;
 
 /// Whether a failure to write the database at start is one that waiting will not fix.
 pub(super) fn permanent_db_error(e: &StoreError) -> bool {
@@ -105,16 +129,13 @@ pub(super) fn prepare_spool(
         .map_err(|e| bad(format!("cannot write in it: {e}")))
 }
 
-pub(super) fn jit_limits(s: &Settings) -> crate::resolve::jit::JitLimits {
-    crate::resolve::jit::JitLimits {
-        max_bytes: s.perf_map_max_bytes,
-        max_entries: s.perf_map_max_entries,
-    }
+pub(super) fn jit_limits(s: &Settings) -> JitLimits {
+    JitLimits { max_bytes: s.perf_map_max_bytes, max_entries: s.perf_map_max_entries }
 }
 
 pub(super) fn socket_group_id(settings: &Settings) -> Result<Option<u32>, ServiceError> {
     match &settings.socket_group {
-        Some(name) => match crate::sys::sock::group_id(name) {
+        Some(name) => match sock::group_id(name) {
             Some(g) => Ok(Some(g)),
             None if settings.socket_group_explicit => Err(ServiceError::NoGroup(name.clone())),
             None => Ok(None),
@@ -139,10 +160,7 @@ pub(super) fn store_config(s: &Settings) -> StoreConfig {
     }
 }
 
-pub(super) fn open_store(
-    settings: &Settings,
-    faults: &crate::faults::Faults,
-) -> Result<Store, ServiceError> {
+pub(super) fn open_store(settings: &Settings, faults: &Faults) -> Result<Store, ServiceError> {
     if let Err(e) = Store::check_db_writable(&settings.db, &settings.host) {
         if permanent_db_error(&e) {
             return Err(ServiceError::Database {
@@ -157,7 +175,7 @@ pub(super) fn open_store(
         // One daemon per host name: two would overwrite each other's profiles.
         .map_err(ServiceError::LeaseHeld)?;
     store.set_who_by_pid(settings.by_pid);
-    store.set_slices(crate::store::SliceSettings {
+    store.set_slices(SliceSettings {
         interval: settings.slice_interval,
         rollup_after: settings.slice_rollup_after,
     });
@@ -166,8 +184,8 @@ pub(super) fn open_store(
 }
 
 /// The per-process, per-cgroup and per-command profiles the settings ask for (FORMAT.md §5.6).
-pub(super) fn who_profiles(s: &Settings) -> crate::store::WhoProfiles {
-    crate::store::WhoProfiles { by_pid: s.by_pid, by_cgroup: s.by_cgroup, by_command: s.by_command }
+pub(super) fn who_profiles(s: &Settings) -> WhoProfiles {
+    WhoProfiles { by_pid: s.by_pid, by_cgroup: s.by_cgroup, by_command: s.by_command }
 }
 
 /// Every event on every CPU (before anything is written: a daemon that may not sample creates
@@ -175,8 +193,8 @@ pub(super) fn who_profiles(s: &Settings) -> crate::store::WhoProfiles {
 /// right) and the perf clock read before the events were opened (T0 of the /proc scan).
 pub(super) fn start_sampling(
     settings: &Settings,
-    specs: Vec<crate::perf::EventSpec>,
-    faults: &crate::faults::Faults,
+    specs: Vec<EventSpec>,
+    faults: &Faults,
     watch: &Arc<Watch>,
 ) -> Result<(Arc<Aggregator>, Sampler, Instant, u64), ServiceError> {
     let ncpus = cpu_slot_count(&online_cpus()?, &possible_or_warn()) as usize;
@@ -191,26 +209,20 @@ pub(super) fn start_sampling(
     // to it (they never read a file nor take the resolver for writing).
     aggregator
         .start_resolver_thread(Some(watch))
-        .map_err(|e| ServiceError::Thread(format!("{}: {e}", crate::aggregate::RESOLVER_THREAD)))?;
+        .map_err(|e| ServiceError::Thread(format!("{RESOLVER_THREAD}: {e}")))?;
     let stacks = match settings.callchains.as_str() {
         // CFI unwinding of copied user stacks (perf/dwarf.rs), with its loader thread.
         "dwarf" => Some(
-            crate::perf::callchain::StackTables::new_dwarf(
+            StackTables::new_dwarf(
                 slots,
-                crate::perf::callchain::DEFAULT_STACKS_PER_CPU,
+                DEFAULT_STACKS_PER_CPU,
                 settings.sample_max_stack,
                 settings.sample_user_stack,
-                crate::perf::dwarf::DEFAULT_CACHE_BYTES,
+                DEFAULT_CACHE_BYTES,
             )
-            .map_err(|e| {
-                ServiceError::Thread(format!("{}: {e}", crate::perf::dwarf::LOADER_THREAD))
-            })?,
+            .map_err(|e| ServiceError::Thread(format!("{LOADER_THREAD}: {e}")))?,
         ),
-        "fp" => Some(crate::perf::callchain::StackTables::new(
-            slots,
-            crate::perf::callchain::DEFAULT_STACKS_PER_CPU,
-            settings.sample_max_stack,
-        )),
+        "fp" => Some(StackTables::new(slots, DEFAULT_STACKS_PER_CPU, settings.sample_max_stack)),
         _ => None,
     }
     .map(|t| {
@@ -232,7 +244,7 @@ pub(super) fn start_sampling(
         hotplug_thread: false,
         ..SamplerConfig::default()
     };
-    let t0 = crate::sys::time::monotonic_ns();
+    let t0 = sys::time::monotonic_ns();
     let since = Instant::now();
     let sampler = Sampler::start(&scfg, Arc::<Aggregator>::clone(&aggregator))
         .map_err(|e| orderly(watch, explain_sampler_error(e)))?;
@@ -243,9 +255,9 @@ pub(super) fn start_sampling(
 pub(super) fn off_cpu_event_info() -> EventInfo {
     EventInfo {
         desc: profile_format::EventDesc {
-            name: crate::offcpu::EVENT_NAME.to_string(),
-            perf_type: crate::sys::perf::PERF_TYPE_SOFTWARE,
-            perf_config: u64::from(crate::sys::perf::PERF_COUNT_SW_CONTEXT_SWITCHES),
+            name: EVENT_NAME.to_string(),
+            perf_type: PERF_TYPE_SOFTWARE,
+            perf_config: u64::from(PERF_COUNT_SW_CONTEXT_SWITCHES),
             period_mean: 1,
             period_min: 1,
             period_max: 1,
@@ -305,7 +317,7 @@ pub(super) fn start_off_cpu(
     settings: &Settings,
     aggregator: &Arc<Aggregator>,
     sampler: &Sampler,
-) -> Result<Option<crate::offcpu::OffCpu>, ServiceError> {
+) -> Result<Option<OffCpu>, ServiceError> {
     if !settings.off_cpu {
         return Ok(None);
     }
@@ -313,20 +325,20 @@ pub(super) fn start_off_cpu(
     let ncpus = cpu_slot_count(&cpus, &possible_or_warn());
     let event = u16::try_from(sampler.events().len()).unwrap_or(u16::MAX);
     aggregator.set_time_event(event);
-    let cfg = crate::offcpu::OffCpuConfig {
+    let cfg = OffCpuConfig {
         event,
         slot: ncpus,
         threshold_ns: u64::try_from(settings.off_cpu_threshold.as_nanos()).unwrap_or(u64::MAX),
         max_stack: settings.sample_max_stack,
-        ring_pages: crate::offcpu::RING_PAGES,
-        max_threads: crate::offcpu::MAX_THREADS,
+        ring_pages: RING_PAGES,
+        max_threads: MAX_THREADS,
         // Validated with the settings.
-        source: crate::offcpu::Source::parse(&settings.off_cpu_source).unwrap_or_default(),
+        source: Source::parse(&settings.off_cpu_source).unwrap_or_default(),
     };
-    let sink: Arc<dyn crate::types::SampleSink> = Arc::<Aggregator>::clone(aggregator);
+    let sink: Arc<dyn SampleSink> = Arc::<Aggregator>::clone(aggregator);
     let stacks = aggregator.stack_tables().cloned();
-    let o = crate::offcpu::OffCpu::start(cfg, &cpus, sink, stacks)?;
-    tracing::info!(event = crate::offcpu::EVENT_NAME, threshold = ?settings.off_cpu_threshold,
+    let o = OffCpu::start(cfg, &cpus, sink, stacks)?;
+    tracing::info!(event = EVENT_NAME, threshold = ?settings.off_cpu_threshold,
         source = o.source().name(), "off-CPU time on");
     Ok(Some(o))
 }
@@ -348,11 +360,9 @@ pub(super) fn prime_resolver(aggregator: &Aggregator, store: &mut Store, t0: u64
 /// Fresh kernel symbol snapshots from /proc, refreshed when /proc/modules changes.
 pub(super) struct ProcKernelSymbols(ResolverConfig);
 
-impl crate::store::KernelSymbolSource for ProcKernelSymbols {
+impl KernelSymbolSource for ProcKernelSymbols {
     fn fingerprint(&mut self) -> Option<Vec<u8>> {
-        let text =
-            crate::resolve::procfs::read_bounded(&self.0.proc_root.join("modules"), 16 << 20)
-                .ok()?;
+        let text = procfs::read_bounded(&self.0.proc_root.join("modules"), 16 << 20).ok()?;
         // Name, size and address of each module: not the use counts, which change all the
         // time without changing any symbol.
         let mut fp = Vec::new();
@@ -367,10 +377,10 @@ impl crate::store::KernelSymbolSource for ProcKernelSymbols {
         Some(fp)
     }
     fn snapshot(&mut self) -> Result<profile_format::KallsymsSnapshot, String> {
-        crate::resolve::kallsyms_snapshot(&self.0).map_err(|e| e.to_string())
+        resolve::kallsyms_snapshot(&self.0).map_err(|e| e.to_string())
     }
     fn snapshot_file_bytes(&mut self) -> Result<Vec<u8>, String> {
-        crate::resolve::kallsyms_file_bytes(&self.0).map_err(|e| e.to_string())
+        resolve::kallsyms_file_bytes(&self.0).map_err(|e| e.to_string())
     }
 }
 

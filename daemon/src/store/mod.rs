@@ -58,11 +58,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use profile_format::{Database, EpochId, EventDesc, HostDir, Profile, ProfileWho, StackProfile};
 
 use crate::aggregate::Resolved;
+use crate::faults::Faults;
 pub use kallsyms::KernelSymbolSource;
 use kallsyms::KernelSymbols;
 use lease::LeaseState;
 pub use pending::Losses;
 use pending::{PendingBatch, PendingQueue};
+use profile_format::safeio;
 use publish::Schedule;
 use spool::{Spool, SpoolError, SpoolKey};
 use summaries::Summaries;
@@ -252,7 +254,7 @@ fn set_aside_dir(
     on_aside: &mut dyn FnMut(&Path, String),
 ) -> Result<(), profile_format::Error> {
     let why = format!("is {kind}, not a directory");
-    match profile_format::safeio::set_aside(&path) {
+    match safeio::set_aside(&path) {
         Ok(to) => tracing::error!(dir = %path.display(), moved_to = %to.display(), reason = %why,
             "store: a database directory was replaced by something else (another writer?); set aside, never written through"),
         Err(e) => {
@@ -365,15 +367,12 @@ impl Store {
     /// touched. Fails only with [`StoreError::LeaseHeld`]; other failures to take it are
     /// logged and retried at each tick.
     pub fn open_leased(cfg: StoreConfig) -> Result<Self, StoreError> {
-        Self::open_leased_with_faults(cfg, &crate::faults::Faults::default())
+        Self::open_leased_with_faults(cfg, &Faults::default())
     }
 
     /// [`Store::open_leased`] with injected faults (tests; see [`crate::faults`]) in force from
     /// the first database operation on.
-    pub fn open_leased_with_faults(
-        cfg: StoreConfig,
-        faults: &crate::faults::Faults,
-    ) -> Result<Self, StoreError> {
+    pub fn open_leased_with_faults(cfg: StoreConfig, faults: &Faults) -> Result<Self, StoreError> {
         let mut s = Self::unopened(cfg);
         s.inject_faults(faults);
         match s.take_lease() {
@@ -607,7 +606,7 @@ impl Store {
     /// Test hook: make the n-th following profile write fail right after its rename (before
     /// the spool is told), as a crash there would.
     #[doc(hidden)]
-    pub fn inject_faults(&mut self, faults: &crate::faults::Faults) {
+    pub fn inject_faults(&mut self, faults: &Faults) {
         self.crash_after_writes = faults.crash_after_writes;
         self.stall_db.clone_from(&faults.stall_db);
     }
@@ -1471,7 +1470,7 @@ impl Store {
     /// Set aside a database entry that is not a profile (the lease file, a directory), logged
     /// as `what` it is: a FIFO in place of the lease is no "corrupt profile".
     fn set_aside_entry(&mut self, path: &Path, why: &dyn std::fmt::Display, what: &str) {
-        match profile_format::safeio::set_aside(path) {
+        match safeio::set_aside(path) {
             Ok(to) => {
                 tracing::warn!(file = %path.display(), moved_to = %to.display(), error = %why,
                 "store: unusable {what} set aside; replacing it")

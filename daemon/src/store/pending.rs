@@ -12,6 +12,7 @@ use crate::who::WhoBatch;
 use super::spool::{Increment, SpoolImage};
 use super::who::WhoProfiles;
 use super::EventInfo;
+use crate::aggregate::ResolvedProfile;
 
 /// One profile's part of a batch: counts as (offset, count), offsets ascending.
 pub(super) struct PendingProfile {
@@ -131,7 +132,7 @@ impl PendingBatch {
 /// pid or cgroup component), with `counts` as sorted (offset, count) pairs and their period
 /// sum, and the bytes it holds; `None` when no offset has a sample.
 fn pending_of(
-    rp: &crate::aggregate::ResolvedProfile,
+    rp: &ResolvedProfile,
     name: String,
     who: Option<ProfileWho>,
     info: &EventInfo,
@@ -179,7 +180,7 @@ fn qualified(
     out: &mut Vec<PendingProfile>,
 ) -> u64 {
     let mut bytes = 0;
-    let mut push = |rp: &crate::aggregate::ResolvedProfile,
+    let mut push = |rp: &ResolvedProfile,
                     id: &profile_format::ImageId,
                     q: ProfileWho,
                     counts: &OffsetCounts| {
@@ -190,15 +191,14 @@ fn qualified(
             out.push(p);
         }
     };
-    type Sums<K> =
-        BTreeMap<(K, String, u16), (crate::aggregate::ResolvedProfile, profile_format::ImageId)>;
+    type Sums<K> = BTreeMap<(K, String, u16), (ResolvedProfile, profile_format::ImageId)>;
     /// Add `rp` into the sum of `key` (taken whole when it is the first: no copy).
     fn add_up<K: Ord>(
         sums: &mut Sums<K>,
         key: K,
         id: &profile_format::ImageId,
         ev: u16,
-        rp: crate::aggregate::ResolvedProfile,
+        rp: ResolvedProfile,
     ) {
         match sums.entry((key, id.to_text(), ev)) {
             std::collections::btree_map::Entry::Vacant(v) => {

@@ -6,6 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use profile_format::safeio;
 use profile_format::{EpochId, EventDesc, HostDir, ImageId, ImageKind, Profile, ProfileHeader};
 
 use super::pending::PendingProfile;
@@ -404,7 +405,7 @@ pub(super) fn write_direct(
 /// huge file) to `NAME.corrupt`, or `NAME.<unix ms>.corrupt` if that exists already; readers
 /// skip both (FORMAT.md §1).
 pub(super) fn set_aside(path: &Path, why: &dyn std::fmt::Display) {
-    match profile_format::safeio::set_aside(path) {
+    match safeio::set_aside(path) {
         Ok(aside) => {
             tracing::warn!(file = %path.display(), moved_to = %aside.display(), error = %why,
             "store: corrupt profile set aside; starting a fresh one")

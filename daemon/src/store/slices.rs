@@ -24,6 +24,7 @@ use profile_format::{EpochId, ImageId, SegmentWriter, Slice, SliceKey};
 
 use super::pending::PendingBatch;
 use super::{Store, StoreError};
+use crate::sys;
 
 /// Hour slices: what slices older than the roll-up age become.
 pub const ROLLUP_SLICE: u64 = 3600;
@@ -183,7 +184,7 @@ impl Store {
         if iv == 0 || b.profiles.is_empty() {
             return;
         }
-        let c0 = crate::sys::time::thread_cpu_ns();
+        let c0 = sys::time::thread_cpu_ns();
         // The names of its keys, for `fresh.json` (FORMAT.md §7.3): a lookup per profile.
         let names = match self.fresh.names.get_mut(&epoch) {
             Some(n) => n,
@@ -221,14 +222,14 @@ impl Store {
                 *e = e.saturating_add(c);
             }
         }
-        acc.stats.cpu_ns += crate::sys::time::thread_cpu_ns().saturating_sub(c0);
+        acc.stats.cpu_ns += sys::time::thread_cpu_ns().saturating_sub(c0);
     }
 
     /// Close the slices that have ended (all open ones with `force`: a flush, a stop) or whose
     /// epoch is no longer current, append the closed ones, and roll up the current epoch's log
     /// when its oldest minutes are due. Called at every tick and full flush.
     pub(super) fn slices_step(&mut self, force: bool) {
-        let c0 = crate::sys::time::thread_cpu_ns();
+        let c0 = sys::time::thread_cpu_ns();
         let now = unix_s(SystemTime::now());
         let iv = self.slices.interval_s();
         let current = self.epoch.clone();
@@ -265,7 +266,7 @@ impl Store {
                 bytes = st.bytes - before.bytes,
                 total_records = st.records,
                 total_bytes = st.bytes,
-                total_cpu_ns = st.cpu_ns + crate::sys::time::thread_cpu_ns().saturating_sub(c0),
+                total_cpu_ns = st.cpu_ns + sys::time::thread_cpu_ns().saturating_sub(c0),
                 rollups = st.rollups,
                 names_writes = self.fresh.names_writes,
                 names_bytes = self.fresh.names_bytes,
@@ -281,7 +282,7 @@ impl Store {
                 || open.contains_key(e)
                 || closed.iter().any(|(c, _)| c == e)
         });
-        self.slices.stats.cpu_ns += crate::sys::time::thread_cpu_ns().saturating_sub(c0);
+        self.slices.stats.cpu_ns += sys::time::thread_cpu_ns().saturating_sub(c0);
     }
 
     fn append_closed(&mut self) -> Result<(), StoreError> {

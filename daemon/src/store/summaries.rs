@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use profile_format::sumidx;
 use profile_format::{EpochId, EventSummary, HostDir, HostSummary};
 
 use super::pending::PendingBatch;
@@ -173,7 +174,7 @@ impl Store {
         match self.index_of(&hd) {
             Some(idx) => {
                 s.index = Some(idx);
-                n += profile_format::sumidx::write(&s, &idx_path)?;
+                n += sumidx::write(&s, &idx_path)?;
             }
             None => {
                 tracing::debug!(dir = %hd.path.display(), "no summary index");

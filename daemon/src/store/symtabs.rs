@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use profile_format::{Database, ImageId, ImageKind};
 
 use crate::resolve::symtab::{extract, SymtabError, SYSTEM_DEBUG_DIR};
+use crate::types::ImageInfo;
 
 /// Jobs waiting for the worker at most.
 const QUEUE: usize = 1024;
@@ -97,7 +98,7 @@ impl SymtabStore {
         &mut self,
         db: &Path,
         epoch: Option<&str>,
-        images: impl Iterator<Item = &'a crate::types::ImageInfo>,
+        images: impl Iterator<Item = &'a ImageInfo>,
     ) {
         if self.epoch.as_deref() != epoch {
             self.epoch = epoch.map(str::to_owned);

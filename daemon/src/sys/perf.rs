@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use perf_event_open_sys::bindings as pb;
 
+use crate::perf::records::USER_REGS_MASK;
+use crate::sys::time::PERF_CLOCK_ID;
 pub use pb::{
     PERF_COUNT_HW_BRANCH_MISSES, PERF_COUNT_HW_CACHE_MISSES, PERF_COUNT_HW_CPU_CYCLES,
     PERF_COUNT_HW_INSTRUCTIONS, PERF_COUNT_SW_CONTEXT_SWITCHES, PERF_COUNT_SW_CPU_CLOCK,
@@ -87,7 +89,7 @@ fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
         },
         read_format: (pb::PERF_FORMAT_TOTAL_TIME_ENABLED | pb::PERF_FORMAT_TOTAL_TIME_RUNNING)
             as u64,
-        clockid: crate::sys::time::PERF_CLOCK_ID,
+        clockid: PERF_CLOCK_ID,
         ..Default::default()
     };
     attr.__bindgen_anon_1.sample_period = spec.period;
@@ -101,7 +103,7 @@ fn make_attr(spec: &AttrSpec) -> pb::perf_event_attr {
         // The user part is unwound by dcpid from the copy (perf/dwarf.rs): the kernel's
         // frame-pointer walk of user frames would only duplicate or contradict it.
         attr.sample_type |= (pb::PERF_SAMPLE_REGS_USER | pb::PERF_SAMPLE_STACK_USER) as u64;
-        attr.sample_regs_user = crate::perf::records::USER_REGS_MASK;
+        attr.sample_regs_user = USER_REGS_MASK;
         attr.sample_stack_user = spec.user_stack;
         attr.set_exclude_callchain_user(1);
     }

@@ -9,7 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dcpid::offcpu::tracepoint;
 use dcpid::offcpu::{OffCpu, OffCpuConfig, Source};
+use dcpid::perf::sampler;
 use dcpid::sys::perf::pin_current_thread;
 
 /// `yes | cat`, both on CPU 1 only (they inherit the spawning thread's affinity): each blocks
@@ -56,14 +58,14 @@ fn until(what: &str, mut f: impl FnMut() -> bool) {
 
 #[dcpi_testkit::test(perf)]
 fn the_off_cpu_source_opens_a_cpu_that_comes_online_and_closes_one_that_goes() {
-    let online = dcpid::perf::sampler::online_cpus().expect("online CPUs");
+    let online = sampler::online_cpus().expect("online CPUs");
     if !(online.contains(&0) && online.contains(&1)) {
         dcpi_testkit::skip!("needs CPUs 0 and 1 online, has {online:?}");
     }
     // The source's reading thread (spawned from here) runs on CPU 0 with this one.
     pin_current_thread(0).expect("pin to CPU 0");
     follows_hotplug(Source::SwitchRecords);
-    if let Err(e) = dcpid::offcpu::tracepoint::find() {
+    if let Err(e) = tracepoint::find() {
         dcpi_testkit::skip!("the tracepoint source: {e}");
     }
     follows_hotplug(Source::Tracepoint);

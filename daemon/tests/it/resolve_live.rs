@@ -10,6 +10,7 @@ use std::time::Duration;
 use dcpid::aggregate::{Aggregator, Resolved};
 use dcpid::perf::sampler::{online_cpus, Sampler, SamplerConfig};
 use dcpid::resolve::{Resolver, ResolverConfig, ScanStats};
+use dcpid::sys;
 use object::{Object, ObjectSegment, ObjectSymbol};
 use profile_format::{ImageId, ImageKind};
 
@@ -114,9 +115,8 @@ impl Session {
         agg.start_resolver_thread(None).expect("resolver thread");
         let cfg =
             SamplerConfig { redraw_interval: Duration::from_millis(100), ..Default::default() };
-        let sampler = Sampler::start(&cfg, Arc::<dcpid::aggregate::Aggregator>::clone(&agg))
-            .expect("sampler start");
-        let t0 = dcpid::sys::time::monotonic_ns();
+        let sampler = Sampler::start(&cfg, Arc::<Aggregator>::clone(&agg)).expect("sampler start");
+        let t0 = sys::time::monotonic_ns();
         let scan = agg.with_resolver(|r| r.scan_proc(t0));
         Self { agg, sampler: Some(sampler), collected: Vec::new(), scan }
     }

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use dcpid::aggregate::STALE_AFTER;
 use dcpid::aggregate::{Aggregator, Resolved};
 use dcpid::resolve::{Resolver, ResolverConfig};
 use dcpid::types::{Sample, SampleSink, SideBand, TimedSideBand};
@@ -275,7 +276,7 @@ fn stale_cpu_is_left_out_and_its_late_records_are_applied() {
     // CPU 1 never reports; after STALE_AFTER it no longer holds the watermark back.
     drain(&f.agg, 0, 100, vec![], vec![]);
     assert_eq!(f.agg.stats().watermark, 0);
-    std::thread::sleep(dcpid::aggregate::STALE_AFTER + std::time::Duration::from_millis(100));
+    std::thread::sleep(STALE_AFTER + std::time::Duration::from_millis(100));
     drain(&f.agg, 0, 1000, vec![sample(500, 80, BASE)], vec![]);
     assert_eq!(f.agg.stats().watermark, 1000);
     // CPU 1 wakes up with an old mmap: applied at once, counted as late.

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use dcpid::aggregate::ImageInfo;
+use dcpid::resolve::jit::JitLimits;
 use dcpid::resolve::{Resolution, Resolver, ResolverConfig};
 use dcpid::types::{SideBand, TimedSideBand};
 use object::{Object, ObjectSegment, ObjectSymbol};
@@ -96,7 +98,7 @@ fn build_id_of(path: &Path) -> Option<Vec<u8>> {
     obj.build_id().expect("notes").map(<[u8]>::to_vec)
 }
 
-fn image(r: Resolution) -> (std::sync::Arc<dcpid::aggregate::ImageInfo>, u64) {
+fn image(r: Resolution) -> (std::sync::Arc<ImageInfo>, u64) {
     match r {
         Resolution::Image { image, offset } => (image, offset),
         Resolution::Unknown(u) => panic!("unresolved: {u:?}"),
@@ -350,7 +352,7 @@ fn perf_map_reads_are_bounded_and_counted() {
         (0..500).map(|i| format!("{:x} 10 sym{i}\n", 0x7f0000000000u64 + i * 16)).collect();
     write(&f.dir.path().join("tmp/perf-42.map"), text);
     let mut r = Resolver::new(f.cfg());
-    r.set_jit_limits(dcpid::resolve::jit::JitLimits { max_bytes: 1 << 20, max_entries: 100 });
+    r.set_jit_limits(JitLimits { max_bytes: 1 << 20, max_entries: 100 });
     r.scan_proc(1000);
     let asid = r.asid_at(42, 2000).expect("pid 42 known");
     r.begin_batch();

@@ -6,11 +6,19 @@ use crate::sampler_support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dcpid::faults::Faults;
+use dcpid::perf::probe;
+use dcpid::perf::sampler::online_cpus;
 use dcpid::perf::{parse_event_list, EventSource, Sampler, SamplerConfig, SamplerError};
+use dcpid::sys;
+use dcpid::types::Sample;
+use dcpid::types::SampleSink;
+use dcpid::types::SideBand;
+use dcpid::types::TimedSideBand;
 use sampler_support::{spin_for, CollectSink};
 
 fn has_pmu() -> bool {
-    dcpid::perf::probe().is_ok_and(|s| s.contains("hardware PMU available"))
+    probe().is_ok_and(|s| s.contains("hardware PMU available"))
 }
 
 #[dcpi_testkit::test(perf)]
@@ -20,7 +28,7 @@ fn cpu_clock_samples_arrive_with_sane_fields() {
         events: parse_event_list("cpu-clock:1000000").unwrap(),
         ..SamplerConfig::default()
     };
-    let t0 = dcpid::sys::time::monotonic_ns();
+    let t0 = sys::time::monotonic_ns();
     let sampler = Sampler::start(&cfg, Arc::<CollectSink>::clone(&sink)).expect("start");
     assert_eq!(sampler.events().len(), 1);
     assert_eq!(sampler.events()[0].desc.name, "cpu-clock");
@@ -37,7 +45,7 @@ fn cpu_clock_samples_arrive_with_sane_fields() {
     let json = serde_json::to_string(&status).unwrap();
     assert!(json.contains("\"cpus\""), "{json}");
     sampler.stop();
-    let t1 = dcpid::sys::time::monotonic_ns();
+    let t1 = sys::time::monotonic_ns();
 
     let samples = sink.take_samples();
     let me = std::process::id();
@@ -62,11 +70,11 @@ fn cpu_clock_samples_arrive_with_sane_fields() {
     let late = sink.late.lock().unwrap();
     assert!(late.is_empty(), "records older than an earlier drained_until: {late:?}");
     let sb = sink.sideband.lock().unwrap();
-    let exec = sb.iter().any(|r| {
-        matches!(&r.record, dcpid::types::SideBand::Comm { exec: true, comm, .. } if comm == b"true")
-    });
+    let exec = sb
+        .iter()
+        .any(|r| matches!(&r.record, SideBand::Comm { exec: true, comm, .. } if comm == b"true"));
     assert!(exec, "no COMM exec record for /bin/true among {} side-band records", sb.len());
-    let mmap = sb.iter().any(|r| matches!(&r.record, dcpid::types::SideBand::Mmap2 { .. }));
+    let mmap = sb.iter().any(|r| matches!(&r.record, SideBand::Mmap2 { .. }));
     assert!(mmap, "no MMAP2 record");
     let total: u64 = status.cpus.iter().map(|c| c.samples).sum();
     assert!(total > 0);
@@ -81,7 +89,7 @@ fn no_pmu_config() -> SamplerConfig {
         eprintln!("this machine has a hardware PMU: simulating a PMU-less one");
     }
     SamplerConfig {
-        faults: dcpid::faults::Faults { simulate_no_pmu: simulate, ..Default::default() },
+        faults: Faults { simulate_no_pmu: simulate, ..Default::default() },
         ..SamplerConfig::default()
     }
 }
@@ -162,12 +170,12 @@ fn two_events_share_one_ring_per_cpu() {
 
 #[dcpi_testkit::test(perf)]
 fn stalled_drain_thread_is_reported_and_stop_still_returns() {
-    let cpus = dcpid::perf::sampler::online_cpus().unwrap();
+    let cpus = online_cpus().unwrap();
     let sink = Arc::new(CollectSink::default());
     let cfg = SamplerConfig {
         events: parse_event_list("cpu-clock").unwrap(),
         redraw_interval: Duration::from_millis(200),
-        faults: dcpid::faults::Faults {
+        faults: Faults {
             stall_drain: Some((cpus[0], Duration::from_millis(300))),
             ..Default::default()
         },
@@ -193,13 +201,13 @@ fn stalled_drain_thread_is_reported_and_stop_still_returns() {
 /// A sink that is slow to accept: the ring (one page) overflows and the kernel reports LOST.
 struct SlowSink;
 
-impl dcpid::types::SampleSink for SlowSink {
+impl SampleSink for SlowSink {
     fn on_drain(
         &self,
         _cpu: u32,
         _drained_until: u64,
-        samples: &mut Vec<dcpid::types::Sample>,
-        _sideband: &mut Vec<dcpid::types::TimedSideBand>,
+        samples: &mut Vec<Sample>,
+        _sideband: &mut Vec<TimedSideBand>,
     ) {
         samples.clear();
         std::thread::sleep(Duration::from_millis(400));
@@ -244,7 +252,7 @@ fn cpus_joining_and_leaving_are_followed_from_the_owners_ticks() {
 }
 
 fn follow_hotplug(hotplug_thread: bool) {
-    let cpus = dcpid::perf::sampler::online_cpus().unwrap();
+    let cpus = online_cpus().unwrap();
     if cpus.len() < 2 {
         dcpi_testkit::skip!("needs 2 online CPUs");
     }

@@ -18,7 +18,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dcpid::perf::sampler::online_cpus;
 use dcpid::perf::{parse_event_list, Sampler, SamplerConfig};
+use dcpid::sys;
 use dcpid::sys::time::monotonic_ns;
 use object::{Object, ObjectSymbol};
 use sampler_support::CollectSink;
@@ -62,7 +64,7 @@ fn phase_b_work(mut x: u64) -> u64 {
 /// loops: a chunk right after a switch-in runs on cold caches and takes longer, at a phase the
 /// tick decides (truth 25.2% by chunks where the sampler measured 30.5%).
 fn workload(cpu: u32, cpu_time: Duration, max_wall: Duration) -> (u64, u64) {
-    dcpid::sys::perf::pin_current_thread(cpu).expect("pin workload");
+    sys::perf::pin_current_thread(cpu).expect("pin workload");
     let start_cpu = sampler_support::thread_cpu_ns();
     let end = monotonic_ns() + max_wall.as_nanos() as u64;
     let mut x = 1u64;
@@ -197,7 +199,7 @@ fn measure(cfg: &SamplerConfig, cpus: &[u32]) -> Vec<CpuResult> {
 
 #[dcpi_testkit::test(perf)]
 fn randomized_periods_defeat_phase_locking() {
-    let cpus = dcpid::perf::sampler::online_cpus().expect("online cpus");
+    let cpus = online_cpus().expect("online cpus");
     let events = parse_event_list(&format!("cpu-clock:{P}")).unwrap();
     let fixed = SamplerConfig { events: events.clone(), randomize: false, ..Default::default() };
     let random = SamplerConfig { events, ..Default::default() };

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dcpid::perf::{parse_event_list, Sampler, SamplerConfig};
+use dcpid::sys;
 use sampler_support::{spin_for, CollectSink};
 
 #[dcpi_testkit::test(perf)]
@@ -25,7 +26,7 @@ fn default_ring_loses_nothing_at_5khz_per_cpu() {
         .iter()
         .map(|&cpu| {
             std::thread::spawn(move || {
-                dcpid::sys::perf::pin_current_thread(cpu).expect("pin worker");
+                sys::perf::pin_current_thread(cpu).expect("pin worker");
                 spin_for(run)
             })
         })

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dcpid::aggregate::OffsetCounts;
 use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
 use dcpid::store::{EventInfo, Store, StoreConfig};
 use profile_format::{Database, EpochId, EventDesc, HostSummary, ImageId, ImageKind, Profile};
@@ -48,7 +49,7 @@ fn batch(img: u8, off: u64, count: u64) -> Resolved {
         path: format!("/usr/lib/lib{img}.so").into_bytes(),
         jit_symbols: vec![],
     });
-    let mut counts = dcpid::aggregate::OffsetCounts::default();
+    let mut counts = OffsetCounts::default();
     counts.insert(off, (count, count * 1000));
     r.profiles.insert((id, 0), ResolvedProfile { image: info, event: 0, counts });
     r.samples = count;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use dcpi_testkit::Hostile;
 use dcpid::store::Store;
+use profile_format::sumidx;
 use profile_format::{Database, EpochId, ImageId, Profile};
 use store_support::{batch, open};
 
@@ -74,10 +75,7 @@ fn fifo_dev_zero_link_and_sparse_3_gib_profile_are_set_aside() {
     assert!(!path(4).exists());
     assert_eq!(s.status().corrupt_files_set_aside, 4);
     // The index matches the files that remain.
-    let idx = profile_format::sumidx::read(&hd.summary_index_path())
-        .unwrap()
-        .index
-        .expect("index written");
+    let idx = sumidx::read(&hd.summary_index_path()).unwrap().index.expect("index written");
     assert_eq!(idx.images.len(), 3);
     // And a later flush finds nothing more to set aside.
     let mut s = s;

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use dcpid::store::KernelSymbolSource;
 use profile_format::{Database, KallsymsSnapshot};
 use store_support::{batch, open};
+use tracing::subscriber::set_default;
 
 fn aged(path: &Path, age: Duration) {
     std::fs::write(path, b"half a profile").unwrap();
@@ -92,7 +93,7 @@ fn flapping_errors_are_logged_once_per_change_of_state() {
         .with_max_level(tracing::Level::INFO)
         .with_writer(move || w.clone())
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = set_default(subscriber);
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let mut s = open(root);

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use dcpid::store::{KernelSymbolSource, Store};
+use profile_format::sumidx;
 use profile_format::{
     Database, EpochId, HostSummary, ImageId, KallsymsSnapshot, Profile, EPOCH_MARKER, KALLSYMS_DIR,
 };
@@ -72,7 +73,7 @@ fn removed_database_is_recreated_with_its_whole_layout() {
     let hd = db.host_dir(&epoch, "h1").unwrap();
     hd.read_kallsyms().expect("kernel symbols referenced and stored again");
     HostSummary::read(&hd.summary_path()).expect("summary.json written again");
-    let idx = profile_format::sumidx::read(&hd.summary_index_path()).expect("summary.idx");
+    let idx = sumidx::read(&hd.summary_index_path()).expect("summary.idx");
     assert!(idx.index.is_some(), "the summary index is written again");
     let p = Profile::read(&hd.profile_path(&ImageId::BuildId(vec![1; 20]), "cpu-clock")).unwrap();
     assert_eq!(p.counts, BTreeMap::from([(0x20, 3)]), "new samples published");

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::store_support;
+use dcpid::aggregate::OffsetCounts;
 use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
+use dcpid::faults::Faults;
 use dcpid::store::{Store, StoreConfig, StoreError};
 use profile_format::{Database, EpochId, HostSummary, ImageId, ImageKind, Profile, UnknownReason};
 
@@ -44,7 +46,7 @@ fn batch(entries: &[(u8, u64, u64)], unknown: u64) -> Resolved {
         let p = r.profiles.entry((id, 0)).or_insert_with(|| ResolvedProfile {
             image: info,
             event: 0,
-            counts: dcpid::aggregate::OffsetCounts::default(),
+            counts: OffsetCounts::default(),
         });
         let e = p.counts.entry(off).or_insert((0, 0));
         e.0 += count;
@@ -151,10 +153,7 @@ fn exactly_once_after_crash_between_rename_and_spool_delete() {
         s.tick_at(Instant::now());
         s.add(batch(b2, 0), 0, 0);
         // The second profile write "crashes" after its rename, before its spool rows go.
-        s.inject_faults(&dcpid::faults::Faults {
-            crash_after_writes: Some(2),
-            ..Default::default()
-        });
+        s.inject_faults(&Faults { crash_after_writes: Some(2), ..Default::default() });
         match s.flush_everything() {
             Err(StoreError::InjectedCrash(_)) => {}
             other => panic!("expected the injected crash, got {other:?}"),

@@ -7,6 +7,8 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::store_support::{batch, open};
+use dcpid::store::ROLLUP_RESOLUTION;
+use dcpid::store::SLICE_RESOLUTION;
 use dcpid::store::{SliceSettings, Store};
 use profile_format::{Database, HostDir, Profile, SliceKey, SliceLog};
 
@@ -34,7 +36,7 @@ fn profile_counts_at(hd: &HostDir, res: u64) -> BTreeMap<(SliceKey, u64), u64> {
 /// `SLICE_RESOLUTION` (16 bytes).
 fn profile_counts(hd: &HostDir, log: &SliceLog) -> BTreeMap<(SliceKey, u64), u64> {
     let res = log.range_resolution(&log.range(None, None));
-    assert_eq!(res, dcpid::store::SLICE_RESOLUTION, "appended at the daemon's resolution");
+    assert_eq!(res, SLICE_RESOLUTION, "appended at the daemon's resolution");
     profile_counts_at(hd, res)
 }
 
@@ -233,5 +235,5 @@ fn old_hours_are_rolled_up_by_appending_not_rewriting() {
     assert_eq!(log.samples(), 120 * 3 + 3 + 4, "every sample kept");
     let hours: Vec<_> = log.slices.iter().filter(|x| x.len == 3600).collect();
     assert_eq!(hours.len(), 2);
-    assert!(hours.iter().all(|x| log.resolution_of(x) == dcpid::store::ROLLUP_RESOLUTION));
+    assert!(hours.iter().all(|x| log.resolution_of(x) == ROLLUP_RESOLUTION));
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::store_support;
+use dcpid::aggregate::OffsetCounts;
 use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
+use profile_format::sumidx;
 use profile_format::{Database, HostSummary, ImageId, ImageKind, SummaryIndex};
 use store_support::open;
 
@@ -24,7 +26,7 @@ fn batch(entries: &[(u8, u64, u64)]) -> Resolved {
         let p = r.profiles.entry((id, 0)).or_insert_with(|| ResolvedProfile {
             image: info,
             event: 0,
-            counts: dcpid::aggregate::OffsetCounts::default(),
+            counts: OffsetCounts::default(),
         });
         let e = p.counts.entry(off).or_insert((0, 0));
         e.0 += count;
@@ -44,7 +46,7 @@ fn summary_index_follows_every_publish() {
     let index = || {
         let json = HostSummary::read(&hd.summary_path()).expect("summary");
         assert_eq!(json.index, None, "summary.json carries no index");
-        let bin = profile_format::sumidx::read(&hd.summary_index_path()).expect("summary.idx");
+        let bin = sumidx::read(&hd.summary_index_path()).expect("summary.idx");
         assert_eq!(HostSummary { index: None, ..bin.clone() }, json, "same facts in both");
         bin.index
     };

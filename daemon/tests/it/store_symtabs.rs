@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::store_support::open;
+use dcpid::aggregate::OffsetCounts;
 use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
 use object::Object;
 use profile_format::{Database, ImageId, ImageKind, SymtabOrigin};
@@ -21,7 +22,7 @@ fn batch(id: &[u8], path: &std::path::Path) -> Resolved {
         path: path.as_os_str().as_encoded_bytes().to_vec(),
         jit_symbols: vec![],
     });
-    let mut counts = dcpid::aggregate::OffsetCounts::default();
+    let mut counts = OffsetCounts::default();
     counts.insert(0x1000, (3, 3000));
     r.profiles.insert((id, 0), ResolvedProfile { image: info, event: 0, counts });
     r.samples = 3;

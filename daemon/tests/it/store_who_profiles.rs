@@ -6,7 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::store_support;
+use dcpid::aggregate::PidProfiles;
 use dcpid::aggregate::{ImageInfo, OffsetCounts, Resolved, ResolvedProfile};
+use dcpid::faults::Faults;
+use dcpid::store::StoreError;
 use dcpid::store::{Store, WhoProfiles};
 use profile_format::{Database, HostDir, ImageId, ImageKind, Profile, ProfileWho};
 
@@ -30,7 +33,7 @@ fn image() -> Arc<ImageInfo> {
 fn batch(n: u64) -> Resolved {
     let img = image();
     let mut r = Resolved::default();
-    let mut pp = dcpid::aggregate::PidProfiles::default();
+    let mut pp = PidProfiles::default();
     let mut flat = OffsetCounts::default();
     for (pid, k, extra) in [(42u32, 1u64, 0u64), (43, 2, n), (44, 3, 0)] {
         let mut c = OffsetCounts::default();
@@ -254,12 +257,9 @@ fn a_second_command_turns_the_stub_into_an_exact_copy_across_restarts_and_crashe
         let mut s = open(dir.path(), who);
         s.add(batch_of(5, ["web", "api", "web"]), 0, 0);
         if let Some(n) = crash_after {
-            s.inject_faults(&dcpid::faults::Faults {
-                crash_after_writes: Some(n),
-                ..Default::default()
-            });
+            s.inject_faults(&Faults { crash_after_writes: Some(n), ..Default::default() });
             match s.flush_everything() {
-                Err(dcpid::store::StoreError::InjectedCrash(_)) | Ok(()) => {}
+                Err(StoreError::InjectedCrash(_)) | Ok(()) => {}
                 Err(e) => panic!("crash after {n} writes: {e}"),
             }
             drop(s); // a kill -9

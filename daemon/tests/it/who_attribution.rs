@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use dcpid::aggregate::Aggregator;
+use dcpid::aggregate::Resolved;
 use dcpid::resolve::{Resolver, ResolverConfig};
 use dcpid::types::{Sample, SampleSink, SideBand, TimedSideBand};
 use profile_format::{ImageId, ImageKind};
@@ -117,7 +118,7 @@ fn per_process_profiles_split_kernel_time_by_process_only_when_on() {
     assert_eq!(created_off, 2, "one kernel entry for pids 7 and 8, one for the idle task");
     let (on, created_on) = run(true);
     assert_eq!(created_on, 3);
-    let flat = |r: &dcpid::aggregate::Resolved| {
+    let flat = |r: &Resolved| {
         let mut v: Vec<(Vec<u8>, u64)> = r
             .profiles
             .values()

@@ -15,9 +15,11 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::{Slice, SliceLog, SliceTotals, SliceWriter, FRAME_LEN, MAX_RECORD, SLICES_HEADER_LEN};
+use crate::codec;
 use crate::codec::Reader;
 use crate::db::HostDir;
 use crate::error::{Error, Result};
+use crate::safeio;
 use crate::safeio::open_regular;
 
 /// The roll-up file of a host directory: hour slices, appended (FORMAT.md §14.5).
@@ -77,7 +79,7 @@ pub fn record_spans(path: &Path) -> Result<Option<Vec<(u64, u64)>>> {
         f.read_exact(&mut frame).map_err(|e| Error::io(path, e))?;
         let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as u64;
         if len > MAX_RECORD as u64 {
-            return Err(crate::codec::corrupt(
+            return Err(codec::corrupt(
                 path,
                 "record length",
                 format!("{len} bytes at file byte {pos} (at most {MAX_RECORD})"),
@@ -500,7 +502,7 @@ impl SegmentWriter {
             // Unreadable (damaged by hand, a disk error): set aside (§1), so the next hours
             // go on; its minutes stay out of the time axis, the epoch totals keep them.
             Err(e) => {
-                crate::safeio::set_aside(&path)?;
+                safeio::set_aside(&path)?;
                 self.segments.remove(&hour);
                 return Err(e);
             }

@@ -1,4 +1,6 @@
 use super::*;
+use crate::safeio;
+use crate::varint;
 use proptest::prelude::*;
 
 fn key(event: &str, img: Option<u8>) -> SliceKey {
@@ -374,7 +376,7 @@ fn a_replaced_file_is_noticed() {
     let p = dir.path().join(SLICES_FILE);
     let w = write_log(&p, &sample_slices()[..1]);
     assert!(w.is_current());
-    crate::safeio::set_aside(&p).unwrap();
+    safeio::set_aside(&p).unwrap();
     assert!(!w.is_current());
 }
 
@@ -391,26 +393,26 @@ fn v1_file() -> Vec<u8> {
         [(1u64, true, vec![(0x11u64, 3u64), (0x25, 1)]), (2, false, vec![(0x13, 2)])]
     {
         let mut payload = Vec::new();
-        crate::varint::write_u64(&mut payload, u64::from(new_key));
+        varint::write_u64(&mut payload, u64::from(new_key));
         if new_key {
             put_bytes(&mut payload, b"cpu-clock");
             put_bytes(&mut payload, img.as_bytes());
         }
-        crate::varint::write_u64(&mut payload, 1); // entries
-        crate::varint::write_u64(&mut payload, 0); // key index
-        crate::varint::write_u64(&mut payload, offsets.len() as u64);
+        varint::write_u64(&mut payload, 1); // entries
+        varint::write_u64(&mut payload, 0); // key index
+        varint::write_u64(&mut payload, offsets.len() as u64);
         let mut last: Option<u64> = None;
         for &(o, _) in &offsets {
-            crate::varint::write_u64(&mut payload, last.map_or(o, |l| o - l - 1));
+            varint::write_u64(&mut payload, last.map_or(o, |l| o - l - 1));
             last = Some(o);
         }
         for &(_, c) in &offsets {
-            crate::varint::write_u64(&mut payload, c - 1);
+            varint::write_u64(&mut payload, c - 1);
         }
         let mut body = Vec::new();
-        crate::varint::write_u64(&mut body, 540 + seq * 60);
-        crate::varint::write_u64(&mut body, 60);
-        crate::varint::write_u64(&mut body, seq);
+        varint::write_u64(&mut body, 540 + seq * 60);
+        varint::write_u64(&mut body, 60);
+        varint::write_u64(&mut body, seq);
         body.push(0); // codec: raw
         body.extend_from_slice(&payload);
         let len = body.len() as u32;
@@ -514,15 +516,15 @@ fn rollup_at_a_coarser_resolution_keeps_every_sample() {
 fn record_with(shift: u8, off: u64) -> Vec<u8> {
     let mut out = header();
     let mut payload = Vec::new();
-    crate::varint::write_u64(&mut payload, 1);
+    varint::write_u64(&mut payload, 1);
     put_bytes(&mut payload, b"cpu-clock");
     put_bytes(&mut payload, key("e", Some(1)).image.unwrap().to_text().as_bytes());
     for v in [1, 0, 1, off, 0] {
-        crate::varint::write_u64(&mut payload, v);
+        varint::write_u64(&mut payload, v);
     }
     let mut body = Vec::new();
     for v in [600, 60, 1] {
-        crate::varint::write_u64(&mut body, v);
+        varint::write_u64(&mut body, v);
     }
     body.push(shift);
     body.push(0);

@@ -7,6 +7,8 @@ use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::common;
+use flate2::write::ZlibEncoder;
 use profile_format::{
     kallsyms_from_columns, kallsyms_id, kallsyms_to_columns, pack_kallsyms, unpack_kallsyms,
     Database, Error, KallsymsSnapshot, KALLSYMS_ZST_MAGIC,
@@ -88,7 +90,7 @@ fn realistic_snapshot(functions: usize) -> KallsymsSnapshot {
 }
 
 fn zlib(bytes: &[u8]) -> Vec<u8> {
-    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    let mut z = ZlibEncoder::new(Vec::new(), flate2::Compression::best());
     z.write_all(bytes).unwrap();
     z.finish().unwrap()
 }
@@ -138,7 +140,7 @@ fn zst_form_round_trips_and_is_smaller_than_zlib() {
 
 #[test]
 fn names_with_the_suffix_terminator_and_escape_round_trip() {
-    let mut snap = crate::common::small_snapshot();
+    let mut snap = common::small_snapshot();
     for (s, name) in snap.symbols.iter_mut().zip(["a\nb", "a\0", "\0\n\0", "\n", "x\0\0\n"]) {
         s.name = name.into();
     }
@@ -196,7 +198,7 @@ fn zlib_form_of_older_databases_is_read_and_collected() {
 
 #[test]
 fn corrupt_truncated_and_oversized_zst_files_are_errors() {
-    let snap = crate::common::small_snapshot();
+    let snap = common::small_snapshot();
     let bytes = snap.to_file_bytes(Path::new("s")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let db = Database::create(&dir.path().join("db")).unwrap();

@@ -6,6 +6,8 @@
 //! for a regular expression (matches turn magenta and their share of the total is shown),
 //! `?s=REGEX` in the URL searches at load.
 
+use dcpi_report::escape;
+use dcpi_report::report;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{self, Write};
@@ -31,7 +33,7 @@ pub fn write_folded(out: &mut dyn Write, x: &Export) -> io::Result<()> {
     for (stack, count) in x.folded() {
         // A text format read on terminals too: format characters escaped as in tables.
         let names: Vec<String> =
-            stack.iter().map(|f| dcpi_report::escape::terminal(f).replace(';', ":")).collect();
+            stack.iter().map(|f| escape::terminal(f).replace(';', ":")).collect();
         writeln!(out, "{} {count}", names.join(";"))?;
     }
     Ok(())
@@ -199,7 +201,7 @@ pub fn svg(stacks: &[(Vec<String>, u64)], title: &str, unit: &str, standalone: b
 /// What the flame graph's widths count: `ns` for a time-weighted event (off-CPU time), else
 /// `samples`.
 pub fn unit(x: &Export) -> &'static str {
-    if dcpi_report::report::time_weighted(x.first_event()) {
+    if report::time_weighted(x.first_event()) {
         "ns"
     } else {
         "samples"

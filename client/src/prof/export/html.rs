@@ -4,6 +4,7 @@
 //! selection spans several epochs, the top images' share per epoch.
 //! Tables sort by any column on a click.
 
+use dcpi_report::timeline::{self, Bucket};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -125,7 +126,7 @@ fn timeline_chart(x: &Export) -> String {
     };
     let (w, h, left, top, bottom) = (1000.0, 140.0, 60.0, 10.0, 30.0);
     let span = (t1 - t0).max(1) as f64;
-    let rate = |b: &dcpi_report::timeline::Bucket| b.samples as f64 / b.seconds().max(1) as f64;
+    let rate = |b: &Bucket| b.samples as f64 / b.seconds().max(1) as f64;
     let max = b.iter().map(rate).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
     let total: u64 = b.iter().map(|b| b.samples).sum();
     let mut s = String::new();
@@ -279,12 +280,12 @@ pub fn page(x: &Export, limit: Option<usize>) -> String {
     }
     s.push_str("<a href=\"#flame\">Flame graph</a><a href=\"#images\">Images</a><a href=\"#symbols\">Symbols</a></nav>\n");
     if timeline {
-        let per = x.timeline.iter().map(dcpi_report::timeline::Bucket::seconds).min().unwrap_or(1);
+        let per = x.timeline.iter().map(Bucket::seconds).min().unwrap_or(1);
         let _ = writeln!(
             s,
             "<h2 id=\"timeline\">Timeline ({} samples per second, {} buckets; hover for counts)</h2>",
             xml(x.first_event()),
-            dcpi_report::timeline::duration(per)
+            timeline::duration(per)
         );
         s.push_str(&timeline_chart(x));
     }

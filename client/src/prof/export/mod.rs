@@ -27,6 +27,9 @@ use dcpi_report::error::ProfError;
 use dcpi_report::escape::controls;
 use dcpi_report::report::{self, display_path, ImageReport, SymbolContext, SymbolMode, Weights};
 use dcpi_report::select::Loaded;
+use dcpi_report::select::LoadedProfile;
+use dcpi_report::stats;
+use dcpi_report::stats::PROFILES_READ;
 
 /// An export format (`--format folded|pprof|svg|html|speedscope`). Every match on it is
 /// exhaustive, so a new format does not compile until each place writes it.
@@ -175,7 +178,7 @@ pub fn build(
         for &i in group {
             let p = &mut loaded.profiles[i];
             if p.profile.counts.is_empty() && p.samples > 0 {
-                dcpi_report::stats::count(&dcpi_report::stats::PROFILES_READ);
+                stats::count(&PROFILES_READ);
                 match profile_format::Profile::read(&p.path) {
                     Ok(fresh) => p.profile.counts = fresh.counts,
                     Err(e) if req.keep_going => warn(format!("skipping corrupt profile: {e}")),
@@ -298,7 +301,7 @@ fn id_text(id: &ImageId) -> String {
     }
 }
 
-fn image_name_of(r: &ImageReport, p: &dcpi_report::select::LoadedProfile) -> String {
+fn image_name_of(r: &ImageReport, p: &LoadedProfile) -> String {
     let h = &p.profile.header;
     if h.kind == ImageKind::Unknown {
         return "[unknown]".to_owned();
@@ -357,6 +360,7 @@ fn split_source(s: Option<&str>) -> (Option<String>, Option<u32>) {
 mod tests {
     use super::*;
     use dcpi_report::report::{EventInfo, Scope};
+    use flate2::read::GzDecoder;
 
     #[test]
     fn sources_split_and_unknown_lines_dropped() {
@@ -449,11 +453,8 @@ mod tests {
                 ExportFormat::Pprof => {
                     assert_eq!(out[..2], [0x1f, 0x8b], "gzip magic");
                     let mut raw = Vec::new();
-                    std::io::Read::read_to_end(
-                        &mut flate2::read::GzDecoder::new(&out[..]),
-                        &mut raw,
-                    )
-                    .expect("a gzip stream");
+                    std::io::Read::read_to_end(&mut GzDecoder::new(&out[..]), &mut raw)
+                        .expect("a gzip stream");
                     let raw = String::from_utf8_lossy(&raw);
                     assert!(raw.contains("hot") && raw.contains("/usr/bin/app"), "{raw:?}");
                 }

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use dcpi_report::report::{EventInfo, ImageReport, Scope};
+use dcpi_report::timeline::Bucket;
 
 /// One image (an identity: build-id or fallback id; all `[unknown]` samples are one image).
 #[derive(Clone, Debug)]
@@ -87,7 +88,7 @@ pub struct Export {
     /// Samples of the first event per time bucket (stored slice length), from the slice logs
     /// (FORMAT.md §14): the HTML report's timeline. Empty where no slices were recorded (and
     /// for the formats that do not draw it).
-    pub timeline: Vec<dcpi_report::timeline::Bucket>,
+    pub timeline: Vec<Bucket>,
 }
 
 impl Export {

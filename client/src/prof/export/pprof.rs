@@ -19,11 +19,14 @@
 use std::collections::HashMap;
 use std::io::Write;
 
+use flate2::write::GzEncoder;
 use prost::Message;
 
 use super::model::Export;
 
-#[allow(clippy::all, missing_debug_implementations, missing_docs)]
+// Generated code: prost writes absolute paths (`::prost::alloc::vec::Vec`), and clippy::all
+// does not cover that restriction lint.
+#[allow(clippy::all, clippy::absolute_paths, missing_debug_implementations, missing_docs)]
 pub mod proto {
     // Committed rather than generated at build time: compiling the .proto needed protox and
     // prost-build (with petgraph, miette, prost-reflect, two versions of logos) in every build.
@@ -255,7 +258,7 @@ fn main_image(x: &Export) -> Option<usize> {
 /// The gzipped encoding pprof reads.
 pub fn encode(x: &Export) -> std::io::Result<Vec<u8>> {
     let bytes = profile(x).encode_to_vec();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(&bytes)?;
     gz.finish()
 }

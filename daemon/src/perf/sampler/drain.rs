@@ -13,6 +13,8 @@ use crate::sys::time::{monotonic_ns, thread_cpu_ns};
 use crate::types::{EventIdx, Sample, TimedSideBand};
 
 use super::{lock, CpuRing, CpuStats, Shared, NO_CLOCK};
+use crate::perf::callchain::StackTable;
+use crate::sys;
 
 /// `drained_until` lags the clock read before `data_head` by this much, for records whose time
 /// was taken just before they were written.
@@ -96,11 +98,11 @@ pub fn read_pass_stacks<R: RingBuffer>(
     per_event: &mut [u64],
     samples: &mut Vec<Sample>,
     sideband: &mut Vec<TimedSideBand>,
-    mut stacks: Option<&mut crate::perf::callchain::StackTable>,
+    mut stacks: Option<&mut StackTable>,
 ) -> PassCounts {
     let layout = records::SampleLayout {
         callchain: stacks.is_some(),
-        user_stack: stacks.as_deref().is_some_and(crate::perf::callchain::StackTable::dwarf),
+        user_stack: stacks.as_deref().is_some_and(StackTable::dwarf),
     };
     let mut c = PassCounts::default();
     per_event.iter_mut().for_each(|x| *x = 0);
@@ -293,8 +295,7 @@ impl<'a> Drainer<'a> {
             &mut self.sideband,
             table.as_deref_mut(),
         );
-        let full =
-            table.as_deref().is_some_and(crate::perf::callchain::StackTable::past_high_water);
+        let full = table.as_deref().is_some_and(StackTable::past_high_water);
         drop(table);
         if let (true, Some(t)) = (full, &self.shared.cfg.stacks) {
             t.request_flush();
@@ -480,7 +481,7 @@ pub(super) fn drain_thread(shared: &Shared, stats: &CpuStats, ring: CpuRing) {
             tracing::info!(cpu, error = %e, "drain thread stays SCHED_OTHER (SCHED_FIFO refused)");
         }
     }
-    if let Some(id) = crate::sys::time::own_thread_clock() {
+    if let Some(id) = sys::time::own_thread_clock() {
         stats.clock.store(i64::from(id), Ordering::Release);
     }
     let mut d = Drainer::new(shared, stats, ring);

@@ -32,10 +32,14 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 
+use crate::faults::Faults;
+use crate::perf::callchain::StackTables;
 use crate::perf::events::{self, EventKind, EventSpec};
+use crate::sys;
 use crate::sys::perf::{self as sp, AttrSpec, EventFd, PerfFd, RingMap};
 use crate::sys::time::monotonic_ns;
 use crate::types::{EventIdx, SampleSink};
+use crate::watch::Watch;
 
 mod cpus;
 mod drain;
@@ -84,7 +88,7 @@ pub struct SamplerConfig {
     /// wake-up fewer, ~0.02 ms/s on a VM).
     pub hotplug_thread: bool,
     /// Faults injected by tests (none by default; never set from configuration).
-    pub faults: crate::faults::Faults,
+    pub faults: Faults,
     /// Run drain threads `SCHED_FIFO` (priority 1) so that they run as soon as the ring wakes
     /// them instead of at the next scheduler tick; see README.md (phase locking).
     pub realtime_drain: bool,
@@ -92,10 +96,10 @@ pub struct SamplerConfig {
     pub online_cpus_path: Option<std::path::PathBuf>,
     /// The daemon's thread watch: drain and hotplug threads run under it (a panic is
     /// recorded, and status says degraded). `None`: plain threads.
-    pub watch: Option<Arc<crate::watch::Watch>>,
+    pub watch: Option<Arc<Watch>>,
     /// `callchains = "fp"`: sample call chains (at most `max_stack()` frames) and intern them
     /// into these per-CPU tables, which the aggregator reads. `None`: flat samples only.
-    pub stacks: Option<Arc<crate::perf::callchain::StackTables>>,
+    pub stacks: Option<Arc<StackTables>>,
 }
 
 impl Default for SamplerConfig {
@@ -113,7 +117,7 @@ impl Default for SamplerConfig {
             randomize: true,
             hotplug_interval: Duration::from_secs(5),
             hotplug_thread: true,
-            faults: crate::faults::Faults::default(),
+            faults: Faults::default(),
             realtime_drain: true,
             online_cpus_path: None,
             watch: None,
@@ -276,7 +280,7 @@ impl CpuStats {
     fn cpu_ns(&self) -> u64 {
         let kept = self.cpu_ns.load(Ordering::Acquire);
         let clock = self.clock.load(Ordering::Acquire);
-        let now = i32::try_from(clock).ok().and_then(crate::sys::time::clock_ns).unwrap_or(0);
+        let now = i32::try_from(clock).ok().and_then(sys::time::clock_ns).unwrap_or(0);
         kept.max(now)
     }
 

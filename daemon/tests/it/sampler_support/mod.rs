@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use dcpid::sys;
 use dcpid::types::{PerfTime, Sample, SampleSink, TimedSideBand};
 
 /// Keeps every sample and side-band record, and the `drained_until` of each call.
@@ -28,7 +29,7 @@ impl SampleSink for CollectSink {
         samples: &mut Vec<Sample>,
         sideband: &mut Vec<TimedSideBand>,
     ) {
-        let now = dcpid::sys::time::monotonic_ns();
+        let now = sys::time::monotonic_ns();
         {
             let drains = self.drains.lock().unwrap();
             let prev = drains.get(&cpu).and_then(|v| v.last()).map_or(0, |d| d.0);

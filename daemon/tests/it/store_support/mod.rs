@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dcpid::aggregate::OffsetCounts;
 use dcpid::aggregate::{ImageInfo, Resolved, ResolvedProfile};
 use dcpid::store::{EventInfo, Store, StoreConfig};
 use profile_format::{EventDesc, ImageId, ImageKind};
@@ -58,7 +59,7 @@ pub(crate) fn batch(img: u8, off: u64, count: u64) -> Resolved {
         path: format!("/usr/bin/img{img}").into_bytes(),
         jit_symbols: vec![],
     });
-    let mut counts = dcpid::aggregate::OffsetCounts::default();
+    let mut counts = OffsetCounts::default();
     counts.insert(off, (count, count * 1000));
     r.profiles.insert((id, 0), ResolvedProfile { image: info, event: 0, counts });
     r.samples = count;
