@@ -286,15 +286,15 @@ fn second_host_on_shared_db_follows_new_epoch() {
     let e1 = EpochId::parse(&ok_stdout(&b, &["epoch", "show"])).unwrap();
     let e2 = EpochId::parse(&ok_stdout(&a, &["epoch", "new"])).unwrap();
     assert!(e2 > e1);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // hostb follows at its next flush (500 ms); on a loaded machine that flush can be seconds
+    // late (it failed at 5 s at load 7), so the deadline is generous: what is tested is that
+    // hostb follows without being told, not how fast a starved thread runs.
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if ok_stdout(&b, &["epoch", "show"]) == e2.to_string() {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "hostb did not pick up epoch {e2} within its flush interval"
-        );
+        assert!(Instant::now() < deadline, "hostb did not pick up epoch {e2} within 60 s");
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(700));
