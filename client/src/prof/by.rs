@@ -25,6 +25,13 @@ use dcpi_report::stats;
 pub struct Trend {
     pub sel: Selection,
     pub across: Across,
+    pub focus: Focus,
+}
+
+/// What a `--by epoch|host|time` report is of, and how it is named and printed (the same for
+/// both: [`Trend`] and `timeline::Timeline`).
+#[derive(Clone, Debug)]
+pub struct Focus {
     pub image: Option<String>,
     /// `--symbol` (only with `image`).
     pub symbol: Option<String>,
@@ -125,16 +132,16 @@ struct Part {
 pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ProfError> {
     let by = tr.across;
     let mut warnings: Vec<String> = Vec::new();
-    let filter = match (&tr.image, &tr.symbol) {
+    let filter = match (&tr.focus.image, &tr.focus.symbol) {
         (Some(i), Some(_)) => Some(ImageFilter::new(i)),
         _ => None,
     };
     let mut loaded = tr.sel.load(filter.as_ref(), &mut |w| warnings.push(w))?;
-    if tr.no_idle {
+    if tr.focus.no_idle {
         loaded.exclude_idle();
     }
     let w = report::weights(&loaded, &tr.sel.events)?;
-    let image = match &tr.image {
+    let image = match &tr.focus.image {
         Some(spec) => Some(resolve_image_builds(&loaded, &w, spec)?),
         None => None,
     };
@@ -147,7 +154,7 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
     }
     let key_of = |i: usize| by.key(&loaded.dirs[loaded.profiles[i].dir]);
     let first_event = |i: usize| w.per_profile[i].filter(|&(ei, _)| ei == 0).map(|(_, wt)| wt);
-    match (&image, &tr.symbol) {
+    match (&image, &tr.focus.symbol) {
         (None, _) => {
             let mut all = 0.0;
             for (i, p) in loaded.profiles.iter().enumerate() {
@@ -182,12 +189,13 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
                 }
             }
             let mut sy = Symbolizer {
-                locator: tr.symbols.locator(&tr.sel.db),
-                cache: tr.symbols.cache(&mut |m| warnings.push(m)),
+                locator: tr.focus.symbols.locator(&tr.sel.db),
+                cache: tr.focus.symbols.cache(&mut |m| warnings.push(m)),
             };
             for (k, idx) in groups {
-                let (rows, _) =
-                    symbol_rows(&loaded, &w, &idx, &mut sy, tr.mode, &mut |m| warnings.push(m));
+                let (rows, _) = symbol_rows(&loaded, &w, &idx, &mut sy, tr.focus.mode, &mut |m| {
+                    warnings.push(m)
+                });
                 let e = parts.entry(k).or_default();
                 for r in rows {
                     e.of_events += r.events as f64;
@@ -200,14 +208,14 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
         }
     }
     notes::write_warnings("dcpiprof", err, &mut warnings)?;
-    let of = match (&tr.image, &tr.symbol) {
+    let of = match (&tr.focus.image, &tr.focus.symbol) {
         (None, _) => "the whole selection".to_owned(),
         (Some(_), None) => format!("all samples of the {}", by.name()),
         (Some(_), Some(_)) => format!("the image's samples in the {}", by.name()),
     };
     let rows: Vec<(String, Part)> = parts.into_iter().collect();
     let pct = |p: &Part| if p.of_events > 0.0 { r4(p.events / p.of_events * 100.0) } else { 0.0 };
-    let form = Output::from(tr.format);
+    let form = Output::from(tr.focus.format);
     // The JSON document (its schema in --help), made only when asked for.
     let v = if form == Output::Json {
         let rows: Vec<Value> = rows
@@ -226,8 +234,8 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
             "by": by.name(),
             "database": tr.sel.db.display().to_string(),
             "event": event,
-            "image": tr.image,
-            "symbol": tr.symbol,
+            "image": tr.focus.image,
+            "symbol": tr.focus.symbol,
             "percent_of": of,
             "rows": rows,
         })
@@ -251,10 +259,10 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
         &tr.sel.db,
     );
     let mut what = format!("# event {event}");
-    if let Some(i) = &tr.image {
+    if let Some(i) = &tr.focus.image {
         what.push_str(&format!("; image {}", printable(i)));
     }
-    if let Some(s) = &tr.symbol {
+    if let Some(s) = &tr.focus.symbol {
         what.push_str(&format!("; symbol {}", printable(s)));
     }
     t.head(format!("{}; % of {of}", printable(&what)));
@@ -274,7 +282,7 @@ pub fn run_by(tr: &Trend, out: &mut dyn Write, err: &mut dyn Write) -> Result<()
     }
     t.write(out, form, Style::default(), &v)?;
     out.flush()?;
-    if tr.verbose {
+    if tr.focus.verbose {
         writeln!(err, "dcpiprof: stats: {}", stats::line())?;
     }
     Ok(())

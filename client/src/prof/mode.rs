@@ -13,7 +13,7 @@
 
 use std::path::PathBuf;
 
-use super::by::{Across, By, Trend};
+use super::by::{Across, By, Focus, Trend};
 use super::cli::Args;
 use super::export::ExportFormat;
 use super::health::StackHealth;
@@ -349,13 +349,7 @@ impl Mode {
             return Ok(Self::Trend(Trend {
                 sel: a.sel.clone(),
                 across,
-                image: a.image.clone(),
-                symbol: a.symbol.clone(),
-                symbols: a.symbols.clone(),
-                mode: SymbolMode { lines: false, ..symbol_mode },
-                no_idle: a.no_idle,
-                format,
-                verbose: a.verbose,
+                focus: focus(a, symbol_mode, format),
             }));
         }
         let profiles = Profiles { sel: a.sel.clone(), who: who.clone(), no_idle: a.no_idle };
@@ -435,9 +429,12 @@ fn timeline(
             )))
         }
     };
-    Ok(Timeline {
-        sel: a.sel.clone(),
-        resolution: a.resolution,
+    Ok(Timeline { sel: a.sel.clone(), resolution: a.resolution, focus: focus(a, mode, format) })
+}
+
+/// The [`Focus`] of a `--by epoch|host|time` report: per-line names are not shown in a trend.
+fn focus(a: &Args, mode: SymbolMode, format: TableFormat) -> Focus {
+    Focus {
         image: a.image.clone(),
         symbol: a.symbol.clone(),
         symbols: a.symbols.clone(),
@@ -445,7 +442,7 @@ fn timeline(
         no_idle: a.no_idle,
         format,
         verbose: a.verbose,
-    })
+    }
 }
 
 /// `--pid`, `--cgroup` or `--command` (one of them, and without `--cpu`, which only the who
@@ -718,7 +715,7 @@ mod tests {
         match ok(&["--by", "epoch", "--image", "app", "--symbol", "main"]) {
             Mode::Trend(t) => {
                 assert_eq!(t.across, Across::Epoch);
-                assert_eq!(t.symbol.as_deref(), Some("main"));
+                assert_eq!(t.focus.symbol.as_deref(), Some("main"));
             }
             m => panic!("{m:?}"),
         }
@@ -755,12 +752,15 @@ mod tests {
         match ok(&["--by", "time", "--resolution", "5m", "--image", "a", "--symbol", "f"]) {
             Mode::Timeline(t) => {
                 assert_eq!(t.resolution, Some(300));
-                assert_eq!((t.image.as_deref(), t.symbol.as_deref()), (Some("a"), Some("f")));
+                assert_eq!(
+                    (t.focus.image.as_deref(), t.focus.symbol.as_deref()),
+                    (Some("a"), Some("f"))
+                );
             }
             m => panic!("{m:?}"),
         }
         match ok(&["--by", "time", "--format", "csv", "--no-idle"]) {
-            Mode::Timeline(t) => assert!(t.resolution.is_none() && t.no_idle),
+            Mode::Timeline(t) => assert!(t.resolution.is_none() && t.focus.no_idle),
             m => panic!("{m:?}"),
         }
     }

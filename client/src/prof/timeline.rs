@@ -11,13 +11,14 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
-use super::output::{printable, r4, TableFormat};
+use super::by::Focus;
+use super::output::{printable, r4};
 use super::subset::resolve_image_builds;
-use crate::args::{Selection, SymbolSearch};
+use crate::args::Selection;
 use dcpi_report::error::ProfError;
 use dcpi_report::image::{is_idle, ImageFilter};
 use dcpi_report::render::{Column, Kind, Output, Style, Table, Value as CellValue};
-use dcpi_report::report::{self, SymbolContext, SymbolMode};
+use dcpi_report::report::{self, SymbolContext};
 use dcpi_report::timeline::{self, Bucket, Part, Share};
 use profile_format::{HostDir, ImageId, SliceKey, SliceLog, SliceTotal, SliceTotals};
 
@@ -37,14 +38,7 @@ pub struct Timeline {
     pub sel: Selection,
     /// `--resolution` in seconds; `None`: the stored slice length.
     pub resolution: Option<u64>,
-    pub image: Option<String>,
-    /// `--symbol` (only with `image`).
-    pub symbol: Option<String>,
-    pub symbols: SymbolSearch,
-    pub mode: SymbolMode,
-    pub no_idle: bool,
-    pub format: TableFormat,
-    pub verbose: bool,
+    pub focus: Focus,
 }
 
 /// `--resolution`: a duration of whole seconds, at least one (`10s`, `1m`, `1h`).
@@ -132,12 +126,12 @@ pub fn run(
     // The profiles' totals name the events (in the reports' order), the idle task's identity
     // and the image; the counts come from the slices.
     let mut totals = t.sel.load_totals(&mut |w| warnings.push(w))?;
-    if t.no_idle {
+    if t.focus.no_idle {
         totals.exclude_idle();
     }
     let dirs = totals.dirs.clone();
     // Only a function's timeline needs the offsets; images need each slice's totals per key.
-    let full = t.symbol.is_some();
+    let full = t.focus.symbol.is_some();
     let logs = read_logs(&dirs, full, t.sel.keep_going, &mut |w| warnings.push(w))?;
     if logs.logs.is_empty() {
         flush(err, &mut warnings)?;
@@ -181,9 +175,9 @@ pub fn run(
     let mut image_ids: HashMap<ImageId, Option<Share>> = HashMap::new();
     let mut image_path = None;
     let mut profile_samples: Option<u64>;
-    if let Some(spec) = &t.image {
+    if let Some(spec) = &t.focus.image {
         let mut loaded = t.sel.load(Some(&ImageFilter::new(spec)), &mut |w| warnings.push(w))?;
-        if t.no_idle {
+        if t.focus.no_idle {
             loaded.exclude_idle();
         }
         let w = report::weights(&loaded, &t.sel.events)?;
@@ -199,15 +193,15 @@ pub fn run(
         for &i in &im.idx {
             image_ids.insert(loaded.profiles[i].profile.header.image_id.clone(), None);
         }
-        if let Some(sym) = &t.symbol {
-            let mut locator = t.symbols.locator(&t.sel.db);
-            let mut cache = t.symbols.cache(&mut |m| warnings.push(m));
+        if let Some(sym) = &t.focus.symbol {
+            let mut locator = t.focus.symbols.locator(&t.sel.db);
+            let mut cache = t.focus.symbols.cache(&mut |m| warnings.push(m));
             let cx = SymbolContext {
                 loaded: &loaded,
                 weights: &w,
                 locator: &mut locator,
                 cache: &mut cache,
-                mode: t.mode,
+                mode: t.focus.mode,
                 warn: &mut |m| warnings.push(m),
             };
             // The function's share of each build's offsets, as the profiles saw it: slices
@@ -266,10 +260,12 @@ pub fn run(
     let stored = timeline::stored_resolution(lens).unwrap_or(60);
     let resolution = t.resolution.unwrap_or(stored);
     let mut part = |k: &profile_format::SliceKey| {
-        if k.event != event || (t.no_idle && k.image.as_ref().is_some_and(|i| idle.contains(i))) {
+        if k.event != event
+            || (t.focus.no_idle && k.image.as_ref().is_some_and(|i| idle.contains(i)))
+        {
             return Part::Out;
         }
-        if t.image.is_none() {
+        if t.focus.image.is_none() {
             return Part::All;
         }
         match k.image.as_ref().and_then(|i| image_ids.get(i)) {
@@ -291,16 +287,17 @@ pub fn run(
     };
     let longer = buckets.iter().filter(|b| b.seconds() > resolution).count();
     let pct = |b: &Bucket| {
-        let of = if t.image.is_some() { b.of } else { all };
+        let of = if t.focus.image.is_some() { b.of } else { all };
         if of > 0 {
             r4(b.samples as f64 / of as f64 * 100.0)
         } else {
             0.0
         }
     };
-    let of = if t.image.is_some() { "all samples of the bucket" } else { "the whole selection" };
+    let of =
+        if t.focus.image.is_some() { "all samples of the bucket" } else { "the whole selection" };
     let rate = |b: &Bucket| r4(b.samples as f64 / b.seconds().max(1) as f64);
-    let form = Output::from(t.format);
+    let form = Output::from(t.focus.format);
     let doc = if form == Output::Json {
         let rows: Vec<Value> = buckets
             .iter()
@@ -321,7 +318,7 @@ pub fn run(
             "database": t.sel.db.display().to_string(),
             "event": event,
             "image": image_path,
-            "symbol": t.symbol,
+            "symbol": t.focus.symbol,
             "resolution": resolution,
             "stored_resolution": stored,
             "since": covered.map(|c| c.0),
@@ -362,7 +359,7 @@ pub fn run(
     if let Some(i) = &image_path {
         what.push_str(&format!("; image {}", printable(i)));
     }
-    if let Some(s) = &t.symbol {
+    if let Some(s) = &t.focus.symbol {
         what.push_str(&format!("; symbol {}", printable(s)));
     }
     table.head(format!("{what}; % of {of}"));
@@ -423,7 +420,7 @@ pub fn run(
     }
     table.write(out, form, Style { human: tty, ..Style::default() }, &doc)?;
     out.flush()?;
-    if t.verbose {
+    if t.focus.verbose {
         writeln!(err, "dcpiprof: stats: {}", stats::line())?;
     }
     Ok(())
