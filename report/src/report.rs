@@ -153,6 +153,24 @@ pub struct ImageInfo {
     pub from_symbol_store: bool,
 }
 
+impl ImageInfo {
+    /// An image known by its path and kind only: what it is named with (identity, binary,
+    /// debug file, notes) is filled in by whoever finds it.
+    pub fn new(path: String, kind: &'static str) -> Self {
+        Self {
+            path,
+            kind,
+            image_id: None,
+            build_id: None,
+            binary: None,
+            debug_file: None,
+            symbols_note: None,
+            names_missing: None,
+            from_symbol_store: false,
+        }
+    }
+}
+
 /// Why an image's function names are missing (or only the exported ones are known).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NamesMissing {
@@ -688,15 +706,9 @@ pub fn symbolize_image(
     let first = &loaded.profiles[idx[0]];
     let fh = &first.profile.header;
     let mut info = ImageInfo {
-        path: image_display(&first.profile.header),
-        kind: kind_name(fh.kind),
         image_id: (fh.kind != ImageKind::Unknown).then(|| fh.image_id.to_text()),
         build_id: build_id_hex(&fh.image_id),
-        binary: None,
-        debug_file: None,
-        symbols_note: None,
-        names_missing: None,
-        from_symbol_store: false,
+        ..ImageInfo::new(image_display(&first.profile.header), kind_name(fh.kind))
     };
     // ELF and vDSO images: one source per identity (only one unless the spec merges).
     let mut elf_cache: HashMap<ImageId, Source> = HashMap::new();
@@ -1155,17 +1167,7 @@ pub fn elf_symbolizer(
     recorded: &[Vec<u8>],
     warn: &mut dyn FnMut(String),
 ) -> Option<ElfSymbolizer> {
-    let mut info = ImageInfo {
-        path: String::new(),
-        kind: kind_name(ImageKind::Elf),
-        image_id: None,
-        build_id: None,
-        binary: None,
-        debug_file: None,
-        symbols_note: None,
-        names_missing: None,
-        from_symbol_store: false,
-    };
+    let mut info = ImageInfo::new(String::new(), kind_name(ImageKind::Elf));
     let r = ElfRequest { id, recorded, mode: SymbolMode::default() };
     match load_elf(locator, cache, &r, &mut info, warn) {
         ElfState::Ready(s, _) => Some(*s),

@@ -230,15 +230,8 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     let first = &loaded.profiles[idx[0]];
     let kind = first.profile.header.kind;
     let mut info = ImageInfo {
-        path: image_display(&first.profile.header),
-        kind: kind_name(kind),
-        image_id: None,
         build_id: build_id_hex(&first.profile.header.image_id),
-        binary: None,
-        debug_file: None,
-        symbols_note: None,
-        names_missing: None,
-        from_symbol_store: false,
+        ..ImageInfo::new(image_display(&first.profile.header), kind_name(kind))
     };
     let mode = args.mode();
     let mut frames: Option<Source> = None;
