@@ -243,6 +243,22 @@ impl Selection {
     }
 }
 
+/// The flags that end the command line of `dcpilist`, `dcpidiff` and `dcpistats`: where
+/// names come from, how much is said of missing ones, and `--generate`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NamesArgs {
+    #[command(flatten)]
+    pub symbols: SymbolSearch,
+    /// List each image whose names are missing (stripped, no debug file, binary gone,
+    /// unreadable) with how to get its symbols, one warning line each; without it they are
+    /// counted in one line.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+    /// Write a man page or shell completions to stdout and exit.
+    #[arg(long, hide = true, value_enum, value_name = "WHAT")]
+    pub generate: Option<dcpi_manpage::Generate>,
+}
+
 /// Where binaries, debug files and cached symbol tables are found.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct SymbolSearch {

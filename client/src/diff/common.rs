@@ -4,7 +4,7 @@
 
 use std::io::{self, Write};
 
-use crate::args::SymbolSearch;
+use crate::args::NamesArgs;
 use crate::prof;
 use crate::prof::output::TableFormat;
 pub use crate::prof::output::{printable, r4};
@@ -101,15 +101,7 @@ pub struct OutputArgs {
     #[arg(long, value_name = "N", value_parser = crate::args::parse_limit)]
     pub limit: Option<usize>,
     #[command(flatten)]
-    pub symbols: SymbolSearch,
-    /// List each image whose names are missing (stripped, no debug file, binary gone,
-    /// unreadable) with how to get its symbols, one warning line each; without it they are
-    /// counted in one line.
-    #[arg(long, short = 'v')]
-    pub verbose: bool,
-    /// Write a man page or shell completions to stdout and exit.
-    #[arg(long, hide = true, value_enum, value_name = "WHAT")]
-    pub generate: Option<dcpi_manpage::Generate>,
+    pub names: NamesArgs,
 }
 
 impl OutputArgs {

@@ -379,11 +379,11 @@ pub fn run_diff(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), ToolError> {
-    if let Some(g) = args.out.generate {
+    if let Some(g) = args.out.names.generate {
         manpages::generate(DiffArgs::command(), g, out)?;
         return Ok(());
     }
-    notes::set_verbose(args.out.verbose);
+    notes::set_verbose(args.out.names.verbose);
     for (name, v) in [
         ("--min-delta", args.min_delta),
         ("--min-effect", args.min_effect),
@@ -466,8 +466,8 @@ pub fn run_diff(
                 resolve_image_builds(&before, &bw, spec).map_err(|e| side_err("--before", e))?;
             let ai = resolve_image_builds(&after, &aw, spec).map_err(|e| side_err("--after", e))?;
             let mut sy = Symbolizer {
-                locator: args.out.symbols.locator(&args.sel.db),
-                cache: args.out.symbols.cache(&mut |w| warnings.push(w)),
+                locator: args.out.names.symbols.locator(&args.sel.db),
+                cache: args.out.names.symbols.cache(&mut |w| warnings.push(w)),
             };
             let mode = SymbolMode { lines: args.lines, inlines: args.inlines, raw_names: false };
             let mut side = |l: &Loaded, w: &report::Weights, im: &common::ImageProfiles| {

@@ -190,11 +190,11 @@ pub fn run_stats(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<(), ToolError> {
-    if let Some(g) = args.out.generate {
+    if let Some(g) = args.out.names.generate {
         manpages::generate(StatsArgs::command_with_defaults(), g, out)?;
         return Ok(());
     }
-    notes::set_verbose(args.out.verbose);
+    notes::set_verbose(args.out.names.verbose);
     if !(args.outlier_k.is_finite() && args.outlier_k > 0.0) {
         return Err(ToolError::Usage(format!(
             "--outlier-k {}: expected a number > 0",
@@ -235,8 +235,8 @@ pub fn run_stats(
         by_group.entry(group_name(args.by, d)).or_default().push(i);
     }
     let mut sy = Symbolizer {
-        locator: args.out.symbols.locator(&args.sel.db),
-        cache: args.out.symbols.cache(&mut |w| warnings.push(w)),
+        locator: args.out.names.symbols.locator(&args.sel.db),
+        cache: args.out.names.symbols.cache(&mut |w| warnings.push(w)),
     };
     let mut groups: Vec<(String, Group)> = Vec::new();
     for (name, idx) in by_group {

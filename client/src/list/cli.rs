@@ -8,7 +8,7 @@ use clap::Parser;
 
 use super::disasm;
 
-use crate::args::{Selection, SymbolSearch};
+use crate::args::{NamesArgs, Selection};
 use crate::prof::output::TableFormat as Format;
 use crate::prof::whoprof::WhoSel;
 use dcpi_report::error::ProfError;
@@ -182,15 +182,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub vmlinux: Option<PathBuf>,
     #[command(flatten)]
-    pub symbols: SymbolSearch,
-    /// List each image whose names are missing (stripped, no debug file, binary gone,
-    /// unreadable) with how to get its symbols, one warning line each; without it they are
-    /// counted in one line.
-    #[arg(long, short = 'v')]
-    pub verbose: bool,
-    /// Write a man page or shell completions to stdout and exit.
-    #[arg(long, hide = true, value_enum, value_name = "WHAT")]
-    pub generate: Option<dcpi_manpage::Generate>,
+    pub names: NamesArgs,
 }
 
 fn parse_percent(s: &str) -> Result<f64, String> {

@@ -236,8 +236,8 @@ pub fn run(args: &Args, warnings: &mut Vec<String>) -> Result<Listing, ListError
     let mode = args.mode();
     let mut frames: Option<Source> = None;
     let mut cache_entry = None;
-    let mut locator = args.symbols.locator(&args.sel.db);
-    let mut cache = args.symbols.cache(&mut |w| warnings.push(w));
+    let mut locator = args.names.symbols.locator(&args.sel.db);
+    let mut cache = args.names.symbols.cache(&mut |w| warnings.push(w));
     let func = match kind {
         ImageKind::Elf | ImageKind::Vdso => {
             let id = first.profile.header.image_id.clone();

@@ -51,8 +51,8 @@ pub fn print_error(err: &mut dyn Write, e: &ListError) {
 
 /// Run `dcpilist` with parsed arguments; errors are returned, not printed.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), ListError> {
-    notes::set_verbose(args.verbose);
-    if let Some(g) = args.generate {
+    notes::set_verbose(args.names.verbose);
+    if let Some(g) = args.names.generate {
         return Ok(manpages::generate(Args::command(), g, out)?);
     }
     let mut warnings: Vec<String> = Vec::new();

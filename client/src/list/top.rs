@@ -141,12 +141,12 @@ impl Resolver<'_> {
                 let args = self.args;
                 let s = self.elf.entry(key.clone()).or_insert_with(|| {
                     let mut info = ImageInfo::default();
-                    let mut locator = args.symbols.locator(&args.sel.db);
+                    let mut locator = args.names.symbols.locator(&args.sel.db);
                     let want = SymbolMode { lines: true, inlines: false, raw_names: false };
                     let src = if h.kind == ImageKind::Vdso {
                         Source::Vdso(report::load_vdso(&mut locator, &h.image_id, want, &mut info))
                     } else {
-                        let mut cache = args.symbols.cache(&mut |w| warnings.push(w));
+                        let mut cache = args.names.symbols.cache(&mut |w| warnings.push(w));
                         let rec = [h.image_path.clone()];
                         let r = ElfRequest { id: &h.image_id, recorded: &rec, mode: want };
                         Source::Elf(report::load_elf(
