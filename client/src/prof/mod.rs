@@ -166,6 +166,20 @@ fn print_stats(verbose: bool, err: &mut dyn Write) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Write a report's table (styled for a terminal when `tty`), then the `--verbose` statistics.
+fn finish_table(
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    tty: bool,
+    verbose: bool,
+    write: impl FnOnce(&mut dyn Write, output::Style) -> std::io::Result<()>,
+) -> Result<(), ProfError> {
+    write(out, output::Style { human: tty, ..Default::default() })?;
+    out.flush()?;
+    print_stats(verbose, err)?;
+    Ok(())
+}
+
 /// The error of a selection whose host directories hold no profile.
 fn nothing_sampled(dirs: &[profile_format::HostDir]) -> ProfError {
     let (epochs, hosts) = select::epochs_and_hosts(dirs);
@@ -263,15 +277,9 @@ fn run_images(
             report::image_report_of_totals(&totals, &weights, &db_name, p.limit)
         }
     };
-    output::write_images(
-        out,
-        &r,
-        p.format.into(),
-        output::Style { human: tty, ..Default::default() },
-    )?;
-    out.flush()?;
-    print_stats(p.verbose, err)?;
-    Ok(())
+    finish_table(out, err, tty, p.verbose, |o, style| {
+        output::write_images(o, &r, p.format.into(), style)
+    })
 }
 
 /// The per-symbol report of one image.
@@ -306,15 +314,9 @@ fn run_symbols(
             r.image.path
         )));
     }
-    output::write_symbols(
-        out,
-        &r,
-        p.format.into(),
-        output::Style { human: tty, ..Default::default() },
-    )?;
-    out.flush()?;
-    print_stats(p.verbose, err)?;
-    Ok(())
+    finish_table(out, err, tty, p.verbose, |o, style| {
+        output::write_symbols(o, &r, p.format.into(), style)
+    })
 }
 
 /// The hottest symbols of all images.
@@ -339,15 +341,9 @@ fn run_global_symbols(
         p.limit,
     );
     flush_warnings(err, &mut warnings)?;
-    output::write_global_symbols(
-        out,
-        &r,
-        p.format.into(),
-        output::Style { human: tty, ..Default::default() },
-    )?;
-    out.flush()?;
-    print_stats(p.verbose, err)?;
-    Ok(())
+    finish_table(out, err, tty, p.verbose, |o, style| {
+        output::write_global_symbols(o, &r, p.format.into(), style)
+    })
 }
 
 fn run_export(
