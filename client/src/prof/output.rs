@@ -488,6 +488,11 @@ pub fn r4(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scope of a report of the database `db`, no epoch or host named.
+    fn db_scope() -> Scope {
+        Scope { database: "db".into(), epochs: vec![], hosts: vec![], newest_data: 0, time: None }
+    }
     use dcpi_report::report::{Counts, EventInfo, ImageInfo, SymbolRow};
 
     fn row(symbol: &str, line: &str, samples: u64) -> SymbolRow {
@@ -519,13 +524,7 @@ mod tests {
         };
         let r = SymbolReport {
             report: "symbols",
-            scope: Scope {
-                database: "db".into(),
-                epochs: vec![],
-                hosts: vec![],
-                newest_data: 0,
-                time: None,
-            },
+            scope: db_scope(),
             image: ImageInfo::new("/lib/libc.so.6".into(), "elf"),
             events: vec![EventInfo {
                 name: "off-cpu".into(),
@@ -592,13 +591,7 @@ mod tests {
         };
         let r = SymbolReport {
             report: "symbols",
-            scope: Scope {
-                database: "db".into(),
-                epochs: vec![],
-                hosts: vec![],
-                newest_data: 0,
-                time: None,
-            },
+            scope: db_scope(),
             image: ImageInfo::new("/bin/app".into(), "elf"),
             events: vec![
                 info("cpu-clock", 1510, 1_510_000_000, 1_000_000),
@@ -633,13 +626,7 @@ mod tests {
     fn lines_are_listed_under_their_symbol() {
         let r = SymbolReport {
             report: "symbols",
-            scope: Scope {
-                database: "db".into(),
-                epochs: vec![],
-                hosts: vec![],
-                newest_data: 0,
-                time: None,
-            },
+            scope: db_scope(),
             image: ImageInfo::new("/bin/x".into(), "elf"),
             events: vec![EventInfo {
                 name: "cpu-clock".into(),
