@@ -282,7 +282,7 @@ fn sd_notify_ready_watchdog_status_stopping() {
     let start = Instant::now();
     let mut child = KillOnDrop(spawn_notified(&sb, &listener.path, &[]));
     let mut got = Vec::new();
-    let ready = listener.wait_for("READY=1", Duration::from_secs(20), &mut got);
+    let ready = listener.wait_for("READY=1", dcpi_e2e::READY_WITHIN, &mut got);
     // Keep-alives come at least every WATCHDOG_USEC / 2. Watch 4 s after READY.
     listener.collect_until(ready + Duration::from_secs(4), &mut got);
     let pings: Vec<Instant> =
@@ -329,14 +329,14 @@ fn sd_notify_watchdog_stops_when_a_drain_thread_stalls() {
     let sb = Sandbox::new();
     let listener = NotifyListener::new();
     let start = Instant::now();
-    // Test-only hook: CPU 0's drain thread stops draining 12 s after it starts: time enough for
-    // startup even on a loaded machine (4 s was not, at a load average of 15), so that the
-    // healthy pings come first.
+    // Test-only hook: CPU 0's drain thread stops draining 25 s after it starts: time enough for
+    // startup on a loaded machine (4 s was not at a load average of 15, nor 12 s at 13), so
+    // that the healthy pings come first.
     let _child =
-        KillOnDrop(spawn_notified(&sb, &listener.path, &[("DCPI_TEST_STALL_DRAIN", "0:12000")]));
-    let stall = start + Duration::from_secs(12);
+        KillOnDrop(spawn_notified(&sb, &listener.path, &[("DCPI_TEST_STALL_DRAIN", "0:25000")]));
+    let stall = start + Duration::from_secs(25);
     let mut got = Vec::new();
-    listener.wait_for("READY=1", Duration::from_secs(20), &mut got);
+    listener.wait_for("READY=1", dcpi_e2e::READY_WITHIN, &mut got);
     let first = listener.wait_for("WATCHDOG=1", Duration::from_secs(10), &mut got);
     assert!(
         first < stall,
