@@ -81,6 +81,18 @@ fn image(path: String, id: ImageId, kind: ImageKind) -> Arc<ImageInfo> {
 
 /// A flush's batch: `PAIRS` new (pid, pc) over `PIDS` processes of 30 commands (a few without
 /// a name), 8 images, so 20 000 (pid, image) rows; 500 kernel pcs, hotter than any user pc.
+/// The eight user libraries and the kernel the batches' rows are in.
+fn images() -> (Vec<Arc<ImageInfo>>, Arc<ImageInfo>) {
+    let user = (0..8u8)
+        .map(|i| {
+            image(format!("/usr/lib/libt{i}.so"), ImageId::BuildId(vec![i; 20]), ImageKind::Elf)
+        })
+        .collect();
+    let kernel =
+        image("[kernel.kallsyms]".into(), ImageId::BuildId(vec![0xee; 20]), ImageKind::Kernel);
+    (user, kernel)
+}
+
 fn batch(user: &[Arc<ImageInfo>], kernel: &Arc<ImageInfo>, seed: u64) -> WhoBatch {
     let mut b = WhoBatch::default();
     for pid in 0..PIDS as u32 {
@@ -106,13 +118,7 @@ fn batch(user: &[Arc<ImageInfo>], kernel: &Arc<ImageInfo>, seed: u64) -> WhoBatc
 
 #[test]
 fn live_view_allocations_do_not_grow_with_its_rows() {
-    let user: Vec<_> = (0..8u8)
-        .map(|i| {
-            image(format!("/usr/lib/libt{i}.so"), ImageId::BuildId(vec![i; 20]), ImageKind::Elf)
-        })
-        .collect();
-    let kernel =
-        image("[kernel.kallsyms]".into(), ImageId::BuildId(vec![0xee; 20]), ImageKind::Kernel);
+    let (user, kernel) = images();
     let mut recent = Recent::default();
     // Ten batches: a 5 s window at two requests per second. Each has 20 500 code rows and
     // 20 500 process rows, of which `Recent::ROWS_PER_BATCH` (4 096) each are kept.
@@ -147,13 +153,7 @@ fn live_view_allocations_do_not_grow_with_its_rows() {
 /// 4 096 process rows), their page faults were ~22 % of the control thread (issue 38).
 #[test]
 fn a_request_over_an_unchanged_window_merges_nothing_and_the_merge_keeps_its_maps() {
-    let user: Vec<_> = (0..8u8)
-        .map(|i| {
-            image(format!("/usr/lib/libt{i}.so"), ImageId::BuildId(vec![i; 20]), ImageKind::Elf)
-        })
-        .collect();
-    let kernel =
-        image("[kernel.kallsyms]".into(), ImageId::BuildId(vec![0xee; 20]), ImageKind::Kernel);
+    let (user, kernel) = images();
     let mut recent = Recent::default();
     for seed in 0..10 {
         recent.push(&mut batch(&user, &kernel, seed));
