@@ -43,12 +43,11 @@
 //!
 //! **Priority.** The reading thread runs at nice [`LOW_NICE`]: it does a few hundred
 //! nanoseconds of user-space work per switch (pairing, interning, aggregating), and at normal
-//! priority that work competed with the switching program itself. On the unpaced ping-pong
-//! (BENCHMARKS.md "Off-CPU: the reader at nice 19") the reader at nice 0 cost the program
-//! ~25 % of its round trips against ~14 % for perf recording the same events; its wake-ups
-//! landed on the CPUs the ping-pong was about to run on. At nice 19 a woken program thread
-//! preempts it at once and it runs in the CPUs' idle time. Reading late is safe up to the
-//! ring's size, so the thread watches how full the fullest ring was when read: at
+//! priority that work competed with the programs of the machine. Measured on the unpaced
+//! ping-pong (BENCHMARKS.md "Off-CPU: the reader at nice 19"): beside two compilers, the
+//! program made 62-65 k round trips per 4 s with the reader at nice 0 and 80-97 k at nice 19;
+//! on an otherwise idle machine the difference was within the runs' spread. Reading late is
+//! safe up to the ring's size, so the thread watches how full the fullest ring was when read: at
 //! [`BOOST_FILL_PERMILLE`] or more (a machine busy enough to starve it) it returns to nice 0
 //! for at least [`BOOST_NS`], so that no record is lost for its politeness. Raising the
 //! priority back needs `RLIMIT_NICE` (`LimitNICE=+0` in the unit) or `CAP_SYS_NICE`; without
@@ -430,7 +429,6 @@ impl OffCpu {
             samples: Vec::new(),
             spare: Spare::default(),
             priority: Priority::default(),
-            fullest: 0,
         };
         let (stop2, stopping2) = (Arc::clone(&stop), Arc::clone(&stopping));
         let thread = std::thread::Builder::new()
@@ -507,8 +505,6 @@ struct Reader {
     samples: Vec<Sample>,
     spare: Spare,
     priority: Priority,
-    /// How full the fullest ring was when the last pass read it, per mille.
-    fullest: u64,
 }
 
 /// When the reading thread changes its nice value (see the module docs); pure, so that the
@@ -584,9 +580,9 @@ impl Reader {
                     drop(r.fd.disable());
                 }
             }
-            self.pass();
+            let fullest = self.pass();
             let now = sys::time::monotonic_ns();
-            if let Some(nice) = self.priority.after_pass(self.fullest, now) {
+            if let Some(nice) = self.priority.after_pass(fullest, now) {
                 self.renice(nice, now);
             }
             if !last {
@@ -638,8 +634,9 @@ impl Reader {
         self.stats.cpus.store(cpus as u64, Ordering::Relaxed);
     }
 
-    /// Read every ring, pair what is below the watermark and hand the waits over.
-    fn pass(&mut self) {
+    /// Read every ring, pair what is below the watermark and hand the waits over. Returns how
+    /// full the fullest ring was when read, per mille of its data area.
+    fn pass(&mut self) -> u64 {
         let now = sys::time::monotonic_ns();
         let max_stack = usize::from(self.cfg.max_stack.max(1));
         let mut lost = 0;
@@ -670,7 +667,6 @@ impl Reader {
             });
             fullest = fullest.max(read.bytes.saturating_mul(1000) / size.max(1));
         }
-        self.fullest = fullest;
         let wm = now.saturating_sub(SLACK_NS);
         self.pairing.advance(wm, &mut self.waits);
         self.emit(wm);
@@ -681,6 +677,7 @@ impl Reader {
         s.unpaired.store(c.unpaired + c.unattributed + c.evicted, Ordering::Relaxed);
         s.open.store(self.pairing.open_waits() as u64, Ordering::Relaxed);
         s.passes.fetch_add(1, Ordering::Relaxed);
+        fullest
     }
 
     fn emit(&mut self, wm: u64) {
