@@ -84,9 +84,14 @@ impl Response {
     /// A success carrying `result` (any of this crate's result types).
     pub fn ok_with<T: Serialize + ?Sized>(result: &T) -> Self {
         match value::to_raw_value(result) {
-            Ok(v) => Self { ok: true, result: Some(v), error: None },
+            Ok(v) => Self::ok_raw(v),
             Err(e) => Self::err(format!("cannot encode the result: {e}")),
         }
+    }
+
+    /// A success whose result is already encoded (a cached answer sent again as it was).
+    pub fn ok_raw(result: Box<value::RawValue>) -> Self {
+        Self { ok: true, result: Some(result), error: None }
     }
 
     pub fn ok(result: serde_json::Value) -> Self {

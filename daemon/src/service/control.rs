@@ -11,7 +11,6 @@ use crate::who::HotView;
 use super::shared::{lock, read, unix_ms_now, Shared};
 use crate::store::EpochSchedule;
 use crate::who::IDLE_PATH;
-use serde_json::value::to_raw_value;
 
 /// How long a flush or `epoch new` waits for the drain threads to read their rings up to the
 /// request's instant; a CPU that has not answered by then is named in the response.
@@ -132,16 +131,14 @@ impl Shared {
         let mut last = lock(&self.top_answer);
         if let Some((view, raw)) = last.as_ref() {
             if Arc::ptr_eq(view, &v) {
-                return Response { ok: true, result: Some(raw.clone()), error: None };
+                return Response::ok_raw(raw.clone());
             }
         }
-        match to_raw_value(&self.top_result(&v)) {
-            Ok(raw) => {
-                *last = Some((v, raw.clone()));
-                Response { ok: true, result: Some(raw), error: None }
-            }
-            Err(e) => Response::err(format!("cannot encode the result: {e}")),
+        let resp = Response::ok_with(&self.top_result(&v));
+        if let Some(raw) = &resp.result {
+            *last = Some((v, raw.clone()));
         }
+        resp
     }
 
     /// The answer of `top` for a view of the live window.
