@@ -229,16 +229,38 @@ pub fn epoch_range(epochs: &[String]) -> String {
     }
 }
 
-/// `dcpiprof` (no `--image`).
+/// What the ranked reports (per image, global per symbol) start with. Flattened into their
+/// JSON, so its keys stay at the top level.
 #[derive(Clone, Debug, Serialize)]
-pub struct ImageReport {
+pub struct Head {
     pub report: &'static str,
     #[serde(flatten)]
     pub scope: Scope,
     pub events: Vec<EventInfo>,
+    /// The first event's samples in the selection.
     pub total_samples: u64,
     /// Rows left out by `--limit`.
     pub rows_omitted: usize,
+}
+
+impl Head {
+    /// The head of the report named `report` over `w`'s events, `rows_omitted` rows left out.
+    pub fn new(report: &'static str, scope: Scope, w: &Weights, rows_omitted: usize) -> Self {
+        Self {
+            report,
+            scope,
+            events: w.infos.clone(),
+            total_samples: w.infos.first().map_or(0, |i| i.samples),
+            rows_omitted,
+        }
+    }
+}
+
+/// `dcpiprof` (no `--image`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ImageReport {
+    #[serde(flatten)]
+    pub head: Head,
     /// Whether the idle task's samples (`[idle]`) are in the rows and the percentages.
     pub idle: IdleShare,
     pub rows: Vec<ImageRow>,
@@ -552,11 +574,7 @@ fn image_report_of_rows<'a>(
         .map_or(0.0, |r| r.counts.percent);
     let omitted = truncate(&mut out, limit);
     ImageReport {
-        report: "images",
-        scope,
-        total_samples: w.infos.first().map_or(0, |i| i.samples),
-        events: w.infos.clone(),
-        rows_omitted: omitted,
+        head: Head::new("images", scope, w, omitted),
         idle: IdleShare { included: !idle_excluded, percent: idle_percent },
         rows: out,
     }

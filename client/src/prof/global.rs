@@ -9,7 +9,7 @@ use serde::Serialize;
 use dcpi_report::debuginfo::Locator;
 use dcpi_report::image::{build_id_hex, image_display, kind_name};
 use dcpi_report::report::{
-    self, pct, truncate, Counts, EventCount, EventInfo, Scope, SymbolContext, SymbolMode, Weights,
+    self, pct, truncate, Counts, EventCount, Head, SymbolContext, SymbolMode, Weights,
 };
 use dcpi_report::select::Loaded;
 use dcpi_report::symcache::SymbolCache;
@@ -31,12 +31,8 @@ dcpi_report::counts_deref!(GlobalRow);
 /// The report.
 #[derive(Clone, Debug, Serialize)]
 pub struct GlobalReport {
-    pub report: &'static str,
     #[serde(flatten)]
-    pub scope: Scope,
-    pub events: Vec<EventInfo>,
-    pub total_samples: u64,
-    pub rows_omitted: usize,
+    pub head: Head,
     pub rows: Vec<GlobalRow>,
 }
 
@@ -113,11 +109,7 @@ pub fn global_symbol_report(
         .collect();
     let omitted = truncate(&mut out, limit);
     GlobalReport {
-        report: "global-symbols",
-        scope: report::scope(loaded, db),
-        total_samples: w.infos.first().map_or(0, |i| i.samples),
-        events: w.infos.clone(),
-        rows_omitted: omitted,
+        head: Head::new("global-symbols", report::scope(loaded, db), w, omitted),
         rows: out,
     }
 }

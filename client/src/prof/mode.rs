@@ -527,36 +527,22 @@ fn thread_report(a: &Args, output: Output) -> Result<Who, ProfError> {
 
 /// A report from the who tables, its flags checked.
 fn who_tables(a: &Args, by: By, output: Output) -> Result<Who, ProfError> {
-    let by = match by {
-        By::Image => WhoBy::Image,
-        By::Command => WhoBy::Command,
-        By::Pid => WhoBy::Pid,
-        By::Cgroup => WhoBy::Cgroup,
-        By::Unit => WhoBy::Unit,
-        By::Container => WhoBy::Container,
-        By::Cpu => WhoBy::Cpu,
-        By::Host => WhoBy::Host,
-        By::Epoch => WhoBy::Epoch,
-        By::Time => {
-            return Err(usage(
-                "--by time reads the time slices, which have no per-process counts: it cannot \
-                 be filtered by --command/--cgroup/--pid/--cpu",
-            ))
-        }
-        By::Symbol => {
-            return Err(usage(
-                "--by symbol with --command/--cgroup/--pid/--cpu: the who table has no \
-                 per-process symbols; use --by command|pid|cgroup|unit|container|image|cpu|host|\
-                 epoch",
-            ))
-        }
+    let Some(by) = WhoBy::new(by) else {
+        return Err(usage(if by == By::Time {
+            "--by time reads the time slices, which have no per-process counts: it cannot \
+             be filtered by --command/--cgroup/--pid/--cpu"
+        } else {
+            "--by symbol with --command/--cgroup/--pid/--cpu: the who table has no \
+             per-process symbols; use --by command|pid|cgroup|unit|container|image|cpu|host|\
+             epoch"
+        }));
     };
-    if a.cpu.is_some() && by != WhoBy::Cpu {
+    if a.cpu.is_some() && by != By::Cpu {
         return Err(usage(
             "--cpu filters only --by cpu: per-CPU counts are recorded per event, not per process",
         ));
     }
-    if by == WhoBy::Cpu && (a.command.is_some() || a.cgroup.is_some() || a.pid.is_some()) {
+    if by == By::Cpu && (a.command.is_some() || a.cgroup.is_some() || a.pid.is_some()) {
         return Err(usage(
             "--by cpu cannot be filtered by --command/--cgroup/--pid: per-CPU counts are \
              recorded per event, not per process",
@@ -655,7 +641,7 @@ mod tests {
         match ok(&["--pid", "7", "--by", "image"]) {
             Mode::Images(Images { who: Some(w), .. }) => {
                 assert_eq!(w.who, WhoSel::Pid(7));
-                assert_eq!(w.tables.by, WhoBy::Image);
+                assert_eq!(w.tables.by, By::Image);
                 assert_eq!(w.tables.filters.pid, Some(7));
             }
             m => panic!("{m:?}"),

@@ -346,18 +346,18 @@ pub fn write_images(
     let form = form(fmt)?;
     let text = |s: &str| Column::new(s, Kind::Text);
     let mut t = ranked_table(
-        &r.events,
+        &r.head.events,
         vec![text("image"), text("kind"), text("build_id"), text("image_id")],
         &[0],
     );
-    t.head = header(&r.scope, &r.events, r.total_samples, style);
+    t.head = header(&r.head.scope, &r.head.events, r.head.total_samples, style);
     t.head.extend(idle_note(&r.idle));
     for row in &r.rows {
         let keys = image_keys(&row.image, row.kind, &row.build_id, row.image_id.as_deref());
         ranked_row(&mut t, keys, &row.counts.per_event, row.cumulative_percent.into(), Show::Both);
     }
-    if r.rows_omitted > 0 {
-        t.foot(format!("# {} more image(s) not shown (--limit)", r.rows_omitted));
+    if r.head.rows_omitted > 0 {
+        t.foot(format!("# {} more image(s) not shown (--limit)", r.head.rows_omitted));
     }
     t.write(out, form, style, r)
 }
@@ -461,15 +461,15 @@ pub fn write_global_symbols(
     let text = |s: &str| Column::new(s, Kind::Text);
     // The image column is text but not last: left-aligned to its widest cell.
     let keys = vec![text("image"), text("kind"), text("build_id"), text("symbol")];
-    let mut t = ranked_table(&r.events, keys, &[0, 3]);
-    t.head = header(&r.scope, &r.events, r.total_samples, style);
+    let mut t = ranked_table(&r.head.events, keys, &[0, 3]);
+    t.head = header(&r.head.scope, &r.head.events, r.head.total_samples, style);
     t.head("# percent: of the machine's total (every image, [unknown] included)");
     for row in &r.rows {
         let keys = image_keys(&row.image, row.kind, &row.build_id, Some(&row.symbol));
         ranked_row(&mut t, keys, &row.counts.per_event, row.cumulative_percent.into(), Show::Both);
     }
-    if r.rows_omitted > 0 {
-        t.foot(format!("# {} more row(s) not shown (--limit)", r.rows_omitted));
+    if r.head.rows_omitted > 0 {
+        t.foot(format!("# {} more row(s) not shown (--limit)", r.head.rows_omitted));
     }
     t.write(out, form, style, r)
 }

@@ -93,49 +93,39 @@ fn image_matches(spec: &str, image: &[u8]) -> bool {
     matches!(spec, "kernel" | "vmlinux") && img == "[kernel.kallsyms]"
 }
 
-/// What a who report has a row per: every `--by` but `symbol` (the who tables have no symbols).
+/// What a who report has a row per: a `--by` the who tables can answer, every one but `symbol`
+/// and `time` (the who tables have neither symbols nor time slices). [`WhoBy::new`] checks
+/// that once, so the variants are listed once, in [`By`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WhoBy {
-    Image,
-    Command,
-    Pid,
-    Cgroup,
-    Unit,
-    Container,
-    Cpu,
-    Host,
-    Epoch,
-}
+pub struct WhoBy(By);
 
 impl WhoBy {
-    /// The `--by` value; also the key of JSON rows. Named by [`By::name`], so that each name
-    /// is written once.
+    /// `by`, if the who tables can answer it.
+    pub fn new(by: By) -> Option<Self> {
+        (!matches!(by, By::Symbol | By::Time)).then_some(Self(by))
+    }
+
+    pub fn by(self) -> By {
+        self.0
+    }
+
+    /// The `--by` value; also the key of JSON rows.
     pub fn name(self) -> &'static str {
-        By::from(self).name()
+        self.0.name()
     }
 }
 
-impl From<WhoBy> for By {
-    fn from(w: WhoBy) -> Self {
-        match w {
-            WhoBy::Image => Self::Image,
-            WhoBy::Command => Self::Command,
-            WhoBy::Pid => Self::Pid,
-            WhoBy::Cgroup => Self::Cgroup,
-            WhoBy::Unit => Self::Unit,
-            WhoBy::Container => Self::Container,
-            WhoBy::Cpu => Self::Cpu,
-            WhoBy::Host => Self::Host,
-            WhoBy::Epoch => Self::Epoch,
-        }
+impl PartialEq<By> for WhoBy {
+    fn eq(&self, other: &By) -> bool {
+        self.0 == *other
     }
 }
 
 fn key_of(by: WhoBy, k: &WhoKey, d: &profile_format::HostDir) -> Option<String> {
-    Some(match by {
-        WhoBy::Command => display_path(&k.command),
-        WhoBy::Pid => k.pid.to_string(),
-        WhoBy::Cgroup => {
+    Some(match by.by() {
+        By::Command => display_path(&k.command),
+        By::Pid => k.pid.to_string(),
+        By::Cgroup => {
             if k.cgroup.is_empty() {
                 "(unknown)".to_owned()
             } else {
@@ -143,12 +133,13 @@ fn key_of(by: WhoBy, k: &WhoKey, d: &profile_format::HostDir) -> Option<String> 
                 controls(&k.cgroup).into_owned()
             }
         }
-        WhoBy::Unit => controls(unit_of(&k.cgroup).unwrap_or("(none)")).into_owned(),
-        WhoBy::Container => container_of(&k.cgroup).unwrap_or("(none)").to_owned(),
-        WhoBy::Image => display_path(&k.image),
-        WhoBy::Host => d.host.clone(),
-        WhoBy::Epoch => d.epoch.to_string(),
-        WhoBy::Cpu => return None,
+        By::Unit => controls(unit_of(&k.cgroup).unwrap_or("(none)")).into_owned(),
+        By::Container => container_of(&k.cgroup).unwrap_or("(none)").to_owned(),
+        By::Image => display_path(&k.image),
+        By::Host => d.host.clone(),
+        By::Epoch => d.epoch.to_string(),
+        // Never in a WhoBy: symbol and time.
+        By::Cpu | By::Symbol | By::Time => return None,
     })
 }
 
@@ -224,7 +215,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
     let mut picked: BTreeMap<String, i128> = BTreeMap::new();
     for (di, t) in &tables {
         let d = &dirs[*di];
-        if by == WhoBy::Cpu {
+        if by == By::Cpu {
             for ((cpu, ev), &n) in &t.cpus {
                 if *ev != event || f.cpu.is_some_and(|c| c != *cpu) {
                     continue;
@@ -279,7 +270,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
                         *picked.entry(key).or_default() += i128::from(n);
                     }
                 }
-                None if by == WhoBy::Command && f.image.is_none() => {
+                None if by == By::Command && f.image.is_none() => {
                     *second.entry(command).or_default().entry(thread).or_default() += n;
                 }
                 None => {}
@@ -301,7 +292,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
             *threads.entry(command.clone()).or_default() += all - named;
         }
     }
-    if (by == WhoBy::Pid || f.pid.is_some()) && !any_pid {
+    if (by == By::Pid || f.pid.is_some()) && !any_pid {
         return Err(ProfError::Empty(
             "the who tables hold no per-process rows: start dcpid with `by_pid = true` (or \
              --by-pid true) to record them; --by command groups by command name meanwhile"
@@ -309,7 +300,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
         ));
     }
     let mut rows: Vec<(String, u64)> = parts.into_iter().collect();
-    if !matches!(by, WhoBy::Epoch | WhoBy::Host | WhoBy::Cpu) {
+    if !matches!(by.by(), By::Epoch | By::Host | By::Cpu) {
         rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     }
     let omitted = match who.limit {
@@ -321,7 +312,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
         _ => 0,
     };
     let pct = |n: u64| if total > 0 { r4(n as f64 / total as f64 * 100.0) } else { 0.0 };
-    let idle = if by == WhoBy::Cpu {
+    let idle = if by == By::Cpu {
         "the idle task included"
     } else if who.no_idle {
         "the idle task ([idle]) left out"
@@ -340,11 +331,11 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
             .iter()
             .map(|(k, n)| {
                 let mut m = Map::new();
-                match (by, k.parse::<u64>()) {
-                    (WhoBy::Pid | WhoBy::Cpu, Ok(v)) => m.insert(by.name().to_owned(), json!(v)),
+                match (by.by(), k.parse::<u64>()) {
+                    (By::Pid | By::Cpu, Ok(v)) => m.insert(by.name().to_owned(), json!(v)),
                     _ => m.insert(by.name().to_owned(), json!(k)),
                 };
-                if by == WhoBy::Cgroup {
+                if by == By::Cgroup {
                     m.insert("unit".into(), json!(unit_of(k)));
                     m.insert("container".into(), json!(container_of(k)));
                 }
@@ -370,7 +361,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
                 "command": f.command, "thread": f.thread, "cgroup": f.cgroup, "pid": f.pid,
                 "cpu": f.cpu, "image": f.image,
             },
-            "idle_included": !who.no_idle || by == WhoBy::Cpu,
+            "idle_included": !who.no_idle || by == By::Cpu,
             "total_samples": total,
             "percent_of": of,
             "rows_omitted": omitted,
@@ -420,7 +411,7 @@ pub fn run(who: &Who, out: &mut dyn Write, err: &mut dyn Write) -> Result<(), Pr
         } else {
             (*n).into()
         };
-        let key = if by == WhoBy::Image {
+        let key = if by == By::Image {
             render::Value::image(k.as_str(), None)
         } else {
             k.as_str().into()

@@ -146,7 +146,7 @@ pub fn build(
 ) -> Result<Export, ProfError> {
     let db = req.db.display().to_string();
     let image_report = report::image_report(loaded, w, &db, None);
-    let scope = image_report.scope.clone();
+    let scope = image_report.head.scope.clone();
     let hosts = scope.hosts.clone();
     let epochs = scope.epochs.clone();
     let groups = groups(loaded, w, req.only.as_deref());
@@ -419,11 +419,13 @@ mod tests {
             time_nanos: 0,
             duration_nanos: 0,
             image_report: ImageReport {
-                report: "images",
-                scope,
-                events,
-                total_samples: 5,
-                rows_omitted: 0,
+                head: report::Head {
+                    report: "images",
+                    scope,
+                    events,
+                    total_samples: 5,
+                    rows_omitted: 0,
+                },
                 idle: report::IdleShare::default(),
                 rows: Vec::new(),
             },
