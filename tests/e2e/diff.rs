@@ -132,7 +132,7 @@ fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     std::thread::sleep(Duration::from_secs(1));
     // e1 (before) and e3 (after) are the compared epochs; the change happens in e2, a short
     // epoch between them, so however late a cut lands, no epoch holds both kinds of work.
-    let window = Duration::from_secs(15);
+    let window = Duration::from_secs(30);
     let c1 = d.cut(&d.epoch());
     std::thread::sleep(window);
     let c2 = d.cut(&c1.id);

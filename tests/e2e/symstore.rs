@@ -98,7 +98,7 @@ fn scenario(split_debug: bool, tag: &str) {
     // e1 (the old build) and e3 (the new one) are compared; the deploy happens in e2, so
     // however late a cut lands, no compared epoch holds both builds, and each build runs
     // through the whole of its epoch (its samples per second are its CPU time per second).
-    let window = Duration::from_secs(15);
+    let window = Duration::from_secs(30);
     let old = Metered::start(&bin, "0.027");
     std::thread::sleep(Duration::from_secs(1));
     let c1 = d.cut(&d.epoch());
