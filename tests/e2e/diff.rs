@@ -120,8 +120,8 @@ fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     let _turn = dcpi_e2e::metered_turn();
     let bin = sb.compile_c("causal", METERED_C);
     let host = "e2e-causal";
-    // 4 kHz: about 1600 samples per function and epoch, so the ratio's standard error is
-    // about 3 %.
+    // 4 kHz: about 3200 samples per function in a 30 s epoch, so the ratio's standard error
+    // is about 2.2 %.
     // The daemon's default flush and publish intervals (5 s, 5 min): what users run. (A
     // 600 s flush interval, tried to spare a loaded store, is refused: it exceeds the default
     // publish interval, so the daemon exited at start and the test never ran.)

@@ -91,8 +91,8 @@ fn scenario(split_debug: bool, tag: &str) {
     };
     build(dir, &src, &bin, &old_id, "1.0", split_debug);
     let host = format!("e2e-symstore-{tag}");
-    // 4 kHz: about 1600 samples per function in a 15 s epoch (a rate ratio's standard error
-    // of about 3 %).
+    // 4 kHz: about 3200 samples per function in a 30 s epoch (a rate ratio's standard error
+    // of about 2.2 %).
     let mut d = sb.start_daemon(&host, &["--events", "cpu-clock:250000", "--flush-interval", "1s"]);
     d.renice(-10);
     // e1 (the old build) and e3 (the new one) are compared; the deploy happens in e2, so
