@@ -31,7 +31,9 @@ slices and the 18 h before as hour slices, so at the end of the day
 where an hour record is the window's minutes rolled up into one, scaled linearly to 60 minutes
 (an upper bound: distinct (image, offset) pairs saturate, issue 36); the epoch totals grow by
 the slices-off database's growth rate over the second half of the window, linearly for 24 h
-(also an upper bound). Both divided by the number of CPUs.
+(also an upper bound). Both divided by the number of CPUs. The slices-off daemon is flushed
+(`dcpictl flush`) before each snapshot, so that its database holds every sample so far and its
+growth is the totals' own, not the publish schedule's steps (--no-flush-off: the old way).
 
 Writes: in the first 6 h of an epoch slices cost their appends (measured: write_bytes of the
 slices-on dcpid against the slices-off one); after that, each hour also appends one hour record
@@ -132,7 +134,14 @@ def slices_bytes(db):
     return sum(os.path.getsize(p) for p in slices_logs(db))
 
 
-def snap(on, off, perf=None, cmp=None):
+def snap(on, off, perf=None, cmp=None, flush_off=True):
+    if flush_off:
+        # The slices-off daemon's database stands for the epoch totals of a day-long epoch.
+        # Unflushed, its size follows the publish schedule (nothing at all until the first
+        # publication at `publish_interval`, 15 min, then steps at each republish), and a rate
+        # taken over a window that contains a step counts the step as growth. Flushed before
+        # each snapshot it holds every sample so far, so its growth is the totals' own.
+        off.flush()
     return {"t": time.monotonic(), "on_db": db_bytes(on.db), "off_db": db_bytes(off.db),
             "on_slices": slices_bytes(on.db),
             "on_one_time": one_time(on.db)[0], "on_one_time_alloc": one_time(on.db)[1],
@@ -178,6 +187,9 @@ def main():
     ap.add_argument("--dcpid-arg", action="append", default=[], metavar="ARG",
                     help="one more dcpid argument for every daemon (repeat it), e.g. "
                          "--dcpid-arg=--publish-max-delay --dcpid-arg=4m")
+    ap.add_argument("--no-flush-off", dest="flush_off", action="store_false",
+                    help="do not flush the slices-off daemon before each snapshot (its totals "
+                         "then grow in publish steps; the projection used to be taken so)")
     ap.add_argument("--release-stat", action="store_true",
                     help="build the slices_stat example in release (default: debug; it only reads)")
     args = ap.parse_args()
@@ -220,12 +232,12 @@ def main():
     try:
         bench.log(f"slices: warm-up {args.warmup:.0f} s, window {args.duration:.0f} s")
         time.sleep(args.warmup)
-        a = snap(on, off, perf, cmp)
+        a = snap(on, off, perf, cmp, args.flush_off)
         series.append(a)
         end = a["t"] + args.duration
         while time.monotonic() < end:
             time.sleep(min(60, max(0.0, end - time.monotonic())))
-            series.append(snap(on, off, perf, cmp))
+            series.append(snap(on, off, perf, cmp, args.flush_off))
         b = series[-1]
         for d in (on, off) + ((cmp,) if cmp else ()):
             if d.proc.poll() is not None:
@@ -259,6 +271,10 @@ def main():
     half = series[len(series) // 2]
     off_rate = (b["off_db"] - half["off_db"]) / max(1.0, b["t"] - half["t"])
     totals_day = b["off_db"] + off_rate * (86400 - (b["t"] - series[0]["t"]) - args.warmup)
+    # The last quarter's rate too: distinct pairs saturate, so the later the rate, the closer
+    # to a day's (reported beside the second half's, which the projection uses).
+    quarter = series[(3 * len(series)) // 4]
+    off_rate_q4 = (b["off_db"] - quarter["off_db"]) / max(1.0, b["t"] - quarter["t"])
     res = {
         "commit": rev, "args": vars(args), "cpus": ncpu, "window_s": secs,
         "loadavg_end": os.getloadavg(),
@@ -269,7 +285,8 @@ def main():
         "mean_minute_record_samples": sum(r["samples"] for r in recs) / len(recs) if recs else 0,
         "window_rolled_up_bytes": rollup_bytes, "hour_record_bytes_projected": hour_bytes,
         "slices_log_day_projected": slices_day,
-        "totals_rate_second_half_Bps": off_rate, "totals_day_projected": totals_day,
+        "totals_rate_second_half_Bps": off_rate, "totals_rate_last_quarter_Bps": off_rate_q4,
+        "off_flushed_before_snapshots": args.flush_off, "totals_day_projected": totals_day,
         "per_core_day_slices_on": (slices_day + totals_day) / ncpu,
         "per_core_day_slices_off": totals_day / ncpu,
         "slice_cpu": cpu,
@@ -320,7 +337,9 @@ def main():
           f"({res['mean_minute_record_pairs']:.0f} pairs, {res['mean_minute_record_samples']:.0f} samples) | |\n"
           f"| hour record (projected) | {hour_bytes / 1e3:.0f} KB | |\n"
           f"| slice files of a day (360 min + 18 h) | {slices_day / mb:.2f} MB | |\n"
-          f"| epoch totals of a day (projected) | {totals_day / mb:.2f} MB | {totals_day / mb:.2f} MB |\n"
+          f"| epoch totals of a day (projected{', flushed each snapshot' if args.flush_off else ''}; "
+          f"growth {off_rate:.0f} B/s over the second half, {off_rate_q4:.0f} B/s over the last "
+          f"quarter) | {totals_day / mb:.2f} MB | {totals_day / mb:.2f} MB |\n"
           f"| one-time files (binaries/ symbol tables, kallsyms snapshot), apart | "
           f"{res['on_one_time_end'] / 1e3:.0f} KB at the end, {res['on_one_time_growth'] / 1e3:.0f} KB "
           f"({res['on_one_time_written'] / 1e3:.0f} KB of blocks) in the window | |\n"
