@@ -11,7 +11,7 @@ use profile_format::{
 };
 
 use super::image::{image_display, ImageFilter};
-use super::timerange::{coverage, rescale};
+use super::timerange::{coverage, rescale, sum_parts};
 pub use super::timerange::{left_out_warning, slice_key, DirRange};
 pub use super::timerange::{TimeCoverage, TimeRange};
 use super::{stats, ProfError};
@@ -315,6 +315,17 @@ pub fn read_profile(dir: &HostDir, e: &ProfileEntry) -> Result<Profile, profile_
     Profile::read(&e.path)
 }
 
+/// The header of one profile of host directory `dir` ([`Profile::read_header`]: its counts
+/// are not read): what deciding whether it is the image a report asks for needs.
+pub fn read_profile_header(
+    dir: &HostDir,
+    e: &ProfileEntry,
+) -> Result<ProfileHeader, profile_format::Error> {
+    let _ = dir;
+    stats::count(&stats::PROFILES_READ);
+    Profile::read_header(&e.path)
+}
+
 /// The entry of the profile an index entry (header) stands for, without listing `d`.
 fn indexed_entry(d: &HostDir, h: &ProfileHeader) -> ProfileEntry {
     let (path, image_id) = match h.kind {
@@ -510,6 +521,23 @@ pub fn load_counts(
                 }
                 for (k, (dir, e)) in files.iter().enumerate() {
                     let e = entry_of(*dir, e);
+                    // The header decides; only a file of a matching image is read whole (the
+                    // current epoch's files of every other image used to be: 0.5-0.7 s of a
+                    // per-symbol report on the bench's day, BENCHMARKS.md "Time-slice queries").
+                    let header = match read_profile_header(&dirs[*dir], &e) {
+                        Ok(h) => h,
+                        Err(err) => {
+                            corrupt.push(format!("{err}"));
+                            continue;
+                        }
+                    };
+                    if f.rank(&header).is_none() {
+                        let samples = header.total_samples;
+                        let profile =
+                            Profile { header, who: None, counts: Default::default(), sole: false };
+                        let p = LoadedProfile { path: e.path, profile, samples, dir: *dir };
+                        return (corrupt, Some((k, p, None)));
+                    }
                     match read_profile(&dirs[*dir], &e) {
                         Ok(profile) => {
                             let p = LoadedProfile::new(e.path, profile, *dir, true);
@@ -1139,7 +1167,21 @@ pub fn restrict_loaded(
     r: TimeRange,
     warn: &mut dyn FnMut(String),
 ) -> Result<(), ProfError> {
-    let (mut per_dir, cov) = range_of_dirs(&loaded.scan.dirs, r)?;
+    // Only the loaded profiles' keys are read (with an image filter, that image's).
+    let mut keys: Vec<std::collections::HashSet<SliceKey>> =
+        vec![Default::default(); loaded.scan.dirs.len()];
+    for p in &loaded.profiles {
+        keys[p.dir].insert(slice_key(&p.profile.header));
+    }
+    let spans = epoch_spans(&loaded.scan.dirs)?;
+    let read = par_map(&loaded.scan.dirs, |i, d| {
+        DirRange::read_keys(d, r, spans[i], &|k| keys[i].contains(k))
+    });
+    let ranges = read.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<String> =
+        loaded.scan.dirs.iter().map(|d| format!("{}/{}", d.epoch, d.host)).collect();
+    let cov = coverage(r, &ranges, &names);
+    let mut per_dir = ranges;
     // Slices at a coarser offset resolution are placed on the epoch profile's offsets: a key
     // split over continuation files is placed on all of them (the first file takes the range).
     let mut n_of: HashMap<(usize, SliceKey), usize> = HashMap::new();
@@ -1229,25 +1271,6 @@ pub struct Freshened {
     /// rounded down to it, so per-image and per-symbol counts are exact, except a block that
     /// straddles a symbol's start, while per-instruction counts are not.
     pub resolution: u64,
-}
-
-/// Pair lists (each sorted by offset) summed per offset: one sort of their concatenation, not
-/// a merge per list (a day of minutes merged one by one into a growing list was quadratic in
-/// the slices).
-fn sum_parts(parts: Vec<Vec<(u64, u64)>>) -> Vec<(u64, u64)> {
-    if parts.len() <= 1 {
-        return parts.into_iter().next().unwrap_or_default();
-    }
-    let mut all: Vec<(u64, u64)> = parts.concat();
-    all.sort_unstable_by_key(|p| p.0);
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(all.len());
-    for (o, c) in all {
-        match out.last_mut() {
-            Some(last) if last.0 == o => last.1 = last.1.saturating_add(c),
-            _ => out.push((o, c)),
-        }
-    }
-    out
 }
 
 /// The freshness merge of `d` (newest epoch): `None` when it has no slices. `known` gives the
