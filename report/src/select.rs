@@ -538,7 +538,8 @@ pub fn load_counts(
                         let p = LoadedProfile { path: e.path, profile, samples, dir: *dir };
                         return (corrupt, Some((k, p, None)));
                     }
-                    match read_profile(&dirs[*dir], &e) {
+                    // Counted once, with its header (the stats count files read).
+                    match Profile::read(&e.path) {
                         Ok(profile) => {
                             let p = LoadedProfile::new(e.path, profile, *dir, true);
                             let rank = f.rank(&p.profile.header);
