@@ -10,7 +10,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use profile_format::{encode_record_at, KeyTable, SliceLog, SLICES_HEADER_LEN, SLICES_VERSION};
+use profile_format::{
+    encode_record_at, safeio, KeyTable, SliceLog, SLICES_HEADER_LEN, SLICES_VERSION,
+};
 
 fn main() -> std::process::ExitCode {
     let Some(path) = std::env::args_os().nth(1).map(PathBuf::from) else {
@@ -29,8 +31,9 @@ fn main() -> std::process::ExitCode {
         }
     };
     let rollup_res: u64 = std::env::args().nth(2).and_then(|a| a.parse().ok()).unwrap_or(256);
-    let stored = stored_sizes(&path);
-    let version = std::fs::read(&path).ok().and_then(|b| b.get(8..10).map(|v| u16::from_le_bytes([v[0], v[1]])));
+    let file = safeio::read_small(&path, 256 << 20).unwrap_or_default();
+    let stored = stored_sizes(&file);
+    let version = file.get(8..10).map(|v| u16::from_le_bytes([v[0], v[1]]));
     // Each record's bytes as the writer appended it: keys defined in file order.
     let mut keys = KeyTable::default();
     let mut recs = Vec::new();
@@ -40,7 +43,7 @@ fn main() -> std::process::ExitCode {
         let res = log.resolution_of(s);
         encode_record_at(&mut buf, s, &mut keys, res);
         let pairs: usize = s.counts.values().map(Vec::len).sum();
-        let stored = stored.get(i).map_or("null".to_owned(), |n| n.to_string());
+        let stored = stored.get(i).map_or("null".to_owned(), ToString::to_string);
         recs.push(format!(
             "{{\"start\":{},\"len\":{},\"bytes\":{},\"head_bytes\":{},\"stored_bytes\":{stored},\"resolution\":{res},\"samples\":{},\"pairs\":{},\"keys\":{}}}",
             s.start,
@@ -69,8 +72,7 @@ fn main() -> std::process::ExitCode {
 }
 
 /// Bytes of each complete record of the file as stored (frame included), in file order.
-fn stored_sizes(path: &std::path::Path) -> Vec<usize> {
-    let Ok(b) = std::fs::read(path) else { return Vec::new() };
+fn stored_sizes(b: &[u8]) -> Vec<usize> {
     let mut out = Vec::new();
     let mut pos = SLICES_HEADER_LEN;
     while pos + 8 <= b.len() {
@@ -89,7 +91,7 @@ fn stored_sizes(path: &std::path::Path) -> Vec<usize> {
 fn head_bytes(rec: &[u8]) -> usize {
     let body = &rec[8..];
     let mut pos = 0;
-    let mut varint = |pos: &mut usize| {
+    let varint = |pos: &mut usize| {
         let (mut v, mut shift) = (0u64, 0);
         while let Some(&b) = body.get(*pos) {
             *pos += 1;

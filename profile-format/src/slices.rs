@@ -877,7 +877,11 @@ fn record_parts<'b>(body: &'b [u8], path: &Path, at: usize, version: u16) -> Res
     let codec = r.u8("codec")?;
     if version < 3 {
         let rest = &body[body.len() - r.remaining()..];
-        return Ok(Parts { head, entries: unpack(codec, rest, path, at, "payload")?, columns: None });
+        return Ok(Parts {
+            head,
+            entries: unpack(codec, rest, path, at, "payload")?,
+            columns: None,
+        });
     }
     let stored = r.bytes("head")?;
     let columns = r.u8("codec")?;
@@ -1051,7 +1055,8 @@ fn decode_record(
     read_new_keys(&mut p, keys, index)?;
     let v3 = parts.columns.is_some();
     let (entries, total) = read_entries(&mut p, keys.len(), v3)?;
-    let shift = |e: &Entry| if keys[e.key].image.is_some() { u32::from(parts.head.shift) } else { 0 };
+    let shift =
+        |e: &Entry| if keys[e.key].image.is_some() { u32::from(parts.head.shift) } else { 0 };
     let cols;
     let mut c = match parts.columns {
         None => p,

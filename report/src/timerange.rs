@@ -194,9 +194,8 @@ impl DirRange {
             if !(s.start < until && s.end() > since) {
                 continue;
             }
-            covered = Some(covered.map_or((s.start, s.end()), |(a, b)| {
-                (a.min(s.start), b.max(s.end()))
-            }));
+            covered =
+                Some(covered.map_or((s.start, s.end()), |(a, b)| (a.min(s.start), b.max(s.end()))));
             let res = t.resolution_of(s);
             resolution = resolution.max(res);
             if !s.totals.iter().any(|&(i, _)| wanted[i]) {
@@ -210,7 +209,8 @@ impl DirRange {
         let sums = parts
             .into_iter()
             .map(|(res, by_key)| {
-                let m = by_key.into_iter().map(|(i, v)| (t.keys[i].clone(), sum_parts(v))).collect();
+                let m =
+                    by_key.into_iter().map(|(i, v)| (t.keys[i].clone(), sum_parts(v))).collect();
                 (res, m)
             })
             .collect();

@@ -676,10 +676,17 @@ fn mixed_log() -> SliceLog {
     slices.push(slice(
         3600,
         3600,
-        &[(key("cpu-clock", Some(1)), vec![(0, 1), (300, 2), (4096, 7)]), (key("cpu-clock", None), vec![(3, 1)])],
+        &[
+            (key("cpu-clock", Some(1)), vec![(0, 1), (300, 2), (4096, 7)]),
+            (key("cpu-clock", None), vec![(3, 1)]),
+        ],
     ));
     let log = SliceLog {
-        slices: slices.into_iter().enumerate().map(|(i, s)| Slice { seq: i as u64 + 1, ..s }).collect(),
+        slices: slices
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| Slice { seq: i as u64 + 1, ..s })
+            .collect(),
         resolution: [(1, 16), (2, 16), (4, 256)].into_iter().collect(),
         ..Default::default()
     };
