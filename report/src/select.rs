@@ -357,8 +357,9 @@ pub fn io_threads() -> usize {
 ///
 /// With a `filter` (per-symbol report) only the files of the chosen image are read: those the
 /// file name (image id) decides directly, and otherwise one file per distinct image identity to
-/// learn its kind and path; the other files of a non-matching identity are never opened. Over a
-/// week of epochs from many hosts that is one read per distinct image plus the image's own.
+/// learn its kind and path (its header only: [`Profile::read_header`]); the other files of a
+/// non-matching identity are never opened. Over a week of epochs from many hosts that is one
+/// header read per distinct image plus the image's own files.
 pub fn load(
     dirs: Vec<HostDir>,
     filter: Option<&ImageFilter>,
