@@ -11,7 +11,9 @@
 //! build-id, so that the per-symbol report symbolizes it), its offsets in its text.
 //!
 //! Run (root, for the cold runs): `DCPI_BENCH_DROP_CACHES=1 cargo bench -p dcpi-client --bench
-//! time_queries`. Without `DCPI_BENCH_DROP_CACHES=1` only warm runs are timed.
+//! time_queries`. Without `DCPI_BENCH_DROP_CACHES=1` only warm runs are timed. With
+//! `DCPI_BENCH_KEEP=1` the databases are kept (their directory is printed), to profile a
+//! query on them with `dcpiprof` alone.
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -184,6 +186,7 @@ fn epoch_of(db: &Path, host: &str) -> PathBuf {
 fn main() {
     // `cargo bench` passes --bench; nothing else is taken.
     let cold = std::env::var_os("DCPI_BENCH_DROP_CACHES").is_some_and(|v| v == "1");
+    let keep = std::env::var_os("DCPI_BENCH_KEEP").is_some_and(|v| v == "1");
     let dir = tempfile::tempdir().expect("tempdir");
     let one = dir.path().join("one");
     let fleet = dir.path().join("fleet");
@@ -239,4 +242,8 @@ fn main() {
     let mut fl = s(&["dcpiprof", "--db", &dbf, "--host", "all", "--format", "json"]);
     fl.extend_from_slice(&last);
     timed("100 hosts, last hour, per-image", &fl, cold, Some(1.0));
+    if keep {
+        let kept = dir.keep();
+        eprintln!("time_queries: databases kept in {} (one/, fleet/)", kept.display());
+    }
 }

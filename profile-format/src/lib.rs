@@ -49,9 +49,9 @@ pub use profile::{
 };
 pub use slices::{
     encode_record, encode_record_at, hour_of, merge_pairs, record_spans, segment_hour, KeyTable,
-    OpenReport, SegmentOpen, SegmentWriter, Slice, SliceFiles, SliceKey, SliceLog, SliceRange,
-    SliceTotal, SliceTotals, SliceWriter, MAX_RECORD, MAX_RESOLUTION_SHIFT, SEGMENT_SECS,
-    SLICES_FILE, SLICES_HEADER_LEN, SLICES_MAGIC, SLICES_VERSION, SLICE_HOURS_FILE,
+    OpenReport, SegmentOpen, SegmentWriter, Slice, SliceFiles, SliceIndex, SliceKey, SliceLog,
+    SliceRange, SliceTotal, SliceTotals, SliceWriter, MAX_RECORD, MAX_RESOLUTION_SHIFT,
+    SEGMENT_SECS, SLICES_FILE, SLICES_HEADER_LEN, SLICES_MAGIC, SLICES_VERSION, SLICE_HOURS_FILE,
 };
 pub use stacks::{
     stacks_file_event_component, Frame, StackImage, StackProfile, StackRef, MAX_COMMAND_LEN,

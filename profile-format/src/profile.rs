@@ -339,10 +339,12 @@ impl Profile {
         codec::finish(out)
     }
 
-    /// Parse and validate; `path` is only used to name the file in errors.
-    pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
-        let payload = codec::open(bytes, path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?;
-        let mut r = Reader::new(payload, path);
+    /// The header fields of a payload of container `version` (§5, fields 1-17), validated;
+    /// `r` is left at the counts.
+    fn decode_header(
+        r: &mut Reader<'_>,
+        version: u16,
+    ) -> Result<(ProfileHeader, Option<ProfileWho>, bool)> {
         let kind = r.image_kind("kind")?;
         let image_id = r.image_id("image_id")?.to_owned_id();
         let image_path = r.bytes("image_path")?.to_vec();
@@ -364,9 +366,7 @@ impl Profile {
         let total_samples = r.varint("total_samples")?;
         let total_period = r.varint("total_period")?;
         let sequence = r.varint("sequence")?;
-        let jit_symbols = read_jit_symbols(&mut r)?;
-        // `open` checked the container: magic, then the version (u16 LE), 1 to 4.
-        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        let jit_symbols = read_jit_symbols(r)?;
         let mut sole = false;
         let who = if version >= 2 {
             let tag = r.u8("who")?;
@@ -419,6 +419,49 @@ impl Profile {
         if let Err((field, detail)) = header.validate() {
             return Err(r.corrupt(field, detail));
         }
+        Ok((header, who, sole))
+    }
+
+    /// The header of the profile file at `path` (image, event, totals), read from its first
+    /// bytes: the counts are neither read nor decoded, and the checksum of a file longer than
+    /// that prefix is not checked (a reader of the counts reads it with [`Profile::read`]).
+    /// What deciding whether a file is the image a report asks for needs: a per-symbol report
+    /// of the current epoch read every profile whole to learn its image (BENCHMARKS.md
+    /// "Time-slice queries"). A header that does not parse from the prefix (thousands of JIT
+    /// symbols) or a damaged one is left to [`Profile::read`], which decides and names it.
+    pub fn read_header(path: &Path) -> Result<ProfileHeader> {
+        use std::io::Read;
+        const PREFIX: u64 = 16 << 10;
+        let (f, size) = safeio::open_regular(path)?;
+        let mut bytes = Vec::with_capacity(size.min(PREFIX) as usize);
+        f.take(PREFIX + 1).read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
+        if bytes.len() as u64 <= PREFIX {
+            // The whole file: every check.
+            let p = Self::decode(&bytes, path)?;
+            p.check_name(path)?;
+            return Ok(p.header);
+        }
+        codec::check_prefix(&bytes, path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?;
+        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        let flags = u16::from_le_bytes([bytes[10], bytes[11]]);
+        let mut r = Reader::new(&bytes[codec::FIXED_HEADER_LEN..], path);
+        match Self::decode_header(&mut r, version) {
+            Ok((header, who, sole)) if flags == 0 => {
+                let p = Self { header, who, counts: BTreeMap::new(), sole };
+                p.check_name(path)?;
+                Ok(p.header)
+            }
+            _ => Self::read(path).map(|p| p.header),
+        }
+    }
+
+    /// Parse and validate; `path` is only used to name the file in errors.
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
+        let payload = codec::open(bytes, path, PROFILE_MAGIC, "profile", PROFILE_VERSION)?;
+        let mut r = Reader::new(payload, path);
+        // `open` checked the container: magic, then the version (u16 LE), 1 to 4.
+        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        let (header, who, sole) = Self::decode_header(&mut r, version)?;
         // Collected first: building a BTreeMap from sorted pairs in bulk is several times
         // faster than inserting them one by one.
         let mut pairs = Vec::new();
@@ -675,6 +718,44 @@ mod tests {
         let q = Profile::decode(&bytes, Path::new("x.prof")).unwrap();
         assert_eq!(p, q);
         assert_eq!(q.counts.get(&0x1000), Some(&4));
+    }
+
+    /// The header alone from a large file's first bytes, equal to the full read's; damage in
+    /// the counts beyond them is only the full read's business, damage in a small file (read
+    /// whole) or in the header is the same error as a full read.
+    #[test]
+    fn a_header_reads_from_the_first_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = Profile::new(header(ImageKind::Elf));
+        for i in 0..20_000u64 {
+            p.add(i * 4, 1 + i % 3, 1);
+        }
+        let path = dir.path().join("big.prof");
+        p.write(&path).unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() > 32 << 10);
+        assert_eq!(Profile::read_header(&path).unwrap(), p.header);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n - 100] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(Profile::read(&path).is_err());
+        assert_eq!(Profile::read_header(&path).unwrap(), p.header, "counts not read");
+        // Damage in the header: the full read names it.
+        bytes[codec::FIXED_HEADER_LEN] = 0xee;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Profile::read_header(&path).unwrap_err().to_string();
+        assert!(e.contains("big.prof"), "{e}");
+        // A small file is read whole: its checksum decides.
+        let mut small = Profile::new(header(ImageKind::Elf));
+        small.add(0x40, 1, 1);
+        let sp = dir.path().join("small.prof");
+        small.write(&sp).unwrap();
+        assert_eq!(Profile::read_header(&sp).unwrap(), small.header);
+        let mut b = std::fs::read(&sp).unwrap();
+        let m = b.len();
+        b[m - 6] ^= 1;
+        std::fs::write(&sp, &b).unwrap();
+        assert!(matches!(Profile::read_header(&sp), Err(Error::ChecksumMismatch { .. })));
     }
 
     fn qualified(who: ProfileWho) -> Profile {

@@ -9,6 +9,7 @@
 //! the record that first uses them, and referred to by index afterwards. Old slices are rolled
 //! up into coarser ones by rewriting the file atomically ([`SliceLog::rollup`]).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -27,8 +28,10 @@ use crate::varint;
 pub const SLICES_FILE: &str = "slices.log";
 /// First 8 bytes of a slice log.
 pub const SLICES_MAGIC: &[u8; 8] = b"DCPISLC\0";
-/// The format version this build writes and the newest it reads (it reads version 1 too).
-pub const SLICES_VERSION: u16 = 2;
+/// The format version this build writes and the newest it reads (it reads versions 1 and 2
+/// too). Version 3 keeps each record's keys and per-key totals in a head apart from its
+/// offsets and counts (FORMAT.md §14.2), so that totals are read without the pairs.
+pub const SLICES_VERSION: u16 = 3;
 /// magic (8) + version (u16) + flags (u16) + CRC-32 of the first 12 bytes (u32).
 pub const SLICES_HEADER_LEN: usize = 16;
 /// len (u32) + crc (u32) before each record body.
@@ -181,20 +184,7 @@ impl SliceTotal {
 impl SliceTotals {
     /// Decode a whole file's bytes as totals; `path` names it in errors.
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Self> {
-        let mut keys: Vec<SliceKey> = Vec::new();
-        let mut index: BTreeMap<SliceKey, usize> = BTreeMap::new();
-        let mut slices = Vec::new();
-        let mut resolution = BTreeMap::new();
-        walk_records(bytes, path, |body, at, version| {
-            let (head, payload) = record_payload(body, path, at, version)?;
-            let totals = sum_payload(&payload, path, &mut keys, &mut index)?;
-            if head.shift > 0 {
-                resolution.insert(head.seq, 1u64 << head.shift);
-            }
-            slices.push(SliceTotal { start: head.start, len: head.len, seq: head.seq, totals });
-            Ok(head.seq)
-        })?;
-        Ok(Self { keys, slices, resolution })
+        decode_totals(bytes, path, &mut |_| ())
     }
 
     /// The offset resolution of `s`, one of these slices, in bytes ([`SliceLog::resolution_of`]).
@@ -211,6 +201,156 @@ impl SliceTotals {
             self.slices.iter().filter(|s| s.start < until && s.end() > since).collect();
         v.sort_by_key(|s| (s.start, s.seq));
         v
+    }
+}
+
+/// A file's bytes as totals; `record(body range)` is called for each record, in file order.
+fn decode_totals(
+    bytes: &[u8],
+    path: &Path,
+    record: &mut dyn FnMut(std::ops::Range<usize>),
+) -> Result<SliceTotals> {
+    let mut keys: Vec<SliceKey> = Vec::new();
+    let mut index: BTreeMap<SliceKey, usize> = BTreeMap::new();
+    let mut slices = Vec::new();
+    let mut resolution = BTreeMap::new();
+    walk_records(bytes, path, |body, at, version| {
+        let (head, totals) = record_totals(body, path, at, version, &mut keys, &mut index)?;
+        if head.shift > 0 {
+            resolution.insert(head.seq, 1u64 << head.shift);
+        }
+        slices.push(SliceTotal { start: head.start, len: head.len, seq: head.seq, totals });
+        record(at + FRAME_LEN..at + FRAME_LEN + body.len());
+        Ok(head.seq)
+    })?;
+    Ok(SliceTotals { keys, slices, resolution })
+}
+
+/// Slice logs read as totals ([`SliceTotals`]) whose pairs can then be decoded record by
+/// record ([`SliceIndex::pairs`]): what the freshness merge reads (FORMAT.md §7.3), which
+/// needs every key and range but the pairs of only a few recent slices, if any. In version 3
+/// the totals come from the records' heads without decompressing their columns.
+#[derive(Default)]
+pub struct SliceIndex {
+    pub totals: SliceTotals,
+    files: Vec<IndexFile>,
+    /// Per slice of `totals` (same order): its file in `files` and its record body's bytes.
+    records: Vec<(usize, std::ops::Range<usize>)>,
+}
+
+/// A file of a [`SliceIndex`]: its bytes, and its key indexes in the index's key table.
+struct IndexFile {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    version: u16,
+    keys: Vec<usize>,
+}
+
+impl std::fmt::Debug for SliceIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SliceIndex")
+            .field("totals", &self.totals)
+            .field("files", &self.files.iter().map(|x| &x.path).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl SliceIndex {
+    /// Read `path` as [`SliceLog::read`] does (the same checks on framing, checksums, keys
+    /// and totals; the columns are checked when [`SliceIndex::pairs`] decodes them).
+    /// `Ok(None)`: no such file.
+    pub fn read(path: &Path) -> Result<Option<Self>> {
+        match read_bytes(path)? {
+            Some(bytes) => Self::decode(bytes, path).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Decode a whole file's bytes (kept, for [`SliceIndex::pairs`]).
+    pub fn decode(bytes: Vec<u8>, path: &Path) -> Result<Self> {
+        let mut records = Vec::new();
+        let totals = decode_totals(&bytes, path, &mut |r| records.push((0, r)))?;
+        let version = check_header(&bytes, path)?;
+        let keys = (0..totals.keys.len()).collect();
+        let files = vec![IndexFile { path: path.into(), bytes, version, keys }];
+        Ok(Self { totals, files, records })
+    }
+
+    /// The (offset, count) pairs of slice `i` of [`SliceIndex::totals`] for the keys (indexes
+    /// into its `keys`) that `want` selects, in key order; a selected key the slice does not
+    /// have is not listed. Offsets are at the slice's resolution ([`SliceTotals::resolution_of`]).
+    pub fn pairs(
+        &self,
+        i: usize,
+        want: &dyn Fn(usize) -> bool,
+    ) -> Result<Vec<(usize, Vec<(u64, u64)>)>> {
+        let (f, range) = &self.records[i];
+        let file = &self.files[*f];
+        let path = file.path.as_path();
+        let at = range.start - FRAME_LEN;
+        let parts = record_parts(&file.bytes[range.clone()], path, at, file.version)?;
+        let mut p = Reader::new(&parts.entries, path);
+        skip_new_keys(&mut p)?;
+        let v3 = parts.columns.is_some();
+        let (entries, total) = read_entries(&mut p, file.keys.len(), v3)?;
+        let key = |e: &Entry| file.keys[e.key];
+        let shift = |e: &Entry| {
+            if self.totals.keys[key(e)].image.is_some() {
+                u32::from(parts.head.shift)
+            } else {
+                0
+            }
+        };
+        let cols;
+        let mut c = match parts.columns {
+            None => p,
+            Some((codec, rest)) => {
+                p.finish()?;
+                cols = unpack(codec, rest, path, at, "payload")?;
+                Reader::new(&cols, path)
+            }
+        };
+        let pairs = read_columns(&mut c, &entries, total, &shift, &|e| want(key(e)), v3)?;
+        Ok(entries.iter().zip(pairs).filter_map(|(e, v)| v.map(|v| (key(e), v))).collect())
+    }
+
+    /// Several files' indexes as one: keys merged into one table, sequences renumbered.
+    pub(crate) fn combine(parts: Vec<Self>) -> Self {
+        let mut out = Self::default();
+        let mut index: BTreeMap<SliceKey, usize> = BTreeMap::new();
+        for part in parts {
+            let map: Vec<usize> = part
+                .totals
+                .keys
+                .iter()
+                .map(|k| {
+                    *index.entry(k.clone()).or_insert_with(|| {
+                        out.totals.keys.push(k.clone());
+                        out.totals.keys.len() - 1
+                    })
+                })
+                .collect();
+            let first_file = out.files.len();
+            for mut f in part.files {
+                for k in &mut f.keys {
+                    *k = map[*k];
+                }
+                out.files.push(f);
+            }
+            for (mut s, (f, r)) in part.totals.slices.into_iter().zip(part.records) {
+                let res = part.totals.resolution.get(&s.seq).copied();
+                s.seq = out.totals.slices.len() as u64 + 1;
+                for t in &mut s.totals {
+                    t.0 = map[t.0];
+                }
+                if let Some(r) = res {
+                    out.totals.resolution.insert(s.seq, r);
+                }
+                out.totals.slices.push(s);
+                out.records.push((first_file + f, r));
+            }
+        }
+        out
     }
 }
 
@@ -238,14 +378,8 @@ impl SliceLog {
         let mut index: BTreeMap<SliceKey, usize> = BTreeMap::new();
         let mut slices = Vec::new();
         let (pos, version) = walk_records(bytes, path, |body, at, version| {
-            let (head, payload) = record_payload(body, path, at, version)?;
-            let (counts, pairs) =
-                decode_payload(&payload, path, head.shift, &mut keys, &mut index)?;
-            let mut out = BTreeMap::new();
-            let mut pairs = pairs.into_iter();
-            for (i, m) in counts {
-                out.insert(keys[i].clone(), pairs.by_ref().take(m).collect());
-            }
+            let (head, entries) = decode_record(body, path, at, version, &mut keys, &mut index)?;
+            let out = entries.into_iter().map(|(i, v)| (keys[i].clone(), v)).collect();
             if head.shift > 0 {
                 resolution.insert(head.seq, 1u64 << head.shift);
             }
@@ -539,22 +673,28 @@ pub fn encode_record_at(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable, resol
         idx.push((i, v, if k.image.is_some() { shift } else { 0 }));
     }
     idx.sort_unstable_by_key(|e| e.0);
-    let mut payload = Vec::with_capacity(64 + idx.iter().map(|e| e.1.len() * 3).sum::<usize>());
-    varint::write_u64(&mut payload, new.len() as u64);
+    // Head: the keys first defined here, then per entry its key, pairs and samples (what a
+    // reader of totals needs, without the columns below).
+    let mut head = Vec::with_capacity(16 + 8 * idx.len());
+    varint::write_u64(&mut head, new.len() as u64);
     for k in new {
-        put_bytes(&mut payload, k.event.as_bytes());
+        put_bytes(&mut head, k.event.as_bytes());
         let img = k.image.as_ref().map(super::ident::ImageId::to_text).unwrap_or_default();
-        put_bytes(&mut payload, img.as_bytes());
+        put_bytes(&mut head, img.as_bytes());
     }
-    // Columns: entry headers, then every offset, then every count − 1. Counts are mostly
-    // small and alike, offsets are not: apart, zstd packs the counts to almost nothing.
-    varint::write_u64(&mut payload, idx.len() as u64);
+    varint::write_u64(&mut head, idx.len() as u64);
     let mut prev: Option<u64> = None;
     for (i, pairs, _) in &idx {
-        varint::write_u64(&mut payload, prev.map_or(*i, |p| i - p - 1));
+        varint::write_u64(&mut head, prev.map_or(*i, |p| i - p - 1));
         prev = Some(*i);
-        varint::write_u64(&mut payload, pairs.len() as u64);
+        varint::write_u64(&mut head, pairs.len() as u64);
+        // Samples − pairs: the sum of the counts column's values (each count − 1).
+        let extra = pairs.iter().fold(0u64, |a, &(_, c)| a.saturating_add(c.saturating_sub(1)));
+        varint::write_u64(&mut head, extra);
     }
+    // Columns: every offset, then every count − 1. Counts are mostly small and alike,
+    // offsets are not: apart, zstd packs the counts to almost nothing.
+    let mut payload = Vec::with_capacity(idx.iter().map(|e| e.1.len() * 3).sum::<usize>());
     for (_, pairs, sh) in &idx {
         let mut last: Option<u64> = None;
         for &(off, _) in pairs.iter() {
@@ -568,30 +708,32 @@ pub fn encode_record_at(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable, resol
             varint::write_u64(&mut payload, c.saturating_sub(1));
         }
     }
-    let mut body = Vec::with_capacity(payload.len() / 2 + 32);
+    let mut body = Vec::with_capacity(head.len() + payload.len() / 2 + 32);
     varint::write_u64(&mut body, s.start);
     varint::write_u64(&mut body, s.len);
     varint::write_u64(&mut body, s.seq);
     body.push(shift);
-    let packed = if payload.len() >= COMPRESS_FROM {
-        bulk::compress(&payload, ZSTD_LEVEL).ok().filter(|z| z.len() < payload.len())
-    } else {
-        None
-    };
-    match packed {
-        Some(z) => {
-            body.push(CODEC_ZSTD);
-            body.extend_from_slice(&z);
-        }
-        None => {
-            body.push(CODEC_RAW);
-            body.extend_from_slice(&payload);
-        }
-    }
+    let (codec, packed) = pack(&head);
+    body.push(codec);
+    varint::write_u64(&mut body, packed.len() as u64);
+    body.extend_from_slice(&packed);
+    let (codec, packed) = pack(&payload);
+    body.push(codec);
+    body.extend_from_slice(&packed);
     let len = body.len() as u32;
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&record_crc(len, &body).to_le_bytes());
     out.extend_from_slice(&body);
+}
+
+/// `bytes` as a record stores them: (codec, stored bytes), zstd when that is smaller.
+fn pack(bytes: &[u8]) -> (u8, std::borrow::Cow<'_, [u8]>) {
+    if bytes.len() >= COMPRESS_FROM {
+        if let Some(z) = bulk::compress(bytes, ZSTD_LEVEL).ok().filter(|z| z.len() < bytes.len()) {
+            return (CODEC_ZSTD, z.into());
+        }
+    }
+    (CODEC_RAW, bytes.into())
 }
 
 /// log2 of `resolution` rounded down to a power of two, at most [`MAX_RESOLUTION_SHIFT`].
@@ -622,9 +764,7 @@ fn bucket(s: &Slice, res: u64) -> Slice {
     out
 }
 
-/// Decode one record's body of a file of `version`: the slice and the shift of its image
-/// keys' offsets.
-/// The fields of a record before its payload.
+/// The fields of a record before its keys and counts.
 struct RecordHead {
     start: u64,
     len: u64,
@@ -683,13 +823,39 @@ fn walk_records(
     Ok((pos, version))
 }
 
-/// A record's head and its payload, decompressed.
-fn record_payload<'b>(
-    body: &'b [u8],
+/// A record split into its parts (FORMAT.md §14.2).
+struct Parts<'b> {
+    head: RecordHead,
+    /// What the new keys and entries are read from: the head (version 3), or the payload,
+    /// whose columns follow them (versions 1 and 2); decompressed.
+    entries: Cow<'b, [u8]>,
+    /// Version 3: the columns' codec and stored bytes, not decompressed yet.
+    columns: Option<(u8, &'b [u8])>,
+}
+
+/// `rest` as stored with `codec`, decompressed (at most 256 MiB). `field` names it in errors.
+fn unpack<'b>(
+    codec: u8,
+    rest: &'b [u8],
     path: &Path,
     at: usize,
-    version: u16,
-) -> Result<(RecordHead, std::borrow::Cow<'b, [u8]>)> {
+    field: &'static str,
+) -> Result<Cow<'b, [u8]>> {
+    match codec {
+        CODEC_RAW => Ok(Cow::Borrowed(rest)),
+        CODEC_ZSTD => {
+            let d = zstd::stream::read::Decoder::with_buffer(rest)
+                .map_err(|e| corrupt(path, field, e.to_string()))?;
+            let too_large = "decompresses to more than 256 MiB";
+            Ok(Cow::Owned(inflate_bounded(d.take(MAX_PAYLOAD + 1), path, field, too_large)?))
+        }
+        c => Err(corrupt(path, "codec", format!("record at file byte {at}: unknown {c}"))),
+    }
+}
+
+/// A record's head fields and its parts, the head (version 3) or the payload (versions 1 and
+/// 2) decompressed; version 3's columns are left as stored.
+fn record_parts<'b>(body: &'b [u8], path: &Path, at: usize, version: u16) -> Result<Parts<'b>> {
     let mut r = Reader::new(body, path);
     let start = r.varint("start")?;
     let len = r.varint("len")?;
@@ -707,33 +873,39 @@ fn record_payload<'b>(
             format!("record at file byte {at}: 2^{shift} bytes (at most 2^{MAX_RESOLUTION_SHIFT})"),
         ));
     }
+    let head = RecordHead { start, len, seq, shift };
     let codec = r.u8("codec")?;
+    if version < 3 {
+        let rest = &body[body.len() - r.remaining()..];
+        return Ok(Parts {
+            head,
+            entries: unpack(codec, rest, path, at, "payload")?,
+            columns: None,
+        });
+    }
+    let stored = r.bytes("head")?;
+    let columns = r.u8("codec")?;
+    if columns != CODEC_RAW && columns != CODEC_ZSTD {
+        return Err(r.corrupt("codec", format!("record at file byte {at}: unknown {columns}")));
+    }
     let rest = &body[body.len() - r.remaining()..];
-    let too_large = "decompresses to more than 256 MiB";
-    let payload = match codec {
-        CODEC_RAW => std::borrow::Cow::Borrowed(rest),
-        CODEC_ZSTD => {
-            let d = zstd::stream::read::Decoder::with_buffer(rest)
-                .map_err(|e| corrupt(path, "payload", e.to_string()))?;
-            std::borrow::Cow::Owned(inflate_bounded(
-                d.take(MAX_PAYLOAD + 1),
-                path,
-                "payload",
-                too_large,
-            )?)
-        }
-        c => return Err(r.corrupt("codec", format!("record at file byte {at}: unknown {c}"))),
-    };
-    Ok((RecordHead { start, len, seq, shift }, payload))
+    let entries = unpack(codec, stored, path, at, "head")?;
+    Ok(Parts { head, entries, columns: Some((columns, rest)) })
 }
 
-/// The new keys and the entries' heads of a payload: (key index, pairs) per entry, and the
-/// total number of pairs; `p` is left at the offsets column.
-fn payload_heads(
+/// One entry of a record: the file's key index, its pairs and (version 3) its samples.
+struct Entry {
+    key: usize,
+    pairs: usize,
+    samples: u64,
+}
+
+/// Read a record's new keys into the file's `keys` (and their `index`).
+fn read_new_keys(
     p: &mut Reader<'_>,
     keys: &mut Vec<SliceKey>,
     index: &mut BTreeMap<SliceKey, usize>,
-) -> Result<(Vec<(usize, usize)>, usize)> {
+) -> Result<()> {
     let n_new = p.count("new keys", 2)?;
     for _ in 0..n_new {
         let event = p.string("key event")?;
@@ -752,8 +924,28 @@ fn payload_heads(
         }
         keys.push(k);
     }
-    let n = p.count("entries", 4)?;
-    let mut heads: Vec<(usize, usize)> = Vec::with_capacity(n);
+    Ok(())
+}
+
+/// Skip a record's new keys (a record read again: the file's keys are known).
+fn skip_new_keys(p: &mut Reader<'_>) -> Result<()> {
+    let n_new = p.count("new keys", 2)?;
+    for _ in 0..n_new {
+        p.bytes("key event")?;
+        p.bytes("key image")?;
+    }
+    Ok(())
+}
+
+/// A record's entries, keys below `n_keys`, with their samples when `with_samples` (version
+/// 3); and their pairs in all.
+fn read_entries(
+    p: &mut Reader<'_>,
+    n_keys: usize,
+    with_samples: bool,
+) -> Result<(Vec<Entry>, usize)> {
+    let n = p.count("entries", if with_samples { 3 } else { 4 })?;
+    let mut out: Vec<Entry> = Vec::with_capacity(n);
     let mut prev: Option<u64> = None;
     let mut total = 0usize;
     for _ in 0..n {
@@ -762,87 +954,162 @@ fn payload_heads(
             None => Some(d),
             Some(pv) => pv.checked_add(d).and_then(|x| x.checked_add(1)),
         }
-        .filter(|i| (*i as usize) < keys.len())
-        .ok_or_else(|| p.corrupt("key index", format!("beyond the {} keys defined", keys.len())))?;
+        .filter(|i| *i < n_keys as u64)
+        .ok_or_else(|| p.corrupt("key index", format!("beyond the {n_keys} keys defined")))?;
         prev = Some(i);
-        let m = p.count("pairs", 2)?;
+        // Versions 1 and 2: the columns follow in the same bytes, which bound the pairs.
+        let m = if with_samples { p.varint("pairs")? } else { p.count("pairs", 2)? as u64 };
         if m == 0 {
             return Err(p.corrupt("pairs", "an entry without counts"));
         }
-        total += m;
-        heads.push((i as usize, m));
+        let m = usize::try_from(m).map_err(|_| p.corrupt("pairs", format!("{m}")))?;
+        let samples = if with_samples {
+            let extra = p.varint("samples")?;
+            (m as u64).checked_add(extra).ok_or_else(|| p.corrupt("samples", "beyond 2^64-1"))?
+        } else {
+            0
+        };
+        total = total.checked_add(m).ok_or_else(|| p.corrupt("pairs", "too many"))?;
+        out.push(Entry { key: i as usize, pairs: m, samples });
     }
-    // Each pair takes at least one byte in each of the two columns that follow.
-    if total.saturating_mul(2) > p.remaining() {
-        return Err(
-            p.corrupt("pairs", format!("{total} pairs cannot fit in {} bytes", p.remaining()))
-        );
-    }
-    Ok((heads, total))
+    Ok((out, total))
 }
 
-/// A payload's entries: (key index, pairs) per entry, and all pairs in entry order.
-#[allow(clippy::type_complexity)]
-fn decode_payload(
-    payload: &[u8],
-    path: &Path,
-    shift: u8,
-    keys: &mut Vec<SliceKey>,
-    index: &mut BTreeMap<SliceKey, usize>,
-) -> Result<(Vec<(usize, usize)>, Vec<(u64, u64)>)> {
-    let mut p = Reader::new(payload, path);
-    let (heads, total) = payload_heads(&mut p, keys, index)?;
-    let mut offsets = Vec::with_capacity(total);
-    for &(i, m) in &heads {
+/// The columns of a record's `entries` (`total` pairs) from `c`: per entry, its (offset,
+/// count) pairs when `want` says so (else `None`, skipped); `shift(entry)` is the shift of its
+/// offsets. With `check_samples` (version 3) each decoded entry's counts must add up to its
+/// samples. The columns must end the bytes.
+fn read_columns(
+    c: &mut Reader<'_>,
+    entries: &[Entry],
+    total: usize,
+    shift: &dyn Fn(&Entry) -> u32,
+    want: &dyn Fn(&Entry) -> bool,
+    check_samples: bool,
+) -> Result<Vec<Option<Vec<(u64, u64)>>>> {
+    // Each pair takes at least one byte in each of the two columns.
+    if total.saturating_mul(2) > c.remaining() {
+        return Err(
+            c.corrupt("pairs", format!("{total} pairs cannot fit in {} bytes", c.remaining()))
+        );
+    }
+    let mut out: Vec<Option<Vec<(u64, u64)>>> = Vec::with_capacity(entries.len());
+    for e in entries {
+        if !want(e) {
+            c.skip_varints("offset", e.pairs)?;
+            out.push(None);
+            continue;
+        }
         // Image keys' offsets are stored in units of the record's resolution.
-        let sh = if keys[i].image.is_some() { u32::from(shift) } else { 0 };
+        let sh = shift(e);
+        let mut v = Vec::with_capacity(e.pairs);
         let mut last: Option<u64> = None;
-        for _ in 0..m {
-            let d = p.varint("offset")?;
+        for _ in 0..e.pairs {
+            let d = c.varint("offset")?;
             let off = match last {
                 None => Some(d),
                 Some(l) => l.checked_add(d).and_then(|x| x.checked_add(1)),
             }
             .filter(|o| sh == 0 || o >> (64 - sh) == 0)
-            .ok_or_else(|| p.corrupt("offset", "beyond 2^64-1"))?;
+            .ok_or_else(|| c.corrupt("offset", "beyond 2^64-1"))?;
             last = Some(off);
-            offsets.push(off << sh);
+            v.push((off << sh, 0));
+        }
+        out.push(Some(v));
+    }
+    for (e, v) in entries.iter().zip(out.iter_mut()) {
+        let Some(v) = v else {
+            c.skip_varints("count", e.pairs)?;
+            continue;
+        };
+        let mut extra = 0u64;
+        for p in v.iter_mut() {
+            let x = c.varint("count")?;
+            p.1 = x.checked_add(1).ok_or_else(|| c.corrupt("count", "beyond 2^64-1"))?;
+            extra = extra.saturating_add(x);
+        }
+        if check_samples && (e.pairs as u64).checked_add(extra) != Some(e.samples) {
+            return Err(c.corrupt(
+                "samples",
+                format!("{} stated, the counts add up to {}", e.samples, e.pairs as u64 + extra),
+            ));
         }
     }
-    let mut pairs = Vec::with_capacity(total);
-    for off in offsets {
-        let c = p.varint("count")?;
-        let c = c.checked_add(1).ok_or_else(|| p.corrupt("count", "beyond 2^64-1"))?;
-        pairs.push((off, c));
-    }
-    p.finish()?;
-    Ok((heads, pairs))
+    c.finish()?;
+    Ok(out)
 }
 
-/// A payload's samples per key: (key index, total). The offsets column is only skipped (its
-/// varints are not checked against overflow as [`decode_payload`] does: a total does not
-/// depend on them).
-fn sum_payload(
-    payload: &[u8],
+/// Decode one record fully: its head, and per key index of the file its pairs, in key order
+/// (new keys added to `keys`/`index`).
+#[allow(clippy::type_complexity)]
+fn decode_record(
+    body: &[u8],
     path: &Path,
+    at: usize,
+    version: u16,
     keys: &mut Vec<SliceKey>,
     index: &mut BTreeMap<SliceKey, usize>,
-) -> Result<Vec<(usize, u64)>> {
-    let mut p = Reader::new(payload, path);
-    let (heads, total) = payload_heads(&mut p, keys, index)?;
+) -> Result<(RecordHead, Vec<(usize, Vec<(u64, u64)>)>)> {
+    let parts = record_parts(body, path, at, version)?;
+    let mut p = Reader::new(&parts.entries, path);
+    read_new_keys(&mut p, keys, index)?;
+    let v3 = parts.columns.is_some();
+    let (entries, total) = read_entries(&mut p, keys.len(), v3)?;
+    let shift =
+        |e: &Entry| if keys[e.key].image.is_some() { u32::from(parts.head.shift) } else { 0 };
+    let cols;
+    let mut c = match parts.columns {
+        None => p,
+        Some((codec, rest)) => {
+            p.finish()?;
+            cols = unpack(codec, rest, path, at, "payload")?;
+            Reader::new(&cols, path)
+        }
+    };
+    let pairs = read_columns(&mut c, &entries, total, &shift, &|_| true, v3)?;
+    let out = entries.iter().zip(pairs).map(|(e, v)| (e.key, v.unwrap_or_default())).collect();
+    Ok((parts.head, out))
+}
+
+/// One record's samples per key index of the file, new keys added to `keys`/`index`: from
+/// the head in version 3 (the columns are not read), else by adding up the counts column
+/// (the offsets column is only skipped: its varints are not checked against overflow as a
+/// full decode does; a total does not depend on them).
+fn record_totals(
+    body: &[u8],
+    path: &Path,
+    at: usize,
+    version: u16,
+    keys: &mut Vec<SliceKey>,
+    index: &mut BTreeMap<SliceKey, usize>,
+) -> Result<(RecordHead, Vec<(usize, u64)>)> {
+    let parts = record_parts(body, path, at, version)?;
+    let mut p = Reader::new(&parts.entries, path);
+    read_new_keys(&mut p, keys, index)?;
+    let v3 = parts.columns.is_some();
+    let (entries, total) = read_entries(&mut p, keys.len(), v3)?;
+    if v3 {
+        p.finish()?;
+        return Ok((parts.head, entries.iter().map(|e| (e.key, e.samples)).collect()));
+    }
+    if total.saturating_mul(2) > p.remaining() {
+        return Err(
+            p.corrupt("pairs", format!("{total} pairs cannot fit in {} bytes", p.remaining()))
+        );
+    }
     p.skip_varints("offset", total)?;
-    let mut out = Vec::with_capacity(heads.len());
-    for (i, m) in heads {
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
         let mut sum = 0u64;
-        for _ in 0..m {
+        for _ in 0..e.pairs {
             let c = p.varint("count")?;
             let c = c.checked_add(1).ok_or_else(|| p.corrupt("count", "beyond 2^64-1"))?;
             sum = sum.saturating_add(c);
         }
-        out.push((i, sum));
+        out.push((e.key, sum));
     }
     p.finish()?;
-    Ok(out)
+    Ok((parts.head, out))
 }
 
 /// The owning host's appender of its slice log (FORMAT.md §14.3). Only the daemon of the host

@@ -11,7 +11,7 @@ use profile_format::{
 };
 
 use super::image::{image_display, ImageFilter};
-use super::timerange::{coverage, rescale};
+use super::timerange::{coverage, rescale, sum_parts};
 pub use super::timerange::{left_out_warning, slice_key, DirRange};
 pub use super::timerange::{TimeCoverage, TimeRange};
 use super::{stats, ProfError};
@@ -315,6 +315,17 @@ pub fn read_profile(dir: &HostDir, e: &ProfileEntry) -> Result<Profile, profile_
     Profile::read(&e.path)
 }
 
+/// The header of one profile of host directory `dir` ([`Profile::read_header`]: its counts
+/// are not read): what deciding whether it is the image a report asks for needs.
+pub fn read_profile_header(
+    dir: &HostDir,
+    e: &ProfileEntry,
+) -> Result<ProfileHeader, profile_format::Error> {
+    let _ = dir;
+    stats::count(&stats::PROFILES_READ);
+    Profile::read_header(&e.path)
+}
+
 /// The entry of the profile an index entry (header) stands for, without listing `d`.
 fn indexed_entry(d: &HostDir, h: &ProfileHeader) -> ProfileEntry {
     let (path, image_id) = match h.kind {
@@ -346,8 +357,9 @@ pub fn io_threads() -> usize {
 ///
 /// With a `filter` (per-symbol report) only the files of the chosen image are read: those the
 /// file name (image id) decides directly, and otherwise one file per distinct image identity to
-/// learn its kind and path; the other files of a non-matching identity are never opened. Over a
-/// week of epochs from many hosts that is one read per distinct image plus the image's own.
+/// learn its kind and path (its header only: [`Profile::read_header`]); the other files of a
+/// non-matching identity are never opened. Over a week of epochs from many hosts that is one
+/// header read per distinct image plus the image's own files.
 pub fn load(
     dirs: Vec<HostDir>,
     filter: Option<&ImageFilter>,
@@ -510,7 +522,25 @@ pub fn load_counts(
                 }
                 for (k, (dir, e)) in files.iter().enumerate() {
                     let e = entry_of(*dir, e);
-                    match read_profile(&dirs[*dir], &e) {
+                    // The header decides; only a file of a matching image is read whole (the
+                    // current epoch's files of every other image used to be: 0.5-0.7 s of a
+                    // per-symbol report on the bench's day, BENCHMARKS.md "Time-slice queries").
+                    let header = match read_profile_header(&dirs[*dir], &e) {
+                        Ok(h) => h,
+                        Err(err) => {
+                            corrupt.push(format!("{err}"));
+                            continue;
+                        }
+                    };
+                    if f.rank(&header).is_none() {
+                        let samples = header.total_samples;
+                        let profile =
+                            Profile { header, who: None, counts: Default::default(), sole: false };
+                        let p = LoadedProfile { path: e.path, profile, samples, dir: *dir };
+                        return (corrupt, Some((k, p, None)));
+                    }
+                    // Counted once, with its header (the stats count files read).
+                    match Profile::read(&e.path) {
                         Ok(profile) => {
                             let p = LoadedProfile::new(e.path, profile, *dir, true);
                             let rank = f.rank(&p.profile.header);
@@ -1139,7 +1169,21 @@ pub fn restrict_loaded(
     r: TimeRange,
     warn: &mut dyn FnMut(String),
 ) -> Result<(), ProfError> {
-    let (mut per_dir, cov) = range_of_dirs(&loaded.scan.dirs, r)?;
+    // Only the loaded profiles' keys are read (with an image filter, that image's).
+    let mut keys: Vec<std::collections::HashSet<SliceKey>> =
+        vec![Default::default(); loaded.scan.dirs.len()];
+    for p in &loaded.profiles {
+        keys[p.dir].insert(slice_key(&p.profile.header));
+    }
+    let spans = epoch_spans(&loaded.scan.dirs)?;
+    let read = par_map(&loaded.scan.dirs, |i, d| {
+        DirRange::read_keys(d, r, spans[i], &|k| keys[i].contains(k))
+    });
+    let ranges = read.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let names: Vec<String> =
+        loaded.scan.dirs.iter().map(|d| format!("{}/{}", d.epoch, d.host)).collect();
+    let cov = coverage(r, &ranges, &names);
+    let mut per_dir = ranges;
     // Slices at a coarser offset resolution are placed on the epoch profile's offsets: a key
     // split over continuation files is placed on all of them (the first file takes the range).
     let mut n_of: HashMap<(usize, SliceKey), usize> = HashMap::new();
@@ -1202,7 +1246,7 @@ pub fn restrict_totals(
 /// slices when it has no profile yet), and a header for each key that has no profile.
 #[derive(Default)]
 struct FreshDir {
-    extra: BTreeMap<SliceKey, Vec<(u64, u64)>>,
+    extra: BTreeMap<SliceKey, Extra>,
     /// Keys without a profile: the header they are reported under.
     headers: BTreeMap<SliceKey, ProfileHeader>,
     /// Keys whose profile this merge read (not given by the caller): its header, whose totals
@@ -1210,6 +1254,14 @@ struct FreshDir {
     published: BTreeMap<SliceKey, ProfileHeader>,
     /// Coarsest offset resolution (bytes) of the slices added.
     resolution: u64,
+}
+
+/// What the freshness merge adds to one key: its samples, and (when asked for) their
+/// (offset, count) pairs.
+#[derive(Default)]
+struct Extra {
+    samples: u64,
+    pairs: Vec<(u64, u64)>,
 }
 
 /// What the freshness merge added to a report ([`freshen_loaded`], [`freshen_totals`]).
@@ -1221,32 +1273,6 @@ pub struct Freshened {
     /// rounded down to it, so per-image and per-symbol counts are exact, except a block that
     /// straddles a symbol's start, while per-instruction counts are not.
     pub resolution: u64,
-}
-
-/// `key`'s (offset, count) pairs summed over the slices starting at or after `from`: one
-/// sort of their concatenation, not a merge per slice (a day of minutes merged one by one into
-/// a growing list was quadratic in the slices).
-fn sum_key(slices: &[profile_format::Slice], key: &SliceKey, from: u64) -> Vec<(u64, u64)> {
-    let mut parts = slices.iter().filter(|s| s.start >= from).filter_map(|s| s.counts.get(key));
-    let Some(first) = parts.next() else { return Vec::new() };
-    let mut all = first.clone();
-    let mut single = true;
-    for p in parts {
-        all.extend_from_slice(p);
-        single = false;
-    }
-    if single {
-        return all;
-    }
-    all.sort_unstable_by_key(|p| p.0);
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(all.len());
-    for (o, c) in all {
-        match out.last_mut() {
-            Some(last) if last.0 == o => last.1 = last.1.saturating_add(c),
-            _ => out.push((o, c)),
-        }
-    }
-    out
 }
 
 /// The freshness merge of `d` (newest epoch): `None` when it has no slices. `known` gives the
@@ -1262,6 +1288,7 @@ fn fresh_dir(
     epochs: &[EpochId],
     known: &BTreeMap<SliceKey, u64>,
     read_rest: bool,
+    pairs: bool,
 ) -> Result<Option<FreshDir>, ProfError> {
     // No slice log (slices off, an older daemon): nothing to merge, nothing to list. One
     // created after this look is simply not merged by this report.
@@ -1279,7 +1306,10 @@ fn fresh_dir(
         Err(e) if e.is_hostile_file() => return Err(e.into()),
         Err(_) => None,
     };
-    let Some(log) = d.read_slices()? else { return Ok(None) };
+    // Each slice's totals per key (version 3 reads them without the pairs, FORMAT.md §14.2);
+    // pairs are decoded below only for the slices and keys the merge adds.
+    let Some(ix) = d.read_slice_index_in(None, None)? else { return Ok(None) };
+    let log = &ix.totals;
     let marks: HashMap<u64, u64> =
         summary.iter().flat_map(|s| s.fresh.iter()).map(|m| (m.sequence, m.slice_end)).collect();
     // Per starting point: whether a slice straddles it (a roll-up merged slices across it:
@@ -1299,14 +1329,20 @@ fn fresh_dir(
             )
         })
     };
-    // Each key's counts are summed only from where it needs them (usually the newest mark:
-    // the last minutes). Summing every slice of every key first, as this did, merged a day's
-    // 1 440 minutes into one growing list per key: 3.7-4.7 s for a per-image report of one
-    // host's day (BENCHMARKS.md "Queries", issue 36), where the marks need a few minutes.
-    let keys: std::collections::BTreeSet<&SliceKey> =
-        log.slices.iter().flat_map(|s| s.counts.keys()).collect();
+    // Each key's counts are taken only from where it needs them (usually the newest mark:
+    // the last minutes; none at all for a key whose profile no mark stamps). Decoding every
+    // pair of the day first, as this did, cost 3-5 s for a per-image report of one host's day
+    // of minutes (BENCHMARKS.md "Queries", issue 36) that added nothing.
+    let mut used = vec![false; log.keys.len()];
+    for s in &log.slices {
+        for &(i, _) in &s.totals {
+            used[i] = true;
+        }
+    }
     let mut out = FreshDir { resolution: 1, ..FreshDir::default() };
-    for k in keys {
+    // Per key index: the start from which its slices are added, and their resolution.
+    let mut from_of: Vec<Option<(u64, u64)>> = vec![None; log.keys.len()];
+    for (ki, k) in log.keys.iter().enumerate().filter(|(i, _)| used[*i]) {
         let comp = profile_format::event_file_component(&k.event);
         let from = match files.get(&(k.image.clone(), comp)).map(Vec::as_slice) {
             None | Some([]) => Some(0),
@@ -1331,10 +1367,28 @@ fn fresh_dir(
         };
         let Some(from) = from else { continue };
         let Some(res) = from_point(from) else { continue };
-        let v = sum_key(&log.slices, k, from);
-        if !v.is_empty() {
+        from_of[ki] = Some((from, res));
+    }
+    let takes = |ki: usize, start: u64| from_of[ki].is_some_and(|(f, _)| start >= f);
+    let mut samples = vec![0u64; log.keys.len()];
+    let mut parts: Vec<Vec<Vec<(u64, u64)>>> = vec![Vec::new(); log.keys.len()];
+    for (j, s) in log.slices.iter().enumerate() {
+        let mut any = false;
+        for &(ki, n) in s.totals.iter().filter(|t| takes(t.0, s.start)) {
+            samples[ki] = samples[ki].saturating_add(n);
+            any = true;
+        }
+        if pairs && any {
+            for (ki, v) in ix.pairs(j, &|ki| takes(ki, s.start))? {
+                parts[ki].push(v);
+            }
+        }
+    }
+    for (ki, (n, p)) in samples.into_iter().zip(parts).enumerate() {
+        let Some((_, res)) = from_of[ki] else { continue };
+        if n > 0 {
             out.resolution = out.resolution.max(res);
-            out.extra.insert(k.clone(), v);
+            out.extra.insert(log.keys[ki].clone(), Extra { samples: n, pairs: sum_parts(p) });
         }
     }
     // Keys sampled but never published yet: their header from `fresh.json`, which dcpid
@@ -1420,6 +1474,7 @@ fn fresh_dirs(
     dirs: &[HostDir],
     known: &dyn Fn(usize) -> BTreeMap<SliceKey, u64>,
     read_rest: bool,
+    pairs: bool,
 ) -> Result<Vec<Option<FreshDir>>, ProfError> {
     let Some(first) = dirs.first() else { return Ok(Vec::new()) };
     let db = Database::open(&first.db_root())?;
@@ -1432,7 +1487,7 @@ fn fresh_dirs(
         if Some(&d.epoch) != newest.as_ref() {
             return Ok(None);
         }
-        fresh_dir(d, &db, &epochs, &known[i], read_rest)
+        fresh_dir(d, &db, &epochs, &known[i], read_rest, pairs)
     })
     .into_iter()
     .collect()
@@ -1447,13 +1502,6 @@ fn add_pairs(total: &mut ProfileHeader, samples: &mut u64, extra: u64) {
     total.total_period = total.total_period.saturating_add((extra as f64 * per).round() as u64);
     total.total_samples = total.total_samples.saturating_add(extra);
     *samples = samples.saturating_add(extra);
-}
-
-/// Add a key's slice counts past the mark to its totals; returns how many samples that is.
-fn add_slices(total: &mut ProfileHeader, samples: &mut u64, slices: &[(u64, u64)]) -> u64 {
-    let n = slice_sum(slices);
-    add_pairs(total, samples, n);
-    n
 }
 
 /// The samples of (offset, count) pairs.
@@ -1481,20 +1529,21 @@ pub fn freshen_loaded(
         m
     };
     // Without a filter every profile is loaded; with one, the other images do not matter.
-    let per_dir = fresh_dirs(&loaded.scan.dirs, &known, false)?;
+    // Only what is applied needs the slices' pairs; a count needs their totals.
+    let per_dir = fresh_dirs(&loaded.scan.dirs, &known, false, apply)?;
     let mut out = Freshened { samples: 0, resolution: 1 };
     for (i, f) in per_dir.into_iter().enumerate() {
         let Some(mut f) = f else { continue };
         let before = out.samples;
         for p in loaded.profiles.iter_mut().filter(|p| p.dir == i) {
             let Some(v) = f.extra.remove(&slice_key(&p.profile.header)) else { continue };
-            let n = slice_sum(&v);
+            let n = v.samples;
             out.samples += n;
             if !apply {
                 continue;
             }
             if !p.profile.counts.is_empty() || p.samples == 0 {
-                for (o, c) in v {
+                for (o, c) in v.pairs {
                     *p.profile.counts.entry(o).or_insert(0) += c;
                 }
             }
@@ -1505,7 +1554,7 @@ pub fn freshen_loaded(
             if filter.is_some_and(|f| f.rank(&header).is_none()) {
                 continue;
             }
-            let n = slice_sum(&v);
+            let n = v.samples;
             out.samples += n;
             if !apply {
                 continue;
@@ -1513,7 +1562,7 @@ pub fn freshen_loaded(
             let mut samples = 0;
             add_pairs(&mut header, &mut samples, n);
             let profile =
-                Profile { header, who: None, counts: v.into_iter().collect(), sole: false };
+                Profile { header, who: None, counts: v.pairs.into_iter().collect(), sole: false };
             let path = loaded.scan.dirs[i].slices_path();
             loaded.profiles.push(LoadedProfile { path, profile, samples, dir: i });
         }
@@ -1528,7 +1577,7 @@ pub fn freshen_loaded(
 /// slices are read for their stamps, and their totals replace the summary index's (which
 /// may be older than the files), so that the sum is exact.
 pub fn freshen_totals(t: &mut Totals) -> Result<Freshened, ProfError> {
-    let per_dir = fresh_dirs(&t.scan.dirs, &|_| BTreeMap::new(), true)?;
+    let per_dir = fresh_dirs(&t.scan.dirs, &|_| BTreeMap::new(), true, false)?;
     let mut out = Freshened { samples: 0, resolution: 1 };
     let mut interner = Interner::default();
     for h in &t.headers {
@@ -1552,7 +1601,8 @@ pub fn freshen_totals(t: &mut Totals) -> Result<Freshened, ProfError> {
                 samples = p.total_samples;
             }
             if let Some(v) = extra {
-                out.samples += add_slices(&mut h, &mut samples, &v);
+                add_pairs(&mut h, &mut samples, v.samples);
+                out.samples += v.samples;
             }
             (e.samples, e.total_samples, e.total_period) =
                 (samples, h.total_samples, h.total_period);
@@ -1568,7 +1618,8 @@ pub fn freshen_totals(t: &mut Totals) -> Result<Freshened, ProfError> {
             (extra.into_iter()).filter_map(|(k, v)| headers.remove(&k).map(|h| (Some(v), 0, h)));
         for (v, mut samples, mut h) in late.into_iter().chain(slices_only) {
             if let Some(v) = v {
-                out.samples += add_slices(&mut h, &mut samples, &v);
+                add_pairs(&mut h, &mut samples, v.samples);
+                out.samples += v.samples;
             }
             let (total_samples, total_period) = (h.total_samples, h.total_period);
             let header = interner.intern_header(&h);

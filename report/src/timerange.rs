@@ -169,6 +169,54 @@ impl DirRange {
         }
     }
 
+    /// [`DirRange::read`] of the keys `want` selects only: the other keys' pairs are not
+    /// decoded ([`profile_format::SliceIndex::pairs`]), nor those of slices that hold none of
+    /// them (a per-symbol report over a range needs one image's pairs, a sixth of the slices'
+    /// on the bench's mix). Coverage and resolution are those of every slice of the range, as
+    /// [`DirRange::read`] gives them.
+    pub fn read_keys(
+        d: &HostDir,
+        r: TimeRange,
+        span: (u64, u64),
+        want: &dyn Fn(&SliceKey) -> bool,
+    ) -> Result<Self, ProfError> {
+        let Some(ix) = d.read_slice_index_in(r.since, r.until)? else {
+            return Self::read(d, r, span);
+        };
+        let t = &ix.totals;
+        let wanted: Vec<bool> = t.keys.iter().map(want).collect();
+        let (since, until) = (r.since.unwrap_or(0), r.until.unwrap_or(u64::MAX));
+        let mut covered: Option<(u64, u64)> = None;
+        let mut resolution = 1;
+        // Per resolution, per key index: the pair lists of its slices.
+        let mut parts: BTreeMap<u64, BTreeMap<usize, Vec<Vec<(u64, u64)>>>> = BTreeMap::new();
+        for (j, s) in t.slices.iter().enumerate() {
+            if !(s.start < until && s.end() > since) {
+                continue;
+            }
+            covered =
+                Some(covered.map_or((s.start, s.end()), |(a, b)| (a.min(s.start), b.max(s.end()))));
+            let res = t.resolution_of(s);
+            resolution = resolution.max(res);
+            if !s.totals.iter().any(|&(i, _)| wanted[i]) {
+                continue;
+            }
+            let by_key = parts.entry(res).or_default();
+            for (i, v) in ix.pairs(j, &|i| wanted[i])? {
+                by_key.entry(i).or_default().push(v);
+            }
+        }
+        let sums = parts
+            .into_iter()
+            .map(|(res, by_key)| {
+                let m =
+                    by_key.into_iter().map(|(i, v)| (t.keys[i].clone(), sum_parts(v))).collect();
+                (res, m)
+            })
+            .collect();
+        Ok(Self::Slices { covered, sums, resolution })
+    }
+
     /// [`DirRange::read`] keeping each key's total only, at offset 0 (for
     /// [`DirRange::take_total`]); the resolution is still the slices' (the header says it).
     pub fn read_totals(d: &HostDir, r: TimeRange, span: (u64, u64)) -> Result<Self, ProfError> {
@@ -237,6 +285,25 @@ impl DirRange {
             Self::LeftOut => Some(0),
         }
     }
+}
+
+/// Pair lists (each sorted by offset) summed per offset: one sort of their concatenation, not
+/// a merge per list (a day of minutes merged one by one into a growing list was quadratic in
+/// the slices).
+pub(crate) fn sum_parts(parts: Vec<Vec<(u64, u64)>>) -> Vec<(u64, u64)> {
+    if parts.len() <= 1 {
+        return parts.into_iter().next().unwrap_or_default();
+    }
+    let mut all: Vec<(u64, u64)> = parts.concat();
+    all.sort_unstable_by_key(|p| p.0);
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(all.len());
+    for (o, c) in all {
+        match out.last_mut() {
+            Some(last) if last.0 == o => last.1 = last.1.saturating_add(c),
+            _ => out.push((o, c)),
+        }
+    }
+    out
 }
 
 /// Place counts stored per `res`-byte block (`blocks`: (block start, count), starts multiples

@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::{Slice, SliceLog, SliceTotals, SliceWriter, FRAME_LEN, MAX_RECORD, SLICES_HEADER_LEN};
+use super::{
+    Slice, SliceIndex, SliceLog, SliceTotals, SliceWriter, FRAME_LEN, MAX_RECORD, SLICES_HEADER_LEN,
+};
 use crate::codec;
 use crate::codec::Reader;
 use crate::db::HostDir;
@@ -200,6 +202,18 @@ impl Decode for SliceTotals {
     }
 }
 
+impl Decode for SliceIndex {
+    fn read(path: &Path) -> Result<Option<Self>> {
+        Self::read(path)
+    }
+    fn spans(&self) -> Vec<(u64, u64)> {
+        self.totals.spans()
+    }
+    fn combine(v: Vec<Self>) -> Self {
+        Self::combine(v)
+    }
+}
+
 fn hours_of(spans: &[(u64, u64)]) -> BTreeSet<u64> {
     spans.iter().map(|s| hour_of(s.0)).collect()
 }
@@ -304,6 +318,16 @@ impl HostDir {
         until: Option<u64>,
     ) -> Result<Option<SliceTotals>> {
         self.read_in::<SliceTotals>(since, until)
+    }
+
+    /// [`HostDir::read_slice_totals_in`], each slice's pairs decoded on demand
+    /// ([`SliceIndex::pairs`]).
+    pub fn read_slice_index_in(
+        &self,
+        since: Option<u64>,
+        until: Option<u64>,
+    ) -> Result<Option<SliceIndex>> {
+        self.read_in::<SliceIndex>(since, until)
     }
 
     /// FORMAT.md §14.5, reading: the segments of the range whose hour has no roll-up record,

@@ -334,9 +334,12 @@ proptest! {
         if shift == 0 {
             prop_assert_eq!(totals(&r.slices), totals(&log.slices));
         }
-        let rb = SliceLog::decode(&r.encode(), Path::new("x")).unwrap();
+        let rbytes = r.encode();
+        let rb = SliceLog::decode(&rbytes, Path::new("x")).unwrap();
         prop_assert_eq!(&rb.slices, &r.slices);
         prop_assert_eq!(&rb.resolution, &r.resolution);
+        check_totals_and_index(&bytes, &back);
+        check_totals_and_index(&rbytes, &rb);
     }
 
     /// Arbitrary bytes after a valid header: an error or a log, never a panic.
@@ -350,6 +353,12 @@ proptest! {
         b.extend_from_slice(&record_crc(len, &rec).to_le_bytes());
         b.extend_from_slice(&rec);
         drop(SliceLog::decode(&b, Path::new("x")));
+        drop(SliceTotals::decode(&b, Path::new("x")));
+        if let Ok(ix) = SliceIndex::decode(b, Path::new("x")) {
+            for j in 0..ix.totals.slices.len() {
+                drop(ix.pairs(j, &|_| true));
+            }
+        }
     }
 }
 
@@ -511,16 +520,22 @@ fn rollup_at_a_coarser_resolution_keeps_every_sample() {
     assert_eq!(fine.resolution_of(&fine.slices[0]), 16);
 }
 
-/// A record of the current version with its resolution byte set to `shift` and one image
-/// offset `off` (stored, i.e. in units of the resolution).
-fn record_with(shift: u8, off: u64) -> Vec<u8> {
-    let mut out = header();
-    let mut payload = Vec::new();
-    varint::write_u64(&mut payload, 1);
-    put_bytes(&mut payload, b"cpu-clock");
-    put_bytes(&mut payload, key("e", Some(1)).image.unwrap().to_text().as_bytes());
-    for v in [1, 0, 1, off, 0] {
-        varint::write_u64(&mut payload, v);
+/// A file of `version` (2 or 3) holding one record with its resolution byte set to `shift`
+/// and one image offset `off` (stored, i.e. in units of the resolution), built by hand.
+fn record_with_version(version: u16, shift: u8, off: u64) -> Vec<u8> {
+    let mut out = header_of(version);
+    let mut head = Vec::new();
+    varint::write_u64(&mut head, 1);
+    put_bytes(&mut head, b"cpu-clock");
+    put_bytes(&mut head, key("e", Some(1)).image.unwrap().to_text().as_bytes());
+    // One entry: key 0, one pair (and in version 3 its samples − pairs: 0).
+    let entry: &[u64] = if version >= 3 { &[1, 0, 1, 0] } else { &[1, 0, 1] };
+    for &v in entry {
+        varint::write_u64(&mut head, v);
+    }
+    let mut columns = Vec::new();
+    for v in [off, 0] {
+        varint::write_u64(&mut columns, v);
     }
     let mut body = Vec::new();
     for v in [600, 60, 1] {
@@ -528,7 +543,13 @@ fn record_with(shift: u8, off: u64) -> Vec<u8> {
     }
     body.push(shift);
     body.push(0);
-    body.extend_from_slice(&payload);
+    if version >= 3 {
+        put_bytes(&mut body, &head);
+        body.push(0);
+    } else {
+        body.extend_from_slice(&head);
+    }
+    body.extend_from_slice(&columns);
     let len = body.len() as u32;
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&record_crc(len, &body).to_le_bytes());
@@ -536,8 +557,221 @@ fn record_with(shift: u8, off: u64) -> Vec<u8> {
     out
 }
 
+fn record_with(shift: u8, off: u64) -> Vec<u8> {
+    record_with_version(SLICES_VERSION, shift, off)
+}
+
+/// A file header of `version`.
+fn header_of(version: u16) -> Vec<u8> {
+    let mut h = SLICES_MAGIC.to_vec();
+    h.extend_from_slice(&version.to_le_bytes());
+    h.extend_from_slice(&0u16.to_le_bytes());
+    let crc = crc32fast::hash(&h);
+    h.extend_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// A version 2 file of `log`'s slices as dcpid of layout revisions 4-8 wrote it (FORMAT.md
+/// §14.2: keys and entries inside the payload, no samples), each at its resolution: the
+/// writer of that version, kept here to test that such files stay readable.
+fn v2_file(log: &SliceLog) -> Vec<u8> {
+    let mut out = header_of(2);
+    let mut keys = KeyTable::default();
+    for s in &log.slices {
+        let res = log.resolution_of(s);
+        let shift = shift_of(res);
+        let s = if shift == 0 { s.clone() } else { bucket(s, 1 << shift) };
+        let mut new: Vec<&SliceKey> = Vec::new();
+        let mut idx: Vec<(u64, &Vec<(u64, u64)>, u8)> = Vec::new();
+        for (k, v) in &s.counts {
+            if v.is_empty() {
+                continue;
+            }
+            let i = match keys.index.get(k) {
+                Some(i) => *i,
+                None => {
+                    let i = keys.index.len() as u64;
+                    keys.index.insert(k.clone(), i);
+                    new.push(k);
+                    i
+                }
+            };
+            idx.push((i, v, if k.image.is_some() { shift } else { 0 }));
+        }
+        idx.sort_unstable_by_key(|e| e.0);
+        let mut payload = Vec::new();
+        varint::write_u64(&mut payload, new.len() as u64);
+        for k in new {
+            put_bytes(&mut payload, k.event.as_bytes());
+            let img = k.image.as_ref().map(ImageId::to_text).unwrap_or_default();
+            put_bytes(&mut payload, img.as_bytes());
+        }
+        varint::write_u64(&mut payload, idx.len() as u64);
+        let mut prev: Option<u64> = None;
+        for (i, pairs, _) in &idx {
+            varint::write_u64(&mut payload, prev.map_or(*i, |p| i - p - 1));
+            prev = Some(*i);
+            varint::write_u64(&mut payload, pairs.len() as u64);
+        }
+        for (_, pairs, sh) in &idx {
+            let mut last: Option<u64> = None;
+            for &(off, _) in pairs.iter() {
+                let off = off >> sh;
+                varint::write_u64(&mut payload, last.map_or(off, |l| off - l - 1));
+                last = Some(off);
+            }
+        }
+        for (_, pairs, _) in &idx {
+            for &(_, c) in pairs.iter() {
+                varint::write_u64(&mut payload, c - 1);
+            }
+        }
+        let mut body = Vec::new();
+        varint::write_u64(&mut body, s.start);
+        varint::write_u64(&mut body, s.len);
+        varint::write_u64(&mut body, s.seq);
+        body.push(shift);
+        let (codec, packed) = pack(&payload);
+        body.push(codec);
+        body.extend_from_slice(&packed);
+        let len = body.len() as u32;
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&record_crc(len, &body).to_le_bytes());
+        out.extend_from_slice(&body);
+    }
+    out
+}
+
+/// Per slice, its totals per key as read by `read_totals` and by the index, and its pairs as
+/// the index decodes them per key: equal to those of `want` (the slices a full read gives).
+fn check_totals_and_index(bytes: &[u8], want: &SliceLog) {
+    let t = SliceTotals::decode(bytes, Path::new("x")).unwrap();
+    let ix = SliceIndex::decode(bytes.to_vec(), Path::new("x")).unwrap();
+    assert_eq!(ix.totals, t);
+    assert_eq!(t.slices.len(), want.slices.len());
+    assert_eq!(t.resolution, want.resolution);
+    for (j, (st, s)) in t.slices.iter().zip(&want.slices).enumerate() {
+        assert_eq!((st.start, st.len, st.seq), (s.start, s.len, s.seq));
+        let sums: BTreeMap<SliceKey, u64> =
+            st.totals.iter().map(|&(i, n)| (t.keys[i].clone(), n)).collect();
+        let want_sums: BTreeMap<SliceKey, u64> =
+            s.counts.iter().map(|(k, v)| (k.clone(), v.iter().map(|p| p.1).sum())).collect();
+        assert_eq!(sums, want_sums, "slice {j}");
+        let all = ix.pairs(j, &|_| true).unwrap();
+        let got: BTreeMap<SliceKey, Vec<(u64, u64)>> =
+            all.into_iter().map(|(i, v)| (t.keys[i].clone(), v)).collect();
+        assert_eq!(got, s.counts, "slice {j}");
+        // One key only: the others are skipped, not returned.
+        if let Some(&(first, _)) = st.totals.first() {
+            let one = ix.pairs(j, &|i| i == first).unwrap();
+            assert_eq!(one.len(), 1);
+            assert_eq!(one[0].1, s.counts[&t.keys[first]]);
+        }
+    }
+}
+
+/// Sixteen-byte minutes and a 256-byte hour, exact unknown codes: what dcpid keeps.
+fn mixed_log() -> SliceLog {
+    let mut slices = sample_slices();
+    slices.push(slice(
+        3600,
+        3600,
+        &[
+            (key("cpu-clock", Some(1)), vec![(0, 1), (300, 2), (4096, 7)]),
+            (key("cpu-clock", None), vec![(3, 1)]),
+        ],
+    ));
+    let log = SliceLog {
+        slices: slices
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| Slice { seq: i as u64 + 1, ..s })
+            .collect(),
+        resolution: [(1, 16), (2, 16), (4, 256)].into_iter().collect(),
+        ..Default::default()
+    };
+    // As stored: read back once.
+    SliceLog::decode(&log.encode(), Path::new("x")).unwrap()
+}
+
+#[test]
+fn version_3_totals_come_from_the_heads_and_pairs_by_record() {
+    let log = mixed_log();
+    let bytes = log.encode();
+    assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 3);
+    check_totals_and_index(&bytes, &log);
+}
+
+#[test]
+fn version_2_files_still_read_whole_as_totals_and_by_record_and_are_upgraded() {
+    let log = mixed_log();
+    let v2 = v2_file(&log);
+    assert_eq!(u16::from_le_bytes([v2[8], v2[9]]), 2);
+    let back = SliceLog::decode(&v2, Path::new("v2")).unwrap();
+    assert_eq!(back.slices, log.slices);
+    assert_eq!(back.resolution, log.resolution);
+    check_totals_and_index(&v2, &log);
+    // The writer rewrites it in the current version, every slice kept, then appends.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(SLICES_FILE);
+    std::fs::write(&p, &v2).unwrap();
+    let (mut w, rep) = SliceWriter::open(&p).unwrap();
+    assert_eq!(rep.upgraded_from, Some(2));
+    let k = key("cpu-clock", Some(2));
+    w.append(&slice(7200, 60, &[(k.clone(), vec![(9, 1)])])).unwrap();
+    let bytes = std::fs::read(&p).unwrap();
+    assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), SLICES_VERSION);
+    let up = SliceLog::read(&p).unwrap().unwrap();
+    assert_eq!(up.slices[..4], log.slices[..]);
+    assert_eq!(up.slices[4].counts[&k], vec![(9, 1)]);
+    check_totals_and_index(&bytes, &up);
+    // A version 2 segment and a version 3 one of the same host directory read as one.
+    let both = SliceIndex::combine(vec![
+        SliceIndex::decode(v2.clone(), Path::new("a")).unwrap(),
+        SliceIndex::decode(bytes, Path::new("b")).unwrap(),
+    ]);
+    assert_eq!(both.totals.slices.len(), 4 + 5);
+    let n: u64 = (0..9)
+        .flat_map(|j| both.pairs(j, &|_| true).unwrap())
+        .flat_map(|(_, v)| v)
+        .map(|p| p.1)
+        .sum();
+    assert_eq!(n, 2 * log.samples() + 1);
+}
+
+/// A head whose samples disagree with the counts: a full read and a record's pairs are
+/// `Corrupt` naming `samples`; a read of totals takes the head as it is (it does not read the
+/// columns, FORMAT.md §14.4).
+#[test]
+fn samples_that_disagree_with_the_counts_are_corrupt() {
+    let mut b = record_with(0, 5);
+    // The entry's samples − pairs (the head's last byte) from 0 to 1: head codec 0, so the
+    // head is stored as it is; find it after the body's 5 head bytes and its length.
+    let body_at = SLICES_HEADER_LEN + FRAME_LEN;
+    let head_len = b[body_at + 6] as usize;
+    let last = body_at + 7 + head_len - 1;
+    assert_eq!(b[last], 0);
+    b[last] = 1;
+    let len = (b.len() - body_at) as u32;
+    let crc = record_crc(len, &b[body_at..]);
+    b[SLICES_HEADER_LEN + 4..body_at].copy_from_slice(&crc.to_le_bytes());
+    let e = SliceLog::decode(&b, Path::new("slices.log")).unwrap_err().to_string();
+    assert!(e.contains("samples"), "{e}");
+    let t = SliceTotals::decode(&b, Path::new("x")).unwrap();
+    assert_eq!(t.slices[0].totals, vec![(0, 2)]);
+    let ix = SliceIndex::decode(b, Path::new("x")).unwrap();
+    assert!(ix.pairs(0, &|_| true).unwrap_err().to_string().contains("samples"));
+}
+
 #[test]
 fn hostile_resolutions_are_corrupt_naming_the_field() {
+    for v in [2, 3] {
+        hostile_resolutions_of(v);
+    }
+}
+
+fn hostile_resolutions_of(version: u16) {
+    let record_with = |shift, off| record_with_version(version, shift, off);
     let ok = SliceLog::decode(&record_with(4, 3), Path::new("x")).unwrap();
     assert_eq!(ok.slices[0].counts[&key("cpu-clock", Some(1))], vec![(48, 1)]);
     for (bytes, field) in [
