@@ -27,9 +27,11 @@
 //! status_interval = "10s"
 //! perf_map_max_bytes = 16777216
 //! perf_map_max_entries = 100000
-//! callchains = "none"      # or "fp": through frame pointers; "dwarf": through CFI
+//! callchains = "none"      # or "fp": through frame pointers; "dwarf": through CFI;
+//!                          # "auto": frame pointers where an image keeps them, CFI elsewhere
 //! sample_max_stack = 64
-//! sample_user_stack = 8192  # bytes of user stack copied per sample with "dwarf"
+//! sample_user_stack = 8192  # bytes of user stack copied per sample with "dwarf" and "auto"
+//! stack_one_in = 1          # take the stack of one sample in N (at random), each counts N
 //! slice_interval = "1m"       # time slices in each host-epoch (FORMAT.md §14); "0": off
 //! slice_rollup_after = "6h"   # older slices become hour slices
 //! off_cpu = false             # off-CPU time with stacks, event "off-cpu" (nanoseconds)
@@ -422,7 +424,9 @@ settings! {
     /// first frame and are counted as truncated), or `dwarf` to copy `sample_user_stack`
     /// bytes of the user stack with each sample and unwind it in dcpid with the images'
     /// `.eh_frame`/`.debug_frame` (code without frame pointers, libc; costs more CPU per
-    /// sample), into `stacks.<event>.stk` beside the flat profiles, for `dcpiprof
+    /// sample), or `auto`: the copy of `dwarf`, unwound by frame pointer through the images
+    /// whose code keeps them (told once per image from its `.eh_frame`) and by CFI through the
+    /// others, into `stacks.<event>.stk` beside the flat profiles, for `dcpiprof
     /// --callers/--callees` and stacks in folded, pprof and flame graph output [default: none].
     #[arg(long, value_name = "MODE")]
     callchains: String = "none".into();
@@ -437,6 +441,12 @@ settings! {
     /// truncated. The copy is unwound and dropped by dcpid, never written [default: 8192].
     #[arg(long, value_name = "BYTES")]
     sample_user_stack: u32 = DEFAULT_USER_STACK;
+    /// Take the call stack of one sample in N, drawn at random per sample (1: every sample);
+    /// each stack taken counts N samples, so that stack counts stay estimates of the samples
+    /// (FORMAT.md §13) while dcpid unwinds N times fewer stacks. The flat profile keeps every
+    /// sample and its randomized periods. From 1 to 1000 [default: 1].
+    #[arg(long, value_name = "N")]
+    stack_one_in: u32 = 1;
     /// Length of the time slices each host-epoch keeps its counts in (`slices.<hour>.log`, for
     /// reports over a time range), aligned to UTC; whole seconds dividing an hour; `0`: no
     /// slices, only epoch totals [default: 1m].
@@ -605,11 +615,19 @@ impl Settings {
         if let Err(e) = profile_format::validate_host_name(&self.host) {
             return Err(bad("host", self.host.clone(), &e.to_string()));
         }
-        if !matches!(self.callchains.as_str(), "none" | "fp" | "dwarf") {
+        if !matches!(self.callchains.as_str(), "none" | "fp" | "dwarf" | "auto") {
             return Err(bad(
                 "callchains",
                 self.callchains.clone(),
-                "must be `none`, `fp` (frame pointers) or `dwarf` (CFI unwinding of a stack copy)",
+                "must be `none`, `fp` (frame pointers), `dwarf` (CFI unwinding of a stack copy) \
+                 or `auto` (a stack copy, unwound by frame pointer where the image keeps them)",
+            ));
+        }
+        if !(1..=1000).contains(&self.stack_one_in) {
+            return Err(bad(
+                "stack_one_in",
+                self.stack_one_in.to_string(),
+                "must be from 1 (every sample's stack) to 1000",
             ));
         }
         if Source::parse(&self.off_cpu_source).is_none() {
@@ -939,6 +957,12 @@ mod tests {
         assert_eq!((ok.callchains.as_str(), ok.sample_max_stack), ("fp", 127));
         let ok = file("callchains = \"dwarf\"\nsample_user_stack = 16384\n").expect("valid");
         assert_eq!((ok.callchains.as_str(), ok.sample_user_stack), ("dwarf", 16384));
+        let ok = file("callchains = \"auto\"\nstack_one_in = 4\n").expect("valid");
+        assert_eq!((ok.callchains.as_str(), ok.stack_one_in), ("auto", 4));
+        for bad in [0, 1001] {
+            let err = file(&format!("stack_one_in = {bad}\n")).unwrap_err().to_string();
+            assert!(err.contains("stack_one_in"), "{err}");
+        }
         for bad in ["100", "8193", "65536"] {
             let err = file(&format!("sample_user_stack = {bad}\n")).unwrap_err().to_string();
             assert!(err.contains("sample_user_stack") && err.contains(bad), "{err}");

@@ -107,6 +107,9 @@ pub(crate) fn resolve_cpu(
     if counts.is_empty() {
         return;
     }
+    // With `stack_one_in = N` a sample's stack is taken with probability 1/N: each counts N,
+    // so that a stack's count stays an estimate of its samples (FORMAT.md §13).
+    let weight = u64::from(tables.one_in());
     let table = tables.cpu(slot);
     // Interned images per (event, image pointer): a hot image is hashed once per flush.
     // The Arc is kept so that its address cannot be reused for another image meanwhile.
@@ -151,7 +154,7 @@ pub(crate) fn resolve_cpu(
             frames.push(frame);
         }
         let command = p.command_index(command(r, comms, pid, asid));
-        p.add_command(Some(command), &frames, entry.truncated, n);
+        p.add_command(Some(command), &frames, entry.truncated, n.saturating_mul(weight));
     }
 }
 

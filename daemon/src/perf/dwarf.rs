@@ -92,6 +92,9 @@ pub struct ImageTables {
     /// `PT_LOAD` segments: (file offset, file size, vaddr), to place the image's addresses.
     loads: Vec<(u64, u64, u64)>,
     bytes: usize,
+    /// Its functions keep frame pointers ([`FpShare::sound`]): with `callchains = "auto"` a
+    /// frame of it (but the leaf) is stepped by frame pointer, not by its CFI.
+    fp_sound: bool,
 }
 
 impl ImageTables {
@@ -136,6 +139,7 @@ impl ImageTables {
         t.text_svma = range(b".text");
         t.got_svma = range(b".got");
         t.bytes = bytes;
+        t.fp_sound = t.fp_share().sound();
         for ph in h.program_headers(endian, data).ok()? {
             if ph.p_type(endian) == PT_LOAD {
                 t.loads.push((ph.p_offset(endian), ph.p_filesz(endian), ph.p_vaddr(endian)));
@@ -180,7 +184,138 @@ impl ImageTables {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Tables with no CFI of an image that keeps frame pointers (benches, tests): every frame
+    /// steps by frame pointer.
+    pub fn frame_pointers_only() -> Self {
+        Self { fp_sound: true, ..Self::default() }
+    }
+
+    /// Whether its functions keep frame pointers (decided once, at load, from its `.eh_frame`).
+    pub fn fp_sound(&self) -> bool {
+        self.fp_sound
+    }
+
+    /// How many of its functions keep frame pointers, by their `.eh_frame`.
+    pub fn fp_share(&self) -> FpShare {
+        self.eh_frame.as_ref().map_or_else(FpShare::default, |(r, b)| fp_share(b, r.start))
+    }
 }
+
+/// How many of an image's functions (FDEs of its `.eh_frame`) keep a frame pointer: their CFI
+/// makes `rbp` the CFA register (`DW_CFA_def_cfa_register rbp` after `push %rbp; mov
+/// %rsp,%rbp`, what gcc and clang emit with `-fno-omit-frame-pointer` and rustc with
+/// `-C force-frame-pointers`). Code built without frame pointers does so only in the few
+/// functions that realign the stack or call `alloca`.
+///
+/// Only functions with a frame count: those whose CFI moves the CFA at all (pushes, stack
+/// adjustments). A frameless function (no CFA change: a leaf with no stack use, gcc's choice
+/// at -O2 even with `-fno-omit-frame-pointer`) is never a caller, so never stepped by frame
+/// pointer (the leaf always goes through CFI, [`walk`]), and PLT stubs (a CFA expression) only
+/// jump. In a small program they are most FDEs (crt's, the PLT's, frameless leaves).
+///
+/// Why from the CFI and not from the code: the section is already read for unwinding, the
+/// answer needs no disassembly (one pass over the FDEs' first instructions), and what the CFI
+/// says of a function is what a CFI unwinder would do there anyway. Measured on this machine
+/// (BENCHMARKS.md, "callchains = auto"): see [`FpShare::sound`] for the threshold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FpShare {
+    /// FDEs read.
+    pub fdes: u64,
+    /// Of those, FDEs of functions with a frame (their CFA moves by a register rule).
+    pub framed: u64,
+    /// Of those, FDEs whose CFA moves to `rbp`.
+    pub rbp_fdes: u64,
+    /// Code bytes the framed FDEs cover, and of those the bytes of `rbp` FDEs.
+    pub bytes: u64,
+    pub rbp_bytes: u64,
+}
+
+/// An image is frame-pointer sound when at least this share (per mille) of its code, by the
+/// bytes its FDEs cover, keeps a frame pointer. A few functions of a frame-pointer build have
+/// none (crt's `_start`, `_init`, hand-written assembly), and a few of an ordinary build do
+/// (stack realignment, `alloca`): measured (BENCHMARKS.md), builds with frame pointers were at
+/// 930-1000 and builds without at 0-100.
+pub const FP_SOUND_PER_MILLE: u64 = 800;
+/// Fewer framed FDEs than this give no verdict (not sound): too little code to tell.
+const FP_MIN_FDES: u64 = 2;
+
+impl FpShare {
+    /// Whether the image keeps frame pointers: [`FP_SOUND_PER_MILLE`] of its framed code.
+    pub fn sound(&self) -> bool {
+        self.framed >= FP_MIN_FDES
+            && self.rbp_bytes.saturating_mul(1000) >= self.bytes.saturating_mul(FP_SOUND_PER_MILLE)
+    }
+}
+
+/// [`FpShare`] of an `.eh_frame` at `svma`. Untrusted input: every entry is parsed by gimli
+/// with bounds checks, at most [`FP_SCAN_INSNS`] instructions of each FDE are read (a
+/// prologue's CFA change is among its first), and an unparsable entry ends the scan.
+pub fn fp_share(eh_frame: &[u8], svma: u64) -> FpShare {
+    use gimli::{CallFrameInstruction, CieOrFde, UnwindSection};
+    let eh = gimli::EhFrame::new(eh_frame, gimli::LittleEndian);
+    let bases = gimli::BaseAddresses::default().set_eh_frame(svma);
+    let mut entries = eh.entries(&bases);
+    let mut share = FpShare::default();
+    // The CIE of an FDE is parsed once per distinct offset (an image has one or a few).
+    let mut cies: Vec<(gimli::EhFrameOffset<usize>, gimli::CommonInformationEntry<_>)> = Vec::new();
+    while let Ok(Some(e)) = entries.next() {
+        let CieOrFde::Fde(partial) = e else { continue };
+        let fde = partial.parse(|sec, b, off| {
+            if let Some((_, c)) = cies.iter().find(|(o, _)| *o == off) {
+                return Ok(c.clone());
+            }
+            let c = sec.cie_from_offset(b, off)?;
+            if cies.len() < 64 {
+                cies.push((off, c.clone()));
+            }
+            Ok(c)
+        });
+        let Ok(fde) = fde else { continue };
+        let len = fde.len();
+        let mut insns = fde.instructions(&eh, &bases);
+        let (mut framed, mut rbp) = (false, false);
+        for _ in 0..FP_SCAN_INSNS {
+            match insns.next() {
+                Ok(Some(
+                    CallFrameInstruction::DefCfa { register, .. }
+                    | CallFrameInstruction::DefCfaRegister { register },
+                )) if register == gimli::X86_64::RBP => {
+                    (framed, rbp) = (true, true);
+                    break;
+                }
+                Ok(Some(
+                    CallFrameInstruction::DefCfa { .. }
+                    | CallFrameInstruction::DefCfaRegister { .. }
+                    | CallFrameInstruction::DefCfaOffset { .. }
+                    | CallFrameInstruction::DefCfaSf { .. }
+                    | CallFrameInstruction::DefCfaOffsetSf { .. },
+                )) => framed = true,
+                // A PLT's CFA expression: stubs that jump, never callers.
+                Ok(Some(CallFrameInstruction::DefCfaExpression { .. })) => {
+                    framed = false;
+                    break;
+                }
+                Ok(Some(_)) => {}
+                _ => break,
+            }
+        }
+        share.fdes += 1;
+        if !framed {
+            continue;
+        }
+        share.framed += 1;
+        share.bytes = share.bytes.saturating_add(len);
+        if rbp {
+            share.rbp_fdes += 1;
+            share.rbp_bytes = share.rbp_bytes.saturating_add(len);
+        }
+    }
+    share
+}
+
+/// CFI instructions of an FDE read at most by [`fp_share`].
+const FP_SCAN_INSNS: usize = 16;
 
 /// Cache key of an image: its build-id, or (device, inode) when it has none.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -222,6 +357,9 @@ pub struct UnwindCounters {
     pub truncated_depth: u64,
     /// Time spent unwinding and loading, in ns.
     pub unwind_ns: u64,
+    /// `callchains = "auto"`: frames stepped by frame pointer (in frame-pointer sound images)
+    /// rather than by CFI.
+    pub fp_steps: u64,
 }
 
 impl ImageCache {
@@ -291,6 +429,9 @@ pub struct ProcUnwinder {
     /// Every executable mapping (with a module or not, e.g. JIT code): a pc outside all of
     /// them means the maps changed since.
     ranges: Vec<Range<u64>>,
+    /// The mappings of frame-pointer sound images ([`ImageTables::fp_sound`]), by address:
+    /// `callchains = "auto"` steps their frames by frame pointer.
+    sound: Vec<Range<u64>>,
     loaded_at: Instant,
 }
 
@@ -302,12 +443,23 @@ impl std::fmt::Debug for ProcUnwinder {
 
 impl ProcUnwinder {
     fn empty() -> Self {
-        Self { unwinder: UnwinderX86_64::new(), ranges: Vec::new(), loaded_at: Instant::now() }
+        Self {
+            unwinder: UnwinderX86_64::new(),
+            ranges: Vec::new(),
+            sound: Vec::new(),
+            loaded_at: Instant::now(),
+        }
     }
 
     fn covers(&self, pc: u64) -> bool {
         self.ranges.iter().any(|r| r.contains(&pc))
     }
+}
+
+/// Whether `pc` lies in one of `sound` (sorted by start, disjoint).
+fn in_ranges(sound: &[Range<u64>], pc: u64) -> bool {
+    let i = sound.partition_point(|r| r.start <= pc);
+    i > 0 && sound[i - 1].contains(&pc)
 }
 
 /// Where a process's maps and mapped files are read (a test points it elsewhere).
@@ -518,8 +670,13 @@ impl DwarfShared {
         if let Some(old) = old {
             p.unwinder = old.unwinder.clone();
             p.ranges = old.ranges.clone();
+            p.sound = old.sound.clone();
         }
         p.unwinder.add_module(tables.module("manual", avma.clone(), bias));
+        if tables.fp_sound {
+            p.sound.push(avma.clone());
+            p.sound.sort_by_key(|r| r.start);
+        }
         p.ranges.push(avma);
         g.map.insert(pid, Arc::new(p));
     }
@@ -604,7 +761,12 @@ impl DwarfShared {
             let Some(bias) = t.bias(m.start, m.offset) else { continue };
             let name = String::from_utf8_lossy(m.path_clean()).into_owned();
             p.unwinder.add_module(t.module(&name, m.start..m.end, bias));
+            if t.fp_sound {
+                p.sound.push(m.start..m.end);
+            }
         }
+        // The maps are in address order, but a hostile or racing read need not be.
+        p.sound.sort_by_key(|r| r.start);
         p
     }
 }
@@ -634,6 +796,9 @@ pub struct DwarfUnwinder {
     local: HashMap<u32, Arc<ProcUnwinder>>,
     empty: ProcUnwinder,
     cache: CacheX86_64,
+    /// `callchains = "auto"`: frames (but the leaf) of frame-pointer sound images are stepped
+    /// by frame pointer instead of by their CFI.
+    auto: bool,
     pub counters: UnwindCounters,
 }
 
@@ -650,8 +815,20 @@ impl DwarfUnwinder {
             local: HashMap::new(),
             empty: ProcUnwinder::empty(),
             cache: CacheX86_64::new(),
+            auto: false,
             counters: UnwindCounters::default(),
         }
+    }
+
+    /// Put `cache` in place of this unwinder's rule cache, returning the old one (benches: a
+    /// cold cache, as for a process's first samples or a workload of many distinct pcs).
+    pub fn swap_rule_cache(&mut self, cache: CacheX86_64) -> CacheX86_64 {
+        std::mem::replace(&mut self.cache, cache)
+    }
+
+    /// A `callchains = "auto"` unwinder ([`walk`]).
+    pub fn new_auto(shared: Arc<DwarfShared>) -> Self {
+        Self { auto: true, ..Self::new(shared) }
     }
 
     /// A process exec'd or exited (side-band): its unwinder is stale.
@@ -692,8 +869,10 @@ impl DwarfUnwinder {
             }
         }
         let p = self.local.get(&pid).map_or(&self.empty, |p| &**p);
-        let ended = unwind_ended(&p.unwinder, &mut self.cache, regs, stack, max, out);
+        let sound: &[Range<u64>] = if self.auto { &p.sound } else { &[] };
+        let (ended, fp) = walk(&p.unwinder, &mut self.cache, regs, stack, max, out, sound);
         let truncated = ended != Ended::Root;
+        self.counters.fp_steps += u64::from(fp);
         self.counters.unwound += 1;
         self.counters.truncated += u64::from(truncated);
         self.counters.truncated_copy_end += u64::from(ended == Ended::CopyEnd);
@@ -739,6 +918,29 @@ pub fn unwind_ended(
     max: usize,
     out: &mut Vec<u64>,
 ) -> Ended {
+    walk(unwinder, cache, regs, stack, max, out, &[]).0
+}
+
+/// Unwind a copied stack, leaf first into `out` (at most `max` frames): every frame through
+/// the CFI of its image (framehop; a frame-pointer step where no table covers the pc), except
+/// that a frame whose return address lies in one of `sound` (the mappings of frame-pointer
+/// sound images, sorted) is stepped by frame pointer: `[bp]` is the caller's bp, `[bp + 8]`
+/// the return address. That is `callchains = "auto"` (`sound` empty: `"dwarf"`).
+///
+/// The leaf is always stepped through CFI: a sample taken in a prologue or epilogue, before
+/// `push %rbp; mov %rsp,%rbp` or after `pop %rbp`, would lose its caller under a frame
+/// pointer walk, and CFI describes those instructions exactly. A caller's frame is stopped at
+/// a call, after its prologue: frame pointers are exact there. Returns how it ended and the
+/// frames stepped by frame pointer.
+pub fn walk(
+    unwinder: &UnwinderX86_64<Bytes>,
+    cache: &mut CacheX86_64,
+    regs: UserRegs,
+    stack: &[u8],
+    max: usize,
+    out: &mut Vec<u64>,
+    sound: &[Range<u64>],
+) -> (Ended, u32) {
     let base = regs.sp;
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
         let off = usize::try_from(addr.checked_sub(base).ok_or(())?).map_err(|_| ())?;
@@ -746,30 +948,70 @@ pub fn unwind_ended(
         let w = stack.get(off..end).ok_or(())?;
         Ok(u64::from_ne_bytes(w.try_into().map_err(|_| ())?))
     };
-    let mut it = unwinder.iter_frames(
-        regs.ip,
-        UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp),
-        cache,
-        &mut read_stack,
-    );
-    let mut n = 0usize;
     let end = base.saturating_add(stack.len() as u64);
+    let mut r = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
+    let mut fp = 0u32;
+    if max == 0 {
+        return (Ended::Depth, fp);
+    }
+    out.push(regs.ip);
+    let mut n = 1usize;
+    let mut at = FrameAddress::InstructionPointer(regs.ip);
     loop {
         if n >= max {
-            return Ended::Depth;
+            return (Ended::Depth, fp);
         }
-        match it.next() {
-            Ok(Some(FrameAddress::InstructionPointer(pc))) => out.push(pc),
-            // Inside the call instruction, as frame-pointer stacks are (callchain.rs).
-            Ok(Some(FrameAddress::ReturnAddress(ra))) => out.push(ra.get().saturating_sub(1)),
-            Ok(None) => return Ended::Root,
-            Err(framehop::Error::CouldNotReadStack(a)) if a.saturating_add(8) > end => {
-                return Ended::CopyEnd
+        let step = match at {
+            FrameAddress::ReturnAddress(ra) if in_ranges(sound, ra.get() - 1) => {
+                fp += 1;
+                fp_step(&mut r, &mut read_stack)
             }
-            Err(_) => return Ended::NoUnwind,
+            _ => unwinder.unwind_frame(at, &mut r, cache, &mut read_stack),
+        };
+        match step {
+            Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
+                // Inside the call instruction, as frame-pointer stacks are (callchain.rs).
+                Some(a) => {
+                    out.push(ra - 1);
+                    at = a;
+                }
+                None => return (Ended::NoUnwind, fp),
+            },
+            Ok(None) => return (Ended::Root, fp),
+            Err(framehop::Error::CouldNotReadStack(a)) if a.saturating_add(8) > end => {
+                return (Ended::CopyEnd, fp)
+            }
+            Err(_) => return (Ended::NoUnwind, fp),
         }
         n += 1;
     }
+}
+
+/// One frame-pointer step of a caller's frame (framehop's `UseFramePointer` rule, without a
+/// table lookup): the frame's bp points at the saved bp of its caller, the return address
+/// above it. `Ok(None)` at a root (bp 0 or a zero return address).
+fn fp_step(
+    r: &mut UnwindRegsX86_64,
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+) -> Result<Option<u64>, framehop::Error> {
+    let (sp, bp) = (r.sp(), r.bp());
+    if bp == 0 {
+        return Ok(None);
+    }
+    let new_sp = bp.checked_add(16).ok_or(framehop::Error::IntegerOverflow)?;
+    // The caller's frame lies above this one's: a chain that does not move up is no chain.
+    if new_sp <= sp {
+        return Err(framehop::Error::FramepointerUnwindingMovedBackwards);
+    }
+    let new_bp = read(bp).map_err(|()| framehop::Error::CouldNotReadStack(bp))?;
+    let ra = read(new_sp - 8).map_err(|()| framehop::Error::CouldNotReadStack(new_sp - 8))?;
+    if ra == 0 {
+        return Ok(None);
+    }
+    r.set_ip(ra);
+    r.set_sp(new_sp);
+    r.set_bp(new_bp);
+    Ok(Some(ra))
 }
 
 /// Build the framehop unwinder for hand-placed modules (benches, tests).
@@ -868,6 +1110,90 @@ mod tests {
         again.clear();
         assert!(d.unwind(7, regs, &stack[..16], 64, &mut again));
         assert_eq!((d.counters.truncated, d.counters.truncated_copy_end), (1, 1));
+    }
+
+    /// `callchains = "auto"`: a caller's frame in a frame-pointer sound range is stepped by
+    /// frame pointer (counted), the leaf through CFI; with no sound range (`"dwarf"`) the same
+    /// stack unwinds to the same frames through framehop (its frame-pointer rule where no
+    /// module covers the pc).
+    #[test]
+    fn auto_steps_callers_in_sound_images_by_frame_pointer() {
+        let t = synthetic_eh_frame();
+        let u = unwinder_for(&[(&t, 0x40_1000..0x40_1300, 0x40_0000)]);
+        let sp = 0x7ffd_0000_0000u64;
+        // The leaf f1 (frameless, CFI) returns into 0x50_0105; that frame's bp is sp + 16:
+        // [saved bp = sp + 32][return 0x50_0205]; that one's: [0][return 0x50_0305], a root.
+        let stack = words(&[0x50_0105, 0xdead, sp + 32, 0x50_0205, 0, 0x50_0305, 0, 0]);
+        let regs = UserRegs { bp: sp + 16, sp, ip: 0x40_1010 };
+        let want = vec![0x40_1010, 0x50_0104, 0x50_0204, 0x50_0304];
+        let sound = [0x50_0000..0x50_1000];
+        let mut cache = CacheX86_64::new();
+        let mut out = Vec::new();
+        let (ended, fp) = walk(&u, &mut cache, regs, &stack, 64, &mut out, &sound);
+        assert_eq!((&out, ended, fp), (&want, Ended::Root, 3));
+        let mut dwarf = Vec::new();
+        let (ended, fp) = walk(&u, &mut cache, regs, &stack, 64, &mut dwarf, &[]);
+        assert_eq!((&dwarf, ended, fp), (&want, Ended::Root, 0));
+        // A leaf in a sound range is still stepped through its CFI, not by frame pointer: f1
+        // is frameless, and a frame-pointer step from it would skip its caller 0x50_0104.
+        let mut leaf = Vec::new();
+        let all = [0x40_1000..0x40_1300, 0x50_0000..0x50_1000];
+        walk(&u, &mut cache, regs, &stack, 64, &mut leaf, &all);
+        assert_eq!(leaf, want);
+        // A chain that does not move up ends (no unwind), bounded.
+        let looped = words(&[0x50_0105, 0xdead, sp + 16, 0x50_0205, 0, 0]);
+        let mut l = Vec::new();
+        let (ended, _) = walk(&u, &mut cache, regs, &looped, 64, &mut l, &sound);
+        assert_eq!((l.len(), ended), (3, Ended::NoUnwind), "{l:x?}");
+        // The copy's end is told apart.
+        let mut c = Vec::new();
+        let (ended, _) = walk(&u, &mut cache, regs, &stack[..32], 64, &mut c, &sound);
+        assert_eq!((c.len(), ended), (3, Ended::CopyEnd), "{c:x?}");
+        assert!(in_ranges(&all, 0x40_1000) && in_ranges(&all, 0x50_0fff));
+        assert!(!in_ranges(&all, 0x40_1300) && !in_ranges(&all, 0x3f_ffff));
+        assert!(!in_ranges(&[], 0x40_1000));
+    }
+
+    /// An image built with frame pointers is told sound from its `.eh_frame`, the same code
+    /// built without is not (gcc, what `cc` is here).
+    #[test]
+    fn frame_pointer_images_are_told_from_their_cfi() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("callers.c");
+        std::fs::write(&src, include_str!("../../../tests/e2e/dwarf_callers.c")).expect("write");
+        let mut shares = Vec::new();
+        for flag in ["-fno-omit-frame-pointer", "-fomit-frame-pointer"] {
+            let bin = dir.path().join(flag);
+            match std::process::Command::new("cc")
+                .args(["-O2", flag, "-o"])
+                .arg(&bin)
+                .arg(&src)
+                .status()
+            {
+                Ok(st) if st.success() => {}
+                r => dcpi_testkit::skip!("no C compiler to build the test images: {r:?}"),
+            }
+            let t = ImageTables::parse(&std::fs::read(&bin).expect("read")).expect("ELF");
+            shares.push((flag, t.fp_share(), t.fp_sound()));
+        }
+        eprintln!("{shares:?}");
+        let [(_, fp, fp_sound), (_, nofp, nofp_sound)] = shares[..] else { unreachable!() };
+        assert!(fp.framed >= 3 && nofp.framed >= 1, "{shares:?}");
+        assert!(fp_sound && !nofp_sound, "{shares:?}");
+        // Hostile: garbage for .eh_frame gives a bounded answer, no panic.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for len in [0usize, 3, 64, 4096] {
+            let junk: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let s = fp_share(&junk, 0x1000);
+            assert!(s.rbp_fdes <= s.fdes && s.rbp_bytes <= s.bytes, "{s:?}");
+        }
     }
 
     /// Wait (generously) for `cond`.
