@@ -25,7 +25,7 @@
 //!
 //! Before the benches it prints, for this bench binary, libc and any image named in
 //! `DCPI_FP_SHARE` (colon-separated paths), what `callchains = "auto"` reads of it: the share of
-//! its framed functions that keep a frame pointer (`FpShare`), the verdict, and the time taken.
+//! its framed functions that keep a frame pointer (`FpShare`), and the time its load took.
 //!
 //! Run: `cargo bench -p dcpi-daemon --bench unwind` (the `thrpt` line is stacks/s).
 #![forbid(unsafe_code)]
@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use dcpid::perf::dwarf::{
-    DwarfShared, DwarfUnwinder, ImageTables, DEFAULT_CACHE_BYTES, DEFAULT_USER_STACK,
+    fp_scan, DwarfShared, DwarfUnwinder, ImageTables, DEFAULT_CACHE_BYTES, DEFAULT_USER_STACK,
 };
 use dcpid::perf::records::UserRegs;
 use framehop::x86_64::CacheX86_64;
@@ -134,17 +134,19 @@ fn fp_shares() {
         let t0 = Instant::now();
         let Some(t) = ImageTables::parse(&data) else { continue };
         let parse = t0.elapsed();
-        let t1 = Instant::now();
         let s = t.fp_share();
-        let share = t1.elapsed();
+        let t1 = Instant::now();
+        if let Some((svma, eh)) = t.eh_frame_section() {
+            black_box(fp_scan(eh, svma));
+        }
+        let scan = t1.elapsed();
         eprintln!(
-            "fp share {p}: {} FDEs, {} framed, {} keep rbp ({:.1} % of framed bytes): sound {}; \
-             parse {parse:?}, of which the share {share:?}",
+            "fp share {p}: {} FDEs, {} framed, {} keep rbp ({:.1} % of framed bytes); parse \
+             {parse:?} (the frame-pointer scan included: {scan:?} alone)",
             s.fdes,
             s.framed,
             s.rbp_fdes,
             100.0 * s.rbp_bytes as f64 / s.bytes.max(1) as f64,
-            t.fp_sound()
         );
     }
 }
@@ -165,7 +167,22 @@ fn bench(c: &mut Criterion) {
         out.len(),
         stack.len()
     );
-    assert!(!truncated && out.len() > 20 + LEVELS as usize / 2, "the stack did not unwind");
+    if truncated || out.len() <= 20 + LEVELS as usize / 2 {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        let words: Vec<String> = stack
+            .chunks_exact(8)
+            .take(96)
+            .enumerate()
+            .map(|(i, w)| {
+                format!(
+                    "{:#x}: {:#x}",
+                    regs.sp + 8 * i as u64,
+                    u64::from_ne_bytes(w.try_into().unwrap())
+                )
+            })
+            .collect();
+        panic!("the stack did not unwind: {out:x?} (regs {regs:x?})\n{}\n{maps}", words.join("\n"));
+    }
     let full = out.len();
 
     let mut g = c.benchmark_group("unwind");
@@ -201,7 +218,8 @@ fn bench(c: &mut Criterion) {
     let fstack: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
     let fregs = UserRegs { bp: fsp, sp: fsp, ip: 0x50_0010 };
     let fshared = DwarfShared::manual(DEFAULT_CACHE_BYTES);
-    fshared.add_module(1, &ImageTables::frame_pointers_only(), 0x50_0000..0x60_0000, 0);
+    let fp_image = ImageTables::frame_pointers_only(0x50_0000..0x60_0000);
+    fshared.add_module(1, &fp_image, 0x50_0000..0x60_0000, 0);
     for (name, mut u) in [
         ("fp20_auto", DwarfUnwinder::new_auto(Arc::clone(&fshared))),
         ("fp20_dwarf", DwarfUnwinder::new(Arc::clone(&fshared))),

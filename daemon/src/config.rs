@@ -28,7 +28,7 @@
 //! perf_map_max_bytes = 16777216
 //! perf_map_max_entries = 100000
 //! callchains = "none"      # or "fp": through frame pointers; "dwarf": through CFI;
-//!                          # "auto": frame pointers where an image keeps them, CFI elsewhere
+//!                          # "auto": frame pointers where functions keep them, CFI elsewhere
 //! sample_max_stack = 64
 //! sample_user_stack = 8192  # bytes of user stack copied per sample with "dwarf" and "auto"
 //! stack_one_in = 1          # take the stack of one sample in N (at random), each counts N
@@ -424,9 +424,9 @@ settings! {
     /// first frame and are counted as truncated), or `dwarf` to copy `sample_user_stack`
     /// bytes of the user stack with each sample and unwind it in dcpid with the images'
     /// `.eh_frame`/`.debug_frame` (code without frame pointers, libc; costs more CPU per
-    /// sample), or `auto`: the copy of `dwarf`, unwound by frame pointer through the images
-    /// whose code keeps them (told once per image from its `.eh_frame`) and by CFI through the
-    /// others, into `stacks.<event>.stk` beside the flat profiles, for `dcpiprof
+    /// sample), or `auto`: the copy of `dwarf`, whose caller frames are stepped by frame pointer
+    /// where their function keeps one (told once per image from its `.eh_frame`) and by CFI
+    /// elsewhere (the stacks of `dwarf`, at less CPU for frame-pointer code), into `stacks.<event>.stk` beside the flat profiles, for `dcpiprof
     /// --callers/--callees` and stacks in folded, pprof and flame graph output [default: none].
     #[arg(long, value_name = "MODE")]
     callchains: String = "none".into();

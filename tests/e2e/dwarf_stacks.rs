@@ -89,8 +89,8 @@ fn assert_split_with(fp_flag: &str, callchains: &str) -> serde_json::Value {
     st
 }
 
-/// `callchains = "auto"`, code built without frame pointers: its image is not frame-pointer
-/// sound, so its frames go through CFI and hot's callers are found.
+/// `callchains = "auto"`, code built without frame pointers: none of its functions keeps a
+/// frame pointer, so its frames go through CFI and hot's callers are found.
 #[dcpi_testkit::test(perf)]
 fn auto_finds_callers_without_frame_pointers() {
     let st = assert_split_with("-fomit-frame-pointer", "auto");
@@ -99,8 +99,8 @@ fn auto_finds_callers_without_frame_pointers() {
 
 /// `callchains = "auto"`, code built with frame pointers whose leaf `hot` has no frame: the
 /// leaf is stepped through CFI (a frame-pointer walk would skip its caller), and its callers
-/// `via_a`/`via_b` (frame-pointer functions of a sound image) by frame pointer: the split is
-/// right and frames were stepped by frame pointer. (The count is the machine's: dcpid samples
+/// `via_a`/`via_b` (functions with a frame pointer) by frame pointer: the split is right and
+/// frames were stepped by frame pointer. (The count is the machine's: dcpid samples
 /// every process; an image of this program's kind is what the test runs, though, and the
 /// test fails if none was stepped so.)
 #[dcpi_testkit::test(perf)]

@@ -89,12 +89,16 @@ pub struct ImageTables {
     debug_frame: Option<Bytes>,
     text_svma: Option<Range<u64>>,
     got_svma: Option<Range<u64>>,
-    /// `PT_LOAD` segments: (file offset, file size, vaddr), to place the image's addresses.
-    loads: Vec<(u64, u64, u64)>,
+    /// `PT_LOAD` segments: (file offset, file size, vaddr, executable), to place the image's
+    /// addresses.
+    loads: Vec<(u64, u64, u64, bool)>,
     bytes: usize,
-    /// Its functions keep frame pointers ([`FpShare::sound`]): with `callchains = "auto"` a
-    /// frame of it (but the leaf) is stepped by frame pointer, not by its CFI.
-    fp_sound: bool,
+    /// The functions (svma start, end; sorted) whose CFI makes `rbp` the frame register
+    /// ([`fp_scan`]): with `callchains = "auto"` a caller's frame in one of them is stepped by
+    /// frame pointer, which is what its CFI says, without evaluating the CFI.
+    fp_funcs: Vec<(u64, u64)>,
+    /// What [`fp_scan`] counted of its `.eh_frame` (diagnostics, benches).
+    fp: FpShare,
 }
 
 impl ImageTables {
@@ -139,22 +143,40 @@ impl ImageTables {
         t.text_svma = range(b".text");
         t.got_svma = range(b".got");
         t.bytes = bytes;
-        t.fp_sound = t.fp_share().sound();
+        if let Some((r, b)) = &t.eh_frame {
+            let (share, funcs) = fp_scan(b, r.start);
+            t.bytes += funcs.len() * std::mem::size_of::<(u64, u64)>();
+            (t.fp, t.fp_funcs) = (share, funcs);
+        }
         for ph in h.program_headers(endian, data).ok()? {
             if ph.p_type(endian) == PT_LOAD {
-                t.loads.push((ph.p_offset(endian), ph.p_filesz(endian), ph.p_vaddr(endian)));
+                let exec = ph.p_flags(endian).contains(object::elf::PF_X);
+                t.loads.push((ph.p_offset(endian), ph.p_filesz(endian), ph.p_vaddr(endian), exec));
             }
         }
         Some(t)
     }
 
-    /// The load bias of a mapping of file offset `pgoff` at `start`: what is added to the
-    /// image's addresses to give the process's. `None` if no segment holds that offset.
+    /// The load bias of an executable mapping of file offset `pgoff` at `start`: what is added
+    /// to the image's addresses to give the process's. `None` if no segment holds that offset.
+    ///
+    /// The executable segment that holds the offset, before any other: lld (rustc's default
+    /// linker since 1.90) packs segments so that one file page holds the end of the read-only
+    /// segment and the start of the text (file offset 0x130980 at vaddr 0x131980), and the
+    /// text's mapping then starts at a page the read-only segment holds too, whose vaddr is
+    /// one page off. Taking the first segment that held the page put every address of such an
+    /// image a page off, so no pc found its FDE (a release Rust binary unwound through frame
+    /// pointers only: the unwind bench's stack stopped at its first frame without one).
     fn bias(&self, start: u64, pgoff: u64) -> Option<u64> {
-        let &(off, _, vaddr) = self
+        let holds = |&&(off, size, _, _): &&(u64, u64, u64, bool)| {
+            pgoff >= off & !0xfff && pgoff < off.saturating_add(size)
+        };
+        let &(off, _, vaddr, _) = self
             .loads
             .iter()
-            .find(|&&(off, size, _)| pgoff >= off & !0xfff && pgoff < off.saturating_add(size))?;
+            .filter(|l| l.3)
+            .find(holds)
+            .or_else(|| self.loads.iter().find(holds))?;
         // Address of file offset pgoff = vaddr + (pgoff - off) + bias = start.
         Some(start.wrapping_sub(vaddr.wrapping_add(pgoff.wrapping_sub(off))))
     }
@@ -185,20 +207,26 @@ impl ImageTables {
         self.bytes
     }
 
-    /// Tables with no CFI of an image that keeps frame pointers (benches, tests): every frame
-    /// steps by frame pointer.
-    pub fn frame_pointers_only() -> Self {
-        Self { fp_sound: true, ..Self::default() }
+    /// Tables with no CFI of an image whose code at `svma` keeps frame pointers (benches,
+    /// tests): as one frame-pointer function.
+    pub fn frame_pointers_only(svma: Range<u64>) -> Self {
+        Self { fp_funcs: vec![(svma.start, svma.end)], ..Self::default() }
     }
 
-    /// Whether its functions keep frame pointers (decided once, at load, from its `.eh_frame`).
-    pub fn fp_sound(&self) -> bool {
-        self.fp_sound
+    /// Its `.eh_frame` (svma, bytes), if loaded.
+    pub fn eh_frame_section(&self) -> Option<(u64, &[u8])> {
+        self.eh_frame.as_ref().map(|(r, b)| (r.start, &b[..]))
     }
 
-    /// How many of its functions keep frame pointers, by their `.eh_frame`.
+    /// How many of its functions keep frame pointers, by their `.eh_frame` (read at load).
     pub fn fp_share(&self) -> FpShare {
-        self.eh_frame.as_ref().map_or_else(FpShare::default, |(r, b)| fp_share(b, r.start))
+        self.fp
+    }
+
+    /// Whether the function at image address `svma` keeps a frame pointer (its CFI says so).
+    fn fp_func(&self, svma: u64) -> bool {
+        let i = self.fp_funcs.partition_point(|&(start, _)| start <= svma);
+        i > 0 && svma < self.fp_funcs[i - 1].1
     }
 }
 
@@ -216,8 +244,11 @@ impl ImageTables {
 ///
 /// Why from the CFI and not from the code: the section is already read for unwinding, the
 /// answer needs no disassembly (one pass over the FDEs' first instructions), and what the CFI
-/// says of a function is what a CFI unwinder would do there anyway. Measured on this machine
-/// (BENCHMARKS.md, "callchains = auto"): see [`FpShare::sound`] for the threshold.
+/// says of a function is what a CFI unwinder would do there anyway. The decision is per
+/// function, not per image: measured (BENCHMARKS.md "callchains = auto"), builds without frame
+/// pointers keep one in 5-20 % of their framed code (realigned stacks: libc 20.7 %, a release
+/// dcpid 18.2 %), and a build with them still had 15 % without (Debian's perf, 84.8 %): an
+/// image-wide verdict would step those functions wrongly, or miss those that do keep one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FpShare {
     /// FDEs read.
@@ -231,32 +262,19 @@ pub struct FpShare {
     pub rbp_bytes: u64,
 }
 
-/// An image is frame-pointer sound when at least this share (per mille) of its code, by the
-/// bytes its FDEs cover, keeps a frame pointer. A few functions of a frame-pointer build have
-/// none (crt's `_start`, `_init`, hand-written assembly), and a few of an ordinary build do
-/// (stack realignment, `alloca`): measured (BENCHMARKS.md), builds with frame pointers were at
-/// 930-1000 and builds without at 0-100.
-pub const FP_SOUND_PER_MILLE: u64 = 800;
-/// Fewer framed FDEs than this give no verdict (not sound): too little code to tell.
-const FP_MIN_FDES: u64 = 2;
-
-impl FpShare {
-    /// Whether the image keeps frame pointers: [`FP_SOUND_PER_MILLE`] of its framed code.
-    pub fn sound(&self) -> bool {
-        self.framed >= FP_MIN_FDES
-            && self.rbp_bytes.saturating_mul(1000) >= self.bytes.saturating_mul(FP_SOUND_PER_MILLE)
-    }
-}
-
-/// [`FpShare`] of an `.eh_frame` at `svma`. Untrusted input: every entry is parsed by gimli
-/// with bounds checks, at most [`FP_SCAN_INSNS`] instructions of each FDE are read (a
-/// prologue's CFA change is among its first), and an unparsable entry ends the scan.
-pub fn fp_share(eh_frame: &[u8], svma: u64) -> FpShare {
+/// [`FpShare`] of an `.eh_frame` at `svma`, and the functions (svma start, end; sorted) that
+/// keep a frame pointer. Untrusted input: every entry is parsed by gimli with bounds checks,
+/// at most [`FP_SCAN_INSNS`] instructions of each FDE are read (a prologue's CFA change is
+/// among its first), and an unparsable entry ends the scan. A hostile table can only make
+/// frames of its own image step by frame pointer, which is bounded like any step
+/// ([`walk`]).
+pub fn fp_scan(eh_frame: &[u8], svma: u64) -> (FpShare, Vec<(u64, u64)>) {
     use gimli::{CallFrameInstruction, CieOrFde, UnwindSection};
     let eh = gimli::EhFrame::new(eh_frame, gimli::LittleEndian);
     let bases = gimli::BaseAddresses::default().set_eh_frame(svma);
     let mut entries = eh.entries(&bases);
     let mut share = FpShare::default();
+    let mut funcs = Vec::new();
     // The CIE of an FDE is parsed once per distinct offset (an image has one or a few).
     let mut cies: Vec<(gimli::EhFrameOffset<usize>, gimli::CommonInformationEntry<_>)> = Vec::new();
     while let Ok(Some(e)) = entries.next() {
@@ -307,14 +325,17 @@ pub fn fp_share(eh_frame: &[u8], svma: u64) -> FpShare {
         share.framed += 1;
         share.bytes = share.bytes.saturating_add(len);
         if rbp {
+            let start = fde.initial_address();
+            funcs.push((start, start.saturating_add(len)));
             share.rbp_fdes += 1;
             share.rbp_bytes = share.rbp_bytes.saturating_add(len);
         }
     }
-    share
+    funcs.sort_unstable();
+    (share, funcs)
 }
 
-/// CFI instructions of an FDE read at most by [`fp_share`].
+/// CFI instructions of an FDE read at most by [`fp_scan`].
 const FP_SCAN_INSNS: usize = 16;
 
 /// Cache key of an image: its build-id, or (device, inode) when it has none.
@@ -357,8 +378,8 @@ pub struct UnwindCounters {
     pub truncated_depth: u64,
     /// Time spent unwinding and loading, in ns.
     pub unwind_ns: u64,
-    /// `callchains = "auto"`: frames stepped by frame pointer (in frame-pointer sound images)
-    /// rather than by CFI.
+    /// `callchains = "auto"`: frames stepped by frame pointer (in functions whose CFI keeps
+    /// one) rather than by evaluating CFI.
     pub fp_steps: u64,
 }
 
@@ -429,9 +450,9 @@ pub struct ProcUnwinder {
     /// Every executable mapping (with a module or not, e.g. JIT code): a pc outside all of
     /// them means the maps changed since.
     ranges: Vec<Range<u64>>,
-    /// The mappings of frame-pointer sound images ([`ImageTables::fp_sound`]), by address:
-    /// `callchains = "auto"` steps their frames by frame pointer.
-    sound: Vec<Range<u64>>,
+    /// The mappings of images with frame-pointer functions ([`ImageTables::fp_func`]),
+    /// sorted by address: `callchains = "auto"` steps those functions' frames by frame pointer.
+    fp_maps: Vec<FpMap>,
     loaded_at: Instant,
 }
 
@@ -446,7 +467,7 @@ impl ProcUnwinder {
         Self {
             unwinder: UnwinderX86_64::new(),
             ranges: Vec::new(),
-            sound: Vec::new(),
+            fp_maps: Vec::new(),
             loaded_at: Instant::now(),
         }
     }
@@ -456,10 +477,28 @@ impl ProcUnwinder {
     }
 }
 
-/// Whether `pc` lies in one of `sound` (sorted by start, disjoint).
-fn in_ranges(sound: &[Range<u64>], pc: u64) -> bool {
-    let i = sound.partition_point(|r| r.start <= pc);
-    i > 0 && sound[i - 1].contains(&pc)
+/// A mapping of an image with frame-pointer functions.
+#[derive(Clone)]
+struct FpMap {
+    avma: Range<u64>,
+    /// Added to the image's addresses to give the process's.
+    bias: u64,
+    tables: Arc<ImageTables>,
+}
+
+impl ProcUnwinder {
+    /// Whether the function at `pc` keeps a frame pointer (two binary searches).
+    fn fp_frame(&self, pc: u64) -> bool {
+        let i = self.fp_maps.partition_point(|m| m.avma.start <= pc);
+        let Some(m) = i.checked_sub(1).map(|i| &self.fp_maps[i]) else { return false };
+        m.avma.contains(&pc) && m.tables.fp_func(pc.wrapping_sub(m.bias))
+    }
+
+    fn add_fp_map(&mut self, avma: Range<u64>, bias: u64, tables: Arc<ImageTables>) {
+        if !tables.fp_funcs.is_empty() {
+            self.fp_maps.push(FpMap { avma, bias, tables });
+        }
+    }
 }
 
 /// Where a process's maps and mapped files are read (a test points it elsewhere).
@@ -670,13 +709,12 @@ impl DwarfShared {
         if let Some(old) = old {
             p.unwinder = old.unwinder.clone();
             p.ranges = old.ranges.clone();
-            p.sound = old.sound.clone();
+            p.fp_maps = old.fp_maps.clone();
         }
         p.unwinder.add_module(tables.module("manual", avma.clone(), bias));
-        if tables.fp_sound {
-            p.sound.push(avma.clone());
-            p.sound.sort_by_key(|r| r.start);
-        }
+        let fp = ImageTables { fp_funcs: tables.fp_funcs.clone(), ..ImageTables::default() };
+        p.add_fp_map(avma.clone(), bias, Arc::new(fp));
+        p.fp_maps.sort_by_key(|m| m.avma.start);
         p.ranges.push(avma);
         g.map.insert(pid, Arc::new(p));
     }
@@ -761,12 +799,10 @@ impl DwarfShared {
             let Some(bias) = t.bias(m.start, m.offset) else { continue };
             let name = String::from_utf8_lossy(m.path_clean()).into_owned();
             p.unwinder.add_module(t.module(&name, m.start..m.end, bias));
-            if t.fp_sound {
-                p.sound.push(m.start..m.end);
-            }
+            p.add_fp_map(m.start..m.end, bias, Arc::clone(&t));
         }
         // The maps are in address order, but a hostile or racing read need not be.
-        p.sound.sort_by_key(|r| r.start);
+        p.fp_maps.sort_by_key(|m| m.avma.start);
         p
     }
 }
@@ -796,8 +832,8 @@ pub struct DwarfUnwinder {
     local: HashMap<u32, Arc<ProcUnwinder>>,
     empty: ProcUnwinder,
     cache: CacheX86_64,
-    /// `callchains = "auto"`: frames (but the leaf) of frame-pointer sound images are stepped
-    /// by frame pointer instead of by their CFI.
+    /// `callchains = "auto"`: caller frames of functions that keep a frame pointer are
+    /// stepped by it instead of by evaluating their CFI.
     auto: bool,
     pub counters: UnwindCounters,
 }
@@ -869,8 +905,11 @@ impl DwarfUnwinder {
             }
         }
         let p = self.local.get(&pid).map_or(&self.empty, |p| &**p);
-        let sound: &[Range<u64>] = if self.auto { &p.sound } else { &[] };
-        let (ended, fp) = walk(&p.unwinder, &mut self.cache, regs, stack, max, out, sound);
+        let (ended, fp) = if self.auto {
+            walk(&p.unwinder, &mut self.cache, regs, stack, max, out, |pc| p.fp_frame(pc))
+        } else {
+            walk(&p.unwinder, &mut self.cache, regs, stack, max, out, |_| false)
+        };
         let truncated = ended != Ended::Root;
         self.counters.fp_steps += u64::from(fp);
         self.counters.unwound += 1;
@@ -918,20 +957,21 @@ pub fn unwind_ended(
     max: usize,
     out: &mut Vec<u64>,
 ) -> Ended {
-    walk(unwinder, cache, regs, stack, max, out, &[]).0
+    walk(unwinder, cache, regs, stack, max, out, |_| false).0
 }
 
 /// Unwind a copied stack, leaf first into `out` (at most `max` frames): every frame through
 /// the CFI of its image (framehop; a frame-pointer step where no table covers the pc), except
-/// that a frame whose return address lies in one of `sound` (the mappings of frame-pointer
-/// sound images, sorted) is stepped by frame pointer: `[bp]` is the caller's bp, `[bp + 8]`
-/// the return address. That is `callchains = "auto"` (`sound` empty: `"dwarf"`).
+/// that a caller frame for whose call site `fp_frame(return address − 1)` holds (its function
+/// keeps a frame pointer: `callchains = "auto"`) is stepped by frame pointer, `[bp]` the
+/// caller's bp and `[bp + 8]` the return address, with no table lookup. With `|_| false`
+/// that is `"dwarf"`.
 ///
 /// The leaf is always stepped through CFI: a sample taken in a prologue or epilogue, before
 /// `push %rbp; mov %rsp,%rbp` or after `pop %rbp`, would lose its caller under a frame
 /// pointer walk, and CFI describes those instructions exactly. A caller's frame is stopped at
-/// a call, after its prologue: frame pointers are exact there. Returns how it ended and the
-/// frames stepped by frame pointer.
+/// a call, after its prologue: there its CFI's rule is the frame-pointer rule. Returns how it
+/// ended and the frames stepped by frame pointer.
 pub fn walk(
     unwinder: &UnwinderX86_64<Bytes>,
     cache: &mut CacheX86_64,
@@ -939,7 +979,7 @@ pub fn walk(
     stack: &[u8],
     max: usize,
     out: &mut Vec<u64>,
-    sound: &[Range<u64>],
+    fp_frame: impl Fn(u64) -> bool,
 ) -> (Ended, u32) {
     let base = regs.sp;
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
@@ -962,7 +1002,7 @@ pub fn walk(
             return (Ended::Depth, fp);
         }
         let step = match at {
-            FrameAddress::ReturnAddress(ra) if in_ranges(sound, ra.get() - 1) => {
+            FrameAddress::ReturnAddress(ra) if fp_frame(ra.get() - 1) => {
                 fp += 1;
                 fp_step(&mut r, &mut read_stack)
             }
@@ -1126,36 +1166,45 @@ mod tests {
         let stack = words(&[0x50_0105, 0xdead, sp + 32, 0x50_0205, 0, 0x50_0305, 0, 0]);
         let regs = UserRegs { bp: sp + 16, sp, ip: 0x40_1010 };
         let want = vec![0x40_1010, 0x50_0104, 0x50_0204, 0x50_0304];
-        let sound = [0x50_0000..0x50_1000];
+        let sound = |pc: u64| (0x50_0000..0x50_1000).contains(&pc);
         let mut cache = CacheX86_64::new();
         let mut out = Vec::new();
-        let (ended, fp) = walk(&u, &mut cache, regs, &stack, 64, &mut out, &sound);
+        let (ended, fp) = walk(&u, &mut cache, regs, &stack, 64, &mut out, sound);
         assert_eq!((&out, ended, fp), (&want, Ended::Root, 3));
         let mut dwarf = Vec::new();
-        let (ended, fp) = walk(&u, &mut cache, regs, &stack, 64, &mut dwarf, &[]);
+        let (ended, fp) = walk(&u, &mut cache, regs, &stack, 64, &mut dwarf, |_| false);
         assert_eq!((&dwarf, ended, fp), (&want, Ended::Root, 0));
         // A leaf in a sound range is still stepped through its CFI, not by frame pointer: f1
         // is frameless, and a frame-pointer step from it would skip its caller 0x50_0104.
         let mut leaf = Vec::new();
-        let all = [0x40_1000..0x40_1300, 0x50_0000..0x50_1000];
-        walk(&u, &mut cache, regs, &stack, 64, &mut leaf, &all);
+        walk(&u, &mut cache, regs, &stack, 64, &mut leaf, |_| true);
         assert_eq!(leaf, want);
+        // Through a process's unwinder: its frame-pointer functions, looked up by image.
+        let shared = DwarfShared::manual(1 << 20);
+        shared.add_module(7, &t, 0x40_1000..0x40_1300, 0x40_0000);
+        let fp_image = ImageTables::frame_pointers_only(0x100..0x1100);
+        shared.add_module(7, &fp_image, 0x50_0000..0x50_1000, 0x4f_ff00);
+        let mut d = DwarfUnwinder::new_auto(shared);
+        let mut via = Vec::new();
+        assert!(!d.unwind(7, regs, &stack, 64, &mut via));
+        assert_eq!((&via, d.counters.fp_steps), (&want, 3));
+        let p = d.local.get(&7).expect("loaded");
+        assert!(p.fp_frame(0x50_0000) && p.fp_frame(0x50_0fff));
+        assert!(!p.fp_frame(0x40_1010) && !p.fp_frame(0x50_1000) && !p.fp_frame(0x4f_ffff));
         // A chain that does not move up ends (no unwind), bounded.
         let looped = words(&[0x50_0105, 0xdead, sp + 16, 0x50_0205, 0, 0]);
         let mut l = Vec::new();
-        let (ended, _) = walk(&u, &mut cache, regs, &looped, 64, &mut l, &sound);
+        let (ended, _) = walk(&u, &mut cache, regs, &looped, 64, &mut l, sound);
         assert_eq!((l.len(), ended), (3, Ended::NoUnwind), "{l:x?}");
         // The copy's end is told apart.
         let mut c = Vec::new();
-        let (ended, _) = walk(&u, &mut cache, regs, &stack[..32], 64, &mut c, &sound);
+        let (ended, _) = walk(&u, &mut cache, regs, &stack[..32], 64, &mut c, sound);
         assert_eq!((c.len(), ended), (3, Ended::CopyEnd), "{c:x?}");
-        assert!(in_ranges(&all, 0x40_1000) && in_ranges(&all, 0x50_0fff));
-        assert!(!in_ranges(&all, 0x40_1300) && !in_ranges(&all, 0x3f_ffff));
-        assert!(!in_ranges(&[], 0x40_1000));
     }
 
-    /// An image built with frame pointers is told sound from its `.eh_frame`, the same code
-    /// built without is not (gcc, what `cc` is here).
+    /// The functions of an image built with frame pointers that have a frame are told from its
+    /// `.eh_frame` (via_a, via_b, main; not the frameless leaf hot), and none of the same code
+    /// built without (gcc, what `cc` is here).
     #[test]
     fn frame_pointer_images_are_told_from_their_cfi() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1174,12 +1223,14 @@ mod tests {
                 r => dcpi_testkit::skip!("no C compiler to build the test images: {r:?}"),
             }
             let t = ImageTables::parse(&std::fs::read(&bin).expect("read")).expect("ELF");
-            shares.push((flag, t.fp_share(), t.fp_sound()));
+            shares.push((flag, t.fp_share(), t.fp_funcs.clone()));
         }
         eprintln!("{shares:?}");
-        let [(_, fp, fp_sound), (_, nofp, nofp_sound)] = shares[..] else { unreachable!() };
+        let [(_, fp, ref fp_funcs), (_, nofp, ref nofp_funcs)] = shares[..] else { unreachable!() };
         assert!(fp.framed >= 3 && nofp.framed >= 1, "{shares:?}");
-        assert!(fp_sound && !nofp_sound, "{shares:?}");
+        assert!(fp.rbp_fdes >= 3 && fp_funcs.len() as u64 == fp.rbp_fdes, "{shares:?}");
+        assert!(nofp.rbp_fdes == 0 && nofp_funcs.is_empty(), "{shares:?}");
+        assert!(fp_funcs.windows(2).all(|w| w[0].1 <= w[1].0), "sorted, disjoint");
         // Hostile: garbage for .eh_frame gives a bounded answer, no panic.
         let mut x = 0x2545_f491_4f6c_dd1du64;
         for len in [0usize, 3, 64, 4096] {
@@ -1191,9 +1242,36 @@ mod tests {
                     x as u8
                 })
                 .collect();
-            let s = fp_share(&junk, 0x1000);
+            let (s, f) = fp_scan(&junk, 0x1000);
             assert!(s.rbp_fdes <= s.fdes && s.rbp_bytes <= s.bytes, "{s:?}");
+            assert_eq!(f.len() as u64, s.rbp_fdes);
         }
+    }
+
+    /// An lld-linked image (rustc's default): the page at file offset 0x130000 holds the end
+    /// of the read-only segment and the start of the text (offset 0x130980, vaddr 0x131980).
+    /// The text's mapping, which starts at that page, is placed by the text segment: the
+    /// read-only one would put every address a page off.
+    #[test]
+    fn an_lld_text_mapping_is_placed_by_its_executable_segment() {
+        let t = ImageTables {
+            loads: vec![
+                (0, 0x13_0978, 0, false),
+                (0x13_0980, 0x23_3920, 0x13_1980, true),
+                (0x36_42a0, 0x3_d2a0, 0x36_62a0, false),
+            ],
+            ..Default::default()
+        };
+        let base = 0x5555_0000_0000u64;
+        // The dynamic loader maps file page 0x130000 of the text at base + 0x131000.
+        assert_eq!(t.bias(base + 0x13_1000, 0x13_0000), Some(base));
+        // GNU ld's layout (offsets and vaddrs congruent, one segment per page) is unchanged.
+        let ld = ImageTables {
+            loads: vec![(0, 0x1000, 0, false), (0x1000, 0x2000, 0x1000, true)],
+            ..Default::default()
+        };
+        assert_eq!(ld.bias(base + 0x1000, 0x1000), Some(base));
+        assert_eq!(ld.bias(base, 0x9000), None);
     }
 
     /// Wait (generously) for `cond`.
