@@ -13,7 +13,7 @@
 //! host = "web-17"
 //! events = ["cycles", "cpu-clock:1000000"]   # or "auto"
 //! window_divisor = 16
-//! ring_pages = 128
+//! ring_pages = 128        # 1024 by default with callchains "dwarf" or "auto"
 //! redraw_interval = "1s"   # one period re-arm per CPU per interval, at a random instant
 //! flush_interval = "5s"
 //! publish_interval = "15m"
@@ -53,6 +53,8 @@ use crate::offcpu::Source;
 use crate::perf;
 use crate::perf::callchain::DEFAULT_MAX_STACK;
 use crate::perf::dwarf::DEFAULT_USER_STACK;
+/// `ring_pages` when `callchains` is `dwarf` or `auto` and it is not set (its field docs).
+pub const DWARF_RING_PAGES: usize = 1024;
 use crate::perf::dwarf::MAX_USER_STACK;
 use crate::perf::sampler::MAX_REDRAW_INTERVAL;
 use crate::resolve::jit::MAX_JIT_MAP_BYTES;
@@ -329,7 +331,11 @@ settings! {
     /// nominal period P so that the mean rate is the one asked for [default: 16].
     #[arg(long, value_name = "N")]
     window_divisor: u64 = 16;
-    /// Data pages of each per-CPU ring buffer (power of two) [default: 128].
+    /// Data pages of each per-CPU ring buffer (power of two) [default: 128; 1024 with
+    /// `callchains = "dwarf"` or `"auto"`, whose samples carry `sample_user_stack` bytes each: 128
+    /// pages held 62 of them, and the drain threads, woken at every half ring (32 times a second
+    /// per CPU at 1 kHz), spent twice the CPU of a 1024-page ring (BENCHMARKS.md "Call stacks:
+    /// auto, one stack in N")].
     #[arg(long, value_name = "N")]
     ring_pages: usize = 128;
     /// Each CPU re-arms its sampling periods once per window of this length, at a random
@@ -593,6 +599,11 @@ impl Settings {
         }
         s.apply(cli, &|_| Origin::CommandLine);
         s.socket_group_explicit = s.origins.contains_key("socket_group");
+        // A stack copy per sample fills a default ring 60 times faster (field docs).
+        if matches!(s.callchains.as_str(), "dwarf" | "auto") && !s.origins.contains_key("ring_pages")
+        {
+            s.ring_pages = DWARF_RING_PAGES;
+        }
         s.validate()?;
         Ok(s)
     }
@@ -959,6 +970,11 @@ mod tests {
         assert_eq!((ok.callchains.as_str(), ok.sample_user_stack), ("dwarf", 16384));
         let ok = file("callchains = \"auto\"\nstack_one_in = 4\n").expect("valid");
         assert_eq!((ok.callchains.as_str(), ok.stack_one_in), ("auto", 4));
+        // A stack copy per sample takes a larger ring, unless one is set.
+        assert_eq!(ok.ring_pages, DWARF_RING_PAGES);
+        let ok = file("callchains = \"dwarf\"\nring_pages = 256\n").expect("valid");
+        assert_eq!(ok.ring_pages, 256);
+        assert_eq!(file("callchains = \"fp\"\n").expect("valid").ring_pages, 128);
         for bad in [0, 1001] {
             let err = file(&format!("stack_one_in = {bad}\n")).unwrap_err().to_string();
             assert!(err.contains("stack_one_in"), "{err}");
