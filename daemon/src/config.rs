@@ -600,7 +600,8 @@ impl Settings {
         s.apply(cli, &|_| Origin::CommandLine);
         s.socket_group_explicit = s.origins.contains_key("socket_group");
         // A stack copy per sample fills a default ring 60 times faster (field docs).
-        if matches!(s.callchains.as_str(), "dwarf" | "auto") && !s.origins.contains_key("ring_pages")
+        if matches!(s.callchains.as_str(), "dwarf" | "auto")
+            && !s.origins.contains_key("ring_pages")
         {
             s.ring_pages = DWARF_RING_PAGES;
         }

@@ -28,12 +28,8 @@ fn build(dir: &std::path::Path, name: &str, fp_flag: &str) -> std::path::PathBuf
 }
 
 /// Run the workload under a daemon with `callchains`, and return `--callers hot` samples of
-/// `via_a` and `via_b` and hot's samples in all.
-fn callers_of_hot(fp_flag: &str, callchains: &str) -> (u64, u64, u64) {
-    callers_of_hot_status(fp_flag, callchains).0
-}
-
-/// [`callers_of_hot`], and dcpid's `status --json` taken after the last flush.
+/// `via_a` and `via_b` and hot's samples in all, and dcpid's `status --json` taken after the
+/// last flush.
 fn callers_of_hot_status(fp_flag: &str, callchains: &str) -> ((u64, u64, u64), serde_json::Value) {
     // One daemon at a time: each samples and unwinds the whole machine, the other's too.
     let _one = dcpi_e2e::machine_wide_stacks();

@@ -245,7 +245,7 @@ impl StackTable {
         x ^= x >> 7;
         x ^= x << 17;
         self.draw = x;
-        if x % u64::from(self.one_in) == 0 {
+        if x.is_multiple_of(u64::from(self.one_in)) {
             true
         } else {
             self.counters.skipped += 1;

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use hashbrown::HashMap;
-use object::elf::{FileHeader64, PT_LOAD, SHF_COMPRESSED};
+use object::elf::{FileHeader64, PF_X, PT_LOAD, SHF_COMPRESSED};
 use object::read::elf::{FileHeader, ProgramHeader, SectionHeader};
 use object::read::ReadCache;
 use object::Endianness;
@@ -150,7 +150,7 @@ impl ImageTables {
         }
         for ph in h.program_headers(endian, data).ok()? {
             if ph.p_type(endian) == PT_LOAD {
-                let exec = ph.p_flags(endian).contains(object::elf::PF_X);
+                let exec = ph.p_flags(endian).contains(PF_X);
                 t.loads.push((ph.p_offset(endian), ph.p_filesz(endian), ph.p_vaddr(endian), exec));
             }
         }
@@ -1203,7 +1203,7 @@ mod tests {
     }
 
     /// The functions of an image built with frame pointers that have a frame are told from its
-    /// `.eh_frame` (via_a, via_b, main; not the frameless leaf hot), and none of the same code
+    /// `.eh_frame` (`via_a`, `via_b`, `main`; not the frameless leaf `hot`), and none of the same code
     /// built without (gcc, what `cc` is here).
     #[test]
     fn frame_pointer_images_are_told_from_their_cfi() {
