@@ -232,6 +232,12 @@ impl StackTable {
         self.draw = seed | 1;
     }
 
+    /// The samples each stack this table took stands for (`stack_one_in`; 1 for a table whose
+    /// stacks are all taken, the off-CPU source's).
+    pub fn one_in(&self) -> u32 {
+        self.one_in
+    }
+
     /// Whether this sample's stack is taken: a Bernoulli draw of probability `1 / one_in`,
     /// independent of the sample, so that the taken stacks are an unbiased sample of all and
     /// a count times `one_in` estimates the samples (not a 1-in-N rotation, which a periodic
@@ -441,7 +447,7 @@ pub struct StackTables {
     /// `stack_one_in`: one sample in this many (at random) has its stack taken; a stack's
     /// count is multiplied by it when resolved.
     one_in: u32,
-    /// `callchains = "auto"`: frames of frame-pointer images are stepped by frame pointer.
+    /// `callchains = "auto"`: caller frames of frame-pointer functions are stepped by it.
     auto: bool,
     /// A table is past its high-water mark; cleared by the flusher as it flushes.
     flush_wanted: AtomicBool,
@@ -467,8 +473,8 @@ impl StackTables {
 
     /// `callchains = "dwarf"` (or `"auto"`): tables whose samples carry `user_stack` bytes of
     /// user stack, unwound by one [`crate::perf::dwarf::DwarfUnwinder`] per CPU over one image
-    /// cache of at most `cache_bytes`; with `auto`, frames of frame-pointer sound images are
-    /// stepped by frame pointer ([`crate::perf::dwarf::walk`]).
+    /// cache of at most `cache_bytes`; with `auto`, caller frames of functions that keep a frame
+    /// pointer are stepped by it ([`crate::perf::dwarf::walk`]).
     pub fn new_dwarf(
         ncpus: usize,
         capacity: usize,
@@ -488,17 +494,19 @@ impl StackTables {
         Ok(t)
     }
 
-    /// Take one sample's stack in `n` (at random, per CPU: `stack_one_in`); each stack then
-    /// counts `n` samples. Before the drain threads start.
-    pub fn set_one_in(&mut self, n: u32) {
+    /// Take one sample's stack in `n` (at random, per CPU: `stack_one_in`) in the tables of the
+    /// first `sampled` slots (the CPUs' drain threads; not the off-CPU source's slot after
+    /// them, whose stacks are all taken); each such stack then counts `n` samples. Before the
+    /// drain threads start.
+    pub fn set_one_in(&mut self, n: u32, sampled: usize) {
         self.one_in = n.max(1);
-        for (i, t) in self.cpus.iter_mut().enumerate() {
+        for (i, t) in self.cpus.iter_mut().enumerate().take(sampled) {
             let seed = rand::random::<u64>() ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             t.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).set_one_in(n, seed);
         }
     }
 
-    /// `stack_one_in`: the samples each taken stack stands for.
+    /// `stack_one_in`: the samples each stack the CPUs' tables took stands for.
     pub fn one_in(&self) -> u32 {
         self.one_in
     }

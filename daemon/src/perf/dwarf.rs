@@ -1152,12 +1152,12 @@ mod tests {
         assert_eq!((d.counters.truncated, d.counters.truncated_copy_end), (1, 1));
     }
 
-    /// `callchains = "auto"`: a caller's frame in a frame-pointer sound range is stepped by
-    /// frame pointer (counted), the leaf through CFI; with no sound range (`"dwarf"`) the same
+    /// `callchains = "auto"`: a caller's frame in a frame-pointer function is stepped by
+    /// frame pointer (counted), the leaf through CFI; with none (`"dwarf"`) the same
     /// stack unwinds to the same frames through framehop (its frame-pointer rule where no
     /// module covers the pc).
     #[test]
-    fn auto_steps_callers_in_sound_images_by_frame_pointer() {
+    fn auto_steps_callers_in_frame_pointer_functions_by_frame_pointer() {
         let t = synthetic_eh_frame();
         let u = unwinder_for(&[(&t, 0x40_1000..0x40_1300, 0x40_0000)]);
         let sp = 0x7ffd_0000_0000u64;
@@ -1174,7 +1174,7 @@ mod tests {
         let mut dwarf = Vec::new();
         let (ended, fp) = walk(&u, &mut cache, regs, &stack, 64, &mut dwarf, |_| false);
         assert_eq!((&dwarf, ended, fp), (&want, Ended::Root, 0));
-        // A leaf in a sound range is still stepped through its CFI, not by frame pointer: f1
+        // A leaf in a frame-pointer function is still stepped through its CFI, not by frame pointer: f1
         // is frameless, and a frame-pointer step from it would skip its caller 0x50_0104.
         let mut leaf = Vec::new();
         walk(&u, &mut cache, regs, &stack, 64, &mut leaf, |_| true);

@@ -228,7 +228,7 @@ pub(super) fn start_sampling(
         _ => None,
     }
     .map(|mut t| {
-        t.set_one_in(settings.stack_one_in);
+        t.set_one_in(settings.stack_one_in, ncpus);
         let t = Arc::new(t);
         aggregator.set_stack_tables(Arc::clone(&t));
         t
