@@ -17,9 +17,20 @@ run a fixed amount of work while it samples; then
     for dcpid, whose files grow with distinct stacks, not with time);
   - the collector's peak RSS (VmHWM) at the end of its run.
 
-  bench/stacks.py [--short] [--callchains fp|dwarf] [--rate 1000] [--settle S] [--iters N]
+  bench/stacks.py [--short] [--callchains fp|dwarf|auto] [--rate 1000] [--settle S] [--iters N]
+                  [--stack-one-in N] [--workload-fp yes|no]
                   [--dcpid target/release/dcpid] [--dcpictl DCPICTL]
                   [--ab OTHER_DCPID] [--out FILE]
+
+--callchains auto runs `dcpid --callchains auto` against `perf record --call-graph dwarf` (both
+copy 8 KiB a sample), the workload built with frame pointers unless --workload-fp no.
+--stack-one-in N passes `--stack-one-in N` to dcpid (one sample's stack in N is unwound and
+counts N; the flat profile keeps every sample).
+
+Bytes: `bytes` is everything the collector wrote; for dcpid `bytes_without_one_time` leaves out
+the files written once per kernel or build-id, not per hour (the kallsyms snapshot db/kallsyms/
+and the symbol tables db/binaries/, as bench/slices.py does), and `perf_over_dcpid_size_*` in
+the summary compare perf.data with both.
 
 --ab runs a second dcpid build ("dcpid_b") in the same alternation, for a before/after
 comparison on this noisy machine (runs an hour apart differ by 50 %).
@@ -67,8 +78,10 @@ def peak_rss_kib(pid):
     return 0
 
 
-def build(work, callchains):
-    fp = "-fno-omit-frame-pointer" if callchains == "fp" else "-fomit-frame-pointer"
+def build(work, callchains, workload_fp=None):
+    if workload_fp is None:
+        workload_fp = callchains in ("fp", "auto")
+    fp = "-fno-omit-frame-pointer" if workload_fp else "-fomit-frame-pointer"
     exe = os.path.join(work, "cpu-" + callchains)
     subprocess.run(["cc", "-O2", fp, "-o", exe,
                     os.path.join(HERE, "workloads", "cpu.c")], check=True)
@@ -93,6 +106,8 @@ def run_with(kind, args, work, exe):
         cmd = [exe_d, "--config", "none", "--db", os.path.join(d, "db"), "--spool",
                os.path.join(d, "spool"), "--socket", sock, "--host", "bench", "-e",
                f"cpu-clock:{period}", "--callchains", args.callchains]
+        if args.stack_one_in != 1:
+            cmd += ["--stack-one-in", str(args.stack_one_in)]
         ready = lambda: os.path.exists(sock)  # noqa: E731
         out = os.path.join(d, "db")
     else:
@@ -133,8 +148,18 @@ def run_with(kind, args, work, exe):
     if kind.startswith("dcpid"):
         stk = [os.path.join(r, f) for r, _, fs in os.walk(out) for f in fs if f.endswith(".stk")]
         res["stack_file_bytes"] = sum(os.path.getsize(f) for f in stk)
-        # The kernel symbol snapshot is stored once per database and boot, not per hour.
+        # The kernel symbol snapshot is stored once per database and boot, not per hour;
+        # the symbol tables once per build-id (bench/slices.py's ONE_TIME).
         res["bytes_without_kallsyms"] = size - du(os.path.join(out, "kallsyms"))
+        res["bytes_one_time"] = du(os.path.join(out, "kallsyms")) + du(os.path.join(out, "binaries"))
+        res["bytes_without_one_time"] = size - res["bytes_one_time"]
+        if s1 and s1.get("stacks"):
+            st = s1["stacks"]
+            res["stacks_status"] = {k: st.get(k) for k in ("recorded", "truncated", "skipped",
+                                                            "one_in")}
+            if st.get("dwarf"):
+                res["stacks_status"].update({k: st["dwarf"].get(k) for k in (
+                    "unwound", "fp_fallback", "unwind_ms", "fp_steps", "procs_loaded")})
     shutil.rmtree(d, ignore_errors=True)
     return res
 
@@ -142,8 +167,14 @@ def run_with(kind, args, work, exe):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--short", action="store_true")
-    ap.add_argument("--callchains", choices=("fp", "dwarf"), default="fp",
-                    help="fp: dcpid fp vs perf -g; dwarf: dcpid dwarf vs perf --call-graph dwarf")
+    ap.add_argument("--callchains", choices=("fp", "dwarf", "auto"), default="fp",
+                    help="fp: dcpid fp vs perf -g; dwarf (auto): dcpid dwarf (auto) vs perf "
+                    "--call-graph dwarf")
+    ap.add_argument("--stack-one-in", type=int, default=1,
+                    help="dcpid --stack-one-in N: one sample's stack in N, each counting N")
+    ap.add_argument("--workload-fp", choices=("yes", "no"),
+                    help="build the workload with frame pointers (default: yes for fp and "
+                    "auto, no for dwarf)")
     ap.add_argument("--rate", type=int, default=1000, help="samples per second per CPU")
     ap.add_argument("--dcpid", default=os.path.join(ROOT, "target/release/dcpid"))
     ap.add_argument("--settle", type=float, help="seconds between a collector's start and the "
@@ -163,10 +194,13 @@ def main():
     if args.iters is None:
         args.iters = 300_000_000 if args.short else 10_000_000_000
     work = tempfile.mkdtemp(prefix="dcpi-stacks-")
-    exe = build(work, args.callchains)
+    wfp = None if args.workload_fp is None else args.workload_fp == "yes"
+    exe = build(work, args.callchains, wfp)
     res = {"commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip(),
-           "rate": args.rate, "callchains": args.callchains, "short": args.short, "settle_s": args.settle, "iters": args.iters,
+           "rate": args.rate, "callchains": args.callchains, "short": args.short,
+           "settle_s": args.settle, "iters": args.iters, "stack_one_in": args.stack_one_in,
+           "workload_fp": args.workload_fp, "loadavg_start": open("/proc/loadavg").read().strip(),
            "runs": {}}
     for rep in range(args.reps):
         for kind in ("none", "dcpid") + (("dcpid_b",) if args.ab else ()) + ("perf",):
@@ -195,6 +229,9 @@ def main():
     # sizes of what grows with time (the hour itself is bench/disk.py --stacks).
     res["summary"]["perf_over_dcpid_size_without_kallsyms"] = round(
         med["perf"]["bytes"] / max(med["dcpid"]["bytes_without_kallsyms"], 1), 1)
+    res["summary"]["perf_over_dcpid_size_without_one_time"] = round(
+        med["perf"]["bytes"] / max(med["dcpid"]["bytes_without_one_time"], 1), 1)
+    res["loadavg_end"] = open("/proc/loadavg").read().strip()
     # Where dcpid's time went, by stage, in its median repetition (by CPU).
     for k in [k for k in res["runs"] if k.startswith("dcpid")]:
         runs = [r for r in res["runs"][k] if "stages_ms_per_s" in r]

@@ -414,6 +414,12 @@ pub fn render_status(v: &StatusReport) -> String {
             s.max_stack,
             s.early_flushes
         );
+        if s.one_in > 1 {
+            o += &format!(
+                "            one stack in {} taken (each counts {}): {} samples skipped\n",
+                s.one_in, s.one_in, s.skipped
+            );
+        }
         if let Some(d) = &s.dwarf {
             o += &format!(
                 "dwarf:      {} unwound ({} through frame pointers: tables not loaded yet), {} \
@@ -438,6 +444,12 @@ pub fn render_status(v: &StatusReport) -> String {
                 d.tables_limit_bytes / 1024,
                 d.images
             );
+            if d.auto {
+                o += &format!(
+                    "            auto: {} frames stepped by frame pointer (images that keep them)\n",
+                    d.fp_steps
+                );
+            }
         }
     }
     if let Some(f) = &v.off_cpu {

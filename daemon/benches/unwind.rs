@@ -15,6 +15,17 @@
 //!
 //! - `unwind/depth20`: the first 20 frames (the depth bound set to 20).
 //! - `unwind/to_root`: the whole stack (about 50 frames) down to `clone3`'s root.
+//! - `unwind/depth20_cold`: `depth20` with an empty rule cache each time (a process's first
+//!   samples, or a workload whose pcs are many and rarely repeat): every frame looks its
+//!   rule up in `.eh_frame_hdr` and evaluates its CFI.
+//! - `unwind/fp20_auto` and `unwind/fp20_dwarf`: a 20-frame frame-pointer chain (hand-built
+//!   in a copy, in an image without CFI that keeps frame pointers), as `callchains = "auto"`
+//!   steps it (by frame pointer, no table) and as `"dwarf"` does (framehop's frame-pointer
+//!   rule through its rule cache).
+//!
+//! Before the benches it prints, for this bench binary, libc and any image named in
+//! `DCPI_FP_SHARE` (colon-separated paths), what `callchains = "auto"` reads of it: the share of
+//! its framed functions that keep a frame pointer (`FpShare`), and the time its load took.
 //!
 //! Run: `cargo bench -p dcpi-daemon --bench unwind` (the `thrpt` line is stacks/s).
 #![forbid(unsafe_code)]
@@ -26,9 +37,12 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use dcpid::perf::dwarf::{DwarfShared, DwarfUnwinder, DEFAULT_CACHE_BYTES, DEFAULT_USER_STACK};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use dcpid::perf::dwarf::{
+    fp_scan, DwarfShared, DwarfUnwinder, ImageTables, DEFAULT_CACHE_BYTES, DEFAULT_USER_STACK,
+};
 use dcpid::perf::records::UserRegs;
+use framehop::x86_64::CacheX86_64;
 
 /// Levels of recursion below the thread's entry (more than 20: the depth-20 stack is all CFI
 /// frames of this binary under libc's `read`).
@@ -102,7 +116,43 @@ fn capture() -> (UserRegs, Vec<u8>, UnixStream, std::thread::JoinHandle<u64>) {
     (UserRegs { bp: 0, sp, ip: pc }, stack, wake, t)
 }
 
+/// Print the frame-pointer verdict of this binary, libc and `DCPI_FP_SHARE`'s images.
+fn fp_shares() {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let libc = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.contains("/libc.so"))
+        .map(str::to_string);
+    let mut paths: Vec<String> = vec!["/proc/self/exe".into()];
+    paths.extend(libc);
+    if let Ok(more) = std::env::var("DCPI_FP_SHARE") {
+        paths.extend(more.split(':').filter(|p| !p.is_empty()).map(str::to_string));
+    }
+    for p in paths {
+        let Ok(data) = std::fs::read(&p) else { continue };
+        let t0 = Instant::now();
+        let Some(t) = ImageTables::parse(&data) else { continue };
+        let parse = t0.elapsed();
+        let s = t.fp_share();
+        let t1 = Instant::now();
+        if let Some((svma, eh)) = t.eh_frame_section() {
+            black_box(fp_scan(eh, svma));
+        }
+        let scan = t1.elapsed();
+        eprintln!(
+            "fp share {p}: {} FDEs, {} framed, {} keep rbp ({:.1} % of framed bytes); parse \
+             {parse:?} (the frame-pointer scan included: {scan:?} alone)",
+            s.fdes,
+            s.framed,
+            s.rbp_fdes,
+            100.0 * s.rbp_bytes as f64 / s.bytes.max(1) as f64,
+        );
+    }
+}
+
 fn bench(c: &mut Criterion) {
+    fp_shares();
     let (regs, stack, mut wake, t) = capture();
     let pid = std::process::id();
     let shared = DwarfShared::manual(DEFAULT_CACHE_BYTES);
@@ -117,7 +167,22 @@ fn bench(c: &mut Criterion) {
         out.len(),
         stack.len()
     );
-    assert!(!truncated && out.len() > 20 + LEVELS as usize / 2, "the stack did not unwind");
+    if truncated || out.len() <= 20 + LEVELS as usize / 2 {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        let words: Vec<String> = stack
+            .chunks_exact(8)
+            .take(96)
+            .enumerate()
+            .map(|(i, w)| {
+                format!(
+                    "{:#x}: {:#x}",
+                    regs.sp + 8 * i as u64,
+                    u64::from_ne_bytes(w.try_into().unwrap())
+                )
+            })
+            .collect();
+        panic!("the stack did not unwind: {out:x?} (regs {regs:x?})\n{}\n{maps}", words.join("\n"));
+    }
     let full = out.len();
 
     let mut g = c.benchmark_group("unwind");
@@ -129,6 +194,48 @@ fn bench(c: &mut Criterion) {
             assert!(tr && out.len() == 20);
         })
     });
+    g.bench_function("depth20_cold", |b| {
+        b.iter_batched(
+            CacheX86_64::new,
+            |cache| {
+                let old = d.swap_rule_cache(cache);
+                out.clear();
+                let tr = d.unwind(pid, regs, black_box(&stack), 20, &mut out);
+                assert!(tr && out.len() == 20);
+                old
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    // A frame-pointer chain of 20 frames in an image [0x50_0000, 0x60_0000) that keeps frame
+    // pointers and has no CFI: frame k's bp is sp + 16 k, holding [bp of k + 1][return].
+    let fsp = 0x7ff0_0000_0000u64;
+    let mut words = Vec::new();
+    for k in 0..24u64 {
+        let next = if k == 23 { 0 } else { fsp + 16 * (k + 1) };
+        words.extend_from_slice(&[next, 0x50_0105 + 0x100 * k]);
+    }
+    let fstack: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let fregs = UserRegs { bp: fsp, sp: fsp, ip: 0x50_0010 };
+    let fshared = DwarfShared::manual(DEFAULT_CACHE_BYTES);
+    let fp_image = ImageTables::frame_pointers_only(0x50_0000..0x60_0000);
+    fshared.add_module(1, &fp_image, 0x50_0000..0x60_0000, 0);
+    for (name, mut u) in [
+        ("fp20_auto", DwarfUnwinder::new_auto(Arc::clone(&fshared))),
+        ("fp20_dwarf", DwarfUnwinder::new(Arc::clone(&fshared))),
+    ] {
+        out.clear();
+        u.unwind(1, fregs, &fstack, 20, &mut out);
+        assert_eq!(out.len(), 20, "{name}: {out:x?}");
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                out.clear();
+                let tr = u.unwind(1, fregs, black_box(&fstack), 20, &mut out);
+                assert!(tr && out.len() == 20);
+            })
+        });
+        eprintln!("{name}: {} frames stepped by frame pointer", u.counters.fp_steps);
+    }
     g.bench_function("to_root", |b| {
         b.iter(|| {
             out.clear();

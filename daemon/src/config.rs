@@ -13,7 +13,7 @@
 //! host = "web-17"
 //! events = ["cycles", "cpu-clock:1000000"]   # or "auto"
 //! window_divisor = 16
-//! ring_pages = 128
+//! ring_pages = 128        # 1024 by default with callchains "dwarf" or "auto"
 //! redraw_interval = "1s"   # one period re-arm per CPU per interval, at a random instant
 //! flush_interval = "5s"
 //! publish_interval = "15m"
@@ -27,9 +27,11 @@
 //! status_interval = "10s"
 //! perf_map_max_bytes = 16777216
 //! perf_map_max_entries = 100000
-//! callchains = "none"      # or "fp": through frame pointers; "dwarf": through CFI
+//! callchains = "none"      # or "fp": through frame pointers; "dwarf": through CFI;
+//!                          # "auto": frame pointers where functions keep them, CFI elsewhere
 //! sample_max_stack = 64
-//! sample_user_stack = 8192  # bytes of user stack copied per sample with "dwarf"
+//! sample_user_stack = 8192  # bytes of user stack copied per sample with "dwarf" and "auto"
+//! stack_one_in = 1          # take the stack of one sample in N (at random), each counts N
 //! slice_interval = "1m"       # time slices in each host-epoch (FORMAT.md §14); "0": off
 //! slice_rollup_after = "6h"   # older slices become hour slices
 //! off_cpu = false             # off-CPU time with stacks, event "off-cpu" (nanoseconds)
@@ -51,6 +53,8 @@ use crate::offcpu::Source;
 use crate::perf;
 use crate::perf::callchain::DEFAULT_MAX_STACK;
 use crate::perf::dwarf::DEFAULT_USER_STACK;
+/// `ring_pages` when `callchains` is `dwarf` or `auto` and it is not set (its field docs).
+pub const DWARF_RING_PAGES: usize = 1024;
 use crate::perf::dwarf::MAX_USER_STACK;
 use crate::perf::sampler::MAX_REDRAW_INTERVAL;
 use crate::resolve::jit::MAX_JIT_MAP_BYTES;
@@ -327,7 +331,11 @@ settings! {
     /// nominal period P so that the mean rate is the one asked for [default: 16].
     #[arg(long, value_name = "N")]
     window_divisor: u64 = 16;
-    /// Data pages of each per-CPU ring buffer (power of two) [default: 128].
+    /// Data pages of each per-CPU ring buffer (power of two) [default: 128; 1024 with
+    /// `callchains = "dwarf"` or `"auto"`, whose samples carry `sample_user_stack` bytes each: 128
+    /// pages held 62 of them, and the drain threads, woken at every half ring (32 times a second
+    /// per CPU at 1 kHz), spent twice the CPU of a 1024-page ring (BENCHMARKS.md "Call stacks:
+    /// auto, one stack in N")].
     #[arg(long, value_name = "N")]
     ring_pages: usize = 128;
     /// Each CPU re-arms its sampling periods once per window of this length, at a random
@@ -422,7 +430,9 @@ settings! {
     /// first frame and are counted as truncated), or `dwarf` to copy `sample_user_stack`
     /// bytes of the user stack with each sample and unwind it in dcpid with the images'
     /// `.eh_frame`/`.debug_frame` (code without frame pointers, libc; costs more CPU per
-    /// sample), into `stacks.<event>.stk` beside the flat profiles, for `dcpiprof
+    /// sample), or `auto`: the copy of `dwarf`, whose caller frames are stepped by frame pointer
+    /// where their function keeps one (told once per image from its `.eh_frame`) and by CFI
+    /// elsewhere (the stacks of `dwarf`, at less CPU for frame-pointer code), into `stacks.<event>.stk` beside the flat profiles, for `dcpiprof
     /// --callers/--callees` and stacks in folded, pprof and flame graph output [default: none].
     #[arg(long, value_name = "MODE")]
     callchains: String = "none".into();
@@ -437,6 +447,12 @@ settings! {
     /// truncated. The copy is unwound and dropped by dcpid, never written [default: 8192].
     #[arg(long, value_name = "BYTES")]
     sample_user_stack: u32 = DEFAULT_USER_STACK;
+    /// Take the call stack of one sample in N, drawn at random per sample (1: every sample);
+    /// each stack taken counts N samples, so that stack counts stay estimates of the samples
+    /// (FORMAT.md §13) while dcpid unwinds N times fewer stacks. The flat profile keeps every
+    /// sample and its randomized periods. From 1 to 1000 [default: 1].
+    #[arg(long, value_name = "N")]
+    stack_one_in: u32 = 1;
     /// Length of the time slices each host-epoch keeps its counts in (`slices.<hour>.log`, for
     /// reports over a time range), aligned to UTC; whole seconds dividing an hour; `0`: no
     /// slices, only epoch totals [default: 1m].
@@ -583,6 +599,12 @@ impl Settings {
         }
         s.apply(cli, &|_| Origin::CommandLine);
         s.socket_group_explicit = s.origins.contains_key("socket_group");
+        // A stack copy per sample fills a default ring 60 times faster (field docs).
+        if matches!(s.callchains.as_str(), "dwarf" | "auto")
+            && !s.origins.contains_key("ring_pages")
+        {
+            s.ring_pages = DWARF_RING_PAGES;
+        }
         s.validate()?;
         Ok(s)
     }
@@ -605,11 +627,19 @@ impl Settings {
         if let Err(e) = profile_format::validate_host_name(&self.host) {
             return Err(bad("host", self.host.clone(), &e.to_string()));
         }
-        if !matches!(self.callchains.as_str(), "none" | "fp" | "dwarf") {
+        if !matches!(self.callchains.as_str(), "none" | "fp" | "dwarf" | "auto") {
             return Err(bad(
                 "callchains",
                 self.callchains.clone(),
-                "must be `none`, `fp` (frame pointers) or `dwarf` (CFI unwinding of a stack copy)",
+                "must be `none`, `fp` (frame pointers), `dwarf` (CFI unwinding of a stack copy) \
+                 or `auto` (a stack copy, unwound by frame pointer where the image keeps them)",
+            ));
+        }
+        if !(1..=1000).contains(&self.stack_one_in) {
+            return Err(bad(
+                "stack_one_in",
+                self.stack_one_in.to_string(),
+                "must be from 1 (every sample's stack) to 1000",
             ));
         }
         if Source::parse(&self.off_cpu_source).is_none() {
@@ -939,6 +969,17 @@ mod tests {
         assert_eq!((ok.callchains.as_str(), ok.sample_max_stack), ("fp", 127));
         let ok = file("callchains = \"dwarf\"\nsample_user_stack = 16384\n").expect("valid");
         assert_eq!((ok.callchains.as_str(), ok.sample_user_stack), ("dwarf", 16384));
+        let ok = file("callchains = \"auto\"\nstack_one_in = 4\n").expect("valid");
+        assert_eq!((ok.callchains.as_str(), ok.stack_one_in), ("auto", 4));
+        // A stack copy per sample takes a larger ring, unless one is set.
+        assert_eq!(ok.ring_pages, DWARF_RING_PAGES);
+        let ok = file("callchains = \"dwarf\"\nring_pages = 256\n").expect("valid");
+        assert_eq!(ok.ring_pages, 256);
+        assert_eq!(file("callchains = \"fp\"\n").expect("valid").ring_pages, 128);
+        for bad in [0, 1001] {
+            let err = file(&format!("stack_one_in = {bad}\n")).unwrap_err().to_string();
+            assert!(err.contains("stack_one_in"), "{err}");
+        }
         for bad in ["100", "8193", "65536"] {
             let err = file(&format!("sample_user_stack = {bad}\n")).unwrap_err().to_string();
             assert!(err.contains("sample_user_stack") && err.contains(bad), "{err}");

@@ -342,6 +342,13 @@ pub struct StackReport {
     /// `callchains = "dwarf"`: the unwinder's counters; absent with frame pointers.
     #[serde(default)]
     pub dwarf: Option<DwarfReport>,
+    /// `stack_one_in`: one sample in this many has its stack taken (each counts this many);
+    /// 0 from a dcpid that predates it (every sample).
+    #[serde(default)]
+    pub one_in: u64,
+    /// Samples whose stack was not taken (`stack_one_in` above 1).
+    #[serde(default)]
+    pub skipped: u64,
 }
 
 /// The DWARF unwinding of copied user stacks (`dcpid --callchains dwarf`), since start.
@@ -377,6 +384,12 @@ pub struct DwarfReport {
     pub tables_limit_bytes: u64,
     /// Images whose unwind sections are cached now.
     pub images: u64,
+    /// `callchains = "auto"`: frames stepped by frame pointer (in images that keep them);
+    /// false and 0 with `"dwarf"`.
+    #[serde(default)]
+    pub auto: bool,
+    #[serde(default)]
+    pub fp_steps: u64,
 }
 
 /// JIT perf maps (`/tmp/perf-PID.map`) read since start.

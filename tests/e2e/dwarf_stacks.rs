@@ -28,8 +28,9 @@ fn build(dir: &std::path::Path, name: &str, fp_flag: &str) -> std::path::PathBuf
 }
 
 /// Run the workload under a daemon with `callchains`, and return `--callers hot` samples of
-/// `via_a` and `via_b` and hot's samples in all.
-fn callers_of_hot(fp_flag: &str, callchains: &str) -> (u64, u64, u64) {
+/// `via_a` and `via_b` and hot's samples in all, and dcpid's `status --json` taken after the
+/// last flush.
+fn callers_of_hot_status(fp_flag: &str, callchains: &str) -> ((u64, u64, u64), serde_json::Value) {
     // One daemon at a time: each samples and unwinds the whole machine, the other's too.
     let _one = dcpi_e2e::machine_wide_stacks();
     let sb = Sandbox::new();
@@ -40,6 +41,7 @@ fn callers_of_hot(fp_flag: &str, callchains: &str) -> (u64, u64, u64) {
     let st = Command::new(&bin).arg("6").status().expect("run workload");
     assert!(st.success() || st.code() == Some(1), "workload failed: {st}");
     dcpi_e2e::flush_until_done(&d);
+    let st = d.status_json();
     let (status, err) = d.terminate();
     assert!(status.success(), "dcpid exit {status}: {err}");
 
@@ -64,17 +66,46 @@ fn callers_of_hot(fp_flag: &str, callchains: &str) -> (u64, u64, u64) {
     };
     let through = r["samples"].as_u64().expect("samples");
     eprintln!("{image} ({fp_flag}, callchains {callchains}): callers of hot {r}");
-    (samples("via_a"), samples("via_b"), through)
+    ((samples("via_a"), samples("via_b"), through), st)
 }
 
 fn assert_split(fp_flag: &str) {
-    let (a, b, through) = callers_of_hot(fp_flag, "dwarf");
+    assert_split_with(fp_flag, "dwarf");
+}
+
+/// hot's callers split 60/40 under `callchains`; dcpid's status.
+fn assert_split_with(fp_flag: &str, callchains: &str) -> serde_json::Value {
+    let ((a, b, through), st) = callers_of_hot_status(fp_flag, callchains);
     assert!(a + b >= 500, "too few samples to judge: via_a {a} + via_b {b} of {through}");
     let share = 100.0 * a as f64 / (a + b) as f64;
     eprintln!("callers of hot: via_a {a}, via_b {b} ({share:.1}% via_a) of {through}");
     assert!((share - 60.0).abs() <= 4.0, "via_a has {share:.1}% of hot's samples, not 60 ± 4");
     // The two callers are (nearly) all of hot's samples: the leaf's caller was found.
     assert!((a + b) as f64 >= 0.9 * through as f64, "via_a {a} + via_b {b} of {through}");
+    st
+}
+
+/// `callchains = "auto"`, code built without frame pointers: none of its functions keeps a
+/// frame pointer, so its frames go through CFI and hot's callers are found.
+#[dcpi_testkit::test(perf)]
+fn auto_finds_callers_without_frame_pointers() {
+    let st = assert_split_with("-fomit-frame-pointer", "auto");
+    assert_eq!(st["stacks"]["dwarf"]["auto"], true, "{}", st["stacks"]);
+}
+
+/// `callchains = "auto"`, code built with frame pointers whose leaf `hot` has no frame: the
+/// leaf is stepped through CFI (a frame-pointer walk would skip its caller), and its callers
+/// `via_a`/`via_b` (functions with a frame pointer) by frame pointer: the split is right and
+/// frames were stepped by frame pointer. (The count is the machine's: dcpid samples
+/// every process; an image of this program's kind is what the test runs, though, and the
+/// test fails if none was stepped so.)
+#[dcpi_testkit::test(perf)]
+fn auto_steps_frame_pointer_code_by_frame_pointer_and_finds_callers() {
+    let st = assert_split_with("-fno-omit-frame-pointer", "auto");
+    let d = &st["stacks"]["dwarf"];
+    assert_eq!(d["auto"], true, "{d}");
+    let fp = d["fp_steps"].as_u64().expect("fp_steps");
+    assert!(fp >= 500, "frames stepped by frame pointer: {fp} ({d})");
 }
 
 /// Built without frame pointers: only CFI finds hot's callers.

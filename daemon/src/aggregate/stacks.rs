@@ -108,6 +108,10 @@ pub(crate) fn resolve_cpu(
         return;
     }
     let table = tables.cpu(slot);
+    // With `stack_one_in = N` a sample's stack is taken with probability 1/N: each counts N,
+    // so that a stack's count stays an estimate of its samples (FORMAT.md §13). Per table:
+    // the off-CPU source's slot takes every stack.
+    let weight = u64::from(table.one_in());
     // Interned images per (event, image pointer): a hot image is hashed once per flush.
     // The Arc is kept so that its address cannot be reused for another image meanwhile.
     let mut images: HashMap<(EventIdx, *const ImageInfo), (u32, Arc<ImageInfo>)> = HashMap::new();
@@ -151,7 +155,7 @@ pub(crate) fn resolve_cpu(
             frames.push(frame);
         }
         let command = p.command_index(command(r, comms, pid, asid));
-        p.add_command(Some(command), &frames, entry.truncated, n);
+        p.add_command(Some(command), &frames, entry.truncated, n.saturating_mul(weight));
     }
 }
 

@@ -331,6 +331,44 @@ fn stacks_are_counted_once_per_key_and_resolve_in_their_own_address_space() {
     assert_eq!(agg.take_resolved().stacks[&0].samples(), 1);
 }
 
+/// With `stack_one_in = N` each taken stack counts N samples in the stack profile (an estimate
+/// of the samples), while the flat profile counts every sample once.
+#[test]
+fn a_sampled_stack_counts_one_in_samples() {
+    use crate::perf::callchain::StackTables;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Two slots: a CPU's, whose stacks are sampled, and one after it (the off-CPU source's),
+    // whose stacks are all taken and count once.
+    let agg = Aggregator::new(resolver(dir.path()), 2);
+    let mut tables = StackTables::new(2, 16, 64);
+    tables.set_one_in(4, 1);
+    assert_eq!((tables.cpu(0).one_in(), tables.cpu(1).one_in()), (4, 1));
+    let tables = Arc::new(tables);
+    agg.set_stack_tables(Arc::clone(&tables));
+    let id = tables.cpu(0).intern_pcs(&[BASE + 0x10, BASE + 0x40], false);
+    agg.on_drain(0, 10, &mut Vec::new(), &mut vec![mmap(5, 7, 1)]);
+    // 12 samples, 3 of which carry the stack (the drain thread skipped the others' stacks).
+    let mut s: Vec<Sample> = (100..112)
+        .map(|t| Sample {
+            stack: if t % 4 == 0 { id } else { 0 },
+            ..sample(t, 7, BASE + 0x10, 1000)
+        })
+        .collect();
+    agg.on_drain(0, 1000, &mut s, &mut Vec::new());
+    agg.on_drain(1, 1000, &mut Vec::new(), &mut Vec::new());
+    let r = agg.take_resolved();
+    assert_eq!(r.stacks.get(&0).expect("stacks of event 0").samples(), 12, "3 stacks x 4");
+    assert_eq!(count(&r, 1, 0x10).0, 12, "the flat profile counts each sample once");
+    // The other slot's stacks count once each.
+    let id = tables.cpu(1).intern_pcs(&[BASE + 0x10, BASE + 0x40], false);
+    let mut s: Vec<Sample> =
+        (2000..2005).map(|t| Sample { stack: id, ..sample(t, 7, BASE + 0x10, 1000) }).collect();
+    agg.on_drain(1, 3000, &mut s, &mut Vec::new());
+    agg.on_drain(0, 3000, &mut Vec::new(), &mut Vec::new());
+    let r = agg.take_resolved();
+    assert_eq!(r.stacks.get(&0).expect("stacks of event 0").samples(), 5, "5 stacks x 1");
+}
+
 mod watermark_model {
     //! Model-based: two CPUs' drain passes, cut at random instants and interleaved at random,
     //! must attribute every sample to the image its process had mapped at the sample's time,

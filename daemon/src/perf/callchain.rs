@@ -80,6 +80,8 @@ pub struct StackCounters {
     pub truncated: u64,
     /// Chains with no frame at all (only markers, or malformed).
     pub empty: u64,
+    /// Samples whose stack was not taken (`stack_one_in`: one sample in N is, at random).
+    pub skipped: u64,
 }
 
 /// FxHash-style hasher: the keys are pcs that the table itself compares in full.
@@ -143,6 +145,10 @@ pub struct StackTable {
     pub counters: StackCounters,
     /// `callchains = "dwarf"`: this CPU's unwinder of copied user stacks.
     dwarf: Option<DwarfUnwinder>,
+    /// `stack_one_in`: a sample's stack is taken with probability 1 / this (1: every one).
+    one_in: u32,
+    /// xorshift64 state of that draw (never 0).
+    draw: u64,
 }
 
 impl std::fmt::Debug for BuildPcHash {
@@ -214,6 +220,42 @@ impl StackTable {
             scratch: Vec::with_capacity(usize::from(max_stack) + 4),
             counters: StackCounters::default(),
             dwarf: None,
+            one_in: 1,
+            draw: 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    /// Take a sample's stack with probability `1 / n` only (`stack_one_in`), drawn with
+    /// `seed`; each taken stack then stands for `n` samples ([`StackTables::one_in`]).
+    pub fn set_one_in(&mut self, n: u32, seed: u64) {
+        self.one_in = n.max(1);
+        self.draw = seed | 1;
+    }
+
+    /// The samples each stack this table took stands for (`stack_one_in`; 1 for a table whose
+    /// stacks are all taken, the off-CPU source's).
+    pub fn one_in(&self) -> u32 {
+        self.one_in
+    }
+
+    /// Whether this sample's stack is taken: a Bernoulli draw of probability `1 / one_in`,
+    /// independent of the sample, so that the taken stacks are an unbiased sample of all and
+    /// a count times `one_in` estimates the samples (not a 1-in-N rotation, which a periodic
+    /// workload could alias with). xorshift64: a few instructions, no syscall.
+    fn take(&mut self) -> bool {
+        if self.one_in <= 1 {
+            return true;
+        }
+        let mut x = self.draw;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.draw = x;
+        if x.is_multiple_of(u64::from(self.one_in)) {
+            true
+        } else {
+            self.counters.skipped += 1;
+            false
         }
     }
 
@@ -256,6 +298,9 @@ impl StackTable {
         regs: Option<UserRegs>,
         stack: &[u8],
     ) -> StackId {
+        if !self.take() {
+            return 0;
+        }
         let mut pcs = std::mem::take(&mut self.scratch);
         let mut truncated = process_chain(chain, self.max_stack, &mut pcs).unwrap_or(false);
         if let (Some(regs), Some(d)) = (regs, self.dwarf.as_mut()) {
@@ -278,6 +323,9 @@ impl StackTable {
 
     /// Intern a raw chain; returns its id (0: no frame, or a new stack while full).
     pub fn intern(&mut self, chain: &[u8]) -> StackId {
+        if !self.take() {
+            return 0;
+        }
         let mut pcs = std::mem::take(&mut self.scratch);
         let id = match process_chain(chain, self.max_stack, &mut pcs) {
             None => {
@@ -396,6 +444,11 @@ pub struct StackTables {
     /// `callchains = "dwarf"`: the state the CPUs' unwinders share.
     dwarf: Option<Arc<DwarfShared>>,
     max_stack: u16,
+    /// `stack_one_in`: one sample in this many (at random) has its stack taken; a stack's
+    /// count is multiplied by it when resolved.
+    one_in: u32,
+    /// `callchains = "auto"`: caller frames of frame-pointer functions are stepped by it.
+    auto: bool,
     /// A table is past its high-water mark; cleared by the flusher as it flushes.
     flush_wanted: AtomicBool,
     early_flushes: AtomicU64,
@@ -418,22 +471,49 @@ impl StackTables {
         Self::build(ncpus, max_stack, 0, || StackTable::new(capacity, max_stack))
     }
 
-    /// `callchains = "dwarf"`: tables whose samples carry `user_stack` bytes of user stack,
-    /// unwound by one [`crate::perf::dwarf::DwarfUnwinder`] per CPU over one image cache of
-    /// at most `cache_bytes`.
+    /// `callchains = "dwarf"` (or `"auto"`): tables whose samples carry `user_stack` bytes of
+    /// user stack, unwound by one [`crate::perf::dwarf::DwarfUnwinder`] per CPU over one image
+    /// cache of at most `cache_bytes`; with `auto`, caller frames of functions that keep a frame
+    /// pointer are stepped by it ([`crate::perf::dwarf::walk`]).
     pub fn new_dwarf(
         ncpus: usize,
         capacity: usize,
         max_stack: u16,
         user_stack: u32,
         cache_bytes: usize,
+        auto: bool,
     ) -> std::io::Result<Self> {
         let shared = DwarfShared::start(cache_bytes, Default::default())?;
         let mut t = Self::build(ncpus, max_stack, user_stack, || {
-            StackTable::with_dwarf(capacity, max_stack, DwarfUnwinder::new(Arc::clone(&shared)))
+            let s = Arc::clone(&shared);
+            let u = if auto { DwarfUnwinder::new_auto(s) } else { DwarfUnwinder::new(s) };
+            StackTable::with_dwarf(capacity, max_stack, u)
         });
         t.dwarf = Some(shared);
+        t.auto = auto;
         Ok(t)
+    }
+
+    /// Take one sample's stack in `n` (at random, per CPU: `stack_one_in`) in the tables of the
+    /// first `sampled` slots (the CPUs' drain threads; not the off-CPU source's slot after
+    /// them, whose stacks are all taken); each such stack then counts `n` samples. Before the
+    /// drain threads start.
+    pub fn set_one_in(&mut self, n: u32, sampled: usize) {
+        self.one_in = n.max(1);
+        for (i, t) in self.cpus.iter_mut().enumerate().take(sampled) {
+            let seed = rand::random::<u64>() ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            t.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).set_one_in(n, seed);
+        }
+    }
+
+    /// `stack_one_in`: the samples each stack the CPUs' tables took stands for.
+    pub fn one_in(&self) -> u32 {
+        self.one_in
+    }
+
+    /// Whether `callchains = "auto"`.
+    pub fn auto(&self) -> bool {
+        self.auto
     }
 
     fn build(
@@ -447,6 +527,8 @@ impl StackTables {
             user_stack,
             dwarf: None,
             max_stack,
+            one_in: 1,
+            auto: false,
             flush_wanted: AtomicBool::new(false),
             early_flushes: AtomicU64::new(0),
             wake_flusher: OnceLock::new(),
@@ -506,6 +588,7 @@ impl StackTables {
             c.truncated_copy_end += u.truncated_copy_end;
             c.truncated_depth += u.truncated_depth;
             c.unwind_ns += u.unwind_ns;
+            c.fp_steps += u.fp_steps;
         }
         c
     }
@@ -560,8 +643,12 @@ impl StackTables {
                     tables_bytes: l.cache_bytes,
                     tables_limit_bytes: l.cache_limit,
                     images: l.images,
+                    auto: self.auto,
+                    fp_steps: u.fp_steps,
                 }
             }),
+            one_in: u64::from(self.one_in),
+            skipped: c.skipped,
         }
     }
 
@@ -574,6 +661,7 @@ impl StackTables {
             c.overflow += t.counters.overflow;
             c.truncated += t.counters.truncated;
             c.empty += t.counters.empty;
+            c.skipped += t.counters.skipped;
         }
         c
     }
@@ -589,6 +677,27 @@ mod tests {
     }
 
     const K: u64 = 0xffff_ffff_8100_0000;
+
+    /// `stack_one_in`: a stack is taken with probability 1/N, at random (about N-th of the
+    /// samples, not every N-th), the others skipped and counted; N = 1 takes every one.
+    #[test]
+    fn one_in_n_takes_a_random_share_of_the_stacks() {
+        let chain = raw(&[PERF_CONTEXT_USER, 0x40_1000, 0x40_2005]);
+        let mut all = StackTable::new(16, 64);
+        assert!((0..1000).all(|_| all.intern(&chain) != 0));
+        assert_eq!(all.counters.skipped, 0);
+        let mut t = StackTable::new(16, 64);
+        t.set_one_in(4, 12345);
+        let taken: Vec<bool> = (0..40_000).map(|_| t.intern(&chain) != 0).collect();
+        let n = taken.iter().filter(|&&x| x).count() as u64;
+        // Binomial(40000, 1/4): mean 10000, standard deviation 87; 6 of them either side.
+        assert!((9_480..=10_520).contains(&n), "{n} of 40000 taken");
+        assert_eq!((t.counters.interned, t.counters.skipped), (n, 40_000 - n));
+        // Not a rotation: the gaps between taken stacks vary.
+        let idx: Vec<usize> = (0..taken.len()).filter(|&i| taken[i]).collect();
+        let gaps: std::collections::HashSet<usize> = idx.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.len() > 10, "gaps {gaps:?}");
+    }
 
     #[test]
     fn markers_dropped_and_return_addresses_minus_one() {

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use hashbrown::HashMap;
-use object::elf::{FileHeader64, PT_LOAD, SHF_COMPRESSED};
+use object::elf::{FileHeader64, PF_X, PT_LOAD, SHF_COMPRESSED};
 use object::read::elf::{FileHeader, ProgramHeader, SectionHeader};
 use object::read::ReadCache;
 use object::Endianness;
@@ -89,9 +89,16 @@ pub struct ImageTables {
     debug_frame: Option<Bytes>,
     text_svma: Option<Range<u64>>,
     got_svma: Option<Range<u64>>,
-    /// `PT_LOAD` segments: (file offset, file size, vaddr), to place the image's addresses.
-    loads: Vec<(u64, u64, u64)>,
+    /// `PT_LOAD` segments: (file offset, file size, vaddr, executable), to place the image's
+    /// addresses.
+    loads: Vec<(u64, u64, u64, bool)>,
     bytes: usize,
+    /// The functions (svma start, end; sorted) whose CFI makes `rbp` the frame register
+    /// ([`fp_scan`]): with `callchains = "auto"` a caller's frame in one of them is stepped by
+    /// frame pointer, which is what its CFI says, without evaluating the CFI.
+    fp_funcs: Vec<(u64, u64)>,
+    /// What [`fp_scan`] counted of its `.eh_frame` (diagnostics, benches).
+    fp: FpShare,
 }
 
 impl ImageTables {
@@ -136,21 +143,40 @@ impl ImageTables {
         t.text_svma = range(b".text");
         t.got_svma = range(b".got");
         t.bytes = bytes;
+        if let Some((r, b)) = &t.eh_frame {
+            let (share, funcs) = fp_scan(b, r.start);
+            t.bytes += funcs.len() * std::mem::size_of::<(u64, u64)>();
+            (t.fp, t.fp_funcs) = (share, funcs);
+        }
         for ph in h.program_headers(endian, data).ok()? {
             if ph.p_type(endian) == PT_LOAD {
-                t.loads.push((ph.p_offset(endian), ph.p_filesz(endian), ph.p_vaddr(endian)));
+                let exec = ph.p_flags(endian).contains(PF_X);
+                t.loads.push((ph.p_offset(endian), ph.p_filesz(endian), ph.p_vaddr(endian), exec));
             }
         }
         Some(t)
     }
 
-    /// The load bias of a mapping of file offset `pgoff` at `start`: what is added to the
-    /// image's addresses to give the process's. `None` if no segment holds that offset.
+    /// The load bias of an executable mapping of file offset `pgoff` at `start`: what is added
+    /// to the image's addresses to give the process's. `None` if no segment holds that offset.
+    ///
+    /// The executable segment that holds the offset, before any other: lld (rustc's default
+    /// linker since 1.90) packs segments so that one file page holds the end of the read-only
+    /// segment and the start of the text (file offset 0x130980 at vaddr 0x131980), and the
+    /// text's mapping then starts at a page the read-only segment holds too, whose vaddr is
+    /// one page off. Taking the first segment that held the page put every address of such an
+    /// image a page off, so no pc found its FDE (a release Rust binary unwound through frame
+    /// pointers only: the unwind bench's stack stopped at its first frame without one).
     fn bias(&self, start: u64, pgoff: u64) -> Option<u64> {
-        let &(off, _, vaddr) = self
+        let holds = |&&(off, size, _, _): &&(u64, u64, u64, bool)| {
+            pgoff >= off & !0xfff && pgoff < off.saturating_add(size)
+        };
+        let &(off, _, vaddr, _) = self
             .loads
             .iter()
-            .find(|&&(off, size, _)| pgoff >= off & !0xfff && pgoff < off.saturating_add(size))?;
+            .filter(|l| l.3)
+            .find(holds)
+            .or_else(|| self.loads.iter().find(holds))?;
         // Address of file offset pgoff = vaddr + (pgoff - off) + bias = start.
         Some(start.wrapping_sub(vaddr.wrapping_add(pgoff.wrapping_sub(off))))
     }
@@ -180,7 +206,137 @@ impl ImageTables {
     pub fn bytes(&self) -> usize {
         self.bytes
     }
+
+    /// Tables with no CFI of an image whose code at `svma` keeps frame pointers (benches,
+    /// tests): as one frame-pointer function.
+    pub fn frame_pointers_only(svma: Range<u64>) -> Self {
+        Self { fp_funcs: vec![(svma.start, svma.end)], ..Self::default() }
+    }
+
+    /// Its `.eh_frame` (svma, bytes), if loaded.
+    pub fn eh_frame_section(&self) -> Option<(u64, &[u8])> {
+        self.eh_frame.as_ref().map(|(r, b)| (r.start, &b[..]))
+    }
+
+    /// How many of its functions keep frame pointers, by their `.eh_frame` (read at load).
+    pub fn fp_share(&self) -> FpShare {
+        self.fp
+    }
+
+    /// Whether the function at image address `svma` keeps a frame pointer (its CFI says so).
+    fn fp_func(&self, svma: u64) -> bool {
+        let i = self.fp_funcs.partition_point(|&(start, _)| start <= svma);
+        i > 0 && svma < self.fp_funcs[i - 1].1
+    }
 }
+
+/// How many of an image's functions (FDEs of its `.eh_frame`) keep a frame pointer: their CFI
+/// makes `rbp` the CFA register (`DW_CFA_def_cfa_register rbp` after `push %rbp; mov
+/// %rsp,%rbp`, what gcc and clang emit with `-fno-omit-frame-pointer` and rustc with
+/// `-C force-frame-pointers`). Code built without frame pointers does so only in the few
+/// functions that realign the stack or call `alloca`.
+///
+/// Only functions with a frame count: those whose CFI moves the CFA at all (pushes, stack
+/// adjustments). A frameless function (no CFA change: a leaf with no stack use, gcc's choice
+/// at -O2 even with `-fno-omit-frame-pointer`) is never a caller, so never stepped by frame
+/// pointer (the leaf always goes through CFI, [`walk`]), and PLT stubs (a CFA expression) only
+/// jump. In a small program they are most FDEs (crt's, the PLT's, frameless leaves).
+///
+/// Why from the CFI and not from the code: the section is already read for unwinding, the
+/// answer needs no disassembly (one pass over the FDEs' first instructions), and what the CFI
+/// says of a function is what a CFI unwinder would do there anyway. The decision is per
+/// function, not per image: measured (BENCHMARKS.md "callchains = auto"), builds without frame
+/// pointers keep one in 5-20 % of their framed code (realigned stacks: libc 20.7 %, a release
+/// dcpid 18.2 %), and a build with them still had 15 % without (Debian's perf, 84.8 %): an
+/// image-wide verdict would step those functions wrongly, or miss those that do keep one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FpShare {
+    /// FDEs read.
+    pub fdes: u64,
+    /// Of those, FDEs of functions with a frame (their CFA moves by a register rule).
+    pub framed: u64,
+    /// Of those, FDEs whose CFA moves to `rbp`.
+    pub rbp_fdes: u64,
+    /// Code bytes the framed FDEs cover, and of those the bytes of `rbp` FDEs.
+    pub bytes: u64,
+    pub rbp_bytes: u64,
+}
+
+/// [`FpShare`] of an `.eh_frame` at `svma`, and the functions (svma start, end; sorted) that
+/// keep a frame pointer. Untrusted input: every entry is parsed by gimli with bounds checks,
+/// at most [`FP_SCAN_INSNS`] instructions of each FDE are read (a prologue's CFA change is
+/// among its first), and an unparsable entry ends the scan. A hostile table can only make
+/// frames of its own image step by frame pointer, which is bounded like any step
+/// ([`walk`]).
+pub fn fp_scan(eh_frame: &[u8], svma: u64) -> (FpShare, Vec<(u64, u64)>) {
+    use gimli::{CallFrameInstruction, CieOrFde, UnwindSection};
+    let eh = gimli::EhFrame::new(eh_frame, gimli::LittleEndian);
+    let bases = gimli::BaseAddresses::default().set_eh_frame(svma);
+    let mut entries = eh.entries(&bases);
+    let mut share = FpShare::default();
+    let mut funcs = Vec::new();
+    // The CIE of an FDE is parsed once per distinct offset (an image has one or a few).
+    let mut cies: Vec<(gimli::EhFrameOffset<usize>, gimli::CommonInformationEntry<_>)> = Vec::new();
+    while let Ok(Some(e)) = entries.next() {
+        let CieOrFde::Fde(partial) = e else { continue };
+        let fde = partial.parse(|sec, b, off| {
+            if let Some((_, c)) = cies.iter().find(|(o, _)| *o == off) {
+                return Ok(c.clone());
+            }
+            let c = sec.cie_from_offset(b, off)?;
+            if cies.len() < 64 {
+                cies.push((off, c.clone()));
+            }
+            Ok(c)
+        });
+        let Ok(fde) = fde else { continue };
+        let len = fde.len();
+        let mut insns = fde.instructions(&eh, &bases);
+        let (mut framed, mut rbp) = (false, false);
+        for _ in 0..FP_SCAN_INSNS {
+            match insns.next() {
+                Ok(Some(
+                    CallFrameInstruction::DefCfa { register, .. }
+                    | CallFrameInstruction::DefCfaRegister { register },
+                )) if register == gimli::X86_64::RBP => {
+                    (framed, rbp) = (true, true);
+                    break;
+                }
+                Ok(Some(
+                    CallFrameInstruction::DefCfa { .. }
+                    | CallFrameInstruction::DefCfaRegister { .. }
+                    | CallFrameInstruction::DefCfaOffset { .. }
+                    | CallFrameInstruction::DefCfaSf { .. }
+                    | CallFrameInstruction::DefCfaOffsetSf { .. },
+                )) => framed = true,
+                // A PLT's CFA expression: stubs that jump, never callers.
+                Ok(Some(CallFrameInstruction::DefCfaExpression { .. })) => {
+                    framed = false;
+                    break;
+                }
+                Ok(Some(_)) => {}
+                _ => break,
+            }
+        }
+        share.fdes += 1;
+        if !framed {
+            continue;
+        }
+        share.framed += 1;
+        share.bytes = share.bytes.saturating_add(len);
+        if rbp {
+            let start = fde.initial_address();
+            funcs.push((start, start.saturating_add(len)));
+            share.rbp_fdes += 1;
+            share.rbp_bytes = share.rbp_bytes.saturating_add(len);
+        }
+    }
+    funcs.sort_unstable();
+    (share, funcs)
+}
+
+/// CFI instructions of an FDE read at most by [`fp_scan`].
+const FP_SCAN_INSNS: usize = 16;
 
 /// Cache key of an image: its build-id, or (device, inode) when it has none.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -222,6 +378,9 @@ pub struct UnwindCounters {
     pub truncated_depth: u64,
     /// Time spent unwinding and loading, in ns.
     pub unwind_ns: u64,
+    /// `callchains = "auto"`: frames stepped by frame pointer (in functions whose CFI keeps
+    /// one) rather than by evaluating CFI.
+    pub fp_steps: u64,
 }
 
 impl ImageCache {
@@ -291,6 +450,9 @@ pub struct ProcUnwinder {
     /// Every executable mapping (with a module or not, e.g. JIT code): a pc outside all of
     /// them means the maps changed since.
     ranges: Vec<Range<u64>>,
+    /// The mappings of images with frame-pointer functions ([`ImageTables::fp_func`]),
+    /// sorted by address: `callchains = "auto"` steps those functions' frames by frame pointer.
+    fp_maps: Vec<FpMap>,
     loaded_at: Instant,
 }
 
@@ -302,11 +464,40 @@ impl std::fmt::Debug for ProcUnwinder {
 
 impl ProcUnwinder {
     fn empty() -> Self {
-        Self { unwinder: UnwinderX86_64::new(), ranges: Vec::new(), loaded_at: Instant::now() }
+        Self {
+            unwinder: UnwinderX86_64::new(),
+            ranges: Vec::new(),
+            fp_maps: Vec::new(),
+            loaded_at: Instant::now(),
+        }
     }
 
     fn covers(&self, pc: u64) -> bool {
         self.ranges.iter().any(|r| r.contains(&pc))
+    }
+}
+
+/// A mapping of an image with frame-pointer functions.
+#[derive(Clone)]
+struct FpMap {
+    avma: Range<u64>,
+    /// Added to the image's addresses to give the process's.
+    bias: u64,
+    tables: Arc<ImageTables>,
+}
+
+impl ProcUnwinder {
+    /// Whether the function at `pc` keeps a frame pointer (two binary searches).
+    fn fp_frame(&self, pc: u64) -> bool {
+        let i = self.fp_maps.partition_point(|m| m.avma.start <= pc);
+        let Some(m) = i.checked_sub(1).map(|i| &self.fp_maps[i]) else { return false };
+        m.avma.contains(&pc) && m.tables.fp_func(pc.wrapping_sub(m.bias))
+    }
+
+    fn add_fp_map(&mut self, avma: Range<u64>, bias: u64, tables: Arc<ImageTables>) {
+        if !tables.fp_funcs.is_empty() {
+            self.fp_maps.push(FpMap { avma, bias, tables });
+        }
     }
 }
 
@@ -518,8 +709,12 @@ impl DwarfShared {
         if let Some(old) = old {
             p.unwinder = old.unwinder.clone();
             p.ranges = old.ranges.clone();
+            p.fp_maps = old.fp_maps.clone();
         }
         p.unwinder.add_module(tables.module("manual", avma.clone(), bias));
+        let fp = ImageTables { fp_funcs: tables.fp_funcs.clone(), ..ImageTables::default() };
+        p.add_fp_map(avma.clone(), bias, Arc::new(fp));
+        p.fp_maps.sort_by_key(|m| m.avma.start);
         p.ranges.push(avma);
         g.map.insert(pid, Arc::new(p));
     }
@@ -604,7 +799,10 @@ impl DwarfShared {
             let Some(bias) = t.bias(m.start, m.offset) else { continue };
             let name = String::from_utf8_lossy(m.path_clean()).into_owned();
             p.unwinder.add_module(t.module(&name, m.start..m.end, bias));
+            p.add_fp_map(m.start..m.end, bias, Arc::clone(&t));
         }
+        // The maps are in address order, but a hostile or racing read need not be.
+        p.fp_maps.sort_by_key(|m| m.avma.start);
         p
     }
 }
@@ -634,6 +832,9 @@ pub struct DwarfUnwinder {
     local: HashMap<u32, Arc<ProcUnwinder>>,
     empty: ProcUnwinder,
     cache: CacheX86_64,
+    /// `callchains = "auto"`: caller frames of functions that keep a frame pointer are
+    /// stepped by it instead of by evaluating their CFI.
+    auto: bool,
     pub counters: UnwindCounters,
 }
 
@@ -650,8 +851,20 @@ impl DwarfUnwinder {
             local: HashMap::new(),
             empty: ProcUnwinder::empty(),
             cache: CacheX86_64::new(),
+            auto: false,
             counters: UnwindCounters::default(),
         }
+    }
+
+    /// Put `cache` in place of this unwinder's rule cache, returning the old one (benches: a
+    /// cold cache, as for a process's first samples or a workload of many distinct pcs).
+    pub fn swap_rule_cache(&mut self, cache: CacheX86_64) -> CacheX86_64 {
+        std::mem::replace(&mut self.cache, cache)
+    }
+
+    /// A `callchains = "auto"` unwinder ([`walk`]).
+    pub fn new_auto(shared: Arc<DwarfShared>) -> Self {
+        Self { auto: true, ..Self::new(shared) }
     }
 
     /// A process exec'd or exited (side-band): its unwinder is stale.
@@ -692,8 +905,13 @@ impl DwarfUnwinder {
             }
         }
         let p = self.local.get(&pid).map_or(&self.empty, |p| &**p);
-        let ended = unwind_ended(&p.unwinder, &mut self.cache, regs, stack, max, out);
+        let (ended, fp) = if self.auto {
+            walk(&p.unwinder, &mut self.cache, regs, stack, max, out, |pc| p.fp_frame(pc))
+        } else {
+            walk(&p.unwinder, &mut self.cache, regs, stack, max, out, |_| false)
+        };
         let truncated = ended != Ended::Root;
+        self.counters.fp_steps += u64::from(fp);
         self.counters.unwound += 1;
         self.counters.truncated += u64::from(truncated);
         self.counters.truncated_copy_end += u64::from(ended == Ended::CopyEnd);
@@ -739,6 +957,30 @@ pub fn unwind_ended(
     max: usize,
     out: &mut Vec<u64>,
 ) -> Ended {
+    walk(unwinder, cache, regs, stack, max, out, |_| false).0
+}
+
+/// Unwind a copied stack, leaf first into `out` (at most `max` frames): every frame through
+/// the CFI of its image (framehop; a frame-pointer step where no table covers the pc), except
+/// that a caller frame for whose call site `fp_frame(return address − 1)` holds (its function
+/// keeps a frame pointer: `callchains = "auto"`) is stepped by frame pointer, `[bp]` the
+/// caller's bp and `[bp + 8]` the return address, with no table lookup. With `|_| false`
+/// that is `"dwarf"`.
+///
+/// The leaf is always stepped through CFI: a sample taken in a prologue or epilogue, before
+/// `push %rbp; mov %rsp,%rbp` or after `pop %rbp`, would lose its caller under a frame
+/// pointer walk, and CFI describes those instructions exactly. A caller's frame is stopped at
+/// a call, after its prologue: there its CFI's rule is the frame-pointer rule. Returns how it
+/// ended and the frames stepped by frame pointer.
+pub fn walk(
+    unwinder: &UnwinderX86_64<Bytes>,
+    cache: &mut CacheX86_64,
+    regs: UserRegs,
+    stack: &[u8],
+    max: usize,
+    out: &mut Vec<u64>,
+    fp_frame: impl Fn(u64) -> bool,
+) -> (Ended, u32) {
     let base = regs.sp;
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
         let off = usize::try_from(addr.checked_sub(base).ok_or(())?).map_err(|_| ())?;
@@ -746,30 +988,70 @@ pub fn unwind_ended(
         let w = stack.get(off..end).ok_or(())?;
         Ok(u64::from_ne_bytes(w.try_into().map_err(|_| ())?))
     };
-    let mut it = unwinder.iter_frames(
-        regs.ip,
-        UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp),
-        cache,
-        &mut read_stack,
-    );
-    let mut n = 0usize;
     let end = base.saturating_add(stack.len() as u64);
+    let mut r = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
+    let mut fp = 0u32;
+    if max == 0 {
+        return (Ended::Depth, fp);
+    }
+    out.push(regs.ip);
+    let mut n = 1usize;
+    let mut at = FrameAddress::InstructionPointer(regs.ip);
     loop {
         if n >= max {
-            return Ended::Depth;
+            return (Ended::Depth, fp);
         }
-        match it.next() {
-            Ok(Some(FrameAddress::InstructionPointer(pc))) => out.push(pc),
-            // Inside the call instruction, as frame-pointer stacks are (callchain.rs).
-            Ok(Some(FrameAddress::ReturnAddress(ra))) => out.push(ra.get().saturating_sub(1)),
-            Ok(None) => return Ended::Root,
-            Err(framehop::Error::CouldNotReadStack(a)) if a.saturating_add(8) > end => {
-                return Ended::CopyEnd
+        let step = match at {
+            FrameAddress::ReturnAddress(ra) if fp_frame(ra.get() - 1) => {
+                fp += 1;
+                fp_step(&mut r, &mut read_stack)
             }
-            Err(_) => return Ended::NoUnwind,
+            _ => unwinder.unwind_frame(at, &mut r, cache, &mut read_stack),
+        };
+        match step {
+            Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
+                // Inside the call instruction, as frame-pointer stacks are (callchain.rs).
+                Some(a) => {
+                    out.push(ra - 1);
+                    at = a;
+                }
+                None => return (Ended::NoUnwind, fp),
+            },
+            Ok(None) => return (Ended::Root, fp),
+            Err(framehop::Error::CouldNotReadStack(a)) if a.saturating_add(8) > end => {
+                return (Ended::CopyEnd, fp)
+            }
+            Err(_) => return (Ended::NoUnwind, fp),
         }
         n += 1;
     }
+}
+
+/// One frame-pointer step of a caller's frame (framehop's `UseFramePointer` rule, without a
+/// table lookup): the frame's bp points at the saved bp of its caller, the return address
+/// above it. `Ok(None)` at a root (bp 0 or a zero return address).
+fn fp_step(
+    r: &mut UnwindRegsX86_64,
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+) -> Result<Option<u64>, framehop::Error> {
+    let (sp, bp) = (r.sp(), r.bp());
+    if bp == 0 {
+        return Ok(None);
+    }
+    let new_sp = bp.checked_add(16).ok_or(framehop::Error::IntegerOverflow)?;
+    // The caller's frame lies above this one's: a chain that does not move up is no chain.
+    if new_sp <= sp {
+        return Err(framehop::Error::FramepointerUnwindingMovedBackwards);
+    }
+    let new_bp = read(bp).map_err(|()| framehop::Error::CouldNotReadStack(bp))?;
+    let ra = read(new_sp - 8).map_err(|()| framehop::Error::CouldNotReadStack(new_sp - 8))?;
+    if ra == 0 {
+        return Ok(None);
+    }
+    r.set_ip(ra);
+    r.set_sp(new_sp);
+    r.set_bp(new_bp);
+    Ok(Some(ra))
 }
 
 /// Build the framehop unwinder for hand-placed modules (benches, tests).
@@ -868,6 +1150,128 @@ mod tests {
         again.clear();
         assert!(d.unwind(7, regs, &stack[..16], 64, &mut again));
         assert_eq!((d.counters.truncated, d.counters.truncated_copy_end), (1, 1));
+    }
+
+    /// `callchains = "auto"`: a caller's frame in a frame-pointer function is stepped by
+    /// frame pointer (counted), the leaf through CFI; with none (`"dwarf"`) the same
+    /// stack unwinds to the same frames through framehop (its frame-pointer rule where no
+    /// module covers the pc).
+    #[test]
+    fn auto_steps_callers_in_frame_pointer_functions_by_frame_pointer() {
+        let t = synthetic_eh_frame();
+        let u = unwinder_for(&[(&t, 0x40_1000..0x40_1300, 0x40_0000)]);
+        let sp = 0x7ffd_0000_0000u64;
+        // The leaf f1 (frameless, CFI) returns into 0x50_0105; that frame's bp is sp + 16:
+        // [saved bp = sp + 32][return 0x50_0205]; that one's: [0][return 0x50_0305], a root.
+        let stack = words(&[0x50_0105, 0xdead, sp + 32, 0x50_0205, 0, 0x50_0305, 0, 0]);
+        let regs = UserRegs { bp: sp + 16, sp, ip: 0x40_1010 };
+        let want = vec![0x40_1010, 0x50_0104, 0x50_0204, 0x50_0304];
+        let sound = |pc: u64| (0x50_0000..0x50_1000).contains(&pc);
+        let mut cache = CacheX86_64::new();
+        let mut out = Vec::new();
+        let (ended, fp) = walk(&u, &mut cache, regs, &stack, 64, &mut out, sound);
+        assert_eq!((&out, ended, fp), (&want, Ended::Root, 3));
+        let mut dwarf = Vec::new();
+        let (ended, fp) = walk(&u, &mut cache, regs, &stack, 64, &mut dwarf, |_| false);
+        assert_eq!((&dwarf, ended, fp), (&want, Ended::Root, 0));
+        // A leaf in a frame-pointer function is still stepped through its CFI, not by frame pointer: f1
+        // is frameless, and a frame-pointer step from it would skip its caller 0x50_0104.
+        let mut leaf = Vec::new();
+        walk(&u, &mut cache, regs, &stack, 64, &mut leaf, |_| true);
+        assert_eq!(leaf, want);
+        // Through a process's unwinder: its frame-pointer functions, looked up by image.
+        let shared = DwarfShared::manual(1 << 20);
+        shared.add_module(7, &t, 0x40_1000..0x40_1300, 0x40_0000);
+        let fp_image = ImageTables::frame_pointers_only(0x100..0x1100);
+        shared.add_module(7, &fp_image, 0x50_0000..0x50_1000, 0x4f_ff00);
+        let mut d = DwarfUnwinder::new_auto(shared);
+        let mut via = Vec::new();
+        assert!(!d.unwind(7, regs, &stack, 64, &mut via));
+        assert_eq!((&via, d.counters.fp_steps), (&want, 3));
+        let p = d.local.get(&7).expect("loaded");
+        assert!(p.fp_frame(0x50_0000) && p.fp_frame(0x50_0fff));
+        assert!(!p.fp_frame(0x40_1010) && !p.fp_frame(0x50_1000) && !p.fp_frame(0x4f_ffff));
+        // A chain that does not move up ends (no unwind), bounded.
+        let looped = words(&[0x50_0105, 0xdead, sp + 16, 0x50_0205, 0, 0]);
+        let mut l = Vec::new();
+        let (ended, _) = walk(&u, &mut cache, regs, &looped, 64, &mut l, sound);
+        assert_eq!((l.len(), ended), (3, Ended::NoUnwind), "{l:x?}");
+        // The copy's end is told apart.
+        let mut c = Vec::new();
+        let (ended, _) = walk(&u, &mut cache, regs, &stack[..32], 64, &mut c, sound);
+        assert_eq!((c.len(), ended), (3, Ended::CopyEnd), "{c:x?}");
+    }
+
+    /// The functions of an image built with frame pointers that have a frame are told from its
+    /// `.eh_frame` (`via_a`, `via_b`, `main`; not the frameless leaf `hot`), and none of the same code
+    /// built without (gcc, what `cc` is here).
+    #[test]
+    fn frame_pointer_images_are_told_from_their_cfi() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("callers.c");
+        std::fs::write(&src, include_str!("../../../tests/e2e/dwarf_callers.c")).expect("write");
+        let mut shares = Vec::new();
+        for flag in ["-fno-omit-frame-pointer", "-fomit-frame-pointer"] {
+            let bin = dir.path().join(flag);
+            match std::process::Command::new("cc")
+                .args(["-O2", flag, "-o"])
+                .arg(&bin)
+                .arg(&src)
+                .status()
+            {
+                Ok(st) if st.success() => {}
+                r => dcpi_testkit::skip!("no C compiler to build the test images: {r:?}"),
+            }
+            let t = ImageTables::parse(&std::fs::read(&bin).expect("read")).expect("ELF");
+            shares.push((flag, t.fp_share(), t.fp_funcs.clone()));
+        }
+        eprintln!("{shares:?}");
+        let [(_, fp, ref fp_funcs), (_, nofp, ref nofp_funcs)] = shares[..] else { unreachable!() };
+        assert!(fp.framed >= 3 && nofp.framed >= 1, "{shares:?}");
+        assert!(fp.rbp_fdes >= 3 && fp_funcs.len() as u64 == fp.rbp_fdes, "{shares:?}");
+        assert!(nofp.rbp_fdes == 0 && nofp_funcs.is_empty(), "{shares:?}");
+        assert!(fp_funcs.windows(2).all(|w| w[0].1 <= w[1].0), "sorted, disjoint");
+        // Hostile: garbage for .eh_frame gives a bounded answer, no panic.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for len in [0usize, 3, 64, 4096] {
+            let junk: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let (s, f) = fp_scan(&junk, 0x1000);
+            assert!(s.rbp_fdes <= s.fdes && s.rbp_bytes <= s.bytes, "{s:?}");
+            assert_eq!(f.len() as u64, s.rbp_fdes);
+        }
+    }
+
+    /// An lld-linked image (rustc's default): the page at file offset 0x130000 holds the end
+    /// of the read-only segment and the start of the text (offset 0x130980, vaddr 0x131980).
+    /// The text's mapping, which starts at that page, is placed by the text segment: the
+    /// read-only one would put every address a page off.
+    #[test]
+    fn an_lld_text_mapping_is_placed_by_its_executable_segment() {
+        let t = ImageTables {
+            loads: vec![
+                (0, 0x13_0978, 0, false),
+                (0x13_0980, 0x23_3920, 0x13_1980, true),
+                (0x36_42a0, 0x3_d2a0, 0x36_62a0, false),
+            ],
+            ..Default::default()
+        };
+        let base = 0x5555_0000_0000u64;
+        // The dynamic loader maps file page 0x130000 of the text at base + 0x131000.
+        assert_eq!(t.bias(base + 0x13_1000, 0x13_0000), Some(base));
+        // GNU ld's layout (offsets and vaddrs congruent, one segment per page) is unchanged.
+        let ld = ImageTables {
+            loads: vec![(0, 0x1000, 0, false), (0x1000, 0x2000, 0x1000, true)],
+            ..Default::default()
+        };
+        assert_eq!(ld.bias(base + 0x1000, 0x1000), Some(base));
+        assert_eq!(ld.bias(base, 0x9000), None);
     }
 
     /// Wait (generously) for `cond`.

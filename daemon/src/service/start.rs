@@ -212,20 +212,23 @@ pub(super) fn start_sampling(
         .map_err(|e| ServiceError::Thread(format!("{RESOLVER_THREAD}: {e}")))?;
     let stacks = match settings.callchains.as_str() {
         // CFI unwinding of copied user stacks (perf/dwarf.rs), with its loader thread.
-        "dwarf" => Some(
+        // "auto": the same copy, stepped by frame pointer through frame-pointer images.
+        mode @ ("dwarf" | "auto") => Some(
             StackTables::new_dwarf(
                 slots,
                 DEFAULT_STACKS_PER_CPU,
                 settings.sample_max_stack,
                 settings.sample_user_stack,
                 DEFAULT_CACHE_BYTES,
+                mode == "auto",
             )
             .map_err(|e| ServiceError::Thread(format!("{LOADER_THREAD}: {e}")))?,
         ),
         "fp" => Some(StackTables::new(slots, DEFAULT_STACKS_PER_CPU, settings.sample_max_stack)),
         _ => None,
     }
-    .map(|t| {
+    .map(|mut t| {
+        t.set_one_in(settings.stack_one_in, ncpus);
         let t = Arc::new(t);
         aggregator.set_stack_tables(Arc::clone(&t));
         t
