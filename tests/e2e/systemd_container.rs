@@ -760,6 +760,7 @@ fn cap_bit(name: &str) -> u32 {
         "CAP_SYS_PTRACE" => 19,
         "CAP_SYSLOG" => 34,
         "CAP_PERFMON" => 38,
+        "CAP_BPF" => 39,
         "CAP_CHECKPOINT_RESTORE" => 40,
         other => panic!("no bit number for {other}"),
     }

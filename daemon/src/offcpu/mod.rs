@@ -58,6 +58,7 @@
 //! Waits shorter than `off_cpu_threshold` are counted in the flat profiles but get no stack.
 //! The idle task (pid 0) is never counted.
 
+pub mod bpf;
 pub mod pairing;
 pub mod tracepoint;
 
@@ -127,24 +128,28 @@ pub struct OffCpuConfig {
 /// `off_cpu_source`: which kernel events time the waits (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Source {
-    /// The tracepoints where tracefs has them, else the switch records.
+    /// The BPF program where the kernel takes it, else the tracepoints where tracefs has them,
+    /// else the switch records.
     #[default]
     Auto,
     /// The `sched:sched_switch` tracepoints, or an error.
     Tracepoint,
     /// The `context-switches` event with switch records.
     SwitchRecords,
+    /// The in-kernel pairing of [`bpf`], or an error.
+    Bpf,
 }
 
 impl Source {
     /// The configuration values, in the order of the enum.
-    pub const NAMES: [&'static str; 3] = ["auto", "tracepoint", "switch-records"];
+    pub const NAMES: [&'static str; 4] = ["auto", "tracepoint", "switch-records", "bpf"];
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "auto" => Some(Self::Auto),
             "tracepoint" => Some(Self::Tracepoint),
             "switch-records" => Some(Self::SwitchRecords),
+            "bpf" => Some(Self::Bpf),
             _ => None,
         }
     }
@@ -155,6 +160,7 @@ impl Source {
             Self::Auto => Self::NAMES[0],
             Self::Tracepoint => Self::NAMES[1],
             Self::SwitchRecords => Self::NAMES[2],
+            Self::Bpf => Self::NAMES[3],
         }
     }
 }
@@ -172,6 +178,8 @@ pub enum OffCpuError {
     OpenTracepoint { cpu: u32, source: io::Error },
     #[error("off-CPU: the kernel refused the filter {filter:?} of the sched:sched_switch tracepoint on CPU {cpu}: {source}")]
     Filter { cpu: u32, filter: String, source: io::Error },
+    #[error("off-CPU: the BPF program (off_cpu_source = \"bpf\"): {0}")]
+    Bpf(#[from] bpf::BpfError),
     #[error("off-CPU: {0}")]
     Io(#[from] io::Error),
 }
@@ -405,7 +413,21 @@ impl OffCpu {
         sink: Arc<dyn SampleSink>,
         stacks: Option<Arc<StackTables>>,
     ) -> Result<Self, OffCpuError> {
+        let mut bpf_failed = None;
+        if matches!(cfg.source, Source::Bpf | Source::Auto) {
+            match bpf::Loaded::load(cfg.threshold_ns) {
+                Ok(loaded) => return Self::start_bpf(cfg, cpus, loaded, sink, stacks),
+                Err(e) if cfg.source == Source::Bpf => return Err(e.into()),
+                Err(e) => bpf_failed = Some(e),
+            }
+        }
         let (source, plans, rings) = open_source(&cfg, cpus)?;
+        if let Some(e) = bpf_failed {
+            tracing::warn!(error = %e, source = source.name(), "off-CPU: the BPF program cannot \
+                be used (it needs CAP_BPF and CAP_PERFMON, the kernel's BTF and a kernel of 5.18 \
+                or later); timing waits with perf records instead, which the kernel writes at \
+                every blocking switch (BENCHMARKS.md, Off-CPU)");
+        }
         for r in &rings {
             r.enable()?;
         }
@@ -435,6 +457,28 @@ impl OffCpu {
             .name(THREAD.into())
             .spawn(move || reader.run(&stop2, &stopping2))?;
         Ok(Self { stop, stopping, stats, online, thread: Some(thread), source })
+    }
+
+    /// The BPF source: its reading thread.
+    fn start_bpf(
+        cfg: OffCpuConfig,
+        cpus: &[u32],
+        loaded: bpf::Loaded,
+        sink: Arc<dyn SampleSink>,
+        stacks: Option<Arc<StackTables>>,
+    ) -> Result<Self, OffCpuError> {
+        let stop = Arc::new(EventFd::new()?);
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Stats::default());
+        // The program runs on every CPU, those that come online included.
+        stats.cpus.store(cpus.len() as u64, Ordering::Relaxed);
+        let mut reader = bpf::BpfReader::new(cfg, loaded, sink, stacks, Arc::clone(&stats));
+        let (stop2, stopping2) = (Arc::clone(&stop), Arc::clone(&stopping));
+        let thread = std::thread::Builder::new()
+            .name(THREAD.into())
+            .spawn(move || reader.run(&stop2, &stopping2))?;
+        let online = Arc::new(Mutex::new(None));
+        Ok(Self { stop, stopping, stats, online, thread: Some(thread), source: Source::Bpf })
     }
 
     /// The kernel events in use (never `Auto`).
