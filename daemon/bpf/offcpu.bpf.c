@@ -31,6 +31,10 @@ char LICENSE[] SEC("license") = "GPL";
  * than this are counted under stack ids -1 (`off_cpu_threshold`). */
 const volatile __u64 threshold_ns = 0;
 
+/* Kernel frames left out of the stack: the program's own and bpf_trace_run4, which called
+ * it from the tracepoint; the stack then starts at __schedule, as the tracepoint source's. */
+#define KSTACK_SKIP 2
+
 /* A blocked thread: when it blocked, and where. */
 struct start {
 	__u64 ts;
@@ -49,9 +53,12 @@ struct wkey {
 	__s32 kstack;
 };
 
+/* `last`: when the latest of these waits ended (dcpid times the key's sample there, while the
+ * thread still existed; a plain store: of two CPUs racing, either time will do). */
 struct wval {
 	__u64 ns;
 	__u64 n;
+	__u64 last;
 };
 
 /* Per-CPU counters (indices shared with bpf.rs). */
@@ -131,7 +138,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		/* Taken here, in prev's context: at the switch-in the stack is gone, so even a
 		 * wait that will be below the threshold pays for its stack ids (a hash of the
 		 * walked frames; an existing stack is not stored again). */
-		s.kstack = bpf_get_stackid(ctx, &stacks, 0);
+		s.kstack = bpf_get_stackid(ctx, &stacks, KSTACK_SKIP);
 		s.ustack = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
 		if (s.kstack < 0 || (s.ustack < 0 && s.ustack != -14 /* EFAULT: no user stack */))
 			count(C_STACK_FAILED);
@@ -162,15 +169,17 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	if (v) {
 		__sync_fetch_and_add(&v->ns, d);
 		__sync_fetch_and_add(&v->n, 1);
+		v->last = now;
 		return 0;
 	}
-	struct wval nv = { .ns = d, .n = 1 };
+	struct wval nv = { .ns = d, .n = 1, .last = now };
 	/* NOEXIST: another CPU may have added the key meanwhile; then add to its value. */
 	if (bpf_map_update_elem(waits, &k, &nv, BPF_NOEXIST) != 0) {
 		v = bpf_map_lookup_elem(waits, &k);
 		if (v) {
 			__sync_fetch_and_add(&v->ns, d);
 			__sync_fetch_and_add(&v->n, 1);
+			v->last = now;
 		} else {
 			count(C_WAITS_FULL);
 		}

@@ -81,12 +81,14 @@ pub struct WaitKey {
     pub kstack: i32,
 }
 
-/// A value of the waits maps (`struct wval`): nanoseconds off CPU and waits.
+/// A value of the waits maps (`struct wval`): nanoseconds off CPU, waits, and when the latest
+/// of them ended.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WaitVal {
     pub ns: u64,
     pub n: u64,
+    pub last: u64,
 }
 
 /// A blocked thread (`struct start`).
@@ -100,7 +102,7 @@ struct Start {
     pad: u32,
 }
 
-// SAFETY: `repr(C)` structs of integers only, laid out without padding (16, 16 and 24 bytes:
+// SAFETY: `repr(C)` structs of integers only, laid out without padding (16, 24 and 24 bytes:
 // every field is at a multiple of its size), so every bit pattern of their size is a value,
 // as aya's `Pod` requires of what it copies to and from the kernel.
 unsafe impl Pod for WaitKey {}
@@ -110,22 +112,53 @@ unsafe impl Pod for WaitVal {}
 unsafe impl Pod for Start {}
 
 const _: () = assert!(std::mem::size_of::<WaitKey>() == 16);
-const _: () = assert!(std::mem::size_of::<WaitVal>() == 16);
+const _: () = assert!(std::mem::size_of::<WaitVal>() == 24);
 const _: () = assert!(std::mem::size_of::<Start>() == 24);
 
-/// Why the BPF source cannot run.
+/// Why the BPF source cannot run. The messages hold aya's whole chain of causes (its errors
+/// say which map failed, their sources why: "Operation not permitted" is the one to see).
 #[derive(Debug, thiserror::Error)]
 pub enum BpfError {
-    #[error("cannot read the kernel's BTF (/sys/kernel/btf/vmlinux): {0}")]
-    Btf(#[from] BtfError),
-    #[error("cannot load the BPF object: {0}")]
-    Load(#[from] EbpfError),
-    #[error("the kernel refused the sched_switch program: {0}")]
-    Program(#[from] ProgramError),
-    #[error("BPF map {name}: {source}")]
+    #[error("cannot read the kernel's BTF (/sys/kernel/btf/vmlinux): {}", chain(.0))]
+    Btf(BtfError),
+    #[error("cannot load the BPF object: {}", chain(.0))]
+    Load(EbpfError),
+    #[error("the kernel refused the sched_switch program: {}", chain(.0))]
+    Program(ProgramError),
+    #[error("BPF map {name}: {}", chain(.source))]
     Map { name: &'static str, source: MapError },
     #[error("the BPF object has no {0}")]
     Missing(&'static str),
+}
+
+impl From<BtfError> for BpfError {
+    fn from(e: BtfError) -> Self {
+        Self::Btf(e)
+    }
+}
+
+impl From<EbpfError> for BpfError {
+    fn from(e: EbpfError) -> Self {
+        Self::Load(e)
+    }
+}
+
+impl From<ProgramError> for BpfError {
+    fn from(e: ProgramError) -> Self {
+        Self::Program(e)
+    }
+}
+
+/// An error and its causes, "a: b: c".
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> BpfError {
@@ -241,14 +274,16 @@ pub struct Totals {
     pub without_stack: u64,
 }
 
-/// The samples of `waits`, one per key, at `time`, appended to `out`: weighted by the key's
+/// The samples of `waits`, one per key, appended to `out` in time order: weighted by the key's
 /// nanoseconds, at its user stack's first frame (where the thread entered the kernel), else
-/// (a kernel thread) its kernel stack's first frame, else pc 0. `frames(id)` gives a stack id's
-/// frames (leaf first), `intern(pcs, truncated)` its id in the off-CPU slot's stack table (0:
-/// none). Pure, so that it is tested without BPF.
+/// (a kernel thread) its kernel stack's first frame, else pc 0; timed when the key's latest wait
+/// ended (the thread existed then: a pass's time may be after its process exited, and the
+/// resolver would not know the pid any more), kept inside the pass's window `(after, until)`.
+/// `frames(id)` gives a stack id's frames (leaf first), `intern(pcs, truncated)` its id in the
+/// off-CPU slot's stack table (0: none). Pure, so that it is tested without BPF.
 pub fn samples(
     waits: &[(WaitKey, WaitVal)],
-    time: u64,
+    (after, until): (u64, u64),
     event: EventIdx,
     max_stack: usize,
     mut frames: impl FnMut(i32) -> Option<Vec<u64>>,
@@ -257,6 +292,7 @@ pub fn samples(
 ) -> Totals {
     let mut t = Totals::default();
     let mut pcs = Vec::new();
+    let first = out.len();
     for (k, v) in waits {
         t.waits = t.waits.saturating_add(v.n);
         t.ns = t.ns.saturating_add(v.ns);
@@ -288,7 +324,7 @@ pub fn samples(
             t.without_stack = t.without_stack.saturating_add(v.n);
         }
         out.push(Sample {
-            time,
+            time: v.last.max(after.saturating_add(1)).min(until.saturating_sub(1)),
             pid: k.tgid,
             tid: k.tid,
             pc,
@@ -299,6 +335,8 @@ pub fn samples(
             stack,
         });
     }
+    // The sink takes a slot's samples in time order.
+    out[first..].sort_by_key(|s| s.time);
     t
 }
 
@@ -318,6 +356,8 @@ pub(super) struct BpfReader {
     failed_at_sweep: u64,
     /// The last drain error was logged (it is not repeated at every pass).
     warned: bool,
+    /// What the last pass told the sink it had delivered up to.
+    drained_until: u64,
 }
 
 impl BpfReader {
@@ -340,6 +380,7 @@ impl BpfReader {
             passes: 0,
             failed_at_sweep: 0,
             warned: false,
+            drained_until: 0,
         }
     }
 
@@ -391,11 +432,11 @@ impl BpfReader {
         let has_table = self.stacks.is_some();
         let intern: Option<&mut dyn FnMut(&[u64], bool) -> u32> =
             if has_table { Some(&mut intern) } else { None };
-        // The samples are at `now - 1` and the slot drained up to `now`.
-        let time = now.saturating_sub(1);
+        // Every wait of the old generation ended after the last pass's flip and before this
+        // one's: the slot is drained up to `now`.
         let totals = samples(
             &self.waits,
-            time,
+            (self.drained_until, now),
             self.cfg.event,
             max_stack,
             frames,
@@ -405,6 +446,7 @@ impl BpfReader {
         self.waits.clear();
         drop(table);
         self.sink.on_drain(self.cfg.slot, now, &mut self.samples, &mut Vec::new());
+        self.drained_until = now;
         self.samples.clear();
         if let Some(t) = self.stacks.as_ref() {
             t.cpu(self.cfg.slot).end_pass();
@@ -455,10 +497,12 @@ mod tests {
             (3, vec![KPC + 8, KPC + 0x80]),
         ]);
         let waits = [
-            (key(42, 1, 2), WaitVal { ns: 600, n: 3 }),
-            (key(43, -1, -1), WaitVal { ns: 50, n: 5 }),
-            (key(44, -14, 3), WaitVal { ns: 70, n: 1 }),
-            (key(45, 9, 9), WaitVal { ns: 0, n: 1 }),
+            (key(42, 1, 2), WaitVal { ns: 600, n: 3, last: 1500 }),
+            (key(43, -1, -1), WaitVal { ns: 50, n: 5, last: 1200 }),
+            // Ended before the window (a program that read the generation before the last
+            // flip) and after it (between the pass's clock read and its flip).
+            (key(44, -14, 3), WaitVal { ns: 70, n: 1, last: 900 }),
+            (key(45, 9, 9), WaitVal { ns: 0, n: 1, last: 2500 }),
         ];
         let mut interned: Vec<(Vec<u64>, bool)> = Vec::new();
         let mut intern = |pcs: &[u64], truncated: bool| {
@@ -468,7 +512,7 @@ mod tests {
         let mut out = Vec::new();
         let t = samples(
             &waits,
-            1000,
+            (1000, 2000),
             3,
             64,
             |id| stacks.get(&id).cloned(),
@@ -476,20 +520,23 @@ mod tests {
             &mut out,
         );
         assert_eq!(t, Totals { waits: 10, ns: 720, without_stack: 6 });
-        let got: Vec<_> = out.iter().map(|s| (s.tid, s.pc, s.kernel, s.period, s.stack)).collect();
+        let got: Vec<_> =
+            out.iter().map(|s| (s.time, s.tid, s.pc, s.kernel, s.period, s.stack)).collect();
+        // In time order, each at its latest wait's end, inside the window.
         assert_eq!(
             got,
             [
-                (42, 0x40_1000, false, 600, 1),
-                (43, 0, false, 50, 0),
-                (44, KPC + 8, true, 70, 2),
+                (1001, 44, KPC + 8, true, 70, 2),
+                (1200, 43, 0, false, 50, 0),
+                (1500, 42, 0x40_1000, false, 600, 1),
                 // No frames (ids the map no longer has) and a zero-length wait: period 1.
-                (45, 0, false, 1, 0),
+                (1999, 45, 0, false, 1, 0),
             ]
         );
-        assert!(out.iter().all(|s| s.pid == 7 && s.time == 1000 && s.event == 3));
+        assert!(out.iter().all(|s| s.pid == 7 && s.event == 3));
         assert_eq!(interned[0], (vec![KPC, KPC + 0x3f, 0x40_1000, 0x40_2004, 0x40_3008], false));
         assert_eq!(interned[1], (vec![KPC + 8, KPC + 0x7f], false));
+        assert_eq!(interned.len(), 2);
 
         // A stack deeper than `max_stack` is cut there and said truncated; without a stack
         // table every wait counts without a stack.
@@ -499,10 +546,11 @@ mod tests {
             interned.push((pcs.to_vec(), truncated));
             1
         };
-        samples(&waits[..1], 1, 3, 3, |id| stacks.get(&id).cloned(), Some(&mut intern), &mut out);
+        let w = &waits[..1];
+        samples(w, (0, 9), 3, 3, |id| stacks.get(&id).cloned(), Some(&mut intern), &mut out);
         assert_eq!(interned, [(vec![KPC, KPC + 0x3f, 0x40_1000], true)]);
         out.clear();
-        let t = samples(&waits, 1, 3, 64, |id| stacks.get(&id).cloned(), None, &mut out);
+        let t = samples(&waits, (0, 9), 3, 64, |id| stacks.get(&id).cloned(), None, &mut out);
         assert_eq!(t.without_stack, 10);
         assert!(out.iter().all(|s| s.stack == 0));
     }
