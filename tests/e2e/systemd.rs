@@ -14,7 +14,8 @@ use crate::{install_root, repo_root};
 
 /// The exposure score `systemd-analyze security` gives the unit, as recorded in README.md.
 /// Raising it (weaker hardening) fails this test; lowering it should update README and this.
-const RECORDED_EXPOSURE: f64 = 2.1;
+/// (2.1 until the off-CPU BPF source added `CAP_BPF` and the `bpf` system call.)
+const RECORDED_EXPOSURE: f64 = 2.2;
 
 /// The capabilities the unit keeps, each justified in the unit and in README.md.
 pub(crate) const CAPABILITIES: &[&str] = &[
