@@ -1,7 +1,10 @@
 //! Off-CPU time (`off_cpu = true`): where threads wait, with the stack that made them wait.
 //!
 //! MECHANISM (issue 40, chosen by measurement; BENCHMARKS.md "Off-CPU"). By default
-//! (`off_cpu_source = "auto"`), on every CPU, each alone in its ring:
+//! (`off_cpu_source = "auto"`) a BPF program on `sched_switch` pairs the waits in the kernel
+//! and sums them per thread and stack, so that nothing is written per switch ([`bpf`]: its own
+//! reader, the same samples). Where it cannot be loaded (no `CAP_BPF`, no kernel BTF, a kernel
+//! older than 5.18), dcpid says why and uses perf events, on every CPU, each alone in its ring:
 //! - *switch-outs*: the `sched:sched_switch` tracepoint with the kernel-side filter
 //!   `prev_pid != 0 && prev_state & 255` ([`tracepoint`]), samples TID, TIME, CALLCHAIN: only a
 //!   thread that **blocks** leaves a record, taken in its own context, so the chain is the
@@ -19,11 +22,9 @@
 //! (`"switch-records"`) is perf's software `context-switches` event with `sample_period = 1`
 //! and `PERF_SAMPLE_CALLCHAIN` (a sample with a chain at *every* switch-out, preemptions and
 //! the idle task included), plus the switch records, flagged
-//! `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT` when the thread was preempted (not a wait). A BPF
-//! program aggregating in the kernel (as `perf record --off-cpu` does) writes nothing per
-//! switch, but building one needs a BPF toolchain (clang with the bpf target or bpf-linker
-//! for aya), which this build does not have and a Rust daemon should not require at run time.
-//! Both ways sample only PID/TID, TIME and the chain: the fewer bytes the kernel writes and
+//! `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT` when the thread was preempted (not a wait). The BPF
+//! program is compiled once with clang and committed (daemon/bpf/), so that neither the build
+//! nor CI needs a BPF toolchain. Both perf ways sample only PID/TID, TIME and the chain: the fewer bytes the kernel writes and
 //! the reader reads per switch, the less both pay. The kernel's per-wait call chain is paid by
 //! every blocking program, hence `off_cpu` is off by default.
 //!
@@ -187,12 +188,14 @@ pub enum OffCpuError {
 /// Counters of the source (monotonic since start), for `dcpictl status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffCpuStatus {
-    /// The kernel events in use: `tracepoint` or `switch-records` ([`Source::name`]).
+    /// The kernel events in use: `bpf`, `tracepoint` or `switch-records` ([`Source::name`]).
     pub source: &'static str,
     /// Context switches seen, the idle task's excluded: switch-outs (voluntary or not) with
-    /// the switch records, switch-ins with the tracepoints (which see no preemption).
+    /// the switch records, switch-ins with the tracepoints and the BPF program (which count
+    /// at the switch-in).
     pub switches: u64,
-    /// Waits timed and handed to the aggregator.
+    /// Waits timed and handed to the aggregator (`bpf`: timed by the program, as of the last
+    /// pass; their nanoseconds are handed over at the pass after they ended).
     pub waits: u64,
     /// Their total, nanoseconds.
     pub off_cpu_ns: u64,
