@@ -48,7 +48,7 @@ fn folded_ns(folded: &str, frames: &str) -> u64 {
         .sum()
 }
 
-/// The default source where the BPF program loads (root, or CAP_BPF and CAP_PERFMON; Linux
+/// The default source where the BPF program loads (root, or `CAP_BPF` and `CAP_PERFMON`; Linux
 /// 5.18 or later with BTF): waits paired in the kernel, summed per thread and stack.
 #[dcpi_testkit::test(perf, root)]
 fn off_cpu_time_from_bpf_splits_by_blocking_stack_and_a_busy_loop_has_none() {
@@ -217,7 +217,7 @@ fn splits_by_blocking_stack(source: &str) {
     assert!(wall.lines().any(|l| l.contains(" wall ") && l.contains("cum%")), "{wall}");
 }
 
-/// Without CAP_BPF (and CAP_SYS_ADMIN, which would stand in for it) and without tracefs
+/// Without `CAP_BPF` (and `CAP_SYS_ADMIN`, which would stand in for it) and without tracefs
 /// (hidden here by a tmpfs in a private mount namespace), the default source says why for
 /// each and falls back to the switch records, which time the waits all the same.
 #[dcpi_testkit::test(root, tool("setpriv"))]
