@@ -244,10 +244,10 @@ fn boot() -> Result<Container, String> {
         .arg(format!("--overlay={}:{}:/", root.display(), upper.display()))
         .arg("--boot")
         .arg(format!("--machine=dcpi-e2e-{}", std::process::id()))
-        // nspawn's default bounding set lacks these three of the unit's capabilities.
-        .arg("--capability=CAP_PERFMON,CAP_SYSLOG,CAP_CHECKPOINT_RESTORE")
-        // nspawn's seccomp filter denies perf_event_open (EPERM) unless allowed.
-        .arg("--system-call-filter=perf_event_open")
+        // nspawn's default bounding set lacks these four of the unit's capabilities.
+        .arg("--capability=CAP_PERFMON,CAP_BPF,CAP_SYSLOG,CAP_CHECKPOINT_RESTORE")
+        // nspawn's seccomp filter denies perf_event_open and bpf (EPERM) unless allowed.
+        .arg("--system-call-filter=perf_event_open bpf")
         .arg("--console=read-only")
         .stdin(Stdio::null())
         .stdout(logf.try_clone().map_err(|e| e.to_string())?)
