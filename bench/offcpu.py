@@ -22,6 +22,10 @@ switching threads, in the kernel. Its time is measured too, with kernel.bpf_stat
 during the window (run_time_ns / run_cnt of the `on_switch` program: "bpf_prog_ns_per_run",
 and in % of one CPU); the perf sources' kernel-side work (writing records) is not measured.
 
+--same-cpu: the slowdown runs put both ping-pong threads on CPU 0 (argv[3] of the workload), so
+that the round trips are CPU-bound: on a VM where the two-CPU ping-pong waits for an idle CPU to
+wake (and any collector speeds it up), this is where the kernel's work per switch shows.
+
 --base-dcpid: another dcpid binary (e.g. the commit before a change) whose off-CPU cost is
 measured in the same run, interleaved with --dcpid's (off, on, base on; --cost-reps times), so
 that both see the same machine load: "before" and "after" side by side.
@@ -67,8 +71,9 @@ def build(work):
     return exe
 
 
-def pingpong(exe, secs, rate):
-    out = subprocess.run([exe, str(secs), str(rate)], capture_output=True, text=True, check=True)
+def pingpong(exe, secs, rate, same_cpu=False):
+    args = [exe, str(secs), str(rate)] + (["0"] if same_cpu else [])
+    out = subprocess.run(args, capture_output=True, text=True, check=True)
     n, t = out.stdout.split()
     return int(n) / float(t)
 
@@ -230,7 +235,7 @@ def slowdown(args, work, exe, kind, base_dcpid=None):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(args.settle)
     try:
-        return pingpong(exe, args.secs, 0)
+        return pingpong(exe, args.secs, 0, args.same_cpu)
     finally:
         if d:
             d.stop()
@@ -326,6 +331,10 @@ def main():
                     "measured side by side (and slowdown kinds dcpid+offcpu:SRC)")
     ap.add_argument("--cost-reps", type=int, default=1)
     ap.add_argument("--no-slowdown", action="store_true")
+    ap.add_argument("--same-cpu", action="store_true",
+                    help="slowdown runs with both ping-pong threads on CPU 0: every switch goes "
+                    "from one thread to the other with no idle between, so the round trips are "
+                    "bound by the CPU, the kernel's work at each switch included")
     ap.add_argument("--bytes-secs", type=float, default=0,
                     help="also measure bytes per core-day over this window (two dcpid)")
     ap.add_argument("--no-cost", action="store_true")
