@@ -86,7 +86,7 @@ class Dcpid:
         self.p = subprocess.Popen(
             [exe or args.dcpid, "--config", "none", "--db", os.path.join(self.dir, "db"),
              "--spool", os.path.join(self.dir, "spool"), "--socket", self.sock,
-             "--host", "bench", "--events", "cpu-clock:1000000", "--callchains", "fp",
+             "--host", "bench", "--events", "cpu-clock:1000000", "--callchains", args.callchains,
              "--flush-interval", "5s", "--off-cpu", "true" if off_cpu else "false",
              *(["--off-cpu-source", source] if off_cpu and source else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -331,6 +331,8 @@ def main():
                     "measured side by side (and slowdown kinds dcpid+offcpu:SRC)")
     ap.add_argument("--cost-reps", type=int, default=1)
     ap.add_argument("--no-slowdown", action="store_true")
+    ap.add_argument("--callchains", default="fp",
+                    help="dcpid's --callchains (default fp; the shipped dcpid.toml has none)")
     ap.add_argument("--same-cpu", action="store_true",
                     help="slowdown runs with both ping-pong threads on CPU 0: every switch goes "
                     "from one thread to the other with no idle between, so the round trips are "

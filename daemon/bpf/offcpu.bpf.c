@@ -30,6 +30,9 @@ char LICENSE[] SEC("license") = "GPL";
 /* Set by the loader before load (read-only, so the verifier sees a constant): waits shorter
  * than this are counted under stack ids -1 (`off_cpu_threshold`). */
 const volatile __u64 threshold_ns = 0;
+/* Whether dcpid keeps stacks (`callchains` is not "none"): without, no stack is walked, only
+ * the pc where the thread entered the kernel is read. */
+const volatile bool with_stacks = true;
 
 /* Kernel frames left out of the stack: the program's own and bpf_trace_run4, which called
  * it from the tracepoint; the stack then starts at __schedule, as the tracepoint source's. */
@@ -38,6 +41,7 @@ const volatile __u64 threshold_ns = 0;
 /* A blocked thread: when it blocked, and where. */
 struct start {
 	__u64 ts;
+	__u64 pc;
 	__s32 ustack;
 	__s32 kstack;
 	__u32 tgid;
@@ -45,12 +49,15 @@ struct start {
 };
 
 /* "key" would clash with a kernel type name. A negative stack id is none: -1 below the
- * threshold, else the error of bpf_get_stackid (-EFAULT: a kernel thread's user stack). */
+ * threshold or without stacks, else the error of bpf_get_stackid (-EFAULT: a kernel thread's
+ * user stack). `pc`: the user pc where the thread entered the kernel (a kernel thread's: its
+ * kernel pc), 0 if unknown; kept below the threshold, so that flat profiles place every wait. */
 struct wkey {
 	__u32 tgid;
 	__u32 tid;
 	__s32 ustack;
 	__s32 kstack;
+	__u64 pc;
 };
 
 /* `last`: when the latest of these waits ended (dcpid times the key's sample there, while the
@@ -134,14 +141,24 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	/* A wait starts: prev blocks (not a preemption, not the idle task, not an exit). */
 	if (ptid != 0 && !preempt && (prev_state & TASK_STATE_WAIT_MASK) &&
 	    !(prev_state & TASK_DEAD)) {
-		struct start s = { .ts = now, .tgid = prev->tgid };
+		struct start s = { .ts = now, .tgid = prev->tgid, .ustack = -1, .kstack = -1 };
+		/* One frame: the user pc is the saved user ip (no memory read); a kernel thread
+		 * has none, and gets its first kernel frame. */
+		__u64 pc = 0;
+		if (bpf_get_stack(ctx, &pc, sizeof(pc), BPF_F_USER_STACK) <= 0 &&
+		    bpf_get_stack(ctx, &pc, sizeof(pc), KSTACK_SKIP) <= 0)
+			pc = 0;
+		s.pc = pc;
 		/* Taken here, in prev's context: at the switch-in the stack is gone, so even a
 		 * wait that will be below the threshold pays for its stack ids (a hash of the
 		 * walked frames; an existing stack is not stored again). */
-		s.kstack = bpf_get_stackid(ctx, &stacks, KSTACK_SKIP);
-		s.ustack = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
-		if (s.kstack < 0 || (s.ustack < 0 && s.ustack != -14 /* EFAULT: no user stack */))
-			count(C_STACK_FAILED);
+		if (with_stacks) {
+			s.kstack = bpf_get_stackid(ctx, &stacks, KSTACK_SKIP);
+			s.ustack = bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK);
+			if (s.kstack < 0 ||
+			    (s.ustack < 0 && s.ustack != -14 /* EFAULT: no user stack */))
+				count(C_STACK_FAILED);
+		}
 		bpf_map_update_elem(&starts, &ptid, &s, BPF_ANY);
 	}
 
@@ -154,7 +171,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	if (!s)
 		return 0;
 	__u64 d = now - s->ts;
-	struct wkey k = { .tgid = s->tgid, .tid = ntid, .ustack = -1, .kstack = -1 };
+	struct wkey k = { .tgid = s->tgid, .tid = ntid, .ustack = -1, .kstack = -1, .pc = s->pc };
 	if (d >= threshold_ns) {
 		k.ustack = s->ustack;
 		k.kstack = s->kstack;

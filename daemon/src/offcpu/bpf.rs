@@ -46,9 +46,13 @@
 //! **What differs from the perf sources.** A pass hands over each key's sum, at the time its
 //! latest wait ended (not one sample per wait at its end): the waits of a pass fall in the
 //! epoch and slice of their key's latest, at most a pass (a second) later than their own. Waits
-//! below `off_cpu_threshold` are counted per thread with neither stack nor pc (the program
-//! keys them without stack ids, so as not to multiply keys). A wait still going on at shutdown
-//! is not counted, as with the perf sources.
+//! below `off_cpu_threshold` are keyed without stack ids (so as not to multiply keys) but with
+//! their pc, as the perf sources count them. A wait still going on at shutdown is not counted,
+//! as with the perf sources.
+//!
+//! **Without stacks** (`callchains = "none"`, the shipped configuration: no stack table) the
+//! program walks no stack: it reads one frame, the saved user ip where the thread entered the
+//! kernel (a kernel thread's first kernel frame), which is all a flat profile needs.
 
 use std::collections::HashMap;
 use std::collections::HashSet;
@@ -61,6 +65,7 @@ use aya::programs::{BtfTracePoint, ProgramError};
 use aya::{Btf, BtfError, Ebpf, EbpfError, EbpfLoader, Pod};
 
 use crate::perf::callchain::StackTables;
+use crate::resolve::KERNEL_START;
 use crate::sys;
 use crate::sys::perf::{self as sp, EventFd};
 use crate::types::{EventIdx, Sample, SampleSink};
@@ -84,7 +89,8 @@ const C_STACK_FAILED: u32 = 2;
 const C_WAITS_FULL: u32 = 3;
 const COUNTERS: u32 = 4;
 
-/// A key of the waits maps (`struct wkey`). A negative stack id is none.
+/// A key of the waits maps (`struct wkey`). A negative stack id is none; `pc` is where the
+/// thread entered the kernel (a kernel thread's kernel pc), 0 if unknown.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct WaitKey {
@@ -92,6 +98,7 @@ pub struct WaitKey {
     pub tid: u32,
     pub ustack: i32,
     pub kstack: i32,
+    pub pc: u64,
 }
 
 /// A value of the waits maps (`struct wval`): nanoseconds off CPU, waits, and when the latest
@@ -109,13 +116,14 @@ pub struct WaitVal {
 #[derive(Clone, Copy, Debug, Default)]
 struct Start {
     ts: u64,
+    pc: u64,
     ustack: i32,
     kstack: i32,
     tgid: u32,
     pad: u32,
 }
 
-// SAFETY: `repr(C)` structs of integers only, laid out without padding (16, 24 and 24 bytes:
+// SAFETY: `repr(C)` structs of integers only, laid out without padding (24, 24 and 32 bytes:
 // every field is at a multiple of its size), so every bit pattern of their size is a value,
 // as aya's `Pod` requires of what it copies to and from the kernel.
 unsafe impl Pod for WaitKey {}
@@ -124,9 +132,9 @@ unsafe impl Pod for WaitVal {}
 // SAFETY: as above.
 unsafe impl Pod for Start {}
 
-const _: () = assert!(std::mem::size_of::<WaitKey>() == 16);
+const _: () = assert!(std::mem::size_of::<WaitKey>() == 24);
 const _: () = assert!(std::mem::size_of::<WaitVal>() == 24);
-const _: () = assert!(std::mem::size_of::<Start>() == 24);
+const _: () = assert!(std::mem::size_of::<Start>() == 32);
 
 /// Why the BPF source cannot run. The messages hold aya's whole chain of causes (its errors
 /// say which map failed, their sources why: "Operation not permitted" is the one to see).
@@ -198,12 +206,16 @@ impl fmt::Debug for Loaded {
 }
 
 impl Loaded {
-    /// Load the program with `threshold_ns` and attach it to `sched_switch`.
-    pub fn load(threshold_ns: u64) -> Result<Self, BpfError> {
+    /// Load the program with `threshold_ns` and attach it to `sched_switch`; `with_stacks`:
+    /// whether it takes stacks (without, only the pc where each thread entered the kernel).
+    pub fn load(threshold_ns: u64, with_stacks: bool) -> Result<Self, BpfError> {
         let btf = Btf::from_sys_fs()?;
+        // A C `bool`: one byte.
+        let with_stacks = u8::from(with_stacks);
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .override_global("threshold_ns", &threshold_ns, true)
+            .override_global("with_stacks", &with_stacks, true)
             .load(object())?;
         let prog: &mut BtfTracePoint = ebpf
             .program_mut("on_switch")
@@ -335,7 +347,9 @@ pub fn samples(
         let (pc, in_kernel) = match (user.first(), kernel.first()) {
             (Some(&u), _) => (u, false),
             (None, Some(&kpc)) => (kpc, true),
-            (None, None) => (0, false),
+            // No stack (below the threshold, `callchains = "none"`, a failed id): the pc the
+            // program read.
+            (None, None) => (k.pc, k.pc >= KERNEL_START),
         };
         let stack = match intern.as_mut() {
             Some(f) if !pcs.is_empty() => f(&pcs, truncated),
@@ -503,13 +517,14 @@ mod tests {
     const KPC: u64 = 0xffff_ffff_8100_0000;
 
     fn key(tid: u32, ustack: i32, kstack: i32) -> WaitKey {
-        WaitKey { tgid: 7, tid, ustack, kstack }
+        WaitKey { tgid: 7, tid, ustack, kstack, pc: 0 }
     }
 
     /// Each key becomes one sample weighted by its nanoseconds, at the user pc where the
     /// thread entered the kernel; its stack is the kernel frames then the user frames, every
     /// frame but the first of each part moved back into its call; keys below the threshold
-    /// (-1) and unknown ids count without a stack; a kernel thread waits at its kernel leaf.
+    /// (-1) and unknown ids count without a stack, at the pc the program read; a kernel thread
+    /// waits at its kernel leaf.
     #[test]
     fn waits_become_samples_with_their_stacks() {
         let stacks: HashMap<i32, Vec<u64>> = HashMap::from([
@@ -519,7 +534,9 @@ mod tests {
         ]);
         let waits = [
             (key(42, 1, 2), WaitVal { ns: 600, n: 3, last: 1500 }),
-            (key(43, -1, -1), WaitVal { ns: 50, n: 5, last: 1200 }),
+            // Below the threshold (or without stacks): the pc the program read.
+            (WaitKey { pc: 0x40_5000, ..key(43, -1, -1) }, WaitVal { ns: 50, n: 5, last: 1200 }),
+            (WaitKey { pc: KPC + 0x10, ..key(46, -1, -1) }, WaitVal { ns: 30, n: 2, last: 1300 }),
             // Ended before the window (a program that read the generation before the last
             // flip) and after it (between the pass's clock read and its flip).
             (key(44, -14, 3), WaitVal { ns: 70, n: 1, last: 900 }),
@@ -540,7 +557,7 @@ mod tests {
             Some(&mut intern),
             &mut out,
         );
-        assert_eq!(t, Totals { waits: 10, ns: 720, without_stack: 6 });
+        assert_eq!(t, Totals { waits: 12, ns: 750, without_stack: 8 });
         let got: Vec<_> =
             out.iter().map(|s| (s.time, s.tid, s.pc, s.kernel, s.period, s.stack)).collect();
         // In time order, each at its latest wait's end, inside the window.
@@ -548,7 +565,8 @@ mod tests {
             got,
             [
                 (1001, 44, KPC + 8, true, 70, 2),
-                (1200, 43, 0, false, 50, 0),
+                (1200, 43, 0x40_5000, false, 50, 0),
+                (1300, 46, KPC + 0x10, true, 30, 0),
                 (1500, 42, 0x40_1000, false, 600, 1),
                 // No frames (ids the map no longer has) and a zero-length wait: period 1.
                 (1999, 45, 0, false, 1, 0),
@@ -572,7 +590,7 @@ mod tests {
         assert_eq!(interned, [(vec![KPC, KPC + 0x3f, 0x40_1000], true)]);
         out.clear();
         let t = samples(&waits, (0, 9), 3, 64, |id| stacks.get(&id).cloned(), None, &mut out);
-        assert_eq!(t.without_stack, 10);
+        assert_eq!(t.without_stack, 12);
         assert!(out.iter().all(|s| s.stack == 0));
     }
 

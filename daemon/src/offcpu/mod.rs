@@ -418,7 +418,7 @@ impl OffCpu {
     ) -> Result<Self, OffCpuError> {
         let mut bpf_failed = None;
         if matches!(cfg.source, Source::Bpf | Source::Auto) {
-            match bpf::Loaded::load(cfg.threshold_ns) {
+            match bpf::Loaded::load(cfg.threshold_ns, stacks.is_some()) {
                 Ok(loaded) => return Self::start_bpf(cfg, cpus, loaded, sink, stacks),
                 Err(e) if cfg.source == Source::Bpf => return Err(e.into()),
                 Err(e) => bpf_failed = Some(e),
