@@ -15,6 +15,17 @@ ignored" and records nothing of it, so it cannot be the reference on this machin
 --base-source alone the base is the same binary with that source: e.g. --source tracepoint
 --base-source switch-records puts the two mechanisms side by side).
 
+--sources SRC,SRC: measure the cost of each of these --off-cpu-source values (interleaved with
+the off runs, --cost-reps times each), and add a slowdown kind "dcpid+offcpu:SRC" for each. For
+the bpf source, dcpid's own CPU is only the reading of the aggregate: the program runs in the
+switching threads, in the kernel. Its time is measured too, with kernel.bpf_stats_enabled=1
+during the window (run_time_ns / run_cnt of the `on_switch` program: "bpf_prog_ns_per_run",
+and in % of one CPU); the perf sources' kernel-side work (writing records) is not measured.
+
+--same-cpu: the slowdown runs put both ping-pong threads on CPU 0 (argv[3] of the workload), so
+that the round trips are CPU-bound: on a VM where the two-CPU ping-pong waits for an idle CPU to
+wake (and any collector speeds it up), this is where the kernel's work per switch shows.
+
 --base-dcpid: another dcpid binary (e.g. the commit before a change) whose off-CPU cost is
 measured in the same run, interleaved with --dcpid's (off, on, base on; --cost-reps times), so
 that both see the same machine load: "before" and "after" side by side.
@@ -60,8 +71,9 @@ def build(work):
     return exe
 
 
-def pingpong(exe, secs, rate):
-    out = subprocess.run([exe, str(secs), str(rate)], capture_output=True, text=True, check=True)
+def pingpong(exe, secs, rate, same_cpu=False):
+    args = [exe, str(secs), str(rate)] + (["0"] if same_cpu else [])
+    out = subprocess.run(args, capture_output=True, text=True, check=True)
     n, t = out.stdout.split()
     return int(n) / float(t)
 
@@ -74,7 +86,7 @@ class Dcpid:
         self.p = subprocess.Popen(
             [exe or args.dcpid, "--config", "none", "--db", os.path.join(self.dir, "db"),
              "--spool", os.path.join(self.dir, "spool"), "--socket", self.sock,
-             "--host", "bench", "--events", "cpu-clock:1000000", "--callchains", "fp",
+             "--host", "bench", "--events", "cpu-clock:1000000", "--callchains", args.callchains,
              "--flush-interval", "5s", "--off-cpu", "true" if off_cpu else "false",
              *(["--off-cpu-source", source] if off_cpu and source else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -99,9 +111,14 @@ def cost(args, work, exe, off_cpu, dcpid=None, source=None):
         # Past dcpid's start-up work (its first flush, the symbol store's first pass over the
         # running images: ~0.1 s of CPU in the first minute), which is not off-CPU's cost.
         time.sleep(args.cost_settle if args.cost_settle is not None else args.settle)
+        stats = BpfStats() if off_cpu else None
         c0, t0, s0 = threads_cpu_ns(d.p.pid), time.time(), ctxt()
+        p0 = stats.read() if stats else None
         pingpong(exe, args.secs, args.rate)
         c1, t1, s1 = threads_cpu_ns(d.p.pid), time.time(), ctxt()
+        p1 = stats.read() if stats else None
+        if stats:
+            stats.close()
         st = dcpictl_status(args.dcpictl, d.sock) or {}
     finally:
         d.stop()
@@ -121,8 +138,56 @@ def cost(args, work, exe, off_cpu, dcpid=None, source=None):
         "offcpu_thread_cpu_pct": 100 * own / 1e9 / secs,
         "offcpu_thread_ns_per_switch": own / ((s1 - s0) or 1),
         "status_off_cpu": st.get("off_cpu"),
+        **bpf_prog_cost(p0, p1, secs),
         "off_cpu_bytes": b,
         "off_cpu_files": n,
+    }
+
+
+class BpfStats:
+    """kernel.bpf_stats_enabled=1 while alive (restored on close), and the run time and count
+    of dcpid's `on_switch` program (bpftool prog show)."""
+
+    PATH = "/proc/sys/kernel/bpf_stats_enabled"
+
+    def __init__(self):
+        try:
+            with open(self.PATH) as f:
+                self.old = f.read().strip()
+            with open(self.PATH, "w") as f:
+                f.write("1")
+        except OSError:
+            self.old = None
+
+    def read(self):
+        if self.old is None or not shutil.which("bpftool"):
+            return None
+        out = subprocess.run(["bpftool", "prog", "show", "--json"], capture_output=True,
+                             text=True)
+        try:
+            progs = json.loads(out.stdout)
+        except ValueError:
+            return None
+        for p in progs:
+            if p.get("name") == "on_switch" and "run_cnt" in p:
+                return (p.get("run_time_ns", 0), p["run_cnt"])
+        return None
+
+    def close(self):
+        if self.old is not None:
+            with open(self.PATH, "w") as f:
+                f.write(self.old)
+
+
+def bpf_prog_cost(p0, p1, secs):
+    """The BPF program's time over the window (none for the perf sources)."""
+    if not p0 or not p1:
+        return {}
+    ns, runs = p1[0] - p0[0], p1[1] - p0[1]
+    return {
+        "bpf_prog_runs": runs,
+        "bpf_prog_ns_per_run": ns / runs if runs else 0,
+        "bpf_prog_cpu_pct": 100 * ns / 1e9 / secs,
     }
 
 
@@ -158,8 +223,10 @@ def slowdown(args, work, exe, kind, base_dcpid=None):
     if kind.startswith("dcpid") or kind == "base_dcpid+offcpu":
         base = kind == "base_dcpid+offcpu"
         exe_d = base_dcpid if base else None
-        d = Dcpid(args, work, kind != "dcpid", exe_d,
-                  args.base_source if base else args.source)
+        source = args.base_source if base else args.source
+        if kind.startswith("dcpid+offcpu:"):
+            source = kind.split(":", 1)[1]
+        d = Dcpid(args, work, kind != "dcpid", exe_d, source)
         time.sleep(args.settle)
     elif kind in PERF_KINDS:
         data = os.path.join(work, "perf.data")
@@ -168,7 +235,7 @@ def slowdown(args, work, exe, kind, base_dcpid=None):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(args.settle)
     try:
-        return pingpong(exe, args.secs, 0)
+        return pingpong(exe, args.secs, 0, args.same_cpu)
     finally:
         if d:
             d.stop()
@@ -260,20 +327,36 @@ def main():
     ap.add_argument("--source", help="dcpid's --off-cpu-source (default: its own default)")
     ap.add_argument("--base-source", help="the base run's --off-cpu-source; with it and no "
                     "--base-dcpid, the base is --dcpid itself with this source")
+    ap.add_argument("--sources", help="comma-separated --off-cpu-source values whose cost is "
+                    "measured side by side (and slowdown kinds dcpid+offcpu:SRC)")
     ap.add_argument("--cost-reps", type=int, default=1)
     ap.add_argument("--no-slowdown", action="store_true")
+    ap.add_argument("--callchains", default="fp",
+                    help="dcpid's --callchains (default fp; the shipped dcpid.toml has none)")
+    ap.add_argument("--same-cpu", action="store_true",
+                    help="slowdown runs with both ping-pong threads on CPU 0: every switch goes "
+                    "from one thread to the other with no idle between, so the round trips are "
+                    "bound by the CPU, the kernel's work at each switch included")
     ap.add_argument("--bytes-secs", type=float, default=0,
                     help="also measure bytes per core-day over this window (two dcpid)")
     ap.add_argument("--no-cost", action="store_true")
     ap.add_argument("--kinds", help="comma-separated collectors of the slowdown run (default: "
-                    "none,dcpid,dcpid+offcpu," + ",".join(PERF_KINDS) + ")")
+                    "none,dcpid,dcpid+offcpu (dcpid+offcpu:SRC for each of --sources)," +
+                    ",".join(PERF_KINDS) + ")")
     ap.add_argument("--out")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="offcpu-bench-")
     exe = build(work)
     runs = {"off": [], "on": [], "base_on": []}
+    sources = args.sources.split(",") if args.sources else []
+    for src in sources:
+        runs["on:" + src] = []
     for _ in range(0 if args.no_cost else args.cost_reps):
         runs["off"].append(cost(args, work, exe, False))
+        if sources:
+            for src in sources:
+                runs["on:" + src].append(cost(args, work, exe, True, None, src))
+            continue
         runs["on"].append(cost(args, work, exe, True, None, args.source))
         if args.base_dcpid or args.base_source:
             runs["base_on"].append(cost(args, work, exe, True, args.base_dcpid,
@@ -286,7 +369,11 @@ def main():
         on = statistics.median(r["dcpid_cpu_pct"] for r in on_runs)
         sw = statistics.median(r["switches_per_s_per_cpu"] for r in on_runs) * os.cpu_count()
         ns = (on - off) / 100 * 1e9 / sw if sw else 0
+        prog = [r for r in on_runs if "bpf_prog_ns_per_run" in r]
         return {
+            **({"bpf_prog_ns_per_run": statistics.median(r["bpf_prog_ns_per_run"] for r in prog),
+                "bpf_prog_cpu_pct": statistics.median(r["bpf_prog_cpu_pct"] for r in prog)}
+               if prog else {}),
             "extra_cpu_pct_of_one_cpu": on - off,
             "switches_per_s_per_cpu": sw / os.cpu_count(),
             "extra_ns_per_switch": ns,
@@ -296,11 +383,15 @@ def main():
         }
 
     res["cost"] = {"dcpid": extra(runs["on"])} if runs["on"] else {}
+    for src in sources:
+        if runs["on:" + src]:
+            res["cost"]["dcpid:" + src] = extra(runs["on:" + src])
     if runs["base_on"]:
         res["cost"]["base_dcpid"] = extra(runs["base_on"])
     res["slowdown"] = {}
-    kinds = args.kinds.split(",") if args.kinds else ["none", "dcpid", "dcpid+offcpu",
-                                                      *PERF_KINDS]
+    kinds = args.kinds.split(",") if args.kinds else [
+        "none", "dcpid", *(["dcpid+offcpu:" + src for src in sources] or ["dcpid+offcpu"]),
+        *PERF_KINDS]
     if (args.base_dcpid or args.base_source) and "base_dcpid+offcpu" not in kinds:
         kinds.append("base_dcpid+offcpu")
     rts = {k: [] for k in kinds}

@@ -1,7 +1,10 @@
 /* Off-CPU benchmark workload (bench/offcpu.py): two threads, pinned to CPUs 0 and 1, bounce a
    byte over two pipes. Each round trip blocks each thread once, so each CPU switches twice
    (thread -> idle -> thread). argv[1]: seconds; argv[2]: round trips per second to pace to
-   (0: as fast as possible). Prints "round_trips seconds". */
+   (0: as fast as possible); argv[3]: the second thread's CPU (default 1; 0 puts both threads on
+   CPU 0, where each switch goes from one thread straight to the other, with no idle between:
+   the round trips are then bound by the CPU, kernel work at each switch included). Prints
+   "round_trips seconds". */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -11,6 +14,7 @@
 #include <unistd.h>
 
 static int ab[2], ba[2];
+static int pong_cpu = 1;
 
 static double now(void) {
     struct timespec t;
@@ -27,7 +31,7 @@ static void pin(int cpu) {
 
 static void *pong(void *arg) {
     (void)arg;
-    pin(1);
+    pin(pong_cpu);
     char c;
     while (read(ab[0], &c, 1) == 1)
         if (write(ba[1], &c, 1) != 1) break;
@@ -37,6 +41,7 @@ static void *pong(void *arg) {
 int main(int argc, char **argv) {
     double secs = argc > 1 ? atof(argv[1]) : 10;
     double rate = argc > 2 ? atof(argv[2]) : 0;
+    pong_cpu = argc > 3 ? atoi(argv[3]) : 1;
     if (pipe(ab) || pipe(ba)) return 2;
     pthread_t t;
     pthread_create(&t, NULL, pong, NULL);

@@ -36,7 +36,7 @@
 //! slice_rollup_after = "6h"   # older slices become hour slices
 //! off_cpu = false             # off-CPU time with stacks, event "off-cpu" (nanoseconds)
 //! off_cpu_threshold = "0"     # shorter waits are counted without a stack
-//! off_cpu_source = "auto"     # or "tracepoint", "switch-records"
+//! off_cpu_source = "auto"     # or "bpf", "tracepoint", "switch-records"
 //! ```
 //!
 //! Errors name the file, the line (and column, for syntax and type errors; from the spans
@@ -477,13 +477,15 @@ settings! {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     off_cpu_threshold: Duration = Duration::ZERO;
-    /// Which kernel events time the waits: `tracepoint` (the sched:sched_switch tracepoint,
-    /// filtered in the kernel: a record with a call chain only when a thread blocks, and
-    /// perf's 32-byte switch records for when threads run again; needs tracefs mounted),
-    /// `switch-records`
-    /// (perf's context-switches event: a sample with a call chain and two records at every
-    /// context switch, preemptions and the idle task included), or `auto`: the tracepoint
-    /// where it can be opened, else switch records, with a warning [default: auto].
+    /// Which kernel events time the waits: `bpf` (a BPF program on sched_switch pairs the
+    /// waits in the kernel and sums them per thread and stack: no record per switch; needs
+    /// CAP_BPF and CAP_PERFMON, the kernel's BTF and Linux 5.18 or later), `tracepoint` (the
+    /// sched:sched_switch tracepoint, filtered in the kernel: a record with a call chain only
+    /// when a thread blocks, and perf's 32-byte switch records for when threads run again;
+    /// needs tracefs mounted), `switch-records` (perf's context-switches event: a sample with
+    /// a call chain and two records at every context switch, preemptions and the idle task
+    /// included), or `auto`: the first of these that starts, with a warning saying why the
+    /// others did not [default: auto].
     #[arg(long, value_name = "SOURCE")]
     off_cpu_source: String = "auto".into();
 }
@@ -646,8 +648,9 @@ impl Settings {
             return Err(bad(
                 "off_cpu_source",
                 self.off_cpu_source.clone(),
-                "must be `auto`, `tracepoint` (the sched:sched_switch tracepoint) or \
-                 `switch-records` (perf's context-switches event)",
+                "must be `auto`, `bpf` (in-kernel pairing on sched_switch), `tracepoint` (the \
+                 sched:sched_switch tracepoint) or `switch-records` (perf's context-switches \
+                 event)",
             ));
         }
         if !(512..=MAX_USER_STACK).contains(&self.sample_user_stack)

@@ -282,8 +282,9 @@ pub struct StatusReport {
 /// totals since start and rates over the uptime.
 #[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
 pub struct OffCpuReport {
-    /// The kernel events timing the waits: `tracepoint` (`sched:sched_switch`, filtered) or
-    /// `switch-records` (the context-switches event; `off_cpu_source` in dcpid.toml).
+    /// The kernel events timing the waits: `bpf` (a BPF program on `sched_switch` pairing them
+    /// in the kernel), `tracepoint` (`sched:sched_switch`, filtered) or `switch-records` (the
+    /// context-switches event; `off_cpu_source` in dcpid.toml).
     #[serde(default)]
     pub source: String,
     /// Context switches seen (the idle task's excluded), and per second.
@@ -295,9 +296,11 @@ pub struct OffCpuReport {
     /// Their total in seconds, and per second of uptime (threads off CPU on average).
     pub off_cpu_s: f64,
     pub off_cpu_s_per_s: f64,
-    /// Waits counted without a stack (shorter than `off_cpu_threshold`, or a full table).
+    /// Waits counted without a stack (shorter than `off_cpu_threshold`, or a full table;
+    /// `bpf`: or a stack id the kernel could not store).
     pub waits_without_stack: u64,
-    /// Records the kernel dropped from the off-CPU rings.
+    /// Records the kernel dropped from the off-CPU rings (`bpf`: waits the program dropped
+    /// because its waits map was full).
     pub lost: u64,
     /// Waits lost to pairing (a lost record, the bound on threads tracked).
     pub unpaired: u64,

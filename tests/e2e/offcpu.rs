@@ -48,8 +48,18 @@ fn folded_ns(folded: &str, frames: &str) -> u64 {
         .sum()
 }
 
-/// The default source where tracefs is mounted (`.ci/run` mounts it): the filtered
-/// `sched:sched_switch` tracepoint.
+/// The default source where the BPF program loads (root, or `CAP_BPF` and `CAP_PERFMON`; Linux
+/// 5.18 or later with BTF): waits paired in the kernel, summed per thread and stack.
+#[dcpi_testkit::test(perf, root)]
+fn off_cpu_time_from_bpf_splits_by_blocking_stack_and_a_busy_loop_has_none() {
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        dcpi_testkit::skip!("the kernel has no BTF (/sys/kernel/btf/vmlinux): no BPF source");
+    }
+    splits_by_blocking_stack("bpf");
+}
+
+/// The source where the BPF program cannot load and tracefs is mounted (`.ci/run` mounts it):
+/// the filtered `sched:sched_switch` tracepoint.
 #[dcpi_testkit::test(perf)]
 fn off_cpu_time_splits_by_blocking_stack_and_a_busy_loop_has_none() {
     if !std::path::Path::new("/sys/kernel/tracing/events/sched/sched_switch/id").exists() {
@@ -207,18 +217,21 @@ fn splits_by_blocking_stack(source: &str) {
     assert!(wall.lines().any(|l| l.contains(" wall ") && l.contains("cum%")), "{wall}");
 }
 
-/// Without tracefs (hidden here by a tmpfs in a private mount namespace), the default source
-/// says why and falls back to the switch records, which time the waits all the same.
-#[dcpi_testkit::test(root)]
-fn without_tracefs_the_default_source_falls_back_to_switch_records_and_says_why() {
+/// Without `CAP_BPF` (and `CAP_SYS_ADMIN`, which would stand in for it) and without tracefs
+/// (hidden here by a tmpfs in a private mount namespace), the default source says why for
+/// each and falls back to the switch records, which time the waits all the same.
+#[dcpi_testkit::test(root, tool("setpriv"))]
+fn without_bpf_and_tracefs_the_default_source_falls_back_to_switch_records_and_says_why() {
     let _one = dcpi_e2e::machine_wide_stacks();
     let sb = Sandbox::new();
     let mut args = sb.daemon_args("e2e-offcpu-fallback");
     args.extend(["--off-cpu", "true", "--duration", "3s"].map(String::from));
-    // The tmpfs hides both places tracefs is looked for; `exec` keeps the namespace.
+    // The tmpfs hides both places tracefs is looked for; `exec` keeps the namespace; setpriv
+    // drops the capabilities that allow loading a BPF program from the bounding set (root
+    // keeps the others, CAP_PERFMON included).
     let script = "mount -t tmpfs none /sys/kernel/tracing && \
                   { ! [ -d /sys/kernel/debug/tracing ] || mount -t tmpfs none /sys/kernel/debug; } && \
-                  exec \"$0\" \"$@\"";
+                  exec setpriv --bounding-set=-bpf,-sys_admin --inh-caps=-bpf,-sys_admin -- \"$0\" \"$@\"";
     let o = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", script])
         .arg(dcpi_e2e::bin("dcpid"))
@@ -230,6 +243,10 @@ fn without_tracefs_the_default_source_falls_back_to_switch_records_and_says_why(
         dcpi_testkit::skip!("no private mount namespace here: {err}");
     }
     assert!(o.status.success(), "dcpid: {}\n{err}", o.status);
+    assert!(
+        err.contains("BPF program cannot be used") && err.contains("Operation not permitted"),
+        "no warning naming why the BPF program was not used:\n{err}"
+    );
     assert!(
         err.contains("tracepoint cannot be used") && err.contains("tracefs is not mounted"),
         "no warning naming the reason:\n{err}"
@@ -283,11 +300,26 @@ fn every_wait_of_a_pinned_ping_pong_is_paired_with_its_switch_in() {
         .expect("round trips printed");
     let fl = d.ctl(&["flush"]);
     assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
-    let after = d.status_json()["off_cpu"].clone();
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    // The BPF source reads its counters once a second: wait (up to a generous deadline) for
+    // the waits of the run to show; the assertions below then say what was missing.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut after = d.status_json()["off_cpu"].clone();
+    while n(&after, "waits") - n(&before, "waits") < 2 * rounds
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        after = d.status_json()["off_cpu"].clone();
+    }
     let (waits, unpaired) =
         (n(&after, "waits") - n(&before, "waits"), n(&after, "unpaired") - n(&before, "unpaired"));
     eprintln!("{rounds} round trips: {waits} waits, {unpaired} unpaired ({})", after["source"]);
+    // As root on a kernel with BTF, the default source is the BPF program.
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root && std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        assert_eq!(after["source"], "bpf", "{after}");
+    }
     assert!(waits >= 2 * rounds, "{waits} waits for {rounds} round trips of two threads");
     assert!(unpaired * 100 <= waits, "{unpaired} of {waits} waits unpaired");
     let (st, err) = d.terminate();

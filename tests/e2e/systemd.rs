@@ -14,11 +14,13 @@ use crate::{install_root, repo_root};
 
 /// The exposure score `systemd-analyze security` gives the unit, as recorded in README.md.
 /// Raising it (weaker hardening) fails this test; lowering it should update README and this.
-const RECORDED_EXPOSURE: f64 = 2.1;
+/// (2.1 until the off-CPU BPF source added `CAP_BPF` and the `bpf` system call.)
+const RECORDED_EXPOSURE: f64 = 2.2;
 
 /// The capabilities the unit keeps, each justified in the unit and in README.md.
 pub(crate) const CAPABILITIES: &[&str] = &[
     "CAP_PERFMON",
+    "CAP_BPF",
     "CAP_SYSLOG",
     "CAP_SYS_PTRACE",
     "CAP_CHECKPOINT_RESTORE",
@@ -601,7 +603,8 @@ fn each_unit_capability_is_needed() {
     };
     // With every capability both are found: otherwise a failure below would prove nothing.
     assert_eq!(run_unprivileged(CAPABILITIES, &busy_bin, &build_id), (true, true));
-    for dropped in CAPABILITIES.iter().filter(|c| **c != "CAP_PERFMON") {
+    // CAP_BPF serves the off-CPU source only: `the_bpf_off_cpu_source_needs_cap_bpf` shows it.
+    for dropped in CAPABILITIES.iter().filter(|c| !["CAP_PERFMON", "CAP_BPF"].contains(*c)) {
         let caps: Vec<&str> = CAPABILITIES.iter().copied().filter(|c| c != dropped).collect();
         let (kernel_addrs, found) = run_unprivileged(&caps, &busy_bin, &build_id);
         assert!(
@@ -610,6 +613,33 @@ fn each_unit_capability_is_needed() {
              the unit keeps a capability it does not need"
         );
     }
+}
+
+/// With the unit's capabilities an unprivileged dcpid times waits with the BPF program
+/// (`off_cpu_source = "auto"`); without `CAP_BPF` it cannot load it and falls back, saying so.
+#[dcpi_testkit::test(perf, root, tool("setpriv"))]
+fn the_bpf_off_cpu_source_needs_cap_bpf() {
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        dcpi_testkit::skip!("the kernel has no BTF (/sys/kernel/btf/vmlinux): no BPF source");
+    }
+    let run = |caps: &[&str]| {
+        let sb = Sandbox::new();
+        std::fs::set_permissions(
+            sb.dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .expect("chmod sandbox");
+        let out = dcpid_as_nobody(&sb, caps, &["--off-cpu", "true", "--duration", "2s"]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "dcpid as nobody with {caps:?}: {}\n{err}", out.status);
+        err
+    };
+    let err = run(CAPABILITIES);
+    assert!(err.contains("source=\"bpf\"") || err.contains("source=bpf"), "{err}");
+    let without: Vec<&str> = CAPABILITIES.iter().copied().filter(|c| *c != "CAP_BPF").collect();
+    let err = run(&without);
+    assert!(err.contains("BPF program cannot be used"), "no reason given:\n{err}");
+    assert!(!err.contains("source=\"bpf\"") && !err.contains("source=bpf"), "{err}");
 }
 
 /// Run dcpid as nobody with `caps` while a root-owned busy loop of `busy_bin` runs; return whether

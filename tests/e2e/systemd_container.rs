@@ -244,10 +244,10 @@ fn boot() -> Result<Container, String> {
         .arg(format!("--overlay={}:{}:/", root.display(), upper.display()))
         .arg("--boot")
         .arg(format!("--machine=dcpi-e2e-{}", std::process::id()))
-        // nspawn's default bounding set lacks these three of the unit's capabilities.
-        .arg("--capability=CAP_PERFMON,CAP_SYSLOG,CAP_CHECKPOINT_RESTORE")
-        // nspawn's seccomp filter denies perf_event_open (EPERM) unless allowed.
-        .arg("--system-call-filter=perf_event_open")
+        // nspawn's default bounding set lacks these four of the unit's capabilities.
+        .arg("--capability=CAP_PERFMON,CAP_BPF,CAP_SYSLOG,CAP_CHECKPOINT_RESTORE")
+        // nspawn's seccomp filter denies perf_event_open and bpf (EPERM) unless allowed.
+        .arg("--system-call-filter=perf_event_open bpf")
         .arg("--console=read-only")
         .stdin(Stdio::null())
         .stdout(logf.try_clone().map_err(|e| e.to_string())?)
@@ -682,6 +682,37 @@ fn systemctl_reload_applies_a_reloadable_key() {
     assert_eq!(s["NRestarts"], "0");
 }
 
+/// The unit as shipped lets dcpid load the off-CPU BPF program (`off_cpu = true`, source
+/// `auto`): its capabilities (`CAP_BPF`), system-call filter (`bpf`) and sandboxing allow it,
+/// and the waits come in.
+#[dcpi_testkit::test(
+    perf,
+    root,
+    tool("systemd-nspawn"),
+    tool("debootstrap"),
+    tool("nsenter"),
+    tool("make")
+)]
+fn the_unit_times_waits_with_the_bpf_program() {
+    let Some(ct) = container() else { return };
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        dcpi_testkit::skip!("the kernel has no BTF (/sys/kernel/btf/vmlinux): no BPF source");
+    }
+    let _svc = ct.service();
+    let cfg = ct.path(CONFIG);
+    let mut text = std::fs::read_to_string(&cfg).expect("config");
+    assert!(!text.contains("off_cpu"), "the shipped config sets off_cpu already:\n{text}");
+    text.push_str("\noff_cpu = true\n");
+    std::fs::write(&cfg, text).expect("write config");
+    ct.sh("systemctl start dcpid");
+    let mut v = serde_json::Value::Null;
+    wait_for(30, "off-CPU waits in status", || {
+        v = ct.status_json();
+        v["off_cpu"]["waits"].as_u64().unwrap_or(0) > 0
+    });
+    assert_eq!(v["off_cpu"]["source"], "bpf", "{}", v["off_cpu"]);
+}
+
 /// `systemctl stop` (SIGTERM) publishes everything: with the shipped `publish_interval` (5 min)
 /// nothing of a short run is published before the stop, and after it the database holds
 /// exactly the samples dcpid's closing log line counts.
@@ -760,6 +791,7 @@ fn cap_bit(name: &str) -> u32 {
         "CAP_SYS_PTRACE" => 19,
         "CAP_SYSLOG" => 34,
         "CAP_PERFMON" => 38,
+        "CAP_BPF" => 39,
         "CAP_CHECKPOINT_RESTORE" => 40,
         other => panic!("no bit number for {other}"),
     }

@@ -1,7 +1,10 @@
 //! Off-CPU time (`off_cpu = true`): where threads wait, with the stack that made them wait.
 //!
 //! MECHANISM (issue 40, chosen by measurement; BENCHMARKS.md "Off-CPU"). By default
-//! (`off_cpu_source = "auto"`), on every CPU, each alone in its ring:
+//! (`off_cpu_source = "auto"`) a BPF program on `sched_switch` pairs the waits in the kernel
+//! and sums them per thread and stack, so that nothing is written per switch ([`bpf`]: its own
+//! reader, the same samples). Where it cannot be loaded (no `CAP_BPF`, no kernel BTF, a kernel
+//! older than 5.18), dcpid says why and uses perf events, on every CPU, each alone in its ring:
 //! - *switch-outs*: the `sched:sched_switch` tracepoint with the kernel-side filter
 //!   `prev_pid != 0 && prev_state & 255` ([`tracepoint`]), samples TID, TIME, CALLCHAIN: only a
 //!   thread that **blocks** leaves a record, taken in its own context, so the chain is the
@@ -19,11 +22,9 @@
 //! (`"switch-records"`) is perf's software `context-switches` event with `sample_period = 1`
 //! and `PERF_SAMPLE_CALLCHAIN` (a sample with a chain at *every* switch-out, preemptions and
 //! the idle task included), plus the switch records, flagged
-//! `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT` when the thread was preempted (not a wait). A BPF
-//! program aggregating in the kernel (as `perf record --off-cpu` does) writes nothing per
-//! switch, but building one needs a BPF toolchain (clang with the bpf target or bpf-linker
-//! for aya), which this build does not have and a Rust daemon should not require at run time.
-//! Both ways sample only PID/TID, TIME and the chain: the fewer bytes the kernel writes and
+//! `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT` when the thread was preempted (not a wait). The BPF
+//! program is compiled once with clang and committed (daemon/bpf/), so that neither the build
+//! nor CI needs a BPF toolchain. Both perf ways sample only PID/TID, TIME and the chain: the fewer bytes the kernel writes and
 //! the reader reads per switch, the less both pay. The kernel's per-wait call chain is paid by
 //! every blocking program, hence `off_cpu` is off by default.
 //!
@@ -58,6 +59,7 @@
 //! Waits shorter than `off_cpu_threshold` are counted in the flat profiles but get no stack.
 //! The idle task (pid 0) is never counted.
 
+pub mod bpf;
 pub mod pairing;
 pub mod tracepoint;
 
@@ -127,24 +129,28 @@ pub struct OffCpuConfig {
 /// `off_cpu_source`: which kernel events time the waits (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Source {
-    /// The tracepoints where tracefs has them, else the switch records.
+    /// The BPF program where the kernel takes it, else the tracepoints where tracefs has them,
+    /// else the switch records.
     #[default]
     Auto,
     /// The `sched:sched_switch` tracepoints, or an error.
     Tracepoint,
     /// The `context-switches` event with switch records.
     SwitchRecords,
+    /// The in-kernel pairing of [`bpf`], or an error.
+    Bpf,
 }
 
 impl Source {
     /// The configuration values, in the order of the enum.
-    pub const NAMES: [&'static str; 3] = ["auto", "tracepoint", "switch-records"];
+    pub const NAMES: [&'static str; 4] = ["auto", "tracepoint", "switch-records", "bpf"];
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "auto" => Some(Self::Auto),
             "tracepoint" => Some(Self::Tracepoint),
             "switch-records" => Some(Self::SwitchRecords),
+            "bpf" => Some(Self::Bpf),
             _ => None,
         }
     }
@@ -155,6 +161,7 @@ impl Source {
             Self::Auto => Self::NAMES[0],
             Self::Tracepoint => Self::NAMES[1],
             Self::SwitchRecords => Self::NAMES[2],
+            Self::Bpf => Self::NAMES[3],
         }
     }
 }
@@ -172,6 +179,8 @@ pub enum OffCpuError {
     OpenTracepoint { cpu: u32, source: io::Error },
     #[error("off-CPU: the kernel refused the filter {filter:?} of the sched:sched_switch tracepoint on CPU {cpu}: {source}")]
     Filter { cpu: u32, filter: String, source: io::Error },
+    #[error("off-CPU: the BPF program (off_cpu_source = \"bpf\"): {0}")]
+    Bpf(#[from] bpf::BpfError),
     #[error("off-CPU: {0}")]
     Io(#[from] io::Error),
 }
@@ -179,12 +188,14 @@ pub enum OffCpuError {
 /// Counters of the source (monotonic since start), for `dcpictl status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffCpuStatus {
-    /// The kernel events in use: `tracepoint` or `switch-records` ([`Source::name`]).
+    /// The kernel events in use: `bpf`, `tracepoint` or `switch-records` ([`Source::name`]).
     pub source: &'static str,
     /// Context switches seen, the idle task's excluded: switch-outs (voluntary or not) with
-    /// the switch records, switch-ins with the tracepoints (which see no preemption).
+    /// the switch records, switch-ins with the tracepoints and the BPF program (which count
+    /// at the switch-in).
     pub switches: u64,
-    /// Waits timed and handed to the aggregator.
+    /// Waits timed and handed to the aggregator (`bpf`: timed by the program, as of the last
+    /// pass; their nanoseconds are handed over at the pass after they ended).
     pub waits: u64,
     /// Their total, nanoseconds.
     pub off_cpu_ns: u64,
@@ -405,7 +416,21 @@ impl OffCpu {
         sink: Arc<dyn SampleSink>,
         stacks: Option<Arc<StackTables>>,
     ) -> Result<Self, OffCpuError> {
+        let mut bpf_failed = None;
+        if matches!(cfg.source, Source::Bpf | Source::Auto) {
+            match bpf::Loaded::load(cfg.threshold_ns, stacks.is_some()) {
+                Ok(loaded) => return Self::start_bpf(cfg, cpus, loaded, sink, stacks),
+                Err(e) if cfg.source == Source::Bpf => return Err(e.into()),
+                Err(e) => bpf_failed = Some(e),
+            }
+        }
         let (source, plans, rings) = open_source(&cfg, cpus)?;
+        if let Some(e) = bpf_failed {
+            tracing::warn!(error = %e, source = source.name(), "off-CPU: the BPF program cannot \
+                be used (it needs CAP_BPF and CAP_PERFMON, the kernel's BTF and a kernel of 5.18 \
+                or later); timing waits with perf records instead, which the kernel writes at \
+                every blocking switch (BENCHMARKS.md, Off-CPU)");
+        }
         for r in &rings {
             r.enable()?;
         }
@@ -435,6 +460,28 @@ impl OffCpu {
             .name(THREAD.into())
             .spawn(move || reader.run(&stop2, &stopping2))?;
         Ok(Self { stop, stopping, stats, online, thread: Some(thread), source })
+    }
+
+    /// The BPF source: its reading thread.
+    fn start_bpf(
+        cfg: OffCpuConfig,
+        cpus: &[u32],
+        loaded: bpf::Loaded,
+        sink: Arc<dyn SampleSink>,
+        stacks: Option<Arc<StackTables>>,
+    ) -> Result<Self, OffCpuError> {
+        let stop = Arc::new(EventFd::new()?);
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(Stats::default());
+        // The program runs on every CPU, those that come online included.
+        stats.cpus.store(cpus.len() as u64, Ordering::Relaxed);
+        let mut reader = bpf::BpfReader::new(cfg, loaded, sink, stacks, Arc::clone(&stats));
+        let (stop2, stopping2) = (Arc::clone(&stop), Arc::clone(&stopping));
+        let thread = std::thread::Builder::new()
+            .name(THREAD.into())
+            .spawn(move || reader.run(&stop2, &stopping2))?;
+        let online = Arc::new(Mutex::new(None));
+        Ok(Self { stop, stopping, stats, online, thread: Some(thread), source: Source::Bpf })
     }
 
     /// The kernel events in use (never `Auto`).
