@@ -134,7 +134,11 @@ def slices_bytes(db):
     return sum(os.path.getsize(p) for p in slices_logs(db))
 
 
-def snap(on, off, perf=None, cmp=None, flush_off=True):
+def snap(on, off, perf=None, cmp=None, flush_off=True, ext=None):
+    if ext:
+        # The off-CPU daemon's whole database is projected as the totals are (below), so it
+        # is flushed for the same reason.
+        ext.flush()
     if flush_off:
         # The slices-off daemon's database stands for the epoch totals of a day-long epoch.
         # Unflushed, its size follows the publish schedule (nothing at all until the first
@@ -150,7 +154,10 @@ def snap(on, off, perf=None, cmp=None, flush_off=True):
             "on_written": bench.proc_io(on.proc.pid).get("write_bytes", 0),
             "off_written": bench.proc_io(off.proc.pid).get("write_bytes", 0),
             "cmp_written": bench.proc_io(cmp.proc.pid).get("write_bytes", 0) if cmp else 0,
-            "perf_data": os.path.getsize(perf.data) if perf and os.path.exists(perf.data) else 0}
+            "perf_data": os.path.getsize(perf.data) if perf and os.path.exists(perf.data) else 0,
+            "ext_db": db_bytes(ext.db) if ext else 0,
+            "ext_written": bench.proc_io(ext.proc.pid).get("write_bytes", 0) if ext else 0,
+            "ext_one_time_alloc": one_time(ext.db)[1] if ext else 0}
 
 
 def slice_cpu(log_path):
@@ -187,6 +194,11 @@ def main():
     ap.add_argument("--dcpid-arg", action="append", default=[], metavar="ARG",
                     help="one more dcpid argument for every daemon (repeat it), e.g. "
                          "--dcpid-arg=--publish-max-delay --dcpid-arg=4m")
+    ap.add_argument("--offcpu-daemon", action="store_true",
+                    help="also run a dcpid with the defaults plus `--off-cpu true` (issue 40's "
+                         "bytes with off-CPU on), flushed before each snapshot; its whole "
+                         "database's growth over the second half is projected linearly for 24 h "
+                         "(an upper bound: it also projects the minute slices past the 6 h roll-up)")
     ap.add_argument("--no-flush-off", dest="flush_off", action="store_false",
                     help="do not flush the slices-off daemon before each snapshot (its totals "
                          "then grow in publish steps; the projection used to be taken so)")
@@ -215,8 +227,12 @@ def main():
     if args.compare_publish:
         cmp = Dcpid(bins, os.path.join(work, "cmp"), args.rate, life,
                     ["--publish-interval", args.compare_publish])
+    ext = None
+    if args.offcpu_daemon:
+        ext = Dcpid(bins, os.path.join(work, "offcpu"), args.rate, life,
+                    ["--off-cpu", "true"] + args.dcpid_arg)
     spools = []
-    for d in (on, off) + ((cmp,) if cmp else ()):
+    for d in (on, off) + ((cmp,) if cmp else ()) + ((ext,) if ext else ()):
         os.makedirs(d.dir, exist_ok=True)
         d.spool_dir = tempfile.mkdtemp(prefix="dcpi-slices-spool-", dir=args.spool_parent)
         spools.append(d.spool_dir)
@@ -224,6 +240,8 @@ def main():
     off.start()
     if cmp:
         cmp.start()
+    if ext:
+        ext.start()
     perf = bench.Perf(bins, os.path.join(work, "perf"), args.rate, life) if args.perf else None
     if perf:
         perf.start()
@@ -232,14 +250,14 @@ def main():
     try:
         bench.log(f"slices: warm-up {args.warmup:.0f} s, window {args.duration:.0f} s")
         time.sleep(args.warmup)
-        a = snap(on, off, perf, cmp, args.flush_off)
+        a = snap(on, off, perf, cmp, args.flush_off, ext)
         series.append(a)
         end = a["t"] + args.duration
         while time.monotonic() < end:
             time.sleep(min(60, max(0.0, end - time.monotonic())))
-            series.append(snap(on, off, perf, cmp, args.flush_off))
+            series.append(snap(on, off, perf, cmp, args.flush_off, ext))
         b = series[-1]
-        for d in (on, off) + ((cmp,) if cmp else ()):
+        for d in (on, off) + ((cmp,) if cmp else ()) + ((ext,) if ext else ()):
             if d.proc.poll() is not None:
                 raise bench.ProfilerError(f"dcpid exited with {d.proc.returncode} in the window")
     finally:
@@ -248,6 +266,9 @@ def main():
     off.stop()
     if cmp:
         cmp.stop()
+    ext_status = ext.status() if ext else None
+    if ext:
+        ext.stop()
     if perf:
         perf.stop()
     cpu = slice_cpu(on.log_path)
@@ -314,6 +335,17 @@ def main():
     res["on_written_per_hour_after_6h"] = res["on_written_per_hour"] + hour_bytes
     if cmp:
         res["cmp_written_per_hour"] = res["cmp_written"] * hour
+    if ext:
+        ext_rate = (b["ext_db"] - half["ext_db"]) / max(1.0, b["t"] - half["t"])
+        ext_day = b["ext_db"] + ext_rate * (86400 - (b["t"] - series[0]["t"]) - args.warmup)
+        res["offcpu_db_growth"] = b["ext_db"] - a["ext_db"]
+        res["offcpu_rate_second_half_Bps"] = ext_rate
+        res["offcpu_day_projected"] = ext_day
+        res["per_core_day_offcpu"] = ext_day / ncpu
+        res["offcpu_written"] = (b["ext_written"] - a["ext_written"]) \
+            - (b["ext_one_time_alloc"] - a["ext_one_time_alloc"])
+        res["offcpu_written_per_hour"] = res["offcpu_written"] * hour
+        res["offcpu_status"] = ext_status
     if perf:
         res["perf_per_hour"] = res["perf_data_growth"] * hour
         res["writes_ratio_first_6h"] = res["perf_data_growth"] / max(1, res["on_written"])
@@ -357,6 +389,11 @@ def main():
              f"({res['writes_ratio_after_6h']:.0f}x after 6 h)"
              + (f"; {res['writes_ratio_cmp_first_6h']:.0f}x the `--publish-interval "
                 f"{args.compare_publish}` one's" if cmp else "") + " | |\n" if perf else "")
+          + (f"| with `--off-cpu true` (a third dcpid, flushed each snapshot): database growth "
+             f"{res['offcpu_db_growth'] / 1e3:.0f} KB, {res['offcpu_rate_second_half_Bps']:.0f} B/s "
+             f"over the second half, linear for 24 h (upper bound) | "
+             f"**{res['per_core_day_offcpu'] / mb:.2f} MB per core-day**; writes "
+             f"{res['offcpu_written_per_hour'] / mb:.2f} MB/h | |\n" if ext else "")
           + f"| daemon CPU per slice | {res['cpu_per_slice_ms'] if res['cpu_per_slice_ms'] is not None else float('nan'):.2f} ms | |\n")
     with open(out + ".md", "w") as f:
         f.write(md)
