@@ -466,10 +466,12 @@ settings! {
     slice_rollup_after: Duration = Duration::from_secs(6 * 3600);
     /// Off-CPU time: for every thread that blocks (not preempted; never the idle task), the
     /// time until it runs again, with the stack at which it blocked, as the event `off-cpu`
-    /// (counts in nanoseconds; `dcpiprof --event off-cpu`). Costs one perf sample with a
-    /// call chain and two switch records per context switch; off by default because a
-    /// switch-heavy machine pays that on every switch (BENCHMARKS.md, "Off-CPU")
-    /// [default: false].
+    /// (counts in nanoseconds; `dcpiprof --event off-cpu`). What each blocking switch costs
+    /// depends on `off_cpu_source`: with `bpf` (auto's first choice) map updates in the
+    /// kernel (and two stack walks when `callchains` is on), no record and no user-space
+    /// work; with the perf sources a sample with a call chain or two switch records. Off by
+    /// default because a switch-heavy machine pays that on every switch (BENCHMARKS.md,
+    /// "Off-CPU") [default: false].
     #[arg(long, value_name = "BOOL")]
     off_cpu: bool = false;
     /// Waits shorter than this are counted in the `off-cpu` profiles but given no stack
