@@ -134,19 +134,34 @@ def slices_bytes(db):
     return sum(os.path.getsize(p) for p in slices_logs(db))
 
 
+def try_flush(d):
+    """Flush d; on a flush that does not complete (a busy disk: `dcpictl flush` gives up after
+    20 s, the samples stay in the spool) say so and go on: a lost hour-long run costs more than
+    one snapshot taken before the publication caught up. Returns whether it completed."""
+    for _ in range(3):
+        try:
+            d.flush()
+            return True
+        except bench.ProfilerError as e:
+            bench.log(f"slices: flush of {d.dir} incomplete, retrying: {e}")
+    return False
+
+
 def snap(on, off, perf=None, cmp=None, flush_off=True, ext=None):
+    ok = True
     if ext:
         # The off-CPU daemon's whole database is projected as the totals are (below), so it
         # is flushed for the same reason.
-        ext.flush()
+        ok = try_flush(ext) and ok
     if flush_off:
         # The slices-off daemon's database stands for the epoch totals of a day-long epoch.
         # Unflushed, its size follows the publish schedule (nothing at all until the first
         # publication at `publish_interval`, 15 min, then steps at each republish), and a rate
         # taken over a window that contains a step counts the step as growth. Flushed before
         # each snapshot it holds every sample so far, so its growth is the totals' own.
-        off.flush()
-    return {"t": time.monotonic(), "on_db": db_bytes(on.db), "off_db": db_bytes(off.db),
+        ok = try_flush(off) and ok
+    return {"flushed": ok, "t": time.monotonic(), "on_db": db_bytes(on.db),
+            "off_db": db_bytes(off.db),
             "on_slices": slices_bytes(on.db),
             "on_one_time": one_time(on.db)[0], "on_one_time_alloc": one_time(on.db)[1],
             "off_one_time_alloc": one_time(off.db)[1],
