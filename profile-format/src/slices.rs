@@ -635,6 +635,35 @@ impl KeyTable {
     }
 }
 
+/// A slice's keys numbered through `keys`: the keys first defined here (in the slice's key
+/// order, sorted), and per non-empty key (key index, pairs, shift of its offsets: image keys
+/// only), by key index. Every record version numbers its keys so.
+fn index_keys<'s>(
+    s: &'s Slice,
+    keys: &mut KeyTable,
+    shift: u8,
+) -> (Vec<&'s SliceKey>, Vec<(u64, &'s Vec<(u64, u64)>, u8)>) {
+    let mut new: Vec<&SliceKey> = Vec::new();
+    let mut idx: Vec<(u64, &Vec<(u64, u64)>, u8)> = Vec::with_capacity(s.counts.len());
+    for (k, v) in &s.counts {
+        if v.is_empty() {
+            continue;
+        }
+        let i = match keys.index.get(k) {
+            Some(i) => *i,
+            None => {
+                let i = keys.index.len() as u64;
+                keys.index.insert(k.clone(), i);
+                new.push(k);
+                i
+            }
+        };
+        idx.push((i, v, if k.image.is_some() { shift } else { 0 }));
+    }
+    idx.sort_unstable_by_key(|e| e.0);
+    (new, idx)
+}
+
 /// Append one framed record (of the current version) for `s` to `out` at exact resolution,
 /// defining the keys `keys` does not have yet.
 pub fn encode_record(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable) {
@@ -653,26 +682,7 @@ pub fn encode_record_at(out: &mut Vec<u8>, s: &Slice, keys: &mut KeyTable, resol
         bucketed = bucket(s, 1 << shift);
         &bucketed
     };
-    // Keys first defined here, in the order of the slice's keys (sorted).
-    let mut new: Vec<&SliceKey> = Vec::new();
-    // (key index, pairs, shift of its offsets: image keys only).
-    let mut idx: Vec<(u64, &Vec<(u64, u64)>, u8)> = Vec::with_capacity(s.counts.len());
-    for (k, v) in &s.counts {
-        if v.is_empty() {
-            continue;
-        }
-        let i = match keys.index.get(k) {
-            Some(i) => *i,
-            None => {
-                let i = keys.index.len() as u64;
-                keys.index.insert(k.clone(), i);
-                new.push(k);
-                i
-            }
-        };
-        idx.push((i, v, if k.image.is_some() { shift } else { 0 }));
-    }
-    idx.sort_unstable_by_key(|e| e.0);
+    let (new, idx) = index_keys(s, keys, shift);
     // Head: the keys first defined here, then per entry its key, pairs and samples (what a
     // reader of totals needs, without the columns below).
     let mut head = Vec::with_capacity(16 + 8 * idx.len());

@@ -581,24 +581,7 @@ fn v2_file(log: &SliceLog) -> Vec<u8> {
         let res = log.resolution_of(s);
         let shift = shift_of(res);
         let s = if shift == 0 { s.clone() } else { bucket(s, 1 << shift) };
-        let mut new: Vec<&SliceKey> = Vec::new();
-        let mut idx: Vec<(u64, &Vec<(u64, u64)>, u8)> = Vec::new();
-        for (k, v) in &s.counts {
-            if v.is_empty() {
-                continue;
-            }
-            let i = match keys.index.get(k) {
-                Some(i) => *i,
-                None => {
-                    let i = keys.index.len() as u64;
-                    keys.index.insert(k.clone(), i);
-                    new.push(k);
-                    i
-                }
-            };
-            idx.push((i, v, if k.image.is_some() { shift } else { 0 }));
-        }
-        idx.sort_unstable_by_key(|e| e.0);
+        let (new, idx) = index_keys(&s, &mut keys, shift);
         let mut payload = Vec::new();
         varint::write_u64(&mut payload, new.len() as u64);
         for k in new {
