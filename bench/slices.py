@@ -9,7 +9,8 @@ per CPU, cpu-clock), each into its own database: one with the defaults (`slice_i
 
 The spools go on a tmpfs (--spool-parent, /dev/shm by default), as in production: the
 systemd unit's RuntimeDirectory puts the spool under /run/dcpid (README "Files"), and tmpfs
-pages are neither disk writes nor counted by write_bytes. Symbol tables (db/binaries/) and
+pages are neither disk writes nor counted by write_bytes. The daemons' logs go there too: under
+systemd dcpid logs to the journal, not to a file it writes itself. Symbol tables (db/binaries/) and
 the kallsyms snapshot (db/kallsyms/) are written once per build-id or kernel, not per day:
 they are counted apart from the database growth, the projection and the bytes written (their
 allocated blocks are subtracted from write_bytes; a file written once dirties them once).
@@ -171,8 +172,34 @@ def snap(on, off, perf=None, cmp=None, flush_off=True, ext=None):
             "cmp_written": bench.proc_io(cmp.proc.pid).get("write_bytes", 0) if cmp else 0,
             "perf_data": os.path.getsize(perf.data) if perf and os.path.exists(perf.data) else 0,
             "ext_db": db_bytes(ext.db) if ext else 0,
+            "ext_slices": slices_bytes(ext.db) if ext else 0,
             "ext_written": bench.proc_io(ext.proc.pid).get("write_bytes", 0) if ext else 0,
             "ext_one_time_alloc": one_time(ext.db)[1] if ext else 0}
+
+
+def slice_files_day(db, args):
+    """The slice files of db read back (`slices_stat`), and a day of them projected: 360
+    minute records of the window's mean size and 18 hour records, each the window's minutes
+    rolled up into one and scaled linearly to 60 minutes. Returns (stats, minute records,
+    mean minute bytes, window rolled up bytes, hour record bytes, day bytes)."""
+    stats = []
+    for p in slices_logs(db):
+        r = subprocess.run(["cargo", "run", "-q"] + (["--release"] if args.release_stat else [])
+                           + ["-p", "dcpi-profile-format", "--example", "slices_stat", "--", p],
+                           capture_output=True, text=True, cwd=ROOT)
+        if r.returncode != 0:
+            raise bench.ProfilerError(f"slices_stat {p}: {r.stderr.strip()}")
+        stats.append(json.loads(r.stdout))
+    # Bytes per minute weighted by the records' lengths: a `dcpictl flush` ends the current
+    # slice early, so a daemon flushed before each snapshot (the off-CPU one) writes two
+    # shorter records a minute, each with most of the minute's keys (an upper bound for it).
+    recs = [r for s in stats for r in s["records"] if r["len"] > 0]
+    minutes = sum(r["len"] for r in recs) / 60.0
+    mean_min = sum(r["bytes"] for r in recs) / minutes if recs else 0
+    window_min = max(1.0, minutes)
+    rollup_bytes = sum(s["rollup_bytes"] for s in stats)
+    hour_bytes = rollup_bytes * 60.0 / window_min
+    return stats, recs, mean_min, rollup_bytes, hour_bytes, 360 * mean_min + 18 * hour_bytes
 
 
 def slice_cpu(log_path):
@@ -251,6 +278,12 @@ def main():
         os.makedirs(d.dir, exist_ok=True)
         d.spool_dir = tempfile.mkdtemp(prefix="dcpi-slices-spool-", dir=args.spool_parent)
         spools.append(d.spool_dir)
+        # The log beside the spool, on the tmpfs: under systemd dcpid logs to the journal, not
+        # to a file of its own, and the slices-on daemon's debug line per slice (read for its
+        # CPU per slice) re-dirtied a page of the log file every minute, ~250 KB/h of
+        # write_bytes that were the benchmark's, not the database's. Copied to the work
+        # directory at the end.
+        d.log_path = os.path.join(d.spool_dir, "dcpid.log")
     on.start()
     off.start()
     if cmp:
@@ -287,23 +320,12 @@ def main():
     if perf:
         perf.stop()
     cpu = slice_cpu(on.log_path)
-    stats = []
-    for p in slices_logs(on.db):
-        r = subprocess.run(["cargo", "run", "-q"] + (["--release"] if args.release_stat else [])
-                           + ["-p", "dcpi-profile-format", "--example", "slices_stat", "--", p],
-                           capture_output=True, text=True, cwd=ROOT)
-        if r.returncode != 0:
-            raise bench.ProfilerError(f"slices_stat {p}: {r.stderr.strip()}")
-        stats.append(json.loads(r.stdout))
+    for d in (on, off) + ((cmp,) if cmp else ()) + ((ext,) if ext else ()):
+        if os.path.exists(d.log_path):
+            shutil.copy(d.log_path, os.path.join(d.dir, "dcpid.log"))
+    stats, recs, mean_min, rollup_bytes, hour_bytes, slices_day = slice_files_day(on.db, args)
     secs = b["t"] - a["t"]
     ncpu = os.cpu_count()
-    # Full minute records inside the window (the first and last may be partial).
-    recs = [r for s in stats for r in s["records"] if r["len"] == 60]
-    mean_min = sum(r["bytes"] for r in recs) / len(recs) if recs else 0
-    window_min = max(1.0, len(recs))
-    rollup_bytes = sum(s["rollup_bytes"] for s in stats)
-    hour_bytes = rollup_bytes * 60.0 / window_min
-    slices_day = 360 * mean_min + 18 * hour_bytes
     half = series[len(series) // 2]
     off_rate = (b["off_db"] - half["off_db"]) / max(1.0, b["t"] - half["t"])
     totals_day = b["off_db"] + off_rate * (86400 - (b["t"] - series[0]["t"]) - args.warmup)
@@ -351,12 +373,23 @@ def main():
     if cmp:
         res["cmp_written_per_hour"] = res["cmp_written"] * hour
     if ext:
-        ext_rate = (b["ext_db"] - half["ext_db"]) / max(1.0, b["t"] - half["t"])
-        ext_day = b["ext_db"] + ext_rate * (86400 - (b["t"] - series[0]["t"]) - args.warmup)
+        # As the slices-on daemon's: its slice files from their own minute and rolled-up
+        # records; the rest (its epoch totals, off-CPU event included: it is flushed before
+        # each snapshot, as the slices-off daemon is) grown linearly for a day at the rate of
+        # the window's second half.
+        ext_rest = [x["ext_db"] - x["ext_slices"] for x in series]
+        ext_rate = (ext_rest[-1] - ext_rest[len(series) // 2]) / max(1.0, b["t"] - half["t"])
+        ext_totals_day = ext_rest[-1] + ext_rate * (86400 - (b["t"] - series[0]["t"]) - args.warmup)
+        _, ext_recs, ext_min, _, ext_hour, ext_slices_day = slice_files_day(ext.db, args)
         res["offcpu_db_growth"] = b["ext_db"] - a["ext_db"]
-        res["offcpu_rate_second_half_Bps"] = ext_rate
-        res["offcpu_day_projected"] = ext_day
-        res["per_core_day_offcpu"] = ext_day / ncpu
+        res["offcpu_slices_growth"] = b["ext_slices"] - a["ext_slices"]
+        res["offcpu_mean_minute_record_bytes"] = ext_min
+        res["offcpu_hour_record_bytes_projected"] = ext_hour
+        res["offcpu_slice_files_day_projected"] = ext_slices_day
+        res["offcpu_totals_rate_second_half_Bps"] = ext_rate
+        res["offcpu_totals_day_projected"] = ext_totals_day
+        res["offcpu_day_projected"] = ext_slices_day + ext_totals_day
+        res["per_core_day_offcpu"] = res["offcpu_day_projected"] / ncpu
         res["offcpu_written"] = (b["ext_written"] - a["ext_written"]) \
             - (b["ext_one_time_alloc"] - a["ext_one_time_alloc"])
         res["offcpu_written_per_hour"] = res["offcpu_written"] * hour
@@ -404,11 +437,16 @@ def main():
              f"({res['writes_ratio_after_6h']:.0f}x after 6 h)"
              + (f"; {res['writes_ratio_cmp_first_6h']:.0f}x the `--publish-interval "
                 f"{args.compare_publish}` one's" if cmp else "") + " | |\n" if perf else "")
-          + (f"| with `--off-cpu true` (a third dcpid, flushed each snapshot): database growth "
-             f"{res['offcpu_db_growth'] / 1e3:.0f} KB, {res['offcpu_rate_second_half_Bps']:.0f} B/s "
-             f"over the second half, linear for 24 h (upper bound) | "
+          + (f"| with `--off-cpu true` (a third dcpid, slices on, flushed each snapshot): database "
+             f"growth {res['offcpu_db_growth'] / 1e3:.0f} KB (slice files "
+             f"{res['offcpu_slices_growth'] / 1e3:.0f} KB); minute record "
+             f"{res['offcpu_mean_minute_record_bytes'] / 1e3:.1f} KB, hour record "
+             f"{res['offcpu_hour_record_bytes_projected'] / 1e3:.0f} KB: slice files of a day "
+             f"{res['offcpu_slice_files_day_projected'] / mb:.2f} MB; the rest "
+             f"{res['offcpu_totals_rate_second_half_Bps']:.0f} B/s over the second half, a day "
+             f"{res['offcpu_totals_day_projected'] / mb:.2f} MB | "
              f"**{res['per_core_day_offcpu'] / mb:.2f} MB per core-day**; writes "
-             f"{res['offcpu_written_per_hour'] / mb:.2f} MB/h | |\n" if ext else "")
+             f"{res['offcpu_written_per_hour'] / mb:.2f} MB/h (flushed each minute) | |\n" if ext else "")
           + f"| daemon CPU per slice | {res['cpu_per_slice_ms'] if res['cpu_per_slice_ms'] is not None else float('nan'):.2f} ms | |\n")
     with open(out + ".md", "w") as f:
         f.write(md)
