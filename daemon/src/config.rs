@@ -840,6 +840,24 @@ mod tests {
         Settings::merge(Some((&f, p)), &cli)
     }
 
+    /// The shipped configuration (systemd/dcpid.toml) sets each key it sets to its default,
+    /// but for the paths the unit gives it: the defaults are what BENCHMARKS.md measures, so
+    /// a packaged file that differs (it said `publish_interval = "5m"` after the default became
+    /// 15 minutes) would make those figures say nothing of the service.
+    #[test]
+    fn the_shipped_configuration_states_the_defaults() {
+        let shipped = file(include_str!("../../systemd/dcpid.toml")).expect("shipped config");
+        let mut defaults = Settings::defaults();
+        defaults.host = "h".into();
+        let differ: Vec<_> = defaults
+            .changed(&shipped)
+            .into_iter()
+            .filter(|k| !["db", "spool", "socket"].contains(k))
+            .map(|k| format!("{k}: default {}, shipped {}", defaults.show(k), shipped.show(k)))
+            .collect();
+        assert!(differ.is_empty(), "systemd/dcpid.toml differs from the defaults: {differ:?}");
+    }
+
     #[test]
     fn durations() {
         assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));

@@ -301,16 +301,9 @@ impl SliceIndex {
                 0
             }
         };
-        let cols;
-        let mut c = match parts.columns {
-            None => p,
-            Some((codec, rest)) => {
-                p.finish()?;
-                cols = unpack(codec, rest, path, at, "payload")?;
-                Reader::new(&cols, path)
-            }
-        };
-        let pairs = read_columns(&mut c, &entries, total, &shift, &|e| want(key(e)), v3)?;
+        let pairs = with_columns(p, parts.columns, path, at, |c| {
+            read_columns(c, &entries, total, &shift, &|e| want(key(e)), v3)
+        })?;
         Ok(entries.iter().zip(pairs).filter_map(|(e, v)| v.map(|v| (key(e), v))).collect())
     }
 
@@ -863,6 +856,26 @@ fn unpack<'b>(
     }
 }
 
+/// `f` on a record's columns, which follow its entries: in the same reader `p` (versions 1
+/// and 2), or stored apart after the head (version 3: `p` must be used up, and the columns are
+/// decompressed here). One function, so that every reader of pairs checks the same bounds.
+fn with_columns<T>(
+    mut p: Reader<'_>,
+    columns: Option<(u8, &[u8])>,
+    path: &Path,
+    at: usize,
+    f: impl FnOnce(&mut Reader<'_>) -> Result<T>,
+) -> Result<T> {
+    match columns {
+        None => f(&mut p),
+        Some((codec, rest)) => {
+            p.finish()?;
+            let cols = unpack(codec, rest, path, at, "payload")?;
+            f(&mut Reader::new(&cols, path))
+        }
+    }
+}
+
 /// A record's head fields and its parts, the head (version 3) or the payload (versions 1 and
 /// 2) decompressed; version 3's columns are left as stored.
 fn record_parts<'b>(body: &'b [u8], path: &Path, at: usize, version: u16) -> Result<Parts<'b>> {
@@ -1067,16 +1080,9 @@ fn decode_record(
     let (entries, total) = read_entries(&mut p, keys.len(), v3)?;
     let shift =
         |e: &Entry| if keys[e.key].image.is_some() { u32::from(parts.head.shift) } else { 0 };
-    let cols;
-    let mut c = match parts.columns {
-        None => p,
-        Some((codec, rest)) => {
-            p.finish()?;
-            cols = unpack(codec, rest, path, at, "payload")?;
-            Reader::new(&cols, path)
-        }
-    };
-    let pairs = read_columns(&mut c, &entries, total, &shift, &|_| true, v3)?;
+    let pairs = with_columns(p, parts.columns, path, at, |c| {
+        read_columns(c, &entries, total, &shift, &|_| true, v3)
+    })?;
     let out = entries.iter().zip(pairs).map(|(e, v)| (e.key, v.unwrap_or_default())).collect();
     Ok((parts.head, out))
 }

@@ -325,3 +325,103 @@ fn every_wait_of_a_pinned_ping_pong_is_paired_with_its_switch_in() {
     let (st, err) = d.terminate();
     assert!(st.success(), "dcpid exit {st}: {err}");
 }
+
+/// `off_cpu_threshold` above every wait of the workload (6 and 4 ms against 50 ms): its waits
+/// are still timed and counted in the flat profiles, but none gets a stack (issue 40 item 2).
+#[dcpi_testkit::test(perf, root)]
+fn waits_below_the_threshold_from_bpf_count_without_a_stack() {
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        dcpi_testkit::skip!("the kernel has no BTF (/sys/kernel/btf/vmlinux): no BPF source");
+    }
+    waits_below_the_threshold_count_without_a_stack("bpf");
+}
+
+/// The same with perf's context-switch records, which dcpid pairs itself.
+#[dcpi_testkit::test(perf)]
+fn waits_below_the_threshold_from_switch_records_count_without_a_stack() {
+    waits_below_the_threshold_count_without_a_stack("switch-records");
+}
+
+fn waits_below_the_threshold_count_without_a_stack(source: &str) {
+    let _one = dcpi_e2e::machine_wide_stacks();
+    let sb = Sandbox::new();
+    let dir = sb.dir.path();
+    let wait = build(dir, "offcpu_wait", WAIT_C);
+    let host = "e2e-offcpu-threshold";
+    let mut d = sb.start_daemon(
+        host,
+        &[
+            "--events",
+            "cpu-clock:1000000",
+            "--flush-interval",
+            "1s",
+            "--callchains",
+            "fp",
+            "--off-cpu",
+            "true",
+            "--off-cpu-source",
+            source,
+            "--off-cpu-threshold",
+            "50ms",
+        ],
+    );
+    let before = d.status_json()["off_cpu"]["waits_without_stack"].as_u64().unwrap_or(0);
+    let w = printed(&wait, "250");
+    let blocked = w[0] + w[1];
+    let fl = d.ctl(&["flush"]);
+    assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
+    // The BPF source hands its waits over once a second: wait for the workload's 500.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let without = || d.status_json()["off_cpu"]["waits_without_stack"].as_u64().unwrap_or(0);
+    while without() < before + 500 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let n = without() - before;
+    assert!(n >= 500, "{n} waits without a stack for the workload's 500 short waits");
+    let fl = d.ctl(&["flush"]);
+    assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
+    let (st, err) = d.terminate();
+    assert!(st.success(), "dcpid exit {st}: {err}");
+
+    let cache = dir.join("symbols.sqlite").display().to_string();
+    let prof = |format: &str| {
+        let o = sb.prof(&[
+            "--host",
+            host,
+            "--symbol-cache",
+            &cache,
+            "--event",
+            "off-cpu",
+            "--by",
+            "command",
+            "--format",
+            format,
+        ]);
+        assert!(o.status.success(), "{format}: {}", String::from_utf8_lossy(&o.stderr));
+        o
+    };
+    // The workload's blocked time is all there, per command (the who table).
+    let r = dcpi_e2e::json(prof("json"));
+    let rows = r["rows"].as_array().expect("rows");
+    let ns: u64 = rows
+        .iter()
+        .filter(|row| row.to_string().contains("offcpu_wait"))
+        .filter_map(|row| row["samples"].as_u64())
+        .sum();
+    eprintln!("threshold 50 ms ({source}): {ns} ns off CPU of {blocked} ns blocked, {n} waits");
+    assert!(ns as f64 >= 0.95 * blocked as f64, "{ns} ns counted of {blocked} ns blocked: {r:#}");
+    // ...and none of it has a stack through wait_a or wait_b.
+    let o = sb.prof(&[
+        "--host",
+        host,
+        "--symbol-cache",
+        &cache,
+        "--event",
+        "off-cpu",
+        "--format",
+        "folded",
+    ]);
+    let folded = String::from_utf8_lossy(&o.stdout);
+    let stacked = folded_ns(&folded, ";wait_a;") + folded_ns(&folded, ";wait_b;");
+    assert_eq!(stacked, 0, "waits below the threshold have stacks:\n{folded}");
+}

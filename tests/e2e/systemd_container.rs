@@ -713,7 +713,7 @@ fn the_unit_times_waits_with_the_bpf_program() {
     assert_eq!(v["off_cpu"]["source"], "bpf", "{}", v["off_cpu"]);
 }
 
-/// `systemctl stop` (SIGTERM) publishes everything: with the shipped `publish_interval` (5 min)
+/// `systemctl stop` (SIGTERM) publishes everything: with the shipped `publish_interval` (15 min)
 /// nothing of a short run is published before the stop, and after it the database holds
 /// exactly the samples dcpid's closing log line counts.
 #[dcpi_testkit::test(
