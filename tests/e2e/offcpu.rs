@@ -400,7 +400,8 @@ fn waits_below_the_threshold_count_without_a_stack(source: &str) {
         assert!(o.status.success(), "{format}: {}", String::from_utf8_lossy(&o.stderr));
         o
     };
-    // The workload's blocked time is all there, per command (the who table).
+    // The workload's blocked time is all there, per command (the who table): at least the main
+    // thread's (the command's time also holds its feeder thread's sleeps, about as long).
     let r = dcpi_e2e::json(prof("json"));
     let rows = r["rows"].as_array().expect("rows");
     let ns: u64 = rows
