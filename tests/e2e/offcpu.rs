@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use dcpi_e2e::Sandbox;
+use dcpi_e2e::{Daemon, Sandbox};
 
 /// The main thread alternates `wait_a` (pipe read, a feeder thread writes 6 ms later) and
 /// `wait_b` (nanosleep, 2/3 of `wait_a`'s total); prints both totals in nanoseconds.
@@ -76,6 +76,25 @@ fn off_cpu_time_from_switch_records_splits_the_same() {
     splits_by_blocking_stack("switch-records");
 }
 
+/// dcpid sampling at 1 kHz with frame-pointer stacks and off-CPU time from `source`, flushing
+/// each second, with `extra` arguments.
+fn start_off_cpu_daemon(sb: &Sandbox, host: &str, source: &str, extra: &[&str]) -> Daemon {
+    let mut args = vec![
+        "--events",
+        "cpu-clock:1000000",
+        "--flush-interval",
+        "1s",
+        "--callchains",
+        "fp",
+        "--off-cpu",
+        "true",
+        "--off-cpu-source",
+        source,
+    ];
+    args.extend_from_slice(extra);
+    sb.start_daemon(host, &args)
+}
+
 fn splits_by_blocking_stack(source: &str) {
     let _one = dcpi_e2e::machine_wide_stacks();
     let sb = Sandbox::new();
@@ -83,21 +102,7 @@ fn splits_by_blocking_stack(source: &str) {
     let wait = build(dir, "offcpu_wait", WAIT_C);
     let busy = build(dir, "busy_loop", BUSY_C);
     let host = "e2e-offcpu";
-    let mut d = sb.start_daemon(
-        host,
-        &[
-            "--events",
-            "cpu-clock:1000000",
-            "--flush-interval",
-            "1s",
-            "--callchains",
-            "fp",
-            "--off-cpu",
-            "true",
-            "--off-cpu-source",
-            source,
-        ],
-    );
+    let mut d = start_off_cpu_daemon(&sb, host, source, &[]);
     // ~250 rounds of 6 ms + 4 ms: 2.5 s on an idle machine, more on a loaded one.
     let w = printed(&wait, "250");
     let (a_wall, b_wall) = (w[0], w[1]);
@@ -348,28 +353,10 @@ fn waits_below_the_threshold_count_without_a_stack(source: &str) {
     let dir = sb.dir.path();
     let wait = build(dir, "offcpu_wait", WAIT_C);
     let host = "e2e-offcpu-threshold";
-    let mut d = sb.start_daemon(
-        host,
-        &[
-            "--events",
-            "cpu-clock:1000000",
-            "--flush-interval",
-            "1s",
-            "--callchains",
-            "fp",
-            "--off-cpu",
-            "true",
-            "--off-cpu-source",
-            source,
-            "--off-cpu-threshold",
-            "50ms",
-        ],
-    );
+    let mut d = start_off_cpu_daemon(&sb, host, source, &["--off-cpu-threshold", "50ms"]);
     let before = d.status_json()["off_cpu"]["waits_without_stack"].as_u64().unwrap_or(0);
     let w = printed(&wait, "250");
     let blocked = w[0] + w[1];
-    let fl = d.ctl(&["flush"]);
-    assert!(fl.status.success(), "flush: {}", String::from_utf8_lossy(&fl.stderr));
     // The BPF source hands its waits over once a second: wait for the workload's 500.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let without = || d.status_json()["off_cpu"]["waits_without_stack"].as_u64().unwrap_or(0);
@@ -384,25 +371,20 @@ fn waits_below_the_threshold_count_without_a_stack(source: &str) {
     assert!(st.success(), "dcpid exit {st}: {err}");
 
     let cache = dir.join("symbols.sqlite").display().to_string();
-    let prof = |format: &str| {
-        let o = sb.prof(&[
-            "--host",
-            host,
-            "--symbol-cache",
-            &cache,
-            "--event",
-            "off-cpu",
-            "--by",
-            "command",
-            "--format",
-            format,
-        ]);
-        assert!(o.status.success(), "{format}: {}", String::from_utf8_lossy(&o.stderr));
-        o
-    };
     // The workload's blocked time is all there, per command (the who table): at least the main
     // thread's (the command's time also holds its feeder thread's sleeps, about as long).
-    let r = dcpi_e2e::json(prof("json"));
+    let r = dcpi_e2e::json(sb.prof(&[
+        "--host",
+        host,
+        "--symbol-cache",
+        &cache,
+        "--event",
+        "off-cpu",
+        "--by",
+        "command",
+        "--format",
+        "json",
+    ]));
     let rows = r["rows"].as_array().expect("rows");
     let ns: u64 = rows
         .iter()
