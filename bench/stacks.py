@@ -38,10 +38,12 @@ comparison on this noisy machine (runs an hour apart differ by 50 %).
 The CPU is counted after start-up, as bench/collector.py does for #13: each collector runs
 --settle seconds (default 20: past dcpid's first flush, which resolves and publishes every
 image once, and past perf's synthesis of the existing processes) before the workload starts;
-dcpid then runs until its once-per-image threads (the symbol store, which stores each running
-image's symbol table on an empty database at most a tenth of a CPU at a time, and the unwind-
-table loader) are idle, and is flushed once so that its first publications are not in the
-window either (`settle_s` and `startup_idle` in the JSON say how long that took); and
+dcpid then sees the workload's binary once (a twentieth of its work) and runs until its
+once-per-image threads (the symbol store, which stores each running image's symbol table on an
+empty database at most a tenth of a CPU at a time, and the unwind-table loader) are idle, with
+one flush between, so that its start-up (storing and publishing the images of a database it
+has just created, the workload's and dcpictl's included) is not in the window either
+(`settle_s` and `startup_idle` in the JSON say how long that took); and
 the workload is long enough (--iters, default ~20 s here) that the cost of its own two new
 processes is not most of the window. Both are a continuous profiler's steady state; the
 first versions of this script counted dcpid's start-up in a 3 s window.
@@ -101,27 +103,55 @@ def workload(exe, iters):
 
 
 # Threads whose work is once per image, not per sample: the symbol store (storing each new
-# build-id's symbol table, at most a tenth of a CPU at a time) and the unwind-table loader.
-ONCE_PER_IMAGE = ("dcpid-symstore", "dcpi-unwind-load")
+# build-id's symbol table, at most a tenth of a CPU at a time) and the unwind-table loader,
+# by their names in /proc (cut to 15 bytes: "dcpi-unwind-load" reads "dcpi-unwind-loa").
+ONCE_PER_IMAGE = ("dcpid-symstore", "dcpi-unwind-loa")
 
 
-def settle_dcpid(pid, args, sock):
-    """Wait, after the fixed settle, until dcpid's once-per-image threads are idle (under 1 ms
-    of CPU in each of two consecutive 2 s intervals; at most 300 s), then flush once so that
-    the first publication of the images they stored is not in the window either. Returns
-    how long dcpid ran before the window and whether its start-up work ended."""
-    t0 = time.monotonic() - args.settle
-    deadline = time.monotonic() + 300
+def symbols_queued(args, sock):
+    """Images waiting for the symbol store's worker (`store.symbol_tables.queued` in
+    `dcpictl status --json`; 0 from a dcpid without the counter). The worker pauses nine times
+    its CPU time after each table, so an idle thread alone does not say that it is done."""
+    st = dcpictl_status(args.dcpictl, sock) or {}
+    return st.get("store", {}).get("symbol_tables", {}).get("queued", 0)
+
+
+def wait_idle(pid, args, sock, deadline):
+    """Until the symbol store's queue is empty and dcpid's once-per-image threads used under
+    1 ms of CPU in each of two consecutive 2 s intervals, or the deadline; whether they did."""
     quiet, prev = 0, threads_cpu_ns(pid)
     while quiet < 2 and time.monotonic() < deadline:
         time.sleep(2)
         cur = threads_cpu_ns(pid)
         busy = sum(cur.get(k, 0) - prev.get(k, 0) for k in ONCE_PER_IMAGE) / 1e6
-        quiet = quiet + 1 if busy < 1.0 else 0
+        quiet = quiet + 1 if busy < 1.0 and symbols_queued(args, sock) == 0 else 0
         prev = cur
+    return quiet >= 2
+
+
+def settle_dcpid(pid, args, sock):
+    """After the fixed settle, dcpid's start-up work out of the window: the images the window
+    runs (the workload's binary and dcpictl, each new to the fresh database) are run once
+    first, a flush publishes what the start-up stored, and the once-per-image threads are
+    waited on until idle (at most 300 s). A continuous profiler meets a binary's build-id once
+    in its life; the window measures it afterwards. Returns how long dcpid ran before the
+    window and whether its start-up work ended."""
+    t0 = time.monotonic() - args.settle
+    deadline = time.monotonic() + 300
+    warm = subprocess.Popen([args.exe, str(args.iters // 20)], stdout=subprocess.DEVNULL)
+    # dcpictl too: the window's own `dcpictl status` would otherwise be its first sight of
+    # dcpictl's image (a 50 MB release binary, whose symbol table the store then reads and
+    # whose first profile the flush publishes, in the window). Run until it was sampled
+    # surely: about a second of calls.
+    t = time.monotonic()
+    while time.monotonic() - t < 1.5:
+        subprocess.run([args.dcpictl, "--socket", sock, "status", "--json"],
+                       capture_output=True, timeout=15)
+    warm.wait()
+    idle = wait_idle(pid, args, sock, deadline)
     subprocess.run([args.dcpictl, "--socket", sock, "flush"], capture_output=True, timeout=120)
-    time.sleep(2)
-    return {"settle_s": round(time.monotonic() - t0, 1), "startup_idle": quiet >= 2}
+    idle = wait_idle(pid, args, sock, deadline) and idle
+    return {"settle_s": round(time.monotonic() - t0, 1), "startup_idle": idle}
 
 
 def run_with(kind, args, work, exe):
@@ -227,6 +257,7 @@ def main():
     work = tempfile.mkdtemp(prefix="dcpi-stacks-")
     wfp = None if args.workload_fp is None else args.workload_fp == "yes"
     exe = build(work, args.callchains, wfp)
+    args.exe = exe
     res = {"commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                                     capture_output=True, text=True).stdout.strip(),
            "rate": args.rate, "callchains": args.callchains, "short": args.short,

@@ -319,6 +319,14 @@ pub fn render_status(v: &StatusReport) -> String {
         "spool:      {} rows ({} bytes), {} profiles to publish, {} batches held in memory\n",
         store.spool_rows, store.spool_bytes, store.dirty_profiles, store.pending_batches
     );
+    let sy = &store.symbol_tables;
+    if sy.offered > 0 {
+        o += &format!(
+            "symbols:    {} tables stored ({} bytes), {} present, {} skipped, {} queued; \
+             worker {:.2}s CPU\n",
+            sy.stored, sy.bytes, sy.present, sy.skipped, sy.queued, sy.cpu_s
+        );
+    }
     if store.corrupt_files_set_aside > 0 || store.spool_quarantined > 0 {
         o += &format!(
             "bad files:  {} set aside from the host directory{}, {} spool records quarantined\n",

@@ -237,6 +237,29 @@ pub struct StoreStatus {
     /// spool nor to the database yet.
     #[serde(default)]
     pub pending_samples: u64,
+    /// The symbol store's worker, since start.
+    #[serde(default)]
+    pub symbol_tables: SymbolTableStatus,
+}
+
+/// The symbol store's worker (FORMAT.md §10): the symbol tables of the ELF images sampled,
+/// stored once per build-id in the database by a background thread capped at a tenth of a CPU.
+/// Counts since start; `queued` is what a benchmark waits on before it measures a steady state.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize)]
+pub struct SymbolTableStatus {
+    /// Images handed to the worker (once per build-id and epoch).
+    pub offered: u64,
+    /// Of those, not finished yet.
+    pub queued: u64,
+    /// Tables written, and their bytes.
+    pub stored: u64,
+    pub bytes: u64,
+    /// Images whose table the database had already.
+    pub present: u64,
+    /// Images without a table (file gone or replaced, not ELF, stripped bare, over a bound).
+    pub skipped: u64,
+    /// The worker's CPU time.
+    pub cpu_s: f64,
 }
 
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize)]

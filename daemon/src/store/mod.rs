@@ -797,6 +797,7 @@ impl Store {
             lease_lost_to: self.lease.lost_to.clone(),
             kallsyms_refreshes: self.kernel.refreshes,
             kallsyms_changes: self.kernel.changed,
+            symbol_tables: self.symtabs.counters().status(),
             // Known only outside the store (its status is taken between operations).
             publish_stalled_since_unix_ms: None,
         }

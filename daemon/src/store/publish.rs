@@ -93,11 +93,35 @@ impl Schedule {
         let mut due: Vec<(bool, Instant, &SpoolKey)> = self
             .dirty
             .iter()
-            .filter(|(k, d)| **d <= now && self.grown_enough(k, now, max_delay))
+            .filter(|(k, d)| {
+                **d <= now && self.grown_enough(k, now, max_delay) && !self.waits_for_flat(k)
+            })
             .map(|(k, d)| (is_qualified(k), *d, k))
             .collect();
         due.sort();
         due.into_iter().take(cap).map(|(_, _, k)| k.clone()).collect()
+    }
+
+    /// Whether `key`, a per-command (per-process, per-cgroup) profile, waits for the first
+    /// publication of its image's flat profile, which is dirty and has never been published.
+    ///
+    /// Why: each new profile's first turn falls at its own phase within the interval, so half
+    /// of the per-command profiles came before their flat profile's; a per-command profile
+    /// published while no flat file exists cannot be a sole-command stub (FORMAT.md §5.6.1)
+    /// and is written as a full copy for the rest of the epoch. On the busy mix the default
+    /// daemon's per-command bytes were 2.0x those of a daemon flushed every minute (whose
+    /// flushes publish the flat profiles first): BENCHMARKS.md "Off-CPU bytes ... eleventh
+    /// session". The wait is bounded by the flat profile's own first turn, within one interval.
+    fn waits_for_flat(&self, key: &SpoolKey) -> bool {
+        let Some((image, _)) = key.image.as_deref().and_then(|t| t.split_once('.')) else {
+            return false;
+        };
+        let flat = SpoolKey {
+            epoch: key.epoch.clone(),
+            image: Some(image.into()),
+            event: key.event.clone(),
+        };
+        self.dirty.contains_key(&flat) && !self.last_published.contains_key(&flat)
     }
 
     /// Every dirty profile (of `epoch`, or all), flat profiles first, then oldest turn first.
@@ -451,6 +475,38 @@ mod tests {
         s.mark(k.clone(), t + IV, IV, Some(3));
         s.done(k.clone(), t + IV * 2, Some(6));
         assert!(s.was_published(&k));
+    }
+
+    /// A per-command profile whose turn comes before its flat profile's first one waits for
+    /// it (so that it can be a sole-command stub), and then goes at its own turn.
+    #[test]
+    fn a_per_command_profile_waits_for_its_flat_profiles_first_publication() {
+        let t = Instant::now();
+        let flat = key("bimage");
+        // Find a command whose first turn falls before the flat profile's.
+        let mut s = Schedule::default();
+        s.mark(flat.clone(), t, IV, Some(5));
+        let flat_turn = s.dirty[&flat];
+        let cmd = (0..1000)
+            .map(|i| key(&format!("bimage.cmd-{i:016x}")))
+            .find(|k| {
+                let mut probe = Schedule::default();
+                probe.mark(k.clone(), t, IV, Some(5));
+                probe.dirty[k] < flat_turn
+            })
+            .expect("some phase precedes the flat profile's");
+        s.mark(cmd.clone(), t, IV, Some(5));
+        let cmd_turn = s.dirty[&cmd];
+        assert!(s.due(cmd_turn, 100, MAX_DELAY).is_empty(), "the command waits for the flat");
+        // Both due: the flat goes, the command at the next turn after it (the next tick).
+        assert_eq!(s.due(flat_turn, 100, MAX_DELAY), vec![flat.clone()]);
+        s.done(flat.clone(), flat_turn, Some(5));
+        assert_eq!(s.due(flat_turn, 100, MAX_DELAY), vec![cmd.clone()]);
+        // Another image's commands, and a flat profile already published, do not hold one.
+        let other = key("bother.cmd-0000000000000001");
+        s.mark(other.clone(), t, IV, Some(1));
+        assert!(!s.waits_for_flat(&other));
+        assert!(!s.waits_for_flat(&cmd));
     }
 
     #[test]

@@ -56,6 +56,30 @@ pub struct SymtabCounters {
     pub skipped: AtomicU64,
     /// Thread CPU time of the worker (ns).
     pub cpu_ns: AtomicU64,
+    /// Jobs handed to the worker, and jobs it finished (whatever their outcome): the
+    /// difference is its queue.
+    pub offered: AtomicU64,
+    pub finished: AtomicU64,
+}
+
+impl SymtabCounters {
+    /// The counters as `dcpictl status` shows them.
+    pub fn status(&self) -> dcpi_proto::status::SymbolTableStatus {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        // `finished` is read first: read after `offered`, a job finished in between could
+        // make it the larger.
+        let finished = get(&self.finished);
+        let offered = get(&self.offered);
+        dcpi_proto::status::SymbolTableStatus {
+            offered,
+            queued: offered.saturating_sub(finished),
+            stored: get(&self.stored),
+            bytes: get(&self.bytes),
+            present: get(&self.present),
+            skipped: get(&self.skipped),
+            cpu_s: get(&self.cpu_ns) as f64 / 1e9,
+        }
+    }
 }
 
 /// The store's side: which images were offered, and the queue to the worker.
@@ -117,6 +141,7 @@ impl SymtabStore {
             };
             match tx.try_send(job) {
                 Ok(()) => {
+                    self.counters.offered.fetch_add(1, Ordering::Relaxed);
                     self.seen.insert(b.clone());
                 }
                 // Offered again with a later batch.
@@ -144,10 +169,14 @@ fn worker(rx: &Receiver<Job>, c: &SymtabCounters, debug_root: &Path) {
         let c0 = thread_cpu_ns();
         let db = match Database::open(&job.db) {
             Ok(db) => db,
-            Err(_) => continue,
+            Err(_) => {
+                c.finished.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
         };
         if db.has_symtab(&job.build_id) {
             c.present.fetch_add(1, Ordering::Relaxed);
+            c.finished.fetch_add(1, Ordering::Relaxed);
             continue;
         }
         // Refill the byte budget for the time passed.
@@ -204,6 +233,8 @@ fn worker(rx: &Receiver<Job>, c: &SymtabCounters, debug_root: &Path) {
         }
         let spent = thread_cpu_ns().saturating_sub(c0);
         c.cpu_ns.fetch_add(spent, Ordering::Relaxed);
+        // Before the pause: the job is done, the pause only paces the next one.
+        c.finished.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(MIN_GAP.max(Duration::from_nanos(spent) * SLEEP_PER_WORK));
     }
 }

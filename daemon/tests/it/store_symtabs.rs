@@ -104,4 +104,10 @@ fn first_batch_of_an_image_stores_its_symbol_table_once() {
     s.add(batch(&id, &exe), 0, 0);
     wait("present counted", || counters.present.load(Ordering::Relaxed) >= 1);
     assert_eq!(counters.stored.load(Ordering::Relaxed), 2, "stored once per database");
+    // What `dcpictl status` shows: three offers (one per epoch: the other build's was the
+    // first epoch's second), all finished.
+    wait("queue empty", || s.status().symbol_tables.queued == 0);
+    let st = s.status().symbol_tables;
+    assert_eq!((st.offered, st.stored, st.present), (4, 2, 1), "{st:?}");
+    assert!(st.skipped >= 1 && st.bytes >= bytes && st.cpu_s > 0.0, "{st:?}");
 }
