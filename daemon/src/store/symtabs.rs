@@ -19,6 +19,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dcpi_proto::status::SymbolTableStatus;
 use profile_format::{Database, ImageId, ImageKind};
 
 use crate::resolve::symtab::{extract, SymtabError, SYSTEM_DEBUG_DIR};
@@ -64,13 +65,13 @@ pub struct SymtabCounters {
 
 impl SymtabCounters {
     /// The counters as `dcpictl status` shows them.
-    pub fn status(&self) -> dcpi_proto::status::SymbolTableStatus {
+    pub fn status(&self) -> SymbolTableStatus {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         // `finished` is read first: read after `offered`, a job finished in between could
         // make it the larger.
         let finished = get(&self.finished);
         let offered = get(&self.offered);
-        dcpi_proto::status::SymbolTableStatus {
+        SymbolTableStatus {
             offered,
             queued: offered.saturating_sub(finished),
             stored: get(&self.stored),
