@@ -4,7 +4,7 @@
 //! One workload thread per CPU (pinned) runs `phase_a_work` for the first 75% of every
 //! P = 4 ms interval of `CLOCK_MONOTONIC` and `phase_b_work` for the last 25%. The sampler runs
 //! cpu-clock:4000000 until each workload thread has run 6 s of CPU, once with randomization off (every sample lands at the same phase
-//! of the workload's cycle) and once with the default window [P - P/32, P + P/32]. Samples are
+//! of the workload's cycle) and once with the default window [P - P/32, P + P/32] (twice if the first misses). Samples are
 //! classified by the two functions' address ranges, read from this test binary's symbol table.
 //!
 //! Measured on the 2-vCPU Firecracker VM (kernel 6.18, other builds running), share of B:
@@ -206,8 +206,24 @@ fn randomized_periods_defeat_phase_locking() {
 
     eprintln!("fixed period {P} ns:");
     let f = measure(&fixed, &cpus);
-    eprintln!("randomized period in [{}, {}] ns:", P - P / 32, P + P / 32);
-    let r = measure(&random, &cpus);
+    // One more measurement when the first misses: other tests of this binary run beside this
+    // one, and a busy thread pinned to the same CPU at a fixed phase of the 4 ms tick once
+    // doubled one phase bin's samples (CI, 2026-11-30: one CPU 39.8% against a truth of 26.2%,
+    // the other 26.5%; alone the test passed). A sampler whose periods are not randomized
+    // misses both: every sample of a CPU stays in one bin.
+    let mut r = Vec::new();
+    for attempt in 1..=2 {
+        eprintln!("randomized period in [{}, {}] ns (attempt {attempt}):", P - P / 32, P + P / 32);
+        r = measure(&random, &cpus);
+        let (a, b, ca, cb) = r.iter().fold((0, 0, 0, 0), |(a, b, ca, cb), c| {
+            (a + c.a, b + c.b, ca + c.chunks_a, cb + c.chunks_b)
+        });
+        let share = b as f64 / (a + b).max(1) as f64;
+        let truth = cb as f64 / (ca + cb).max(1) as f64;
+        if (share - truth).abs() < 0.05 && r.iter().all(|c| c.concentration() < 0.5) {
+            break;
+        }
+    }
 
     // Fixed period: each CPU's samples all fall at one phase of the 4 ms cycle, so that CPU
     // reports 0% or 100% B (or a jittery split if the phase sits on a boundary).
