@@ -121,7 +121,11 @@ impl Schedule {
             image: Some(image.into()),
             event: key.event.clone(),
         };
-        self.dirty.contains_key(&flat) && !self.last_published.contains_key(&flat)
+        // Not `last_published`: a turn at which the freshness cap held every increment back
+        // wrote no file (FORMAT.md §7.3), and a per-command profile published after it found
+        // no flat file to stand for (the first fix, measured on the default daemon: still 14
+        // per-command files and no flat one 7 minutes into an epoch).
+        self.dirty.contains_key(&flat) && !self.was_published(&flat)
     }
 
     /// Every dirty profile (of `epoch`, or all), flat profiles first, then oldest turn first.
@@ -500,8 +504,15 @@ mod tests {
         assert!(s.due(cmd_turn, 100, MAX_DELAY).is_empty(), "the command waits for the flat");
         // Both due: the flat goes, the command at the next turn after it (the next tick).
         assert_eq!(s.due(flat_turn, 100, MAX_DELAY), vec![flat.clone()]);
-        s.done(flat.clone(), flat_turn, Some(5));
-        assert_eq!(s.due(flat_turn, 100, MAX_DELAY), vec![cmd.clone()]);
+        // A turn of the flat profile that wrote no file (the freshness cap held it all back)
+        // does not release the command: there is still no flat file to stand for.
+        s.done(flat.clone(), flat_turn, None);
+        s.mark(flat.clone(), flat_turn, IV, None);
+        assert!(s.waits_for_flat(&cmd), "no flat file was written yet");
+        assert!(s.due(flat_turn, 100, MAX_DELAY).is_empty());
+        let next = s.dirty[&flat];
+        s.done(flat.clone(), next, Some(5));
+        assert_eq!(s.due(next, 100, MAX_DELAY), vec![cmd.clone()]);
         // Another image's commands, and a flat profile already published, do not hold one.
         let other = key("bother.cmd-0000000000000001");
         s.mark(other.clone(), t, IV, Some(1));
