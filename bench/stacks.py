@@ -242,6 +242,8 @@ def main():
                     "workload (default 20, 8 with --short)")
     ap.add_argument("--iters", type=int, help="work per copy of cpu.c (default 1e10, 3e8 with "
                     "--short)")
+    ap.add_argument("--reps", type=int, help="repetitions of each collector, alternated (default "
+                    "3, 1 with --short)")
     ap.add_argument("--ab", help="a second dcpid build to run in the same alternation")
     ap.add_argument("--dcpictl", help="for dcpid's stage counters (default: beside --dcpid)")
     ap.add_argument("--out", default=os.path.join(
@@ -251,7 +253,8 @@ def main():
         args.dcpictl = os.path.join(os.path.dirname(args.dcpid), "dcpictl")
     if args.settle is None:
         args.settle = 8 if args.short else 20
-    args.reps = 1 if args.short else 3
+    if args.reps is None:
+        args.reps = 1 if args.short else 3
     if args.iters is None:
         args.iters = 300_000_000 if args.short else 10_000_000_000
     work = tempfile.mkdtemp(prefix="dcpi-stacks-")

@@ -48,12 +48,25 @@ fn folded_ns(folded: &str, frames: &str) -> u64 {
         .sum()
 }
 
+/// Why the BPF source cannot run here (each BPF test's skip reason), or None.
+fn bpf_unavailable() -> Option<&'static str> {
+    (!std::path::Path::new("/sys/kernel/btf/vmlinux").exists())
+        .then_some("the kernel has no BTF (/sys/kernel/btf/vmlinux): no BPF source")
+}
+
+/// Why the tracepoint source cannot run here (each tracepoint test's skip reason), or None.
+fn tracepoint_unavailable() -> Option<&'static str> {
+    (!std::path::Path::new("/sys/kernel/tracing/events/sched/sched_switch/id").exists()).then_some(
+        "tracefs is not mounted at /sys/kernel/tracing (mount -t tracefs nodev /sys/kernel/tracing)",
+    )
+}
+
 /// The default source where the BPF program loads (root, or `CAP_BPF` and `CAP_PERFMON`; Linux
 /// 5.18 or later with BTF): waits paired in the kernel, summed per thread and stack.
 #[dcpi_testkit::test(perf, root)]
 fn off_cpu_time_from_bpf_splits_by_blocking_stack_and_a_busy_loop_has_none() {
-    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        dcpi_testkit::skip!("the kernel has no BTF (/sys/kernel/btf/vmlinux): no BPF source");
+    if let Some(why) = bpf_unavailable() {
+        dcpi_testkit::skip!("{why}");
     }
     splits_by_blocking_stack("bpf");
 }
@@ -62,10 +75,8 @@ fn off_cpu_time_from_bpf_splits_by_blocking_stack_and_a_busy_loop_has_none() {
 /// the filtered `sched:sched_switch` tracepoint.
 #[dcpi_testkit::test(perf)]
 fn off_cpu_time_splits_by_blocking_stack_and_a_busy_loop_has_none() {
-    if !std::path::Path::new("/sys/kernel/tracing/events/sched/sched_switch/id").exists() {
-        dcpi_testkit::skip!(
-            "tracefs is not mounted at /sys/kernel/tracing (mount -t tracefs nodev /sys/kernel/tracing)"
-        );
+    if let Some(why) = tracepoint_unavailable() {
+        dcpi_testkit::skip!("{why}");
     }
     splits_by_blocking_stack("tracepoint");
 }
@@ -322,7 +333,7 @@ fn every_wait_of_a_pinned_ping_pong_is_paired_with_its_switch_in() {
     // As root on a kernel with BTF, the default source is the BPF program.
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    if root && std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+    if root && bpf_unavailable().is_none() {
         assert_eq!(after["source"], "bpf", "{after}");
     }
     assert!(waits >= 2 * rounds, "{waits} waits for {rounds} round trips of two threads");
@@ -335,8 +346,8 @@ fn every_wait_of_a_pinned_ping_pong_is_paired_with_its_switch_in() {
 /// are still timed and counted in the flat profiles, but none gets a stack (issue 40 item 2).
 #[dcpi_testkit::test(perf, root)]
 fn waits_below_the_threshold_from_bpf_count_without_a_stack() {
-    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        dcpi_testkit::skip!("the kernel has no BTF (/sys/kernel/btf/vmlinux): no BPF source");
+    if let Some(why) = bpf_unavailable() {
+        dcpi_testkit::skip!("{why}");
     }
     waits_below_the_threshold_count_without_a_stack("bpf");
 }

@@ -52,8 +52,11 @@ impl CpuStacks {
         }
     }
 
+    /// The counts so far; the map left in their place has room for as many keys, so that the
+    /// drain thread does not grow it again (rehashing on its hot path) every interval.
     pub(crate) fn take(&mut self) -> Self {
-        Self { counts: std::mem::take(&mut self.counts), dropped: 0 }
+        let room = HashMap::with_capacity(self.counts.len());
+        Self { counts: std::mem::replace(&mut self.counts, room), dropped: 0 }
     }
 
     pub(crate) fn is_empty(&self) -> bool {

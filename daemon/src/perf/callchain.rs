@@ -55,6 +55,9 @@ const PERF_CONTEXT_USER: u64 = -512i64 as u64;
 pub const DEFAULT_MAX_STACK: u16 = 64;
 /// Stacks each CPU's table holds at most.
 pub const DEFAULT_STACKS_PER_CPU: usize = 8 * 1024;
+/// Pruned stacks' pcs a table keeps for reuse at most (at the default depth bound, at most
+/// 2 MiB a CPU, and only after a flush pruned that many).
+const RECYCLED_MAX: usize = 4096;
 
 /// A stack id in a sample: 0 = no stack, else table slot + 1.
 pub type StackId = u32;
@@ -133,6 +136,13 @@ pub struct StackTable {
     index: HashTable<u32>,
     slots: Vec<Option<StackEntry>>,
     free: Vec<u32>,
+    /// The pcs of pruned stacks, by length, for new stacks of that length to reuse: a flush
+    /// prunes the hot stacks it counted and the drain thread interns them again within the
+    /// next interval. Freed on the flush thread and allocated on the drain thread, each such
+    /// pair went through the allocator's shared arena, whose consolidation of what the flush
+    /// had freed the drain thread paid for (malloc was a tenth of its CPU with `fp` stacks).
+    recycled: Vec<Vec<Box<[u64]>>>,
+    recycled_count: usize,
     capacity: usize,
     /// Advanced by every prune; an entry records the generation it was last interned in.
     generation: u64,
@@ -212,6 +222,8 @@ impl StackTable {
             index: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
+            recycled: Vec::new(),
+            recycled_count: 0,
             capacity: capacity.max(1),
             generation: 1,
             in_hand: 0,
@@ -356,7 +368,7 @@ impl StackTable {
             self.counters.overflow += 1;
             return 0;
         }
-        let entry = StackEntry { pcs: pcs.into(), truncated, last_gen: generation };
+        let entry = StackEntry { pcs: self.boxed(pcs), truncated, last_gen: generation };
         let slot = match self.free.pop() {
             Some(s) => {
                 self.slots[s as usize] = Some(entry);
@@ -374,6 +386,32 @@ impl StackTable {
         self.counters.interned += 1;
         self.counters.truncated += u64::from(truncated);
         slot + 1
+    }
+
+    /// `pcs` in a box of a pruned stack of the same length if one is kept, else a new one.
+    fn boxed(&mut self, pcs: &[u64]) -> Box<[u64]> {
+        match self.recycled.get_mut(pcs.len()).and_then(Vec::pop) {
+            Some(mut b) => {
+                self.recycled_count -= 1;
+                b.copy_from_slice(pcs);
+                b
+            }
+            None => pcs.into(),
+        }
+    }
+
+    /// Keep a pruned stack's pcs for reuse, up to [`RECYCLED_MAX`] of them (past that, and
+    /// for the lengths beyond `max_stack`, freed).
+    fn recycle(&mut self, pcs: Box<[u64]>) {
+        let len = pcs.len();
+        if self.recycled_count >= RECYCLED_MAX || len > self.max_stack {
+            return;
+        }
+        if self.recycled.len() <= len {
+            self.recycled.resize_with(len + 1, Vec::new);
+        }
+        self.recycled[len].push(pcs);
+        self.recycled_count += 1;
     }
 
     /// The stack of an id.
@@ -415,7 +453,7 @@ impl StackTable {
     /// began, then start a new generation. Returns how many were freed.
     pub fn prune(&mut self, referenced: impl Fn(StackId) -> bool) -> usize {
         let keep_from = if self.in_hand > 0 { self.in_hand_since } else { u64::MAX };
-        let mut freed = 0;
+        let mut freed = Vec::new();
         for (i, s) in self.slots.iter_mut().enumerate() {
             let Some(e) = s else { continue };
             let id = i as u32 + 1;
@@ -423,13 +461,16 @@ impl StackTable {
                 if let Ok(entry) = self.index.find_entry(hash_pcs(&e.pcs), |&x| x == i as u32) {
                     entry.remove();
                 }
-                *s = None;
+                if let Some(e) = s.take() {
+                    freed.push(e.pcs);
+                }
                 self.free.push(i as u32);
-                freed += 1;
             }
         }
+        let n = freed.len();
+        freed.into_iter().for_each(|pcs| self.recycle(pcs));
         self.generation += 1;
-        freed
+        n
     }
 }
 
@@ -762,6 +803,29 @@ mod tests {
         assert_eq!(t.intern(&s3), 0, "full: not recorded");
         assert_eq!(t.counters.overflow, 1);
         assert_eq!(&*t.get(id2).unwrap().pcs, &[1, 4, 2]);
+    }
+
+    #[test]
+    fn a_pruned_stack_gives_its_pcs_to_the_next_new_stack_of_its_length() {
+        let mut t = StackTable::new(8, 64);
+        let old = t.intern(&raw(&[PERF_CONTEXT_USER, 1, 2, 3]));
+        let ptr = t.get(old).unwrap().pcs.as_ptr();
+        assert_eq!(t.prune(|_| false), 1);
+        // Another length allocates; the same length takes the kept box, with its own pcs.
+        let short = t.intern(&raw(&[PERF_CONTEXT_USER, 5, 6]));
+        assert_ne!(t.get(short).unwrap().pcs.as_ptr(), ptr);
+        let same = t.intern(&raw(&[PERF_CONTEXT_USER, 9, 8, 7]));
+        assert_eq!(t.get(same).unwrap().pcs.as_ptr(), ptr, "the pruned stack's box reused");
+        assert_eq!(&*t.get(same).unwrap().pcs, &[9, 7, 6]);
+        assert_eq!(t.intern(&raw(&[PERF_CONTEXT_USER, 9, 8, 7])), same, "found by its new pcs");
+        // The pool is bounded: a prune of more than RECYCLED_MAX stacks keeps that many.
+        let mut big = StackTable::new(RECYCLED_MAX + 10, 64);
+        for i in 0..(RECYCLED_MAX as u64 + 10) {
+            big.intern(&raw(&[PERF_CONTEXT_USER, 100 + i]));
+        }
+        assert_eq!(big.prune(|_| false), RECYCLED_MAX + 10);
+        assert_eq!(big.recycled_count, RECYCLED_MAX);
+        assert_eq!(big.recycled[1].len(), RECYCLED_MAX);
     }
 
     #[test]
