@@ -32,6 +32,11 @@ the files written once per kernel or build-id, not per hour (the kallsyms snapsh
 and the symbol tables db/binaries/, as bench/slices.py does), and `perf_over_dcpid_size_*` in
 the summary compare perf.data with both.
 
+dcpid's spool goes on a tmpfs (--spool-parent, /dev/shm by default), as in production (the
+systemd unit's RuntimeDirectory) and in bench/slices.py; its database and perf.data go on disk.
+Before the twelfth session the spool was on disk here: each flush's spool append and fsync
+were ext4 work in dcpid's flush thread.
+
 --ab runs a second dcpid build ("dcpid_b") in the same alternation, for a before/after
 comparison on this noisy machine (runs an hour apart differ by 50 %).
 
@@ -161,8 +166,9 @@ def run_with(kind, args, work, exe):
     if kind.startswith("dcpid"):
         exe_d = args.ab if kind == "dcpid_b" else args.dcpid
         sock = os.path.join(d, "ctl.sock")
+        spool = tempfile.mkdtemp(prefix=f"stk-{kind}-spool-", dir=args.spool_parent)
         cmd = [exe_d, "--config", "none", "--db", os.path.join(d, "db"), "--spool",
-               os.path.join(d, "spool"), "--socket", sock, "--host", "bench", "-e",
+               spool, "--socket", sock, "--host", "bench", "-e",
                f"cpu-clock:{period}", "--callchains", args.callchains]
         if args.stack_one_in != 1:
             cmd += ["--stack-one-in", str(args.stack_one_in)]
@@ -222,6 +228,8 @@ def run_with(kind, args, work, exe):
                 res["stacks_status"].update({k: st["dwarf"].get(k) for k in (
                     "unwound", "fp_fallback", "unwind_ms", "fp_steps", "procs_loaded")})
     shutil.rmtree(d, ignore_errors=True)
+    if kind.startswith("dcpid"):
+        shutil.rmtree(spool, ignore_errors=True)
     return res
 
 
@@ -242,6 +250,10 @@ def main():
                     "workload (default 20, 8 with --short)")
     ap.add_argument("--iters", type=int, help="work per copy of cpu.c (default 1e10, 3e8 with "
                     "--short)")
+    ap.add_argument("--spool-parent", default="/dev/shm",
+                    help="where dcpid's spool goes: a tmpfs, as in production (the systemd "
+                    "unit's RuntimeDirectory, /run/dcpid/spool) and as bench/slices.py has it; "
+                    "a directory on disk adds an ext4 write and fsync per flush [default: /dev/shm]")
     ap.add_argument("--reps", type=int, help="repetitions of each collector, alternated (default "
                     "3, 1 with --short)")
     ap.add_argument("--ab", help="a second dcpid build to run in the same alternation")
@@ -266,7 +278,7 @@ def main():
            "rate": args.rate, "callchains": args.callchains, "short": args.short,
            "settle_s": args.settle, "iters": args.iters, "stack_one_in": args.stack_one_in,
            "workload_fp": args.workload_fp, "loadavg_start": open("/proc/loadavg").read().strip(),
-           "runs": {}}
+           "spool_parent": args.spool_parent, "reps": args.reps, "runs": {}}
     for rep in range(args.reps):
         for kind in ("none", "dcpid") + (("dcpid_b",) if args.ab else ()) + ("perf",):
             if kind == "none":
