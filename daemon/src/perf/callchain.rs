@@ -128,6 +128,45 @@ fn hash_pcs(pcs: &[u64]) -> u64 {
     BuildPcHash.hash_one(pcs)
 }
 
+/// The pcs of pruned stacks, by length, for new stacks of that length to reuse: a flush
+/// prunes the hot stacks it counted and the drain thread interns them again within the next
+/// interval. Freed on the flush thread and allocated on the drain thread, each such pair went
+/// through the allocator's shared arena, whose consolidation of what the flush had freed the
+/// drain thread paid for (malloc was a tenth of its CPU with `fp` stacks).
+#[derive(Debug, Default)]
+struct Recycled {
+    by_len: Vec<Vec<Box<[u64]>>>,
+    count: usize,
+}
+
+impl Recycled {
+    /// `pcs` in a kept box of the same length if there is one, else a new one.
+    fn boxed(&mut self, pcs: &[u64]) -> Box<[u64]> {
+        match self.by_len.get_mut(pcs.len()).and_then(Vec::pop) {
+            Some(mut b) => {
+                self.count -= 1;
+                b.copy_from_slice(pcs);
+                b
+            }
+            None => pcs.into(),
+        }
+    }
+
+    /// Keep a pruned stack's pcs, up to [`RECYCLED_MAX`] boxes (past that, and for lengths
+    /// beyond `max_len`, freed).
+    fn put(&mut self, pcs: Box<[u64]>, max_len: usize) {
+        let len = pcs.len();
+        if self.count >= RECYCLED_MAX || len > max_len {
+            return;
+        }
+        if self.by_len.len() <= len {
+            self.by_len.resize_with(len + 1, Vec::new);
+        }
+        self.by_len[len].push(pcs);
+        self.count += 1;
+    }
+}
+
 /// One CPU's stack table.
 #[derive(Debug)]
 pub struct StackTable {
@@ -136,13 +175,7 @@ pub struct StackTable {
     index: HashTable<u32>,
     slots: Vec<Option<StackEntry>>,
     free: Vec<u32>,
-    /// The pcs of pruned stacks, by length, for new stacks of that length to reuse: a flush
-    /// prunes the hot stacks it counted and the drain thread interns them again within the
-    /// next interval. Freed on the flush thread and allocated on the drain thread, each such
-    /// pair went through the allocator's shared arena, whose consolidation of what the flush
-    /// had freed the drain thread paid for (malloc was a tenth of its CPU with `fp` stacks).
-    recycled: Vec<Vec<Box<[u64]>>>,
-    recycled_count: usize,
+    recycled: Recycled,
     capacity: usize,
     /// Advanced by every prune; an entry records the generation it was last interned in.
     generation: u64,
@@ -222,8 +255,7 @@ impl StackTable {
             index: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
-            recycled: Vec::new(),
-            recycled_count: 0,
+            recycled: Recycled::default(),
             capacity: capacity.max(1),
             generation: 1,
             in_hand: 0,
@@ -368,7 +400,7 @@ impl StackTable {
             self.counters.overflow += 1;
             return 0;
         }
-        let entry = StackEntry { pcs: self.boxed(pcs), truncated, last_gen: generation };
+        let entry = StackEntry { pcs: self.recycled.boxed(pcs), truncated, last_gen: generation };
         let slot = match self.free.pop() {
             Some(s) => {
                 self.slots[s as usize] = Some(entry);
@@ -386,32 +418,6 @@ impl StackTable {
         self.counters.interned += 1;
         self.counters.truncated += u64::from(truncated);
         slot + 1
-    }
-
-    /// `pcs` in a box of a pruned stack of the same length if one is kept, else a new one.
-    fn boxed(&mut self, pcs: &[u64]) -> Box<[u64]> {
-        match self.recycled.get_mut(pcs.len()).and_then(Vec::pop) {
-            Some(mut b) => {
-                self.recycled_count -= 1;
-                b.copy_from_slice(pcs);
-                b
-            }
-            None => pcs.into(),
-        }
-    }
-
-    /// Keep a pruned stack's pcs for reuse, up to [`RECYCLED_MAX`] of them (past that, and
-    /// for the lengths beyond `max_stack`, freed).
-    fn recycle(&mut self, pcs: Box<[u64]>) {
-        let len = pcs.len();
-        if self.recycled_count >= RECYCLED_MAX || len > self.max_stack {
-            return;
-        }
-        if self.recycled.len() <= len {
-            self.recycled.resize_with(len + 1, Vec::new);
-        }
-        self.recycled[len].push(pcs);
-        self.recycled_count += 1;
     }
 
     /// The stack of an id.
@@ -453,7 +459,7 @@ impl StackTable {
     /// began, then start a new generation. Returns how many were freed.
     pub fn prune(&mut self, referenced: impl Fn(StackId) -> bool) -> usize {
         let keep_from = if self.in_hand > 0 { self.in_hand_since } else { u64::MAX };
-        let mut freed = Vec::new();
+        let mut freed = 0;
         for (i, s) in self.slots.iter_mut().enumerate() {
             let Some(e) = s else { continue };
             let id = i as u32 + 1;
@@ -462,15 +468,14 @@ impl StackTable {
                     entry.remove();
                 }
                 if let Some(e) = s.take() {
-                    freed.push(e.pcs);
+                    self.recycled.put(e.pcs, self.max_stack);
                 }
                 self.free.push(i as u32);
+                freed += 1;
             }
         }
-        let n = freed.len();
-        freed.into_iter().for_each(|pcs| self.recycle(pcs));
         self.generation += 1;
-        n
+        freed
     }
 }
 
@@ -824,8 +829,8 @@ mod tests {
             big.intern(&raw(&[PERF_CONTEXT_USER, 100 + i]));
         }
         assert_eq!(big.prune(|_| false), RECYCLED_MAX + 10);
-        assert_eq!(big.recycled_count, RECYCLED_MAX);
-        assert_eq!(big.recycled[1].len(), RECYCLED_MAX);
+        assert_eq!(big.recycled.count, RECYCLED_MAX);
+        assert_eq!(big.recycled.by_len[1].len(), RECYCLED_MAX);
     }
 
     #[test]

@@ -153,6 +153,14 @@ impl CpuResult {
 }
 
 /// Run the workload on every CPU under a sampler with `cfg`; per-CPU results.
+/// Over every CPU: workload samples, the measured share of B, and the true share of B.
+fn overall(r: &[CpuResult]) -> (u64, f64, f64) {
+    let (a, b, ca, cb) = r.iter().fold((0, 0, 0, 0), |(a, b, ca, cb), c| {
+        (a + c.a, b + c.b, ca + c.chunks_a, cb + c.chunks_b)
+    });
+    (a + b, b as f64 / (a + b).max(1) as f64, cb as f64 / (ca + cb).max(1) as f64)
+}
+
 fn measure(cfg: &SamplerConfig, cpus: &[u32]) -> Vec<CpuResult> {
     let [(a, asz), (b, bsz)] = ranges();
     let sink = Arc::new(CollectSink::default());
@@ -215,11 +223,7 @@ fn randomized_periods_defeat_phase_locking() {
     for attempt in 1..=2 {
         eprintln!("randomized period in [{}, {}] ns (attempt {attempt}):", P - P / 32, P + P / 32);
         r = measure(&random, &cpus);
-        let (a, b, ca, cb) = r.iter().fold((0, 0, 0, 0), |(a, b, ca, cb), c| {
-            (a + c.a, b + c.b, ca + c.chunks_a, cb + c.chunks_b)
-        });
-        let share = b as f64 / (a + b).max(1) as f64;
-        let truth = cb as f64 / (ca + cb).max(1) as f64;
+        let (_, share, truth) = overall(&r);
         if (share - truth).abs() < 0.05 && r.iter().all(|c| c.concentration() < 0.5) {
             break;
         }
@@ -235,17 +239,13 @@ fn randomized_periods_defeat_phase_locking() {
     assert!(worst > 0.10, "a fixed period should misattribute the workload: {f:?}");
 
     // Randomized: phases spread over the cycle, shares within a few points of the truth.
-    let (a, b): (u64, u64) = r.iter().fold((0, 0), |(a, b), c| (a + c.a, b + c.b));
-    let (ca, cb): (u64, u64) = r.iter().fold((0, 0), |(a, b), c| (a + c.chunks_a, b + c.chunks_b));
-    let share = b as f64 / (a + b).max(1) as f64;
-    let truth = cb as f64 / (ca + cb).max(1) as f64;
+    let (samples, share, truth) = overall(&r);
     eprintln!(
-        "randomized overall: measured {:.1}% of {} samples, truth {:.1}%",
+        "randomized overall: measured {:.1}% of {samples} samples, truth {:.1}%",
         share * 100.0,
-        a + b,
         truth * 100.0
     );
-    assert!(a + b >= 300, "too few workload samples with randomized periods: {r:?}");
+    assert!(samples >= 300, "too few workload samples with randomized periods: {r:?}");
     for c in &r {
         assert!(
             c.concentration() < 0.5,
