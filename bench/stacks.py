@@ -20,7 +20,7 @@ run a fixed amount of work while it samples; then
   bench/stacks.py [--short] [--callchains fp|dwarf|auto] [--rate 1000] [--settle S] [--iters N]
                   [--stack-one-in N] [--workload-fp yes|no]
                   [--dcpid target/release/dcpid] [--dcpictl DCPICTL]
-                  [--ab OTHER_DCPID] [--out FILE]
+                  [--ab OTHER_DCPID] [--together] [--out FILE]
 
 --callchains auto runs `dcpid --callchains auto` against `perf record --call-graph dwarf` (both
 copy 8 KiB a sample), the workload built with frame pointers unless --workload-fp no.
@@ -39,6 +39,12 @@ were ext4 work in dcpid's flush thread.
 
 --ab runs a second dcpid build ("dcpid_b") in the same alternation, for a before/after
 comparison on this noisy machine (runs an hour apart differ by 50 %).
+
+--together runs the collectors at once (dcpid, dcpid_b, perf), each started and settled, then
+one workload window for all of them per repetition: each pays for the same machine state,
+where an alternation puts each in a different minute of a VM whose costs swing 2-5x within
+minutes. Each then also samples the others (a few more processes and stacks, alike for both),
+and the workload's slowdown is all collectors' together.
 
 The CPU is counted after start-up, as bench/collector.py does for #13: each collector runs
 --settle seconds (default 20: past dcpid's first flush, which resolves and publishes every
@@ -159,78 +165,133 @@ def settle_dcpid(pid, args, sock):
     return {"settle_s": round(time.monotonic() - t0, 1), "startup_idle": idle}
 
 
-def run_with(kind, args, work, exe):
-    d = tempfile.mkdtemp(prefix=f"stk-{kind}-", dir=work)
-    period = int(1e9 / args.rate)
-    log = open(os.path.join(d, "log"), "w")
-    if kind.startswith("dcpid"):
-        exe_d = args.ab if kind == "dcpid_b" else args.dcpid
-        sock = os.path.join(d, "ctl.sock")
-        spool = tempfile.mkdtemp(prefix=f"stk-{kind}-spool-", dir=args.spool_parent)
-        cmd = [exe_d, "--config", "none", "--db", os.path.join(d, "db"), "--spool",
-               spool, "--socket", sock, "--host", "bench", "-e",
-               f"cpu-clock:{period}", "--callchains", args.callchains]
-        if args.stack_one_in != 1:
-            cmd += ["--stack-one-in", str(args.stack_one_in)]
-        ready = lambda: os.path.exists(sock)  # noqa: E731
-        out = os.path.join(d, "db")
-    else:
-        out = os.path.join(d, "perf.data")
-        graph = (["-g"] if args.callchains == "fp"
-                 else ["--call-graph", "dwarf", "--buildid-mmap", "-N"])
-        cmd = ["perf", "record", "-a", *graph, "-e", "cpu-clock", "-c", str(period), "-o", out]
-        ready = lambda: os.path.exists(out) and os.path.getsize(out) > 0  # noqa: E731
-    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not ready():
-        if p.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{kind} did not start: {open(log.name).read()[-2000:]}")
-        time.sleep(0.1)
-    time.sleep(args.settle)
-    settled = {"settle_s": args.settle}
-    if kind.startswith("dcpid"):
-        settled = settle_dcpid(p.pid, args, sock)
-    s0 = dcpictl_status(args.dcpictl, sock) if kind.startswith("dcpid") else None
-    a, t0 = threads_cpu_ns(p.pid), time.monotonic()
+class Run:
+    """One collector's run: started (and settled) by `start`, measured over a workload window
+    by `window` (alone, or with others in the same window: --together), ended by `finish`."""
+
+    def __init__(self, kind, args, work):
+        self.kind, self.args = kind, args
+        self.d = tempfile.mkdtemp(prefix=f"stk-{kind}-", dir=work)
+        self.dcpid = kind.startswith("dcpid")
+        self.sock = self.spool = None
+        self.s0 = self.s1 = None
+
+    def start(self):
+        args, d, kind = self.args, self.d, self.kind
+        period = int(1e9 / args.rate)
+        log = open(os.path.join(d, "log"), "w")
+        if self.dcpid:
+            exe_d = args.ab if kind == "dcpid_b" else args.dcpid
+            self.sock = sock = os.path.join(d, "ctl.sock")
+            self.spool = tempfile.mkdtemp(prefix=f"stk-{kind}-spool-", dir=args.spool_parent)
+            cmd = [exe_d, "--config", "none", "--db", os.path.join(d, "db"), "--spool",
+                   self.spool, "--socket", sock, "--host", "bench", "-e",
+                   f"cpu-clock:{period}", "--callchains", args.callchains]
+            if args.stack_one_in != 1:
+                cmd += ["--stack-one-in", str(args.stack_one_in)]
+            ready = lambda: os.path.exists(sock)  # noqa: E731
+            self.out = os.path.join(d, "db")
+        else:
+            self.out = out = os.path.join(d, "perf.data")
+            graph = (["-g"] if args.callchains == "fp"
+                     else ["--call-graph", "dwarf", "--buildid-mmap", "-N"])
+            cmd = ["perf", "record", "-a", *graph, "-e", "cpu-clock", "-c", str(period), "-o", out]
+            ready = lambda: os.path.exists(out) and os.path.getsize(out) > 0  # noqa: E731
+        self.p = p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not ready():
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{kind} did not start: {open(log.name).read()[-2000:]}")
+            time.sleep(0.1)
+        self.started = time.monotonic()
+        time.sleep(args.settle)
+        self.settled = {"settle_s": args.settle}
+        if self.dcpid:
+            self.settled = settle_dcpid(p.pid, args, self.sock)
+        return self
+
+    def begin(self):
+        if self.dcpid:
+            self.s0 = dcpictl_status(self.args.dcpictl, self.sock)
+        self.a = threads_cpu_ns(self.p.pid)
+
+    def end(self):
+        self.b = threads_cpu_ns(self.p.pid)
+        if self.dcpid:
+            self.s1 = dcpictl_status(self.args.dcpictl, self.sock)
+
+    def finish(self, t0, t1, wall):
+        args, s0, s1 = self.args, self.s0, self.s1
+        per_thread = ms_per_s(self.a, self.b, t1 - t0)
+        cpu_ms_per_s = sum(per_thread.values())
+        threads = {k: round(v, 4) for k, v in sorted(per_thread.items()) if v >= 0.0005}
+        hwm = peak_rss_kib(self.p.pid)
+        self.p.send_signal(2)
+        self.p.wait(timeout=300)
+        ran = time.monotonic() - self.started
+        out = self.out
+        size = du(out) if os.path.isdir(out) else os.path.getsize(out)
+        res = {"cpu_ms_per_s": round(cpu_ms_per_s, 3), "threads_ms_per_s": threads,
+               **self.settled, "workload_s": round(wall, 3), "peak_rss_kib": hwm,
+               "bytes": size, "seconds_sampled": round(ran, 1),
+               "bytes_per_hour_linear": int(size * 3600 / ran)}
+        if s0 and s1:
+            st0, st1 = s0["overhead"]["stage_cpu_s"], s1["overhead"]["stage_cpu_s"]
+            res["stages_ms_per_s"] = {k: round((st1[k] - st0.get(k, 0)) * 1e3 / (t1 - t0), 4)
+                                      for k in st1}
+        if self.dcpid:
+            stk = [os.path.join(r, f) for r, _, fs in os.walk(out) for f in fs
+                   if f.endswith(".stk")]
+            res["stack_file_bytes"] = sum(os.path.getsize(f) for f in stk)
+            # The kernel symbol snapshot is stored once per database and boot, not per hour;
+            # the symbol tables once per build-id (bench/slices.py's ONE_TIME).
+            res["bytes_without_kallsyms"] = size - du(os.path.join(out, "kallsyms"))
+            res["bytes_one_time"] = (du(os.path.join(out, "kallsyms"))
+                                     + du(os.path.join(out, "binaries")))
+            res["bytes_without_one_time"] = size - res["bytes_one_time"]
+            if s1 and s1.get("stacks"):
+                st = s1["stacks"]
+                res["stacks_status"] = {k: st.get(k) for k in ("recorded", "truncated",
+                                                                "skipped", "one_in")}
+                if st.get("dwarf"):
+                    res["stacks_status"].update({k: st["dwarf"].get(k) for k in (
+                        "unwound", "fp_fallback", "unwind_ms", "fp_steps", "procs_loaded")})
+        shutil.rmtree(self.d, ignore_errors=True)
+        if self.spool:
+            shutil.rmtree(self.spool, ignore_errors=True)
+        return res
+
+
+def window(runs, args, exe):
+    """One workload window measured for every run in `runs` (all running meanwhile)."""
+    for r in runs:
+        r.begin()
+    t0 = time.monotonic()
     wall = workload(exe, args.iters)
-    b, t1 = threads_cpu_ns(p.pid), time.monotonic()
-    s1 = dcpictl_status(args.dcpictl, sock) if kind.startswith("dcpid") else None
-    per_thread = ms_per_s(a, b, t1 - t0)
-    cpu_ms_per_s = sum(per_thread.values())
-    threads = {k: round(v, 4) for k, v in sorted(per_thread.items()) if v >= 0.0005}
-    started = t0 - settled["settle_s"]
-    hwm = peak_rss_kib(p.pid)
-    p.send_signal(2)
-    p.wait(timeout=300)
-    ran = time.monotonic() - started
-    size = du(out) if os.path.isdir(out) else os.path.getsize(out)
-    res = {"cpu_ms_per_s": round(cpu_ms_per_s, 3), "threads_ms_per_s": threads, **settled,
-           "workload_s": round(wall, 3), "peak_rss_kib": hwm,
-           "bytes": size, "seconds_sampled": round(ran, 1),
-           "bytes_per_hour_linear": int(size * 3600 / ran)}
-    if s0 and s1:
-        st0, st1 = s0["overhead"]["stage_cpu_s"], s1["overhead"]["stage_cpu_s"]
-        res["stages_ms_per_s"] = {k: round((st1[k] - st0.get(k, 0)) * 1e3 / (t1 - t0), 4)
-                                  for k in st1}
-    if kind.startswith("dcpid"):
-        stk = [os.path.join(r, f) for r, _, fs in os.walk(out) for f in fs if f.endswith(".stk")]
-        res["stack_file_bytes"] = sum(os.path.getsize(f) for f in stk)
-        # The kernel symbol snapshot is stored once per database and boot, not per hour;
-        # the symbol tables once per build-id (bench/slices.py's ONE_TIME).
-        res["bytes_without_kallsyms"] = size - du(os.path.join(out, "kallsyms"))
-        res["bytes_one_time"] = du(os.path.join(out, "kallsyms")) + du(os.path.join(out, "binaries"))
-        res["bytes_without_one_time"] = size - res["bytes_one_time"]
-        if s1 and s1.get("stacks"):
-            st = s1["stacks"]
-            res["stacks_status"] = {k: st.get(k) for k in ("recorded", "truncated", "skipped",
-                                                            "one_in")}
-            if st.get("dwarf"):
-                res["stacks_status"].update({k: st["dwarf"].get(k) for k in (
-                    "unwound", "fp_fallback", "unwind_ms", "fp_steps", "procs_loaded")})
-    shutil.rmtree(d, ignore_errors=True)
-    if kind.startswith("dcpid"):
-        shutil.rmtree(spool, ignore_errors=True)
-    return res
+    t1 = time.monotonic()
+    for r in runs:
+        r.end()
+    return [r.finish(t0, t1, wall) for r in runs]
+
+
+def run_with(kind, args, work, exe):
+    return window([Run(kind, args, work).start()], args, exe)[0]
+
+
+def run_together(kinds, args, work, exe):
+    """Every collector of `kinds` started and settled, then one workload window for all: the
+    same machine state for each (this VM's costs swing 2-5x within minutes, more than most
+    changes measured). Each collector also samples the others: a few more images and
+    stacks each, alike."""
+    runs = []
+    try:
+        for k in kinds:
+            runs.append(Run(k, args, work).start())
+        return dict(zip(kinds, window(runs, args, exe)))
+    finally:
+        for r in runs:
+            if r.p.poll() is None:
+                r.p.kill()
 
 
 def main():
@@ -257,6 +318,10 @@ def main():
     ap.add_argument("--reps", type=int, help="repetitions of each collector, alternated (default "
                     "3, 1 with --short)")
     ap.add_argument("--ab", help="a second dcpid build to run in the same alternation")
+    ap.add_argument("--together", action="store_true",
+                    help="run every collector at once, in one workload window per repetition "
+                    "(the same machine state for all; the slowdown figures are then the sum "
+                    "of all collectors')")
     ap.add_argument("--dcpictl", help="for dcpid's stage counters (default: beside --dcpid)")
     ap.add_argument("--out", default=os.path.join(
         HERE, "results", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-stacks.json"))
@@ -278,9 +343,19 @@ def main():
            "rate": args.rate, "callchains": args.callchains, "short": args.short,
            "settle_s": args.settle, "iters": args.iters, "stack_one_in": args.stack_one_in,
            "workload_fp": args.workload_fp, "loadavg_start": open("/proc/loadavg").read().strip(),
-           "spool_parent": args.spool_parent, "reps": args.reps, "runs": {}}
+           "spool_parent": args.spool_parent, "reps": args.reps, "together": args.together,
+           "runs": {}}
+    kinds = ("dcpid",) + (("dcpid_b",) if args.ab else ()) + ("perf",)
     for rep in range(args.reps):
-        for kind in ("none", "dcpid") + (("dcpid_b",) if args.ab else ()) + ("perf",):
+        if args.together:
+            r = {"workload_s": round(workload(exe, args.iters), 3)}
+            res["runs"].setdefault("none", []).append(r)
+            print(f"none rep {rep}: {json.dumps(r)}", flush=True)
+            for kind, r in run_together(kinds, args, work, exe).items():
+                res["runs"].setdefault(kind, []).append(r)
+                print(f"{kind} rep {rep}: {json.dumps(r)}", flush=True)
+            continue
+        for kind in ("none",) + kinds:
             if kind == "none":
                 r = {"workload_s": round(workload(exe, args.iters), 3)}
             else:
