@@ -374,6 +374,13 @@ def main():
     d, p = res["summary"]["dcpid"], res["summary"]["perf"]
     res["summary"]["dcpid_over_perf_cpu"] = round(
         d["cpu_ms_per_s"] / max(p["cpu_ms_per_s"], 1e-9), 3)
+    if args.together:
+        # The ratio within each window (the same machine state for both), and its median.
+        for k in [k for k in res["runs"] if k.startswith("dcpid")]:
+            per = [round(a["cpu_ms_per_s"] / max(b["cpu_ms_per_s"], 1e-9), 3)
+                   for a, b in zip(res["runs"][k], res["runs"]["perf"])]
+            res["summary"][f"{k}_over_perf_cpu_per_window"] = per
+            res["summary"][f"{k}_over_perf_cpu_median_window"] = statistics.median(per)
     res["summary"]["slowdown_points_over_perf"] = round(d["slowdown_pct"] - p["slowdown_pct"], 2)
     res["summary"]["perf_over_dcpid_size"] = round(
         p["bytes_per_hour_linear"] / max(d["bytes_per_hour_linear"], 1), 1)

@@ -327,7 +327,7 @@ impl Run {
             self.agg.on_drain(1, t0, &mut Vec::new(), &mut Vec::new());
             let before = self.pass as usize * self.len;
             if before / FLUSH_EVERY != (before + self.len) / FLUSH_EVERY {
-                black_box(self.agg.take_resolved());
+                black_box(self.agg.take_resolved(true));
             }
             let agg = aggregate.then_some(&*self.agg);
             let start = Instant::now();
@@ -404,7 +404,7 @@ fn bench_flush(c: &mut Criterion) {
             for _ in 0..iters {
                 run.passes(&keys, FLUSH_SAMPLES.div_ceil(LEN) as u64, true);
                 let start = Instant::now();
-                black_box(run.agg.take_resolved());
+                black_box(run.agg.take_resolved(true));
                 total += start.elapsed();
             }
             total

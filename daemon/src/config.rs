@@ -16,6 +16,7 @@
 //! ring_pages = 128        # 1024 by default with callchains "dwarf" or "auto"
 //! redraw_interval = "1s"   # one period re-arm per CPU per interval, at a random instant
 //! flush_interval = "5s"
+//! stack_flush_interval = "1m"   # how often a timed flush takes the call stacks too
 //! publish_interval = "15m"
 //! max_memory_mb = 256
 //! epoch_interval = "1d"   # or "off"
@@ -347,6 +348,16 @@ settings! {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     flush_interval: Duration = Duration::from_secs(5);
+    /// How often a timed flush takes the call stacks too (the flushes between leave them
+    /// counted in memory; `dcpictl flush`, an epoch's end, a stop and a full stack table take
+    /// them at once, and so does each flush for the processes that exited or changed their
+    /// mappings). Stacks reach reports only when published (`publish_interval`), so this bounds
+    /// only the stacks a crash loses; each take resolves every distinct stack again, the
+    /// largest cost of a flush with call stacks on (BENCHMARKS.md "Call stacks, fp against
+    /// `perf record -a -g`"). At most 1h; at most flush_interval: every flush [default: 1m].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[serde(default, deserialize_with = "de_duration")]
+    stack_flush_interval: Duration = Duration::from_secs(60);
     /// Each changed shared profile is rewritten at most this often, spread over the interval,
     /// and once published only after it has doubled or waited `publish_max_delay`; `dcpictl
     /// flush` publishes everything at once [default: 15m: reports are fresh without it, from
@@ -705,6 +716,13 @@ impl Settings {
                 "must be between 10ms and 1h",
             ));
         }
+        if self.stack_flush_interval > Duration::from_secs(3600) {
+            return Err(bad(
+                "stack_flush_interval",
+                show_duration(self.stack_flush_interval),
+                "must be at most 1h",
+            ));
+        }
         if self.publish_interval < self.flush_interval {
             return Err(bad(
                 "publish_interval",
@@ -1003,6 +1021,10 @@ mod tests {
             let err = file(&format!("stack_one_in = {bad}\n")).unwrap_err().to_string();
             assert!(err.contains("stack_one_in"), "{err}");
         }
+        let ok = file("stack_flush_interval = \"5m\"\n").expect("valid");
+        assert_eq!(ok.stack_flush_interval, Duration::from_secs(300));
+        let err = file("stack_flush_interval = \"2h\"\n").unwrap_err().to_string();
+        assert!(err.contains("stack_flush_interval") && err.contains("2h"), "{err}");
         for bad in ["100", "8193", "65536"] {
             let err = file(&format!("sample_user_stack = {bad}\n")).unwrap_err().to_string();
             assert!(err.contains("sample_user_stack") && err.contains(bad), "{err}");

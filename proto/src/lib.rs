@@ -31,6 +31,7 @@ pub use status::*;
 /// against it.
 pub const RELOADABLE: &[&str] = &[
     "flush_interval",
+    "stack_flush_interval",
     "publish_interval",
     "publish_max_delay",
     "max_memory_mb",

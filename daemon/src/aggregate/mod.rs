@@ -1055,11 +1055,16 @@ impl Aggregator {
     }
 
     /// Swap out every per-CPU table (after aggregating what the watermark allows) and resolve.
-    pub fn take_resolved(&self) -> Resolved {
+    ///
+    /// `stacks` false: the call stacks counted so far stay counted, but for those of processes
+    /// the resolver may forget at this take ([`Resolver::unsettled_pids`]): each take resolves every
+    /// stack it takes, however often it was taken before, and stacks are published far less
+    /// often than flat profiles (`stack_flush_interval`).
+    pub fn take_resolved(&self, stacks: bool) -> Resolved {
         let wm = lock(&self.shared).watermark;
         let (mut r, mut out, _) = self.begin_take(wm);
         self.applied_until.fetch_max(wm, Ordering::Release);
-        self.take_tables(&mut r, Some(wm), &mut out);
+        self.take_tables(&mut r, Some(wm), stacks, &mut out);
         r.gc(wm);
         drop(r);
         self.epoch.fetch_add(1, Ordering::Release);
@@ -1070,7 +1075,7 @@ impl Aggregator {
     /// the watermark (which moves to the newest time seen), then resolve.
     pub fn flush_all(&self) -> Resolved {
         let (mut r, mut out, newest_sb) = self.begin_take(PerfTime::MAX);
-        let newest_sample = self.take_tables(&mut r, None, &mut out);
+        let newest_sample = self.take_tables(&mut r, None, true, &mut out);
         let newest = {
             let mut sh = lock(&self.shared);
             sh.watermark = sh.watermark.max(newest_sb).max(newest_sample);
@@ -1110,7 +1115,7 @@ impl Aggregator {
             sh.watermark = sh.watermark.max(limit);
         }
         self.applied_until.fetch_max(limit, Ordering::Release);
-        self.take_tables(&mut r, Some(limit), &mut out);
+        self.take_tables(&mut r, Some(limit), true, &mut out);
         r.gc(limit);
         drop(r);
         self.epoch.fetch_add(1, Ordering::Release);
@@ -1118,13 +1123,22 @@ impl Aggregator {
     }
 
     /// Aggregate what `limit` allows, swap out every table and overflow buffer and resolve
-    /// them into `out`. Returns the newest sample time aggregated.
-    fn take_tables(&self, r: &mut Resolver, limit: Option<PerfTime>, out: &mut Resolved) -> u64 {
+    /// them into `out`, with every call stack counted (`all_stacks`) or only those the
+    /// resolver may not keep resolvable. Returns the newest sample time aggregated.
+    fn take_tables(
+        &self,
+        r: &mut Resolver,
+        limit: Option<PerfTime>,
+        all_stacks: bool,
+        out: &mut Resolved,
+    ) -> u64 {
         r.begin_batch();
         let applied = self.applied_until.load(Ordering::Acquire);
         let epoch = self.epoch.load(Ordering::Acquire);
         let mut newest = 0;
         let mut taken = Vec::with_capacity(self.cpus.len());
+        let unsettled =
+            (!all_stacks && self.stack_tables.get().is_some()).then(|| r.unsettled_pids());
         for cpu in &self.cpus {
             let mut c = lock(cpu);
             c.cache.check_epoch(epoch);
@@ -1153,7 +1167,14 @@ impl Aggregator {
             let table = std::mem::replace(&mut c.table, spare);
             let overflow = c.take_overflow();
             c.who.take_into(taken.len() as u32, &mut out.who);
-            taken.push((table, overflow, full, c.stacks.take()));
+            // Without `all_stacks`, only the stacks of processes the gc after this take may
+            // change: the others resolve as well at a later take.
+            let stack_counts = match &unsettled {
+                Some(u) if u.is_empty() => stacks::CpuStacks::default(),
+                Some(u) => c.stacks.take_if(|pid| u.contains(&pid)),
+                None => c.stacks.take(),
+            };
+            taken.push((table, overflow, full, stack_counts));
         }
         let mut comms = stacks::Comms::new();
         for (i, (mut table, overflow, full, stack_counts)) in taken.into_iter().enumerate() {
@@ -1161,8 +1182,11 @@ impl Aggregator {
                 let (idle, slot) = (&self.idle, i as u32);
                 stacks::resolve_cpu(r, idle, t, slot, stack_counts, &mut comms, &mut out.stacks);
                 // Under the CPU lock: no sample moves from pending into the counts meanwhile.
-                let c = lock(&self.cpus[i]);
-                stacks::prune(t, i as u32, c.pending.iter(), &c.stacks);
+                // A take of some stacks leaves the others counted: nothing to free.
+                if all_stacks {
+                    let c = lock(&self.cpus[i]);
+                    stacks::prune(t, i as u32, c.pending.iter(), &c.stacks);
+                }
             }
             let te = self.time_event();
             full.iter().flatten().for_each(|e| resolve_entry(r, &self.idle, te, e, out));
@@ -1308,6 +1332,13 @@ impl Aggregator {
             drop(guard);
             if stop != Stop::OverflowFull {
                 break;
+            }
+        }
+        // Counts kept across flushes (`stack_flush_interval`) must not reach the bound that
+        // drops stacks: half way, ask for a take as a full stack table does.
+        if c.stacks.past_high_water() {
+            if let Some(t) = self.stack_tables.get() {
+                t.request_flush();
             }
         }
         handed

@@ -59,8 +59,19 @@ impl CpuStacks {
         Self { counts: std::mem::replace(&mut self.counts, room), dropped: 0 }
     }
 
+    /// The counts of the processes for which `f` says yes; the others stay.
+    pub(crate) fn take_if(&mut self, mut f: impl FnMut(u32) -> bool) -> Self {
+        let counts = self.counts.extract_if(|k, _| f(k.0)).collect();
+        Self { counts, dropped: 0 }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.counts.is_empty()
+    }
+
+    /// Half of [`DEFAULT_KEYS_PER_CPU`] used: time for a take (the rest drops stacks).
+    pub(crate) fn past_high_water(&self) -> bool {
+        self.counts.len() >= DEFAULT_KEYS_PER_CPU / 2
     }
 }
 

@@ -83,7 +83,7 @@ fn bounded_memory_early_drains_and_nothing_lost() {
         assert!(st.table_bytes <= bound, "{} > {bound}", st.table_bytes);
         assert_eq!(st.pending, 0);
         if in_count % 2_000_000 == 0 {
-            let r = agg.take_resolved();
+            let r = agg.take_resolved(true);
             let (c, p) = r.unknown[&(0, UnknownReason::ProcessGone)];
             assert_eq!(r.samples, c);
             out_count += c;
@@ -112,13 +112,13 @@ fn early_drains_keep_images_and_period_sums_exact() {
     let st = agg.stats();
     assert!(st.early_drains > 100, "{st:?}");
     assert_eq!(st.samples_aggregated, 6400);
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     assert_eq!(r.samples, 6400);
     for off in 0..64u64 {
         let periods: u64 = (0..6400u64).filter(|i| i % 64 == off).map(|i| 10 + i % 3).sum();
         assert_eq!(count(&r, 1, off), (100, periods), "offset {off}");
     }
-    assert!(agg.take_resolved().profiles.is_empty(), "early results are handed out once");
+    assert!(agg.take_resolved(true).profiles.is_empty(), "early results are handed out once");
 }
 
 #[test]
@@ -130,7 +130,7 @@ fn cached_asid_is_not_used_past_a_later_exec() {
     // the old cache limit (1000) and the exec.
     let mut s = vec![sample(1200, 7, BASE + 1, 1), sample(1700, 7, BASE + 1, 1)];
     agg.on_drain(0, 2000, &mut s, &mut vec![exec(1500, 7), mmap(1600, 7, 2)]);
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     assert_eq!(count(&r, 1, 1), (2, 2), "{r:?}");
     assert_eq!(count(&r, 2, 1), (1, 1), "{r:?}");
 }
@@ -146,7 +146,7 @@ fn busy_resolver_leaves_samples_pending_for_the_flusher() {
         agg.on_drain(0, 100, &mut s, &mut Vec::new());
     });
     assert_eq!(agg.stats().pending, 10);
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     assert_eq!(count(&r, 1, 0), (10, 50));
     assert_eq!(agg.stats().pending, 0);
 }
@@ -169,7 +169,7 @@ fn drain_pass_with_due_records_does_not_wait_for_a_busy_resolver() {
     // The next pass finds the resolver free: it applies what waited and aggregates.
     agg.on_drain(0, 1100, &mut Vec::new(), &mut Vec::new());
     assert_eq!(agg.stats().pending, 0);
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     assert_eq!(count(&r, 2, 0), (10, 30), "samples after the mmap use its image: {r:?}");
     assert_eq!(count(&r, 1, 0), (0, 0), "{r:?}");
 }
@@ -204,7 +204,7 @@ fn idle_task_samples_are_kept_apart_from_the_kernel() {
     assert_eq!((st.samples_aggregated, st.entries_created), (5, 2), "{st:?}");
     // (The test resolver has no kernel image, so both keys resolve to kernel-unknown; that
     // the idle image replaces the kernel image is tested end to end.)
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     assert_eq!(r.samples, 5);
 }
 
@@ -225,7 +225,7 @@ fn asid_cache_lasts_across_passes_until_a_record_concerns_its_pid() {
     // pid 8 maps a new image mid-pass: only its entry is looked up again (once for the old
     // version, once for the new), and its later samples go to the new version.
     assert_eq!(pass(600, vec![mmap(605, 8, 2)]), 4);
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     assert_eq!(count(&r, 1, 0), (30 + 25, 55), "{r:?}");
     assert_eq!(count(&r, 2, 0), (5, 5), "{r:?}");
     // A flush collects garbage in the resolver: the caches start over.
@@ -249,7 +249,7 @@ fn tables_grow_for_busy_intervals_and_shrink_back_when_quiet() {
             })
             .collect();
         agg.on_drain(0, t + 1, &mut s, &mut Vec::new());
-        let r = agg.take_resolved();
+        let r = agg.take_resolved(true);
         assert_eq!(r.samples, distinct, "nothing lost while resizing");
         agg.stats().table_bytes - overflow
     };
@@ -293,7 +293,7 @@ fn stacks_are_counted_once_per_key_and_resolve_in_their_own_address_space() {
     // The process exec's another image: the same pcs are now another image's frames.
     let mut s: Vec<Sample> = (2000..2010).map(with_stack).collect();
     agg.on_drain(0, 3000, &mut s, &mut vec![exec(1500, 7), mmap(1600, 7, 2)]);
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     let p = r.stacks.get(&0).expect("stacks of event 0");
     assert_eq!(p.samples(), 40);
     // Each stack carries its process's command (FORMAT.md §13 v3) as the resolver knows it at
@@ -324,11 +324,62 @@ fn stacks_are_counted_once_per_key_and_resolve_in_their_own_address_space() {
     let mut s = vec![Sample { stack: id, ..sample(10_000, 7, BASE + 0x10, 1000) }];
     agg.on_drain(0, 3000, &mut s, &mut Vec::new());
     for _ in 0..3 {
-        assert!(agg.take_resolved().stacks.is_empty());
+        assert!(agg.take_resolved(true).stacks.is_empty());
     }
     assert!(tables.cpu(0).get(id).is_some(), "pending sample's stack was freed");
     agg.on_drain(0, 20_000, &mut Vec::new(), &mut Vec::new());
-    assert_eq!(agg.take_resolved().stacks[&0].samples(), 1);
+    assert_eq!(agg.take_resolved(true).stacks[&0].samples(), 1);
+}
+
+/// A take without the stacks (a timed flush between `stack_flush_interval`s) leaves a live
+/// process's stacks counted for a later take, which has them all; those of a process that
+/// exited it takes at once, while the resolver still knows its mappings (its gc then forgets
+/// them); so do those of a process that has just mapped an image (its older version goes).
+/// Kernel stacks of a process the resolver does not know wait too.
+#[test]
+fn a_take_without_stacks_keeps_what_stays_resolvable_and_takes_the_rest() {
+    use crate::perf::callchain::StackTables;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agg = Aggregator::new(resolver(dir.path()), 1);
+    let tables = Arc::new(StackTables::new(1, 16, 64));
+    agg.set_stack_tables(Arc::clone(&tables));
+    let on = |stack: u32, pid: u32, t: u64| Sample { stack, ..sample(t, pid, BASE + 0x10, 1000) };
+    agg.on_drain(0, 10, &mut Vec::new(), &mut vec![mmap(5, 7, 1), mmap(6, 8, 2)]);
+    // Each process has two versions (before and after its mmap) until a take's gc.
+    assert!(agg.take_resolved(true).stacks.is_empty());
+    let user = tables.cpu(0).intern_pcs(&[BASE + 0x10, BASE + 0x40], false);
+    let kernel = tables.cpu(0).intern_pcs(&[KERNEL_START + 0x100], false);
+    let mut s: Vec<Sample> = (100..110).map(|t| on(user, 7, t)).collect();
+    s.extend((110..115).map(|t| on(user, 8, t)));
+    s.extend((115..118).map(|t| Sample { pc: KERNEL_START + 0x100, ..on(kernel, 9, t) }));
+    agg.on_drain(0, 1000, &mut s, &mut Vec::new());
+    // Nothing exited: every stack stays counted, the flat samples go.
+    let r = agg.take_resolved(false);
+    assert!(
+        r.stacks.is_empty(),
+        "{:?}",
+        r.stacks.get(&0).map(profile_format::StackProfile::samples)
+    );
+    assert_eq!(count(&r, 1, 0x10).0 + count(&r, 2, 0x10).0, 15);
+    assert!(tables.cpu(0).get(user).is_some(), "a counted stack was pruned");
+    // Process 8 exits: its stacks are taken by the next take, stacks or not, and resolve.
+    let exit = TimedSideBand {
+        time: 1200,
+        cpu: 0,
+        record: SideBand::Exit { pid: 8, ppid: 1, tid: 8, ptid: 1 },
+    };
+    let mut s: Vec<Sample> = (1100..1104).map(|t| on(user, 7, t)).collect();
+    agg.on_drain(0, 2000, &mut s, &mut vec![exit]);
+    let r = agg.take_resolved(false);
+    let p = r.stacks.get(&0).expect("the exited process's stacks");
+    assert_eq!(p.samples(), 5);
+    let first = p.stacks().next().expect("a stack");
+    let img = &p.images()[first.frames[0].0 as usize];
+    assert_eq!(img.id, ImageId::BuildId(vec![2; 20]), "resolved in its own mappings");
+    // A take with the stacks has the rest: process 7's 14 samples and the kernel stack's 3.
+    let r = agg.take_resolved(true);
+    assert_eq!(r.stacks.get(&0).map(profile_format::StackProfile::samples), Some(17));
+    assert!(tables.cpu(0).get(user).is_none(), "a take of every stack prunes");
 }
 
 /// With `stack_one_in = N` each taken stack counts N samples in the stack profile (an estimate
@@ -356,7 +407,7 @@ fn a_sampled_stack_counts_one_in_samples() {
         .collect();
     agg.on_drain(0, 1000, &mut s, &mut Vec::new());
     agg.on_drain(1, 1000, &mut Vec::new(), &mut Vec::new());
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     assert_eq!(r.stacks.get(&0).expect("stacks of event 0").samples(), 12, "3 stacks x 4");
     assert_eq!(count(&r, 1, 0x10).0, 12, "the flat profile counts each sample once");
     // The other slot's stacks count once each.
@@ -365,7 +416,7 @@ fn a_sampled_stack_counts_one_in_samples() {
         (2000..2005).map(|t| Sample { stack: id, ..sample(t, 7, BASE + 0x10, 1000) }).collect();
     agg.on_drain(1, 3000, &mut s, &mut Vec::new());
     agg.on_drain(0, 3000, &mut Vec::new(), &mut Vec::new());
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     assert_eq!(r.stacks.get(&0).expect("stacks of event 0").samples(), 5, "5 stacks x 1");
 }
 
@@ -475,7 +526,7 @@ mod watermark_model {
                 agg.on_drain(cpu as u32, b, &mut s, &mut r);
             }
             let mut got: BTreeMap<(u8, u64), u64> = BTreeMap::new();
-            for r in [agg.take_resolved(), agg.flush_all()] {
+            for r in [agg.take_resolved(true), agg.flush_all()] {
                 for k in 1..=segs as u8 {
                     for off in 0..8u64 {
                         let (n, _) = count(&r, k, off);
@@ -569,7 +620,7 @@ fn drain_passes_hand_records_to_the_resolver_thread_and_order_holds() {
     }
     assert_eq!(agg.worker.unparks.load(Ordering::Relaxed), unparks, "quiet passes woke it");
 
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     assert_eq!(count(&r, 1, 1), (1, 1), "before the exec: the old image {r:?}");
     assert_eq!(count(&r, 1, 2), (1, 1), "before the exec, other CPU: the old image {r:?}");
     let new: Vec<_> = r.profiles.values().filter(|p| p.image.path == b"/bin/new").collect();
@@ -632,7 +683,7 @@ fn a_late_record_handed_to_the_resolver_thread_still_precedes_the_samples_after_
     wait_until("the late record to be applied", || {
         agg.resolver_thread_stats().records_applied >= 1
     });
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     assert_eq!(count(&r, 1, 4), (1, 1), "the sample after the late mmap: {r:?}");
     assert!(r.unknown.is_empty(), "{r:?}");
 }
@@ -652,7 +703,7 @@ fn a_time_weighted_event_counts_nanoseconds_with_period_one() {
         sample(24, 7, BASE, 1_000_000),
     ];
     agg.on_drain(0, 1000, &mut s, &mut Vec::new());
-    let r = agg.take_resolved();
+    let r = agg.take_resolved(true);
     let ns = r
         .profiles
         .get(&(ImageId::BuildId(vec![1; 20]), 1))

@@ -602,11 +602,14 @@ impl StackTables {
     }
 
     /// The flusher is about to take the tables (`early`: before its interval was up, for
-    /// this request): a table that fills again after this asks anew.
-    pub fn clear_flush_request(&self, early: bool) {
-        if self.flush_wanted.swap(false, Ordering::AcqRel) && early {
+    /// this request): a table that fills again after this asks anew. Returns whether a flush
+    /// was asked for (it must then take the stacks, so that the table is pruned).
+    pub fn clear_flush_request(&self, early: bool) -> bool {
+        let wanted = self.flush_wanted.swap(false, Ordering::AcqRel);
+        if wanted && early {
             self.early_flushes.fetch_add(1, Ordering::Relaxed);
         }
+        wanted
     }
 
     pub fn max_stack(&self) -> u16 {

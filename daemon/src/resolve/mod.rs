@@ -847,6 +847,20 @@ impl Resolver {
         }
     }
 
+    /// The processes whose stacks may resolve differently after the next [`Resolver::gc`]:
+    /// those that exited, have more than one address-space version, an ended mapping, or an
+    /// earlier incarnation (a gc drops each of these). A stack counted for any other process,
+    /// in its one version, resolves later as it does now, and may stay counted across takes;
+    /// the idle task (pid 0) and kernel threads have kernel frames only. Usually empty: a gc
+    /// leaves each live process one version and no ended mapping.
+    pub fn unsettled_pids(&self) -> HashSet<u32> {
+        let mut out: HashSet<u32> = self.retired.keys().copied().collect();
+        out.extend(self.procs.iter().filter_map(|(&pid, p)| {
+            (p.exited.is_some() || p.versions.len() > 1 || !p.dead.is_empty()).then_some(pid)
+        }));
+        out
+    }
+
     /// Drop what no future sample can need: processes that exited, earlier incarnations,
     /// ended mappings and old versions, all at or before `horizon` (the watermark up to which
     /// every sample has been aggregated *and* resolved).

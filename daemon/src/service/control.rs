@@ -124,7 +124,8 @@ impl Shared {
     pub(super) fn top(&self) -> Response {
         if self.aggregator.since_last_batch().is_none_or(|d| d >= TOP_FRESH) {
             let mut store = lock(&self.store);
-            let resolved = self.aggregator.take_resolved();
+            // Stacks are not in the live view: they wait for the next flush that takes them.
+            let resolved = self.aggregator.take_resolved(false);
             self.absorb(&mut store, resolved);
         }
         let v = self.aggregator.top(TOP_WINDOW, TOP_ROWS);

@@ -69,6 +69,8 @@ impl Flusher {
                 .spawn(FLUSH_THREAD.into(), true, move || {
                     let mut last = Instant::now();
                     let mut last_hotplug = last;
+                    // The last flush that took the call stacks (stack_flush_interval).
+                    let mut last_stacks = last;
                     // The next scheduled epoch boundary as an instant of the monotonic clock
                     // this thread sleeps on, with the `epoch_interval` it was computed for.
                     let mut boundary: Option<(EpochInterval, Instant)> = None;
@@ -76,9 +78,9 @@ impl Flusher {
                     while !stop.load(std::sync::atomic::Ordering::Acquire) {
                         watch.fault_point(FLUSH_THREAD);
                         // Read each time: a reload may change them.
-                        let (interval, every) = {
+                        let (interval, every, stack_interval) = {
                             let s = read(&shared.settings);
-                            (s.flush_interval, s.epoch_interval)
+                            (s.flush_interval, s.epoch_interval, s.stack_flush_interval)
                         };
                         let mut next = last + interval;
                         // A stack table past its high-water mark cuts the interval short
@@ -122,12 +124,16 @@ impl Flusher {
                                 .map(|s| (every, Instant::now() + s.until_next(SystemTime::now())));
                         }
                         if now >= next {
-                            if let Some(t) = stacks {
-                                t.clear_flush_request(now < last + interval);
-                            }
+                            // A full stack table asked for this flush: it must prune.
+                            let wanted = stacks
+                                .is_some_and(|t| t.clear_flush_request(now < last + interval));
+                            let take_stacks = wanted || now >= last_stacks + stack_interval;
                             // Rotates too when the boundary is due.
-                            shared.flush_tick();
+                            shared.flush_tick(take_stacks);
                             last = Instant::now();
+                            if take_stacks {
+                                last_stacks = last;
+                            }
                         } else if boundary_passed {
                             shared.scheduled_rotation();
                         } else {
@@ -231,7 +237,10 @@ impl Shared {
     /// The periodic flush: what the watermark allows goes to the store. The store lock is
     /// taken before the batch: a batch and an epoch change can then never interleave (the
     /// batch would otherwise land in the epoch after the one its samples belong to).
-    pub(super) fn flush_tick(&self) {
+    ///
+    /// `stacks`: take the call stacks counted so far too; otherwise only those whose processes
+    /// the resolver is about to forget (`Aggregator::take_resolved`).
+    pub(super) fn flush_tick(&self, stacks: bool) {
         use crate::sys::time::thread_cpu_ns;
         let c0 = thread_cpu_ns();
         // One status for the tick's window and the batch's counters: taken before the batch,
@@ -241,7 +250,7 @@ impl Shared {
         let c1 = thread_cpu_ns();
         let mut store = lock(&self.store);
         let t0 = thread_cpu_ns();
-        let resolved = self.aggregator.take_resolved();
+        let resolved = self.aggregator.take_resolved(stacks);
         let t1 = thread_cpu_ns();
         self.sync_store(&mut store);
         self.absorb_with(&mut store, resolved, status.as_ref());

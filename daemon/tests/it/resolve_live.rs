@@ -122,7 +122,7 @@ impl Session {
     }
 
     fn take(&mut self) {
-        self.collected.push(self.agg.take_resolved());
+        self.collected.push(self.agg.take_resolved(true));
     }
 
     fn finish(mut self) -> Vec<Resolved> {

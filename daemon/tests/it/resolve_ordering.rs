@@ -98,7 +98,7 @@ fn mmap_on_one_cpu_is_applied_before_a_later_sample_on_another() {
     assert_eq!(f.agg.stats().watermark, 0);
     drain(&f.agg, 0, 300, vec![], vec![mmap(100, 0, 10, BASE, 0x1000, 0x2000, 1)]);
     assert_eq!(f.agg.stats().watermark, 200);
-    let r = f.agg.take_resolved();
+    let r = f.agg.take_resolved(true);
     assert_eq!(r.samples, 2);
     // offset = pc - start + pgoff (file offset).
     assert_eq!(count(&r, 1, 0x2010), 1, "{r:?}");
@@ -117,7 +117,7 @@ fn exec_is_not_applied_before_an_earlier_sample() {
     drain(&f.agg, 0, 1000, vec![], vec![exec(150, 0, 20), mmap(160, 0, 20, BASE, 0x1000, 0, 2)]);
     // Then CPU 1 delivers a sample before the exec and one after, same pc.
     drain(&f.agg, 1, 900, vec![sample(100, 20, BASE + 0x42), sample(200, 20, BASE + 0x42)], vec![]);
-    let r = f.agg.take_resolved();
+    let r = f.agg.take_resolved(true);
     assert_eq!(count(&r, 1, 0x42), 1, "before exec → old image: {r:?}");
     assert_eq!(count(&r, 2, 0x42), 1, "after exec → new image: {r:?}");
     assert_eq!(r.samples, 2);
@@ -134,7 +134,7 @@ fn exec_without_new_mapping_leaves_no_stale_attribution() {
         vec![sample(100, 21, BASE + 1), sample(300, 21, BASE + 1)],
         vec![exec(200, 0, 21)],
     );
-    let r = f.agg.take_resolved();
+    let r = f.agg.take_resolved(true);
     assert_eq!(count(&r, 1, 1), 1);
     assert_eq!(unknown(&r, UnknownReason::NoMap), 1, "{r:?}");
 }
@@ -158,7 +158,7 @@ fn remmap_at_same_address_of_another_file_splits_counts() {
         ],
         vec![],
     );
-    let r = f.agg.take_resolved();
+    let r = f.agg.take_resolved(true);
     assert_eq!(count(&r, 1, 0x1010), 1, "before the overlay: {r:?}");
     assert_eq!(count(&r, 2, 0x7010), 1, "after the overlay: {r:?}");
     assert_eq!(count(&r, 1, 0x2010), 1, "right remainder keeps its file offset");
@@ -188,7 +188,7 @@ fn pid_reuse_never_merges_images() {
         vec![sample(250, 40, BASE + 8), sample(450, 40, BASE + 8), sample(405, 40, 0x10_0004)],
         vec![],
     );
-    let r = f.agg.take_resolved();
+    let r = f.agg.take_resolved(true);
     assert_eq!(count(&r, 1, 8), 1, "{r:?}");
     assert_eq!(count(&r, 2, 8), 1, "{r:?}");
     // Between fork and exec the child runs the parent's image.
@@ -205,7 +205,7 @@ fn fork_copies_mappings_and_threads_change_nothing() {
     ];
     let s = vec![sample(15, 50, BASE + 2), sample(30, 51, BASE + 3), sample(30, 52, BASE)];
     drain(&f.agg, 0, 100, s, sb);
-    let r = f.agg.take_resolved();
+    let r = f.agg.take_resolved(true);
     assert_eq!(count(&r, 1, 2), 1);
     assert_eq!(count(&r, 1, 3), 1);
     assert_eq!(unknown(&r, UnknownReason::ProcessGone), 1, "pid 52 was never seen");
@@ -231,11 +231,11 @@ fn process_lives_until_its_last_thread_exits() {
         exit(100, 0, 90), // the leader calls pthread_exit
     ];
     drain(&f.agg, 0, 150, vec![sample(50, 90, BASE)], sb);
-    let r = f.agg.take_resolved();
+    let r = f.agg.take_resolved(true);
     assert_eq!(count(&r, 1, 0), 1);
     // The other thread still runs after a flush (which collects exited processes).
     drain(&f.agg, 0, 300, vec![sample(200, 90, BASE + 4)], vec![thread_exit(250, 0, 90, 91)]);
-    let r = f.agg.take_resolved();
+    let r = f.agg.take_resolved(true);
     assert_eq!(count(&r, 1, 4), 1, "{r:?}");
     assert_eq!(f.agg.with_resolver(|r| r.stats().processes), 0, "gone after the last thread");
 }
@@ -245,7 +245,7 @@ fn samples_wait_for_the_watermark_and_flush_all_takes_everything() {
     let f = fixture(2);
     drain(&f.agg, 0, 100, vec![sample(150, 60, BASE)], vec![mmap(120, 0, 60, BASE, 0x1000, 0, 1)]);
     drain(&f.agg, 1, 90, vec![], vec![]);
-    let r = f.agg.take_resolved();
+    let r = f.agg.take_resolved(true);
     assert_eq!(r.samples, 0, "nothing is below the watermark yet");
     assert_eq!(f.agg.stats().pending, 1);
     let r = f.agg.flush_all();
@@ -262,7 +262,7 @@ fn aggregation_merges_identical_keys() {
     let st = f.agg.stats();
     assert_eq!(st.samples_aggregated, 1000);
     assert_eq!(st.entries_created, 4);
-    let r = f.agg.take_resolved();
+    let r = f.agg.take_resolved(true);
     assert_eq!(count(&r, 1, 3), 250);
     let p = &r.profiles[&(ImageId::BuildId(bid(1)), 0)];
     assert_eq!(p.counts[&0], (250, 250 * 1000), "period sum");
@@ -282,7 +282,7 @@ fn stale_cpu_is_left_out_and_its_late_records_are_applied() {
     // CPU 1 wakes up with an old mmap: applied at once, counted as late.
     drain(&f.agg, 1, 1000, vec![sample(600, 80, BASE)], vec![mmap(400, 1, 80, BASE, 0x1000, 0, 1)]);
     assert_eq!(f.agg.stats().late_sideband, 1);
-    let r = f.agg.take_resolved();
+    let r = f.agg.take_resolved(true);
     assert_eq!(count(&r, 1, 0), 1, "late sample after the late mmap: {r:?}");
     // The sample aggregated before the late mmap arrived could not know the mapping.
     assert_eq!(unknown(&r, UnknownReason::NoMap), 1, "{r:?}");
@@ -312,7 +312,7 @@ fn state_stays_bounded_over_many_short_processes() {
         }
         drain(&f.agg, 0, t + 1, vec![], vec![]);
         drain(&f.agg, 1, t + 1, vec![], vec![]);
-        let r = f.agg.take_resolved();
+        let r = f.agg.take_resolved(true);
         assert_eq!(r.samples, 1000);
         assert_eq!(count(&r, 2, 0x10), 1000, "round {round}");
     }
