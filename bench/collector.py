@@ -40,6 +40,20 @@ ROOT = os.path.dirname(HERE)
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+def add_spool_parent(ap, consequence):
+    """`--spool-parent`, shared by the benches that run dcpid (stacks.py, slices.py): where its
+    spools go, a tmpfs by default, as in production. `consequence` says what a disk path
+    would change for that bench."""
+    ap.add_argument("--spool-parent", default="/dev/shm",
+                    help="where dcpid's spools go: a tmpfs, as in production (the systemd unit's "
+                    f"RuntimeDirectory, /run/dcpid/spool); {consequence} [default: /dev/shm]")
+
+
+def spool_dir(args, prefix):
+    """A fresh spool directory under `--spool-parent`."""
+    return tempfile.mkdtemp(prefix=prefix, dir=args.spool_parent)
+
+
 def threads_cpu_ns(pid):
     """{thread name: CPU ns} from /proc/PID/task/*/schedstat (first field: time on CPU)."""
     out = {}

@@ -62,6 +62,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
+from collector import add_spool_parent, spool_dir  # noqa: E402
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
@@ -232,10 +233,7 @@ def main():
     ap.add_argument("--compare-publish", default=None, metavar="DUR",
                     help="also run a third dcpid, slices on, with --publish-interval DUR (e.g. "
                          "5m, the old default), and compare its bytes written")
-    ap.add_argument("--spool-parent", default="/dev/shm",
-                    help="where the daemons' spools go: a tmpfs, as in production (the systemd "
-                         "unit's RuntimeDirectory, /run/dcpid/spool); tmpfs pages are not disk "
-                         "writes and write_bytes does not count them [default: /dev/shm]")
+    add_spool_parent(ap, "tmpfs pages are not disk writes and write_bytes does not count them")
     ap.add_argument("--dcpid-arg", action="append", default=[], metavar="ARG",
                     help="one more dcpid argument for every daemon (repeat it), e.g. "
                          "--dcpid-arg=--publish-max-delay --dcpid-arg=4m")
@@ -281,7 +279,7 @@ def main():
     spools = []
     for d in (on, off) + ((cmp,) if cmp else ()) + ((ext, ext_tot) if ext else ()):
         os.makedirs(d.dir, exist_ok=True)
-        d.spool_dir = tempfile.mkdtemp(prefix="dcpi-slices-spool-", dir=args.spool_parent)
+        d.spool_dir = spool_dir(args, "dcpi-slices-spool-")
         spools.append(d.spool_dir)
         # The log beside the spool, on the tmpfs: under systemd dcpid logs to the journal, not
         # to a file of its own, and the slices-on daemon's debug line per slice (read for its

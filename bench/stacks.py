@@ -69,7 +69,8 @@ import subprocess
 import tempfile
 import time
 
-from collector import HERE, ROOT, dcpictl_status, ms_per_s, stage_split, threads_cpu_ns
+from collector import (HERE, ROOT, add_spool_parent, dcpictl_status, ms_per_s, spool_dir,
+                       stage_split, threads_cpu_ns)
 
 
 def du(path):
@@ -183,7 +184,7 @@ class Run:
         if self.dcpid:
             exe_d = args.ab if kind == "dcpid_b" else args.dcpid
             self.sock = sock = os.path.join(d, "ctl.sock")
-            self.spool = tempfile.mkdtemp(prefix=f"stk-{kind}-spool-", dir=args.spool_parent)
+            self.spool = spool_dir(args, f"stk-{kind}-spool-")
             cmd = [exe_d, "--config", "none", "--db", os.path.join(d, "db"), "--spool",
                    self.spool, "--socket", sock, "--host", "bench", "-e",
                    f"cpu-clock:{period}", "--callchains", args.callchains]
@@ -311,10 +312,7 @@ def main():
                     "workload (default 20, 8 with --short)")
     ap.add_argument("--iters", type=int, help="work per copy of cpu.c (default 1e10, 3e8 with "
                     "--short)")
-    ap.add_argument("--spool-parent", default="/dev/shm",
-                    help="where dcpid's spool goes: a tmpfs, as in production (the systemd "
-                    "unit's RuntimeDirectory, /run/dcpid/spool) and as bench/slices.py has it; "
-                    "a directory on disk adds an ext4 write and fsync per flush [default: /dev/shm]")
+    add_spool_parent(ap, "a directory on disk adds an ext4 write and fsync per flush")
     ap.add_argument("--reps", type=int, help="repetitions of each collector, alternated (default "
                     "3, 1 with --short)")
     ap.add_argument("--ab", help="a second dcpid build to run in the same alternation")
