@@ -344,22 +344,19 @@ def main():
            "spool_parent": args.spool_parent, "reps": args.reps, "together": args.together,
            "runs": {}}
     kinds = ("dcpid",) + (("dcpid_b",) if args.ab else ()) + ("perf",)
+
+    def record(kind, rep, r):
+        res["runs"].setdefault(kind, []).append(r)
+        print(f"{kind} rep {rep}: {json.dumps(r)}", flush=True)
+
     for rep in range(args.reps):
+        record("none", rep, {"workload_s": round(workload(exe, args.iters), 3)})
         if args.together:
-            r = {"workload_s": round(workload(exe, args.iters), 3)}
-            res["runs"].setdefault("none", []).append(r)
-            print(f"none rep {rep}: {json.dumps(r)}", flush=True)
             for kind, r in run_together(kinds, args, work, exe).items():
-                res["runs"].setdefault(kind, []).append(r)
-                print(f"{kind} rep {rep}: {json.dumps(r)}", flush=True)
-            continue
-        for kind in ("none",) + kinds:
-            if kind == "none":
-                r = {"workload_s": round(workload(exe, args.iters), 3)}
-            else:
-                r = run_with(kind, args, work, exe)
-            res["runs"].setdefault(kind, []).append(r)
-            print(f"{kind} rep {rep}: {json.dumps(r)}", flush=True)
+                record(kind, rep, r)
+        else:
+            for kind in kinds:
+                record(kind, rep, run_with(kind, args, work, exe))
     med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]
                if not isinstance(v[0][f], dict)}
            for k, v in res["runs"].items()}

@@ -2,6 +2,7 @@
 //! `daemon/tests/resolve_ordering.rs`).
 
 use super::*;
+use crate::perf::callchain::StackTables;
 use crate::resolve::identity::io_probe;
 use crate::resolve::ResolverConfig;
 
@@ -272,13 +273,19 @@ fn tables_grow_for_busy_intervals_and_shrink_back_when_quiet() {
     assert_eq!(interval(100), 2 * table(INITIAL_TABLE_ENTRIES));
 }
 
-#[test]
-fn stacks_are_counted_once_per_key_and_resolve_in_their_own_address_space() {
-    use crate::perf::callchain::StackTables;
+/// An aggregator of one CPU with a stack table (16 stacks, 64 frames); the directory holds the
+/// resolver's empty /proc and must outlive it.
+fn one_cpu_with_stacks() -> (tempfile::TempDir, Arc<Aggregator>, Arc<StackTables>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let agg = Aggregator::new(resolver(dir.path()), 1);
     let tables = Arc::new(StackTables::new(1, 16, 64));
     agg.set_stack_tables(Arc::clone(&tables));
+    (dir, agg, tables)
+}
+
+#[test]
+fn stacks_are_counted_once_per_key_and_resolve_in_their_own_address_space() {
+    let (_dir, agg, tables) = one_cpu_with_stacks();
     // Leaf BASE+0x10, caller's return address BASE+0x41 (interned as BASE+0x40).
     let id = tables.cpu(0).intern_pcs(&[BASE + 0x10, BASE + 0x40], false);
     let with_stack = |t: u64| Sample { stack: id, ..sample(t, 7, BASE + 0x10, 1000) };
@@ -338,11 +345,7 @@ fn stacks_are_counted_once_per_key_and_resolve_in_their_own_address_space() {
 /// Kernel stacks of a process the resolver does not know wait too.
 #[test]
 fn a_take_without_stacks_keeps_what_stays_resolvable_and_takes_the_rest() {
-    use crate::perf::callchain::StackTables;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let agg = Aggregator::new(resolver(dir.path()), 1);
-    let tables = Arc::new(StackTables::new(1, 16, 64));
-    agg.set_stack_tables(Arc::clone(&tables));
+    let (_dir, agg, tables) = one_cpu_with_stacks();
     let on = |stack: u32, pid: u32, t: u64| Sample { stack, ..sample(t, pid, BASE + 0x10, 1000) };
     agg.on_drain(0, 10, &mut Vec::new(), &mut vec![mmap(5, 7, 1), mmap(6, 8, 2)]);
     // Each process has two versions (before and after its mmap) until a take's gc.
@@ -386,7 +389,6 @@ fn a_take_without_stacks_keeps_what_stays_resolvable_and_takes_the_rest() {
 /// of the samples), while the flat profile counts every sample once.
 #[test]
 fn a_sampled_stack_counts_one_in_samples() {
-    use crate::perf::callchain::StackTables;
     let dir = tempfile::tempdir().expect("tempdir");
     // Two slots: a CPU's, whose stacks are sampled, and one after it (the off-CPU source's),
     // whose stacks are all taken and count once.
