@@ -316,6 +316,7 @@ impl WhoBatch {
         match self.comms.get(&pid) {
             Some(c) => c.clone(),
             None if pid == 0 => b"swapper".to_vec(),
+            None if pid == profile_format::EXITING_PID => profile_format::EXITING_COMMAND.to_vec(),
             None => format!("[pid {pid}]").into_bytes(),
         }
     }
@@ -334,8 +335,12 @@ impl WhoBatch {
     /// Fill in `comms` for pids the resolver did not name (kernel threads: it has no maps for
     /// them) from `/proc/PID/comm`.
     pub fn read_missing_comms(&mut self, proc_root: &Path) {
-        let missing: Vec<u32> =
-            self.pids().filter(|p| *p != 0 && !self.comms.contains_key(p)).collect();
+        let missing: Vec<u32> = self
+            .pids()
+            .filter(|p| {
+                !matches!(*p, 0 | profile_format::EXITING_PID) && !self.comms.contains_key(p)
+            })
+            .collect();
         for pid in missing {
             if let Ok(s) = std::fs::read(proc_root.join(pid.to_string()).join("comm")) {
                 let s = s.strip_suffix(b"\n").unwrap_or(&s).to_vec();

@@ -68,7 +68,8 @@ pub use symtab::{
     SYMTAB_SUFFIX, SYMTAB_VERSION,
 };
 pub use who::{
-    ThreadKey, WhoKey, WhoTable, MAX_THREAD_NAMES, OTHER_THREADS, WHO_FILE, WHO_MAGIC, WHO_VERSION,
+    ThreadKey, WhoKey, WhoTable, EXITING_COMMAND, EXITING_PID, MAX_THREAD_NAMES, OTHER_THREADS,
+    WHO_FILE, WHO_MAGIC, WHO_VERSION,
 };
 
 /// Default location of the database.

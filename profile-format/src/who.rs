@@ -32,6 +32,16 @@ pub const MAX_THREAD_NAMES: usize = 32;
 /// than any thread's name (15 bytes on Linux), so no thread has it.
 pub const OTHER_THREADS: &[u8] = b"[other threads]+";
 
+/// The pid the kernel gives a sample of a task whose pid it has already released (-1 as a
+/// `u32`): a process in the last instructions of its exit, after its parent reaped it
+/// (`perf_event_pid_type()` answers -1 when `!pid_alive()`; `perf report` shows `:-1`).
+pub const EXITING_PID: u32 = u32::MAX;
+
+/// The command of [`EXITING_PID`]'s samples: which process it was went with its pid, and
+/// `[pid 4294967295]` would read as a process. Bracketed like `[pid N]` (a name dcpid gave,
+/// not a comm it read); at most the kernel's 15 bytes, so it fits wherever a comm does.
+pub const EXITING_COMMAND: &[u8] = b"[exiting]";
+
 /// File name of the table in a host directory.
 pub const WHO_FILE: &str = "who.tbl";
 

@@ -94,12 +94,14 @@ pub(crate) type Comms = HashMap<(u32, u64), Vec<u8>>;
 
 /// The command of process `pid` in address-space version `asid`, as the who table names it:
 /// the resolver's comm for that version (after an exec the resolver keeps the newest name, so
-/// stacks of a flush interval in which a process exec'ed carry its new name), `swapper` for the idle task, else `/proc/PID/comm`
+/// stacks of a flush interval in which a process exec'ed carry its new name), `swapper` for the
+/// idle task, `[exiting]` for a task whose pid the kernel had released, else `/proc/PID/comm`
 /// (kernel threads); empty (stored as `[unknown command]`) when the process is gone.
 fn command<'a>(r: &Resolver, comms: &'a mut Comms, pid: u32, asid: u64) -> &'a [u8] {
     comms.entry((pid, asid)).or_insert_with(|| match r.comm(pid, asid) {
         Some(c) => c.to_vec(),
         None if pid == 0 => b"swapper".to_vec(),
+        None if pid == profile_format::EXITING_PID => profile_format::EXITING_COMMAND.to_vec(),
         None => std::fs::read(r.proc_root().join(pid.to_string()).join("comm"))
             .map(|s| s.strip_suffix(b"\n").unwrap_or(&s).to_vec())
             .unwrap_or_default(),

@@ -181,3 +181,22 @@ fn renamed_threads_are_counted_under_their_names() {
     assert_eq!(r.who.command(9), b"app");
     assert_eq!(r.who.kernel.get(&(9, 0)), Some(&17), "the command still counts every thread");
 }
+
+/// A kernel sample of pid -1 (a task whose pid its parent had already reaped, in its last
+/// instructions) counts as the command `[exiting]`, not as a process `[pid 4294967295]`,
+/// and dcpid does not look for a `/proc/4294967295`.
+#[test]
+fn a_sample_of_a_reaped_task_is_the_exiting_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A planted /proc entry for the sentinel pid must not name it.
+    write(&dir.path().join(format!("proc/{}/comm", profile_format::EXITING_PID)), "planted\n");
+    let agg = Aggregator::new(Resolver::new(fake_kernel(dir.path())), 1);
+    let mut s: Vec<Sample> = (0..3).map(|i| ksample(10 + i, profile_format::EXITING_PID)).collect();
+    agg.on_drain(0, 1000, &mut s, &mut Vec::new());
+    let r = agg.flush_all();
+    assert_eq!(r.samples, 3);
+    let w = &r.who;
+    assert_eq!(w.kernel.get(&(profile_format::EXITING_PID, 0)), Some(&3), "{:?}", w.kernel);
+    assert_eq!(w.command(profile_format::EXITING_PID), profile_format::EXITING_COMMAND);
+    assert_eq!(w.command(8), b"[pid 8]", "an unnamed process keeps its pid");
+}
