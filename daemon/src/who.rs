@@ -21,6 +21,18 @@ use crate::types::{EventIdx, ImageInfo, PerfTime};
 /// Path of the idle pseudo-image, as reports show it.
 pub const IDLE_PATH: &[u8] = b"[idle]";
 
+/// The command dcpid gives a pid that no comm names: `swapper` for the idle task (pid 0),
+/// `[exiting]` for the kernel's pid -1 (a task whose pid was already released: FORMAT.md §12);
+/// `None` for every other pid, which is named from the resolver or `/proc/PID/comm`. One rule
+/// for the who table and the stacks' commands.
+pub fn reserved_command(pid: u32) -> Option<&'static [u8]> {
+    match pid {
+        0 => Some(b"swapper"),
+        profile_format::EXITING_PID => Some(profile_format::EXITING_COMMAND),
+        _ => None,
+    }
+}
+
 /// The `[idle]` image of the kernel `kernel`: kind `Kernel` with the same offsets (so its
 /// samples symbolize against the epoch's kallsyms snapshot, e.g. `default_idle`, and a reader
 /// that predates `[idle]` shows it as one more kernel image), but its own identity.
@@ -313,11 +325,10 @@ impl WhoBatch {
 
     /// Command of `pid` as the table shows it.
     pub fn command(&self, pid: u32) -> Vec<u8> {
-        match self.comms.get(&pid) {
-            Some(c) => c.clone(),
-            None if pid == 0 => b"swapper".to_vec(),
-            None if pid == profile_format::EXITING_PID => profile_format::EXITING_COMMAND.to_vec(),
-            None => format!("[pid {pid}]").into_bytes(),
+        match (self.comms.get(&pid), reserved_command(pid)) {
+            (Some(c), _) => c.clone(),
+            (None, Some(r)) => r.to_vec(),
+            (None, None) => format!("[pid {pid}]").into_bytes(),
         }
     }
 
@@ -337,9 +348,7 @@ impl WhoBatch {
     pub fn read_missing_comms(&mut self, proc_root: &Path) {
         let missing: Vec<u32> = self
             .pids()
-            .filter(|p| {
-                !matches!(*p, 0 | profile_format::EXITING_PID) && !self.comms.contains_key(p)
-            })
+            .filter(|p| reserved_command(*p).is_none() && !self.comms.contains_key(p))
             .collect();
         for pid in missing {
             if let Ok(s) = std::fs::read(proc_root.join(pid.to_string()).join("comm")) {

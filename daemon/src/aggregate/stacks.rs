@@ -98,13 +98,16 @@ pub(crate) type Comms = HashMap<(u32, u64), Vec<u8>>;
 /// idle task, `[exiting]` for a task whose pid the kernel had released, else `/proc/PID/comm`
 /// (kernel threads); empty (stored as `[unknown command]`) when the process is gone.
 fn command<'a>(r: &Resolver, comms: &'a mut Comms, pid: u32, asid: u64) -> &'a [u8] {
-    comms.entry((pid, asid)).or_insert_with(|| match r.comm(pid, asid) {
-        Some(c) => c.to_vec(),
-        None if pid == 0 => b"swapper".to_vec(),
-        None if pid == profile_format::EXITING_PID => profile_format::EXITING_COMMAND.to_vec(),
-        None => std::fs::read(r.proc_root().join(pid.to_string()).join("comm"))
-            .map(|s| s.strip_suffix(b"\n").unwrap_or(&s).to_vec())
-            .unwrap_or_default(),
+    comms.entry((pid, asid)).or_insert_with(|| {
+        let named = r.comm(pid, asid).or_else(|| who::reserved_command(pid));
+        named.map_or_else(
+            || {
+                std::fs::read(r.proc_root().join(pid.to_string()).join("comm"))
+                    .map(|s| s.strip_suffix(b"\n").unwrap_or(&s).to_vec())
+                    .unwrap_or_default()
+            },
+            <[u8]>::to_vec,
+        )
     })
 }
 
