@@ -97,9 +97,9 @@ fn main() -> ExitCode {
         faults: None,
         notifier: None,
     };
-    // Before any thread starts: see sys::malloc for why two arenas and a fixed threshold.
+    // Before any thread starts: see sys::malloc for why two arenas and freed memory kept.
     malloc::limit_arenas(2);
-    malloc::fix_mmap_threshold(128 << 10);
+    malloc::keep_freed_memory();
     match service::run(settings, hooks) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -17,7 +17,8 @@ use crate::sys;
 use crate::sys::malloc;
 use crate::sys::sock;
 
-/// Returning freed heap to the kernel after a flush, at most this often (`sys::malloc`).
+/// Returning freed heap to the kernel after a flush (past `malloc::KEEP_FREE`), at most this
+/// often (`sys::malloc`).
 pub(super) const TRIM_EVERY: Duration = Duration::from_secs(60);
 
 /// One flush tick as recorded for `status`'s recent window ([`Shared::recent_window`]).
@@ -258,7 +259,7 @@ impl Shared {
         self.rotate_if_due(&mut store);
         *lock(&self.store_status) = store.status();
         drop(store);
-        malloc::trim_at_most_every(TRIM_EVERY);
+        malloc::trim_if_holding(malloc::KEEP_FREE, TRIM_EVERY);
         let t2 = thread_cpu_ns();
         let mut so = lock(&self.status_only);
         let st = &mut so.stages;
