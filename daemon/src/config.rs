@@ -15,7 +15,7 @@
 //! window_divisor = 16
 //! ring_pages = 128        # 1024 by default with callchains "dwarf" or "auto"
 //! redraw_interval = "1s"   # one period re-arm per CPU per interval, at a random instant
-//! flush_interval = "5s"
+//! flush_interval = "15s"
 //! stack_flush_interval = "1m"   # how often a timed flush takes the call stacks too
 //! publish_interval = "15m"
 //! max_memory_mb = 256
@@ -344,10 +344,14 @@ settings! {
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
     redraw_interval: Duration = Duration::from_secs(1);
-    /// How often increments are written to the spool; bounds what a crash loses [default: 5s].
+    /// How often increments are written to the spool; bounds what a crash loses. A flush
+    /// also falls at every time-slice boundary (`slice_interval`), which it cuts at that
+    /// instant, so slices stay exact whatever this is; each flush has a fixed cost (a third of
+    /// dcpid's CPU at 1 kHz with 5 s: BENCHMARKS.md "Flushes at slice boundaries")
+    /// [default: 15s].
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     #[serde(default, deserialize_with = "de_duration")]
-    flush_interval: Duration = Duration::from_secs(5);
+    flush_interval: Duration = Duration::from_secs(15);
     /// How often a timed flush takes the call stacks too (the flushes between leave them
     /// counted in memory; `dcpictl flush`, an epoch's end, a stop and a full stack table take
     /// them at once, and so does each flush for the processes that exited or changed their

@@ -122,7 +122,7 @@ fn dcpidiff_rates_flag_only_the_function_made_1_3x_slower() {
     let host = "e2e-causal";
     // 4 kHz: about 3200 samples per function in a 30 s epoch, so the ratio's standard error
     // is about 2.2 %.
-    // The daemon's default flush and publish intervals (5 s, 5 min): what users run. (A
+    // The daemon's default flush and publish intervals (15 s, 15 min): what users run. (A
     // 600 s flush interval, tried to spare a loaded store, is refused: it exceeds the default
     // publish interval, so the daemon exited at start and the test never ran.)
     let mut d = sb.start_daemon(host, &["--events", "cpu-clock:250000"]);

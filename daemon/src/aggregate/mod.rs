@@ -1095,27 +1095,39 @@ impl Aggregator {
     /// Every sample therefore goes to the batch of the instant that contains it, whichever
     /// pass delivered it. Returns the batch, what `barrier` returned and `T`.
     pub fn cut<B>(&self, barrier: impl FnOnce(PerfTime) -> B) -> (Resolved, B, PerfTime) {
+        self.cut_taking(true, barrier)
+    }
+
+    /// [`Self::cut`] that takes every call stack only with `all_stacks`; otherwise, as
+    /// [`Self::take_resolved`] without stacks, only those the resolver may not keep resolvable
+    /// (a timed flush at a slice boundary: the flat counts are cut at the instant, the stacks
+    /// keep their own interval).
+    pub fn cut_taking<B>(
+        &self,
+        all_stacks: bool,
+        barrier: impl FnOnce(PerfTime) -> B,
+    ) -> (Resolved, B, PerfTime) {
         // Freeze before reading the clock: a drain pass that saw the old cap computed its
         // watermark from a clock read before this store, hence before T.
         self.cap.store(0, Ordering::SeqCst);
         let t = sys::time::monotonic_ns();
         self.cap.store(t, Ordering::SeqCst);
         let b = barrier(t);
-        let out = self.take_until(t);
+        let out = self.take_until(t, all_stacks);
         self.cap.store(PerfTime::MAX, Ordering::SeqCst);
         (out, b, t)
     }
 
     /// Apply every side-band record up to `limit`, aggregate every sample up to it (the
     /// watermark moves to at least `limit`), swap out the tables and resolve.
-    fn take_until(&self, limit: PerfTime) -> Resolved {
+    fn take_until(&self, limit: PerfTime, all_stacks: bool) -> Resolved {
         let (mut r, mut out, _) = self.begin_take(limit);
         {
             let mut sh = lock(&self.shared);
             sh.watermark = sh.watermark.max(limit);
         }
         self.applied_until.fetch_max(limit, Ordering::Release);
-        self.take_tables(&mut r, Some(limit), true, &mut out);
+        self.take_tables(&mut r, Some(limit), all_stacks, &mut out);
         r.gc(limit);
         drop(r);
         self.epoch.fetch_add(1, Ordering::Release);

@@ -7,6 +7,7 @@ use crate::config::EpochInterval;
 use crate::status::RecentWindow;
 use crate::store::EpochSchedule;
 
+use super::control::BARRIER_TIMEOUT;
 use super::shared::{lock, read, Shared};
 use super::shutdown::STOP_WAIT;
 use super::ServiceError;
@@ -51,8 +52,52 @@ pub(super) struct Flusher {
 }
 
 /// How often, at least, the flush thread re-reads the online CPU list (CPU hotplug); with a
-/// `flush_interval` at most this long (the default), every flush's wake-up does it.
-pub(super) const HOTPLUG_EVERY: Duration = Duration::from_secs(5);
+/// `flush_interval` at most this long (the default), every flush's wake-up does it. Every
+/// wake-up of a thread that slept for seconds costs far more than its work on a busy VM (the
+/// "checks" stage of `bench/stacks.py`: up to 0.47 ms/s for a read of one sysfs file every
+/// 5 s), and CPUs come and go rarely: 15 s late to sample a new CPU is the price.
+pub(super) const HOTPLUG_EVERY: Duration = Duration::from_secs(15);
+
+/// Past a slice boundary by this much when the flush thread wakes for it: the wall clock read
+/// then is past the boundary, however the monotonic instant was rounded.
+const BOUNDARY_SLACK: Duration = Duration::from_millis(1);
+
+fn since_unix(t: SystemTime) -> Duration {
+    t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
+}
+
+/// The last slice boundary (a multiple of `slice` in Unix time, FORMAT.md §14) in
+/// `(from, to]`, if any. `slice` zero: no slices, none.
+pub(super) fn last_boundary(
+    from: SystemTime,
+    to: SystemTime,
+    slice: Duration,
+) -> Option<SystemTime> {
+    let s = slice.as_nanos();
+    if s == 0 {
+        return None;
+    }
+    let (f, t) = (since_unix(from).as_nanos() / s, since_unix(to).as_nanos() / s);
+    let b = u64::try_from(t * s).ok()?;
+    (t > f).then(|| std::time::UNIX_EPOCH + Duration::from_nanos(b))
+}
+
+/// How long from `now` until just past the first slice boundary after `last` (zero if that
+/// boundary has already passed); `None` without slices.
+pub(super) fn until_next_boundary(
+    last: SystemTime,
+    now: SystemTime,
+    slice: Duration,
+) -> Option<Duration> {
+    let s = slice.as_nanos();
+    if s == 0 {
+        return None;
+    }
+    let next = (since_unix(last).as_nanos() / s + 1) * s;
+    let now = since_unix(now).as_nanos();
+    let wait = u64::try_from(next.saturating_sub(now)).unwrap_or(u64::MAX);
+    Some(if wait == 0 { Duration::ZERO } else { Duration::from_nanos(wait) + BOUNDARY_SLACK })
+}
 
 /// The shortest time between two flushes when a stack table asks for an early one. A table
 /// holds one flush interval's distinct stacks: at 4 kHz per CPU, half a second of them fits in
@@ -69,6 +114,9 @@ impl Flusher {
             Arc::clone(&watch)
                 .spawn(FLUSH_THREAD.into(), true, move || {
                     let mut last = Instant::now();
+                    // When the last flush began, in Unix time: a slice boundary after it is
+                    // due a flush of its own (`flush_tick`'s `boundary`).
+                    let mut last_wall = SystemTime::now();
                     let mut last_hotplug = last;
                     // The last flush that took the call stacks (stack_flush_interval).
                     let mut last_stacks = last;
@@ -79,11 +127,22 @@ impl Flusher {
                     while !stop.load(std::sync::atomic::Ordering::Acquire) {
                         watch.fault_point(FLUSH_THREAD);
                         // Read each time: a reload may change them.
-                        let (interval, every, stack_interval) = {
+                        let (interval, every, stack_interval, slice) = {
                             let s = read(&shared.settings);
-                            (s.flush_interval, s.epoch_interval, s.stack_flush_interval)
+                            (
+                                s.flush_interval,
+                                s.epoch_interval,
+                                s.stack_flush_interval,
+                                s.slice_interval,
+                            )
                         };
                         let mut next = last + interval;
+                        // And at the next slice boundary (a wall clock set back is caught by
+                        // the interval above).
+                        if let Some(wait) = until_next_boundary(last_wall, SystemTime::now(), slice)
+                        {
+                            next = next.min(Instant::now() + wait);
+                        }
                         // A stack table past its high-water mark cuts the interval short
                         // (perf::callchain), though to no less than EARLY_FLUSH_GAP: a table
                         // held full by pending samples must not turn into a flush storm.
@@ -129,9 +188,12 @@ impl Flusher {
                             let wanted = stacks
                                 .is_some_and(|t| t.clear_flush_request(now < last + interval));
                             let take_stacks = wanted || now >= last_stacks + stack_interval;
+                            let wall = SystemTime::now();
+                            let at_boundary = last_boundary(last_wall, wall, slice);
                             // Rotates too when the boundary is due.
-                            shared.flush_tick(take_stacks);
+                            shared.flush_tick(take_stacks, at_boundary);
                             last = Instant::now();
+                            last_wall = wall;
                             if take_stacks {
                                 last_stacks = last;
                             }
@@ -241,7 +303,13 @@ impl Shared {
     ///
     /// `stacks`: take the call stacks counted so far too; otherwise only those whose processes
     /// the resolver is about to forget (`Aggregator::take_resolved`).
-    pub(super) fn flush_tick(&self, stacks: bool) {
+    ///
+    /// `boundary`: the time-slice boundary passed since the last flush: the batch is cut at
+    /// this instant with a barrier (every drain thread reads its ring up to it) and goes into
+    /// the slice that ends at the boundary, so that slice holds exactly the samples taken
+    /// before it (to within this thread's wake-up delay), whatever the flush interval. Other
+    /// flushes take what the watermark allows, without waking the drain threads.
+    pub(super) fn flush_tick(&self, stacks: bool, boundary: Option<SystemTime>) {
         use crate::sys::time::thread_cpu_ns;
         let c0 = thread_cpu_ns();
         // One status for the tick's window and the batch's counters: taken before the batch,
@@ -251,10 +319,26 @@ impl Shared {
         let c1 = thread_cpu_ns();
         let mut store = lock(&self.store);
         let t0 = thread_cpu_ns();
-        let resolved = self.aggregator.take_resolved(stacks);
+        let resolved = if boundary.is_some() {
+            let sampler = read(&self.sampler);
+            let (resolved, unanswered, _) =
+                self.aggregator.cut_taking(stacks, |t| match sampler.as_ref() {
+                    Some(s) => s.barrier(t, BARRIER_TIMEOUT),
+                    None => Vec::new(),
+                });
+            drop(sampler);
+            if !unanswered.is_empty() {
+                tracing::debug!(cpus = ?unanswered, "drain threads did not answer a slice boundary's barrier in time; their samples go to the next slice");
+            }
+            resolved
+        } else {
+            self.aggregator.take_resolved(stacks)
+        };
         let t1 = thread_cpu_ns();
         self.sync_store(&mut store);
-        self.absorb_with(&mut store, resolved, status.as_ref());
+        // A second before the boundary: the slice that ends there (slices are whole seconds).
+        let slice_at = boundary.map(|b| b.checked_sub(Duration::from_nanos(1)).unwrap_or(b));
+        self.absorb_with(&mut store, resolved, status.as_ref(), slice_at);
         let tick = store.tick();
         self.rotate_if_due(&mut store);
         *lock(&self.store_status) = store.status();
@@ -268,5 +352,46 @@ impl Shared {
         st.spool_ns += tick.spool_ns;
         st.publish_ns += tick.publish_ns;
         st.checks_ns += c1.saturating_sub(c0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minute boundary in Unix time.
+    const B: f64 = 1_800_000_000.0;
+
+    fn at(secs: f64) -> SystemTime {
+        std::time::UNIX_EPOCH + Duration::from_secs_f64(secs)
+    }
+
+    #[test]
+    fn a_flush_falls_just_past_every_slice_boundary() {
+        let m = Duration::from_secs(60);
+        // 10 s before a minute boundary: wake 10 s (and the slack) later.
+        let w = until_next_boundary(at(B - 10.0), at(B - 10.0), m).expect("slices");
+        assert!(w.abs_diff(Duration::from_secs(10) + BOUNDARY_SLACK) < Duration::from_micros(1));
+        // The last flush was before the boundary and it has passed: flush now.
+        assert_eq!(until_next_boundary(at(B - 10.0), at(B + 1.0), m), Some(Duration::ZERO));
+        // A flush just past the boundary waits for the next one.
+        let w = until_next_boundary(at(B + 0.001), at(B + 0.002), m).expect("slices");
+        assert!(w > Duration::from_secs(59) && w <= Duration::from_secs(60), "{w:?}");
+        // No slices: no boundary flushes.
+        assert_eq!(until_next_boundary(at(B), at(B + 1.0), Duration::ZERO), None);
+    }
+
+    #[test]
+    fn a_boundary_is_crossed_once() {
+        let m = Duration::from_secs(60);
+        let b = |f: f64, t: f64| last_boundary(at(f), at(t), m);
+        assert_eq!(b(B - 0.1, B), Some(at(B)));
+        // Two passed (a starved thread): the last one.
+        assert_eq!(b(B - 10.0, B + 80.0), Some(at(B + 60.0)));
+        assert_eq!(b(B, B + 59.9), None);
+        assert_eq!(b(B + 1.0, B + 10.0), None);
+        assert_eq!(last_boundary(at(B - 10.0), at(B + 30.0), Duration::ZERO), None);
+        // A clock set back crosses nothing.
+        assert_eq!(b(B + 30.0, B - 10.0), None);
     }
 }

@@ -143,15 +143,17 @@ impl Shared {
     /// Move one resolved batch (and sampler loss counters since the last one) into the store.
     pub(super) fn absorb(&self, store: &mut Store, resolved: Resolved) {
         let status = read(&self.sampler).as_ref().map(super::super::perf::sampler::Sampler::status);
-        self.absorb_with(store, resolved, status.as_ref());
+        self.absorb_with(store, resolved, status.as_ref(), None);
     }
 
-    /// [`Shared::absorb`] with the sampler's status already taken (`None`: no sampler).
+    /// [`Shared::absorb`] with the sampler's status already taken (`None`: no sampler), its
+    /// flat counts into the time slice of `slice_at` (`None`: now; [`Store::add_at`]).
     pub(super) fn absorb_with(
         &self,
         store: &mut Store,
         resolved: Resolved,
         status: Option<&SamplerStatus>,
+        slice_at: Option<std::time::SystemTime>,
     ) {
         let (lost, throttled, times) = match status {
             Some(st) => (
@@ -189,7 +191,7 @@ impl Shared {
             }
             d
         };
-        store.add(resolved, dl, dt);
+        store.add_at(resolved, dl, dt, slice_at.unwrap_or_else(std::time::SystemTime::now));
     }
 
     /// Since when (Unix ms) the store's running operation has been stuck, if it has run for

@@ -158,7 +158,7 @@ pub(super) fn shut_down(shared: &Arc<Shared>) -> Result<(), StoreError> {
     };
     shared.sync_store(st);
     // With the sampler's last status: its final counter times and losses go into this batch.
-    shared.absorb_with(st, resolved, last.as_ref());
+    shared.absorb_with(st, resolved, last.as_ref(), None);
     st.spool_held();
     *lock(&shared.store_status) = st.status();
     if let Some(since) = shared.stalled_since(&settings) {

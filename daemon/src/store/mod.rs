@@ -612,8 +612,15 @@ impl Store {
     }
 
     /// Take a resolved batch (plus the sampler's lost/throttled counts since the previous
-    /// batch) into memory; written to the spool by the next `tick`.
-    pub fn add(&mut self, mut resolved: Resolved, lost: u64, throttled: u64) {
+    /// batch) into memory; written to the spool by the next `tick`. Its flat counts go to the
+    /// time slice of this instant.
+    pub fn add(&mut self, resolved: Resolved, lost: u64, throttled: u64) {
+        self.add_at(resolved, lost, throttled, SystemTime::now());
+    }
+
+    /// [`Store::add`] into the time slice of the instant `at` (a batch cut at a slice
+    /// boundary holds the samples before it: its slice is the one that ends there).
+    pub fn add_at(&mut self, mut resolved: Resolved, lost: u64, throttled: u64, at: SystemTime) {
         self.who_add(&resolved.who);
         self.stacks_add(std::mem::take(&mut resolved.stacks));
         // New images' symbol tables are stored by a background thread: here only a set
@@ -643,7 +650,7 @@ impl Store {
             &mut unknown_event,
         ) {
             b.arrival = self.fresh.arrive();
-            self.slices_add(&b, SystemTime::now());
+            self.slices_add(&b, at);
             self.pending.push(b, self.cfg.max_memory_bytes);
         }
     }
