@@ -653,15 +653,17 @@ fn systemctl_reload_applies_a_reloadable_key() {
     ct.sh("systemctl start dcpid");
     let pid = ct.prop("MainPID");
     let v = ct.status_json();
-    assert_eq!(v["config"]["flush_interval_s"], 5.0, "{}", v["config"]);
+    assert_eq!(v["config"]["flush_interval_s"], 15.0, "{}", v["config"]);
     assert!(v["last_reload"].is_null(), "{v}");
     let events = v["config"]["events"].clone();
 
     let cfg = ct.path(CONFIG);
     let text = std::fs::read_to_string(&cfg).expect("config");
-    assert!(text.contains("\nflush_interval = \"5s\"\n") && text.contains("\nevents = \"auto\"\n"));
+    assert!(
+        text.contains("\nflush_interval = \"15s\"\n") && text.contains("\nevents = \"auto\"\n")
+    );
     let text = text
-        .replace("\nflush_interval = \"5s\"\n", "\nflush_interval = \"2s\"\n")
+        .replace("\nflush_interval = \"15s\"\n", "\nflush_interval = \"2s\"\n")
         .replace("\nevents = \"auto\"\n", "\nevents = [\"cpu-clock:2000000\"]\n");
     std::fs::write(&cfg, text).expect("write config");
     ct.sh("systemctl reload dcpid");

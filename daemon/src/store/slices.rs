@@ -195,9 +195,17 @@ impl Store {
                 names.learn(&p.desc, id, img.kind, &img.path);
             }
         }
-        let at = unix_s(at);
-        let aligned = at - at % iv;
         let acc = &mut self.slices;
+        let at = unix_s(at);
+        // A batch for a slice that is already closed goes to the next one: a batch cut at a
+        // boundary belongs to the slice that ends there, but a tick that began just before the
+        // boundary may have closed that slice already (its clock read after). Slices never
+        // overlap; a clock set back further than a slice is handled below.
+        let at = match acc.last_end.get(&epoch) {
+            Some(&end) if at < end && at + iv >= end => end,
+            _ => at,
+        };
+        let aligned = at - at % iv;
         if let Some(o) = acc.open.get(&epoch) {
             let end = o.start - o.start % iv + iv;
             if at < o.start || at >= end {
@@ -536,6 +544,72 @@ mod tests {
         s.append_closed().unwrap();
         assert_eq!((named(), s.fresh.names_writes), (vec!["/opt/app8".to_owned()], 2));
         assert_eq!(hd.read_slices().unwrap().unwrap().slices.len(), 3);
+    }
+
+    /// A batch cut at a boundary goes to the slice that ends there, unless a tick that began
+    /// just before the boundary closed that slice already: then to the next one, never into a
+    /// second slice over the same seconds.
+    #[test]
+    fn a_batch_for_a_closed_slice_goes_to_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = super::super::StoreConfig {
+            db: dir.path().join("db"),
+            spool: dir.path().join("spool"),
+            host: "h1".into(),
+            flush_interval: Duration::from_secs(2),
+            publish_interval: Duration::from_secs(60),
+            publish_max_delay: Duration::from_secs(360),
+            max_memory_bytes: 64 << 20,
+            retention_days: 7,
+            retention_keep: 3,
+        };
+        let mut s = Store::open(cfg);
+        let epoch = s.current_epoch().unwrap().clone();
+        s.set_slices(SliceSettings {
+            interval: Duration::from_secs(60),
+            rollup_after: Duration::from_secs(6 * 3600),
+        });
+        let desc = profile_format::EventDesc {
+            name: "cpu-clock".into(),
+            perf_type: 1,
+            perf_config: 0,
+            period_mean: 1000,
+            period_min: 1000,
+            period_max: 1000,
+        };
+        let batch = || PendingBatch {
+            epoch: Some(epoch.clone()),
+            profiles: vec![super::super::pending::PendingProfile {
+                image: None,
+                desc: desc.clone(),
+                counts: vec![(1, 3)],
+                total_period: 3000,
+            }],
+            who_profiles: Vec::new(),
+            samples: 3,
+            unknown: 3,
+            lost: 0,
+            throttled: 0,
+            bytes: 0,
+            summarized: false,
+            arrival: 0,
+        };
+        let t = |secs: u64| UNIX_EPOCH + Duration::from_secs(secs);
+        let b = 1_800_000_000; // a minute boundary
+        s.slices_add(&batch(), t(b - 30));
+        s.slices.close(&epoch, b);
+        // The boundary's batch, after its slice was closed: the next slice.
+        s.slices_add(&batch(), t(b - 1));
+        s.slices.close(&epoch, b + 60);
+        let starts: Vec<(u64, u64)> =
+            s.slices.closed.iter().map(|(_, x)| (x.start, x.start + x.len)).collect();
+        assert_eq!(starts, vec![(b - 60, b), (b, b + 60)]);
+        // Unless closed, a boundary's batch goes to the slice that ends there.
+        s.slices_add(&batch(), t(b + 90));
+        s.slices_add(&batch(), t(b + 119));
+        s.slices.close(&epoch, b + 120);
+        let last = s.slices.closed.back().map(|(_, x)| (x.start, x.len, x.samples()));
+        assert_eq!(last, Some((b + 60, 60, 6)));
     }
 
     /// The roll-up policy: nothing before a whole hour of minutes is older than
