@@ -4,8 +4,10 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::aggregate::Resolved;
 use crate::control::{Handler, Request, Response};
 use crate::store::{Store, StoreError};
+use crate::types::PerfTime;
 use crate::who::HotView;
 
 use super::shared::{lock, read, unix_ms_now, Shared};
@@ -182,18 +184,25 @@ impl Shared {
     /// Close a batch at this instant: every drain thread reads its ring up to it (bounded
     /// wait), every sample up to it goes into the store, none after. The caller holds the store.
     pub(super) fn cut(&self, store: &mut Store) -> Cut {
-        let sampler = read(&self.sampler);
-        let (resolved, unanswered, until) = self.aggregator.cut(|t| match sampler.as_ref() {
-            Some(s) => s.barrier(t, BARRIER_TIMEOUT),
-            None => Vec::new(),
-        });
-        drop(sampler);
+        let (resolved, unanswered, until) = self.cut_batch(true);
         if !unanswered.is_empty() {
             tracing::warn!(cpus = ?unanswered, "drain threads did not read their rings up to the request in time; their samples go to a later batch");
         }
         self.sync_store(store);
         self.absorb(store, resolved);
         Cut { until, unanswered }
+    }
+
+    /// The batch of every sample up to this instant (`Aggregator::cut_taking`, every call
+    /// stack with `all_stacks`), each drain thread asked to read its ring up to it and waited
+    /// for at most [`BARRIER_TIMEOUT`]. Returns the batch, the CPUs that did not answer in time
+    /// and the instant.
+    pub(super) fn cut_batch(&self, all_stacks: bool) -> (Resolved, Vec<u32>, PerfTime) {
+        let sampler = read(&self.sampler);
+        self.aggregator.cut_taking(all_stacks, |t| match sampler.as_ref() {
+            Some(s) => s.barrier(t, BARRIER_TIMEOUT),
+            None => Vec::new(),
+        })
     }
 
     /// A store operation of a control command on its own thread, waited for at most

@@ -7,7 +7,6 @@ use crate::config::EpochInterval;
 use crate::status::RecentWindow;
 use crate::store::EpochSchedule;
 
-use super::control::BARRIER_TIMEOUT;
 use super::shared::{lock, read, Shared};
 use super::shutdown::STOP_WAIT;
 use super::ServiceError;
@@ -320,13 +319,7 @@ impl Shared {
         let mut store = lock(&self.store);
         let t0 = thread_cpu_ns();
         let resolved = if boundary.is_some() {
-            let sampler = read(&self.sampler);
-            let (resolved, unanswered, _) =
-                self.aggregator.cut_taking(stacks, |t| match sampler.as_ref() {
-                    Some(s) => s.barrier(t, BARRIER_TIMEOUT),
-                    None => Vec::new(),
-                });
-            drop(sampler);
+            let (resolved, unanswered, _) = self.cut_batch(stacks);
             if !unanswered.is_empty() {
                 tracing::debug!(cpus = ?unanswered, "drain threads did not answer a slice boundary's barrier in time; their samples go to the next slice");
             }

@@ -472,6 +472,32 @@ mod tests {
     use super::*;
     use profile_format::ImageKind;
 
+    /// A store of host h1 in `dir`, as the daemon opens it.
+    fn store_in(dir: &std::path::Path) -> Store {
+        Store::open(super::super::StoreConfig {
+            db: dir.join("db"),
+            spool: dir.join("spool"),
+            host: "h1".into(),
+            flush_interval: Duration::from_secs(2),
+            publish_interval: Duration::from_secs(60),
+            publish_max_delay: Duration::from_secs(360),
+            max_memory_bytes: 64 << 20,
+            retention_days: 7,
+            retention_keep: 3,
+        })
+    }
+
+    fn cpu_clock() -> profile_format::EventDesc {
+        profile_format::EventDesc {
+            name: "cpu-clock".into(),
+            perf_type: 1,
+            perf_config: 0,
+            period_mean: 1000,
+            period_min: 1000,
+            period_max: 1000,
+        }
+    }
+
     fn minute(start: u64, off: u64) -> Slice {
         let key =
             SliceKey { event: "cpu-clock".into(), image: Some(ImageId::BuildId(vec![7; 20])) };
@@ -484,27 +510,9 @@ mod tests {
     #[test]
     fn fresh_json_names_new_images_before_their_slice_and_only_then() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = super::super::StoreConfig {
-            db: dir.path().join("db"),
-            spool: dir.path().join("spool"),
-            host: "h1".into(),
-            flush_interval: Duration::from_secs(2),
-            publish_interval: Duration::from_secs(60),
-            publish_max_delay: Duration::from_secs(360),
-            max_memory_bytes: 64 << 20,
-            retention_days: 7,
-            retention_keep: 3,
-        };
-        let mut s = Store::open(cfg);
+        let mut s = store_in(dir.path());
         let epoch = s.current_epoch().unwrap().clone();
-        let desc = profile_format::EventDesc {
-            name: "cpu-clock".into(),
-            perf_type: 1,
-            perf_config: 0,
-            period_mean: 1000,
-            period_min: 1000,
-            period_max: 1000,
-        };
+        let desc = cpu_clock();
         let id = |n: u8| ImageId::BuildId(vec![n; 20]);
         let slice = |start: u64, n: u8| {
             let key = SliceKey { event: "cpu-clock".into(), image: Some(id(n)) };
@@ -552,31 +560,13 @@ mod tests {
     #[test]
     fn a_batch_for_a_closed_slice_goes_to_the_next_one() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = super::super::StoreConfig {
-            db: dir.path().join("db"),
-            spool: dir.path().join("spool"),
-            host: "h1".into(),
-            flush_interval: Duration::from_secs(2),
-            publish_interval: Duration::from_secs(60),
-            publish_max_delay: Duration::from_secs(360),
-            max_memory_bytes: 64 << 20,
-            retention_days: 7,
-            retention_keep: 3,
-        };
-        let mut s = Store::open(cfg);
+        let mut s = store_in(dir.path());
         let epoch = s.current_epoch().unwrap().clone();
         s.set_slices(SliceSettings {
             interval: Duration::from_secs(60),
             rollup_after: Duration::from_secs(6 * 3600),
         });
-        let desc = profile_format::EventDesc {
-            name: "cpu-clock".into(),
-            perf_type: 1,
-            perf_config: 0,
-            period_mean: 1000,
-            period_min: 1000,
-            period_max: 1000,
-        };
+        let desc = cpu_clock();
         let batch = || PendingBatch {
             epoch: Some(epoch.clone()),
             profiles: vec![super::super::pending::PendingProfile {
@@ -618,18 +608,7 @@ mod tests {
     #[test]
     fn old_minutes_become_hours_once_a_whole_hour_is_due() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = super::super::StoreConfig {
-            db: dir.path().join("db"),
-            spool: dir.path().join("spool"),
-            host: "h1".into(),
-            flush_interval: Duration::from_secs(2),
-            publish_interval: Duration::from_secs(60),
-            publish_max_delay: Duration::from_secs(360),
-            max_memory_bytes: 64 << 20,
-            retention_days: 7,
-            retention_keep: 3,
-        };
-        let mut s = Store::open(cfg);
+        let mut s = store_in(dir.path());
         let epoch = s.current_epoch().unwrap().clone();
         let after = 6 * 3600;
         s.set_slices(SliceSettings {
