@@ -22,7 +22,9 @@
 //! - `condition`: `ok`, or a one-line description of what is wrong (disk, CPUs not sampled)
 //! - `daemon`: `cpu_user_s`, `cpu_sys_s`, `rss_kib`
 //! - `rate`: `samples_per_s` (since start), `samples_per_s_recent` (over the last flush
-//!   interval, `recent_window_s` long)
+//!   interval, `recent_window_s` long: from the last flush at least one interval before the
+//!   newest, so a slice boundary's flush just after an interval's does not shorten it; since
+//!   start, and as long as the uptime, until the daemon has run one interval)
 //! - `overhead`: `daemon_cpu_pct` (the daemon's CPU time as a percentage of one CPU, since
 //!   start), `daemon_cpu_pct_recent`, `sample_cost_us_estimate` (assumed cost of one sampling
 //!   interrupt on the sampled CPU, see the daemon's `status::sample_cost_us`), `sampling_cpu_pct_estimate`

@@ -43,6 +43,42 @@ fn ok_stdout(d: &Daemon, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// The recent rate's window spans a whole flush interval even when slice-boundary flushes come
+/// between interval flushes (CI saw a 0.22 s window under a 0.5 s interval, rated 0 samples/s,
+/// when a minute boundary fell just after a flush). Here a boundary every second falls between
+/// flushes two seconds apart; every window, from the first flush on, is at least 2 s long.
+#[dcpi_testkit::test(perf)]
+fn the_recent_rate_spans_a_flush_interval_across_slice_boundaries() {
+    let sb = Sandbox::new();
+    let d = sb.start_daemon(
+        "h1",
+        &["-e", "cpu-clock", "--flush-interval", "2s", "--slice-interval", "1s"],
+    );
+    let _busy = spin();
+    // (uptime, window) each time the window changes.
+    let mut windows: Vec<(f64, f64)> = Vec::new();
+    wait_for(60, "eight seconds of flushes", || {
+        let v = d.status_json();
+        let (u, w) =
+            (v["uptime_s"].as_f64().unwrap(), v["rate"]["recent_window_s"].as_f64().unwrap());
+        if windows.last().is_none_or(|l| l.1 != w) {
+            windows.push((u, w));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        u > 8.0
+    });
+    // Slice boundaries once a second: the flushes come about a second apart, yet every window
+    // reaches back a whole interval, and no further than the interval, one more boundary and a
+    // slow flush; before the first whole interval the rates are since start (the window is
+    // the uptime).
+    let real: Vec<_> = windows.iter().filter(|(u, w)| (u - w).abs() > 0.05).collect();
+    assert!(real.len() >= 3, "{windows:?}");
+    assert!(real.iter().all(|&&(_, w)| (2.0..=5.0).contains(&w)), "{windows:?}");
+    let v = d.status_json();
+    let r = v["rate"]["samples_per_s_recent"].as_f64().unwrap();
+    assert!(r > 200.0, "one CPU kept busy at ~1 kHz: {}", v["rate"]);
+}
+
 #[dcpi_testkit::test(perf)]
 fn status_json_has_the_documented_fields() {
     let sb = Sandbox::new();

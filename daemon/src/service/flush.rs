@@ -98,6 +98,22 @@ pub(super) fn until_next_boundary(
     Some(if wait == 0 { Duration::ZERO } else { Duration::from_nanos(wait) + BOUNDARY_SLACK })
 }
 
+/// At most this many flush ticks are kept for the recent window: early flushes (a full stack
+/// table) every [`EARLY_FLUSH_GAP`] under a long flush interval must not grow the list.
+const MAX_TICKS: usize = 64;
+
+/// Drops the oldest ticks while the next oldest still lies `span` or more before the newest
+/// (or while there are more than [`MAX_TICKS`]); at least two are kept.
+pub(super) fn keep_span(t: &mut std::collections::VecDeque<Tick>, span: Duration) {
+    let Some(newest) = t.back().map(|b| b.at) else { return };
+    while t.len() > 2
+        && (t.len() > MAX_TICKS
+            || t.get(1).is_some_and(|n| newest.saturating_duration_since(n.at) >= span))
+    {
+        t.pop_front();
+    }
+}
+
 /// The shortest time between two flushes when a stack table asks for an early one. A table
 /// holds one flush interval's distinct stacks: at 4 kHz per CPU, half a second of them fits in
 /// half the default table even when every stack is new.
@@ -106,6 +122,12 @@ pub(super) const EARLY_FLUSH_GAP: Duration = Duration::from_millis(500);
 impl Flusher {
     pub(super) fn spawn(shared: &Arc<Shared>) -> Result<Self, ServiceError> {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // A tick at the start: the first flush's window then spans its whole interval, even
+        // when a slice boundary's flush follows it closely.
+        {
+            let status = read(&shared.sampler).as_ref().map(Sampler::status);
+            shared.record_tick(status.as_ref(), read(&shared.settings).flush_interval);
+        }
         let thread = {
             let shared = Arc::clone(shared);
             let stop = Arc::clone(&stop);
@@ -233,7 +255,12 @@ impl Flusher {
 }
 
 impl Shared {
-    pub(super) fn record_tick(&self, status: Option<&SamplerStatus>) {
+    /// Keeps the ticks the recent window needs: the newest one, and the newest one at least
+    /// `span` (a flush interval) older than it. A slice boundary's flush can follow an
+    /// interval's by milliseconds; a window between those two would rate a handful of drain
+    /// deliveries over a few ms (0 or thousands of samples/s), so the window reaches back to
+    /// the last tick a whole interval earlier instead.
+    pub(super) fn record_tick(&self, status: Option<&SamplerStatus>, span: Duration) {
         let (u, s) = sock::self_cpu_time();
         let (samples, per_cpu) = match status {
             Some(st) => (
@@ -252,20 +279,23 @@ impl Shared {
             per_cpu,
             resolver: (rt.wakeups, rt.cpu_ns),
         });
-        while t.len() > 2 {
-            t.pop_front();
-        }
+        keep_span(t, span);
     }
 
-    pub(super) fn recent_window(&self) -> Option<RecentWindow> {
+    /// The window from the oldest kept tick to the newest; `None` (status then rates since
+    /// start) until the daemon has flushed once a whole `span` (flush interval) after the
+    /// flush thread's first tick: a window of a few ms after a boundary flush would rate a
+    /// drain delivery or two as 0 or thousands of samples/s.
+    pub(super) fn recent_window(&self, span: Duration) -> Option<RecentWindow> {
         let so = lock(&self.status_only);
         let t = &so.ticks;
         let (a, b) = (t.front()?, t.back()?);
-        if t.len() < 2 {
+        let seconds = b.at.saturating_duration_since(a.at);
+        if t.len() < 2 || seconds < span {
             return None;
         }
         Some(RecentWindow {
-            seconds: b.at.saturating_duration_since(a.at).as_secs_f64(),
+            seconds: seconds.as_secs_f64(),
             samples: b.samples.saturating_sub(a.samples),
             cpu_s: (b.cpu_s - a.cpu_s).max(0.0),
             per_cpu: b
@@ -313,8 +343,9 @@ impl Shared {
         let c0 = thread_cpu_ns();
         // One status for the tick's window and the batch's counters: taken before the batch,
         // so a loss counted now goes with this batch or the next, never nowhere.
-        let status = read(&self.sampler).as_ref().map(super::super::perf::sampler::Sampler::status);
-        self.record_tick(status.as_ref());
+        let status = read(&self.sampler).as_ref().map(Sampler::status);
+        let span = read(&self.settings).flush_interval;
+        self.record_tick(status.as_ref(), span);
         let c1 = thread_cpu_ns();
         let mut store = lock(&self.store);
         let t0 = thread_cpu_ns();
@@ -372,6 +403,39 @@ mod tests {
         assert!(w > Duration::from_secs(59) && w <= Duration::from_secs(60), "{w:?}");
         // No slices: no boundary flushes.
         assert_eq!(until_next_boundary(at(B), at(B + 1.0), Duration::ZERO), None);
+    }
+
+    #[test]
+    fn the_recent_window_spans_a_flush_interval_across_a_boundary_flush() {
+        let t0 = Instant::now();
+        let tick = |ms: u64| Tick {
+            at: t0 + Duration::from_millis(ms),
+            samples: ms,
+            cpu_s: 0.0,
+            per_cpu: Vec::new(),
+            resolver: (0, 0),
+        };
+        let span = Duration::from_millis(500);
+        let mut t = std::collections::VecDeque::new();
+        // Interval flushes at 0 and 500 ms, a boundary flush at 720 ms.
+        for ms in [0, 500, 720] {
+            t.push_back(tick(ms));
+            keep_span(&mut t, span);
+        }
+        // The window reaches back to the 0 ms tick: 720 ms, not the 220 ms since the last.
+        let ats: Vec<_> = t.iter().map(|k| k.samples).collect();
+        assert_eq!(ats, [0, 500, 720]);
+        // The next interval flush (1220 ms): the 720 ms tick alone spans the interval.
+        t.push_back(tick(1220));
+        keep_span(&mut t, span);
+        assert_eq!(t.front().map(|k| k.samples), Some(720));
+        assert_eq!(t.len(), 2);
+        // Early flushes every few ms under a long interval: the list stays bounded.
+        for ms in 1221..1400 {
+            t.push_back(tick(ms));
+            keep_span(&mut t, Duration::from_secs(3600));
+        }
+        assert_eq!(t.len(), MAX_TICKS);
     }
 
     #[test]

@@ -219,7 +219,7 @@ impl Shared {
             .map(super::super::perf::sampler::Sampler::status);
         let agg = self.aggregator.stats();
         let settings = self.settings();
-        let recent = self.recent_window();
+        let recent = self.recent_window(settings.flush_interval);
         let (last_reload, resolver, stages) = {
             let mut so = lock(&self.status_only);
             if let Some(s) = self.aggregator.try_resolver_stats() {
