@@ -35,8 +35,6 @@
 //!
 //! [`prune`]: StackTable::prune
 
-use std::hash::{BuildHasher, Hasher};
-
 use crate::perf::dwarf::DwarfShared;
 use crate::perf::dwarf::DwarfUnwinder;
 use crate::perf::dwarf::UnwindCounters;
@@ -68,8 +66,6 @@ pub struct StackEntry {
     /// Leaf first; kernel frames are kernel addresses, the others user addresses.
     pub pcs: Box<[u64]>,
     pub truncated: bool,
-    /// The prune generation in which it was last interned.
-    last_gen: u64,
 }
 
 /// Counters of one table, for status.
@@ -87,45 +83,42 @@ pub struct StackCounters {
     pub skipped: u64,
 }
 
-/// FxHash-style hasher: the keys are pcs that the table itself compares in full.
-#[derive(Clone, Copy, Default)]
-struct PcHash(u64);
+/// A stack's key in its table's index: 128 bits of XXH3 with a seed drawn at random for each
+/// table, over the raw chain as the kernel wrote it (`fp`) or over the pcs (DWARF, off-CPU).
+/// The low half places the entry, the high half tells stacks apart: a hit compares 64 bits in
+/// the index entry and reads neither the slot nor its pcs (two more cold cache lines, and
+/// often two more pages, per sample, for a thread that wakes once a second), and an `fp` hit
+/// does not even turn the chain into pcs. Two different stacks share a key with probability
+/// about n² / 2¹²⁹ for n stacks in a table; the seed is unknown outside the daemon, so a
+/// program cannot aim its stacks at another's key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Key {
+    place: u64,
+    check: u64,
+}
 
-impl Hasher for PcHash {
-    fn finish(&self) -> u64 {
-        self.0
+impl Key {
+    fn of(bytes: &[u8], seed: u64) -> Self {
+        let h = twox_hash::XxHash3_128::oneshot_with_seed(seed, bytes);
+        Self { place: h as u64, check: (h >> 64) as u64 }
     }
-    /// `[u64]` hashes as one `write` of all its bytes (std's integer `hash_slice`): mix a
-    /// word at a time. Byte by byte, a 40-frame stack cost 320 multiplies per sample.
-    fn write(&mut self, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
-        for w in &mut words {
-            self.write_u64(u64::from_ne_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]));
-        }
-        for b in words.remainder() {
-            self.write_u64(u64::from(*b));
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-    fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64);
+
+    fn of_pcs(pcs: &[u64], seed: u64) -> Self {
+        // The pcs as their bytes in memory: u64 has no padding and every byte is initialized.
+        let bytes = zerocopy::IntoBytes::as_bytes(pcs);
+        // A seed of its own: a pcs key never equals a raw chain's key of the same bytes.
+        Self::of(bytes, seed ^ 0x5bd1_e995_5bd1_e995)
     }
 }
 
-#[derive(Clone, Copy, Default)]
-struct BuildPcHash;
-
-impl BuildHasher for BuildPcHash {
-    type Hasher = PcHash;
-    fn build_hasher(&self) -> PcHash {
-        PcHash::default()
-    }
-}
-
-fn hash_pcs(pcs: &[u64]) -> u64 {
-    BuildPcHash.hash_one(pcs)
+/// One stack in a table's index: its key, its slot, and what a hit updates.
+#[derive(Clone, Copy, Debug)]
+struct IndexEntry {
+    key: Key,
+    slot: u32,
+    /// The prune generation in which it was last interned.
+    last_gen: u64,
+    truncated: bool,
 }
 
 /// The pcs of pruned stacks, by length, for new stacks of that length to reuse: a flush
@@ -172,7 +165,7 @@ impl Recycled {
 pub struct StackTable {
     /// Slots by their stack's pcs: each stack's pcs are stored once, in its slot (a map keyed
     /// by the pcs held them twice, and allocated twice per new stack).
-    index: HashTable<u32>,
+    index: HashTable<IndexEntry>,
     slots: Vec<Option<StackEntry>>,
     free: Vec<u32>,
     recycled: Recycled,
@@ -183,6 +176,8 @@ pub struct StackTable {
     /// CPU id is beyond the count at start), and the generation the oldest of them began in.
     in_hand: u32,
     in_hand_since: u64,
+    /// The index's hash seed ([`Key`]), drawn at random for each table.
+    seed: u64,
     max_stack: usize,
     scratch: Vec<u64>,
     pub counters: StackCounters,
@@ -192,12 +187,6 @@ pub struct StackTable {
     one_in: u32,
     /// xorshift64 state of that draw (never 0).
     draw: u64,
-}
-
-impl std::fmt::Debug for BuildPcHash {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BuildPcHash")
-    }
 }
 
 /// Turn a raw chain (native-endian u64s as the kernel wrote them) into leaf-first pcs in
@@ -260,6 +249,7 @@ impl StackTable {
             generation: 1,
             in_hand: 0,
             in_hand_since: 0,
+            seed: rand::random(),
             max_stack: usize::from(max_stack.max(1)),
             scratch: Vec::with_capacity(usize::from(max_stack) + 4),
             counters: StackCounters::default(),
@@ -365,10 +355,15 @@ impl StackTable {
         id
     }
 
-    /// Intern a raw chain; returns its id (0: no frame, or a new stack while full).
+    /// Intern a raw chain; returns its id (0: no frame, or a new stack while full). A stack
+    /// seen before is found by its raw chain's key alone; only a new one is turned into pcs.
     pub fn intern(&mut self, chain: &[u8]) -> StackId {
         if !self.take() {
             return 0;
+        }
+        let key = Key::of(chain, self.seed);
+        if let Some(id) = self.hit(key) {
+            return id;
         }
         let mut pcs = std::mem::take(&mut self.scratch);
         let id = match process_chain(chain, self.max_stack, &mut pcs) {
@@ -376,7 +371,7 @@ impl StackTable {
                 self.counters.empty += 1;
                 0
             }
-            Some(truncated) => self.intern_pcs(&pcs, truncated),
+            Some(truncated) => self.insert(key, &pcs, truncated),
         };
         self.scratch = pcs;
         id
@@ -384,23 +379,26 @@ impl StackTable {
 
     /// Intern processed pcs (leaf first).
     pub fn intern_pcs(&mut self, pcs: &[u64], truncated: bool) -> StackId {
-        let generation = self.generation;
-        let hash = hash_pcs(pcs);
-        let slots = &self.slots;
-        let found =
-            self.index.find(hash, |&s| slots[s as usize].as_ref().is_some_and(|e| *e.pcs == *pcs));
-        if let Some(&slot) = found {
-            let e = self.slots[slot as usize].as_mut().expect("indexed slot is live");
-            e.last_gen = generation;
-            self.counters.interned += 1;
-            self.counters.truncated += u64::from(e.truncated);
-            return slot + 1;
-        }
+        let key = Key::of_pcs(pcs, self.seed);
+        self.hit(key).unwrap_or_else(|| self.insert(key, pcs, truncated))
+    }
+
+    /// The id of the stack of `key` if the table holds it, counted as interned.
+    fn hit(&mut self, key: Key) -> Option<StackId> {
+        let e = self.index.find_mut(key.place, |e| e.key == key)?;
+        e.last_gen = self.generation;
+        self.counters.interned += 1;
+        self.counters.truncated += u64::from(e.truncated);
+        Some(e.slot + 1)
+    }
+
+    /// A new stack (not in the table): its id, or 0 when the table is full.
+    fn insert(&mut self, key: Key, pcs: &[u64], truncated: bool) -> StackId {
         if self.index.len() >= self.capacity {
             self.counters.overflow += 1;
             return 0;
         }
-        let entry = StackEntry { pcs: self.recycled.boxed(pcs), truncated, last_gen: generation };
+        let entry = StackEntry { pcs: self.recycled.boxed(pcs), truncated };
         let slot = match self.free.pop() {
             Some(s) => {
                 self.slots[s as usize] = Some(entry);
@@ -411,10 +409,8 @@ impl StackTable {
                 (self.slots.len() - 1) as u32
             }
         };
-        let slots = &self.slots;
-        self.index.insert_unique(hash, slot, |&s| {
-            slots[s as usize].as_ref().map_or(0, |e| hash_pcs(&e.pcs))
-        });
+        let e = IndexEntry { key, slot, last_gen: self.generation, truncated };
+        self.index.insert_unique(key.place, e, |e| e.key.place);
         self.counters.interned += 1;
         self.counters.truncated += u64::from(truncated);
         slot + 1
@@ -460,20 +456,19 @@ impl StackTable {
     pub fn prune(&mut self, referenced: impl Fn(StackId) -> bool) -> usize {
         let keep_from = if self.in_hand > 0 { self.in_hand_since } else { u64::MAX };
         let mut freed = 0;
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            let Some(e) = s else { continue };
-            let id = i as u32 + 1;
-            if e.last_gen < keep_from && !referenced(id) {
-                if let Ok(entry) = self.index.find_entry(hash_pcs(&e.pcs), |&x| x == i as u32) {
-                    entry.remove();
-                }
-                if let Some(e) = s.take() {
-                    self.recycled.put(e.pcs, self.max_stack);
-                }
-                self.free.push(i as u32);
-                freed += 1;
+        let (slots, free, recycled, max_stack) =
+            (&mut self.slots, &mut self.free, &mut self.recycled, self.max_stack);
+        self.index.retain(|e| {
+            if e.last_gen >= keep_from || referenced(e.slot + 1) {
+                return true;
             }
-        }
+            if let Some(s) = slots.get_mut(e.slot as usize).and_then(Option::take) {
+                recycled.put(s.pcs, max_stack);
+            }
+            free.push(e.slot);
+            freed += 1;
+            false
+        });
         self.generation += 1;
         freed
     }
@@ -872,34 +867,53 @@ mod tests {
     }
 
     /// Many stacks interned, pruned and interned again (slots reused, the index rehashed as
-    /// it grows): every live id still names the pcs it was interned with, and interning them
-    /// again finds it.
+    /// it grows): every live id still names the pcs it was interned with, and interning its
+    /// chain again finds it.
     #[test]
     fn ids_name_their_stacks_through_prunes_and_reuse() {
         use rand::{RngExt, SeedableRng};
         let mut rng = StdRng::seed_from_u64(7);
         let mut t = StackTable::new(1500, 64);
-        let mut live: Vec<(StackId, Vec<u64>)> = Vec::new();
+        let mut live: Vec<(StackId, Vec<u64>, Vec<u8>)> = Vec::new();
         for round in 0..20 {
             for _ in 0..1000 {
                 let depth = rng.random_range(1..12);
                 let pcs: Vec<u64> = (0..depth).map(|_| rng.random_range(0..64u64)).collect();
                 let mut chain = vec![PERF_CONTEXT_USER];
                 chain.extend(pcs.iter().enumerate().map(|(i, &p)| if i == 0 { p } else { p + 1 }));
-                let id = t.intern(&raw(&chain));
+                let chain = raw(&chain);
+                let id = t.intern(&chain);
                 if id != 0 {
-                    live.push((id, pcs));
+                    live.push((id, pcs, chain));
                 }
             }
-            for (id, pcs) in &live {
+            for (id, pcs, chain) in &live {
                 assert_eq!(&*t.get(*id).expect("live id").pcs, &pcs[..], "round {round}");
-                assert_eq!(t.intern_pcs(pcs, false), *id, "round {round}: found again");
+                assert_eq!(t.intern(chain), *id, "round {round}: found again");
             }
             // Keep a random third named; the rest may go.
             live.retain(|_| rng.random_range(0..3) == 0);
             let keep: std::collections::HashSet<StackId> = live.iter().map(|l| l.0).collect();
             t.prune(|id| keep.contains(&id));
             assert_eq!(t.len(), keep.len(), "round {round}: only the named stacks stay");
+        }
+    }
+
+    /// Stacks interned as pcs (DWARF, off-CPU) are found by their pcs; tables of two seeds
+    /// give the same answers (the seed only places entries).
+    #[test]
+    fn pcs_are_found_by_their_own_key_whatever_the_seed() {
+        for _ in 0..4 {
+            let mut t = StackTable::new(64, 64);
+            let a = t.intern_pcs(&[0x40_1000, 0x40_2004], false);
+            let b = t.intern_pcs(&[0x40_1000, 0x40_2005], true);
+            let c = t.intern_pcs(&[0x40_1000], false);
+            assert!(a != 0 && b != 0 && c != 0 && a != b && b != c && a != c);
+            assert_eq!(t.intern_pcs(&[0x40_1000, 0x40_2004], false), a);
+            assert_eq!(t.intern_pcs(&[0x40_1000, 0x40_2005], true), b);
+            assert_eq!(t.len(), 3);
+            assert_eq!((t.counters.interned, t.counters.truncated), (5, 2));
+            assert_eq!(&*t.get(b).unwrap().pcs, &[0x40_1000, 0x40_2005]);
         }
     }
 
