@@ -57,7 +57,11 @@ fn the_recent_rate_spans_a_flush_interval_across_slice_boundaries() {
     let _busy = spin();
     // (uptime, window) each time the window changes.
     let mut windows: Vec<(f64, f64)> = Vec::new();
-    wait_for(60, "eight seconds of flushes", || {
+    // Real windows (not the uptime, which status reports before the first whole interval).
+    let real = |ws: &[(f64, f64)]| -> Vec<f64> {
+        ws.iter().filter(|(u, w)| (u - w).abs() > 0.05).map(|&(_, w)| w).collect()
+    };
+    wait_for(60, "eight seconds and three windows of flushes", || {
         let v = d.status_json();
         let (u, w) =
             (v["uptime_s"].as_f64().unwrap(), v["rate"]["recent_window_s"].as_f64().unwrap());
@@ -65,15 +69,13 @@ fn the_recent_rate_spans_a_flush_interval_across_slice_boundaries() {
             windows.push((u, w));
         }
         std::thread::sleep(Duration::from_millis(100));
-        u > 8.0
+        u > 8.0 && real(&windows).len() >= 3
     });
     // Slice boundaries once a second: the flushes come about a second apart, yet every window
-    // reaches back a whole interval, and no further than the interval, one more boundary and a
-    // slow flush; before the first whole interval the rates are since start (the window is
-    // the uptime).
-    let real: Vec<_> = windows.iter().filter(|(u, w)| (u - w).abs() > 0.05).collect();
-    assert!(real.len() >= 3, "{windows:?}");
-    assert!(real.iter().all(|&&(_, w)| (2.0..=5.0).contains(&w)), "{windows:?}");
+    // reaches back a whole interval (2 s), and no further than the interval, one more boundary
+    // and a flush thread held up by a loaded machine.
+    let real = real(&windows);
+    assert!(real.iter().all(|&w| (2.0..=10.0).contains(&w)), "{windows:?}");
     let v = d.status_json();
     let r = v["rate"]["samples_per_s_recent"].as_f64().unwrap();
     assert!(r > 200.0, "one CPU kept busy at ~1 kHz: {}", v["rate"]);

@@ -197,12 +197,15 @@ impl Store {
         }
         let acc = &mut self.slices;
         let at = unix_s(at);
-        // A batch for a slice that is already closed goes to the next one: a batch cut at a
-        // boundary belongs to the slice that ends there, but a tick that began just before the
-        // boundary may have closed that slice already (its clock read after). Slices never
-        // overlap; a clock set back further than a slice is handled below.
-        let at = match acc.last_end.get(&epoch) {
-            Some(&end) if at < end && at + iv >= end => end,
+        // A batch for a slice that is already closed, or older than the open one, goes to
+        // the newest: a batch cut at a boundary belongs to the slice that ends there, but a
+        // tick that began just before the boundary may have closed that slice already (its
+        // clock read after), and a tick held up past the next boundary on a loaded machine
+        // may have opened the slice after it. Slices never overlap; a clock set back further
+        // than a slice is handled below.
+        let newest = acc.open.get(&epoch).map(|o| o.start).max(acc.last_end.get(&epoch).copied());
+        let at = match newest {
+            Some(n) if at < n && at + iv >= n => n,
             _ => at,
         };
         let aligned = at - at % iv;
@@ -600,6 +603,50 @@ mod tests {
         s.slices.close(&epoch, b + 120);
         let last = s.slices.closed.back().map(|(_, x)| (x.start, x.len, x.samples()));
         assert_eq!(last, Some((b + 60, 60, 6)));
+    }
+
+    /// A tick held up past a boundary opened the slice after it before the boundary's own
+    /// batch arrived: that batch goes into the open slice, not into a slice before it (which
+    /// closed the open one early and then overlapped the next: e2e
+    /// `slices::slices_of_a_run_add_up_to_the_epoch_totals` saw it on a loaded CI machine).
+    #[test]
+    fn a_late_boundary_batch_never_opens_a_slice_before_the_open_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store_in(dir.path());
+        let epoch = s.current_epoch().unwrap().clone();
+        s.set_slices(SliceSettings {
+            interval: Duration::from_secs(1),
+            rollup_after: Duration::from_secs(6 * 3600),
+        });
+        let batch = || PendingBatch {
+            epoch: Some(epoch.clone()),
+            profiles: vec![super::super::pending::PendingProfile {
+                image: None,
+                desc: cpu_clock(),
+                counts: vec![(1, 3)],
+                total_period: 3000,
+            }],
+            who_profiles: Vec::new(),
+            samples: 3,
+            unknown: 3,
+            lost: 0,
+            throttled: 0,
+            bytes: 0,
+            summarized: false,
+            arrival: 0,
+        };
+        let t = |secs: u64| UNIX_EPOCH + Duration::from_secs(secs);
+        let b = 1_800_000_000;
+        // B-1 is open; a slow tick adds at B+1 (closing B-1 at B, opening B+1); the batch cut
+        // at B+1's boundary arrives for B; the next tick adds at B+2.
+        s.slices_add(&batch(), t(b - 1));
+        s.slices_add(&batch(), t(b + 1));
+        s.slices_add(&batch(), t(b));
+        s.slices_add(&batch(), t(b + 2));
+        s.slices.close(&epoch, b + 3);
+        let spans: Vec<(u64, u64, u64)> =
+            s.slices.closed.iter().map(|(_, x)| (x.start, x.start + x.len, x.samples())).collect();
+        assert_eq!(spans, vec![(b - 1, b, 3), (b + 1, b + 2, 6), (b + 2, b + 3, 3)]);
     }
 
     /// The roll-up policy: nothing before a whole hour of minutes is older than
