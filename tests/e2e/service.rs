@@ -46,7 +46,8 @@ fn ok_stdout(d: &Daemon, args: &[&str]) -> String {
 /// The recent rate's window spans a whole flush interval even when slice-boundary flushes come
 /// between interval flushes (CI saw a 0.22 s window under a 0.5 s interval, rated 0 samples/s,
 /// when a minute boundary fell just after a flush). Here a boundary every second falls between
-/// flushes two seconds apart; every window, from the first flush on, is at least 2 s long.
+/// flushes two seconds apart; every window, once the daemon has run one interval, is at least
+/// 2 s long.
 #[dcpi_testkit::test(perf)]
 fn the_recent_rate_spans_a_flush_interval_across_slice_boundaries() {
     let sb = Sandbox::new();

@@ -163,8 +163,9 @@ impl Recycled {
 /// One CPU's stack table.
 #[derive(Debug)]
 pub struct StackTable {
-    /// Slots by their stack's pcs: each stack's pcs are stored once, in its slot (a map keyed
-    /// by the pcs held them twice, and allocated twice per new stack).
+    /// Slots by their stack's [`Key`]: each stack's pcs are stored once, in its slot, and a
+    /// hit never reads them (a map keyed by the pcs held them twice, and allocated twice per
+    /// new stack).
     index: HashTable<IndexEntry>,
     slots: Vec<Option<StackEntry>>,
     free: Vec<u32>,
@@ -899,8 +900,8 @@ mod tests {
         }
     }
 
-    /// Stacks interned as pcs (DWARF, off-CPU) are found by their pcs; tables of two seeds
-    /// give the same answers (the seed only places entries).
+    /// Stacks interned as pcs (DWARF, off-CPU) are found by their pcs; tables of different
+    /// seeds give the same answers (the seed only places entries).
     #[test]
     fn pcs_are_found_by_their_own_key_whatever_the_seed() {
         for _ in 0..4 {

@@ -501,6 +501,39 @@ mod tests {
         }
     }
 
+    /// [`store_in`] with slices of `secs` seconds (minutes rolled up after 6 h), and its
+    /// current epoch.
+    fn store_with_slices(dir: &std::path::Path, secs: u64) -> (Store, EpochId) {
+        let mut s = store_in(dir);
+        let epoch = s.current_epoch().unwrap().clone();
+        s.set_slices(SliceSettings {
+            interval: Duration::from_secs(secs),
+            rollup_after: Duration::from_secs(6 * 3600),
+        });
+        (s, epoch)
+    }
+
+    /// A batch of `epoch` holding three unknown cpu-clock samples.
+    fn three_unknown(epoch: &EpochId) -> PendingBatch {
+        PendingBatch {
+            epoch: Some(epoch.clone()),
+            profiles: vec![super::super::pending::PendingProfile {
+                image: None,
+                desc: cpu_clock(),
+                counts: vec![(1, 3)],
+                total_period: 3000,
+            }],
+            who_profiles: Vec::new(),
+            samples: 3,
+            unknown: 3,
+            lost: 0,
+            throttled: 0,
+            bytes: 0,
+            summarized: false,
+            arrival: 0,
+        }
+    }
+
     fn minute(start: u64, off: u64) -> Slice {
         let key =
             SliceKey { event: "cpu-clock".into(), image: Some(ImageId::BuildId(vec![7; 20])) };
@@ -563,30 +596,8 @@ mod tests {
     #[test]
     fn a_batch_for_a_closed_slice_goes_to_the_next_one() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = store_in(dir.path());
-        let epoch = s.current_epoch().unwrap().clone();
-        s.set_slices(SliceSettings {
-            interval: Duration::from_secs(60),
-            rollup_after: Duration::from_secs(6 * 3600),
-        });
-        let desc = cpu_clock();
-        let batch = || PendingBatch {
-            epoch: Some(epoch.clone()),
-            profiles: vec![super::super::pending::PendingProfile {
-                image: None,
-                desc: desc.clone(),
-                counts: vec![(1, 3)],
-                total_period: 3000,
-            }],
-            who_profiles: Vec::new(),
-            samples: 3,
-            unknown: 3,
-            lost: 0,
-            throttled: 0,
-            bytes: 0,
-            summarized: false,
-            arrival: 0,
-        };
+        let (mut s, epoch) = store_with_slices(dir.path(), 60);
+        let batch = || three_unknown(&epoch);
         let t = |secs: u64| UNIX_EPOCH + Duration::from_secs(secs);
         let b = 1_800_000_000; // a minute boundary
         s.slices_add(&batch(), t(b - 30));
@@ -612,29 +623,8 @@ mod tests {
     #[test]
     fn a_late_boundary_batch_never_opens_a_slice_before_the_open_one() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = store_in(dir.path());
-        let epoch = s.current_epoch().unwrap().clone();
-        s.set_slices(SliceSettings {
-            interval: Duration::from_secs(1),
-            rollup_after: Duration::from_secs(6 * 3600),
-        });
-        let batch = || PendingBatch {
-            epoch: Some(epoch.clone()),
-            profiles: vec![super::super::pending::PendingProfile {
-                image: None,
-                desc: cpu_clock(),
-                counts: vec![(1, 3)],
-                total_period: 3000,
-            }],
-            who_profiles: Vec::new(),
-            samples: 3,
-            unknown: 3,
-            lost: 0,
-            throttled: 0,
-            bytes: 0,
-            summarized: false,
-            arrival: 0,
-        };
+        let (mut s, epoch) = store_with_slices(dir.path(), 1);
+        let batch = || three_unknown(&epoch);
         let t = |secs: u64| UNIX_EPOCH + Duration::from_secs(secs);
         let b = 1_800_000_000;
         // B-1 is open; a slow tick adds at B+1 (closing B-1 at B, opening B+1); the batch cut
