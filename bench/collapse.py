@@ -9,6 +9,9 @@ read-write mapping of 2 MiB or more is collapsed (new ones too: arenas grow).
 """
 import argparse, ctypes, os, sys, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from collector import proc_kib  # noqa: E402
+
 SYS_pidfd_open, SYS_process_madvise, MADV_COLLAPSE = 434, 440, 25
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -62,14 +65,7 @@ def collapse(pid):
 
 
 def anon_huge_kib(pid):
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("AnonHugePages:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return proc_kib(pid, "smaps_rollup", "AnonHugePages") or 0
 
 
 def main():

@@ -81,15 +81,20 @@ def ms_per_s(a, b, secs):
     return {k: (b.get(k, 0) - a.get(k, 0)) / 1e6 / secs for k in b}
 
 
-def vm_hwm_kib(pid):
+def proc_kib(pid, name, field):
+    """A `FIELD:  N kB` line of /proc/PID/NAME (status, smaps_rollup), in KiB; None if absent."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(f"/proc/{pid}/{name}") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
     except OSError:
         pass
     return None
+
+
+def vm_hwm_kib(pid):
+    return proc_kib(pid, "status", "VmHWM")
 
 
 def busy(n):

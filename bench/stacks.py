@@ -70,7 +70,7 @@ import tempfile
 import time
 
 from collector import (HERE, ROOT, add_spool_parent, dcpictl_status, ms_per_s, spool_dir,
-                       stage_split, threads_cpu_ns)
+                       stage_split, threads_cpu_ns, vm_hwm_kib)
 
 
 def du(path):
@@ -86,14 +86,7 @@ def du(path):
 
 def peak_rss_kib(pid):
     """VmHWM of a running process, in KiB (0 if unreadable)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return vm_hwm_kib(pid) or 0
 
 
 def build(work, callchains, workload_fp=None):
